@@ -1,0 +1,43 @@
+# kvroute: build, test, benchmark.
+GO      ?= go
+PKGS    := ./...
+FUZZTIME ?= 3s
+
+.PHONY: all build test unit fuzz bench bench-smoke vet fmt demo ci
+
+all: build
+
+build:
+	$(GO) build -o bin/kvroute ./cmd/kvroute
+
+# The full test suite, as CI runs it: vet, unit and e2e tests with -race, each fuzz target for
+# a few seconds, every benchmark once.
+test: vet unit fuzz bench-smoke
+
+unit:
+	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+# Each fuzz target for $(FUZZTIME) (go test runs one fuzz target per invocation).
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; \
+	done
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+bench-smoke:
+	$(GO) test -run '^$$' -bench . -benchtime=1x -benchmem $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+demo:
+	$(GO) run ./cmd/kvroute demo

@@ -1,0 +1,63 @@
+// Command kvroute is a prefix-aware router for LLM inference fleets, with the tools to decide
+// and to prove: an engine simulator, a fleet simulator, a load generator, a trace analyser and
+// a one-command demo. Each verb lives in its own file; this one only dispatches.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+type verb struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+func verbs() []verb {
+	return []verb{
+		{"demo", "simulated fleet + router + load, policies side by side, in one command", runDemo},
+		{"serve", "the router: an OpenAI-compatible prefix-aware reverse proxy", runServe},
+		{"sim", "a vLLM-compatible engine simulator (one or many instances)", runSim},
+		{"bench", "a load generator for any OpenAI-compatible endpoint", runBench},
+		{"simulate", "a fleet in virtual time: routing policies compared in seconds", runSimulate},
+		{"analyze", "prefix statistics of a trace: will prefix-aware routing pay off?", runAnalyze},
+		{"hash-key", "print the sha256 form of an API key for the tenants config", runHashKey},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, v := range verbs() {
+		if v.name == args[0] {
+			return v.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "kvroute: unknown command %q (run 'kvroute help')\n", args[0])
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "kvroute: a prefix-aware router for LLM inference fleets")
+	fmt.Fprintln(w, "\nusage: kvroute <command> [flags]   (kvroute <command> -h for its flags)")
+	fmt.Fprintln(w, "\ncommands:")
+	for _, v := range verbs() {
+		fmt.Fprintf(w, "  %-9s %s\n", v.name, v.summary)
+	}
+}

@@ -1,0 +1,115 @@
+// Package endpoint holds what the router knows about one inference instance: its address,
+// models and labels, its health, the load the router itself has put on it (atomics, updated by
+// whoever forwards requests: the live proxy or the discrete-event simulator), and the last
+// snapshot of the engine's own metrics with its age.
+//
+// It imports neither net/http nor Prometheus: the same Endpoint type stands for a real vLLM
+// server in `kvroute serve` and for a modelled engine in `kvroute simulate`.
+package endpoint
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Endpoint is one inference instance. Fields set at construction are read-only afterwards;
+// the load counters and the snapshot are safe for concurrent use.
+type Endpoint struct {
+	// ID is dense and stable for the endpoint's lifetime (assigned by Pool, never reused), so
+	// policies and the prefix index can keep per-endpoint state in slices indexed by ID.
+	ID int
+	// Name is the endpoint's address (a base URL in the live router, "sim-3" in the simulator).
+	Name string
+	// Models served; empty means any model.
+	Models []string
+	// Labels select dedicated pools (tenant endpoint_labels).
+	Labels map[string]string
+	// Engine is the engine kind: vllm, sglang, tgi, llamacpp or openai.
+	Engine string
+	// KVCapacityTokens is the configured KV capacity in tokens (0: unknown; a scraped
+	// cache_config_info in Snapshot takes precedence).
+	KVCapacityTokens int
+
+	inFlight       atomic.Int64 // requests forwarded and not finished
+	pendingPrefill atomic.Int64 // prompt tokens forwarded that have not reached first token
+	unhealthy      atomic.Bool
+	draining       atomic.Bool
+	snap           atomic.Pointer[Snapshot]
+}
+
+// Snapshot is the engine's own view of itself, scraped from its metrics endpoint (or, in the
+// simulator, sampled every scrape interval). At tells its age.
+type Snapshot struct {
+	At            time.Time
+	Running       int     // requests in the running batch
+	Waiting       int     // requests queued in the engine
+	KVUsage       float64 // 0..1
+	BlockSize     int     // tokens per KV block (cache_config_info), 0 if unknown
+	NumGPUBlocks  int     // KV blocks (cache_config_info), 0 if unknown
+	PrefixQueries float64 // cumulative prefix-cache queries, tokens (vLLM), 0 if unknown
+	PrefixHits    float64 // cumulative prefix-cache hits, tokens (vLLM), 0 if unknown
+}
+
+// KVTokens is the endpoint's KV capacity in tokens: from the scraped cache_config_info when
+// known, else the configured value, else 0.
+func (e *Endpoint) KVTokens() int {
+	if s := e.snap.Load(); s != nil && s.BlockSize > 0 && s.NumGPUBlocks > 0 {
+		return s.BlockSize * s.NumGPUBlocks
+	}
+	return e.KVCapacityTokens
+}
+
+// Available reports whether new requests may be sent to the endpoint.
+func (e *Endpoint) Available() bool { return !e.unhealthy.Load() && !e.draining.Load() }
+
+// SetHealthy records the outcome of health checking.
+func (e *Endpoint) SetHealthy(ok bool) { e.unhealthy.Store(!ok) }
+
+// Healthy reports the last health state.
+func (e *Endpoint) Healthy() bool { return !e.unhealthy.Load() }
+
+// SetDraining marks an endpoint that is being removed: it takes no new requests.
+func (e *Endpoint) SetDraining(d bool) { e.draining.Store(d) }
+
+// Serves reports whether the endpoint serves model (an endpoint with no model list serves all).
+func (e *Endpoint) Serves(model string) bool {
+	if len(e.Models) == 0 {
+		return true
+	}
+	for _, m := range e.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// Start records that a request with promptTokens prompt tokens was forwarded.
+func (e *Endpoint) Start(promptTokens int) {
+	e.inFlight.Add(1)
+	e.pendingPrefill.Add(int64(promptTokens))
+}
+
+// FirstToken records that a request forwarded with promptTokens reached its first token.
+func (e *Endpoint) FirstToken(promptTokens int) { e.pendingPrefill.Add(-int64(promptTokens)) }
+
+// Finish records the end of a request. If it never reached a first token, firstTokenSeen is
+// false and its prompt tokens leave the pending-prefill count too.
+func (e *Endpoint) Finish(promptTokens int, firstTokenSeen bool) {
+	e.inFlight.Add(-1)
+	if !firstTokenSeen {
+		e.pendingPrefill.Add(-int64(promptTokens))
+	}
+}
+
+// InFlight is the number of requests forwarded to the endpoint and not finished.
+func (e *Endpoint) InFlight() int { return int(e.inFlight.Load()) }
+
+// PendingPrefill is the prompt tokens forwarded that have not reached first token.
+func (e *Endpoint) PendingPrefill() int { return int(e.pendingPrefill.Load()) }
+
+// SetSnapshot stores a freshly scraped snapshot.
+func (e *Endpoint) SetSnapshot(s *Snapshot) { e.snap.Store(s) }
+
+// Snapshot returns the last scraped snapshot, or nil.
+func (e *Endpoint) Snapshot() *Snapshot { return e.snap.Load() }

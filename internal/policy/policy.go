@@ -1,0 +1,78 @@
+// Package policy holds the routing decision: the Request a policy sees, the Picker and
+// Observer contracts, and one file per policy. A policy is pure code that sees exactly what a
+// live router sees, so the same object runs inside `kvroute serve` and `kvroute simulate`.
+// It imports neither net/http nor Prometheus.
+package policy
+
+import (
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// Request is what a policy knows of one request. It is built once per request.
+type Request struct {
+	ID         string
+	Model      string
+	Tenant     string
+	SessionKey string // prompt_cache_key, X-Session-ID, user, or "" when none
+	// Blocks are the chained 64-bit hashes of the prompt's full blocks (package prefix), seeded
+	// with the model and the tenant's salt: equal leading hashes mean an equal prompt prefix.
+	Blocks []uint64
+	// BlockTokens is the number of tokens each block stands for.
+	BlockTokens  int
+	PromptTokens int
+	MaxTokens    int // 0 when the client did not say
+}
+
+// Picker ranks the candidates for a request, best first. Candidates are the available endpoints
+// serving the request's model, in a stable order (by ID); there is at least one. The returned
+// slice holds each candidate at most once; it may be shorter than candidates (the proxy falls
+// back along it) but not empty unless err is set. Pick must be safe for concurrent use and must
+// not keep or modify candidates.
+type Picker interface {
+	Pick(req *Request, candidates []*endpoint.Endpoint) ([]*endpoint.Endpoint, error)
+}
+
+// Observer is implemented by policies that learn from what happens to the requests they routed.
+// The caller calls Routed once the request is sent to ep, FirstToken when its first token arrives,
+// Done exactly once at the end (success or not), and Removed when an endpoint leaves the pool.
+type Observer interface {
+	Routed(req *Request, ep *endpoint.Endpoint)
+	FirstToken(req *Request, ep *endpoint.Endpoint, ttft time.Duration)
+	Done(req *Request, ep *endpoint.Endpoint, res Result)
+	Removed(ep *endpoint.Endpoint)
+}
+
+// Result is the outcome of a routed request as the router observed it.
+type Result struct {
+	OK bool
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens as the engine reported it, or -1
+	// when the engine did not report it.
+	CachedTokens int
+	PromptTokens int // as reported by the engine, or the router's estimate when not reported
+	OutputTokens int
+	TTFT         time.Duration // 0 when no first token was seen
+	Duration     time.Duration
+}
+
+// Clock tells the time: the wall clock in the live router, the virtual clock in the simulator.
+type Clock interface{ Now() time.Time }
+
+// WallClock is the real clock.
+type WallClock struct{}
+
+// Now returns time.Now().
+func (WallClock) Now() time.Time { return time.Now() }
+
+// Env is what a policy is given at construction: its randomness and its clock. Policies never
+// use a global rand or time.Now directly, so that a simulation replays bit for bit.
+type Env struct {
+	Rand  *rand.Rand
+	Clock Clock
+}
+
+// ErrNoCandidate is returned by Pick when no candidate can take the request.
+var ErrNoCandidate = errors.New("no candidate endpoint")

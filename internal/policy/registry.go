@@ -1,0 +1,178 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Params are a policy's parameters as text (from YAML config or "name:key=value,..." flags).
+// A policy reads them with the typed getters and then calls Check, so that an unknown key or a
+// malformed value is an error naming it, never a quiet default.
+type Params map[string]string
+
+// Factory builds a policy.
+type Factory func(env Env, p Params) (Picker, error)
+
+// Builtin returns the registered policies by name. It builds a fresh map on every call: there is
+// no package-level registry to mutate.
+func Builtin() map[string]Factory {
+	return map[string]Factory{
+		"round-robin":   newRoundRobin,
+		"random":        newRandom,
+		"least-request": newLeastRequest,
+		"power-of-two":  newPowerOfTwo,
+	}
+}
+
+// Names returns the registered policy names, sorted.
+func Names() []string {
+	m := Builtin()
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// New builds the named policy. An unknown name is an error listing the valid ones.
+func New(name string, p Params, env Env) (Picker, error) {
+	f, ok := Builtin()[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(Names(), ", "))
+	}
+	if env.Clock == nil {
+		env.Clock = WallClock{}
+	}
+	pk, err := f(env, p)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", name, err)
+	}
+	return pk, nil
+}
+
+// ParseSpec splits "name:key=value,key=value" into a name and its params.
+func ParseSpec(spec string) (string, Params, error) {
+	name, rest, _ := strings.Cut(spec, ":")
+	name = strings.TrimSpace(name)
+	if name == "" {
+		return "", nil, fmt.Errorf("empty policy name in %q", spec)
+	}
+	p := Params{}
+	if rest == "" {
+		return name, p, nil
+	}
+	for kv := range strings.SplitSeq(rest, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return "", nil, fmt.Errorf("policy %s: parameter %q is not key=value", name, kv)
+		}
+		p[k] = strings.TrimSpace(v)
+	}
+	return name, p, nil
+}
+
+// paramReader reads Params, remembering which keys were read and the first errors.
+type paramReader struct {
+	p    Params
+	seen map[string]bool
+	errs []string
+}
+
+func readParams(p Params) *paramReader { return &paramReader{p: p, seen: map[string]bool{}} }
+
+func (r *paramReader) raw(key string) (string, bool) {
+	r.seen[key] = true
+	v, ok := r.p[key]
+	return v, ok
+}
+
+// Float reads a float parameter, or def when absent.
+func (r *paramReader) Float(key string, def float64) float64 {
+	v, ok := r.raw(key)
+	if !ok {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		r.errs = append(r.errs, fmt.Sprintf("parameter %s=%q is not a number", key, v))
+		return def
+	}
+	return f
+}
+
+// Int reads an integer parameter, or def when absent.
+func (r *paramReader) Int(key string, def int) int {
+	v, ok := r.raw(key)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		r.errs = append(r.errs, fmt.Sprintf("parameter %s=%q is not an integer", key, v))
+		return def
+	}
+	return n
+}
+
+// Duration reads a Go duration parameter ("120s"), or def when absent.
+func (r *paramReader) Duration(key string, def time.Duration) time.Duration {
+	v, ok := r.raw(key)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		r.errs = append(r.errs, fmt.Sprintf("parameter %s=%q is not a duration such as 120s", key, v))
+		return def
+	}
+	return d
+}
+
+// Bool reads a boolean parameter, or def when absent.
+func (r *paramReader) Bool(key string, def bool) bool {
+	v, ok := r.raw(key)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		r.errs = append(r.errs, fmt.Sprintf("parameter %s=%q is not true or false", key, v))
+		return def
+	}
+	return b
+}
+
+// Require records an error unless cond holds.
+func (r *paramReader) Require(cond bool, format string, args ...any) {
+	if !cond {
+		r.errs = append(r.errs, fmt.Sprintf(format, args...))
+	}
+}
+
+// Check returns the errors seen so far plus one for every key that was never read.
+func (r *paramReader) Check() error {
+	var unknown []string
+	for k := range r.p {
+		if !r.seen[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	for _, k := range unknown {
+		known := make([]string, 0, len(r.seen))
+		for s := range r.seen {
+			known = append(known, s)
+		}
+		slices.Sort(known)
+		r.errs = append(r.errs, fmt.Sprintf("unknown parameter %q (known: %s)", k, strings.Join(known, ", ")))
+	}
+	if len(r.errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s", strings.Join(r.errs, "; "))
+}
