@@ -76,3 +76,16 @@ type Env struct {
 
 // ErrNoCandidate is returned by Pick when no candidate can take the request.
 var ErrNoCandidate = errors.New("no candidate endpoint")
+
+// Predictor is implemented by policies that keep a picture of each endpoint's cache: the
+// router records the predicted hit beside the engine-reported one, so the index's accuracy is
+// visible in metrics.
+type Predictor interface {
+	// PredictCached returns the prompt tokens of req that the policy believes ep holds.
+	PredictCached(req *Request, ep *endpoint.Endpoint) int
+}
+
+// IndexSizer is implemented by policies that keep an index, for the router's metrics.
+type IndexSizer interface {
+	IndexSize() (entries int, bytes int64)
+}
