@@ -1,0 +1,62 @@
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+)
+
+// WriteJSON writes s as indented JSON followed by a newline.
+func WriteJSON(w io.Writer, s *Summary) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(s); err != nil {
+		return fmt.Errorf("write json summary: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes s as a human-readable header and an aligned table, one row per policy.
+func WriteTable(w io.Writer, s *Summary) error {
+	sc := s.Scenario
+	if _, err := fmt.Fprintf(w, "workload %s: %d requests, %d x %s, speed-up %.3g (load %.2f), seed %d\n",
+		sc.Workload, sc.Requests, sc.Instances, sc.Profile, sc.Speedup, sc.Load, sc.Seed); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	if _, err := fmt.Fprintf(w, "hit-rate bounds: infinite cache %.3f, pooled LRU %.3f\n\n",
+		s.Bounds.InfiniteCacheHitRate, s.Bounds.PooledLRUHitRate); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	// Numbers are right-aligned; the policy column is padded by hand so that it reads
+	// left-aligned.
+	width := len("policy")
+	for i := range s.Results {
+		width = max(width, len(s.Results[i].Policy))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-*s\thit rate\tTTFT mean ms\tp50\tp90\tp99\tTPOT p50 ms\ttok/s\timbalance\tcompleted\tfailed\t\n", width, "policy")
+	for i := range s.Results {
+		r := &s.Results[i]
+		fmt.Fprintf(tw, "%-*s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%d\t%d\t\n",
+			width, r.Policy, r.HitRate, num(r.TTFT.Mean), num(r.TTFT.P50), num(r.TTFT.P90), num(r.TTFT.P99),
+			num(r.TPOT.P50), r.ThroughputTokensPerS, r.LoadImbalance, r.Completed, r.Failed)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}
+
+// num formats a latency in milliseconds with about three significant digits, no exponent.
+func num(ms float64) string {
+	switch {
+	case ms >= 100:
+		return strconv.FormatFloat(ms, 'f', 0, 64)
+	case ms >= 10:
+		return strconv.FormatFloat(ms, 'f', 1, 64)
+	default:
+		return strconv.FormatFloat(ms, 'f', 2, 64)
+	}
+}
