@@ -1,0 +1,126 @@
+package prefix
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func randText(r *rand.Rand, n int) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJ.,\n0123456789"
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+func TestBlocks_FullBlocksOnly(t *testing.T) {
+	seed := Seed("m", "")
+	for _, tc := range []struct {
+		textLen, blockTokens, want int
+	}{
+		{0, 16, 0}, {63, 16, 0}, {64, 16, 1}, {127, 16, 1}, {128, 16, 2}, {64, 0, 1}, {8, 2, 1},
+	} {
+		got := Blocks(nil, seed, strings.Repeat("x", tc.textLen), tc.blockTokens)
+		if len(got) != tc.want {
+			t.Errorf("Blocks(len %d, bt %d) = %d blocks, want %d", tc.textLen, tc.blockTokens, len(got), tc.want)
+		}
+	}
+}
+
+func TestBlocks_MatchesChainOfContentKeys(t *testing.T) {
+	text := strings.Repeat("0123456789abcdef", 12) // 192 bytes: 3 blocks
+	seed := Seed("llama", "salt")
+	got := Blocks(nil, seed, text, 16)
+	var keys []uint64
+	for i := 0; i < 3; i++ {
+		keys = append(keys, hashString(text[i*64:(i+1)*64]))
+	}
+	want := Chain(nil, seed, keys)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Blocks differs from Chain of content keys (-want +got):\n%s", diff)
+	}
+}
+
+// Property: equal text prefixes give equal leading hashes, and the first differing block and
+// every later one differ.
+func TestBlocks_PrefixProperty(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	seed := Seed("m", "s")
+	for iter := 0; iter < 200; iter++ {
+		n := 64 * (1 + r.IntN(20))
+		a := randText(r, n)
+		k := r.IntN(n / 64)      // block that changes
+		pos := k*64 + r.IntN(64) // byte inside block k
+		bb := []byte(a)
+		bb[pos] ^= 0x01
+		b := string(bb)
+		ha, hb := Blocks(nil, seed, a, 16), Blocks(nil, seed, b, 16)
+		if len(ha) != len(hb) {
+			t.Fatalf("lengths differ: %d vs %d", len(ha), len(hb))
+		}
+		for i := range ha {
+			if i < k && ha[i] != hb[i] {
+				t.Fatalf("iter %d: block %d changed though only block %d differs", iter, i, k)
+			}
+			if i >= k && ha[i] == hb[i] {
+				t.Fatalf("iter %d: block %d unchanged though block %d differs", iter, i, k)
+			}
+		}
+		// A longer text with the same prefix shares all leading hashes.
+		hc := Blocks(nil, seed, a+randText(r, 200), 16)
+		if diff := cmp.Diff(ha, hc[:len(ha)]); diff != "" {
+			t.Fatalf("extended text changed leading hashes (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// Property: a different model or salt gives disjoint hashes for the same text.
+func TestBlocks_SeedDisjoint(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 5))
+	text := randText(r, 64*200)
+	sets := map[string][]uint64{
+		"m/a": Blocks(nil, Seed("m", "a"), text, 16),
+		"m/b": Blocks(nil, Seed("m", "b"), text, 16),
+		"n/a": Blocks(nil, Seed("n", "a"), text, 16),
+		"m/":  Blocks(nil, Seed("m", ""), text, 16),
+	}
+	seen := map[uint64]string{}
+	for name, hs := range sets {
+		for _, h := range hs {
+			if other, ok := seen[h]; ok && other != name {
+				t.Fatalf("hash %x shared by %s and %s", h, name, other)
+			}
+			seen[h] = name
+		}
+	}
+}
+
+func TestBlocks_ReusesDst(t *testing.T) {
+	dst := make([]uint64, 0, 4)
+	text := strings.Repeat("y", 64*4)
+	got := Blocks(dst, 1, text, 16)
+	if &got[0] != &dst[:1][0] {
+		t.Errorf("Blocks allocated although dst had room")
+	}
+}
+
+func TestChunker_NormalisesBeforeHashing(t *testing.T) {
+	var c Chunker
+	body := strings.Repeat("You are a helpful assistant. ", 10)
+	a := c.Chunk(nil, "m", "t1", body+"\r\nHello  world")
+	b := c.Chunk(nil, "m", "t1", "  "+body+"\nHello world\t")
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Errorf("equivalent prompts chunked differently (-a +b):\n%s", diff)
+	}
+	if a.BlockTokens != DefaultBlockTokens || a.PromptTokens != EstimateTokens(c.Normalizer.Normalize(body+"\nHello world")) {
+		t.Errorf("Chunk = bt %d tokens %d", a.BlockTokens, a.PromptTokens)
+	}
+	other := c.Chunk(nil, "m", "t2", body)
+	if len(other.Blocks) == 0 || other.Blocks[0] == a.Blocks[0] {
+		t.Errorf("another tenant salt shares the first block hash")
+	}
+}

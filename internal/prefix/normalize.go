@@ -1,0 +1,173 @@
+package prefix
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// Rule is an optional regex rewrite applied to the prompt before hashing, for volatile text
+// that would otherwise break an otherwise equal prefix (a timestamp in a system prompt, a
+// request id). Pattern is Go RE2 syntax; Replace may use $1-style group references.
+type Rule struct {
+	Pattern string `json:"pattern"`
+	Replace string `json:"replace"`
+}
+
+// NormalizeOptions say which normalisations to skip and which rewrites to add. The zero value is
+// the default: CRLF and CR become LF, text is put in Unicode NFC, every run of whitespace becomes
+// one space (or one newline when the run holds a newline), and leading and trailing whitespace
+// is trimmed; no regex rewrites.
+type NormalizeOptions struct {
+	KeepLineEndings bool   // do not turn CRLF and CR into LF
+	KeepUnicodeForm bool   // do not put text in NFC
+	KeepWhitespace  bool   // do not collapse runs of whitespace
+	KeepEdges       bool   // do not trim leading and trailing whitespace
+	Rules           []Rule // applied in order, after the other steps
+}
+
+// Normalizer turns prompt text into the canonical text that is chunked and hashed, so that
+// prompts differing only in invisible ways share their routing keys. A nil *Normalizer applies
+// the defaults. It is safe for concurrent use.
+type Normalizer struct {
+	opts  NormalizeOptions
+	rules []compiledRule
+}
+
+type compiledRule struct {
+	re      *regexp.Regexp
+	replace string
+}
+
+// NewNormalizer validates the options and builds a Normalizer. Every bad rule is reported, at
+// once, with its index and the fix.
+func NewNormalizer(opts NormalizeOptions) (*Normalizer, error) {
+	n := &Normalizer{opts: opts}
+	var errs []error
+	for i, r := range opts.Rules {
+		if r.Pattern == "" {
+			errs = append(errs, fmt.Errorf("normalize rule %d: pattern is empty (give a regular expression such as `\\d{4}-\\d{2}-\\d{2}`)", i))
+			continue
+		}
+		re, err := regexp.Compile(r.Pattern)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("normalize rule %d: pattern %q is not a valid RE2 regular expression: %w", i, r.Pattern, err))
+			continue
+		}
+		if re.MatchString("") {
+			errs = append(errs, fmt.Errorf("normalize rule %d: pattern %q matches the empty string (it would rewrite between every character; anchor it or use + instead of *)", i, r.Pattern))
+			continue
+		}
+		n.rules = append(n.rules, compiledRule{re: re, replace: r.Replace})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// Normalize returns the canonical form of s.
+func (n *Normalizer) Normalize(s string) string {
+	var o NormalizeOptions
+	var rules []compiledRule
+	if n != nil {
+		o, rules = n.opts, n.rules
+	}
+	if !o.KeepLineEndings && strings.IndexByte(s, '\r') >= 0 {
+		s = strings.ReplaceAll(s, "\r\n", "\n")
+		s = strings.ReplaceAll(s, "\r", "\n")
+	}
+	if !o.KeepUnicodeForm && !isASCII(s) && !norm.NFC.IsNormalString(s) {
+		s = norm.NFC.String(s)
+	}
+	if !o.KeepWhitespace {
+		s = collapseSpace(s)
+	}
+	if !o.KeepEdges {
+		s = strings.TrimSpace(s)
+	}
+	for _, r := range rules {
+		s = r.re.ReplaceAllString(s, r.replace)
+	}
+	return s
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// collapseSpace turns every run of whitespace into one space, or one newline when the run holds
+// a newline (so that line structure, which models do see, survives). It returns s itself when
+// nothing changes, which is the common case for machine-built prompts.
+func collapseSpace(s string) string {
+	if !needsCollapse(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	inRun, newline := false, false
+	for _, r := range s {
+		if unicode.IsSpace(r) {
+			inRun = true
+			newline = newline || r == '\n'
+			continue
+		}
+		if inRun {
+			if newline {
+				b.WriteByte('\n')
+			} else {
+				b.WriteByte(' ')
+			}
+			inRun, newline = false, false
+		}
+		b.WriteRune(r)
+	}
+	if inRun {
+		if newline {
+			b.WriteByte('\n')
+		} else {
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()
+}
+
+// needsCollapse reports whether s holds whitespace other than single spaces and single newlines.
+func needsCollapse(s string) bool {
+	prevSpace := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			// Unicode spaces (NBSP, ideographic space, ...) are rare: take the slow path.
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if unicode.IsSpace(r) {
+				return true
+			}
+			prevSpace = false
+			i += size - 1
+			continue
+		}
+		switch c {
+		case ' ', '\n':
+			if prevSpace {
+				return true
+			}
+			prevSpace = true
+		case '\t', '\v', '\f', '\r':
+			return true
+		default:
+			prevSpace = false
+		}
+	}
+	return false
+}
