@@ -1,0 +1,115 @@
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+)
+
+// MooncakeBlockTokens is the number of tokens each hash_ids block of the Mooncake trace stands for.
+const MooncakeBlockTokens = 512
+
+// maxTokens bounds a prompt or output length, far above any context window.
+const maxTokens = 1 << 30
+
+// maxLineBytes bounds one trace line; the longest real line is a few kilobytes.
+const maxLineBytes = 64 << 20
+
+// mooncakeLine is one line of the trace. Pointers tell a missing field from a zero one.
+type mooncakeLine struct {
+	Timestamp    *float64  `json:"timestamp"`
+	InputLength  *int      `json:"input_length"`
+	OutputLength *int      `json:"output_length"`
+	HashIDs      *[]uint64 `json:"hash_ids"`
+}
+
+// ReadMooncake reads a Mooncake JSONL trace (one object a line with timestamp in milliseconds,
+// input_length, output_length and hash_ids of 512-token blocks). Blank lines are skipped and
+// unknown fields ignored. The first bad line is an error of the form "line N: field X: problem".
+// Requests keep the file's order; IDs are 0, 1, ... in that order.
+func ReadMooncake(r io.Reader) ([]Request, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
+	var reqs []Request
+	line := 0
+	for sc.Scan() {
+		line++
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		req, err := parseMooncakeLine(b)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", line, err)
+		}
+		req.ID = len(reqs)
+		reqs = append(reqs, req)
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("line %d: longer than %d bytes: %w", line+1, maxLineBytes, err)
+		}
+		return nil, fmt.Errorf("read trace after line %d: %w", line, err)
+	}
+	return reqs, nil
+}
+
+// LoadMooncake reads the Mooncake JSONL trace at path.
+func LoadMooncake(path string) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	defer f.Close()
+	reqs, err := ReadMooncake(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return reqs, nil
+}
+
+// parseMooncakeLine parses and checks one non-blank trace line.
+func parseMooncakeLine(b []byte) (Request, error) {
+	var l mooncakeLine
+	if err := json.Unmarshal(b, &l); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return Request{}, fmt.Errorf("field %s: want %s, got JSON %s: %w", te.Field, te.Type, te.Value, err)
+		}
+		return Request{}, fmt.Errorf("invalid JSON object: %w", err)
+	}
+	switch {
+	case l.Timestamp == nil:
+		return Request{}, errors.New("field timestamp: missing (milliseconds since the start of the trace)")
+	case math.IsNaN(*l.Timestamp) || *l.Timestamp < 0 || *l.Timestamp > float64(math.MaxInt64/int64(time.Millisecond)):
+		return Request{}, fmt.Errorf("field timestamp: %v out of range (want milliseconds >= 0)", *l.Timestamp)
+	case l.InputLength == nil:
+		return Request{}, errors.New("field input_length: missing (prompt tokens)")
+	case *l.InputLength < 1 || *l.InputLength > maxTokens:
+		return Request{}, fmt.Errorf("field input_length: %d, want 1 to %d", *l.InputLength, maxTokens)
+	case l.OutputLength == nil:
+		return Request{}, errors.New("field output_length: missing (generated tokens)")
+	case *l.OutputLength < 1 || *l.OutputLength > maxTokens:
+		return Request{}, fmt.Errorf("field output_length: %d, want 1 to %d", *l.OutputLength, maxTokens)
+	case l.HashIDs == nil:
+		return Request{}, errors.New("field hash_ids: missing (the prompt's 512-token block ids)")
+	}
+	want := (*l.InputLength + MooncakeBlockTokens - 1) / MooncakeBlockTokens
+	if got := len(*l.HashIDs); got != want {
+		return Request{}, fmt.Errorf("field hash_ids: %d blocks for input_length %d, want ceil(%d/%d) = %d",
+			got, *l.InputLength, *l.InputLength, MooncakeBlockTokens, want)
+	}
+	return Request{
+		Arrival:      time.Duration(math.Round(*l.Timestamp * float64(time.Millisecond))),
+		Blocks:       *l.HashIDs,
+		BlockTokens:  MooncakeBlockTokens,
+		PromptTokens: *l.InputLength,
+		OutputTokens: *l.OutputLength,
+	}, nil
+}

@@ -1,0 +1,137 @@
+package workload
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const tracePath = "../../../shared/traces/mooncake/conversation_trace.jsonl"
+
+// loadTrace loads the real trace or skips the test when it is absent.
+func loadTrace(t testing.TB) []Request {
+	t.Helper()
+	if _, err := os.Stat(tracePath); err != nil {
+		t.Skipf("trace not available: %v", err)
+	}
+	reqs, err := LoadMooncake(tracePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+func TestReadMooncake(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}
+
+{"timestamp": 1500, "input_length": 512, "output_length": 1, "hash_ids": [0], "extra": true}
+`
+	got, err := ReadMooncake(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Request{
+		{ID: 0, Arrival: 0, Blocks: []uint64{0, 1}, BlockTokens: 512, PromptTokens: 600, OutputTokens: 5},
+		{ID: 1, Arrival: 1500 * time.Millisecond, Blocks: []uint64{0}, BlockTokens: 512, PromptTokens: 512, OutputTokens: 1},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ReadMooncake (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadMooncakeErrors(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [7]}` + "\n"
+	tests := []struct {
+		name, line, want string
+	}{
+		{"bad json", `{"timestamp": 0,`, "line 2: invalid JSON"},
+		{"not an object", `[1,2]`, "line 2:"},
+		{"missing timestamp", `{"input_length": 10, "output_length": 5, "hash_ids": [7]}`, "line 2: field timestamp: missing"},
+		{"negative timestamp", `{"timestamp": -1, "input_length": 10, "output_length": 5, "hash_ids": [7]}`, "line 2: field timestamp"},
+		{"missing input", `{"timestamp": 0, "output_length": 5, "hash_ids": [7]}`, "line 2: field input_length: missing"},
+		{"zero input", `{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}`, "line 2: field input_length: 0"},
+		{"negative output", `{"timestamp": 0, "input_length": 10, "output_length": -3, "hash_ids": [7]}`, "line 2: field output_length: -3"},
+		{"missing output", `{"timestamp": 0, "input_length": 10, "hash_ids": [7]}`, "line 2: field output_length: missing"},
+		{"missing hash_ids", `{"timestamp": 0, "input_length": 10, "output_length": 5}`, "line 2: field hash_ids: missing"},
+		{"negative hash id", `{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [-1]}`, "line 2: field hash_ids"},
+		{"string length", `{"timestamp": 0, "input_length": "10", "output_length": 5, "hash_ids": [7]}`, "line 2: field input_length"},
+		{"too few blocks", `{"timestamp": 0, "input_length": 513, "output_length": 5, "hash_ids": [7]}`, "line 2: field hash_ids: 1 blocks for input_length 513"},
+		{"too many blocks", `{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [7, 8]}`, "line 2: field hash_ids: 2 blocks"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ReadMooncake(strings.NewReader(good + tt.line + "\n"))
+			if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+				t.Errorf("error = %v, want prefix %q", err, tt.want)
+			}
+		})
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("disk on fire") }
+
+func TestReadMooncakeReadError(t *testing.T) {
+	_, err := ReadMooncake(failingReader{})
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Errorf("error = %v, want the read error", err)
+	}
+}
+
+func TestLoadMooncakeMissingFile(t *testing.T) {
+	_, err := LoadMooncake(t.TempDir() + "/nope.jsonl")
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("error = %v, want os.ErrNotExist", err)
+	}
+}
+
+func TestMooncakeTraceFigures(t *testing.T) {
+	reqs := loadTrace(t)
+	if len(reqs) != 12031 {
+		t.Fatalf("requests = %d, want 12031", len(reqs))
+	}
+	var tokens int64
+	distinct := map[uint64]struct{}{}
+	for i := range reqs {
+		tokens += int64(reqs[i].PromptTokens)
+		for _, b := range reqs[i].Blocks {
+			distinct[b] = struct{}{}
+		}
+	}
+	if tokens != 144793823 {
+		t.Errorf("prompt tokens = %d, want 144793823", tokens)
+	}
+	if len(distinct) != 182790 {
+		t.Errorf("distinct blocks = %d, want 182790", len(distinct))
+	}
+	if got := reqs[len(reqs)-1].Arrival; got != 3536999*time.Millisecond {
+		t.Errorf("last arrival = %v, want 3536.999s", got)
+	}
+}
+
+func FuzzParseMooncakeLine(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}`))
+	f.Add([]byte(`{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`))
+	f.Add([]byte(`{"timestamp": -0, "input_length": 9223372036854775807, "output_length": 1, "hash_ids": []}`))
+	f.Add([]byte(`{"hash_ids": null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := parseMooncakeLine(b)
+		if err != nil {
+			if req.Blocks != nil || req.PromptTokens != 0 {
+				t.Errorf("error %v with a non-zero request %+v", err, req)
+			}
+			return
+		}
+		if req.PromptTokens < 1 || req.OutputTokens < 1 || req.Arrival < 0 {
+			t.Errorf("accepted invalid request %+v", req)
+		}
+		if want := (req.PromptTokens + 511) / 512; len(req.Blocks) != want {
+			t.Errorf("accepted %d blocks for %d tokens", len(req.Blocks), req.PromptTokens)
+		}
+	})
+}
