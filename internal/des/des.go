@@ -1,0 +1,533 @@
+package des
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// DefaultScrapeInterval is how often the simulated router refreshes its engine-metric
+// snapshots unless told otherwise.
+const DefaultScrapeInterval = 200 * time.Millisecond
+
+// Engine is the part of the engine model the simulator drives (*engine.Engine implements it).
+type Engine interface {
+	// Submit queues a request arriving at now.
+	Submit(now time.Duration, r engine.Request) error
+	// Step runs one batch step starting at now; its events happen at end. ok is false when
+	// the engine had nothing to do.
+	Step(now time.Duration) (end time.Duration, events []engine.Event, ok bool)
+	// Stats returns the engine's counters.
+	Stats() engine.Stats
+}
+
+// Config describes the fleet.
+type Config struct {
+	// Instances is the number of engines (at least 1).
+	Instances int
+	// Model is the model name the requests ask for; it seeds the policy's block hashes.
+	Model string
+	// BlockSize is the engines' KV block size in tokens (at least 1).
+	BlockSize int
+	// KVCapacityTokens is each engine's KV capacity, as the router is configured with it.
+	KVCapacityTokens int
+	// NewEngine builds engine i (0..Instances-1).
+	NewEngine func(i int) (Engine, error)
+	// ScrapeInterval is how often endpoint snapshots are refreshed from engine stats
+	// (0: DefaultScrapeInterval).
+	ScrapeInterval time.Duration
+	// NetworkLatency is the one-way delay between router and engine (0 by default): a request
+	// reaches its engine this long after it was routed, and the router hears of its first token
+	// and its end this long after they happen.
+	NetworkLatency time.Duration
+	// Seed seeds the policy's random source.
+	Seed uint64
+}
+
+func (c *Config) check() error {
+	var errs []error
+	if c.Instances < 1 {
+		errs = append(errs, fmt.Errorf("instances: %d, want at least 1", c.Instances))
+	}
+	if c.BlockSize < 1 {
+		errs = append(errs, fmt.Errorf("block size: %d, want at least 1", c.BlockSize))
+	}
+	if c.NewEngine == nil {
+		errs = append(errs, errors.New("new engine: nil, want an engine constructor"))
+	}
+	if c.ScrapeInterval < 0 {
+		errs = append(errs, fmt.Errorf("scrape interval: %v, want > 0 (or 0 for the default %v)", c.ScrapeInterval, DefaultScrapeInterval))
+	}
+	if c.NetworkLatency < 0 {
+		errs = append(errs, fmt.Errorf("network latency: %v, want >= 0", c.NetworkLatency))
+	}
+	return errors.Join(errs...)
+}
+
+// Epoch is the wall-clock instant that virtual time 0 stands for, in snapshots and in the
+// clock given to policies.
+func Epoch() time.Time { return time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC) }
+
+// Workload is a workload prepared for simulation: each request's engine block keys and the
+// policy.Request a router would build for it, computed once and shared, read-only, by every
+// run (runs may go on in parallel).
+type Workload struct {
+	reqs  []workload.Request
+	keys  [][]uint64
+	preqs []policy.Request
+	order []int // request indices by arrival, ties by position
+}
+
+// Prepare builds the per-request data for model and an engine block size of blockSize tokens.
+func Prepare(reqs []workload.Request, model string, blockSize int) *Workload {
+	w := &Workload{
+		reqs:  reqs,
+		keys:  make([][]uint64, len(reqs)),
+		preqs: make([]policy.Request, len(reqs)),
+		order: make([]int, len(reqs)),
+	}
+	total := 0
+	for i := range reqs {
+		if blockSize > 0 {
+			total += reqs[i].PromptTokens / blockSize
+		}
+	}
+	// Two flat backing arrays instead of two slices per request.
+	keyBuf := make([]uint64, 0, total)
+	hashBuf := make([]uint64, 0, total)
+	seed := prefix.Seed(model, "")
+	for i := range reqs {
+		r := &reqs[i]
+		start := len(keyBuf)
+		keyBuf = workload.Keys(keyBuf, r, blockSize)
+		keys := keyBuf[start:len(keyBuf):len(keyBuf)]
+		hashBuf = prefix.Chain(hashBuf, seed, keys)
+		w.keys[i] = keys
+		w.preqs[i] = policy.Request{
+			ID:           strconv.Itoa(i),
+			Model:        model,
+			SessionKey:   r.Session,
+			Blocks:       hashBuf[start:len(hashBuf):len(hashBuf)],
+			BlockTokens:  blockSize,
+			PromptTokens: r.PromptTokens,
+			MaxTokens:    r.OutputTokens,
+		}
+		w.order[i] = i
+	}
+	slices.SortStableFunc(w.order, func(a, b int) int {
+		return cmpDuration(reqs[a].Arrival, reqs[b].Arrival)
+	})
+	return w
+}
+
+// Len is the number of requests.
+func (w *Workload) Len() int { return len(w.reqs) }
+
+// Result is the outcome of one run.
+type Result struct {
+	// Records holds one record per request, in the workload's order. Record.ID is the
+	// request's index.
+	Records []report.Record
+	// Busy is each engine's total step time.
+	Busy []time.Duration
+	// Stats are the engines' final counters.
+	Stats []engine.Stats
+	// Events is the number of simulation events processed.
+	Events int
+}
+
+// Preemptions sums the engines' preemption counts.
+func (r *Result) Preemptions() int64 {
+	var n int64
+	for i := range r.Stats {
+		n += r.Stats[i].Preemptions
+	}
+	return n
+}
+
+// NewPicker builds the policy under test with the environment the simulator gives it.
+type NewPicker func(env policy.Env) (policy.Picker, error)
+
+// Named returns a NewPicker for a registered policy.
+func Named(name string, p policy.Params) NewPicker {
+	return func(env policy.Env) (policy.Picker, error) { return policy.New(name, p, env) }
+}
+
+// Run simulates the workload on the fleet with the policy that newPicker builds, labelling the
+// records with policyName. It returns when every request has completed or failed, or with
+// ctx's error when ctx is cancelled.
+func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPicker NewPicker) (*Result, error) {
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("fleet config: %w", err)
+	}
+	if cfg.ScrapeInterval == 0 {
+		cfg.ScrapeInterval = DefaultScrapeInterval
+	}
+	s := &sim{cfg: cfg, w: w, policyName: policyName}
+	s.clock.epoch = Epoch()
+	env := policy.Env{Rand: rand.New(rand.NewPCG(cfg.Seed, 0x6b76726f757465)), Clock: &s.clock}
+	pk, err := newPicker(env)
+	if err != nil {
+		return nil, err
+	}
+	s.picker = pk
+	s.observer, _ = pk.(policy.Observer)
+	s.engines = make([]Engine, cfg.Instances)
+	s.eps = make([]*endpoint.Endpoint, cfg.Instances)
+	s.stepping = make([]bool, cfg.Instances)
+	for i := range s.engines {
+		e, err := cfg.NewEngine(i)
+		if err != nil {
+			return nil, fmt.Errorf("engine %d: %w", i, err)
+		}
+		s.engines[i] = e
+		s.eps[i] = &endpoint.Endpoint{
+			ID:               i,
+			Name:             "sim-" + strconv.Itoa(i),
+			Models:           []string{cfg.Model},
+			Engine:           "vllm",
+			KVCapacityTokens: cfg.KVCapacityTokens,
+		}
+	}
+	if err := s.loop(ctx); err != nil {
+		return nil, err
+	}
+	return s.result(), nil
+}
+
+// virtualClock is the policy's clock: Epoch plus the simulation's current time.
+type virtualClock struct {
+	epoch time.Time
+	now   time.Duration
+}
+
+func (c *virtualClock) Now() time.Time { return c.epoch.Add(c.now) }
+
+// Event kinds, in the order they are handled at the same instant: engines finish their steps
+// and the router hears of it, then metrics are scraped, then new requests are routed and
+// submitted, and only then does each engine start its next step, so that every request that
+// arrives at an instant joins the step that starts at it.
+const (
+	evStepEnd uint8 = iota
+	evObserve       // router learns of engine events (with network latency)
+	evScrape
+	evArrival
+	evSubmit // request reaches its engine (with network latency)
+	evKick   // engine starts its next step
+)
+
+type event struct {
+	at   time.Duration
+	kind uint8
+	inst int32
+	req  int32
+	seq  uint64
+	evs  []engine.Event
+}
+
+func (a *event) less(b *event) bool {
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.kind != b.kind {
+		return a.kind < b.kind
+	}
+	return a.seq < b.seq
+}
+
+// reqState is what the simulated router remembers of one request in flight.
+type reqState struct {
+	firstSeen bool
+	done      bool
+}
+
+type sim struct {
+	cfg        Config
+	w          *Workload
+	policyName string
+	clock      virtualClock
+	picker     policy.Picker
+	observer   policy.Observer
+	engines    []Engine
+	eps        []*endpoint.Endpoint
+	stepping   []bool // a step or a kick is pending for the engine
+	queue      eventQueue
+	seq        uint64
+	next       int // next arrival, index into w.order
+	records    []report.Record
+	state      []reqState
+	events     int
+}
+
+func (s *sim) push(e event) {
+	e.seq = s.seq
+	s.seq++
+	s.queue.push(e)
+}
+
+func (s *sim) loop(ctx context.Context) error {
+	n := len(s.w.reqs)
+	s.records = make([]report.Record, n)
+	s.state = make([]reqState, n)
+	for i := range s.records {
+		r := &s.w.reqs[i]
+		s.records[i] = report.Record{
+			ID: strconv.Itoa(i), Policy: s.policyName, EndpointID: -1,
+			Arrival: r.Arrival, PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens,
+		}
+	}
+	if n > 0 {
+		s.pushArrival()
+		s.push(event{at: 0, kind: evScrape})
+	}
+	for s.queue.len() > 0 {
+		if s.events&0xfff == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("simulation stopped at %v of virtual time: %w", s.clock.now, err)
+			}
+		}
+		s.events++
+		e := s.queue.pop()
+		s.clock.now = e.at
+		switch e.kind {
+		case evArrival:
+			s.arrive(int(e.req))
+			s.pushArrival()
+		case evSubmit:
+			s.submit(int(e.inst), int(e.req))
+		case evKick:
+			if err := s.kick(int(e.inst)); err != nil {
+				return err
+			}
+		case evStepEnd:
+			if s.cfg.NetworkLatency == 0 {
+				s.observe(int(e.inst), e.evs)
+			} else if len(e.evs) > 0 {
+				s.push(event{at: e.at + s.cfg.NetworkLatency, kind: evObserve, inst: e.inst, evs: e.evs})
+			}
+			s.push(event{at: e.at, kind: evKick, inst: e.inst})
+		case evObserve:
+			s.observe(int(e.inst), e.evs)
+		case evScrape:
+			s.scrape()
+			// Keep scraping while anything else is going to happen.
+			if s.queue.len() > 0 {
+				s.push(event{at: e.at + s.cfg.ScrapeInterval, kind: evScrape})
+			}
+		}
+	}
+	// A request the engines never finished is failed, never lost.
+	for i := range s.records {
+		if !s.state[i].done {
+			s.fail(i, s.records[i].EndpointID, "not finished when the simulation ended")
+		}
+	}
+	return nil
+}
+
+func (s *sim) pushArrival() {
+	if s.next >= len(s.w.order) {
+		return
+	}
+	i := s.w.order[s.next]
+	s.next++
+	s.push(event{at: s.w.reqs[i].Arrival, kind: evArrival, req: int32(i)})
+}
+
+// arrive routes request i.
+func (s *sim) arrive(i int) {
+	preq := &s.w.preqs[i]
+	ranked, err := s.picker.Pick(preq, s.eps)
+	if err == nil && len(ranked) == 0 {
+		err = policy.ErrNoCandidate
+	}
+	if err != nil {
+		s.fail(i, -1, "pick: "+err.Error())
+		return
+	}
+	ep := ranked[0]
+	s.records[i].EndpointID = ep.ID
+	s.records[i].Endpoint = ep.Name
+	ep.Start(preq.PromptTokens)
+	if s.observer != nil {
+		s.observer.Routed(preq, ep)
+	}
+	if s.cfg.NetworkLatency == 0 {
+		s.submit(ep.ID, i)
+		return
+	}
+	s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evSubmit, inst: int32(ep.ID), req: int32(i)})
+}
+
+// submit hands request i to engine inst.
+func (s *sim) submit(inst, i int) {
+	r := &s.w.reqs[i]
+	err := s.engines[inst].Submit(s.clock.now, engine.Request{
+		ID:           s.w.preqs[i].ID,
+		PromptTokens: r.PromptTokens,
+		OutputTokens: r.OutputTokens,
+		BlockKeys:    s.w.keys[i],
+	})
+	if err != nil {
+		// The router hears of the rejection one network delay later.
+		s.clock.now += s.cfg.NetworkLatency
+		s.reject(inst, i, err)
+		s.clock.now -= s.cfg.NetworkLatency
+		return
+	}
+	if !s.stepping[inst] {
+		s.stepping[inst] = true
+		s.push(event{at: s.clock.now, kind: evKick, inst: int32(inst)})
+	}
+}
+
+func (s *sim) reject(inst, i int, err error) {
+	ep := s.eps[inst]
+	preq := &s.w.preqs[i]
+	ep.Finish(preq.PromptTokens, false)
+	if s.observer != nil {
+		s.observer.Done(preq, ep, policy.Result{
+			CachedTokens: -1, PromptTokens: preq.PromptTokens,
+			Duration: s.clock.now - s.w.reqs[i].Arrival,
+		})
+	}
+	s.fail(i, inst, "engine: "+err.Error())
+}
+
+// fail records request i as failed now.
+func (s *sim) fail(i, inst int, msg string) {
+	rec := &s.records[i]
+	rec.EndpointID = inst
+	if inst >= 0 {
+		rec.Endpoint = s.eps[inst].Name
+	} else {
+		rec.Endpoint = ""
+	}
+	rec.Finish = max(s.clock.now, rec.Arrival)
+	rec.CachedTokens = 0
+	rec.Err = msg
+	s.state[i].done = true
+}
+
+// kick starts engine inst's next step, if it has anything to do.
+func (s *sim) kick(inst int) error {
+	now := s.clock.now
+	end, evs, ok := s.engines[inst].Step(now)
+	if !ok {
+		s.stepping[inst] = false
+		return nil
+	}
+	if end <= now {
+		return fmt.Errorf("engine %d: step at %v ended at %v: a step must take time", inst, now, end)
+	}
+	s.stepping[inst] = true
+	s.push(event{at: end, kind: evStepEnd, inst: int32(inst), evs: evs})
+	return nil
+}
+
+// observe delivers engine inst's events to the router's counters, the policy and the records.
+func (s *sim) observe(inst int, evs []engine.Event) {
+	ep := s.eps[inst]
+	for k := range evs {
+		ev := &evs[k]
+		i, err := strconv.Atoi(ev.ReqID)
+		if err != nil || i < 0 || i >= len(s.state) || s.state[i].done {
+			continue
+		}
+		preq := &s.w.preqs[i]
+		rec := &s.records[i]
+		switch ev.Kind {
+		case engine.EventFirstToken:
+			s.firstToken(i, ep)
+		case engine.EventFinished:
+			s.firstToken(i, ep) // a one-token request may report only its end
+			rec.Finish = s.clock.now
+			rec.CachedTokens = ev.CachedTokens
+			if ev.OutputTokens > 0 {
+				rec.OutputTokens = ev.OutputTokens
+			}
+			s.state[i].done = true
+			ep.Finish(preq.PromptTokens, true)
+			if s.observer != nil {
+				s.observer.Done(preq, ep, policy.Result{
+					OK:           true,
+					CachedTokens: ev.CachedTokens,
+					PromptTokens: preq.PromptTokens,
+					OutputTokens: rec.OutputTokens,
+					TTFT:         rec.FirstToken - rec.Arrival,
+					Duration:     rec.Finish - rec.Arrival,
+				})
+			}
+		}
+	}
+}
+
+func (s *sim) firstToken(i int, ep *endpoint.Endpoint) {
+	if s.state[i].firstSeen {
+		return
+	}
+	s.state[i].firstSeen = true
+	rec := &s.records[i]
+	rec.FirstToken = s.clock.now
+	preq := &s.w.preqs[i]
+	ep.FirstToken(preq.PromptTokens)
+	if s.observer != nil {
+		s.observer.FirstToken(preq, ep, rec.FirstToken-rec.Arrival)
+	}
+}
+
+// scrape refreshes every endpoint's snapshot from its engine's counters.
+func (s *sim) scrape() {
+	at := s.clock.Now()
+	for i, e := range s.engines {
+		st := e.Stats()
+		snap := &endpoint.Snapshot{
+			At:            at,
+			Running:       st.Running,
+			Waiting:       st.Waiting,
+			BlockSize:     s.cfg.BlockSize,
+			NumGPUBlocks:  st.TotalBlocks,
+			PrefixQueries: float64(st.PrefixQueryTokens),
+			PrefixHits:    float64(st.PrefixHitTokens),
+		}
+		if st.TotalBlocks > 0 {
+			snap.KVUsage = float64(st.UsedBlocks) / float64(st.TotalBlocks)
+		}
+		s.eps[i].SetSnapshot(snap)
+	}
+}
+
+func (s *sim) result() *Result {
+	res := &Result{
+		Records: s.records,
+		Busy:    make([]time.Duration, len(s.engines)),
+		Stats:   make([]engine.Stats, len(s.engines)),
+		Events:  s.events,
+	}
+	for i, e := range s.engines {
+		res.Stats[i] = e.Stats()
+		res.Busy[i] = res.Stats[i].Busy
+	}
+	return res
+}
+
+func cmpDuration(a, b time.Duration) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
