@@ -1,0 +1,17 @@
+// Package engine models one vLLM-like inference engine in virtual time: paged KV blocks of
+// BlockSize tokens, a prefix cache keyed by chained block hashes (the request's cache salt mixed
+// into the first block only), reference-counted blocks whose freed copies stay cached in an LRU
+// free queue until a new block is needed, a FCFS waiting queue, continuous batching with chunked
+// prefill, recompute preemption when blocks run out, and a step time taken from a calibrated
+// Profile.
+//
+// The engine is driven by its caller's clock: Submit and Step take the time since the engine's
+// start, Step returns when the batch step ends and what happened then. It starts no goroutines,
+// never sleeps and never reads the wall clock, so that the fleet simulator (package des) and the
+// HTTP engine simulator (package simserver) drive the same code, and a test can work the expected
+// answer out by hand. An Engine is not safe for concurrent use; callers serialise.
+//
+// The steady state allocates nothing per block: block state lives in preallocated slices, the
+// free queue is an intrusive doubly-linked list over block ids, and the prefix cache is one map
+// from block hash to block id.
+package engine
