@@ -1,0 +1,81 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"testing"
+)
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"tools":[{}]}`,
+		`{"model":"m","prompt":[[1,2],[3]]}`,
+		`{"model":"m","input":[{"type":"function_call","name":"f"}]}`,
+		`{"model":"m","stream_options":{"include_usage":true}}`,
+	} {
+		f.Add(uint8(1), []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := Kind(k%4 + 1)
+		r, err := Parse(kind, body)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %v is not an *Error", err)
+			}
+			return
+		}
+		// Canonicalisation is deterministic and patching keeps a valid object.
+		if a, b := r.CanonicalPrompt(), r.CanonicalPrompt(); a != b {
+			t.Fatal("canonical prompt not deterministic")
+		}
+		p, err := Patch(body, Set{Key: "cache_salt", Value: []byte(`"x"`)})
+		if err != nil {
+			t.Fatalf("patch of a parsed body: %v", err)
+		}
+		if !json.Valid(p) || string(Field(p, "cache_salt")) != `"x"` {
+			t.Fatalf("patch result %q", p)
+		}
+	})
+}
+
+func FuzzCanonicalPrefix(f *testing.F) {
+	f.Add("sys", "q1", "a1")
+	f.Fuzz(func(t *testing.T, a, b, c string) {
+		msg := func(role, s string) map[string]any { return map[string]any{"role": role, "content": s} }
+		short, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{msg("system", a), msg("user", b)}})
+		long, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{msg("system", a), msg("user", b), msg("assistant", c)}})
+		rs, err := Parse(KindChat, short)
+		if err != nil {
+			return // invalid UTF-8 is replaced by json.Marshal; still valid, but be lenient
+		}
+		rl, err := Parse(KindChat, long)
+		if err != nil {
+			t.Fatalf("long parse failed: %v", err)
+		}
+		if !bytes.HasPrefix(rl.AppendCanonical(nil), rs.AppendCanonical(nil)) {
+			t.Fatal("equal conversation prefix gave unequal text prefix")
+		}
+	})
+}
+
+func FuzzSSEReader(f *testing.F) {
+	f.Add([]byte("data: a\n\nevent: x\ndata: b\r\n\r\ndata: [DONE]\n\n"))
+	f.Add([]byte(": c\n\n\n\ndata"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s := NewSSEReader(bytes.NewReader(in), 4096)
+		var raw []byte
+		for range len(in) + 2 {
+			ev, err := s.Next()
+			if err != nil {
+				if err == io.EOF && len(in) < 4096 && !bytes.HasPrefix(in, raw) {
+					t.Fatalf("raw bytes %q are not a prefix of the input", raw)
+				}
+				return
+			}
+			raw = append(raw, ev.Raw...)
+		}
+		t.Fatal("more events than bytes")
+	})
+}

@@ -1,0 +1,204 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+)
+
+// Set is one top-level field to set in a JSON object: Value is its JSON encoding, or nil to
+// delete the field.
+type Set struct {
+	Key   string
+	Value []byte
+}
+
+// Patch returns a copy of the JSON object body with the given top-level fields replaced, added
+// (before the closing brace, in the order given) or deleted. Every other byte of the body is
+// kept as it was, so fields the router does not know pass through unchanged. A body that is not
+// a JSON object is an error.
+func Patch(body []byte, sets ...Set) ([]byte, error) {
+	spans, end, err := topLevel(body)
+	if err != nil {
+		return nil, err
+	}
+	type edit struct {
+		start, end int // byte span replaced
+		with       []byte
+	}
+	var edits []edit
+	done := make([]bool, len(sets))
+	for _, sp := range spans {
+		for i, s := range sets {
+			if s.Key != sp.key {
+				continue
+			}
+			done[i] = true
+			if s.Value == nil {
+				edits = append(edits, edit{sp.keyStart, sp.valEnd, nil})
+			} else {
+				edits = append(edits, edit{sp.valStart, sp.valEnd, s.Value})
+			}
+		}
+	}
+	var add []byte
+	hasFields := len(spans) > 0
+	for i, s := range sets {
+		if done[i] || s.Value == nil {
+			continue
+		}
+		if hasFields {
+			add = append(add, ',')
+		}
+		k, _ := json.Marshal(s.Key)
+		add = append(add, k...)
+		add = append(add, ':')
+		add = append(add, s.Value...)
+		hasFields = true
+	}
+	if len(add) > 0 {
+		edits = append(edits, edit{end, end, add})
+	}
+	slices.SortFunc(edits, func(a, b edit) int { return a.start - b.start })
+	out := make([]byte, 0, len(body)+len(add)+64)
+	pos := 0
+	for _, e := range edits {
+		if e.start < pos {
+			continue // the same key twice: the first edit wins
+		}
+		out = append(out, body[pos:e.start]...)
+		out = append(out, e.with...)
+		pos = e.end
+	}
+	out = append(out, body[pos:]...)
+	if !json.Valid(out) {
+		// A deletion leaves a dangling comma ("a":1,,"b":2 or {,"b":2}); fix it by re-encoding
+		// only the object's member list.
+		return repack(body, sets)
+	}
+	return out, nil
+}
+
+type span struct {
+	key                        string
+	keyStart, valStart, valEnd int
+}
+
+// topLevel returns the spans of the object's members and the offset of its closing brace.
+func topLevel(body []byte) ([]span, int, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, 0, fmt.Errorf("body is not JSON: %w", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, 0, errors.New("body is not a JSON object")
+	}
+	var spans []span
+	for dec.More() {
+		before := int(dec.InputOffset())
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, 0, fmt.Errorf("body is not a JSON object: %w", err)
+		}
+		key, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, 0, fmt.Errorf("body field %q: %w", key, err)
+		}
+		valEnd := int(dec.InputOffset())
+		// Key start: skip the separator and spaces after the previous member.
+		ks := before
+		for ks < len(body) && (body[ks] == ',' || isSpace(body[ks])) {
+			ks++
+		}
+		spans = append(spans, span{key: key, keyStart: ks, valStart: valEnd - len(raw), valEnd: valEnd})
+	}
+	tok, err = dec.Token()
+	if err != nil {
+		return nil, 0, fmt.Errorf("body is not a JSON object: %w", err)
+	}
+	end := int(dec.InputOffset()) - 1
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, 0, errors.New("body has data after the JSON object")
+	}
+	_ = tok
+	return spans, end, nil
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// repack rebuilds the object member by member (each value's bytes kept) with sets applied.
+func repack(body []byte, sets []Set) ([]byte, error) {
+	spans, _, err := topLevel(body)
+	if err != nil {
+		return nil, err
+	}
+	out := []byte{'{'}
+	n := 0
+	emit := func(k string, v []byte) {
+		if n > 0 {
+			out = append(out, ',')
+		}
+		kb, _ := json.Marshal(k)
+		out = append(out, kb...)
+		out = append(out, ':')
+		out = append(out, v...)
+		n++
+	}
+	used := make([]bool, len(sets))
+	for _, sp := range spans {
+		v := body[sp.valStart:sp.valEnd]
+		for i, s := range sets {
+			if s.Key == sp.key {
+				used[i] = true
+				v = s.Value
+			}
+		}
+		if v != nil {
+			emit(sp.key, v)
+		}
+	}
+	for i, s := range sets {
+		if !used[i] && s.Value != nil {
+			emit(s.Key, s.Value)
+		}
+	}
+	out = append(out, '}')
+	return out, nil
+}
+
+// Field returns the raw JSON of a top-level field of the object body, or nil when absent.
+func Field(body []byte, key string) []byte {
+	spans, _, err := topLevel(body)
+	if err != nil {
+		return nil
+	}
+	for _, sp := range spans {
+		if sp.key == key {
+			return body[sp.valStart:sp.valEnd]
+		}
+	}
+	return nil
+}
+
+// WithIncludeUsage returns body with stream_options.include_usage set to true, keeping any
+// other stream_options fields.
+func WithIncludeUsage(body []byte) ([]byte, error) {
+	so := Field(body, "stream_options")
+	var v []byte
+	if isPresent(so) && bytes.TrimSpace(so)[0] == '{' {
+		var err error
+		v, err = Patch(so, Set{Key: "include_usage", Value: []byte("true")})
+		if err != nil {
+			return nil, fmt.Errorf("stream_options: %w", err)
+		}
+	} else {
+		v = []byte(`{"include_usage":true}`)
+	}
+	return Patch(body, Set{Key: "stream_options", Value: v})
+}

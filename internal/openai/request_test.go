@@ -1,0 +1,231 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseChat(t *testing.T) {
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,
+	"user":"u","cache_salt":"s","prompt_cache_key":"k","extra":{"x":[1,2]},
+	"messages":[{"role":"system","content":"be brief"},
+	{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x"}}]},
+	{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},
+	{"role":"tool","tool_call_id":"c1","content":"42"}]}`
+	r, err := Parse(KindChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Model != "m" || !r.Stream || !r.IncludeUsage || !r.HasStreamOptions || r.MaxTokens != 7 ||
+		r.User != "u" || r.CacheSalt != "s" || r.PromptCacheKey != "k" || r.SessionKey() != "k" {
+		t.Errorf("scalar fields wrong: %+v", r)
+	}
+	got := r.CanonicalPrompt()
+	img := r.Messages[1].Parts[1]
+	if !strings.HasPrefix(img, "[image_url ") {
+		t.Errorf("image part stand-in = %q", img)
+	}
+	want := "<|system|>\nbe brief\n<|user|>\nhi\n" + img + "\n<|assistant|>\n<|tool_call|>f({\"a\":1})\n<|tool|> @c1\n42\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("canonical (-want +got):\n%s", diff)
+	}
+}
+
+func TestCanonicalPrefixProperty(t *testing.T) {
+	short := `{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"}]}`
+	long := `{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"},{"role":"assistant","content":"A1"},{"role":"user","content":"Q2"}]}`
+	a, err := Parse(KindChat, []byte(short))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse(KindChat, []byte(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(b.CanonicalPrompt(), a.CanonicalPrompt()) {
+		t.Errorf("%q is not a prefix of %q", a.CanonicalPrompt(), b.CanonicalPrompt())
+	}
+}
+
+func TestParsePrompts(t *testing.T) {
+	tests := []struct {
+		kind Kind
+		body string
+		want Prompt
+	}{
+		{KindCompletion, `{"model":"m","prompt":"abc"}`, Prompt{Texts: []string{"abc"}}},
+		{KindCompletion, `{"model":"m","prompt":["a","b"]}`, Prompt{Texts: []string{"a", "b"}}},
+		{KindCompletion, `{"model":"m","prompt":[1,2,3]}`, Prompt{Tokens: [][]int64{{1, 2, 3}}}},
+		{KindCompletion, `{"model":"m","prompt":[[1],[2,3]]}`, Prompt{Tokens: [][]int64{{1}, {2, 3}}}},
+		{KindEmbedding, `{"model":"m","input":"e"}`, Prompt{Texts: []string{"e"}}},
+		{KindResponse, `{"model":"m","input":"r"}`, Prompt{Texts: []string{"r"}}},
+	}
+	for _, tt := range tests {
+		r, err := Parse(tt.kind, []byte(tt.body))
+		if err != nil {
+			t.Errorf("%s: %v", tt.body, err)
+			continue
+		}
+		if diff := cmp.Diff(tt.want, r.Prompt); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tt.body, diff)
+		}
+	}
+	r, err := Parse(KindCompletion, []byte(`{"model":"m","prompt":[1,2,3,4]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(r.CanonicalPrompt()); n != 16 {
+		t.Errorf("4 tokens render as %d bytes, want 16", n)
+	}
+}
+
+func TestParseResponsesItems(t *testing.T) {
+	body := `{"model":"m","instructions":"sys","previous_response_id":"resp_1","input":[
+	{"role":"user","content":[{"type":"input_text","text":"hello"}]},
+	{"type":"function_call","name":"f","arguments":"{}","call_id":"c"},
+	{"type":"function_call_output","call_id":"c","output":"ok"}]}`
+	r, err := Parse(KindResponse, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<|system|>\nsys\n<|user|>\nhello\n<|assistant|>\n<|tool_call|>f({})\n<|tool|> @c\nok\n"
+	if diff := cmp.Diff(want, r.CanonicalPrompt()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if r.PreviousResponseID != "resp_1" {
+		t.Errorf("previous_response_id = %q", r.PreviousResponseID)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		kind      Kind
+		body      string
+		wantParam string
+	}{
+		{KindChat, `{"model":`, ""},
+		{KindChat, `[]`, ""},
+		{KindChat, `{"messages":[]}`, "model"},
+		{KindChat, `{"model":"m"}`, "messages"},
+		{KindChat, `{"model":5,"messages":[]}`, "model"},
+		{KindChat, `{"model":"m","messages":[{"content":"x"}]}`, "messages[0].role"},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":5}]}`, "messages[0].content"},
+		{KindChat, `{"model":"m","messages":[],"stream":"yes"}`, "stream"},
+		{KindCompletion, `{"model":"m"}`, "prompt"},
+		{KindCompletion, `{"model":"m","prompt":{}}`, "prompt"},
+		{KindCompletion, `{"model":"m","prompt":[true]}`, "prompt"},
+		{KindEmbedding, `{"model":"m"}`, "input"},
+	}
+	for _, tt := range tests {
+		_, err := Parse(tt.kind, []byte(tt.body))
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Errorf("%s: error %v is not an *Error", tt.body, err)
+			continue
+		}
+		param := ""
+		if e.Param != nil {
+			param = *e.Param
+		}
+		if e.Status != 400 || param != tt.wantParam {
+			t.Errorf("%s: status %d param %q, want 400 %q (%s)", tt.body, e.Status, param, tt.wantParam, e.Message)
+		}
+	}
+}
+
+func TestPatchKeepsUnknownFields(t *testing.T) {
+	tests := []struct {
+		body string
+		sets []Set
+		want string
+	}{
+		{`{"a":1, "b" : {"x":[1]}}`, []Set{{"cache_salt", []byte(`"s"`)}}, `{"a":1, "b" : {"x":[1]},"cache_salt":"s"}`},
+		{`{"cache_salt":"c","z":true}`, []Set{{"cache_salt", []byte(`"s"`)}}, `{"cache_salt":"s","z":true}`},
+		{`{}`, []Set{{"k", []byte(`1`)}}, `{"k":1}`},
+		{`{"a":1,"b":2,"c":3}`, []Set{{"b", nil}}, `{"a":1,"c":3}`},
+		{`{"a":1,"b":2}`, []Set{{"a", nil}}, `{"b":2}`},
+		{`{"a":1,"b":2}`, []Set{{"b", nil}}, `{"a":1}`},
+	}
+	for _, tt := range tests {
+		got, err := Patch([]byte(tt.body), tt.sets...)
+		if err != nil {
+			t.Errorf("%s: %v", tt.body, err)
+			continue
+		}
+		if diff := cmp.Diff(tt.want, string(got)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tt.body, diff)
+		}
+	}
+	if _, err := Patch([]byte(`[1]`), Set{"a", []byte("1")}); err == nil {
+		t.Error("patching an array: no error")
+	}
+}
+
+func TestWithIncludeUsage(t *testing.T) {
+	tests := []struct{ body, want string }{
+		{`{"model":"m","stream":true}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream_options":{"continuous_usage_stats":false}}`, `{"stream_options":{"continuous_usage_stats":false,"include_usage":true}}`},
+		{`{"stream_options":null}`, `{"stream_options":{"include_usage":true}}`},
+	}
+	for _, tt := range tests {
+		got, err := WithIncludeUsage([]byte(tt.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(tt.want, string(got)); diff != "" {
+			t.Errorf("(-want +got):\n%s", diff)
+		}
+	}
+}
+
+func TestUsage(t *testing.T) {
+	u, ok := FindUsage([]byte(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}`))
+	if !ok || u.Prompt() != 10 || u.Completion() != 2 || u.Cached() != 8 {
+		t.Errorf("chat usage = %+v ok=%v", u, ok)
+	}
+	u, ok = FindUsage([]byte(`{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":5,"output_tokens":3}}}`))
+	if !ok || u.Prompt() != 5 || u.Completion() != 3 || u.Cached() != -1 {
+		t.Errorf("responses usage = %+v ok=%v", u, ok)
+	}
+	if _, ok := FindUsage([]byte(`{"usage":null}`)); ok {
+		t.Error("null usage found")
+	}
+	if !IsUsageOnlyChunk([]byte(`{"choices":[],"usage":{"prompt_tokens":1}}`)) {
+		t.Error("usage-only chunk not recognised")
+	}
+	if IsUsageOnlyChunk([]byte(`{"choices":[{"delta":{}}],"usage":{"prompt_tokens":1}}`)) {
+		t.Error("chunk with choices taken for usage-only")
+	}
+}
+
+func TestNormalizeUpstreamError(t *testing.T) {
+	str := func(s string) *string { return &s }
+	tests := []struct {
+		status int
+		body   string
+		want   *Error
+	}{
+		{400, `{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}`,
+			&Error{Status: 400, Message: "bad", Type: "BadRequestError", Code: str("400")}},
+		{503, `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`,
+			&Error{Status: 503, Message: "Loading model", Type: "unavailable_error", Code: str("503")}},
+		{502, `Bad Gateway`, &Error{Status: 502, Message: "Bad Gateway", Type: TypeUpstream}},
+		{500, ``, &Error{Status: 500, Message: "upstream returned 500 Internal Server Error", Type: TypeUpstream}},
+	}
+	for _, tt := range tests {
+		got := NormalizeUpstreamError(tt.status, []byte(tt.body))
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", tt.body, diff)
+		}
+		var v struct {
+			Error map[string]any `json:"error"`
+		}
+		if err := json.Unmarshal(got.Body(), &v); err != nil || len(v.Error) != 4 {
+			t.Errorf("body %s: %v", got.Body(), err)
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package openai
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// ErrSSELineTooLong is returned by SSEReader.Next when a line or an event exceeds the reader's
+// bound.
+var ErrSSELineTooLong = errors.New("sse: line or event too long")
+
+// Event is one server-sent event. Raw holds its exact bytes as received, including the blank
+// line that ends it, so a proxy can pass it on unchanged.
+type Event struct {
+	Name string // the "event:" field, "" for the default "message"
+	Data []byte // the "data:" lines joined by "\n"
+	ID   string
+	Raw  []byte
+}
+
+// IsDone reports whether the event is the OpenAI stream terminator "data: [DONE]".
+func (e *Event) IsDone() bool { return bytes.Equal(e.Data, []byte("[DONE]")) }
+
+// SSEReader reads server-sent events incrementally. Lines end in "\n" or "\r\n". It buffers at
+// most one event, of at most maxEvent bytes.
+type SSEReader struct {
+	r        *bufio.Reader
+	maxEvent int
+	raw      []byte
+}
+
+// NewSSEReader returns a reader of events from r, each at most maxEvent bytes (4 KiB when
+// maxEvent < 4096).
+func NewSSEReader(r io.Reader, maxEvent int) *SSEReader {
+	maxEvent = max(maxEvent, 4096)
+	return &SSEReader{r: bufio.NewReaderSize(r, 4096), maxEvent: maxEvent}
+}
+
+// Next returns the next event. At the end of the stream it returns io.EOF; a stream that ends
+// in the middle of an event returns that event first (with the bytes received), then io.EOF.
+// Comment lines (": ping") count as an event without data, so a proxy passes them on. The
+// returned Event's slices are valid until the next call.
+func (s *SSEReader) Next() (Event, error) {
+	s.raw = s.raw[:0]
+	var ev Event
+	hasData := false
+	fields := 0
+	finish := func() Event {
+		ev.Raw = s.raw
+		return ev
+	}
+	for {
+		start := len(s.raw)
+		err := s.readLine()
+		if err != nil && err != io.EOF {
+			return Event{}, err
+		}
+		got := s.raw[start:]
+		if err == io.EOF && len(got) == 0 {
+			if fields == 0 {
+				return Event{}, io.EOF
+			}
+			return finish(), nil
+		}
+		line := bytes.TrimSuffix(bytes.TrimSuffix(got, []byte("\n")), []byte("\r"))
+		if len(line) == 0 {
+			if fields > 0 {
+				return finish(), nil
+			}
+			if err == io.EOF {
+				return Event{}, io.EOF
+			}
+			continue // blank lines before an event stay in its Raw
+		}
+		fields++
+		field, value, _ := bytes.Cut(line, []byte(":"))
+		value = bytes.TrimPrefix(value, []byte(" "))
+		switch string(field) {
+		case "data":
+			if hasData {
+				ev.Data = append(ev.Data, '\n')
+			}
+			ev.Data = append(ev.Data, value...)
+			hasData = true
+		case "event":
+			ev.Name = string(value)
+		case "id":
+			ev.ID = string(value)
+		}
+		if err == io.EOF {
+			return finish(), nil
+		}
+	}
+}
+
+// readLine appends one line, with its "\n", to s.raw; io.EOF when the stream ends (the partial
+// line, if any, is appended).
+func (s *SSEReader) readLine() error {
+	for {
+		chunk, err := s.r.ReadSlice('\n')
+		if len(s.raw)+len(chunk) > s.maxEvent {
+			return fmt.Errorf("%w (limit %d bytes)", ErrSSELineTooLong, s.maxEvent)
+		}
+		s.raw = append(s.raw, chunk...)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		default:
+			return err
+		}
+	}
+}
+
+// WriteEvent writes one event ("event: name" when name is set, then data split on "\n" into
+// data lines, then a blank line) and flushes w when it can.
+func WriteEvent(w io.Writer, name string, data []byte) error {
+	var b bytes.Buffer
+	if name != "" {
+		b.WriteString("event: ")
+		b.WriteString(name)
+		b.WriteByte('\n')
+	}
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		b.WriteString("data: ")
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	b.WriteByte('\n')
+	if _, err := w.Write(b.Bytes()); err != nil {
+		return fmt.Errorf("sse write: %w", err)
+	}
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+// WriteDone writes the OpenAI stream terminator "data: [DONE]".
+func WriteDone(w io.Writer) error { return WriteEvent(w, "", []byte("[DONE]")) }

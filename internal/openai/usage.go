@@ -1,0 +1,102 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Usage is a response's token usage. The Chat and Completions APIs fill PromptTokens,
+// CompletionTokens and PromptTokensDetails; the Responses API fills InputTokens, OutputTokens
+// and InputTokensDetails. Use Prompt, Completion and Cached to read either.
+type Usage struct {
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails *TokenDetails `json:"prompt_tokens_details,omitempty"`
+	InputTokens         int           `json:"input_tokens,omitempty"`
+	OutputTokens        int           `json:"output_tokens,omitempty"`
+	InputTokensDetails  *TokenDetails `json:"input_tokens_details,omitempty"`
+}
+
+// TokenDetails holds the cached part of the prompt.
+type TokenDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// Prompt returns the prompt (input) tokens.
+func (u *Usage) Prompt() int { return max(u.PromptTokens, u.InputTokens) }
+
+// Completion returns the completion (output) tokens.
+func (u *Usage) Completion() int { return max(u.CompletionTokens, u.OutputTokens) }
+
+// Cached returns the engine-reported cached prompt tokens, or -1 when not reported.
+func (u *Usage) Cached() int {
+	switch {
+	case u.PromptTokensDetails != nil:
+		return u.PromptTokensDetails.CachedTokens
+	case u.InputTokensDetails != nil:
+		return u.InputTokensDetails.CachedTokens
+	}
+	return -1
+}
+
+// FindUsage returns the usage of a response body or stream chunk: its top-level "usage", or
+// the "usage" of its "response" (Responses API events such as response.completed). ok is false
+// when there is none (or it is null).
+func FindUsage(body []byte) (u Usage, ok bool) {
+	var v struct {
+		Usage    *Usage `json:"usage"`
+		Response *struct {
+			Usage *Usage `json:"usage"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return Usage{}, false
+	}
+	if v.Usage != nil {
+		return *v.Usage, true
+	}
+	if v.Response != nil && v.Response.Usage != nil {
+		return *v.Response.Usage, true
+	}
+	return Usage{}, false
+}
+
+// IsUsageOnlyChunk reports whether a chat or completion stream chunk is the final one that
+// only carries usage (choices empty, usage set): the chunk a client gets because of
+// stream_options.include_usage.
+func IsUsageOnlyChunk(data []byte) bool {
+	if !bytes.Contains(data, []byte(`"usage"`)) {
+		return false
+	}
+	var v struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *Usage            `json:"usage"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return false
+	}
+	return v.Usage != nil && len(v.Choices) == 0
+}
+
+// ResponseID returns the top-level "id" of a Responses API body, or of the "response" object of
+// a Responses stream event; "" when none.
+func ResponseID(body []byte) string {
+	var v struct {
+		ID       string `json:"id"`
+		Object   string `json:"object"`
+		Response *struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	if v.Response != nil && v.Response.ID != "" {
+		return v.Response.ID
+	}
+	if v.Object == "response" {
+		return v.ID
+	}
+	return ""
+}
