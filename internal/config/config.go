@@ -1,0 +1,651 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+// Engines are the engine kinds an endpoint may declare.
+var engines = []string{"vllm", "sglang", "tgi", "llamacpp", "openai"}
+
+// Engines returns the engine kinds an endpoint may declare.
+func Engines() []string { return slices.Clone(engines) }
+
+// Config is the whole router configuration. Zero values are replaced by the documented
+// defaults when the config is loaded; examples/kvroute.yaml documents every key.
+type Config struct {
+	// Listen is the OpenAI API address (host:port). Default 127.0.0.1:8080.
+	Listen string `json:"listen"`
+	// AdminListen serves /metrics, /healthz, /readyz, /debug/endpoints. Default 127.0.0.1:9090.
+	AdminListen string `json:"admin_listen"`
+	// Policy is the routing policy and its parameters.
+	Policy Policy `json:"policy"`
+	// Endpoints are the static inference endpoints.
+	Endpoints []Endpoint `json:"endpoints"`
+	// Discovery adds endpoints from a file that is reloaded when it changes.
+	Discovery Discovery `json:"discovery"`
+	// Health configures active health checks and passive ejection.
+	Health Health `json:"health"`
+	// Scrape configures the scraping of the engines' /metrics.
+	Scrape Scrape `json:"scrape"`
+	// Prefix configures how prompts become prefix blocks.
+	Prefix Prefix `json:"prefix"`
+	// Normalize configures prompt normalisation before hashing.
+	Normalize Normalize `json:"normalize"`
+	// Limits bounds request bodies and retries.
+	Limits Limits `json:"limits"`
+	// Server holds the HTTP servers' timeouts.
+	Server Server `json:"server"`
+	// Log configures logging.
+	Log Log `json:"log"`
+	// Pprof serves /debug/pprof on the admin listener when true.
+	Pprof bool `json:"pprof"`
+	// Auth says how clients authenticate (see tenants.go). Nil when the section is absent;
+	// defaults then fill AuthMode.
+	Auth *Auth `json:"auth,omitempty"`
+	// Tenants are the customers of the fleet (see tenants.go).
+	Tenants []Tenant `json:"tenants"`
+	// Overload configures admission under overload (see tenants.go).
+	Overload Overload `json:"overload"`
+
+	// Warnings are problems that are not errors (for example authentication off by default);
+	// the caller logs them. Filled by Parse and Load.
+	Warnings []string `json:"-"`
+	// Dir is the directory relative paths are resolved against ("" for Parse: the working
+	// directory).
+	Dir string `json:"-"`
+}
+
+// Policy names the routing policy and its parameters.
+type Policy struct {
+	// Name is a registered policy name (policy.Names()). Default least-request.
+	Name string `json:"name"`
+	// Params are the policy's parameters: scalars (text, numbers, booleans).
+	Params map[string]any `json:"params"`
+}
+
+// Endpoint is one inference endpoint.
+type Endpoint struct {
+	// URL is the engine's base URL, http or https (a trailing slash is removed).
+	URL string `json:"url"`
+	// Models it serves; empty means any model.
+	Models []string `json:"models"`
+	// Engine is vllm, sglang, tgi, llamacpp or openai (generic). Default openai.
+	Engine string `json:"engine"`
+	// Labels select dedicated pools (tenants' endpoint_labels).
+	Labels map[string]string `json:"labels"`
+	// KVTokens overrides the KV capacity in tokens (0: use the scraped cache_config_info).
+	KVTokens int `json:"kv_tokens"`
+	// CacheSalt says whether to inject the tenant's cache_salt into requests. Default true for
+	// vllm, false otherwise (engines that reject unknown fields would fail).
+	CacheSalt *bool `json:"cache_salt"`
+	// HealthPath overrides the engine's health check path.
+	HealthPath string `json:"health_path"`
+	// MetricsPath overrides the metrics path (default /metrics; "-" turns scraping off).
+	MetricsPath string `json:"metrics_path"`
+}
+
+// Discovery reads more endpoints from a file.
+type Discovery struct {
+	// File is a YAML file with a list of endpoints (same keys as endpoints[]); relative to the
+	// config file's directory. Empty: no file discovery.
+	File string `json:"file"`
+	// PollInterval re-reads the file this often besides change notifications (for file systems
+	// that do not notify). Default 30s.
+	PollInterval Duration `json:"poll_interval"`
+}
+
+// Health configures active health checks and passive ejection.
+type Health struct {
+	Interval Duration `json:"interval"` // default 5s
+	Timeout  Duration `json:"timeout"`  // default 2s
+	// HealthyThreshold consecutive successes make an unhealthy endpoint healthy. Default 1.
+	HealthyThreshold int `json:"healthy_threshold"`
+	// UnhealthyThreshold consecutive failures make a healthy endpoint unhealthy. Default 2.
+	UnhealthyThreshold int `json:"unhealthy_threshold"`
+	// PassiveFailures consecutive connection errors while proxying eject an endpoint until
+	// active checks pass again. Default 3.
+	PassiveFailures int `json:"passive_failures"`
+}
+
+// Scrape configures the scraping of engine metrics.
+type Scrape struct {
+	Interval Duration `json:"interval"` // default 1s
+	Timeout  Duration `json:"timeout"`  // default 1s
+	// Disabled turns scraping off for every endpoint.
+	Disabled bool `json:"disabled"`
+}
+
+// Prefix configures prefix blocks.
+type Prefix struct {
+	// BlockTokens is the tokens per routing block. Default 16.
+	BlockTokens int `json:"block_tokens"`
+}
+
+// Normalize configures prompt normalisation before hashing.
+type Normalize struct {
+	// Rewrite sends the normalised prompt to the engine too (else only the hash uses it).
+	Rewrite bool `json:"rewrite"`
+	// Rules are regular-expression replacements applied in order.
+	Rules []Rule `json:"rules"`
+}
+
+// Rule is one normalisation rule.
+type Rule struct {
+	Pattern string `json:"pattern"` // Go regexp syntax
+	Replace string `json:"replace"` // $1 expands groups
+}
+
+// Limits bounds requests.
+type Limits struct {
+	MaxBodyBytes int64 `json:"max_body_bytes"` // default 16 MiB
+	// MaxRetries is how many other endpoints to try after a connection error: default 2, 0 for
+	// none. A pointer so that 0 can be told from unset; read it with Retries.
+	MaxRetries *int `json:"max_retries"`
+}
+
+// Retries returns limits.max_retries (the default when unset).
+func (l Limits) Retries() int {
+	if l.MaxRetries == nil {
+		return DefaultMaxRetries
+	}
+	return *l.MaxRetries
+}
+
+// Server holds the HTTP servers' timeouts.
+type Server struct {
+	ReadHeaderTimeout Duration `json:"read_header_timeout"` // default 10s
+	IdleTimeout       Duration `json:"idle_timeout"`        // default 120s
+	// WriteTimeout bounds a whole response; default 0 (none: streams may be long).
+	WriteTimeout Duration `json:"write_timeout"`
+	// ShutdownTimeout bounds the drain of in-flight requests. Default 30s.
+	ShutdownTimeout Duration `json:"shutdown_timeout"`
+}
+
+// Log configures logging.
+type Log struct {
+	Format string `json:"format"` // json (default) or text
+	Level  string `json:"level"`  // debug, info (default), warn, error
+}
+
+// Default values.
+const (
+	DefaultListen         = "127.0.0.1:8080"
+	DefaultAdminListen    = "127.0.0.1:9090"
+	DefaultPolicy         = "least-request"
+	DefaultEngine         = "openai"
+	DefaultMaxBodyBytes   = 16 << 20
+	DefaultMaxRetries     = 2
+	DefaultBlockTokens    = 16
+	DefaultMetricsPath    = "/metrics"
+	DefaultOverloadQueue  = 1024
+	defaultHealthInterval = 5 * time.Second
+)
+
+// section is one part of the config: it fills its defaults and checks itself.
+type section interface {
+	setDefaults(c *Config)
+	validate(c *Config, p *problems)
+}
+
+// sections lists the config's sections in the order they are checked.
+func (c *Config) sections() []section {
+	return []section{
+		(*top)(c), &c.Policy, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
+		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload,
+	}
+}
+
+// problems collects validation errors, each prefixed by a field path.
+type problems struct{ errs []error }
+
+func (p *problems) add(path, format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+}
+
+func (p *problems) err() error { return errors.Join(p.errs...) }
+
+// Parse decodes, defaults and validates a config. Relative paths are taken as relative to the
+// working directory. The error joins every problem found.
+func Parse(data []byte) (*Config, error) {
+	return parse(data, "")
+}
+
+// Load reads, decodes, defaults and validates the config file at path. Relative paths in it
+// (discovery.file, auth.secret_file) are relative to the file's directory.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := parse(data, filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+func parse(data []byte, dir string) (*Config, error) {
+	c := &Config{}
+	if err := decodeStrict(data, c); err != nil {
+		return nil, err
+	}
+	c.Dir = dir
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// SetDefaults fills every unset field with its default. It is idempotent.
+func (c *Config) SetDefaults() {
+	c.Warnings = nil
+	for _, s := range c.sections() {
+		s.setDefaults(c)
+	}
+}
+
+// Validate checks the config (after SetDefaults) and returns every problem at once, each naming
+// the field path and the fix.
+func (c *Config) Validate() error {
+	var p problems
+	for _, s := range c.sections() {
+		s.validate(c, &p)
+	}
+	return p.err()
+}
+
+// Path resolves a path from the config against the config file's directory.
+func (c *Config) Path(p string) string {
+	if p == "" || filepath.IsAbs(p) || c.Dir == "" {
+		return p
+	}
+	return filepath.Join(c.Dir, p)
+}
+
+// top holds the top-level scalar keys.
+type top Config
+
+func (t *top) setDefaults(*Config) {
+	if t.Listen == "" {
+		t.Listen = DefaultListen
+	}
+	if t.AdminListen == "" {
+		t.AdminListen = DefaultAdminListen
+	}
+}
+
+func (t *top) validate(_ *Config, p *problems) {
+	checkAddr(p, "listen", t.Listen)
+	checkAddr(p, "admin_listen", t.AdminListen)
+	if t.Listen == t.AdminListen {
+		p.add("admin_listen", "%q is also listen: give the admin server its own port (default %s)", t.AdminListen, DefaultAdminListen)
+	}
+}
+
+func checkAddr(p *problems, path, addr string) {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		p.add(path, "%q is not host:port: write it like 127.0.0.1:8080 or :8080", addr)
+	}
+}
+
+func (s *Policy) setDefaults(*Config) {
+	if s.Name == "" {
+		s.Name = DefaultPolicy
+	}
+}
+
+func (s *Policy) validate(_ *Config, p *problems) {
+	if !slices.Contains(policy.Names(), s.Name) {
+		p.add("policy.name", "unknown policy %q: use one of %s", s.Name, strings.Join(policy.Names(), ", "))
+		return
+	}
+	params, err := s.PolicyParams()
+	if err != nil {
+		p.add("policy.params", "%v", err)
+		return
+	}
+	if _, err := policy.New(s.Name, params, policy.Env{}); err != nil {
+		p.add("policy.params", "%v", err)
+	}
+}
+
+// PolicyParams converts the params to the policy package's text form.
+func (s *Policy) PolicyParams() (policy.Params, error) {
+	out := policy.Params{}
+	keys := make([]string, 0, len(s.Params))
+	for k := range s.Params {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var errs []error
+	for _, k := range keys {
+		switch v := s.Params[k].(type) {
+		case string:
+			out[k] = v
+		case json.Number:
+			out[k] = v.String()
+		case bool:
+			out[k] = fmt.Sprint(v)
+		case float64, int, int64:
+			out[k] = fmt.Sprint(v)
+		default:
+			errs = append(errs, fmt.Errorf("%s: got %s, want a single value (text, number or boolean)", k, jsonKind(v)))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+type endpointList struct{ c *Config }
+
+func (l endpointList) setDefaults(*Config) {
+	for i := range l.c.Endpoints {
+		l.c.Endpoints[i].SetDefaults()
+	}
+}
+
+func (l endpointList) validate(c *Config, p *problems) {
+	if len(c.Endpoints) == 0 && c.Discovery.File == "" {
+		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001) or set discovery.file")
+	}
+	validateEndpoints(c.Endpoints, "endpoints", p)
+}
+
+// SetDefaults fills the endpoint's unset fields.
+func (e *Endpoint) SetDefaults() {
+	e.URL = strings.TrimRight(strings.TrimSpace(e.URL), "/")
+	if e.Engine == "" {
+		e.Engine = DefaultEngine
+	}
+	if e.CacheSalt == nil {
+		v := e.Engine == "vllm"
+		e.CacheSalt = &v
+	}
+	if e.MetricsPath == "" {
+		e.MetricsPath = DefaultMetricsPath
+	}
+}
+
+func validateEndpoints(eps []Endpoint, path string, p *problems) {
+	seen := map[string]int{}
+	for i, e := range eps {
+		at := fmt.Sprintf("%s[%d]", path, i)
+		u, err := url.Parse(e.URL)
+		switch {
+		case e.URL == "":
+			p.add(at+".url", "missing: give the engine's base URL, like http://127.0.0.1:8001")
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			p.add(at+".url", "%q is not an http(s) base URL: write it like http://10.0.0.5:8000", e.URL)
+		case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+			p.add(at+".url", "%q: remove the query, fragment or user info", e.URL)
+		}
+		if j, dup := seen[e.URL]; dup && e.URL != "" {
+			p.add(at+".url", "%q is listed twice (also %s[%d]): remove one", e.URL, path, j)
+		} else {
+			seen[e.URL] = i
+		}
+		if !slices.Contains(engines, e.Engine) {
+			p.add(at+".engine", "unknown engine %q: use one of %s", e.Engine, strings.Join(engines, ", "))
+		}
+		for j, m := range e.Models {
+			if strings.TrimSpace(m) == "" {
+				p.add(fmt.Sprintf("%s.models[%d]", at, j), "empty model name: remove it")
+			}
+		}
+		if e.KVTokens < 0 {
+			p.add(at+".kv_tokens", "%d is negative: give the KV capacity in tokens, or 0 to use the scraped value", e.KVTokens)
+		}
+		for _, f := range []struct{ key, v string }{{"health_path", e.HealthPath}, {"metrics_path", e.MetricsPath}} {
+			if f.v != "" && f.v != "-" && !strings.HasPrefix(f.v, "/") {
+				p.add(at+"."+f.key, "%q must start with / (or be - for none)", f.v)
+			}
+		}
+	}
+}
+
+// Spec converts the endpoint to the pool's form.
+func (e *Endpoint) Spec() endpoint.Spec {
+	s := endpoint.Spec{
+		Name:             e.URL,
+		Models:           slices.Clone(e.Models),
+		Engine:           e.Engine,
+		KVCapacityTokens: e.KVTokens,
+		CacheSalt:        e.CacheSalt != nil && *e.CacheSalt,
+		HealthPath:       e.HealthPath,
+		MetricsPath:      e.MetricsPath,
+	}
+	if len(e.Labels) > 0 {
+		s.Labels = make(map[string]string, len(e.Labels))
+		for k, v := range e.Labels {
+			s.Labels[k] = v
+		}
+	}
+	if s.MetricsPath == "-" {
+		s.MetricsPath = ""
+	}
+	return s
+}
+
+// Specs converts the static endpoints to the pool's form.
+func (c *Config) Specs() []endpoint.Spec {
+	out := make([]endpoint.Spec, len(c.Endpoints))
+	for i := range c.Endpoints {
+		out[i] = c.Endpoints[i].Spec()
+	}
+	return out
+}
+
+// endpointFile is the form of a discovery file: a list, or a mapping with an endpoints key.
+type endpointFile struct {
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// ParseEndpoints decodes, defaults and validates a discovery file: a YAML list of endpoints
+// (the keys of endpoints[] in the config), or a mapping with an endpoints key.
+func ParseEndpoints(data []byte) ([]Endpoint, error) {
+	var f endpointFile
+	trimmed := strings.TrimSpace(string(data))
+	var err error
+	if strings.HasPrefix(trimmed, "-") || strings.HasPrefix(trimmed, "[") {
+		err = decodeStrict(data, &f.Endpoints)
+	} else {
+		err = decodeStrict(data, &f)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var p problems
+	for i := range f.Endpoints {
+		f.Endpoints[i].SetDefaults()
+	}
+	validateEndpoints(f.Endpoints, "endpoints", &p)
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return f.Endpoints, nil
+}
+
+func (d *Discovery) setDefaults(*Config) {
+	if d.PollInterval == 0 {
+		d.PollInterval = Duration(30 * time.Second)
+	}
+}
+
+func (d *Discovery) validate(_ *Config, p *problems) {
+	if d.PollInterval < 0 {
+		p.add("discovery.poll_interval", "must be positive, like 30s")
+	}
+}
+
+func (h *Health) setDefaults(*Config) {
+	if h.Interval == 0 {
+		h.Interval = Duration(defaultHealthInterval)
+	}
+	if h.Timeout == 0 {
+		h.Timeout = Duration(2 * time.Second)
+	}
+	if h.HealthyThreshold == 0 {
+		h.HealthyThreshold = 1
+	}
+	if h.UnhealthyThreshold == 0 {
+		h.UnhealthyThreshold = 2
+	}
+	if h.PassiveFailures == 0 {
+		h.PassiveFailures = 3
+	}
+}
+
+func (h *Health) validate(_ *Config, p *problems) {
+	if h.Interval < 0 {
+		p.add("health.interval", "must be positive, like 5s")
+	}
+	if h.Timeout < 0 {
+		p.add("health.timeout", "must be positive, like 2s")
+	} else if h.Interval > 0 && h.Timeout > h.Interval {
+		p.add("health.timeout", "%v is longer than health.interval %v: make it shorter", h.Timeout.D(), h.Interval.D())
+	}
+	for _, f := range []struct {
+		key string
+		v   int
+	}{{"healthy_threshold", h.HealthyThreshold}, {"unhealthy_threshold", h.UnhealthyThreshold}, {"passive_failures", h.PassiveFailures}} {
+		if f.v < 1 {
+			p.add("health."+f.key, "%d: must be at least 1", f.v)
+		}
+	}
+}
+
+func (s *Scrape) setDefaults(*Config) {
+	if s.Interval == 0 {
+		s.Interval = Duration(time.Second)
+	}
+	if s.Timeout == 0 {
+		s.Timeout = Duration(time.Second)
+	}
+}
+
+func (s *Scrape) validate(_ *Config, p *problems) {
+	if s.Interval < 0 {
+		p.add("scrape.interval", "must be positive, like 1s")
+	}
+	if s.Timeout < 0 {
+		p.add("scrape.timeout", "must be positive, like 1s")
+	}
+}
+
+func (x *Prefix) setDefaults(*Config) {
+	if x.BlockTokens == 0 {
+		x.BlockTokens = DefaultBlockTokens
+	}
+}
+
+func (x *Prefix) validate(_ *Config, p *problems) {
+	if x.BlockTokens < 1 || x.BlockTokens > 1<<16 {
+		p.add("prefix.block_tokens", "%d: must be between 1 and 65536 (16 matches vLLM's block size)", x.BlockTokens)
+	}
+}
+
+func (n *Normalize) setDefaults(*Config) {}
+
+func (n *Normalize) validate(_ *Config, p *problems) {
+	for i, r := range n.Rules {
+		at := fmt.Sprintf("normalize.rules[%d].pattern", i)
+		if r.Pattern == "" {
+			p.add(at, "missing: give a Go regular expression")
+			continue
+		}
+		if _, err := regexp.Compile(r.Pattern); err != nil {
+			p.add(at, "%q does not compile: %v", r.Pattern, err)
+		}
+	}
+}
+
+// Compile returns the rules' compiled patterns, in order (call after Validate).
+func (n *Normalize) Compile() ([]*regexp.Regexp, error) {
+	out := make([]*regexp.Regexp, len(n.Rules))
+	for i, r := range n.Rules {
+		re, err := regexp.Compile(r.Pattern)
+		if err != nil {
+			return nil, fmt.Errorf("normalize.rules[%d].pattern: %w", i, err)
+		}
+		out[i] = re
+	}
+	return out, nil
+}
+
+func (l *Limits) setDefaults(*Config) {
+	if l.MaxBodyBytes == 0 {
+		l.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if l.MaxRetries == nil {
+		n := DefaultMaxRetries
+		l.MaxRetries = &n
+	}
+}
+
+func (l *Limits) validate(_ *Config, p *problems) {
+	if l.MaxBodyBytes < 1 {
+		p.add("limits.max_body_bytes", "%d: must be positive (bytes; default %d)", l.MaxBodyBytes, DefaultMaxBodyBytes)
+	}
+	if r := l.Retries(); r < 0 || r > 10 {
+		p.add("limits.max_retries", "%d: must be between 0 (no retry) and 10", r)
+	}
+}
+
+func (s *Server) setDefaults(*Config) {
+	if s.ReadHeaderTimeout == 0 {
+		s.ReadHeaderTimeout = Duration(10 * time.Second)
+	}
+	if s.IdleTimeout == 0 {
+		s.IdleTimeout = Duration(120 * time.Second)
+	}
+	if s.ShutdownTimeout == 0 {
+		s.ShutdownTimeout = Duration(30 * time.Second)
+	}
+}
+
+func (s *Server) validate(_ *Config, p *problems) {
+	for _, f := range []struct {
+		key string
+		v   Duration
+	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout}} {
+		if f.v < 0 {
+			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
+		}
+	}
+}
+
+func (l *Log) setDefaults(*Config) {
+	if l.Format == "" {
+		l.Format = "json"
+	}
+	if l.Level == "" {
+		l.Level = "info"
+	}
+}
+
+func (l *Log) validate(_ *Config, p *problems) {
+	if l.Format != "json" && l.Format != "text" {
+		p.add("log.format", "%q: use json or text", l.Format)
+	}
+	switch l.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		p.add("log.level", "%q: use debug, info, warn or error", l.Level)
+	}
+}

@@ -1,0 +1,300 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+const minimal = `
+endpoints:
+  - url: http://127.0.0.1:8001/
+    models: [llama3-70b]
+    engine: vllm
+`
+
+func TestParse_Defaults(t *testing.T) {
+	c, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tru := true
+	two := 2
+	want := &Config{
+		Listen:      "127.0.0.1:8080",
+		AdminListen: "127.0.0.1:9090",
+		Policy:      Policy{Name: "least-request"},
+		Endpoints: []Endpoint{{
+			URL: "http://127.0.0.1:8001", Models: []string{"llama3-70b"}, Engine: "vllm",
+			CacheSalt: &tru, MetricsPath: "/metrics",
+		}},
+		Discovery: Discovery{PollInterval: Duration(30 * time.Second)},
+		Health: Health{Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
+			HealthyThreshold: 1, UnhealthyThreshold: 2, PassiveFailures: 3},
+		Scrape: Scrape{Interval: Duration(time.Second), Timeout: Duration(time.Second)},
+		Prefix: Prefix{BlockTokens: 16},
+		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two},
+		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
+			ShutdownTimeout: Duration(30 * time.Second)},
+		Log:      Log{Format: "json", Level: "info"},
+		Auth:     &Auth{Mode: AuthNone},
+		Overload: Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
+		Warnings: c.Warnings,
+	}
+	if diff := cmp.Diff(want, c); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "auth") {
+		t.Errorf("warnings = %q, want one about auth", c.Warnings)
+	}
+	wantSpec := []endpoint.Spec{{Name: "http://127.0.0.1:8001", Models: []string{"llama3-70b"}, Engine: "vllm",
+		CacheSalt: true, MetricsPath: "/metrics"}}
+	if diff := cmp.Diff(wantSpec, c.Specs()); diff != "" {
+		t.Errorf("specs (-want +got):\n%s", diff)
+	}
+}
+
+func TestParse_CacheSaltDefaultByEngine(t *testing.T) {
+	c, err := Parse([]byte(`
+auth: {mode: none}
+endpoints:
+  - {url: "http://127.0.0.1:1", engine: sglang}
+  - {url: "http://127.0.0.1:2", engine: vllm, cache_salt: false}
+  - {url: "http://127.0.0.1:3", metrics_path: "-"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Specs()
+	if got[0].CacheSalt || got[1].CacheSalt || got[2].CacheSalt {
+		t.Errorf("cache salts = %v %v %v, want all false", got[0].CacheSalt, got[1].CacheSalt, got[2].CacheSalt)
+	}
+	if got[2].Engine != "openai" || got[2].MetricsPath != "" {
+		t.Errorf("endpoint 3 = %+v, want engine openai, no metrics path", got[2])
+	}
+	if len(c.Warnings) != 0 {
+		t.Errorf("warnings = %q, want none with auth said explicitly", c.Warnings)
+	}
+}
+
+func TestParse_UnknownKeysNamed(t *testing.T) {
+	_, err := Parse([]byte(`
+listen: 127.0.0.1:8080
+lisen: 127.0.0.1:8081
+endpoints:
+  - url: http://127.0.0.1:8001
+    modles: [x]
+health: {intervall: 5s}
+`))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{`lisen: unknown key "lisen"`, `endpoints[0].modles: unknown key "modles"`,
+		`health.intervall: unknown key "intervall"`, "known keys:"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not contain %q", msg, want)
+		}
+	}
+}
+
+func TestParse_AllProblemsAtOnce(t *testing.T) {
+	_, err := Parse([]byte(`
+listen: nonsense
+policy: {name: nosuch}
+endpoints:
+  - url: ftp://x
+    engine: vlm
+  - url: ftp://x
+  - url: ""
+health: {interval: 5 seconds, unhealthy_threshold: -1}
+log: {format: xml}
+normalize: {rules: [{pattern: "(", replace: ""}]}
+`))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	// A type problem (the duration) is reported by the decoder before validation.
+	if !strings.Contains(err.Error(), `health.interval: "5 seconds" is not a duration`) {
+		t.Fatalf("error %q lacks the duration problem", err)
+	}
+
+	_, err = Parse([]byte(`
+listen: nonsense
+policy: {name: nosuch}
+endpoints:
+  - url: ftp://x
+    engine: vlm
+  - url: ftp://x
+  - url: ""
+health: {unhealthy_threshold: -1}
+log: {format: xml}
+normalize: {rules: [{pattern: "(", replace: ""}]}
+`))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`listen: "nonsense" is not host:port`,
+		`policy.name: unknown policy "nosuch"`,
+		`endpoints[0].url: "ftp://x" is not an http(s) base URL`,
+		`endpoints[0].engine: unknown engine "vlm"`,
+		`endpoints[1].url: "ftp://x" is listed twice (also endpoints[0])`,
+		`endpoints[2].url: missing`,
+		`health.unhealthy_threshold: -1: must be at least 1`,
+		`log.format: "xml"`,
+		`normalize.rules[0].pattern: "(" does not compile`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q; got:\n%s", want, msg)
+		}
+	}
+	if n := strings.Count(msg, "\n") + 1; n != 10 {
+		t.Errorf("got %d problems, want 10:\n%s", n, msg)
+	}
+}
+
+func TestParse_TypeErrorsNamePaths(t *testing.T) {
+	_, err := Parse([]byte(`
+endpoints:
+  - url: http://127.0.0.1:1
+    models: 1.5
+    kv_tokens: lots
+    cache_salt: "maybe"
+pprof: 1
+`))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{"endpoints[0].models: got the number 1.5, want a list",
+		`endpoints[0].kv_tokens: got the text "lots", want a whole number`,
+		`endpoints[0].cache_salt: got the text "maybe", want true or false`,
+		"pprof: got the number 1, want true or false"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q; got:\n%s", want, msg)
+		}
+	}
+}
+
+func TestParse_PolicyParams(t *testing.T) {
+	// The baselines take no parameters, so a parameter is an error caught at load time.
+	_, err := Parse([]byte(minimal + "policy: {name: round-robin, params: {alpha: 0.5}}\n"))
+	if err == nil || !strings.Contains(err.Error(), `policy.params: policy round-robin: unknown parameter "alpha"`) {
+		t.Errorf("err = %v, want the unknown parameter named", err)
+	}
+	p := Policy{Params: map[string]any{"a": "x", "b": true}}
+	got, err := p.PolicyParams()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(policy.Params{"a": "x", "b": "true"}, got); diff != "" {
+		t.Errorf("params (-want +got):\n%s", diff)
+	}
+	c, err := Parse([]byte(minimal + "policy: {params: {n: 1000000, f: 0.25, nested: {x: 1}}}\n"))
+	if err == nil || !strings.Contains(err.Error(), "nested: got a mapping, want a single value") {
+		t.Errorf("err = %v (config %v), want the nested parameter named", err, c)
+	}
+}
+
+func TestParse_NoEndpoints(t *testing.T) {
+	_, err := Parse([]byte("listen: 127.0.0.1:1\n"))
+	if err == nil || !strings.Contains(err.Error(), "endpoints: no endpoints") {
+		t.Errorf("err = %v, want no endpoints", err)
+	}
+	if _, err := Parse([]byte("discovery: {file: eps.yaml}\n")); err != nil {
+		t.Errorf("with a discovery file, no static endpoint is fine: %v", err)
+	}
+	if _, err := Parse(nil); err == nil {
+		t.Error("empty config: want the no endpoints error")
+	}
+}
+
+func TestParse_DuplicateYAMLKey(t *testing.T) {
+	_, err := Parse([]byte("listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n" + minimal))
+	if err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Errorf("err = %v, want the duplicate key named", err)
+	}
+}
+
+func TestParse_Retries(t *testing.T) {
+	c, err := Parse([]byte(minimal + "limits: {max_retries: 0}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Limits.Retries(); got != 0 {
+		t.Errorf("retries = %d, want 0 when said explicitly", got)
+	}
+	_, err = Parse([]byte(minimal + "limits: {max_retries: -1, max_body_bytes: -5}\n"))
+	if err == nil || !strings.Contains(err.Error(), "limits.max_retries") || !strings.Contains(err.Error(), "limits.max_body_bytes") {
+		t.Errorf("err = %v, want both limits named", err)
+	}
+}
+
+func TestLoad_RelativePaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvroute.yaml")
+	if err := os.WriteFile(path, []byte("discovery: {file: eps.yaml}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Path(c.Discovery.File), filepath.Join(dir, "eps.yaml"); got != want {
+		t.Errorf("discovery path = %q, want %q", got, want)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("missing file: want an error")
+	}
+}
+
+func TestParseEndpoints(t *testing.T) {
+	for _, doc := range []string{
+		"- url: http://10.0.0.1:8000\n  engine: sglang\n- url: http://10.0.0.2:8000\n",
+		"endpoints:\n  - url: http://10.0.0.1:8000\n    engine: sglang\n  - url: http://10.0.0.2:8000\n",
+	} {
+		eps, err := ParseEndpoints([]byte(doc))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if len(eps) != 2 || eps[0].Engine != "sglang" || eps[1].Engine != "openai" {
+			t.Errorf("%q: got %+v", doc, eps)
+		}
+	}
+	_, err := ParseEndpoints([]byte("- url: http://10.0.0.1:8000\n  enigne: vllm\n- url: bad\n"))
+	if err == nil || !strings.Contains(err.Error(), `[0].enigne: unknown key`) {
+		t.Errorf("err = %v, want the unknown key named", err)
+	}
+	_, err = ParseEndpoints([]byte("- url: bad\n"))
+	if err == nil || !strings.Contains(err.Error(), "endpoints[0].url") {
+		t.Errorf("err = %v, want the bad url named", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(minimal))
+	f.Add([]byte("endpoints: [{url: 'http://a:1', labels: {x: y}}]\ntenants: [{name: a, api_keys: [x]}]\n"))
+	f.Add([]byte("policy: {name: random, params: {a: [1]}}\nhealth: {interval: 1h}\n"))
+	f.Add([]byte("- a\n- b\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err == nil && c == nil {
+			t.Fatal("nil config without error")
+		}
+		if err == nil {
+			if verr := c.Validate(); verr != nil {
+				t.Fatalf("a parsed config fails Validate: %v", verr)
+			}
+		}
+		_, _ = ParseEndpoints(data)
+	})
+}

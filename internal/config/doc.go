@@ -1,0 +1,7 @@
+// Package config is the router's YAML configuration: the types, a strict loader (an unknown
+// key is an error naming it, with its path), defaults, and Validate, which reports every problem
+// at once, each naming the field path and the fix. Watch reloads the file when it changes.
+//
+// Adding a section: add a field to Config and make its type implement section (setDefaults and
+// validate); list it in Config.sections. The decoder needs no change.
+package config

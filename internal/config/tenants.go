@@ -1,0 +1,248 @@
+package config
+
+import (
+	"encoding/hex"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Auth modes.
+const (
+	AuthAPIKey = "api_key"
+	AuthNone   = "none"
+)
+
+// MinSecretBytes is the shortest server secret accepted: 256 bits, as vLLM asks of cache salts.
+const MinSecretBytes = 32
+
+// Auth says how clients authenticate and where the server secret for cache salts comes from.
+type Auth struct {
+	// Mode is api_key (clients send a tenant's API key) or none (no authentication). Default:
+	// api_key when tenants are listed; none when there are none (with a warning unless the auth
+	// section says so).
+	Mode string `json:"mode"`
+	// SecretFile holds the server secret from which per-tenant cache salts are derived (at
+	// least 32 bytes). Never put the secret itself in the config.
+	SecretFile string `json:"secret_file"`
+	// SecretEnv names an environment variable holding the secret instead.
+	SecretEnv string `json:"secret_env"`
+}
+
+// Tenant is one customer of the fleet.
+type Tenant struct {
+	// Name identifies the tenant in logs and metrics: letters, digits, '.', '_' and '-'.
+	Name string `json:"name"`
+	// APIKeys are the SHA-256 digests of the tenant's keys, "sha256:<64 hex>" (print one with
+	// `kvroute hash-key`). The keys themselves never appear in the config.
+	APIKeys []string `json:"api_keys"`
+	// Limits bound the tenant's use; 0 means unlimited.
+	Limits TenantLimits `json:"limits"`
+	// Priority orders waiting requests under overload (higher first). Default 0.
+	Priority int `json:"priority"`
+	// Models the tenant may use; empty means all.
+	Models []string `json:"models"`
+	// EndpointLabels restrict the tenant to endpoints carrying all these labels.
+	EndpointLabels map[string]string `json:"endpoint_labels"`
+}
+
+// TenantLimits bound one tenant; 0 means unlimited.
+type TenantLimits struct {
+	RequestsPerMinute int `json:"requests_per_minute"`
+	TokensPerMinute   int `json:"tokens_per_minute"`
+	MaxConcurrent     int `json:"max_concurrent"`
+}
+
+// Overload configures admission when the fleet is saturated.
+type Overload struct {
+	// QueueSize is how many requests may wait for admission. Default 1024.
+	QueueSize int `json:"queue_size"`
+	// MaxWait is how long a request may wait before a 429. Default 30s.
+	MaxWait Duration `json:"max_wait"`
+	// MaxPredictedTTFT sheds a request whose best predicted TTFT is above it (0: off).
+	MaxPredictedTTFT Duration `json:"max_predicted_ttft"`
+	// MaxWaitingPerEndpoint holds requests back while every candidate has more than this many
+	// requests waiting in the engine (scraped; 0: off).
+	MaxWaitingPerEndpoint int `json:"max_waiting_per_endpoint"`
+}
+
+// AuthMode returns the effective auth mode (after defaults).
+func (c *Config) AuthMode() string {
+	if c.Auth == nil {
+		return AuthNone
+	}
+	return c.Auth.Mode
+}
+
+type authSection struct{ c *Config }
+
+func (a authSection) setDefaults(c *Config) {
+	if c.Auth == nil {
+		if len(c.Tenants) == 0 {
+			c.Auth = &Auth{Mode: AuthNone}
+			c.Warnings = append(c.Warnings, "auth: no tenants and no auth section: every client is accepted without an API key; write auth: {mode: none} to say so, or list tenants")
+			return
+		}
+		c.Auth = &Auth{}
+	}
+	if c.Auth.Mode == "" {
+		if len(c.Tenants) == 0 {
+			c.Auth.Mode = AuthNone
+		} else {
+			c.Auth.Mode = AuthAPIKey
+		}
+	}
+}
+
+func (a authSection) validate(c *Config, p *problems) {
+	au := c.Auth
+	if au == nil {
+		return
+	}
+	switch au.Mode {
+	case AuthNone:
+		if len(c.Tenants) > 0 {
+			p.add("auth.mode", "none, but tenants are listed: use api_key, or remove the tenants")
+		}
+	case AuthAPIKey:
+		if len(c.Tenants) == 0 {
+			p.add("tenants", "auth.mode is api_key but no tenant is listed: add a tenant with api_keys, or set auth.mode: none")
+		}
+		if au.SecretFile == "" && au.SecretEnv == "" {
+			p.add("auth", "no server secret for the tenants' cache salts: set secret_file (a file of at least %d random bytes) or secret_env", MinSecretBytes)
+		}
+	default:
+		p.add("auth.mode", "%q: use api_key or none", au.Mode)
+	}
+	if au.SecretFile != "" && au.SecretEnv != "" {
+		p.add("auth", "both secret_file and secret_env are set: keep one")
+	}
+}
+
+// Secret reads the server secret from auth.secret_file or the variable auth.secret_env (via
+// getenv, os.Getenv when nil). It is at least MinSecretBytes long (surrounding white space is
+// trimmed).
+func (c *Config) Secret(getenv func(string) string) ([]byte, error) {
+	if c.Auth == nil || (c.Auth.SecretFile == "" && c.Auth.SecretEnv == "") {
+		return nil, fmt.Errorf("auth: no secret_file or secret_env configured")
+	}
+	var s []byte
+	var from string
+	if c.Auth.SecretFile != "" {
+		from = "auth.secret_file " + c.Path(c.Auth.SecretFile)
+		b, err := os.ReadFile(c.Path(c.Auth.SecretFile))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", from, err)
+		}
+		s = b
+	} else {
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		from = "auth.secret_env " + c.Auth.SecretEnv
+		s = []byte(getenv(c.Auth.SecretEnv))
+	}
+	s = []byte(strings.TrimSpace(string(s)))
+	if len(s) < MinSecretBytes {
+		return nil, fmt.Errorf("%s: the secret is %d bytes, want at least %d (for example: head -c 32 /dev/urandom | base64)", from, len(s), MinSecretBytes)
+	}
+	return s, nil
+}
+
+var tenantName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+type tenantList struct{ c *Config }
+
+func (tenantList) setDefaults(*Config) {}
+
+func (tenantList) validate(c *Config, p *problems) {
+	names := map[string]int{}
+	keys := map[string]string{}
+	for i, t := range c.Tenants {
+		at := fmt.Sprintf("tenants[%d]", i)
+		switch {
+		case t.Name == "":
+			p.add(at+".name", "missing: give the tenant a name")
+		case !tenantName.MatchString(t.Name):
+			p.add(at+".name", "%q: use 1-64 letters, digits, '.', '_' or '-'", t.Name)
+		}
+		if j, dup := names[t.Name]; dup && t.Name != "" {
+			p.add(at+".name", "%q is also tenants[%d].name: names must be unique", t.Name, j)
+		} else {
+			names[t.Name] = i
+		}
+		if len(t.APIKeys) == 0 && c.AuthMode() == AuthAPIKey {
+			p.add(at+".api_keys", "no key: add one as sha256:<64 hex> (print it with `kvroute hash-key`)")
+		}
+		for j, k := range t.APIKeys {
+			kat := fmt.Sprintf("%s.api_keys[%d]", at, j)
+			if err := checkKeyHash(k); err != nil {
+				p.add(kat, "%v: store the key's digest, printed by `kvroute hash-key`, never the key itself", err)
+				continue
+			}
+			norm := strings.ToLower(k)
+			if other, dup := keys[norm]; dup {
+				p.add(kat, "the same key is also %s: a key belongs to one tenant", other)
+			} else {
+				keys[norm] = kat
+			}
+		}
+		for _, f := range []struct {
+			key string
+			v   int
+		}{{"requests_per_minute", t.Limits.RequestsPerMinute}, {"tokens_per_minute", t.Limits.TokensPerMinute}, {"max_concurrent", t.Limits.MaxConcurrent}} {
+			if f.v < 0 {
+				p.add(at+".limits."+f.key, "%d is negative: use 0 for unlimited", f.v)
+			}
+		}
+		for j, m := range t.Models {
+			if strings.TrimSpace(m) == "" {
+				p.add(fmt.Sprintf("%s.models[%d]", at, j), "empty model name: remove it")
+			}
+		}
+	}
+}
+
+// checkKeyHash checks the form "sha256:<64 hex>".
+func checkKeyHash(k string) error {
+	hexPart, ok := strings.CutPrefix(k, "sha256:")
+	if !ok {
+		return fmt.Errorf("%s does not start with sha256:", redact(k))
+	}
+	if len(hexPart) != 64 {
+		return fmt.Errorf("sha256:... has %d hex digits, want 64", len(hexPart))
+	}
+	if _, err := hex.DecodeString(hexPart); err != nil {
+		return fmt.Errorf("sha256:... is not hexadecimal")
+	}
+	return nil
+}
+
+// redact names a value that may be a secret key pasted by mistake without showing it.
+func redact(s string) string { return fmt.Sprintf("the value (%d characters)", len(s)) }
+
+func (o *Overload) setDefaults(*Config) {
+	if o.QueueSize == 0 {
+		o.QueueSize = DefaultOverloadQueue
+	}
+	if o.MaxWait == 0 {
+		o.MaxWait = Duration(30 * time.Second)
+	}
+}
+
+func (o *Overload) validate(_ *Config, p *problems) {
+	if o.QueueSize < 0 {
+		p.add("overload.queue_size", "%d is negative: give the number of requests that may wait", o.QueueSize)
+	}
+	if o.MaxWait < 0 {
+		p.add("overload.max_wait", "must be positive, like 30s")
+	}
+	if o.MaxPredictedTTFT < 0 {
+		p.add("overload.max_predicted_ttft", "must be positive, like 5s, or 0 for off")
+	}
+	if o.MaxWaitingPerEndpoint < 0 {
+		p.add("overload.max_waiting_per_endpoint", "%d is negative: use 0 for off", o.MaxWaitingPerEndpoint)
+	}
+}

@@ -1,0 +1,123 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const keyA = "sha256:" + "aa00000000000000000000000000000000000000000000000000000000000001"
+const keyB = "sha256:" + "bb00000000000000000000000000000000000000000000000000000000000002"
+
+func TestTenants_Valid(t *testing.T) {
+	c, err := Parse([]byte(minimal + `
+auth: {secret_env: KVROUTE_SECRET}
+tenants:
+  - name: acme
+    api_keys: [` + keyA + `]
+    limits: {requests_per_minute: 600, tokens_per_minute: 100000, max_concurrent: 8}
+    priority: 2
+    models: [llama3-70b]
+    endpoint_labels: {pool: dedicated}
+  - name: beta
+    api_keys: [` + keyB + `]
+overload: {queue_size: 10, max_wait: 5s, max_predicted_ttft: 3s, max_waiting_per_endpoint: 16}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AuthMode() != AuthAPIKey {
+		t.Errorf("auth mode = %q, want api_key by default with tenants", c.AuthMode())
+	}
+	if c.Tenants[0].Limits.TokensPerMinute != 100000 || c.Overload.MaxPredictedTTFT.D().Seconds() != 3 {
+		t.Errorf("tenant or overload not decoded: %+v %+v", c.Tenants[0], c.Overload)
+	}
+	secret := strings.Repeat("s", 40)
+	got, err := c.Secret(func(k string) string {
+		if k == "KVROUTE_SECRET" {
+			return secret + "\n"
+		}
+		return ""
+	})
+	if err != nil || string(got) != secret {
+		t.Errorf("secret = %q, %v; want the trimmed variable", got, err)
+	}
+	if _, err := c.Secret(func(string) string { return "short" }); err == nil || !strings.Contains(err.Error(), "at least 32") {
+		t.Errorf("short secret: err = %v", err)
+	}
+}
+
+func TestTenants_SecretFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte(strings.Repeat("k", 32)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "kvroute.yaml")
+	doc := minimal + "auth: {secret_file: secret}\ntenants: [{name: a, api_keys: [" + keyA + "]}]\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Secret(nil)
+	if err != nil || len(s) != 32 {
+		t.Errorf("secret = %d bytes, %v; want 32 from the file beside the config", len(s), err)
+	}
+}
+
+func TestTenants_Problems(t *testing.T) {
+	_, err := Parse([]byte(minimal + `
+auth: {mode: api_key}
+tenants:
+  - name: acme
+    api_keys: [sk-live-123456, "sha256:abc", ` + keyA + `]
+    limits: {requests_per_minute: -1}
+  - name: acme
+    api_keys: [` + keyA + `]
+  - name: "bad name"
+    api_keys: [` + "sha256:" + strings.Repeat("zz", 32) + `]
+  - name: nokey
+overload: {queue_size: -1}
+`))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"auth: no server secret",
+		"tenants[0].api_keys[0]: the value (14 characters) does not start with sha256:",
+		"kvroute hash-key",
+		"tenants[0].api_keys[1]: sha256:... has 3 hex digits, want 64",
+		"tenants[0].limits.requests_per_minute: -1 is negative",
+		`tenants[1].name: "acme" is also tenants[0].name`,
+		"tenants[1].api_keys[0]: the same key is also tenants[0].api_keys[2]",
+		`tenants[2].name: "bad name"`,
+		"tenants[2].api_keys[0]: sha256:... is not hexadecimal",
+		"tenants[3].api_keys: no key",
+		"overload.queue_size: -1 is negative",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q; got:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "sk-live") {
+		t.Errorf("error shows a pasted API key:\n%s", msg)
+	}
+}
+
+func TestTenants_AuthModes(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"auth: {mode: none}\ntenants: [{name: a, api_keys: [" + keyA + "]}]\n", "auth.mode: none, but tenants are listed"},
+		{"auth: {mode: api_key, secret_env: X}\n", "tenants: auth.mode is api_key but no tenant"},
+		{"auth: {mode: basic}\n", `auth.mode: "basic": use api_key or none`},
+		{"auth: {secret_env: X, secret_file: s.key}\ntenants: [{name: a, api_keys: [" + keyA + "]}]\n", "both secret_file and secret_env"},
+	} {
+		_, err := Parse([]byte(minimal + tc.doc))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,214 @@
+package endpoint
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Spec describes an endpoint to the Pool: what the config or discovery says of it.
+type Spec struct {
+	// Name is the endpoint's address (its base URL); the pool diffs by it.
+	Name             string
+	Models           []string
+	Labels           map[string]string
+	Engine           string
+	KVCapacityTokens int
+	// CacheSalt says whether the router injects the tenant's cache_salt into its requests.
+	CacheSalt bool
+	// HealthPath overrides the engine's health check path ("" for the engine's default).
+	HealthPath string
+	// MetricsPath is the metrics path to scrape ("" for none).
+	MetricsPath string
+}
+
+func (s *Spec) equal(o *Spec) bool {
+	return s.Name == o.Name && slices.Equal(s.Models, o.Models) && maps.Equal(s.Labels, o.Labels) &&
+		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.CacheSalt == o.CacheSalt &&
+		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath
+}
+
+// Diff is what an Update changed.
+type Diff struct {
+	// Added endpoints are new, with fresh IDs.
+	Added []*Endpoint
+	// Removed endpoints left the pool and are marked draining; requests in flight on them go
+	// on. The router tells the policy (Observer.Removed).
+	Removed []*Endpoint
+	// Kept endpoints are unchanged: same object, same ID, same counters.
+	Kept []*Endpoint
+}
+
+// member is one endpoint of the pool with the spec it was made from.
+type member struct {
+	ep   *Endpoint
+	spec Spec
+}
+
+// poolState is an immutable view of the pool, replaced whole by Update.
+type poolState struct {
+	eps     []*Endpoint // by ID
+	byName  map[string]*member
+	models  []string      // sorted, unique
+	changed chan struct{} // closed when this state is replaced
+}
+
+// Pool is the current set of endpoints. Reads (Candidates, All, ByName) are lock-free and
+// allocation-free on a copy-on-write state; Update serialises writers. IDs are dense and never
+// reused, so policies may keep per-endpoint state in slices indexed by ID.
+type Pool struct {
+	mu     sync.Mutex // serialises Update
+	nextID int
+	st     atomic.Pointer[poolState]
+}
+
+// NewPool returns an empty pool.
+func NewPool() *Pool {
+	p := &Pool{}
+	p.st.Store(&poolState{byName: map[string]*member{}, changed: make(chan struct{})})
+	return p
+}
+
+// Update replaces the pool's endpoints by specs, diffing by Name: an endpoint whose spec is
+// unchanged keeps its object, ID and counters; a new name, or a known name whose spec changed,
+// gets a new Endpoint with a fresh ID; endpoints no longer listed (and the old objects of changed
+// ones) are marked draining and returned in Removed. Invalid specs (empty or duplicate names)
+// leave the pool unchanged and return an error naming them.
+func (p *Pool) Update(specs []Spec) (Diff, error) {
+	var errs []error
+	seen := make(map[string]bool, len(specs))
+	for i := range specs {
+		switch n := specs[i].Name; {
+		case n == "":
+			errs = append(errs, fmt.Errorf("endpoint %d: empty name", i))
+		case seen[n]:
+			errs = append(errs, fmt.Errorf("endpoint %d: name %q is listed twice", i, n))
+		default:
+			seen[n] = true
+		}
+	}
+	if len(errs) > 0 {
+		return Diff{}, fmt.Errorf("pool update: %w", errors.Join(errs...))
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.st.Load()
+	next := &poolState{
+		eps:     make([]*Endpoint, 0, len(specs)),
+		byName:  make(map[string]*member, len(specs)),
+		changed: make(chan struct{}),
+	}
+	var d Diff
+	models := map[string]bool{}
+	for i := range specs {
+		s := cloneSpec(&specs[i])
+		m, ok := old.byName[s.Name]
+		if ok && m.spec.equal(&s) {
+			d.Kept = append(d.Kept, m.ep)
+		} else {
+			m = &member{ep: newEndpoint(p.nextID, &s), spec: s}
+			p.nextID++
+			d.Added = append(d.Added, m.ep)
+		}
+		next.byName[s.Name] = m
+		next.eps = append(next.eps, m.ep)
+		for _, mo := range s.Models {
+			models[mo] = true
+		}
+	}
+	for _, m := range old.eps {
+		if cur, ok := next.byName[m.Name]; !ok || cur.ep != m {
+			m.SetDraining(true)
+			d.Removed = append(d.Removed, m)
+		}
+	}
+	slices.SortFunc(next.eps, func(a, b *Endpoint) int { return a.ID - b.ID })
+	next.models = slices.Sorted(maps.Keys(models))
+	p.st.Store(next)
+	close(old.changed)
+	return d, nil
+}
+
+func cloneSpec(s *Spec) Spec {
+	c := *s
+	c.Models = slices.Clone(s.Models)
+	if s.Labels != nil {
+		c.Labels = maps.Clone(s.Labels)
+	}
+	return c
+}
+
+func newEndpoint(id int, s *Spec) *Endpoint {
+	return &Endpoint{
+		ID:               id,
+		Name:             s.Name,
+		Models:           slices.Clone(s.Models),
+		Labels:           maps.Clone(s.Labels),
+		Engine:           s.Engine,
+		KVCapacityTokens: s.KVCapacityTokens,
+	}
+}
+
+// Candidates appends to dst[:0] the available endpoints (healthy, not draining) that serve
+// model and carry every label in labels, sorted by ID. It allocates nothing when dst has the
+// capacity.
+func (p *Pool) Candidates(dst []*Endpoint, model string, labels map[string]string) []*Endpoint {
+	dst = dst[:0]
+	for _, e := range p.st.Load().eps {
+		if !e.Available() || !e.Serves(model) || !hasLabels(e.Labels, labels) {
+			continue
+		}
+		dst = append(dst, e)
+	}
+	return dst
+}
+
+func hasLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// All returns a copy of the pool's endpoints, available or not, sorted by ID.
+func (p *Pool) All() []*Endpoint { return slices.Clone(p.st.Load().eps) }
+
+// Len is the number of endpoints in the pool.
+func (p *Pool) Len() int { return len(p.st.Load().eps) }
+
+// ByName returns the endpoint named name (its URL), or nil.
+func (p *Pool) ByName(name string) *Endpoint {
+	if m, ok := p.st.Load().byName[name]; ok {
+		return m.ep
+	}
+	return nil
+}
+
+// Spec returns the spec ep was made from, if ep is still in the pool.
+func (p *Pool) Spec(ep *Endpoint) (Spec, bool) {
+	m, ok := p.st.Load().byName[ep.Name]
+	if !ok || m.ep != ep {
+		return Spec{}, false
+	}
+	return cloneSpec(&m.spec), true
+}
+
+// CacheSalt reports whether the router injects cache_salt into requests to ep.
+func (p *Pool) CacheSalt(ep *Endpoint) bool {
+	m, ok := p.st.Load().byName[ep.Name]
+	return ok && m.ep == ep && m.spec.CacheSalt
+}
+
+// Models returns the models named by the pool's endpoints, sorted (for /v1/models). Endpoints
+// that serve any model add none.
+func (p *Pool) Models() []string { return slices.Clone(p.st.Load().models) }
+
+// Changed returns a channel that is closed at the next Update: wait on it, then call Changed
+// again.
+func (p *Pool) Changed() <-chan struct{} { return p.st.Load().changed }

@@ -1,0 +1,195 @@
+package endpoint
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func ids(eps []*Endpoint) []int {
+	out := []int{}
+	for _, e := range eps {
+		out = append(out, e.ID)
+	}
+	return out
+}
+
+func TestPool_UpdateDiffsByName(t *testing.T) {
+	p := NewPool()
+	changed := p.Changed()
+	d, err := p.Update([]Spec{
+		{Name: "http://b", Models: []string{"m1"}, Engine: "vllm"},
+		{Name: "http://a", Models: []string{"m2"}, Engine: "vllm", CacheSalt: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Error("Changed channel not closed by Update")
+	}
+	if diff := cmp.Diff([]int{0, 1}, ids(d.Added)); diff != "" {
+		t.Errorf("added IDs (-want +got):\n%s", diff)
+	}
+	a := p.ByName("http://a")
+	b := p.ByName("http://b")
+	if a == nil || b == nil || a.ID != 1 || b.ID != 0 {
+		t.Fatalf("ByName: a=%v b=%v", a, b)
+	}
+	if !p.CacheSalt(a) || p.CacheSalt(b) {
+		t.Errorf("cache salt: a=%v b=%v, want true false", p.CacheSalt(a), p.CacheSalt(b))
+	}
+	a.Start(100) // load the router put on a must survive an unchanged update
+
+	// Step 2: a unchanged, b's models change (new object), c added.
+	d, err = p.Update([]Spec{
+		{Name: "http://a", Models: []string{"m2"}, Engine: "vllm", CacheSalt: true},
+		{Name: "http://b", Models: []string{"m1", "m3"}, Engine: "vllm"},
+		{Name: "http://c", Engine: "sglang"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int{1}, ids(d.Kept)); diff != "" {
+		t.Errorf("kept (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int{2, 3}, ids(d.Added)); diff != "" {
+		t.Errorf("added (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int{0}, ids(d.Removed)); diff != "" {
+		t.Errorf("removed (-want +got):\n%s", diff)
+	}
+	if p.ByName("http://a") != a || a.InFlight() != 1 || a.PendingPrefill() != 100 {
+		t.Errorf("a lost its object or counters: in-flight %d pending %d", a.InFlight(), a.PendingPrefill())
+	}
+	if b.Available() {
+		t.Error("old b should be draining")
+	}
+	if diff := cmp.Diff([]int{1, 2, 3}, ids(p.All())); diff != "" {
+		t.Errorf("All (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"m1", "m2", "m3"}, p.Models()); diff != "" {
+		t.Errorf("Models (-want +got):\n%s", diff)
+	}
+
+	// Step 3: remove everything, then bring a back: a fresh ID, never a reused one.
+	d, err = p.Update(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int{1, 2, 3}, ids(d.Removed)); diff != "" {
+		t.Errorf("removed (-want +got):\n%s", diff)
+	}
+	d, _ = p.Update([]Spec{{Name: "http://a", Models: []string{"m2"}, Engine: "vllm", CacheSalt: true}})
+	if diff := cmp.Diff([]int{4}, ids(d.Added)); diff != "" {
+		t.Errorf("re-added (-want +got):\n%s", diff)
+	}
+	if _, ok := p.Spec(a); ok {
+		t.Error("Spec of a removed object should report false")
+	}
+}
+
+func TestPool_UpdateRejectsBadSpecs(t *testing.T) {
+	p := NewPool()
+	if _, err := p.Update([]Spec{{Name: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.Update([]Spec{{Name: "y"}, {Name: ""}, {Name: "y"}})
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	if p.Len() != 1 || p.ByName("x") == nil {
+		t.Errorf("a rejected update changed the pool: %v", ids(p.All()))
+	}
+}
+
+func TestPool_Candidates(t *testing.T) {
+	p := NewPool()
+	_, err := p.Update([]Spec{
+		{Name: "e0", Models: []string{"m"}, Labels: map[string]string{"pool": "gold"}},
+		{Name: "e1", Models: []string{"m"}},
+		{Name: "e2"}, // any model
+		{Name: "e3", Models: []string{"other"}},
+		{Name: "e4", Models: []string{"m"}, Labels: map[string]string{"pool": "gold", "gpu": "h200"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ByName("e1").SetHealthy(false)
+	dst := make([]*Endpoint, 0, 8)
+	tests := []struct {
+		model  string
+		labels map[string]string
+		want   []int
+	}{
+		{"m", nil, []int{0, 2, 4}},
+		{"other", nil, []int{2, 3}},
+		{"m", map[string]string{"pool": "gold"}, []int{0, 4}},
+		{"m", map[string]string{"pool": "gold", "gpu": "h200"}, []int{4}},
+		{"m", map[string]string{"pool": "silver"}, []int{}},
+	}
+	for _, tc := range tests {
+		got := p.Candidates(dst, tc.model, tc.labels)
+		if diff := cmp.Diff(tc.want, ids(got)); diff != "" {
+			t.Errorf("Candidates(%q, %v) (-want +got):\n%s", tc.model, tc.labels, diff)
+		}
+	}
+	allocs := testing.AllocsPerRun(100, func() { dst = p.Candidates(dst, "m", map[string]string{"pool": "gold"}) })
+	if allocs != 0 {
+		t.Errorf("Candidates allocates %v times per call, want 0", allocs)
+	}
+}
+
+func TestPool_ConcurrentReadsAndUpdates(t *testing.T) {
+	p := NewPool()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			dst := make([]*Endpoint, 0, 16)
+			for i := 0; i < 100000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for _, e := range p.Candidates(dst, "m", nil) {
+					if !e.Serves("m") {
+						t.Errorf("candidate %s does not serve m", e.Name)
+						return
+					}
+				}
+			}
+		})
+	}
+	for i := range 200 {
+		specs := make([]Spec, 1+i%5)
+		for j := range specs {
+			specs[j] = Spec{Name: fmt.Sprintf("e%d", (i+j)%7), Models: []string{"m"}}
+		}
+		if _, err := p.Update(specs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func BenchmarkPool_Candidates(b *testing.B) {
+	p := NewPool()
+	specs := make([]Spec, 64)
+	for i := range specs {
+		specs[i] = Spec{Name: fmt.Sprintf("http://10.0.0.%d:8000", i), Models: []string{"m"}}
+	}
+	if _, err := p.Update(specs); err != nil {
+		b.Fatal(err)
+	}
+	dst := make([]*Endpoint, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = p.Candidates(dst, "m", nil)
+	}
+}
