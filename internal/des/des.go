@@ -268,7 +268,12 @@ type sim struct {
 	records    []report.Record
 	state      []reqState
 	events     int
+	// sameInstant counts consecutive zero-length steps.
+	sameInstant int
 }
+
+// maxStepsPerInstant bounds the zero-length engine steps in a row before a run gives up.
+const maxStepsPerInstant = 10_000_000
 
 func (s *sim) push(e event) {
 	e.seq = s.seq
@@ -314,7 +319,9 @@ func (s *sim) loop(ctx context.Context) error {
 			if s.cfg.NetworkLatency == 0 {
 				s.observe(int(e.inst), e.evs)
 			} else if len(e.evs) > 0 {
-				s.push(event{at: e.at + s.cfg.NetworkLatency, kind: evObserve, inst: e.inst, evs: e.evs})
+				// The engine reuses its event slice at its next step, which starts before the
+				// router hears of these.
+				s.push(event{at: e.at + s.cfg.NetworkLatency, kind: evObserve, inst: e.inst, evs: slices.Clone(e.evs)})
 			}
 			s.push(event{at: e.at, kind: evKick, inst: e.inst})
 		case evObserve:
@@ -428,8 +435,18 @@ func (s *sim) kick(inst int) error {
 		s.stepping[inst] = false
 		return nil
 	}
-	if end <= now {
-		return fmt.Errorf("engine %d: step at %v ended at %v: a step must take time", inst, now, end)
+	if end < now {
+		return fmt.Errorf("engine %d: step at %v ended before it began, at %v", inst, now, end)
+	}
+	// A step may take no time (the "instant" profile), but an engine that never lets time pass
+	// would hang the simulation.
+	if end == now {
+		s.sameInstant++
+		if s.sameInstant > maxStepsPerInstant {
+			return fmt.Errorf("engine %d: more than %d steps at %v without time passing", inst, maxStepsPerInstant, now)
+		}
+	} else {
+		s.sameInstant = 0
 	}
 	s.stepping[inst] = true
 	s.push(event{at: end, kind: evStepEnd, inst: int32(inst), evs: evs})

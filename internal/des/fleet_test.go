@@ -1,0 +1,70 @@
+package des
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// smallProfile is a tiny engine whose single-request timings are easy to work out: 1 ms per
+// step, 10 us per prefill token, nothing else, 4-token blocks.
+func smallProfile() engine.Profile {
+	return engine.Profile{
+		Name: "small", BlockSize: 4, NumBlocks: 64, MaxNumSeqs: 8, MaxBatchedTokens: 64,
+		StepOverhead: time.Millisecond, PrefillPerToken: 10 * time.Microsecond,
+	}
+}
+
+func TestRealEngineSamePrefix(t *testing.T) {
+	// Two engines, round-robin, three 20-token requests sharing the first 16 tokens (workload
+	// blocks of 8 tokens: ids 1, 2 shared, then 3 or 4). Request 0 on sim-0 and request 1 on
+	// sim-1 find nothing; request 2 on sim-0 finds request 0's 16 tokens.
+	reqs := []workload.Request{
+		{ID: 0, Arrival: 0, Blocks: []uint64{1, 2, 3}, BlockTokens: 8, PromptTokens: 20, OutputTokens: 3},
+		{ID: 1, Arrival: ms(100), Blocks: []uint64{1, 2, 4}, BlockTokens: 8, PromptTokens: 20, OutputTokens: 3},
+		{ID: 2, Arrival: ms(200), Blocks: []uint64{1, 2, 5}, BlockTokens: 8, PromptTokens: 20, OutputTokens: 3},
+	}
+	p := smallProfile()
+	cfg := ProfileFleet(p, 2)
+	res, err := Run(context.Background(), cfg, Prepare(reqs, cfg.Model, cfg.BlockSize), "round-robin", Named("round-robin", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Prefill of 20 tokens: 1 ms + 0.2 ms; two decode steps of 1 ms. With 16 cached: 1.04 ms.
+	want := []report.Record{
+		{ID: "0", Policy: "round-robin", EndpointID: 0, Endpoint: "sim-0", Arrival: 0, FirstToken: ms(1.2), Finish: ms(3.2), PromptTokens: 20, OutputTokens: 3},
+		{ID: "1", Policy: "round-robin", EndpointID: 1, Endpoint: "sim-1", Arrival: ms(100), FirstToken: ms(101.2), Finish: ms(103.2), PromptTokens: 20, OutputTokens: 3},
+		{ID: "2", Policy: "round-robin", EndpointID: 0, Endpoint: "sim-0", Arrival: ms(200), FirstToken: ms(201.04), Finish: ms(203.04), PromptTokens: 20, CachedTokens: 16, OutputTokens: 3},
+	}
+	if diff := cmp.Diff(want, res.Records); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+	if got := p.UnloadedTTFT(20, 0); got != ms(1.2) {
+		t.Errorf("UnloadedTTFT(20, 0) = %v, want 1.2ms (the hand computation above relies on it)", got)
+	}
+	sum := report.Summarize("round-robin", res.Records, res.Busy)
+	if want := 16.0 / 60.0; sum.HitRate != want {
+		t.Errorf("hit rate %v, want %v", sum.HitRate, want)
+	}
+}
+
+func TestRealEngineOversizedRequestFails(t *testing.T) {
+	// 64 blocks of 4 tokens: a 300-token prompt can never fit.
+	reqs := []workload.Request{
+		{ID: 0, Arrival: 0, Blocks: []uint64{1}, BlockTokens: 300, PromptTokens: 300, OutputTokens: 1},
+		{ID: 1, Arrival: 0, Blocks: []uint64{2}, BlockTokens: 8, PromptTokens: 8, OutputTokens: 1},
+	}
+	cfg := ProfileFleet(smallProfile(), 1)
+	res, err := Run(context.Background(), cfg, Prepare(reqs, cfg.Model, cfg.BlockSize), "rr", Named("round-robin", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records[0].Err == "" || res.Records[1].Err != "" || res.Records[1].FirstToken == 0 {
+		t.Errorf("records %+v: want the first failed and the second completed", res.Records)
+	}
+}
