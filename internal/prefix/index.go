@@ -1,0 +1,498 @@
+package prefix
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// IndexConfig sizes an Index.
+type IndexConfig struct {
+	// DefaultCapacity is the number of blocks an endpoint's LRU holds until SetCapacity gives
+	// its real KV capacity. It must be positive.
+	DefaultCapacity int
+	// MaxEntries caps the (block, endpoint) entries of all endpoints together, whatever their
+	// capacities say; 0 means no cap. When it is reached, the least recently used entry of the
+	// endpoint holding the most entries goes first.
+	MaxEntries int
+}
+
+// Index is the approximate picture of which endpoint probably still holds which blocks: one LRU
+// per endpoint, sized like that endpoint's KV cache, so that it forgets what the engine has
+// evicted. Endpoints are named by their dense integer ID.
+//
+// Blocks are inserted from the last to the first, so a block is always more recent than any of
+// its descendants (as in vLLM, whose free queue evicts a request's tail blocks first): an LRU
+// eviction never leaves a child without its parent, and what an endpoint holds stays a set of
+// whole prefixes.
+//
+// Memory: a global open-addressing table from block hash to an entry (16 bytes), and one node
+// (32 bytes) per (block, endpoint) pair that links the endpoint's LRU and the block's holders.
+// It is safe for concurrent use: lookups share a read lock.
+type Index struct {
+	mu      sync.RWMutex
+	cfg     IndexConfig
+	table   []uint32 // entry index + 1, 0 when empty; len is a power of two
+	entries []ixEntry
+	nodes   []ixNode
+	freeE   uint32 // head of the free entry list (index + 1)
+	freeN   uint32 // head of the free node list (index + 1)
+	nEntry  int    // live entries (distinct blocks)
+	nNode   int    // live nodes ((block, endpoint) pairs)
+	eps     []ixEndpoint
+	last    int64 // last stamp handed out
+}
+
+type ixEntry struct {
+	hash uint64
+	head uint32 // first holder node + 1; next free entry + 1 when free
+	n    uint32 // holders
+}
+
+type ixNode struct {
+	stamp      int64  // when it was last inserted or touched (strictly increasing per index)
+	entry      uint32 // the block
+	ep         uint32 // the endpoint
+	prev, next uint32 // endpoint's LRU list, + 1; prev is more recent
+	nextHolder uint32 // next node of the same block, + 1; next free node when free
+}
+
+type ixEndpoint struct {
+	head, tail uint32 // most and least recent node, + 1
+	n          int
+	cap        int // 0: DefaultCapacity
+}
+
+// NewIndex builds an empty index. A non-positive DefaultCapacity means 4,096 blocks.
+func NewIndex(cfg IndexConfig) *Index {
+	if cfg.DefaultCapacity <= 0 {
+		cfg.DefaultCapacity = 4096
+	}
+	if cfg.MaxEntries < 0 {
+		cfg.MaxEntries = 0
+	}
+	return &Index{cfg: cfg, table: make([]uint32, 1024)}
+}
+
+// SetCapacity sets endpoint ep's LRU size in blocks (its KV capacity / block tokens); entries
+// above it are evicted at once. blocks <= 0 restores the default.
+func (x *Index) SetCapacity(ep, blocks int) {
+	if ep < 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e := x.endpoint(ep)
+	if blocks < 0 {
+		blocks = 0
+	}
+	e.cap = blocks
+	x.trim(ep)
+}
+
+// Capacity returns endpoint ep's LRU size in blocks.
+func (x *Index) Capacity(ep int) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if ep < 0 || ep >= len(x.eps) || x.eps[ep].cap == 0 {
+		return x.cfg.DefaultCapacity
+	}
+	return x.eps[ep].cap
+}
+
+func (x *Index) capOf(ep int) int {
+	if c := x.eps[ep].cap; c > 0 {
+		return c
+	}
+	return x.cfg.DefaultCapacity
+}
+
+func (x *Index) endpoint(ep int) *ixEndpoint {
+	for ep >= len(x.eps) {
+		x.eps = append(x.eps, ixEndpoint{})
+	}
+	return &x.eps[ep]
+}
+
+// Insert records that endpoint ep now holds blocks (a request's chained hashes, in order), at
+// time now (any monotonic clock in nanoseconds). Blocks it already held become most recent.
+func (x *Index) Insert(ep int, blocks []uint64, now int64) {
+	if ep < 0 || len(blocks) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.endpoint(ep)
+	for i := len(blocks) - 1; i >= 0; i-- {
+		x.touch(ep, blocks[i], x.stamp(now))
+		x.trim(ep)
+	}
+}
+
+func (x *Index) stamp(now int64) int64 {
+	if now <= x.last {
+		now = x.last + 1
+	}
+	x.last = now
+	return now
+}
+
+// touch makes (hash, ep) the most recent node of ep, creating it if needed.
+func (x *Index) touch(ep int, hash uint64, stamp int64) {
+	ei := x.findOrAdd(hash)
+	en := &x.entries[ei-1]
+	for ni := en.head; ni != 0; ni = x.nodes[ni-1].nextHolder {
+		if int(x.nodes[ni-1].ep) == ep {
+			x.nodes[ni-1].stamp = stamp
+			x.unlink(ni)
+			x.pushFront(ni)
+			return
+		}
+	}
+	ni := x.allocNode()
+	x.nodes[ni-1] = ixNode{stamp: stamp, entry: ei, ep: uint32(ep), nextHolder: en.head}
+	en.head = ni
+	en.n++
+	x.pushFront(ni)
+	x.eps[ep].n++
+	x.nNode++
+}
+
+// trim evicts from ep until it fits its capacity, and from the fullest endpoint until the
+// global cap holds.
+func (x *Index) trim(ep int) {
+	for x.eps[ep].n > x.capOf(ep) {
+		x.removeNode(x.eps[ep].tail)
+	}
+	for x.cfg.MaxEntries > 0 && x.nNode > x.cfg.MaxEntries {
+		victim := 0
+		for i := range x.eps {
+			if x.eps[i].n > x.eps[victim].n {
+				victim = i
+			}
+		}
+		x.removeNode(x.eps[victim].tail)
+	}
+}
+
+func (x *Index) pushFront(ni uint32) {
+	n := &x.nodes[ni-1]
+	e := &x.eps[n.ep]
+	n.prev, n.next = 0, e.head
+	if e.head != 0 {
+		x.nodes[e.head-1].prev = ni
+	}
+	e.head = ni
+	if e.tail == 0 {
+		e.tail = ni
+	}
+}
+
+func (x *Index) unlink(ni uint32) {
+	n := &x.nodes[ni-1]
+	e := &x.eps[n.ep]
+	if n.prev != 0 {
+		x.nodes[n.prev-1].next = n.next
+	} else {
+		e.head = n.next
+	}
+	if n.next != 0 {
+		x.nodes[n.next-1].prev = n.prev
+	} else {
+		e.tail = n.prev
+	}
+	n.prev, n.next = 0, 0
+}
+
+// removeNode drops one (block, endpoint) pair, and the block when nobody holds it any more.
+func (x *Index) removeNode(ni uint32) {
+	x.unlink(ni)
+	n := x.nodes[ni-1]
+	en := &x.entries[n.entry-1]
+	if en.head == ni {
+		en.head = n.nextHolder
+	} else {
+		for p := en.head; p != 0; p = x.nodes[p-1].nextHolder {
+			if x.nodes[p-1].nextHolder == ni {
+				x.nodes[p-1].nextHolder = n.nextHolder
+				break
+			}
+		}
+	}
+	en.n--
+	x.eps[n.ep].n--
+	x.nNode--
+	x.nodes[ni-1] = ixNode{nextHolder: x.freeN}
+	x.freeN = ni
+	if en.n == 0 {
+		x.deleteEntry(n.entry)
+	}
+}
+
+func (x *Index) allocNode() uint32 {
+	if x.freeN != 0 {
+		ni := x.freeN
+		x.freeN = x.nodes[ni-1].nextHolder
+		return ni
+	}
+	x.nodes = append(x.nodes, ixNode{})
+	return uint32(len(x.nodes))
+}
+
+// Match writes into runs[ep], for every endpoint ep < len(runs), how many leading blocks of
+// blocks that endpoint holds (the longest prefix it could serve from cache). blocks must be a
+// whole chain from the first block, as inserted. It allocates nothing.
+//
+// Because what an endpoint holds is a set of whole prefixes (see Index), the holders of block
+// k+1 are a subset of the holders of block k, so the number of holders never grows along the
+// chain and only the positions where it drops matter: Match bisects for them, in
+// O(d log n) lookups for n blocks and d distinct run lengths, and never more than n.
+func (x *Index) Match(runs []int32, blocks []uint64) {
+	clear(runs)
+	if len(blocks) == 0 {
+		return
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	c0 := x.holders(blocks[0])
+	if c0 == 0 {
+		return
+	}
+	x.bisect(runs, blocks, 0, len(blocks), c0, 0)
+}
+
+// holders returns how many endpoints hold hash.
+func (x *Index) holders(h uint64) uint32 {
+	if ei := x.find(h); ei != 0 {
+		return x.entries[ei-1].n
+	}
+	return 0
+}
+
+// bisect finds the run ends in (lo, hi], knowing that cLo endpoints hold blocks[lo] and cHi
+// hold blocks[hi] (none when hi == len(blocks)).
+func (x *Index) bisect(runs []int32, blocks []uint64, lo, hi int, cLo, cHi uint32) {
+	for cLo != cHi {
+		if hi == lo+1 {
+			// Every endpoint holding blocks[lo] but not blocks[hi] has its run end here; the
+			// ones that hold both get a larger value later or earlier: keep the maximum.
+			for ni := x.entries[x.find(blocks[lo])-1].head; ni != 0; {
+				n := &x.nodes[ni-1]
+				if int(n.ep) < len(runs) && runs[n.ep] < int32(hi) {
+					runs[n.ep] = int32(hi)
+				}
+				ni = n.nextHolder
+			}
+			return
+		}
+		mid := lo + (hi-lo)/2
+		cMid := x.holders(blocks[mid])
+		x.bisect(runs, blocks, mid, hi, cMid, cHi)
+		hi, cHi = mid, cMid
+	}
+}
+
+// MatchLinear is Match by walking the chain block by block: the reference Match is checked
+// against, and the fallback for callers that cannot promise whole chains.
+func (x *Index) MatchLinear(runs []int32, blocks []uint64) {
+	clear(runs)
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for i, h := range blocks {
+		ei := x.find(h)
+		if ei == 0 {
+			return
+		}
+		advanced := false
+		for ni := x.entries[ei-1].head; ni != 0; {
+			n := &x.nodes[ni-1]
+			if int(n.ep) < len(runs) && runs[n.ep] == int32(i) {
+				runs[n.ep] = int32(i + 1)
+				advanced = true
+			}
+			ni = n.nextHolder
+		}
+		if !advanced {
+			return
+		}
+	}
+}
+
+// MatchOne returns how many leading blocks endpoint ep holds, and appends to stamps the stamp
+// of each of them (newest first along the chain is not guaranteed; one per matched block).
+func (x *Index) MatchOne(ep int, blocks []uint64, stamps []int64) (int, []int64) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for i, h := range blocks {
+		ei := x.find(h)
+		if ei == 0 {
+			return i, stamps
+		}
+		found := false
+		for ni := x.entries[ei-1].head; ni != 0; ni = x.nodes[ni-1].nextHolder {
+			if int(x.nodes[ni-1].ep) == ep {
+				stamps = append(stamps, x.nodes[ni-1].stamp)
+				found = true
+				break
+			}
+		}
+		if !found {
+			return i, stamps
+		}
+	}
+	return len(blocks), stamps
+}
+
+// Forget drops every entry of endpoint ep last touched at or before stamp. It is the
+// correction for an engine that reported fewer cached tokens than the index predicted: the
+// engine has evicted the missing block, and with it, being LRU, everything older. It returns
+// the number of entries dropped.
+func (x *Index) Forget(ep int, stamp int64) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if ep < 0 || ep >= len(x.eps) {
+		return 0
+	}
+	dropped := 0
+	for t := x.eps[ep].tail; t != 0 && x.nodes[t-1].stamp <= stamp; t = x.eps[ep].tail {
+		x.removeNode(t)
+		dropped++
+	}
+	return dropped
+}
+
+// Expire drops every entry of every endpoint last touched before the given time (for indexes
+// whose entries live a fixed time without confirmation). It returns the number dropped.
+func (x *Index) Expire(before int64) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	dropped := 0
+	for ep := range x.eps {
+		for t := x.eps[ep].tail; t != 0 && x.nodes[t-1].stamp < before; t = x.eps[ep].tail {
+			x.removeNode(t)
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// Remove purges endpoint ep: it holds nothing any more, and its capacity returns to the default.
+func (x *Index) Remove(ep int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if ep < 0 || ep >= len(x.eps) {
+		return
+	}
+	for t := x.eps[ep].tail; t != 0; t = x.eps[ep].tail {
+		x.removeNode(t)
+	}
+	x.eps[ep] = ixEndpoint{}
+}
+
+// Len returns the entries endpoint ep holds.
+func (x *Index) Len(ep int) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if ep < 0 || ep >= len(x.eps) {
+		return 0
+	}
+	return x.eps[ep].n
+}
+
+// Size returns the (block, endpoint) entries of all endpoints and the bytes the index holds
+// (its tables as allocated, including spare room).
+func (x *Index) Size() (entries int, bytes int64) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	bytes = int64(cap(x.table))*4 +
+		int64(cap(x.entries))*int64(unsafe.Sizeof(ixEntry{})) +
+		int64(cap(x.nodes))*int64(unsafe.Sizeof(ixNode{})) +
+		int64(cap(x.eps))*int64(unsafe.Sizeof(ixEndpoint{}))
+	return x.nNode, bytes
+}
+
+// Blocks returns the distinct blocks held by at least one endpoint.
+func (x *Index) Blocks() int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.nEntry
+}
+
+// The hash table: linear probing on the block hash itself (already an xxhash output, so its low
+// bits are uniform), at most 3/4 full, backward-shift deletion (no tombstones).
+
+func (x *Index) find(h uint64) uint32 {
+	mask := uint64(len(x.table) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		ei := x.table[i]
+		if ei == 0 {
+			return 0
+		}
+		if x.entries[ei-1].hash == h {
+			return ei
+		}
+	}
+}
+
+func (x *Index) findOrAdd(h uint64) uint32 {
+	if ei := x.find(h); ei != 0 {
+		return ei
+	}
+	if (x.nEntry+1)*4 > len(x.table)*3 {
+		x.grow()
+	}
+	var ei uint32
+	if x.freeE != 0 {
+		ei = x.freeE
+		x.freeE = x.entries[ei-1].head
+	} else {
+		x.entries = append(x.entries, ixEntry{})
+		ei = uint32(len(x.entries))
+	}
+	x.entries[ei-1] = ixEntry{hash: h}
+	mask := uint64(len(x.table) - 1)
+	i := h & mask
+	for x.table[i] != 0 {
+		i = (i + 1) & mask
+	}
+	x.table[i] = ei
+	x.nEntry++
+	return ei
+}
+
+func (x *Index) grow() {
+	old := x.table
+	x.table = make([]uint32, 2*len(old))
+	mask := uint64(len(x.table) - 1)
+	for _, ei := range old {
+		if ei == 0 {
+			continue
+		}
+		i := x.entries[ei-1].hash & mask
+		for x.table[i] != 0 {
+			i = (i + 1) & mask
+		}
+		x.table[i] = ei
+	}
+}
+
+func (x *Index) deleteEntry(ei uint32) {
+	h := x.entries[ei-1].hash
+	mask := uint64(len(x.table) - 1)
+	i := h & mask
+	for x.table[i] != ei {
+		i = (i + 1) & mask
+	}
+	// Backward shift: move later members of the probe run into the hole when their home slot
+	// allows it.
+	for j := (i + 1) & mask; x.table[j] != 0; j = (j + 1) & mask {
+		home := x.entries[x.table[j]-1].hash & mask
+		if (j-home)&mask >= (j-i)&mask {
+			x.table[i] = x.table[j]
+			i = j
+		}
+	}
+	x.table[i] = 0
+	x.entries[ei-1] = ixEntry{head: x.freeE}
+	x.freeE = ei
+	x.nEntry--
+}
