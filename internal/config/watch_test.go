@@ -101,4 +101,3 @@ func TestWatcher_ReloadKeepsOldOnBadFile(t *testing.T) {
 		t.Errorf("listen = %q after SIGHUP", c.Listen)
 	}
 }
-
