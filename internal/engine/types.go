@@ -46,8 +46,12 @@ type Event struct {
 type KVEventKind int
 
 const (
+	// KVBlockStored: blocks entered the prefix cache (their prefill was scheduled).
 	KVBlockStored KVEventKind = iota + 1
+	// KVBlockRemoved: cached blocks were evicted to hold new tokens.
 	KVBlockRemoved
+	// KVAllBlocksCleared: the whole prefix cache was dropped (the engine model never does this;
+	// the kind exists for consumers of real engines' events).
 	KVAllBlocksCleared
 )
 
