@@ -24,6 +24,7 @@ func Builtin() map[string]Factory {
 		"random":        newRandom,
 		"least-request": newLeastRequest,
 		"power-of-two":  newPowerOfTwo,
+		"prefix-aware":  newPrefixAware,
 	}
 }
 

@@ -1,0 +1,411 @@
+package policy
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// prefixAware is kvroute's own policy: for each candidate it predicts the time to first token,
+//
+//	predicted = overhead + (queued prefill work + this request's uncached work) / prefill rate
+//	          + running decodes x decode_cost
+//
+// where the uncached work is what the approximate index (prefix.Index, one LRU per endpoint
+// sized like its KV cache) says the endpoint would have to compute, and picks the smallest,
+// under a bounded-load guard: no endpoint may take a request that would put its in-flight count
+// above max_load_factor x the mean (rounded up). A prefix that everyone shares therefore spills
+// to a second instance once the first is loaded, and that one warms up: replication falls out
+// of the cost.
+//
+// It learns: each endpoint's overhead and prefill rate are fitted, by exponentially weighted
+// least squares, to the TTFTs observed against the work that was ahead of each request, and an
+// engine that reports fewer cached tokens than predicted makes the index forget everything of
+// that endpoint at least as old as the missing block (the engine, being LRU, evicted it too). A
+// session key breaks near-ties towards the endpoint that served the session last.
+type prefixAware struct {
+	clock       Clock
+	index       *prefix.Index
+	maxLoad     float64
+	rate0       float64 // prior prefill rate, tokens/s
+	overhead0   float64 // prior fixed TTFT, seconds
+	attn        float64 // token-equivalents of work per million attention pairs
+	decodeCost  float64 // seconds per running decode
+	sessionTol  float64 // relative slack within which the session's endpoint wins
+	learn       bool
+	learnWeight float64
+	correct     bool
+	fallbackCap int // index blocks per endpoint when its KV capacity is unknown
+
+	mu       sync.RWMutex // guards eps (the slice, not the states)
+	eps      []*paState
+	inflight sync.Map // *Request -> *paFlight
+	sessions sessionMap
+	scratch  sync.Pool // *paScratch
+}
+
+// paState is what the policy tracks per endpoint.
+type paState struct {
+	kvTokens atomic.Int64 // KV capacity last given to the index
+	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
+	waiting  atomic.Int64 // requests routed and not yet at first token
+	// fitted TTFT model, as float64 bits: overhead (s) and seconds per work token
+	overhead atomic.Uint64
+	perToken atomic.Uint64
+
+	fitMu                sync.Mutex
+	sw, sx, sy, sxx, sxy float64 // exponentially weighted sums of (work, ttft)
+}
+
+// paFlight is one routed request until it is done.
+type paFlight struct {
+	ep        int
+	work      int64   // this request's uncached work
+	ahead     int64   // work queued on ep before it, plus its own
+	predicted int     // blocks the index said ep held
+	stamps    []int64 // index stamps of those blocks, for the correction
+	first     bool    // first token seen
+}
+
+type paScratch struct {
+	runs   []int32
+	scored []paScore
+	states []*paState
+}
+
+type paScore struct {
+	i        int
+	eligible bool
+	cost     float64
+}
+
+func newPrefixAware(env Env, p Params) (Picker, error) {
+	r := readParams(p)
+	pa := &prefixAware{
+		clock:       env.Clock,
+		maxLoad:     r.Float("max_load_factor", 1.5),
+		rate0:       r.Float("prefill_rate", 10000),
+		overhead0:   r.Float("overhead", 0.02),
+		attn:        r.Float("attention_weight", 25),
+		decodeCost:  r.Float("decode_cost", 0.0005),
+		sessionTol:  r.Float("session_slack", 0.1),
+		learn:       r.Bool("learn", true),
+		learnWeight: r.Float("learn_weight", 0.02),
+		correct:     r.Bool("correct", true),
+		fallbackCap: r.Int("index_blocks", 65536),
+	}
+	maxEntries := r.Int("max_index_entries", 16<<20)
+	sessions := r.Int("sessions", 65536)
+	r.Require(pa.maxLoad >= 1, "max_load_factor=%g must be at least 1 (1.5 lets an endpoint take half again the mean load)", pa.maxLoad)
+	r.Require(pa.rate0 > 0, "prefill_rate=%g must be positive (tokens per second)", pa.rate0)
+	r.Require(pa.overhead0 >= 0, "overhead=%g must not be negative (seconds)", pa.overhead0)
+	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative", pa.attn)
+	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds)", pa.decodeCost)
+	r.Require(pa.sessionTol >= 0, "session_slack=%g must not be negative", pa.sessionTol)
+	r.Require(pa.learnWeight > 0 && pa.learnWeight < 1, "learn_weight=%g must be in (0, 1)", pa.learnWeight)
+	r.Require(pa.fallbackCap > 0, "index_blocks=%d must be positive", pa.fallbackCap)
+	r.Require(maxEntries >= 0, "max_index_entries=%d must not be negative (0: no cap)", maxEntries)
+	r.Require(sessions > 0, "sessions=%d must be positive", sessions)
+	if err := r.Check(); err != nil {
+		return nil, err
+	}
+	if pa.clock == nil {
+		pa.clock = WallClock{}
+	}
+	pa.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: pa.fallbackCap, MaxEntries: maxEntries})
+	pa.sessions.max = sessions
+	return pa, nil
+}
+
+// state returns endpoint id's state, creating it.
+func (pa *prefixAware) state(id int) *paState {
+	pa.mu.RLock()
+	if id < len(pa.eps) && pa.eps[id] != nil {
+		s := pa.eps[id]
+		pa.mu.RUnlock()
+		return s
+	}
+	pa.mu.RUnlock()
+	pa.mu.Lock()
+	defer pa.mu.Unlock()
+	for id >= len(pa.eps) {
+		pa.eps = append(pa.eps, nil)
+	}
+	if pa.eps[id] == nil {
+		s := &paState{}
+		s.overhead.Store(math.Float64bits(pa.overhead0))
+		s.perToken.Store(math.Float64bits(1 / pa.rate0))
+		pa.eps[id] = s
+	}
+	return pa.eps[id]
+}
+
+// sizeIndex gives the index ep's KV capacity when it is known and has changed.
+func (pa *prefixAware) sizeIndex(ep *endpoint.Endpoint, s *paState, blockTokens int) {
+	kv := int64(ep.KVTokens())
+	if kv <= 0 || blockTokens <= 0 || s.kvTokens.Load() == kv {
+		return
+	}
+	s.kvTokens.Store(kv)
+	pa.index.SetCapacity(ep.ID, int(kv)/blockTokens)
+}
+
+// cachedTokens is how many prompt tokens a run of blocks saves, capped like the engine caps a
+// hit (the last prompt token is always computed).
+func cachedTokens(req *Request, blocks int) int {
+	bt := req.BlockTokens
+	if bt <= 0 {
+		return 0
+	}
+	c := blocks * bt
+	if limit := (req.PromptTokens - 1) / bt * bt; c > limit {
+		c = max(limit, 0)
+	}
+	return c
+}
+
+// work is the prefill work, in token-equivalents, of computing the uncached part of a prompt:
+// its tokens plus the attention pairs they form with the whole context.
+func (pa *prefixAware) work(req *Request, cached int) int64 {
+	n := max(req.PromptTokens, 1)
+	u := max(n-cached, 1)
+	pairs := float64(u)*float64(cached) + float64(u)*float64(u+1)/2
+	return int64(float64(u) + pa.attn*pairs/1e6)
+}
+
+func (pa *prefixAware) getScratch(n, maxID int) *paScratch {
+	sc, _ := pa.scratch.Get().(*paScratch)
+	if sc == nil {
+		sc = &paScratch{}
+	}
+	if cap(sc.runs) < maxID+1 {
+		sc.runs = make([]int32, maxID+1)
+	}
+	sc.runs = sc.runs[:maxID+1]
+	if cap(sc.scored) < n {
+		sc.scored = make([]paScore, n)
+	}
+	sc.scored = sc.scored[:n]
+	if cap(sc.states) < n {
+		sc.states = make([]*paState, n)
+	}
+	sc.states = sc.states[:n]
+	return sc
+}
+
+// Pick ranks candidates by predicted TTFT, the ones within the load bound first.
+func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	n := len(c)
+	if n == 0 {
+		return nil, ErrNoCandidate
+	}
+	maxID, total := 0, 0
+	for _, e := range c {
+		maxID = max(maxID, e.ID)
+		total += e.InFlight()
+	}
+	sc := pa.getScratch(n, maxID)
+	defer pa.scratch.Put(sc)
+	states := sc.states
+	pa.mu.RLock()
+	for i, e := range c {
+		states[i] = nil
+		if e.ID < len(pa.eps) {
+			states[i] = pa.eps[e.ID]
+		}
+	}
+	pa.mu.RUnlock()
+	for i, e := range c {
+		if states[i] == nil {
+			states[i] = pa.state(e.ID)
+		}
+		pa.sizeIndex(e, states[i], req.BlockTokens)
+	}
+	pa.index.Match(sc.runs, req.Blocks)
+
+	// Bounded load: at most ceil(factor x mean) in flight after this request.
+	limit := math.Ceil(pa.maxLoad * float64(total+1) / float64(n))
+	for i, e := range c {
+		s := states[i]
+		cached := cachedTokens(req, int(sc.runs[e.ID]))
+		w := float64(s.pending.Load() + pa.work(req, cached))
+		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
+		cost := math.Float64frombits(s.overhead.Load()) +
+			w*math.Float64frombits(s.perToken.Load()) +
+			float64(decoding)*pa.decodeCost
+		sc.scored[i] = paScore{i: i, eligible: float64(e.InFlight()+1) <= limit, cost: cost}
+	}
+	slices.SortStableFunc(sc.scored, func(a, b paScore) int {
+		if a.eligible != b.eligible {
+			if a.eligible {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.cost, b.cost)
+	})
+	// Session affinity breaks near-ties: the session's endpoint, if eligible and within
+	// session_slack of the best, goes first.
+	if req.SessionKey != "" {
+		if id, ok := pa.sessions.get(req.SessionKey); ok {
+			best := sc.scored[0]
+			for k := 1; k < n; k++ {
+				s := sc.scored[k]
+				if c[s.i].ID == id && s.eligible == best.eligible && s.cost <= best.cost*(1+pa.sessionTol) {
+					copy(sc.scored[1:k+1], sc.scored[:k])
+					sc.scored[0] = s
+					break
+				}
+			}
+		}
+	}
+	out := make([]*endpoint.Endpoint, n)
+	for k, s := range sc.scored {
+		out[k] = c[s.i]
+	}
+	return out, nil
+}
+
+// Routed records the request on ep: its work is queued there, and ep is about to hold its blocks.
+func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
+	s := pa.state(ep.ID)
+	pa.sizeIndex(ep, s, req.BlockTokens)
+	f := &paFlight{ep: ep.ID}
+	f.predicted, f.stamps = pa.index.MatchOne(ep.ID, req.Blocks, nil)
+	f.work = pa.work(req, cachedTokens(req, f.predicted))
+	f.ahead = s.pending.Add(f.work)
+	s.waiting.Add(1)
+	pa.inflight.Store(req, f)
+	pa.index.Insert(ep.ID, req.Blocks, pa.clock.Now().UnixNano())
+	if req.SessionKey != "" {
+		pa.sessions.put(req.SessionKey, ep.ID)
+	}
+}
+
+// FirstToken takes the request's work off ep's queue and learns from its TTFT.
+func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time.Duration) {
+	v, ok := pa.inflight.Load(req)
+	if !ok {
+		return
+	}
+	f := v.(*paFlight)
+	if f.first || f.ep != ep.ID {
+		return
+	}
+	f.first = true
+	s := pa.state(ep.ID)
+	s.pending.Add(-f.work)
+	s.waiting.Add(-1)
+	if pa.learn && ttft > 0 {
+		s.observe(float64(f.ahead), ttft.Seconds(), pa.learnWeight, pa.overhead0, 1/pa.rate0)
+	}
+}
+
+// observe adds one (work ahead, ttft) sample to the endpoint's fit and refreshes its model.
+func (s *paState) observe(x, y, weight, overhead0, perToken0 float64) {
+	s.fitMu.Lock()
+	defer s.fitMu.Unlock()
+	keep := 1 - weight
+	s.sw = s.sw*keep + 1
+	s.sx = s.sx*keep + x
+	s.sy = s.sy*keep + y
+	s.sxx = s.sxx*keep + x*x
+	s.sxy = s.sxy*keep + x*y
+	if s.sw < 8 {
+		return // too few samples to fit two parameters
+	}
+	mx, my := s.sx/s.sw, s.sy/s.sw
+	vx := s.sxx/s.sw - mx*mx
+	if vx <= 0 {
+		return
+	}
+	b := (s.sxy/s.sw - mx*my) / vx
+	// A fit outside 1/10..10x the prior is noise (too few distinct work sizes): keep the slope
+	// bounded, and the intercept consistent with it.
+	b = min(max(b, perToken0/10), perToken0*10)
+	a := min(max(my-b*mx, 0), 10*max(overhead0, 0.001))
+	s.perToken.Store(math.Float64bits(b))
+	s.overhead.Store(math.Float64bits(a))
+}
+
+// Done ends the request's bookkeeping and corrects the index when the engine had less cached
+// than the index predicted.
+func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
+	v, ok := pa.inflight.LoadAndDelete(req)
+	if !ok {
+		return
+	}
+	f := v.(*paFlight)
+	if f.ep != ep.ID {
+		return
+	}
+	s := pa.state(ep.ID)
+	if !f.first {
+		s.pending.Add(-f.work)
+		s.waiting.Add(-1)
+	}
+	if !pa.correct || res.CachedTokens < 0 || req.BlockTokens <= 0 {
+		return
+	}
+	got := res.CachedTokens / req.BlockTokens
+	want := cachedTokens(req, f.predicted) / req.BlockTokens
+	if got < want && got < len(f.stamps) {
+		pa.index.Forget(ep.ID, f.stamps[got])
+	}
+}
+
+// Removed forgets everything about ep.
+func (pa *prefixAware) Removed(ep *endpoint.Endpoint) {
+	pa.index.Remove(ep.ID)
+	pa.mu.Lock()
+	if ep.ID < len(pa.eps) {
+		pa.eps[ep.ID] = nil
+	}
+	pa.mu.Unlock()
+}
+
+// PredictCached returns the prompt tokens of req that the index believes ep holds.
+func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
+	n, _ := pa.index.MatchOne(ep.ID, req.Blocks, nil)
+	return cachedTokens(req, n)
+}
+
+// IndexSize returns the index's (block, endpoint) entries and bytes.
+func (pa *prefixAware) IndexSize() (int, int64) { return pa.index.Size() }
+
+// sessionMap remembers the endpoint that served each session last, in two generations so that
+// its memory is bounded without per-entry bookkeeping: when the young map is full it becomes
+// the old one and the previous old one is dropped.
+type sessionMap struct {
+	mu         sync.Mutex
+	max        int
+	young, old map[string]int
+}
+
+func (m *sessionMap) get(key string) (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if id, ok := m.young[key]; ok {
+		return id, true
+	}
+	id, ok := m.old[key]
+	return id, ok
+}
+
+func (m *sessionMap) put(key string, id int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.young == nil {
+		m.young = map[string]int{}
+	}
+	if _, ok := m.young[key]; !ok && len(m.young) >= max(m.max/2, 1) {
+		m.old, m.young = m.young, map[string]int{}
+	}
+	m.young[key] = id
+}

@@ -1,0 +1,377 @@
+package policy
+
+import (
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// fakeClock is a manual clock for tests.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) Now() time.Time { return c.t }
+
+func newEndpoints(n, kvTokens int) []*endpoint.Endpoint {
+	eps := make([]*endpoint.Endpoint, n)
+	for i := range eps {
+		eps[i] = &endpoint.Endpoint{ID: i, Name: "ep-" + string(rune('0'+i)), KVCapacityTokens: kvTokens}
+	}
+	return eps
+}
+
+// req builds a request of len(keys) 16-token blocks plus tail extra tokens.
+func req(id string, tail int, keys ...uint64) *Request {
+	return &Request{
+		ID: id, Model: "m", BlockTokens: 16,
+		Blocks:       prefix.Chain(nil, prefix.Seed("m", ""), keys),
+		PromptTokens: 16*len(keys) + tail,
+	}
+}
+
+func seq(from, n uint64) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = from + uint64(i)
+	}
+	return out
+}
+
+func ids(eps []*endpoint.Endpoint) []int {
+	out := make([]int, len(eps))
+	for i, e := range eps {
+		out[i] = e.ID
+	}
+	return out
+}
+
+func newPA(t *testing.T, p Params) (*prefixAware, *fakeClock) {
+	t.Helper()
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	pk, err := New("prefix-aware", p, Env{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pk.(*prefixAware), clk
+}
+
+// route picks and routes like the proxy does, returning the chosen endpoint.
+func route(t *testing.T, pa *prefixAware, r *Request, eps []*endpoint.Endpoint) *endpoint.Endpoint {
+	t.Helper()
+	ranked, err := pa.Pick(r, eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ranked) != len(eps) {
+		t.Fatalf("ranked %d of %d candidates", len(ranked), len(eps))
+	}
+	ep := ranked[0]
+	ep.Start(r.PromptTokens)
+	pa.Routed(r, ep)
+	return ep
+}
+
+// finish delivers first token and done, with the engine reporting cached tokens.
+func finish(pa *prefixAware, r *Request, ep *endpoint.Endpoint, ttft time.Duration, cached int) {
+	ep.FirstToken(r.PromptTokens)
+	pa.FirstToken(r, ep, ttft)
+	ep.Finish(r.PromptTokens, true)
+	pa.Done(r, ep, Result{OK: true, CachedTokens: cached, PromptTokens: r.PromptTokens, TTFT: ttft})
+}
+
+func TestPrefixAware_FollowsCachedPrefix(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(4, 1<<20)
+	a := req("a", 5, seq(1, 100)...)
+	first := route(t, pa, a, eps)
+	finish(pa, a, first, 0, -1)
+	// A follow-up sharing 100 blocks goes where they are.
+	r := req("b", 5, append(seq(1, 100), 500, 501)...)
+	ranked, err := pa.Pick(r, eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ranked[0] != first {
+		t.Errorf("follow-up went to %d, want %d (holds the prefix)", ranked[0].ID, first.ID)
+	}
+	if got, want := pa.PredictCached(r, first), 1600; got != want {
+		t.Errorf("PredictCached = %d, want %d", got, want)
+	}
+	if got := pa.PredictCached(r, eps[(first.ID+1)%4]); got != 0 {
+		t.Errorf("PredictCached elsewhere = %d, want 0", got)
+	}
+	if n, b := pa.IndexSize(); n != 100 || b <= 0 {
+		t.Errorf("IndexSize = %d, %d; want 100 entries", n, b)
+	}
+}
+
+func TestPrefixAware_QueueBeatsCache(t *testing.T) {
+	pa, _ := newPA(t, Params{"max_load_factor": "100"})
+	eps := newEndpoints(2, 1<<20)
+	// Endpoint 0 holds a 100-block prefix, but 20 requests of 2,000 uncached blocks each are
+	// queued on it: recomputing 1,600 tokens on idle endpoint 1 is faster.
+	warm := req("w", 0, seq(1, 100)...)
+	eps[0].Start(warm.PromptTokens)
+	pa.Routed(warm, eps[0])
+	finish(pa, warm, eps[0], 0, 0)
+	for i := 0; i < 20; i++ {
+		r := req("q", 0, seq(uint64(10000+i*3000), 2000)...)
+		eps[0].Start(r.PromptTokens)
+		pa.Routed(r, eps[0])
+	}
+	got, err := pa.Pick(req("x", 0, append(seq(1, 100), 7)...), eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int{1, 0}, ids(got)); diff != "" {
+		t.Errorf("ranking (-want +got):\n%s", diff)
+	}
+}
+
+// A prefix every request shares: the first endpoint takes requests until the load bound
+// stops it, then the prefix spills to the next one, which from then on holds it too.
+func TestPrefixAware_HotPrefixSpillsAtLoadBound(t *testing.T) {
+	pa, _ := newPA(t, Params{"max_load_factor": "1.5"})
+	eps := newEndpoints(4, 1<<20)
+	shared := seq(1, 200)
+	counts := map[int]int{}
+	for i := 0; i < 12; i++ {
+		// 200 shared blocks plus a unique short tail: the cached prefix dominates.
+		r := req("r", 0, append(append([]uint64{}, shared...), uint64(100000+i))...)
+		ep := route(t, pa, r, eps)
+		counts[ep.ID]++
+		total := 0
+		for _, e := range eps {
+			total += e.InFlight()
+		}
+		limit := int(math.Ceil(1.5 * float64(total) / 4))
+		for _, e := range eps {
+			if e.InFlight() > max(limit, 1) {
+				t.Fatalf("request %d: endpoint %d has %d in flight, above the bound %d", i, e.ID, e.InFlight(), limit)
+			}
+		}
+	}
+	if len(counts) < 2 {
+		t.Fatalf("hot prefix never spilled: %v", counts)
+	}
+	holders := 0
+	probe := req("p", 0, shared...)
+	for _, e := range eps {
+		if pa.PredictCached(probe, e) > 0 {
+			holders++
+		}
+	}
+	if holders != len(counts) {
+		t.Errorf("%d endpoints hold the prefix, %d took requests", holders, len(counts))
+	}
+}
+
+func TestPrefixAware_SessionBreaksTies(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(3, 1<<20)
+	r1 := req("1", 10, seq(1, 4)...)
+	r1.SessionKey = "conv-9"
+	// Force the session onto endpoint 2: it is the only candidate.
+	eps[2].Start(r1.PromptTokens)
+	pa.Routed(r1, eps[2])
+	finish(pa, r1, eps[2], 10*time.Millisecond, 0)
+	// An unrelated prompt (no cache anywhere) with the same session: all tie, the session wins.
+	r2 := req("2", 10, seq(900, 4)...)
+	r2.SessionKey = "conv-9"
+	got, err := pa.Pick(r2, eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].ID != 2 {
+		t.Errorf("session request went to %d, want 2", got[0].ID)
+	}
+	// Without the session key the tie goes to the first candidate.
+	r2.SessionKey = ""
+	if got, _ := pa.Pick(r2, eps); got[0].ID != 0 {
+		t.Errorf("sessionless request went to %d, want 0", got[0].ID)
+	}
+	// A session does not override a clearly better endpoint: endpoint 2 gets a deep queue.
+	for i := 0; i < 10; i++ {
+		q := req("q", 0, seq(uint64(5000+i*600), 500)...)
+		eps[2].Start(q.PromptTokens)
+		pa.Routed(q, eps[2])
+	}
+	r2.SessionKey = "conv-9"
+	if got, _ := pa.Pick(r2, eps); got[0].ID == 2 {
+		t.Errorf("session kept on an overloaded endpoint")
+	}
+}
+
+func TestPrefixAware_LearnsPrefillRate(t *testing.T) {
+	pa, _ := newPA(t, Params{"max_load_factor": "100", "learn_weight": "0.1"})
+	eps := newEndpoints(2, 1<<20)
+	// Endpoint 1 turns out to be 4x slower than endpoint 0 (true models: 10 ms + work/40k s
+	// and 10 ms + work/10k s).
+	for i := 0; i < 60; i++ {
+		for _, e := range eps {
+			r := req("l", 0, seq(uint64(1e6*(e.ID+1)+i*1000), uint64(10+i%7*40))...)
+			e.Start(r.PromptTokens)
+			pa.Routed(r, e)
+			ahead := float64(pa.mustFlight(t, r).ahead)
+			rate := 40000.0
+			if e.ID == 1 {
+				rate = 10000
+			}
+			ttft := time.Duration((0.01 + ahead/rate) * float64(time.Second))
+			finish(pa, r, e, ttft, 0)
+		}
+	}
+	for id, want := range []float64{40000, 10000} {
+		s := pa.state(id)
+		got := 1 / math.Float64frombits(s.perToken.Load())
+		if math.Abs(got-want)/want > 0.05 {
+			t.Errorf("endpoint %d: learned rate %.0f tokens/s, want %.0f", id, got, want)
+		}
+		if oh := math.Float64frombits(s.overhead.Load()); math.Abs(oh-0.01) > 0.002 {
+			t.Errorf("endpoint %d: learned overhead %.4f s, want 0.01", id, oh)
+		}
+	}
+	// Two equally loaded, equally cold endpoints: the faster one wins.
+	if got, _ := pa.Pick(req("x", 0, seq(7e6, 300)...), eps); got[0].ID != 0 {
+		t.Errorf("picked %d, want the faster endpoint 0", got[0].ID)
+	}
+}
+
+func (pa *prefixAware) mustFlight(t *testing.T, r *Request) *paFlight {
+	t.Helper()
+	v, ok := pa.inflight.Load(r)
+	if !ok {
+		t.Fatalf("request %s not in flight", r.ID)
+	}
+	return v.(*paFlight)
+}
+
+func TestPrefixAware_CorrectsIndexFromCachedTokens(t *testing.T) {
+	pa, clk := newPA(t, nil)
+	eps := newEndpoints(2, 1<<20)
+	oldest := req("oldest", 0, seq(7000, 20)...)
+	eps[0].Start(oldest.PromptTokens)
+	pa.Routed(oldest, eps[0])
+	finish(pa, oldest, eps[0], time.Millisecond, 0)
+	clk.t = clk.t.Add(time.Second)
+	old := req("old", 0, seq(1, 50)...)
+	eps[0].Start(old.PromptTokens)
+	pa.Routed(old, eps[0])
+	finish(pa, old, eps[0], time.Millisecond, 0)
+	clk.t = clk.t.Add(time.Second)
+	newer := req("new", 0, seq(100, 20)...)
+	eps[0].Start(newer.PromptTokens)
+	pa.Routed(newer, eps[0])
+	finish(pa, newer, eps[0], time.Millisecond, 0)
+
+	clk.t = clk.t.Add(time.Second)
+	again := req("again", 8, seq(1, 50)...)
+	if got := pa.PredictCached(again, eps[0]); got != 800 {
+		t.Fatalf("predicted %d cached tokens, want 800", got)
+	}
+	eps[0].Start(again.PromptTokens)
+	pa.Routed(again, eps[0])
+	// The engine had only the first 10 blocks: it evicted block 10 and, being LRU, everything
+	// older. The index drops them; newer entries survive.
+	finish(pa, again, eps[0], time.Millisecond, 160)
+	if got := pa.PredictCached(req("p", 0, seq(7000, 20)...), eps[0]); got != 0 {
+		t.Errorf("older entries survived the correction: %d tokens predicted", got)
+	}
+	if got := pa.PredictCached(req("p", 0, seq(100, 20)...), eps[0]); got != 304 {
+		t.Errorf("newer entries: %d tokens predicted, want 304", got)
+	}
+	// What the request itself just computed is held again.
+	if got := pa.PredictCached(again, eps[0]); got != 800 {
+		t.Errorf("after correction predicted %d, want 800 (recomputed blocks)", got)
+	}
+}
+
+func TestPrefixAware_EndpointGoesDown(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(3, 1<<20)
+	r := req("a", 0, seq(1, 64)...)
+	eps[2].Start(r.PromptTokens)
+	pa.Routed(r, eps[2])
+	finish(pa, r, eps[2], time.Millisecond, 0)
+	if got, _ := pa.Pick(req("b", 0, seq(1, 64)...), eps); got[0].ID != 2 {
+		t.Fatalf("picked %d, want 2", got[0].ID)
+	}
+	// Endpoint 2 goes down: the proxy stops offering it, then removes it.
+	got, err := pa.Pick(req("c", 0, seq(1, 64)...), eps[:2])
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Pick without 2: %v, %v", ids(got), err)
+	}
+	pa.Removed(eps[2])
+	if n, _ := pa.IndexSize(); n != 0 {
+		t.Errorf("index holds %d entries after Removed", n)
+	}
+	if pa.PredictCached(r, eps[2]) != 0 {
+		t.Errorf("removed endpoint still predicted to hold the prefix")
+	}
+	// Late callbacks for requests on the removed endpoint are harmless.
+	pa.Done(r, eps[2], Result{CachedTokens: 0})
+}
+
+func TestPrefixAware_IndexSizedFromKVCapacity(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(1, 160) // 10 blocks of 16 tokens
+	r := req("a", 0, seq(1, 30)...)
+	route(t, pa, r, eps)
+	if n, _ := pa.IndexSize(); n != 10 {
+		t.Errorf("index holds %d entries, want the endpoint's 10 KV blocks", n)
+	}
+	eps[0].SetSnapshot(&endpoint.Snapshot{BlockSize: 16, NumGPUBlocks: 20})
+	route(t, pa, req("b", 0, seq(1, 30)...), eps)
+	if n, _ := pa.IndexSize(); n != 20 {
+		t.Errorf("index holds %d entries, want 20 after the scrape", n)
+	}
+}
+
+func TestPrefixAware_BadParams(t *testing.T) {
+	_, err := New("prefix-aware", Params{"max_load_factor": "0.5", "learn": "maybe", "colour": "red"}, Env{})
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, want := range []string{"max_load_factor=0.5 must be at least 1", "learn=\"maybe\"", "unknown parameter \"colour\""} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+func TestPrefixAware_ConcurrentPicks(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(8, 1<<16)
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				r := req("c", 3, seq(uint64(i%10*100), uint64(20+g))...)
+				ranked, err := pa.Pick(r, eps)
+				if err != nil || len(ranked) != len(eps) {
+					t.Errorf("Pick: %d ranked, %v", len(ranked), err)
+					return
+				}
+				ep := ranked[0]
+				ep.Start(r.PromptTokens)
+				pa.Routed(r, ep)
+				finish(pa, r, ep, time.Millisecond, 16)
+			}
+		}(g)
+	}
+	wg.Wait()
+	for _, e := range eps {
+		s := pa.state(e.ID)
+		if s.pending.Load() != 0 || s.waiting.Load() != 0 || e.InFlight() != 0 {
+			t.Errorf("endpoint %d: pending %d waiting %d in flight %d after all done", e.ID, s.pending.Load(), s.waiting.Load(), e.InFlight())
+		}
+	}
+}
