@@ -19,14 +19,14 @@ type blockPool struct {
 	sentinel   int32
 	numFree    int
 	cachedFree int
-	byHash     map[uint64]int32
+	byHash     hashTable
 }
 
 func newBlockPool(n int) blockPool {
 	p := blockPool{
 		blocks:   make([]block, n+1),
 		sentinel: int32(n),
-		byHash:   make(map[uint64]int32, min(n, 1<<16)),
+		byHash:   newHashTable(n),
 	}
 	s := &p.blocks[n]
 	s.prev, s.next = p.sentinel, p.sentinel
@@ -88,7 +88,7 @@ func (p *blockPool) alloc() (id int32, evicted uint64, ok bool) {
 	b := &p.blocks[id]
 	if b.cached {
 		evicted, ok = b.hash, true
-		delete(p.byHash, b.hash)
+		p.byHash.delete(b.hash)
 		b.cached, b.hash = false, 0
 	}
 	b.ref = 1
@@ -97,10 +97,9 @@ func (p *blockPool) alloc() (id int32, evicted uint64, ok bool) {
 
 // register makes block id the cached copy of hash, unless another block already is.
 func (p *blockPool) register(id int32, hash uint64) bool {
-	if _, dup := p.byHash[hash]; dup {
+	if !p.byHash.insert(hash, id) {
 		return false
 	}
-	p.byHash[hash] = id
 	b := &p.blocks[id]
 	b.hash, b.cached = hash, true
 	if b.free {

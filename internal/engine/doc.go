@@ -12,6 +12,6 @@
 // answer out by hand. An Engine is not safe for concurrent use; callers serialise.
 //
 // The steady state allocates nothing per block: block state lives in preallocated slices, the
-// free queue is an intrusive doubly-linked list over block ids, and the prefix cache is one map
-// from block hash to block id.
+// free queue is an intrusive doubly-linked list over block ids, and the prefix cache is an
+// open-addressing table from block hash to block id.
 package engine

@@ -565,7 +565,7 @@ func TestRandomInvariants(t *testing.T) {
 			}
 		}
 	}
-	if len(set) != len(e.pool.byHash) || len(set) != st.CachedFreeBlocks {
-		t.Errorf("replayed %d hashes, engine caches %d, cached free %d", len(set), len(e.pool.byHash), st.CachedFreeBlocks)
+	if len(set) != e.pool.byHash.n || len(set) != st.CachedFreeBlocks {
+		t.Errorf("replayed %d hashes, engine caches %d, cached free %d", len(set), e.pool.byHash.n, st.CachedFreeBlocks)
 	}
 }
