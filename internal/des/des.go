@@ -183,6 +183,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 	}
 	s.picker = pk
 	s.observer, _ = pk.(policy.Observer)
+	s.predictor, _ = pk.(policy.Predictor)
 	s.engines = make([]Engine, cfg.Instances)
 	s.eps = make([]*endpoint.Endpoint, cfg.Instances)
 	s.stepping = make([]bool, cfg.Instances)
@@ -259,6 +260,7 @@ type sim struct {
 	clock      virtualClock
 	picker     policy.Picker
 	observer   policy.Observer
+	predictor  policy.Predictor
 	engines    []Engine
 	eps        []*endpoint.Endpoint
 	stepping   []bool // a step or a kick is pending for the engine
@@ -364,8 +366,13 @@ func (s *sim) arrive(i int) {
 		return
 	}
 	ep := ranked[0]
-	s.records[i].EndpointID = ep.ID
-	s.records[i].Endpoint = ep.Name
+	rec := &s.records[i]
+	rec.EndpointID = ep.ID
+	rec.Endpoint = ep.Name
+	if s.predictor != nil {
+		rec.Predicted = true
+		rec.PredictedCachedTokens = s.predictor.PredictCached(preq, ep)
+	}
 	ep.Start(preq.PromptTokens)
 	if s.observer != nil {
 		s.observer.Routed(preq, ep)

@@ -175,6 +175,12 @@ func (p *spyPicker) Done(r *policy.Request, ep *endpoint.Endpoint, res policy.Re
 
 func (p *spyPicker) Removed(*endpoint.Endpoint) {}
 
+// PredictCached predicts, for the test, the router's in-flight count on ep times 100, so that
+// the record shows the prediction was made before Routed.
+func (p *spyPicker) PredictCached(_ *policy.Request, ep *endpoint.Endpoint) int {
+	return 100 * ep.InFlight()
+}
+
 func TestSnapshotsAreScrapedNotLive(t *testing.T) {
 	// Scrapes at 0, 100, 200 ms. Request 0 arrives at 10 ms and runs for 200+ ms (200 output
 	// tokens at 1 ms each). Request 1 at 50 ms: the router's own counters show request 0 in
@@ -216,9 +222,16 @@ func TestSnapshotsAreScrapedNotLive(t *testing.T) {
 func TestObserverCalls(t *testing.T) {
 	// Request 0 (10 tokens, 2 out): first token at 2 ms, done at 3 ms. Request 1 shares both
 	// blocks: 8 cached, first token at 5+1.2 = 6.2 ms, done at 7.2 ms.
+	// Each request finds sim-0 idle when routed, so the spy's prediction (100 x in flight) is
+	// 0: the simulator asks for it before Start and Routed count the request.
 	reqs := []workload.Request{req(0, 0, 10, 2, 1, 2, 3), req(1, ms(5), 10, 2, 1, 2, 4)}
 	spy := &spyPicker{}
-	run(t, toyConfig(1), reqs, func(env policy.Env) (policy.Picker, error) { spy.clock = env.Clock; return spy, nil })
+	res := run(t, toyConfig(1), reqs, func(env policy.Env) (policy.Picker, error) { spy.clock = env.Clock; return spy, nil })
+	for i, r := range res.Records {
+		if !r.Predicted || r.PredictedCachedTokens != 0 {
+			t.Errorf("record %d: predicted %v %d, want a prediction of 0 (made before Routed)", i, r.Predicted, r.PredictedCachedTokens)
+		}
+	}
 	want := []string{
 		"routed 0 sim-0", "first 0 2ms", "done 0 2ms 3ms ok cached=0",
 		"routed 1 sim-0", "first 1 1.2ms", "done 1 1.2ms 2.2ms ok cached=8",

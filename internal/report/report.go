@@ -22,6 +22,10 @@ type Record struct {
 	// CachedTokens is the prompt tokens the engine found in its prefix cache.
 	CachedTokens int
 	OutputTokens int
+	// Predicted says whether the policy predicted the cached tokens (policy.Predictor);
+	// PredictedCachedTokens is then its prediction at routing time.
+	Predicted             bool
+	PredictedCachedTokens int
 	// Err is empty on success, else why the request failed.
 	Err string
 }
@@ -72,6 +76,9 @@ type Result struct {
 	// LoadImbalance is max / mean of the per-instance busy time (1 is perfectly even; 0 when no
 	// instance was busy).
 	LoadImbalance float64 `json:"load_imbalance"`
+	// PredictedHitRate is the policy's predicted cached tokens over prompt tokens, for the
+	// completed requests it made a prediction for (absent when it made none).
+	PredictedHitRate *float64 `json:"predicted_hit_rate,omitempty"`
 	// InstanceBusyFraction is each instance's busy time over the run's span.
 	InstanceBusyFraction []float64 `json:"instance_busy_fraction"`
 	// InstanceRequests is the number of requests routed to each instance.
@@ -128,6 +135,9 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 		ttft, tpot, e2e []float64
 		prompt, cached  int64
 		outTokens       int64
+		predPrompt      int64
+		predCached      int64
+		predicted       bool
 		first, last     time.Duration
 	)
 	for i := range recs {
@@ -149,6 +159,11 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 		prompt += int64(r.PromptTokens)
 		cached += int64(r.CachedTokens)
 		outTokens += int64(r.OutputTokens)
+		if r.Predicted {
+			predicted = true
+			predPrompt += int64(r.PromptTokens)
+			predCached += int64(r.PredictedCachedTokens)
+		}
 		ttft = append(ttft, ms(r.TTFT()))
 		e2e = append(e2e, ms(r.E2E()))
 		if d, ok := r.TPOT(); ok {
@@ -157,6 +172,10 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 	}
 	if prompt > 0 {
 		res.HitRate = float64(cached) / float64(prompt)
+	}
+	if predicted && predPrompt > 0 {
+		h := float64(predCached) / float64(predPrompt)
+		res.PredictedHitRate = &h
 	}
 	res.TTFT = Summarise(ttft)
 	res.TPOT = Summarise(tpot)

@@ -69,7 +69,7 @@ func TestSummarize(t *testing.T) {
 		// TTFT 100 ms, e2e 1100 ms, 11 tokens: TPOT 100 ms.
 		{ID: "a", EndpointID: 0, Arrival: 0, FirstToken: msd(100), Finish: msd(1100), PromptTokens: 1000, CachedTokens: 0, OutputTokens: 11},
 		// TTFT 300 ms, e2e 500 ms, 3 tokens: TPOT 100 ms.
-		{ID: "b", EndpointID: 1, Arrival: msd(500), FirstToken: msd(800), Finish: msd(1000), PromptTokens: 1000, CachedTokens: 500, OutputTokens: 3},
+		{ID: "b", EndpointID: 1, Arrival: msd(500), FirstToken: msd(800), Finish: msd(1000), PromptTokens: 1000, CachedTokens: 500, OutputTokens: 3, Predicted: true, PredictedCachedTokens: 750},
 		// One token: no TPOT. TTFT 200, e2e 200. Last finish at 2000 ms.
 		{ID: "c", EndpointID: 1, Arrival: msd(1800), FirstToken: msd(2000), Finish: msd(2000), PromptTokens: 2000, CachedTokens: 1500, OutputTokens: 1},
 		// Failed: counts neither in latencies nor hit rate.
@@ -89,6 +89,7 @@ func TestSummarize(t *testing.T) {
 		LoadImbalance:        1.5,
 		InstanceBusyFraction: []float64{0.25, 0.75},
 		InstanceRequests:     []int{1, 2},
+		PredictedHitRate:     ptr(0.75),
 	}
 	if diff := cmp.Diff(want, got, cmpopts.EquateApprox(0, 1e-9)); diff != "" {
 		t.Errorf("Summarize (-want +got):\n%s", diff)
@@ -165,3 +166,5 @@ func TestWriteTable(t *testing.T) {
 		}
 	}
 }
+
+func ptr(f float64) *float64 { return &f }
