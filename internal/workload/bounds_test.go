@@ -136,8 +136,8 @@ func TestBoundsMatchReference(t *testing.T) {
 	}
 }
 
-func TestBoundsOnTrace(t *testing.T) {
-	reqs := loadTrace(t)
+// checkTraceBounds checks the bounds against the figures in the trace's README.
+func checkTraceBounds(t *testing.T, reqs []Request) {
 	tests := []struct {
 		name        string
 		got, want   float64

@@ -90,8 +90,15 @@ func TestLoadMooncakeMissingFile(t *testing.T) {
 	}
 }
 
-func TestMooncakeTraceFigures(t *testing.T) {
+// TestTrace loads the real trace once and checks what is measured on it.
+func TestTrace(t *testing.T) {
 	reqs := loadTrace(t)
+	t.Run("figures", func(t *testing.T) { checkTraceFigures(t, reqs) })
+	t.Run("bounds", func(t *testing.T) { checkTraceBounds(t, reqs) })
+}
+
+// checkTraceFigures checks the reader against the figures in the trace's README.
+func checkTraceFigures(t *testing.T, reqs []Request) {
 	if len(reqs) != 12031 {
 		t.Fatalf("requests = %d, want 12031", len(reqs))
 	}

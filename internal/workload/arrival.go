@@ -1,0 +1,43 @@
+package workload
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// Speedup returns a copy of reqs with every arrival divided by k (k = 2 replays twice as fast).
+// The copy shares the Blocks slices with reqs. A k that is not a finite number above 0 leaves
+// the arrivals as they are.
+func Speedup(reqs []Request, k float64) []Request {
+	out := append([]Request(nil), reqs...)
+	if !(k > 0) || math.IsInf(k, 0) {
+		return out
+	}
+	for i := range out {
+		out[i].Arrival = time.Duration(math.Round(float64(out[i].Arrival) / k))
+	}
+	return out
+}
+
+// Poisson returns a copy of reqs, in the same order, re-timed as a Poisson process of rate
+// requests per second: the first arrives at 0 and the gaps are exponential with mean 1/rate,
+// drawn from seed. The copy shares the Blocks slices with reqs. Re-timing a multi-turn workload
+// this way loses the order of turns within a conversation unless the requests are in arrival
+// order. A rate that is not a finite number above 0 makes every arrival 0 (one burst).
+func Poisson(reqs []Request, rate float64, seed uint64) []Request {
+	out := append([]Request(nil), reqs...)
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		for i := range out {
+			out[i].Arrival = 0
+		}
+		return out
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x706f6973736f6e)) // "poisson"
+	var at float64                                       // seconds
+	for i := range out {
+		out[i].Arrival = time.Duration(math.Round(at * float64(time.Second)))
+		at += rng.ExpFloat64() / rate
+	}
+	return out
+}

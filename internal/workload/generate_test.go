@@ -1,0 +1,259 @@
+package workload
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestWorkloadNames(t *testing.T) {
+	want := []string{"multi-turn", "prefix-repetition", "shared-prefix"}
+	if diff := cmp.Diff(want, WorkloadNames()); diff != "" {
+		t.Errorf("WorkloadNames (-want +got):\n%s", diff)
+	}
+	help := WorkloadHelp()
+	for _, s := range []string{"shared-prefix:", "groups=64", "rate=10", "prefix-mean=1000", "think=1s"} {
+		if !strings.Contains(help, s) {
+			t.Errorf("WorkloadHelp lacks %q", s)
+		}
+	}
+}
+
+func TestGenerateDeterministic(t *testing.T) {
+	for _, spec := range []string{"shared-prefix", "multi-turn", "prefix-repetition", "multi-turn:conversations=5,rate=2"} {
+		a, err := Generate(spec, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Generate(spec, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sameRequests(a, b) {
+			t.Errorf("%s: two runs with seed 7 differ", spec)
+		}
+		c, err := Generate(spec, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sameRequests(a, c) {
+			t.Errorf("%s: seeds 7 and 8 give the same workload", spec)
+		}
+		for i := range a {
+			r := &a[i]
+			if r.ID != i || r.BlockTokens != GeneratedBlockTokens || len(r.Blocks) != (r.PromptTokens+15)/16 || r.OutputTokens < 1 {
+				t.Fatalf("%s: request %d malformed: %+v", spec, i, r)
+			}
+			if i > 0 && r.Arrival < a[i-1].Arrival {
+				t.Fatalf("%s: request %d arrives before request %d", spec, i, i-1)
+			}
+		}
+	}
+}
+
+func TestGenerateSharedPrefix(t *testing.T) {
+	reqs, err := Generate("shared-prefix", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 64*16 {
+		t.Fatalf("%d requests, want 1024", len(reqs))
+	}
+	// 2048 system tokens are 128 blocks, shared within a group and only there.
+	groups := map[uint64]int{}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.PromptTokens != 2048+128 || r.OutputTokens != 256 {
+			t.Fatalf("request %d: %d prompt, %d output tokens, want 2176 and 256", i, r.PromptTokens, r.OutputTokens)
+		}
+		groups[r.Blocks[127]]++
+		if r.Blocks[127] == r.Blocks[128] {
+			t.Fatalf("request %d: question block equals system block", i)
+		}
+	}
+	if len(groups) != 64 {
+		t.Errorf("%d distinct system prompts, want 64", len(groups))
+	}
+	for id, n := range groups {
+		if n != 16 {
+			t.Errorf("system prompt %x used %d times, want 16", id, n)
+		}
+	}
+	// Infinite cache: every group's first request misses its system prompt, all else hits it.
+	want := float64(64*15*2048) / float64(1024*2176)
+	if got := InfiniteCacheHitRate(reqs, 16); math.Abs(got-want) > 1e-12 {
+		t.Errorf("infinite hit rate %v, want %v", got, want)
+	}
+	small, err := Generate("shared-prefix:groups=2,prompts=3,system=20,question=5,output=7,n=4,rate=1000", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(small) != 4 || small[0].PromptTokens != 25 || len(small[0].Blocks) != 2 || small[3].OutputTokens != 7 {
+		t.Errorf("small workload: %+v", small)
+	}
+	if small[3].Arrival > time.Second {
+		t.Errorf("4 arrivals at 1000/s end at %v", small[3].Arrival)
+	}
+}
+
+func TestGeneratePrefixRepetition(t *testing.T) {
+	reqs, err := Generate("prefix-repetition:n=50,prefixes=5,prefix=32,suffix=20,output=3", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 50 {
+		t.Fatalf("%d requests, want 50", len(reqs))
+	}
+	prefixes := map[uint64]int{}
+	for _, r := range reqs {
+		if r.PromptTokens != 52 || len(r.Blocks) != 4 {
+			t.Fatalf("request %d: %d tokens in %d blocks, want 52 in 4", r.ID, r.PromptTokens, len(r.Blocks))
+		}
+		prefixes[r.Blocks[1]]++
+	}
+	if diff := cmp.Diff(map[int]int{10: 5}, countValues(prefixes)); diff != "" {
+		t.Errorf("uses of each prefix: (-want +got):\n%s", diff)
+	}
+	if all, _ := Generate("prefix-repetition", 3); len(all) != 1000 {
+		t.Errorf("default n: %d, want 1000", len(all))
+	}
+}
+
+func countValues(m map[uint64]int) map[int]int {
+	out := map[int]int{}
+	for _, v := range m {
+		out[v]++
+	}
+	return out
+}
+
+func TestGenerateMultiTurn(t *testing.T) {
+	reqs, err := Generate("multi-turn", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySession := map[string][]*Request{}
+	for i := range reqs {
+		bySession[reqs[i].Session] = append(bySession[reqs[i].Session], &reqs[i])
+	}
+	if len(bySession) != 24 {
+		t.Fatalf("%d conversations, want 24", len(bySession))
+	}
+	var common uint64
+	for name, turns := range bySession {
+		if len(turns) < 12 || len(turns) > 18 {
+			t.Errorf("%s: %d turns, want 12 to 18", name, len(turns))
+		}
+		if common == 0 {
+			common = turns[0].Blocks[0]
+		}
+		if turns[0].Blocks[0] != common {
+			t.Errorf("%s: first block differs from other conversations' (common prefix of 500 tokens)", name)
+		}
+		for k := 1; k < len(turns); k++ {
+			prev, cur := turns[k-1], turns[k]
+			grow := cur.PromptTokens - prev.PromptTokens - prev.OutputTokens
+			if grow < 120 || grow > 160 {
+				t.Errorf("%s turn %d: new user turn of %d tokens, want 120 to 160", name, k, grow)
+			}
+			full := prev.PromptTokens / GeneratedBlockTokens
+			if diff := cmp.Diff(prev.Blocks[:full], cur.Blocks[:full]); diff != "" {
+				t.Fatalf("%s turn %d does not start with turn %d's full blocks (-prev +cur):\n%s", name, k, k-1, diff)
+			}
+			if wait := cur.Arrival - prev.Arrival; wait < time.Second+time.Duration(prev.OutputTokens)*20*time.Millisecond {
+				t.Errorf("%s turn %d: arrives %v after the previous turn, before its estimated end plus think time", name, k, wait)
+			}
+		}
+		if turns[0].OutputTokens < 80 || turns[0].OutputTokens > 120 {
+			t.Errorf("%s: output %d, want 80 to 120", name, turns[0].OutputTokens)
+		}
+	}
+	capped, err := Generate("multi-turn:n=10", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameRequests(reqs[:10], capped) {
+		t.Errorf("n=10 is not the first 10 requests")
+	}
+}
+
+func TestGenerateErrors(t *testing.T) {
+	tests := []struct{ spec, want string }{
+		{"nope", `workload "nope": unknown name, want one of multi-turn, prefix-repetition, shared-prefix`},
+		{"shared-prefix:colour=red", `unknown key "colour", want one of groups, prompts, system, question, output, n, rate`},
+		{"shared-prefix:groups", "key groups: no value"},
+		{"shared-prefix:groups=2,groups=3", "key groups: given twice"},
+		{"shared-prefix:groups=-1", `key groups: "-1", want an integer from 1`},
+		{"shared-prefix:rate=0", `key rate: "0", want a number above 0`},
+		{"shared-prefix:rate=NaN", `key rate: "NaN"`},
+		{"shared-prefix:n=2000", "key n: 2000 above the 1024 requests"},
+		{"shared-prefix:system=0,question=0", "keys system, question: both 0"},
+		{"multi-turn:min-turns=5,max-turns=2", "key min-turns: 5 above max-turns 2"},
+		{"multi-turn:think=soon", `key think: "soon", want a duration`},
+		{"multi-turn:conversations=100000000", "keys conversations, max-turns: up to"},
+		{"prefix-repetition:output=0", `key output: "0"`},
+	}
+	for _, tt := range tests {
+		_, err := Generate(tt.spec, 1)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Generate(%q) error = %v, want it to contain %q", tt.spec, err, tt.want)
+		}
+	}
+}
+
+func TestPromptOfPartialBlocks(t *testing.T) {
+	a, na := promptOf([]part{{1, 20}, {0, 0}, {2, 13}})
+	b, nb := promptOf([]part{{1, 20}, {2, 13}, {3, 30}})
+	if na != 33 || nb != 63 || len(a) != 3 || len(b) != 4 {
+		t.Fatalf("got %d tokens in %d blocks and %d in %d", na, len(a), nb, len(b))
+	}
+	if a[0] != b[0] || a[1] != b[1] {
+		t.Errorf("equal first 32 tokens give different blocks: %x vs %x", a[:2], b[:2])
+	}
+	if a[2] == b[2] {
+		t.Errorf("a partial block equals the full block that extends it")
+	}
+}
+
+func TestSpeedupAndPoisson(t *testing.T) {
+	reqs := []Request{req(0, 16, 16, 1), req(10*time.Second, 16, 16, 1), req(30*time.Second, 16, 16, 2)}
+	got := Speedup(reqs, 10)
+	want := []time.Duration{0, time.Second, 3 * time.Second}
+	for i := range got {
+		if got[i].Arrival != want[i] {
+			t.Errorf("Speedup: arrival %d = %v, want %v", i, got[i].Arrival, want[i])
+		}
+	}
+	if reqs[1].Arrival != 10*time.Second {
+		t.Errorf("Speedup modified its input")
+	}
+	if Speedup(reqs, 0)[2].Arrival != 30*time.Second || Speedup(reqs, math.Inf(1))[2].Arrival != 30*time.Second {
+		t.Errorf("Speedup by 0 or +Inf must keep the arrivals")
+	}
+	many := make([]Request, 20000)
+	p := Poisson(many, 50, 9)
+	if !sameRequests(p, Poisson(many, 50, 9)) {
+		t.Errorf("Poisson not deterministic")
+	}
+	if p[0].Arrival != 0 {
+		t.Errorf("first Poisson arrival %v, want 0", p[0].Arrival)
+	}
+	if mean := p[len(p)-1].Arrival.Seconds() / float64(len(p)-1); math.Abs(mean-0.02) > 0.001 {
+		t.Errorf("mean gap %v s, want 0.02 +- 0.001", mean)
+	}
+	if b := Poisson(reqs, -1, 1); b[2].Arrival != 0 {
+		t.Errorf("non-positive rate: arrival %v, want 0", b[2].Arrival)
+	}
+}
+
+// sameRequests compares workloads field by field (cmp is too slow on them under -race).
+func sameRequests(a, b []Request) bool {
+	return slices.EqualFunc(a, b, func(x, y Request) bool {
+		return x.ID == y.ID && x.Arrival == y.Arrival && x.Session == y.Session && x.BlockTokens == y.BlockTokens &&
+			x.PromptTokens == y.PromptTokens && x.OutputTokens == y.OutputTokens && slices.Equal(x.Blocks, y.Blocks)
+	})
+}
