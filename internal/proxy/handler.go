@@ -1,0 +1,514 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/tenant"
+)
+
+// Handler serves the OpenAI API paths (/v1/chat/completions, /v1/completions,
+// /v1/embeddings, /v1/responses, /v1/models) by routing each request to an endpoint of Pool.
+// Set the fields before serving and do not change them afterwards (the Router builds a new
+// Handler on reload). Only Pool and Picker are required; every other field has a documented
+// default when nil or zero. Handlers built one after the other may share State so that pinned
+// responses and passive-failure counts survive a reload.
+type Handler struct {
+	// Pool holds the endpoints. Required.
+	Pool *endpoint.Pool
+	// Picker is the routing policy. Required. When it implements policy.Observer it is told
+	// what happens to each request; policy.Predictor feeds the predicted-cached metric.
+	Picker policy.Picker
+	// Metrics records what the router does; nil: a private registry nobody scrapes.
+	Metrics *metrics.Metrics
+	// Logger gets one access line per request (never the prompt); nil: slog.Default().
+	Logger *slog.Logger
+	// Transport sends requests to the endpoints; nil: a clone of http.DefaultTransport with
+	// larger idle pools.
+	Transport http.RoundTripper
+	// MaxBodyBytes bounds a request body; 0: 16 MiB.
+	MaxBodyBytes int64
+	// MaxRetries is how many further ranked endpoints to try after a connection error or a
+	// 503 received before any response byte; negative: none, 0: none.
+	MaxRetries int
+	// BlockTokens is the tokens per prefix block; 0: prefix.DefaultBlockTokens.
+	BlockTokens int
+	// Normalizer normalises the canonical prompt before hashing; nil: prefix defaults.
+	Normalizer *prefix.Normalizer
+	// Rewrite forwards the normalised prompt texts to the engine (normalize.rewrite), so that
+	// prompts differing only in whitespace also share the engine's cache. Off by default: the
+	// engine then no longer sees the client's exact text.
+	Rewrite bool
+	// PassiveFailures consecutive connection errors eject an endpoint (SetHealthy(false))
+	// until active health checks readmit it; 0: 3, negative: never eject.
+	PassiveFailures int
+	// Now tells the time; nil: time.Now.
+	Now func() time.Time
+	// NewRequestID makes an x-request-id for requests without one; nil: 16 random hex digits.
+	NewRequestID func() string
+	// Admit, when set, is called after the candidates are known and before picking: it may
+	// wait (a fair queue), and it refuses a request by returning an error (an *openai.Error is
+	// sent as is, any other error as 429). release is called when the request ends.
+	Admit func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
+	// Saturated, when set, reports that every candidate is overloaded: the request is refused
+	// with 503 and Retry-After.
+	Saturated func(candidates []*endpoint.Endpoint) bool
+	// State is shared between handlers built on reloads; nil: a private one.
+	State *State
+
+	once  sync.Once
+	rp    *httputil.ReverseProxy
+	setup error
+}
+
+// State is what outlives one Handler: which endpoint created which response (for
+// previous_response_id) and consecutive connection failures per endpoint.
+type State struct {
+	pins     pinTable
+	failures sync.Map // endpoint name -> *atomic.Int32
+}
+
+// NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
+func NewState(maxPins int) *State {
+	if maxPins <= 0 {
+		maxPins = 100_000
+	}
+	return &State{pins: pinTable{max: maxPins, m: map[string]string{}}}
+}
+
+// pinTable maps response ids to endpoint names, forgetting the oldest beyond max.
+type pinTable struct {
+	mu    sync.Mutex
+	max   int
+	m     map[string]string
+	order []string
+	head  int
+}
+
+func (p *pinTable) put(id, ep string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.m[id]; ok {
+		p.m[id] = ep
+		return
+	}
+	if len(p.order) < p.max {
+		p.order = append(p.order, id)
+	} else {
+		delete(p.m, p.order[p.head])
+		p.order[p.head] = id
+		p.head = (p.head + 1) % p.max
+	}
+	p.m[id] = ep
+}
+
+func (p *pinTable) get(id string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[id]
+}
+
+func (s *State) failureCounter(name string) *atomic.Int32 {
+	if v, ok := s.failures.Load(name); ok {
+		return v.(*atomic.Int32)
+	}
+	v, _ := s.failures.LoadOrStore(name, new(atomic.Int32))
+	return v.(*atomic.Int32)
+}
+
+func (h *Handler) init() {
+	if h.Metrics == nil {
+		h.Metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if h.Logger == nil {
+		h.Logger = slog.Default()
+	}
+	if h.Transport == nil {
+		h.Transport = DefaultTransport()
+	}
+	if h.MaxBodyBytes <= 0 {
+		h.MaxBodyBytes = 16 << 20
+	}
+	h.MaxRetries = max(h.MaxRetries, 0)
+	if h.BlockTokens <= 0 {
+		h.BlockTokens = prefix.DefaultBlockTokens
+	}
+	if h.PassiveFailures == 0 {
+		h.PassiveFailures = 3
+	}
+	if h.Now == nil {
+		h.Now = time.Now
+	}
+	if h.NewRequestID == nil {
+		h.NewRequestID = randomID
+	}
+	if h.State == nil {
+		h.State = NewState(0)
+	}
+	if h.Pool == nil || h.Picker == nil {
+		h.setup = errors.New("proxy handler needs a Pool and a Picker")
+	}
+	h.rp = &httputil.ReverseProxy{
+		Rewrite:        func(*httputil.ProxyRequest) {}, // the transport sets the URL per attempt
+		Transport:      &retryTransport{h: h},
+		FlushInterval:  -1,
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.proxyError,
+		ErrorLog:       slog.NewLogLogger(h.Logger.Handler(), slog.LevelDebug),
+		BufferPool:     bufferPool{},
+	}
+}
+
+// DefaultTransport is the transport used when Handler.Transport is nil: HTTP/1.1 keep-alive
+// pools sized for a few hundred concurrent streams per endpoint, no compression negotiated
+// (the router must read usage from the bodies).
+func DefaultTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 4096
+	t.MaxIdleConnsPerHost = 1024
+	t.DisableCompression = true
+	t.ResponseHeaderTimeout = 0
+	return t
+}
+
+func randomID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// bufferPool recycles the reverse proxy's copy buffers.
+type bufferPool struct{}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
+func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
+
+// ServeHTTP routes one request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.once.Do(h.init)
+	start := h.Now()
+	rid := r.Header.Get("X-Request-Id")
+	if rid == "" || len(rid) > 128 {
+		rid = h.NewRequestID()
+	}
+	w.Header().Set("X-Request-Id", rid)
+	sw := &statusWriter{ResponseWriter: w}
+	c := &call{h: h, rid: rid, start: start, cached: -1, id: tenant.FromContext(r.Context())}
+	defer func() { h.finish(c, sw, r) }()
+	if h.setup != nil {
+		h.writeError(sw, c, openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "", h.setup.Error()))
+		return
+	}
+	if r.URL.Path == "/v1/models" {
+		if r.Method != http.MethodGet {
+			h.writeError(sw, c, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use GET for /v1/models"))
+			return
+		}
+		h.serveModels(sw, c)
+		return
+	}
+	kind, ok := openai.KindForPath(r.URL.Path)
+	if !ok {
+		h.writeError(sw, c, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "", "unknown_url",
+			"unknown path "+strconv.Quote(r.URL.Path)+": kvroute serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models"))
+		return
+	}
+	if r.Method != http.MethodPost {
+		h.writeError(sw, c, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use POST for "+r.URL.Path))
+		return
+	}
+	h.route(sw, r, c, kind)
+}
+
+// call is one request's state from arrival to the end.
+type call struct {
+	h        *Handler
+	rid      string
+	start    time.Time
+	id       *tenant.Identity
+	req      *openai.Request
+	preq     policy.Request
+	body     []byte // what is forwarded, before a per-endpoint cache_salt
+	salted   []byte // body with the tenant's cache_salt, built on first need
+	ranked   []*endpoint.Endpoint
+	model    string // metric label
+	ep       *endpoint.Endpoint
+	attempts int
+	predict  int // predicted cached tokens on ep, -1 unknown
+
+	dropUsage bool
+	stream    bool
+
+	// Filled while the response is read (one goroutine: the proxy's copy loop).
+	firstAt   time.Time
+	usage     openai.Usage
+	haveUsage bool
+	cached    int
+	respID    string
+	errType   string
+}
+
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
+
+func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.Kind) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			h.writeError(w, c, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
+				"request body is larger than the limit of "+strconv.FormatInt(mbe.Limit, 10)+" bytes (limits.max_body_bytes)"))
+			return
+		}
+		h.writeError(w, c, openai.BadRequest("", "reading request body: %v", err))
+		return
+	}
+	req, err := openai.Parse(kind, body)
+	if err != nil {
+		var oe *openai.Error
+		if !errors.As(err, &oe) {
+			oe = openai.BadRequest("", "%v", err)
+		}
+		h.writeError(w, c, oe)
+		return
+	}
+	c.req = req
+	c.stream = req.Stream
+	c.model = h.modelLabel(req.Model)
+	if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, req.Model) {
+		c.model = metrics.UnknownModel
+		h.writeError(w, c, modelNotFound(req.Model))
+		return
+	}
+	var labels map[string]string
+	if c.id != nil {
+		labels = c.id.EndpointLabels
+	}
+	cands := h.Pool.Candidates(make([]*endpoint.Endpoint, 0, 8), req.Model, labels)
+	if len(cands) == 0 {
+		if !h.served(req.Model, labels) {
+			c.model = metrics.UnknownModel
+			h.writeError(w, c, modelNotFound(req.Model))
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
+			"no healthy endpoint serves model "+strconv.Quote(req.Model)+"; retry shortly"))
+		return
+	}
+	if h.Saturated != nil && h.Saturated(cands) {
+		w.Header().Set("Retry-After", "1")
+		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "overloaded",
+			"every endpoint serving "+strconv.Quote(req.Model)+" is saturated; retry shortly"))
+		return
+	}
+	if h.Admit != nil {
+		release, err := h.Admit(r.Context(), c.id, cands)
+		if err != nil {
+			var oe *openai.Error
+			if !errors.As(err, &oe) {
+				oe = openai.NewError(http.StatusTooManyRequests, "rate_limit_error", "", "rate_limited", err.Error())
+			}
+			h.writeError(w, c, oe)
+			return
+		}
+		if release != nil {
+			defer release()
+		}
+	}
+
+	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
+	// the model and the salt the engine will use.
+	text := req.AppendCanonical(nil)
+	salt := req.CacheSalt
+	if c.id != nil {
+		salt = c.id.Salt
+	}
+	norm := h.Normalizer.Normalize(string(text))
+	c.preq = policy.Request{
+		ID:           c.rid,
+		Model:        req.Model,
+		SessionKey:   sessionKey(req, r),
+		Blocks:       prefix.Blocks(nil, prefix.Seed(req.Model, salt), norm, h.BlockTokens),
+		BlockTokens:  h.BlockTokens,
+		PromptTokens: prefix.EstimateTokens(string(text)),
+		MaxTokens:    req.MaxTokens,
+	}
+	if c.id != nil {
+		c.preq.Tenant = c.id.Name
+	}
+	pickStart := time.Now()
+	ranked, err := h.Picker.Pick(&c.preq, cands)
+	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
+	if err != nil || len(ranked) == 0 {
+		w.Header().Set("Retry-After", "1")
+		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request"))
+		return
+	}
+	if req.PreviousResponseID != "" {
+		ranked = h.pin(ranked, cands, req.PreviousResponseID)
+	}
+	c.ranked = ranked[:min(len(ranked), 1+h.MaxRetries)]
+
+	// The body to forward: the client's bytes, patched only where needed.
+	c.body = body
+	if h.Rewrite {
+		nb, changed, err := openai.RewriteText(kind, c.body, h.Normalizer.Normalize)
+		if err == nil && changed {
+			c.body = nb
+			h.Metrics.Rewrites.Inc()
+		}
+	}
+	if req.Stream && !req.IncludeUsage && (kind == openai.KindChat || kind == openai.KindCompletion) {
+		if nb, err := openai.WithIncludeUsage(c.body); err == nil {
+			c.body = nb
+			c.dropUsage = true
+		}
+	}
+	ctx := context.WithValue(r.Context(), callKey{}, c)
+	out := r.WithContext(ctx)
+	out.Body = http.NoBody
+	h.rp.ServeHTTP(w, out)
+}
+
+func sessionKey(req *openai.Request, r *http.Request) string {
+	if k := req.SessionKey(); k != "" {
+		return k
+	}
+	return r.Header.Get("X-Session-Id")
+}
+
+// pin moves the endpoint that created the previous response to the front of ranked.
+func (h *Handler) pin(ranked, cands []*endpoint.Endpoint, respID string) []*endpoint.Endpoint {
+	name := h.State.pins.get(respID)
+	if name == "" {
+		return ranked
+	}
+	i := slices.IndexFunc(ranked, func(e *endpoint.Endpoint) bool { return e.Name == name })
+	if i == 0 {
+		return ranked
+	}
+	if i < 0 {
+		j := slices.IndexFunc(cands, func(e *endpoint.Endpoint) bool { return e.Name == name })
+		if j < 0 {
+			return ranked // it left the pool or is unhealthy: the engine will say the id is unknown
+		}
+		return append([]*endpoint.Endpoint{cands[j]}, ranked...)
+	}
+	out := make([]*endpoint.Endpoint, 0, len(ranked))
+	out = append(out, ranked[i])
+	out = append(out, ranked[:i]...)
+	return append(out, ranked[i+1:]...)
+}
+
+// served reports whether any endpoint, healthy or not, serves model for these labels.
+func (h *Handler) served(model string, labels map[string]string) bool {
+	for _, e := range h.Pool.All() {
+		if !e.Serves(model) {
+			continue
+		}
+		ok := true
+		for k, v := range labels {
+			if e.Labels[k] != v {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// modelLabel bounds the model label to the models the config names.
+func (h *Handler) modelLabel(model string) string {
+	if slices.Contains(h.Pool.Models(), model) {
+		return model
+	}
+	return "other"
+}
+
+func modelNotFound(model string) *openai.Error {
+	return openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model", "model_not_found",
+		"the model "+strconv.Quote(model)+" does not exist or is not served here (GET /v1/models lists them)")
+}
+
+func (h *Handler) serveModels(w *statusWriter, c *call) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range h.Pool.Models() {
+		if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, m) {
+			continue
+		}
+		if c.id != nil && !h.served(m, c.id.EndpointLabels) {
+			continue
+		}
+		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "kvroute"})
+	}
+	b, _ := json.Marshal(list)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+func (h *Handler) writeError(w *statusWriter, c *call, e *openai.Error) {
+	c.errType = e.Type
+	openai.WriteError(w, e)
+}
+
+// proxyError answers when no endpoint could be reached, or a response could not be read.
+func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	c := callFrom(r.Context())
+	if r.Context().Err() != nil {
+		return // the client went away: nobody to answer
+	}
+	sw, _ := w.(*statusWriter)
+	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_unreachable",
+		"no endpoint could be reached after "+strconv.Itoa(max(c.attempts, 1))+" attempt(s): "+errText(err))
+	if sw != nil {
+		h.writeError(sw, c, e)
+		return
+	}
+	openai.WriteError(w, e)
+}
+
+// errText is an error's text without URLs of the endpoints' query strings or bodies.
+func errText(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Op + " " + ue.URL + ": " + ue.Err.Error()
+	}
+	return err.Error()
+}

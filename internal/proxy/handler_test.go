@@ -1,0 +1,533 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/tenant"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeEngine is an OpenAI-compatible engine on loopback that records what it receives.
+type fakeEngine struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	bodies   [][]byte
+	status   int           // answer with this status (0: 200)
+	errBody  string        // body of a non-200 answer
+	hang     chan struct{} // when set, streams send one chunk then wait for the client to go
+	gone     chan struct{} // closed when a hung stream's request context ends
+	respID   string
+	cachedTk int
+}
+
+func newFakeEngine(t *testing.T) *fakeEngine {
+	f := &fakeEngine{cachedTk: 5}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeEngine) received() [][]byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([][]byte(nil), f.bodies...)
+}
+
+func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.bodies = append(f.bodies, body)
+	status, errBody, hang, gone := f.status, f.errBody, f.hang, f.gone
+	f.mu.Unlock()
+	if status != 0 && status != 200 {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, errBody)
+		return
+	}
+	var req struct {
+		Stream        bool `json:"stream"`
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	_ = json.Unmarshal(body, &req)
+	usage := fmt.Sprintf(`{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":%d}}`, f.cachedTk)
+	if r.URL.Path == "/v1/responses" {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":%q,"object":"response","output":[],"usage":{"input_tokens":10,"output_tokens":2}}`, f.respID)
+		return
+	}
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":%s}`, usage)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for i := range 2 {
+		fmt.Fprintf(w, "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+		fl.Flush()
+		if hang != nil {
+			close(hang)
+			<-r.Context().Done()
+			close(gone)
+			return
+		}
+	}
+	if req.StreamOptions.IncludeUsage {
+		fmt.Fprintf(w, "data: {\"id\":\"c1\",\"choices\":[],\"usage\":%s}\n\n", usage)
+	}
+	io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// orderPicker ranks candidates by the order of names and records what it observes.
+type orderPicker struct {
+	order []string
+	mu    sync.Mutex
+	log   []string
+	done  []policy.Result
+}
+
+func (p *orderPicker) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	var out []*endpoint.Endpoint
+	for _, n := range p.order {
+		for _, e := range c {
+			if e.Name == n {
+				out = append(out, e)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, policy.ErrNoCandidate
+	}
+	return out, nil
+}
+
+func (p *orderPicker) record(s string) { p.mu.Lock(); p.log = append(p.log, s); p.mu.Unlock() }
+func (p *orderPicker) Routed(_ *policy.Request, ep *endpoint.Endpoint) {
+	p.record("routed " + ep.Name)
+}
+func (p *orderPicker) FirstToken(_ *policy.Request, ep *endpoint.Endpoint, _ time.Duration) {
+	p.record("first " + ep.Name)
+}
+func (p *orderPicker) Done(_ *policy.Request, ep *endpoint.Endpoint, res policy.Result) {
+	p.mu.Lock()
+	p.done = append(p.done, res)
+	p.mu.Unlock()
+	p.record(fmt.Sprintf("done %s ok=%v", ep.Name, res.OK))
+}
+func (p *orderPicker) Removed(*endpoint.Endpoint) {}
+func (p *orderPicker) events() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.log...)
+}
+
+type fixture struct {
+	h     *Handler
+	srv   *httptest.Server
+	pk    *orderPicker
+	reg   *prometheus.Registry
+	pool  *endpoint.Pool
+	names []string
+	done  chan struct{} // one value per request the handler finished
+	inner http.Handler  // what the server runs inside the completion signal
+}
+
+// newFixture puts a router in front of the given endpoint URLs, ranked in that order.
+func newFixture(t *testing.T, specs ...endpoint.Spec) *fixture {
+	t.Helper()
+	pool := endpoint.NewPool()
+	if _, err := pool.Update(specs); err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	reg := prometheus.NewRegistry()
+	pk := &orderPicker{order: names}
+	tr := DefaultTransport()
+	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(reg), MaxRetries: 2,
+		Logger: slog.New(slog.DiscardHandler), Transport: tr}
+	f := &fixture{h: h, pk: pk, reg: reg, pool: pool, names: names, done: make(chan struct{}, 100), inner: h}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { f.done <- struct{}{} }()
+		f.inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { f.srv.Close(); tr.CloseIdleConnections() })
+	return f
+}
+
+func spec(url string, models ...string) endpoint.Spec {
+	return endpoint.Spec{Name: url, Models: models, Engine: "vllm", CacheSalt: true}
+}
+
+func (f *fixture) post(t *testing.T, path, body string, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.wait(t)
+	return resp, b
+}
+
+// wait waits until the handler has finished one more request (its accounting runs after the
+// last byte reaches the client).
+func (f *fixture) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler did not finish the request")
+	}
+}
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"vendor_field":{"keep":[1,"x"]}}`
+
+func TestChatNonStreaming(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", chatBody, "X-Request-Id", "abc")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"content":"hi"`)) {
+		t.Fatalf("status %d body %s", resp.StatusCode, body)
+	}
+	if got := resp.Header.Get("X-Request-Id"); got != "abc" {
+		t.Errorf("x-request-id = %q, want abc", got)
+	}
+	if got := e.received(); len(got) != 1 || string(got[0]) != chatBody {
+		t.Errorf("engine received %q, want the client's bytes unchanged", got)
+	}
+	want := []string{"routed " + e.srv.URL, "done " + e.srv.URL + " ok=true"}
+	if diff := cmp.Diff(want, f.pk.events()); diff != "" {
+		t.Errorf("observer (-want +got):\n%s", diff)
+	}
+	if f.pk.done[0].CachedTokens != 5 || f.pk.done[0].PromptTokens != 10 || f.pk.done[0].OutputTokens != 2 {
+		t.Errorf("result = %+v", f.pk.done[0])
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", e.srv.URL, "200")); n != 1 {
+		t.Errorf("requests_total = %v", n)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.EngineCached.WithLabelValues("m")); n != 5 {
+		t.Errorf("engine cached = %v", n)
+	}
+	if ep := f.pool.ByName(e.srv.URL); ep.InFlight() != 0 || ep.PendingPrefill() != 0 {
+		t.Errorf("in flight %d pending %d after the request", ep.InFlight(), ep.PendingPrefill())
+	}
+}
+
+func readEvents(t *testing.T, body []byte) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func TestChatStreamingUsage(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	// The client did not ask for usage: the router asks the engine, reads it, drops the chunk.
+	resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	evs := readEvents(t, body)
+	if len(evs) != 3 || evs[2] != "[DONE]" || strings.Contains(string(body), "usage") {
+		t.Errorf("client got %q, want two chunks and [DONE] without usage", evs)
+	}
+	sent := e.received()[0]
+	if !bytes.Contains(sent, []byte(`"stream_options":{"include_usage":true}`)) {
+		t.Errorf("engine got %s, want include_usage injected", sent)
+	}
+	if f.pk.done[0].CachedTokens != 5 || f.pk.done[0].TTFT <= 0 {
+		t.Errorf("result %+v, want cached 5 and a TTFT", f.pk.done[0])
+	}
+	if got := f.pk.events(); len(got) != 3 || !strings.HasPrefix(got[1], "first ") {
+		t.Errorf("observer events %q", got)
+	}
+	// The client asked for usage: it gets the chunk.
+	_, body = f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`)
+	if evs := readEvents(t, body); len(evs) != 4 || !strings.Contains(evs[2], `"usage"`) {
+		t.Errorf("client got %q, want the usage chunk", evs)
+	}
+}
+
+func TestErrorClasses(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	f.h.MaxBodyBytes = 1024
+	tests := []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"bad json", "/v1/chat/completions", `{"model":`, 400, ""},
+		{"missing messages", "/v1/chat/completions", `{"model":"m"}`, 400, ""},
+		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[]}`, 404, "model_not_found"},
+		{"unknown path", "/v1/nothing", `{}`, 404, "unknown_url"},
+		{"too large", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "request_too_large"},
+	}
+	for _, tt := range tests {
+		resp, body := f.post(t, tt.path, tt.body)
+		var v struct {
+			Error struct {
+				Message string  `json:"message"`
+				Type    string  `json:"type"`
+				Param   *string `json:"param"`
+				Code    *string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(body, &v); err != nil || v.Error.Message == "" || v.Error.Type == "" {
+			t.Errorf("%s: body %s is not an OpenAI error (%v)", tt.name, body, err)
+		}
+		code := ""
+		if v.Error.Code != nil {
+			code = *v.Error.Code
+		}
+		if resp.StatusCode != tt.status || code != tt.code {
+			t.Errorf("%s: %d %q, want %d %q", tt.name, resp.StatusCode, code, tt.status, tt.code)
+		}
+	}
+	if len(e.received()) != 0 {
+		t.Errorf("engine received %d requests, want none", len(e.received()))
+	}
+}
+
+func TestNoHealthyEndpoint(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	f.pool.ByName(e.srv.URL).SetHealthy(false)
+	resp, _ := f.post(t, "/v1/chat/completions", chatBody)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("status %d retry-after %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// deadURL is a loopback address where nothing listens.
+func deadURL(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
+}
+
+func TestFallbackOnConnectionErrorAndEjection(t *testing.T) {
+	dead := deadURL(t)
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(dead, "m"), spec(e.srv.URL, "m"))
+	f.h.PassiveFailures = 2
+	for i := range 2 {
+		resp, body := f.post(t, "/v1/chat/completions", chatBody)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d body %s", i, resp.StatusCode, body)
+		}
+	}
+	if f.pool.ByName(dead).Healthy() {
+		t.Error("dead endpoint not ejected after 2 connection errors")
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Retries.WithLabelValues(dead, "connect_error")); n != 2 {
+		t.Errorf("retries = %v, want 2", n)
+	}
+	want := []string{"routed " + dead, "done " + dead + " ok=false", "routed " + e.srv.URL, "done " + e.srv.URL + " ok=true"}
+	if diff := cmp.Diff(want, f.pk.events()[:4]); diff != "" {
+		t.Errorf("observer (-want +got):\n%s", diff)
+	}
+	if ep := f.pool.ByName(dead); ep.InFlight() != 0 || ep.PendingPrefill() != 0 {
+		t.Errorf("dead endpoint in flight %d pending %d", ep.InFlight(), ep.PendingPrefill())
+	}
+}
+
+func TestRetryOn503AndUpstreamErrorShape(t *testing.T) {
+	busy := newFakeEngine(t)
+	busy.status, busy.errBody = 503, `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`
+	bad := newFakeEngine(t)
+	bad.status, bad.errBody = 400, `{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}`
+	f := newFixture(t, spec(busy.srv.URL, "m"), spec(bad.srv.URL, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", chatBody)
+	want := `{"error":{"message":"too long","type":"BadRequestError","param":null,"code":"400"}}`
+	if resp.StatusCode != 400 || string(body) != want {
+		t.Errorf("got %d %s, want 400 %s", resp.StatusCode, body, want)
+	}
+	if len(busy.received()) != 1 || len(bad.received()) != 1 {
+		t.Errorf("busy got %d, bad got %d requests; want 1 each", len(busy.received()), len(bad.received()))
+	}
+	// Only a 503 left: relayed in OpenAI shape.
+	f2 := newFixture(t, spec(busy.srv.URL, "m"))
+	resp, body = f2.post(t, "/v1/chat/completions", chatBody)
+	if resp.StatusCode != 503 || !strings.Contains(string(body), `"message":"Loading model"`) {
+		t.Errorf("got %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestCacheSaltAndTenancy(t *testing.T) {
+	e := newFakeEngine(t)
+	plain := newFakeEngine(t)
+	s2 := spec(plain.srv.URL, "m")
+	s2.CacheSalt = false
+	f := newFixture(t, spec(e.srv.URL, "m"), s2)
+	// Without tenancy the client's cache_salt passes through unchanged.
+	body := `{"model":"m","cache_salt":"client","messages":[{"role":"user","content":"x"}]}`
+	f.post(t, "/v1/chat/completions", body)
+	if got := string(e.received()[0]); got != body {
+		t.Errorf("engine got %s, want %s", got, body)
+	}
+	// With an identity the tenant's salt overwrites it, and Settle is called once.
+	var settled []int
+	id := &tenant.Identity{Name: "t1", Salt: "tenant-salt", Models: []string{"m"},
+		Settle: func(p, c int) { settled = append(settled, p, c) }}
+	mw := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, r.WithContext(tenant.WithIdentity(r.Context(), id)))
+		})
+	}
+	f.inner = mw(f.h)
+	f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer secret")
+	if got := string(openai.Field(e.received()[1], "cache_salt")); got != `"tenant-salt"` {
+		t.Errorf("cache_salt sent = %s, want the tenant's", got)
+	}
+	if diff := cmp.Diff([]int{10, 2}, settled); diff != "" {
+		t.Errorf("settle (-want +got):\n%s", diff)
+	}
+	// A model outside the tenant's list is unknown to it.
+	id.Models = []string{"other"}
+	resp, _ := f.post(t, "/v1/chat/completions", body)
+	if resp.StatusCode != 404 {
+		t.Errorf("model outside the tenant's list: %d, want 404", resp.StatusCode)
+	}
+	// Endpoint labels restrict the candidates: none carries the label.
+	id.Models = nil
+	id.EndpointLabels = map[string]string{"pool": "gold"}
+	resp, _ = f.post(t, "/v1/chat/completions", body)
+	if resp.StatusCode != 404 {
+		t.Errorf("no endpoint with the tenant's labels: %d, want 404", resp.StatusCode)
+	}
+}
+
+func TestClientAbortFreesUpstream(t *testing.T) {
+	e := newFakeEngine(t)
+	e.hang, e.gone = make(chan struct{}), make(chan struct{})
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	resp, err := f.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read the first event, then go away.
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-e.gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("upstream request not cancelled after the client went away")
+	}
+	f.wait(t)
+	ep := f.pool.ByName(e.srv.URL)
+	if ep.InFlight() != 0 {
+		t.Errorf("in flight %d after abort", ep.InFlight())
+	}
+}
+
+func TestResponsesPinning(t *testing.T) {
+	a, b := newFakeEngine(t), newFakeEngine(t)
+	a.respID, b.respID = "resp_a", "resp_b"
+	f := newFixture(t, spec(a.srv.URL, "m"), spec(b.srv.URL, "m"))
+	// b created resp_b: put it first by making the picker prefer b once.
+	f.pk.order = []string{b.srv.URL, a.srv.URL}
+	resp, body := f.post(t, "/v1/responses", `{"model":"m","input":"hi"}`)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "resp_b") {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	f.pk.order = []string{a.srv.URL, b.srv.URL}
+	f.post(t, "/v1/responses", `{"model":"m","input":"more","previous_response_id":"resp_b"}`)
+	if len(b.received()) != 2 || len(a.received()) != 0 {
+		t.Errorf("a got %d, b got %d; want the follow-up pinned to b", len(a.received()), len(b.received()))
+	}
+}
+
+func TestModels(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m2", "m1"))
+	resp, err := f.srv.Client().Get(f.srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	defer f.wait(t)
+	var v struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Object != "list" || len(v.Data) != 2 || v.Data[0].ID != "m1" || v.Data[1].ID != "m2" {
+		t.Errorf("models = %+v", v)
+	}
+}
+
+func TestRewriteNormalisedPrompt(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	f.h.Rewrite = true
+	f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"  hello \r\n\r\n  world  "}]}`)
+	if got := string(openai.Field(e.received()[0], "messages")); got != `[{"role":"user","content":"hello\nworld"}]` {
+		t.Errorf("engine got messages %s", got)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Rewrites); n != 1 {
+		t.Errorf("rewrites = %v", n)
+	}
+}
