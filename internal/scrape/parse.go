@@ -1,0 +1,206 @@
+package scrape
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// names maps one engine's metric names to the Snapshot's fields. Each list is tried in order
+// (newer names first); counters are listed under both their _total and bare family names
+// because exporters disagree on which one the TYPE line carries.
+type names struct {
+	running, waiting, kvUsage []string
+	queries, hits             []string
+	// cacheInfo is an info gauge whose labels carry the block size and block count.
+	cacheInfo                   string
+	blockSizeLabel, blocksLabel string
+	// capacityTokens is a gauge of the KV capacity in tokens (used when cacheInfo is absent).
+	capacityTokens string
+}
+
+var engineNames = map[string]names{
+	"vllm": {
+		running: []string{"vllm:num_requests_running"},
+		waiting: []string{"vllm:num_requests_waiting"},
+		kvUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		queries: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"},
+		hits:    []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"},
+
+		cacheInfo: "vllm:cache_config_info", blockSizeLabel: "block_size", blocksLabel: "num_gpu_blocks",
+	},
+	"sglang": {
+		running: []string{"sglang:num_running_reqs"},
+		waiting: []string{"sglang:num_queue_reqs"},
+		kvUsage: []string{"sglang:token_usage"},
+		queries: []string{"sglang:prompt_tokens_total", "sglang:prompt_tokens"},
+		hits:    []string{"sglang:cached_tokens_total", "sglang:cached_tokens"},
+
+		cacheInfo: "sglang:cache_config_info", blockSizeLabel: "page_size", blocksLabel: "num_pages",
+		capacityTokens: "sglang:max_total_num_tokens",
+	},
+	"tgi": {
+		running: []string{"tgi_batch_current_size"},
+		waiting: []string{"tgi_queue_size"},
+	},
+	"llamacpp": {
+		running: []string{"llamacpp:requests_processing"},
+		waiting: []string{"llamacpp:requests_deferred"},
+		kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
+	},
+}
+
+// Supported reports whether Parse knows the engine's metric names.
+func Supported(engine string) bool {
+	_, ok := engineNames[engine]
+	return ok
+}
+
+// Parse reads an engine's Prometheus text exposition into a Snapshot taken at at. Load and
+// counter values are summed over label sets (data-parallel ranks, LoRA adapters); usage ratios
+// are averaged. A metric the engine does not expose leaves its field 0. KV capacity comes from
+// the cache_config_info labels (vLLM block_size x num_gpu_blocks, SGLang page_size x
+// num_pages; summed over ranks). An engine without known names, or text that is not the
+// Prometheus format, is an error.
+func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error) {
+	n, ok := engineNames[engine]
+	if !ok {
+		return nil, fmt.Errorf("no metric names known for engine %q", engine)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s metrics: %w", engine, err)
+	}
+	s := &endpoint.Snapshot{At: at}
+	if v, ok := sum(fams, n.running); ok {
+		s.Running = clampInt(v)
+	}
+	if v, ok := sum(fams, n.waiting); ok {
+		s.Waiting = clampInt(v)
+	}
+	if v, ok := mean(fams, n.kvUsage); ok {
+		s.KVUsage = min(max(v, 0), 1)
+	}
+	if v, ok := sum(fams, n.queries); ok {
+		s.PrefixQueries = v
+	}
+	if v, ok := sum(fams, n.hits); ok {
+		s.PrefixHits = v
+	}
+	if n.cacheInfo != "" {
+		s.BlockSize, s.NumGPUBlocks = cacheInfo(fams[n.cacheInfo], n.blockSizeLabel, n.blocksLabel)
+	}
+	if s.NumGPUBlocks == 0 && n.capacityTokens != "" {
+		if v, ok := sum(fams, []string{n.capacityTokens}); ok && v >= 1 {
+			s.BlockSize, s.NumGPUBlocks = 1, clampInt(v)
+		}
+	}
+	return s, nil
+}
+
+// value is a sample's value, whatever its type (histograms and summaries have none here).
+func value(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue(), true
+	case m.Counter != nil:
+		return m.Counter.GetValue(), true
+	case m.Untyped != nil:
+		return m.Untyped.GetValue(), true
+	}
+	return 0, false
+}
+
+// sum adds the finite values of the first family of names that has any.
+func sum(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
+	for _, name := range names {
+		f := fams[name]
+		if f == nil {
+			continue
+		}
+		total, found := 0.0, false
+		for _, m := range f.GetMetric() {
+			if v, ok := value(m); ok && finite(v) {
+				total += v
+				found = true
+			}
+		}
+		if found {
+			return total, true
+		}
+	}
+	return 0, false
+}
+
+// mean averages the finite values of the first family of names that has any.
+func mean(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
+	for _, name := range names {
+		f := fams[name]
+		if f == nil {
+			continue
+		}
+		total, n := 0.0, 0
+		for _, m := range f.GetMetric() {
+			if v, ok := value(m); ok && finite(v) {
+				total += v
+				n++
+			}
+		}
+		if n > 0 {
+			return total / float64(n), true
+		}
+	}
+	return 0, false
+}
+
+// cacheInfo reads the block size and the total block count from an info gauge's labels.
+func cacheInfo(f *dto.MetricFamily, sizeLabel, blocksLabel string) (blockSize, blocks int) {
+	for _, m := range f.GetMetric() {
+		var size, num int
+		for _, l := range m.GetLabel() {
+			v, err := strconv.Atoi(l.GetValue())
+			if err != nil || v < 0 {
+				continue
+			}
+			switch l.GetName() {
+			case sizeLabel:
+				size = v
+			case blocksLabel:
+				num = v
+			}
+		}
+		if size > 0 && num > 0 {
+			if blockSize == 0 {
+				blockSize = size
+			}
+			if size == blockSize && blocks <= (1<<40)-num {
+				blocks += num
+			}
+		}
+	}
+	if blocks == 0 {
+		return 0, 0
+	}
+	return blockSize, blocks
+}
+
+func finite(v float64) bool { return v == v && v < 1e300 && v > -1e300 }
+
+// clampInt converts a metric value to an int, clamped to [0, 1<<40].
+func clampInt(v float64) int {
+	switch {
+	case v <= 0:
+		return 0
+	case v >= 1<<40:
+		return 1 << 40
+	}
+	return int(v + 0.5)
+}

@@ -1,0 +1,267 @@
+package scrape
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// fakeEngine serves /health (and /v1/models) with a settable status and /metrics from a fixture.
+type fakeEngine struct {
+	status  atomic.Int32
+	checks  atomic.Int32
+	scrapes atomic.Int32
+	paths   chan string
+	metrics []byte
+	srv     *httptest.Server
+}
+
+func newFakeEngine(t *testing.T, fixture string) *fakeEngine {
+	t.Helper()
+	f := &fakeEngine{paths: make(chan string, 100)}
+	f.status.Store(http.StatusOK)
+	if fixture != "" {
+		b, err := os.ReadFile(filepath.Join("testdata", fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.metrics = b
+	}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case f.paths <- r.URL.Path:
+		default:
+		}
+		switch r.URL.Path {
+		case "/metrics":
+			f.scrapes.Add(1)
+			_, _ = w.Write(f.metrics)
+		default:
+			f.checks.Add(1)
+			code := int(f.status.Load())
+			w.WriteHeader(code)
+			if code == http.StatusServiceUnavailable {
+				_, _ = w.Write([]byte(`{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`))
+			}
+		}
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func onePool(t *testing.T, spec endpoint.Spec) (*endpoint.Pool, *endpoint.Endpoint) {
+	t.Helper()
+	p := endpoint.NewPool()
+	if _, err := p.Update([]endpoint.Spec{spec}); err != nil {
+		t.Fatal(err)
+	}
+	return p, p.ByName(spec.Name)
+}
+
+func TestProber_ThresholdsStepByStep(t *testing.T) {
+	eng := newFakeEngine(t, "")
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "llamacpp", MetricsPath: "/metrics"})
+	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 2, UnhealthyThreshold: 2, PassiveFailures: 3}, nil)
+	ctx := context.Background()
+
+	steps := []struct {
+		name        string
+		status      int
+		wantErr     bool
+		wantHealthy bool
+	}{
+		{"ok", 200, false, true},
+		{"loading once: still healthy", 503, true, true},
+		{"loading twice: unhealthy", 503, true, false},
+		{"ok once: still unhealthy", 200, false, false},
+		{"ok twice: healthy", 200, false, true},
+		{"one failure", 500, true, true},
+		{"a success resets the failure streak", 200, false, true},
+		{"one failure again: still healthy", 500, true, true},
+	}
+	for _, s := range steps {
+		eng.status.Store(int32(s.status))
+		err := pr.Check(ctx, ep)
+		if (err != nil) != s.wantErr {
+			t.Fatalf("%s: err = %v", s.name, err)
+		}
+		if ep.Healthy() != s.wantHealthy || ep.Available() != s.wantHealthy {
+			t.Fatalf("%s: healthy = %v, want %v", s.name, ep.Healthy(), s.wantHealthy)
+		}
+	}
+	if got := <-eng.paths; got != "/health" {
+		t.Errorf("llama.cpp health path = %q, want /health", got)
+	}
+	st := pr.Status(ep)
+	if !strings.Contains(st.LastCheckError, "Loading model") && !strings.Contains(st.LastCheckError, "status 500") {
+		t.Errorf("status = %+v, want the last error", st)
+	}
+	if st.ConsecutiveFailures != 1 {
+		t.Errorf("consecutive failures = %d, want 1", st.ConsecutiveFailures)
+	}
+}
+
+func TestProber_PassiveEjection(t *testing.T) {
+	eng := newFakeEngine(t, "")
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm"})
+	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 1, PassiveFailures: 3}, nil)
+
+	pr.ReportFailure(ep)
+	pr.ReportFailure(ep)
+	pr.ReportSuccess(ep) // the streak is broken
+	pr.ReportFailure(ep)
+	pr.ReportFailure(ep)
+	if !ep.Healthy() {
+		t.Fatal("ejected after 2 consecutive errors, want 3")
+	}
+	pr.ReportFailure(ep)
+	if ep.Healthy() {
+		t.Fatal("not ejected after 3 consecutive errors")
+	}
+	if got := pr.Status(ep).PassiveFailures; got != 3 {
+		t.Errorf("passive failures = %d, want 3", got)
+	}
+	// Until the next successful active check.
+	if err := pr.Check(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	if !ep.Healthy() {
+		t.Error("a successful check should bring it back")
+	}
+}
+
+func TestProber_GenericHealthPathAndOverride(t *testing.T) {
+	eng := newFakeEngine(t, "")
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "openai"})
+	pr := New(pool, eng.srv.Client(), Options{}, nil)
+	if err := pr.Check(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-eng.paths; got != "/v1/models" {
+		t.Errorf("generic health path = %q, want /v1/models", got)
+	}
+	pool2, ep2 := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm", HealthPath: "/ping"})
+	pr2 := New(pool2, eng.srv.Client(), Options{}, nil)
+	_ = pr2.Check(context.Background(), ep2)
+	if got := <-eng.paths; got != "/ping" {
+		t.Errorf("overridden health path = %q, want /ping", got)
+	}
+}
+
+func TestProber_CheckTimeoutAndRefused(t *testing.T) {
+	block := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-block:
+		case <-r.Context().Done():
+		}
+	}))
+	defer slow.Close()
+	defer close(block)
+	pool, ep := onePool(t, endpoint.Spec{Name: slow.URL, Engine: "vllm"})
+	pr := New(pool, slow.Client(), Options{HealthTimeout: 50 * time.Millisecond, UnhealthyThreshold: 1}, nil)
+	if err := pr.Check(context.Background(), ep); err == nil {
+		t.Fatal("a hung health check should time out")
+	}
+	if ep.Healthy() {
+		t.Error("a timed-out check with threshold 1 should mark the endpoint unhealthy")
+	}
+
+	dead := httptest.NewServer(http.NotFoundHandler())
+	url := dead.URL
+	dead.Close() // nothing listens there now
+	pool, ep = onePool(t, endpoint.Spec{Name: url, Engine: "vllm"})
+	pr = New(pool, nil, Options{UnhealthyThreshold: 1}, nil)
+	if err := pr.Check(context.Background(), ep); err == nil || ep.Healthy() {
+		t.Errorf("refused connection: err = %v healthy = %v, want an error and unhealthy", err, ep.Healthy())
+	}
+}
+
+func TestProber_Scrape(t *testing.T) {
+	eng := newFakeEngine(t, "vllm.txt")
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm", MetricsPath: "/metrics"})
+	now := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	pr := New(pool, eng.srv.Client(), Options{Now: func() time.Time { return now }}, nil)
+	if err := pr.Scrape(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	s := ep.Snapshot()
+	if s == nil || !s.At.Equal(now) || s.Running != 21 || ep.KVTokens() != 16*57672 {
+		t.Fatalf("snapshot = %+v, want the fixture stamped %v", s, now)
+	}
+
+	// Over the size limit: an error, and the old snapshot stays.
+	pr.SetOptions(Options{MaxMetricsBytes: 100, Now: func() time.Time { return now.Add(time.Second) }})
+	if err := pr.Scrape(context.Background(), ep); err == nil || !strings.Contains(err.Error(), "too large") {
+		t.Errorf("err = %v, want too large", err)
+	}
+	if ep.Snapshot() != s {
+		t.Error("a failed scrape replaced the snapshot")
+	}
+	if st := pr.Status(ep); !strings.Contains(st.LastScrapeError, "too large") {
+		t.Errorf("status = %+v, want the scrape error", st)
+	}
+}
+
+func TestProber_RunFollowsPool(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	eng := newFakeEngine(t, "sglang.txt")
+	eng2 := newFakeEngine(t, "tgi.txt")
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "sglang", MetricsPath: "/metrics"})
+	pr := New(pool, client, Options{HealthInterval: 10 * time.Millisecond, ScrapeInterval: 10 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pr.Run(ctx) }()
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(2 * time.Millisecond) // polling with a deadline
+		}
+	}
+	waitFor("the first scrape", func() bool { return ep.Snapshot() != nil })
+	if ep.Snapshot().Running != 37 {
+		t.Errorf("running = %d, want 37", ep.Snapshot().Running)
+	}
+	waitFor("repeated checks", func() bool { return eng.checks.Load() >= 3 })
+
+	// Swap the endpoint: the old one stops being probed, the new one starts.
+	if _, err := pool.Update([]endpoint.Spec{{Name: eng2.srv.URL, Engine: "tgi", MetricsPath: "/metrics"}}); err != nil {
+		t.Fatal(err)
+	}
+	ep2 := pool.ByName(eng2.srv.URL)
+	waitFor("the new endpoint's scrape", func() bool { return ep2.Snapshot() != nil })
+	waitFor("the removed endpoint's state dropped", func() bool { return pr.Status(ep).LastCheck.IsZero() })
+	if ep2.Snapshot().Waiting != 4 {
+		t.Errorf("tgi waiting = %d, want 4", ep2.Snapshot().Waiting)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	eng.srv.Close()
+	eng2.srv.Close()
+	client.CloseIdleConnections()
+}
