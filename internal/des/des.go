@@ -290,7 +290,7 @@ func (s *sim) loop(ctx context.Context) error {
 	for i := range s.records {
 		r := &s.w.reqs[i]
 		s.records[i] = report.Record{
-			ID: strconv.Itoa(i), Policy: s.policyName, EndpointID: -1,
+			ID: s.w.preqs[i].ID, Policy: s.policyName, EndpointID: -1,
 			Arrival: r.Arrival, PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens,
 		}
 	}
