@@ -2,12 +2,91 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/simserver"
 )
 
-// runSim is not built yet: this file is replaced by the verb's implementation.
-func runSim(_ context.Context, _ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kvroute: this command is not built yet")
-	return 1
+// runSim serves simulated vLLM instances until ctx ends (SIGINT, SIGTERM), then drains them.
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvroute sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o         simserver.Options
+		n         = fs.Int("instances", 1, "number of instances, served on ports `P`..P+N-1")
+		port      = fs.Int("port", 8000, "first instance's port (0: free ports)")
+		host      = fs.String("host", "127.0.0.1", "address to listen on")
+		drain     = fs.Duration("drain", 10*time.Second, "on shutdown, how long in-flight streams may finish")
+		verbose   = fs.Bool("v", false, "log every request (never its text)")
+		profNames []string
+	)
+	for _, p := range engine.Profiles() {
+		profNames = append(profNames, p.Name)
+	}
+	fs.StringVar(&o.Profile, "profile", simserver.DefaultProfile, "engine profile: "+strings.Join(profNames, ", "))
+	fs.StringVar(&o.Model, "model", simserver.DefaultModel, "served model name")
+	fs.Float64Var(&o.TimeScale, "time-scale", 1, "wall seconds per model second (0.1: ten times faster); reported durations stay in model time")
+	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the generated text and fault draws")
+	fs.IntVar(&o.BlockSize, "block-size", 0, "KV block size in tokens (0: the profile's)")
+	fs.IntVar(&o.KVBlocks, "kv-blocks", 0, "KV blocks per instance (0: the profile's)")
+	fs.IntVar(&o.MaxModelLen, "max-model-len", 131072, "prompt + output token limit")
+	fs.IntVar(&o.DefaultMaxTokens, "default-max-tokens", 256, "output tokens when a request gives no max_tokens")
+	fs.StringVar(&o.KVEvents, "kv-events", "", "ZMQ PUB endpoint of KV events, tcp://HOST:PORT (instance i uses PORT+i)")
+	fs.StringVar(&o.KVEventsReplay, "kv-events-replay", "", "ZMQ ROUTER replay endpoint, tcp://HOST:PORT (instance i uses PORT+i)")
+	fs.BoolVar(&o.Admin, "admin", false, "serve GET/POST /admin/faults on each instance")
+	fs.BoolVar(&o.Faults.Unhealthy, "unhealthy", false, "fault: /health answers 503")
+	fs.BoolVar(&o.Faults.Refuse, "refuse", false, "fault: close API connections without answering")
+	fs.Float64Var(&o.Faults.FailRate, "fail-rate", 0, "fault: fraction of API requests that fail at once")
+	fs.IntVar(&o.Faults.FailStatus, "fail-status", 503, "fault: status of failed requests (500 or 503)")
+	fs.Float64Var(&o.Faults.Slow, "slow", 1, "fault: every engine step takes FACTOR times longer")
+	fs.IntVar(&o.Faults.CutAfter, "cut-after", 0, "fault: cut every stream after N tokens (0: never)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvroute sim: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	fleet, err := simserver.StartFleet(ctx, o, *n, *host, *port)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
+		return 1
+	}
+	for i, u := range fleet.URLs() {
+		in := fleet.Instances()[i]
+		cfg := in.Config()
+		line := fmt.Sprintf("instance %d: %s model=%s profile=%s blocks=%dx%d time-scale=%g", i, u, in.Model(), cfg.Profile.Name, cfg.NumBlocks, cfg.BlockSize, o.TimeScale)
+		if pub, replay := in.KVEventsAddr(); pub != "" {
+			line += " kv-events=" + pub
+			if replay != "" {
+				line += " replay=" + replay
+			}
+		}
+		fmt.Fprintln(stdout, line)
+	}
+	<-ctx.Done()
+	fmt.Fprintln(stderr, "kvroute sim: shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	if err := fleet.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		fmt.Fprintf(stderr, "kvroute sim: shutdown: %v\n", err)
+		return 1
+	}
+	return 0
 }

@@ -1,0 +1,156 @@
+package simserver
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"time"
+)
+
+// DefaultProfile is the engine profile used when Options.Profile is empty.
+const DefaultProfile = "llama3-70b-h200-tp8"
+
+// DefaultModel is the served model name used when Options.Model is empty.
+const DefaultModel = "meta-llama/Llama-3.1-70B-Instruct"
+
+// Options configure one simulated instance (StartFleet gives each instance of a fleet the same
+// options, with its own KV-event ports).
+type Options struct {
+	// Profile names the engine profile (engine.Profiles); "" means DefaultProfile.
+	Profile string
+	// Model is the served model name that requests must ask for; "" means DefaultModel.
+	Model string
+	// TimeScale is wall seconds per model second: 0.1 runs ten times faster than the profile.
+	// 0 means 1. Every reported duration (metrics, logs) stays in model time.
+	TimeScale float64
+	// Seed makes the generated text (and fault draws) reproducible.
+	Seed uint64
+	// BlockSize and KVBlocks override the profile's KV block size (tokens) and block count.
+	BlockSize, KVBlocks int
+	// MaxModelLen bounds prompt + output tokens (0 means 131072, Llama 3.1's context).
+	MaxModelLen int
+	// DefaultMaxTokens is the output length when the request gives no max_tokens (0 means 256).
+	DefaultMaxTokens int
+	// KVEvents, when set, is the ZMQ PUB endpoint of KV events, e.g. "tcp://127.0.0.1:5557"
+	// (port 0: a free port). KVEventsReplay, when set, is the ROUTER replay endpoint.
+	KVEvents, KVEventsReplay string
+	// KVTopic is the topic frame of KV events; "" means "kv@<instance name>@<model>".
+	KVTopic string
+	// Name identifies the instance in logs and the KV topic ("" means "sim").
+	Name string
+	// Admin serves GET/POST /admin/faults.
+	Admin bool
+	// Faults is the initial fault state (see Instance.SetFaults to change it).
+	Faults Faults
+	// Now is the wall clock; nil means time.Now.
+	Now func() time.Time
+	// Logger receives request logs (never prompt text); nil discards them.
+	Logger *slog.Logger
+}
+
+// Faults make an instance misbehave, for testing a router's failover. The zero value is a
+// healthy instance.
+type Faults struct {
+	// Unhealthy makes GET /health answer 503.
+	Unhealthy bool `json:"unhealthy"`
+	// Refuse closes every API connection without an answer (as a crashed server would).
+	Refuse bool `json:"refuse"`
+	// FailRate is the fraction (0..1) of API requests answered with FailStatus at once.
+	FailRate float64 `json:"fail_rate"`
+	// FailStatus is the status of failed requests: 500 or 503 (0 means 503).
+	FailStatus int `json:"fail_status"`
+	// Slow stretches every engine step by this factor (0 or 1: normal speed); model-time
+	// durations grow with it, as on a throttled GPU.
+	Slow float64 `json:"slow"`
+	// CutAfter, when > 0, cuts every stream (closes the connection without [DONE]) after this
+	// many tokens; a non-streaming request is cut before its answer.
+	CutAfter int `json:"cut_after"`
+}
+
+// Validate returns every problem of f at once.
+func (f Faults) Validate() error {
+	var errs []error
+	if f.FailRate < 0 || f.FailRate > 1 || math.IsNaN(f.FailRate) {
+		errs = append(errs, fmt.Errorf("fail_rate %v: want a fraction in [0, 1]", f.FailRate))
+	}
+	if f.FailStatus != 0 && (f.FailStatus < 400 || f.FailStatus > 599) {
+		errs = append(errs, fmt.Errorf("fail_status %d: want an HTTP error status, 500 or 503", f.FailStatus))
+	}
+	if f.Slow < 0 || math.IsNaN(f.Slow) || math.IsInf(f.Slow, 0) {
+		errs = append(errs, fmt.Errorf("slow %v: want a factor >= 1 (0 for none)", f.Slow))
+	}
+	if f.CutAfter < 0 {
+		errs = append(errs, fmt.Errorf("cut_after %d: want a token count >= 0 (0 for none)", f.CutAfter))
+	}
+	return errors.Join(errs...)
+}
+
+func (f Faults) status() int {
+	if f.FailStatus == 0 {
+		return http.StatusServiceUnavailable
+	}
+	return f.FailStatus
+}
+
+func (f Faults) slow() float64 {
+	if f.Slow <= 0 {
+		return 1
+	}
+	return f.Slow
+}
+
+func (o Options) withDefaults() Options {
+	if o.Profile == "" {
+		o.Profile = DefaultProfile
+	}
+	if o.Model == "" {
+		o.Model = DefaultModel
+	}
+	if o.TimeScale == 0 {
+		o.TimeScale = 1
+	}
+	if o.MaxModelLen == 0 {
+		o.MaxModelLen = 131072
+	}
+	if o.DefaultMaxTokens == 0 {
+		o.DefaultMaxTokens = 256
+	}
+	if o.Name == "" {
+		o.Name = "sim"
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	var errs []error
+	if o.TimeScale < 0 || math.IsNaN(o.TimeScale) || math.IsInf(o.TimeScale, 0) {
+		errs = append(errs, fmt.Errorf("time scale %v: want a positive factor (0.1 runs ten times faster)", o.TimeScale))
+	}
+	if o.BlockSize < 0 {
+		errs = append(errs, fmt.Errorf("block size %d: want a positive token count (0: the profile's)", o.BlockSize))
+	}
+	if o.KVBlocks < 0 {
+		errs = append(errs, fmt.Errorf("kv blocks %d: want a positive block count (0: the profile's)", o.KVBlocks))
+	}
+	if o.MaxModelLen < 0 {
+		errs = append(errs, fmt.Errorf("max model len %d: want a positive token count", o.MaxModelLen))
+	}
+	if o.DefaultMaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("default max tokens %d: want a positive token count", o.DefaultMaxTokens))
+	}
+	if o.KVEventsReplay != "" && o.KVEvents == "" {
+		errs = append(errs, errors.New("kv events replay endpoint without a kv events endpoint: set both"))
+	}
+	if err := o.Faults.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("faults: %w", err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,322 @@
+package simserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/internal/openai"
+	"go.uber.org/goleak"
+)
+
+// zmq4 v0.17.0 never stops a PUB socket's writer goroutine (its Close does not close it).
+var zmqPubWriter = goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run")
+
+func startFleet(t *testing.T, opts Options, n int) *Fleet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f, err := StartFleet(ctx, opts, n, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatalf("StartFleet: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return f
+}
+
+// text returns n tokens' worth (4n bytes) of prompt text that starts with tag.
+func text(tag string, n int) string {
+	var b strings.Builder
+	b.WriteString(tag)
+	for i := 0; b.Len() < 4*n; i++ {
+		fmt.Fprintf(&b, " w%d", i%97)
+	}
+	return b.String()[:4*n]
+}
+
+func chatBody(model, content string, stream bool, maxTokens int, extra string) string {
+	c, _ := json.Marshal(content)
+	m, _ := json.Marshal(model)
+	return fmt.Sprintf(`{"model":%s,"messages":[{"role":"user","content":%s}],"stream":%v,"max_tokens":%d%s}`, m, c, stream, maxTokens, extra)
+}
+
+type streamResult struct {
+	status int
+	header http.Header
+	ttft   time.Duration // wall time to the first content chunk
+	chunks []map[string]any
+	done   bool
+	text   string
+	usage  *openai.Usage
+}
+
+func post(t *testing.T, url, path, body string) (*http.Response, time.Time) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	return resp, start
+}
+
+func streamCall(t *testing.T, url, path, body string) streamResult {
+	t.Helper()
+	resp, start := post(t, url, path, body)
+	defer resp.Body.Close()
+	res := streamResult{status: resp.StatusCode, header: resp.Header}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("POST %s: status %d: %s", path, resp.StatusCode, b)
+	}
+	rd := openai.NewSSEReader(resp.Body, 1<<16)
+	var sb strings.Builder
+	for range 100000 {
+		ev, err := rd.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("read stream: %v", err)
+		}
+		if ev.IsDone() {
+			res.done = true
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(ev.Data, &m); err != nil {
+			t.Fatalf("chunk %q: %v", ev.Data, err)
+		}
+		res.chunks = append(res.chunks, m)
+		if u, ok := openai.FindUsage(ev.Data); ok {
+			res.usage = &u
+		}
+		for _, c := range m["choices"].([]any) {
+			ch := c.(map[string]any)
+			s, _ := ch["text"].(string)
+			if d, ok := ch["delta"].(map[string]any); ok {
+				s, _ = d["content"].(string)
+			}
+			if s != "" && res.ttft == 0 {
+				res.ttft = time.Since(start)
+			}
+			sb.WriteString(s)
+		}
+	}
+	res.text = sb.String()
+	return res
+}
+
+func TestChatNonStreaming(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant", Seed: 7}, 1)
+	url := f.URLs()[0]
+	body := chatBody(DefaultModel, text("hello", 100), false, 5, "")
+	var first map[string]any
+	for i := range 2 {
+		resp, _ := post(t, url, "/v1/chat/completions", body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+		if resp.Header.Get("X-Request-Id") == "" {
+			t.Error("no x-request-id header")
+		}
+		var got map[string]any
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(got["id"].(string), "chatcmpl-") || got["object"] != "chat.completion" || got["model"] != DefaultModel {
+			t.Errorf("response head = id %v object %v model %v", got["id"], got["object"], got["model"])
+		}
+		ch := got["choices"].([]any)[0].(map[string]any)
+		msg := ch["message"].(map[string]any)
+		if ch["finish_reason"] != "length" || msg["role"] != "assistant" || len(msg["content"].(string)) != 5*4 {
+			t.Errorf("choice = %v", ch)
+		}
+		// 100 prompt tokens = 6 full blocks of 16; the second request hits them all (96 tokens).
+		wantCached := 0.0
+		if i == 1 {
+			wantCached = 96
+			if msg["content"] != first["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"] {
+				t.Error("the same request generated different text")
+			}
+		}
+		wantUsage := map[string]any{"prompt_tokens": 100.0 + 0, "completion_tokens": 5.0, "total_tokens": 105.0,
+			"prompt_tokens_details": map[string]any{"cached_tokens": wantCached}}
+		// the chat rendering adds the role tags: count them from the canonical prompt
+		req, err := openai.Parse(openai.KindChat, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := float64((len(req.CanonicalPrompt()) + 3) / 4)
+		wantUsage["prompt_tokens"], wantUsage["total_tokens"] = p, p+5
+		if diff := cmp.Diff(wantUsage, got["usage"]); diff != "" {
+			t.Errorf("request %d usage (-want +got):\n%s", i, diff)
+		}
+		first = got
+	}
+}
+
+func TestStreamingShapes(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant"}, 1)
+	url := f.URLs()[0]
+
+	chat := streamCall(t, url, "/v1/chat/completions", chatBody(DefaultModel, "hi there", true, 3, `,"stream_options":{"include_usage":true}`))
+	if !chat.done || len(chat.text) != 12 {
+		t.Errorf("chat stream: done %v text %q, want [DONE] and 3 tokens of 4 bytes", chat.done, chat.text)
+	}
+	// role chunk, 3 token chunks, usage chunk
+	if len(chat.chunks) != 5 {
+		t.Fatalf("chat stream: %d chunks, want 5: %v", len(chat.chunks), chat.chunks)
+	}
+	role := chat.chunks[0]["choices"].([]any)[0].(map[string]any)["delta"]
+	if diff := cmp.Diff(map[string]any{"role": "assistant", "content": ""}, role); diff != "" {
+		t.Errorf("role chunk (-want +got):\n%s", diff)
+	}
+	last := chat.chunks[3]["choices"].([]any)[0].(map[string]any)
+	if last["finish_reason"] != "length" || chat.chunks[3]["object"] != "chat.completion.chunk" {
+		t.Errorf("last token chunk = %v", chat.chunks[3])
+	}
+	if u := chat.usage; u == nil || u.CompletionTokens != 3 || u.PromptTokensDetails == nil || len(chat.chunks[4]["choices"].([]any)) != 0 {
+		t.Errorf("usage chunk = %v", chat.chunks[4])
+	}
+
+	comp := streamCall(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"once upon a time","stream":true,"max_tokens":4}`, DefaultModel))
+	if !comp.done || len(comp.chunks) != 4 || comp.usage != nil || len(comp.text) != 16 {
+		t.Errorf("completion stream: done %v, %d chunks, usage %v, text %q", comp.done, len(comp.chunks), comp.usage, comp.text)
+	}
+	if comp.chunks[0]["object"] != "text_completion" || !strings.HasPrefix(comp.chunks[0]["id"].(string), "cmpl-") {
+		t.Errorf("completion chunk = %v", comp.chunks[0])
+	}
+}
+
+func TestErrors(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant", MaxModelLen: 1000}, 1)
+	url := f.URLs()[0]
+	tests := []struct {
+		name, path, body string
+		status           int
+		param            string
+	}{
+		{"bad json", "/v1/chat/completions", `{"model":`, 400, ""},
+		{"unknown model", "/v1/chat/completions", chatBody("nope", "hi", false, 1, ""), 404, "model"},
+		{"too long", "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":5000}`, DefaultModel), 400, "max_tokens"},
+	}
+	for _, tt := range tests {
+		resp, _ := post(t, url, tt.path, tt.body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s: status %d, want %d (%s)", tt.name, resp.StatusCode, tt.status, b)
+			continue
+		}
+		var e struct{ Error openai.Error }
+		if err := json.Unmarshal(b, &e); err != nil || e.Error.Message == "" {
+			t.Errorf("%s: error body %s: %v", tt.name, b, err)
+		}
+		if tt.param != "" && (e.Error.Param == nil || *e.Error.Param != tt.param) {
+			t.Errorf("%s: param = %v, want %q", tt.name, e.Error.Param, tt.param)
+		}
+	}
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Object string
+		Data   []struct {
+			ID, Object  string
+			OwnedBy     string `json:"owned_by"`
+			MaxModelLen int    `json:"max_model_len"`
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&models)
+	resp.Body.Close()
+	if err != nil || models.Object != "list" || len(models.Data) != 1 || models.Data[0].ID != DefaultModel || models.Data[0].MaxModelLen != 1000 {
+		t.Errorf("/v1/models = %+v, %v", models, err)
+	}
+}
+
+// TestTTFTMatchesModel checks a lone request's first token against the engine model's
+// prediction, in real time and ten times faster.
+func TestTTFTMatchesModel(t *testing.T) {
+	for _, tc := range []struct {
+		scale  float64
+		tokens int
+	}{{1, 2000}, {0.1, 8000}} {
+		t.Run(fmt.Sprint("scale=", tc.scale), func(t *testing.T) {
+			f := startFleet(t, Options{TimeScale: tc.scale}, 1)
+			in, url := f.Instances()[0], f.URLs()[0]
+			body := fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":2}`, DefaultModel, text(fmt.Sprint(tc.scale), tc.tokens))
+			want := in.Predict(tc.tokens, 0)
+			// The best of three distinct prompts: a loaded test machine only ever adds delay.
+			best := time.Duration(1 << 62)
+			for i := range 3 {
+				body := strings.Replace(body, `"prompt":"`, fmt.Sprintf(`"prompt":"%d`, i), 1)
+				r := streamCall(t, url, "/v1/completions", body)
+				best = min(best, time.Duration(float64(r.ttft)/tc.scale))
+				if r.usage != nil {
+					t.Errorf("usage without include_usage")
+				}
+			}
+			if ratio := float64(best) / float64(want); ratio < 0.9 || ratio > 1.1 {
+				t.Errorf("TTFT %v (model time), predicted %v: ratio %.3f, want within 10%%", best, want, ratio)
+			} else {
+				t.Logf("TTFT %v (model time), predicted %v: ratio %.3f", best, want, ratio)
+			}
+		})
+	}
+}
+
+func TestMetricsAgreeWithUsage(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant", BlockSize: 16}, 1)
+	in, url := f.Instances()[0], f.URLs()[0]
+	var cached, prompt int
+	shared := text("system", 300)
+	for i := range 6 {
+		body := chatBody(DefaultModel, shared+text(fmt.Sprint(" q", i%3), 50+i), true, 2, `,"stream_options":{"include_usage":true}`)
+		r := streamCall(t, url, "/v1/chat/completions", body)
+		if r.usage == nil {
+			t.Fatal("no usage chunk")
+		}
+		cached += r.usage.PromptTokensDetails.CachedTokens
+		prompt += r.usage.PromptTokens
+	}
+	st := in.Stats()
+	if cached == 0 || int64(cached) != st.PrefixHitTokens || int64(prompt) != st.PrefixQueryTokens {
+		t.Errorf("usage: cached %d of %d prompt tokens; engine: hits %d of %d queries", cached, prompt, st.PrefixHitTokens, st.PrefixQueryTokens)
+	}
+	fams := scrape(t, url)
+	if got := fams["vllm:prefix_cache_hits_total"].GetMetric()[0].GetCounter().GetValue(); got != float64(cached) {
+		t.Errorf("vllm:prefix_cache_hits_total = %v, want %d (sum of cached_tokens)", got, cached)
+	}
+	if got := fams["vllm:prefix_cache_queries_total"].GetMetric()[0].GetCounter().GetValue(); got != float64(prompt) {
+		t.Errorf("vllm:prefix_cache_queries_total = %v, want %d (sum of prompt_tokens)", got, prompt)
+	}
+	if got := fams["vllm:time_to_first_token_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); got != 6 {
+		t.Errorf("TTFT samples = %d, want 6", got)
+	}
+}
+
+// TestMain checks that no test leaves a goroutine behind (servers, drivers, publishers,
+// client connections): every test closes its fleet in t.Cleanup, which runs after a deferred
+// goleak.VerifyNone would, so the check is done once for the package.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, zmqPubWriter)
+}
