@@ -1,0 +1,143 @@
+package discovery
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+func names(specs []endpoint.Spec) []string {
+	out := []string{}
+	for _, s := range specs {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+func TestMerge_FirstWins(t *testing.T) {
+	got := Merge(
+		[]endpoint.Spec{{Name: "a", Engine: "vllm"}, {Name: "b"}},
+		[]endpoint.Spec{{Name: "a", Engine: "sglang"}, {Name: "c"}},
+	)
+	if diff := cmp.Diff([]string{"a", "b", "c"}, names(got)); diff != "" {
+		t.Errorf("names (-want +got):\n%s", diff)
+	}
+	if got[0].Engine != "vllm" {
+		t.Errorf("a came from the later set: %+v", got[0])
+	}
+}
+
+func TestMerger_FeedsPool(t *testing.T) {
+	pool := endpoint.NewPool()
+	var removed []string
+	m := NewMerger(func(specs []endpoint.Spec) {
+		d, err := pool.Update(specs)
+		if err != nil {
+			t.Errorf("update: %v", err)
+		}
+		for _, e := range d.Removed {
+			removed = append(removed, e.Name)
+		}
+	})
+	m.Set("0-static", []endpoint.Spec{{Name: "http://s:1"}})
+	m.Set("file", []endpoint.Spec{{Name: "http://f:1"}, {Name: "http://s:1", Engine: "other"}})
+	s := pool.ByName("http://s:1")
+	if pool.Len() != 2 || s == nil || s.ID != 0 || s.Engine != "" {
+		t.Fatalf("pool has %d endpoints, s = %+v; want the static s (ID 0) and f", pool.Len(), s)
+	}
+	m.Set("file", nil)
+	if diff := cmp.Diff([]string{"http://f:1"}, removed); diff != "" {
+		t.Errorf("removed (-want +got):\n%s", diff)
+	}
+	if pool.ByName("http://s:1") != s {
+		t.Error("the static endpoint lost its object when the file changed")
+	}
+}
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFileSource_ReloadsAndKeepsOldOnBadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	write(t, path, "- url: http://10.0.0.1:8000\n  engine: vllm\n")
+	sets := make(chan []endpoint.Spec, 10)
+	errs := make(chan error, 10)
+	f := &FileSource{Path: path, Debounce: 5 * time.Millisecond, Poll: 20 * time.Millisecond,
+		OnError: func(err error) { errs <- err }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, func(s []endpoint.Spec) { sets <- s }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	next := func() []endpoint.Spec {
+		t.Helper()
+		select {
+		case s := <-sets:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("no endpoint set within 10s")
+			return nil
+		}
+	}
+	first := next()
+	want := []endpoint.Spec{{Name: "http://10.0.0.1:8000", Engine: "vllm", CacheSalt: true, MetricsPath: "/metrics"}}
+	if diff := cmp.Diff(want, first); diff != "" {
+		t.Errorf("first set (-want +got):\n%s", diff)
+	}
+
+	write(t, path, "- url: http://10.0.0.1:8000\n  engnie: vllm\n")
+	select {
+	case err := <-errs:
+		if !strings.Contains(err.Error(), `unknown key "engnie"`) {
+			t.Errorf("error = %v, want the bad key named", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a bad file was not reported")
+	}
+	if len(sets) != 0 {
+		t.Fatalf("a bad file emitted a set: %v", <-sets)
+	}
+
+	write(t, path, "endpoints:\n  - url: http://10.0.0.2:8000\n    engine: sglang\n  - url: http://10.0.0.3:8000\n")
+	if diff := cmp.Diff([]string{"http://10.0.0.2:8000", "http://10.0.0.3:8000"}, names(next())); diff != "" {
+		t.Errorf("after the fix (-want +got):\n%s", diff)
+	}
+}
+
+func TestFromConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "kvroute.yaml")
+	write(t, cfgPath, "discovery: {file: eps.yaml, poll_interval: 7s}\n")
+	c, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := FromConfig(c, nil)
+	if f == nil || f.Path != filepath.Join(dir, "eps.yaml") || f.Poll != 7*time.Second {
+		t.Errorf("file source = %+v", f)
+	}
+	c.Discovery.File = ""
+	if FromConfig(c, nil) != nil {
+		t.Error("no discovery.file: want nil")
+	}
+}
