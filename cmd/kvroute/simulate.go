@@ -2,12 +2,319 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/des"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
 )
 
-// runSimulate is not built yet: this file is replaced by the verb's implementation.
-func runSimulate(_ context.Context, _ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kvroute: this command is not built yet")
-	return 1
+// simulateFlags are the flags of `kvroute simulate`.
+type simulateFlags struct {
+	trace, workload, profile, policies string
+	instances, limit                   int
+	load, speedup                      float64
+	seed                               uint64
+	scrape, latency                    time.Duration
+	json                               bool
+}
+
+// policySpec is one policy to compare: its name, its parameters and its label in the report.
+type policySpec struct {
+	label, name string
+	params      policy.Params
+}
+
+// usageError marks a bad command line: exit status 2 rather than 1.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvroute simulate", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var f simulateFlags
+	fs.StringVar(&f.trace, "trace", "", "Mooncake JSONL trace to replay")
+	fs.StringVar(&f.workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
+	fs.IntVar(&f.instances, "instances", 8, "number of engine instances")
+	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile (model and hardware)")
+	fs.StringVar(&f.policies, "policies", "", "policies to compare, comma-separated, each NAME[:key=value,...] (default: all registered)")
+	fs.Float64Var(&f.load, "load", 0, "scale arrivals so that prefill work without cache hits is this fraction of the fleet's prefill capacity")
+	fs.Float64Var(&f.speedup, "speedup", 0, "divide arrival times by this factor (instead of --load; default 1)")
+	fs.IntVar(&f.limit, "limit", 0, "use only the first N requests (0: all)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the policies' randomness and of synthetic workloads")
+	fs.DurationVar(&f.scrape, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
+	fs.DurationVar(&f.latency, "network-latency", 0, "one-way router-engine latency")
+	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stdout, "usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]")
+			fmt.Fprintln(stdout, "\nReplays a workload on a fleet of modelled engines in virtual time, once per policy.")
+			fmt.Fprintln(stdout, "\nflags:")
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			fmt.Fprintln(stdout, "\nworkloads (--workload NAME:key=value,...):")
+			fmt.Fprint(stdout, workload.WorkloadHelp())
+			fmt.Fprintf(stdout, "\npolicies: %s\n", strings.Join(policy.Names(), ", "))
+			return 0
+		}
+		fmt.Fprintf(stderr, "kvroute simulate: %v (run 'kvroute simulate -h')\n", err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvroute simulate: unexpected argument %q (run 'kvroute simulate -h')\n", fs.Arg(0))
+		return 2
+	}
+	sum, err := simulate(ctx, &f)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute simulate: %s\n", oneLine(err))
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
+		return 1
+	}
+	if f.json {
+		err = report.WriteJSON(stdout, sum)
+	} else {
+		err = report.WriteTable(stdout, sum)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute simulate: %s\n", oneLine(err))
+		return 1
+	}
+	return 0
+}
+
+// oneLine keeps an error message on one line (errors.Join separates with newlines).
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
+
+// usageErr is a command-line problem.
+func usageErr(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// simulate checks the flags, loads the workload and runs every policy on it.
+func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
+	var errs []error
+	if (f.trace == "") == (f.workload == "") {
+		errs = append(errs, errors.New("give exactly one of --trace FILE or --workload NAME"))
+	}
+	if f.instances < 1 {
+		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", f.instances))
+	}
+	if f.load < 0 || f.speedup < 0 {
+		errs = append(errs, errors.New("--load and --speedup must be positive"))
+	}
+	if f.load > 0 && f.speedup > 0 {
+		errs = append(errs, errors.New("give --load or --speedup, not both"))
+	}
+	if f.limit < 0 {
+		errs = append(errs, fmt.Errorf("--limit %d: want 0 (all) or more", f.limit))
+	}
+	if f.scrape <= 0 {
+		errs = append(errs, fmt.Errorf("--scrape-interval %v: want a positive duration such as 200ms", f.scrape))
+	}
+	if f.latency < 0 {
+		errs = append(errs, fmt.Errorf("--network-latency %v: want 0 or more", f.latency))
+	}
+	prof, err := engine.LookupProfile(f.profile)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--profile: %w", err))
+	}
+	specs, err := parsePolicies(f.policies)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--policies: %w", err))
+	}
+	if len(errs) > 0 {
+		return nil, usageError{errors.Join(errs...)}
+	}
+
+	var (
+		reqs []workload.Request
+		name string
+	)
+	if f.trace != "" {
+		name = filepath.Base(f.trace)
+		reqs, err = workload.LoadMooncake(f.trace)
+	} else {
+		name = f.workload
+		reqs, err = workload.Generate(f.workload, f.seed)
+		if err != nil {
+			err = usageError{fmt.Errorf("--workload: %w", err)}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if f.limit > 0 && f.limit < len(reqs) {
+		reqs = reqs[:f.limit]
+	}
+	if len(reqs) == 0 {
+		return nil, errors.New("the workload has no requests")
+	}
+	speedup := f.speedup
+	if f.load > 0 {
+		speedup, err = speedupForLoad(reqs, prof, f.instances, f.load)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if speedup == 0 {
+		speedup = 1
+	}
+	reqs = workload.Speedup(reqs, speedup)
+
+	fleet := des.ProfileFleet(prof, f.instances)
+	fleet.ScrapeInterval = f.scrape
+	fleet.NetworkLatency = f.latency
+	fleet.Seed = f.seed
+
+	sum := &report.Summary{
+		Scenario: report.Scenario{
+			Workload: name, Requests: len(reqs), Instances: f.instances, Profile: prof.Name,
+			Speedup: speedup, Seed: int64(f.seed),
+			Load:             offeredLoad(reqs, prof, f.instances),
+			ScrapeIntervalMS: float64(f.scrape) / float64(time.Millisecond),
+		},
+		Results: make([]report.Result, len(specs)),
+	}
+	w := des.Prepare(reqs, fleet.Model, fleet.BlockSize)
+
+	// One simulation per policy, at most one per CPU at a time, plus the bounds beside them.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg      sync.WaitGroup
+		errsMu  sync.Mutex
+		runErrs = make([]error, len(specs))
+		sem     = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+	)
+	wg.Go(func() {
+		sum.Bounds.InfiniteCacheHitRate = workload.InfiniteCacheHitRate(reqs, prof.BlockSize)
+		sum.Bounds.PooledLRUHitRate = workload.LRUHitRate(reqs, prof.BlockSize, f.instances*prof.KVTokens())
+	})
+	for i, sp := range specs {
+		wg.Go(func() {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-sem }()
+			start := time.Now()
+			res, err := des.Run(ctx, fleet, w, sp.label, des.Named(sp.name, sp.params))
+			if err != nil {
+				errsMu.Lock()
+				runErrs[i] = fmt.Errorf("policy %s: %w", sp.label, err)
+				errsMu.Unlock()
+				cancel()
+				return
+			}
+			r := report.Summarize(sp.label, res.Records, res.Busy)
+			r.Preemptions = res.Preemptions()
+			r.WallSeconds = time.Since(start).Seconds()
+			sum.Results[i] = r
+		})
+	}
+	wg.Wait()
+	for _, err := range runErrs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("simulation interrupted: %w", err)
+	}
+	return sum, nil
+}
+
+// parsePolicies splits "a,b:k=v,k2=v2,c" into policy specs: a comma-separated piece that holds
+// "=" but no ":" continues the previous policy's parameters. Every policy is built once here so
+// that an unknown name or a bad parameter is reported before any work. Empty means every
+// registered policy.
+func parsePolicies(s string) ([]policySpec, error) {
+	var pieces []string
+	if strings.TrimSpace(s) == "" {
+		pieces = policy.Names()
+	} else {
+		for p := range strings.SplitSeq(s, ",") {
+			if n := len(pieces); n > 0 && strings.Contains(p, "=") && !strings.Contains(p, ":") {
+				pieces[n-1] += "," + p
+				continue
+			}
+			pieces = append(pieces, p)
+		}
+	}
+	specs := make([]policySpec, 0, len(pieces))
+	seen := map[string]bool{}
+	var errs []error
+	for _, p := range pieces {
+		name, params, err := policy.ParseSpec(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		label := strings.TrimSpace(p)
+		if seen[label] {
+			errs = append(errs, fmt.Errorf("policy %q given twice", label))
+			continue
+		}
+		seen[label] = true
+		if _, err := policy.New(name, params, policy.Env{}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		specs = append(specs, policySpec{label: label, name: name, params: params})
+	}
+	return specs, errors.Join(errs...)
+}
+
+// prefillWork is the prefill time of every prompt on an idle engine with an empty cache.
+func prefillWork(reqs []workload.Request, p engine.Profile) time.Duration {
+	var work time.Duration
+	for i := range reqs {
+		work += p.UnloadedTTFT(reqs[i].PromptTokens, 0)
+	}
+	return work
+}
+
+// span is the time from the first arrival to the last.
+func span(reqs []workload.Request) time.Duration {
+	lo, hi := reqs[0].Arrival, reqs[0].Arrival
+	for i := range reqs {
+		lo = min(lo, reqs[i].Arrival)
+		hi = max(hi, reqs[i].Arrival)
+	}
+	return hi - lo
+}
+
+// speedupForLoad is the factor K by which arrivals must be compressed for the prefill work
+// without cache hits to be load times the fleet's prefill capacity: work / (span / K) = load x n.
+func speedupForLoad(reqs []workload.Request, p engine.Profile, n int, load float64) (float64, error) {
+	d := span(reqs)
+	work := prefillWork(reqs, p)
+	if d <= 0 || work <= 0 {
+		return 0, usageErr("--load needs a workload whose arrivals spread over time and a profile with a prefill cost (use --speedup)")
+	}
+	return load * float64(n) * d.Seconds() / work.Seconds(), nil
+}
+
+// offeredLoad is the prefill work without cache hits over the fleet's capacity during the
+// (already scaled) arrivals' span; 0 when undefined.
+func offeredLoad(reqs []workload.Request, p engine.Profile, n int) float64 {
+	d := span(reqs)
+	if d <= 0 {
+		return 0
+	}
+	return prefillWork(reqs, p).Seconds() / d.Seconds() / float64(n)
 }

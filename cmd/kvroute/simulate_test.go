@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/internal/report"
+)
+
+// writeTrace writes n Mooncake lines: every request starts with block 0, and requests in the
+// same group of four share a second block.
+func writeTrace(t *testing.T, n int) string {
+	t.Helper()
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [0, %d, %d]}`+"\n",
+			i*50, 1100+i%7, 5+i%11, 1+i%4, 100+i)
+	}
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func runCmd(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(context.Background(), append([]string{"simulate"}, args...), &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestSimulateErrors(t *testing.T) {
+	good := writeTrace(t, 3)
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n{\"timestamp\": 1, \"input_length\": \"x\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		args     []string
+		code     int
+		contains []string
+	}{
+		{"bad trace line", []string{"--trace", bad}, 1, []string{"line 2", "input_length"}},
+		{"missing trace", []string{"--trace", filepath.Join(t.TempDir(), "none.jsonl")}, 1, []string{"none.jsonl"}},
+		{"unknown policy", []string{"--trace", good, "--policies", "round-robin,nope"}, 2, []string{`"nope"`, "round-robin", "least-request"}},
+		{"unknown profile", []string{"--trace", good, "--profile", "gpt-9"}, 2, []string{`"gpt-9"`, "llama3-70b-h200-tp8", "instant"}},
+		{"zero instances", []string{"--trace", good, "--instances", "0"}, 2, []string{"--instances 0"}},
+		{"negative instances", []string{"--trace", good, "--instances", "-3"}, 2, []string{"--instances -3"}},
+		{"no workload", nil, 2, []string{"--trace"}},
+		{"both load and speedup", []string{"--trace", good, "--load", "0.5", "--speedup", "2"}, 2, []string{"not both"}},
+		{"unknown workload", []string{"--workload", "nope"}, 2, []string{`"nope"`, "shared-prefix"}},
+		{"trace and workload", []string{"--trace", good, "--workload", "shared-prefix"}, 2, []string{"exactly one"}},
+		{"bad flag", []string{"--trace", good, "--instances", "many"}, 2, []string{"instances"}},
+		{"bad policy parameter", []string{"--trace", good, "--policies", "round-robin:x=1"}, 2, []string{`"x"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, stdout, stderr := runCmd(tt.args...)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tt.code, stderr)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q, want nothing", stdout)
+			}
+			if strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "kvroute simulate: ") {
+				t.Errorf("stderr %q, want one line starting with the command", stderr)
+			}
+			for _, s := range tt.contains {
+				if !strings.Contains(stderr, s) {
+					t.Errorf("stderr %q lacks %q", stderr, s)
+				}
+			}
+		})
+	}
+}
+
+func TestSimulateJSON(t *testing.T) {
+	trace := writeTrace(t, 40)
+	args := []string{"--trace", trace, "--instances", "2", "--profile", "llama3-8b-h100-tp1",
+		"--policies", "round-robin,least-request", "--load", "0.5", "--seed", "7", "--json"}
+	code, stdout, stderr := runCmd(args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var s report.Summary
+	if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+		t.Fatalf("stdout is not the JSON summary: %v\n%s", err, stdout)
+	}
+	sc := s.Scenario
+	if sc.Workload != "trace.jsonl" || sc.Requests != 40 || sc.Instances != 2 || sc.Profile != "llama3-8b-h100-tp1" || sc.Seed != 7 {
+		t.Errorf("scenario %+v", sc)
+	}
+	// --load 0.5 is met by construction.
+	if sc.Speedup <= 0 || sc.Load < 0.499 || sc.Load > 0.501 {
+		t.Errorf("speedup %v load %v, want a positive speed-up giving load 0.5", sc.Speedup, sc.Load)
+	}
+	// 40 prompts of 1100 + i%7 tokens (44,115 in all) as three 512-token workload blocks: block
+	// 0 shared by all, block 1+i%4 by a group of ten, the last one unique. One infinite cache
+	// misses block 0 once and each group's block once: 39 + 36 hits of 512 tokens.
+	if b, want := s.Bounds.InfiniteCacheHitRate, 38400.0/44115.0; math.Abs(b-want) > 1e-9 {
+		t.Errorf("infinite-cache bound %v, want %v", b, want)
+	}
+	if s.Bounds.PooledLRUHitRate > s.Bounds.InfiniteCacheHitRate+1e-12 {
+		t.Errorf("pooled LRU bound %v above the infinite one %v", s.Bounds.PooledLRUHitRate, s.Bounds.InfiniteCacheHitRate)
+	}
+	if len(s.Results) != 2 || s.Results[0].Policy != "round-robin" || s.Results[1].Policy != "least-request" {
+		t.Fatalf("results %+v, want round-robin then least-request", s.Results)
+	}
+	for _, r := range s.Results {
+		if r.Completed != 40 || r.Failed != 0 {
+			t.Errorf("%s: completed %d failed %d, want 40 and 0", r.Policy, r.Completed, r.Failed)
+		}
+		if r.HitRate <= 0 || r.HitRate > s.Bounds.InfiniteCacheHitRate+1e-9 {
+			t.Errorf("%s: hit rate %v, want in (0, bound %v]", r.Policy, r.HitRate, s.Bounds.InfiniteCacheHitRate)
+		}
+		if r.TTFT.P50 <= 0 || r.TTFT.P99 < r.TTFT.P50 || r.E2E.Mean < r.TTFT.Mean {
+			t.Errorf("%s: implausible latencies ttft %+v e2e %+v", r.Policy, r.TTFT, r.E2E)
+		}
+		if len(r.InstanceBusyFraction) != 2 || r.LoadImbalance < 1 || r.ThroughputTokensPerS <= 0 {
+			t.Errorf("%s: busy %v imbalance %v throughput %v", r.Policy, r.InstanceBusyFraction, r.LoadImbalance, r.ThroughputTokensPerS)
+		}
+	}
+
+	// The same command twice gives the same JSON apart from wall_seconds.
+	_, again, _ := runCmd(args...)
+	var s2 report.Summary
+	if err := json.Unmarshal([]byte(again), &s2); err != nil {
+		t.Fatal(err)
+	}
+	for i := range s.Results {
+		s.Results[i].WallSeconds, s2.Results[i].WallSeconds = 0, 0
+	}
+	if diff := cmp.Diff(s, s2); diff != "" {
+		t.Errorf("second run differs (-first +second):\n%s", diff)
+	}
+}
+
+func TestSimulateTable(t *testing.T) {
+	code, stdout, stderr := runCmd("--trace", writeTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"6 requests", "2 x llama3-70b-h200-tp8", "hit rate", "  random ", "  round-robin "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+func TestSimulateGeneratedWorkload(t *testing.T) {
+	args := []string{"--workload", "prefix-repetition:n=60,prefixes=3", "--instances", "3", "--speedup", "2",
+		"--policies", "round-robin", "--json"}
+	code, stdout, stderr := runCmd(args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var s report.Summary
+	if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Scenario.Requests != 60 || s.Scenario.Speedup != 2 || s.Scenario.Workload != "prefix-repetition:n=60,prefixes=3" {
+		t.Errorf("scenario %+v", s.Scenario)
+	}
+	if r := s.Results[0]; r.Completed != 60 || r.HitRate <= 0 {
+		t.Errorf("round-robin: completed %d hit rate %v, want 60 and some hits on 3 shared prefixes", r.Completed, r.HitRate)
+	}
+}
+
+func TestParsePolicies(t *testing.T) {
+	specs, err := parsePolicies("round-robin, random,power-of-two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range specs {
+		got = append(got, s.label+"="+s.name)
+	}
+	if diff := cmp.Diff([]string{"round-robin=round-robin", "random=random", "power-of-two=power-of-two"}, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	// Parameters after a colon continue across commas: the error names both parameters.
+	_, err = parsePolicies("round-robin:a=1,b=2,random")
+	if err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), `"b"`) {
+		t.Errorf("err %v, want round-robin rejecting a and b", err)
+	}
+	if _, err := parsePolicies("random,random"); err == nil {
+		t.Error("a policy given twice: no error")
+	}
+	all, err := parsePolicies("")
+	if err != nil || len(all) < 4 {
+		t.Errorf("default: %d policies, err %v; want every registered one", len(all), err)
+	}
+}
+
+func TestSimulateMooncakeSample(t *testing.T) {
+	const trace = "../../../shared/traces/mooncake/conversation_trace.jsonl"
+	if _, err := os.Stat(trace); err != nil {
+		t.Skip("Mooncake trace not present")
+	}
+	code, stdout, stderr := runCmd("--trace", trace, "--limit", "400", "--instances", "4",
+		"--policies", "round-robin", "--load", "0.7", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var s report.Summary
+	if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Results[0]
+	if r.Completed+r.Failed != 400 || r.HitRate > s.Bounds.InfiniteCacheHitRate {
+		t.Errorf("completed %d failed %d hit rate %v (bound %v)", r.Completed, r.Failed, r.HitRate, s.Bounds.InfiniteCacheHitRate)
+	}
+}
