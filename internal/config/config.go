@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -460,9 +463,8 @@ type endpointFile struct {
 // (the keys of endpoints[] in the config), or a mapping with an endpoints key.
 func ParseEndpoints(data []byte) ([]Endpoint, error) {
 	var f endpointFile
-	trimmed := strings.TrimSpace(string(data))
 	var err error
-	if strings.HasPrefix(trimmed, "-") || strings.HasPrefix(trimmed, "[") {
+	if js, jerr := yaml.YAMLToJSONStrict(data); jerr == nil && bytes.HasPrefix(bytes.TrimSpace(js), []byte("[")) {
 		err = decodeStrict(data, &f.Endpoints)
 	} else {
 		err = decodeStrict(data, &f)

@@ -298,3 +298,25 @@ func FuzzParse(f *testing.F) {
 		_, _ = ParseEndpoints(data)
 	})
 }
+
+// TestExamples loads the annotated examples, so that they never drift from the code.
+func TestExamples(t *testing.T) {
+	for _, name := range []string{"kvroute.yaml", "kvroute-tenants.yaml"} {
+		c, err := Load(filepath.Join("..", "..", "examples", name))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if len(c.Warnings) != 0 {
+			t.Errorf("%s: warnings %q", name, c.Warnings)
+		}
+	}
+	data, err := os.ReadFile(filepath.Join("..", "..", "examples", "endpoints.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := ParseEndpoints(data)
+	if err != nil || len(eps) != 2 {
+		t.Errorf("endpoints.yaml: %d endpoints, %v", len(eps), err)
+	}
+}
