@@ -95,6 +95,7 @@ func TestTrace(t *testing.T) {
 	reqs := loadTrace(t)
 	t.Run("figures", func(t *testing.T) { checkTraceFigures(t, reqs) })
 	t.Run("bounds", func(t *testing.T) { checkTraceBounds(t, reqs) })
+	t.Run("analyze", func(t *testing.T) { checkTraceAnalyze(t, reqs) })
 }
 
 // checkTraceFigures checks the reader against the figures in the trace's README.

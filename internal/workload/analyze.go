@@ -1,0 +1,240 @@
+package workload
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// Percentiles summarises a length distribution in tokens. A percentile p is the value of rank
+// floor(p*(n-1)) in ascending order (numpy's "lower" method), so it is always a seen value.
+type Percentiles struct {
+	P50  int     `json:"p50"`
+	P90  int     `json:"p90"`
+	P99  int     `json:"p99"`
+	Max  int     `json:"max"`
+	Mean float64 `json:"mean"`
+}
+
+func percentiles(v []int) Percentiles {
+	if len(v) == 0 {
+		return Percentiles{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	at := func(p float64) int { return s[int(p*float64(len(s)-1))] }
+	var sum int64
+	for _, x := range s {
+		sum += int64(x)
+	}
+	return Percentiles{P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: s[len(s)-1], Mean: float64(sum) / float64(len(s))}
+}
+
+// Repeat is the share of requests whose first Blocks workload blocks an earlier request already sent.
+type Repeat struct {
+	Blocks int     `json:"blocks"`
+	Share  float64 `json:"share"`
+}
+
+// RepeatBlocks are the prefix lengths, in workload blocks, that Stats.Repeats reports.
+func RepeatBlocks() []int { return []int{1, 2, 4, 8} }
+
+// AnalyzeOptions says how to measure the cache bounds.
+type AnalyzeOptions struct {
+	// BlockSize is the engine's KV block size in tokens (vLLM: 16); at least 1.
+	BlockSize int
+	// CapacityTokens is the fleet's pooled KV capacity in tokens (instances x per-instance
+	// tokens), the size of the LRU bound; 0 skips it.
+	CapacityTokens int
+}
+
+// Stats is what `kvroute analyze` reports about a workload.
+type Stats struct {
+	Requests    int           `json:"requests"`
+	Duration    time.Duration `json:"duration_ns"` // first to last arrival
+	Rate        float64       `json:"rate_per_s"`  // requests per second over Duration; 0 when Duration is 0
+	Prompt      Percentiles   `json:"prompt_tokens"`
+	Output      Percentiles   `json:"output_tokens"`
+	PromptTotal int64         `json:"prompt_tokens_total"`
+	BlockTokens int           `json:"block_tokens"` // the workload's block size; 0 when requests differ
+	// DistinctBlocks counts distinct prefixes-up-to-a-block (workload blocks at their position).
+	DistinctBlocks int `json:"distinct_blocks"`
+	// WorkingSetTokens is the tokens those blocks hold: what a cache needs to keep every prefix.
+	WorkingSetTokens int64 `json:"working_set_tokens"`
+	// CommonBlocks is the number of leading workload blocks every request shares (a system prompt).
+	CommonBlocks int `json:"common_blocks"`
+	// Repeats gives, for each of RepeatBlocks, the share of requests repeating that many blocks.
+	Repeats []Repeat `json:"repeats"`
+	// RepeatBeyondCommon is the share of requests that repeat more than CommonBlocks blocks: the
+	// reuse that placement decides (a prefix every request shares is cached everywhere anyway).
+	RepeatBeyondCommon float64 `json:"repeat_beyond_common"`
+	// CommonHitShare is the share of prompt tokens any cache serves from that common prefix
+	// alone, wherever requests go (whole engine blocks, every request but the first).
+	CommonHitShare float64 `json:"common_hit_share"`
+	BlockSize      int     `json:"engine_block_size"`
+	CapacityTokens int     `json:"capacity_tokens"`
+	// InfiniteHitRate and LRUHitRate are InfiniteCacheHitRate and LRUHitRate (pooled capacity).
+	InfiniteHitRate float64 `json:"infinite_hit_rate"`
+	LRUHitRate      float64 `json:"lru_hit_rate"`
+	Verdict         string  `json:"verdict"`
+}
+
+// Analyze measures a workload: sizes, timing, prefix reuse and the cache bounds, and a verdict
+// on whether prefix-aware routing is likely to pay off. A BlockSize below 1 is taken as 16.
+func Analyze(reqs []Request, opt AnalyzeOptions) Stats {
+	if opt.BlockSize < 1 {
+		opt.BlockSize = 16
+	}
+	s := Stats{Requests: len(reqs), BlockSize: opt.BlockSize, CapacityTokens: opt.CapacityTokens}
+	if len(reqs) == 0 {
+		s.Verdict = s.verdict()
+		return s
+	}
+	order := arrivalOrder(reqs)
+	s.Duration = reqs[order[len(order)-1]].Arrival - reqs[order[0]].Arrival
+	if s.Duration > 0 {
+		s.Rate = float64(len(reqs)) / s.Duration.Seconds()
+	}
+	prompts, outputs := make([]int, len(reqs)), make([]int, len(reqs))
+	s.BlockTokens = reqs[0].BlockTokens
+	for i := range reqs {
+		prompts[i], outputs[i] = reqs[i].PromptTokens, reqs[i].OutputTokens
+		s.PromptTotal += int64(reqs[i].PromptTokens)
+		if reqs[i].BlockTokens != s.BlockTokens {
+			s.BlockTokens = 0
+		}
+	}
+	s.Prompt, s.Output = percentiles(prompts), percentiles(outputs)
+
+	// tokens maps each prefix-up-to-a-block (chained hash) to the most tokens a request had in it.
+	tokens := map[uint64]int{}
+	repeats := make([]int, len(RepeatBlocks()))
+	var runs []int
+	common := -1
+	var first []uint64 // the first request's chained hashes, to find the common prefix
+	for n, i := range order {
+		r := &reqs[i]
+		run, missed := 0, false
+		var h uint64
+		for b, id := range r.Blocks {
+			h = prefix.Next(h, id)
+			in := min(r.BlockTokens, r.PromptTokens-b*r.BlockTokens)
+			if in <= 0 {
+				break
+			}
+			held, ok := tokens[h]
+			if !missed && ok {
+				run++
+			} else {
+				missed = true
+			}
+			if !ok || in > held {
+				tokens[h] = in
+			}
+			if n == 0 {
+				first = append(first, h)
+			} else if b < common && h != first[b] {
+				common = b
+			}
+		}
+		if n == 0 {
+			common = len(first)
+		} else {
+			common = min(common, len(r.Blocks))
+		}
+		for k, want := range RepeatBlocks() {
+			if run >= want {
+				repeats[k]++
+			}
+		}
+		runs = append(runs, run)
+	}
+	s.CommonBlocks = max(common, 0)
+	if len(reqs) == 1 {
+		s.CommonBlocks = 0 // nothing is shared with anyone
+	}
+	for _, t := range tokens {
+		s.WorkingSetTokens += int64(t)
+	}
+	s.DistinctBlocks = len(tokens)
+	for k, want := range RepeatBlocks() {
+		s.Repeats = append(s.Repeats, Repeat{Blocks: want, Share: float64(repeats[k]) / float64(len(reqs))})
+	}
+	beyond := 0
+	for _, run := range runs {
+		if run > s.CommonBlocks {
+			beyond++
+		}
+	}
+	s.RepeatBeyondCommon = float64(beyond) / float64(len(reqs))
+	if s.BlockTokens > 0 && len(reqs) > 1 {
+		var commonHit int64
+		for _, i := range order[1:] {
+			commonHit += int64(min(s.CommonBlocks*s.BlockTokens, reqs[i].PromptTokens) / opt.BlockSize * opt.BlockSize)
+		}
+		s.CommonHitShare = float64(commonHit) / float64(s.PromptTotal)
+	}
+	s.InfiniteHitRate = InfiniteCacheHitRate(reqs, opt.BlockSize)
+	if opt.CapacityTokens > 0 {
+		s.LRUHitRate = LRUHitRate(reqs, opt.BlockSize, opt.CapacityTokens)
+	}
+	s.Verdict = s.verdict()
+	return s
+}
+
+// verdict says in a few sentences whether prefix-aware routing is likely to pay off, and why.
+// Rule of thumb: it pays when more than half the requests repeat a prefix beyond the one every
+// request shares (which every instance caches anyway, wherever requests go), or when those
+// repeats, though fewer, are long enough that a cache of the fleet's size could serve at least
+// a fifth of all prompt tokens beyond the shared prefix.
+func (s Stats) verdict() string {
+	if s.Requests == 0 {
+		return "no requests: nothing to route"
+	}
+	beyond := fmt.Sprintf("%.0f%% of requests repeat a prefix", 100*s.RepeatBeyondCommon)
+	if s.CommonBlocks > 0 {
+		beyond += fmt.Sprintf(" longer than the %d block(s) all requests share", s.CommonBlocks)
+	}
+	hit, where := s.InfiniteHitRate, "an unbounded cache"
+	if s.CapacityTokens > 0 {
+		hit, where = s.LRUHitRate, "a cache of the fleet's pooled size"
+	}
+	placed := max(hit-s.CommonHitShare, 0) // the hits that depend on placement
+	cached := fmt.Sprintf("%s could serve %.0f%% of prompt tokens (an unbounded one %.0f%%)", where, 100*hit, 100*s.InfiniteHitRate)
+	if s.CommonHitShare > 0 {
+		cached += fmt.Sprintf(", %.0f%% beyond the shared prefix", 100*placed)
+	}
+	var parts []string
+	switch {
+	case s.RepeatBeyondCommon > 0.5 && placed >= 0.05:
+		parts = append(parts, fmt.Sprintf("prefix-aware routing is likely to pay off: %s, and %s", beyond, cached))
+	case placed >= 0.2:
+		parts = append(parts, fmt.Sprintf("prefix-aware routing is likely to pay off: only %s, but those prompts are long: %s", beyond, cached))
+	default:
+		parts = append(parts, fmt.Sprintf("prefix-aware routing is unlikely to pay off: %s, and %s; load-aware routing (least-request) should do about as well", beyond, cached))
+	}
+	if s.CapacityTokens > 0 && s.WorkingSetTokens > 2*int64(s.CapacityTokens) {
+		parts = append(parts, fmt.Sprintf("the working set (%s tokens) is %.1fx the fleet's KV cache (%s tokens): eviction will cut hits, so capacity and eviction matter as much as placement",
+			humanCount(float64(s.WorkingSetTokens)), float64(s.WorkingSetTokens)/float64(s.CapacityTokens), humanCount(float64(s.CapacityTokens))))
+	}
+	if s.CommonBlocks > 0 && s.Requests > 1 {
+		parts = append(parts, fmt.Sprintf("every request starts with the same %d block(s): a router that keys on the first block or the first characters alone sends all traffic to one instance", s.CommonBlocks))
+	}
+	return strings.Join(parts, "; ") + "."
+}
+
+// humanCount writes n with a k, M or G suffix.
+func humanCount(n float64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.1fG", n/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1fM", n/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fk", n/1e3)
+	}
+	return fmt.Sprintf("%.0f", n)
+}
