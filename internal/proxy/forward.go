@@ -85,7 +85,11 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			}
 			continue
 		}
-		h.State.failureCounter(ep.Name).Store(0)
+		if h.OnSuccess != nil {
+			h.OnSuccess(ep)
+		} else {
+			h.State.failureCounter(ep.Name).Store(0)
+		}
 		if resp.StatusCode == http.StatusServiceUnavailable && !last {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
@@ -113,6 +117,15 @@ func (t *retryTransport) failed(c *call, ep *endpoint.Endpoint, obs policy.Obser
 
 // connFailure counts a connection error and ejects the endpoint after PassiveFailures in a row.
 func (h *Handler) connFailure(ep *endpoint.Endpoint) {
+	if h.OnConnError != nil {
+		was := ep.Healthy()
+		h.OnConnError(ep)
+		if was && !ep.Healthy() {
+			h.Metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name)
+		}
+		return
+	}
 	if h.PassiveFailures < 0 {
 		return
 	}

@@ -62,6 +62,11 @@ type Handler struct {
 	// PassiveFailures consecutive connection errors eject an endpoint (SetHealthy(false))
 	// until active health checks readmit it; 0: 3, negative: never eject.
 	PassiveFailures int
+	// OnConnError and OnSuccess, when set, replace the built-in passive ejection: they are
+	// told of each connection error and each exchange that got a response (the Router wires
+	// them to the health prober, which also readmits the endpoint when checks pass).
+	OnConnError func(ep *endpoint.Endpoint)
+	OnSuccess   func(ep *endpoint.Endpoint)
 	// Now tells the time; nil: time.Now.
 	Now func() time.Time
 	// NewRequestID makes an x-request-id for requests without one; nil: 16 random hex digits.

@@ -39,6 +39,8 @@ type fakeEngine struct {
 	errBody  string        // body of a non-200 answer
 	hang     chan struct{} // when set, streams send one chunk then wait for the client to go
 	gone     chan struct{} // closed when a hung stream's request context ends
+	held     chan struct{} // when set with hold, closed once a stream has sent its first chunk
+	hold     chan struct{} // streams wait on it after their first chunk
 	respID   string
 	cachedTk int
 }
@@ -60,7 +62,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
 	f.bodies = append(f.bodies, body)
-	status, errBody, hang, gone := f.status, f.errBody, f.hang, f.gone
+	status, errBody, hang, gone, hold, held := f.status, f.errBody, f.hang, f.gone, f.hold, f.held
 	f.mu.Unlock()
 	if status != 0 && status != 200 {
 		w.Header().Set("Content-Type", "application/json")
@@ -91,6 +93,14 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	for i := range 2 {
 		fmt.Fprintf(w, "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
 		fl.Flush()
+		if hold != nil && i == 0 {
+			close(held)
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		if hang != nil {
 			close(hang)
 			<-r.Context().Done()

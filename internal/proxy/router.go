@@ -1,0 +1,471 @@
+package proxy
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/scrape"
+	"github.com/kvroute/kvroute/internal/tenant"
+)
+
+// Router is a whole router built from a config: the endpoint pool (static endpoints plus the
+// discovery file), the health prober and metrics scraper, the policy, the API handler and the
+// admin handler. `kvroute serve` and `kvroute demo` both build one:
+//
+//	r, err := proxy.NewRouter(cfg, logger)
+//	go r.Run(ctx)                       // discovery, health checks, scraping
+//	api, admin := r.Handler(), r.AdminHandler()
+//	...
+//	r.Reload(newCfg)                    // on SIGHUP or file change
+//
+// or simply r.Serve(ctx, apiListener, adminListener), which does all of it and drains on ctx's
+// end. Set the hook fields before the first call to Handler or Run.
+type Router struct {
+	// Middleware wraps the API handler, first element outermost: tenant authentication,
+	// rate limits and admission plug in here. The identity they put in the request context
+	// (tenant.WithIdentity) is honoured by the handler.
+	Middleware []func(http.Handler) http.Handler
+	// Admit and Saturated are copied into every Handler (see Handler).
+	Admit     func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
+	Saturated func(candidates []*endpoint.Endpoint) bool
+
+	logger    *slog.Logger
+	reg       *prometheus.Registry
+	metrics   *metrics.Metrics
+	pool      *endpoint.Pool
+	prober    *scrape.Prober
+	state     *State
+	transport *http.Transport
+
+	mu         sync.Mutex // serialises Reload and discovery updates
+	cfg        *config.Config
+	picker     policy.Picker
+	policyKey  string
+	discovered []endpoint.Spec
+	h          atomic.Pointer[Handler]
+	api        http.Handler
+	apiOnce    sync.Once
+}
+
+// NewRouter builds a router from a loaded (defaulted and validated) config. It starts no
+// goroutine: call Run (or Serve).
+func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r := &Router{
+		logger:    logger,
+		reg:       reg,
+		metrics:   metrics.New(reg),
+		pool:      endpoint.NewPool(),
+		state:     NewState(0),
+		transport: DefaultTransport(),
+	}
+	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport}, scrape.OptionsFrom(cfg), logger)
+	r.metrics.WatchEndpoints(r.pool.All)
+	r.metrics.WatchIndex(func() (int, int64) {
+		if h := r.h.Load(); h != nil {
+			if s, ok := h.Picker.(policy.IndexSizer); ok {
+				return s.IndexSize()
+			}
+		}
+		return 0, 0
+	})
+	if cfg.Discovery.File != "" {
+		data, err := os.ReadFile(cfg.Path(cfg.Discovery.File))
+		if err != nil {
+			return nil, fmt.Errorf("discovery.file: %w", err)
+		}
+		eps, err := config.ParseEndpoints(data)
+		if err != nil {
+			return nil, fmt.Errorf("discovery.file %s: %w", cfg.Discovery.File, err)
+		}
+		r.discovered = specsOf(eps)
+	}
+	if err := r.apply(cfg); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func specsOf(eps []config.Endpoint) []endpoint.Spec {
+	out := make([]endpoint.Spec, 0, len(eps))
+	for i := range eps {
+		out = append(out, eps[i].Spec())
+	}
+	return out
+}
+
+// Reload applies a new config to the running router without dropping requests in flight:
+// endpoints are diffed (kept ones keep their counters and their place in the policy's index,
+// removed ones drain), the policy is rebuilt only when its name or parameters changed, and
+// normalisation, limits, health and scrape settings take effect for new requests. A config
+// that cannot be applied is rejected whole and the old one stays. listen, admin_listen and
+// discovery.file changes need a restart; they are logged.
+func (r *Router) Reload(cfg *config.Config) error {
+	old := r.Config()
+	err := r.apply(cfg)
+	if err != nil {
+		r.metrics.Reloads.WithLabelValues("error").Inc()
+		r.logger.Error("config rejected, keeping the old one", "err", err)
+		return err
+	}
+	r.metrics.Reloads.WithLabelValues("ok").Inc()
+	if old != nil {
+		if old.Listen != cfg.Listen || old.AdminListen != cfg.AdminListen {
+			r.logger.Warn("listen addresses change only on restart", "listen", old.Listen, "admin_listen", old.AdminListen)
+		}
+		if old.Discovery.File != cfg.Discovery.File {
+			r.logger.Warn("discovery.file changes only on restart", "file", old.Discovery.File)
+		}
+	}
+	r.logger.Info("config applied", "endpoints", r.pool.Len(), "policy", cfg.Policy.Name)
+	return nil
+}
+
+func (r *Router) apply(cfg *config.Config) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	params, err := cfg.Policy.PolicyParams()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("policy.params: %w", err))
+	}
+	key := cfg.Policy.Name + "\x00" + fmt.Sprint(params)
+	picker := r.picker
+	if err == nil && (picker == nil || key != r.policyKey) {
+		picker, err = policy.New(cfg.Policy.Name, params, policy.Env{Rand: newRand(), Clock: policy.WallClock{}})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("policy: %w", err))
+		}
+	}
+	rules := make([]prefix.Rule, 0, len(cfg.Normalize.Rules))
+	for _, ru := range cfg.Normalize.Rules {
+		rules = append(rules, prefix.Rule{Pattern: ru.Pattern, Replace: ru.Replace})
+	}
+	norm, err := prefix.NewNormalizer(prefix.NormalizeOptions{Rules: rules})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("normalize.rules: %w", err))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if picker != r.picker && r.picker != nil {
+		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
+	}
+	if err := r.updatePoolLocked(cfg.Specs(), picker); err != nil {
+		return err
+	}
+	r.picker, r.policyKey, r.cfg = picker, key, cfg
+	r.prober.SetOptions(scrape.OptionsFrom(cfg))
+	h := &Handler{
+		Pool:         r.pool,
+		Picker:       picker,
+		Metrics:      r.metrics,
+		Logger:       r.logger,
+		Transport:    r.transport,
+		MaxBodyBytes: cfg.Limits.MaxBodyBytes,
+		MaxRetries:   cfg.Limits.Retries(),
+		BlockTokens:  cfg.Prefix.BlockTokens,
+		Normalizer:   norm,
+		Rewrite:      cfg.Normalize.Rewrite,
+		OnConnError:  r.prober.ReportFailure,
+		OnSuccess:    r.prober.ReportSuccess,
+		Admit:        r.Admit,
+		Saturated:    r.Saturated,
+		State:        r.state,
+	}
+	r.h.Store(h)
+	return nil
+}
+
+// updatePoolLocked sets the pool to static + discovered endpoints and tells the policy (and
+// the metrics) which endpoints left. The caller holds r.mu.
+func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) error {
+	specs := slices.Concat(static, r.discovered)
+	// A discovered endpoint that is also static keeps the static spec.
+	seen := map[string]bool{}
+	uniq := specs[:0]
+	for _, s := range specs {
+		if !seen[s.Name] {
+			seen[s.Name] = true
+			uniq = append(uniq, s)
+		}
+	}
+	diff, err := r.pool.Update(uniq)
+	if err != nil {
+		return fmt.Errorf("endpoints: %w", err)
+	}
+	obs, _ := picker.(policy.Observer)
+	for _, ep := range diff.Removed {
+		if obs != nil {
+			obs.Removed(ep)
+		}
+		if r.pool.ByName(ep.Name) == nil {
+			r.metrics.ForgetEndpoint(ep.Name)
+		}
+	}
+	if len(diff.Added)+len(diff.Removed) > 0 {
+		r.logger.Info("endpoints changed", "added", names(diff.Added), "removed", names(diff.Removed))
+	}
+	return nil
+}
+
+func names(eps []*endpoint.Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, e := range eps {
+		out[i] = e.Name
+	}
+	return out
+}
+
+func newRand() *rand.Rand {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
+}
+
+// Config returns the config in force.
+func (r *Router) Config() *config.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg
+}
+
+// Pool returns the router's endpoint pool.
+func (r *Router) Pool() *endpoint.Pool { return r.pool }
+
+// Registry returns the registry the router's metrics are registered with.
+func (r *Router) Registry() *prometheus.Registry { return r.reg }
+
+// Metrics returns the router's collectors.
+func (r *Router) Metrics() *metrics.Metrics { return r.metrics }
+
+// Handler returns the OpenAI API handler, wrapped in Middleware. It always serves with the
+// latest applied config.
+func (r *Router) Handler() http.Handler {
+	r.apiOnce.Do(func() {
+		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			r.h.Load().ServeHTTP(w, req)
+		})
+		for i := len(r.Middleware) - 1; i >= 0; i-- {
+			h = r.Middleware[i](h)
+		}
+		r.api = h
+	})
+	return r.api
+}
+
+// Run discovers, health-checks and scrapes the endpoints until ctx ends.
+func (r *Router) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Go(func() { errc <- r.prober.Run(ctx) })
+	if file := r.Config().Discovery.File; file != "" {
+		cfg := r.Config()
+		wg.Go(func() {
+			opt := config.WatchOptions{Poll: cfg.Discovery.PollInterval.D()}
+			errc <- config.WatchFile(ctx, cfg.Path(file), opt, r.onDiscovery)
+		})
+	}
+	wg.Wait()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// onDiscovery applies a new discovery file; a bad one keeps the endpoints in force.
+func (r *Router) onDiscovery(data []byte, _ bool, err error) {
+	if err != nil {
+		r.logger.Error("discovery file unreadable, keeping the endpoints in force", "err", err)
+		return
+	}
+	eps, err := config.ParseEndpoints(data)
+	if err != nil {
+		r.logger.Error("discovery file rejected, keeping the endpoints in force", "err", err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.discovered
+	r.discovered = specsOf(eps)
+	if err := r.updatePoolLocked(r.cfg.Specs(), r.picker); err != nil {
+		r.discovered = old
+		r.logger.Error("discovery file rejected, keeping the endpoints in force", "err", err)
+	}
+}
+
+// AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take
+// requests), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age) and, when
+// the config says pprof: true at start, /debug/pprof/.
+func (r *Router) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		for _, e := range r.pool.All() {
+			if e.Available() {
+				_, _ = w.Write([]byte("ready\n"))
+				return
+			}
+		}
+		http.Error(w, "no available endpoint", http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("GET /debug/endpoints", r.serveEndpoints)
+	if cfg := r.Config(); cfg != nil && cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// EndpointInfo is one entry of /debug/endpoints.
+type EndpointInfo struct {
+	ID             int                `json:"id"`
+	Name           string             `json:"name"`
+	Engine         string             `json:"engine"`
+	Models         []string           `json:"models"`
+	Labels         map[string]string  `json:"labels,omitempty"`
+	Healthy        bool               `json:"healthy"`
+	Available      bool               `json:"available"`
+	InFlight       int                `json:"in_flight"`
+	PendingPrefill int                `json:"pending_prefill_tokens"`
+	KVTokens       int                `json:"kv_capacity_tokens"`
+	Snapshot       *endpoint.Snapshot `json:"snapshot"`
+	SnapshotAgeSec *float64           `json:"snapshot_age_seconds"`
+	Probe          scrape.Status      `json:"probe"`
+}
+
+// Endpoints describes every endpoint of the pool, for /debug/endpoints.
+func (r *Router) Endpoints() []EndpointInfo {
+	now := time.Now()
+	var out []EndpointInfo
+	for _, e := range r.pool.All() {
+		info := EndpointInfo{
+			ID: e.ID, Name: e.Name, Engine: e.Engine, Models: e.Models, Labels: maps.Clone(e.Labels),
+			Healthy: e.Healthy(), Available: e.Available(), InFlight: e.InFlight(),
+			PendingPrefill: e.PendingPrefill(), KVTokens: e.KVTokens(), Snapshot: e.Snapshot(),
+			Probe: r.prober.Status(e),
+		}
+		if info.Models == nil {
+			info.Models = []string{}
+		}
+		if s := info.Snapshot; s != nil && !s.At.IsZero() {
+			age := now.Sub(s.At).Seconds()
+			info.SnapshotAgeSec = &age
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+func (r *Router) serveEndpoints(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(struct {
+		Endpoints []EndpointInfo `json:"endpoints"`
+	}{r.Endpoints()})
+}
+
+// Serve runs the router on the given listeners until ctx ends, then stops accepting, drains
+// requests in flight (streams included) for up to server.shutdown_timeout, and closes what is
+// left. It returns nil after a clean drain.
+func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
+	cfg := r.Config()
+	mk := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
+			IdleTimeout:       cfg.Server.IdleTimeout.D(),
+			WriteTimeout:      cfg.Server.WriteTimeout.D(),
+			ErrorLog:          slog.NewLogLogger(r.logger.Handler(), slog.LevelDebug),
+		}
+	}
+	apiSrv, adminSrv := mk(r.Handler()), mk(r.AdminHandler())
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	errc := make(chan error, 2)
+	var wg sync.WaitGroup
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		if err := r.Run(runCtx); err != nil {
+			r.logger.Error("endpoint discovery or probing stopped", "err", err)
+		}
+	}()
+	wg.Go(func() { errc <- ignoreClosed(apiSrv.Serve(api)) })
+	if admin != nil {
+		wg.Go(func() { errc <- ignoreClosed(adminSrv.Serve(admin)) })
+	}
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc:
+	}
+	r.logger.Info("shutting down: draining requests in flight", "timeout", cfg.Server.ShutdownTimeout.D().String())
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.D())
+	defer cancel()
+	if err := apiSrv.Shutdown(sctx); err != nil {
+		r.logger.Warn("drain timed out, closing streams still open", "err", err)
+		_ = apiSrv.Close()
+	}
+	_ = adminSrv.Shutdown(sctx)
+	_ = adminSrv.Close()
+	stopRun()
+	<-runDone
+	go func() { wg.Wait(); close(errc) }()
+	for err := range errc {
+		if first == nil && err != nil && !errors.Is(err, context.Canceled) {
+			first = err
+		}
+	}
+	r.Close()
+	return first
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close releases idle upstream connections. Call it after Run and the servers have stopped.
+func (r *Router) Close() { r.transport.CloseIdleConnections() }

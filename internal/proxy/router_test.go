@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+)
+
+func routerConfig(t *testing.T, extra string, urls ...string) *config.Config {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("scrape: {disabled: true}\nhealth: {interval: 1h}\nserver: {shutdown_timeout: 10s}\nendpoints:\n")
+	for _, u := range urls {
+		fmt.Fprintf(&b, "  - {url: %q, models: [m], engine: vllm}\n", u)
+	}
+	b.WriteString(extra)
+	cfg, err := config.Parse([]byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func TestRouterAdminAndReload(t *testing.T) {
+	a, b := newFakeEngine(t), newFakeEngine(t)
+	r, err := NewRouter(routerConfig(t, "", a.srv.URL, b.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	api, admin := r.Handler(), r.AdminHandler()
+	rec := httptest.NewRecorder()
+	api.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody)))
+	if rec.Code != 200 {
+		t.Fatalf("chat: %d %s", rec.Code, rec.Body)
+	}
+	code, body := get(t, admin, "/metrics")
+	for _, want := range []string{`kvroute_requests_total{endpoint=`, `kvroute_endpoint_healthy{endpoint="` + a.srv.URL + `"} 1`, "kvroute_pick_duration_seconds_count 1", "go_goroutines"} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if code, _ := get(t, admin, "/readyz"); code != 200 {
+		t.Errorf("/readyz = %d", code)
+	}
+	code, body = get(t, admin, "/debug/endpoints")
+	var dbg struct {
+		Endpoints []EndpointInfo `json:"endpoints"`
+	}
+	if err := json.Unmarshal([]byte(body), &dbg); err != nil || code != 200 || len(dbg.Endpoints) != 2 {
+		t.Fatalf("/debug/endpoints %d %s: %v", code, body, err)
+	}
+
+	// A bad policy is rejected whole: the endpoints stay as they were.
+	bad := routerConfig(t, "", a.srv.URL)
+	bad.Policy.Name = "no-such-policy"
+	if err := r.Reload(bad); err == nil {
+		t.Error("reload with an unknown policy: no error")
+	}
+	if r.Pool().Len() != 2 {
+		t.Errorf("after rejected reload: %d endpoints, want 2", r.Pool().Len())
+	}
+	// A good one removes b; the kept endpoint keeps its object.
+	keep := r.Pool().ByName(a.srv.URL)
+	if err := r.Reload(routerConfig(t, "", a.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if r.Pool().Len() != 1 || r.Pool().ByName(a.srv.URL) != keep {
+		t.Errorf("after reload: %d endpoints, kept object changed: %v", r.Pool().Len(), r.Pool().ByName(a.srv.URL) != keep)
+	}
+	if _, body := get(t, admin, "/metrics"); strings.Contains(body, b.srv.URL) {
+		t.Error("metrics still carry the removed endpoint")
+	}
+	if _, body := get(t, admin, "/metrics"); !strings.Contains(body, `kvroute_config_reloads_total{result="error"} 1`) {
+		t.Error("rejected reload not counted")
+	}
+}
+
+func TestRouterServeDrainsStreams(t *testing.T) {
+	e := newFakeEngine(t)
+	e.hold, e.held = make(chan struct{}), make(chan struct{})
+	r, err := NewRouter(routerConfig(t, "", e.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(ctx, apiLn, adminLn) }()
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post("http://"+apiLn.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-e.held
+	cancel() // shutdown starts while the stream is in flight
+	// New connections are refused once shutdown has begun; poll with a deadline.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", apiLn.Addr().String(), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(e.hold)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) {
+		t.Errorf("stream cut by shutdown: %v, %q", err, body)
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Serve did not return after the drain")
+	}
+}
