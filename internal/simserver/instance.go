@@ -39,6 +39,7 @@ type Instance struct {
 	stats  atomic.Pointer[engine.Stats] // the driver's last snapshot
 	faults atomic.Pointer[Faults]
 	nextID atomic.Uint64
+	kvSent atomic.Int64 // KV-event batches handed to the publisher
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -414,4 +415,5 @@ func (in *Instance) publishKV() {
 		b.Events = append(b.Events, ev)
 	}
 	in.pub.Publish(b)
+	in.kvSent.Add(1)
 }

@@ -1,0 +1,176 @@
+package simserver
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/kvevents"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// TestKVEventStream decodes the published KV events into exactly the block hashes the engine
+// stored and removed, and fetches the batches a late subscriber missed from the replay socket.
+func TestKVEventStream(t *testing.T) {
+	const blocks, bs, promptTokens = 40, 16, 320 // 20 blocks a prompt: the third one evicts
+	f := startFleet(t, Options{Profile: "instant", KVBlocks: blocks, BlockSize: bs,
+		KVEvents: "tcp://127.0.0.1:0", KVEventsReplay: "tcp://127.0.0.1:0"}, 1)
+	in, url := f.Instances()[0], f.URLs()[0]
+	pubAddr, replayAddr := in.KVEventsAddr()
+
+	// The hashes the engine computes for each prompt (an engine of the same shape, used only
+	// for BlockHashes).
+	ref, err := engine.New(engine.Config{Profile: in.cfg.Profile, BlockSize: bs, NumBlocks: blocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	everStored := map[uint64]bool{}
+	send := func(i int) {
+		prompt := text(fmt.Sprintf("prompt %d:", i), promptTokens)
+		var keys []uint64
+		for j := 0; j+prefix.BlockBytes(bs) <= len(prompt); j += prefix.BlockBytes(bs) {
+			keys = append(keys, xxhash.Sum64String(prompt[j:j+prefix.BlockBytes(bs)]))
+		}
+		for _, h := range ref.BlockHashes(engine.Request{PromptTokens: promptTokens, BlockKeys: keys}) {
+			everStored[h] = true
+		}
+		resp, _ := post(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, DefaultModel, prompt))
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+
+	send(0) // published before anyone listens: only the replay has it
+	sub, err := kvevents.NewSubscriber(pubAddr, "kv@")
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := make(chan kvevents.Message, 1024)
+	go func() {
+		defer close(live)
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			live <- m
+		}
+	}()
+	defer func() {
+		sub.Close()
+		for range live {
+		}
+	}()
+	got := map[int64]kvevents.Message{}
+	// Keep sending until the subscription is live (bounded), then a few more.
+	for i := 1; i < 60; i++ {
+		send(i)
+		drain(live, got)
+		if len(got) > 0 && i >= 4 {
+			break
+		}
+	}
+	if len(got) == 0 {
+		t.Fatal("the subscriber received nothing")
+	}
+	firstLive := slices.Min(slices.Collect(maps.Keys(got)))
+	if firstLive == 0 {
+		t.Fatal("the subscriber saw batch 0, published before it subscribed")
+	}
+
+	// Wait until the driver has published the last request's events (its stats snapshot is
+	// stored after it publishes), the publisher has sent them, and they arrived live.
+	deadline := time.Now().Add(5 * time.Second)
+	sent := int64(len(everStored) / (promptTokens / bs))
+	for (in.Stats().Finished < sent || in.pub.NextSeq() < in.kvSent.Load() ||
+		int64(len(got)) < in.pub.NextSeq()-firstLive) && time.Now().Before(deadline) {
+		select {
+		case m := <-live:
+			got[m.Seq] = m
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	replayed, err := kvevents.Replay(ctx, replayAddr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range replayed {
+		if l, ok := got[m.Seq]; ok {
+			if diff := cmp.Diff(l.Batch, m.Batch); diff != "" {
+				t.Errorf("replayed batch %d differs from the live one (-live +replay):\n%s", m.Seq, diff)
+			}
+			continue
+		}
+		if m.Seq >= firstLive {
+			t.Errorf("replay returned batch %d that was published while subscribed but not received", m.Seq)
+		}
+		got[m.Seq] = m
+	}
+	last := in.pub.NextSeq() - 1
+	for s := int64(0); s <= last; s++ {
+		if _, ok := got[s]; !ok {
+			t.Fatalf("batch %d neither received live nor replayed (last %d, first live %d)", s, last, firstLive)
+		}
+	}
+
+	// Apply the events in order: a removal must name a stored block; what remains must be what
+	// the engine still caches.
+	cached := map[uint64]bool{}
+	stored := map[uint64]bool{}
+	removed := 0
+	for s := int64(0); s <= last; s++ {
+		for _, ev := range got[s].Batch.Events {
+			switch ev.Kind {
+			case kvevents.BlockStored:
+				if ev.BlockSize != bs {
+					t.Errorf("BlockStored block_size %d, want %d", ev.BlockSize, bs)
+				}
+				for _, h := range ev.BlockHashes {
+					cached[h], stored[h] = true, true
+				}
+			case kvevents.BlockRemoved:
+				for _, h := range ev.BlockHashes {
+					if !cached[h] {
+						t.Errorf("batch %d removes block %x that is not cached", s, h)
+					}
+					delete(cached, h)
+					removed++
+				}
+			}
+		}
+	}
+	if diff := cmp.Diff(everStored, stored); diff != "" {
+		t.Errorf("stored block hashes: (-engine +events):\n%s", diff)
+	}
+	st := in.Stats()
+	if removed == 0 || len(cached) != st.CachedFreeBlocks+st.UsedBlocks {
+		t.Errorf("events leave %d blocks cached after %d removals; the engine caches %d", len(cached), removed, st.CachedFreeBlocks+st.UsedBlocks)
+	}
+	t.Logf("%d batches (%d missed and replayed), %d blocks stored, %d removed", last+1, firstLive, len(stored), removed)
+}
+
+func drain(ch <-chan kvevents.Message, into map[int64]kvevents.Message) {
+	for {
+		select {
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			into[m.Seq] = m
+		default:
+			return
+		}
+	}
+}
