@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -219,4 +220,23 @@ func TestSimulateMooncakeSample(t *testing.T) {
 	if r.Completed+r.Failed != 400 || r.HitRate > s.Bounds.InfiniteCacheHitRate {
 		t.Errorf("completed %d failed %d hit rate %v (bound %v)", r.Completed, r.Failed, r.HitRate, s.Bounds.InfiniteCacheHitRate)
 	}
+}
+
+// FuzzParsePolicies: any --policies value gives specs or an error, never a panic, and every
+// spec names a registered policy.
+func FuzzParsePolicies(f *testing.F) {
+	for _, s := range []string{"", "round-robin", "random,power-of-two", "round-robin:a=1,b=2,random", ",", ":=,", "a:b:c=d,=,"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		specs, err := parsePolicies(s)
+		if err != nil {
+			return
+		}
+		for _, sp := range specs {
+			if _, err := policy.New(sp.name, sp.params, policy.Env{}); err != nil {
+				t.Errorf("spec %+v accepted but does not build: %v", sp, err)
+			}
+		}
+	})
 }
