@@ -1,0 +1,465 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Class says why a request failed; ClassOK for success.
+type Class string
+
+// Error classes. A request is in exactly one.
+const (
+	ClassOK         Class = ""
+	ClassHTTP       Class = "http"       // the target answered with a non-2xx status (see Record.Status)
+	ClassConnection Class = "connection" // no response: refused, reset, DNS, TLS
+	ClassTimeout    Class = "timeout"    // Config.RequestTimeout elapsed
+	ClassMidStream  Class = "mid_stream" // the stream broke, carried an error, or ended without [DONE]
+	ClassCanceled   Class = "canceled"   // the run was cancelled while the request was in flight
+)
+
+// Item is one request to send.
+type Item struct {
+	// At is when to send, from the start of the run (open loop); ignored in a closed loop.
+	At time.Duration
+	// Session is sent as X-Session-ID when not empty (multi-turn workloads).
+	Session string
+	// PromptTokens is the caller's estimate, kept when the server reports no usage.
+	PromptTokens int
+	// MaxTokens is sent as max_tokens when > 0.
+	MaxTokens int
+	// Prompt renders the prompt text. It is called in the sending goroutine, just before the
+	// request is built, so that a long trace is never held in memory as text.
+	Prompt func() string
+}
+
+// Record is what happened to one request. Times are offsets from the start of the run or
+// durations measured with the monotonic clock.
+type Record struct {
+	Index     int           // position of the item in the workload
+	Session   string        // Item.Session
+	Scheduled time.Duration // when it was due (open loop) or taken (closed loop)
+	Sent      time.Duration // when the request was actually handed to the HTTP client
+	// TTFT is from Sent to the first chunk with non-empty content; 0 when none arrived.
+	TTFT time.Duration
+	// ITL holds the gaps between consecutive content chunks.
+	ITL []time.Duration
+	E2E time.Duration // from Sent to the end of the stream (or the failure)
+	// PromptTokens from usage, else the item's estimate.
+	PromptTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens, or -1 when not reported.
+	CachedTokens int
+	// OutputTokens from usage, else the number of content chunks.
+	OutputTokens int
+	Status       int // HTTP status, 0 when none
+	Class        Class
+	Err          string // short reason when Class != ClassOK
+	// Endpoint is the value of Config.EndpointHeader in the response, "" when absent.
+	Endpoint string
+}
+
+// OK reports whether the request succeeded.
+func (r *Record) OK() bool { return r.Class == ClassOK }
+
+// ErrorLabel is the error class as counted in summaries: "http_503", "timeout", ..., "" for OK.
+func (r *Record) ErrorLabel() string {
+	if r.Class == ClassHTTP {
+		return fmt.Sprintf("http_%d", r.Status)
+	}
+	return string(r.Class)
+}
+
+// Config is how to send a workload. Target and Model are required.
+type Config struct {
+	// Target is the base URL of an OpenAI-compatible server ("http://127.0.0.1:8000"); the
+	// API path is appended unless the URL already ends in "/completions".
+	Target string
+	Model  string
+	// APIKey is sent as a bearer token when set. It is never logged.
+	APIKey string
+	// API is "chat" (/v1/chat/completions, the default) or "completions" (/v1/completions).
+	API string
+	// Concurrency > 0 runs a closed loop of that many workers, each sending its next request
+	// as soon as the previous one ends; Item.At is then ignored. 0 paces by Item.At.
+	Concurrency int
+	// MaxInFlight caps requests in flight in an open loop (default 4096). A request due while
+	// the cap is reached is sent late, and its Sent shows it.
+	MaxInFlight int
+	// Duration stops sending new requests once it has elapsed (0: no bound).
+	Duration time.Duration
+	// RequestTimeout bounds each request end to end (default 10 minutes).
+	RequestTimeout time.Duration
+	// IgnoreEOS sends vLLM's ignore_eos so that output lengths follow the workload.
+	IgnoreEOS bool
+	// EndpointHeader names a response header that says which backend served the request.
+	EndpointHeader string
+	// Client sends the requests; nil builds one with a Transport sized for MaxInFlight.
+	Client *http.Client
+	// Now is the clock (default time.Now). It must be monotonic.
+	Now func() time.Time
+	// OnRecord, when set, is called with each record as its request ends, from one goroutine.
+	OnRecord func(Record)
+	// Logger receives warnings (nil: discarded). Prompts and keys are never logged.
+	Logger *slog.Logger
+}
+
+// Result is the outcome of a run.
+type Result struct {
+	// Records holds one record per request sent, in workload order.
+	Records []Record
+	Start   time.Time
+	// Elapsed is from Start to the end of the last request.
+	Elapsed time.Duration
+}
+
+// SendRate is the achieved send rate in requests per second: requests sent after the first,
+// over the time from the first send to the last. 0 with fewer than two requests.
+func (r *Result) SendRate() float64 {
+	if len(r.Records) < 2 {
+		return 0
+	}
+	first, last := r.Records[0].Sent, r.Records[0].Sent
+	for i := range r.Records {
+		s := r.Records[i].Sent
+		first, last = min(first, s), max(last, s)
+	}
+	if last <= first {
+		return 0
+	}
+	return float64(len(r.Records)-1) / (last - first).Seconds()
+}
+
+func (c *Config) check() error {
+	var errs []error
+	u, err := url.Parse(c.Target)
+	switch {
+	case c.Target == "":
+		errs = append(errs, errors.New("target: empty (set the server's base URL, e.g. http://127.0.0.1:8000)"))
+	case err != nil:
+		errs = append(errs, fmt.Errorf("target: %w", err))
+	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+		errs = append(errs, fmt.Errorf("target: %q is not an http(s) URL with a host", c.Target))
+	}
+	if c.Model == "" {
+		errs = append(errs, errors.New("model: empty (set the model name the server serves)"))
+	}
+	if c.API != "" && c.API != "chat" && c.API != "completions" {
+		errs = append(errs, fmt.Errorf("api: %q is neither chat nor completions", c.API))
+	}
+	if c.Concurrency < 0 {
+		errs = append(errs, fmt.Errorf("concurrency: %d is negative", c.Concurrency))
+	}
+	if c.MaxInFlight < 0 {
+		errs = append(errs, fmt.Errorf("max in flight: %d is negative", c.MaxInFlight))
+	}
+	if c.Duration < 0 || c.RequestTimeout < 0 {
+		errs = append(errs, errors.New("duration and request timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// NewTransport returns an HTTP transport tuned for load generation: enough idle connections
+// per host for maxConns, and no compression (a gzipped stream would hide first-token time).
+func NewTransport(maxConns int) *http.Transport {
+	return &http.Transport{
+		Proxy:               nil, // a load generator measures the target, not a proxy
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        maxConns,
+		MaxIdleConnsPerHost: maxConns,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+}
+
+type runner struct {
+	cfg     Config
+	url     string
+	client  *http.Client
+	now     func() time.Time
+	start   time.Time
+	results chan Record
+}
+
+// Run sends items to cfg.Target and returns a record per request sent. It returns an error
+// only for a bad Config, or ctx's error when the run was cancelled (with the records so far).
+func Run(ctx context.Context, cfg Config, items []Item) (Result, error) {
+	if err := cfg.check(); err != nil {
+		return Result{}, fmt.Errorf("loadgen: %w", err)
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 4096
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 10 * time.Minute
+	}
+	r := &runner{cfg: cfg, now: cfg.Now, client: cfg.Client}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.client == nil {
+		conns := cfg.MaxInFlight
+		if cfg.Concurrency > 0 {
+			conns = cfg.Concurrency
+		}
+		tr := NewTransport(conns)
+		defer tr.CloseIdleConnections()
+		r.client = &http.Client{Transport: tr}
+	}
+	r.url = endpointURL(cfg.Target, cfg.API)
+	r.results = make(chan Record, 256)
+
+	recs := make([]Record, len(items))
+	sent := make([]bool, len(items))
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		for rec := range r.results {
+			recs[rec.Index] = rec
+			sent[rec.Index] = true
+			if cfg.OnRecord != nil {
+				cfg.OnRecord(rec)
+			}
+		}
+	}()
+
+	r.start = r.now()
+	if cfg.Concurrency > 0 {
+		r.closedLoop(ctx, items)
+	} else {
+		r.openLoop(ctx, items)
+	}
+	close(r.results)
+	<-collected
+
+	res := Result{Start: r.start, Elapsed: r.now().Sub(r.start)}
+	res.Records = make([]Record, 0, len(items))
+	for i := range recs {
+		if sent[i] {
+			res.Records = append(res.Records, recs[i])
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("loadgen: run cancelled: %w", err)
+	}
+	return res, nil
+}
+
+func endpointURL(target, api string) string {
+	t := strings.TrimRight(target, "/")
+	if strings.HasSuffix(t, "/completions") {
+		return t
+	}
+	t = strings.TrimSuffix(t, "/v1")
+	if api == "completions" {
+		return t + "/v1/completions"
+	}
+	return t + "/v1/chat/completions"
+}
+
+// openLoop sends each item at start+At from one scheduler goroutine.
+func (r *runner) openLoop(ctx context.Context, items []Item) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, r.cfg.MaxInFlight)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for i := range items {
+		it := &items[i]
+		if r.cfg.Duration > 0 && it.At >= r.cfg.Duration {
+			return
+		}
+		if wait := r.start.Add(it.At).Sub(r.now()); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case sem <- struct{}{}:
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r.results <- r.send(ctx, i, it, it.At)
+		})
+	}
+}
+
+// closedLoop runs Concurrency workers that each take the next item as soon as they are free.
+func (r *runner) closedLoop(ctx context.Context, items []Item) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range r.cfg.Concurrency {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(items) {
+					return
+				}
+				at := r.now().Sub(r.start)
+				if r.cfg.Duration > 0 && at >= r.cfg.Duration {
+					return
+				}
+				r.results <- r.send(ctx, i, &items[i], at)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type requestBody struct {
+	Model         string         `json:"model"`
+	Messages      []chatMessage  `json:"messages,omitempty"`
+	Prompt        string         `json:"prompt,omitempty"`
+	MaxTokens     int            `json:"max_tokens,omitempty"`
+	Stream        bool           `json:"stream"`
+	StreamOptions map[string]any `json:"stream_options"`
+	IgnoreEOS     bool           `json:"ignore_eos,omitempty"`
+}
+
+func (r *runner) body(it *Item) ([]byte, error) {
+	var prompt string
+	if it.Prompt != nil {
+		prompt = it.Prompt()
+	}
+	b := requestBody{
+		Model:         r.cfg.Model,
+		MaxTokens:     it.MaxTokens,
+		Stream:        true,
+		StreamOptions: map[string]any{"include_usage": true},
+		IgnoreEOS:     r.cfg.IgnoreEOS,
+	}
+	if r.cfg.API == "completions" {
+		b.Prompt = prompt
+	} else {
+		b.Messages = []chatMessage{{Role: "user", Content: prompt}}
+	}
+	return json.Marshal(b)
+}
+
+// send performs one request and measures it. It never returns an error: failures are classes.
+func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Duration) Record {
+	rec := Record{Index: idx, Session: it.Session, Scheduled: scheduled, PromptTokens: it.PromptTokens, CachedTokens: -1}
+	body, err := r.body(it)
+	if err != nil {
+		rec.Sent = r.now().Sub(r.start)
+		rec.Class, rec.Err = ClassConnection, "encode request: "+err.Error()
+		return rec
+	}
+	reqCtx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, r.url, bytes.NewReader(body))
+	if err != nil {
+		rec.Sent = r.now().Sub(r.start)
+		rec.Class, rec.Err = ClassConnection, err.Error()
+		return rec
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if r.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+r.cfg.APIKey)
+	}
+	if it.Session != "" {
+		req.Header.Set("X-Session-ID", it.Session)
+	}
+
+	t0 := r.now()
+	rec.Sent = t0.Sub(r.start)
+	finish := func(c Class, msg string) Record {
+		rec.E2E = r.now().Sub(t0)
+		rec.Class, rec.Err = c, msg
+		return rec
+	}
+	failClass := func(def Class) Class {
+		switch {
+		case ctx.Err() != nil:
+			return ClassCanceled
+		case errors.Is(reqCtx.Err(), context.DeadlineExceeded):
+			return ClassTimeout
+		}
+		return def
+	}
+
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return finish(failClass(ClassConnection), err.Error())
+	}
+	defer resp.Body.Close()
+	rec.Status = resp.StatusCode
+	if r.cfg.EndpointHeader != "" {
+		rec.Endpoint = resp.Header.Get(r.cfg.EndpointHeader)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return finish(ClassHTTP, strings.TrimSpace(string(msg)))
+	}
+
+	sr := NewStreamReader(resp.Body)
+	var last time.Time
+	chunks := 0
+	var usage *Usage
+	for {
+		c, err := sr.Next()
+		if errors.Is(err, ErrDone) {
+			break
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return finish(ClassMidStream, "stream ended without [DONE]")
+			}
+			return finish(failClass(ClassMidStream), err.Error())
+		}
+		if c.Error != "" {
+			return finish(ClassMidStream, c.Error)
+		}
+		if c.Usage != nil {
+			usage = c.Usage
+		}
+		if c.Content == "" {
+			continue
+		}
+		t := r.now()
+		if chunks == 0 {
+			rec.TTFT = t.Sub(t0)
+		} else {
+			rec.ITL = append(rec.ITL, t.Sub(last))
+		}
+		last = t
+		chunks++
+	}
+	rec.OutputTokens = chunks
+	if usage != nil {
+		if usage.PromptTokens > 0 {
+			rec.PromptTokens = usage.PromptTokens
+		}
+		if usage.CompletionTokens > 0 {
+			rec.OutputTokens = usage.CompletionTokens
+		}
+		rec.CachedTokens = usage.CachedTokens()
+	}
+	if chunks == 0 {
+		return finish(ClassMidStream, "stream carried no content")
+	}
+	return finish(ClassOK, "")
+}

@@ -1,0 +1,426 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeServer streams n content chunks and a usage chunk, in the vLLM shape.
+func streamOK(w http.ResponseWriter, n, prompt, cached int) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("X-Backend", "sim-1")
+	fl := w.(http.Flusher)
+	for i := range n {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+		fl.Flush()
+	}
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n", prompt, n, cached)
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	fl.Flush()
+}
+
+func items(n int, gap time.Duration) []Item {
+	out := make([]Item, n)
+	for i := range out {
+		out[i] = Item{At: time.Duration(i) * gap, PromptTokens: 10, MaxTokens: 3, Prompt: func() string { return "hello" }}
+	}
+	return out
+}
+
+func TestRun_MeasuresStream(t *testing.T) {
+	var got struct {
+		body    requestBody
+		auth    string
+		session string
+		path    string
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.path, got.auth, got.session = r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("X-Session-ID")
+		if err := json.NewDecoder(r.Body).Decode(&got.body); err != nil {
+			t.Errorf("decode body: %v", err)
+		}
+		streamOK(w, 4, 1234, 1024)
+	}))
+	defer srv.Close()
+
+	it := items(1, 0)
+	it[0].Session = "conv-7"
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", APIKey: "sk-test", EndpointHeader: "X-Backend", IgnoreEOS: true}, it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != 1 {
+		t.Fatalf("got %d records, want 1", len(res.Records))
+	}
+	rec := res.Records[0]
+	if rec.TTFT <= 0 || rec.E2E < rec.TTFT {
+		t.Errorf("TTFT %v, E2E %v: want 0 < TTFT <= E2E", rec.TTFT, rec.E2E)
+	}
+	want := Record{Session: "conv-7", PromptTokens: 1234, CachedTokens: 1024, OutputTokens: 4, Status: 200, Endpoint: "sim-1"}
+	gotRec := rec
+	gotRec.Scheduled, gotRec.Sent, gotRec.TTFT, gotRec.E2E, gotRec.ITL = 0, 0, 0, 0, nil
+	if diff := cmp.Diff(want, gotRec); diff != "" {
+		t.Errorf("record (-want +got):\n%s", diff)
+	}
+	if len(rec.ITL) != 3 {
+		t.Errorf("got %d inter-token gaps, want 3", len(rec.ITL))
+	}
+	wantBody := requestBody{Model: "m", Messages: []chatMessage{{Role: "user", Content: "hello"}}, MaxTokens: 3, Stream: true,
+		StreamOptions: map[string]any{"include_usage": true}, IgnoreEOS: true}
+	if diff := cmp.Diff(wantBody, got.body); diff != "" {
+		t.Errorf("request body (-want +got):\n%s", diff)
+	}
+	if got.path != "/v1/chat/completions" || got.auth != "Bearer sk-test" || got.session != "conv-7" {
+		t.Errorf("path %q auth %q session %q", got.path, got.auth, got.session)
+	}
+}
+
+func TestRun_CompletionsAPIAndNoUsage(t *testing.T) {
+	var path, prompt string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b requestBody
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		path, prompt = r.URL.Path, b.Prompt
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{Target: srv.URL + "/v1", Model: "m", API: "completions"}, items(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := res.Records[0]
+	if path != "/v1/completions" || prompt != "hello" {
+		t.Errorf("path %q prompt %q", path, prompt)
+	}
+	if rec.CachedTokens != -1 || rec.OutputTokens != 2 || rec.PromptTokens != 10 || !rec.OK() {
+		t.Errorf("cached %d output %d prompt %d class %q: want -1, 2, 10 (estimate), ok", rec.CachedTokens, rec.OutputTokens, rec.PromptTokens, rec.Class)
+	}
+}
+
+func TestRun_ErrorClasses(t *testing.T) {
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closedURL := closed.URL
+	closed.Close()
+
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc
+		target  string
+		want    string
+	}{
+		{name: "overloaded", want: "http_503", handler: func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusServiceUnavailable)
+		}},
+		{name: "rate limited", want: "http_429", handler: func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}},
+		{name: "refused", want: "connection", target: closedURL},
+		{name: "no done", want: "mid_stream", handler: func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n")
+		}},
+		{name: "error in stream", want: "mid_stream", handler: func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"error\":{\"message\":\"engine died\"}}\n\n")
+		}},
+		{name: "garbage", want: "mid_stream", handler: func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, "data: <html>\n\n")
+		}},
+		{name: "slow", want: "timeout", handler: func(w http.ResponseWriter, r *http.Request) {
+			// Reading the body to the end lets the server notice the client hanging up.
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			target := tt.target
+			if tt.handler != nil {
+				srv := httptest.NewServer(tt.handler)
+				defer srv.Close()
+				target = srv.URL
+			}
+			res, err := Run(context.Background(), Config{Target: target, Model: "m", RequestTimeout: 200 * time.Millisecond}, items(1, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := res.Records[0]
+			if got := rec.ErrorLabel(); got != tt.want {
+				t.Errorf("class %q (%s), want %q", got, rec.Err, tt.want)
+			}
+			if rec.OK() {
+				t.Error("OK() on a failed request")
+			}
+		})
+	}
+}
+
+func TestRun_OpenLoopKeepsSchedule(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { streamOK(w, 1, 1, 0) }))
+	defer srv.Close()
+	const n, gap = 40, 10 * time.Millisecond
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m"}, items(n, gap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != n {
+		t.Fatalf("got %d records, want %d", len(res.Records), n)
+	}
+	late := make([]time.Duration, n)
+	for i, r := range res.Records {
+		if r.Index != i || r.Scheduled != time.Duration(i)*gap {
+			t.Fatalf("record %d: index %d scheduled %v", i, r.Index, r.Scheduled)
+		}
+		if r.Sent < r.Scheduled {
+			t.Errorf("request %d sent early: %v before %v", i, r.Sent, r.Scheduled)
+		}
+		late[i] = r.Sent - r.Scheduled
+	}
+	slices.Sort(late)
+	// The median lateness is the scheduler's own: generous for a loaded 2-core race build.
+	if med := late[n/2]; med > 25*time.Millisecond {
+		t.Errorf("median lateness %v, want < 25ms", med)
+	}
+	if rate := res.SendRate(); rate < 80 || rate > 101 {
+		t.Errorf("send rate %.1f/s, want about 100", rate)
+	}
+}
+
+// concurrencyServer blocks each request until release is closed, tracking the peak in flight.
+type concurrencyServer struct {
+	cur, peak atomic.Int64
+	arrived   chan struct{}
+	release   chan struct{}
+}
+
+func (c *concurrencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	n := c.cur.Add(1)
+	for {
+		p := c.peak.Load()
+		if n <= p || c.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	c.arrived <- struct{}{}
+	select {
+	case <-c.release:
+	case <-r.Context().Done():
+	}
+	c.cur.Add(-1)
+	streamOK(w, 1, 1, 0)
+}
+
+func TestRun_ConcurrencyCaps(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"closed loop", Config{Concurrency: 2}},
+		{"open loop cap", Config{MaxInFlight: 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := &concurrencyServer{arrived: make(chan struct{}, 100), release: make(chan struct{})}
+			srv := httptest.NewServer(cs)
+			defer srv.Close()
+			cfg := tt.cfg
+			cfg.Target, cfg.Model = srv.URL, "m"
+			limit := max(cfg.Concurrency, cfg.MaxInFlight)
+			done := make(chan Result)
+			go func() {
+				res, err := Run(context.Background(), cfg, items(8, 0))
+				if err != nil {
+					t.Error(err)
+				}
+				done <- res
+			}()
+			// Wait until the cap is reached, then check that nobody else got in.
+			for range limit {
+				<-cs.arrived
+			}
+			if got := cs.cur.Load(); got != int64(limit) {
+				t.Errorf("in flight %d, want %d", got, limit)
+			}
+			close(cs.release)
+			res := <-done
+			if len(res.Records) != 8 {
+				t.Errorf("got %d records, want 8", len(res.Records))
+			}
+			if p := cs.peak.Load(); p > int64(limit) {
+				t.Errorf("peak in flight %d, want <= %d", p, limit)
+			}
+		})
+	}
+}
+
+func TestRun_DurationBound(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { streamOK(w, 1, 1, 0) }))
+	defer srv.Close()
+	it := items(10, 10*time.Millisecond) // due at 0, 10, ..., 90 ms
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Duration: 45 * time.Millisecond}, it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != 5 {
+		t.Errorf("got %d records, want the 5 due before 45ms", len(res.Records))
+	}
+}
+
+func TestRun_Cancel(t *testing.T) {
+	cs := &concurrencyServer{arrived: make(chan struct{}, 100), release: make(chan struct{})}
+	srv := httptest.NewServer(cs)
+	defer srv.Close()
+	defer close(cs.release)
+	ctx, cancel := context.WithCancel(context.Background())
+	it := items(3, 0)
+	it[2].At = time.Hour
+	done := make(chan struct{})
+	var res Result
+	var err error
+	go func() {
+		defer close(done)
+		res, err = Run(ctx, Config{Target: srv.URL, Model: "m"}, it)
+	}()
+	<-cs.arrived
+	<-cs.arrived
+	cancel()
+	<-done
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err %v, want context.Canceled", err)
+	}
+	if len(res.Records) != 2 {
+		t.Fatalf("got %d records, want the 2 sent", len(res.Records))
+	}
+	for _, r := range res.Records {
+		if r.Class != ClassCanceled {
+			t.Errorf("record %d class %q, want canceled", r.Index, r.Class)
+		}
+	}
+}
+
+func TestRun_BadConfig(t *testing.T) {
+	_, err := Run(context.Background(), Config{Target: "ftp:/x", API: "embeddings", Concurrency: -1}, nil)
+	if err == nil {
+		t.Fatal("no error for a bad config")
+	}
+	for _, want := range []string{"target:", "model:", "api:", "concurrency:"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+}
+
+func TestProgress_Modes(t *testing.T) {
+	clock := time.Unix(0, 0)
+	now := func() time.Time { return clock }
+	var lines, none, bar strings.Builder
+	pl := NewProgress(&lines, ProgressLines, "bench", 4, time.Second, now)
+	pn := NewProgress(&none, ProgressNone, "bench", 4, time.Second, now)
+	pb := NewProgress(&bar, ProgressBar, "bench", 4, time.Second, now)
+	recs := []Record{{}, {Class: ClassTimeout}, {}, {}}
+	for i, r := range recs {
+		clock = clock.Add(600 * time.Millisecond) // a line every other record
+		_ = i
+		for _, p := range []*Progress{pl, pn, pb} {
+			p.Record(r)
+		}
+	}
+	for _, p := range []*Progress{pl, pn, pb} {
+		p.Finish()
+	}
+	want := "bench: 2/4 requests, 1 errors, 1.7 req/s, elapsed 1s, eta 1s\n" +
+		"bench: 4/4 requests, 1 errors, 1.7 req/s, elapsed 2s, eta 0s\n" +
+		"bench: 4/4 requests, 1 errors, 1.7 req/s, elapsed 2s, eta 0s\n"
+	if diff := cmp.Diff(want, lines.String()); diff != "" {
+		t.Errorf("line progress (-want +got):\n%s", diff)
+	}
+	if none.Len() != 0 {
+		t.Errorf("quiet progress printed %q", none.String())
+	}
+	if s := bar.String(); !strings.Contains(s, "4/4") || !strings.Contains(s, "1 errors") {
+		t.Errorf("bar output %q lacks count or errors", s)
+	}
+}
+
+func TestStreamReader(t *testing.T) {
+	in := ": comment\n\nevent: x\ndata: {\"choices\":[{\"delta\":{\"content\":\"He\"}}]}\n\n" +
+		"data:{\"choices\":[{\"delta\":{\"content\":\"llo\"}}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\r\n\r\n" +
+		"data: [DONE]\n"
+	sr := NewStreamReader(strings.NewReader(in))
+	var got []string
+	var usage *Usage
+	for range 10 {
+		c, err := sr.Next()
+		if errors.Is(err, ErrDone) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.Content)
+		if c.Usage != nil {
+			usage = c.Usage
+		}
+	}
+	if diff := cmp.Diff([]string{"He", "llo"}, got); diff != "" {
+		t.Errorf("contents (-want +got):\n%s", diff)
+	}
+	if usage == nil || usage.PromptTokens != 5 || usage.CachedTokens() != -1 {
+		t.Errorf("usage %+v: want prompt 5, cached unknown", usage)
+	}
+	if _, err := sr.Next(); !errors.Is(err, io.EOF) {
+		t.Errorf("after [DONE]: %v, want EOF", err)
+	}
+}
+
+func FuzzStreamReader(f *testing.F) {
+	f.Add("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n")
+	f.Add("data: {\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n")
+	f.Add("data: {\"error\":{}}\n")
+	f.Add("data: nope\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		sr := NewStreamReader(strings.NewReader(s))
+		for range len(s) + 2 {
+			if _, err := sr.Next(); err != nil {
+				return
+			}
+		}
+		t.Fatalf("reader returned more chunks than lines in %q", s)
+	})
+}
+
+func BenchmarkStreamReader(b *testing.B) {
+	var sb strings.Builder
+	for range 256 {
+		sb.WriteString("data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n")
+	}
+	sb.WriteString("data: [DONE]\n\n")
+	in := sb.String()
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		sr := NewStreamReader(strings.NewReader(in))
+		for {
+			if _, err := sr.Next(); err != nil {
+				break
+			}
+		}
+	}
+}
+
+var _ = sync.Mutex{}
