@@ -2,12 +2,184 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/workload"
 )
 
-// runAnalyze is not built yet: this file is replaced by the verb's implementation.
-func runAnalyze(_ context.Context, _ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kvroute: this command is not built yet")
-	return 1
+// analyzeFlags are the flags of `kvroute analyze`.
+type analyzeFlags struct {
+	format, profile, workload string
+	instances                 int
+	seed                      uint64
+	json                      bool
+}
+
+// analyzeReport is what `kvroute analyze --json` prints: the workload's Stats and the setting.
+type analyzeReport struct {
+	Source          string  `json:"source"`
+	Format          string  `json:"format"`
+	Profile         string  `json:"profile"`
+	Instances       int     `json:"instances"`
+	KVTokens        int     `json:"kv_tokens_per_instance"`
+	DurationSeconds float64 `json:"duration_s"`
+	workload.Stats
+}
+
+// analyzeUsage marks a bad command line: exit status 2 rather than 1.
+type analyzeUsage struct{ error }
+
+func (e analyzeUsage) Unwrap() error { return e.error }
+
+func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return analyzeMain(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// analyzeMain is runAnalyze with its standard input given, for tests.
+func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvroute analyze", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var f analyzeFlags
+	fs.StringVar(&f.format, "format", "mooncake", "trace format (mooncake: JSONL with timestamp, input_length, output_length, hash_ids)")
+	fs.IntVar(&f.instances, "instances", 8, "instances in the fleet whose pooled KV cache bounds the hit rate")
+	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile: KV capacity per instance and block size")
+	fs.StringVar(&f.workload, "workload", "", "analyze a synthetic workload NAME[:key=value,...] instead of a trace")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the synthetic workload")
+	fs.BoolVar(&f.json, "json", false, "print the statistics as JSON")
+	// Flags may come before or after FILE.
+	var files []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintln(stdout, "usage: kvroute analyze [flags] FILE   (FILE \"-\" reads standard input)")
+				fmt.Fprintln(stdout, "       kvroute analyze [flags] --workload NAME[:key=value,...]")
+				fmt.Fprintln(stdout, "\nPrefix statistics of a trace: lengths, prefix reuse, the cache hit rates no router can beat,")
+				fmt.Fprintln(stdout, "and whether prefix-aware routing is likely to pay off.")
+				fmt.Fprintln(stdout, "\nflags:")
+				fs.SetOutput(stdout)
+				fs.PrintDefaults()
+				fmt.Fprintln(stdout, "\nworkloads (--workload NAME:key=value,...):")
+				fmt.Fprint(stdout, workload.WorkloadHelp())
+				return 0
+			}
+			fmt.Fprintf(stderr, "kvroute analyze: %v (run 'kvroute analyze -h')\n", err)
+			return 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		files = append(files, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	rep, err := analyze(ctx, &f, files, stdin)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute analyze: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
+		if errors.As(err, new(analyzeUsage)) {
+			return 2
+		}
+		return 1
+	}
+	if f.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = writeAnalyzeText(stdout, rep)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute analyze: write: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// analyze checks the command line, reads the workload and measures it.
+func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Reader) (*analyzeReport, error) {
+	var errs []error
+	switch {
+	case f.workload == "" && len(files) != 1:
+		errs = append(errs, fmt.Errorf("want one trace FILE (or - for standard input), got %d", len(files)))
+	case f.workload != "" && len(files) > 0:
+		errs = append(errs, errors.New("give a trace FILE or --workload, not both"))
+	}
+	if f.format != "mooncake" {
+		errs = append(errs, fmt.Errorf("--format %q: unknown, want mooncake", f.format))
+	}
+	if f.instances < 1 {
+		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", f.instances))
+	}
+	prof, err := engine.LookupProfile(f.profile)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--profile: %w", err))
+	}
+	if len(errs) > 0 {
+		return nil, analyzeUsage{errors.Join(errs...)}
+	}
+	var reqs []workload.Request
+	rep := &analyzeReport{Format: f.format, Profile: prof.Name, Instances: f.instances, KVTokens: prof.KVTokens()}
+	switch {
+	case f.workload != "":
+		rep.Source, rep.Format = f.workload, "generated"
+		if reqs, err = workload.Generate(f.workload, f.seed); err != nil {
+			return nil, analyzeUsage{fmt.Errorf("--workload: %w", err)}
+		}
+	case files[0] == "-":
+		rep.Source = "standard input"
+		if reqs, err = workload.ReadMooncake(stdin); err != nil {
+			return nil, fmt.Errorf("standard input: %w", err)
+		}
+	default:
+		rep.Source = files[0]
+		if reqs, err = workload.LoadMooncake(files[0]); err != nil {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rep.Stats = workload.Analyze(reqs, workload.AnalyzeOptions{BlockSize: prof.BlockSize, CapacityTokens: f.instances * prof.KVTokens()})
+	rep.DurationSeconds = rep.Duration.Seconds()
+	return rep, nil
+}
+
+// writeAnalyzeText prints the report as aligned lines, numbers with thousands separators.
+func writeAnalyzeText(w io.Writer, r *analyzeReport) error {
+	p := message.NewPrinter(language.English)
+	var b strings.Builder
+	line := func(label, format string, args ...any) {
+		fmt.Fprintf(&b, "%-16s%s\n", label, p.Sprintf(format, args...))
+	}
+	lengths := func(q workload.Percentiles) string {
+		return p.Sprintf("p50 %d  p90 %d  p99 %d  max %d  mean %.0f", q.P50, q.P90, q.P99, q.Max, q.Mean)
+	}
+	line("source", "%s (%s)", r.Source, r.Format)
+	line("requests", "%d over %.0f s (%.2f requests/s)", r.Requests, r.DurationSeconds, r.Rate)
+	line("prompt tokens", "%s  (total %d)", lengths(r.Prompt), r.PromptTotal)
+	line("output tokens", "%s", lengths(r.Output))
+	blockSize := "mixed sizes"
+	if r.BlockTokens > 0 {
+		blockSize = p.Sprintf("%d tokens", r.BlockTokens)
+	}
+	line("blocks", "%d distinct (%s); working set %d tokens", r.DistinctBlocks, blockSize, r.WorkingSetTokens)
+	line("common prefix", "%d block(s) shared by every request", r.CommonBlocks)
+	var rep []string
+	for _, x := range r.Repeats {
+		rep = append(rep, p.Sprintf(">= %d: %.1f%%", x.Blocks, 100*x.Share))
+	}
+	line("repeat a prefix", "%s  (beyond the common prefix: %.1f%%)", strings.Join(rep, "  "), 100*r.RepeatBeyondCommon)
+	line("hit rate bound", "unbounded cache %.3f; pooled LRU of %d x %d tokens (%s) %.3f  (%d-token blocks, token-weighted)",
+		r.InfiniteHitRate, r.Instances, r.KVTokens, r.Profile, r.LRUHitRate, r.BlockSize)
+	line("verdict", "%s", r.Verdict)
+	_, err := io.WriteString(w, b.String())
+	return err
 }
