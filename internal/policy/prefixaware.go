@@ -38,6 +38,7 @@ type prefixAware struct {
 	attn        float64 // token-equivalents of work per million attention pairs
 	decodeCost  float64 // seconds per running decode
 	sessionTol  float64 // relative slack within which the session's endpoint wins
+	recompute   float64 // weight of the request's own uncached work, on top of its TTFT
 	learn       bool
 	learnWeight float64
 	correct     bool
@@ -95,6 +96,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		attn:        r.Float("attention_weight", 25),
 		decodeCost:  r.Float("decode_cost", 0.0005),
 		sessionTol:  r.Float("session_slack", 0.1),
+		recompute:   r.Float("recompute_weight", 1),
 		learn:       r.Bool("learn", true),
 		learnWeight: r.Float("learn_weight", 0.02),
 		correct:     r.Bool("correct", true),
@@ -107,6 +109,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	r.Require(pa.overhead0 >= 0, "overhead=%g must not be negative (seconds)", pa.overhead0)
 	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative", pa.attn)
 	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds)", pa.decodeCost)
+	r.Require(pa.recompute >= 0, "recompute_weight=%g must not be negative", pa.recompute)
 	r.Require(pa.sessionTol >= 0, "session_slack=%g must not be negative", pa.sessionTol)
 	r.Require(pa.learnWeight > 0 && pa.learnWeight < 1, "learn_weight=%g must be in (0, 1)", pa.learnWeight)
 	r.Require(pa.fallbackCap > 0, "index_blocks=%d must be positive", pa.fallbackCap)
@@ -234,7 +237,8 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	for i, e := range c {
 		s := states[i]
 		cached := cachedTokens(req, int(sc.runs[e.ID]))
-		w := float64(s.pending.Load() + pa.work(req, cached))
+		own := float64(pa.work(req, cached))
+		w := float64(s.pending.Load()) + own*(1+pa.recompute)
 		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
 		cost := math.Float64frombits(s.overhead.Load()) +
 			w*math.Float64frombits(s.perToken.Load()) +

@@ -20,11 +20,16 @@ type Factory func(env Env, p Params) (Picker, error)
 // no package-level registry to mutate.
 func Builtin() map[string]Factory {
 	return map[string]Factory{
-		"round-robin":   newRoundRobin,
-		"random":        newRandom,
-		"least-request": newLeastRequest,
-		"power-of-two":  newPowerOfTwo,
-		"prefix-aware":  newPrefixAware,
+		"round-robin":     newRoundRobin,
+		"random":          newRandom,
+		"least-request":   newLeastRequest,
+		"power-of-two":    newPowerOfTwo,
+		"prefix-aware":    newPrefixAware,
+		"consistent-hash": newConsistentHash,
+		"prefix-spill":    newPrefixSpill,
+		"cache-aware":     newCacheAware,
+		"scorer-weighted": newScorerWeighted,
+		"overlap-cost":    newOverlapCost,
 	}
 }
 
