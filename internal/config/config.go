@@ -73,7 +73,7 @@ type Config struct {
 
 // Policy names the routing policy and its parameters.
 type Policy struct {
-	// Name is a registered policy name (policy.Names()). Default least-request.
+	// Name is a registered policy name (policy.Names()). Default prefix-aware.
 	Name string `json:"name"`
 	// Params are the policy's parameters: scalars (text, numbers, booleans).
 	Params map[string]any `json:"params"`
@@ -187,7 +187,7 @@ type Log struct {
 const (
 	DefaultListen         = "127.0.0.1:8080"
 	DefaultAdminListen    = "127.0.0.1:9090"
-	DefaultPolicy         = "least-request"
+	DefaultPolicy         = "prefix-aware"
 	DefaultEngine         = "openai"
 	DefaultMaxBodyBytes   = 16 << 20
 	DefaultMaxRetries     = 2

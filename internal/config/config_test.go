@@ -30,7 +30,7 @@ func TestParse_Defaults(t *testing.T) {
 	want := &Config{
 		Listen:      "127.0.0.1:8080",
 		AdminListen: "127.0.0.1:9090",
-		Policy:      Policy{Name: "least-request"},
+		Policy:      Policy{Name: "prefix-aware"},
 		Endpoints: []Endpoint{{
 			URL: "http://127.0.0.1:8001", Models: []string{"llama3-70b"}, Engine: "vllm",
 			CacheSalt: &tru, MetricsPath: "/metrics",
