@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -22,6 +23,7 @@ import (
 // simulateFlags are the flags of `kvroute simulate`.
 type simulateFlags struct {
 	trace, workload, profile, policies string
+	records                            string
 	instances, limit                   int
 	load, speedup                      float64
 	seed                               uint64
@@ -56,6 +58,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.scrape, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
 	fs.DurationVar(&f.latency, "network-latency", 0, "one-way router-engine latency")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
+	fs.StringVar(&f.records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, "usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]")
@@ -188,6 +191,10 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 		},
 		Results: make([]report.Result, len(specs)),
 	}
+	var records [][]report.Record
+	if f.records != "" {
+		records = make([][]report.Record, len(specs))
+	}
 	w := des.Prepare(reqs, fleet.Model, fleet.BlockSize)
 
 	// One simulation per policy, at most one per CPU at a time, plus the bounds beside them.
@@ -224,6 +231,9 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 			r.Preemptions = res.Preemptions()
 			r.WallSeconds = time.Since(start).Seconds()
 			sum.Results[i] = r
+			if records != nil {
+				records[i] = res.Records
+			}
 		})
 	}
 	wg.Wait()
@@ -235,7 +245,31 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("simulation interrupted: %w", err)
 	}
+	if f.records != "" {
+		if err := writeRecords(f.records, records); err != nil {
+			return nil, err
+		}
+	}
 	return sum, nil
+}
+
+// writeRecords writes every policy's records to path as JSON Lines.
+func writeRecords(path string, records [][]report.Record) (err error) {
+	fh, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--records: %w", err)
+	}
+	defer func() {
+		if cerr := fh.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("--records: %w", cerr)
+		}
+	}()
+	for _, recs := range records {
+		if err := report.WriteRecords(fh, recs); err != nil {
+			return fmt.Errorf("--records %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // parsePolicies splits "a,b:k=v,k2=v2,c" into policy specs: a comma-separated piece that holds

@@ -146,7 +146,8 @@ func TestSimulateJSON(t *testing.T) {
 }
 
 func TestSimulateTable(t *testing.T) {
-	code, stdout, stderr := runCmd("--trace", writeTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6")
+	recs := filepath.Join(t.TempDir(), "records.jsonl")
+	code, stdout, stderr := runCmd("--trace", writeTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6", "--records", recs)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -154,6 +155,15 @@ func TestSimulateTable(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout)
 		}
+	}
+	// --records: six lines per policy, random's first.
+	b, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 12 || !strings.Contains(lines[0], `"policy":"random"`) || !strings.Contains(lines[11], `"policy":"round-robin"`) {
+		t.Errorf("records file: %d lines, want 12, random's first:\n%s", len(lines), b)
 	}
 }
 
@@ -207,7 +217,10 @@ func TestSimulateMooncakeSample(t *testing.T) {
 	if _, err := os.Stat(trace); err != nil {
 		t.Skip("Mooncake trace not present")
 	}
-	code, stdout, stderr := runCmd("--trace", trace, "--limit", "400", "--instances", "4",
+	if testing.Short() {
+		t.Skip("reads the whole trace")
+	}
+	code, stdout, stderr := runCmd("--trace", trace, "--limit", "200", "--instances", "4",
 		"--policies", "round-robin", "--load", "0.7", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -217,7 +230,7 @@ func TestSimulateMooncakeSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := s.Results[0]
-	if r.Completed+r.Failed != 400 || r.HitRate > s.Bounds.InfiniteCacheHitRate {
+	if r.Completed+r.Failed != 200 || r.HitRate > s.Bounds.InfiniteCacheHitRate {
 		t.Errorf("completed %d failed %d hit rate %v (bound %v)", r.Completed, r.Failed, r.HitRate, s.Bounds.InfiniteCacheHitRate)
 	}
 }

@@ -168,3 +168,21 @@ func TestWriteTable(t *testing.T) {
 }
 
 func ptr(f float64) *float64 { return &f }
+
+func TestWriteRecords(t *testing.T) {
+	recs := []Record{
+		{ID: "1", Policy: "rr", EndpointID: 0, Endpoint: "sim-0", Arrival: msd(10), FirstToken: msd(30), Finish: msd(110),
+			PromptTokens: 100, CachedTokens: 32, OutputTokens: 5, Predicted: true, PredictedCachedTokens: 48},
+		{ID: "2", Policy: "rr", EndpointID: -1, Arrival: msd(20), Finish: msd(20), PromptTokens: 7, Err: "pick: no candidate endpoint"},
+	}
+	var buf bytes.Buffer
+	if err := WriteRecords(&buf, recs); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id":"1","policy":"rr","endpoint":"sim-0","arrival_ms":10,"first_token_ms":30,"finish_ms":110,"ttft_ms":20,"e2e_ms":100,"prompt_tokens":100,"cached_tokens":32,"output_tokens":5,"predicted_cached_tokens":48}
+{"id":"2","policy":"rr","arrival_ms":20,"finish_ms":20,"e2e_ms":0,"prompt_tokens":7,"cached_tokens":0,"output_tokens":0,"error":"pick: no candidate endpoint"}
+`
+	if diff := cmp.Diff(want, buf.String()); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}
