@@ -397,6 +397,8 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 			p.add(at+".url", "%q is not an http(s) base URL: write it like http://10.0.0.5:8000", e.URL)
 		case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
 			p.add(at+".url", "%q: remove the query, fragment or user info", e.URL)
+		case strings.HasSuffix(u.Path, "/v1") || strings.Contains(u.Path, "/v1/"):
+			p.add(at+".url", "%q: give the base URL without /v1 (the router keeps the client's path)", e.URL)
 		}
 		if j, dup := seen[e.URL]; dup && e.URL != "" {
 			p.add(at+".url", "%q is listed twice (also %s[%d]): remove one", e.URL, path, j)

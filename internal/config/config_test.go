@@ -134,6 +134,7 @@ endpoints:
     engine: vlm
   - url: ftp://x
   - url: ""
+  - url: http://127.0.0.1:9/v1
 health: {unhealthy_threshold: -1}
 log: {format: xml}
 normalize: {rules: [{pattern: "(", replace: ""}]}
@@ -149,6 +150,7 @@ normalize: {rules: [{pattern: "(", replace: ""}]}
 		`endpoints[0].engine: unknown engine "vlm"`,
 		`endpoints[1].url: "ftp://x" is listed twice (also endpoints[0])`,
 		`endpoints[2].url: missing`,
+		`endpoints[3].url: "http://127.0.0.1:9/v1": give the base URL without /v1`,
 		`health.unhealthy_threshold: -1: must be at least 1`,
 		`log.format: "xml"`,
 		`normalize.rules[0].pattern: "(" does not compile`,
@@ -157,8 +159,8 @@ normalize: {rules: [{pattern: "(", replace: ""}]}
 			t.Errorf("error lacks %q; got:\n%s", want, msg)
 		}
 	}
-	if n := strings.Count(msg, "\n") + 1; n != 10 {
-		t.Errorf("got %d problems, want 10:\n%s", n, msg)
+	if n := strings.Count(msg, "\n") + 1; n != 11 {
+		t.Errorf("got %d problems, want 11:\n%s", n, msg)
 	}
 }
 

@@ -155,7 +155,32 @@ var tenantName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 type tenantList struct{ c *Config }
 
-func (tenantList) setDefaults(*Config) {}
+// setDefaults warns about tenants that no static endpoint can serve (discovery may still add
+// one, so it is not an error).
+func (tenantList) setDefaults(c *Config) {
+	for i, t := range c.Tenants {
+		if len(t.EndpointLabels) == 0 {
+			continue
+		}
+		found := false
+		for _, e := range c.Endpoints {
+			match := true
+			for k, v := range t.EndpointLabels {
+				if e.Labels[k] != v {
+					match = false
+					break
+				}
+			}
+			if match {
+				found = true
+				break
+			}
+		}
+		if !found {
+			c.Warnings = append(c.Warnings, fmt.Sprintf("tenants[%d].endpoint_labels: no configured endpoint carries all of %v: tenant %q gets no endpoint unless discovery adds one", i, t.EndpointLabels, t.Name))
+		}
+	}
+}
 
 func (tenantList) validate(c *Config, p *problems) {
 	names := map[string]int{}

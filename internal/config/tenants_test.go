@@ -27,6 +27,9 @@ overload: {queue_size: 10, max_wait: 5s, max_predicted_ttft: 3s, max_waiting_per
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "tenants[0].endpoint_labels: no configured endpoint carries all of map[pool:dedicated]") {
+		t.Errorf("warnings = %q, want one about acme's labels", c.Warnings)
+	}
 	if c.AuthMode() != AuthAPIKey {
 		t.Errorf("auth mode = %q, want api_key by default with tenants", c.AuthMode())
 	}
