@@ -48,13 +48,14 @@ func generators() []generator {
 	return []generator{
 		{
 			name: "shared-prefix",
-			doc:  "SGLang generated-shared-prefix: groups of prompts sharing a system prompt, each with its own question; shuffled",
+			doc:  "SGLang generated-shared-prefix: groups of prompts sharing a system prompt, each with its own question; shuffled unless ordered=true",
 			params: []param{
 				{"groups", "64", "number of system prompts"},
 				{"prompts", "16", "prompts per group (n at most groups*prompts)"},
 				{"system", "2048", "system prompt tokens"},
 				{"question", "128", "question tokens"},
 				{"output", "256", "output tokens"},
+				{"ordered", "false", "true: send group by group instead of shuffled"},
 			},
 			build: buildSharedPrefix,
 		},
@@ -118,7 +119,9 @@ func WorkloadHelp() string {
 // Generate builds the workload a spec names: "name" or "name:key=value,key=value" (see
 // WorkloadNames and WorkloadHelp). Every generator takes n= (the number of requests; 0 is the
 // generator's default) and rate= (Poisson arrivals per second, DefaultRate when absent; the
-// multi-turn generator starts conversations at that rate and times later turns itself). Blocks
+// multi-turn generator starts conversations at that rate and times each later turn at an
+// estimate of when the previous answer ends plus a think time: an estimate, since the replay
+// sends each turn at its arrival whatever the fleet really did). Blocks
 // are GeneratedBlockTokens tokens, ids are chained content hashes, and the result, in arrival
 // order with IDs 0, 1, ..., depends only on spec and seed. An unknown name or key, or a bad
 // value, is an error that lists what is valid.
@@ -205,6 +208,15 @@ func (p *params) positive(key string) float64 {
 	if err != nil || !(v > 0) || math.IsInf(v, 0) {
 		p.errs = append(p.errs, fmt.Errorf("key %s: %q, want a number above 0", key, p.values[key]))
 		return 1
+	}
+	return v
+}
+
+// bool returns key's value as true or false.
+func (p *params) bool(key string) bool {
+	v, err := strconv.ParseBool(p.values[key])
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("key %s: %q, want true or false", key, p.values[key]))
 	}
 	return v
 }
@@ -300,7 +312,7 @@ func limit(p *params, def, most int) int {
 func buildSharedPrefix(p *params, seed uint64) ([]Request, error) {
 	groups, prompts := p.int("groups", 1), p.int("prompts", 1)
 	system, question, output := p.int("system", 0), p.int("question", 0), p.int("output", 1)
-	rate := p.positive("rate")
+	rate, ordered := p.positive("rate"), p.bool("ordered")
 	if system+question < 1 {
 		p.errs = append(p.errs, errors.New("keys system, question: both 0, want a prompt of at least 1 token"))
 	}
@@ -321,8 +333,10 @@ func buildSharedPrefix(p *params, seed uint64) ([]Request, error) {
 			reqs = append(reqs, Request{Blocks: blocks, BlockTokens: GeneratedBlockTokens, PromptTokens: tokens, OutputTokens: output})
 		}
 	}
-	rng := newRand(seed, "shared-prefix/shuffle")
-	rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+	if !ordered {
+		rng := newRand(seed, "shared-prefix/shuffle")
+		rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
+	}
 	return Poisson(reqs[:n], rate, seed), nil
 }
 

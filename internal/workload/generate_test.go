@@ -95,6 +95,15 @@ func TestGenerateSharedPrefix(t *testing.T) {
 	if len(small) != 4 || small[0].PromptTokens != 25 || len(small[0].Blocks) != 2 || small[3].OutputTokens != 7 {
 		t.Errorf("small workload: %+v", small)
 	}
+	ordered, err := Generate("shared-prefix:groups=3,prompts=2,ordered=true", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(ordered); i += 2 {
+		if ordered[i].Blocks[0] != ordered[i-1].Blocks[0] {
+			t.Errorf("ordered=true: requests %d and %d are not of one group", i-1, i)
+		}
+	}
 	if small[3].Arrival > time.Second {
 		t.Errorf("4 arrivals at 1000/s end at %v", small[3].Arrival)
 	}
@@ -184,7 +193,8 @@ func TestGenerateMultiTurn(t *testing.T) {
 func TestGenerateErrors(t *testing.T) {
 	tests := []struct{ spec, want string }{
 		{"nope", `workload "nope": unknown name, want one of multi-turn, prefix-repetition, shared-prefix`},
-		{"shared-prefix:colour=red", `unknown key "colour", want one of groups, prompts, system, question, output, n, rate`},
+		{"shared-prefix:colour=red", `unknown key "colour", want one of groups, prompts, system, question, output, ordered, n, rate`},
+		{"shared-prefix:ordered=maybe", `key ordered: "maybe", want true or false`},
 		{"shared-prefix:groups", "key groups: no value"},
 		{"shared-prefix:groups=2,groups=3", "key groups: given twice"},
 		{"shared-prefix:groups=-1", `key groups: "-1", want an integer from 1`},
