@@ -4,7 +4,9 @@ import (
 	"errors"
 	"io/fs"
 	"math"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -52,4 +54,74 @@ func TestMooncakeHitRateBounds(t *testing.T) {
 	} else {
 		t.Logf("%d blocks: engine %.4f, LRU %.4f", small, got, lru)
 	}
+}
+
+// BenchmarkEngine_Trace replays the first 1,500 requests of the real Mooncake trace (about
+// 7 minutes of traffic) on 8 x H200 engines, round robin, in virtual time: the engine-model
+// share of a fleet simulation, reported per simulated request.
+func BenchmarkEngine_Trace(b *testing.B) {
+	reqs, err := workload.LoadMooncake(tracePath)
+	if errors.Is(err, fs.ErrNotExist) {
+		b.Skipf("trace absent: %v", err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	reqs = reqs[:1500]
+	p, err := LookupProfile("llama3-70b-h200-tp8")
+	if err != nil {
+		b.Fatal(err)
+	}
+	er := make([]Request, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		er[i] = Request{ID: strconv.Itoa(i), PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, BlockKeys: workload.Keys(nil, r, p.BlockSize)}
+	}
+	const n = 8
+	var hits, queries int64
+	b.ReportAllocs()
+	for b.Loop() {
+		var engines [n]*Engine
+		var ends [n]time.Duration // next step start of each busy engine
+		var busy [n]bool
+		for i := range engines {
+			engines[i] = newEngine(b, Config{Profile: p})
+		}
+		next := 0
+		for range 100_000_000 {
+			which, at := -1, time.Duration(math.MaxInt64)
+			for i := range engines {
+				if busy[i] && ends[i] < at {
+					which, at = i, ends[i]
+				}
+			}
+			if next < len(reqs) && reqs[next].Arrival <= at {
+				k, t := next%n, reqs[next].Arrival
+				if err := engines[k].Submit(t, er[next]); err != nil {
+					b.Fatal(err)
+				}
+				if !busy[k] {
+					busy[k], ends[k] = true, t
+				}
+				next++
+				continue
+			}
+			if which < 0 {
+				break
+			}
+			end, _, ok := engines[which].Step(at)
+			busy[which], ends[which] = ok, end
+		}
+		hits, queries = 0, 0
+		for _, e := range engines {
+			st := e.Stats()
+			if st.Finished != int64(len(reqs)/n) && st.Finished != int64(len(reqs)/n+1) {
+				b.Fatalf("finished %d of about %d", st.Finished, len(reqs)/n)
+			}
+			hits += st.PrefixHitTokens
+			queries += st.PrefixQueryTokens
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(reqs)), "ns/req")
+	b.ReportMetric(float64(hits)/float64(queries), "hit-rate")
 }
