@@ -2,12 +2,204 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/proxy"
 )
 
-// runServe is not built yet: this file is replaced by the verb's implementation.
-func runServe(_ context.Context, _ []string, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "kvroute: this command is not built yet")
-	return 1
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// runServe runs the router until ctx ends (SIGINT, SIGTERM), then drains in-flight requests.
+// SIGHUP and changes to the config file reload it; a bad new config is logged and the old one
+// kept.
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvroute serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
+		endpoints stringList
+		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: any)")
+		engine    = fs.String("engine", "vllm", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+")")
+		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
+		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
+		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints), overrides admin_listen")
+		pprof     = fs.Bool("pprof", false, "serve /debug/pprof on the admin address")
+		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
+	)
+	fs.Var(&endpoints, "endpoint", "engine base `URL` for a quick start without a config file (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvroute serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if (*cfgPath == "") == (len(endpoints) == 0) {
+		fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL")
+		return 2
+	}
+	overrides := func(c *config.Config) {
+		if *listen != "" {
+			c.Listen = *listen
+		}
+		if *admin != "" {
+			c.AdminListen = *admin
+		}
+		if *pprof {
+			c.Pprof = true
+		}
+		if *logFormat != "" {
+			c.Log.Format = *logFormat
+		}
+	}
+	var cfg *config.Config
+	var initial []byte // the config file's content in force, so the watcher sees later changes
+	var err error
+	if *cfgPath != "" {
+		initial, err = os.ReadFile(*cfgPath)
+		if err == nil {
+			cfg, err = config.Load(*cfgPath)
+		}
+	} else {
+		cfg, err = quickConfig(endpoints, *model, *engine, *pol)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
+		return 1
+	}
+	overrides(cfg)
+	logger := newLogger(cfg.Log, stderr)
+	for _, w := range cfg.Warnings {
+		logger.Warn("config", "warning", w)
+	}
+	r, err := proxy.NewRouter(cfg, logger)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
+		return 1
+	}
+	apiLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute serve: listen: %v\n", err)
+		return 1
+	}
+	adminLn, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		apiLn.Close()
+		fmt.Fprintf(stderr, "kvroute serve: admin listen: %v\n", err)
+		return 1
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if *cfgPath != "" {
+		// SIGHUP forces a reload; WatchFile also reloads when the file's content changes.
+		trigger := make(chan struct{}, 1)
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		wg.Go(func() {
+			defer signal.Stop(hup)
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case <-hup:
+					logger.Info("SIGHUP: reloading the config")
+					select {
+					case trigger <- struct{}{}:
+					default:
+					}
+				}
+			}
+		})
+		wg.Go(func() {
+			opt := config.WatchOptions{Trigger: trigger, Initial: initial}
+			err := config.WatchFile(wctx, *cfgPath, opt, func(_ []byte, _ bool, err error) {
+				var c *config.Config
+				if err == nil {
+					c, err = config.Load(*cfgPath)
+				}
+				if err != nil {
+					r.Metrics().Reloads.WithLabelValues("error").Inc()
+					logger.Error("config rejected, keeping the old one", "err", err)
+					return
+				}
+				overrides(c)
+				_ = r.Reload(c) // Reload logs a rejection
+			})
+			if err != nil && !errors.Is(err, context.Canceled) {
+				logger.Error("config watcher stopped", "err", err)
+			}
+		})
+	}
+	fmt.Fprintf(stdout, "kvroute serve: api http://%s admin http://%s policy %s, %d endpoint(s)\n",
+		apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
+	err = r.Serve(ctx, apiLn, adminLn)
+	stopWatch()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// quickConfig builds a config from --endpoint flags.
+func quickConfig(urls []string, model, engine, pol string) (*config.Config, error) {
+	c := &config.Config{}
+	for _, u := range urls {
+		ep := config.Endpoint{URL: u, Engine: engine}
+		if model != "" {
+			ep.Models = []string{model}
+		}
+		c.Endpoints = append(c.Endpoints, ep)
+	}
+	if pol != "" {
+		name, params, err := policy.ParseSpec(pol)
+		if err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
+		}
+		c.Policy.Name = name
+		c.Policy.Params = map[string]any{}
+		for k, v := range params {
+			c.Policy.Params[k] = v
+		}
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newLogger builds the process logger: JSON (default) or text, at the configured level.
+func newLogger(l config.Log, w io.Writer) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.Level)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if l.Format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
 }

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a poller.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+var addrLine = regexp.MustCompile(`api (http://\S+) admin (http://\S+)`)
+
+// startServe runs `kvroute serve args...` and returns its API and admin base URLs.
+func startServe(t *testing.T, args ...string) (api, admin string, stderr *lockedBuffer, stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out lockedBuffer
+	stderr = &lockedBuffer{}
+	code := make(chan int, 1)
+	go func() { code <- runServe(ctx, args, &out, stderr) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := addrLine.FindStringSubmatch(out.String()); m != nil {
+			api, admin = m[1], m[2]
+			break
+		}
+		select {
+		case c := <-code:
+			cancel()
+			t.Fatalf("serve exited with %d: %s", c, stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if api == "" {
+		cancel()
+		t.Fatalf("serve did not start: %s", stderr)
+	}
+	var once sync.Once
+	var rc int
+	stop = func() int {
+		once.Do(func() {
+			cancel()
+			select {
+			case rc = <-code:
+			case <-time.After(30 * time.Second):
+				t.Fatal("serve did not stop")
+			}
+		})
+		return rc
+	}
+	t.Cleanup(func() { stop() })
+	return api, admin, stderr, stop
+}
+
+func fakeVLLM(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","choices":[{"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestServeQuickStart(t *testing.T) {
+	eng := fakeVLLM(t)
+	api, admin, stderr, stop := startServe(t, "--endpoint", eng.URL, "--model", "m", "--listen", "127.0.0.1:0",
+		"--admin-listen", "127.0.0.1:0", "--policy", "round-robin")
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post(api+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"secret prompt text"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"ok"`) {
+		t.Errorf("chat: %d %s", resp.StatusCode, body)
+	}
+	// The request is counted once its last byte is sent: poll with a deadline.
+	want := `kvroute_requests_total{endpoint="` + eng.URL + `",model="m",status="200"} 1`
+	found := false
+	for deadline := time.Now().Add(10 * time.Second); !found && time.Now().Before(deadline); {
+		resp, err = client.Get(admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		found = strings.Contains(string(body), want)
+		if !found {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if !found {
+		t.Errorf("metrics lack %s", want)
+	}
+	if rc := stop(); rc != 0 {
+		t.Errorf("exit code %d, stderr:\n%s", rc, stderr)
+	}
+	logs := stderr.String()
+	if !strings.Contains(logs, `"msg":"request"`) || strings.Contains(logs, "secret prompt text") {
+		t.Errorf("want a JSON access line and no prompt text in the logs:\n%s", logs)
+	}
+}
+
+func TestServeReloadsConfigFile(t *testing.T) {
+	a, b := fakeVLLM(t), fakeVLLM(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvroute.yaml")
+	write := func(urls ...string) {
+		var s strings.Builder
+		s.WriteString("# " + time.Now().String() + "\n")
+		s.WriteString("scrape: {disabled: true}\nendpoints:\n")
+		for _, u := range urls {
+			s.WriteString("  - {url: " + u + ", models: [m]}\n")
+		}
+		if err := os.WriteFile(path, []byte(s.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(a.URL)
+	_, admin, _, _ := startServe(t, "--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	// The watcher may start after the first write: write again (new content) until it is seen.
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		if i%20 == 0 {
+			write(a.URL, b.URL)
+		}
+		resp, err := http.Get(admin + "/debug/endpoints")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), b.URL) {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Error("the new endpoint did not appear after the config file changed")
+}
+
+func TestServeFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	if rc := runServe(context.Background(), nil, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "--config") {
+		t.Errorf("no flags: rc %d, %q", rc, errb.String())
+	}
+	errb.Reset()
+	if rc := runServe(context.Background(), []string{"--config", "/nonexistent.yaml"}, &out, &errb); rc != 1 {
+		t.Errorf("missing config: rc %d", rc)
+	}
+}
