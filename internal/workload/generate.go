@@ -296,6 +296,19 @@ func newRand(seed uint64, stream string) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, xxhash.Sum64String(stream)))
 }
 
+// maxRequests and maxWorkloadTokens bound a generated workload (about 1 GiB of block ids).
+const (
+	maxRequests       = 1 << 24
+	maxWorkloadTokens = 1 << 31
+)
+
+// capTokens records an error when a workload would hold more prompt tokens than we generate.
+func (p *params) capTokens(tokens int64, keys string) {
+	if tokens > maxWorkloadTokens {
+		p.errs = append(p.errs, fmt.Errorf("keys %s: up to %d prompt tokens in all, want at most %d", keys, tokens, int64(maxWorkloadTokens)))
+	}
+}
+
 // limit applies n to a count: 0 keeps def; above max is an error.
 func limit(p *params, def, most int) int {
 	n := p.int("n", 0)
@@ -316,8 +329,10 @@ func buildSharedPrefix(p *params, seed uint64) ([]Request, error) {
 	if system+question < 1 {
 		p.errs = append(p.errs, errors.New("keys system, question: both 0, want a prompt of at least 1 token"))
 	}
-	if groups*prompts > 1<<24 {
-		p.errs = append(p.errs, fmt.Errorf("keys groups, prompts: %d requests, want at most %d", groups*prompts, 1<<24))
+	if groups*prompts > maxRequests {
+		p.errs = append(p.errs, fmt.Errorf("keys groups, prompts: %d requests, want at most %d", groups*prompts, maxRequests))
+	} else {
+		p.capTokens(int64(groups)*int64(prompts)*int64(system+question), "groups, prompts, system, question")
 	}
 	if err := p.err(); err != nil {
 		return nil, err
@@ -346,7 +361,8 @@ func buildPrefixRepetition(p *params, seed uint64) ([]Request, error) {
 	if prefixLen+suffix < 1 {
 		p.errs = append(p.errs, errors.New("keys prefix, suffix: both 0, want a prompt of at least 1 token"))
 	}
-	n := limit(p, 1000, 1<<24)
+	n := limit(p, 1000, maxRequests)
+	p.capTokens(int64(n)*int64(prefixLen+suffix), "n, prefix, suffix")
 	if err := p.err(); err != nil {
 		return nil, err
 	}
@@ -376,8 +392,12 @@ func buildMultiTurn(p *params, seed uint64) ([]Request, error) {
 	minOut, maxOut := p.span("min-output", "max-output", 1)
 	think, tpot := p.duration("think"), p.duration("tpot")
 	prefill, rate := p.positive("prefill"), p.positive("rate")
-	if convs*maxTurns > 1<<24 {
-		p.errs = append(p.errs, fmt.Errorf("keys conversations, max-turns: up to %d requests, want at most %d", convs*maxTurns, 1<<24))
+	if convs*maxTurns > maxRequests {
+		p.errs = append(p.errs, fmt.Errorf("keys conversations, max-turns: up to %d requests, want at most %d", convs*maxTurns, maxRequests))
+	} else {
+		// The longest conversation's last prompt bounds every prompt.
+		longest := int64(common+prefixMax) + int64(maxTurns)*int64(maxUser+maxOut)
+		p.capTokens(int64(convs)*int64(maxTurns)*longest, "conversations, max-turns, common, prefix-max, max-user, max-output")
 	}
 	n := p.int("n", 0)
 	if err := p.err(); err != nil {

@@ -206,6 +206,9 @@ func TestGenerateErrors(t *testing.T) {
 		{"multi-turn:think=soon", `key think: "soon", want a duration`},
 		{"multi-turn:conversations=100000000", "keys conversations, max-turns: up to"},
 		{"prefix-repetition:output=0", `key output: "0"`},
+		{"prefix-repetition:n=1000000,prefix=100000", "keys n, prefix, suffix: up to 100256000000 prompt tokens in all, want at most 2147483648"},
+		{"shared-prefix:groups=1000,prompts=1000,system=100000", "keys groups, prompts, system, question: up to"},
+		{"multi-turn:conversations=10000,max-user=100000", "keys conversations, max-turns, common, prefix-max, max-user, max-output: up to"},
 	}
 	for _, tt := range tests {
 		_, err := Generate(tt.spec, 1)
@@ -213,6 +216,50 @@ func TestGenerateErrors(t *testing.T) {
 			t.Errorf("Generate(%q) error = %v, want it to contain %q", tt.spec, err, tt.want)
 		}
 	}
+}
+
+func FuzzGenerateSpec(f *testing.F) {
+	f.Add("shared-prefix:groups=2,prompts=2,system=33,question=7")
+	f.Add("multi-turn:conversations=2,min-turns=1,max-turns=3,prefix-mean=40,common=0")
+	f.Add("prefix-repetition:n=5,prefixes=2,rate=1e9")
+	f.Add("multi-turn:think=-1s,,=,n")
+	f.Fuzz(func(t *testing.T, spec string) {
+		if specProduct(spec) > 1e7 {
+			t.Skip("numbers too large: the workload could take minutes to build")
+		}
+		reqs, err := Generate(spec, 1)
+		if err != nil {
+			if reqs != nil {
+				t.Errorf("error %v with requests", err)
+			}
+			return
+		}
+		total := 0
+		for i := range reqs {
+			r := &reqs[i]
+			total += r.PromptTokens
+			if r.PromptTokens < 1 || r.OutputTokens < 1 || len(r.Blocks) != (r.PromptTokens+15)/16 || r.Arrival < 0 {
+				t.Fatalf("%q: bad request %+v", spec, r)
+			}
+			if total > 1<<22 {
+				t.Skip("workload too large to fuzz")
+			}
+		}
+	})
+}
+
+// specProduct multiplies the numbers written in a spec: a cheap bound on the workload's size.
+func specProduct(spec string) float64 {
+	product, v := 1.0, 0.0
+	for i := 0; i <= len(spec); i++ {
+		if i < len(spec) && spec[i] >= '0' && spec[i] <= '9' {
+			v = v*10 + float64(spec[i]-'0')
+			continue
+		}
+		product *= max(v, 1)
+		v = 0
+	}
+	return product
 }
 
 func TestPromptOfPartialBlocks(t *testing.T) {
