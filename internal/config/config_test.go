@@ -97,7 +97,8 @@ health: {intervall: 5s}
 		t.Fatal("want an error")
 	}
 	msg := err.Error()
-	for _, want := range []string{`lisen: unknown key "lisen"`, `endpoints[0].modles: unknown key "modles"`,
+	for _, want := range []string{`lisen: unknown key "lisen" in the top level (did you mean "listen"?`,
+		`endpoints[0].modles: unknown key "modles" in endpoints[0] (did you mean "models"?`,
 		`health.intervall: unknown key "intervall"`, "known keys:"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not contain %q", msg, want)

@@ -161,8 +161,12 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 		for _, k := range keys {
 			ft, ok := fields[k]
 			if !ok {
-				*errs = append(*errs, fmt.Errorf("%s: unknown key %q in %s (known keys: %s)",
-					join(path, k), k, rootName(path), strings.Join(names, ", ")))
+				hint := ""
+				if near := nearest(k, names); near != "" {
+					hint = fmt.Sprintf("did you mean %q? ", near)
+				}
+				*errs = append(*errs, fmt.Errorf("%s: unknown key %q in %s (%sknown keys: %s)",
+					join(path, k), k, rootName(path), hint, strings.Join(names, ", ")))
 				continue
 			}
 			checkTree(ft, m[k], join(path, k), errs)
@@ -217,4 +221,46 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 			*errs = append(*errs, fmt.Errorf("%s: %s is not a number", path, n))
 		}
 	}
+}
+
+// nearest returns the name closest to key by edit distance, if it is within 2 edits.
+func nearest(key string, names []string) string {
+	best, bestD := "", 3
+	for _, n := range names {
+		if d := editDistance(key, n, bestD); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, or limit when it is at least limit.
+func editDistance(a, b string, limit int) int {
+	if len(a) > 64 || len(b) > 64 || abs(len(a)-len(b)) >= limit {
+		return limit
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return min(prev[len(b)], limit)
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
