@@ -9,7 +9,8 @@ import (
 // blocks cached by an earlier identical-prefix request, and returns its TTFT.
 func idleTTFT(t *testing.T, p Profile, prompt, cachedBlocks int) (Event, time.Duration) {
 	t.Helper()
-	e := newEngine(t, Config{Profile: p})
+	// 64k tokens of KV are plenty for one request and keep the test fast under -race.
+	e := newEngine(t, Config{Profile: p, NumBlocks: 4096})
 	var now time.Duration
 	k := keys(1, prompt/p.BlockSize)
 	if cachedBlocks > 0 {
@@ -80,7 +81,7 @@ func TestCalibrationDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, batch := range []int{1, 8, 32} {
-		e := newEngine(t, Config{Profile: p})
+		e := newEngine(t, Config{Profile: p, NumBlocks: 16384})
 		for i := range batch {
 			submit(t, e, 0, Request{ID: string(rune('a' + i)), PromptTokens: 4096, OutputTokens: 50})
 		}

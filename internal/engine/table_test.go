@@ -16,7 +16,7 @@ func TestHashTableMatchesMap(t *testing.T) {
 		for i := range universe {
 			universe[i] = rng.Uint64() >> uint(rng.IntN(64)) // some tiny keys, 0 included
 		}
-		for op := range 20000 {
+		for op := range 6000 {
 			h := universe[rng.IntN(len(universe))]
 			if _, in := ref[h]; !in && len(ref) < maxEntries && rng.IntN(2) == 0 {
 				if !tab.insert(h, int32(op)) {

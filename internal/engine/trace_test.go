@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"io/fs"
 	"math"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -13,6 +16,38 @@ import (
 
 const tracePath = "../../../shared/traces/mooncake/conversation_trace.jsonl"
 
+// loadTraceHead reads the first n requests of the Mooncake trace, skipping the test when the
+// trace is absent.
+func loadTraceHead(t testing.TB, n int) []workload.Request {
+	t.Helper()
+	f, err := os.Open(tracePath)
+	if errors.Is(err, fs.ErrNotExist) {
+		t.Skipf("trace absent: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var head bytes.Buffer
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for i := 0; i < n && sc.Scan(); i++ {
+		head.Write(sc.Bytes())
+		head.WriteByte('\n')
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := workload.ReadMooncake(&head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != n {
+		t.Fatalf("trace head: %d requests, want %d", len(reqs), n)
+	}
+	return reqs
+}
+
 // TestMooncakeHitRateBounds feeds the head of the real Mooncake trace, one request at a time,
 // through an instant engine with 512-token blocks, and compares its prefix hit rate with the
 // workload package's independent bounds: with room for everything it must match the
@@ -20,14 +55,7 @@ const tracePath = "../../../shared/traces/mooncake/conversation_trace.jsonl"
 // also parks uncached partial and output blocks in its free queue, which costs it a little
 // capacity, and it always recomputes a prompt's last token).
 func TestMooncakeHitRateBounds(t *testing.T) {
-	reqs, err := workload.LoadMooncake(tracePath)
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("trace absent: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs = reqs[:2000]
+	reqs := loadTraceHead(t, 2000)
 	const bs = 512
 	run := func(numBlocks int) float64 {
 		e := newEngine(t, Config{Profile: Profile{Name: "instant-512", BlockSize: bs, NumBlocks: numBlocks, MaxNumSeqs: 1, MaxBatchedTokens: 1 << 20}})
@@ -60,14 +88,7 @@ func TestMooncakeHitRateBounds(t *testing.T) {
 // 7 minutes of traffic) on 8 x H200 engines, round robin, in virtual time: the engine-model
 // share of a fleet simulation, reported per simulated request.
 func BenchmarkEngine_Trace(b *testing.B) {
-	reqs, err := workload.LoadMooncake(tracePath)
-	if errors.Is(err, fs.ErrNotExist) {
-		b.Skipf("trace absent: %v", err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	reqs = reqs[:1500]
+	reqs := loadTraceHead(b, 1500)
 	p, err := LookupProfile("llama3-70b-h200-tp8")
 	if err != nil {
 		b.Fatal(err)
