@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -155,9 +156,24 @@ var tenantName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 type tenantList struct{ c *Config }
 
-// setDefaults warns about tenants that no static endpoint can serve (discovery may still add
-// one, so it is not an error).
+// KeyDigest returns the form an API key takes in tenants[].api_keys: "sha256:" and the
+// lowercase hex SHA-256 of the key.
+func KeyDigest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// setDefaults lowercases the key digests (so that they compare equal to KeyDigest's) and warns
+// about tenants that no static endpoint can serve (discovery may still add one, so it is not
+// an error).
 func (tenantList) setDefaults(c *Config) {
+	for i := range c.Tenants {
+		for j, k := range c.Tenants[i].APIKeys {
+			if rest, ok := strings.CutPrefix(k, "sha256:"); ok {
+				c.Tenants[i].APIKeys[j] = "sha256:" + strings.ToLower(rest)
+			}
+		}
+	}
 	for i, t := range c.Tenants {
 		if len(t.EndpointLabels) == 0 {
 			continue

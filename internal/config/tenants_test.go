@@ -124,3 +124,21 @@ func TestTenants_AuthModes(t *testing.T) {
 		}
 	}
 }
+
+func TestKeyDigest(t *testing.T) {
+	// The example config's digest of the word foo.
+	if got, want := KeyDigest("foo"), "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"; got != want {
+		t.Errorf("KeyDigest(foo) = %q, want %q", got, want)
+	}
+	c, err := Parse([]byte(minimal + "auth: {secret_env: X}\ntenants: [{name: a, api_keys: [" + strings.ToUpper(KeyDigest("k"))[:7] + strings.ToUpper(KeyDigest("k")[7:]) + "]}]\n"))
+	if err == nil {
+		t.Fatalf("SHA256: prefix in capitals should be rejected, got %+v", c.Tenants)
+	}
+	c, err = Parse([]byte(minimal + "auth: {secret_env: X}\ntenants: [{name: a, api_keys: [sha256:" + strings.ToUpper(KeyDigest("k")[7:]) + "]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Tenants[0].APIKeys[0]; got != KeyDigest("k") {
+		t.Errorf("digest = %q, want it lowercased to %q", got, KeyDigest("k"))
+	}
+}
