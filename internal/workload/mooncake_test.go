@@ -2,6 +2,7 @@ package workload
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -142,4 +143,23 @@ func FuzzParseMooncakeLine(f *testing.F) {
 			t.Errorf("accepted %d blocks for %d tokens", len(req.Blocks), req.PromptTokens)
 		}
 	})
+}
+
+func BenchmarkReadMooncake(b *testing.B) {
+	var sb strings.Builder
+	for i := 0; i < 1000; i++ {
+		fmt.Fprintf(&sb, `{"timestamp": %d, "input_length": 6000, "output_length": 300, "hash_ids": [0`, i*300)
+		for k := 1; k < 12; k++ {
+			fmt.Fprintf(&sb, ", %d", i*12+k)
+		}
+		sb.WriteString("]}\n")
+	}
+	text := sb.String()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := ReadMooncake(strings.NewReader(text)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
