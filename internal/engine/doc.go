@@ -11,6 +11,17 @@
 // HTTP engine simulator (package simserver) drive the same code, and a test can work the expected
 // answer out by hand. An Engine is not safe for concurrent use; callers serialise.
 //
+// Modelling choices where vLLM leaves room or where the model knows less than an engine:
+//   - Only prompt blocks with a content key (Request.BlockKeys) are cacheable; blocks of
+//     generated tokens and a prompt's partial last block never are.
+//   - Blocks are offered to the cache when their prefill is scheduled (as vLLM does), so a request
+//     admitted later in the same step can hit them. When another block already caches the same
+//     hash, the new copy stays uncached (vLLM keeps both; the hit set is the same).
+//   - PrefixQueryTokens and PrefixHitTokens count a request once, at its first admission; a
+//     request recomputed after preemption is not counted again.
+//   - The first output token is reported as EventFirstToken only; EventToken (with
+//     Config.TokenEvents) reports the second and later ones.
+//
 // The steady state allocates nothing per block: block state lives in preallocated slices, the
 // free queue is an intrusive doubly-linked list over block ids, and the prefix cache is an
 // open-addressing table from block hash to block id.
