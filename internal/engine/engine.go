@@ -127,10 +127,12 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Config returns the engine's configuration with the zero sizes filled from the profile.
+// Config returns the engine's configuration with the zero sizes filled from the profile. It
+// reads only what New fixed, so it may be called while another goroutine drives the engine.
 func (e *Engine) Config() Config { return e.cfg }
 
-// UnloadedTTFT is Profile.UnloadedTTFT under this engine's block size and batch budget.
+// UnloadedTTFT is Profile.UnloadedTTFT under this engine's block size and batch budget. Like
+// Config, it may be called while another goroutine drives the engine.
 func (e *Engine) UnloadedTTFT(promptTokens, cachedTokens int) time.Duration {
 	p := e.cfg.Profile
 	p.BlockSize, p.MaxBatchedTokens = e.cfg.BlockSize, e.cfg.MaxBatchedTokens
