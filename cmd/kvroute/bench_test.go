@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+
+	"github.com/kvroute/kvroute/internal/report"
+)
+
+// fakeStream is an OpenAI-compatible server that streams two tokens and reports half the
+// prompt as cached; every fifth request fails with 503. It names itself in X-Backend.
+func fakeStream(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		i := n.Add(1)
+		w.Header().Set("X-Backend", fmt.Sprintf("b%d", i%2))
+		if i%5 == 0 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":50}}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
+// checkLeaks verifies, after every other cleanup of t, that t left no goroutine running.
+func checkLeaks(t *testing.T) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+}
+
+func runVerb(verb string, args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(context.Background(), append([]string{verb}, args...), &o, &e)
+	return code, o.String(), e.String()
+}
+
+// jsonKeys returns the sorted keys of a JSON object.
+func jsonKeys(t *testing.T, raw json.RawMessage) []string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func TestBenchJSON(t *testing.T) {
+	checkLeaks(t)
+	srv, n := fakeStream(t)
+	html := filepath.Join(t.TempDir(), "r.html")
+	code, out, errOut := runVerb("bench", "--target", srv.URL, "--workload", "shared-prefix:groups=2,prompts=5",
+		"--rate", "500", "--arrival", "constant", "--json", "--quiet", "--endpoint-header", "X-Backend", "--html", html)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if got := n.Load(); got != 10 {
+		t.Errorf("server saw %d requests, want 10", got)
+	}
+	if strings.Contains(errOut, "requests,") {
+		t.Errorf("--quiet printed progress: %q", errOut)
+	}
+	var doc struct {
+		Scenario report.Scenario
+		Results  []json.RawMessage
+		Bench    []benchExtra
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bad JSON: %v\n%s", err, out)
+	}
+	if len(doc.Results) != 1 || len(doc.Bench) != 1 {
+		t.Fatalf("got %d results and %d bench entries, want 1 and 1", len(doc.Results), len(doc.Bench))
+	}
+	// The results entry has exactly the shape of kvroute simulate --json.
+	want, _ := json.Marshal(report.Result{})
+	if diff := cmp.Diff(jsonKeys(t, want), jsonKeys(t, doc.Results[0])); diff != "" {
+		t.Errorf("results entry keys (-simulate +bench):\n%s", diff)
+	}
+	var r report.Result
+	if err := json.Unmarshal(doc.Results[0], &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Completed != 8 || r.Failed != 2 || r.HitRate != 0.5 || r.Policy != "bench" {
+		t.Errorf("completed %d failed %d hit rate %v policy %q: want 8, 2, 0.5, bench", r.Completed, r.Failed, r.HitRate, r.Policy)
+	}
+	if diff := cmp.Diff([]int{5, 5}, r.InstanceRequests); diff != "" {
+		t.Errorf("per-endpoint requests (-want +got):\n%s", diff)
+	}
+	b := doc.Bench[0]
+	if diff := cmp.Diff(map[string]int{"http_503": 2}, b.Errors); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+	if b.AskedRate < 499 || b.AskedRate > 501 || b.AchievedRate <= 0 || !b.CachedTokensReported {
+		t.Errorf("asked %v achieved %v cached reported %v", b.AskedRate, b.AchievedRate, b.CachedTokensReported)
+	}
+	if doc.Scenario.Requests != 10 || doc.Scenario.Instances != 2 {
+		t.Errorf("scenario %+v: want 10 requests on 2 endpoints", doc.Scenario)
+	}
+	page, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := strings.Count(string(page), "<svg"); c != 4 {
+		t.Errorf("report has %d charts, want 4", c)
+	}
+}
+
+func TestBenchTableAndProgressLines(t *testing.T) {
+	checkLeaks(t)
+	srv, _ := fakeStream(t)
+	code, out, errOut := runVerb("bench", "--target", srv.URL, "--workload", "prefix-repetition:n=6", "--concurrency", "2")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"policy", "bench", "0.500", "errors: http_503 1", "ITL ms"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	// stderr is not a terminal: plain lines, ending with the final count.
+	if !strings.Contains(errOut, "bench: 6/6 requests, 1 errors") {
+		t.Errorf("progress lines %q lack the final line", errOut)
+	}
+}
+
+func TestBenchErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		code     int
+		contains []string
+	}{
+		{"no target", nil, 2, []string{"--target"}},
+		{"two pacings", []string{"--target", "http://127.0.0.1:1", "--rate", "1", "--concurrency", "2"}, 2, []string{"at most one"}},
+		{"bad workload", []string{"--target", "http://127.0.0.1:1", "--workload", "nope"}, 2, []string{"--workload", "nope"}},
+		{"bad arrival", []string{"--target", "http://127.0.0.1:1", "--arrival", "bursty"}, 2, []string{"--arrival"}},
+		{"bad target", []string{"--target", "ftp://x", "--requests", "1"}, 1, []string{"target"}},
+		{"missing trace", []string{"--target", "http://127.0.0.1:1", "--trace", "/nonexistent/t.jsonl"}, 1, []string{"--trace"}},
+		{"stray argument", []string{"--target", "http://127.0.0.1:1", "extra"}, 2, []string{`"extra"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, errOut := runVerb("bench", tt.args...)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d (%s)", code, tt.code, errOut)
+			}
+			for _, c := range tt.contains {
+				if !strings.Contains(errOut, c) {
+					t.Errorf("stderr %q lacks %q", errOut, c)
+				}
+			}
+		})
+	}
+}
+
+func TestBenchConnectionErrorsAreCounted(t *testing.T) {
+	checkLeaks(t)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	code, out, errOut := runVerb("bench", "--target", url, "--workload", "prefix-repetition:n=3", "--concurrency", "1", "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "errors: connection 3") {
+		t.Errorf("table does not count 3 connection errors:\n%s", out)
+	}
+}
