@@ -20,11 +20,8 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 )
 
-// Engines are the engine kinds an endpoint may declare.
-var engines = []string{"vllm", "sglang", "tgi", "llamacpp", "openai"}
-
 // Engines returns the engine kinds an endpoint may declare.
-func Engines() []string { return slices.Clone(engines) }
+func Engines() []string { return []string{"vllm", "sglang", "tgi", "llamacpp", "openai"} }
 
 // Config is the whole router configuration. Zero values are replaced by the documented
 // defaults when the config is loaded; examples/kvroute.yaml documents every key.
@@ -405,8 +402,8 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 		} else {
 			seen[e.URL] = i
 		}
-		if !slices.Contains(engines, e.Engine) {
-			p.add(at+".engine", "unknown engine %q: use one of %s", e.Engine, strings.Join(engines, ", "))
+		if !slices.Contains(Engines(), e.Engine) {
+			p.add(at+".engine", "unknown engine %q: use one of %s", e.Engine, strings.Join(Engines(), ", "))
 		}
 		for j, m := range e.Models {
 			if strings.TrimSpace(m) == "" {

@@ -26,40 +26,44 @@ type names struct {
 	capacityTokens string
 }
 
-var engineNames = map[string]names{
-	"vllm": {
-		running: []string{"vllm:num_requests_running"},
-		waiting: []string{"vllm:num_requests_waiting"},
-		kvUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
-		queries: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"},
-		hits:    []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"},
+// namesFor returns the metric names of an engine kind.
+func namesFor(engine string) (names, bool) {
+	n, ok := map[string]names{
+		"vllm": {
+			running: []string{"vllm:num_requests_running"},
+			waiting: []string{"vllm:num_requests_waiting"},
+			kvUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+			queries: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"},
+			hits:    []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"},
 
-		cacheInfo: "vllm:cache_config_info", blockSizeLabel: "block_size", blocksLabel: "num_gpu_blocks",
-	},
-	"sglang": {
-		running: []string{"sglang:num_running_reqs"},
-		waiting: []string{"sglang:num_queue_reqs"},
-		kvUsage: []string{"sglang:token_usage"},
-		queries: []string{"sglang:prompt_tokens_total", "sglang:prompt_tokens"},
-		hits:    []string{"sglang:cached_tokens_total", "sglang:cached_tokens"},
+			cacheInfo: "vllm:cache_config_info", blockSizeLabel: "block_size", blocksLabel: "num_gpu_blocks",
+		},
+		"sglang": {
+			running: []string{"sglang:num_running_reqs"},
+			waiting: []string{"sglang:num_queue_reqs"},
+			kvUsage: []string{"sglang:token_usage"},
+			queries: []string{"sglang:prompt_tokens_total", "sglang:prompt_tokens"},
+			hits:    []string{"sglang:cached_tokens_total", "sglang:cached_tokens"},
 
-		cacheInfo: "sglang:cache_config_info", blockSizeLabel: "page_size", blocksLabel: "num_pages",
-		capacityTokens: "sglang:max_total_num_tokens",
-	},
-	"tgi": {
-		running: []string{"tgi_batch_current_size"},
-		waiting: []string{"tgi_queue_size"},
-	},
-	"llamacpp": {
-		running: []string{"llamacpp:requests_processing"},
-		waiting: []string{"llamacpp:requests_deferred"},
-		kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
-	},
+			cacheInfo: "sglang:cache_config_info", blockSizeLabel: "page_size", blocksLabel: "num_pages",
+			capacityTokens: "sglang:max_total_num_tokens",
+		},
+		"tgi": {
+			running: []string{"tgi_batch_current_size"},
+			waiting: []string{"tgi_queue_size"},
+		},
+		"llamacpp": {
+			running: []string{"llamacpp:requests_processing"},
+			waiting: []string{"llamacpp:requests_deferred"},
+			kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
+		},
+	}[engine]
+	return n, ok
 }
 
 // Supported reports whether Parse knows the engine's metric names.
 func Supported(engine string) bool {
-	_, ok := engineNames[engine]
+	_, ok := namesFor(engine)
 	return ok
 }
 
@@ -70,7 +74,7 @@ func Supported(engine string) bool {
 // num_pages; summed over ranks). An engine without known names, or text that is not the
 // Prometheus format, is an error.
 func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error) {
-	n, ok := engineNames[engine]
+	n, ok := namesFor(engine)
 	if !ok {
 		return nil, fmt.Errorf("no metric names known for engine %q", engine)
 	}
