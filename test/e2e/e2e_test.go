@@ -1,0 +1,265 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/simserver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const model = "e2e-model"
+
+// stack is a simulated fleet with the router in front.
+type stack struct {
+	fleet  *simserver.Fleet
+	router *proxy.Router
+	api    string // router base URL
+	admin  string
+}
+
+// startStack starts n simulated instances and a router whose endpoints are extra (listed
+// first) and then the instances.
+func startStack(t *testing.T, n int, profile, policyName string, extra ...string) *stack {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fleet, err := simserver.StartFleet(ctx, simserver.Options{Profile: profile, Model: model, DefaultMaxTokens: 16}, n, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fleet.Close() })
+	var y strings.Builder
+	fmt.Fprintf(&y, "policy: {name: %s}\nhealth: {interval: 1h, unhealthy_threshold: 5}\nscrape: {interval: 100ms}\nserver: {shutdown_timeout: 5s}\nendpoints:\n", policyName)
+	for _, u := range append(extra, fleet.URLs()...) {
+		fmt.Fprintf(&y, "  - {url: %q, models: [%s], engine: vllm}\n", u, model)
+	}
+	cfg, err := config.Parse([]byte(y.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(sctx, apiLn, adminLn) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("router Serve: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("router did not stop")
+		}
+	})
+	return &stack{fleet: fleet, router: r, api: "http://" + apiLn.Addr().String(), admin: "http://" + adminLn.Addr().String()}
+}
+
+// needNode skips unless node and the npm client are installed (CI runs npm ci here).
+func needNode(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node not installed")
+	}
+	if _, err := os.Stat(filepath.Join("node_modules", "openai")); err != nil {
+		t.Skip("test/e2e/node_modules missing: run npm ci in test/e2e")
+	}
+}
+
+// node runs one client.mjs scenario against the stack and decodes what it printed.
+func (s *stack) node(t *testing.T, scenario string, out any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "client.mjs", scenario)
+	cmd.Env = append(os.Environ(), "KVROUTE_BASE_URL="+s.api+"/v1", "KVROUTE_MODEL="+model)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", scenario, err, b, stderr.String())
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("node %s printed %q: %v", scenario, b, err)
+	}
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+type clientError struct {
+	Error   string `json:"error"`
+	Status  int    `json:"status"`
+	Message string `json:"message"`
+}
+
+func TestOpenAIClient(t *testing.T) {
+	needNode(t)
+	s := startStack(t, 2, "instant", "least-request")
+
+	var chat struct {
+		Content string `json:"content"`
+		Usage   usage  `json:"usage"`
+	}
+	s.node(t, "chat", &chat)
+	if chat.Content == "" || chat.Usage.PromptTokens == 0 || chat.Usage.CompletionTokens == 0 {
+		t.Errorf("chat: %+v", chat)
+	}
+
+	var stream struct {
+		Chunks      int    `json:"chunks"`
+		Text        string `json:"text"`
+		UsageChunks int    `json:"usageChunks"`
+	}
+	s.node(t, "stream", &stream)
+	if stream.Chunks < 2 || stream.Text == "" || stream.UsageChunks != 0 {
+		t.Errorf("stream: %+v, want chunks with text and no usage chunk (the client did not ask)", stream)
+	}
+	var su struct {
+		Usage *usage `json:"usage"`
+	}
+	s.node(t, "streamUsage", &su)
+	if su.Usage == nil || su.Usage.PromptTokens == 0 {
+		t.Errorf("stream with include_usage: %+v", su)
+	}
+
+	var comp struct {
+		Text  string `json:"text"`
+		Usage usage  `json:"usage"`
+	}
+	s.node(t, "completion", &comp)
+	if comp.Text == "" || comp.Usage.PromptTokens == 0 {
+		t.Errorf("completion: %+v", comp)
+	}
+
+	var models struct {
+		IDs []string `json:"ids"`
+	}
+	s.node(t, "models", &models)
+	if len(models.IDs) != 1 || models.IDs[0] != model {
+		t.Errorf("models: %v", models.IDs)
+	}
+
+	for _, tt := range []struct {
+		scenario, class string
+		status          int
+	}{
+		{"badJSON", "BadRequestError", 400},
+		{"badRequest", "BadRequestError", 400},
+		{"unknownModel", "NotFoundError", 404},
+	} {
+		var e clientError
+		s.node(t, tt.scenario, &e)
+		if e.Error != tt.class || e.Status != tt.status {
+			t.Errorf("%s: %+v, want %s %d", tt.scenario, e, tt.class, tt.status)
+		}
+	}
+}
+
+// deadURL is a loopback address where nothing listens.
+func deadURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
+}
+
+func metricsText(t *testing.T, admin string) string {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
+	needNode(t)
+	dead := deadURL(t)
+	// round-robin over [dead, sim]: the first request ranks the dead endpoint first.
+	s := startStack(t, 1, "instant", "round-robin", dead)
+	for range 2 {
+		var chat struct {
+			Content string `json:"content"`
+		}
+		s.node(t, "chat", &chat)
+		if chat.Content == "" {
+			t.Errorf("chat through the fallback: %+v", chat)
+		}
+	}
+	if m := metricsText(t, s.admin); !strings.Contains(m, `kvroute_retries_total{endpoint="`+dead+`",reason="connect_error"} 1`) {
+		t.Errorf("no retry counted for the dead endpoint:\n%s", grep(m, "kvroute_retries"))
+	}
+}
+
+func TestClientAbortFreesUpstream(t *testing.T) {
+	needNode(t)
+	// A real-speed profile: 4000 output tokens take far longer than the test.
+	s := startStack(t, 1, "llama3-8b-h100-tp1", "least-request")
+	var ab struct {
+		Chunks  int  `json:"chunks"`
+		Aborted bool `json:"aborted"`
+	}
+	s.node(t, "abort", &ab)
+	if !ab.Aborted || ab.Chunks < 2 {
+		t.Fatalf("abort: %+v", ab)
+	}
+	in := s.fleet.Instances()[0]
+	ep := s.router.Pool().All()[0]
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && (in.Stats().Running+in.Stats().Waiting > 0 || ep.InFlight() > 0) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := in.Stats(); st.Running+st.Waiting > 0 || ep.InFlight() > 0 {
+		t.Errorf("after the client aborted: engine running %d waiting %d, router in flight %d", st.Running, st.Waiting, ep.InFlight())
+	}
+}
+
+func grep(text, substr string) string {
+	var out []string
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
