@@ -107,7 +107,8 @@ type Discovery struct {
 	PollInterval Duration `json:"poll_interval"`
 }
 
-// Health configures active health checks and passive ejection.
+// Health configures active health checks and passive ejection. A new endpoint starts healthy
+// and its first check decides alone; the thresholds apply after that.
 type Health struct {
 	Interval Duration `json:"interval"` // default 5s
 	Timeout  Duration `json:"timeout"`  // default 2s

@@ -97,6 +97,7 @@ type Status struct {
 
 type epState struct {
 	succ, fail, passive int
+	checked             bool // the first check decides alone
 	status              Status
 }
 
@@ -238,11 +239,15 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 	defer p.mu.Unlock()
 	s := p.st(ep)
 	s.status.LastCheck = o.Now()
+	// A new endpoint starts healthy; its first check decides at once, so that one that is down
+	// at start leaves rotation without waiting for unhealthy_threshold checks.
+	first := !s.checked
+	s.checked = true
 	if err == nil {
 		s.succ++
 		s.fail = 0
 		s.status.LastCheckError = ""
-		if !ep.Healthy() && s.succ >= o.HealthyThreshold {
+		if !ep.Healthy() && (first || s.succ >= o.HealthyThreshold) {
 			ep.SetHealthy(true)
 			s.passive = 0
 			p.log.Info("endpoint healthy", "endpoint", ep.Name)
@@ -251,7 +256,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		s.fail++
 		s.succ = 0
 		s.status.LastCheckError = err.Error()
-		if ep.Healthy() && s.fail >= o.UnhealthyThreshold {
+		if ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold) {
 			ep.SetHealthy(false)
 			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
 		}

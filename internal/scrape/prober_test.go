@@ -111,6 +111,24 @@ func TestProber_ThresholdsStepByStep(t *testing.T) {
 	}
 }
 
+func TestProber_FirstCheckDecides(t *testing.T) {
+	eng := newFakeEngine(t, "")
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm"})
+	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 3, UnhealthyThreshold: 3}, nil)
+	eng.status.Store(http.StatusServiceUnavailable)
+	_ = pr.Check(context.Background(), ep)
+	if ep.Healthy() {
+		t.Fatal("an endpoint down at its first check should leave rotation at once")
+	}
+	eng.status.Store(http.StatusOK)
+	for i := 1; i <= 3; i++ {
+		_ = pr.Check(context.Background(), ep)
+		if got, want := ep.Healthy(), i == 3; got != want {
+			t.Fatalf("after %d good checks: healthy = %v, want %v", i, got, want)
+		}
+	}
+}
+
 func TestProber_PassiveEjection(t *testing.T) {
 	eng := newFakeEngine(t, "")
 	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm"})
