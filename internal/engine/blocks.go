@@ -12,11 +12,14 @@ type block struct {
 }
 
 // blockPool holds the KV blocks, the LRU free queue and the prefix cache. A block with ref 0 is
-// in the free queue, ordered by eviction priority (front first); it may still be cached, and is
-// evicted only when it is popped to hold new tokens.
+// free, ordered by eviction priority: first the blocks never used, in id order (they stand for
+// the head of vLLM's initial queue and are kept out of the list, so that a new pool costs nothing
+// to set up), then the list, front first. A listed block may still be cached; it is evicted only
+// when it is popped to hold new tokens.
 type blockPool struct {
-	blocks     []block // NumBlocks blocks, then the queue's sentinel
+	blocks     []block // NumBlocks blocks, then the list's sentinel
 	sentinel   int32
+	fresh      int32 // blocks [fresh, sentinel) have never been used
 	numFree    int
 	cachedFree int
 	byHash     hashTable
@@ -26,13 +29,11 @@ func newBlockPool(n int) blockPool {
 	p := blockPool{
 		blocks:   make([]block, n+1),
 		sentinel: int32(n),
+		numFree:  n,
 		byHash:   newHashTable(n),
 	}
 	s := &p.blocks[n]
 	s.prev, s.next = p.sentinel, p.sentinel
-	for i := range n {
-		p.pushBack(int32(i))
-	}
 	return p
 }
 
@@ -83,6 +84,13 @@ func (p *blockPool) release(id int32) {
 // block, that block is evicted and its hash returned with evicted true. The caller has checked
 // that a block is free.
 func (p *blockPool) alloc() (id int32, evicted uint64, ok bool) {
+	if p.fresh < p.sentinel {
+		id = p.fresh
+		p.fresh++
+		p.numFree--
+		p.blocks[id].ref = 1
+		return id, 0, false
+	}
 	id = p.blocks[p.sentinel].next
 	p.unlink(id)
 	b := &p.blocks[id]

@@ -17,7 +17,7 @@ type hashTable struct {
 // slot is one entry; key and value side by side cost one cache miss, not two.
 type slot struct {
 	key uint64
-	val int32 // -1: empty
+	val int32 // block id + 1; 0: empty, so that a new table needs no initialising
 }
 
 func newHashTable(maxEntries int) hashTable {
@@ -27,9 +27,6 @@ func newHashTable(maxEntries int) hashTable {
 		slots: make([]slot, size),
 		shift: uint(64 - b),
 		mask:  uint64(size - 1),
-	}
-	for i := range t.slots {
-		t.slots[i].val = -1
 	}
 	return t
 }
@@ -41,11 +38,11 @@ func (t *hashTable) home(h uint64) uint64 { return (h * 0x9E3779B97F4A7C15) >> t
 func (t *hashTable) get(h uint64) (int32, bool) {
 	for i := t.home(h); ; i = (i + 1) & t.mask {
 		s := &t.slots[i]
-		if s.val < 0 {
+		if s.val == 0 {
 			return -1, false
 		}
 		if s.key == h {
-			return s.val, true
+			return s.val - 1, true
 		}
 	}
 }
@@ -54,8 +51,8 @@ func (t *hashTable) get(h uint64) (int32, bool) {
 func (t *hashTable) insert(h uint64, id int32) bool {
 	for i := t.home(h); ; i = (i + 1) & t.mask {
 		s := &t.slots[i]
-		if s.val < 0 {
-			*s = slot{key: h, val: id}
+		if s.val == 0 {
+			*s = slot{key: h, val: id + 1}
 			t.n++
 			return true
 		}
@@ -69,7 +66,7 @@ func (t *hashTable) insert(h uint64, id int32) bool {
 func (t *hashTable) delete(h uint64) {
 	i := t.home(h)
 	for ; ; i = (i + 1) & t.mask {
-		if t.slots[i].val < 0 {
+		if t.slots[i].val == 0 {
 			return
 		}
 		if t.slots[i].key == h {
@@ -80,7 +77,7 @@ func (t *hashTable) delete(h uint64) {
 	j := i
 	for {
 		j = (j + 1) & t.mask
-		if t.slots[j].val < 0 {
+		if t.slots[j].val == 0 {
 			break
 		}
 		// The entry at j may move to i unless its home lies cyclically in (i, j].
@@ -90,5 +87,5 @@ func (t *hashTable) delete(h uint64) {
 			i = j
 		}
 	}
-	t.slots[i].val = -1
+	t.slots[i].val = 0
 }
