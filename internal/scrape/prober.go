@@ -349,7 +349,7 @@ func (p *Prober) get(ctx context.Context, url string, limit int64, read func(io.
 	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("get %s: %w", url, err)
+		return err // a *url.Error: it names the method and the URL already
 	}
 	defer resp.Body.Close()
 	body := io.LimitReader(resp.Body, limit+1)
