@@ -30,7 +30,6 @@ type analyzeReport struct {
 	Source          string  `json:"source"`
 	Format          string  `json:"format"`
 	Profile         string  `json:"profile"`
-	Instances       int     `json:"instances"`
 	KVTokens        int     `json:"kv_tokens_per_instance"`
 	DurationSeconds float64 `json:"duration_s"`
 	workload.Stats
@@ -126,7 +125,7 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 		return nil, analyzeUsage{errors.Join(errs...)}
 	}
 	var reqs []workload.Request
-	rep := &analyzeReport{Format: f.format, Profile: prof.Name, Instances: f.instances, KVTokens: prof.KVTokens()}
+	rep := &analyzeReport{Format: f.format, Profile: prof.Name, KVTokens: prof.KVTokens()}
 	switch {
 	case f.workload != "":
 		rep.Source, rep.Format = f.workload, "generated"
@@ -147,7 +146,9 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rep.Stats = workload.Analyze(reqs, workload.AnalyzeOptions{BlockSize: prof.BlockSize, CapacityTokens: f.instances * prof.KVTokens()})
+	rep.Stats = workload.Analyze(reqs, workload.AnalyzeOptions{
+		BlockSize: prof.BlockSize, CapacityTokens: f.instances * prof.KVTokens(), Instances: f.instances, Seed: f.seed,
+	})
 	rep.DurationSeconds = rep.Duration.Seconds()
 	return rep, nil
 }
@@ -177,8 +178,9 @@ func writeAnalyzeText(w io.Writer, r *analyzeReport) error {
 		rep = append(rep, p.Sprintf(">= %d: %.1f%%", x.Blocks, 100*x.Share))
 	}
 	line("repeat a prefix", "%s  (beyond the common prefix: %.1f%%)", strings.Join(rep, "  "), 100*r.RepeatBeyondCommon)
-	line("hit rate bound", "unbounded cache %.3f; pooled LRU of %d x %d tokens (%s) %.3f  (%d-token blocks, token-weighted)",
-		r.InfiniteHitRate, r.Instances, r.KVTokens, r.Profile, r.LRUHitRate, r.BlockSize)
+	line("hit rate", "unbounded cache %.3f; pooled LRU of %d x %d tokens (%s) %.3f; random over %d instances %.3f",
+		r.InfiniteHitRate, r.Instances, r.KVTokens, r.Profile, r.LRUHitRate, r.Instances, r.RandomHitRate)
+	line("", "(token-weighted, %d-token blocks; the first two bound any router, the last is a prefix-blind one)", r.BlockSize)
 	line("verdict", "%s", r.Verdict)
 	_, err := io.WriteString(w, b.String())
 	return err

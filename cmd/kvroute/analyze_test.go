@@ -47,7 +47,7 @@ func TestAnalyzeText(t *testing.T) {
 		"blocks          4 distinct (512 tokens); working set 1,588 tokens",
 		"common prefix   1 block(s) shared by every request",
 		">= 1: 66.7%  >= 2: 33.3%  >= 4: 0.0%",
-		"unbounded cache 0.492; pooled LRU of 2 x 2,500,000 tokens (llama3-70b-h200-tp8) 0.492",
+		"unbounded cache 0.492; pooled LRU of 2 x 2,500,000 tokens (llama3-70b-h200-tp8) 0.492; random over 2 instances 0.",
 		"verdict         prefix-aware routing is",
 	} {
 		if !strings.Contains(out, want) {

@@ -49,6 +49,10 @@ type AnalyzeOptions struct {
 	// CapacityTokens is the fleet's pooled KV capacity in tokens (instances x per-instance
 	// tokens), the size of the LRU bound; 0 skips it.
 	CapacityTokens int
+	// Instances, when above 0 with CapacityTokens, adds the hit rate of random placement over
+	// that many instances of CapacityTokens/Instances tokens each, drawn from Seed.
+	Instances int
+	Seed      uint64
 }
 
 // Stats is what `kvroute analyze` reports about a workload.
@@ -79,7 +83,11 @@ type Stats struct {
 	// InfiniteHitRate and LRUHitRate are InfiniteCacheHitRate and LRUHitRate (pooled capacity).
 	InfiniteHitRate float64 `json:"infinite_hit_rate"`
 	LRUHitRate      float64 `json:"lru_hit_rate"`
-	Verdict         string  `json:"verdict"`
+	// Instances and RandomHitRate: RandomPlacementHitRate over Instances caches sharing the
+	// capacity; 0 when AnalyzeOptions.Instances is 0.
+	Instances     int     `json:"instances"`
+	RandomHitRate float64 `json:"random_placement_hit_rate"`
+	Verdict       string  `json:"verdict"`
 }
 
 // Analyze measures a workload: sizes, timing, prefix reuse and the cache bounds, and a verdict
@@ -180,6 +188,10 @@ func Analyze(reqs []Request, opt AnalyzeOptions) Stats {
 	s.InfiniteHitRate = InfiniteCacheHitRate(reqs, opt.BlockSize)
 	if opt.CapacityTokens > 0 {
 		s.LRUHitRate = LRUHitRate(reqs, opt.BlockSize, opt.CapacityTokens)
+		if opt.Instances > 0 {
+			s.Instances = opt.Instances
+			s.RandomHitRate = RandomPlacementHitRate(reqs, opt.BlockSize, opt.Instances, opt.CapacityTokens/opt.Instances, opt.Seed)
+		}
 	}
 	s.Verdict = s.verdict()
 	return s
@@ -189,7 +201,8 @@ func Analyze(reqs []Request, opt AnalyzeOptions) Stats {
 // Rule of thumb: it pays when more than half the requests repeat a prefix beyond the one every
 // request shares (which every instance caches anyway, wherever requests go), or when those
 // repeats, though fewer, are long enough that a cache of the fleet's size could serve at least
-// a fifth of all prompt tokens beyond the shared prefix.
+// a fifth of all prompt tokens beyond the shared prefix; but not when routing at random would
+// already hit within 5 points of that cache (one instance, say).
 func (s Stats) verdict() string {
 	if s.Requests == 0 {
 		return "no requests: nothing to route"
@@ -207,8 +220,13 @@ func (s Stats) verdict() string {
 	if s.CommonHitShare > 0 {
 		cached += fmt.Sprintf(", %.0f%% beyond the shared prefix", 100*placed)
 	}
+	if s.Instances > 0 {
+		cached += fmt.Sprintf("; routing at random over %d instances would hit %.0f%%", s.Instances, 100*s.RandomHitRate)
+	}
 	var parts []string
 	switch {
+	case s.Instances > 0 && hit-s.RandomHitRate < 0.05:
+		parts = append(parts, fmt.Sprintf("prefix-aware routing is unlikely to pay off: placement can add little to what random routing gets: %s, and %s", beyond, cached))
 	case s.RepeatBeyondCommon > 0.5 && placed >= 0.05:
 		parts = append(parts, fmt.Sprintf("prefix-aware routing is likely to pay off: %s, and %s", beyond, cached))
 	case placed >= 0.2:

@@ -88,6 +88,11 @@ func TestAnalyzeVerdicts(t *testing.T) {
 	if u := Analyze(unique, AnalyzeOptions{}); !strings.HasPrefix(u.Verdict, "prefix-aware routing is unlikely to pay off: 0% of requests") || u.BlockSize != 16 {
 		t.Errorf("unique prompts verdict: %q (block size %d)", u.Verdict, u.BlockSize)
 	}
+	one := Analyze(shared, AnalyzeOptions{BlockSize: 16, CapacityTokens: 1 << 20, Instances: 1})
+	if one.RandomHitRate != one.LRUHitRate || !strings.HasPrefix(one.Verdict, "prefix-aware routing is unlikely to pay off: placement can add little") ||
+		!strings.Contains(one.Verdict, "routing at random over 1 instances would hit 82%") {
+		t.Errorf("one instance: random %v, LRU %v, verdict %q", one.RandomHitRate, one.LRUHitRate, one.Verdict)
+	}
 	if e := Analyze(nil, AnalyzeOptions{}); e.Verdict != "no requests: nothing to route" || e.Requests != 0 {
 		t.Errorf("empty workload: %+v", e)
 	}
@@ -96,7 +101,7 @@ func TestAnalyzeVerdicts(t *testing.T) {
 // checkTraceAnalyze checks Analyze against the figures in the trace's README.
 func checkTraceAnalyze(t *testing.T, reqs []Request) {
 	// The pooled LRU bound is checked in checkTraceBounds; a capacity of 1M tokens is quick.
-	s := Analyze(reqs, AnalyzeOptions{BlockSize: 16, CapacityTokens: 1 << 20})
+	s := Analyze(reqs, AnalyzeOptions{BlockSize: 16, CapacityTokens: 1 << 20, Instances: 2, Seed: 1})
 	if s.Requests != 12031 || s.Duration.Round(time.Second) != 3537*time.Second || s.Prompt.P50 != 6909 ||
 		s.Prompt.P90 != 27367 || s.Prompt.P99 != 85399 || s.Prompt.Max != 126195 || s.DistinctBlocks != 182790 {
 		t.Errorf("trace stats: %d requests, %v, prompt %+v, %d distinct blocks; want 12031, 3537s, 6909/27367/85399/126195, 182790",
@@ -104,6 +109,9 @@ func checkTraceAnalyze(t *testing.T, reqs []Request) {
 	}
 	if math.Abs(s.Rate-3.40) > 0.005 || math.Abs(s.Prompt.Mean-12035) > 1 || math.Abs(s.Output.Mean-343) > 1 {
 		t.Errorf("rate %.3f, mean input %.1f, mean output %.1f; want 3.40, 12035, 343", s.Rate, s.Prompt.Mean, s.Output.Mean)
+	}
+	if s.RandomHitRate <= 0 || s.RandomHitRate >= s.LRUHitRate {
+		t.Errorf("random placement %v, want above 0 and below the pooled LRU's %v", s.RandomHitRate, s.LRUHitRate)
 	}
 	if s.CommonBlocks != 1 || !strings.Contains(s.Verdict, "likely to pay off") || !strings.Contains(s.Verdict, "working set") {
 		t.Errorf("common blocks %d, verdict %q", s.CommonBlocks, s.Verdict)

@@ -116,19 +116,7 @@ func LRUHitRate(reqs []Request, blockSize int, capacityTokens int) float64 {
 		r := &reqs[i]
 		total += int64(r.PromptTokens)
 		w.load(r, blockSize)
-		run := 0
-		for k, h := range w.hashes {
-			held := c.held(h)
-			run += min(w.counts[k], held)
-			if held < w.counts[k] {
-				break
-			}
-		}
-		hit += int64(run * blockSize)
-		for k := len(w.hashes) - 1; k >= 0; k-- {
-			c.touch(w.hashes[k], w.counts[k])
-		}
-		c.evict()
+		hit += int64(c.request(&w) * blockSize)
 	}
 	if total == 0 {
 		return 0
@@ -158,6 +146,24 @@ type segment struct {
 
 func newSegmentLRU(capacity int) *segmentLRU {
 	return &segmentLRU{capacity: capacity, first: map[uint64]*segment{}}
+}
+
+// request looks up a request's blocks, returning the engine blocks of its cached prefix, then
+// stores them all, tail first, and evicts to fit.
+func (c *segmentLRU) request(w *blockWalk) int {
+	run := 0
+	for k, h := range w.hashes {
+		held := c.held(h)
+		run += min(w.counts[k], held)
+		if held < w.counts[k] {
+			break
+		}
+	}
+	for k := len(w.hashes) - 1; k >= 0; k-- {
+		c.touch(w.hashes[k], w.counts[k])
+	}
+	c.evict()
+	return run
 }
 
 // held returns how many leading engine blocks of workload block h are cached.
@@ -243,4 +249,33 @@ func (c *segmentLRU) unlink(s *segment) {
 		c.tail = s.newer
 	}
 	s.newer, s.older = nil, nil
+}
+
+// RandomPlacementHitRate is the token-weighted prefix hit rate when each request goes to one of
+// instances at random (drawn from seed), each instance an LRU cache of capacityTokens tokens
+// counted as in LRUHitRate: what a router blind to prefixes gets from caching alone. Set
+// against LRUHitRate of the pooled capacity, it shows what placement can win. It is 0 for an
+// empty workload, instances below 1, a blockSize below 1 or a capacity under one block.
+func RandomPlacementHitRate(reqs []Request, blockSize, instances, capacityTokens int, seed uint64) float64 {
+	if blockSize < 1 || instances < 1 || capacityTokens < blockSize {
+		return 0
+	}
+	caches := make([]*segmentLRU, instances)
+	for i := range caches {
+		caches[i] = newSegmentLRU(capacityTokens / blockSize)
+	}
+	rng := newRand(seed, "random-placement")
+	var hit, total int64
+	var w blockWalk
+	for _, i := range arrivalOrder(reqs) {
+		r := &reqs[i]
+		c := caches[rng.IntN(instances)]
+		total += int64(r.PromptTokens)
+		w.load(r, blockSize)
+		hit += int64(c.request(&w) * blockSize)
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hit) / float64(total)
 }

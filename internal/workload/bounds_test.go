@@ -179,3 +179,33 @@ func BenchmarkInfiniteCacheHitRate(b *testing.B) {
 		_ = InfiniteCacheHitRate(reqs, 16)
 	}
 }
+
+func TestRandomPlacementHitRate(t *testing.T) {
+	reqs := randomWorkload(3, 300, 32)
+	for _, capT := range []int{160, 1600, 1 << 20} {
+		if got, want := RandomPlacementHitRate(reqs, 16, 1, capT, 9), LRUHitRate(reqs, 16, capT); got != want {
+			t.Errorf("capacity %d: one instance %v, want the LRU bound %v", capT, got, want)
+		}
+	}
+	a := RandomPlacementHitRate(reqs, 16, 4, 1<<20, 9)
+	if b := RandomPlacementHitRate(reqs, 16, 4, 1<<20, 9); a != b {
+		t.Errorf("same seed, different results: %v and %v", a, b)
+	}
+	if inf := InfiniteCacheHitRate(reqs, 16); !(a > 0 && a < inf) {
+		t.Errorf("4 random instances hit %v, want above 0 and below the infinite cache's %v", a, inf)
+	}
+	// Two requests sharing 32 tokens on 2 instances: over seeds, the second hits about half the time.
+	pair := []Request{req(0, 16, 32, 1, 2), req(1, 16, 32, 1, 2)}
+	hits := 0
+	for seed := uint64(0); seed < 400; seed++ {
+		if RandomPlacementHitRate(pair, 16, 2, 1<<10, seed) > 0 {
+			hits++
+		}
+	}
+	if hits < 150 || hits > 250 {
+		t.Errorf("second request hit in %d of 400 seeds, want about 200", hits)
+	}
+	if got := RandomPlacementHitRate(pair, 16, 0, 1<<10, 1); got != 0 {
+		t.Errorf("no instances: %v, want 0", got)
+	}
+}
