@@ -184,8 +184,9 @@ func TestSlowStretchesModelTime(t *testing.T) {
 	r := streamCall(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":1}`, DefaultModel, text("slow", 1000)))
 	want := 3 * in.Predict(1000, 0)
 	got := time.Duration(float64(r.ttft) / 0.1)
-	if got < want*9/10 || got > want*13/10 {
-		t.Errorf("slow 3: TTFT %v (model time), want about %v", got, want)
+	// A loaded machine only adds delay: the lower bound is the check that wall time stretched.
+	if got < want*9/10 {
+		t.Errorf("slow 3: TTFT %v (model time), want at least %v", got, want*9/10)
 	}
 	h := scrape(t, url)["vllm:time_to_first_token_seconds"].GetMetric()[0].GetHistogram()
 	if s := time.Duration(h.GetSampleSum() * float64(time.Second)); s < want*99/100 || s > want*101/100 {

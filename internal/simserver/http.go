@@ -241,6 +241,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 			notify:  make(chan struct{}, 1),
 			firstAt: -1,
 			finish:  finish,
+			stream:  req.Stream,
 		},
 	}, nil
 }
@@ -326,11 +327,37 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, c *call) {
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
-	var buf []byte
-	sent := 0
+	var (
+		buf   = in.getBuf()
+		sent  int
+		next  time.Time // no write before this
+		timer *time.Timer
+		first = true
+	)
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		in.putBuf(buf)
+	}()
 	for {
 		if !in.wait(r, c) {
 			return
+		}
+		if d := time.Until(next); d > 0 {
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			select {
+			case <-timer.C:
+			case <-r.Context().Done():
+				in.abort(c)
+				return
+			case <-in.closing:
+				return
+			}
 		}
 		p := c.job.progress()
 		if p.err != nil {
@@ -343,6 +370,14 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, c *call) {
 				_, _ = w.Write(buf)
 				_ = rc.Flush()
 				in.cut(c)
+			}
+			if len(buf) > streamBufSize-1024 {
+				// Bound the buffer: a stream that fell far behind goes out in several writes.
+				if _, err := w.Write(buf); err != nil {
+					in.abort(c)
+					return
+				}
+				buf = buf[:0]
 			}
 			if sent == 0 && c.kind == openai.KindChat {
 				buf = c.appendChunk(buf, sent, true, "")
@@ -366,10 +401,37 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, c *call) {
 				return
 			}
 			_ = rc.Flush()
+			if first {
+				first = false
+				c.job.mu.Lock()
+				at := c.job.firstAt
+				c.job.mu.Unlock()
+				in.firstWriteDelay.Add(int64(time.Since(in.wallAt(at))))
+				in.firstWrites.Add(1)
+			}
+			if in.opts.StreamInterval > 0 {
+				next = time.Now().Add(in.opts.StreamInterval)
+			}
 		}
 		if p.done {
 			return
 		}
+	}
+}
+
+// streamBufSize is the capacity of a stream's write buffer (about 60 chunks).
+const streamBufSize = 16 << 10
+
+func (in *Instance) getBuf() []byte {
+	if b, ok := in.bufs.Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, streamBufSize)
+}
+
+func (in *Instance) putBuf(b []byte) {
+	if cap(b) == streamBufSize {
+		in.bufs.Put(&b)
 	}
 }
 

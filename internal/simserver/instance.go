@@ -40,6 +40,12 @@ type Instance struct {
 	faults atomic.Pointer[Faults]
 	nextID atomic.Uint64
 	kvSent atomic.Int64 // KV-event batches handed to the publisher
+	maxLag atomic.Int64 // the most the engine's clock fell behind the wall clock, wall ns
+	// firstWriteDelay sums, over streams, the wall time from a first token's model time to its
+	// write: how late the handlers are (benchmarks read it).
+	firstWriteDelay, firstWrites atomic.Int64
+
+	bufs sync.Pool // stream write buffers of streamBufSize
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -73,6 +79,7 @@ type job struct {
 	err      error // submit refused
 	lastAt   time.Duration
 	finish   string // finish_reason when it completes: "length" or "stop"
+	stream   bool   // wake the handler for every token, not only the first and the last
 }
 
 func (j *job) signal() {
@@ -160,6 +167,10 @@ func (in *Instance) Stats() engine.Stats { return *in.stats.Load() }
 func (in *Instance) Predict(promptTokens, cachedTokens int) time.Duration {
 	return in.eng.UnloadedTTFT(promptTokens, cachedTokens) // reads only the immutable config
 }
+
+// MaxLag returns the most the engine's model clock has fallen behind the wall clock at the
+// end of a step (wall time): how far this machine failed to keep up with the time scale.
+func (in *Instance) MaxLag() time.Duration { return time.Duration(in.maxLag.Load()) }
 
 // Faults returns the current fault state.
 func (in *Instance) Faults() Faults { return *in.faults.Load() }
@@ -340,6 +351,9 @@ func (in *Instance) drive() {
 				}
 			}
 		}
+		if lag := time.Since(in.wallAt(end)); lag > time.Duration(in.maxLag.Load()) {
+			in.maxLag.Store(int64(lag))
+		}
 		now = end
 		in.deliver(events, end, active)
 		in.publishKV()
@@ -382,7 +396,9 @@ func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[
 		if ev.Kind == engine.EventFinished {
 			in.met.requestDone(j)
 		}
-		j.signal()
+		if j.stream || ev.Kind != engine.EventToken {
+			j.signal()
+		}
 	}
 }
 

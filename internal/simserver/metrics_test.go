@@ -3,6 +3,7 @@ package simserver
 import (
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,12 +26,16 @@ func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	fams, err := parseMetrics(resp.Body)
 	if err != nil {
 		t.Fatalf("parse /metrics: %v", err)
 	}
 	return fams
+}
+
+func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	return p.TextToMetricFamilies(r)
 }
 
 // describe renders the shape of the metric families: name, type, label names and, for

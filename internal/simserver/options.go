@@ -33,6 +33,11 @@ type Options struct {
 	MaxModelLen int
 	// DefaultMaxTokens is the output length when the request gives no max_tokens (0 means 256).
 	DefaultMaxTokens int
+	// StreamInterval is the least wall time between two writes of a stream (0 means 10 ms;
+	// negative: write every step). Each token still gets its own chunk; when steps are shorter
+	// than this (fast time scales), several chunks go out in one write, which keeps hundreds of
+	// streams affordable. The first token is always written at once.
+	StreamInterval time.Duration
 	// KVEvents, when set, is the ZMQ PUB endpoint of KV events, e.g. "tcp://127.0.0.1:5557"
 	// (port 0: a free port). KVEventsReplay, when set, is the ROUTER replay endpoint.
 	KVEvents, KVEventsReplay string
@@ -116,6 +121,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.DefaultMaxTokens == 0 {
 		o.DefaultMaxTokens = 256
+	}
+	if o.StreamInterval == 0 {
+		o.StreamInterval = 10 * time.Millisecond
 	}
 	if o.Name == "" {
 		o.Name = "sim"

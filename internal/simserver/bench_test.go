@@ -1,0 +1,212 @@
+package simserver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// BenchmarkFleet500Streams holds 500 concurrent streams on 8 instances in one process at
+// time-scale 0.1 and compares the TTFT the clients see (wall time / 0.1) with the TTFT the
+// engine model predicts for the same arrivals (the instances' TTFT histograms, model time).
+// The ratio says how far the machine lags behind the model under this load:
+//
+//	go test -run '^$' -bench Fleet500 -benchtime 3x ./internal/simserver/
+func BenchmarkFleet500Streams(b *testing.B) {
+	b.Run("instances=1/streams=60", func(b *testing.B) { benchFleet(b, 1, 60) })
+	b.Run("instances=8/streams=500", func(b *testing.B) { benchFleet(b, 8, 500) })
+}
+
+func benchFleet(b *testing.B, instances, streams int) {
+	const (
+		scale  = 0.1
+		groups = 16                     // shared system prompts
+		output = 500                    // tokens per stream: about 8 s of model time
+		window = 400 * time.Millisecond // wall time over which the streams arrive (4 s of model time)
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fleet, err := StartFleet(ctx, Options{TimeScale: scale}, instances, "127.0.0.1", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fleet.Close()
+	urls := fleet.URLs()
+	tr := &http.Transport{MaxIdleConns: streams, MaxIdleConnsPerHost: streams}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	bodies := make([]string, streams)
+	for i := range bodies {
+		prompt := text(fmt.Sprintf("system prompt %d:", i%groups), 1000) + text(fmt.Sprintf(" question %d:", i), 1000)
+		bodies[i] = fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":%d}`, DefaultModel, prompt, output)
+	}
+
+	var ttfts []time.Duration
+	var peak, failed atomic.Int64
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	round := 0
+	for b.Loop() {
+		var (
+			mu       sync.Mutex
+			wg       sync.WaitGroup
+			inflight atomic.Int64
+		)
+		// Arrivals spread over window: every stream lasts longer than that, so all 500 are
+		// open at once.
+		start := time.Now()
+		for i := range streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Until(start.Add(time.Duration(i) * window / time.Duration(streams))))
+				n := inflight.Add(1)
+				defer inflight.Add(-1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				body := strings.Replace(bodies[i], `"prompt":"`, fmt.Sprintf(`"prompt":"r%d `, round), 1)
+				ttft, err := oneStream(ctx, client, urls[i%instances], body)
+				if err != nil {
+					failed.Add(1)
+					return
+				}
+				mu.Lock()
+				ttfts = append(ttfts, ttft)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		round++
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-cpu0).Milliseconds())/float64(round), "cpu-ms/round")
+	if failed.Load() > 0 || len(ttfts) == 0 {
+		b.Fatalf("%d streams failed", failed.Load())
+	}
+	var modelSum float64
+	var modelN uint64
+	for _, u := range urls {
+		h := scrapeB(b, u)
+		modelSum += h.sum
+		modelN += h.count
+	}
+	var lag time.Duration
+	var delay, writes int64
+	for _, in := range fleet.Instances() {
+		lag = max(lag, in.MaxLag())
+		delay += in.firstWriteDelay.Load()
+		writes += in.firstWrites.Load()
+	}
+	b.ReportMetric(float64(delay)/float64(max(writes, 1))/1e6, "first-write-delay-wall-ms")
+	b.ReportMetric(lag.Seconds()*1000, "max-lag-wall-ms")
+	var clientSum time.Duration
+	for _, t := range ttfts {
+		clientSum += t
+	}
+	slices.Sort(ttfts)
+	clientMean := clientSum.Seconds() / float64(len(ttfts)) / scale
+	modelMean := modelSum / float64(modelN)
+	b.ReportMetric(float64(peak.Load()), "peak-streams")
+	b.ReportMetric(clientMean*1000, "client-ttft-ms")
+	b.ReportMetric(modelMean*1000, "model-ttft-ms")
+	b.ReportMetric(clientMean/modelMean, "ttft-ratio")
+	b.ReportMetric(ttfts[len(ttfts)*99/100].Seconds()/scale*1000, "client-p99-ttft-ms")
+}
+
+// oneStream sends one streaming request and reads it to the end; it returns the wall time to
+// the first token.
+func oneStream(ctx context.Context, client *http.Client, url, body string) (time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	rd := openai.NewSSEReader(resp.Body, 1<<16)
+	var ttft time.Duration
+	for range 100000 {
+		ev, err := rd.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+		if ttft == 0 && bytes.Contains(ev.Data, []byte(`"text":" `)) {
+			ttft = time.Since(start)
+		}
+		if ev.IsDone() {
+			return ttft, nil
+		}
+	}
+	return 0, fmt.Errorf("stream ended without [DONE]")
+}
+
+type histSum struct {
+	sum   float64
+	count uint64
+}
+
+func scrapeB(b *testing.B, url string) histSum {
+	b.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	fams, err := parseMetrics(resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := fams["vllm:time_to_first_token_seconds"].GetMetric()[0].GetHistogram()
+	return histSum{sum: h.GetSampleSum(), count: h.GetSampleCount()}
+}
+
+// cpuTime is the process's user + system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkRequest is the cost of one streaming completion of a 2000-token prompt and 10
+// output tokens on an instant engine, client included.
+func BenchmarkRequest(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fleet, err := StartFleet(ctx, Options{Profile: "instant"}, 1, "127.0.0.1", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fleet.Close()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	body := fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":10}`, DefaultModel, text("bench", 2000))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := oneStream(ctx, client, fleet.URLs()[0], body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
