@@ -569,3 +569,60 @@ func TestRandomInvariants(t *testing.T) {
 		t.Errorf("replayed %d hashes, engine caches %d, cached free %d", len(set), e.pool.byHash.n, st.CachedFreeBlocks)
 	}
 }
+
+func TestAbort(t *testing.T) {
+	// MaxBatchedTokens 8: a's 16-token prompt takes two steps.
+	e := newEngine(t, Config{MaxBatchedTokens: 8, MaxNumSeqs: 1})
+	submit(t, e, 0, Request{ID: "a", PromptTokens: 16, OutputTokens: 3, BlockKeys: keys(1, 4)})
+	submit(t, e, 0, Request{ID: "b", PromptTokens: 4, OutputTokens: 1})
+	submit(t, e, 0, Request{ID: "c", PromptTokens: 4, OutputTokens: 1})
+	now, evs, _ := e.Step(0) // a's first chunk: blocks 0 and 1 cached
+	if len(evs) != 0 || now != 1080 {
+		t.Fatalf("step 1: end %v events %v, want 1080ns and none", now, evs)
+	}
+	if !e.Abort(now, "b") { // waiting
+		t.Fatal("Abort(b) = false")
+	}
+	if !e.Abort(now, "a") { // running, mid-prefill
+		t.Fatal("Abort(a) = false")
+	}
+	if st := e.Stats(); st.Running != 0 || st.Waiting != 1 || st.UsedBlocks != 0 || st.CachedFreeBlocks != 2 {
+		t.Fatalf("after aborts: %+v", st)
+	}
+	evs, _ = runIdle(t, e, now)
+	if len(evs) != 2 || evs[0].ReqID != "c" || evs[1].Kind != EventFinished {
+		t.Errorf("events after aborts = %+v, want c's first token and finish", evs)
+	}
+	// a's computed blocks stayed cached: a new a hits its first chunk (8 tokens).
+	submit(t, e, now, Request{ID: "a", PromptTokens: 16, OutputTokens: 1, BlockKeys: keys(1, 4)})
+	evs, _ = runIdle(t, e, now)
+	if got := firstTokens(evs)["a"].CachedTokens; got != 8 {
+		t.Errorf("resubmitted a: CachedTokens %d, want 8", got)
+	}
+}
+
+func TestDecodeBudget(t *testing.T) {
+	// Budget 2 tokens a step: a and b's prefills, then their decodes, use it all, so c is not
+	// admitted until they finish.
+	e := newEngine(t, Config{MaxBatchedTokens: 2})
+	for _, id := range []string{"a", "b", "c"} {
+		submit(t, e, 0, Request{ID: id, PromptTokens: 1, OutputTokens: 3})
+	}
+	now, _, _ := e.Step(0)     // a and b prefill
+	now, _, _ = e.Step(now)    // a and b decode
+	now, evs, _ := e.Step(now) // a and b finish; c still waits for the budget
+	var got []string
+	for _, ev := range evs {
+		got = append(got, ev.ReqID+fmt.Sprint(ev.Kind))
+	}
+	if diff := cmp.Diff([]string{"a3", "b3"}, got); diff != "" {
+		t.Errorf("step 3 events (-want +got):\n%s", diff)
+	}
+	evs, _ = runIdle(t, e, now)
+	if ft := firstTokens(evs)["c"]; ft.At != now+1010 {
+		t.Errorf("c first token at %v, want %v (the step after a and b finish)", ft.At, now+1010)
+	}
+	if st := e.Stats(); st.Finished != 3 || st.Preemptions != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
