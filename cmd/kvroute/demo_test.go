@@ -1,0 +1,112 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/report"
+)
+
+// tinyDemo is a demo small enough for a unit test: 2 instances, 12 short requests per
+// policy, at five times real speed.
+var tinyDemo = []string{
+	"--workload", "shared-prefix:groups=4,prompts=3,system=512,question=64,output=4,rate=40",
+	"--instances", "2", "--time-scale", "0.2",
+}
+
+func TestDemoJSONAndReport(t *testing.T) {
+	checkLeaks(t)
+	html := filepath.Join(t.TempDir(), "demo.html")
+	args := append([]string{"--policies", "round-robin,least-request", "--json", "--quiet", "--html", html}, tinyDemo...)
+	code, out, errOut := runVerb("demo", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if errOut != "" {
+		t.Errorf("--quiet demo wrote to stderr: %q", errOut)
+	}
+	var doc struct {
+		Scenario report.Scenario
+		Results  []report.Result
+		Bench    []benchExtra
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bad JSON: %v\n%s", err, out)
+	}
+	var policies []string
+	for _, r := range doc.Results {
+		policies = append(policies, r.Policy)
+		if r.Completed != 12 || r.Failed != 0 {
+			t.Errorf("%s: completed %d failed %d, want 12 and 0", r.Policy, r.Completed, r.Failed)
+		}
+		if got := r.InstanceRequests[0] + r.InstanceRequests[1]; len(r.InstanceRequests) != 2 || got != 12 {
+			t.Errorf("%s: per-instance requests %v, want 2 instances summing to 12", r.Policy, r.InstanceRequests)
+		}
+		if r.HitRate <= 0 || r.HitRate >= 1 || r.TTFT.P50 <= 0 || r.LoadImbalance < 1 {
+			t.Errorf("%s: hit rate %v, TTFT p50 %v, imbalance %v: want a hit rate in (0,1), a TTFT and imbalance >= 1", r.Policy, r.HitRate, r.TTFT.P50, r.LoadImbalance)
+		}
+	}
+	if diff := cmp.Diff([]string{"round-robin", "least-request"}, policies); diff != "" {
+		t.Errorf("policies (-want +got):\n%s", diff)
+	}
+	if doc.Scenario.Instances != 2 || doc.Scenario.Requests != 12 || len(doc.Bench) != 2 {
+		t.Errorf("scenario %+v, %d bench entries", doc.Scenario, len(doc.Bench))
+	}
+	page, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "least-request") || strings.Count(string(page), "<svg") != 4 {
+		t.Error("report lacks the policies or the four charts")
+	}
+}
+
+func TestDemoTable(t *testing.T) {
+	checkLeaks(t)
+	args := append([]string{"--policies", "round-robin", "--html", ""}, tinyDemo...)
+	code, out, errOut := runVerb("demo", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"hit rate", "round-robin", "imbalance", "2 x llama3-70b-h200-tp8"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errOut, "round-robin: 12/12 requests") {
+		t.Errorf("progress %q lacks the final line", errOut)
+	}
+}
+
+func TestDemoErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		contains []string
+	}{
+		{"unknown policy", []string{"--policies", "round-robin,nope"}, []string{`"nope"`, "prefix-aware"}},
+		{"no instances", []string{"--instances", "0"}, []string{"--instances 0"}},
+		{"bad time scale", []string{"--time-scale", "-1"}, []string{"--time-scale"}},
+		{"bad profile", []string{"--profile", "tpu-9"}, []string{"--profile"}},
+		{"trace and workload", []string{"--trace", "x.jsonl", "--workload", "shared-prefix"}, []string{"not both"}},
+		{"bad workload", []string{"--workload", "zipf"}, []string{"--workload"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, errOut := runVerb("demo", tt.args...)
+			if code != 2 {
+				t.Errorf("exit %d, want 2 (%s)", code, errOut)
+			}
+			for _, c := range tt.contains {
+				if !strings.Contains(errOut, c) {
+					t.Errorf("stderr %q lacks %q", errOut, c)
+				}
+			}
+		})
+	}
+}
