@@ -48,8 +48,8 @@ func BenchmarkEngine_Step(b *testing.B) {
 	}
 }
 
-// mooncakeLike returns n requests shaped like the Mooncake conversation trace: 0.5 requests/s
-// (one engine's share of 8), log-normal prompts with a median near 7k tokens (mean about 12k),
+// mooncakeLike returns n requests shaped like the Mooncake conversation trace: one every 4 s
+// (keeping one 8 x H200 engine about 90 % busy), log-normal prompts with a median near 7k tokens (mean about 12k),
 // outputs averaging about 340 tokens, every prompt starting with a shared 512-token system
 // prompt, and half of them continuing an earlier conversation (its prompt and output, then new
 // tokens).
@@ -59,7 +59,7 @@ func mooncakeLike(n, blockSize int, seed uint64) ([]Request, []time.Duration) {
 	at := make([]time.Duration, n)
 	next := uint64(1 << 32)
 	for i := range reqs {
-		at[i] = time.Duration(i) * 2 * time.Second
+		at[i] = time.Duration(i) * 4 * time.Second
 		prompt := int(math.Min(100000, math.Exp(8.85+1.0*rng.NormFloat64())))
 		prompt = max(prompt, 600)
 		out := 1 + rng.IntN(680)
