@@ -8,7 +8,7 @@ type block struct {
 	prev   int32
 	next   int32
 	cached bool // hash is valid and byHash points here
-	free   bool // in the free queue
+	free   bool // in the free list (never-used blocks are free but not listed)
 }
 
 // blockPool holds the KV blocks, the LRU free queue and the prefix cache. A block with ref 0 is
