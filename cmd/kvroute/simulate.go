@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,9 @@ type policySpec struct {
 	label, name string
 	params      policy.Params
 }
+
+// simulateMemoryLimit is the soft memory limit of a simulation run, in bytes.
+const simulateMemoryLimit = 1200 << 20
 
 // usageError marks a bad command line: exit status 2 rather than 1.
 type usageError struct{ error }
@@ -77,6 +81,12 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "kvroute simulate: unexpected argument %q (run 'kvroute simulate -h')\n", fs.Arg(0))
 		return 2
+	}
+	// Simulations of many policies over a large trace make garbage fast; a soft memory limit
+	// (unless the user set GOMEMLIMIT) keeps the peak well under 2 GB by collecting sooner,
+	// and is restored on return.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(simulateMemoryLimit))
 	}
 	sum, err := simulate(ctx, &f)
 	if err != nil {
