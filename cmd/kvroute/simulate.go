@@ -24,7 +24,7 @@ import (
 // simulateFlags are the flags of `kvroute simulate`.
 type simulateFlags struct {
 	trace, workload, profile, policies string
-	records                            string
+	records, html                      string
 	instances, limit                   int
 	load, speedup                      float64
 	seed                               uint64
@@ -62,6 +62,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.scrape, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
 	fs.DurationVar(&f.latency, "network-latency", 0, "one-way router-engine latency")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
+	fs.StringVar(&f.html, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&f.records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -202,7 +203,7 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 		Results: make([]report.Result, len(specs)),
 	}
 	var records [][]report.Record
-	if f.records != "" {
+	if f.records != "" || f.html != "" {
 		records = make([][]report.Record, len(specs))
 	}
 	w := des.Prepare(reqs, fleet.Model, fleet.BlockSize)
@@ -260,24 +261,48 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 			return nil, err
 		}
 	}
+	if f.html != "" {
+		opt := report.HTMLOptions{
+			Title: "kvroute simulate: " + name,
+			Notes: []string{fmt.Sprintf("Virtual time: arrivals divided by %.3g; engine metrics scraped every %v; router-engine latency %v.",
+				speedup, f.scrape, f.latency)},
+		}
+		if err := writeFile(f.html, func(w io.Writer) error { return report.WriteHTML(w, sum, records, opt) }); err != nil {
+			return nil, fmt.Errorf("--html: %w", err)
+		}
+	}
 	return sum, nil
 }
 
 // writeRecords writes every policy's records to path as JSON Lines.
-func writeRecords(path string, records [][]report.Record) (err error) {
-	fh, err := os.Create(path)
+func writeRecords(path string, records [][]report.Record) error {
+	err := writeFile(path, func(w io.Writer) error {
+		for _, recs := range records {
+			if err := report.WriteRecords(w, recs); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("--records: %w", err)
 	}
+	return nil
+}
+
+// writeFile creates path and fills it with write.
+func writeFile(path string, write func(io.Writer) error) (err error) {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
 	defer func() {
 		if cerr := fh.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("--records: %w", cerr)
+			err = fmt.Errorf("close %s: %w", path, cerr)
 		}
 	}()
-	for _, recs := range records {
-		if err := report.WriteRecords(fh, recs); err != nil {
-			return fmt.Errorf("--records %s: %w", path, err)
-		}
+	if err := write(fh); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }

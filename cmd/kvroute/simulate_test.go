@@ -61,6 +61,7 @@ func TestSimulateErrors(t *testing.T) {
 		{"unknown workload", []string{"--workload", "nope"}, 2, []string{`"nope"`, "shared-prefix"}},
 		{"trace and workload", []string{"--trace", good, "--workload", "shared-prefix"}, 2, []string{"exactly one"}},
 		{"bad flag", []string{"--trace", good, "--instances", "many"}, 2, []string{"instances"}},
+		{"unwritable records file", []string{"--trace", good, "--policies", "random", "--records", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl")}, 1, []string{"--records"}},
 		{"bad policy parameter", []string{"--trace", good, "--policies", "round-robin:x=1"}, 2, []string{`"x"`}},
 	}
 	for _, tt := range tests {
@@ -147,7 +148,9 @@ func TestSimulateJSON(t *testing.T) {
 
 func TestSimulateTable(t *testing.T) {
 	recs := filepath.Join(t.TempDir(), "records.jsonl")
-	code, stdout, stderr := runCmd("--trace", writeTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6", "--records", recs)
+	html := filepath.Join(t.TempDir(), "report.html")
+	code, stdout, stderr := runCmd("--trace", writeTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6",
+		"--records", recs, "--html", html)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -164,6 +167,15 @@ func TestSimulateTable(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) != 12 || !strings.Contains(lines[0], `"policy":"random"`) || !strings.Contains(lines[11], `"policy":"round-robin"`) {
 		t.Errorf("records file: %d lines, want 12, random's first:\n%s", len(lines), b)
+	}
+	page, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<html", "kvroute simulate: trace.jsonl", "round-robin", "<svg"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("HTML report lacks %q", want)
+		}
 	}
 }
 
