@@ -24,8 +24,11 @@ import (
 // to a second instance once the first is loaded, and that one warms up: replication falls out
 // of the cost.
 //
-// It learns: each endpoint's overhead and prefill rate are fitted, by exponentially weighted
-// least squares, to the TTFTs observed against the work that was ahead of each request, and an
+// It learns: each endpoint's speed is calibrated by the ratio of observed TTFTs to the TTFTs the
+// prior model (overhead, prefill_rate) predicted for the work that was ahead of each request
+// (exponentially weighted sums, so long prefills weigh most). The fleet's ratio applies to every
+// endpoint whose own ratio is within learn_tolerance of it, so that noise between identical
+// instances does not steer traffic, and an endpoint's own ratio applies beyond that. And an
 // engine that reports fewer cached tokens than predicted makes the index forget everything of
 // that endpoint at least as old as the missing block (the engine, being LRU, evicted it too). A
 // session key breaks near-ties towards the endpoint that served the session last.
@@ -39,8 +42,11 @@ type prefixAware struct {
 	decodeCost  float64 // seconds per running decode
 	sessionTol  float64 // relative slack within which the session's endpoint wins
 	recompute   float64 // weight of the request's own uncached work, on top of its TTFT
+	balance     float64 // weight of the eviction pressure where the new blocks would go
 	learn       bool
 	learnWeight float64
+	learnTol    float64
+	fleet       speedFit // all endpoints together
 	correct     bool
 	fallbackCap int // index blocks per endpoint when its KV capacity is unknown
 
@@ -56,12 +62,34 @@ type paState struct {
 	kvTokens atomic.Int64 // KV capacity last given to the index
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
-	// fitted TTFT model, as float64 bits: overhead (s) and seconds per work token
-	overhead atomic.Uint64
-	perToken atomic.Uint64
+	speed    speedFit
+}
 
-	fitMu                sync.Mutex
-	sw, sx, sy, sxx, sxy float64 // exponentially weighted sums of (work, ttft)
+// speedFit calibrates the prior TTFT model: factor = observed / predicted TTFT, as
+// exponentially weighted sums.
+type speedFit struct {
+	factor atomic.Uint64 // float64 bits; 1 until learned
+
+	mu                 sync.Mutex
+	n, observed, prior float64
+}
+
+func (f *speedFit) init() { f.factor.Store(math.Float64bits(1)) }
+
+func (f *speedFit) get() float64 { return math.Float64frombits(f.factor.Load()) }
+
+// add records one request: predicted by the prior model, observed ttft, both in seconds.
+func (f *speedFit) add(predicted, observed, weight float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keep := 1 - weight
+	f.n = f.n*keep + 1
+	f.observed = f.observed*keep + observed
+	f.prior = f.prior*keep + predicted
+	if f.n < 5 || f.prior <= 0 {
+		return // too few samples to say
+	}
+	f.factor.Store(math.Float64bits(min(max(f.observed/f.prior, 0.05), 20)))
 }
 
 // paFlight is one routed request until it is done.
@@ -76,6 +104,8 @@ type paFlight struct {
 
 type paScratch struct {
 	runs   []int32
+	tails  []int64
+	fill   []float64
 	scored []paScore
 	states []*paState
 }
@@ -97,8 +127,10 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		decodeCost:  r.Float("decode_cost", 0.0005),
 		sessionTol:  r.Float("session_slack", 0.1),
 		recompute:   r.Float("recompute_weight", 1),
+		balance:     r.Float("balance_weight", 0),
 		learn:       r.Bool("learn", true),
 		learnWeight: r.Float("learn_weight", 0.02),
+		learnTol:    r.Float("learn_tolerance", 0.25),
 		correct:     r.Bool("correct", true),
 		fallbackCap: r.Int("index_blocks", 65536),
 	}
@@ -109,9 +141,11 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	r.Require(pa.overhead0 >= 0, "overhead=%g must not be negative (seconds)", pa.overhead0)
 	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative", pa.attn)
 	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds)", pa.decodeCost)
+	r.Require(pa.balance >= 0, "balance_weight=%g must not be negative", pa.balance)
 	r.Require(pa.recompute >= 0, "recompute_weight=%g must not be negative", pa.recompute)
 	r.Require(pa.sessionTol >= 0, "session_slack=%g must not be negative", pa.sessionTol)
 	r.Require(pa.learnWeight > 0 && pa.learnWeight < 1, "learn_weight=%g must be in (0, 1)", pa.learnWeight)
+	r.Require(pa.learnTol >= 0, "learn_tolerance=%g must not be negative", pa.learnTol)
 	r.Require(pa.fallbackCap > 0, "index_blocks=%d must be positive", pa.fallbackCap)
 	r.Require(maxEntries >= 0, "max_index_entries=%d must not be negative (0: no cap)", maxEntries)
 	r.Require(sessions > 0, "sessions=%d must be positive", sessions)
@@ -123,6 +157,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	}
 	pa.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: pa.fallbackCap, MaxEntries: maxEntries})
 	pa.sessions.max = sessions
+	pa.fleet.init()
 	return pa, nil
 }
 
@@ -142,8 +177,7 @@ func (pa *prefixAware) state(id int) *paState {
 	}
 	if pa.eps[id] == nil {
 		s := &paState{}
-		s.overhead.Store(math.Float64bits(pa.overhead0))
-		s.perToken.Store(math.Float64bits(1 / pa.rate0))
+		s.speed.init()
 		pa.eps[id] = s
 	}
 	return pa.eps[id]
@@ -191,6 +225,14 @@ func (pa *prefixAware) getScratch(n, maxID int) *paScratch {
 		sc.runs = make([]int32, maxID+1)
 	}
 	sc.runs = sc.runs[:maxID+1]
+	if cap(sc.tails) < maxID+1 {
+		sc.tails = make([]int64, maxID+1)
+	}
+	sc.tails = sc.tails[:maxID+1]
+	if cap(sc.fill) < maxID+1 {
+		sc.fill = make([]float64, maxID+1)
+	}
+	sc.fill = sc.fill[:maxID+1]
 	if cap(sc.scored) < n {
 		sc.scored = make([]paScore, n)
 	}
@@ -231,18 +273,45 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 		pa.sizeIndex(e, states[i], req.BlockTokens)
 	}
 	pa.index.Match(sc.runs, req.Blocks)
+	// Cache pressure: where this request's new blocks would go, in 0..1. An endpoint with room
+	// scores up to 0.5 by its fill relative to the fullest candidate; a full one from 0.5 for the
+	// one whose oldest entry is oldest (what it evicts is least useful) up to 1 for the youngest.
+	// Steering new content by it spreads the ownership of prefixes, and so the follow-up traffic
+	// they attract, evenly (as SGLang's "smallest tree" rule does for unmatched prompts).
+	var oldest int64
+	var fullest float64
+	now := pa.clock.Now().UnixNano()
+	if pa.balance > 0 {
+		pa.index.Fill(sc.fill, sc.tails)
+		for _, e := range c {
+			if t := sc.tails[e.ID]; t != 0 {
+				oldest = max(oldest, now-t)
+			}
+			fullest = max(fullest, sc.fill[e.ID])
+		}
+	}
 
 	// Bounded load: at most ceil(factor x mean) in flight after this request.
 	limit := math.Ceil(pa.maxLoad * float64(total+1) / float64(n))
+	fleet := pa.fleet.get()
 	for i, e := range c {
 		s := states[i]
 		cached := cachedTokens(req, int(sc.runs[e.ID]))
 		own := float64(pa.work(req, cached))
-		w := float64(s.pending.Load()) + own*(1+pa.recompute)
+		weight := 1 + pa.recompute
+		if pa.balance > 0 {
+			p := 0.0
+			if fullest > 0 {
+				p = sc.fill[e.ID] / fullest / 2
+			}
+			if t := sc.tails[e.ID]; t != 0 && oldest > 0 {
+				p = 1 - float64(now-t)/float64(oldest)/2
+			}
+			weight += pa.balance * p
+		}
+		w := float64(s.pending.Load()) + own*weight
 		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
-		cost := math.Float64frombits(s.overhead.Load()) +
-			w*math.Float64frombits(s.perToken.Load()) +
-			float64(decoding)*pa.decodeCost
+		cost := (pa.overhead0+w/pa.rate0)*pa.speedOf(s, fleet) + float64(decoding)*pa.decodeCost
 		sc.scored[i] = paScore{i: i, eligible: float64(e.InFlight()+1) <= limit, cost: cost}
 	}
 	slices.SortStableFunc(sc.scored, func(a, b paScore) int {
@@ -307,35 +376,25 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
 	if pa.learn && ttft > 0 {
-		s.observe(float64(f.ahead), ttft.Seconds(), pa.learnWeight, pa.overhead0, 1/pa.rate0)
+		predicted := pa.overhead0 + float64(f.ahead)/pa.rate0
+		s.speed.add(predicted, ttft.Seconds(), pa.learnWeight)
+		pa.fleet.add(predicted, ttft.Seconds(), pa.learnWeight/4)
 	}
 }
 
-// observe adds one (work ahead, ttft) sample to the endpoint's fit and refreshes its model.
-func (s *paState) observe(x, y, weight, overhead0, perToken0 float64) {
-	s.fitMu.Lock()
-	defer s.fitMu.Unlock()
-	keep := 1 - weight
-	s.sw = s.sw*keep + 1
-	s.sx = s.sx*keep + x
-	s.sy = s.sy*keep + y
-	s.sxx = s.sxx*keep + x*x
-	s.sxy = s.sxy*keep + x*y
-	if s.sw < 8 {
-		return // too few samples to fit two parameters
+// speedOf is the calibration factor used for endpoint s: the fleet's, unless s's own differs
+// from it by more than learn_tolerance.
+func (pa *prefixAware) speedOf(s *paState, fleet float64) float64 {
+	own := s.speed.get()
+	if math.Abs(own/fleet-1) <= pa.learnTol {
+		return fleet
 	}
-	mx, my := s.sx/s.sw, s.sy/s.sw
-	vx := s.sxx/s.sw - mx*mx
-	if vx <= 0 {
-		return
-	}
-	b := (s.sxy/s.sw - mx*my) / vx
-	// A fit outside 1/10..10x the prior is noise (too few distinct work sizes): keep the slope
-	// bounded, and the intercept consistent with it.
-	b = min(max(b, perToken0/10), perToken0*10)
-	a := min(max(my-b*mx, 0), 10*max(overhead0, 0.001))
-	s.perToken.Store(math.Float64bits(b))
-	s.overhead.Store(math.Float64bits(a))
+	return own
+}
+
+// PrefillRate is the calibrated prefill rate of endpoint id, in tokens per second.
+func (pa *prefixAware) PrefillRate(id int) float64 {
+	return pa.rate0 / pa.speedOf(pa.state(id), pa.fleet.get())
 }
 
 // Done ends the request's bookkeeping and corrects the index when the engine had less cached

@@ -388,6 +388,25 @@ func (x *Index) Remove(ep int) {
 	x.eps[ep] = ixEndpoint{}
 }
 
+// Fill writes, for every endpoint ep < len(fill) (tails must be as long), how full its LRU is
+// (entries / capacity, 0..1) into fill[ep], and the stamp of its least recently used entry
+// into tails[ep] when it is full, else 0: new blocks on a full endpoint evict entries of that
+// age, so the older it is, the less useful what they push out.
+func (x *Index) Fill(fill []float64, tails []int64) {
+	clear(fill)
+	clear(tails)
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for ep := range min(len(fill), len(tails), len(x.eps)) {
+		e := &x.eps[ep]
+		c := x.capOf(ep)
+		fill[ep] = float64(e.n) / float64(c)
+		if e.tail != 0 && e.n >= c {
+			tails[ep] = x.nodes[e.tail-1].stamp
+		}
+	}
+}
+
 // Len returns the entries endpoint ep holds.
 func (x *Index) Len(ep int) int {
 	x.mu.RLock()
