@@ -197,10 +197,14 @@ func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, recv time.Time) (*call, *openai.Error) {
 	promptTokens := max(1, prefix.EstimateTokens(string(text)))
 	maxTokens, finish := req.MaxTokens, "length"
-	if maxTokens <= 0 {
+	if maxTokens < 0 {
+		return nil, openai.BadRequest("max_tokens", "max_tokens must be at least 1, got %d", maxTokens)
+	}
+	if maxTokens == 0 {
 		maxTokens, finish = in.opts.DefaultMaxTokens, "stop"
 	}
-	if promptTokens+maxTokens > in.opts.MaxModelLen {
+	// Compare each part first: the sum of two huge values could overflow.
+	if promptTokens > in.opts.MaxModelLen || maxTokens > in.opts.MaxModelLen || promptTokens+maxTokens > in.opts.MaxModelLen {
 		return nil, openai.BadRequest("max_tokens",
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 			in.opts.MaxModelLen, promptTokens+maxTokens, promptTokens, maxTokens)
