@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -24,7 +25,7 @@ import (
 // simulateFlags are the flags of `kvroute simulate`.
 type simulateFlags struct {
 	trace, workload, profile, policies string
-	records, html                      string
+	records, html, cpuprofile          string
 	instances, limit                   int
 	load, speedup                      float64
 	seed                               uint64
@@ -62,6 +63,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.scrape, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
 	fs.DurationVar(&f.latency, "network-latency", 0, "one-way router-engine latency")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
+	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&f.html, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&f.records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
 	if err := fs.Parse(args); err != nil {
@@ -89,6 +91,14 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if os.Getenv("GOMEMLIMIT") == "" {
 		defer debug.SetMemoryLimit(debug.SetMemoryLimit(simulateMemoryLimit))
 	}
+	if f.cpuprofile != "" {
+		stop, err := startCPUProfile(f.cpuprofile)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvroute simulate: --cpuprofile: %s\n", oneLine(err))
+			return 1
+		}
+		defer stop()
+	}
 	sum, err := simulate(ctx, &f)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute simulate: %s\n", oneLine(err))
@@ -107,6 +117,22 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return 1
 	}
 	return 0
+}
+
+// startCPUProfile profiles the process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	fh, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		fh.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		fh.Close()
+	}, nil
 }
 
 // oneLine keeps an error message on one line (errors.Join separates with newlines).
