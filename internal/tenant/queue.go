@@ -1,0 +1,197 @@
+package tenant
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// errQueueFull and errWaitedTooLong are the queue's refusals; the gate turns them into 503s.
+var (
+	errQueueFull     = errors.New("admission queue full")
+	errWaitedTooLong = errors.New("waited too long for admission")
+)
+
+// queue holds requests back while every endpoint that could serve them is saturated, and lets
+// them go one at a time as capacity frees: highest priority first, and within a priority by
+// self-clocked weighted fair queuing (each tenant's requests get virtual finish times one
+// cost apart, starting no earlier than the virtual time of the last request let go), so a
+// tenant that queues a hundred requests does not make another tenant's one request wait behind
+// all of them. Nothing admitted is dropped: a waiter leaves only admitted, or with an error
+// (queue full, waited too long, its client gone).
+type queue struct {
+	saturated func([]*endpoint.Endpoint) bool // nil: never saturated
+	size      int
+	maxWait   time.Duration
+	poll      time.Duration // 0: no dispatcher goroutine (tests call pass)
+
+	mu         sync.Mutex
+	waiters    []*waiter
+	vtime      float64
+	lastFinish map[string]float64 // tenant -> virtual finish of its last queued request
+	seq        uint64
+	running    bool // the dispatcher goroutine is alive
+	kick       chan struct{}
+}
+
+type waiter struct {
+	tenant string
+	prio   int
+	finish float64
+	seq    uint64
+	cands  []*endpoint.Endpoint
+	ready  chan struct{} // closed when admitted
+}
+
+func newQueue(size int, maxWait, poll time.Duration, saturated func([]*endpoint.Endpoint) bool) *queue {
+	return &queue{saturated: saturated, size: size, maxWait: maxWait, poll: poll,
+		lastFinish: map[string]float64{}, kick: make(chan struct{}, 1)}
+}
+
+// configure changes the queue's settings for requests that arrive from now on.
+func (q *queue) configure(size int, maxWait time.Duration, saturated func([]*endpoint.Endpoint) bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.size, q.maxWait, q.saturated = size, maxWait, saturated
+	q.signal()
+}
+
+func (q *queue) isSaturated(cands []*endpoint.Endpoint) bool {
+	return q.saturated != nil && q.saturated(cands)
+}
+
+// wait returns nil once the request may go to one of cands. cost is the request's share
+// (1 per request).
+func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64, cands []*endpoint.Endpoint) error {
+	q.mu.Lock()
+	if len(q.waiters) == 0 && !q.isSaturated(cands) {
+		q.mu.Unlock()
+		return nil
+	}
+	if len(q.waiters) >= q.size {
+		q.mu.Unlock()
+		return errQueueFull
+	}
+	q.seq++
+	start := max(q.vtime, q.lastFinish[tenant])
+	w := &waiter{tenant: tenant, prio: prio, finish: start + cost, seq: q.seq, cands: cands, ready: make(chan struct{})}
+	q.lastFinish[tenant] = w.finish
+	q.waiters = append(q.waiters, w)
+	if q.poll > 0 && !q.running {
+		q.running = true
+		go q.dispatch()
+	}
+	q.signal()
+	maxWait := q.maxWait
+	q.mu.Unlock()
+
+	timer := time.NewTimer(maxWait)
+	defer timer.Stop()
+	var err error
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = errWaitedTooLong
+	}
+	if q.remove(w) {
+		return err
+	}
+	return nil // admitted meanwhile: the caller goes on (and fails fast if its client left)
+}
+
+// remove takes w out of the queue; false when it was admitted already.
+func (q *queue) remove(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := slices.Index(q.waiters, w)
+	if i < 0 {
+		return false
+	}
+	q.waiters = slices.Delete(q.waiters, i, i+1)
+	return true
+}
+
+// signal wakes the dispatcher (without blocking).
+func (q *queue) signal() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch lets waiters go while there are any: on every signal (a request ended, one
+// arrived) and every poll interval (scraped engine state changes on its own).
+func (q *queue) dispatch() {
+	t := time.NewTicker(q.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.kick:
+		case <-t.C:
+		}
+		q.mu.Lock()
+		q.passLocked()
+		if len(q.waiters) == 0 {
+			q.running = false
+			// Forget tenants' finish times that are behind the virtual clock: they no
+			// longer matter (max with vtime) and the map must not grow with tenants.
+			for k, f := range q.lastFinish {
+				if f <= q.vtime {
+					delete(q.lastFinish, k)
+				}
+			}
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+	}
+}
+
+// pass admits the first waiter in order whose candidates are not all saturated, and returns
+// it (nil when none may go). One per pass: the saturation signals (in-flight counts, the
+// engines' queues) only see an admitted request once it has been forwarded.
+func (q *queue) pass() *waiter {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.passLocked()
+}
+
+func (q *queue) passLocked() *waiter {
+	order := slices.Clone(q.waiters)
+	slices.SortFunc(order, func(a, b *waiter) int {
+		switch {
+		case a.prio != b.prio:
+			return b.prio - a.prio
+		case a.finish < b.finish:
+			return -1
+		case a.finish > b.finish:
+			return 1
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
+	for _, w := range order {
+		if q.isSaturated(w.cands) {
+			continue
+		}
+		q.waiters = slices.DeleteFunc(q.waiters, func(x *waiter) bool { return x == w })
+		q.vtime = max(q.vtime, w.finish)
+		close(w.ready)
+		return w
+	}
+	return nil
+}
+
+// len returns how many requests wait.
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiters)
+}
