@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"cmp"
 	"math"
 	"slices"
 	"sync"
@@ -62,7 +61,13 @@ type paState struct {
 	kvTokens atomic.Int64 // KV capacity last given to the index
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
-	speed    speedFit
+	// The head of the prefill queue (the oldest request without a first token) is partly
+	// computed: its work and since when it has been the head let Pick credit that progress.
+	headWork  atomic.Int64
+	headSince atomic.Int64 // unix ns
+	qmu       sync.Mutex
+	queue     []*paFlight // routed, in order; done ones are dropped from the front lazily
+	speed     speedFit
 }
 
 // speedFit calibrates the prior TTFT model: factor = observed / predicted TTFT, as
@@ -99,7 +104,46 @@ type paFlight struct {
 	ahead     int64   // work queued on ep before it, plus its own
 	predicted int     // blocks the index said ep held
 	stamps    []int64 // index stamps of those blocks, for the correction
-	first     bool    // first token seen
+	first     bool    // first token seen (or done): out of the prefill queue
+}
+
+// enqueue appends f to the endpoint's prefill queue at time now.
+func (s *paState) enqueue(f *paFlight, now int64) {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	s.queue = append(s.queue, f)
+	if len(s.queue) == 1 {
+		s.headWork.Store(f.work)
+		s.headSince.Store(now)
+	}
+}
+
+// dequeue marks f out of the queue (its first token came, or it ended) at time now, and moves
+// the head on when f was it. It reports false when f was already out.
+func (s *paState) dequeue(f *paFlight, now int64) bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if f.first {
+		return false
+	}
+	f.first = true
+	k := 0
+	for k < len(s.queue) && s.queue[k].first {
+		k++
+	}
+	if k == 0 {
+		return true
+	}
+	clear(s.queue[:k])
+	s.queue = s.queue[k:]
+	if len(s.queue) == 0 {
+		s.queue = nil
+		s.headWork.Store(0)
+		return true
+	}
+	s.headWork.Store(s.queue[0].work)
+	s.headSince.Store(now)
+	return true
 }
 
 type paScratch struct {
@@ -309,19 +353,33 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			}
 			weight += pa.balance * p
 		}
-		w := float64(s.pending.Load()) + own*weight
+		speed := pa.speedOf(s, fleet)
+		queued := float64(s.pending.Load())
+		if hw := s.headWork.Load(); hw > 0 {
+			// Credit the head's progress, at most all of its work.
+			done := float64(now-s.headSince.Load()) / 1e9 * pa.rate0 / speed
+			queued -= min(max(done, 0), float64(hw))
+		}
+		w := max(queued, 0) + own*weight
 		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
-		cost := (pa.overhead0+w/pa.rate0)*pa.speedOf(s, fleet) + float64(decoding)*pa.decodeCost
+		cost := (pa.overhead0+w/pa.rate0)*speed + float64(decoding)*pa.decodeCost
 		sc.scored[i] = paScore{i: i, eligible: float64(e.InFlight()+1) <= limit, cost: cost}
 	}
-	slices.SortStableFunc(sc.scored, func(a, b paScore) int {
+	// Ineligible candidates after eligible ones, then by cost, then in candidate order.
+	slices.SortFunc(sc.scored, func(a, b paScore) int {
 		if a.eligible != b.eligible {
 			if a.eligible {
 				return -1
 			}
 			return 1
 		}
-		return cmp.Compare(a.cost, b.cost)
+		if a.cost != b.cost {
+			if a.cost < b.cost {
+				return -1
+			}
+			return 1
+		}
+		return a.i - b.i
 	})
 	// Session affinity breaks near-ties: the session's endpoint, if eligible and within
 	// session_slack of the best, goes first.
@@ -354,6 +412,7 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	f.ahead = s.pending.Add(f.work)
 	s.waiting.Add(1)
+	s.enqueue(f, pa.clock.Now().UnixNano())
 	pa.inflight.Store(req, f)
 	pa.index.Insert(ep.ID, req.Blocks, pa.clock.Now().UnixNano())
 	if req.SessionKey != "" {
@@ -368,11 +427,13 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 		return
 	}
 	f := v.(*paFlight)
-	if f.first || f.ep != ep.ID {
+	if f.ep != ep.ID {
 		return
 	}
-	f.first = true
 	s := pa.state(ep.ID)
+	if !s.dequeue(f, pa.clock.Now().UnixNano()) {
+		return
+	}
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
 	if pa.learn && ttft > 0 {
@@ -409,7 +470,7 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 		return
 	}
 	s := pa.state(ep.ID)
-	if !f.first {
+	if s.dequeue(f, pa.clock.Now().UnixNano()) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
 	}

@@ -1,0 +1,80 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// benchFleet is 64 endpoints of 2.5M KV tokens whose index holds about 1M (block, endpoint)
+// entries, and a 32k-token request (2,048 blocks) whose first 32 blocks every endpoint holds,
+// whose first 1,024 blocks endpoints 6..9 hold and which endpoint 5 holds whole.
+func benchFleet(b *testing.B) (*prefixAware, []*endpoint.Endpoint, *Request) {
+	b.Helper()
+	pk, err := New("prefix-aware", Params{"balance_weight": "3"}, Env{Clock: &fakeClock{t: time.Unix(1000, 0)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pa := pk.(*prefixAware)
+	eps := newEndpoints(64, 2_500_000)
+	r := rand.New(rand.NewPCG(5, 6))
+	keys := make([]uint64, 2048)
+	for i := range keys {
+		keys[i] = r.Uint64()
+	}
+	rq := &Request{ID: "bench", Model: "m", BlockTokens: 16, PromptTokens: 32768,
+		Blocks: prefix.Chain(nil, prefix.Seed("m", ""), keys)}
+	filler := make([]uint64, 64)
+	now := int64(0)
+	for n := 0; n < 1<<20-2048-4*1024-64*32; n += len(filler) {
+		for i := range filler {
+			filler[i] = r.Uint64()
+		}
+		now++
+		pa.index.Insert(r.IntN(64), prefix.Chain(nil, 1, filler), now)
+	}
+	for _, e := range eps {
+		pa.index.Insert(e.ID, rq.Blocks[:32], now)
+		pa.sizeIndex(e, pa.state(e.ID), 16)
+	}
+	for id := 6; id < 10; id++ {
+		pa.index.Insert(id, rq.Blocks[:1024], now)
+	}
+	pa.index.Insert(5, rq.Blocks, now)
+	// Some load, so that the guard and the queue terms have work to do.
+	for i, e := range eps {
+		for k := 0; k < i%5; k++ {
+			e.Start(1000)
+		}
+	}
+	return pa, eps, rq
+}
+
+func BenchmarkPrefixAware_Pick(b *testing.B) {
+	pa, eps, rq := benchFleet(b)
+	b.Run("endpoints=64/blocks=2048", func(b *testing.B) {
+		b.ReportAllocs()
+		var got []*endpoint.Endpoint
+		for b.Loop() {
+			got, _ = pa.Pick(rq, eps)
+		}
+		if got[0].ID != 5 {
+			b.Fatalf("picked %d, want 5 (holds the whole prompt)", got[0].ID)
+		}
+		n, bytes := pa.IndexSize()
+		b.ReportMetric(float64(bytes)/float64(n), "index-bytes/entry")
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		start := time.Now()
+		b.RunParallel(func(p *testing.PB) {
+			for p.Next() {
+				_, _ = pa.Pick(rq, eps)
+			}
+		})
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "picks/s")
+	})
+}
