@@ -320,3 +320,74 @@ func TestMetricsAgreeWithUsage(t *testing.T) {
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, zmqPubWriter)
 }
+
+func TestCacheSaltAndTokenPrompts(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant"}, 1)
+	url := f.URLs()[0]
+	prompt := text("salted", 200) // 12 full blocks: a hit is 192 tokens
+	cached := func(extra string) int {
+		t.Helper()
+		r := streamCall(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":1,"stream_options":{"include_usage":true}%s}`, DefaultModel, prompt, extra))
+		if r.usage == nil || r.usage.PromptTokens != 200 {
+			t.Fatalf("usage = %+v, want 200 prompt tokens", r.usage)
+		}
+		return r.usage.PromptTokensDetails.CachedTokens
+	}
+	steps := []struct {
+		extra string
+		want  int
+	}{
+		{`,"cache_salt":"tenant-a"`, 0},
+		{`,"cache_salt":"tenant-a"`, 192},
+		{`,"cache_salt":"tenant-b"`, 0}, // another salt shares nothing
+		{``, 0},
+		{``, 192},
+	}
+	for i, s := range steps {
+		if got := cached(s.extra); got != s.want {
+			t.Errorf("step %d (%s): cached_tokens %d, want %d", i, s.extra, got, s.want)
+		}
+	}
+	// Token-id prompts count one token per id.
+	r := streamCall(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":[1,2,3,4,5],"stream":true,"max_tokens":2,"stream_options":{"include_usage":true}}`, DefaultModel))
+	if r.usage == nil || r.usage.PromptTokens != 5 || r.usage.CompletionTokens != 2 {
+		t.Errorf("token prompt usage = %+v, want 5 prompt and 2 completion tokens", r.usage)
+	}
+}
+
+func TestShutdownDrainsStreams(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f, err := StartFleet(ctx, Options{TimeScale: 0.1}, 1, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := f.URLs()[0]
+	resp, _ := post(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"drain me","stream":true,"max_tokens":40}`, DefaultModel))
+	defer resp.Body.Close()
+	rd := openai.NewSSEReader(resp.Body, 1<<16)
+	if _, err := rd.Next(); err != nil {
+		t.Fatal(err)
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- f.Shutdown(ctx) }()
+	done := false
+	for range 1000 {
+		ev, err := rd.Next()
+		if err != nil {
+			break
+		}
+		if ev.IsDone() {
+			done = true
+		}
+	}
+	if !done {
+		t.Error("the stream open at shutdown did not finish with [DONE]")
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if _, err := http.Get(url + "/health"); err == nil {
+		t.Error("the fleet still answers after Shutdown")
+	}
+}
