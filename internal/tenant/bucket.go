@@ -57,7 +57,8 @@ func (b *bucket) until(n float64) time.Duration {
 	if missing <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(missing / b.perSecond() * float64(time.Second)))
+	// Up to the next nanosecond, forgiving float rounding (20s must not become 20.000000001s).
+	return time.Duration(math.Ceil(missing/b.perSecond()*float64(time.Second) - 1e-3))
 }
 
 // adjust adds delta units (negative: a charge that may leave a debt), never above the limit.
