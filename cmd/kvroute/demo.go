@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -41,7 +44,7 @@ type demoFlags struct {
 	instances, requests                      int
 	timeScale, speedup                       float64
 	seed                                     uint64
-	quick, json, quiet                       bool
+	quick, json, quiet, compare              bool
 }
 
 // demoRun is one policy's live run.
@@ -62,12 +65,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&f.speedup, "speedup", 0, "replay arrivals K times faster (default 1; a trace usually needs more)")
 	fs.IntVar(&f.requests, "requests", 0, "use only the first N requests (0: all)")
 	fs.StringVar(&f.profile, "profile", simserver.DefaultProfile, "engine profile of the simulated instances")
-	fs.Float64Var(&f.timeScale, "time-scale", 1, "wall seconds per model second of the simulated engines (0.5: twice as fast); reported times are model time")
+	fs.Float64Var(&f.timeScale, "time-scale", 0, "wall seconds per model second of the simulated engines (0.5: twice as fast; default 2, 1 with --quick); reported times are model time")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, the engines and the policies")
 	fs.BoolVar(&f.quick, "quick", false, "a smaller workload that finishes in well under a minute")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON (as kvroute simulate --json, plus live figures)")
 	fs.StringVar(&f.html, "html", demoReport, "write the HTML report here (empty: none)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress output")
+	fs.BoolVar(&f.compare, "compare-simulate", false, "also run the same scenario through kvroute simulate (virtual time) and print how far the live figures are from it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(stdout, "usage: kvroute demo [--quick] [flags]")
@@ -86,6 +90,14 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvroute demo: unexpected argument %q (run 'kvroute demo -h')\n", fs.Arg(0))
 		return 2
 	}
+	if f.timeScale == 0 {
+		// Slower than real time by default: the router's and the simulator's own CPU time on a
+		// small machine then adds less to the model-time TTFT (see docs/fidelity.md).
+		f.timeScale = 2
+		if f.quick {
+			f.timeScale = 1
+		}
+	}
 	sum, runs, err := demo(ctx, &f, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
@@ -94,11 +106,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	out := benchJSON{Summary: sum}
+	out := demoJSON{benchJSON: benchJSON{Summary: sum}}
 	recs := make([][]report.Record, len(runs))
 	for i := range runs {
 		out.Bench = append(out.Bench, runs[i].extra)
 		recs[i] = runs[i].records
+	}
+	if f.compare {
+		out.Fidelity, err = compareSimulate(ctx, &f, sum)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
+			return 1
+		}
 	}
 	if f.json {
 		enc := json.NewEncoder(stdout)
@@ -106,6 +125,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = enc.Encode(out)
 	} else {
 		err = report.WriteTable(stdout, sum)
+		if err == nil && out.Fidelity != nil {
+			err = writeFidelity(stdout, out.Fidelity)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
@@ -127,6 +149,98 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// demoJSON is `kvroute demo --json`: bench's JSON plus, with --compare-simulate, the
+// comparison with the discrete-event simulator.
+type demoJSON struct {
+	benchJSON
+	Fidelity *fidelity `json:"fidelity,omitempty"`
+}
+
+// Tolerances of the live-versus-simulated comparison (issue #6).
+const (
+	fidelityHitAbs  = 0.05
+	fidelityTTFTRel = 0.25
+)
+
+// fidelity compares, per policy, the live demo with kvroute simulate on the same scenario.
+type fidelity struct {
+	HitRateTolerance float64          `json:"hit_rate_tolerance_abs"`
+	TTFTP50Tolerance float64          `json:"ttft_p50_tolerance_rel"`
+	Policies         []policyFidelity `json:"policies"`
+	Agree            bool             `json:"agree"`
+}
+
+type policyFidelity struct {
+	Policy       string  `json:"policy"`
+	LiveHitRate  float64 `json:"live_hit_rate"`
+	SimHitRate   float64 `json:"simulated_hit_rate"`
+	LiveTTFTP50  float64 `json:"live_ttft_p50_ms"`
+	SimTTFTP50   float64 `json:"simulated_ttft_p50_ms"`
+	HitRateDelta float64 `json:"hit_rate_delta"`
+	TTFTP50Ratio float64 `json:"ttft_p50_ratio"`
+	Agree        bool    `json:"agree"`
+}
+
+// compareSimulate runs the demo's scenario through the discrete-event simulator, one policy
+// after the other, and compares hit rate and TTFT p50 with the live results in sum.
+func compareSimulate(ctx context.Context, f *demoFlags, sum *report.Summary) (*fidelity, error) {
+	prof, err := engine.LookupProfile(f.profile)
+	if err != nil {
+		return nil, err
+	}
+	specs, err := demoPolicySpecs(f.policies)
+	if err != nil {
+		return nil, err
+	}
+	reqs, err := demoRequests(f)
+	if err != nil {
+		return nil, err
+	}
+	fleet := des.ProfileFleet(prof, f.instances)
+	fleet.ScrapeInterval = des.DefaultScrapeInterval
+	fleet.Seed = f.seed
+	w := des.Prepare(reqs, fleet.Model, fleet.BlockSize)
+	fid := &fidelity{HitRateTolerance: fidelityHitAbs, TTFTP50Tolerance: fidelityTTFTRel, Agree: true}
+	for i, sp := range specs {
+		res, err := des.Run(ctx, fleet, w, sp.label, des.Named(sp.name, sp.params))
+		if err != nil {
+			return nil, fmt.Errorf("simulate %s: %w", sp.label, err)
+		}
+		sim := report.Summarize(sp.label, res.Records, res.Busy)
+		live := sum.Results[i]
+		p := policyFidelity{
+			Policy: sp.label, LiveHitRate: live.HitRate, SimHitRate: sim.HitRate,
+			LiveTTFTP50: live.TTFT.P50, SimTTFTP50: sim.TTFT.P50,
+			HitRateDelta: live.HitRate - sim.HitRate,
+		}
+		if sim.TTFT.P50 > 0 {
+			p.TTFTP50Ratio = live.TTFT.P50 / sim.TTFT.P50
+		}
+		p.Agree = math.Abs(p.HitRateDelta) <= fidelityHitAbs && math.Abs(p.TTFTP50Ratio-1) <= fidelityTTFTRel
+		fid.Agree = fid.Agree && p.Agree
+		fid.Policies = append(fid.Policies, p)
+	}
+	return fid, nil
+}
+
+// writeFidelity prints the live-versus-simulated table.
+func writeFidelity(w io.Writer, fid *fidelity) error {
+	fmt.Fprintf(w, "\nlive (HTTP, model time) vs kvroute simulate (virtual time); tolerance: hit rate +-%.2f, TTFT p50 +-%.0f%%\n", fid.HitRateTolerance, 100*fid.TTFTP50Tolerance)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "policy\thit live\thit sim\tdelta\tTTFT p50 live\tsim\tratio\tagree\t\n")
+	for _, p := range fid.Policies {
+		verdict := "yes"
+		if !p.Agree {
+			verdict = "NO"
+		}
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%+.3f\t%.1f\t%.1f\t%.2f\t%s\t\n", p.Policy, p.LiveHitRate, p.SimHitRate, p.HitRateDelta, p.LiveTTFTP50, p.SimTTFTP50, p.TTFTP50Ratio, verdict)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write fidelity table: %w", err)
+	}
+	return nil
 }
 
 // demoPolicySpecs resolves --policies: "all" is every registered policy; names not registered
@@ -164,26 +278,15 @@ func demo(ctx context.Context, f *demoFlags, stderr io.Writer) (*report.Summary,
 	if len(errs) > 0 {
 		return nil, nil, usageError{errors.Join(errs...)}
 	}
-	spec := f.workload
-	if spec == "" && f.trace == "" {
-		spec = demoWorkload
-		if f.quick {
-			spec = demoQuickWorkload
-		}
-	}
-	reqs, name, err := loadWorkload(f.trace, spec, f.seed)
+	reqs, err := demoRequests(f)
 	if err != nil {
 		return nil, nil, err
 	}
-	if f.requests > 0 && f.requests < len(reqs) {
-		reqs = reqs[:f.requests]
-	}
+	name := demoWorkloadName(f)
 	speedup := f.speedup
 	if speedup == 0 {
 		speedup = 1
 	}
-	reqs = workload.Speedup(reqs, speedup)
-	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return int(a.Arrival - b.Arrival) })
 
 	sum := &report.Summary{
 		Scenario: report.Scenario{
@@ -206,6 +309,40 @@ func demo(ctx context.Context, f *demoFlags, stderr io.Writer) (*report.Summary,
 		runs = append(runs, run)
 	}
 	return sum, runs, nil
+}
+
+// demoWorkloadName is the workload's name in the report.
+func demoWorkloadName(f *demoFlags) string {
+	switch {
+	case f.trace != "":
+		return filepath.Base(f.trace)
+	case f.workload != "":
+		return f.workload
+	case f.quick:
+		return demoQuickWorkload
+	}
+	return demoWorkload
+}
+
+// demoRequests builds the demo's requests: the trace or workload, cut to --requests, sped up,
+// in arrival order. Deterministic, so that compareSimulate sees the same requests.
+func demoRequests(f *demoFlags) ([]workload.Request, error) {
+	spec := f.workload
+	if spec == "" && f.trace == "" {
+		spec = demoWorkloadName(f)
+	}
+	reqs, _, err := loadWorkload(f.trace, spec, f.seed)
+	if err != nil {
+		return nil, err
+	}
+	if f.requests > 0 && f.requests < len(reqs) {
+		reqs = reqs[:f.requests]
+	}
+	if f.speedup > 0 {
+		reqs = workload.Speedup(reqs, f.speedup)
+	}
+	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return int(a.Arrival - b.Arrival) })
+	return reqs, nil
 }
 
 // demoPolicy starts a fresh fleet (cold caches) and a router with one policy in front of it,
@@ -263,6 +400,11 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 	}
 
 	items := workloadItems(reqs)
+	// Arrivals are in model time: the engines run at timeScale wall seconds per model second,
+	// so the client must too.
+	for i := range items {
+		items[i].At = scaleDur(items[i].At, 1/f.timeScale)
+	}
 	mode := progressMode(stderr, f.quiet)
 	prog := loadgen.NewProgress(stderr, mode, sp.label, len(items), 5*time.Second, nil)
 	res, err := loadgen.Run(ctx, loadgen.Config{
@@ -296,7 +438,7 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 	// Busy fractions: model-time busy over the model-time span (records are in model time).
 	r.WallSeconds = time.Since(start).Seconds()
 	extra := benchStats(&res, f.timeScale)
-	extra.AskedRate = scheduledRate(items)
+	extra.AskedRate = scheduledRate(items) // wall-time rates, as sent
 	return demoRun{result: r, records: recs, extra: extra}, nil
 }
 

@@ -110,3 +110,37 @@ func TestDemoErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestDemoCompareSimulate(t *testing.T) {
+	checkLeaks(t)
+	args := append([]string{"--policies", "round-robin", "--json", "--quiet", "--html", "", "--compare-simulate"}, tinyDemo...)
+	code, out, errOut := runVerb("demo", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Results  []report.Result
+		Fidelity *fidelity
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bad JSON: %v\n%s", err, out)
+	}
+	if doc.Fidelity == nil || len(doc.Fidelity.Policies) != 1 {
+		t.Fatalf("fidelity %+v: want one policy", doc.Fidelity)
+	}
+	p := doc.Fidelity.Policies[0]
+	if p.Policy != "round-robin" || p.LiveHitRate != doc.Results[0].HitRate || p.SimHitRate <= 0 || p.SimTTFTP50 <= 0 {
+		t.Errorf("fidelity entry %+v does not hold the live and simulated figures", p)
+	}
+	if d := p.LiveHitRate - p.SimHitRate; d != p.HitRateDelta {
+		t.Errorf("hit-rate delta %v, want live - simulated = %v", p.HitRateDelta, d)
+	}
+	if r := p.LiveTTFTP50 / p.SimTTFTP50; r != p.TTFTP50Ratio || p.LiveTTFTP50 != doc.Results[0].TTFT.P50 {
+		t.Errorf("TTFT p50 ratio %v, want live / simulated = %v", p.TTFTP50Ratio, r)
+	}
+	// A 12-request run is too small to hold the tolerances; the verdict must follow them.
+	want := p.HitRateDelta <= fidelityHitAbs && p.HitRateDelta >= -fidelityHitAbs && p.TTFTP50Ratio <= 1+fidelityTTFTRel && p.TTFTP50Ratio >= 1-fidelityTTFTRel
+	if p.Agree != want || doc.Fidelity.Agree != want {
+		t.Errorf("agree %v (overall %v), want %v for %+v", p.Agree, doc.Fidelity.Agree, want, p)
+	}
+}
