@@ -30,8 +30,8 @@ func benchFleet(b *testing.B, instances, streams int) {
 	const (
 		scale  = 0.1
 		groups = 16                     // shared system prompts
-		output = 500                    // tokens per stream: about 8 s of model time
-		window = 400 * time.Millisecond // wall time over which the streams arrive (4 s of model time)
+		output = 300                    // tokens per stream: about 4.5 s of model time
+		window = 300 * time.Millisecond // wall time over which the streams arrive (3 s of model time)
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

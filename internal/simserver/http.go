@@ -1,6 +1,7 @@
 package simserver
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -135,6 +136,18 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(b)
 }
 
+// readBody reads the request body (at most maxBody bytes) into a buffer sized from
+// Content-Length, so that a long prompt is not copied through a series of growing buffers.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, maxBody)
+	if n := r.ContentLength; n > 0 && n <= maxBody {
+		buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead)) // ReadFrom keeps MinRead free
+		_, err := buf.ReadFrom(rd)
+		return buf.Bytes(), err
+	}
+	return io.ReadAll(rd)
+}
+
 // call is one completion request as the handler sees it.
 type call struct {
 	kind         openai.Kind
@@ -150,7 +163,7 @@ type call struct {
 func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		recv := in.opts.Now()
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		body, err := readBody(w, r)
 		if err != nil {
 			openai.WriteError(w, openai.BadRequest("", "read body: %v", err))
 			return
