@@ -474,6 +474,21 @@ func TestProfiles(t *testing.T) {
 	}
 }
 
+func TestWithBlockSize(t *testing.T) {
+	p, err := LookupProfile("llama3-70b-h100-tp4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := p.WithBlockSize(512)
+	// 461,376 tokens = 901 blocks of 512 (and 64 tokens left over).
+	if q.BlockSize != 512 || q.NumBlocks != 901 || q.StepOverhead != p.StepOverhead {
+		t.Errorf("WithBlockSize(512) = block %d x %d, overhead %v", q.BlockSize, q.NumBlocks, q.StepOverhead)
+	}
+	if got := p.WithBlockSize(0); got != p {
+		t.Errorf("WithBlockSize(0) changed the profile: %+v", got)
+	}
+}
+
 func TestInstantProfile(t *testing.T) {
 	p, err := LookupProfile("instant")
 	if err != nil {
