@@ -34,10 +34,11 @@ type SSEReader struct {
 }
 
 // NewSSEReader returns a reader of events from r, each at most maxEvent bytes (4 KiB when
-// maxEvent < 4096).
+// maxEvent < 4096). Its own buffer is small (r, an HTTP body, is buffered already), so that
+// thousands of open streams cost little memory.
 func NewSSEReader(r io.Reader, maxEvent int) *SSEReader {
 	maxEvent = max(maxEvent, 4096)
-	return &SSEReader{r: bufio.NewReaderSize(r, 4096), maxEvent: maxEvent}
+	return &SSEReader{r: bufio.NewReaderSize(r, 512), maxEvent: maxEvent}
 }
 
 // Next returns the next event. At the end of the stream it returns io.EOF; a stream that ends

@@ -205,7 +205,7 @@ func randomID() string {
 // bufferPool recycles the reverse proxy's copy buffers.
 type bufferPool struct{}
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
 func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }

@@ -38,9 +38,16 @@ type stack struct {
 // first) and then the instances.
 func startStack(t *testing.T, n int, profile, policyName string, extra ...string) *stack {
 	t.Helper()
+	return startStackOpts(t, n, profile, policyName, 0, extra...)
+}
+
+// startStackOpts is startStack with the simulator's stream interval.
+func startStackOpts(t *testing.T, n int, profile, policyName string, streamInterval time.Duration, extra ...string) *stack {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fleet, err := simserver.StartFleet(ctx, simserver.Options{Profile: profile, Model: model, DefaultMaxTokens: 16}, n, "127.0.0.1", 0)
+	opts := simserver.Options{Profile: profile, Model: model, DefaultMaxTokens: 16, StreamInterval: streamInterval}
+	fleet, err := simserver.StartFleet(ctx, opts, n, "127.0.0.1", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
