@@ -98,7 +98,7 @@ func (in *Instance) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"object": "list",
 		"data": []modelCard{{
-			ID: in.opts.Model, Object: "model", Created: in.start.Unix(), OwnedBy: "vllm",
+			ID: in.opts.Model, Object: "model", Created: in.created.Unix(), OwnedBy: "vllm",
 			Root: in.opts.Model, MaxModelLen: in.opts.MaxModelLen, Permission: []any{},
 		}},
 	})
@@ -162,7 +162,7 @@ type call struct {
 
 func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		recv := in.opts.Now()
+		recv := time.Now() // the pacing clock; timestamps come from Options.Now
 		body, err := readBody(w, r)
 		if err != nil {
 			openai.WriteError(w, openai.BadRequest("", "read body: %v", err))
@@ -243,7 +243,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 	return &call{
 		kind:         kind,
 		id:           fmt.Sprintf("%s%016x%016x", idPrefix, prefix.Next(in.opts.Seed, n), base),
-		created:      recv.Unix(),
+		created:      in.opts.Now().Unix(),
 		model:        model,
 		promptTokens: promptTokens,
 		includeUsage: req.IncludeUsage,

@@ -21,7 +21,8 @@ type Instance struct {
 	opts    Options
 	eng     *engine.Engine // owned by the driver goroutine after New
 	cfg     engine.Config
-	start   time.Time
+	start   time.Time // model time 0, on the real (monotonic) clock that paces the engine
+	created time.Time // Options.Now at start, for timestamps clients see
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	met     *metrics
@@ -111,7 +112,8 @@ func New(opts Options) (*Instance, error) {
 		opts:    opts,
 		eng:     eng,
 		cfg:     eng.Config(),
-		start:   opts.Now(),
+		start:   time.Now(),
+		created: opts.Now(),
 		log:     opts.Logger.With("instance", opts.Name),
 		reg:     prometheus.NewRegistry(),
 		cmds:    make(chan command, 1024),

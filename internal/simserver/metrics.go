@@ -124,5 +124,5 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(d[7], k, float64(st.Preemptions))
 	ch <- prometheus.MustNewConstMetric(d[8], g, 1,
 		strconv.Itoa(c.in.cfg.BlockSize), strconv.Itoa(c.in.cfg.NumBlocks), "True", "auto", "0.9")
-	ch <- prometheus.MustNewConstMetric(d[9], g, float64(c.in.start.Unix()), "0", "", "")
+	ch <- prometheus.MustNewConstMetric(d[9], g, float64(c.in.created.Unix()), "0", "", "")
 }

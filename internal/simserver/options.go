@@ -49,7 +49,8 @@ type Options struct {
 	Admin bool
 	// Faults is the initial fault state (see Instance.SetFaults to change it).
 	Faults Faults
-	// Now is the wall clock; nil means time.Now.
+	// Now gives the timestamps clients see ("created", KV-event ts); nil means time.Now. The
+	// engine is paced by the real clock whatever Now says.
 	Now func() time.Time
 	// Logger receives request logs (never prompt text); nil discards them.
 	Logger *slog.Logger

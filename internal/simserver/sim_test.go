@@ -123,7 +123,8 @@ func streamCall(t *testing.T, url, path, body string) streamResult {
 }
 
 func TestChatNonStreaming(t *testing.T) {
-	f := startFleet(t, Options{Profile: "instant", Seed: 7}, 1)
+	fixed := time.Unix(1700000000, 0)
+	f := startFleet(t, Options{Profile: "instant", Seed: 7, Now: func() time.Time { return fixed }}, 1)
 	url := f.URLs()[0]
 	body := chatBody(DefaultModel, text("hello", 100), false, 5, "")
 	var first map[string]any
@@ -141,8 +142,9 @@ func TestChatNonStreaming(t *testing.T) {
 		if err := json.Unmarshal(b, &got); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(got["id"].(string), "chatcmpl-") || got["object"] != "chat.completion" || got["model"] != DefaultModel {
-			t.Errorf("response head = id %v object %v model %v", got["id"], got["object"], got["model"])
+		if !strings.HasPrefix(got["id"].(string), "chatcmpl-") || got["object"] != "chat.completion" ||
+			got["model"] != DefaultModel || got["created"] != float64(fixed.Unix()) {
+			t.Errorf("response head = id %v object %v model %v created %v", got["id"], got["object"], got["model"], got["created"])
 		}
 		ch := got["choices"].([]any)[0].(map[string]any)
 		msg := ch["message"].(map[string]any)
