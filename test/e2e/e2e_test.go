@@ -193,18 +193,6 @@ func TestOpenAIClient(t *testing.T) {
 	}
 }
 
-// deadURL is a loopback address where nothing listens.
-func deadURL(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return "http://" + addr
-}
-
 func metricsText(t *testing.T, admin string) string {
 	t.Helper()
 	resp, err := http.Get(admin + "/metrics")
@@ -221,9 +209,14 @@ func metricsText(t *testing.T, admin string) string {
 
 func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
 	needNode(t)
-	dead := deadURL(t)
-	// round-robin over [dead, sim]: the first request ranks the dead endpoint first.
-	s := startStack(t, 1, "instant", "round-robin", dead)
+	// round-robin over two instances, the first of which passes health checks but drops every
+	// API connection unanswered (a crashed server the checks have not caught yet): the first
+	// request ranks it first and must succeed through the second.
+	s := startStack(t, 2, "instant", "round-robin")
+	if err := s.fleet.Instances()[0].SetFaults(simserver.Faults{Refuse: true}); err != nil {
+		t.Fatal(err)
+	}
+	down := s.fleet.URLs()[0]
 	for range 2 {
 		var chat struct {
 			Content string `json:"content"`
@@ -233,8 +226,8 @@ func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
 			t.Errorf("chat through the fallback: %+v", chat)
 		}
 	}
-	if m := metricsText(t, s.admin); !strings.Contains(m, `kvroute_retries_total{endpoint="`+dead+`",reason="connect_error"} 1`) {
-		t.Errorf("no retry counted for the dead endpoint:\n%s", grep(m, "kvroute_retries"))
+	if m := metricsText(t, s.admin); !strings.Contains(m, `kvroute_retries_total{endpoint="`+down+`",reason="connect_error"} 1`) {
+		t.Errorf("no retry counted for the endpoint that is down:\n%s", grep(m, "kvroute_retries"))
 	}
 }
 
