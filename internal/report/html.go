@@ -24,7 +24,7 @@ const (
 	chartW, chartH         = 640, 320
 	padL, padR, padT, padB = 64, 16, 16, 44
 	plotW, plotH           = chartW - padL - padR, chartH - padT - padB
-	overTimeBuckets        = 40
+	overTimeBuckets        = 24
 	cdfPoints              = 200
 )
 
@@ -422,16 +422,27 @@ func hitRate(runs []htmlRun, bounds Bounds) string {
 			html.EscapeString(r.Result.Policy), x, padT+plotH-h, group*0.6, h, r.Color, html.EscapeString(r.Result.Policy), r.Result.HitRate)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.3f</text>`, x+group*0.3, padT+plotH-h-4, r.Result.HitRate)
 	}
-	for _, bd := range []struct {
+	bds := []struct {
 		v    float64
 		name string
-	}{{bounds.InfiniteCacheHitRate, "infinite cache"}, {bounds.PooledLRUHitRate, "pooled LRU"}} {
+	}{{bounds.InfiniteCacheHitRate, "infinite cache"}, {bounds.PooledLRUHitRate, "pooled LRU"}}
+	if math.Abs(bds[0].v-bds[1].v) < 0.0005 {
+		// Equal bounds (the whole working set fits): one line, one label.
+		bds = bds[:1]
+		bds[0].name = "infinite cache = pooled LRU"
+	}
+	for i, bd := range bds {
 		if bd.v <= 0 {
 			continue
 		}
 		y := padT + plotH*(1-min(bd.v, 1))
 		fmt.Fprintf(&b, `<line class="bound" x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#444" stroke-dasharray="5,4"/>`, padL, y, padL+plotW, y)
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s bound %.3f</text>`, padL+plotW-4, y-4, bd.name, bd.v)
+		// The two labels sit at opposite ends so that close bounds do not overprint.
+		if i == 0 {
+			fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s bound %.3f</text>`, padL+plotW-4, y-4, bd.name, bd.v)
+		} else {
+			fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="start">%s bound %.3f</text>`, padL+4, y+12, bd.name, bd.v)
+		}
 	}
 	b.WriteString("</svg>")
 	return b.String()
