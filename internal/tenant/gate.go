@@ -231,7 +231,11 @@ func (g *Gate) Middleware(next http.Handler) http.Handler {
 			s.inFlight--
 			s.mu.Unlock()
 		}()
-		next.ServeHTTP(w, r.WithContext(WithIdentity(ctx, id)))
+		out := r.WithContext(WithIdentity(ctx, id))
+		out.Header = r.Header.Clone() // the key is ours: engines never see it
+		out.Header.Del("Authorization")
+		out.Header.Del("Api-Key")
+		next.ServeHTTP(w, out)
 	})
 }
 

@@ -67,13 +67,17 @@ func newTestGate(t *testing.T, tenants string, logger *slog.Logger) (*Gate, *fak
 
 // echo records the identity it was given and answers 200.
 type echo struct {
-	mu  sync.Mutex
-	ids []*Identity
+	mu     sync.Mutex
+	ids    []*Identity
+	leaked bool // a key header reached the handler
 }
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body) // the handler still gets the whole body
 	e.mu.Lock()
+	if r.Header.Get("Authorization") != "" || r.Header.Get("Api-Key") != "" {
+		e.leaked = true
+	}
 	e.ids = append(e.ids, FromContext(r.Context()))
 	e.mu.Unlock()
 	_, _ = w.Write([]byte("{}"))
@@ -148,8 +152,8 @@ func TestAuthentication(t *testing.T) {
 			t.Errorf("%v: status %d, want 200", hdr, w.Code)
 		}
 	}
-	if len(e.ids) != 3 {
-		t.Fatalf("handler reached %d times, want 3", len(e.ids))
+	if len(e.ids) != 3 || e.leaked {
+		t.Fatalf("handler reached %d times (want 3), key header passed on: %v", len(e.ids), e.leaked)
 	}
 	acme, beta := e.ids[0], e.ids[1]
 	got := []any{acme.Name, acme.Salt, acme.Priority, acme.Models, acme.EndpointLabels, beta.Name, beta.Salt}
