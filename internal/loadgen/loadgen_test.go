@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -423,4 +422,33 @@ func BenchmarkStreamReader(b *testing.B) {
 	}
 }
 
-var _ = sync.Mutex{}
+// BenchmarkRun_Overhead measures the generator's own floor: TTFT and send lag against a
+// loopback server that answers at once, 100 requests at 1 ms spacing per iteration.
+func BenchmarkRun_Overhead(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		streamOK(w, 2, 10, 0)
+	}))
+	defer srv.Close()
+	it := items(100, time.Millisecond)
+	tr := NewTransport(64)
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	var ttft, lag []time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Client: client}, it)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range res.Records {
+			ttft = append(ttft, r.TTFT)
+			lag = append(lag, r.Sent-r.Scheduled)
+		}
+	}
+	slices.Sort(ttft)
+	slices.Sort(lag)
+	b.ReportMetric(float64(ttft[len(ttft)/2])/float64(time.Microsecond), "ttft-p50-µs")
+	b.ReportMetric(float64(lag[len(lag)/2])/float64(time.Microsecond), "lag-p50-µs")
+	b.ReportMetric(float64(lag[len(lag)*99/100])/float64(time.Microsecond), "lag-p99-µs")
+}
