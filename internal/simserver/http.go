@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/prefix"
@@ -228,11 +227,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 			"the request needs %d KV blocks (%d prompt + %d output tokens) but the instance has %d: reduce the length of the messages or completion",
 			need, promptTokens, maxTokens, in.cfg.NumBlocks)
 	}
-	size := prefix.BlockBytes(bs)
-	keys := make([]uint64, 0, len(text)/size)
-	for i := 0; i+size <= len(text); i += size {
-		keys = append(keys, xxhash.Sum64(text[i:i+size]))
-	}
+	keys := BlockKeys(make([]uint64, 0, len(text)/prefix.BlockBytes(bs)), text, bs)
 	n := in.nextID.Add(1)
 	base := textSeed(in.opts.Seed, text)
 	idPrefix := "chatcmpl-"

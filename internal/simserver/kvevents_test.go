@@ -39,7 +39,12 @@ func TestKVEventStream(t *testing.T) {
 		for j := 0; j+prefix.BlockBytes(bs) <= len(prompt); j += prefix.BlockBytes(bs) {
 			keys = append(keys, xxhash.Sum64String(prompt[j:j+prefix.BlockBytes(bs)]))
 		}
-		for _, h := range ref.BlockHashes(engine.Request{PromptTokens: promptTokens, BlockKeys: keys}) {
+		want := ref.BlockHashes(engine.Request{PromptTokens: promptTokens, BlockKeys: keys})
+		// The exported helper a precise-mode router uses gives the same hashes.
+		if diff := cmp.Diff(want, BlockHashes([]byte(prompt), bs, "")); diff != "" {
+			t.Fatalf("BlockHashes differs from the engine's (-engine +helper):\n%s", diff)
+		}
+		for _, h := range want {
 			everStored[h] = true
 		}
 		resp, _ := post(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, DefaultModel, prompt))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
 	"go.uber.org/goleak"
 )
@@ -391,5 +392,27 @@ func TestShutdownDrainsStreams(t *testing.T) {
 	}
 	if _, err := http.Get(url + "/health"); err == nil {
 		t.Error("the fleet still answers after Shutdown")
+	}
+}
+
+func TestBlockHashesMatchEngineWithSalt(t *testing.T) {
+	prof, err := engine.LookupProfile("instant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(engine.Config{Profile: prof, BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []byte(text("salted hashes", 100)) // 6 full blocks of 16
+	keys := BlockKeys(nil, prompt, 16)
+	if len(keys) != 6 {
+		t.Fatalf("%d keys, want 6", len(keys))
+	}
+	for _, salt := range []string{"", "tenant-a"} {
+		want := eng.BlockHashes(engine.Request{PromptTokens: 100, BlockKeys: keys, Salt: salt})
+		if diff := cmp.Diff(want, BlockHashes(prompt, 16, salt)); diff != "" {
+			t.Errorf("salt %q (-engine +BlockHashes):\n%s", salt, diff)
+		}
 	}
 }

@@ -1,0 +1,25 @@
+package simserver
+
+import (
+	"github.com/cespare/xxhash/v2"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// BlockKeys appends to dst the engine's content key of each full block of blockSize tokens of
+// the canonical prompt text: the xxhash of its prefix.BlockBytes(blockSize) bytes. A trailing
+// partial block has no key (engines cache only full blocks).
+func BlockKeys(dst []uint64, text []byte, blockSize int) []uint64 {
+	size := prefix.BlockBytes(blockSize)
+	for i := 0; i+size <= len(text); i += size {
+		dst = append(dst, xxhash.Sum64(text[i:i+size]))
+	}
+	return dst
+}
+
+// BlockHashes returns the block hashes a simulated instance stores for a prompt and publishes in
+// its KV events: the engine chains the BlockKeys of the raw canonical text (no normalisation)
+// from prefix.Seed("", cacheSalt). A router in precise mode computes these to match the events.
+func BlockHashes(text []byte, blockSize int, cacheSalt string) []uint64 {
+	keys := BlockKeys(nil, text, blockSize)
+	return prefix.Chain(keys[:0], prefix.Seed("", cacheSalt), keys)
+}
