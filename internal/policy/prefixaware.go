@@ -11,17 +11,24 @@ import (
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
-// prefixAware is kvroute's own policy: for each candidate it predicts the time to first token,
+// prefixAware is kvroute's own policy (name "prefix-aware"): for each candidate it predicts
+// the time to first token,
 //
-//	predicted = overhead + (queued prefill work + this request's uncached work) / prefill rate
-//	          + running decodes x decode_cost
+//	predicted = (overhead + (queued prefill work + this request's uncached work) / prefill_rate)
+//	            x learned speed factor + running decodes x decode_cost
 //
 // where the uncached work is what the approximate index (prefix.Index, one LRU per endpoint
-// sized like its KV cache) says the endpoint would have to compute, and picks the smallest,
-// under a bounded-load guard: no endpoint may take a request that would put its in-flight count
-// above max_load_factor x the mean (rounded up). A prefix that everyone shares therefore spills
-// to a second instance once the first is loaded, and that one warms up: replication falls out
-// of the cost.
+// sized like its KV cache) says the endpoint would have to compute, in tokens plus
+// attention_weight per million attention pairs; and it picks the smallest, under a bounded-load
+// guard: no endpoint may take a request that would put its in-flight count above
+// max_load_factor x the mean (rounded up). A prefix that everyone shares therefore spills to a
+// second instance once the first is loaded, and that one warms up: replication falls out of
+// the cost.
+//
+// Two terms look past this request's own TTFT. Its uncached work counts 1 + recompute_weight
+// times (work recomputed here delays everyone queued after it, and duplicates cache content),
+// plus balance_weight x the cache pressure where it would land (see Pick), which spreads the
+// ownership of new prefixes, and so their follow-up traffic, evenly.
 //
 // It learns: each endpoint's speed is calibrated by the ratio of observed TTFTs to the TTFTs the
 // prior model (overhead, prefill_rate) predicted for the work that was ahead of each request
@@ -30,7 +37,8 @@ import (
 // instances does not steer traffic, and an endpoint's own ratio applies beyond that. And an
 // engine that reports fewer cached tokens than predicted makes the index forget everything of
 // that endpoint at least as old as the missing block (the engine, being LRU, evicted it too). A
-// session key breaks near-ties towards the endpoint that served the session last.
+// session key breaks near-ties (within session_slack) towards the endpoint that served the
+// session last.
 type prefixAware struct {
 	clock       Clock
 	index       *prefix.Index
@@ -41,7 +49,7 @@ type prefixAware struct {
 	decodeCost  float64 // seconds per running decode
 	sessionTol  float64 // relative slack within which the session's endpoint wins
 	recompute   float64 // weight of the request's own uncached work, on top of its TTFT
-	balance     float64 // weight of the eviction pressure where the new blocks would go
+	balance     float64 // weight of the cache pressure where the new blocks would go
 	learn       bool
 	learnWeight float64
 	learnTol    float64
@@ -61,13 +69,7 @@ type paState struct {
 	kvTokens atomic.Int64 // KV capacity last given to the index
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
-	// The head of the prefill queue (the oldest request without a first token) is partly
-	// computed: its work and since when it has been the head let Pick credit that progress.
-	headWork  atomic.Int64
-	headSince atomic.Int64 // unix ns
-	qmu       sync.Mutex
-	queue     []*paFlight // routed, in order; done ones are dropped from the front lazily
-	speed     speedFit
+	speed    speedFit
 }
 
 // speedFit calibrates the prior TTFT model: factor = observed / predicted TTFT, as
@@ -104,46 +106,7 @@ type paFlight struct {
 	ahead     int64   // work queued on ep before it, plus its own
 	predicted int     // blocks the index said ep held
 	stamps    []int64 // index stamps of those blocks, for the correction
-	first     bool    // first token seen (or done): out of the prefill queue
-}
-
-// enqueue appends f to the endpoint's prefill queue at time now.
-func (s *paState) enqueue(f *paFlight, now int64) {
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	s.queue = append(s.queue, f)
-	if len(s.queue) == 1 {
-		s.headWork.Store(f.work)
-		s.headSince.Store(now)
-	}
-}
-
-// dequeue marks f out of the queue (its first token came, or it ended) at time now, and moves
-// the head on when f was it. It reports false when f was already out.
-func (s *paState) dequeue(f *paFlight, now int64) bool {
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	if f.first {
-		return false
-	}
-	f.first = true
-	k := 0
-	for k < len(s.queue) && s.queue[k].first {
-		k++
-	}
-	if k == 0 {
-		return true
-	}
-	clear(s.queue[:k])
-	s.queue = s.queue[k:]
-	if len(s.queue) == 0 {
-		s.queue = nil
-		s.headWork.Store(0)
-		return true
-	}
-	s.headWork.Store(s.queue[0].work)
-	s.headSince.Store(now)
-	return true
+	first     bool    // first token seen
 }
 
 type paScratch struct {
@@ -164,14 +127,14 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	r := readParams(p)
 	pa := &prefixAware{
 		clock:       env.Clock,
-		maxLoad:     r.Float("max_load_factor", 1.5),
+		maxLoad:     r.Float("max_load_factor", 2),
 		rate0:       r.Float("prefill_rate", 10000),
 		overhead0:   r.Float("overhead", 0.02),
 		attn:        r.Float("attention_weight", 25),
 		decodeCost:  r.Float("decode_cost", 0.0005),
 		sessionTol:  r.Float("session_slack", 0.1),
-		recompute:   r.Float("recompute_weight", 1),
-		balance:     r.Float("balance_weight", 0),
+		recompute:   r.Float("recompute_weight", 3),
+		balance:     r.Float("balance_weight", 3),
 		learn:       r.Bool("learn", true),
 		learnWeight: r.Float("learn_weight", 0.02),
 		learnTol:    r.Float("learn_tolerance", 0.25),
@@ -180,7 +143,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	}
 	maxEntries := r.Int("max_index_entries", 16<<20)
 	sessions := r.Int("sessions", 65536)
-	r.Require(pa.maxLoad >= 1, "max_load_factor=%g must be at least 1 (1.5 lets an endpoint take half again the mean load)", pa.maxLoad)
+	r.Require(pa.maxLoad >= 1, "max_load_factor=%g must be at least 1 (2 lets an endpoint take twice the mean load)", pa.maxLoad)
 	r.Require(pa.rate0 > 0, "prefill_rate=%g must be positive (tokens per second)", pa.rate0)
 	r.Require(pa.overhead0 >= 0, "overhead=%g must not be negative (seconds)", pa.overhead0)
 	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative", pa.attn)
@@ -353,16 +316,9 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			}
 			weight += pa.balance * p
 		}
-		speed := pa.speedOf(s, fleet)
-		queued := float64(s.pending.Load())
-		if hw := s.headWork.Load(); hw > 0 {
-			// Credit the head's progress, at most all of its work.
-			done := float64(now-s.headSince.Load()) / 1e9 * pa.rate0 / speed
-			queued -= min(max(done, 0), float64(hw))
-		}
-		w := max(queued, 0) + own*weight
+		w := float64(s.pending.Load()) + own*weight
 		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
-		cost := (pa.overhead0+w/pa.rate0)*speed + float64(decoding)*pa.decodeCost
+		cost := (pa.overhead0+w/pa.rate0)*pa.speedOf(s, fleet) + float64(decoding)*pa.decodeCost
 		sc.scored[i] = paScore{i: i, eligible: float64(e.InFlight()+1) <= limit, cost: cost}
 	}
 	// Ineligible candidates after eligible ones, then by cost, then in candidate order.
@@ -412,7 +368,6 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	f.ahead = s.pending.Add(f.work)
 	s.waiting.Add(1)
-	s.enqueue(f, pa.clock.Now().UnixNano())
 	pa.inflight.Store(req, f)
 	pa.index.Insert(ep.ID, req.Blocks, pa.clock.Now().UnixNano())
 	if req.SessionKey != "" {
@@ -427,13 +382,11 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 		return
 	}
 	f := v.(*paFlight)
-	if f.ep != ep.ID {
+	if f.first || f.ep != ep.ID {
 		return
 	}
+	f.first = true
 	s := pa.state(ep.ID)
-	if !s.dequeue(f, pa.clock.Now().UnixNano()) {
-		return
-	}
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
 	if pa.learn && ttft > 0 {
@@ -470,7 +423,7 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 		return
 	}
 	s := pa.state(ep.ID)
-	if s.dequeue(f, pa.clock.Now().UnixNano()) {
+	if !f.first {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
 	}

@@ -173,7 +173,8 @@ func TestPrefixAware_HotPrefixSpillsAtLoadBound(t *testing.T) {
 }
 
 func TestPrefixAware_SessionBreaksTies(t *testing.T) {
-	pa, _ := newPA(t, nil)
+	// Without the cache-pressure term, so that cold endpoints tie exactly.
+	pa, _ := newPA(t, Params{"balance_weight": "0"})
 	eps := newEndpoints(3, 1<<20)
 	r1 := req("1", 10, seq(1, 4)...)
 	r1.SessionKey = "conv-9"
@@ -206,6 +207,46 @@ func TestPrefixAware_SessionBreaksTies(t *testing.T) {
 	if got, _ := pa.Pick(r2, eps); got[0].ID == 2 {
 		t.Errorf("session kept on an overloaded endpoint")
 	}
+}
+
+func TestPrefixAware_NewContentGoesWhereCacheHasRoom(t *testing.T) {
+	pa, clk := newPA(t, Params{"balance_weight": "3"})
+	eps := newEndpoints(3, 16*100) // 100 blocks each
+	// Fill endpoint 0 to 60 % and endpoint 1 to 30 %: a cold prompt goes to 2, then 1.
+	for i, n := range []uint64{60, 30} {
+		r := req("fill", 0, seq(uint64(1000*(i+1)), n)...)
+		eps[i].Start(r.PromptTokens)
+		pa.Routed(r, eps[i])
+		finish(pa, r, eps[i], time.Millisecond, 0)
+	}
+	if diff := cmp.Diff([]int{2, 1, 0}, ids(mustPick(t, pa, req("cold", 0, seq(9000, 20)...), eps))); diff != "" {
+		t.Errorf("ranking by cache fill (-want +got):\n%s", diff)
+	}
+	// All full: the endpoint whose oldest entry is oldest evicts the least useful content.
+	for at, i := range []int{1, 2, 0} { // endpoint 1 filled first, then 2, then 0
+		clk.t = time.Unix(2001+int64(at), 0)
+		r := req("full", 0, seq(uint64(20000*(i+1)), 100)...)
+		eps[i].Start(r.PromptTokens)
+		pa.Routed(r, eps[i])
+		finish(pa, r, eps[i], time.Millisecond, 0)
+	}
+	clk.t = time.Unix(2010, 0)
+	if got := mustPick(t, pa, req("cold2", 0, seq(50000, 20)...), eps); got[0].ID != 1 {
+		t.Errorf("ranking %v, want 1 (oldest content) first", ids(got))
+	}
+	// A request whose prefix one endpoint holds still goes there: the term weighs new work only.
+	if got := mustPick(t, pa, req("warm", 0, seq(20000, 100)...), eps); got[0].ID != 0 {
+		t.Errorf("ranking %v, want 0 (holds the prefix) first", ids(got))
+	}
+}
+
+func mustPick(t *testing.T, pa *prefixAware, r *Request, eps []*endpoint.Endpoint) []*endpoint.Endpoint {
+	t.Helper()
+	got, err := pa.Pick(r, eps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 func TestPrefixAware_LearnsPrefillRate(t *testing.T) {
