@@ -126,10 +126,30 @@ type wire struct {
 	PreviousResponseID  *string         `json:"previous_response_id"`
 }
 
+// wireFast decodes a chat request's messages in the same pass as the other fields: one scan
+// of the body instead of one per nesting level. Any error falls back to the precise path.
+type wireFast struct {
+	wire
+	Messages []wireMessage `json:"messages"`
+}
+
 // Parse reads body as a request of the given kind. A malformed body or a missing or mistyped
 // field gives an *Error (400) naming the field; Parse never panics. body is kept as Raw
 // without copying.
 func Parse(kind Kind, body []byte) (*Request, error) {
+	if kind == KindChat {
+		var f wireFast
+		if json.Unmarshal(body, &f) == nil && f.Model != nil && *f.Model != "" && f.Messages != nil {
+			if msgs, err := convertMessages(f.Messages, "messages"); err == nil {
+				r, err := fromWire(kind, body, &f.wire)
+				if err != nil {
+					return nil, err
+				}
+				r.Messages = msgs
+				return r, nil
+			}
+		}
+	}
 	var w wire
 	if err := json.Unmarshal(body, &w); err != nil {
 		var te *json.UnmarshalTypeError
@@ -142,39 +162,10 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 		}
 		return nil, BadRequest("", "request body is not a JSON object: %v", err)
 	}
-	r := &Request{Kind: kind, Raw: body}
-	if w.Model == nil || *w.Model == "" {
-		return nil, BadRequest("model", "missing required field model")
+	r, err := fromWire(kind, body, &w)
+	if err != nil {
+		return nil, err
 	}
-	r.Model = *w.Model
-	r.Stream = w.Stream != nil && *w.Stream
-	if isPresent(w.StreamOptions) {
-		var so struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(w.StreamOptions, &so); err != nil {
-			return nil, BadRequest("stream_options", "stream_options must be an object with a boolean include_usage")
-		}
-		r.HasStreamOptions = true
-		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
-	}
-	for _, p := range []*int{w.MaxOutputTokens, w.MaxTokens, w.MaxCompletionTokens} {
-		if p != nil {
-			r.MaxTokens = *p
-		}
-	}
-	r.User = deref(w.User)
-	r.CacheSalt = deref(w.CacheSalt)
-	r.PromptCacheKey = deref(w.PromptCacheKey)
-	r.PreviousResponseID = deref(w.PreviousResponseID)
-	r.Instructions = deref(w.Instructions)
-	if isPresent(w.Tools) {
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, w.Tools); err == nil {
-			r.Tools = buf.Bytes()
-		}
-	}
-	var err error
 	switch kind {
 	case KindChat:
 		if !isPresent(w.Messages) {
@@ -206,6 +197,43 @@ func Parse(kind Kind, body []byte) (*Request, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	return r, nil
+}
+
+// fromWire fills the scalar fields shared by every kind.
+func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
+	r := &Request{Kind: kind, Raw: body}
+	if w.Model == nil || *w.Model == "" {
+		return nil, BadRequest("model", "missing required field model")
+	}
+	r.Model = *w.Model
+	r.Stream = w.Stream != nil && *w.Stream
+	if isPresent(w.StreamOptions) {
+		var so struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(w.StreamOptions, &so); err != nil {
+			return nil, BadRequest("stream_options", "stream_options must be an object with a boolean include_usage")
+		}
+		r.HasStreamOptions = true
+		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
+	}
+	for _, p := range []*int{w.MaxOutputTokens, w.MaxTokens, w.MaxCompletionTokens} {
+		if p != nil {
+			r.MaxTokens = *p
+		}
+	}
+	r.User = deref(w.User)
+	r.CacheSalt = deref(w.CacheSalt)
+	r.PromptCacheKey = deref(w.PromptCacheKey)
+	r.PreviousResponseID = deref(w.PreviousResponseID)
+	r.Instructions = deref(w.Instructions)
+	if isPresent(w.Tools) {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, w.Tools); err == nil {
+			r.Tools = buf.Bytes()
+		}
 	}
 	return r, nil
 }
@@ -261,13 +289,21 @@ func parseMessages(raw json.RawMessage, field string) ([]Message, error) {
 	if err := json.Unmarshal(raw, &wms); err != nil {
 		return nil, BadRequest(field, "%s must be an array of message objects", field)
 	}
-	out := make([]Message, 0, len(wms))
+	typed := make([]wireMessage, len(wms))
 	for i, one := range wms {
 		p := field + "[" + strconv.Itoa(i) + "]"
-		var wm wireMessage
-		if err := json.Unmarshal(one, &wm); err != nil {
+		if err := json.Unmarshal(one, &typed[i]); err != nil {
 			return nil, BadRequest(p, "%s must be a message object with string role and content: %v", p, err)
 		}
+	}
+	return convertMessages(typed, field)
+}
+
+// convertMessages turns decoded messages into Messages, checking them.
+func convertMessages(wms []wireMessage, field string) ([]Message, error) {
+	out := make([]Message, 0, len(wms))
+	for i, wm := range wms {
+		p := field + "[" + strconv.Itoa(i) + "]"
 		m := Message{Role: wm.Role, Name: wm.Name, ToolCallID: wm.ToolCallID}
 		switch wm.Type {
 		case "function_call":

@@ -174,9 +174,11 @@ func (h *Handler) init() {
 		h.setup = errors.New("proxy handler needs a Pool and a Picker")
 	}
 	h.rp = &httputil.ReverseProxy{
-		Rewrite:        func(*httputil.ProxyRequest) {}, // the transport sets the URL per attempt
-		Transport:      &retryTransport{h: h},
-		FlushInterval:  -1,
+		Rewrite:   func(*httputil.ProxyRequest) {}, // the transport sets the URL per attempt
+		Transport: &retryTransport{h: h},
+		// 0: the reverse proxy flushes every write of text/event-stream and unknown-length
+		// bodies (streams) and none of a JSON body with a length.
+		FlushInterval:  0,
 		ModifyResponse: h.modifyResponse,
 		ErrorHandler:   h.proxyError,
 		ErrorLog:       slog.NewLogLogger(h.Logger.Handler(), slog.LevelDebug),
