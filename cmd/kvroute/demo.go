@@ -59,7 +59,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	var f demoFlags
 	fs.StringVar(&f.policies, "policies", demoPolicies, "policies to compare, comma-separated NAME[:key=value,...], or all")
-	fs.IntVar(&f.instances, "instances", 4, "simulated engine instances")
+	fs.IntVar(&f.instances, "instances", 5, "simulated engine instances")
 	fs.StringVar(&f.workload, "workload", "", "synthetic workload NAME[:key=value,...] (default "+demoWorkload+")")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake JSONL trace to replay instead of a synthetic workload")
 	fs.Float64Var(&f.speedup, "speedup", 0, "replay arrivals K times faster (default 1; a trace usually needs more)")
