@@ -22,11 +22,12 @@ import (
 //
 //	go test -run '^$' -bench Fleet500 -benchtime 3x ./internal/simserver/
 func BenchmarkFleet500Streams(b *testing.B) {
-	b.Run("instances=1/streams=60", func(b *testing.B) { benchFleet(b, 1, 60) })
-	b.Run("instances=8/streams=500", func(b *testing.B) { benchFleet(b, 8, 500) })
+	b.Run("instances=1/streams=60", func(b *testing.B) { benchFleet(b, 1, 60, false) })
+	b.Run("instances=8/streams=500", func(b *testing.B) { benchFleet(b, 8, 500, false) })
+	b.Run("instances=8/streams=500/h2c", func(b *testing.B) { benchFleet(b, 8, 500, true) })
 }
 
-func benchFleet(b *testing.B, instances, streams int) {
+func benchFleet(b *testing.B, instances, streams int, h2c bool) {
 	const (
 		scale  = 0.1
 		groups = 16                     // shared system prompts
@@ -42,6 +43,11 @@ func benchFleet(b *testing.B, instances, streams int) {
 	defer fleet.Close()
 	urls := fleet.URLs()
 	tr := &http.Transport{MaxIdleConns: streams, MaxIdleConnsPerHost: streams}
+	if h2c {
+		// HTTP/2 with prior knowledge: every instance's streams share one connection.
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	bodies := make([]string, streams)

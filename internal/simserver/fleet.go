@@ -68,7 +68,11 @@ func StartFleet(ctx context.Context, opts Options, n int, host string, firstPort
 			_ = f.Close()
 			return nil, fmt.Errorf("simserver: instance %d: %w", i, err)
 		}
-		srv := &http.Server{Handler: in.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: in.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+		// HTTP/1.1 as vLLM serves it, plus HTTP/2 without TLS (prior knowledge) for clients
+		// that multiplex hundreds of streams over one connection.
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
 		f.instances = append(f.instances, in)
 		f.servers = append(f.servers, srv)
 		f.urls = append(f.urls, "http://"+addr)

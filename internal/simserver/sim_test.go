@@ -416,3 +416,20 @@ func TestBlockHashesMatchEngineWithSalt(t *testing.T) {
 		}
 	}
 }
+
+func TestUnencryptedHTTP2(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant"}, 1)
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	body := fmt.Sprintf(`{"model":%q,"prompt":"h2","stream":true,"max_tokens":3}`, DefaultModel)
+	resp, err := (&http.Client{Transport: tr}).Post(f.URLs()[0]+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.ProtoMajor != 2 || !strings.HasSuffix(string(b), "data: [DONE]\n\n") || strings.Count(string(b), `"text":" `) != 3 {
+		t.Errorf("h2c stream: proto %s, err %v, body %q", resp.Proto, err, b)
+	}
+}
