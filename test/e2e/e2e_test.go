@@ -263,3 +263,50 @@ func grep(text, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestPrefixAwareLearns sends conversations sharing a long system prompt through the
+// prefix-aware policy and checks that the loop closes: the engines report cached tokens, the
+// policy predicted hits, and its index is visible in the router's metrics.
+func TestPrefixAwareLearns(t *testing.T) {
+	s := startStack(t, 4, "instant", "prefix-aware")
+	sys := strings.Repeat("Answer as a careful librarian would. ", 60)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for i := range 12 {
+		body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":"question number %d"}]}`, model, sys, i)
+		resp, err := client.Post(s.api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	// value sums the samples of a metric (all its label sets).
+	value := func(m, name string) float64 {
+		var sum float64
+		for l := range strings.SplitSeq(m, "\n") {
+			if strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{") {
+				f := strings.Fields(l)
+				var v float64
+				fmt.Sscan(f[len(f)-1], &v)
+				sum += v
+			}
+		}
+		return sum
+	}
+	// The last request is counted once its response is written: poll with a deadline.
+	var m string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m = metricsText(t, s.admin); value(m, "kvroute_requests_total") == 12 {
+			break
+		}
+	}
+	for _, name := range []string{"kvroute_engine_cached_tokens_total", "kvroute_predicted_cached_tokens_total", "kvroute_index_entries"} {
+		if value(m, name) <= 0 {
+			t.Errorf("%s is %v, want > 0:\n%s", name, value(m, name), grep(m, "kvroute_"))
+		}
+	}
+}
