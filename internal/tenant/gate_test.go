@@ -35,7 +35,7 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func testConfig(t *testing.T, tenants string) *config.Config {
+func testConfig(t testing.TB, tenants string) *config.Config {
 	t.Helper()
 	y := "endpoints: [{url: \"http://127.0.0.1:1\", models: [m], labels: {pool: gold}}]\n" +
 		"auth: {mode: api_key, secret_env: KVR_SECRET}\n" + tenants
@@ -46,7 +46,7 @@ func testConfig(t *testing.T, tenants string) *config.Config {
 	return cfg
 }
 
-func newTestGate(t *testing.T, tenants string, logger *slog.Logger) (*Gate, *fakeClock) {
+func newTestGate(t testing.TB, tenants string, logger *slog.Logger) (*Gate, *fakeClock) {
 	t.Helper()
 	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	if logger == nil {

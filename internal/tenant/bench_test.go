@@ -1,0 +1,34 @@
+package tenant
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// BenchmarkMiddleware is the gate's cost per request: key digest and lookup, limits, headers;
+// with a tokens-per-minute limit also reading and estimating a 4 KiB body.
+func BenchmarkMiddleware(b *testing.B) {
+	for _, tc := range []struct{ name, limits string }{
+		{"requests", "{requests_per_minute: 1000000000}"},
+		{"requests+tokens", "{requests_per_minute: 1000000000, tokens_per_minute: 1000000000000}"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			g, _ := newTestGate(b, "tenants: [{name: a, api_keys: [\""+HashKey("k")+"\"], limits: "+tc.limits+"}]\n", nil)
+			h := g.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			body := chat(strings.Repeat("lorem ipsum ", 340))
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+				r.Header.Set("Authorization", "Bearer k")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d", w.Code)
+				}
+			}
+		})
+	}
+}
