@@ -57,6 +57,7 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		req.ContentLength = int64(len(body))
 		req.Header.Del("Accept-Encoding")
+		req.Header.Set("X-Request-Id", c.rid)
 		req.Header.Set("Content-Type", "application/json")
 		if c.id != nil {
 			req.Header.Del("Authorization") // the tenant's key is ours, not the engine's

@@ -43,6 +43,7 @@ type fakeEngine struct {
 	hold     chan struct{} // streams wait on it after their first chunk
 	respID   string
 	cachedTk int
+	ids      []string // x-request-id of each request
 }
 
 func newFakeEngine(t *testing.T) *fakeEngine {
@@ -62,6 +63,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
 	f.bodies = append(f.bodies, body)
+	f.ids = append(f.ids, r.Header.Get("X-Request-Id"))
 	status, errBody, hang, gone, hold, held := f.status, f.errBody, f.hang, f.gone, f.hold, f.held
 	f.mu.Unlock()
 	if status != 0 && status != 200 {
@@ -242,6 +244,11 @@ func TestChatNonStreaming(t *testing.T) {
 	if got := resp.Header.Get("X-Request-Id"); got != "abc" {
 		t.Errorf("x-request-id = %q, want abc", got)
 	}
+	e.mu.Lock()
+	if len(e.ids) != 1 || e.ids[0] != "abc" {
+		t.Errorf("engine saw x-request-id %q, want abc", e.ids)
+	}
+	e.mu.Unlock()
 	if got := e.received(); len(got) != 1 || string(got[0]) != chatBody {
 		t.Errorf("engine received %q, want the client's bytes unchanged", got)
 	}
