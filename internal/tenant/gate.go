@@ -33,6 +33,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Poll is how often waiting requests re-check the endpoints' saturation; 0: 10ms.
 	Poll time.Duration
+	// PrefillRate, when set, returns an endpoint's prefill rate in tokens per second (0:
+	// unknown), for overload.max_predicted_ttft: the prefill work the router has queued on an
+	// endpoint, divided by this rate, is the least time to first token a new request there can
+	// have. The prefix-aware policy's PrefillRate(ep.ID) fits. Nil: max_predicted_ttft is
+	// not applied.
+	PrefillRate func(ep *endpoint.Endpoint) float64
 }
 
 // Gate is the tenant front of the router: it authenticates API keys, applies each tenant's
@@ -48,6 +54,7 @@ type Gate struct {
 	now    func() time.Time
 	getenv func(string) string
 	logger *slog.Logger
+	rate   func(*endpoint.Endpoint) float64
 	q      *queue
 
 	mu  sync.Mutex // serialises Reload
@@ -84,7 +91,7 @@ type limiter struct {
 // New builds a gate from a loaded config: the server secret is read now (auth.secret_file or
 // auth.secret_env) when authentication is on.
 func New(cfg *config.Config, opt Options) (*Gate, error) {
-	g := &Gate{now: opt.Now, getenv: opt.Getenv, logger: opt.Logger}
+	g := &Gate{now: opt.Now, getenv: opt.Getenv, logger: opt.Logger, rate: opt.PrefillRate}
 	if g.now == nil {
 		g.now = time.Now
 	}
@@ -95,7 +102,7 @@ func New(cfg *config.Config, opt Options) (*Gate, error) {
 	if poll <= 0 {
 		poll = 10 * time.Millisecond
 	}
-	g.q = newQueue(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), poll, saturation(cfg.Overload))
+	g.q = newQueue(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), poll, saturation(cfg.Overload, g.rate))
 	if err := g.Reload(cfg); err != nil {
 		return nil, err
 	}
@@ -143,24 +150,41 @@ func (g *Gate) Reload(cfg *config.Config) error {
 			}
 		}
 	}
-	g.q.configure(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), saturation(cfg.Overload))
+	g.q.configure(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), saturation(cfg.Overload, g.rate))
 	g.cur.Store(t)
 	return nil
 }
 
-// saturation returns the overload predicate of the config: every candidate has more requests
-// waiting than overload.max_waiting_per_endpoint. An endpoint's waiting requests are the
-// larger of what its engine last reported and the router's own in-flight count less the
-// engine's running batch (which sees a burst before the next scrape does). Without a scraped
-// snapshot an endpoint never counts as saturated. Nil when the limit is off.
-func saturation(o config.Overload) func([]*endpoint.Endpoint) bool {
-	limit := o.MaxWaitingPerEndpoint
-	if limit <= 0 {
+// saturation returns the overload predicate of the config: every candidate is saturated, an
+// endpoint being saturated when it has more requests waiting than
+// overload.max_waiting_per_endpoint, or when the prefill work already queued on it would keep
+// a new request from its first token for longer than overload.max_predicted_ttft. An
+// endpoint's waiting requests are the larger of what its engine last reported and the
+// router's own in-flight count less the engine's running batch (which sees a burst before the
+// next scrape does); without a scraped snapshot that test does not apply. Nil when both
+// limits are off.
+func saturation(o config.Overload, rate func(*endpoint.Endpoint) float64) func([]*endpoint.Endpoint) bool {
+	maxWaiting, maxTTFT := o.MaxWaitingPerEndpoint, o.MaxPredictedTTFT.D()
+	if rate == nil {
+		maxTTFT = 0
+	}
+	if maxWaiting <= 0 && maxTTFT <= 0 {
 		return nil
+	}
+	full := func(e *endpoint.Endpoint) bool {
+		if maxWaiting > 0 && EngineWaiting(e) > maxWaiting {
+			return true
+		}
+		if maxTTFT > 0 {
+			if r := rate(e); r > 0 && time.Duration(float64(e.PendingPrefill())/r*float64(time.Second)) > maxTTFT {
+				return true
+			}
+		}
+		return false
 	}
 	return func(cands []*endpoint.Endpoint) bool {
 		for _, e := range cands {
-			if EngineWaiting(e) <= limit {
+			if !full(e) {
 				return false
 			}
 		}

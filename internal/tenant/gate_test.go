@@ -415,3 +415,47 @@ func TestAdmit(t *testing.T) {
 }
 
 func fmtSscan(s string, n *int) (int, error) { return fmt.Sscan(s, n) }
+
+func TestSaturation(t *testing.T) {
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: "http://127.0.0.1:1"}, {Name: "http://127.0.0.1:2"}}); err != nil {
+		t.Fatal(err)
+	}
+	eps := pool.All()
+	rate := func(*endpoint.Endpoint) float64 { return 1000 } // tokens per second
+	o := config.Overload{MaxWaitingPerEndpoint: 2, MaxPredictedTTFT: config.Duration(time.Second)}
+	if saturation(config.Overload{}, rate) != nil {
+		t.Error("no limits, yet a predicate")
+	}
+	if saturation(config.Overload{MaxPredictedTTFT: config.Duration(time.Second)}, nil) != nil {
+		t.Error("predicted TTFT without a prefill rate, yet a predicate")
+	}
+	sat := saturation(o, rate)
+	if sat(eps) {
+		t.Error("idle endpoints saturated")
+	}
+	eps[0].SetSnapshot(&endpoint.Snapshot{At: time.Now(), Waiting: 3})
+	if sat(eps) {
+		t.Error("one endpoint free, yet saturated")
+	}
+	if !sat(eps[:1]) {
+		t.Error("3 waiting over a limit of 2: not saturated")
+	}
+	eps[1].Start(1500) // 1.5 s of queued prefill at 1000 tokens/s
+	if !sat(eps) {
+		t.Error("1.5 s of queued prefill over a limit of 1 s: not saturated")
+	}
+	eps[1].FirstToken(1500)
+	if sat(eps) {
+		t.Error("prefill done, yet saturated")
+	}
+	// In-flight requests beyond the engine's running batch count as waiting before a scrape.
+	eps[0].SetSnapshot(&endpoint.Snapshot{At: time.Now(), Running: 1})
+	for range 4 {
+		eps[0].Start(1)
+		eps[0].FirstToken(1)
+	}
+	if got := EngineWaiting(eps[0]); got != 3 {
+		t.Errorf("EngineWaiting = %d, want 4 in flight - 1 running = 3", got)
+	}
+}
