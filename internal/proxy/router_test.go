@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,13 @@ func TestRouterAdminAndReload(t *testing.T) {
 	for _, want := range []string{`kvroute_requests_total{endpoint=`, `kvroute_endpoint_healthy{endpoint="` + a.srv.URL + `"} 1`, "kvroute_pick_duration_seconds_count 1", "go_goroutines"} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if path, err := exec.LookPath("promtool"); err == nil {
+		cmd := exec.Command(path, "check", "metrics")
+		cmd.Stdin = strings.NewReader(body)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool check metrics: %v\n%s", err, out)
 		}
 	}
 	if code, _ := get(t, admin, "/readyz"); code != 200 {
