@@ -108,38 +108,54 @@ func isASCII(s string) bool {
 
 // collapseSpace turns every run of whitespace into one space, or one newline when the run holds
 // a newline (so that line structure, which models do see, survives). It returns s itself when
-// nothing changes, which is the common case for machine-built prompts.
+// nothing changes, which is the common case for machine-built prompts. Text between runs is
+// copied a segment at a time.
 func collapseSpace(s string) string {
 	if !needsCollapse(s) {
 		return s
 	}
 	var b strings.Builder
 	b.Grow(len(s))
-	inRun, newline := false, false
-	for _, r := range s {
-		if unicode.IsSpace(r) {
-			inRun = true
-			newline = newline || r == '\n'
+	start := 0 // start of the pending non-space segment
+	for i := 0; i < len(s); {
+		if c := s[i]; c > ' ' && c < utf8.RuneSelf {
+			i++ // the common case: printable ASCII (all ASCII whitespace is <= ' ')
 			continue
 		}
-		if inRun {
-			if newline {
-				b.WriteByte('\n')
-			} else {
-				b.WriteByte(' ')
-			}
-			inRun, newline = false, false
+		size, space := spaceAt(s, i)
+		if !space {
+			i += size
+			continue
 		}
-		b.WriteRune(r)
-	}
-	if inRun {
+		b.WriteString(s[start:i])
+		newline := false
+		for i < len(s) {
+			size, space = spaceAt(s, i)
+			if !space {
+				break
+			}
+			newline = newline || s[i] == '\n'
+			i += size
+		}
 		if newline {
 			b.WriteByte('\n')
 		} else {
 			b.WriteByte(' ')
 		}
+		start = i
 	}
+	b.WriteString(s[start:])
 	return b.String()
+}
+
+// spaceAt returns the length of the character at s[i] and whether it is whitespace.
+func spaceAt(s string, i int) (int, bool) {
+	c := s[i]
+	if c < utf8.RuneSelf {
+		return 1, c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f'
+	}
+	r, size := utf8.DecodeRuneInString(s[i:])
+	return size, unicode.IsSpace(r)
 }
 
 // needsCollapse reports whether s holds whitespace other than single spaces and single newlines.
