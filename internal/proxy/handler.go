@@ -339,6 +339,9 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 			if !errors.As(err, &oe) {
 				oe = openai.NewError(http.StatusTooManyRequests, "rate_limit_error", "", "rate_limited", err.Error())
 			}
+			if (oe.Status == http.StatusServiceUnavailable || oe.Status == http.StatusTooManyRequests) && w.Header().Get("Retry-After") == "" {
+				w.Header().Set("Retry-After", "1")
+			}
 			h.writeError(w, c, oe)
 			return
 		}

@@ -45,11 +45,12 @@ import (
 // or simply r.Serve(ctx, apiListener, adminListener), which does all of it and drains on ctx's
 // end. Set the hook fields before the first call to Handler or Run.
 type Router struct {
-	// Middleware wraps the API handler, first element outermost: tenant authentication,
-	// rate limits and admission plug in here. The identity they put in the request context
-	// (tenant.WithIdentity) is honoured by the handler.
+	// Middleware wraps the API handler, first element outermost, outside the tenant gate
+	// (which authenticates, applies per-tenant limits and puts the tenant.Identity in the
+	// request context; a pass-through when auth is off). The handler honours that identity.
 	Middleware []func(http.Handler) http.Handler
-	// Admit and Saturated are copied into every Handler (see Handler).
+	// Admit and Saturated are copied into every Handler (see Handler). Admit nil: the tenant
+	// gate's admission queue (overload section).
 	Admit     func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
 	Saturated func(candidates []*endpoint.Endpoint) bool
 
@@ -60,6 +61,7 @@ type Router struct {
 	prober    *scrape.Prober
 	state     *State
 	transport *http.Transport
+	gate      *tenant.Gate // authentication, per-tenant limits and salts, admission
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -97,6 +99,11 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		}
 		return 0, 0
 	})
+	gate, err := tenant.New(cfg, tenant.Options{Logger: logger, PrefillRate: r.prefillRate})
+	if err != nil {
+		return nil, fmt.Errorf("tenants: %w", err)
+	}
+	r.gate = gate
 	if cfg.Discovery.File != "" {
 		data, err := os.ReadFile(cfg.Path(cfg.Discovery.File))
 		if err != nil {
@@ -176,6 +183,11 @@ func (r *Router) apply(cfg *config.Config) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	if r.cfg != nil { // NewRouter built the gate from this config already
+		if err := r.gate.Reload(cfg); err != nil {
+			return fmt.Errorf("tenants: %w", err)
+		}
+	}
 	if picker != r.picker && r.picker != nil {
 		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
 	}
@@ -197,7 +209,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Rewrite:      cfg.Normalize.Rewrite,
 		OnConnError:  r.prober.ReportFailure,
 		OnSuccess:    r.prober.ReportSuccess,
-		Admit:        r.Admit,
+		Admit:        r.admit(),
 		Saturated:    r.Saturated,
 		State:        r.state,
 	}
@@ -251,6 +263,27 @@ func newRand() *rand.Rand {
 	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 }
 
+func (r *Router) admit() func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (func(), error) {
+	if r.Admit != nil {
+		return r.Admit
+	}
+	return r.gate.Admit
+}
+
+// prefillRate is the current policy's prefill-rate estimate for ep (tokens/s, 0 unknown), for
+// the tenant gate's overload.max_predicted_ttft.
+func (r *Router) prefillRate(ep *endpoint.Endpoint) float64 {
+	if h := r.h.Load(); h != nil {
+		if p, ok := h.Picker.(interface{ PrefillRate(id int) float64 }); ok {
+			return p.PrefillRate(ep.ID)
+		}
+	}
+	return 0
+}
+
+// Gate returns the tenant gate (authentication, limits, admission).
+func (r *Router) Gate() *tenant.Gate { return r.gate }
+
 // Config returns the config in force.
 func (r *Router) Config() *config.Config {
 	r.mu.Lock()
@@ -274,6 +307,7 @@ func (r *Router) Handler() http.Handler {
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			r.h.Load().ServeHTTP(w, req)
 		})
+		h = r.gate.Middleware(h)
 		for i := len(r.Middleware) - 1; i >= 0; i-- {
 			h = r.Middleware[i](h)
 		}

@@ -10,12 +10,15 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 func routerConfig(t *testing.T, extra string, urls ...string) *config.Config {
@@ -154,5 +157,47 @@ func TestRouterServeDrainsStreams(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("Serve did not return after the drain")
+	}
+}
+
+func TestRouterTenants(t *testing.T) {
+	e := newFakeEngine(t)
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 40)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// "foo" is the key of acme.
+	extra := fmt.Sprintf(`auth: {mode: api_key, secret_file: %q}
+tenants:
+  - name: acme
+    api_keys: [sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae]
+`, secret)
+	r, err := NewRouter(routerConfig(t, extra, e.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	api := r.Handler()
+	post := func(key string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+			strings.NewReader(`{"model":"m","cache_salt":"mine","messages":[{"role":"user","content":"x"}]}`))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		api.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := post(""); code != http.StatusUnauthorized {
+		t.Errorf("no key: %d, want 401", code)
+	}
+	if code := post("foo"); code != http.StatusOK {
+		t.Fatalf("acme's key: %d, want 200", code)
+	}
+	got := e.received()
+	salt := string(openai.Field(got[len(got)-1], "cache_salt"))
+	if salt == `"mine"` || len(salt) < 10 {
+		t.Errorf("cache_salt sent = %s, want the tenant's salt", salt)
 	}
 }
