@@ -1,15 +1,16 @@
 package loadgen
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
-// maxEventLine bounds one SSE line, so that a broken server cannot make the reader buffer
+// maxEventLine bounds one SSE event, so that a broken server cannot make the reader buffer
 // without limit.
 const maxEventLine = 4 << 20
 
@@ -59,61 +60,34 @@ type wireChunk struct {
 // ErrDone is returned by StreamReader.Next after the [DONE] sentinel.
 var ErrDone = errors.New("stream done")
 
-// StreamReader reads OpenAI-style server-sent events ("data: {json}" lines ending with
-// "data: [DONE]") one chunk at a time.
+// StreamReader reads OpenAI-style server-sent events ("data: {json}" events ending with
+// "data: [DONE]") one completion chunk at a time. The event framing is package openai's.
 type StreamReader struct {
-	r *bufio.Reader
+	r *openai.SSEReader
 }
 
 // NewStreamReader reads events from r.
 func NewStreamReader(r io.Reader) *StreamReader {
-	return &StreamReader{r: bufio.NewReaderSize(r, 16<<10)}
+	return &StreamReader{r: openai.NewSSEReader(r, maxEventLine)}
 }
 
 // Next returns the next data chunk. It returns ErrDone after [DONE], io.EOF when the stream
-// ends without it (the caller decides whether that is an error), and a parse error for a data
-// line that is not a JSON object.
+// ends without it (the caller decides whether that is an error), and a parse error for data
+// that is not a JSON object.
 func (s *StreamReader) Next() (Chunk, error) {
 	for {
-		line, err := s.readLine()
+		ev, err := s.r.Next()
 		if err != nil {
 			return Chunk{}, err
 		}
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
-		if !ok {
-			continue // blank separators, comments (":"), event: and id: lines
-		}
-		data = bytes.TrimSpace(data)
-		if len(data) == 0 {
-			continue
-		}
-		if string(data) == "[DONE]" {
+		if ev.IsDone() {
 			return Chunk{}, ErrDone
 		}
+		data := bytes.TrimSpace(ev.Data)
+		if len(data) == 0 {
+			continue // comments, keep-alives, events without data
+		}
 		return parseChunk(data)
-	}
-}
-
-func (s *StreamReader) readLine() ([]byte, error) {
-	var buf []byte
-	for {
-		part, isPrefix, err := s.r.ReadLine()
-		if err != nil {
-			if err == io.EOF && len(buf) > 0 {
-				return buf, nil
-			}
-			return nil, err
-		}
-		if !isPrefix && buf == nil {
-			return part, nil
-		}
-		buf = append(buf, part...)
-		if len(buf) > maxEventLine {
-			return nil, fmt.Errorf("sse line longer than %d bytes", maxEventLine)
-		}
-		if !isPrefix {
-			return buf, nil
-		}
 	}
 }
 
