@@ -37,6 +37,13 @@ type tenantStack struct {
 // overload, server sections). logger nil: discard.
 func startTenantStack(t *testing.T, n int, opts simserver.Options, extra string, logger *slog.Logger) *tenantStack {
 	t.Helper()
+	return startTenantStackGate(t, n, opts, extra, logger, tenant.Options{})
+}
+
+// startTenantStackGate is startTenantStack with the gate's options (Getenv and Logger are set
+// here; they apply only where the router does not build its own gate).
+func startTenantStackGate(t *testing.T, n int, opts simserver.Options, extra string, logger *slog.Logger, gopt tenant.Options) *tenantStack {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	opts.Model = model
@@ -63,21 +70,30 @@ func startTenantStack(t *testing.T, n int, opts simserver.Options, extra string,
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	t.Setenv("KVROUTE_E2E_SECRET", tenantSecret) // for a router that builds its own gate
 	r, err := proxy.NewRouter(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := tenant.New(cfg, tenant.Options{Logger: logger, Getenv: func(k string) string {
-		if k == "KVROUTE_E2E_SECRET" {
-			return tenantSecret
+	// A router that builds the gate itself (as `kvroute serve` will) exposes it; else wire one
+	// in through the hooks.
+	var g *tenant.Gate
+	if gr, ok := any(r).(interface{ Gate() *tenant.Gate }); ok && gr.Gate() != nil {
+		g = gr.Gate()
+	} else {
+		gopt.Logger = logger
+		gopt.Getenv = func(k string) string {
+			if k == "KVROUTE_E2E_SECRET" {
+				return tenantSecret
+			}
+			return ""
 		}
-		return ""
-	}})
-	if err != nil {
-		t.Fatal(err)
+		if g, err = tenant.New(cfg, gopt); err != nil {
+			t.Fatal(err)
+		}
+		r.Middleware = append(r.Middleware, g.Middleware)
+		r.Admit = g.Admit
 	}
-	r.Middleware = append(r.Middleware, g.Middleware)
-	r.Admit = g.Admit
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
