@@ -62,6 +62,7 @@ func TestSimulateErrors(t *testing.T) {
 		{"trace and workload", []string{"--trace", good, "--workload", "shared-prefix"}, 2, []string{"exactly one"}},
 		{"bad flag", []string{"--trace", good, "--instances", "many"}, 2, []string{"instances"}},
 		{"unwritable records file", []string{"--trace", good, "--policies", "random", "--records", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl")}, 1, []string{"--records"}},
+		{"negative block size", []string{"--trace", good, "--block-size", "-16"}, 2, []string{"--block-size -16"}},
 		{"bad policy parameter", []string{"--trace", good, "--policies", "round-robin:x=1"}, 2, []string{`"x"`}},
 	}
 	for _, tt := range tests {
@@ -98,7 +99,7 @@ func TestSimulateJSON(t *testing.T) {
 		t.Fatalf("stdout is not the JSON summary: %v\n%s", err, stdout)
 	}
 	sc := s.Scenario
-	if sc.Workload != "trace.jsonl" || sc.Requests != 40 || sc.Instances != 2 || sc.Profile != "llama3-8b-h100-tp1" || sc.Seed != 7 {
+	if sc.Workload != "trace.jsonl" || sc.Requests != 40 || sc.Instances != 2 || sc.Profile != "llama3-8b-h100-tp1" || sc.Seed != 7 || sc.BlockSize != 16 {
 		t.Errorf("scenario %+v", sc)
 	}
 	// --load 0.5 is met by construction.
@@ -195,6 +196,26 @@ func TestSimulateGeneratedWorkload(t *testing.T) {
 	}
 	if r := s.Results[0]; r.Completed != 60 || r.HitRate <= 0 {
 		t.Errorf("round-robin: completed %d hit rate %v, want 60 and some hits on 3 shared prefixes", r.Completed, r.HitRate)
+	}
+}
+
+func TestSimulateBlockSize(t *testing.T) {
+	// 512-token blocks: the same trace, the same KV capacity, coarser blocks. The infinite-cache
+	// bound is unchanged here since every shared block is a whole 512-token one.
+	code, stdout, stderr := runCmd("--trace", writeTrace(t, 40), "--instances", "2", "--block-size", "512",
+		"--policies", "round-robin", "--speedup", "1", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var s report.Summary
+	if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Scenario.BlockSize != 512 || s.Results[0].Completed != 40 {
+		t.Errorf("block size %d completed %d, want 512 and 40", s.Scenario.BlockSize, s.Results[0].Completed)
+	}
+	if b, want := s.Bounds.InfiniteCacheHitRate, 38400.0/44115.0; math.Abs(b-want) > 1e-9 {
+		t.Errorf("infinite-cache bound %v, want %v", b, want)
 	}
 }
 

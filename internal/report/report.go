@@ -98,6 +98,8 @@ type Scenario struct {
 	Seed      int64   `json:"seed"`
 	// Load is the offered prefill work (no cache hits) over the fleet's prefill capacity.
 	Load float64 `json:"load"`
+	// BlockSize is the engines' KV block size in tokens (0: unknown).
+	BlockSize int `json:"block_size,omitempty"`
 	// ScrapeIntervalMS is how often the router saw fresh engine metrics.
 	ScrapeIntervalMS float64 `json:"scrape_interval_ms"`
 }
