@@ -44,12 +44,9 @@ type Options struct {
 // Gate is the tenant front of the router: it authenticates API keys, applies each tenant's
 // request, token and concurrency limits, hands the proxy the tenant's Identity (salt, models,
 // endpoint labels, priority, Settle), and queues requests fairly while the fleet is
-// saturated. Wire it into proxy.Router:
-//
-//	r.Middleware = append(r.Middleware, g.Middleware)
-//	r.Admit = g.Admit
-//
-// and call g.Reload with each new config. Safe for concurrent use.
+// saturated. To use one: wrap the API handler with Middleware, call Admit once the candidate
+// endpoints of a request are known (proxy.Handler's Admit hook), and call Reload with each new
+// config. Safe for concurrent use.
 type Gate struct {
 	now    func() time.Time
 	getenv func(string) string
