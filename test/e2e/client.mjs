@@ -1,6 +1,6 @@
-// Drives kvroute with the official openai npm client. Usage: node client.mjs <scenario>
-// with KVROUTE_BASE_URL (".../v1") and KVROUTE_MODEL set. Prints one JSON object: what the
-// client saw, checked by e2e_test.go.
+// Drives kvroute with the official openai npm client. Usage: node client.mjs <scenario>...
+// with KVROUTE_BASE_URL (".../v1") and KVROUTE_MODEL set. Prints one JSON object mapping each
+// scenario to what the client saw, checked by e2e_test.go.
 import OpenAI from 'openai';
 
 const client = new OpenAI({
@@ -24,6 +24,7 @@ const scenarios = {
     const r = await client.chat.completions.create({ model, messages, max_tokens: 8 });
     return { content: r.choices[0].message.content, usage: r.usage };
   },
+  async chat2() { return scenarios.chat(); },
   async stream() {
     const s = await client.chat.completions.create({ model, messages, max_tokens: 8, stream: true });
     let chunks = 0, text = '', usageChunks = 0;
@@ -78,14 +79,20 @@ const scenarios = {
   },
 };
 
-const name = process.argv[2];
-if (!scenarios[name]) {
-  console.error(`unknown scenario ${name}; known: ${Object.keys(scenarios).join(', ')}`);
-  process.exit(2);
+const names = process.argv.slice(2);
+const results = {};
+let failed = false;
+for (const name of names) {
+  if (!scenarios[name]) {
+    console.error(`unknown scenario ${name}; known: ${Object.keys(scenarios).join(', ')}`);
+    process.exit(2);
+  }
+  try {
+    results[name] = await scenarios[name]();
+  } catch (err) {
+    results[name] = errorInfo(err);
+    failed = true;
+  }
 }
-try {
-  console.log(JSON.stringify(await scenarios[name]()));
-} catch (err) {
-  console.log(JSON.stringify(errorInfo(err)));
-  process.exit(1);
-}
+console.log(JSON.stringify(results));
+process.exit(failed ? 1 : 0);

@@ -104,19 +104,31 @@ func needNode(t *testing.T) {
 // node runs one client.mjs scenario against the stack and decodes what it printed.
 func (s *stack) node(t *testing.T, scenario string, out any) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	res := s.nodeAll(t, scenario)
+	if err := json.Unmarshal(res[scenario], out); err != nil {
+		t.Fatalf("node %s printed %s: %v", scenario, res[scenario], err)
+	}
+}
+
+// nodeAll runs client.mjs scenarios in one node process (node takes a while to start) and
+// returns what each printed.
+func (s *stack) nodeAll(t *testing.T, scenarios ...string) map[string]json.RawMessage {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "client.mjs", scenario)
+	cmd := exec.CommandContext(ctx, "node", append([]string{"client.mjs"}, scenarios...)...)
 	cmd.Env = append(os.Environ(), "KVROUTE_BASE_URL="+s.api+"/v1", "KVROUTE_MODEL="+model)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	b, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", scenario, err, b, stderr.String())
+		t.Fatalf("node %v: %v\nstdout: %s\nstderr: %s", scenarios, err, b, stderr.String())
 	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("node %s printed %q: %v", scenario, b, err)
+	res := map[string]json.RawMessage{}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatalf("node %v printed %q: %v", scenarios, b, err)
 	}
+	return res
 }
 
 type usage struct {
@@ -133,12 +145,19 @@ type clientError struct {
 func TestOpenAIClient(t *testing.T) {
 	needNode(t)
 	s := startStack(t, 2, "instant", "least-request")
+	res := s.nodeAll(t, "chat", "stream", "streamUsage", "completion", "models", "badJSON", "badRequest", "unknownModel")
+	decode := func(name string, v any) {
+		t.Helper()
+		if err := json.Unmarshal(res[name], v); err != nil {
+			t.Fatalf("%s: %s: %v", name, res[name], err)
+		}
+	}
 
 	var chat struct {
 		Content string `json:"content"`
 		Usage   usage  `json:"usage"`
 	}
-	s.node(t, "chat", &chat)
+	decode("chat", &chat)
 	if chat.Content == "" || chat.Usage.PromptTokens == 0 || chat.Usage.CompletionTokens == 0 {
 		t.Errorf("chat: %+v", chat)
 	}
@@ -148,14 +167,14 @@ func TestOpenAIClient(t *testing.T) {
 		Text        string `json:"text"`
 		UsageChunks int    `json:"usageChunks"`
 	}
-	s.node(t, "stream", &stream)
+	decode("stream", &stream)
 	if stream.Chunks < 2 || stream.Text == "" || stream.UsageChunks != 0 {
 		t.Errorf("stream: %+v, want chunks with text and no usage chunk (the client did not ask)", stream)
 	}
 	var su struct {
 		Usage *usage `json:"usage"`
 	}
-	s.node(t, "streamUsage", &su)
+	decode("streamUsage", &su)
 	if su.Usage == nil || su.Usage.PromptTokens == 0 {
 		t.Errorf("stream with include_usage: %+v", su)
 	}
@@ -164,7 +183,7 @@ func TestOpenAIClient(t *testing.T) {
 		Text  string `json:"text"`
 		Usage usage  `json:"usage"`
 	}
-	s.node(t, "completion", &comp)
+	decode("completion", &comp)
 	if comp.Text == "" || comp.Usage.PromptTokens == 0 {
 		t.Errorf("completion: %+v", comp)
 	}
@@ -172,7 +191,7 @@ func TestOpenAIClient(t *testing.T) {
 	var models struct {
 		IDs []string `json:"ids"`
 	}
-	s.node(t, "models", &models)
+	decode("models", &models)
 	if len(models.IDs) != 1 || models.IDs[0] != model {
 		t.Errorf("models: %v", models.IDs)
 	}
@@ -186,25 +205,11 @@ func TestOpenAIClient(t *testing.T) {
 		{"unknownModel", "NotFoundError", 404},
 	} {
 		var e clientError
-		s.node(t, tt.scenario, &e)
+		decode(tt.scenario, &e)
 		if e.Error != tt.class || e.Status != tt.status {
 			t.Errorf("%s: %+v, want %s %d", tt.scenario, e, tt.class, tt.status)
 		}
 	}
-}
-
-func metricsText(t *testing.T, admin string) string {
-	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
@@ -217,13 +222,14 @@ func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	down := s.fleet.URLs()[0]
-	for range 2 {
+	// Two requests in one node process: round-robin ranks the dropping instance first for one.
+	res := s.nodeAll(t, "chat", "chat2")
+	for _, name := range []string{"chat", "chat2"} {
 		var chat struct {
 			Content string `json:"content"`
 		}
-		s.node(t, "chat", &chat)
-		if chat.Content == "" {
-			t.Errorf("chat through the fallback: %+v", chat)
+		if err := json.Unmarshal(res[name], &chat); err != nil || chat.Content == "" {
+			t.Errorf("%s through the fallback: %s (%v)", name, res[name], err)
 		}
 	}
 	if m := metricsText(t, s.admin); !strings.Contains(m, `kvroute_retries_total{endpoint="`+down+`",reason="connect_error"} 1`) {
@@ -252,6 +258,20 @@ func TestClientAbortFreesUpstream(t *testing.T) {
 	if st := in.Stats(); st.Running+st.Waiting > 0 || ep.InFlight() > 0 {
 		t.Errorf("after the client aborted: engine running %d waiting %d, router in flight %d", st.Running, st.Waiting, ep.InFlight())
 	}
+}
+
+func metricsText(t *testing.T, admin string) string {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func grep(text, substr string) string {
