@@ -79,3 +79,50 @@ func FuzzSSEReader(f *testing.F) {
 		t.Fatal("more events than bytes")
 	})
 }
+
+// FuzzEngineBodies feeds engine output (error bodies, responses, stream chunks) to the
+// readers of it: none may panic, and a normalised error is always a valid OpenAI body.
+func FuzzEngineBodies(f *testing.F) {
+	f.Add(503, []byte(`{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`))
+	f.Add(400, []byte(`{"object":"error","message":"x","type":"BadRequestError","param":null,"code":400}`))
+	f.Add(200, []byte(`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}`))
+	f.Add(200, []byte(`{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":1}}}`))
+	f.Fuzz(func(t *testing.T, status int, body []byte) {
+		e := NormalizeUpstreamError(status, body)
+		var v struct {
+			Error map[string]any `json:"error"`
+		}
+		if err := json.Unmarshal(e.Body(), &v); err != nil || v.Error["message"] == "" {
+			t.Fatalf("normalised body %s: %v", e.Body(), err)
+		}
+		if u, ok := FindUsage(body); ok && u.Cached() < -1 {
+			t.Fatalf("cached %d", u.Cached())
+		}
+		_ = IsUsageOnlyChunk(body)
+		_ = ResponseID(body)
+	})
+}
+
+// FuzzRewriteText rewrites the prompt texts of parsed bodies: the result stays a valid JSON
+// object and parses as the same kind.
+func FuzzRewriteText(f *testing.F) {
+	f.Add(uint8(0), []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":" a "}],"x":1}]}`))
+	f.Add(uint8(1), []byte(`{"model":"m","prompt":["a  b"]}`))
+	f.Add(uint8(3), []byte(`{"model":"m","input":[{"role":"user","content":"q"}],"instructions":"s"}`))
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := Kind(k%4 + 1)
+		if _, err := Parse(kind, body); err != nil {
+			return
+		}
+		out, _, err := RewriteText(kind, body, func(s string) string { return "<" + s + ">" })
+		if err != nil {
+			return // a shape Parse tolerates but the rewriter does not touch is reported, not mangled
+		}
+		if !json.Valid(out) {
+			t.Fatalf("rewrite produced invalid JSON %q", out)
+		}
+		if _, err := Parse(kind, out); err != nil {
+			t.Fatalf("rewritten body no longer parses: %v\n%s", err, out)
+		}
+	})
+}
