@@ -134,7 +134,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		decodeCost:  r.Float("decode_cost", 0.0005),
 		sessionTol:  r.Float("session_slack", 0.1),
 		recompute:   r.Float("recompute_weight", 3),
-		balance:     r.Float("balance_weight", 3),
+		balance:     r.Float("balance_weight", 6),
 		learn:       r.Bool("learn", true),
 		learnWeight: r.Float("learn_weight", 0.02),
 		learnTol:    r.Float("learn_tolerance", 0.25),
