@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -191,4 +192,71 @@ func TestBenchConnectionErrorsAreCounted(t *testing.T) {
 	if !strings.Contains(out, "errors: connection 3") {
 		t.Errorf("table does not count 3 connection errors:\n%s", out)
 	}
+}
+
+// TestBenchMooncakeSlice replays the first requests of the real trace, rendered into text:
+// each prompt is about input_length x 4 bytes.
+func TestBenchMooncakeSlice(t *testing.T) {
+	const trace = "../../../shared/traces/mooncake/conversation_trace.jsonl"
+	if _, err := os.Stat(trace); err != nil {
+		t.Skip("Mooncake trace not available")
+	}
+	checkLeaks(t)
+	var sizes []int
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Messages []struct{ Content string }
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		sizes = append(sizes, len(body.Messages[0].Content))
+		mu.Unlock()
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	code, out, errOut := runVerb("bench", "--target", srv.URL, "--trace", trace, "--requests", "5", "--speedup", "100000", "--json", "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct{ Results []report.Result }
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Results[0].Completed != 5 {
+		t.Errorf("completed %d, want 5", doc.Results[0].Completed)
+	}
+	// The renderer writes 4 bytes per token: the first five lines' input_length x 4.
+	want := readInputLengths(t, trace, 5)
+	for i := range want {
+		want[i] *= 4
+	}
+	slices.Sort(want)
+	slices.Sort(sizes)
+	if diff := cmp.Diff(want, sizes); diff != "" {
+		t.Errorf("prompt sizes in bytes (-want +got):\n%s", diff)
+	}
+}
+
+// readInputLengths returns the input_length of the first n lines of a Mooncake trace.
+func readInputLengths(t *testing.T, path string, n int) []int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for line := range strings.Lines(string(data)) {
+		if len(out) == n {
+			break
+		}
+		var l struct {
+			InputLength int `json:"input_length"`
+		}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l.InputLength)
+	}
+	return out
 }
