@@ -282,7 +282,7 @@ type callKey struct{}
 func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
 
 func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.Kind) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.MaxBodyBytes))
+	body, err := readBody(w, r, h.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -352,7 +352,7 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 
 	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
 	// the model and the salt the engine will use.
-	text := req.AppendCanonical(nil)
+	text := req.AppendCanonical(make([]byte, 0, len(body)))
 	salt := req.CacheSalt
 	if c.id != nil {
 		salt = c.id.Salt
@@ -402,6 +402,22 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
 	h.rp.ServeHTTP(w, out)
+}
+
+// readBody reads the whole body, at most limit bytes, in one allocation when the client
+// announced its length.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf := make([]byte, n, n+1)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		// A body longer than announced is an error of the client; net/http already stops at
+		// ContentLength, so nothing is left to read.
+		return buf, nil
+	}
+	return io.ReadAll(rd)
 }
 
 func sessionKey(req *openai.Request, r *http.Request) string {
