@@ -415,6 +415,28 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 		return finish(ClassHTTP, strings.TrimSpace(string(msg)))
 	}
 
+	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") {
+		// A server that ignores stream: true answers with one JSON body: its first token is
+		// only visible when the whole answer is.
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxEventLine))
+		if err != nil {
+			return finish(failClass(ClassMidStream), err.Error())
+		}
+		c, err := parseChunk(bytes.TrimSpace(body))
+		if err != nil {
+			return finish(ClassMidStream, err.Error())
+		}
+		rec.TTFT = r.now().Sub(t0)
+		if c.Usage != nil {
+			if c.Usage.PromptTokens > 0 {
+				rec.PromptTokens = c.Usage.PromptTokens
+			}
+			rec.OutputTokens = c.Usage.CompletionTokens
+			rec.CachedTokens = c.Usage.CachedTokens()
+		}
+		return finish(ClassOK, "")
+	}
+
 	sr := NewStreamReader(resp.Body)
 	var last time.Time
 	chunks := 0

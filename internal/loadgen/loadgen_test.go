@@ -112,6 +112,23 @@ func TestRun_CompletionsAPIAndNoUsage(t *testing.T) {
 	}
 }
 
+func TestRun_NonStreamingAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi there"}}],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}`)
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m"}, items(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := res.Records[0]
+	if !rec.OK() || rec.TTFT <= 0 || rec.TTFT > rec.E2E || rec.PromptTokens != 7 || rec.OutputTokens != 2 || rec.CachedTokens != 4 {
+		t.Errorf("record %+v: want OK, 0 < TTFT <= E2E, prompt 7, output 2, cached 4", rec)
+	}
+}
+
 func TestRun_ErrorClasses(t *testing.T) {
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL
