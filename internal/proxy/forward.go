@@ -326,8 +326,14 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))
 		}
 	}
-	if c.id != nil && c.id.Settle != nil && c.req != nil {
-		c.id.Settle(prompt, completion)
+	if c.id != nil && c.id.Settle != nil {
+		// What the engines used: nothing when no endpoint answered (the tenant's estimate is
+		// refunded).
+		if c.ep == nil {
+			c.id.Settle(0, 0)
+		} else {
+			c.id.Settle(prompt, completion)
+		}
 	}
 	model := c.model
 	if model == "" {

@@ -450,11 +450,14 @@ func TestCacheSaltAndTenancy(t *testing.T) {
 	if diff := cmp.Diff([]int{10, 2}, settled); diff != "" {
 		t.Errorf("settle (-want +got):\n%s", diff)
 	}
-	// A model outside the tenant's list is unknown to it.
+	// A model outside the tenant's list is unknown to it; nothing was used.
 	id.Models = []string{"other"}
 	resp, _ := f.post(t, "/v1/chat/completions", body)
 	if resp.StatusCode != 404 {
 		t.Errorf("model outside the tenant's list: %d, want 404", resp.StatusCode)
+	}
+	if diff := cmp.Diff([]int{10, 2, 0, 0}, settled); diff != "" {
+		t.Errorf("settle after a refusal (-want +got):\n%s", diff)
 	}
 	// Endpoint labels restrict the candidates: none carries the label.
 	id.Models = nil
