@@ -521,9 +521,13 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		return // the client went away: nobody to answer
 	}
 	sw, _ := w.(*statusWriter)
+	attempts := 1
+	if c != nil {
+		attempts = max(c.attempts, 1)
+	}
 	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_unreachable",
-		"no endpoint could be reached after "+strconv.Itoa(max(c.attempts, 1))+" attempt(s): "+errText(err))
-	if sw != nil {
+		"no endpoint could be reached after "+strconv.Itoa(attempts)+" attempt(s): "+errText(err))
+	if sw != nil && c != nil {
 		h.writeError(sw, c, e)
 		return
 	}

@@ -551,3 +551,21 @@ func TestRewriteNormalisedPrompt(t *testing.T) {
 		t.Errorf("rewrites = %v", n)
 	}
 }
+
+func TestAllEndpointsUnreachable(t *testing.T) {
+	a, b := deadURL(t), deadURL(t)
+	f := newFixture(t, spec(a, "m"), spec(b, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", chatBody)
+	var v struct {
+		Error struct {
+			Type string  `json:"type"`
+			Code *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil || resp.StatusCode != 502 || v.Error.Code == nil || *v.Error.Code != "upstream_unreachable" {
+		t.Errorf("got %d %s, want 502 upstream_unreachable", resp.StatusCode, body)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", metrics.NoEndpoint, "502")); n != 1 {
+		t.Errorf("requests_total{endpoint=none,status=502} = %v", n)
+	}
+}
