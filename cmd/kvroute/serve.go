@@ -112,26 +112,31 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer wg.Wait()
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	if *cfgPath != "" {
-		// SIGHUP forces a reload; WatchFile also reloads when the file's content changes.
-		trigger := make(chan struct{}, 1)
-		hup := make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		wg.Go(func() {
-			defer signal.Stop(hup)
-			for {
+	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal);
+	// WatchFile also reloads when the file's content changes.
+	trigger := make(chan struct{}, 1)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	wg.Go(func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-hup:
+				if *cfgPath == "" {
+					logger.Info("SIGHUP: no config file to reload (started with --endpoint)")
+					continue
+				}
+				logger.Info("SIGHUP: reloading the config")
 				select {
-				case <-wctx.Done():
-					return
-				case <-hup:
-					logger.Info("SIGHUP: reloading the config")
-					select {
-					case trigger <- struct{}{}:
-					default:
-					}
+				case trigger <- struct{}{}:
+				default:
 				}
 			}
-		})
+		}
+	})
+	if *cfgPath != "" {
 		wg.Go(func() {
 			opt := config.WatchOptions{Trigger: trigger, Initial: initial}
 			err := config.WatchFile(wctx, *cfgPath, opt, func(_ []byte, _ bool, err error) {
