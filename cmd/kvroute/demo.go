@@ -246,8 +246,18 @@ func writeFidelity(w io.Writer, fid *fidelity) error {
 // demoPolicySpecs resolves --policies: "all" is every registered policy; names not registered
 // in this build are an error naming the valid ones.
 func demoPolicySpecs(s string) ([]policySpec, error) {
-	if strings.TrimSpace(s) == "all" {
+	switch strings.TrimSpace(s) {
+	case "all":
 		s = ""
+	case demoPolicies:
+		// The default list keeps only the policies this build registers.
+		var names []string
+		for n := range strings.SplitSeq(demoPolicies, ",") {
+			if slices.Contains(policy.Names(), n) {
+				names = append(names, n)
+			}
+		}
+		s = strings.Join(names, ",")
 	}
 	return parsePolicies(s)
 }
