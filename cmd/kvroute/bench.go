@@ -123,7 +123,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	if f.html != "" {
-		if err := writeHTMLFile(f.html, out.json.Summary, out.records, report.HTMLOptions{Title: "kvroute bench: " + f.target, Generated: time.Now()}); err != nil {
+		var notes strings.Builder
+		_ = writeBenchExtras(&notes, out.json)
+		opt := report.HTMLOptions{Title: "kvroute bench: " + f.target, Generated: time.Now(), Notes: strings.Split(strings.TrimSpace(notes.String()), "\n")}
+		if err := writeHTMLFile(f.html, out.json.Summary, out.records, opt); err != nil {
 			fmt.Fprintf(stderr, "kvroute bench: %s\n", oneLine(err))
 			return 1
 		}
@@ -365,10 +368,18 @@ func writeBenchTable(w io.Writer, b benchJSON) error {
 	if err := report.WriteTable(w, b.Summary); err != nil {
 		return err
 	}
+	if _, err := fmt.Fprintln(w); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return writeBenchExtras(w, b)
+}
+
+// writeBenchExtras prints one line per run: send rate, send lag, ITL, errors by class.
+func writeBenchExtras(w io.Writer, b benchJSON) error {
 	for i, e := range b.Bench {
 		label := b.Results[i].Policy
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "\n%s: sent %.1f req/s", label, e.AchievedRate)
+		fmt.Fprintf(&sb, "%s: sent %.1f req/s", label, e.AchievedRate)
 		if e.AskedRate > 0 {
 			fmt.Fprintf(&sb, " (asked %.1f, %+.2f%%)", e.AskedRate, 100*(e.AchievedRate/e.AskedRate-1))
 		}

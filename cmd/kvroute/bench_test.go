@@ -130,6 +130,9 @@ func TestBenchJSON(t *testing.T) {
 	if c := strings.Count(string(page), "<svg"); c != 4 {
 		t.Errorf("report has %d charts, want 4", c)
 	}
+	if !strings.Contains(string(page), "errors: http_503 2") {
+		t.Error("report does not show the errors by class")
+	}
 }
 
 func TestBenchTableAndProgressLines(t *testing.T) {
