@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,4 +201,105 @@ tenants:
 	if salt == `"mine"` || len(salt) < 10 {
 		t.Errorf("cache_salt sent = %s, want the tenant's salt", salt)
 	}
+}
+
+func TestRouterKeepsPolicyAcrossReloads(t *testing.T) {
+	e := newFakeEngine(t)
+	r, err := NewRouter(routerConfig(t, "policy: {name: round-robin}\n", e.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	before := r.h.Load().Picker
+	if err := r.Reload(routerConfig(t, "policy: {name: round-robin}\nlimits: {max_retries: 0}\n", e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if r.h.Load().Picker != before {
+		t.Error("same policy and params: the policy was rebuilt (its learned state lost)")
+	}
+	if got := r.h.Load().MaxRetries; got != 0 {
+		t.Errorf("max_retries after reload = %d, want 0", got)
+	}
+	if err := r.Reload(routerConfig(t, "policy: {name: least-request}\n", e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if r.h.Load().Picker == before {
+		t.Error("new policy name: the policy was not rebuilt")
+	}
+}
+
+func TestRouterDiscoveryFile(t *testing.T) {
+	a, b := newFakeEngine(t), newFakeEngine(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "endpoints.yaml")
+	write := func(urls ...string) {
+		var s strings.Builder
+		fmt.Fprintf(&s, "# %d\n", time.Now().UnixNano())
+		for _, u := range urls {
+			fmt.Fprintf(&s, "- {url: %q, models: [m], engine: vllm}\n", u)
+		}
+		if err := os.WriteFile(file, []byte(s.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(a.srv.URL)
+	cfg := routerConfig(t, fmt.Sprintf("discovery: {file: %q, poll_interval: 50ms}\n", file))
+	logs := &syncBuffer{}
+	r, err := NewRouter(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Pool().Len() != 1 {
+		t.Fatalf("endpoints at start: %d, want 1", r.Pool().Len())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	write(a.srv.URL, b.srv.URL)
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Pool().ByName(b.srv.URL) == nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r.Pool().ByName(b.srv.URL) == nil {
+		t.Fatal("discovered endpoint not added")
+	}
+	// A bad file keeps the endpoints in force.
+	if err := os.WriteFile(file, []byte("- {url: 5, bogus: key}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "discovery file rejected") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "discovery file rejected") {
+		t.Error("bad discovery file not reported")
+	}
+	if r.Pool().Len() != 2 {
+		t.Errorf("after a bad discovery file: %d endpoints, want 2", r.Pool().Len())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a poller.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
