@@ -14,7 +14,7 @@ import (
 // whose first 1,024 blocks endpoints 6..9 hold and which endpoint 5 holds whole.
 func benchFleet(b *testing.B) (*prefixAware, []*endpoint.Endpoint, *Request) {
 	b.Helper()
-	pk, err := New("prefix-aware", Params{"balance_weight": "3"}, Env{Clock: &fakeClock{t: time.Unix(1000, 0)}})
+	pk, err := New("prefix-aware", nil, Env{Clock: &fakeClock{t: time.Unix(1000, 0)}})
 	if err != nil {
 		b.Fatal(err)
 	}
