@@ -428,24 +428,23 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 
 	recs, _ := reportRecords(sp.label, res.Records, f.timeScale)
 	// Requests and busy time per instance come from the engines themselves: the router names
-	// no backend in its responses, and we own both sides here.
+	// no backend in its responses, and we own both sides here. Busy time is model time, like
+	// the records, so the busy fractions are model time over model time.
 	busy := make([]time.Duration, f.instances)
 	perInstance := make([]int, f.instances)
+	var preemptions int64
 	for i, in := range fleet.Instances() {
 		st := in.Stats()
 		busy[i] = st.Busy
 		perInstance[i] = int(st.Finished)
+		preemptions += st.Preemptions
 	}
 	for i := range recs {
 		recs[i].EndpointID = -1
 	}
 	r := report.Summarize(sp.label, recs, busy)
 	r.InstanceRequests = perInstance
-	r.Preemptions = 0
-	for _, in := range fleet.Instances() {
-		r.Preemptions += in.Stats().Preemptions
-	}
-	// Busy fractions: model-time busy over the model-time span (records are in model time).
+	r.Preemptions = preemptions
 	r.WallSeconds = time.Since(start).Seconds()
 	extra := benchStats(&res, f.timeScale)
 	extra.AskedRate = scheduledRate(items) // wall-time rates, as sent
