@@ -102,11 +102,11 @@ func (f *speedFit) add(predicted, observed, weight float64) {
 // paFlight is one routed request until it is done.
 type paFlight struct {
 	ep        int
-	work      int64   // this request's uncached work
-	ahead     int64   // work queued on ep before it, plus its own
-	predicted int     // blocks the index said ep held
-	stamps    []int64 // index stamps of those blocks, for the correction
-	first     bool    // first token seen
+	work      int64       // this request's uncached work
+	ahead     int64       // work queued on ep before it, plus its own
+	predicted int         // blocks the index said ep held
+	stamps    []int64     // index stamps of those blocks, for the correction
+	first     atomic.Bool // first token seen, or done
 }
 
 type paScratch struct {
@@ -382,10 +382,9 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 		return
 	}
 	f := v.(*paFlight)
-	if f.first || f.ep != ep.ID {
+	if f.ep != ep.ID || !f.first.CompareAndSwap(false, true) {
 		return
 	}
-	f.first = true
 	s := pa.state(ep.ID)
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
@@ -423,9 +422,15 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 		return
 	}
 	s := pa.state(ep.ID)
-	if !f.first {
+	if f.first.CompareAndSwap(false, true) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
+		if !res.OK {
+			// It failed before its first token: the engine most likely never computed it, so
+			// the blocks Routed added are not there.
+			pa.index.Drop(ep.ID, req.Blocks[min(f.predicted, len(req.Blocks)):])
+			return
+		}
 	}
 	if !pa.correct || res.CachedTokens < 0 || req.BlockTokens <= 0 {
 		return

@@ -359,6 +359,34 @@ func TestPrefixAware_EndpointGoesDown(t *testing.T) {
 	pa.Done(r, eps[2], Result{CachedTokens: 0})
 }
 
+func TestPrefixAware_FailedAttemptLeavesNoTrace(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(2, 1<<20)
+	warm := req("warm", 0, seq(1, 10)...)
+	eps[1].Start(warm.PromptTokens)
+	pa.Routed(warm, eps[1])
+	finish(pa, warm, eps[1], time.Millisecond, 0)
+	// A longer request goes to endpoint 1, which refuses it (connection error, 503): the proxy
+	// reports it done, not OK, without a first token, and falls back to endpoint 0.
+	r := req("r", 0, seq(1, 30)...)
+	eps[1].Start(r.PromptTokens)
+	pa.Routed(r, eps[1])
+	eps[1].Finish(r.PromptTokens, false)
+	pa.Done(r, eps[1], Result{OK: false, CachedTokens: -1, PromptTokens: r.PromptTokens})
+	if got := pa.PredictCached(r, eps[1]); got != 160 {
+		t.Errorf("endpoint 1 predicted %d cached tokens, want 160 (what it held before)", got)
+	}
+	if s := pa.state(1); s.pending.Load() != 0 || s.waiting.Load() != 0 {
+		t.Errorf("endpoint 1 still has pending %d, waiting %d", s.pending.Load(), s.waiting.Load())
+	}
+	eps[0].Start(r.PromptTokens)
+	pa.Routed(r, eps[0])
+	finish(pa, r, eps[0], time.Millisecond, 0)
+	if got := pa.PredictCached(r, eps[0]); got != 464 {
+		t.Errorf("endpoint 0 predicted %d cached tokens, want 464", got)
+	}
+}
+
 func TestPrefixAware_IndexSizedFromKVCapacity(t *testing.T) {
 	pa, _ := newPA(t, nil)
 	eps := newEndpoints(1, 160) // 10 blocks of 16 tokens

@@ -360,6 +360,32 @@ func (x *Index) Forget(ep int, stamp int64) int {
 	return dropped
 }
 
+// Drop removes blocks from endpoint ep, last first: for a request that was recorded by Insert
+// but never reached the engine. Pass only the blocks it added (those past what ep held
+// before), so that what ep holds stays a set of whole prefixes. It returns the number dropped.
+func (x *Index) Drop(ep int, blocks []uint64) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if ep < 0 || ep >= len(x.eps) {
+		return 0
+	}
+	dropped := 0
+	for i := len(blocks) - 1; i >= 0; i-- {
+		ei := x.find(blocks[i])
+		if ei == 0 {
+			continue
+		}
+		for ni := x.entries[ei-1].head; ni != 0; ni = x.nodes[ni-1].nextHolder {
+			if int(x.nodes[ni-1].ep) == ep {
+				x.removeNode(ni)
+				dropped++
+				break
+			}
+		}
+	}
+	return dropped
+}
+
 // Expire drops every entry of every endpoint last touched before the given time (for indexes
 // whose entries live a fixed time without confirmation). It returns the number dropped.
 func (x *Index) Expire(before int64) int {

@@ -142,6 +142,23 @@ func TestIndex_GlobalCapEvictsFromFullest(t *testing.T) {
 	}
 }
 
+func TestIndex_DropUndoesAnInsert(t *testing.T) {
+	x := NewIndex(IndexConfig{DefaultCapacity: 100})
+	a := chain(1, 2)
+	b := chain(1, 2, 3, 4)
+	x.Insert(0, a, 1)
+	x.Insert(0, b, 2) // never reached the engine: undo what it added
+	if got := x.Drop(0, b[2:]); got != 2 {
+		t.Errorf("Drop = %d, want 2", got)
+	}
+	if diff := cmp.Diff([]int32{2}, match(x, 1, b)); diff != "" {
+		t.Errorf("after Drop (-want +got):\n%s", diff)
+	}
+	if x.Drop(0, chain(9)) != 0 || x.Drop(7, b) != 0 {
+		t.Errorf("Drop of unknown blocks or endpoint dropped something")
+	}
+}
+
 func TestIndex_Expire(t *testing.T) {
 	x := NewIndex(IndexConfig{DefaultCapacity: 100})
 	a, b := chain(1, 2), chain(3)
