@@ -126,3 +126,23 @@ func FuzzRewriteText(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPlainString checks the fast string path against encoding/json.
+func FuzzPlainString(f *testing.F) {
+	f.Add([]byte(`"hello"`))
+	f.Add([]byte(`"a\"b"`))
+	f.Add([]byte("\"\xff\""))
+	f.Fuzz(func(t *testing.T, lit []byte) {
+		s, ok := plainString(lit)
+		if !ok {
+			return
+		}
+		var want string
+		if err := json.Unmarshal(lit, &want); err != nil {
+			t.Fatalf("plainString accepted %q, which json rejects: %v", lit, err)
+		}
+		if s != want {
+			t.Fatalf("plainString(%q) = %q, json gives %q", lit, s, want)
+		}
+	})
+}

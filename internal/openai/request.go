@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -340,6 +341,9 @@ func parseContent(raw json.RawMessage, field string) ([]string, error) {
 	t := bytes.TrimSpace(raw)
 	switch t[0] {
 	case '"':
+		if s, ok := plainString(t); ok {
+			return []string{s}, nil
+		}
 		var s string
 		if err := json.Unmarshal(t, &s); err != nil {
 			return nil, BadRequest(field, "%s is not a valid string", field)
@@ -368,6 +372,24 @@ func parseContent(raw json.RawMessage, field string) ([]string, error) {
 		return out, nil
 	}
 	return nil, BadRequest(field, "%s must be a string or an array of content parts", field)
+}
+
+// plainString decodes a JSON string literal that has no escapes and is valid UTF-8 (most
+// prompt text) without a second validation pass; ok is false for anything else.
+func plainString(t []byte) (string, bool) {
+	if len(t) < 2 || t[0] != '"' || t[len(t)-1] != '"' {
+		return "", false
+	}
+	in := t[1 : len(t)-1]
+	for _, c := range in {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+	}
+	if !utf8.Valid(in) {
+		return "", false
+	}
+	return string(in), true
 }
 
 func hashHex(b []byte) string {
