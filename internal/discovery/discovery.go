@@ -4,50 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
+	"os"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
-// Static returns the config's own endpoints as pool specs.
-func Static(c *config.Config) []endpoint.Spec { return c.Specs() }
-
-// Merger combines named sources of endpoints into one set and hands each new set to apply.
-// Sources are merged in name order; an endpoint named by two sources is taken from the first
-// (so "0-static" before "file" lets the config win). Safe for concurrent use; apply is called
-// under a lock, one set at a time, in the order the sets were made.
-type Merger struct {
-	mu      sync.Mutex
-	sources map[string][]endpoint.Spec
-	apply   func([]endpoint.Spec)
-}
-
-// NewMerger returns a merger that calls apply with every new merged set.
-func NewMerger(apply func([]endpoint.Spec)) *Merger {
-	return &Merger{sources: map[string][]endpoint.Spec{}, apply: apply}
-}
-
-// Set replaces the endpoints of one source and applies the merged set.
-func (m *Merger) Set(source string, specs []endpoint.Spec) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.sources[source] = slices.Clone(specs)
-	names := make([]string, 0, len(m.sources))
-	for n := range m.sources {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	sets := make([][]endpoint.Spec, 0, len(names))
-	for _, n := range names {
-		sets = append(sets, m.sources[n])
-	}
-	m.apply(Merge(sets...))
-}
-
-// Merge concatenates sets, dropping an endpoint whose name an earlier one already has.
+// Merge concatenates sets, dropping an endpoint whose name an earlier one already has, so the
+// static endpoints of the config, passed first, win over a discovered endpoint of the same name.
 func Merge(sets ...[]endpoint.Spec) []endpoint.Spec {
 	seen := map[string]bool{}
 	var out []endpoint.Spec
@@ -78,17 +43,38 @@ type FileSource struct {
 	OnError func(error)
 }
 
+// Load reads and parses the file once (at start, where a missing or bad file is fatal).
+func (f *FileSource) Load() ([]endpoint.Spec, error) {
+	data, err := os.ReadFile(f.Path)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file: %w", err)
+	}
+	return f.parse(data)
+}
+
+func (f *FileSource) parse(data []byte) ([]endpoint.Spec, error) {
+	eps, err := config.ParseEndpoints(data)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file %s: %w", f.Path, err)
+	}
+	specs := make([]endpoint.Spec, len(eps))
+	for i := range eps {
+		specs[i] = eps[i].Spec()
+	}
+	return specs, nil
+}
+
 // Run calls emit with the file's endpoints at start and after every change that parses; a file
 // that does not parse (or cannot be read) is logged and the last good set stays in force, so
 // nothing is emitted. It blocks until ctx ends and fails only when the file's directory cannot be
-// watched.
-func (f *FileSource) Run(ctx context.Context, emit func([]endpoint.Spec)) error {
+// watched. emit returning an error (the pool rejected the set) is logged the same way.
+func (f *FileSource) Run(ctx context.Context, emit func([]endpoint.Spec) error) error {
 	log := f.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	fail := func(err error) {
-		log.Warn("endpoint discovery file rejected, keeping the previous endpoints", "file", f.Path, "err", err)
+		log.Error("discovery file rejected, keeping the endpoints in force", "file", f.Path, "err", err)
 		if f.OnError != nil {
 			f.OnError(err)
 		}
@@ -96,20 +82,18 @@ func (f *FileSource) Run(ctx context.Context, emit func([]endpoint.Spec)) error 
 	return config.WatchFile(ctx, f.Path, config.WatchOptions{Debounce: f.Debounce, Poll: f.Poll},
 		func(data []byte, _ bool, err error) {
 			if err != nil {
-				fail(fmt.Errorf("discovery %s: %w", f.Path, err))
+				fail(fmt.Errorf("discovery.file %s: %w", f.Path, err))
 				return
 			}
-			eps, err := config.ParseEndpoints(data)
+			specs, err := f.parse(data)
+			if err == nil {
+				err = emit(specs)
+			}
 			if err != nil {
-				fail(fmt.Errorf("discovery %s: %w", f.Path, err))
+				fail(err)
 				return
 			}
-			specs := make([]endpoint.Spec, len(eps))
-			for i := range eps {
-				specs[i] = eps[i].Spec()
-			}
-			log.Info("endpoint discovery file loaded", "file", f.Path, "endpoints", len(specs))
-			emit(specs)
+			log.Debug("discovery file loaded", "file", f.Path, "endpoints", len(specs))
 		})
 }
 

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,26 +36,28 @@ func TestMerge_FirstWins(t *testing.T) {
 	}
 }
 
-func TestMerger_FeedsPool(t *testing.T) {
+func TestMerge_FeedsPool(t *testing.T) {
 	pool := endpoint.NewPool()
-	var removed []string
-	m := NewMerger(func(specs []endpoint.Spec) {
-		d, err := pool.Update(specs)
+	static := []endpoint.Spec{{Name: "http://s:1"}}
+	update := func(file []endpoint.Spec) []string {
+		t.Helper()
+		d, err := pool.Update(Merge(static, file))
 		if err != nil {
-			t.Errorf("update: %v", err)
+			t.Fatalf("update: %v", err)
 		}
+		var removed []string
 		for _, e := range d.Removed {
 			removed = append(removed, e.Name)
 		}
-	})
-	m.Set("0-static", []endpoint.Spec{{Name: "http://s:1"}})
-	m.Set("file", []endpoint.Spec{{Name: "http://f:1"}, {Name: "http://s:1", Engine: "other"}})
+		return removed
+	}
+	update(nil)
+	update([]endpoint.Spec{{Name: "http://f:1"}, {Name: "http://s:1", Engine: "other"}})
 	s := pool.ByName("http://s:1")
 	if pool.Len() != 2 || s == nil || s.ID != 0 || s.Engine != "" {
 		t.Fatalf("pool has %d endpoints, s = %+v; want the static s (ID 0) and f", pool.Len(), s)
 	}
-	m.Set("file", nil)
-	if diff := cmp.Diff([]string{"http://f:1"}, removed); diff != "" {
+	if diff := cmp.Diff([]string{"http://f:1"}, update(nil)); diff != "" {
 		t.Errorf("removed (-want +got):\n%s", diff)
 	}
 	if pool.ByName("http://s:1") != s {
@@ -82,7 +85,15 @@ func TestFileSource_ReloadsAndKeepsOldOnBadFile(t *testing.T) {
 		OnError: func(err error) { errs <- err }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx, func(s []endpoint.Spec) { sets <- s }) }()
+	go func() {
+		done <- f.Run(ctx, func(s []endpoint.Spec) error {
+			if len(s) == 1 && s[0].Name == "http://10.0.0.9:8000" {
+				return errors.New("pool says no")
+			}
+			sets <- s
+			return nil
+		})
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -118,6 +129,17 @@ func TestFileSource_ReloadsAndKeepsOldOnBadFile(t *testing.T) {
 		t.Fatalf("a bad file emitted a set: %v", <-sets)
 	}
 
+	// A set the receiver rejects is reported the same way.
+	write(t, path, "- url: http://10.0.0.9:8000\n")
+	select {
+	case err := <-errs:
+		if !strings.Contains(err.Error(), "pool says no") {
+			t.Errorf("error = %v, want the receiver's reason", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a rejected set was not reported")
+	}
+
 	write(t, path, "endpoints:\n  - url: http://10.0.0.2:8000\n    engine: sglang\n  - url: http://10.0.0.3:8000\n")
 	if diff := cmp.Diff([]string{"http://10.0.0.2:8000", "http://10.0.0.3:8000"}, names(next())); diff != "" {
 		t.Errorf("after the fix (-want +got):\n%s", diff)
@@ -135,6 +157,15 @@ func TestFromConfig(t *testing.T) {
 	f := FromConfig(c, nil)
 	if f == nil || f.Path != filepath.Join(dir, "eps.yaml") || f.Poll != 7*time.Second {
 		t.Errorf("file source = %+v", f)
+	}
+	write(t, f.Path, "- url: http://10.0.0.1:8000\n")
+	specs, err := f.Load()
+	if err != nil || len(specs) != 1 || specs[0].Name != "http://10.0.0.1:8000" {
+		t.Errorf("Load = %+v, %v", specs, err)
+	}
+	write(t, f.Path, "- url: 5\n")
+	if _, err := f.Load(); err == nil || !strings.Contains(err.Error(), "eps.yaml") {
+		t.Errorf("Load of a bad file: %v, want an error naming the file", err)
 	}
 	c.Discovery.File = ""
 	if FromConfig(c, nil) != nil {

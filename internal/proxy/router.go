@@ -13,8 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -104,29 +103,17 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("tenants: %w", err)
 	}
 	r.gate = gate
-	if cfg.Discovery.File != "" {
-		data, err := os.ReadFile(cfg.Path(cfg.Discovery.File))
+	if src := discovery.FromConfig(cfg, logger); src != nil {
+		specs, err := src.Load()
 		if err != nil {
-			return nil, fmt.Errorf("discovery.file: %w", err)
+			return nil, err
 		}
-		eps, err := config.ParseEndpoints(data)
-		if err != nil {
-			return nil, fmt.Errorf("discovery.file %s: %w", cfg.Discovery.File, err)
-		}
-		r.discovered = specsOf(eps)
+		r.discovered = specs
 	}
 	if err := r.apply(cfg); err != nil {
 		return nil, err
 	}
 	return r, nil
-}
-
-func specsOf(eps []config.Endpoint) []endpoint.Spec {
-	out := make([]endpoint.Spec, 0, len(eps))
-	for i := range eps {
-		out = append(out, eps[i].Spec())
-	}
-	return out
 }
 
 // Reload applies a new config to the running router without dropping requests in flight:
@@ -220,17 +207,8 @@ func (r *Router) apply(cfg *config.Config) error {
 // updatePoolLocked sets the pool to static + discovered endpoints and tells the policy (and
 // the metrics) which endpoints left. The caller holds r.mu.
 func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) error {
-	specs := slices.Concat(static, r.discovered)
 	// A discovered endpoint that is also static keeps the static spec.
-	seen := map[string]bool{}
-	uniq := specs[:0]
-	for _, s := range specs {
-		if !seen[s.Name] {
-			seen[s.Name] = true
-			uniq = append(uniq, s)
-		}
-	}
-	diff, err := r.pool.Update(uniq)
+	diff, err := r.pool.Update(discovery.Merge(static, r.discovered))
 	if err != nil {
 		return fmt.Errorf("endpoints: %w", err)
 	}
@@ -321,12 +299,8 @@ func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
-	if file := r.Config().Discovery.File; file != "" {
-		cfg := r.Config()
-		wg.Go(func() {
-			opt := config.WatchOptions{Poll: cfg.Discovery.PollInterval.D()}
-			errc <- config.WatchFile(ctx, cfg.Path(file), opt, r.onDiscovery)
-		})
+	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
+		wg.Go(func() { errc <- src.Run(ctx, r.setDiscovered) })
 	}
 	wg.Wait()
 	close(errc)
@@ -339,25 +313,18 @@ func (r *Router) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// onDiscovery applies a new discovery file; a bad one keeps the endpoints in force.
-func (r *Router) onDiscovery(data []byte, _ bool, err error) {
-	if err != nil {
-		r.logger.Error("discovery file unreadable, keeping the endpoints in force", "err", err)
-		return
-	}
-	eps, err := config.ParseEndpoints(data)
-	if err != nil {
-		r.logger.Error("discovery file rejected, keeping the endpoints in force", "err", err)
-		return
-	}
+// setDiscovered applies a new set from the discovery file; a set the pool rejects keeps the
+// endpoints in force (the file source logs the error).
+func (r *Router) setDiscovered(specs []endpoint.Spec) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.discovered
-	r.discovered = specsOf(eps)
+	r.discovered = specs
 	if err := r.updatePoolLocked(r.cfg.Specs(), r.picker); err != nil {
 		r.discovered = old
-		r.logger.Error("discovery file rejected, keeping the endpoints in force", "err", err)
+		return err
 	}
+	return nil
 }
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take

@@ -230,6 +230,7 @@ func TestRouterKeepsPolicyAcrossReloads(t *testing.T) {
 
 func TestRouterDiscoveryFile(t *testing.T) {
 	a, b := newFakeEngine(t), newFakeEngine(t)
+	b.hold, b.held = make(chan struct{}), make(chan struct{})
 	dir := t.TempDir()
 	file := filepath.Join(dir, "endpoints.yaml")
 	write := func(urls ...string) {
@@ -242,7 +243,16 @@ func TestRouterDiscoveryFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(a.srv.URL)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	write(b.srv.URL)
 	cfg := routerConfig(t, fmt.Sprintf("discovery: {file: %q, poll_interval: 50ms}\n", file))
 	logs := &syncBuffer{}
 	r, err := NewRouter(cfg, slog.New(slog.NewTextHandler(logs, nil)))
@@ -250,8 +260,8 @@ func TestRouterDiscoveryFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if r.Pool().Len() != 1 {
-		t.Fatalf("endpoints at start: %d, want 1", r.Pool().Len())
+	if r.Pool().Len() != 1 || r.Pool().ByName(b.srv.URL) == nil {
+		t.Fatalf("endpoints at start: %d, want b", r.Pool().Len())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -262,27 +272,41 @@ func TestRouterDiscoveryFile(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	write(a.srv.URL, b.srv.URL)
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Pool().ByName(b.srv.URL) == nil && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+
+	// A stream in flight on b...
+	rec := httptest.NewRecorder()
+	streamed := make(chan struct{})
+	go func() {
+		defer close(streamed)
+		r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)))
+	}()
+	<-b.held
+	// ...survives a file that adds a and removes b.
+	write(a.srv.URL)
+	waitFor("a added, b removed", func() bool {
+		return r.Pool().ByName(a.srv.URL) != nil && r.Pool().ByName(b.srv.URL) == nil
+	})
+	close(b.hold)
+	select {
+	case <-streamed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream on the removed endpoint did not finish")
 	}
-	if r.Pool().ByName(b.srv.URL) == nil {
-		t.Fatal("discovered endpoint not added")
+	if rec.Code != 200 || !strings.HasSuffix(rec.Body.String(), "data: [DONE]\n\n") {
+		t.Errorf("stream on the removed endpoint: %d %q", rec.Code, rec.Body)
 	}
+	if n := r.Pool().Len(); n != 1 {
+		t.Errorf("after the change: %d endpoints, want 1", n)
+	}
+
 	// A bad file keeps the endpoints in force.
 	if err := os.WriteFile(file, []byte("- {url: 5, bogus: key}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "discovery file rejected") && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !strings.Contains(logs.String(), "discovery file rejected") {
-		t.Error("bad discovery file not reported")
-	}
-	if r.Pool().Len() != 2 {
-		t.Errorf("after a bad discovery file: %d endpoints, want 2", r.Pool().Len())
+	waitFor("bad discovery file reported", func() bool { return strings.Contains(logs.String(), "discovery file rejected") })
+	if r.Pool().Len() != 1 || r.Pool().ByName(a.srv.URL) == nil {
+		t.Errorf("after a bad discovery file: %d endpoints, want a only", r.Pool().Len())
 	}
 }
 
