@@ -25,7 +25,9 @@ type WatchOptions struct {
 	// Trigger forces a read (for SIGHUP): changed is called even when the content is the same.
 	Trigger <-chan struct{}
 	// Initial is the content the caller already has: changed is not called until the file
-	// differs from it. Nil: changed is called with the content at start.
+	// differs from it (the file is still read once the watch is in place, so a change made
+	// after the caller's read is delivered at once). Nil: changed is called with the content
+	// at start.
 	Initial []byte
 }
 
@@ -66,9 +68,9 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 		last = data
 		changed(data, forced, nil)
 	}
-	if opt.Initial == nil {
-		read(false)
-	}
+	// Read once the watch is in place: a change made between the caller's read of Initial and
+	// w.Add would otherwise be seen only at the next notification (or never).
+	read(false)
 
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()

@@ -101,3 +101,55 @@ func TestWatcher_ReloadKeepsOldOnBadFile(t *testing.T) {
 		t.Errorf("listen = %q after SIGHUP", c.Listen)
 	}
 }
+
+// TestWatchFile_InitialStale: a file that changed between the caller's read (Initial) and the
+// watch is delivered at once, with no later notification; an unchanged one is not delivered,
+// and a write racing the start of the watch is never lost.
+func TestWatchFile_InitialStale(t *testing.T) {
+	for _, tc := range []struct {
+		name, initial, file string
+		want                string // the first delivery
+	}{
+		{name: "changed", initial: "old\n", file: "new\n", want: "new\n"},
+		{name: "unchanged", initial: "same\n", file: "same\n", want: "later\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "f.yaml")
+			if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan string, 10)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- WatchFile(ctx, path, WatchOptions{Debounce: 5 * time.Millisecond, Initial: []byte(tc.initial)},
+					func(data []byte, _ bool, err error) {
+						if err != nil {
+							got <- "error: " + err.Error()
+							return
+						}
+						got <- string(data)
+					})
+			}()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("WatchFile: %v", err)
+				}
+			}()
+			if tc.file == tc.initial {
+				// Nothing is delivered until the file changes; the write may come before or
+				// after the watch is in place, and is seen either way.
+				replace(t, path, tc.want)
+			}
+			select {
+			case s := <-got:
+				if s != tc.want {
+					t.Errorf("first delivery = %q, want %q", s, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the change made before the watch started was never delivered")
+			}
+		})
+	}
+}
