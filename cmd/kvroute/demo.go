@@ -377,7 +377,7 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 		slices.Sort(kv)
 		spec += ":" + strings.Join(kv, ",")
 	}
-	cfg, err := quickConfig(fleet.URLs(), simserver.DefaultModel, "vllm", spec)
+	cfg, err := quickConfig(fleet.URLs(), simserver.DefaultModel, "vllm", spec, nil)
 	if err != nil {
 		return demoRun{}, fmt.Errorf("router config: %w", err)
 	}

@@ -71,22 +71,23 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			c.Log.Format = *logFormat
 		}
 	}
+	// The overrides are applied before validation, so that its checks (listen and
+	// admin_listen apart, a known log format) see the values in force.
 	var cfg *config.Config
 	var initial []byte // the config file's content in force, so the watcher sees later changes
 	var err error
 	if *cfgPath != "" {
 		initial, err = os.ReadFile(*cfgPath)
 		if err == nil {
-			cfg, err = config.Load(*cfgPath)
+			cfg, err = config.LoadWith(*cfgPath, overrides)
 		}
 	} else {
-		cfg, err = quickConfig(endpoints, *model, *engine, *pol)
+		cfg, err = quickConfig(endpoints, *model, *engine, *pol, overrides)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
-	overrides(cfg)
 	logger := newLogger(cfg.Log, stderr)
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
@@ -142,14 +143,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			err := config.WatchFile(wctx, *cfgPath, opt, func(_ []byte, _ bool, err error) {
 				var c *config.Config
 				if err == nil {
-					c, err = config.Load(*cfgPath)
+					c, err = config.LoadWith(*cfgPath, overrides)
 				}
 				if err != nil {
 					r.Metrics().Reloads.WithLabelValues("error").Inc()
 					logger.Error("config rejected, keeping the old one", "err", err)
 					return
 				}
-				overrides(c)
 				_ = r.Reload(c) // Reload logs a rejection
 			})
 			if err != nil && !errors.Is(err, context.Canceled) {
@@ -168,9 +168,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
-// quickConfig builds a config from --endpoint flags.
-func quickConfig(urls []string, model, engine, pol string) (*config.Config, error) {
-	c := &config.Config{}
+// quickConfig builds a config from --endpoint flags, with adjust (nil for none) applied before
+// defaults and validation. Authentication is off, said explicitly (no warning): a quick start
+// has no tenants.
+func quickConfig(urls []string, model, engine, pol string, adjust func(*config.Config)) (*config.Config, error) {
+	c := &config.Config{Auth: &config.Auth{Mode: config.AuthNone}}
 	for _, u := range urls {
 		ep := config.Endpoint{URL: u, Engine: engine}
 		if model != "" {
@@ -188,6 +190,9 @@ func quickConfig(urls []string, model, engine, pol string) (*config.Config, erro
 		for k, v := range params {
 			c.Policy.Params[k] = v
 		}
+	}
+	if adjust != nil {
+		adjust(c)
 	}
 	c.SetDefaults()
 	if err := c.Validate(); err != nil {

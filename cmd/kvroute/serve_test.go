@@ -128,6 +128,9 @@ func TestServeQuickStart(t *testing.T) {
 	if !strings.Contains(logs, `"msg":"request"`) || strings.Contains(logs, "secret prompt text") {
 		t.Errorf("want a JSON access line and no prompt text in the logs:\n%s", logs)
 	}
+	if strings.Contains(logs, "auth") {
+		t.Errorf("a quick start logs an auth warning:\n%s", logs)
+	}
 }
 
 func TestServeReloadsConfigFile(t *testing.T) {
@@ -171,5 +174,19 @@ func TestServeFlags(t *testing.T) {
 	errb.Reset()
 	if rc := runServe(context.Background(), []string{"--config", "/nonexistent.yaml"}, &out, &errb); rc != 1 {
 		t.Errorf("missing config: rc %d", rc)
+	}
+	// Overrides are validated: the same address for both listeners is caught before listening.
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte("endpoints: [{url: http://127.0.0.1:1}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--config", path, "--listen", "127.0.0.1:9090"},
+		{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"},
+	} {
+		errb.Reset()
+		if rc := runServe(context.Background(), args, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "is also listen") {
+			t.Errorf("%q: rc %d, %q; want 1 and the clash named", args, rc, errb.String())
+		}
 	}
 }

@@ -221,29 +221,36 @@ func (p *problems) err() error { return errors.Join(p.errs...) }
 // Parse decodes, defaults and validates a config. Relative paths are taken as relative to the
 // working directory. The error joins every problem found.
 func Parse(data []byte) (*Config, error) {
-	return parse(data, "")
+	return parse(data, "", nil)
 }
 
 // Load reads, decodes, defaults and validates the config file at path. Relative paths in it
 // (discovery.file, auth.secret_file) are relative to the file's directory.
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return LoadWith(path, nil) }
+
+// LoadWith is Load with adjust (command-line overrides, nil for none) applied to the decoded
+// config before defaults and validation, so that the checks see the values in force.
+func LoadWith(path string, adjust func(*Config)) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	c, err := parse(data, filepath.Dir(path))
+	c, err := parse(data, filepath.Dir(path), adjust)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, nil
 }
 
-func parse(data []byte, dir string) (*Config, error) {
+func parse(data []byte, dir string, adjust func(*Config)) (*Config, error) {
 	c := &Config{}
 	if err := decodeStrict(data, c); err != nil {
 		return nil, err
 	}
 	c.Dir = dir
+	if adjust != nil {
+		adjust(c)
+	}
 	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -292,7 +299,8 @@ func (t *top) setDefaults(*Config) {
 func (t *top) validate(_ *Config, p *problems) {
 	checkAddr(p, "listen", t.Listen)
 	checkAddr(p, "admin_listen", t.AdminListen)
-	if t.Listen == t.AdminListen {
+	// Port 0 on both is two free ports, not one.
+	if _, port, err := net.SplitHostPort(t.Listen); t.Listen == t.AdminListen && err == nil && port != "0" {
 		p.add("admin_listen", "%q is also listen: give the admin server its own port (default %s)", t.AdminListen, DefaultAdminListen)
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -321,5 +322,41 @@ func TestExamples(t *testing.T) {
 	eps, err := ParseEndpoints(data)
 	if err != nil || len(eps) != 2 {
 		t.Errorf("endpoints.yaml: %d endpoints, %v", len(eps), err)
+	}
+}
+
+func TestParse_ListenAndAdminListen(t *testing.T) {
+	for _, tc := range []struct {
+		listen, admin string
+		wantErr       bool
+	}{
+		{"127.0.0.1:8080", "127.0.0.1:8080", true},
+		{":9090", ":9090", true},
+		{"127.0.0.1:0", "127.0.0.1:0", false}, // two free ports
+		{":0", ":0", false},
+		{"127.0.0.1:8080", "127.0.0.1:9090", false},
+	} {
+		_, err := Parse([]byte(fmt.Sprintf("listen: %q\nadmin_listen: %q\nendpoints: [{url: http://127.0.0.1:1}]\n", tc.listen, tc.admin)))
+		if gotErr := err != nil; gotErr != tc.wantErr {
+			t.Errorf("listen %s, admin_listen %s: err = %v, want error %v", tc.listen, tc.admin, err, tc.wantErr)
+		}
+		if err != nil && !strings.Contains(err.Error(), "admin_listen: ") {
+			t.Errorf("error %q does not name admin_listen", err)
+		}
+	}
+}
+
+func TestLoadWith_AdjustBeforeValidate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:8080\nendpoints: [{url: http://127.0.0.1:1}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadWith(path, func(c *Config) { c.AdminListen = c.Listen })
+	if err == nil || !strings.Contains(err.Error(), "is also listen") {
+		t.Errorf("override to the same address: err = %v, want it caught", err)
+	}
+	c, err := LoadWith(path, func(c *Config) { c.Listen = "127.0.0.1:7000" })
+	if err != nil || c.Listen != "127.0.0.1:7000" || c.AdminListen != DefaultAdminListen {
+		t.Errorf("override: %+v, %v", c, err)
 	}
 }

@@ -146,7 +146,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				w.onError(fmt.Errorf("config %s: reload rejected, keeping the old config: %w", w.path, err))
 				return
 			}
-			c, err := parse(data, filepath.Dir(w.path))
+			c, err := parse(data, filepath.Dir(w.path), nil)
 			if err != nil {
 				w.onError(fmt.Errorf("config %s: reload rejected, keeping the old config: %w", w.path, err))
 				return
