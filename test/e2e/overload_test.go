@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/simserver"
-	"github.com/kvroute/kvroute/internal/tenant"
 )
 
 // TestTenantOverloadQueue: while the only endpoint is saturated (a long prefill queued on it
@@ -17,11 +15,10 @@ import (
 // and gets 503 with Retry-After after overload.max_wait; one that finds the queue full gets
 // 503 at once; once the long request is done, requests go through again.
 func TestTenantOverloadQueue(t *testing.T) {
-	s := startTenantStackGate(t, 1, simserver.Options{Profile: "llama3-70b-h100-tp4", DefaultMaxTokens: 2},
-		"overload: {max_predicted_ttft: 500ms, max_wait: 300ms, queue_size: 1}\n"+tenantYAML(nil, "a=sk-a", "b=sk-b"), nil,
-		tenant.Options{PrefillRate: func(*endpoint.Endpoint) float64 { return 10_000 }})
+	s := startTenantStack(t, 1, simserver.Options{Profile: "llama3-70b-h100-tp4", DefaultMaxTokens: 2},
+		"overload: {max_predicted_ttft: 500ms, max_wait: 300ms, queue_size: 1}\n"+tenantYAML(nil, "a=sk-a", "b=sk-b"), nil)
 	// About 32k tokens: seconds of prefill on this profile, 3.2 s predicted at 10k tokens/s (the
-	// prefix-aware policy's prior rate, and the one given here).
+	// prefix-aware policy's prior prefill rate, which the router gives the gate).
 	// Not streamed: the router counts its prefill as queued until the answer comes.
 	long := chatJSON(strings.Repeat("lorem ipsum dolor sit amet ", 4800), "")
 	req, _ := http.NewRequest(http.MethodPost, s.api+"/v1/chat/completions", strings.NewReader(long))

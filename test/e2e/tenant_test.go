@@ -24,8 +24,8 @@ import (
 
 const tenantSecret = "e2e-secret-0123456789abcdef-0123456789abcdef"
 
-// tenantStack is a simulated fleet behind a router with the tenant gate wired in as `kvroute
-// serve` should wire it (Router.Middleware and Router.Admit).
+// tenantStack is a simulated fleet behind a router built from a config with tenants, as
+// `kvroute serve` builds it (the router builds the tenant gate).
 type tenantStack struct {
 	fleet  *simserver.Fleet
 	router *proxy.Router
@@ -36,13 +36,6 @@ type tenantStack struct {
 // startTenantStack starts n instances and a router with the given extra YAML (tenants,
 // overload, server sections). logger nil: discard.
 func startTenantStack(t *testing.T, n int, opts simserver.Options, extra string, logger *slog.Logger) *tenantStack {
-	t.Helper()
-	return startTenantStackGate(t, n, opts, extra, logger, tenant.Options{})
-}
-
-// startTenantStackGate is startTenantStack with the gate's options (Getenv and Logger are set
-// here; they apply only where the router does not build its own gate).
-func startTenantStackGate(t *testing.T, n int, opts simserver.Options, extra string, logger *slog.Logger, gopt tenant.Options) *tenantStack {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -70,30 +63,12 @@ func startTenantStackGate(t *testing.T, n int, opts simserver.Options, extra str
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	t.Setenv("KVROUTE_E2E_SECRET", tenantSecret) // for a router that builds its own gate
+	t.Setenv("KVROUTE_E2E_SECRET", tenantSecret) // the router reads auth.secret_env
 	r, err := proxy.NewRouter(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A router that builds the gate itself (as `kvroute serve` will) exposes it; else wire one
-	// in through the hooks.
-	var g *tenant.Gate
-	if gr, ok := any(r).(interface{ Gate() *tenant.Gate }); ok && gr.Gate() != nil {
-		g = gr.Gate()
-	} else {
-		gopt.Logger = logger
-		gopt.Getenv = func(k string) string {
-			if k == "KVROUTE_E2E_SECRET" {
-				return tenantSecret
-			}
-			return ""
-		}
-		if g, err = tenant.New(cfg, gopt); err != nil {
-			t.Fatal(err)
-		}
-		r.Middleware = append(r.Middleware, g.Middleware)
-		r.Admit = g.Admit
-	}
+	g := r.Gate()
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
