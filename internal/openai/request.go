@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
@@ -138,6 +139,26 @@ type wireFast struct {
 // field gives an *Error (400) naming the field; Parse never panics. body is kept as Raw
 // without copying.
 func Parse(kind Kind, body []byte) (*Request, error) {
+	if kind == KindChat {
+		// One hand-written pass over the body: it reads only the fields we route on and
+		// validates the rest, and gives up (ok false) on anything unusual, which then takes
+		// the encoding/json paths below with their precise errors.
+		if w, msgs, ok := scanChat(body); ok {
+			if m, err := convertMessages(msgs, "messages"); err == nil {
+				r, err := fromWire(kind, body, &w)
+				if err != nil {
+					return nil, err
+				}
+				r.Messages = m
+				return r, nil
+			}
+		}
+	}
+	return parseDecoded(kind, body)
+}
+
+// parseDecoded is Parse with encoding/json: the precise path, and the one that words the errors.
+func parseDecoded(kind Kind, body []byte) (*Request, error) {
 	if kind == KindChat {
 		var f wireFast
 		if json.Unmarshal(body, &f) == nil && f.Model != nil && *f.Model != "" && f.Messages != nil {
@@ -276,6 +297,10 @@ type wireMessage struct {
 	Arguments string          `json:"arguments"`
 	CallID    string          `json:"call_id"`
 	Output    json.RawMessage `json:"output"`
+
+	// text is Content decoded when the scanner read it as a string (hasText).
+	text    string
+	hasText bool
 }
 
 type wireToolCall struct {
@@ -320,11 +345,15 @@ func convertMessages(wms []wireMessage, field string) ([]Message, error) {
 				return nil, BadRequest(p+".role", "missing required field %s.role", p)
 			}
 		}
-		parts, err := parseContent(wm.Content, p+".content")
-		if err != nil {
-			return nil, err
+		if wm.hasText {
+			m.Parts = []string{wm.text}
+		} else {
+			parts, err := parseContent(wm.Content, p+".content")
+			if err != nil {
+				return nil, err
+			}
+			m.Parts = parts
 		}
-		m.Parts = parts
 		for _, tc := range wm.ToolCalls {
 			m.ToolCalls = append(m.ToolCalls, ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
 		}
@@ -525,4 +554,516 @@ func (r *Request) SessionKey() string {
 		return r.PromptCacheKey
 	}
 	return r.User
+}
+
+// The chat fast path. scanChat fills the same wire shapes that encoding/json would, from one
+// pass over the body, without copying raw values (they stay sub-slices of body). It gives up
+// (ok false) wherever its result could differ from encoding/json's: invalid JSON, a mistyped
+// or null required field, a duplicate or case-folded key, an escaped key, a string that is not
+// valid UTF-8 or holds a lone surrogate, deep nesting. Parse then takes the encoding/json path,
+// so scanChat never decides an error.
+
+// chatKeys are the top-level keys encoding/json would match (case-insensitively) into wire.
+var chatKeys = [...]string{"model", "messages", "tools", "prompt", "input", "instructions", "stream",
+	"stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "user", "cache_salt",
+	"prompt_cache_key", "previous_response_id"}
+
+// messageKeys are the keys encoding/json would match into wireMessage.
+var messageKeys = [...]string{"type", "role", "name", "content", "tool_calls", "tool_call_id", "arguments", "call_id", "output"}
+
+// maxScanDepth bounds the scanner's recursion; deeper bodies take the encoding/json path.
+const maxScanDepth = 512
+
+func scanChat(body []byte) (w wire, msgs []wireMessage, ok bool) {
+	s := scanner{b: body}
+	var seen uint32
+	var maxOut, maxTok, maxComp int
+	var haveOut, haveTok, haveComp bool
+	ok = s.object(func(key []byte) bool {
+		i := keyIndex(key, chatKeys[:])
+		if i < 0 {
+			return i == -1 && s.skip()
+		}
+		if seen&(1<<i) != 0 {
+			return false // duplicate: encoding/json's merging rules are not worth copying
+		}
+		seen |= 1 << i
+		switch chatKeys[i] {
+		case "model":
+			v, isNull, ok := s.stringOrNull()
+			if !ok || isNull || v == "" {
+				return false
+			}
+			w.Model = &v
+		case "messages":
+			if s.peek() != '[' {
+				return false
+			}
+			msgs = make([]wireMessage, 0, 4)
+			return s.array(func() bool {
+				var m wireMessage
+				if !s.message(&m) {
+					return false
+				}
+				msgs = append(msgs, m)
+				return true
+			})
+		case "tools":
+			w.Tools = s.raw()
+			return w.Tools != nil
+		case "prompt", "input":
+			return s.skip() // not read for chat
+		case "instructions":
+			return s.optString(&w.Instructions)
+		case "user":
+			return s.optString(&w.User)
+		case "cache_salt":
+			return s.optString(&w.CacheSalt)
+		case "prompt_cache_key":
+			return s.optString(&w.PromptCacheKey)
+		case "previous_response_id":
+			return s.optString(&w.PreviousResponseID)
+		case "stream":
+			switch {
+			case s.literal("true"):
+				w.Stream = new(true)
+			case s.literal("false"):
+				w.Stream = new(false)
+			default:
+				return s.literal("null")
+			}
+		case "stream_options":
+			w.StreamOptions = s.raw()
+			return w.StreamOptions != nil
+		case "max_tokens":
+			return s.optInt(&maxTok, &haveTok)
+		case "max_completion_tokens":
+			return s.optInt(&maxComp, &haveComp)
+		case "max_output_tokens":
+			return s.optInt(&maxOut, &haveOut)
+		}
+		return true
+	})
+	if !ok || !s.end() || w.Model == nil || msgs == nil {
+		return wire{}, nil, false
+	}
+	if haveTok {
+		w.MaxTokens = &maxTok
+	}
+	if haveComp {
+		w.MaxCompletionTokens = &maxComp
+	}
+	if haveOut {
+		w.MaxOutputTokens = &maxOut
+	}
+	return w, msgs, true
+}
+
+// keyIndex returns the index of key in names; -1 when key matches none, not even ignoring
+// case; -2 when encoding/json might still match it (escaped, non-ASCII or case-folded).
+func keyIndex(key []byte, names []string) int {
+	for i, n := range names {
+		if string(key) == n {
+			return i
+		}
+	}
+	for _, c := range key {
+		if c == '\\' || c >= utf8.RuneSelf {
+			return -2
+		}
+	}
+	for _, n := range names {
+		if bytes.EqualFold(key, []byte(n)) {
+			return -2
+		}
+	}
+	return -1
+}
+
+// message reads one messages[] object into m.
+func (s *scanner) message(m *wireMessage) bool {
+	var seen uint32
+	return s.object(func(key []byte) bool {
+		i := keyIndex(key, messageKeys[:])
+		if i < 0 {
+			return i == -1 && s.skip()
+		}
+		if seen&(1<<i) != 0 {
+			return false
+		}
+		seen |= 1 << i
+		switch messageKeys[i] {
+		case "type":
+			return s.plainField(&m.Type)
+		case "role":
+			return s.plainField(&m.Role)
+		case "name":
+			return s.plainField(&m.Name)
+		case "tool_call_id":
+			return s.plainField(&m.ToolCallID)
+		case "arguments":
+			return s.plainField(&m.Arguments)
+		case "call_id":
+			return s.plainField(&m.CallID)
+		case "content":
+			if s.peek() == '"' {
+				// Decoded here, so convertMessages need not scan it again.
+				start := s.i
+				v, _, ok := s.stringOrNull()
+				m.Content, m.text, m.hasText = s.b[start:s.i], v, true
+				return ok
+			}
+			m.Content, m.hasText = s.raw(), false
+			return m.Content != nil
+		case "output":
+			m.Output = s.raw()
+			return m.Output != nil
+		case "tool_calls":
+			raw := s.raw()
+			if raw == nil {
+				return false
+			}
+			if bytes.Equal(raw, []byte("null")) {
+				return true
+			}
+			// Rare and small: encoding/json's rules for the nested objects as they are.
+			return json.Unmarshal(raw, &m.ToolCalls) == nil
+		}
+		return true
+	})
+}
+
+// scanner reads JSON from b at i. Every method skips leading whitespace and returns false on
+// anything it does not accept; the scanner is then abandoned.
+type scanner struct {
+	b     []byte
+	i     int
+	depth int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) && isSpace(s.b[s.i]) {
+		s.i++
+	}
+}
+
+// peek returns the next non-space byte, 0 at the end.
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) eat(c byte) bool {
+	if s.peek() == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+// end reports whether only whitespace is left.
+func (s *scanner) end() bool { s.ws(); return s.i == len(s.b) }
+
+// object reads an object, calling member with each raw key (escapes not decoded) positioned
+// at its value; member must consume the value.
+func (s *scanner) object(member func(key []byte) bool) bool {
+	if !s.eat('{') {
+		return false
+	}
+	if s.eat('}') {
+		return true
+	}
+	for {
+		if s.peek() != '"' {
+			return false
+		}
+		key, _, ok := s.stringSpan()
+		if !ok || !s.eat(':') || !member(key) {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat('}')
+	}
+}
+
+// array reads an array, calling elem positioned at each element.
+func (s *scanner) array(elem func() bool) bool {
+	if !s.eat('[') {
+		return false
+	}
+	if s.eat(']') {
+		return true
+	}
+	for {
+		s.ws()
+		if !elem() {
+			return false
+		}
+		if s.eat(',') {
+			continue
+		}
+		return s.eat(']')
+	}
+}
+
+// stringSpan reads a string literal at s.i and returns its contents between the quotes, and
+// whether it holds escapes. It checks the escapes and rejects control characters, as JSON does.
+func (s *scanner) stringSpan() (in []byte, escaped, ok bool) {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return nil, false, false
+	}
+	start := s.i + 1
+	for i := start; i < len(s.b); i++ {
+		for i < len(s.b) && !strSpecial[s.b[i]] {
+			i++ // the common case: text with nothing to check
+		}
+		if i == len(s.b) {
+			break
+		}
+		switch c := s.b[i]; {
+		case c == '"':
+			s.i = i + 1
+			return s.b[start:i], escaped, true
+		case c == '\\':
+			escaped = true
+			if i+1 >= len(s.b) {
+				return nil, false, false
+			}
+			switch s.b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if i+5 >= len(s.b) {
+					return nil, false, false
+				}
+				for _, h := range s.b[i+2 : i+6] {
+					if hexVal(h) < 0 {
+						return nil, false, false
+					}
+				}
+				i += 5
+			default:
+				return nil, false, false
+			}
+		case c < 0x20:
+			return nil, false, false
+		}
+	}
+	return nil, false, false
+}
+
+// strSpecial marks the bytes a string literal's scan must stop at: the quote, the backslash and
+// the control characters JSON does not allow unescaped.
+var strSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+func hexVal(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// stringOrNull reads a string (decoded) or null.
+func (s *scanner) stringOrNull() (v string, isNull, ok bool) {
+	if s.peek() != '"' {
+		return "", true, s.literal("null")
+	}
+	in, escaped, ok := s.stringSpan()
+	if !ok {
+		return "", false, false
+	}
+	v, ok = unquote(in, escaped)
+	return v, false, ok
+}
+
+// optString reads a string or null into a *string field, as encoding/json does.
+func (s *scanner) optString(dst **string) bool {
+	v, isNull, ok := s.stringOrNull()
+	if ok && !isNull {
+		*dst = &v
+	}
+	return ok
+}
+
+// plainField reads a string or null into a string field (null leaves it as it is).
+func (s *scanner) plainField(dst *string) bool {
+	v, isNull, ok := s.stringOrNull()
+	if ok && !isNull {
+		*dst = v
+	}
+	return ok
+}
+
+// optInt reads an integer or null, as encoding/json reads an *int (no fraction, no exponent).
+func (s *scanner) optInt(dst *int, have *bool) bool {
+	if s.literal("null") {
+		return true
+	}
+	start := s.i
+	if !s.number() {
+		return false
+	}
+	n, err := strconv.Atoi(string(s.b[start:s.i]))
+	if err != nil {
+		return false
+	}
+	*dst, *have = n, true
+	return true
+}
+
+// unquote decodes a string literal's contents. ok is false for invalid UTF-8 and lone
+// surrogates, which encoding/json would replace with U+FFFD.
+func unquote(in []byte, escaped bool) (string, bool) {
+	if !escaped {
+		if !utf8.Valid(in) {
+			return "", false
+		}
+		return string(in), true
+	}
+	out := make([]byte, 0, len(in))
+	for i := 0; i < len(in); i++ {
+		c := in[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++
+		switch in[i] {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r := hex4(in[i+1:])
+			i += 4
+			if utf16.IsSurrogate(r) {
+				if i+6 >= len(in) || in[i+1] != '\\' || in[i+2] != 'u' {
+					return "", false
+				}
+				r = utf16.DecodeRune(r, hex4(in[i+3:]))
+				if r == utf8.RuneError {
+					return "", false
+				}
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+		default: // '"', '\\', '/'
+			out = append(out, in[i])
+		}
+	}
+	if !utf8.Valid(out) {
+		return "", false
+	}
+	return string(out), true
+}
+
+// hex4 decodes four hex digits already checked by stringSpan.
+func hex4(b []byte) rune {
+	return rune(hexVal(b[0])<<12 | hexVal(b[1])<<8 | hexVal(b[2])<<4 | hexVal(b[3]))
+}
+
+// literal consumes word (true, false, null) when it comes next.
+func (s *scanner) literal(word string) bool {
+	s.ws()
+	if !bytes.HasPrefix(s.b[s.i:], []byte(word)) {
+		return false
+	}
+	s.i += len(word)
+	return true
+}
+
+// number consumes a JSON number.
+func (s *scanner) number() bool {
+	s.ws()
+	b, i := s.b, s.i
+	digits := func() bool {
+		j := i
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+		return i > j
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if !digits() {
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return false
+		}
+	}
+	s.i = i
+	return true
+}
+
+// raw consumes one value and returns its bytes, nil when it is not valid JSON.
+func (s *scanner) raw() []byte {
+	s.ws()
+	start := s.i
+	if !s.skip() {
+		return nil
+	}
+	return s.b[start:s.i]
+}
+
+// skip consumes one value, checking that it is valid JSON.
+func (s *scanner) skip() bool {
+	switch s.peek() {
+	case '"':
+		_, _, ok := s.stringSpan()
+		return ok
+	case '{', '[':
+		if s.depth >= maxScanDepth {
+			return false
+		}
+		s.depth++
+		defer func() { s.depth-- }()
+		if s.b[s.i] == '{' {
+			return s.object(func([]byte) bool { return s.skip() })
+		}
+		return s.array(func() bool { return s.skip() })
+	case 't':
+		return s.literal("true")
+	case 'f':
+		return s.literal("false")
+	case 'n':
+		return s.literal("null")
+	}
+	return s.number()
 }

@@ -229,3 +229,114 @@ func TestNormalizeUpstreamError(t *testing.T) {
 		}
 	}
 }
+
+// chatScanCases are chat bodies on which the one-pass scanner and encoding/json must agree
+// (both the result and the error).
+var chatScanCases = []string{
+	`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+	` {"model":"m","messages":[{"role":"user","content":"hi"}]} `,
+	`{"model":"m","messages":[]}`,
+	`{"model":"m","messages":null}`,
+	`{"model":"","messages":[]}`,
+	`{"model":null,"messages":[]}`,
+	`{"model":1,"messages":[]}`,
+	`{"messages":[{"role":"user","content":"hi"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"a\nb\t\"q\" \\ \/ \u00e9 \ud83d\ude00 \u0000"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"lone \ud83d surrogate"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"bad \x"}]}`,
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"ctl \x01\"}]}",
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"bad utf8 \xff\"}]}",
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"us\xffer\",\"content\":\"x\"}]}",
+	`{"model":"m","Model":"n","messages":[]}`,
+	`{"model":"m","messages":[{"Role":"user","content":"x"}]}`,
+	`{"model":"m","model":"n","messages":[]}`,
+	`{"m\u006fdel":"m","messages":[]}`,
+	`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":7,"max_output_tokens":9}`,
+	`{"model":"m","messages":[],"max_tokens":1.5}`,
+	`{"model":"m","messages":[],"max_tokens":1e2}`,
+	`{"model":"m","messages":[],"max_tokens":-0}`,
+	`{"model":"m","messages":[],"max_tokens":99999999999999999999}`,
+	`{"model":"m","messages":[],"max_tokens":null,"stream":null,"user":null}`,
+	`{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}`,
+	`{"model":"m","messages":[],"stream":false,"stream_options":{"include_usage":1}}`,
+	`{"model":"m","messages":[],"stream":"yes"}`,
+	`{"model":"m","messages":[],"user":"u","cache_salt":"s","prompt_cache_key":"k","previous_response_id":"r","instructions":"be brief"}`,
+	`{"model":"m","messages":[],"tools":[ {"type":"function", "function":{"name":"f"}} ]}`,
+	`{"model":"m","messages":[],"extra":{"a":[1,-2.5e+3,true,false,null,"s",{}],"b":[]}}`,
+	`{"model":"m","messages":[],"extra":01}`,
+	`{"model":"m","messages":[],"extra":1.}`,
+	`{"model":"m","messages":[],"extra":tru}`,
+	`{"model":"m","messages":[],}`,
+	`{"model":"m","messages":[{"role":"user","content":"x"},]}`,
+	`{"model":"m","messages":[]} x`,
+	`{"model":"m","messages":[null]}`,
+	`{"model":"m","messages":[{"content":"x"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"4"}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":null,"name":null}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":1}]}]}`,
+	`{"model":"m","messages":[{"type":"function_call","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"x","role":"system"}]}`,
+	`[]`,
+	`null`,
+	`"x"`,
+	``,
+}
+
+func TestScanChatMatchesDecoder(t *testing.T) {
+	scanned := 0
+	for _, body := range chatScanCases {
+		if _, _, ok := scanChat([]byte(body)); ok {
+			scanned++
+		}
+		checkScanAgrees(t, []byte(body))
+	}
+	if scanned < 15 {
+		t.Errorf("the scanner took only %d of %d bodies: the fast path is not used", scanned, len(chatScanCases))
+	}
+}
+
+// checkScanAgrees compares Parse (scanner first) with parseDecoded (encoding/json only).
+func checkScanAgrees(t *testing.T, body []byte) {
+	t.Helper()
+	got, gotErr := Parse(KindChat, body)
+	want, wantErr := parseDecoded(KindChat, body)
+	if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
+		t.Fatalf("body %q: error %v, encoding/json: %v", body, gotErr, wantErr)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("body %q: request (-encoding/json +scanner):\n%s", body, diff)
+	}
+}
+
+func FuzzScanChat(f *testing.F) {
+	for _, s := range chatScanCases {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) { checkScanAgrees(t, body) })
+}
+
+// BenchmarkParseChat4K compares the one-pass scanner (Parse) with encoding/json on a 4 KB chat
+// request.
+func BenchmarkParseChat4K(b *testing.B) {
+	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
+	body, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "messages": []any{
+		map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": "hi"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name  string
+		parse func(Kind, []byte) (*Request, error)
+	}{{"scan", Parse}, {"encoding-json", parseDecoded}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := bc.parse(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
