@@ -30,6 +30,22 @@ func Blocks(dst []uint64, seed uint64, text string, blockTokens int) []uint64 {
 	return dst
 }
 
+// BlocksBytes is Blocks for text held in a byte slice: the same hashes, without a string copy.
+func BlocksBytes(dst []uint64, seed uint64, text []byte, blockTokens int) []uint64 {
+	if blockTokens <= 0 {
+		blockTokens = DefaultBlockTokens
+	}
+	size := BlockBytes(blockTokens)
+	n := len(text) / size
+	dst = growUint64(dst, n)
+	h := seed
+	for i := 0; i < n; i++ {
+		h = Next(h, xxhash.Sum64(text[i*size:(i+1)*size]))
+		dst = append(dst, h)
+	}
+	return dst
+}
+
 func growUint64(dst []uint64, n int) []uint64 {
 	if cap(dst)-len(dst) >= n {
 		return dst

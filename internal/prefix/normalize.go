@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"regexp"
@@ -97,7 +98,29 @@ func (n *Normalizer) Normalize(s string) string {
 	return s
 }
 
-func isASCII(s string) bool {
+// NormalizeBytes is Normalize for text held in a byte slice. When normalisation would change
+// nothing but the edges, which is the common case for machine-built prompts, it returns a
+// sub-slice of b and allocates nothing; otherwise it returns a new slice. Either way the bytes
+// equal Normalize(string(b)).
+func (n *Normalizer) NormalizeBytes(b []byte) []byte {
+	var o NormalizeOptions
+	rules := 0
+	if n != nil {
+		o, rules = n.opts, len(n.rules)
+	}
+	if rules == 0 &&
+		(o.KeepLineEndings || bytes.IndexByte(b, '\r') < 0) &&
+		(o.KeepUnicodeForm || isASCII(b) || norm.NFC.IsNormal(b)) &&
+		(o.KeepWhitespace || !needsCollapse(b)) {
+		if o.KeepEdges {
+			return b
+		}
+		return bytes.TrimSpace(b)
+	}
+	return []byte(n.Normalize(string(b)))
+}
+
+func isASCII[T string | []byte](s T) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
 			return false
@@ -159,13 +182,14 @@ func spaceAt(s string, i int) (int, bool) {
 }
 
 // needsCollapse reports whether s holds whitespace other than single spaces and single newlines.
-func needsCollapse(s string) bool {
+func needsCollapse[T string | []byte](s T) bool {
 	prevSpace := false
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c >= utf8.RuneSelf {
-			// Unicode spaces (NBSP, ideographic space, ...) are rare: take the slow path.
-			r, size := utf8.DecodeRuneInString(s[i:])
+			// Unicode spaces (NBSP, ideographic space, ...) are rare: take the slow path. At
+			// most UTFMax bytes are converted, on the stack.
+			r, size := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
 			if unicode.IsSpace(r) {
 				return true
 			}

@@ -1,0 +1,68 @@
+package prefix
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// normalizeCases cover each normalisation step and its fast path.
+var normalizeCases = []string{
+	"", "  ", "plain text", " edges \n", "a  b", "a\tb", "a\r\nb", "a\rb", "a \n b", "line\nline",
+	"caf\u00e9", "cafe\u0301", "nbsp\u00a0x", "ideographic\u3000x", "\u00a0edge\u00a0", "\xff\xfe bad utf8",
+	strings.Repeat("You are a helpful assistant who answers briefly. ", 80),
+}
+
+func TestNormalizeBytes_MatchesNormalize(t *testing.T) {
+	keep, err := NewNormalizer(NormalizeOptions{KeepEdges: true, KeepWhitespace: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := NewNormalizer(NormalizeOptions{Rules: []Rule{{Pattern: `\d+`, Replace: "N"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*Normalizer{nil, keep, rules} {
+		for _, s := range append(normalizeCases, "id 42") {
+			if got, want := string(n.NormalizeBytes([]byte(s))), n.Normalize(s); got != want {
+				t.Errorf("NormalizeBytes(%q) = %q, Normalize gives %q", s, got, want)
+			}
+		}
+	}
+}
+
+func TestNormalizeBytes_NoAllocationWhenUnchanged(t *testing.T) {
+	var n *Normalizer
+	b := []byte(" " + strings.Repeat("You are a helpful assistant who answers briefly.\n", 80) + "\u00e9 ")
+	allocs := testing.AllocsPerRun(100, func() { _ = n.NormalizeBytes(b) })
+	if allocs != 0 {
+		t.Errorf("NormalizeBytes of normal text: %v allocations, want 0", allocs)
+	}
+}
+
+func TestBlocksBytes_MatchesBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, size := range []int{0, 63, 64, 65, 4000} {
+		text := randText(r, size)
+		seed := Seed("m", "salt")
+		for _, bt := range []int{0, 1, 16} {
+			if diff := cmp.Diff(Blocks(nil, seed, text, bt), BlocksBytes(nil, seed, []byte(text), bt)); diff != "" {
+				t.Errorf("size %d, block tokens %d (-Blocks +BlocksBytes):\n%s", size, bt, diff)
+			}
+		}
+	}
+}
+
+func FuzzNormalizeBytes(f *testing.F) {
+	for _, s := range normalizeCases {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var n *Normalizer
+		if got, want := string(n.NormalizeBytes([]byte(s))), n.Normalize(s); got != want {
+			t.Fatalf("NormalizeBytes(%q) = %q, Normalize gives %q", s, got, want)
+		}
+	})
+}
