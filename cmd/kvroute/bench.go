@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/simserver"
@@ -76,7 +77,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Minute, "per-request timeout")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of synthetic workloads and Poisson arrivals")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "send vLLM's ignore_eos so output lengths follow the workload")
-	fs.StringVar(&f.endpointHeader, "endpoint-header", "", "response header naming the backend that served (for the per-endpoint share)")
+	fs.StringVar(&f.endpointHeader, "endpoint-header", config.SuggestedEndpointHeader, "response header naming the backend that served, for the per-endpoint share (kvroute serve sends it with server.endpoint_header)")
 	fs.StringVar(&f.label, "label", "bench", "name of this run in the table")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON (results as in kvroute simulate --json)")
 	fs.StringVar(&f.html, "html", "", "write a self-contained HTML report with charts to this file")

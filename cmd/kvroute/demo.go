@@ -427,8 +427,8 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 	}
 
 	recs, _ := reportRecords(sp.label, res.Records, f.timeScale)
-	// Requests and busy time per instance come from the engines themselves: the router names
-	// no backend in its responses, and we own both sides here. Busy time is model time, like
+	// Requests and busy time per instance come from the engines themselves (exact, and busy
+	// time is only known there), not from server.endpoint_header: we own both sides here. Busy time is model time, like
 	// the records, so the busy fractions are model time over model time.
 	busy := make([]time.Duration, f.instances)
 	perInstance := make([]int, f.instances)

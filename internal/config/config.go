@@ -173,7 +173,15 @@ type Server struct {
 	WriteTimeout Duration `json:"write_timeout"`
 	// ShutdownTimeout bounds the drain of in-flight requests. Default 30s.
 	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// EndpointHeader, when set, names a response header that carries the URL of the endpoint
+	// that served the request (streams included), for clients and benchmarks that measure the
+	// spread (kvroute bench reads SuggestedEndpointHeader by default). Empty (the default): off,
+	// since it reveals internal addresses.
+	EndpointHeader string `json:"endpoint_header"`
 }
+
+// SuggestedEndpointHeader is the name to give server.endpoint_header; kvroute bench reads it.
+const SuggestedEndpointHeader = "X-Kvroute-Endpoint"
 
 // Log configures logging.
 type Log struct {
@@ -637,6 +645,9 @@ func (s *Server) validate(_ *Config, p *problems) {
 		if f.v < 0 {
 			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
 		}
+	}
+	if h := s.EndpointHeader; h != "" && strings.TrimLeft(h, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+		p.add("server.endpoint_header", "%q is not a header name: use letters, digits and '-', like %s", h, SuggestedEndpointHeader)
 	}
 }
 

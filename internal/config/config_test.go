@@ -360,3 +360,18 @@ func TestLoadWith_AdjustBeforeValidate(t *testing.T) {
 		t.Errorf("override: %+v, %v", c, err)
 	}
 }
+
+func TestParse_EndpointHeader(t *testing.T) {
+	c, err := Parse([]byte("endpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err != nil || c.Server.EndpointHeader != "" {
+		t.Fatalf("default endpoint_header = %q, %v; want off", c.Server.EndpointHeader, err)
+	}
+	c, err = Parse([]byte("server: {endpoint_header: X-Kvroute-Endpoint}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err != nil || c.Server.EndpointHeader != SuggestedEndpointHeader {
+		t.Errorf("endpoint_header = %q, %v", c.Server.EndpointHeader, err)
+	}
+	_, err = Parse([]byte("server: {endpoint_header: \"X Bad:\"}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err == nil || !strings.Contains(err.Error(), "server.endpoint_header") {
+		t.Errorf("bad header name: err = %v, want it named", err)
+	}
+}

@@ -161,6 +161,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if c == nil {
 		return nil
 	}
+	if h.EndpointHeader != "" && c.ep != nil {
+		resp.Header.Set(h.EndpointHeader, c.ep.Name)
+	}
 	if resp.StatusCode >= 400 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxCapture))
 		resp.Body.Close()

@@ -80,6 +80,9 @@ type Handler struct {
 	Saturated func(candidates []*endpoint.Endpoint) bool
 	// State is shared between handlers built on reloads; nil: a private one.
 	State *State
+	// EndpointHeader, when set, names a response header set to the name (base URL) of the
+	// endpoint that answered, before the first byte (server.endpoint_header). Empty: none.
+	EndpointHeader string
 
 	once  sync.Once
 	rp    *httputil.ReverseProxy

@@ -569,3 +569,43 @@ func TestAllEndpointsUnreachable(t *testing.T) {
 		t.Errorf("requests_total{endpoint=none,status=502} = %v", n)
 	}
 }
+
+func TestEndpointHeader(t *testing.T) {
+	down, up := newFakeEngine(t), newFakeEngine(t)
+	down.status, down.errBody = http.StatusServiceUnavailable, "busy"
+	f := newFixture(t, spec(down.srv.URL, "m"), spec(up.srv.URL, "m"))
+	f.h.EndpointHeader = "X-Kvroute-Endpoint"
+
+	// Non-streamed, after a retry: the header names the endpoint that answered.
+	resp, body := f.post(t, "/v1/chat/completions", chatBody)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Kvroute-Endpoint") != up.srv.URL {
+		t.Errorf("chat: %d, header %q, want %q (%s)", resp.StatusCode, resp.Header.Get("X-Kvroute-Endpoint"), up.srv.URL, body)
+	}
+
+	// Streamed: the header is there while the stream is still open (before its end).
+	up.hold, up.held = make(chan struct{}), make(chan struct{})
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sresp, err := f.srv.Client().Do(req)
+	if err != nil {
+		close(up.hold)
+		t.Fatal(err)
+	}
+	got := sresp.Header.Get("X-Kvroute-Endpoint")
+	close(up.hold)
+	_, _ = io.Copy(io.Discard, sresp.Body)
+	sresp.Body.Close()
+	f.wait(t)
+	if got != up.srv.URL {
+		t.Errorf("stream header = %q, want %q", got, up.srv.URL)
+	}
+
+	// Off by default: no header.
+	f.h.EndpointHeader = ""
+	if resp, _ := f.post(t, "/v1/chat/completions", chatBody); resp.Header.Get("X-Kvroute-Endpoint") != "" {
+		t.Errorf("header set while off: %q", resp.Header.Get("X-Kvroute-Endpoint"))
+	}
+}

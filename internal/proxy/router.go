@@ -184,21 +184,22 @@ func (r *Router) apply(cfg *config.Config) error {
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
 	h := &Handler{
-		Pool:         r.pool,
-		Picker:       picker,
-		Metrics:      r.metrics,
-		Logger:       r.logger,
-		Transport:    r.transport,
-		MaxBodyBytes: cfg.Limits.MaxBodyBytes,
-		MaxRetries:   cfg.Limits.Retries(),
-		BlockTokens:  cfg.Prefix.BlockTokens,
-		Normalizer:   norm,
-		Rewrite:      cfg.Normalize.Rewrite,
-		OnConnError:  r.prober.ReportFailure,
-		OnSuccess:    r.prober.ReportSuccess,
-		Admit:        r.admit(),
-		Saturated:    r.Saturated,
-		State:        r.state,
+		Pool:           r.pool,
+		Picker:         picker,
+		Metrics:        r.metrics,
+		Logger:         r.logger,
+		Transport:      r.transport,
+		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
+		MaxRetries:     cfg.Limits.Retries(),
+		BlockTokens:    cfg.Prefix.BlockTokens,
+		Normalizer:     norm,
+		Rewrite:        cfg.Normalize.Rewrite,
+		OnConnError:    r.prober.ReportFailure,
+		OnSuccess:      r.prober.ReportSuccess,
+		Admit:          r.admit(),
+		Saturated:      r.Saturated,
+		State:          r.state,
+		EndpointHeader: cfg.Server.EndpointHeader,
 	}
 	r.h.Store(h)
 	return nil

@@ -327,3 +327,21 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestRouterEndpointHeaderFromConfig(t *testing.T) {
+	e := newFakeEngine(t)
+	cfg, err := config.Parse([]byte(fmt.Sprintf("scrape: {disabled: true}\nserver: {endpoint_header: X-Kvroute-Endpoint}\nendpoints: [{url: %q, models: [m], engine: vllm}]\n", e.srv.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rec := httptest.NewRecorder()
+	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody)))
+	if rec.Code != 200 || rec.Header().Get("X-Kvroute-Endpoint") != e.srv.URL {
+		t.Errorf("chat: %d, X-Kvroute-Endpoint %q, want %q", rec.Code, rec.Header().Get("X-Kvroute-Endpoint"), e.srv.URL)
+	}
+}
