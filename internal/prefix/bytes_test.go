@@ -66,3 +66,12 @@ func FuzzNormalizeBytes(f *testing.F) {
 		}
 	})
 }
+
+func TestEstimateTokensBytes_MatchesEstimateTokens(t *testing.T) {
+	for n := range 20 {
+		s := strings.Repeat("x", n)
+		if got, want := EstimateTokensBytes([]byte(s)), EstimateTokens(s); got != want {
+			t.Errorf("EstimateTokensBytes of %d bytes = %d, EstimateTokens gives %d", n, got, want)
+		}
+	}
+}

@@ -85,3 +85,6 @@ func (c Chunker) Chunk(dst []uint64, model, salt, text string) Chunked {
 }
 
 func hashString(s string) uint64 { return xxhash.Sum64String(s) }
+
+// EstimateTokensBytes is EstimateTokens for text held in a byte slice, without a string copy.
+func EstimateTokensBytes(text []byte) int { return (len(text) + BytesPerToken - 1) / BytesPerToken }

@@ -344,13 +344,14 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	attrs := []slog.Attr{
+	var attrBuf [13]slog.Attr // every attribute below, on the stack
+	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
 		slog.String("method", r.Method),
 		slog.String("path", r.URL.Path),
 		slog.Int("status", status),
 		slog.Float64("duration_ms", float64(dur.Microseconds())/1000),
-	}
+	)
 	if c.req != nil {
 		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
 			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))

@@ -212,6 +212,12 @@ type bufferPool struct{}
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
+// textBufs recycles the buffers the canonical prompt text is written into; buffers grown past
+// maxPooledText are left to the garbage collector so one huge prompt is not kept forever.
+var textBufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+const maxPooledText = 1 << 20
+
 func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
 
@@ -355,20 +361,26 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 
 	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
 	// the model and the salt the engine will use.
-	text := req.AppendCanonical(make([]byte, 0, len(body)))
+	// The text lives in a pooled buffer and is hashed where it lies (normalisation usually
+	// changes nothing and then copies nothing); only the block hashes outlive this block.
+	tb := textBufs.Get().(*[]byte)
+	text := req.AppendCanonical((*tb)[:0])
 	salt := req.CacheSalt
 	if c.id != nil {
 		salt = c.id.Salt
 	}
-	norm := h.Normalizer.Normalize(string(text))
 	c.preq = policy.Request{
 		ID:           c.rid,
 		Model:        req.Model,
 		SessionKey:   sessionKey(req, r),
-		Blocks:       prefix.Blocks(nil, prefix.Seed(req.Model, salt), norm, h.BlockTokens),
+		Blocks:       prefix.BlocksBytes(nil, prefix.Seed(req.Model, salt), h.Normalizer.NormalizeBytes(text), h.BlockTokens),
 		BlockTokens:  h.BlockTokens,
-		PromptTokens: prefix.EstimateTokens(string(text)),
+		PromptTokens: prefix.EstimateTokensBytes(text),
 		MaxTokens:    req.MaxTokens,
+	}
+	if cap(text) <= maxPooledText {
+		*tb = text[:0]
+		textBufs.Put(tb)
 	}
 	if c.id != nil {
 		c.preq.Tenant = c.id.Name
