@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,104 +21,9 @@ import (
 )
 
 var (
-	overheadFor  = flag.Duration("overhead", 0, "run TestOverhead for this long at -overhead-rate (0: skip)")
-	overheadRate = flag.Int("overhead-rate", 1000, "requests per second to the router, and as many to the simulator directly")
-	streamsHeap  = flag.String("streams-heap", "", "save the router's heap profile to this file when every stream is open")
-	streamsN     = flag.Int("streams", 0, "concurrent streams in TestConcurrentStreams (0: 2000, or 200 with -short or -race)")
+	streamsHeap = flag.String("streams-heap", "", "save the router's heap profile to this file when every stream is open")
+	streamsN    = flag.Int("streams", 0, "concurrent streams in TestConcurrentStreams (0: 2000, or 200 with -short or -race)")
 )
-
-// chatBody4K is a non-streamed chat request of about 4 KB asking for one token.
-func chatBody4K(i int) string {
-	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
-	return fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, model, sys, i)
-}
-
-func percentile(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(p*float64(len(s))))]
-}
-
-// TestOverhead measures the latency the router adds: in one run, every millisecond (at the
-// default rate) one 4 KB chat request goes to the router and one straight to the same
-// simulated instance (instant profile), and the two latency distributions are compared.
-//
-//	go test ./test/e2e -run TestOverhead -overhead 10s -v
-func TestOverhead(t *testing.T) {
-	if *overheadFor <= 0 {
-		t.Skip("run with -overhead 10s")
-	}
-	s := startStack(t, 1, "instant", "least-request")
-	direct := s.fleet.URLs()[0]
-	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	do := func(base string, i int) (time.Duration, error) {
-		start := time.Now()
-		resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chatBody4K(i)))
-		if err != nil {
-			return 0, err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return 0, fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return time.Since(start), err
-	}
-	// Warm up connections on both paths.
-	for i := range 50 {
-		if _, err := do(s.api, i); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := do(direct, i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var mu sync.Mutex
-	var viaRouter, viaDirect []time.Duration
-	var failures atomic.Int64
-	var wg sync.WaitGroup
-	interval := time.Second / time.Duration(*overheadRate)
-	n := int(*overheadFor / interval)
-	start := time.Now()
-	for i := range n {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			time.Sleep(d) // open-loop pacing
-		}
-		for _, base := range []string{s.api, direct} {
-			wg.Go(func() {
-				d, err := do(base, i)
-				if err != nil {
-					failures.Add(1)
-					return
-				}
-				mu.Lock()
-				if base == direct {
-					viaDirect = append(viaDirect, d)
-				} else {
-					viaRouter = append(viaRouter, d)
-				}
-				mu.Unlock()
-			})
-		}
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	p50r, p99r := percentile(viaRouter, 0.5), percentile(viaRouter, 0.99)
-	p50d, p99d := percentile(viaDirect, 0.5), percentile(viaDirect, 0.99)
-	t.Logf("%d requests per path in %v (%.0f/s per path), %d failures, GOMAXPROCS %d",
-		n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), failures.Load(), runtime.GOMAXPROCS(0))
-	t.Logf("direct: p50 %v p99 %v", p50d, p99d)
-	t.Logf("router: p50 %v p99 %v", p50r, p99r)
-	t.Logf("added:  p50 %v p99 %v (targets: 200µs, 2ms)", p50r-p50d, p99r-p99d)
-	if failures.Load() > 0 {
-		t.Errorf("%d requests failed", failures.Load())
-	}
-}
 
 // TestConcurrentStreams holds many streams open through a `kvroute serve` process at once,
 // measures the growth of that process's peak resident memory (VmHWM) over its resident

@@ -1,0 +1,263 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var (
+	overheadFor    = flag.Duration("overhead", 0, "run TestOverhead for this long at -overhead-rate (0: skip)")
+	overheadRate   = flag.Int("overhead-rate", 1000, "requests per second to the router, and as many to the simulator directly")
+	overheadPolicy = flag.String("overhead-policy", "least-request", "routing policy of the router in TestOverhead")
+	kvrouteBin     = flag.String("kvroute-bin", "", "kvroute binary for the tests that start processes (empty: go build one)")
+)
+
+// chatBody4K is a non-streamed chat request of about 4 KB asking for one token.
+func chatBody4K(i int) string {
+	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
+	return fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, model, sys, i)
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+// TestOverhead measures the latency the router adds. The simulator (`kvroute sim --profile
+// instant`) and the router (`kvroute serve`) run as their own processes, so that neither
+// shares a heap, a garbage collector or a scheduler with the load generator. On one schedule,
+// at every tick one 4 KB chat request goes to the router and one straight to the simulator
+// (which of the two goes first alternates), and the two latency distributions are compared;
+// the router's and the simulator's CPU time per request come from /proc.
+//
+//	go test ./test/e2e -run TestOverhead -overhead 10s -overhead-rate 1000 -v
+func TestOverhead(t *testing.T) {
+	if *overheadFor <= 0 {
+		t.Skip("run with -overhead 10s")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	bin := kvrouteBinary(t)
+	sim := startProcess(t, bin, func(f []string) (string, bool) {
+		if len(f) > 2 && f[0] == "instance" && f[1] == "0:" {
+			return f[2], true // instance 0: http://127.0.0.1:PORT model=...
+		}
+		return "", false
+	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
+	direct := sim.addr
+	router := startProcess(t, bin, func(f []string) (string, bool) {
+		if len(f) > 3 && f[2] == "api" {
+			return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin ...
+		}
+		return "", false
+	}, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model,
+		"--policy", *overheadPolicy, "--endpoint", direct)
+
+	// Less garbage collection in the load generator: both paths share it, but its pauses
+	// would only add noise to both distributions.
+	defer debug.SetGCPercent(debug.SetGCPercent(800))
+	const nBodies = 256
+	bodies := make([][]byte, nBodies)
+	for i := range bodies {
+		bodies[i] = []byte(chatBody4K(i))
+	}
+	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	do := func(base string, body []byte) (time.Duration, error) {
+		start := time.Now()
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return 0, fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return time.Since(start), err
+	}
+	// Warm up connections and both processes on both paths.
+	for i := range 200 {
+		for _, base := range []string{router.addr, direct} {
+			if _, err := do(base, bodies[i%nBodies]); err != nil {
+				t.Fatalf("warm-up via %s: %v", base, err)
+			}
+		}
+	}
+
+	interval := time.Second / time.Duration(*overheadRate)
+	n := int(*overheadFor / interval)
+	viaRouter := make([]time.Duration, n) // 0: failed
+	viaDirect := make([]time.Duration, n)
+	lag := make([]time.Duration, n)
+	var failures atomic.Int64
+	var wg sync.WaitGroup
+	cpuRouter0, cpuSim0 := router.cpu(t), sim.cpu(t)
+	start := time.Now()
+	for i := range n {
+		due := start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d) // open-loop pacing
+		}
+		lag[i] = time.Since(due)
+		body := bodies[i%nBodies]
+		pair := [2]struct {
+			base string
+			out  *time.Duration
+		}{{router.addr, &viaRouter[i]}, {direct, &viaDirect[i]}}
+		if i%2 == 1 {
+			pair[0], pair[1] = pair[1], pair[0]
+		}
+		for _, p := range pair {
+			wg.Go(func() {
+				d, err := do(p.base, body)
+				if err != nil {
+					failures.Add(1)
+					return
+				}
+				*p.out = d
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpuRouter, cpuSim := router.cpu(t)-cpuRouter0, sim.cpu(t)-cpuSim0
+
+	var r, d, diff []time.Duration
+	for i := range n {
+		if viaRouter[i] > 0 {
+			r = append(r, viaRouter[i])
+		}
+		if viaDirect[i] > 0 {
+			d = append(d, viaDirect[i])
+		}
+		if viaRouter[i] > 0 && viaDirect[i] > 0 {
+			diff = append(diff, viaRouter[i]-viaDirect[i])
+		}
+	}
+	us := func(x time.Duration) string { return strconv.FormatFloat(float64(x)/1e3, 'f', 0, 64) + " µs" }
+	t.Logf("policy %s, %d ticks in %v: %.0f requests/s per path achieved (%d/s asked), %d failures; send lag p50 %s p99 %s; %d CPUs",
+		*overheadPolicy, n, elapsed.Round(time.Millisecond), float64(len(r))/elapsed.Seconds(), *overheadRate,
+		failures.Load(), us(percentile(lag, 0.5)), us(percentile(lag, 0.99)), runtime.NumCPU())
+	t.Logf("direct: p50 %s p99 %s", us(percentile(d, 0.5)), us(percentile(d, 0.99)))
+	t.Logf("router: p50 %s p99 %s", us(percentile(r, 0.5)), us(percentile(r, 0.99)))
+	t.Logf("added:  p50 %s p99 %s (targets: 200 µs, 2 ms); paired difference p50 %s",
+		us(percentile(r, 0.5)-percentile(d, 0.5)), us(percentile(r, 0.99)-percentile(d, 0.99)), us(percentile(diff, 0.5)))
+	t.Logf("CPU per request: router %s, simulator %s (both paths' requests counted for the simulator)",
+		us(cpuRouter/time.Duration(max(len(r), 1))), us(cpuSim/time.Duration(max(len(r)+len(d), 1))))
+	if failures.Load() > 0 {
+		t.Errorf("%d requests failed", failures.Load())
+	}
+}
+
+// kvrouteBinary returns -kvroute-bin, or builds kvroute into a temporary directory.
+func kvrouteBinary(t *testing.T) string {
+	t.Helper()
+	if *kvrouteBin != "" {
+		return *kvrouteBin
+	}
+	bin := filepath.Join(t.TempDir(), "kvroute")
+	build := exec.Command("go", "build", "-o", bin, "github.com/kvroute/kvroute/cmd/kvroute")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// process is a kvroute child process and the address it announced.
+type process struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+// startProcess runs bin with args and waits (30 s at most) for a stdout line whose fields
+// addr recognises; the process is interrupted, then killed after 20 s, when the test ends. Its
+// stderr (access logs) goes to the null device.
+func startProcess(t *testing.T, bin string, addr func(fields []string) (string, bool), args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{cmd: cmd}
+	got := make(chan string, 1)
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if f := strings.Fields(lines.Text()); len(f) > 0 {
+				if a, ok := addr(f); ok {
+					got <- a
+					break
+				}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan error, 1)
+		go func() { <-read; done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	select {
+	case a := <-got:
+		p.addr = a
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s %s did not announce its address", bin, args[0])
+	}
+	return p
+}
+
+// cpu returns the user and system CPU time the process has used (from /proc, 10 ms steps).
+func (p *process) cpu(t *testing.T) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		t.Fatalf("short /proc stat %q", b)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("bad /proc stat %q", b)
+	}
+	const ticksPerSecond = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticksPerSecond
+}
