@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -35,19 +33,13 @@ type analyzeReport struct {
 	workload.Stats
 }
 
-// analyzeUsage marks a bad command line: exit status 2 rather than 1.
-type analyzeUsage struct{ error }
-
-func (e analyzeUsage) Unwrap() error { return e.error }
-
 func runAnalyze(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return analyzeMain(ctx, args, os.Stdin, stdout, stderr)
 }
 
 // analyzeMain is runAnalyze with its standard input given, for tests.
 func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute analyze", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlagSet("kvroute analyze")
 	var f analyzeFlags
 	fs.StringVar(&f.format, "format", "mooncake", "trace format (mooncake: JSONL with timestamp, input_length, output_length, hash_ids)")
 	fs.IntVar(&f.instances, "instances", 8, "instances in the fleet whose pooled KV cache bounds the hit rate")
@@ -56,42 +48,25 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the synthetic workload")
 	fs.BoolVar(&f.json, "json", false, "print the statistics as JSON")
 	// Flags may come before or after FILE.
-	var files []string
-	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprintln(stdout, "usage: kvroute analyze [flags] FILE   (FILE \"-\" reads standard input)")
-				fmt.Fprintln(stdout, "       kvroute analyze [flags] --workload NAME[:key=value,...]")
-				fmt.Fprintln(stdout, "\nPrefix statistics of a trace: lengths, prefix reuse, the cache hit rates no router can beat,")
-				fmt.Fprintln(stdout, "and whether prefix-aware routing is likely to pay off.")
-				fmt.Fprintln(stdout, "\nflags:")
-				fs.SetOutput(stdout)
-				fs.PrintDefaults()
-				fmt.Fprintln(stdout, "\nworkloads (--workload NAME:key=value,...):")
-				fmt.Fprint(stdout, workload.WorkloadHelp())
-				return 0
-			}
-			fmt.Fprintf(stderr, "kvroute analyze: %v (run 'kvroute analyze -h')\n", err)
-			return 2
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		files = append(files, fs.Arg(0))
-		rest = fs.Args()[1:]
+	files, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute analyze [flags] FILE   (FILE \"-\" reads standard input)",
+			"       kvroute analyze [flags] --workload NAME[:key=value,...]",
+			"\nPrefix statistics of a trace: lengths, prefix reuse, the cache hit rates no router can beat,",
+			"and whether prefix-aware routing is likely to pay off.",
+		},
+		more:       workloadHelp,
+		positional: true,
+	}, stdout, stderr)
+	if exit {
+		return code
 	}
 	rep, err := analyze(ctx, &f, files, stdin)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute analyze: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
-		if errors.As(err, new(analyzeUsage)) {
-			return 2
-		}
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	if f.json {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
+		err = writeJSON(stdout, rep)
 	} else {
 		err = writeAnalyzeText(stdout, rep)
 	}
@@ -122,7 +97,7 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 		errs = append(errs, fmt.Errorf("--profile: %w", err))
 	}
 	if len(errs) > 0 {
-		return nil, analyzeUsage{errors.Join(errs...)}
+		return nil, usageError{errors.Join(errs...)}
 	}
 	var reqs []workload.Request
 	rep := &analyzeReport{Format: f.format, Profile: prof.Name, KVTokens: prof.KVTokens()}
@@ -130,7 +105,7 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 	case f.workload != "":
 		rep.Source, rep.Format = f.workload, "generated"
 		if reqs, err = workload.Generate(f.workload, f.seed); err != nil {
-			return nil, analyzeUsage{fmt.Errorf("--workload: %w", err)}
+			return nil, usageError{fmt.Errorf("--workload: %w", err)}
 		}
 	case files[0] == "-":
 		rep.Source = "standard input"

@@ -23,17 +23,8 @@ func runAnalyzeForTest(t *testing.T, stdin string, args ...string) (int, string,
 	return code, out.String(), errOut.String()
 }
 
-func writeAnalyzeTrace(t *testing.T, text string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 func TestAnalyzeText(t *testing.T) {
-	path := writeAnalyzeTrace(t, analyzeTrace)
+	path := writeTempFile(t, "trace.jsonl", analyzeTrace)
 	// Flags after the file work too.
 	code, out, errOut := runAnalyzeForTest(t, "", path, "--instances", "2")
 	if code != 0 || errOut != "" {
@@ -89,7 +80,7 @@ func TestAnalyzeWorkload(t *testing.T) {
 }
 
 func TestAnalyzeBadInput(t *testing.T) {
-	bad := writeAnalyzeTrace(t, analyzeTrace+`{"timestamp": 3000, "input_length": -5, "output_length": 1, "hash_ids": []}`+"\n")
+	bad := writeTempFile(t, "trace.jsonl", analyzeTrace+`{"timestamp": 3000, "input_length": -5, "output_length": 1, "hash_ids": []}`+"\n")
 	tests := []struct {
 		name  string
 		stdin string

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -58,8 +56,7 @@ type benchJSON struct {
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute bench", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlagSet("kvroute bench")
 	var f benchFlags
 	fs.StringVar(&f.target, "target", "", "base URL of an OpenAI-compatible server or router (required)")
 	fs.StringVar(&f.model, "model", simserver.DefaultModel, "model name to ask for")
@@ -83,53 +80,36 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.html, "html", "", "write a self-contained HTML report with charts to this file")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress output")
 	fs.DurationVar(&f.progressEvery, "progress-interval", 5*time.Second, "when stderr is not a terminal, print a progress line this often")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "usage: kvroute bench --target URL [--trace FILE | --workload NAME[:k=v,...]] [--speedup K | --rate R | --concurrency N] [flags]")
-			fmt.Fprintln(stdout, "\nSends a workload to any OpenAI-compatible endpoint, streaming, and measures TTFT, ITL, end-to-end latency, cached tokens and errors.")
-			fmt.Fprintln(stdout, "\nflags:")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			fmt.Fprintln(stdout, "\nworkloads (--workload NAME:key=value,...):")
-			fmt.Fprint(stdout, workload.WorkloadHelp())
-			return 0
-		}
-		fmt.Fprintf(stderr, "kvroute bench: %v (run 'kvroute bench -h')\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvroute bench: unexpected argument %q (run 'kvroute bench -h')\n", fs.Arg(0))
-		return 2
+	if _, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute bench --target URL [--trace FILE | --workload NAME[:k=v,...]] [--speedup K | --rate R | --concurrency N] [flags]",
+			"\nSends a workload to any OpenAI-compatible endpoint, streaming, and measures TTFT, ITL, end-to-end latency, cached tokens and errors.",
+		},
+		more: workloadHelp,
+	}, stdout, stderr); exit {
+		return code
 	}
 	if f.apiKey == "" {
 		f.apiKey = os.Getenv("OPENAI_API_KEY")
 	}
 	out, err := bench(ctx, &f, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute bench: %s\n", oneLine(err))
-		if errors.As(err, new(usageError)) {
-			return 2
-		}
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	if f.json {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(out.json)
+		err = writeJSON(stdout, out.json)
 	} else {
 		err = writeBenchTable(stdout, out.json)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute bench: %s\n", oneLine(err))
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	if f.html != "" {
 		var notes strings.Builder
 		_ = writeBenchExtras(&notes, out.json)
 		opt := report.HTMLOptions{Title: "kvroute bench: " + f.target, Generated: time.Now(), Notes: strings.Split(strings.TrimSpace(notes.String()), "\n")}
 		if err := writeHTMLFile(f.html, out.json.Summary, out.records, opt); err != nil {
-			fmt.Fprintf(stderr, "kvroute bench: %s\n", oneLine(err))
-			return 1
+			return failed(stderr, fs.Name(), err)
 		}
 		fmt.Fprintf(stderr, "kvroute bench: report written to %s\n", f.html)
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -49,12 +47,6 @@ func checkLeaks(t *testing.T) {
 	t.Helper()
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-}
-
-func runVerb(verb string, args ...string) (code int, stdout, stderr string) {
-	var o, e bytes.Buffer
-	code = run(context.Background(), append([]string{verb}, args...), &o, &e)
-	return code, o.String(), e.String()
 }
 
 // jsonKeys returns the sorted keys of a JSON object.

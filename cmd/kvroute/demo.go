@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,8 +53,7 @@ type demoRun struct {
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute demo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlagSet("kvroute demo")
 	var f demoFlags
 	fs.StringVar(&f.policies, "policies", demoPolicies, "policies to compare, comma-separated NAME[:key=value,...], or all")
 	fs.IntVar(&f.instances, "instances", 5, "simulated engine instances")
@@ -72,23 +69,15 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.html, "html", demoReport, "write the HTML report here (empty: none)")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress output")
 	fs.BoolVar(&f.compare, "compare-simulate", false, "also run the same scenario through kvroute simulate (virtual time) and print how far the live figures are from it")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "usage: kvroute demo [--quick] [flags]")
-			fmt.Fprintln(stdout, "\nStarts simulated vLLM instances and, for each policy in turn, a kvroute router in front of them")
-			fmt.Fprintln(stdout, "(all in this process, on loopback), replays a workload through it and prints the policies side by side.")
-			fmt.Fprintln(stdout, "\nflags:")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			fmt.Fprintf(stdout, "\npolicies: %s\n", strings.Join(policy.Names(), ", "))
-			return 0
-		}
-		fmt.Fprintf(stderr, "kvroute demo: %v (run 'kvroute demo -h')\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvroute demo: unexpected argument %q (run 'kvroute demo -h')\n", fs.Arg(0))
-		return 2
+	if _, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute demo [--quick] [flags]",
+			"\nStarts simulated vLLM instances and, for each policy in turn, a kvroute router in front of them",
+			"(all in this process, on loopback), replays a workload through it and prints the policies side by side.",
+		},
+		more: policyHelp,
+	}, stdout, stderr); exit {
+		return code
 	}
 	if f.timeScale == 0 {
 		// Slower than real time by default: the router's and the simulator's own CPU time on a
@@ -100,11 +89,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	sum, runs, err := demo(ctx, &f, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
-		if errors.As(err, new(usageError)) {
-			return 2
-		}
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	out := demoJSON{benchJSON: benchJSON{Summary: sum}}
 	recs := make([][]report.Record, len(runs))
@@ -115,14 +100,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if f.compare {
 		out.Fidelity, err = compareSimulate(ctx, &f, sum)
 		if err != nil {
-			fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
-			return 1
+			return failed(stderr, fs.Name(), err)
 		}
 	}
 	if f.json {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(out)
+		err = writeJSON(stdout, out)
 	} else {
 		err = report.WriteTable(stdout, sum)
 		if err == nil && out.Fidelity != nil {
@@ -130,8 +112,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	if f.html != "" {
 		opt := report.HTMLOptions{
@@ -141,8 +122,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				"load imbalance: max / mean of the instances' engine busy time"},
 		}
 		if err := writeHTMLFile(f.html, sum, recs, opt); err != nil {
-			fmt.Fprintf(stderr, "kvroute demo: %s\n", oneLine(err))
-			return 1
+			return failed(stderr, fs.Name(), err)
 		}
 		if !f.quiet {
 			fmt.Fprintf(stderr, "kvroute demo: report written to %s\n", f.html)

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -25,23 +24,17 @@ func runHashKey(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute hash-key", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("kvroute hash-key")
 	key := fs.String("key", "", "the API `key` (visible in the process list and shell history: prefer stdin)")
 	gen := fs.Bool("new", false, "make a new random key; print it and its digest")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvroute hash-key [--key KEY | --new] < key\n\nprints sha256:<hex>, the form of an API key in tenants[].api_keys.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvroute hash-key: unexpected arguments %q: give the key on stdin or with --key\n", fs.Args())
-		return 2
+	if _, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute hash-key [--key KEY | --new] < key",
+			"\nprints sha256:<hex>, the form of an API key in tenants[].api_keys.",
+		},
+		argsHint: "give the key on stdin or with --key",
+	}, stdout, stderr); exit {
+		return code
 	}
 	if *gen && *key != "" {
 		fmt.Fprintln(stderr, "kvroute hash-key: give --key or --new, not both")

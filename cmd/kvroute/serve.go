@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,8 +28,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 // SIGHUP and changes to the config file reload it; a bad new config is logged and the old one
 // kept.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("kvroute serve")
 	var (
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
 		endpoints stringList
@@ -43,15 +41,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
 	)
 	fs.Var(&endpoints, "endpoint", "engine base `URL` for a quick start without a config file (repeatable)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvroute serve: unexpected arguments %q\n", fs.Args())
-		return 2
+	if _, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute serve --config FILE [flags]",
+			"       kvroute serve --endpoint URL [--endpoint URL ...] [--model NAME] [--policy SPEC] [flags]",
+			"\nThe router: an OpenAI-compatible, prefix-aware reverse proxy in front of engine instances.",
+			"SIGHUP or a change of the config file reloads it; SIGINT/SIGTERM drain requests in flight.",
+		},
+	}, stdout, stderr); exit {
+		return code
 	}
 	if (*cfgPath == "") == (len(endpoints) == 0) {
 		fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,8 +15,7 @@ import (
 
 // runSim serves simulated vLLM instances until ctx ends (SIGINT, SIGTERM), then drains them.
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("kvroute sim")
 	var (
 		o         simserver.Options
 		n         = fs.Int("instances", 1, "number of instances, served on ports `P`..P+N-1")
@@ -47,15 +45,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.Faults.FailStatus, "fail-status", 503, "fault: status of failed requests (500 or 503)")
 	fs.Float64Var(&o.Faults.Slow, "slow", 1, "fault: every engine step takes FACTOR times longer")
 	fs.IntVar(&o.Faults.CutAfter, "cut-after", 0, "fault: cut every stream after N tokens (0: never)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvroute sim: unexpected arguments %q\n", fs.Args())
-		return 2
+	if _, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute sim [--instances N] [--port P] [flags]",
+			"\nServes simulated vLLM instances (OpenAI API, /metrics, /health) until SIGINT or SIGTERM.",
+		},
+	}, stdout, stderr); exit {
+		return code
 	}
 	level := slog.LevelInfo
 	if *verbose {

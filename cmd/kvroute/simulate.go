@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -42,14 +41,8 @@ type policySpec struct {
 // simulateMemoryLimit is the soft memory limit of a simulation run, in bytes.
 const simulateMemoryLimit = 1200 << 20
 
-// usageError marks a bad command line: exit status 2 rather than 1.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
-
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kvroute simulate", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlagSet("kvroute simulate")
 	var f simulateFlags
 	fs.StringVar(&f.trace, "trace", "", "Mooncake JSONL trace to replay")
 	fs.StringVar(&f.workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
@@ -67,24 +60,14 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&f.html, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&f.records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stdout, "usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]")
-			fmt.Fprintln(stdout, "\nReplays a workload on a fleet of modelled engines in virtual time, once per policy.")
-			fmt.Fprintln(stdout, "\nflags:")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			fmt.Fprintln(stdout, "\nworkloads (--workload NAME:key=value,...):")
-			fmt.Fprint(stdout, workload.WorkloadHelp())
-			fmt.Fprintf(stdout, "\npolicies: %s\n", strings.Join(policy.Names(), ", "))
-			return 0
-		}
-		fmt.Fprintf(stderr, "kvroute simulate: %v (run 'kvroute simulate -h')\n", err)
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvroute simulate: unexpected argument %q (run 'kvroute simulate -h')\n", fs.Arg(0))
-		return 2
+	if _, code, exit := parseOrExit(fs, args, verbHelp{
+		usage: []string{
+			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]",
+			"\nReplays a workload on a fleet of modelled engines in virtual time, once per policy.",
+		},
+		more: func(w io.Writer) { workloadHelp(w); policyHelp(w) },
+	}, stdout, stderr); exit {
+		return code
 	}
 	// Simulations of many policies over a large trace make garbage fast; a soft memory limit
 	// (unless the user set GOMEMLIMIT) keeps the peak well under 2 GB by collecting sooner,
@@ -95,18 +78,13 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if f.cpuprofile != "" {
 		stop, err := startCPUProfile(f.cpuprofile)
 		if err != nil {
-			fmt.Fprintf(stderr, "kvroute simulate: --cpuprofile: %s\n", oneLine(err))
-			return 1
+			return failed(stderr, fs.Name(), fmt.Errorf("--cpuprofile: %w", err))
 		}
 		defer stop()
 	}
 	sum, err := simulate(ctx, &f)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute simulate: %s\n", oneLine(err))
-		if errors.As(err, new(usageError)) {
-			return 2
-		}
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	if f.json {
 		err = report.WriteJSON(stdout, sum)
@@ -114,8 +92,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		err = report.WriteTable(stdout, sum)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute simulate: %s\n", oneLine(err))
-		return 1
+		return failed(stderr, fs.Name(), err)
 	}
 	return 0
 }
@@ -134,14 +111,6 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		fh.Close()
 	}, nil
-}
-
-// oneLine keeps an error message on one line (errors.Join separates with newlines).
-func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
-
-// usageErr is a command-line problem.
-func usageErr(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
 }
 
 // simulate checks the flags, loads the workload and runs every policy on it.

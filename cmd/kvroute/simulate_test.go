@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -16,34 +14,21 @@ import (
 	"github.com/kvroute/kvroute/internal/report"
 )
 
-// writeTrace writes n Mooncake lines: every request starts with block 0, and requests in the
-// same group of four share a second block.
-func writeTrace(t *testing.T, n int) string {
+// writeSimulateTrace writes n Mooncake lines: every request starts with block 0, and requests
+// in the same group of four share a second block.
+func writeSimulateTrace(t *testing.T, n int) string {
 	t.Helper()
 	var b strings.Builder
 	for i := range n {
 		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [0, %d, %d]}`+"\n",
 			i*50, 1100+i%7, 5+i%11, 1+i%4, 100+i)
 	}
-	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-func runCmd(args ...string) (code int, stdout, stderr string) {
-	var o, e bytes.Buffer
-	code = run(context.Background(), append([]string{"simulate"}, args...), &o, &e)
-	return code, o.String(), e.String()
+	return writeTempFile(t, "trace.jsonl", b.String())
 }
 
 func TestSimulateErrors(t *testing.T) {
-	good := writeTrace(t, 3)
-	bad := filepath.Join(t.TempDir(), "bad.jsonl")
-	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n{\"timestamp\": 1, \"input_length\": \"x\"}\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	good := writeSimulateTrace(t, 3)
+	bad := writeTempFile(t, "bad.jsonl", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n{\"timestamp\": 1, \"input_length\": \"x\"}\n")
 	tests := []struct {
 		name     string
 		args     []string
@@ -67,7 +52,7 @@ func TestSimulateErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, stdout, stderr := runCmd(tt.args...)
+			code, stdout, stderr := runVerb("simulate", tt.args...)
 			if code != tt.code {
 				t.Errorf("exit %d, want %d (stderr %q)", code, tt.code, stderr)
 			}
@@ -87,10 +72,10 @@ func TestSimulateErrors(t *testing.T) {
 }
 
 func TestSimulateJSON(t *testing.T) {
-	trace := writeTrace(t, 40)
+	trace := writeSimulateTrace(t, 40)
 	args := []string{"--trace", trace, "--instances", "2", "--profile", "llama3-8b-h100-tp1",
 		"--policies", "round-robin,least-request", "--load", "0.5", "--seed", "7", "--json"}
-	code, stdout, stderr := runCmd(args...)
+	code, stdout, stderr := runVerb("simulate", args...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -134,7 +119,7 @@ func TestSimulateJSON(t *testing.T) {
 	}
 
 	// The same command twice gives the same JSON apart from wall_seconds.
-	_, again, _ := runCmd(args...)
+	_, again, _ := runVerb("simulate", args...)
 	var s2 report.Summary
 	if err := json.Unmarshal([]byte(again), &s2); err != nil {
 		t.Fatal(err)
@@ -150,7 +135,7 @@ func TestSimulateJSON(t *testing.T) {
 func TestSimulateTable(t *testing.T) {
 	recs := filepath.Join(t.TempDir(), "records.jsonl")
 	html := filepath.Join(t.TempDir(), "report.html")
-	code, stdout, stderr := runCmd("--trace", writeTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6",
+	code, stdout, stderr := runVerb("simulate", "--trace", writeSimulateTrace(t, 10), "--instances", "2", "--policies", "random,round-robin", "--limit", "6",
 		"--records", recs, "--html", html)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -183,7 +168,7 @@ func TestSimulateTable(t *testing.T) {
 func TestSimulateGeneratedWorkload(t *testing.T) {
 	args := []string{"--workload", "prefix-repetition:n=60,prefixes=3", "--instances", "3", "--speedup", "2",
 		"--policies", "round-robin", "--json"}
-	code, stdout, stderr := runCmd(args...)
+	code, stdout, stderr := runVerb("simulate", args...)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -202,7 +187,7 @@ func TestSimulateGeneratedWorkload(t *testing.T) {
 func TestSimulateBlockSize(t *testing.T) {
 	// 512-token blocks: the same trace, the same KV capacity, coarser blocks. The infinite-cache
 	// bound is unchanged here since every shared block is a whole 512-token one.
-	code, stdout, stderr := runCmd("--trace", writeTrace(t, 40), "--instances", "2", "--block-size", "512",
+	code, stdout, stderr := runVerb("simulate", "--trace", writeSimulateTrace(t, 40), "--instances", "2", "--block-size", "512",
 		"--policies", "round-robin", "--speedup", "1", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -253,7 +238,7 @@ func TestSimulateMooncakeSample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reads the whole trace")
 	}
-	code, stdout, stderr := runCmd("--trace", trace, "--limit", "200", "--instances", "4",
+	code, stdout, stderr := runVerb("simulate", "--trace", trace, "--limit", "200", "--instances", "4",
 		"--policies", "round-robin", "--load", "0.7", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)

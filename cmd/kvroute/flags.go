@@ -1,0 +1,117 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// What every verb shares on its command line: one flag set that prints nothing itself, one
+// way of answering -h and bad flags, one exit status per kind of failure, one JSON encoder.
+
+// newFlagSet returns the flag set of the verb called name ("kvroute bench"). It prints
+// nothing itself: parseOrExit decides where help and errors go.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// verbHelp is what parseOrExit needs besides the flags.
+type verbHelp struct {
+	// usage: the lines -h prints before the flags ("usage: ..." and a description).
+	usage []string
+	// more prints what follows the flags in -h (workloads, policies); nil: nothing.
+	more func(w io.Writer)
+	// positional: arguments (files) are allowed, before, after or between the flags.
+	positional bool
+	// argsHint follows "unexpected arguments" when positional is false (default: a pointer to -h).
+	argsHint string
+}
+
+// parseOrExit parses args into fs. When the verb must stop there it returns exit true and the
+// status: 0 after -h or --help (help on stdout), 2 after a bad flag or a stray argument (the
+// reason on stderr, one line). Otherwise it returns the positional arguments.
+func parseOrExit(fs *flag.FlagSet, args []string, h verbHelp, stdout, stderr io.Writer) (rest []string, code int, exit bool) {
+	name := fs.Name()
+	for {
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			for _, l := range h.usage {
+				fmt.Fprintln(stdout, l)
+			}
+			fmt.Fprintln(stdout, "\nflags:")
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			fs.SetOutput(io.Discard)
+			if h.more != nil {
+				h.more(stdout)
+			}
+			return nil, 0, true
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v (run '%s -h')\n", name, err, name)
+			return nil, 2, true
+		}
+		if fs.NArg() == 0 {
+			return rest, 0, false
+		}
+		if !h.positional {
+			hint := h.argsHint
+			if hint == "" {
+				hint = fmt.Sprintf("run '%s -h'", name)
+			}
+			fmt.Fprintf(stderr, "%s: unexpected arguments %q (%s)\n", name, fs.Args(), hint)
+			return nil, 2, true
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// workloadHelp lists the synthetic workloads, after the flags in -h.
+func workloadHelp(w io.Writer) {
+	fmt.Fprintln(w, "\nworkloads (--workload NAME:key=value,...):")
+	fmt.Fprint(w, workload.WorkloadHelp())
+}
+
+// policyHelp lists the registered policies, after the flags in -h.
+func policyHelp(w io.Writer) {
+	fmt.Fprintf(w, "\npolicies: %s\n", strings.Join(policy.Names(), ", "))
+}
+
+// usageError marks a bad command line: exit status 2 rather than 1.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// usageErr is a command-line problem.
+func usageErr(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// failed prints err for the verb on one line and returns the exit status: 2 for a
+// usageError, 1 otherwise.
+func failed(stderr io.Writer, name string, err error) int {
+	fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	return 1
+}
+
+// oneLine keeps an error message on one line (errors.Join separates with newlines).
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
+
+// writeJSON prints v as indented JSON, what every verb's --json gives.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// runVerb runs `kvroute verb args...` and returns its exit status, stdout and stderr.
+func runVerb(verb string, args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(context.Background(), append([]string{verb}, args...), &o, &e)
+	return code, o.String(), e.String()
+}
+
+// writeTempFile writes text to a new file called name in a test directory and returns its path.
+func writeTempFile(t *testing.T, name, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestParseOrExit(t *testing.T) {
+	h := verbHelp{usage: []string{"usage: kvroute x [flags]"}, more: policyHelp}
+	tests := []struct {
+		name       string
+		args       []string
+		positional bool
+		code       int
+		exit       bool
+		rest       []string
+		stdout     []string // substrings
+		stderr     []string
+	}{
+		{name: "flags only", args: []string{"--n", "3"}},
+		{name: "help", args: []string{"-h"}, code: 0, exit: true,
+			stdout: []string{"usage: kvroute x [flags]", "\nflags:\n", "-n int", "policies: "}},
+		{name: "bad flag", args: []string{"--nope"}, code: 2, exit: true,
+			stderr: []string{"kvroute x: flag provided but not defined: -nope (run 'kvroute x -h')"}},
+		{name: "bad value", args: []string{"--n", "many"}, code: 2, exit: true, stderr: []string{"-n", "kvroute x -h"}},
+		{name: "stray argument", args: []string{"--n", "1", "file"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: unexpected arguments ["file"] (run 'kvroute x -h')`}},
+		{name: "positional anywhere", args: []string{"a", "--n", "1", "b", "-v"}, positional: true, rest: []string{"a", "b"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := newFlagSet("kvroute x")
+			fs.Int("n", 0, "a number")
+			fs.Bool("v", false, "verbose")
+			hh := h
+			hh.positional = tc.positional
+			var o, e bytes.Buffer
+			rest, code, exit := parseOrExit(fs, tc.args, hh, &o, &e)
+			if code != tc.code || exit != tc.exit {
+				t.Errorf("code, exit = %d, %v; want %d, %v", code, exit, tc.code, tc.exit)
+			}
+			if diff := cmp.Diff(tc.rest, rest); diff != "" {
+				t.Errorf("rest (-want +got):\n%s", diff)
+			}
+			for _, want := range tc.stdout {
+				if !strings.Contains(o.String(), want) {
+					t.Errorf("stdout lacks %q:\n%s", want, o.String())
+				}
+			}
+			for _, want := range tc.stderr {
+				if !strings.Contains(e.String(), want) {
+					t.Errorf("stderr lacks %q:\n%s", want, e.String())
+				}
+			}
+			if len(tc.stdout) == 0 && o.Len() > 0 || len(tc.stderr) == 0 && e.Len() > 0 {
+				t.Errorf("unexpected output: stdout %q, stderr %q", o.String(), e.String())
+			}
+		})
+	}
+}
+
+func TestFailedExitStatus(t *testing.T) {
+	var e bytes.Buffer
+	if code := failed(&e, "kvroute x", usageErr("--n %d: want at least 1", 0)); code != 2 {
+		t.Errorf("usage error: %d, want 2", code)
+	}
+	if code := failed(&e, "kvroute x", os.ErrNotExist); code != 1 {
+		t.Errorf("other error: %d, want 1", code)
+	}
+	if got, want := e.String(), "kvroute x: --n 0: want at least 1\nkvroute x: file does not exist\n"; got != want {
+		t.Errorf("stderr = %q, want %q", got, want)
+	}
+}
+
+// Every verb answers -h on stdout with exit 0 and a bad flag with exit 2 and one line.
+func TestVerbsHelpAndBadFlag(t *testing.T) {
+	for _, v := range verbs() {
+		code, out, _ := runVerb(v.name, "-h")
+		if code != 0 || !strings.Contains(out, "usage: kvroute "+v.name) || !strings.Contains(out, "flags:") {
+			t.Errorf("%s -h: exit %d, stdout:\n%s", v.name, code, out)
+		}
+		code, _, errOut := runVerb(v.name, "--no-such-flag")
+		if code != 2 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "kvroute "+v.name+": ") {
+			t.Errorf("%s --no-such-flag: exit %d, stderr %q", v.name, code, errOut)
+		}
+	}
+}
