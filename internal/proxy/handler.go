@@ -191,13 +191,17 @@ func (h *Handler) init() {
 
 // DefaultTransport is the transport used when Handler.Transport is nil: HTTP/1.1 keep-alive
 // pools sized for a few hundred concurrent streams per endpoint, no compression negotiated
-// (the router must read usage from the bodies).
+// (the router must read usage from the bodies), a write buffer that holds a typical request.
 func DefaultTransport() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns = 4096
 	t.MaxIdleConnsPerHost = 1024
 	t.DisableCompression = true
 	t.ResponseHeaderTimeout = 0
+	// Room for the headers and a short prompt's body in one buffer: one write system call per
+	// forwarded 4 KB chat request instead of two (the default 4 KB buffer splits it). Kept
+	// small: every pooled connection holds one.
+	t.WriteBufferSize = 8 << 10
 	return t
 }
 

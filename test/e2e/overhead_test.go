@@ -26,6 +26,7 @@ var (
 	overheadRate   = flag.Int("overhead-rate", 1000, "requests per second to the router, and as many to the simulator directly")
 	overheadPolicy = flag.String("overhead-policy", "least-request", "routing policy of the router in TestOverhead")
 	kvrouteBin     = flag.String("kvroute-bin", "", "kvroute binary for the tests that start processes (empty: go build one)")
+	overheadProf   = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
 )
 
 // chatBody4K is a non-streamed chat request of about 4 KB asking for one token.
@@ -66,13 +67,15 @@ func TestOverhead(t *testing.T) {
 		return "", false
 	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
 	direct := sim.addr
+	var admin string
 	router := startProcess(t, bin, func(f []string) (string, bool) {
-		if len(f) > 3 && f[2] == "api" {
-			return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin ...
+		if len(f) > 5 && f[2] == "api" {
+			admin = f[5]
+			return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin http://127.0.0.1:PORT ...
 		}
 		return "", false
 	}, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model,
-		"--policy", *overheadPolicy, "--endpoint", direct)
+		"--policy", *overheadPolicy, "--endpoint", direct, "--pprof="+strconv.FormatBool(*overheadProf != ""))
 
 	// Less garbage collection in the load generator: both paths share it, but its pauses
 	// would only add noise to both distributions.
@@ -114,7 +117,15 @@ func TestOverhead(t *testing.T) {
 	lag := make([]time.Duration, n)
 	var failures atomic.Int64
 	var wg sync.WaitGroup
+	profiled := make(chan error, 1)
+	if *overheadProf != "" {
+		secs := max(1, int(overheadFor.Seconds()))
+		go func() { profiled <- saveURL(admin+"/debug/pprof/profile?seconds="+strconv.Itoa(secs), *overheadProf) }()
+	} else {
+		profiled <- nil
+	}
 	cpuRouter0, cpuSim0 := router.cpu(t), sim.cpu(t)
+	rdRouter0, wrRouter0 := router.syscalls(t)
 	start := time.Now()
 	for i := range n {
 		due := start.Add(time.Duration(i) * interval)
@@ -144,6 +155,8 @@ func TestOverhead(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpuRouter, cpuSim := router.cpu(t)-cpuRouter0, sim.cpu(t)-cpuSim0
+	rdRouter, wrRouter := router.syscalls(t)
+	rdRouter, wrRouter = rdRouter-rdRouter0, wrRouter-wrRouter0
 
 	var r, d, diff []time.Duration
 	for i := range n {
@@ -167,9 +180,31 @@ func TestOverhead(t *testing.T) {
 		us(percentile(r, 0.5)-percentile(d, 0.5)), us(percentile(r, 0.99)-percentile(d, 0.99)), us(percentile(diff, 0.5)))
 	t.Logf("CPU per request: router %s, simulator %s (both paths' requests counted for the simulator)",
 		us(cpuRouter/time.Duration(max(len(r), 1))), us(cpuSim/time.Duration(max(len(r)+len(d), 1))))
+	perReq := float64(max(len(r), 1))
+	t.Logf("router system calls per request: %.1f reads, %.1f writes", float64(rdRouter)/perReq, float64(wrRouter)/perReq)
 	if failures.Load() > 0 {
 		t.Errorf("%d requests failed", failures.Load())
 	}
+	if err := <-profiled; err != nil {
+		t.Errorf("router CPU profile: %v", err)
+	}
+}
+
+// saveURL writes the body of a GET of url to file.
+func saveURL(url, file string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o600)
 }
 
 // kvrouteBinary returns -kvroute-bin, or builds kvroute into a temporary directory.
@@ -260,4 +295,22 @@ func (p *process) cpu(t *testing.T) time.Duration {
 	}
 	const ticksPerSecond = 100 // USER_HZ on Linux
 	return time.Duration(utime+stime) * time.Second / ticksPerSecond
+}
+
+// syscalls returns the read and write system calls the process has made (from /proc).
+func (p *process) syscalls(t *testing.T) (reads, writes int64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "syscr: "); ok {
+			reads, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(l, "syscw: "); ok {
+			writes, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return reads, writes
 }
