@@ -30,7 +30,9 @@ func (e *Event) IsDone() bool { return bytes.Equal(e.Data, []byte("[DONE]")) }
 type SSEReader struct {
 	r        *bufio.Reader
 	maxEvent int
-	raw      []byte
+	raw      []byte // the event's bytes as received; Event.Raw
+	data     []byte // the data lines joined, when there are several
+	name, id string // the last event name and id, reused while they repeat
 }
 
 // NewSSEReader returns a reader of events from r, each at most maxEvent bytes (4 KiB when
@@ -41,14 +43,23 @@ func NewSSEReader(r io.Reader, maxEvent int) *SSEReader {
 	return &SSEReader{r: bufio.NewReaderSize(r, 512), maxEvent: maxEvent}
 }
 
+// Reset makes s read from r, keeping its buffers (for a pool of readers).
+func (s *SSEReader) Reset(r io.Reader) {
+	s.r.Reset(r)
+	s.raw, s.data = s.raw[:0], s.data[:0]
+}
+
 // Next returns the next event. At the end of the stream it returns io.EOF; a stream that ends
 // in the middle of an event returns that event first (with the bytes received), then io.EOF.
-// Comment lines (": ping") count as an event without data, so a proxy passes them on. The
-// returned Event's slices are valid until the next call.
+// Comment lines (": ping") count as an event without data, so a proxy passes them on.
+//
+// The returned Event's Data and Raw share the reader's buffers: they are valid until the next
+// call to Next or Reset (copy them to keep them). Reading allocates nothing once the buffers
+// have grown to the largest event, except a Name or ID that differs from the previous one.
 func (s *SSEReader) Next() (Event, error) {
 	s.raw = s.raw[:0]
 	var ev Event
-	hasData := false
+	dataLines := 0
 	fields := 0
 	finish := func() Event {
 		ev.Raw = s.raw
@@ -82,15 +93,27 @@ func (s *SSEReader) Next() (Event, error) {
 		value = bytes.TrimPrefix(value, []byte(" "))
 		switch string(field) {
 		case "data":
-			if hasData {
-				ev.Data = append(ev.Data, '\n')
+			switch dataLines {
+			case 0: // the common case: Data is the value inside Raw, capped so that appends copy
+				ev.Data = value[:len(value):len(value)]
+			case 1:
+				s.data = append(append(append(s.data[:0], ev.Data...), '\n'), value...)
+				ev.Data = s.data
+			default:
+				s.data = append(append(s.data, '\n'), value...)
+				ev.Data = s.data
 			}
-			ev.Data = append(ev.Data, value...)
-			hasData = true
+			dataLines++
 		case "event":
-			ev.Name = string(value)
+			if string(value) != s.name {
+				s.name = string(value)
+			}
+			ev.Name = s.name
 		case "id":
-			ev.ID = string(value)
+			if string(value) != s.id {
+				s.id = string(value)
+			}
+			ev.ID = s.id
 		}
 		if err == io.EOF {
 			return finish(), nil

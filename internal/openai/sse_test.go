@@ -23,7 +23,7 @@ func readAll(t *testing.T, r io.Reader, maxEvent int) ([]Event, error) {
 			}
 			return out, err
 		}
-		ev.Raw = bytes.Clone(ev.Raw)
+		ev.Raw, ev.Data = bytes.Clone(ev.Raw), bytes.Clone(ev.Data) // valid until the next call only
 		out = append(out, ev)
 	}
 	t.Fatal("too many events")
@@ -82,5 +82,82 @@ func TestWriteEvent(t *testing.T) {
 	want := "event: e\ndata: 1\ndata: 2\n\ndata: [DONE]\n\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestSSEReaderBuffersShared: Data is a window on the reader's buffers, capped so that a
+// caller's append cannot write into Raw, and the same reader serves another stream after Reset.
+func TestSSEReaderBuffersShared(t *testing.T) {
+	s := NewSSEReader(strings.NewReader("data: abc\nid: 1\n\n"), 0)
+	ev, err := s.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := string(ev.Raw)
+	_ = append(ev.Data, "XYZ"...)
+	if string(ev.Raw) != raw || string(ev.Data) != "abc" || ev.ID != "1" {
+		t.Errorf("after an append to Data: raw %q (was %q), data %q", ev.Raw, raw, ev.Data)
+	}
+	s.Reset(strings.NewReader("event: e\ndata: x\ndata: yz\n\ndata: w\n\n"))
+	got := []string{}
+	for range 10 {
+		ev, err := s.Next()
+		if err != nil {
+			break
+		}
+		got = append(got, ev.Name+"|"+string(ev.Data))
+	}
+	if diff := cmp.Diff([]string{"e|x\nyz", "|w"}, got); diff != "" {
+		t.Errorf("after Reset (-want +got):\n%s", diff)
+	}
+	if n := testing.AllocsPerRun(10, func() {
+		s.Reset(strings.NewReader("event: e\ndata: x\ndata: yz\nid: 2\n\n"))
+		if _, err := s.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}); n > 2 { // the strings.Reader and its interface conversion; the event itself: none
+		t.Errorf("%v allocations per event, want the event to allocate nothing", n)
+	}
+}
+
+// BenchmarkSSEReader reads a 256-chunk chat stream (with the usage chunk and [DONE]), a
+// Responses-style stream with event names, and a multi-line data event; after the first
+// event the common path allocates nothing.
+func BenchmarkSSEReader(b *testing.B) {
+	var chat strings.Builder
+	for range 256 {
+		chat.WriteString("data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n")
+	}
+	chat.WriteString("data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":256}}\n\ndata: [DONE]\n\n")
+	var resp strings.Builder
+	for range 256 {
+		resp.WriteString("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"tok \"}\n\n")
+	}
+	var multi strings.Builder
+	for range 256 {
+		multi.WriteString("data: {\"a\":\ndata: 1}\nid: 7\n\n")
+	}
+	for _, bc := range []struct{ name, in string }{{"chat", chat.String()}, {"responses", resp.String()}, {"multiline", multi.String()}} {
+		b.Run(bc.name, func(b *testing.B) {
+			r := strings.NewReader(bc.in)
+			s := NewSSEReader(r, 1<<20)
+			b.SetBytes(int64(len(bc.in)))
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Reset(bc.in)
+				s.Reset(r)
+				n := 0
+				for {
+					ev, err := s.Next()
+					if err != nil {
+						break
+					}
+					n += len(ev.Data)
+				}
+				if n == 0 {
+					b.Fatal("no data read")
+				}
+			}
+		})
 	}
 }
