@@ -65,13 +65,25 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 	if err != nil {
 		t.Fatal(err)
 	}
+	api, admin := serveRouter(t, r, true)
+	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+}
+
+// serveRouter runs r on loopback until the test ends (then checks that it drained and
+// stopped) and returns its API base URL and, withAdmin, its admin base URL ("" otherwise).
+func serveRouter(t *testing.T, r *proxy.Router, withAdmin bool) (api, admin string) {
+	t.Helper()
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var adminLn net.Listener
+	if withAdmin {
+		if adminLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			apiLn.Close()
+			t.Fatal(err)
+		}
+		admin = "http://" + adminLn.Addr().String()
 	}
 	sctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -87,7 +99,7 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 			t.Error("router did not stop")
 		}
 	})
-	return &stack{fleet: fleet, router: r, api: "http://" + apiLn.Addr().String(), admin: "http://" + adminLn.Addr().String()}
+	return "http://" + apiLn.Addr().String(), admin
 }
 
 // needNode skips unless node and the npm client are installed (CI runs npm ci here).
