@@ -819,8 +819,11 @@ func (s *scanner) stringSpan() (in []byte, escaped, ok bool) {
 	}
 	start := s.i + 1
 	for i := start; i < len(s.b); i++ {
+		for i+8 <= len(s.b) && !mayBeSpecial(binary.LittleEndian.Uint64(s.b[i:])) {
+			i += 8 // the common case: plain ASCII text, eight bytes at a time
+		}
 		for i < len(s.b) && !strSpecial[s.b[i]] {
-			i++ // the common case: text with nothing to check
+			i++
 		}
 		if i == len(s.b) {
 			break
@@ -866,6 +869,21 @@ var strSpecial = func() (t [256]bool) {
 	t['"'], t['\\'] = true, true
 	return t
 }()
+
+// Eight-bytes-at-a-time tests (bytes packed in a uint64): "has a byte below n" is exact
+// for n <= 128; a word that answers true is rescanned a byte at a time.
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+func hasZeroByte(x uint64) bool { return (x-ones)&^x&highs != 0 }
+
+// mayBeSpecial reports whether the word may hold a quote, a backslash, a control character
+// or a non-ASCII byte.
+func mayBeSpecial(x uint64) bool {
+	return (x-0x20*ones)&^x&highs != 0 || x&highs != 0 || hasZeroByte(x^('"'*ones)) || hasZeroByte(x^('\\'*ones))
+}
 
 func hexVal(c byte) int {
 	switch {

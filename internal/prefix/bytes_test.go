@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -74,4 +76,44 @@ func TestEstimateTokensBytes_MatchesEstimateTokens(t *testing.T) {
 			t.Errorf("EstimateTokensBytes of %d bytes = %d, EstimateTokens gives %d", n, got, want)
 		}
 	}
+}
+
+// needsCollapseRef is needsCollapse a byte at a time, the reference for the word-at-a-time one.
+func needsCollapseRef(s string) bool {
+	prevSpace := false
+	for _, r := range s {
+		switch {
+		case r == ' ' || r == '\n':
+			if prevSpace {
+				return true
+			}
+			prevSpace = true
+		case r == utf8.RuneError:
+			prevSpace = false
+		case unicode.IsSpace(r):
+			return true
+		default:
+			prevSpace = false
+		}
+	}
+	return false
+}
+
+func FuzzNeedsCollapse(f *testing.F) {
+	for _, s := range normalizeCases {
+		f.Add(s)
+	}
+	f.Add("abcdefgh  abcdefgh")
+	f.Add("abcdefg\u00a0hijklmnop")
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := needsCollapse(s), needsCollapseRef(s); got != want {
+			t.Fatalf("needsCollapse(%q) = %v, byte-at-a-time gives %v", s, got, want)
+		}
+		if got, want := isASCII(s), utf8.ValidString(s) && len([]rune(s)) == len(s); got != want {
+			t.Fatalf("isASCII(%q) = %v, want %v", s, got, want)
+		}
+		if got := needsCollapse([]byte(s)); got != needsCollapse(s) {
+			t.Fatalf("needsCollapse of bytes and string differ on %q", s)
+		}
+	})
 }

@@ -121,7 +121,13 @@ func (n *Normalizer) NormalizeBytes(b []byte) []byte {
 }
 
 func isASCII[T string | []byte](s T) bool {
-	for i := 0; i < len(s); i++ {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		if word(s, i)&highs != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
 			return false
 		}
@@ -171,6 +177,18 @@ func collapseSpace(s string) string {
 	return b.String()
 }
 
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// word returns s[i:i+8] as a little-endian uint64.
+func word[T string | []byte](s T, i int) uint64 {
+	_ = s[i+7]
+	return uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+		uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+}
+
 // spaceAt returns the length of the character at s[i] and whether it is whitespace.
 func spaceAt(s string, i int) (int, bool) {
 	c := s[i]
@@ -185,6 +203,18 @@ func spaceAt(s string, i int) (int, bool) {
 func needsCollapse[T string | []byte](s T) bool {
 	prevSpace := false
 	for i := 0; i < len(s); i++ {
+		// Eight bytes at a time while they hold neither whitespace (all ASCII whitespace is
+		// <= ' ') nor non-ASCII bytes: "has a byte below n" is exact for n <= 128.
+		for i+8 <= len(s) {
+			if x := word(s, i); (x-0x21*ones)&^x&highs != 0 || x&highs != 0 {
+				break
+			}
+			prevSpace = false
+			i += 8
+		}
+		if i == len(s) {
+			break
+		}
 		c := s[i]
 		if c >= utf8.RuneSelf {
 			// Unicode spaces (NBSP, ideographic space, ...) are rare: take the slow path. At
