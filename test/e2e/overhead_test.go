@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ var (
 	overheadRate   = flag.Int("overhead-rate", 1000, "requests per second to the router, and as many to the simulator directly")
 	overheadPolicy = flag.String("overhead-policy", "least-request", "routing policy of the router in TestOverhead")
 	kvrouteBin     = flag.String("kvroute-bin", "", "kvroute binary for the tests that start processes (empty: go build one)")
+	overheadProcs  = flag.Int("overhead-gomaxprocs", 0, "GOMAXPROCS of the simulator and router processes in TestOverhead (0: Go's default, every CPU)")
 	overheadProf   = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
 )
 
@@ -60,7 +62,11 @@ func TestOverhead(t *testing.T) {
 		t.Skip("reads /proc")
 	}
 	bin := kvrouteBinary(t)
-	sim := startProcess(t, bin, func(f []string) (string, bool) {
+	var env []string
+	if *overheadProcs > 0 {
+		env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(*overheadProcs))
+	}
+	sim := startProcess(t, bin, env, func(f []string) (string, bool) {
 		if len(f) > 2 && f[0] == "instance" && f[1] == "0:" {
 			return f[2], true // instance 0: http://127.0.0.1:PORT model=...
 		}
@@ -68,7 +74,7 @@ func TestOverhead(t *testing.T) {
 	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
 	direct := sim.addr
 	var admin string
-	router := startProcess(t, bin, func(f []string) (string, bool) {
+	router := startProcess(t, bin, env, func(f []string) (string, bool) {
 		if len(f) > 5 && f[2] == "api" {
 			admin = f[5]
 			return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin http://127.0.0.1:PORT ...
@@ -171,6 +177,7 @@ func TestOverhead(t *testing.T) {
 		}
 	}
 	us := func(x time.Duration) string { return strconv.FormatFloat(float64(x)/1e3, 'f', 0, 64) + " µs" }
+	t.Logf("GOMAXPROCS of sim and serve: %s", cmp.Or(strconv.Itoa(*overheadProcs), "default"))
 	t.Logf("policy %s, %d ticks in %v: %.0f requests/s per path achieved (%d/s asked), %d failures; send lag p50 %s p99 %s; %d CPUs",
 		*overheadPolicy, n, elapsed.Round(time.Millisecond), float64(len(r))/elapsed.Seconds(), *overheadRate,
 		failures.Load(), us(percentile(lag, 0.5)), us(percentile(lag, 0.99)), runtime.NumCPU())
@@ -227,12 +234,13 @@ type process struct {
 	addr string
 }
 
-// startProcess runs bin with args and waits (30 s at most) for a stdout line whose fields
+// startProcess runs bin with args (and env, when not nil) and waits (30 s at most) for a stdout line whose fields
 // addr recognises; the process is interrupted, then killed after 20 s, when the test ends. Its
 // stderr (access logs) goes to the null device.
-func startProcess(t *testing.T, bin string, addr func(fields []string) (string, bool), args ...string) *process {
+func startProcess(t *testing.T, bin string, env []string, addr func(fields []string) (string, bool), args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.Env = env // nil: this process's environment
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
