@@ -167,8 +167,14 @@ func TestClientDisconnectFreesBlocks(t *testing.T) {
 	if _, err := rd.Next(); err != nil {
 		t.Fatalf("first chunk: %v", err)
 	}
-	if st := in.Stats(); st.Running != 1 || st.UsedBlocks == 0 {
-		t.Fatalf("while streaming: %+v, want one running request holding blocks", st)
+	// The stats are published by the driver after it hands out the step's events, so the
+	// first chunk can reach us a moment before they show the running request: poll.
+	deadline := time.Now().Add(5 * time.Second)
+	for st := in.Stats(); st.Running != 1 || st.UsedBlocks == 0; st = in.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("while streaming: %+v, want one running request holding blocks", st)
+		}
+		time.Sleep(2 * time.Millisecond) // polling with a deadline
 	}
 	cancel()
 	resp.Body.Close()
