@@ -199,7 +199,8 @@ func TestOverhead(t *testing.T) {
 
 // saveURL writes the body of a GET of url to file.
 func saveURL(url, file string) error {
-	resp, err := http.Get(url)
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}} // leaves no idle connection behind
+	resp, err := c.Get(url)
 	if err != nil {
 		return err
 	}
