@@ -60,9 +60,11 @@ type TenantLimits struct {
 type Overload struct {
 	// QueueSize is how many requests may wait for admission. Default 1024.
 	QueueSize int `json:"queue_size"`
-	// MaxWait is how long a request may wait before a 429. Default 30s.
+	// MaxWait is how long a request may wait for admission before a 503 with Retry-After.
+	// Default 30s.
 	MaxWait Duration `json:"max_wait"`
-	// MaxPredictedTTFT sheds a request whose best predicted TTFT is above it (0: off).
+	// MaxPredictedTTFT counts the fleet as saturated while every candidate's predicted TTFT is
+	// above it: requests then wait in the admission queue (0: off).
 	MaxPredictedTTFT Duration `json:"max_predicted_ttft"`
 	// MaxWaitingPerEndpoint holds requests back while every candidate has more than this many
 	// requests waiting in the engine (scraped; 0: off).
