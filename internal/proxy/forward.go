@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
@@ -230,35 +231,68 @@ func (s *sseBody) Read(p []byte) (int, error) {
 func (s *sseBody) Close() error { return s.up.Close() }
 
 // captureBody passes a body on while keeping its first maxCapture bytes to read usage at EOF.
+// The copy lives in a pooled buffer, given back at EOF or Close (usage and ids are copied out).
 type captureBody struct {
 	c    *call
 	up   io.ReadCloser
-	buf  []byte
+	buf  *[]byte // nil until the first byte, and again once given back
 	full bool
+	read bool // EOF was seen and the usage read
 }
+
+// captureBufs recycles captureBody buffers; ones grown past maxPooledCapture are dropped.
+var captureBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+const maxPooledCapture = 64 << 10
 
 func (b *captureBody) Read(p []byte) (int, error) {
 	n, err := b.up.Read(p)
 	if n > 0 {
 		b.c.onFirstByte()
-		if len(b.buf)+n <= maxCapture {
-			b.buf = append(b.buf, p[:n]...)
-		} else {
-			b.full = true
+		if !b.full && !b.read {
+			if b.buf == nil {
+				b.buf = captureBufs.Get().(*[]byte)
+			}
+			if len(*b.buf)+n <= maxCapture {
+				*b.buf = append(*b.buf, p[:n]...)
+			} else {
+				b.full = true
+			}
 		}
 	}
-	if err == io.EOF && !b.full {
-		if u, ok := openai.FindUsage(b.buf); ok {
+	if err == io.EOF && !b.full && !b.read {
+		b.read = true
+		var body []byte
+		if b.buf != nil {
+			body = *b.buf
+		}
+		if u, ok := openai.FindUsage(body); ok {
 			b.c.setUsage(u)
 		}
 		if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
-			b.c.respID = openai.ResponseID(b.buf)
+			b.c.respID = openai.ResponseID(body)
 		}
+		b.release()
 	}
 	return n, err
 }
 
-func (b *captureBody) Close() error { return b.up.Close() }
+// release gives the buffer back to the pool.
+func (b *captureBody) release() {
+	if b.buf == nil {
+		return
+	}
+	if cap(*b.buf) <= maxPooledCapture {
+		*b.buf = (*b.buf)[:0]
+		captureBufs.Put(b.buf)
+	}
+	b.buf = nil
+}
+
+func (b *captureBody) Close() error {
+	b.release()
+	return b.up.Close()
+}
 
 // onFirstByte records the first token time of a stream (its first event). A non-streamed
 // response's first byte comes with its last token, so it tells nothing about prefill: only
