@@ -1085,3 +1085,38 @@ func (s *scanner) skip() bool {
 	}
 	return s.number()
 }
+
+// usageKeys are the top-level keys FindUsage decodes.
+var usageKeys = [...]string{"usage", "response"}
+
+// ScanUsage returns what FindUsage returns, but reads a chat or completion body in one pass
+// that decodes only its top-level "usage" object, not the choices and their text. Bodies with
+// a "response" object (Responses API), and anything unusual, are left to FindUsage.
+func ScanUsage(body []byte) (Usage, bool) {
+	s := scanner{b: body}
+	var usage []byte
+	ok := s.object(func(key []byte) bool {
+		switch keyIndex(key, usageKeys[:]) {
+		case 0:
+			if usage != nil {
+				return false // duplicate
+			}
+			usage = s.raw()
+			return usage != nil
+		case -1:
+			return s.skip()
+		}
+		return false // "response", or a key encoding/json might fold into one
+	})
+	if !ok || !s.end() {
+		return FindUsage(body)
+	}
+	if usage == nil || bytes.Equal(usage, []byte("null")) {
+		return Usage{}, false
+	}
+	var u Usage
+	if json.Unmarshal(usage, &u) != nil {
+		return Usage{}, false
+	}
+	return u, true
+}

@@ -340,3 +340,49 @@ func BenchmarkParseChat4K(b *testing.B) {
 		})
 	}
 }
+
+// usageCases are response bodies on which ScanUsage and FindUsage must agree.
+var usageCases = []string{
+	`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x \"q\""}}],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":992}}}`,
+	`{"usage":{"input_tokens":5,"output_tokens":2}}`,
+	`{"usage":null}`,
+	`{"usage":"x"}`,
+	`{"usage":{"prompt_tokens":"1"}}`,
+	`{"Usage":{"prompt_tokens":3}}`,
+	`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`,
+	`{"response":{"usage":{"input_tokens":7}}}`,
+	`{"usage":{"prompt_tokens":1},"response":"x"}`,
+	`{"choices":[]}`,
+	`{"usage":{"prompt_tokens":1}} x`,
+	`{"usage":{"prompt_tokens":1}`,
+	`[]`,
+	``,
+}
+
+func TestScanUsageMatchesFindUsage(t *testing.T) {
+	for _, body := range usageCases {
+		checkUsageAgrees(t, []byte(body))
+	}
+	if u, ok := ScanUsage([]byte(usageCases[0])); !ok || u.Cached() != 992 || u.Prompt() != 1000 {
+		t.Errorf("ScanUsage = %+v, %v; want 1000 prompt tokens, 992 cached", u, ok)
+	}
+}
+
+func checkUsageAgrees(t *testing.T, body []byte) {
+	t.Helper()
+	gu, gok := ScanUsage(body)
+	wu, wok := FindUsage(body)
+	if gok != wok {
+		t.Fatalf("body %q: ScanUsage ok %v, FindUsage ok %v", body, gok, wok)
+	}
+	if diff := cmp.Diff(wu, gu); diff != "" {
+		t.Fatalf("body %q: usage (-FindUsage +ScanUsage):\n%s", body, diff)
+	}
+}
+
+func FuzzScanUsage(f *testing.F) {
+	for _, s := range usageCases {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) { checkUsageAgrees(t, body) })
+}

@@ -211,7 +211,7 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		}
 		s.c.onFirstByte()
 		if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
-			if u, ok := openai.FindUsage(ev.Data); ok {
+			if u, ok := openai.ScanUsage(ev.Data); ok {
 				s.c.setUsage(u)
 				if s.c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
 					continue
@@ -266,7 +266,7 @@ func (b *captureBody) Read(p []byte) (int, error) {
 		if b.buf != nil {
 			body = *b.buf
 		}
-		if u, ok := openai.FindUsage(body); ok {
+		if u, ok := openai.ScanUsage(body); ok {
 			b.c.setUsage(u)
 		}
 		if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
