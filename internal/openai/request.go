@@ -1114,9 +1114,78 @@ func ScanUsage(body []byte) (Usage, bool) {
 	if usage == nil || bytes.Equal(usage, []byte("null")) {
 		return Usage{}, false
 	}
+	if u, ok := scanUsageObject(usage); ok {
+		return u, true
+	}
 	var u Usage
 	if json.Unmarshal(usage, &u) != nil {
 		return Usage{}, false
 	}
 	return u, true
+}
+
+// usageObjectKeys are the keys encoding/json would match into Usage.
+var usageObjectKeys = [...]string{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
+	"input_tokens", "output_tokens", "input_tokens_details"}
+
+// scanUsageObject decodes a usage object as encoding/json would into Usage; ok is false when it
+// cannot be sure (a mistyped field, a duplicate or case-folded key), and the caller decodes it
+// with encoding/json.
+func scanUsageObject(raw []byte) (u Usage, ok bool) {
+	s := scanner{b: raw}
+	var seen uint32
+	var have bool
+	ok = s.object(func(key []byte) bool {
+		i := keyIndex(key, usageObjectKeys[:])
+		if i < 0 {
+			return i == -1 && s.skip()
+		}
+		if seen&(1<<i) != 0 {
+			return false
+		}
+		seen |= 1 << i
+		switch usageObjectKeys[i] {
+		case "prompt_tokens":
+			return s.optInt(&u.PromptTokens, &have)
+		case "completion_tokens":
+			return s.optInt(&u.CompletionTokens, &have)
+		case "total_tokens":
+			return s.optInt(&u.TotalTokens, &have)
+		case "input_tokens":
+			return s.optInt(&u.InputTokens, &have)
+		case "output_tokens":
+			return s.optInt(&u.OutputTokens, &have)
+		case "prompt_tokens_details":
+			return s.tokenDetails(&u.PromptTokensDetails)
+		case "input_tokens_details":
+			return s.tokenDetails(&u.InputTokensDetails)
+		}
+		return true
+	})
+	return u, ok && s.end()
+}
+
+// tokenDetails reads a TokenDetails object or null.
+func (s *scanner) tokenDetails(dst **TokenDetails) bool {
+	if s.literal("null") {
+		*dst = nil
+		return true
+	}
+	d := new(TokenDetails)
+	var seen, have bool
+	ok := s.object(func(key []byte) bool {
+		switch keyIndex(key, []string{"cached_tokens"}) {
+		case 0:
+			if seen {
+				return false
+			}
+			seen = true
+			return s.optInt(&d.CachedTokens, &have)
+		case -1:
+			return s.skip()
+		}
+		return false
+	})
+	*dst = d
+	return ok
 }

@@ -386,3 +386,22 @@ func FuzzScanUsage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) { checkUsageAgrees(t, body) })
 }
+
+func TestScanUsageObjectCases(t *testing.T) {
+	for _, body := range []string{
+		`{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":4,"audio_tokens":0}}}`,
+		`{"usage":{"prompt_tokens":null,"prompt_tokens_details":null,"input_tokens_details":{"cached_tokens":null}}}`,
+		`{"usage":{"input_tokens":5,"output_tokens":6,"input_tokens_details":{"cached_tokens":1},"extra":[1]}}`,
+		`{"usage":{"prompt_tokens":1.5}}`,
+		`{"usage":{"Prompt_Tokens":1}}`,
+		`{"usage":{"prompt_tokens_details":{"Cached_Tokens":1}}}`,
+		`{"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}`,
+		`{"usage":{"prompt_tokens_details":[]}}`,
+		`{"usage":[]}`,
+	} {
+		checkUsageAgrees(t, []byte(body))
+	}
+	if _, ok := scanUsageObject([]byte(`{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}`)); !ok {
+		t.Error("scanUsageObject gave up on a plain usage object")
+	}
+}
