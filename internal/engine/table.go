@@ -3,10 +3,13 @@ package engine
 import "math/bits"
 
 // hashTable maps block hashes to block ids: open addressing with linear probing and
-// backward-shift deletion. It never holds more entries than there are blocks and has at least
-// twice as many slots, so probes stay short and the table never fills. It does one probe
-// sequence per operation where a Go map needed two for insert-if-absent, and it allocates
-// nothing after construction.
+// backward-shift deletion. It keeps at least twice as many slots as entries, so probes stay
+// short and the table never fills. It does one probe sequence per operation where a Go map
+// needed two for insert-if-absent. It starts small and doubles as entries come (up to twice
+// the block count), so that an engine whose cache holds a few thousand blocks probes a table
+// that fits in the CPU cache rather than one of several megabytes (each probe of a table sized
+// for every block was a cache miss, the engine's largest cost). Growing allocates; nothing
+// else does.
 type hashTable struct {
 	slots []slot
 	shift uint
@@ -14,21 +17,47 @@ type hashTable struct {
 	n     int
 }
 
+// minTableBits is the size of a new table: 16 slots.
+const minTableBits = 4
+
 // slot is one entry; key and value side by side cost one cache miss, not two.
 type slot struct {
 	key uint64
 	val int32 // block id + 1; 0: empty, so that a new table needs no initialising
 }
 
+// newHashTable returns an empty table for at most maxEntries entries (the table grows on
+// demand; maxEntries is only a hint here).
 func newHashTable(maxEntries int) hashTable {
-	b := max(4, bits.Len(uint(2*maxEntries-1)))
+	_ = maxEntries
+	return makeTable(minTableBits)
+}
+
+func makeTable(b int) hashTable {
 	size := 1 << b
-	t := hashTable{
+	return hashTable{
 		slots: make([]slot, size),
 		shift: uint(64 - b),
 		mask:  uint64(size - 1),
 	}
-	return t
+}
+
+// grow doubles the table, reinserting every entry.
+func (t *hashTable) grow() {
+	nt := makeTable(bits.Len(uint(len(t.slots))))
+	for _, s := range t.slots {
+		if s.val == 0 {
+			continue
+		}
+		for i := nt.home(s.key); ; i = (i + 1) & nt.mask {
+			if nt.slots[i].val == 0 {
+				nt.slots[i] = s
+				break
+			}
+		}
+	}
+	nt.n = t.n
+	*t = nt
 }
 
 // home is the slot where a probe for h starts (Fibonacci hashing spreads any key pattern).
@@ -49,6 +78,9 @@ func (t *hashTable) get(h uint64) (int32, bool) {
 
 // insert maps h to id unless h is present; it reports whether it inserted.
 func (t *hashTable) insert(h uint64, id int32) bool {
+	if 2*(t.n+1) > len(t.slots) {
+		t.grow()
+	}
 	for i := t.home(h); ; i = (i + 1) & t.mask {
 		s := &t.slots[i]
 		if s.val == 0 {

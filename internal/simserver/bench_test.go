@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,15 +20,16 @@ import (
 	"time"
 )
 
-// BenchmarkFleet500Streams holds 500 concurrent streams on 8 instances in one process at
-// time-scale 0.1 and compares the TTFT the clients see (wall time / 0.1) with the TTFT the
-// engine model predicts for the same arrivals (the instances' TTFT histograms, model time).
-// The ratio says how far the machine lags behind the model under this load. Prompts are a
-// system prompt shared by a group (16 groups) plus a unique question; the arrivals are spread
-// over 0.3 s of wall time and every stream lasts longer, so all 500 are open at once. The
-// h2c variant multiplexes each instance's streams over one HTTP/2 connection. Longer prompts
-// (-sim.prompt 8000) are closer to real chat traffic (the Mooncake trace's median prompt is
-// 6.9k tokens): first tokens take long enough that a few milliseconds of delay matter less.
+// BenchmarkFleet500Streams holds 500 concurrent streams on 8 instances at time-scale 0.1 and
+// compares, request by request, the TTFT the client saw (wall time / 0.1) with the TTFT the
+// engine model gave the same request (model time from its arrival to its first token, queueing
+// included). The arrivals ramp evenly over -sim.ramp of wall time (2 s: 20 s of model time) and
+// every stream asks for enough tokens to outlast the ramp (a step takes at least the profile's
+// 12 ms of overhead), so all 500 are open at once at the end of the ramp (peak-streams says so).
+// Prompts are a system prompt shared by a group (16 groups) plus a unique question. The client
+// runs as its own process (a re-run of the test binary, -sim.client-process, on by default) so
+// that its CPU is counted apart from the simulator's: server-cpu-ms and client-cpu-ms per round.
+// The h2c variant multiplexes each instance's streams over one HTTP/2 connection.
 //
 //	go test -run '^$' -bench Fleet500 -benchtime 3x ./internal/simserver/ [-args -sim.prompt 8000]
 func BenchmarkFleet500Streams(b *testing.B) {
@@ -38,91 +43,120 @@ func BenchmarkFleet500Streams(b *testing.B) {
 	}
 }
 
-var benchPrompt = flag.Int("sim.prompt", 2000, "prompt tokens of BenchmarkFleet500Streams (half of them shared by a group)")
+var (
+	benchPrompt  = flag.Int("sim.prompt", 2000, "prompt tokens of BenchmarkFleet500Streams (half of them shared by a group)")
+	benchRamp    = flag.Duration("sim.ramp", 2*time.Second, "wall time over which BenchmarkFleet500Streams's arrivals ramp")
+	benchOutput  = flag.Int("sim.output", 0, "output tokens per stream of BenchmarkFleet500Streams (0: enough to outlast the ramp)")
+	benchProcess = flag.Bool("sim.client-process", true, "run BenchmarkFleet500Streams's client as its own process")
+)
 
 type fleetCase struct {
 	instances, streams, prompt int // prompt tokens, half of them the group's system prompt
 	h2c                        bool
 }
 
+// clientConfig is what the benchmark's client does in one round; a client process gets it
+// as JSON in the environment.
+type clientConfig struct {
+	URLs    []string
+	Streams int
+	Prompt  int // tokens
+	Output  int // tokens
+	Ramp    time.Duration
+	Round   int
+	H2C     bool
+	Out     string // the client process writes its clientReport here
+}
+
+// clientReport is what one round's client saw.
+type clientReport struct {
+	TTFT  map[string]time.Duration // by request id, wall time
+	Peak  int64                    // most streams open at once
+	Fails int
+	Err   string // the first failure
+}
+
+const (
+	benchScale  = 0.1
+	benchGroups = 16
+	envClient   = "KVROUTE_SIM_BENCH_CLIENT"
+)
+
 func benchFleet(b *testing.B, c fleetCase) {
-	const (
-		scale  = 0.1
-		groups = 16                     // shared system prompts
-		output = 300                    // tokens per stream: about 4.5 s of model time
-		window = 300 * time.Millisecond // wall time over which the streams arrive (3 s of model time)
-	)
-	instances, streams, h2c := c.instances, c.streams, c.h2c
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fleet, err := StartFleet(ctx, Options{TimeScale: scale}, instances, "127.0.0.1", 0)
+	fleet, err := StartFleet(ctx, Options{TimeScale: benchScale}, c.instances, "127.0.0.1", 0)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer fleet.Close()
-	urls := fleet.URLs()
-	tr := &http.Transport{MaxIdleConns: streams, MaxIdleConnsPerHost: streams}
-	if h2c {
-		// HTTP/2 with prior knowledge: every instance's streams share one connection.
-		tr.Protocols = new(http.Protocols)
-		tr.Protocols.SetUnencryptedHTTP2(true)
+	var (
+		mu    sync.Mutex
+		model = map[string]time.Duration{}
+	)
+	record := func(id string, ttft time.Duration) {
+		mu.Lock()
+		model[id] = ttft
+		mu.Unlock()
 	}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
-	bodies := make([]string, streams)
-	for i := range bodies {
-		prompt := text(fmt.Sprintf("system prompt %d:", i%groups), c.prompt/2) + text(fmt.Sprintf(" question %d:", i), c.prompt/2)
-		bodies[i] = fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":%d}`, DefaultModel, prompt, output)
+	for _, in := range fleet.Instances() {
+		in.onFirst.Store(&record)
 	}
-
-	var ttfts []time.Duration
-	var peak, failed atomic.Int64
+	output := *benchOutput
+	if output <= 0 {
+		// A step takes at least the profile's overhead: the first stream is still open when
+		// the last one arrives.
+		minStep := 12 * time.Millisecond
+		output = int(float64(*benchRamp)/benchScale/float64(minStep)) + 1
+	}
+	cfg := clientConfig{URLs: fleet.URLs(), Streams: c.streams, Prompt: c.prompt, Output: output, Ramp: *benchRamp, H2C: c.h2c}
+	var (
+		client, model90, client90 []float64 // model ms
+		ratios                    []float64
+		peak                      int64
+		clientCPU                 time.Duration
+	)
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	round := 0
 	for b.Loop() {
-		var (
-			mu       sync.Mutex
-			wg       sync.WaitGroup
-			inflight atomic.Int64
-		)
-		// Arrivals spread over window: every stream lasts longer than that, so all 500 are
-		// open at once.
-		start := time.Now()
-		for i := range streams {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				time.Sleep(time.Until(start.Add(time.Duration(i) * window / time.Duration(streams))))
-				n := inflight.Add(1)
-				defer inflight.Add(-1)
-				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-				}
-				body := strings.Replace(bodies[i], `"prompt":"`, fmt.Sprintf(`"prompt":"r%d `, round), 1)
-				ttft, err := oneStream(ctx, client, urls[i%instances], body)
-				if err != nil {
-					failed.Add(1)
-					return
-				}
-				mu.Lock()
-				ttfts = append(ttfts, ttft)
-				mu.Unlock()
-			}()
+		cfg.Round = round
+		var rep clientReport
+		if *benchProcess {
+			var cpu time.Duration
+			rep, cpu, err = runClientProcess(ctx, b.TempDir(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			clientCPU += cpu
+		} else {
+			rep = runClient(ctx, cfg)
 		}
-		wg.Wait()
+		if rep.Fails > 0 {
+			b.Fatalf("%d streams failed, the first: %s", rep.Fails, rep.Err)
+		}
+		peak = max(peak, rep.Peak)
+		mu.Lock()
+		for id, t := range rep.TTFT {
+			m, ok := model[id]
+			if !ok {
+				mu.Unlock()
+				b.Fatalf("request %s: no model TTFT recorded", id)
+			}
+			cm := t.Seconds() / benchScale * 1000
+			client = append(client, cm)
+			client90 = append(client90, cm)
+			model90 = append(model90, m.Seconds()*1000)
+			ratios = append(ratios, cm/(m.Seconds()*1000))
+		}
+		mu.Unlock()
 		round++
 	}
 	b.StopTimer()
-	b.ReportMetric(float64((cpuTime()-cpu0).Milliseconds())/float64(round), "cpu-ms/round")
-	if failed.Load() > 0 || len(ttfts) == 0 {
-		b.Fatalf("%d streams failed", failed.Load())
-	}
-	var modelSum float64
-	var modelN uint64
-	for _, u := range urls {
-		h := scrapeB(b, u)
-		modelSum += h.sum
-		modelN += h.count
+	serverCPU := cpuTime() - cpu0
+	b.ReportMetric(float64(serverCPU.Milliseconds())/float64(round), "server-cpu-ms/round")
+	if *benchProcess {
+		b.ReportMetric(float64(clientCPU.Milliseconds())/float64(round), "client-cpu-ms/round")
 	}
 	var lag time.Duration
 	var delay, writes int64
@@ -133,26 +167,157 @@ func benchFleet(b *testing.B, c fleetCase) {
 	}
 	b.ReportMetric(float64(delay)/float64(max(writes, 1))/1e6, "first-write-delay-wall-ms")
 	b.ReportMetric(lag.Seconds()*1000, "max-lag-wall-ms")
-	var clientSum time.Duration
-	for _, t := range ttfts {
-		clientSum += t
+	b.ReportMetric(float64(peak), "peak-streams")
+	b.ReportMetric(float64(output), "output-tokens")
+	cMean, mMean := mean(client), mean(model90)
+	slices.Sort(client90)
+	slices.Sort(model90)
+	slices.Sort(ratios)
+	b.ReportMetric(cMean, "client-ttft-ms")
+	b.ReportMetric(mMean, "model-ttft-ms")
+	b.ReportMetric(cMean/mMean, "ttft-ratio")
+	b.ReportMetric(pct(client90, 0.9), "client-p90-ttft-ms")
+	b.ReportMetric(pct(model90, 0.9), "model-p90-ttft-ms")
+	b.ReportMetric(pct(client90, 0.9)/pct(model90, 0.9), "p90-ratio")
+	b.ReportMetric(pct(ratios, 0.9), "p90-of-request-ratios")
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
 	}
-	slices.Sort(ttfts)
-	clientMean := clientSum.Seconds() / float64(len(ttfts)) / scale
-	modelMean := modelSum / float64(modelN)
-	b.ReportMetric(float64(peak.Load()), "peak-streams")
-	b.ReportMetric(clientMean*1000, "client-ttft-ms")
-	b.ReportMetric(modelMean*1000, "model-ttft-ms")
-	b.ReportMetric(clientMean/modelMean, "ttft-ratio")
-	b.ReportMetric(ttfts[len(ttfts)*99/100].Seconds()/scale*1000, "client-p99-ttft-ms")
+	return s / float64(max(len(xs), 1))
+}
+
+// pct returns the q quantile of sorted xs (0 when empty).
+func pct(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
+}
+
+// runClientProcess runs one round's client as a re-run of this test binary and returns its
+// report and the CPU time it used.
+func runClientProcess(ctx context.Context, dir string, cfg clientConfig) (clientReport, time.Duration, error) {
+	cfg.Out = filepath.Join(dir, "client.json")
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		return clientReport{}, 0, err
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFleetClientProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envClient+"="+string(js))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return clientReport{}, 0, fmt.Errorf("client process: %w: %s", err, out)
+	}
+	var cpu time.Duration
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	raw, err := os.ReadFile(cfg.Out)
+	if err != nil {
+		return clientReport{}, 0, fmt.Errorf("client process: %w: %s", err, out)
+	}
+	var rep clientReport
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return clientReport{}, 0, fmt.Errorf("client process report: %w", err)
+	}
+	return rep, cpu, nil
+}
+
+// TestFleetClientProcess is BenchmarkFleet500Streams's client when the benchmark runs it as
+// its own process; otherwise it is skipped.
+func TestFleetClientProcess(t *testing.T) {
+	js := os.Getenv(envClient)
+	if js == "" {
+		t.Skip("the client process of BenchmarkFleet500Streams")
+	}
+	var cfg clientConfig
+	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep := runClient(ctx, cfg)
+	raw, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg.Out, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runClient opens cfg.Streams streams, arrivals ramping evenly over cfg.Ramp, each to
+// instance i mod len(URLs), and reads them to the end.
+func runClient(ctx context.Context, cfg clientConfig) clientReport {
+	tr := &http.Transport{MaxIdleConns: cfg.Streams, MaxIdleConnsPerHost: cfg.Streams}
+	if cfg.H2C {
+		// HTTP/2 with prior knowledge: every instance's streams share one connection.
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	bodies := make([]string, cfg.Streams)
+	for i := range bodies {
+		prompt := fmt.Sprintf("r%d ", cfg.Round) + text(fmt.Sprintf("system prompt %d:", i%benchGroups), cfg.Prompt/2) + text(fmt.Sprintf(" question %d:", i), cfg.Prompt/2)
+		bodies[i] = fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":%d}`, DefaultModel, prompt, cfg.Output)
+	}
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		inflight atomic.Int64
+		rep      = clientReport{TTFT: make(map[string]time.Duration, cfg.Streams)}
+	)
+	start := time.Now()
+	for i := range cfg.Streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTimer(time.Until(start.Add(time.Duration(i) * cfg.Ramp / time.Duration(cfg.Streams))))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			n := inflight.Add(1)
+			defer inflight.Add(-1)
+			id := fmt.Sprintf("r%d-%d", cfg.Round, i)
+			ttft, err := oneStreamID(ctx, client, cfg.URLs[i%len(cfg.URLs)], bodies[i], id)
+			mu.Lock()
+			defer mu.Unlock()
+			rep.Peak = max(rep.Peak, n)
+			if err != nil {
+				if rep.Fails == 0 {
+					rep.Err = err.Error()
+				}
+				rep.Fails++
+				return
+			}
+			rep.TTFT[id] = ttft
+		}()
+	}
+	wg.Wait()
+	return rep
 }
 
 // oneStream sends one streaming request and reads it to the end; it returns the wall time to
 // the first token.
 func oneStream(ctx context.Context, client *http.Client, url, body string) (time.Duration, error) {
+	return oneStreamID(ctx, client, url, body, "")
+}
+
+// oneStreamID is oneStream with an x-request-id (when id is set).
+func oneStreamID(ctx context.Context, client *http.Client, url, body, id string) (time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
 	if err != nil {
 		return 0, err
+	}
+	if id != "" {
+		req.Header.Set("X-Request-Id", id)
 	}
 	start := time.Now()
 	resp, err := client.Do(req)
@@ -180,26 +345,6 @@ func oneStream(ctx context.Context, client *http.Client, url, body string) (time
 		}
 	}
 	return 0, fmt.Errorf("stream ended without [DONE]")
-}
-
-type histSum struct {
-	sum   float64
-	count uint64
-}
-
-func scrapeB(b *testing.B, url string) histSum {
-	b.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	fams, err := parseMetrics(resp.Body)
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := fams["vllm:time_to_first_token_seconds"].GetMetric()[0].GetHistogram()
-	return histSum{sum: h.GetSampleSum(), count: h.GetSampleCount()}
 }
 
 // cpuTime is the process's user + system CPU time.

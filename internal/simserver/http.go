@@ -151,6 +151,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 type call struct {
 	kind         openai.Kind
 	id           string // chatcmpl-... or cmpl-...
+	rid          string // x-request-id
 	created      int64
 	model        []byte // JSON string
 	promptTokens int
@@ -191,6 +192,7 @@ func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 		if rid == "" {
 			rid = c.id
 		}
+		c.rid = rid
 		w.Header().Set("X-Request-Id", rid)
 		if err := in.send(command{kind: cmdSubmit, job: c.job}); err != nil {
 			openai.WriteError(w, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "", "the server is shutting down"))
@@ -342,34 +344,14 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, c *call) {
 	var (
 		buf   = in.getBuf()
 		sent  int
-		next  time.Time // no write before this
-		timer *time.Timer
 		first = true
 	)
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-		in.putBuf(buf)
-	}()
+	defer func() { in.putBuf(buf) }()
 	for {
+		// The driver wakes the handler at the first token, at the end and, in between, at
+		// most once per StreamInterval: each wake-up writes every token produced so far.
 		if !in.wait(r, c) {
 			return
-		}
-		if d := time.Until(next); d > 0 {
-			if timer == nil {
-				timer = time.NewTimer(d)
-			} else {
-				timer.Reset(d)
-			}
-			select {
-			case <-timer.C:
-			case <-r.Context().Done():
-				in.abort(c)
-				return
-			case <-in.closing:
-				return
-			}
 		}
 		p := c.job.progress()
 		if p.err != nil {
@@ -420,9 +402,9 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, c *call) {
 				c.job.mu.Unlock()
 				in.firstWriteDelay.Add(int64(time.Since(in.wallAt(at))))
 				in.firstWrites.Add(1)
-			}
-			if in.opts.StreamInterval > 0 {
-				next = time.Now().Add(in.opts.StreamInterval)
+				if f := in.onFirst.Load(); f != nil {
+					(*f)(c.rid, at-c.job.arrival)
+				}
 			}
 		}
 		if p.done {

@@ -45,6 +45,10 @@ type Instance struct {
 	// firstWriteDelay sums, over streams, the wall time from a first token's model time to its
 	// write: how late the handlers are (benchmarks read it).
 	firstWriteDelay, firstWrites atomic.Int64
+	// onFirst, when set, is called by a stream's handler after it wrote the first token, with
+	// the request id and the engine model's TTFT of that request (model time, queueing
+	// included): benchmarks compare it with the TTFT their client saw.
+	onFirst atomic.Pointer[func(requestID string, modelTTFT time.Duration)]
 
 	bufs sync.Pool // stream write buffers of streamBufSize
 
@@ -80,7 +84,9 @@ type job struct {
 	err      error // submit refused
 	lastAt   time.Duration
 	finish   string // finish_reason when it completes: "length" or "stop"
-	stream   bool   // wake the handler for every token, not only the first and the last
+	stream   bool   // wake the handler for new tokens, not only the first and the last
+
+	dirty bool // driver only: in the driver's list of streams with tokens not yet signalled
 }
 
 func (j *job) signal() {
@@ -245,7 +251,27 @@ func (in *Instance) drive() {
 		pending []*job        // arrived, waiting for the next step that starts after arrival
 		active  = map[string]*job{}
 		timer   = time.NewTimer(time.Hour)
+		dirty   []*job    // streams with new tokens since their last wake-up
+		flushAt time.Time // wake them at the first step end from then on
 	)
+	// flush wakes the streams that have new tokens: once per StreamInterval for all of them,
+	// so that each writes its pending tokens in one go and no stream needs its own timer.
+	flush := func(force bool) {
+		if len(dirty) == 0 {
+			return
+		}
+		t := time.Now()
+		if !force && t.Before(flushAt) {
+			return
+		}
+		for _, j := range dirty {
+			j.dirty = false
+			j.signal()
+		}
+		clear(dirty)
+		dirty = dirty[:0]
+		flushAt = t.Add(in.opts.StreamInterval)
+	}
 	timer.Stop()
 	defer timer.Stop()
 	defer func() {
@@ -317,6 +343,7 @@ func (in *Instance) drive() {
 		admit()
 		end, events, ok := in.eng.Step(now)
 		if !ok {
+			flush(true)
 			in.snapshot()
 			if len(pending) > 0 {
 				// Idle until the next arrival (the arrival is already in the past in wall time).
@@ -357,7 +384,8 @@ func (in *Instance) drive() {
 			in.maxLag.Store(int64(lag))
 		}
 		now = end
-		in.deliver(events, end, active)
+		dirty = in.deliver(events, end, active, dirty)
+		flush(false)
 		in.publishKV()
 		in.snapshot()
 	}
@@ -368,8 +396,10 @@ func (in *Instance) snapshot() {
 	in.stats.Store(&st)
 }
 
-// deliver hands one step's events to their handlers and records the request metrics.
-func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[string]*job) {
+// deliver hands one step's events to their handlers and records the request metrics. A first
+// token or the end wakes the handler at once; other tokens of a stream add its job to dirty
+// (returned), whose handlers the driver wakes once per StreamInterval.
+func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[string]*job, dirty []*job) []*job {
 	for i := range events {
 		ev := &events[i]
 		j, ok := active[ev.ReqID]
@@ -398,10 +428,17 @@ func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[
 		if ev.Kind == engine.EventFinished {
 			in.met.requestDone(j)
 		}
-		if j.stream || ev.Kind != engine.EventToken {
+		switch {
+		case ev.Kind != engine.EventToken:
 			j.signal()
+		case j.stream && in.opts.StreamInterval <= 0:
+			j.signal()
+		case j.stream && !j.dirty:
+			j.dirty = true
+			dirty = append(dirty, j)
 		}
 	}
+	return dirty
 }
 
 func (in *Instance) publishKV() {

@@ -36,7 +36,10 @@ type Options struct {
 	// StreamInterval is the least wall time between two writes of a stream (0 means 10 ms;
 	// negative: write every step). Each token still gets its own chunk; when steps are shorter
 	// than this (fast time scales), several chunks go out in one write, which keeps hundreds of
-	// streams affordable. The first token is always written at once.
+	// streams affordable. The instance's driver wakes all its streams with new tokens together
+	// (at the first step end after each interval), so no stream needs a timer of its own and
+	// HTTP/2 streams sharing a connection are written in one go. The first token and the end
+	// of a stream are always written at once.
 	StreamInterval time.Duration
 	// KVEvents, when set, is the ZMQ PUB endpoint of KV events, e.g. "tcp://127.0.0.1:5557"
 	// (port 0: a free port). KVEventsReplay, when set, is the ROUTER replay endpoint.
