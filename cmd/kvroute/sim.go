@@ -36,6 +36,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.KVBlocks, "kv-blocks", 0, "KV blocks per instance (0: the profile's)")
 	fs.IntVar(&o.MaxModelLen, "max-model-len", 131072, "prompt + output token limit")
 	fs.IntVar(&o.DefaultMaxTokens, "default-max-tokens", 256, "output tokens when a request gives no max_tokens")
+	fs.DurationVar(&o.StreamInterval, "stream-interval", 0, "least wall time between two writes of a stream; tokens in between go out together, each in its own chunk (0: 10ms, negative: every step)")
 	fs.StringVar(&o.KVEvents, "kv-events", "", "ZMQ PUB endpoint of KV events, tcp://HOST:PORT (instance i uses PORT+i)")
 	fs.StringVar(&o.KVEventsReplay, "kv-events-replay", "", "ZMQ ROUTER replay endpoint, tcp://HOST:PORT (instance i uses PORT+i)")
 	fs.BoolVar(&o.Admin, "admin", false, "serve GET/POST /admin/faults on each instance")

@@ -47,6 +47,7 @@ var (
 	benchPrompt  = flag.Int("sim.prompt", 2000, "prompt tokens of BenchmarkFleet500Streams (half of them shared by a group)")
 	benchRamp    = flag.Duration("sim.ramp", 2*time.Second, "wall time over which BenchmarkFleet500Streams's arrivals ramp")
 	benchOutput  = flag.Int("sim.output", 0, "output tokens per stream of BenchmarkFleet500Streams (0: enough to outlast the ramp)")
+	benchEvery   = flag.Duration("sim.interval", 0, "Options.StreamInterval of BenchmarkFleet500Streams (0: the default, 10 ms)")
 	benchProcess = flag.Bool("sim.client-process", true, "run BenchmarkFleet500Streams's client as its own process")
 )
 
@@ -85,7 +86,7 @@ const (
 func benchFleet(b *testing.B, c fleetCase) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fleet, err := StartFleet(ctx, Options{TimeScale: benchScale}, c.instances, "127.0.0.1", 0)
+	fleet, err := StartFleet(ctx, Options{TimeScale: benchScale, StreamInterval: *benchEvery}, c.instances, "127.0.0.1", 0)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -86,7 +86,8 @@ type job struct {
 	finish   string // finish_reason when it completes: "length" or "stop"
 	stream   bool   // wake the handler for new tokens, not only the first and the last
 
-	dirty bool // driver only: in the driver's list of streams with tokens not yet signalled
+	dirty  bool      // driver only: in the driver's list of streams with tokens not yet signalled
+	wakeAt time.Time // driver only: the earliest wall time of the next wake-up for tokens
 }
 
 func (j *job) signal() {
@@ -251,26 +252,30 @@ func (in *Instance) drive() {
 		pending []*job        // arrived, waiting for the next step that starts after arrival
 		active  = map[string]*job{}
 		timer   = time.NewTimer(time.Hour)
-		dirty   []*job    // streams with new tokens since their last wake-up
-		flushAt time.Time // wake them at the first step end from then on
+		dirty   []*job // streams with new tokens since their last wake-up
 	)
-	// flush wakes the streams that have new tokens: once per StreamInterval for all of them,
-	// so that each writes its pending tokens in one go and no stream needs its own timer.
+	// flush wakes the streams that have new tokens and whose last wake-up is StreamInterval
+	// old (all of them when force is set): each writes its pending tokens in one go and no
+	// stream needs a timer of its own. Every stream keeps the phase of its first token, so the
+	// wake-ups spread over the interval instead of coming in one burst that would queue the
+	// drivers behind hundreds of writers.
 	flush := func(force bool) {
 		if len(dirty) == 0 {
 			return
 		}
 		t := time.Now()
-		if !force && t.Before(flushAt) {
-			return
-		}
+		keep := dirty[:0]
 		for _, j := range dirty {
+			if !force && t.Before(j.wakeAt) {
+				keep = append(keep, j)
+				continue
+			}
 			j.dirty = false
+			j.wakeAt = t.Add(in.opts.StreamInterval)
 			j.signal()
 		}
-		clear(dirty)
-		dirty = dirty[:0]
-		flushAt = t.Add(in.opts.StreamInterval)
+		clear(dirty[len(keep):])
+		dirty = keep
 	}
 	timer.Stop()
 	defer timer.Stop()
@@ -410,6 +415,7 @@ func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[
 		switch ev.Kind {
 		case engine.EventFirstToken:
 			j.firstAt, j.lastAt = at, at
+			j.wakeAt = time.Now().Add(in.opts.StreamInterval)
 			j.cached = ev.CachedTokens
 			j.produced = max(j.produced, ev.OutputTokens, 1)
 			in.met.ttft.Observe((at - j.arrival).Seconds())
