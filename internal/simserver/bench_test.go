@@ -34,7 +34,7 @@ import (
 //	go test -run '^$' -bench Fleet500 -benchtime 3x ./internal/simserver/ [-args -sim.prompt 8000]
 func BenchmarkFleet500Streams(b *testing.B) {
 	for _, h2c := range []bool{false, true} {
-		c := fleetCase{instances: 8, streams: 500, prompt: *benchPrompt, h2c: h2c}
+		c := fleetCase{instances: 8, streams: *benchStreams, prompt: *benchPrompt, h2c: h2c}
 		name := fmt.Sprintf("instances=%d/streams=%d/prompt=%d", c.instances, c.streams, c.prompt)
 		if c.h2c {
 			name += "/h2c"
@@ -45,6 +45,7 @@ func BenchmarkFleet500Streams(b *testing.B) {
 
 var (
 	benchPrompt  = flag.Int("sim.prompt", 2000, "prompt tokens of BenchmarkFleet500Streams (half of them shared by a group)")
+	benchStreams = flag.Int("sim.streams", 500, "streams of BenchmarkFleet500Streams (fewer: the unloaded baseline)")
 	benchRamp    = flag.Duration("sim.ramp", 2*time.Second, "wall time over which BenchmarkFleet500Streams's arrivals ramp")
 	benchOutput  = flag.Int("sim.output", 0, "output tokens per stream of BenchmarkFleet500Streams (0: enough to outlast the ramp)")
 	benchEvery   = flag.Duration("sim.interval", 0, "Options.StreamInterval of BenchmarkFleet500Streams (0: the default, 10 ms)")

@@ -370,8 +370,18 @@ func (in *Instance) drive() {
 		if s := f.slow(); s != 1 {
 			end = now + time.Duration(float64(end-now)*s)
 		}
-		// Sleep until the step's end in wall time, queueing what arrives meanwhile.
-		if d := time.Until(in.wallAt(end)); d > 0 {
+		// Sleep until the step's end in wall time, queueing what arrives meanwhile. Go's timers
+		// wake up to a millisecond late in an idle process (the runtime sleeps in whole
+		// milliseconds), which at time-scale 0.1 is 10 ms of model time. When the step gives a
+		// first token, the timer covers all but the last preciseSleep and a precise sleep of
+		// the thread the rest; other steps' tokens wait for the next stream write anyway, and
+		// a precise sleep on every step would cost a thread hand-off each.
+		wake := in.wallAt(end)
+		precise := time.Duration(0)
+		if hasFirstToken(events) {
+			precise = preciseSleep
+		}
+		if d := time.Until(wake) - precise; d > 0 {
 			timer.Reset(d)
 		wait:
 			for {
@@ -385,6 +395,9 @@ func (in *Instance) drive() {
 				}
 			}
 		}
+		if precise > 0 {
+			sleepUntil(wake)
+		}
 		if lag := time.Since(in.wallAt(end)); lag > time.Duration(in.maxLag.Load()) {
 			in.maxLag.Store(int64(lag))
 		}
@@ -394,6 +407,15 @@ func (in *Instance) drive() {
 		in.publishKV()
 		in.snapshot()
 	}
+}
+
+func hasFirstToken(events []engine.Event) bool {
+	for i := range events {
+		if events[i].Kind == engine.EventFirstToken {
+			return true
+		}
+	}
+	return false
 }
 
 func (in *Instance) snapshot() {
