@@ -44,12 +44,13 @@ func BenchmarkFleet500Streams(b *testing.B) {
 }
 
 var (
-	benchPrompt  = flag.Int("sim.prompt", 2000, "prompt tokens of BenchmarkFleet500Streams (half of them shared by a group)")
-	benchStreams = flag.Int("sim.streams", 500, "streams of BenchmarkFleet500Streams (fewer: the unloaded baseline)")
-	benchRamp    = flag.Duration("sim.ramp", 2*time.Second, "wall time over which BenchmarkFleet500Streams's arrivals ramp")
-	benchOutput  = flag.Int("sim.output", 0, "output tokens per stream of BenchmarkFleet500Streams (0: enough to outlast the ramp)")
-	benchEvery   = flag.Duration("sim.interval", 0, "Options.StreamInterval of BenchmarkFleet500Streams (0: the default, 10 ms)")
-	benchProcess = flag.Bool("sim.client-process", true, "run BenchmarkFleet500Streams's client as its own process")
+	benchPrompt     = flag.Int("sim.prompt", 2000, "prompt tokens of BenchmarkFleet500Streams (half of them shared by a group)")
+	benchStreams    = flag.Int("sim.streams", 500, "streams of BenchmarkFleet500Streams (fewer: the unloaded baseline)")
+	benchRamp       = flag.Duration("sim.ramp", 2*time.Second, "wall time over which BenchmarkFleet500Streams's arrivals ramp")
+	benchOutput     = flag.Int("sim.output", 0, "output tokens per stream of BenchmarkFleet500Streams (0: enough to outlast the ramp)")
+	benchEvery      = flag.Duration("sim.interval", 0, "Options.StreamInterval of BenchmarkFleet500Streams (0: the default, 10 ms)")
+	benchClientProf = flag.String("sim.client-cpuprofile", "", "write the client process's CPU profile to this file")
+	benchProcess    = flag.Bool("sim.client-process", true, "run BenchmarkFleet500Streams's client as its own process")
 )
 
 type fleetCase struct {
@@ -208,7 +209,11 @@ func runClientProcess(ctx context.Context, dir string, cfg clientConfig) (client
 	if err != nil {
 		return clientReport{}, 0, err
 	}
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFleetClientProcess$", "-test.count=1")
+	args := []string{"-test.run=^TestFleetClientProcess$", "-test.count=1"}
+	if *benchClientProf != "" {
+		args = append(args, "-test.cpuprofile="+*benchClientProf)
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(os.Environ(), envClient+"="+string(js))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
