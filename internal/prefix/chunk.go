@@ -1,6 +1,10 @@
 package prefix
 
-import "github.com/cespare/xxhash/v2"
+import (
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // DefaultBlockTokens is the router's block: 16 tokens, the same as vLLM's default KV block, so
 // that one index entry stands for one engine block.
@@ -16,18 +20,8 @@ func BlockBytes(blockTokens int) int { return blockTokens * BytesPerToken }
 // cache only full blocks). blockTokens <= 0 means DefaultBlockTokens. It allocates only when dst
 // is too small.
 func Blocks(dst []uint64, seed uint64, text string, blockTokens int) []uint64 {
-	if blockTokens <= 0 {
-		blockTokens = DefaultBlockTokens
-	}
-	size := BlockBytes(blockTokens)
-	n := len(text) / size
-	dst = growUint64(dst, n)
-	h := seed
-	for i := 0; i < n; i++ {
-		h = Next(h, xxhash.Sum64String(text[i*size:(i+1)*size]))
-		dst = append(dst, h)
-	}
-	return dst
+	// A read-only view of the string's bytes: BlocksBytes only hashes them.
+	return BlocksBytes(dst, seed, unsafe.Slice(unsafe.StringData(text), len(text)), blockTokens)
 }
 
 // BlocksBytes is Blocks for text held in a byte slice: the same hashes, without a string copy.

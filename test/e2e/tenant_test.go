@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -68,26 +67,8 @@ func startTenantStack(t *testing.T, n int, opts simserver.Options, extra string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := r.Gate()
-	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(sctx, apiLn, nil) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("router Serve: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("router did not stop")
-		}
-	})
-	return &tenantStack{fleet: fleet, router: r, gate: g, api: "http://" + apiLn.Addr().String()}
+	api, _ := serveRouter(t, r, false)
+	return &tenantStack{fleet: fleet, router: r, gate: r.Gate(), api: api}
 }
 
 // tenantYAML lists tenants as name=key pairs with the given limits (YAML flow map or "").
