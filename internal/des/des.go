@@ -1,6 +1,7 @@
 package des
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -126,7 +127,7 @@ func Prepare(reqs []workload.Request, model string, blockSize int) *Workload {
 		w.order[i] = i
 	}
 	slices.SortStableFunc(w.order, func(a, b int) int {
-		return cmpDuration(reqs[a].Arrival, reqs[b].Arrival)
+		return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival)
 	})
 	return w
 }
@@ -544,14 +545,4 @@ func (s *sim) result() *Result {
 		res.Busy[i] = res.Stats[i].Busy
 	}
 	return res
-}
-
-func cmpDuration(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -1,8 +1,8 @@
 package workload
 
 import (
+	"cmp"
 	"slices"
-	"time"
 
 	"github.com/kvroute/kvroute/internal/prefix"
 )
@@ -13,20 +13,10 @@ func arrivalOrder(reqs []Request) []int {
 	for i := range order {
 		order[i] = i
 	}
-	if !slices.IsSortedFunc(reqs, func(a, b Request) int { return cmpDuration(a.Arrival, b.Arrival) }) {
-		slices.SortStableFunc(order, func(a, b int) int { return cmpDuration(reqs[a].Arrival, reqs[b].Arrival) })
+	if !slices.IsSortedFunc(reqs, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) }) {
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
 	}
 	return order
-}
-
-func cmpDuration(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // blockWalk visits a request's workload blocks in order with what the bounds need: the chained

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -435,7 +436,7 @@ func buildMultiTurn(p *params, seed uint64) ([]Request, error) {
 			segs = append(segs, part{partKey(seed, "multi-turn/answer", c, k), out})
 		}
 	}
-	slices.SortStableFunc(reqs, func(a, b Request) int { return cmpDuration(a.Arrival, b.Arrival) })
+	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
 	if n > 0 && n < len(reqs) {
 		reqs = reqs[:n]
 	}
