@@ -23,22 +23,31 @@ import (
 // guard: no endpoint may take a request that would put its in-flight count above
 // max_load_factor x the mean (rounded up). A prefix that everyone shares therefore spills to a
 // second instance once the first is loaded, and that one warms up: replication falls out of
-// the cost.
+// the cost. The queued work is what the router sent there that has not reached its first token,
+// less what the oldest of those requests, whose prefill is in progress, has done since it
+// started (head_progress).
 //
-// Two terms look past this request's own TTFT. Its uncached work counts 1 + recompute_weight
+// Three terms look past this request's own TTFT. Its uncached work counts 1 + recompute_weight
 // times (work recomputed here delays everyone queued after it, and duplicates cache content),
 // plus balance_weight x the cache pressure where it would land (see Pick), which spreads the
-// ownership of new prefixes, and so their follow-up traffic, evenly.
+// ownership of new prefixes, and so their follow-up traffic, evenly. And it delays the requests
+// that this endpoint's cache will draw while the work waits and runs: at the rate a at which
+// such requests have been arriving (each counted by the fraction of its prompt the endpoint
+// held, averaged over affinity_window seconds), a x work x (queued + work / 2) / prefill_rate
+// more units of work. That term is what keeps a long recompute off the endpoint that holds
+// busy conversations, and it is negligible for the short work of a request that follows its
+// own prefix.
 //
 // It learns: each endpoint's speed is calibrated by the ratio of observed TTFTs to the TTFTs the
 // prior model (overhead, prefill_rate) predicted for the work that was ahead of each request
 // (exponentially weighted sums, so long prefills weigh most). The fleet's ratio applies to every
-// endpoint whose own ratio is within learn_tolerance of it, so that noise between identical
-// instances does not steer traffic, and an endpoint's own ratio applies beyond that. And an
-// engine that reports fewer cached tokens than predicted makes the index forget everything of
-// that endpoint at least as old as the missing block (the engine, being LRU, evicted it too). A
-// session key breaks near-ties (within session_slack) towards the endpoint that served the
-// session last.
+// endpoint whose own ratio is within learn_tolerance of it, or that has too few samples of its
+// own, so that noise between identical instances does not steer traffic, and an endpoint's own
+// ratio applies beyond that. An engine that reports fewer cached tokens than predicted makes the
+// index forget everything of that endpoint at least as old as the missing block (the engine,
+// being LRU, evicted it too); and a request's blocks become most recent again when it ends, as
+// the engine's free-block LRU orders them by release (touch_done). A session key breaks
+// near-ties (within session_slack) towards the endpoint that served the session last.
 type prefixAware struct {
 	clock       Clock
 	index       *prefix.Index
@@ -50,6 +59,9 @@ type prefixAware struct {
 	sessionTol  float64 // relative slack within which the session's endpoint wins
 	recompute   float64 // weight of the request's own uncached work, on top of its TTFT
 	balance     float64 // weight of the cache pressure where the new blocks would go
+	progress    bool    // count the head's prefill progress off the queue
+	touchDone   bool    // renew a request's blocks in the index when it ends
+	affTau      float64 // seconds over which affinity traffic is averaged; 0: no such term
 	learn       bool
 	learnWeight float64
 	learnTol    float64
@@ -70,12 +82,81 @@ type paState struct {
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
 	speed    speedFit
+
+	// The head of the queue: the oldest request routed here and not yet at first token, whose
+	// prefill is in progress (the engine is FCFS). headSince is when it started: when it was
+	// routed to an idle endpoint, or when the request before it reached its first token.
+	headWork  atomic.Int64
+	headSince atomic.Int64 // unix nanoseconds
+
+	mu    sync.Mutex  // guards queue and the affinity sum's updates
+	queue []*paFlight // routed and not yet at first token, in routing order
+
+	// Affinity traffic: requests routed here weighted by the fraction of their prompt it held,
+	// as an exponentially decayed sum (float64 bits) as of affAt (unix nanoseconds).
+	affSum atomic.Uint64
+	affAt  atomic.Int64
+}
+
+// addAffinity records a request that found fraction v of its prompt here, at now.
+func (s *paState) addAffinity(v float64, now int64, tau float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sum := math.Float64frombits(s.affSum.Load())
+	if at := s.affAt.Load(); at != 0 && now > at {
+		sum *= math.Exp(-float64(now-at) / 1e9 / tau)
+	}
+	s.affSum.Store(math.Float64bits(sum + v))
+	s.affAt.Store(now)
+}
+
+// affinityRate is the rate, per second, at which requests bound to this endpoint by its cache
+// arrive (each counted by the fraction of its prompt it found here).
+func (s *paState) affinityRate(now int64, tau float64) float64 {
+	sum := math.Float64frombits(s.affSum.Load())
+	if at := s.affAt.Load(); at != 0 && now > at {
+		sum *= math.Exp(-float64(now-at) / 1e9 / tau)
+	}
+	return sum / tau
+}
+
+// enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
+func (s *paState) enqueue(f *paFlight, now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue = append(s.queue, f)
+	if len(s.queue) == 1 {
+		s.headWork.Store(f.work)
+		s.headSince.Store(now)
+	}
+}
+
+// dequeue takes f off the queue (its first token came, or it failed); if f was the head, the
+// next request becomes the head, starting now.
+func (s *paState) dequeue(f *paFlight, now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := slices.Index(s.queue, f)
+	if k < 0 {
+		return
+	}
+	s.queue = slices.Delete(s.queue, k, k+1)
+	if k > 0 {
+		return
+	}
+	if len(s.queue) == 0 {
+		s.headWork.Store(0)
+		return
+	}
+	s.headWork.Store(s.queue[0].work)
+	s.headSince.Store(now)
 }
 
 // speedFit calibrates the prior TTFT model: factor = observed / predicted TTFT, as
 // exponentially weighted sums.
 type speedFit struct {
-	factor atomic.Uint64 // float64 bits; 1 until learned
+	factor  atomic.Uint64 // float64 bits; 1 until learned
+	learned atomic.Bool   // enough samples to say
 
 	mu                 sync.Mutex
 	n, observed, prior float64
@@ -97,6 +178,7 @@ func (f *speedFit) add(predicted, observed, weight float64) {
 		return // too few samples to say
 	}
 	f.factor.Store(math.Float64bits(min(max(f.observed/f.prior, 0.05), 20)))
+	f.learned.Store(true)
 }
 
 // paFlight is one routed request until it is done.
@@ -135,6 +217,9 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		sessionTol:  r.Float("session_slack", 0.1),
 		recompute:   r.Float("recompute_weight", 3),
 		balance:     r.Float("balance_weight", 6),
+		progress:    r.Bool("head_progress", true),
+		touchDone:   r.Bool("touch_done", true),
+		affTau:      r.Float("affinity_window", 60),
 		learn:       r.Bool("learn", true),
 		learnWeight: r.Float("learn_weight", 0.02),
 		learnTol:    r.Float("learn_tolerance", 0.25),
@@ -150,6 +235,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds)", pa.decodeCost)
 	r.Require(pa.balance >= 0, "balance_weight=%g must not be negative", pa.balance)
 	r.Require(pa.recompute >= 0, "recompute_weight=%g must not be negative", pa.recompute)
+	r.Require(pa.affTau >= 0, "affinity_window=%g must not be negative (seconds; 0 turns the term off)", pa.affTau)
 	r.Require(pa.sessionTol >= 0, "session_slack=%g must not be negative", pa.sessionTol)
 	r.Require(pa.learnWeight > 0 && pa.learnWeight < 1, "learn_weight=%g must be in (0, 1)", pa.learnWeight)
 	r.Require(pa.learnTol >= 0, "learn_tolerance=%g must not be negative", pa.learnTol)
@@ -280,6 +366,7 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 		pa.sizeIndex(e, states[i], req.BlockTokens)
 	}
 	pa.index.Match(sc.runs, req.Blocks)
+	now := pa.clock.Now().UnixNano()
 	// Cache pressure: where this request's new blocks would go, in 0..1. An endpoint with room
 	// scores up to 0.5 by its fill relative to the fullest candidate; a full one from 0.5 for the
 	// one whose oldest entry is oldest (what it evicts is least useful) up to 1 for the youngest.
@@ -287,7 +374,6 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	// they attract, evenly (as SGLang's "smallest tree" rule does for unmatched prompts).
 	var oldest int64
 	var fullest float64
-	now := pa.clock.Now().UnixNano()
 	if pa.balance > 0 {
 		pa.index.Fill(sc.fill, sc.tails)
 		for _, e := range c {
@@ -316,7 +402,13 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			}
 			weight += pa.balance * p
 		}
-		w := float64(s.pending.Load()) + own*weight
+		q := pa.queued(s, now, fleet)
+		w := q + own*weight
+		if pa.affTau > 0 {
+			// The requests this endpoint's cache will draw while this work is queued and done
+			// wait for it: q + own/2 on average for each, at the affinity rate.
+			w += s.affinityRate(now, pa.affTau) * own * (q + own/2) * pa.speedOf(s, fleet) / pa.rate0
+		}
 		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
 		cost := (pa.overhead0+w/pa.rate0)*pa.speedOf(s, fleet) + float64(decoding)*pa.decodeCost
 		sc.scored[i] = paScore{i: i, eligible: float64(e.InFlight()+1) <= limit, cost: cost}
@@ -366,10 +458,16 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	f := &paFlight{ep: ep.ID}
 	f.predicted, f.stamps = pa.index.MatchOne(ep.ID, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
-	f.ahead = s.pending.Add(f.work)
+	now := pa.clock.Now().UnixNano()
+	f.ahead = int64(pa.queued(s, now, pa.fleet.get())) + f.work
+	s.pending.Add(f.work)
 	s.waiting.Add(1)
+	s.enqueue(f, now)
+	if pa.affTau > 0 && req.PromptTokens > 0 {
+		s.addAffinity(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
+	}
 	pa.inflight.Store(req, f)
-	pa.index.Insert(ep.ID, req.Blocks, pa.clock.Now().UnixNano())
+	pa.index.Insert(ep.ID, req.Blocks, now)
 	if req.SessionKey != "" {
 		pa.sessions.put(req.SessionKey, ep.ID)
 	}
@@ -388,6 +486,7 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 	s := pa.state(ep.ID)
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
+	s.dequeue(f, pa.clock.Now().UnixNano())
 	if pa.learn && ttft > 0 {
 		predicted := pa.overhead0 + float64(f.ahead)/pa.rate0
 		s.speed.add(predicted, ttft.Seconds(), pa.learnWeight)
@@ -395,9 +494,31 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 	}
 }
 
+// queued is the prefill work still ahead on endpoint s at now: everything routed there and not
+// yet at its first token, less what the head of the queue has done since it started (at the
+// calibrated rate, never more than its own work). Without that, a long prefill would count in
+// full until its last chunk, and a request whose prefix s holds would leave for a shorter
+// queue, and recompute there, while s is about to be free.
+func (pa *prefixAware) queued(s *paState, now int64, fleet float64) float64 {
+	w := float64(s.pending.Load())
+	if !pa.progress {
+		return w
+	}
+	head := s.headWork.Load()
+	if head <= 0 {
+		return w
+	}
+	elapsed := float64(now-s.headSince.Load()) / 1e9
+	done := (elapsed/pa.speedOf(s, fleet) - pa.overhead0) * pa.rate0
+	return w - min(max(done, 0), float64(head))
+}
+
 // speedOf is the calibration factor used for endpoint s: the fleet's, unless s's own differs
 // from it by more than learn_tolerance.
 func (pa *prefixAware) speedOf(s *paState, fleet float64) float64 {
+	if !s.speed.learned.Load() {
+		return fleet // its own default (1) is no measurement, the fleet's is
+	}
 	own := s.speed.get()
 	if math.Abs(own/fleet-1) <= pa.learnTol {
 		return fleet
@@ -425,6 +546,7 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 	if f.first.CompareAndSwap(false, true) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
+		s.dequeue(f, pa.clock.Now().UnixNano())
 		if !res.OK {
 			// It failed before its first token: the engine most likely never computed it, so
 			// the blocks Routed added are not there.
@@ -432,13 +554,15 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 			return
 		}
 	}
-	if !pa.correct || res.CachedTokens < 0 || req.BlockTokens <= 0 {
-		return
+	if pa.correct && res.CachedTokens >= 0 && req.BlockTokens > 0 {
+		got := res.CachedTokens / req.BlockTokens
+		want := cachedTokens(req, f.predicted) / req.BlockTokens
+		if got < want && got < len(f.stamps) {
+			pa.index.Forget(ep.ID, f.stamps[got])
+		}
 	}
-	got := res.CachedTokens / req.BlockTokens
-	want := cachedTokens(req, f.predicted) / req.BlockTokens
-	if got < want && got < len(f.stamps) {
-		pa.index.Forget(ep.ID, f.stamps[got])
+	if pa.touchDone && res.OK {
+		pa.index.Insert(ep.ID, req.Blocks, pa.clock.Now().UnixNano())
 	}
 }
 

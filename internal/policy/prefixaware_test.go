@@ -444,3 +444,137 @@ func TestPrefixAware_ConcurrentPicks(t *testing.T) {
 		}
 	}
 }
+
+// An endpoint with too few samples of its own is calibrated like the fleet: its prior (factor
+// 1) is no measurement, and comparing it with measured endpoints would make them look faster.
+func TestPrefixAware_UnlearnedEndpointUsesFleetSpeed(t *testing.T) {
+	pa, _ := newPA(t, Params{"learn_weight": "0.1", "prefill_rate": "10000", "overhead": "0.02"})
+	eps := newEndpoints(3, 1<<20)
+	// Endpoint 0 turns out 2x slower than the prior model says; 1 and 2 have served nothing.
+	for i := 0; i < 20; i++ {
+		r := req("l", 0, seq(uint64(1000*i), 50)...)
+		eps[0].Start(r.PromptTokens)
+		pa.Routed(r, eps[0])
+		predicted := 0.02 + float64(pa.mustFlight(t, r).ahead)/10000
+		finish(pa, r, eps[0], time.Duration(2*predicted*float64(time.Second)), 0)
+	}
+	if got := pa.PrefillRate(0); math.Abs(got-5000) > 50 {
+		t.Fatalf("endpoint 0: learned rate %.0f tokens/s, want 5000", got)
+	}
+	for _, id := range []int{1, 2} {
+		if got := pa.PrefillRate(id); math.Abs(got-5000) > 50 {
+			t.Errorf("endpoint %d (no samples): rate %.0f tokens/s, want the fleet's 5000", id, got)
+		}
+	}
+}
+
+// The head of a queue is being prefilled: what it has done since it started no longer waits.
+func TestPrefixAware_HeadProgressShortensQueue(t *testing.T) {
+	for _, tc := range []struct {
+		progress string
+		want     []int // ranking of the follow-up 2.4 s after the long prefill started
+	}{
+		{"true", []int{0, 1}},
+		{"false", []int{1, 0}},
+	} {
+		t.Run("head_progress="+tc.progress, func(t *testing.T) {
+			pa, clk := newPA(t, Params{"head_progress": tc.progress, "learn": "false",
+				"recompute_weight": "0", "balance_weight": "0", "affinity_window": "0"})
+			eps := newEndpoints(2, 1<<20)
+			warm := req("warm", 0, seq(1, 100)...)
+			eps[0].Start(warm.PromptTokens)
+			pa.Routed(warm, eps[0])
+			finish(pa, warm, eps[0], time.Millisecond, 0)
+			// A cold 20,000-token prompt starts on endpoint 0: 20,000 + 25 x 200M pairs / 1M =
+			// 25,000 units of work, 2.52 s at the prior rate.
+			long := req("long", 0, seq(50000, 1250)...)
+			eps[0].Start(long.PromptTokens)
+			pa.Routed(long, eps[0])
+			// The follow-up has 5 uncached tokens on endpoint 0 and 1,605 (1,637 units) on 1.
+			r := req("r", 5, seq(1, 100)...)
+			if got := ids(mustPick(t, pa, r, eps)); got[0] != 1 {
+				t.Fatalf("at once: ranking %v, want 1 first (25,000 units queued on 0)", got)
+			}
+			// 2.4 s later the prefill has done (2.4 - 0.02) x 10,000 = 23,800 units: 1,200 remain.
+			clk.t = clk.t.Add(2400 * time.Millisecond)
+			if diff := cmp.Diff(tc.want, ids(mustPick(t, pa, r, eps))); diff != "" {
+				t.Errorf("after 2.4 s, ranking (-want +got):\n%s", diff)
+			}
+			// Its first token takes it off the queue, whatever the progress model said.
+			finish(pa, long, eps[0], 2500*time.Millisecond, 0)
+			if got := pa.queued(pa.state(0), clk.t.UnixNano(), 1); got != 0 {
+				t.Errorf("queued after the first token: %g, want 0", got)
+			}
+		})
+	}
+}
+
+// New work on an endpoint whose cache draws steady traffic delays that traffic: between two
+// otherwise equal idle endpoints, a cold prompt goes to the one fewer requests are bound to.
+func TestPrefixAware_AffinityTrafficWeighsNewWork(t *testing.T) {
+	for _, tc := range []struct {
+		window string
+		want   []int
+	}{
+		{"60", []int{1, 0}},
+		{"0", []int{0, 1}}, // a tie: candidate order
+	} {
+		t.Run("affinity_window="+tc.window, func(t *testing.T) {
+			pa, clk := newPA(t, Params{"affinity_window": tc.window, "learn": "false", "balance_weight": "0"})
+			eps := newEndpoints(2, 1<<20)
+			// Twenty requests, one a second, share a 200-block prefix that endpoint 0 holds;
+			// endpoint 1 serves as many prompts that share nothing.
+			for i := 0; i < 20; i++ {
+				clk.t = clk.t.Add(time.Second)
+				a := req("a", 0, append(seq(1, 200), uint64(10000+i))...)
+				eps[0].Start(a.PromptTokens)
+				pa.Routed(a, eps[0])
+				finish(pa, a, eps[0], 50*time.Millisecond, 0)
+				b := req("b", 0, seq(uint64(100000+i*1000), 201)...)
+				eps[1].Start(b.PromptTokens)
+				pa.Routed(b, eps[1])
+				finish(pa, b, eps[1], 50*time.Millisecond, 0)
+			}
+			if diff := cmp.Diff(tc.want, ids(mustPick(t, pa, req("cold", 0, seq(900000, 500)...), eps))); diff != "" {
+				t.Errorf("ranking of a cold prompt (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// The engine frees a request's blocks into its LRU when the request ends, not when it starts,
+// so the index renews them at Done: a long request's prefix outlives a short one routed later.
+func TestPrefixAware_BlocksRenewedWhenRequestEnds(t *testing.T) {
+	for _, tc := range []struct {
+		touch      string
+		long, late int // predicted cached tokens after the eviction
+	}{
+		{"true", 160, 80},
+		{"false", 80, 160},
+	} {
+		t.Run("touch_done="+tc.touch, func(t *testing.T) {
+			pa, clk := newPA(t, Params{"touch_done": tc.touch})
+			eps := newEndpoints(1, 16*30) // 30 blocks
+			long := req("long", 8, seq(1, 10)...)
+			eps[0].Start(long.PromptTokens)
+			pa.Routed(long, eps[0])
+			clk.t = clk.t.Add(time.Second)
+			late := req("late", 8, seq(100, 10)...)
+			route(t, pa, late, eps)
+			clk.t = clk.t.Add(time.Second)
+			finish(pa, late, eps[0], time.Millisecond, 0)
+			clk.t = clk.t.Add(time.Second)
+			finish(pa, long, eps[0], time.Millisecond, 0)
+			// 15 new blocks: 5 of the 20 held must go, the least recently freed first (a
+			// prompt's last blocks before its first ones).
+			clk.t = clk.t.Add(time.Second)
+			route(t, pa, req("new", 0, seq(1000, 15)...), eps)
+			if got := pa.PredictCached(long, eps[0]); got != tc.long {
+				t.Errorf("long request's prefix: %d tokens predicted, want %d", got, tc.long)
+			}
+			if got := pa.PredictCached(late, eps[0]); got != tc.late {
+				t.Errorf("later, shorter request's prefix: %d tokens predicted, want %d", got, tc.late)
+			}
+		})
+	}
+}
