@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -86,7 +87,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
-	logger := newLogger(cfg.Log, stderr)
+	// Access lines are batched: one write per 100 ms (or 64 KB) instead of one per request.
+	logOut := logbuf.New(stderr, 0, 0)
+	defer logOut.Close()
+	logger := newLogger(cfg.Log, logOut)
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
 	}

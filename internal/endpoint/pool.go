@@ -209,6 +209,9 @@ func (p *Pool) CacheSalt(ep *Endpoint) bool {
 // that serve any model add none.
 func (p *Pool) Models() []string { return slices.Clone(p.st.Load().models) }
 
+// HasModel reports whether some endpoint of the pool serves model (Models without the copy).
+func (p *Pool) HasModel(model string) bool { return slices.Contains(p.st.Load().models, model) }
+
 // Changed returns a channel that is closed at the next Update: wait on it, then call Changed
 // again.
 func (p *Pool) Changed() <-chan struct{} { return p.st.Load().changed }

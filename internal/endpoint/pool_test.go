@@ -74,6 +74,9 @@ func TestPool_UpdateDiffsByName(t *testing.T) {
 	if diff := cmp.Diff([]string{"m1", "m2", "m3"}, p.Models()); diff != "" {
 		t.Errorf("Models (-want +got):\n%s", diff)
 	}
+	if !p.HasModel("m2") || p.HasModel("m4") || p.HasModel("") {
+		t.Errorf("HasModel: m2 %v, m4 %v, empty %v; want true, false, false", p.HasModel("m2"), p.HasModel("m4"), p.HasModel(""))
+	}
 
 	// Step 3: remove everything, then bring a back: a fresh ID, never a reused one.
 	d, err = p.Update(nil)

@@ -177,6 +177,9 @@ func DecodeMessage(frames [][]byte) (Message, error) {
 
 // DecodeBatch decodes a msgpack event batch in either the array or the map layout.
 func DecodeBatch(data []byte) (Batch, error) {
+	if err := checkShape(data); err != nil {
+		return Batch{}, fmt.Errorf("decode kv event batch: %w", err)
+	}
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
 	dec.UseLooseInterfaceDecoding(true)
 	v, err := dec.DecodeInterfaceLoose()

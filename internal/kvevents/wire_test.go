@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -135,4 +136,37 @@ func FuzzDecodeBatch(f *testing.F) {
 			t.Errorf("re-encode changed the batch (-first +second):\n%s", diff)
 		}
 	})
+}
+
+func TestDecodeBatchRejectsHostileShapes(t *testing.T) {
+	deep := bytes.Repeat([]byte{0x91}, maxDepth+1) // [[[[...]]]] one level too deep
+	deep = append(deep, 0xc0)
+	for _, tt := range []struct {
+		name string
+		data []byte
+	}{
+		{"array32 claiming 4 billion values", []byte{0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0}},
+		{"map32 claiming 4 billion pairs", []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdf, 0xff, 0xff, 0xff, 0xff}},
+		{"str32 longer than the message", []byte{0xdb, 0, 0, 1, 0, 'a'}},
+		{"bin16 cut short", []byte{0xc5, 0}},
+		{"nested too deep", deep},
+		{"unused type byte", []byte{0xc1}},
+		{"bytes after the batch", []byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90, 0x01}},
+		{"empty", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := DecodeBatch(tt.data); err == nil {
+				t.Errorf("DecodeBatch(% x) accepted it", tt.data)
+			}
+		})
+	}
+	// The same shapes nested to the limit, and every layout EncodeBatch writes, pass.
+	ok := append(bytes.Repeat([]byte{0x91}, maxDepth-1), 0xc0)
+	if err := checkShape(ok); err != nil {
+		t.Errorf("nesting of %d: %v", maxDepth, err)
+	}
+	good, _ := EncodeBatch(Batch{TS: 1, DPRank: 0, Events: []Event{{Kind: BlockStored, BlockHashes: []uint64{1 << 63, 2}, TokenIDs: []int64{1, 2, 3}, BlockSize: 16, LoraID: -1}}})
+	if err := checkShape(good); err != nil {
+		t.Errorf("an encoded batch: %v", err)
+	}
 }

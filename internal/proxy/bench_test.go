@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/internal/h1"
 	"io"
 	"log/slog"
 	"net/http"
@@ -34,7 +35,7 @@ func BenchmarkChat4K(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tr := DefaultTransport()
+	tr := h1.New(DefaultTransport())
 	defer tr.CloseIdleConnections()
 	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}

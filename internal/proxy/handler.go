@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"github.com/kvroute/kvroute/internal/h1"
 	"io"
 	"log/slog"
 	"net/http"
@@ -43,8 +44,8 @@ type Handler struct {
 	Metrics *metrics.Metrics
 	// Logger gets one access line per request (never the prompt); nil: slog.Default().
 	Logger *slog.Logger
-	// Transport sends requests to the endpoints; nil: a clone of http.DefaultTransport with
-	// larger idle pools.
+	// Transport sends requests to the endpoints; nil: an h1.Transport (I/O on the calling
+	// goroutine) falling back to DefaultTransport for https and proxied URLs.
 	Transport http.RoundTripper
 	// MaxBodyBytes bounds a request body; 0: 16 MiB.
 	MaxBodyBytes int64
@@ -152,7 +153,7 @@ func (h *Handler) init() {
 		h.Logger = slog.Default()
 	}
 	if h.Transport == nil {
-		h.Transport = DefaultTransport()
+		h.Transport = h1.New(DefaultTransport())
 	}
 	if h.MaxBodyBytes <= 0 {
 		h.MaxBodyBytes = 16 << 20
@@ -189,9 +190,10 @@ func (h *Handler) init() {
 	}
 }
 
-// DefaultTransport is the transport used when Handler.Transport is nil: HTTP/1.1 keep-alive
-// pools sized for a few hundred concurrent streams per endpoint, no compression negotiated
-// (the router must read usage from the bodies), a write buffer that holds a typical request.
+// DefaultTransport is net/http's transport as the router uses it (for https and proxied
+// endpoints, health checks and scrapes): HTTP/1.1 keep-alive pools sized for a few hundred
+// concurrent streams per endpoint, no compression negotiated (the router must read usage from
+// the bodies), a write buffer that holds a typical request.
 func DefaultTransport() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns = 4096
@@ -491,7 +493,7 @@ func (h *Handler) served(model string, labels map[string]string) bool {
 
 // modelLabel bounds the model label to the models the config names.
 func (h *Handler) modelLabel(model string) string {
-	if slices.Contains(h.Pool.Models(), model) {
+	if h.Pool.HasModel(model) {
 		return model
 	}
 	return "other"

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvroute/kvroute/internal/h1"
 	"io"
 	"log/slog"
 	"net"
@@ -183,7 +184,7 @@ func newFixture(t *testing.T, specs ...endpoint.Spec) *fixture {
 	}
 	reg := prometheus.NewRegistry()
 	pk := &orderPicker{order: names}
-	tr := DefaultTransport()
+	tr := h1.New(DefaultTransport())
 	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(reg), MaxRetries: 2,
 		Logger: slog.New(slog.DiscardHandler), Transport: tr}
 	f := &fixture{h: h, pk: pk, reg: reg, pool: pool, names: names, done: make(chan struct{}, 100), inner: h}

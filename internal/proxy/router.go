@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/internal/h1"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -59,8 +60,8 @@ type Router struct {
 	pool      *endpoint.Pool
 	prober    *scrape.Prober
 	state     *State
-	transport *http.Transport
-	gate      *tenant.Gate // authentication, per-tenant limits and salts, admission
+	transport *h1.Transport // to the endpoints; its Fallback also carries health checks and scrapes
+	gate      *tenant.Gate  // authentication, per-tenant limits and salts, admission
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -86,9 +87,9 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		metrics:   metrics.New(reg),
 		pool:      endpoint.NewPool(),
 		state:     NewState(0),
-		transport: DefaultTransport(),
+		transport: h1.New(DefaultTransport()),
 	}
-	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport}, scrape.OptionsFrom(cfg), logger)
+	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -29,6 +30,8 @@ var (
 	kvrouteBin     = flag.String("kvroute-bin", "", "kvroute binary for the tests that start processes (empty: go build one)")
 	overheadProcs  = flag.Int("overhead-gomaxprocs", 0, "GOMAXPROCS of the simulator and router processes in TestOverhead (0: Go's default, every CPU)")
 	overheadProf   = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
+	overheadPhase  = flag.Duration("overhead-phase", 500*time.Millisecond, "TestOverhead: length of each phase in which every request takes one path (0: every path at every tick)")
+	overheadBare   = flag.String("overhead-bare", "h1", "TestOverhead: also measure a bare reverse proxy with each of these upstream transports, h1 and/or net/http, comma-separated (empty: none)")
 )
 
 // chatBody4K is a non-streamed chat request of about 4 KB asking for one token.
@@ -47,16 +50,20 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // TestOverhead measures the latency the router adds. The simulator (`kvroute sim --profile
-// instant`) and the router (`kvroute serve`) run as their own processes, so that neither
-// shares a heap, a garbage collector or a scheduler with the load generator. On one schedule,
-// at every tick one 4 KB chat request goes to the router and one straight to the simulator
-// (which of the two goes first alternates), and the two latency distributions are compared;
-// the router's and the simulator's CPU time per request come from /proc.
+// instant`), the router (`kvroute serve`) and, as the floor to compare with, a bare
+// httputil.ReverseProxy (./bareproxy, kvroute's upstream transport, nothing else) run as their
+// own processes, so that none shares a heap, a garbage collector or a scheduler with the load
+// generator. One open-loop schedule sends 4 KB chat requests at -overhead-rate; in alternating
+// phases of -overhead-phase (500 ms) all of them go to one path: straight to the simulator,
+// through the router, or through the bare proxy, so that every path is measured at the same
+// rate, and drifts of the machine fall on all of them alike. With -overhead-phase 0 every tick
+// sends one request down each path at once instead (each path then shares the machine with the
+// others' load). The router's and the simulator's CPU time per request come from /proc.
 //
-//	go test ./test/e2e -run TestOverhead -overhead 10s -overhead-rate 1000 -v
+//	go test ./test/e2e -run TestOverhead -overhead 12s -overhead-rate 1000 -v
 func TestOverhead(t *testing.T) {
 	if *overheadFor <= 0 {
-		t.Skip("run with -overhead 10s")
+		t.Skip("run with -overhead 12s")
 	}
 	if runtime.GOOS != "linux" {
 		t.Skip("reads /proc")
@@ -72,7 +79,6 @@ func TestOverhead(t *testing.T) {
 		}
 		return "", false
 	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
-	direct := sim.addr
 	var admin string
 	router := startProcess(t, bin, env, func(f []string) (string, bool) {
 		if len(f) > 5 && f[2] == "api" {
@@ -81,10 +87,28 @@ func TestOverhead(t *testing.T) {
 		}
 		return "", false
 	}, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model,
-		"--policy", *overheadPolicy, "--endpoint", direct, "--pprof="+strconv.FormatBool(*overheadProf != ""))
+		"--policy", *overheadPolicy, "--endpoint", sim.addr, "--pprof="+strconv.FormatBool(*overheadProf != ""))
+	type path struct {
+		name string
+		base string
+		lat  []time.Duration // per tick; 0: not sent on this path, or failed
+	}
+	paths := []*path{{name: "direct", base: sim.addr}, {name: "router", base: router.addr}}
+	for tp := range strings.SplitSeq(*overheadBare, ",") {
+		if tp == "" {
+			continue
+		}
+		bare := startProcess(t, goBuild(t, "github.com/kvroute/kvroute/test/e2e/bareproxy"), env, func(f []string) (string, bool) {
+			if len(f) == 3 && f[0] == "bareproxy:" {
+				return f[2], true // bareproxy: api http://127.0.0.1:PORT
+			}
+			return "", false
+		}, "-listen", "127.0.0.1:0", "-upstream", sim.addr, "-transport", tp)
+		paths = append(paths, &path{name: "bare proxy (" + tp + ")", base: bare.addr})
+	}
 
-	// Less garbage collection in the load generator: both paths share it, but its pauses
-	// would only add noise to both distributions.
+	// Less garbage collection in the load generator: every path shares it, but its pauses
+	// would only add noise to each distribution.
 	defer debug.SetGCPercent(debug.SetGCPercent(800))
 	const nBodies = 256
 	bodies := make([][]byte, nBodies)
@@ -107,19 +131,20 @@ func TestOverhead(t *testing.T) {
 		}
 		return time.Since(start), err
 	}
-	// Warm up connections and both processes on both paths.
+	// Warm up connections and the processes on every path.
 	for i := range 200 {
-		for _, base := range []string{router.addr, direct} {
-			if _, err := do(base, bodies[i%nBodies]); err != nil {
-				t.Fatalf("warm-up via %s: %v", base, err)
+		for _, p := range paths {
+			if _, err := do(p.base, bodies[i%nBodies]); err != nil {
+				t.Fatalf("warm-up via %s: %v", p.name, err)
 			}
 		}
 	}
 
 	interval := time.Second / time.Duration(*overheadRate)
 	n := int(*overheadFor / interval)
-	viaRouter := make([]time.Duration, n) // 0: failed
-	viaDirect := make([]time.Duration, n)
+	for _, p := range paths {
+		p.lat = make([]time.Duration, n)
+	}
 	lag := make([]time.Duration, n)
 	var failures atomic.Int64
 	var wg sync.WaitGroup
@@ -132,6 +157,7 @@ func TestOverhead(t *testing.T) {
 	}
 	cpuRouter0, cpuSim0 := router.cpu(t), sim.cpu(t)
 	rdRouter0, wrRouter0 := router.syscalls(t)
+	phaseTicks := int(*overheadPhase / interval)
 	start := time.Now()
 	for i := range n {
 		due := start.Add(time.Duration(i) * interval)
@@ -140,22 +166,22 @@ func TestOverhead(t *testing.T) {
 		}
 		lag[i] = time.Since(due)
 		body := bodies[i%nBodies]
-		pair := [2]struct {
-			base string
-			out  *time.Duration
-		}{{router.addr, &viaRouter[i]}, {direct, &viaDirect[i]}}
-		if i%2 == 1 {
-			pair[0], pair[1] = pair[1], pair[0]
-		}
-		for _, p := range pair {
+		send := func(p *path) {
 			wg.Go(func() {
 				d, err := do(p.base, body)
 				if err != nil {
 					failures.Add(1)
 					return
 				}
-				*p.out = d
+				p.lat[i] = d
 			})
+		}
+		if phaseTicks > 0 {
+			send(paths[(i/phaseTicks)%len(paths)])
+			continue
+		}
+		for k := range paths {
+			send(paths[(i+k)%len(paths)]) // which path goes first rotates
 		}
 	}
 	wg.Wait()
@@ -164,30 +190,38 @@ func TestOverhead(t *testing.T) {
 	rdRouter, wrRouter := router.syscalls(t)
 	rdRouter, wrRouter = rdRouter-rdRouter0, wrRouter-wrRouter0
 
-	var r, d, diff []time.Duration
-	for i := range n {
-		if viaRouter[i] > 0 {
-			r = append(r, viaRouter[i])
-		}
-		if viaDirect[i] > 0 {
-			d = append(d, viaDirect[i])
-		}
-		if viaRouter[i] > 0 && viaDirect[i] > 0 {
-			diff = append(diff, viaRouter[i]-viaDirect[i])
-		}
-	}
 	us := func(x time.Duration) string { return strconv.FormatFloat(float64(x)/1e3, 'f', 0, 64) + " µs" }
-	t.Logf("GOMAXPROCS of sim and serve: %s", cmp.Or(strconv.Itoa(*overheadProcs), "default"))
-	t.Logf("policy %s, %d ticks in %v: %.0f requests/s per path achieved (%d/s asked), %d failures; send lag p50 %s p99 %s; %d CPUs",
-		*overheadPolicy, n, elapsed.Round(time.Millisecond), float64(len(r))/elapsed.Seconds(), *overheadRate,
-		failures.Load(), us(percentile(lag, 0.5)), us(percentile(lag, 0.99)), runtime.NumCPU())
-	t.Logf("direct: p50 %s p99 %s", us(percentile(d, 0.5)), us(percentile(d, 0.99)))
-	t.Logf("router: p50 %s p99 %s", us(percentile(r, 0.5)), us(percentile(r, 0.99)))
-	t.Logf("added:  p50 %s p99 %s (targets: 200 µs, 2 ms); paired difference p50 %s",
-		us(percentile(r, 0.5)-percentile(d, 0.5)), us(percentile(r, 0.99)-percentile(d, 0.99)), us(percentile(diff, 0.5)))
-	t.Logf("CPU per request: router %s, simulator %s (both paths' requests counted for the simulator)",
-		us(cpuRouter/time.Duration(max(len(r), 1))), us(cpuSim/time.Duration(max(len(r)+len(d), 1))))
-	perReq := float64(max(len(r), 1))
+	share, mode := 1.0, "every path at every tick"
+	if phaseTicks > 0 {
+		share, mode = 1/float64(len(paths)), "phases of "+overheadPhase.String()+", one path each in turn"
+	}
+	lats := make([][]time.Duration, len(paths))
+	sent := 0
+	for k, p := range paths {
+		for _, d := range p.lat {
+			if d > 0 {
+				lats[k] = append(lats[k], d)
+			}
+		}
+		sent += len(lats[k])
+	}
+	t.Logf("GOMAXPROCS of the processes: %s; %d CPUs; policy %s", cmp.Or(strconv.Itoa(*overheadProcs), "default"), runtime.NumCPU(), *overheadPolicy)
+	t.Logf("%s; %d ticks in %v: %.0f requests/s per path while sent to (%d/s asked), %d failures; send lag p50 %s p99 %s",
+		mode, n, elapsed.Round(time.Millisecond), float64(len(lats[1]))/(share*elapsed.Seconds()), *overheadRate,
+		failures.Load(), us(percentile(lag, 0.5)), us(percentile(lag, 0.99)))
+	d50, d99 := percentile(lats[0], 0.5), percentile(lats[0], 0.99)
+	for k, p := range paths {
+		p50, p99 := percentile(lats[k], 0.5), percentile(lats[k], 0.99)
+		line := fmt.Sprintf("%-22s p50 %8s  p99 %8s", p.name+":", us(p50), us(p99))
+		if k > 0 {
+			line += fmt.Sprintf("   added to direct: p50 %8s  p99 %8s", us(p50-d50), us(p99-d99))
+		}
+		t.Log(line)
+	}
+	t.Logf("targets for the router's added latency: p50 200 µs, p99 2 ms")
+	t.Logf("CPU per request: router %s, simulator %s (every path's requests counted for the simulator)",
+		us(cpuRouter/time.Duration(max(len(lats[1]), 1))), us(cpuSim/time.Duration(max(sent, 1))))
+	perReq := float64(max(len(lats[1]), 1))
 	t.Logf("router system calls per request: %.1f reads, %.1f writes", float64(rdRouter)/perReq, float64(wrRouter)/perReq)
 	if failures.Load() > 0 {
 		t.Errorf("%d requests failed", failures.Load())
@@ -221,8 +255,14 @@ func kvrouteBinary(t *testing.T) string {
 	if *kvrouteBin != "" {
 		return *kvrouteBin
 	}
-	bin := filepath.Join(t.TempDir(), "kvroute")
-	build := exec.Command("go", "build", "-o", bin, "github.com/kvroute/kvroute/cmd/kvroute")
+	return goBuild(t, "github.com/kvroute/kvroute/cmd/kvroute")
+}
+
+// goBuild builds the command pkg into a temporary directory.
+func goBuild(t *testing.T, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), path.Base(pkg))
+	build := exec.Command("go", "build", "-o", bin, pkg)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -1,0 +1,31 @@
+//go:build linux || darwin || freebsd || netbsd || openbsd || dragonfly
+
+package h1
+
+import (
+	"net"
+	"syscall"
+)
+
+// alive peeks, without waiting, at an idle connection: false when the server closed it or sent
+// something unasked.
+func alive(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var b [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		// Open and quiet: nothing to read yet. 0 bytes without an error: closed. Any byte: the
+		// server said something unasked, so the connection's state is unknown.
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = n <= 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
+		return true // never wait
+	})
+	return err == nil && open
+}

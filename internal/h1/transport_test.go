@@ -1,0 +1,508 @@
+package h1
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// countConns counts the connections a test server accepts.
+func countConns(srv *httptest.Server) *atomic.Int64 {
+	var n atomic.Int64
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			n.Add(1)
+		}
+	}
+	return &n
+}
+
+func newTransport(t *testing.T) *Transport {
+	t.Helper()
+	tr := New(&http.Transport{})
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+func post(t *testing.T, tr http.RoundTripper, url, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.RoundTrip(req)
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading body: %v", err)
+	}
+	resp.Body.Close()
+	return string(b)
+}
+
+func TestReusesConnection(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %s", r.Method, r.URL.Path, b)
+	}))
+	conns := countConns(srv)
+	srv.Start()
+	defer srv.Close()
+	tr := newTransport(t)
+	for i := range 20 {
+		resp, err := post(t, tr, srv.URL+"/v1/x", fmt.Sprint("body", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := readAll(t, resp), fmt.Sprintf("POST /v1/x body%d", i); got != want {
+			t.Fatalf("got %q, want %q", got, want)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("20 sequential requests used %d connections, want 1", n)
+	}
+}
+
+func TestStreamReadToEndIsReused(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 5 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	conns := countConns(srv)
+	srv.Start()
+	defer srv.Close()
+	tr := newTransport(t)
+	for range 3 {
+		resp, err := post(t, tr, srv.URL, "{}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.TransferEncoding) == 0 || resp.TransferEncoding[0] != "chunked" {
+			t.Fatalf("want a chunked stream, got %v", resp.TransferEncoding)
+		}
+		if got := readAll(t, resp); !strings.HasSuffix(got, "data: 4\n\n") {
+			t.Fatalf("stream %q", got)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("3 streams read to their end used %d connections, want 1", n)
+	}
+}
+
+func TestEarlyCloseDropsConnection(t *testing.T) {
+	closed := make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			if _, err := io.WriteString(w, "data: x\n\n"); err != nil {
+				once.Do(func() { close(closed) })
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				once.Do(func() { close(closed) })
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}))
+	conns := countConns(srv)
+	srv.Start()
+	defer srv.Close()
+	tr := newTransport(t)
+	resp, err := post(t, tr, srv.URL, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resp.Body.Read(make([]byte, 16)); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // an endless stream abandoned: the server must see it end
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server did not see the abandoned stream end")
+	}
+	if _, err := resp.Body.Read(make([]byte, 16)); err != io.EOF {
+		t.Errorf("read after Close: %v, want EOF", err)
+	}
+	if tr.idleCount() != 0 {
+		t.Errorf("an abandoned stream's connection went back to the pool")
+	}
+	// The next call dials anew and works.
+	resp2, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r2, err := tr.RoundTrip(resp2.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	r2.Body.Close()
+	if n := conns.Load(); n != 2 {
+		t.Errorf("connections %d, want 2", n)
+	}
+}
+
+func TestCancelEndsCallAndUpstream(t *testing.T) {
+	upstreamDone := make(chan struct{})
+	release := make(chan struct{})
+	defer close(release)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(upstreamDone)
+		_, _ = io.ReadAll(r.Body) // from here on, net/http watches the connection for a close
+		select { // a long prefill: no response byte yet
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+	tr := newTransport(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("{}"))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("RoundTrip after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("RoundTrip did not return after its context was cancelled")
+	}
+	select {
+	case <-upstreamDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream did not see the cancelled call go")
+	}
+}
+
+// oneShotServer answers each request with a keep-alive response, then closes the connection
+// without saying so: what a server does when its keep-alive timeout ends as a request arrives.
+func oneShotServer(t *testing.T) (url string, requests *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	requests = new(atomic.Int64)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				requests.Add(1)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			})
+		}
+	})
+	return "http://" + ln.Addr().String(), requests
+}
+
+func TestStaleConnectionRetriedOnce(t *testing.T) {
+	url, requests := oneShotServer(t)
+	tr := newTransport(t)
+	for i := range 3 {
+		resp, err := post(t, tr, url, "{}")
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Fatalf("request %d: %q", i, got)
+		}
+		// Give the server time to close; the pooled connection is younger than
+		// staleCheckAfter, so it is not peeked at: the request meets the close.
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := requests.Load(); n != 3 {
+		t.Errorf("the server handled %d requests, want 3", n)
+	}
+}
+
+func TestStaleConnectionPeeked(t *testing.T) {
+	url, requests := oneShotServer(t)
+	tr := newTransport(t)
+	resp, err := post(t, tr, url, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	time.Sleep(20 * time.Millisecond)
+	tr.backdate(time.Second) // older than staleCheckAfter: peeked at and found closed
+	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(url, "http://"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nc.Close()
+	if reused {
+		t.Error("a connection the server closed was taken from the pool")
+	}
+	if n := requests.Load(); n != 1 {
+		t.Errorf("requests %d, want 1", n)
+	}
+}
+
+func TestLiveConnectionPeekedAndKept(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer srv.Close()
+	tr := newTransport(t)
+	resp, err := post(t, tr, srv.URL, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	tr.backdate(time.Second)
+	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(srv.URL, "http://"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nc.Close()
+	if !reused {
+		t.Error("a live idle connection was dropped after the peek")
+	}
+}
+
+func TestStaleNotReplayableBodyFails(t *testing.T) {
+	url, requests := oneShotServer(t)
+	tr := newTransport(t)
+	resp, err := post(t, tr, url, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	time.Sleep(20 * time.Millisecond)
+	req, _ := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader("{}"))) // no GetBody
+	if resp, err := tr.RoundTrip(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("a request whose body cannot be sent again succeeded on a closed connection")
+	} else if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("err %v, want unexpected EOF", err)
+	}
+	if n := requests.Load(); n != 1 {
+		t.Errorf("requests %d, want 1", n)
+	}
+}
+
+func TestConnectionCloseNotReused(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		io.WriteString(w, "bye")
+	}))
+	conns := countConns(srv)
+	srv.Start()
+	defer srv.Close()
+	tr := newTransport(t)
+	for range 3 {
+		resp, err := post(t, tr, srv.URL, "{}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("connections %d, want 3 (the server closes each)", n)
+	}
+}
+
+func TestInformationalResponseSkipped(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</x>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		io.WriteString(w, "final")
+	}))
+	defer srv.Close()
+	tr := newTransport(t)
+	resp, err := post(t, tr, srv.URL, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || readAll(t, resp) != "final" {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+}
+
+func TestNoBodyResponseReused(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	conns := countConns(srv)
+	srv.Start()
+	defer srv.Close()
+	tr := newTransport(t)
+	for range 3 {
+		resp, err := post(t, tr, srv.URL, "{}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close() // never read: a 204 has no body
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("connections %d, want 1", n)
+	}
+}
+
+func TestIdleLimits(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer srv.Close()
+	tr := newTransport(t)
+	tr.MaxIdlePerHost = 2
+	var resps []*http.Response
+	for range 4 { // four at once: four connections, only two kept
+		resp, err := post(t, tr, srv.URL, "{}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resps = append(resps, resp)
+	}
+	for _, r := range resps {
+		readAll(t, r)
+	}
+	if n := tr.idleCount(); n != 2 {
+		t.Errorf("idle %d, want 2 (MaxIdlePerHost)", n)
+	}
+	// Connections idle past IdleTimeout are closed, not used.
+	tr.IdleTimeout = time.Minute
+	tr.backdate(2 * time.Minute)
+	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(srv.URL, "http://"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nc.Close()
+	if reused || tr.idleCount() != 0 {
+		t.Errorf("expired idle connections were kept: reused %v, idle %d", reused, tr.idleCount())
+	}
+}
+
+func TestHTTPSGoesToFallback(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tls") }))
+	defer srv.Close()
+	tr := New(srv.Client().Transport.(*http.Transport))
+	defer tr.CloseIdleConnections()
+	resp, err := post(t, tr, srv.URL, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.TLS == nil || readAll(t, resp) != "tls" {
+		t.Error("https was not served by the fallback transport")
+	}
+}
+
+func TestDialError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	tr := newTransport(t)
+	resp, err := post(t, tr, "http://"+addr, "{}")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a call to a closed port succeeded")
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "dial" {
+		t.Errorf("err %v, want a dial error", err)
+	}
+}
+
+// idleCount is the number of pooled connections.
+func (t *Transport) idleCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, cs := range t.idle {
+		n += len(cs)
+	}
+	return n
+}
+
+// backdate makes every pooled connection look idle for d longer.
+func (t *Transport) backdate(d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, cs := range t.idle {
+		for _, c := range cs {
+			c.since = c.since.Add(-d)
+		}
+	}
+}
+
+// TestMatchesNetHTTP sends the same requests through this transport and net/http's, to a server
+// that echoes what it received, and compares what the server saw and what came back.
+func TestMatchesNetHTTP(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var keys []string
+		for k := range r.Header {
+			if k != "User-Agent" && k != "Accept-Encoding" { // net/http adds its own
+				keys = append(keys, k+"="+r.Header.Get(k))
+			}
+		}
+		fmt.Fprintf(w, "%s %s host=%s len=%d te=%v body=%s headers=%d", r.Method, r.URL.RequestURI(), r.Host, r.ContentLength, r.TransferEncoding, b, len(keys))
+	}))
+	defer srv.Close()
+	ours := newTransport(t)
+	std := &http.Transport{}
+	defer std.CloseIdleConnections()
+	mk := func() *http.Request {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions?a=1", bytes.NewReader([]byte(`{"x":1}`)))
+		req.Header.Set("X-Request-Id", "r1")
+		req.Header.Set("Content-Type", "application/json")
+		return req
+	}
+	get := func(tr http.RoundTripper) string {
+		resp, err := tr.RoundTrip(mk())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(resp.StatusCode, " ", resp.Header.Get("Content-Type"), " ", readAll(t, resp))
+	}
+	if a, b := get(ours), get(std); a != b {
+		t.Errorf("this transport: %s\nnet/http:       %s", a, b)
+	}
+}
