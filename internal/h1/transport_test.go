@@ -177,7 +177,8 @@ func TestCancelEndsCallAndUpstream(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer close(upstreamDone)
 		_, _ = io.ReadAll(r.Body) // from here on, net/http watches the connection for a close
-		select {                  // a long prefill: no response byte yet
+		// A long prefill: no response byte yet.
+		select {
 		case <-r.Context().Done():
 		case <-release:
 		}
