@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +32,7 @@ var (
 	overheadProcs  = flag.Int("overhead-gomaxprocs", 0, "GOMAXPROCS of the simulator and router processes in TestOverhead (0: Go's default, every CPU)")
 	overheadProf   = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
 	overheadPhase  = flag.Duration("overhead-phase", 500*time.Millisecond, "TestOverhead: length of each phase in which every request takes one path (0: every path at every tick)")
+	overheadNginx  = flag.Bool("overhead-nginx", false, "TestOverhead: also measure nginx (from PATH) proxying to the simulator, as a reference")
 	overheadBare   = flag.String("overhead-bare", "h1", "TestOverhead: also measure a bare reverse proxy with each of these upstream transports, h1 and/or net/http, comma-separated (empty: none)")
 )
 
@@ -89,9 +91,10 @@ func TestOverhead(t *testing.T) {
 	}, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model,
 		"--policy", *overheadPolicy, "--endpoint", sim.addr, "--pprof="+strconv.FormatBool(*overheadProf != ""))
 	type path struct {
-		name string
-		base string
-		lat  []time.Duration // per tick; 0: not sent on this path, or failed
+		name  string
+		base  string
+		lat   []time.Duration // per tick; 0: not sent on this path, or failed
+		ticks int             // ticks at which requests were sent on this path
 	}
 	paths := []*path{{name: "direct", base: sim.addr}, {name: "router", base: router.addr}}
 	for tp := range strings.SplitSeq(*overheadBare, ",") {
@@ -105,6 +108,10 @@ func TestOverhead(t *testing.T) {
 			return "", false
 		}, "-listen", "127.0.0.1:0", "-upstream", sim.addr, "-transport", tp)
 		paths = append(paths, &path{name: "bare proxy (" + tp + ")", base: bare.addr})
+	}
+
+	if *overheadNginx {
+		paths = append(paths, &path{name: "nginx", base: startNginx(t, sim.addr)})
 	}
 
 	// Less garbage collection in the load generator: every path shares it, but its pauses
@@ -167,6 +174,7 @@ func TestOverhead(t *testing.T) {
 		lag[i] = time.Since(due)
 		body := bodies[i%nBodies]
 		send := func(p *path) {
+			p.ticks++
 			wg.Go(func() {
 				d, err := do(p.base, body)
 				if err != nil {
@@ -191,9 +199,9 @@ func TestOverhead(t *testing.T) {
 	rdRouter, wrRouter = rdRouter-rdRouter0, wrRouter-wrRouter0
 
 	us := func(x time.Duration) string { return strconv.FormatFloat(float64(x)/1e3, 'f', 0, 64) + " µs" }
-	share, mode := 1.0, "every path at every tick"
+	mode := "every path at every tick"
 	if phaseTicks > 0 {
-		share, mode = 1/float64(len(paths)), "phases of "+overheadPhase.String()+", one path each in turn"
+		mode = "phases of " + overheadPhase.String() + ", one path each in turn"
 	}
 	lats := make([][]time.Duration, len(paths))
 	sent := 0
@@ -207,7 +215,7 @@ func TestOverhead(t *testing.T) {
 	}
 	t.Logf("GOMAXPROCS of the processes: %s; %d CPUs; policy %s", cmp.Or(strconv.Itoa(*overheadProcs), "default"), runtime.NumCPU(), *overheadPolicy)
 	t.Logf("%s; %d ticks in %v: %.0f requests/s per path while sent to (%d/s asked), %d failures; send lag p50 %s p99 %s",
-		mode, n, elapsed.Round(time.Millisecond), float64(len(lats[1]))/(share*elapsed.Seconds()), *overheadRate,
+		mode, n, elapsed.Round(time.Millisecond), float64(len(lats[1]))/(float64(paths[1].ticks)*interval.Seconds()), *overheadRate,
 		failures.Load(), us(percentile(lag, 0.5)), us(percentile(lag, 0.99)))
 	d50, d99 := percentile(lats[0], 0.5), percentile(lats[0], 0.99)
 	for k, p := range paths {
@@ -228,6 +236,56 @@ func TestOverhead(t *testing.T) {
 	}
 	if err := <-profiled; err != nil {
 		t.Errorf("router CPU profile: %v", err)
+	}
+}
+
+// startNginx runs nginx (one process, no access log, keep-alive to the upstream) in front of
+// upstream and returns its base URL; it is stopped when the test ends.
+func startNginx(t *testing.T, upstream string) string {
+	t.Helper()
+	bin, err := exec.LookPath("nginx")
+	if err != nil {
+		t.Skip("-overhead-nginx: no nginx in PATH")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	conf := fmt.Sprintf(`daemon off; master_process off; worker_processes 1;
+pid %[1]s/nginx.pid; error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body; proxy_temp_path %[1]s/proxy; fastcgi_temp_path %[1]s/fcgi;
+  uwsgi_temp_path %[1]s/uwsgi; scgi_temp_path %[1]s/scgi;
+  upstream sim { server %[2]s; keepalive 512; }
+  server {
+    listen %[3]s;
+    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+  }
+}
+`, dir, strings.TrimPrefix(upstream, "http://"), addr)
+	file := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-c", file, "-e", filepath.Join(dir, "error.log"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return "http://" + addr
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			t.Fatalf("nginx did not listen on %s within 10 s: %s", addr, b)
+		}
 	}
 }
 
