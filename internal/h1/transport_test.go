@@ -48,6 +48,16 @@ func post(t *testing.T, tr http.RoundTripper, url, body string) (*http.Response,
 	return tr.RoundTrip(req)
 }
 
+// mustPost posts {} to url and returns the response body read to its end.
+func mustPost(t *testing.T, tr http.RoundTripper, url string) string {
+	t.Helper()
+	resp, err := post(t, tr, url, "{}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return readAll(t, resp)
+}
+
 func readAll(t *testing.T, resp *http.Response) string {
 	t.Helper()
 	b, err := io.ReadAll(resp.Body)
@@ -267,18 +277,10 @@ func TestStaleConnectionRetriedOnce(t *testing.T) {
 func TestStaleConnectionPeeked(t *testing.T) {
 	url, requests := oneShotServer(t)
 	tr := newTransport(t)
-	resp, err := post(t, tr, url, "{}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readAll(t, resp)
+	mustPost(t, tr, url)
 	time.Sleep(20 * time.Millisecond)
 	tr.backdate(time.Second) // older than staleCheckAfter: peeked at and found closed
-	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(url, "http://"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nc.Close()
+	reused := takeIdle(t, tr, url)
 	if reused {
 		t.Error("a connection the server closed was taken from the pool")
 	}
@@ -291,17 +293,9 @@ func TestLiveConnectionPeekedAndKept(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	defer srv.Close()
 	tr := newTransport(t)
-	resp, err := post(t, tr, srv.URL, "{}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readAll(t, resp)
+	mustPost(t, tr, srv.URL)
 	tr.backdate(time.Second)
-	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(srv.URL, "http://"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nc.Close()
+	reused := takeIdle(t, tr, srv.URL)
 	if !reused {
 		t.Error("a live idle connection was dropped after the peek")
 	}
@@ -310,11 +304,7 @@ func TestLiveConnectionPeekedAndKept(t *testing.T) {
 func TestStaleNotReplayableBodyFails(t *testing.T) {
 	url, requests := oneShotServer(t)
 	tr := newTransport(t)
-	resp, err := post(t, tr, url, "{}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readAll(t, resp)
+	mustPost(t, tr, url)
 	time.Sleep(20 * time.Millisecond)
 	req, _ := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader("{}"))) // no GetBody
 	if resp, err := tr.RoundTrip(req); err == nil {
@@ -408,11 +398,7 @@ func TestIdleLimits(t *testing.T) {
 	// Connections idle past IdleTimeout are closed, not used.
 	tr.IdleTimeout = time.Minute
 	tr.backdate(2 * time.Minute)
-	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(srv.URL, "http://"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.nc.Close()
+	reused := takeIdle(t, tr, srv.URL)
 	if reused || tr.idleCount() != 0 {
 		t.Errorf("expired idle connections were kept: reused %v, idle %d", reused, tr.idleCount())
 	}
@@ -449,6 +435,18 @@ func TestDialError(t *testing.T) {
 	if !errors.As(err, &oe) || oe.Op != "dial" {
 		t.Errorf("err %v, want a dial error", err)
 	}
+}
+
+// takeIdle takes a connection to url's host the way a call would, closes it, and reports
+// whether it came from the pool.
+func takeIdle(t *testing.T, tr *Transport, url string) bool {
+	t.Helper()
+	c, reused, err := tr.get(context.Background(), strings.TrimPrefix(url, "http://"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nc.Close()
+	return reused
 }
 
 // idleCount is the number of pooled connections.
