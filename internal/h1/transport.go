@@ -40,6 +40,9 @@ const (
 	// staleCheckAfter is how long a connection may sit in the pool before it is peeked at for a
 	// close by the server. Engines' keep-alive timeouts are seconds (uvicorn: 5 s).
 	staleCheckAfter = 500 * time.Millisecond
+	// MaxResponseHeaderBytes bounds a response's status line and headers (net/http's Transport
+	// allows 10 MB; an engine's are well under a kilobyte).
+	MaxResponseHeaderBytes = 1 << 20
 )
 
 // Transport is an http.RoundTripper. Its zero value is not usable: set Fallback (New does).
@@ -75,13 +78,19 @@ type conn struct {
 }
 
 // countingReader counts the bytes read from the connection, to tell whether a failed call had
-// received any byte of a response.
+// received any byte of a response, and stops at max (when set) while a response head is read.
 type countingReader struct {
-	r io.Reader
-	n int64
+	r   io.Reader
+	n   int64
+	max int64 // 0: no limit
 }
 
+var errHeaderTooLarge = errors.New("h1: response headers larger than 1 MB")
+
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.max > 0 && c.n >= c.max {
+		return 0, errHeaderTooLarge
+	}
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
@@ -157,6 +166,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		return fail(err)
 	}
 	var resp *http.Response
+	c.cr.max = read0 + MaxResponseHeaderBytes
 	for {
 		var err error
 		resp, err = http.ReadResponse(c.br, req)
@@ -172,6 +182,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		}
 		break
 	}
+	c.cr.max = 0
 	b := &body{t: t, c: c, rc: resp.Body, stop: stop, reuse: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols}
 	if resp.Body == http.NoBody {
 		b.finish(true)

@@ -505,3 +505,41 @@ func TestMatchesNetHTTP(t *testing.T) {
 		t.Errorf("this transport: %s\nnet/http:       %s", a, b)
 	}
 }
+
+func TestResponseHeadersBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer func() { ln.Close(); wg.Wait() }()
+	wg.Go(func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		// A status line, then headers without end.
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n"); err != nil {
+			return
+		}
+		line := "X-Junk: " + strings.Repeat("j", 1000) + "\r\n"
+		for range 4 << 10 { // 4 MB of headers, or until the client hangs up
+			if _, err := io.WriteString(c, line); err != nil {
+				return
+			}
+		}
+	})
+	tr := newTransport(t)
+	resp, err := post(t, tr, "http://"+ln.Addr().String(), "{}")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a response with endless headers was accepted")
+	}
+	if !errors.Is(err, errHeaderTooLarge) {
+		t.Errorf("err %v, want %v", err, errHeaderTooLarge)
+	}
+}
