@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +27,9 @@ import (
 type simulateFlags struct {
 	trace, workload, profile, policies string
 	records, html, cpuprofile          string
+	replicaAffinity                    string
 	instances, limit, blockSize        int
+	routers                            int
 	load, speedup                      float64
 	seed                               uint64
 	scrape, latency                    time.Duration
@@ -56,6 +60,8 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the policies' randomness and of synthetic workloads")
 	fs.DurationVar(&f.scrape, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
 	fs.DurationVar(&f.latency, "network-latency", 0, "one-way router-engine latency")
+	fs.IntVar(&f.routers, "routers", 1, "router replicas behind a load balancer, each with its own policy instance and load counters")
+	fs.StringVar(&f.replicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&f.html, "html", "", "also write an HTML report with charts to this file")
@@ -87,14 +93,68 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failed(stderr, fs.Name(), err)
 	}
 	if f.json {
-		err = report.WriteJSON(stdout, sum)
+		err = writeSimulateJSON(stdout, sum, &f)
 	} else {
-		err = report.WriteTable(stdout, sum)
+		err = writeSimulateTable(stdout, sum, &f)
 	}
 	if err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
 	return 0
+}
+
+// simulateSummary is report.Summary with the router replicas added to its scenario. The
+// replicas are left out for one router, so that a single router's output is what it always was.
+type simulateSummary struct {
+	Scenario simulateScenario `json:"scenario"`
+	*report.Summary
+}
+
+type simulateScenario struct {
+	report.Scenario
+	Routers         int    `json:"routers"`
+	ReplicaAffinity string `json:"replica_affinity"`
+}
+
+// writeSimulateJSON writes sum as JSON, with the router replicas in the scenario when there
+// are several.
+func writeSimulateJSON(w io.Writer, sum *report.Summary, f *simulateFlags) error {
+	if f.routers <= 1 {
+		return report.WriteJSON(w, sum)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	s := simulateSummary{Scenario: simulateScenario{Scenario: sum.Scenario, Routers: f.routers, ReplicaAffinity: f.replicaAffinity}, Summary: sum}
+	if err := enc.Encode(s); err != nil {
+		return fmt.Errorf("write json summary: %w", err)
+	}
+	return nil
+}
+
+// writeSimulateTable writes sum as a table, with the router replicas at the end of its header
+// line when there are several.
+func writeSimulateTable(w io.Writer, sum *report.Summary, f *simulateFlags) error {
+	if f.routers <= 1 {
+		return report.WriteTable(w, sum)
+	}
+	var b bytes.Buffer
+	if err := report.WriteTable(&b, sum); err != nil {
+		return err
+	}
+	head, rest, _ := bytes.Cut(b.Bytes(), []byte("\n"))
+	if _, err := fmt.Fprintf(w, "%s, %s\n%s", head, routersNote(f), rest); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}
+
+// routersNote says how many router replicas there are and how requests reach them.
+func routersNote(f *simulateFlags) string {
+	how := "round-robin per request"
+	if f.replicaAffinity == "session" {
+		how = "by session key"
+	}
+	return fmt.Sprintf("%d router replicas (%s)", f.routers, how)
 }
 
 // startCPUProfile profiles the process into path until stop is called.
@@ -139,6 +199,17 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 	}
 	if f.latency < 0 {
 		errs = append(errs, fmt.Errorf("--network-latency %v: want 0 or more", f.latency))
+	}
+	if f.routers < 1 {
+		errs = append(errs, fmt.Errorf("--routers %d: want at least 1 (the number of router replicas)", f.routers))
+	}
+	spread := des.SpreadRoundRobin
+	switch f.replicaAffinity {
+	case "none":
+	case "session":
+		spread = des.SpreadSession
+	default:
+		errs = append(errs, fmt.Errorf("--replica-affinity %q: want none (round-robin per request) or session", f.replicaAffinity))
 	}
 	prof, err := engine.LookupProfile(f.profile)
 	if err != nil {
@@ -194,6 +265,8 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 	fleet.ScrapeInterval = f.scrape
 	fleet.NetworkLatency = f.latency
 	fleet.Seed = f.seed
+	fleet.Routers = f.routers
+	fleet.Spread = spread
 
 	sum := &report.Summary{
 		Scenario: report.Scenario{
@@ -268,6 +341,9 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 			Title: "kvroute simulate: " + name,
 			Notes: []string{fmt.Sprintf("Virtual time: arrivals divided by %.3g; engine metrics scraped every %v; router-engine latency %v.",
 				speedup, f.scrape, f.latency)},
+		}
+		if f.routers > 1 {
+			opt.Notes = append(opt.Notes, routersNote(f)+", each with its own policy instance and load counters.")
 		}
 		if err := writeFile(f.html, func(w io.Writer) error { return report.WriteHTML(w, sum, records, opt) }); err != nil {
 			return nil, fmt.Errorf("--html: %w", err)

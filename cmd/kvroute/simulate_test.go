@@ -49,6 +49,9 @@ func TestSimulateErrors(t *testing.T) {
 		{"unwritable records file", []string{"--trace", good, "--policies", "random", "--records", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl")}, 1, []string{"--records"}},
 		{"negative block size", []string{"--trace", good, "--block-size", "-16"}, 2, []string{"--block-size -16"}},
 		{"bad policy parameter", []string{"--trace", good, "--policies", "round-robin:x=1"}, 2, []string{`"x"`}},
+		{"zero routers", []string{"--trace", good, "--routers", "0"}, 2, []string{"--routers 0", "at least 1"}},
+		{"negative routers", []string{"--trace", good, "--routers", "-2"}, 2, []string{"--routers -2", "at least 1"}},
+		{"bad replica affinity", []string{"--trace", good, "--routers", "2", "--replica-affinity", "sticky"}, 2, []string{`"sticky"`, "session"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -201,6 +204,90 @@ func TestSimulateBlockSize(t *testing.T) {
 	}
 	if b, want := s.Bounds.InfiniteCacheHitRate, 38400.0/44115.0; math.Abs(b-want) > 1e-9 {
 		t.Errorf("infinite-cache bound %v, want %v", b, want)
+	}
+}
+
+func TestSimulateRouters(t *testing.T) {
+	trace := writeSimulateTrace(t, 40)
+	sim := func(extra ...string) (report.Summary, map[string]any, string) {
+		t.Helper()
+		args := append([]string{"--trace", trace, "--instances", "2", "--profile", "llama3-8b-h100-tp1",
+			"--policies", "prefix-aware,least-request", "--load", "0.9", "--seed", "7", "--json"}, extra...)
+		code, stdout, stderr := runVerb("simulate", args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, stderr)
+		}
+		var s report.Summary
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(stdout), &raw); err != nil {
+			t.Fatal(err)
+		}
+		for i := range s.Results {
+			s.Results[i].WallSeconds = 0
+		}
+		return s, raw, stdout
+	}
+	type fig struct {
+		Policy            string
+		Hit, Mean, P99    float64
+		InstanceRequests  []int
+		Completed, Failed int
+	}
+	figs := func(s report.Summary) []fig {
+		var out []fig
+		for _, r := range s.Results {
+			out = append(out, fig{r.Policy, r.HitRate, r.TTFT.Mean, r.TTFT.P99, r.InstanceRequests, r.Completed, r.Failed})
+		}
+		return out
+	}
+
+	// One router is the simulator as it was before replicas: these figures are the output of
+	// the same command at 5a1c7fa, and the JSON has no routers field.
+	one, raw, _ := sim()
+	old := []fig{
+		{"prefix-aware", 0.858846197438513, 14.598167275000003, 37.59684778, []int{20, 20}, 40, 0},
+		{"least-request", 0.858846197438513, 14.598167275000003, 37.59684778, []int{20, 20}, 40, 0},
+	}
+	if diff := cmp.Diff(old, figs(one)); diff != "" {
+		t.Errorf("one router against 5a1c7fa (-old +now):\n%s", diff)
+	}
+	if _, ok := raw["scenario"].(map[string]any)["routers"]; ok {
+		t.Errorf("one router: scenario %v has a routers field", raw["scenario"])
+	}
+	explicit, _, _ := sim("--routers", "1")
+	if diff := cmp.Diff(one, explicit); diff != "" {
+		t.Errorf("--routers 1 differs from the default (-default +explicit):\n%s", diff)
+	}
+
+	// Two routers: the scenario says so, everything completes, and least-request, which each
+	// replica now runs on its own in-flight counts, places requests differently.
+	two, raw, _ := sim("--routers", "2")
+	sc := raw["scenario"].(map[string]any)
+	if sc["routers"] != 2.0 || sc["replica_affinity"] != "none" || sc["requests"] != 40.0 {
+		t.Errorf("two routers: scenario %v, want routers 2, replica_affinity none and the usual fields", sc)
+	}
+	for _, f := range figs(two) {
+		if f.Completed != 40 || f.Failed != 0 {
+			t.Errorf("two routers, %s: completed %d failed %d", f.Policy, f.Completed, f.Failed)
+		}
+	}
+	if cmp.Equal(one.Results[1], two.Results[1]) {
+		t.Errorf("least-request: two routers gave the same result as one: %+v", two.Results[1])
+	}
+	if diff := cmp.Diff(one.Bounds, two.Bounds); diff != "" {
+		t.Errorf("bounds depend on the routers (-one +two):\n%s", diff)
+	}
+
+	// The table's header line names them.
+	code, stdout, stderr := runVerb("simulate", "--trace", trace, "--instances", "2", "--policies", "round-robin", "--routers", "3", "--replica-affinity", "session")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if head, _, _ := strings.Cut(stdout, "\n"); !strings.HasPrefix(head, "workload trace.jsonl: 40 requests") || !strings.HasSuffix(head, ", 3 router replicas (by session key)") {
+		t.Errorf("header line %q, want the scenario then the 3 router replicas", head)
 	}
 }
 

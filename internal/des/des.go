@@ -54,6 +54,48 @@ type Config struct {
 	NetworkLatency time.Duration
 	// Seed seeds the policy's random source.
 	Seed uint64
+	// Routers is the number of router replicas (0 or 1: one router). Each replica has its own
+	// policy instance, built by the same NewPicker, and its own Endpoint objects, so the load
+	// counters a policy reads (in flight, pending prefill) and everything it learns cover only
+	// the requests that replica routed, as with replicas behind a load balancer. The engines'
+	// scraped snapshots are the same for all: every replica scrapes the same engines.
+	Routers int
+	// Spread is how requests are assigned to router replicas when Routers > 1.
+	Spread Spread
+}
+
+// Spread is the rule by which the load balancer in front of the router replicas assigns a
+// request to one of them.
+type Spread uint8
+
+const (
+	// SpreadRoundRobin assigns requests to replicas in turn, in arrival order: what an L4 load
+	// balancer does with one request per connection.
+	SpreadRoundRobin Spread = iota
+	// SpreadSession assigns a request by a hash of its session key, so a conversation keeps to
+	// one replica; requests without a key go round-robin.
+	SpreadSession
+)
+
+// String returns the spread's name, as ParseSpread reads it.
+func (s Spread) String() string {
+	switch s {
+	case SpreadRoundRobin:
+		return "round-robin"
+	case SpreadSession:
+		return "session"
+	}
+	return "spread(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseSpread reads a spread's name: "round-robin" or "session".
+func ParseSpread(name string) (Spread, error) {
+	for _, s := range []Spread{SpreadRoundRobin, SpreadSession} {
+		if name == s.String() {
+			return s, nil
+		}
+	}
+	return 0, fmt.Errorf("replica spread %q: want round-robin or session", name)
 }
 
 func (c *Config) check() error {
@@ -72,6 +114,12 @@ func (c *Config) check() error {
 	}
 	if c.NetworkLatency < 0 {
 		errs = append(errs, fmt.Errorf("network latency: %v, want >= 0", c.NetworkLatency))
+	}
+	if c.Routers < 0 {
+		errs = append(errs, fmt.Errorf("routers: %d, want at least 1 (or 0 for one)", c.Routers))
+	}
+	if c.Spread > SpreadSession {
+		errs = append(errs, fmt.Errorf("spread: %v, want round-robin or session", c.Spread))
 	}
 	return errors.Join(errs...)
 }
@@ -146,6 +194,8 @@ type Result struct {
 	Stats []engine.Stats
 	// Events is the number of simulation events processed.
 	Events int
+	// Routed is, per router replica, the number of requests it was given (picked for).
+	Routed []int
 }
 
 // Preemptions sums the engines' preemption counts.
@@ -157,7 +207,8 @@ func (r *Result) Preemptions() int64 {
 	return n
 }
 
-// NewPicker builds the policy under test with the environment the simulator gives it.
+// NewPicker builds the policy under test with the environment the simulator gives it. With
+// several router replicas it is called once per replica, in replica order.
 type NewPicker func(env policy.Env) (policy.Picker, error)
 
 // Named returns a NewPicker for a registered policy.
@@ -177,16 +228,22 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 	}
 	s := &sim{cfg: cfg, w: w, policyName: policyName}
 	s.clock.epoch = Epoch()
-	env := policy.Env{Rand: rand.New(rand.NewPCG(cfg.Seed, 0x6b76726f757465)), Clock: &s.clock}
-	pk, err := newPicker(env)
-	if err != nil {
-		return nil, err
+	s.routers = make([]router, max(cfg.Routers, 1))
+	for k := range s.routers {
+		// Replica 0's stream is the one a single router has always had; the others get
+		// streams of their own.
+		env := policy.Env{Rand: rand.New(rand.NewPCG(cfg.Seed, 0x6b76726f757465+uint64(k))), Clock: &s.clock}
+		pk, err := newPicker(env)
+		if err != nil {
+			return nil, err
+		}
+		r := &s.routers[k]
+		r.picker = pk
+		r.observer, _ = pk.(policy.Observer)
+		r.predictor, _ = pk.(policy.Predictor)
+		r.eps = make([]*endpoint.Endpoint, cfg.Instances)
 	}
-	s.picker = pk
-	s.observer, _ = pk.(policy.Observer)
-	s.predictor, _ = pk.(policy.Predictor)
 	s.engines = make([]Engine, cfg.Instances)
-	s.eps = make([]*endpoint.Endpoint, cfg.Instances)
 	s.stepping = make([]bool, cfg.Instances)
 	for i := range s.engines {
 		e, err := cfg.NewEngine(i)
@@ -194,12 +251,14 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
 		s.engines[i] = e
-		s.eps[i] = &endpoint.Endpoint{
-			ID:               i,
-			Name:             "sim-" + strconv.Itoa(i),
-			Models:           []string{cfg.Model},
-			Engine:           "vllm",
-			KVCapacityTokens: cfg.KVCapacityTokens,
+		for k := range s.routers {
+			s.routers[k].eps[i] = &endpoint.Endpoint{
+				ID:               i,
+				Name:             "sim-" + strconv.Itoa(i),
+				Models:           []string{cfg.Model},
+				Engine:           "vllm",
+				KVCapacityTokens: cfg.KVCapacityTokens,
+			}
 		}
 	}
 	if err := s.loop(ctx); err != nil {
@@ -252,6 +311,17 @@ func (a *event) less(b *event) bool {
 type reqState struct {
 	firstSeen bool
 	done      bool
+	router    int32 // the replica that routed it
+}
+
+// router is one router replica: its policy instance and its own Endpoint objects, whose load
+// counters only its own requests move (the snapshots on them are shared).
+type router struct {
+	picker    policy.Picker
+	observer  policy.Observer
+	predictor policy.Predictor
+	eps       []*endpoint.Endpoint
+	routed    int
 }
 
 type sim struct {
@@ -259,11 +329,9 @@ type sim struct {
 	w          *Workload
 	policyName string
 	clock      virtualClock
-	picker     policy.Picker
-	observer   policy.Observer
-	predictor  policy.Predictor
+	routers    []router
+	arrivals   int // requests arrived so far, for the round-robin spread
 	engines    []Engine
-	eps        []*endpoint.Endpoint
 	stepping   []bool // a step or a kick is pending for the engine
 	queue      eventQueue
 	seq        uint64
@@ -355,10 +423,35 @@ func (s *sim) pushArrival() {
 	s.push(event{at: s.w.reqs[i].Arrival, kind: evArrival, req: int32(i)})
 }
 
+// spread picks the router replica for request i, the n-th to arrive (from 0).
+func (s *sim) spread(i, n int) int {
+	k := len(s.routers)
+	if k == 1 {
+		return 0
+	}
+	if s.cfg.Spread == SpreadSession {
+		if key := s.w.preqs[i].SessionKey; key != "" {
+			// FNV-1a: a fixed hash, so the assignment is the same in every run.
+			h := uint64(14695981039346656037)
+			for j := 0; j < len(key); j++ {
+				h ^= uint64(key[j])
+				h *= 1099511628211
+			}
+			return int(h % uint64(k))
+		}
+	}
+	return n % k
+}
+
 // arrive routes request i.
 func (s *sim) arrive(i int) {
 	preq := &s.w.preqs[i]
-	ranked, err := s.picker.Pick(preq, s.eps)
+	rt := s.spread(i, s.arrivals)
+	s.arrivals++
+	s.state[i].router = int32(rt)
+	r := &s.routers[rt]
+	r.routed++
+	ranked, err := r.picker.Pick(preq, r.eps)
 	if err == nil && len(ranked) == 0 {
 		err = policy.ErrNoCandidate
 	}
@@ -370,13 +463,13 @@ func (s *sim) arrive(i int) {
 	rec := &s.records[i]
 	rec.EndpointID = ep.ID
 	rec.Endpoint = ep.Name
-	if s.predictor != nil {
+	if r.predictor != nil {
 		rec.Predicted = true
-		rec.PredictedCachedTokens = s.predictor.PredictCached(preq, ep)
+		rec.PredictedCachedTokens = r.predictor.PredictCached(preq, ep)
 	}
 	ep.Start(preq.PromptTokens)
-	if s.observer != nil {
-		s.observer.Routed(preq, ep)
+	if r.observer != nil {
+		r.observer.Routed(preq, ep)
 	}
 	if s.cfg.NetworkLatency == 0 {
 		s.submit(ep.ID, i)
@@ -408,11 +501,12 @@ func (s *sim) submit(inst, i int) {
 }
 
 func (s *sim) reject(inst, i int, err error) {
-	ep := s.eps[inst]
+	r := &s.routers[s.state[i].router]
+	ep := r.eps[inst]
 	preq := &s.w.preqs[i]
 	ep.Finish(preq.PromptTokens, false)
-	if s.observer != nil {
-		s.observer.Done(preq, ep, policy.Result{
+	if r.observer != nil {
+		r.observer.Done(preq, ep, policy.Result{
 			CachedTokens: -1, PromptTokens: preq.PromptTokens,
 			Duration: s.clock.now - s.w.reqs[i].Arrival,
 		})
@@ -425,7 +519,7 @@ func (s *sim) fail(i, inst int, msg string) {
 	rec := &s.records[i]
 	rec.EndpointID = inst
 	if inst >= 0 {
-		rec.Endpoint = s.eps[inst].Name
+		rec.Endpoint = s.routers[0].eps[inst].Name
 	} else {
 		rec.Endpoint = ""
 	}
@@ -461,22 +555,24 @@ func (s *sim) kick(inst int) error {
 	return nil
 }
 
-// observe delivers engine inst's events to the router's counters, the policy and the records.
+// observe delivers engine inst's events to the counters and the policy of the router replica
+// that routed each request, and to the records.
 func (s *sim) observe(inst int, evs []engine.Event) {
-	ep := s.eps[inst]
 	for k := range evs {
 		ev := &evs[k]
 		i, err := strconv.Atoi(ev.ReqID)
 		if err != nil || i < 0 || i >= len(s.state) || s.state[i].done {
 			continue
 		}
+		r := &s.routers[s.state[i].router]
+		ep := r.eps[inst]
 		preq := &s.w.preqs[i]
 		rec := &s.records[i]
 		switch ev.Kind {
 		case engine.EventFirstToken:
-			s.firstToken(i, ep)
+			s.firstToken(i, r, ep)
 		case engine.EventFinished:
-			s.firstToken(i, ep) // a one-token request may report only its end
+			s.firstToken(i, r, ep) // a one-token request may report only its end
 			rec.Finish = s.clock.now
 			rec.CachedTokens = ev.CachedTokens
 			if ev.OutputTokens > 0 {
@@ -484,8 +580,8 @@ func (s *sim) observe(inst int, evs []engine.Event) {
 			}
 			s.state[i].done = true
 			ep.Finish(preq.PromptTokens, true)
-			if s.observer != nil {
-				s.observer.Done(preq, ep, policy.Result{
+			if r.observer != nil {
+				r.observer.Done(preq, ep, policy.Result{
 					OK:           true,
 					CachedTokens: ev.CachedTokens,
 					PromptTokens: preq.PromptTokens,
@@ -498,7 +594,7 @@ func (s *sim) observe(inst int, evs []engine.Event) {
 	}
 }
 
-func (s *sim) firstToken(i int, ep *endpoint.Endpoint) {
+func (s *sim) firstToken(i int, r *router, ep *endpoint.Endpoint) {
 	if s.state[i].firstSeen {
 		return
 	}
@@ -507,12 +603,14 @@ func (s *sim) firstToken(i int, ep *endpoint.Endpoint) {
 	rec.FirstToken = s.clock.now
 	preq := &s.w.preqs[i]
 	ep.FirstToken(preq.PromptTokens)
-	if s.observer != nil {
-		s.observer.FirstToken(preq, ep, rec.FirstToken-rec.Arrival)
+	if r.observer != nil {
+		r.observer.FirstToken(preq, ep, rec.FirstToken-rec.Arrival)
 	}
 }
 
-// scrape refreshes every endpoint's snapshot from its engine's counters.
+// scrape refreshes every endpoint's snapshot from its engine's counters. Every replica sees the
+// same snapshot at the same instant: live replicas scrape on their own timers, so their
+// snapshots differ by up to one interval in age, which this leaves out.
 func (s *sim) scrape() {
 	at := s.clock.Now()
 	for i, e := range s.engines {
@@ -529,7 +627,9 @@ func (s *sim) scrape() {
 		if st.TotalBlocks > 0 {
 			snap.KVUsage = float64(st.UsedBlocks) / float64(st.TotalBlocks)
 		}
-		s.eps[i].SetSnapshot(snap)
+		for k := range s.routers {
+			s.routers[k].eps[i].SetSnapshot(snap)
+		}
 	}
 }
 
@@ -539,6 +639,10 @@ func (s *sim) result() *Result {
 		Busy:    make([]time.Duration, len(s.engines)),
 		Stats:   make([]engine.Stats, len(s.engines)),
 		Events:  s.events,
+		Routed:  make([]int, len(s.routers)),
+	}
+	for k := range s.routers {
+		res.Routed[k] = s.routers[k].routed
 	}
 	for i, e := range s.engines {
 		res.Stats[i] = e.Stats()
