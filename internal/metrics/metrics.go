@@ -45,6 +45,8 @@ type Metrics struct {
 	Ejections      *prometheus.CounterVec // endpoint
 	Rewrites       prometheus.Counter
 	Reloads        *prometheus.CounterVec // result
+	// Tenant holds the per-tenant collectors, which the tenant gate updates.
+	Tenant *TenantMetrics
 
 	endpoints atomic.Pointer[func() []*endpoint.Endpoint]
 	index     atomic.Pointer[func() (int, int64)]
@@ -96,7 +98,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_config_reloads_total", Help: "Configuration reloads, by result (ok, error).",
 		}, []string{"result"}),
-		now: time.Now,
+		Tenant: NewTenantMetrics(reg),
+		now:    time.Now,
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.PickDuration, m.Retries,

@@ -99,7 +99,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		}
 		return 0, 0
 	})
-	gate, err := tenant.New(cfg, tenant.Options{Logger: logger, PrefillRate: r.prefillRate})
+	gate, err := tenant.New(cfg, tenant.Options{Logger: logger, PrefillRate: r.prefillRate, Metrics: r.metrics.Tenant})
 	if err != nil {
 		return nil, fmt.Errorf("tenants: %w", err)
 	}

@@ -18,13 +18,14 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // Options are what a Gate takes besides the config. Every field has a default.
 type Options struct {
-	// Now tells the time for the limiters; nil: time.Now.
+	// Now tells the time for the limiters and the queue-wait metric; nil: time.Now.
 	Now func() time.Time
 	// Getenv reads auth.secret_env; nil: os.Getenv.
 	Getenv func(string) string
@@ -39,6 +40,11 @@ type Options struct {
 	// have. The prefix-aware policy's PrefillRate(ep.ID) fits. Nil: max_predicted_ttft is
 	// not applied.
 	PrefillRate func(ep *endpoint.Endpoint) float64
+	// Metrics gets per-tenant counts: requests by status, refusals by reason, time waited for
+	// admission, settled tokens. Counted only while authentication is on (without it there
+	// are no tenants); a missing or unknown key counts as tenant metrics.Unauthenticated.
+	// Nil: nothing is counted.
+	Metrics *metrics.TenantMetrics
 }
 
 // Gate is the tenant front of the router: it authenticates API keys, applies each tenant's
@@ -52,6 +58,7 @@ type Gate struct {
 	getenv func(string) string
 	logger *slog.Logger
 	rate   func(*endpoint.Endpoint) float64
+	m      *metrics.TenantMetrics // nil: not counted
 	q      *queue
 
 	mu  sync.Mutex // serialises Reload
@@ -88,7 +95,7 @@ type limiter struct {
 // New builds a gate from a loaded config: the server secret is read now (auth.secret_file or
 // auth.secret_env) when authentication is on.
 func New(cfg *config.Config, opt Options) (*Gate, error) {
-	g := &Gate{now: opt.Now, getenv: opt.Getenv, logger: opt.Logger, rate: opt.PrefillRate}
+	g := &Gate{now: opt.Now, getenv: opt.Getenv, logger: opt.Logger, rate: opt.PrefillRate, m: opt.Metrics}
 	if g.now == nil {
 		g.now = time.Now
 	}
@@ -148,6 +155,10 @@ func (g *Gate) Reload(cfg *config.Config) error {
 		}
 	}
 	g.q.configure(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), saturation(cfg.Overload, g.rate))
+	// Before the new table is in force: its new tenants are counted from their first
+	// request, and removed ones lose their series (what they still have in flight is not
+	// counted).
+	g.m.SetTenants(slices.Collect(maps.Keys(t.byName)))
 	g.cur.Store(t)
 	return nil
 }
@@ -206,7 +217,8 @@ type headerKey struct{}
 // the tenant's Identity in its context. Every response carries OpenAI's x-ratelimit-*
 // headers for the limits the tenant has. Refusals are OpenAI error bodies: 401 for a missing
 // or unknown key, 429 with Retry-After and retry-after-ms over a limit (x-should-retry: false
-// when the request can never fit).
+// when the request can never fit). With Options.Metrics, every authenticated or refused
+// request is counted by tenant and status.
 func (g *Gate) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := context.WithValue(r.Context(), headerKey{}, w.Header())
@@ -244,6 +256,7 @@ func (g *Gate) Middleware(next http.Handler) http.Handler {
 					s.mu.Lock()
 					s.tok.adjust(g.now(), float64(est-prompt-completion))
 					s.mu.Unlock()
+					g.m.Tokens(s.name, prompt, completion)
 				})
 			},
 		}
@@ -256,9 +269,55 @@ func (g *Gate) Middleware(next http.Handler) http.Handler {
 		out.Header = r.Header.Clone() // the key is ours: engines never see it
 		out.Header.Del("Authorization")
 		out.Header.Del("Api-Key")
-		next.ServeHTTP(w, out)
+		if g.m == nil {
+			next.ServeHTTP(w, out)
+			return
+		}
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			code := sw.status
+			if code == 0 {
+				code = http.StatusOK
+			}
+			if ctx.Err() != nil {
+				code = 499 // the client went away before the end of the answer, as the proxy counts it
+			}
+			g.m.Request(s.name, code)
+		}()
+		next.ServeHTTP(sw, out)
 	})
 }
+
+// statusWriter records the status of the answer for the tenant metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 { // 1xx are interim answers
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush flushes the underlying writer (SSE events go out at once).
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // take applies the tenant's limits to one request of est prompt tokens: on success it counts
 // the request in flight and returns true; else it has written the 429.
@@ -311,6 +370,8 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 	}
 	g.logger.LogAttrs(r.Context(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
 		slog.String("code", *refusal.Code))
+	g.m.Rejection(s.name, *refusal.Code)
+	g.m.Request(s.name, refusal.Status)
 	openai.WriteError(w, refusal)
 	return false
 }
@@ -349,6 +410,8 @@ func setRetryAfter(h http.Header, d time.Duration) {
 func (g *Gate) unauthorized(w http.ResponseWriter, r *http.Request, code, msg string) {
 	g.logger.LogAttrs(r.Context(), slog.LevelDebug, "authentication failed", slog.String("code", code),
 		slog.String("remote", r.RemoteAddr), slog.String("path", r.URL.Path))
+	g.m.Rejection(metrics.Unauthenticated, code)
+	g.m.Request(metrics.Unauthenticated, http.StatusUnauthorized)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
 	openai.WriteError(w, openai.NewError(http.StatusUnauthorized, openai.TypeInvalidRequest, "", code, msg))
 }
@@ -380,13 +443,24 @@ func estimate(r *http.Request, maxBody int64) int {
 // Admit holds a request while every candidate endpoint is saturated (overload settings) in a
 // bounded queue served by priority and fairly across tenants, and refuses it with 503 and
 // Retry-After when the queue is full or it waited overload.max_wait. id may be nil
-// (authentication off). release must be called when the request ends.
+// (authentication off: nothing is counted in the tenant metrics). release must be called
+// when the request ends.
 func (g *Gate) Admit(ctx context.Context, id *Identity, candidates []*endpoint.Endpoint) (release func(), err error) {
 	name, prio := "", 0
 	if id != nil {
 		name, prio = id.Name, id.Priority
 	}
-	if err := g.q.wait(ctx, name, prio, 1, candidates); err != nil {
+	m := g.m
+	if id == nil {
+		m = nil
+	}
+	var start time.Time
+	if m != nil {
+		start = g.now()
+	}
+	queued, err := g.q.wait(ctx, name, prio, 1, candidates)
+	if err != nil {
+		m.Rejection(name, "overloaded")
 		if h, ok := ctx.Value(headerKey{}).(http.Header); ok {
 			h.Set("Retry-After", "1")
 			h.Set("retry-after-ms", "1000")
@@ -399,6 +473,13 @@ func (g *Gate) Admit(ctx context.Context, id *Identity, candidates []*endpoint.E
 			msg = "the client went away while the request waited for admission"
 		}
 		return nil, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "overloaded", msg)
+	}
+	if m != nil {
+		var waited time.Duration
+		if queued {
+			waited = g.now().Sub(start)
+		}
+		m.Waited(name, waited)
 	}
 	return g.q.signal, nil
 }

@@ -65,17 +65,18 @@ func (q *queue) isSaturated(cands []*endpoint.Endpoint) bool {
 	return q.saturated != nil && q.saturated(cands)
 }
 
-// wait returns nil once the request may go to one of cands. cost is the request's share
-// (1 per request).
-func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64, cands []*endpoint.Endpoint) error {
+// wait returns nil once the request may go to one of cands; queued says whether it had to
+// wait in the queue (false: it went at once, or was refused at once). cost is the request's
+// share (1 per request).
+func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64, cands []*endpoint.Endpoint) (queued bool, err error) {
 	q.mu.Lock()
 	if len(q.waiters) == 0 && !q.isSaturated(cands) {
 		q.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	if len(q.waiters) >= q.size {
 		q.mu.Unlock()
-		return errQueueFull
+		return false, errQueueFull
 	}
 	q.seq++
 	start := max(q.vtime, q.lastFinish[tenant])
@@ -92,19 +93,18 @@ func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64,
 
 	timer := time.NewTimer(maxWait)
 	defer timer.Stop()
-	var err error
 	select {
 	case <-w.ready:
-		return nil
+		return true, nil
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-timer.C:
 		err = errWaitedTooLong
 	}
 	if q.remove(w) {
-		return err
+		return true, err
 	}
-	return nil // admitted meanwhile: the caller goes on (and fails fast if its client left)
+	return true, nil // admitted meanwhile: the caller goes on (and fails fast if its client left)
 }
 
 // remove takes w out of the queue; false when it was admitted already.

@@ -30,7 +30,7 @@ func enqueue(t *testing.T, q *queue, ctx context.Context, tenant string, prio in
 	t.Helper()
 	n := q.len()
 	done := make(chan error, 1)
-	go func() { done <- q.wait(ctx, tenant, prio, 1, cands) }()
+	go func() { _, err := q.wait(ctx, tenant, prio, 1, cands); done <- err }()
 	waitLen(t, q, n+1)
 	return done
 }
@@ -114,7 +114,7 @@ func TestQueueBoundedTimeoutCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r1 := enqueue(t, q, ctx, "a", 0, nil)
 	r2 := enqueue(t, q, ctx, "b", 0, nil)
-	if err := q.wait(context.Background(), "c", 9, 1, nil); !errors.Is(err, errQueueFull) {
+	if _, err := q.wait(context.Background(), "c", 9, 1, nil); !errors.Is(err, errQueueFull) {
 		t.Errorf("third waiter in a queue of 2: %v, want errQueueFull", err)
 	}
 	cancel()
@@ -127,7 +127,7 @@ func TestQueueBoundedTimeoutCancel(t *testing.T) {
 		t.Errorf("%d waiters left after cancellation", n)
 	}
 	q.configure(2, 5*time.Millisecond, func([]*endpoint.Endpoint) bool { return true })
-	if err := q.wait(context.Background(), "a", 0, 1, nil); !errors.Is(err, errWaitedTooLong) {
+	if _, err := q.wait(context.Background(), "a", 0, 1, nil); !errors.Is(err, errWaitedTooLong) {
 		t.Errorf("saturated past max_wait: %v, want errWaitedTooLong", err)
 	}
 	if n := q.len(); n != 0 {
@@ -137,7 +137,7 @@ func TestQueueBoundedTimeoutCancel(t *testing.T) {
 
 func TestQueueFastPath(t *testing.T) {
 	q := newQueue(0, time.Minute, 0, nil) // no saturation predicate, no room: never waits
-	if err := q.wait(context.Background(), "a", 0, 1, nil); err != nil {
-		t.Errorf("unsaturated: %v", err)
+	if queued, err := q.wait(context.Background(), "a", 0, 1, nil); err != nil || queued {
+		t.Errorf("unsaturated: queued %v, %v; want straight through", queued, err)
 	}
 }
