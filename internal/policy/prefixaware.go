@@ -48,6 +48,15 @@ import (
 // being LRU, evicted it too); and a request's blocks become most recent again when it ends, as
 // the engine's free-block LRU orders them by release (touch_done). A session key breaks
 // near-ties (within session_slack) towards the endpoint that served the session last.
+//
+// With snapshot_load (off by default), it also counts the load that the engine's scraped
+// metrics show beyond its own counts: when a router is one of several replicas, each sees only
+// the requests it sent, and every replica would otherwise believe an endpoint that the others
+// keep busy is idle. The engine's waiting requests beyond the ones this router has waiting
+// there count as queued work (each the mean work of the requests this router sent: the load
+// balancer gives every replica the same mix), and its running plus waiting requests beyond
+// this router's in-flight count join the load guard and the decode term. The snapshot is up to
+// a scrape interval old; a single router's own counts are exact and rarely below it.
 type prefixAware struct {
 	clock       Clock
 	index       *prefix.Index
@@ -67,7 +76,12 @@ type prefixAware struct {
 	learnTol    float64
 	fleet       speedFit // all endpoints together
 	correct     bool
-	fallbackCap int // index blocks per endpoint when its KV capacity is unknown
+	fallbackCap int  // index blocks per endpoint when its KV capacity is unknown
+	snapLoad    bool // count the scraped load beyond the router's own
+
+	// The work of every request routed, summed, and their number: the mean work a request
+	// that another replica sent is assumed to bring.
+	workSum, workN atomic.Int64
 
 	mu       sync.RWMutex // guards eps (the slice, not the states)
 	eps      []*paState
@@ -197,6 +211,14 @@ type paScratch struct {
 	fill   []float64
 	scored []paScore
 	states []*paState
+	extra  []paUnseen
+}
+
+// paUnseen is the load on an endpoint that its scraped metrics show beyond the router's own
+// counts.
+type paUnseen struct {
+	inFlight, waiting int64
+	work              float64
 }
 
 type paScore struct {
@@ -225,6 +247,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		learnTol:    r.Float("learn_tolerance", 0.25),
 		correct:     r.Bool("correct", true),
 		fallbackCap: r.Int("index_blocks", 65536),
+		snapLoad:    r.Bool("snapshot_load", false),
 	}
 	maxEntries := r.Int("max_index_entries", 16<<20)
 	sessions := r.Int("sessions", 65536)
@@ -334,6 +357,10 @@ func (pa *prefixAware) getScratch(n, maxID int) *paScratch {
 		sc.states = make([]*paState, n)
 	}
 	sc.states = sc.states[:n]
+	if cap(sc.extra) < n {
+		sc.extra = make([]paUnseen, n)
+	}
+	sc.extra = sc.extra[:n]
 	return sc
 }
 
@@ -343,10 +370,9 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	if n == 0 {
 		return nil, ErrNoCandidate
 	}
-	maxID, total := 0, 0
+	maxID := 0
 	for _, e := range c {
 		maxID = max(maxID, e.ID)
-		total += e.InFlight()
 	}
 	sc := pa.getScratch(n, maxID)
 	defer pa.scratch.Put(sc)
@@ -364,6 +390,11 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			states[i] = pa.state(e.ID)
 		}
 		pa.sizeIndex(e, states[i], req.BlockTokens)
+	}
+	total := 0
+	for i, e := range c {
+		sc.extra[i] = pa.unseen(e, states[i])
+		total += e.InFlight() + int(sc.extra[i].inFlight)
 	}
 	pa.index.Match(sc.runs, req.Blocks)
 	now := pa.clock.Now().UnixNano()
@@ -402,16 +433,18 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			}
 			weight += pa.balance * p
 		}
-		q := pa.queued(s, now, fleet)
+		x := sc.extra[i]
+		q := pa.queued(s, now, fleet) + x.work
 		w := q + own*weight
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
 			w += s.affinityRate(now, pa.affTau) * own * (q + own/2) * pa.speedOf(s, fleet) / pa.rate0
 		}
-		decoding := max(int64(e.InFlight())-s.waiting.Load(), 0)
+		inFlight := int64(e.InFlight()) + x.inFlight
+		decoding := max(inFlight-s.waiting.Load()-x.waiting, 0)
 		cost := (pa.overhead0+w/pa.rate0)*pa.speedOf(s, fleet) + float64(decoding)*pa.decodeCost
-		sc.scored[i] = paScore{i: i, eligible: float64(e.InFlight()+1) <= limit, cost: cost}
+		sc.scored[i] = paScore{i: i, eligible: float64(inFlight+1) <= limit, cost: cost}
 	}
 	// Ineligible candidates after eligible ones, then by cost, then in candidate order.
 	slices.SortFunc(sc.scored, func(a, b paScore) int {
@@ -460,6 +493,12 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
 	f.ahead = int64(pa.queued(s, now, pa.fleet.get())) + f.work
+	if pa.snapLoad {
+		// Computed before this request is counted, as Pick saw it.
+		f.ahead += int64(pa.unseen(ep, s).work)
+		pa.workSum.Add(f.work)
+		pa.workN.Add(1)
+	}
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
 	s.enqueue(f, now)
@@ -492,6 +531,26 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 		s.speed.add(predicted, ttft.Seconds(), pa.learnWeight)
 		pa.fleet.add(predicted, ttft.Seconds(), pa.learnWeight/4)
 	}
+}
+
+// unseen is the load that ep's last scraped metrics show beyond this router's own counts (zero
+// without snapshot_load): requests running or waiting there that it did not send, the waiting
+// ones among them, and their estimated prefill work.
+func (pa *prefixAware) unseen(ep *endpoint.Endpoint, s *paState) paUnseen {
+	if !pa.snapLoad {
+		return paUnseen{}
+	}
+	sn := ep.Snapshot()
+	if sn == nil {
+		return paUnseen{}
+	}
+	var u paUnseen
+	u.waiting = max(int64(sn.Waiting)-s.waiting.Load(), 0)
+	u.inFlight = max(int64(sn.Running+sn.Waiting)-int64(ep.InFlight()), 0)
+	if n := pa.workN.Load(); n > 0 {
+		u.work = float64(u.waiting) * float64(pa.workSum.Load()) / float64(n)
+	}
+	return u
 }
 
 // queued is the prefill work still ahead on endpoint s at now: everything routed there and not

@@ -578,3 +578,63 @@ func TestPrefixAware_BlocksRenewedWhenRequestEnds(t *testing.T) {
 		})
 	}
 }
+
+// Another router replica keeps endpoint 0 busy: this router's own counts show it idle, its
+// scraped metrics do not. With snapshot_load the unseen queue counts (at the mean work of this
+// router's own requests) and the unseen requests join the load guard.
+func TestPrefixAware_SnapshotLoadCountsOtherRouters(t *testing.T) {
+	setup := func(p Params) (*prefixAware, []*endpoint.Endpoint, *Request) {
+		pa, _ := newPA(t, p)
+		eps := newEndpoints(2, 1<<20)
+		// Endpoint 0 holds a 100-block prefix; three 2,000-block requests done on endpoint 1
+		// set the mean work of this router's requests.
+		warm := req("w", 0, seq(1, 100)...)
+		eps[0].Start(warm.PromptTokens)
+		pa.Routed(warm, eps[0])
+		finish(pa, warm, eps[0], 0, 0)
+		for i := range 3 {
+			r := req("m", 0, seq(uint64(10000+i*3000), 2000)...)
+			eps[1].Start(r.PromptTokens)
+			pa.Routed(r, eps[1])
+			finish(pa, r, eps[1], 0, 0)
+		}
+		// The engine behind endpoint 0 has 20 requests waiting and 2 running, none of them ours.
+		eps[0].SetSnapshot(&endpoint.Snapshot{Waiting: 20, Running: 2})
+		eps[1].SetSnapshot(&endpoint.Snapshot{})
+		return pa, eps, req("x", 0, append(seq(1, 100), 7)...)
+	}
+	rank := func(pa *prefixAware, eps []*endpoint.Endpoint, r *Request) []int {
+		got, err := pa.Pick(r, eps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids(got)
+	}
+	// Off (the default): the holder looks idle and wins.
+	pa, eps, x := setup(Params{"max_load_factor": "100"})
+	if diff := cmp.Diff([]int{0, 1}, rank(pa, eps, x)); diff != "" {
+		t.Errorf("without snapshot_load (-want +got):\n%s", diff)
+	}
+	// On: 20 x the mean work of this router's requests (over 30,000 token-equivalents each) is
+	// queued there; recomputing 1,600 tokens on the idle endpoint is faster.
+	pa, eps, x = setup(Params{"max_load_factor": "100", "snapshot_load": "true"})
+	if diff := cmp.Diff([]int{1, 0}, rank(pa, eps, x)); diff != "" {
+		t.Errorf("with snapshot_load, queue (-want +got):\n%s", diff)
+	}
+	u := pa.unseen(eps[0], pa.state(0))
+	if u.waiting != 20 || u.inFlight != 22 || u.work < 20*30000 {
+		t.Errorf("unseen on endpoint 0: %+v, want 20 waiting, 22 in flight, work >= 600000", u)
+	}
+	// On, with only running requests (no queue): they count against the load bound. 4 running
+	// of 4 in the fleet: 4+1 > ceil(1 x 5 / 2), so endpoint 0 is not eligible.
+	pa, eps, x = setup(Params{"max_load_factor": "1", "snapshot_load": "true"})
+	eps[0].SetSnapshot(&endpoint.Snapshot{Running: 4})
+	if diff := cmp.Diff([]int{1, 0}, rank(pa, eps, x)); diff != "" {
+		t.Errorf("with snapshot_load, load bound (-want +got):\n%s", diff)
+	}
+	pa, eps, x = setup(Params{"max_load_factor": "1"})
+	eps[0].SetSnapshot(&endpoint.Snapshot{Running: 4})
+	if diff := cmp.Diff([]int{0, 1}, rank(pa, eps, x)); diff != "" {
+		t.Errorf("without snapshot_load, load bound (-want +got):\n%s", diff)
+	}
+}
