@@ -210,6 +210,9 @@ func DecodeBatch(data []byte) (Batch, error) {
 		if err != nil {
 			return Batch{}, fmt.Errorf("decode kv event batch: data_parallel_rank: %w", err)
 		}
+		if r < 0 || r > math.MaxInt32 {
+			return Batch{}, fmt.Errorf("decode kv event batch: data_parallel_rank %d: want a rank from 0", r)
+		}
 		b.DPRank = int(r)
 	}
 	list, ok := events.([]any)

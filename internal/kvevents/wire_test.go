@@ -95,6 +95,7 @@ func TestDecodeErrors(t *testing.T) {
 		"bad hashes":    []any{1.0, []any{[]any{"BlockRemoved", "zz"}}},
 		"bad hash item": []any{1.0, []any{[]any{"BlockRemoved", []any{1.5}}}},
 		"map no type":   []any{1.0, []any{map[string]any{"block_hashes": []any{}}}},
+		"negative rank": []any{1.0, []any{}, -5},
 	}
 	for name, v := range bad {
 		data, err := msgpack.Marshal(v)
