@@ -52,8 +52,10 @@ func TestConcurrentStreams(t *testing.T) {
 	tr := &http.Transport{MaxIdleConnsPerHost: n, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
+	// The baseline is taken once the router has settled: its first health checks and scrapes
+	// open keep-alive connections (two goroutines each) a moment after it starts.
+	baseG := srv.settledGoroutines(t)
 	baseRSS := srv.memKB(t, "VmRSS")
-	baseG := srv.goroutines(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -122,6 +124,21 @@ func TestConcurrentStreams(t *testing.T) {
 	if g := srv.goroutines(t); g > baseG+slack {
 		t.Errorf("router goroutines %d after the streams ended, %d before", g, baseG)
 	}
+}
+
+// settledGoroutines waits until the router's goroutine count has stayed the same for a second
+// (15 s at most) and returns it.
+func (p *serveProcess) settledGoroutines(t *testing.T) int {
+	t.Helper()
+	g, since := p.goroutines(t), time.Now()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if now := p.goroutines(t); now != g {
+			g, since = now, time.Now()
+		} else if time.Since(since) >= time.Second {
+			break
+		}
+	}
+	return g
 }
 
 // serveProcess is a `kvroute serve` child process.
