@@ -410,6 +410,24 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 	// Requests and busy time per instance come from the engines themselves (exact, and busy
 	// time is only known there), not from server.endpoint_header: we own both sides here. Busy time is model time, like
 	// the records, so the busy fractions are model time over model time.
+	// An engine counts a request finished just after it hands over the last tokens, so the
+	// client may have seen the end first: wait (2 s at most) until the engines have counted
+	// every request the client saw complete.
+	completed := 0
+	for i := range res.Records {
+		if res.Records[i].OK() {
+			completed++
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		finished := 0
+		for _, in := range fleet.Instances() {
+			finished += int(in.Stats().Finished)
+		}
+		if finished >= completed {
+			break
+		}
+	}
 	busy := make([]time.Duration, f.instances)
 	perInstance := make([]int, f.instances)
 	var preemptions int64
