@@ -28,19 +28,7 @@ func TestRouterTenantMetrics(t *testing.T) {
 			`"usage":{"prompt_tokens":11,"completion_tokens":3,"total_tokens":14}}`)
 	}))
 	defer engine.Close()
-	t.Setenv("KVR_ROUTER_TEST_SECRET", "0123456789abcdef0123456789abcdef")
-	cfg, err := config.Parse([]byte(`auth: {mode: api_key, secret_env: KVR_ROUTER_TEST_SECRET}
-tenants: [{name: acme, api_keys: ["` + tenant.HashKey("sk-acme") + `"]}]
-endpoints: [{url: "` + engine.URL + `", models: [m]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := acmeRouter(t, engine.URL)
 	api := r.Handler()
 	for _, key := range []string{"sk-acme", "sk-wrong"} {
 		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
@@ -88,19 +76,7 @@ func TestRouterTenantStream(t *testing.T) {
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	defer engine.Close()
-	t.Setenv("KVR_ROUTER_TEST_SECRET", "0123456789abcdef0123456789abcdef")
-	cfg, err := config.Parse([]byte(`auth: {mode: api_key, secret_env: KVR_ROUTER_TEST_SECRET}
-tenants: [{name: acme, api_keys: ["` + tenant.HashKey("sk-acme") + `"]}]
-endpoints: [{url: "` + engine.URL + `", models: [m]}]
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := acmeRouter(t, engine.URL)
 	api := httptest.NewServer(r.Handler())
 	defer api.Close()
 	req, _ := http.NewRequest(http.MethodPost, api.URL+"/v1/chat/completions",
@@ -171,4 +147,24 @@ endpoints: [{url: "` + engine.URL + `", models: [m]}]
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// acmeRouter is a router with API-key auth, one tenant "acme" (key sk-acme) and one endpoint
+// serving model m at url; it is closed when the test ends.
+func acmeRouter(t *testing.T, url string) *proxy.Router {
+	t.Helper()
+	t.Setenv("KVR_ROUTER_TEST_SECRET", "0123456789abcdef0123456789abcdef")
+	cfg, err := config.Parse([]byte(`auth: {mode: api_key, secret_env: KVR_ROUTER_TEST_SECRET}
+tenants: [{name: acme, api_keys: ["` + tenant.HashKey("sk-acme") + `"]}]
+endpoints: [{url: "` + url + `", models: [m]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
 }
