@@ -1,8 +1,11 @@
-// Command bareproxy is the floor that TestOverhead compares kvroute with: an
-// httputil.ReverseProxy to one upstream, doing nothing else (no parsing, no routing, no
-// metrics, no logs), over kvroute's upstream transport (internal/h1) or net/http's.
+// Command bareproxy is the floor that TestOverhead compares kvroute with: a reverse proxy to
+// one upstream that does nothing else (no parsing, no routing, no metrics, no logs). With
+// -transport h1 or net/http it is an httputil.ReverseProxy on a net/http server, as kvroute
+// is, over kvroute's upstream transport (internal/h1) or net/http's; with -transport fasthttp
+// both sides are valyala/fasthttp (its server and HostClient), to show what a Go HTTP stack
+// without net/http's per-request goroutines costs.
 //
-//	bareproxy -listen 127.0.0.1:0 -upstream http://127.0.0.1:8001 [-transport h1|net/http]
+//	bareproxy -listen 127.0.0.1:0 -upstream http://127.0.0.1:8001 [-transport h1|net/http|fasthttp]
 //
 // It prints "bareproxy: api http://ADDR" when it listens, and stops on SIGINT or SIGTERM.
 package main
@@ -20,6 +23,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/proxy"
 )
@@ -27,7 +32,7 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to listen on")
 	upstream := flag.String("upstream", "", "the one upstream URL")
-	transport := flag.String("transport", "h1", "h1 (kvroute's) or net/http")
+	transport := flag.String("transport", "h1", "h1 (kvroute's), net/http or fasthttp")
 	flag.Parse()
 	if err := run(*listen, *upstream, *transport); err != nil {
 		fmt.Fprintln(os.Stderr, "bareproxy:", err)
@@ -40,6 +45,9 @@ func run(listen, upstream, transport string) error {
 	if err != nil || u.Host == "" {
 		return fmt.Errorf("-upstream %q: want http://HOST:PORT", upstream)
 	}
+	if transport == "fasthttp" {
+		return runFast(listen, u.Host)
+	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	switch transport {
 	case "h1":
@@ -47,7 +55,7 @@ func run(listen, upstream, transport string) error {
 	case "net/http":
 		rp.Transport = proxy.DefaultTransport()
 	default:
-		return fmt.Errorf("-transport %q: want h1 or net/http", transport)
+		return fmt.Errorf("-transport %q: want h1, net/http or fasthttp", transport)
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -62,4 +70,24 @@ func run(listen, upstream, transport string) error {
 		return err
 	}
 	return nil
+}
+
+// runFast serves the same proxy with fasthttp on both sides.
+func runFast(listen, upstream string) error {
+	hc := &fasthttp.HostClient{Addr: upstream, MaxConns: 4096}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("bareproxy: api http://%s\n", ln.Addr())
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.Request.Header.Del("Connection")
+		if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
+			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+		}
+	}}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); _ = srv.Shutdown() }()
+	return srv.Serve(ln)
 }
