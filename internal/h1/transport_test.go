@@ -48,6 +48,14 @@ func post(t *testing.T, tr http.RoundTripper, url, body string) (*http.Response,
 	return tr.RoundTrip(req)
 }
 
+// okServer answers "ok" to everything; it is closed when the test ends.
+func okServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // mustPost posts {} to url and returns the response body read to its end.
 func mustPost(t *testing.T, tr http.RoundTripper, url string) string {
 	t.Helper()
@@ -290,8 +298,7 @@ func TestStaleConnectionPeeked(t *testing.T) {
 }
 
 func TestLiveConnectionPeekedAndKept(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	defer srv.Close()
+	srv := okServer(t)
 	tr := newTransport(t)
 	mustPost(t, tr, srv.URL)
 	tr.backdate(time.Second)
@@ -377,8 +384,7 @@ func TestNoBodyResponseReused(t *testing.T) {
 }
 
 func TestIdleLimits(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	defer srv.Close()
+	srv := okServer(t)
 	tr := newTransport(t)
 	tr.MaxIdlePerHost = 2
 	var resps []*http.Response
