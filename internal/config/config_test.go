@@ -43,7 +43,7 @@ func TestParse_Defaults(t *testing.T) {
 		Prefix: Prefix{BlockTokens: 16},
 		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two},
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
-			ShutdownTimeout: Duration(30 * time.Second)},
+			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin},
 		Log:      Log{Format: "json", Level: "info"},
 		Auth:     &Auth{Mode: AuthNone},
 		Overload: Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
@@ -373,5 +373,18 @@ func TestParse_EndpointHeader(t *testing.T) {
 	_, err = Parse([]byte("server: {endpoint_header: \"X Bad:\"}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
 	if err == nil || !strings.Contains(err.Error(), "server.endpoint_header") {
 		t.Errorf("bad header name: err = %v, want it named", err)
+	}
+}
+
+func TestParse_HTTPServer(t *testing.T) {
+	for in, want := range map[string]string{"": HTTPServerBuiltin, "builtin": HTTPServerBuiltin, "net/http": HTTPServerNetHTTP} {
+		c, err := Parse([]byte("server: {http_server: \"" + in + "\"}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+		if err != nil || c.Server.HTTPServer != want {
+			t.Errorf("http_server %q: got %q, %v; want %q", in, c.Server.HTTPServer, err, want)
+		}
+	}
+	_, err := Parse([]byte("server: {http_server: fasthttp}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err == nil || !strings.Contains(err.Error(), "server.http_server") || !strings.Contains(err.Error(), "net/http") {
+		t.Errorf("unknown server: err = %v, want the field named and the choices listed", err)
 	}
 }

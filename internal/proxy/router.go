@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kvroute/kvroute/internal/h1"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -25,7 +24,9 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/scrape"
@@ -421,7 +422,20 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			ErrorLog:          slog.NewLogLogger(r.logger.Handler(), slog.LevelDebug),
 		}
 	}
-	apiSrv, adminSrv := mk(r.Handler()), mk(r.AdminHandler())
+	var apiSrv server = mk(r.Handler())
+	if cfg.Server.HTTPServer != config.HTTPServerNetHTTP {
+		apiSrv = &h1.Server{
+			Handler:           r.Handler(),
+			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
+			IdleTimeout:       cfg.Server.IdleTimeout.D(),
+			WriteTimeout:      cfg.Server.WriteTimeout.D(),
+			ErrorLog:          slog.NewLogLogger(r.logger.Handler(), slog.LevelDebug),
+			ErrorBody: func(status int, msg string) (string, []byte) {
+				return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
+			},
+		}
+	}
+	adminSrv := mk(r.AdminHandler())
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
 	errc := make(chan error, 2)
@@ -461,6 +475,13 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	}
 	r.Close()
 	return first
+}
+
+// server is what serves a listener: net/http's Server or h1's.
+type server interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
 }
 
 func ignoreClosed(err error) error {

@@ -107,9 +107,17 @@ func TestRouterAdminAndReload(t *testing.T) {
 }
 
 func TestRouterServeDrainsStreams(t *testing.T) {
+	for _, srv := range []string{config.HTTPServerBuiltin, config.HTTPServerNetHTTP} {
+		t.Run(srv, func(t *testing.T) { testServeDrainsStreams(t, srv) })
+	}
+}
+
+func testServeDrainsStreams(t *testing.T, httpServer string) {
 	e := newFakeEngine(t)
 	e.hold, e.held = make(chan struct{}), make(chan struct{})
-	r, err := NewRouter(routerConfig(t, "", e.srv.URL), slog.New(slog.DiscardHandler))
+	cfg := routerConfig(t, "", e.srv.URL)
+	cfg.Server.HTTPServer = httpServer
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ var (
 	overheadProf   = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
 	overheadPhase  = flag.Duration("overhead-phase", 500*time.Millisecond, "TestOverhead: length of each phase in which every request takes one path (0: every path at every tick)")
 	overheadNginx  = flag.Bool("overhead-nginx", false, "TestOverhead: also measure nginx (from PATH) proxying to the simulator, as a reference")
-	overheadBare   = flag.String("overhead-bare", "h1", "TestOverhead: also measure a bare reverse proxy with each of these upstream transports, h1 and/or net/http, comma-separated (empty: none)")
+	overheadBare   = flag.String("overhead-bare", "h1", "TestOverhead: also measure a bare reverse proxy for each of these bareproxy -transport values (h1, h1-server, net/http, fasthttp), comma-separated (empty: none)")
 )
 
 // chatBody4K is a non-streamed chat request of about 4 KB asking for one token.
@@ -95,6 +95,8 @@ func TestOverhead(t *testing.T) {
 		base  string
 		lat   []time.Duration // per tick; 0: not sent on this path, or failed
 		ticks int             // ticks at which requests were sent on this path
+		proc  *process        // the proxy's process, when it is one of ours
+		cpu0  time.Duration
 	}
 	paths := []*path{{name: "direct", base: sim.addr}, {name: "router", base: router.addr}}
 	for tp := range strings.SplitSeq(*overheadBare, ",") {
@@ -107,7 +109,7 @@ func TestOverhead(t *testing.T) {
 			}
 			return "", false
 		}, "-listen", "127.0.0.1:0", "-upstream", sim.addr, "-transport", tp)
-		paths = append(paths, &path{name: "bare proxy (" + tp + ")", base: bare.addr})
+		paths = append(paths, &path{name: "bare proxy (" + tp + ")", base: bare.addr, proc: bare})
 	}
 
 	if *overheadNginx {
@@ -163,6 +165,11 @@ func TestOverhead(t *testing.T) {
 		profiled <- nil
 	}
 	cpuRouter0, cpuSim0 := router.cpu(t), sim.cpu(t)
+	for _, p := range paths {
+		if p.proc != nil {
+			p.cpu0 = p.proc.cpu(t)
+		}
+	}
 	rdRouter0, wrRouter0 := router.syscalls(t)
 	phaseTicks := int(*overheadPhase / interval)
 	start := time.Now()
@@ -195,6 +202,11 @@ func TestOverhead(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpuRouter, cpuSim := router.cpu(t)-cpuRouter0, sim.cpu(t)-cpuSim0
+	for _, p := range paths {
+		if p.proc != nil {
+			p.cpu0 = p.proc.cpu(t) - p.cpu0 // now the CPU time over the run
+		}
+	}
 	rdRouter, wrRouter := router.syscalls(t)
 	rdRouter, wrRouter = rdRouter-rdRouter0, wrRouter-wrRouter0
 
@@ -223,6 +235,9 @@ func TestOverhead(t *testing.T) {
 		line := fmt.Sprintf("%-22s p50 %8s  p99 %8s", p.name+":", us(p50), us(p99))
 		if k > 0 {
 			line += fmt.Sprintf("   added to direct: p50 %8s  p99 %8s", us(p50-d50), us(p99-d99))
+		}
+		if p.proc != nil {
+			line += fmt.Sprintf("   CPU per request %s", us(p.cpu0/time.Duration(max(len(lats[k]), 1))))
 		}
 		t.Log(line)
 	}

@@ -1,20 +1,24 @@
 // Command bareproxy is the floor that TestOverhead compares kvroute with: a reverse proxy to
-// one upstream that does nothing else (no parsing, no routing, no metrics, no logs). With
+// one upstream that does nothing else (no parsing, no routing, no metrics, no logs; it reads
+// each request body whole before forwarding it, as kvroute does). With
 // -transport h1 or net/http it is an httputil.ReverseProxy on a net/http server, as kvroute
-// is, over kvroute's upstream transport (internal/h1) or net/http's; with -transport fasthttp
+// is, over kvroute's upstream transport (internal/h1) or net/http's; with -transport h1-server
+// the server side is internal/h1's Server as well (what kvroute serves with by default); with -transport fasthttp
 // both sides are valyala/fasthttp (its server and HostClient), to show what a Go HTTP stack
 // without net/http's per-request goroutines costs.
 //
-//	bareproxy -listen 127.0.0.1:0 -upstream http://127.0.0.1:8001 [-transport h1|net/http|fasthttp]
+//	bareproxy -listen 127.0.0.1:0 -upstream http://127.0.0.1:8001 [-transport h1|h1-server|net/http|fasthttp]
 //
 // It prints "bareproxy: api http://ADDR" when it listens, and stops on SIGINT or SIGTERM.
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -49,22 +53,47 @@ func run(listen, upstream, transport string) error {
 		return runFast(listen, u.Host)
 	}
 	rp := httputil.NewSingleHostReverseProxy(u)
+	serveH1 := false
 	switch transport {
+	case "h1-server":
+		rp.Transport = h1.New(proxy.DefaultTransport())
+		serveH1 = true
 	case "h1":
 		rp.Transport = h1.New(proxy.DefaultTransport())
 	case "net/http":
 		rp.Transport = proxy.DefaultTransport()
 	default:
-		return fmt.Errorf("-transport %q: want h1, net/http or fasthttp", transport)
+		return fmt.Errorf("-transport %q: want h1, h1-server, net/http or fasthttp", transport)
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("bareproxy: api http://%s\n", ln.Addr())
-	srv := &http.Server{Handler: rp}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Read each body whole before forwarding it, as kvroute does (and fasthttp): a body passed
+	// on as it arrives may leave in several writes, each waking the upstream.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		}
+		rp.ServeHTTP(w, r)
+	})
+	if serveH1 {
+		srv := &h1.Server{Handler: h}
+		go func() { <-ctx.Done(); srv.Close() }()
+		if err := srv.Serve(ln); !errors.Is(err, h1.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+	srv := &http.Server{Handler: h}
 	go func() { <-ctx.Done(); srv.Close() }()
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err

@@ -1,0 +1,1024 @@
+package h1
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Defaults of the Server's settings.
+const (
+	// DefaultWatchAfter is how long a request runs before its connection is watched for the
+	// client going away.
+	DefaultWatchAfter = 20 * time.Millisecond
+	// maxDiscard is how much of a request body the handler left unread is read and dropped to
+	// keep the connection; a longer rest closes it (net/http's figure).
+	maxDiscard = 256 << 10
+	// holdBeforeChunking is how much of a response body is held before its headers are sent:
+	// a handler that writes no more than this and returns gets a Content-Length instead of
+	// chunked encoding.
+	holdBeforeChunking = 4 << 10
+	// sniffLen is how much of a body http.DetectContentType looks at.
+	sniffLen = 512
+	// quietTicks is how many janitor rounds without a request in flight slow the janitor down.
+	quietTicks = 20
+)
+
+// Server serves HTTP/1.0 and HTTP/1.1 to an http.Handler. Like net/http's Server it runs one
+// goroutine per connection, which reads each request, runs the handler and writes the
+// response. What it leaves out is what makes a request wake other threads: net/http reads
+// every connection in the background while its handler runs (to notice a client that goes
+// away) and stops that read at the end of each request, and it sets read deadlines per
+// request, each a runtime timer that may have to wake a thread to be armed. Measured on a
+// 2-vCPU VM, those cost a Go reverse proxy about 100 µs per request (docs/router.md).
+//
+// Here one janitor goroutine per server, awake while there are connections, does the timing
+// on a coarse tick: it closes connections past their header or idle timeout, and starts
+// watching the connection of a request that has run for WatchAfter; from then on a client
+// that goes away cancels the request's context, as with net/http. Requests that end sooner
+// never pay for it.
+//
+// Requests are parsed by http.ReadRequest. What it does not serve: TLS and HTTP/2 (use
+// net/http's Server), Hijack, CloseNotify, and watching a connection whose client has already
+// sent its next request (pipelining).
+type Server struct {
+	Handler http.Handler
+	// ReadHeaderTimeout bounds reading a request's head; IdleTimeout how long a kept-alive
+	// connection waits for its next request (0: ReadHeaderTimeout); WriteTimeout a whole
+	// response. 0: no bound.
+	ReadHeaderTimeout, IdleTimeout, WriteTimeout time.Duration
+	// MaxHeaderBytes bounds a request's head; 0: http.DefaultMaxHeaderBytes (1 MB).
+	MaxHeaderBytes int
+	// WatchAfter is how long a request runs before its connection is watched for the client
+	// going away (give or take half of it); 0: DefaultWatchAfter.
+	WatchAfter time.Duration
+	// ErrorBody, when set, makes the bodies of the errors the server answers itself (a
+	// malformed request, a head too large): it returns the content type and the body.
+	ErrorBody func(status int, msg string) (contentType string, body []byte)
+	// ErrorLog receives accept errors and handler panics; nil: the log package's logger.
+	ErrorLog *log.Logger
+
+	baseOnce  sync.Once
+	baseCtx   context.Context
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*srvConn]struct{}
+	done      bool
+	shutdown  atomic.Bool
+	wg        sync.WaitGroup // connection goroutines and the janitor
+
+	janitorOn bool        // under mu
+	quiet     atomic.Bool // the janitor sleeps long: a request that starts nudges it
+	nudge     chan struct{}
+}
+
+// base is every request's parent context. It carries http.ServerContextKey (with this
+// *Server, not an *http.Server) because httputil.ReverseProxy reads that key to abort a
+// handler, rather than log, when copying a response fails: the client went away.
+func (s *Server) base() context.Context {
+	s.baseOnce.Do(func() { s.baseCtx = context.WithValue(context.Background(), http.ServerContextKey, s) })
+	return s.baseCtx
+}
+
+// ErrServerClosed is http.ErrServerClosed: Serve returns it after Shutdown or Close.
+var ErrServerClosed = http.ErrServerClosed
+
+// Serve accepts connections on ln until Shutdown or Close, and returns ErrServerClosed then.
+func (s *Server) Serve(ln net.Listener) error {
+	if !s.track(ln) {
+		return ErrServerClosed
+	}
+	defer s.untrack(ln)
+	var delay time.Duration
+	for {
+		rwc, err := ln.Accept()
+		if err != nil {
+			if s.shutdown.Load() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.logf("h1: accept error: %v; retrying in %v", err, delay)
+				time.Sleep(delay)
+				continue
+			}
+			return err
+		}
+		delay = 0
+		c := s.newConn(rwc)
+		if c == nil {
+			rwc.Close()
+			return ErrServerClosed
+		}
+		go c.serve()
+	}
+}
+
+func (s *Server) track(ln net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return false
+	}
+	if s.listeners == nil {
+		s.listeners = make(map[net.Listener]struct{})
+	}
+	s.listeners[ln] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(ln net.Listener) {
+	s.mu.Lock()
+	delete(s.listeners, ln)
+	s.mu.Unlock()
+}
+
+func (s *Server) newConn(rwc net.Conn) *srvConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return nil
+	}
+	if s.conns == nil {
+		s.conns = make(map[*srvConn]struct{})
+	}
+	c := &srvConn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
+	c.setState(stateNew)
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	if !s.janitorOn {
+		s.janitorOn = true
+		if s.nudge == nil {
+			s.nudge = make(chan struct{}, 1)
+		}
+		s.wg.Add(1)
+		go s.janitor()
+	}
+	return c
+}
+
+func (s *Server) watchAfter() time.Duration {
+	if s.WatchAfter > 0 {
+		return s.WatchAfter
+	}
+	return DefaultWatchAfter
+}
+
+// janitor runs while the server has connections. Every half WatchAfter while requests are in
+// flight, and less often when none has been for a while (a new request wakes it), it closes
+// connections past their header or idle timeout and starts the watch of requests that have
+// run for WatchAfter.
+func (s *Server) janitor() {
+	fast := max(s.watchAfter()/2, time.Millisecond)
+	slow := time.Second
+	for _, d := range []time.Duration{s.ReadHeaderTimeout / 4, s.IdleTimeout / 4} {
+		if d > 0 && d < slow {
+			slow = d
+		}
+	}
+	slow = max(slow, fast)
+	defer s.wg.Done()
+	timer := time.NewTimer(fast)
+	defer timer.Stop()
+	quiet := 0
+	for {
+		select {
+		case <-timer.C:
+		case <-s.nudge:
+		}
+		if quiet >= quietTicks {
+			s.quiet.Store(true) // before the scan: a request it misses will nudge
+		}
+		s.mu.Lock()
+		if len(s.conns) == 0 {
+			s.janitorOn = false
+			s.quiet.Store(false)
+			s.mu.Unlock()
+			return
+		}
+		busy := s.sweep(time.Now().UnixNano())
+		s.mu.Unlock()
+		wait := fast
+		if busy {
+			quiet = 0
+			s.quiet.Store(false)
+		} else if quiet++; quiet > quietTicks {
+			wait = slow
+		}
+		timer.Reset(wait)
+	}
+}
+
+// sweep closes the connections past their timeouts and starts due watches; it reports
+// whether a request is in flight. The caller holds s.mu.
+func (s *Server) sweep(now int64) (busy bool) {
+	head, idle, watch := int64(s.ReadHeaderTimeout), int64(s.IdleTimeout), int64(s.watchAfter())
+	if idle == 0 {
+		idle = head
+	}
+	for c := range s.conns {
+		age := now - c.since.Load()
+		switch c.state.Load() {
+		case stateNew, stateHead:
+			if head > 0 && age > head {
+				c.expire()
+			}
+		case stateIdle:
+			if idle > 0 && age > idle {
+				c.expire()
+			}
+		case stateActive:
+			busy = true
+			if age >= watch && !c.watchAsked.Load() {
+				c.watchAsked.Store(true)
+				c.watchDue()
+			}
+		}
+	}
+	return busy
+}
+
+// requestStarted wakes a quiet janitor, so that the request's watch starts on time.
+func (s *Server) requestStarted() {
+	if s.quiet.Load() && s.quiet.CompareAndSwap(true, false) {
+		s.wakeJanitor()
+	}
+}
+
+func (s *Server) forget(c *srvConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	if s.done && len(s.conns) == 0 {
+		s.wakeJanitor() // to leave now
+	}
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+func (s *Server) wakeJanitor() {
+	select {
+	case s.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// closeListeners stops accepting; the caller holds s.mu.
+func (s *Server) closeListeners() {
+	s.done = true
+	s.shutdown.Store(true)
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	s.wakeJanitor()
+}
+
+// Shutdown stops accepting, closes idle connections, and waits for the others to finish their
+// request and close, or for ctx to end (then it returns ctx's error and leaves them be: call
+// Close).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closeListeners()
+	s.mu.Unlock()
+	wait := time.Millisecond
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		if s.closeIdle() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+		timer.Reset(wait)
+	}
+}
+
+// closeIdle closes the connections waiting for a request (new ones after 5 s without one) and
+// reports whether none is left.
+func (s *Server) closeIdle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now().UnixNano()
+	for c := range s.conns {
+		st := c.state.Load()
+		if st == stateIdle || st == stateNew && now-c.since.Load() > int64(5*time.Second) {
+			_ = c.rwc.Close()
+		}
+	}
+	return len(s.conns) == 0
+}
+
+// Close stops accepting and closes every connection at once, requests in flight included.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closeListeners()
+	for c := range s.conns {
+		_ = c.rwc.Close()
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.ErrorLog != nil {
+		s.ErrorLog.Printf(format, args...)
+	} else {
+		log.Printf(format, args...)
+	}
+}
+
+// Connection states.
+const (
+	stateNew    int32 = iota // waiting for its first request's head
+	stateHead                // reading a request's head (after the first)
+	stateActive              // serving a request
+	stateIdle                // waiting for the next request
+)
+
+// srvConn is one client connection.
+type srvConn struct {
+	s      *Server
+	rwc    net.Conn
+	remote string
+	state  atomic.Int32
+	since  atomic.Int64 // when the state last changed, Unix ns
+	// expired is set when the janitor closes the connection for a timeout.
+	expired atomic.Bool
+	// watchAsked is set when the janitor has asked for the request's watch.
+	watchAsked atomic.Bool
+	cr         connReader
+	br         *bufio.Reader
+	bw         *bufio.Writer
+	werr       error  // the first error writing to the client
+	hold       []byte // the response body held before its headers, reused
+
+	// The watch: after WatchAfter, once the request body has been read, a goroutine reads the
+	// connection; an error there (the client went away) cancels the request.
+	mu        sync.Mutex
+	active    bool // a request is being served
+	bodyDone  bool // its body has been read to the end
+	due       bool // WatchAfter passed before the body was read
+	watching  bool
+	aborting  bool // the watch is being stopped: its read error is ours
+	gone      bool // the watch saw the client go away
+	cancel    context.CancelFunc
+	watchDone chan struct{}
+}
+
+// expire closes the connection for a timeout.
+func (c *srvConn) expire() {
+	c.expired.Store(true)
+	_ = c.rwc.Close()
+}
+
+// connReader is what the connection's bufio.Reader reads: it bounds a request's head and
+// hands back the byte the watch may have read.
+type connReader struct {
+	c       *srvConn
+	remain  int64 // bytes the head may still take; math.MaxInt64 while a body is read
+	hasByte bool
+	byteBuf [1]byte
+}
+
+func (r *connReader) Read(p []byte) (int, error) {
+	if r.remain <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if int64(len(p)) > r.remain {
+		p = p[:r.remain]
+	}
+	if r.hasByte {
+		p[0] = r.byteBuf[0]
+		r.hasByte = false
+		r.remain--
+		return 1, nil
+	}
+	n, err := r.c.rwc.Read(p)
+	r.remain -= int64(n)
+	return n, err
+}
+
+var errHeadTooLarge = errors.New("request head too large")
+
+const unbounded = 1<<63 - 1
+
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 8<<10) }}
+	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+)
+
+// aLongTimeAgo is a deadline in the past: it interrupts a blocked Read at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+func (c *srvConn) setState(st int32) {
+	c.state.Store(st)
+	c.since.Store(time.Now().UnixNano())
+}
+
+func (c *srvConn) serve() {
+	s := c.s
+	c.cr.c = c
+	c.cr.remain = unbounded
+	c.br = readerPool.Get().(*bufio.Reader)
+	c.br.Reset(&c.cr)
+	c.bw = writerPool.Get().(*bufio.Writer)
+	c.bw.Reset(c.rwc)
+	defer func() {
+		if v := recover(); v != nil && v != http.ErrAbortHandler {
+			buf := make([]byte, 64<<10)
+			buf = buf[:runtime.Stack(buf, false)]
+			s.logf("h1: panic serving %s: %v\n%s", c.remote, v, buf)
+		}
+		c.stopWatch()
+		_ = c.rwc.Close()
+		c.br.Reset(nil)
+		readerPool.Put(c.br)
+		c.bw.Reset(nil)
+		writerPool.Put(c.bw)
+		s.forget(c)
+	}()
+	for n := 0; ; n++ {
+		if n > 0 {
+			c.setState(stateIdle)
+			if s.shutdown.Load() {
+				return
+			}
+			if c.br.Buffered() == 0 && !c.cr.hasByte {
+				if _, err := c.br.Peek(1); err != nil {
+					return // closed, timed out or reset while idle
+				}
+			}
+			c.setState(stateHead)
+		}
+		if !c.serveOne() {
+			return
+		}
+	}
+}
+
+// serveOne reads one request, runs the handler and writes its response; it reports whether the
+// connection may carry another request.
+func (c *srvConn) serveOne() bool {
+	s := c.s
+	limit := s.MaxHeaderBytes
+	if limit <= 0 {
+		limit = http.DefaultMaxHeaderBytes
+	}
+	c.cr.remain = int64(limit) + 4096 // what bufio may read past the head, as net/http allows
+	req, err := http.ReadRequest(c.br)
+	c.cr.remain = unbounded
+	if err != nil {
+		switch {
+		case c.expired.Load():
+			return false // the janitor closed it: too slow a head
+		case errors.Is(err, io.EOF):
+			return false
+		case errors.Is(err, errHeadTooLarge):
+			c.protocolError(http.StatusRequestHeaderFieldsTooLarge, "request head too large")
+		case isTimeout(err):
+			return false
+		default:
+			c.protocolError(http.StatusBadRequest, "malformed request: "+err.Error())
+		}
+		return false
+	}
+	if req.ProtoMajor != 1 {
+		c.protocolError(http.StatusHTTPVersionNotSupported, "HTTP/1.0 and HTTP/1.1 only")
+		return false
+	}
+	if req.Host == "" && req.ProtoAtLeast(1, 1) && req.Method != http.MethodConnect {
+		c.protocolError(http.StatusBadRequest, "missing required Host header")
+		return false
+	}
+	if !validHost(req.Host) {
+		c.protocolError(http.StatusBadRequest, "malformed Host header")
+		return false
+	}
+	expectContinue := false
+	if e := req.Header.Get("Expect"); e != "" {
+		if !strings.EqualFold(e, "100-continue") || !req.ProtoAtLeast(1, 1) {
+			c.protocolError(http.StatusExpectationFailed, "unsupported Expect header")
+			return false
+		}
+		expectContinue = true
+		req.Header.Del("Expect")
+	}
+	if s.WriteTimeout > 0 {
+		_ = c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
+	}
+	req.RemoteAddr = c.remote
+	ctx, cancel := context.WithCancel(s.base())
+	req = req.WithContext(ctx)
+
+	body := &reqBody{c: c, rc: req.Body, cont: expectContinue}
+	noBody := req.Body == http.NoBody
+	if !noBody {
+		req.Body = body
+	}
+	c.mu.Lock()
+	c.active, c.bodyDone, c.due, c.gone, c.cancel = true, noBody, false, false, cancel
+	c.mu.Unlock()
+	c.watchAsked.Store(false)
+	c.setState(stateActive)
+	s.requestStarted()
+
+	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
+	w.closeAfter = req.Close
+	s.Handler.ServeHTTP(w, req)
+	w.finish()
+
+	c.mu.Lock()
+	c.active = false
+	c.mu.Unlock()
+	c.stopWatch()
+	cancel()
+	c.mu.Lock()
+	gone := c.gone
+	c.mu.Unlock()
+	if gone || c.werr != nil || w.closeAfter || s.shutdown.Load() {
+		return false
+	}
+	if !noBody && !body.eof {
+		// The handler left some of the body: drop a little of it to keep the connection.
+		n, err := io.CopyN(io.Discard, body.rc, maxDiscard+1)
+		if n > maxDiscard || err != io.EOF {
+			c.closeGracefully()
+			return false
+		}
+	}
+	return true
+}
+
+// protocolError answers a request the server could not read, and the connection is closed.
+func (c *srvConn) protocolError(status int, msg string) {
+	ctype, body := "text/plain; charset=utf-8", []byte(msg)
+	if c.s.ErrorBody != nil {
+		ctype, body = c.s.ErrorBody(status, msg)
+	}
+	_ = c.rwc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c.bw, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
+		status, http.StatusText(status), ctype, len(body))
+	_, _ = c.bw.Write(body)
+	_ = c.bw.Flush()
+	c.closeGracefully()
+}
+
+// closeGracefully ends a connection whose client may still be sending (the rest of a head or
+// body the server will not read): closing it with unread input would reset it, and a reset
+// can make the client drop the answer it has not read yet. So the server sends its FIN, reads
+// and drops what still comes for up to half a second (and 1 MB), and only then closes.
+func (c *srvConn) closeGracefully() {
+	cw, ok := c.rwc.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	_ = c.rwc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, _ = io.CopyN(io.Discard, c.rwc, 1<<20)
+}
+
+// validHost reports whether h has only the bytes a Host header may hold (RFC 3986's host and
+// port characters, IPv6 brackets and zone separators included).
+func validHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		b := h[i]
+		if b < 0x21 || b > 0x7e || strings.IndexByte(`"<>\\^`+"`"+`{|}`, b) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// watchDue runs WatchAfter into a request, on the janitor's goroutine.
+func (c *srvConn) watchDue() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.active || c.watching {
+		return
+	}
+	if !c.bodyDone {
+		c.due = true // the body's end starts the watch
+		return
+	}
+	c.startWatchLocked()
+}
+
+// onBodyEOF runs when the handler has read the request body to its end.
+func (c *srvConn) onBodyEOF() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bodyDone = true
+	if c.due && c.active && !c.watching {
+		c.startWatchLocked()
+	}
+}
+
+func (c *srvConn) startWatchLocked() {
+	if c.br.Buffered() > 0 || c.cr.hasByte {
+		return // the client sent more already: nothing to watch with
+	}
+	c.watching = true
+	c.watchDone = make(chan struct{})
+	go c.watch(c.watchDone, c.cancel)
+}
+
+// watch reads the connection while a request runs: a read error means that the client went
+// away (unless stopWatch caused it); a byte read is the start of its next request, kept.
+func (c *srvConn) watch(done chan struct{}, cancel context.CancelFunc) {
+	defer close(done)
+	n, err := c.rwc.Read(c.cr.byteBuf[:])
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n == 1 {
+		c.cr.hasByte = true
+		return
+	}
+	if err != nil && !c.aborting {
+		c.gone = true
+		cancel()
+	}
+}
+
+// stopWatch ends the watch, if one runs, and waits for it.
+func (c *srvConn) stopWatch() {
+	c.mu.Lock()
+	w := c.watching
+	if w {
+		c.aborting = true
+	}
+	done := c.watchDone
+	c.mu.Unlock()
+	if !w {
+		return
+	}
+	_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+	<-done
+	_ = c.rwc.SetReadDeadline(time.Time{})
+	c.mu.Lock()
+	c.watching, c.aborting = false, false
+	c.mu.Unlock()
+}
+
+// reqBody is a request body as the handler sees it: it answers Expect: 100-continue at the
+// first read and tells the connection when the body has been read to its end.
+type reqBody struct {
+	c    *srvConn
+	rc   io.ReadCloser
+	cont bool // 100 Continue still to send
+	eof  bool
+}
+
+func (b *reqBody) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.cont {
+		b.cont = false
+		_, _ = b.c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		if err := b.c.bw.Flush(); err != nil {
+			b.c.werr = err
+		}
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof = true
+		b.c.onBodyEOF()
+	}
+	return n, err
+}
+
+func (b *reqBody) Close() error { return nil }
+
+// response is the http.ResponseWriter (and http.Flusher) of one request.
+type response struct {
+	c             *srvConn
+	req           *http.Request
+	header        http.Header
+	status        int
+	wroteHeader   bool
+	committed     bool   // the status line and headers are in the write buffer
+	held          []byte // body written before the headers were sent
+	contentLength int64  // declared by the handler; -1: none
+	written       int64
+	chunked       bool
+	closeAfter    bool
+	noBody        bool // HEAD, 204 or 304
+}
+
+func (w *response) Header() http.Header { return w.header }
+
+func (w *response) WriteHeader(code int) {
+	if w.wroteHeader {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		w.writeInformational(code)
+		return
+	}
+	w.wroteHeader = true
+	w.status = code
+	w.noBody = w.req.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified
+	if cl := w.header.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			w.contentLength = n
+		} else {
+			w.header.Del("Content-Length")
+		}
+	}
+}
+
+// writeInformational sends a 1xx response (103 Early Hints) with the headers set so far.
+func (w *response) writeInformational(code int) {
+	if w.committed || code == http.StatusContinue {
+		return
+	}
+	bw := w.c.bw
+	writeStatusLine(bw, code)
+	writeHeaders(bw, w.header, nil)
+	_, _ = bw.WriteString("\r\n")
+	if err := bw.Flush(); err != nil && w.c.werr == nil {
+		w.c.werr = err
+	}
+}
+
+func (w *response) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if w.noBody {
+		if w.req.Method == http.MethodHead {
+			w.written += int64(len(p))
+			if !w.committed && len(w.held) < sniffLen {
+				w.held = append(w.held, p[:min(len(p), sniffLen-len(w.held))]...) // for the type
+			}
+			return len(p), nil
+		}
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.contentLength >= 0 && w.written+int64(len(p)) > w.contentLength {
+		return 0, http.ErrContentLength
+	}
+	if w.c.werr != nil {
+		return 0, w.c.werr
+	}
+	w.written += int64(len(p))
+	if !w.committed {
+		if len(w.held)+len(p) <= holdBeforeChunking {
+			if w.held == nil {
+				if w.c.hold == nil {
+					w.c.hold = make([]byte, 0, holdBeforeChunking)
+				}
+				w.held = w.c.hold[:0]
+			}
+			w.held = append(w.held, p...)
+			return len(p), nil
+		}
+		w.commit(false, p)
+	}
+	w.writeBody(p)
+	if w.c.werr != nil {
+		return 0, w.c.werr
+	}
+	return len(p), nil
+}
+
+func (w *response) writeBody(p []byte) {
+	if len(p) == 0 || w.c.werr != nil {
+		return
+	}
+	bw := w.c.bw
+	var err error
+	if w.chunked {
+		var hex [16]byte
+		_, _ = bw.Write(strconv.AppendInt(hex[:0], int64(len(p)), 16))
+		_, _ = bw.WriteString("\r\n")
+		_, _ = bw.Write(p)
+		_, err = bw.WriteString("\r\n")
+	} else {
+		_, err = bw.Write(p)
+	}
+	if err != nil {
+		w.c.werr = err
+	}
+}
+
+// commit writes the status line and the headers, then the body held so far. final says that
+// the handler has returned, so that the body's length is known; sniff is the body's start, to
+// guess a missing Content-Type from.
+func (w *response) commit(final bool, sniff []byte) {
+	w.committed = true
+	h := w.header
+	h.Del("Transfer-Encoding")
+	if len(w.held) > 0 {
+		sniff = w.held
+	}
+	head := w.req.Method == http.MethodHead
+	if !w.noBody || head && w.status != http.StatusNoContent && w.status != http.StatusNotModified {
+		if _, ok := h["Content-Type"]; !ok && len(sniff) > 0 && h.Get("Content-Encoding") == "" {
+			h.Set("Content-Type", http.DetectContentType(sniff))
+		}
+	}
+	if head {
+		w.held = nil // kept only to guess the type
+	}
+	switch {
+	case w.contentLength >= 0:
+	case head:
+		// The length a GET would have declared: only when the body fits the first write.
+		if final && w.written > 0 && w.written <= holdBeforeChunking {
+			h.Set("Content-Length", strconv.FormatInt(w.written, 10))
+		}
+	case w.noBody:
+	case final:
+		w.contentLength = int64(len(w.held))
+		h.Set("Content-Length", strconv.Itoa(len(w.held)))
+	case w.req.ProtoAtLeast(1, 1):
+		w.chunked = true
+	default:
+		w.closeAfter = true // HTTP/1.0: the body ends when the connection does
+	}
+	if hasToken(h.Get("Connection"), "close") {
+		w.closeAfter = true
+	}
+	if w.c.s.shutdown.Load() {
+		w.closeAfter = true
+	}
+	h.Del("Connection")
+	bw := w.c.bw
+	writeStatusLine(bw, w.status)
+	var extra [3]string
+	ex := extra[:0]
+	if w.chunked {
+		ex = append(ex, "Transfer-Encoding: chunked\r\n")
+	}
+	if w.closeAfter {
+		ex = append(ex, "Connection: close\r\n")
+	} else if !w.req.ProtoAtLeast(1, 1) {
+		ex = append(ex, "Connection: keep-alive\r\n")
+	}
+	writeHeaders(bw, h, ex)
+	if _, ok := h["Date"]; !ok {
+		var b [64]byte
+		_, _ = bw.WriteString("Date: ")
+		_, _ = bw.Write(time.Now().UTC().AppendFormat(b[:0], http.TimeFormat))
+		_, _ = bw.WriteString("\r\n")
+	}
+	if _, err := bw.WriteString("\r\n"); err != nil {
+		w.c.werr = err
+	}
+	held := w.held
+	w.held = nil
+	w.writeBody(held)
+}
+
+func writeStatusLine(bw *bufio.Writer, code int) {
+	var b [64]byte
+	line := append(b[:0], "HTTP/1.1 "...)
+	line = strconv.AppendInt(line, int64(code), 10)
+	line = append(line, ' ')
+	if text := http.StatusText(code); text != "" {
+		line = append(line, text...)
+	} else {
+		line = append(line, "status code "...)
+		line = strconv.AppendInt(line, int64(code), 10)
+	}
+	_, _ = bw.Write(append(line, "\r\n"...))
+}
+
+// headerValueReplacer keeps a header value on one line, as net/http does.
+var headerValueReplacer = strings.NewReplacer("\n", " ", "\r", " ")
+
+// writeHeaders writes h in key order (trailer values, under http.TrailerPrefix, excluded),
+// then the extra lines.
+func writeHeaders(bw *bufio.Writer, h http.Header, extra []string) {
+	var kb [24]string
+	keys := kb[:0]
+	for k := range h {
+		if !strings.HasPrefix(k, http.TrailerPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range h[k] {
+			_, _ = bw.WriteString(k)
+			_, _ = bw.WriteString(": ")
+			if strings.ContainsAny(v, "\r\n") {
+				v = headerValueReplacer.Replace(v)
+			}
+			_, _ = bw.WriteString(strings.TrimSpace(v))
+			_, _ = bw.WriteString("\r\n")
+		}
+	}
+	for _, l := range extra {
+		_, _ = bw.WriteString(l)
+	}
+}
+
+func hasToken(v, token string) bool {
+	for f := range strings.SplitSeq(v, ",") {
+		if strings.EqualFold(strings.TrimSpace(f), token) {
+			return true
+		}
+	}
+	return false
+}
+
+// Flush sends the headers, if not yet sent, and what is buffered.
+func (w *response) Flush() { _ = w.FlushError() }
+
+// FlushError is Flush that reports a write error (http.ResponseController uses it).
+func (w *response) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit(false, nil)
+	}
+	if w.c.werr == nil {
+		if err := w.c.bw.Flush(); err != nil {
+			w.c.werr = err
+		}
+	}
+	return w.c.werr
+}
+
+// SetWriteDeadline lets http.ResponseController extend a response's write deadline.
+func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
+
+// finish completes the response after the handler has returned.
+func (w *response) finish() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit(true, nil)
+	}
+	if w.chunked && w.c.werr == nil {
+		_, _ = w.c.bw.WriteString("0\r\n")
+		w.writeTrailers()
+		_, _ = w.c.bw.WriteString("\r\n")
+	}
+	if w.contentLength >= 0 && w.written < w.contentLength && w.req.Method != http.MethodHead {
+		w.closeAfter = true // the client would wait for the rest
+	}
+	if w.c.werr == nil {
+		if err := w.c.bw.Flush(); err != nil {
+			w.c.werr = err
+		}
+	}
+}
+
+// writeTrailers writes the trailers a handler set under http.TrailerPrefix or announced in the
+// Trailer header.
+func (w *response) writeTrailers() {
+	announced := w.header.Values("Trailer")
+	for k, vs := range w.header {
+		name, ok := strings.CutPrefix(k, http.TrailerPrefix)
+		if !ok {
+			found := false
+			for _, a := range announced {
+				if hasToken(a, k) {
+					found = true
+				}
+			}
+			if !found {
+				continue
+			}
+			name = k
+		}
+		for _, v := range vs {
+			_, _ = w.c.bw.WriteString(http.CanonicalHeaderKey(name) + ": " + headerValueReplacer.Replace(v) + "\r\n")
+		}
+	}
+}

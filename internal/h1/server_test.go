@@ -1,0 +1,511 @@
+package h1
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// startServer serves h on a loopback port with s's settings; the server is closed at the end of
+// the test.
+func startServer(t *testing.T, s *Server, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Handler = h
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; !errors.Is(err, ErrServerClosed) {
+			t.Errorf("Serve returned %v, want ErrServerClosed", err)
+		}
+		s.wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// rawExchange writes req on a new connection and returns everything the server sends until it
+// closes the connection (or 5 s pass).
+func rawExchange(t *testing.T, addr, req string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading the answer: %v (got %q)", err, b)
+	}
+	return string(b)
+}
+
+func newClient(t *testing.T) *http.Client {
+	tr := &http.Transport{MaxIdleConnsPerHost: 4}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
+}
+
+// TestMatchesNetHTTPServer serves the same handlers with this server and net/http's and
+// compares what a client sees: status, the headers that matter and the body.
+func TestMatchesNetHTTPServer(t *testing.T) {
+	big := strings.Repeat("x", 10_000)
+	handlers := map[string]http.HandlerFunc{
+		"small": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"ok":true}`)
+		},
+		"big, no length": func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, big)
+		},
+		"declared length": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "5")
+			_, _ = io.WriteString(w, "hello")
+		},
+		"sniffed type": func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "<html><body>hi</body></html>")
+		},
+		"status and echo": func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			w.Header().Set("X-Method", r.Method)
+			w.Header().Set("X-Host", r.Host)
+			w.WriteHeader(http.StatusTeapot)
+			_, _ = fmt.Fprintf(w, "%s %s %q", r.Method, r.URL.RequestURI(), b)
+		},
+		"empty": func(w http.ResponseWriter, r *http.Request) {},
+		"no content": func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusNoContent)
+		},
+		"flushed": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := range 3 {
+				_, _ = fmt.Fprintf(w, "data: %d\n\n", i)
+				w.(http.Flusher).Flush()
+			}
+		},
+		"trailer": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Sum")
+			_, _ = io.WriteString(w, big)
+			w.Header().Set("X-Sum", "42")
+		},
+	}
+	type seen struct {
+		Status       int
+		Type, Length string
+		Body         string
+		Trailer      string
+		Chunked      bool
+		HostSeen     bool
+	}
+	for name, h := range handlers {
+		t.Run(name, func(t *testing.T) {
+			ref := httptest.NewServer(h)
+			defer ref.Close()
+			addr := startServer(t, &Server{}, h)
+			for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodHead} {
+				get := func(base string) seen {
+					req, _ := http.NewRequest(method, base+"/p?q=1", strings.NewReader("body"))
+					resp, err := newClient(t).Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer resp.Body.Close()
+					b, err := io.ReadAll(resp.Body)
+					if err != nil {
+						t.Fatal(err)
+					}
+					s := seen{Status: resp.StatusCode, Type: resp.Header.Get("Content-Type"), Length: resp.Header.Get("Content-Length"),
+						Body: strings.ReplaceAll(string(b), base[len("http://"):], "HOST"), Trailer: resp.Trailer.Get("X-Sum"),
+						Chunked: len(resp.TransferEncoding) > 0}
+					s.HostSeen = resp.Header.Get("X-Host") != ""
+					return s
+				}
+				want, got := get(ref.URL), get("http://"+addr)
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("%s: net/http vs h1 (-want +got):\n%s", method, diff)
+				}
+			}
+		})
+	}
+}
+
+func TestKeepAliveAndPipelining(t *testing.T) {
+	var remotes sync.Map
+	addr := startServer(t, &Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		remotes.Store(r.RemoteAddr, true)
+		b, _ := io.ReadAll(r.Body)
+		_, _ = fmt.Fprintf(w, "%s:%s", r.URL.Path, b)
+	}))
+	c := newClient(t)
+	for i := range 5 {
+		resp, err := c.Post("http://"+addr+"/"+fmt.Sprint(i), "text/plain", strings.NewReader("b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	n := 0
+	remotes.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Errorf("5 sequential requests came over %d connections, want 1", n)
+	}
+	// Three requests in one write: three answers, in order.
+	got := rawExchange(t, addr, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1"+
+		"GET /b HTTP/1.1\r\nHost: x\r\n\r\n"+
+		"POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n22")
+	var bodies []string
+	br := bufio.NewReader(strings.NewReader(got))
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			break
+		}
+		b, _ := io.ReadAll(resp.Body)
+		bodies = append(bodies, string(b))
+	}
+	if diff := cmp.Diff([]string{"/a:1", "/b:", "/c:22"}, bodies); diff != "" {
+		t.Errorf("pipelined answers (-want +got):\n%s", diff)
+	}
+}
+
+func TestProtocolErrors(t *testing.T) {
+	s := &Server{MaxHeaderBytes: 1 << 10, ErrorBody: func(status int, msg string) (string, []byte) {
+		return "application/json", fmt.Appendf(nil, `{"error":{"message":%q}}`, msg)
+	}}
+	var calls atomic.Int32
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	for _, tc := range []struct {
+		name, req string
+		status    int
+		msg       string
+	}{
+		{"garbage", "HELLO\r\n\r\n", 400, "malformed request"},
+		{"no host", "GET / HTTP/1.1\r\n\r\n", 400, "missing required Host header"},
+		{"bad host", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "malformed Host header"},
+		{"head too large", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431, "request head too large"},
+		{"HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, "HTTP/1.0 and HTTP/1.1 only"},
+		{"two lengths", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n12", 400, "malformed request"},
+		{"odd expectation", "POST / HTTP/1.1\r\nHost: x\r\nExpect: coffee\r\nContent-Length: 1\r\n\r\n1", 417, "unsupported Expect header"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rawExchange(t, addr, tc.req)
+			resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+			if err != nil {
+				t.Fatalf("answer %q: %v", got, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.msg) || resp.Header.Get("Content-Type") != "application/json" || !resp.Close {
+				t.Errorf("got %d %q (type %q, close %v); want %d with %q, JSON, Connection: close",
+					resp.StatusCode, b, resp.Header.Get("Content-Type"), resp.Close, tc.status, tc.msg)
+			}
+		})
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("the handler ran %d times for requests that were not valid", n)
+	}
+}
+
+func TestHTTP10(t *testing.T) {
+	addr := startServer(t, &Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			_, _ = io.WriteString(w, "part one ")
+			w.(http.Flusher).Flush()
+		}
+		_, _ = io.WriteString(w, "done")
+	}))
+	for path, want := range map[string]string{"/": "done", "/stream": "part one done"} {
+		got := rawExchange(t, addr, "GET "+path+" HTTP/1.0\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if string(b) != want || len(resp.TransferEncoding) > 0 {
+			t.Errorf("HTTP/1.0 %s: body %q, transfer encoding %v; want %q, no chunking (the close ends the body)", path, b, resp.TransferEncoding, want)
+		}
+	}
+}
+
+func TestExpectContinue(t *testing.T) {
+	addr := startServer(t, &Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = fmt.Fprintf(w, "%d", len(b))
+	}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+	line, err := br.ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("before the body: %q, %v; want a 100 Continue", line, err)
+	}
+	_, _ = br.ReadString('\n')
+	_, _ = io.WriteString(c, "abc")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != "3" {
+		t.Errorf("body length seen by the handler: %q, want 3", b)
+	}
+}
+
+// TestClientGoneCancelsRequest: a client that goes away while its request runs cancels the
+// request's context, once the request has run for WatchAfter.
+func TestClientGoneCancelsRequest(t *testing.T) {
+	canceled := make(chan time.Duration, 1)
+	started := make(chan struct{})
+	s := &Server{WatchAfter: 20 * time.Millisecond}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		t0 := time.Now()
+		close(started)
+		select {
+		case <-r.Context().Done():
+			canceled <- time.Since(t0)
+		case <-time.After(5 * time.Second):
+			canceled <- -1
+		}
+	}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+	<-started
+	c.Close()
+	if d := <-canceled; d < 0 || d > time.Second {
+		t.Errorf("the request's context ended %v after the client left; want within a second (-1: never)", d)
+	}
+}
+
+// TestFastRequestsAreNotWatched: requests shorter than WatchAfter start no watch, and a
+// watched request's connection still serves the next request.
+func TestFastRequestsAreNotWatched(t *testing.T) {
+	s := &Server{WatchAfter: time.Hour}
+	var watched atomic.Int32
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			// Ask for the watch directly (an hour is too long to wait), then answer.
+			c := s.connOf(r.RemoteAddr)
+			c.watchDue()
+			c.mu.Lock()
+			if c.watching {
+				watched.Add(1)
+			}
+			c.mu.Unlock()
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	}))
+	c := newClient(t)
+	for _, p := range []string{"/fast", "/slow", "/fast"} {
+		resp, err := c.Get("http://" + addr + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != p {
+			t.Errorf("GET %s answered %q", p, b)
+		}
+	}
+	if n := watched.Load(); n != 1 {
+		t.Errorf("%d requests were watched, want 1 (the slow one)", n)
+	}
+}
+
+// connOf finds the connection from remote (tests only).
+func (s *Server) connOf(remote string) *srvConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		if c.remote == remote {
+			return c
+		}
+	}
+	return nil
+}
+
+func TestTimeouts(t *testing.T) {
+	s := &Server{ReadHeaderTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	closedAfter := func(send string) time.Duration {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		t0 := time.Now()
+		_ = c.SetDeadline(t0.Add(5 * time.Second))
+		_, _ = io.WriteString(c, send)
+		_, _ = io.Copy(io.Discard, c) // until the server closes
+		return time.Since(t0)
+	}
+	if d := closedAfter("GET / HTTP/1.1\r\nHost: x\r\n"); d < 200*time.Millisecond || d > 2*time.Second {
+		t.Errorf("a head never finished was closed after %v; want 200 ms to 2 s", d)
+	}
+	if d := closedAfter(""); d < 200*time.Millisecond || d > 2*time.Second {
+		t.Errorf("a connection that sent nothing was closed after %v; want 200 ms to 2 s", d)
+	}
+	if d := closedAfter("GET / HTTP/1.1\r\nHost: x\r\n\r\n"); d < 300*time.Millisecond || d > 2*time.Second {
+		t.Errorf("an idle kept-alive connection was closed after %v; want 300 ms to 2 s", d)
+	}
+}
+
+func TestPanicsAndUnreadBodies(t *testing.T) {
+	var logged strings.Builder
+	var mu sync.Mutex
+	s := &Server{ErrorLog: newTestLogger(&logged, &mu)}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/panic":
+			panic("boom")
+		case "/abort":
+			panic(http.ErrAbortHandler)
+		}
+		_, _ = io.WriteString(w, "ok") // the body is left unread
+	}))
+	for _, p := range []string{"/panic", "/abort"} {
+		if got := rawExchange(t, addr, "GET "+p+" HTTP/1.1\r\nHost: x\r\n\r\n"); got != "" {
+			t.Errorf("%s: got %q, want the connection closed without an answer", p, got)
+		}
+	}
+	mu.Lock()
+	if l := logged.String(); !strings.Contains(l, "boom") || strings.Contains(l, "abort") {
+		t.Errorf("log %q: want the panic (with its value) and nothing about ErrAbortHandler", l)
+	}
+	mu.Unlock()
+	// A small unread body is dropped and the connection kept; a large one closes it.
+	for _, tc := range []struct {
+		size int
+		keep bool
+	}{{100, true}, {maxDiscard + 10, false}} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
+		go func() {
+			_, _ = fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", tc.size, strings.Repeat("z", tc.size))
+		}()
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		_, err = http.ReadResponse(br, nil)
+		if kept := err == nil; kept != tc.keep {
+			t.Errorf("unread body of %d bytes: connection kept %v (%v), want %v", tc.size, kept, err, tc.keep)
+		}
+		c.Close()
+	}
+}
+
+func TestShutdownDrains(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{})
+	s := &Server{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(started)
+			<-release
+		}
+		_, _ = io.WriteString(w, "done")
+	})
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	addr := ln.Addr().String()
+	c := newClient(t)
+	resp, err := c.Get("http://" + addr + "/quick") // leaves an idle connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	slow := make(chan string, 1)
+	go func() {
+		resp, err := newClient(t).Get("http://" + addr + "/slow")
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		slow <- string(b)
+	}()
+	<-started
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(context.Background()) }()
+	if err := <-served; !errors.Is(err, ErrServerClosed) {
+		t.Errorf("Serve returned %v, want ErrServerClosed", err)
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) while a request was in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		t.Error("the server still accepts connections during Shutdown")
+	}
+	close(release)
+	if got := <-slow; got != "done" {
+		t.Errorf("the request in flight got %q, want its answer", got)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	// A Shutdown whose context ends first reports it.
+	s2 := &Server{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s2.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown of a server with nothing to drain: %v", err)
+	}
+}
+
+func newTestLogger(b *strings.Builder, mu *sync.Mutex) *log.Logger {
+	return log.New(lockedWriter{b, mu}, "", 0)
+}
+
+type lockedWriter struct {
+	b  *strings.Builder
+	mu *sync.Mutex
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
