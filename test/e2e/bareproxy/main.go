@@ -3,11 +3,12 @@
 // each request body whole before forwarding it, as kvroute does). With
 // -transport h1 or net/http it is an httputil.ReverseProxy on a net/http server, as kvroute
 // is, over kvroute's upstream transport (internal/h1) or net/http's; with -transport h1-server
-// the server side is internal/h1's Server as well (what kvroute serves with by default); with -transport fasthttp
-// both sides are valyala/fasthttp (its server and HostClient), to show what a Go HTTP stack
-// without net/http's per-request goroutines costs.
+// the server side is internal/h1's Server as well (what kvroute serves with by default), and
+// -transport h1-direct is that without httputil.ReverseProxy (request and response copied by
+// hand); with -transport fasthttp both sides are valyala/fasthttp (its server and HostClient),
+// a Go HTTP stack that allocates next to nothing per request.
 //
-//	bareproxy -listen 127.0.0.1:0 -upstream http://127.0.0.1:8001 [-transport h1|h1-server|net/http|fasthttp]
+//	bareproxy -listen 127.0.0.1:0 -upstream http://127.0.0.1:8001 [-transport h1|h1-server|h1-direct|net/http|fasthttp]
 //
 // It prints "bareproxy: api http://ADDR" when it listens, and stops on SIGINT or SIGTERM.
 package main
@@ -55,7 +56,7 @@ func run(listen, upstream, transport string) error {
 	rp := httputil.NewSingleHostReverseProxy(u)
 	serveH1 := false
 	switch transport {
-	case "h1-server":
+	case "h1-server", "h1-direct":
 		rp.Transport = h1.New(proxy.DefaultTransport())
 		serveH1 = true
 	case "h1":
@@ -63,7 +64,7 @@ func run(listen, upstream, transport string) error {
 	case "net/http":
 		rp.Transport = proxy.DefaultTransport()
 	default:
-		return fmt.Errorf("-transport %q: want h1, h1-server, net/http or fasthttp", transport)
+		return fmt.Errorf("-transport %q: want h1, h1-server, h1-direct, net/http or fasthttp", transport)
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -85,6 +86,34 @@ func run(listen, upstream, transport string) error {
 		}
 		rp.ServeHTTP(w, r)
 	})
+	if transport == "h1-direct" {
+		// No ReverseProxy: the request and the response are copied by hand (no hop-by-hop
+		// header handling, no X-Forwarded-For), to show what ReverseProxy itself costs.
+		tr := h1.New(proxy.DefaultTransport())
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			out := &http.Request{Method: r.Method, URL: &url.URL{Scheme: u.Scheme, Host: u.Host, Path: r.URL.Path, RawQuery: r.URL.RawQuery},
+				Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: r.Header, Host: u.Host,
+				Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b))}
+			out = out.WithContext(r.Context())
+			resp, err := tr.RoundTrip(out)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			defer resp.Body.Close()
+			for k, v := range resp.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(resp.StatusCode)
+			_, _ = io.Copy(w, resp.Body)
+		})
+		serveH1 = true
+	}
 	if serveH1 {
 		srv := &h1.Server{Handler: h}
 		go func() { <-ctx.Done(); srv.Close() }()
