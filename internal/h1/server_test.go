@@ -170,9 +170,10 @@ func TestKeepAliveAndPipelining(t *testing.T) {
 	if n != 1 {
 		t.Errorf("5 sequential requests came over %d connections, want 1", n)
 	}
-	// Three requests in one write: three answers, in order.
+	// Four requests in one write (one with a chunked body): four answers, in order.
 	got := rawExchange(t, addr, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1"+
 		"GET /b HTTP/1.1\r\nHost: x\r\n\r\n"+
+		"POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"+
 		"POST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n22")
 	var bodies []string
 	br := bufio.NewReader(strings.NewReader(got))
@@ -184,7 +185,7 @@ func TestKeepAliveAndPipelining(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		bodies = append(bodies, string(b))
 	}
-	if diff := cmp.Diff([]string{"/a:1", "/b:", "/c:22"}, bodies); diff != "" {
+	if diff := cmp.Diff([]string{"/a:1", "/b:", "/chunked:abcde", "/c:22"}, bodies); diff != "" {
 		t.Errorf("pipelined answers (-want +got):\n%s", diff)
 	}
 }
