@@ -319,6 +319,13 @@ func (w *statusWriter) Flush() {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// Reasons of kvroute_tenant_rejections_total for the two rate limits, which answer the same
+// error code (rate_limit_exceeded, as OpenAI does); other refusals count under their code.
+const (
+	ReasonRequestsPerMinute = "requests_per_minute"
+	ReasonTokensPerMinute   = "tokens_per_minute"
+)
+
 // take applies the tenant's limits to one request of est prompt tokens: on success it counts
 // the request in flight and returns true; else it has written the 429.
 func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est int) bool {
@@ -327,6 +334,7 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 	var refusal *openai.Error
 	var wait time.Duration
 	retry := true
+	reason := "" // the metric's reason: the error code, told apart where two limits share it
 	switch ok, wr := s.req.take(now, 1); {
 	case s.maxConc > 0 && s.inFlight >= s.maxConc:
 		if ok {
@@ -338,7 +346,7 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 	case !ok:
 		refusal = openai.NewError(http.StatusTooManyRequests, "requests", "", "rate_limit_exceeded",
 			fmt.Sprintf("rate limit reached on requests per minute: limit %d; retry in %s", int(s.req.limit), roundUp(wr)))
-		wait = wr
+		wait, reason = wr, ReasonRequestsPerMinute
 	default:
 		if !s.tok.unlimited() && float64(est) > s.tok.limit {
 			s.req.adjust(now, 1)
@@ -351,7 +359,7 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 			s.req.adjust(now, 1)
 			refusal = openai.NewError(http.StatusTooManyRequests, "tokens", "", "rate_limit_exceeded",
 				fmt.Sprintf("rate limit reached on tokens per minute: limit %d, requested about %d; retry in %s", int(s.tok.limit), est, roundUp(wt)))
-			wait = wt
+			wait, reason = wt, ReasonTokensPerMinute
 		}
 	}
 	if refusal == nil {
@@ -368,9 +376,12 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 	} else {
 		h.Set("x-should-retry", "false")
 	}
+	if reason == "" {
+		reason = *refusal.Code
+	}
 	g.logger.LogAttrs(r.Context(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
-		slog.String("code", *refusal.Code))
-	g.m.Rejection(s.name, *refusal.Code)
+		slog.String("code", *refusal.Code), slog.String("reason", reason))
+	g.m.Rejection(s.name, reason)
 	g.m.Request(s.name, refusal.Status)
 	openai.WriteError(w, refusal)
 	return false

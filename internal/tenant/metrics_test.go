@@ -139,9 +139,9 @@ func TestTenantMetrics(t *testing.T) {
 
 		`kvroute_tenant_rejections_total{reason=missing_api_key,tenant=}`:             1,
 		`kvroute_tenant_rejections_total{reason=invalid_api_key,tenant=}`:             2,
-		`kvroute_tenant_rejections_total{reason=rate_limit_exceeded,tenant=a}`:        1,
+		`kvroute_tenant_rejections_total{reason=requests_per_minute,tenant=a}`:        1,
 		`kvroute_tenant_rejections_total{reason=request_too_large,tenant=c}`:          1,
-		`kvroute_tenant_rejections_total{reason=rate_limit_exceeded,tenant=c}`:        1,
+		`kvroute_tenant_rejections_total{reason=tokens_per_minute,tenant=c}`:          1,
 		`kvroute_tenant_rejections_total{reason=concurrency_limit_exceeded,tenant=d}`: 1,
 
 		`kvroute_tenant_prompt_tokens_total{tenant=c}`:     400,
@@ -236,7 +236,7 @@ func TestTenantMetricsReload(t *testing.T) {
 		`kvroute_tenant_requests_total{status=429,tenant=b}`:                   1,
 		`kvroute_tenant_requests_total{status=401,tenant=}`:                    1,
 		`kvroute_tenant_rejections_total{reason=missing_api_key,tenant=}`:      1,
-		`kvroute_tenant_rejections_total{reason=rate_limit_exceeded,tenant=b}`: 1,
+		`kvroute_tenant_rejections_total{reason=requests_per_minute,tenant=b}`: 1,
 		`kvroute_tenant_prompt_tokens_total{tenant=b}`:                         10,
 		`kvroute_tenant_completion_tokens_total{tenant=b}`:                     5,
 	}
