@@ -449,7 +449,14 @@ func (c *srvConn) serve() {
 			buf = buf[:runtime.Stack(buf, false)]
 			s.logf("h1: panic serving %s: %v\n%s", c.remote, v, buf)
 		}
+		c.mu.Lock()
+		c.active = false // after a panic: no watch may start any more
+		cancel := c.cancel
+		c.mu.Unlock()
 		c.stopWatch()
+		if cancel != nil {
+			cancel()
+		}
 		_ = c.rwc.Close()
 		c.br.Reset(nil)
 		readerPool.Put(c.br)
