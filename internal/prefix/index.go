@@ -25,19 +25,23 @@ type IndexConfig struct {
 // eviction never leaves a child without its parent, and what an endpoint holds stays a set of
 // whole prefixes.
 //
-// Memory: a global open-addressing table from block hash to an entry (16 bytes), and one node
-// (32 bytes) per (block, endpoint) pair that links the endpoint's LRU and the block's holders.
+// Memory: a global open-addressing table from block hash to an entry (8 bytes a slot, 16 an
+// entry), and one node (32 bytes) per (block, endpoint) pair that links the endpoint's LRU and
+// the block's holders. Entries and nodes live in fixed-size chunks: an index of millions of
+// nodes grows without copying them, and without the old copy's memory on top of the new.
 // It is safe for concurrent use: lookups share a read lock.
 type Index struct {
 	mu      sync.RWMutex
 	cfg     IndexConfig
-	table   []uint32 // entry index + 1, 0 when empty; len is a power of two
-	entries []ixEntry
-	nodes   []ixNode
-	freeE   uint32 // head of the free entry list (index + 1)
-	freeN   uint32 // head of the free node list (index + 1)
-	nEntry  int    // live entries (distinct blocks)
-	nNode   int    // live nodes ((block, endpoint) pairs)
+	table   []uint64    // slotOf(hash, entry index + 1); 0 when empty; len is a power of two
+	entries [][]ixEntry // in chunks of chunkLen, so that growing never copies
+	nodes   [][]ixNode  // in chunks of chunkLen
+	nEnt    uint32      // entries ever allocated (live or free)
+	nNod    uint32      // nodes ever allocated (live or free)
+	freeE   uint32      // head of the free entry list (index + 1)
+	freeN   uint32      // head of the free node list (index + 1)
+	nEntry  int         // live entries (distinct blocks)
+	nNode   int         // live nodes ((block, endpoint) pairs)
 	eps     []ixEndpoint
 	last    int64 // last stamp handed out
 }
@@ -70,7 +74,7 @@ func NewIndex(cfg IndexConfig) *Index {
 	if cfg.MaxEntries < 0 {
 		cfg.MaxEntries = 0
 	}
-	return &Index{cfg: cfg, table: make([]uint32, 1024)}
+	return &Index{cfg: cfg, table: make([]uint64, 1024)}
 }
 
 // SetCapacity sets endpoint ep's LRU size in blocks (its KV capacity / block tokens); entries
@@ -139,17 +143,17 @@ func (x *Index) stamp(now int64) int64 {
 // touch makes (hash, ep) the most recent node of ep, creating it if needed.
 func (x *Index) touch(ep int, hash uint64, stamp int64) {
 	ei := x.findOrAdd(hash)
-	en := &x.entries[ei-1]
-	for ni := en.head; ni != 0; ni = x.nodes[ni-1].nextHolder {
-		if int(x.nodes[ni-1].ep) == ep {
-			x.nodes[ni-1].stamp = stamp
+	en := x.entry(ei)
+	for ni := en.head; ni != 0; ni = x.node(ni).nextHolder {
+		if int(x.node(ni).ep) == ep {
+			x.node(ni).stamp = stamp
 			x.unlink(ni)
 			x.pushFront(ni)
 			return
 		}
 	}
 	ni := x.allocNode()
-	x.nodes[ni-1] = ixNode{stamp: stamp, entry: ei, ep: uint32(ep), nextHolder: en.head}
+	*x.node(ni) = ixNode{stamp: stamp, entry: ei, ep: uint32(ep), nextHolder: en.head}
 	en.head = ni
 	en.n++
 	x.pushFront(ni)
@@ -175,11 +179,11 @@ func (x *Index) trim(ep int) {
 }
 
 func (x *Index) pushFront(ni uint32) {
-	n := &x.nodes[ni-1]
+	n := x.node(ni)
 	e := &x.eps[n.ep]
 	n.prev, n.next = 0, e.head
 	if e.head != 0 {
-		x.nodes[e.head-1].prev = ni
+		x.node(e.head).prev = ni
 	}
 	e.head = ni
 	if e.tail == 0 {
@@ -188,15 +192,15 @@ func (x *Index) pushFront(ni uint32) {
 }
 
 func (x *Index) unlink(ni uint32) {
-	n := &x.nodes[ni-1]
+	n := x.node(ni)
 	e := &x.eps[n.ep]
 	if n.prev != 0 {
-		x.nodes[n.prev-1].next = n.next
+		x.node(n.prev).next = n.next
 	} else {
 		e.head = n.next
 	}
 	if n.next != 0 {
-		x.nodes[n.next-1].prev = n.prev
+		x.node(n.next).prev = n.prev
 	} else {
 		e.tail = n.prev
 	}
@@ -206,14 +210,14 @@ func (x *Index) unlink(ni uint32) {
 // removeNode drops one (block, endpoint) pair, and the block when nobody holds it any more.
 func (x *Index) removeNode(ni uint32) {
 	x.unlink(ni)
-	n := x.nodes[ni-1]
-	en := &x.entries[n.entry-1]
+	n := *x.node(ni)
+	en := x.entry(n.entry)
 	if en.head == ni {
 		en.head = n.nextHolder
 	} else {
-		for p := en.head; p != 0; p = x.nodes[p-1].nextHolder {
-			if x.nodes[p-1].nextHolder == ni {
-				x.nodes[p-1].nextHolder = n.nextHolder
+		for p := en.head; p != 0; p = x.node(p).nextHolder {
+			if x.node(p).nextHolder == ni {
+				x.node(p).nextHolder = n.nextHolder
 				break
 			}
 		}
@@ -221,7 +225,7 @@ func (x *Index) removeNode(ni uint32) {
 	en.n--
 	x.eps[n.ep].n--
 	x.nNode--
-	x.nodes[ni-1] = ixNode{nextHolder: x.freeN}
+	*x.node(ni) = ixNode{nextHolder: x.freeN}
 	x.freeN = ni
 	if en.n == 0 {
 		x.deleteEntry(n.entry)
@@ -231,11 +235,32 @@ func (x *Index) removeNode(ni uint32) {
 func (x *Index) allocNode() uint32 {
 	if x.freeN != 0 {
 		ni := x.freeN
-		x.freeN = x.nodes[ni-1].nextHolder
+		x.freeN = x.node(ni).nextHolder
 		return ni
 	}
-	x.nodes = append(x.nodes, ixNode{})
-	return uint32(len(x.nodes))
+	if x.nNod&(chunkLen-1) == 0 {
+		x.nodes = append(x.nodes, make([]ixNode, chunkLen))
+	}
+	x.nNod++
+	return x.nNod
+}
+
+// chunkLen is the number of entries or nodes in one chunk (64 or 128 KiB).
+const (
+	chunkBits = 12
+	chunkLen  = 1 << chunkBits
+)
+
+// node returns node ni (an index + 1).
+func (x *Index) node(ni uint32) *ixNode {
+	i := ni - 1
+	return &x.nodes[i>>chunkBits][i&(chunkLen-1)]
+}
+
+// entry returns entry ei (an index + 1).
+func (x *Index) entry(ei uint32) *ixEntry {
+	i := ei - 1
+	return &x.entries[i>>chunkBits][i&(chunkLen-1)]
 }
 
 // Match writes into runs[ep], for every endpoint ep < len(runs), how many leading blocks of
@@ -263,7 +288,7 @@ func (x *Index) Match(runs []int32, blocks []uint64) {
 // holders returns how many endpoints hold hash.
 func (x *Index) holders(h uint64) uint32 {
 	if ei := x.find(h); ei != 0 {
-		return x.entries[ei-1].n
+		return x.entry(ei).n
 	}
 	return 0
 }
@@ -275,8 +300,8 @@ func (x *Index) bisect(runs []int32, blocks []uint64, lo, hi int, cLo, cHi uint3
 		if hi == lo+1 {
 			// Every endpoint holding blocks[lo] but not blocks[hi] has its run end here; the
 			// ones that hold both get a larger value later or earlier: keep the maximum.
-			for ni := x.entries[x.find(blocks[lo])-1].head; ni != 0; {
-				n := &x.nodes[ni-1]
+			for ni := x.entry(x.find(blocks[lo])).head; ni != 0; {
+				n := x.node(ni)
 				if int(n.ep) < len(runs) && runs[n.ep] < int32(hi) {
 					runs[n.ep] = int32(hi)
 				}
@@ -303,8 +328,8 @@ func (x *Index) MatchLinear(runs []int32, blocks []uint64) {
 			return
 		}
 		advanced := false
-		for ni := x.entries[ei-1].head; ni != 0; {
-			n := &x.nodes[ni-1]
+		for ni := x.entry(ei).head; ni != 0; {
+			n := x.node(ni)
 			if int(n.ep) < len(runs) && runs[n.ep] == int32(i) {
 				runs[n.ep] = int32(i + 1)
 				advanced = true
@@ -328,9 +353,9 @@ func (x *Index) MatchOne(ep int, blocks []uint64, stamps []int64) (int, []int64)
 			return i, stamps
 		}
 		found := false
-		for ni := x.entries[ei-1].head; ni != 0; ni = x.nodes[ni-1].nextHolder {
-			if int(x.nodes[ni-1].ep) == ep {
-				stamps = append(stamps, x.nodes[ni-1].stamp)
+		for ni := x.entry(ei).head; ni != 0; ni = x.node(ni).nextHolder {
+			if int(x.node(ni).ep) == ep {
+				stamps = append(stamps, x.node(ni).stamp)
 				found = true
 				break
 			}
@@ -353,7 +378,7 @@ func (x *Index) Forget(ep int, stamp int64) int {
 		return 0
 	}
 	dropped := 0
-	for t := x.eps[ep].tail; t != 0 && x.nodes[t-1].stamp <= stamp; t = x.eps[ep].tail {
+	for t := x.eps[ep].tail; t != 0 && x.node(t).stamp <= stamp; t = x.eps[ep].tail {
 		x.removeNode(t)
 		dropped++
 	}
@@ -375,8 +400,8 @@ func (x *Index) Drop(ep int, blocks []uint64) int {
 		if ei == 0 {
 			continue
 		}
-		for ni := x.entries[ei-1].head; ni != 0; ni = x.nodes[ni-1].nextHolder {
-			if int(x.nodes[ni-1].ep) == ep {
+		for ni := x.entry(ei).head; ni != 0; ni = x.node(ni).nextHolder {
+			if int(x.node(ni).ep) == ep {
 				x.removeNode(ni)
 				dropped++
 				break
@@ -393,7 +418,7 @@ func (x *Index) Expire(before int64) int {
 	defer x.mu.Unlock()
 	dropped := 0
 	for ep := range x.eps {
-		for t := x.eps[ep].tail; t != 0 && x.nodes[t-1].stamp < before; t = x.eps[ep].tail {
+		for t := x.eps[ep].tail; t != 0 && x.node(t).stamp < before; t = x.eps[ep].tail {
 			x.removeNode(t)
 			dropped++
 		}
@@ -428,7 +453,7 @@ func (x *Index) Fill(fill []float64, tails []int64) {
 		c := x.capOf(ep)
 		fill[ep] = float64(e.n) / float64(c)
 		if e.tail != 0 && e.n >= c {
-			tails[ep] = x.nodes[e.tail-1].stamp
+			tails[ep] = x.node(e.tail).stamp
 		}
 	}
 }
@@ -448,9 +473,9 @@ func (x *Index) Len(ep int) int {
 func (x *Index) Size() (entries int, bytes int64) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	bytes = int64(cap(x.table))*4 +
-		int64(cap(x.entries))*int64(unsafe.Sizeof(ixEntry{})) +
-		int64(cap(x.nodes))*int64(unsafe.Sizeof(ixNode{})) +
+	bytes = int64(cap(x.table))*8 +
+		int64(len(x.entries))*chunkLen*int64(unsafe.Sizeof(ixEntry{})) +
+		int64(len(x.nodes))*chunkLen*int64(unsafe.Sizeof(ixNode{})) +
 		int64(cap(x.eps))*int64(unsafe.Sizeof(ixEndpoint{}))
 	return x.nNode, bytes
 }
@@ -463,17 +488,36 @@ func (x *Index) Blocks() int {
 }
 
 // The hash table: linear probing on the block hash itself (already an xxhash output, so its low
-// bits are uniform), at most 3/4 full, backward-shift deletion (no tombstones).
+// bits are uniform), at most 3/4 full, backward-shift deletion (no tombstones). A slot keeps the
+// hash's low 32 bits beside the entry index, so that a probe reads the entry only when those
+// match, and deletion finds every slot's home without reading entries at all: each entry read
+// was a cache miss, and probes were most of the index's time.
+
+const slotIndex = 1<<32 - 1 // a slot's entry index bits
+
+// slotOf is the table slot for entry ei of hash h.
+func slotOf(h uint64, ei uint32) uint64 { return h<<32 | uint64(ei) }
+
+// home is the slot where the probe for slot s's hash starts, in a table of mask+1 slots.
+func (x *Index) home(s, mask uint64) uint64 {
+	if mask > slotIndex {
+		// Not reachable with uint32 entry indexes in practice (billions of entries), but a
+		// table this large needs more hash bits than a slot keeps.
+		return x.entry(uint32(s)).hash & mask
+	}
+	return s >> 32 & mask
+}
 
 func (x *Index) find(h uint64) uint32 {
 	mask := uint64(len(x.table) - 1)
+	tag := h << 32
 	for i := h & mask; ; i = (i + 1) & mask {
-		ei := x.table[i]
-		if ei == 0 {
+		s := x.table[i]
+		if s == 0 {
 			return 0
 		}
-		if x.entries[ei-1].hash == h {
-			return ei
+		if s&^slotIndex == tag && x.entry(uint32(s)).hash == h {
+			return uint32(s)
 		}
 	}
 }
@@ -488,56 +532,59 @@ func (x *Index) findOrAdd(h uint64) uint32 {
 	var ei uint32
 	if x.freeE != 0 {
 		ei = x.freeE
-		x.freeE = x.entries[ei-1].head
+		x.freeE = x.entry(ei).head
 	} else {
-		x.entries = append(x.entries, ixEntry{})
-		ei = uint32(len(x.entries))
+		if x.nEnt&(chunkLen-1) == 0 {
+			x.entries = append(x.entries, make([]ixEntry, chunkLen))
+		}
+		x.nEnt++
+		ei = x.nEnt
 	}
-	x.entries[ei-1] = ixEntry{hash: h}
+	*x.entry(ei) = ixEntry{hash: h}
 	mask := uint64(len(x.table) - 1)
 	i := h & mask
 	for x.table[i] != 0 {
 		i = (i + 1) & mask
 	}
-	x.table[i] = ei
+	x.table[i] = slotOf(h, ei)
 	x.nEntry++
 	return ei
 }
 
 func (x *Index) grow() {
 	old := x.table
-	x.table = make([]uint32, 2*len(old))
+	x.table = make([]uint64, 2*len(old))
 	mask := uint64(len(x.table) - 1)
-	for _, ei := range old {
-		if ei == 0 {
+	for _, s := range old {
+		if s == 0 {
 			continue
 		}
-		i := x.entries[ei-1].hash & mask
+		i := x.home(s, mask)
 		for x.table[i] != 0 {
 			i = (i + 1) & mask
 		}
-		x.table[i] = ei
+		x.table[i] = s
 	}
 }
 
 func (x *Index) deleteEntry(ei uint32) {
-	h := x.entries[ei-1].hash
+	h := x.entry(ei).hash
 	mask := uint64(len(x.table) - 1)
 	i := h & mask
-	for x.table[i] != ei {
+	for uint32(x.table[i]) != ei {
 		i = (i + 1) & mask
 	}
 	// Backward shift: move later members of the probe run into the hole when their home slot
 	// allows it.
 	for j := (i + 1) & mask; x.table[j] != 0; j = (j + 1) & mask {
-		home := x.entries[x.table[j]-1].hash & mask
+		home := x.home(x.table[j], mask)
 		if (j-home)&mask >= (j-i)&mask {
 			x.table[i] = x.table[j]
 			i = j
 		}
 	}
 	x.table[i] = 0
-	x.entries[ei-1] = ixEntry{head: x.freeE}
+	*x.entry(ei) = ixEntry{head: x.freeE}
 	x.freeE = ei
 	x.nEntry--
 }

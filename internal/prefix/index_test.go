@@ -257,3 +257,77 @@ func TestIndex_ConcurrentUse(t *testing.T) {
 		<-done
 	}
 }
+
+// TestIndex_AgreesWithModelAtScale is TestIndex_AgreesWithModel with enough blocks for the
+// hash table to grow many times, probe runs to be long and the entries and nodes to fill
+// several chunks, and with whole endpoints removed now and then (mass deletion).
+func TestIndex_AgreesWithModelAtScale(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 7))
+	const eps, capacity = 3, 5000
+	x := NewIndex(IndexConfig{DefaultCapacity: capacity})
+	// model[ep] is the endpoint's LRU: block -> last use; the least recent goes first.
+	model := make([]map[uint64]int64, eps)
+	for e := range model {
+		model[e] = map[uint64]int64{}
+	}
+	var prompts [][]uint64
+	for i := 0; i < 300; i++ {
+		keys := []uint64{uint64(r.IntN(20))}
+		for j := r.IntN(120); j > 0; j-- {
+			keys = append(keys, uint64(r.IntN(1000)))
+		}
+		prompts = append(prompts, chain(keys...))
+	}
+	tick := int64(0)
+	for step := 0; step < 2000; step++ {
+		ep := r.IntN(eps)
+		p := prompts[r.IntN(len(prompts))]
+		switch op := r.IntN(100); {
+		case op < 80:
+			x.Insert(ep, p, int64(step))
+			for i := len(p) - 1; i >= 0; i-- {
+				tick++
+				model[ep][p[i]] = tick
+				if len(model[ep]) > capacity {
+					oldest, at := uint64(0), int64(-1)
+					for h, s := range model[ep] {
+						if at < 0 || s < at {
+							oldest, at = h, s
+						}
+					}
+					delete(model[ep], oldest)
+				}
+			}
+		case op < 81:
+			x.Remove(ep)
+			clear(model[ep])
+		default:
+			runs := match(x, eps, p)
+			for e := 0; e < eps; e++ {
+				want := 0
+				for want < len(p) {
+					if _, ok := model[e][p[want]]; !ok {
+						break
+					}
+					want++
+				}
+				if int(runs[e]) != want {
+					t.Fatalf("step %d: endpoint %d run %d, model says %d", step, e, runs[e], want)
+				}
+			}
+		}
+	}
+	total := 0
+	for e := range model {
+		if x.Len(e) != len(model[e]) {
+			t.Errorf("endpoint %d: Len %d, model %d", e, x.Len(e), len(model[e]))
+		}
+		total += len(model[e])
+	}
+	if n, _ := x.Size(); n != total {
+		t.Errorf("entries %d, model %d", n, total)
+	}
+	if x.nNod <= chunkLen || x.nEnt <= chunkLen || len(x.table) < 8192 {
+		t.Errorf("%d nodes, %d entries, %d slots: too few to test chunks and growth", x.nNod, x.nEnt, len(x.table))
+	}
+}
