@@ -40,6 +40,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints), overrides admin_listen")
 		pprof     = fs.Bool("pprof", false, "serve /debug/pprof on the admin address")
 		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
+		httpSrv   = fs.String("http-server", "", "builtin or net/http: what serves the API listener, overrides server.http_server")
 	)
 	fs.Var(&endpoints, "endpoint", "engine base `URL` for a quick start without a config file (repeatable)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
@@ -68,6 +69,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		if *logFormat != "" {
 			c.Log.Format = *logFormat
+		}
+		if *httpSrv != "" {
+			c.Server.HTTPServer = *httpSrv
 		}
 	}
 	// The overrides are applied before validation, so that its checks (listen and

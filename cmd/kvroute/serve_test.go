@@ -189,4 +189,9 @@ func TestServeFlags(t *testing.T) {
 			t.Errorf("%q: rc %d, %q; want 1 and the clash named", args, rc, errb.String())
 		}
 	}
+	errb.Reset()
+	args := []string{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-server", "nginx"}
+	if rc := runServe(context.Background(), args, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "server.http_server") {
+		t.Errorf("%q: rc %d, %q; want 1 and server.http_server named", args, rc, errb.String())
+	}
 }

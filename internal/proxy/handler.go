@@ -423,6 +423,9 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
 	h.rp.ServeHTTP(w, out)
+	// The answer leaves now, before the bookkeeping that runs when the handler returns (the
+	// policy's Done, metrics, the access line): a server flushes a short body only then.
+	w.Flush()
 }
 
 // readBody reads the whole body, at most limit bytes, in one allocation when the client

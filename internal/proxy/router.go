@@ -122,8 +122,9 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 // endpoints are diffed (kept ones keep their counters and their place in the policy's index,
 // removed ones drain), the policy is rebuilt only when its name or parameters changed, and
 // normalisation, limits, health and scrape settings take effect for new requests. A config
-// that cannot be applied is rejected whole and the old one stays. listen, admin_listen and
-// discovery.file changes need a restart; they are logged.
+// that cannot be applied is rejected whole and the old one stays. listen, admin_listen,
+// discovery.file, server.http_server and the server timeouts change only on restart; such
+// changes are logged.
 func (r *Router) Reload(cfg *config.Config) error {
 	old := r.Config()
 	err := r.apply(cfg)
@@ -139,6 +140,11 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		if old.Discovery.File != cfg.Discovery.File {
 			r.logger.Warn("discovery.file changes only on restart", "file", old.Discovery.File)
+		}
+		o, n := old.Server, cfg.Server
+		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
+			o.WriteTimeout != n.WriteTimeout {
+			r.logger.Warn("server.http_server and the server timeouts change only on restart", "http_server", o.HTTPServer)
 		}
 	}
 	r.logger.Info("config applied", "endpoints", r.pool.Len(), "policy", cfg.Policy.Name)

@@ -25,15 +25,16 @@ import (
 )
 
 var (
-	overheadFor    = flag.Duration("overhead", 0, "run TestOverhead for this long at -overhead-rate (0: skip)")
-	overheadRate   = flag.Int("overhead-rate", 1000, "requests per second to the router, and as many to the simulator directly")
-	overheadPolicy = flag.String("overhead-policy", "least-request", "routing policy of the router in TestOverhead")
-	kvrouteBin     = flag.String("kvroute-bin", "", "kvroute binary for the tests that start processes (empty: go build one)")
-	overheadProcs  = flag.Int("overhead-gomaxprocs", 0, "GOMAXPROCS of the simulator and router processes in TestOverhead (0: Go's default, every CPU)")
-	overheadProf   = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
-	overheadPhase  = flag.Duration("overhead-phase", 500*time.Millisecond, "TestOverhead: length of each phase in which every request takes one path (0: every path at every tick)")
-	overheadNginx  = flag.Bool("overhead-nginx", false, "TestOverhead: also measure nginx (from PATH) proxying to the simulator, as a reference")
-	overheadBare   = flag.String("overhead-bare", "h1", "TestOverhead: also measure a bare reverse proxy for each of these bareproxy -transport values (h1, h1-server, net/http, fasthttp), comma-separated (empty: none)")
+	overheadFor           = flag.Duration("overhead", 0, "run TestOverhead for this long at -overhead-rate (0: skip)")
+	overheadRate          = flag.Int("overhead-rate", 1000, "requests per second to the router, and as many to the simulator directly")
+	overheadPolicy        = flag.String("overhead-policy", "least-request", "routing policy of the router in TestOverhead")
+	kvrouteBin            = flag.String("kvroute-bin", "", "kvroute binary for the tests that start processes (empty: go build one)")
+	overheadProcs         = flag.Int("overhead-gomaxprocs", 0, "GOMAXPROCS of the simulator and router processes in TestOverhead (0: Go's default, every CPU)")
+	overheadProf          = flag.String("overhead-cpuprofile", "", "save the router process's CPU profile during TestOverhead to this file")
+	overheadPhase         = flag.Duration("overhead-phase", 500*time.Millisecond, "TestOverhead: length of each phase in which every request takes one path (0: every path at every tick)")
+	overheadNginx         = flag.Bool("overhead-nginx", false, "TestOverhead: also measure nginx (from PATH) proxying to the simulator, as a reference")
+	overheadRouterServers = flag.String("overhead-router-servers", "builtin", "TestOverhead: one router per server.http_server value, comma-separated (builtin, net/http); the first is the one the targets are checked on")
+	overheadBare          = flag.String("overhead-bare", "h1", "TestOverhead: also measure a bare reverse proxy for each of these bareproxy -transport values (h1, h1-server, net/http, fasthttp), comma-separated (empty: none)")
 )
 
 // chatBody4K is a non-streamed chat request of about 4 KB asking for one token.
@@ -63,6 +64,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // others' load). The router's and the simulator's CPU time per request come from /proc.
 //
 //	go test ./test/e2e -run TestOverhead -overhead 12s -overhead-rate 1000 -v
+//	    [-overhead-router-servers builtin,net/http] [-overhead-bare h1,h1-server,h1-direct,net/http,fasthttp] [-overhead-nginx]
 func TestOverhead(t *testing.T) {
 	if *overheadFor <= 0 {
 		t.Skip("run with -overhead 12s")
@@ -82,14 +84,21 @@ func TestOverhead(t *testing.T) {
 		return "", false
 	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
 	var admin string
-	router := startProcess(t, bin, env, func(f []string) (string, bool) {
-		if len(f) > 5 && f[2] == "api" {
-			admin = f[5]
-			return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin http://127.0.0.1:PORT ...
-		}
-		return "", false
-	}, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model,
-		"--policy", *overheadPolicy, "--endpoint", sim.addr, "--pprof="+strconv.FormatBool(*overheadProf != ""))
+	startRouter := func(httpServer string, first bool) *process {
+		return startProcess(t, bin, env, func(f []string) (string, bool) {
+			if len(f) > 5 && f[2] == "api" {
+				if first {
+					admin = f[5]
+				}
+				return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin http://127.0.0.1:PORT ...
+			}
+			return "", false
+		}, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model,
+			"--policy", *overheadPolicy, "--endpoint", sim.addr, "--http-server", httpServer,
+			"--pprof="+strconv.FormatBool(first && *overheadProf != ""))
+	}
+	servers := strings.Split(*overheadRouterServers, ",")
+	router := startRouter(servers[0], true)
 	type path struct {
 		name  string
 		base  string
@@ -99,6 +108,13 @@ func TestOverhead(t *testing.T) {
 		cpu0  time.Duration
 	}
 	paths := []*path{{name: "direct", base: sim.addr}, {name: "router", base: router.addr}}
+	if len(servers) > 1 || servers[0] != "builtin" {
+		paths[1].name = "router (" + servers[0] + ")"
+	}
+	for _, srv := range servers[1:] {
+		r := startRouter(srv, false)
+		paths = append(paths, &path{name: "router (" + srv + ")", base: r.addr, proc: r})
+	}
 	for tp := range strings.SplitSeq(*overheadBare, ",") {
 		if tp == "" {
 			continue
