@@ -96,7 +96,7 @@ func (p *blockPool) alloc() (id int32, evicted uint64, ok bool) {
 	b := &p.blocks[id]
 	if b.cached {
 		evicted, ok = b.hash, true
-		p.byHash.delete(b.hash)
+		p.byHash.delete(b.hash, id)
 		b.cached, b.hash = false, 0
 	}
 	b.ref = 1
@@ -105,7 +105,7 @@ func (p *blockPool) alloc() (id int32, evicted uint64, ok bool) {
 
 // register makes block id the cached copy of hash, unless another block already is.
 func (p *blockPool) register(id int32, hash uint64) bool {
-	if !p.byHash.insert(hash, id) {
+	if !p.byHash.insert(hash, id, p.blocks) {
 		return false
 	}
 	b := &p.blocks[id]

@@ -437,7 +437,7 @@ func (e *Engine) admit(s *seq, budget int) (int, bool) {
 	hits := e.hitIDs[:0]
 	evictable := 0
 	for _, h := range s.hashes[:maxHit] {
-		id, ok := e.pool.byHash.get(h)
+		id, ok := e.pool.byHash.get(h, e.pool.blocks)
 		if !ok {
 			break
 		}
