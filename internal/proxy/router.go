@@ -435,7 +435,8 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:       cfg.Server.IdleTimeout.D(),
 			WriteTimeout:      cfg.Server.WriteTimeout.D(),
-			ErrorLog:          slog.NewLogLogger(r.logger.Handler(), slog.LevelDebug),
+			// Only accept errors and handler panics come here: worth an error line.
+			ErrorLog: slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
 			ErrorBody: func(status int, msg string) (string, []byte) {
 				return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
 			},
