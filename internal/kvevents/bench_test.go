@@ -38,3 +38,20 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEncodeBatchTokenIDs is BenchmarkEncodeBatch with the token ids of the stored blocks
+// (2000 of them), as the simulator and vLLM send them.
+func BenchmarkEncodeBatchTokenIDs(b *testing.B) {
+	batch := benchBatch()
+	ids := make([]int64, 125*16)
+	for i := range ids {
+		ids[i] = int64(i*7919) % 128256
+	}
+	batch.Events[0].TokenIDs = ids
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := EncodeBatch(batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

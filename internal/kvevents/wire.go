@@ -74,8 +74,13 @@ const EndOfReplay int64 = -1
 
 // EncodeBatch returns the msgpack form of b, in vLLM's array layout.
 func EncodeBatch(b Batch) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
+	// Size the buffer once: a hash takes at most 9 bytes, a token id below 2^32 at most 5.
+	size := 16
+	for i := range b.Events {
+		size += 32 + 9*len(b.Events[i].BlockHashes) + 5*len(b.Events[i].TokenIDs)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	enc := msgpack.NewEncoder(buf)
 	n := 2
 	if b.DPRank >= 0 {
 		n = 3
@@ -95,7 +100,11 @@ func EncodeBatch(b Batch) ([]byte, error) {
 
 func encodeEvent(enc *msgpack.Encoder, ev *Event) error {
 	var errs []error
-	add := func(err error) { errs = append(errs, err) }
+	add := func(err error) {
+		if err != nil { // keep the list short: a BlockStored event encodes thousands of token ids
+			errs = append(errs, err)
+		}
+	}
 	hashes := func() {
 		add(enc.EncodeArrayLen(len(ev.BlockHashes)))
 		for _, h := range ev.BlockHashes {

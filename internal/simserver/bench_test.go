@@ -384,3 +384,37 @@ func BenchmarkRequest(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRequestKVEvents is BenchmarkRequest on an instance that publishes KV events (with
+// no subscriber): the same prompt every time (its blocks stay cached: no BlockStored event)
+// or a new prompt every time (125 blocks stored a request, with their token ids).
+func BenchmarkRequestKVEvents(b *testing.B) {
+	for _, unique := range []bool{false, true} {
+		b.Run(fmt.Sprint("unique=", unique), func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			fleet, err := StartFleet(ctx, Options{Profile: "instant", KVEvents: "tcp://127.0.0.1:0"}, 1, "127.0.0.1", 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer fleet.Close()
+			tr := &http.Transport{}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr}
+			prompt := text("bench", 2000)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				p := prompt
+				if unique {
+					p = fmt.Sprintf("%08d", i) + prompt[8:]
+					i++
+				}
+				body := fmt.Sprintf(`{"model":%q,"prompt":%q,"stream":true,"max_tokens":10}`, DefaultModel, p)
+				if _, err := oneStream(ctx, client, fleet.URLs()[0], body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -15,4 +15,9 @@
 // Tokens come from a tokenizer-free estimate (prefix.EstimateTokens, shared with the router):
 // the canonical prompt text (package openai) is cut into blocks of BlockSize x 4 bytes whose
 // xxhash keys the engine chains into block hashes, so equal text prefixes share cache blocks.
+// Each 4 bytes are one token whose id (TokenID) is a hash of them: BlockStored events carry the
+// ids of the blocks they store, as vLLM's do.
+//
+// A completion whose prompt is a list is, as on vLLM, one engine request per prompt (each with
+// its own cache lookup and first token) answered with one choice per prompt and summed usage.
 package simserver

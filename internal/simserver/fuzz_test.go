@@ -22,6 +22,8 @@ func FuzzCompletion(f *testing.F) {
 		`{"model":"` + DefaultModel + `","prompt":"hi","stream":true,"max_tokens":2,"stream_options":{"include_usage":true}}`,
 		`{"model":"` + DefaultModel + `","prompt":[1,2,3],"max_tokens":9223372036854775807}`,
 		`{"model":"` + DefaultModel + `","prompt":"x","max_tokens":-1,"cache_salt":"s"}`,
+		`{"model":"` + DefaultModel + `","prompt":["a","bb","a"],"stream":true,"max_tokens":2,"stream_options":{"include_usage":true}}`,
+		`{"model":"` + DefaultModel + `","prompt":[[1,2],[3],[1,2]],"max_tokens":1}`,
 		`{"model":"` + DefaultModel + `","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
 		`{`, `[]`, `null`,
 	} {

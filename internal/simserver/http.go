@@ -147,9 +147,16 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	return io.ReadAll(rd)
 }
 
-// call is one completion request as the handler sees it.
+// maxPrompts bounds the prompts of one completion request. vLLM sets no bound; here every
+// wake-up of the handler reads each prompt's progress, so its work grows with the square.
+const maxPrompts = 1024
+
+// call is one prompt of a completion request as the handler sees it. A completion whose prompt
+// is a list has one call per prompt (as vLLM schedules one engine request per prompt); they
+// share the response id, the timestamp and the job's notify channel.
 type call struct {
 	kind         openai.Kind
+	index        int    // choices[].index: the prompt's place in the list
 	id           string // chatcmpl-... or cmpl-...
 	rid          string // x-request-id
 	created      int64
@@ -158,6 +165,9 @@ type call struct {
 	includeUsage bool
 	textBase     uint64
 	job          *job
+
+	sent    int  // stream: output tokens written
+	started bool // stream: the first token is in the buffer being written
 }
 
 func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
@@ -182,29 +192,66 @@ func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 				fmt.Sprintf("The model `%s` does not exist.", req.Model)))
 			return
 		}
-		text := req.AppendCanonical(nil)
-		c, oe := in.newCall(kind, req, text, recv)
+		calls, oe := in.newCalls(kind, req, recv)
 		if oe != nil {
 			openai.WriteError(w, oe)
 			return
 		}
 		rid := r.Header.Get("X-Request-Id")
 		if rid == "" {
-			rid = c.id
+			rid = calls[0].id
 		}
-		c.rid = rid
 		w.Header().Set("X-Request-Id", rid)
-		if err := in.send(command{kind: cmdSubmit, job: c.job}); err != nil {
-			openai.WriteError(w, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "", "the server is shutting down"))
-			return
+		for _, c := range calls {
+			c.rid = rid
+			if err := in.send(command{kind: cmdSubmit, job: c.job}); err != nil {
+				openai.WriteError(w, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "", "the server is shutting down"))
+				return
+			}
 		}
-		in.log.Debug("request", "id", rid, "prompt_tokens", c.promptTokens, "max_tokens", c.job.req.OutputTokens, "stream", req.Stream)
+		in.log.Debug("request", "id", rid, "prompts", len(calls), "prompt_tokens", calls[0].promptTokens, "max_tokens", calls[0].job.req.OutputTokens, "stream", req.Stream)
 		if req.Stream {
-			in.stream(w, r, c)
+			in.stream(w, r, calls)
 		} else {
-			in.respond(w, r, c)
+			in.respond(w, r, calls)
 		}
 	}
+}
+
+// newCalls builds the calls of a request: one, or one per prompt of a completion's list.
+func (in *Instance) newCalls(kind openai.Kind, req *openai.Request, recv time.Time) ([]*call, *openai.Error) {
+	texts, tokens := req.Prompt.Texts, req.Prompt.Tokens
+	n := len(texts) + len(tokens)
+	if kind != openai.KindCompletion || n <= 1 {
+		c, oe := in.newCall(kind, req, req.AppendCanonical(nil), recv)
+		if oe != nil {
+			return nil, oe
+		}
+		return []*call{c}, nil
+	}
+	if n > maxPrompts {
+		return nil, openai.BadRequest("prompt", "a list of %d prompts: send at most %d in one request", n, maxPrompts)
+	}
+	calls := make([]*call, n)
+	one := *req
+	for i := range calls {
+		if i < len(texts) {
+			one.Prompt = openai.Prompt{Texts: texts[i : i+1]}
+		} else {
+			one.Prompt = openai.Prompt{Tokens: tokens[i-len(texts) : i-len(texts)+1]}
+		}
+		// Like vLLM, one prompt that does not fit fails the whole request.
+		c, oe := in.newCall(kind, &one, one.AppendCanonical(nil), recv)
+		if oe != nil {
+			return nil, oe
+		}
+		c.index = i
+		if i > 0 {
+			c.id, c.created, c.job.notify = calls[0].id, calls[0].created, calls[0].job.notify
+		}
+		calls[i] = c
+	}
+	return calls, nil
 }
 
 // newCall checks the request's lengths and builds its engine request.
@@ -237,6 +284,23 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 		idPrefix = "cmpl-"
 	}
 	model, _ := json.Marshal(in.opts.Model)
+	j := &job{
+		req: engine.Request{
+			ID: "req-" + strconv.FormatUint(n, 10), PromptTokens: promptTokens, OutputTokens: maxTokens,
+			BlockKeys: keys, Salt: req.CacheSalt,
+		},
+		arrival: in.modelAt(recv),
+		predict: in.Predict(promptTokens, 0),
+		notify:  make(chan struct{}, 1),
+		firstAt: -1,
+		finish:  finish,
+		stream:  req.Stream,
+	}
+	if in.pub != nil {
+		// The driver finds the text of the blocks named in BlockStored events by their hashes.
+		j.text = text
+		j.hashes = prefix.Chain(make([]uint64, 0, len(keys)), prefix.Seed("", req.CacheSalt), keys)
+	}
 	return &call{
 		kind:         kind,
 		id:           fmt.Sprintf("%s%016x%016x", idPrefix, prefix.Next(in.opts.Seed, n), base),
@@ -245,18 +309,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 		promptTokens: promptTokens,
 		includeUsage: req.IncludeUsage,
 		textBase:     base,
-		job: &job{
-			req: engine.Request{
-				ID: "req-" + strconv.FormatUint(n, 10), PromptTokens: promptTokens, OutputTokens: maxTokens,
-				BlockKeys: keys, Salt: req.CacheSalt,
-			},
-			arrival: in.modelAt(recv),
-			predict: in.Predict(promptTokens, 0),
-			notify:  make(chan struct{}, 1),
-			firstAt: -1,
-			finish:  finish,
-			stream:  req.Stream,
-		},
+		job:          j,
 	}, nil
 }
 
@@ -273,142 +326,192 @@ func (j *job) progress() progress {
 	return progress{produced: j.produced, cached: j.cached, done: j.done, err: j.err}
 }
 
-// wait blocks until the job changes, the client leaves or the instance closes. It returns
-// false when the handler must stop (after asking the driver to abort the request).
-func (in *Instance) wait(r *http.Request, c *call) bool {
+// wait blocks until one of the calls' jobs changes (they share one notify channel), the client
+// leaves or the instance closes. It returns false when the handler must stop (after asking the
+// driver to abort the requests).
+func (in *Instance) wait(r *http.Request, calls []*call) bool {
 	select {
-	case <-c.job.notify:
+	case <-calls[0].job.notify:
 		return true
 	case <-r.Context().Done():
-		in.abort(c)
+		in.abort(calls)
 		return false
 	case <-in.closing:
 		return false
 	}
 }
 
-func (in *Instance) abort(c *call) {
-	_ = in.send(command{kind: cmdAbort, job: c.job}) // fails only when closing: the driver stops anyway
+func (in *Instance) abort(calls []*call) {
+	for _, c := range calls {
+		_ = in.send(command{kind: cmdAbort, job: c.job}) // fails only when closing: the driver stops anyway
+	}
 }
 
-// cut aborts the request and the connection, as a crashing server would.
-func (in *Instance) cut(c *call) {
-	in.abort(c)
+// cut aborts the requests and the connection, as a crashing server would.
+func (in *Instance) cut(calls []*call) {
+	in.abort(calls)
 	panic(http.ErrAbortHandler)
 }
 
-func (in *Instance) respond(w http.ResponseWriter, r *http.Request, c *call) {
+// respond writes the answer once every call is done: one choice per prompt, usage summed.
+func (in *Instance) respond(w http.ResponseWriter, r *http.Request, calls []*call) {
+	ps := make([]progress, len(calls))
 	for {
-		if !in.wait(r, c) {
+		if !in.wait(r, calls) {
 			return
 		}
-		p := c.job.progress()
-		if p.err != nil {
-			openai.WriteError(w, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "", p.err.Error()))
-			return
+		cut := in.faults.Load().CutAfter
+		done := true
+		for i, c := range calls {
+			p := c.job.progress()
+			if p.err != nil {
+				in.abort(calls)
+				openai.WriteError(w, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "", p.err.Error()))
+				return
+			}
+			if cut > 0 && p.produced >= cut {
+				in.cut(calls)
+			}
+			done = done && p.done
+			ps[i] = p
 		}
-		if cut := in.faults.Load().CutAfter; cut > 0 && p.produced >= cut {
-			in.cut(c)
-		}
-		if !p.done {
+		if !done {
 			continue
 		}
-		text := string(appendText(nil, c.textBase, 0, p.produced))
-		usage := openai.Usage{
-			PromptTokens: c.promptTokens, CompletionTokens: p.produced, TotalTokens: c.promptTokens + p.produced,
-			PromptTokensDetails: &openai.TokenDetails{CachedTokens: p.cached},
+		c0 := calls[0]
+		usage := openai.Usage{PromptTokensDetails: &openai.TokenDetails{}}
+		choices := make([]any, len(calls))
+		for i, c := range calls {
+			p := ps[i]
+			usage.PromptTokens += c.promptTokens
+			usage.CompletionTokens += p.produced
+			usage.PromptTokensDetails.CachedTokens += p.cached
+			text := string(appendText(nil, c.textBase, 0, p.produced))
+			choice := map[string]any{"index": c.index, "logprobs": nil, "finish_reason": c.job.finish, "stop_reason": nil}
+			if c.kind == openai.KindChat {
+				choice["message"] = map[string]any{"role": "assistant", "content": text, "tool_calls": []any{}, "reasoning_content": nil}
+			} else {
+				choice["text"] = text
+			}
+			choices[i] = choice
 		}
-		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": c.job.finish, "stop_reason": nil}
+		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 		object := "text_completion"
-		if c.kind == openai.KindChat {
+		if c0.kind == openai.KindChat {
 			object = "chat.completion"
-			choice["message"] = map[string]any{"role": "assistant", "content": text, "tool_calls": []any{}, "reasoning_content": nil}
-		} else {
-			choice["text"] = text
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
-			"id": c.id, "object": object, "created": c.created, "model": json.RawMessage(c.model),
-			"choices": []any{choice}, "usage": usage,
+			"id": c0.id, "object": object, "created": c0.created, "model": json.RawMessage(c0.model),
+			"choices": choices, "usage": usage,
 		})
 		return
 	}
 }
 
-func (in *Instance) stream(w http.ResponseWriter, r *http.Request, c *call) {
+// stream writes the calls' tokens as SSE chunks as they come, each chunk's choice carrying its
+// prompt's index; the usage chunk (summed over the prompts) and [DONE] follow the last token.
+func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call) {
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	_ = rc.Flush()
-	var (
-		buf   = in.getBuf()
-		sent  int
-		first = true
-	)
+	buf := in.getBuf()
 	defer func() { in.putBuf(buf) }()
 	for {
-		// The driver wakes the handler at the first token, at the end and, in between, at
-		// most once per StreamInterval: each wake-up writes every token produced so far.
-		if !in.wait(r, c) {
+		// The driver wakes the handler at each prompt's first token, at its end and, in between,
+		// at most once per StreamInterval: each wake-up writes every token produced so far.
+		if !in.wait(r, calls) {
 			return
-		}
-		p := c.job.progress()
-		if p.err != nil {
-			in.cut(c)
 		}
 		cut := in.faults.Load().CutAfter
 		buf = buf[:0]
-		for sent < p.produced {
-			if cut > 0 && sent >= cut {
-				_, _ = w.Write(buf)
-				_ = rc.Flush()
-				in.cut(c)
+		done, started := true, false
+		var sum progress
+		for _, c := range calls {
+			p := c.job.progress()
+			if p.err != nil {
+				in.cut(calls)
 			}
-			if len(buf) > streamBufSize-1024 {
-				// Bound the buffer: a stream that fell far behind goes out in several writes.
-				if _, err := w.Write(buf); err != nil {
-					in.abort(c)
-					return
+			sum.produced += p.produced
+			sum.cached += p.cached
+			done = done && p.done
+			// The last token goes out with its finish_reason: hold it back until the driver has
+			// marked the job done (it delivers the token, then the end, each under the lock).
+			upto := p.produced
+			if !p.done {
+				upto = min(upto, c.job.req.OutputTokens-1)
+			}
+			for c.sent < upto {
+				if cut > 0 && c.sent >= cut {
+					_, _ = w.Write(buf)
+					_ = rc.Flush()
+					in.cut(calls)
 				}
-				buf = buf[:0]
+				if len(buf) > streamBufSize-1024 {
+					// Bound the buffer: a stream that fell far behind goes out in several writes.
+					if _, err := w.Write(buf); err != nil {
+						in.abort(calls)
+						return
+					}
+					buf = buf[:0]
+				}
+				if c.sent == 0 {
+					c.started, started = true, true
+					if c.kind == openai.KindChat {
+						buf = c.appendChunk(buf, c.sent, true, "")
+					}
+				}
+				finish := ""
+				if p.done && c.sent == p.produced-1 {
+					finish = c.job.finish
+				}
+				buf = c.appendChunk(buf, c.sent, false, finish)
+				c.sent++
 			}
-			if sent == 0 && c.kind == openai.KindChat {
-				buf = c.appendChunk(buf, sent, true, "")
-			}
-			finish := ""
-			if p.done && sent == p.produced-1 {
-				finish = c.job.finish
-			}
-			buf = c.appendChunk(buf, sent, false, finish)
-			sent++
 		}
-		if p.done {
-			if c.includeUsage {
-				buf = c.appendUsage(buf, p)
+		if done {
+			if calls[0].includeUsage {
+				prompt := 0
+				for _, c := range calls {
+					prompt += c.promptTokens
+				}
+				buf = calls[0].appendUsage(buf, prompt, sum)
 			}
 			buf = append(buf, "data: [DONE]\n\n"...)
 		}
 		if len(buf) > 0 {
 			if _, err := w.Write(buf); err != nil {
-				in.abort(c)
+				in.abort(calls)
 				return
 			}
 			_ = rc.Flush()
-			if first {
-				first = false
-				c.job.mu.Lock()
-				at := c.job.firstAt
-				c.job.mu.Unlock()
-				in.firstWriteDelay.Add(int64(time.Since(in.wallAt(at))))
-				in.firstWrites.Add(1)
-				if f := in.onFirst.Load(); f != nil {
-					(*f)(c.rid, at-c.job.arrival)
-				}
+			if started {
+				in.firstWritten(calls)
 			}
 		}
-		if p.done {
+		if done {
 			return
+		}
+	}
+}
+
+// firstWritten records, for each call whose first token was just written, how late the write
+// was.
+func (in *Instance) firstWritten(calls []*call) {
+	for _, c := range calls {
+		if !c.started {
+			continue
+		}
+		c.started = false
+		c.job.mu.Lock()
+		at := c.job.firstAt
+		c.job.mu.Unlock()
+		in.firstWriteDelay.Add(int64(time.Since(in.wallAt(at))))
+		in.firstWrites.Add(1)
+		if f := in.onFirst.Load(); f != nil {
+			(*f)(c.rid, at-c.job.arrival)
 		}
 	}
 }
@@ -434,7 +537,9 @@ func (in *Instance) putBuf(b []byte) {
 func (c *call) appendChunk(dst []byte, i int, role bool, finish string) []byte {
 	dst = c.appendHead(dst)
 	if c.kind == openai.KindChat {
-		dst = append(dst, `"choices":[{"index":0,"delta":{`...)
+		dst = append(dst, `"choices":[{"index":`...)
+		dst = strconv.AppendInt(dst, int64(c.index), 10)
+		dst = append(dst, `,"delta":{`...)
 		if role {
 			dst = append(dst, `"role":"assistant","content":""`...)
 		} else {
@@ -444,7 +549,9 @@ func (c *call) appendChunk(dst []byte, i int, role bool, finish string) []byte {
 		}
 		dst = append(dst, '}')
 	} else {
-		dst = append(dst, `"choices":[{"index":0,"text":"`...)
+		dst = append(dst, `"choices":[{"index":`...)
+		dst = strconv.AppendInt(dst, int64(c.index), 10)
+		dst = append(dst, `,"text":"`...)
 		dst = append(dst, token(c.textBase, i)...)
 		dst = append(dst, '"')
 	}
@@ -471,12 +578,14 @@ func (c *call) appendHead(dst []byte) []byte {
 	return append(dst, ',')
 }
 
-func (c *call) appendUsage(dst []byte, p progress) []byte {
+// appendUsage appends the usage chunk of a response whose prompts hold promptTokens tokens in
+// all, with p the produced and cached tokens summed over them.
+func (c *call) appendUsage(dst []byte, promptTokens int, p progress) []byte {
 	dst = c.appendHead(dst)
 	dst = append(dst, `"choices":[],"usage":{"prompt_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(c.promptTokens), 10)
+	dst = strconv.AppendInt(dst, int64(promptTokens), 10)
 	dst = append(dst, `,"total_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(c.promptTokens+p.produced), 10)
+	dst = strconv.AppendInt(dst, int64(promptTokens+p.produced), 10)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(p.produced), 10)
 	dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/kvevents"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -52,6 +53,11 @@ type Instance struct {
 
 	bufs sync.Pool // stream write buffers of streamBufSize
 
+	// blocks holds, with KV events on, the text of every full prompt block of the requests in
+	// the engine, by block hash: BlockStored events carry the token ids of the blocks they
+	// name. Driver only.
+	blocks map[uint64]blockText
+
 	randMu sync.Mutex
 	rand   *rand.Rand
 }
@@ -88,6 +94,16 @@ type job struct {
 
 	dirty  bool      // driver only: in the driver's list of streams with tokens not yet signalled
 	wakeAt time.Time // driver only: the earliest wall time of the next wake-up for tokens
+
+	// With KV events on: the canonical prompt text and the hash of each of its full blocks.
+	text   []byte
+	hashes []uint64
+}
+
+// blockText is one block's text and the number of requests in the engine that hold it.
+type blockText struct {
+	text []byte
+	refs int
 }
 
 func (j *job) signal() {
@@ -127,6 +143,9 @@ func New(opts Options) (*Instance, error) {
 		closing: make(chan struct{}),
 		stopped: make(chan struct{}),
 		rand:    rand.New(rand.NewPCG(opts.Seed, 0x5eed)),
+	}
+	if opts.KVEvents != "" {
+		in.blocks = map[uint64]blockText{}
 	}
 	f := opts.Faults
 	in.faults.Store(&f)
@@ -253,6 +272,7 @@ func (in *Instance) drive() {
 		active  = map[string]*job{}
 		timer   = time.NewTimer(time.Hour)
 		dirty   []*job // streams with new tokens since their last wake-up
+		gone    []*job // finished in this step: untracked once its KV events are out
 	)
 	// flush wakes the streams that have new tokens and whose last wake-up is StreamInterval
 	// old (all of them when force is set): each writes its pending tokens in one go and no
@@ -310,6 +330,7 @@ func (in *Instance) drive() {
 				in.eng.Abort(now, id)
 				in.met.finished("abort")
 				in.publishKV()
+				in.untrack(c.job)
 			}
 		}
 	}
@@ -328,6 +349,7 @@ func (in *Instance) drive() {
 				continue
 			}
 			active[j.req.ID] = j
+			in.track(j)
 		}
 		pending = append(pending[:0], pending[n:]...)
 	}
@@ -402,9 +424,13 @@ func (in *Instance) drive() {
 			in.maxLag.Store(int64(lag))
 		}
 		now = end
-		dirty = in.deliver(events, end, active, dirty)
+		dirty, gone = in.deliver(events, end, active, dirty, gone[:0])
 		flush(false)
 		in.publishKV()
+		for i, j := range gone {
+			in.untrack(j)
+			gone[i] = nil
+		}
 		in.snapshot()
 	}
 }
@@ -425,8 +451,9 @@ func (in *Instance) snapshot() {
 
 // deliver hands one step's events to their handlers and records the request metrics. A first
 // token or the end wakes the handler at once; other tokens of a stream add its job to dirty
-// (returned), whose handlers the driver wakes once per StreamInterval.
-func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[string]*job, dirty []*job) []*job {
+// (returned), whose handlers the driver wakes once per StreamInterval. Finished jobs are
+// appended to gone (returned).
+func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[string]*job, dirty, gone []*job) ([]*job, []*job) {
 	for i := range events {
 		ev := &events[i]
 		j, ok := active[ev.ReqID]
@@ -449,6 +476,7 @@ func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[
 			j.produced = max(j.produced, ev.OutputTokens)
 			j.done, j.doneAt = true, at
 			delete(active, ev.ReqID)
+			gone = append(gone, j)
 		case engine.EventPreempted:
 			// The request recomputes its prompt; tokens already streamed stay streamed.
 		}
@@ -466,7 +494,54 @@ func (in *Instance) deliver(events []engine.Event, at time.Duration, active map[
 			dirty = append(dirty, j)
 		}
 	}
-	return dirty
+	return dirty, gone
+}
+
+// track records the text of j's blocks for the BlockStored events of the engine (KV events on).
+func (in *Instance) track(j *job) {
+	if in.blocks == nil {
+		return
+	}
+	size := prefix.BlockBytes(in.cfg.BlockSize)
+	for i, h := range j.hashes {
+		b := in.blocks[h]
+		if b.refs == 0 {
+			b.text = j.text[i*size : (i+1)*size]
+		}
+		b.refs++
+		in.blocks[h] = b
+	}
+}
+
+// untrack forgets what track recorded for j once j has left the engine.
+func (in *Instance) untrack(j *job) {
+	if in.blocks == nil {
+		return
+	}
+	for _, h := range j.hashes {
+		b := in.blocks[h]
+		if b.refs <= 1 {
+			delete(in.blocks, h)
+			continue
+		}
+		b.refs--
+		in.blocks[h] = b
+	}
+}
+
+// tokenIDs returns the token ids of the blocks hashes (BlockSize of them a block), or an empty
+// slice when a block's text is not known.
+func (in *Instance) tokenIDs(hashes []uint64) []int64 {
+	bs := in.cfg.BlockSize
+	ids := make([]int64, 0, len(hashes)*bs)
+	for _, h := range hashes {
+		b, ok := in.blocks[h]
+		if !ok {
+			return ids[:0]
+		}
+		ids = TokenIDs(ids, b.text, bs)
+	}
+	return ids
 }
 
 func (in *Instance) publishKV() {
@@ -484,7 +559,7 @@ func (in *Instance) publishKV() {
 		case engine.KVBlockStored:
 			ev.Kind = kvevents.BlockStored
 			ev.ParentHash, ev.HasParent = e.Parent, e.Parent != 0
-			ev.TokenIDs = []int64{}
+			ev.TokenIDs = in.tokenIDs(e.Hashes)
 			if ev.BlockSize == 0 {
 				ev.BlockSize = in.cfg.BlockSize
 			}

@@ -2,6 +2,7 @@ package simserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -18,7 +19,8 @@ import (
 )
 
 // TestKVEventStream decodes the published KV events into exactly the block hashes the engine
-// stored and removed, and fetches the batches a late subscriber missed from the replay socket.
+// stored and removed, each stored block with the token ids of its text, and fetches the
+// batches a late subscriber missed from the replay socket.
 func TestKVEventStream(t *testing.T) {
 	const blocks, bs, promptTokens = 40, 16, 320 // 20 blocks a prompt: the third one evicts
 	f := startFleet(t, Options{Profile: "instant", KVBlocks: blocks, BlockSize: bs,
@@ -33,6 +35,7 @@ func TestKVEventStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	everStored := map[uint64]bool{}
+	blockIDs := map[uint64][]int64{} // the token ids of each block
 	send := func(i int) {
 		prompt := text(fmt.Sprintf("prompt %d:", i), promptTokens)
 		var keys []uint64
@@ -44,8 +47,10 @@ func TestKVEventStream(t *testing.T) {
 		if diff := cmp.Diff(want, BlockHashes([]byte(prompt), bs, "")); diff != "" {
 			t.Fatalf("BlockHashes differs from the engine's (-engine +helper):\n%s", diff)
 		}
-		for _, h := range want {
+		ids := TokenIDs(nil, []byte(prompt), bs)
+		for i, h := range want {
 			everStored[h] = true
+			blockIDs[h] = ids[i*bs : (i+1)*bs]
 		}
 		resp, _ := post(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, DefaultModel, prompt))
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -142,6 +147,13 @@ func TestKVEventStream(t *testing.T) {
 				if ev.BlockSize != bs {
 					t.Errorf("BlockStored block_size %d, want %d", ev.BlockSize, bs)
 				}
+				var want []int64
+				for _, h := range ev.BlockHashes {
+					want = append(want, blockIDs[h]...)
+				}
+				if diff := cmp.Diff(want, ev.TokenIDs); diff != "" {
+					t.Errorf("batch %d: BlockStored token_ids of %d blocks (-text +event):\n%s", s, len(ev.BlockHashes), diff)
+				}
 				for _, h := range ev.BlockHashes {
 					cached[h], stored[h] = true, true
 				}
@@ -177,5 +189,98 @@ func drain(ch <-chan kvevents.Message, into map[int64]kvevents.Message) {
 		default:
 			return
 		}
+	}
+}
+
+// replayAll waits until the instance has published every batch of its finished requests
+// (finished of them) and returns them all from the replay socket.
+func replayAll(t *testing.T, in *Instance, finished int64) []kvevents.Message {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for in.Stats().Finished < finished || in.pub.NextSeq() < in.kvSent.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5 s: %d requests finished (want %d), %d batches sent of %d", in.Stats().Finished, finished, in.pub.NextSeq(), in.kvSent.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, replayAddr := in.KVEventsAddr()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	msgs, err := kvevents.Replay(ctx, replayAddr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+// TestKVEventTokenIDs sends prompts that share blocks (in one list, across requests, under
+// two salts) on an instance small enough to evict: every BlockStored event carries block_size
+// ids a block, and a block's ids are those of its text whichever request stored it.
+func TestKVEventTokenIDs(t *testing.T) {
+	const bs = 16
+	f := startFleet(t, Options{Profile: "instant", BlockSize: bs, KVBlocks: 64,
+		KVEvents: "tcp://127.0.0.1:0", KVEventsReplay: "tcp://127.0.0.1:0"}, 1)
+	in, url := f.Instances()[0], f.URLs()[0]
+	shared := text("shared system prompt", 160) // 10 blocks
+	prompts := []struct {
+		list []string
+		salt string
+	}{
+		{[]string{shared + text(" q1", 50), shared + text(" q2", 70), shared}, ""},
+		{[]string{shared + text(" q3", 90)}, ""},
+		{[]string{shared + text(" q1", 50)}, "tenant-a"},
+		{[]string{text("other", 600)}, ""}, // 37 blocks: evicts
+		{[]string{shared + text(" q1", 50), text("tail", 33)}, ""},
+	}
+	want := map[uint64][]int64{} // block hash -> ids
+	finished := int64(0)
+	for i, p := range prompts {
+		list, _ := json.Marshal(p.list)
+		body := fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2,"cache_salt":%q}`, DefaultModel, list, p.salt)
+		resp, _ := post(t, url, "/v1/completions", body)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		finished += int64(len(p.list))
+		for _, s := range p.list {
+			hashes := BlockHashes([]byte(s), bs, p.salt)
+			ids := TokenIDs(nil, []byte(s), bs)
+			if len(ids) != len(hashes)*bs {
+				t.Fatalf("prompt of %d bytes: %d ids for %d blocks", len(s), len(ids), len(hashes))
+			}
+			for j, h := range hashes {
+				want[h] = ids[j*bs : (j+1)*bs]
+			}
+		}
+	}
+	stored, removed := 0, 0
+	for _, m := range replayAll(t, in, finished) {
+		for _, ev := range m.Batch.Events {
+			switch ev.Kind {
+			case kvevents.BlockStored:
+				var ids []int64
+				for _, h := range ev.BlockHashes {
+					w, ok := want[h]
+					if !ok {
+						t.Fatalf("batch %d stores block %x of no prompt", m.Seq, h)
+					}
+					ids = append(ids, w...)
+				}
+				if diff := cmp.Diff(ids, ev.TokenIDs); diff != "" {
+					t.Errorf("batch %d: token_ids of %d blocks (-text +event):\n%s", m.Seq, len(ev.BlockHashes), diff)
+				}
+				stored += len(ev.BlockHashes)
+			case kvevents.BlockRemoved:
+				removed += len(ev.BlockHashes)
+			}
+		}
+	}
+	if stored == 0 || removed == 0 {
+		t.Errorf("%d blocks stored, %d removed: want both", stored, removed)
+	}
+	if len(in.blocks) != 0 {
+		t.Errorf("%d block texts still tracked with no request in the engine", len(in.blocks))
 	}
 }
