@@ -45,6 +45,9 @@ type policySpec struct {
 // simulateMemoryLimit is the soft memory limit of a simulation run, in bytes.
 const simulateMemoryLimit = 1200 << 20
 
+// simulateGCPercent is the GC percentage (GOGC) of a simulation run.
+const simulateGCPercent = 25
+
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute simulate")
 	var f simulateFlags
@@ -80,6 +83,13 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// and is restored on return.
 	if os.Getenv("GOMEMLIMIT") == "" {
 		defer debug.SetMemoryLimit(debug.SetMemoryLimit(simulateMemoryLimit))
+	}
+	// Most of a simulation's heap is large pointer-free arrays (block indexes, engine blocks,
+	// the workload's hashes) that a collection marks almost for free, so collecting at 25%
+	// growth rather than 100% (unless the user set GOGC) costs no measurable CPU and keeps the
+	// peak near the live heap: on the Mooncake trace, about 0.7 GB instead of 1.2.
+	if os.Getenv("GOGC") == "" {
+		defer debug.SetGCPercent(debug.SetGCPercent(simulateGCPercent))
 	}
 	if f.cpuprofile != "" {
 		stop, err := startCPUProfile(f.cpuprofile)
