@@ -84,23 +84,38 @@ func (p *blockPool) release(id int32) {
 // block, that block is evicted and its hash returned with evicted true. The caller has checked
 // that a block is free.
 func (p *blockPool) alloc() (id int32, evicted uint64, ok bool) {
+	id = p.take()
+	evicted, ok = p.evict(id)
+	return id, evicted, ok
+}
+
+// take is alloc without the eviction: the block may still be cached until evict is called. The
+// caller has checked that a block is free.
+func (p *blockPool) take() int32 {
 	if p.fresh < p.sentinel {
-		id = p.fresh
+		id := p.fresh
 		p.fresh++
 		p.numFree--
 		p.blocks[id].ref = 1
-		return id, 0, false
+		return id
 	}
-	id = p.blocks[p.sentinel].next
+	id := p.blocks[p.sentinel].next
 	p.unlink(id)
+	p.blocks[id].ref = 1
+	return id
+}
+
+// evict drops the cached prefix block that block id (just taken) still holds, returning its
+// hash with ok true.
+func (p *blockPool) evict(id int32) (hash uint64, ok bool) {
 	b := &p.blocks[id]
-	if b.cached {
-		evicted, ok = b.hash, true
-		p.byHash.delete(b.hash, id)
-		b.cached, b.hash = false, 0
+	if !b.cached {
+		return 0, false
 	}
-	b.ref = 1
-	return id, evicted, ok
+	hash = b.hash
+	p.byHash.delete(hash, id)
+	b.cached, b.hash = false, 0
+	return hash, true
 }
 
 // register makes block id the cached copy of hash, unless another block already is.

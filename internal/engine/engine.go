@@ -385,9 +385,7 @@ func (e *Engine) grow(s *seq, tokens int, preempted *bool, selfOK bool) bool {
 	for {
 		need := ceilDiv(tokens, e.cfg.BlockSize) - len(s.blocks)
 		if need <= e.pool.numFree {
-			for range need {
-				s.blocks = append(s.blocks, e.alloc())
-			}
+			s.blocks = e.alloc(s.blocks, need)
 			return true
 		}
 		v := e.victim()
@@ -457,9 +455,7 @@ func (e *Engine) admit(s *seq, budget int) (int, bool) {
 		e.pool.touch(id)
 		s.blocks = append(s.blocks, id)
 	}
-	for range need {
-		s.blocks = append(s.blocks, e.alloc())
-	}
+	s.blocks = e.alloc(s.blocks, need)
 	s.computed, s.hit, s.cachedBlocks = hit, hit, len(hits)
 	if !s.counted {
 		s.counted = true
@@ -503,18 +499,26 @@ func (e *Engine) schedule(s *seq, chunk int, decode bool) {
 	s.cachedBlocks = upto
 }
 
-// alloc takes a free block, recording the eviction of the prefix it held.
-func (e *Engine) alloc() int32 {
-	id, h, evicted := e.pool.alloc()
-	if evicted && e.cfg.KVEvents {
-		if e.remStart < 0 {
-			e.remStart = len(e.arena)
-			e.kv = append(e.kv, KVEvent{Kind: KVBlockRemoved, BlockSize: e.cfg.BlockSize})
-		}
-		e.arena = append(e.arena, h)
-		e.kv[len(e.kv)-1].Hashes = e.arena[e.remStart:len(e.arena):len(e.arena)]
+// alloc appends n free blocks to dst (the caller has checked that n are free), recording the
+// evictions of the prefixes they held. It takes all n before evicting any: the evictions' hash
+// table deletions, each likely a cache miss, then run back to back, and the CPU overlaps them.
+func (e *Engine) alloc(dst []int32, n int) []int32 {
+	start := len(dst)
+	for range n {
+		dst = append(dst, e.pool.take())
 	}
-	return id
+	for _, id := range dst[start:] {
+		h, evicted := e.pool.evict(id)
+		if evicted && e.cfg.KVEvents {
+			if e.remStart < 0 {
+				e.remStart = len(e.arena)
+				e.kv = append(e.kv, KVEvent{Kind: KVBlockRemoved, BlockSize: e.cfg.BlockSize})
+			}
+			e.arena = append(e.arena, h)
+			e.kv[len(e.kv)-1].Hashes = e.arena[e.remStart:len(e.arena):len(e.arena)]
+		}
+	}
+	return dst
 }
 
 // freeBlocks releases s's blocks tail first, so that its last blocks are evicted first.
