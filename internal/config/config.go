@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,7 +35,7 @@ type Config struct {
 	Policy Policy `json:"policy"`
 	// Endpoints are the static inference endpoints.
 	Endpoints []Endpoint `json:"endpoints"`
-	// Discovery adds endpoints from a file that is reloaded when it changes.
+	// Discovery adds endpoints from a file that is reloaded when it changes, and from DNS names.
 	Discovery Discovery `json:"discovery"`
 	// Health configures active health checks and passive ejection.
 	Health Health `json:"health"`
@@ -97,7 +98,7 @@ type Endpoint struct {
 	MetricsPath string `json:"metrics_path"`
 }
 
-// Discovery reads more endpoints from a file.
+// Discovery finds more endpoints: in a file, and behind DNS names.
 type Discovery struct {
 	// File is a YAML file with a list of endpoints (same keys as endpoints[]); relative to the
 	// config file's directory. Empty: no file discovery.
@@ -105,6 +106,32 @@ type Discovery struct {
 	// PollInterval re-reads the file this often besides change notifications (for file systems
 	// that do not notify). Default 30s.
 	PollInterval Duration `json:"poll_interval"`
+	// DNS lists host names whose addresses are endpoints, one per A or AAAA record, resolved
+	// again every interval: a Kubernetes headless service, a Compose service scaled to N.
+	DNS []DNSDiscovery `json:"dns"`
+}
+
+// DNSDiscovery is one name to resolve into endpoints.
+type DNSDiscovery struct {
+	// Name is the host name (no scheme, no port), like vllm.inference.svc.cluster.local.
+	Name string `json:"name"`
+	// Port the engines listen on.
+	Port int `json:"port"`
+	// Scheme of the endpoints' URLs: http (default) or https.
+	Scheme string `json:"scheme"`
+	// Interval between two resolutions. Default 10s; at least 1s.
+	Interval Duration `json:"interval"`
+	// Endpoint gives every endpoint found the keys of endpoints[] (models, engine, labels,
+	// kv_tokens, cache_salt, health_path, metrics_path); url is made from each address.
+	Endpoint Endpoint `json:"endpoint"`
+}
+
+// DefaultDNSInterval is discovery.dns[].interval's default.
+const DefaultDNSInterval = 10 * time.Second
+
+// URL returns the base URL of the endpoint at addr (an IP address, IPv6 unbracketed).
+func (d *DNSDiscovery) URL(addr string) string {
+	return d.Scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(d.Port))
 }
 
 // Health configures active health checks and passive ejection. A new endpoint starts healthy
@@ -382,8 +409,8 @@ func (l endpointList) setDefaults(*Config) {
 }
 
 func (l endpointList) validate(c *Config, p *problems) {
-	if len(c.Endpoints) == 0 && c.Discovery.File == "" {
-		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001) or set discovery.file")
+	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 {
+		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file or discovery.dns")
 	}
 	validateEndpoints(c.Endpoints, "endpoints", p)
 }
@@ -507,9 +534,55 @@ func (d *Discovery) setDefaults(*Config) {
 	if d.PollInterval == 0 {
 		d.PollInterval = Duration(30 * time.Second)
 	}
+	for i := range d.DNS {
+		n := &d.DNS[i]
+		n.Name = strings.TrimSuffix(strings.TrimSpace(n.Name), ".")
+		if n.Scheme == "" {
+			n.Scheme = "http"
+		}
+		if n.Interval == 0 {
+			n.Interval = Duration(DefaultDNSInterval)
+		}
+		n.Endpoint.SetDefaults()
+	}
 }
 
 func (d *Discovery) validate(_ *Config, p *problems) {
+	seen := map[string]int{}
+	for i, n := range d.DNS {
+		at := fmt.Sprintf("discovery.dns[%d]", i)
+		switch {
+		case n.Name == "":
+			p.add(at+".name", "missing: give the host name to resolve, like vllm.inference.svc.cluster.local")
+		case strings.ContainsAny(n.Name, ":/ ") || strings.Contains(n.Name, ".."):
+			p.add(at+".name", "%q is not a host name: give the name only (scheme and port have keys of their own)", n.Name)
+		}
+		if n.Port < 1 || n.Port > 65535 {
+			p.add(at+".port", "%d is not a port: give the engines' port, like 8000", n.Port)
+		}
+		if n.Scheme != "http" && n.Scheme != "https" {
+			p.add(at+".scheme", "%q: use http or https", n.Scheme)
+		}
+		if n.Interval < Duration(time.Second) {
+			p.add(at+".interval", "%v is too short: resolve at most once a second, like 10s", n.Interval.D())
+		}
+		if n.Endpoint.URL != "" {
+			p.add(at+".endpoint.url", "remove it: each endpoint's URL is made from an address found")
+		}
+		key := n.Scheme + "://" + n.Name + ":" + strconv.Itoa(n.Port)
+		if j, dup := seen[key]; dup {
+			p.add(at, "%s is listed twice (also discovery.dns[%d]): remove one", key, j)
+		} else {
+			seen[key] = i
+		}
+		tmpl := n.Endpoint
+		tmpl.URL = "http://192.0.2.1:8000" // a stand-in, so that only the template's own keys are judged
+		var tp problems
+		validateEndpoints([]Endpoint{tmpl}, at+".endpoint", &tp)
+		for _, e := range tp.errs {
+			p.errs = append(p.errs, errors.New(strings.Replace(e.Error(), at+".endpoint[0]", at+".endpoint", 1)))
+		}
+	}
 	if d.PollInterval < 0 {
 		p.add("discovery.poll_interval", "must be positive, like 30s")
 	}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,7 +69,8 @@ type Router struct {
 	cfg        *config.Config
 	picker     policy.Picker
 	policyKey  string
-	discovered []endpoint.Spec
+	discovered [][]endpoint.Spec // per source: [0] the discovery file, then each discovery.dns name
+	dns        []*discovery.DNSSource
 	h          atomic.Pointer[Handler]
 	api        http.Handler
 	apiOnce    sync.Once
@@ -105,12 +107,23 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("tenants: %w", err)
 	}
 	r.gate = gate
+	r.dns = discovery.DNSFromConfig(cfg, logger)
+	r.discovered = make([][]endpoint.Spec, 1+len(r.dns))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
 		specs, err := src.Load()
 		if err != nil {
 			return nil, err
 		}
-		r.discovered = specs
+		r.discovered[0] = specs
+	}
+	// A name that does not resolve yet is no reason not to start: Run tries again.
+	for i, d := range r.dns {
+		specs, err := d.Resolve(context.Background())
+		if err != nil {
+			logger.Warn("DNS discovery failed at start, trying again every interval", "name", d.Config.Name, "err", err)
+			continue
+		}
+		r.discovered[1+i] = specs
 	}
 	if err := r.apply(cfg); err != nil {
 		return nil, err
@@ -123,7 +136,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 // removed ones drain), the policy is rebuilt only when its name or parameters changed, and
 // normalisation, limits, health and scrape settings take effect for new requests. A config
 // that cannot be applied is rejected whole and the old one stays. listen, admin_listen,
-// discovery.file, server.http_server and the server timeouts change only on restart; such
+// discovery.file, discovery.dns, server.http_server and the server timeouts change only on restart; such
 // changes are logged.
 func (r *Router) Reload(cfg *config.Config) error {
 	old := r.Config()
@@ -140,6 +153,9 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		if old.Discovery.File != cfg.Discovery.File {
 			r.logger.Warn("discovery.file changes only on restart", "file", old.Discovery.File)
+		}
+		if !reflect.DeepEqual(old.Discovery.DNS, cfg.Discovery.DNS) {
+			r.logger.Warn("discovery.dns changes only on restart")
 		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
@@ -217,7 +233,7 @@ func (r *Router) apply(cfg *config.Config) error {
 // the metrics) which endpoints left. The caller holds r.mu.
 func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) error {
 	// A discovered endpoint that is also static keeps the static spec.
-	diff, err := r.pool.Update(discovery.Merge(static, r.discovered))
+	diff, err := r.pool.Update(discovery.Merge(append([][]endpoint.Spec{static}, r.discovered...)...))
 	if err != nil {
 		return fmt.Errorf("endpoints: %w", err)
 	}
@@ -309,7 +325,17 @@ func (r *Router) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
-		wg.Go(func() { errc <- src.Run(ctx, r.setDiscovered) })
+		wg.Go(func() {
+			errc <- src.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(0, specs) })
+		})
+	}
+	for i, d := range r.dns {
+		r.mu.Lock()
+		last := r.discovered[1+i]
+		r.mu.Unlock()
+		wg.Go(func() {
+			errc <- d.Run(ctx, last, func(specs []endpoint.Spec) error { return r.setDiscovered(1+i, specs) })
+		})
 	}
 	wg.Wait()
 	close(errc)
@@ -322,15 +348,15 @@ func (r *Router) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// setDiscovered applies a new set from the discovery file; a set the pool rejects keeps the
-// endpoints in force (the file source logs the error).
-func (r *Router) setDiscovered(specs []endpoint.Spec) error {
+// setDiscovered applies a new set from discovery source i (0: the file, then each DNS name);
+// a set the pool rejects keeps the endpoints in force (the source logs the error).
+func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := r.discovered
-	r.discovered = specs
+	old := r.discovered[i]
+	r.discovered[i] = specs
 	if err := r.updatePoolLocked(r.cfg.Specs(), r.picker); err != nil {
-		r.discovered = old
+		r.discovered[i] = old
 		return err
 	}
 	return nil

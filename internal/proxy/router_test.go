@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -316,6 +319,89 @@ func TestRouterDiscoveryFile(t *testing.T) {
 	if r.Pool().Len() != 1 || r.Pool().ByName(a.srv.URL) == nil {
 		t.Errorf("after a bad discovery file: %d endpoints, want a only", r.Pool().Len())
 	}
+}
+
+// TestRouterDiscoveryDNS: a discovery.dns name gives an endpoint per address, at start (here
+// localhost, from /etc/hosts) and as its addresses change; a failed resolution keeps them.
+func TestRouterDiscoveryDNS(t *testing.T) {
+	a := newFakeEngine(t)
+	u, err := url.Parse(a.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse(fmt.Appendf(nil, "scrape: {disabled: true}\nhealth: {interval: 1h}\n"+
+		"discovery: {dns: [{name: localhost, port: %s, endpoint: {models: [m], engine: vllm}}]}\n", u.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Pool().ByName(a.srv.URL) == nil {
+		t.Fatalf("at start: endpoints %v, want %s (localhost)", r.Pool().All(), a.srv.URL)
+	}
+	rec := httptest.NewRecorder()
+	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}]}`)))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("request to the endpoint found by DNS: %d %s", rec.Code, rec.Body)
+	}
+
+	// The name then gains an address, then fails to resolve, then loses the first address.
+	var mu sync.Mutex
+	answers := [][]netip.Addr{{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")}, nil, {netip.MustParseAddr("127.0.0.2")}}
+	step, calls := 0, 0
+	next := make(chan struct{})
+	r.dns[0].Config.Interval = config.Duration(5 * time.Millisecond)
+	r.dns[0].Lookup = func(context.Context, string) ([]netip.Addr, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		i := min(step, len(answers)-1)
+		if i < len(answers)-1 {
+			select {
+			case <-next: // the test moves on when it has seen the previous answer applied
+				step++
+				i = step
+			default:
+			}
+		}
+		if answers[i] == nil {
+			return nil, errors.New("server misbehaving")
+		}
+		return answers[i], nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	second := "http://127.0.0.2:" + u.Port()
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s (endpoints %d)", what, r.Pool().Len())
+			}
+		}
+	}
+	wait("127.0.0.2 added", func() bool { return r.Pool().Len() == 2 && r.Pool().ByName(second) != nil })
+	next <- struct{}{} // now the lookups fail
+	mu.Lock()
+	failing := calls
+	mu.Unlock()
+	wait("three failed lookups", func() bool { mu.Lock(); defer mu.Unlock(); return calls >= failing+3 })
+	if r.Pool().Len() != 2 {
+		t.Errorf("after failed lookups: %d endpoints, want the 2 in force", r.Pool().Len())
+	}
+	next <- struct{}{}
+	wait("127.0.0.1 removed", func() bool { return r.Pool().Len() == 1 && r.Pool().ByName(second) != nil })
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a poller.
