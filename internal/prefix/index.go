@@ -43,7 +43,8 @@ type Index struct {
 	nEntry  int         // live entries (distinct blocks)
 	nNode   int         // live nodes ((block, endpoint) pairs)
 	eps     []ixEndpoint
-	last    int64 // last stamp handed out
+	last    int64    // last stamp handed out
+	found   []uint32 // Insert's scratch: each block's entry before the touches
 }
 
 type ixEntry struct {
@@ -126,8 +127,21 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.endpoint(ep)
+	// Look every block up first: independent probes of the table, each likely a cache miss,
+	// overlap in the CPU where the touches' own work would keep them apart. A block found here
+	// may have been evicted by the time its turn comes (trim), its entry freed or reused for
+	// another block: the entry is used only if it still holds that hash.
+	found := x.found[:0]
+	for _, h := range blocks {
+		found = append(found, x.find(h))
+	}
+	x.found = found
 	for i := len(blocks) - 1; i >= 0; i-- {
-		x.touch(ep, blocks[i], x.stamp(now))
+		ei := found[i]
+		if ei == 0 || x.entry(ei).hash != blocks[i] || x.entry(ei).n == 0 {
+			ei = x.findOrAdd(blocks[i])
+		}
+		x.touch(ep, ei, x.stamp(now))
 		x.trim(ep)
 	}
 }
@@ -140,9 +154,8 @@ func (x *Index) stamp(now int64) int64 {
 	return now
 }
 
-// touch makes (hash, ep) the most recent node of ep, creating it if needed.
-func (x *Index) touch(ep int, hash uint64, stamp int64) {
-	ei := x.findOrAdd(hash)
+// touch makes (entry ei, ep) the most recent node of ep, creating it if needed.
+func (x *Index) touch(ep int, ei uint32, stamp int64) {
 	en := x.entry(ei)
 	for ni := en.head; ni != 0; ni = x.node(ni).nextHolder {
 		if int(x.node(ni).ep) == ep {
