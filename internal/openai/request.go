@@ -518,6 +518,25 @@ func (r *Request) AppendCanonical(dst []byte) []byte {
 	return dst
 }
 
+// Prompts returns how many prompts a completions request carries: more than one when its
+// prompt is a list of strings or of token arrays (the engine serves each as a request of its
+// own), 1 for one prompt, 0 for a chat.
+func (r *Request) Prompts() int { return max(len(r.Prompt.Texts), len(r.Prompt.Tokens)) }
+
+// AppendPrompt appends the canonical text of prompt i of the list alone (its string, or its
+// tokens as AppendCanonical writes them): what the engine caches for that prompt.
+func (r *Request) AppendPrompt(dst []byte, i int) []byte {
+	if i < len(r.Prompt.Texts) {
+		return append(dst, r.Prompt.Texts[i]...)
+	}
+	if i < len(r.Prompt.Tokens) {
+		for _, tk := range r.Prompt.Tokens[i] {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(tk))
+		}
+	}
+	return dst
+}
+
 // CanonicalPrompt returns the canonical prompt text (see AppendCanonical).
 func (r *Request) CanonicalPrompt() string { return string(r.AppendCanonical(nil)) }
 

@@ -375,14 +375,30 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	if c.id != nil {
 		salt = c.id.Salt
 	}
+	seed := prefix.Seed(req.Model, salt)
 	c.preq = policy.Request{
 		ID:           c.rid,
 		Model:        req.Model,
 		SessionKey:   sessionKey(req, r),
-		Blocks:       prefix.BlocksBytes(nil, prefix.Seed(req.Model, salt), h.Normalizer.NormalizeBytes(text), h.BlockTokens),
 		BlockTokens:  h.BlockTokens,
 		PromptTokens: prefix.EstimateTokensBytes(text),
 		MaxTokens:    req.MaxTokens,
+	}
+	if n := req.Prompts(); n > 1 {
+		// A list of prompts is as many engine requests, each cached from the start on its own:
+		// the blocks are each prompt's chain in turn (not those of the joined text, which
+		// nothing holds), and each prompt may produce max_tokens.
+		pb := textBufs.Get().(*[]byte)
+		for i := range n {
+			*pb = req.AppendPrompt((*pb)[:0], i)
+			c.preq.Blocks = prefix.BlocksBytes(c.preq.Blocks, seed, h.Normalizer.NormalizeBytes(*pb), h.BlockTokens)
+		}
+		if cap(*pb) <= maxPooledText {
+			textBufs.Put(pb)
+		}
+		c.preq.MaxTokens *= n
+	} else {
+		c.preq.Blocks = prefix.BlocksBytes(nil, seed, h.Normalizer.NormalizeBytes(text), h.BlockTokens)
 	}
 	if cap(text) <= maxPooledText {
 		*tb = text[:0]

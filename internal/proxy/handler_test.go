@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
 
@@ -123,9 +124,13 @@ type orderPicker struct {
 	mu    sync.Mutex
 	log   []string
 	done  []policy.Result
+	reqs  []policy.Request // every request picked for
 }
 
-func (p *orderPicker) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+func (p *orderPicker) Pick(req *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	p.mu.Lock()
+	p.reqs = append(p.reqs, *req)
+	p.mu.Unlock()
 	var out []*endpoint.Endpoint
 	for _, n := range p.order {
 		for _, e := range c {
@@ -608,5 +613,40 @@ func TestEndpointHeader(t *testing.T) {
 	f.h.EndpointHeader = ""
 	if resp, _ := f.post(t, "/v1/chat/completions", chatBody); resp.Header.Get("X-Kvroute-Endpoint") != "" {
 		t.Errorf("header set while off: %q", resp.Header.Get("X-Kvroute-Endpoint"))
+	}
+}
+
+// TestCompletionPromptListBlocks: a completions prompt that is a list is routed on each
+// prompt's own block chain (what the engine caches for it), not on the joined text.
+func TestCompletionPromptListBlocks(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	p1, p2 := strings.Repeat("alpha beta gamma ", 20), strings.Repeat("delta epsilon ", 30)
+	seed := prefix.Seed("m", "")
+	for _, tc := range []struct {
+		name, body string
+		blocks     []uint64
+		maxTokens  int
+	}{
+		{"one prompt", fmt.Sprintf(`{"model":"m","max_tokens":7,"prompt":%q}`, p1), prefix.Blocks(nil, seed, p1, 0), 7},
+		{"a list of one", fmt.Sprintf(`{"model":"m","max_tokens":7,"prompt":[%q]}`, p1), prefix.Blocks(nil, seed, p1, 0), 7},
+		{"a list of two", fmt.Sprintf(`{"model":"m","max_tokens":7,"prompt":[%q,%q]}`, p1, p2),
+			prefix.Blocks(prefix.Blocks(nil, seed, p1, 0), seed, p2, 0), 14},
+	} {
+		f.pk.mu.Lock()
+		f.pk.reqs = nil
+		f.pk.mu.Unlock()
+		if resp, body := f.post(t, "/v1/completions", tc.body); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", tc.name, resp.StatusCode, body)
+		}
+		f.pk.mu.Lock()
+		got := f.pk.reqs[0]
+		f.pk.mu.Unlock()
+		if len(tc.blocks) < 4 {
+			t.Fatalf("%s: only %d blocks expected: make the prompts longer", tc.name, len(tc.blocks))
+		}
+		if diff := cmp.Diff(tc.blocks, got.Blocks); diff != "" || got.MaxTokens != tc.maxTokens {
+			t.Errorf("%s: blocks (-want +got):\n%s\nmax tokens %d, want %d", tc.name, diff, got.MaxTokens, tc.maxTokens)
+		}
 	}
 }
