@@ -223,16 +223,11 @@ func TestIndex_AgreesWithModel(t *testing.T) {
 			}
 		}
 	}
-	total := 0
+	lens := make([]int, len(model))
 	for e := range model {
-		if x.Len(e) != len(model[e]) {
-			t.Errorf("endpoint %d: Len %d, model %d", e, x.Len(e), len(model[e]))
-		}
-		total += len(model[e])
+		lens[e] = len(model[e])
 	}
-	if n, _ := x.Size(); n != total {
-		t.Errorf("entries %d, model %d", n, total)
-	}
+	checkLens(t, x, lens)
 }
 
 func TestIndex_ConcurrentUse(t *testing.T) {
@@ -317,17 +312,27 @@ func TestIndex_AgreesWithModelAtScale(t *testing.T) {
 			}
 		}
 	}
-	total := 0
+	lens := make([]int, len(model))
 	for e := range model {
-		if x.Len(e) != len(model[e]) {
-			t.Errorf("endpoint %d: Len %d, model %d", e, x.Len(e), len(model[e]))
+		lens[e] = len(model[e])
+	}
+	checkLens(t, x, lens)
+	if x.nNod <= chunkLen || x.nEnt <= chunkLen || len(x.table) < 8192 {
+		t.Errorf("%d nodes, %d entries, %d slots: too few to test chunks and growth", x.nNod, x.nEnt, len(x.table))
+	}
+}
+
+// checkLens compares the index's per-endpoint lengths and its total size with a model's.
+func checkLens(t *testing.T, x *Index, lens []int) {
+	t.Helper()
+	total := 0
+	for e, n := range lens {
+		if x.Len(e) != n {
+			t.Errorf("endpoint %d: Len %d, model %d", e, x.Len(e), n)
 		}
-		total += len(model[e])
+		total += n
 	}
 	if n, _ := x.Size(); n != total {
 		t.Errorf("entries %d, model %d", n, total)
-	}
-	if x.nNod <= chunkLen || x.nEnt <= chunkLen || len(x.table) < 8192 {
-		t.Errorf("%d nodes, %d entries, %d slots: too few to test chunks and growth", x.nNod, x.nEnt, len(x.table))
 	}
 }

@@ -329,16 +329,8 @@ func TestRouterDiscoveryDNS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Parse(fmt.Appendf(nil, "scrape: {disabled: true}\nhealth: {interval: 1h}\n"+
+	r := routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\n"+
 		"discovery: {dns: [{name: localhost, port: %s, endpoint: {models: [m], engine: vllm}}]}\n", u.Port()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	if r.Pool().ByName(a.srv.URL) == nil {
 		t.Fatalf("at start: endpoints %v, want %s (localhost)", r.Pool().All(), a.srv.URL)
 	}
@@ -404,6 +396,21 @@ func TestRouterDiscoveryDNS(t *testing.T) {
 	wait("127.0.0.1 removed", func() bool { return r.Pool().Len() == 1 && r.Pool().ByName(second) != nil })
 }
 
+// routerFromYAML builds a router from a config text; it is closed at the end of the test.
+func routerFromYAML(t *testing.T, yaml string) *Router {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
 // syncBuffer is a bytes.Buffer safe for a logger and a poller.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -424,15 +431,7 @@ func (s *syncBuffer) String() string {
 
 func TestRouterEndpointHeaderFromConfig(t *testing.T) {
 	e := newFakeEngine(t)
-	cfg, err := config.Parse([]byte(fmt.Sprintf("scrape: {disabled: true}\nserver: {endpoint_header: X-Kvroute-Endpoint}\nendpoints: [{url: %q, models: [m], engine: vllm}]\n", e.srv.URL)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nserver: {endpoint_header: X-Kvroute-Endpoint}\nendpoints: [{url: %q, models: [m], engine: vllm}]\n", e.srv.URL))
 	rec := httptest.NewRecorder()
 	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody)))
 	if rec.Code != 200 || rec.Header().Get("X-Kvroute-Endpoint") != e.srv.URL {
