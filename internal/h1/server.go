@@ -2,6 +2,7 @@ package h1
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -51,9 +52,9 @@ const (
 // that goes away cancels the request's context, as with net/http. Requests that end sooner
 // never pay for it.
 //
-// Requests are parsed by http.ReadRequest. What it does not serve: TLS and HTTP/2 (use
-// net/http's Server), Hijack, CloseNotify, and watching a connection whose client has already
-// sent its next request (pipelining).
+// Requests are parsed by http.ReadRequest. Handlers may Flush and Hijack. What it does not
+// serve: TLS, HTTP/2 (HTTP2 hands h2c connections to another server), CloseNotify, and watching a
+// connection whose client has already sent its next request (pipelining).
 type Server struct {
 	Handler http.Handler
 	// ReadHeaderTimeout bounds reading a request's head; IdleTimeout how long a kept-alive
@@ -70,6 +71,10 @@ type Server struct {
 	ErrorBody func(status int, msg string) (contentType string, body []byte)
 	// ErrorLog receives accept errors and handler panics; nil: the log package's logger.
 	ErrorLog *log.Logger
+	// HTTP2, when set, receives the connections that open with HTTP/2's client preface (h2c
+	// with prior knowledge): the server hands each over, the preface included, and serves it no
+	// more. Without it such a connection gets 505.
+	HTTP2 func(net.Conn)
 
 	baseOnce  sync.Once
 	baseCtx   context.Context
@@ -325,12 +330,15 @@ func (s *Server) closeIdle() bool {
 	return len(s.conns) == 0
 }
 
-// Close stops accepting and closes every connection at once, requests in flight included.
+// Close stops accepting and closes every connection at once, requests in flight included
+// (hijacked ones excepted: they are their handlers').
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closeListeners()
 	for c := range s.conns {
-		_ = c.rwc.Close()
+		if c.state.Load() != stateDetached {
+			_ = c.rwc.Close()
+		}
 	}
 	s.mu.Unlock()
 	return nil
@@ -346,10 +354,11 @@ func (s *Server) logf(format string, args ...any) {
 
 // Connection states.
 const (
-	stateNew    int32 = iota // waiting for its first request's head
-	stateHead                // reading a request's head (after the first)
-	stateActive              // serving a request
-	stateIdle                // waiting for the next request
+	stateNew      int32 = iota // waiting for its first request's head
+	stateHead                  // reading a request's head (after the first)
+	stateActive                // serving a request
+	stateIdle                  // waiting for the next request
+	stateDetached              // hijacked by its handler: not the server's to time or close
 )
 
 // srvConn is one client connection.
@@ -368,6 +377,9 @@ type srvConn struct {
 	bw         *bufio.Writer
 	werr       error  // the first error writing to the client
 	hold       []byte // the response body held before its headers, reused
+	// detached is set when the connection left this server (hijacked, or handed to HTTP2): it is
+	// neither closed nor its buffers reused here.
+	detached bool
 
 	// The watch: after WatchAfter, once the request body has been read, a goroutine reads the
 	// connection; an error there (the client went away) cancels the request.
@@ -457,13 +469,18 @@ func (c *srvConn) serve() {
 		if cancel != nil {
 			cancel()
 		}
-		_ = c.rwc.Close()
-		c.br.Reset(nil)
-		readerPool.Put(c.br)
-		c.bw.Reset(nil)
-		writerPool.Put(c.bw)
+		if !c.detached {
+			_ = c.rwc.Close()
+			c.br.Reset(nil)
+			readerPool.Put(c.br)
+			c.bw.Reset(nil)
+			writerPool.Put(c.bw)
+		}
 		s.forget(c)
 	}()
+	if s.HTTP2 != nil && c.handOffHTTP2() {
+		return
+	}
 	for n := 0; ; n++ {
 		if n > 0 {
 			c.setState(stateIdle)
@@ -481,6 +498,39 @@ func (c *srvConn) serve() {
 			return
 		}
 	}
+}
+
+// h2Preface opens every HTTP/2 connection.
+const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// handOffHTTP2 gives the connection to s.HTTP2 if it opens with HTTP/2's preface, and reports
+// whether it did.
+func (c *srvConn) handOffHTTP2() bool {
+	if b, err := c.br.Peek(3); err != nil || string(b) != h2Preface[:3] {
+		return false // an HTTP/1 request (or nothing: serveOne will see)
+	}
+	if b, err := c.br.Peek(len(h2Preface)); err != nil || string(b) != h2Preface {
+		return false
+	}
+	pre, _ := c.br.Peek(c.br.Buffered())
+	c.detached = true
+	c.s.HTTP2(&replayConn{Conn: c.rwc, pre: bytes.Clone(pre)})
+	return true
+}
+
+// replayConn is a connection whose first bytes were read already: Read returns them first.
+type replayConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (r *replayConn) Read(p []byte) (int, error) {
+	if len(r.pre) > 0 {
+		n := copy(p, r.pre)
+		r.pre = r.pre[n:]
+		return n, nil
+	}
+	return r.Conn.Read(p)
 }
 
 // serveOne reads one request, runs the handler and writes its response; it reports whether the
@@ -552,6 +602,10 @@ func (c *srvConn) serveOne() bool {
 	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
 	w.closeAfter = req.Close
 	s.Handler.ServeHTTP(w, req)
+	if c.detached { // hijacked: the handler has the connection
+		cancel()
+		return false
+	}
 	w.finish()
 
 	c.mu.Lock()
@@ -978,6 +1032,27 @@ func (w *response) FlushError() error {
 		}
 	}
 	return w.c.werr
+}
+
+// Hijack hands the connection to the handler (http.Hijacker): the server neither writes to it
+// nor closes it any more. What the response had buffered is sent first.
+func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c := w.c
+	if c.detached {
+		return nil, nil, http.ErrHijacked
+	}
+	if w.committed {
+		if err := c.bw.Flush(); err != nil {
+			return nil, nil, err
+		}
+	}
+	c.mu.Lock()
+	c.active = false // no watch may start: the connection is the handler's
+	c.mu.Unlock()
+	c.stopWatch()
+	c.detached = true
+	c.setState(stateDetached)
+	return c.rwc, bufio.NewReadWriter(c.br, c.bw), nil
 }
 
 // SetWriteDeadline lets http.ResponseController extend a response's write deadline.

@@ -510,3 +510,69 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	return w.b.Write(p)
 }
+
+func TestHijack(t *testing.T) {
+	s := &Server{}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Before", "1")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("Hijack: %v", err)
+			return
+		}
+		defer conn.Close()
+		// The rest is the handler's own protocol: chunked by hand, then the connection closes.
+		_, _ = brw.WriteString("4\r\nmine\r\n0\r\n\r\n")
+		_ = brw.Flush()
+		if _, _, err := http.NewResponseController(w).Hijack(); !errors.Is(err, http.ErrHijacked) {
+			t.Errorf("second Hijack: %v, want ErrHijacked", err)
+		}
+	}))
+	got := rawExchange(t, addr, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", got, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.Header.Get("X-Before") != "1" || string(b) != "mine" {
+		t.Errorf("after a hijack: header %q, body %q; want the flushed head then the handler's bytes", resp.Header.Get("X-Before"), b)
+	}
+}
+
+// TestHTTP2HandOff: a connection that opens with HTTP/2's preface goes to HTTP2 whole; one
+// that does not is served here; without HTTP2 the preface gets 505 (TestProtocolErrors).
+func TestHTTP2HandOff(t *testing.T) {
+	handed := make(chan []byte, 1)
+	s := &Server{HTTP2: func(c net.Conn) {
+		go func() {
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			b := make([]byte, len(h2Preface)+5)
+			_, err := io.ReadFull(c, b)
+			if err != nil {
+				t.Errorf("reading the handed-over connection: %v", err)
+			}
+			handed <- b
+		}()
+	}}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "h1") }))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, h2Preface+"hello")
+	select {
+	case b := <-handed:
+		if string(b) != h2Preface+"hello" {
+			t.Errorf("handed over %q, want the preface and what followed", b)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the HTTP/2 connection was not handed over")
+	}
+	if got := rawExchange(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); !strings.HasSuffix(got, "h1") {
+		t.Errorf("an HTTP/1 request beside HTTP2: %q", got)
+	}
+}

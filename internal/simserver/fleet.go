@@ -10,12 +10,14 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/h1"
 )
 
 // Fleet is n instances served on consecutive ports of one host, in one process.
 type Fleet struct {
 	instances []*Instance
-	servers   []*http.Server
+	servers   []server
 	urls      []string
 	serving   sync.WaitGroup
 	once      sync.Once
@@ -68,19 +70,27 @@ func StartFleet(ctx context.Context, opts Options, n int, host string, firstPort
 			_ = f.Close()
 			return nil, fmt.Errorf("simserver: instance %d: %w", i, err)
 		}
-		srv := &http.Server{Handler: in.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
-		// HTTP/1.1 as vLLM serves it, plus HTTP/2 without TLS (prior knowledge) for clients
-		// that multiplex hundreds of streams over one connection.
-		srv.Protocols.SetHTTP1(true)
-		srv.Protocols.SetUnencryptedHTTP2(true)
+		// HTTP/1.1 as vLLM serves it, on kvroute's own server (internal/h1: cheaper per request
+		// than net/http's), plus HTTP/2 without TLS (prior knowledge) for clients that multiplex
+		// hundreds of streams over one connection: those connections go to net/http's server.
+		h2 := &http.Server{Handler: in.Handler(), Protocols: new(http.Protocols)}
+		h2.Protocols.SetUnencryptedHTTP2(true)
+		handed := newConnListener(ln.Addr())
+		srv := &h1.Server{Handler: in.Handler(), ReadHeaderTimeout: 10 * time.Second, HTTP2: handed.hand}
 		f.instances = append(f.instances, in)
-		f.servers = append(f.servers, srv)
+		f.servers = append(f.servers, srv, h2)
 		f.urls = append(f.urls, "http://"+addr)
-		f.serving.Add(1)
+		f.serving.Add(2)
 		go func() {
 			defer f.serving.Done()
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				in.log.Error("serve", "err", err)
+			}
+		}()
+		go func() {
+			defer f.serving.Done()
+			if err := h2.Serve(handed); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				in.log.Error("serve HTTP/2", "err", err)
 			}
 		}()
 	}
@@ -147,3 +157,46 @@ func (f *Fleet) Close() error {
 	})
 	return errors.Join(errs...)
 }
+
+// server is what serves an instance: h1's server, and net/http's for HTTP/2.
+type server interface {
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// connListener is the listener of the HTTP/2 server: the connections h1's server hands over.
+type connListener struct {
+	addr  net.Addr
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newConnListener(addr net.Addr) *connListener {
+	return &connListener{addr: addr, conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// hand gives c to the HTTP/2 server (or closes it when that server has stopped).
+func (l *connListener) hand(c net.Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.done:
+		_ = c.Close()
+	}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return l.addr }
