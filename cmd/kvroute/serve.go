@@ -163,8 +163,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 		})
 	}
-	fmt.Fprintf(stdout, "kvroute serve: api http://%s admin http://%s policy %s, %d endpoint(s)\n",
-		apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
+	scheme := "http"
+	if cfg.Server.TLS.Enabled() {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "kvroute serve: api %s://%s admin http://%s policy %s, %d endpoint(s)\n",
+		scheme, apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
 	err = r.Serve(ctx, apiLn, adminLn)
 	stopWatch()
 	if err != nil {

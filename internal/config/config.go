@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -204,12 +205,25 @@ type Server struct {
 	// HTTP/1.1 server, which runs each request on its connection's goroutine and costs about
 	// 100 µs less per request than Go's; or "net/http", Go's standard server.
 	HTTPServer string `json:"http_server"`
+	// TLS, when its files are set, serves the API listener over HTTPS.
+	TLS TLS `json:"tls"`
 	// EndpointHeader, when set, names a response header that carries the URL of the endpoint
 	// that served the request (streams included), for clients and benchmarks that measure the
 	// spread (kvroute bench reads SuggestedEndpointHeader by default). Empty (the default): off,
 	// since it reveals internal addresses.
 	EndpointHeader string `json:"endpoint_header"`
 }
+
+// TLS is the API listener's certificate: PEM files, relative to the config file's directory.
+// Both or neither. The files are read again when they change (a renewed certificate is used
+// from the next handshake on).
+type TLS struct {
+	CertFile string `json:"cert_file"`
+	KeyFile  string `json:"key_file"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t TLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
 
 // SuggestedEndpointHeader is the name to give server.endpoint_header; kvroute bench reads it.
 const SuggestedEndpointHeader = "X-Kvroute-Endpoint"
@@ -723,7 +737,19 @@ const (
 	HTTPServerNetHTTP = "net/http"
 )
 
-func (s *Server) validate(_ *Config, p *problems) {
+func (s *Server) validate(c *Config, p *problems) {
+	if t := s.TLS; t.Enabled() {
+		switch {
+		case t.CertFile == "":
+			p.add("server.tls.cert_file", "missing: give the certificate's PEM file beside key_file")
+		case t.KeyFile == "":
+			p.add("server.tls.key_file", "missing: give the private key's PEM file beside cert_file")
+		default:
+			if _, err := tls.LoadX509KeyPair(c.Path(t.CertFile), c.Path(t.KeyFile)); err != nil {
+				p.add("server.tls", "cannot load the certificate and key: %v", err)
+			}
+		}
+	}
 	for _, f := range []struct {
 		key string
 		v   Duration

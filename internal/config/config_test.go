@@ -388,3 +388,20 @@ func TestParse_HTTPServer(t *testing.T) {
 		t.Errorf("unknown server: err = %v, want the field named and the choices listed", err)
 	}
 }
+
+func TestParse_TLS(t *testing.T) {
+	for in, want := range map[string]string{
+		"{cert_file: c.pem}":                  "server.tls.key_file: missing",
+		"{key_file: k.pem}":                   "server.tls.cert_file: missing",
+		"{cert_file: c.pem, key_file: k.pem}": "server.tls: cannot load the certificate and key",
+	} {
+		_, err := Parse([]byte("server: {tls: " + in + "}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("tls %s: err = %v, want %q", in, err, want)
+		}
+	}
+	c, err := Parse([]byte("endpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err != nil || c.Server.TLS.Enabled() {
+		t.Errorf("default: TLS enabled %v, %v; want off", c.Server.TLS.Enabled(), err)
+	}
+}

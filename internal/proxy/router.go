@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -454,8 +455,16 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			ErrorLog:          slog.NewLogLogger(r.logger.Handler(), slog.LevelDebug),
 		}
 	}
+	builtin := cfg.Server.HTTPServer != config.HTTPServerNetHTTP
+	if t := cfg.Server.TLS; t.Enabled() {
+		certs, err := newCertFiles(cfg.Path(t.CertFile), cfg.Path(t.KeyFile), certCheckEvery, r.logger)
+		if err != nil {
+			return err
+		}
+		api = tls.NewListener(api, tlsConfig(certs, !builtin))
+	}
 	var apiSrv server = mk(r.Handler())
-	if cfg.Server.HTTPServer != config.HTTPServerNetHTTP {
+	if builtin {
 		apiSrv = &h1.Server{
 			Handler:           r.Handler(),
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
