@@ -137,8 +137,8 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 // removed ones drain), the policy is rebuilt only when its name or parameters changed, and
 // normalisation, limits, health and scrape settings take effect for new requests. A config
 // that cannot be applied is rejected whole and the old one stays. listen, admin_listen,
-// discovery.file, discovery.dns, server.http_server and the server timeouts change only on restart; such
-// changes are logged.
+// discovery.file, discovery.dns, server.http_server, server.tls and the server timeouts change
+// only on restart; such changes are logged.
 func (r *Router) Reload(cfg *config.Config) error {
 	old := r.Config()
 	err := r.apply(cfg)
@@ -160,8 +160,8 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
-			o.WriteTimeout != n.WriteTimeout {
-			r.logger.Warn("server.http_server and the server timeouts change only on restart", "http_server", o.HTTPServer)
+			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS {
+			r.logger.Warn("server.http_server, server.tls and the server timeouts change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
 		}
 	}
 	r.logger.Info("config applied", "endpoints", r.pool.Len(), "policy", cfg.Policy.Name)
