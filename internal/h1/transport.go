@@ -1,5 +1,7 @@
-// Package h1 is the router's client transport to its endpoints: HTTP/1.1 with keep-alive, all of
-// whose I/O happens on the goroutine that calls RoundTrip and then reads the response body.
+// Package h1 is kvroute's HTTP/1.1 on both sides: Transport, the client transport to its
+// endpoints, and Server (server.go), what serves the API listener. Both keep a request's work
+// on one goroutine. For the Transport: HTTP/1.1 with keep-alive, all of whose I/O happens on
+// the goroutine that calls RoundTrip and then reads the response body.
 //
 // net/http's Transport gives every connection a reader and a writer goroutine, so one call hands
 // off between three goroutines; each hand-off can wake a thread (a futex call) and costs the
