@@ -45,6 +45,11 @@ type Metrics struct {
 	Ejections      *prometheus.CounterVec // endpoint
 	Rewrites       prometheus.Counter
 	Reloads        *prometheus.CounterVec // result
+	// DiscoveryErrors counts failed discovery updates (a file that does not load, a name that
+	// does not resolve); DiscoveredEndpoints is what each source gives now. source is "file" or
+	// "dns:<name>", from the config: bounded.
+	DiscoveryErrors     *prometheus.CounterVec // source
+	DiscoveredEndpoints *prometheus.GaugeVec   // source
 	// Tenant holds the per-tenant collectors, which the tenant gate updates.
 	Tenant *TenantMetrics
 
@@ -98,12 +103,18 @@ func New(reg prometheus.Registerer) *Metrics {
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_config_reloads_total", Help: "Configuration reloads, by result (ok, error).",
 		}, []string{"result"}),
+		DiscoveryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_discovery_errors_total", Help: "Failed discovery updates (a file that does not load, a DNS name that does not resolve), by source; the endpoints in force stay.",
+		}, []string{"source"}),
+		DiscoveredEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_discovery_endpoints", Help: "Endpoints each discovery source gives now.",
+		}, []string{"source"}),
 		Tenant: NewTenantMetrics(reg),
 		now:    time.Now,
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.PickDuration, m.Retries,
-		m.Ejections, m.Rewrites, m.Reloads, (*stateCollector)(m))
+		m.Ejections, m.Rewrites, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
 	return m
 }
 

@@ -116,15 +116,19 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 			return nil, err
 		}
 		r.discovered[0] = specs
+		r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(0)).Set(float64(len(specs)))
 	}
 	// A name that does not resolve yet is no reason not to start: Run tries again.
 	for i, d := range r.dns {
+		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
 		specs, err := d.Resolve(context.Background())
 		if err != nil {
+			d.OnError(err)
 			logger.Warn("DNS discovery failed at start, trying again every interval", "name", d.Config.Name, "err", err)
 			continue
 		}
 		r.discovered[1+i] = specs
+		r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(1 + i)).Set(float64(len(specs)))
 	}
 	if err := r.apply(cfg); err != nil {
 		return nil, err
@@ -326,6 +330,7 @@ func (r *Router) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
+		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
 		wg.Go(func() {
 			errc <- src.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(0, specs) })
 		})
@@ -360,7 +365,16 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 		r.discovered[i] = old
 		return err
 	}
+	r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(i)).Set(float64(len(specs)))
 	return nil
+}
+
+// sourceName labels discovery source i in metrics: "file", or "dns:" and the name.
+func (r *Router) sourceName(i int) string {
+	if i == 0 {
+		return "file"
+	}
+	return "dns:" + r.dns[i-1].Config.Name
 }
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take

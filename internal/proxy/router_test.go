@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -316,6 +318,9 @@ func TestRouterDiscoveryFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("bad discovery file reported", func() bool { return strings.Contains(logs.String(), "discovery file rejected") })
+	if n := testutil.ToFloat64(r.metrics.DiscoveryErrors.WithLabelValues("file")); n < 1 {
+		t.Errorf("kvroute_discovery_errors_total{source=file} = %v, want 1 at least", n)
+	}
 	if r.Pool().Len() != 1 || r.Pool().ByName(a.srv.URL) == nil {
 		t.Errorf("after a bad discovery file: %d endpoints, want a only", r.Pool().Len())
 	}
@@ -394,6 +399,12 @@ func TestRouterDiscoveryDNS(t *testing.T) {
 	}
 	next <- struct{}{}
 	wait("127.0.0.1 removed", func() bool { return r.Pool().Len() == 1 && r.Pool().ByName(second) != nil })
+	if n := testutil.ToFloat64(r.metrics.DiscoveryErrors.WithLabelValues("dns:localhost")); n < 3 {
+		t.Errorf("kvroute_discovery_errors_total{source=dns:localhost} = %v, want the 3 failed lookups at least", n)
+	}
+	if n := testutil.ToFloat64(r.metrics.DiscoveredEndpoints.WithLabelValues("dns:localhost")); n != 1 {
+		t.Errorf("kvroute_discovery_endpoints{source=dns:localhost} = %v, want 1", n)
+	}
 }
 
 // routerFromYAML builds a router from a config text; it is closed at the end of the test.
