@@ -61,6 +61,14 @@ func TestKVEventStream(t *testing.T) {
 	}
 
 	send(0) // published before anyone listens: only the replay has it
+	// The driver publishes a step's events after the step, which may be after the response:
+	// wait until batch 0 has left, or a subscriber quick to connect could still see it.
+	for deadline := time.Now().Add(5 * time.Second); in.kvSent.Load() == 0 || in.pub.NextSeq() < in.kvSent.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("batch 0 was not published within 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	sub, err := kvevents.NewSubscriber(pubAddr, "kv@")
 	if err != nil {
 		t.Fatal(err)
