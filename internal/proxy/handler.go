@@ -297,6 +297,10 @@ type callKey struct{}
 func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
 
 func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.Kind) {
+	if p := openai.ParsedFrom(r.Context()); p != nil && p.Kind == kind && int64(len(p.Body)) <= h.MaxBodyBytes {
+		h.routeParsed(w, r, c, kind, p.Body, p.Req) // the tenant gate read and parsed it
+		return
+	}
 	body, err := readBody(w, r, h.MaxBodyBytes)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -317,6 +321,11 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 		h.writeError(w, c, oe)
 		return
 	}
+	h.routeParsed(w, r, c, kind, body, req)
+}
+
+// routeParsed routes a request whose body has been read and parsed.
+func (h *Handler) routeParsed(w *statusWriter, r *http.Request, c *call, kind openai.Kind, body []byte, req *openai.Request) {
 	c.req = req
 	c.stream = req.Stream
 	c.model = h.modelLabel(req.Model)

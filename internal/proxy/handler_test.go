@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/kvroute/kvroute/internal/h1"
 	"io"
@@ -648,5 +649,30 @@ func TestCompletionPromptListBlocks(t *testing.T) {
 		if diff := cmp.Diff(tc.blocks, got.Blocks); diff != "" || got.MaxTokens != tc.maxTokens {
 			t.Errorf("%s: blocks (-want +got):\n%s\nmax tokens %d, want %d", tc.name, diff, got.MaxTokens, tc.maxTokens)
 		}
+	}
+}
+
+// failReader fails every read: a body the handler must not read.
+type failReader struct{}
+
+func (failReader) Read([]byte) (int, error) { return 0, errors.New("the body was read again") }
+
+// TestParsedBodyFromContext: a body the tenant gate read and parsed already is not read again.
+func TestParsedBodyFromContext(t *testing.T) {
+	e := newFakeEngine(t)
+	f := newFixture(t, spec(e.srv.URL, "m"))
+	parsed, err := openai.Parse(openai.KindChat, []byte(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", io.NopCloser(failReader{}))
+	req = req.WithContext(openai.WithParsed(req.Context(), &openai.Parsed{Kind: openai.KindChat, Body: []byte(chatBody), Req: parsed}))
+	rec := httptest.NewRecorder()
+	f.h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	}
+	if got := e.received(); len(got) != 1 || string(got[0]) != chatBody {
+		t.Errorf("engine received %q, want the parsed body unchanged", got)
 	}
 }

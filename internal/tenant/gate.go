@@ -243,7 +243,10 @@ func (g *Gate) Middleware(next http.Handler) http.Handler {
 		s.mu.Unlock()
 		est := 0
 		if countTokens && r.Method == http.MethodPost {
-			est = estimate(r, t.maxBody)
+			var parsed *openai.Parsed
+			if est, parsed = estimate(r, t.maxBody); parsed != nil {
+				ctx = openai.WithParsed(ctx, parsed) // the proxy reads and parses it no more
+			}
 		}
 		if !g.take(w, r, s, est) {
 			return
@@ -428,12 +431,12 @@ func (g *Gate) unauthorized(w http.ResponseWriter, r *http.Request, code, msg st
 }
 
 // estimate reads the body (keeping it for the handler) and estimates its prompt tokens the
-// way the router does. A body over maxBody, or one that does not parse, counts 0: the handler
-// refuses it.
-func estimate(r *http.Request, maxBody int64) int {
+// way the router does; it returns the parsed body too. A body over maxBody, or one that does
+// not parse, counts 0: the handler refuses it.
+func estimate(r *http.Request, maxBody int64) (int, *openai.Parsed) {
 	kind, ok := openai.KindForPath(r.URL.Path)
 	if !ok || r.Body == nil {
-		return 0
+		return 0, nil
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	rest := r.Body
@@ -442,13 +445,13 @@ func estimate(r *http.Request, maxBody int64) int {
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(body), rest), rest}
 	if err != nil || int64(len(body)) > maxBody {
-		return 0
+		return 0, nil
 	}
 	req, err := openai.Parse(kind, body)
 	if err != nil {
-		return 0
+		return 0, nil
 	}
-	return prefix.EstimateTokens(string(req.AppendCanonical(nil)))
+	return prefix.EstimateTokensBytes(req.AppendCanonical(nil)), &openai.Parsed{Kind: kind, Body: body, Req: req}
 }
 
 // Admit holds a request while every candidate endpoint is saturated (overload settings) in a

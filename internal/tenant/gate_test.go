@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef"
@@ -69,7 +70,8 @@ func newTestGate(t testing.TB, tenants string, logger *slog.Logger) (*Gate, *fak
 type echo struct {
 	mu     sync.Mutex
 	ids    []*Identity
-	leaked bool // a key header reached the handler
+	parsed []*openai.Parsed // the body the gate parsed, per request (nil: none)
+	leaked bool             // a key header reached the handler
 }
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -79,6 +81,7 @@ func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.leaked = true
 	}
 	e.ids = append(e.ids, FromContext(r.Context()))
+	e.parsed = append(e.parsed, openai.ParsedFrom(r.Context()))
 	e.mu.Unlock()
 	_, _ = w.Write([]byte("{}"))
 }
@@ -252,6 +255,10 @@ func TestTokensPerMinute(t *testing.T) {
 	est := 600 - atoi(t, w.Header().Get("x-ratelimit-remaining-tokens"))
 	if est < 50 || est > 300 {
 		t.Fatalf("estimated %d tokens for 100 words", est)
+	}
+	// The body the gate parsed to count its tokens goes on with the request, parsed.
+	if p := e.parsed[0]; p == nil || p.Kind != openai.KindChat || string(p.Body) != chat(strings.Repeat("word ", 100)) || p.Req == nil {
+		t.Errorf("parsed body passed on: %+v, want the chat body and its parse", p)
 	}
 	// Settlement: the engine reports 400 prompt + 200 completion tokens: a debt.
 	e.ids[0].Settle(400, 200)
