@@ -25,6 +25,7 @@ func verbs() []verb {
 		{"bench", "a load generator for any OpenAI-compatible endpoint", runBench},
 		{"simulate", "a fleet in virtual time: routing policies compared in seconds", runSimulate},
 		{"analyze", "prefix statistics of a trace: will prefix-aware routing pay off?", runAnalyze},
+		{"plan", "the fewest instances that meet a TTFT SLO, per policy, in virtual time", runPlan},
 		{"hash-key", "print the sha256 form of an API key for the tenants config", runHashKey},
 	}
 }
