@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/des"
-	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -92,10 +91,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func plan(ctx context.Context, f *planFlags) (*planSummary, error) {
-	var errs []error
-	if (f.trace == "") == (f.workload == "") {
-		errs = append(errs, errors.New("give exactly one of --trace FILE or --workload NAME"))
-	}
+	prof, specs, errs := checkSimulation(f.trace, f.workload, f.limit, f.profile, f.policies)
 	if f.p90 <= 0 {
 		errs = append(errs, errors.New("--slo-ttft-p90: give the TTFT p90 to meet, like 2s"))
 	}
@@ -107,17 +103,6 @@ func plan(ctx context.Context, f *planFlags) (*planSummary, error) {
 	}
 	if f.speedup <= 0 {
 		errs = append(errs, fmt.Errorf("--speedup %v: want a positive factor", f.speedup))
-	}
-	if f.limit < 0 {
-		errs = append(errs, fmt.Errorf("--limit %d: want 0 (all) or more", f.limit))
-	}
-	prof, err := engine.LookupProfile(f.profile)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--profile: %w", err))
-	}
-	specs, err := parsePolicies(f.policies)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--policies: %w", err))
 	}
 	if len(errs) > 0 {
 		return nil, usageError{errors.Join(errs...)}

@@ -197,10 +197,7 @@ func startCPUProfile(path string) (stop func(), err error) {
 
 // simulate checks the flags, loads the workload and runs every policy on it.
 func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
-	var errs []error
-	if (f.trace == "") == (f.workload == "") {
-		errs = append(errs, errors.New("give exactly one of --trace FILE or --workload NAME"))
-	}
+	prof, specs, errs := checkSimulation(f.trace, f.workload, f.limit, f.profile, f.policies)
 	if f.instances < 1 {
 		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", f.instances))
 	}
@@ -212,9 +209,6 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 	}
 	if f.blockSize < 0 {
 		errs = append(errs, fmt.Errorf("--block-size %d: want 0 (the profile's) or a positive number of tokens", f.blockSize))
-	}
-	if f.limit < 0 {
-		errs = append(errs, fmt.Errorf("--limit %d: want 0 (all) or more", f.limit))
 	}
 	if f.scrape <= 0 {
 		errs = append(errs, fmt.Errorf("--scrape-interval %v: want a positive duration such as 200ms", f.scrape))
@@ -233,16 +227,8 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 	default:
 		errs = append(errs, fmt.Errorf("--replica-affinity %q: want none (round-robin per request) or session", f.replicaAffinity))
 	}
-	prof, err := engine.LookupProfile(f.profile)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--profile: %w", err))
-	}
 	if f.blockSize > 0 {
 		prof = prof.WithBlockSize(f.blockSize)
-	}
-	specs, err := parsePolicies(f.policies)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("--policies: %w", err))
 	}
 	if len(errs) > 0 {
 		return nil, usageError{errors.Join(errs...)}
@@ -353,6 +339,27 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 		}
 	}
 	return sum, nil
+}
+
+// checkSimulation checks the flags simulate and plan share: a trace or a workload, the limit,
+// the profile and the policies. It returns every problem found.
+func checkSimulation(trace, work string, limit int, profile, policies string) (engine.Profile, []policySpec, []error) {
+	var errs []error
+	if (trace == "") == (work == "") {
+		errs = append(errs, errors.New("give exactly one of --trace FILE or --workload NAME"))
+	}
+	if limit < 0 {
+		errs = append(errs, fmt.Errorf("--limit %d: want 0 (all) or more", limit))
+	}
+	prof, err := engine.LookupProfile(profile)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--profile: %w", err))
+	}
+	specs, err := parsePolicies(policies)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("--policies: %w", err))
+	}
+	return prof, specs, errs
 }
 
 // loadRequests reads the trace, or generates the workload, and keeps its first limit requests
