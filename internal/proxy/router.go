@@ -327,7 +327,7 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 2)
+	errc := make(chan error, 2+len(r.dns)) // the prober, the file, the names: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }

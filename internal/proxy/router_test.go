@@ -422,6 +422,30 @@ func routerFromYAML(t *testing.T, yaml string) *Router {
 	return r
 }
 
+// TestRouterRunStopsWithManySources: Run returns when its context ends, whatever the number of
+// discovery sources (each sends its end to Run).
+func TestRouterRunStopsWithManySources(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "endpoints.yaml")
+	if err := os.WriteFile(file, []byte("[]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\ndiscovery: {file: %q, dns: ["+
+		"{name: localhost, port: 1}, {name: localhost, port: 2}, {name: localhost, port: 3}]}\n", file))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(20 * time.Millisecond) // let every source start
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5 s of its context ending (a source blocked?)")
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for a logger and a poller.
 type syncBuffer struct {
 	mu sync.Mutex
