@@ -256,15 +256,6 @@ func TestRouterDiscoveryFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
 	write(b.srv.URL)
 	cfg := routerConfig(t, fmt.Sprintf("discovery: {file: %q, poll_interval: 50ms}\n", file))
 	logs := &syncBuffer{}
@@ -276,15 +267,7 @@ func TestRouterDiscoveryFile(t *testing.T) {
 	if r.Pool().Len() != 1 || r.Pool().ByName(b.srv.URL) == nil {
 		t.Fatalf("endpoints at start: %d, want b", r.Pool().Len())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	runRouter(t, r)
 
 	// A stream in flight on b...
 	rec := httptest.NewRecorder()
@@ -297,7 +280,7 @@ func TestRouterDiscoveryFile(t *testing.T) {
 	<-b.held
 	// ...survives a file that adds a and removes b.
 	write(a.srv.URL)
-	waitFor("a added, b removed", func() bool {
+	waitUntil(t, "a added, b removed", func() bool {
 		return r.Pool().ByName(a.srv.URL) != nil && r.Pool().ByName(b.srv.URL) == nil
 	})
 	close(b.hold)
@@ -317,7 +300,7 @@ func TestRouterDiscoveryFile(t *testing.T) {
 	if err := os.WriteFile(file, []byte("- {url: 5, bogus: key}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("bad discovery file reported", func() bool { return strings.Contains(logs.String(), "discovery file rejected") })
+	waitUntil(t, "bad discovery file reported", func() bool { return strings.Contains(logs.String(), "discovery file rejected") })
 	if n := testutil.ToFloat64(r.metrics.DiscoveryErrors.WithLabelValues("file")); n < 1 {
 		t.Errorf("kvroute_discovery_errors_total{source=file} = %v, want 1 at least", n)
 	}
@@ -370,40 +353,49 @@ func TestRouterDiscoveryDNS(t *testing.T) {
 		}
 		return answers[i], nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	runRouter(t, r)
 	second := "http://127.0.0.2:" + u.Port()
-	wait := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s (endpoints %d)", what, r.Pool().Len())
-			}
-		}
-	}
-	wait("127.0.0.2 added", func() bool { return r.Pool().Len() == 2 && r.Pool().ByName(second) != nil })
+	waitUntil(t, "127.0.0.2 added", func() bool { return r.Pool().Len() == 2 && r.Pool().ByName(second) != nil })
 	next <- struct{}{} // now the lookups fail
 	mu.Lock()
 	failing := calls
 	mu.Unlock()
-	wait("three failed lookups", func() bool { mu.Lock(); defer mu.Unlock(); return calls >= failing+3 })
+	waitUntil(t, "three failed lookups", func() bool { mu.Lock(); defer mu.Unlock(); return calls >= failing+3 })
 	if r.Pool().Len() != 2 {
 		t.Errorf("after failed lookups: %d endpoints, want the 2 in force", r.Pool().Len())
 	}
 	next <- struct{}{}
-	wait("127.0.0.1 removed", func() bool { return r.Pool().Len() == 1 && r.Pool().ByName(second) != nil })
+	waitUntil(t, "127.0.0.1 removed", func() bool { return r.Pool().Len() == 1 && r.Pool().ByName(second) != nil })
 	if n := testutil.ToFloat64(r.metrics.DiscoveryErrors.WithLabelValues("dns:localhost")); n < 3 {
 		t.Errorf("kvroute_discovery_errors_total{source=dns:localhost} = %v, want the 3 failed lookups at least", n)
 	}
 	if n := testutil.ToFloat64(r.metrics.DiscoveredEndpoints.WithLabelValues("dns:localhost")); n != 1 {
 		t.Errorf("kvroute_discovery_endpoints{source=dns:localhost} = %v, want 1", n)
+	}
+}
+
+// runRouter runs r's discovery, health checks and scrapes until the test ends, and checks
+// that Run then returns cleanly.
+func runRouter(t *testing.T, r *Router) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+// waitUntil polls cond for up to 10 s, and fails the test if it never holds.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
 	}
 }
 
