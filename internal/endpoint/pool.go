@@ -23,12 +23,16 @@ type Spec struct {
 	HealthPath string
 	// MetricsPath is the metrics path to scrape ("" for none).
 	MetricsPath string
+	// KVEvents is the engine's KV-event publisher (tcp://host:port), as discovery found it
+	// (Kubernetes: the pod's kvroute.io/kv-events); "" for none. Carried for the precise
+	// (KV-event) mode; routing does not read it yet.
+	KVEvents string
 }
 
 func (s *Spec) equal(o *Spec) bool {
 	return s.Name == o.Name && slices.Equal(s.Models, o.Models) && maps.Equal(s.Labels, o.Labels) &&
 		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.CacheSalt == o.CacheSalt &&
-		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath
+		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath && s.KVEvents == o.KVEvents
 }
 
 // Diff is what an Update changed.
