@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    := ./...
 FUZZTIME ?= 3s
 
-.PHONY: all build image test unit fuzz bench bench-smoke vet fmt demo ci
+.PHONY: all build image helm test unit fuzz bench bench-smoke vet fmt demo ci
 
 # What `kvroute version` and the image labels say. GOFLAGS may hold -buildvcs=false (the Go
 # command then records no revision), so the build stamps it with -ldflags -X.
@@ -22,6 +22,11 @@ IMAGE_DIR ?= bin/image
 IMAGE_TAG ?= $(subst +,-,$(VERSION))
 
 all: build
+
+# helm lint and helm template on deploy/helm/kvroute, manifests decoded strictly (the helm CLI is
+# built from its Go module the first time: scripts/helm.sh).
+helm:
+	KVROUTE_HELM="$$(bash scripts/helm.sh)" $(GO) test -count=1 ./deploy/helm/
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/kvroute ./cmd/kvroute
