@@ -3,6 +3,8 @@ package kube
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"net/netip"
 	"strings"
 	"sync"
@@ -510,5 +512,39 @@ func TestSource_RejectedSetTriedAgain(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the set was not offered again")
+	}
+}
+
+func TestNewClient(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("HOME", t.TempDir())
+	if _, _, err := NewClient("", "kvroute/test"); err == nil || !strings.Contains(err.Error(), "no cluster to talk to") {
+		t.Errorf("no cluster: %v, want it said", err)
+	}
+	kc := t.TempDir() + "/kubeconfig"
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: gpu-a}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, ns, err := NewClient(kc, "kvroute/test")
+	if err != nil || c == nil || ns != "gpu-a" {
+		t.Errorf("NewClient = %v, %q, %v; want a client for namespace gpu-a", c, ns, err)
+	}
+	cfg, err := config.Parse(fmt.Appendf(nil, "auth: {mode: none}\ndiscovery: {kubernetes: [{service: vllm, kubeconfig: %q}, {namespace: other, selector: app=x, kubeconfig: %q}]}\n", kc, kc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs, err := FromConfig(cfg, "kvroute/test", nil)
+	if err != nil || len(srcs) != 2 || srcs[0].Key() != "kubernetes:gpu-a/vllm" || srcs[1].Key() != "kubernetes:other/app=x" {
+		t.Errorf("FromConfig = %v, %v", srcs, err)
+	}
+	if _, _, err := NewClient(t.TempDir()+"/missing", "kvroute/test"); err == nil {
+		t.Error("a missing kubeconfig: no error")
 	}
 }
