@@ -62,9 +62,10 @@ type Router struct {
 	metrics   *metrics.Metrics
 	pool      *endpoint.Pool
 	prober    *scrape.Prober
-	state     *route.State  // response pins and failure counts, across reloads
-	transport *h1.Transport // to the endpoints; its Fallback also carries health checks and scrapes
-	gate      *tenant.Gate  // authentication, per-tenant limits and salts, admission
+	state     *route.State   // response pins, across reloads
+	outlier   *route.Outlier // passive ejection, across reloads
+	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
+	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -93,6 +94,10 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		state:     route.NewState(0),
 		transport: h1.New(proxy.DefaultTransport()),
 	}
+	r.outlier = route.NewOutlier(r.outlierConfig(cfg), nil)
+	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
+	r.transport.Dialer = dialer
+	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchIndex(func() (int, int64) {
@@ -212,10 +217,11 @@ func (r *Router) apply(cfg *config.Config) error {
 	}
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
+	r.outlier.Configure(r.outlierConfig(cfg))
 	lc, err := route.New(route.Config{
 		Picker:   picker,
 		Attempts: 1 + cfg.Limits.Retries(),
-		Health:   &proberHealth{p: r.prober, m: r.metrics},
+		Health:   r.outlier,
 		State:    r.state,
 	})
 	if err != nil {
@@ -234,6 +240,11 @@ func (r *Router) apply(cfg *config.Config) error {
 		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
 		Rewrite:        cfg.Normalize.Rewrite,
 		EndpointHeader: cfg.Server.EndpointHeader,
+		Timeouts: proxy.Timeouts{
+			FirstToken: cfg.Limits.FirstTokenTimeout.D(),
+			Response:   cfg.Limits.ResponseTimeout.D(),
+			StreamIdle: cfg.Limits.StreamIdleTimeout.D(),
+		},
 	}
 	r.h.Store(h)
 	return nil
@@ -418,6 +429,8 @@ type EndpointInfo struct {
 	Snapshot       *endpoint.Snapshot `json:"snapshot"`
 	SnapshotAgeSec *float64           `json:"snapshot_age_seconds"`
 	Probe          scrape.Status      `json:"probe"`
+	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
+	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -433,6 +446,10 @@ func (r *Router) Endpoints() []EndpointInfo {
 		}
 		if info.Models == nil {
 			info.Models = []string{}
+		}
+		if until := r.outlier.EjectedUntil(e); until.After(now) {
+			info.EjectedUntil = &until
+			info.Available = false
 		}
 		if s := info.Snapshot; s != nil && !s.At.IsZero() {
 			age := now.Sub(s.At).Seconds()
@@ -544,24 +561,23 @@ func ignoreClosed(err error) error {
 	return err
 }
 
-// proberHealth is passive health checking by the prober: consecutive connection errors eject
-// an endpoint until its active health checks pass again.
-type proberHealth struct {
-	p *scrape.Prober
-	m *metrics.Metrics
-}
-
-func (h *proberHealth) Failed(ep *endpoint.Endpoint, _ route.Failure) bool {
-	was := ep.Healthy()
-	h.p.ReportFailure(ep)
-	if was && !ep.Healthy() {
-		h.m.Ejections.WithLabelValues(ep.Name).Inc()
-		return true
+// outlierConfig is passive ejection as the config sets it, reporting to the metrics and the log.
+func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
+	return route.OutlierConfig{
+		Consecutive:       cfg.Health.PassiveFailures,
+		BaseEjection:      cfg.Health.EjectionTime.D(),
+		MaxEjection:       cfg.Health.MaxEjectionTime.D(),
+		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
+		Fleet:             r.pool.Len,
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+			r.metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
+		},
+		OnReadmit: func(ep *endpoint.Endpoint) {
+			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
+		},
 	}
-	return false
 }
-
-func (h *proberHealth) Succeeded(ep *endpoint.Endpoint) { h.p.ReportSuccess(ep) }
 
 // Close releases idle upstream connections. Call it after Run and the servers have stopped.
 func (r *Router) Close() { r.transport.CloseIdleConnections() }

@@ -97,6 +97,10 @@ type Endpoint struct {
 	HealthPath string `json:"health_path"`
 	// MetricsPath overrides the metrics path (default /metrics; "-" turns scraping off).
 	MetricsPath string `json:"metrics_path"`
+	// FirstTokenTimeout and ResponseTimeout override limits.first_token_timeout and
+	// limits.response_timeout for this endpoint (0: those).
+	FirstTokenTimeout Duration `json:"first_token_timeout"`
+	ResponseTimeout   Duration `json:"response_timeout"`
 }
 
 // Discovery finds more endpoints: in a file, and behind DNS names.
@@ -144,9 +148,18 @@ type Health struct {
 	HealthyThreshold int `json:"healthy_threshold"`
 	// UnhealthyThreshold consecutive failures make a healthy endpoint unhealthy. Default 2.
 	UnhealthyThreshold int `json:"unhealthy_threshold"`
-	// PassiveFailures consecutive connection errors while proxying eject an endpoint until
-	// active checks pass again. Default 3.
+	// PassiveFailures consecutive failures while proxying that count against an endpoint
+	// (connection errors, 5xx answers, timeouts, lost requests, cut streams) eject it for
+	// EjectionTime, twice that at the second ejection in a row, and so on up to
+	// MaxEjectionTime. Default 3.
 	PassiveFailures int `json:"passive_failures"`
+	// EjectionTime is how long a first passive ejection lasts. Default 30s.
+	EjectionTime Duration `json:"ejection_time"`
+	// MaxEjectionTime caps an ejection's length. Default 5m.
+	MaxEjectionTime Duration `json:"max_ejection_time"`
+	// MaxEjectedPercent bounds the share of the endpoints passively ejected at once (at
+	// least one may be; never the last one). Default 50.
+	MaxEjectedPercent int `json:"max_ejected_percent"`
 }
 
 // Scrape configures the scraping of engine metrics.
@@ -180,9 +193,22 @@ type Rule struct {
 // Limits bounds requests.
 type Limits struct {
 	MaxBodyBytes int64 `json:"max_body_bytes"` // default 16 MiB
-	// MaxRetries is how many other endpoints to try after a connection error: default 2, 0 for
-	// none. A pointer so that 0 can be told from unset; read it with Retries.
+	// MaxRetries is how many other endpoints to try after a failure that makes it safe (no
+	// connection, 503 or 429 before any byte, no first token in time): default 2, 0 for none.
+	// A pointer so that 0 can be told from unset; read it with Retries.
 	MaxRetries *int `json:"max_retries"`
+	// ConnectTimeout bounds connecting to an endpoint. Default 5s.
+	ConnectTimeout Duration `json:"connect_timeout"`
+	// FirstTokenTimeout bounds the wait for a stream's first token, from sending the request;
+	// past it the request goes to the next ranked endpoint. Default 2m (long prompts on a busy
+	// engine take tens of seconds). endpoints[].first_token_timeout overrides it.
+	FirstTokenTimeout Duration `json:"first_token_timeout"`
+	// ResponseTimeout bounds a non-streamed answer, from sending the request to its last byte.
+	// Default 10m. endpoints[].response_timeout overrides it.
+	ResponseTimeout Duration `json:"response_timeout"`
+	// StreamIdleTimeout bounds the silence between two events of a stream; past it the stream
+	// ends with an SSE error event. Default 1m.
+	StreamIdleTimeout Duration `json:"stream_idle_timeout"`
 }
 
 // Retries returns limits.max_retries (the default when unset).
@@ -448,6 +474,12 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 	seen := map[string]int{}
 	for i, e := range eps {
 		at := fmt.Sprintf("%s[%d]", path, i)
+		if e.FirstTokenTimeout < 0 {
+			p.add(at+".first_token_timeout", "%v: must be positive, like 30s (or absent for limits.first_token_timeout)", e.FirstTokenTimeout.D())
+		}
+		if e.ResponseTimeout < 0 {
+			p.add(at+".response_timeout", "%v: must be positive, like 5m (or absent for limits.response_timeout)", e.ResponseTimeout.D())
+		}
 		u, err := url.Parse(e.URL)
 		switch {
 		case e.URL == "":
@@ -486,13 +518,15 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 // Spec converts the endpoint to the pool's form.
 func (e *Endpoint) Spec() endpoint.Spec {
 	s := endpoint.Spec{
-		Name:             e.URL,
-		Models:           slices.Clone(e.Models),
-		Engine:           e.Engine,
-		KVCapacityTokens: e.KVTokens,
-		CacheSalt:        e.CacheSalt != nil && *e.CacheSalt,
-		HealthPath:       e.HealthPath,
-		MetricsPath:      e.MetricsPath,
+		Name:              e.URL,
+		Models:            slices.Clone(e.Models),
+		Engine:            e.Engine,
+		KVCapacityTokens:  e.KVTokens,
+		CacheSalt:         e.CacheSalt != nil && *e.CacheSalt,
+		HealthPath:        e.HealthPath,
+		MetricsPath:       e.MetricsPath,
+		FirstTokenTimeout: e.FirstTokenTimeout.D(),
+		ResponseTimeout:   e.ResponseTimeout.D(),
 	}
 	if len(e.Labels) > 0 {
 		s.Labels = make(map[string]string, len(e.Labels))
@@ -618,9 +652,27 @@ func (h *Health) setDefaults(*Config) {
 	if h.PassiveFailures == 0 {
 		h.PassiveFailures = 3
 	}
+	if h.EjectionTime == 0 {
+		h.EjectionTime = Duration(30 * time.Second)
+	}
+	if h.MaxEjectionTime == 0 {
+		h.MaxEjectionTime = Duration(max(5*time.Minute, h.EjectionTime.D()))
+	}
+	if h.MaxEjectedPercent == 0 {
+		h.MaxEjectedPercent = 50
+	}
 }
 
 func (h *Health) validate(_ *Config, p *problems) {
+	if h.EjectionTime < 0 {
+		p.add("health.ejection_time", "must be positive, like 30s")
+	}
+	if h.MaxEjectionTime < h.EjectionTime {
+		p.add("health.max_ejection_time", "%v: must be at least health.ejection_time (%v)", h.MaxEjectionTime.D(), h.EjectionTime.D())
+	}
+	if h.MaxEjectedPercent < 0 || h.MaxEjectedPercent > 100 {
+		p.add("health.max_ejected_percent", "%d: must be a percentage from 1 to 100", h.MaxEjectedPercent)
+	}
 	if h.Interval < 0 {
 		p.add("health.interval", "must be positive, like 5s")
 	}
@@ -705,6 +757,15 @@ func (l *Limits) setDefaults(*Config) {
 		n := DefaultMaxRetries
 		l.MaxRetries = &n
 	}
+	for _, d := range []struct {
+		v   *Duration
+		def time.Duration
+	}{{&l.ConnectTimeout, 5 * time.Second}, {&l.FirstTokenTimeout, 2 * time.Minute},
+		{&l.ResponseTimeout, 10 * time.Minute}, {&l.StreamIdleTimeout, time.Minute}} {
+		if *d.v == 0 {
+			*d.v = Duration(d.def)
+		}
+	}
 }
 
 func (l *Limits) validate(_ *Config, p *problems) {
@@ -713,6 +774,15 @@ func (l *Limits) validate(_ *Config, p *problems) {
 	}
 	if r := l.Retries(); r < 0 || r > 10 {
 		p.add("limits.max_retries", "%d: must be between 0 (no retry) and 10", r)
+	}
+	for _, d := range []struct {
+		key string
+		v   Duration
+	}{{"connect_timeout", l.ConnectTimeout}, {"first_token_timeout", l.FirstTokenTimeout},
+		{"response_timeout", l.ResponseTimeout}, {"stream_idle_timeout", l.StreamIdleTimeout}} {
+		if d.v < 0 {
+			p.add("limits."+d.key, "%v: must be positive, like 30s", d.v.D())
+		}
 	}
 }
 

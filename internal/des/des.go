@@ -302,7 +302,8 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 			return nil, err
 		}
 		r := &s.routers[k]
-		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts})
+		health := route.NewOutlier(route.OutlierConfig{Fleet: s.fleetSize}, &s.clock)
+		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health})
 		if err != nil {
 			return nil, err
 		}
@@ -512,6 +513,18 @@ func (s *sim) loop(ctx context.Context) error {
 }
 
 func (s *sim) name(inst int) string { return s.routers[0].eps[inst].Name }
+
+// fleetSize is the number of instances in the fleet (as a router's pool has them: the dead
+// ones too, until it learns otherwise).
+func (s *sim) fleetSize() int {
+	n := 0
+	for _, p := range s.present {
+		if p {
+			n++
+		}
+	}
+	return n
+}
 
 func (s *sim) pushArrival() {
 	if s.next >= len(s.w.order) {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -27,7 +29,8 @@ const maxCapture = 4 << 20
 const maxEvent = 4 << 20
 
 // retryTransport sends a call's request to its ranked endpoints in turn, as the lifecycle
-// allows: on a connection error or a 503 before any response byte it tries the next.
+// allows: after a failure before anything reached the client that makes it safe (no
+// connection, 503, 429, no first token in time), it tries the next.
 type retryTransport struct{ h *Handler }
 
 func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
@@ -38,25 +41,21 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	h := t.h
 	var lastErr error
 	for ep := c.rc.Next(); ep != nil; ep = c.rc.Next() {
-		resp, err := h.send(out, c, ep)
-		var f route.Failure
-		switch {
-		case err != nil && out.Context().Err() != nil:
-			c.rc.Fail(route.FailCanceled)
-			return nil, err // the client went away: not the endpoint's fault
-		case err != nil:
-			f, lastErr = route.FailConnect, err
-		case resp.StatusCode == http.StatusServiceUnavailable:
-			f = route.FailUnavailable
-		default:
-			c.rc.Answered()
+		resp, f, err := h.attempt(out, c, ep)
+		if f == route.FailNone {
 			c.answered = true
 			return resp, nil
+		}
+		if err != nil {
+			lastErr = err
 		}
 		if !c.rc.Fail(f) {
 			if resp != nil {
 				c.answered = true
-				return resp, nil // the last 503 goes to the client as it is
+				return resp, nil // the last 503 or 429 goes to the client as it is
+			}
+			if f == route.FailCanceled {
+				return nil, err
 			}
 			break
 		}
@@ -66,13 +65,128 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		}
 		h.Metrics.Retries.WithLabelValues(ep.Name, f.String()).Inc()
 		if err != nil {
-			h.Logger.Warn("endpoint unreachable, trying the next", "request_id", c.rid, "endpoint", ep.Name, "err", errText(err))
+			h.Logger.Warn("attempt failed, trying the next endpoint", "request_id", c.rid, "endpoint", ep.Name,
+				"failure", f.String(), "err", errText(err))
 		}
 	}
 	if lastErr == nil {
 		lastErr = errors.New("no endpoint left to try")
 	}
 	return nil, lastErr
+}
+
+// Errors that end an attempt on its own clock.
+var (
+	errAttemptTimeout = errors.New("no answer within the attempt's timeout")
+	errIdleTimeout    = errors.New("the stream was silent for longer than the idle timeout")
+)
+
+// attempt sends the request to ep under the attempt's timeouts and returns the response to
+// relay (f FailNone), or how the attempt failed: with the response for a 503 or 429 (relayed
+// if no endpoint is left), without one otherwise. A stream's response comes back only once its
+// first event has arrived, so that an engine that accepts a request and never starts it is
+// failed over before anything reaches the client.
+func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*http.Response, route.Failure, error) {
+	to := h.timeouts(ep)
+	ctx, cancel := context.WithCancelCause(out.Context())
+	limit := to.Response
+	if c.stream {
+		limit = to.FirstToken
+	}
+	timer := time.AfterFunc(limit, func() { cancel(errAttemptTimeout) })
+	failed := func(err error) (*http.Response, route.Failure, error) {
+		timer.Stop()
+		cause := context.Cause(ctx)
+		cancel(nil)
+		switch {
+		case out.Context().Err() != nil:
+			return nil, route.FailCanceled, err
+		case errors.Is(cause, errAttemptTimeout):
+			return nil, route.FailTimeout, fmt.Errorf("%w (%v)", errAttemptTimeout, limit)
+		case isDialError(err):
+			return nil, route.FailConnect, err
+		}
+		return nil, route.FailLost, err
+	}
+	resp, err := h.send(out.WithContext(ctx), c, ep)
+	if err != nil {
+		return failed(err)
+	}
+	switch resp.StatusCode {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		timer.Stop()
+		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return resp, route.FailUnavailable, nil
+		}
+		c.rc.Backoff(retryAfter(resp.Header))
+		return resp, route.FailBusy, nil
+	}
+	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sb := &sseBody{c: c, up: resp.Body, r: openai.NewSSEReader(resp.Body, maxEvent), ctx: ctx, cancel: cancel, idle: to.StreamIdle}
+		if err := sb.first(); err != nil {
+			resp.Body.Close()
+			return failed(err)
+		}
+		timer.Stop()
+		resp.Body = sb
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return resp, route.FailNone, nil
+	}
+	// A non-streamed answer: the response timeout keeps running until its last byte.
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, timer: timer}
+	return resp, route.FailNone, nil
+}
+
+// timeouts returns the attempt timeouts for ep: its own where it has them, else the handler's.
+func (h *Handler) timeouts(ep *endpoint.Endpoint) Timeouts {
+	t := h.Timeouts.withDefaults()
+	if ep.FirstTokenTimeout > 0 {
+		t.FirstToken = ep.FirstTokenTimeout
+	}
+	if ep.ResponseTimeout > 0 {
+		t.Response = ep.ResponseTimeout
+	}
+	return t
+}
+
+// isDialError reports whether err happened while connecting: the engine never saw the request.
+func isDialError(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// retryAfter reads how long an engine that answered 429 asks to be left alone: retry-after-ms,
+// else Retry-After in seconds or as a date; 1 s when it does not say, at most a minute.
+func retryAfter(h http.Header) time.Duration {
+	d := time.Second
+	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms > 0 {
+		d = time.Duration(ms * float64(time.Millisecond))
+	} else if v := h.Get("Retry-After"); v != "" {
+		if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
+			d = time.Duration(s * float64(time.Second))
+		} else if at, err := http.ParseTime(v); err == nil {
+			d = time.Until(at)
+		}
+	}
+	return min(max(d, time.Millisecond), time.Minute)
+}
+
+// cancelBody ends the attempt's context (and its timer) when the body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+func (b *cancelBody) Close() error {
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
 }
 
 // send makes one attempt: the outgoing request, re-addressed to ep, with its body.
@@ -141,27 +255,40 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		c.complete = true
 		return nil
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = &sseBody{c: c, up: resp.Body, r: openai.NewSSEReader(resp.Body, maxEvent)}
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-		return nil
+	if _, ok := resp.Body.(*sseBody); ok {
+		return nil // a stream, watched since its first event
 	}
 	resp.Body = &captureBody{c: c, up: resp.Body}
 	return nil
 }
 
 // sseBody passes a stream on event by event (the reverse proxy flushes after each Read),
-// timing the first event, reading usage and response ids, dropping the usage-only chunk the
-// router asked for on the client's behalf, and noticing how the stream ends: at its
-// terminator (complete, whatever the client does next), or cut short by the engine, in which
-// case the client gets an SSE error event before the stream closes.
+// reading usage and response ids, dropping the usage-only chunk the router asked for on the
+// client's behalf, and noticing how the stream ends: at its terminator (complete, whatever the
+// client does next), or cut short by the engine or by its silence for longer than the idle
+// timeout, in which case the client gets an SSE error event before the stream closes.
 type sseBody struct {
 	c       *call
 	up      io.ReadCloser
 	r       *openai.SSEReader
+	ctx     context.Context         // the attempt's
+	cancel  context.CancelCauseFunc // ends the attempt
+	idle    time.Duration
+	timer   *time.Timer // the idle timeout
 	pending []byte
 	err     error
+}
+
+// first reads the stream's first event, the first token: the caller's timer bounds the wait.
+func (s *sseBody) first() error {
+	ev, err := s.r.Next()
+	if err != nil {
+		return err
+	}
+	s.c.rc.FirstToken()
+	s.take(ev)
+	s.timer = time.AfterFunc(s.idle, func() { s.cancel(errIdleTimeout) })
+	return nil
 }
 
 func (s *sseBody) Read(p []byte) (int, error) {
@@ -172,35 +299,43 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		if s.c.complete {
 			// The terminator went out: what follows (the chunked body's end) is read so the
 			// connection can be reused, and its errors no longer matter.
+			s.timer.Stop()
 			_, _ = io.Copy(io.Discard, io.LimitReader(s.up, 64<<10))
 			s.err = io.EOF
 			continue
 		}
 		ev, err := s.r.Next()
 		if err != nil {
+			s.timer.Stop()
 			s.cutShort(err)
 			continue
 		}
-		s.c.rc.FirstToken()
-		if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
-			if u, ok := openai.ScanUsage(ev.Data); ok {
-				s.c.setUsage(u)
-				if s.c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
-					continue
-				}
-			}
-		}
-		if s.c.req != nil && s.c.req.Kind == openai.KindResponse && s.c.respID == "" && len(ev.Data) > 0 {
-			s.c.respID = openai.ResponseID(ev.Data)
-		}
-		if ev.IsDone() || isTerminal(ev.Name) {
-			s.c.complete = true
-		}
-		s.pending = append(s.pending[:0], ev.Raw...)
+		s.timer.Reset(s.idle)
+		s.take(ev)
 	}
 	n := copy(p, s.pending)
 	s.pending = s.pending[n:]
 	return n, nil
+}
+
+// take looks at one event and queues it for the client (unless it is the usage chunk the
+// client did not ask for).
+func (s *sseBody) take(ev openai.Event) {
+	if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
+		if u, ok := openai.ScanUsage(ev.Data); ok {
+			s.c.setUsage(u)
+			if s.c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
+				return
+			}
+		}
+	}
+	if s.c.req != nil && s.c.req.Kind == openai.KindResponse && s.c.respID == "" && len(ev.Data) > 0 {
+		s.c.respID = openai.ResponseID(ev.Data)
+	}
+	if ev.IsDone() || isTerminal(ev.Name) {
+		s.c.complete = true
+	}
+	s.pending = append(s.pending, ev.Raw...)
 }
 
 // isTerminal reports whether a Responses API event ends its stream.
@@ -212,18 +347,29 @@ func isTerminal(name string) bool {
 // unless the client is gone, it is told with an SSE error event, and the call is a failure.
 func (s *sseBody) cutShort(err error) {
 	s.err = io.EOF
-	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
-		s.c.h.Logger.Debug("upstream stream ended before its end", "request_id", s.c.rid, "err", errText(err))
-	}
 	s.c.cut = true
-	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut",
-		"the engine ended the stream before its end (request id "+s.c.rid+")")
+	msg := "the engine ended the stream before its end"
+	if errors.Is(context.Cause(s.ctx), errIdleTimeout) {
+		msg = "the engine sent nothing for " + s.idle.String() + " (the stream idle timeout)"
+		s.c.errType = "stream_idle_timeout"
+	}
+	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		s.c.h.Logger.Debug("upstream stream ended before its end", "request_id", s.c.rid, "err", errText(err), "why", msg)
+	}
+	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut", msg+" (request id "+s.c.rid+")")
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
 	s.pending = append(s.pending[:0], b.Bytes()...)
 }
 
-func (s *sseBody) Close() error { return s.up.Close() }
+func (s *sseBody) Close() error {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	err := s.up.Close()
+	s.cancel(nil)
+	return err
+}
 
 // captureBody passes a body on while keeping its first maxCapture bytes to read usage at EOF.
 // The copy lives in a pooled buffer, given back at EOF or Close (usage and ids are copied out).
@@ -312,10 +458,25 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 	case w.err != nil || r.Context().Err() != nil:
 		return 499
 	case c.cut:
-		c.errType = "stream_cut"
+		if c.errType == "" {
+			c.errType = "stream_cut"
+		}
 		return http.StatusBadGateway
 	}
 	return status
+}
+
+// failure is what the answer's status says of the endpoint that gave it.
+func (c *call) failure(status int) route.Failure {
+	switch {
+	case status < 400 || status == 499:
+		return route.FailNone // fine, or the client's doing
+	case c.cut:
+		return route.FailCut
+	case status >= 500:
+		return route.FailStatus
+	}
+	return route.FailRejected
 }
 
 // finish settles a request once the response is written: the lifecycle (endpoint counters,
@@ -336,7 +497,7 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		ttft = c.rc.TTFT()
 		c.rc.Finish(route.Outcome{
 			OK: status < 400, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: completion,
-			ResponseID: c.respID,
+			ResponseID: c.respID, Failure: c.failure(status),
 		})
 	}
 	end := time.Now()

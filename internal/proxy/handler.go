@@ -77,10 +77,47 @@ type Handler struct {
 	// EndpointHeader, when set, names a response header set to the name (base URL) of the
 	// endpoint that answered, before the first byte (server.endpoint_header). Empty: none.
 	EndpointHeader string
+	// Timeouts bound each attempt; an endpoint's own FirstTokenTimeout and ResponseTimeout
+	// take precedence. Zero fields take the defaults.
+	Timeouts Timeouts
 
 	once  sync.Once
 	rp    *httputil.ReverseProxy
 	setup error
+}
+
+// Timeouts bound one attempt of a request on one endpoint. A timeout before anything reached
+// the client fails the request over to the next ranked endpoint; after, the stream ends with an
+// SSE error event. When every attempt timed out, the client gets a 504.
+type Timeouts struct {
+	// FirstToken bounds the wait for a stream's first event (its first token): from sending
+	// the request to the engine. 0: DefaultFirstTokenTimeout.
+	FirstToken time.Duration
+	// Response bounds a non-streamed answer, from sending the request to its last byte (the
+	// whole generation). 0: DefaultResponseTimeout.
+	Response time.Duration
+	// StreamIdle bounds the silence between two events of a stream. 0: DefaultStreamIdleTimeout.
+	StreamIdle time.Duration
+}
+
+// Defaults of Timeouts.
+const (
+	DefaultFirstTokenTimeout = 2 * time.Minute
+	DefaultResponseTimeout   = 10 * time.Minute
+	DefaultStreamIdleTimeout = time.Minute
+)
+
+func (t Timeouts) withDefaults() Timeouts {
+	if t.FirstToken <= 0 {
+		t.FirstToken = DefaultFirstTokenTimeout
+	}
+	if t.Response <= 0 {
+		t.Response = DefaultResponseTimeout
+	}
+	if t.StreamIdle <= 0 {
+		t.StreamIdle = DefaultStreamIdleTimeout
+	}
+	return t
 }
 
 func (h *Handler) init() {
@@ -480,11 +517,16 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if c != nil && c.rc != nil {
 		attempts = max(c.rc.Attempts(), 1)
 	}
+	status, code := http.StatusBadGateway, "upstream_unreachable"
 	msg := "no endpoint could be reached after " + strconv.Itoa(attempts) + " attempt(s)"
+	if c != nil && c.rc != nil && c.rc.TimedOut() {
+		status, code = http.StatusGatewayTimeout, "upstream_timeout"
+		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
+	}
 	if c != nil {
 		msg += " (request id " + c.rid + ")"
 	}
-	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_unreachable", msg)
+	e := openai.NewError(status, openai.TypeUpstream, "", code, msg)
 	if sw != nil && c != nil {
 		h.writeError(sw, c, e)
 		return

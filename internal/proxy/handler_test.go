@@ -387,7 +387,8 @@ func TestFallbackOnConnectionErrorAndEjection(t *testing.T) {
 	dead := deadURL(t)
 	e := newFakeEngine(t)
 	f := newFixture(t, spec(dead, "m"), spec(e.srv.URL, "m"))
-	lc, err := route.New(route.Config{Picker: f.pk, Attempts: 3, EjectAfter: 2})
+	lc, err := route.New(route.Config{Picker: f.pk, Attempts: 3,
+		Health: route.NewOutlier(route.OutlierConfig{Consecutive: 2, MaxEjectedPercent: 50}, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +399,7 @@ func TestFallbackOnConnectionErrorAndEjection(t *testing.T) {
 			t.Fatalf("request %d: status %d body %s", i, resp.StatusCode, body)
 		}
 	}
-	if f.pool.ByName(dead).Healthy() {
+	if !lc.Health().Ejected(f.pool.ByName(dead), time.Now()) {
 		t.Error("dead endpoint not ejected after 2 connection errors")
 	}
 	if n := testutil.ToFloat64(f.h.Metrics.Retries.WithLabelValues(dead, "connect_error")); n != 2 {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
@@ -23,56 +22,80 @@ type Config struct {
 	// Attempts is how many endpoints of the ranked list one request may be sent to: 1 plus the
 	// retries. 0: 1.
 	Attempts int
-	// Health hears how every attempt went, for passive ejection. Nil: an endpoint is ejected
-	// (marked unhealthy, never readmitted here) after EjectAfter consecutive failures that
-	// count against it, the counts kept in State.
+	// Health hears how every attempt went, for passive ejection. Nil: an Outlier with its
+	// defaults on Clock.
 	Health Health
-	// EjectAfter is the default Health's threshold; 0: DefaultEjectAfter.
-	EjectAfter int
-	// State is what outlives one Lifecycle (a config reload builds a new one): response pins
-	// and consecutive failure counts. Nil: a private one.
+	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
+	// Nil: a private one.
 	State *State
 }
 
-// DefaultEjectAfter is how many consecutive failures that count against an endpoint eject it
-// when Config.Health is nil.
-const DefaultEjectAfter = 3
-
-// Health is passive health checking: it hears how each attempt went.
+// Health is passive health checking: it hears how each attempt went, and may take endpoints
+// out of the candidates for a while (Outlier is the default).
 type Health interface {
-	// Failed is told of an attempt on ep that failed with f. It reports whether ep was ejected
-	// by this failure.
+	// Failed is told of an attempt on ep that failed with f, a failure that counts against
+	// ep. It reports whether ep was ejected by this failure.
 	Failed(ep *endpoint.Endpoint, f Failure) (ejected bool)
-	// Succeeded is told of an attempt that ep answered.
+	// Succeeded is told of an attempt that ep answered well.
 	Succeeded(ep *endpoint.Endpoint)
+	// Ejected reports whether ep is out of the candidates at now.
+	Ejected(ep *endpoint.Endpoint, now time.Time) bool
+	// Backoff asks that ep be tried after the others until now + d (it answered 429 with
+	// Retry-After d).
+	Backoff(ep *endpoint.Endpoint, now time.Time, d time.Duration)
+	// BackedOff reports whether ep should be tried after the others at now.
+	BackedOff(ep *endpoint.Endpoint, now time.Time) bool
+	// Forget drops what is known of ep (it left the pool).
+	Forget(ep *endpoint.Endpoint)
 }
 
 // Failure says how an attempt failed. It decides whether the request may be sent to the next
-// endpoint of its ranked list, and whether the failure counts against the endpoint.
+// endpoint of its ranked list (only while nothing has reached the client, and only where the
+// engine cannot have computed it or asked for it), and whether the failure counts against the
+// endpoint (towards ejecting it).
 type Failure uint8
 
 const (
+	// FailNone: not a failure.
+	FailNone Failure = iota
 	// FailConnect: no connection could be made; the engine never saw the request. Retried;
-	// counts against the endpoint.
-	FailConnect Failure = iota
+	// counts.
+	FailConnect
 	// FailUnavailable: the engine answered 503 before any response byte reached the client.
-	// Retried; the endpoint answered, so it does not count against it.
+	// Retried; counts.
 	FailUnavailable
+	// FailBusy: the engine answered 429 before any byte: it is shedding load. Retried, the
+	// engine tried after the others for its Retry-After; does not count.
+	FailBusy
+	// FailTimeout: no response head (or, for a stream, no first event) within the attempt's
+	// timeout; nothing reached the client. Retried; counts.
+	FailTimeout
 	// FailLost: the request reached the engine and then its connection was lost, or the
-	// engine died, before the first token. Never retried: the request may be what killed it,
-	// and it may have been computed.
+	// engine died, before anything reached the client. Never retried: the request may be what
+	// killed it, and it may have been computed. Counts.
 	FailLost
-	// FailRejected: the engine refused the request for good (it can never fit there). Not
-	// retried.
+	// FailStatus: the engine answered a 5xx error (other than 503), relayed to the client.
+	// Not retried; counts.
+	FailStatus
+	// FailCut: the engine's answer ended before its end (a stream without its terminator, or
+	// silent for longer than the idle timeout), after bytes reached the client. Counts.
+	FailCut
+	// FailRejected: the engine refused the request itself (a 4xx: it can never fit there).
+	// Not retried; does not count.
 	FailRejected
-	// FailCanceled: the client went away. Not retried; not the endpoint's fault.
+	// FailCanceled: the client went away. Not retried; does not count.
 	FailCanceled
 )
 
 var failureNames = [...]string{
+	FailNone:        "none",
 	FailConnect:     "connect_error",
 	FailUnavailable: "unavailable",
+	FailBusy:        "busy",
+	FailTimeout:     "timeout",
 	FailLost:        "lost",
+	FailStatus:      "server_error",
+	FailCut:         "stream_cut",
 	FailRejected:    "rejected",
 	FailCanceled:    "canceled",
 }
@@ -86,10 +109,18 @@ func (f Failure) String() string {
 }
 
 // Retryable reports whether a request that failed so may be sent to another endpoint.
-func (f Failure) Retryable() bool { return f == FailConnect || f == FailUnavailable }
+func (f Failure) Retryable() bool {
+	return f == FailConnect || f == FailUnavailable || f == FailBusy || f == FailTimeout
+}
 
-// countsAgainst reports whether the failure counts towards ejecting the endpoint.
-func (f Failure) countsAgainst() bool { return f == FailConnect }
+// Counts reports whether the failure counts against the endpoint, towards ejecting it.
+func (f Failure) Counts() bool {
+	switch f {
+	case FailConnect, FailUnavailable, FailTimeout, FailLost, FailStatus, FailCut:
+		return true
+	}
+	return false
+}
 
 // ErrNoCandidate is returned by Begin when the policy ranks no endpoint.
 var ErrNoCandidate = policy.ErrNoCandidate
@@ -121,11 +152,7 @@ func New(cfg Config) (*Lifecycle, error) {
 		lc.state = NewState(0)
 	}
 	if lc.health == nil {
-		after := cfg.EjectAfter
-		if after <= 0 {
-			after = DefaultEjectAfter
-		}
-		lc.health = &ejector{state: lc.state, after: after}
+		lc.health = NewOutlier(OutlierConfig{}, lc.clock)
 	}
 	return lc, nil
 }
@@ -139,12 +166,16 @@ func (lc *Lifecycle) Attempts() int { return lc.attempts }
 // Now returns the lifecycle's time.
 func (lc *Lifecycle) Now() time.Time { return lc.clock.Now() }
 
-// Removed tells the policy that ep left the pool.
+// Removed tells the policy and passive health checking that ep left the pool.
 func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 	if lc.observer != nil {
 		lc.observer.Removed(ep)
 	}
+	lc.health.Forget(ep)
 }
+
+// Health returns passive health checking.
+func (lc *Lifecycle) Health() Health { return lc.health }
 
 // Begin starts a request that arrived at arrival: the policy ranks candidates (available
 // endpoints serving the request's model, in a stable order), and the endpoint that created the
@@ -153,6 +184,8 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 // attempt yet: call Next.
 func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint, pin string, arrival time.Time) (*Call, error) {
 	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1}
+	now := lc.clock.Now()
+	candidates = lc.admitted(candidates, now)
 	if len(candidates) == 0 {
 		return c, ErrNoCandidate
 	}
@@ -166,8 +199,49 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	if pin != "" {
 		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
 	}
+	ranked = lc.backoffLast(ranked, now)
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
+}
+
+// admitted returns the candidates that passive health checking has not ejected: candidates
+// itself when none is (the usual case, no copy).
+func (lc *Lifecycle) admitted(candidates []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	for i, e := range candidates {
+		if !lc.health.Ejected(e, now) {
+			continue
+		}
+		out := slices.Clone(candidates[:i])
+		for _, e := range candidates[i+1:] {
+			if !lc.health.Ejected(e, now) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	return candidates
+}
+
+// backoffLast moves the endpoints that asked to be left alone (429) after the others, keeping
+// the order within each group.
+func (lc *Lifecycle) backoffLast(ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	for i, e := range ranked {
+		if !lc.health.BackedOff(e, now) {
+			continue
+		}
+		out := make([]*endpoint.Endpoint, 0, len(ranked))
+		out = append(out, ranked[:i]...)
+		var late []*endpoint.Endpoint
+		for _, e := range ranked[i:] {
+			if lc.health.BackedOff(e, now) {
+				late = append(late, e)
+			} else {
+				out = append(out, e)
+			}
+		}
+		return append(out, late...)
+	}
+	return ranked
 }
 
 // pinFirst moves the endpoint named name to the front of ranked (adding it from candidates
@@ -207,6 +281,8 @@ type Call struct {
 	ep        *endpoint.Endpoint // the attempt in progress, or the last one
 	open      bool               // an attempt is in progress
 	attempts  int
+	failures  int // attempts that failed before anything reached the client
+	timeouts  int // of which timed out
 	predicted int // the policy's predicted cached tokens on ep, -1 unknown
 	firstAt   time.Time
 	finished  bool
@@ -227,7 +303,7 @@ func (c *Call) Next() *endpoint.Endpoint {
 	for c.next < len(c.ranked) {
 		ep := c.ranked[c.next]
 		c.next++
-		if !ep.Available() && c.attempts > 0 {
+		if c.attempts > 0 && (!ep.Available() || c.lc.health.Ejected(ep, c.lc.clock.Now())) {
 			continue // ejected or removed since the pick; the first choice is tried regardless
 		}
 		c.ep, c.open = ep, true
@@ -247,37 +323,43 @@ func (c *Call) Next() *endpoint.Endpoint {
 
 // Fail ends the attempt in progress, which failed with f before anything reached the client,
 // and reports whether the request may be sent to the next endpoint (call Next). When it may
-// not, or no endpoint is left, finish the call with Finish.
+// not, or no endpoint is left, finish the call with Finish. The failure is told to passive
+// health checking when it counts against the endpoint.
 func (c *Call) Fail(f Failure) (retry bool) {
 	if !c.open {
 		return false
 	}
-	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
-		Duration: c.lc.clock.Now().Sub(c.Arrival)})
-	switch {
-	case f.countsAgainst():
-		c.lc.health.Failed(c.ep, f)
-	case f != FailCanceled:
-		c.lc.health.Succeeded(c.ep) // it answered
+	c.failures++
+	if f == FailTimeout {
+		c.timeouts++
 	}
+	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
+		Duration: c.lc.clock.Now().Sub(c.Arrival)}, f)
 	return f.Retryable() && c.next < len(c.ranked)
 }
 
-// Answered tells passive health checking that the attempt in progress got an answer from its
-// endpoint (a response head, whatever its status).
-func (c *Call) Answered() {
-	if c.open {
-		c.lc.health.Succeeded(c.ep)
+// Backoff records that the endpoint of the attempt in progress asked for d of rest (429 with
+// Retry-After): later requests try it after the others until then. Call it before Fail.
+func (c *Call) Backoff(d time.Duration) {
+	if c.open && d > 0 {
+		c.lc.health.Backoff(c.ep, c.lc.clock.Now(), d)
 	}
 }
 
-// closeAttempt settles the endpoint's counters and tells the policy the attempt is done.
-func (c *Call) closeAttempt(res policy.Result) {
+// closeAttempt settles the endpoint's counters, tells the policy the attempt is done and tells
+// passive health checking how it went (f is FailNone for a success).
+func (c *Call) closeAttempt(res policy.Result, f Failure) {
 	c.open = false
 	first := !c.firstAt.IsZero()
 	c.ep.Finish(c.Req.PromptTokens, first)
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
+	}
+	switch {
+	case f.Counts():
+		c.lc.health.Failed(c.ep, f)
+	case f == FailNone:
+		c.lc.health.Succeeded(c.ep)
 	}
 }
 
@@ -308,6 +390,9 @@ type Outcome struct {
 	// ResponseID, when set on a complete response, is remembered so that a later request
 	// naming it (previous_response_id) goes to the same endpoint.
 	ResponseID string
+	// Failure, when OK is false, says how the attempt failed (FailNone when the endpoint is
+	// not to blame: the client went away, say). It is told to passive health checking.
+	Failure Failure
 }
 
 // Finish ends the call. The attempt in progress, if any, is settled with o: the endpoint's
@@ -326,10 +411,17 @@ func (c *Call) Finish(o Outcome) {
 		prompt = o.PromptTokens
 	}
 	now := c.lc.clock.Now()
+	f := o.Failure
+	if !o.OK && f == FailNone {
+		f = FailCanceled // not the endpoint's doing: nothing to tell health checking
+	}
+	if o.OK {
+		f = FailNone
+	}
 	c.closeAttempt(policy.Result{
 		OK: o.OK, CachedTokens: o.CachedTokens, PromptTokens: prompt, OutputTokens: o.OutputTokens,
 		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
-	})
+	}, f)
 	if o.OK && o.ResponseID != "" {
 		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
 	}
@@ -341,6 +433,10 @@ func (c *Call) Endpoint() *endpoint.Endpoint { return c.ep }
 
 // Attempts is the number of attempts made.
 func (c *Call) Attempts() int { return c.attempts }
+
+// TimedOut reports whether every attempt made so far failed by timing out (the answer to the
+// client is then a 504).
+func (c *Call) TimedOut() bool { return c.attempts > 0 && c.timeouts == c.attempts }
 
 // Predicted is the policy's predicted cached tokens on the current (or last) attempt's
 // endpoint, or -1 when the policy makes no prediction.
@@ -361,10 +457,9 @@ func (c *Call) TTFT() time.Duration {
 func (c *Call) Finished() (finished, ok bool) { return c.finished, c.ok }
 
 // State is what outlives one Lifecycle across config reloads: which endpoint created which
-// response (for previous_response_id) and consecutive failure counts per endpoint.
+// response (for previous_response_id).
 type State struct {
-	pins     pinTable
-	failures sync.Map // endpoint name -> *atomic.Int32
+	pins pinTable
 }
 
 // NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
@@ -375,31 +470,6 @@ func NewState(maxPins int) *State {
 	return &State{pins: pinTable{max: maxPins, m: map[string]string{}}}
 }
 
-func (s *State) failureCounter(name string) *atomic.Int32 {
-	if v, ok := s.failures.Load(name); ok {
-		return v.(*atomic.Int32)
-	}
-	v, _ := s.failures.LoadOrStore(name, new(atomic.Int32))
-	return v.(*atomic.Int32)
-}
-
-// ejector is the default Health: consecutive failures eject an endpoint for good (the live
-// router's health checks readmit it; in the simulator a failed instance stays out).
-type ejector struct {
-	state *State
-	after int
-}
-
-func (e *ejector) Failed(ep *endpoint.Endpoint, _ Failure) bool {
-	n := e.state.failureCounter(ep.Name).Add(1)
-	if int(n) >= e.after && ep.Healthy() {
-		ep.SetHealthy(false)
-		return true
-	}
-	return false
-}
-
-func (e *ejector) Succeeded(ep *endpoint.Endpoint) { e.state.failureCounter(ep.Name).Store(0) }
 
 // pinTable maps response ids to endpoint names, forgetting the oldest beyond max.
 type pinTable struct {

@@ -65,7 +65,8 @@ func pool(t *testing.T, names ...string) []*endpoint.Endpoint {
 
 func newLC(t *testing.T, s *script, clk *stepClock, attempts int) *Lifecycle {
 	t.Helper()
-	lc, err := New(Config{Picker: s, Clock: clk, Attempts: attempts, EjectAfter: 2})
+	lc, err := New(Config{Picker: s, Clock: clk, Attempts: attempts,
+		Health: NewOutlier(OutlierConfig{Consecutive: 2, MaxEjectedPercent: 100}, clk)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,15 +113,16 @@ func TestCallSuccess(t *testing.T) {
 }
 
 // TestFallback walks the failure classes: what is retried, what is not, what counts against an
-// endpoint, and that an ejected endpoint is skipped by later calls.
+// endpoint, and that an ejected endpoint is left out of later calls.
 func TestFallback(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
 	s := &script{order: []string{"a", "b", "c"}}
 	lc := newLC(t, s, clk, 3)
 	eps := pool(t, "a", "b", "c")
 	a, b := eps[0], eps[1]
+	ejected := func(e *endpoint.Endpoint) bool { return lc.Health().Ejected(e, clk.t) }
 
-	// a refuses connections, b answers 503, c serves.
+	// a refuses connections, b answers 429, c serves.
 	c, _ := lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
 	var tried []string
 	for ep := c.Next(); ep != nil; ep = c.Next() {
@@ -131,11 +133,11 @@ func TestFallback(t *testing.T) {
 				t.Fatal("connect error on a: not retried")
 			}
 		case "b":
-			if !c.Fail(FailUnavailable) {
-				t.Fatal("503 on b: not retried")
+			c.Backoff(time.Second)
+			if !c.Fail(FailBusy) {
+				t.Fatal("429 on b: not retried")
 			}
 		default:
-			c.Answered()
 			c.Finish(Outcome{OK: true, CachedTokens: -1})
 		}
 	}
@@ -147,42 +149,120 @@ func TestFallback(t *testing.T) {
 			t.Errorf("%s: in flight %d pending %d after the call", e.Name, e.InFlight(), e.PendingPrefill())
 		}
 	}
-	if !a.Healthy() {
+	if ejected(a) {
 		t.Error("a ejected after one connection error (threshold 2)")
 	}
-	// A second connection error in a row ejects a; the call goes on to b.
+	// b asked for a second of rest: it goes after c while that lasts, then back in its place.
 	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
-	if ep := c.Next(); ep != a || !c.Fail(FailConnect) || a.Healthy() {
-		t.Fatalf("second connection error: a healthy %v", a.Healthy())
+	if diff := cmp.Diff([]string{"a", "c", "b"}, names(c.Ranked())); diff != "" {
+		t.Errorf("ranked during b's backoff (-want +got):\n%s", diff)
 	}
-	if ep := c.Next(); ep != b {
-		t.Fatalf("after a: %v, want b", ep)
+	// A second connection error in a row ejects a; the call goes on to c.
+	if ep := c.Next(); ep != a || !c.Fail(FailConnect) || !ejected(a) {
+		t.Fatalf("second connection error: a ejected %v", ejected(a))
 	}
-	// A request that reached b and lost its connection is not sent again.
+	// A request that reached c and lost its connection is not sent again.
+	if ep := c.Next(); ep == nil || ep.Name != "c" {
+		t.Fatalf("after a: %v, want c", ep)
+	}
 	if c.Fail(FailLost) {
 		t.Error("a lost request was retried")
 	}
 	c.Finish(Outcome{OK: false})
-	if !b.Healthy() {
-		t.Error("b ejected for a lost request")
-	}
-	// a, ejected, is skipped when it is no longer the first choice of a call made before.
+	clk.t = clk.t.Add(2 * time.Second)
+	// a is left out of the candidates while ejected.
 	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
-	s.order = []string{"b", "a", "c"}
-	c2, _ := lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
-	if ep := c2.Next(); ep != b || !c2.Fail(FailConnect) {
-		t.Fatal("b first")
+	if diff := cmp.Diff([]string{"b", "c"}, names(c.Ranked())); diff != "" {
+		t.Errorf("ranked while a is ejected (-want +got):\n%s", diff)
 	}
-	if ep := c2.Next(); ep == nil || ep.Name != "c" {
-		t.Errorf("after b: %v, want c (a is ejected)", ep)
+	c.Next()
+	c.Finish(Outcome{OK: true})
+	// Its ejection over (the first lasts DefaultBaseEjection), it is taken back.
+	clk.t = clk.t.Add(DefaultBaseEjection)
+	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	if diff := cmp.Diff([]string{"a", "b", "c"}, names(c.Ranked())); diff != "" {
+		t.Errorf("ranked after the ejection (-want +got):\n%s", diff)
 	}
-	c2.Finish(Outcome{OK: true})
-	if ep := c.Next(); ep != a {
-		t.Errorf("the first choice is tried even when ejected since the pick: %v", ep)
+	if !b.Healthy() || a.InFlight() != 0 {
+		t.Errorf("b healthy %v, a in flight %d", b.Healthy(), a.InFlight())
 	}
-	c.Finish(Outcome{OK: false})
-	if a.InFlight() != 0 {
-		t.Errorf("a in flight %d", a.InFlight())
+}
+
+func names(eps []*endpoint.Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, e := range eps {
+		out[i] = e.Name
+	}
+	return out
+}
+
+// TestOutlierEjection: consecutive counted failures eject; a success in between resets the
+// count; the n-th ejection in a row lasts n base intervals; a bounded share of the fleet is
+// ejected at once, never the last endpoint.
+func TestOutlierEjection(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c", "d")
+	var ejections []string
+	o := NewOutlier(OutlierConfig{Consecutive: 3, BaseEjection: 10 * time.Second, MaxEjection: 25 * time.Second,
+		MaxEjectedPercent: 50, Fleet: func() int { return len(eps) },
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration) { ejections = append(ejections, fmt.Sprintf("%s %v", ep.Name, d)) }}, clk)
+	a := eps[0]
+	o.Failed(a, FailStatus)
+	o.Failed(a, FailStatus)
+	o.Succeeded(a)
+	o.Failed(a, FailTimeout)
+	o.Failed(a, FailTimeout)
+	if o.Ejected(a, clk.t) {
+		t.Fatal("ejected after 2 failures since a success (threshold 3)")
+	}
+	if !o.Failed(a, FailCut) || !o.Ejected(a, clk.t) {
+		t.Fatal("not ejected after 3 consecutive failures")
+	}
+	// Back after 10 s; failing again at once, out for 20 s, then 25 s (the cap).
+	for i, want := range []time.Duration{10 * time.Second, 20 * time.Second, 25 * time.Second} {
+		clk.t = clk.t.Add(want - time.Millisecond)
+		if !o.Ejected(a, clk.t) {
+			t.Fatalf("ejection %d over before %v", i+1, want)
+		}
+		clk.t = clk.t.Add(time.Millisecond)
+		if o.Ejected(a, clk.t) {
+			t.Fatalf("ejection %d still on after %v", i+1, want)
+		}
+		for range 3 {
+			o.Failed(a, FailConnect)
+		}
+	}
+	// Two of four may be out at once: b goes, c stays.
+	for _, e := range eps[1:3] {
+		for range 3 {
+			o.Failed(e, FailStatus)
+		}
+	}
+	if !o.Ejected(eps[1], clk.t) || o.Ejected(eps[2], clk.t) {
+		t.Errorf("b ejected %v, c ejected %v; want b out and c kept (50%% of 4)", o.Ejected(eps[1], clk.t), o.Ejected(eps[2], clk.t))
+	}
+	want := []string{"a 10s", "a 20s", "a 25s", "a 25s", "b 10s"}
+	if diff := cmp.Diff(want, ejections); diff != "" {
+		t.Errorf("ejections (-want +got):\n%s", diff)
+	}
+	// Never the last one: with two endpoints and 100 %, one may go.
+	two := pool(t, "x", "y")
+	o2 := NewOutlier(OutlierConfig{Consecutive: 1, MaxEjectedPercent: 100, Fleet: func() int { return 2 }}, clk)
+	o2.Failed(two[0], FailConnect)
+	o2.Failed(two[1], FailConnect)
+	if !o2.Ejected(two[0], clk.t) || o2.Ejected(two[1], clk.t) {
+		t.Error("both endpoints of two ejected")
+	}
+}
+
+// TestFailureClasses pins what each failure means.
+func TestFailureClasses(t *testing.T) {
+	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true}
+	counts := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailTimeout: true, FailLost: true, FailStatus: true, FailCut: true}
+	for f := FailNone; f <= FailCanceled; f++ {
+		if f.Retryable() != retry[f] || f.Counts() != counts[f] {
+			t.Errorf("%s: retryable %v counts %v; want %v %v", f, f.Retryable(), f.Counts(), retry[f], counts[f])
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,14 +227,25 @@ func TestOpenAIClient(t *testing.T) {
 
 func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
 	needNode(t)
-	// round-robin over two instances, the first of which passes health checks but drops every
-	// API connection unanswered (a crashed server the checks have not caught yet): the first
-	// request ranks it first and must succeed through the second.
-	s := startStack(t, 2, "instant", "round-robin")
-	if err := s.fleet.Instances()[0].SetFaults(simserver.Faults{Refuse: true}); err != nil {
-		t.Fatal(err)
+	// round-robin over two endpoints, the first of which is a server that has died (nothing
+	// listens: connections are refused) while the health checks have not caught it yet: the
+	// request that ranks it first must succeed through the second. A connection refused means
+	// the engine never saw the request, so it is safe to send it elsewhere.
+	checked := make(chan struct{}, 1)
+	dying := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case checked <- struct{}{}:
+		default:
+		}
+	}))
+	down := dying.URL
+	s := startStack(t, 1, "instant", "round-robin", down)
+	select { // the first health check passed: now it dies
+	case <-checked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no health check reached the endpoint")
 	}
-	down := s.fleet.URLs()[0]
+	dying.Close()
 	// Two requests in one node process: round-robin ranks the dropping instance first for one.
 	res := s.nodeAll(t, "chat", "chat2")
 	for _, name := range []string{"chat", "chat2"} {
