@@ -470,7 +470,6 @@ func NewState(maxPins int) *State {
 	return &State{pins: pinTable{max: maxPins, m: map[string]string{}}}
 }
 
-
 // pinTable maps response ids to endpoint names, forgetting the oldest beyond max.
 type pinTable struct {
 	mu    sync.Mutex

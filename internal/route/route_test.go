@@ -205,7 +205,9 @@ func TestOutlierEjection(t *testing.T) {
 	var ejections []string
 	o := NewOutlier(OutlierConfig{Consecutive: 3, BaseEjection: 10 * time.Second, MaxEjection: 25 * time.Second,
 		MaxEjectedPercent: 50, Fleet: func() int { return len(eps) },
-		OnEject: func(ep *endpoint.Endpoint, d time.Duration) { ejections = append(ejections, fmt.Sprintf("%s %v", ep.Name, d)) }}, clk)
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+			ejections = append(ejections, fmt.Sprintf("%s %v", ep.Name, d))
+		}}, clk)
 	a := eps[0]
 	o.Failed(a, FailStatus)
 	o.Failed(a, FailStatus)
