@@ -82,7 +82,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *cfgPath != "" {
 		initial, err = os.ReadFile(*cfgPath)
 		if err == nil {
-			cfg, err = config.LoadWith(*cfgPath, overrides)
+			cfg, err = config.LoadWith(*cfgPath, overrides, configChecks())
 		}
 	} else {
 		cfg, err = quickConfig(endpoints, *model, *engine, *pol, overrides)
@@ -149,7 +149,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			err := config.WatchFile(wctx, *cfgPath, opt, func(_ []byte, _ bool, err error) {
 				var c *config.Config
 				if err == nil {
-					c, err = config.LoadWith(*cfgPath, overrides)
+					c, err = config.LoadWith(*cfgPath, overrides, configChecks())
 				}
 				if err != nil {
 					r.Metrics().Reloads.WithLabelValues("error").Inc()
@@ -205,7 +205,7 @@ func quickConfig(urls []string, model, engine, pol string, adjust func(*config.C
 		adjust(c)
 	}
 	c.SetDefaults()
-	if err := c.Validate(); err != nil {
+	if err := c.Validate(configChecks()); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -222,4 +222,9 @@ func newLogger(l config.Log, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// configChecks judge, for config validation, what only the policy package knows.
+func configChecks() config.Checks {
+	return config.Checks{PolicyNames: policy.Names(), Policy: policy.Check}
 }

@@ -189,6 +189,21 @@ func TestServeFlags(t *testing.T) {
 			t.Errorf("%q: rc %d, %q; want 1 and the clash named", args, rc, errb.String())
 		}
 	}
+	// The policy is judged with the rest of the config: every problem at once, each named.
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("endpoints: [{url: http://127.0.0.1:1}]\npolicy: {name: round-robin, params: {alpha: 1}}\nlog: {format: xml}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if rc := runServe(context.Background(), []string{"--config", bad}, &out, &errb); rc != 1 ||
+		!strings.Contains(errb.String(), `policy.params: policy round-robin: unknown parameter "alpha"`) || !strings.Contains(errb.String(), `log.format: "xml"`) {
+		t.Errorf("bad policy parameter: rc %d, %q; want 1, the parameter and the log format named", rc, errb.String())
+	}
+	errb.Reset()
+	if rc := runServe(context.Background(), []string{"--endpoint", "http://127.0.0.1:1", "--policy", "nosuch"}, &out, &errb); rc != 1 ||
+		!strings.Contains(errb.String(), `policy.name: unknown policy "nosuch": use one of `) || !strings.Contains(errb.String(), "prefix-aware") {
+		t.Errorf("unknown policy: rc %d, %q; want 1 and policy.name with the known names", rc, errb.String())
+	}
 	errb.Reset()
 	args := []string{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-server", "nginx"}
 	if rc := runServe(context.Background(), args, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "server.http_server") {
