@@ -2,19 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"github.com/kvroute/kvroute/internal/logbuf"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/proxy"
 )
@@ -115,63 +113,30 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal);
-	// WatchFile also reloads when the file's content changes.
-	trigger := make(chan struct{}, 1)
+	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal); the
+	// watcher also reloads when the file's content changes.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	wg.Go(func() {
-		defer signal.Stop(hup)
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-hup:
-				if *cfgPath == "" {
-					logger.Info("SIGHUP: no config file to reload (started with --endpoint)")
-					continue
-				}
-				logger.Info("SIGHUP: reloading the config")
-				select {
-				case trigger <- struct{}{}:
-				default:
-				}
-			}
-		}
-	})
-	if *cfgPath != "" {
-		wg.Go(func() {
-			opt := config.WatchOptions{Trigger: trigger, Initial: initial}
-			err := config.WatchFile(wctx, *cfgPath, opt, func(_ []byte, _ bool, err error) {
-				var c *config.Config
-				if err == nil {
-					c, err = config.LoadWith(*cfgPath, overrides, configChecks())
-				}
-				if err != nil {
-					r.Metrics().Reloads.WithLabelValues("error").Inc()
-					logger.Error("config rejected, keeping the old one", "err", err)
-					return
-				}
-				_ = r.Reload(c) // Reload logs a rejection
-			})
-			if err != nil && !errors.Is(err, context.Canceled) {
-				logger.Error("config watcher stopped", "err", err)
-			}
-		})
+	defer signal.Stop(hup)
+	watcher := &config.Watcher{
+		Path: *cfgPath, Initial: initial, Adjust: overrides, Checks: configChecks(), Hangup: hup, Logger: logger,
+		Apply:    func(c *config.Config) { _ = r.Reload(c) }, // Reload logs and counts a rejection
+		Rejected: func(error) { r.Metrics().Reloads.WithLabelValues("error").Inc() },
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- watcher.Run(wctx) }()
+	defer func() {
+		stopWatch()
+		<-watched // Run logs its own failure
+	}()
 	scheme := "http"
 	if cfg.Server.TLS.Enabled() {
 		scheme = "https"
 	}
 	fmt.Fprintf(stdout, "kvroute serve: api %s://%s admin http://%s policy %s, %d endpoint(s)\n",
 		scheme, apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
-	err = r.Serve(ctx, apiLn, adminLn)
-	stopWatch()
-	if err != nil {
+	if err := r.Serve(ctx, apiLn, adminLn); err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
@@ -179,17 +144,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 // quickConfig builds a config from --endpoint flags, with adjust (nil for none) applied before
-// defaults and validation. Authentication is off, said explicitly (no warning): a quick start
-// has no tenants.
+// defaults and validation.
 func quickConfig(urls []string, model, engine, pol string, adjust func(*config.Config)) (*config.Config, error) {
-	c := &config.Config{Auth: &config.Auth{Mode: config.AuthNone}}
-	for _, u := range urls {
-		ep := config.Endpoint{URL: u, Engine: engine}
-		if model != "" {
-			ep.Models = []string{model}
-		}
-		c.Endpoints = append(c.Endpoints, ep)
-	}
+	c := config.Quick(urls, model, engine)
 	if pol != "" {
 		name, params, err := policy.ParseSpec(pol)
 		if err != nil {

@@ -105,20 +105,7 @@ func TestServeQuickStart(t *testing.T) {
 	}
 	// The request is counted once its last byte is sent: poll with a deadline.
 	want := `kvroute_requests_total{endpoint="` + eng.URL + `",model="m",status="200"} 1`
-	found := false
-	for deadline := time.Now().Add(10 * time.Second); !found && time.Now().Before(deadline); {
-		resp, err = client.Get(admin + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		found = strings.Contains(string(body), want)
-		if !found {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	if !found {
+	if !waitFor(10*time.Second, func() bool { return strings.Contains(get(t, client, admin+"/metrics"), want) }) {
 		t.Errorf("metrics lack %s", want)
 	}
 	if rc := stop(); rc != 0 {
@@ -152,18 +139,40 @@ func TestServeReloadsConfigFile(t *testing.T) {
 	_, admin, _, _ := startServe(t, "--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
 	// One write is enough: the watcher re-reads the file once its watch is in place.
 	write(a.URL, b.URL)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		resp, err := http.Get(admin + "/debug/endpoints")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), b.URL) {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	if !waitFor(10*time.Second, func() bool { return strings.Contains(get(t, client, admin+"/debug/endpoints"), b.URL) }) {
+		t.Error("the new endpoint did not appear after the config file changed")
 	}
-	t.Error("the new endpoint did not appear after the config file changed")
+}
+
+// waitFor asks done at once and then every 10 ms until it says yes (true) or timeout passes
+// (false).
+func waitFor(timeout time.Duration, done func() bool) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !done() {
+		select {
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+// get returns the body of a GET of url ("" after an error).
+func get(t *testing.T, client *http.Client, url string) string {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
 }
 
 func TestServeFlags(t *testing.T) {
