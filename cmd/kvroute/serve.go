@@ -11,10 +11,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/proxy"
 )
 
 // stringList is a repeatable string flag.
@@ -96,7 +96,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
 	}
-	r, err := proxy.NewRouter(cfg, logger)
+	r, err := app.NewRouter(cfg, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1

@@ -15,12 +15,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/des"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -380,7 +380,7 @@ func startRouter(ctx context.Context, urls []string, sp Policy, log *slog.Logger
 	if err := cfg.Validate(config.Checks{PolicyNames: policy.Names(), Policy: policy.Check}); err != nil {
 		return "", nil, fmt.Errorf("router config: %w", err)
 	}
-	router, err := proxy.NewRouter(cfg, log)
+	router, err := app.NewRouter(cfg, log)
 	if err != nil {
 		return "", nil, fmt.Errorf("router: %w", err)
 	}
