@@ -132,3 +132,13 @@ func progressMode(w io.Writer, quiet bool) loadgen.ProgressMode {
 	}
 	return loadgen.ProgressLines
 }
+
+// listFlag is a flag that may be given several times; each value is kept in order.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}

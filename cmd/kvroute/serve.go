@@ -17,12 +17,6 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 )
 
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
 // runServe runs the router until ctx ends (SIGINT, SIGTERM), then drains in-flight requests.
 // SIGHUP and changes to the config file reload it; a bad new config is logged and the old one
 // kept.
@@ -30,7 +24,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := newFlagSet("kvroute serve")
 	var (
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
-		endpoints stringList
+		endpoints listFlag
 		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: any)")
 		engine    = fs.String("engine", "vllm", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+")")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")

@@ -29,6 +29,8 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
 	fs.DurationVar(&o.NetworkLatency, "network-latency", 0, "one-way router-engine latency")
 	fs.IntVar(&o.Routers, "routers", 1, "router replicas behind a load balancer, each with its own policy instance and load counters")
+	fs.Var((*listFlag)(&o.Kill), "kill", "kill instance N at virtual time T: N@T, T a duration (90s) or a share of the arrivals' span (50%); its requests fail, later ones fall back (repeatable)")
+	fs.Var((*listFlag)(&o.Add), "add", "add instance N at virtual time T (N@T as for --kill): it takes no request before (repeatable)")
 	fs.StringVar(&o.ReplicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")

@@ -36,6 +36,8 @@ type SimulateOptions struct {
 	// load balancer spreads requests over them.
 	Routers         int
 	ReplicaAffinity string
+	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange).
+	Kill, Add []string
 	// Records and HTML, when set, are files to write every request's record and a report to.
 	Records, HTML string
 }
@@ -109,6 +111,18 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	fleet.Seed = o.Seed
 	fleet.Routers = o.Routers
 	fleet.Spread = spread
+	for _, c := range []struct {
+		kind  des.ChangeKind
+		specs []string
+	}{{des.Kill, o.Kill}, {des.Add, o.Add}} {
+		for _, spec := range c.specs {
+			ch, err := des.ParseChange(c.kind, spec, span(reqs))
+			if err != nil {
+				return nil, &UsageError{err}
+			}
+			fleet.Changes = append(fleet.Changes, ch)
+		}
+	}
 
 	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, Summary: &report.Summary{
 		Scenario: report.Scenario{
