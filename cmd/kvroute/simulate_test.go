@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/kvroute/kvroute/internal/policy"
+
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -313,32 +313,6 @@ func TestSimulateRouters(t *testing.T) {
 	}
 }
 
-func TestParsePolicies(t *testing.T) {
-	specs, err := parsePolicies("round-robin, random,power-of-two")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, s := range specs {
-		got = append(got, s.label+"="+s.name)
-	}
-	if diff := cmp.Diff([]string{"round-robin=round-robin", "random=random", "power-of-two=power-of-two"}, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-	// Parameters after a colon continue across commas: the error names both parameters.
-	_, err = parsePolicies("round-robin:a=1,b=2,random")
-	if err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), `"b"`) {
-		t.Errorf("err %v, want round-robin rejecting a and b", err)
-	}
-	if _, err := parsePolicies("random,random"); err == nil {
-		t.Error("a policy given twice: no error")
-	}
-	all, err := parsePolicies("")
-	if err != nil || len(all) < 4 {
-		t.Errorf("default: %d policies, err %v; want every registered one", len(all), err)
-	}
-}
-
 func TestSimulateMooncakeSample(t *testing.T) {
 	const trace = "../../../shared/traces/mooncake/conversation_trace.jsonl"
 	if _, err := os.Stat(trace); err != nil {
@@ -360,23 +334,4 @@ func TestSimulateMooncakeSample(t *testing.T) {
 	if r.Completed+r.Failed != 200 || r.HitRate > s.Bounds.InfiniteCacheHitRate {
 		t.Errorf("completed %d failed %d hit rate %v (bound %v)", r.Completed, r.Failed, r.HitRate, s.Bounds.InfiniteCacheHitRate)
 	}
-}
-
-// FuzzParsePolicies: any --policies value gives specs or an error, never a panic, and every
-// spec names a registered policy.
-func FuzzParsePolicies(f *testing.F) {
-	for _, s := range []string{"", "round-robin", "random,power-of-two", "round-robin:a=1,b=2,random", ",", ":=,", "a:b:c=d,=,"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		specs, err := parsePolicies(s)
-		if err != nil {
-			return
-		}
-		for _, sp := range specs {
-			if _, err := policy.New(sp.name, sp.params, policy.Env{}); err != nil {
-				t.Errorf("spec %+v accepted but does not build: %v", sp, err)
-			}
-		}
-	})
 }

@@ -212,7 +212,7 @@ func (r *Router) apply(cfg *config.Config) error {
 	if picker != r.picker && r.picker != nil {
 		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
 	}
-	if err := r.updatePoolLocked(cfg.Specs(), picker); err != nil {
+	if err := r.updatePoolLocked(discovery.Specs(cfg.Endpoints), picker); err != nil {
 		return err
 	}
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
@@ -369,7 +369,7 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	defer r.mu.Unlock()
 	old := r.discovered[i]
 	r.discovered[i] = specs
-	if err := r.updatePoolLocked(r.cfg.Specs(), r.picker); err != nil {
+	if err := r.updatePoolLocked(discovery.Specs(r.cfg.Endpoints), r.picker); err != nil {
 		r.discovered[i] = old
 		return err
 	}

@@ -17,9 +17,6 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
-
-	"github.com/kvroute/kvroute/internal/endpoint"
-	"github.com/kvroute/kvroute/internal/policy"
 )
 
 // Engines returns the engine kinds an endpoint may declare.
@@ -72,7 +69,7 @@ type Config struct {
 
 // Policy names the routing policy and its parameters.
 type Policy struct {
-	// Name is a registered policy name (policy.Names()). Default prefix-aware.
+	// Name is a registered policy name (Checks.PolicyNames). Default prefix-aware.
 	Name string `json:"name"`
 	// Params are the policy's parameters: scalars (text, numbers, booleans).
 	Params map[string]any `json:"params"`
@@ -274,16 +271,29 @@ const (
 	defaultHealthInterval = 5 * time.Second
 )
 
+// Checks are the judgements that Validate cannot make alone, because the knowledge belongs to
+// a package that config does not import: which policies exist and which parameters each takes.
+// The layer that assembles the application fills them (from the policy package); the zero value
+// checks only what config knows by itself.
+type Checks struct {
+	// PolicyNames are the policies that exist: policy.name must be one of them. Nil: any name.
+	PolicyNames []string
+	// Policy reports what is wrong with a policy's parameters, given in the text form of
+	// Policy.PolicyParams (building the policy is one way to find out). Nil: not checked.
+	Policy func(name string, params map[string]string) error
+}
+
 // section is one part of the config: it fills its defaults and checks itself.
 type section interface {
 	setDefaults(c *Config)
 	validate(c *Config, p *problems)
 }
 
-// sections lists the config's sections in the order they are checked.
-func (c *Config) sections() []section {
+// sections lists the config's sections in the order they are checked; checks reach the
+// sections that need them.
+func (c *Config) sections(checks Checks) []section {
 	return []section{
-		(*top)(c), &c.Policy, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
+		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
 		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload,
 	}
 }
@@ -297,31 +307,37 @@ func (p *problems) add(path, format string, args ...any) {
 
 func (p *problems) err() error { return errors.Join(p.errs...) }
 
-// Parse decodes, defaults and validates a config. Relative paths are taken as relative to the
-// working directory. The error joins every problem found.
+// Parse decodes, defaults and validates a config, with no Checks. Relative paths are taken as
+// relative to the working directory. The error joins every problem found.
 func Parse(data []byte) (*Config, error) {
-	return parse(data, "", nil)
+	return parse(data, "", nil, Checks{})
 }
 
-// Load reads, decodes, defaults and validates the config file at path. Relative paths in it
-// (discovery.file, auth.secret_file) are relative to the file's directory.
-func Load(path string) (*Config, error) { return LoadWith(path, nil) }
+// Load reads, decodes, defaults and validates the config file at path, with no Checks.
+// Relative paths in it (discovery.file, auth.secret_file) are relative to the file's directory.
+func Load(path string) (*Config, error) { return LoadWith(path, nil, Checks{}) }
 
 // LoadWith is Load with adjust (command-line overrides, nil for none) applied to the decoded
-// config before defaults and validation, so that the checks see the values in force.
-func LoadWith(path string, adjust func(*Config)) (*Config, error) {
+// config before defaults and validation, so that the checks see the values in force, and with
+// checks judging what config cannot (see Checks).
+func LoadWith(path string, adjust func(*Config), checks Checks) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	c, err := parse(data, filepath.Dir(path), adjust)
+	return parseFile(data, path, adjust, checks)
+}
+
+// parseFile is parse for the content of the file at path.
+func parseFile(data []byte, path string, adjust func(*Config), checks Checks) (*Config, error) {
+	c, err := parse(data, filepath.Dir(path), adjust, checks)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, nil
 }
 
-func parse(data []byte, dir string, adjust func(*Config)) (*Config, error) {
+func parse(data []byte, dir string, adjust func(*Config), checks Checks) (*Config, error) {
 	c := &Config{}
 	if err := decodeStrict(data, c); err != nil {
 		return nil, err
@@ -331,25 +347,40 @@ func parse(data []byte, dir string, adjust func(*Config)) (*Config, error) {
 		adjust(c)
 	}
 	c.SetDefaults()
-	if err := c.Validate(); err != nil {
+	if err := c.Validate(checks); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
+// Quick returns the config of a quick start from flags: the endpoints at urls, each serving
+// model (empty: any) on engine, and authentication off, said explicitly so that it draws no
+// warning. Set what else is wanted, then call SetDefaults and Validate.
+func Quick(urls []string, model, engine string) *Config {
+	c := &Config{Auth: &Auth{Mode: AuthNone}}
+	for _, u := range urls {
+		ep := Endpoint{URL: u, Engine: engine}
+		if model != "" {
+			ep.Models = []string{model}
+		}
+		c.Endpoints = append(c.Endpoints, ep)
+	}
+	return c
+}
+
 // SetDefaults fills every unset field with its default. It is idempotent.
 func (c *Config) SetDefaults() {
 	c.Warnings = nil
-	for _, s := range c.sections() {
+	for _, s := range c.sections(Checks{}) {
 		s.setDefaults(c)
 	}
 }
 
 // Validate checks the config (after SetDefaults) and returns every problem at once, each naming
-// the field path and the fix.
-func (c *Config) Validate() error {
+// the field path and the fix; checks add the judgements config cannot make alone.
+func (c *Config) Validate(checks Checks) error {
 	var p problems
-	for _, s := range c.sections() {
+	for _, s := range c.sections(checks) {
 		s.validate(c, &p)
 	}
 	return p.err()
@@ -390,15 +421,21 @@ func checkAddr(p *problems, path, addr string) {
 	}
 }
 
-func (s *Policy) setDefaults(*Config) {
+// policySection is the policy with the checks that judge it.
+type policySection struct {
+	*Policy
+	checks Checks
+}
+
+func (s policySection) setDefaults(*Config) {
 	if s.Name == "" {
 		s.Name = DefaultPolicy
 	}
 }
 
-func (s *Policy) validate(_ *Config, p *problems) {
-	if !slices.Contains(policy.Names(), s.Name) {
-		p.add("policy.name", "unknown policy %q: use one of %s", s.Name, strings.Join(policy.Names(), ", "))
+func (s policySection) validate(_ *Config, p *problems) {
+	if names := s.checks.PolicyNames; names != nil && !slices.Contains(names, s.Name) {
+		p.add("policy.name", "unknown policy %q: use one of %s", s.Name, strings.Join(names, ", "))
 		return
 	}
 	params, err := s.PolicyParams()
@@ -406,14 +443,16 @@ func (s *Policy) validate(_ *Config, p *problems) {
 		p.add("policy.params", "%v", err)
 		return
 	}
-	if _, err := policy.New(s.Name, params, policy.Env{}); err != nil {
-		p.add("policy.params", "%v", err)
+	if s.checks.Policy != nil {
+		if err := s.checks.Policy(s.Name, params); err != nil {
+			p.add("policy.params", "%v", err)
+		}
 	}
 }
 
-// PolicyParams converts the params to the policy package's text form.
-func (s *Policy) PolicyParams() (policy.Params, error) {
-	out := policy.Params{}
+// PolicyParams converts the params to the text form policies read (policy.Params).
+func (s *Policy) PolicyParams() (map[string]string, error) {
+	out := map[string]string{}
 	keys := make([]string, 0, len(s.Params))
 	for k := range s.Params {
 		keys = append(keys, k)
@@ -513,40 +552,6 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 			}
 		}
 	}
-}
-
-// Spec converts the endpoint to the pool's form.
-func (e *Endpoint) Spec() endpoint.Spec {
-	s := endpoint.Spec{
-		Name:              e.URL,
-		Models:            slices.Clone(e.Models),
-		Engine:            e.Engine,
-		KVCapacityTokens:  e.KVTokens,
-		CacheSalt:         e.CacheSalt != nil && *e.CacheSalt,
-		HealthPath:        e.HealthPath,
-		MetricsPath:       e.MetricsPath,
-		FirstTokenTimeout: e.FirstTokenTimeout.D(),
-		ResponseTimeout:   e.ResponseTimeout.D(),
-	}
-	if len(e.Labels) > 0 {
-		s.Labels = make(map[string]string, len(e.Labels))
-		for k, v := range e.Labels {
-			s.Labels[k] = v
-		}
-	}
-	if s.MetricsPath == "-" {
-		s.MetricsPath = ""
-	}
-	return s
-}
-
-// Specs converts the static endpoints to the pool's form.
-func (c *Config) Specs() []endpoint.Spec {
-	out := make([]endpoint.Spec, len(c.Endpoints))
-	for i := range c.Endpoints {
-		out[i] = c.Endpoints[i].Spec()
-	}
-	return out
 }
 
 // endpointFile is the form of a discovery file: a list, or a mapping with an endpoints key.

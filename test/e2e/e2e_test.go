@@ -103,14 +103,14 @@ func serveRouter(t *testing.T, r *app.Router, withAdmin bool) (api, admin string
 	return "http://" + apiLn.Addr().String(), admin
 }
 
-// needNode skips unless node and the npm client are installed (CI runs npm ci here).
+// needNode skips unless node and the npm client are installed (make test runs npm ci here).
 func needNode(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node not installed")
 	}
 	if _, err := os.Stat(filepath.Join("node_modules", "openai")); err != nil {
-		t.Skip("test/e2e/node_modules missing: run npm ci in test/e2e")
+		t.Skip("test/e2e/node_modules missing: run make test with npm installed, or npm ci in test/e2e")
 	}
 }
 
