@@ -227,7 +227,11 @@ func (g *Gate) Middleware(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
-		key := KeyFromHeader(r.Header)
+		key, err := KeyFromHeader(r.Header)
+		if err != nil {
+			g.refuseKeys(w, r, err)
+			return
+		}
 		if key == "" {
 			g.unauthorized(w, r, "missing_api_key",
 				"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header")

@@ -1,7 +1,10 @@
 package tenant
 
 import (
+	"errors"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -22,22 +25,29 @@ func TestSalt(t *testing.T) {
 
 func TestKeyFromHeader(t *testing.T) {
 	tests := []struct {
-		name string
-		h    http.Header
-		want string
+		name     string
+		h        http.Header
+		want     string
+		multiple bool
 	}{
-		{"bearer", http.Header{"Authorization": {"Bearer sk-1"}}, "sk-1"},
-		{"bearer lowercase scheme", http.Header{"Authorization": {"bearer   sk-1 "}}, "sk-1"},
-		{"api-key", http.Header{"Api-Key": {"sk-2"}}, "sk-2"},
-		{"bearer wins", http.Header{"Authorization": {"Bearer sk-1"}, "Api-Key": {"sk-2"}}, "sk-1"},
-		{"basic is no key", http.Header{"Authorization": {"Basic dXNlcjpwYXNz"}}, ""},
-		{"basic falls back to api-key", http.Header{"Authorization": {"Basic x"}, "Api-Key": {"sk-2"}}, "sk-2"},
-		{"bearer without key", http.Header{"Authorization": {"Bearer"}}, ""},
-		{"none", http.Header{}, ""},
+		{"bearer", http.Header{"Authorization": {"Bearer sk-1"}}, "sk-1", false},
+		{"bearer lowercase scheme", http.Header{"Authorization": {"bearer   sk-1 "}}, "sk-1", false},
+		{"api-key", http.Header{"Api-Key": {"sk-2"}}, "sk-2", false},
+		{"both, the same key", http.Header{"Authorization": {"Bearer sk-1"}, "Api-Key": {" sk-1"}}, "sk-1", false},
+		{"both, different keys", http.Header{"Authorization": {"Bearer sk-1"}, "Api-Key": {"sk-2"}}, "", true},
+		{"two authorizations", http.Header{"Authorization": {"Bearer sk-1", "Bearer sk-2"}}, "", true},
+		{"two equal authorizations", http.Header{"Authorization": {"Bearer sk-1", "Bearer sk-1"}}, "", true},
+		{"two api-keys", http.Header{"Api-Key": {"sk-2", "sk-3"}}, "", true},
+		{"basic is no key", http.Header{"Authorization": {"Basic dXNlcjpwYXNz"}}, "", false},
+		{"basic falls back to api-key", http.Header{"Authorization": {"Basic x"}, "Api-Key": {"sk-2"}}, "sk-2", false},
+		{"bearer without key", http.Header{"Authorization": {"Bearer"}}, "", false},
+		{"empty bearer, api-key", http.Header{"Authorization": {"Bearer "}, "Api-Key": {"sk-2"}}, "sk-2", false},
+		{"none", http.Header{}, "", false},
 	}
 	for _, tc := range tests {
-		if got := KeyFromHeader(tc.h); got != tc.want {
-			t.Errorf("%s: KeyFromHeader = %q, want %q", tc.name, got, tc.want)
+		got, err := KeyFromHeader(tc.h)
+		if got != tc.want || errors.Is(err, ErrMultipleKeys) != tc.multiple || tc.multiple != (err != nil) {
+			t.Errorf("%s: KeyFromHeader = %q, %v; want %q, multiple keys %v", tc.name, got, err, tc.want, tc.multiple)
 		}
 	}
 }
@@ -47,5 +57,43 @@ func TestHashKey(t *testing.T) {
 	const want = "sha256:f3abf2a6cc4f00987743db5f544ba345b4899ae31f326d8ee9c4816de153c9e0"
 	if got := HashKey("sk-test"); got != want {
 		t.Errorf("HashKey = %s, want %s", got, want)
+	}
+}
+
+// TestMultipleKeysRefused: through the gate, a request with more than one key gets 400 with
+// an OpenAI error body and reaches no handler, whichever of its keys is valid.
+func TestMultipleKeysRefused(t *testing.T) {
+	g, _ := newTestGate(t, `tenants:
+  - {name: acme, api_keys: ["`+HashKey("sk-acme")+`"]}
+  - {name: beta, api_keys: ["`+HashKey("sk-beta")+`"]}
+`, nil)
+	e := &echo{}
+	h := g.Middleware(e)
+	for _, tc := range []struct {
+		name string
+		hdr  http.Header
+	}{
+		{"two bearers", http.Header{"Authorization": {"Bearer sk-acme", "Bearer sk-beta"}}},
+		{"two api-keys", http.Header{"Api-Key": {"sk-beta", "sk-acme"}}},
+		{"bearer and api-key", http.Header{"Authorization": {"Bearer sk-acme"}, "Api-Key": {"sk-beta"}}},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chat("hi")))
+		r.Header = tc.hdr
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", tc.name, w.Code)
+			continue
+		}
+		if eb := decodeErr(t, w); eb.Error.Code == nil || *eb.Error.Code != CodeMultipleKeys || eb.Error.Type != "invalid_request_error" {
+			t.Errorf("%s: error %+v, want code %s", tc.name, eb.Error, CodeMultipleKeys)
+		}
+	}
+	if len(e.ids) != 0 {
+		t.Errorf("the handler was reached %d times", len(e.ids))
+	}
+	w := do(h, map[string]string{"Authorization": "Bearer sk-beta", "Api-Key": "sk-beta"}, chat("hi"))
+	if w.Code != http.StatusOK || len(e.ids) != 1 || e.ids[0].Name != "beta" {
+		t.Errorf("the same key twice: status %d, %d identities; want 200 as beta", w.Code, len(e.ids))
 	}
 }
