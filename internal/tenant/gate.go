@@ -439,7 +439,7 @@ func (g *Gate) unauthorized(w http.ResponseWriter, r *http.Request, code, msg st
 // not parse, counts 0: the handler refuses it.
 func estimate(r *http.Request, maxBody int64) (int, *openai.Parsed) {
 	kind, ok := openai.KindForPath(r.URL.Path)
-	if !ok || r.Body == nil {
+	if !ok || r.Body == nil || r.ContentLength > maxBody { // too large announced: not read here
 		return 0, nil
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
