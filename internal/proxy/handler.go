@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -307,6 +308,11 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 		if errors.As(err, &mbe) {
 			h.writeError(w, c, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
 				"request body is larger than the limit of "+strconv.FormatInt(mbe.Limit, 10)+" bytes (limits.max_body_bytes)"))
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
+			h.writeError(w, c, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
+				"the request body was not received in time (server.body_read_timeout)"))
 			return
 		}
 		h.writeError(w, c, openai.BadRequest("", "reading request body: %v", err))
