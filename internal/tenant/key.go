@@ -1,6 +1,7 @@
 package tenant
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -69,13 +70,12 @@ var ErrMultipleKeys = errors.New("more than one API key in the request")
 // CodeMultipleKeys is the error code of the 400 that answers a request with more than one key.
 const CodeMultipleKeys = "multiple_api_keys"
 
-// refuseKeys answers a request that presents more than one API key: 400, counted as a
+// multipleKeys refuses a request that presents more than one API key: 400, counted as a
 // rejection of no tenant.
-func (g *Gate) refuseKeys(w http.ResponseWriter, r *http.Request, err error) {
-	g.logger.LogAttrs(r.Context(), slog.LevelDebug, "authentication failed", slog.String("code", CodeMultipleKeys),
-		slog.String("remote", r.RemoteAddr), slog.String("path", r.URL.Path))
+func (g *Gate) multipleKeys(err error) *openai.Error {
+	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", CodeMultipleKeys))
 	g.m.Rejection(metrics.Unauthenticated, CodeMultipleKeys)
 	g.m.Request(metrics.Unauthenticated, http.StatusBadRequest)
-	openai.WriteError(w, openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "", CodeMultipleKeys,
-		err.Error()+": send one key, as 'Authorization: Bearer <key>' or in the api-key header"))
+	return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "", CodeMultipleKeys,
+		err.Error()+": send one key, as 'Authorization: Bearer <key>' or in the api-key header")
 }
