@@ -169,7 +169,8 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
-			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS {
+			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
+			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout {
 			r.logger.Warn("server.http_server, server.tls and the server timeouts change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
 		}
 	}
@@ -491,18 +492,23 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 		api = tls.NewListener(api, tlsConfig(certs, !builtin))
 	}
-	var apiSrv server = mk(r.Handler())
+	errorBody := func(status int, msg string) (string, []byte) {
+		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
+	}
+	var apiSrv server = &h1.NetHTTP{Server: mk(r.Handler()), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
+		BodyMinRate: cfg.Server.BodyMinRate, WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:           r.Handler(),
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:       cfg.Server.IdleTimeout.D(),
 			WriteTimeout:      cfg.Server.WriteTimeout.D(),
+			BodyReadTimeout:   cfg.Server.BodyReadTimeout.D(),
+			BodyMinRate:       cfg.Server.BodyMinRate,
+			WriteStallTimeout: cfg.Server.WriteStallTimeout.D(),
 			// Only accept errors and handler panics come here: worth an error line.
-			ErrorLog: slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
-			ErrorBody: func(status int, msg string) (string, []byte) {
-				return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
-			},
+			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
+			ErrorBody: errorBody,
 		}
 	}
 	adminSrv := mk(r.AdminHandler())

@@ -224,6 +224,17 @@ type Server struct {
 	WriteTimeout Duration `json:"write_timeout"`
 	// ShutdownTimeout bounds the drain of in-flight requests. Default 30s.
 	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// BodyReadTimeout bounds reading a request body, from its first read, plus one second for
+	// every BodyMinRate bytes received: a body trickled in slowly is cut (408), a large one
+	// sent at a fair pace is not. Default 30s.
+	BodyReadTimeout Duration `json:"body_read_timeout"`
+	// BodyMinRate is the body bytes per second that earn one more second of BodyReadTimeout.
+	// Default 65536 (64 KiB/s: a 16 MiB body may take 30 s + 256 s).
+	BodyMinRate int64 `json:"body_min_rate"`
+	// WriteStallTimeout bounds one write to a client: a client that stops reading (a stream
+	// included) has its connection closed once a write has waited this long. A stream the
+	// client reads is never cut. Default 60s.
+	WriteStallTimeout Duration `json:"write_stall_timeout"`
 	// HTTPServer picks what serves the API listener: "builtin" (the default), kvroute's own
 	// HTTP/1.1 server, which runs each request on its connection's goroutine and costs about
 	// 100 µs less per request than Go's; or "net/http", Go's standard server.
@@ -801,10 +812,26 @@ func (s *Server) setDefaults(*Config) {
 	if s.ShutdownTimeout == 0 {
 		s.ShutdownTimeout = Duration(30 * time.Second)
 	}
+	if s.BodyReadTimeout == 0 {
+		s.BodyReadTimeout = Duration(DefaultBodyReadTimeout)
+	}
+	if s.BodyMinRate == 0 {
+		s.BodyMinRate = DefaultBodyMinRate
+	}
+	if s.WriteStallTimeout == 0 {
+		s.WriteStallTimeout = Duration(DefaultWriteStallTimeout)
+	}
 	if s.HTTPServer == "" {
 		s.HTTPServer = HTTPServerBuiltin
 	}
 }
+
+// Defaults of the client timeouts under server:.
+const (
+	DefaultBodyReadTimeout   = 30 * time.Second
+	DefaultBodyMinRate       = 64 << 10
+	DefaultWriteStallTimeout = 60 * time.Second
+)
 
 // The values of server.http_server.
 const (
@@ -828,10 +855,14 @@ func (s *Server) validate(c *Config, p *problems) {
 	for _, f := range []struct {
 		key string
 		v   Duration
-	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout}} {
+	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout},
+		{"body_read_timeout", s.BodyReadTimeout}, {"write_stall_timeout", s.WriteStallTimeout}} {
 		if f.v < 0 {
 			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
 		}
+	}
+	if s.BodyMinRate < 0 {
+		p.add("server.body_min_rate", "%d is negative: give bytes per second (default %d)", s.BodyMinRate, DefaultBodyMinRate)
 	}
 	if s.HTTPServer != HTTPServerBuiltin && s.HTTPServer != HTTPServerNetHTTP {
 		p.add("server.http_server", "%q is not a server: use %s (the default) or %s", s.HTTPServer, HTTPServerBuiltin, HTTPServerNetHTTP)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -248,7 +249,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.Gate != nil {
 		id, oe := h.Gate.Authenticate(r.Header)
 		if oe != nil {
-			sw.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+			if oe.Status == http.StatusUnauthorized {
+				sw.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+			}
 			h.writeError(sw, c, oe)
 			return
 		}
@@ -430,6 +433,10 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 		}
 		if err == io.EOF {
 			return buf, nil
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
+			return nil, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
+				"the request body was not received in time (server.body_read_timeout)")
 		}
 		if err != nil {
 			return nil, openai.BadRequest("", "reading request body: %v", err)
