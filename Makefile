@@ -21,6 +21,11 @@ ARCH      ?= $(shell $(GO) env GOARCH)
 IMAGE_DIR ?= bin/image
 IMAGE_TAG ?= $(subst +,-,$(VERSION))
 
+# npm installs the official openai client that the end-to-end tests drive. Without npm those
+# tests skip; `make test NPM=` skips the install where npm is present but cannot be used.
+NPM        ?= $(shell command -v npm 2>/dev/null)
+E2E_CLIENT := test/e2e/node_modules/.package-lock.json
+
 all: build
 
 # helm lint and helm template on deploy/helm/kvroute, manifests decoded strictly (the helm CLI is
@@ -44,8 +49,16 @@ image:
 # a few seconds, every benchmark once.
 test: vet unit fuzz bench-smoke
 
-unit:
+unit: $(if $(NPM),$(E2E_CLIENT))
 	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+# npm ci when node_modules is missing or older than the lock file; npm writes the hidden lock
+# file $(E2E_CLIENT) on every install (touched in case an old npm does not).
+$(E2E_CLIENT): test/e2e/package.json test/e2e/package-lock.json
+	@echo "npm ci in test/e2e (the openai client of the end-to-end tests)"
+	@cd test/e2e && $(NPM) ci --no-audit --no-fund --loglevel=error >/dev/null || \
+	  { echo "npm ci failed in test/e2e: fix it, or run make test NPM= to skip the openai client tests"; exit 1; }
+	@touch $@
 
 # Each fuzz target for $(FUZZTIME); scripts/fuzz.sh says why a bare deadline report is retried.
 fuzz:

@@ -29,6 +29,9 @@ type Endpoint struct {
 	// KVCapacityTokens is the configured KV capacity in tokens (0: unknown; a scraped
 	// cache_config_info in Snapshot takes precedence).
 	KVCapacityTokens int
+	// FirstTokenTimeout and ResponseTimeout, when set, replace the router's attempt timeouts
+	// for this endpoint (a slow pool, long prompts).
+	FirstTokenTimeout, ResponseTimeout time.Duration
 
 	inFlight       atomic.Int64 // requests forwarded and not finished
 	pendingPrefill atomic.Int64 // prompt tokens forwarded that have not reached first token

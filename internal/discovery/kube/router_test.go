@@ -22,9 +22,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
 
@@ -154,7 +154,7 @@ discovery:
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
@@ -177,7 +178,7 @@ func (s *Source) spec(t Target) (endpoint.Spec, error) {
 		return endpoint.Spec{}, errors.Join(errs...)
 	}
 	e.SetDefaults()
-	spec := e.Spec()
+	spec := discovery.Spec(&e)
 	spec.KVEvents = kv
 	return spec, nil
 }

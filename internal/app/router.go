@@ -1,4 +1,4 @@
-package proxy
+package app
 
 import (
 	"context"
@@ -33,6 +33,8 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
 	"github.com/kvroute/kvroute/internal/version"
@@ -42,7 +44,7 @@ import (
 // discovery file), the health prober and metrics scraper, the policy, the API handler and the
 // admin handler. `kvroute serve` and `kvroute demo` both build one:
 //
-//	r, err := proxy.NewRouter(cfg, logger)
+//	r, err := app.NewRouter(cfg, logger)
 //	go r.Run(ctx)                       // discovery, health checks, scraping
 //	api, admin := r.Handler(), r.AdminHandler()
 //	...
@@ -51,9 +53,7 @@ import (
 // or simply r.Serve(ctx, apiListener, adminListener), which does all of it and drains on ctx's
 // end. Set the hook fields before the first call to Handler or Run.
 type Router struct {
-	// Middleware wraps the API handler, first element outermost, outside the tenant gate
-	// (which authenticates, applies per-tenant limits and puts the tenant.Identity in the
-	// request context; a pass-through when auth is off). The handler honours that identity.
+	// Middleware wraps the API handler, first element outermost.
 	Middleware []func(http.Handler) http.Handler
 	// Admit and Saturated are copied into every Handler (see Handler). Admit nil: the tenant
 	// gate's admission queue (overload section).
@@ -68,9 +68,10 @@ type Router struct {
 	metrics   *metrics.Metrics
 	pool      *endpoint.Pool
 	prober    *scrape.Prober
-	state     *State
-	transport *h1.Transport // to the endpoints; its Fallback also carries health checks and scrapes
-	gate      *tenant.Gate  // authentication, per-tenant limits and salts, admission
+	state     *route.State   // response pins, across reloads
+	outlier   *route.Outlier // passive ejection, across reloads
+	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
+	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -79,7 +80,7 @@ type Router struct {
 	discovered [][]endpoint.Spec // per source: [0] the discovery file, each discovery.dns name, each discovery.kubernetes entry
 	dns        []*discovery.DNSSource
 	kube       []*kube.Source
-	h          atomic.Pointer[Handler]
+	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
 }
@@ -97,14 +98,18 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		reg:       reg,
 		metrics:   metrics.New(reg),
 		pool:      endpoint.NewPool(),
-		state:     NewState(0),
-		transport: h1.New(DefaultTransport()),
+		state:     route.NewState(0),
+		transport: h1.New(proxy.DefaultTransport()),
 	}
+	r.outlier = route.NewOutlier(r.outlierConfig(cfg), nil)
+	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
+	r.transport.Dialer = dialer
+	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
-			if s, ok := h.Picker.(policy.IndexSizer); ok {
+			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
 				return s.IndexSize()
 			}
 		}
@@ -177,7 +182,8 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
-			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS {
+			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
+			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout {
 			r.logger.Warn("server.http_server, server.tls and the server timeouts change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
 		}
 	}
@@ -220,28 +226,39 @@ func (r *Router) apply(cfg *config.Config) error {
 	if picker != r.picker && r.picker != nil {
 		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
 	}
-	if err := r.updatePoolLocked(cfg.Specs(), picker); err != nil {
+	if err := r.updatePoolLocked(discovery.Specs(cfg.Endpoints), picker); err != nil {
 		return err
 	}
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
-	h := &Handler{
+	r.outlier.Configure(r.outlierConfig(cfg))
+	lc, err := route.New(route.Config{
+		Picker:   picker,
+		Attempts: 1 + cfg.Limits.Retries(),
+		Health:   r.outlier,
+		State:    r.state,
+	})
+	if err != nil {
+		return err
+	}
+	h := &proxy.Handler{
 		Pool:           r.pool,
-		Picker:         picker,
+		Lifecycle:      lc,
+		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm},
+		Gate:           r.gate,
+		Admit:          r.Admit,
+		Saturated:      r.Saturated,
 		Metrics:        r.metrics,
 		Logger:         r.logger,
 		Transport:      r.transport,
 		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
-		MaxRetries:     cfg.Limits.Retries(),
-		BlockTokens:    cfg.Prefix.BlockTokens,
-		Normalizer:     norm,
 		Rewrite:        cfg.Normalize.Rewrite,
-		OnConnError:    r.prober.ReportFailure,
-		OnSuccess:      r.prober.ReportSuccess,
-		Admit:          r.admit(),
-		Saturated:      r.Saturated,
-		State:          r.state,
 		EndpointHeader: cfg.Server.EndpointHeader,
+		Timeouts: proxy.Timeouts{
+			FirstToken: cfg.Limits.FirstTokenTimeout.D(),
+			Response:   cfg.Limits.ResponseTimeout.D(),
+			StreamIdle: cfg.Limits.StreamIdleTimeout.D(),
+		},
 	}
 	r.h.Store(h)
 	return nil
@@ -284,18 +301,11 @@ func newRand() *rand.Rand {
 	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 }
 
-func (r *Router) admit() func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (func(), error) {
-	if r.Admit != nil {
-		return r.Admit
-	}
-	return r.gate.Admit
-}
-
 // prefillRate is the current policy's prefill-rate estimate for ep (tokens/s, 0 unknown), for
 // the tenant gate's overload.max_predicted_ttft.
 func (r *Router) prefillRate(ep *endpoint.Endpoint) float64 {
 	if h := r.h.Load(); h != nil {
-		if p, ok := h.Picker.(interface{ PrefillRate(id int) float64 }); ok {
+		if p, ok := h.Lifecycle.Picker().(interface{ PrefillRate(id int) float64 }); ok {
 			return p.PrefillRate(ep.ID)
 		}
 	}
@@ -328,7 +338,6 @@ func (r *Router) Handler() http.Handler {
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			r.h.Load().ServeHTTP(w, req)
 		})
-		h = r.gate.Middleware(h)
 		for i := len(r.Middleware) - 1; i >= 0; i-- {
 			h = r.Middleware[i](h)
 		}
@@ -382,7 +391,7 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	defer r.mu.Unlock()
 	old := r.discovered[i]
 	r.discovered[i] = specs
-	if err := r.updatePoolLocked(r.cfg.Specs(), r.picker); err != nil {
+	if err := r.updatePoolLocked(discovery.Specs(r.cfg.Endpoints), r.picker); err != nil {
 		r.discovered[i] = old
 		return err
 	}
@@ -446,6 +455,8 @@ type EndpointInfo struct {
 	Snapshot       *endpoint.Snapshot `json:"snapshot"`
 	SnapshotAgeSec *float64           `json:"snapshot_age_seconds"`
 	Probe          scrape.Status      `json:"probe"`
+	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
+	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -461,6 +472,10 @@ func (r *Router) Endpoints() []EndpointInfo {
 		}
 		if info.Models == nil {
 			info.Models = []string{}
+		}
+		if until := r.outlier.EjectedUntil(e); until.After(now) {
+			info.EjectedUntil = &until
+			info.Available = false
 		}
 		if s := info.Snapshot; s != nil && !s.At.IsZero() {
 			age := now.Sub(s.At).Seconds()
@@ -502,18 +517,23 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 		api = tls.NewListener(api, tlsConfig(certs, !builtin))
 	}
-	var apiSrv server = mk(r.Handler())
+	errorBody := func(status int, msg string) (string, []byte) {
+		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
+	}
+	var apiSrv server = &h1.NetHTTP{Server: mk(r.Handler()), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
+		BodyMinRate: cfg.Server.BodyMinRate, WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:           r.Handler(),
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:       cfg.Server.IdleTimeout.D(),
 			WriteTimeout:      cfg.Server.WriteTimeout.D(),
+			BodyReadTimeout:   cfg.Server.BodyReadTimeout.D(),
+			BodyMinRate:       cfg.Server.BodyMinRate,
+			WriteStallTimeout: cfg.Server.WriteStallTimeout.D(),
 			// Only accept errors and handler panics come here: worth an error line.
-			ErrorLog: slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
-			ErrorBody: func(status int, msg string) (string, []byte) {
-				return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
-			},
+			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
+			ErrorBody: errorBody,
 		}
 	}
 	adminSrv := mk(r.AdminHandler())
@@ -570,6 +590,24 @@ func ignoreClosed(err error) error {
 		return nil
 	}
 	return err
+}
+
+// outlierConfig is passive ejection as the config sets it, reporting to the metrics and the log.
+func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
+	return route.OutlierConfig{
+		Consecutive:       cfg.Health.PassiveFailures,
+		BaseEjection:      cfg.Health.EjectionTime.D(),
+		MaxEjection:       cfg.Health.MaxEjectionTime.D(),
+		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
+		Fleet:             r.pool.Len,
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+			r.metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
+		},
+		OnReadmit: func(ep *endpoint.Endpoint) {
+			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
+		},
+	}
 }
 
 // Close releases idle upstream connections. Call it after Run and the servers have stopped.
