@@ -12,7 +12,7 @@ dir="${XDG_CACHE_HOME:-$HOME/.cache}/kvroute/helm-${HELM_VERSION}"
 if [ ! -x "$dir/helm" ]; then
   mkdir -p "$dir"
   # Outside the module, so that helm's dependencies never touch kvroute's go.mod.
-  (cd "$dir" && GOBIN="$dir" CGO_ENABLED=0 timeout 900 "$GO" install "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}") >&2
+  (cd "$dir" && GOBIN="$dir" timeout 900 "$GO" install "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}") >&2
 fi
 "$dir/helm" version --short >&2
 echo "$dir/helm"
