@@ -365,7 +365,7 @@ image: {digest: "sha256:74a92ec4679174f9cd378bdb4a22838cba04eb7774215071e04f57b2
 		t.Errorf("salt secret %+v", m.secrets)
 	}
 	c := m.kvrouteConfig(t)
-	if c.Auth == nil || c.Auth.SecretFile != "/etc/kvroute/secret/salt" || len(c.Tenants) != 1 || len(c.Endpoints) != 1 {
+	if c.Auth == nil || c.Auth.SecretFile != "/etc/kvroute-secret/salt" || len(c.Tenants) != 1 || len(c.Endpoints) != 1 {
 		t.Errorf("config: auth %+v, %d tenants, %d endpoints", c.Auth, len(c.Tenants), len(c.Endpoints))
 	}
 	spec := m.deployment.Spec.Template.Spec
@@ -373,7 +373,7 @@ image: {digest: "sha256:74a92ec4679174f9cd378bdb4a22838cba04eb7774215071e04f57b2
 	for _, v := range spec.Containers[0].VolumeMounts {
 		mounts = append(mounts, v.MountPath)
 	}
-	if diff := cmp.Diff([]string{"/etc/kvroute", "/etc/kvroute/secret"}, mounts); diff != "" {
+	if diff := cmp.Diff([]string{"/etc/kvroute", "/etc/kvroute-secret"}, mounts); diff != "" {
 		t.Errorf("mounts (-want +got):\n%s", diff)
 	}
 	if img := spec.Containers[0].Image; img != "kvroute/kvroute@sha256:74a92ec4679174f9cd378bdb4a22838cba04eb7774215071e04f57b2f6a331cf" {
@@ -404,7 +404,7 @@ rollOnConfigChange: true
 	if len(c.Discovery.Kubernetes) != 2 || !c.Discovery.Kubernetes[0].PodMetadata || c.Discovery.Kubernetes[1].Port != 30000 {
 		t.Errorf("discovery.kubernetes %+v", c.Discovery.Kubernetes)
 	}
-	if c.Auth.SecretFile != "/etc/kvroute/secret/secret" || len(m.secrets) != 0 {
+	if c.Auth.SecretFile != "/etc/kvroute-secret/secret" || len(m.secrets) != 0 {
 		t.Errorf("secret_file %q, %d secrets rendered: want the existing secret's key, no new secret", c.Auth.SecretFile, len(m.secrets))
 	}
 	if len(m.deployment.Spec.Template.Annotations["checksum/config"]) != 64 {

@@ -83,7 +83,7 @@ app.kubernetes.io/component: router
 {{- end -}}
 {{- if or .Values.saltSecret.value .Values.saltSecret.existingSecret -}}
 {{- $auth := deepCopy ($cfg.auth | default dict) -}}
-{{- $_ := set $auth "secret_file" (printf "/etc/kvroute/secret/%s" .Values.saltSecret.key) -}}
+{{- $_ := set $auth "secret_file" (printf "/etc/kvroute-secret/%s" .Values.saltSecret.key) -}}
 {{- $_ := set $cfg "auth" $auth -}}
 {{- end -}}
 {{- toYaml $cfg -}}
