@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
@@ -61,7 +60,7 @@ type Router struct {
 	Saturated func(candidates []*endpoint.Endpoint) bool
 	// KubeClient, when set, is what the discovery.kubernetes sources talk to instead of the
 	// clients their kubeconfig (or the in-cluster account) gave (tests use a fake).
-	KubeClient kubernetes.Interface
+	KubeClient kube.Client
 
 	logger    *slog.Logger
 	reg       *prometheus.Registry

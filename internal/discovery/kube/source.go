@@ -15,7 +15,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
+	coreclient "k8s.io/client-go/kubernetes/typed/core/v1"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -48,7 +49,7 @@ type Source struct {
 	// Namespace is where to watch: Config.Namespace, or the one the client config names.
 	Namespace string
 	// Client talks to the API server.
-	Client kubernetes.Interface
+	Client Client
 	// Log receives watch failures, pods left out and changes (discarded when nil).
 	Log *slog.Logger
 	// OnError, when set, also receives each failure (for a metric or a test).
@@ -223,7 +224,7 @@ func FromConfig(c *config.Config, userAgent string, log *slog.Logger) ([]*Source
 // NewClient returns a client for the cluster that kubeconfig names ("": KUBECONFIG or
 // ~/.kube/config when there is one, else the in-cluster service account) and the namespace it
 // implies (the context's, or the service account's).
-func NewClient(kubeconfig, userAgent string) (kubernetes.Interface, string, error) {
+func NewClient(kubeconfig, userAgent string) (Client, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
@@ -239,9 +240,21 @@ func NewClient(kubeconfig, userAgent string) (kubernetes.Interface, string, erro
 	if err != nil {
 		return nil, "", fmt.Errorf("kubernetes namespace: %w", err)
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	var c clients
+	if c.discovery, err = discoveryclient.NewForConfig(rc); err == nil {
+		c.core, err = coreclient.NewForConfig(rc)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("kubernetes client: %w", err)
 	}
-	return client, ns, nil
+	return c, ns, nil
 }
+
+// clients is a Client of the two API groups a Watch reads.
+type clients struct {
+	discovery discoveryclient.DiscoveryV1Interface
+	core      coreclient.CoreV1Interface
+}
+
+func (c clients) DiscoveryV1() discoveryclient.DiscoveryV1Interface { return c.discovery }
+func (c clients) CoreV1() coreclient.CoreV1Interface                { return c.core }

@@ -8,15 +8,26 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	coreclient "k8s.io/client-go/kubernetes/typed/core/v1"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 )
+
+// Client is the part of the Kubernetes API a Watch uses. client-go's whole clientset (real or
+// fake) has it; NewClient builds just these two groups, so that a binary that watches slices
+// does not carry every API group's client.
+type Client interface {
+	DiscoveryV1() discoveryclient.DiscoveryV1Interface
+	CoreV1() coreclient.CoreV1Interface
+}
 
 // Target is one address that a Watch found ready to take requests.
 type Target struct {
@@ -43,7 +54,7 @@ func (t Target) HostPort() string { return netip.AddrPortFrom(t.Addr, uint16(t.P
 // with another selector and port finds other things, such as peer router replicas.
 type Watch struct {
 	// Client talks to the API server.
-	Client kubernetes.Interface
+	Client Client
 	// Namespace to watch (required).
 	Namespace string
 	// Selector picks EndpointSlices by label; nil: every slice of the namespace. A Service's
@@ -76,26 +87,37 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 	if sel == nil {
 		sel = labels.Everything()
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.Client, 0,
-		informers.WithNamespace(w.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel.String() }))
-	sliceInf := factory.Discovery().V1().EndpointSlices()
 	kick := make(chan struct{}, 1)
 	onEvent := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { notify(kick) },
 		UpdateFunc: func(any, any) { notify(kick) },
 		DeleteFunc: func(any) { notify(kick) },
 	}
-	informersToSync := []cache.SharedIndexInformer{sliceInf.Informer()}
-	var podFactory informers.SharedInformerFactory
+	slicesAPI := w.Client.DiscoveryV1().EndpointSlices(w.Namespace)
+	sliceInf := w.informer(&discoveryv1.EndpointSlice{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel.String()
+			return slicesAPI.List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel.String()
+			return slicesAPI.Watch(ctx, o)
+		})
+	informersToSync := []cache.SharedIndexInformer{sliceInf}
 	var podInf cache.SharedIndexInformer
 	if w.Pods {
+		podsAPI := w.Client.CoreV1().Pods(w.Namespace)
+		podInf = w.informer(&corev1.Pod{},
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return podsAPI.List(ctx, o) },
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return podsAPI.Watch(ctx, o) })
 		// Pods are large; keeping their metadata only bounds the memory a big namespace costs.
-		podFactory = informers.NewSharedInformerFactoryWithOptions(w.Client, 0,
-			informers.WithNamespace(w.Namespace), informers.WithTransform(podMetadata))
-		podInf = podFactory.Core().V1().Pods().Informer()
+		if err := podInf.SetTransform(podMetadata); err != nil {
+			return fmt.Errorf("%s: %w", w.Name, err)
+		}
 		informersToSync = append(informersToSync, podInf)
 	}
+	var running sync.WaitGroup
+	defer running.Wait() // the informers stop with ctx
 	for _, inf := range informersToSync {
 		if _, err := inf.AddEventHandler(onEvent); err != nil {
 			return fmt.Errorf("%s: %w", w.Name, err)
@@ -105,12 +127,7 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 		}); err != nil {
 			return fmt.Errorf("%s: %w", w.Name, err)
 		}
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if podFactory != nil {
-		podFactory.Start(ctx.Done())
-		defer podFactory.Shutdown()
+		running.Go(func() { inf.RunWithContext(ctx) })
 	}
 	synced := make([]cache.InformerSynced, len(informersToSync))
 	for i, inf := range informersToSync {
@@ -120,7 +137,7 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 		return ctx.Err()
 	}
 
-	sliceLister := sliceInf.Lister().EndpointSlices(w.Namespace)
+	sliceStore := sliceInf.GetStore()
 	pod := func(ns, name string) (*corev1.Pod, bool) { return nil, false }
 	if podInf != nil {
 		idx := podInf.GetIndexer()
@@ -135,15 +152,11 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 	}
 	problems := reporter{fail: w.fail}
 	for {
-		all, err := sliceLister.List(labels.Everything())
-		if err != nil { // a cache lister does not fail; kept for the interface's sake
-			w.fail(fmt.Errorf("%s: listing endpointslices: %w", w.Name, err))
-		}
 		// A fake or an older API server may keep a slice that left the selector (re-labelled)
 		// in the cache; filtering here makes the answer right either way.
-		chosen := all[:0:0]
-		for _, s := range all {
-			if sel.Matches(labels.Set(s.Labels)) {
+		var chosen []*discoveryv1.EndpointSlice
+		for _, obj := range sliceStore.List() {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok && sel.Matches(labels.Set(s.Labels)) {
 				chosen = append(chosen, s)
 			}
 		}
@@ -159,6 +172,12 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 		case <-kick:
 		}
 	}
+}
+
+// informer is a shared informer of one resource of the watch's namespace, by list and watch.
+func (w *Watch) informer(obj runtime.Object, list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, w.Client), obj, 0, cache.Indexers{})
 }
 
 func (w *Watch) fail(err error) {
