@@ -123,7 +123,7 @@ func (h *Handler) connFailure(ep *endpoint.Endpoint) {
 		was := ep.Healthy()
 		h.OnConnError(ep)
 		if was && !ep.Healthy() {
-			h.Metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			h.Metrics.EndpointEjected(ep.Name)
 			h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name)
 		}
 		return
@@ -134,7 +134,7 @@ func (h *Handler) connFailure(ep *endpoint.Endpoint) {
 	n := h.State.failureCounter(ep.Name).Add(1)
 	if int(n) >= h.PassiveFailures && ep.Healthy() {
 		ep.SetHealthy(false)
-		h.Metrics.Ejections.WithLabelValues(ep.Name).Inc()
+		h.Metrics.EndpointEjected(ep.Name)
 		h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name, "errors", n)
 	}
 }
@@ -355,9 +355,7 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		}
 		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
 		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
-		if c.predict >= 0 {
-			h.Metrics.PredictedCached.WithLabelValues(c.model).Add(float64(c.predict))
-		}
+		h.Metrics.PredictedCachedTokens(c.model, epName, c.predict)
 		if c.cached >= 0 {
 			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
 			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))

@@ -94,7 +94,13 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		transport: h1.New(DefaultTransport()),
 	}
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
+	r.prober.OnHealthChange = func(ep *endpoint.Endpoint, healthy bool) {
+		if healthy {
+			r.metrics.EndpointReadmitted(ep.Name)
+		}
+	}
 	r.metrics.WatchEndpoints(r.pool.All)
+	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Picker.(policy.IndexSizer); ok {
@@ -111,6 +117,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.dns = discovery.DNSFromConfig(cfg, logger)
 	r.discovered = make([][]endpoint.Spec, 1+len(r.dns))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
+		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
 		if err != nil {
 			return nil, err
@@ -120,6 +127,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	// A name that does not resolve yet is no reason not to start: Run tries again.
 	for i, d := range r.dns {
+		r.metrics.DiscoverySource(r.sourceName(1 + i))
 		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
 		specs, err := d.Resolve(context.Background())
 		if err != nil {
@@ -243,6 +251,9 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 		return fmt.Errorf("endpoints: %w", err)
 	}
 	obs, _ := picker.(policy.Observer)
+	for _, ep := range diff.Added {
+		r.metrics.EndpointAdded(ep.Name, ep.Models)
+	}
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)

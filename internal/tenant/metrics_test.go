@@ -17,9 +17,22 @@ import (
 	"github.com/kvroute/kvroute/internal/metrics"
 )
 
-// tenantSeries gathers reg's kvroute_tenant_* series as "name{label=value,...}" -> value;
-// histograms as their _count and _sum.
+// tenantSeries gathers reg's kvroute_tenant_* series that are not 0 as "name{label=value,...}"
+// -> value; histograms as their _count and _sum. The series made at 0 for each tenant are
+// left out here and checked by allTenantSeries.
 func tenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	out := allTenantSeries(t, reg)
+	for k, v := range out {
+		if v == 0 {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// allTenantSeries is tenantSeries with the series at 0.
+func allTenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -77,6 +90,7 @@ func TestTenantMetrics(t *testing.T) {
 	var ids []*Identity
 	var h http.Handler
 	var nested int // status of a request of d sent while d's first one is in flight
+	var atStart map[string]float64
 	h = g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ids = append(ids, FromContext(r.Context()))
 		if r.Header.Get("X-Nested") != "" {
@@ -108,6 +122,9 @@ func TestTenantMetrics(t *testing.T) {
 		{bearer("kc"), chat("x"), 200},
 		{map[string]string{"Authorization": "Bearer kd", "X-Nested": "1"}, chat("x"), 200},
 	} {
+		if i == 0 {
+			atStart = allTenantSeries(t, reg)
+		}
 		if w := do(h, tc.hdr, tc.body); w.Code != tc.want {
 			t.Fatalf("request %d: status %d, want %d", i, w.Code, tc.want)
 		}
@@ -149,6 +166,13 @@ func TestTenantMetrics(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
 		t.Errorf("tenant series (-want +got):\n%s", diff)
+	}
+	// Every series counted above existed at 0 before the first request, so that Prometheus
+	// sees its first increase.
+	for k := range want {
+		if v, ok := atStart[k]; !ok || v != 0 {
+			t.Errorf("%s: %v at start (present %v), want a series at 0", k, v, ok)
+		}
 	}
 }
 
@@ -261,6 +285,11 @@ func TestTenantMetricsReload(t *testing.T) {
 	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
 		t.Errorf("after removing b (-want +got):\n%s", diff)
 	}
+	for k := range allTenantSeries(t, reg) {
+		if strings.HasSuffix(k, "tenant=b}") {
+			t.Errorf("after removing b: %s is still there", k)
+		}
+	}
 	// b comes back: counted afresh.
 	if err := g.Reload(testConfig(t, two)); err != nil {
 		t.Fatal(err)
@@ -285,7 +314,7 @@ func TestTenantMetricsAuthOff(t *testing.T) {
 	if w := do(g.Middleware(&echo{}), nil, chat("x")); w.Code != http.StatusOK {
 		t.Fatalf("auth off: %d", w.Code)
 	}
-	if got := tenantSeries(t, reg); len(got) != 0 {
+	if got := allTenantSeries(t, reg); len(got) != 0 {
 		t.Errorf("auth off, yet tenant series: %v", got)
 	}
 }
