@@ -451,3 +451,48 @@ func TestPromtool(t *testing.T) {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }
+
+// TestNames: Names lists every family, including those read at scrape time.
+func TestNames(t *testing.T) {
+	names, err := Names()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kvroute_requests_total", "kvroute_ttft_seconds", "kvroute_pick_duration_seconds",
+		"kvroute_endpoint_ejected_seconds_total", "kvroute_endpoint_predicted_ttft_seconds",
+		"kvroute_endpoint_engine_prefix_cache_hit_tokens_total", "kvroute_index_bytes", "kvroute_discovery_endpoints",
+		"kvroute_tenant_queue_wait_seconds"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("Names() lacks %s: %v", want, names)
+		}
+	}
+	// As many names as New describes families: none is left without a series.
+	reg := &countingRegisterer{Registerer: prometheus.NewRegistry()}
+	New(reg)
+	if len(names) != reg.descs {
+		t.Errorf("Names() gives %d names, New describes %d families", len(names), reg.descs)
+	}
+}
+
+// countingRegisterer counts the descriptors of what is registered with it.
+type countingRegisterer struct {
+	prometheus.Registerer
+	descs int
+}
+
+func (c *countingRegisterer) Register(col prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { col.Describe(ch); close(ch) }()
+	for range ch {
+		c.descs++
+	}
+	return c.Registerer.Register(col)
+}
+
+func (c *countingRegisterer) MustRegister(cols ...prometheus.Collector) {
+	for _, col := range cols {
+		if err := c.Register(col); err != nil {
+			panic(err)
+		}
+	}
+}
