@@ -129,9 +129,10 @@ type Metrics struct {
 	prefillRate atomic.Pointer[func(*endpoint.Endpoint) float64]
 	now         func() time.Time
 
-	mu      sync.Mutex
-	served  map[string][]string  // endpoint -> the model labels its series were made for
-	ejected map[string]*ejection // endpoint -> its passive ejections
+	mu       sync.Mutex
+	served   map[string][]string  // endpoint -> the model labels its series were made for
+	anyModel map[string]bool      // endpoints without a model list: they serve every model
+	ejected  map[string]*ejection // endpoint -> its passive ejections
 }
 
 // ejection is an endpoint's time out of rotation after connection errors.
@@ -195,10 +196,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		DiscoveredEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvroute_discovery_endpoints", Help: "Endpoints each discovery source gives now.",
 		}, []string{"source"}),
-		Tenant:  NewTenantMetrics(reg),
-		now:     time.Now,
-		served:  map[string][]string{},
-		ejected: map[string]*ejection{},
+		Tenant:   NewTenantMetrics(reg),
+		now:      time.Now,
+		served:   map[string][]string{},
+		anyModel: map[string]bool{},
+		ejected:  map[string]*ejection{},
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
@@ -229,28 +231,35 @@ func Status(code int) string { return strconv.Itoa(code) }
 // status for each model it serves (and the router's refusals of those models), its retries by
 // reason, ejections and predicted cached tokens, and the per-model series of its models.
 // models are the endpoint's model list; empty means it serves every model, and its series are
-// made for the models the other endpoints list and for OtherModel. Calling it again for an
-// endpoint re-added with a new spec ends an ejection in progress: the new endpoint starts
-// healthy.
+// made for OtherModel and every model another endpoint lists, now or when one is added later.
+// Calling it again for an endpoint re-added with a new spec ends an ejection in progress: the
+// new endpoint starts healthy.
 func (m *Metrics) EndpointAdded(name string, models []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	labels := slices.Clone(models)
-	if len(labels) == 0 {
+	old := m.served[name]
+	m.served[name] = nil
+	if len(models) == 0 {
+		m.anyModel[name] = true
+		labels := []string{OtherModel}
 		for _, ls := range m.served {
 			labels = append(labels, ls...)
 		}
-		labels = append(labels, OtherModel)
 		slices.Sort(labels)
-		labels = slices.Compact(labels)
-	}
-	m.served[name] = labels
-	for _, model := range labels {
-		m.modelSeries(model)
-		for _, s := range endpointStatuses {
-			m.Requests.WithLabelValues(model, name, s)
+		m.serveLocked(name, slices.Compact(labels))
+	} else {
+		delete(m.anyModel, name)
+		m.serveLocked(name, models)
+		for e := range m.anyModel { // they serve these models too
+			m.serveLocked(e, models)
 		}
 	}
+	// Re-added with another model list: the models it no longer serves lose its series.
+	old = slices.DeleteFunc(old, func(model string) bool { return slices.Contains(m.served[name], model) })
+	for _, model := range old {
+		m.Requests.DeletePartialMatch(prometheus.Labels{"model": model, "endpoint": name})
+	}
+	m.dropModelsLocked(old)
 	m.Retries.WithLabelValues(name, RetryConnectError)
 	m.Retries.WithLabelValues(name, RetryUnavailable)
 	m.Ejections.WithLabelValues(name)
@@ -259,6 +268,20 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 		m.endEjectionLocked(e)
 	} else {
 		m.ejected[name] = &ejection{}
+	}
+}
+
+// serveLocked records that endpoint serves models and makes their series at 0.
+func (m *Metrics) serveLocked(endpoint string, models []string) {
+	for _, model := range models {
+		if slices.Contains(m.served[endpoint], model) {
+			continue
+		}
+		m.served[endpoint] = append(m.served[endpoint], model)
+		m.modelSeries(model)
+		for _, s := range endpointStatuses {
+			m.Requests.WithLabelValues(model, endpoint, s)
+		}
 	}
 }
 
@@ -283,24 +306,33 @@ func (m *Metrics) modelSeries(model string) {
 // reloads.
 func (m *Metrics) ForgetEndpoint(name string) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	gone := m.served[name]
 	delete(m.served, name)
+	delete(m.anyModel, name)
 	delete(m.ejected, name)
-	for _, ls := range m.served {
-		gone = slices.DeleteFunc(gone, func(model string) bool { return slices.Contains(ls, model) })
-	}
-	gone = slices.DeleteFunc(gone, func(model string) bool { return model == UnknownModel }) // New's, kept
-	m.mu.Unlock()
 	l := prometheus.Labels{"endpoint": name}
 	m.Requests.DeletePartialMatch(l)
 	m.Retries.DeletePartialMatch(l)
 	m.Ejections.DeletePartialMatch(l)
 	m.EndpointPredictedCached.DeletePartialMatch(l)
-	for _, model := range gone {
+	m.dropModelsLocked(gone)
+}
+
+// dropModelsLocked deletes the per-model series of those of models that no endpoint serves
+// any more (UnknownModel's stay: New made them).
+func (m *Metrics) dropModelsLocked(models []string) {
+	for _, model := range models {
+		served := model == UnknownModel
+		for _, ls := range m.served {
+			served = served || slices.Contains(ls, model)
+		}
+		if served {
+			continue
+		}
 		l := prometheus.Labels{"model": model}
-		m.Requests.DeletePartialMatch(l)
 		for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-			m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached, m.CachedReported,
+			m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached, m.CachedReported,
 		} {
 			c.DeletePartialMatch(l)
 		}

@@ -307,8 +307,8 @@ func TestModelSeries(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := New(reg)
 	m.EndpointAdded("a", []string{"m1"})
+	m.EndpointAdded("c", nil) // before b: it gets m2 when b comes
 	m.EndpointAdded("b", []string{"m1", "m2"})
-	m.EndpointAdded("c", nil)
 	models := func() []string {
 		var out []string
 		for k := range series(t, reg, "kvroute_ttft_seconds") {
@@ -347,6 +347,14 @@ func TestModelSeries(t *testing.T) {
 	}
 	if _, ok := seriesOf(t, reg)[`kvroute_requests_total{endpoint=none,model=unknown,status=404}`]; !ok {
 		t.Error("the refusals of unknown models went with the endpoints")
+	}
+	// a re-added with another model: m1 goes (a was its last endpoint), m3 comes.
+	m.EndpointAdded("a", []string{"m3"})
+	if diff := cmp.Diff([]string{"m3"}, models()); diff != "" {
+		t.Errorf("a re-added with m3 instead of m1 (-want +got):\n%s", diff)
+	}
+	if n := len(requests("a")); n != len(endpointStatuses) {
+		t.Errorf("a re-added: %d request series, want %d (m3 only)", n, len(endpointStatuses))
 	}
 }
 
