@@ -15,12 +15,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/des"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/workload"
@@ -364,7 +364,7 @@ func demoPolicy(ctx context.Context, f *demoFlags, profile string, sp policySpec
 	// The same scrape interval as kvroute simulate, so that both see equally fresh metrics.
 	cfg.Scrape.Interval = config.Duration(des.DefaultScrapeInterval)
 	cfg.Scrape.Timeout = config.Duration(des.DefaultScrapeInterval)
-	router, err := proxy.NewRouter(cfg, quietLog)
+	router, err := app.NewRouter(cfg, quietLog)
 	if err != nil {
 		return demoRun{}, fmt.Errorf("router: %w", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvroute/kvroute/internal/logbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -14,9 +13,11 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/kvroute/kvroute/internal/logbuf"
+
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/proxy"
 )
 
 // stringList is a repeatable string flag.
@@ -98,7 +99,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
 	}
-	r, err := proxy.NewRouter(cfg, logger)
+	r, err := app.NewRouter(cfg, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1

@@ -28,6 +28,7 @@ type simulateFlags struct {
 	trace, workload, profile, policies string
 	records, html, cpuprofile          string
 	replicaAffinity                    string
+	kill, add                          listFlag
 	instances, limit, blockSize        int
 	routers                            int
 	load, speedup                      float64
@@ -88,6 +89,8 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.scrape, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
 	fs.DurationVar(&f.latency, "network-latency", 0, "one-way router-engine latency")
 	fs.IntVar(&f.routers, "routers", 1, "router replicas behind a load balancer, each with its own policy instance and load counters")
+	fs.Var(&f.kill, "kill", "kill instance N at virtual time T: N@T, T a duration (90s) or a share of the arrivals' span (50%); its requests fail, later ones fall back (repeatable)")
+	fs.Var(&f.add, "add", "add instance N at virtual time T (N@T as for --kill): it takes no request before (repeatable)")
 	fs.StringVar(&f.replicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
 	fs.BoolVar(&f.json, "json", false, "print the summary as JSON")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
@@ -256,6 +259,18 @@ func simulate(ctx context.Context, f *simulateFlags) (*report.Summary, error) {
 	fleet.Seed = f.seed
 	fleet.Routers = f.routers
 	fleet.Spread = spread
+	for _, c := range []struct {
+		kind  des.ChangeKind
+		specs listFlag
+	}{{des.Kill, f.kill}, {des.Add, f.add}} {
+		for _, spec := range c.specs {
+			ch, err := des.ParseChange(c.kind, spec, span(reqs))
+			if err != nil {
+				return nil, usageError{err}
+			}
+			fleet.Changes = append(fleet.Changes, ch)
+		}
+	}
 
 	sum := &report.Summary{
 		Scenario: report.Scenario{

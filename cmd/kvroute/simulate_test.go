@@ -52,6 +52,9 @@ func TestSimulateErrors(t *testing.T) {
 		{"zero routers", []string{"--trace", good, "--routers", "0"}, 2, []string{"--routers 0", "at least 1"}},
 		{"negative routers", []string{"--trace", good, "--routers", "-2"}, 2, []string{"--routers -2", "at least 1"}},
 		{"bad replica affinity", []string{"--trace", good, "--routers", "2", "--replica-affinity", "sticky"}, 2, []string{`"sticky"`, "session"}},
+		{"bad kill", []string{"--trace", good, "--kill", "3"}, 2, []string{"--kill", "INSTANCE@TIME"}},
+		{"bad add time", []string{"--trace", good, "--add", "1@soon"}, 2, []string{"--add", `"soon"`}},
+		{"kill beyond the fleet", []string{"--trace", good, "--instances", "2", "--kill", "5@50%"}, 1, []string{"instance 5", "0..1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -184,6 +187,25 @@ func TestSimulateGeneratedWorkload(t *testing.T) {
 	}
 	if r := s.Results[0]; r.Completed != 60 || r.HitRate <= 0 {
 		t.Errorf("round-robin: completed %d hit rate %v, want 60 and some hits on 3 shared prefixes", r.Completed, r.HitRate)
+	}
+}
+
+// TestSimulateKillAndAdd: an instance killed at half time loses only what it held; an added
+// one takes requests once it is there.
+func TestSimulateKillAndAdd(t *testing.T) {
+	args := []string{"--workload", "prefix-repetition:n=200,prefixes=4", "--instances", "4", "--load", "0.8",
+		"--policies", "least-request", "--kill", "0@50%", "--add", "3@25%", "--json", "--records", filepath.Join(t.TempDir(), "r.jsonl")}
+	code, stdout, stderr := runVerb("simulate", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var s report.Summary
+	if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Results[0]
+	if r.Completed+r.Failed != 200 || r.Completed < 150 {
+		t.Errorf("completed %d failed %d of 200: only the requests on the killed instance may fail", r.Completed, r.Failed)
 	}
 }
 

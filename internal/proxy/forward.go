@@ -16,7 +16,7 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/route"
 )
 
 // maxCapture bounds how much of a non-streamed response body is kept to read its usage, and
@@ -26,81 +26,48 @@ const maxCapture = 4 << 20
 // maxEvent bounds one server-sent event.
 const maxEvent = 4 << 20
 
-// retryTransport sends a call's request to its ranked endpoints in turn: on a connection error
-// or a 503 (which comes before any response byte) it tries the next, up to the call's list.
+// retryTransport sends a call's request to its ranked endpoints in turn, as the lifecycle
+// allows: on a connection error or a 503 before any response byte it tries the next.
 type retryTransport struct{ h *Handler }
 
 func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	c := callFrom(out.Context())
-	if c == nil {
+	if c == nil || c.rc == nil {
 		return nil, errors.New("proxy: request without routing state")
 	}
 	h := t.h
-	obs, _ := h.Picker.(policy.Observer)
-	pred, _ := h.Picker.(policy.Predictor)
 	var lastErr error
-	for i, ep := range c.ranked {
-		if out.Context().Err() != nil {
-			return nil, out.Context().Err()
+	for ep := c.rc.Next(); ep != nil; ep = c.rc.Next() {
+		resp, err := h.send(out, c, ep)
+		var f route.Failure
+		switch {
+		case err != nil && out.Context().Err() != nil:
+			c.rc.Fail(route.FailCanceled)
+			return nil, err // the client went away: not the endpoint's fault
+		case err != nil:
+			f, lastErr = route.FailConnect, err
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			f = route.FailUnavailable
+		default:
+			c.rc.Answered()
+			c.answered = true
+			return resp, nil
 		}
-		u, err := url.Parse(ep.Name)
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		body := c.bodyFor(h, ep)
-		req := out.Clone(out.Context())
-		req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
-		req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
-		req.URL.RawPath = ""
-		req.Host = u.Host
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-		req.ContentLength = int64(len(body))
-		req.Header.Del("Accept-Encoding")
-		req.Header.Set("X-Request-Id", c.rid)
-		req.Header.Set("Content-Type", "application/json")
-		if c.id != nil {
-			req.Header.Del("Authorization") // the tenant's key is ours, not the engine's
-		}
-		c.predict = -1
-		if pred != nil {
-			c.predict = pred.PredictCached(&c.preq, ep)
-		}
-		c.attempts++
-		ep.Start(c.preq.PromptTokens)
-		if obs != nil {
-			obs.Routed(&c.preq, ep)
-		}
-		resp, err := h.Transport.RoundTrip(req)
-		last := i == len(c.ranked)-1
-		if err != nil {
-			t.failed(c, ep, obs)
-			if out.Context().Err() != nil {
-				return nil, err // the client went away; not the endpoint's fault
+		if !c.rc.Fail(f) {
+			if resp != nil {
+				c.answered = true
+				return resp, nil // the last 503 goes to the client as it is
 			}
-			h.connFailure(ep)
-			lastErr = err
-			if !last {
-				h.Metrics.Retries.WithLabelValues(ep.Name, "connect_error").Inc()
-				h.Logger.Warn("endpoint unreachable, trying the next", "request_id", c.rid, "endpoint", ep.Name, "err", errText(err))
-			}
-			continue
+			break
 		}
-		if h.OnSuccess != nil {
-			h.OnSuccess(ep)
-		} else {
-			h.State.failureCounter(ep.Name).Store(0)
-		}
-		if resp.StatusCode == http.StatusServiceUnavailable && !last {
+		if resp != nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
-			t.failed(c, ep, obs)
-			h.Metrics.Retries.WithLabelValues(ep.Name, "unavailable").Inc()
-			continue
 		}
-		c.ep = ep
-		return resp, nil
+		h.Metrics.Retries.WithLabelValues(ep.Name, f.String()).Inc()
+		if err != nil {
+			h.Logger.Warn("endpoint unreachable, trying the next", "request_id", c.rid, "endpoint", ep.Name, "err", errText(err))
+		}
 	}
 	if lastErr == nil {
 		lastErr = errors.New("no endpoint left to try")
@@ -108,35 +75,30 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	return nil, lastErr
 }
 
-// failed settles an attempt that produced no response to relay.
-func (t *retryTransport) failed(c *call, ep *endpoint.Endpoint, obs policy.Observer) {
-	ep.Finish(c.preq.PromptTokens, false)
-	if obs != nil {
-		obs.Done(&c.preq, ep, policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.preq.PromptTokens,
-			Duration: t.h.Now().Sub(c.start)})
+// send makes one attempt: the outgoing request, re-addressed to ep, with its body.
+func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http.Response, error) {
+	u, err := url.Parse(ep.Name)
+	if err != nil {
+		return nil, err
 	}
-}
-
-// connFailure counts a connection error and ejects the endpoint after PassiveFailures in a row.
-func (h *Handler) connFailure(ep *endpoint.Endpoint) {
-	if h.OnConnError != nil {
-		was := ep.Healthy()
-		h.OnConnError(ep)
-		if was && !ep.Healthy() {
-			h.Metrics.EndpointEjected(ep.Name)
-			h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name)
-		}
-		return
+	body := c.bodyFor(h, ep)
+	req := out.Clone(out.Context())
+	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
+	req.URL.RawPath = ""
+	req.Host = u.Host
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.ContentLength = int64(len(body))
+	req.Header.Del("Accept-Encoding")
+	req.Header.Set("X-Request-Id", c.rid)
+	req.Header.Set("Content-Type", "application/json")
+	if c.id != nil {
+		// The tenant's key is ours, not the engine's.
+		req.Header.Del("Authorization")
+		req.Header.Del("Api-Key")
 	}
-	if h.PassiveFailures < 0 {
-		return
-	}
-	n := h.State.failureCounter(ep.Name).Add(1)
-	if int(n) >= h.PassiveFailures && ep.Healthy() {
-		ep.SetHealthy(false)
-		h.Metrics.EndpointEjected(ep.Name)
-		h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name, "errors", n)
-	}
+	return h.Transport.RoundTrip(req)
 }
 
 // bodyFor returns the body to send to ep: with the tenant's cache_salt when ep honours it.
@@ -156,14 +118,14 @@ func (c *call) bodyFor(h *Handler, ep *endpoint.Endpoint) []byte {
 }
 
 // modifyResponse rewrites upstream errors into OpenAI bodies and wraps the body so the router
-// sees the first token and the usage as they pass.
+// sees the first token, the usage and the end as they pass.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	c := callFrom(resp.Request.Context())
 	if c == nil {
 		return nil
 	}
-	if h.EndpointHeader != "" && c.ep != nil {
-		resp.Header.Set(h.EndpointHeader, c.ep.Name)
+	if ep := c.ep(); h.EndpointHeader != "" && ep != nil {
+		resp.Header.Set(h.EndpointHeader, ep.Name)
 	}
 	if resp.StatusCode >= 400 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxCapture))
@@ -176,6 +138,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		resp.Header.Set("Content-Length", strconv.Itoa(len(nb)))
 		resp.Header.Set("Content-Type", "application/json")
 		resp.Header.Del("Content-Encoding")
+		c.complete = true
 		return nil
 	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -189,8 +152,10 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 }
 
 // sseBody passes a stream on event by event (the reverse proxy flushes after each Read),
-// timing the first event, reading usage and response ids, and dropping the usage-only chunk
-// the router asked for on the client's behalf.
+// timing the first event, reading usage and response ids, dropping the usage-only chunk the
+// router asked for on the client's behalf, and noticing how the stream ends: at its
+// terminator (complete, whatever the client does next), or cut short by the engine, in which
+// case the client gets an SSE error event before the stream closes.
 type sseBody struct {
 	c       *call
 	up      io.ReadCloser
@@ -204,12 +169,19 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		if s.err != nil {
 			return 0, s.err
 		}
-		ev, err := s.r.Next()
-		if err != nil {
-			s.err = err
+		if s.c.complete {
+			// The terminator went out: what follows (the chunked body's end) is read so the
+			// connection can be reused, and its errors no longer matter.
+			_, _ = io.Copy(io.Discard, io.LimitReader(s.up, 64<<10))
+			s.err = io.EOF
 			continue
 		}
-		s.c.onFirstByte()
+		ev, err := s.r.Next()
+		if err != nil {
+			s.cutShort(err)
+			continue
+		}
+		s.c.rc.FirstToken()
 		if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
 			if u, ok := openai.ScanUsage(ev.Data); ok {
 				s.c.setUsage(u)
@@ -221,11 +193,34 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		if s.c.req != nil && s.c.req.Kind == openai.KindResponse && s.c.respID == "" && len(ev.Data) > 0 {
 			s.c.respID = openai.ResponseID(ev.Data)
 		}
+		if ev.IsDone() || isTerminal(ev.Name) {
+			s.c.complete = true
+		}
 		s.pending = append(s.pending[:0], ev.Raw...)
 	}
 	n := copy(p, s.pending)
 	s.pending = s.pending[n:]
 	return n, nil
+}
+
+// isTerminal reports whether a Responses API event ends its stream.
+func isTerminal(name string) bool {
+	return name == "response.completed" || name == "response.incomplete" || name == "response.failed"
+}
+
+// cutShort ends a stream that stopped before its terminator (err is io.EOF for a clean close):
+// unless the client is gone, it is told with an SSE error event, and the call is a failure.
+func (s *sseBody) cutShort(err error) {
+	s.err = io.EOF
+	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		s.c.h.Logger.Debug("upstream stream ended before its end", "request_id", s.c.rid, "err", errText(err))
+	}
+	s.c.cut = true
+	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut",
+		"the engine ended the stream before its end (request id "+s.c.rid+")")
+	var b bytes.Buffer
+	_ = openai.WriteEvent(&b, "error", e.Body())
+	s.pending = append(s.pending[:0], b.Bytes()...)
 }
 
 func (s *sseBody) Close() error { return s.up.Close() }
@@ -247,32 +242,34 @@ const maxPooledCapture = 64 << 10
 
 func (b *captureBody) Read(p []byte) (int, error) {
 	n, err := b.up.Read(p)
-	if n > 0 {
-		b.c.onFirstByte()
-		if !b.full && !b.read {
-			if b.buf == nil {
-				b.buf = captureBufs.Get().(*[]byte)
-			}
-			if len(*b.buf)+n <= maxCapture {
-				*b.buf = append(*b.buf, p[:n]...)
-			} else {
-				b.full = true
-			}
+	if n > 0 && !b.full && !b.read {
+		if b.buf == nil {
+			b.buf = captureBufs.Get().(*[]byte)
+		}
+		if len(*b.buf)+n <= maxCapture {
+			*b.buf = append(*b.buf, p[:n]...)
+		} else {
+			b.full = true
 		}
 	}
-	if err == io.EOF && !b.full && !b.read {
-		b.read = true
-		var body []byte
-		if b.buf != nil {
-			body = *b.buf
+	if err == io.EOF {
+		b.c.complete = true
+		if !b.full && !b.read {
+			b.read = true
+			var body []byte
+			if b.buf != nil {
+				body = *b.buf
+			}
+			if u, ok := openai.ScanUsage(body); ok {
+				b.c.setUsage(u)
+			}
+			if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
+				b.c.respID = openai.ResponseID(body)
+			}
+			b.release()
 		}
-		if u, ok := openai.ScanUsage(body); ok {
-			b.c.setUsage(u)
-		}
-		if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
-			b.c.respID = openai.ResponseID(body)
-		}
-		b.release()
+	} else if err != nil {
+		b.c.cut = true
 	}
 	return n, err
 }
@@ -294,39 +291,37 @@ func (b *captureBody) Close() error {
 	return b.up.Close()
 }
 
-// onFirstByte records the first token time of a stream (its first event). A non-streamed
-// response's first byte comes with its last token, so it tells nothing about prefill: only
-// streams report a TTFT.
-func (c *call) onFirstByte() {
-	if !c.firstAt.IsZero() || !c.stream || c.ep == nil {
-		return
-	}
-	c.firstAt = c.h.Now()
-	ttft := c.firstAt.Sub(c.start)
-	c.ep.FirstToken(c.preq.PromptTokens)
-	if obs, ok := c.h.Picker.(policy.Observer); ok {
-		obs.FirstToken(&c.preq, c.ep, ttft)
-	}
-	c.h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
-}
-
 func (c *call) setUsage(u openai.Usage) {
 	c.usage, c.haveUsage = u, true
 	c.cached = u.Cached()
 }
 
-// finish settles a request once the response is written: endpoint counters, the policy's
-// Done, the tenant's Settle, metrics and the access line.
-func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
-	end := h.Now()
+// status is the request's final status for metrics, the access log and the tenant: what was
+// written, unless the answer did not go out whole. A response read to its end and written
+// without error is complete whatever the client does next; a stream the engine cut is a 502
+// (the client saw 200 and then an error event); an answer the client left before its end is a
+// 499 (nginx's code).
+func (c *call) status(w *statusWriter, r *http.Request) int {
 	status := w.status
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if r.Context().Err() != nil {
-		status = 499 // the client went away before the end of the answer (nginx's code)
+	switch {
+	case c.complete && w.err == nil:
+		return status
+	case w.err != nil || r.Context().Err() != nil:
+		return 499
+	case c.cut:
+		c.errType = "stream_cut"
+		return http.StatusBadGateway
 	}
-	dur := end.Sub(c.start)
+	return status
+}
+
+// finish settles a request once the response is written: the lifecycle (endpoint counters,
+// the policy's Done), the tenant's ticket, metrics and the access line.
+func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
+	status := c.status(w, r)
 	prompt, completion := 0, 0
 	if c.req != nil {
 		prompt = c.preq.PromptTokens
@@ -335,40 +330,44 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		}
 		completion = c.usage.Completion()
 	}
+	ep := c.ep()
+	var ttft time.Duration
+	if c.rc != nil {
+		ttft = c.rc.TTFT()
+		c.rc.Finish(route.Outcome{
+			OK: status < 400, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: completion,
+			ResponseID: c.respID,
+		})
+	}
+	end := time.Now()
+	if h.Lifecycle != nil {
+		end = h.Lifecycle.Now()
+	}
+	dur := end.Sub(c.start)
 	epName := metrics.NoEndpoint
-	if c.ep != nil {
-		epName = c.ep.Name
-		first := !c.firstAt.IsZero()
-		c.ep.Finish(c.preq.PromptTokens, first)
-		if obs, ok := h.Picker.(policy.Observer); ok {
-			var ttft time.Duration
-			if first {
-				ttft = c.firstAt.Sub(c.start)
-			}
-			obs.Done(&c.preq, c.ep, policy.Result{
-				OK: status < 400, CachedTokens: c.cached, PromptTokens: prompt, OutputTokens: completion,
-				TTFT: ttft, Duration: dur,
-			})
-		}
-		if c.respID != "" && status < 400 {
-			h.State.pins.put(c.respID, c.ep.Name)
-		}
+	if ep != nil {
+		epName = ep.Name
 		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
 		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
-		h.Metrics.PredictedCachedTokens(c.model, epName, c.predict)
+		h.Metrics.PredictedCachedTokens(c.model, epName, c.rc.Predicted())
 		if c.cached >= 0 {
 			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
 			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))
 		}
-	}
-	if c.id != nil && c.id.Settle != nil {
-		// What the engines used: nothing when no endpoint answered (the tenant's estimate is
-		// refunded).
-		if c.ep == nil {
-			c.id.Settle(0, 0)
-		} else {
-			c.id.Settle(prompt, completion)
+		if ttft > 0 && c.stream {
+			h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
 		}
+	}
+	switch {
+	case c.ticket != nil:
+		// What the engines used: nothing when no endpoint answered (the estimate is refunded).
+		if ep == nil {
+			c.ticket.End(status, 0, 0)
+		} else {
+			c.ticket.End(status, prompt, completion)
+		}
+	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
+		h.Gate.Count(c.id, status) // the gate counted its own refusals
 	}
 	model := c.model
 	if model == "" {
@@ -388,11 +387,14 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
 			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
 	}
-	if c.ep != nil {
-		attrs = append(attrs, slog.String("endpoint", c.ep.Name), slog.Int("attempts", c.attempts))
+	if ep != nil {
+		attrs = append(attrs, slog.String("endpoint", ep.Name))
 	}
-	if !c.firstAt.IsZero() {
-		attrs = append(attrs, slog.Float64("ttft_ms", float64(c.firstAt.Sub(c.start).Microseconds())/1000))
+	if c.rc != nil {
+		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))
+	}
+	if ttft > 0 && c.stream {
+		attrs = append(attrs, slog.Float64("ttft_ms", float64(ttft.Microseconds())/1000))
 	}
 	if c.id != nil {
 		attrs = append(attrs, slog.String("tenant", c.id.Name))
@@ -403,15 +405,16 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
-// statusWriter records the status and whether the body was written to the end.
+// statusWriter records the status, and the first write error (the client went away).
 type statusWriter struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+	err    error
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
+	if w.status == 0 && code >= 200 { // 1xx are interim answers
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -423,15 +426,27 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.bytes += int64(n)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
 	return n, err
 }
 
 // Flush flushes the underlying writer (SSE events go out at once).
 func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
+	if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil && w.err == nil && !errors.Is(err, http.ErrNotSupported) {
+		w.err = err
 	}
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// errText is an error's text without URLs of the endpoints' query strings or bodies.
+func errText(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Op + " " + ue.URL + ": " + ue.Err.Error()
+	}
+	return err.Error()
+}

@@ -21,6 +21,7 @@ type recordJSON struct {
 	CachedTokens  int      `json:"cached_tokens"`
 	OutputTokens  int      `json:"output_tokens"`
 	PredictedHits *int     `json:"predicted_cached_tokens,omitempty"`
+	Attempts      int      `json:"attempts,omitempty"`
 	Error         string   `json:"error,omitempty"`
 }
 
@@ -34,7 +35,7 @@ func WriteRecords(w io.Writer, recs []Record) error {
 			ID: r.ID, Policy: r.Policy, Endpoint: r.Endpoint,
 			ArrivalMS: ms(r.Arrival), FinishMS: ms(r.Finish), E2EMS: ms(r.E2E()),
 			PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, OutputTokens: r.OutputTokens,
-			Error: r.Err,
+			Attempts: r.Attempts, Error: r.Err,
 		}
 		if r.FirstToken != 0 {
 			ft, ttft := ms(r.FirstToken), ms(r.TTFT())

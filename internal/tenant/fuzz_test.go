@@ -16,7 +16,7 @@ func FuzzMiddleware(f *testing.F) {
 	f.Fuzz(func(t *testing.T, authz, apiKey, body string) {
 		g, _ := newTestGate(t, "tenants: [{name: a, api_keys: [\""+HashKey("k")+"\"], limits: {tokens_per_minute: 1000, requests_per_minute: 1000000}}]\n", nil)
 		e := &echo{}
-		w := do(g.Middleware(e), map[string]string{"Authorization": authz, "Api-Key": apiKey}, body)
+		w := do(middleware(g, e), map[string]string{"Authorization": authz, "Api-Key": apiKey}, body)
 		switch w.Code {
 		case http.StatusOK:
 			if len(e.ids) != 1 || e.ids[0].Name != "a" {

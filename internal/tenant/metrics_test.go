@@ -87,12 +87,13 @@ func TestTenantMetrics(t *testing.T) {
   - {name: c, api_keys: ["`+HashKey("kc")+`"], limits: {tokens_per_minute: 600}}
   - {name: d, api_keys: ["`+HashKey("kd")+`"], limits: {max_concurrent: 1}}
 `, Options{})
-	var ids []*Identity
 	var h http.Handler
 	var nested int // status of a request of d sent while d's first one is in flight
 	var atStart map[string]float64
-	h = g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ids = append(ids, FromContext(r.Context()))
+	h = middleware(g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Used") != "" {
+			used(w, 400, 200) // the engine reports more than the estimate
+		}
 		if r.Header.Get("X-Nested") != "" {
 			nested = do(h, bearer("kd"), chat("x")).Code
 		}
@@ -119,7 +120,7 @@ func TestTenantMetrics(t *testing.T) {
 		{map[string]string{"Authorization": "Bearer kb", "X-Status": "404"}, chat("x"), 404},
 		{map[string]string{"Authorization": "Bearer kb", "X-Status": "503"}, chat("x"), 503},
 		{bearer("kc"), long, 429}, // request_too_large
-		{bearer("kc"), chat("x"), 200},
+		{map[string]string{"Authorization": "Bearer kc", "X-Used": "1"}, chat("x"), 200},
 		{map[string]string{"Authorization": "Bearer kd", "X-Nested": "1"}, chat("x"), 200},
 	} {
 		if i == 0 {
@@ -132,18 +133,16 @@ func TestTenantMetrics(t *testing.T) {
 	if nested != http.StatusTooManyRequests {
 		t.Fatalf("d's second request in flight: %d, want 429", nested)
 	}
-	// c's engine reports more than the estimate: c owes tokens and is refused, retryably.
-	for _, id := range ids {
-		if id.Name == "c" {
-			id.Settle(400, 200)
-			id.Settle(400, 200) // counted once
-		}
-	}
+	// c's engine reported more than the estimate: c owes tokens and is refused, retryably.
 	if w := do(h, bearer("kc"), chat("x")); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("c in debt: %d, want 429", w.Code)
 	}
 
 	want := map[string]float64{
+		// Every request that took its limits settles its tokens: 3 estimated for chat("x").
+		`kvroute_tenant_prompt_tokens_total{tenant=a}`:       6,
+		`kvroute_tenant_prompt_tokens_total{tenant=b}`:       6,
+		`kvroute_tenant_prompt_tokens_total{tenant=d}`:       3,
 		`kvroute_tenant_requests_total{status=401,tenant=}`:  3,
 		`kvroute_tenant_requests_total{status=200,tenant=a}`: 2,
 		`kvroute_tenant_requests_total{status=429,tenant=a}`: 1,
@@ -238,10 +237,11 @@ func TestTenantMetricsAdmission(t *testing.T) {
 func TestTenantMetricsReload(t *testing.T) {
 	two := "tenants: [{name: a, api_keys: [\"" + HashKey("ka") + "\"]}, {name: b, api_keys: [\"" + HashKey("kb") + "\"], limits: {requests_per_minute: 1}}]\n"
 	g, clk, reg := newMeteredGate(t, two, Options{})
-	var settle []func(int, int)
-	h := g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := FromContext(r.Context())
-		settle = append(settle, id.Settle)
+	h := middleware(g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.Header.Get("X-Prompt"); p != "" {
+			n, _ := strconv.Atoi(p)
+			used(w, n, n/2)
+		}
 		if r.Header.Get("X-Reload") != "" { // b's request is in flight while b is removed
 			if err := g.Reload(testConfig(t, "tenants: [{name: a, api_keys: [\""+HashKey("ka")+"\"]}]\n")); err != nil {
 				t.Error(err)
@@ -249,11 +249,10 @@ func TestTenantMetricsReload(t *testing.T) {
 		}
 		_, _ = w.Write([]byte("{}"))
 	}))
-	do(h, bearer("ka"), chat("x"))
-	do(h, bearer("kb"), chat("x"))
+	do(h, map[string]string{"Authorization": "Bearer ka", "X-Prompt": "0"}, chat("x"))
+	do(h, map[string]string{"Authorization": "Bearer kb", "X-Prompt": "10"}, chat("x"))
 	do(h, bearer("kb"), chat("x")) // 429
 	do(h, nil, chat("x"))
-	settle[1](10, 5)
 	before := map[string]float64{
 		`kvroute_tenant_requests_total{status=200,tenant=a}`:                   1,
 		`kvroute_tenant_requests_total{status=200,tenant=b}`:                   1,
@@ -269,10 +268,10 @@ func TestTenantMetricsReload(t *testing.T) {
 	}
 	// A minute later b may send again: reload without b while that request is in flight.
 	clk.Add(time.Minute)
-	if w := do(h, map[string]string{"Authorization": "Bearer kb", "X-Reload": "1"}, chat("x")); w.Code != http.StatusOK {
+	// Settled after the reload: not counted.
+	if w := do(h, map[string]string{"Authorization": "Bearer kb", "X-Reload": "1", "X-Prompt": "7"}, chat("x")); w.Code != http.StatusOK {
 		t.Fatalf("b's request across the reload: %d", w.Code)
 	}
-	settle[len(settle)-1](7, 7) // settled after the reload: not counted
 	if w := do(h, bearer("kb"), chat("x")); w.Code != http.StatusUnauthorized {
 		t.Fatalf("b's key after b was removed: %d, want 401", w.Code)
 	}
@@ -311,7 +310,7 @@ func TestTenantMetricsAuthOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := do(g.Middleware(&echo{}), nil, chat("x")); w.Code != http.StatusOK {
+	if w := do(middleware(g, &echo{}), nil, chat("x")); w.Code != http.StatusOK {
 		t.Fatalf("auth off: %d", w.Code)
 	}
 	if got := allTenantSeries(t, reg); len(got) != 0 {

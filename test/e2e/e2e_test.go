@@ -17,8 +17,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
 
@@ -29,7 +29,7 @@ const model = "e2e-model"
 // stack is a simulated fleet with the router in front.
 type stack struct {
 	fleet  *simserver.Fleet
-	router *proxy.Router
+	router *app.Router
 	api    string // router base URL
 	admin  string
 }
@@ -61,7 +61,7 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 
 // serveRouter runs r on loopback until the test ends (then checks that it drained and
 // stopped) and returns its API base URL and, withAdmin, its admin base URL ("" otherwise).
-func serveRouter(t *testing.T, r *proxy.Router, withAdmin bool) (api, admin string) {
+func serveRouter(t *testing.T, r *app.Router, withAdmin bool) (api, admin string) {
 	t.Helper()
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

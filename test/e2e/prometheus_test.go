@@ -24,8 +24,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
@@ -81,7 +81,7 @@ type series struct {
 
 func (s series) String() string {
 	var ls []string
-	for _, k := range []string{"tenant", "reason", "status", "result", "endpoint"} {
+	for _, k := range []string{"model", "tenant", "reason", "status", "result", "endpoint"} {
 		if v, ok := s.labels[k]; ok {
 			ls = append(ls, k+"="+strconv.Quote(v))
 		}
@@ -97,6 +97,10 @@ func firstSeries(ep string) []series {
 		{"kvroute_tenant_requests_total", map[string]string{"tenant": "", "status": "401"}},
 		{"kvroute_tenant_requests_total", map[string]string{"tenant": "bob", "status": "429"}},
 		{"kvroute_tenant_rejections_total", map[string]string{"tenant": "bob", "reason": "requests_per_minute"}},
+		// The refusals by status with every other answer: no endpoint, the model unknown before
+		// authentication, known when a limit refuses.
+		{"kvroute_requests_total", map[string]string{"model": "unknown", "endpoint": "none", "status": "401"}},
+		{"kvroute_requests_total", map[string]string{"model": model, "endpoint": "none", "status": "429"}},
 		{"kvroute_retries_total", map[string]string{"endpoint": ep, "reason": "connect_error"}},
 		{"kvroute_endpoint_ejections_total", map[string]string{"endpoint": ep}},
 	}
@@ -194,7 +198,7 @@ func TestFirstEventsScraped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +222,7 @@ func TestFirstEventsScraped(t *testing.T) {
 	after := scrapeValues(t, admin, before)
 	for i, s := range before {
 		want := 1.0
-		if u := s.labels["endpoint"]; u != "" && u != ep {
+		if u := s.labels["endpoint"]; u != "" && u != "none" && u != ep {
 			want = 0 // the other endpoints did not fail
 		}
 		if after[i] != want {
@@ -553,6 +557,20 @@ func TestDashboardQueriesAgainstPrometheus(t *testing.T) {
 	for i, e := range exprs {
 		q := grafanaVars.Replace(e)
 		res := prom.query(t, q, loadStart, loadEnd.Add(2*time.Second))
+		if titles[i] == "Requests/s by status" {
+			// The refusals are there beside the answers of the engines.
+			seen := map[string]bool{}
+			for _, s := range res {
+				for _, v := range s.Values {
+					seen[s.Metric["status"]] = seen[s.Metric["status"]] || sampleValue(v) > 0
+				}
+			}
+			for _, st := range []string{"200", "401", "404", "429"} {
+				if !seen[st] {
+					t.Errorf("panel %q: no %s under a load that had them (%v)", titles[i], st, seen)
+				}
+			}
+		}
 		points, top := 0, math.Inf(-1)
 		for _, s := range res {
 			for _, v := range s.Values {

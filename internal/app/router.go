@@ -1,4 +1,4 @@
-package proxy
+package app
 
 import (
 	"context"
@@ -31,6 +31,8 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
@@ -39,7 +41,7 @@ import (
 // discovery file), the health prober and metrics scraper, the policy, the API handler and the
 // admin handler. `kvroute serve` and `kvroute demo` both build one:
 //
-//	r, err := proxy.NewRouter(cfg, logger)
+//	r, err := app.NewRouter(cfg, logger)
 //	go r.Run(ctx)                       // discovery, health checks, scraping
 //	api, admin := r.Handler(), r.AdminHandler()
 //	...
@@ -48,9 +50,7 @@ import (
 // or simply r.Serve(ctx, apiListener, adminListener), which does all of it and drains on ctx's
 // end. Set the hook fields before the first call to Handler or Run.
 type Router struct {
-	// Middleware wraps the API handler, first element outermost, outside the tenant gate
-	// (which authenticates, applies per-tenant limits and puts the tenant.Identity in the
-	// request context; a pass-through when auth is off). The handler honours that identity.
+	// Middleware wraps the API handler, first element outermost.
 	Middleware []func(http.Handler) http.Handler
 	// Admit and Saturated are copied into every Handler (see Handler). Admit nil: the tenant
 	// gate's admission queue (overload section).
@@ -62,7 +62,7 @@ type Router struct {
 	metrics   *metrics.Metrics
 	pool      *endpoint.Pool
 	prober    *scrape.Prober
-	state     *State
+	state     *route.State  // response pins and failure counts, across reloads
 	transport *h1.Transport // to the endpoints; its Fallback also carries health checks and scrapes
 	gate      *tenant.Gate  // authentication, per-tenant limits and salts, admission
 
@@ -72,7 +72,7 @@ type Router struct {
 	policyKey  string
 	discovered [][]endpoint.Spec // per source: [0] the discovery file, then each discovery.dns name
 	dns        []*discovery.DNSSource
-	h          atomic.Pointer[Handler]
+	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
 }
@@ -90,8 +90,8 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		reg:       reg,
 		metrics:   metrics.New(reg),
 		pool:      endpoint.NewPool(),
-		state:     NewState(0),
-		transport: h1.New(DefaultTransport()),
+		state:     route.NewState(0),
+		transport: h1.New(proxy.DefaultTransport()),
 	}
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.prober.OnHealthChange = func(ep *endpoint.Endpoint, healthy bool) {
@@ -103,7 +103,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
-			if s, ok := h.Picker.(policy.IndexSizer); ok {
+			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
 				return s.IndexSize()
 			}
 		}
@@ -220,22 +220,27 @@ func (r *Router) apply(cfg *config.Config) error {
 	}
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
-	h := &Handler{
+	lc, err := route.New(route.Config{
+		Picker:   picker,
+		Attempts: 1 + cfg.Limits.Retries(),
+		Health:   &proberHealth{p: r.prober, m: r.metrics},
+		State:    r.state,
+	})
+	if err != nil {
+		return err
+	}
+	h := &proxy.Handler{
 		Pool:           r.pool,
-		Picker:         picker,
+		Lifecycle:      lc,
+		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm},
+		Gate:           r.gate,
+		Admit:          r.Admit,
+		Saturated:      r.Saturated,
 		Metrics:        r.metrics,
 		Logger:         r.logger,
 		Transport:      r.transport,
 		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
-		MaxRetries:     cfg.Limits.Retries(),
-		BlockTokens:    cfg.Prefix.BlockTokens,
-		Normalizer:     norm,
 		Rewrite:        cfg.Normalize.Rewrite,
-		OnConnError:    r.prober.ReportFailure,
-		OnSuccess:      r.prober.ReportSuccess,
-		Admit:          r.admit(),
-		Saturated:      r.Saturated,
-		State:          r.state,
 		EndpointHeader: cfg.Server.EndpointHeader,
 	}
 	r.h.Store(h)
@@ -282,18 +287,11 @@ func newRand() *rand.Rand {
 	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 }
 
-func (r *Router) admit() func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (func(), error) {
-	if r.Admit != nil {
-		return r.Admit
-	}
-	return r.gate.Admit
-}
-
 // prefillRate is the current policy's prefill-rate estimate for ep (tokens/s, 0 unknown), for
 // the tenant gate's overload.max_predicted_ttft.
 func (r *Router) prefillRate(ep *endpoint.Endpoint) float64 {
 	if h := r.h.Load(); h != nil {
-		if p, ok := h.Picker.(interface{ PrefillRate(id int) float64 }); ok {
+		if p, ok := h.Lifecycle.Picker().(interface{ PrefillRate(id int) float64 }); ok {
 			return p.PrefillRate(ep.ID)
 		}
 	}
@@ -326,7 +324,6 @@ func (r *Router) Handler() http.Handler {
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			r.h.Load().ServeHTTP(w, req)
 		})
-		h = r.gate.Middleware(h)
 		for i := len(r.Middleware) - 1; i >= 0; i-- {
 			h = r.Middleware[i](h)
 		}
@@ -557,6 +554,25 @@ func ignoreClosed(err error) error {
 	}
 	return err
 }
+
+// proberHealth is passive health checking by the prober: consecutive connection errors eject
+// an endpoint until its active health checks pass again.
+type proberHealth struct {
+	p *scrape.Prober
+	m *metrics.Metrics
+}
+
+func (h *proberHealth) Failed(ep *endpoint.Endpoint, _ route.Failure) bool {
+	was := ep.Healthy()
+	h.p.ReportFailure(ep)
+	if was && !ep.Healthy() {
+		h.m.EndpointEjected(ep.Name)
+		return true
+	}
+	return false
+}
+
+func (h *proberHealth) Succeeded(ep *endpoint.Endpoint) { h.p.ReportSuccess(ep) }
 
 // Close releases idle upstream connections. Call it after Run and the servers have stopped.
 func (r *Router) Close() { r.transport.CloseIdleConnections() }

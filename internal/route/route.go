@@ -1,0 +1,434 @@
+package route
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+// Config configures a Lifecycle.
+type Config struct {
+	// Picker is the routing policy. Required. When it implements policy.Observer it is told
+	// what happens to every attempt; policy.Predictor gives each attempt's predicted cached
+	// tokens.
+	Picker policy.Picker
+	// Clock tells the time: the wall clock in the live router, the virtual clock in the
+	// simulator. Nil: the wall clock.
+	Clock policy.Clock
+	// Attempts is how many endpoints of the ranked list one request may be sent to: 1 plus the
+	// retries. 0: 1.
+	Attempts int
+	// Health hears how every attempt went, for passive ejection. Nil: an endpoint is ejected
+	// (marked unhealthy, never readmitted here) after EjectAfter consecutive failures that
+	// count against it, the counts kept in State.
+	Health Health
+	// EjectAfter is the default Health's threshold; 0: DefaultEjectAfter.
+	EjectAfter int
+	// State is what outlives one Lifecycle (a config reload builds a new one): response pins
+	// and consecutive failure counts. Nil: a private one.
+	State *State
+}
+
+// DefaultEjectAfter is how many consecutive failures that count against an endpoint eject it
+// when Config.Health is nil.
+const DefaultEjectAfter = 3
+
+// Health is passive health checking: it hears how each attempt went.
+type Health interface {
+	// Failed is told of an attempt on ep that failed with f. It reports whether ep was ejected
+	// by this failure.
+	Failed(ep *endpoint.Endpoint, f Failure) (ejected bool)
+	// Succeeded is told of an attempt that ep answered.
+	Succeeded(ep *endpoint.Endpoint)
+}
+
+// Failure says how an attempt failed. It decides whether the request may be sent to the next
+// endpoint of its ranked list, and whether the failure counts against the endpoint.
+type Failure uint8
+
+const (
+	// FailConnect: no connection could be made; the engine never saw the request. Retried;
+	// counts against the endpoint.
+	FailConnect Failure = iota
+	// FailUnavailable: the engine answered 503 before any response byte reached the client.
+	// Retried; the endpoint answered, so it does not count against it.
+	FailUnavailable
+	// FailLost: the request reached the engine and then its connection was lost, or the
+	// engine died, before the first token. Never retried: the request may be what killed it,
+	// and it may have been computed.
+	FailLost
+	// FailRejected: the engine refused the request for good (it can never fit there). Not
+	// retried.
+	FailRejected
+	// FailCanceled: the client went away. Not retried; not the endpoint's fault.
+	FailCanceled
+)
+
+var failureNames = [...]string{
+	FailConnect:     "connect_error",
+	FailUnavailable: "unavailable",
+	FailLost:        "lost",
+	FailRejected:    "rejected",
+	FailCanceled:    "canceled",
+}
+
+// String returns the failure's name, as metrics label it.
+func (f Failure) String() string {
+	if int(f) < len(failureNames) {
+		return failureNames[f]
+	}
+	return "failure"
+}
+
+// Retryable reports whether a request that failed so may be sent to another endpoint.
+func (f Failure) Retryable() bool { return f == FailConnect || f == FailUnavailable }
+
+// countsAgainst reports whether the failure counts towards ejecting the endpoint.
+func (f Failure) countsAgainst() bool { return f == FailConnect }
+
+// ErrNoCandidate is returned by Begin when the policy ranks no endpoint.
+var ErrNoCandidate = policy.ErrNoCandidate
+
+// Lifecycle runs requests through the policy. It is safe for concurrent use; each Call is
+// driven by one goroutine at a time.
+type Lifecycle struct {
+	picker    policy.Picker
+	observer  policy.Observer
+	predictor policy.Predictor
+	clock     policy.Clock
+	attempts  int
+	health    Health
+	state     *State
+}
+
+// New builds a Lifecycle.
+func New(cfg Config) (*Lifecycle, error) {
+	if cfg.Picker == nil {
+		return nil, errors.New("route: a Lifecycle needs a Picker")
+	}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State}
+	lc.observer, _ = cfg.Picker.(policy.Observer)
+	lc.predictor, _ = cfg.Picker.(policy.Predictor)
+	if lc.clock == nil {
+		lc.clock = policy.WallClock{}
+	}
+	if lc.state == nil {
+		lc.state = NewState(0)
+	}
+	if lc.health == nil {
+		after := cfg.EjectAfter
+		if after <= 0 {
+			after = DefaultEjectAfter
+		}
+		lc.health = &ejector{state: lc.state, after: after}
+	}
+	return lc, nil
+}
+
+// Picker returns the policy.
+func (lc *Lifecycle) Picker() policy.Picker { return lc.picker }
+
+// Attempts is how many endpoints one request may be sent to.
+func (lc *Lifecycle) Attempts() int { return lc.attempts }
+
+// Now returns the lifecycle's time.
+func (lc *Lifecycle) Now() time.Time { return lc.clock.Now() }
+
+// Removed tells the policy that ep left the pool.
+func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
+	if lc.observer != nil {
+		lc.observer.Removed(ep)
+	}
+}
+
+// Begin starts a request that arrived at arrival: the policy ranks candidates (available
+// endpoints serving the request's model, in a stable order), and the endpoint that created the
+// response named pin (previous_response_id; "" for none), if it is a candidate, goes first.
+// req is kept and must not change until the Call has finished. The returned Call has no
+// attempt yet: call Next.
+func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint, pin string, arrival time.Time) (*Call, error) {
+	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1}
+	if len(candidates) == 0 {
+		return c, ErrNoCandidate
+	}
+	ranked, err := lc.picker.Pick(req, candidates)
+	if err == nil && len(ranked) == 0 {
+		err = ErrNoCandidate
+	}
+	if err != nil {
+		return c, err
+	}
+	if pin != "" {
+		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
+	}
+	c.ranked = ranked[:min(len(ranked), lc.attempts)]
+	return c, nil
+}
+
+// pinFirst moves the endpoint named name to the front of ranked (adding it from candidates
+// when the policy left it out).
+func pinFirst(ranked, candidates []*endpoint.Endpoint, name string) []*endpoint.Endpoint {
+	if name == "" {
+		return ranked
+	}
+	at := func(e *endpoint.Endpoint) bool { return e.Name == name }
+	i := slices.IndexFunc(ranked, at)
+	switch {
+	case i == 0:
+		return ranked
+	case i < 0:
+		j := slices.IndexFunc(candidates, at)
+		if j < 0 {
+			return ranked // it left the pool or is unavailable: the engine will say the id is unknown
+		}
+		return append([]*endpoint.Endpoint{candidates[j]}, ranked...)
+	}
+	out := make([]*endpoint.Endpoint, 0, len(ranked))
+	out = append(out, ranked[i])
+	out = append(out, ranked[:i]...)
+	return append(out, ranked[i+1:]...)
+}
+
+// Call is one request from its pick to its end.
+type Call struct {
+	lc *Lifecycle
+	// Req is the request as the policy sees it.
+	Req *policy.Request
+	// Arrival is when the request arrived; TTFT counts from it.
+	Arrival time.Time
+
+	ranked    []*endpoint.Endpoint
+	next      int
+	ep        *endpoint.Endpoint // the attempt in progress, or the last one
+	open      bool               // an attempt is in progress
+	attempts  int
+	predicted int // the policy's predicted cached tokens on ep, -1 unknown
+	firstAt   time.Time
+	finished  bool
+	ok        bool
+}
+
+// Ranked returns the endpoints the request may be sent to, in order.
+func (c *Call) Ranked() []*endpoint.Endpoint { return c.ranked }
+
+// Next starts the next attempt and returns its endpoint, or nil when no endpoint is left (or
+// the call has finished). Endpoints that became unavailable since the pick are skipped. The
+// request is counted on the endpoint (in flight, pending prefill), the policy predicts its
+// cached tokens there and is told it was routed.
+func (c *Call) Next() *endpoint.Endpoint {
+	if c.finished || c.open {
+		return nil
+	}
+	for c.next < len(c.ranked) {
+		ep := c.ranked[c.next]
+		c.next++
+		if !ep.Available() && c.attempts > 0 {
+			continue // ejected or removed since the pick; the first choice is tried regardless
+		}
+		c.ep, c.open = ep, true
+		c.attempts++
+		c.predicted = -1
+		if p := c.lc.predictor; p != nil {
+			c.predicted = p.PredictCached(c.Req, ep)
+		}
+		ep.Start(c.Req.PromptTokens)
+		if o := c.lc.observer; o != nil {
+			o.Routed(c.Req, ep)
+		}
+		return ep
+	}
+	return nil
+}
+
+// Fail ends the attempt in progress, which failed with f before anything reached the client,
+// and reports whether the request may be sent to the next endpoint (call Next). When it may
+// not, or no endpoint is left, finish the call with Finish.
+func (c *Call) Fail(f Failure) (retry bool) {
+	if !c.open {
+		return false
+	}
+	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
+		Duration: c.lc.clock.Now().Sub(c.Arrival)})
+	switch {
+	case f.countsAgainst():
+		c.lc.health.Failed(c.ep, f)
+	case f != FailCanceled:
+		c.lc.health.Succeeded(c.ep) // it answered
+	}
+	return f.Retryable() && c.next < len(c.ranked)
+}
+
+// Answered tells passive health checking that the attempt in progress got an answer from its
+// endpoint (a response head, whatever its status).
+func (c *Call) Answered() {
+	if c.open {
+		c.lc.health.Succeeded(c.ep)
+	}
+}
+
+// closeAttempt settles the endpoint's counters and tells the policy the attempt is done.
+func (c *Call) closeAttempt(res policy.Result) {
+	c.open = false
+	first := !c.firstAt.IsZero()
+	c.ep.Finish(c.Req.PromptTokens, first)
+	if o := c.lc.observer; o != nil {
+		o.Done(c.Req, c.ep, res)
+	}
+}
+
+// FirstToken records that the request's first token arrived now. Only the first call counts.
+func (c *Call) FirstToken() {
+	if !c.open || !c.firstAt.IsZero() {
+		return
+	}
+	c.firstAt = c.lc.clock.Now()
+	c.ep.FirstToken(c.Req.PromptTokens)
+	if o := c.lc.observer; o != nil {
+		o.FirstToken(c.Req, c.ep, c.firstAt.Sub(c.Arrival))
+	}
+}
+
+// Outcome is how a request ended, as the router saw it.
+type Outcome struct {
+	// OK is true when the response was complete.
+	OK bool
+	// CachedTokens is what the engine reported as served from its prefix cache, or -1 when it
+	// did not say.
+	CachedTokens int
+	// PromptTokens is what the engine reported, or 0 when it did not say (the router's
+	// estimate is used).
+	PromptTokens int
+	// OutputTokens is what the engine reported (0 when it did not say).
+	OutputTokens int
+	// ResponseID, when set on a complete response, is remembered so that a later request
+	// naming it (previous_response_id) goes to the same endpoint.
+	ResponseID string
+}
+
+// Finish ends the call. The attempt in progress, if any, is settled with o: the endpoint's
+// counters, the policy's Done (with the TTFT and the engine's usage, which it learns from).
+// Finish is idempotent; the first call counts.
+func (c *Call) Finish(o Outcome) {
+	if c.finished {
+		return
+	}
+	c.finished, c.ok = true, o.OK
+	if !c.open {
+		return
+	}
+	prompt := c.Req.PromptTokens
+	if o.PromptTokens > 0 {
+		prompt = o.PromptTokens
+	}
+	now := c.lc.clock.Now()
+	c.closeAttempt(policy.Result{
+		OK: o.OK, CachedTokens: o.CachedTokens, PromptTokens: prompt, OutputTokens: o.OutputTokens,
+		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
+	})
+	if o.OK && o.ResponseID != "" {
+		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
+	}
+}
+
+// Endpoint returns the endpoint of the attempt in progress or of the last one, or nil when no
+// attempt was made.
+func (c *Call) Endpoint() *endpoint.Endpoint { return c.ep }
+
+// Attempts is the number of attempts made.
+func (c *Call) Attempts() int { return c.attempts }
+
+// Predicted is the policy's predicted cached tokens on the current (or last) attempt's
+// endpoint, or -1 when the policy makes no prediction.
+func (c *Call) Predicted() int { return c.predicted }
+
+// FirstTokenAt is when the first token arrived, zero when none did.
+func (c *Call) FirstTokenAt() time.Time { return c.firstAt }
+
+// TTFT is the time from arrival to the first token, 0 when none arrived.
+func (c *Call) TTFT() time.Duration {
+	if c.firstAt.IsZero() {
+		return 0
+	}
+	return c.firstAt.Sub(c.Arrival)
+}
+
+// Finished reports whether Finish was called, and ok its outcome.
+func (c *Call) Finished() (finished, ok bool) { return c.finished, c.ok }
+
+// State is what outlives one Lifecycle across config reloads: which endpoint created which
+// response (for previous_response_id) and consecutive failure counts per endpoint.
+type State struct {
+	pins     pinTable
+	failures sync.Map // endpoint name -> *atomic.Int32
+}
+
+// NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
+func NewState(maxPins int) *State {
+	if maxPins <= 0 {
+		maxPins = 100_000
+	}
+	return &State{pins: pinTable{max: maxPins, m: map[string]string{}}}
+}
+
+func (s *State) failureCounter(name string) *atomic.Int32 {
+	if v, ok := s.failures.Load(name); ok {
+		return v.(*atomic.Int32)
+	}
+	v, _ := s.failures.LoadOrStore(name, new(atomic.Int32))
+	return v.(*atomic.Int32)
+}
+
+// ejector is the default Health: consecutive failures eject an endpoint for good (the live
+// router's health checks readmit it; in the simulator a failed instance stays out).
+type ejector struct {
+	state *State
+	after int
+}
+
+func (e *ejector) Failed(ep *endpoint.Endpoint, _ Failure) bool {
+	n := e.state.failureCounter(ep.Name).Add(1)
+	if int(n) >= e.after && ep.Healthy() {
+		ep.SetHealthy(false)
+		return true
+	}
+	return false
+}
+
+func (e *ejector) Succeeded(ep *endpoint.Endpoint) { e.state.failureCounter(ep.Name).Store(0) }
+
+// pinTable maps response ids to endpoint names, forgetting the oldest beyond max.
+type pinTable struct {
+	mu    sync.Mutex
+	max   int
+	m     map[string]string
+	order []string
+	head  int
+}
+
+func (p *pinTable) put(id, ep string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.m[id]; ok {
+		p.m[id] = ep
+		return
+	}
+	if len(p.order) < p.max {
+		p.order = append(p.order, id)
+	} else {
+		delete(p.m, p.order[p.head])
+		p.order[p.head] = id
+		p.head = (p.head + 1) % p.max
+	}
+	p.m[id] = ep
+}
+
+func (p *pinTable) get(id string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[id]
+}
