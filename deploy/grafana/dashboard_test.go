@@ -6,6 +6,7 @@ package grafana
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -191,14 +192,7 @@ func TestDashboard(t *testing.T) {
 	}
 }
 
-func keys(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
+func keys(m map[string]bool) []string { return slices.Sorted(maps.Keys(m)) }
 
 // TestUnitRules: the old dashboard's two mixed panels are caught.
 func TestUnitRules(t *testing.T) {

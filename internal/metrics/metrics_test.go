@@ -5,7 +5,6 @@ import (
 	"net/http/httptest"
 	"os/exec"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -17,47 +16,26 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 )
 
 // fakeClock is a settable clock for m.now.
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time                                   { return c.t }
-func (c *fakeClock) add(d time.Duration)                              { c.t = c.t.Add(d) }
-func newClock() *fakeClock                                            { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-func seriesOf(t *testing.T, g prometheus.Gatherer) map[string]float64 { return series(t, g, "") }
+func (c *fakeClock) now() time.Time      { return c.t }
+func (c *fakeClock) add(d time.Duration) { c.t = c.t.Add(d) }
 
-// series gathers g's series whose name starts with prefix as "name{label=value,...}" ->
-// value; histograms as their _count.
-func series(t *testing.T, g prometheus.Gatherer, prefix string) map[string]float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), prefix) {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			key := mf.GetName() + "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Counter != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				out[mf.GetName()+"_count"+key[len(mf.GetName()):]] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
+// newTestMetrics is New on a pedantic registry of its own, with a settable clock.
+func newTestMetrics() (*Metrics, *prometheus.Registry, *fakeClock) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg)
+	clk := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	m.now = clk.now
+	return m, reg, clk
+}
+
+func seriesOf(t *testing.T, g prometheus.Gatherer) map[string]float64 {
+	return metricstest.Values(t, g, "")
 }
 
 func TestMetricsExposition(t *testing.T) {
@@ -149,10 +127,7 @@ func lint(t *testing.T, reg prometheus.Gatherer) {
 // will count exists at 0 before its first event, and a scrape after one event of each shows
 // 1: what Prometheus needs to see the first reload, refusal, retry, ejection and 429.
 func TestSeriesAtZero(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	m := New(reg)
-	clk := newClock()
-	m.now = clk.now
+	m, reg, clk := newTestMetrics()
 	const ep = "http://127.0.0.1:1"
 	m.EndpointAdded(ep, []string{"m"})
 	m.DiscoverySource("file")
@@ -262,10 +237,7 @@ func mustGather(t *testing.T, g prometheus.Gatherer) []*dto.MetricFamily {
 // TestEjectedTime: an ejection counts once and its time runs until the endpoint is readmitted
 // (or re-added), the ejection in progress included at each scrape.
 func TestEjectedTime(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	m := New(reg)
-	clk := newClock()
-	m.now = clk.now
+	m, reg, clk := newTestMetrics()
 	const ep = "http://127.0.0.1:1"
 	m.EndpointAdded(ep, nil)
 	read := func() [3]float64 {
@@ -311,15 +283,17 @@ func TestModelSeries(t *testing.T) {
 	m.EndpointAdded("b", []string{"m1", "m2"})
 	models := func() []string {
 		var out []string
-		for k := range series(t, reg, "kvroute_ttft_seconds") {
-			out = append(out, strings.TrimSuffix(strings.TrimPrefix(k, "kvroute_ttft_seconds_count{model="), "}"))
+		for k := range metricstest.Values(t, reg, "kvroute_ttft_seconds") {
+			if m, ok := strings.CutPrefix(k, "kvroute_ttft_seconds_count{model="); ok {
+				out = append(out, strings.TrimSuffix(m, "}"))
+			}
 		}
 		slices.Sort(out)
 		return out
 	}
 	requests := func(ep string) []string {
 		var out []string
-		for k := range series(t, reg, "kvroute_requests_total") {
+		for k := range metricstest.Values(t, reg, "kvroute_requests_total") {
 			if strings.Contains(k, "endpoint="+ep+",") {
 				out = append(out, k)
 			}
@@ -340,7 +314,7 @@ func TestModelSeries(t *testing.T) {
 	if diff := cmp.Diff([]string{"m1"}, models()); diff != "" {
 		t.Errorf("after c left (-want +got):\n%s", diff)
 	}
-	for k := range series(t, reg, "kvroute_") {
+	for k := range metricstest.Values(t, reg, "kvroute_") {
 		if strings.Contains(k, "model=m2") || strings.Contains(k, "model=other") {
 			t.Errorf("after the last endpoint of m2 and other left: %s", k)
 		}
@@ -437,19 +411,12 @@ func TestPromtool(t *testing.T) {
 		t.Skip("promtool not installed")
 	}
 	reg := prometheus.NewRegistry()
-	m := New(reg)
-	ep := &endpoint.Endpoint{Name: "http://127.0.0.1:1"}
-	ep.SetSnapshot(&endpoint.Snapshot{At: time.Now(), PrefixQueries: 10, PrefixHits: 5})
-	m.EndpointAdded(ep.Name, []string{"m"})
-	m.DiscoverySource("dns:vllm.example")
-	m.Tenant.SetTenants([]string{"t"})
-	m.WatchEndpoints(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{ep} })
-	m.WatchIndex(func() (int, int64) { return 0, 0 })
-	m.WatchPrefillRate(func(*endpoint.Endpoint) float64 { return 1000 })
-	m.Requests.WithLabelValues("m", ep.Name, "200").Inc()
+	m := populated(reg)
+	const ep = "http://127.0.0.1:1"
+	m.Requests.WithLabelValues("m", ep, "200").Inc()
 	m.TTFT.WithLabelValues("m").Observe(0.1)
-	m.Retries.WithLabelValues(ep.Name, RetryConnectError).Inc()
-	m.EndpointEjected(ep.Name)
+	m.Retries.WithLabelValues(ep, RetryConnectError).Inc()
+	m.EndpointEjected(ep)
 	rec := httptest.NewRecorder()
 	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	cmd := exec.Command(path, "check", "metrics")

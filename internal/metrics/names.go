@@ -12,20 +12,10 @@ import (
 
 // Names returns the name of every metric family a router exports (histograms under their base
 // name, without _bucket, _sum or _count), sorted: what the dashboard and the alerting rules
-// may query. It builds a Metrics with one endpoint of each kind of state, so that every family
-// has a series.
+// may query.
 func Names() ([]string, error) {
 	reg := prometheus.NewRegistry()
-	m := New(reg)
-	ep := &endpoint.Endpoint{Name: "http://127.0.0.1:1"}
-	ep.SetSnapshot(&endpoint.Snapshot{At: time.Now()})
-	m.EndpointAdded(ep.Name, []string{"m"})
-	m.DiscoverySource("file")
-	m.Tenant.SetTenants([]string{"t"})
-	m.WatchEndpoints(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{ep} })
-	m.WatchIndex(func() (int, int64) { return 0, 0 })
-	m.WatchPrefillRate(func(*endpoint.Endpoint) float64 { return 1 })
-	m.PickDuration.Observe(0)
+	populated(reg)
 	mfs, err := reg.Gather()
 	if err != nil {
 		return nil, fmt.Errorf("gathering the router's metrics: %w", err)
@@ -36,4 +26,20 @@ func Names() ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// populated is New with one endpoint of each kind of state, a discovery source and a tenant,
+// so that every family has a series.
+func populated(reg prometheus.Registerer) *Metrics {
+	m := New(reg)
+	ep := &endpoint.Endpoint{Name: "http://127.0.0.1:1"}
+	ep.SetSnapshot(&endpoint.Snapshot{At: time.Now(), PrefixQueries: 10, PrefixHits: 5})
+	m.EndpointAdded(ep.Name, []string{"m"})
+	m.DiscoverySource("file")
+	m.Tenant.SetTenants([]string{"t"})
+	m.WatchEndpoints(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{ep} })
+	m.WatchIndex(func() (int, int64) { return 0, 0 })
+	m.WatchPrefillRate(func(*endpoint.Endpoint) float64 { return 1000 })
+	m.PickDuration.Observe(0)
+	return m
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 )
 
 func TestTenantMetrics(t *testing.T) {
@@ -34,7 +36,7 @@ func TestTenantMetrics(t *testing.T) {
 	m.SetTenants([]string{"a"})
 	m.Request("b", 200) // in flight across the reload: not counted
 
-	got := series(t, reg, "kvroute_tenant_")
+	got := metricstest.Values(t, reg, "kvroute_tenant_")
 	nonZero := map[string]float64{}
 	for k, v := range got {
 		if v != 0 {
@@ -68,7 +70,7 @@ func TestTenantMetrics(t *testing.T) {
 		t.Errorf("%d request series, want %d: a's statuses and the unauthenticated 401", n, len(tenantStatuses)+1)
 	}
 	m.SetTenants(nil) // authentication off: no tenant series at all
-	if got := series(t, reg, "kvroute_tenant_"); len(got) != 0 {
+	if got := metricstest.Values(t, reg, "kvroute_tenant_"); len(got) != 0 {
 		t.Errorf("authentication off, yet %v", got)
 	}
 	problems, err := testutil.GatherAndLint(reg)

@@ -3,7 +3,6 @@ package tenant
 import (
 	"context"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 )
 
 // tenantSeries gathers reg's kvroute_tenant_* series that are not 0 as "name{label=value,...}"
@@ -34,32 +34,7 @@ func tenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 // allTenantSeries is tenantSeries with the series at 0.
 func allTenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "kvroute_tenant_") {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			labels := "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Counter != nil:
-				out[mf.GetName()+labels] = m.GetCounter().GetValue()
-			case m.Histogram != nil:
-				out[mf.GetName()+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
-				out[mf.GetName()+"_sum"+labels] = m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return out
+	return metricstest.Values(t, reg, "kvroute_tenant_")
 }
 
 // newMeteredGate is newTestGate with tenant metrics on a registry of its own.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -24,7 +23,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
 
-	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/tenant"
@@ -198,11 +196,7 @@ func TestFirstEventsScraped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, admin := serveRouter(t, r, true)
+	r, api, admin := startRouter(t, cfg)
 
 	// Before: the series of every endpoint, since any of them may be the one that fails.
 	var before []series
