@@ -510,9 +510,7 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		epName = ep.Name
 		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
 		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
-		if p := c.rc.Predicted(); p >= 0 {
-			h.Metrics.PredictedCached.WithLabelValues(c.model).Add(float64(p))
-		}
+		h.Metrics.PredictedCachedTokens(c.model, epName, c.rc.Predicted())
 		if c.cached >= 0 {
 			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
 			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))

@@ -62,12 +62,20 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 	if err != nil {
 		t.Fatal(err)
 	}
+	r, api, admin := startRouter(t, cfg)
+	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+}
+
+// startRouter builds a router from cfg as kvroute serve does (logs discarded) and serves it
+// with its admin listener, as serveRouter does.
+func startRouter(t *testing.T, cfg *config.Config) (r *app.Router, api, admin string) {
+	t.Helper()
 	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, admin := serveRouter(t, r, true)
-	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+	api, admin = serveRouter(t, r, true)
+	return r, api, admin
 }
 
 // serveRouter runs r on loopback until the test ends (then checks that it drained and
