@@ -2,6 +2,7 @@ package route
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -121,6 +122,10 @@ func (f Failure) Counts() bool {
 	}
 	return false
 }
+
+// tokenScaleWeight is the weight of one request in an endpoint's learned token scale: about the
+// last 20 requests count.
+const tokenScaleWeight = 0.05
 
 // ErrNoCandidate is returned by Begin when the policy ranks no endpoint.
 var ErrNoCandidate = policy.ErrNoCandidate
@@ -406,9 +411,19 @@ func (c *Call) Finish(o Outcome) {
 	if !c.open {
 		return
 	}
+	// The engine counts its own tokens: learn how they compare with the router's estimate, and
+	// tell the policy in the router's units, the ones its predictions are made in.
+	if o.PromptTokens > 0 {
+		c.ep.LearnTokenScale(o.PromptTokens, c.Req.PromptTokens, tokenScaleWeight)
+	}
+	scale := c.ep.TokenScale()
 	prompt := c.Req.PromptTokens
 	if o.PromptTokens > 0 {
-		prompt = o.PromptTokens
+		prompt = int(math.Round(float64(o.PromptTokens) / scale))
+	}
+	cached := o.CachedTokens
+	if cached > 0 {
+		cached = min(int(math.Round(float64(cached)/scale)), prompt)
 	}
 	now := c.lc.clock.Now()
 	f := o.Failure
@@ -419,7 +434,7 @@ func (c *Call) Finish(o Outcome) {
 		f = FailNone
 	}
 	c.closeAttempt(policy.Result{
-		OK: o.OK, CachedTokens: o.CachedTokens, PromptTokens: prompt, OutputTokens: o.OutputTokens,
+		OK: o.OK, CachedTokens: cached, PromptTokens: prompt, OutputTokens: o.OutputTokens,
 		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
 	}, f)
 	if o.OK && o.ResponseID != "" {

@@ -103,9 +103,14 @@ func TestCallSuccess(t *testing.T) {
 	if ep.InFlight() != 0 || ep.PendingPrefill() != 0 {
 		t.Errorf("after Finish: in flight %d pending %d", ep.InFlight(), ep.PendingPrefill())
 	}
-	want := []string{"routed a", "first a 30ms", "done a ok=true cached=48 ttft=30ms"}
+	// The engine counted 90 prompt tokens for the router's 100: its 48 cached tokens are 53 of
+	// the router's, the units the policy predicts in.
+	want := []string{"routed a", "first a 30ms", "done a ok=true cached=53 ttft=30ms"}
 	if diff := cmp.Diff(want, s.log); diff != "" {
 		t.Errorf("policy saw (-want +got):\n%s", diff)
+	}
+	if s := ep.TokenScale(); s != 0.9 {
+		t.Errorf("token scale %v, want 0.9 after one request", s)
 	}
 	if fin, ok := c.Finished(); !fin || !ok {
 		t.Errorf("Finished = %v, %v", fin, ok)
