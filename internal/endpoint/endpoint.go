@@ -36,7 +36,7 @@ type Endpoint struct {
 
 	tokenScale     atomic.Uint64 // float64 bits: engine tokens per router-estimated token; 0: 1
 	inFlight       atomic.Int64  // requests forwarded and not finished
-	pendingPrefill atomic.Int64 // prompt tokens forwarded that have not reached first token
+	pendingPrefill atomic.Int64  // prompt tokens forwarded that have not reached first token
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
