@@ -227,6 +227,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Attempts: 1 + cfg.Limits.Retries(),
 		Health:   r.outlier,
 		State:    r.state,
+		WarmUp:   cfg.Health.WarmUpTime(),
 	})
 	if err != nil {
 		return err

@@ -3,9 +3,13 @@ package route
 import (
 	"errors"
 	"math"
+	"sync/atomic"
+
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -29,7 +33,17 @@ type Config struct {
 	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
 	// Nil: a private one.
 	State *State
+	// WarmUp is how long an endpoint that joins after the lifecycle started takes to reach its
+	// full share of traffic (slow start): while it warms up, a request that the policy ranks
+	// it first for keeps it first only with a probability growing linearly from 0 to 1 (by a
+	// hash of the request id, so runs are reproducible), else it goes second. A new, empty
+	// engine then does not take every cold prefix at once. 0: no warm-up (the router's
+	// default is DefaultWarmUp).
+	WarmUp time.Duration
 }
+
+// DefaultWarmUp is the router's default warm-up of a joining endpoint (health.warm_up).
+const DefaultWarmUp = 20 * time.Second
 
 // Health is passive health checking: it hears how each attempt went, and may take endpoints
 // out of the candidates for a while (Outlier is the default).
@@ -140,6 +154,7 @@ type Lifecycle struct {
 	attempts  int
 	health    Health
 	state     *State
+	warmup    time.Duration
 }
 
 // New builds a Lifecycle.
@@ -147,7 +162,7 @@ func New(cfg Config) (*Lifecycle, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("route: a Lifecycle needs a Picker")
 	}
-	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	if lc.clock == nil {
@@ -205,8 +220,44 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
 	}
 	ranked = lc.backoffLast(ranked, now)
+	ranked = lc.warmUp(req, ranked, candidates, now)
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
+}
+
+// warmUp moves a warming-up endpoint from first place to second for the share of requests it
+// may not take yet (Config.WarmUp).
+func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	if lc.warmup <= 0 {
+		return ranked
+	}
+	n := now.UnixNano()
+	lc.state.started.CompareAndSwap(0, n)
+	started := lc.state.started.Load()
+	for _, e := range candidates {
+		if e.FirstSeen() == 0 {
+			at := n
+			if n-started < int64(time.Second) {
+				at = started // there from the start: not new
+			}
+			e.MarkSeen(at)
+		}
+	}
+	if len(ranked) < 2 {
+		return ranked
+	}
+	first := ranked[0]
+	seen := first.FirstSeen()
+	if seen == started || n-seen >= int64(lc.warmup) {
+		return ranked
+	}
+	share := float64(n-seen) / float64(lc.warmup)
+	if float64(xxhash.Sum64String(req.ID)%1024)/1024 < share {
+		return ranked
+	}
+	out := slices.Clone(ranked)
+	out[0], out[1] = out[1], out[0]
+	return out
 }
 
 // admitted returns the candidates that passive health checking has not ejected: candidates
@@ -474,7 +525,8 @@ func (c *Call) Finished() (finished, ok bool) { return c.finished, c.ok }
 // State is what outlives one Lifecycle across config reloads: which endpoint created which
 // response (for previous_response_id).
 type State struct {
-	pins pinTable
+	pins    pinTable
+	started atomic.Int64 // unix nanoseconds of the first Begin: endpoints seen then are not new
 }
 
 // NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
