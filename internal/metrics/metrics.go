@@ -119,8 +119,8 @@ type Metrics struct {
 	// CacheBlindEvents counts such verdicts.
 	CacheBlind       *prometheus.GaugeVec   // endpoint
 	CacheBlindEvents *prometheus.CounterVec // endpoint
-	Rewrites                prometheus.Counter
-	Reloads                 *prometheus.CounterVec // result
+	Rewrites         prometheus.Counter
+	Reloads          *prometheus.CounterVec // result
 	// DiscoveryErrors counts failed discovery updates (a file that does not load, a name that
 	// does not resolve); DiscoveredEndpoints is what each source gives now. source is "file" or
 	// "dns:<name>", from the config: bounded.

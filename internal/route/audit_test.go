@@ -15,7 +15,7 @@ type blindScript struct {
 	blind map[string]bool
 }
 
-func (b *blindScript) SetCacheBlind(ep *endpoint.Endpoint, blind bool) { b.blind[ep.Name] = blind }
+func (b *blindScript) SetCacheBlind(ep *endpoint.Endpoint, blind bool)       { b.blind[ep.Name] = blind }
 func (b *blindScript) PredictCached(*policy.Request, *endpoint.Endpoint) int { return 64 }
 
 // TestAuditSilentZeroHits: an endpoint whose engine keeps reporting no cached tokens where the

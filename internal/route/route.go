@@ -361,9 +361,9 @@ type Call struct {
 	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
 	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
 	rawPredicted int
-	firstAt   time.Time
-	finished  bool
-	ok        bool
+	firstAt      time.Time
+	finished     bool
+	ok           bool
 }
 
 // Ranked returns the endpoints the request may be sent to, in order.
