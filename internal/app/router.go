@@ -69,6 +69,7 @@ type Router struct {
 	prober    *scrape.Prober
 	state     *route.State   // response pins, across reloads
 	outlier   *route.Outlier // passive ejection, across reloads
+	audit     *route.Audit   // predicted against reported cached tokens, across reloads
 	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
 	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 
@@ -101,11 +102,21 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		transport: h1.New(proxy.DefaultTransport()),
 	}
 	r.outlier = route.NewOutlier(r.outlierConfig(cfg), nil)
+	r.audit = route.NewAudit(route.AuditConfig{OnChange: func(ep *endpoint.Endpoint, blind bool, found, predicted float64) {
+		r.metrics.EndpointCacheBlind(ep.Name, blind)
+		if blind {
+			r.logger.Warn("the engine reports far fewer cached tokens than predicted: routing to it on load alone until they agree (check its cache salt, tokenizer, block size and prefix caching)",
+				"endpoint", ep.Name, "found_share", found/predicted)
+		} else {
+			r.logger.Info("the engine's cached tokens agree with the predictions again", "endpoint", ep.Name, "found_share", found/predicted)
+		}
+	}})
 	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
 	r.transport.Dialer = dialer
 	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
+	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
@@ -125,6 +136,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	r.discovered = make([][]endpoint.Spec, 1+len(r.dns)+len(r.kube))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
+		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
 		if err != nil {
 			return nil, err
@@ -134,6 +146,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	// A name that does not resolve yet is no reason not to start: Run tries again.
 	for i, d := range r.dns {
+		r.metrics.DiscoverySource(r.sourceName(1 + i))
 		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
 		specs, err := d.Resolve(context.Background())
 		if err != nil {
@@ -236,6 +249,8 @@ func (r *Router) apply(cfg *config.Config) error {
 		Attempts: 1 + cfg.Limits.Retries(),
 		Health:   r.outlier,
 		State:    r.state,
+		WarmUp:   cfg.Health.WarmUpTime(),
+		Audit:    r.audit,
 	})
 	if err != nil {
 		return err
@@ -272,6 +287,9 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 		return fmt.Errorf("endpoints: %w", err)
 	}
 	obs, _ := picker.(policy.Observer)
+	for _, ep := range diff.Added {
+		r.metrics.EndpointAdded(ep.Name, ep.Models)
+	}
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
@@ -456,6 +474,10 @@ type EndpointInfo struct {
 	Probe          scrape.Status      `json:"probe"`
 	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
+	CacheAudit route.AuditStatus `json:"cache_audit"`
+	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
+	TokenScale float64 `json:"token_scale"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -472,6 +494,8 @@ func (r *Router) Endpoints() []EndpointInfo {
 		if info.Models == nil {
 			info.Models = []string{}
 		}
+		info.CacheAudit = r.audit.Status(e)
+		info.TokenScale = e.TokenScale()
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false
@@ -600,10 +624,11 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
 		Fleet:             r.pool.Len,
 		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
-			r.metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			r.metrics.EndpointEjected(ep.Name, d)
 			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
 		},
 		OnReadmit: func(ep *endpoint.Endpoint) {
+			r.metrics.EndpointReadmitted(ep.Name)
 			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
 		},
 	}
