@@ -183,3 +183,50 @@ func TestFaultConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// FuzzFaults runs a small fleet through arbitrary kills, additions, faults and recoveries (each
+// 4 input bytes: kind, instance, time, tokens) and checks what must hold whatever happens: a
+// valid config runs to its end, every request completes or fails with a reason, no request is
+// sent more often than the attempts allow, and a second run gives the same records.
+func FuzzFaults(f *testing.F) {
+	f.Add([]byte{byte(Hang), 1, 10, 0, byte(Recover), 1, 40, 0})
+	f.Add([]byte{byte(Kill), 0, 5, 0, byte(Recover), 0, 6, 0, byte(Cut), 2, 0, 1})
+	f.Add([]byte{byte(Fail), 3, 0, 0, byte(Hang), 2, 1, 0, byte(Cut), 1, 2, 3, byte(Add), 0, 9, 0})
+	reqs := randomWorkload(60)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg := toyConfig(4)
+		cfg.NetworkLatency = time.Duration(len(b)%3) * time.Millisecond
+		cfg.FirstTokenTimeout = 20 * time.Millisecond
+		cfg.StreamIdleTimeout = 30 * time.Millisecond
+		cfg.Outlier = route.OutlierConfig{BaseEjection: 10 * time.Millisecond}
+		for i := 0; i+3 < len(b) && len(cfg.Changes) < 16; i += 4 {
+			cfg.Changes = append(cfg.Changes, Change{
+				Kind: ChangeKind(b[i] % 6), Instance: int(b[i+1] % 4),
+				At: time.Duration(b[i+2]) * 2 * time.Millisecond, Tokens: int(b[i+3]%8) + 1,
+			})
+		}
+		w := Prepare(reqs, cfg.Model, cfg.BlockSize)
+		a, err := Run(t.Context(), cfg, w, "p", Named("least-request", nil))
+		if err != nil {
+			if strings.Contains(err.Error(), "fleet config") {
+				return // e.g. an instance added twice
+			}
+			t.Fatalf("changes %+v: %v", cfg.Changes, err)
+		}
+		for _, r := range a.Records {
+			if r.Attempts > DefaultAttempts {
+				t.Errorf("request %s sent %d times: %+v", r.ID, r.Attempts, r)
+			}
+			if r.Err == "" && (r.FirstToken < r.Arrival || r.Finish < r.FirstToken || r.EndpointID < 0) {
+				t.Errorf("request %s completed inconsistently: %+v", r.ID, r)
+			}
+		}
+		b2, err := Run(t.Context(), cfg, w, "p", Named("least-request", nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(a.Records, b2.Records); diff != "" {
+			t.Errorf("changes %+v: two runs differ (-first +second):\n%s", cfg.Changes, diff)
+		}
+	})
+}
