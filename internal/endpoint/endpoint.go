@@ -35,6 +35,7 @@ type Endpoint struct {
 	FirstTokenTimeout, ResponseTimeout time.Duration
 
 	tokenScale     atomic.Uint64 // float64 bits: engine tokens per router-estimated token; 0: 1
+	firstSeen      atomic.Int64  // unix nanoseconds the router's lifecycle first saw it; 0: not yet
 	inFlight       atomic.Int64  // requests forwarded and not finished
 	pendingPrefill atomic.Int64  // prompt tokens forwarded that have not reached first token
 	unhealthy      atomic.Bool
@@ -97,6 +98,13 @@ func (e *Endpoint) LearnTokenScale(engineTokens, estimate int, weight float64) {
 // RouterKVTokens is the KV capacity in the router's token units (KVTokens over TokenScale):
 // what an index of the engine's cache, kept in router blocks, may hold.
 func (e *Endpoint) RouterKVTokens() int { return int(float64(e.KVTokens()) / e.TokenScale()) }
+
+// FirstSeen is when (unix nanoseconds, on the lifecycle's clock) the router first saw the
+// endpoint among its candidates, 0 before; MarkSeen records it once.
+func (e *Endpoint) FirstSeen() int64 { return e.firstSeen.Load() }
+
+// MarkSeen records when the endpoint was first seen; later calls change nothing.
+func (e *Endpoint) MarkSeen(unixNano int64) { e.firstSeen.CompareAndSwap(0, unixNano) }
 
 // Available reports whether new requests may be sent to the endpoint.
 func (e *Endpoint) Available() bool { return !e.unhealthy.Load() && !e.draining.Load() }
