@@ -234,11 +234,27 @@ func TestCancelEndsCallAndUpstream(t *testing.T) {
 // without saying so: what a server does when its keep-alive timeout ends as a request arrives.
 func oneShotServer(t *testing.T) (url string, requests *atomic.Int64) {
 	t.Helper()
+	requests = new(atomic.Int64)
+	url = rawServer(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		requests.Add(1)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	return url, requests
+}
+
+// rawServer serves each connection with serve (then closes it) until the test ends, and
+// returns its URL.
+func rawServer(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	requests = new(atomic.Int64)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Go(func() {
@@ -249,17 +265,11 @@ func oneShotServer(t *testing.T) (url string, requests *atomic.Int64) {
 			}
 			wg.Go(func() {
 				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				requests.Add(1)
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				serve(c)
 			})
 		}
 	})
-	return "http://" + ln.Addr().String(), requests
+	return "http://" + ln.Addr().String()
 }
 
 // TestStaleConnectionNeverMet: each response's connection is closed by the server just after
@@ -313,38 +323,22 @@ func TestLiveConnectionPeekedAndKept(t *testing.T) {
 // closes it without an answer (an engine that crashes on a query of death) gets it once: the
 // transport does not send it again, though its body could be, and reports an unexpected EOF.
 func TestClosedAfterRequestNotResent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var deaths atomic.Int64
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
+	url := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					b, _ := io.ReadAll(req.Body)
-					if string(b) == "poison" {
-						deaths.Add(1)
-						return // read, then gone
-					}
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				}
-			})
+			b, _ := io.ReadAll(req.Body)
+			if string(b) == "poison" {
+				deaths.Add(1)
+				return // read, then gone
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	url := "http://" + ln.Addr().String()
 	tr := newTransport(t)
 	mustPost(t, tr, url) // a pooled connection to reuse
 	resp, err := post(t, tr, url, "poison")

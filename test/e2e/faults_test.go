@@ -132,21 +132,6 @@ func sumMetric(text, name, match string) float64 {
 	return sum
 }
 
-// getText returns the body of a GET of url.
-func getText(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // ejectedNow reports, per endpoint name, whether passive ejection holds it out now.
 func ejectedNow(r *app.Router) map[string]bool {
 	out := map[string]bool{}
@@ -199,6 +184,19 @@ func slowest(outs []outcome, d time.Duration) (longest time.Duration, over int) 
 	return longest, over
 }
 
+// incomplete reports each outcome that is not a complete stream as an error, and counts them.
+func incomplete(t *testing.T, outs []outcome) int {
+	t.Helper()
+	n := 0
+	for i, o := range outs {
+		if !o.ok() {
+			n++
+			t.Errorf("request %d: %+v, want a complete stream", i, o)
+		}
+	}
+	return n
+}
+
 // retryAllowance is what one more attempt on a healthy simulated engine (no time per token)
 // may add to a request, on a loaded 2-core machine with the race detector.
 const retryAllowance = time.Second
@@ -235,13 +233,7 @@ func TestFrozenEngine(t *testing.T) {
 
 	outs := paced(t, faultClient(t), api, 30, 500*time.Millisecond, "frozen")
 	longest, over := slowest(outs, ft)
-	failed := 0
-	for i, o := range outs {
-		if !o.ok() {
-			failed++
-			t.Errorf("request %d: %+v, want a complete stream", i, o)
-		}
-	}
+	failed := incomplete(t, outs)
 	m := metricsText(t, admin)
 	timeouts := sumMetric(m, "kvroute_retries_total", `reason="timeout"`)
 	ejections := sumMetric(m, "kvroute_endpoint_ejections_total", `endpoint="`+frozen.addr+`"`)
@@ -272,14 +264,8 @@ func TestHungEngine(t *testing.T) {
 	}
 	outs := paced(t, faultClient(t), api, 20, 250*time.Millisecond, "hung")
 	longest, over := slowest(outs, ft)
-	failed := 0
-	for i, o := range outs {
-		if !o.ok() {
-			failed++
-			t.Errorf("request %d: %+v, want a complete stream", i, o)
-		}
-	}
-	held := sumMetric(getText(t, hungURL+"/metrics"), "kvroute_sim_faults_total", `fault="hang"`)
+	failed := incomplete(t, outs)
+	held := sumMetric(metricsText(t, hungURL), "kvroute_sim_faults_total", `fault="hang"`)
 	ejections := sumMetric(metricsText(t, admin), "kvroute_endpoint_ejections_total", `endpoint="`+hungURL+`"`)
 	t.Logf("hung engine: %d of %d requests failed; slowest %v; %d took longer than the first-token timeout (%v); the hung engine held %v requests and was ejected %v times",
 		failed, len(outs), longest.Round(time.Millisecond), over, ft, held, ejections)
@@ -328,7 +314,7 @@ func TestFailingEngine(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			struck := sumMetric(getText(t, badURL+"/metrics"), "kvroute_sim_faults_total", `fault="`+tc.fault+`"`)
+			struck := sumMetric(metricsText(t, badURL), "kvroute_sim_faults_total", `fault="`+tc.fault+`"`)
 			m := metricsText(t, admin)
 			ejections := sumMetric(m, "kvroute_endpoint_ejections_total", `endpoint="`+badURL+`"`)
 			t.Logf("%s: %d of %d requests succeeded (%.1f %%); the failing engine failed %v of them and was ejected %v times",
@@ -408,7 +394,7 @@ func TestQueryOfDeath(t *testing.T) {
 
 	delivered := 0.0
 	for _, u := range fleet.URLs() {
-		delivered += sumMetric(getText(t, u+"/metrics"), "kvroute_sim_faults_total", `fault="drop_on"`)
+		delivered += sumMetric(metricsText(t, u), "kvroute_sim_faults_total", `fault="drop_on"`)
 	}
 	m := metricsText(t, admin)
 	ejections := sumMetric(m, "kvroute_endpoint_ejections_total", "")
