@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -547,4 +548,36 @@ current-context: x
 	if _, _, err := NewClient(t.TempDir()+"/missing", "kvroute/test"); err == nil {
 		t.Error("a missing kubeconfig: no error")
 	}
+}
+
+// FuzzSpecs: whatever a pod's labels and annotations say, Specs answers without panicking,
+// and every endpoint it gives has a known engine, models without blanks and a tcp KV-event
+// address or none; a pod it leaves out is reported.
+func FuzzSpecs(f *testing.F) {
+	f.Add("vllm", "a,b", "5557")
+	f.Add("vlm", " , ", "tcp://x:1")
+	f.Add("", "meta-llama/Llama-3.1-8B", "tcp://[fd00::1]:65535")
+	f.Add("sglang", "", "udp://x:0")
+	f.Fuzz(func(t *testing.T, engine, models, kv string) {
+		s := source(nil, config.KubernetesDiscovery{Service: "vllm", PodMetadata: true})
+		tg := Target{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8000, Pod: "inference/p",
+			Annotations: map[string]string{KeyEngine: engine, KeyModels: models, KeyKVEvents: kv}}
+		specs, problems := s.Specs([]Target{tg})
+		if len(specs)+len(problems) != 1 {
+			t.Fatalf("%d specs and %d problems for one pod", len(specs), len(problems))
+		}
+		for _, sp := range specs {
+			if !slices.Contains(config.Engines(), sp.Engine) || sp.Name != "http://10.0.0.1:8000" {
+				t.Errorf("spec %+v", sp)
+			}
+			for _, m := range sp.Models {
+				if strings.TrimSpace(m) == "" || m != strings.TrimSpace(m) {
+					t.Errorf("model %q", m)
+				}
+			}
+			if sp.KVEvents != "" && !strings.HasPrefix(sp.KVEvents, "tcp://") {
+				t.Errorf("kv events %q", sp.KVEvents)
+			}
+		}
+	})
 }
