@@ -674,3 +674,9 @@ func (m *sessionMap) put(key string, id int) {
 	}
 	m.young[key] = id
 }
+
+// CacheValue is what ep alone holds by the index, weighted by recency (policy.CacheValuer).
+func (pa *prefixAware) CacheValue(ep *endpoint.Endpoint) float64 {
+	_, v := pa.index.Unique(ep.ID, pa.clock.Now().UnixNano(), CacheValueWindow)
+	return v
+}
