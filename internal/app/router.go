@@ -117,6 +117,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
+	r.watchAutoscale(metrics.NewAutoscale(reg, cfg.Autoscale.Window.D()))
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
@@ -366,7 +367,7 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 2+len(r.dns)+len(r.kube)) // the prober, the file, the names, the watches: none may block
+	errc := make(chan error, 2+len(r.dns)+2*len(r.kube)) // the prober, the file, the names, the watches, the cost writers: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
@@ -390,6 +391,7 @@ func (r *Router) Run(ctx context.Context) error {
 		}
 		wg.Go(func() { errc <- k.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(j, specs) }) })
 	}
+	r.runDeletionCost(ctx, &wg, errc)
 	wg.Wait()
 	close(errc)
 	var errs []error
@@ -478,6 +480,9 @@ type EndpointInfo struct {
 	CacheAudit route.AuditStatus `json:"cache_audit"`
 	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
 	TokenScale float64 `json:"token_scale"`
+	// CacheValueTokens is kvroute_endpoint_cache_value_tokens; absent when the policy cannot
+	// tell it.
+	CacheValueTokens *float64 `json:"cache_value_tokens,omitempty"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -496,6 +501,9 @@ func (r *Router) Endpoints() []EndpointInfo {
 		}
 		info.CacheAudit = r.audit.Status(e)
 		info.TokenScale = e.TokenScale()
+		if v, ok := r.cacheValue(e); ok {
+			info.CacheValueTokens = &v
+		}
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false

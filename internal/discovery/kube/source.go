@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/labels"
 	coreclient "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -54,6 +55,8 @@ type Source struct {
 	Log *slog.Logger
 	// OnError, when set, also receives each failure (for a metric or a test).
 	OnError func(error)
+
+	pods atomic.Pointer[map[string]string] // the last set given: endpoint name -> pod (Pods)
 }
 
 // Key names the source in logs and metrics: "kubernetes:" and the namespace and the service or
@@ -105,6 +108,7 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	return w.Run(ctx, func(targets []Target) {
 		specs, errs := s.Specs(targets)
 		problems.report(errs)
+		s.keepPods(targets)
 		if !first && reflect.DeepEqual(specs, last) {
 			return
 		}
