@@ -36,7 +36,7 @@ func TestSaturation_SteadyDemand(t *testing.T) {
 		at := time.Duration(k) * 15 * time.Second
 		scraped(a, at, 6000*at.Seconds(), 0)
 		scraped(b, at, 2000*at.Seconds(), 50000*at.Seconds())
-		s.Sample(eps)
+		s.Sample(t0.Add(at), eps)
 		if k == 0 {
 			if f := s.Figures(eps, rate); f[0].Known() || f[0].Demand != 0 || f[0].Load != 0 {
 				t.Errorf("after one sample: %+v, want no rate yet", f[0])
@@ -69,12 +69,12 @@ func TestSaturation_Step(t *testing.T) {
 			at += 5 * time.Second
 			computed += perSecond * 5
 			scraped(e, at, computed, 0)
-			s.Sample(eps)
+			s.Sample(t0.Add(at), eps)
 		}
 		return s.Figures(eps, func(*endpoint.Endpoint) float64 { return 1000 })[0]
 	}
 	scraped(e, 0, 0, 0)
-	s.Sample(eps)
+	s.Sample(t0.Add(at), eps)
 	if f := step(1, 500); math.Abs(f.Demand-500) > 1e-9 || f.Model != "" {
 		t.Errorf("first interval: demand %g model %q, want 500 (not biased towards 0), \"\"", f.Demand, f.Model)
 	}
@@ -92,12 +92,12 @@ func TestSaturation_Step(t *testing.T) {
 	before := f.Demand
 	at += 5 * time.Second
 	scraped(e, at, 0, 0)
-	s.Sample(eps)
+	s.Sample(t0.Add(at), eps)
 	if got := s.Figures(eps, nil)[0].Demand; got != before {
 		t.Errorf("restart: demand %g, want it unchanged at %g", got, before)
 	}
 	// A snapshot seen twice changes nothing.
-	s.Sample(eps)
+	s.Sample(t0.Add(at), eps)
 	if got := s.Figures(eps, nil)[0].Demand; got != before {
 		t.Errorf("same snapshot again: demand %g, want %g", got, before)
 	}
@@ -114,7 +114,7 @@ func TestSaturation_ModelsAndUnknowns(t *testing.T) {
 		scraped(vllm, at, 3000*at.Seconds(), 0)
 		tgi.SetSnapshot(&endpoint.Snapshot{At: t0.Add(at), Running: 3}) // no prefix-cache counters, no KV usage
 		scraped(idle, at, 0, 0)
-		s.Sample(eps)
+		s.Sample(t0.Add(at), eps)
 	}
 	rates := map[string]float64{"v": 20000, "t": 10000, "i": 0}
 	got := s.Figures(eps, func(e *endpoint.Endpoint) float64 { return rates[e.Name] })
@@ -134,10 +134,42 @@ func TestSaturation_ModelsAndUnknowns(t *testing.T) {
 		t.Errorf("no rate: %+v, want demand 3000 and no load", f)
 	}
 	// An endpoint that leaves is forgotten: it comes back without its history.
-	s.Sample([]*endpoint.Endpoint{tgi, idle})
-	s.Sample(eps)
+	now := t0.Add(time.Minute)
+	s.Sample(now, []*endpoint.Endpoint{tgi, idle})
+	s.Sample(now, eps)
 	if f := s.Figures(eps, nil)[0]; f.Demand != 0 {
 		t.Errorf("after v left and came back: demand %g, want 0 until it has a new interval", f.Demand)
+	}
+}
+
+// TestSaturation_Stale: an engine that stops answering scrapes keeps its last snapshot; two
+// windows later it counts no load, and it counts again once a new snapshot comes.
+func TestSaturation_Stale(t *testing.T) {
+	s := NewSaturation(time.Minute)
+	a := &endpoint.Endpoint{ID: 0, Name: "a", Models: []string{"m"}}
+	eps := []*endpoint.Endpoint{a}
+	for k := range 5 {
+		at := time.Duration(k) * 15 * time.Second
+		scrapedKV(a, at, 5000*at.Seconds(), 0, 0.3)
+		s.Sample(t0.Add(at), eps)
+	}
+	load := func() float64 { return s.Figures(eps, func(*endpoint.Endpoint) float64 { return 10000 })[0].Load }
+	if got := load(); math.Abs(got-0.5) > 1e-9 {
+		t.Fatalf("load %g, want 0.5", got)
+	}
+	s.Sample(t0.Add(60*time.Second+2*time.Minute), eps) // the last snapshot is from 60 s
+	if got := load(); math.Abs(got-0.5) > 1e-9 {
+		t.Errorf("snapshot two windows old: load %g, want 0.5 still", got)
+	}
+	s.Sample(t0.Add(60*time.Second+2*time.Minute+time.Second), eps)
+	if got := load(); got != 0 {
+		t.Errorf("snapshot older than two windows: load %g, want 0", got)
+	}
+	at := 60*time.Second + 2*time.Minute + 15*time.Second
+	scrapedKV(a, at, 5000*at.Seconds(), 0, 0.3)
+	s.Sample(t0.Add(at), eps)
+	if got := load(); math.Abs(got-0.5) > 1e-9 {
+		t.Errorf("scraped again: load %g, want 0.5", got)
 	}
 }
 
@@ -153,7 +185,7 @@ func TestSaturation_KVUsage(t *testing.T) {
 		at := time.Duration(k) * 15 * time.Second
 		scrapedKV(a, at, 6000*at.Seconds(), 0, 0.2) // prefill 0.6 of 10,000/s, KV 0.2
 		scrapedKV(b, at, 1000*at.Seconds(), 0, 0.7) // prefill 0.1, long decodes: KV 0.7
-		s.Sample(eps)
+		s.Sample(t0.Add(at), eps)
 	}
 	rate := func(*endpoint.Endpoint) float64 { return 10000 }
 	want := []Figures{{Model: "m", Engines: 2, Reporting: 2, Counted: 2, Demand: 7000, Rate: 10000, Prefill: 0.7, KVUsage: 0.45, Load: 1.3, Saturation: 0.65}}

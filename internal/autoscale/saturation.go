@@ -42,6 +42,7 @@ type demand struct {
 	kv, kvWeight float64
 	reported     bool   // the engine has reported prefix-cache queries
 	kvReported   bool   // the engine has reported a KV-cache usage above 0
+	stale        bool   // its last snapshot is older than two windows: its figures are not counted
 	gen          uint64 // the last Sample that saw the endpoint
 }
 
@@ -53,10 +54,12 @@ func NewSaturation(window time.Duration) *Saturation {
 	return &Saturation{window: window.Seconds(), eps: map[*endpoint.Endpoint]*demand{}}
 }
 
-// Sample folds in every endpoint's latest snapshot (a snapshot already seen changes nothing)
-// and forgets the endpoints that are not in eps. Call it at least once per window: the
+// Sample folds in every endpoint's latest snapshot as of now (a snapshot already seen changes
+// nothing) and forgets the endpoints that are not in eps. An endpoint whose last snapshot is
+// more than two windows old (its engine no longer answers scrapes) counts no load until a new
+// one comes: what it last said is no longer true. Call it at least once per window: the
 // router does at every scrape of its metrics, the simulator at every control period.
-func (s *Saturation) Sample(eps []*endpoint.Endpoint) {
+func (s *Saturation) Sample(now time.Time, eps []*endpoint.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++
@@ -71,6 +74,7 @@ func (s *Saturation) Sample(eps []*endpoint.Endpoint) {
 		if sn == nil || sn.At.IsZero() {
 			continue
 		}
+		d.stale = now.Sub(sn.At).Seconds() > 2*s.window
 		if !sn.At.After(d.at) {
 			continue // nothing new (or an older snapshot than the last)
 		}
@@ -158,7 +162,7 @@ func (s *Saturation) Figures(eps []*endpoint.Endpoint, rate func(*endpoint.Endpo
 		if rate != nil {
 			o.rate = rate(e)
 		}
-		if d := s.eps[e]; d != nil {
+		if d := s.eps[e]; d != nil && !d.stale {
 			if d.reported && d.weight > 0 {
 				o.demand, o.hasDem = d.mean/d.weight, true
 			}

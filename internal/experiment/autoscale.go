@@ -139,7 +139,7 @@ func (c *scaler) config() *des.Autoscale {
 }
 
 func (c *scaler) want(v des.View) int {
-	c.sat.Sample(v.Endpoints)
+	c.sat.Sample(des.Epoch().Add(v.Now), v.Endpoints)
 	figs := c.sat.Figures(v.Endpoints, func(e *endpoint.Endpoint) float64 { return autoscale.EngineRate(v.Picker, c.spec.Rate, e) })
 	l := look{At: v.Now, Engines: len(v.Endpoints), Asked: v.Current, Wanted: v.Current}
 	if len(figs) > 0 {

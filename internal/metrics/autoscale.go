@@ -35,13 +35,14 @@ type Autoscale struct {
 	endpoints atomic.Pointer[func() []*endpoint.Endpoint]
 	rate      atomic.Pointer[func(*endpoint.Endpoint) float64]
 	value     atomic.Pointer[func(*endpoint.Endpoint) (tokens float64, ok bool)]
+	now       func() time.Time
 }
 
 // NewAutoscale builds the autoscaling collectors, averaging over window
 // (autoscale.DefaultWindow when 0), and registers them with reg. Nothing is exported until
 // Watch is called.
 func NewAutoscale(reg prometheus.Registerer, window time.Duration) *Autoscale {
-	a := &Autoscale{sat: autoscale.NewSaturation(window)}
+	a := &Autoscale{sat: autoscale.NewSaturation(window), now: time.Now}
 	reg.MustRegister((*autoscaleCollector)(a))
 	return a
 }
@@ -66,7 +67,7 @@ func (a *Autoscale) Figures() []autoscale.Figures {
 		return nil
 	}
 	eps := (*f)()
-	a.sat.Sample(eps)
+	a.sat.Sample(a.now(), eps)
 	return a.sat.Figures(eps, *a.rate.Load())
 }
 

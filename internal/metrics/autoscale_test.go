@@ -29,7 +29,10 @@ func TestAutoscaleExposition(t *testing.T) {
 		return float64(1000 * e.ID), e != any // the policy knows nothing of any
 	})
 	t0 := time.Unix(1000, 0)
+	var clock time.Duration
+	a.now = func() time.Time { return t0.Add(clock) }
 	scrape := func(at time.Duration) {
+		clock = at
 		// v computes 8,000 tokens/s (and serves 2,000/s from its cache), w 2,000/s with
 		// half its KV cache in use; any has its KV cache 30 % in use and no counters.
 		v.SetSnapshot(&endpoint.Snapshot{At: t0.Add(at), PrefixQueries: 10000 * at.Seconds(), PrefixHits: 2000 * at.Seconds(), KVUsage: 0.1})

@@ -43,10 +43,11 @@ func populated(reg prometheus.Registerer) *Metrics {
 	m.PickDuration.Observe(0)
 	as := NewAutoscale(reg, 0)
 	ae := &endpoint.Endpoint{Name: ep.Name, Models: []string{"m"}}
-	ae.SetSnapshot(&endpoint.Snapshot{At: time.Unix(1, 0), PrefixQueries: 1})
+	now := time.Now()
+	ae.SetSnapshot(&endpoint.Snapshot{At: now.Add(-time.Second), PrefixQueries: 1})
 	as.Watch(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{ae} }, func(*endpoint.Endpoint) float64 { return 1000 })
 	as.WatchCacheValue(func(*endpoint.Endpoint) (float64, bool) { return 0, true })
 	as.Figures() // the first sample: the gathering's is the second
-	ae.SetSnapshot(&endpoint.Snapshot{At: time.Unix(2, 0), PrefixQueries: 2})
+	ae.SetSnapshot(&endpoint.Snapshot{At: now, PrefixQueries: 2})
 	return m
 }
