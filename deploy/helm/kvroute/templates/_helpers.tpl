@@ -66,6 +66,12 @@ app.kubernetes.io/component: router
 {{- if and .Values.saltSecret.value (lt (len .Values.saltSecret.value) 32) -}}
 {{- fail "saltSecret.value: at least 32 bytes (kvroute derives the tenants' cache salts from it): make one with head -c 32 /dev/urandom | base64" -}}
 {{- end -}}
+{{- if and (hasKey .Values.config "autoscale") (hasKey (.Values.config.autoscale | default dict) "pod_deletion_cost") -}}
+{{- fail "config.autoscale.pod_deletion_cost: leave it out: use podDeletionCost (the chart renders the RBAC for it)" -}}
+{{- end -}}
+{{- if and .Values.podDeletionCost.enabled (not .Values.kubernetesDiscovery.enabled) -}}
+{{- fail "podDeletionCost.enabled: needs kubernetesDiscovery.enabled: the pods it writes are the ones discovery finds" -}}
+{{- end -}}
 {{- if and .Values.kubernetesDiscovery.enabled (not .Values.kubernetesDiscovery.watches) -}}
 {{- fail "kubernetesDiscovery.watches: list at least one watch (service: vllm, port_name: http), or set enabled: false" -}}
 {{- end -}}
@@ -80,6 +86,12 @@ app.kubernetes.io/component: router
 {{- $d := deepCopy (.Values.config.discovery | default dict) -}}
 {{- $_ := set $d "kubernetes" .Values.kubernetesDiscovery.watches -}}
 {{- $_ := set $cfg "discovery" $d -}}
+{{- end -}}
+{{- if .Values.podDeletionCost.enabled -}}
+{{- $a := deepCopy ($cfg.autoscale | default dict) -}}
+{{- $p := .Values.podDeletionCost -}}
+{{- $_ := set $a "pod_deletion_cost" (dict "enabled" true "interval" $p.interval "min_change" $p.minChange "patches_per_second" $p.patchesPerSecond) -}}
+{{- $_ := set $cfg "autoscale" $a -}}
 {{- end -}}
 {{- if or .Values.saltSecret.value .Values.saltSecret.existingSecret -}}
 {{- $auth := deepCopy ($cfg.auth | default dict) -}}
