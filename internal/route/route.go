@@ -28,6 +28,9 @@ type Config struct {
 	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
 	// Nil: a private one.
 	State *State
+	// Share, when set, publishes every attempt's events to the other router replicas and
+	// lets Apply replay theirs (remote.go). Nil: a lone router.
+	Share *Share
 }
 
 // Health is passive health checking: it hears how each attempt went, and may take endpoints
@@ -135,6 +138,7 @@ type Lifecycle struct {
 	attempts  int
 	health    Health
 	state     *State
+	share     *Share
 }
 
 // New builds a Lifecycle.
@@ -142,7 +146,7 @@ func New(cfg Config) (*Lifecycle, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("route: a Lifecycle needs a Picker")
 	}
-	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, share: cfg.Share}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	if lc.clock == nil {
@@ -172,6 +176,7 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 		lc.observer.Removed(ep)
 	}
 	lc.health.Forget(ep)
+	lc.share.removed(ep)
 }
 
 // Health returns passive health checking.
@@ -287,6 +292,8 @@ type Call struct {
 	firstAt   time.Time
 	finished  bool
 	ok        bool
+
+	shared uint64 // the attempt's ID in the Share (remote.go), 0 when none
 }
 
 // Ranked returns the endpoints the request may be sent to, in order.
@@ -316,6 +323,7 @@ func (c *Call) Next() *endpoint.Endpoint {
 		if o := c.lc.observer; o != nil {
 			o.Routed(c.Req, ep)
 		}
+		c.lc.share.routed(c)
 		return ep
 	}
 	return nil
@@ -355,6 +363,7 @@ func (c *Call) closeAttempt(res policy.Result, f Failure) {
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
 	}
+	c.lc.share.done(c, res)
 	switch {
 	case f.Counts():
 		c.lc.health.Failed(c.ep, f)
@@ -373,6 +382,7 @@ func (c *Call) FirstToken() {
 	if o := c.lc.observer; o != nil {
 		o.FirstToken(c.Req, c.ep, c.firstAt.Sub(c.Arrival))
 	}
+	c.lc.share.firstToken(c)
 }
 
 // Outcome is how a request ended, as the router saw it.
