@@ -32,6 +32,8 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.Var((*listFlag)(&o.Kill), "kill", "kill instance N at virtual time T: N@T, T a duration (90s) or a share of the arrivals' span (50%); its requests fail, later ones fall back (repeatable)")
 	fs.Var((*listFlag)(&o.Add), "add", "add instance N at virtual time T (N@T as for --kill): it takes no request before (repeatable)")
 	fs.StringVar(&o.ReplicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
+	fs.StringVar(&o.ReplicaSync, "replica-sync", "off", "router replicas share their events (routed, first token, end) after this delay, such as 1ms or 50ms; off: each knows only its own")
+	fs.Float64Var(&o.ReplicaSyncLoss, "replica-sync-loss", 0, "probability that one shared event does not reach one replica")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")

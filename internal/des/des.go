@@ -73,6 +73,9 @@ type Config struct {
 	// engine), and requests sent to it afterwards meet a refused connection and fall back to
 	// the next ranked endpoint until passive ejection takes it out of the candidates.
 	Changes []Change
+	// ReplicaSync shares each replica's lifecycle events with the others (sync.go); the zero
+	// value shares nothing.
+	ReplicaSync ReplicaSync
 }
 
 // Change is an instance killed or added at a moment of the run.
@@ -163,6 +166,9 @@ func (c *Config) check() error {
 	}
 	if c.Attempts < 0 {
 		errs = append(errs, fmt.Errorf("attempts: %d, want at least 1 (or 0 for %d)", c.Attempts, DefaultAttempts))
+	}
+	if err := c.ReplicaSync.check(); err != nil {
+		errs = append(errs, err)
 	}
 	added := map[int]bool{}
 	for _, ch := range c.Changes {
@@ -303,7 +309,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		}
 		r := &s.routers[k]
 		health := route.NewOutlier(route.OutlierConfig{Fleet: s.fleetSize}, &s.clock)
-		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health})
+		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, Share: s.share(k)})
 		if err != nil {
 			return nil, err
 		}
@@ -363,6 +369,7 @@ const (
 	evObserve       // router learns of engine events (with network latency)
 	evRefused       // router learns that a request could not be delivered (with network latency)
 	evLost          // router learns that its request's instance died (with network latency)
+	evSync          // a router replica hears of another's event (ReplicaSync.Delay later)
 	evChange        // an instance is killed or added
 	evScrape
 	evArrival
@@ -424,6 +431,7 @@ type sim struct {
 	records    []report.Record
 	state      []reqState
 	events     int
+	sync       syncState
 	// sameInstant counts consecutive zero-length steps.
 	sameInstant int
 }
@@ -493,6 +501,8 @@ func (s *sim) loop(ctx context.Context) error {
 			s.failAttempt(int(e.req), int(e.inst), route.FailConnect, "connection refused by "+s.name(int(e.inst)))
 		case evLost:
 			s.failAttempt(int(e.req), int(e.inst), route.FailLost, s.name(int(e.inst))+" died with the request")
+		case evSync:
+			s.deliver(e.req)
 		case evChange:
 			s.change(s.cfg.Changes[e.req])
 		case evScrape:

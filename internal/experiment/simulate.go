@@ -36,6 +36,9 @@ type SimulateOptions struct {
 	// load balancer spreads requests over them.
 	Routers         int
 	ReplicaAffinity string
+	// ReplicaSync ("off" or a delay) and ReplicaSyncLoss: des.ParseReplicaSync.
+	ReplicaSync     string
+	ReplicaSyncLoss float64
 	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange).
 	Kill, Add []string
 	// Records and HTML, when set, are files to write every request's record and a report to.
@@ -47,6 +50,7 @@ type Simulation struct {
 	*report.Summary
 	routers  int
 	affinity string
+	sync     des.ReplicaSync
 }
 
 // Simulate checks the options, loads the workload and runs every policy on it in virtual time,
@@ -82,6 +86,10 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	default:
 		errs = append(errs, fmt.Errorf("--replica-affinity %q: want none (round-robin per request) or session", o.ReplicaAffinity))
 	}
+	rsync, err := des.ParseReplicaSync(o.ReplicaSync, o.ReplicaSyncLoss)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if o.BlockSize > 0 {
 		prof = prof.WithBlockSize(o.BlockSize)
 	}
@@ -111,6 +119,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	fleet.Seed = o.Seed
 	fleet.Routers = o.Routers
 	fleet.Spread = spread
+	fleet.ReplicaSync = rsync
 	for _, c := range []struct {
 		kind  des.ChangeKind
 		specs []string
@@ -124,7 +133,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		}
 	}
 
-	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, Summary: &report.Summary{
+	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, sync: rsync, Summary: &report.Summary{
 		Scenario: report.Scenario{
 			Workload: name, Requests: len(reqs), Instances: o.Instances, Profile: prof.Name,
 			Speedup: speedup, Seed: int64(o.Seed), BlockSize: prof.BlockSize,
@@ -199,11 +208,12 @@ func (s *Simulation) WriteJSON(w io.Writer) error {
 		report.Scenario
 		Routers         int    `json:"routers"`
 		ReplicaAffinity string `json:"replica_affinity"`
+		ReplicaSync     string `json:"replica_sync"`
 	}
 	out := struct {
 		Scenario scenario `json:"scenario"`
 		*report.Summary
-	}{scenario{s.Scenario, s.routers, s.affinity}, s.Summary}
+	}{scenario{s.Scenario, s.routers, s.affinity, s.sync.String()}, s.Summary}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(out); err != nil {
@@ -234,6 +244,9 @@ func (s *Simulation) routersNote() string {
 	how := "round-robin per request"
 	if s.affinity == "session" {
 		how = "by session key"
+	}
+	if s.sync.On {
+		how += ", sharing their events after " + s.sync.String()
 	}
 	return fmt.Sprintf("%d router replicas (%s)", s.routers, how)
 }
