@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"io"
 	"math"
 	"slices"
 	"sync"
@@ -673,4 +674,14 @@ func (m *sessionMap) put(key string, id int) {
 		m.old, m.young = m.young, map[string]int{}
 	}
 	m.young[key] = id
+}
+
+// WriteSnapshot writes the index's newest maxEntries entries (policy.Snapshotter).
+func (pa *prefixAware) WriteSnapshot(w io.Writer, name func(id int) string, maxEntries int) (int, error) {
+	return pa.index.WriteSnapshot(w, name, pa.clock.Now().UnixNano(), maxEntries)
+}
+
+// ReadSnapshot adds a snapshot's entries to the index (policy.Snapshotter).
+func (pa *prefixAware) ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error) {
+	return pa.index.ReadSnapshot(r, id, pa.clock.Now().UnixNano(), maxEntries)
 }
