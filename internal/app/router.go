@@ -100,6 +100,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
+	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
@@ -116,6 +117,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.dns = discovery.DNSFromConfig(cfg, logger)
 	r.discovered = make([][]endpoint.Spec, 1+len(r.dns))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
+		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
 		if err != nil {
 			return nil, err
@@ -125,6 +127,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	// A name that does not resolve yet is no reason not to start: Run tries again.
 	for i, d := range r.dns {
+		r.metrics.DiscoverySource(r.sourceName(1 + i))
 		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
 		specs, err := d.Resolve(context.Background())
 		if err != nil {
@@ -224,6 +227,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Attempts: 1 + cfg.Limits.Retries(),
 		Health:   r.outlier,
 		State:    r.state,
+		WarmUp:   cfg.Health.WarmUpTime(),
 	})
 	if err != nil {
 		return err
@@ -260,6 +264,9 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 		return fmt.Errorf("endpoints: %w", err)
 	}
 	obs, _ := picker.(policy.Observer)
+	for _, ep := range diff.Added {
+		r.metrics.EndpointAdded(ep.Name, ep.Models)
+	}
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
@@ -576,10 +583,11 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
 		Fleet:             r.pool.Len,
 		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
-			r.metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			r.metrics.EndpointEjected(ep.Name, d)
 			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
 		},
 		OnReadmit: func(ep *endpoint.Endpoint) {
+			r.metrics.EndpointReadmitted(ep.Name)
 			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
 		},
 	}

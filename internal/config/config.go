@@ -157,6 +157,18 @@ type Health struct {
 	// MaxEjectedPercent bounds the share of the endpoints passively ejected at once (at
 	// least one may be; never the last one). Default 50.
 	MaxEjectedPercent int `json:"max_ejected_percent"`
+	// WarmUp is how long an endpoint that joins a running router (discovery, a scale-up)
+	// takes to reach its full share of first choices, so that a new, empty engine does not take
+	// every cold prefix at once. Default 20s; "0s" or a negative value turns it off.
+	WarmUp *Duration `json:"warm_up"`
+}
+
+// WarmUpTime returns health.warm_up (the default when unset, 0 when off).
+func (h Health) WarmUpTime() time.Duration {
+	if h.WarmUp == nil {
+		return 20 * time.Second
+	}
+	return max(h.WarmUp.D(), 0)
 }
 
 // Scrape configures the scraping of engine metrics.

@@ -464,3 +464,32 @@ func TestParse_ClientTimeouts(t *testing.T) {
 		}
 	}
 }
+
+// TestExamplesLoad: every annotated example config decodes strictly and validates, so the
+// documentation cannot drift from the code.
+func TestExamplesLoad(t *testing.T) {
+	paths, err := filepath.Glob("../../examples/*.yaml")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	for _, p := range paths {
+		if filepath.Base(p) == "endpoints.yaml" {
+			if _, err := ParseEndpoints(mustRead(t, p)); err != nil {
+				t.Errorf("%s: %v", p, err)
+			}
+			continue
+		}
+		if _, err := Load(p); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

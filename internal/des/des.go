@@ -67,6 +67,9 @@ type Config struct {
 	// Attempts is how many endpoints one request may be sent to, as limits.max_retries + 1
 	// configures the live router (0: 3, its default).
 	Attempts int
+	// WarmUp is the lifecycle's warm-up of an instance added during the run (route.Config.
+	// WarmUp); 0: route.DefaultWarmUp, as the live router; negative: none.
+	WarmUp time.Duration
 	// Changes kill or add instances during the run. An instance that some Change adds is
 	// absent until then; a killed one stops at once: the requests it holds fail (the router
 	// hears of it one network latency later and does not send them again: they reached the
@@ -309,7 +312,12 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		}
 		r := &s.routers[k]
 		health := route.NewOutlier(route.OutlierConfig{Fleet: s.fleetSize}, &s.clock)
-		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, Share: s.share(k)})
+		warm := cfg.WarmUp
+		if warm == 0 {
+			warm = route.DefaultWarmUp
+		}
+		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0),
+			Share: s.share(k)})
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -321,6 +322,9 @@ func (s *sseBody) Read(p []byte) (int, error) {
 // take looks at one event and queues it for the client (unless it is the usage chunk the
 // client did not ask for).
 func (s *sseBody) take(ev openai.Event) {
+	if n, ok := openai.TimingsCached(ev.Data); ok {
+		s.c.timingsCached = n
+	}
 	if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
 		if u, ok := openai.ScanUsage(ev.Data); ok {
 			s.c.setUsage(u)
@@ -409,6 +413,9 @@ func (b *captureBody) Read(p []byte) (int, error) {
 			if u, ok := openai.ScanUsage(body); ok {
 				b.c.setUsage(u)
 			}
+			if n, ok := openai.TimingsCached(body); ok {
+				b.c.timingsCached = n
+			}
 			if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
 				b.c.respID = openai.ResponseID(body)
 			}
@@ -440,6 +447,15 @@ func (b *captureBody) Close() error {
 func (c *call) setUsage(u openai.Usage) {
 	c.usage, c.haveUsage = u, true
 	c.cached = u.Cached()
+}
+
+// cachedTokens is what the engine said it took from its prefix cache: usage's
+// prompt_tokens_details, else llama.cpp's timings.cache_n; -1 when it did not say.
+func (c *call) cachedTokens() int {
+	if c.cached < 0 && c.timingsCached >= 0 {
+		return c.timingsCached
+	}
+	return c.cached
 }
 
 // status is the request's final status for metrics, the access log and the tenant: what was
@@ -483,6 +499,7 @@ func (c *call) failure(status int) route.Failure {
 // the policy's Done), the tenant's ticket, metrics and the access line.
 func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 	status := c.status(w, r)
+	c.cached = c.cachedTokens()
 	prompt, completion := 0, 0
 	if c.req != nil {
 		prompt = c.preq.PromptTokens
@@ -510,9 +527,12 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		epName = ep.Name
 		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
 		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
-		if p := c.rc.Predicted(); p >= 0 {
-			h.Metrics.PredictedCached.WithLabelValues(c.model).Add(float64(p))
+		// The prediction is in the router's tokens; the engine's cached count in its own.
+		predicted := c.rc.Predicted()
+		if predicted > 0 {
+			predicted = int(math.Round(float64(predicted) * ep.TokenScale()))
 		}
+		h.Metrics.PredictedCachedTokens(c.model, epName, predicted)
 		if c.cached >= 0 {
 			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
 			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))

@@ -210,12 +210,14 @@ type call struct {
 	// Filled while the response is read (one goroutine: the proxy's copy loop).
 	usage     openai.Usage
 	haveUsage bool
-	cached    int
-	respID    string
-	errType   string
-	answered  bool // an endpoint answered (a response head came back)
-	complete  bool // the engine's answer was read to its end (a stream to its [DONE])
-	cut       bool // the engine's stream ended before its end
+	cached    int // usage's cached tokens, -1 when not reported
+	// timingsCached is llama.cpp's timings.cache_n, -1 when absent.
+	timingsCached int
+	respID        string
+	errType       string
+	answered      bool // an endpoint answered (a response head came back)
+	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
+	cut           bool // the engine's stream ended before its end
 }
 
 // ep is the endpoint that answered the request, or nil.
@@ -229,7 +231,7 @@ func (c *call) ep() *endpoint.Endpoint {
 // ServeHTTP routes one request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.once.Do(h.init)
-	c := &call{h: h, cached: -1}
+	c := &call{h: h, cached: -1, timingsCached: -1}
 	if h.Lifecycle != nil {
 		c.start = h.Lifecycle.Now()
 	} else {

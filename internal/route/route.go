@@ -2,9 +2,14 @@ package route
 
 import (
 	"errors"
+	"math"
+	"sync/atomic"
+
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -28,10 +33,20 @@ type Config struct {
 	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
 	// Nil: a private one.
 	State *State
+	// WarmUp is how long an endpoint that joins after the lifecycle started takes to reach its
+	// full share of traffic (slow start): while it warms up, a request that the policy ranks
+	// it first for keeps it first only with a probability growing linearly from 0 to 1 (by a
+	// hash of the request id, so runs are reproducible), else it goes second. A new, empty
+	// engine then does not take every cold prefix at once. 0: no warm-up (the router's
+	// default is DefaultWarmUp).
+	WarmUp time.Duration
 	// Share, when set, publishes every attempt's events to the other router replicas and
 	// lets Apply replay theirs (remote.go). Nil: a lone router.
 	Share *Share
 }
+
+// DefaultWarmUp is the router's default warm-up of a joining endpoint (health.warm_up).
+const DefaultWarmUp = 20 * time.Second
 
 // Health is passive health checking: it hears how each attempt went, and may take endpoints
 // out of the candidates for a while (Outlier is the default).
@@ -125,6 +140,10 @@ func (f Failure) Counts() bool {
 	return false
 }
 
+// tokenScaleWeight is the weight of one request in an endpoint's learned token scale: about the
+// last 20 requests count.
+const tokenScaleWeight = 0.05
+
 // ErrNoCandidate is returned by Begin when the policy ranks no endpoint.
 var ErrNoCandidate = policy.ErrNoCandidate
 
@@ -138,6 +157,7 @@ type Lifecycle struct {
 	attempts  int
 	health    Health
 	state     *State
+	warmup    time.Duration
 	share     *Share
 }
 
@@ -146,7 +166,8 @@ func New(cfg Config) (*Lifecycle, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("route: a Lifecycle needs a Picker")
 	}
-	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, share: cfg.Share}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp,
+		share: cfg.Share}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	if lc.clock == nil {
@@ -205,8 +226,44 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
 	}
 	ranked = lc.backoffLast(ranked, now)
+	ranked = lc.warmUp(req, ranked, candidates, now)
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
+}
+
+// warmUp moves a warming-up endpoint from first place to second for the share of requests it
+// may not take yet (Config.WarmUp).
+func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	if lc.warmup <= 0 {
+		return ranked
+	}
+	n := now.UnixNano()
+	lc.state.started.CompareAndSwap(0, n)
+	started := lc.state.started.Load()
+	for _, e := range candidates {
+		if e.FirstSeen() == 0 {
+			at := n
+			if n-started < int64(time.Second) {
+				at = started // there from the start: not new
+			}
+			e.MarkSeen(at)
+		}
+	}
+	if len(ranked) < 2 {
+		return ranked
+	}
+	first := ranked[0]
+	seen := first.FirstSeen()
+	if seen == started || n-seen >= int64(lc.warmup) {
+		return ranked
+	}
+	share := float64(n-seen) / float64(lc.warmup)
+	if float64(xxhash.Sum64String(req.ID)%1024)/1024 < share {
+		return ranked
+	}
+	out := slices.Clone(ranked)
+	out[0], out[1] = out[1], out[0]
+	return out
 }
 
 // admitted returns the candidates that passive health checking has not ejected: candidates
@@ -416,9 +473,19 @@ func (c *Call) Finish(o Outcome) {
 	if !c.open {
 		return
 	}
+	// The engine counts its own tokens: learn how they compare with the router's estimate, and
+	// tell the policy in the router's units, the ones its predictions are made in.
+	if o.PromptTokens > 0 {
+		c.ep.LearnTokenScale(o.PromptTokens, c.Req.PromptTokens, tokenScaleWeight)
+	}
+	scale := c.ep.TokenScale()
 	prompt := c.Req.PromptTokens
 	if o.PromptTokens > 0 {
-		prompt = o.PromptTokens
+		prompt = int(math.Round(float64(o.PromptTokens) / scale))
+	}
+	cached := o.CachedTokens
+	if cached > 0 {
+		cached = min(int(math.Round(float64(cached)/scale)), prompt)
 	}
 	now := c.lc.clock.Now()
 	f := o.Failure
@@ -429,7 +496,7 @@ func (c *Call) Finish(o Outcome) {
 		f = FailNone
 	}
 	c.closeAttempt(policy.Result{
-		OK: o.OK, CachedTokens: o.CachedTokens, PromptTokens: prompt, OutputTokens: o.OutputTokens,
+		OK: o.OK, CachedTokens: cached, PromptTokens: prompt, OutputTokens: o.OutputTokens,
 		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
 	}, f)
 	if o.OK && o.ResponseID != "" {
@@ -469,7 +536,8 @@ func (c *Call) Finished() (finished, ok bool) { return c.finished, c.ok }
 // State is what outlives one Lifecycle across config reloads: which endpoint created which
 // response (for previous_response_id).
 type State struct {
-	pins pinTable
+	pins    pinTable
+	started atomic.Int64 // unix nanoseconds of the first Begin: endpoints seen then are not new
 }
 
 // NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
