@@ -138,7 +138,7 @@ type observerFunc struct{ routed func(*policy.Request) }
 func (o *observerFunc) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
 	return c, nil
 }
-func (o *observerFunc) Routed(r *policy.Request, _ *endpoint.Endpoint)                 { o.routed(r) }
+func (o *observerFunc) Routed(r *policy.Request, _ *endpoint.Endpoint)                { o.routed(r) }
 func (o *observerFunc) FirstToken(*policy.Request, *endpoint.Endpoint, time.Duration) {}
 func (o *observerFunc) Done(*policy.Request, *endpoint.Endpoint, policy.Result)       {}
 func (o *observerFunc) Removed(*endpoint.Endpoint)                                    {}
