@@ -132,7 +132,7 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 		checkAddr(pr, "peers.listen", p.Listen)
 	}
 	checkAddr(pr, "peers.gossip_listen", p.GossipListen)
-	if p.Listen != "" && p.Listen == p.GossipListen {
+	if _, port, err := net.SplitHostPort(p.Listen); err == nil && port != "0" && p.Listen == p.GossipListen {
 		pr.add("peers.gossip_listen", "%q is also peers.listen: give membership its own port (default %d)", p.GossipListen, DefaultGossipPort)
 	}
 	if strings.ContainsAny(p.Advertise, ":/ ") && net.ParseIP(p.Advertise) == nil {

@@ -179,6 +179,9 @@ func or[T comparable](v, def T) T {
 // Name is this replica's name among its peers.
 func (n *Node) Name() string { return n.cfg.Name }
 
+// Metrics returns the node's collectors.
+func (n *Node) Metrics() *metrics.Peers { return n.m }
+
 // Origin is the route.Event origin of this replica's events (route.ShareConfig.Self).
 func (n *Node) Origin() uint64 { return n.origin }
 
