@@ -29,7 +29,9 @@ type Peers struct {
 	// invalid, self).
 	Dropped *prometheus.CounterVec // reason
 	// Lag is the time from an event at a peer to its replay here (the oldest event of each
-	// message; clocks of different hosts add their offset).
+	// message; clocks of different hosts add their offset). kvroute_peer_sync_lag_seconds, by
+	// peer, is the time since anything was heard from each peer followed (heartbeats every
+	// second): what alerting watches.
 	Lag prometheus.Histogram
 	// WarmStarts counts warm starts by result: ok (a peer's snapshot was taken), none (no
 	// peer answered before peers.warm_start_timeout: started cold), failed (every snapshot
@@ -45,6 +47,8 @@ type Peers struct {
 	snapshotAt atomic.Int64 // unix nanoseconds when the warm-start snapshot was taken; 0: none
 	now        func() int64
 	remote     atomic.Pointer[func() (inFlight int, expired int64)]
+	heard      atomic.Pointer[func() map[string]time.Time]
+	syncLag    *prometheus.Desc
 }
 
 // NewPeers builds the replica sync collectors and registers them with reg.
@@ -69,9 +73,11 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 			Name: "kvroute_peer_dropped_total", Help: "Peer messages and events refused or not sent, by reason.",
 		}, []string{"reason"}),
 		Lag: prometheus.NewHistogram(histogramOpts(prometheus.HistogramOpts{
-			Name: "kvroute_peer_sync_lag_seconds", Help: "Time from an event at a peer to its replay here (the oldest event of each message).",
+			Name: "kvroute_peer_event_lag_seconds", Help: "Time from an event at a peer to its replay here (the oldest event of each message).",
 			Buckets: lagBuckets,
 		})),
+		syncLag: prometheus.NewDesc("kvroute_peer_sync_lag_seconds",
+			"Time since anything (events or a heartbeat, sent every second) was heard from each peer this replica follows.", []string{"peer"}, nil),
 		WarmStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_peer_warm_starts_total", Help: "Warm starts by result: ok (took a peer's snapshot), none (no peer before the timeout), failed, off (no peers configured).",
 		}, []string{"result"}),
@@ -92,7 +98,8 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		}
 		return float64(p.now()-at) / 1e9
 	})
-	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Expired, p.Remote, age)
+	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Expired, p.Remote, age,
+		(*peerLag)(p))
 	for _, d := range []string{"in", "out"} {
 		p.Messages.WithLabelValues(d)
 		p.Bytes.WithLabelValues(d)
@@ -101,7 +108,17 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 	for _, r := range []string{"ok", "none", "failed", "off"} {
 		p.WarmStarts.WithLabelValues(r)
 	}
+	for _, r := range DropReasons() {
+		p.Dropped.WithLabelValues(r)
+	}
 	return p
+}
+
+// DropReasons are the reason labels of kvroute_peer_dropped_total: the wire's refusals,
+// what the sender could not queue, and what the lifecycle would not apply.
+func DropReasons() []string {
+	return []string{"forged", "unauthenticated", "replayed", "truncated", "oversized", "malformed", "version", "queue_full",
+		"duplicate", "unknown_request", "unknown_endpoint", "full", "invalid", "self"}
 }
 
 // SnapshotTaken records when the snapshot this replica started from was taken (unix
@@ -110,6 +127,26 @@ func (p *Peers) SnapshotTaken(at int64) { p.snapshotAt.Store(at) }
 
 // WatchRemote sets the function the remote request gauges read at scrape time.
 func (p *Peers) WatchRemote(f func() (inFlight int, expired int64)) { p.remote.Store(&f) }
+
+// WatchPeers sets the function that tells, at scrape time, when each peer followed was last
+// heard from (kvroute_peer_sync_lag_seconds): a peer no longer followed has no series.
+func (p *Peers) WatchPeers(f func() map[string]time.Time) { p.heard.Store(&f) }
+
+// peerLag collects kvroute_peer_sync_lag_seconds.
+type peerLag Peers
+
+func (c *peerLag) Describe(ch chan<- *prometheus.Desc) { ch <- c.syncLag }
+
+func (c *peerLag) Collect(ch chan<- prometheus.Metric) {
+	f := c.heard.Load()
+	if f == nil {
+		return
+	}
+	now := time.Unix(0, c.now())
+	for peer, at := range (*f)() {
+		ch <- prometheus.MustNewConstMetric(c.syncLag, prometheus.GaugeValue, max(now.Sub(at).Seconds(), 0), peer)
+	}
+}
 
 func (p *Peers) remoteStats() (int, int64) {
 	if f := p.remote.Load(); f != nil {

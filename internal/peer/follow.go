@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -29,15 +30,17 @@ type following struct {
 	p      peerInfo
 	cancel context.CancelFunc
 	done   chan struct{}
+	heard  atomic.Int64 // unix nanoseconds of the last message from p (or of the start)
 }
 
 // follow reads p's event stream until ctx ends, reconnecting after a pause that grows while
 // it keeps failing.
-func (n *Node) follow(ctx context.Context, p peerInfo) {
+func (n *Node) follow(ctx context.Context, f *following) {
+	p := f.p
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := n.stream(ctx, p)
+		err := n.stream(ctx, p, &f.heard)
 		if ctx.Err() != nil {
 			return
 		}
@@ -62,7 +65,7 @@ var errStream = errors.New("stream ended")
 // stream reads one connection of p's event stream: it reconciles the attempts in flight with
 // the hello, then replays every batch on the lifecycle in force, until the stream ends, falls
 // silent, or carries a message that must be refused.
-func (n *Node) stream(ctx context.Context, p peerInfo) error {
+func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req, nonce, err := n.newRequest(ctx, p, pathFeed)
@@ -94,6 +97,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo) error {
 			return n.refused(err)
 		}
 		watchdog.Reset(streamSilence)
+		heard.Store(time.Now().UnixNano())
 		n.m.Messages.WithLabelValues("in").Inc()
 		n.m.Bytes.WithLabelValues("in").Add(float64(4 + macSize + len(msg)))
 		r := bytes.NewReader(msg)

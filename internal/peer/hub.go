@@ -16,12 +16,15 @@ import (
 )
 
 // hub is the sending side: the lifecycle's events, encoded as they happen into the pending
-// batch, handed every batch interval (or when it is full) to each subscriber's bounded queue.
+// batch, handed to each subscriber's bounded queue one batch interval after the batch's first
+// event (or when it is full). No event, no timer: an idle replica wakes for nothing.
 type hub struct {
 	maxBatch int
 	queue    int
+	interval time.Duration
 	m        *metrics.Peers
 	nsubs    atomic.Int32
+	timer    *time.Timer // flushes the pending batch; armed by its first event
 
 	mu    sync.Mutex
 	pend  bytes.Buffer
@@ -48,9 +51,11 @@ type sub struct {
 
 func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
 
-func newHub(maxBatch, queue int, m *metrics.Peers) *hub {
-	h := &hub{maxBatch: maxBatch, queue: queue, m: m, subs: map[*sub]struct{}{}}
+func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
+	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, m: m, subs: map[*sub]struct{}{}}
 	h.enc = msgpack.NewEncoder(&h.pend)
+	h.timer = time.AfterFunc(time.Hour, h.flush)
+	h.timer.Stop()
 	return h
 }
 
@@ -70,6 +75,7 @@ func (h *hub) publish(ev *route.Event) {
 	}
 	if h.count == 0 {
 		h.first = now
+		h.timer.Reset(h.interval)
 	}
 	h.count++
 	if h.pend.Len() >= h.maxBatch {

@@ -181,10 +181,11 @@ func (n *Node) reconcileFollows(ctx context.Context) {
 		}
 		fctx, cancel := context.WithCancel(ctx)
 		f := &following{p: p, cancel: cancel, done: make(chan struct{})}
+		f.heard.Store(time.Now().UnixNano())
 		n.follows[name] = f
 		go func() {
 			defer close(f.done)
-			n.follow(fctx, p)
+			n.follow(fctx, f)
 		}()
 		n.log.Info("following a peer", "peer", name, "at", p.feed)
 	}

@@ -158,7 +158,7 @@ func New(cfg Config) (*Node, error) {
 	n.macKey, n.gossipKey = keys(cfg.Secret)
 	// The batch is flushed at a quarter of the largest message, so that one event more never
 	// makes a message too large to send.
-	n.hub = newHub(cfg.MaxMessageBytes/4, cfg.Queue, cfg.Metrics)
+	n.hub = newHub(cfg.MaxMessageBytes/4, cfg.Queue, cfg.BatchInterval, cfg.Metrics)
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	n.client = &http.Client{Transport: &http.Transport{
@@ -201,6 +201,15 @@ func (n *Node) Attach(share *route.Share, lifecycle func() *route.Lifecycle, end
 	n.m.WatchRemote(func() (int, int64) {
 		st := share.Stats()
 		return st.Remote, st.Expired
+	})
+	n.m.WatchPeers(func() map[string]time.Time {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		out := make(map[string]time.Time, len(n.follows))
+		for name, f := range n.follows {
+			out[name] = time.Unix(0, f.heard.Load())
+		}
+		return out
 	})
 }
 
@@ -255,21 +264,16 @@ func (n *Node) Run(ctx context.Context) error {
 	return nil
 }
 
-// tick flushes the pending batch every interval and expires remote attempts every second.
+// tick expires remote attempts every second (Apply does too, but no event may come).
 func (n *Node) tick(ctx context.Context) {
-	t := time.NewTicker(n.cfg.BatchInterval)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			n.hub.flush()
-			if now.Sub(last) >= time.Second {
-				last = now
-				n.share.Load().Expire()
-			}
+		case <-t.C:
+			n.share.Load().Expire()
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,7 +344,7 @@ func TestHostilePeer(t *testing.T) {
 	} {
 		p := fakePeer(t, c.write)
 		before := testutil.ToFloat64(r.m.Dropped.WithLabelValues(c.reason))
-		err := r.node.stream(context.Background(), p)
+		err := r.node.stream(context.Background(), p, new(atomic.Int64))
 		if got := reason(err); got != c.reason {
 			t.Errorf("%s: stream ended with %q (%v)", c.reason, got, err)
 		}

@@ -209,14 +209,18 @@ func decodeHeader(dec *msgpack.Decoder) (header, error) {
 func appendEvent(enc *msgpack.Encoder, ev *route.Event) error {
 	switch ev.Kind {
 	case route.EventRouted:
-		errs := []error{enc.EncodeArrayLen(11), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
+		if err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
 			enc.EncodeString(ev.Endpoint), enc.EncodeString(ev.Model), enc.EncodeString(ev.Tenant), enc.EncodeString(ev.SessionKey),
 			enc.EncodeInt(int64(ev.BlockTokens)), enc.EncodeInt(int64(ev.PromptTokens)), enc.EncodeInt(int64(ev.MaxTokens)),
-			enc.EncodeArrayLen(len(ev.Blocks))}
-		for _, b := range ev.Blocks {
-			errs = append(errs, enc.EncodeUint64(b))
+			enc.EncodeArrayLen(len(ev.Blocks))); err != nil {
+			return err
 		}
-		return errors.Join(errs...)
+		for _, b := range ev.Blocks {
+			if err := enc.EncodeUint64(b); err != nil {
+				return err
+			}
+		}
+		return nil
 	case route.EventFirstToken:
 		return errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
 			enc.EncodeInt(int64(ev.TTFT)))

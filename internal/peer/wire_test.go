@@ -258,3 +258,36 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkEncodeDecode encodes one request's three events (a 64-block prompt) as a batch and
+// decodes them again: the wire's CPU per request, either side.
+func BenchmarkEncodeDecode(b *testing.B) {
+	evs := []route.Event{
+		{Kind: route.EventRouted, ID: 1, Endpoint: "http://10.0.0.1:8000", Model: "meta-llama/Llama-3.1-70B-Instruct", Blocks: make([]uint64, 64), BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8},
+		{Kind: route.EventFirstToken, ID: 1, TTFT: 20 * time.Millisecond},
+		{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond, Duration: time.Second},
+	}
+	for i := range evs[0].Blocks {
+		evs[0].Blocks[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	var pend bytes.Buffer
+	enc := msgpack.NewEncoder(&pend)
+	b.ReportAllocs()
+	for b.Loop() {
+		pend.Reset()
+		for i := range evs {
+			if err := appendEvent(enc, &evs[i]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		r := bytes.NewReader(pend.Bytes())
+		dec := msgpack.NewDecoder(r)
+		var ev route.Event
+		for range evs {
+			if _, err := decodeEvent(dec, r, &ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.SetBytes(int64(pend.Len()))
+}

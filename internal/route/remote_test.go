@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // recorder is a Sync that keeps copies of what it is told, as a transport would.
@@ -359,4 +360,43 @@ func seqBlocks(start uint64, n int) []uint64 {
 		out[i] = start + uint64(i)*7919
 	}
 	return out
+}
+
+// BenchmarkApply replays one remote request (routed, first token, done) of a 64-block prompt
+// on a replica running prefix-aware: the CPU the sync costs a replica per request of another.
+func BenchmarkApply(b *testing.B) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	eps := pool(&testing.T{}, "e0", "e1", "e2", "e3")
+	s := NewShare(ShareConfig{Self: 2, Clock: clk, Endpoint: func(name string) *endpoint.Endpoint {
+		return eps[int(name[1]-'0')]
+	}})
+	lc, err := New(Config{Picker: p, Clock: clk, Share: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const groups = 64
+	chains := make([][]uint64, groups)
+	for g := range chains {
+		chains[g] = prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(uint64(g)<<32, 64))
+	}
+	names := []string{"e0", "e1", "e2", "e3"}
+	b.ReportAllocs()
+	var id uint64
+	for b.Loop() {
+		id++
+		g := int(id % groups)
+		routed := Event{Kind: EventRouted, Origin: 1, ID: id, Endpoint: names[g%4], Model: "m", Blocks: chains[g], BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8}
+		first := Event{Kind: EventFirstToken, Origin: 1, ID: id, TTFT: 20 * time.Millisecond}
+		done := Event{Kind: EventDone, Origin: 1, ID: id, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond}
+		for _, ev := range []*Event{&routed, &first, &done} {
+			if d := lc.Apply(ev); d != DropNone {
+				b.Fatal(d)
+			}
+		}
+		clk.t = clk.t.Add(time.Millisecond)
+	}
 }
