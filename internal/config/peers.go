@@ -14,7 +14,7 @@ import (
 // lone router. Every replica lists the same secret; any one peer address alive is enough to
 // join the group.
 type Peers struct {
-	// Listen is the address of the event stream server (HTTP/2) other replicas connect to,
+	// Listen is the address of the event stream server (HTTP) other replicas connect to,
 	// host:port. Required.
 	Listen string `json:"listen"`
 	// GossipListen is the membership address (TCP and UDP), host:port. Default: listen's
@@ -37,7 +37,8 @@ type Peers struct {
 	SecretFile string `json:"secret_file"`
 	// SecretEnv names an environment variable holding the secret instead.
 	SecretEnv string `json:"secret_env"`
-	// BatchInterval is how long events wait to be sent together. Default 2ms.
+	// BatchInterval is how long events wait to be sent together: shorter is fresher, longer
+	// costs less CPU (docs/replicas.md). Default 10ms.
 	BatchInterval Duration `json:"batch_interval"`
 	// WarmStartTimeout bounds the wait for a peer's snapshot at start: /readyz says ready
 	// then, with or without one. Default 10s.
@@ -73,7 +74,7 @@ type PeersDNS struct {
 // Defaults of the peers section.
 const (
 	DefaultGossipPort        = 7946
-	DefaultPeerBatchInterval = 2 * time.Millisecond
+	DefaultPeerBatchInterval = 10 * time.Millisecond
 )
 
 // peersSection is the peers section, absent or not.
@@ -158,7 +159,7 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 		pr.add("peers", "both secret_file and secret_env are set: keep one")
 	}
 	if b := p.BatchInterval.D(); b < 100*time.Microsecond || b > time.Second {
-		pr.add("peers.batch_interval", "%v: want from 100µs to 1s, like 2ms", b)
+		pr.add("peers.batch_interval", "%v: want from 100µs to 1s, like 10ms", b)
 	}
 	for _, c := range []struct {
 		path string

@@ -19,7 +19,7 @@ func TestPeersDefaults(t *testing.T) {
 	}
 	want := &Peers{
 		Listen: "10.0.0.1:7947", GossipListen: "10.0.0.1:7946", DNS: &PeersDNS{Name: "kvroute-peers", Port: 7946},
-		SecretEnv: "KVROUTE_PEERS", BatchInterval: Duration(2 * time.Millisecond), WarmStartTimeout: Duration(10 * time.Second),
+		SecretEnv: "KVROUTE_PEERS", BatchInterval: Duration(10 * time.Millisecond), WarmStartTimeout: Duration(10 * time.Second),
 		SnapshotMaxBytes: 64 << 20, MaxMessageBytes: 4 << 20, Queue: 1024, RequestTTL: Duration(5 * time.Minute),
 		MaxRemoteRequests: 100_000, RejoinInterval: Duration(10 * time.Second),
 	}

@@ -7,7 +7,8 @@
 //
 // Proven parts, nothing invented but the message schema: hashicorp/memberlist (SWIM gossip,
 // as Consul, Loki, Mimir and Tempo use it) finds the replicas and detects failures; each
-// replica streams its events to every peer that asks, over HTTP/2 (net/http, cleartext h2c)
+// replica streams its events to every peer that asks, as one long HTTP response (net/http;
+// HTTP/1.1 chunked, which cost less CPU than an h2c stream when measured: docs/replicas.md)
 // in batches encoded with msgpack; every message carries an HMAC-SHA256 under a key derived
 // from the shared secret, the receiver's nonce and a sequence number, so that a forged, cut,
 // replayed or oversized message is refused and counted, never applied. Peers are found as

@@ -285,8 +285,6 @@ func fakePeer(t *testing.T, write func(w io.Writer, nonce [nonceSize]byte)) peer
 		w.WriteHeader(http.StatusOK)
 		write(w, nonce)
 	}))
-	srv.Config.Protocols = new(http.Protocols)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return peerInfo{name: "evil", inc: 1, feed: strings.TrimPrefix(srv.URL, "http://")}

@@ -35,7 +35,10 @@ import (
 //
 // Events are arrays whose first element is the kind and second the origin (0: the sender):
 //
-//	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, [blocks]]
+//	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, blocks]
+//
+// where blocks is a bin of the block hashes, 8 bytes each, big-endian (a third cheaper to decode
+// than an array of integers, and a byte smaller per block).
 //	first token  [2, origin, id, ttft_ns]
 //	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns]
 //	removed      [4, origin, endpoint]
@@ -212,11 +215,15 @@ func appendEvent(enc *msgpack.Encoder, ev *route.Event) error {
 		if err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
 			enc.EncodeString(ev.Endpoint), enc.EncodeString(ev.Model), enc.EncodeString(ev.Tenant), enc.EncodeString(ev.SessionKey),
 			enc.EncodeInt(int64(ev.BlockTokens)), enc.EncodeInt(int64(ev.PromptTokens)), enc.EncodeInt(int64(ev.MaxTokens)),
-			enc.EncodeArrayLen(len(ev.Blocks))); err != nil {
+			enc.EncodeBytesLen(8*len(ev.Blocks))); err != nil {
 			return err
 		}
-		for _, b := range ev.Blocks {
-			if err := enc.EncodeUint64(b); err != nil {
+		// The encoder does not buffer: the bin's bytes go straight after its header.
+		var b [8]byte
+		w := enc.Writer()
+		for _, h := range ev.Blocks {
+			binary.BigEndian.PutUint64(b[:], h)
+			if _, err := w.Write(b[:]); err != nil {
 				return err
 			}
 		}
@@ -277,76 +284,112 @@ func decodeEvent(dec *msgpack.Decoder, msg *bytes.Reader, ev *route.Event) (know
 	if n < want {
 		return false, fmt.Errorf("%w: %s event of %d fields, want %d", errMalformed, ev.Kind, n, want)
 	}
-	var errs []error
-	str := func(s *string) {
-		v, err := dec.DecodeString()
-		if len(v) > maxStringLen {
-			err = fmt.Errorf("string of %d bytes", len(v))
-		}
-		*s = v
-		errs = append(errs, err)
-	}
-	num := func(p *int) {
-		v, err := dec.DecodeInt64()
-		if v < -1 || v > 1<<40 {
-			err = fmt.Errorf("count %d out of range", v)
-		}
-		*p = int(v)
-		errs = append(errs, err)
-	}
-	dur := func(p *time.Duration) {
-		v, err := dec.DecodeInt64()
-		*p = time.Duration(v)
-		errs = append(errs, err)
-	}
+	f := fields{dec: dec}
 	switch ev.Kind {
 	case route.EventRouted:
-		var err error
-		ev.ID, err = dec.DecodeUint64()
-		errs = append(errs, err)
-		str(&ev.Endpoint)
-		str(&ev.Model)
-		str(&ev.Tenant)
-		str(&ev.SessionKey)
-		num(&ev.BlockTokens)
-		num(&ev.PromptTokens)
-		num(&ev.MaxTokens)
-		nb, err := dec.DecodeArrayLen()
-		// Each block takes at least a byte: a count beyond what is left is a lie.
-		if err != nil || nb < 0 || nb > maxBlocks || nb > msg.Len() {
-			return false, fmt.Errorf("%w: %d blocks (%v)", errMalformed, nb, err)
-		}
-		if nb > 0 {
-			ev.Blocks = make([]uint64, nb)
-		}
-		for i := range nb {
-			if ev.Blocks[i], err = dec.DecodeUint64(); err != nil {
-				return false, fmt.Errorf("%w: block: %v", errMalformed, err)
-			}
+		ev.ID = f.uint()
+		ev.Endpoint, ev.Model, ev.Tenant, ev.SessionKey = f.str(), f.str(), f.str(), f.str()
+		ev.BlockTokens, ev.PromptTokens, ev.MaxTokens = f.count(), f.count(), f.count()
+		if f.err == nil {
+			ev.Blocks, f.err = decodeBlocks(dec, msg)
 		}
 	case route.EventFirstToken:
-		var err error
-		ev.ID, err = dec.DecodeUint64()
-		errs = append(errs, err)
-		dur(&ev.TTFT)
+		ev.ID, ev.TTFT = f.uint(), f.dur()
 	case route.EventDone:
-		var err error
-		ev.ID, err = dec.DecodeUint64()
-		errs = append(errs, err)
-		ev.OK, err = dec.DecodeBool()
-		errs = append(errs, err)
-		num(&ev.CachedTokens)
-		num(&ev.PromptTokens)
-		num(&ev.OutputTokens)
-		dur(&ev.TTFT)
-		dur(&ev.Duration)
+		ev.ID, ev.OK = f.uint(), f.bool()
+		ev.CachedTokens, ev.PromptTokens, ev.OutputTokens = f.count(), f.count(), f.count()
+		ev.TTFT, ev.Duration = f.dur(), f.dur()
 	case route.EventRemoved:
-		str(&ev.Endpoint)
+		ev.Endpoint = f.str()
 	}
-	if err := errors.Join(errs...); err != nil {
-		return false, fmt.Errorf("%w: %s event: %v", errMalformed, ev.Kind, err)
+	if f.err != nil {
+		return false, fmt.Errorf("%w: %s event: %v", errMalformed, ev.Kind, f.err)
 	}
 	return true, skip(dec, n-want)
+}
+
+// fields reads an event's fields in order, keeping the first error (later reads do nothing).
+type fields struct {
+	dec *msgpack.Decoder
+	err error
+}
+
+func (f *fields) uint() uint64 {
+	if f.err != nil {
+		return 0
+	}
+	v, err := f.dec.DecodeUint64()
+	f.err = err
+	return v
+}
+
+func (f *fields) bool() bool {
+	if f.err != nil {
+		return false
+	}
+	v, err := f.dec.DecodeBool()
+	f.err = err
+	return v
+}
+
+func (f *fields) str() string {
+	if f.err != nil {
+		return ""
+	}
+	v, err := f.dec.DecodeString() // at most what is left of the message
+	if err == nil && len(v) > maxStringLen {
+		err = fmt.Errorf("string of %d bytes", len(v))
+	}
+	f.err = err
+	return v
+}
+
+// count reads a token count: -1 (unknown) up to 2^40.
+func (f *fields) count() int {
+	if f.err != nil {
+		return 0
+	}
+	v, err := f.dec.DecodeInt64()
+	if err == nil && (v < -1 || v > 1<<40) {
+		err = fmt.Errorf("count %d out of range", v)
+	}
+	f.err = err
+	return int(v)
+}
+
+func (f *fields) dur() time.Duration {
+	if f.err != nil {
+		return 0
+	}
+	v, err := f.dec.DecodeInt64()
+	f.err = err
+	return time.Duration(v)
+}
+
+// decodeBlocks reads a bin of 8-byte big-endian block hashes. The decoder reads msg itself,
+// unbuffered (a bytes.Reader is an io.ByteScanner): the bin's bytes are the next ones.
+func decodeBlocks(dec *msgpack.Decoder, msg *bytes.Reader) ([]uint64, error) {
+	nb, err := dec.DecodeBytesLen()
+	// A length beyond what is left of the message is a lie: nothing is allocated for it.
+	if err != nil || nb < 0 || nb%8 != 0 || nb/8 > maxBlocks || nb > msg.Len() {
+		return nil, fmt.Errorf("blocks of %d bytes (%v)", nb, err)
+	}
+	if nb == 0 {
+		return nil, nil
+	}
+	out := make([]uint64, nb/8)
+	var b [512]byte
+	for i := 0; i < len(out); {
+		k := min(len(out)-i, len(b)/8)
+		if _, err := io.ReadFull(msg, b[:8*k]); err != nil {
+			return nil, fmt.Errorf("blocks: %v", err)
+		}
+		for j := range k {
+			out[i+j] = binary.BigEndian.Uint64(b[8*j:])
+		}
+		i += k
+	}
+	return out, nil
 }
 
 // skip skips n values (fields of a newer minor version).

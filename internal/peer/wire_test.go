@@ -179,7 +179,7 @@ func TestWireLies(t *testing.T) {
 	enc := msgpack.NewEncoder(&b)
 	_ = errors.Join(enc.EncodeArrayLen(1), enc.EncodeArrayLen(11), enc.EncodeUint(1), enc.EncodeUint(0), enc.EncodeUint(1),
 		enc.EncodeString("e"), enc.EncodeString(""), enc.EncodeString(""), enc.EncodeString(""),
-		enc.EncodeInt(16), enc.EncodeInt(10), enc.EncodeInt(0), enc.EncodeArrayLen(1_000_000))
+		enc.EncodeInt(16), enc.EncodeInt(10), enc.EncodeInt(0), enc.EncodeBytesLen(8_000_000))
 	if _, _, err := decodeBatch(b.Bytes()); reason(err) != "malformed" {
 		t.Errorf("a million blocks in a few bytes: %v", err)
 	}
