@@ -40,7 +40,7 @@ import (
 // where blocks is a bin of the block hashes, 8 bytes each, big-endian (a third cheaper to decode
 // than an array of integers, and a byte smaller per block).
 //	first token  [2, origin, id, ttft_ns]
-//	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns]
+//	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns, predicted_cached]
 //	removed      [4, origin, endpoint]
 
 // Protocol versions. A replica refuses messages of another major version.
@@ -232,9 +232,10 @@ func appendEvent(enc *msgpack.Encoder, ev *route.Event) error {
 		return errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
 			enc.EncodeInt(int64(ev.TTFT)))
 	case route.EventDone:
-		return errors.Join(enc.EncodeArrayLen(9), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
+		return errors.Join(enc.EncodeArrayLen(10), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
 			enc.EncodeBool(ev.OK), enc.EncodeInt(int64(ev.CachedTokens)), enc.EncodeInt(int64(ev.PromptTokens)),
-			enc.EncodeInt(int64(ev.OutputTokens)), enc.EncodeInt(int64(ev.TTFT)), enc.EncodeInt(int64(ev.Duration)))
+			enc.EncodeInt(int64(ev.OutputTokens)), enc.EncodeInt(int64(ev.TTFT)), enc.EncodeInt(int64(ev.Duration)),
+			enc.EncodeInt(int64(ev.Predicted)))
 	case route.EventRemoved:
 		return errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeString(ev.Endpoint))
 	}
@@ -256,7 +257,7 @@ func eventFields(kind uint64) int {
 	case route.EventFirstToken:
 		return 4
 	case route.EventDone:
-		return 9
+		return 10
 	case route.EventRemoved:
 		return 3
 	}
@@ -299,6 +300,7 @@ func decodeEvent(dec *msgpack.Decoder, msg *bytes.Reader, ev *route.Event) (know
 		ev.ID, ev.OK = f.uint(), f.bool()
 		ev.CachedTokens, ev.PromptTokens, ev.OutputTokens = f.count(), f.count(), f.count()
 		ev.TTFT, ev.Duration = f.dur(), f.dur()
+		ev.Predicted = f.count()
 	case route.EventRemoved:
 		ev.Endpoint = f.str()
 	}

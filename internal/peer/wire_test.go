@@ -20,7 +20,7 @@ func sampleEvents() []route.Event {
 			Blocks: []uint64{1, 1 << 63, 42}, BlockTokens: 16, PromptTokens: 40, MaxTokens: 9},
 		{Kind: route.EventRouted, Origin: 77, ID: 2, Endpoint: "e"},
 		{Kind: route.EventFirstToken, ID: 1, TTFT: 25 * time.Millisecond},
-		{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 32, PromptTokens: 41, OutputTokens: 9, TTFT: 25 * time.Millisecond, Duration: time.Second},
+		{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 32, PromptTokens: 41, OutputTokens: 9, TTFT: 25 * time.Millisecond, Duration: time.Second, Predicted: 48},
 		{Kind: route.EventDone, ID: 2, CachedTokens: -1},
 		{Kind: route.EventRemoved, Endpoint: "e"},
 	}

@@ -57,10 +57,13 @@ type Event struct {
 	// FirstToken and Done: the time from the request's arrival to its first token (0: none).
 	TTFT time.Duration
 
-	// Done: the outcome. PromptTokens is the engine's count when it reported one.
+	// Done: the outcome, in the policy's token units. PromptTokens is the engine's count when
+	// it reported one. Predicted is the cached tokens the origin's policy predicted for the
+	// attempt (-1: none): a receiver learns an eviction only where the origin saw one.
 	OK                         bool
 	CachedTokens, OutputTokens int
 	Duration                   time.Duration
+	Predicted                  int
 }
 
 // Sync is told of each event of the lifecycles that share a Share, to send to the other
@@ -155,13 +158,14 @@ type flightKey struct{ origin, id uint64 }
 
 // flight is one attempt in flight, local or remote.
 type flight struct {
-	req      *policy.Request // local: the Call's; remote: rebuilt from the event
-	ep       *endpoint.Endpoint
-	obs      policy.Observer // remote: the observer told of Routed, told of the rest
-	local    bool
-	first    bool
-	ttft     time.Duration
-	deadline time.Time // remote only
+	req       *policy.Request // local: the Call's; remote: rebuilt from the event
+	ep        *endpoint.Endpoint
+	obs       policy.Observer // remote: the observer told of Routed, told of the rest
+	local     bool
+	first     bool
+	ttft      time.Duration
+	deadline  time.Time // remote only
+	predicted int       // remote: this replica's prediction when it heard of it, -1 none
 }
 
 type expiryEntry struct {
@@ -257,7 +261,7 @@ func (s *Share) done(c *Call, res policy.Result) {
 	if s.cfg.Out != nil {
 		s.cfg.Out.Publish(&Event{
 			Kind: EventDone, ID: id, OK: res.OK, CachedTokens: res.CachedTokens, PromptTokens: res.PromptTokens,
-			OutputTokens: res.OutputTokens, TTFT: res.TTFT, Duration: res.Duration,
+			OutputTokens: res.OutputTokens, TTFT: res.TTFT, Duration: res.Duration, Predicted: c.rawPredicted,
 		})
 	}
 }
@@ -344,7 +348,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
 		if ev.PromptTokens > 0 {
 			prompt = ev.PromptTokens
 		}
-		s.finish(f, policy.Result{OK: ev.OK, CachedTokens: ev.CachedTokens, PromptTokens: prompt,
+		s.finish(f, policy.Result{OK: ev.OK, CachedTokens: remoteCached(ev, f.predicted), PromptTokens: prompt,
 			OutputTokens: ev.OutputTokens, TTFT: ev.TTFT, Duration: ev.Duration})
 		return DropNone
 	case EventRemoved:
@@ -381,7 +385,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 			Model: ev.Model, Tenant: ev.Tenant, SessionKey: ev.SessionKey, Blocks: ev.Blocks,
 			BlockTokens: ev.BlockTokens, PromptTokens: ev.PromptTokens, MaxTokens: ev.MaxTokens,
 		},
-		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
+		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL), predicted: -1,
 	}
 	s.mu.Lock()
 	switch {
@@ -408,11 +412,28 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		s.expiry = live
 	}
 	s.mu.Unlock()
+	if lc.predictor != nil {
+		f.predicted = lc.predictor.PredictCached(f.req, ep) // as Call.Next asks it, before Routed
+	}
 	ep.Start(f.req.PromptTokens)
 	if f.obs != nil {
 		f.obs.Routed(f.req, ep)
 	}
 	return DropNone
+}
+
+// remoteCached is the cached tokens a receiver's policy hears for a remote attempt that ended.
+// The engine's report tells the origin of an eviction when it is below what the origin
+// predicted. The receiver heard of the attempt later, often after it had routed the same
+// prefix there itself, and so may predict more than the origin did: told the engine's
+// report as it is, it would see an eviction that did not happen (and prefix-aware would forget
+// much of that endpoint). So where the origin saw none, the receiver is told no less than it
+// predicted; where the origin saw one, it is told the engine's report.
+func remoteCached(ev *Event, predicted int) int {
+	if ev.CachedTokens >= 0 && ev.Predicted >= 0 && ev.CachedTokens >= ev.Predicted && predicted > ev.CachedTokens {
+		return predicted
+	}
+	return ev.CachedTokens
 }
 
 // endLocked takes a remote flight out of the table. The caller holds s.mu.

@@ -161,8 +161,8 @@ func TestShareIdempotent(t *testing.T) {
 		{routed(1), DropDuplicate},
 		{&Event{Kind: EventFirstToken, Origin: 1, ID: 1, TTFT: time.Millisecond}, DropNone},
 		{&Event{Kind: EventFirstToken, Origin: 1, ID: 1, TTFT: time.Millisecond}, DropDuplicate},
-		{&Event{Kind: EventDone, Origin: 1, ID: 1, OK: true}, DropNone},
-		{&Event{Kind: EventDone, Origin: 1, ID: 1, OK: true}, DropDuplicate},
+		{&Event{Kind: EventDone, Origin: 1, ID: 1, OK: true, Predicted: -1}, DropNone},
+		{&Event{Kind: EventDone, Origin: 1, ID: 1, OK: true, Predicted: -1}, DropDuplicate},
 		{routed(1), DropDuplicate}, // a replay after the end
 		{&Event{Kind: EventDone, Origin: 1, ID: 2}, DropUnknown},
 		{routed(2), DropDuplicate}, // its end came first
@@ -190,6 +190,28 @@ func TestShareIdempotent(t *testing.T) {
 	st := b.share.Stats()
 	if st.Applied != 3 || st.Dropped[DropDuplicate] != 5 || st.Dropped[DropInvalid] != 5 || st.Dropped[DropUnknown] != 2 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestRemoteCorrections: an engine report below the origin's prediction (an eviction) reaches
+// the receiver's policy as it is; one the origin predicted right never reads as an eviction to a
+// receiver that predicted more (it had heard of another request with that prefix first).
+func TestRemoteCorrections(t *testing.T) {
+	for _, c := range []struct {
+		name                       string
+		cached, originPred, recvPr int
+		want                       int
+	}{
+		{"origin right, receiver more", 100, 100, 300, 300},
+		{"origin right, receiver less", 100, 100, 50, 100},
+		{"origin saw an eviction", 100, 300, 300, 100},
+		{"origin saw an eviction, receiver more", 100, 200, 400, 100},
+		{"engine did not say", -1, 100, 300, -1},
+		{"origin has no prediction", 100, -1, 300, 100},
+	} {
+		if got := remoteCached(&Event{CachedTokens: c.cached, Predicted: c.originPred}, c.recvPr); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
 	}
 }
 
