@@ -21,7 +21,7 @@ var (
 	syncOverheadRate  = flag.Int("sync-overhead-rate", 1000, "TestSyncOverhead: requests per second, all replicas together")
 	syncOverheadBatch = flag.Duration("sync-overhead-batch", 0, "TestSyncOverhead: peers.batch_interval of the syncing replicas (0: the default)")
 	syncOverheadN     = flag.Int("sync-overhead-replicas", 2, "TestSyncOverhead: replicas in each set")
-	syncOverheadProf  = flag.String("sync-overhead-cpuprofile", "", "TestSyncOverhead: save the first syncing replica's CPU profile to this file")
+	syncOverheadProf  = flag.String("sync-overhead-cpuprofile", "", "TestSyncOverhead: save the first syncing replica's CPU profile to this file, and the first other one's to this file .alone")
 )
 
 // TestSyncOverhead measures what replica sync costs in router CPU. Two sets of N `kvroute
@@ -73,7 +73,13 @@ func TestSyncOverhead(t *testing.T) {
 			f.Close()
 		}
 		synced = append(synced, startServe(t, bin, cfg))
-		alone = append(alone, startServe(t, bin, writeServeConfig(t, dir, fmt.Sprintf("alone%d", i), []string{sim.addr}, nil, [3]int{}, secret)))
+		acfg := writeServeConfig(t, dir, fmt.Sprintf("alone%d", i), []string{sim.addr}, nil, [3]int{}, secret)
+		if i == 0 && *syncOverheadProf != "" {
+			if err := os.WriteFile(acfg, append(must(os.ReadFile(acfg)), "pprof: true\n"...), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		alone = append(alone, startServe(t, bin, acfg))
 	}
 	for _, r := range synced {
 		waitReady(t, r.admin, 30*time.Second)
@@ -125,13 +131,16 @@ func TestSyncOverhead(t *testing.T) {
 	interval := time.Second / time.Duration(*syncOverheadRate)
 	ticks := int(*syncOverheadFor / interval)
 	phase := int(500 * time.Millisecond / interval)
-	profiled := make(chan error, 1)
-	if *syncOverheadProf != "" {
+	profiled := make(chan error, 2)
+	for k, file := range []string{*syncOverheadProf, *syncOverheadProf + ".alone"} {
+		if *syncOverheadProf == "" {
+			profiled <- nil
+			continue
+		}
 		go func() {
-			profiled <- saveURL(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", synced[0].admin, max(1, int(syncOverheadFor.Seconds()))), *syncOverheadProf)
+			secs := max(1, int(syncOverheadFor.Seconds()))
+			profiled <- saveURL(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", sets[k][0].admin, secs), file)
 		}()
-	} else {
-		profiled <- nil
 	}
 	var sent [2]int
 	var wg sync.WaitGroup
@@ -160,9 +169,18 @@ func TestSyncOverhead(t *testing.T) {
 	if failures.Load() > 0 {
 		t.Errorf("%d requests failed", failures.Load())
 	}
-	if err := <-profiled; err != nil {
-		t.Errorf("CPU profile: %v", err)
+	for range 2 {
+		if err := <-profiled; err != nil {
+			t.Errorf("CPU profile: %v", err)
+		}
 	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func orDefault(d time.Duration) string {

@@ -272,8 +272,8 @@ defaults
   timeout server 60s
   option http-no-delay
   retries 3
-  option redispatch
-  retry-on conn-failure empty-response response-timeout
+  option redispatch 1
+  retry-on all-retryable-errors
 frontend fe
   bind 127.0.0.1:%d
   default_backend replicas
