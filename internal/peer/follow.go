@@ -85,27 +85,17 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 	}
 	n.m.Streams.Inc()
 	defer n.m.Streams.Dec()
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
-	var buf []byte
+	in := &inbound{n: n, br: bufio.NewReaderSize(resp.Body, 64<<10)}
 	var seq uint64
 	var ev route.Event
 	orig := p.origin()
 	for {
-		var msg []byte
-		msg, buf, err = readFrame(br, n.macKey, n.cfg.MaxMessageBytes, buf)
+		h, dec, r, err := in.next()
 		if err != nil {
-			return n.refused(err)
+			return err
 		}
 		watchdog.Reset(streamSilence)
 		heard.Store(time.Now().UnixNano())
-		n.m.Messages.WithLabelValues("in").Inc()
-		n.m.Bytes.WithLabelValues("in").Add(float64(4 + macSize + len(msg)))
-		r := bytes.NewReader(msg)
-		dec := msgpack.NewDecoder(r)
-		h, err := decodeHeader(dec)
-		if err != nil {
-			return n.refused(err)
-		}
 		switch {
 		case h.nonce != nonce || h.seq != seq+1:
 			return n.refused(fmt.Errorf("%w: frame %d of a stream at %d, or of another stream", errReplayed, h.seq, seq))
@@ -150,6 +140,35 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 		}
 		// Other kinds are a newer minor version's: skipped.
 	}
+}
+
+// inbound reads a stream's messages.
+type inbound struct {
+	n     *Node
+	br    *bufio.Reader
+	buf   []byte
+	bytes int // read so far
+}
+
+// next reads the next message: its header, and a decoder at its payload over r. An error of
+// the wire is counted (refused).
+func (in *inbound) next() (header, *msgpack.Decoder, *bytes.Reader, error) {
+	msg, buf, err := readFrame(in.br, in.n.macKey, in.n.cfg.MaxMessageBytes, in.buf)
+	in.buf = buf
+	if err != nil {
+		return header{}, nil, nil, in.n.refused(err)
+	}
+	size := 4 + macSize + len(msg)
+	in.bytes += size
+	in.n.m.Messages.WithLabelValues("in").Inc()
+	in.n.m.Bytes.WithLabelValues("in").Add(float64(size))
+	r := bytes.NewReader(msg)
+	dec := msgpack.NewDecoder(r)
+	h, err := decodeHeader(dec)
+	if err != nil {
+		return h, nil, nil, in.n.refused(err)
+	}
+	return h, dec, r, nil
 }
 
 // refused counts a message refused for a reason of the wire, and returns err.
@@ -199,25 +218,15 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 	if resp.StatusCode != http.StatusOK {
 		return res, fmt.Errorf("%w: %s answered %s", errStream, p.name, resp.Status)
 	}
-	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	in := &inbound{n: n, br: bufio.NewReaderSize(resp.Body, 64<<10)}
 	var idx bytes.Buffer
 	var flights []route.Event
-	var buf []byte
 	var seq uint64
 	for {
-		var msg []byte
-		msg, buf, err = readFrame(br, n.macKey, n.cfg.MaxMessageBytes, buf)
+		h, dec, r, err := in.next()
+		res.bytes = in.bytes
 		if err != nil {
-			return res, n.refused(err)
-		}
-		res.bytes += 4 + macSize + len(msg)
-		n.m.Messages.WithLabelValues("in").Inc()
-		n.m.Bytes.WithLabelValues("in").Add(float64(4 + macSize + len(msg)))
-		r := bytes.NewReader(msg)
-		dec := msgpack.NewDecoder(r)
-		h, err := decodeHeader(dec)
-		if err != nil {
-			return res, n.refused(err)
+			return res, err
 		}
 		if h.nonce != nonce || h.seq != seq+1 || h.from != p.name {
 			return res, n.refused(fmt.Errorf("%w: snapshot frame %d after %d, or of another stream", errReplayed, h.seq, seq))

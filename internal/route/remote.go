@@ -310,12 +310,8 @@ func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
 		s.mu.Lock()
 		f := s.flights[key]
 		if f == nil {
-			d := DropUnknown
-			if s.ended.has(key) {
-				d = DropDuplicate
-			}
-			s.mu.Unlock()
-			return d
+			defer s.mu.Unlock()
+			return s.unknownLocked(key, false)
 		}
 		if f.first {
 			s.mu.Unlock()
@@ -334,13 +330,8 @@ func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
 		if f == nil {
 			// Remembered, so that a Routed arriving after it (a snapshot taken before the end)
 			// starts nothing.
-			d := DropUnknown
-			if s.ended.has(key) {
-				d = DropDuplicate
-			}
-			s.ended.add(key)
-			s.mu.Unlock()
-			return d
+			defer s.mu.Unlock()
+			return s.unknownLocked(key, true)
 		}
 		s.endLocked(key)
 		s.mu.Unlock()
@@ -362,6 +353,19 @@ func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
 		return DropNone
 	}
 	return DropInvalid
+}
+
+// unknownLocked classifies an event of an attempt not in flight here: a duplicate when it has
+// ended, else unknown; remember records it as ended. The caller holds s.mu.
+func (s *Share) unknownLocked(key flightKey, remember bool) Drop {
+	d := DropUnknown
+	if s.ended.has(key) {
+		d = DropDuplicate
+	}
+	if remember {
+		s.ended.add(key)
+	}
+	return d
 }
 
 func (s *Share) endpoint(name string) *endpoint.Endpoint {

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -39,11 +38,7 @@ func TestSyncOverhead(t *testing.T) {
 		t.Skip("run with -sync-overhead 30s")
 	}
 	bin := kvrouteBinary(t)
-	dir := t.TempDir()
-	secret := filepath.Join(dir, "peers.key")
-	if err := os.WriteFile(secret, []byte("overhead test secret, at least 32 bytes\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, secret := peersDir(t)
 	sim := startProcess(t, bin, nil, func(f []string) (string, bool) {
 		if len(f) > 2 && f[0] == "instance" && f[1] == "0:" {
 			return f[2], true

@@ -44,11 +44,7 @@ func TestReplicas(t *testing.T) {
 		t.Skip("haproxy not installed (apt-get install haproxy)")
 	}
 	bin := kvrouteBinary(t)
-	dir := t.TempDir()
-	secret := filepath.Join(dir, "peers.key")
-	if err := os.WriteFile(secret, []byte("e2e replicas share this secret, 32+ bytes long\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dir, secret := peersDir(t)
 	fleetA := startSimFleet(t, bin, 4)
 	fleetB := startSimFleet(t, bin, 4)
 
@@ -177,6 +173,17 @@ func TestReplicas(t *testing.T) {
 	if after < before-0.03 {
 		t.Errorf("hit rate after the rejoin %.3f, before the cut %.3f: not recovered", after, before)
 	}
+}
+
+// peersDir returns a temporary directory holding a shared secret for replicas, and its path.
+func peersDir(t *testing.T) (dir, secret string) {
+	t.Helper()
+	dir = t.TempDir()
+	secret = filepath.Join(dir, "peers.key")
+	if err := os.WriteFile(secret, []byte("e2e replicas share this secret, 32+ bytes long\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, secret
 }
 
 // startSimFleet runs `kvroute sim` with n H100-TP4 instances on free ports and returns their
