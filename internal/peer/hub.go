@@ -2,7 +2,10 @@ package peer
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
+	"hash"
 	"io"
 	"net/http"
 	"sync"
@@ -136,6 +139,7 @@ func (h *hub) breakAll() {
 // frameWriter writes one stream's frames: its nonce, its sequence, a deadline on each write.
 type frameWriter struct {
 	n     *Node
+	mac   hash.Hash // nil until the first frame
 	w     io.Writer
 	rc    *http.ResponseController
 	nonce [nonceSize]byte
@@ -165,7 +169,10 @@ func (f *frameWriter) write(kind int, sentAt int64, extra func(*msgpack.Encoder)
 	if f.rc != nil {
 		_ = f.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 	}
-	if err := writeFrame(f.w, f.n.macKey, f.head.Bytes(), payload); err != nil {
+	if f.mac == nil {
+		f.mac = hmac.New(sha256.New, f.n.macKey)
+	}
+	if err := writeFrameMAC(f.w, f.mac, f.head.Bytes(), payload); err != nil {
 		return err
 	}
 	if f.rc != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"time"
 
@@ -130,7 +131,12 @@ func appendHeader(b *bytes.Buffer, h *header) error {
 
 // writeFrame writes one frame of the message head+payload under key.
 func writeFrame(w io.Writer, key, head, payload []byte) error {
-	mac := hmac.New(sha256.New, key)
+	return writeFrameMAC(w, hmac.New(sha256.New, key), head, payload)
+}
+
+// writeFrameMAC is writeFrame with a MAC to reuse (a stream's: one per stream, not per frame).
+func writeFrameMAC(w io.Writer, mac hash.Hash, head, payload []byte) error {
+	mac.Reset()
 	mac.Write(head)
 	mac.Write(payload)
 	var pre [4 + macSize]byte

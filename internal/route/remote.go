@@ -158,14 +158,14 @@ type flightKey struct{ origin, id uint64 }
 
 // flight is one attempt in flight, local or remote.
 type flight struct {
-	req       *policy.Request // local: the Call's; remote: rebuilt from the event
-	ep        *endpoint.Endpoint
-	obs       policy.Observer // remote: the observer told of Routed, told of the rest
-	local     bool
-	first     bool
-	ttft      time.Duration
-	deadline  time.Time // remote only
-	predicted int       // remote: this replica's prediction when it heard of it, -1 none
+	req      *policy.Request // local: the Call's; remote: &rebuilt
+	rebuilt  policy.Request  // remote: the request rebuilt from the event (one allocation with the flight)
+	ep       *endpoint.Endpoint
+	obs      policy.Observer // remote: the observer told of Routed, told of the rest
+	local    bool
+	first    bool
+	ttft     time.Duration
+	deadline time.Time // remote only
 }
 
 type expiryEntry struct {
@@ -339,7 +339,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
 		if ev.PromptTokens > 0 {
 			prompt = ev.PromptTokens
 		}
-		s.finish(f, policy.Result{OK: ev.OK, CachedTokens: remoteCached(ev, f.predicted), PromptTokens: prompt,
+		s.finish(f, policy.Result{OK: ev.OK, CachedTokens: remoteCached(ev), PromptTokens: prompt,
 			OutputTokens: ev.OutputTokens, TTFT: ev.TTFT, Duration: ev.Duration})
 		return DropNone
 	case EventRemoved:
@@ -385,12 +385,13 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		return DropUnknownEndpoint
 	}
 	f := &flight{
-		req: &policy.Request{
+		rebuilt: policy.Request{
 			Model: ev.Model, Tenant: ev.Tenant, SessionKey: ev.SessionKey, Blocks: ev.Blocks,
 			BlockTokens: ev.BlockTokens, PromptTokens: ev.PromptTokens, MaxTokens: ev.MaxTokens,
 		},
-		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL), predicted: -1,
+		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
 	}
+	f.req = &f.rebuilt
 	s.mu.Lock()
 	switch {
 	case s.flights[key] != nil || s.ended.has(key):
@@ -416,9 +417,6 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		s.expiry = live
 	}
 	s.mu.Unlock()
-	if lc.predictor != nil {
-		f.predicted = lc.predictor.PredictCached(f.req, ep) // as Call.Next asks it, before Routed
-	}
 	ep.Start(f.req.PromptTokens)
 	if f.obs != nil {
 		f.obs.Routed(f.req, ep)
@@ -431,13 +429,13 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 // predicted. The receiver heard of the attempt later, often after it had routed the same
 // prefix there itself, and so may predict more than the origin did: told the engine's
 // report as it is, it would see an eviction that did not happen (and prefix-aware would forget
-// much of that endpoint). So where the origin saw none, the receiver is told no less than it
-// predicted; where the origin saw one, it is told the engine's report.
-func remoteCached(ev *Event, predicted int) int {
-	if ev.CachedTokens >= 0 && ev.Predicted >= 0 && ev.CachedTokens >= ev.Predicted && predicted > ev.CachedTokens {
-		return predicted
+// much of that endpoint). So the receiver hears the report only where the origin saw an
+// eviction; elsewhere, that the engine did not say (-1).
+func remoteCached(ev *Event) int {
+	if ev.CachedTokens >= 0 && ev.Predicted >= 0 && ev.CachedTokens < ev.Predicted {
+		return ev.CachedTokens
 	}
-	return ev.CachedTokens
+	return -1
 }
 
 // endLocked takes a remote flight out of the table. The caller holds s.mu.
