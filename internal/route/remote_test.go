@@ -391,7 +391,11 @@ func BenchmarkApply(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	eps := pool(&testing.T{}, "e0", "e1", "e2", "e3")
+	p4 := endpoint.NewPool()
+	if _, err := p4.Update([]endpoint.Spec{{Name: "e0"}, {Name: "e1"}, {Name: "e2"}, {Name: "e3"}}); err != nil {
+		b.Fatal(err)
+	}
+	eps := p4.All()
 	s := NewShare(ShareConfig{Self: 2, Clock: clk, Endpoint: func(name string) *endpoint.Endpoint {
 		return eps[int(name[1]-'0')]
 	}})
