@@ -34,11 +34,16 @@ const OtherModel = "other"
 // NoEndpoint is the endpoint label of requests that reached no endpoint.
 const NoEndpoint = "none"
 
-// Retry reasons of kvroute_retries_total.
+// Retry reasons of kvroute_retries_total: the names of the retryable route.Failure classes.
 const (
 	RetryConnectError = "connect_error"
 	RetryUnavailable  = "unavailable"
+	RetryBusy         = "busy"
+	RetryTimeout      = "timeout"
 )
+
+// RetryReasons lists them.
+var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout}
 
 // Statuses made at 0 for every endpoint and model it serves: what an engine answers, what the
 // router relays or makes of it (499 client gone, 502 response unreadable).
@@ -283,8 +288,9 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 		m.Requests.DeletePartialMatch(prometheus.Labels{"model": model, "endpoint": name})
 	}
 	m.dropModelsLocked(old)
-	m.Retries.WithLabelValues(name, RetryConnectError)
-	m.Retries.WithLabelValues(name, RetryUnavailable)
+	for _, r := range RetryReasons {
+		m.Retries.WithLabelValues(name, r)
+	}
 	m.Ejections.WithLabelValues(name)
 	m.CacheBlind.WithLabelValues(name)
 	m.CacheBlindEvents.WithLabelValues(name)

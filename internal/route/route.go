@@ -364,6 +364,7 @@ type Call struct {
 	attempts  int
 	failures  int // attempts that failed before anything reached the client
 	timeouts  int // of which timed out
+	lastFail  Failure
 	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
 	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
 	rawPredicted int
@@ -420,6 +421,7 @@ func (c *Call) Fail(f Failure) (retry bool) {
 		return false
 	}
 	c.failures++
+	c.lastFail = f
 	if f == FailTimeout {
 		c.timeouts++
 	}
@@ -540,6 +542,9 @@ func (c *Call) Endpoint() *endpoint.Endpoint { return c.ep }
 
 // Attempts is the number of attempts made.
 func (c *Call) Attempts() int { return c.attempts }
+
+// LastFailure is how the last failed attempt failed (FailNone when none did).
+func (c *Call) LastFailure() Failure { return c.lastFail }
 
 // TimedOut reports whether every attempt made so far failed by timing out (the answer to the
 // client is then a 504).
