@@ -425,3 +425,7 @@ func (x *Exchange) Cut() { x.c.cut = true }
 // Settle ends the request, whose answer went out with status (499: the client went away):
 // the lifecycle, the tenant's ticket, metrics and the access line. Call it once.
 func (x *Exchange) Settle(status int, method, path string) { x.c.settle(status, method, path) }
+
+// RetryAfter reads how long an engine that answered 429 asks to be left alone (retry-after-ms,
+// else Retry-After; 1 s when it does not say, at most a minute), for route.Call.Backoff.
+func RetryAfter(h http.Header) time.Duration { return retryAfter(h) }
