@@ -170,6 +170,9 @@ func (r *Router) Reload(cfg *config.Config) error {
 		if !reflect.DeepEqual(old.Discovery.DNS, cfg.Discovery.DNS) {
 			r.logger.Warn("discovery.dns changes only on restart")
 		}
+		if old.ExtProc != cfg.ExtProc {
+			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
+		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
 			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||

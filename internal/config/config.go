@@ -58,6 +58,8 @@ type Config struct {
 	Tenants []Tenant `json:"tenants"`
 	// Overload configures admission under overload (see tenants.go).
 	Overload Overload `json:"overload"`
+	// ExtProc serves the Envoy ext_proc endpoint picker (see extproc.go).
+	ExtProc ExtProc `json:"extproc"`
 
 	// Warnings are problems that are not errors (for example authentication off by default);
 	// the caller logs them. Filled by Parse and Load.
@@ -317,7 +319,7 @@ type section interface {
 func (c *Config) sections(checks Checks) []section {
 	return []section{
 		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
-		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload,
+		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, &c.ExtProc,
 	}
 }
 

@@ -1,0 +1,46 @@
+package config
+
+import "net"
+
+// ExtProc serves kvroute as the endpoint picker of an Envoy-based gateway: the Gateway API
+// Inference Extension's protocol over Envoy's ext_proc gRPC service (docs/gateway.md), beside
+// the HTTP API and on the same endpoints, policy and tenants.
+type ExtProc struct {
+	// Listen is the ext_proc gRPC address (host:port), like :9002. Empty (the default): the
+	// picker is not served.
+	Listen string `json:"listen"`
+	// HealthListen serves the gRPC health service alone (liveness, readiness and the ext_proc
+	// service's name), like :9003, for Kubernetes probes and the gateway. Empty: health is
+	// served on Listen only.
+	HealthListen string `json:"health_listen"`
+}
+
+// Enabled reports whether the picker is served.
+func (e ExtProc) Enabled() bool { return e.Listen != "" }
+
+func (e *ExtProc) setDefaults(*Config) {}
+
+func (e *ExtProc) validate(c *Config, p *problems) {
+	if e.Listen == "" {
+		if e.HealthListen != "" {
+			p.add("extproc.health_listen", "set without extproc.listen: give the ext_proc address too, like :9002, or remove it")
+		}
+		return
+	}
+	checkAddr(p, "extproc.listen", e.Listen)
+	if e.HealthListen != "" {
+		checkAddr(p, "extproc.health_listen", e.HealthListen)
+	}
+	// Port 0 anywhere is a free port of its own, not a clash.
+	taken := map[string]string{c.Listen: "listen", c.AdminListen: "admin_listen"}
+	for _, a := range []struct{ path, addr string }{{"extproc.listen", e.Listen}, {"extproc.health_listen", e.HealthListen}} {
+		if _, port, err := net.SplitHostPort(a.addr); a.addr == "" || err != nil || port == "0" {
+			continue
+		}
+		if other, ok := taken[a.addr]; ok {
+			p.add(a.path, "%q is also %s: give it a port of its own (usually :9002 for ext_proc, :9003 for health)", a.addr, other)
+			continue
+		}
+		taken[a.addr] = a.path
+	}
+}
