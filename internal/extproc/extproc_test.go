@@ -148,6 +148,24 @@ func TestBufferedChat(t *testing.T) {
 	}
 }
 
+// TestNoProtocolConfig: a gateway that does not name its body modes is taken to stream both
+// ways in FULL_DUPLEX_STREAMED mode, as the Inference Extension's gateways are configured.
+func TestNoProtocolConfig(t *testing.T) {
+	f := newFixture(t, []string{ep1})
+	e := f.open(t, fullDuplex, fullDuplex)
+	e.cfg = nil
+	e.send(reqHeaders("/v1/chat/completions", false))
+	e.send(reqBody(plainChat, true))
+	if got := destination(e.recv()); got != "10.0.0.1:8000" {
+		t.Errorf("destination = %q", got)
+	}
+	if body, _ := e.streamedBody(false); body != plainChat {
+		t.Errorf("body = %q", body)
+	}
+	e.close()
+	f.streamEnded(t)
+}
+
 // TestStreamedResponseMode: in STREAMED response mode each chunk gets one answer, replacing
 // the chunk when kvroute holds part of an event or drops the usage chunk.
 func TestStreamedResponseMode(t *testing.T) {

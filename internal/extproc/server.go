@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -73,7 +74,10 @@ var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 // Process serves one ext_proc stream: one HTTP request. It returns when the request has ended
 // (nil), or with a gRPC status when the stream broke the protocol after the answer started.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	st := &stream{s: s, srv: srv, ctx: srv.Context(), log: s.logger()}
+	// Envoy names its body modes in its first message (protocol_config, since 1.34); without
+	// it, the modes the Inference Extension's gateways configure are assumed.
+	st := &stream{s: s, srv: srv, ctx: srv.Context(), log: s.logger(),
+		reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
 	return st.run()
 }
 
