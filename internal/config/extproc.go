@@ -13,7 +13,22 @@ type ExtProc struct {
 	// service's name), like :9003, for Kubernetes probes and the gateway. Empty: health is
 	// served on Listen only.
 	HealthListen string `json:"health_listen"`
+	// TLS serves the picker (not health: Kubernetes' gRPC probes speak plain gRPC) over TLS,
+	// as the Inference Extension's own picker does by default: gateways connect to it with
+	// TLS and do not verify its certificate.
+	TLS ExtProcTLS `json:"tls"`
 }
+
+// ExtProcTLS is the picker's certificate: PEM files (relative to the config file's directory,
+// read again when they change), or one made at start (SelfSigned).
+type ExtProcTLS struct {
+	CertFile   string `json:"cert_file"`
+	KeyFile    string `json:"key_file"`
+	SelfSigned bool   `json:"self_signed"`
+}
+
+// Enabled reports whether the picker is served over TLS.
+func (t ExtProcTLS) Enabled() bool { return t.SelfSigned || t.CertFile != "" || t.KeyFile != "" }
 
 // Enabled reports whether the picker is served.
 func (e ExtProc) Enabled() bool { return e.Listen != "" }
@@ -28,6 +43,14 @@ func (e *ExtProc) validate(c *Config, p *problems) {
 		return
 	}
 	checkAddr(p, "extproc.listen", e.Listen)
+	switch t := e.TLS; {
+	case t.SelfSigned && (t.CertFile != "" || t.KeyFile != ""):
+		p.add("extproc.tls", "self_signed and certificate files both set: keep one")
+	case !t.SelfSigned && t.CertFile == "" && t.KeyFile != "":
+		p.add("extproc.tls.cert_file", "missing: give the certificate's PEM file beside key_file")
+	case !t.SelfSigned && t.KeyFile == "" && t.CertFile != "":
+		p.add("extproc.tls.key_file", "missing: give the private key's PEM file beside cert_file")
+	}
 	if e.HealthListen != "" {
 		checkAddr(p, "extproc.health_listen", e.HealthListen)
 	}
