@@ -24,7 +24,7 @@ import (
 // access log, reloads included), so a request picked through Envoy and one proxied by the
 // router are one fleet's traffic to the policy.
 func (r *Router) ExtProc() *extproc.Server {
-	return &extproc.Server{Handler: r.h.Load, Logger: r.logger}
+	return &extproc.Server{Handler: r.h.Load, Logger: r.logger, MaxEndpoints: r.Config().ExtProc.MaxEndpoints}
 }
 
 // ServeExtProc serves the endpoint picker (and gRPC health) on ln, over TLS when extproc.tls

@@ -13,6 +13,10 @@ type ExtProc struct {
 	// service's name), like :9003, for Kubernetes probes and the gateway. Empty: health is
 	// served on Listen only.
 	HealthListen string `json:"health_listen"`
+	// MaxEndpoints bounds the endpoint list given to the gateway (the first choice, then the
+	// fallbacks it may retry on). 0 (the default): 1 + limits.max_retries. 1 for a data plane
+	// that takes one address, such as Envoy's ORIGINAL_DST cluster reading the header.
+	MaxEndpoints int `json:"max_endpoints"`
 	// TLS serves the picker (not health: Kubernetes' gRPC probes speak plain gRPC) over TLS,
 	// as the Inference Extension's own picker does by default: gateways connect to it with
 	// TLS and do not verify its certificate.
@@ -43,6 +47,9 @@ func (e *ExtProc) validate(c *Config, p *problems) {
 		return
 	}
 	checkAddr(p, "extproc.listen", e.Listen)
+	if e.MaxEndpoints < 0 {
+		p.add("extproc.max_endpoints", "%d is negative: give how many endpoints the gateway may be told, like 1, or 0 for 1 + limits.max_retries", e.MaxEndpoints)
+	}
 	switch t := e.TLS; {
 	case t.SelfSigned && (t.CertFile != "" || t.KeyFile != ""):
 		p.add("extproc.tls", "self_signed and certificate files both set: keep one")

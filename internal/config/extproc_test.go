@@ -31,6 +31,7 @@ func TestExtProc(t *testing.T) {
 		{"extproc: {listen: ':9002', health_listen: ':9002'}", `extproc.health_listen: ":9002" is also extproc.listen`},
 		{"extproc: {listen: ':9002', tls: {self_signed: true, cert_file: c.pem, key_file: k.pem}}", "extproc.tls: self_signed and certificate files both set"},
 		{"extproc: {listen: ':9002', tls: {cert_file: c.pem}}", "extproc.tls.key_file: missing"},
+		{"extproc: {listen: ':9002', max_endpoints: -1}", "extproc.max_endpoints: -1 is negative"},
 		{"extproc: {listen: ':9002', grpc: true}", `extproc.grpc: unknown key "grpc"`},
 	} {
 		_, err := Parse([]byte(tc.yaml + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/metrics/metricstest"
@@ -327,6 +328,37 @@ func TestServedFallback(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{ep1 + " connect_error"}, f.health.failures()); diff != "" {
 		t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+	}
+}
+
+// TestMaxEndpointsAndUpstreamAddress: a data plane that takes one address gets one; a plain
+// Envoy says which endpoint answered with the upstream.address attribute.
+func TestMaxEndpointsAndUpstreamAddress(t *testing.T) {
+	f := newFixture(t, []string{ep1, ep2, ep3})
+	f.srv.MaxEndpoints = 2
+	e := f.open(t, fullDuplex, fullDuplex)
+	e.send(reqHeaders("/v1/chat/completions", false))
+	e.send(reqBody(plainChat, true))
+	r := e.recv()
+	if got := destination(r); got != "10.0.0.1:8000,10.0.0.2:8000" {
+		t.Errorf("destination = %q, want two endpoints", got)
+	}
+	if hm := mutation(r.GetRequestHeaders().GetResponse().GetHeaderMutation()); hm[0] != DestinationKey+": 10.0.0.1:8000,10.0.0.2:8000" {
+		t.Errorf("header %q, want the same list as the metadata", hm[0])
+	}
+	e.streamedBody(false)
+	rh := respHeaders(200, "", false, "content-type", "application/json")
+	rh.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
+		"upstream.address": structpb.NewStringValue("10.0.0.2:8000")}}}
+	e.send(rh)
+	e.recv()
+	e.send(respBody(jsonAnswer, true))
+	e.streamedBody(true)
+	e.close()
+	f.streamEnded(t)
+	want := []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=true cached=true"}
+	if diff := cmp.Diff(want, f.pk.events()); diff != "" {
+		t.Errorf("policy events (-want +got):\n%s", diff)
 	}
 }
 

@@ -49,7 +49,11 @@ type decider struct {
 	h      *proxy.Handler
 	client extprocv3.ExternalProcessorClient
 	hdr    http.Header
+	bodies [][]byte // made beforehand, so that the load generator's own work stays small
 }
+
+// body is the i-th request's body.
+func (d *decider) body(i int) []byte { return d.bodies[i%len(d.bodies)] }
 
 func newDecider(tb testing.TB, policyName string) *decider {
 	tb.Helper()
@@ -71,7 +75,11 @@ func newDecider(tb testing.TB, policyName string) *decider {
 	}
 	h := &proxy.Handler{Pool: pool, Lifecycle: lc, Metrics: metrics.New(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)}
 	s := &Server{Handler: func() *proxy.Handler { return h }, Logger: slog.New(slog.DiscardHandler)}
-	return &decider{h: h, client: serve(tb, s, make(chan error, 1<<16)), hdr: http.Header{"Content-Type": {"application/json"}}}
+	d := &decider{h: h, client: serve(tb, s, make(chan error, 1<<16)), hdr: http.Header{"Content-Type": {"application/json"}}}
+	for i := range 4096 {
+		d.bodies = append(d.bodies, chat4K(i))
+	}
+	return d
 }
 
 // inProcess decides for body in the router's process and returns how long that took; the
@@ -199,23 +207,25 @@ func TestDecisionOverhead(t *testing.T) {
 	// Warm both paths (connections, pools, the index) outside the measure.
 	for i := range 200 {
 		for _, p := range paths {
-			if _, err := p.decide(chat4K(i)); err != nil {
+			if _, err := p.decide(d.body(i)); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+	// An open-loop schedule: request i leaves at start + i/rate, late ones at once (a busy
+	// machine delays the generator, not the rate).
 	interval := time.Second / time.Duration(*decisionRate)
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4096) // bounds the requests in flight; a full one is a missed tick
 	missed := 0
 	start := time.Now()
 	for i := 0; ; i++ {
-		now := <-tick.C
-		el := now.Sub(start)
+		el := time.Duration(i) * interval
 		if el >= *decisionFor {
 			break
+		}
+		if d := time.Until(start.Add(el)); d > 0 {
+			time.Sleep(d)
 		}
 		p := paths[int(el / *decisionPhase)%len(paths)]
 		select {
@@ -225,7 +235,7 @@ func TestDecisionOverhead(t *testing.T) {
 			continue
 		}
 		p.sent++
-		body := chat4K(i)
+		body := d.body(i)
 		wg.Go(func() {
 			defer func() { <-sem }()
 			took, err := p.decide(body)
@@ -277,7 +287,7 @@ func BenchmarkDecision4K(b *testing.B) {
 			var sum time.Duration
 			i := 0
 			for b.Loop() {
-				took, err := bc.decide(chat4K(i))
+				took, err := bc.decide(d.body(i))
 				if err != nil {
 					b.Fatal(err)
 				}

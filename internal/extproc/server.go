@@ -60,6 +60,11 @@ type Server struct {
 	// ChunkBytes bounds each body chunk sent back in FULL_DUPLEX_STREAMED mode; 0:
 	// DefaultChunkBytes.
 	ChunkBytes int
+	// MaxEndpoints bounds the list given to Envoy: the first choice and the fallbacks Envoy
+	// tries in turn when its retry policy allows. 0: as many as the lifecycle ranks (1 +
+	// limits.max_retries). 1 for a data plane that takes a single address, such as Envoy's
+	// ORIGINAL_DST cluster reading the header.
+	MaxEndpoints int
 
 	addrs  sync.Map // endpoint name -> its "ip:port" for Envoy, "" when its host is not an IP
 	nAddrs int      // entries in addrs, approximately: the map is cleared past maxAddrs

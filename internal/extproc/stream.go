@@ -307,6 +307,9 @@ func (st *stream) pick(trailers bool) error {
 	// (a tenant's cache_salt goes only to engines that honour it).
 	st.ranked = append(st.ranked[:0], st.s.Addr(first))
 	for _, ep := range rc.Ranked()[1:] {
+		if st.s.MaxEndpoints > 0 && len(st.ranked) >= st.s.MaxEndpoints {
+			break
+		}
 		if a := st.s.Addr(ep); a != "" && bytes.Equal(st.x.Body(ep), body) {
 			st.ranked = append(st.ranked, a)
 		}
@@ -426,10 +429,20 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
 }
 
-// served is the endpoint Envoy says answered (ServedKey), "" when it does not say.
+// served is the endpoint Envoy says answered: ServedKey in the LBNamespace metadata (the
+// Inference Extension's gateways), else the upstream.address attribute (a plain Envoy whose
+// filter lists it in response_attributes); "" when it says neither.
 func served(req *extprocv3.ProcessingRequest) string {
 	ns := req.GetMetadataContext().GetFilterMetadata()[LBNamespace]
-	return ns.GetFields()[ServedKey].GetStringValue()
+	if a := ns.GetFields()[ServedKey].GetStringValue(); a != "" {
+		return a
+	}
+	for _, attrs := range req.GetAttributes() {
+		if a := attrs.GetFields()["upstream.address"].GetStringValue(); a != "" {
+			return a
+		}
+	}
+	return ""
 }
 
 // follow moves the call's attempt to the endpoint that answered, when Envoy went down the list:
