@@ -64,6 +64,7 @@ type Router struct {
 	prober    *scrape.Prober
 	state     *route.State   // response pins, across reloads
 	outlier   *route.Outlier // passive ejection, across reloads
+	audit     *route.Audit   // predicted against reported cached tokens, across reloads
 	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
 	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 
@@ -95,6 +96,15 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		transport: h1.New(proxy.DefaultTransport()),
 	}
 	r.outlier = route.NewOutlier(r.outlierConfig(cfg), nil)
+	r.audit = route.NewAudit(route.AuditConfig{OnChange: func(ep *endpoint.Endpoint, blind bool, found, predicted float64) {
+		r.metrics.EndpointCacheBlind(ep.Name, blind)
+		if blind {
+			r.logger.Warn("the engine reports far fewer cached tokens than predicted: routing to it on load alone until they agree (check its cache salt, tokenizer, block size and prefix caching)",
+				"endpoint", ep.Name, "found_share", found/predicted)
+		} else {
+			r.logger.Info("the engine's cached tokens agree with the predictions again", "endpoint", ep.Name, "found_share", found/predicted)
+		}
+	}})
 	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
 	r.transport.Dialer = dialer
 	r.transport.Fallback.DialContext = dialer.DialContext
@@ -231,6 +241,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Health:   r.outlier,
 		State:    r.state,
 		WarmUp:   cfg.Health.WarmUpTime(),
+		Audit:    r.audit,
 	})
 	if err != nil {
 		return err
@@ -442,6 +453,10 @@ type EndpointInfo struct {
 	Probe          scrape.Status      `json:"probe"`
 	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
+	CacheAudit route.AuditStatus `json:"cache_audit"`
+	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
+	TokenScale float64 `json:"token_scale"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -458,6 +473,8 @@ func (r *Router) Endpoints() []EndpointInfo {
 		if info.Models == nil {
 			info.Models = []string{}
 		}
+		info.CacheAudit = r.audit.Status(e)
+		info.TokenScale = e.TokenScale()
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false

@@ -34,11 +34,16 @@ const OtherModel = "other"
 // NoEndpoint is the endpoint label of requests that reached no endpoint.
 const NoEndpoint = "none"
 
-// Retry reasons of kvroute_retries_total.
+// Retry reasons of kvroute_retries_total: the names of the retryable route.Failure classes.
 const (
 	RetryConnectError = "connect_error"
 	RetryUnavailable  = "unavailable"
+	RetryBusy         = "busy"
+	RetryTimeout      = "timeout"
 )
+
+// RetryReasons lists them.
+var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout}
 
 // Statuses made at 0 for every endpoint and model it serves: what an engine answers, what the
 // router relays or makes of it (499 client gone, 502 response unreadable).
@@ -114,8 +119,13 @@ type Metrics struct {
 	PickDuration            prometheus.Histogram
 	Retries                 *prometheus.CounterVec // endpoint, reason
 	Ejections               *prometheus.CounterVec // endpoint
-	Rewrites                prometheus.Counter
-	Reloads                 *prometheus.CounterVec // result
+	// CacheBlind is 1 while an endpoint's engine reports far fewer cached tokens than the
+	// router predicted (a silent zero hit: the router then routes there on load alone), and
+	// CacheBlindEvents counts such verdicts.
+	CacheBlind       *prometheus.GaugeVec   // endpoint
+	CacheBlindEvents *prometheus.CounterVec // endpoint
+	Rewrites         prometheus.Counter
+	Reloads          *prometheus.CounterVec // result
 	// DiscoveryErrors counts failed discovery updates (a file that does not load, a name that
 	// does not resolve); DiscoveredEndpoints is what each source gives now. source is "file" or
 	// "dns:<name>", from the config: bounded.
@@ -192,7 +202,15 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error, unavailable).",
 		}, []string{"endpoint", "reason"}),
 		Ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive connection errors.",
+			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive failures (connection errors, 5xx, timeouts, lost requests, cut streams).",
+		}, []string{"endpoint"}),
+		CacheBlind: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_endpoint_cache_blind",
+			Help: "1 while the engine reports far fewer cached tokens than the router predicted (a silent zero hit: wrong salt, tokenizer or block size, caching off); the router then routes there on load alone.",
+		}, []string{"endpoint"}),
+		CacheBlindEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_endpoint_cache_blind_total",
+			Help: "Times the engine's cache reports were found far below the router's predictions (kvroute_endpoint_cache_blind went to 1).",
 		}, []string{"endpoint"}),
 		Rewrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_normalize_rewrites_total", Help: "Requests whose prompt was rewritten to its normalised form before forwarding.",
@@ -214,7 +232,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
-		m.Retries, m.Ejections, m.Rewrites, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
+		m.Retries, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
 	m.Reloads.WithLabelValues("ok")
 	m.Reloads.WithLabelValues("error")
 	m.modelSeries(UnknownModel)
@@ -270,9 +288,12 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 		m.Requests.DeletePartialMatch(prometheus.Labels{"model": model, "endpoint": name})
 	}
 	m.dropModelsLocked(old)
-	m.Retries.WithLabelValues(name, RetryConnectError)
-	m.Retries.WithLabelValues(name, RetryUnavailable)
+	for _, r := range RetryReasons {
+		m.Retries.WithLabelValues(name, r)
+	}
 	m.Ejections.WithLabelValues(name)
+	m.CacheBlind.WithLabelValues(name)
+	m.CacheBlindEvents.WithLabelValues(name)
 	m.EndpointPredictedCached.WithLabelValues(name)
 	if e := m.ejected[name]; e != nil {
 		m.endEjectionLocked(e)
@@ -325,6 +346,8 @@ func (m *Metrics) ForgetEndpoint(name string) {
 	m.Requests.DeletePartialMatch(l)
 	m.Retries.DeletePartialMatch(l)
 	m.Ejections.DeletePartialMatch(l)
+	m.CacheBlind.DeletePartialMatch(l)
+	m.CacheBlindEvents.DeletePartialMatch(l)
 	m.EndpointPredictedCached.DeletePartialMatch(l)
 	m.dropModelsLocked(gone)
 }
@@ -400,6 +423,17 @@ func (m *Metrics) endEjectionLocked(e *ejection) {
 		e.total += max(0, end.Sub(e.since))
 		e.since, e.until = time.Time{}, time.Time{}
 	}
+}
+
+// EndpointCacheBlind records the cache audit's verdict on the endpoint (see
+// kvroute_endpoint_cache_blind).
+func (m *Metrics) EndpointCacheBlind(name string, blind bool) {
+	v := 0.0
+	if blind {
+		v = 1
+		m.CacheBlindEvents.WithLabelValues(name).Inc()
+	}
+	m.CacheBlind.WithLabelValues(name).Set(v)
 }
 
 // PredictedCachedTokens counts the cached tokens the policy predicted on the endpoint that

@@ -858,3 +858,17 @@ func TestLlamaCppTimingsCached(t *testing.T) {
 		t.Errorf("engine cached tokens = %v, want 9 + 7 from timings.cache_n", n)
 	}
 }
+
+// TestRetryReasonsMatchFailures: the retry reasons made at 0 in the metrics are exactly the
+// retryable failure classes of the lifecycle.
+func TestRetryReasonsMatchFailures(t *testing.T) {
+	var want []string
+	for f := route.FailNone; f <= route.FailCanceled; f++ {
+		if f.Retryable() {
+			want = append(want, f.String())
+		}
+	}
+	if diff := cmp.Diff(want, metrics.RetryReasons); diff != "" {
+		t.Errorf("retry reasons (-route +metrics):\n%s", diff)
+	}
+}

@@ -33,6 +33,10 @@ type Config struct {
 	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
 	// Nil: a private one.
 	State *State
+	// Audit, when set, compares each request's predicted cached tokens with what the engine
+	// reported, and makes an endpoint blind while they disagree (silent zero hits): the
+	// policy, if it implements policy.CacheBlind, then ranks it on load alone.
+	Audit *Audit
 	// WarmUp is how long an endpoint that joins after the lifecycle started takes to reach its
 	// full share of traffic (slow start): while it warms up, a request that the policy ranks
 	// it first for keeps it first only with a probability growing linearly from 0 to 1 (by a
@@ -155,6 +159,8 @@ type Lifecycle struct {
 	health    Health
 	state     *State
 	warmup    time.Duration
+	audit     *Audit
+	blinder   policy.CacheBlind
 }
 
 // New builds a Lifecycle.
@@ -163,6 +169,15 @@ func New(cfg Config) (*Lifecycle, error) {
 		return nil, errors.New("route: a Lifecycle needs a Picker")
 	}
 	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp}
+	lc.audit = cfg.Audit
+	if lc.audit != nil {
+		lc.blinder, _ = cfg.Picker.(policy.CacheBlind)
+		if lc.blinder != nil {
+			for _, ep := range lc.audit.blindOnes() { // a policy rebuilt on reload
+				lc.blinder.SetCacheBlind(ep, true)
+			}
+		}
+	}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	if lc.clock == nil {
@@ -192,7 +207,11 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 		lc.observer.Removed(ep)
 	}
 	lc.health.Forget(ep)
+	lc.audit.Forget(ep)
 }
+
+// Audit returns the cache-report audit, nil when there is none.
+func (lc *Lifecycle) Audit() *Audit { return lc.audit }
 
 // Health returns passive health checking.
 func (lc *Lifecycle) Health() Health { return lc.health }
@@ -203,7 +222,7 @@ func (lc *Lifecycle) Health() Health { return lc.health }
 // req is kept and must not change until the Call has finished. The returned Call has no
 // attempt yet: call Next.
 func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint, pin string, arrival time.Time) (*Call, error) {
-	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1}
+	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1, rawPredicted: -1}
 	now := lc.clock.Now()
 	candidates = lc.admitted(candidates, now)
 	if len(candidates) == 0 {
@@ -339,10 +358,13 @@ type Call struct {
 	attempts  int
 	failures  int // attempts that failed before anything reached the client
 	timeouts  int // of which timed out
-	predicted int // the policy's predicted cached tokens on ep, -1 unknown
-	firstAt   time.Time
-	finished  bool
-	ok        bool
+	lastFail  Failure
+	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
+	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
+	rawPredicted int
+	firstAt      time.Time
+	finished     bool
+	ok           bool
 }
 
 // Ranked returns the endpoints the request may be sent to, in order.
@@ -364,9 +386,13 @@ func (c *Call) Next() *endpoint.Endpoint {
 		}
 		c.ep, c.open = ep, true
 		c.attempts++
-		c.predicted = -1
+		c.predicted, c.rawPredicted = -1, -1
 		if p := c.lc.predictor; p != nil {
-			c.predicted = p.PredictCached(c.Req, ep)
+			c.rawPredicted = p.PredictCached(c.Req, ep)
+			c.predicted = c.rawPredicted
+			if c.lc.audit.Blind(ep) {
+				c.predicted = 0 // what the router expects there now: nothing
+			}
 		}
 		ep.Start(c.Req.PromptTokens)
 		if o := c.lc.observer; o != nil {
@@ -386,6 +412,7 @@ func (c *Call) Fail(f Failure) (retry bool) {
 		return false
 	}
 	c.failures++
+	c.lastFail = f
 	if f == FailTimeout {
 		c.timeouts++
 	}
@@ -491,6 +518,11 @@ func (c *Call) Finish(o Outcome) {
 	if o.OK && o.ResponseID != "" {
 		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
 	}
+	if o.OK {
+		if changed, blind := c.lc.audit.Observe(c.ep, c.rawPredicted, cached, now); changed && c.lc.blinder != nil {
+			c.lc.blinder.SetCacheBlind(c.ep, blind)
+		}
+	}
 }
 
 // Endpoint returns the endpoint of the attempt in progress or of the last one, or nil when no
@@ -499,6 +531,9 @@ func (c *Call) Endpoint() *endpoint.Endpoint { return c.ep }
 
 // Attempts is the number of attempts made.
 func (c *Call) Attempts() int { return c.attempts }
+
+// LastFailure is how the last failed attempt failed (FailNone when none did).
+func (c *Call) LastFailure() Failure { return c.lastFail }
 
 // TimedOut reports whether every attempt made so far failed by timing out (the answer to the
 // client is then a 504).
