@@ -22,6 +22,27 @@ import (
 	"github.com/kvroute/kvroute/internal/extproc"
 )
 
+// extProcRouter builds a router over one endpoint with the extra config.
+func extProcRouter(t *testing.T, extra string) *Router {
+	t.Helper()
+	r, err := NewRouter(routerConfig(t, extra, "http://10.1.2.3:8000"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+// loopback listens on a free loopback port.
+func loopback(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
 // TestRouterServesExtProc: the router's endpoint picker over TLS (a certificate of its own, or
 // files), gRPC health in plain text beside it, a pick among the router's endpoints, and a clean
 // stop.
@@ -38,20 +59,8 @@ func TestRouterServesExtProc(t *testing.T) {
 		{"files", "{cert_file: " + certFile + ", key_file: " + keyFile + "}", &tls.Config{RootCAs: roots}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := NewRouter(routerConfig(t, "extproc: {listen: 127.0.0.1:0, health_listen: 127.0.0.1:0, tls: "+tc.tls+"}\n",
-				"http://10.1.2.3:8000"), slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(r.Close)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			hln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := extProcRouter(t, "extproc: {listen: 127.0.0.1:0, health_listen: 127.0.0.1:0, tls: "+tc.tls+"}\n")
+			ln, hln := loopback(t), loopback(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			served := make(chan error, 1)
@@ -114,18 +123,10 @@ func TestRouterServesExtProc(t *testing.T) {
 // TestExtProcTLSFilesMissing: a certificate file that does not exist is an error naming the
 // section.
 func TestExtProcTLSFilesMissing(t *testing.T) {
-	r, err := NewRouter(routerConfig(t, "extproc: {listen: 127.0.0.1:0, tls: {cert_file: /nonexistent/c.pem, key_file: /nonexistent/k.pem}}\n",
-		"http://10.1.2.3:8000"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := extProcRouter(t, "extproc: {listen: 127.0.0.1:0, tls: {cert_file: /nonexistent/c.pem, key_file: /nonexistent/k.pem}}\n")
+	ln := loopback(t)
 	defer ln.Close()
-	err = r.ServeExtProc(context.Background(), ln, nil)
+	err := r.ServeExtProc(context.Background(), ln, nil)
 	if err == nil || !strings.HasPrefix(err.Error(), "extproc.tls: ") {
 		t.Errorf("ServeExtProc = %v, want an extproc.tls error", err)
 	}

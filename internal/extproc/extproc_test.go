@@ -309,11 +309,7 @@ func TestSubsetHint(t *testing.T) {
 // the attempt follows it, and only the first endpoint's failure is counted against it.
 func TestServedFallback(t *testing.T) {
 	f := newFixture(t, []string{ep1, ep2, ep3})
-	e := f.open(t, fullDuplex, fullDuplex)
-	e.send(reqHeaders("/v1/chat/completions", false))
-	e.send(reqBody(plainChat, true))
-	e.recv()
-	e.streamedBody(false)
+	e, _ := f.routed(t, plainChat)
 	e.send(respHeaders(200, "10.0.0.2:8000", false, "content-type", "application/json"))
 	e.recv()
 	e.send(respBody(jsonAnswer, true))
@@ -336,17 +332,13 @@ func TestServedFallback(t *testing.T) {
 func TestMaxEndpointsAndUpstreamAddress(t *testing.T) {
 	f := newFixture(t, []string{ep1, ep2, ep3})
 	f.srv.MaxEndpoints = 2
-	e := f.open(t, fullDuplex, fullDuplex)
-	e.send(reqHeaders("/v1/chat/completions", false))
-	e.send(reqBody(plainChat, true))
-	r := e.recv()
+	e, r := f.routed(t, plainChat)
 	if got := destination(r); got != "10.0.0.1:8000,10.0.0.2:8000" {
 		t.Errorf("destination = %q, want two endpoints", got)
 	}
 	if hm := mutation(r.GetRequestHeaders().GetResponse().GetHeaderMutation()); hm[0] != DestinationKey+": 10.0.0.1:8000,10.0.0.2:8000" {
 		t.Errorf("header %q, want the same list as the metadata", hm[0])
 	}
-	e.streamedBody(false)
 	rh := respHeaders(200, "", false, "content-type", "application/json")
 	rh.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
 		"upstream.address": structpb.NewStringValue("10.0.0.2:8000")}}}
@@ -366,13 +358,8 @@ func TestMaxEndpointsAndUpstreamAddress(t *testing.T) {
 // the call, which does not count against the endpoint.
 func TestClientCancel(t *testing.T) {
 	f := newFixture(t, []string{ep1})
-	e := f.open(t, fullDuplex, fullDuplex)
-	e.send(reqHeaders("/v1/chat/completions", false))
-	e.send(reqBody(streamChat, true))
-	e.recv()
-	e.streamedBody(false)
-	e.send(respHeaders(200, "", false, "content-type", "text/event-stream"))
-	e.recv()
+	e, _ := f.routed(t, streamChat)
+	e.head("text/event-stream")
 	e.send(respBody(event1, false))
 	if c, eos := e.chunk(true); c != event1 || eos {
 		t.Fatalf("first event = %q eos=%v", c, eos)
@@ -418,13 +405,8 @@ func TestCancelBeforePick(t *testing.T) {
 // TestCutStream: the engine's stream ends without its terminator: a failure of the endpoint.
 func TestCutStream(t *testing.T) {
 	f := newFixture(t, []string{ep1})
-	e := f.open(t, fullDuplex, fullDuplex)
-	e.send(reqHeaders("/v1/chat/completions", false))
-	e.send(reqBody(streamChat, true))
-	e.recv()
-	e.streamedBody(false)
-	e.send(respHeaders(200, "", false, "content-type", "text/event-stream"))
-	e.recv()
+	e, _ := f.routed(t, streamChat)
+	e.head("text/event-stream")
 	e.send(respBody(event1, false))
 	e.send(respBody("", true))
 	if got, _ := e.streamedBody(true); got != event1 {
@@ -450,11 +432,7 @@ func TestOutOfOrderAfterPick(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, []string{ep1})
-			e := f.open(t, fullDuplex, fullDuplex)
-			e.send(reqHeaders("/v1/chat/completions", false))
-			e.send(reqBody(plainChat, true))
-			e.recv()
-			e.streamedBody(false)
+			e, _ := f.routed(t, plainChat)
 			e.send(tc.msg)
 			if _, err := e.c.Recv(); status.Code(err) != codes.InvalidArgument {
 				t.Errorf("Recv = %v, want InvalidArgument", err)
@@ -565,8 +543,7 @@ tenants:
 	if !strings.Contains(body, `"cache_salt":`) {
 		t.Errorf("forwarded body %s lacks the tenant's cache_salt", body)
 	}
-	e.send(respHeaders(200, "", false, "content-type", "application/json"))
-	rh := mutation(e.recv().GetResponseHeaders().GetResponse().GetHeaderMutation())
+	rh := mutation(e.head("application/json").GetResponseHeaders().GetResponse().GetHeaderMutation())
 	if !slices.Contains(rh, "x-ratelimit-limit-requests: 1") {
 		t.Errorf("response header mutation %v lacks the rate-limit headers", rh)
 	}

@@ -166,13 +166,20 @@ func (t tracked) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	return err
 }
 
-// serve serves s on a loopback port and returns a client connected to it; both stop with t.
-func serve(t testing.TB, s *Server, ended chan error) extprocv3.ExternalProcessorClient {
+// loopback listens on a free loopback port.
+func loopback(t testing.TB) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ln
+}
+
+// serve serves s on a loopback port and returns a client connected to it; both stop with t.
+func serve(t testing.TB, s *Server, ended chan error) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	ln := loopback(t)
 	g := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(g, tracked{s: s, ended: ended})
 	served := make(chan struct{})
@@ -321,6 +328,28 @@ func mutation(m *extprocv3.HeaderMutation) []string {
 // destination is the endpoint list of a response's dynamic metadata.
 func destination(resp *extprocv3.ProcessingResponse) string {
 	return resp.GetDynamicMetadata().GetFields()[LBNamespace].GetStructValue().GetFields()[DestinationKey].GetStringValue()
+}
+
+// routed plays Envoy in FULL_DUPLEX_STREAMED mode up to the pick: the headers (extra ones in
+// kv) and the whole body sent, the answer to the headers (returned) and the body back.
+func (f *fixture) routed(t testing.TB, body string, kv ...string) (*envoy, *extprocv3.ProcessingResponse) {
+	t.Helper()
+	e := f.open(t, fullDuplex, fullDuplex)
+	e.send(reqHeaders("/v1/chat/completions", false, kv...))
+	e.send(reqBody(body, true))
+	r := e.recv()
+	if r.GetRequestHeaders() == nil {
+		t.Fatalf("want the answer to the request headers, got %v", r)
+	}
+	e.streamedBody(false)
+	return e, r
+}
+
+// head sends the response headers (status 200 of content type ct) and receives their answer.
+func (e *envoy) head(ct string) *extprocv3.ProcessingResponse {
+	e.t.Helper()
+	e.send(respHeaders(200, "", false, "content-type", ct))
+	return e.recv()
 }
 
 // chunk receives one streamed body chunk (request or response) and whether it ends the body.

@@ -3,7 +3,6 @@ package extproc
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -52,14 +51,7 @@ func waitStatus(t *testing.T, hc healthpb.HealthClient, service string, want hea
 // in flight is given its drain time and Serve returns nil.
 func TestServeHealthAndDrain(t *testing.T) {
 	f := newFixture(t, []string{ep1})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln, hln := loopback(t), loopback(t)
 	s := &Server{Handler: func() *proxy.Handler { return f.h }, Logger: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -83,6 +75,7 @@ func TestServeHealthAndDrain(t *testing.T) {
 	e := &envoy{t: t, cfg: &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}}
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
+	var err error
 	e.c, err = extprocv3.NewExternalProcessorClient(dial(t, ln.Addr().String())).Process(sctx)
 	if err != nil {
 		t.Fatal(err)
