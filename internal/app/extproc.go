@@ -33,7 +33,9 @@ func (r *Router) ExtProc() *extproc.Server {
 // runs discovery, health checks and scraping.
 func (r *Router) ServeExtProc(ctx context.Context, ln, healthLn net.Listener) error {
 	cfg := r.Config()
-	var opts []grpc.ServerOption
+	// A BUFFERED body comes in one message: let one as large as limits.max_body_bytes in (with
+	// room for its headers), so that kvroute, not gRPC's 4 MiB default, answers one too large.
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(int(min(cfg.Limits.MaxBodyBytes, 1<<30)) + 1<<20)}
 	if t := cfg.ExtProc.TLS; t.Enabled() {
 		tc, err := r.extProcTLS(t.SelfSigned, cfg.Path(t.CertFile), cfg.Path(t.KeyFile))
 		if err != nil {

@@ -131,3 +131,49 @@ func TestExtProcTLSFilesMissing(t *testing.T) {
 		t.Errorf("ServeExtProc = %v, want an extproc.tls error", err)
 	}
 }
+
+// TestExtProcLargeBufferedBody: in BUFFERED mode a body comes in one message; one larger than
+// gRPC's default limit (4 MiB) but within limits.max_body_bytes is picked for, not refused by
+// gRPC.
+func TestExtProcLargeBufferedBody(t *testing.T) {
+	r := extProcRouter(t, "extproc: {listen: 127.0.0.1:0}\n")
+	ln := loopback(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- r.ServeExtProc(ctx, ln, nil) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 500_000) // 6 MB + `"}]}`
+	hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+	}}
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_BUFFERED},
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}},
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		res, err := st.Recv()
+		if err != nil {
+			t.Fatalf("a %d-byte body: %v", len(body), err)
+		}
+		if b := res.GetRequestBody(); b != nil && res.GetDynamicMetadata() == nil {
+			t.Errorf("no pick for a %d-byte body: %v", len(body), res)
+		}
+	}
+	_ = st.CloseSend()
+	cancel()
+	if err := <-served; err != nil {
+		t.Errorf("ServeExtProc = %v", err)
+	}
+}
