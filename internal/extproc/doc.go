@@ -14,8 +14,9 @@
 //     to the request headers (FULL_DUPLEX_STREAMED: deferred until the body's end, the body
 //     then streamed back) or to the request body (BUFFERED);
 //   - with an ImmediateResponse carrying an OpenAI error body when the request is refused:
-//     401, 404, 413, 429 (tenant limits), 503 (no eligible endpoint, overloaded), 400 for a
-//     malformed body, 500 for messages out of the protocol's order;
+//     401, 404, 413, 429 (tenant limits, and requests shed because the fleet is overloaded,
+//     which `kvroute serve` answers with 503), 503 (no eligible endpoint), 400 for a malformed
+//     body, 500 for messages out of the protocol's order;
 //   - to the response headers and body by passing them on (streams event by event, the
 //     usage chunk the router asked for dropped), learning the first token time, the usage
 //     and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served, which

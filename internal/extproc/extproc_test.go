@@ -16,8 +16,10 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
 
@@ -273,6 +275,25 @@ func TestImmediateErrors(t *testing.T) {
 				t.Errorf("the policy heard %v of a refused request", ev)
 			}
 		})
+	}
+}
+
+// TestShedding: a fleet too busy to take the request sheds it with 429, as the protocol asks.
+func TestShedding(t *testing.T) {
+	f := newFixture(t, []string{ep1}, func(h *proxy.Handler) {
+		h.Saturated = func([]*endpoint.Endpoint) bool { return true }
+	})
+	e := f.open(t, fullDuplex, fullDuplex)
+	e.send(reqHeaders("/v1/chat/completions", false))
+	e.send(reqBody(plainChat, true))
+	st, oe, hdrs := e.immediate()
+	if st != http.StatusTooManyRequests || *oe.Code != "overloaded" || !slices.Contains(hdrs, "retry-after: 1") {
+		t.Errorf("saturated fleet: %d %v %v, want 429 overloaded with retry-after", st, oe, hdrs)
+	}
+	f.streamEnded(t)
+	v := metricstest.Values(t, f.reg, "kvroute_requests_total")
+	if got := v["kvroute_requests_total{endpoint=none,model=m,status=429}"]; got != 1 {
+		t.Errorf("requests_total 429 = %v, want 1", got)
 	}
 }
 

@@ -558,9 +558,16 @@ func (st *stream) exchange(requestID string) {
 	}
 }
 
-// immediate answers the request with e, ending the stream.
+// immediate answers the request with e, ending the stream. A request shed because the fleet
+// is overloaded is a 429 to the gateway (the protocol keeps 503 for "no endpoint eligible"),
+// where `kvroute serve` answers 503.
 func (st *stream) immediate(e *openai.Error) error {
 	st.exchange("")
+	if e.Status == http.StatusServiceUnavailable && e.Code != nil && *e.Code == "overloaded" {
+		shed := *e
+		shed.Status = http.StatusTooManyRequests
+		e = &shed
+	}
 	st.x.Refused(e)
 	return st.immediateBody(e.Status, e.Body())
 }
