@@ -278,6 +278,42 @@ func TestImmediateErrors(t *testing.T) {
 	}
 }
 
+// TestResponseBodyModeNone: without the answer's body kvroute learns its status only, and the
+// stream's end settles the request as the head said; a head that ends the answer settles it at
+// once.
+func TestResponseBodyModeNone(t *testing.T) {
+	f := newFixture(t, []string{ep1})
+	e := f.open(t, buffered, noBody)
+	e.send(reqHeaders("/v1/chat/completions", false))
+	e.recv()
+	e.send(reqBody(streamChat, true))
+	if bm := e.recv().GetRequestBody().GetResponse().GetBodyMutation(); bm != nil {
+		t.Errorf("body changed (%v) though kvroute cannot drop the usage chunk it would ask for", bm)
+	}
+	e.head("text/event-stream")
+	if n := f.pool.ByName(ep1).InFlight(); n != 1 {
+		t.Errorf("in flight while the answer streams = %d, want 1", n)
+	}
+	e.close()
+	f.streamEnded(t)
+
+	e = f.open(t, fullDuplex, fullDuplex)
+	e.send(reqHeaders("/v1/chat/completions", false))
+	e.send(reqBody(plainChat, true))
+	e.recv()
+	e.streamedBody(false)
+	e.send(respHeaders(500, "", true))
+	e.recv()
+	f.streamEnded(t)
+	want := []string{"routed " + ep1, "done " + ep1 + " ok=true cached=false", "routed " + ep1, "done " + ep1 + " ok=false cached=false"}
+	if diff := cmp.Diff(want, f.pk.events()); diff != "" {
+		t.Errorf("policy events (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{ep1 + " server_error"}, f.health.failures()); diff != "" {
+		t.Errorf("failures (-want +got):\n%s", diff)
+	}
+}
+
 // TestShedding: a fleet too busy to take the request sheds it with 429, as the protocol asks.
 func TestShedding(t *testing.T) {
 	f := newFixture(t, []string{ep1}, func(h *proxy.Handler) {

@@ -416,14 +416,12 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 		remove = []string{"content-length"} // the usage chunk may be dropped
 	}
 	st.phase = answering
-	if m.GetEndOfStream() || st.respMode == filterv3.ProcessingMode_NONE {
-		// No body to see: the answer is its head (NONE mode: the stream's end will end it).
-		if m.GetEndOfStream() {
-			st.x.Complete()
-			st.finishAnswer()
-			st.phase = done
-		}
+	if m.GetEndOfStream() { // no body: the answer is its head
+		st.x.Complete()
+		st.finishAnswer()
+		st.phase = done
 	}
+	// In response_body_mode NONE no body comes either: the stream's end settles the request.
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
