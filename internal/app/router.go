@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/metrics"
@@ -35,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // Router is a whole router built from a config: the endpoint pool (static endpoints plus the
@@ -56,6 +58,9 @@ type Router struct {
 	// gate's admission queue (overload section).
 	Admit     func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
 	Saturated func(candidates []*endpoint.Endpoint) bool
+	// KubeClient, when set, is what the discovery.kubernetes sources talk to instead of the
+	// clients their kubeconfig (or the in-cluster account) gave (tests use a fake).
+	KubeClient kube.Client
 
 	logger    *slog.Logger
 	reg       *prometheus.Registry
@@ -72,8 +77,9 @@ type Router struct {
 	cfg        *config.Config
 	picker     policy.Picker
 	policyKey  string
-	discovered [][]endpoint.Spec // per source: [0] the discovery file, then each discovery.dns name
+	discovered [][]endpoint.Spec // per source: [0] the discovery file, each discovery.dns name, each discovery.kubernetes entry
 	dns        []*discovery.DNSSource
+	kube       []*kube.Source
 	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
@@ -125,7 +131,10 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	r.gate = gate
 	r.dns = discovery.DNSFromConfig(cfg, logger)
-	r.discovered = make([][]endpoint.Spec, 1+len(r.dns))
+	if r.kube, err = kube.FromConfig(cfg, version.UserAgent(), logger); err != nil {
+		return nil, err
+	}
+	r.discovered = make([][]endpoint.Spec, 1+len(r.dns)+len(r.kube))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
 		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
@@ -179,6 +188,9 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		if !reflect.DeepEqual(old.Discovery.DNS, cfg.Discovery.DNS) {
 			r.logger.Warn("discovery.dns changes only on restart")
+		}
+		if !reflect.DeepEqual(old.Discovery.Kubernetes, cfg.Discovery.Kubernetes) {
+			r.logger.Warn("discovery.kubernetes changes only on restart")
 		}
 		if old.ExtProc != cfg.ExtProc {
 			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
@@ -357,7 +369,7 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 2+len(r.dns)) // the prober, the file, the names: none may block
+	errc := make(chan error, 2+len(r.dns)+len(r.kube)) // the prober, the file, the names, the watches: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
@@ -372,6 +384,14 @@ func (r *Router) Run(ctx context.Context) error {
 		wg.Go(func() {
 			errc <- d.Run(ctx, last, func(specs []endpoint.Spec) error { return r.setDiscovered(1+i, specs) })
 		})
+	}
+	for i, k := range r.kube {
+		j := 1 + len(r.dns) + i
+		k.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(j)).Inc() }
+		if r.KubeClient != nil {
+			k.Client = r.KubeClient
+		}
+		wg.Go(func() { errc <- k.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(j, specs) }) })
 	}
 	wg.Wait()
 	close(errc)
@@ -399,12 +419,16 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	return nil
 }
 
-// sourceName labels discovery source i in metrics: "file", or "dns:" and the name.
+// sourceName labels discovery source i in metrics: "file", "dns:" and the name, or
+// "kubernetes:" and the namespace and the service or selector.
 func (r *Router) sourceName(i int) string {
-	if i == 0 {
+	switch {
+	case i == 0:
 		return "file"
+	case i <= len(r.dns):
+		return "dns:" + r.dns[i-1].Config.Name
 	}
-	return "dns:" + r.dns[i-1].Config.Name
+	return r.kube[i-1-len(r.dns)].Key()
 }
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take

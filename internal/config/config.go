@@ -102,7 +102,7 @@ type Endpoint struct {
 	ResponseTimeout   Duration `json:"response_timeout"`
 }
 
-// Discovery finds more endpoints: in a file, and behind DNS names.
+// Discovery finds more endpoints: in a file, behind DNS names, and in Kubernetes.
 type Discovery struct {
 	// File is a YAML file with a list of endpoints (same keys as endpoints[]); relative to the
 	// config file's directory. Empty: no file discovery.
@@ -113,6 +113,9 @@ type Discovery struct {
 	// DNS lists host names whose addresses are endpoints, one per A or AAAA record, resolved
 	// again every interval: a Kubernetes headless service, a Compose service scaled to N.
 	DNS []DNSDiscovery `json:"dns"`
+	// Kubernetes lists EndpointSlice watches (see kubernetes.go): the ready endpoints of a
+	// Service, or of the Services a label selector picks, followed as pods come and go.
+	Kubernetes []KubernetesDiscovery `json:"kubernetes"`
 }
 
 // DNSDiscovery is one name to resolve into endpoints.
@@ -513,8 +516,8 @@ func (l endpointList) setDefaults(*Config) {
 }
 
 func (l endpointList) validate(c *Config, p *problems) {
-	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 {
-		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file or discovery.dns")
+	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 && len(c.Discovery.Kubernetes) == 0 {
+		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file, discovery.dns or discovery.kubernetes")
 	}
 	validateEndpoints(c.Endpoints, "endpoints", p)
 }
@@ -623,6 +626,7 @@ func (d *Discovery) setDefaults(*Config) {
 		}
 		n.Endpoint.SetDefaults()
 	}
+	d.setKubernetesDefaults()
 }
 
 func (d *Discovery) validate(_ *Config, p *problems) {
@@ -644,26 +648,18 @@ func (d *Discovery) validate(_ *Config, p *problems) {
 		if n.Interval < Duration(time.Second) {
 			p.add(at+".interval", "%v is too short: resolve at most once a second, like 10s", n.Interval.D())
 		}
-		if n.Endpoint.URL != "" {
-			p.add(at+".endpoint.url", "remove it: each endpoint's URL is made from an address found")
-		}
 		key := n.Scheme + "://" + n.Name + ":" + strconv.Itoa(n.Port)
 		if j, dup := seen[key]; dup {
 			p.add(at, "%s is listed twice (also discovery.dns[%d]): remove one", key, j)
 		} else {
 			seen[key] = i
 		}
-		tmpl := n.Endpoint
-		tmpl.URL = "http://192.0.2.1:8000" // a stand-in, so that only the template's own keys are judged
-		var tp problems
-		validateEndpoints([]Endpoint{tmpl}, at+".endpoint", &tp)
-		for _, e := range tp.errs {
-			p.errs = append(p.errs, errors.New(strings.Replace(e.Error(), at+".endpoint[0]", at+".endpoint", 1)))
-		}
+		validateTemplate(at+".endpoint", n.Endpoint, p)
 	}
 	if d.PollInterval < 0 {
 		p.add("discovery.poll_interval", "must be positive, like 30s")
 	}
+	d.validateKubernetes(p)
 }
 
 func (h *Health) setDefaults(*Config) {
