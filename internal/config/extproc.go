@@ -3,7 +3,7 @@ package config
 import "net"
 
 // ExtProc serves kvroute as the endpoint picker of an Envoy-based gateway: the Gateway API
-// Inference Extension's protocol over Envoy's ext_proc gRPC service (docs/gateway.md), beside
+// Inference Extension's protocol over Envoy's ext_proc gRPC service (docs/kubernetes.md), beside
 // the HTTP API and on the same endpoints, policy and tenants.
 type ExtProc struct {
 	// Listen is the ext_proc gRPC address (host:port), like :9002. Empty (the default): the

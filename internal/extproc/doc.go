@@ -24,6 +24,6 @@
 //
 // The endpoint subset hint (filter metadata envoy.lb.subset_hint /
 // x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the
-// request: a client that went away does not count against its endpoint. docs/gateway.md says
-// how to configure Envoy.
+// request: a client that went away does not count against its endpoint. docs/kubernetes.md
+// ("Endpoint-picker mode") says how to configure Envoy.
 package extproc

@@ -187,7 +187,7 @@ func mean(d []time.Duration) time.Duration {
 // candidates, admission, the policy's pick); the ext_proc decision is what Envoy waits for:
 // a new stream on a shared HTTP/2 connection, the headers and the body sent, the pick and the
 // body back. Both settle their request afterwards, outside the time measured. The load
-// generator runs in the same process as the picker (as Envoy does not): see docs/gateway.md.
+// generator runs in the same process as the picker (as Envoy does not): see docs/kubernetes.md.
 //
 //	go test ./internal/extproc -run TestDecisionOverhead -decision 10s -v
 func TestDecisionOverhead(t *testing.T) {

@@ -175,7 +175,7 @@ func (st *stream) outOfOrder(what string) error {
 	st.log.Warn("ext_proc protocol error", "err", msg)
 	if st.phase < routed {
 		return st.immediate(openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "ext_proc_protocol_error",
-			"the gateway sent kvroute "+msg+": check its ext_proc filter (docs/gateway.md)"))
+			"the gateway sent kvroute "+msg+": check its ext_proc filter (docs/kubernetes.md, endpoint-picker mode)"))
 	}
 	if st.x != nil && !st.settled {
 		st.x.Refused(openai.NewError(0, "ext_proc_protocol_error", "", "", ""))
@@ -269,7 +269,7 @@ func (st *stream) requestHeaders(m *extprocv3.HttpHeaders) error {
 	}
 	return st.immediate(openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "ext_proc_misconfigured",
 		"the gateway does not send kvroute the request body (request_body_mode "+st.reqMode.String()+
-			"): set it to FULL_DUPLEX_STREAMED or BUFFERED (docs/gateway.md)"))
+			"): set it to FULL_DUPLEX_STREAMED or BUFFERED (docs/kubernetes.md, endpoint-picker mode)"))
 }
 
 // requestBody takes a chunk of the request body; the pick is made at its end.
