@@ -196,6 +196,9 @@ func (r *Router) Reload(cfg *config.Config) error {
 		if !reflect.DeepEqual(old.Discovery.Kubernetes, cfg.Discovery.Kubernetes) {
 			r.logger.Warn("discovery.kubernetes changes only on restart")
 		}
+		if old.ExtProc != cfg.ExtProc {
+			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
+		}
 		r.peers.reloaded(r, old, cfg)
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||

@@ -58,6 +58,8 @@ type Config struct {
 	Tenants []Tenant `json:"tenants"`
 	// Overload configures admission under overload (see tenants.go).
 	Overload Overload `json:"overload"`
+	// ExtProc serves the Envoy ext_proc endpoint picker (see extproc.go).
+	ExtProc ExtProc `json:"extproc"`
 	// Peers makes this router one of several replicas that share what they learn (see
 	// peers.go). Nil when the section is absent: a lone router.
 	Peers *Peers `json:"peers,omitempty"`
@@ -323,7 +325,7 @@ type section interface {
 func (c *Config) sections(checks Checks) []section {
 	return []section{
 		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
-		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, peersSection{c},
+		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, &c.ExtProc, peersSection{c},
 	}
 }
 
