@@ -518,9 +518,23 @@ func (s *Share) Reconcile(origin uint64, live map[uint64]bool) int {
 	return len(out)
 }
 
+// failAll ends remote attempts whose end will not come. Their outcome is unknown: the engine
+// may well have computed them (a router that dies does not stop its engines' prefills). An
+// attempt that failed before its first token tells a policy that the engine never computed it
+// (prefix-aware then drops the blocks it added, and with them the placement of every request
+// with that prefix since), so each is first given a first token of unknown time (0, which
+// teaches no speed), then ended as failed: the index keeps what it had, and engine reports
+// correct it if it was wrong.
 func (s *Share) failAll(fs []*flight) {
 	for _, f := range fs {
 		s.expired.Add(1)
+		if !f.first {
+			f.first = true
+			f.ep.FirstToken(f.req.PromptTokens)
+			if f.obs != nil {
+				f.obs.FirstToken(f.req, f.ep, 0)
+			}
+		}
 		s.finish(f, policy.Result{OK: false, CachedTokens: -1, PromptTokens: f.req.PromptTokens})
 	}
 }

@@ -425,3 +425,30 @@ func BenchmarkApply(b *testing.B) {
 		clk.t = clk.t.Add(time.Millisecond)
 	}
 }
+
+// TestExpiredKeepsPlacement: the attempts of a replica that died end with an unknown outcome:
+// its in-flight requests' blocks stay in the index of prefix-aware here (they were most likely
+// computed), the counters go back to zero, and nothing is learnt of speed.
+func TestExpiredKeepsPlacement(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newReplica(t, 2, p, clk, ShareConfig{}, "e0", "e1")
+	blocks := prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(5, 10))
+	ev := Event{Kind: EventRouted, Origin: 1, ID: 1, Endpoint: "e0", Model: "m", Blocks: blocks, BlockTokens: 16, PromptTokens: 170}
+	if d := b.lc.Apply(&ev); d != DropNone {
+		t.Fatal(d)
+	}
+	if n := b.share.ForgetOrigin(1); n != 1 {
+		t.Fatalf("ForgetOrigin ended %d", n)
+	}
+	if diff := cmp.Diff([][2]int{{0, 0}, {0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("counters (-want +got):\n%s", diff)
+	}
+	req := &policy.Request{Model: "m", Blocks: blocks, BlockTokens: 16, PromptTokens: 170}
+	if got := p.(policy.Predictor).PredictCached(req, b.eps[0]); got != 160 {
+		t.Errorf("after its replica left, the request's blocks are predicted at %d tokens on e0, want 160", got)
+	}
+}
