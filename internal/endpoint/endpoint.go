@@ -24,7 +24,8 @@ type Endpoint struct {
 	Models []string
 	// Labels select dedicated pools (tenant endpoint_labels).
 	Labels map[string]string
-	// Engine is the engine kind: vllm, sglang, tgi, llamacpp or openai.
+	// Engine is the configured engine kind: vllm, sglang, tgi, llamacpp, ollama, openai, or
+	// auto (detected on first contact; Kind says what was found).
 	Engine string
 	// KVCapacityTokens is the configured KV capacity in tokens (0: unknown; a scraped
 	// cache_config_info in Snapshot takes precedence).
@@ -35,6 +36,7 @@ type Endpoint struct {
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
+	detected       atomic.Pointer[string] // the kind found on first contact, for Engine auto
 }
 
 // Snapshot is the engine's own view of itself, scraped from its metrics endpoint (or, in the
@@ -58,6 +60,18 @@ func (e *Endpoint) KVTokens() int {
 	}
 	return e.KVCapacityTokens
 }
+
+// Kind is the engine kind in force: the one detected on first contact when the endpoint was
+// configured as auto (SetKind), else the configured Engine ("auto" until detection succeeds).
+func (e *Endpoint) Kind() string {
+	if k := e.detected.Load(); k != nil {
+		return *k
+	}
+	return e.Engine
+}
+
+// SetKind records the engine kind detected on first contact.
+func (e *Endpoint) SetKind(kind string) { e.detected.Store(&kind) }
 
 // Available reports whether new requests may be sent to the endpoint.
 func (e *Endpoint) Available() bool { return !e.unhealthy.Load() && !e.draining.Load() }
