@@ -202,8 +202,9 @@ func bench(ctx context.Context, f *benchFlags, stderr io.Writer) (*benchOutput, 
 	}
 	sum := &report.Summary{
 		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: f.target, Speedup: speedup, Seed: int64(f.seed)},
-		Bounds:   report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16)},
-		Results:  []report.Result{r},
+		// The target's KV capacity is unknown here, and so is the pooled LRU bound.
+		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
+		Results: []report.Result{r},
 	}
 	out := &benchOutput{json: benchJSON{Summary: sum, Bench: []benchExtra{extra}}, records: [][]report.Record{recs}}
 	if runErr != nil {
@@ -273,8 +274,8 @@ func reportRecords(label string, recs []loadgen.Record, scale float64) ([]report
 		r := report.Record{
 			ID: strconv.Itoa(lr.Index), Policy: label, Arrival: at,
 			Finish:       at + scaleDur(lr.E2E, scale),
-			PromptTokens: lr.PromptTokens, CachedTokens: max(lr.CachedTokens, 0), OutputTokens: lr.OutputTokens,
-			Err: lr.ErrorLabel(),
+			PromptTokens: lr.PromptTokens, CachedTokens: max(lr.CachedTokens, 0), CachedUnknown: lr.CachedTokens < 0,
+			OutputTokens: lr.OutputTokens, Err: lr.ErrorLabel(),
 		}
 		if lr.TTFT > 0 {
 			r.FirstToken = at + scaleDur(lr.TTFT, scale)
