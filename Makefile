@@ -5,6 +5,11 @@ FUZZTIME ?= 3s
 
 .PHONY: all build test unit fuzz bench bench-smoke vet fmt demo ci realengine
 
+# npm installs the official openai client that the end-to-end tests drive. Without npm those
+# tests skip; `make test NPM=` skips the install where npm is present but cannot be used.
+NPM        ?= $(shell command -v npm 2>/dev/null)
+E2E_CLIENT := test/e2e/node_modules/.package-lock.json
+
 all: build
 
 build:
@@ -21,8 +26,16 @@ realengine:
 	KVROUTE_OLLAMA="$$(GO=$(GO) bash scripts/ollama.sh)" && export KVROUTE_OLLAMA && \
 		$(GO) test -race -count=1 -timeout 20m -v -run 'TestRealEngine' ./test/realengine/
 
-unit:
+unit: $(if $(NPM),$(E2E_CLIENT))
 	$(GO) test -race -count=1 -timeout 10m $(PKGS)
+
+# npm ci when node_modules is missing or older than the lock file; npm writes the hidden lock
+# file $(E2E_CLIENT) on every install (touched in case an old npm does not).
+$(E2E_CLIENT): test/e2e/package.json test/e2e/package-lock.json
+	@echo "npm ci in test/e2e (the openai client of the end-to-end tests)"
+	@cd test/e2e && $(NPM) ci --no-audit --no-fund --loglevel=error >/dev/null || \
+	  { echo "npm ci failed in test/e2e: fix it, or run make test NPM= to skip the openai client tests"; exit 1; }
+	@touch $@
 
 # Each fuzz target for $(FUZZTIME); scripts/fuzz.sh says why a bare deadline report is retried.
 fuzz:

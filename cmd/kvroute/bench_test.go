@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -83,7 +84,7 @@ func TestBenchJSON(t *testing.T) {
 	var doc struct {
 		Scenario report.Scenario
 		Results  []json.RawMessage
-		Bench    []benchExtra
+		Bench    []experiment.BenchExtra
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("bad JSON: %v\n%s", err, out)

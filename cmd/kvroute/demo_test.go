@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -33,7 +34,7 @@ func TestDemoJSONAndReport(t *testing.T) {
 	var doc struct {
 		Scenario report.Scenario
 		Results  []report.Result
-		Bench    []benchExtra
+		Bench    []experiment.BenchExtra
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("bad JSON: %v\n%s", err, out)
@@ -120,7 +121,7 @@ func TestDemoCompareSimulate(t *testing.T) {
 	}
 	var doc struct {
 		Results  []report.Result
-		Fidelity *fidelity
+		Fidelity *experiment.Fidelity
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("bad JSON: %v\n%s", err, out)
@@ -139,7 +140,7 @@ func TestDemoCompareSimulate(t *testing.T) {
 		t.Errorf("TTFT p50 ratio %v, want live / simulated = %v", p.TTFTP50Ratio, r)
 	}
 	// A 12-request run is too small to hold the tolerances; the verdict must follow them.
-	want := p.HitRateDelta <= fidelityHitAbs && p.HitRateDelta >= -fidelityHitAbs && p.TTFTP50Ratio <= 1+fidelityTTFTRel && p.TTFTP50Ratio >= 1-fidelityTTFTRel
+	want := p.HitRateDelta <= experiment.FidelityHitAbs && p.HitRateDelta >= -experiment.FidelityHitAbs && p.TTFTP50Ratio <= 1+experiment.FidelityTTFTRel && p.TTFTP50Ratio >= 1-experiment.FidelityTTFTRel
 	if p.Agree != want || doc.Fidelity.Agree != want {
 		t.Errorf("agree %v (overall %v), want %v for %+v", p.Agree, doc.Fidelity.Agree, want, p)
 	}

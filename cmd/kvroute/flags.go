@@ -6,8 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
+	"golang.org/x/term"
+
+	"github.com/kvroute/kvroute/internal/experiment"
+	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -86,7 +91,8 @@ func policyHelp(w io.Writer) {
 	fmt.Fprintf(w, "\npolicies: %s\n", strings.Join(policy.Names(), ", "))
 }
 
-// usageError marks a bad command line: exit status 2 rather than 1.
+// usageError marks a bad command line: exit status 2 rather than 1 (experiment.UsageError is
+// the same for the verbs that run experiments).
 type usageError struct{ error }
 
 func (e usageError) Unwrap() error { return e.error }
@@ -100,7 +106,7 @@ func usageErr(format string, args ...any) error {
 // usageError, 1 otherwise.
 func failed(stderr io.Writer, name string, err error) int {
 	fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
-	if errors.As(err, new(usageError)) {
+	if errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) {
 		return 2
 	}
 	return 1
@@ -114,4 +120,25 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// progressMode draws a bar on a terminal, plain lines elsewhere, nothing when quiet.
+func progressMode(w io.Writer, quiet bool) loadgen.ProgressMode {
+	if quiet {
+		return loadgen.ProgressNone
+	}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		return loadgen.ProgressBar
+	}
+	return loadgen.ProgressLines
+}
+
+// listFlag is a flag that may be given several times; each value is kept in order.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }

@@ -2,28 +2,20 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"github.com/kvroute/kvroute/internal/logbuf"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/proxy"
 )
-
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // runServe runs the router until ctx ends (SIGINT, SIGTERM), then drains in-flight requests.
 // SIGHUP and changes to the config file reload it; a bad new config is logged and the old one
@@ -32,7 +24,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := newFlagSet("kvroute serve")
 	var (
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
-		endpoints stringList
+		endpoints listFlag
 		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: any)")
 		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
@@ -82,7 +74,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *cfgPath != "" {
 		initial, err = os.ReadFile(*cfgPath)
 		if err == nil {
-			cfg, err = config.LoadWith(*cfgPath, overrides)
+			cfg, err = config.LoadWith(*cfgPath, overrides, configChecks())
 		}
 	} else {
 		cfg, err = quickConfig(endpoints, *model, *engine, *pol, overrides)
@@ -98,7 +90,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
 	}
-	r, err := proxy.NewRouter(cfg, logger)
+	r, err := app.NewRouter(cfg, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
@@ -115,63 +107,30 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal);
-	// WatchFile also reloads when the file's content changes.
-	trigger := make(chan struct{}, 1)
+	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal); the
+	// watcher also reloads when the file's content changes.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	wg.Go(func() {
-		defer signal.Stop(hup)
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-hup:
-				if *cfgPath == "" {
-					logger.Info("SIGHUP: no config file to reload (started with --endpoint)")
-					continue
-				}
-				logger.Info("SIGHUP: reloading the config")
-				select {
-				case trigger <- struct{}{}:
-				default:
-				}
-			}
-		}
-	})
-	if *cfgPath != "" {
-		wg.Go(func() {
-			opt := config.WatchOptions{Trigger: trigger, Initial: initial}
-			err := config.WatchFile(wctx, *cfgPath, opt, func(_ []byte, _ bool, err error) {
-				var c *config.Config
-				if err == nil {
-					c, err = config.LoadWith(*cfgPath, overrides)
-				}
-				if err != nil {
-					r.Metrics().Reloads.WithLabelValues("error").Inc()
-					logger.Error("config rejected, keeping the old one", "err", err)
-					return
-				}
-				_ = r.Reload(c) // Reload logs a rejection
-			})
-			if err != nil && !errors.Is(err, context.Canceled) {
-				logger.Error("config watcher stopped", "err", err)
-			}
-		})
+	defer signal.Stop(hup)
+	watcher := &config.Watcher{
+		Path: *cfgPath, Initial: initial, Adjust: overrides, Checks: configChecks(), Hangup: hup, Logger: logger,
+		Apply:    func(c *config.Config) { _ = r.Reload(c) }, // Reload logs and counts a rejection
+		Rejected: func(error) { r.Metrics().Reloads.WithLabelValues("error").Inc() },
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- watcher.Run(wctx) }()
+	defer func() {
+		stopWatch()
+		<-watched // Run logs its own failure
+	}()
 	scheme := "http"
 	if cfg.Server.TLS.Enabled() {
 		scheme = "https"
 	}
 	fmt.Fprintf(stdout, "kvroute serve: api %s://%s admin http://%s policy %s, %d endpoint(s)\n",
 		scheme, apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
-	err = r.Serve(ctx, apiLn, adminLn)
-	stopWatch()
-	if err != nil {
+	if err := r.Serve(ctx, apiLn, adminLn); err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
@@ -179,17 +138,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 // quickConfig builds a config from --endpoint flags, with adjust (nil for none) applied before
-// defaults and validation. Authentication is off, said explicitly (no warning): a quick start
-// has no tenants.
+// defaults and validation.
 func quickConfig(urls []string, model, engine, pol string, adjust func(*config.Config)) (*config.Config, error) {
-	c := &config.Config{Auth: &config.Auth{Mode: config.AuthNone}}
-	for _, u := range urls {
-		ep := config.Endpoint{URL: u, Engine: engine}
-		if model != "" {
-			ep.Models = []string{model}
-		}
-		c.Endpoints = append(c.Endpoints, ep)
-	}
+	c := config.Quick(urls, model, engine)
 	if pol != "" {
 		name, params, err := policy.ParseSpec(pol)
 		if err != nil {
@@ -205,7 +156,7 @@ func quickConfig(urls []string, model, engine, pol string, adjust func(*config.C
 		adjust(c)
 	}
 	c.SetDefaults()
-	if err := c.Validate(); err != nil {
+	if err := c.Validate(configChecks()); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -222,4 +173,9 @@ func newLogger(l config.Log, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// configChecks judge, for config validation, what only the policy package knows.
+func configChecks() config.Checks {
+	return config.Checks{PolicyNames: policy.Names(), Policy: policy.Check}
 }

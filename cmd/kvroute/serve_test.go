@@ -111,20 +111,7 @@ func TestServeQuickStart(t *testing.T) {
 	}
 	// The request is counted once its last byte is sent: poll with a deadline.
 	want := `kvroute_requests_total{endpoint="` + eng.URL + `",model="m",status="200"} 1`
-	found := false
-	for deadline := time.Now().Add(10 * time.Second); !found && time.Now().Before(deadline); {
-		resp, err = client.Get(admin + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		found = strings.Contains(string(body), want)
-		if !found {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	if !found {
+	if !waitFor(10*time.Second, func() bool { return strings.Contains(get(t, client, admin+"/metrics"), want) }) {
 		t.Errorf("metrics lack %s", want)
 	}
 	if rc := stop(); rc != 0 {
@@ -216,18 +203,40 @@ func TestServeReloadsConfigFile(t *testing.T) {
 	_, admin, _, _ := startServe(t, "--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
 	// One write is enough: the watcher re-reads the file once its watch is in place.
 	write(a.URL, b.URL)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		resp, err := http.Get(admin + "/debug/endpoints")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), b.URL) {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	if !waitFor(10*time.Second, func() bool { return strings.Contains(get(t, client, admin+"/debug/endpoints"), b.URL) }) {
+		t.Error("the new endpoint did not appear after the config file changed")
 	}
-	t.Error("the new endpoint did not appear after the config file changed")
+}
+
+// waitFor asks done at once and then every 10 ms until it says yes (true) or timeout passes
+// (false).
+func waitFor(timeout time.Duration, done func() bool) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !done() {
+		select {
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+// get returns the body of a GET of url ("" after an error).
+func get(t *testing.T, client *http.Client, url string) string {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
 }
 
 func TestServeFlags(t *testing.T) {
@@ -252,6 +261,21 @@ func TestServeFlags(t *testing.T) {
 		if rc := runServe(context.Background(), args, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "is also listen") {
 			t.Errorf("%q: rc %d, %q; want 1 and the clash named", args, rc, errb.String())
 		}
+	}
+	// The policy is judged with the rest of the config: every problem at once, each named.
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("endpoints: [{url: http://127.0.0.1:1}]\npolicy: {name: round-robin, params: {alpha: 1}}\nlog: {format: xml}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if rc := runServe(context.Background(), []string{"--config", bad}, &out, &errb); rc != 1 ||
+		!strings.Contains(errb.String(), `policy.params: policy round-robin: unknown parameter "alpha"`) || !strings.Contains(errb.String(), `log.format: "xml"`) {
+		t.Errorf("bad policy parameter: rc %d, %q; want 1, the parameter and the log format named", rc, errb.String())
+	}
+	errb.Reset()
+	if rc := runServe(context.Background(), []string{"--endpoint", "http://127.0.0.1:1", "--policy", "nosuch"}, &out, &errb); rc != 1 ||
+		!strings.Contains(errb.String(), `policy.name: unknown policy "nosuch": use one of `) || !strings.Contains(errb.String(), "prefix-aware") {
+		t.Errorf("unknown policy: rc %d, %q; want 1 and policy.name with the known names", rc, errb.String())
 	}
 	errb.Reset()
 	args := []string{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-server", "nginx"}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/kvroute/kvroute/internal/policy"
+
 	"github.com/kvroute/kvroute/internal/report"
 )
 
@@ -52,6 +52,9 @@ func TestSimulateErrors(t *testing.T) {
 		{"zero routers", []string{"--trace", good, "--routers", "0"}, 2, []string{"--routers 0", "at least 1"}},
 		{"negative routers", []string{"--trace", good, "--routers", "-2"}, 2, []string{"--routers -2", "at least 1"}},
 		{"bad replica affinity", []string{"--trace", good, "--routers", "2", "--replica-affinity", "sticky"}, 2, []string{`"sticky"`, "session"}},
+		{"bad kill", []string{"--trace", good, "--kill", "3"}, 2, []string{"--kill", "INSTANCE@TIME"}},
+		{"bad add time", []string{"--trace", good, "--add", "1@soon"}, 2, []string{"--add", `"soon"`}},
+		{"kill beyond the fleet", []string{"--trace", good, "--instances", "2", "--kill", "5@50%"}, 1, []string{"instance 5", "0..1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -187,6 +190,25 @@ func TestSimulateGeneratedWorkload(t *testing.T) {
 	}
 }
 
+// TestSimulateKillAndAdd: an instance killed at half time loses only what it held; an added
+// one takes requests once it is there.
+func TestSimulateKillAndAdd(t *testing.T) {
+	args := []string{"--workload", "prefix-repetition:n=200,prefixes=4", "--instances", "4", "--load", "0.8",
+		"--policies", "least-request", "--kill", "0@50%", "--add", "3@25%", "--json", "--records", filepath.Join(t.TempDir(), "r.jsonl")}
+	code, stdout, stderr := runVerb("simulate", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var s report.Summary
+	if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Results[0]
+	if r.Completed+r.Failed != 200 || r.Completed < 150 {
+		t.Errorf("completed %d failed %d of 200: only the requests on the killed instance may fail", r.Completed, r.Failed)
+	}
+}
+
 func TestSimulateBlockSize(t *testing.T) {
 	// 512-token blocks: the same trace, the same KV capacity, coarser blocks. The infinite-cache
 	// bound is unchanged here since every shared block is a whole 512-token one.
@@ -291,32 +313,6 @@ func TestSimulateRouters(t *testing.T) {
 	}
 }
 
-func TestParsePolicies(t *testing.T) {
-	specs, err := parsePolicies("round-robin, random,power-of-two")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, s := range specs {
-		got = append(got, s.label+"="+s.name)
-	}
-	if diff := cmp.Diff([]string{"round-robin=round-robin", "random=random", "power-of-two=power-of-two"}, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-	// Parameters after a colon continue across commas: the error names both parameters.
-	_, err = parsePolicies("round-robin:a=1,b=2,random")
-	if err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), `"b"`) {
-		t.Errorf("err %v, want round-robin rejecting a and b", err)
-	}
-	if _, err := parsePolicies("random,random"); err == nil {
-		t.Error("a policy given twice: no error")
-	}
-	all, err := parsePolicies("")
-	if err != nil || len(all) < 4 {
-		t.Errorf("default: %d policies, err %v; want every registered one", len(all), err)
-	}
-}
-
 func TestSimulateMooncakeSample(t *testing.T) {
 	const trace = "../../../shared/traces/mooncake/conversation_trace.jsonl"
 	if _, err := os.Stat(trace); err != nil {
@@ -338,23 +334,4 @@ func TestSimulateMooncakeSample(t *testing.T) {
 	if r.Completed+r.Failed != 200 || r.HitRate > s.Bounds.InfiniteCacheHitRate {
 		t.Errorf("completed %d failed %d hit rate %v (bound %v)", r.Completed, r.Failed, r.HitRate, s.Bounds.InfiniteCacheHitRate)
 	}
-}
-
-// FuzzParsePolicies: any --policies value gives specs or an error, never a panic, and every
-// spec names a registered policy.
-func FuzzParsePolicies(f *testing.F) {
-	for _, s := range []string{"", "round-robin", "random,power-of-two", "round-robin:a=1,b=2,random", ",", ":=,", "a:b:c=d,=,"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		specs, err := parsePolicies(s)
-		if err != nil {
-			return
-		}
-		for _, sp := range specs {
-			if _, err := policy.New(sp.name, sp.params, policy.Env{}); err != nil {
-				t.Errorf("spec %+v accepted but does not build: %v", sp, err)
-			}
-		}
-	})
 }

@@ -17,9 +17,6 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
-
-	"github.com/kvroute/kvroute/internal/endpoint"
-	"github.com/kvroute/kvroute/internal/policy"
 )
 
 // Engines returns the engine kinds an endpoint may declare. "auto" asks the router to detect
@@ -75,7 +72,7 @@ type Config struct {
 
 // Policy names the routing policy and its parameters.
 type Policy struct {
-	// Name is a registered policy name (policy.Names()). Default prefix-aware.
+	// Name is a registered policy name (Checks.PolicyNames). Default prefix-aware.
 	Name string `json:"name"`
 	// Params are the policy's parameters: scalars (text, numbers, booleans).
 	Params map[string]any `json:"params"`
@@ -101,6 +98,10 @@ type Endpoint struct {
 	HealthPath string `json:"health_path"`
 	// MetricsPath overrides the metrics path (default /metrics; "-" turns scraping off).
 	MetricsPath string `json:"metrics_path"`
+	// FirstTokenTimeout and ResponseTimeout override limits.first_token_timeout and
+	// limits.response_timeout for this endpoint (0: those).
+	FirstTokenTimeout Duration `json:"first_token_timeout"`
+	ResponseTimeout   Duration `json:"response_timeout"`
 }
 
 // Discovery finds more endpoints: in a file, and behind DNS names.
@@ -148,9 +149,30 @@ type Health struct {
 	HealthyThreshold int `json:"healthy_threshold"`
 	// UnhealthyThreshold consecutive failures make a healthy endpoint unhealthy. Default 2.
 	UnhealthyThreshold int `json:"unhealthy_threshold"`
-	// PassiveFailures consecutive connection errors while proxying eject an endpoint until
-	// active checks pass again. Default 3.
+	// PassiveFailures consecutive failures while proxying that count against an endpoint
+	// (connection errors, 5xx answers, timeouts, lost requests, cut streams) eject it for
+	// EjectionTime, twice that at the second ejection in a row, and so on up to
+	// MaxEjectionTime. Default 3.
 	PassiveFailures int `json:"passive_failures"`
+	// EjectionTime is how long a first passive ejection lasts. Default 30s.
+	EjectionTime Duration `json:"ejection_time"`
+	// MaxEjectionTime caps an ejection's length. Default 5m.
+	MaxEjectionTime Duration `json:"max_ejection_time"`
+	// MaxEjectedPercent bounds the share of the endpoints passively ejected at once (at
+	// least one may be; never the last one). Default 50.
+	MaxEjectedPercent int `json:"max_ejected_percent"`
+	// WarmUp is how long an endpoint that joins a running router (discovery, a scale-up)
+	// takes to reach its full share of first choices, so that a new, empty engine does not take
+	// every cold prefix at once. Default 20s; "0s" or a negative value turns it off.
+	WarmUp *Duration `json:"warm_up"`
+}
+
+// WarmUpTime returns health.warm_up (the default when unset, 0 when off).
+func (h Health) WarmUpTime() time.Duration {
+	if h.WarmUp == nil {
+		return 20 * time.Second
+	}
+	return max(h.WarmUp.D(), 0)
 }
 
 // Scrape configures the scraping of engine metrics.
@@ -184,9 +206,22 @@ type Rule struct {
 // Limits bounds requests.
 type Limits struct {
 	MaxBodyBytes int64 `json:"max_body_bytes"` // default 16 MiB
-	// MaxRetries is how many other endpoints to try after a connection error: default 2, 0 for
-	// none. A pointer so that 0 can be told from unset; read it with Retries.
+	// MaxRetries is how many other endpoints to try after a failure that makes it safe (no
+	// connection, 503 or 429 before any byte, no first token in time): default 2, 0 for none.
+	// A pointer so that 0 can be told from unset; read it with Retries.
 	MaxRetries *int `json:"max_retries"`
+	// ConnectTimeout bounds connecting to an endpoint. Default 5s.
+	ConnectTimeout Duration `json:"connect_timeout"`
+	// FirstTokenTimeout bounds the wait for a stream's first token, from sending the request;
+	// past it the request goes to the next ranked endpoint. Default 2m (long prompts on a busy
+	// engine take tens of seconds). endpoints[].first_token_timeout overrides it.
+	FirstTokenTimeout Duration `json:"first_token_timeout"`
+	// ResponseTimeout bounds a non-streamed answer, from sending the request to its last byte.
+	// Default 10m. endpoints[].response_timeout overrides it.
+	ResponseTimeout Duration `json:"response_timeout"`
+	// StreamIdleTimeout bounds the silence between two events of a stream; past it the stream
+	// ends with an SSE error event. Default 1m.
+	StreamIdleTimeout Duration `json:"stream_idle_timeout"`
 }
 
 // Retries returns limits.max_retries (the default when unset).
@@ -205,6 +240,17 @@ type Server struct {
 	WriteTimeout Duration `json:"write_timeout"`
 	// ShutdownTimeout bounds the drain of in-flight requests. Default 30s.
 	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// BodyReadTimeout bounds reading a request body, from its first read, plus one second for
+	// every BodyMinRate bytes received: a body trickled in slowly is cut (408), a large one
+	// sent at a fair pace is not. Default 30s.
+	BodyReadTimeout Duration `json:"body_read_timeout"`
+	// BodyMinRate is the body bytes per second that earn one more second of BodyReadTimeout.
+	// Default 65536 (64 KiB/s: a 16 MiB body may take 30 s + 256 s).
+	BodyMinRate int64 `json:"body_min_rate"`
+	// WriteStallTimeout bounds one write to a client: a client that stops reading (a stream
+	// included) has its connection closed once a write has waited this long. A stream the
+	// client reads is never cut. Default 60s.
+	WriteStallTimeout Duration `json:"write_stall_timeout"`
 	// HTTPServer picks what serves the API listener: "builtin" (the default), kvroute's own
 	// HTTP/1.1 server, which runs each request on its connection's goroutine and costs about
 	// 100 µs less per request than Go's; or "net/http", Go's standard server.
@@ -252,16 +298,29 @@ const (
 	defaultHealthInterval = 5 * time.Second
 )
 
+// Checks are the judgements that Validate cannot make alone, because the knowledge belongs to
+// a package that config does not import: which policies exist and which parameters each takes.
+// The layer that assembles the application fills them (from the policy package); the zero value
+// checks only what config knows by itself.
+type Checks struct {
+	// PolicyNames are the policies that exist: policy.name must be one of them. Nil: any name.
+	PolicyNames []string
+	// Policy reports what is wrong with a policy's parameters, given in the text form of
+	// Policy.PolicyParams (building the policy is one way to find out). Nil: not checked.
+	Policy func(name string, params map[string]string) error
+}
+
 // section is one part of the config: it fills its defaults and checks itself.
 type section interface {
 	setDefaults(c *Config)
 	validate(c *Config, p *problems)
 }
 
-// sections lists the config's sections in the order they are checked.
-func (c *Config) sections() []section {
+// sections lists the config's sections in the order they are checked; checks reach the
+// sections that need them.
+func (c *Config) sections(checks Checks) []section {
 	return []section{
-		(*top)(c), &c.Policy, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
+		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
 		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload,
 	}
 }
@@ -275,31 +334,37 @@ func (p *problems) add(path, format string, args ...any) {
 
 func (p *problems) err() error { return errors.Join(p.errs...) }
 
-// Parse decodes, defaults and validates a config. Relative paths are taken as relative to the
-// working directory. The error joins every problem found.
+// Parse decodes, defaults and validates a config, with no Checks. Relative paths are taken as
+// relative to the working directory. The error joins every problem found.
 func Parse(data []byte) (*Config, error) {
-	return parse(data, "", nil)
+	return parse(data, "", nil, Checks{})
 }
 
-// Load reads, decodes, defaults and validates the config file at path. Relative paths in it
-// (discovery.file, auth.secret_file) are relative to the file's directory.
-func Load(path string) (*Config, error) { return LoadWith(path, nil) }
+// Load reads, decodes, defaults and validates the config file at path, with no Checks.
+// Relative paths in it (discovery.file, auth.secret_file) are relative to the file's directory.
+func Load(path string) (*Config, error) { return LoadWith(path, nil, Checks{}) }
 
 // LoadWith is Load with adjust (command-line overrides, nil for none) applied to the decoded
-// config before defaults and validation, so that the checks see the values in force.
-func LoadWith(path string, adjust func(*Config)) (*Config, error) {
+// config before defaults and validation, so that the checks see the values in force, and with
+// checks judging what config cannot (see Checks).
+func LoadWith(path string, adjust func(*Config), checks Checks) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	c, err := parse(data, filepath.Dir(path), adjust)
+	return parseFile(data, path, adjust, checks)
+}
+
+// parseFile is parse for the content of the file at path.
+func parseFile(data []byte, path string, adjust func(*Config), checks Checks) (*Config, error) {
+	c, err := parse(data, filepath.Dir(path), adjust, checks)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, nil
 }
 
-func parse(data []byte, dir string, adjust func(*Config)) (*Config, error) {
+func parse(data []byte, dir string, adjust func(*Config), checks Checks) (*Config, error) {
 	c := &Config{}
 	if err := decodeStrict(data, c); err != nil {
 		return nil, err
@@ -309,25 +374,40 @@ func parse(data []byte, dir string, adjust func(*Config)) (*Config, error) {
 		adjust(c)
 	}
 	c.SetDefaults()
-	if err := c.Validate(); err != nil {
+	if err := c.Validate(checks); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
+// Quick returns the config of a quick start from flags: the endpoints at urls, each serving
+// model (empty: any) on engine, and authentication off, said explicitly so that it draws no
+// warning. Set what else is wanted, then call SetDefaults and Validate.
+func Quick(urls []string, model, engine string) *Config {
+	c := &Config{Auth: &Auth{Mode: AuthNone}}
+	for _, u := range urls {
+		ep := Endpoint{URL: u, Engine: engine}
+		if model != "" {
+			ep.Models = []string{model}
+		}
+		c.Endpoints = append(c.Endpoints, ep)
+	}
+	return c
+}
+
 // SetDefaults fills every unset field with its default. It is idempotent.
 func (c *Config) SetDefaults() {
 	c.Warnings = nil
-	for _, s := range c.sections() {
+	for _, s := range c.sections(Checks{}) {
 		s.setDefaults(c)
 	}
 }
 
 // Validate checks the config (after SetDefaults) and returns every problem at once, each naming
-// the field path and the fix.
-func (c *Config) Validate() error {
+// the field path and the fix; checks add the judgements config cannot make alone.
+func (c *Config) Validate(checks Checks) error {
 	var p problems
-	for _, s := range c.sections() {
+	for _, s := range c.sections(checks) {
 		s.validate(c, &p)
 	}
 	return p.err()
@@ -368,15 +448,21 @@ func checkAddr(p *problems, path, addr string) {
 	}
 }
 
-func (s *Policy) setDefaults(*Config) {
+// policySection is the policy with the checks that judge it.
+type policySection struct {
+	*Policy
+	checks Checks
+}
+
+func (s policySection) setDefaults(*Config) {
 	if s.Name == "" {
 		s.Name = DefaultPolicy
 	}
 }
 
-func (s *Policy) validate(_ *Config, p *problems) {
-	if !slices.Contains(policy.Names(), s.Name) {
-		p.add("policy.name", "unknown policy %q: use one of %s", s.Name, strings.Join(policy.Names(), ", "))
+func (s policySection) validate(_ *Config, p *problems) {
+	if names := s.checks.PolicyNames; names != nil && !slices.Contains(names, s.Name) {
+		p.add("policy.name", "unknown policy %q: use one of %s", s.Name, strings.Join(names, ", "))
 		return
 	}
 	params, err := s.PolicyParams()
@@ -384,14 +470,16 @@ func (s *Policy) validate(_ *Config, p *problems) {
 		p.add("policy.params", "%v", err)
 		return
 	}
-	if _, err := policy.New(s.Name, params, policy.Env{}); err != nil {
-		p.add("policy.params", "%v", err)
+	if s.checks.Policy != nil {
+		if err := s.checks.Policy(s.Name, params); err != nil {
+			p.add("policy.params", "%v", err)
+		}
 	}
 }
 
-// PolicyParams converts the params to the policy package's text form.
-func (s *Policy) PolicyParams() (policy.Params, error) {
-	out := policy.Params{}
+// PolicyParams converts the params to the text form policies read (policy.Params).
+func (s *Policy) PolicyParams() (map[string]string, error) {
+	out := map[string]string{}
 	keys := make([]string, 0, len(s.Params))
 	for k := range s.Params {
 		keys = append(keys, k)
@@ -452,6 +540,12 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 	seen := map[string]int{}
 	for i, e := range eps {
 		at := fmt.Sprintf("%s[%d]", path, i)
+		if e.FirstTokenTimeout < 0 {
+			p.add(at+".first_token_timeout", "%v: must be positive, like 30s (or absent for limits.first_token_timeout)", e.FirstTokenTimeout.D())
+		}
+		if e.ResponseTimeout < 0 {
+			p.add(at+".response_timeout", "%v: must be positive, like 5m (or absent for limits.response_timeout)", e.ResponseTimeout.D())
+		}
 		u, err := url.Parse(e.URL)
 		switch {
 		case e.URL == "":
@@ -485,38 +579,6 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 			}
 		}
 	}
-}
-
-// Spec converts the endpoint to the pool's form.
-func (e *Endpoint) Spec() endpoint.Spec {
-	s := endpoint.Spec{
-		Name:             e.URL,
-		Models:           slices.Clone(e.Models),
-		Engine:           e.Engine,
-		KVCapacityTokens: e.KVTokens,
-		CacheSalt:        e.CacheSalt != nil && *e.CacheSalt,
-		HealthPath:       e.HealthPath,
-		MetricsPath:      e.MetricsPath,
-	}
-	if len(e.Labels) > 0 {
-		s.Labels = make(map[string]string, len(e.Labels))
-		for k, v := range e.Labels {
-			s.Labels[k] = v
-		}
-	}
-	if s.MetricsPath == "-" {
-		s.MetricsPath = ""
-	}
-	return s
-}
-
-// Specs converts the static endpoints to the pool's form.
-func (c *Config) Specs() []endpoint.Spec {
-	out := make([]endpoint.Spec, len(c.Endpoints))
-	for i := range c.Endpoints {
-		out[i] = c.Endpoints[i].Spec()
-	}
-	return out
 }
 
 // endpointFile is the form of a discovery file: a list, or a mapping with an endpoints key.
@@ -622,9 +684,27 @@ func (h *Health) setDefaults(*Config) {
 	if h.PassiveFailures == 0 {
 		h.PassiveFailures = 3
 	}
+	if h.EjectionTime == 0 {
+		h.EjectionTime = Duration(30 * time.Second)
+	}
+	if h.MaxEjectionTime == 0 {
+		h.MaxEjectionTime = Duration(max(5*time.Minute, h.EjectionTime.D()))
+	}
+	if h.MaxEjectedPercent == 0 {
+		h.MaxEjectedPercent = 50
+	}
 }
 
 func (h *Health) validate(_ *Config, p *problems) {
+	if h.EjectionTime < 0 {
+		p.add("health.ejection_time", "must be positive, like 30s")
+	}
+	if h.MaxEjectionTime < h.EjectionTime {
+		p.add("health.max_ejection_time", "%v: must be at least health.ejection_time (%v)", h.MaxEjectionTime.D(), h.EjectionTime.D())
+	}
+	if h.MaxEjectedPercent < 0 || h.MaxEjectedPercent > 100 {
+		p.add("health.max_ejected_percent", "%d: must be a percentage from 1 to 100", h.MaxEjectedPercent)
+	}
 	if h.Interval < 0 {
 		p.add("health.interval", "must be positive, like 5s")
 	}
@@ -709,6 +789,15 @@ func (l *Limits) setDefaults(*Config) {
 		n := DefaultMaxRetries
 		l.MaxRetries = &n
 	}
+	for _, d := range []struct {
+		v   *Duration
+		def time.Duration
+	}{{&l.ConnectTimeout, 5 * time.Second}, {&l.FirstTokenTimeout, 2 * time.Minute},
+		{&l.ResponseTimeout, 10 * time.Minute}, {&l.StreamIdleTimeout, time.Minute}} {
+		if *d.v == 0 {
+			*d.v = Duration(d.def)
+		}
+	}
 }
 
 func (l *Limits) validate(_ *Config, p *problems) {
@@ -717,6 +806,15 @@ func (l *Limits) validate(_ *Config, p *problems) {
 	}
 	if r := l.Retries(); r < 0 || r > 10 {
 		p.add("limits.max_retries", "%d: must be between 0 (no retry) and 10", r)
+	}
+	for _, d := range []struct {
+		key string
+		v   Duration
+	}{{"connect_timeout", l.ConnectTimeout}, {"first_token_timeout", l.FirstTokenTimeout},
+		{"response_timeout", l.ResponseTimeout}, {"stream_idle_timeout", l.StreamIdleTimeout}} {
+		if d.v < 0 {
+			p.add("limits."+d.key, "%v: must be positive, like 30s", d.v.D())
+		}
 	}
 }
 
@@ -730,10 +828,26 @@ func (s *Server) setDefaults(*Config) {
 	if s.ShutdownTimeout == 0 {
 		s.ShutdownTimeout = Duration(30 * time.Second)
 	}
+	if s.BodyReadTimeout == 0 {
+		s.BodyReadTimeout = Duration(DefaultBodyReadTimeout)
+	}
+	if s.BodyMinRate == 0 {
+		s.BodyMinRate = DefaultBodyMinRate
+	}
+	if s.WriteStallTimeout == 0 {
+		s.WriteStallTimeout = Duration(DefaultWriteStallTimeout)
+	}
 	if s.HTTPServer == "" {
 		s.HTTPServer = HTTPServerBuiltin
 	}
 }
+
+// Defaults of the client timeouts under server:.
+const (
+	DefaultBodyReadTimeout   = 30 * time.Second
+	DefaultBodyMinRate       = 64 << 10
+	DefaultWriteStallTimeout = 60 * time.Second
+)
 
 // The values of server.http_server.
 const (
@@ -757,10 +871,14 @@ func (s *Server) validate(c *Config, p *problems) {
 	for _, f := range []struct {
 		key string
 		v   Duration
-	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout}} {
+	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout},
+		{"body_read_timeout", s.BodyReadTimeout}, {"write_stall_timeout", s.WriteStallTimeout}} {
 		if f.v < 0 {
 			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
 		}
+	}
+	if s.BodyMinRate < 0 {
+		p.add("server.body_min_rate", "%d is negative: give bytes per second (default %d)", s.BodyMinRate, DefaultBodyMinRate)
 	}
 	if s.HTTPServer != HTTPServerBuiltin && s.HTTPServer != HTTPServerNetHTTP {
 		p.add("server.http_server", "%q is not a server: use %s (the default) or %s", s.HTTPServer, HTTPServerBuiltin, HTTPServerNetHTTP)

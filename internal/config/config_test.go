@@ -2,16 +2,15 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/kvroute/kvroute/internal/endpoint"
-	"github.com/kvroute/kvroute/internal/policy"
 )
 
 const minimal = `
@@ -38,12 +37,15 @@ func TestParse_Defaults(t *testing.T) {
 		}},
 		Discovery: Discovery{PollInterval: Duration(30 * time.Second)},
 		Health: Health{Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
-			HealthyThreshold: 1, UnhealthyThreshold: 2, PassiveFailures: 3},
+			HealthyThreshold: 1, UnhealthyThreshold: 2, PassiveFailures: 3,
+			EjectionTime: Duration(30 * time.Second), MaxEjectionTime: Duration(5 * time.Minute), MaxEjectedPercent: 50},
 		Scrape: Scrape{Interval: Duration(time.Second), Timeout: Duration(time.Second)},
 		Prefix: Prefix{BlockTokens: 16},
-		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two},
+		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two, ConnectTimeout: Duration(5 * time.Second),
+			FirstTokenTimeout: Duration(2 * time.Minute), ResponseTimeout: Duration(10 * time.Minute), StreamIdleTimeout: Duration(time.Minute)},
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
-			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin},
+			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin,
+			BodyReadTimeout: Duration(30 * time.Second), BodyMinRate: 64 << 10, WriteStallTimeout: Duration(60 * time.Second)},
 		Log:      Log{Format: "json", Level: "info"},
 		Auth:     &Auth{Mode: AuthNone},
 		Overload: Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
@@ -54,11 +56,6 @@ func TestParse_Defaults(t *testing.T) {
 	}
 	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "auth") {
 		t.Errorf("warnings = %q, want one about auth", c.Warnings)
-	}
-	wantSpec := []endpoint.Spec{{Name: "http://127.0.0.1:8001", Models: []string{"llama3-70b"}, Engine: "vllm",
-		CacheSalt: true, MetricsPath: "/metrics"}}
-	if diff := cmp.Diff(wantSpec, c.Specs()); diff != "" {
-		t.Errorf("specs (-want +got):\n%s", diff)
 	}
 }
 
@@ -73,12 +70,12 @@ endpoints:
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := c.Specs()
-	if got[0].CacheSalt || got[1].CacheSalt || got[2].CacheSalt {
-		t.Errorf("cache salts = %v %v %v, want all false", got[0].CacheSalt, got[1].CacheSalt, got[2].CacheSalt)
+	got := c.Endpoints
+	if *got[0].CacheSalt || *got[1].CacheSalt || *got[2].CacheSalt {
+		t.Errorf("cache salts = %v %v %v, want all false", *got[0].CacheSalt, *got[1].CacheSalt, *got[2].CacheSalt)
 	}
-	if got[2].Engine != "openai" || got[2].MetricsPath != "" {
-		t.Errorf("endpoint 3 = %+v, want engine openai, no metrics path", got[2])
+	if got[2].Engine != "openai" || got[2].MetricsPath != "-" {
+		t.Errorf("endpoint 3 = %+v, want engine openai, metrics path - (none)", got[2])
 	}
 	if len(c.Warnings) != 0 {
 		t.Errorf("warnings = %q, want none with auth said explicitly", c.Warnings)
@@ -128,7 +125,7 @@ normalize: {rules: [{pattern: "(", replace: ""}]}
 		t.Fatalf("error %q lacks the duration problem", err)
 	}
 
-	_, err = Parse([]byte(`
+	_, err = parse([]byte(`
 listen: nonsense
 policy: {name: nosuch}
 endpoints:
@@ -140,14 +137,14 @@ endpoints:
 health: {unhealthy_threshold: -1}
 log: {format: xml}
 normalize: {rules: [{pattern: "(", replace: ""}]}
-`))
+`), "", nil, testChecks)
 	if err == nil {
 		t.Fatal("want an error")
 	}
 	msg := err.Error()
 	for _, want := range []string{
 		`listen: "nonsense" is not host:port`,
-		`policy.name: unknown policy "nosuch"`,
+		`policy.name: unknown policy "nosuch": use one of prefix-aware, round-robin`,
 		`endpoints[0].url: "ftp://x" is not an http(s) base URL`,
 		`endpoints[0].engine: unknown engine "vlm"`,
 		`endpoints[1].url: "ftp://x" is listed twice (also endpoints[0])`,
@@ -189,22 +186,46 @@ pprof: 1
 	}
 }
 
-func TestParse_PolicyParams(t *testing.T) {
-	// The baselines take no parameters, so a parameter is an error caught at load time.
-	_, err := Parse([]byte(minimal + "policy: {name: round-robin, params: {alpha: 0.5}}\n"))
-	if err == nil || !strings.Contains(err.Error(), `policy.params: policy round-robin: unknown parameter "alpha"`) {
-		t.Errorf("err = %v, want the unknown parameter named", err)
+// testChecks stand for the policy package: two policies, of which round-robin takes no
+// parameter.
+var testChecks = Checks{
+	PolicyNames: []string{"prefix-aware", "round-robin"},
+	Policy: func(name string, params map[string]string) error {
+		if name == "round-robin" && len(params) > 0 {
+			return fmt.Errorf("policy %s: unknown parameter %q", name, slices.Sorted(maps.Keys(params))[0])
+		}
+		return nil
+	},
+}
+
+func TestParse_PolicyChecks(t *testing.T) {
+	// With checks, a bad parameter is one more problem of the config, named with the others.
+	data := []byte(minimal + "listen: nonsense\npolicy: {name: round-robin, params: {alpha: 0.5}}\n")
+	_, err := parse(data, "", nil, testChecks)
+	if err == nil || !strings.Contains(err.Error(), `policy.params: policy round-robin: unknown parameter "alpha"`) ||
+		!strings.Contains(err.Error(), `listen: "nonsense"`) {
+		t.Errorf("err = %v, want the unknown parameter named beside the bad listen", err)
 	}
-	p := Policy{Params: map[string]any{"a": "x", "b": true}}
-	got, err := p.PolicyParams()
-	if err != nil {
+	// Without them, config judges only what it knows: the listen address.
+	_, err = Parse(data)
+	if err == nil || strings.Contains(err.Error(), "policy") {
+		t.Errorf("no checks: err = %v, want the listen problem alone", err)
+	}
+	if _, err := Parse([]byte(minimal + "policy: {name: nosuch}\n")); err != nil {
+		t.Errorf("no checks: an unknown name is not config's to judge: %v", err)
+	}
+	// The checker sees the parameters as text, whatever their YAML type.
+	var seen map[string]string
+	checks := Checks{Policy: func(_ string, p map[string]string) error { seen = p; return nil }}
+	if _, err := parse([]byte(minimal+"policy: {params: {a: x, b: true, size: 1000000, f: 0.25}}\n"), "", nil, checks); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(policy.Params{"a": "x", "b": "true"}, got); diff != "" {
-		t.Errorf("params (-want +got):\n%s", diff)
+	if diff := cmp.Diff(map[string]string{"a": "x", "b": "true", "size": "1000000", "f": "0.25"}, seen); diff != "" {
+		t.Errorf("params given to the checker (-want +got):\n%s", diff)
 	}
+	// A parameter that is not a single value is config's own problem, checks or not.
 	c, err := Parse([]byte(minimal + "policy: {params: {n: 1000000, f: 0.25, nested: {x: 1}}}\n"))
-	if err == nil || !strings.Contains(err.Error(), "nested: got a mapping, want a single value") {
+	if err == nil || !strings.Contains(err.Error(), "policy.params: nested: got a mapping, want a single value") {
 		t.Errorf("err = %v (config %v), want the nested parameter named", err, c)
 	}
 }
@@ -295,7 +316,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("nil config without error")
 		}
 		if err == nil {
-			if verr := c.Validate(); verr != nil {
+			if verr := c.Validate(Checks{}); verr != nil {
 				t.Fatalf("a parsed config fails Validate: %v", verr)
 			}
 		}
@@ -351,11 +372,11 @@ func TestLoadWith_AdjustBeforeValidate(t *testing.T) {
 	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:8080\nendpoints: [{url: http://127.0.0.1:1}]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := LoadWith(path, func(c *Config) { c.AdminListen = c.Listen })
+	_, err := LoadWith(path, func(c *Config) { c.AdminListen = c.Listen }, Checks{})
 	if err == nil || !strings.Contains(err.Error(), "is also listen") {
 		t.Errorf("override to the same address: err = %v, want it caught", err)
 	}
-	c, err := LoadWith(path, func(c *Config) { c.Listen = "127.0.0.1:7000" })
+	c, err := LoadWith(path, func(c *Config) { c.Listen = "127.0.0.1:7000" }, Checks{})
 	if err != nil || c.Listen != "127.0.0.1:7000" || c.AdminListen != DefaultAdminListen {
 		t.Errorf("override: %+v, %v", c, err)
 	}
@@ -404,4 +425,71 @@ func TestParse_TLS(t *testing.T) {
 	if err != nil || c.Server.TLS.Enabled() {
 		t.Errorf("default: TLS enabled %v, %v; want off", c.Server.TLS.Enabled(), err)
 	}
+}
+
+func TestQuick(t *testing.T) {
+	c := Quick([]string{"http://127.0.0.1:1/", "http://127.0.0.1:2"}, "m", "vllm")
+	c.SetDefaults()
+	if err := c.Validate(testChecks); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Warnings) != 0 || c.Auth.Mode != AuthNone {
+		t.Errorf("auth %q, warnings %q: want authentication off without a warning", c.Auth.Mode, c.Warnings)
+	}
+	var got []string
+	for _, e := range c.Endpoints {
+		got = append(got, fmt.Sprintf("%s %v %s", e.URL, e.Models, e.Engine))
+	}
+	if diff := cmp.Diff([]string{"http://127.0.0.1:1 [m] vllm", "http://127.0.0.1:2 [m] vllm"}, got); diff != "" {
+		t.Errorf("endpoints (-want +got):\n%s", diff)
+	}
+	if c := Quick([]string{"http://127.0.0.1:1"}, "", "openai"); c.Endpoints[0].Models != nil {
+		t.Errorf("no model: models %v, want any (nil)", c.Endpoints[0].Models)
+	}
+}
+
+func TestParse_ClientTimeouts(t *testing.T) {
+	c, err := Parse([]byte("server: {body_read_timeout: 5s, body_min_rate: 1000, write_stall_timeout: 2m}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.Server.BodyReadTimeout.D(), c.Server.BodyMinRate, c.Server.WriteStallTimeout.D()}
+	if diff := cmp.Diff([]any{5 * time.Second, int64(1000), 2 * time.Minute}, got); diff != "" {
+		t.Errorf("body_read_timeout, body_min_rate, write_stall_timeout (-want +got):\n%s", diff)
+	}
+	_, err = Parse([]byte("server: {body_read_timeout: -1s, body_min_rate: -5, write_stall_timeout: -1s}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	for _, want := range []string{"server.body_read_timeout: -1s is negative", "server.body_min_rate: -5 is negative", "server.write_stall_timeout: -1s is negative"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
+
+// TestExamplesLoad: every annotated example config decodes strictly and validates, so the
+// documentation cannot drift from the code.
+func TestExamplesLoad(t *testing.T) {
+	paths, err := filepath.Glob("../../examples/*.yaml")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	for _, p := range paths {
+		if filepath.Base(p) == "endpoints.yaml" {
+			if _, err := ParseEndpoints(mustRead(t, p)); err != nil {
+				t.Errorf("%s: %v", p, err)
+			}
+			continue
+		}
+		if _, err := Load(p); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -106,51 +108,99 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 	}
 }
 
-// Watcher reloads the config file when it changes or when asked (SIGHUP). A new config that
-// fails to load is passed to OnError and the old one stays in force.
+// Watcher keeps a running application in step with its config file: it loads the file again
+// whenever its content changes or a hangup signal (SIGHUP) asks for it, with the same Adjust
+// and Checks as the first load, and hands each config that loads to Apply. A file that does not
+// load is logged and passed to Rejected, and the config in force stays. Set the fields, then
+// call Run.
 type Watcher struct {
-	path     string
-	onChange func(*Config)
-	onError  func(error)
-	trigger  chan struct{}
-	// Debounce and Poll tune the watching (see WatchOptions); set them before Run.
+	// Path of the config file. Empty when the application was configured without one (from
+	// flags): a hangup is then logged, and nothing is reloaded.
+	Path string
+	// Initial is the file's content that the config in force was loaded from, so that only a
+	// later change reloads (nil: the content when Run starts).
+	Initial []byte
+	// Adjust (command-line overrides, nil for none) and Checks apply to every load, as in LoadWith.
+	Adjust func(*Config)
+	Checks Checks
+	// Hangup forces a reload, even of unchanged content, on every value received: give it the
+	// channel of signal.Notify(ch, syscall.SIGHUP). Nil: only changes reload.
+	Hangup <-chan os.Signal
+	// Apply puts a new config in force; it reports its own rejection (the router's Reload
+	// logs and counts it).
+	Apply func(*Config)
+	// Rejected, when set, is told of every file that did not load (for a metric).
+	Rejected func(error)
+	// Logger receives what happens (discarded when nil).
+	Logger *slog.Logger
+	// Debounce and Poll tune the watching (see WatchOptions).
 	Debounce time.Duration
 	Poll     time.Duration
 }
 
-// NewWatcher returns a watcher of the config file at path. onChange receives each new valid
-// config; onError receives the reason a reload was rejected. Call Run to start it.
-func NewWatcher(path string, onChange func(*Config), onError func(error)) *Watcher {
-	return &Watcher{path: path, onChange: onChange, onError: onError, trigger: make(chan struct{}, 1)}
-}
-
-// Reload asks for a reload now (for SIGHUP); it does not block, and several requests before the
-// watcher gets to them count as one.
-func (w *Watcher) Reload() {
-	select {
-	case w.trigger <- struct{}{}:
-	default:
-	}
-}
-
-// Run watches until ctx ends. The config in force is taken to be the file's content when Run
-// starts, so call it right after Load.
+// Run watches until ctx ends. It returns an error only when the file cannot be watched (or,
+// with Initial nil, read at start); the error is also logged.
 func (w *Watcher) Run(ctx context.Context) error {
-	initial, err := os.ReadFile(w.path)
-	if err != nil {
-		return fmt.Errorf("config watch: %w", err)
+	log := w.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	return WatchFile(ctx, w.path, WatchOptions{Debounce: w.Debounce, Poll: w.Poll, Trigger: w.trigger, Initial: initial},
-		func(data []byte, _ bool, err error) {
-			if err != nil {
-				w.onError(fmt.Errorf("config %s: reload rejected, keeping the old config: %w", w.path, err))
-				return
+	if w.Path == "" {
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-w.Hangup:
+				log.Info("SIGHUP: no config file to reload (started with --endpoint)")
 			}
-			c, err := parse(data, filepath.Dir(w.path), nil)
-			if err != nil {
-				w.onError(fmt.Errorf("config %s: reload rejected, keeping the old config: %w", w.path, err))
+		}
+	}
+	initial := w.Initial
+	if initial == nil {
+		var err error
+		if initial, err = os.ReadFile(w.Path); err != nil {
+			err = fmt.Errorf("config watch: %w", err)
+			log.Error("config watcher stopped", "err", err)
+			return err
+		}
+	}
+	// A hangup becomes a forced read; several before the watcher gets to them count as one.
+	trigger := make(chan struct{}, 1)
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
 				return
+			case <-w.Hangup:
+				log.Info("SIGHUP: reloading the config")
+				select {
+				case trigger <- struct{}{}:
+				default:
+				}
 			}
-			w.onChange(c)
-		})
+		}
+	})
+	opt := WatchOptions{Debounce: w.Debounce, Poll: w.Poll, Trigger: trigger, Initial: initial}
+	err := WatchFile(ctx, w.Path, opt, func(data []byte, _ bool, err error) {
+		var c *Config
+		if err == nil {
+			c, err = parseFile(data, w.Path, w.Adjust, w.Checks)
+		}
+		if err != nil {
+			if w.Rejected != nil {
+				w.Rejected(err)
+			}
+			log.Error("config rejected, keeping the old one", "err", err)
+			return
+		}
+		w.Apply(c)
+	})
+	if err != nil {
+		log.Error("config watcher stopped", "err", err)
+	}
+	return err
 }

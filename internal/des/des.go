@@ -5,16 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -62,7 +64,48 @@ type Config struct {
 	Routers int
 	// Spread is how requests are assigned to router replicas when Routers > 1.
 	Spread Spread
+	// Attempts is how many endpoints one request may be sent to, as limits.max_retries + 1
+	// configures the live router (0: 3, its default).
+	Attempts int
+	// WarmUp is the lifecycle's warm-up of an instance added during the run (route.Config.
+	// WarmUp); 0: route.DefaultWarmUp, as the live router; negative: none.
+	WarmUp time.Duration
+	// Changes kill or add instances during the run. An instance that some Change adds is
+	// absent until then; a killed one stops at once: the requests it holds fail (the router
+	// hears of it one network latency later and does not send them again: they reached the
+	// engine), and requests sent to it afterwards meet a refused connection and fall back to
+	// the next ranked endpoint until passive ejection takes it out of the candidates.
+	Changes []Change
 }
+
+// Change is an instance killed or added at a moment of the run.
+type Change struct {
+	At       time.Duration
+	Instance int
+	Kind     ChangeKind
+}
+
+// ChangeKind says what a Change does.
+type ChangeKind uint8
+
+const (
+	// Kill stops the instance: it holds nothing and accepts nothing from then on.
+	Kill ChangeKind = iota
+	// Add makes the instance part of the fleet (it is absent before).
+	Add
+)
+
+// String returns the change's name, as ParseChange reads it.
+func (k ChangeKind) String() string {
+	if k == Add {
+		return "add"
+	}
+	return "kill"
+}
+
+// DefaultAttempts is how many endpoints a simulated request may be sent to: the live router's
+// default (limits.max_retries 2, plus the first).
+const DefaultAttempts = 3
 
 // Spread is the rule by which the load balancer in front of the router replicas assigns a
 // request to one of them.
@@ -121,6 +164,27 @@ func (c *Config) check() error {
 	if c.Spread > SpreadSession {
 		errs = append(errs, fmt.Errorf("spread: %v, want round-robin or session", c.Spread))
 	}
+	if c.Attempts < 0 {
+		errs = append(errs, fmt.Errorf("attempts: %d, want at least 1 (or 0 for %d)", c.Attempts, DefaultAttempts))
+	}
+	added := map[int]bool{}
+	for _, ch := range c.Changes {
+		switch {
+		case ch.Instance < 0 || ch.Instance >= c.Instances:
+			errs = append(errs, fmt.Errorf("change %s at %v: instance %d, want 0..%d", ch.Kind, ch.At, ch.Instance, c.Instances-1))
+		case ch.At < 0:
+			errs = append(errs, fmt.Errorf("change %s of instance %d: at %v, want >= 0", ch.Kind, ch.Instance, ch.At))
+		case ch.Kind > Add:
+			errs = append(errs, fmt.Errorf("change of instance %d: kind %d, want kill or add", ch.Instance, ch.Kind))
+		case ch.Kind == Add && added[ch.Instance]:
+			errs = append(errs, fmt.Errorf("instance %d is added twice", ch.Instance))
+		case ch.Kind == Add:
+			added[ch.Instance] = true
+		}
+	}
+	if len(added) == c.Instances && c.Instances > 0 {
+		errs = append(errs, errors.New("changes: every instance is added later: at least one must be there from the start"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -155,13 +219,13 @@ func Prepare(reqs []workload.Request, model string, blockSize int) *Workload {
 	// Two flat backing arrays instead of two slices per request.
 	keyBuf := make([]uint64, 0, total)
 	hashBuf := make([]uint64, 0, total)
-	seed := prefix.Seed(model, "")
+	kb := route.Keys{BlockTokens: blockSize}
 	for i := range reqs {
 		r := &reqs[i]
 		start := len(keyBuf)
 		keyBuf = workload.Keys(keyBuf, r, blockSize)
 		keys := keyBuf[start:len(keyBuf):len(keyBuf)]
-		hashBuf = prefix.Chain(hashBuf, seed, keys)
+		hashBuf = kb.FromContent(hashBuf, model, "", keys)
 		w.keys[i] = keys
 		w.preqs[i] = policy.Request{
 			ID:           strconv.Itoa(i),
@@ -226,6 +290,9 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 	if cfg.ScrapeInterval == 0 {
 		cfg.ScrapeInterval = DefaultScrapeInterval
 	}
+	if cfg.Attempts == 0 {
+		cfg.Attempts = DefaultAttempts
+	}
 	s := &sim{cfg: cfg, w: w, policyName: policyName}
 	s.clock.epoch = Epoch()
 	s.routers = make([]router, max(cfg.Routers, 1))
@@ -238,19 +305,38 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 			return nil, err
 		}
 		r := &s.routers[k]
-		r.picker = pk
-		r.observer, _ = pk.(policy.Observer)
-		r.predictor, _ = pk.(policy.Predictor)
+		health := route.NewOutlier(route.OutlierConfig{Fleet: s.fleetSize}, &s.clock)
+		warm := cfg.WarmUp
+		if warm == 0 {
+			warm = route.DefaultWarmUp
+		}
+		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0)})
+		if err != nil {
+			return nil, err
+		}
 		r.eps = make([]*endpoint.Endpoint, cfg.Instances)
+		r.cands = make([]*endpoint.Endpoint, 0, cfg.Instances)
 	}
 	s.engines = make([]Engine, cfg.Instances)
 	s.stepping = make([]bool, cfg.Instances)
+	s.present = make([]bool, cfg.Instances)
+	s.dead = make([]bool, cfg.Instances)
+	s.held = make([]map[int32]struct{}, cfg.Instances)
+	for i := range s.present {
+		s.present[i] = true
+	}
+	for _, ch := range cfg.Changes {
+		if ch.Kind == Add {
+			s.present[ch.Instance] = false
+		}
+	}
 	for i := range s.engines {
 		e, err := cfg.NewEngine(i)
 		if err != nil {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
 		s.engines[i] = e
+		s.held[i] = map[int32]struct{}{}
 		for k := range s.routers {
 			s.routers[k].eps[i] = &endpoint.Endpoint{
 				ID:               i,
@@ -276,12 +362,15 @@ type virtualClock struct {
 func (c *virtualClock) Now() time.Time { return c.epoch.Add(c.now) }
 
 // Event kinds, in the order they are handled at the same instant: engines finish their steps
-// and the router hears of it, then metrics are scraped, then new requests are routed and
-// submitted, and only then does each engine start its next step, so that every request that
-// arrives at an instant joins the step that starts at it.
+// and the router hears of it, then instances are killed or added, then metrics are scraped,
+// then new requests are routed and submitted, and only then does each engine start its next
+// step, so that every request that arrives at an instant joins the step that starts at it.
 const (
 	evStepEnd uint8 = iota
 	evObserve       // router learns of engine events (with network latency)
+	evRefused       // router learns that a request could not be delivered (with network latency)
+	evLost          // router learns that its request's instance died (with network latency)
+	evChange        // an instance is killed or added
 	evScrape
 	evArrival
 	evSubmit // request reaches its engine (with network latency)
@@ -309,19 +398,19 @@ func (a *event) less(b *event) bool {
 
 // reqState is what the simulated router remembers of one request in flight.
 type reqState struct {
-	firstSeen bool
-	done      bool
-	router    int32 // the replica that routed it
+	call   *route.Call
+	router int32 // the replica that routed it
+	inst   int32 // the instance of the attempt in progress, -1 when none
+	done   bool
 }
 
-// router is one router replica: its policy instance and its own Endpoint objects, whose load
-// counters only its own requests move (the snapshots on them are shared).
+// router is one router replica: its lifecycle (its policy instance) and its own Endpoint
+// objects, whose load counters only its own requests move (the snapshots on them are shared).
 type router struct {
-	picker    policy.Picker
-	observer  policy.Observer
-	predictor policy.Predictor
-	eps       []*endpoint.Endpoint
-	routed    int
+	lc     *route.Lifecycle
+	eps    []*endpoint.Endpoint
+	cands  []*endpoint.Endpoint // scratch: this request's candidates
+	routed int
 }
 
 type sim struct {
@@ -333,6 +422,9 @@ type sim struct {
 	arrivals   int // requests arrived so far, for the round-robin spread
 	engines    []Engine
 	stepping   []bool // a step or a kick is pending for the engine
+	present    []bool // the instance is part of the fleet (not yet added: false)
+	dead       []bool // the instance was killed
+	held       []map[int32]struct{}
 	queue      eventQueue
 	seq        uint64
 	next       int // next arrival, index into w.order
@@ -362,10 +454,14 @@ func (s *sim) loop(ctx context.Context) error {
 			ID: s.w.preqs[i].ID, Policy: s.policyName, EndpointID: -1,
 			Arrival: r.Arrival, PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens,
 		}
+		s.state[i].inst = -1
 	}
 	if n > 0 {
 		s.pushArrival()
 		s.push(event{at: 0, kind: evScrape})
+		for k, ch := range s.cfg.Changes {
+			s.push(event{at: ch.At, kind: evChange, req: int32(k)})
+		}
 	}
 	for s.queue.len() > 0 {
 		if s.events&0xfff == 0 {
@@ -387,6 +483,9 @@ func (s *sim) loop(ctx context.Context) error {
 				return err
 			}
 		case evStepEnd:
+			if s.dead[e.inst] {
+				continue // killed during the step: nothing it computed is heard of
+			}
 			if s.cfg.NetworkLatency == 0 {
 				s.observe(int(e.inst), e.evs)
 			} else if len(e.evs) > 0 {
@@ -397,6 +496,12 @@ func (s *sim) loop(ctx context.Context) error {
 			s.push(event{at: e.at, kind: evKick, inst: e.inst})
 		case evObserve:
 			s.observe(int(e.inst), e.evs)
+		case evRefused:
+			s.failAttempt(int(e.req), int(e.inst), route.FailConnect, "connection refused by "+s.name(int(e.inst)))
+		case evLost:
+			s.failAttempt(int(e.req), int(e.inst), route.FailLost, s.name(int(e.inst))+" died with the request")
+		case evChange:
+			s.change(s.cfg.Changes[e.req])
 		case evScrape:
 			s.scrape()
 			// Keep scraping while anything else is going to happen.
@@ -408,10 +513,24 @@ func (s *sim) loop(ctx context.Context) error {
 	// A request the engines never finished is failed, never lost.
 	for i := range s.records {
 		if !s.state[i].done {
-			s.fail(i, s.records[i].EndpointID, "not finished when the simulation ended")
+			s.finishFailed(i, "not finished when the simulation ended")
 		}
 	}
 	return nil
+}
+
+func (s *sim) name(inst int) string { return s.routers[0].eps[inst].Name }
+
+// fleetSize is the number of instances in the fleet (as a router's pool has them: the dead
+// ones too, until it learns otherwise).
+func (s *sim) fleetSize() int {
+	n := 0
+	for _, p := range s.present {
+		if p {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *sim) pushArrival() {
@@ -443,33 +562,43 @@ func (s *sim) spread(i, n int) int {
 	return n % k
 }
 
-// arrive routes request i.
+// arrive routes request i: the replica's candidates are the instances that are part of the
+// fleet and that it has not ejected.
 func (s *sim) arrive(i int) {
-	preq := &s.w.preqs[i]
 	rt := s.spread(i, s.arrivals)
 	s.arrivals++
-	s.state[i].router = int32(rt)
+	st := &s.state[i]
+	st.router = int32(rt)
 	r := &s.routers[rt]
 	r.routed++
-	ranked, err := r.picker.Pick(preq, r.eps)
-	if err == nil && len(ranked) == 0 {
-		err = policy.ErrNoCandidate
+	r.cands = r.cands[:0]
+	for id, ep := range r.eps {
+		if s.present[id] && ep.Available() {
+			r.cands = append(r.cands, ep)
+		}
 	}
+	c, err := r.lc.Begin(&s.w.preqs[i], r.cands, "", s.clock.Now())
+	st.call = c
 	if err != nil {
-		s.fail(i, -1, "pick: "+err.Error())
+		s.finishFailed(i, "pick: "+err.Error())
 		return
 	}
-	ep := ranked[0]
-	rec := &s.records[i]
-	rec.EndpointID = ep.ID
-	rec.Endpoint = ep.Name
-	if r.predictor != nil {
-		rec.Predicted = true
-		rec.PredictedCachedTokens = r.predictor.PredictCached(preq, ep)
+	s.send(i)
+}
+
+// send starts request i's next attempt, or fails it when no endpoint is left.
+func (s *sim) send(i int) {
+	st := &s.state[i]
+	ep := st.call.Next()
+	if ep == nil {
+		s.finishFailed(i, "no endpoint left to try")
+		return
 	}
-	ep.Start(preq.PromptTokens)
-	if r.observer != nil {
-		r.observer.Routed(preq, ep)
+	st.inst = int32(ep.ID)
+	rec := &s.records[i]
+	rec.EndpointID, rec.Endpoint, rec.Attempts = ep.ID, ep.Name, st.call.Attempts()
+	if p := st.call.Predicted(); p >= 0 {
+		rec.Predicted, rec.PredictedCachedTokens = true, p
 	}
 	if s.cfg.NetworkLatency == 0 {
 		s.submit(ep.ID, i)
@@ -478,8 +607,13 @@ func (s *sim) arrive(i int) {
 	s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evSubmit, inst: int32(ep.ID), req: int32(i)})
 }
 
-// submit hands request i to engine inst.
+// submit hands request i to engine inst, or has the router hear that it could not.
 func (s *sim) submit(inst, i int) {
+	if s.dead[inst] {
+		// The connection is refused; the router hears of it a round trip after it sent.
+		s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evRefused, inst: int32(inst), req: int32(i)})
+		return
+	}
 	r := &s.w.reqs[i]
 	err := s.engines[inst].Submit(s.clock.now, engine.Request{
 		ID:           s.w.preqs[i].ID,
@@ -490,47 +624,71 @@ func (s *sim) submit(inst, i int) {
 	if err != nil {
 		// The router hears of the rejection one network delay later.
 		s.clock.now += s.cfg.NetworkLatency
-		s.reject(inst, i, err)
+		s.failAttempt(i, inst, route.FailRejected, "engine: "+err.Error())
 		s.clock.now -= s.cfg.NetworkLatency
 		return
 	}
+	s.held[inst][int32(i)] = struct{}{}
 	if !s.stepping[inst] {
 		s.stepping[inst] = true
 		s.push(event{at: s.clock.now, kind: evKick, inst: int32(inst)})
 	}
 }
 
-func (s *sim) reject(inst, i int, err error) {
-	r := &s.routers[s.state[i].router]
-	ep := r.eps[inst]
-	preq := &s.w.preqs[i]
-	ep.Finish(preq.PromptTokens, false)
-	if r.observer != nil {
-		r.observer.Done(preq, ep, policy.Result{
-			CachedTokens: -1, PromptTokens: preq.PromptTokens,
-			Duration: s.clock.now - s.w.reqs[i].Arrival,
-		})
+// failAttempt ends request i's attempt on inst with failure f: the lifecycle says whether it
+// goes on to the next ranked endpoint.
+func (s *sim) failAttempt(i, inst int, f route.Failure, msg string) {
+	st := &s.state[i]
+	if st.done || int(st.inst) != inst {
+		return
 	}
-	s.fail(i, inst, "engine: "+err.Error())
+	st.inst = -1
+	if st.call.Fail(f) {
+		s.send(i)
+		return
+	}
+	s.finishFailed(i, msg)
 }
 
-// fail records request i as failed now.
-func (s *sim) fail(i, inst int, msg string) {
-	rec := &s.records[i]
-	rec.EndpointID = inst
-	if inst >= 0 {
-		rec.Endpoint = s.routers[0].eps[inst].Name
-	} else {
-		rec.Endpoint = ""
+// finishFailed records request i as failed now.
+func (s *sim) finishFailed(i int, msg string) {
+	st := &s.state[i]
+	if st.call != nil {
+		st.call.Finish(route.Outcome{CachedTokens: -1})
 	}
+	rec := &s.records[i]
 	rec.Finish = max(s.clock.now, rec.Arrival)
 	rec.CachedTokens = 0
 	rec.Err = msg
-	s.state[i].done = true
+	st.done = true
+	st.inst = -1
+}
+
+// change kills or adds an instance.
+func (s *sim) change(ch Change) {
+	inst := ch.Instance
+	if ch.Kind == Add {
+		s.present[inst] = true
+		return
+	}
+	if s.dead[inst] {
+		return
+	}
+	s.dead[inst] = true
+	// What it held is lost; each request's router hears of it one network latency later.
+	lost := slices.Sorted(maps.Keys(s.held[inst]))
+	clear(s.held[inst])
+	for _, i := range lost {
+		s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evLost, inst: int32(inst), req: i})
+	}
 }
 
 // kick starts engine inst's next step, if it has anything to do.
 func (s *sim) kick(inst int) error {
+	if s.dead[inst] {
+		s.stepping[inst] = false
+		return nil
+	}
 	now := s.clock.now
 	end, evs, ok := s.engines[inst].Step(now)
 	if !ok {
@@ -555,65 +713,56 @@ func (s *sim) kick(inst int) error {
 	return nil
 }
 
-// observe delivers engine inst's events to the counters and the policy of the router replica
-// that routed each request, and to the records.
+// observe delivers engine inst's events to the lifecycle of the request's router replica
+// (endpoint counters, the policy) and to the records.
 func (s *sim) observe(inst int, evs []engine.Event) {
 	for k := range evs {
 		ev := &evs[k]
 		i, err := strconv.Atoi(ev.ReqID)
-		if err != nil || i < 0 || i >= len(s.state) || s.state[i].done {
+		if err != nil || i < 0 || i >= len(s.state) {
 			continue
 		}
-		r := &s.routers[s.state[i].router]
-		ep := r.eps[inst]
-		preq := &s.w.preqs[i]
+		st := &s.state[i]
+		if st.done || int(st.inst) != inst {
+			continue
+		}
 		rec := &s.records[i]
 		switch ev.Kind {
 		case engine.EventFirstToken:
-			s.firstToken(i, r, ep)
+			s.firstToken(i)
 		case engine.EventFinished:
-			s.firstToken(i, r, ep) // a one-token request may report only its end
+			s.firstToken(i) // a one-token request may report only its end
+			delete(s.held[inst], int32(i))
 			rec.Finish = s.clock.now
 			rec.CachedTokens = ev.CachedTokens
 			if ev.OutputTokens > 0 {
 				rec.OutputTokens = ev.OutputTokens
 			}
-			s.state[i].done = true
-			ep.Finish(preq.PromptTokens, true)
-			if r.observer != nil {
-				r.observer.Done(preq, ep, policy.Result{
-					OK:           true,
-					CachedTokens: ev.CachedTokens,
-					PromptTokens: preq.PromptTokens,
-					OutputTokens: rec.OutputTokens,
-					TTFT:         rec.FirstToken - rec.Arrival,
-					Duration:     rec.Finish - rec.Arrival,
-				})
-			}
+			st.done = true
+			st.call.Finish(route.Outcome{OK: true, CachedTokens: ev.CachedTokens, OutputTokens: rec.OutputTokens})
 		}
 	}
 }
 
-func (s *sim) firstToken(i int, r *router, ep *endpoint.Endpoint) {
-	if s.state[i].firstSeen {
+func (s *sim) firstToken(i int) {
+	rec := &s.records[i]
+	if rec.FirstToken != 0 {
 		return
 	}
-	s.state[i].firstSeen = true
-	rec := &s.records[i]
 	rec.FirstToken = s.clock.now
-	preq := &s.w.preqs[i]
-	ep.FirstToken(preq.PromptTokens)
-	if r.observer != nil {
-		r.observer.FirstToken(preq, ep, rec.FirstToken-rec.Arrival)
-	}
+	s.state[i].call.FirstToken()
 }
 
 // scrape refreshes every endpoint's snapshot from its engine's counters. Every replica sees the
 // same snapshot at the same instant: live replicas scrape on their own timers, so their
-// snapshots differ by up to one interval in age, which this leaves out.
+// snapshots differ by up to one interval in age, which this leaves out. A dead instance's
+// scrape fails: its snapshot ages.
 func (s *sim) scrape() {
 	at := s.clock.Now()
 	for i, e := range s.engines {
+		if s.dead[i] || !s.present[i] {
+			continue
+		}
 		st := e.Stats()
 		snap := &endpoint.Snapshot{
 			At:            at,
@@ -649,4 +798,30 @@ func (s *sim) result() *Result {
 		res.Busy[i] = res.Stats[i].Busy
 	}
 	return res
+}
+
+// ParseChange reads a --kill or --add value, "N@T": instance N at T, where T is a duration of
+// virtual time ("90s", "30m") or a share of span, the workload's arrival span ("50%").
+func ParseChange(kind ChangeKind, spec string, span time.Duration) (Change, error) {
+	inst, at, ok := strings.Cut(spec, "@")
+	n, err := strconv.Atoi(strings.TrimSpace(inst))
+	if !ok || err != nil || n < 0 {
+		return Change{}, fmt.Errorf("--%s %q: want INSTANCE@TIME, such as 3@50%% or 3@90s", kind, spec)
+	}
+	at = strings.TrimSpace(at)
+	ch := Change{Instance: n, Kind: kind}
+	if pct, isPct := strings.CutSuffix(at, "%"); isPct {
+		f, err := strconv.ParseFloat(pct, 64)
+		if err != nil || f < 0 || f > 100 {
+			return Change{}, fmt.Errorf("--%s %q: %q is not a share from 0%% to 100%% of the arrivals' span", kind, spec, at)
+		}
+		ch.At = time.Duration(f / 100 * float64(span))
+		return ch, nil
+	}
+	d, err := time.ParseDuration(at)
+	if err != nil || d < 0 {
+		return Change{}, fmt.Errorf("--%s %q: %q is not a duration such as 90s or a share such as 50%%", kind, spec, at)
+	}
+	ch.At = d
+	return ch, nil
 }

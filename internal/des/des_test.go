@@ -56,9 +56,9 @@ func TestSamePrefixHitsOnlyOnSameEngine(t *testing.T) {
 	}
 	res := run(t, toyConfig(2), reqs, Named("round-robin", nil))
 	want := []report.Record{
-		{ID: "0", Policy: "p", EndpointID: 0, Endpoint: "sim-0", Arrival: 0, FirstToken: ms(2), Finish: ms(3), PromptTokens: 10, CachedTokens: 0, OutputTokens: 2},
-		{ID: "1", Policy: "p", EndpointID: 1, Endpoint: "sim-1", Arrival: ms(10), FirstToken: ms(12), Finish: ms(13), PromptTokens: 10, CachedTokens: 0, OutputTokens: 2},
-		{ID: "2", Policy: "p", EndpointID: 0, Endpoint: "sim-0", Arrival: ms(20), FirstToken: ms(21.2), Finish: ms(22.2), PromptTokens: 10, CachedTokens: 8, OutputTokens: 2},
+		{ID: "0", Policy: "p", EndpointID: 0, Endpoint: "sim-0", Arrival: 0, FirstToken: ms(2), Finish: ms(3), PromptTokens: 10, CachedTokens: 0, OutputTokens: 2, Attempts: 1},
+		{ID: "1", Policy: "p", EndpointID: 1, Endpoint: "sim-1", Arrival: ms(10), FirstToken: ms(12), Finish: ms(13), PromptTokens: 10, CachedTokens: 0, OutputTokens: 2, Attempts: 1},
+		{ID: "2", Policy: "p", EndpointID: 0, Endpoint: "sim-0", Arrival: ms(20), FirstToken: ms(21.2), Finish: ms(22.2), PromptTokens: 10, CachedTokens: 8, OutputTokens: 2, Attempts: 1},
 	}
 	if diff := cmp.Diff(want, res.Records); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)

@@ -38,9 +38,9 @@ func TestRealEngineSamePrefix(t *testing.T) {
 	}
 	// Prefill of 20 tokens: 1 ms + 0.2 ms; two decode steps of 1 ms. With 16 cached: 1.04 ms.
 	want := []report.Record{
-		{ID: "0", Policy: "round-robin", EndpointID: 0, Endpoint: "sim-0", Arrival: 0, FirstToken: ms(1.2), Finish: ms(3.2), PromptTokens: 20, OutputTokens: 3},
-		{ID: "1", Policy: "round-robin", EndpointID: 1, Endpoint: "sim-1", Arrival: ms(100), FirstToken: ms(101.2), Finish: ms(103.2), PromptTokens: 20, OutputTokens: 3},
-		{ID: "2", Policy: "round-robin", EndpointID: 0, Endpoint: "sim-0", Arrival: ms(200), FirstToken: ms(201.04), Finish: ms(203.04), PromptTokens: 20, CachedTokens: 16, OutputTokens: 3},
+		{ID: "0", Policy: "round-robin", EndpointID: 0, Endpoint: "sim-0", Arrival: 0, FirstToken: ms(1.2), Finish: ms(3.2), PromptTokens: 20, OutputTokens: 3, Attempts: 1},
+		{ID: "1", Policy: "round-robin", EndpointID: 1, Endpoint: "sim-1", Arrival: ms(100), FirstToken: ms(101.2), Finish: ms(103.2), PromptTokens: 20, OutputTokens: 3, Attempts: 1},
+		{ID: "2", Policy: "round-robin", EndpointID: 0, Endpoint: "sim-0", Arrival: ms(200), FirstToken: ms(201.04), Finish: ms(203.04), PromptTokens: 20, CachedTokens: 16, OutputTokens: 3, Attempts: 1},
 	}
 	if diff := cmp.Diff(want, res.Records); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)

@@ -4,12 +4,47 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
+
+// Spec converts an endpoint of the config to the pool's form.
+func Spec(e *config.Endpoint) endpoint.Spec {
+	s := endpoint.Spec{
+		Name:              e.URL,
+		Models:            slices.Clone(e.Models),
+		Engine:            e.Engine,
+		KVCapacityTokens:  e.KVTokens,
+		CacheSalt:         e.CacheSalt != nil && *e.CacheSalt,
+		HealthPath:        e.HealthPath,
+		MetricsPath:       e.MetricsPath,
+		FirstTokenTimeout: e.FirstTokenTimeout.D(),
+		ResponseTimeout:   e.ResponseTimeout.D(),
+		Labels:            maps.Clone(e.Labels),
+	}
+	if len(s.Labels) == 0 {
+		s.Labels = nil
+	}
+	if s.MetricsPath == "-" { // the config's "no scraping"
+		s.MetricsPath = ""
+	}
+	return s
+}
+
+// Specs converts endpoints of the config (its static endpoints, or a discovery file's) to the
+// pool's form.
+func Specs(eps []config.Endpoint) []endpoint.Spec {
+	out := make([]endpoint.Spec, len(eps))
+	for i := range eps {
+		out[i] = Spec(&eps[i])
+	}
+	return out
+}
 
 // Merge concatenates sets, dropping an endpoint whose name an earlier one already has, so the
 // static endpoints of the config, passed first, win over a discovered endpoint of the same name.
@@ -57,11 +92,7 @@ func (f *FileSource) parse(data []byte) ([]endpoint.Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("discovery.file %s: %w", f.Path, err)
 	}
-	specs := make([]endpoint.Spec, len(eps))
-	for i := range eps {
-		specs[i] = eps[i].Spec()
-	}
-	return specs, nil
+	return Specs(eps), nil
 }
 
 // Run calls emit with the file's endpoints at start and after every change that parses; a file

@@ -23,6 +23,36 @@ func names(specs []endpoint.Spec) []string {
 	return out
 }
 
+// TestSpecs: the config's endpoints in the pool's form, defaults applied by config and
+// "metrics_path: -" meaning no scraping.
+func TestSpecs(t *testing.T) {
+	c, err := config.Parse([]byte(`
+auth: {mode: none}
+endpoints:
+  - {url: "http://127.0.0.1:1/", models: [llama3-70b], engine: vllm, labels: {pool: a}, kv_tokens: 4096}
+  - {url: "http://127.0.0.1:2", engine: sglang}
+  - {url: "http://127.0.0.1:3", engine: vllm, cache_salt: false, metrics_path: "-", health_path: /ping}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []endpoint.Spec{
+		{Name: "http://127.0.0.1:1", Models: []string{"llama3-70b"}, Engine: "vllm", Labels: map[string]string{"pool": "a"},
+			KVCapacityTokens: 4096, CacheSalt: true, MetricsPath: "/metrics"},
+		{Name: "http://127.0.0.1:2", Engine: "sglang", MetricsPath: "/metrics"},
+		{Name: "http://127.0.0.1:3", Engine: "vllm", HealthPath: "/ping"},
+	}
+	got := Specs(c.Endpoints)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("specs (-want +got):\n%s", diff)
+	}
+	// The specs share nothing with the config: the pool may keep them while a reload edits it.
+	got[0].Models[0], got[0].Labels["pool"] = "x", "x"
+	if c.Endpoints[0].Models[0] != "llama3-70b" || c.Endpoints[0].Labels["pool"] != "a" {
+		t.Errorf("changing a spec changed the config: %+v", c.Endpoints[0])
+	}
+}
+
 func TestMerge_FirstWins(t *testing.T) {
 	got := Merge(
 		[]endpoint.Spec{{Name: "a", Engine: "vllm"}, {Name: "b"}},

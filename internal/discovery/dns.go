@@ -72,7 +72,7 @@ func (d *DNSSource) Resolve(ctx context.Context) ([]endpoint.Spec, error) {
 	for i, a := range uniq {
 		e := d.Config.Endpoint
 		e.URL = d.Config.URL(a.String())
-		specs[i] = e.Spec()
+		specs[i] = Spec(&e)
 	}
 	return specs, nil
 }

@@ -1,7 +1,7 @@
 // Package discovery says which endpoints exist besides the config's static list: a file of
 // endpoints (FileSource) that is re-read when it changes, and DNS names whose addresses are
 // endpoints (DNSSource), resolved again every interval. Merge combines the static list with
-// what the sources found into one set for endpoint.Pool.Update; proxy.Router does so on every
+// what the sources found into one set for endpoint.Pool.Update; app.Router does so on every
 // config reload and every new set. A later source (Kubernetes EndpointSlices) gives sets the
 // same way.
 package discovery

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Spec describes an endpoint to the Pool: what the config or discovery says of it.
@@ -23,12 +24,15 @@ type Spec struct {
 	HealthPath string
 	// MetricsPath is the metrics path to scrape ("" for none).
 	MetricsPath string
+	// FirstTokenTimeout and ResponseTimeout override the router's attempt timeouts (0: none).
+	FirstTokenTimeout, ResponseTimeout time.Duration
 }
 
 func (s *Spec) equal(o *Spec) bool {
 	return s.Name == o.Name && slices.Equal(s.Models, o.Models) && maps.Equal(s.Labels, o.Labels) &&
 		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.CacheSalt == o.CacheSalt &&
-		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath
+		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath &&
+		s.FirstTokenTimeout == o.FirstTokenTimeout && s.ResponseTimeout == o.ResponseTimeout
 }
 
 // Diff is what an Update changed.
@@ -144,12 +148,14 @@ func cloneSpec(s *Spec) Spec {
 
 func newEndpoint(id int, s *Spec) *Endpoint {
 	return &Endpoint{
-		ID:               id,
-		Name:             s.Name,
-		Models:           slices.Clone(s.Models),
-		Labels:           maps.Clone(s.Labels),
-		Engine:           s.Engine,
-		KVCapacityTokens: s.KVCapacityTokens,
+		ID:                id,
+		Name:              s.Name,
+		Models:            slices.Clone(s.Models),
+		Labels:            maps.Clone(s.Labels),
+		Engine:            s.Engine,
+		KVCapacityTokens:  s.KVCapacityTokens,
+		FirstTokenTimeout: s.FirstTokenTimeout,
+		ResponseTimeout:   s.ResponseTimeout,
 	}
 }
 

@@ -60,6 +60,14 @@ func New(name string, p Params, env Env) (Picker, error) {
 	return pk, nil
 }
 
+// Check reports what New would say of the named policy with p: nil when it builds. It is what
+// config validation asks of a policy (config.Checks.Policy), so that a bad parameter is named
+// with every other problem of the config.
+func Check(name string, p map[string]string) error {
+	_, err := New(name, p, Env{})
+	return err
+}
+
 // ParseSpec splits "name:key=value,key=value" into a name and its params.
 func ParseSpec(spec string) (string, Params, error) {
 	name, rest, _ := strings.Cut(spec, ":")

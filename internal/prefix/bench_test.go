@@ -22,12 +22,13 @@ func BenchmarkChunk(b *testing.B) {
 	}
 	b.Run("normalize+chunk/bytes=131072", func(b *testing.B) {
 		text := randText(r, 128<<10)
-		var c Chunker
+		var n *Normalizer
+		seed := Seed("m", "salt")
 		dst := make([]uint64, 0, 2048)
 		b.SetBytes(int64(len(text)))
 		b.ReportAllocs()
 		for b.Loop() {
-			dst = c.Chunk(dst[:0], "m", "salt", text).Blocks
+			dst = Blocks(dst[:0], seed, n.Normalize(text), DefaultBlockTokens)
 		}
 	})
 }

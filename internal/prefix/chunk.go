@@ -25,6 +25,7 @@ func Blocks(dst []uint64, seed uint64, text string, blockTokens int) []uint64 {
 }
 
 // BlocksBytes is Blocks for text held in a byte slice: the same hashes, without a string copy.
+// It is Chain(dst, seed, ContentKeys(nil, text, blockTokens)) without the intermediate slice.
 func BlocksBytes(dst []uint64, seed uint64, text []byte, blockTokens int) []uint64 {
 	if blockTokens <= 0 {
 		blockTokens = DefaultBlockTokens
@@ -40,6 +41,27 @@ func BlocksBytes(dst []uint64, seed uint64, text []byte, blockTokens int) []uint
 	return dst
 }
 
+// ContentKeys appends to dst the content key of each full block of blockTokens tokens of text:
+// the xxhash of its BlockBytes(blockTokens) bytes. A trailing partial block has no key (engines
+// cache only full blocks). blockTokens <= 0 means DefaultBlockTokens.
+//
+// This and Chain are the one way kvroute makes block keys: the router hashes the normalised
+// prompt with BlocksBytes (the two fused), the engine simulator server keys the raw prompt an
+// engine would see with ContentKeys, and the engine model and the fleet simulator chain content
+// keys with Chain, so equal prefixes give equal keys wherever they are computed.
+func ContentKeys(dst []uint64, text []byte, blockTokens int) []uint64 {
+	if blockTokens <= 0 {
+		blockTokens = DefaultBlockTokens
+	}
+	size := BlockBytes(blockTokens)
+	n := len(text) / size
+	dst = growUint64(dst, n)
+	for i := 0; i < n; i++ {
+		dst = append(dst, xxhash.Sum64(text[i*size:(i+1)*size]))
+	}
+	return dst
+}
+
 func growUint64(dst []uint64, n int) []uint64 {
 	if cap(dst)-len(dst) >= n {
 		return dst
@@ -47,35 +69,6 @@ func growUint64(dst []uint64, n int) []uint64 {
 	out := make([]uint64, len(dst), len(dst)+n)
 	copy(out, dst)
 	return out
-}
-
-// Chunker turns one prompt into its routing keys: normalise, then cut into chained block hashes
-// seeded with the model and the tenant's cache salt. The zero value uses the default
-// normalisation and DefaultBlockTokens. It is safe for concurrent use.
-type Chunker struct {
-	Normalizer  *Normalizer // nil: the defaults
-	BlockTokens int         // 0: DefaultBlockTokens
-}
-
-// Chunked is a prompt's routing keys.
-type Chunked struct {
-	Blocks       []uint64 // chained hashes of the full blocks
-	BlockTokens  int      // tokens each block stands for
-	PromptTokens int      // EstimateTokens of the canonical text
-}
-
-// Chunk normalises text and appends its block hashes to dst (which may be nil).
-func (c Chunker) Chunk(dst []uint64, model, salt, text string) Chunked {
-	bt := c.BlockTokens
-	if bt <= 0 {
-		bt = DefaultBlockTokens
-	}
-	canon := c.Normalizer.Normalize(text)
-	return Chunked{
-		Blocks:       Blocks(dst, Seed(model, salt), canon, bt),
-		BlockTokens:  bt,
-		PromptTokens: EstimateTokens(canon),
-	}
 }
 
 func hashString(s string) uint64 { return xxhash.Sum64String(s) }

@@ -108,19 +108,16 @@ func TestBlocks_ReusesDst(t *testing.T) {
 	}
 }
 
-func TestChunker_NormalisesBeforeHashing(t *testing.T) {
-	var c Chunker
-	body := strings.Repeat("You are a helpful assistant. ", 10)
-	a := c.Chunk(nil, "m", "t1", body+"\r\nHello  world")
-	b := c.Chunk(nil, "m", "t1", "  "+body+"\nHello world\t")
-	if diff := cmp.Diff(a, b); diff != "" {
-		t.Errorf("equivalent prompts chunked differently (-a +b):\n%s", diff)
-	}
-	if a.BlockTokens != DefaultBlockTokens || a.PromptTokens != EstimateTokens(c.Normalizer.Normalize(body+"\nHello world")) {
-		t.Errorf("Chunk = bt %d tokens %d", a.BlockTokens, a.PromptTokens)
-	}
-	other := c.Chunk(nil, "m", "t2", body)
-	if len(other.Blocks) == 0 || other.Blocks[0] == a.Blocks[0] {
-		t.Errorf("another tenant salt shares the first block hash")
+func TestContentKeys_ChainMatchesBlocks(t *testing.T) {
+	text := []byte(strings.Repeat("You are a helpful assistant. ", 20))
+	for _, bt := range []int{1, 4, 16} {
+		keys := ContentKeys(nil, text, bt)
+		if got, want := len(keys), len(text)/BlockBytes(bt); got != want {
+			t.Fatalf("block tokens %d: %d keys, want %d", bt, got, want)
+		}
+		seed := Seed("m", "salt")
+		if diff := cmp.Diff(BlocksBytes(nil, seed, text, bt), Chain(nil, seed, keys)); diff != "" {
+			t.Errorf("block tokens %d: BlocksBytes differs from Chain of ContentKeys (-fused +chained):\n%s", bt, diff)
+		}
 	}
 }

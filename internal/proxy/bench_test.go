@@ -2,13 +2,14 @@ package proxy
 
 import (
 	"fmt"
-	"github.com/kvroute/kvroute/internal/h1"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/h1"
 
 	"github.com/prometheus/client_golang/prometheus"
 

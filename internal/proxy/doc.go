@@ -1,12 +1,15 @@
-// Package proxy is the router itself: an http.Handler that speaks the OpenAI API to clients
-// and forwards each request to the endpoint its policy ranks first, and the Router that
-// assembles it from a config (endpoint pool, policy, metrics, admin endpoints) and applies new
-// configs to a running router.
+// Package proxy is the router's data plane, a library in the manner of net/http/httputil: an
+// http.Handler that speaks the OpenAI API to clients and forwards each request to the endpoint
+// its policy ranks first, falling back along the ranked list where that is safe. What it is
+// wired to (the endpoint pool, the policy's lifecycle, the tenant gate, metrics) comes in its
+// fields; internal/app assembles it from a config.
 //
-// One request goes: read the body once (bounded) -> parse the fields we route on -> candidate
-// endpoints for the model (and tenant) -> canonical prompt text -> normalise -> prefix blocks
-// -> policy.Pick -> httputil.ReverseProxy, whose transport walks the ranked list on connection
-// errors and 503s -> SSE passed through event by event, TTFT measured at the first event,
-// usage read from the response -> policy.Observer, endpoint counters, metrics, one access log
-// line.
+// One request goes, as plain calls: authenticate (tenant.Gate) -> read the body once (bounded;
+// a body announced too large is refused unread) -> parse the fields we route on -> routing
+// keys (route.Keys: canonical prompt, normalised, chained block hashes) -> the tenant's limits
+// -> candidate endpoints for the model (and tenant) -> admission -> route.Lifecycle.Begin
+// (policy.Pick) -> httputil.ReverseProxy, whose transport walks the ranked list through the
+// lifecycle (connection errors and 503s) -> SSE passed through event by event, the first token
+// and usage seen as they pass, the stream's end noticed -> route.Call.Finish (endpoint
+// counters, the policy's Done), the tenant's ticket, metrics, one access log line.
 package proxy

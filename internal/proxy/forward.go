@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -16,7 +19,7 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/route"
 )
 
 // maxCapture bounds how much of a non-streamed response body is kept to read its usage, and
@@ -26,81 +29,46 @@ const maxCapture = 4 << 20
 // maxEvent bounds one server-sent event.
 const maxEvent = 4 << 20
 
-// retryTransport sends a call's request to its ranked endpoints in turn: on a connection error
-// or a 503 (which comes before any response byte) it tries the next, up to the call's list.
+// retryTransport sends a call's request to its ranked endpoints in turn, as the lifecycle
+// allows: after a failure before anything reached the client that makes it safe (no
+// connection, 503, 429, no first token in time), it tries the next.
 type retryTransport struct{ h *Handler }
 
 func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	c := callFrom(out.Context())
-	if c == nil {
+	if c == nil || c.rc == nil {
 		return nil, errors.New("proxy: request without routing state")
 	}
 	h := t.h
-	obs, _ := h.Picker.(policy.Observer)
-	pred, _ := h.Picker.(policy.Predictor)
 	var lastErr error
-	for i, ep := range c.ranked {
-		if out.Context().Err() != nil {
-			return nil, out.Context().Err()
+	for ep := c.rc.Next(); ep != nil; ep = c.rc.Next() {
+		resp, f, err := h.attempt(out, c, ep)
+		if f == route.FailNone {
+			c.answered = true
+			return resp, nil
 		}
-		u, err := url.Parse(ep.Name)
 		if err != nil {
 			lastErr = err
-			continue
 		}
-		body := c.bodyFor(h, ep)
-		req := out.Clone(out.Context())
-		req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
-		req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
-		req.URL.RawPath = ""
-		req.Host = u.Host
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-		req.ContentLength = int64(len(body))
-		req.Header.Del("Accept-Encoding")
-		req.Header.Set("X-Request-Id", c.rid)
-		req.Header.Set("Content-Type", "application/json")
-		if c.id != nil {
-			req.Header.Del("Authorization") // the tenant's key is ours, not the engine's
-		}
-		c.predict = -1
-		if pred != nil {
-			c.predict = pred.PredictCached(&c.preq, ep)
-		}
-		c.attempts++
-		ep.Start(c.preq.PromptTokens)
-		if obs != nil {
-			obs.Routed(&c.preq, ep)
-		}
-		resp, err := h.Transport.RoundTrip(req)
-		last := i == len(c.ranked)-1
-		if err != nil {
-			t.failed(c, ep, obs)
-			if out.Context().Err() != nil {
-				return nil, err // the client went away; not the endpoint's fault
+		if !c.rc.Fail(f) {
+			if resp != nil {
+				c.answered = true
+				return resp, nil // the last 503 or 429 goes to the client as it is
 			}
-			h.connFailure(ep)
-			lastErr = err
-			if !last {
-				h.Metrics.Retries.WithLabelValues(ep.Name, "connect_error").Inc()
-				h.Logger.Warn("endpoint unreachable, trying the next", "request_id", c.rid, "endpoint", ep.Name, "err", errText(err))
+			if f == route.FailCanceled {
+				return nil, err
 			}
-			continue
+			break
 		}
-		if h.OnSuccess != nil {
-			h.OnSuccess(ep)
-		} else {
-			h.State.failureCounter(ep.Name).Store(0)
-		}
-		if resp.StatusCode == http.StatusServiceUnavailable && !last {
+		if resp != nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
-			t.failed(c, ep, obs)
-			h.Metrics.Retries.WithLabelValues(ep.Name, "unavailable").Inc()
-			continue
 		}
-		c.ep = ep
-		return resp, nil
+		h.Metrics.Retries.WithLabelValues(ep.Name, f.String()).Inc()
+		if err != nil {
+			h.Logger.Warn("attempt failed, trying the next endpoint", "request_id", c.rid, "endpoint", ep.Name,
+				"failure", f.String(), "err", errText(err))
+		}
 	}
 	if lastErr == nil {
 		lastErr = errors.New("no endpoint left to try")
@@ -108,35 +76,144 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	return nil, lastErr
 }
 
-// failed settles an attempt that produced no response to relay.
-func (t *retryTransport) failed(c *call, ep *endpoint.Endpoint, obs policy.Observer) {
-	ep.Finish(c.preq.PromptTokens, false)
-	if obs != nil {
-		obs.Done(&c.preq, ep, policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.preq.PromptTokens,
-			Duration: t.h.Now().Sub(c.start)})
+// Errors that end an attempt on its own clock.
+var (
+	errAttemptTimeout = errors.New("no answer within the attempt's timeout")
+	errIdleTimeout    = errors.New("the stream was silent for longer than the idle timeout")
+)
+
+// attempt sends the request to ep under the attempt's timeouts and returns the response to
+// relay (f FailNone), or how the attempt failed: with the response for a 503 or 429 (relayed
+// if no endpoint is left), without one otherwise. A stream's response comes back only once its
+// first event has arrived, so that an engine that accepts a request and never starts it is
+// failed over before anything reaches the client.
+func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*http.Response, route.Failure, error) {
+	to := h.timeouts(ep)
+	ctx, cancel := context.WithCancelCause(out.Context())
+	limit := to.Response
+	if c.stream {
+		limit = to.FirstToken
 	}
+	timer := time.AfterFunc(limit, func() { cancel(errAttemptTimeout) })
+	failed := func(err error) (*http.Response, route.Failure, error) {
+		timer.Stop()
+		cause := context.Cause(ctx)
+		cancel(nil)
+		switch {
+		case out.Context().Err() != nil:
+			return nil, route.FailCanceled, err
+		case errors.Is(cause, errAttemptTimeout):
+			return nil, route.FailTimeout, fmt.Errorf("%w (%v)", errAttemptTimeout, limit)
+		case isDialError(err):
+			return nil, route.FailConnect, err
+		}
+		return nil, route.FailLost, err
+	}
+	resp, err := h.send(out.WithContext(ctx), c, ep)
+	if err != nil {
+		return failed(err)
+	}
+	switch resp.StatusCode {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		timer.Stop()
+		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return resp, route.FailUnavailable, nil
+		}
+		c.rc.Backoff(retryAfter(resp.Header))
+		return resp, route.FailBusy, nil
+	}
+	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sb := &sseBody{c: c, up: resp.Body, r: openai.NewSSEReader(resp.Body, maxEvent), ctx: ctx, cancel: cancel, idle: to.StreamIdle}
+		if err := sb.first(); err != nil {
+			resp.Body.Close()
+			return failed(err)
+		}
+		timer.Stop()
+		resp.Body = sb
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+		return resp, route.FailNone, nil
+	}
+	// A non-streamed answer: the response timeout keeps running until its last byte.
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, timer: timer}
+	return resp, route.FailNone, nil
 }
 
-// connFailure counts a connection error and ejects the endpoint after PassiveFailures in a row.
-func (h *Handler) connFailure(ep *endpoint.Endpoint) {
-	if h.OnConnError != nil {
-		was := ep.Healthy()
-		h.OnConnError(ep)
-		if was && !ep.Healthy() {
-			h.Metrics.Ejections.WithLabelValues(ep.Name).Inc()
-			h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name)
+// timeouts returns the attempt timeouts for ep: its own where it has them, else the handler's.
+func (h *Handler) timeouts(ep *endpoint.Endpoint) Timeouts {
+	t := h.Timeouts.withDefaults()
+	if ep.FirstTokenTimeout > 0 {
+		t.FirstToken = ep.FirstTokenTimeout
+	}
+	if ep.ResponseTimeout > 0 {
+		t.Response = ep.ResponseTimeout
+	}
+	return t
+}
+
+// isDialError reports whether err happened while connecting: the engine never saw the request.
+func isDialError(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// retryAfter reads how long an engine that answered 429 asks to be left alone: retry-after-ms,
+// else Retry-After in seconds or as a date; 1 s when it does not say, at most a minute.
+func retryAfter(h http.Header) time.Duration {
+	d := time.Second
+	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms > 0 {
+		d = time.Duration(ms * float64(time.Millisecond))
+	} else if v := h.Get("Retry-After"); v != "" {
+		if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
+			d = time.Duration(s * float64(time.Second))
+		} else if at, err := http.ParseTime(v); err == nil {
+			d = time.Until(at)
 		}
-		return
 	}
-	if h.PassiveFailures < 0 {
-		return
+	return min(max(d, time.Millisecond), time.Minute)
+}
+
+// cancelBody ends the attempt's context (and its timer) when the body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+func (b *cancelBody) Close() error {
+	if b.timer != nil {
+		b.timer.Stop()
 	}
-	n := h.State.failureCounter(ep.Name).Add(1)
-	if int(n) >= h.PassiveFailures && ep.Healthy() {
-		ep.SetHealthy(false)
-		h.Metrics.Ejections.WithLabelValues(ep.Name).Inc()
-		h.Logger.Warn("endpoint ejected after consecutive connection errors", "endpoint", ep.Name, "errors", n)
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
+}
+
+// send makes one attempt: the outgoing request, re-addressed to ep, with its body.
+func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http.Response, error) {
+	u, err := url.Parse(ep.Name)
+	if err != nil {
+		return nil, err
 	}
+	body := c.bodyFor(h, ep)
+	req := out.Clone(out.Context())
+	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
+	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
+	req.URL.RawPath = ""
+	req.Host = u.Host
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.ContentLength = int64(len(body))
+	req.Header.Del("Accept-Encoding")
+	req.Header.Set("X-Request-Id", c.rid)
+	req.Header.Set("Content-Type", "application/json")
+	if c.id != nil {
+		// The tenant's key is ours, not the engine's.
+		req.Header.Del("Authorization")
+		req.Header.Del("Api-Key")
+	}
+	return h.Transport.RoundTrip(req)
 }
 
 // bodyFor returns the body to send to ep: with the tenant's cache_salt when ep honours it.
@@ -156,14 +233,14 @@ func (c *call) bodyFor(h *Handler, ep *endpoint.Endpoint) []byte {
 }
 
 // modifyResponse rewrites upstream errors into OpenAI bodies and wraps the body so the router
-// sees the first token and the usage as they pass.
+// sees the first token, the usage and the end as they pass.
 func (h *Handler) modifyResponse(resp *http.Response) error {
 	c := callFrom(resp.Request.Context())
 	if c == nil {
 		return nil
 	}
-	if h.EndpointHeader != "" && c.ep != nil {
-		resp.Header.Set(h.EndpointHeader, c.ep.Name)
+	if ep := c.ep(); h.EndpointHeader != "" && ep != nil {
+		resp.Header.Set(h.EndpointHeader, ep.Name)
 	}
 	if resp.StatusCode >= 400 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxCapture))
@@ -176,27 +253,43 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		resp.Header.Set("Content-Length", strconv.Itoa(len(nb)))
 		resp.Header.Set("Content-Type", "application/json")
 		resp.Header.Del("Content-Encoding")
+		c.complete = true
 		return nil
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = &sseBody{c: c, up: resp.Body, r: openai.NewSSEReader(resp.Body, maxEvent)}
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-		return nil
+	if _, ok := resp.Body.(*sseBody); ok {
+		return nil // a stream, watched since its first event
 	}
 	resp.Body = &captureBody{c: c, up: resp.Body}
 	return nil
 }
 
 // sseBody passes a stream on event by event (the reverse proxy flushes after each Read),
-// timing the first event, reading usage and response ids, and dropping the usage-only chunk
-// the router asked for on the client's behalf.
+// reading usage and response ids, dropping the usage-only chunk the router asked for on the
+// client's behalf, and noticing how the stream ends: at its terminator (complete, whatever the
+// client does next), or cut short by the engine or by its silence for longer than the idle
+// timeout, in which case the client gets an SSE error event before the stream closes.
 type sseBody struct {
 	c       *call
 	up      io.ReadCloser
 	r       *openai.SSEReader
+	ctx     context.Context         // the attempt's
+	cancel  context.CancelCauseFunc // ends the attempt
+	idle    time.Duration
+	timer   *time.Timer // the idle timeout
 	pending []byte
 	err     error
+}
+
+// first reads the stream's first event, the first token: the caller's timer bounds the wait.
+func (s *sseBody) first() error {
+	ev, err := s.r.Next()
+	if err != nil {
+		return err
+	}
+	s.c.rc.FirstToken()
+	s.take(ev)
+	s.timer = time.AfterFunc(s.idle, func() { s.cancel(errIdleTimeout) })
+	return nil
 }
 
 func (s *sseBody) Read(p []byte) (int, error) {
@@ -204,31 +297,83 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		if s.err != nil {
 			return 0, s.err
 		}
-		ev, err := s.r.Next()
-		if err != nil {
-			s.err = err
+		if s.c.complete {
+			// The terminator went out: what follows (the chunked body's end) is read so the
+			// connection can be reused, and its errors no longer matter.
+			s.timer.Stop()
+			_, _ = io.Copy(io.Discard, io.LimitReader(s.up, 64<<10))
+			s.err = io.EOF
 			continue
 		}
-		s.c.onFirstByte()
-		if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
-			if u, ok := openai.ScanUsage(ev.Data); ok {
-				s.c.setUsage(u)
-				if s.c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
-					continue
-				}
-			}
+		ev, err := s.r.Next()
+		if err != nil {
+			s.timer.Stop()
+			s.cutShort(err)
+			continue
 		}
-		if s.c.req != nil && s.c.req.Kind == openai.KindResponse && s.c.respID == "" && len(ev.Data) > 0 {
-			s.c.respID = openai.ResponseID(ev.Data)
-		}
-		s.pending = append(s.pending[:0], ev.Raw...)
+		s.timer.Reset(s.idle)
+		s.take(ev)
 	}
 	n := copy(p, s.pending)
 	s.pending = s.pending[n:]
 	return n, nil
 }
 
-func (s *sseBody) Close() error { return s.up.Close() }
+// take looks at one event and queues it for the client (unless it is the usage chunk the
+// client did not ask for).
+func (s *sseBody) take(ev openai.Event) {
+	if n, ok := openai.TimingsCached(ev.Data); ok {
+		s.c.timingsCached = n
+	}
+	if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
+		if u, ok := openai.ScanUsage(ev.Data); ok {
+			s.c.setUsage(u)
+			if s.c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
+				return
+			}
+		}
+	}
+	if s.c.req != nil && s.c.req.Kind == openai.KindResponse && s.c.respID == "" && len(ev.Data) > 0 {
+		s.c.respID = openai.ResponseID(ev.Data)
+	}
+	if ev.IsDone() || isTerminal(ev.Name) {
+		s.c.complete = true
+	}
+	s.pending = append(s.pending, ev.Raw...)
+}
+
+// isTerminal reports whether a Responses API event ends its stream.
+func isTerminal(name string) bool {
+	return name == "response.completed" || name == "response.incomplete" || name == "response.failed"
+}
+
+// cutShort ends a stream that stopped before its terminator (err is io.EOF for a clean close):
+// unless the client is gone, it is told with an SSE error event, and the call is a failure.
+func (s *sseBody) cutShort(err error) {
+	s.err = io.EOF
+	s.c.cut = true
+	msg := "the engine ended the stream before its end"
+	if errors.Is(context.Cause(s.ctx), errIdleTimeout) {
+		msg = "the engine sent nothing for " + s.idle.String() + " (the stream idle timeout)"
+		s.c.errType = "stream_idle_timeout"
+	}
+	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		s.c.h.Logger.Debug("upstream stream ended before its end", "request_id", s.c.rid, "err", errText(err), "why", msg)
+	}
+	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut", msg+" (request id "+s.c.rid+")")
+	var b bytes.Buffer
+	_ = openai.WriteEvent(&b, "error", e.Body())
+	s.pending = append(s.pending[:0], b.Bytes()...)
+}
+
+func (s *sseBody) Close() error {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	err := s.up.Close()
+	s.cancel(nil)
+	return err
+}
 
 // captureBody passes a body on while keeping its first maxCapture bytes to read usage at EOF.
 // The copy lives in a pooled buffer, given back at EOF or Close (usage and ids are copied out).
@@ -247,32 +392,37 @@ const maxPooledCapture = 64 << 10
 
 func (b *captureBody) Read(p []byte) (int, error) {
 	n, err := b.up.Read(p)
-	if n > 0 {
-		b.c.onFirstByte()
-		if !b.full && !b.read {
-			if b.buf == nil {
-				b.buf = captureBufs.Get().(*[]byte)
-			}
-			if len(*b.buf)+n <= maxCapture {
-				*b.buf = append(*b.buf, p[:n]...)
-			} else {
-				b.full = true
-			}
+	if n > 0 && !b.full && !b.read {
+		if b.buf == nil {
+			b.buf = captureBufs.Get().(*[]byte)
+		}
+		if len(*b.buf)+n <= maxCapture {
+			*b.buf = append(*b.buf, p[:n]...)
+		} else {
+			b.full = true
 		}
 	}
-	if err == io.EOF && !b.full && !b.read {
-		b.read = true
-		var body []byte
-		if b.buf != nil {
-			body = *b.buf
+	if err == io.EOF {
+		b.c.complete = true
+		if !b.full && !b.read {
+			b.read = true
+			var body []byte
+			if b.buf != nil {
+				body = *b.buf
+			}
+			if u, ok := openai.ScanUsage(body); ok {
+				b.c.setUsage(u)
+			}
+			if n, ok := openai.TimingsCached(body); ok {
+				b.c.timingsCached = n
+			}
+			if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
+				b.c.respID = openai.ResponseID(body)
+			}
+			b.release()
 		}
-		if u, ok := openai.ScanUsage(body); ok {
-			b.c.setUsage(u)
-		}
-		if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
-			b.c.respID = openai.ResponseID(body)
-		}
-		b.release()
+	} else if err != nil {
+		b.c.cut = true
 	}
 	return n, err
 }
@@ -294,39 +444,62 @@ func (b *captureBody) Close() error {
 	return b.up.Close()
 }
 
-// onFirstByte records the first token time of a stream (its first event). A non-streamed
-// response's first byte comes with its last token, so it tells nothing about prefill: only
-// streams report a TTFT.
-func (c *call) onFirstByte() {
-	if !c.firstAt.IsZero() || !c.stream || c.ep == nil {
-		return
-	}
-	c.firstAt = c.h.Now()
-	ttft := c.firstAt.Sub(c.start)
-	c.ep.FirstToken(c.preq.PromptTokens)
-	if obs, ok := c.h.Picker.(policy.Observer); ok {
-		obs.FirstToken(&c.preq, c.ep, ttft)
-	}
-	c.h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
-}
-
 func (c *call) setUsage(u openai.Usage) {
 	c.usage, c.haveUsage = u, true
 	c.cached = u.Cached()
 }
 
-// finish settles a request once the response is written: endpoint counters, the policy's
-// Done, the tenant's Settle, metrics and the access line.
-func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
-	end := h.Now()
+// cachedTokens is what the engine said it took from its prefix cache: usage's
+// prompt_tokens_details, else llama.cpp's timings.cache_n; -1 when it did not say.
+func (c *call) cachedTokens() int {
+	if c.cached < 0 && c.timingsCached >= 0 {
+		return c.timingsCached
+	}
+	return c.cached
+}
+
+// status is the request's final status for metrics, the access log and the tenant: what was
+// written, unless the answer did not go out whole. A response read to its end and written
+// without error is complete whatever the client does next; a stream the engine cut is a 502
+// (the client saw 200 and then an error event); an answer the client left before its end is a
+// 499 (nginx's code).
+func (c *call) status(w *statusWriter, r *http.Request) int {
 	status := w.status
 	if status == 0 {
 		status = http.StatusOK
 	}
-	if r.Context().Err() != nil {
-		status = 499 // the client went away before the end of the answer (nginx's code)
+	switch {
+	case c.complete && w.err == nil:
+		return status
+	case w.err != nil || r.Context().Err() != nil:
+		return 499
+	case c.cut:
+		if c.errType == "" {
+			c.errType = "stream_cut"
+		}
+		return http.StatusBadGateway
 	}
-	dur := end.Sub(c.start)
+	return status
+}
+
+// failure is what the answer's status says of the endpoint that gave it.
+func (c *call) failure(status int) route.Failure {
+	switch {
+	case status < 400 || status == 499:
+		return route.FailNone // fine, or the client's doing
+	case c.cut:
+		return route.FailCut
+	case status >= 500:
+		return route.FailStatus
+	}
+	return route.FailRejected
+}
+
+// finish settles a request once the response is written: the lifecycle (endpoint counters,
+// the policy's Done), the tenant's ticket, metrics and the access line.
+func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
+	status := c.status(w, r)
+	c.cached = c.cachedTokens()
 	prompt, completion := 0, 0
 	if c.req != nil {
 		prompt = c.preq.PromptTokens
@@ -335,42 +508,49 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		}
 		completion = c.usage.Completion()
 	}
+	ep := c.ep()
+	var ttft time.Duration
+	if c.rc != nil {
+		ttft = c.rc.TTFT()
+		c.rc.Finish(route.Outcome{
+			OK: status < 400, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: completion,
+			ResponseID: c.respID, Failure: c.failure(status),
+		})
+	}
+	end := time.Now()
+	if h.Lifecycle != nil {
+		end = h.Lifecycle.Now()
+	}
+	dur := end.Sub(c.start)
 	epName := metrics.NoEndpoint
-	if c.ep != nil {
-		epName = c.ep.Name
-		first := !c.firstAt.IsZero()
-		c.ep.Finish(c.preq.PromptTokens, first)
-		if obs, ok := h.Picker.(policy.Observer); ok {
-			var ttft time.Duration
-			if first {
-				ttft = c.firstAt.Sub(c.start)
-			}
-			obs.Done(&c.preq, c.ep, policy.Result{
-				OK: status < 400, CachedTokens: c.cached, PromptTokens: prompt, OutputTokens: completion,
-				TTFT: ttft, Duration: dur,
-			})
-		}
-		if c.respID != "" && status < 400 {
-			h.State.pins.put(c.respID, c.ep.Name)
-		}
+	if ep != nil {
+		epName = ep.Name
 		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
 		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
-		if c.predict >= 0 {
-			h.Metrics.PredictedCached.WithLabelValues(c.model).Add(float64(c.predict))
+		// The prediction is in the router's tokens; the engine's cached count in its own.
+		predicted := c.rc.Predicted()
+		if predicted > 0 {
+			predicted = int(math.Round(float64(predicted) * ep.TokenScale()))
 		}
+		h.Metrics.PredictedCachedTokens(c.model, epName, predicted)
 		if c.cached >= 0 {
 			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
 			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))
 		}
-	}
-	if c.id != nil && c.id.Settle != nil {
-		// What the engines used: nothing when no endpoint answered (the tenant's estimate is
-		// refunded).
-		if c.ep == nil {
-			c.id.Settle(0, 0)
-		} else {
-			c.id.Settle(prompt, completion)
+		if ttft > 0 && c.stream {
+			h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
 		}
+	}
+	switch {
+	case c.ticket != nil:
+		// What the engines used: nothing when no endpoint answered (the estimate is refunded).
+		if ep == nil {
+			c.ticket.End(status, 0, 0)
+		} else {
+			c.ticket.End(status, prompt, completion)
+		}
+	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
+		h.Gate.Count(c.id, status) // the gate counted its own refusals
 	}
 	model := c.model
 	if model == "" {
@@ -390,11 +570,14 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
 			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
 	}
-	if c.ep != nil {
-		attrs = append(attrs, slog.String("endpoint", c.ep.Name), slog.Int("attempts", c.attempts))
+	if ep != nil {
+		attrs = append(attrs, slog.String("endpoint", ep.Name))
 	}
-	if !c.firstAt.IsZero() {
-		attrs = append(attrs, slog.Float64("ttft_ms", float64(c.firstAt.Sub(c.start).Microseconds())/1000))
+	if c.rc != nil {
+		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))
+	}
+	if ttft > 0 && c.stream {
+		attrs = append(attrs, slog.Float64("ttft_ms", float64(ttft.Microseconds())/1000))
 	}
 	if c.id != nil {
 		attrs = append(attrs, slog.String("tenant", c.id.Name))
@@ -405,15 +588,16 @@ func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
-// statusWriter records the status and whether the body was written to the end.
+// statusWriter records the status, and the first write error (the client went away).
 type statusWriter struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+	err    error
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
+	if w.status == 0 && code >= 200 { // 1xx are interim answers
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -425,15 +609,27 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.bytes += int64(n)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
 	return n, err
 }
 
 // Flush flushes the underlying writer (SSE events go out at once).
 func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
+	if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil && w.err == nil && !errors.Is(err, http.ErrNotSupported) {
+		w.err = err
 	}
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// errText is an error's text without URLs of the endpoints' query strings or bodies.
+func errText(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Op + " " + ue.URL + ": " + ue.Err.Error()
+	}
+	return err.Error()
+}

@@ -6,40 +6,59 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"github.com/kvroute/kvroute/internal/h1"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
-	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
 
 // Handler serves the OpenAI API paths (/v1/chat/completions, /v1/completions,
 // /v1/embeddings, /v1/responses, /v1/models) by routing each request to an endpoint of Pool.
-// Set the fields before serving and do not change them afterwards (the Router builds a new
-// Handler on reload). Only Pool and Picker are required; every other field has a documented
-// default when nil or zero. Handlers built one after the other may share State so that pinned
-// responses and passive-failure counts survive a reload.
+// Each request goes through the same steps, as plain calls: authenticate (Gate), read and
+// parse the body once, build its routing keys, apply the tenant's limits (Gate), find the
+// candidates, admit (Admit), pick and forward with fallback (Lifecycle), relay the answer while
+// watching for its first token and usage, and settle. Set the fields before serving and do not
+// change them afterwards (the application builds a new Handler on reload). Only Pool and
+// Lifecycle (or Picker) are required; every other field has a documented default when nil or
+// zero.
 type Handler struct {
 	// Pool holds the endpoints. Required.
 	Pool *endpoint.Pool
-	// Picker is the routing policy. Required. When it implements policy.Observer it is told
-	// what happens to each request; policy.Predictor feeds the predicted-cached metric.
-	Picker policy.Picker
+	// Lifecycle runs each request through the policy: pick, fallback, counters, learning.
+	// Nil: one built from Picker with MaxRetries.
+	Lifecycle *route.Lifecycle
+	// Picker and MaxRetries build the Lifecycle when it is nil: the policy, and how many
+	// further ranked endpoints to try after a failure that makes that safe.
+	Picker     policy.Picker
+	MaxRetries int
+	// Keys builds each request's routing keys (block size, normalisation).
+	Keys route.Keys
+	// Gate authenticates requests, applies per-tenant limits and admits requests under
+	// overload. Nil: no tenants, no limits, no admission queue.
+	Gate *tenant.Gate
+	// Admit, when set, replaces the Gate's admission: called after the candidates are known
+	// and before picking, it may wait (a fair queue), and it refuses a request by returning an
+	// error (an *openai.Error is sent as is, any other error as 429). release is called when
+	// the request ends.
+	Admit func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
+	// Saturated, when set, reports that every candidate is overloaded: the request is refused
+	// with 503 and Retry-After.
+	Saturated func(candidates []*endpoint.Endpoint) bool
 	// Metrics records what the router does; nil: a private registry nobody scrapes.
 	Metrics *metrics.Metrics
 	// Logger gets one access line per request (never the prompt); nil: slog.Default().
@@ -47,102 +66,59 @@ type Handler struct {
 	// Transport sends requests to the endpoints; nil: an h1.Transport (I/O on the calling
 	// goroutine) falling back to DefaultTransport for https and proxied URLs.
 	Transport http.RoundTripper
-	// MaxBodyBytes bounds a request body; 0: 16 MiB.
+	// MaxBodyBytes bounds a request body; 0: 16 MiB. A body announced larger is refused with
+	// 413 before any of it is read.
 	MaxBodyBytes int64
-	// MaxRetries is how many further ranked endpoints to try after a connection error or a
-	// 503 received before any response byte; negative: none, 0: none.
-	MaxRetries int
-	// BlockTokens is the tokens per prefix block; 0: prefix.DefaultBlockTokens.
-	BlockTokens int
-	// Normalizer normalises the canonical prompt before hashing; nil: prefix defaults.
-	Normalizer *prefix.Normalizer
 	// Rewrite forwards the normalised prompt texts to the engine (normalize.rewrite), so that
 	// prompts differing only in whitespace also share the engine's cache. Off by default: the
 	// engine then no longer sees the client's exact text.
 	Rewrite bool
-	// PassiveFailures consecutive connection errors eject an endpoint (SetHealthy(false))
-	// until active health checks readmit it; 0: 3, negative: never eject.
-	PassiveFailures int
-	// OnConnError and OnSuccess, when set, replace the built-in passive ejection: they are
-	// told of each connection error and each exchange that got a response (the Router wires
-	// them to the health prober, which also readmits the endpoint when checks pass).
-	OnConnError func(ep *endpoint.Endpoint)
-	OnSuccess   func(ep *endpoint.Endpoint)
-	// Now tells the time; nil: time.Now.
-	Now func() time.Time
 	// NewRequestID makes an x-request-id for requests without one; nil: 16 random hex digits.
 	NewRequestID func() string
-	// Admit, when set, is called after the candidates are known and before picking: it may
-	// wait (a fair queue), and it refuses a request by returning an error (an *openai.Error is
-	// sent as is, any other error as 429). release is called when the request ends.
-	Admit func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
-	// Saturated, when set, reports that every candidate is overloaded: the request is refused
-	// with 503 and Retry-After.
-	Saturated func(candidates []*endpoint.Endpoint) bool
-	// State is shared between handlers built on reloads; nil: a private one.
-	State *State
 	// EndpointHeader, when set, names a response header set to the name (base URL) of the
 	// endpoint that answered, before the first byte (server.endpoint_header). Empty: none.
 	EndpointHeader string
+	// Timeouts bound each attempt; an endpoint's own FirstTokenTimeout and ResponseTimeout
+	// take precedence. Zero fields take the defaults.
+	Timeouts Timeouts
 
 	once  sync.Once
 	rp    *httputil.ReverseProxy
 	setup error
 }
 
-// State is what outlives one Handler: which endpoint created which response (for
-// previous_response_id) and consecutive connection failures per endpoint.
-type State struct {
-	pins     pinTable
-	failures sync.Map // endpoint name -> *atomic.Int32
+// Timeouts bound one attempt of a request on one endpoint. A timeout before anything reached
+// the client fails the request over to the next ranked endpoint; after, the stream ends with an
+// SSE error event. When every attempt timed out, the client gets a 504.
+type Timeouts struct {
+	// FirstToken bounds the wait for a stream's first event (its first token): from sending
+	// the request to the engine. 0: DefaultFirstTokenTimeout.
+	FirstToken time.Duration
+	// Response bounds a non-streamed answer, from sending the request to its last byte (the
+	// whole generation). 0: DefaultResponseTimeout.
+	Response time.Duration
+	// StreamIdle bounds the silence between two events of a stream. 0: DefaultStreamIdleTimeout.
+	StreamIdle time.Duration
 }
 
-// NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
-func NewState(maxPins int) *State {
-	if maxPins <= 0 {
-		maxPins = 100_000
+// Defaults of Timeouts.
+const (
+	DefaultFirstTokenTimeout = 2 * time.Minute
+	DefaultResponseTimeout   = 10 * time.Minute
+	DefaultStreamIdleTimeout = time.Minute
+)
+
+func (t Timeouts) withDefaults() Timeouts {
+	if t.FirstToken <= 0 {
+		t.FirstToken = DefaultFirstTokenTimeout
 	}
-	return &State{pins: pinTable{max: maxPins, m: map[string]string{}}}
-}
-
-// pinTable maps response ids to endpoint names, forgetting the oldest beyond max.
-type pinTable struct {
-	mu    sync.Mutex
-	max   int
-	m     map[string]string
-	order []string
-	head  int
-}
-
-func (p *pinTable) put(id, ep string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.m[id]; ok {
-		p.m[id] = ep
-		return
+	if t.Response <= 0 {
+		t.Response = DefaultResponseTimeout
 	}
-	if len(p.order) < p.max {
-		p.order = append(p.order, id)
-	} else {
-		delete(p.m, p.order[p.head])
-		p.order[p.head] = id
-		p.head = (p.head + 1) % p.max
+	if t.StreamIdle <= 0 {
+		t.StreamIdle = DefaultStreamIdleTimeout
 	}
-	p.m[id] = ep
-}
-
-func (p *pinTable) get(id string) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.m[id]
-}
-
-func (s *State) failureCounter(name string) *atomic.Int32 {
-	if v, ok := s.failures.Load(name); ok {
-		return v.(*atomic.Int32)
-	}
-	v, _ := s.failures.LoadOrStore(name, new(atomic.Int32))
-	return v.(*atomic.Int32)
+	return t
 }
 
 func (h *Handler) init() {
@@ -158,24 +134,17 @@ func (h *Handler) init() {
 	if h.MaxBodyBytes <= 0 {
 		h.MaxBodyBytes = 16 << 20
 	}
-	h.MaxRetries = max(h.MaxRetries, 0)
-	if h.BlockTokens <= 0 {
-		h.BlockTokens = prefix.DefaultBlockTokens
-	}
-	if h.PassiveFailures == 0 {
-		h.PassiveFailures = 3
-	}
-	if h.Now == nil {
-		h.Now = time.Now
-	}
 	if h.NewRequestID == nil {
 		h.NewRequestID = randomID
 	}
-	if h.State == nil {
-		h.State = NewState(0)
+	if h.Lifecycle == nil && h.Picker != nil {
+		h.Lifecycle, h.setup = route.New(route.Config{Picker: h.Picker, Attempts: 1 + max(h.MaxRetries, 0)})
 	}
-	if h.Pool == nil || h.Picker == nil {
-		h.setup = errors.New("proxy handler needs a Pool and a Picker")
+	if h.Admit == nil && h.Gate != nil {
+		h.Admit = h.Gate.Admit
+	}
+	if h.Pool == nil || h.Lifecycle == nil {
+		h.setup = errors.New("proxy handler needs a Pool and a Lifecycle (or a Picker)")
 	}
 	h.rp = &httputil.ReverseProxy{
 		Rewrite:   func(*httputil.ProxyRequest) {}, // the transport sets the URL per attempt
@@ -218,30 +187,77 @@ type bufferPool struct{}
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
 
-// textBufs recycles the buffers the canonical prompt text is written into; buffers grown past
-// maxPooledText are left to the garbage collector so one huge prompt is not kept forever.
-var textBufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
-
-const maxPooledText = 1 << 20
-
 func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
+
+// call is one request's state from arrival to the end.
+type call struct {
+	h      *Handler
+	rid    string
+	start  time.Time
+	id     *tenant.Identity // nil without tenants
+	ticket *tenant.Ticket   // the tenant's hold on its limits, nil without tenants
+	req    *openai.Request  // nil until parsed
+	preq   policy.Request
+	rc     *route.Call // nil until picked
+	body   []byte      // what is forwarded, before a per-endpoint cache_salt
+	salted []byte      // body with the tenant's cache_salt, built on first need
+	model  string      // metric label
+
+	dropUsage bool
+	stream    bool
+
+	// Filled while the response is read (one goroutine: the proxy's copy loop).
+	usage     openai.Usage
+	haveUsage bool
+	cached    int // usage's cached tokens, -1 when not reported
+	// timingsCached is llama.cpp's timings.cache_n, -1 when absent.
+	timingsCached int
+	respID        string
+	errType       string
+	answered      bool // an endpoint answered (a response head came back)
+	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
+	cut           bool // the engine's stream ended before its end
+}
+
+// ep is the endpoint that answered the request, or nil.
+func (c *call) ep() *endpoint.Endpoint {
+	if c.rc == nil || !c.answered {
+		return nil
+	}
+	return c.rc.Endpoint()
+}
 
 // ServeHTTP routes one request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.once.Do(h.init)
-	start := h.Now()
-	rid := r.Header.Get("X-Request-Id")
-	if rid == "" || len(rid) > 128 {
-		rid = h.NewRequestID()
+	c := &call{h: h, cached: -1, timingsCached: -1}
+	if h.Lifecycle != nil {
+		c.start = h.Lifecycle.Now()
+	} else {
+		c.start = time.Now()
 	}
-	w.Header().Set("X-Request-Id", rid)
+	c.rid = r.Header.Get("X-Request-Id")
+	if c.rid == "" || len(c.rid) > 128 {
+		c.rid = h.NewRequestID()
+	}
+	w.Header().Set("X-Request-Id", c.rid)
 	sw := &statusWriter{ResponseWriter: w}
-	c := &call{h: h, rid: rid, start: start, cached: -1, id: tenant.FromContext(r.Context())}
 	defer func() { h.finish(c, sw, r) }()
 	if h.setup != nil {
 		h.writeError(sw, c, openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "", h.setup.Error()))
 		return
+	}
+	if h.Gate != nil {
+		id, oe := h.Gate.Authenticate(r.Header)
+		if oe != nil {
+			if oe.Status == http.StatusUnauthorized {
+				sw.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+			}
+			h.writeError(sw, c, oe)
+			return
+		}
+		c.id = id
 	}
 	if r.URL.Path == "/v1/models" {
 		if r.Method != http.MethodGet {
@@ -264,71 +280,49 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.route(sw, r, c, kind)
 }
 
-// call is one request's state from arrival to the end.
-type call struct {
-	h        *Handler
-	rid      string
-	start    time.Time
-	id       *tenant.Identity
-	req      *openai.Request
-	preq     policy.Request
-	body     []byte // what is forwarded, before a per-endpoint cache_salt
-	salted   []byte // body with the tenant's cache_salt, built on first need
-	ranked   []*endpoint.Endpoint
-	model    string // metric label
-	ep       *endpoint.Endpoint
-	attempts int
-	predict  int // predicted cached tokens on ep, -1 unknown
-
-	dropUsage bool
-	stream    bool
-
-	// Filled while the response is read (one goroutine: the proxy's copy loop).
-	firstAt   time.Time
-	usage     openai.Usage
-	haveUsage bool
-	cached    int
-	respID    string
-	errType   string
-}
-
-type callKey struct{}
-
-func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
-
+// route reads, parses, limits, admits and forwards one API request.
 func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.Kind) {
-	if p := openai.ParsedFrom(r.Context()); p != nil && p.Kind == kind && int64(len(p.Body)) <= h.MaxBodyBytes {
-		h.routeParsed(w, r, c, kind, p.Body, p.Req) // the tenant gate read and parsed it
-		return
-	}
-	body, err := readBody(w, r, h.MaxBodyBytes)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			h.writeError(w, c, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
-				"request body is larger than the limit of "+strconv.FormatInt(mbe.Limit, 10)+" bytes (limits.max_body_bytes)"))
-			return
+	body, oe := readBody(r, h.MaxBodyBytes)
+	if oe != nil {
+		if oe.Status == http.StatusRequestEntityTooLarge {
+			w.Header().Set("Connection", "close") // the rest of the body is not read
 		}
-		h.writeError(w, c, openai.BadRequest("", "reading request body: %v", err))
+		h.writeError(w, c, oe)
 		return
 	}
 	req, err := openai.Parse(kind, body)
 	if err != nil {
-		var oe *openai.Error
 		if !errors.As(err, &oe) {
 			oe = openai.BadRequest("", "%v", err)
 		}
 		h.writeError(w, c, oe)
 		return
 	}
-	h.routeParsed(w, r, c, kind, body, req)
-}
-
-// routeParsed routes a request whose body has been read and parsed.
-func (h *Handler) routeParsed(w *statusWriter, r *http.Request, c *call, kind openai.Kind, body []byte, req *openai.Request) {
 	c.req = req
 	c.stream = req.Stream
 	c.model = h.modelLabel(req.Model)
+
+	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
+	// the model and the salt the engine will use.
+	salt := req.CacheSalt
+	if c.id != nil {
+		salt = c.id.Salt
+		c.preq.Tenant = c.id.Name
+	}
+	c.preq.ID = c.rid
+	h.Keys.FromOpenAI(&c.preq, req, salt)
+	if c.preq.SessionKey == "" {
+		c.preq.SessionKey = r.Header.Get("X-Session-Id")
+	}
+	if h.Gate != nil {
+		t, oe := h.Gate.Take(c.id, c.preq.PromptTokens, w.Header())
+		if oe != nil {
+			h.writeError(w, c, oe)
+			return
+		}
+		c.ticket = t
+	}
+
 	if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, req.Model) {
 		c.model = metrics.UnknownModel
 		h.writeError(w, c, modelNotFound(req.Model))
@@ -359,12 +353,12 @@ func (h *Handler) routeParsed(w *statusWriter, r *http.Request, c *call, kind op
 	if h.Admit != nil {
 		release, err := h.Admit(r.Context(), c.id, cands)
 		if err != nil {
-			var oe *openai.Error
 			if !errors.As(err, &oe) {
 				oe = openai.NewError(http.StatusTooManyRequests, "rate_limit_error", "", "rate_limited", err.Error())
 			}
 			if (oe.Status == http.StatusServiceUnavailable || oe.Status == http.StatusTooManyRequests) && w.Header().Get("Retry-After") == "" {
 				w.Header().Set("Retry-After", "1")
+				w.Header().Set("retry-after-ms", "1000")
 			}
 			h.writeError(w, c, oe)
 			return
@@ -374,65 +368,20 @@ func (h *Handler) routeParsed(w *statusWriter, r *http.Request, c *call, kind op
 		}
 	}
 
-	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
-	// the model and the salt the engine will use.
-	// The text lives in a pooled buffer and is hashed where it lies (normalisation usually
-	// changes nothing and then copies nothing); only the block hashes outlive this block.
-	tb := textBufs.Get().(*[]byte)
-	text := req.AppendCanonical((*tb)[:0])
-	salt := req.CacheSalt
-	if c.id != nil {
-		salt = c.id.Salt
-	}
-	seed := prefix.Seed(req.Model, salt)
-	c.preq = policy.Request{
-		ID:           c.rid,
-		Model:        req.Model,
-		SessionKey:   sessionKey(req, r),
-		BlockTokens:  h.BlockTokens,
-		PromptTokens: prefix.EstimateTokensBytes(text),
-		MaxTokens:    req.MaxTokens,
-	}
-	if n := req.Prompts(); n > 1 {
-		// A list of prompts is as many engine requests, each cached from the start on its own:
-		// the blocks are each prompt's chain in turn (not those of the joined text, which
-		// nothing holds), and each prompt may produce max_tokens.
-		pb := textBufs.Get().(*[]byte)
-		for i := range n {
-			*pb = req.AppendPrompt((*pb)[:0], i)
-			c.preq.Blocks = prefix.BlocksBytes(c.preq.Blocks, seed, h.Normalizer.NormalizeBytes(*pb), h.BlockTokens)
-		}
-		if cap(*pb) <= maxPooledText {
-			textBufs.Put(pb)
-		}
-		c.preq.MaxTokens *= n
-	} else {
-		c.preq.Blocks = prefix.BlocksBytes(nil, seed, h.Normalizer.NormalizeBytes(text), h.BlockTokens)
-	}
-	if cap(text) <= maxPooledText {
-		*tb = text[:0]
-		textBufs.Put(tb)
-	}
-	if c.id != nil {
-		c.preq.Tenant = c.id.Name
-	}
 	pickStart := time.Now()
-	ranked, err := h.Picker.Pick(&c.preq, cands)
+	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
 	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
-	if err != nil || len(ranked) == 0 {
+	if err != nil {
 		w.Header().Set("Retry-After", "1")
 		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request"))
 		return
 	}
-	if req.PreviousResponseID != "" {
-		ranked = h.pin(ranked, cands, req.PreviousResponseID)
-	}
-	c.ranked = ranked[:min(len(ranked), 1+h.MaxRetries)]
+	c.rc = rc
 
 	// The body to forward: the client's bytes, patched only where needed.
 	c.body = body
 	if h.Rewrite {
-		nb, changed, err := openai.RewriteText(kind, c.body, h.Normalizer.Normalize)
+		nb, changed, err := openai.RewriteText(kind, c.body, h.Keys.Normalizer.Normalize)
 		if err == nil && changed {
 			c.body = nb
 			h.Metrics.Rewrites.Inc()
@@ -453,51 +402,53 @@ func (h *Handler) routeParsed(w *statusWriter, r *http.Request, c *call, kind op
 	w.Flush()
 }
 
-// readBody reads the whole body, at most limit bytes, in one allocation when the client
-// announced its length.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	rd := http.MaxBytesReader(w, r.Body, limit)
-	if n := r.ContentLength; n > 0 && n <= limit {
-		buf := make([]byte, n, n+1)
-		if _, err := io.ReadFull(rd, buf); err != nil {
-			return nil, err
-		}
-		// A body longer than announced is an error of the client; net/http already stops at
-		// ContentLength, so nothing is left to read.
-		return buf, nil
+// callKey carries the call from ServeHTTP through httputil.ReverseProxy (whose hooks see only
+// the outgoing request) to the transport and the response hooks.
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
+
+// readBody reads the whole body, at most limit bytes. A body announced longer than limit is
+// refused before any of it is read, and memory grows with the bytes received, never with the
+// length announced: the buffer starts at a bounded size and grows as data arrives.
+func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
+	tooLarge := func() *openai.Error {
+		return openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
+			"request body is larger than the limit of "+strconv.FormatInt(limit, 10)+" bytes (limits.max_body_bytes)")
 	}
-	return io.ReadAll(rd)
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	size := int64(bodyStart)
+	if n := r.ContentLength; n >= 0 && n < size {
+		size = n + 1 // room to see EOF without growing
+	}
+	buf := make([]byte, 0, size)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(cap(buf), int(limit+1)-len(buf)))
+		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return nil, tooLarge()
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
+			return nil, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
+				"the request body was not received in time (server.body_read_timeout)")
+		}
+		if err != nil {
+			return nil, openai.BadRequest("", "reading request body: %v", err)
+		}
+	}
 }
 
-func sessionKey(req *openai.Request, r *http.Request) string {
-	if k := req.SessionKey(); k != "" {
-		return k
-	}
-	return r.Header.Get("X-Session-Id")
-}
-
-// pin moves the endpoint that created the previous response to the front of ranked.
-func (h *Handler) pin(ranked, cands []*endpoint.Endpoint, respID string) []*endpoint.Endpoint {
-	name := h.State.pins.get(respID)
-	if name == "" {
-		return ranked
-	}
-	i := slices.IndexFunc(ranked, func(e *endpoint.Endpoint) bool { return e.Name == name })
-	if i == 0 {
-		return ranked
-	}
-	if i < 0 {
-		j := slices.IndexFunc(cands, func(e *endpoint.Endpoint) bool { return e.Name == name })
-		if j < 0 {
-			return ranked // it left the pool or is unhealthy: the engine will say the id is unknown
-		}
-		return append([]*endpoint.Endpoint{cands[j]}, ranked...)
-	}
-	out := make([]*endpoint.Endpoint, 0, len(ranked))
-	out = append(out, ranked[i])
-	out = append(out, ranked[:i]...)
-	return append(out, ranked[i+1:]...)
-}
+// bodyStart is the buffer a body is first read into when its announced length is larger or
+// unknown; it doubles as data arrives.
+const bodyStart = 64 << 10
 
 // served reports whether any endpoint, healthy or not, serves model for these labels.
 func (h *Handler) served(model string, labels map[string]string) bool {
@@ -563,7 +514,8 @@ func (h *Handler) writeError(w *statusWriter, c *call, e *openai.Error) {
 	openai.WriteError(w, e)
 }
 
-// proxyError answers when no endpoint could be reached, or a response could not be read.
+// proxyError answers when no endpoint could be reached, or a response could not be read. The
+// client is told how many attempts were made and the request id, never an endpoint's address.
 func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	c := callFrom(r.Context())
 	if r.Context().Err() != nil {
@@ -571,23 +523,22 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	sw, _ := w.(*statusWriter)
 	attempts := 1
-	if c != nil {
-		attempts = max(c.attempts, 1)
+	if c != nil && c.rc != nil {
+		attempts = max(c.rc.Attempts(), 1)
 	}
-	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_unreachable",
-		"no endpoint could be reached after "+strconv.Itoa(attempts)+" attempt(s): "+errText(err))
+	status, code := http.StatusBadGateway, "upstream_unreachable"
+	msg := "no endpoint could be reached after " + strconv.Itoa(attempts) + " attempt(s)"
+	if c != nil && c.rc != nil && c.rc.TimedOut() {
+		status, code = http.StatusGatewayTimeout, "upstream_timeout"
+		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
+	}
+	if c != nil {
+		msg += " (request id " + c.rid + ")"
+	}
+	e := openai.NewError(status, openai.TypeUpstream, "", code, msg)
 	if sw != nil && c != nil {
 		h.writeError(sw, c, e)
 		return
 	}
 	openai.WriteError(w, e)
-}
-
-// errText is an error's text without URLs of the endpoints' query strings or bodies.
-func errText(err error) string {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Op + " " + ue.URL + ": " + ue.Err.Error()
-	}
-	return err.Error()
 }

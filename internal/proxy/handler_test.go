@@ -5,18 +5,22 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"github.com/kvroute/kvroute/internal/h1"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/h1"
+	"github.com/kvroute/kvroute/internal/route"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -263,8 +267,14 @@ func TestChatNonStreaming(t *testing.T) {
 	if diff := cmp.Diff(want, f.pk.events()); diff != "" {
 		t.Errorf("observer (-want +got):\n%s", diff)
 	}
-	if f.pk.done[0].CachedTokens != 5 || f.pk.done[0].PromptTokens != 10 || f.pk.done[0].OutputTokens != 2 {
-		t.Errorf("result = %+v", f.pk.done[0])
+	// The engine counted 10 prompt tokens where the router estimated 6: the policy hears of
+	// them in the router's units (cached 5 x 6/10 = 3), the ones it predicts in.
+	est := f.pk.reqs[0].PromptTokens
+	if scale := f.pool.ByName(e.srv.URL).TokenScale(); scale != 10/float64(est) {
+		t.Errorf("token scale %v, want 10/%d", scale, est)
+	}
+	if r := f.pk.done[0]; r.PromptTokens != est || r.CachedTokens != int(math.Round(5*float64(est)/10)) || r.OutputTokens != 2 {
+		t.Errorf("result = %+v, want prompt %d, cached 5 x %d/10, output 2", r, est, est)
 	}
 	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", e.srv.URL, "200")); n != 1 {
 		t.Errorf("requests_total = %v", n)
@@ -305,8 +315,8 @@ func TestChatStreamingUsage(t *testing.T) {
 	if !bytes.Contains(sent, []byte(`"stream_options":{"include_usage":true}`)) {
 		t.Errorf("engine got %s, want include_usage injected", sent)
 	}
-	if f.pk.done[0].CachedTokens != 5 || f.pk.done[0].TTFT <= 0 {
-		t.Errorf("result %+v, want cached 5 and a TTFT", f.pk.done[0])
+	if r := f.pk.done[0]; r.CachedTokens <= 0 || r.CachedTokens > r.PromptTokens || r.TTFT <= 0 {
+		t.Errorf("result %+v, want some cached tokens and a TTFT", r)
 	}
 	if got := f.pk.events(); len(got) != 3 || !strings.HasPrefix(got[1], "first ") {
 		t.Errorf("observer events %q", got)
@@ -384,14 +394,19 @@ func TestFallbackOnConnectionErrorAndEjection(t *testing.T) {
 	dead := deadURL(t)
 	e := newFakeEngine(t)
 	f := newFixture(t, spec(dead, "m"), spec(e.srv.URL, "m"))
-	f.h.PassiveFailures = 2
+	lc, err := route.New(route.Config{Picker: f.pk, Attempts: 3,
+		Health: route.NewOutlier(route.OutlierConfig{Consecutive: 2, MaxEjectedPercent: 50}, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.h.Lifecycle = lc
 	for i := range 2 {
 		resp, body := f.post(t, "/v1/chat/completions", chatBody)
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d: status %d body %s", i, resp.StatusCode, body)
 		}
 	}
-	if f.pool.ByName(dead).Healthy() {
+	if !lc.Health().Ejected(f.pool.ByName(dead), time.Now()) {
 		t.Error("dead endpoint not ejected after 2 connection errors")
 	}
 	if n := testutil.ToFloat64(f.h.Metrics.Retries.WithLabelValues(dead, "connect_error")); n != 2 {
@@ -440,39 +455,64 @@ func TestCacheSaltAndTenancy(t *testing.T) {
 	if got := string(e.received()[0]); got != body {
 		t.Errorf("engine got %s, want %s", got, body)
 	}
-	// With an identity the tenant's salt overwrites it, and Settle is called once.
-	var settled []int
-	id := &tenant.Identity{Name: "t1", Salt: "tenant-salt", Models: []string{"m"},
-		Settle: func(p, c int) { settled = append(settled, p, c) }}
-	mw := func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			next.ServeHTTP(w, r.WithContext(tenant.WithIdentity(r.Context(), id)))
-		})
+	// With a tenant the tenant's salt overwrites it, the key is not forwarded, and the
+	// tenant's tokens are settled from the engine's usage.
+	reg := prometheus.NewRegistry()
+	tm := metrics.New(reg).Tenant
+	gate := tenantGate(t, tm, `tenants:
+  - {name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"], models: [m]}
+  - {name: t2, api_keys: ["`+tenant.HashKey("sk-2")+`"], models: [other]}
+  - {name: t3, api_keys: ["`+tenant.HashKey("sk-3")+`"], endpoint_labels: {pool: gold}}
+`)
+	f.h.Gate = gate
+	f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer sk-1")
+	sent := e.received()[1]
+	if got, want := string(openai.Field(sent, "cache_salt")), strconv.Quote(tenant.Salt([]byte(testSecret), "t1")); got != want {
+		t.Errorf("cache_salt sent = %s, want the tenant's %s", got, want)
 	}
-	f.inner = mw(f.h)
-	f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer secret")
-	if got := string(openai.Field(e.received()[1], "cache_salt")); got != `"tenant-salt"` {
-		t.Errorf("cache_salt sent = %s, want the tenant's", got)
-	}
-	if diff := cmp.Diff([]int{10, 2}, settled); diff != "" {
-		t.Errorf("settle (-want +got):\n%s", diff)
+	e.mu.Lock()
+	e.mu.Unlock()
+	if n := testutil.ToFloat64(tm.PromptTokens.WithLabelValues("t1")); n != 10 {
+		t.Errorf("tenant prompt tokens = %v, want the engine's 10", n)
 	}
 	// A model outside the tenant's list is unknown to it; nothing was used.
-	id.Models = []string{"other"}
-	resp, _ := f.post(t, "/v1/chat/completions", body)
+	resp, _ := f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer sk-2")
 	if resp.StatusCode != 404 {
 		t.Errorf("model outside the tenant's list: %d, want 404", resp.StatusCode)
 	}
-	if diff := cmp.Diff([]int{10, 2, 0, 0}, settled); diff != "" {
-		t.Errorf("settle after a refusal (-want +got):\n%s", diff)
-	}
 	// Endpoint labels restrict the candidates: none carries the label.
-	id.Models = nil
-	id.EndpointLabels = map[string]string{"pool": "gold"}
-	resp, _ = f.post(t, "/v1/chat/completions", body)
+	resp, _ = f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer sk-3")
 	if resp.StatusCode != 404 {
 		t.Errorf("no endpoint with the tenant's labels: %d, want 404", resp.StatusCode)
 	}
+	// No key: 401, the engine never sees it, and it is counted under its status.
+	resp, _ = f.post(t, "/v1/chat/completions", body)
+	if resp.StatusCode != 401 || resp.Header.Get("WWW-Authenticate") == "" {
+		t.Errorf("no key: %d %q, want 401 with WWW-Authenticate", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues(metrics.UnknownModel, metrics.NoEndpoint, "401")); n != 1 {
+		t.Errorf("requests_total{status=401} = %v, want 1", n)
+	}
+	if n := len(e.received()) + len(plain.received()); n != 2 {
+		t.Errorf("engines received %d requests, want 2", n)
+	}
+}
+
+const testSecret = "0123456789abcdef0123456789abcdef"
+
+// tenantGate builds a tenant gate with authentication on and the given tenants section.
+func tenantGate(t *testing.T, m *metrics.TenantMetrics, tenants string) *tenant.Gate {
+	t.Helper()
+	cfg, err := config.Parse([]byte("endpoints: [{url: \"http://127.0.0.1:1\"}]\nauth: {mode: api_key, secret_env: KVR_SECRET}\n" + tenants))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := tenant.New(cfg, tenant.Options{Metrics: m, Logger: slog.New(slog.DiscardHandler),
+		Getenv: func(string) string { return testSecret }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 func TestClientAbortFreesUpstream(t *testing.T) {
@@ -652,27 +692,169 @@ func TestCompletionPromptListBlocks(t *testing.T) {
 	}
 }
 
-// failReader fails every read: a body the handler must not read.
-type failReader struct{}
+// TestCompleteStreamClientClosesAfterDone: a stream that reached [DONE] is complete whatever
+// the client does next; the client that closes its connection right after [DONE] (Go clients
+// do) races the router's last upstream read, and that must never turn it into a 499. The
+// engine holds the terminating chunk back until the client has gone.
+func TestCompleteStreamClientClosesAfterDone(t *testing.T) {
+	release := make(chan struct{})
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // the terminating chunk comes only after the client went away
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer eng.Close()
+	defer close(release)
+	f := newFixture(t, spec(eng.URL, "m"))
+	var logs syncBuffer
+	f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	for i := range 3 {
+		conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		br := bufio.NewReader(conn)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("request %d: no [DONE]: %v", i, err)
+			}
+			if strings.HasPrefix(line, "data: [DONE]") {
+				break
+			}
+		}
+		conn.Close() // gone right after [DONE], before the chunked body's end
+		f.wait(t)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "200")); n != 3 {
+		t.Errorf("requests_total{status=200} = %v, want 3 (log:\n%s)", n, logs.String())
+	}
+	if strings.Contains(logs.String(), `"status":499`) {
+		t.Errorf("a complete stream was logged as 499:\n%s", logs.String())
+	}
+}
 
-func (failReader) Read([]byte) (int, error) { return 0, errors.New("the body was read again") }
+// TestCutStream: a stream the engine ends before [DONE] is a failure (502 in metrics and the
+// log, the policy told), and the client gets an SSE error event before the stream closes.
+func TestCutStream(t *testing.T) {
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		// ends here, without [DONE]
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "event: error") || !strings.Contains(string(body), "stream_cut") {
+		t.Errorf("client got %d %q, want the chunk then an SSE error event", resp.StatusCode, body)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "502")); n != 1 {
+		t.Errorf("requests_total{status=502} = %v, want 1", n)
+	}
+	if len(f.pk.done) != 1 || f.pk.done[0].OK {
+		t.Errorf("policy told %+v, want one failed result", f.pk.done)
+	}
+}
 
-// TestParsedBodyFromContext: a body the tenant gate read and parsed already is not read again.
-func TestParsedBodyFromContext(t *testing.T) {
+// TestBodyAnnouncedTooLarge: a Content-Length beyond the limit is refused with 413 before any
+// of the body is read, and the connection is closed.
+func TestBodyAnnouncedTooLarge(t *testing.T) {
 	e := newFakeEngine(t)
 	f := newFixture(t, spec(e.srv.URL, "m"))
-	parsed, err := openai.Parse(openai.KindChat, []byte(chatBody))
+	f.h.MaxBodyBytes = 1 << 20
+	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", io.NopCloser(failReader{}))
-	req = req.WithContext(openai.WithParsed(req.Context(), &openai.Parsed{Kind: openai.KindChat, Body: []byte(chatBody), Req: parsed}))
-	rec := httptest.NewRecorder()
-	f.h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusOK {
-		t.Fatalf("status %d: %s", rec.Code, rec.Body)
+	defer conn.Close()
+	start := time.Now()
+	fmt.Fprint(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n{\"model\":")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := e.received(); len(got) != 1 || string(got[0]) != chatBody {
-		t.Errorf("engine received %q, want the parsed body unchanged", got)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || !strings.Contains(string(b), "request_too_large") || time.Since(start) > 2*time.Second {
+		t.Errorf("got %d %s after %v, want 413 request_too_large at once", resp.StatusCode, b, time.Since(start))
+	}
+	if !resp.Close {
+		t.Error("connection kept open after a refused body")
+	}
+	f.wait(t)
+}
+
+// TestReadBodyGrowsWithData: memory follows the bytes received, not the length announced.
+func TestReadBodyGrowsWithData(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"a":1}`))
+	r.ContentLength = 16 << 20 // announced, never sent
+	b, oe := readBody(r, 32<<20)
+	if oe != nil || string(b) != `{"a":1}` || cap(b) > 2*bodyStart {
+		t.Errorf("readBody = %q (cap %d), %v; want the 7 bytes in a buffer of at most %d", b, cap(b), oe, 2*bodyStart)
+	}
+	big := strings.Repeat("x", 300<<10)
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
+	r.ContentLength = -1
+	if b, oe := readBody(r, 1<<20); oe != nil || len(b) != len(big) {
+		t.Errorf("readBody of %d unannounced bytes: %d, %v", len(big), len(b), oe)
+	}
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
+	r.ContentLength = -1
+	if _, oe := readBody(r, 100<<10); oe == nil || oe.Status != 413 {
+		t.Errorf("readBody beyond the limit: %v, want 413", oe)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes (a logger's destination).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLlamaCppTimingsCached: an engine that reports its cache use only in llama.cpp's
+// timings.cache_n (no prompt_tokens_details) is read all the same, streamed or not.
+func TestLlamaCppTimingsCached(t *testing.T) {
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if bytes.Contains(body, []byte(`"stream":true`)) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"timings\":{\"cache_n\":7,\"prompt_n\":3}}\n\n")
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"content":"a"}}],"usage":{"prompt_tokens":10,"completion_tokens":1},"timings":{"cache_n":9,"prompt_n":1}}`)
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	f.post(t, "/v1/chat/completions", chatBody)
+	f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if n := testutil.ToFloat64(f.h.Metrics.EngineCached.WithLabelValues("m")); n != 16 {
+		t.Errorf("engine cached tokens = %v, want 9 + 7 from timings.cache_n", n)
 	}
 }

@@ -21,6 +21,7 @@ type recordJSON struct {
 	CachedTokens  *int     `json:"cached_tokens"` // null: not reported
 	OutputTokens  int      `json:"output_tokens"`
 	PredictedHits *int     `json:"predicted_cached_tokens,omitempty"`
+	Attempts      int      `json:"attempts,omitempty"`
 	Error         string   `json:"error,omitempty"`
 }
 
@@ -33,7 +34,7 @@ func WriteRecords(w io.Writer, recs []Record) error {
 		j := recordJSON{
 			ID: r.ID, Policy: r.Policy, Endpoint: r.Endpoint,
 			ArrivalMS: ms(r.Arrival), FinishMS: ms(r.Finish), E2EMS: ms(r.E2E()),
-			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, Error: r.Err,
+			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, Attempts: r.Attempts, Error: r.Err,
 		}
 		if !r.CachedUnknown {
 			c := r.CachedTokens

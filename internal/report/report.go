@@ -31,6 +31,8 @@ type Record struct {
 	// PredictedCachedTokens is then its prediction at routing time.
 	Predicted             bool
 	PredictedCachedTokens int
+	// Attempts is how many endpoints the request was sent to (more than 1 after a fallback).
+	Attempts int
 	// Err is empty on success, else why the request failed.
 	Err string
 }

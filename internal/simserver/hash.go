@@ -5,22 +5,11 @@ import (
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
-// BlockKeys appends to dst the engine's content key of each full block of blockSize tokens of
-// the canonical prompt text: the xxhash of its prefix.BlockBytes(blockSize) bytes. A trailing
-// partial block has no key (engines cache only full blocks).
-func BlockKeys(dst []uint64, text []byte, blockSize int) []uint64 {
-	size := prefix.BlockBytes(blockSize)
-	for i := 0; i+size <= len(text); i += size {
-		dst = append(dst, xxhash.Sum64(text[i:i+size]))
-	}
-	return dst
-}
-
 // BlockHashes returns the block hashes a simulated instance stores for a prompt and publishes in
-// its KV events: the engine chains the BlockKeys of the raw canonical text (no normalisation)
+// its KV events: the engine chains the prefix.ContentKeys of the raw canonical text (no normalisation)
 // from prefix.Seed("", cacheSalt). A router in precise mode computes these to match the events.
 func BlockHashes(text []byte, blockSize int, cacheSalt string) []uint64 {
-	keys := BlockKeys(nil, text, blockSize)
+	keys := prefix.ContentKeys(nil, text, blockSize)
 	return prefix.Chain(keys[:0], prefix.Seed("", cacheSalt), keys)
 }
 
@@ -33,7 +22,7 @@ const Vocab = 128256
 func TokenID(tok []byte) int64 { return int64(xxhash.Sum64(tok) % Vocab) }
 
 // TokenIDs appends to dst the TokenID of each token of each full block of blockSize tokens of
-// the canonical prompt text (the blocks of BlockKeys, blockSize ids each, in order): the
+// the canonical prompt text (the blocks of prefix.ContentKeys, blockSize ids each, in order): the
 // token_ids a simulated instance publishes with the blocks it stores.
 func TokenIDs(dst []int64, text []byte, blockSize int) []int64 {
 	size := prefix.BlockBytes(blockSize)

@@ -39,11 +39,11 @@ func TestTokenIDsFollowBlocks(t *testing.T) {
 	size := prefix.BlockBytes(bs)
 	a, b := []byte(text("common", 300)), []byte(text("common", 200)+text("differs", 100))
 	ia, ib := TokenIDs(nil, a, bs), TokenIDs(nil, b, bs)
-	if got, want := len(ia), len(BlockKeys(nil, a, bs))*bs; got != want {
+	if got, want := len(ia), len(prefix.ContentKeys(nil, a, bs))*bs; got != want {
 		t.Errorf("%d ids for %d blocks of %d", got, want/bs, bs)
 	}
 	// Blocks with equal keys have equal ids; the shared 200 tokens are 12 full blocks.
-	ka, kb := BlockKeys(nil, a, bs), BlockKeys(nil, b, bs)
+	ka, kb := prefix.ContentKeys(nil, a, bs), prefix.ContentKeys(nil, b, bs)
 	for i := range min(len(ka), len(kb)) {
 		same := ka[i] == kb[i]
 		if eq := cmp.Equal(ia[i*bs:(i+1)*bs], ib[i*bs:(i+1)*bs]); eq != same {

@@ -276,7 +276,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 			"the request needs %d KV blocks (%d prompt + %d output tokens) but the instance has %d: reduce the length of the messages or completion",
 			need, promptTokens, maxTokens, in.cfg.NumBlocks)
 	}
-	keys := BlockKeys(make([]uint64, 0, len(text)/prefix.BlockBytes(bs)), text, bs)
+	keys := prefix.ContentKeys(make([]uint64, 0, len(text)/prefix.BlockBytes(bs)), text, bs)
 	n := in.nextID.Add(1)
 	base := textSeed(in.opts.Seed, text)
 	idPrefix := "chatcmpl-"

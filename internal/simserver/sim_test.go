@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"go.uber.org/goleak"
 )
 
@@ -405,7 +406,7 @@ func TestBlockHashesMatchEngineWithSalt(t *testing.T) {
 		t.Fatal(err)
 	}
 	prompt := []byte(text("salted hashes", 100)) // 6 full blocks of 16
-	keys := BlockKeys(nil, prompt, 16)
+	keys := prefix.ContentKeys(nil, prompt, 16)
 	if len(keys) != 6 {
 		t.Fatalf("%d keys, want 6", len(keys))
 	}

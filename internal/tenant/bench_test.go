@@ -29,7 +29,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				g.m = metrics.NewTenantMetrics(prometheus.NewRegistry())
 				g.m.SetTenants([]string{"a"})
 			}
-			h := g.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			h := middleware(g, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 			body := chat(strings.Repeat("lorem ipsum ", 340))
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))

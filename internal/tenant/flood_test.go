@@ -56,7 +56,7 @@ func TestFloodVirtualTime(t *testing.T) {
 			"  - {name: good, api_keys: [\""+HashKey("kg")+"\"], limits: {requests_per_minute: 6000}}\n"+
 			"  - {name: flood, api_keys: [\""+HashKey("kf")+"\"], limits: {requests_per_minute: 120}}\n", nil)
 		start := clk.Now()
-		pass := g.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		pass := middleware(g, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		type arrival struct {
 			req  workload.Request
 			good bool

@@ -1,11 +1,9 @@
 package tenant
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -20,7 +18,6 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
-	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // Options are what a Gate takes besides the config. Every field has a default.
@@ -49,9 +46,10 @@ type Options struct {
 
 // Gate is the tenant front of the router: it authenticates API keys, applies each tenant's
 // request, token and concurrency limits, hands the proxy the tenant's Identity (salt, models,
-// endpoint labels, priority, Settle), and queues requests fairly while the fleet is
-// saturated. To use one: wrap the API handler with Middleware, call Admit once the candidate
-// endpoints of a request are known (proxy.Handler's Admit hook), and call Reload with each new
+// endpoint labels, priority), and queues requests fairly while the fleet is saturated. The
+// proxy calls it in the order a request meets it: Authenticate (the headers), Take (the
+// limits, once the body is parsed and its tokens estimated), Admit (once the candidate
+// endpoints are known), and the Ticket's End when the request ends; Reload with each new
 // config. Safe for concurrent use.
 type Gate struct {
 	now    func() time.Time
@@ -65,12 +63,11 @@ type Gate struct {
 	cur atomic.Pointer[table]
 }
 
-// table is one config's view: keys to tenants and the settings of the middleware.
+// table is one config's view: whether authentication is on, and keys to tenants.
 type table struct {
-	auth    bool
-	maxBody int64
-	byKey   map[string]*tenantState // "sha256:<hex>" -> tenant
-	byName  map[string]*tenantState
+	auth   bool
+	byKey  map[string]*tenantState // "sha256:<hex>" -> tenant
+	byName map[string]*tenantState
 }
 
 // tenantState is one tenant under one config: its settings, read-only, and its limiters,
@@ -118,11 +115,7 @@ func New(cfg *config.Config, opt Options) (*Gate, error) {
 func (g *Gate) Reload(cfg *config.Config) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	t := &table{auth: cfg.AuthMode() == config.AuthAPIKey, maxBody: cfg.Limits.MaxBodyBytes,
-		byKey: map[string]*tenantState{}, byName: map[string]*tenantState{}}
-	if t.maxBody <= 0 {
-		t.maxBody = config.DefaultMaxBodyBytes
-	}
+	t := &table{auth: cfg.AuthMode() == config.AuthAPIKey, byKey: map[string]*tenantState{}, byName: map[string]*tenantState{}}
 	if t.auth {
 		secret, err := cfg.Secret(g.getenv)
 		if err != nil {
@@ -209,118 +202,69 @@ func EngineWaiting(e *endpoint.Endpoint) int {
 	return max(s.Waiting, e.InFlight()-s.Running)
 }
 
-// headerKey carries the response headers into Admit, which has no ResponseWriter: the
-// proxy writes Admit's refusal on the same writer and keeps headers already set.
-type headerKey struct{}
-
-// Middleware authenticates the request, applies the tenant's limits, and passes it on with
-// the tenant's Identity in its context. Every response carries OpenAI's x-ratelimit-*
-// headers for the limits the tenant has. Refusals are OpenAI error bodies: 401 for a missing
-// or unknown key, 429 with Retry-After and retry-after-ms over a limit (x-should-retry: false
-// when the request can never fit). With Options.Metrics, every authenticated or refused
-// request is counted by tenant and status.
-func (g *Gate) Middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := context.WithValue(r.Context(), headerKey{}, w.Header())
-		t := g.cur.Load()
-		if !t.auth {
-			next.ServeHTTP(w, r.WithContext(ctx))
-			return
-		}
-		key := KeyFromHeader(r.Header)
-		if key == "" {
-			g.unauthorized(w, r, "missing_api_key",
-				"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header")
-			return
-		}
-		s := t.byKey[HashKey(key)] // a lookup by digest: timing tells nothing about the key
-		if s == nil {
-			g.unauthorized(w, r, "invalid_api_key", "incorrect API key provided")
-			return
-		}
-		s.mu.Lock()
-		countTokens := !s.tok.unlimited()
-		s.mu.Unlock()
-		est := 0
-		if countTokens && r.Method == http.MethodPost {
-			var parsed *openai.Parsed
-			if est, parsed = estimate(r, t.maxBody); parsed != nil {
-				ctx = openai.WithParsed(ctx, parsed) // the proxy reads and parses it no more
-			}
-		}
-		if !g.take(w, r, s, est) {
-			return
-		}
-		var once sync.Once
-		id := &Identity{
-			Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels,
-			Settle: func(prompt, completion int) {
-				once.Do(func() {
-					s.mu.Lock()
-					s.tok.adjust(g.now(), float64(est-prompt-completion))
-					s.mu.Unlock()
-					g.m.Tokens(s.name, prompt, completion)
-				})
-			},
-		}
-		defer func() {
-			s.mu.Lock()
-			s.inFlight--
-			s.mu.Unlock()
-		}()
-		out := r.WithContext(WithIdentity(ctx, id))
-		out.Header = r.Header.Clone() // the key is ours: engines never see it
-		out.Header.Del("Authorization")
-		out.Header.Del("Api-Key")
-		if g.m == nil {
-			next.ServeHTTP(w, out)
-			return
-		}
-		sw := &statusWriter{ResponseWriter: w}
-		defer func() {
-			code := sw.status
-			if code == 0 {
-				code = http.StatusOK
-			}
-			if ctx.Err() != nil {
-				code = 499 // the client went away before the end of the answer, as the proxy counts it
-			}
-			g.m.Request(s.name, code)
-		}()
-		next.ServeHTTP(sw, out)
-	})
-}
-
-// statusWriter records the status of the answer for the tenant metrics.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 { // 1xx are interim answers
-		w.status = code
+// Authenticate finds the tenant of a request from its headers (the API key in Authorization or
+// api-key). With authentication off it returns nil, nil: there are no tenants. A missing or
+// unknown key is refused with 401 (counted under metrics.Unauthenticated); the caller answers
+// with the error and a WWW-Authenticate header.
+func (g *Gate) Authenticate(h http.Header) (*Identity, *openai.Error) {
+	t := g.cur.Load()
+	if !t.auth {
+		return nil, nil
 	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
+	key, err := KeyFromHeader(h)
+	if err != nil {
+		return nil, g.multipleKeys(err)
 	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush flushes the underlying writer (SSE events go out at once).
-func (w *statusWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
+	if key == "" {
+		return nil, g.unauthorized("missing_api_key",
+			"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header")
 	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	s := t.byKey[HashKey(key)] // a lookup by digest: timing tells nothing about the key
+	if s == nil {
+		return nil, g.unauthorized("invalid_api_key", "incorrect API key provided")
+	}
+	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, state: s}, nil
 }
 
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+// Ticket is one admitted request's hold on its tenant's limits: a concurrency slot and a token
+// estimate, both settled by End. A nil Ticket (no tenants) does nothing.
+type Ticket struct {
+	g     *Gate
+	s     *tenantState
+	est   int
+	ended atomic.Bool
+}
+
+// Take applies id's limits to one request of est prompt tokens (the router's estimate) and sets
+// OpenAI's x-ratelimit-* headers in h for the limits the tenant has. On success the request
+// holds a concurrency slot and its estimate until the Ticket's End. Over a limit it returns a
+// 429 error and sets Retry-After and retry-after-ms in h (or x-should-retry: false when the
+// request can never fit). id nil (authentication off) takes nothing.
+func (g *Gate) Take(id *Identity, est int, h http.Header) (*Ticket, *openai.Error) {
+	if id == nil || id.state == nil {
+		return nil, nil
+	}
+	if err := g.take(h, id.state, est); err != nil {
+		return nil, err
+	}
+	return &Ticket{g: g, s: id.state, est: est}, nil
+}
+
+// End releases the ticket's concurrency slot, counts the request under its final HTTP status,
+// and settles its token estimate against what the engines used (prompt and completion tokens;
+// 0, 0 when no endpoint answered, which refunds the estimate). Only the first call counts.
+func (t *Ticket) End(status, prompt, completion int) {
+	if t == nil || !t.ended.CompareAndSwap(false, true) {
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	s.inFlight--
+	s.tok.adjust(t.g.now(), float64(t.est-prompt-completion))
+	s.mu.Unlock()
+	t.g.m.Tokens(s.name, prompt, completion)
+	t.g.m.Request(s.name, status)
+}
 
 // Reasons of kvroute_tenant_rejections_total for the two rate limits, which answer the same
 // error code (rate_limit_exceeded, as OpenAI does); other refusals count under their code.
@@ -330,8 +274,8 @@ const (
 )
 
 // take applies the tenant's limits to one request of est prompt tokens: on success it counts
-// the request in flight and returns true; else it has written the 429.
-func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est int) bool {
+// the request in flight and returns nil; else the 429, with its headers set in h.
+func (g *Gate) take(h http.Header, s *tenantState, est int) *openai.Error {
 	now := g.now()
 	s.mu.Lock()
 	var refusal *openai.Error
@@ -368,12 +312,11 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 	if refusal == nil {
 		s.inFlight++
 	}
-	rateHeaders(w.Header(), s, now)
+	rateHeaders(h, s, now)
 	s.mu.Unlock()
 	if refusal == nil {
-		return true
+		return nil
 	}
-	h := w.Header()
 	if retry {
 		setRetryAfter(h, wait)
 	} else {
@@ -382,12 +325,11 @@ func (g *Gate) take(w http.ResponseWriter, r *http.Request, s *tenantState, est 
 	if reason == "" {
 		reason = *refusal.Code
 	}
-	g.logger.LogAttrs(r.Context(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
+	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
 		slog.String("code", *refusal.Code), slog.String("reason", reason))
 	g.m.Rejection(s.name, reason)
 	g.m.Request(s.name, refusal.Status)
-	openai.WriteError(w, refusal)
-	return false
+	return refusal
 }
 
 // rateHeaders sets OpenAI's x-ratelimit-* headers for the limits s has. The caller holds s.mu.
@@ -421,42 +363,16 @@ func setRetryAfter(h http.Header, d time.Duration) {
 	h.Set("retry-after-ms", strconv.FormatInt(ms, 10))
 }
 
-func (g *Gate) unauthorized(w http.ResponseWriter, r *http.Request, code, msg string) {
-	g.logger.LogAttrs(r.Context(), slog.LevelDebug, "authentication failed", slog.String("code", code),
-		slog.String("remote", r.RemoteAddr), slog.String("path", r.URL.Path))
+func (g *Gate) unauthorized(code, msg string) *openai.Error {
+	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", code))
 	g.m.Rejection(metrics.Unauthenticated, code)
 	g.m.Request(metrics.Unauthenticated, http.StatusUnauthorized)
-	w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
-	openai.WriteError(w, openai.NewError(http.StatusUnauthorized, openai.TypeInvalidRequest, "", code, msg))
-}
-
-// estimate reads the body (keeping it for the handler) and estimates its prompt tokens the
-// way the router does; it returns the parsed body too. A body over maxBody, or one that does
-// not parse, counts 0: the handler refuses it.
-func estimate(r *http.Request, maxBody int64) (int, *openai.Parsed) {
-	kind, ok := openai.KindForPath(r.URL.Path)
-	if !ok || r.Body == nil {
-		return 0, nil
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	rest := r.Body
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(body), rest), rest}
-	if err != nil || int64(len(body)) > maxBody {
-		return 0, nil
-	}
-	req, err := openai.Parse(kind, body)
-	if err != nil {
-		return 0, nil
-	}
-	return prefix.EstimateTokensBytes(req.AppendCanonical(nil)), &openai.Parsed{Kind: kind, Body: body, Req: req}
+	return openai.NewError(http.StatusUnauthorized, openai.TypeInvalidRequest, "", code, msg)
 }
 
 // Admit holds a request while every candidate endpoint is saturated (overload settings) in a
-// bounded queue served by priority and fairly across tenants, and refuses it with 503 and
-// Retry-After when the queue is full or it waited overload.max_wait. id may be nil
+// bounded queue served by priority and fairly across tenants, and refuses it with 503 (the
+// caller sets Retry-After) when the queue is full or it waited overload.max_wait. id may be nil
 // (authentication off: nothing is counted in the tenant metrics). release must be called
 // when the request ends.
 func (g *Gate) Admit(ctx context.Context, id *Identity, candidates []*endpoint.Endpoint) (release func(), err error) {
@@ -475,10 +391,6 @@ func (g *Gate) Admit(ctx context.Context, id *Identity, candidates []*endpoint.E
 	queued, err := g.q.wait(ctx, name, prio, 1, candidates)
 	if err != nil {
 		m.Rejection(name, "overloaded")
-		if h, ok := ctx.Value(headerKey{}).(http.Header); ok {
-			h.Set("Retry-After", "1")
-			h.Set("retry-after-ms", "1000")
-		}
 		msg := "every endpoint that serves the request is saturated and the admission queue is full; retry shortly"
 		switch {
 		case errors.Is(err, errWaitedTooLong):
@@ -500,3 +412,11 @@ func (g *Gate) Admit(ctx context.Context, id *Identity, candidates []*endpoint.E
 
 // Waiting returns how many requests wait for admission.
 func (g *Gate) Waiting() int { return g.q.len() }
+
+// Count counts a request of id that ended without a Ticket (refused before it took its limits,
+// a malformed body say) under its final HTTP status. id nil does nothing.
+func (g *Gate) Count(id *Identity, status int) {
+	if id != nil {
+		g.m.Request(id.Name, status)
+	}
+}

@@ -3,8 +3,6 @@
 // overload.
 package tenant
 
-import "context"
-
 // Identity is the authenticated tenant of a request, as the proxy sees it.
 type Identity struct {
 	Name string
@@ -18,20 +16,5 @@ type Identity struct {
 	Models []string
 	// EndpointLabels restrict the tenant to endpoints carrying all these labels (a dedicated pool).
 	EndpointLabels map[string]string
-	// Settle, when set, is called once when the request ends with the usage the engine reported
-	// (or the router's estimate), so token limits count what was really used.
-	Settle func(promptTokens, completionTokens int)
-}
-
-type ctxKey struct{}
-
-// WithIdentity returns ctx carrying id.
-func WithIdentity(ctx context.Context, id *Identity) context.Context {
-	return context.WithValue(ctx, ctxKey{}, id)
-}
-
-// FromContext returns the request's tenant, or nil when authentication is off.
-func FromContext(ctx context.Context) *Identity {
-	id, _ := ctx.Value(ctxKey{}).(*Identity)
-	return id
+	state          *tenantState // its limits (nil in an Identity built elsewhere)
 }

@@ -3,7 +3,6 @@ package tenant
 import (
 	"context"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,38 +14,27 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 )
 
-// tenantSeries gathers reg's kvroute_tenant_* series as "name{label=value,...}" -> value;
-// histograms as their _count and _sum.
+// tenantSeries gathers reg's kvroute_tenant_* series that are not 0 as "name{label=value,...}"
+// -> value; histograms as their _count and _sum. The series made at 0 for each tenant are
+// left out here and checked by allTenantSeries.
 func tenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "kvroute_tenant_") {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			labels := "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Counter != nil:
-				out[mf.GetName()+labels] = m.GetCounter().GetValue()
-			case m.Histogram != nil:
-				out[mf.GetName()+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
-				out[mf.GetName()+"_sum"+labels] = m.GetHistogram().GetSampleSum()
-			}
+	out := allTenantSeries(t, reg)
+	for k, v := range out {
+		if v == 0 {
+			delete(out, k)
 		}
 	}
 	return out
+}
+
+// allTenantSeries is tenantSeries with the series at 0.
+func allTenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	return metricstest.Values(t, reg, "kvroute_tenant_")
 }
 
 // newMeteredGate is newTestGate with tenant metrics on a registry of its own.
@@ -74,11 +62,13 @@ func TestTenantMetrics(t *testing.T) {
   - {name: c, api_keys: ["`+HashKey("kc")+`"], limits: {tokens_per_minute: 600}}
   - {name: d, api_keys: ["`+HashKey("kd")+`"], limits: {max_concurrent: 1}}
 `, Options{})
-	var ids []*Identity
 	var h http.Handler
 	var nested int // status of a request of d sent while d's first one is in flight
-	h = g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ids = append(ids, FromContext(r.Context()))
+	var atStart map[string]float64
+	h = middleware(g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Used") != "" {
+			used(w, 400, 200) // the engine reports more than the estimate
+		}
 		if r.Header.Get("X-Nested") != "" {
 			nested = do(h, bearer("kd"), chat("x")).Code
 		}
@@ -105,9 +95,12 @@ func TestTenantMetrics(t *testing.T) {
 		{map[string]string{"Authorization": "Bearer kb", "X-Status": "404"}, chat("x"), 404},
 		{map[string]string{"Authorization": "Bearer kb", "X-Status": "503"}, chat("x"), 503},
 		{bearer("kc"), long, 429}, // request_too_large
-		{bearer("kc"), chat("x"), 200},
+		{map[string]string{"Authorization": "Bearer kc", "X-Used": "1"}, chat("x"), 200},
 		{map[string]string{"Authorization": "Bearer kd", "X-Nested": "1"}, chat("x"), 200},
 	} {
+		if i == 0 {
+			atStart = allTenantSeries(t, reg)
+		}
 		if w := do(h, tc.hdr, tc.body); w.Code != tc.want {
 			t.Fatalf("request %d: status %d, want %d", i, w.Code, tc.want)
 		}
@@ -115,18 +108,16 @@ func TestTenantMetrics(t *testing.T) {
 	if nested != http.StatusTooManyRequests {
 		t.Fatalf("d's second request in flight: %d, want 429", nested)
 	}
-	// c's engine reports more than the estimate: c owes tokens and is refused, retryably.
-	for _, id := range ids {
-		if id.Name == "c" {
-			id.Settle(400, 200)
-			id.Settle(400, 200) // counted once
-		}
-	}
+	// c's engine reported more than the estimate: c owes tokens and is refused, retryably.
 	if w := do(h, bearer("kc"), chat("x")); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("c in debt: %d, want 429", w.Code)
 	}
 
 	want := map[string]float64{
+		// Every request that took its limits settles its tokens: 3 estimated for chat("x").
+		`kvroute_tenant_prompt_tokens_total{tenant=a}`:       6,
+		`kvroute_tenant_prompt_tokens_total{tenant=b}`:       6,
+		`kvroute_tenant_prompt_tokens_total{tenant=d}`:       3,
 		`kvroute_tenant_requests_total{status=401,tenant=}`:  3,
 		`kvroute_tenant_requests_total{status=200,tenant=a}`: 2,
 		`kvroute_tenant_requests_total{status=429,tenant=a}`: 1,
@@ -149,6 +140,13 @@ func TestTenantMetrics(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
 		t.Errorf("tenant series (-want +got):\n%s", diff)
+	}
+	// Every series counted above existed at 0 before the first request, so that Prometheus
+	// sees its first increase.
+	for k := range want {
+		if v, ok := atStart[k]; !ok || v != 0 {
+			t.Errorf("%s: %v at start (present %v), want a series at 0", k, v, ok)
+		}
 	}
 }
 
@@ -214,10 +212,11 @@ func TestTenantMetricsAdmission(t *testing.T) {
 func TestTenantMetricsReload(t *testing.T) {
 	two := "tenants: [{name: a, api_keys: [\"" + HashKey("ka") + "\"]}, {name: b, api_keys: [\"" + HashKey("kb") + "\"], limits: {requests_per_minute: 1}}]\n"
 	g, clk, reg := newMeteredGate(t, two, Options{})
-	var settle []func(int, int)
-	h := g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := FromContext(r.Context())
-		settle = append(settle, id.Settle)
+	h := middleware(g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.Header.Get("X-Prompt"); p != "" {
+			n, _ := strconv.Atoi(p)
+			used(w, n, n/2)
+		}
 		if r.Header.Get("X-Reload") != "" { // b's request is in flight while b is removed
 			if err := g.Reload(testConfig(t, "tenants: [{name: a, api_keys: [\""+HashKey("ka")+"\"]}]\n")); err != nil {
 				t.Error(err)
@@ -225,11 +224,10 @@ func TestTenantMetricsReload(t *testing.T) {
 		}
 		_, _ = w.Write([]byte("{}"))
 	}))
-	do(h, bearer("ka"), chat("x"))
-	do(h, bearer("kb"), chat("x"))
+	do(h, map[string]string{"Authorization": "Bearer ka", "X-Prompt": "0"}, chat("x"))
+	do(h, map[string]string{"Authorization": "Bearer kb", "X-Prompt": "10"}, chat("x"))
 	do(h, bearer("kb"), chat("x")) // 429
 	do(h, nil, chat("x"))
-	settle[1](10, 5)
 	before := map[string]float64{
 		`kvroute_tenant_requests_total{status=200,tenant=a}`:                   1,
 		`kvroute_tenant_requests_total{status=200,tenant=b}`:                   1,
@@ -245,10 +243,10 @@ func TestTenantMetricsReload(t *testing.T) {
 	}
 	// A minute later b may send again: reload without b while that request is in flight.
 	clk.Add(time.Minute)
-	if w := do(h, map[string]string{"Authorization": "Bearer kb", "X-Reload": "1"}, chat("x")); w.Code != http.StatusOK {
+	// Settled after the reload: not counted.
+	if w := do(h, map[string]string{"Authorization": "Bearer kb", "X-Reload": "1", "X-Prompt": "7"}, chat("x")); w.Code != http.StatusOK {
 		t.Fatalf("b's request across the reload: %d", w.Code)
 	}
-	settle[len(settle)-1](7, 7) // settled after the reload: not counted
 	if w := do(h, bearer("kb"), chat("x")); w.Code != http.StatusUnauthorized {
 		t.Fatalf("b's key after b was removed: %d, want 401", w.Code)
 	}
@@ -260,6 +258,11 @@ func TestTenantMetricsReload(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
 		t.Errorf("after removing b (-want +got):\n%s", diff)
+	}
+	for k := range allTenantSeries(t, reg) {
+		if strings.HasSuffix(k, "tenant=b}") {
+			t.Errorf("after removing b: %s is still there", k)
+		}
 	}
 	// b comes back: counted afresh.
 	if err := g.Reload(testConfig(t, two)); err != nil {
@@ -282,10 +285,10 @@ func TestTenantMetricsAuthOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := do(g.Middleware(&echo{}), nil, chat("x")); w.Code != http.StatusOK {
+	if w := do(middleware(g, &echo{}), nil, chat("x")); w.Code != http.StatusOK {
 		t.Fatalf("auth off: %d", w.Code)
 	}
-	if got := tenantSeries(t, reg); len(got) != 0 {
+	if got := allTenantSeries(t, reg); len(got) != 0 {
 		t.Errorf("auth off, yet tenant series: %v", got)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
 
@@ -151,7 +151,7 @@ func TestRouterTenantStream(t *testing.T) {
 
 // acmeRouter is a router with API-key auth, one tenant "acme" (key sk-acme) and one endpoint
 // serving model m at url; it is closed when the test ends.
-func acmeRouter(t *testing.T, url string) *proxy.Router {
+func acmeRouter(t *testing.T, url string) *app.Router {
 	t.Helper()
 	t.Setenv("KVR_ROUTER_TEST_SECRET", "0123456789abcdef0123456789abcdef")
 	cfg, err := config.Parse([]byte(`auth: {mode: api_key, secret_env: KVR_ROUTER_TEST_SECRET}
@@ -161,7 +161,7 @@ endpoints: [{url: "` + url + `", models: [m]}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

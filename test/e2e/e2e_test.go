@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
 
@@ -29,7 +30,7 @@ const model = "e2e-model"
 // stack is a simulated fleet with the router in front.
 type stack struct {
 	fleet  *simserver.Fleet
-	router *proxy.Router
+	router *app.Router
 	api    string // router base URL
 	admin  string
 }
@@ -61,17 +62,25 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := proxy.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	r, api, admin := startRouter(t, cfg)
+	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+}
+
+// startRouter builds a router from cfg as kvroute serve does (logs discarded) and serves it
+// with its admin listener, as serveRouter does.
+func startRouter(t *testing.T, cfg *config.Config) (r *app.Router, api, admin string) {
+	t.Helper()
+	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, admin := serveRouter(t, r, true)
-	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+	api, admin = serveRouter(t, r, true)
+	return r, api, admin
 }
 
 // serveRouter runs r on loopback until the test ends (then checks that it drained and
 // stopped) and returns its API base URL and, withAdmin, its admin base URL ("" otherwise).
-func serveRouter(t *testing.T, r *proxy.Router, withAdmin bool) (api, admin string) {
+func serveRouter(t *testing.T, r *app.Router, withAdmin bool) (api, admin string) {
 	t.Helper()
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,14 +111,14 @@ func serveRouter(t *testing.T, r *proxy.Router, withAdmin bool) (api, admin stri
 	return "http://" + apiLn.Addr().String(), admin
 }
 
-// needNode skips unless node and the npm client are installed (CI runs npm ci here).
+// needNode skips unless node and the npm client are installed (make test runs npm ci here).
 func needNode(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node not installed")
 	}
 	if _, err := os.Stat(filepath.Join("node_modules", "openai")); err != nil {
-		t.Skip("test/e2e/node_modules missing: run npm ci in test/e2e")
+		t.Skip("test/e2e/node_modules missing: run make test with npm installed, or npm ci in test/e2e")
 	}
 }
 
@@ -226,14 +235,38 @@ func TestOpenAIClient(t *testing.T) {
 
 func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
 	needNode(t)
-	// round-robin over two instances, the first of which passes health checks but drops every
-	// API connection unanswered (a crashed server the checks have not caught yet): the first
-	// request ranks it first and must succeed through the second.
-	s := startStack(t, 2, "instant", "round-robin")
-	if err := s.fleet.Instances()[0].SetFaults(simserver.Faults{Refuse: true}); err != nil {
-		t.Fatal(err)
+	// round-robin over two endpoints, the first of which is a server that has died (nothing
+	// listens: connections are refused) while the health checks have not caught it yet: the
+	// request that ranks it first must succeed through the second. A connection refused means
+	// the engine never saw the request, so it is safe to send it elsewhere.
+	checked := make(chan struct{}, 1)
+	dying := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case checked <- struct{}{}:
+		default:
+		}
+	}))
+	down := dying.URL
+	s := startStack(t, 1, "instant", "round-robin", down)
+	select {
+	case <-checked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no health check reached the endpoint")
 	}
-	down := s.fleet.URLs()[0]
+	// Once the router has recorded that first check as passed, the endpoint dies.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ok := false
+		for _, e := range s.router.Endpoints() {
+			ok = ok || (e.Name == down && !e.Probe.LastCheck.IsZero() && e.Healthy)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the router did not record a passing health check of the endpoint")
+		}
+	}
+	dying.Close()
 	// Two requests in one node process: round-robin ranks the dropping instance first for one.
 	res := s.nodeAll(t, "chat", "chat2")
 	for _, name := range []string{"chat", "chat2"} {

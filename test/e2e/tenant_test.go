@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/prefix"
-	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/simserver"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
@@ -27,7 +27,7 @@ const tenantSecret = "e2e-secret-0123456789abcdef-0123456789abcdef"
 // `kvroute serve` builds it (the router builds the tenant gate).
 type tenantStack struct {
 	fleet  *simserver.Fleet
-	router *proxy.Router
+	router *app.Router
 	gate   *tenant.Gate
 	api    string
 }
@@ -63,7 +63,7 @@ func startTenantStack(t *testing.T, n int, opts simserver.Options, extra string,
 		logger = slog.New(slog.DiscardHandler)
 	}
 	t.Setenv("KVROUTE_E2E_SECRET", tenantSecret) // the router reads auth.secret_env
-	r, err := proxy.NewRouter(cfg, logger)
+	r, err := app.NewRouter(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,10 @@ import (
 // `kvroute simulate` runs the same workload with.
 const simProfile = "ollama-tiny-cpu"
 
+// simRequestOverhead is the fitted TTFT outside the engine's steps (fit.RequestOverhead), which
+// kvroute simulate adds as --network-latency, half each way (docs/fidelity.md).
+const simRequestOverhead = 18 * time.Millisecond
+
 // ollamaBatch is ollama's num_batch default: the prompt tokens one step computes.
 const ollamaBatch = 512
 
@@ -51,7 +55,9 @@ type calibration struct {
 
 // fit is a profile's time constants, in the engine model's units (workload tokens).
 type fit struct {
-	StepOverhead       time.Duration `json:"step_overhead_ns"`
+	// RequestOverhead is the TTFT outside the engine's steps (kvroute simulate
+	// --network-latency RequestOverhead/2).
+	RequestOverhead    time.Duration `json:"request_overhead_ns"`
 	PrefillPerToken    time.Duration `json:"prefill_per_token_ns"`
 	AttentionPerMPairs time.Duration `json:"attention_per_mpairs_ns"`
 	DecodePerSeq       time.Duration `json:"decode_per_seq_ns"`
@@ -160,27 +166,32 @@ func calibrate(t *testing.T, fl *fleet, dir string) calibration {
 			pt.Tokens, pt.Cached, pt.EngineTokens, pt.EngineUsed, pt.TTFT, pt.ITL)
 	}
 	f := c.Fit
-	t.Logf("fitted (workload tokens; %.3f engine tokens each): step overhead %v, prefill %v/token, attention %v/M pairs, "+
+	t.Logf("fitted (workload tokens; %.3f engine tokens each): request overhead %v, prefill %v/token, attention %v/M pairs, "+
 		"decode %v/seq + %v/context token, batch %d tokens; TTFT RMSE %.1f ms",
-		c.EnginePerWorkloadToken, f.StepOverhead, f.PrefillPerToken, f.AttentionPerMPairs, f.DecodePerSeq, f.DecodePerCtxToken, f.MaxBatchedTokens, f.TTFTRMSE)
+		c.EnginePerWorkloadToken, f.RequestOverhead, f.PrefillPerToken, f.AttentionPerMPairs, f.DecodePerSeq, f.DecodePerCtxToken, f.MaxBatchedTokens, f.TTFTRMSE)
 	if prof, err := engine.LookupProfile(simProfile); err == nil {
 		for _, pt := range c.Points {
-			t.Logf("profile %s: %4d tokens, %4d cached: predicts TTFT %6.1f ms, measured %6.1f", simProfile, pt.Tokens, pt.Cached,
-				ms(prof.UnloadedTTFT(pt.Tokens, pt.Cached)), pt.TTFT)
+			t.Logf("profile %s + %v: %4d tokens, %4d cached: predicts TTFT %6.1f ms, measured %6.1f", simProfile, simRequestOverhead,
+				pt.Tokens, pt.Cached, ms(simRequestOverhead+prof.UnloadedTTFT(pt.Tokens, pt.Cached)), pt.TTFT)
 		}
 	}
 	return c
 }
 
-// fitProfile fits the engine model's step time to lone requests. A lone prefill of n tokens
-// with h cached takes, in the engine model (engine.Profile.UnloadedTTFT), one step per chunk
-// of MaxBatchedTokens, each costing StepOverhead + tokens x PrefillPerToken + attention
-// pairs x AttentionPerMPairs: linear in the three constants, so they are the least-squares
-// solution over the points (refitted without any constant that comes out negative). The
-// features are computed by UnloadedTTFT itself with one constant set to 1, so the fit uses the
-// engine model's own chunking and hit rules. The decode constants come from the inter-token
-// latencies: a lone decode step costs StepOverhead + DecodePerSeq + context x
-// DecodePerCtxToken, a line in the context length.
+// fitProfile fits the engine model to lone requests.
+//
+// A CPU engine's step has no fixed cost worth the name (no kernel launches, no all-reduce:
+// StepOverhead 0); its lone decode step costs one sequence's matrix products plus reading its
+// context, so the inter-token latencies fit DecodePerSeq + context x DecodePerCtxToken. A lone
+// prefill of n tokens with h cached costs, in the engine model (engine.Profile.UnloadedTTFT),
+// one step per chunk of MaxBatchedTokens (ollama's batch), each tokens x PrefillPerToken +
+// attention pairs x AttentionPerMPairs; the measured TTFT adds what happens outside the engine
+// model's steps (HTTP through the router and to the engine, the chat template, tokenization,
+// the slot search), a constant per request that kvroute simulate's --network-latency (half of
+// it each way) stands for. TTFT is thus linear in (per-request constant, PrefillPerToken,
+// AttentionPerMPairs): the least-squares solution over the points, refitted without any that
+// comes out negative. UnloadedTTFT itself computes the features, with one constant set to 1,
+// so the fit uses the engine model's own chunking and hit rules.
 func fitProfile(pts []calPoint, enginePerToken float64) (fit, error) {
 	if len(pts) < 3 || enginePerToken <= 0 {
 		return fit{}, errors.New("want at least 3 points and a token ratio")
@@ -190,30 +201,22 @@ func fitProfile(pts []calPoint, enginePerToken float64) (fit, error) {
 		p.BlockSize, p.MaxBatchedTokens = workload.GeneratedBlockTokens, batch
 		return p
 	}
-	basis := []engine.Profile{
-		unit(engine.Profile{StepOverhead: 1}),
-		unit(engine.Profile{PrefillPerToken: 1}),
-		unit(engine.Profile{AttentionPerMPairs: time.Millisecond}), // pairs, in ns
-	}
+	perToken := unit(engine.Profile{PrefillPerToken: 1})
+	perPair := unit(engine.Profile{AttentionPerMPairs: time.Millisecond}) // pairs, in ns
 	x := make([][]float64, len(pts))
 	y := make([]float64, len(pts))
 	for i, p := range pts {
-		x[i] = make([]float64, len(basis))
-		for j, b := range basis {
-			x[i][j] = float64(b.UnloadedTTFT(p.Tokens, p.Cached))
-		}
-		x[i][2] /= 1e6 // million pairs
+		x[i] = []float64{1, float64(perToken.UnloadedTTFT(p.Tokens, p.Cached)), float64(perPair.UnloadedTTFT(p.Tokens, p.Cached)) / 1e6}
 		y[i] = p.TTFT * 1e6
 	}
 	coef, sse := nonNegativeLeastSquares(x, y)
 	f := fit{
-		StepOverhead:       time.Duration(coef[0]),
+		RequestOverhead:    time.Duration(coef[0]),
 		PrefillPerToken:    time.Duration(coef[1]),
 		AttentionPerMPairs: time.Duration(coef[2]),
 		MaxBatchedTokens:   batch,
 		TTFTRMSE:           math.Sqrt(sse/float64(len(pts))) / 1e6,
 	}
-	// Decode: ITL = (StepOverhead + DecodePerSeq) + context x DecodePerCtxToken.
 	dx := make([][]float64, len(pts))
 	dy := make([]float64, len(pts))
 	for i, p := range pts {
@@ -221,8 +224,7 @@ func fitProfile(pts []calPoint, enginePerToken float64) (fit, error) {
 		dy[i] = p.ITL * 1e6
 	}
 	d, _ := nonNegativeLeastSquares(dx, dy)
-	f.DecodePerSeq = time.Duration(max(d[0]-coef[0], 0))
-	f.DecodePerCtxToken = time.Duration(d[1])
+	f.DecodePerSeq, f.DecodePerCtxToken = time.Duration(d[0]), time.Duration(d[1])
 	return f, nil
 }
 
@@ -317,7 +319,7 @@ func simulate(t *testing.T, kvroute, spec string, policies []string) []report.Re
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, kvroute, "simulate", "--workload", spec, "--instances", fmt.Sprint(instances),
-		"--profile", simProfile, "--policies", strings.Join(policies, ","), "--seed", "1", "--json").Output()
+		"--profile", simProfile, "--network-latency", (simRequestOverhead / 2).String(), "--policies", strings.Join(policies, ","), "--seed", "1", "--json").Output()
 	if err != nil {
 		t.Errorf("kvroute simulate: %v", err)
 		return nil

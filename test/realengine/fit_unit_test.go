@@ -11,15 +11,16 @@ import (
 // fitProfile recovers the constants of a known profile from the TTFTs and ITLs it implies.
 func TestFitProfile_RecoversAKnownProfile(t *testing.T) {
 	const ratio = 0.8 // engine tokens per workload token: batch 640 workload tokens
+	const overhead = 12 * time.Millisecond
 	want := engine.Profile{
 		BlockSize: 16, MaxBatchedTokens: 640,
-		StepOverhead: 3 * time.Millisecond, PrefillPerToken: 250 * time.Microsecond, AttentionPerMPairs: 40 * time.Millisecond,
+		PrefillPerToken: 250 * time.Microsecond, AttentionPerMPairs: 40 * time.Millisecond,
 		DecodePerSeq: 2 * time.Millisecond, DecodePerCtxToken: 500 * time.Nanosecond,
 	}
 	var pts []calPoint
 	for _, c := range [][2]int{{256, 0}, {768, 0}, {1280, 0}, {1792, 0}, {2560, 0}, {1792, 1792}, {1712, 1504}} {
-		itl := want.StepOverhead + want.DecodePerSeq + time.Duration(c[0])*want.DecodePerCtxToken
-		pts = append(pts, calPoint{Tokens: c[0], Cached: c[1], TTFT: ms(want.UnloadedTTFT(c[0], c[1])), ITL: ms(itl)})
+		itl := want.DecodePerSeq + time.Duration(c[0])*want.DecodePerCtxToken
+		pts = append(pts, calPoint{Tokens: c[0], Cached: c[1], TTFT: ms(overhead + want.UnloadedTTFT(c[0], c[1])), ITL: ms(itl)})
 	}
 	got, err := fitProfile(pts, ratio)
 	if err != nil {
@@ -30,7 +31,7 @@ func TestFitProfile_RecoversAKnownProfile(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, g, w)
 		}
 	}
-	near("StepOverhead", got.StepOverhead, want.StepOverhead)
+	near("RequestOverhead", got.RequestOverhead, overhead)
 	near("PrefillPerToken", got.PrefillPerToken, want.PrefillPerToken)
 	near("AttentionPerMPairs", got.AttentionPerMPairs, want.AttentionPerMPairs)
 	near("DecodePerSeq", got.DecodePerSeq, want.DecodePerSeq)

@@ -1,4 +1,4 @@
-package proxy
+package app
 
 import (
 	"context"
@@ -31,6 +31,8 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
@@ -39,7 +41,7 @@ import (
 // discovery file), the health prober and metrics scraper, the policy, the API handler and the
 // admin handler. `kvroute serve` and `kvroute demo` both build one:
 //
-//	r, err := proxy.NewRouter(cfg, logger)
+//	r, err := app.NewRouter(cfg, logger)
 //	go r.Run(ctx)                       // discovery, health checks, scraping
 //	api, admin := r.Handler(), r.AdminHandler()
 //	...
@@ -48,9 +50,7 @@ import (
 // or simply r.Serve(ctx, apiListener, adminListener), which does all of it and drains on ctx's
 // end. Set the hook fields before the first call to Handler or Run.
 type Router struct {
-	// Middleware wraps the API handler, first element outermost, outside the tenant gate
-	// (which authenticates, applies per-tenant limits and puts the tenant.Identity in the
-	// request context; a pass-through when auth is off). The handler honours that identity.
+	// Middleware wraps the API handler, first element outermost.
 	Middleware []func(http.Handler) http.Handler
 	// Admit and Saturated are copied into every Handler (see Handler). Admit nil: the tenant
 	// gate's admission queue (overload section).
@@ -62,9 +62,11 @@ type Router struct {
 	metrics   *metrics.Metrics
 	pool      *endpoint.Pool
 	prober    *scrape.Prober
-	state     *State
-	transport *h1.Transport // to the endpoints; its Fallback also carries health checks and scrapes
-	gate      *tenant.Gate  // authentication, per-tenant limits and salts, admission
+	state     *route.State   // response pins, across reloads
+	outlier   *route.Outlier // passive ejection, across reloads
+	audit     *route.Audit   // predicted against reported cached tokens, across reloads
+	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
+	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -72,7 +74,7 @@ type Router struct {
 	policyKey  string
 	discovered [][]endpoint.Spec // per source: [0] the discovery file, then each discovery.dns name
 	dns        []*discovery.DNSSource
-	h          atomic.Pointer[Handler]
+	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
 }
@@ -90,14 +92,28 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		reg:       reg,
 		metrics:   metrics.New(reg),
 		pool:      endpoint.NewPool(),
-		state:     NewState(0),
-		transport: h1.New(DefaultTransport()),
+		state:     route.NewState(0),
+		transport: h1.New(proxy.DefaultTransport()),
 	}
+	r.outlier = route.NewOutlier(r.outlierConfig(cfg), nil)
+	r.audit = route.NewAudit(route.AuditConfig{OnChange: func(ep *endpoint.Endpoint, blind bool, found, predicted float64) {
+		r.metrics.EndpointCacheBlind(ep.Name, blind)
+		if blind {
+			r.logger.Warn("the engine reports far fewer cached tokens than predicted: routing to it on load alone until they agree (check its cache salt, tokenizer, block size and prefix caching)",
+				"endpoint", ep.Name, "found_share", found/predicted)
+		} else {
+			r.logger.Info("the engine's cached tokens agree with the predictions again", "endpoint", ep.Name, "found_share", found/predicted)
+		}
+	}})
+	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
+	r.transport.Dialer = dialer
+	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
+	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
-			if s, ok := h.Picker.(policy.IndexSizer); ok {
+			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
 				return s.IndexSize()
 			}
 		}
@@ -111,6 +127,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.dns = discovery.DNSFromConfig(cfg, logger)
 	r.discovered = make([][]endpoint.Spec, 1+len(r.dns))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
+		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
 		if err != nil {
 			return nil, err
@@ -120,6 +137,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	// A name that does not resolve yet is no reason not to start: Run tries again.
 	for i, d := range r.dns {
+		r.metrics.DiscoverySource(r.sourceName(1 + i))
 		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
 		specs, err := d.Resolve(context.Background())
 		if err != nil {
@@ -164,7 +182,8 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
-			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS {
+			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
+			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout {
 			r.logger.Warn("server.http_server, server.tls and the server timeouts change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
 		}
 	}
@@ -207,28 +226,41 @@ func (r *Router) apply(cfg *config.Config) error {
 	if picker != r.picker && r.picker != nil {
 		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
 	}
-	if err := r.updatePoolLocked(cfg.Specs(), picker); err != nil {
+	if err := r.updatePoolLocked(discovery.Specs(cfg.Endpoints), picker); err != nil {
 		return err
 	}
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
-	h := &Handler{
+	r.outlier.Configure(r.outlierConfig(cfg))
+	lc, err := route.New(route.Config{
+		Picker:   picker,
+		Attempts: 1 + cfg.Limits.Retries(),
+		Health:   r.outlier,
+		State:    r.state,
+		WarmUp:   cfg.Health.WarmUpTime(),
+		Audit:    r.audit,
+	})
+	if err != nil {
+		return err
+	}
+	h := &proxy.Handler{
 		Pool:           r.pool,
-		Picker:         picker,
+		Lifecycle:      lc,
+		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm},
+		Gate:           r.gate,
+		Admit:          r.Admit,
+		Saturated:      r.Saturated,
 		Metrics:        r.metrics,
 		Logger:         r.logger,
 		Transport:      r.transport,
 		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
-		MaxRetries:     cfg.Limits.Retries(),
-		BlockTokens:    cfg.Prefix.BlockTokens,
-		Normalizer:     norm,
 		Rewrite:        cfg.Normalize.Rewrite,
-		OnConnError:    r.prober.ReportFailure,
-		OnSuccess:      r.prober.ReportSuccess,
-		Admit:          r.admit(),
-		Saturated:      r.Saturated,
-		State:          r.state,
 		EndpointHeader: cfg.Server.EndpointHeader,
+		Timeouts: proxy.Timeouts{
+			FirstToken: cfg.Limits.FirstTokenTimeout.D(),
+			Response:   cfg.Limits.ResponseTimeout.D(),
+			StreamIdle: cfg.Limits.StreamIdleTimeout.D(),
+		},
 	}
 	r.h.Store(h)
 	return nil
@@ -243,6 +275,9 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 		return fmt.Errorf("endpoints: %w", err)
 	}
 	obs, _ := picker.(policy.Observer)
+	for _, ep := range diff.Added {
+		r.metrics.EndpointAdded(ep.Name, ep.Models)
+	}
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
@@ -271,18 +306,11 @@ func newRand() *rand.Rand {
 	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 }
 
-func (r *Router) admit() func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (func(), error) {
-	if r.Admit != nil {
-		return r.Admit
-	}
-	return r.gate.Admit
-}
-
 // prefillRate is the current policy's prefill-rate estimate for ep (tokens/s, 0 unknown), for
 // the tenant gate's overload.max_predicted_ttft.
 func (r *Router) prefillRate(ep *endpoint.Endpoint) float64 {
 	if h := r.h.Load(); h != nil {
-		if p, ok := h.Picker.(interface{ PrefillRate(id int) float64 }); ok {
+		if p, ok := h.Lifecycle.Picker().(interface{ PrefillRate(id int) float64 }); ok {
 			return p.PrefillRate(ep.ID)
 		}
 	}
@@ -315,7 +343,6 @@ func (r *Router) Handler() http.Handler {
 		var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			r.h.Load().ServeHTTP(w, req)
 		})
-		h = r.gate.Middleware(h)
 		for i := len(r.Middleware) - 1; i >= 0; i-- {
 			h = r.Middleware[i](h)
 		}
@@ -361,7 +388,7 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	defer r.mu.Unlock()
 	old := r.discovered[i]
 	r.discovered[i] = specs
-	if err := r.updatePoolLocked(r.cfg.Specs(), r.picker); err != nil {
+	if err := r.updatePoolLocked(discovery.Specs(r.cfg.Endpoints), r.picker); err != nil {
 		r.discovered[i] = old
 		return err
 	}
@@ -421,6 +448,12 @@ type EndpointInfo struct {
 	Snapshot       *endpoint.Snapshot `json:"snapshot"`
 	SnapshotAgeSec *float64           `json:"snapshot_age_seconds"`
 	Probe          scrape.Status      `json:"probe"`
+	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
+	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
+	CacheAudit route.AuditStatus `json:"cache_audit"`
+	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
+	TokenScale float64 `json:"token_scale"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -436,6 +469,12 @@ func (r *Router) Endpoints() []EndpointInfo {
 		}
 		if info.Models == nil {
 			info.Models = []string{}
+		}
+		info.CacheAudit = r.audit.Status(e)
+		info.TokenScale = e.TokenScale()
+		if until := r.outlier.EjectedUntil(e); until.After(now) {
+			info.EjectedUntil = &until
+			info.Available = false
 		}
 		if s := info.Snapshot; s != nil && !s.At.IsZero() {
 			age := now.Sub(s.At).Seconds()
@@ -477,18 +516,23 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 		api = tls.NewListener(api, tlsConfig(certs, !builtin))
 	}
-	var apiSrv server = mk(r.Handler())
+	errorBody := func(status int, msg string) (string, []byte) {
+		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
+	}
+	var apiSrv server = &h1.NetHTTP{Server: mk(r.Handler()), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
+		BodyMinRate: cfg.Server.BodyMinRate, WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:           r.Handler(),
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:       cfg.Server.IdleTimeout.D(),
 			WriteTimeout:      cfg.Server.WriteTimeout.D(),
+			BodyReadTimeout:   cfg.Server.BodyReadTimeout.D(),
+			BodyMinRate:       cfg.Server.BodyMinRate,
+			WriteStallTimeout: cfg.Server.WriteStallTimeout.D(),
 			// Only accept errors and handler panics come here: worth an error line.
-			ErrorLog: slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
-			ErrorBody: func(status int, msg string) (string, []byte) {
-				return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
-			},
+			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
+			ErrorBody: errorBody,
 		}
 	}
 	adminSrv := mk(r.AdminHandler())
@@ -545,6 +589,25 @@ func ignoreClosed(err error) error {
 		return nil
 	}
 	return err
+}
+
+// outlierConfig is passive ejection as the config sets it, reporting to the metrics and the log.
+func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
+	return route.OutlierConfig{
+		Consecutive:       cfg.Health.PassiveFailures,
+		BaseEjection:      cfg.Health.EjectionTime.D(),
+		MaxEjection:       cfg.Health.MaxEjectionTime.D(),
+		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
+		Fleet:             r.pool.Len,
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+			r.metrics.EndpointEjected(ep.Name, d)
+			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
+		},
+		OnReadmit: func(ep *endpoint.Endpoint) {
+			r.metrics.EndpointReadmitted(ep.Name)
+			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
+		},
+	}
 }
 
 // Close releases idle upstream connections. Call it after Run and the servers have stopped.

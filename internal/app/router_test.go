@@ -1,4 +1,4 @@
-package proxy
+package app
 
 import (
 	"bytes"
@@ -223,20 +223,20 @@ func TestRouterKeepsPolicyAcrossReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	before := r.h.Load().Picker
+	before := r.h.Load().Lifecycle.Picker()
 	if err := r.Reload(routerConfig(t, "policy: {name: round-robin}\nlimits: {max_retries: 0}\n", e.srv.URL)); err != nil {
 		t.Fatal(err)
 	}
-	if r.h.Load().Picker != before {
+	if r.h.Load().Lifecycle.Picker() != before {
 		t.Error("same policy and params: the policy was rebuilt (its learned state lost)")
 	}
-	if got := r.h.Load().MaxRetries; got != 0 {
-		t.Errorf("max_retries after reload = %d, want 0", got)
+	if got := r.h.Load().Lifecycle.Attempts(); got != 1 {
+		t.Errorf("attempts after reload = %d, want 1 (max_retries 0)", got)
 	}
 	if err := r.Reload(routerConfig(t, "policy: {name: least-request}\n", e.srv.URL)); err != nil {
 		t.Fatal(err)
 	}
-	if r.h.Load().Picker == before {
+	if r.h.Load().Lifecycle.Picker() == before {
 		t.Error("new policy name: the policy was not rebuilt")
 	}
 }

@@ -1,0 +1,302 @@
+package experiment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/loadgen"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// BenchOptions are the flags of kvroute bench.
+type BenchOptions struct {
+	// Target is the base URL of the server; Model the model to ask for; APIKey its bearer
+	// token; API chat or completions.
+	Target, Model, APIKey, API string
+	// Trace (Mooncake JSONL) or Workload (a generator spec; default shared-prefix): at most one.
+	Trace, Workload string
+	// Pacing, at most one: Speedup divides the arrival times; Rate re-times them as Arrival
+	// (poisson or constant) arrivals of Rate per second; Concurrency keeps that many in flight.
+	Speedup, Rate float64
+	Arrival       string
+	Concurrency   int
+	// Requests sends at most this many (0: all); Duration stops sending after this long (0: no
+	// bound); MaxInFlight bounds an open loop; Timeout bounds each request.
+	Requests, MaxInFlight int
+	Duration, Timeout     time.Duration
+	Seed                  uint64
+	// IgnoreEOS sends vLLM's ignore_eos; EndpointHeader names the response header that names
+	// the backend; Label names the run in the table.
+	IgnoreEOS             bool
+	EndpointHeader, Label string
+	// Progress is how progress is shown on Log (standard error), every ProgressEvery.
+	Progress      loadgen.ProgressMode
+	ProgressEvery time.Duration
+	Log           io.Writer
+}
+
+// BenchExtra is what a live run measures beyond report.Result: the generator's own schedule
+// keeping, inter-token latency and errors by class.
+type BenchExtra struct {
+	AskedRate    float64        `json:"asked_rate_per_s,omitempty"`
+	AchievedRate float64        `json:"achieved_send_rate_per_s"`
+	SendLagMS    report.Latency `json:"send_lag_ms"`
+	ITLMS        report.Latency `json:"itl_ms"`
+	Errors       map[string]int `json:"errors"`
+	// CachedTokensReported is false when the target reported no cached_tokens (hit rate 0 then
+	// means "unknown", not "no hits").
+	CachedTokensReported bool    `json:"cached_tokens_reported"`
+	ElapsedSeconds       float64 `json:"elapsed_seconds"`
+}
+
+// BenchReport is what a live run prints with --json: the summary of kvroute simulate --json
+// plus the live-only figures, one entry per run.
+type BenchReport struct {
+	*report.Summary
+	Bench []BenchExtra `json:"bench"`
+	// records are every run's requests, for the HTML report.
+	records [][]report.Record
+}
+
+// Bench checks the options, builds the workload and runs it against the target.
+func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
+	var errs []error
+	if o.Target == "" {
+		errs = append(errs, errors.New("--target: give the server's base URL, e.g. --target http://127.0.0.1:8000"))
+	}
+	if o.Trace != "" && o.Workload != "" {
+		errs = append(errs, errors.New("give --trace FILE or --workload NAME, not both"))
+	}
+	paced := 0
+	for _, set := range []bool{o.Speedup != 0, o.Rate != 0, o.Concurrency != 0} {
+		if set {
+			paced++
+		}
+	}
+	if paced > 1 {
+		errs = append(errs, errors.New("give at most one of --speedup, --rate and --concurrency"))
+	}
+	if o.Speedup < 0 || o.Rate < 0 || o.Concurrency < 0 || o.Requests < 0 || o.Duration < 0 || o.MaxInFlight < 1 || o.Timeout <= 0 {
+		errs = append(errs, errors.New("--speedup, --rate, --concurrency, --requests and --duration must not be negative; --max-in-flight and --timeout must be positive"))
+	}
+	if o.Arrival != "poisson" && o.Arrival != "constant" {
+		errs = append(errs, fmt.Errorf("--arrival %q: want poisson or constant", o.Arrival))
+	}
+	if len(errs) > 0 {
+		return nil, &UsageError{errors.Join(errs...)}
+	}
+	reqs, name, err := loadWorkload(o.Trace, o.Workload, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Rate > 0 && o.Arrival == "constant":
+		reqs = constantRate(reqs, o.Rate)
+	case o.Rate > 0:
+		reqs = workload.Poisson(reqs, o.Rate, o.Seed)
+	case o.Speedup > 0:
+		reqs = workload.Speedup(reqs, o.Speedup)
+	}
+	if o.Requests > 0 && o.Requests < len(reqs) {
+		reqs = reqs[:o.Requests]
+	}
+	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return int(a.Arrival - b.Arrival) })
+
+	items := workloadItems(reqs)
+	total := len(items)
+	if o.Duration > 0 && o.Concurrency == 0 {
+		total = 0
+		for i := range items {
+			if items[i].At < o.Duration {
+				total++
+			}
+		}
+	}
+	prog := loadgen.NewProgress(o.Log, o.Progress, "bench", total, o.ProgressEvery, nil)
+	cfg := loadgen.Config{
+		Target: o.Target, Model: o.Model, APIKey: o.APIKey, API: o.API,
+		Concurrency: o.Concurrency, MaxInFlight: o.MaxInFlight, Duration: o.Duration, RequestTimeout: o.Timeout,
+		IgnoreEOS: o.IgnoreEOS, EndpointHeader: o.EndpointHeader, OnRecord: prog.Record,
+	}
+	res, err := loadgen.Run(ctx, cfg, items)
+	prog.Finish()
+	if err != nil {
+		return nil, err
+	}
+
+	recs, endpoints := reportRecords(o.Label, res.Records, 1)
+	r := report.Summarize(o.Label, recs, nil)
+	r.WallSeconds = res.Elapsed.Seconds()
+	extra := benchStats(&res, 1)
+	if o.Concurrency == 0 {
+		// The schedule's own rate: a Poisson draw of a few thousand arrivals differs from
+		// --rate by a few per cent, which is not the generator's doing.
+		extra.AskedRate = scheduledRate(items[:len(res.Records)])
+	}
+	speedup := o.Speedup
+	if speedup == 0 {
+		speedup = 1
+	}
+	sum := &report.Summary{
+		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: o.Target, Speedup: speedup, Seed: int64(o.Seed)},
+		// The target's KV capacity is unknown here, and so is the pooled LRU bound.
+		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
+		Results: []report.Result{r},
+	}
+	return &BenchReport{Summary: sum, Bench: []BenchExtra{extra}, records: [][]report.Record{recs}}, nil
+}
+
+// constantRate returns a copy of reqs, in order, arriving every 1/rate seconds.
+func constantRate(reqs []workload.Request, rate float64) []workload.Request {
+	out := slices.Clone(reqs)
+	for i := range out {
+		out[i].Arrival = time.Duration(float64(i) / rate * float64(time.Second))
+	}
+	return out
+}
+
+// workloadItems turns workload requests into load-generator items whose prompt text is
+// rendered when sent, so that equal blocks are equal text.
+func workloadItems(reqs []workload.Request) []loadgen.Item {
+	items := make([]loadgen.Item, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		items[i] = loadgen.Item{
+			At: r.Arrival, Session: r.Session, PromptTokens: r.PromptTokens, MaxTokens: max(1, r.OutputTokens),
+			Prompt: func() string { return workload.Render(r) },
+		}
+	}
+	return items
+}
+
+// reportRecords converts live records to report records, dividing every time by scale (the
+// simulator's time scale, to give model time; 1 for a real target). Endpoints are numbered in
+// order of first appearance of the endpoint header; it returns their number (0 when unknown:
+// every record then counts as endpoint 0).
+func reportRecords(label string, recs []loadgen.Record, scale float64) ([]report.Record, int) {
+	ids := map[string]int{}
+	out := make([]report.Record, len(recs))
+	for i := range recs {
+		lr := &recs[i]
+		at := scaleDur(lr.Sent, scale)
+		r := report.Record{
+			ID: strconv.Itoa(lr.Index), Policy: label, Arrival: at,
+			Finish:       at + scaleDur(lr.E2E, scale),
+			PromptTokens: lr.PromptTokens, CachedTokens: max(lr.CachedTokens, 0), CachedUnknown: lr.CachedTokens < 0,
+			OutputTokens: lr.OutputTokens, Err: lr.ErrorLabel(),
+		}
+		if lr.TTFT > 0 {
+			r.FirstToken = at + scaleDur(lr.TTFT, scale)
+		}
+		if lr.Endpoint != "" {
+			id, ok := ids[lr.Endpoint]
+			if !ok {
+				id = len(ids)
+				ids[lr.Endpoint] = id
+			}
+			r.EndpointID, r.Endpoint = id, lr.Endpoint
+		}
+		out[i] = r
+	}
+	return out, len(ids)
+}
+
+func scaleDur(d time.Duration, scale float64) time.Duration {
+	if scale == 1 || scale <= 0 {
+		return d
+	}
+	return time.Duration(float64(d) / scale)
+}
+
+// benchStats computes the generator's own figures; ITLs are divided by scale like reportRecords.
+func benchStats(res *loadgen.Result, scale float64) BenchExtra {
+	e := BenchExtra{AchievedRate: res.SendRate(), Errors: map[string]int{}, ElapsedSeconds: res.Elapsed.Seconds()}
+	var lag, itl []float64
+	for i := range res.Records {
+		r := &res.Records[i]
+		lag = append(lag, float64(r.Sent-r.Scheduled)/float64(time.Millisecond))
+		for _, d := range r.ITL {
+			itl = append(itl, float64(scaleDur(d, scale))/float64(time.Millisecond))
+		}
+		if !r.OK() {
+			e.Errors[r.ErrorLabel()]++
+		}
+		if r.CachedTokens >= 0 {
+			e.CachedTokensReported = true
+		}
+	}
+	e.SendLagMS = report.Summarise(lag)
+	e.ITLMS = report.Summarise(itl)
+	return e
+}
+
+// scheduledRate is the rate the schedule asks for: requests after the first over the span.
+func scheduledRate(items []loadgen.Item) float64 {
+	if len(items) < 2 {
+		return 0
+	}
+	span := items[len(items)-1].At - items[0].At
+	if span <= 0 {
+		return 0
+	}
+	return float64(len(items)-1) / span.Seconds()
+}
+
+// WriteTable prints the summary table and, per run, the live-only figures.
+func (b *BenchReport) WriteTable(w io.Writer) error {
+	if err := report.WriteTable(w, b.Summary); err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(w); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return b.writeExtras(w)
+}
+
+// WriteHTML writes the HTML report of a bench against target to path, the live-only figures
+// as its notes.
+func (b *BenchReport) WriteHTML(path, target string) error {
+	var notes strings.Builder
+	_ = b.writeExtras(&notes)
+	opt := report.HTMLOptions{Title: "kvroute bench: " + target, Generated: time.Now(), Notes: strings.Split(strings.TrimSpace(notes.String()), "\n")}
+	return writeHTML(path, b.Summary, b.records, opt)
+}
+
+// writeExtras prints one line per run: send rate, send lag, ITL, errors by class.
+func (b *BenchReport) writeExtras(w io.Writer) error {
+	for i, e := range b.Bench {
+		label := b.Results[i].Policy
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "%s: sent %.1f req/s", label, e.AchievedRate)
+		if e.AskedRate > 0 {
+			fmt.Fprintf(&sb, " (asked %.1f, %+.2f%%)", e.AskedRate, 100*(e.AchievedRate/e.AskedRate-1))
+		}
+		fmt.Fprintf(&sb, "; send lag ms p50 %.2f p99 %.2f; ITL ms p50 %.1f p90 %.1f p99 %.1f",
+			e.SendLagMS.P50, e.SendLagMS.P99, e.ITLMS.P50, e.ITLMS.P90, e.ITLMS.P99)
+		if !e.CachedTokensReported {
+			sb.WriteString("; the target reported no cached_tokens (hit rate unknown)")
+		}
+		if len(e.Errors) > 0 {
+			keys := make([]string, 0, len(e.Errors))
+			for k := range e.Errors {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			sb.WriteString("; errors:")
+			for _, k := range keys {
+				fmt.Fprintf(&sb, " %s %d", k, e.Errors[k])
+			}
+		}
+		if _, err := fmt.Fprintln(w, sb.String()); err != nil {
+			return fmt.Errorf("write table: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+package experiment
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/loadgen"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+func TestConstantRateAndScheduledRate(t *testing.T) {
+	reqs := constantRate(make([]workload.Request, 5), 4) // every 250 ms
+	var at []time.Duration
+	for _, r := range reqs {
+		at = append(at, r.Arrival)
+	}
+	want := []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 750 * time.Millisecond, time.Second}
+	if diff := cmp.Diff(want, at); diff != "" {
+		t.Errorf("arrivals (-want +got):\n%s", diff)
+	}
+	if got := scheduledRate(workloadItems(reqs)); got != 4 {
+		t.Errorf("scheduled rate %v, want 4 (4 gaps in 1 s)", got)
+	}
+	if got := scheduledRate(workloadItems(reqs[:1])); got != 0 {
+		t.Errorf("one request: rate %v, want 0", got)
+	}
+}
+
+// TestReportRecords: live times divided by the time scale give model time; endpoints are
+// numbered in order of first appearance.
+func TestReportRecords(t *testing.T) {
+	recs := []loadgen.Record{
+		{Index: 0, Sent: 2 * time.Second, TTFT: 200 * time.Millisecond, E2E: time.Second, Endpoint: "b", CachedTokens: -1},
+		{Index: 1, Sent: 4 * time.Second, TTFT: 0, E2E: 2 * time.Second, Endpoint: "a", CachedTokens: 16},
+		{Index: 2, Sent: 6 * time.Second, TTFT: 100 * time.Millisecond, E2E: 2 * time.Second, Endpoint: "b"},
+	}
+	got, n := reportRecords("p", recs, 2)
+	if n != 2 {
+		t.Errorf("%d endpoints, want 2", n)
+	}
+	type rec struct {
+		ID                       string
+		Arrival, First, Finish   time.Duration
+		EndpointID, CachedTokens int
+	}
+	var out []rec
+	for _, r := range got {
+		out = append(out, rec{r.ID, r.Arrival, r.FirstToken, r.Finish, r.EndpointID, r.CachedTokens})
+	}
+	want := []rec{
+		{"0", time.Second, 1100 * time.Millisecond, 1500 * time.Millisecond, 0, 0}, // unknown cached tokens count as 0
+		{"1", 2 * time.Second, 0, 3 * time.Second, 1, 16},                          // no first token
+		{"2", 3 * time.Second, 3050 * time.Millisecond, 4 * time.Second, 0, 0},
+	}
+	if diff := cmp.Diff(want, out); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,280 @@
+package experiment
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/des"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// SimulateOptions are the flags of kvroute simulate.
+type SimulateOptions struct {
+	// Trace (a Mooncake JSONL file) or Workload (a generator spec): exactly one.
+	Trace, Workload string
+	// Instances of engine Profile; BlockSize overrides the profile's (0: keep it).
+	Instances int
+	Profile   string
+	BlockSize int
+	// Policies to compare, ParsePolicies' form (empty: all).
+	Policies string
+	// Load scales arrivals to this offered load, or Speedup divides them (at most one; default 1).
+	Load, Speedup float64
+	// Limit keeps the first requests only (0: all); Seed seeds policies and generators.
+	Limit int
+	Seed  uint64
+	// ScrapeInterval and NetworkLatency as in des.Config.
+	ScrapeInterval, NetworkLatency time.Duration
+	// Routers is the number of router replicas; ReplicaAffinity (none or session) how the
+	// load balancer spreads requests over them.
+	Routers         int
+	ReplicaAffinity string
+	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange).
+	Kill, Add []string
+	// Records and HTML, when set, are files to write every request's record and a report to.
+	Records, HTML string
+}
+
+// Simulation is what Simulate found: the summary, and the router replicas it had.
+type Simulation struct {
+	*report.Summary
+	routers  int
+	affinity string
+}
+
+// Simulate checks the options, loads the workload and runs every policy on it in virtual time,
+// in parallel; it writes the records and HTML files asked for.
+func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
+	prof, specs, errs := checkSimulation(o.Trace, o.Workload, o.Limit, o.Profile, o.Policies)
+	if o.Instances < 1 {
+		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", o.Instances))
+	}
+	if o.Load < 0 || o.Speedup < 0 {
+		errs = append(errs, errors.New("--load and --speedup must be positive"))
+	}
+	if o.Load > 0 && o.Speedup > 0 {
+		errs = append(errs, errors.New("give --load or --speedup, not both"))
+	}
+	if o.BlockSize < 0 {
+		errs = append(errs, fmt.Errorf("--block-size %d: want 0 (the profile's) or a positive number of tokens", o.BlockSize))
+	}
+	if o.ScrapeInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--scrape-interval %v: want a positive duration such as 200ms", o.ScrapeInterval))
+	}
+	if o.NetworkLatency < 0 {
+		errs = append(errs, fmt.Errorf("--network-latency %v: want 0 or more", o.NetworkLatency))
+	}
+	if o.Routers < 1 {
+		errs = append(errs, fmt.Errorf("--routers %d: want at least 1 (the number of router replicas)", o.Routers))
+	}
+	spread := des.SpreadRoundRobin
+	switch o.ReplicaAffinity {
+	case "none":
+	case "session":
+		spread = des.SpreadSession
+	default:
+		errs = append(errs, fmt.Errorf("--replica-affinity %q: want none (round-robin per request) or session", o.ReplicaAffinity))
+	}
+	if o.BlockSize > 0 {
+		prof = prof.WithBlockSize(o.BlockSize)
+	}
+	if len(errs) > 0 {
+		return nil, &UsageError{errors.Join(errs...)}
+	}
+
+	reqs, name, err := loadRequests(o.Trace, o.Workload, o.Seed, o.Limit)
+	if err != nil {
+		return nil, err
+	}
+	speedup := o.Speedup
+	if o.Load > 0 {
+		speedup, err = speedupForLoad(reqs, prof, o.Instances, o.Load)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if speedup == 0 {
+		speedup = 1
+	}
+	reqs = workload.Speedup(reqs, speedup)
+
+	fleet := des.ProfileFleet(prof, o.Instances)
+	fleet.ScrapeInterval = o.ScrapeInterval
+	fleet.NetworkLatency = o.NetworkLatency
+	fleet.Seed = o.Seed
+	fleet.Routers = o.Routers
+	fleet.Spread = spread
+	for _, c := range []struct {
+		kind  des.ChangeKind
+		specs []string
+	}{{des.Kill, o.Kill}, {des.Add, o.Add}} {
+		for _, spec := range c.specs {
+			ch, err := des.ParseChange(c.kind, spec, span(reqs))
+			if err != nil {
+				return nil, &UsageError{err}
+			}
+			fleet.Changes = append(fleet.Changes, ch)
+		}
+	}
+
+	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, Summary: &report.Summary{
+		Scenario: report.Scenario{
+			Workload: name, Requests: len(reqs), Instances: o.Instances, Profile: prof.Name,
+			Speedup: speedup, Seed: int64(o.Seed), BlockSize: prof.BlockSize,
+			Load:             offeredLoad(reqs, prof, o.Instances),
+			ScrapeIntervalMS: float64(o.ScrapeInterval) / float64(time.Millisecond),
+		},
+		Results: make([]report.Result, len(specs)),
+	}}
+	sum := sim.Summary
+	var records [][]report.Record
+	if o.Records != "" || o.HTML != "" {
+		records = make([][]report.Record, len(specs))
+	}
+	w := des.Prepare(reqs, fleet.Model, fleet.BlockSize)
+
+	// One simulation per policy, at most one per CPU at a time; the bounds beside them.
+	bounds := make(chan report.Bounds, 1)
+	go func() {
+		bounds <- report.Bounds{
+			InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs, prof.BlockSize),
+			PooledLRUHitRate:     workload.LRUHitRate(reqs, prof.BlockSize, o.Instances*prof.KVTokens()),
+		}
+	}()
+	slots := newSlots()
+	err = forEach(ctx, len(specs), "simulation", func(ctx context.Context, i int) error {
+		sp := specs[i]
+		res, wall, err := slots.run(ctx, fleet, w, sp)
+		if err != nil {
+			return fmt.Errorf("policy %s: %w", sp.Label, err)
+		}
+		r := report.Summarize(sp.Label, res.Records, res.Busy)
+		r.Preemptions = res.Preemptions()
+		r.WallSeconds = wall.Seconds()
+		sum.Results[i] = r
+		if records != nil {
+			records[i] = res.Records
+		}
+		return nil
+	})
+	sum.Bounds = <-bounds
+	if err != nil {
+		return nil, err
+	}
+	if o.Records != "" {
+		if err := writeRecords(o.Records, records); err != nil {
+			return nil, err
+		}
+	}
+	if o.HTML != "" {
+		opt := report.HTMLOptions{
+			Title: "kvroute simulate: " + name,
+			Notes: []string{fmt.Sprintf("Virtual time: arrivals divided by %.3g; engine metrics scraped every %v; router-engine latency %v.",
+				speedup, o.ScrapeInterval, o.NetworkLatency)},
+		}
+		if o.Routers > 1 {
+			opt.Notes = append(opt.Notes, sim.routersNote()+", each with its own policy instance and load counters.")
+		}
+		if err := writeHTML(o.HTML, sum, records, opt); err != nil {
+			return nil, err
+		}
+	}
+	return sim, nil
+}
+
+// WriteJSON writes the summary as JSON, with the router replicas in the scenario when there
+// are several (with one, the output is what it was before replicas).
+func (s *Simulation) WriteJSON(w io.Writer) error {
+	if s.routers <= 1 {
+		return report.WriteJSON(w, s.Summary)
+	}
+	type scenario struct {
+		report.Scenario
+		Routers         int    `json:"routers"`
+		ReplicaAffinity string `json:"replica_affinity"`
+	}
+	out := struct {
+		Scenario scenario `json:"scenario"`
+		*report.Summary
+	}{scenario{s.Scenario, s.routers, s.affinity}, s.Summary}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(out); err != nil {
+		return fmt.Errorf("write json summary: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes the summary as a table, with the router replicas at the end of its header
+// line when there are several.
+func (s *Simulation) WriteTable(w io.Writer) error {
+	if s.routers <= 1 {
+		return report.WriteTable(w, s.Summary)
+	}
+	var b bytes.Buffer
+	if err := report.WriteTable(&b, s.Summary); err != nil {
+		return err
+	}
+	head, rest, _ := bytes.Cut(b.Bytes(), []byte("\n"))
+	if _, err := fmt.Fprintf(w, "%s, %s\n%s", head, s.routersNote(), rest); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	return nil
+}
+
+// routersNote says how many router replicas there are and how requests reach them.
+func (s *Simulation) routersNote() string {
+	how := "round-robin per request"
+	if s.affinity == "session" {
+		how = "by session key"
+	}
+	return fmt.Sprintf("%d router replicas (%s)", s.routers, how)
+}
+
+// writeRecords writes every policy's records to path as JSON Lines.
+func writeRecords(path string, records [][]report.Record) error {
+	err := writeFile(path, func(w io.Writer) error {
+		for _, recs := range records {
+			if err := report.WriteRecords(w, recs); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("--records: %w", err)
+	}
+	return nil
+}
+
+// writeHTML writes the HTML report to path.
+func writeHTML(path string, s *report.Summary, recs [][]report.Record, opt report.HTMLOptions) error {
+	if err := writeFile(path, func(w io.Writer) error { return report.WriteHTML(w, s, recs, opt) }); err != nil {
+		return fmt.Errorf("--html: %w", err)
+	}
+	return nil
+}
+
+// writeFile creates path and fills it with write.
+func writeFile(path string, write func(io.Writer) error) (err error) {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := fh.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close %s: %w", path, cerr)
+		}
+	}()
+	if err := write(fh); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

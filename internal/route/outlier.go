@@ -1,0 +1,230 @@
+package route
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+// OutlierConfig configures passive ejection. The zero value takes every default.
+type OutlierConfig struct {
+	// Consecutive failures that count against an endpoint (connection errors, 5xx, timeouts,
+	// lost requests, cut streams) eject it. 0: DefaultConsecutive.
+	Consecutive int
+	// BaseEjection is how long a first ejection lasts; the n-th in a row lasts n times as
+	// long, up to MaxEjection. 0: DefaultBaseEjection and DefaultMaxEjection.
+	BaseEjection, MaxEjection time.Duration
+	// MaxEjectedPercent bounds the share of the fleet ejected at once (at least one endpoint
+	// may be; never the last one standing). 0: DefaultMaxEjectedPercent.
+	MaxEjectedPercent int
+	// Fleet returns how many endpoints the fleet has, for MaxEjectedPercent; nil: the number
+	// this Outlier has heard of.
+	Fleet func() int
+	// OnEject, when set, is told of each ejection and its length; OnReadmit of each endpoint
+	// taken back (the first request that finds its ejection over).
+	OnEject   func(ep *endpoint.Endpoint, d time.Duration)
+	OnReadmit func(ep *endpoint.Endpoint)
+}
+
+// Defaults of OutlierConfig.
+const (
+	DefaultConsecutive       = 5
+	DefaultBaseEjection      = 30 * time.Second
+	DefaultMaxEjection       = 5 * time.Minute
+	DefaultMaxEjectedPercent = 50
+)
+
+// Outlier is passive health checking in the manner of Envoy's outlier detection: consecutive
+// failures that count against an endpoint eject it from the candidates for an interval that
+// grows with each ejection in a row (and shrinks again while it behaves), while a bounded share
+// of the fleet may be ejected at once. An endpoint whose health check answers while its API
+// hangs or fails fast is ejected all the same; active health checks (unhealthy endpoints) are
+// a separate verdict. Readmission is lazy, on the clock the lifecycle runs on (the wall clock
+// live, the virtual clock in the simulator): no timer, no goroutine. Safe for concurrent use.
+type Outlier struct {
+	cfg   OutlierConfig
+	clock policy.Clock
+
+	mu      sync.Mutex
+	st      map[*endpoint.Endpoint]*outlierState
+	ejected atomic.Int32 // endpoints whose ejection may still run: a fast path for none
+	// backoffEnd is the latest end of any backoff (unix nanoseconds): a fast path for none.
+	backoffEnd atomic.Int64
+}
+
+type outlierState struct {
+	fails   int       // consecutive failures
+	times   int       // ejections in a row, for the interval's multiplier
+	until   time.Time // ejected until
+	since   time.Time // when the last ejection ended (for the multiplier's decay)
+	out     bool      // ejected, not yet readmitted
+	backoff time.Time // tried after the others until then (429)
+}
+
+// NewOutlier returns an Outlier with cfg (zero fields take the defaults) on clock (nil: the
+// wall clock).
+func NewOutlier(cfg OutlierConfig, clock policy.Clock) *Outlier {
+	if cfg.Consecutive <= 0 {
+		cfg.Consecutive = DefaultConsecutive
+	}
+	if cfg.BaseEjection <= 0 {
+		cfg.BaseEjection = DefaultBaseEjection
+	}
+	if cfg.MaxEjection <= 0 {
+		cfg.MaxEjection = max(DefaultMaxEjection, cfg.BaseEjection)
+	}
+	if cfg.MaxEjectedPercent <= 0 {
+		cfg.MaxEjectedPercent = DefaultMaxEjectedPercent
+	}
+	if clock == nil {
+		clock = policy.WallClock{}
+	}
+	return &Outlier{cfg: cfg, clock: clock, st: map[*endpoint.Endpoint]*outlierState{}}
+}
+
+// Configure replaces the configuration (on a config reload); ejections under way keep their
+// end. Zero fields take the defaults.
+func (o *Outlier) Configure(cfg OutlierConfig) {
+	n := NewOutlier(cfg, o.clock)
+	o.mu.Lock()
+	o.cfg = n.cfg
+	o.mu.Unlock()
+}
+
+func (o *Outlier) state(ep *endpoint.Endpoint) *outlierState {
+	s := o.st[ep]
+	if s == nil {
+		s = &outlierState{}
+		o.st[ep] = s
+	}
+	return s
+}
+
+// Failed counts a failure against ep and ejects it at the threshold, if the fleet can spare it.
+func (o *Outlier) Failed(ep *endpoint.Endpoint, _ Failure) bool {
+	now := o.clock.Now()
+	o.mu.Lock()
+	s := o.state(ep)
+	s.fails++
+	if s.out || s.fails < o.cfg.Consecutive || !o.canEject(now) {
+		o.mu.Unlock()
+		return false
+	}
+	s.times++
+	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
+	s.until, s.out, s.fails = now.Add(d), true, 0
+	o.ejected.Add(1)
+	onEject := o.cfg.OnEject
+	o.mu.Unlock()
+	if onEject != nil {
+		onEject(ep, d)
+	}
+	return true
+}
+
+// canEject reports whether one more endpoint may be ejected. The caller holds o.mu.
+func (o *Outlier) canEject(now time.Time) bool {
+	n := len(o.st)
+	if o.cfg.Fleet != nil {
+		n = max(o.cfg.Fleet(), 1)
+	}
+	out := 0
+	for _, s := range o.st {
+		if s.out && now.Before(s.until) {
+			out++
+		}
+	}
+	limit := max(1, n*o.cfg.MaxEjectedPercent/100)
+	return out < limit && out+1 < n
+}
+
+// Succeeded resets ep's consecutive failures; an endpoint that behaves for a base interval
+// after an ejection has its next ejection shortened by one step.
+func (o *Outlier) Succeeded(ep *endpoint.Endpoint) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.st[ep]
+	if s == nil {
+		if o.cfg.Fleet == nil {
+			o.st[ep] = &outlierState{} // counted in the fleet
+		}
+		return
+	}
+	s.fails = 0
+	if s.times > 0 && !s.out && o.clock.Now().Sub(s.since) >= o.cfg.BaseEjection {
+		s.times--
+		s.since = o.clock.Now()
+	}
+}
+
+// Ejected reports whether ep is ejected at now, readmitting it when its interval is over.
+func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
+	if o.ejected.Load() == 0 {
+		return false
+	}
+	o.mu.Lock()
+	s := o.st[ep]
+	if s == nil || !s.out {
+		o.mu.Unlock()
+		return false
+	}
+	if now.Before(s.until) {
+		o.mu.Unlock()
+		return true
+	}
+	s.out, s.since = false, now
+	o.ejected.Add(-1)
+	onReadmit := o.cfg.OnReadmit
+	o.mu.Unlock()
+	if onReadmit != nil {
+		onReadmit(ep)
+	}
+	return false
+}
+
+// EjectedUntil returns when ep's ejection ends, zero when it is not ejected.
+func (o *Outlier) EjectedUntil(ep *endpoint.Endpoint) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s := o.st[ep]; s != nil && s.out {
+		return s.until
+	}
+	return time.Time{}
+}
+
+// Backoff has ep tried after the others until now + d.
+func (o *Outlier) Backoff(ep *endpoint.Endpoint, now time.Time, d time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.state(ep)
+	if until := now.Add(d); until.After(s.backoff) {
+		s.backoff = until
+		if u := until.UnixNano(); u > o.backoffEnd.Load() {
+			o.backoffEnd.Store(u)
+		}
+	}
+}
+
+// BackedOff reports whether ep is to be tried after the others at now.
+func (o *Outlier) BackedOff(ep *endpoint.Endpoint, now time.Time) bool {
+	if now.UnixNano() >= o.backoffEnd.Load() {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.st[ep]
+	return s != nil && now.Before(s.backoff)
+}
+
+// Forget drops what is known of ep.
+func (o *Outlier) Forget(ep *endpoint.Endpoint) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s := o.st[ep]; s != nil && s.out {
+		o.ejected.Add(-1)
+	}
+	delete(o.st, ep)
+}

@@ -1,0 +1,600 @@
+package route
+
+import (
+	"errors"
+	"math"
+	"sync/atomic"
+
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+// Config configures a Lifecycle.
+type Config struct {
+	// Picker is the routing policy. Required. When it implements policy.Observer it is told
+	// what happens to every attempt; policy.Predictor gives each attempt's predicted cached
+	// tokens.
+	Picker policy.Picker
+	// Clock tells the time: the wall clock in the live router, the virtual clock in the
+	// simulator. Nil: the wall clock.
+	Clock policy.Clock
+	// Attempts is how many endpoints of the ranked list one request may be sent to: 1 plus the
+	// retries. 0: 1.
+	Attempts int
+	// Health hears how every attempt went, for passive ejection. Nil: an Outlier with its
+	// defaults on Clock.
+	Health Health
+	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
+	// Nil: a private one.
+	State *State
+	// Audit, when set, compares each request's predicted cached tokens with what the engine
+	// reported, and makes an endpoint blind while they disagree (silent zero hits): the
+	// policy, if it implements policy.CacheBlind, then ranks it on load alone.
+	Audit *Audit
+	// WarmUp is how long an endpoint that joins after the lifecycle started takes to reach its
+	// full share of traffic (slow start): while it warms up, a request that the policy ranks
+	// it first for keeps it first only with a probability growing linearly from 0 to 1 (by a
+	// hash of the request id, so runs are reproducible), else it goes second. A new, empty
+	// engine then does not take every cold prefix at once. 0: no warm-up (the router's
+	// default is DefaultWarmUp).
+	WarmUp time.Duration
+}
+
+// DefaultWarmUp is the router's default warm-up of a joining endpoint (health.warm_up).
+const DefaultWarmUp = 20 * time.Second
+
+// Health is passive health checking: it hears how each attempt went, and may take endpoints
+// out of the candidates for a while (Outlier is the default).
+type Health interface {
+	// Failed is told of an attempt on ep that failed with f, a failure that counts against
+	// ep. It reports whether ep was ejected by this failure.
+	Failed(ep *endpoint.Endpoint, f Failure) (ejected bool)
+	// Succeeded is told of an attempt that ep answered well.
+	Succeeded(ep *endpoint.Endpoint)
+	// Ejected reports whether ep is out of the candidates at now.
+	Ejected(ep *endpoint.Endpoint, now time.Time) bool
+	// Backoff asks that ep be tried after the others until now + d (it answered 429 with
+	// Retry-After d).
+	Backoff(ep *endpoint.Endpoint, now time.Time, d time.Duration)
+	// BackedOff reports whether ep should be tried after the others at now.
+	BackedOff(ep *endpoint.Endpoint, now time.Time) bool
+	// Forget drops what is known of ep (it left the pool).
+	Forget(ep *endpoint.Endpoint)
+}
+
+// Failure says how an attempt failed. It decides whether the request may be sent to the next
+// endpoint of its ranked list (only while nothing has reached the client, and only where the
+// engine cannot have computed it or asked for it), and whether the failure counts against the
+// endpoint (towards ejecting it).
+type Failure uint8
+
+const (
+	// FailNone: not a failure.
+	FailNone Failure = iota
+	// FailConnect: no connection could be made; the engine never saw the request. Retried;
+	// counts.
+	FailConnect
+	// FailUnavailable: the engine answered 503 before any response byte reached the client.
+	// Retried; counts.
+	FailUnavailable
+	// FailBusy: the engine answered 429 before any byte: it is shedding load. Retried, the
+	// engine tried after the others for its Retry-After; does not count.
+	FailBusy
+	// FailTimeout: no response head (or, for a stream, no first event) within the attempt's
+	// timeout; nothing reached the client. Retried; counts.
+	FailTimeout
+	// FailLost: the request reached the engine and then its connection was lost, or the
+	// engine died, before anything reached the client. Never retried: the request may be what
+	// killed it, and it may have been computed. Counts.
+	FailLost
+	// FailStatus: the engine answered a 5xx error (other than 503), relayed to the client.
+	// Not retried; counts.
+	FailStatus
+	// FailCut: the engine's answer ended before its end (a stream without its terminator, or
+	// silent for longer than the idle timeout), after bytes reached the client. Counts.
+	FailCut
+	// FailRejected: the engine refused the request itself (a 4xx: it can never fit there).
+	// Not retried; does not count.
+	FailRejected
+	// FailCanceled: the client went away. Not retried; does not count.
+	FailCanceled
+)
+
+var failureNames = [...]string{
+	FailNone:        "none",
+	FailConnect:     "connect_error",
+	FailUnavailable: "unavailable",
+	FailBusy:        "busy",
+	FailTimeout:     "timeout",
+	FailLost:        "lost",
+	FailStatus:      "server_error",
+	FailCut:         "stream_cut",
+	FailRejected:    "rejected",
+	FailCanceled:    "canceled",
+}
+
+// String returns the failure's name, as metrics label it.
+func (f Failure) String() string {
+	if int(f) < len(failureNames) {
+		return failureNames[f]
+	}
+	return "failure"
+}
+
+// Retryable reports whether a request that failed so may be sent to another endpoint.
+func (f Failure) Retryable() bool {
+	return f == FailConnect || f == FailUnavailable || f == FailBusy || f == FailTimeout
+}
+
+// Counts reports whether the failure counts against the endpoint, towards ejecting it.
+func (f Failure) Counts() bool {
+	switch f {
+	case FailConnect, FailUnavailable, FailTimeout, FailLost, FailStatus, FailCut:
+		return true
+	}
+	return false
+}
+
+// tokenScaleWeight is the weight of one request in an endpoint's learned token scale: about the
+// last 20 requests count.
+const tokenScaleWeight = 0.05
+
+// ErrNoCandidate is returned by Begin when the policy ranks no endpoint.
+var ErrNoCandidate = policy.ErrNoCandidate
+
+// Lifecycle runs requests through the policy. It is safe for concurrent use; each Call is
+// driven by one goroutine at a time.
+type Lifecycle struct {
+	picker    policy.Picker
+	observer  policy.Observer
+	predictor policy.Predictor
+	clock     policy.Clock
+	attempts  int
+	health    Health
+	state     *State
+	warmup    time.Duration
+	audit     *Audit
+	blinder   policy.CacheBlind
+}
+
+// New builds a Lifecycle.
+func New(cfg Config) (*Lifecycle, error) {
+	if cfg.Picker == nil {
+		return nil, errors.New("route: a Lifecycle needs a Picker")
+	}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp}
+	lc.audit = cfg.Audit
+	if lc.audit != nil {
+		lc.blinder, _ = cfg.Picker.(policy.CacheBlind)
+		if lc.blinder != nil {
+			for _, ep := range lc.audit.blindOnes() { // a policy rebuilt on reload
+				lc.blinder.SetCacheBlind(ep, true)
+			}
+		}
+	}
+	lc.observer, _ = cfg.Picker.(policy.Observer)
+	lc.predictor, _ = cfg.Picker.(policy.Predictor)
+	if lc.clock == nil {
+		lc.clock = policy.WallClock{}
+	}
+	if lc.state == nil {
+		lc.state = NewState(0)
+	}
+	if lc.health == nil {
+		lc.health = NewOutlier(OutlierConfig{}, lc.clock)
+	}
+	return lc, nil
+}
+
+// Picker returns the policy.
+func (lc *Lifecycle) Picker() policy.Picker { return lc.picker }
+
+// Attempts is how many endpoints one request may be sent to.
+func (lc *Lifecycle) Attempts() int { return lc.attempts }
+
+// Now returns the lifecycle's time.
+func (lc *Lifecycle) Now() time.Time { return lc.clock.Now() }
+
+// Removed tells the policy and passive health checking that ep left the pool.
+func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
+	if lc.observer != nil {
+		lc.observer.Removed(ep)
+	}
+	lc.health.Forget(ep)
+	lc.audit.Forget(ep)
+}
+
+// Audit returns the cache-report audit, nil when there is none.
+func (lc *Lifecycle) Audit() *Audit { return lc.audit }
+
+// Health returns passive health checking.
+func (lc *Lifecycle) Health() Health { return lc.health }
+
+// Begin starts a request that arrived at arrival: the policy ranks candidates (available
+// endpoints serving the request's model, in a stable order), and the endpoint that created the
+// response named pin (previous_response_id; "" for none), if it is a candidate, goes first.
+// req is kept and must not change until the Call has finished. The returned Call has no
+// attempt yet: call Next.
+func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint, pin string, arrival time.Time) (*Call, error) {
+	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1, rawPredicted: -1}
+	now := lc.clock.Now()
+	candidates = lc.admitted(candidates, now)
+	if len(candidates) == 0 {
+		return c, ErrNoCandidate
+	}
+	ranked, err := lc.picker.Pick(req, candidates)
+	if err == nil && len(ranked) == 0 {
+		err = ErrNoCandidate
+	}
+	if err != nil {
+		return c, err
+	}
+	if pin != "" {
+		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
+	}
+	ranked = lc.backoffLast(ranked, now)
+	ranked = lc.warmUp(req, ranked, candidates, now)
+	c.ranked = ranked[:min(len(ranked), lc.attempts)]
+	return c, nil
+}
+
+// warmUp moves a warming-up endpoint from first place to second for the share of requests it
+// may not take yet (Config.WarmUp).
+func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	if lc.warmup <= 0 {
+		return ranked
+	}
+	n := now.UnixNano()
+	lc.state.started.CompareAndSwap(0, n)
+	started := lc.state.started.Load()
+	for _, e := range candidates {
+		if e.FirstSeen() == 0 {
+			at := n
+			if n-started < int64(time.Second) {
+				at = started // there from the start: not new
+			}
+			e.MarkSeen(at)
+		}
+	}
+	if len(ranked) < 2 {
+		return ranked
+	}
+	first := ranked[0]
+	seen := first.FirstSeen()
+	if seen == started || n-seen >= int64(lc.warmup) {
+		return ranked
+	}
+	share := float64(n-seen) / float64(lc.warmup)
+	if float64(xxhash.Sum64String(req.ID)%1024)/1024 < share {
+		return ranked
+	}
+	out := slices.Clone(ranked)
+	out[0], out[1] = out[1], out[0]
+	return out
+}
+
+// admitted returns the candidates that passive health checking has not ejected: candidates
+// itself when none is (the usual case, no copy).
+func (lc *Lifecycle) admitted(candidates []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	for i, e := range candidates {
+		if !lc.health.Ejected(e, now) {
+			continue
+		}
+		out := slices.Clone(candidates[:i])
+		for _, e := range candidates[i+1:] {
+			if !lc.health.Ejected(e, now) {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	return candidates
+}
+
+// backoffLast moves the endpoints that asked to be left alone (429) after the others, keeping
+// the order within each group.
+func (lc *Lifecycle) backoffLast(ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	for i, e := range ranked {
+		if !lc.health.BackedOff(e, now) {
+			continue
+		}
+		out := make([]*endpoint.Endpoint, 0, len(ranked))
+		out = append(out, ranked[:i]...)
+		var late []*endpoint.Endpoint
+		for _, e := range ranked[i:] {
+			if lc.health.BackedOff(e, now) {
+				late = append(late, e)
+			} else {
+				out = append(out, e)
+			}
+		}
+		return append(out, late...)
+	}
+	return ranked
+}
+
+// pinFirst moves the endpoint named name to the front of ranked (adding it from candidates
+// when the policy left it out).
+func pinFirst(ranked, candidates []*endpoint.Endpoint, name string) []*endpoint.Endpoint {
+	if name == "" {
+		return ranked
+	}
+	at := func(e *endpoint.Endpoint) bool { return e.Name == name }
+	i := slices.IndexFunc(ranked, at)
+	switch {
+	case i == 0:
+		return ranked
+	case i < 0:
+		j := slices.IndexFunc(candidates, at)
+		if j < 0 {
+			return ranked // it left the pool or is unavailable: the engine will say the id is unknown
+		}
+		return append([]*endpoint.Endpoint{candidates[j]}, ranked...)
+	}
+	out := make([]*endpoint.Endpoint, 0, len(ranked))
+	out = append(out, ranked[i])
+	out = append(out, ranked[:i]...)
+	return append(out, ranked[i+1:]...)
+}
+
+// Call is one request from its pick to its end.
+type Call struct {
+	lc *Lifecycle
+	// Req is the request as the policy sees it.
+	Req *policy.Request
+	// Arrival is when the request arrived; TTFT counts from it.
+	Arrival time.Time
+
+	ranked    []*endpoint.Endpoint
+	next      int
+	ep        *endpoint.Endpoint // the attempt in progress, or the last one
+	open      bool               // an attempt is in progress
+	attempts  int
+	failures  int // attempts that failed before anything reached the client
+	timeouts  int // of which timed out
+	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
+	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
+	rawPredicted int
+	firstAt      time.Time
+	finished     bool
+	ok           bool
+}
+
+// Ranked returns the endpoints the request may be sent to, in order.
+func (c *Call) Ranked() []*endpoint.Endpoint { return c.ranked }
+
+// Next starts the next attempt and returns its endpoint, or nil when no endpoint is left (or
+// the call has finished). Endpoints that became unavailable since the pick are skipped. The
+// request is counted on the endpoint (in flight, pending prefill), the policy predicts its
+// cached tokens there and is told it was routed.
+func (c *Call) Next() *endpoint.Endpoint {
+	if c.finished || c.open {
+		return nil
+	}
+	for c.next < len(c.ranked) {
+		ep := c.ranked[c.next]
+		c.next++
+		if c.attempts > 0 && (!ep.Available() || c.lc.health.Ejected(ep, c.lc.clock.Now())) {
+			continue // ejected or removed since the pick; the first choice is tried regardless
+		}
+		c.ep, c.open = ep, true
+		c.attempts++
+		c.predicted, c.rawPredicted = -1, -1
+		if p := c.lc.predictor; p != nil {
+			c.rawPredicted = p.PredictCached(c.Req, ep)
+			c.predicted = c.rawPredicted
+			if c.lc.audit.Blind(ep) {
+				c.predicted = 0 // what the router expects there now: nothing
+			}
+		}
+		ep.Start(c.Req.PromptTokens)
+		if o := c.lc.observer; o != nil {
+			o.Routed(c.Req, ep)
+		}
+		return ep
+	}
+	return nil
+}
+
+// Fail ends the attempt in progress, which failed with f before anything reached the client,
+// and reports whether the request may be sent to the next endpoint (call Next). When it may
+// not, or no endpoint is left, finish the call with Finish. The failure is told to passive
+// health checking when it counts against the endpoint.
+func (c *Call) Fail(f Failure) (retry bool) {
+	if !c.open {
+		return false
+	}
+	c.failures++
+	if f == FailTimeout {
+		c.timeouts++
+	}
+	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
+		Duration: c.lc.clock.Now().Sub(c.Arrival)}, f)
+	return f.Retryable() && c.next < len(c.ranked)
+}
+
+// Backoff records that the endpoint of the attempt in progress asked for d of rest (429 with
+// Retry-After): later requests try it after the others until then. Call it before Fail.
+func (c *Call) Backoff(d time.Duration) {
+	if c.open && d > 0 {
+		c.lc.health.Backoff(c.ep, c.lc.clock.Now(), d)
+	}
+}
+
+// closeAttempt settles the endpoint's counters, tells the policy the attempt is done and tells
+// passive health checking how it went (f is FailNone for a success).
+func (c *Call) closeAttempt(res policy.Result, f Failure) {
+	c.open = false
+	first := !c.firstAt.IsZero()
+	c.ep.Finish(c.Req.PromptTokens, first)
+	if o := c.lc.observer; o != nil {
+		o.Done(c.Req, c.ep, res)
+	}
+	switch {
+	case f.Counts():
+		c.lc.health.Failed(c.ep, f)
+	case f == FailNone:
+		c.lc.health.Succeeded(c.ep)
+	}
+}
+
+// FirstToken records that the request's first token arrived now. Only the first call counts.
+func (c *Call) FirstToken() {
+	if !c.open || !c.firstAt.IsZero() {
+		return
+	}
+	c.firstAt = c.lc.clock.Now()
+	c.ep.FirstToken(c.Req.PromptTokens)
+	if o := c.lc.observer; o != nil {
+		o.FirstToken(c.Req, c.ep, c.firstAt.Sub(c.Arrival))
+	}
+}
+
+// Outcome is how a request ended, as the router saw it.
+type Outcome struct {
+	// OK is true when the response was complete.
+	OK bool
+	// CachedTokens is what the engine reported as served from its prefix cache, or -1 when it
+	// did not say.
+	CachedTokens int
+	// PromptTokens is what the engine reported, or 0 when it did not say (the router's
+	// estimate is used).
+	PromptTokens int
+	// OutputTokens is what the engine reported (0 when it did not say).
+	OutputTokens int
+	// ResponseID, when set on a complete response, is remembered so that a later request
+	// naming it (previous_response_id) goes to the same endpoint.
+	ResponseID string
+	// Failure, when OK is false, says how the attempt failed (FailNone when the endpoint is
+	// not to blame: the client went away, say). It is told to passive health checking.
+	Failure Failure
+}
+
+// Finish ends the call. The attempt in progress, if any, is settled with o: the endpoint's
+// counters, the policy's Done (with the TTFT and the engine's usage, which it learns from).
+// Finish is idempotent; the first call counts.
+func (c *Call) Finish(o Outcome) {
+	if c.finished {
+		return
+	}
+	c.finished, c.ok = true, o.OK
+	if !c.open {
+		return
+	}
+	// The engine counts its own tokens: learn how they compare with the router's estimate, and
+	// tell the policy in the router's units, the ones its predictions are made in.
+	if o.PromptTokens > 0 {
+		c.ep.LearnTokenScale(o.PromptTokens, c.Req.PromptTokens, tokenScaleWeight)
+	}
+	scale := c.ep.TokenScale()
+	prompt := c.Req.PromptTokens
+	if o.PromptTokens > 0 {
+		prompt = int(math.Round(float64(o.PromptTokens) / scale))
+	}
+	cached := o.CachedTokens
+	if cached > 0 {
+		cached = min(int(math.Round(float64(cached)/scale)), prompt)
+	}
+	now := c.lc.clock.Now()
+	f := o.Failure
+	if !o.OK && f == FailNone {
+		f = FailCanceled // not the endpoint's doing: nothing to tell health checking
+	}
+	if o.OK {
+		f = FailNone
+	}
+	c.closeAttempt(policy.Result{
+		OK: o.OK, CachedTokens: cached, PromptTokens: prompt, OutputTokens: o.OutputTokens,
+		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
+	}, f)
+	if o.OK && o.ResponseID != "" {
+		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
+	}
+	if o.OK {
+		if changed, blind := c.lc.audit.Observe(c.ep, c.rawPredicted, cached, now); changed && c.lc.blinder != nil {
+			c.lc.blinder.SetCacheBlind(c.ep, blind)
+		}
+	}
+}
+
+// Endpoint returns the endpoint of the attempt in progress or of the last one, or nil when no
+// attempt was made.
+func (c *Call) Endpoint() *endpoint.Endpoint { return c.ep }
+
+// Attempts is the number of attempts made.
+func (c *Call) Attempts() int { return c.attempts }
+
+// TimedOut reports whether every attempt made so far failed by timing out (the answer to the
+// client is then a 504).
+func (c *Call) TimedOut() bool { return c.attempts > 0 && c.timeouts == c.attempts }
+
+// Predicted is the policy's predicted cached tokens on the current (or last) attempt's
+// endpoint, or -1 when the policy makes no prediction.
+func (c *Call) Predicted() int { return c.predicted }
+
+// FirstTokenAt is when the first token arrived, zero when none did.
+func (c *Call) FirstTokenAt() time.Time { return c.firstAt }
+
+// TTFT is the time from arrival to the first token, 0 when none arrived.
+func (c *Call) TTFT() time.Duration {
+	if c.firstAt.IsZero() {
+		return 0
+	}
+	return c.firstAt.Sub(c.Arrival)
+}
+
+// Finished reports whether Finish was called, and ok its outcome.
+func (c *Call) Finished() (finished, ok bool) { return c.finished, c.ok }
+
+// State is what outlives one Lifecycle across config reloads: which endpoint created which
+// response (for previous_response_id).
+type State struct {
+	pins    pinTable
+	started atomic.Int64 // unix nanoseconds of the first Begin: endpoints seen then are not new
+}
+
+// NewState returns an empty State remembering up to maxPins response ids (0: 100,000).
+func NewState(maxPins int) *State {
+	if maxPins <= 0 {
+		maxPins = 100_000
+	}
+	return &State{pins: pinTable{max: maxPins, m: map[string]string{}}}
+}
+
+// pinTable maps response ids to endpoint names, forgetting the oldest beyond max.
+type pinTable struct {
+	mu    sync.Mutex
+	max   int
+	m     map[string]string
+	order []string
+	head  int
+}
+
+func (p *pinTable) put(id, ep string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.m[id]; ok {
+		p.m[id] = ep
+		return
+	}
+	if len(p.order) < p.max {
+		p.order = append(p.order, id)
+	} else {
+		delete(p.m, p.order[p.head])
+		p.order[p.head] = id
+		p.head = (p.head + 1) % p.max
+	}
+	p.m[id] = ep
+}
+
+func (p *pinTable) get(id string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.m[id]
+}

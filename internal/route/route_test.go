@@ -1,0 +1,399 @@
+package route
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// stepClock is a clock a test moves by hand.
+type stepClock struct{ t time.Time }
+
+func (c *stepClock) Now() time.Time { return c.t }
+
+// script ranks candidates by name order and records what the lifecycle tells it.
+type script struct {
+	order []string
+	log   []string
+}
+
+func (s *script) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	var out []*endpoint.Endpoint
+	for _, n := range s.order {
+		for _, e := range c {
+			if e.Name == n {
+				out = append(out, e)
+			}
+		}
+	}
+	return out, nil
+}
+func (s *script) Routed(_ *policy.Request, ep *endpoint.Endpoint) {
+	s.log = append(s.log, "routed "+ep.Name)
+}
+func (s *script) FirstToken(_ *policy.Request, ep *endpoint.Endpoint, ttft time.Duration) {
+	s.log = append(s.log, fmt.Sprintf("first %s %v", ep.Name, ttft))
+}
+func (s *script) Done(_ *policy.Request, ep *endpoint.Endpoint, r policy.Result) {
+	s.log = append(s.log, fmt.Sprintf("done %s ok=%v cached=%d ttft=%v", ep.Name, r.OK, r.CachedTokens, r.TTFT))
+}
+func (s *script) Removed(ep *endpoint.Endpoint) { s.log = append(s.log, "removed "+ep.Name) }
+func (s *script) PredictCached(_ *policy.Request, ep *endpoint.Endpoint) int {
+	return int(ep.Name[len(ep.Name)-1]-'a') * 16
+}
+
+func pool(t *testing.T, names ...string) []*endpoint.Endpoint {
+	t.Helper()
+	p := endpoint.NewPool()
+	specs := make([]endpoint.Spec, len(names))
+	for i, n := range names {
+		specs[i] = endpoint.Spec{Name: n}
+	}
+	if _, err := p.Update(specs); err != nil {
+		t.Fatal(err)
+	}
+	return p.All()
+}
+
+func newLC(t *testing.T, s *script, clk *stepClock, attempts int) *Lifecycle {
+	t.Helper()
+	lc, err := New(Config{Picker: s, Clock: clk, Attempts: attempts,
+		Health: NewOutlier(OutlierConfig{Consecutive: 2, MaxEjectedPercent: 100}, clk)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lc
+}
+
+// TestCallSuccess: one attempt, its first token, its end: counters and the policy's view.
+func TestCallSuccess(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{order: []string{"a", "b"}}
+	lc := newLC(t, s, clk, 2)
+	eps := pool(t, "a", "b")
+	req := &policy.Request{PromptTokens: 100}
+	c, err := lc.Begin(req, eps, "", clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := c.Next()
+	if ep.Name != "a" || ep.InFlight() != 1 || ep.PendingPrefill() != 100 || c.Predicted() != 0 {
+		t.Fatalf("after Next: %s in flight %d pending %d predicted %d", ep.Name, ep.InFlight(), ep.PendingPrefill(), c.Predicted())
+	}
+	if again := c.Next(); again != nil {
+		t.Errorf("Next during an attempt = %v, want nil", again.Name)
+	}
+	clk.t = clk.t.Add(30 * time.Millisecond)
+	c.FirstToken()
+	c.FirstToken() // counted once
+	if ep.PendingPrefill() != 0 || c.TTFT() != 30*time.Millisecond {
+		t.Errorf("after the first token: pending %d, TTFT %v", ep.PendingPrefill(), c.TTFT())
+	}
+	clk.t = clk.t.Add(time.Second)
+	c.Finish(Outcome{OK: true, CachedTokens: 48, PromptTokens: 90, OutputTokens: 5})
+	c.Finish(Outcome{OK: false}) // idempotent
+	if ep.InFlight() != 0 || ep.PendingPrefill() != 0 {
+		t.Errorf("after Finish: in flight %d pending %d", ep.InFlight(), ep.PendingPrefill())
+	}
+	// The engine counted 90 prompt tokens for the router's 100: its 48 cached tokens are 53 of
+	// the router's, the units the policy predicts in.
+	want := []string{"routed a", "first a 30ms", "done a ok=true cached=53 ttft=30ms"}
+	if diff := cmp.Diff(want, s.log); diff != "" {
+		t.Errorf("policy saw (-want +got):\n%s", diff)
+	}
+	if s := ep.TokenScale(); s != 0.9 {
+		t.Errorf("token scale %v, want 0.9 after one request", s)
+	}
+	if fin, ok := c.Finished(); !fin || !ok {
+		t.Errorf("Finished = %v, %v", fin, ok)
+	}
+}
+
+// TestFallback walks the failure classes: what is retried, what is not, what counts against an
+// endpoint, and that an ejected endpoint is left out of later calls.
+func TestFallback(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{order: []string{"a", "b", "c"}}
+	lc := newLC(t, s, clk, 3)
+	eps := pool(t, "a", "b", "c")
+	a, b := eps[0], eps[1]
+	ejected := func(e *endpoint.Endpoint) bool { return lc.Health().Ejected(e, clk.t) }
+
+	// a refuses connections, b answers 429, c serves.
+	c, _ := lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	var tried []string
+	for ep := c.Next(); ep != nil; ep = c.Next() {
+		tried = append(tried, ep.Name)
+		switch ep.Name {
+		case "a":
+			if !c.Fail(FailConnect) {
+				t.Fatal("connect error on a: not retried")
+			}
+		case "b":
+			c.Backoff(time.Second)
+			if !c.Fail(FailBusy) {
+				t.Fatal("429 on b: not retried")
+			}
+		default:
+			c.Finish(Outcome{OK: true, CachedTokens: -1})
+		}
+	}
+	if diff := cmp.Diff([]string{"a", "b", "c"}, tried); diff != "" {
+		t.Errorf("attempts (-want +got):\n%s", diff)
+	}
+	for _, e := range eps {
+		if e.InFlight() != 0 || e.PendingPrefill() != 0 {
+			t.Errorf("%s: in flight %d pending %d after the call", e.Name, e.InFlight(), e.PendingPrefill())
+		}
+	}
+	if ejected(a) {
+		t.Error("a ejected after one connection error (threshold 2)")
+	}
+	// b asked for a second of rest: it goes after c while that lasts, then back in its place.
+	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	if diff := cmp.Diff([]string{"a", "c", "b"}, names(c.Ranked())); diff != "" {
+		t.Errorf("ranked during b's backoff (-want +got):\n%s", diff)
+	}
+	// A second connection error in a row ejects a; the call goes on to c.
+	if ep := c.Next(); ep != a || !c.Fail(FailConnect) || !ejected(a) {
+		t.Fatalf("second connection error: a ejected %v", ejected(a))
+	}
+	// A request that reached c and lost its connection is not sent again.
+	if ep := c.Next(); ep == nil || ep.Name != "c" {
+		t.Fatalf("after a: %v, want c", ep)
+	}
+	if c.Fail(FailLost) {
+		t.Error("a lost request was retried")
+	}
+	c.Finish(Outcome{OK: false})
+	clk.t = clk.t.Add(2 * time.Second)
+	// a is left out of the candidates while ejected.
+	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	if diff := cmp.Diff([]string{"b", "c"}, names(c.Ranked())); diff != "" {
+		t.Errorf("ranked while a is ejected (-want +got):\n%s", diff)
+	}
+	c.Next()
+	c.Finish(Outcome{OK: true})
+	// Its ejection over (the first lasts DefaultBaseEjection), it is taken back.
+	clk.t = clk.t.Add(DefaultBaseEjection)
+	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	if diff := cmp.Diff([]string{"a", "b", "c"}, names(c.Ranked())); diff != "" {
+		t.Errorf("ranked after the ejection (-want +got):\n%s", diff)
+	}
+	if !b.Healthy() || a.InFlight() != 0 {
+		t.Errorf("b healthy %v, a in flight %d", b.Healthy(), a.InFlight())
+	}
+}
+
+func names(eps []*endpoint.Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, e := range eps {
+		out[i] = e.Name
+	}
+	return out
+}
+
+// TestOutlierEjection: consecutive counted failures eject; a success in between resets the
+// count; the n-th ejection in a row lasts n base intervals; a bounded share of the fleet is
+// ejected at once, never the last endpoint.
+func TestOutlierEjection(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c", "d")
+	var ejections []string
+	o := NewOutlier(OutlierConfig{Consecutive: 3, BaseEjection: 10 * time.Second, MaxEjection: 25 * time.Second,
+		MaxEjectedPercent: 50, Fleet: func() int { return len(eps) },
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+			ejections = append(ejections, fmt.Sprintf("%s %v", ep.Name, d))
+		}}, clk)
+	a := eps[0]
+	o.Failed(a, FailStatus)
+	o.Failed(a, FailStatus)
+	o.Succeeded(a)
+	o.Failed(a, FailTimeout)
+	o.Failed(a, FailTimeout)
+	if o.Ejected(a, clk.t) {
+		t.Fatal("ejected after 2 failures since a success (threshold 3)")
+	}
+	if !o.Failed(a, FailCut) || !o.Ejected(a, clk.t) {
+		t.Fatal("not ejected after 3 consecutive failures")
+	}
+	// Back after 10 s; failing again at once, out for 20 s, then 25 s (the cap).
+	for i, want := range []time.Duration{10 * time.Second, 20 * time.Second, 25 * time.Second} {
+		clk.t = clk.t.Add(want - time.Millisecond)
+		if !o.Ejected(a, clk.t) {
+			t.Fatalf("ejection %d over before %v", i+1, want)
+		}
+		clk.t = clk.t.Add(time.Millisecond)
+		if o.Ejected(a, clk.t) {
+			t.Fatalf("ejection %d still on after %v", i+1, want)
+		}
+		for range 3 {
+			o.Failed(a, FailConnect)
+		}
+	}
+	// Two of four may be out at once: b goes, c stays.
+	for _, e := range eps[1:3] {
+		for range 3 {
+			o.Failed(e, FailStatus)
+		}
+	}
+	if !o.Ejected(eps[1], clk.t) || o.Ejected(eps[2], clk.t) {
+		t.Errorf("b ejected %v, c ejected %v; want b out and c kept (50%% of 4)", o.Ejected(eps[1], clk.t), o.Ejected(eps[2], clk.t))
+	}
+	want := []string{"a 10s", "a 20s", "a 25s", "a 25s", "b 10s"}
+	if diff := cmp.Diff(want, ejections); diff != "" {
+		t.Errorf("ejections (-want +got):\n%s", diff)
+	}
+	// Never the last one: with two endpoints and 100 %, one may go.
+	two := pool(t, "x", "y")
+	o2 := NewOutlier(OutlierConfig{Consecutive: 1, MaxEjectedPercent: 100, Fleet: func() int { return 2 }}, clk)
+	o2.Failed(two[0], FailConnect)
+	o2.Failed(two[1], FailConnect)
+	if !o2.Ejected(two[0], clk.t) || o2.Ejected(two[1], clk.t) {
+		t.Error("both endpoints of two ejected")
+	}
+}
+
+// TestFailureClasses pins what each failure means.
+func TestFailureClasses(t *testing.T) {
+	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true}
+	counts := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailTimeout: true, FailLost: true, FailStatus: true, FailCut: true}
+	for f := FailNone; f <= FailCanceled; f++ {
+		if f.Retryable() != retry[f] || f.Counts() != counts[f] {
+			t.Errorf("%s: retryable %v counts %v; want %v %v", f, f.Retryable(), f.Counts(), retry[f], counts[f])
+		}
+	}
+}
+
+// TestAttemptsBound: a request is sent to at most Attempts endpoints.
+func TestAttemptsBound(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	lc := newLC(t, &script{order: []string{"a", "b", "c"}}, clk, 2)
+	eps := pool(t, "a", "b", "c")
+	c, _ := lc.Begin(&policy.Request{}, eps, "", clk.t)
+	n := 0
+	for ep := c.Next(); ep != nil; ep = c.Next() {
+		n++
+		if c.Fail(FailUnavailable) != (n < 2) {
+			t.Errorf("attempt %d: retry answer wrong", n)
+		}
+	}
+	if n != 2 || c.Attempts() != 2 {
+		t.Errorf("%d attempts, want 2", n)
+	}
+}
+
+// TestPins: the endpoint that created a response goes first for a request naming it.
+func TestPins(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{order: []string{"a", "b"}}
+	lc := newLC(t, s, clk, 2)
+	eps := pool(t, "a", "b")
+	s.order = []string{"b", "a"}
+	c, _ := lc.Begin(&policy.Request{}, eps, "", clk.t)
+	c.Next()
+	c.Finish(Outcome{OK: true, ResponseID: "resp_1"})
+	s.order = []string{"a", "b"}
+	c, _ = lc.Begin(&policy.Request{}, eps, "resp_1", clk.t)
+	if ep := c.Next(); ep.Name != "b" {
+		t.Errorf("pinned request went to %s, want b", ep.Name)
+	}
+	c.Finish(Outcome{OK: true})
+	// A pin shared through State survives a new Lifecycle (a config reload).
+	lc2, _ := New(Config{Picker: s, Clock: clk, State: lc.state})
+	c, _ = lc2.Begin(&policy.Request{}, eps, "resp_1", clk.t)
+	if ep := c.Next(); ep.Name != "b" {
+		t.Errorf("after a reload the pinned request went to %s, want b", ep.Name)
+	}
+	// Only the policy's candidates count: a pin to an endpoint that is gone changes nothing.
+	c, _ = lc.Begin(&policy.Request{}, eps[:1], "resp_1", clk.t)
+	if ep := c.Next(); ep.Name != "a" {
+		t.Errorf("pin to a missing endpoint: %s, want a", ep.Name)
+	}
+}
+
+func TestBeginNoCandidate(t *testing.T) {
+	lc := newLC(t, &script{}, &stepClock{}, 1)
+	if _, err := lc.Begin(&policy.Request{}, nil, "", time.Time{}); err != ErrNoCandidate {
+		t.Errorf("no candidates: %v", err)
+	}
+	if _, err := lc.Begin(&policy.Request{}, pool(t, "a"), "", time.Time{}); err != ErrNoCandidate {
+		t.Errorf("policy ranks none: %v", err)
+	}
+}
+
+// TestKeys: the live request and a simulated one built from the same text's content keys get
+// the same routing blocks, so the simulator routes on what the router would.
+func TestKeys(t *testing.T) {
+	k := Keys{BlockTokens: 4}
+	text := strings.Repeat("You are a helpful assistant. ", 30)
+	req, err := openai.Parse(openai.KindCompletion, fmt.Appendf(nil, `{"model":"m","max_tokens":9,"prompt":%q}`, text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live policy.Request
+	k.FromOpenAI(&live, req, "salt")
+	sim := k.FromContent(nil, "m", "salt", prefix.ContentKeys(nil, []byte(text), 4))
+	if diff := cmp.Diff(sim, live.Blocks); diff != "" || len(sim) == 0 {
+		t.Errorf("blocks differ (-sim +live):\n%s", diff)
+	}
+	if live.PromptTokens != prefix.EstimateTokens(text) || live.MaxTokens != 9 || live.BlockTokens != 4 || live.Model != "m" {
+		t.Errorf("request = %+v", live)
+	}
+	var other policy.Request
+	k.FromOpenAI(&other, req, "another salt")
+	if other.Blocks[0] == live.Blocks[0] {
+		t.Error("another salt shares the first block")
+	}
+}
+
+// TestWarmUp: an endpoint that joins later takes its first places gradually over the warm-up;
+// the endpoints there from the start are not held back.
+func TestWarmUp(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{order: []string{"c", "a", "b"}}
+	lc, err := New(Config{Picker: s, Clock: clk, Attempts: 2, WarmUp: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := pool(t, "a", "b", "c")
+	firstOf := func(cands []*endpoint.Endpoint, id int) string {
+		c, err := lc.Begin(&policy.Request{ID: fmt.Sprint(id)}, cands, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Ranked()[0].Name
+	}
+	// a and b from the start: a is first whenever c is absent, at once.
+	if got := firstOf(eps[:2], 0); got != "a" {
+		t.Fatalf("start: %s first, want a", got)
+	}
+	// c joins a minute later: its share of first places grows with time.
+	clk.t = clk.t.Add(time.Minute)
+	share := func() float64 {
+		n := 0
+		for i := range 400 {
+			if firstOf(eps, i) == "c" {
+				n++
+			}
+		}
+		return float64(n) / 400
+	}
+	var got []float64
+	for range 3 {
+		got = append(got, share())
+		clk.t = clk.t.Add(4 * time.Second)
+	}
+	got = append(got, share()) // 12 s after it joined
+	if got[0] > 0.05 || got[1] < 0.25 || got[1] > 0.55 || got[2] < 0.65 || got[2] > 0.95 || got[3] != 1 {
+		t.Errorf("c's share of first places at 0, 4, 8, 12 s: %.2f; want about 0, 0.4, 0.8, then 1", got)
+	}
+}
