@@ -276,12 +276,22 @@ func (p *Prober) detect(ctx context.Context, ep *endpoint.Endpoint) error {
 	if err != nil {
 		return err
 	}
-	ep.SetKind(d.Kind)
-	p.mu.Lock()
-	p.st(ep).status.Detected = &d
-	p.mu.Unlock()
-	p.log.Info("engine kind detected", "endpoint", ep.Name, "engine", d.Kind, "evidence", d.Evidence)
+	p.adopt(ep, d, "", slog.LevelInfo, "engine kind detected")
 	return nil
+}
+
+// adopt records a detection in ep's status with a hint for its health-check errors (for an
+// auto endpoint, the hint is empty and the kind found becomes the kind in force), and logs it.
+func (p *Prober) adopt(ep *endpoint.Endpoint, d Detection, hint string, level slog.Level, msg string) {
+	if ep.Engine == Auto {
+		ep.SetKind(d.Kind)
+	}
+	p.mu.Lock()
+	s := p.st(ep)
+	s.hint = hint
+	s.status.Detected = &d
+	p.mu.Unlock()
+	p.log.Log(context.Background(), level, msg, "endpoint", ep.Name, "configured", ep.Engine, "engine", d.Kind, "evidence", d.Evidence)
 }
 
 // mismatch handles a health check that answered 4xx: it probes the endpoint at the start of a
@@ -304,20 +314,11 @@ func (p *Prober) mismatch(ctx context.Context, ep *endpoint.Endpoint, checkErr e
 	}
 	if ep.Engine == Auto {
 		// The kind changed under us: take the new one; the next check uses its health path.
-		ep.SetKind(d.Kind)
-		p.mu.Lock()
-		p.st(ep).status.Detected = &d
-		p.mu.Unlock()
-		p.log.Warn("engine kind changed", "endpoint", ep.Name, "engine", d.Kind, "evidence", d.Evidence)
+		p.adopt(ep, d, "", slog.LevelWarn, "engine kind changed")
 		return checkErr
 	}
 	hint = fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (or auto) for it", d.Kind, ep.Engine, d.Evidence, d.Kind)
-	p.mu.Lock()
-	s = p.st(ep)
-	s.hint = hint
-	s.status.Detected = &d
-	p.mu.Unlock()
-	p.log.Warn("endpoint's engine kind looks wrong", "endpoint", ep.Name, "configured", ep.Engine, "looks_like", d.Kind, "evidence", d.Evidence)
+	p.adopt(ep, d, hint, slog.LevelWarn, "endpoint's engine kind looks wrong")
 	return fmt.Errorf("%w (%s)", checkErr, hint)
 }
 
