@@ -25,7 +25,7 @@ const simProfile = "ollama-tiny-cpu"
 
 // simRequestOverhead is the fitted TTFT outside the engine's steps (fit.RequestOverhead), which
 // kvroute simulate adds as --network-latency, half each way (docs/fidelity.md).
-const simRequestOverhead = 18 * time.Millisecond
+const simRequestOverhead = 32 * time.Millisecond
 
 // ollamaBatch is ollama's num_batch default: the prompt tokens one step computes.
 const ollamaBatch = 512
@@ -70,9 +70,11 @@ type fit struct {
 
 // calibrate measures lone requests on one fresh instance, sequentially: cold prompts of five
 // sizes (two each), a repeated prompt (all cached), and a shared 1,504-token prefix with a new
-// 208-token question (the workload's hit); 16 output tokens each for the inter-token latency.
-// It then fits the engine model's step-time constants to them (fitProfile).
-func calibrate(t *testing.T, fl *fleet, dir string) calibration {
+// 208-token question (the workload's hit); 16 output tokens each for the inter-token latency;
+// all of it rounds times (KVROUTE_REALENGINE_CALIBRATION_ROUNDS, default 1: more points
+// average out a noisy machine). It then fits the engine model's constants to them
+// (fitProfile).
+func calibrate(t *testing.T, fl *fleet, dir string, rounds int) calibration {
 	t.Helper()
 	if err := mkdir(dir); err != nil {
 		t.Fatal(err)
@@ -101,26 +103,28 @@ func calibrate(t *testing.T, fl *fleet, dir string) calibration {
 		reqs = append(reqs, workload.Request{Blocks: bs, BlockTokens: workload.GeneratedBlockTokens, PromptTokens: len(bs) * workload.GeneratedBlockTokens, OutputTokens: 16})
 		cached = append(cached, hit)
 	}
-	for _, n := range []int{256, 768, 1280, 1792, 2560} {
-		for range 2 {
-			add(blocks(n), 0)
+	for range rounds {
+		for _, n := range []int{256, 768, 1280, 1792, 2560} {
+			for range 2 {
+				add(blocks(n), 0)
+			}
 		}
+		again := blocks(1792)
+		add(again, 0)
+		add(again, 1792)
+		add(again, 1792)
+		system := blocks(1504)
+		add(append(slices.Clone(system), blocks(208)...), 0)
+		add(append(slices.Clone(system), blocks(208)...), 1504)
+		add(append(slices.Clone(system), blocks(208)...), 1504)
 	}
-	again := blocks(1792)
-	add(again, 0)
-	add(again, 1792)
-	add(again, 1792)
-	system := blocks(1504)
-	add(append(slices.Clone(system), blocks(208)...), 0)
-	add(append(slices.Clone(system), blocks(208)...), 1504)
-	add(append(slices.Clone(system), blocks(208)...), 1504)
 
 	items := make([]loadgen.Item, len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
 		items[i] = loadgen.Item{PromptTokens: r.PromptTokens, MaxTokens: r.OutputTokens, Prompt: func() string { return workload.Render(r) }}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rounds)*3*time.Minute)
 	defer cancel()
 	res, err := loadgen.Run(ctx, loadgen.Config{Target: url, Model: modelName, Concurrency: 1, RequestTimeout: time.Minute}, items)
 	if err != nil {

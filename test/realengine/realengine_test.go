@@ -25,8 +25,9 @@ import (
 // The workload: 8 groups of 6 prompts sharing a 1,500-token system prompt (about
 // 1,000 words), a 200-token question each, 8 output tokens, Poisson arrivals at 1 per second.
 // 48 requests take about 55 s per policy; with fresh engines, the router and the ollama build
-// cached, the whole suite takes about 3 minutes on 2 cores. KVROUTE_REALENGINE_WORKLOAD,
-// _POLICIES (comma-separated) and _REPS change it for experiments (docs/results.md).
+// cached, the whole suite takes about 2 minutes on 2 cores. KVROUTE_REALENGINE_WORKLOAD,
+// _POLICIES (comma-separated), _REPS and _CALIBRATION_ROUNDS change it for experiments
+// (docs/results.md, docs/fidelity.md).
 const (
 	defaultWorkload = "shared-prefix:groups=8,prompts=6,system=1500,question=200,output=8,rate=1"
 	defaultPolicies = "prefix-aware,round-robin"
@@ -142,13 +143,17 @@ func TestRealEngine(t *testing.T) {
 	if err != nil || reps < 1 || reps > 10 {
 		t.Fatalf("KVROUTE_REALENGINE_REPS=%q: want 1 to 10", os.Getenv("KVROUTE_REALENGINE_REPS"))
 	}
+	rounds, err := strconv.Atoi(env("KVROUTE_REALENGINE_CALIBRATION_ROUNDS", "1"))
+	if err != nil || rounds < 1 || rounds > 10 {
+		t.Fatalf("KVROUTE_REALENGINE_CALIBRATION_ROUNDS=%q: want 1 to 10", os.Getenv("KVROUTE_REALENGINE_CALIBRATION_ROUNDS"))
+	}
 	reqs, err := workload.Generate(spec, 1)
 	if err != nil {
 		t.Fatalf("KVROUTE_REALENGINE_WORKLOAD: %v", err)
 	}
 
 	var cal calibration
-	t.Run("calibrate", func(t *testing.T) { cal = calibrate(t, fl, filepath.Join(dir, "calibrate")) })
+	t.Run("calibrate", func(t *testing.T) { cal = calibrate(t, fl, filepath.Join(dir, "calibrate"), rounds) })
 
 	var runs []Run
 	for rep := 1; rep <= reps; rep++ {
@@ -558,6 +563,22 @@ func table(runs []Run, sim []report.Result) string {
 				share[i] = strconv.Itoa(c)
 			}
 			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.0f | %.0f | %.3f | %s |\n", r.Policy, r.TTFT.Mean, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.HitRate, strings.Join(share, " / "))
+		}
+		b.WriteString("\nsimulated against real (median over runs): TTFT p50 within 25 %, hit rate within 0.05\n\n")
+		b.WriteString("| policy | TTFT p50 real ms | simulated | ratio | hit rate real (engine) | simulated | delta |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, r := range sim {
+			var p50, hit []float64
+			for i := range runs {
+				if runs[i].Policy == r.Policy {
+					p50 = append(p50, runs[i].Result.TTFT.P50)
+					hit = append(hit, runs[i].EngineHitRate())
+				}
+			}
+			if len(p50) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.2f | %.3f | %.3f | %+.3f |\n", r.Policy, median(p50), r.TTFT.P50, r.TTFT.P50/median(p50),
+				median(hit), r.HitRate, r.HitRate-median(hit))
 		}
 	}
 	return b.String()
