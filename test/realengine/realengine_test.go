@@ -169,7 +169,13 @@ func TestRealEngine(t *testing.T) {
 		writeJSON(t, filepath.Join(dir, "results.json"), map[string]any{"workload": spec, "runs": runs, "calibration": cal})
 		return
 	}
-	compare(t, runs, len(reqs))
+	if spec == defaultWorkload {
+		compare(t, runs)
+	} else {
+		// Other workloads are experiments (more groups than cache slots shrink the edge, by
+		// design): their figures are reported, not asserted.
+		t.Logf("workload %s is not the default: the policies' TTFT and hits are reported, not compared", spec)
+	}
 	sim := simulate(t, kvroute, spec, policies)
 	writeJSON(t, filepath.Join(dir, "results.json"), map[string]any{
 		"workload": spec, "runs": runs, "calibration": cal, "simulated": sim, "suite_seconds": time.Since(began).Seconds(),
@@ -499,7 +505,7 @@ func checkRun(t *testing.T, r *Run, n, outputTokens int) {
 }
 
 // compare asserts what prefix-aware routing must win against round-robin on a real engine.
-func compare(t *testing.T, runs []Run, n int) {
+func compare(t *testing.T, runs []Run) {
 	t.Helper()
 	p50 := map[string][]float64{}
 	hitsOf := map[string][]int{}
