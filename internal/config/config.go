@@ -19,8 +19,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Engines returns the engine kinds an endpoint may declare.
-func Engines() []string { return []string{"vllm", "sglang", "tgi", "llamacpp", "openai"} }
+// Engines returns the engine kinds an endpoint may declare. "auto" asks the router to detect
+// the kind on first contact (see scrape.Detect).
+func Engines() []string {
+	return []string{"vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "auto"}
+}
 
 // Config is the whole router configuration. Zero values are replaced by the documented
 // defaults when the config is loaded; examples/kvroute.yaml documents every key.
@@ -86,7 +89,8 @@ type Endpoint struct {
 	URL string `json:"url"`
 	// Models it serves; empty means any model.
 	Models []string `json:"models"`
-	// Engine is vllm, sglang, tgi, llamacpp or openai (generic). Default openai.
+	// Engine is vllm, sglang, tgi, llamacpp, ollama, openai (generic) or auto (detected on
+	// first contact). Default openai.
 	Engine string `json:"engine"`
 	// Labels select dedicated pools (tenants' endpoint_labels).
 	Labels map[string]string `json:"labels"`

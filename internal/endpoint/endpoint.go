@@ -25,7 +25,8 @@ type Endpoint struct {
 	Models []string
 	// Labels select dedicated pools (tenant endpoint_labels).
 	Labels map[string]string
-	// Engine is the engine kind: vllm, sglang, tgi, llamacpp or openai.
+	// Engine is the configured engine kind: vllm, sglang, tgi, llamacpp, ollama, openai, or
+	// auto (detected on first contact; Kind says what was found).
 	Engine string
 	// KVCapacityTokens is the configured KV capacity in tokens (0: unknown; a scraped
 	// cache_config_info in Snapshot takes precedence).
@@ -41,6 +42,7 @@ type Endpoint struct {
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
+	detected       atomic.Pointer[string] // the kind found on first contact, for Engine auto
 }
 
 // Snapshot is the engine's own view of itself, scraped from its metrics endpoint (or, in the
@@ -64,6 +66,18 @@ func (e *Endpoint) KVTokens() int {
 	}
 	return e.KVCapacityTokens
 }
+
+// Kind is the engine kind in force: the one detected on first contact when the endpoint was
+// configured as auto (SetKind), else the configured Engine ("auto" until detection succeeds).
+func (e *Endpoint) Kind() string {
+	if k := e.detected.Load(); k != nil {
+		return *k
+	}
+	return e.Engine
+}
+
+// SetKind records the engine kind detected on first contact.
+func (e *Endpoint) SetKind(kind string) { e.detected.Store(&kind) }
 
 // TokenScale is how many of the engine's tokens one token of the router's estimate (4 bytes
 // of canonical text) stands for, as learned from the prompt tokens the engine reports: 1 until

@@ -76,13 +76,20 @@ func (o Options) withDefaults() Options {
 }
 
 // HealthPath is the health check path of an engine kind: /health for vLLM, SGLang, TGI and
-// llama.cpp (which answers 503 while loading the model), /v1/models for a generic OpenAI server.
+// llama.cpp (which answers 503 while loading the model), /api/version for ollama (which has no
+// /health), /v1/models for a generic OpenAI server.
 func HealthPath(engine string) string {
-	if engine == "openai" || engine == "" {
+	switch engine {
+	case "openai", "":
 		return "/v1/models"
+	case "ollama":
+		return "/api/version"
 	}
 	return "/health"
 }
+
+// Auto is the engine kind that asks the prober to detect the kind on first contact.
+const Auto = "auto"
 
 // Status is what the prober knows of one endpoint, for /debug/endpoints.
 type Status struct {
@@ -93,12 +100,19 @@ type Status struct {
 	PassiveFailures     int       `json:"passive_failures"`
 	LastScrape          time.Time `json:"last_scrape"`
 	LastScrapeError     string    `json:"last_scrape_error,omitempty"`
+	// Detected is what probing the endpoint found its engine to be: for an endpoint configured
+	// as auto, the kind in force; for one of a named kind whose health check answered 4xx, the
+	// kind it looks like instead (the check's error says so too).
+	Detected *Detection `json:"detected,omitempty"`
 }
 
 type epState struct {
 	succ, fail, passive int
 	checked             bool // the first check decides alone
-	status              Status
+	// hint, when set, tells why the health check of a named kind fails (the endpoint looks
+	// like another kind); it is found once per failure streak and kept for the streak.
+	hint   string
+	status Status
 }
 
 // Prober health-checks and scrapes the pool's endpoints. Its goroutines start in Run, never in
@@ -181,10 +195,12 @@ func (p *Prober) Run(ctx context.Context) error {
 			wg.Go(func() {
 				p.every(epCtx, func(o Options) time.Duration { return o.HealthInterval }, func() { _ = p.Check(epCtx, ep) })
 			})
-			if spec.MetricsPath != "" && Supported(ep.Engine) {
+			// An auto endpoint gets a scrape loop too: it scrapes once its kind is known to
+			// have metrics.
+			if spec.MetricsPath != "" && (Supported(ep.Engine) || ep.Engine == Auto) {
 				wg.Go(func() {
 					p.every(epCtx, func(o Options) time.Duration { return o.ScrapeInterval }, func() {
-						if !p.options().ScrapeDisabled {
+						if !p.options().ScrapeDisabled && Supported(ep.Kind()) {
 							_ = p.Scrape(epCtx, ep)
 						}
 					})
@@ -224,18 +240,86 @@ func (p *Prober) every(ctx context.Context, interval func(Options) time.Duration
 }
 
 // Check runs one health check of ep and applies the thresholds. It returns the check's error.
+//
+// An endpoint configured as auto is first asked what it is (Detect); until an answer decides,
+// the check fails. When the health check of an endpoint answers 4xx (the engine has no such
+// path: the quick start's vllm in front of ollama), the endpoint is probed once per failure
+// streak: an auto endpoint takes the kind found (an engine restarted as another), one of a
+// named kind keeps failing, with an error and a warning that say which kind it looks like.
 func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	o := p.options()
+	if ep.Kind() == Auto {
+		if err := p.detect(ctx, ep); err != nil {
+			err = fmt.Errorf("detect the engine kind: %w", err)
+			p.record(ep, err, o)
+			return err
+		}
+	}
 	spec, _ := p.pool.Spec(ep)
 	path := spec.HealthPath
 	if path == "" {
-		path = HealthPath(ep.Engine)
+		path = HealthPath(ep.Kind())
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
-	defer cancel()
-	err := p.get(ctx, ep.Name+path, 64<<10, nil)
+	hctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
+	err := p.get(hctx, ep.Name+path, 64<<10, nil)
+	cancel()
+	if err != nil && spec.HealthPath == "" && clientError(err) {
+		err = p.mismatch(ctx, ep, err)
+	}
 	p.record(ep, err, o)
 	return err
+}
+
+// detect finds ep's engine kind and makes it the kind in force.
+func (p *Prober) detect(ctx context.Context, ep *endpoint.Endpoint) error {
+	d, err := p.Detect(ctx, ep.Name)
+	if err != nil {
+		return err
+	}
+	p.adopt(ep, d, "", slog.LevelInfo, "engine kind detected")
+	return nil
+}
+
+// adopt records a detection in ep's status with a hint for its health-check errors (for an
+// auto endpoint, the hint is empty and the kind found becomes the kind in force), and logs it.
+func (p *Prober) adopt(ep *endpoint.Endpoint, d Detection, hint string, level slog.Level, msg string) {
+	if ep.Engine == Auto {
+		ep.SetKind(d.Kind)
+	}
+	p.mu.Lock()
+	s := p.st(ep)
+	s.hint = hint
+	s.status.Detected = &d
+	p.mu.Unlock()
+	p.log.Log(context.Background(), level, msg, "endpoint", ep.Name, "configured", ep.Engine, "engine", d.Kind, "evidence", d.Evidence)
+}
+
+// mismatch handles a health check that answered 4xx: it probes the endpoint at the start of a
+// failure streak and returns the check's error, with what the endpoint looks like when that
+// is another kind.
+func (p *Prober) mismatch(ctx context.Context, ep *endpoint.Endpoint, checkErr error) error {
+	p.mu.Lock()
+	s := p.st(ep)
+	first, hint := s.fail == 0, s.hint
+	p.mu.Unlock()
+	if !first {
+		if hint != "" {
+			return fmt.Errorf("%w (%s)", checkErr, hint)
+		}
+		return checkErr
+	}
+	d, err := p.Detect(ctx, ep.Name)
+	if err != nil || d.Kind == ep.Kind() {
+		return checkErr
+	}
+	if ep.Engine == Auto {
+		// The kind changed under us: take the new one; the next check uses its health path.
+		p.adopt(ep, d, "", slog.LevelWarn, "engine kind changed")
+		return checkErr
+	}
+	hint = fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (or auto) for it", d.Kind, ep.Engine, d.Evidence, d.Kind)
+	p.adopt(ep, d, hint, slog.LevelWarn, "endpoint's engine kind looks wrong")
+	return fmt.Errorf("%w (%s)", checkErr, hint)
 }
 
 // record applies one check's outcome to ep's streaks and health.
@@ -251,6 +335,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 	if err == nil {
 		s.succ++
 		s.fail = 0
+		s.hint = ""
 		s.status.LastCheckError = ""
 		if !ep.Healthy() && (first || s.succ >= o.HealthyThreshold) {
 			ep.SetHealthy(true)
@@ -332,7 +417,7 @@ func (p *Prober) Scrape(ctx context.Context, ep *endpoint.Endpoint) error {
 	var snap *endpoint.Snapshot
 	err := p.get(ctx, ep.Name+spec.MetricsPath, o.MaxMetricsBytes, func(r io.Reader) error {
 		var err error
-		snap, err = Parse(ep.Engine, r, o.Now())
+		snap, err = Parse(ep.Kind(), r, o.Now())
 		return err
 	})
 	p.mu.Lock()
@@ -369,7 +454,7 @@ func (p *Prober) get(ctx context.Context, url string, limit int64, read func(io.
 	body := io.LimitReader(resp.Body, limit+1)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg, _ := io.ReadAll(io.LimitReader(body, 200))
-		return fmt.Errorf("get %s: status %d: %s", url, resp.StatusCode, strings.TrimSpace(string(msg)))
+		return &statusError{url: url, code: resp.StatusCode, body: strings.TrimSpace(string(msg))}
 	}
 	if read == nil {
 		_, _ = io.Copy(io.Discard, body)
