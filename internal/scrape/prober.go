@@ -25,7 +25,6 @@ type Options struct {
 	HealthTimeout      time.Duration
 	HealthyThreshold   int // consecutive successes that make an unhealthy endpoint healthy
 	UnhealthyThreshold int // consecutive failures that make a healthy endpoint unhealthy
-	PassiveFailures    int // consecutive proxy connection errors that eject an endpoint
 	ScrapeInterval     time.Duration
 	ScrapeTimeout      time.Duration
 	ScrapeDisabled     bool
@@ -41,7 +40,6 @@ func OptionsFrom(c *config.Config) Options {
 		HealthTimeout:      c.Health.Timeout.D(),
 		HealthyThreshold:   c.Health.HealthyThreshold,
 		UnhealthyThreshold: c.Health.UnhealthyThreshold,
-		PassiveFailures:    c.Health.PassiveFailures,
 		ScrapeInterval:     c.Scrape.Interval.D(),
 		ScrapeTimeout:      c.Scrape.Timeout.D(),
 		ScrapeDisabled:     c.Scrape.Disabled,
@@ -61,7 +59,7 @@ func (o Options) withDefaults() Options {
 	for _, p := range []struct {
 		v *int
 		d int
-	}{{&o.HealthyThreshold, 1}, {&o.UnhealthyThreshold, 2}, {&o.PassiveFailures, 3}} {
+	}{{&o.HealthyThreshold, 1}, {&o.UnhealthyThreshold, 2}} {
 		if *p.v < 1 {
 			*p.v = p.d
 		}
@@ -88,6 +86,13 @@ func HealthPath(engine string) string {
 	return "/health"
 }
 
+// ReportsCachedTokens reports whether an engine kind's answers can be trusted to say how many
+// prompt tokens it took from its prefix cache, when they say it at all. ollama cannot: its
+// chat and completions usage has no prompt_tokens_details, and its Responses API always says
+// cached_tokens 0 (measured: 0 while reusing ~1,520 of 1,561 prompt tokens), so its reports are
+// treated as unknown rather than as misses (a miss makes the router forget what it knew).
+func ReportsCachedTokens(kind string) bool { return kind != "ollama" }
+
 // Auto is the engine kind that asks the prober to detect the kind on first contact.
 const Auto = "auto"
 
@@ -97,7 +102,6 @@ type Status struct {
 	LastCheck           time.Time `json:"last_check"`
 	LastCheckError      string    `json:"last_check_error,omitempty"`
 	ConsecutiveFailures int       `json:"consecutive_failures"`
-	PassiveFailures     int       `json:"passive_failures"`
 	LastScrape          time.Time `json:"last_scrape"`
 	LastScrapeError     string    `json:"last_scrape_error,omitempty"`
 	// Detected is what probing the endpoint found its engine to be: for an endpoint configured
@@ -107,8 +111,9 @@ type Status struct {
 }
 
 type epState struct {
-	succ, fail, passive int
-	checked             bool // the first check decides alone
+	succ, fail int
+	modelsAt   time.Time // when the endpoint's models were last asked
+	checked    bool      // the first check decides alone
 	// hint, when set, tells why the health check of a named kind fails (the endpoint looks
 	// like another kind); it is found once per failure streak and kept for the streak.
 	hint   string
@@ -116,14 +121,9 @@ type epState struct {
 }
 
 // Prober health-checks and scrapes the pool's endpoints. Its goroutines start in Run, never in
-// New, and stop when Run's context ends. Check, Scrape, ReportFailure and ReportSuccess are safe
-// for concurrent use.
+// New, and stop when Run's context ends. Check and Scrape are safe for concurrent use. Passive
+// health (ejection after failures while proxying) is the request lifecycle's (route.Outlier).
 type Prober struct {
-	// OnHealthChange, when set before Run, is told each time the prober puts an endpoint out
-	// of rotation (a failed check, or passive ejection) or back into it (a passing check). It
-	// is called with the prober's lock held: it must not call the prober.
-	OnHealthChange func(ep *endpoint.Endpoint, healthy bool)
-
 	pool   *endpoint.Pool
 	client *http.Client
 	log    *slog.Logger
@@ -267,7 +267,51 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 		err = p.mismatch(ctx, ep, err)
 	}
 	p.record(ep, err, o)
+	if err == nil && len(ep.Models) == 0 {
+		p.listModels(ctx, ep, o)
+	}
 	return err
+}
+
+// modelsEvery is how often the models of an endpoint whose config names none are asked again.
+const modelsEvery = 30 * time.Second
+
+// listModels asks an endpoint whose config names no model which models it serves (GET
+// /v1/models), at most every modelsEvery: the router then routes only those to it, resolves
+// "name" and "name:latest" alike, and lists them in its own /v1/models. A failure keeps what
+// was known.
+func (p *Prober) listModels(ctx context.Context, ep *endpoint.Endpoint, o Options) {
+	p.mu.Lock()
+	s := p.st(ep)
+	due := o.Now().Sub(s.modelsAt) >= modelsEvery
+	if due {
+		s.modelsAt = o.Now()
+	}
+	p.mu.Unlock()
+	if !due {
+		return
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	mctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
+	defer cancel()
+	err := p.get(mctx, ep.Name+"/v1/models", 1<<20, jsonInto(&list, func() bool { return list.Data != nil }))
+	if err != nil {
+		p.log.Debug("listing the endpoint's models failed", "endpoint", ep.Name, "err", err)
+		return
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		if m.ID != "" && len(m.ID) <= 256 {
+			ids = append(ids, m.ID)
+		}
+	}
+	if len(ids) > 0 {
+		ep.SetServedModels(ids)
+	}
 }
 
 // detect finds ep's engine kind and makes it the kind in force.
@@ -339,9 +383,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		s.status.LastCheckError = ""
 		if !ep.Healthy() && (first || s.succ >= o.HealthyThreshold) {
 			ep.SetHealthy(true)
-			s.passive = 0
 			p.log.Info("endpoint healthy", "endpoint", ep.Name)
-			p.changed(ep, true)
 		}
 	} else {
 		s.fail++
@@ -350,46 +392,10 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		if ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold) {
 			ep.SetHealthy(false)
 			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
-			p.changed(ep, false)
 		}
 	}
 	s.status.Healthy = ep.Healthy()
 	s.status.ConsecutiveFailures = s.fail
-}
-
-// ReportFailure records a connection error met while proxying to ep. After PassiveFailures of
-// them in a row the endpoint is marked unhealthy until active checks pass again.
-func (p *Prober) ReportFailure(ep *endpoint.Endpoint) {
-	o := p.options()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := p.st(ep)
-	s.passive++
-	s.status.PassiveFailures = s.passive
-	if ep.Healthy() && s.passive >= o.PassiveFailures {
-		ep.SetHealthy(false)
-		s.succ = 0
-		s.status.Healthy = false
-		p.log.Warn("endpoint ejected after connection errors", "endpoint", ep.Name, "consecutive_errors", s.passive)
-		p.changed(ep, false)
-	}
-}
-
-func (p *Prober) changed(ep *endpoint.Endpoint, healthy bool) {
-	if p.OnHealthChange != nil {
-		p.OnHealthChange(ep, healthy)
-	}
-}
-
-// ReportSuccess records a successful exchange with ep while proxying: it resets the count of
-// consecutive connection errors.
-func (p *Prober) ReportSuccess(ep *endpoint.Endpoint) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if s := p.state[ep]; s != nil {
-		s.passive = 0
-		s.status.PassiveFailures = 0
-	}
 }
 
 // Status returns what the prober knows of ep.
