@@ -301,6 +301,25 @@ func readSlots(path string) ([]slot, error) {
 	return out, sc.Err()
 }
 
+// slotsAtLeast returns the slot lines of an ollama log once there are at least n, or what there
+// is after 10 s. The runner's lines reach the server's log through a pipe the server copies
+// from, so a request's line may land a moment after its response: counting right after a
+// response can miss it.
+func slotsAtLeast(t *testing.T, path string, n int) []slot {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, err := readSlots(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s) >= n || time.Now().After(deadline) {
+			return s
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+}
+
 // hits sums slot lines: requests that reused at least half their prompt (a shared system
 // prompt found), and the reused and prompt tokens.
 func hits(slots []slot) (n, used, prompt int) {

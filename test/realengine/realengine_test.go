@@ -210,11 +210,7 @@ func runPolicy(t *testing.T, fl *fleet, kvroute, spec string, reqs []workload.Re
 	// nothing with the workload, so that the bench measures a warm engine with a cold cache.
 	for i := range engines {
 		warmUp(t, engines[i].url)
-		s, err := readSlots(engines[i].p.log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines[i].warmup = len(s)
+		engines[i].warmup = len(slotsAtLeast(t, engines[i].p.log, 1)) // fresh engines: the warm-up's line
 	}
 
 	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
@@ -259,13 +255,27 @@ auth: {mode: none}
 	for _, r := range reqs {
 		run.Seen.WorkloadPromptTokens += r.PromptTokens
 	}
-	for _, e := range engines {
-		s, err := readSlots(e.p.log)
-		if err != nil {
-			t.Fatal(err)
+	// Every engine's slot lines, once they add up to the requests sent (or after 10 s; see
+	// slotsAtLeast for why a line can lag its response).
+	logs := make([][]slot, len(engines))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		total := 0
+		for i, e := range engines {
+			s, err := readSlots(e.p.log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs[i] = s[min(e.warmup, len(s)):]
+			total += len(logs[i])
 		}
-		n, used, prompt := hits(s[e.warmup:])
-		run.EngineRequests += len(s) - e.warmup
+		if total >= len(reqs) || time.Now().After(deadline) {
+			break
+		}
+	}
+	for i := range engines {
+		s := logs[i]
+		n, used, prompt := hits(s)
+		run.EngineRequests += len(s)
 		run.EngineHits += n
 		run.EngineUsed += used
 		run.EnginePrompt += prompt
