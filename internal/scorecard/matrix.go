@@ -109,7 +109,7 @@ func Matrix() []Scenario {
 		},
 		{
 			Name:     "agentic scale-up",
-			Workload: "multi-turn:conversations=96,rate=0.5,min-turns=8,max-turns=24,common=3000,prefix-mean=2000,prefix-max=8000,min-user=100,max-user=1000,min-output=50,max-output=400",
+			Workload: "multi-turn:conversations=96,rate=0.5,min-turns=8,max-turns=24,common=3000,prefix-mean=2000,prefix-max=8000,min-user=100,max-user=1000,min-output=50,max-output=200,think=500ms",
 			Fleet:    []Group{{Count: 8, Profile: h200}},
 			Start:    4,
 			Note:     "agent sessions (a 3000-token shared tool prompt, tool results of 100-1000 tokens a turn) while the fleet scales from 4 to 8 instances at half time",
