@@ -27,6 +27,7 @@ func verbs() []verb {
 		{"analyze", "prefix statistics of a trace: will prefix-aware routing pay off?", runAnalyze},
 		{"plan", "the fewest instances that meet a TTFT SLO, per policy, in virtual time", runPlan},
 		{"hash-key", "print the sha256 form of an API key for the tenants config", runHashKey},
+		{"version", "print the version and VCS revision of this build (also --version)", runVersion},
 	}
 }
 
@@ -44,6 +45,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = []string{"version"}
 	}
 	for _, v := range verbs() {
 		if v.name == args[0] {

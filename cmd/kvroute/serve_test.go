@@ -38,6 +38,13 @@ var addrLine = regexp.MustCompile(`api (http://\S+) admin (http://\S+)`)
 // startServe runs `kvroute serve args...` and returns its API and admin base URLs.
 func startServe(t *testing.T, args ...string) (api, admin string, stderr *lockedBuffer, stop func() int) {
 	t.Helper()
+	api, admin, _, stderr, stop = startServeOut(t, args...)
+	return api, admin, stderr, stop
+}
+
+// startServeOut is startServe that also returns what serve printed.
+func startServeOut(t *testing.T, args ...string) (api, admin string, stdout, stderr *lockedBuffer, stop func() int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var out lockedBuffer
 	stderr = &lockedBuffer{}
@@ -74,7 +81,7 @@ func startServe(t *testing.T, args ...string) (api, admin string, stderr *locked
 		return rc
 	}
 	t.Cleanup(func() { stop() })
-	return api, admin, stderr, stop
+	return api, admin, &out, stderr, stop
 }
 
 func fakeVLLM(t *testing.T) *httptest.Server {

@@ -46,6 +46,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.Faults.FailStatus, "fail-status", 503, "fault: status of failed requests (500 or 503)")
 	fs.Float64Var(&o.Faults.Slow, "slow", 1, "fault: every engine step takes FACTOR times longer")
 	fs.IntVar(&o.Faults.CutAfter, "cut-after", 0, "fault: cut every stream after N tokens (0: never)")
+	fs.BoolVar(&o.Faults.Hang, "hang", false, "fault: accept API requests and never answer them (/health still answers)")
+	fs.StringVar(&o.Faults.DropOn, "drop-on", "", "fault: drop the connection of a request whose body contains `TEXT` (a query of death)")
+	fs.BoolVar(&o.Faults.DropAll, "drop-all", false, "fault: a --drop-on request drops every request in flight too (a crash)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute sim [--instances N] [--port P] [flags]",

@@ -3,11 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/simserver"
 )
 
 func TestRunSimServesAndStops(t *testing.T) {
@@ -17,7 +20,7 @@ func TestRunSimServesAndStops(t *testing.T) {
 	var stderr strings.Builder
 	code := make(chan int, 1)
 	go func() {
-		code <- runSim(ctx, []string{"--instances", "2", "--port", "0", "--profile", "instant", "--admin", "--drain", "1s"}, pw, &stderr)
+		code <- runSim(ctx, []string{"--instances", "2", "--port", "0", "--profile", "instant", "--admin", "--drain", "1s", "--drop-on", "POISON", "--drop-all"}, pw, &stderr)
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)
@@ -38,9 +41,11 @@ func TestRunSimServesAndStops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var f simserver.Faults
+		err = json.NewDecoder(resp.Body).Decode(&f)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s/admin/faults = %d", u, resp.StatusCode)
+		if resp.StatusCode != http.StatusOK || err != nil || f.DropOn != "POISON" || !f.DropAll {
+			t.Errorf("GET %s/admin/faults = %d %+v (%v), want 200 with the faults the flags set", u, resp.StatusCode, f, err)
 		}
 	}
 	cancel()
@@ -58,6 +63,7 @@ func TestRunSimBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--time-scale", "-1"},
 		{"--fail-rate", "2"},
+		{"--drop-all"},
 		{"--profile", "no-such-profile"},
 		{"--instances", "0"},
 		{"extra"},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/des"
 	"github.com/kvroute/kvroute/internal/experiment"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scorecard"
 )
 
@@ -33,6 +34,17 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.IntVar(&o.Routers, "routers", 1, "router replicas behind a load balancer, each with its own policy instance and load counters")
 	fs.Var((*listFlag)(&o.Kill), "kill", "kill instance N at virtual time T: N@T, T a duration (90s) or a share of the arrivals' span (50%); its requests fail, later ones fall back (repeatable)")
 	fs.Var((*listFlag)(&o.Add), "add", "add instance N at virtual time T (N@T as for --kill): it takes no request before (repeatable)")
+	fs.Var((*listFlag)(&o.Fail), "fail", "from N@T (as for --kill) instance N answers every request 500 at once (repeatable)")
+	fs.Var((*listFlag)(&o.Hang), "hang", "from N@T instance N accepts requests and answers nothing; its metrics still come (repeatable)")
+	fs.Var((*listFlag)(&o.Cut), "cut", "from N@T instance N cuts every stream after --cut-after tokens (repeatable)")
+	fs.Var((*listFlag)(&o.Recover), "recover", "at N@T instance N's fault ends; a killed instance restarts with an empty cache (repeatable)")
+	fs.IntVar(&o.CutAfter, "cut-after", 5, "tokens a stream gets from a --cut instance before the cut")
+	fs.DurationVar(&o.FirstTokenTimeout, "first-token-timeout", des.DefaultFirstTokenTimeout, "limits.first_token_timeout: an attempt without its first token by then fails over to the next ranked instance (0: none)")
+	fs.DurationVar(&o.StreamIdleTimeout, "stream-idle-timeout", des.DefaultStreamIdleTimeout, "limits.stream_idle_timeout: a stream silent this long fails (0: none)")
+	fs.IntVar(&o.PassiveFailures, "passive-failures", des.DefaultPassiveFailures, "health.passive_failures: consecutive failures (5xx, timeouts, cut streams, connection errors) that eject an instance")
+	fs.DurationVar(&o.EjectionTime, "ejection-time", route.DefaultBaseEjection, "health.ejection_time: a first ejection's length (n times that for the n-th in a row)")
+	fs.DurationVar(&o.MaxEjectionTime, "max-ejection-time", route.DefaultMaxEjection, "health.max_ejection_time: the longest ejection")
+	fs.IntVar(&o.MaxEjectedPercent, "max-ejected-percent", route.DefaultMaxEjectedPercent, "health.max_ejected_percent: the most of the fleet ejected at once")
 	fs.StringVar(&o.ReplicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")

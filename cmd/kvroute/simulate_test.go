@@ -335,3 +335,38 @@ func TestSimulateMooncakeSample(t *testing.T) {
 		t.Errorf("completed %d failed %d hit rate %v (bound %v)", r.Completed, r.Failed, r.HitRate, s.Bounds.InfiniteCacheHitRate)
 	}
 }
+
+// TestSimulateFaultFlags: the fault flags reach the simulation: an instance cutting streams
+// fails some requests until it is ejected, or until it recovers; a hung one, with a short first-token timeout, makes
+// requests fail over (none fails); bad values are usage errors.
+func TestSimulateFaultFlags(t *testing.T) {
+	sim := func(extra ...string) report.Result {
+		t.Helper()
+		args := append([]string{"--workload", "prefix-repetition:n=200,prefixes=4", "--instances", "4", "--load", "0.5",
+			"--policies", "round-robin", "--json"}, extra...)
+		code, stdout, stderr := runVerb("simulate", args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, stderr)
+		}
+		var s report.Summary
+		if err := json.Unmarshal([]byte(stdout), &s); err != nil {
+			t.Fatal(err)
+		}
+		return s.Results[0]
+	}
+	if r := sim("--cut", "2@0%", "--cut-after", "2"); r.Failed != 3 {
+		t.Errorf("--cut: failed %d, want 3 (the default passive_failures, then ejected)", r.Failed)
+	}
+	always := sim("--cut", "2@0%", "--cut-after", "2", "--passive-failures", "1000")
+	recovered := sim("--cut", "2@0%", "--recover", "2@20%", "--cut-after", "2", "--passive-failures", "1000")
+	if always.Failed < 30 || recovered.Failed > always.Failed/2 {
+		t.Errorf("without ejection: %d failed cutting all along, %d with a recovery at 20 %%; want its share (50) and far fewer",
+			always.Failed, recovered.Failed)
+	}
+	if r := sim("--hang", "1@0%", "--first-token-timeout", "1s"); r.Failed != 0 || r.TTFT.P99 < 1000 {
+		t.Errorf("--hang: failed %d, TTFT p99 %v ms; want none failed and the slowest past the 1 s timeout", r.Failed, r.TTFT.P99)
+	}
+	if code, _, stderr := runVerb("simulate", "--workload", "multi-turn", "--cut", "1@5%", "--cut-after", "0"); code != 2 || !strings.Contains(stderr, "--cut-after 0") {
+		t.Errorf("--cut-after 0: exit %d %s, want a usage error", code, stderr)
+	}
+}

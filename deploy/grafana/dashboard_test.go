@@ -1,21 +1,30 @@
 // Package grafana holds the router's Grafana dashboard (kvroute.json); its test checks that the
-// dashboard is valid JSON and queries only metrics the router exports.
+// dashboard is valid JSON, queries only metrics the router exports, and puts one unit on each
+// panel's axis. test/e2e's TestDashboardQueriesAgainstPrometheus runs every query against a real
+// Prometheus scraping a router under load.
 package grafana
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/internal/metrics"
 )
 
 type dashboard struct {
-	UID    string  `json:"uid"`
-	Title  string  `json:"title"`
-	Panels []panel `json:"panels"`
+	UID        string  `json:"uid"`
+	Title      string  `json:"title"`
+	Panels     []panel `json:"panels"`
+	Templating struct {
+		List []struct {
+			Name string `json:"name"`
+		} `json:"list"`
+	} `json:"templating"`
 }
 
 type panel struct {
@@ -25,12 +34,75 @@ type panel struct {
 	GridPos struct {
 		X, Y, W, H int
 	} `json:"gridPos"`
+	FieldConfig struct {
+		Defaults struct {
+			Unit string `json:"unit"`
+		} `json:"defaults"`
+		Overrides []struct {
+			Properties []struct {
+				ID string `json:"id"`
+			} `json:"properties"`
+		} `json:"overrides"`
+	} `json:"fieldConfig"`
 	Targets []struct {
 		Expr string `json:"expr"`
 	} `json:"targets"`
 }
 
-var metricName = regexp.MustCompile(`kvroute_[a-z_]+`)
+var metricName = regexp.MustCompile(`\bkvroute_[a-z_]+`)
+
+// Units of the panels that plot tokens, which Grafana has no unit for.
+const (
+	unitTokens       = "suffix: tokens"
+	unitTokensPerSec = "suffix: tok/s"
+)
+
+// family is what a metric counts, from its name's base-unit suffix.
+func family(name string) string {
+	name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+	name = strings.TrimSuffix(name, "_total")
+	for _, f := range []string{"seconds", "bytes", "tokens", "ratio"} {
+		if strings.HasSuffix(name, "_"+f) {
+			return f
+		}
+	}
+	return "count" // requests, retries, ejections, reloads, entries, endpoints, a 0/1 state
+}
+
+// kind is what a query computes: a quantile, a ratio of two rates, a rate, a count per
+// window (increase) or a gauge's value.
+func kind(expr string) string {
+	switch {
+	case strings.Contains(expr, "histogram_quantile("):
+		return "quantile"
+	case strings.Contains(expr, ") / "):
+		return "ratio"
+	case strings.Contains(expr, "increase("):
+		return "count"
+	case strings.Contains(expr, "rate("):
+		return "rate"
+	}
+	return "gauge"
+}
+
+// unitFor is the unit a panel of this kind over metrics of this family must have.
+func unitFor(kind, family string) string {
+	switch {
+	case kind == "quantile", kind == "gauge" && family == "seconds":
+		return "s"
+	case kind == "ratio", kind == "rate" && family == "seconds", family == "ratio":
+		return "percentunit" // a share of tokens, of requests, of time
+	case kind == "rate" && family == "tokens":
+		return unitTokensPerSec
+	case kind == "rate":
+		return "reqps"
+	case family == "bytes":
+		return "bytes"
+	case family == "tokens":
+		return unitTokens
+	}
+	return "short"
+}
 
 func TestDashboard(t *testing.T) {
 	data, err := os.ReadFile("kvroute.json")
@@ -45,24 +117,13 @@ func TestDashboard(t *testing.T) {
 	if d.UID == "" || d.Title == "" {
 		t.Errorf("uid %q title %q: both must be set", d.UID, d.Title)
 	}
-
-	// The names the router exports, read from its metrics package source.
-	files, err := filepath.Glob(filepath.Join("..", "..", "internal", "metrics", "*.go"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("internal/metrics sources not found: %v", err)
+	exported, err := metrics.Names()
+	if err != nil {
+		t.Fatal(err)
 	}
-	exported := map[string]bool{}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range regexp.MustCompile(`"(kvroute_[a-z_]+)"`).FindAllStringSubmatch(string(src), -1) {
-			exported[m[1]] = true
-		}
+	var vars []string
+	for _, v := range d.Templating.List {
+		vars = append(vars, v.Name)
 	}
 
 	ids := map[int]bool{}
@@ -82,6 +143,14 @@ func TestDashboard(t *testing.T) {
 		if len(p.Targets) == 0 {
 			t.Errorf("panel %q has no query", p.Title)
 		}
+		for _, o := range p.FieldConfig.Overrides {
+			for _, prop := range o.Properties {
+				if prop.ID == "unit" {
+					t.Errorf("panel %q overrides the unit of some series: one unit per axis", p.Title)
+				}
+			}
+		}
+		kinds, families := map[string]bool{}, map[string]bool{}
 		for _, tg := range p.Targets {
 			names := metricName.FindAllString(tg.Expr, -1)
 			if len(names) == 0 {
@@ -89,19 +158,61 @@ func TestDashboard(t *testing.T) {
 			}
 			for _, n := range names {
 				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
-				if !exported[base] {
-					t.Errorf("panel %q queries %s, which internal/metrics does not export", p.Title, n)
+				if !slices.Contains(exported, base) {
+					t.Errorf("panel %q queries %s, which the router does not export", p.Title, n)
 				}
+				families[family(n)] = true
 			}
+			kinds[kind(tg.Expr)] = true
 			if strings.Count(tg.Expr, "(") != strings.Count(tg.Expr, ")") {
 				t.Errorf("panel %q: unbalanced parentheses in %q", p.Title, tg.Expr)
 			}
+			for _, m := range regexp.MustCompile(`\$\{?([a-z_]+)`).FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.HasPrefix(m[1], "__") && !slices.Contains(vars, m[1]) {
+					t.Errorf("panel %q: query uses $%s, which is no dashboard variable (%v)", p.Title, m[1], vars)
+				}
+			}
+		}
+		// One unit per axis: every query of the panel computes the same kind of value over
+		// metrics that count the same thing, and the panel's unit is that one.
+		if len(kinds) != 1 || len(families) != 1 {
+			t.Errorf("panel %q mixes %v over %v: one unit per axis", p.Title, keys(kinds), keys(families))
+			continue
+		}
+		if want := unitFor(keys(kinds)[0], keys(families)[0]); p.FieldConfig.Defaults.Unit != want {
+			t.Errorf("panel %q: unit %q, want %q for a %s of %s", p.Title, p.FieldConfig.Defaults.Unit, want, keys(kinds)[0], keys(families)[0])
 		}
 	}
 	for _, want := range []string{"Prefix-cache hit rate", "Time to first token", "Requests/s by status",
-		"In-flight requests per endpoint", "Endpoint health"} {
+		"In-flight requests per endpoint", "Endpoint health", "Share of time ejected", "Ejections per endpoint",
+		"Cached tokens/s per engine: found vs predicted", "Engine KV-cache usage", "Engine requests: waiting and running"} {
 		if !slices.Contains(titles, want) {
 			t.Errorf("no panel %q (panels: %q)", want, titles)
+		}
+	}
+}
+
+func keys(m map[string]bool) []string { return slices.Sorted(maps.Keys(m)) }
+
+// TestUnitRules: the old dashboard's two mixed panels are caught.
+func TestUnitRules(t *testing.T) {
+	for _, c := range []struct {
+		exprs []string
+		mixed bool
+	}{
+		{[]string{"sum(rate(kvroute_retries_total[5m]))", "sum(increase(kvroute_endpoint_ejections_total[5m]))"}, true},
+		{[]string{"kvroute_index_entries", "kvroute_index_bytes"}, true},
+		{[]string{"kvroute_endpoint_engine_waiting_requests", "kvroute_endpoint_engine_running_requests"}, false},
+	} {
+		kinds, families := map[string]bool{}, map[string]bool{}
+		for _, e := range c.exprs {
+			kinds[kind(e)] = true
+			for _, n := range metricName.FindAllString(e, -1) {
+				families[family(n)] = true
+			}
+		}
+		if mixed := len(kinds) > 1 || len(families) > 1; mixed != c.mixed {
+			t.Errorf("%q: mixed %v, want %v", c.exprs, mixed, c.mixed)
 		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/metrics"
@@ -35,6 +36,7 @@ import (
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // Router is a whole router built from a config: the endpoint pool (static endpoints plus the
@@ -56,6 +58,9 @@ type Router struct {
 	// gate's admission queue (overload section).
 	Admit     func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
 	Saturated func(candidates []*endpoint.Endpoint) bool
+	// KubeClient, when set, is what the discovery.kubernetes sources talk to instead of the
+	// clients their kubeconfig (or the in-cluster account) gave (tests use a fake).
+	KubeClient kube.Client
 
 	logger    *slog.Logger
 	reg       *prometheus.Registry
@@ -64,6 +69,7 @@ type Router struct {
 	prober    *scrape.Prober
 	state     *route.State   // response pins, across reloads
 	outlier   *route.Outlier // passive ejection, across reloads
+	audit     *route.Audit   // predicted against reported cached tokens, across reloads
 	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
 	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 
@@ -71,8 +77,9 @@ type Router struct {
 	cfg        *config.Config
 	picker     policy.Picker
 	policyKey  string
-	discovered [][]endpoint.Spec // per source: [0] the discovery file, then each discovery.dns name
+	discovered [][]endpoint.Spec // per source: [0] the discovery file, each discovery.dns name, each discovery.kubernetes entry
 	dns        []*discovery.DNSSource
+	kube       []*kube.Source
 	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
@@ -95,11 +102,21 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		transport: h1.New(proxy.DefaultTransport()),
 	}
 	r.outlier = route.NewOutlier(r.outlierConfig(cfg), nil)
+	r.audit = route.NewAudit(route.AuditConfig{OnChange: func(ep *endpoint.Endpoint, blind bool, found, predicted float64) {
+		r.metrics.EndpointCacheBlind(ep.Name, blind)
+		if blind {
+			r.logger.Warn("the engine reports far fewer cached tokens than predicted: routing to it on load alone until they agree (check its cache salt, tokenizer, block size and prefix caching)",
+				"endpoint", ep.Name, "found_share", found/predicted)
+		} else {
+			r.logger.Info("the engine's cached tokens agree with the predictions again", "endpoint", ep.Name, "found_share", found/predicted)
+		}
+	}})
 	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
 	r.transport.Dialer = dialer
 	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
+	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
@@ -114,8 +131,12 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	r.gate = gate
 	r.dns = discovery.DNSFromConfig(cfg, logger)
-	r.discovered = make([][]endpoint.Spec, 1+len(r.dns))
+	if r.kube, err = kube.FromConfig(cfg, version.UserAgent(), logger); err != nil {
+		return nil, err
+	}
+	r.discovered = make([][]endpoint.Spec, 1+len(r.dns)+len(r.kube))
 	if src := discovery.FromConfig(cfg, logger); src != nil {
+		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
 		if err != nil {
 			return nil, err
@@ -125,6 +146,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	}
 	// A name that does not resolve yet is no reason not to start: Run tries again.
 	for i, d := range r.dns {
+		r.metrics.DiscoverySource(r.sourceName(1 + i))
 		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
 		specs, err := d.Resolve(context.Background())
 		if err != nil {
@@ -167,9 +189,16 @@ func (r *Router) Reload(cfg *config.Config) error {
 		if !reflect.DeepEqual(old.Discovery.DNS, cfg.Discovery.DNS) {
 			r.logger.Warn("discovery.dns changes only on restart")
 		}
+		if !reflect.DeepEqual(old.Discovery.Kubernetes, cfg.Discovery.Kubernetes) {
+			r.logger.Warn("discovery.kubernetes changes only on restart")
+		}
+		if old.ExtProc != cfg.ExtProc {
+			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
+		}
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
-			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS {
+			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
+			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout {
 			r.logger.Warn("server.http_server, server.tls and the server timeouts change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
 		}
 	}
@@ -223,6 +252,8 @@ func (r *Router) apply(cfg *config.Config) error {
 		Attempts: 1 + cfg.Limits.Retries(),
 		Health:   r.outlier,
 		State:    r.state,
+		WarmUp:   cfg.Health.WarmUpTime(),
+		Audit:    r.audit,
 	})
 	if err != nil {
 		return err
@@ -259,6 +290,9 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 		return fmt.Errorf("endpoints: %w", err)
 	}
 	obs, _ := picker.(policy.Observer)
+	for _, ep := range diff.Added {
+		r.metrics.EndpointAdded(ep.Name, ep.Models)
+	}
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
@@ -335,7 +369,7 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 2+len(r.dns)) // the prober, the file, the names: none may block
+	errc := make(chan error, 2+len(r.dns)+len(r.kube)) // the prober, the file, the names, the watches: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
@@ -350,6 +384,14 @@ func (r *Router) Run(ctx context.Context) error {
 		wg.Go(func() {
 			errc <- d.Run(ctx, last, func(specs []endpoint.Spec) error { return r.setDiscovered(1+i, specs) })
 		})
+	}
+	for i, k := range r.kube {
+		j := 1 + len(r.dns) + i
+		k.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(j)).Inc() }
+		if r.KubeClient != nil {
+			k.Client = r.KubeClient
+		}
+		wg.Go(func() { errc <- k.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(j, specs) }) })
 	}
 	wg.Wait()
 	close(errc)
@@ -377,12 +419,16 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	return nil
 }
 
-// sourceName labels discovery source i in metrics: "file", or "dns:" and the name.
+// sourceName labels discovery source i in metrics: "file", "dns:" and the name, or
+// "kubernetes:" and the namespace and the service or selector.
 func (r *Router) sourceName(i int) string {
-	if i == 0 {
+	switch {
+	case i == 0:
 		return "file"
+	case i <= len(r.dns):
+		return "dns:" + r.dns[i-1].Config.Name
 	}
-	return "dns:" + r.dns[i-1].Config.Name
+	return r.kube[i-1-len(r.dns)].Key()
 }
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take
@@ -431,6 +477,10 @@ type EndpointInfo struct {
 	Probe          scrape.Status      `json:"probe"`
 	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
+	CacheAudit route.AuditStatus `json:"cache_audit"`
+	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
+	TokenScale float64 `json:"token_scale"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -447,6 +497,8 @@ func (r *Router) Endpoints() []EndpointInfo {
 		if info.Models == nil {
 			info.Models = []string{}
 		}
+		info.CacheAudit = r.audit.Status(e)
+		info.TokenScale = e.TokenScale()
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false
@@ -491,18 +543,23 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 		api = tls.NewListener(api, tlsConfig(certs, !builtin))
 	}
-	var apiSrv server = mk(r.Handler())
+	errorBody := func(status int, msg string) (string, []byte) {
+		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
+	}
+	var apiSrv server = &h1.NetHTTP{Server: mk(r.Handler()), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
+		BodyMinRate: cfg.Server.BodyMinRate, WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:           r.Handler(),
 			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:       cfg.Server.IdleTimeout.D(),
 			WriteTimeout:      cfg.Server.WriteTimeout.D(),
+			BodyReadTimeout:   cfg.Server.BodyReadTimeout.D(),
+			BodyMinRate:       cfg.Server.BodyMinRate,
+			WriteStallTimeout: cfg.Server.WriteStallTimeout.D(),
 			// Only accept errors and handler panics come here: worth an error line.
-			ErrorLog: slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
-			ErrorBody: func(status int, msg string) (string, []byte) {
-				return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
-			},
+			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
+			ErrorBody: errorBody,
 		}
 	}
 	adminSrv := mk(r.AdminHandler())
@@ -570,10 +627,11 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
 		Fleet:             r.pool.Len,
 		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
-			r.metrics.Ejections.WithLabelValues(ep.Name).Inc()
+			r.metrics.EndpointEjected(ep.Name, d)
 			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
 		},
 		OnReadmit: func(ep *endpoint.Endpoint) {
+			r.metrics.EndpointReadmitted(ep.Name)
 			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
 		},
 	}

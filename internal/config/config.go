@@ -58,6 +58,8 @@ type Config struct {
 	Tenants []Tenant `json:"tenants"`
 	// Overload configures admission under overload (see tenants.go).
 	Overload Overload `json:"overload"`
+	// ExtProc serves the Envoy ext_proc endpoint picker (see extproc.go).
+	ExtProc ExtProc `json:"extproc"`
 
 	// Warnings are problems that are not errors (for example authentication off by default);
 	// the caller logs them. Filled by Parse and Load.
@@ -100,7 +102,7 @@ type Endpoint struct {
 	ResponseTimeout   Duration `json:"response_timeout"`
 }
 
-// Discovery finds more endpoints: in a file, and behind DNS names.
+// Discovery finds more endpoints: in a file, behind DNS names, and in Kubernetes.
 type Discovery struct {
 	// File is a YAML file with a list of endpoints (same keys as endpoints[]); relative to the
 	// config file's directory. Empty: no file discovery.
@@ -111,6 +113,9 @@ type Discovery struct {
 	// DNS lists host names whose addresses are endpoints, one per A or AAAA record, resolved
 	// again every interval: a Kubernetes headless service, a Compose service scaled to N.
 	DNS []DNSDiscovery `json:"dns"`
+	// Kubernetes lists EndpointSlice watches (see kubernetes.go): the ready endpoints of a
+	// Service, or of the Services a label selector picks, followed as pods come and go.
+	Kubernetes []KubernetesDiscovery `json:"kubernetes"`
 }
 
 // DNSDiscovery is one name to resolve into endpoints.
@@ -157,6 +162,18 @@ type Health struct {
 	// MaxEjectedPercent bounds the share of the endpoints passively ejected at once (at
 	// least one may be; never the last one). Default 50.
 	MaxEjectedPercent int `json:"max_ejected_percent"`
+	// WarmUp is how long an endpoint that joins a running router (discovery, a scale-up)
+	// takes to reach its full share of first choices, so that a new, empty engine does not take
+	// every cold prefix at once. Default 20s; "0s" or a negative value turns it off.
+	WarmUp *Duration `json:"warm_up"`
+}
+
+// WarmUpTime returns health.warm_up (the default when unset, 0 when off).
+func (h Health) WarmUpTime() time.Duration {
+	if h.WarmUp == nil {
+		return 20 * time.Second
+	}
+	return max(h.WarmUp.D(), 0)
 }
 
 // Scrape configures the scraping of engine metrics.
@@ -224,6 +241,17 @@ type Server struct {
 	WriteTimeout Duration `json:"write_timeout"`
 	// ShutdownTimeout bounds the drain of in-flight requests. Default 30s.
 	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// BodyReadTimeout bounds reading a request body, from its first read, plus one second for
+	// every BodyMinRate bytes received: a body trickled in slowly is cut (408), a large one
+	// sent at a fair pace is not. Default 30s.
+	BodyReadTimeout Duration `json:"body_read_timeout"`
+	// BodyMinRate is the body bytes per second that earn one more second of BodyReadTimeout.
+	// Default 65536 (64 KiB/s: a 16 MiB body may take 30 s + 256 s).
+	BodyMinRate int64 `json:"body_min_rate"`
+	// WriteStallTimeout bounds one write to a client: a client that stops reading (a stream
+	// included) has its connection closed once a write has waited this long. A stream the
+	// client reads is never cut. Default 60s.
+	WriteStallTimeout Duration `json:"write_stall_timeout"`
 	// HTTPServer picks what serves the API listener: "builtin" (the default), kvroute's own
 	// HTTP/1.1 server, which runs each request on its connection's goroutine and costs about
 	// 100 µs less per request than Go's; or "net/http", Go's standard server.
@@ -294,7 +322,7 @@ type section interface {
 func (c *Config) sections(checks Checks) []section {
 	return []section{
 		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
-		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload,
+		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, &c.ExtProc,
 	}
 }
 
@@ -488,8 +516,8 @@ func (l endpointList) setDefaults(*Config) {
 }
 
 func (l endpointList) validate(c *Config, p *problems) {
-	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 {
-		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file or discovery.dns")
+	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 && len(c.Discovery.Kubernetes) == 0 {
+		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file, discovery.dns or discovery.kubernetes")
 	}
 	validateEndpoints(c.Endpoints, "endpoints", p)
 }
@@ -598,6 +626,7 @@ func (d *Discovery) setDefaults(*Config) {
 		}
 		n.Endpoint.SetDefaults()
 	}
+	d.setKubernetesDefaults()
 }
 
 func (d *Discovery) validate(_ *Config, p *problems) {
@@ -619,26 +648,18 @@ func (d *Discovery) validate(_ *Config, p *problems) {
 		if n.Interval < Duration(time.Second) {
 			p.add(at+".interval", "%v is too short: resolve at most once a second, like 10s", n.Interval.D())
 		}
-		if n.Endpoint.URL != "" {
-			p.add(at+".endpoint.url", "remove it: each endpoint's URL is made from an address found")
-		}
 		key := n.Scheme + "://" + n.Name + ":" + strconv.Itoa(n.Port)
 		if j, dup := seen[key]; dup {
 			p.add(at, "%s is listed twice (also discovery.dns[%d]): remove one", key, j)
 		} else {
 			seen[key] = i
 		}
-		tmpl := n.Endpoint
-		tmpl.URL = "http://192.0.2.1:8000" // a stand-in, so that only the template's own keys are judged
-		var tp problems
-		validateEndpoints([]Endpoint{tmpl}, at+".endpoint", &tp)
-		for _, e := range tp.errs {
-			p.errs = append(p.errs, errors.New(strings.Replace(e.Error(), at+".endpoint[0]", at+".endpoint", 1)))
-		}
+		validateTemplate(at+".endpoint", n.Endpoint, p)
 	}
 	if d.PollInterval < 0 {
 		p.add("discovery.poll_interval", "must be positive, like 30s")
 	}
+	d.validateKubernetes(p)
 }
 
 func (h *Health) setDefaults(*Config) {
@@ -801,10 +822,26 @@ func (s *Server) setDefaults(*Config) {
 	if s.ShutdownTimeout == 0 {
 		s.ShutdownTimeout = Duration(30 * time.Second)
 	}
+	if s.BodyReadTimeout == 0 {
+		s.BodyReadTimeout = Duration(DefaultBodyReadTimeout)
+	}
+	if s.BodyMinRate == 0 {
+		s.BodyMinRate = DefaultBodyMinRate
+	}
+	if s.WriteStallTimeout == 0 {
+		s.WriteStallTimeout = Duration(DefaultWriteStallTimeout)
+	}
 	if s.HTTPServer == "" {
 		s.HTTPServer = HTTPServerBuiltin
 	}
 }
+
+// Defaults of the client timeouts under server:.
+const (
+	DefaultBodyReadTimeout   = 30 * time.Second
+	DefaultBodyMinRate       = 64 << 10
+	DefaultWriteStallTimeout = 60 * time.Second
+)
 
 // The values of server.http_server.
 const (
@@ -828,10 +865,14 @@ func (s *Server) validate(c *Config, p *problems) {
 	for _, f := range []struct {
 		key string
 		v   Duration
-	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout}} {
+	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout},
+		{"body_read_timeout", s.BodyReadTimeout}, {"write_stall_timeout", s.WriteStallTimeout}} {
 		if f.v < 0 {
 			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
 		}
+	}
+	if s.BodyMinRate < 0 {
+		p.add("server.body_min_rate", "%d is negative: give bytes per second (default %d)", s.BodyMinRate, DefaultBodyMinRate)
 	}
 	if s.HTTPServer != HTTPServerBuiltin && s.HTTPServer != HTTPServerNetHTTP {
 		p.add("server.http_server", "%q is not a server: use %s (the default) or %s", s.HTTPServer, HTTPServerBuiltin, HTTPServerNetHTTP)

@@ -44,7 +44,8 @@ func TestParse_Defaults(t *testing.T) {
 		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two, ConnectTimeout: Duration(5 * time.Second),
 			FirstTokenTimeout: Duration(2 * time.Minute), ResponseTimeout: Duration(10 * time.Minute), StreamIdleTimeout: Duration(time.Minute)},
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
-			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin},
+			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin,
+			BodyReadTimeout: Duration(30 * time.Second), BodyMinRate: 64 << 10, WriteStallTimeout: Duration(60 * time.Second)},
 		Log:      Log{Format: "json", Level: "info"},
 		Auth:     &Auth{Mode: AuthNone},
 		Overload: Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
@@ -445,4 +446,50 @@ func TestQuick(t *testing.T) {
 	if c := Quick([]string{"http://127.0.0.1:1"}, "", "openai"); c.Endpoints[0].Models != nil {
 		t.Errorf("no model: models %v, want any (nil)", c.Endpoints[0].Models)
 	}
+}
+
+func TestParse_ClientTimeouts(t *testing.T) {
+	c, err := Parse([]byte("server: {body_read_timeout: 5s, body_min_rate: 1000, write_stall_timeout: 2m}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.Server.BodyReadTimeout.D(), c.Server.BodyMinRate, c.Server.WriteStallTimeout.D()}
+	if diff := cmp.Diff([]any{5 * time.Second, int64(1000), 2 * time.Minute}, got); diff != "" {
+		t.Errorf("body_read_timeout, body_min_rate, write_stall_timeout (-want +got):\n%s", diff)
+	}
+	_, err = Parse([]byte("server: {body_read_timeout: -1s, body_min_rate: -5, write_stall_timeout: -1s}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	for _, want := range []string{"server.body_read_timeout: -1s is negative", "server.body_min_rate: -5 is negative", "server.write_stall_timeout: -1s is negative"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}
+
+// TestExamplesLoad: every annotated example config decodes strictly and validates, so the
+// documentation cannot drift from the code.
+func TestExamplesLoad(t *testing.T) {
+	paths, err := filepath.Glob("../../examples/*.yaml")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	for _, p := range paths {
+		if filepath.Base(p) == "endpoints.yaml" {
+			if _, err := ParseEndpoints(mustRead(t, p)); err != nil {
+				t.Errorf("%s: %v", p, err)
+			}
+			continue
+		}
+		if _, err := Load(p); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

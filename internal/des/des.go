@@ -67,19 +67,37 @@ type Config struct {
 	// Attempts is how many endpoints one request may be sent to, as limits.max_retries + 1
 	// configures the live router (0: 3, its default).
 	Attempts int
-	// Changes kill or add instances during the run. An instance that some Change adds is
-	// absent until then; a killed one stops at once: the requests it holds fail (the router
-	// hears of it one network latency later and does not send them again: they reached the
-	// engine), and requests sent to it afterwards meet a refused connection and fall back to
-	// the next ranked endpoint until passive ejection takes it out of the candidates.
+	// WarmUp is the lifecycle's warm-up of an instance added during the run (route.Config.
+	// WarmUp); 0: route.DefaultWarmUp, as the live router; negative: none.
+	WarmUp time.Duration
+	// Changes kill or add instances during the run, or make them fail (faults.go). An
+	// instance that some Change adds is absent until then; a killed one stops at once: the
+	// requests it holds fail (the router hears of it one network latency later and does not
+	// send them again: they reached the engine), and requests sent to it afterwards meet a
+	// refused connection and fall back to the next ranked endpoint until passive ejection
+	// takes it out of the candidates.
 	Changes []Change
+	// FirstTokenTimeout bounds each attempt's wait for its first token, from its sending, as
+	// limits.first_token_timeout does live: past it the attempt fails as a timeout (the engine
+	// aborts the request) and the request goes on to the next ranked endpoint. 0:
+	// DefaultFirstTokenTimeout; negative: none.
+	FirstTokenTimeout time.Duration
+	// StreamIdleTimeout bounds the silence of a stream after its first token
+	// (limits.stream_idle_timeout): a hung instance's streams fail as cut past it. 0:
+	// DefaultStreamIdleTimeout; negative: none.
+	StreamIdleTimeout time.Duration
+	// Outlier is passive ejection, as the health section configures it live; zero fields take
+	// the live defaults (Consecutive: DefaultPassiveFailures). Fleet is set by Run.
+	Outlier route.OutlierConfig
 }
 
-// Change is an instance killed or added at a moment of the run.
+// Change is an instance killed, added, failing or recovering at a moment of the run.
 type Change struct {
 	At       time.Duration
 	Instance int
 	Kind     ChangeKind
+	// Tokens is, for Cut, how many tokens a stream gets before it is cut (at least 1).
+	Tokens int
 }
 
 // ChangeKind says what a Change does.
@@ -90,14 +108,24 @@ const (
 	Kill ChangeKind = iota
 	// Add makes the instance part of the fleet (it is absent before).
 	Add
+	// Fail makes the instance answer every request it is sent with a 500 at once (faults.go).
+	Fail
+	// Hang makes the instance accept requests and answer nothing, its metrics still scraped.
+	Hang
+	// Cut makes the instance cut every stream after Change.Tokens tokens.
+	Cut
+	// Recover ends the instance's fault; a killed instance restarts, with an empty cache.
+	Recover
 )
+
+var changeNames = [...]string{Kill: "kill", Add: "add", Fail: "fail", Hang: "hang", Cut: "cut", Recover: "recover"}
 
 // String returns the change's name, as ParseChange reads it.
 func (k ChangeKind) String() string {
-	if k == Add {
-		return "add"
+	if int(k) < len(changeNames) {
+		return changeNames[k]
 	}
-	return "kill"
+	return "change(" + strconv.Itoa(int(k)) + ")"
 }
 
 // DefaultAttempts is how many endpoints a simulated request may be sent to: the live router's
@@ -171,8 +199,10 @@ func (c *Config) check() error {
 			errs = append(errs, fmt.Errorf("change %s at %v: instance %d, want 0..%d", ch.Kind, ch.At, ch.Instance, c.Instances-1))
 		case ch.At < 0:
 			errs = append(errs, fmt.Errorf("change %s of instance %d: at %v, want >= 0", ch.Kind, ch.Instance, ch.At))
-		case ch.Kind > Add:
-			errs = append(errs, fmt.Errorf("change of instance %d: kind %d, want kill or add", ch.Instance, ch.Kind))
+		case ch.Kind > Recover:
+			errs = append(errs, fmt.Errorf("change of instance %d: kind %d, want kill, add, fail, hang, cut or recover", ch.Instance, ch.Kind))
+		case ch.Kind == Cut && ch.Tokens < 1:
+			errs = append(errs, fmt.Errorf("change cut of instance %d at %v: %d tokens, want at least 1", ch.Instance, ch.At, ch.Tokens))
 		case ch.Kind == Add && added[ch.Instance]:
 			errs = append(errs, fmt.Errorf("instance %d is added twice", ch.Instance))
 		case ch.Kind == Add:
@@ -302,8 +332,17 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 			return nil, err
 		}
 		r := &s.routers[k]
-		health := route.NewOutlier(route.OutlierConfig{Fleet: s.fleetSize}, &s.clock)
-		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health})
+		oc := cfg.Outlier
+		oc.Fleet = s.fleetSize
+		if oc.Consecutive == 0 {
+			oc.Consecutive = DefaultPassiveFailures
+		}
+		health := route.NewOutlier(oc, &s.clock)
+		warm := cfg.WarmUp
+		if warm == 0 {
+			warm = route.DefaultWarmUp
+		}
+		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0)})
 		if err != nil {
 			return nil, err
 		}
@@ -340,6 +379,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 			}
 		}
 	}
+	s.initFaults()
 	if err := s.loop(ctx); err != nil {
 		return nil, err
 	}
@@ -363,7 +403,11 @@ const (
 	evObserve       // router learns of engine events (with network latency)
 	evRefused       // router learns that a request could not be delivered (with network latency)
 	evLost          // router learns that its request's instance died (with network latency)
-	evChange        // an instance is killed or added
+	evFailed        // router learns that its request was answered 500 (with network latency)
+	evCut           // router learns that its request's stream was cut (with network latency)
+	evTimeout       // an attempt's first-token timeout
+	evIdle          // a stream's idle timeout, on a hung instance
+	evChange        // an instance is killed, added, fails or recovers
 	evScrape
 	evArrival
 	evSubmit // request reaches its engine (with network latency)
@@ -375,6 +419,7 @@ type event struct {
 	kind uint8
 	inst int32
 	req  int32
+	n    int32 // evTimeout, evIdle: the attempt; evStepEnd: the instance's life
 	seq  uint64
 	evs  []engine.Event
 }
@@ -426,6 +471,10 @@ type sim struct {
 	events     int
 	// sameInstant counts consecutive zero-length steps.
 	sameInstant int
+	// inst is each instance's fault state; firstStep, per request, the engine step of its
+	// first token (faults.go).
+	inst      []instState
+	firstStep []int32
 }
 
 // maxStepsPerInstant bounds the zero-length engine steps in a row before a run gives up.
@@ -472,12 +521,18 @@ func (s *sim) loop(ctx context.Context) error {
 		case evSubmit:
 			s.submit(int(e.inst), int(e.req))
 		case evKick:
+			if e.n != s.inst[e.inst].life {
+				continue // for the instance before it was killed
+			}
 			if err := s.kick(int(e.inst)); err != nil {
 				return err
 			}
 		case evStepEnd:
-			if s.dead[e.inst] {
+			if s.dead[e.inst] || e.n != s.inst[e.inst].life {
 				continue // killed during the step: nothing it computed is heard of
+			}
+			if s.stepEnded(int(e.inst), e.evs) {
+				continue // hung: the events wait for the recovery
 			}
 			if s.cfg.NetworkLatency == 0 {
 				s.observe(int(e.inst), e.evs)
@@ -486,15 +541,26 @@ func (s *sim) loop(ctx context.Context) error {
 				// router hears of these.
 				s.push(event{at: e.at + s.cfg.NetworkLatency, kind: evObserve, inst: e.inst, evs: slices.Clone(e.evs)})
 			}
-			s.push(event{at: e.at, kind: evKick, inst: e.inst})
+			s.cutStreams(int(e.inst))
+			s.push(event{at: e.at, kind: evKick, inst: e.inst, n: e.n})
 		case evObserve:
 			s.observe(int(e.inst), e.evs)
 		case evRefused:
 			s.failAttempt(int(e.req), int(e.inst), route.FailConnect, "connection refused by "+s.name(int(e.inst)))
 		case evLost:
 			s.failAttempt(int(e.req), int(e.inst), route.FailLost, s.name(int(e.inst))+" died with the request")
+		case evFailed:
+			s.endAttempt(int(e.req), int(e.inst), route.FailStatus, s.name(int(e.inst))+" answered 500")
+		case evCut:
+			s.endAttempt(int(e.req), int(e.inst), route.FailCut, s.name(int(e.inst))+" cut the stream")
+		case evTimeout:
+			s.timeout(e)
+		case evIdle:
+			s.idle(e)
 		case evChange:
-			s.change(s.cfg.Changes[e.req])
+			if err := s.change(s.cfg.Changes[e.req]); err != nil {
+				return fmt.Errorf("%s of instance %d at %v: %w", s.cfg.Changes[e.req].Kind, s.cfg.Changes[e.req].Instance, e.at, err)
+			}
 		case evScrape:
 			s.scrape()
 			// Keep scraping while anything else is going to happen.
@@ -593,6 +659,9 @@ func (s *sim) send(i int) {
 	if p := st.call.Predicted(); p >= 0 {
 		rec.Predicted, rec.PredictedCachedTokens = true, p
 	}
+	if s.cfg.FirstTokenTimeout > 0 {
+		s.push(event{at: s.clock.now + s.cfg.FirstTokenTimeout, kind: evTimeout, inst: int32(ep.ID), req: int32(i), n: int32(st.call.Attempts())})
+	}
 	if s.cfg.NetworkLatency == 0 {
 		s.submit(ep.ID, i)
 		return
@@ -602,9 +671,16 @@ func (s *sim) send(i int) {
 
 // submit hands request i to engine inst, or has the router hear that it could not.
 func (s *sim) submit(inst, i int) {
+	if st := &s.state[i]; st.done || int(st.inst) != inst {
+		return // the attempt ended on its way (timed out)
+	}
 	if s.dead[inst] {
 		// The connection is refused; the router hears of it a round trip after it sent.
 		s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evRefused, inst: int32(inst), req: int32(i)})
+		return
+	}
+	if s.inst[inst].failing {
+		s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evFailed, inst: int32(inst), req: int32(i)})
 		return
 	}
 	r := &s.w.reqs[i]
@@ -624,7 +700,7 @@ func (s *sim) submit(inst, i int) {
 	s.held[inst][int32(i)] = struct{}{}
 	if !s.stepping[inst] {
 		s.stepping[inst] = true
-		s.push(event{at: s.clock.now, kind: evKick, inst: int32(inst)})
+		s.push(event{at: s.clock.now, kind: evKick, inst: int32(inst), n: s.inst[inst].life})
 	}
 }
 
@@ -657,28 +733,34 @@ func (s *sim) finishFailed(i int, msg string) {
 	st.inst = -1
 }
 
-// change kills or adds an instance.
-func (s *sim) change(ch Change) {
+// change kills or adds an instance, or starts or ends a fault.
+func (s *sim) change(ch Change) error {
 	inst := ch.Instance
-	if ch.Kind == Add {
+	switch ch.Kind {
+	case Add:
 		s.present[inst] = true
-		return
+		return nil
+	case Fail, Hang, Cut, Recover:
+		return s.fault(ch)
 	}
 	if s.dead[inst] {
-		return
+		return nil
 	}
 	s.dead[inst] = true
 	// What it held is lost; each request's router hears of it one network latency later.
 	lost := slices.Sorted(maps.Keys(s.held[inst]))
 	clear(s.held[inst])
+	s.stepping[inst] = false // a step in progress ends unheard (its life is over)
+	s.inst[inst].life++
 	for _, i := range lost {
 		s.push(event{at: s.clock.now + s.cfg.NetworkLatency, kind: evLost, inst: int32(inst), req: i})
 	}
+	return nil
 }
 
 // kick starts engine inst's next step, if it has anything to do.
 func (s *sim) kick(inst int) error {
-	if s.dead[inst] {
+	if s.dead[inst] || s.inst[inst].hung {
 		s.stepping[inst] = false
 		return nil
 	}
@@ -702,7 +784,7 @@ func (s *sim) kick(inst int) error {
 		s.sameInstant = 0
 	}
 	s.stepping[inst] = true
-	s.push(event{at: end, kind: evStepEnd, inst: int32(inst), evs: evs})
+	s.push(event{at: end, kind: evStepEnd, inst: int32(inst), evs: evs, n: s.inst[inst].life})
 	return nil
 }
 
@@ -744,6 +826,7 @@ func (s *sim) firstToken(i int) {
 	}
 	rec.FirstToken = s.clock.now
 	s.state[i].call.FirstToken()
+	s.idleWatch(i)
 }
 
 // scrape refreshes every endpoint's snapshot from its engine's counters. Every replica sees the

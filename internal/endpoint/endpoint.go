@@ -8,6 +8,7 @@
 package endpoint
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -33,8 +34,10 @@ type Endpoint struct {
 	// for this endpoint (a slow pool, long prompts).
 	FirstTokenTimeout, ResponseTimeout time.Duration
 
-	inFlight       atomic.Int64 // requests forwarded and not finished
-	pendingPrefill atomic.Int64 // prompt tokens forwarded that have not reached first token
+	tokenScale     atomic.Uint64 // float64 bits: engine tokens per router-estimated token; 0: 1
+	firstSeen      atomic.Int64  // unix nanoseconds the router's lifecycle first saw it; 0: not yet
+	inFlight       atomic.Int64  // requests forwarded and not finished
+	pendingPrefill atomic.Int64  // prompt tokens forwarded that have not reached first token
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
@@ -61,6 +64,47 @@ func (e *Endpoint) KVTokens() int {
 	}
 	return e.KVCapacityTokens
 }
+
+// TokenScale is how many of the engine's tokens one token of the router's estimate (4 bytes
+// of canonical text) stands for, as learned from the prompt tokens the engine reports: 1 until
+// learned. Engine-reported token counts divided by it are in the router's units.
+func (e *Endpoint) TokenScale() float64 {
+	if b := e.tokenScale.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
+}
+
+// LearnTokenScale folds one request into TokenScale: the engine counted engineTokens where the
+// router estimated estimate, weighed by weight (0..1) against what was learned before. The
+// scale stays within [1/4, 4].
+func (e *Endpoint) LearnTokenScale(engineTokens, estimate int, weight float64) {
+	if engineTokens <= 0 || estimate <= 0 {
+		return
+	}
+	ratio := min(max(float64(engineTokens)/float64(estimate), 0.25), 4)
+	for {
+		old := e.tokenScale.Load()
+		next := ratio
+		if old != 0 {
+			next = math.Float64frombits(old)*(1-weight) + ratio*weight
+		}
+		if e.tokenScale.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// RouterKVTokens is the KV capacity in the router's token units (KVTokens over TokenScale):
+// what an index of the engine's cache, kept in router blocks, may hold.
+func (e *Endpoint) RouterKVTokens() int { return int(float64(e.KVTokens()) / e.TokenScale()) }
+
+// FirstSeen is when (unix nanoseconds, on the lifecycle's clock) the router first saw the
+// endpoint among its candidates, 0 before; MarkSeen records it once.
+func (e *Endpoint) FirstSeen() int64 { return e.firstSeen.Load() }
+
+// MarkSeen records when the endpoint was first seen; later calls change nothing.
+func (e *Endpoint) MarkSeen(unixNano int64) { e.firstSeen.CompareAndSwap(0, unixNano) }
 
 // Available reports whether new requests may be sent to the endpoint.
 func (e *Endpoint) Available() bool { return !e.unhealthy.Load() && !e.draining.Load() }

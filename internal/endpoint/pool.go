@@ -26,13 +26,18 @@ type Spec struct {
 	MetricsPath string
 	// FirstTokenTimeout and ResponseTimeout override the router's attempt timeouts (0: none).
 	FirstTokenTimeout, ResponseTimeout time.Duration
+	// KVEvents is the engine's KV-event publisher (tcp://host:port), as discovery found it
+	// (Kubernetes: the pod's kvroute.io/kv-events); "" for none. Carried for the precise
+	// (KV-event) mode; routing does not read it yet.
+	KVEvents string
 }
 
 func (s *Spec) equal(o *Spec) bool {
 	return s.Name == o.Name && slices.Equal(s.Models, o.Models) && maps.Equal(s.Labels, o.Labels) &&
 		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.CacheSalt == o.CacheSalt &&
 		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath &&
-		s.FirstTokenTimeout == o.FirstTokenTimeout && s.ResponseTimeout == o.ResponseTimeout
+		s.FirstTokenTimeout == o.FirstTokenTimeout && s.ResponseTimeout == o.ResponseTimeout &&
+		s.KVEvents == o.KVEvents
 }
 
 // Diff is what an Update changed.

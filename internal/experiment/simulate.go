@@ -36,8 +36,18 @@ type SimulateOptions struct {
 	// load balancer spreads requests over them.
 	Routers         int
 	ReplicaAffinity string
-	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange).
-	Kill, Add []string
+	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange);
+	// Fail, Hang and Cut make an instance fail fast, hang or cut its streams after CutAfter
+	// tokens, and Recover ends its fault (a killed one restarts).
+	Kill, Add, Fail, Hang, Cut, Recover []string
+	CutAfter                            int
+	// FirstTokenTimeout and StreamIdleTimeout are the router's per-attempt timeouts (0: none);
+	// PassiveFailures, EjectionTime, MaxEjectionTime and MaxEjectedPercent its outlier
+	// detection, as the health section sets them live.
+	FirstTokenTimeout, StreamIdleTimeout time.Duration
+	PassiveFailures                      int
+	EjectionTime, MaxEjectionTime        time.Duration
+	MaxEjectedPercent                    int
 	// Records and HTML, when set, are files to write every request's record and a report to.
 	Records, HTML string
 }
@@ -47,6 +57,7 @@ type Simulation struct {
 	*report.Summary
 	routers  int
 	affinity string
+	faults   string // the faults and the settings that meet them, for the table's header
 }
 
 // Simulate checks the options, loads the workload and runs every policy on it in virtual time,
@@ -82,6 +93,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	default:
 		errs = append(errs, fmt.Errorf("--replica-affinity %q: want none (round-robin per request) or session", o.ReplicaAffinity))
 	}
+	errs = append(errs, o.checkFaults()...)
 	if o.BlockSize > 0 {
 		prof = prof.WithBlockSize(o.BlockSize)
 	}
@@ -111,20 +123,11 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	fleet.Seed = o.Seed
 	fleet.Routers = o.Routers
 	fleet.Spread = spread
-	for _, c := range []struct {
-		kind  des.ChangeKind
-		specs []string
-	}{{des.Kill, o.Kill}, {des.Add, o.Add}} {
-		for _, spec := range c.specs {
-			ch, err := des.ParseChange(c.kind, spec, span(reqs))
-			if err != nil {
-				return nil, &UsageError{err}
-			}
-			fleet.Changes = append(fleet.Changes, ch)
-		}
+	if err := o.applyFaults(&fleet, span(reqs)); err != nil {
+		return nil, err
 	}
 
-	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, Summary: &report.Summary{
+	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, faults: o.faultsNote(), Summary: &report.Summary{
 		Scenario: report.Scenario{
 			Workload: name, Requests: len(reqs), Instances: o.Instances, Profile: prof.Name,
 			Speedup: speedup, Seed: int64(o.Seed), BlockSize: prof.BlockSize,
@@ -213,9 +216,10 @@ func (s *Simulation) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable writes the summary as a table, with the router replicas at the end of its header
-// line when there are several.
+// line when there are several, and after it, when instances fail, a line naming the faults and
+// the settings that meet them.
 func (s *Simulation) WriteTable(w io.Writer) error {
-	if s.routers <= 1 {
+	if s.routers <= 1 && s.faults == "" {
 		return report.WriteTable(w, s.Summary)
 	}
 	var b bytes.Buffer
@@ -223,7 +227,14 @@ func (s *Simulation) WriteTable(w io.Writer) error {
 		return err
 	}
 	head, rest, _ := bytes.Cut(b.Bytes(), []byte("\n"))
-	if _, err := fmt.Fprintf(w, "%s, %s\n%s", head, s.routersNote(), rest); err != nil {
+	more := ""
+	if s.routers > 1 {
+		more = ", " + s.routersNote()
+	}
+	if s.faults != "" {
+		more += "\n" + s.faults
+	}
+	if _, err := fmt.Fprintf(w, "%s%s\n%s", head, more, rest); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	return nil

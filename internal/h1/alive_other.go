@@ -4,6 +4,7 @@ package h1
 
 import "net"
 
-// alive cannot peek here; a connection the server closed is met by the request, which is
-// then sent once more on a new connection.
+// alive cannot peek here; a connection the server closed while it was idle is met by the
+// request, which fails unless the close broke its writing (the transport cannot tell such a
+// close from one the request caused).
 func alive(net.Conn) bool { return true }

@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -63,6 +64,21 @@ type Server struct {
 	ReadHeaderTimeout, IdleTimeout, WriteTimeout time.Duration
 	// MaxHeaderBytes bounds a request's head; 0: http.DefaultMaxHeaderBytes (1 MB).
 	MaxHeaderBytes int
+	// BodyReadTimeout bounds reading a request body, from the handler's first read of it, and
+	// grows by a second for every BodyMinRate bytes received (so that a large body sent at a
+	// fair pace is not cut, while one trickled a byte at a time is). Time counts only while the
+	// handler waits for the client: a handler busy elsewhere costs the client nothing. Past it,
+	// the handler's read returns ErrBodyReadTimeout at once and the connection is closed after
+	// the response. 0: no bound.
+	BodyReadTimeout time.Duration
+	// BodyMinRate is the body bytes per second that earn one more second of BodyReadTimeout;
+	// 0: none (the timeout bounds the whole body).
+	BodyMinRate int64
+	// WriteStallTimeout bounds one write to the client: a client that stops reading (its
+	// window full) and so blocks a write for longer has its connection closed, and the
+	// handler's writes fail from then on. A stream the client keeps reading is never cut,
+	// however long it runs. 0: no bound.
+	WriteStallTimeout time.Duration
 	// WatchAfter is how long a request runs before its connection is watched for the client
 	// going away (give or take half of it); 0: DefaultWatchAfter.
 	WatchAfter time.Duration
@@ -100,6 +116,11 @@ func (s *Server) base() context.Context {
 
 // ErrServerClosed is http.ErrServerClosed: Serve returns it after Shutdown or Close.
 var ErrServerClosed = http.ErrServerClosed
+
+// ErrBodyReadTimeout is what reading a request body returns once the client has taken longer
+// than the body timeout to send it. It wraps os.ErrDeadlineExceeded, as net/http's timeout
+// errors do, so that a handler can answer 408 to either server.
+var ErrBodyReadTimeout = fmt.Errorf("h1: request body not received in time: %w", os.ErrDeadlineExceeded)
 
 // Serve accepts connections on ln until Shutdown or Close, and returns ErrServerClosed then.
 func (s *Server) Serve(ln net.Listener) error {
@@ -228,16 +249,22 @@ func (s *Server) janitor() {
 	}
 }
 
-// sweep closes the connections past their timeouts and starts due watches; it reports
-// whether a request is in flight. The caller holds s.mu.
+// sweep closes the connections past their timeouts, interrupts body reads past theirs and
+// starts due watches; it reports whether a request is in flight. The caller holds s.mu.
 func (s *Server) sweep(now int64) (busy bool) {
 	head, idle, watch := int64(s.ReadHeaderTimeout), int64(s.IdleTimeout), int64(s.watchAfter())
+	stall, body := int64(s.WriteStallTimeout), int64(s.BodyReadTimeout)
 	if idle == 0 {
 		idle = head
 	}
 	for c := range s.conns {
+		st := c.state.Load()
+		if w := c.writeSince.Load(); stall > 0 && w != 0 && now-w > stall && st != stateDetached {
+			c.expire() // the client stopped reading
+			continue
+		}
 		age := now - c.since.Load()
-		switch c.state.Load() {
+		switch st {
 		case stateNew, stateHead:
 			if head > 0 && age > head {
 				c.expire()
@@ -248,6 +275,9 @@ func (s *Server) sweep(now int64) (busy bool) {
 			}
 		case stateActive:
 			busy = true
+			if body > 0 && c.bodyReading.Load() && now > c.bodyDeadline(body, s.BodyMinRate) {
+				c.expireBody()
+			}
 			if age >= watch && !c.watchAsked.Load() {
 				c.watchAsked.Store(true)
 				c.watchDue()
@@ -370,6 +400,17 @@ type srvConn struct {
 	since  atomic.Int64 // when the state last changed, Unix ns
 	// expired is set when the janitor closes the connection for a timeout.
 	expired atomic.Bool
+	// writeSince is when the write to the client under way began, Unix ns; 0: none.
+	writeSince atomic.Int64
+	// The request body's timing: when the handler first read it (Unix ns; 0: not yet), the
+	// bytes read, whether a read waits on the client now, and whether the janitor ended it.
+	bodyStart   atomic.Int64
+	bodyRead    atomic.Int64
+	bodyReading atomic.Bool
+	bodyExpired atomic.Bool
+	// scan checks the head being read while scanning is set (see headScan).
+	scan     headScan
+	scanning bool
 	// watchAsked is set when the janitor has asked for the request's watch.
 	watchAsked atomic.Bool
 	cr         connReader
@@ -400,6 +441,43 @@ func (c *srvConn) expire() {
 	_ = c.rwc.Close()
 }
 
+// bodyDeadline is when the request body's read time runs out, Unix ns.
+func (c *srvConn) bodyDeadline(timeout, minRate int64) int64 {
+	d := c.bodyStart.Load() + timeout
+	if minRate > 0 {
+		d += int64(float64(c.bodyRead.Load()) / float64(minRate) * float64(time.Second))
+	}
+	return d
+}
+
+// expireBody interrupts the handler's wait for a body that is too slow: its read returns
+// ErrBodyReadTimeout, and the connection is closed after the response. The connection stays
+// open for now so that the handler can answer (408).
+func (c *srvConn) expireBody() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bodyDone || c.watching {
+		return // the body ended meanwhile: the read deadline is the watch's now
+	}
+	c.bodyExpired.Store(true)
+	_ = c.rwc.SetReadDeadline(aLongTimeAgo)
+}
+
+// connWriter is what the connection's bufio.Writer writes to: it tells the janitor how long
+// the write under way has been waiting for the client.
+type connWriter struct{ c *srvConn }
+
+func (w connWriter) Write(p []byte) (int, error) {
+	c := w.c
+	if c.s.WriteStallTimeout <= 0 {
+		return c.rwc.Write(p)
+	}
+	c.writeSince.Store(time.Now().UnixNano())
+	n, err := c.rwc.Write(p)
+	c.writeSince.Store(0)
+	return n, err
+}
+
 // connReader is what the connection's bufio.Reader reads: it bounds a request's head and
 // hands back the byte the watch may have read.
 type connReader struct {
@@ -423,11 +501,23 @@ func (r *connReader) Read(p []byte) (int, error) {
 		p[0] = r.byteBuf[0]
 		r.hasByte = false
 		r.remain--
+		r.c.scanHead(p[:1])
 		return 1, nil
 	}
 	n, err := r.c.rwc.Read(p)
 	r.remain -= int64(n)
+	if n > 0 {
+		r.c.scanHead(p[:n])
+	}
 	return n, err
+}
+
+// scanHead passes the bytes just read to the head's check while the head is being read.
+func (c *srvConn) scanHead(p []byte) {
+	if c.scanning {
+		c.scan.scan(p)
+		c.scanning = !c.scan.done()
+	}
 }
 
 var errHeadTooLarge = errors.New("request head too large")
@@ -454,7 +544,7 @@ func (c *srvConn) serve() {
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.cr)
 	c.bw = writerPool.Get().(*bufio.Writer)
-	c.bw.Reset(c.rwc)
+	c.bw.Reset(connWriter{c})
 	defer func() {
 		if v := recover(); v != nil && v != http.ErrAbortHandler {
 			buf := make([]byte, 64<<10)
@@ -542,8 +632,17 @@ func (c *srvConn) serveOne() bool {
 		limit = http.DefaultMaxHeaderBytes
 	}
 	c.cr.remain = int64(limit) + 4096 // what bufio may read past the head, as net/http allows
+	// The head's check sees what is buffered already (the start of this request), then what
+	// is read until the head ends.
+	c.scan.reset(false)
+	c.scanning = true
+	if n := c.br.Buffered(); n > 0 {
+		b, _ := c.br.Peek(n)
+		c.scanHead(b)
+	}
 	req, err := http.ReadRequest(c.br)
 	c.cr.remain = unbounded
+	c.scanning = false
 	if err != nil {
 		switch {
 		case c.expired.Load():
@@ -561,6 +660,10 @@ func (c *srvConn) serveOne() bool {
 	}
 	if req.ProtoMajor != 1 {
 		c.protocolError(http.StatusHTTPVersionNotSupported, "HTTP/1.0 and HTTP/1.1 only")
+		return false
+	}
+	if why := c.scan.smuggling(); why != "" {
+		c.protocolError(http.StatusBadRequest, "malformed request: "+why)
 		return false
 	}
 	if req.Host == "" && req.ProtoAtLeast(1, 1) && req.Method != http.MethodConnect {
@@ -595,6 +698,9 @@ func (c *srvConn) serveOne() bool {
 	c.mu.Lock()
 	c.active, c.bodyDone, c.due, c.gone, c.cancel = true, noBody, false, false, cancel
 	c.mu.Unlock()
+	c.bodyStart.Store(0)
+	c.bodyRead.Store(0)
+	c.bodyExpired.Store(false)
 	c.watchAsked.Store(false)
 	c.setState(stateActive)
 	s.requestStarted()
@@ -620,8 +726,14 @@ func (c *srvConn) serveOne() bool {
 		return false
 	}
 	if !noBody && !body.eof {
-		// The handler left some of the body: drop a little of it to keep the connection.
-		n, err := io.CopyN(io.Discard, body.rc, maxDiscard+1)
+		// The handler left some of the body: drop a little of it to keep the connection (timed
+		// as the body is), unless the client announced more than that, waits for a 100
+		// Continue that never came, or was too slow already.
+		if body.cont || c.bodyExpired.Load() || req.ContentLength-c.bodyRead.Load() > maxDiscard {
+			c.closeGracefully()
+			return false
+		}
+		n, err := io.CopyN(io.Discard, body, maxDiscard+1)
 		if n > maxDiscard || err != io.EOF {
 			c.closeGracefully()
 			return false
@@ -693,6 +805,11 @@ func (c *srvConn) onBodyEOF() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.bodyDone = true
+	if c.bodyExpired.Load() {
+		// The body ended as the janitor gave up on it: it was in time after all.
+		c.bodyExpired.Store(false)
+		_ = c.rwc.SetReadDeadline(time.Time{})
+	}
 	if c.due && c.active && !c.watching {
 		c.startWatchLocked()
 	}
@@ -757,17 +874,34 @@ func (b *reqBody) Read(p []byte) (int, error) {
 	if b.eof {
 		return 0, io.EOF
 	}
+	c := b.c
+	if c.bodyExpired.Load() {
+		return 0, ErrBodyReadTimeout
+	}
 	if b.cont {
 		b.cont = false
-		_, _ = b.c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
-		if err := b.c.bw.Flush(); err != nil {
-			b.c.werr = err
+		_, _ = c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		if err := c.bw.Flush(); err != nil {
+			c.werr = err
 		}
 	}
+	timed := c.s.BodyReadTimeout > 0
+	if timed {
+		if c.bodyStart.Load() == 0 {
+			c.bodyStart.Store(time.Now().UnixNano())
+		}
+		c.bodyReading.Store(true)
+	}
 	n, err := b.rc.Read(p)
+	if timed {
+		c.bodyReading.Store(false)
+	}
+	c.bodyRead.Add(int64(n))
 	if err == io.EOF {
 		b.eof = true
-		b.c.onBodyEOF()
+		c.onBodyEOF()
+	} else if err != nil && c.bodyExpired.Load() {
+		err = ErrBodyReadTimeout
 	}
 	return n, err
 }

@@ -20,16 +20,29 @@ func FuzzServer(f *testing.F) {
 		"HEAD /stream HTTP/1.1\r\nHost: x\r\n\r\n",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length : 3\r\n\r\nabc",
+		"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n",
+		"POST / HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\nabc",
+		"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab",
 	} {
 		f.Add([]byte(seed))
 	}
-	s := &Server{WatchAfter: time.Millisecond, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16))
-		if r.URL.Path == "/stream" {
-			w.(http.Flusher).Flush()
-		}
-		_, _ = w.Write(b)
-	})}
+	// Short timeouts, so that the body and write timing runs on what the fuzzer sends (a body
+	// cut short by the end of the input, a stream the pipe holds).
+	s := &Server{WatchAfter: time.Millisecond, BodyReadTimeout: 5 * time.Millisecond, BodyMinRate: 1000,
+		WriteStallTimeout: 50 * time.Millisecond, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.ContentLength > 1<<16 {
+				w.WriteHeader(http.StatusRequestEntityTooLarge)
+				return
+			}
+			b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+			if r.URL.Path == "/stream" {
+				w.(http.Flusher).Flush()
+			}
+			_, _ = w.Write(b)
+		})}
 	f.Cleanup(func() {
 		s.Close()
 		s.wg.Wait()

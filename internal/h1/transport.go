@@ -13,9 +13,12 @@
 // read to its end.
 //
 // What net/http's Transport does with its reader goroutine, noticing that the server closed an
-// idle connection, is done here when a connection is taken from the pool after some idle time
-// (a non-blocking peek), and, should a request still meet a connection the server closed, it is
-// sent once more on a new connection if no byte of a response had arrived.
+// idle connection, is done here when a connection is taken from the pool (a non-blocking peek,
+// one system call). Should a request still meet a connection the server closed, it is sent once
+// more on a new connection only when the connection failed while the request was being
+// written. Once the request is written, a close before any byte of a response is not retried:
+// the server may have read the request, and may have closed because of it (an engine that
+// crashes on a query of death would get it again and again).
 //
 // Only plain http URLs that no proxy carries are served here; https, and requests that
 // Fallback's Proxy function routes through a proxy, go to Fallback.
@@ -39,9 +42,6 @@ const (
 	DefaultMaxIdlePerHost = 1024
 	DefaultIdleTimeout    = 90 * time.Second
 	DefaultDialTimeout    = 30 * time.Second
-	// staleCheckAfter is how long a connection may sit in the pool before it is peeked at for a
-	// close by the server. Engines' keep-alive timeouts are seconds (uvicorn: 5 s).
-	staleCheckAfter = 500 * time.Millisecond
 	// MaxResponseHeaderBytes bounds a response's status line and headers (net/http's Transport
 	// allows 10 MB; an engine's are well under a kilobyte).
 	MaxResponseHeaderBytes = 1 << 20
@@ -98,9 +98,9 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// errStale marks an attempt that met a connection closed by the server before any byte of a
-// response arrived.
-var errStale = errors.New("h1: connection closed by the server before a response")
+// errStale marks an attempt that met a connection closed by the server while the request was
+// being written: the server cannot have read it whole.
+var errStale = errors.New("h1: connection closed by the server before the request was sent")
 
 // RoundTrip sends req and returns the response, whose body must be read to its end or closed.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -173,10 +173,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		var err error
 		resp, err = http.ReadResponse(c.br, req)
 		if err != nil {
-			if c.cr.n == read0 && closedByPeer(err) {
-				err = errStale
-			}
-			return fail(err)
+			return fail(err) // the request went out: not stale, whatever closed the connection
 		}
 		// An informational response (100 Continue, 103 Early Hints) precedes the real one.
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -252,8 +249,9 @@ func (t *Transport) get(ctx context.Context, addr string, fresh bool) (c *conn, 
 			if c == nil {
 				break
 			}
-			idle := now.Sub(c.since)
-			if idle > t.idleTimeout() || (idle > staleCheckAfter && !alive(c.nc)) {
+			// Every reused connection is peeked at: a request that met a close by the server
+			// after it was written could not be sent again (see errStale).
+			if now.Sub(c.since) > t.idleTimeout() || !alive(c.nc) {
 				c.nc.Close()
 				continue
 			}

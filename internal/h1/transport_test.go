@@ -234,11 +234,27 @@ func TestCancelEndsCallAndUpstream(t *testing.T) {
 // without saying so: what a server does when its keep-alive timeout ends as a request arrives.
 func oneShotServer(t *testing.T) (url string, requests *atomic.Int64) {
 	t.Helper()
+	requests = new(atomic.Int64)
+	url = rawServer(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		requests.Add(1)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	return url, requests
+}
+
+// rawServer serves each connection with serve (then closes it) until the test ends, and
+// returns its URL.
+func rawServer(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	requests = new(atomic.Int64)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Go(func() {
@@ -249,20 +265,17 @@ func oneShotServer(t *testing.T) (url string, requests *atomic.Int64) {
 			}
 			wg.Go(func() {
 				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				requests.Add(1)
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				serve(c)
 			})
 		}
 	})
-	return "http://" + ln.Addr().String(), requests
+	return "http://" + ln.Addr().String()
 }
 
-func TestStaleConnectionRetriedOnce(t *testing.T) {
+// TestStaleConnectionNeverMet: each response's connection is closed by the server just after
+// (a keep-alive timeout); the next request, however soon, goes on a new connection: the pooled
+// one is peeked at and found closed.
+func TestStaleConnectionNeverMet(t *testing.T) {
 	url, requests := oneShotServer(t)
 	tr := newTransport(t)
 	for i := range 3 {
@@ -273,9 +286,7 @@ func TestStaleConnectionRetriedOnce(t *testing.T) {
 		if got := readAll(t, resp); got != "ok" {
 			t.Fatalf("request %d: %q", i, got)
 		}
-		// Give the server time to close; the pooled connection is younger than
-		// staleCheckAfter, so it is not peeked at: the request meets the close.
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the server closes meanwhile
 	}
 	if n := requests.Load(); n != 3 {
 		t.Errorf("the server handled %d requests, want 3", n)
@@ -287,7 +298,7 @@ func TestStaleConnectionPeeked(t *testing.T) {
 	tr := newTransport(t)
 	mustPost(t, tr, url)
 	time.Sleep(20 * time.Millisecond)
-	tr.backdate(time.Second) // older than staleCheckAfter: peeked at and found closed
+	tr.backdate(time.Second) // peeked at and found closed
 	reused := takeIdle(t, tr, url)
 	if reused {
 		t.Error("a connection the server closed was taken from the pool")
@@ -308,20 +319,38 @@ func TestLiveConnectionPeekedAndKept(t *testing.T) {
 	}
 }
 
-func TestStaleNotReplayableBodyFails(t *testing.T) {
-	url, requests := oneShotServer(t)
+// TestClosedAfterRequestNotResent: a server that reads a request on a reused connection and
+// closes it without an answer (an engine that crashes on a query of death) gets it once: the
+// transport does not send it again, though its body could be, and reports an unexpected EOF.
+func TestClosedAfterRequestNotResent(t *testing.T) {
+	var deaths atomic.Int64
+	url := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			b, _ := io.ReadAll(req.Body)
+			if string(b) == "poison" {
+				deaths.Add(1)
+				return // read, then gone
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
 	tr := newTransport(t)
-	mustPost(t, tr, url)
-	time.Sleep(20 * time.Millisecond)
-	req, _ := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader("{}"))) // no GetBody
-	if resp, err := tr.RoundTrip(req); err == nil {
+	mustPost(t, tr, url) // a pooled connection to reuse
+	resp, err := post(t, tr, url, "poison")
+	if err == nil {
 		resp.Body.Close()
-		t.Fatal("a request whose body cannot be sent again succeeded on a closed connection")
-	} else if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatal("the poisoned request got an answer")
+	}
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("err %v, want unexpected EOF", err)
 	}
-	if n := requests.Load(); n != 1 {
-		t.Errorf("requests %d, want 1", n)
+	if n := deaths.Load(); n != 1 {
+		t.Errorf("the server read the poisoned request %d times, want 1", n)
 	}
 }
 

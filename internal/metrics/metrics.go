@@ -3,10 +3,19 @@
 // Every name has the kvroute_ prefix and base units (seconds, tokens, bytes). Label values are
 // bounded: models and endpoints come from the configuration (an unknown model is counted as
 // "unknown"), statuses are HTTP codes.
+//
+// Counters and histograms exist at 0 before their first event: Prometheus cannot tell a
+// series that appears at 1 from one that was always 1, so rate() and increase() would miss the
+// first reload, refusal, retry or ejection. New makes the series of the router itself,
+// EndpointAdded those of an endpoint and its models, DiscoverySource those of a discovery
+// source, TenantMetrics.SetTenants those of the tenants; ForgetEndpoint and SetTenants delete
+// them again when the endpoint or tenant leaves.
 package metrics
 
 import (
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,15 +27,79 @@ import (
 // UnknownModel is the model label of requests for a model no endpoint serves.
 const UnknownModel = "unknown"
 
+// OtherModel is the model label of requests for a model that no endpoint lists but one that
+// serves every model takes.
+const OtherModel = "other"
+
 // NoEndpoint is the endpoint label of requests that reached no endpoint.
 const NoEndpoint = "none"
 
-// TTFT buckets cover 1 ms to 160 s, like vLLM's time_to_first_token_seconds.
-var ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160}
+// Retry reasons of kvroute_retries_total: the names of the retryable route.Failure classes.
+const (
+	RetryConnectError = "connect_error"
+	RetryUnavailable  = "unavailable"
+	RetryBusy         = "busy"
+	RetryTimeout      = "timeout"
+)
 
-var e2eBuckets = []float64{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 60, 120, 240, 480, 960}
+// RetryReasons lists them.
+var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout}
 
-var pickBuckets = []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2}
+// Statuses made at 0 for every endpoint and model it serves: what an engine answers, what the
+// router relays or makes of it (499 client gone, 502 response unreadable).
+var endpointStatuses = []string{"200", "400", "429", "499", "500", "502", "503"}
+
+// Statuses made at 0 with endpoint "none" for every model label: the router's own answers
+// when no endpoint was reached (400 bad body, 401 no or wrong key, 404 unknown model, 413 too
+// large, 429 over a tenant limit, 499 client gone, 502 no endpoint reachable, 503 no healthy
+// endpoint or overloaded).
+var refusalStatuses = []string{"400", "401", "404", "413", "429", "499", "502", "503"}
+
+// Histogram buckets. Classic buckets stay for every Prometheus and for the dashboard; native
+// histograms (nativeFactor) give scrapers that negotiate them a resolution of about 10 %.
+// docs/operations.md says why each range.
+var (
+	// TTFT: 1 ms (an idle engine with everything cached) to 60 s (a long prompt behind a
+	// queue), neighbours at most 1.5x apart, so a quantile read between two buckets is off by
+	// less than that factor.
+	ttftBuckets = decades(0.001, 60, 1, 1.5, 2, 3, 4, 6, 8)
+	// Request duration: 1 ms (a refusal, an instant engine) to 1000 s (a long generation),
+	// neighbours at most 2x apart.
+	e2eBuckets = decades(0.001, 1000, 1, 2, 3, 5)
+	// Pick duration: 1 µs to 10 ms; a pick is microseconds.
+	pickBuckets = []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2}
+)
+
+// Native histogram resolution: each bucket at most 10 % wider than the last (schema 3), at
+// most 160 buckets per series before the resolution halves, reset at most hourly to regain it.
+const (
+	nativeFactor     = 1.1
+	nativeMaxBuckets = 160
+	nativeMinReset   = time.Hour
+)
+
+// decades returns steps x 10^k from lo up to hi (inclusive), for every decade in between.
+func decades(lo, hi float64, steps ...float64) []float64 {
+	var out []float64
+	for d := lo; d <= hi; d *= 10 {
+		for _, s := range steps {
+			// Rounded to 12 significant digits so that 0.001*3 reads 0.003 in the exposition.
+			v, _ := strconv.ParseFloat(strconv.FormatFloat(d*s, 'g', 12, 64), 64)
+			if v <= hi {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+// histogramOpts is opts with the native histogram settings.
+func histogramOpts(opts prometheus.HistogramOpts) prometheus.HistogramOpts {
+	opts.NativeHistogramBucketFactor = nativeFactor
+	opts.NativeHistogramMaxBucketNumber = nativeMaxBuckets
+	opts.NativeHistogramMinResetDuration = nativeMinReset
+	return opts
+}
 
 // Metrics are the router's collectors.
 type Metrics struct {
@@ -40,11 +113,19 @@ type Metrics struct {
 	// CachedReported counts prompt tokens of requests whose engine reported cached_tokens, the
 	// denominator of the engine hit rate (engines that never report it would skew it).
 	CachedReported *prometheus.CounterVec // model
-	PickDuration   prometheus.Histogram
-	Retries        *prometheus.CounterVec // endpoint, reason
-	Ejections      *prometheus.CounterVec // endpoint
-	Rewrites       prometheus.Counter
-	Reloads        *prometheus.CounterVec // result
+	// EndpointPredictedCached is PredictedCached by endpoint, to set beside each engine's own
+	// prefix-cache hits (scraped): the two should move together.
+	EndpointPredictedCached *prometheus.CounterVec // endpoint
+	PickDuration            prometheus.Histogram
+	Retries                 *prometheus.CounterVec // endpoint, reason
+	Ejections               *prometheus.CounterVec // endpoint
+	// CacheBlind is 1 while an endpoint's engine reports far fewer cached tokens than the
+	// router predicted (a silent zero hit: the router then routes there on load alone), and
+	// CacheBlindEvents counts such verdicts.
+	CacheBlind       *prometheus.GaugeVec   // endpoint
+	CacheBlindEvents *prometheus.CounterVec // endpoint
+	Rewrites         prometheus.Counter
+	Reloads          *prometheus.CounterVec // result
 	// DiscoveryErrors counts failed discovery updates (a file that does not load, a name that
 	// does not resolve); DiscoveredEndpoints is what each source gives now. source is "file" or
 	// "dns:<name>", from the config: bounded.
@@ -53,25 +134,48 @@ type Metrics struct {
 	// Tenant holds the per-tenant collectors, which the tenant gate updates.
 	Tenant *TenantMetrics
 
-	endpoints atomic.Pointer[func() []*endpoint.Endpoint]
-	index     atomic.Pointer[func() (int, int64)]
-	now       func() time.Time
+	endpoints   atomic.Pointer[func() []*endpoint.Endpoint]
+	index       atomic.Pointer[func() (int, int64)]
+	prefillRate atomic.Pointer[func(*endpoint.Endpoint) float64]
+	now         func() time.Time
+
+	mu       sync.Mutex
+	served   map[string][]string  // endpoint -> the model labels its series were made for
+	anyModel map[string]bool      // endpoints without a model list: they serve every model
+	ejected  map[string]*ejection // endpoint -> its passive ejections
 }
 
-// New builds the collectors and registers them with reg.
+// ejection is an endpoint's time out of rotation after connection errors.
+type ejection struct {
+	since time.Time     // start of the ejection in progress; zero when none
+	until time.Time     // its planned end; zero: until EndpointReadmitted
+	total time.Duration // ejections that have ended
+}
+
+// end is when e's ejection in progress ends as seen at now: its planned end once passed, now
+// while it runs.
+func (e *ejection) end(now time.Time) (time.Time, bool) {
+	if !e.until.IsZero() && !now.Before(e.until) {
+		return e.until, false
+	}
+	return now, true
+}
+
+// New builds the collectors, registers them with reg, and makes the router's own series (config
+// reloads by result, refusals of unknown models) at 0.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_requests_total", Help: "Requests answered, by model, endpoint (none when no endpoint was reached) and HTTP status.",
 		}, []string{"model", "endpoint", "status"}),
-		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		TTFT: prometheus.NewHistogramVec(histogramOpts(prometheus.HistogramOpts{
 			Name: "kvroute_ttft_seconds", Help: "Time to first token of streamed requests, measured at the router from request arrival to the first event.",
 			Buckets: ttftBuckets,
-		}, []string{"model"}),
-		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		}), []string{"model"}),
+		Duration: prometheus.NewHistogramVec(histogramOpts(prometheus.HistogramOpts{
 			Name: "kvroute_request_duration_seconds", Help: "End-to-end request duration at the router.",
 			Buckets: e2eBuckets,
-		}, []string{"model"}),
+		}), []string{"model"}),
 		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_prompt_tokens_total", Help: "Prompt tokens routed (engine-reported, else the router's estimate).",
 		}, []string{"model"}),
@@ -87,15 +191,26 @@ func New(reg prometheus.Registerer) *Metrics {
 		CachedReported: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_cache_reported_prompt_tokens_total", Help: "Prompt tokens of requests whose engine reported cached tokens: the denominator of the engine hit rate.",
 		}, []string{"model"}),
-		PickDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		EndpointPredictedCached: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_endpoint_predicted_cached_tokens_total", Help: "Prompt tokens the policy's index predicted the endpoint had cached, for the requests it answered.",
+		}, []string{"endpoint"}),
+		PickDuration: prometheus.NewHistogram(histogramOpts(prometheus.HistogramOpts{
 			Name: "kvroute_pick_duration_seconds", Help: "Time the policy took to rank the candidates.",
 			Buckets: pickBuckets,
-		}),
+		})),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error, unavailable).",
 		}, []string{"endpoint", "reason"}),
 		Ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive connection errors.",
+			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive failures (connection errors, 5xx, timeouts, lost requests, cut streams).",
+		}, []string{"endpoint"}),
+		CacheBlind: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_endpoint_cache_blind",
+			Help: "1 while the engine reports far fewer cached tokens than the router predicted (a silent zero hit: wrong salt, tokenizer or block size, caching off); the router then routes there on load alone.",
+		}, []string{"endpoint"}),
+		CacheBlindEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_endpoint_cache_blind_total",
+			Help: "Times the engine's cache reports were found far below the router's predictions (kvroute_endpoint_cache_blind went to 1).",
 		}, []string{"endpoint"}),
 		Rewrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_normalize_rewrites_total", Help: "Requests whose prompt was rewritten to its normalised form before forwarding.",
@@ -109,31 +224,228 @@ func New(reg prometheus.Registerer) *Metrics {
 		DiscoveredEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvroute_discovery_endpoints", Help: "Endpoints each discovery source gives now.",
 		}, []string{"source"}),
-		Tenant: NewTenantMetrics(reg),
-		now:    time.Now,
+		Tenant:   NewTenantMetrics(reg),
+		now:      time.Now,
+		served:   map[string][]string{},
+		anyModel: map[string]bool{},
+		ejected:  map[string]*ejection{},
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
-		m.PredictedCached, m.EngineCached, m.CachedReported, m.PickDuration, m.Retries,
-		m.Ejections, m.Rewrites, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
+		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
+		m.Retries, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
+	m.Reloads.WithLabelValues("ok")
+	m.Reloads.WithLabelValues("error")
+	m.modelSeries(UnknownModel)
 	return m
 }
 
 // WatchEndpoints sets the function the per-endpoint gauges (in flight, pending prefill,
-// health, snapshot age) read at scrape time, so they never go stale when endpoints leave.
+// health, snapshot age, the engine's scraped load and cache) read at scrape time, so they
+// never go stale when endpoints leave.
 func (m *Metrics) WatchEndpoints(f func() []*endpoint.Endpoint) { m.endpoints.Store(&f) }
 
 // WatchIndex sets the function the index gauges (entries, bytes) read at scrape time.
 func (m *Metrics) WatchIndex(f func() (entries int, bytes int64)) { m.index.Store(&f) }
 
+// WatchPrefillRate sets the function that gives an endpoint's prefill rate in tokens per
+// second (0: unknown), read at scrape time for kvroute_endpoint_predicted_ttft_seconds. The
+// prefix-aware policy's PrefillRate fits; unset, that gauge is not exported.
+func (m *Metrics) WatchPrefillRate(f func(*endpoint.Endpoint) float64) { m.prefillRate.Store(&f) }
+
 // Status formats an HTTP status code as a label value.
 func Status(code int) string { return strconv.Itoa(code) }
 
-// ForgetEndpoint deletes the series of an endpoint that left the pool, so the label set stays
-// bounded through reloads.
+// EndpointAdded makes the series of an endpoint that joined the pool at 0: its requests by
+// status for each model it serves (and the router's refusals of those models), its retries by
+// reason, ejections and predicted cached tokens, and the per-model series of its models.
+// models are the endpoint's model list; empty means it serves every model, and its series are
+// made for OtherModel and every model another endpoint lists, now or when one is added later.
+// Calling it again for an endpoint re-added with a new spec ends an ejection in progress: the
+// new endpoint starts healthy.
+func (m *Metrics) EndpointAdded(name string, models []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.served[name]
+	m.served[name] = nil
+	if len(models) == 0 {
+		m.anyModel[name] = true
+		labels := []string{OtherModel}
+		for _, ls := range m.served {
+			labels = append(labels, ls...)
+		}
+		slices.Sort(labels)
+		m.serveLocked(name, slices.Compact(labels))
+	} else {
+		delete(m.anyModel, name)
+		m.serveLocked(name, models)
+		for e := range m.anyModel { // they serve these models too
+			m.serveLocked(e, models)
+		}
+	}
+	// Re-added with another model list: the models it no longer serves lose its series.
+	old = slices.DeleteFunc(old, func(model string) bool { return slices.Contains(m.served[name], model) })
+	for _, model := range old {
+		m.Requests.DeletePartialMatch(prometheus.Labels{"model": model, "endpoint": name})
+	}
+	m.dropModelsLocked(old)
+	for _, r := range RetryReasons {
+		m.Retries.WithLabelValues(name, r)
+	}
+	m.Ejections.WithLabelValues(name)
+	m.CacheBlind.WithLabelValues(name)
+	m.CacheBlindEvents.WithLabelValues(name)
+	m.EndpointPredictedCached.WithLabelValues(name)
+	if e := m.ejected[name]; e != nil {
+		m.endEjectionLocked(e)
+	} else {
+		m.ejected[name] = &ejection{}
+	}
+}
+
+// serveLocked records that endpoint serves models and makes their series at 0.
+func (m *Metrics) serveLocked(endpoint string, models []string) {
+	for _, model := range models {
+		if slices.Contains(m.served[endpoint], model) {
+			continue
+		}
+		m.served[endpoint] = append(m.served[endpoint], model)
+		m.modelSeries(model)
+		for _, s := range endpointStatuses {
+			m.Requests.WithLabelValues(model, endpoint, s)
+		}
+	}
+}
+
+// modelSeries makes the per-model series of model at 0, with the refusals of its requests.
+// UnknownModel gets only the refusals and the duration: nothing is forwarded for it.
+func (m *Metrics) modelSeries(model string) {
+	for _, s := range refusalStatuses {
+		m.Requests.WithLabelValues(model, NoEndpoint, s)
+	}
+	m.Duration.WithLabelValues(model)
+	if model == UnknownModel {
+		return
+	}
+	m.TTFT.WithLabelValues(model)
+	for _, c := range []*prometheus.CounterVec{m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached, m.CachedReported} {
+		c.WithLabelValues(model)
+	}
+}
+
+// ForgetEndpoint deletes the series of an endpoint that left the pool, and the per-model
+// series of models no endpoint serves any more, so the label set stays bounded through
+// reloads.
 func (m *Metrics) ForgetEndpoint(name string) {
-	m.Requests.DeletePartialMatch(prometheus.Labels{"endpoint": name})
-	m.Retries.DeletePartialMatch(prometheus.Labels{"endpoint": name})
-	m.Ejections.DeletePartialMatch(prometheus.Labels{"endpoint": name})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	gone := m.served[name]
+	delete(m.served, name)
+	delete(m.anyModel, name)
+	delete(m.ejected, name)
+	l := prometheus.Labels{"endpoint": name}
+	m.Requests.DeletePartialMatch(l)
+	m.Retries.DeletePartialMatch(l)
+	m.Ejections.DeletePartialMatch(l)
+	m.CacheBlind.DeletePartialMatch(l)
+	m.CacheBlindEvents.DeletePartialMatch(l)
+	m.EndpointPredictedCached.DeletePartialMatch(l)
+	m.dropModelsLocked(gone)
+}
+
+// dropModelsLocked deletes the per-model series of those of models that no endpoint serves
+// any more (UnknownModel's stay: New made them).
+func (m *Metrics) dropModelsLocked(models []string) {
+	for _, model := range models {
+		served := model == UnknownModel
+		for _, ls := range m.served {
+			served = served || slices.Contains(ls, model)
+		}
+		if served {
+			continue
+		}
+		l := prometheus.Labels{"model": model}
+		for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+			m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached, m.CachedReported,
+		} {
+			c.DeletePartialMatch(l)
+		}
+	}
+}
+
+// DiscoverySource makes the series of a discovery source ("file", "dns:<name>") at 0.
+func (m *Metrics) DiscoverySource(source string) {
+	m.DiscoveryErrors.WithLabelValues(source)
+	m.DiscoveredEndpoints.WithLabelValues(source)
+}
+
+// EndpointEjected counts a passive ejection of the endpoint (after consecutive failures) and
+// starts its ejected time, which runs for d (0: until EndpointReadmitted), or until
+// EndpointReadmitted if that comes first. It is the only way kvroute_endpoint_ejections_total
+// should be counted.
+func (m *Metrics) EndpointEjected(name string, d time.Duration) {
+	m.Ejections.WithLabelValues(name).Inc()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.ejected[name]
+	if e == nil {
+		e = &ejection{}
+		m.ejected[name] = e
+	}
+	now := m.now()
+	if !e.since.IsZero() {
+		if _, running := e.end(now); running {
+			if d > 0 && !e.until.IsZero() {
+				e.until = now.Add(d) // a longer ejection continues this one
+			}
+			return
+		}
+		m.endEjectionLocked(e)
+	}
+	e.since, e.until = now, time.Time{}
+	if d > 0 {
+		e.until = now.Add(d)
+	}
+}
+
+// EndpointReadmitted ends the endpoint's ejection in progress, if any: call it whenever the
+// endpoint is healthy again (a passing health check).
+func (m *Metrics) EndpointReadmitted(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.ejected[name]; e != nil {
+		m.endEjectionLocked(e)
+	}
+}
+
+func (m *Metrics) endEjectionLocked(e *ejection) {
+	if !e.since.IsZero() {
+		end, _ := e.end(m.now())
+		e.total += max(0, end.Sub(e.since))
+		e.since, e.until = time.Time{}, time.Time{}
+	}
+}
+
+// EndpointCacheBlind records the cache audit's verdict on the endpoint (see
+// kvroute_endpoint_cache_blind).
+func (m *Metrics) EndpointCacheBlind(name string, blind bool) {
+	v := 0.0
+	if blind {
+		v = 1
+		m.CacheBlindEvents.WithLabelValues(name).Inc()
+	}
+	m.CacheBlind.WithLabelValues(name).Set(v)
+}
+
+// PredictedCachedTokens counts the cached tokens the policy predicted on the endpoint that
+// answered a request of model (n < 0: no prediction, nothing counted).
+func (m *Metrics) PredictedCachedTokens(model, endpoint string, n int) {
+	if n < 0 {
+		return
+	}
+	m.PredictedCached.WithLabelValues(model).Add(float64(n))
+	if endpoint != NoEndpoint {
+		m.EndpointPredictedCached.WithLabelValues(endpoint).Add(float64(n))
+	}
 }
 
 var (
@@ -147,6 +459,22 @@ var (
 		"Age of the endpoint's last scraped engine metrics.", []string{"endpoint"}, nil)
 	descKV = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens",
 		"The endpoint's KV-cache capacity in tokens (scraped cache_config_info, else configured; 0 unknown).", []string{"endpoint"}, nil)
+	descPredictedTTFT = prometheus.NewDesc("kvroute_endpoint_predicted_ttft_seconds",
+		"Prefill work the router has queued on the endpoint over its calibrated prefill rate: the least time to first token a new request there would wait.", []string{"endpoint"}, nil)
+	descEjected = prometheus.NewDesc("kvroute_endpoint_ejected",
+		"1 while the endpoint is ejected after consecutive connection errors (until a health check passes), else 0.", []string{"endpoint"}, nil)
+	descEjectedSeconds = prometheus.NewDesc("kvroute_endpoint_ejected_seconds_total",
+		"Time the endpoint has spent ejected after connection errors, the ejection in progress included: rate() is the share of time out of rotation.", []string{"endpoint"}, nil)
+	descEngineRunning = prometheus.NewDesc("kvroute_endpoint_engine_running_requests",
+		"Requests in the engine's running batch, as last scraped from the engine.", []string{"endpoint"}, nil)
+	descEngineWaiting = prometheus.NewDesc("kvroute_endpoint_engine_waiting_requests",
+		"Requests waiting in the engine's queue, as last scraped from the engine.", []string{"endpoint"}, nil)
+	descEngineKVUsage = prometheus.NewDesc("kvroute_endpoint_engine_kv_usage_ratio",
+		"Share of the engine's KV cache in use (0 to 1), as last scraped from the engine.", []string{"endpoint"}, nil)
+	descEngineQueries = prometheus.NewDesc("kvroute_endpoint_engine_prefix_cache_query_tokens_total",
+		"Prompt tokens the engine looked up in its prefix cache (vLLM prefix_cache_queries, SGLang prompt tokens), as last scraped.", []string{"endpoint"}, nil)
+	descEngineHits = prometheus.NewDesc("kvroute_endpoint_engine_prefix_cache_hit_tokens_total",
+		"Prompt tokens the engine found in its prefix cache (vLLM prefix_cache_hits, SGLang cached tokens), as last scraped.", []string{"endpoint"}, nil)
 	descEntries = prometheus.NewDesc("kvroute_index_entries",
 		"Entries (block, endpoint) in the policy's prefix index.", nil, nil)
 	descBytes = prometheus.NewDesc("kvroute_index_bytes",
@@ -157,28 +485,61 @@ var (
 type stateCollector Metrics
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descKV, descEntries, descBytes} {
+	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descKV, descPredictedTTFT,
+		descEjected, descEjectedSeconds, descEngineRunning, descEngineWaiting, descEngineKVUsage, descEngineQueries,
+		descEngineHits, descEntries, descBytes} {
 		ch <- d
 	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	gauge := func(d *prometheus.Desc, v float64, name string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name)
+	}
 	if f := c.endpoints.Load(); f != nil {
-		now := c.now()
+		var rate func(*endpoint.Endpoint) float64
+		if r := c.prefillRate.Load(); r != nil {
+			rate = *r
+		}
 		for _, e := range (*f)() {
-			ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(e.InFlight()), e.Name)
-			ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(e.PendingPrefill()), e.Name)
+			gauge(descInFlight, float64(e.InFlight()), e.Name)
+			gauge(descPending, float64(e.PendingPrefill()), e.Name)
 			h := 0.0
 			if e.Healthy() {
 				h = 1
 			}
-			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, h, e.Name)
-			ch <- prometheus.MustNewConstMetric(descKV, prometheus.GaugeValue, float64(e.KVTokens()), e.Name)
+			gauge(descHealthy, h, e.Name)
+			gauge(descKV, float64(e.KVTokens()), e.Name)
+			if rate != nil {
+				if r := rate(e); r > 0 {
+					gauge(descPredictedTTFT, float64(e.PendingPrefill())/r, e.Name)
+				}
+			}
 			if s := e.Snapshot(); s != nil && !s.At.IsZero() {
-				ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, now.Sub(s.At).Seconds(), e.Name)
+				gauge(descAge, now.Sub(s.At).Seconds(), e.Name)
+				gauge(descEngineRunning, float64(s.Running), e.Name)
+				gauge(descEngineWaiting, float64(s.Waiting), e.Name)
+				gauge(descEngineKVUsage, s.KVUsage, e.Name)
+				ch <- prometheus.MustNewConstMetric(descEngineQueries, prometheus.CounterValue, s.PrefixQueries, e.Name)
+				ch <- prometheus.MustNewConstMetric(descEngineHits, prometheus.CounterValue, s.PrefixHits, e.Name)
 			}
 		}
 	}
+	c.mu.Lock()
+	for name, e := range c.ejected {
+		on, total := 0.0, e.total
+		if !e.since.IsZero() {
+			end, running := e.end(now)
+			total += max(0, end.Sub(e.since))
+			if running {
+				on = 1
+			}
+		}
+		gauge(descEjected, on, name)
+		ch <- prometheus.MustNewConstMetric(descEjectedSeconds, prometheus.CounterValue, total.Seconds(), name)
+	}
+	c.mu.Unlock()
 	if f := c.index.Load(); f != nil {
 		n, b := (*f)()
 		ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n))

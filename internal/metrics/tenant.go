@@ -12,8 +12,21 @@ import (
 // Configured tenant names are 1-64 characters, so the empty value never collides with one.
 const Unauthenticated = ""
 
-// Queue-wait buckets: the fast path (0) up to a few times the default overload.max_wait (30 s).
-var queueWaitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+// Queue-wait buckets: a bucket at 0 for the requests that did not wait (most of them: a
+// quantile over them reads 0, not an interpolation inside the first bucket), sub-millisecond
+// steps for a queue that drains at once, then up to a few times the default overload.max_wait
+// (30 s).
+var queueWaitBuckets = []float64{0, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+
+// Series made at 0 for every configured tenant: the statuses its requests may be answered
+// with, and the reasons the gate may refuse them for (the error code, or which rate limit).
+var (
+	tenantStatuses = []string{"200", "400", "404", "413", "429", "499", "500", "502", "503"}
+	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded"}
+)
+
+// Series made at 0 for Unauthenticated while authentication is on.
+var unauthenticatedReasons = []string{"missing_api_key", "invalid_api_key"}
 
 // TenantMetrics are the per-tenant collectors of the tenant gate. The tenant label takes only
 // the configured names (and Unauthenticated): SetTenants, called with each config, deletes
@@ -45,11 +58,11 @@ func NewTenantMetrics(reg prometheus.Registerer) *TenantMetrics {
 			Name: "kvroute_tenant_rejections_total",
 			Help: "Requests refused by the tenant gate, by tenant and reason (the error code answered).",
 		}, []string{"tenant", "reason"}),
-		QueueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		QueueWait: prometheus.NewHistogramVec(histogramOpts(prometheus.HistogramOpts{
 			Name:    "kvroute_tenant_queue_wait_seconds",
 			Help:    "Time admitted requests waited in the overload queue (0 when they did not wait).",
 			Buckets: queueWaitBuckets,
-		}, []string{"tenant"}),
+		}), []string{"tenant"}),
 		PromptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_tenant_prompt_tokens_total",
 			Help: "Prompt tokens settled per tenant (engine-reported, else the router's estimate).",
@@ -64,8 +77,10 @@ func NewTenantMetrics(reg prometheus.Registerer) *TenantMetrics {
 	return m
 }
 
-// SetTenants sets the configured tenant names and deletes every series of a tenant not among
-// them.
+// SetTenants sets the configured tenant names (none: authentication is off), deletes every
+// series of a tenant not among them, and makes the series of the others at 0: requests by
+// status, refusals by reason, queue wait and tokens, and, while there are tenants, the
+// refusals of unauthenticated requests.
 func (m *TenantMetrics) SetTenants(names []string) {
 	if m == nil {
 		return
@@ -78,7 +93,7 @@ func (m *TenantMetrics) SetTenants(names []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for n := range m.live {
-		if !live[n] {
+		if !live[n] || (n == Unauthenticated && len(names) == 0) {
 			l := prometheus.Labels{"tenant": n}
 			m.Requests.DeletePartialMatch(l)
 			m.Rejections.DeletePartialMatch(l)
@@ -88,6 +103,24 @@ func (m *TenantMetrics) SetTenants(names []string) {
 		}
 	}
 	m.live = live
+	if len(names) == 0 {
+		return
+	}
+	m.Requests.WithLabelValues(Unauthenticated, "401")
+	for _, r := range unauthenticatedReasons {
+		m.Rejections.WithLabelValues(Unauthenticated, r)
+	}
+	for _, n := range names {
+		for _, s := range tenantStatuses {
+			m.Requests.WithLabelValues(n, s)
+		}
+		for _, r := range tenantReasons {
+			m.Rejections.WithLabelValues(n, r)
+		}
+		m.QueueWait.WithLabelValues(n)
+		m.PromptTokens.WithLabelValues(n)
+		m.CompletionTokens.WithLabelValues(n)
+	}
 }
 
 // Request counts one answered request of tenant with HTTP status code.

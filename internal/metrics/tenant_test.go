@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 )
 
 func TestTenantMetrics(t *testing.T) {
@@ -33,27 +36,42 @@ func TestTenantMetrics(t *testing.T) {
 	m.SetTenants([]string{"a"})
 	m.Request("b", 200) // in flight across the reload: not counted
 
-	want := `
-# HELP kvroute_tenant_completion_tokens_total Completion tokens settled per tenant (engine-reported).
-# TYPE kvroute_tenant_completion_tokens_total counter
-kvroute_tenant_completion_tokens_total{tenant="a"} 20
-# HELP kvroute_tenant_prompt_tokens_total Prompt tokens settled per tenant (engine-reported, else the router's estimate).
-# TYPE kvroute_tenant_prompt_tokens_total counter
-kvroute_tenant_prompt_tokens_total{tenant="a"} 100
-# HELP kvroute_tenant_rejections_total Requests refused by the tenant gate, by tenant and reason (the error code answered).
-# TYPE kvroute_tenant_rejections_total counter
-kvroute_tenant_rejections_total{reason="missing_api_key",tenant=""} 1
-# HELP kvroute_tenant_requests_total Requests answered by tenant (empty: refused for a missing or unknown API key) and HTTP status; authentication on only.
-# TYPE kvroute_tenant_requests_total counter
-kvroute_tenant_requests_total{status="200",tenant="a"} 1
-kvroute_tenant_requests_total{status="401",tenant=""} 1
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvroute_tenant_requests_total",
-		"kvroute_tenant_rejections_total", "kvroute_tenant_prompt_tokens_total", "kvroute_tenant_completion_tokens_total"); err != nil {
-		t.Error(err)
+	got := metricstest.Values(t, reg, "kvroute_tenant_")
+	nonZero := map[string]float64{}
+	for k, v := range got {
+		if v != 0 {
+			nonZero[k] = v
+		}
 	}
-	if n := testutil.CollectAndCount(m.QueueWait); n != 1 {
-		t.Errorf("%d queue-wait series after removing b, want 1 (a)", n)
+	want := map[string]float64{
+		`kvroute_tenant_completion_tokens_total{tenant=a}`:                20,
+		`kvroute_tenant_prompt_tokens_total{tenant=a}`:                    100,
+		`kvroute_tenant_rejections_total{reason=missing_api_key,tenant=}`: 1,
+		`kvroute_tenant_requests_total{status=200,tenant=a}`:              1,
+		`kvroute_tenant_requests_total{status=401,tenant=}`:               1,
+		`kvroute_tenant_queue_wait_seconds_count{tenant=a}`:               1,
+	}
+	if diff := cmp.Diff(want, nonZero); diff != "" {
+		t.Errorf("tenant series not at 0 (-want +got):\n%s", diff)
+	}
+	// a (still configured) keeps its series at 0, b (removed) has none left.
+	for _, k := range []string{`kvroute_tenant_requests_total{status=429,tenant=a}`, `kvroute_tenant_rejections_total{reason=overloaded,tenant=a}`,
+		`kvroute_tenant_rejections_total{reason=invalid_api_key,tenant=}`} {
+		if v, ok := got[k]; !ok || v != 0 {
+			t.Errorf("%s = %v (present %v), want 0", k, v, ok)
+		}
+	}
+	for k := range got {
+		if strings.HasSuffix(k, "tenant=b}") {
+			t.Errorf("b was removed, yet %s", k)
+		}
+	}
+	if n := testutil.CollectAndCount(m.Requests); n != len(tenantStatuses)+1 {
+		t.Errorf("%d request series, want %d: a's statuses and the unauthenticated 401", n, len(tenantStatuses)+1)
+	}
+	m.SetTenants(nil) // authentication off: no tenant series at all
+	if got := metricstest.Values(t, reg, "kvroute_tenant_"); len(got) != 0 {
+		t.Errorf("authentication off, yet %v", got)
 	}
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {

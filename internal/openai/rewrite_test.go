@@ -35,3 +35,21 @@ func TestRewriteText(t *testing.T) {
 		}
 	}
 }
+
+func TestTimingsCached(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		n    int
+		ok   bool
+	}{
+		{`{"choices":[],"timings":{"cache_n":1520,"prompt_n":41}}`, 1520, true},
+		{`{"choices":[],"timings":{"prompt_n":41}}`, 0, false},
+		{`{"choices":[],"usage":{"prompt_tokens":3}}`, 0, false},
+		{`{"timings":{"cache_n":-1}}`, 0, false},
+		{`{"timings": nul`, 0, false},
+	} {
+		if n, ok := TimingsCached([]byte(tc.body)); n != tc.n || ok != tc.ok {
+			t.Errorf("TimingsCached(%s) = %d, %v; want %d, %v", tc.body, n, ok, tc.n, tc.ok)
+		}
+	}
+}

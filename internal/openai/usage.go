@@ -100,3 +100,22 @@ func ResponseID(body []byte) string {
 	}
 	return ""
 }
+
+// TimingsCached returns the prompt tokens llama.cpp's server (llama-server) took from its
+// cache, as it reports them in the "timings" object of a response or of a stream's last chunk
+// ("cache_n"), for servers that leave usage.prompt_tokens_details out. ok is false when the
+// body has no such field.
+func TimingsCached(body []byte) (n int, ok bool) {
+	if !bytes.Contains(body, []byte(`"timings"`)) {
+		return 0, false
+	}
+	var v struct {
+		Timings *struct {
+			CacheN *int `json:"cache_n"`
+		} `json:"timings"`
+	}
+	if json.Unmarshal(body, &v) != nil || v.Timings == nil || v.Timings.CacheN == nil || *v.Timings.CacheN < 0 {
+		return 0, false
+	}
+	return *v.Timings.CacheN, true
+}

@@ -111,3 +111,11 @@ type Explanation struct {
 	// WithinBound is false when the endpoint is past the policy's load bound.
 	WithinBound bool
 }
+
+// CacheBlind is implemented by policies that can rank an endpoint on load alone, ignoring what
+// they believe its cache holds: the router calls it while an endpoint's engine reports far fewer
+// cached tokens than predicted (a silent zero hit), and again when its reports agree. The
+// policy keeps learning (its index stays up to date), it only stops steering by it.
+type CacheBlind interface {
+	SetCacheBlind(ep *endpoint.Endpoint, blind bool)
+}

@@ -262,7 +262,7 @@ func (pa *prefixAware) state(id int) *paState {
 
 // sizeIndex gives the index ep's KV capacity when it is known and has changed.
 func (pa *prefixAware) sizeIndex(ep *endpoint.Endpoint, s *paState, blockTokens int) {
-	kv := int64(ep.KVTokens())
+	kv := int64(ep.RouterKVTokens())
 	if kv <= 0 || blockTokens <= 0 || s.kvTokens.Load() == kv {
 		return
 	}

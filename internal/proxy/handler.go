@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -199,9 +200,12 @@ type call struct {
 	req    *openai.Request  // nil until parsed
 	preq   policy.Request
 	rc     *route.Call // nil until picked
-	body   []byte      // what is forwarded, before a per-endpoint cache_salt
-	salted []byte      // body with the tenant's cache_salt, built on first need
-	model  string      // metric label
+	// release ends the admission's hold (nil: none); settle calls it.
+	release func()
+	via     string // the front end, for the access line: "" for the HTTP handler
+	body    []byte // what is forwarded, before a per-endpoint cache_salt
+	salted  []byte // body with the tenant's cache_salt, built on first need
+	model   string // metric label
 
 	dropUsage bool
 	stream    bool
@@ -209,12 +213,14 @@ type call struct {
 	// Filled while the response is read (one goroutine: the proxy's copy loop).
 	usage     openai.Usage
 	haveUsage bool
-	cached    int
-	respID    string
-	errType   string
-	answered  bool // an endpoint answered (a response head came back)
-	complete  bool // the engine's answer was read to its end (a stream to its [DONE])
-	cut       bool // the engine's stream ended before its end
+	cached    int // usage's cached tokens, -1 when not reported
+	// timingsCached is llama.cpp's timings.cache_n, -1 when absent.
+	timingsCached int
+	respID        string
+	errType       string
+	answered      bool // an endpoint answered (a response head came back)
+	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
+	cut           bool // the engine's stream ended before its end
 }
 
 // ep is the endpoint that answered the request, or nil.
@@ -228,7 +234,7 @@ func (c *call) ep() *endpoint.Endpoint {
 // ServeHTTP routes one request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.once.Do(h.init)
-	c := &call{h: h, cached: -1}
+	c := &call{h: h, cached: -1, timingsCached: -1}
 	if h.Lifecycle != nil {
 		c.start = h.Lifecycle.Now()
 	} else {
@@ -241,38 +247,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", c.rid)
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() { h.finish(c, sw, r) }()
-	if h.setup != nil {
-		h.writeError(sw, c, openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "", h.setup.Error()))
+	if oe := c.authenticate(r.Header, sw.Header()); oe != nil {
+		h.writeError(sw, c, oe)
 		return
 	}
-	if h.Gate != nil {
-		id, oe := h.Gate.Authenticate(r.Header)
-		if oe != nil {
-			sw.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
-			h.writeError(sw, c, oe)
-			return
-		}
-		c.id = id
-	}
-	if r.URL.Path == "/v1/models" {
-		if r.Method != http.MethodGet {
-			h.writeError(sw, c, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use GET for /v1/models"))
-			return
-		}
+	kind, models, oe := resolve(r.Method, r.URL.Path)
+	switch {
+	case oe != nil:
+		h.writeError(sw, c, oe)
+	case models:
 		h.serveModels(sw, c)
-		return
+	default:
+		h.route(sw, r, c, kind)
 	}
-	kind, ok := openai.KindForPath(r.URL.Path)
-	if !ok {
-		h.writeError(sw, c, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "", "unknown_url",
-			"unknown path "+strconv.Quote(r.URL.Path)+": kvroute serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models"))
-		return
-	}
-	if r.Method != http.MethodPost {
-		h.writeError(sw, c, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use POST for "+r.URL.Path))
-		return
-	}
-	h.route(sw, r, c, kind)
 }
 
 // route reads, parses, limits, admits and forwards one API request.
@@ -285,108 +272,9 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 		h.writeError(w, c, oe)
 		return
 	}
-	req, err := openai.Parse(kind, body)
-	if err != nil {
-		if !errors.As(err, &oe) {
-			oe = openai.BadRequest("", "%v", err)
-		}
+	if oe := c.prepare(r.Context(), kind, body, r.Header, w.Header(), prepareOptions{addUsage: true}); oe != nil {
 		h.writeError(w, c, oe)
 		return
-	}
-	c.req = req
-	c.stream = req.Stream
-	c.model = h.modelLabel(req.Model)
-
-	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
-	// the model and the salt the engine will use.
-	salt := req.CacheSalt
-	if c.id != nil {
-		salt = c.id.Salt
-		c.preq.Tenant = c.id.Name
-	}
-	c.preq.ID = c.rid
-	h.Keys.FromOpenAI(&c.preq, req, salt)
-	if c.preq.SessionKey == "" {
-		c.preq.SessionKey = r.Header.Get("X-Session-Id")
-	}
-	if h.Gate != nil {
-		t, oe := h.Gate.Take(c.id, c.preq.PromptTokens, w.Header())
-		if oe != nil {
-			h.writeError(w, c, oe)
-			return
-		}
-		c.ticket = t
-	}
-
-	if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, req.Model) {
-		c.model = metrics.UnknownModel
-		h.writeError(w, c, modelNotFound(req.Model))
-		return
-	}
-	var labels map[string]string
-	if c.id != nil {
-		labels = c.id.EndpointLabels
-	}
-	cands := h.Pool.Candidates(make([]*endpoint.Endpoint, 0, 8), req.Model, labels)
-	if len(cands) == 0 {
-		if !h.served(req.Model, labels) {
-			c.model = metrics.UnknownModel
-			h.writeError(w, c, modelNotFound(req.Model))
-			return
-		}
-		w.Header().Set("Retry-After", "1")
-		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
-			"no healthy endpoint serves model "+strconv.Quote(req.Model)+"; retry shortly"))
-		return
-	}
-	if h.Saturated != nil && h.Saturated(cands) {
-		w.Header().Set("Retry-After", "1")
-		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "overloaded",
-			"every endpoint serving "+strconv.Quote(req.Model)+" is saturated; retry shortly"))
-		return
-	}
-	if h.Admit != nil {
-		release, err := h.Admit(r.Context(), c.id, cands)
-		if err != nil {
-			if !errors.As(err, &oe) {
-				oe = openai.NewError(http.StatusTooManyRequests, "rate_limit_error", "", "rate_limited", err.Error())
-			}
-			if (oe.Status == http.StatusServiceUnavailable || oe.Status == http.StatusTooManyRequests) && w.Header().Get("Retry-After") == "" {
-				w.Header().Set("Retry-After", "1")
-				w.Header().Set("retry-after-ms", "1000")
-			}
-			h.writeError(w, c, oe)
-			return
-		}
-		if release != nil {
-			defer release()
-		}
-	}
-
-	pickStart := time.Now()
-	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
-	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
-	if err != nil {
-		w.Header().Set("Retry-After", "1")
-		h.writeError(w, c, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request"))
-		return
-	}
-	c.rc = rc
-
-	// The body to forward: the client's bytes, patched only where needed.
-	c.body = body
-	if h.Rewrite {
-		nb, changed, err := openai.RewriteText(kind, c.body, h.Keys.Normalizer.Normalize)
-		if err == nil && changed {
-			c.body = nb
-			h.Metrics.Rewrites.Inc()
-		}
-	}
-	if req.Stream && !req.IncludeUsage && (kind == openai.KindChat || kind == openai.KindCompletion) {
-		if nb, err := openai.WithIncludeUsage(c.body); err == nil {
-			c.body = nb
-			c.dropUsage = true
-		}
 	}
 	ctx := context.WithValue(r.Context(), callKey{}, c)
 	out := r.WithContext(ctx)
@@ -430,6 +318,10 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 		}
 		if err == io.EOF {
 			return buf, nil
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
+			return nil, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
+				"the request body was not received in time (server.body_read_timeout)")
 		}
 		if err != nil {
 			return nil, openai.BadRequest("", "reading request body: %v", err)
@@ -475,6 +367,14 @@ func modelNotFound(model string) *openai.Error {
 }
 
 func (h *Handler) serveModels(w *statusWriter, c *call) {
+	b := c.modelList()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// modelList is the body of GET /v1/models: the models of the pool the caller may use.
+func (c *call) modelList() []byte {
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -485,19 +385,17 @@ func (h *Handler) serveModels(w *statusWriter, c *call) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, m := range h.Pool.Models() {
+	for _, m := range c.h.Pool.Models() {
 		if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, m) {
 			continue
 		}
-		if c.id != nil && !h.served(m, c.id.EndpointLabels) {
+		if c.id != nil && !c.h.served(m, c.id.EndpointLabels) {
 			continue
 		}
 		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "kvroute"})
 	}
 	b, _ := json.Marshal(list)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
+	return b
 }
 
 func (h *Handler) writeError(w *statusWriter, c *call, e *openai.Error) {
@@ -519,9 +417,13 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	status, code := http.StatusBadGateway, "upstream_unreachable"
 	msg := "no endpoint could be reached after " + strconv.Itoa(attempts) + " attempt(s)"
-	if c != nil && c.rc != nil && c.rc.TimedOut() {
+	switch {
+	case c != nil && c.rc != nil && c.rc.TimedOut():
 		status, code = http.StatusGatewayTimeout, "upstream_timeout"
 		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
+	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailLost:
+		code = "upstream_connection_lost"
+		msg = "the engine closed the connection after it received the request, before any answer; the request was not sent again (it may be what broke the engine)"
 	}
 	if c != nil {
 		msg += " (request id " + c.rid + ")"

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -266,8 +267,14 @@ func TestChatNonStreaming(t *testing.T) {
 	if diff := cmp.Diff(want, f.pk.events()); diff != "" {
 		t.Errorf("observer (-want +got):\n%s", diff)
 	}
-	if f.pk.done[0].CachedTokens != 5 || f.pk.done[0].PromptTokens != 10 || f.pk.done[0].OutputTokens != 2 {
-		t.Errorf("result = %+v", f.pk.done[0])
+	// The engine counted 10 prompt tokens where the router estimated 6: the policy hears of
+	// them in the router's units (cached 5 x 6/10 = 3), the ones it predicts in.
+	est := f.pk.reqs[0].PromptTokens
+	if scale := f.pool.ByName(e.srv.URL).TokenScale(); scale != 10/float64(est) {
+		t.Errorf("token scale %v, want 10/%d", scale, est)
+	}
+	if r := f.pk.done[0]; r.PromptTokens != est || r.CachedTokens != int(math.Round(5*float64(est)/10)) || r.OutputTokens != 2 {
+		t.Errorf("result = %+v, want prompt %d, cached 5 x %d/10, output 2", r, est, est)
 	}
 	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", e.srv.URL, "200")); n != 1 {
 		t.Errorf("requests_total = %v", n)
@@ -308,8 +315,8 @@ func TestChatStreamingUsage(t *testing.T) {
 	if !bytes.Contains(sent, []byte(`"stream_options":{"include_usage":true}`)) {
 		t.Errorf("engine got %s, want include_usage injected", sent)
 	}
-	if f.pk.done[0].CachedTokens != 5 || f.pk.done[0].TTFT <= 0 {
-		t.Errorf("result %+v, want cached 5 and a TTFT", f.pk.done[0])
+	if r := f.pk.done[0]; r.CachedTokens <= 0 || r.CachedTokens > r.PromptTokens || r.TTFT <= 0 {
+		t.Errorf("result %+v, want some cached tokens and a TTFT", r)
 	}
 	if got := f.pk.events(); len(got) != 3 || !strings.HasPrefix(got[1], "first ") {
 		t.Errorf("observer events %q", got)
@@ -826,4 +833,42 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestLlamaCppTimingsCached: an engine that reports its cache use only in llama.cpp's
+// timings.cache_n (no prompt_tokens_details) is read all the same, streamed or not.
+func TestLlamaCppTimingsCached(t *testing.T) {
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if bytes.Contains(body, []byte(`"stream":true`)) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"timings\":{\"cache_n\":7,\"prompt_n\":3}}\n\n")
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"content":"a"}}],"usage":{"prompt_tokens":10,"completion_tokens":1},"timings":{"cache_n":9,"prompt_n":1}}`)
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	f.post(t, "/v1/chat/completions", chatBody)
+	f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if n := testutil.ToFloat64(f.h.Metrics.EngineCached.WithLabelValues("m")); n != 16 {
+		t.Errorf("engine cached tokens = %v, want 9 + 7 from timings.cache_n", n)
+	}
+}
+
+// TestRetryReasonsMatchFailures: the retry reasons made at 0 in the metrics are exactly the
+// retryable failure classes of the lifecycle.
+func TestRetryReasonsMatchFailures(t *testing.T) {
+	var want []string
+	for f := route.FailNone; f <= route.FailCanceled; f++ {
+		if f.Retryable() {
+			want = append(want, f.String())
+		}
+	}
+	if diff := cmp.Diff(want, metrics.RetryReasons); diff != "" {
+		t.Errorf("retry reasons (-route +metrics):\n%s", diff)
+	}
 }

@@ -2,9 +2,14 @@ package route
 
 import (
 	"errors"
+	"math"
+	"sync/atomic"
+
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -28,7 +33,21 @@ type Config struct {
 	// State is what outlives one Lifecycle (a config reload builds a new one): response pins.
 	// Nil: a private one.
 	State *State
+	// Audit, when set, compares each request's predicted cached tokens with what the engine
+	// reported, and makes an endpoint blind while they disagree (silent zero hits): the
+	// policy, if it implements policy.CacheBlind, then ranks it on load alone.
+	Audit *Audit
+	// WarmUp is how long an endpoint that joins after the lifecycle started takes to reach its
+	// full share of traffic (slow start): while it warms up, a request that the policy ranks
+	// it first for keeps it first only with a probability growing linearly from 0 to 1 (by a
+	// hash of the request id, so runs are reproducible), else it goes second. A new, empty
+	// engine then does not take every cold prefix at once. 0: no warm-up (the router's
+	// default is DefaultWarmUp).
+	WarmUp time.Duration
 }
+
+// DefaultWarmUp is the router's default warm-up of a joining endpoint (health.warm_up).
+const DefaultWarmUp = 20 * time.Second
 
 // Health is passive health checking: it hears how each attempt went, and may take endpoints
 // out of the candidates for a while (Outlier is the default).
@@ -122,6 +141,10 @@ func (f Failure) Counts() bool {
 	return false
 }
 
+// tokenScaleWeight is the weight of one request in an endpoint's learned token scale: about the
+// last 20 requests count.
+const tokenScaleWeight = 0.05
+
 // ErrNoCandidate is returned by Begin when the policy ranks no endpoint.
 var ErrNoCandidate = policy.ErrNoCandidate
 
@@ -135,6 +158,9 @@ type Lifecycle struct {
 	attempts  int
 	health    Health
 	state     *State
+	warmup    time.Duration
+	audit     *Audit
+	blinder   policy.CacheBlind
 }
 
 // New builds a Lifecycle.
@@ -142,7 +168,16 @@ func New(cfg Config) (*Lifecycle, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("route: a Lifecycle needs a Picker")
 	}
-	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp}
+	lc.audit = cfg.Audit
+	if lc.audit != nil {
+		lc.blinder, _ = cfg.Picker.(policy.CacheBlind)
+		if lc.blinder != nil {
+			for _, ep := range lc.audit.blindOnes() { // a policy rebuilt on reload
+				lc.blinder.SetCacheBlind(ep, true)
+			}
+		}
+	}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	if lc.clock == nil {
@@ -172,7 +207,11 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 		lc.observer.Removed(ep)
 	}
 	lc.health.Forget(ep)
+	lc.audit.Forget(ep)
 }
+
+// Audit returns the cache-report audit, nil when there is none.
+func (lc *Lifecycle) Audit() *Audit { return lc.audit }
 
 // Health returns passive health checking.
 func (lc *Lifecycle) Health() Health { return lc.health }
@@ -183,7 +222,7 @@ func (lc *Lifecycle) Health() Health { return lc.health }
 // req is kept and must not change until the Call has finished. The returned Call has no
 // attempt yet: call Next.
 func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint, pin string, arrival time.Time) (*Call, error) {
-	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1}
+	c := &Call{lc: lc, Req: req, Arrival: arrival, predicted: -1, rawPredicted: -1}
 	now := lc.clock.Now()
 	candidates = lc.admitted(candidates, now)
 	if len(candidates) == 0 {
@@ -200,8 +239,44 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
 	}
 	ranked = lc.backoffLast(ranked, now)
+	ranked = lc.warmUp(req, ranked, candidates, now)
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
+}
+
+// warmUp moves a warming-up endpoint from first place to second for the share of requests it
+// may not take yet (Config.WarmUp).
+func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	if lc.warmup <= 0 {
+		return ranked
+	}
+	n := now.UnixNano()
+	lc.state.started.CompareAndSwap(0, n)
+	started := lc.state.started.Load()
+	for _, e := range candidates {
+		if e.FirstSeen() == 0 {
+			at := n
+			if n-started < int64(time.Second) {
+				at = started // there from the start: not new
+			}
+			e.MarkSeen(at)
+		}
+	}
+	if len(ranked) < 2 {
+		return ranked
+	}
+	first := ranked[0]
+	seen := first.FirstSeen()
+	if seen == started || n-seen >= int64(lc.warmup) {
+		return ranked
+	}
+	share := float64(n-seen) / float64(lc.warmup)
+	if float64(xxhash.Sum64String(req.ID)%1024)/1024 < share {
+		return ranked
+	}
+	out := slices.Clone(ranked)
+	out[0], out[1] = out[1], out[0]
+	return out
 }
 
 // admitted returns the candidates that passive health checking has not ejected: candidates
@@ -283,10 +358,13 @@ type Call struct {
 	attempts  int
 	failures  int // attempts that failed before anything reached the client
 	timeouts  int // of which timed out
-	predicted int // the policy's predicted cached tokens on ep, -1 unknown
-	firstAt   time.Time
-	finished  bool
-	ok        bool
+	lastFail  Failure
+	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
+	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
+	rawPredicted int
+	firstAt      time.Time
+	finished     bool
+	ok           bool
 }
 
 // Ranked returns the endpoints the request may be sent to, in order.
@@ -308,9 +386,13 @@ func (c *Call) Next() *endpoint.Endpoint {
 		}
 		c.ep, c.open = ep, true
 		c.attempts++
-		c.predicted = -1
+		c.predicted, c.rawPredicted = -1, -1
 		if p := c.lc.predictor; p != nil {
-			c.predicted = p.PredictCached(c.Req, ep)
+			c.rawPredicted = p.PredictCached(c.Req, ep)
+			c.predicted = c.rawPredicted
+			if c.lc.audit.Blind(ep) {
+				c.predicted = 0 // what the router expects there now: nothing
+			}
 		}
 		ep.Start(c.Req.PromptTokens)
 		if o := c.lc.observer; o != nil {
@@ -330,6 +412,7 @@ func (c *Call) Fail(f Failure) (retry bool) {
 		return false
 	}
 	c.failures++
+	c.lastFail = f
 	if f == FailTimeout {
 		c.timeouts++
 	}
@@ -406,9 +489,19 @@ func (c *Call) Finish(o Outcome) {
 	if !c.open {
 		return
 	}
+	// The engine counts its own tokens: learn how they compare with the router's estimate, and
+	// tell the policy in the router's units, the ones its predictions are made in.
+	if o.PromptTokens > 0 {
+		c.ep.LearnTokenScale(o.PromptTokens, c.Req.PromptTokens, tokenScaleWeight)
+	}
+	scale := c.ep.TokenScale()
 	prompt := c.Req.PromptTokens
 	if o.PromptTokens > 0 {
-		prompt = o.PromptTokens
+		prompt = int(math.Round(float64(o.PromptTokens) / scale))
+	}
+	cached := o.CachedTokens
+	if cached > 0 {
+		cached = min(int(math.Round(float64(cached)/scale)), prompt)
 	}
 	now := c.lc.clock.Now()
 	f := o.Failure
@@ -419,11 +512,16 @@ func (c *Call) Finish(o Outcome) {
 		f = FailNone
 	}
 	c.closeAttempt(policy.Result{
-		OK: o.OK, CachedTokens: o.CachedTokens, PromptTokens: prompt, OutputTokens: o.OutputTokens,
+		OK: o.OK, CachedTokens: cached, PromptTokens: prompt, OutputTokens: o.OutputTokens,
 		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
 	}, f)
 	if o.OK && o.ResponseID != "" {
 		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
+	}
+	if o.OK {
+		if changed, blind := c.lc.audit.Observe(c.ep, c.rawPredicted, cached, now); changed && c.lc.blinder != nil {
+			c.lc.blinder.SetCacheBlind(c.ep, blind)
+		}
 	}
 }
 
@@ -433,6 +531,9 @@ func (c *Call) Endpoint() *endpoint.Endpoint { return c.ep }
 
 // Attempts is the number of attempts made.
 func (c *Call) Attempts() int { return c.attempts }
+
+// LastFailure is how the last failed attempt failed (FailNone when none did).
+func (c *Call) LastFailure() Failure { return c.lastFail }
 
 // TimedOut reports whether every attempt made so far failed by timing out (the answer to the
 // client is then a 504).
@@ -459,7 +560,8 @@ func (c *Call) Finished() (finished, ok bool) { return c.finished, c.ok }
 // State is what outlives one Lifecycle across config reloads: which endpoint created which
 // response (for previous_response_id).
 type State struct {
-	pins pinTable
+	pins    pinTable
+	started atomic.Int64 // unix nanoseconds of the first Begin: endpoints seen then are not new
 }
 
 // NewState returns an empty State remembering up to maxPins response ids (0: 100,000).

@@ -103,9 +103,14 @@ func TestCallSuccess(t *testing.T) {
 	if ep.InFlight() != 0 || ep.PendingPrefill() != 0 {
 		t.Errorf("after Finish: in flight %d pending %d", ep.InFlight(), ep.PendingPrefill())
 	}
-	want := []string{"routed a", "first a 30ms", "done a ok=true cached=48 ttft=30ms"}
+	// The engine counted 90 prompt tokens for the router's 100: its 48 cached tokens are 53 of
+	// the router's, the units the policy predicts in.
+	want := []string{"routed a", "first a 30ms", "done a ok=true cached=53 ttft=30ms"}
 	if diff := cmp.Diff(want, s.log); diff != "" {
 		t.Errorf("policy saw (-want +got):\n%s", diff)
+	}
+	if s := ep.TokenScale(); s != 0.9 {
+		t.Errorf("token scale %v, want 0.9 after one request", s)
 	}
 	if fin, ok := c.Finished(); !fin || !ok {
 		t.Errorf("Finished = %v, %v", fin, ok)
@@ -347,5 +352,48 @@ func TestKeys(t *testing.T) {
 	k.FromOpenAI(&other, req, "another salt")
 	if other.Blocks[0] == live.Blocks[0] {
 		t.Error("another salt shares the first block")
+	}
+}
+
+// TestWarmUp: an endpoint that joins later takes its first places gradually over the warm-up;
+// the endpoints there from the start are not held back.
+func TestWarmUp(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{order: []string{"c", "a", "b"}}
+	lc, err := New(Config{Picker: s, Clock: clk, Attempts: 2, WarmUp: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := pool(t, "a", "b", "c")
+	firstOf := func(cands []*endpoint.Endpoint, id int) string {
+		c, err := lc.Begin(&policy.Request{ID: fmt.Sprint(id)}, cands, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Ranked()[0].Name
+	}
+	// a and b from the start: a is first whenever c is absent, at once.
+	if got := firstOf(eps[:2], 0); got != "a" {
+		t.Fatalf("start: %s first, want a", got)
+	}
+	// c joins a minute later: its share of first places grows with time.
+	clk.t = clk.t.Add(time.Minute)
+	share := func() float64 {
+		n := 0
+		for i := range 400 {
+			if firstOf(eps, i) == "c" {
+				n++
+			}
+		}
+		return float64(n) / 400
+	}
+	var got []float64
+	for range 3 {
+		got = append(got, share())
+		clk.t = clk.t.Add(4 * time.Second)
+	}
+	got = append(got, share()) // 12 s after it joined
+	if got[0] > 0.05 || got[1] < 0.25 || got[1] > 0.55 || got[2] < 0.65 || got[2] > 0.95 || got[3] != 1 {
+		t.Errorf("c's share of first places at 0, 4, 8, 12 s: %.2f; want about 0, 0.4, 0.8, then 1", got)
 	}
 }

@@ -105,6 +105,11 @@ type epState struct {
 // New, and stop when Run's context ends. Check, Scrape, ReportFailure and ReportSuccess are safe
 // for concurrent use.
 type Prober struct {
+	// OnHealthChange, when set before Run, is told each time the prober puts an endpoint out
+	// of rotation (a failed check, or passive ejection) or back into it (a passing check). It
+	// is called with the prober's lock held: it must not call the prober.
+	OnHealthChange func(ep *endpoint.Endpoint, healthy bool)
+
 	pool   *endpoint.Pool
 	client *http.Client
 	log    *slog.Logger
@@ -251,6 +256,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 			ep.SetHealthy(true)
 			s.passive = 0
 			p.log.Info("endpoint healthy", "endpoint", ep.Name)
+			p.changed(ep, true)
 		}
 	} else {
 		s.fail++
@@ -259,6 +265,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		if ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold) {
 			ep.SetHealthy(false)
 			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
+			p.changed(ep, false)
 		}
 	}
 	s.status.Healthy = ep.Healthy()
@@ -279,6 +286,13 @@ func (p *Prober) ReportFailure(ep *endpoint.Endpoint) {
 		s.succ = 0
 		s.status.Healthy = false
 		p.log.Warn("endpoint ejected after connection errors", "endpoint", ep.Name, "consecutive_errors", s.passive)
+		p.changed(ep, false)
+	}
+}
+
+func (p *Prober) changed(ep *endpoint.Endpoint, healthy bool) {
+	if p.OnHealthChange != nil {
+		p.OnHealthChange(ep, healthy)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -133,6 +134,13 @@ func TestProber_PassiveEjection(t *testing.T) {
 	eng := newFakeEngine(t, "")
 	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm"})
 	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 1, PassiveFailures: 3}, nil)
+	var changes []bool // what OnHealthChange was told, in order
+	pr.OnHealthChange = func(e *endpoint.Endpoint, healthy bool) {
+		if e != ep {
+			t.Errorf("OnHealthChange for %s", e.Name)
+		}
+		changes = append(changes, healthy)
+	}
 
 	pr.ReportFailure(ep)
 	pr.ReportFailure(ep)
@@ -155,6 +163,12 @@ func TestProber_PassiveEjection(t *testing.T) {
 	}
 	if !ep.Healthy() {
 		t.Error("a successful check should bring it back")
+	}
+	if err := pr.Check(context.Background(), ep); err != nil { // healthy already: no change
+		t.Fatal(err)
+	}
+	if want := []bool{false, true}; !slices.Equal(changes, want) {
+		t.Errorf("OnHealthChange got %v, want %v (ejected, then readmitted)", changes, want)
 	}
 }
 

@@ -48,15 +48,18 @@ func (in *Instance) enter() bool {
 // api wraps the OpenAI endpoints with the fault injection and the in-flight accounting.
 func (in *Instance) api(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gen := in.crashes.Load() // a crash after this drops the request
 		f := in.faults.Load()
 		if f.Refuse {
-			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				_ = conn.Close()
-				return
-			}
-			panic(http.ErrAbortHandler) // cannot hijack (HTTP/2): abort the stream instead
+			in.met.fault("refuse")
+			drop(w)
+			return
+		}
+		if f.DropOn != "" && r.Method == http.MethodPost && !in.dropOn(w, r, f) {
+			return
 		}
 		if f.FailRate > 0 && in.draw() < f.FailRate {
+			in.met.fault("fail_rate")
 			st := f.status()
 			typ := openai.TypeServer
 			if st == http.StatusServiceUnavailable {
@@ -70,6 +73,9 @@ func (in *Instance) api(next http.Handler) http.Handler {
 			return
 		}
 		defer in.reqs.Done()
+		if f.Hang && !in.hang(r, gen) {
+			return
+		}
 		next.ServeHTTP(w, r)
 	})
 }
@@ -113,7 +119,7 @@ func (in *Instance) postFaults(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		openai.WriteError(w, openai.BadRequest("", "faults: %v (fields: unhealthy, refuse, fail_rate, fail_status, slow, cut_after)", err))
+		openai.WriteError(w, openai.BadRequest("", "faults: %v (fields: unhealthy, refuse, fail_rate, fail_status, slow, cut_after, hang, drop_on, drop_all)", err))
 		return
 	}
 	if err := in.SetFaults(f); err != nil {
@@ -166,13 +172,15 @@ type call struct {
 	textBase     uint64
 	job          *job
 
-	sent    int  // stream: output tokens written
-	started bool // stream: the first token is in the buffer being written
+	sent    int    // stream: output tokens written
+	started bool   // stream: the first token is in the buffer being written
+	gen     uint64 // the instance's crashes when the request began (calls[0] only)
 }
 
 func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		recv := time.Now() // the pacing clock; timestamps come from Options.Now
+		gen := in.crashes.Load()
 		body, err := readBody(w, r)
 		if err != nil {
 			openai.WriteError(w, openai.BadRequest("", "read body: %v", err))
@@ -197,6 +205,7 @@ func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 			openai.WriteError(w, oe)
 			return
 		}
+		calls[0].gen = gen
 		rid := r.Header.Get("X-Request-Id")
 		if rid == "" {
 			rid = calls[0].id
@@ -328,8 +337,13 @@ func (j *job) progress() progress {
 
 // wait blocks until one of the calls' jobs changes (they share one notify channel), the client
 // leaves or the instance closes. It returns false when the handler must stop (after asking the
-// driver to abort the requests).
+// driver to abort the requests). When a drop_all request crashed the instance since the
+// request began, the requests are aborted and the connection dropped.
 func (in *Instance) wait(r *http.Request, calls []*call) bool {
+	crashed := *in.crashed.Load() // before the count: a crash in between closes it
+	if in.crashes.Load() != calls[0].gen {
+		in.cut(calls)
+	}
 	select {
 	case <-calls[0].job.notify:
 		return true
@@ -337,6 +351,9 @@ func (in *Instance) wait(r *http.Request, calls []*call) bool {
 		in.abort(calls)
 		return false
 	case <-in.closing:
+		return false
+	case <-crashed:
+		in.cut(calls)
 		return false
 	}
 }
@@ -370,6 +387,7 @@ func (in *Instance) respond(w http.ResponseWriter, r *http.Request, calls []*cal
 				return
 			}
 			if cut > 0 && p.produced >= cut {
+				in.met.fault("cut_after")
 				in.cut(calls)
 			}
 			done = done && p.done
@@ -447,6 +465,7 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call
 				if cut > 0 && c.sent >= cut {
 					_, _ = w.Write(buf)
 					_ = rc.Flush()
+					in.met.fault("cut_after")
 					in.cut(calls)
 				}
 				if len(buf) > streamBufSize-1024 {

@@ -40,9 +40,15 @@ type Instance struct {
 
 	stats  atomic.Pointer[engine.Stats] // the driver's last snapshot
 	faults atomic.Pointer[Faults]
-	nextID atomic.Uint64
-	kvSent atomic.Int64 // KV-event batches handed to the publisher
-	maxLag atomic.Int64 // the most the engine's clock fell behind the wall clock, wall ns
+	// faultsSet is closed (and replaced) by each SetFaults: hung requests look again.
+	faultsSet atomic.Pointer[chan struct{}]
+	// crashes counts the crashes a drop_all request caused; crashed is closed (and replaced)
+	// by each: requests that began before a crash are dropped.
+	crashes atomic.Uint64
+	crashed atomic.Pointer[chan struct{}]
+	nextID  atomic.Uint64
+	kvSent  atomic.Int64 // KV-event batches handed to the publisher
+	maxLag  atomic.Int64 // the most the engine's clock fell behind the wall clock, wall ns
 	// firstWriteDelay sums, over streams, the wall time from a first token's model time to its
 	// write: how late the handlers are (benchmarks read it).
 	firstWriteDelay, firstWrites atomic.Int64
@@ -149,6 +155,9 @@ func New(opts Options) (*Instance, error) {
 	}
 	f := opts.Faults
 	in.faults.Store(&f)
+	set, crashed := make(chan struct{}), make(chan struct{})
+	in.faultsSet.Store(&set)
+	in.crashed.Store(&crashed)
 	st := eng.Stats()
 	in.stats.Store(&st)
 	in.met = newMetrics(in.reg, in)
@@ -209,6 +218,8 @@ func (in *Instance) SetFaults(f Faults) error {
 		return fmt.Errorf("simserver: faults: %w", err)
 	}
 	in.faults.Store(&f)
+	set := make(chan struct{})
+	close(*in.faultsSet.Swap(&set))
 	return nil
 }
 

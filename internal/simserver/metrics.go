@@ -22,6 +22,9 @@ const engineLabel = "0"
 type metrics struct {
 	ttft, itl, e2e, queue, prefill, decode, inference prometheus.Observer
 	success                                           *prometheus.CounterVec
+	// faults counts the requests each fault struck (not a vLLM metric: tests count with it,
+	// for instance how many times a query of death was delivered).
+	faults *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, in *Instance) *metrics {
@@ -43,15 +46,23 @@ func newMetrics(reg *prometheus.Registry, in *Instance) *metrics {
 			Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
 	}
-	reg.MustRegister(m.success)
+	m.faults = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_sim_faults_total", Help: "Requests struck by an injected fault (kvroute sim only), by fault.",
+	}, []string{"fault"})
+	reg.MustRegister(m.success, m.faults)
 	for _, r := range []string{"stop", "length", "abort"} {
 		m.success.WithLabelValues(r) // present from the start, as vLLM does
+	}
+	for _, f := range faultNames {
+		m.faults.WithLabelValues(f)
 	}
 	reg.MustRegister(&statsCollector{in: in, labels: labels})
 	return m
 }
 
 func (m *metrics) finished(reason string) { m.success.WithLabelValues(reason).Inc() }
+
+func (m *metrics) fault(name string) { m.faults.WithLabelValues(name).Inc() }
 
 // requestDone records a finished request's latencies. Queue time is not reported by the engine
 // model: it is estimated as the TTFT beyond the unloaded prefill time of the uncached prompt.

@@ -76,7 +76,21 @@ type Faults struct {
 	// CutAfter, when > 0, cuts every stream (closes the connection without [DONE]) after this
 	// many tokens; a non-streaming request is cut before its answer.
 	CutAfter int `json:"cut_after"`
+	// Hang makes the API accept requests and never answer them, while /health and /metrics
+	// answer as usual: an engine whose scheduler is stuck. A hung request is held until its
+	// client leaves, the instance closes or the fault is cleared (it then runs as usual, as a
+	// process does after SIGCONT).
+	Hang bool `json:"hang"`
+	// DropOn, when not empty, makes a request whose body contains it drop its connection once
+	// the body is read, without an answer: an engine that crashes on a query of death.
+	DropOn string `json:"drop_on"`
+	// DropAll makes such a request drop every API request in flight on the instance too, as a
+	// crash would; the instance serves new requests at once (it restarted).
+	DropAll bool `json:"drop_all"`
 }
+
+// maxDropOn bounds DropOn (it is searched for in every request body).
+const maxDropOn = 1024
 
 // Validate returns every problem of f at once.
 func (f Faults) Validate() error {
@@ -92,6 +106,12 @@ func (f Faults) Validate() error {
 	}
 	if f.CutAfter < 0 {
 		errs = append(errs, fmt.Errorf("cut_after %d: want a token count >= 0 (0 for none)", f.CutAfter))
+	}
+	if len(f.DropOn) > maxDropOn {
+		errs = append(errs, fmt.Errorf("drop_on: %d bytes, want at most %d", len(f.DropOn), maxDropOn))
+	}
+	if f.DropAll && f.DropOn == "" {
+		errs = append(errs, errors.New("drop_all without drop_on: set the text that makes the instance crash"))
 	}
 	return errors.Join(errs...)
 }

@@ -211,7 +211,10 @@ func (g *Gate) Authenticate(h http.Header) (*Identity, *openai.Error) {
 	if !t.auth {
 		return nil, nil
 	}
-	key := KeyFromHeader(h)
+	key, err := KeyFromHeader(h)
+	if err != nil {
+		return nil, g.multipleKeys(err)
+	}
 	if key == "" {
 		return nil, g.unauthorized("missing_api_key",
 			"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header")

@@ -1,13 +1,19 @@
 package tenant
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // HashKey returns the form an API key takes in the config's tenants[].api_keys:
@@ -27,12 +33,49 @@ func Salt(secret []byte, tenant string) string {
 // KeyFromHeader returns the API key a request presents: "Authorization: Bearer <key>" (the
 // OpenAI clients) or "api-key: <key>" (the Azure OpenAI clients), "" when there is none.
 // The Bearer scheme name is case-insensitive; another scheme counts as no key.
-func KeyFromHeader(h http.Header) string {
-	if a := h.Get("Authorization"); a != "" {
-		scheme, key, ok := strings.Cut(strings.TrimSpace(a), " ")
+//
+// A request that presents more than one key gets ErrMultipleKeys: two Authorization headers,
+// two api-key headers, or a Bearer key and an api-key that differ. Taking the first would let
+// the order of headers choose the tenant, and a proxy in front may have checked another one.
+func KeyFromHeader(h http.Header) (string, error) {
+	auth, api := h["Authorization"], h["Api-Key"]
+	if len(auth) > 1 {
+		return "", fmt.Errorf("%w: %d Authorization headers", ErrMultipleKeys, len(auth))
+	}
+	if len(api) > 1 {
+		return "", fmt.Errorf("%w: %d api-key headers", ErrMultipleKeys, len(api))
+	}
+	var bearer, key string
+	if len(auth) == 1 {
+		scheme, k, ok := strings.Cut(strings.TrimSpace(auth[0]), " ")
 		if ok && strings.EqualFold(scheme, "Bearer") {
-			return strings.TrimSpace(key)
+			bearer = strings.TrimSpace(k)
 		}
 	}
-	return strings.TrimSpace(h.Get("Api-Key"))
+	if len(api) == 1 {
+		key = strings.TrimSpace(api[0])
+	}
+	switch {
+	case bearer == "":
+		return key, nil
+	case key != "" && key != bearer:
+		return "", fmt.Errorf("%w: Authorization and api-key carry different keys", ErrMultipleKeys)
+	}
+	return bearer, nil
+}
+
+// ErrMultipleKeys is KeyFromHeader's error for a request that presents more than one key.
+var ErrMultipleKeys = errors.New("more than one API key in the request")
+
+// CodeMultipleKeys is the error code of the 400 that answers a request with more than one key.
+const CodeMultipleKeys = "multiple_api_keys"
+
+// multipleKeys refuses a request that presents more than one API key: 400, counted as a
+// rejection of no tenant.
+func (g *Gate) multipleKeys(err error) *openai.Error {
+	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", CodeMultipleKeys))
+	g.m.Rejection(metrics.Unauthenticated, CodeMultipleKeys)
+	g.m.Request(metrics.Unauthenticated, http.StatusBadRequest)
+	return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "", CodeMultipleKeys,
+		err.Error()+": send one key, as 'Authorization: Bearer <key>' or in the api-key header")
 }

@@ -3,7 +3,6 @@ package tenant
 import (
 	"context"
 	"net/http"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,38 +14,27 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 )
 
-// tenantSeries gathers reg's kvroute_tenant_* series as "name{label=value,...}" -> value;
-// histograms as their _count and _sum.
+// tenantSeries gathers reg's kvroute_tenant_* series that are not 0 as "name{label=value,...}"
+// -> value; histograms as their _count and _sum. The series made at 0 for each tenant are
+// left out here and checked by allTenantSeries.
 func tenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "kvroute_tenant_") {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			labels := "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Counter != nil:
-				out[mf.GetName()+labels] = m.GetCounter().GetValue()
-			case m.Histogram != nil:
-				out[mf.GetName()+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
-				out[mf.GetName()+"_sum"+labels] = m.GetHistogram().GetSampleSum()
-			}
+	out := allTenantSeries(t, reg)
+	for k, v := range out {
+		if v == 0 {
+			delete(out, k)
 		}
 	}
 	return out
+}
+
+// allTenantSeries is tenantSeries with the series at 0.
+func allTenantSeries(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	return metricstest.Values(t, reg, "kvroute_tenant_")
 }
 
 // newMeteredGate is newTestGate with tenant metrics on a registry of its own.
@@ -76,6 +64,7 @@ func TestTenantMetrics(t *testing.T) {
 `, Options{})
 	var h http.Handler
 	var nested int // status of a request of d sent while d's first one is in flight
+	var atStart map[string]float64
 	h = middleware(g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Used") != "" {
 			used(w, 400, 200) // the engine reports more than the estimate
@@ -109,6 +98,9 @@ func TestTenantMetrics(t *testing.T) {
 		{map[string]string{"Authorization": "Bearer kc", "X-Used": "1"}, chat("x"), 200},
 		{map[string]string{"Authorization": "Bearer kd", "X-Nested": "1"}, chat("x"), 200},
 	} {
+		if i == 0 {
+			atStart = allTenantSeries(t, reg)
+		}
 		if w := do(h, tc.hdr, tc.body); w.Code != tc.want {
 			t.Fatalf("request %d: status %d, want %d", i, w.Code, tc.want)
 		}
@@ -124,11 +116,8 @@ func TestTenantMetrics(t *testing.T) {
 	want := map[string]float64{
 		// Every request that took its limits settles its tokens: 3 estimated for chat("x").
 		`kvroute_tenant_prompt_tokens_total{tenant=a}`:       6,
-		`kvroute_tenant_completion_tokens_total{tenant=a}`:   0,
 		`kvroute_tenant_prompt_tokens_total{tenant=b}`:       6,
-		`kvroute_tenant_completion_tokens_total{tenant=b}`:   0,
 		`kvroute_tenant_prompt_tokens_total{tenant=d}`:       3,
-		`kvroute_tenant_completion_tokens_total{tenant=d}`:   0,
 		`kvroute_tenant_requests_total{status=401,tenant=}`:  3,
 		`kvroute_tenant_requests_total{status=200,tenant=a}`: 2,
 		`kvroute_tenant_requests_total{status=429,tenant=a}`: 1,
@@ -151,6 +140,13 @@ func TestTenantMetrics(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
 		t.Errorf("tenant series (-want +got):\n%s", diff)
+	}
+	// Every series counted above existed at 0 before the first request, so that Prometheus
+	// sees its first increase.
+	for k := range want {
+		if v, ok := atStart[k]; !ok || v != 0 {
+			t.Errorf("%s: %v at start (present %v), want a series at 0", k, v, ok)
+		}
 	}
 }
 
@@ -241,8 +237,6 @@ func TestTenantMetricsReload(t *testing.T) {
 		`kvroute_tenant_rejections_total{reason=requests_per_minute,tenant=b}`: 1,
 		`kvroute_tenant_prompt_tokens_total{tenant=b}`:                         10,
 		`kvroute_tenant_completion_tokens_total{tenant=b}`:                     5,
-		`kvroute_tenant_prompt_tokens_total{tenant=a}`:                         0,
-		`kvroute_tenant_completion_tokens_total{tenant=a}`:                     0,
 	}
 	if diff := cmp.Diff(before, tenantSeries(t, reg)); diff != "" {
 		t.Fatalf("before the reload (-want +got):\n%s", diff)
@@ -258,14 +252,17 @@ func TestTenantMetricsReload(t *testing.T) {
 	}
 	want := map[string]float64{
 		`kvroute_tenant_requests_total{status=200,tenant=a}`:              1,
-		`kvroute_tenant_prompt_tokens_total{tenant=a}`:                    0,
-		`kvroute_tenant_completion_tokens_total{tenant=a}`:                0,
 		`kvroute_tenant_requests_total{status=401,tenant=}`:               2,
 		`kvroute_tenant_rejections_total{reason=missing_api_key,tenant=}`: 1,
 		`kvroute_tenant_rejections_total{reason=invalid_api_key,tenant=}`: 1,
 	}
 	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
 		t.Errorf("after removing b (-want +got):\n%s", diff)
+	}
+	for k := range allTenantSeries(t, reg) {
+		if strings.HasSuffix(k, "tenant=b}") {
+			t.Errorf("after removing b: %s is still there", k)
+		}
 	}
 	// b comes back: counted afresh.
 	if err := g.Reload(testConfig(t, two)); err != nil {
@@ -291,7 +288,7 @@ func TestTenantMetricsAuthOff(t *testing.T) {
 	if w := do(middleware(g, &echo{}), nil, chat("x")); w.Code != http.StatusOK {
 		t.Fatalf("auth off: %d", w.Code)
 	}
-	if got := tenantSeries(t, reg); len(got) != 0 {
+	if got := allTenantSeries(t, reg); len(got) != 0 {
 		t.Errorf("auth off, yet tenant series: %v", got)
 	}
 }

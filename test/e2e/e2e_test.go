@@ -62,12 +62,20 @@ func startStackOpts(t *testing.T, n int, profile, policyName string, streamInter
 	if err != nil {
 		t.Fatal(err)
 	}
+	r, api, admin := startRouter(t, cfg)
+	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+}
+
+// startRouter builds a router from cfg as kvroute serve does (logs discarded) and serves it
+// with its admin listener, as serveRouter does.
+func startRouter(t *testing.T, cfg *config.Config) (r *app.Router, api, admin string) {
+	t.Helper()
 	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, admin := serveRouter(t, r, true)
-	return &stack{fleet: fleet, router: r, api: api, admin: admin}
+	api, admin = serveRouter(t, r, true)
+	return r, api, admin
 }
 
 // serveRouter runs r on loopback until the test ends (then checks that it drained and
@@ -240,10 +248,23 @@ func TestFallbackWhenFirstRankedIsDown(t *testing.T) {
 	}))
 	down := dying.URL
 	s := startStack(t, 1, "instant", "round-robin", down)
-	select { // the first health check passed: now it dies
+	select {
 	case <-checked:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no health check reached the endpoint")
+	}
+	// Once the router has recorded that first check as passed, the endpoint dies.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		ok := false
+		for _, e := range s.router.Endpoints() {
+			ok = ok || (e.Name == down && !e.Probe.LastCheck.IsZero() && e.Healthy)
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the router did not record a passing health check of the endpoint")
+		}
 	}
 	dying.Close()
 	// Two requests in one node process: round-robin ranks the dropping instance first for one.

@@ -369,8 +369,16 @@ type process struct {
 // stderr (access logs) goes to the null device.
 func startProcess(t *testing.T, bin string, env []string, addr func(fields []string) (string, bool), args ...string) *process {
 	t.Helper()
+	return startProcessLogged(t, bin, env, nil, addr, args...)
+}
+
+// startProcessLogged is startProcess with the process's stderr going to stderr (nil: the null
+// device).
+func startProcessLogged(t *testing.T, bin string, env []string, stderr io.Writer, addr func(fields []string) (string, bool), args ...string) *process {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env // nil: this process's environment
+	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,99 @@
+{{/* The release's name for every object, at most 63 characters. */}}
+{{- define "kvroute.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvroute.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kvroute.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvroute.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kvroute.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "kvroute.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: router
+{{- end -}}
+
+{{- define "kvroute.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kvroute.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvroute.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Values the chart cannot render: fail with the fix. */}}
+{{- define "kvroute.validate" -}}
+{{- if eq .Values.mode "endpointPicker" -}}
+{{- fail "mode: endpointPicker is not available yet (kvroute's ext_proc endpoint picker is a later release): use mode: standalone" -}}
+{{- else if ne .Values.mode "standalone" -}}
+{{- fail (printf "mode: %q is not a mode: use standalone" .Values.mode) -}}
+{{- end -}}
+{{- range $k := list "listen" "admin_listen" -}}
+{{- if hasKey $.Values.config $k -}}
+{{- fail (printf "config.%s: leave it out: the chart sets it from service.api.port and service.admin.port" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (hasKey .Values.config "discovery") (hasKey (.Values.config.discovery | default dict) "kubernetes") -}}
+{{- fail "config.discovery.kubernetes: leave it out: use kubernetesDiscovery.watches (the chart renders the RBAC for it)" -}}
+{{- end -}}
+{{- if and .Values.saltSecret.value .Values.saltSecret.existingSecret -}}
+{{- fail "saltSecret: give value or existingSecret, not both" -}}
+{{- end -}}
+{{- if and .Values.saltSecret.value (lt (len .Values.saltSecret.value) 32) -}}
+{{- fail "saltSecret.value: at least 32 bytes (kvroute derives the tenants' cache salts from it): make one with head -c 32 /dev/urandom | base64" -}}
+{{- end -}}
+{{- if and .Values.kubernetesDiscovery.enabled (not .Values.kubernetesDiscovery.watches) -}}
+{{- fail "kubernetesDiscovery.watches: list at least one watch (service: vllm, port_name: http), or set enabled: false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The kvroute config file: config plus what the chart owns. */}}
+{{- define "kvroute.config" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $_ := set $cfg "listen" (printf "0.0.0.0:%v" .Values.service.api.port) -}}
+{{- $_ := set $cfg "admin_listen" (printf "0.0.0.0:%v" .Values.service.admin.port) -}}
+{{- if .Values.kubernetesDiscovery.enabled -}}
+{{- $d := deepCopy (.Values.config.discovery | default dict) -}}
+{{- $_ := set $d "kubernetes" .Values.kubernetesDiscovery.watches -}}
+{{- $_ := set $cfg "discovery" $d -}}
+{{- end -}}
+{{- if or .Values.saltSecret.value .Values.saltSecret.existingSecret -}}
+{{- $auth := deepCopy ($cfg.auth | default dict) -}}
+{{- $_ := set $auth "secret_file" (printf "/etc/kvroute-secret/%s" .Values.saltSecret.key) -}}
+{{- $_ := set $cfg "auth" $auth -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The namespaces the discovery watches, for RBAC. */}}
+{{- define "kvroute.watchNamespaces" -}}
+{{- $out := list -}}
+{{- range .Values.kubernetesDiscovery.watches -}}
+{{- $out = append $out (default $.Release.Namespace .namespace) -}}
+{{- end -}}
+{{- $out | uniq | toJson -}}
+{{- end -}}

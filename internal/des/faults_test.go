@@ -1,0 +1,232 @@
+package des
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+const victim = 3
+
+// failures returns the failed records, and checks that each failed on the victim with an error
+// that contains want.
+func failures(t *testing.T, res *Result, want string) []report.Record {
+	t.Helper()
+	var out []report.Record
+	for _, r := range res.Records {
+		if r.Err == "" {
+			continue
+		}
+		out = append(out, r)
+		if r.EndpointID != victim || !strings.Contains(r.Err, want) {
+			t.Errorf("request %s failed: %+v; want failures on sim-%d only, saying %q", r.ID, r, victim, want)
+		}
+	}
+	return out
+}
+
+// TestFailFastEjected: an instance that answers 500 to everything from the start fails the
+// requests round-robin sends it (a 500 is not sent again) until passive_failures of them in a
+// row eject it: exactly that many fail. With ejection made ineffective it keeps failing its
+// share.
+func TestFailFastEjected(t *testing.T) {
+	reqs := killWorkload()
+	cfg := toyConfig(8)
+	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Fail}}
+	res := run(t, cfg, reqs, Named("round-robin", nil))
+	if got := len(failures(t, res, "answered 500")); got != DefaultPassiveFailures {
+		t.Errorf("%d requests failed, want %d (then the instance is ejected)", got, DefaultPassiveFailures)
+	}
+
+	cfg.Outlier.Consecutive = 1 << 30
+	res = run(t, cfg, reqs, Named("round-robin", nil))
+	if got := len(failures(t, res, "answered 500")); got < len(reqs)/8-1 {
+		t.Errorf("without ejection %d requests failed, want about its share, %d", got, len(reqs)/8)
+	}
+}
+
+// TestHangFailsOver: an instance that hangs from the start holds what it is sent; each attempt
+// fails over at the first-token timeout to the next ranked endpoint, so every request
+// completes, those that met the hang with a TTFT past the timeout, until the timeouts eject it.
+func TestHangFailsOver(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	reqs := killWorkload()
+	cfg := toyConfig(8)
+	cfg.FirstTokenTimeout = timeout
+	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Hang}}
+	res := run(t, cfg, reqs, Named("round-robin", nil))
+	failures(t, res, "")
+	fellBack := 0
+	for _, r := range res.Records {
+		if r.Attempts < 2 {
+			continue
+		}
+		fellBack++
+		if r.EndpointID == victim || r.TTFT() < timeout {
+			t.Errorf("request %s fell back: %+v; want it served elsewhere after the %v timeout", r.ID, r, timeout)
+		}
+	}
+	// Round-robin sends sim-3 a request every 16 ms; the third timeout, 50 ms after the third of
+	// them, ejects it: the requests sent in those 82 ms met the hang.
+	if fellBack < DefaultPassiveFailures || fellBack > 7 {
+		t.Errorf("%d requests fell back, want %d to 7", fellBack, DefaultPassiveFailures)
+	}
+}
+
+// TestHangCutsStreamsInProgress: an instance that hangs at half time leaves the streams it was
+// sending silent: each fails at the stream idle timeout (its first token came: not sent
+// again); the requests it had not started fail over at the first-token timeout.
+func TestHangCutsStreamsInProgress(t *testing.T) {
+	reqs := killWorkload()
+	half := reqs[len(reqs)-1].Arrival / 2
+	cfg := toyConfig(8)
+	cfg.FirstTokenTimeout = 50 * time.Millisecond
+	cfg.StreamIdleTimeout = 80 * time.Millisecond
+	cfg.Changes = []Change{{At: half, Instance: victim, Kind: Hang}}
+	res := run(t, cfg, reqs, Named("round-robin", nil))
+	failed := failures(t, res, "stream idle timeout")
+	for _, r := range failed {
+		if r.FirstToken == 0 || r.FirstToken > half || r.Finish != half+cfg.StreamIdleTimeout {
+			t.Errorf("request %s: %+v; want a stream started before %v, failed at %v", r.ID, r, half, half+cfg.StreamIdleTimeout)
+		}
+	}
+	if len(failed) == 0 {
+		t.Error("no stream was in progress on the hung instance: the test proves nothing")
+	}
+}
+
+// TestCutStreams: an instance that cuts every stream after 5 tokens fails the requests it gets
+// after their first token (not sent again), 4 steps after it, until they eject it.
+func TestCutStreams(t *testing.T) {
+	reqs := killWorkload()
+	cfg := toyConfig(8)
+	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Cut, Tokens: 5}}
+	res := run(t, cfg, reqs, Named("round-robin", nil))
+	failed := failures(t, res, "cut the stream")
+	if len(failed) != DefaultPassiveFailures {
+		t.Errorf("%d streams cut, want %d (then the instance is ejected)", len(failed), DefaultPassiveFailures)
+	}
+	for _, r := range failed {
+		// Each toy step after the first token gives one token and lasts at least 1 ms.
+		if r.FirstToken == 0 || r.Finish-r.FirstToken < 4*time.Millisecond || r.Attempts != 1 {
+			t.Errorf("cut request %s: %+v; want its first token, then the cut 4 steps later", r.ID, r)
+		}
+	}
+}
+
+// TestRecover: an instance failing fast from the start recovers at half time; once its
+// ejection (100 ms here) is over it serves requests again. A killed instance that recovers
+// restarts and serves too.
+func TestRecover(t *testing.T) {
+	reqs := killWorkload()
+	half := reqs[len(reqs)-1].Arrival / 2
+	for _, kind := range []ChangeKind{Fail, Kill, Hang, Cut} {
+		t.Run(kind.String(), func(t *testing.T) {
+			cfg := toyConfig(8)
+			cfg.FirstTokenTimeout = 50 * time.Millisecond
+			cfg.Outlier = route.OutlierConfig{BaseEjection: 100 * time.Millisecond}
+			cfg.Changes = []Change{{At: 0, Instance: victim, Kind: kind, Tokens: 5}, {At: half, Instance: victim, Kind: Recover}}
+			res := run(t, cfg, reqs, Named("round-robin", nil))
+			after := 0
+			for _, r := range res.Records {
+				if r.Err != "" && r.Arrival > half {
+					t.Errorf("request %s failed after the recovery: %+v", r.ID, r)
+				}
+				if r.Err == "" && r.EndpointID == victim && r.Arrival > half {
+					after++
+				}
+			}
+			if after == 0 {
+				t.Error("the recovered instance served nothing")
+			}
+		})
+	}
+}
+
+// TestFaultsDeterministic: faults do not make runs differ.
+func TestFaultsDeterministic(t *testing.T) {
+	reqs := randomWorkload(300)
+	cfg := toyConfig(4)
+	cfg.NetworkLatency = time.Millisecond
+	cfg.FirstTokenTimeout = 20 * time.Millisecond
+	cfg.StreamIdleTimeout = 30 * time.Millisecond
+	span := reqs[len(reqs)-1].Arrival
+	cfg.Changes = []Change{
+		{At: span / 5, Instance: 0, Kind: Cut, Tokens: 2}, {At: span / 4, Instance: 1, Kind: Hang},
+		{At: span / 3, Instance: 2, Kind: Fail}, {At: span / 2, Instance: 1, Kind: Recover},
+	}
+	a := run(t, cfg, reqs, Named("prefix-aware", nil))
+	b := run(t, cfg, reqs, Named("prefix-aware", nil))
+	if diff := cmp.Diff(a.Records, b.Records); diff != "" {
+		t.Errorf("two runs differ (-first +second):\n%s", diff)
+	}
+}
+
+func TestFaultConfigErrors(t *testing.T) {
+	w := Prepare(randomWorkload(3), "toy", 4)
+	for _, tc := range []struct {
+		changes []Change
+		want    string
+	}{
+		{[]Change{{Instance: 0, Kind: Cut}}, "want at least 1"},
+		{[]Change{{Instance: 0, Kind: Recover + 1}}, "want kill, add, fail, hang, cut or recover"},
+	} {
+		cfg := toyConfig(2)
+		cfg.Changes = tc.changes
+		if _, err := Run(t.Context(), cfg, w, "p", Named("round-robin", nil)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want one saying %q", tc.changes, err, tc.want)
+		}
+	}
+}
+
+// FuzzFaults runs a small fleet through arbitrary kills, additions, faults and recoveries (each
+// 4 input bytes: kind, instance, time, tokens) and checks what must hold whatever happens: a
+// valid config runs to its end, every request completes or fails with a reason, no request is
+// sent more often than the attempts allow, and a second run gives the same records.
+func FuzzFaults(f *testing.F) {
+	f.Add([]byte{byte(Hang), 1, 10, 0, byte(Recover), 1, 40, 0})
+	f.Add([]byte{byte(Kill), 0, 5, 0, byte(Recover), 0, 6, 0, byte(Cut), 2, 0, 1})
+	f.Add([]byte{byte(Fail), 3, 0, 0, byte(Hang), 2, 1, 0, byte(Cut), 1, 2, 3, byte(Add), 0, 9, 0})
+	reqs := randomWorkload(60)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg := toyConfig(4)
+		cfg.NetworkLatency = time.Duration(len(b)%3) * time.Millisecond
+		cfg.FirstTokenTimeout = 20 * time.Millisecond
+		cfg.StreamIdleTimeout = 30 * time.Millisecond
+		cfg.Outlier = route.OutlierConfig{BaseEjection: 10 * time.Millisecond}
+		for i := 0; i+3 < len(b) && len(cfg.Changes) < 16; i += 4 {
+			cfg.Changes = append(cfg.Changes, Change{
+				Kind: ChangeKind(b[i] % 6), Instance: int(b[i+1] % 4),
+				At: time.Duration(b[i+2]) * 2 * time.Millisecond, Tokens: int(b[i+3]%8) + 1,
+			})
+		}
+		w := Prepare(reqs, cfg.Model, cfg.BlockSize)
+		a, err := Run(t.Context(), cfg, w, "p", Named("least-request", nil))
+		if err != nil {
+			if strings.Contains(err.Error(), "fleet config") {
+				return // e.g. an instance added twice
+			}
+			t.Fatalf("changes %+v: %v", cfg.Changes, err)
+		}
+		for _, r := range a.Records {
+			if r.Attempts > DefaultAttempts {
+				t.Errorf("request %s sent %d times: %+v", r.ID, r.Attempts, r)
+			}
+			if r.Err == "" && (r.FirstToken < r.Arrival || r.Finish < r.FirstToken || r.EndpointID < 0) {
+				t.Errorf("request %s completed inconsistently: %+v", r.ID, r)
+			}
+		}
+		b2, err := Run(t.Context(), cfg, w, "p", Named("least-request", nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(a.Records, b2.Records); diff != "" {
+			t.Errorf("changes %+v: two runs differ (-first +second):\n%s", cfg.Changes, diff)
+		}
+	})
+}

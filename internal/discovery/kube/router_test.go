@@ -1,0 +1,353 @@
+package kube_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery/kube"
+	"github.com/kvroute/kvroute/internal/simserver"
+)
+
+const namespace = "inference"
+
+// simPod is a pod of the scenario: a simulated engine on loopback behind an EndpointSlice of
+// its own (all pods share 127.0.0.1, so each needs its own port, and a slice has one port). It
+// records the x-request-id of every request it receives, so that a failed request can be
+// traced to the pod it was on even when the router could not say.
+type simPod struct {
+	name string
+	srv  *http.Server
+	url  string
+	port int32
+
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func startPod(t *testing.T, name string) *simPod {
+	t.Helper()
+	in, err := simserver.New(simserver.Options{Profile: "llama3-8b-h100-tp1", Model: "m", Seed: 1, Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &simPod{name: name, url: "http://" + ln.Addr().String(), port: int32(ln.Addr().(*net.TCPAddr).Port), seen: map[string]bool{}}
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		p.seen[r.Header.Get("X-Request-Id")] = true
+		p.mu.Unlock()
+		in.Handler().ServeHTTP(w, r)
+	})}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = p.srv.Close()
+		<-done
+		_ = in.Close()
+	})
+	return p
+}
+
+func (p *simPod) received(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen[id]
+}
+
+// slice is the pod's EndpointSlice in the state given: "ready", "not-ready" or "terminating".
+func (p *simPod) slice(state string) *discoveryv1.EndpointSlice {
+	yes, no := true, false
+	c := discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: &no}
+	switch state {
+	case "not-ready":
+		c = discoveryv1.EndpointConditions{Ready: &no, Serving: &no, Terminating: &no}
+	case "terminating":
+		c = discoveryv1.EndpointConditions{Ready: &no, Serving: &yes, Terminating: &yes}
+	}
+	name, tcp := "http", corev1.ProtocolTCP
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "vllm-" + p.name, Namespace: namespace, Labels: map[string]string{kube.ServiceNameLabel: "vllm"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"}, Conditions: c,
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: namespace, Name: p.name}}},
+		Ports: []discoveryv1.EndpointPort{{Name: &name, Port: &p.port, Protocol: &tcp}},
+	}
+}
+
+// outcome is one client request through the router.
+type outcome struct {
+	id       string // its x-request-id
+	endpoint string // the X-Kvroute-Endpoint the router answered with ("" if none)
+	ok       bool   // 200 and the stream reached [DONE]
+	detail   string
+}
+
+// TestRouterUnderChurn runs a router whose only endpoints come from a Service's EndpointSlices
+// (a fake API server) in front of simulated engines, with clients streaming through it, while
+// the pods come and go: a pod added, one terminating gracefully (its streams finish, then it
+// stops), one not ready and back, one killed outright. No request may fail unless it was on
+// the killed pod, and each new pod must serve requests once its slice says it is ready. The
+// policy is least-request, so that an idle new pod gets the next request whatever the caches
+// hold: what is tested is discovery, not placement.
+func TestRouterUnderChurn(t *testing.T) {
+	pods := map[string]*simPod{}
+	for _, n := range []string{"p0", "p1", "p2", "p3"} {
+		pods[n] = startPod(t, n)
+	}
+	client := fake.NewClientset(pods["p0"].slice("ready"), pods["p1"].slice("ready"))
+	sliceAPI := client.DiscoveryV1().EndpointSlices(namespace)
+	apply := func(s *discoveryv1.EndpointSlice) {
+		t.Helper()
+		if _, err := sliceAPI.Update(context.Background(), s, metav1.UpdateOptions{}); err == nil {
+			return
+		}
+		if _, err := sliceAPI.Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The router's kubeconfig names an API server nobody listens on: the fake replaces it.
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+auth: {mode: none}
+policy: {name: least-request}
+scrape: {disabled: true}
+health: {interval: 1h}
+server: {endpoint_header: X-Kvroute-Endpoint}
+discovery:
+  kubernetes:
+    - {service: vllm, port_name: http, kubeconfig: %q, endpoint: {engine: vllm, models: [m]}}
+`, kc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.KubeClient = client
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- r.Run(ctx) }()
+	api := httptest.NewServer(r.Handler())
+	defer func() {
+		api.Close()
+		cancel()
+		if err := <-runDone; err != nil {
+			t.Errorf("router Run: %v", err)
+		}
+		r.Close()
+	}()
+
+	poolIs := func(what string, want ...string) {
+		t.Helper()
+		slices.Sort(want)
+		var got []string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+			got = got[:0]
+			for _, e := range r.Pool().All() {
+				got = append(got, e.Name)
+			}
+			slices.Sort(got)
+			if slices.Equal(got, want) {
+				return
+			}
+		}
+		t.Fatalf("%s: pool %v, want %v within 10s", what, got, want)
+	}
+	poolIs("start", pods["p0"].url, pods["p1"].url)
+
+	// The load: streaming chat requests with a shared system prompt, from 6 clients, until
+	// the scenario ends (at most 20,000 requests or 60 s).
+	var mu sync.Mutex
+	var outcomes []outcome
+	served := map[string]int{}
+	stop := make(chan struct{})
+	var clients sync.WaitGroup
+	hc := &http.Client{Timeout: 30 * time.Second}
+	system := strings.Repeat("You are a helpful assistant for the catalogue. ", 20)
+	deadline := time.Now().Add(60 * time.Second)
+	for w := range 6 {
+		clients.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mu.Lock()
+				n := len(outcomes)
+				mu.Unlock()
+				if n >= 20000 || time.Now().After(deadline) {
+					return
+				}
+				o := send(hc, api.URL, fmt.Sprintf("c%d-%d", w, i), fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":12,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d from client %d"}]}`, system, i, w))
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				if o.ok {
+					served[o.endpoint]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	stopLoad := sync.OnceFunc(func() { close(stop); clients.Wait() })
+	defer stopLoad()
+	servedBy := func(what, url string) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+			mu.Lock()
+			n := served[url]
+			mu.Unlock()
+			if n > 0 {
+				return
+			}
+		}
+		t.Fatalf("%s: %s served no request within 10s", what, url)
+	}
+	servedBy("start", pods["p0"].url)
+
+	// A new pod turns ready: in the pool at the next event, and used.
+	apply(pods["p2"].slice("not-ready"))
+	apply(pods["p2"].slice("ready"))
+	poolIs("p2 ready", pods["p0"].url, pods["p1"].url, pods["p2"].url)
+	servedBy("p2 added", pods["p2"].url)
+
+	// p0 is terminating: no new requests, its streams finish; then it stops and leaves.
+	p0 := r.Pool().ByName(pods["p0"].url)
+	apply(pods["p0"].slice("terminating"))
+	poolIs("p0 terminating", pods["p1"].url, pods["p2"].url)
+	for end := time.Now().Add(10 * time.Second); p0.InFlight() > 0; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("p0 still has %d requests in flight after 10s", p0.InFlight())
+		}
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := pods["p0"].srv.Shutdown(sctx); err != nil {
+		t.Errorf("p0 shutdown: %v", err)
+	}
+	scancel()
+	if err := sliceAPI.Delete(context.Background(), "vllm-p0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// p1 fails its readiness probe, then passes it again.
+	apply(pods["p1"].slice("not-ready"))
+	poolIs("p1 not ready", pods["p2"].url)
+	apply(pods["p1"].slice("ready"))
+	poolIs("p1 ready again", pods["p1"].url, pods["p2"].url)
+	servedBy("p1 back", pods["p1"].url)
+
+	// p3 joins, then p2 is killed outright: its slice goes and the engine dies at once,
+	// cutting what it was streaming (the only failures allowed).
+	apply(pods["p3"].slice("ready"))
+	poolIs("p3 ready", pods["p1"].url, pods["p2"].url, pods["p3"].url)
+	servedBy("p3 added", pods["p3"].url)
+	if err := sliceAPI.Delete(context.Background(), "vllm-p2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = pods["p2"].srv.Close()
+	poolIs("p2 killed", pods["p1"].url, pods["p3"].url)
+	mu.Lock()
+	mark := len(outcomes)
+	mu.Unlock()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		mu.Lock()
+		n := len(outcomes)
+		mu.Unlock()
+		if n >= mark+50 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("only %d requests completed after p2 was killed", n-mark)
+		}
+	}
+	stopLoad()
+
+	// A failed request is allowed only if it was on the killed pod: the router says so in its
+	// endpoint header, or, when the engine died before the router could answer, p2 got it.
+	failed := 0
+	for _, o := range outcomes {
+		if o.ok {
+			continue
+		}
+		failed++
+		if o.endpoint != pods["p2"].url && (o.endpoint != "" || !pods["p2"].received(o.id)) {
+			t.Errorf("request %s failed and was not on the killed pod: endpoint %q: %s", o.id, o.endpoint, o.detail)
+		}
+	}
+	t.Logf("%d requests; served: p0 %d, p1 %d, p2 %d, p3 %d; failed (on the killed p2): %d",
+		len(outcomes), served[pods["p0"].url], served[pods["p1"].url], served[pods["p2"].url], served[pods["p3"].url], failed)
+	if len(outcomes) < 50 {
+		t.Errorf("only %d requests: the load did not flow", len(outcomes))
+	}
+}
+
+// send makes one streaming request and reads it to its end.
+func send(hc *http.Client, base, id, body string) outcome {
+	o := outcome{id: id}
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		o.detail = err.Error()
+		return o
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := hc.Do(req)
+	if err != nil {
+		o.detail = err.Error()
+		return o
+	}
+	defer resp.Body.Close()
+	o.endpoint = resp.Header.Get("X-Kvroute-Endpoint")
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		o.detail = fmt.Sprintf("status %d: %s", resp.StatusCode, b)
+		return o
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if sc.Text() == "data: [DONE]" {
+			o.ok = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		o.ok, o.detail = false, "stream: "+err.Error()
+	} else if !o.ok {
+		o.detail = "stream ended without [DONE]"
+	}
+	return o
+}

@@ -1,0 +1,91 @@
+package experiment
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/des"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+// TestFaultDefaultsAreLive: the simulator's timeout and ejection defaults are the live router's.
+func TestFaultDefaultsAreLive(t *testing.T) {
+	cfg, err := config.Parse([]byte("endpoints: [{url: 'http://127.0.0.1:1', models: [m]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		sim, live any
+	}{
+		{"first_token_timeout", des.DefaultFirstTokenTimeout, cfg.Limits.FirstTokenTimeout.D()},
+		{"stream_idle_timeout", des.DefaultStreamIdleTimeout, cfg.Limits.StreamIdleTimeout.D()},
+		{"passive_failures", des.DefaultPassiveFailures, cfg.Health.PassiveFailures},
+		{"ejection_time", route.DefaultBaseEjection, cfg.Health.EjectionTime.D()},
+		{"max_ejection_time", route.DefaultMaxEjection, cfg.Health.MaxEjectionTime.D()},
+		{"max_ejected_percent", route.DefaultMaxEjectedPercent, cfg.Health.MaxEjectedPercent},
+	} {
+		if c.sim != c.live {
+			t.Errorf("%s: the simulator's default is %v, the router's %v", c.name, c.sim, c.live)
+		}
+	}
+}
+
+func TestSimulate_BadFaultOptions(t *testing.T) {
+	_, err := Simulate(context.Background(), SimulateOptions{
+		Workload: "multi-turn", Instances: 2, Profile: "llama3-8b-h100-tp1", Policies: "round-robin", ScrapeInterval: time.Second,
+		Routers: 1, ReplicaAffinity: "none", Cut: []string{"0@10%"}, CutAfter: 0, FirstTokenTimeout: -time.Second,
+		EjectionTime: time.Minute, MaxEjectionTime: time.Second, PassiveFailures: -1, MaxEjectedPercent: 101,
+	})
+	if !errors.As(err, new(*UsageError)) {
+		t.Fatalf("err %v, want a usage error", err)
+	}
+	for _, want := range []string{"--cut-after 0", "--first-token-timeout -1s", "--max-ejection-time 1s", "--passive-failures -1", "--max-ejected-percent 101"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	_, err = Simulate(context.Background(), SimulateOptions{
+		Workload: "prefix-repetition:n=10", Instances: 2, Profile: "llama3-8b-h100-tp1", Policies: "round-robin", ScrapeInterval: time.Second,
+		Routers: 1, ReplicaAffinity: "none", Hang: []string{"one@now"},
+	})
+	if !errors.As(err, new(*UsageError)) || !strings.Contains(err.Error(), "--hang") {
+		t.Errorf("err %v, want a usage error naming --hang", err)
+	}
+}
+
+// TestSimulate_Faults: an instance that fails fast from the start fails what round-robin sends
+// it until it is ejected (passive_failures of them); without ejection, its share. The table
+// says what failed and how the router met it.
+func TestSimulate_Faults(t *testing.T) {
+	o := SimulateOptions{Workload: "prefix-repetition:n=80,prefixes=4", Instances: 4, Profile: "llama3-8b-h100-tp1",
+		Policies: "round-robin", Speedup: 1, Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none",
+		Fail: []string{"1@0%"}, FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout}
+	sim, err := Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sim.Results[0]; r.Failed != des.DefaultPassiveFailures || r.Completed != 80-des.DefaultPassiveFailures {
+		t.Errorf("completed %d failed %d, want %d failed (then ejected)", r.Completed, r.Failed, des.DefaultPassiveFailures)
+	}
+	var b bytes.Buffer
+	if err := sim.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "faults: --fail 1@0%; first-token timeout 2m0s, stream idle timeout 1m0s, passive_failures 3, ejection 30s"; !strings.Contains(b.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+	o.PassiveFailures = 1 << 30
+	sim, err = Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sim.Results[0]; r.Failed != 20 {
+		t.Errorf("without ejection: failed %d, want round-robin's share, 20", r.Failed)
+	}
+}

@@ -1,0 +1,158 @@
+package route
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// Audit compares, per endpoint, the prompt tokens the policy predicted a request would find
+// cached there with what the engine then reported, and notices when an endpoint's reports stay
+// far below the predictions: a silent zero hit (the engine's cache salt, tokenizer or block
+// size differ from what the router assumes, prefix caching is off, or the engine restarted and
+// keeps losing what it is sent). While that lasts the endpoint is "blind": the lifecycle
+// reports its predictions as 0, and a policy that implements policy.CacheBlind ranks it on
+// load alone, until its reports agree with the predictions again. Safe for concurrent use.
+type Audit struct {
+	cfg AuditConfig
+
+	mu sync.Mutex
+	st map[*endpoint.Endpoint]*auditState
+}
+
+// AuditConfig configures an Audit. The zero value takes every default.
+type AuditConfig struct {
+	// Weight of one request in the decayed sums (0: 0.05, about the last 20 requests).
+	Weight float64
+	// MinSamples is how many (decayed) requests with a prediction must be seen before a
+	// verdict (0: 8, reached after 10 requests at the default weight).
+	MinSamples float64
+	// Silent: reported below this share of the predicted makes the endpoint blind (0: 0.1);
+	// Agree: above this share makes it see again (0: 0.5).
+	Silent, Agree float64
+	// OnChange, when set, is told of each verdict change: blind true when the endpoint's
+	// reports stay far below the predictions, false when they agree again; found and
+	// predicted are the decayed sums behind the verdict.
+	OnChange func(ep *endpoint.Endpoint, blind bool, found, predicted float64)
+}
+
+type auditState struct {
+	n, predicted, found float64 // decayed sums
+	blind               bool
+	since               time.Time
+}
+
+// NewAudit returns an Audit with cfg (zero fields take the defaults).
+func NewAudit(cfg AuditConfig) *Audit {
+	if cfg.Weight <= 0 || cfg.Weight >= 1 {
+		cfg.Weight = 0.05
+	}
+	if cfg.MinSamples <= 0 {
+		cfg.MinSamples = 8
+	}
+	if cfg.Silent <= 0 {
+		cfg.Silent = 0.1
+	}
+	if cfg.Agree <= 0 {
+		cfg.Agree = 0.5
+	}
+	return &Audit{cfg: cfg, st: map[*endpoint.Endpoint]*auditState{}}
+}
+
+// Observe records one request that ended on ep: predicted and reported cached tokens, both in
+// the router's units (reported < 0: the engine did not say; nothing to learn). It reports
+// whether ep's verdict changed, and the verdict.
+func (a *Audit) Observe(ep *endpoint.Endpoint, predicted, reported int, now time.Time) (changed, blind bool) {
+	if a == nil || predicted <= 0 || reported < 0 {
+		return false, false
+	}
+	a.mu.Lock()
+	s := a.st[ep]
+	if s == nil {
+		s = &auditState{}
+		a.st[ep] = s
+	}
+	w := a.cfg.Weight
+	s.n = s.n*(1-w) + 1
+	s.predicted = s.predicted*(1-w) + float64(predicted)
+	s.found = s.found*(1-w) + float64(min(reported, predicted))
+	if s.n >= a.cfg.MinSamples || s.blind {
+		share := s.found / s.predicted
+		switch {
+		case !s.blind && s.n >= a.cfg.MinSamples && share < a.cfg.Silent:
+			s.blind, s.since, changed = true, now, true
+		case s.blind && share > a.cfg.Agree:
+			s.blind, s.since, changed = false, now, true
+		}
+	}
+	blind = s.blind
+	found, pred := s.found, s.predicted
+	a.mu.Unlock()
+	if changed && a.cfg.OnChange != nil {
+		a.cfg.OnChange(ep, blind, found, pred)
+	}
+	return changed, blind
+}
+
+// blindOnes returns the endpoints that are blind now.
+func (a *Audit) blindOnes() []*endpoint.Endpoint {
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*endpoint.Endpoint
+	for ep, s := range a.st {
+		if s.blind {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// Blind reports whether ep's cache reports disagree with the predictions (see Audit).
+func (a *Audit) Blind(ep *endpoint.Endpoint) bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.st[ep]
+	return s != nil && s.blind
+}
+
+// AuditStatus is an endpoint's audit, for /debug/endpoints.
+type AuditStatus struct {
+	// Blind is true while the engine's reported hits stay far below the predictions.
+	Blind bool `json:"blind"`
+	// Since is when the verdict last changed.
+	Since time.Time `json:"since,omitzero"`
+	// FoundShare is the share of predicted cached tokens the engine reported (decayed), -1
+	// before any request with a prediction.
+	FoundShare float64 `json:"found_share"`
+}
+
+// Status returns ep's audit.
+func (a *Audit) Status(ep *endpoint.Endpoint) AuditStatus {
+	st := AuditStatus{FoundShare: -1}
+	if a == nil {
+		return st
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.st[ep]; s != nil && s.predicted > 0 {
+		st.Blind, st.Since, st.FoundShare = s.blind, s.since, s.found/s.predicted
+	}
+	return st
+}
+
+// Forget drops ep's audit.
+func (a *Audit) Forget(ep *endpoint.Endpoint) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	delete(a.st, ep)
+	a.mu.Unlock()
+}
