@@ -18,6 +18,8 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/route"
 )
 
 // conversation returns a chat body of about tokens prompt tokens (4 bytes each, as the router
@@ -53,8 +55,10 @@ func conversation(tokens int) []byte {
 // BenchmarkHandlerLongContext is the router's own work on one chat request of 10k, 32k and 100k
 // prompt tokens with the network taken out (read, parse, canonical text, normalise, hash,
 // pick among 8 endpoints, forward, read usage, metrics, access log), prefix-aware with the
-// conversation already in its index. cpu-ms/req is the process's CPU time (user + system, the
-// garbage collector's included) per request.
+// conversation already in its index. Each request is the conversation so far plus one more
+// short turn (64 turns, then it starts again), as a session's requests are; "from-scratch"
+// hashes every prompt whole, as the router did before prefix.Chains. cpu-ms/req is the
+// process's CPU time (user + system, the garbage collector's included) per request.
 func BenchmarkHandlerLongContext(b *testing.B) {
 	pool := endpoint.NewPool()
 	var specs []endpoint.Spec
@@ -65,33 +69,65 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, tokens := range []int{10_000, 32_000, 100_000} {
-		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
-			pk, err := policy.New("prefix-aware", nil, policy.Env{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()),
-				Transport: cannedTransport{fmt.Sprintf(`{"id":"c","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":%d}}}`, tokens, tokens-16)},
-				Logger:    slog.New(slog.NewJSONHandler(io.Discard, nil))}
-			body := conversation(tokens)
-			serve := func() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-				rec := httptest.NewRecorder()
-				h.ServeHTTP(rec, req)
-				if rec.Code != 200 {
-					b.Fatalf("status %d: %s", rec.Code, rec.Body)
+		bodies := growing(tokens, 64)
+		for _, mode := range []string{"", "/from-scratch"} {
+			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
+				pk, err := policy.New("prefix-aware", nil, policy.Env{})
+				if err != nil {
+					b.Fatal(err)
 				}
-			}
-			serve() // the conversation's earlier turns are in the index
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			cpu0 := cpuTime()
-			for b.Loop() {
-				serve()
-			}
-			b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Millisecond)/float64(b.N), "cpu-ms/req")
-		})
+				keys := route.Keys{Chains: prefix.NewChains(1 << 20)}
+				if mode != "" {
+					keys.Chains = nil
+				}
+				h := &Handler{Pool: pool, Picker: pk, Keys: keys, Metrics: metrics.New(prometheus.NewRegistry()),
+					Transport: cannedTransport{fmt.Sprintf(`{"id":"c","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":%d}}}`, tokens, tokens-16)},
+					Logger:    slog.New(slog.NewJSONHandler(io.Discard, nil))}
+				serve := func(body []byte) {
+					req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+					rec := httptest.NewRecorder()
+					h.ServeHTTP(rec, req)
+					if rec.Code != 200 {
+						b.Fatalf("status %d: %s", rec.Code, rec.Body)
+					}
+				}
+				serve(bodies[0]) // the conversation's earlier turns are in the index
+				b.ReportAllocs()
+				b.SetBytes(int64(len(bodies[0])))
+				cpu0 := cpuTime()
+				i := 1
+				for b.Loop() {
+					serve(bodies[i%len(bodies)])
+					i++
+				}
+				b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Millisecond)/float64(b.N), "cpu-ms/req")
+			})
+		}
 	}
+}
+
+// growing returns n chat bodies: a conversation of about tokens prompt tokens, then the same
+// with one, two, ... more short user turns.
+func growing(tokens, n int) [][]byte {
+	base := conversation(tokens)
+	var msgs map[string]any
+	if err := json.Unmarshal(base, &msgs); err != nil {
+		panic(err)
+	}
+	turns := msgs["messages"].([]any)
+	out := make([][]byte, n)
+	for i := range out {
+		if i > 0 {
+			turns = append(turns, map[string]any{"role": "user", "content": fmt.Sprintf("turn %d: and one more thing about that, please", i)})
+		}
+		msgs["messages"] = turns
+		b, err := json.Marshal(msgs)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = b
+	}
+	return out
 }
 
 // cpuTime is the process's user plus system CPU time so far.
