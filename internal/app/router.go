@@ -72,6 +72,7 @@ type Router struct {
 	audit     *route.Audit   // predicted against reported cached tokens, across reloads
 	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
 	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
+	peers     *peers         // replica sync (peers.go); nil for a lone router
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -157,6 +158,9 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		r.discovered[1+i] = specs
 		r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(1 + i)).Set(float64(len(specs)))
 	}
+	if r.peers, err = r.newPeers(cfg); err != nil {
+		return nil, err
+	}
 	if err := r.apply(cfg); err != nil {
 		return nil, err
 	}
@@ -195,6 +199,7 @@ func (r *Router) Reload(cfg *config.Config) error {
 		if old.ExtProc != cfg.ExtProc {
 			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
 		}
+		r.peers.reloaded(r, old, cfg)
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
 			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
@@ -252,6 +257,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Attempts: 1 + cfg.Limits.Retries(),
 		Health:   r.outlier,
 		State:    r.state,
+		Share:    r.peers.shared(),
 		WarmUp:   cfg.Health.WarmUpTime(),
 		Audit:    r.audit,
 	})
@@ -296,6 +302,7 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
+			r.peers.removed(ep)
 		}
 		if r.pool.ByName(ep.Name) == nil {
 			r.metrics.ForgetEndpoint(ep.Name)
@@ -374,8 +381,9 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 2+len(r.dns)+len(r.kube)) // the prober, the file, the names, the watches: none may block
+	errc := make(chan error, 3+len(r.dns)+len(r.kube)) // the prober, the peers, the file, the names, the watches: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
+	wg.Go(func() { errc <- r.peers.run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
 		wg.Go(func() {
@@ -446,6 +454,10 @@ func (r *Router) AdminHandler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.peers.ready() {
+			http.Error(w, "warming up: taking a peer's snapshot", http.StatusServiceUnavailable)
+			return
+		}
 		for _, e := range r.pool.All() {
 			if e.Available() {
 				_, _ = w.Write([]byte("ready\n"))
@@ -455,6 +467,7 @@ func (r *Router) AdminHandler() http.Handler {
 		http.Error(w, "no available endpoint", http.StatusServiceUnavailable)
 	})
 	mux.HandleFunc("GET /debug/endpoints", r.serveEndpoints)
+	r.peers.admin(mux)
 	if cfg := r.Config(); cfg != nil && cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

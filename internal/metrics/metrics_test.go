@@ -444,6 +444,7 @@ func TestNames(t *testing.T) {
 	// As many names as New describes families: none is left without a series.
 	reg := &countingRegisterer{Registerer: prometheus.NewRegistry()}
 	New(reg)
+	NewPeers(reg)
 	if len(names) != reg.descs {
 		t.Errorf("Names() gives %d names, New describes %d families", len(names), reg.descs)
 	}

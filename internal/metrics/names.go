@@ -41,5 +41,8 @@ func populated(reg prometheus.Registerer) *Metrics {
 	m.WatchIndex(func() (int, int64) { return 0, 0 })
 	m.WatchPrefillRate(func(*endpoint.Endpoint) float64 { return 1000 })
 	m.PickDuration.Observe(0)
+	p := NewPeers(reg)
+	p.WatchPeers(func() map[string]time.Time { return map[string]time.Time{"r2": time.Now()} })
+	p.Lag.Observe(0)
 	return m
 }

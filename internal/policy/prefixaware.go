@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"io"
 	"math"
 	"slices"
 	"sync"
@@ -596,3 +597,13 @@ func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
 
 // IndexSize returns the index's (block, endpoint) entries and bytes.
 func (pa *prefixAware) IndexSize() (int, int64) { return pa.index.Size() }
+
+// WriteSnapshot writes the index's newest maxEntries entries (policy.Snapshotter).
+func (pa *prefixAware) WriteSnapshot(w io.Writer, name func(id int) string, maxEntries int) (int, error) {
+	return pa.index.WriteSnapshot(w, name, pa.clock.Now().UnixNano(), maxEntries)
+}
+
+// ReadSnapshot adds a snapshot's entries to the index (policy.Snapshotter).
+func (pa *prefixAware) ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error) {
+	return pa.index.ReadSnapshot(r, id, pa.clock.Now().UnixNano(), maxEntries)
+}

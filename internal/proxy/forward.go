@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/scrape"
 )
 
 // maxCapture bounds how much of a non-streamed response body is kept to read its usage, and
@@ -425,8 +426,12 @@ func (c *call) setUsage(u openai.Usage) {
 }
 
 // cachedTokens is what the engine said it took from its prefix cache: usage's
-// prompt_tokens_details, else llama.cpp's timings.cache_n; -1 when it did not say.
+// prompt_tokens_details, else llama.cpp's timings.cache_n; -1 when it did not say, or when its
+// kind is known not to count them (ollama reports 0 whatever it reused).
 func (c *call) cachedTokens() int {
+	if ep := c.ep(); ep != nil && !scrape.ReportsCachedTokens(ep.Kind()) {
+		return -1 // whatever it says, it does not know: unknown, not zero
+	}
 	if c.cached < 0 && c.timingsCached >= 0 {
 		return c.timingsCached
 	}
