@@ -2,6 +2,7 @@ package policy
 
 import (
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -205,6 +206,24 @@ type paScore struct {
 	cost, ttft float64 // ttft: this request's own predicted TTFT, seconds
 }
 
+// removedPrefixAware names the parameters prefix-aware had before it had seven, and what took
+// their place (docs/policy.md).
+var removedPrefixAware = map[string]string{
+	"prefill_rate":     "each endpoint's prefill speed is learned from its observed TTFTs",
+	"overhead":         "each endpoint's speed is learned from its observed TTFTs",
+	"learn":            "learning from observed TTFTs is always on",
+	"learn_weight":     "learning from observed TTFTs is always on, with a fixed horizon",
+	"learn_tolerance":  "learning from observed TTFTs is always on, with a fixed tolerance",
+	"correct":          "forgetting what the engines' cached_tokens disprove is always on",
+	"head_progress":    "counting the queue head's progress is always on",
+	"touch_done":       "refreshing the index when a request ends is always on",
+	"recompute_weight": "it and balance_weight are one parameter, cache_weight",
+	"balance_weight":   "it and recompute_weight are one parameter, cache_weight",
+	"session_slack":    "the session tie-break is gone (no measured effect)",
+	"sessions":         "the session tie-break is gone (no measured effect)",
+	"snapshot_load":    "replicas share their routing state instead (peers:)",
+}
+
 func newPrefixAware(env Env, p Params) (Picker, error) {
 	r := readParams(p)
 	pa := &prefixAware{
@@ -221,6 +240,9 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		correct:     true,
 	}
 	maxEntries := r.Int("max_index_entries", 16<<20)
+	for _, key := range slices.Sorted(maps.Keys(removedPrefixAware)) {
+		r.Gone(key, removedPrefixAware[key])
+	}
 	r.Require(pa.maxLoad >= 1, "max_load_factor=%g must be at least 1 (2 lets an endpoint take twice its share of the requests in flight)", pa.maxLoad)
 	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative (token-equivalents per million attention pairs)", pa.attn)
 	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds per running decode)", pa.decodeCost)

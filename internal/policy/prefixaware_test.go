@@ -381,7 +381,7 @@ func TestPrefixAware_BadParams(t *testing.T) {
 		t.Fatal("want an error")
 	}
 	for _, want := range []string{"max_load_factor=0.5 must be at least 1", `cache_weight="lots" is not a number`,
-		"affinity_window=-1 must not be negative", `unknown parameter "learn"`, `unknown parameter "colour"`} {
+		"affinity_window=-1 must not be negative", "parameter learn was removed: learning from observed TTFTs is always on; delete it", `unknown parameter "colour"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
