@@ -10,13 +10,15 @@ import (
 	"github.com/kvroute/kvroute/internal/des"
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/scorecard"
 )
 
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute simulate")
 	var o experiment.SimulateOptions
 	var cpuprofile string
-	var asJSON bool
+	var asJSON, card bool
+	var seeds, scenarios string
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay")
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
 	fs.IntVar(&o.Instances, "instances", 8, "number of engine instances")
@@ -50,6 +52,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&o.Records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
+	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"), --policies, --seed or --seeds, --scenarios, --json, --html")
+	fs.StringVar(&seeds, "seeds", "", "with --scorecard: the seeds to run, such as 1-5 (default: --seed)")
+	fs.StringVar(&scenarios, "scenarios", "", "with --scorecard: run only the scenarios whose names contain one of these, comma-separated")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]",
@@ -60,6 +65,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return code
 	}
 	defer experiment.TuneGC()()
+	if card {
+		return runScorecard(ctx, fs, o, seeds, scenarios, asJSON, stdout, stderr)
+	}
 	if cpuprofile != "" {
 		stop, err := startCPUProfile(cpuprofile)
 		if err != nil {

@@ -267,7 +267,7 @@ func (r *Router) apply(cfg *config.Config) error {
 	h := &proxy.Handler{
 		Pool:           r.pool,
 		Lifecycle:      lc,
-		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm},
+		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm, Chains: prefix.NewChains(chainBlocks)},
 		Gate:           r.gate,
 		Admit:          r.Admit,
 		Saturated:      r.Saturated,
@@ -327,6 +327,11 @@ func newRand() *rand.Rand {
 	_, _ = crand.Read(b[:])
 	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 }
+
+// chainBlocks bounds what the router remembers of long prompts to hash their next turns
+// incrementally (prefix.Chains): a million 16-token blocks, 8 MB of hashes for 64 MB of
+// prompt text, some 160 conversations of 100k tokens.
+const chainBlocks = 1 << 20
 
 // prefillRate is the current policy's prefill-rate estimate for ep (tokens/s, 0 unknown), for
 // the tenant gate's overload.max_predicted_ttft.

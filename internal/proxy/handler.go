@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -293,7 +294,10 @@ func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call);
 
 // readBody reads the whole body, at most limit bytes. A body announced longer than limit is
 // refused before any of it is read, and memory grows with the bytes received, never with the
-// length announced: the buffer starts at a bounded size and grows as data arrives.
+// length announced: a body that fits in bodyStart is read into one buffer; a larger one (or
+// one of unknown length) into pooled chunks of bodyStart bytes as data arrives, joined once at
+// the end. (Doubling one buffer instead cleared and copied more than twice the body: a quarter
+// of the router's CPU on a 100k-token prompt.)
 func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 	tooLarge := func() *openai.Error {
 		return openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
@@ -302,22 +306,39 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 	if r.ContentLength > limit {
 		return nil, tooLarge()
 	}
-	size := int64(bodyStart)
-	if n := r.ContentLength; n >= 0 && n < size {
-		size = n + 1 // room to see EOF without growing
+	var buf []byte
+	if n := r.ContentLength; n >= 0 && n < bodyStart {
+		buf = make([]byte, 0, n+1) // room to see EOF without another read
+	} else {
+		buf = (*bodyChunks.Get().(*[]byte))[:0]
 	}
-	buf := make([]byte, 0, size)
+	var full [][]byte // chunks filled before buf, in order
+	defer func() {
+		for _, c := range full {
+			if cap(c) == bodyStart { // not the first buffer of a body that announced less
+				bodyChunks.Put(&c)
+			}
+		}
+	}()
+	total := int64(0)
 	for {
 		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, min(cap(buf), int(limit+1)-len(buf)))
+			full = append(full, buf)
+			buf = (*bodyChunks.Get().(*[]byte))[:0]
 		}
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		if int64(len(buf)) > limit {
+		if total += int64(n); total > limit {
 			return nil, tooLarge()
 		}
 		if err == io.EOF {
-			return buf, nil
+			if full == nil && cap(buf) != bodyStart {
+				return buf, nil
+			}
+			// One allocation of the exact size; bytes.Join does not clear what it will copy over.
+			body := bytes.Join(append(full, buf), nil)
+			full = append(full, buf)
+			return body, nil
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
 			return nil, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
@@ -329,9 +350,12 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 	}
 }
 
-// bodyStart is the buffer a body is first read into when its announced length is larger or
-// unknown; it doubles as data arrives.
+// bodyStart is the largest body read into a buffer of its own, and the size of the chunks a
+// larger one is read into.
 const bodyStart = 64 << 10
+
+// bodyChunks recycles the chunks of large bodies.
+var bodyChunks = sync.Pool{New: func() any { b := make([]byte, bodyStart); return &b }}
 
 // served reports whether any endpoint, healthy or not, serves model for these labels.
 func (h *Handler) served(model string, labels map[string]string) bool {

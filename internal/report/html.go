@@ -110,7 +110,7 @@ func scenarioLine(s *Summary) string {
 
 var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 	"rate": rate,
-	"ms":   num,
+	"ms":   Millis,
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -218,7 +218,7 @@ func logTicks(lo, hi float64) []tick {
 		if v < lo || v > hi {
 			continue
 		}
-		out = append(out, tick{at: (math.Log10(v) - math.Log10(lo)) / (math.Log10(hi) - math.Log10(lo)), label: num(v)})
+		out = append(out, tick{at: (math.Log10(v) - math.Log10(lo)) / (math.Log10(hi) - math.Log10(lo)), label: Millis(v)})
 	}
 	return out
 }
@@ -326,7 +326,7 @@ func ttftOverTime(runs []htmlRun) string {
 		return noData(&b, label)
 	}
 	top := ymax * 1.05
-	yt := linTicks(top, num)
+	yt := linTicks(top, Millis)
 	endS := (width * time.Duration(overTimeBuckets+1)).Seconds()
 	svgOpen(&b, label)
 	axis(&b, linTicks(endS, func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) + "s" }),

@@ -40,8 +40,8 @@ func WriteTable(w io.Writer, s *Summary) error {
 	for i := range s.Results {
 		r := &s.Results[i]
 		fmt.Fprintf(tw, "%-*s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%d\t%d\t\n",
-			width, r.Policy, rate(r.HitRate, r.HitRateUnknown), num(r.TTFT.Mean), num(r.TTFT.P50), num(r.TTFT.P90), num(r.TTFT.P99),
-			num(r.TPOT.P50), r.ThroughputTokensPerS, r.LoadImbalance, r.Completed, r.Failed)
+			width, r.Policy, rate(r.HitRate, r.HitRateUnknown), Millis(r.TTFT.Mean), Millis(r.TTFT.P50), Millis(r.TTFT.P90), Millis(r.TTFT.P99),
+			Millis(r.TPOT.P50), r.ThroughputTokensPerS, r.LoadImbalance, r.Completed, r.Failed)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write table: %w", err)
@@ -57,8 +57,8 @@ func rate(v float64, unknown bool) string {
 	return strconv.FormatFloat(v, 'f', 3, 64)
 }
 
-// num formats a latency in milliseconds with about three significant digits, no exponent.
-func num(ms float64) string {
+// Millis formats a latency in milliseconds with about three significant digits, no exponent.
+func Millis(ms float64) string {
 	switch {
 	case ms >= 100:
 		return strconv.FormatFloat(ms, 'f', 0, 64)
