@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    := ./...
 FUZZTIME ?= 3s
 
-.PHONY: all build image helm test unit fuzz bench bench-smoke vet fmt demo ci
+.PHONY: all build image helm test unit fuzz bench bench-smoke vet fmt demo ci realengine
 
 # What `kvroute version` and the image labels say. GOFLAGS may hold -buildvcs=false (the Go
 # command then records no revision), so the build stamps it with -ldflags -X.
@@ -48,6 +48,13 @@ image:
 # The full test suite, as CI runs it: vet, unit and e2e tests with -race, each fuzz target for
 # a few seconds, every benchmark once.
 test: vet unit fuzz bench-smoke
+
+# The real-engine suite: kvroute in front of three ollama instances (built from source by
+# scripts/ollama.sh once, then cached; needs the Debian packages nlohmann-json3-dev and
+# libstb-dev, which .ci/run installs). About 11 minutes the first time, 3 after.
+realengine:
+	KVROUTE_OLLAMA="$$(GO=$(GO) bash scripts/ollama.sh)" && export KVROUTE_OLLAMA && \
+		$(GO) test -race -count=1 -timeout 20m -v -run 'TestRealEngine' ./test/realengine/
 
 unit: $(if $(NPM),$(E2E_CLIENT))
 	$(GO) test -race -count=1 -timeout 10m $(PKGS)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -143,6 +144,62 @@ func TestBenchTableAndProgressLines(t *testing.T) {
 	// stderr is not a terminal: plain lines, ending with the final count.
 	if !strings.Contains(errOut, "bench: 6/6 requests, 1 errors") {
 		t.Errorf("progress lines %q lack the final line", errOut)
+	}
+}
+
+// A target that reports no cached tokens (ollama's usage has no prompt_tokens_details): the
+// hit rate and the pooled LRU bound are unknown in the table, null in JSON, and the HTML says
+// unknown instead of drawing a zero bar.
+func TestBenchUnknownHitRate(t *testing.T) {
+	checkLeaks(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":1}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	args := []string{"--target", srv.URL, "--workload", "prefix-repetition:n=4", "--concurrency", "1", "--quiet"}
+	code, out, errOut := runVerb("bench", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"pooled LRU unknown", "hit rate unknown"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^\s+bench\s+unknown\s+[0-9.]+\s`).MatchString(out) {
+		t.Errorf("the table's row does not say unknown in the hit rate column:\n%s", out)
+	}
+
+	html := filepath.Join(t.TempDir(), "r.html")
+	code, out, errOut = runVerb("bench", append(args, "--json", "--html", html)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Bounds  map[string]json.RawMessage
+		Results []map[string]json.RawMessage
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bad JSON: %v\n%s", err, out)
+	}
+	if got := string(doc.Results[0]["hit_rate"]); got != "null" {
+		t.Errorf("hit_rate = %s, want null", got)
+	}
+	if got := string(doc.Bounds["pooled_lru_hit_rate"]); got != "null" {
+		t.Errorf("pooled_lru_hit_rate = %s, want null", got)
+	}
+	if got := string(doc.Bounds["infinite_cache_hit_rate"]); got == "null" || got == "" {
+		t.Errorf("infinite_cache_hit_rate = %q: the workload's own bound is known", got)
+	}
+	page, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "<td>unknown</td>") || !strings.Contains(string(page), `class="unknown"`) {
+		t.Error("the HTML report does not say the hit rate is unknown")
 	}
 }
 

@@ -26,13 +26,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
 		endpoints listFlag
 		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: any)")
-		engine    = fs.String("engine", "vllm", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+")")
+		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
 		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
 		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints), overrides admin_listen")
 		pprof     = fs.Bool("pprof", false, "serve /debug/pprof on the admin address")
 		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
 		httpSrv   = fs.String("http-server", "", "builtin or net/http: what serves the API listener, overrides server.http_server")
+		extListen = fs.String("extproc-listen", "", "Envoy ext_proc endpoint-picker address (gRPC), overrides extproc.listen")
+		extHealth = fs.String("extproc-health-listen", "", "gRPC health address of the endpoint picker, overrides extproc.health_listen")
 	)
 	fs.Var(&endpoints, "endpoint", "engine base `URL` for a quick start without a config file (repeatable)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
@@ -64,6 +66,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		if *httpSrv != "" {
 			c.Server.HTTPServer = *httpSrv
+		}
+		if *extListen != "" {
+			c.ExtProc.Listen = *extListen
+		}
+		if *extHealth != "" {
+			c.ExtProc.HealthListen = *extHealth
 		}
 	}
 	// The overrides are applied before validation, so that its checks (listen and
@@ -106,6 +114,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kvroute serve: admin listen: %v\n", err)
 		return 1
 	}
+	extLn, extHealthLn, err := listenExtProc(cfg.ExtProc)
+	if err != nil {
+		apiLn.Close()
+		adminLn.Close()
+		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
+		return 1
+	}
 
 	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal); the
 	// watcher also reloads when the file's content changes.
@@ -128,13 +143,51 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if cfg.Server.TLS.Enabled() {
 		scheme = "https"
 	}
+	// The endpoint picker drains beside the API: both see ctx end; it stops too if Serve
+	// returns early.
+	extCtx, stopExt := context.WithCancel(ctx)
+	defer stopExt()
+	extDone := make(chan error, 1)
+	if extLn != nil {
+		go func() { extDone <- r.ServeExtProc(extCtx, extLn, extHealthLn) }()
+		health := "on the ext_proc address"
+		if extHealthLn != nil {
+			health = "grpc://" + extHealthLn.Addr().String()
+		}
+		fmt.Fprintf(stdout, "kvroute serve: ext_proc grpc://%s health %s\n", extLn.Addr(), health)
+	} else {
+		extDone <- nil
+	}
 	fmt.Fprintf(stdout, "kvroute serve: api %s://%s admin http://%s policy %s, %d endpoint(s)\n",
 		scheme, apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
-	if err := r.Serve(ctx, apiLn, adminLn); err != nil {
+	err = r.Serve(ctx, apiLn, adminLn)
+	stopExt()
+	if extErr := <-extDone; err == nil && extErr != nil {
+		err = fmt.Errorf("ext_proc: %w", extErr)
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// listenExtProc opens the endpoint picker's listeners when the config serves it (nil, nil
+// when not; health nil when it shares the ext_proc address).
+func listenExtProc(c config.ExtProc) (ln, health net.Listener, err error) {
+	if !c.Enabled() {
+		return nil, nil, nil
+	}
+	if ln, err = net.Listen("tcp", c.Listen); err != nil {
+		return nil, nil, fmt.Errorf("extproc listen: %w", err)
+	}
+	if c.HealthListen != "" {
+		if health, err = net.Listen("tcp", c.HealthListen); err != nil {
+			ln.Close()
+			return nil, nil, fmt.Errorf("extproc health listen: %w", err)
+		}
+	}
+	return ln, health, nil
 }
 
 // quickConfig builds a config from --endpoint flags, with adjust (nil for none) applied before

@@ -38,6 +38,13 @@ var addrLine = regexp.MustCompile(`api (http://\S+) admin (http://\S+)`)
 // startServe runs `kvroute serve args...` and returns its API and admin base URLs.
 func startServe(t *testing.T, args ...string) (api, admin string, stderr *lockedBuffer, stop func() int) {
 	t.Helper()
+	api, admin, _, stderr, stop = startServeOut(t, args...)
+	return api, admin, stderr, stop
+}
+
+// startServeOut is startServe that also returns what serve printed.
+func startServeOut(t *testing.T, args ...string) (api, admin string, stdout, stderr *lockedBuffer, stop func() int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var out lockedBuffer
 	stderr = &lockedBuffer{}
@@ -74,12 +81,18 @@ func startServe(t *testing.T, args ...string) (api, admin string, stderr *locked
 		return rc
 	}
 	t.Cleanup(func() { stop() })
-	return api, admin, stderr, stop
+	return api, admin, &out, stderr, stop
 }
 
+// fakeVLLM answers every path with a chat completion, and /metrics with a vLLM name (what
+// tells a quick start's auto-detection it is vLLM).
 func fakeVLLM(t *testing.T) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/metrics" {
+			_, _ = io.WriteString(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n")
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"x","choices":[{"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
 	}))
@@ -117,6 +130,64 @@ func TestServeQuickStart(t *testing.T) {
 	}
 	if strings.Contains(logs, "auth") {
 		t.Errorf("a quick start logs an auth warning:\n%s", logs)
+	}
+}
+
+// The issue's quick start in front of ollama (no /health, no /metrics): with the default
+// engine auto the endpoint is detected as ollama, checked on /api/version and serves; /debug/
+// endpoints says what was found.
+func TestServeQuickStartDetectsOllama(t *testing.T) {
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/api/version":
+			_, _ = io.WriteString(w, `{"version":"0.17.4"}`)
+		case "/v1/models":
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"tiny:latest","object":"model","owned_by":"library"}]}`)
+		case "/v1/chat/completions":
+			_, _ = io.WriteString(w, `{"id":"x","choices":[{"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer eng.Close()
+	api, admin, stderr, stop := startServe(t, "--endpoint", eng.URL, "--model", "tiny", "--listen", "127.0.0.1:0",
+		"--admin-listen", "127.0.0.1:0", "--log-format", "text")
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	var info string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		resp, err := client.Get(admin + "/debug/endpoints")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		info = string(b)
+		if strings.Contains(info, `"kind": "ollama"`) && strings.Contains(info, `"healthy": true`) &&
+			!strings.Contains(info, "last_check_error") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the endpoint was not detected as a healthy ollama:\n%s\n%s", info, stderr)
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	resp, err := client.Post(api+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("chat: %d %s", resp.StatusCode, body)
+	}
+	if rc := stop(); rc != 0 {
+		t.Errorf("exit code %d", rc)
+	}
+	if logs := stderr.String(); !strings.Contains(logs, "engine kind detected") || !strings.Contains(logs, "engine=ollama") {
+		t.Errorf("want the detection logged:\n%s", logs)
 	}
 }
 

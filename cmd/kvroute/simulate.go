@@ -10,13 +10,15 @@ import (
 	"github.com/kvroute/kvroute/internal/des"
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/scorecard"
 )
 
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute simulate")
 	var o experiment.SimulateOptions
 	var cpuprofile string
-	var asJSON bool
+	var asJSON, card bool
+	var seeds, scenarios string
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay")
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
 	fs.IntVar(&o.Instances, "instances", 8, "number of engine instances")
@@ -46,10 +48,15 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&o.Autoscale, "autoscale", "", "grow the fleet from start= instances (up to --instances) on the router's saturation signal, as KEDA would: start=N,target=X,interval=30s,delay=2m,window=1m,rate=0,every=D; no target: watch the signal only (docs/kubernetes.md)")
 	fs.StringVar(&o.Ramp, "ramp", "", "FROM-TO: the arrival rate goes from FROM to TO times its mean over the run, such as 0.4-1.6")
 	fs.StringVar(&o.ReplicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
+	fs.StringVar(&o.ReplicaSync, "replica-sync", "off", "router replicas share their events (routed, first token, end) after this delay, such as 1ms or 50ms; off: each knows only its own")
+	fs.Float64Var(&o.ReplicaSyncLoss, "replica-sync-loss", 0, "probability that one shared event does not reach one replica")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&o.Records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
+	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"), --policies, --seed or --seeds, --scenarios, --json, --html")
+	fs.StringVar(&seeds, "seeds", "", "with --scorecard: the seeds to run, such as 1-5 (default: --seed)")
+	fs.StringVar(&scenarios, "scenarios", "", "with --scorecard: run only the scenarios whose names contain one of these, comma-separated")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]",
@@ -60,6 +67,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return code
 	}
 	defer experiment.TuneGC()()
+	if card {
+		return runScorecard(ctx, fs, o, seeds, scenarios, asJSON, stdout, stderr)
+	}
 	if cpuprofile != "" {
 		stop, err := startCPUProfile(cpuprofile)
 		if err != nil {

@@ -94,6 +94,8 @@ func unitFor(kind, family string) string {
 		return "percentunit" // a share of tokens, of requests, of time
 	case kind == "rate" && family == "tokens":
 		return unitTokensPerSec
+	case kind == "rate" && family == "bytes":
+		return "Bps"
 	case kind == "rate":
 		return "reqps"
 	case family == "bytes":

@@ -72,6 +72,7 @@ type Router struct {
 	audit     *route.Audit   // predicted against reported cached tokens, across reloads
 	transport *h1.Transport  // to the endpoints; its Fallback also carries health checks and scrapes
 	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
+	peers     *peers         // replica sync (peers.go); nil for a lone router
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
@@ -158,6 +159,9 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		r.discovered[1+i] = specs
 		r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(1 + i)).Set(float64(len(specs)))
 	}
+	if r.peers, err = r.newPeers(cfg); err != nil {
+		return nil, err
+	}
 	if err := r.apply(cfg); err != nil {
 		return nil, err
 	}
@@ -193,6 +197,10 @@ func (r *Router) Reload(cfg *config.Config) error {
 		if !reflect.DeepEqual(old.Discovery.Kubernetes, cfg.Discovery.Kubernetes) {
 			r.logger.Warn("discovery.kubernetes changes only on restart")
 		}
+		if old.ExtProc != cfg.ExtProc {
+			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
+		}
+		r.peers.reloaded(r, old, cfg)
 		o, n := old.Server, cfg.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
 			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
@@ -250,6 +258,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Attempts: 1 + cfg.Limits.Retries(),
 		Health:   r.outlier,
 		State:    r.state,
+		Share:    r.peers.shared(),
 		WarmUp:   cfg.Health.WarmUpTime(),
 		Audit:    r.audit,
 	})
@@ -259,7 +268,7 @@ func (r *Router) apply(cfg *config.Config) error {
 	h := &proxy.Handler{
 		Pool:           r.pool,
 		Lifecycle:      lc,
-		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm},
+		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm, Chains: prefix.NewChains(chainBlocks)},
 		Gate:           r.gate,
 		Admit:          r.Admit,
 		Saturated:      r.Saturated,
@@ -294,6 +303,7 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
+			r.peers.removed(ep)
 		}
 		if r.pool.ByName(ep.Name) == nil {
 			r.metrics.ForgetEndpoint(ep.Name)
@@ -318,6 +328,11 @@ func newRand() *rand.Rand {
 	_, _ = crand.Read(b[:])
 	return rand.New(rand.NewPCG(binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])))
 }
+
+// chainBlocks bounds what the router remembers of long prompts to hash their next turns
+// incrementally (prefix.Chains): a million 16-token blocks, 8 MB of hashes for 64 MB of
+// prompt text, some 160 conversations of 100k tokens.
+const chainBlocks = 1 << 20
 
 // prefillRate is the current policy's prefill-rate estimate for ep (tokens/s, 0 unknown), for
 // the tenant gate's overload.max_predicted_ttft.
@@ -367,8 +382,9 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 2+len(r.dns)+2*len(r.kube)) // the prober, the file, the names, the watches, the cost writers: none may block
+	errc := make(chan error, 3+len(r.dns)+2*len(r.kube)) // the prober, the peers, the file, the names, the watches, the cost writers: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
+	wg.Go(func() { errc <- r.peers.run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
 		wg.Go(func() {
@@ -440,6 +456,10 @@ func (r *Router) AdminHandler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.peers.ready() {
+			http.Error(w, "warming up: taking a peer's snapshot", http.StatusServiceUnavailable)
+			return
+		}
 		for _, e := range r.pool.All() {
 			if e.Available() {
 				_, _ = w.Write([]byte("ready\n"))
@@ -449,6 +469,7 @@ func (r *Router) AdminHandler() http.Handler {
 		http.Error(w, "no available endpoint", http.StatusServiceUnavailable)
 	})
 	mux.HandleFunc("GET /debug/endpoints", r.serveEndpoints)
+	r.peers.admin(mux)
 	if cfg := r.Config(); cfg != nil && cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -16,6 +16,7 @@ const certCheckEvery = 10 * time.Second
 // either file changes (a renewal by cert-manager or certbot), checking at most every `every`,
 // at a handshake. A renewed pair that does not load is logged and the old one kept.
 type certFiles struct {
+	field             string // the config section, in errors: server.tls, extproc.tls
 	certPath, keyPath string
 	every             time.Duration
 	log               *slog.Logger
@@ -27,7 +28,11 @@ type certFiles struct {
 }
 
 func newCertFiles(certPath, keyPath string, every time.Duration, log *slog.Logger) (*certFiles, error) {
-	c := &certFiles{certPath: certPath, keyPath: keyPath, every: every, log: log}
+	return (&certFiles{field: "server.tls", certPath: certPath, keyPath: keyPath, every: every, log: log}).start()
+}
+
+// start loads the files a first time.
+func (c *certFiles) start() (*certFiles, error) {
 	mod, err := c.modTimes()
 	if err != nil {
 		return nil, err
@@ -44,7 +49,7 @@ func (c *certFiles) modTimes() ([2]time.Time, error) {
 	for i, p := range []string{c.certPath, c.keyPath} {
 		fi, err := os.Stat(p)
 		if err != nil {
-			return mod, fmt.Errorf("server.tls: %w", err)
+			return mod, fmt.Errorf("%s: %w", c.field, err)
 		}
 		mod[i] = fi.ModTime()
 	}
@@ -54,7 +59,7 @@ func (c *certFiles) modTimes() ([2]time.Time, error) {
 func (c *certFiles) load(mod [2]time.Time) error {
 	cert, err := tls.LoadX509KeyPair(c.certPath, c.keyPath)
 	if err != nil {
-		return fmt.Errorf("server.tls: %w", err)
+		return fmt.Errorf("%s: %w", c.field, err)
 	}
 	c.cur, c.mod = &cert, mod
 	return nil

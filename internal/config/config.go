@@ -19,8 +19,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Engines returns the engine kinds an endpoint may declare.
-func Engines() []string { return []string{"vllm", "sglang", "tgi", "llamacpp", "openai"} }
+// Engines returns the engine kinds an endpoint may declare. "auto" asks the router to detect
+// the kind on first contact (see scrape.Detect).
+func Engines() []string {
+	return []string{"vllm", "sglang", "tgi", "llamacpp", "ollama", "openai", "auto"}
+}
 
 // Config is the whole router configuration. Zero values are replaced by the documented
 // defaults when the config is loaded; examples/kvroute.yaml documents every key.
@@ -58,6 +61,11 @@ type Config struct {
 	Tenants []Tenant `json:"tenants"`
 	// Overload configures admission under overload (see tenants.go).
 	Overload Overload `json:"overload"`
+	// ExtProc serves the Envoy ext_proc endpoint picker (see extproc.go).
+	ExtProc ExtProc `json:"extproc"`
+	// Peers makes this router one of several replicas that share what they learn (see
+	// peers.go). Nil when the section is absent: a lone router.
+	Peers *Peers `json:"peers,omitempty"`
 	// Autoscale configures what autoscalers get from the router (see autoscale.go).
 	Autoscale Autoscale `json:"autoscale"`
 
@@ -83,7 +91,8 @@ type Endpoint struct {
 	URL string `json:"url"`
 	// Models it serves; empty means any model.
 	Models []string `json:"models"`
-	// Engine is vllm, sglang, tgi, llamacpp or openai (generic). Default openai.
+	// Engine is vllm, sglang, tgi, llamacpp, ollama, openai (generic) or auto (detected on
+	// first contact). Default openai.
 	Engine string `json:"engine"`
 	// Labels select dedicated pools (tenants' endpoint_labels).
 	Labels map[string]string `json:"labels"`
@@ -322,7 +331,7 @@ type section interface {
 func (c *Config) sections(checks Checks) []section {
 	return []section{
 		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
-		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload,
+		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, &c.ExtProc, peersSection{c},
 		&c.Autoscale,
 	}
 }

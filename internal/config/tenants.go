@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -128,30 +127,10 @@ func (a authSection) validate(c *Config, p *problems) {
 // getenv, os.Getenv when nil). It is at least MinSecretBytes long (surrounding white space is
 // trimmed).
 func (c *Config) Secret(getenv func(string) string) ([]byte, error) {
-	if c.Auth == nil || (c.Auth.SecretFile == "" && c.Auth.SecretEnv == "") {
+	if c.Auth == nil {
 		return nil, fmt.Errorf("auth: no secret_file or secret_env configured")
 	}
-	var s []byte
-	var from string
-	if c.Auth.SecretFile != "" {
-		from = "auth.secret_file " + c.Path(c.Auth.SecretFile)
-		b, err := os.ReadFile(c.Path(c.Auth.SecretFile))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", from, err)
-		}
-		s = b
-	} else {
-		if getenv == nil {
-			getenv = os.Getenv
-		}
-		from = "auth.secret_env " + c.Auth.SecretEnv
-		s = []byte(getenv(c.Auth.SecretEnv))
-	}
-	s = []byte(strings.TrimSpace(string(s)))
-	if len(s) < MinSecretBytes {
-		return nil, fmt.Errorf("%s: the secret is %d bytes, want at least %d (for example: head -c 32 /dev/urandom | base64)", from, len(s), MinSecretBytes)
-	}
-	return s, nil
+	return readSecret(c, "auth", c.Auth.SecretFile, c.Auth.SecretEnv, getenv)
 }
 
 var tenantName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

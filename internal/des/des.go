@@ -89,6 +89,9 @@ type Config struct {
 	// Outlier is passive ejection, as the health section configures it live; zero fields take
 	// the live defaults (Consecutive: DefaultPassiveFailures). Fleet is set by Run.
 	Outlier route.OutlierConfig
+	// ReplicaSync shares each replica's lifecycle events with the others (sync.go); the zero
+	// value shares nothing.
+	ReplicaSync ReplicaSync
 	// Autoscale, when set, grows the fleet during the run as a controller decides
 	// (autoscale.go).
 	Autoscale *Autoscale
@@ -194,6 +197,9 @@ func (c *Config) check() error {
 	}
 	if c.Attempts < 0 {
 		errs = append(errs, fmt.Errorf("attempts: %d, want at least 1 (or 0 for %d)", c.Attempts, DefaultAttempts))
+	}
+	if err := c.ReplicaSync.check(); err != nil {
+		errs = append(errs, err)
 	}
 	added := map[int]bool{}
 	for _, ch := range c.Changes {
@@ -348,7 +354,8 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		if warm == 0 {
 			warm = route.DefaultWarmUp
 		}
-		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0)})
+		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0),
+			Share: s.share(k)})
 		if err != nil {
 			return nil, err
 		}
@@ -414,6 +421,7 @@ const (
 	evCut           // router learns that its request's stream was cut (with network latency)
 	evTimeout       // an attempt's first-token timeout
 	evIdle          // a stream's idle timeout, on a hung instance
+	evSync          // a router replica hears of another's event (ReplicaSync.Delay later)
 	evChange        // an instance is killed, added, fails or recovers
 	evControl       // the autoscaler looks (autoscale.go)
 	evScrape
@@ -477,6 +485,7 @@ type sim struct {
 	records    []report.Record
 	state      []reqState
 	events     int
+	sync       syncState
 	// sameInstant counts consecutive zero-length steps.
 	sameInstant int
 	// inst is each instance's fault state; firstStep, per request, the engine step of its
@@ -561,6 +570,8 @@ func (s *sim) loop(ctx context.Context) error {
 			s.failAttempt(int(e.req), int(e.inst), route.FailConnect, "connection refused by "+s.name(int(e.inst)))
 		case evLost:
 			s.failAttempt(int(e.req), int(e.inst), route.FailLost, s.name(int(e.inst))+" died with the request")
+		case evSync:
+			s.deliver(e.req)
 		case evFailed:
 			s.endAttempt(int(e.req), int(e.inst), route.FailStatus, s.name(int(e.inst))+" answered 500")
 		case evCut:

@@ -9,6 +9,7 @@ package endpoint
 
 import (
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -25,7 +26,8 @@ type Endpoint struct {
 	Models []string
 	// Labels select dedicated pools (tenant endpoint_labels).
 	Labels map[string]string
-	// Engine is the engine kind: vllm, sglang, tgi, llamacpp or openai.
+	// Engine is the configured engine kind: vllm, sglang, tgi, llamacpp, ollama, openai, or
+	// auto (detected on first contact; Kind says what was found).
 	Engine string
 	// KVCapacityTokens is the configured KV capacity in tokens (0: unknown; a scraped
 	// cache_config_info in Snapshot takes precedence).
@@ -34,13 +36,15 @@ type Endpoint struct {
 	// for this endpoint (a slow pool, long prompts).
 	FirstTokenTimeout, ResponseTimeout time.Duration
 
-	tokenScale     atomic.Uint64 // float64 bits: engine tokens per router-estimated token; 0: 1
-	firstSeen      atomic.Int64  // unix nanoseconds the router's lifecycle first saw it; 0: not yet
-	inFlight       atomic.Int64  // requests forwarded and not finished
-	pendingPrefill atomic.Int64  // prompt tokens forwarded that have not reached first token
+	tokenScale     atomic.Uint64            // float64 bits: engine tokens per router-estimated token; 0: 1
+	firstSeen      atomic.Int64             // unix nanoseconds the router's lifecycle first saw it; 0: not yet
+	served         atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
+	inFlight       atomic.Int64             // requests forwarded and not finished
+	pendingPrefill atomic.Int64             // prompt tokens forwarded that have not reached first token
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
+	detected       atomic.Pointer[string] // the kind found on first contact, for Engine auto
 }
 
 // Snapshot is the engine's own view of itself, scraped from its metrics endpoint (or, in the
@@ -64,6 +68,18 @@ func (e *Endpoint) KVTokens() int {
 	}
 	return e.KVCapacityTokens
 }
+
+// Kind is the engine kind in force: the one detected on first contact when the endpoint was
+// configured as auto (SetKind), else the configured Engine ("auto" until detection succeeds).
+func (e *Endpoint) Kind() string {
+	if k := e.detected.Load(); k != nil {
+		return *k
+	}
+	return e.Engine
+}
+
+// SetKind records the engine kind detected on first contact.
+func (e *Endpoint) SetKind(kind string) { e.detected.Store(&kind) }
 
 // TokenScale is how many of the engine's tokens one token of the router's estimate (4 bytes
 // of canonical text) stands for, as learned from the prompt tokens the engine reports: 1 until
@@ -120,15 +136,51 @@ func (e *Endpoint) SetDraining(d bool) { e.draining.Store(d) }
 
 // Serves reports whether the endpoint serves model (an endpoint with no model list serves all).
 func (e *Endpoint) Serves(model string) bool {
-	if len(e.Models) == 0 {
-		return true
+	list := e.Models
+	if len(list) == 0 {
+		if s := e.served.Load(); s != nil {
+			list = *s // what the engine says it serves, when the config does not say
+		} else {
+			return true
+		}
 	}
-	for _, m := range e.Models {
-		if m == model {
+	for _, m := range list {
+		if SameModel(m, model) {
 			return true
 		}
 	}
 	return false
+}
+
+// SameModel reports whether two model names name the same model: equal, or equal but for the
+// default tag ":latest" that ollama adds ("tiny" and "tiny:latest").
+func SameModel(a, b string) bool {
+	if a == b {
+		return true
+	}
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	return len(b) == len(a)+len(":latest") && b[:len(a)] == a && b[len(a):] == ":latest"
+}
+
+// SetServedModels records the models the engine lists (GET /v1/models). An endpoint whose
+// config names no model then serves those (not any model), and /v1/models includes them.
+func (e *Endpoint) SetServedModels(models []string) {
+	m := slices.Clone(models)
+	slices.Sort(m)
+	if old := e.served.Load(); old != nil && slices.Equal(*old, m) {
+		return
+	}
+	e.served.Store(&m)
+}
+
+// ServedModels returns what SetServedModels recorded, nil when the engine was never asked.
+func (e *Endpoint) ServedModels() []string {
+	if s := e.served.Load(); s != nil {
+		return *s
+	}
+	return nil
 }
 
 // Start records that a request with promptTokens prompt tokens was forwarded.

@@ -216,12 +216,36 @@ func (p *Pool) CacheSalt(ep *Endpoint) bool {
 	return ok && m.ep == ep && m.spec.CacheSalt
 }
 
-// Models returns the models named by the pool's endpoints, sorted (for /v1/models). Endpoints
-// that serve any model add none.
-func (p *Pool) Models() []string { return slices.Clone(p.st.Load().models) }
+// Models returns the models named by the pool's endpoints, sorted (for /v1/models): the
+// configured ones, and those that endpoints without a configured list say they serve.
+func (p *Pool) Models() []string {
+	st := p.st.Load()
+	out := slices.Clone(st.models)
+	for _, e := range st.eps {
+		if len(e.Models) == 0 {
+			out = append(out, e.ServedModels()...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
 
-// HasModel reports whether some endpoint of the pool serves model (Models without the copy).
-func (p *Pool) HasModel(model string) bool { return slices.Contains(p.st.Load().models, model) }
+// HasModel reports whether some endpoint of the pool names model, in its config or (without
+// one) in the list its engine gave, ":latest" or not (SameModel).
+func (p *Pool) HasModel(model string) bool {
+	st := p.st.Load()
+	for _, m := range st.models {
+		if SameModel(m, model) {
+			return true
+		}
+	}
+	for _, e := range st.eps {
+		if len(e.Models) == 0 && slices.ContainsFunc(e.ServedModels(), func(m string) bool { return SameModel(m, model) }) {
+			return true
+		}
+	}
+	return false
+}
 
 // Changed returns a channel that is closed at the next Update: wait on it, then call Changed
 // again.

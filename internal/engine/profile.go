@@ -143,6 +143,31 @@ func profiles() []Profile {
 			DecodePerCtxToken:  24 * time.Nanosecond,
 		},
 		{
+			// Fitted to the real-engine suite's engine (test/realengine, docs/fidelity.md):
+			// ollama v0.17.4 on one CPU thread of the project's 2-core machines, serving the
+			// tiny random-weight llama of internal/gguf. Token counts are the workload's (4
+			// bytes of text; the engine's tokenizer makes 0.677 of its tokens of one), so a
+			// workload runs on it unchanged. Least squares over 32 lone requests of two quiet
+			// runs: prefill 46.5 us per token plus 209 ms per million attention pairs (cold
+			// 1,792 tokens about 0.42 s, 2,560 tokens about 0.80 s), decode 0.57 ms per
+			// sequence plus 383 ns per context token; no step overhead (a CPU step has no
+			// launches or all-reduce); the 23 ms each request spends outside the engine's
+			// steps (HTTP, chat template, tokenizer) is kvroute simulate --network-latency
+			// 12ms. Scheduler: OLLAMA_NUM_PARALLEL=4 sequences, a batch of 512 engine tokens
+			// (756 workload tokens). The KV capacity stands for ollama's cache of 4 sequences
+			// (slots, LRU) as 4 of the suite's sequences, 4 x 1,708 tokens = 427 blocks; that
+			// cache keeps whole sequences, a shared prefix once per slot, which a block cache
+			// cannot express exactly (see docs/fidelity.md).
+			Name:        "ollama-tiny-cpu",
+			Description: "ollama v0.17.4 on one CPU thread, tiny random llama (test/realengine), 4 slots of the suite's 1,708-token prompts",
+			BlockSize:   16, NumBlocks: 427,
+			MaxNumSeqs: 4, MaxBatchedTokens: 756,
+			PrefillPerToken:    46500 * time.Nanosecond,
+			AttentionPerMPairs: 209 * time.Millisecond,
+			DecodePerSeq:       570 * time.Microsecond,
+			DecodePerCtxToken:  383 * time.Nanosecond,
+		},
+		{
 			// About 2.5M KV tokens: 8 x 141 GB at 0.9 utilisation minus 141 GB of weights and
 			// activations, at 320 KiB per token: 156,250 blocks of 16.
 			Name:        "llama3-70b-h200-tp8",

@@ -146,8 +146,9 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	}
 	sum := &report.Summary{
 		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: o.Target, Speedup: speedup, Seed: int64(o.Seed)},
-		Bounds:   report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16)},
-		Results:  []report.Result{r},
+		// The target's KV capacity is unknown here, and so is the pooled LRU bound.
+		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
+		Results: []report.Result{r},
 	}
 	return &BenchReport{Summary: sum, Bench: []BenchExtra{extra}, records: [][]report.Record{recs}}, nil
 }
@@ -188,8 +189,8 @@ func reportRecords(label string, recs []loadgen.Record, scale float64) ([]report
 		r := report.Record{
 			ID: strconv.Itoa(lr.Index), Policy: label, Arrival: at,
 			Finish:       at + scaleDur(lr.E2E, scale),
-			PromptTokens: lr.PromptTokens, CachedTokens: max(lr.CachedTokens, 0), OutputTokens: lr.OutputTokens,
-			Err: lr.ErrorLabel(),
+			PromptTokens: lr.PromptTokens, CachedTokens: max(lr.CachedTokens, 0), CachedUnknown: lr.CachedTokens < 0,
+			OutputTokens: lr.OutputTokens, Err: lr.ErrorLabel(),
 		}
 		if lr.TTFT > 0 {
 			r.FirstToken = at + scaleDur(lr.TTFT, scale)

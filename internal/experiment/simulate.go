@@ -36,6 +36,9 @@ type SimulateOptions struct {
 	// load balancer spreads requests over them.
 	Routers         int
 	ReplicaAffinity string
+	// ReplicaSync ("off" or a delay) and ReplicaSyncLoss: des.ParseReplicaSync.
+	ReplicaSync     string
+	ReplicaSyncLoss float64
 	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange);
 	// Fail, Hang and Cut make an instance fail fast, hang or cut its streams after CutAfter
 	// tokens, and Recover ends its fault (a killed one restarts).
@@ -61,6 +64,7 @@ type Simulation struct {
 	routers  int
 	affinity string
 	faults   string // the faults and the settings that meet them, for the table's header
+	sync     des.ReplicaSync
 	scale    *ScaleSpec
 	scaling  []scaling // per policy, with --autoscale
 }
@@ -100,6 +104,10 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	}
 	errs = append(errs, o.checkFaults()...)
 	errs = append(errs, o.checkScale()...)
+	rsync, err := des.ParseReplicaSync(o.ReplicaSync, o.ReplicaSyncLoss)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if o.BlockSize > 0 {
 		prof = prof.WithBlockSize(o.BlockSize)
 	}
@@ -129,11 +137,12 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	fleet.Seed = o.Seed
 	fleet.Routers = o.Routers
 	fleet.Spread = spread
+	fleet.ReplicaSync = rsync
 	if err := o.applyFaults(&fleet, span(reqs)); err != nil {
 		return nil, err
 	}
 
-	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, faults: o.faultsNote(), Summary: &report.Summary{
+	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, faults: o.faultsNote(), sync: rsync, Summary: &report.Summary{
 		Scenario: report.Scenario{
 			Workload: name, Requests: len(reqs), Instances: o.Instances, Profile: prof.Name,
 			Speedup: speedup, Seed: int64(o.Seed), BlockSize: prof.BlockSize,
@@ -220,12 +229,13 @@ func (s *Simulation) WriteJSON(w io.Writer) error {
 		report.Scenario
 		Routers         int    `json:"routers"`
 		ReplicaAffinity string `json:"replica_affinity"`
+		ReplicaSync     string `json:"replica_sync"`
 	}
 	out := struct {
 		Scenario scenario `json:"scenario"`
 		*report.Summary
 		Autoscale []scaling `json:"autoscale,omitempty"`
-	}{scenario{s.Scenario, s.routers, s.affinity}, s.Summary, s.scaling}
+	}{scenario{s.Scenario, s.routers, s.affinity, s.sync.String()}, s.Summary, s.scaling}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(out); err != nil {
@@ -271,6 +281,9 @@ func (s *Simulation) routersNote() string {
 	how := "round-robin per request"
 	if s.affinity == "session" {
 		how = "by session key"
+	}
+	if s.sync.On {
+		how += ", sharing their events after " + s.sync.String()
 	}
 	return fmt.Sprintf("%d router replicas (%s)", s.routers, how)
 }

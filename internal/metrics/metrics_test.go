@@ -445,6 +445,7 @@ func TestNames(t *testing.T) {
 	reg := &countingRegisterer{Registerer: prometheus.NewRegistry()}
 	New(reg)
 	NewAutoscale(reg, 0)
+	NewPeers(reg)
 	if len(names) != reg.descs {
 		t.Errorf("Names() gives %d names, New describes %d families", len(names), reg.descs)
 	}

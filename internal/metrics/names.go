@@ -49,5 +49,8 @@ func populated(reg prometheus.Registerer) *Metrics {
 	as.WatchCacheValue(func(*endpoint.Endpoint) (float64, bool) { return 0, true })
 	as.Figures() // the first sample: the gathering's is the second
 	ae.SetSnapshot(&endpoint.Snapshot{At: now, PrefixQueries: 2})
+	p := NewPeers(reg)
+	p.WatchPeers(func() map[string]time.Time { return map[string]time.Time{"r2": time.Now()} })
+	p.Lag.Observe(0)
 	return m
 }

@@ -90,6 +90,28 @@ type IndexSizer interface {
 	IndexSize() (entries int, bytes int64)
 }
 
+// Explainer is implemented by policies that can say why they rank candidates as they do: what
+// a /debug/explain endpoint or an access-log field would show for one request.
+type Explainer interface {
+	// Explain returns one Explanation per candidate, best first, as Pick would rank them now.
+	// It changes nothing.
+	Explain(req *Request, candidates []*endpoint.Endpoint) []Explanation
+}
+
+// Explanation is what a policy weighed for one candidate.
+type Explanation struct {
+	Endpoint *endpoint.Endpoint
+	// CachedTokens is the prompt tokens the policy believes the endpoint holds.
+	CachedTokens int
+	// PredictedTTFT is the time to first token the policy predicts there.
+	PredictedTTFT time.Duration
+	// Cost is what the policy minimises (for prefix-aware: the predicted TTFT plus what the
+	// choice costs later requests, in seconds).
+	Cost float64
+	// WithinBound is false when the endpoint is past the policy's load bound.
+	WithinBound bool
+}
+
 // CacheBlind is implemented by policies that can rank an endpoint on load alone, ignoring what
 // they believe its cache holds: the router calls it while an endpoint's engine reports far fewer
 // cached tokens than predicted (a silent zero hit), and again when its reports agree. The

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"io"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -11,84 +13,69 @@ import (
 	"github.com/kvroute/kvroute/internal/prefix"
 )
 
-// prefixAware is kvroute's own policy (name "prefix-aware"): for each candidate it predicts
-// the time to first token,
+// prefixAware is kvroute's own policy (name "prefix-aware"): it predicts each candidate's
+// time to first token from the prefill work queued there plus this request's uncached work
+// (what the approximate index, one LRU per endpoint sized like its KV cache, says the endpoint
+// lacks), at the endpoint's measured prefill speed, and picks the smallest under a bounded-load
+// guard. Its seven parameters, what each means, how its default was chosen and what it does to
+// the scorecard are in docs/policy.md; everything else it derives from what it measures.
 //
-//	predicted = (overhead + (queued prefill work + this request's uncached work) / prefill_rate)
-//	            x learned speed factor + running decodes x decode_cost
+//	cost = speed x (overhead + (queued + uncached x (1 + cache_weight x (1/2 + pressure))
+//	                            + affinity x uncached x (queued + uncached/2) / rate) / rate)
+//	       + decodes x decode_cost
 //
-// where the uncached work is what the approximate index (prefix.Index, one LRU per endpoint
-// sized like its KV cache) says the endpoint would have to compute, in tokens plus
-// attention_weight per million attention pairs; and it picks the smallest, under a bounded-load
-// guard: no endpoint may take a request that would put its in-flight count above
-// max_load_factor x the mean (rounded up). A prefix that everyone shares therefore spills to a
-// second instance once the first is loaded, and that one warms up: replication falls out of
-// the cost. The queued work is what the router sent there that has not reached its first token,
-// less what the oldest of those requests, whose prefill is in progress, has done since it
-// started (head_progress).
-//
-// Three terms look past this request's own TTFT. Its uncached work counts 1 + recompute_weight
-// times (work recomputed here delays everyone queued after it, and duplicates cache content),
-// plus balance_weight x the cache pressure where it would land (see Pick), which spreads the
-// ownership of new prefixes, and so their follow-up traffic, evenly. And it delays the requests
-// that this endpoint's cache will draw while the work waits and runs: at the rate a at which
-// such requests have been arriving (each counted by the fraction of its prompt the endpoint
-// held, averaged over affinity_window seconds), a x work x (queued + work / 2) / prefill_rate
-// more units of work. That term is what keeps a long recompute off the endpoint that holds
-// busy conversations, and it is negligible for the short work of a request that follows its
-// own prefix.
-//
-// It learns: each endpoint's speed is calibrated by the ratio of observed TTFTs to the TTFTs the
-// prior model (overhead, prefill_rate) predicted for the work that was ahead of each request
-// (exponentially weighted sums, so long prefills weigh most). The fleet's ratio applies to every
-// endpoint whose own ratio is within learn_tolerance of it, or that has too few samples of its
-// own, so that noise between identical instances does not steer traffic, and an endpoint's own
-// ratio applies beyond that. An engine that reports fewer cached tokens than predicted makes the
-// index forget everything of that endpoint at least as old as the missing block (the engine,
-// being LRU, evicted it too); and a request's blocks become most recent again when it ends, as
-// the engine's free-block LRU orders them by release (touch_done). A session key breaks
-// near-ties (within session_slack) towards the endpoint that served the session last.
-//
-// With snapshot_load (off by default), it also counts the load that the engine's scraped
-// metrics show beyond its own counts: when a router is one of several replicas, each sees only
-// the requests it sent, and every replica would otherwise believe an endpoint that the others
-// keep busy is idle. The engine's waiting requests beyond the ones this router has waiting
-// there count as queued work (each the mean work of the requests this router sent: the load
-// balancer gives every replica the same mix), and its running plus waiting requests beyond
-// this router's in-flight count join the load guard and the decode term. The snapshot is up to
-// a scrape interval old; a single router's own counts are exact and rarely below it.
+// queued is the work routed there and not yet at its first token, less what the head of the
+// queue has done since it started; uncached counts attention_weight token-equivalents per
+// million attention pairs; pressure (0..1) is how full the endpoint's cache is, or how fresh
+// what it would evict; affinity is the rate of requests its cache draws, averaged over
+// affinity_window; speed is the ratio of observed to predicted TTFTs, the fleet's unless an
+// endpoint's own differs by more than learnTolerance. An endpoint takes a request only while
+// it holds at most max_load_factor x its share of the requests in flight, this one counted
+// (shares in proportion to speed); the others are ranked after it. An engine that reports
+// fewer cached tokens than predicted makes the index forget what the engine evicted; a
+// request's blocks become most recent again when it ends.
 type prefixAware struct {
 	clock       Clock
 	index       *prefix.Index
 	maxLoad     float64
-	rate0       float64 // prior prefill rate, tokens/s
-	overhead0   float64 // prior fixed TTFT, seconds
 	attn        float64 // token-equivalents of work per million attention pairs
 	decodeCost  float64 // seconds per running decode
-	sessionTol  float64 // relative slack within which the session's endpoint wins
-	recompute   float64 // weight of the request's own uncached work, on top of its TTFT
-	balance     float64 // weight of the cache pressure where the new blocks would go
-	progress    bool    // count the head's prefill progress off the queue
-	touchDone   bool    // renew a request's blocks in the index when it ends
+	cacheWeight float64 // weight of new cache content: of the request's own uncached work
 	affTau      float64 // seconds over which affinity traffic is averaged; 0: no such term
-	learn       bool
-	learnWeight float64
-	learnTol    float64
-	fleet       speedFit // all endpoints together
-	correct     bool
-	fallbackCap int  // index blocks per endpoint when its KV capacity is unknown
-	snapLoad    bool // count the scraped load beyond the router's own
+	fallbackCap int     // index blocks per endpoint when its KV capacity is unknown
 
-	// The work of every request routed, summed, and their number: the mean work a request
-	// that another replica sent is assumed to bring.
-	workSum, workN atomic.Int64
+	// Mechanisms that are always on; tests turn them off to see each one alone.
+	progress  bool // count the head's prefill progress off the queue
+	touchDone bool // renew a request's blocks in the index when it ends
+	learn     bool // calibrate each endpoint's speed from observed TTFTs
+	correct   bool // forget what the engine reports it no longer holds
+
+	fleet speedFit // all endpoints together
 
 	mu       sync.RWMutex // guards eps (the slice, not the states)
 	eps      []*paState
-	inflight sync.Map // *Request -> *paFlight
-	sessions sessionMap
+	inflight sync.Map  // *Request -> *paFlight
 	scratch  sync.Pool // *paScratch
 }
+
+// The prior TTFT model and how the router calibrates it. They are not parameters: the prior
+// stands only until an endpoint has learnMin TTFTs of its own (the fleet's calibration stands
+// in before that), and the rest are statistics, not properties of a fleet.
+const (
+	// prefillRate and overhead are the prior model: TTFT = overhead + work / prefillRate,
+	// about a 70B model on 8 GPUs; what the router learns is the ratio of observed to prior.
+	prefillRate = 10000.0 // tokens per second
+	overhead    = 0.02    // seconds
+	// learnWeight is the weight of one TTFT in an endpoint's calibration (an exponential
+	// average over about its last 50 requests); the fleet's averages four times as many.
+	learnWeight = 0.02
+	// learnMin is the TTFTs an endpoint needs before its own calibration counts.
+	learnMin = 5
+	// learnTolerance: an endpoint's own calibration replaces the fleet's only when it differs
+	// by more than this, so that noise between like instances does not steer traffic while a
+	// mixed fleet's H100 (half an H200's speed) or a degraded instance is seen for what it is.
+	learnTolerance = 0.25
+)
 
 // paState is what the policy tracks per endpoint.
 type paState struct {
@@ -188,7 +175,7 @@ func (f *speedFit) add(predicted, observed, weight float64) {
 	f.n = f.n*keep + 1
 	f.observed = f.observed*keep + observed
 	f.prior = f.prior*keep + predicted
-	if f.n < 5 || f.prior <= 0 {
+	if f.n < learnMin || f.prior <= 0 {
 		return // too few samples to say
 	}
 	f.factor.Store(math.Float64bits(min(max(f.observed/f.prior, 0.05), 20)))
@@ -198,11 +185,11 @@ func (f *speedFit) add(predicted, observed, weight float64) {
 // paFlight is one routed request until it is done.
 type paFlight struct {
 	ep        int
-	work      int64       // this request's uncached work
-	ahead     int64       // work queued on ep before it, plus its own
-	predicted int         // blocks the index said ep held
-	stamps    []int64     // index stamps of those blocks, for the correction
-	first     atomic.Bool // first token seen, or done
+	work      int64             // this request's uncached work
+	ahead     int64             // work queued on ep before it, plus its own
+	predicted int               // blocks the index said ep held
+	runs      []prefix.StampRun // index stamps of those blocks, for the correction
+	first     atomic.Bool       // first token seen, or done
 }
 
 type paScratch struct {
@@ -211,20 +198,30 @@ type paScratch struct {
 	fill   []float64
 	scored []paScore
 	states []*paState
-	extra  []paUnseen
-}
-
-// paUnseen is the load on an endpoint that its scraped metrics show beyond the router's own
-// counts.
-type paUnseen struct {
-	inFlight, waiting int64
-	work              float64
 }
 
 type paScore struct {
-	i        int
-	eligible bool
-	cost     float64
+	i          int
+	eligible   bool
+	cost, ttft float64 // ttft: this request's own predicted TTFT, seconds
+}
+
+// removedPrefixAware names the parameters prefix-aware had before it had seven, and what took
+// their place (docs/policy.md).
+var removedPrefixAware = map[string]string{
+	"prefill_rate":     "each endpoint's prefill speed is learned from its observed TTFTs",
+	"overhead":         "each endpoint's speed is learned from its observed TTFTs",
+	"learn":            "learning from observed TTFTs is always on",
+	"learn_weight":     "learning from observed TTFTs is always on, with a fixed horizon",
+	"learn_tolerance":  "learning from observed TTFTs is always on, with a fixed tolerance",
+	"correct":          "forgetting what the engines' cached_tokens disprove is always on",
+	"head_progress":    "counting the queue head's progress is always on",
+	"touch_done":       "refreshing the index when a request ends is always on",
+	"recompute_weight": "it and balance_weight are one parameter, cache_weight",
+	"balance_weight":   "it and recompute_weight are one parameter, cache_weight",
+	"session_slack":    "the session tie-break is gone (no measured effect)",
+	"sessions":         "the session tie-break is gone (no measured effect)",
+	"snapshot_load":    "replicas share their routing state instead (peers:)",
 }
 
 func newPrefixAware(env Env, p Params) (Picker, error) {
@@ -232,39 +229,27 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	pa := &prefixAware{
 		clock:       env.Clock,
 		maxLoad:     r.Float("max_load_factor", 2),
-		rate0:       r.Float("prefill_rate", 10000),
-		overhead0:   r.Float("overhead", 0.02),
 		attn:        r.Float("attention_weight", 25),
 		decodeCost:  r.Float("decode_cost", 0.0005),
-		sessionTol:  r.Float("session_slack", 0.1),
-		recompute:   r.Float("recompute_weight", 3),
-		balance:     r.Float("balance_weight", 6),
-		progress:    r.Bool("head_progress", true),
-		touchDone:   r.Bool("touch_done", true),
+		cacheWeight: r.Float("cache_weight", 6),
 		affTau:      r.Float("affinity_window", 60),
-		learn:       r.Bool("learn", true),
-		learnWeight: r.Float("learn_weight", 0.02),
-		learnTol:    r.Float("learn_tolerance", 0.25),
-		correct:     r.Bool("correct", true),
 		fallbackCap: r.Int("index_blocks", 65536),
-		snapLoad:    r.Bool("snapshot_load", false),
+		progress:    true,
+		touchDone:   true,
+		learn:       true,
+		correct:     true,
 	}
 	maxEntries := r.Int("max_index_entries", 16<<20)
-	sessions := r.Int("sessions", 65536)
-	r.Require(pa.maxLoad >= 1, "max_load_factor=%g must be at least 1 (2 lets an endpoint take twice the mean load)", pa.maxLoad)
-	r.Require(pa.rate0 > 0, "prefill_rate=%g must be positive (tokens per second)", pa.rate0)
-	r.Require(pa.overhead0 >= 0, "overhead=%g must not be negative (seconds)", pa.overhead0)
-	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative", pa.attn)
-	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds)", pa.decodeCost)
-	r.Require(pa.balance >= 0, "balance_weight=%g must not be negative", pa.balance)
-	r.Require(pa.recompute >= 0, "recompute_weight=%g must not be negative", pa.recompute)
+	for _, key := range slices.Sorted(maps.Keys(removedPrefixAware)) {
+		r.Gone(key, removedPrefixAware[key])
+	}
+	r.Require(pa.maxLoad >= 1, "max_load_factor=%g must be at least 1 (2 lets an endpoint take twice its share of the requests in flight)", pa.maxLoad)
+	r.Require(pa.attn >= 0, "attention_weight=%g must not be negative (token-equivalents per million attention pairs)", pa.attn)
+	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds per running decode)", pa.decodeCost)
+	r.Require(pa.cacheWeight >= 0, "cache_weight=%g must not be negative", pa.cacheWeight)
 	r.Require(pa.affTau >= 0, "affinity_window=%g must not be negative (seconds; 0 turns the term off)", pa.affTau)
-	r.Require(pa.sessionTol >= 0, "session_slack=%g must not be negative", pa.sessionTol)
-	r.Require(pa.learnWeight > 0 && pa.learnWeight < 1, "learn_weight=%g must be in (0, 1)", pa.learnWeight)
-	r.Require(pa.learnTol >= 0, "learn_tolerance=%g must not be negative", pa.learnTol)
 	r.Require(pa.fallbackCap > 0, "index_blocks=%d must be positive", pa.fallbackCap)
 	r.Require(maxEntries >= 0, "max_index_entries=%d must not be negative (0: no cap)", maxEntries)
-	r.Require(sessions > 0, "sessions=%d must be positive", sessions)
 	if err := r.Check(); err != nil {
 		return nil, err
 	}
@@ -272,7 +257,6 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		pa.clock = WallClock{}
 	}
 	pa.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: pa.fallbackCap, MaxEntries: maxEntries})
-	pa.sessions.max = sessions
 	pa.fleet.init()
 	return pa, nil
 }
@@ -357,10 +341,6 @@ func (pa *prefixAware) getScratch(n, maxID int) *paScratch {
 		sc.states = make([]*paState, n)
 	}
 	sc.states = sc.states[:n]
-	if cap(sc.extra) < n {
-		sc.extra = make([]paUnseen, n)
-	}
-	sc.extra = sc.extra[:n]
 	return sc
 }
 
@@ -370,12 +350,45 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	if n == 0 {
 		return nil, ErrNoCandidate
 	}
+	sc := pa.score(req, c)
+	defer pa.scratch.Put(sc)
+	out := make([]*endpoint.Endpoint, n)
+	for k, s := range sc.scored {
+		out[k] = c[s.i]
+	}
+	return out, nil
+}
+
+// Explain returns what Pick weighs for each candidate, in Pick's order.
+func (pa *prefixAware) Explain(req *Request, c []*endpoint.Endpoint) []Explanation {
+	if len(c) == 0 {
+		return nil
+	}
+	sc := pa.score(req, c)
+	defer pa.scratch.Put(sc)
+	out := make([]Explanation, len(c))
+	for k, s := range sc.scored {
+		e := c[s.i]
+		out[k] = Explanation{
+			Endpoint:      e,
+			CachedTokens:  cachedTokens(req, int(sc.runs[e.ID])),
+			PredictedTTFT: time.Duration(s.ttft * float64(time.Second)),
+			Cost:          s.cost,
+			WithinBound:   s.eligible,
+		}
+	}
+	return out
+}
+
+// score computes every candidate's cost and ranks them in sc.scored: within the load bound
+// first, then by cost, then in candidate order. The caller puts sc back in the pool.
+func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
+	n := len(c)
 	maxID := 0
 	for _, e := range c {
 		maxID = max(maxID, e.ID)
 	}
 	sc := pa.getScratch(n, maxID)
-	defer pa.scratch.Put(sc)
 	states := sc.states
 	pa.mu.RLock()
 	for i, e := range c {
@@ -392,9 +405,8 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 		pa.sizeIndex(e, states[i], req.BlockTokens)
 	}
 	total := 0
-	for i, e := range c {
-		sc.extra[i] = pa.unseen(e, states[i])
-		total += e.InFlight() + int(sc.extra[i].inFlight)
+	for _, e := range c {
+		total += e.InFlight()
 	}
 	pa.index.Match(sc.runs, req.Blocks)
 	now := pa.clock.Now().UnixNano()
@@ -405,7 +417,7 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	// they attract, evenly (as SGLang's "smallest tree" rule does for unmatched prompts).
 	var oldest int64
 	var fullest float64
-	if pa.balance > 0 {
+	if pa.cacheWeight > 0 {
 		pa.index.Fill(sc.fill, sc.tails)
 		for _, e := range c {
 			if t := sc.tails[e.ID]; t != 0 {
@@ -414,16 +426,27 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			fullest = max(fullest, sc.fill[e.ID])
 		}
 	}
-
-	// Bounded load: at most ceil(factor x mean) in flight after this request.
-	limit := math.Ceil(pa.maxLoad * float64(total+1) / float64(n))
+	// Bounded load: at most ceil(factor x its share) in flight after this request, each
+	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
+	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
 	fleet := pa.fleet.get()
+	var capSum float64
+	for i := range c {
+		capSum += 1 / pa.speedOf(states[i], fleet)
+	}
 	for i, e := range c {
 		s := states[i]
+		speed := pa.speedOf(s, fleet)
+		// The epsilon keeps an equal share (all speeds alike: 1/n) from rounding up a whole
+		// request when factor x (total+1) / n is a whole number.
+		limit := math.Ceil(pa.maxLoad*float64(total+1)/speed/capSum - 1e-9)
 		cached := cachedTokens(req, int(sc.runs[e.ID]))
 		own := float64(pa.work(req, cached))
-		weight := 1 + pa.recompute
-		if pa.balance > 0 {
+		// New content costs the fleet beyond this request's own wait: it delays whatever is
+		// queued after it and displaces cached content, the more so where the cache is under
+		// pressure.
+		weight := 1 + pa.cacheWeight/2
+		if pa.cacheWeight > 0 {
 			p := 0.0
 			if fullest > 0 {
 				p = sc.fill[e.ID] / fullest / 2
@@ -431,22 +454,24 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 			if t := sc.tails[e.ID]; t != 0 && oldest > 0 {
 				p = 1 - float64(now-t)/float64(oldest)/2
 			}
-			weight += pa.balance * p
+			weight += pa.cacheWeight * p
 		}
-		x := sc.extra[i]
-		q := pa.queued(s, now, fleet) + x.work
+		q := pa.queued(s, now, fleet)
 		w := q + own*weight
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
-			w += s.affinityRate(now, pa.affTau) * own * (q + own/2) * pa.speedOf(s, fleet) / pa.rate0
+			w += s.affinityRate(now, pa.affTau) * own * (q + own/2) * speed / prefillRate
 		}
-		inFlight := int64(e.InFlight()) + x.inFlight
-		decoding := max(inFlight-s.waiting.Load()-x.waiting, 0)
-		cost := (pa.overhead0+w/pa.rate0)*pa.speedOf(s, fleet) + float64(decoding)*pa.decodeCost
-		sc.scored[i] = paScore{i: i, eligible: float64(inFlight+1) <= limit, cost: cost}
+		inFlight := int64(e.InFlight())
+		decoding := max(inFlight-s.waiting.Load(), 0)
+		ttft := (overhead+(q+own)/prefillRate)*speed + float64(decoding)*pa.decodeCost
+		cost := (overhead+w/prefillRate)*speed + float64(decoding)*pa.decodeCost
+		// An endpoint within its bound takes one more: at the handful of requests in flight of
+		// a quiet fleet, the bound is not to send a conversation away from its cache.
+		eligible := float64(inFlight) <= limit
+		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft}
 	}
-	// Ineligible candidates after eligible ones, then by cost, then in candidate order.
 	slices.SortFunc(sc.scored, func(a, b paScore) int {
 		if a.eligible != b.eligible {
 			if a.eligible {
@@ -462,26 +487,7 @@ func (pa *prefixAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 		}
 		return a.i - b.i
 	})
-	// Session affinity breaks near-ties: the session's endpoint, if eligible and within
-	// session_slack of the best, goes first.
-	if req.SessionKey != "" {
-		if id, ok := pa.sessions.get(req.SessionKey); ok {
-			best := sc.scored[0]
-			for k := 1; k < n; k++ {
-				s := sc.scored[k]
-				if c[s.i].ID == id && s.eligible == best.eligible && s.cost <= best.cost*(1+pa.sessionTol) {
-					copy(sc.scored[1:k+1], sc.scored[:k])
-					sc.scored[0] = s
-					break
-				}
-			}
-		}
-	}
-	out := make([]*endpoint.Endpoint, n)
-	for k, s := range sc.scored {
-		out[k] = c[s.i]
-	}
-	return out, nil
+	return sc
 }
 
 // Routed records the request on ep: its work is queued there, and ep is about to hold its blocks.
@@ -489,16 +495,10 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	s := pa.state(ep.ID)
 	pa.sizeIndex(ep, s, req.BlockTokens)
 	f := &paFlight{ep: ep.ID}
-	f.predicted, f.stamps = pa.index.MatchOne(ep.ID, req.Blocks, nil)
+	f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
 	f.ahead = int64(pa.queued(s, now, pa.fleet.get())) + f.work
-	if pa.snapLoad {
-		// Computed before this request is counted, as Pick saw it.
-		f.ahead += int64(pa.unseen(ep, s).work)
-		pa.workSum.Add(f.work)
-		pa.workN.Add(1)
-	}
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
 	s.enqueue(f, now)
@@ -507,9 +507,6 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	}
 	pa.inflight.Store(req, f)
 	pa.index.Insert(ep.ID, req.Blocks, now)
-	if req.SessionKey != "" {
-		pa.sessions.put(req.SessionKey, ep.ID)
-	}
 }
 
 // FirstToken takes the request's work off ep's queue and learns from its TTFT.
@@ -527,30 +524,10 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 	s.waiting.Add(-1)
 	s.dequeue(f, pa.clock.Now().UnixNano())
 	if pa.learn && ttft > 0 {
-		predicted := pa.overhead0 + float64(f.ahead)/pa.rate0
-		s.speed.add(predicted, ttft.Seconds(), pa.learnWeight)
-		pa.fleet.add(predicted, ttft.Seconds(), pa.learnWeight/4)
+		predicted := overhead + float64(f.ahead)/prefillRate
+		s.speed.add(predicted, ttft.Seconds(), learnWeight)
+		pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4)
 	}
-}
-
-// unseen is the load that ep's last scraped metrics show beyond this router's own counts (zero
-// without snapshot_load): requests running or waiting there that it did not send, the waiting
-// ones among them, and their estimated prefill work.
-func (pa *prefixAware) unseen(ep *endpoint.Endpoint, s *paState) paUnseen {
-	if !pa.snapLoad {
-		return paUnseen{}
-	}
-	sn := ep.Snapshot()
-	if sn == nil {
-		return paUnseen{}
-	}
-	var u paUnseen
-	u.waiting = max(int64(sn.Waiting)-s.waiting.Load(), 0)
-	u.inFlight = max(int64(sn.Running+sn.Waiting)-int64(ep.InFlight()), 0)
-	if n := pa.workN.Load(); n > 0 {
-		u.work = float64(u.waiting) * float64(pa.workSum.Load()) / float64(n)
-	}
-	return u
 }
 
 // queued is the prefill work still ahead on endpoint s at now: everything routed there and not
@@ -568,18 +545,18 @@ func (pa *prefixAware) queued(s *paState, now int64, fleet float64) float64 {
 		return w
 	}
 	elapsed := float64(now-s.headSince.Load()) / 1e9
-	done := (elapsed/pa.speedOf(s, fleet) - pa.overhead0) * pa.rate0
+	done := (elapsed/pa.speedOf(s, fleet) - overhead) * prefillRate
 	return w - min(max(done, 0), float64(head))
 }
 
 // speedOf is the calibration factor used for endpoint s: the fleet's, unless s's own differs
-// from it by more than learn_tolerance.
+// from it by more than learnTolerance.
 func (pa *prefixAware) speedOf(s *paState, fleet float64) float64 {
 	if !s.speed.learned.Load() {
 		return fleet // its own default (1) is no measurement, the fleet's is
 	}
 	own := s.speed.get()
-	if math.Abs(own/fleet-1) <= pa.learnTol {
+	if math.Abs(own/fleet-1) <= learnTolerance {
 		return fleet
 	}
 	return own
@@ -587,7 +564,7 @@ func (pa *prefixAware) speedOf(s *paState, fleet float64) float64 {
 
 // PrefillRate is the calibrated prefill rate of endpoint id, in tokens per second.
 func (pa *prefixAware) PrefillRate(id int) float64 {
-	return pa.rate0 / pa.speedOf(pa.state(id), pa.fleet.get())
+	return prefillRate / pa.speedOf(pa.state(id), pa.fleet.get())
 }
 
 // Done ends the request's bookkeeping and corrects the index when the engine had less cached
@@ -616,8 +593,8 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 	if pa.correct && res.CachedTokens >= 0 && req.BlockTokens > 0 {
 		got := res.CachedTokens / req.BlockTokens
 		want := cachedTokens(req, f.predicted) / req.BlockTokens
-		if got < want && got < len(f.stamps) {
-			pa.index.Forget(ep.ID, f.stamps[got])
+		if stamp, ok := prefix.StampAt(f.runs, got, f.predicted); got < want && ok {
+			pa.index.Forget(ep.ID, stamp)
 		}
 	}
 	if pa.touchDone && res.OK {
@@ -637,42 +614,20 @@ func (pa *prefixAware) Removed(ep *endpoint.Endpoint) {
 
 // PredictCached returns the prompt tokens of req that the index believes ep holds.
 func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
-	n, _ := pa.index.MatchOne(ep.ID, req.Blocks, nil)
-	return cachedTokens(req, n)
+	return cachedTokens(req, pa.index.Holds(ep.ID, req.Blocks))
 }
 
 // IndexSize returns the index's (block, endpoint) entries and bytes.
 func (pa *prefixAware) IndexSize() (int, int64) { return pa.index.Size() }
 
-// sessionMap remembers the endpoint that served each session last, in two generations so that
-// its memory is bounded without per-entry bookkeeping: when the young map is full it becomes
-// the old one and the previous old one is dropped.
-type sessionMap struct {
-	mu         sync.Mutex
-	max        int
-	young, old map[string]int
+// WriteSnapshot writes the index's newest maxEntries entries (policy.Snapshotter).
+func (pa *prefixAware) WriteSnapshot(w io.Writer, name func(id int) string, maxEntries int) (int, error) {
+	return pa.index.WriteSnapshot(w, name, pa.clock.Now().UnixNano(), maxEntries)
 }
 
-func (m *sessionMap) get(key string) (int, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if id, ok := m.young[key]; ok {
-		return id, true
-	}
-	id, ok := m.old[key]
-	return id, ok
-}
-
-func (m *sessionMap) put(key string, id int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.young == nil {
-		m.young = map[string]int{}
-	}
-	if _, ok := m.young[key]; !ok && len(m.young) >= max(m.max/2, 1) {
-		m.old, m.young = m.young, map[string]int{}
-	}
-	m.young[key] = id
+// ReadSnapshot adds a snapshot's entries to the index (policy.Snapshotter).
+func (pa *prefixAware) ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error) {
+	return pa.index.ReadSnapshot(r, id, pa.clock.Now().UnixNano(), maxEntries)
 }
 
 // CacheValue is what ep alone holds by the index, weighted by recency (policy.CacheValuer).

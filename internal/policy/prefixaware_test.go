@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -59,6 +60,14 @@ func newPA(t *testing.T, p Params) (*prefixAware, *fakeClock) {
 		t.Fatal(err)
 	}
 	return pk.(*prefixAware), clk
+}
+
+// newPAWith is newPA with the always-on mechanisms set by set, to test one alone.
+func newPAWith(t *testing.T, p Params, set func(*prefixAware)) (*prefixAware, *fakeClock) {
+	t.Helper()
+	pa, clk := newPA(t, p)
+	set(pa)
+	return pa, clk
 }
 
 // route picks and routes like the proxy does, returning the chosen endpoint.
@@ -150,9 +159,10 @@ func TestPrefixAware_HotPrefixSpillsAtLoadBound(t *testing.T) {
 		for _, e := range eps {
 			total += e.InFlight()
 		}
-		limit := int(math.Ceil(1.5 * float64(total) / 4))
+		// An endpoint within its bound (this request counted) takes one more.
+		limit := int(math.Ceil(1.5*float64(total)/4)) + 1
 		for _, e := range eps {
-			if e.InFlight() > max(limit, 1) {
+			if e.InFlight() > limit {
 				t.Fatalf("request %d: endpoint %d has %d in flight, above the bound %d", i, e.ID, e.InFlight(), limit)
 			}
 		}
@@ -172,45 +182,8 @@ func TestPrefixAware_HotPrefixSpillsAtLoadBound(t *testing.T) {
 	}
 }
 
-func TestPrefixAware_SessionBreaksTies(t *testing.T) {
-	// Without the cache-pressure term, so that cold endpoints tie exactly.
-	pa, _ := newPA(t, Params{"balance_weight": "0"})
-	eps := newEndpoints(3, 1<<20)
-	r1 := req("1", 10, seq(1, 4)...)
-	r1.SessionKey = "conv-9"
-	// Force the session onto endpoint 2: it is the only candidate.
-	eps[2].Start(r1.PromptTokens)
-	pa.Routed(r1, eps[2])
-	finish(pa, r1, eps[2], 10*time.Millisecond, 0)
-	// An unrelated prompt (no cache anywhere) with the same session: all tie, the session wins.
-	r2 := req("2", 10, seq(900, 4)...)
-	r2.SessionKey = "conv-9"
-	got, err := pa.Pick(r2, eps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[0].ID != 2 {
-		t.Errorf("session request went to %d, want 2", got[0].ID)
-	}
-	// Without the session key the tie goes to the first candidate.
-	r2.SessionKey = ""
-	if got, _ := pa.Pick(r2, eps); got[0].ID != 0 {
-		t.Errorf("sessionless request went to %d, want 0", got[0].ID)
-	}
-	// A session does not override a clearly better endpoint: endpoint 2 gets a deep queue.
-	for i := 0; i < 10; i++ {
-		q := req("q", 0, seq(uint64(5000+i*600), 500)...)
-		eps[2].Start(q.PromptTokens)
-		pa.Routed(q, eps[2])
-	}
-	r2.SessionKey = "conv-9"
-	if got, _ := pa.Pick(r2, eps); got[0].ID == 2 {
-		t.Errorf("session kept on an overloaded endpoint")
-	}
-}
-
 func TestPrefixAware_NewContentGoesWhereCacheHasRoom(t *testing.T) {
-	pa, clk := newPA(t, Params{"balance_weight": "3"})
+	pa, clk := newPA(t, nil)
 	eps := newEndpoints(3, 16*100) // 100 blocks each
 	// Fill endpoint 0 to 60 % and endpoint 1 to 30 %: a cold prompt goes to 2, then 1.
 	for i, n := range []uint64{60, 30} {
@@ -250,7 +223,7 @@ func mustPick(t *testing.T, pa *prefixAware, r *Request, eps []*endpoint.Endpoin
 }
 
 func TestPrefixAware_LearnsPrefillRate(t *testing.T) {
-	pa, _ := newPA(t, Params{"max_load_factor": "100", "learn_weight": "0.1", "prefill_rate": "10000", "overhead": "0.02"})
+	pa, _ := newPA(t, Params{"max_load_factor": "100"})
 	eps := newEndpoints(3, 1<<20)
 	// Endpoint 1 turns out 4x slower than the prior model says; endpoints 0 and 2 match it,
 	// give or take 10 % of noise.
@@ -403,11 +376,12 @@ func TestPrefixAware_IndexSizedFromKVCapacity(t *testing.T) {
 }
 
 func TestPrefixAware_BadParams(t *testing.T) {
-	_, err := New("prefix-aware", Params{"max_load_factor": "0.5", "learn": "maybe", "colour": "red"}, Env{})
+	_, err := New("prefix-aware", Params{"max_load_factor": "0.5", "cache_weight": "lots", "affinity_window": "-1", "learn": "false", "colour": "red"}, Env{})
 	if err == nil {
 		t.Fatal("want an error")
 	}
-	for _, want := range []string{"max_load_factor=0.5 must be at least 1", "learn=\"maybe\"", "unknown parameter \"colour\""} {
+	for _, want := range []string{"max_load_factor=0.5 must be at least 1", `cache_weight="lots" is not a number`,
+		"affinity_window=-1 must not be negative", "parameter learn was removed: learning from observed TTFTs is always on; delete it", `unknown parameter "colour"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
@@ -448,7 +422,7 @@ func TestPrefixAware_ConcurrentPicks(t *testing.T) {
 // An endpoint with too few samples of its own is calibrated like the fleet: its prior (factor
 // 1) is no measurement, and comparing it with measured endpoints would make them look faster.
 func TestPrefixAware_UnlearnedEndpointUsesFleetSpeed(t *testing.T) {
-	pa, _ := newPA(t, Params{"learn_weight": "0.1", "prefill_rate": "10000", "overhead": "0.02"})
+	pa, _ := newPA(t, nil)
 	eps := newEndpoints(3, 1<<20)
 	// Endpoint 0 turns out 2x slower than the prior model says; 1 and 2 have served nothing.
 	for i := 0; i < 20; i++ {
@@ -471,15 +445,16 @@ func TestPrefixAware_UnlearnedEndpointUsesFleetSpeed(t *testing.T) {
 // The head of a queue is being prefilled: what it has done since it started no longer waits.
 func TestPrefixAware_HeadProgressShortensQueue(t *testing.T) {
 	for _, tc := range []struct {
-		progress string
+		progress bool
 		want     []int // ranking of the follow-up 2.4 s after the long prefill started
 	}{
-		{"true", []int{0, 1}},
-		{"false", []int{1, 0}},
+		{true, []int{0, 1}},
+		{false, []int{1, 0}},
 	} {
-		t.Run("head_progress="+tc.progress, func(t *testing.T) {
-			pa, clk := newPA(t, Params{"head_progress": tc.progress, "learn": "false",
-				"recompute_weight": "0", "balance_weight": "0", "affinity_window": "0"})
+		t.Run(fmt.Sprintf("progress=%v", tc.progress), func(t *testing.T) {
+			pa, clk := newPAWith(t, Params{"cache_weight": "0", "affinity_window": "0"}, func(pa *prefixAware) {
+				pa.progress, pa.learn = tc.progress, false
+			})
 			eps := newEndpoints(2, 1<<20)
 			warm := req("warm", 0, seq(1, 100)...)
 			eps[0].Start(warm.PromptTokens)
@@ -520,7 +495,7 @@ func TestPrefixAware_AffinityTrafficWeighsNewWork(t *testing.T) {
 		{"0", []int{0, 1}}, // a tie: candidate order
 	} {
 		t.Run("affinity_window="+tc.window, func(t *testing.T) {
-			pa, clk := newPA(t, Params{"affinity_window": tc.window, "learn": "false", "balance_weight": "0"})
+			pa, clk := newPAWith(t, Params{"affinity_window": tc.window, "cache_weight": "0"}, func(pa *prefixAware) { pa.learn = false })
 			eps := newEndpoints(2, 1<<20)
 			// Twenty requests, one a second, share a 200-block prefix that endpoint 0 holds;
 			// endpoint 1 serves as many prompts that share nothing.
@@ -546,14 +521,14 @@ func TestPrefixAware_AffinityTrafficWeighsNewWork(t *testing.T) {
 // so the index renews them at Done: a long request's prefix outlives a short one routed later.
 func TestPrefixAware_BlocksRenewedWhenRequestEnds(t *testing.T) {
 	for _, tc := range []struct {
-		touch      string
+		touch      bool
 		long, late int // predicted cached tokens after the eviction
 	}{
-		{"true", 160, 80},
-		{"false", 80, 160},
+		{true, 160, 80},
+		{false, 80, 160},
 	} {
-		t.Run("touch_done="+tc.touch, func(t *testing.T) {
-			pa, clk := newPA(t, Params{"touch_done": tc.touch})
+		t.Run(fmt.Sprintf("touch=%v", tc.touch), func(t *testing.T) {
+			pa, clk := newPAWith(t, nil, func(pa *prefixAware) { pa.touchDone = tc.touch })
 			eps := newEndpoints(1, 16*30) // 30 blocks
 			long := req("long", 8, seq(1, 10)...)
 			eps[0].Start(long.PromptTokens)
@@ -579,62 +554,82 @@ func TestPrefixAware_BlocksRenewedWhenRequestEnds(t *testing.T) {
 	}
 }
 
-// Another router replica keeps endpoint 0 busy: this router's own counts show it idle, its
-// scraped metrics do not. With snapshot_load the unseen queue counts (at the mean work of this
-// router's own requests) and the unseen requests join the load guard.
-func TestPrefixAware_SnapshotLoadCountsOtherRouters(t *testing.T) {
-	setup := func(p Params) (*prefixAware, []*endpoint.Endpoint, *Request) {
-		pa, _ := newPA(t, p)
-		eps := newEndpoints(2, 1<<20)
-		// Endpoint 0 holds a 100-block prefix; three 2,000-block requests done on endpoint 1
-		// set the mean work of this router's requests.
-		warm := req("w", 0, seq(1, 100)...)
-		eps[0].Start(warm.PromptTokens)
-		pa.Routed(warm, eps[0])
-		finish(pa, warm, eps[0], 0, 0)
-		for i := range 3 {
-			r := req("m", 0, seq(uint64(10000+i*3000), 2000)...)
-			eps[1].Start(r.PromptTokens)
-			pa.Routed(r, eps[1])
-			finish(pa, r, eps[1], 0, 0)
+// An endpoint that is slower takes a smaller share of the requests in flight before the load
+// bound sends its requests elsewhere: shares follow the calibrated speeds.
+func TestPrefixAware_BoundSharesFollowSpeed(t *testing.T) {
+	pa, _ := newPA(t, Params{"max_load_factor": "1"})
+	eps := newEndpoints(3, 1<<20)
+	// Endpoint 2 turns out 2x slower than 0 and 1, which match the prior model.
+	for i := range 20 {
+		for _, e := range eps {
+			r := req("l", 0, seq(uint64(1e6*(e.ID+1)+i*1000), 50)...)
+			e.Start(r.PromptTokens)
+			pa.Routed(r, e)
+			predicted := overhead + float64(pa.mustFlight(t, r).ahead)/prefillRate
+			slow := 1.0
+			if e.ID == 2 {
+				slow = 2
+			}
+			finish(pa, r, e, time.Duration(slow*predicted*float64(time.Second)), 0)
 		}
-		// The engine behind endpoint 0 has 20 requests waiting and 2 running, none of them ours.
-		eps[0].SetSnapshot(&endpoint.Snapshot{Waiting: 20, Running: 2})
-		eps[1].SetSnapshot(&endpoint.Snapshot{})
-		return pa, eps, req("x", 0, append(seq(1, 100), 7)...)
 	}
-	rank := func(pa *prefixAware, eps []*endpoint.Endpoint, r *Request) []int {
-		got, err := pa.Pick(r, eps)
-		if err != nil {
-			t.Fatal(err)
+	// Endpoint 2 holds the prompt. Three requests in flight on endpoint 0 and three on 2: with
+	// this one, 7 in the fleet. A fast endpoint's share is about 7 x 0.75 / 2 = 2.6 (bound 3:
+	// it may take one more), the slow one's 7 x 0.5 / 2 = 1.75 (bound 2: it may not).
+	hot := req("hot", 0, seq(5e6, 100)...)
+	eps[2].Start(hot.PromptTokens)
+	pa.Routed(hot, eps[2])
+	finish(pa, hot, eps[2], 10*time.Millisecond, 0)
+	for _, i := range []int{0, 0, 0, 2, 2, 2} {
+		eps[i].Start(1)
+	}
+	ex := pa.Explain(req("x", 0, append(seq(5e6, 100), 1)...), eps)
+	within := map[int]bool{}
+	for _, x := range ex {
+		within[x.Endpoint.ID] = x.WithinBound
+	}
+	if diff := cmp.Diff(map[int]bool{0: true, 1: true, 2: false}, within); diff != "" {
+		t.Errorf("within the bound, with 3, 0, 3 in flight (-want +got):\n%s", diff)
+	}
+	if ex[2].Endpoint.ID != 2 {
+		t.Errorf("ranking %v, want the holder past its bound last", []int{ex[0].Endpoint.ID, ex[1].Endpoint.ID, ex[2].Endpoint.ID})
+	}
+}
+
+// Explain says what Pick weighs: in Pick's order, what each endpoint holds of the prompt and
+// the TTFT predicted there.
+func TestPrefixAware_Explain(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(3, 1<<20)
+	warm := req("w", 0, seq(1, 100)...)
+	route(t, pa, warm, eps)
+	finish(pa, warm, eps[0], 20*time.Millisecond, 0)
+	r := req("r", 5, seq(1, 100)...)
+	ex := pa.Explain(r, eps)
+	ranked := mustPick(t, pa, r, eps)
+	if len(ex) != 3 {
+		t.Fatalf("%d explanations, want 3", len(ex))
+	}
+	for k := range ex {
+		if ex[k].Endpoint != ranked[k] {
+			t.Errorf("explanation %d is endpoint %d, Pick ranks %d there", k, ex[k].Endpoint.ID, ranked[k].ID)
 		}
-		return ids(got)
 	}
-	// Off (the default): the holder looks idle and wins.
-	pa, eps, x := setup(Params{"max_load_factor": "100"})
-	if diff := cmp.Diff([]int{0, 1}, rank(pa, eps, x)); diff != "" {
-		t.Errorf("without snapshot_load (-want +got):\n%s", diff)
+	if ex[0].Endpoint.ID != 0 || ex[0].CachedTokens != 1600 || ex[1].CachedTokens != 0 {
+		t.Errorf("explanations %+v, want endpoint 0 first holding 1600 tokens, the others none", ex)
 	}
-	// On: 20 x the mean work of this router's requests (over 30,000 token-equivalents each) is
-	// queued there; recomputing 1,600 tokens on the idle endpoint is faster.
-	pa, eps, x = setup(Params{"max_load_factor": "100", "snapshot_load": "true"})
-	if diff := cmp.Diff([]int{1, 0}, rank(pa, eps, x)); diff != "" {
-		t.Errorf("with snapshot_load, queue (-want +got):\n%s", diff)
+	// 5 uncached tokens at the prior rate after the overhead; 1605 (plus attention) elsewhere.
+	if d := ex[0].PredictedTTFT; d < 20*time.Millisecond || d > 21*time.Millisecond {
+		t.Errorf("predicted TTFT on the holder %v, want just over the 20 ms overhead", d)
 	}
-	u := pa.unseen(eps[0], pa.state(0))
-	if u.waiting != 20 || u.inFlight != 22 || u.work < 20*30000 {
-		t.Errorf("unseen on endpoint 0: %+v, want 20 waiting, 22 in flight, work >= 600000", u)
+	if d := ex[1].PredictedTTFT; d < 180*time.Millisecond {
+		t.Errorf("predicted TTFT elsewhere %v, want 1605 tokens' worth, over 180 ms", d)
 	}
-	// On, with only running requests (no queue): they count against the load bound. 4 running
-	// of 4 in the fleet: 4+1 > ceil(1 x 5 / 2), so endpoint 0 is not eligible.
-	pa, eps, x = setup(Params{"max_load_factor": "1", "snapshot_load": "true"})
-	eps[0].SetSnapshot(&endpoint.Snapshot{Running: 4})
-	if diff := cmp.Diff([]int{1, 0}, rank(pa, eps, x)); diff != "" {
-		t.Errorf("with snapshot_load, load bound (-want +got):\n%s", diff)
+	if !ex[0].WithinBound || ex[0].Cost > ex[1].Cost {
+		t.Errorf("holder: within bound %v, cost %v against %v", ex[0].WithinBound, ex[0].Cost, ex[1].Cost)
 	}
-	pa, eps, x = setup(Params{"max_load_factor": "1"})
-	eps[0].SetSnapshot(&endpoint.Snapshot{Running: 4})
-	if diff := cmp.Diff([]int{0, 1}, rank(pa, eps, x)); diff != "" {
-		t.Errorf("without snapshot_load, load bound (-want +got):\n%s", diff)
+	if pa.Explain(r, nil) != nil {
+		t.Errorf("no candidates: want no explanation")
 	}
+	var _ Explainer = pa
 }

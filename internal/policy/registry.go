@@ -161,6 +161,14 @@ func (r *paramReader) Bool(key string, def bool) bool {
 	return b
 }
 
+// Gone records an error when key is set: a parameter that was removed, with what became of it,
+// so that an old configuration fails with the fix instead of "unknown parameter".
+func (r *paramReader) Gone(key, why string) {
+	if _, ok := r.raw(key); ok {
+		r.errs = append(r.errs, fmt.Sprintf("parameter %s was removed: %s; delete it", key, why))
+	}
+}
+
 // Require records an error unless cond holds.
 func (r *paramReader) Require(cond bool, format string, args ...any) {
 	if !cond {

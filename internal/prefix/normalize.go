@@ -2,12 +2,14 @@ package prefix
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -83,7 +85,7 @@ func (n *Normalizer) Normalize(s string) string {
 		s = strings.ReplaceAll(s, "\r\n", "\n")
 		s = strings.ReplaceAll(s, "\r", "\n")
 	}
-	if !o.KeepUnicodeForm && !isASCII(s) && !norm.NFC.IsNormalString(s) {
+	if !o.KeepUnicodeForm && !isASCII(stringBytes(s)) && !norm.NFC.IsNormalString(s) {
 		s = norm.NFC.String(s)
 	}
 	if !o.KeepWhitespace {
@@ -120,27 +122,32 @@ func (n *Normalizer) NormalizeBytes(b []byte) []byte {
 	return []byte(n.Normalize(string(b)))
 }
 
-func isASCII[T string | []byte](s T) bool {
+// isASCII reports whether b holds only ASCII bytes.
+func isASCII(b []byte) bool {
 	i := 0
-	for ; i+8 <= len(s); i += 8 {
-		if word(s, i)&highs != 0 {
+	for ; i+8 <= len(b); i += 8 {
+		if word(b, i)&highs != 0 {
 			return false
 		}
 	}
-	for ; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
+	for ; i < len(b); i++ {
+		if b[i] >= utf8.RuneSelf {
 			return false
 		}
 	}
 	return true
 }
 
+// stringBytes returns the bytes of s without copying them, for the read-only scans above and
+// below (a prompt can be megabytes: a copy per check would cost more than the check).
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
 // collapseSpace turns every run of whitespace into one space, or one newline when the run holds
 // a newline (so that line structure, which models do see, survives). It returns s itself when
 // nothing changes, which is the common case for machine-built prompts. Text between runs is
 // copied a segment at a time.
 func collapseSpace(s string) string {
-	if !needsCollapse(s) {
+	if !needsCollapse(stringBytes(s)) {
 		return s
 	}
 	var b strings.Builder
@@ -182,11 +189,14 @@ const (
 	highs = 0x8080808080808080
 )
 
-// word returns s[i:i+8] as a little-endian uint64.
-func word[T string | []byte](s T, i int) uint64 {
-	_ = s[i+7]
-	return uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
-		uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+// word returns b[i:i+8] as a little-endian uint64: one load.
+func word(b []byte, i int) uint64 { return binary.LittleEndian.Uint64(b[i:]) }
+
+// eqBytes returns highs's bit set in every byte of x equal to c; x must be ASCII (no byte
+// above 0x7f), so that the additions carry nothing from one byte to the next.
+func eqBytes(x uint64, c byte) uint64 {
+	t := x ^ uint64(c)*ones
+	return ^(t + 0x7f*ones) & highs
 }
 
 // spaceAt returns the length of the character at s[i] and whether it is whitespace.
@@ -199,32 +209,43 @@ func spaceAt(s string, i int) (int, bool) {
 	return size, unicode.IsSpace(r)
 }
 
-// needsCollapse reports whether s holds whitespace other than single spaces and single newlines.
-func needsCollapse[T string | []byte](s T) bool {
-	prevSpace := false
-	for i := 0; i < len(s); i++ {
-		// Eight bytes at a time while they hold neither whitespace (all ASCII whitespace is
-		// <= ' ') nor non-ASCII bytes: "has a byte below n" is exact for n <= 128.
-		for i+8 <= len(s) {
-			if x := word(s, i); (x-0x21*ones)&^x&highs != 0 || x&highs != 0 {
+// needsCollapse reports whether b holds whitespace other than single spaces and single
+// newlines. Prose has a space every few bytes, so ASCII text is checked eight bytes at a time
+// whatever it holds: which bytes are spaces or newlines, whether two of them touch (within the
+// word or across its edge), and whether any is a tab, vertical tab, form feed or carriage
+// return; only a word with a non-ASCII byte is checked a character at a time.
+func needsCollapse(b []byte) bool {
+	prevSpace := false // the byte before i is a space or a newline
+	for i := 0; i < len(b); {
+		for ; i+8 <= len(b); i += 8 {
+			x := word(b, i)
+			if x&highs != 0 {
 				break
 			}
-			prevSpace = false
-			i += 8
+			if (x-0x21*ones)&^x&highs == 0 { // no byte below '!': no whitespace
+				prevSpace = false
+				continue
+			}
+			sp := eqBytes(x, ' ') | eqBytes(x, '\n')
+			// Bytes from 9 (tab) to 13 (carriage return) other than 10 (newline).
+			ctl := (x + (0x80-9)*ones) &^ (x + (0x80-14)*ones) & highs &^ sp
+			if ctl != 0 || sp&(sp<<8) != 0 || prevSpace && sp&0x80 != 0 {
+				return true
+			}
+			prevSpace = sp>>63 != 0
 		}
-		if i == len(s) {
+		if i == len(b) {
 			break
 		}
-		c := s[i]
+		c := b[i]
 		if c >= utf8.RuneSelf {
-			// Unicode spaces (NBSP, ideographic space, ...) are rare: take the slow path. At
-			// most UTFMax bytes are converted, on the stack.
-			r, size := utf8.DecodeRuneInString(string(s[i:min(i+utf8.UTFMax, len(s))]))
+			// Unicode spaces (NBSP, ideographic space, ...) are rare: take the slow path.
+			r, size := utf8.DecodeRune(b[i:])
 			if unicode.IsSpace(r) {
 				return true
 			}
 			prevSpace = false
-			i += size - 1
+			i += size
 			continue
 		}
 		switch c {
@@ -238,6 +259,7 @@ func needsCollapse[T string | []byte](s T) bool {
 		default:
 			prevSpace = false
 		}
+		i++
 	}
 	return false
 }

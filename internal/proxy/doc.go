@@ -12,4 +12,8 @@
 // lifecycle (connection errors and 503s) -> SSE passed through event by event, the first token
 // and usage seen as they pass, the stream's end noticed -> route.Call.Finish (endpoint
 // counters, the policy's Done), the tenant's ticket, metrics, one access log line.
+//
+// The steps that do not depend on HTTP (authentication, parse to pick, reading the answer's
+// events, settling) are in exchange.go; Exchange exports them to the other front end, the
+// Envoy ext_proc endpoint picker (internal/extproc), so that both run the same code.
 package proxy

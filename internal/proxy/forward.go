@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,9 +16,9 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
-	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/scrape"
 )
 
 // maxCapture bounds how much of a non-streamed response body is kept to read its usage, and
@@ -319,27 +318,12 @@ func (s *sseBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// take looks at one event and queues it for the client (unless it is the usage chunk the
-// client did not ask for).
+// take queues one event for the client, unless the call drops it (the usage chunk the client
+// did not ask for).
 func (s *sseBody) take(ev openai.Event) {
-	if n, ok := openai.TimingsCached(ev.Data); ok {
-		s.c.timingsCached = n
+	if s.c.takeEvent(ev) {
+		s.pending = append(s.pending, ev.Raw...)
 	}
-	if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
-		if u, ok := openai.ScanUsage(ev.Data); ok {
-			s.c.setUsage(u)
-			if s.c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
-				return
-			}
-		}
-	}
-	if s.c.req != nil && s.c.req.Kind == openai.KindResponse && s.c.respID == "" && len(ev.Data) > 0 {
-		s.c.respID = openai.ResponseID(ev.Data)
-	}
-	if ev.IsDone() || isTerminal(ev.Name) {
-		s.c.complete = true
-	}
-	s.pending = append(s.pending, ev.Raw...)
 }
 
 // isTerminal reports whether a Responses API event ends its stream.
@@ -410,15 +394,7 @@ func (b *captureBody) Read(p []byte) (int, error) {
 			if b.buf != nil {
 				body = *b.buf
 			}
-			if u, ok := openai.ScanUsage(body); ok {
-				b.c.setUsage(u)
-			}
-			if n, ok := openai.TimingsCached(body); ok {
-				b.c.timingsCached = n
-			}
-			if b.c.req != nil && b.c.req.Kind == openai.KindResponse {
-				b.c.respID = openai.ResponseID(body)
-			}
+			b.c.takeBody(body)
 			b.release()
 		}
 	} else if err != nil {
@@ -450,8 +426,12 @@ func (c *call) setUsage(u openai.Usage) {
 }
 
 // cachedTokens is what the engine said it took from its prefix cache: usage's
-// prompt_tokens_details, else llama.cpp's timings.cache_n; -1 when it did not say.
+// prompt_tokens_details, else llama.cpp's timings.cache_n; -1 when it did not say, or when its
+// kind is known not to count them (ollama reports 0 whatever it reused).
 func (c *call) cachedTokens() int {
+	if ep := c.ep(); ep != nil && !scrape.ReportsCachedTokens(ep.Kind()) {
+		return -1 // whatever it says, it does not know: unknown, not zero
+	}
 	if c.cached < 0 && c.timingsCached >= 0 {
 		return c.timingsCached
 	}
@@ -495,97 +475,9 @@ func (c *call) failure(status int) route.Failure {
 	return route.FailRejected
 }
 
-// finish settles a request once the response is written: the lifecycle (endpoint counters,
-// the policy's Done), the tenant's ticket, metrics and the access line.
+// finish settles a request once the response is written.
 func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
-	status := c.status(w, r)
-	c.cached = c.cachedTokens()
-	prompt, completion := 0, 0
-	if c.req != nil {
-		prompt = c.preq.PromptTokens
-		if c.haveUsage && c.usage.Prompt() > 0 {
-			prompt = c.usage.Prompt()
-		}
-		completion = c.usage.Completion()
-	}
-	ep := c.ep()
-	var ttft time.Duration
-	if c.rc != nil {
-		ttft = c.rc.TTFT()
-		c.rc.Finish(route.Outcome{
-			OK: status < 400, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: completion,
-			ResponseID: c.respID, Failure: c.failure(status),
-		})
-	}
-	end := time.Now()
-	if h.Lifecycle != nil {
-		end = h.Lifecycle.Now()
-	}
-	dur := end.Sub(c.start)
-	epName := metrics.NoEndpoint
-	if ep != nil {
-		epName = ep.Name
-		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
-		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
-		// The prediction is in the router's tokens; the engine's cached count in its own.
-		predicted := c.rc.Predicted()
-		if predicted > 0 {
-			predicted = int(math.Round(float64(predicted) * ep.TokenScale()))
-		}
-		h.Metrics.PredictedCachedTokens(c.model, epName, predicted)
-		if c.cached >= 0 {
-			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
-			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))
-		}
-		if ttft > 0 && c.stream {
-			h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
-		}
-	}
-	switch {
-	case c.ticket != nil:
-		// What the engines used: nothing when no endpoint answered (the estimate is refunded).
-		if ep == nil {
-			c.ticket.End(status, 0, 0)
-		} else {
-			c.ticket.End(status, prompt, completion)
-		}
-	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
-		h.Gate.Count(c.id, status) // the gate counted its own refusals
-	}
-	model := c.model
-	if model == "" {
-		model = metrics.UnknownModel
-	}
-	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
-	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [13]slog.Attr // every attribute below, on the stack
-	attrs := append(attrBuf[:0],
-		slog.String("request_id", c.rid),
-		slog.String("method", r.Method),
-		slog.String("path", r.URL.Path),
-		slog.Int("status", status),
-		slog.Float64("duration_ms", float64(dur.Microseconds())/1000),
-	)
-	if c.req != nil {
-		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
-			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
-	}
-	if ep != nil {
-		attrs = append(attrs, slog.String("endpoint", ep.Name))
-	}
-	if c.rc != nil {
-		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))
-	}
-	if ttft > 0 && c.stream {
-		attrs = append(attrs, slog.Float64("ttft_ms", float64(ttft.Microseconds())/1000))
-	}
-	if c.id != nil {
-		attrs = append(attrs, slog.String("tenant", c.id.Name))
-	}
-	if c.errType != "" {
-		attrs = append(attrs, slog.String("error_type", c.errType))
-	}
-	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+	c.settle(c.status(w, r), r.Method, r.URL.Path)
 }
 
 // statusWriter records the status, and the first write error (the client went away).

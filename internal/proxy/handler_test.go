@@ -804,11 +804,21 @@ func TestReadBodyGrowsWithData(t *testing.T) {
 	if oe != nil || string(b) != `{"a":1}` || cap(b) > 2*bodyStart {
 		t.Errorf("readBody = %q (cap %d), %v; want the 7 bytes in a buffer of at most %d", b, cap(b), oe, 2*bodyStart)
 	}
-	big := strings.Repeat("x", 300<<10)
+	var sb strings.Builder
+	for i := 0; sb.Len() < 300<<10; i++ {
+		sb.WriteString(strconv.Itoa(i)) // no two chunks alike
+	}
+	big := sb.String()
 	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
 	r.ContentLength = -1
-	if b, oe := readBody(r, 1<<20); oe != nil || len(b) != len(big) {
-		t.Errorf("readBody of %d unannounced bytes: %d, %v", len(big), len(b), oe)
+	if b, oe := readBody(r, 1<<20); oe != nil || string(b) != big || cap(b) != len(b) {
+		t.Errorf("readBody of %d unannounced bytes: %d bytes (cap %d), equal %v, %v; want them all, in a buffer of their size", len(big), len(b), cap(b), string(b) == big, oe)
+	}
+	// A body longer than it announced is read whole, past its first buffer.
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
+	r.ContentLength = 10
+	if b, oe := readBody(r, 1<<20); oe != nil || string(b) != big {
+		t.Errorf("readBody of %d bytes announced as 10: %d bytes, %v", len(big), len(b), oe)
 	}
 	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
 	r.ContentLength = -1

@@ -109,8 +109,8 @@ func scenarioLine(s *Summary) string {
 }
 
 var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
-	"f3": func(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) },
-	"ms": num,
+	"rate": rate,
+	"ms":   Millis,
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -143,7 +143,7 @@ svg .axis { stroke: #999; }
 {{end}}<table id="summary">
 <thead><tr><th>policy</th><th>hit rate</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>TPOT p50 ms</th><th>tok/s</th><th>imbalance</th><th>completed</th><th>failed</th></tr></thead>
 <tbody>
-{{range .Runs}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Result.Policy}}</td>{{with .Result}}<td>{{f3 .HitRate}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P90}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{printf "%.0f" .ThroughputTokensPerS}}</td><td>{{printf "%.2f" .LoadImbalance}}</td><td>{{.Completed}}</td><td>{{.Failed}}</td>{{end}}</tr>
+{{range .Runs}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Result.Policy}}</td>{{with .Result}}<td>{{rate .HitRate .HitRateUnknown}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P90}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{printf "%.0f" .ThroughputTokensPerS}}</td><td>{{printf "%.2f" .LoadImbalance}}</td><td>{{.Completed}}</td><td>{{.Failed}}</td>{{end}}</tr>
 {{end}}</tbody>
 </table>
 <div class="charts">
@@ -218,7 +218,7 @@ func logTicks(lo, hi float64) []tick {
 		if v < lo || v > hi {
 			continue
 		}
-		out = append(out, tick{at: (math.Log10(v) - math.Log10(lo)) / (math.Log10(hi) - math.Log10(lo)), label: num(v)})
+		out = append(out, tick{at: (math.Log10(v) - math.Log10(lo)) / (math.Log10(hi) - math.Log10(lo)), label: Millis(v)})
 	}
 	return out
 }
@@ -326,7 +326,7 @@ func ttftOverTime(runs []htmlRun) string {
 		return noData(&b, label)
 	}
 	top := ymax * 1.05
-	yt := linTicks(top, num)
+	yt := linTicks(top, Millis)
 	endS := (width * time.Duration(overTimeBuckets+1)).Seconds()
 	svgOpen(&b, label)
 	axis(&b, linTicks(endS, func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) + "s" }),
@@ -416,8 +416,14 @@ func hitRate(runs []htmlRun, bounds Bounds) string {
 	axisNoXGrid(&b, xt, linTicks(1, func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }), "policy", "hit rate (cached / prompt tokens)")
 	group := float64(plotW) / float64(len(runs))
 	for i, r := range runs {
-		h := plotH * min(max(r.Result.HitRate, 0), 1)
 		x := padL + group*float64(i) + group*0.2
+		if r.Result.HitRateUnknown {
+			// No bar: a zero-height bar would read as "no hits".
+			fmt.Fprintf(&b, `<text class="unknown" data-run="%s" x="%.1f" y="%.1f" text-anchor="middle">unknown</text>`,
+				html.EscapeString(r.Result.Policy), x+group*0.3, float64(padT+plotH-4))
+			continue
+		}
+		h := plotH * min(max(r.Result.HitRate, 0), 1)
 		fmt.Fprintf(&b, `<rect class="bar" data-run="%s" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s: %.3f</title></rect>`,
 			html.EscapeString(r.Result.Policy), x, padT+plotH-h, group*0.6, h, r.Color, html.EscapeString(r.Result.Policy), r.Result.HitRate)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.3f</text>`, x+group*0.3, padT+plotH-h-4, r.Result.HitRate)
@@ -426,7 +432,9 @@ func hitRate(runs []htmlRun, bounds Bounds) string {
 		v    float64
 		name string
 	}{{bounds.InfiniteCacheHitRate, "infinite cache"}, {bounds.PooledLRUHitRate, "pooled LRU"}}
-	if math.Abs(bds[0].v-bds[1].v) < 0.0005 {
+	if bounds.PooledLRUUnknown {
+		bds = bds[:1]
+	} else if math.Abs(bds[0].v-bds[1].v) < 0.0005 {
 		// Equal bounds (the whole working set fits): one line, one label.
 		bds = bds[:1]
 		bds[0].name = "infinite cache = pooled LRU"

@@ -179,3 +179,33 @@ func TestWriteHTML_Chromium(t *testing.T) {
 		t.Errorf("screenshot %v, %v: want a rendered PNG", st, err)
 	}
 }
+
+// An unknown hit rate is written as such: "unknown" in the table and in place of the bar, and
+// no pooled LRU bound line when that bound is unknown.
+func TestWriteHTML_UnknownHitRate(t *testing.T) {
+	s, recs := htmlFixture()
+	s.Results[1].HitRate, s.Results[1].HitRateUnknown = 0, true
+	s.Bounds.PooledLRUUnknown = true
+	var buf bytes.Buffer
+	if err := WriteHTML(&buf, s, recs, HTMLOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	if !strings.Contains(page, "<td>0.800</td>") || !strings.Contains(page, "<td>unknown</td>") {
+		t.Error("summary table: want 0.800 for the first run, unknown for the second")
+	}
+	svgs := regexp.MustCompile(`(?s)<svg.*?</svg>`).FindAllString(page, -1)
+	if len(svgs) != 4 {
+		t.Fatalf("got %d svg elements, want 4", len(svgs))
+	}
+	hit := svgs[3]
+	if err := wellFormed(hit); err != nil {
+		t.Errorf("hit-rate chart is not well-formed XML: %v", err)
+	}
+	if n := strings.Count(hit, `class="bar"`); n != 1 {
+		t.Errorf("hit-rate chart has %d bars, want 1 (none for the unknown run)", n)
+	}
+	if !strings.Contains(hit, `class="unknown" data-run="&lt;slow&gt;"`) || strings.Contains(hit, "pooled LRU") {
+		t.Errorf("hit-rate chart: want the unknown run marked and no pooled LRU bound:\n%s", hit)
+	}
+}

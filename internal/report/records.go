@@ -18,7 +18,7 @@ type recordJSON struct {
 	TTFTMS        *float64 `json:"ttft_ms,omitempty"`
 	E2EMS         float64  `json:"e2e_ms"`
 	PromptTokens  int      `json:"prompt_tokens"`
-	CachedTokens  int      `json:"cached_tokens"`
+	CachedTokens  *int     `json:"cached_tokens"` // null: not reported
 	OutputTokens  int      `json:"output_tokens"`
 	PredictedHits *int     `json:"predicted_cached_tokens,omitempty"`
 	Attempts      int      `json:"attempts,omitempty"`
@@ -34,8 +34,11 @@ func WriteRecords(w io.Writer, recs []Record) error {
 		j := recordJSON{
 			ID: r.ID, Policy: r.Policy, Endpoint: r.Endpoint,
 			ArrivalMS: ms(r.Arrival), FinishMS: ms(r.Finish), E2EMS: ms(r.E2E()),
-			PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, OutputTokens: r.OutputTokens,
-			Attempts: r.Attempts, Error: r.Err,
+			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, Attempts: r.Attempts, Error: r.Err,
+		}
+		if !r.CachedUnknown {
+			c := r.CachedTokens
+			j.CachedTokens = &c
 		}
 		if r.FirstToken != 0 {
 			ft, ttft := ms(r.FirstToken), ms(r.TTFT())

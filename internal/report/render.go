@@ -25,8 +25,8 @@ func WriteTable(w io.Writer, s *Summary) error {
 		sc.Workload, sc.Requests, sc.Instances, sc.Profile, sc.Speedup, sc.Load, sc.Seed); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
-	if _, err := fmt.Fprintf(w, "hit-rate bounds: infinite cache %.3f, pooled LRU %.3f\n\n",
-		s.Bounds.InfiniteCacheHitRate, s.Bounds.PooledLRUHitRate); err != nil {
+	if _, err := fmt.Fprintf(w, "hit-rate bounds: infinite cache %.3f, pooled LRU %s\n\n",
+		s.Bounds.InfiniteCacheHitRate, rate(s.Bounds.PooledLRUHitRate, s.Bounds.PooledLRUUnknown)); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	// Numbers are right-aligned; the policy column is padded by hand so that it reads
@@ -39,9 +39,9 @@ func WriteTable(w io.Writer, s *Summary) error {
 	fmt.Fprintf(tw, "%-*s\thit rate\tTTFT mean ms\tp50\tp90\tp99\tTPOT p50 ms\ttok/s\timbalance\tcompleted\tfailed\t\n", width, "policy")
 	for i := range s.Results {
 		r := &s.Results[i]
-		fmt.Fprintf(tw, "%-*s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%d\t%d\t\n",
-			width, r.Policy, r.HitRate, num(r.TTFT.Mean), num(r.TTFT.P50), num(r.TTFT.P90), num(r.TTFT.P99),
-			num(r.TPOT.P50), r.ThroughputTokensPerS, r.LoadImbalance, r.Completed, r.Failed)
+		fmt.Fprintf(tw, "%-*s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%d\t%d\t\n",
+			width, r.Policy, rate(r.HitRate, r.HitRateUnknown), Millis(r.TTFT.Mean), Millis(r.TTFT.P50), Millis(r.TTFT.P90), Millis(r.TTFT.P99),
+			Millis(r.TPOT.P50), r.ThroughputTokensPerS, r.LoadImbalance, r.Completed, r.Failed)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write table: %w", err)
@@ -49,8 +49,16 @@ func WriteTable(w io.Writer, s *Summary) error {
 	return nil
 }
 
-// num formats a latency in milliseconds with about three significant digits, no exponent.
-func num(ms float64) string {
+// rate formats a hit rate with three decimals, or "unknown".
+func rate(v float64, unknown bool) string {
+	if unknown {
+		return "unknown"
+	}
+	return strconv.FormatFloat(v, 'f', 3, 64)
+}
+
+// Millis formats a latency in milliseconds with about three significant digits, no exponent.
+func Millis(ms float64) string {
 	switch {
 	case ms >= 100:
 		return strconv.FormatFloat(ms, 'f', 0, 64)

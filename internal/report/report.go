@@ -1,6 +1,7 @@
 package report
 
 import (
+	"encoding/json"
 	"math"
 	"slices"
 	"time"
@@ -21,7 +22,11 @@ type Record struct {
 	PromptTokens int
 	// CachedTokens is the prompt tokens the engine found in its prefix cache.
 	CachedTokens int
-	OutputTokens int
+	// CachedUnknown says the engine reported no cached tokens for this request (ollama, TGI,
+	// an OpenAI server without prompt_tokens_details): CachedTokens is then 0 and means
+	// nothing.
+	CachedUnknown bool
+	OutputTokens  int
 	// Predicted says whether the policy predicted the cached tokens (policy.Predictor);
 	// PredictedCachedTokens is then its prediction at routing time.
 	Predicted             bool
@@ -65,13 +70,18 @@ type Latency struct {
 
 // Result is one policy's figures.
 type Result struct {
-	Policy    string  `json:"policy"`
-	Completed int     `json:"completed"`
-	Failed    int     `json:"failed"`
-	HitRate   float64 `json:"hit_rate"`
-	TTFT      Latency `json:"ttft_ms"`
-	TPOT      Latency `json:"tpot_ms"`
-	E2E       Latency `json:"e2e_ms"`
+	Policy    string `json:"policy"`
+	Completed int    `json:"completed"`
+	Failed    int    `json:"failed"`
+	// HitRate is cached over prompt tokens of the completed requests whose engine reported
+	// cached tokens.
+	HitRate float64 `json:"hit_rate"`
+	// HitRateUnknown says no completed request had its cached tokens reported: HitRate is then
+	// 0 and means nothing (JSON: "hit_rate": null; tables: unknown).
+	HitRateUnknown bool    `json:"-"`
+	TTFT           Latency `json:"ttft_ms"`
+	TPOT           Latency `json:"tpot_ms"`
+	E2E            Latency `json:"e2e_ms"`
 	// ThroughputTokensPerS is output tokens of completed requests per second between the first
 	// arrival and the last finish.
 	ThroughputTokensPerS float64 `json:"throughput_tokens_per_s"`
@@ -112,6 +122,71 @@ type Bounds struct {
 	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`
 	// PooledLRUHitRate is the same for one LRU cache holding the whole fleet's KV capacity.
 	PooledLRUHitRate float64 `json:"pooled_lru_hit_rate"`
+	// PooledLRUUnknown says the fleet's KV capacity is not known (a live benchmark of any
+	// target): PooledLRUHitRate means nothing (JSON: null; tables: unknown).
+	PooledLRUUnknown bool `json:"-"`
+}
+
+// MarshalJSON writes an unknown hit rate as null.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result // without the methods, so that Marshal does not recurse
+	return json.Marshal(struct {
+		plain
+		HitRate *float64 `json:"hit_rate"`
+	}{plain(r), knownOrNil(r.HitRate, r.HitRateUnknown)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: null is an unknown hit rate.
+func (r *Result) UnmarshalJSON(b []byte) error {
+	type plain Result
+	var v struct {
+		plain
+		HitRate *float64 `json:"hit_rate"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Result(v.plain)
+	r.HitRate, r.HitRateUnknown = valueOrUnknown(v.HitRate)
+	return nil
+}
+
+// MarshalJSON writes an unknown pooled LRU bound as null.
+func (b Bounds) MarshalJSON() ([]byte, error) {
+	type plain Bounds
+	return json.Marshal(struct {
+		plain
+		PooledLRUHitRate *float64 `json:"pooled_lru_hit_rate"`
+	}{plain(b), knownOrNil(b.PooledLRUHitRate, b.PooledLRUUnknown)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes: null is an unknown bound.
+func (b *Bounds) UnmarshalJSON(data []byte) error {
+	type plain Bounds
+	var v struct {
+		plain
+		PooledLRUHitRate *float64 `json:"pooled_lru_hit_rate"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	*b = Bounds(v.plain)
+	b.PooledLRUHitRate, b.PooledLRUUnknown = valueOrUnknown(v.PooledLRUHitRate)
+	return nil
+}
+
+func knownOrNil(v float64, unknown bool) *float64 {
+	if unknown {
+		return nil
+	}
+	return &v
+}
+
+func valueOrUnknown(p *float64) (float64, bool) {
+	if p == nil {
+		return 0, true
+	}
+	return *p, false
 }
 
 // Summary is a whole comparison: the scenario, the bounds and one Result per policy, in the
@@ -137,11 +212,12 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 	res.InstanceRequests = make([]int, n)
 	var (
 		ttft, tpot, e2e []float64
-		prompt, cached  int64
+		prompt, cached  int64 // of the completed requests with cached tokens reported
 		outTokens       int64
 		predPrompt      int64
 		predCached      int64
 		predicted       bool
+		reported        bool
 		first, last     time.Duration
 	)
 	for i := range recs {
@@ -160,8 +236,11 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 			continue
 		}
 		res.Completed++
-		prompt += int64(r.PromptTokens)
-		cached += int64(r.CachedTokens)
+		if !r.CachedUnknown {
+			prompt += int64(r.PromptTokens)
+			cached += int64(r.CachedTokens)
+			reported = true
+		}
 		outTokens += int64(r.OutputTokens)
 		if r.Predicted {
 			predicted = true
@@ -177,6 +256,7 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 	if prompt > 0 {
 		res.HitRate = float64(cached) / float64(prompt)
 	}
+	res.HitRateUnknown = res.Completed > 0 && !reported
 	if predicted && predPrompt > 0 {
 		h := float64(predCached) / float64(predPrompt)
 		res.PredictedHitRate = &h

@@ -186,3 +186,70 @@ func TestWriteRecords(t *testing.T) {
 		t.Errorf("records (-want +got):\n%s", diff)
 	}
 }
+
+// Requests whose engine reported no cached tokens count in neither side of the hit rate; when
+// no completed request had them reported, the hit rate is unknown, in JSON (null, and back),
+// the table and the records.
+func TestSummarize_CachedTokensUnknown(t *testing.T) {
+	recs := []Record{
+		{ID: "a", EndpointID: 0, FirstToken: msd(10), Finish: msd(20), PromptTokens: 1000, CachedTokens: 250, OutputTokens: 1},
+		{ID: "b", EndpointID: 1, FirstToken: msd(10), Finish: msd(20), PromptTokens: 3000, CachedUnknown: true, OutputTokens: 1},
+	}
+	mixed := Summarize("p", recs, nil)
+	if mixed.HitRateUnknown || mixed.HitRate != 0.25 {
+		t.Errorf("mixed: hit rate %v unknown %v, want 0.25 over the reporting request", mixed.HitRate, mixed.HitRateUnknown)
+	}
+	none := Summarize("p", recs[1:], nil)
+	if !none.HitRateUnknown || none.HitRate != 0 {
+		t.Errorf("none reported: hit rate %v unknown %v, want unknown", none.HitRate, none.HitRateUnknown)
+	}
+	if failedOnly := Summarize("p", []Record{{EndpointID: -1, Err: "x", CachedUnknown: true}}, nil); failedOnly.HitRateUnknown {
+		t.Error("no completed request: nothing to be unknown about")
+	}
+
+	s := &Summary{Bounds: Bounds{InfiniteCacheHitRate: 0.5, PooledLRUUnknown: true}, Results: []Result{none, mixed}}
+	var buf bytes.Buffer
+	if err := WriteJSON(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Bounds  map[string]any
+		Results []map[string]any
+	}
+	if err := json.Unmarshal(buf.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := raw.Results[0]["hit_rate"]; !ok || v != nil {
+		t.Errorf("unknown hit_rate = %v (present %v), want null", v, ok)
+	}
+	if v := raw.Results[1]["hit_rate"]; v != 0.25 {
+		t.Errorf("known hit_rate = %v, want 0.25", v)
+	}
+	if v, ok := raw.Bounds["pooled_lru_hit_rate"]; !ok || v != nil || raw.Bounds["infinite_cache_hit_rate"] != 0.5 {
+		t.Errorf("bounds = %v, want pooled null and infinite 0.5", raw.Bounds)
+	}
+	var back Summary
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(*s, back, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("JSON round trip (-want +got):\n%s", diff)
+	}
+
+	buf.Reset()
+	if err := WriteTable(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
+	if !strings.Contains(lines[1], "pooled LRU unknown") || !strings.Contains(lines[4], " unknown ") || !strings.Contains(lines[5], " 0.250 ") {
+		t.Errorf("table does not say unknown where it is:\n%s", buf.String())
+	}
+
+	buf.Reset()
+	if err := WriteRecords(&buf, recs); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(buf.String(), `"cached_tokens":null`); got != 1 {
+		t.Errorf("records: %d null cached_tokens, want 1:\n%s", got, buf.String())
+	}
+}

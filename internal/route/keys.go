@@ -15,6 +15,9 @@ import (
 type Keys struct {
 	BlockTokens int
 	Normalizer  *prefix.Normalizer
+	// Chains, when set, remembers long prompts' block chains, so that a conversation's next
+	// turn is normalised and hashed only past what it shares with the last (nil: none).
+	Chains *prefix.Chains
 }
 
 func (k Keys) blockTokens() int {
@@ -67,7 +70,7 @@ func (k Keys) FromOpenAI(dst *policy.Request, req *openai.Request, salt string) 
 		putText(pb)
 		dst.MaxTokens *= n
 	} else {
-		dst.Blocks = prefix.BlocksBytes(dst.Blocks, seed, k.Normalizer.NormalizeBytes(*tb), bt)
+		dst.Blocks = k.Chains.Blocks(dst.Blocks, seed, *tb, bt, k.Normalizer)
 	}
 	putText(tb)
 }

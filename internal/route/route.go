@@ -44,6 +44,9 @@ type Config struct {
 	// engine then does not take every cold prefix at once. 0: no warm-up (the router's
 	// default is DefaultWarmUp).
 	WarmUp time.Duration
+	// Share, when set, publishes every attempt's events to the other router replicas and
+	// lets Apply replay theirs (remote.go). Nil: a lone router.
+	Share *Share
 }
 
 // DefaultWarmUp is the router's default warm-up of a joining endpoint (health.warm_up).
@@ -161,6 +164,7 @@ type Lifecycle struct {
 	warmup    time.Duration
 	audit     *Audit
 	blinder   policy.CacheBlind
+	share     *Share
 }
 
 // New builds a Lifecycle.
@@ -168,7 +172,8 @@ func New(cfg Config) (*Lifecycle, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("route: a Lifecycle needs a Picker")
 	}
-	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp}
+	lc := &Lifecycle{picker: cfg.Picker, clock: cfg.Clock, attempts: max(cfg.Attempts, 1), health: cfg.Health, state: cfg.State, warmup: cfg.WarmUp,
+		share: cfg.Share}
 	lc.audit = cfg.Audit
 	if lc.audit != nil {
 		lc.blinder, _ = cfg.Picker.(policy.CacheBlind)
@@ -208,6 +213,7 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 	}
 	lc.health.Forget(ep)
 	lc.audit.Forget(ep)
+	lc.share.removed(ep)
 }
 
 // Audit returns the cache-report audit, nil when there is none.
@@ -365,6 +371,8 @@ type Call struct {
 	firstAt      time.Time
 	finished     bool
 	ok           bool
+
+	shared uint64 // the attempt's ID in the Share (remote.go), 0 when none
 }
 
 // Ranked returns the endpoints the request may be sent to, in order.
@@ -398,6 +406,7 @@ func (c *Call) Next() *endpoint.Endpoint {
 		if o := c.lc.observer; o != nil {
 			o.Routed(c.Req, ep)
 		}
+		c.lc.share.routed(c)
 		return ep
 	}
 	return nil
@@ -438,6 +447,7 @@ func (c *Call) closeAttempt(res policy.Result, f Failure) {
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
 	}
+	c.lc.share.done(c, res)
 	switch {
 	case f.Counts():
 		c.lc.health.Failed(c.ep, f)
@@ -456,6 +466,7 @@ func (c *Call) FirstToken() {
 	if o := c.lc.observer; o != nil {
 		o.FirstToken(c.Req, c.ep, c.firstAt.Sub(c.Arrival))
 	}
+	c.lc.share.firstToken(c)
 }
 
 // Outcome is how a request ended, as the router saw it.

@@ -25,7 +25,6 @@ type Options struct {
 	HealthTimeout      time.Duration
 	HealthyThreshold   int // consecutive successes that make an unhealthy endpoint healthy
 	UnhealthyThreshold int // consecutive failures that make a healthy endpoint unhealthy
-	PassiveFailures    int // consecutive proxy connection errors that eject an endpoint
 	ScrapeInterval     time.Duration
 	ScrapeTimeout      time.Duration
 	ScrapeDisabled     bool
@@ -41,7 +40,6 @@ func OptionsFrom(c *config.Config) Options {
 		HealthTimeout:      c.Health.Timeout.D(),
 		HealthyThreshold:   c.Health.HealthyThreshold,
 		UnhealthyThreshold: c.Health.UnhealthyThreshold,
-		PassiveFailures:    c.Health.PassiveFailures,
 		ScrapeInterval:     c.Scrape.Interval.D(),
 		ScrapeTimeout:      c.Scrape.Timeout.D(),
 		ScrapeDisabled:     c.Scrape.Disabled,
@@ -61,7 +59,7 @@ func (o Options) withDefaults() Options {
 	for _, p := range []struct {
 		v *int
 		d int
-	}{{&o.HealthyThreshold, 1}, {&o.UnhealthyThreshold, 2}, {&o.PassiveFailures, 3}} {
+	}{{&o.HealthyThreshold, 1}, {&o.UnhealthyThreshold, 2}} {
 		if *p.v < 1 {
 			*p.v = p.d
 		}
@@ -76,13 +74,27 @@ func (o Options) withDefaults() Options {
 }
 
 // HealthPath is the health check path of an engine kind: /health for vLLM, SGLang, TGI and
-// llama.cpp (which answers 503 while loading the model), /v1/models for a generic OpenAI server.
+// llama.cpp (which answers 503 while loading the model), /api/version for ollama (which has no
+// /health), /v1/models for a generic OpenAI server.
 func HealthPath(engine string) string {
-	if engine == "openai" || engine == "" {
+	switch engine {
+	case "openai", "":
 		return "/v1/models"
+	case "ollama":
+		return "/api/version"
 	}
 	return "/health"
 }
+
+// ReportsCachedTokens reports whether an engine kind's answers can be trusted to say how many
+// prompt tokens it took from its prefix cache, when they say it at all. ollama cannot: its
+// chat and completions usage has no prompt_tokens_details, and its Responses API always says
+// cached_tokens 0 (measured: 0 while reusing ~1,520 of 1,561 prompt tokens), so its reports are
+// treated as unknown rather than as misses (a miss makes the router forget what it knew).
+func ReportsCachedTokens(kind string) bool { return kind != "ollama" }
+
+// Auto is the engine kind that asks the prober to detect the kind on first contact.
+const Auto = "auto"
 
 // Status is what the prober knows of one endpoint, for /debug/endpoints.
 type Status struct {
@@ -90,26 +102,28 @@ type Status struct {
 	LastCheck           time.Time `json:"last_check"`
 	LastCheckError      string    `json:"last_check_error,omitempty"`
 	ConsecutiveFailures int       `json:"consecutive_failures"`
-	PassiveFailures     int       `json:"passive_failures"`
 	LastScrape          time.Time `json:"last_scrape"`
 	LastScrapeError     string    `json:"last_scrape_error,omitempty"`
+	// Detected is what probing the endpoint found its engine to be: for an endpoint configured
+	// as auto, the kind in force; for one of a named kind whose health check answered 4xx, the
+	// kind it looks like instead (the check's error says so too).
+	Detected *Detection `json:"detected,omitempty"`
 }
 
 type epState struct {
-	succ, fail, passive int
-	checked             bool // the first check decides alone
-	status              Status
+	succ, fail int
+	modelsAt   time.Time // when the endpoint's models were last asked
+	checked    bool      // the first check decides alone
+	// hint, when set, tells why the health check of a named kind fails (the endpoint looks
+	// like another kind); it is found once per failure streak and kept for the streak.
+	hint   string
+	status Status
 }
 
 // Prober health-checks and scrapes the pool's endpoints. Its goroutines start in Run, never in
-// New, and stop when Run's context ends. Check, Scrape, ReportFailure and ReportSuccess are safe
-// for concurrent use.
+// New, and stop when Run's context ends. Check and Scrape are safe for concurrent use. Passive
+// health (ejection after failures while proxying) is the request lifecycle's (route.Outlier).
 type Prober struct {
-	// OnHealthChange, when set before Run, is told each time the prober puts an endpoint out
-	// of rotation (a failed check, or passive ejection) or back into it (a passing check). It
-	// is called with the prober's lock held: it must not call the prober.
-	OnHealthChange func(ep *endpoint.Endpoint, healthy bool)
-
 	pool   *endpoint.Pool
 	client *http.Client
 	log    *slog.Logger
@@ -181,10 +195,12 @@ func (p *Prober) Run(ctx context.Context) error {
 			wg.Go(func() {
 				p.every(epCtx, func(o Options) time.Duration { return o.HealthInterval }, func() { _ = p.Check(epCtx, ep) })
 			})
-			if spec.MetricsPath != "" && Supported(ep.Engine) {
+			// An auto endpoint gets a scrape loop too: it scrapes once its kind is known to
+			// have metrics.
+			if spec.MetricsPath != "" && (Supported(ep.Engine) || ep.Engine == Auto) {
 				wg.Go(func() {
 					p.every(epCtx, func(o Options) time.Duration { return o.ScrapeInterval }, func() {
-						if !p.options().ScrapeDisabled {
+						if !p.options().ScrapeDisabled && Supported(ep.Kind()) {
 							_ = p.Scrape(epCtx, ep)
 						}
 					})
@@ -224,18 +240,130 @@ func (p *Prober) every(ctx context.Context, interval func(Options) time.Duration
 }
 
 // Check runs one health check of ep and applies the thresholds. It returns the check's error.
+//
+// An endpoint configured as auto is first asked what it is (Detect); until an answer decides,
+// the check fails. When the health check of an endpoint answers 4xx (the engine has no such
+// path: the quick start's vllm in front of ollama), the endpoint is probed once per failure
+// streak: an auto endpoint takes the kind found (an engine restarted as another), one of a
+// named kind keeps failing, with an error and a warning that say which kind it looks like.
 func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	o := p.options()
+	if ep.Kind() == Auto {
+		if err := p.detect(ctx, ep); err != nil {
+			err = fmt.Errorf("detect the engine kind: %w", err)
+			p.record(ep, err, o)
+			return err
+		}
+	}
 	spec, _ := p.pool.Spec(ep)
 	path := spec.HealthPath
 	if path == "" {
-		path = HealthPath(ep.Engine)
+		path = HealthPath(ep.Kind())
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
-	defer cancel()
-	err := p.get(ctx, ep.Name+path, 64<<10, nil)
+	hctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
+	err := p.get(hctx, ep.Name+path, 64<<10, nil)
+	cancel()
+	if err != nil && spec.HealthPath == "" && clientError(err) {
+		err = p.mismatch(ctx, ep, err)
+	}
 	p.record(ep, err, o)
+	if err == nil && len(ep.Models) == 0 {
+		p.listModels(ctx, ep, o)
+	}
 	return err
+}
+
+// modelsEvery is how often the models of an endpoint whose config names none are asked again.
+const modelsEvery = 30 * time.Second
+
+// listModels asks an endpoint whose config names no model which models it serves (GET
+// /v1/models), at most every modelsEvery: the router then routes only those to it, resolves
+// "name" and "name:latest" alike, and lists them in its own /v1/models. A failure keeps what
+// was known.
+func (p *Prober) listModels(ctx context.Context, ep *endpoint.Endpoint, o Options) {
+	p.mu.Lock()
+	s := p.st(ep)
+	due := o.Now().Sub(s.modelsAt) >= modelsEvery
+	if due {
+		s.modelsAt = o.Now()
+	}
+	p.mu.Unlock()
+	if !due {
+		return
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	mctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
+	defer cancel()
+	err := p.get(mctx, ep.Name+"/v1/models", 1<<20, jsonInto(&list, func() bool { return list.Data != nil }))
+	if err != nil {
+		p.log.Debug("listing the endpoint's models failed", "endpoint", ep.Name, "err", err)
+		return
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		if m.ID != "" && len(m.ID) <= 256 {
+			ids = append(ids, m.ID)
+		}
+	}
+	if len(ids) > 0 {
+		ep.SetServedModels(ids)
+	}
+}
+
+// detect finds ep's engine kind and makes it the kind in force.
+func (p *Prober) detect(ctx context.Context, ep *endpoint.Endpoint) error {
+	d, err := p.Detect(ctx, ep.Name)
+	if err != nil {
+		return err
+	}
+	p.adopt(ep, d, "", slog.LevelInfo, "engine kind detected")
+	return nil
+}
+
+// adopt records a detection in ep's status with a hint for its health-check errors (for an
+// auto endpoint, the hint is empty and the kind found becomes the kind in force), and logs it.
+func (p *Prober) adopt(ep *endpoint.Endpoint, d Detection, hint string, level slog.Level, msg string) {
+	if ep.Engine == Auto {
+		ep.SetKind(d.Kind)
+	}
+	p.mu.Lock()
+	s := p.st(ep)
+	s.hint = hint
+	s.status.Detected = &d
+	p.mu.Unlock()
+	p.log.Log(context.Background(), level, msg, "endpoint", ep.Name, "configured", ep.Engine, "engine", d.Kind, "evidence", d.Evidence)
+}
+
+// mismatch handles a health check that answered 4xx: it probes the endpoint at the start of a
+// failure streak and returns the check's error, with what the endpoint looks like when that
+// is another kind.
+func (p *Prober) mismatch(ctx context.Context, ep *endpoint.Endpoint, checkErr error) error {
+	p.mu.Lock()
+	s := p.st(ep)
+	first, hint := s.fail == 0, s.hint
+	p.mu.Unlock()
+	if !first {
+		if hint != "" {
+			return fmt.Errorf("%w (%s)", checkErr, hint)
+		}
+		return checkErr
+	}
+	d, err := p.Detect(ctx, ep.Name)
+	if err != nil || d.Kind == ep.Kind() {
+		return checkErr
+	}
+	if ep.Engine == Auto {
+		// The kind changed under us: take the new one; the next check uses its health path.
+		p.adopt(ep, d, "", slog.LevelWarn, "engine kind changed")
+		return checkErr
+	}
+	hint = fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (or auto) for it", d.Kind, ep.Engine, d.Evidence, d.Kind)
+	p.adopt(ep, d, hint, slog.LevelWarn, "endpoint's engine kind looks wrong")
+	return fmt.Errorf("%w (%s)", checkErr, hint)
 }
 
 // record applies one check's outcome to ep's streaks and health.
@@ -251,12 +379,11 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 	if err == nil {
 		s.succ++
 		s.fail = 0
+		s.hint = ""
 		s.status.LastCheckError = ""
 		if !ep.Healthy() && (first || s.succ >= o.HealthyThreshold) {
 			ep.SetHealthy(true)
-			s.passive = 0
 			p.log.Info("endpoint healthy", "endpoint", ep.Name)
-			p.changed(ep, true)
 		}
 	} else {
 		s.fail++
@@ -265,46 +392,10 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		if ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold) {
 			ep.SetHealthy(false)
 			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
-			p.changed(ep, false)
 		}
 	}
 	s.status.Healthy = ep.Healthy()
 	s.status.ConsecutiveFailures = s.fail
-}
-
-// ReportFailure records a connection error met while proxying to ep. After PassiveFailures of
-// them in a row the endpoint is marked unhealthy until active checks pass again.
-func (p *Prober) ReportFailure(ep *endpoint.Endpoint) {
-	o := p.options()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := p.st(ep)
-	s.passive++
-	s.status.PassiveFailures = s.passive
-	if ep.Healthy() && s.passive >= o.PassiveFailures {
-		ep.SetHealthy(false)
-		s.succ = 0
-		s.status.Healthy = false
-		p.log.Warn("endpoint ejected after connection errors", "endpoint", ep.Name, "consecutive_errors", s.passive)
-		p.changed(ep, false)
-	}
-}
-
-func (p *Prober) changed(ep *endpoint.Endpoint, healthy bool) {
-	if p.OnHealthChange != nil {
-		p.OnHealthChange(ep, healthy)
-	}
-}
-
-// ReportSuccess records a successful exchange with ep while proxying: it resets the count of
-// consecutive connection errors.
-func (p *Prober) ReportSuccess(ep *endpoint.Endpoint) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if s := p.state[ep]; s != nil {
-		s.passive = 0
-		s.status.PassiveFailures = 0
-	}
 }
 
 // Status returns what the prober knows of ep.
@@ -332,7 +423,7 @@ func (p *Prober) Scrape(ctx context.Context, ep *endpoint.Endpoint) error {
 	var snap *endpoint.Snapshot
 	err := p.get(ctx, ep.Name+spec.MetricsPath, o.MaxMetricsBytes, func(r io.Reader) error {
 		var err error
-		snap, err = Parse(ep.Engine, r, o.Now())
+		snap, err = Parse(ep.Kind(), r, o.Now())
 		return err
 	})
 	p.mu.Lock()
@@ -369,7 +460,7 @@ func (p *Prober) get(ctx context.Context, url string, limit int64, read func(io.
 	body := io.LimitReader(resp.Body, limit+1)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg, _ := io.ReadAll(io.LimitReader(body, 200))
-		return fmt.Errorf("get %s: status %d: %s", url, resp.StatusCode, strings.TrimSpace(string(msg)))
+		return &statusError{url: url, code: resp.StatusCode, body: strings.TrimSpace(string(msg))}
 	}
 	if read == nil {
 		_, _ = io.Copy(io.Discard, body)

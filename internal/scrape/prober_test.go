@@ -2,11 +2,11 @@ package scrape
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
@@ -72,7 +73,7 @@ func onePool(t *testing.T, spec endpoint.Spec) (*endpoint.Pool, *endpoint.Endpoi
 func TestProber_ThresholdsStepByStep(t *testing.T) {
 	eng := newFakeEngine(t, "")
 	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "llamacpp", MetricsPath: "/metrics"})
-	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 2, UnhealthyThreshold: 2, PassiveFailures: 3}, nil)
+	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 2, UnhealthyThreshold: 2}, nil)
 	ctx := context.Background()
 
 	steps := []struct {
@@ -130,51 +131,10 @@ func TestProber_FirstCheckDecides(t *testing.T) {
 	}
 }
 
-func TestProber_PassiveEjection(t *testing.T) {
-	eng := newFakeEngine(t, "")
-	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm"})
-	pr := New(pool, eng.srv.Client(), Options{HealthyThreshold: 1, PassiveFailures: 3}, nil)
-	var changes []bool // what OnHealthChange was told, in order
-	pr.OnHealthChange = func(e *endpoint.Endpoint, healthy bool) {
-		if e != ep {
-			t.Errorf("OnHealthChange for %s", e.Name)
-		}
-		changes = append(changes, healthy)
-	}
-
-	pr.ReportFailure(ep)
-	pr.ReportFailure(ep)
-	pr.ReportSuccess(ep) // the streak is broken
-	pr.ReportFailure(ep)
-	pr.ReportFailure(ep)
-	if !ep.Healthy() {
-		t.Fatal("ejected after 2 consecutive errors, want 3")
-	}
-	pr.ReportFailure(ep)
-	if ep.Healthy() {
-		t.Fatal("not ejected after 3 consecutive errors")
-	}
-	if got := pr.Status(ep).PassiveFailures; got != 3 {
-		t.Errorf("passive failures = %d, want 3", got)
-	}
-	// Until the next successful active check.
-	if err := pr.Check(context.Background(), ep); err != nil {
-		t.Fatal(err)
-	}
-	if !ep.Healthy() {
-		t.Error("a successful check should bring it back")
-	}
-	if err := pr.Check(context.Background(), ep); err != nil { // healthy already: no change
-		t.Fatal(err)
-	}
-	if want := []bool{false, true}; !slices.Equal(changes, want) {
-		t.Errorf("OnHealthChange got %v, want %v (ejected, then readmitted)", changes, want)
-	}
-}
-
 func TestProber_GenericHealthPathAndOverride(t *testing.T) {
 	eng := newFakeEngine(t, "")
-	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "openai"})
+	// Models named: the prober has no model list to ask for, only the health path is read.
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "openai", Models: []string{"m"}})
 	pr := New(pool, eng.srv.Client(), Options{}, nil)
 	if err := pr.Check(context.Background(), ep); err != nil {
 		t.Fatal(err)
@@ -182,7 +142,7 @@ func TestProber_GenericHealthPathAndOverride(t *testing.T) {
 	if got := <-eng.paths; got != "/v1/models" {
 		t.Errorf("generic health path = %q, want /v1/models", got)
 	}
-	pool2, ep2 := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm", HealthPath: "/ping"})
+	pool2, ep2 := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm", HealthPath: "/ping", Models: []string{"m"}})
 	pr2 := New(pool2, eng.srv.Client(), Options{}, nil)
 	_ = pr2.Check(context.Background(), ep2)
 	if got := <-eng.paths; got != "/ping" {
@@ -296,4 +256,39 @@ func TestProber_RunFollowsPool(t *testing.T) {
 	eng.srv.Close()
 	eng2.srv.Close()
 	client.CloseIdleConnections()
+}
+
+// TestProber_ListsModels: an endpoint configured without models learns what its engine serves;
+// it then serves those (either as listed or with ollama's ":latest"), and no other.
+func TestProber_ListsModels(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/api/version":
+			_, _ = io.WriteString(w, `{"version":"0.17.4"}`)
+		case "/v1/models":
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"tiny:latest","object":"model","owned_by":"library"},{"id":"big:q4","object":"model"}]}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	pool, ep := onePool(t, endpoint.Spec{Name: srv.URL, Engine: "ollama"})
+	pr := New(pool, srv.Client(), Options{}, nil)
+	if !ep.Serves("anything") {
+		t.Fatal("before the models are known the endpoint serves any model")
+	}
+	if err := pr.Check(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	for model, want := range map[string]bool{"tiny": true, "tiny:latest": true, "big:q4": true, "big": false, "other": false} {
+		if got := ep.Serves(model); got != want {
+			t.Errorf("Serves(%q) = %v, want %v", model, got, want)
+		}
+	}
+	if diff := cmp.Diff([]string{"big:q4", "tiny:latest"}, pool.Models()); diff != "" {
+		t.Errorf("pool models (-want +got):\n%s", diff)
+	}
+	if !pool.HasModel("tiny") || pool.HasModel("big") {
+		t.Errorf("HasModel(tiny) %v, HasModel(big) %v", pool.HasModel("tiny"), pool.HasModel("big"))
+	}
 }

@@ -1,6 +1,6 @@
 // Package workload describes what a fleet is asked to do: requests as sequences of prompt
 // blocks plus lengths and arrival times. It reads the Mooncake JSONL trace, generates synthetic
-// workloads (shared-prefix, multi-turn, prefix-repetition), re-times arrivals (speed-up,
+// workloads (shared-prefix, multi-turn, prefix-repetition, tool-agent, unique), re-times arrivals (speed-up,
 // Poisson), turns blocks into engine block keys and into deterministic prompt text, and computes
 // the prefix-cache hit rates that bound what any routing policy can reach.
 //

@@ -57,6 +57,7 @@ func generators() []generator {
 				{"question", "128", "question tokens"},
 				{"output", "256", "output tokens"},
 				{"ordered", "false", "true: send group by group instead of shuffled"},
+				{"zipf", "0", "0: every group gets prompts= prompts; above 0: each of n= prompts (default groups*prompts) draws its group with Zipf popularity of this exponent"},
 			},
 			build: buildSharedPrefix,
 		},
@@ -92,6 +93,33 @@ func generators() []generator {
 			},
 			build: buildPrefixRepetition,
 		},
+		{
+			name: "tool-agent",
+			doc: "shaped after the Mooncake toolagent trace: agents with long tool prompts shared by all their sessions, " +
+				"short sessions whose turns append the answer and a tool result; 512-token blocks",
+			params: []param{
+				{"agents", "32", "number of agents, each with its own tool prompt"},
+				{"popularity", "1", "Zipf exponent of the agents' popularity (0: all equally popular)"},
+				{"tools", "3700", "mean tokens of an agent's tool prompt (lognormal)"},
+				{"task", "4450", "mean tokens of a session's task, after the tool prompt (lognormal)"},
+				{"result", "1100", "mean tokens of a tool result, appended to each later turn (lognormal)"},
+				{"output", "182", "mean output tokens (lognormal)"},
+				{"turns", "1.6", "mean turns per session (1 + geometric)"},
+				{"tool-time", "2s", "mean time a tool takes before the next turn (exponential)"},
+				{"duration", "59m", "span over which sessions start"},
+			},
+			build: buildToolAgent,
+		},
+		{
+			name: "unique",
+			doc:  "no shared prefixes: every prompt its own content, lengths lognormal; Poisson arrivals",
+			params: []param{
+				{"input", "2048", "mean prompt tokens"},
+				{"output", "256", "mean output tokens"},
+				{"spread", "0.8", "sigma of the lognormal lengths (0: all equal)"},
+			},
+			build: buildUnique,
+		},
 	}
 }
 
@@ -122,8 +150,9 @@ func WorkloadHelp() string {
 // generator's default) and rate= (Poisson arrivals per second, DefaultRate when absent; the
 // multi-turn generator starts conversations at that rate and times each later turn at an
 // estimate of when the previous answer ends plus a think time: an estimate, since the replay
-// sends each turn at its arrival whatever the fleet really did). Blocks
-// are GeneratedBlockTokens tokens, ids are chained content hashes, and the result, in arrival
+// sends each turn at its arrival whatever the fleet really did; the tool-agent generator starts
+// its sessions over duration= instead). Blocks are GeneratedBlockTokens tokens
+// (ToolAgentBlockTokens for tool-agent), ids are chained content hashes, and the result, in arrival
 // order with IDs 0, 1, ..., depends only on spec and seed. An unknown name or key, or a bad
 // value, is an error that lists what is valid.
 func Generate(spec string, seed uint64) ([]Request, error) {
@@ -213,6 +242,16 @@ func (p *params) positive(key string) float64 {
 	return v
 }
 
+// nonNegative returns key's value as a finite number of at least 0.
+func (p *params) nonNegative(key string) float64 {
+	v, err := strconv.ParseFloat(p.values[key], 64)
+	if err != nil || !(v >= 0) || math.IsInf(v, 0) {
+		p.errs = append(p.errs, fmt.Errorf("key %s: %q, want a number of at least 0", key, p.values[key]))
+		return 0
+	}
+	return v
+}
+
 // bool returns key's value as true or false.
 func (p *params) bool(key string) bool {
 	v, err := strconv.ParseBool(p.values[key])
@@ -263,19 +302,22 @@ func partKey(seed uint64, role string, a, b int) uint64 {
 // GeneratedBlockTokens tokens (the last may be partial) hashes the pieces of the parts it
 // covers, chained with the previous block's id, so equal token prefixes give equal leading ids
 // and a partial block differs from the full one that later extends it.
-func promptOf(segs []part) ([]uint64, int) {
+func promptOf(segs []part) ([]uint64, int) { return promptBlocks(segs, GeneratedBlockTokens) }
+
+// promptBlocks is promptOf with blocks of blockTokens tokens.
+func promptBlocks(segs []part, blockTokens int) ([]uint64, int) {
 	total := 0
 	for _, s := range segs {
 		total += s.tokens
 	}
-	blocks := make([]uint64, 0, (total+GeneratedBlockTokens-1)/GeneratedBlockTokens)
+	blocks := make([]uint64, 0, (total+blockTokens-1)/blockTokens)
 	var id uint64
 	d := xxhash.New()
 	var buf [24]byte
 	si, off := 0, 0 // current part and offset inside it
-	for start := 0; start < total; start += GeneratedBlockTokens {
+	for start := 0; start < total; start += blockTokens {
 		d.Reset()
-		for need := min(GeneratedBlockTokens, total-start); need > 0; {
+		for need := min(blockTokens, total-start); need > 0; {
 			for segs[si].tokens == off {
 				si, off = si+1, 0
 			}
@@ -326,27 +368,51 @@ func limit(p *params, def, most int) int {
 func buildSharedPrefix(p *params, seed uint64) ([]Request, error) {
 	groups, prompts := p.int("groups", 1), p.int("prompts", 1)
 	system, question, output := p.int("system", 0), p.int("question", 0), p.int("output", 1)
-	rate, ordered := p.positive("rate"), p.bool("ordered")
+	rate, ordered, zipf := p.positive("rate"), p.bool("ordered"), p.nonNegative("zipf")
 	if system+question < 1 {
 		p.errs = append(p.errs, errors.New("keys system, question: both 0, want a prompt of at least 1 token"))
 	}
+	if zipf > 0 && ordered {
+		p.errs = append(p.errs, errors.New("keys zipf, ordered: a Zipf draw has no group order, give one of them"))
+	}
 	if groups*prompts > maxRequests {
 		p.errs = append(p.errs, fmt.Errorf("keys groups, prompts: %d requests, want at most %d", groups*prompts, maxRequests))
-	} else {
+	} else if zipf == 0 {
 		p.capTokens(int64(groups)*int64(prompts)*int64(system+question), "groups, prompts, system, question")
 	}
 	if err := p.err(); err != nil {
 		return nil, err
 	}
+	prompt := func(g, q int) Request {
+		blocks, tokens := promptOf([]part{
+			{partKey(seed, "shared-prefix/system", g, 0), system},
+			{partKey(seed, "shared-prefix/question", g, q), question},
+		})
+		return Request{Blocks: blocks, BlockTokens: GeneratedBlockTokens, PromptTokens: tokens, OutputTokens: output}
+	}
+	if zipf > 0 {
+		// Each prompt draws its group: a few groups take most of the traffic, as SGLang's
+		// benchmark does with a Zipf group popularity.
+		n := limit(p, groups*prompts, maxRequests)
+		p.capTokens(int64(n)*int64(system+question), "n, system, question")
+		if err := p.err(); err != nil {
+			return nil, err
+		}
+		draw := zipfDraw(newRand(seed, "shared-prefix/zipf"), groups, zipf)
+		uses := make([]int, groups)
+		reqs := make([]Request, 0, n)
+		for range n {
+			g := draw()
+			reqs = append(reqs, prompt(g, uses[g]))
+			uses[g]++
+		}
+		return Poisson(reqs, rate, seed), nil
+	}
 	n := limit(p, groups*prompts, groups*prompts)
 	reqs := make([]Request, 0, groups*prompts)
 	for g := 0; g < groups; g++ {
 		for q := 0; q < prompts; q++ {
-			blocks, tokens := promptOf([]part{
-				{partKey(seed, "shared-prefix/system", g, 0), system},
-				{partKey(seed, "shared-prefix/question", g, q), question},
-			})
-			reqs = append(reqs, Request{Blocks: blocks, BlockTokens: GeneratedBlockTokens, PromptTokens: tokens, OutputTokens: output})
+			reqs = append(reqs, prompt(g, q))
 		}
 	}
 	if !ordered {
@@ -354,6 +420,54 @@ func buildSharedPrefix(p *params, seed uint64) ([]Request, error) {
 		rng.Shuffle(len(reqs), func(i, j int) { reqs[i], reqs[j] = reqs[j], reqs[i] })
 	}
 	return Poisson(reqs[:n], rate, seed), nil
+}
+
+// zipfDraw returns a function that draws one of n items, item k (from 0) with probability
+// proportional to 1/(k+1)^s.
+func zipfDraw(rng *rand.Rand, n int, s float64) func() int {
+	cdf := make([]float64, n)
+	var total float64
+	for k := range cdf {
+		total += math.Pow(float64(k+1), -s)
+		cdf[k] = total
+	}
+	return func() int {
+		u := rng.Float64() * total
+		return min(sort.SearchFloat64s(cdf, u), n-1)
+	}
+}
+
+// buildUnique builds prompts that share nothing, not even a first block.
+func buildUnique(p *params, seed uint64) ([]Request, error) {
+	input, output := p.int("input", 1), p.int("output", 1)
+	spread, rate := p.nonNegative("spread"), p.positive("rate")
+	n := limit(p, 2000, maxRequests)
+	p.capTokens(int64(n)*int64(input)*lognormalCap, "n, input")
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	rng := newRand(seed, "unique")
+	reqs := make([]Request, 0, n)
+	for i := range n {
+		blocks, tokens := promptOf([]part{{partKey(seed, "unique/prompt", i, 0), lognormal(rng, input, spread)}})
+		reqs = append(reqs, Request{Blocks: blocks, BlockTokens: GeneratedBlockTokens, PromptTokens: tokens, OutputTokens: lognormal(rng, output, spread)})
+	}
+	return Poisson(reqs, rate, seed), nil
+}
+
+// lognormalCap bounds a lognormal draw, as a multiple of its mean: a few very long prompts are
+// realistic, one of a hundred times the mean is not.
+const lognormalCap = 8
+
+// lognormal draws a length with the given mean and sigma (0: always the mean), at least 1 and
+// at most lognormalCap x mean.
+func lognormal(rng *rand.Rand, mean int, sigma float64) int {
+	if sigma == 0 {
+		return mean
+	}
+	mu := math.Log(float64(mean)) - sigma*sigma/2
+	v := math.Round(math.Exp(mu + sigma*rng.NormFloat64()))
+	return int(min(max(v, 1), float64(mean)*lognormalCap))
 }
 
 func buildPrefixRepetition(p *params, seed uint64) ([]Request, error) {

@@ -11,12 +11,12 @@ import (
 )
 
 func TestWorkloadNames(t *testing.T) {
-	want := []string{"multi-turn", "prefix-repetition", "shared-prefix"}
+	want := []string{"multi-turn", "prefix-repetition", "shared-prefix", "tool-agent", "unique"}
 	if diff := cmp.Diff(want, WorkloadNames()); diff != "" {
 		t.Errorf("WorkloadNames (-want +got):\n%s", diff)
 	}
 	help := WorkloadHelp()
-	for _, s := range []string{"shared-prefix:", "groups=64", "rate=10", "prefix-mean=1000", "think=1s"} {
+	for _, s := range []string{"shared-prefix:", "groups=64", "rate=10", "prefix-mean=1000", "think=1s", "zipf=0", "tool-agent:", "duration=59m"} {
 		if !strings.Contains(help, s) {
 			t.Errorf("WorkloadHelp lacks %q", s)
 		}
@@ -24,7 +24,7 @@ func TestWorkloadNames(t *testing.T) {
 }
 
 func TestGenerateDeterministic(t *testing.T) {
-	for _, spec := range []string{"shared-prefix", "multi-turn", "prefix-repetition", "multi-turn:conversations=5,rate=2"} {
+	for _, spec := range []string{"shared-prefix", "multi-turn", "prefix-repetition", "multi-turn:conversations=5,rate=2", "shared-prefix:zipf=1", "unique:n=50"} {
 		a, err := Generate(spec, 7)
 		if err != nil {
 			t.Fatal(err)
@@ -192,8 +192,17 @@ func TestGenerateMultiTurn(t *testing.T) {
 
 func TestGenerateErrors(t *testing.T) {
 	tests := []struct{ spec, want string }{
-		{"nope", `workload "nope": unknown name, want one of multi-turn, prefix-repetition, shared-prefix`},
-		{"shared-prefix:colour=red", `unknown key "colour", want one of groups, prompts, system, question, output, ordered, n, rate`},
+		{"nope", `workload "nope": unknown name, want one of multi-turn, prefix-repetition, shared-prefix, tool-agent, unique`},
+		{"shared-prefix:colour=red", `unknown key "colour", want one of groups, prompts, system, question, output, ordered, zipf, n, rate`},
+		{"shared-prefix:zipf=-1", `key zipf: "-1", want a number of at least 0`},
+		{"shared-prefix:zipf=1.1,ordered=true", "keys zipf, ordered: a Zipf draw has no group order"},
+		{"shared-prefix:zipf=1,n=100000000", "keys n, system, question: up to"},
+		{"tool-agent:turns=0.5", "key turns: 0.5, want at least 1"},
+		{"tool-agent:rate=3", "key rate: tool-agent starts its sessions over duration="},
+		{"tool-agent:duration=0s", "key duration: 0, want the span"},
+		{"tool-agent:popularity=x", `key popularity: "x"`},
+		{"unique:spread=-0.1", `key spread: "-0.1"`},
+		{"unique:n=100000000,input=100000", "keys n, input: up to"},
 		{"shared-prefix:ordered=maybe", `key ordered: "maybe", want true or false`},
 		{"shared-prefix:groups", "key groups: no value"},
 		{"shared-prefix:groups=2,groups=3", "key groups: given twice"},
@@ -223,6 +232,9 @@ func FuzzGenerateSpec(f *testing.F) {
 	f.Add("multi-turn:conversations=2,min-turns=1,max-turns=3,prefix-mean=40,common=0")
 	f.Add("prefix-repetition:n=5,prefixes=2,rate=1e9")
 	f.Add("multi-turn:think=-1s,,=,n")
+	f.Add("shared-prefix:zipf=2,n=9,groups=3")
+	f.Add("tool-agent:n=20,agents=2,turns=3")
+	f.Add("unique:n=7,spread=0")
 	f.Fuzz(func(t *testing.T, spec string) {
 		if specProduct(spec) > 1e7 {
 			t.Skip("numbers too large: the workload could take minutes to build")
@@ -238,7 +250,7 @@ func FuzzGenerateSpec(f *testing.F) {
 		for i := range reqs {
 			r := &reqs[i]
 			total += r.PromptTokens
-			if r.PromptTokens < 1 || r.OutputTokens < 1 || len(r.Blocks) != (r.PromptTokens+15)/16 || r.Arrival < 0 {
+			if r.PromptTokens < 1 || r.OutputTokens < 1 || r.BlockTokens < 1 || len(r.Blocks) != (r.PromptTokens+r.BlockTokens-1)/r.BlockTokens || r.Arrival < 0 {
 				t.Fatalf("%q: bad request %+v", spec, r)
 			}
 			if total > 1<<22 {

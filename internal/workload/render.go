@@ -27,6 +27,21 @@ var vocabulary = [...]string{
 // fillers[n] is a word of exactly n letters, used to end a block on its exact length.
 var fillers = [9]string{"", "a", "an", "the", "that", "their", "should", "through", "question"}
 
+// Words returns every word Render writes prompts with (the vocabulary and the fillers), once
+// each: a tokenizer that makes each of them one token reads a rendered prompt at one token per
+// word (internal/gguf builds such a model). The slice is the caller's.
+func Words() []string {
+	out := make([]string, 0, len(vocabulary)+len(fillers))
+	seen := map[string]bool{}
+	for _, w := range append(vocabulary[:], fillers[:]...) {
+		if w != "" && !seen[w] {
+			seen[w] = true
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 // Render returns deterministic prompt text of PromptTokens*prefix.BytesPerToken ASCII bytes (less
 // when r's blocks cover fewer tokens). Each workload block renders to BlockTokens*BytesPerToken
 // bytes of space-separated words drawn from a fixed vocabulary by a generator seeded with the

@@ -102,3 +102,29 @@ func BenchmarkRender(b *testing.B) {
 		_ = Render(r)
 	}
 }
+
+// Words covers every word of rendered text, once each.
+func TestWords(t *testing.T) {
+	words := Words()
+	set := map[string]bool{}
+	for _, w := range words {
+		if set[w] || w == "" {
+			t.Fatalf("word %q repeated or empty", w)
+		}
+		set[w] = true
+	}
+	// Whole blocks: a cut last block may end in part of a word.
+	r := Request{Blocks: []uint64{1, 2, 3, 42, 1 << 40}, BlockTokens: 16, PromptTokens: 80}
+	for _, w := range strings.Fields(Render(&r)) {
+		if !set[w] {
+			t.Errorf("rendered word %q is not in Words()", w)
+		}
+	}
+	if !set["a"] || !set["storage"] {
+		t.Error("Words lacks a filler or a vocabulary word")
+	}
+	words[0] = "changed"
+	if Words()[0] == "changed" {
+		t.Error("Words returned shared state")
+	}
+}

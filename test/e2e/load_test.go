@@ -155,7 +155,9 @@ func startServeProcess(t *testing.T, urls ...string) *serveProcess {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model, "--policy", "least-request", "--pprof"}
+	// The upstreams here are bare fakes that no probe can tell the kind of: say it (vllm: health
+	// on /health, which they answer).
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--model", model, "--engine", "vllm", "--policy", "least-request", "--pprof"}
 	for _, u := range urls {
 		args = append(args, "--endpoint", u)
 	}

@@ -71,6 +71,28 @@ func writeMetricsConfig(t *testing.T, urls []string) string {
 	return path
 }
 
+// peeredConfigs returns two copies of the router config at path, each a replica of the other
+// (peers: on loopback, the tenants' secret shared).
+func peeredConfigs(t *testing.T, path string) [2]string {
+	t.Helper()
+	base, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := freePorts(t, 2)
+	secret := filepath.Join(filepath.Dir(path), "secret")
+	var out [2]string
+	for i, name := range []string{"a", "b"} {
+		out[i] = filepath.Join(filepath.Dir(path), name+".yaml")
+		peers := fmt.Sprintf("peers: {name: %s, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:%d', static: ['127.0.0.1:%d'], secret_file: %q, warm_start_timeout: 3s}\n",
+			name, ports[i], ports[0], secret)
+		if err := os.WriteFile(out[i], append(base, peers...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
 // series is one series the first events must move from 0 to 1.
 type series struct {
 	name   string
@@ -438,6 +460,9 @@ func TestDashboardQueriesAgainstPrometheus(t *testing.T) {
 		}
 		return "", len(urls) == 3
 	}, "sim", "--profile", "instant", "--instances", "3", "--port", "0", "--model", model, "--admin", "--default-max-tokens", "4")
+	// Two replicas sharing what they learn (peers:), so that the dashboard's replica panels
+	// have data; Prometheus scrapes the first, which takes most of the load.
+	cfgs := peeredConfigs(t, writeMetricsConfig(t, urls))
 	var admin string
 	router := startProcess(t, bin, nil, func(f []string) (string, bool) {
 		if len(f) > 5 && f[2] == "api" {
@@ -445,7 +470,17 @@ func TestDashboardQueriesAgainstPrometheus(t *testing.T) {
 			return f[3], true // kvroute serve: api http://127.0.0.1:PORT admin http://127.0.0.1:PORT ...
 		}
 		return "", false
-	}, "serve", "--config", writeMetricsConfig(t, urls))
+	}, "serve", "--config", cfgs[0])
+	var admin2 string
+	router2 := startProcess(t, bin, nil, func(f []string) (string, bool) {
+		if len(f) > 5 && f[2] == "api" {
+			admin2 = f[5]
+			return f[3], true
+		}
+		return "", false
+	}, "serve", "--config", cfgs[1])
+	waitFollowing(t, admin, 1, 30*time.Second)
+	waitFollowing(t, admin2, 1, 30*time.Second)
 	rules, err := filepath.Abs(filepath.Join("..", "..", "deploy", "prometheus", "alerts.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -519,7 +554,11 @@ func TestDashboardQueriesAgainstPrometheus(t *testing.T) {
 				case i%20 == 9:
 					body = strings.Replace(body, model, "no-such-model", 1)
 				}
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, router.addr+"/v1/chat/completions", strings.NewReader(body))
+				target := router.addr
+				if i%4 == 2 { // a share to the other replica (none of the refusals above)
+					target = router2.addr
+				}
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/v1/chat/completions", strings.NewReader(body))
 				if err != nil {
 					t.Error(err)
 					return

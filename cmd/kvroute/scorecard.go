@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"strings"
+
+	"github.com/kvroute/kvroute/internal/experiment"
+	"github.com/kvroute/kvroute/internal/scorecard"
+)
+
+// runScorecard is `kvroute simulate --scorecard`: of simulate's flags it takes --trace (the
+// Mooncake conversation trace), --policies, --seed or --seeds, --json and --html.
+func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenarios string, asJSON bool, stdout, stderr io.Writer) int {
+	var stray []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html":
+		default:
+			stray = append(stray, "--"+f.Name)
+		}
+	})
+	if len(stray) > 0 {
+		return failed(stderr, fs.Name(), usageErr("%s: not with --scorecard, which sets its own fleets, loads and workloads", strings.Join(stray, ", ")))
+	}
+	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}}
+	if seeds != "" {
+		s, err := scorecard.ParseSeeds(seeds)
+		if err != nil {
+			return failed(stderr, fs.Name(), usageError{err})
+		}
+		opt.Seeds = s
+	}
+	if scenarios != "" {
+		opt.Scenarios = strings.Split(scenarios, ",")
+	}
+	sc, err := scorecard.Run(ctx, opt)
+	if err == nil && o.HTML != "" {
+		err = sc.SaveHTML(o.HTML)
+	}
+	if err == nil && asJSON {
+		err = sc.WriteJSON(stdout)
+	} else if err == nil {
+		err = sc.WriteTable(stdout)
+	}
+	if err != nil {
+		return failed(stderr, fs.Name(), err)
+	}
+	return 0
+}

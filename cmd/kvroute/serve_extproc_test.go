@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvroute/kvroute/internal/extproc"
+)
+
+var extLine = regexp.MustCompile(`ext_proc grpc://(\S+) health grpc://(\S+)`)
+
+// TestServeExtProc: with --extproc-listen, serve is also an Envoy endpoint picker over the same
+// endpoints, with gRPC health on its own address; both stop with the router.
+func TestServeExtProc(t *testing.T) {
+	engine := fakeVLLM(t)
+	_, _, out, stderr, stop := startServeOut(t, "--endpoint", engine.URL, "--model", "m",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--extproc-listen", "127.0.0.1:0", "--extproc-health-listen", "127.0.0.1:0")
+	m := extLine.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no ext_proc line in %q", out)
+	}
+	dial := func(addr string) *grpc.ClientConn {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(dial(m[2]))
+	for {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: extproc.Readiness})
+		if err != nil {
+			t.Fatalf("readiness: %v", err)
+		}
+		if r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("never ready")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	st, err := extprocv3.NewExternalProcessorClient(dial(m[1])).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdrs := &corev3.HeaderMap{}
+	for _, kv := range [][2]string{{":method", "POST"}, {":path", "/v1/chat/completions"}, {"content-type", "application/json"}} {
+		hdrs.Headers = append(hdrs.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
+	}
+	for _, req := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_BUFFERED}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), EndOfStream: true}}},
+	} {
+		if err := st.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := r.GetRequestBody(); b != nil {
+			want := strings.TrimPrefix(engine.URL, "http://")
+			if got := r.GetDynamicMetadata().GetFields()[extproc.LBNamespace].GetStructValue().GetFields()[extproc.DestinationKey].GetStringValue(); got != want {
+				t.Errorf("destination = %q, want %q", got, want)
+			}
+		}
+	}
+	_ = st.CloseSend()
+	if rc := stop(); rc != 0 {
+		t.Errorf("serve exited with %d: %s", rc, stderr)
+	}
+}

@@ -1,0 +1,99 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"reflect"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/peer"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+// peers is the router's side of replica sync (config peers:): the node that talks to the
+// other replicas and the share every lifecycle of this router publishes to and applies on.
+type peers struct {
+	node  *peer.Node
+	share *route.Share
+}
+
+// newPeers builds the replica sync of cfg.Peers; nil without it. It binds the event stream
+// listener but starts nothing: Run does.
+func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
+	pc := cfg.Peers
+	if pc == nil {
+		return nil, nil
+	}
+	secret, err := cfg.PeerSecret(nil)
+	if err != nil {
+		return nil, err
+	}
+	var sources []peer.Source
+	if len(pc.Static) > 0 {
+		sources = append(sources, peer.Static(pc.Static))
+	}
+	if pc.DNS != nil {
+		sources = append(sources, peer.DNS{Name: pc.DNS.Name, Port: pc.DNS.Port})
+	}
+	node, err := peer.New(peer.Config{
+		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: pc.Advertise, Sources: sources, Secret: secret,
+		BatchInterval: pc.BatchInterval.D(), MaxMessageBytes: pc.MaxMessageBytes, Queue: pc.Queue,
+		WarmStartTimeout: pc.WarmStartTimeout.D(), SnapshotMaxBytes: pc.SnapshotMaxBytes, RejoinInterval: pc.RejoinInterval.D(),
+		FaultInjection: pc.FaultInjection, Logger: r.logger, Metrics: metrics.NewPeers(r.reg),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("peers: %w", err)
+	}
+	p := &peers{node: node}
+	p.share = route.NewShare(route.ShareConfig{
+		Self: node.Origin(), Out: node, Endpoint: r.pool.ByName,
+		MaxRemote: pc.MaxRemoteRequests, TTL: pc.RequestTTL.D(),
+	})
+	node.Attach(p.share, func() *route.Lifecycle { return r.h.Load().Lifecycle }, r.pool.All)
+	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen)
+	return p, nil
+}
+
+// shared is the Share of this router's lifecycles; nil without peers.
+func (p *peers) shared() *route.Share {
+	if p == nil {
+		return nil
+	}
+	return p.share
+}
+
+// run runs the node until ctx ends (nothing without peers).
+func (p *peers) run(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	return p.node.Run(ctx)
+}
+
+// ready reports whether the warm start is over (always, without peers).
+func (p *peers) ready() bool { return p == nil || p.node.Ready() }
+
+// removed tells the other replicas that ep left this router's pool, so that they forget what
+// their policy knew of it even if their own discovery has not seen it go yet.
+func (p *peers) removed(ep *endpoint.Endpoint) {
+	if p != nil {
+		p.node.Publish(&route.Event{Kind: route.EventRemoved, Endpoint: ep.Name})
+	}
+}
+
+// admin adds /debug/peers (and the fault injection switch when configured) to mux.
+func (p *peers) admin(mux *http.ServeMux) {
+	if p != nil {
+		p.node.AdminRoutes(mux)
+	}
+}
+
+// reloaded warns that a changed peers section takes effect only on restart.
+func (p *peers) reloaded(r *Router, old, cfg *config.Config) {
+	if !reflect.DeepEqual(old.Peers, cfg.Peers) {
+		r.logger.Warn("the peers section changes only on restart")
+	}
+}

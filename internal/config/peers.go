@@ -1,0 +1,228 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+// Peers makes this router one of several replicas that share what they learn: each one's
+// routing decisions, requests in flight and corrections reach the others within milliseconds,
+// and a replica that starts takes a running one's index before it reports ready. Absent: a
+// lone router. Every replica lists the same secret; any one peer address alive is enough to
+// join the group.
+type Peers struct {
+	// Listen is the address of the event stream server (HTTP) other replicas connect to,
+	// host:port. Required.
+	Listen string `json:"listen"`
+	// GossipListen is the membership address (TCP and UDP), host:port. Default: listen's
+	// host, port DefaultGossipPort.
+	GossipListen string `json:"gossip_listen"`
+	// Advertise is the host or IP the other replicas reach this one at. Default: the gossip
+	// address, or this host's private address when that is 0.0.0.0.
+	Advertise string `json:"advertise"`
+	// Name is this replica's name among its peers, unique. Default: the host name and the
+	// gossip port.
+	Name string `json:"name"`
+	// Static lists other replicas' gossip addresses, host:port (this replica's own may be
+	// listed: the same list fits every replica).
+	Static []string `json:"static"`
+	// DNS finds the replicas behind a name (a headless Service, a scaled Compose service):
+	// one per address, at port.
+	DNS *PeersDNS `json:"dns"`
+	// SecretFile holds the shared secret (at least 32 bytes, the same on every replica):
+	// messages are signed and gossip encrypted with keys derived from it.
+	SecretFile string `json:"secret_file"`
+	// SecretEnv names an environment variable holding the secret instead.
+	SecretEnv string `json:"secret_env"`
+	// BatchInterval is how long events wait to be sent together: shorter is fresher, longer
+	// costs less CPU (docs/replicas.md). Default 10ms.
+	BatchInterval Duration `json:"batch_interval"`
+	// WarmStartTimeout bounds the wait for a peer's snapshot at start: /readyz says ready
+	// then, with or without one. Default 10s.
+	WarmStartTimeout Duration `json:"warm_start_timeout"`
+	// SnapshotMaxBytes bounds a snapshot (the newest index entries are kept). Default 64 MiB.
+	SnapshotMaxBytes int64 `json:"snapshot_max_bytes"`
+	// MaxMessageBytes bounds one message either way; larger ones are refused. Default 4 MiB.
+	MaxMessageBytes int `json:"max_message_bytes"`
+	// Queue is the batches queued for one peer; a peer further behind loses its stream and
+	// catches up on what is in flight when it reconnects. Default 1024.
+	Queue int `json:"queue"`
+	// RequestTTL is how long another replica's request counts here without its end arriving.
+	// Default 5m.
+	RequestTTL Duration `json:"request_ttl"`
+	// MaxRemoteRequests bounds the other replicas' requests counted here. Default 100000.
+	MaxRemoteRequests int `json:"max_remote_requests"`
+	// RejoinInterval is how often the static list and DNS name are tried again for replicas
+	// not known alive (this heals a partition). Default 10s.
+	RejoinInterval Duration `json:"rejoin_interval"`
+	// FaultInjection serves POST /debug/peers/isolate on the admin listener, which cuts this
+	// replica off from its peers and back. For tests only.
+	FaultInjection bool `json:"fault_injection"`
+}
+
+// PeersDNS is a name whose addresses are replicas.
+type PeersDNS struct {
+	// Name is the host name, like kvroute-peers.inference.svc.cluster.local.
+	Name string `json:"name"`
+	// Port is the replicas' gossip port. Default: gossip_listen's.
+	Port int `json:"port"`
+}
+
+// Defaults of the peers section.
+const (
+	DefaultGossipPort        = 7946
+	DefaultPeerBatchInterval = 10 * time.Millisecond
+)
+
+// peersSection is the peers section, absent or not.
+type peersSection struct{ c *Config }
+
+func (s peersSection) setDefaults(*Config) {
+	p := s.c.Peers
+	if p == nil {
+		return
+	}
+	if p.GossipListen == "" {
+		if host, _, err := net.SplitHostPort(p.Listen); err == nil {
+			p.GossipListen = net.JoinHostPort(host, fmt.Sprint(DefaultGossipPort))
+		}
+	}
+	if p.DNS != nil && p.DNS.Port == 0 {
+		if _, port, err := net.SplitHostPort(p.GossipListen); err == nil {
+			fmt.Sscan(port, &p.DNS.Port)
+		}
+	}
+	setDuration(&p.BatchInterval, DefaultPeerBatchInterval)
+	setDuration(&p.WarmStartTimeout, 10*time.Second)
+	setDuration(&p.RequestTTL, 5*time.Minute)
+	setDuration(&p.RejoinInterval, 10*time.Second)
+	if p.SnapshotMaxBytes == 0 {
+		p.SnapshotMaxBytes = 64 << 20
+	}
+	if p.MaxMessageBytes == 0 {
+		p.MaxMessageBytes = 4 << 20
+	}
+	if p.Queue == 0 {
+		p.Queue = 1024
+	}
+	if p.MaxRemoteRequests == 0 {
+		p.MaxRemoteRequests = 100_000
+	}
+	if len(p.Static) == 0 && p.DNS == nil {
+		s.c.Warnings = append(s.c.Warnings, "peers: no static list and no dns name: this replica only joins the replicas that list it")
+	}
+}
+
+func setDuration(d *Duration, def time.Duration) {
+	if *d == 0 {
+		*d = Duration(def)
+	}
+}
+
+func (s peersSection) validate(_ *Config, pr *problems) {
+	p := s.c.Peers
+	if p == nil {
+		return
+	}
+	if p.Listen == "" {
+		pr.add("peers.listen", "missing: give the address the other replicas stream events from, like :7947")
+	} else {
+		checkAddr(pr, "peers.listen", p.Listen)
+	}
+	checkAddr(pr, "peers.gossip_listen", p.GossipListen)
+	if _, port, err := net.SplitHostPort(p.Listen); err == nil && port != "0" && p.Listen == p.GossipListen {
+		pr.add("peers.gossip_listen", "%q is also peers.listen: give membership its own port (default %d)", p.GossipListen, DefaultGossipPort)
+	}
+	if strings.ContainsAny(p.Advertise, ":/ ") && net.ParseIP(p.Advertise) == nil {
+		pr.add("peers.advertise", "%q: give a host name or an IP address, without a port", p.Advertise)
+	}
+	for i, a := range p.Static {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			pr.add(fmt.Sprintf("peers.static[%d]", i), "%q is not host:port: give a replica's gossip address, like 10.0.0.2:%d", a, DefaultGossipPort)
+		}
+	}
+	if d := p.DNS; d != nil {
+		if d.Name == "" || strings.ContainsAny(d.Name, ":/ ") {
+			pr.add("peers.dns.name", "%q is not a host name: give the name only, like kvroute-peers.inference.svc.cluster.local", d.Name)
+		}
+		if d.Port < 1 || d.Port > 65535 {
+			pr.add("peers.dns.port", "%d is not a port: give the replicas' gossip port, like %d", d.Port, DefaultGossipPort)
+		}
+	}
+	switch {
+	case p.SecretFile == "" && p.SecretEnv == "":
+		pr.add("peers", "no shared secret: set secret_file (a file of at least %d random bytes, the same on every replica) or secret_env", MinSecretBytes)
+	case p.SecretFile != "" && p.SecretEnv != "":
+		pr.add("peers", "both secret_file and secret_env are set: keep one")
+	}
+	if b := p.BatchInterval.D(); b < 100*time.Microsecond || b > time.Second {
+		pr.add("peers.batch_interval", "%v: want from 100µs to 1s, like 10ms", b)
+	}
+	for _, c := range []struct {
+		path string
+		d    Duration
+		min  time.Duration
+	}{
+		{"peers.warm_start_timeout", p.WarmStartTimeout, 0},
+		{"peers.request_ttl", p.RequestTTL, time.Second},
+		{"peers.rejoin_interval", p.RejoinInterval, 100 * time.Millisecond},
+	} {
+		if c.d.D() < c.min || c.d < 0 {
+			pr.add(c.path, "%v is too short: at least %v", c.d.D(), c.min)
+		}
+	}
+	if p.SnapshotMaxBytes < 1<<20 {
+		pr.add("peers.snapshot_max_bytes", "%d: at least 1 MiB (%d)", p.SnapshotMaxBytes, 1<<20)
+	}
+	if p.MaxMessageBytes < 64<<10 || p.MaxMessageBytes > 1<<30 {
+		pr.add("peers.max_message_bytes", "%d: from 64 KiB to 1 GiB", p.MaxMessageBytes)
+	}
+	if p.Queue < 1 {
+		pr.add("peers.queue", "%d: at least 1 batch", p.Queue)
+	}
+	if p.MaxRemoteRequests < 1 {
+		pr.add("peers.max_remote_requests", "%d: at least 1", p.MaxRemoteRequests)
+	}
+}
+
+// PeerSecret reads the replicas' shared secret from peers.secret_file or the variable
+// peers.secret_env (via getenv, os.Getenv when nil), as Secret reads auth's.
+func (c *Config) PeerSecret(getenv func(string) string) ([]byte, error) {
+	if c.Peers == nil {
+		return nil, fmt.Errorf("peers: not configured")
+	}
+	return readSecret(c, "peers", c.Peers.SecretFile, c.Peers.SecretEnv, getenv)
+}
+
+// readSecret reads a secret from file (relative to the config's directory) or the variable
+// env, for the section named at; surrounding white space is trimmed, and it must be at least
+// MinSecretBytes long.
+func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]byte, error) {
+	if file == "" && env == "" {
+		return nil, fmt.Errorf("%s: no secret_file or secret_env configured", at)
+	}
+	var s []byte
+	var from string
+	if file != "" {
+		from = at + ".secret_file " + c.Path(file)
+		b, err := os.ReadFile(c.Path(file))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", from, err)
+		}
+		s = b
+	} else {
+		if getenv == nil {
+			getenv = os.Getenv
+		}
+		from = at + ".secret_env " + env
+		s = []byte(getenv(env))
+	}
+	s = []byte(strings.TrimSpace(string(s)))
+	if len(s) < MinSecretBytes {
+		return nil, fmt.Errorf("%s: the secret is %d bytes, want at least %d (for example: head -c 32 /dev/urandom | base64)", from, len(s), MinSecretBytes)
+	}
+	return s, nil
+}

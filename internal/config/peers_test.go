@@ -1,0 +1,115 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const peersBase = "endpoints: [{url: http://127.0.0.1:8000}]\nauth: {mode: none}\n"
+
+func TestPeersDefaults(t *testing.T) {
+	c, err := Parse([]byte(peersBase + "peers: {listen: '10.0.0.1:7947', dns: {name: kvroute-peers}, secret_env: KVROUTE_PEERS}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Peers{
+		Listen: "10.0.0.1:7947", GossipListen: "10.0.0.1:7946", DNS: &PeersDNS{Name: "kvroute-peers", Port: 7946},
+		SecretEnv: "KVROUTE_PEERS", BatchInterval: Duration(10 * time.Millisecond), WarmStartTimeout: Duration(10 * time.Second),
+		SnapshotMaxBytes: 64 << 20, MaxMessageBytes: 4 << 20, Queue: 1024, RequestTTL: Duration(5 * time.Minute),
+		MaxRemoteRequests: 100_000, RejoinInterval: Duration(10 * time.Second),
+	}
+	if diff := cmp.Diff(want, c.Peers); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	// Absent: a lone router, no warning.
+	c, err = Parse([]byte(peersBase))
+	if err != nil || c.Peers != nil {
+		t.Fatalf("no peers section: %+v, %v", c.Peers, err)
+	}
+	c, err = Parse([]byte(peersBase + "peers: {listen: ':7947', secret_env: X}\n"))
+	if err != nil || !strings.Contains(strings.Join(c.Warnings, "\n"), "no static list") {
+		t.Errorf("no static list and no dns: warnings %q, err %v", c.Warnings, err)
+	}
+}
+
+func TestPeersErrors(t *testing.T) {
+	_, err := Parse([]byte(peersBase + `peers:
+  gossip_listen: "7946"
+  advertise: "10.0.0.1:7946"
+  static: ["10.0.0.2", "10.0.0.3:7946"]
+  dns: {name: "http://x", port: 70000}
+  secret_file: a
+  secret_env: B
+  batch_interval: 2s
+  request_ttl: 10ms
+  snapshot_max_bytes: 10
+  max_message_bytes: 10
+  queue: -1
+  max_remote_requests: -5
+`))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{
+		"peers.listen: missing", "peers.gossip_listen: \"7946\" is not host:port", "peers.advertise", "peers.static[0]",
+		"peers.dns.name", "peers.dns.port", "both secret_file and secret_env", "peers.batch_interval", "peers.request_ttl",
+		"peers.snapshot_max_bytes", "peers.max_message_bytes", "peers.queue", "peers.max_remote_requests",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "peers.static[1]") {
+		t.Errorf("a good static address refused:\n%v", err)
+	}
+	_, err = Parse([]byte(peersBase + "peers: {listen: ':7947', gossip_listen: ':7947', static: ['a:1']}\n"))
+	for _, want := range []string{"also peers.listen", "no shared secret"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err %v, want one saying %q", err, want)
+		}
+	}
+}
+
+func TestPeerSecret(t *testing.T) {
+	dir := t.TempDir()
+	good := strings.Repeat("s", 32)
+	if err := os.WriteFile(filepath.Join(dir, "peers.key"), []byte(good+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "short.key"), []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		section, env, want, err string
+	}{
+		{"{listen: ':1', secret_file: peers.key}", "", good, ""},
+		{"{listen: ':1', secret_env: K}", good, good, ""},
+		{"{listen: ':1', secret_file: short.key}", "", "", "want at least 32"},
+		{"{listen: ':1', secret_file: missing.key}", "", "", "peers.secret_file"},
+		{"{listen: ':1', secret_env: K}", "", "", "peers.secret_env K: the secret is 0 bytes"},
+	} {
+		path := filepath.Join(dir, "kvroute.yaml")
+		if err := os.WriteFile(path, []byte(peersBase+"peers: "+c.section+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cfg.PeerSecret(func(string) string { return c.env })
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: err %v, want one saying %q", c.section, err, c.err)
+			}
+			continue
+		}
+		if err != nil || string(got) != c.want {
+			t.Errorf("%s: %q, %v", c.section, got, err)
+		}
+	}
+}

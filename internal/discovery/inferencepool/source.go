@@ -1,0 +1,280 @@
+// Package inferencepool finds engine endpoints through an InferencePool of the Gateway API
+// Inference Extension (inference.networking.k8s.io/v1): the pool names its model servers by a
+// pod label selector and one or more target ports, and kvroute, as the pool's endpoint picker,
+// routes among the ready pods it selects. A Source follows the pool and its pods through
+// client-go informers and gives the router sets of endpoints the way the file and DNS sources
+// do.
+//
+// RBAC: get, list and watch on inferencepools (inference.networking.k8s.io) and list and watch
+// on pods, in the pool's namespace.
+package inferencepool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strconv"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	coreclient "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// Resource is the InferencePool API resource.
+var Resource = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
+
+// Source follows one InferencePool: each pod its selector picks that is ready for requests
+// (running, its Ready condition true, not terminating, with an address) becomes one endpoint
+// per target port, with the Endpoint template's keys. A pod that stops being ready leaves the
+// set, so the pool drains it: no new requests, those in flight go on.
+type Source struct {
+	// Namespace and Name name the InferencePool.
+	Namespace, Name string
+	// Pools reads InferencePools (client-go's dynamic client: the CRD needs no generated code).
+	Pools dynamic.Interface
+	// Pods reads the namespace's pods: a clientset (kubernetes.Interface, or a fake).
+	Pods interface {
+		CoreV1() coreclient.CoreV1Interface
+	}
+	// Scheme of the endpoints' URLs: "http" (the default) or "https".
+	Scheme string
+	// Endpoint is the template of every endpoint found (models, engine, labels, ...); its URL
+	// is made from each pod's address and each target port.
+	Endpoint config.Endpoint
+	// Log receives failures and changes (discarded when nil); OnError, when set, also
+	// receives each failure (for a metric or a test).
+	Log     *slog.Logger
+	OnError func(error)
+}
+
+// Key names the source in logs and metrics: "inferencepool:" and namespace/name.
+func (s *Source) Key() string { return "inferencepool:" + s.Namespace + "/" + s.Name }
+
+// Run watches the pool and the namespace's pods and calls emit with the endpoints every time
+// the set changes, the first time once both have been listed (an empty set while the pool does
+// not exist or selects nothing ready). It blocks until ctx ends and returns ctx's error; the
+// informers retry failed watches with back-off, and the last set stays in force meanwhile.
+func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) error {
+	if s.Namespace == "" || s.Name == "" || s.Pools == nil || s.Pods == nil {
+		return errors.New("inferencepool: a Source needs a namespace, a name and both clients")
+	}
+	log := s.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	fail := func(err error) {
+		log.Warn("inferencepool discovery", "source", s.Key(), "err", err)
+		if s.OnError != nil {
+			s.OnError(err)
+		}
+	}
+	kick := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { poke() }, UpdateFunc: func(any, any) { poke() }, DeleteFunc: func(any) { poke() },
+	}
+	pools := s.Pools.Resource(Resource).Namespace(s.Namespace)
+	byName := fields.OneTermEqualSelector("metadata.name", s.Name).String()
+	// A client that cannot stream its first list (a fake) is listed the old way.
+	poolInf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = byName
+			return pools.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = byName
+			return pools.Watch(ctx, o)
+		},
+	}, s.Pools), &unstructured.Unstructured{}, 0, cache.Indexers{})
+	pods := s.Pods.CoreV1().Pods(s.Namespace)
+	podInf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
+	}, s.Pods), &corev1.Pod{}, 0, cache.Indexers{})
+	// Pods are large: keep what readiness and addresses need, so a big namespace costs little.
+	if err := podInf.SetTransform(trimPod); err != nil {
+		return fmt.Errorf("%s: %w", s.Key(), err)
+	}
+	for _, inf := range []cache.SharedIndexInformer{poolInf, podInf} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("%s: %w", s.Key(), err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			fail(fmt.Errorf("%s: watch: %w", s.Key(), err))
+		}); err != nil {
+			return fmt.Errorf("%s: %w", s.Key(), err)
+		}
+	}
+	var running sync.WaitGroup
+	defer running.Wait() // the informers stop with ctx
+	running.Go(func() { poolInf.RunWithContext(ctx) })
+	running.Go(func() { podInf.RunWithContext(ctx) })
+	if !cache.WaitForCacheSync(ctx.Done(), poolInf.HasSynced, podInf.HasSynced) {
+		return ctx.Err()
+	}
+	var last []endpoint.Spec
+	first := true
+	lastProblem := ""
+	for {
+		obj, ok, err := poolInf.GetStore().GetByKey(s.Namespace + "/" + s.Name)
+		var specs []endpoint.Spec
+		if err == nil && ok {
+			var pool Pool
+			if pool, err = Parse(obj.(*unstructured.Unstructured)); err == nil {
+				specs = s.Specs(pool, podInf.GetStore().List())
+			}
+		}
+		// A problem is reported once, not at every event while it lasts.
+		if p := fmt.Sprint(err); err != nil && p != lastProblem {
+			fail(fmt.Errorf("%s: %w", s.Key(), err))
+			lastProblem = p
+		} else if err == nil {
+			lastProblem = ""
+		}
+		if first || !reflect.DeepEqual(specs, last) {
+			if err := emit(specs); err != nil {
+				fail(fmt.Errorf("%s: %w", s.Key(), err))
+			} else {
+				first, last = false, specs
+				log.Info("endpoints of the InferencePool changed", "source", s.Key(), "endpoints", len(specs))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-kick:
+		}
+	}
+}
+
+// Pool is what kvroute reads of an InferencePool: the pods it selects and their ports.
+type Pool struct {
+	Selector labels.Selector
+	Ports    []int
+}
+
+// Parse reads an InferencePool's spec.selector.matchLabels and spec.targetPorts[].number.
+func Parse(u *unstructured.Unstructured) (Pool, error) {
+	ml, found, err := unstructured.NestedStringMap(u.Object, "spec", "selector", "matchLabels")
+	if err != nil {
+		return Pool{}, fmt.Errorf("spec.selector.matchLabels: %w", err)
+	}
+	if !found || len(ml) == 0 {
+		return Pool{}, errors.New("spec.selector.matchLabels is empty: the pool selects no pods")
+	}
+	sel, err := labels.ValidatedSelectorFromSet(ml)
+	if err != nil {
+		return Pool{}, fmt.Errorf("spec.selector.matchLabels: %w", err)
+	}
+	tps, _, err := unstructured.NestedSlice(u.Object, "spec", "targetPorts")
+	if err != nil {
+		return Pool{}, fmt.Errorf("spec.targetPorts: %w", err)
+	}
+	var ports []int
+	for i, tp := range tps {
+		m, _ := tp.(map[string]any)
+		n, ok, _ := unstructured.NestedInt64(m, "number")
+		if !ok || n < 1 || n > 65535 {
+			return Pool{}, fmt.Errorf("spec.targetPorts[%d].number: want a port in 1..65535", i)
+		}
+		if !slices.Contains(ports, int(n)) {
+			ports = append(ports, int(n))
+		}
+	}
+	if len(ports) == 0 {
+		return Pool{}, errors.New("spec.targetPorts is empty: the pool names no port")
+	}
+	return Pool{Selector: sel, Ports: ports}, nil
+}
+
+// Specs turns the pods the pool selects that are ready into endpoints, sorted by name.
+func (s *Source) Specs(pool Pool, pods []any) []endpoint.Spec {
+	scheme := s.Scheme
+	if scheme == "" {
+		scheme = "http"
+	}
+	var out []endpoint.Spec
+	for _, o := range pods {
+		p, ok := o.(*corev1.Pod)
+		if !ok || !pool.Selector.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		addr, ok := Ready(p)
+		if !ok {
+			continue
+		}
+		for _, port := range pool.Ports {
+			e := s.Endpoint
+			e.Models = slices.Clone(e.Models)
+			e.URL = scheme + "://" + net.JoinHostPort(addr.String(), strconv.Itoa(port))
+			e.SetDefaults()
+			out = append(out, discovery.Spec(&e))
+		}
+	}
+	slices.SortFunc(out, func(a, b endpoint.Spec) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Ready returns the address of a pod that may take new requests: running, Ready, not
+// terminating, with an address.
+func Ready(p *corev1.Pod) (netip.Addr, bool) {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return netip.Addr{}, false
+	}
+	ready := false
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	addr, err := netip.ParseAddr(p.Status.PodIP)
+	return addr, ready && err == nil
+}
+
+// trimPod keeps of a pod what Specs reads.
+func trimPod(o any) (any, error) {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return o, nil // a deletion tombstone
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels,
+			DeletionTimestamp: p.DeletionTimestamp, ResourceVersion: p.ResourceVersion},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, Conditions: p.Status.Conditions},
+	}, nil
+}

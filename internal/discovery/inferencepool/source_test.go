@@ -1,0 +1,243 @@
+package inferencepool
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const ns = "inference"
+
+func inferencePool(match map[string]any, ports ...int64) *unstructured.Unstructured {
+	tps := make([]any, len(ports))
+	for i, p := range ports {
+		tps[i] = map[string]any{"number": p}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama", "namespace": ns},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": match},
+			"targetPorts":       tps,
+			"endpointPickerRef": map[string]any{"name": "kvroute", "port": map[string]any{"number": int64(9002)}},
+		},
+	}}
+}
+
+func pod(name, ip, app string, ready bool) *corev1.Pod {
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
+	}
+}
+
+// world is a fake API server holding an InferencePool and pods, with a Source on it.
+type world struct {
+	dyn     *dynamicfake.FakeDynamicClient
+	kube    *k8sfake.Clientset
+	sets    chan []string
+	errs    chan error
+	watched chan string // the resource of each watch the informers opened
+	stop    func()
+}
+
+func newWorld(t *testing.T, pool *unstructured.Unstructured, pods ...runtime.Object) *world {
+	t.Helper()
+	w := &world{sets: make(chan []string, 16), errs: make(chan error, 16), watched: make(chan string, 16)}
+	var objs []runtime.Object
+	if pool != nil {
+		objs = append(objs, pool)
+	}
+	w.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{Resource: "InferencePoolList"}, objs...)
+	w.kube = k8sfake.NewClientset(pods...)
+	// The fake API server does not replay what happened between a list and its watch: the
+	// test changes nothing until both watches are open.
+	onWatch := func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w.watched <- a.GetResource().Resource
+		return false, nil, nil
+	}
+	w.dyn.PrependWatchReactor("inferencepools", onWatch)
+	w.kube.PrependWatchReactor("pods", onWatch)
+	src := &Source{Namespace: ns, Name: "llama", Pools: w.dyn, Pods: w.kube,
+		Endpoint: config.Endpoint{Models: []string{"llama3-70b"}, Engine: "vllm"},
+		OnError:  func(err error) { w.errs <- err }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- src.Run(ctx, func(specs []endpoint.Spec) error {
+			names := []string{}
+			for _, s := range specs {
+				if s.Engine != "vllm" || len(s.Models) != 1 || s.Models[0] != "llama3-70b" {
+					t.Errorf("%s lacks the template: %+v", s.Name, s)
+				}
+				names = append(names, s.Name)
+			}
+			w.sets <- names
+			return nil
+		})
+	}()
+	var once sync.Once
+	w.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("Run = %v, want context.Canceled", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("Run did not return")
+			}
+		})
+	}
+	t.Cleanup(w.stop)
+	for range 2 {
+		select {
+		case <-w.watched:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the informers did not start watching")
+		}
+	}
+	return w
+}
+
+// next waits for the next set of endpoint names.
+func (w *world) next(t *testing.T) []string {
+	t.Helper()
+	select {
+	case s := <-w.sets:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatal("no new set of endpoints")
+		return nil
+	}
+}
+
+// TestSourceFollowsPoolAndPods: churn of pods and of the pool itself, each change reaching the
+// router within one informer event.
+func TestSourceFollowsPoolAndPods(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true), pod("b", "10.0.0.2", "vllm", false), pod("c", "10.0.0.3", "other", true),
+		pod("d", "fd00::4", "vllm", true))
+	step := func(what string, want ...string) {
+		t.Helper()
+		if diff := cmp.Diff(want, w.next(t)); diff != "" {
+			t.Errorf("%s: endpoints (-want +got):\n%s", what, diff)
+		}
+	}
+	step("start: the ready pods the selector picks", "http://10.0.0.1:8000", "http://[fd00::4]:8000")
+
+	pods := w.kube.CoreV1().Pods(ns)
+	if _, err := pods.UpdateStatus(ctx, pod("b", "10.0.0.2", "vllm", true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("b turns ready", "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::4]:8000")
+
+	term := pod("a", "10.0.0.1", "vllm", true)
+	now := metav1.Now()
+	term.DeletionTimestamp = &now
+	if _, err := pods.Update(ctx, term, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("a terminates", "http://10.0.0.2:8000", "http://[fd00::4]:8000")
+	if err := pods.Delete(ctx, "d", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("d is removed", "http://10.0.0.2:8000")
+
+	pools := w.dyn.Resource(Resource).Namespace(ns)
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000, 8001), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("a second target port", "http://10.0.0.2:8000", "http://10.0.0.2:8001")
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "other"}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("the selector changes", "http://10.0.0.3:8000")
+
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "other"}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("no target port: nothing to route to", []string{}...)
+	select {
+	case err := <-w.errs:
+		if !strings.Contains(err.Error(), "spec.targetPorts is empty") {
+			t.Errorf("error %v, want it to name spec.targetPorts", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("an InferencePool without ports was not reported")
+	}
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "other"}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("fixed", "http://10.0.0.3:8000")
+	if err := pools.Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	step("the pool is deleted", []string{}...)
+	w.stop()
+}
+
+// TestSourceWithoutPool: a pool that does not exist yet is an empty set, then its pods.
+func TestSourceWithoutPool(t *testing.T) {
+	w := newWorld(t, nil, pod("a", "10.0.0.1", "vllm", true))
+	if got := w.next(t); len(got) != 0 {
+		t.Errorf("no pool: %v, want none", got)
+	}
+	if _, err := w.dyn.Resource(Resource).Namespace(ns).Create(context.Background(), inferencePool(map[string]any{"app": "vllm"}, 8000), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("pool created (-want +got):\n%s", diff)
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		u    *unstructured.Unstructured
+		want string // an error's text, "" for none
+	}{
+		{"good", inferencePool(map[string]any{"app": "vllm"}, 8000, 8000, 9000), ""},
+		{"no selector", inferencePool(map[string]any{}, 8000), "spec.selector.matchLabels is empty"},
+		{"bad label", inferencePool(map[string]any{"app": "a b"}, 8000), "spec.selector.matchLabels"},
+		{"bad port", inferencePool(map[string]any{"app": "vllm"}, 70000), "spec.targetPorts[0].number"},
+	} {
+		p, err := Parse(tc.u)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
+		case tc.want == "" && !cmp.Equal(p.Ports, []int{8000, 9000}):
+			t.Errorf("%s: ports %v, want [8000 9000]", tc.name, p.Ports)
+		}
+	}
+}

@@ -1,0 +1,29 @@
+// Package extproc is kvroute as the endpoint picker of the Kubernetes Gateway API Inference
+// Extension: an Envoy external processing (ext_proc v3) gRPC server. Envoy carries the
+// request; kvroute reads its headers and body, picks, and tells Envoy where to send it, with
+// the same steps as `kvroute serve` (internal/proxy's Exchange: tenant gate, routing keys,
+// admission, route.Lifecycle) on the same pool, policy and gate.
+//
+// One ext_proc stream is one HTTP request. Envoy sends, in order, the request headers, the
+// request body (whole in BUFFERED mode, in chunks with end_of_stream on the last in
+// FULL_DUPLEX_STREAMED mode), then the response headers and the response body. kvroute answers:
+//
+//   - with the pick, once the whole body is in: header x-gateway-destination-endpoint and
+//     dynamic metadata envoy.lb/x-gateway-destination-endpoint, both "ip:port,ip:port,..."
+//     (the ranked list: first choice, then the fallbacks Envoy may retry on), in the response
+//     to the request headers (FULL_DUPLEX_STREAMED: deferred until the body's end, the body
+//     then streamed back) or to the request body (BUFFERED);
+//   - with an ImmediateResponse carrying an OpenAI error body when the request is refused:
+//     401, 404, 413, 429 (tenant limits, and requests shed because the fleet is overloaded,
+//     which `kvroute serve` answers with 503), 503 (no eligible endpoint), 400 for a malformed
+//     body, 500 for messages out of the protocol's order;
+//   - to the response headers and body by passing them on (streams event by event, the
+//     usage chunk the router asked for dropped), learning the first token time, the usage
+//     and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served, which
+//     endpoint of the list answered.
+//
+// The endpoint subset hint (filter metadata envoy.lb.subset_hint /
+// x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the
+// request: a client that went away does not count against its endpoint. docs/kubernetes.md
+// ("Endpoint-picker mode") says how to configure Envoy.
+package extproc

@@ -1,0 +1,250 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"sync"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/proxy"
+)
+
+// The endpoint-picker protocol's names (Gateway API Inference Extension, docs/proposals/004).
+const (
+	// DestinationKey is the request header, and the key in the LBNamespace dynamic metadata,
+	// that tells Envoy where to send the request: "ip:port[,ip:port...]", first choice first.
+	DestinationKey = "x-gateway-destination-endpoint"
+	// LBNamespace is the metadata namespace of DestinationKey and ServedKey.
+	LBNamespace = "envoy.lb"
+	// ServedKey, in the LBNamespace filter metadata of the response messages, is the endpoint
+	// of the list that answered.
+	ServedKey = "x-gateway-destination-endpoint-served"
+	// SubsetNamespace and SubsetKey carry the subset hint: the list of "ip:port" the picker
+	// must choose from.
+	SubsetNamespace = "envoy.lb.subset_hint"
+	SubsetKey       = "x-gateway-destination-endpoint-subset"
+)
+
+// Health service names: the process is up (Liveness), it can route (Readiness, and the
+// ext_proc service's own name, ServiceName).
+const (
+	Liveness    = "liveness"
+	Readiness   = "readiness"
+	ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// DefaultChunkBytes bounds a body chunk sent back to Envoy in FULL_DUPLEX_STREAMED mode (Envoy
+// recommends at most 64 KiB).
+const DefaultChunkBytes = 60 << 10
+
+// Server is the ext_proc endpoint picker. Set the fields before serving; only Handler is
+// required.
+type Server struct {
+	// Handler returns the HTTP handler whose settings every stream follows (pool, lifecycle,
+	// keys, tenant gate, admission, metrics, log): the application's, the latest after a
+	// reload. Called once per stream. Required.
+	Handler func() *proxy.Handler
+	// Logger gets protocol errors (never a prompt or a key); nil: slog.Default().
+	Logger *slog.Logger
+	// ChunkBytes bounds each body chunk sent back in FULL_DUPLEX_STREAMED mode; 0:
+	// DefaultChunkBytes.
+	ChunkBytes int
+	// MaxEndpoints bounds the list given to Envoy: the first choice and the fallbacks Envoy
+	// tries in turn when its retry policy allows. 0: as many as the lifecycle ranks (1 +
+	// limits.max_retries). 1 for a data plane that takes a single address, such as Envoy's
+	// ORIGINAL_DST cluster reading the header.
+	MaxEndpoints int
+
+	addrs  sync.Map // endpoint name -> its "ip:port" for Envoy, "" when its host is not an IP
+	nAddrs int      // entries in addrs, approximately: the map is cleared past maxAddrs
+	mu     sync.Mutex
+}
+
+// maxAddrs bounds the cache of endpoint addresses (endpoints come and go).
+const maxAddrs = 4096
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// Process serves one ext_proc stream: one HTTP request. It returns when the request has ended
+// (nil), or with a gRPC status when the stream broke the protocol after the answer started.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	// Envoy names its body modes in its first message (protocol_config, since 1.34); without
+	// it, the modes the Inference Extension's gateways configure are assumed.
+	st := &stream{s: s, srv: srv, ctx: srv.Context(), log: s.logger(),
+		reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	return st.run()
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.Default()
+	}
+	return s.Logger
+}
+
+func (s *Server) chunkBytes() int {
+	if s.ChunkBytes <= 0 {
+		return DefaultChunkBytes
+	}
+	return s.ChunkBytes
+}
+
+// Addr is the "ip:port" Envoy is given for ep, "" when its URL's host is not an IP address
+// (Envoy's original-destination and host-override load balancing take addresses only).
+func (s *Server) Addr(ep *endpoint.Endpoint) string {
+	if v, ok := s.addrs.Load(ep.Name); ok {
+		return v.(string)
+	}
+	a := hostPort(ep.Name)
+	s.mu.Lock()
+	if s.nAddrs >= maxAddrs {
+		s.addrs.Clear()
+		s.nAddrs = 0
+	}
+	s.nAddrs++
+	s.mu.Unlock()
+	s.addrs.Store(ep.Name, a)
+	return a
+}
+
+// hostPort returns the "ip:port" of a base URL whose host is an IP address (with the scheme's
+// default port when it names none), else "".
+func hostPort(base string) string {
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" {
+		return ""
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		return ""
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(ip.String(), port))
+	if err != nil {
+		return ""
+	}
+	return ap.String()
+}
+
+// Register adds the ext_proc service and the health service hs (nil: none) to g.
+func (s *Server) Register(g *grpc.Server, hs *health.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	if hs != nil {
+		healthpb.RegisterHealthServer(g, hs)
+	}
+}
+
+// NewHealth returns a gRPC health server with Liveness serving and Readiness and ServiceName
+// not serving until WatchHealth says otherwise.
+func NewHealth() *health.Server {
+	hs := health.NewServer()
+	hs.SetServingStatus(Liveness, healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(Readiness, healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	return hs
+}
+
+// WatchHealth keeps hs's Readiness and ServiceName serving while some endpoint of the pool
+// is available (healthy, not draining), checking at every change of the pool and every
+// interval (health checks change availability without changing the pool), until ctx ends;
+// then every service is set not serving (Shutdown), so that Envoy and Kubernetes stop sending
+// new streams while the ones in flight drain.
+func WatchHealth(ctx context.Context, hs *health.Server, pool func() *endpoint.Pool, interval time.Duration) {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	last := healthpb.HealthCheckResponse_UNKNOWN
+	for {
+		p := pool()
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		for _, e := range p.All() {
+			if e.Available() {
+				st = healthpb.HealthCheckResponse_SERVING
+				break
+			}
+		}
+		if st != last {
+			hs.SetServingStatus(Readiness, st)
+			hs.SetServingStatus(ServiceName, st)
+			last = st
+		}
+		select {
+		case <-ctx.Done():
+			hs.Shutdown()
+			return
+		case <-p.Changed():
+		case <-t.C:
+		}
+	}
+}
+
+// Serve serves the picker (and health) on ln and health alone on healthLn (nil: none) until
+// ctx ends, then stops taking new streams and waits up to drain for the ones in flight (each
+// is an HTTP request, streams included) before closing them. pool is watched for readiness.
+func (s *Server) Serve(ctx context.Context, ln, healthLn net.Listener, pool func() *endpoint.Pool, drain time.Duration, opts ...grpc.ServerOption) error {
+	hs := NewHealth()
+	main := grpc.NewServer(opts...)
+	s.Register(main, hs)
+	servers := []*grpc.Server{main}
+	listeners := []net.Listener{ln}
+	if healthLn != nil {
+		hg := grpc.NewServer()
+		healthpb.RegisterHealthServer(hg, hs)
+		servers = append(servers, hg)
+		listeners = append(listeners, healthLn)
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var wg sync.WaitGroup
+	wg.Go(func() { WatchHealth(wctx, hs, pool, time.Second) })
+	errc := make(chan error, len(servers))
+	for i, g := range servers {
+		wg.Go(func() { errc <- g.Serve(listeners[i]) })
+	}
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc:
+	}
+	stopWatch() // not serving: no new streams while the others drain
+	for _, g := range servers {
+		stopped := make(chan struct{})
+		go func() { g.GracefulStop(); close(stopped) }()
+		t := time.NewTimer(drain)
+		select {
+		case <-stopped:
+		case <-t.C:
+			s.logger().Warn("ext_proc drain timed out, closing the streams still open")
+			g.Stop()
+			<-stopped
+		}
+		t.Stop()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		if first == nil && err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			first = err
+		}
+	}
+	return first
+}

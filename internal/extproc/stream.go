@@ -1,0 +1,650 @@
+package extproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+// phase is where a stream is in the protocol: what it may receive next.
+type phase uint8
+
+const (
+	expectHeaders phase = iota // nothing yet: the request headers come first
+	expectBody                 // the request headers are in: its body comes next
+	routed                     // the pick went out: the response (or request trailers) comes next
+	answering                  // the response headers are in: its body and trailers come next
+	done                       // the request ended
+)
+
+// maxCapture bounds how much of a non-streamed answer is kept to read its usage.
+const maxCapture = 4 << 20
+
+// maxEvent bounds one server-sent event read for its usage; a longer one is passed on unread.
+const maxEvent = 4 << 20
+
+// Errors for the messages that break the protocol's order.
+var errOrder = errors.New("ext_proc message out of order")
+
+// stream is one ext_proc stream: one HTTP request, from its headers to the end of its answer.
+// One goroutine drives it.
+type stream struct {
+	s   *Server
+	srv extprocv3.ExternalProcessor_ProcessServer
+	ctx context.Context
+	log *slog.Logger
+
+	phase    phase
+	reqMode  filterv3.ProcessingMode_BodySendMode
+	respMode filterv3.ProcessingMode_BodySendMode
+	x        *proxy.Exchange
+	method   string
+	path     string
+	kind     openai.Kind
+	hdr      http.Header // the request's headers
+	out      http.Header // headers for the client's answer: rate limits, Retry-After
+	subset   []string    // the subset hint, nil when none was given
+	hinted   bool        // a subset hint was given (possibly empty)
+	body     []byte      // the request body as it arrives
+	ranked   []string    // the "ip:port" list Envoy was told
+	bodyless bool        // the request has no body (end_of_stream on its headers)
+
+	status   int  // the answer's status
+	sse      bool // the answer is a stream of events
+	events   eventSplitter
+	capture  []byte // a non-streamed answer, up to maxCapture
+	overflow bool   // the answer was larger than maxCapture
+	first    bool   // the first event went by
+	settled  bool
+}
+
+// run receives and answers messages until the request ends.
+func (st *stream) run() error {
+	defer func() {
+		if !st.settled && st.x != nil {
+			st.end()
+		}
+	}()
+	for {
+		req, err := st.srv.Recv()
+		if err != nil {
+			// Envoy closes the stream when the request ends (or the client goes away): the
+			// stream's end is the request's end.
+			if err == io.EOF || status.Code(err) == codes.Canceled || st.ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if req.GetObservabilityMode() {
+			return status.Error(codes.FailedPrecondition, "kvroute picks endpoints and must answer: turn observability_mode off in Envoy's ext_proc filter")
+		}
+		if pc := req.GetProtocolConfig(); pc != nil && st.phase == expectHeaders {
+			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+		err = st.handle(req)
+		if errors.Is(err, errStop) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if st.phase == done {
+			return nil
+		}
+	}
+}
+
+// errStop ends the stream cleanly: the request was answered (an immediate response).
+var errStop = errors.New("stop")
+
+// handle answers one message.
+func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
+	switch m := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if st.phase != expectHeaders {
+			return st.outOfOrder("request headers")
+		}
+		st.readSubset(req)
+		return st.requestHeaders(m.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if st.phase != expectBody {
+			return st.outOfOrder("request body")
+		}
+		st.readSubset(req)
+		return st.requestBody(m.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		switch st.phase {
+		case expectBody:
+			if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+				return st.pick(true) // the body ended with trailers
+			}
+		case routed:
+			return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+				RequestTrailers: &extprocv3.TrailersResponse{}}})
+		}
+		return st.outOfOrder("request trailers")
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if st.phase != routed {
+			return st.outOfOrder("response headers")
+		}
+		return st.responseHeaders(req, m.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		if st.phase != answering {
+			return st.outOfOrder("response body")
+		}
+		return st.responseBody(m.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		if st.phase != answering {
+			return st.outOfOrder("response trailers")
+		}
+		if !st.settled {
+			st.finishAnswer()
+		}
+		st.phase = done
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}})
+	}
+	return st.outOfOrder("an empty message")
+}
+
+// outOfOrder answers a message that breaks the protocol's order: before the pick, with a 500
+// immediate response (the gateway, not the client, is at fault); after, the answer is under
+// way, so the stream ends with an InvalidArgument status and Envoy resets the request.
+func (st *stream) outOfOrder(what string) error {
+	msg := fmt.Sprintf("%s while %s", what, st.phase)
+	st.log.Warn("ext_proc protocol error", "err", msg)
+	if st.phase < routed {
+		return st.immediate(openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "ext_proc_protocol_error",
+			"the gateway sent kvroute "+msg+": check its ext_proc filter (docs/kubernetes.md, endpoint-picker mode)"))
+	}
+	if st.x != nil && !st.settled {
+		st.x.Refused(openai.NewError(0, "ext_proc_protocol_error", "", "", ""))
+		st.settle(499) // nobody's fault that the endpoint should carry
+	}
+	st.phase = done
+	return status.Errorf(codes.InvalidArgument, "%v: %s", errOrder, msg)
+}
+
+func (p phase) String() string {
+	switch p {
+	case expectHeaders:
+		return "expecting the request headers"
+	case expectBody:
+		return "expecting the request body"
+	case routed:
+		return "expecting the response headers"
+	case answering:
+		return "expecting the response body"
+	}
+	return "the request had ended"
+}
+
+// readSubset reads the subset hint of a request message, the first time there is one.
+func (st *stream) readSubset(req *extprocv3.ProcessingRequest) {
+	if st.hinted {
+		return
+	}
+	ns := req.GetMetadataContext().GetFilterMetadata()[SubsetNamespace]
+	v, ok := ns.GetFields()[SubsetKey]
+	if !ok {
+		return
+	}
+	st.hinted = true
+	st.subset = []string{}
+	for _, e := range v.GetListValue().GetValues() {
+		if a := e.GetStringValue(); a != "" {
+			st.subset = append(st.subset, a)
+		}
+	}
+	if s := v.GetStringValue(); s != "" { // tolerated: one string, comma-separated
+		for a := range strings.SplitSeq(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				st.subset = append(st.subset, a)
+			}
+		}
+	}
+}
+
+// requestHeaders starts the request: its tenant, what it asks for, and, unless its body is to
+// come, the answer.
+func (st *stream) requestHeaders(m *extprocv3.HttpHeaders) error {
+	st.hdr = make(http.Header, len(m.GetHeaders().GetHeaders()))
+	for _, hv := range m.GetHeaders().GetHeaders() {
+		k, v := hv.GetKey(), headerValue(hv)
+		switch k {
+		case ":method":
+			st.method = v
+		case ":path":
+			st.path, _, _ = strings.Cut(v, "?")
+		default:
+			if !strings.HasPrefix(k, ":") {
+				st.hdr.Add(k, v)
+			}
+		}
+	}
+	st.exchange(st.hdr.Get("X-Request-Id"))
+	st.phase = expectBody
+	if oe := st.x.Authenticate(st.hdr, st.out); oe != nil {
+		return st.immediate(oe)
+	}
+	kind, models, oe := proxy.Resolve(st.method, st.path)
+	switch {
+	case oe != nil:
+		return st.immediate(oe)
+	case models:
+		return st.immediateBody(http.StatusOK, st.x.Models())
+	}
+	st.kind = kind
+	if m.GetEndOfStream() {
+		st.bodyless = true
+		return st.pick(false) // no body: Prepare refuses it as the HTTP handler does
+	}
+	switch st.reqMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		return nil // the answer to the headers waits for the pick, at the body's end
+	case filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		// Envoy holds the headers until the body's answer, which carries the pick.
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{}}})
+	}
+	return st.immediate(openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "ext_proc_misconfigured",
+		"the gateway does not send kvroute the request body (request_body_mode "+st.reqMode.String()+
+			"): set it to FULL_DUPLEX_STREAMED or BUFFERED (docs/kubernetes.md, endpoint-picker mode)"))
+}
+
+// requestBody takes a chunk of the request body; the pick is made at its end.
+func (st *stream) requestBody(m *extprocv3.HttpBody) error {
+	limit := st.x.Handler().MaxBodyBytes
+	if int64(len(st.body)+len(m.GetBody())) > limit {
+		return st.immediate(openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
+			"request body is larger than the limit of "+strconv.FormatInt(limit, 10)+" bytes (limits.max_body_bytes)"))
+	}
+	st.body = append(st.body, m.GetBody()...)
+	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !m.GetEndOfStream() {
+		return nil // more to come (or trailers)
+	}
+	// BUFFERED: the one body message is the whole body (end_of_stream is false only when
+	// trailers follow).
+	return st.pick(false)
+}
+
+// pick routes the request once its body is whole, and tells Envoy where to send it.
+// trailers says the body ended with request trailers (FULL_DUPLEX_STREAMED), which are
+// answered after the body.
+func (st *stream) pick(trailers bool) error {
+	addUsage := canRewrite(st.respMode)
+	oe := st.x.Prepare(st.ctx, st.kind, st.body, st.hdr, st.out, proxy.PrepareOptions{Candidates: st.eligible, AddUsage: addUsage})
+	if oe != nil {
+		return st.immediate(oe)
+	}
+	rc := st.x.Call()
+	first := rc.Next()
+	if first == nil { // cannot happen: Begin ranks at least one
+		return st.immediate(openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request"))
+	}
+	body := st.x.Body(first)
+	// The fallbacks Envoy may retry on: the rest of the ranked list that takes the same body
+	// (a tenant's cache_salt goes only to engines that honour it).
+	st.ranked = append(st.ranked[:0], st.s.Addr(first))
+	for _, ep := range rc.Ranked()[1:] {
+		if st.s.MaxEndpoints > 0 && len(st.ranked) >= st.s.MaxEndpoints {
+			break
+		}
+		if a := st.s.Addr(ep); a != "" && bytes.Equal(st.x.Body(ep), body) {
+			st.ranked = append(st.ranked, a)
+		}
+	}
+	dest := strings.Join(st.ranked, ",")
+	set := []*corev3.HeaderValueOption{
+		setHeader(DestinationKey, dest),
+		setHeader("x-request-id", st.x.RequestID()),
+		setHeader("content-length", strconv.Itoa(len(body))),
+	}
+	var remove []string
+	if st.x.Tenant() != nil {
+		remove = []string{"authorization", "api-key"} // the tenant's key is ours, not the engine's
+	}
+	common := &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}
+	meta := &structpb.Struct{Fields: map[string]*structpb.Value{
+		LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			DestinationKey: structpb.NewStringValue(dest),
+		}}),
+	}}
+	st.phase = routed
+	switch {
+	case st.bodyless:
+		return st.send(&extprocv3.ProcessingResponse{DynamicMetadata: meta,
+			Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}})
+	case st.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		// BUFFERED: Envoy held the headers; the answer to the body changes both.
+		if !bytes.Equal(body, st.body) {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		}
+		return st.send(&extprocv3.ProcessingResponse{DynamicMetadata: meta,
+			Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}})
+	}
+	// FULL_DUPLEX_STREAMED: the deferred answer to the headers, then the body, in chunks, the
+	// last one ending the stream unless trailers follow it.
+	if err := st.send(&extprocv3.ProcessingResponse{DynamicMetadata: meta,
+		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
+		return err
+	}
+	if err := st.sendChunks(body, !trailers, requestBody); err != nil {
+		return err
+	}
+	st.body = nil
+	if trailers {
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}})
+	}
+	return nil
+}
+
+// eligible narrows the candidates to those Envoy can be told of (an IP address) and, with a
+// subset hint, to the hint's.
+func (st *stream) eligible(cands []*endpoint.Endpoint) []*endpoint.Endpoint {
+	return slices.DeleteFunc(cands, func(e *endpoint.Endpoint) bool {
+		a := st.s.Addr(e)
+		return a == "" || st.hinted && !slices.Contains(st.subset, a)
+	})
+}
+
+// canRewrite reports whether the response body passes through kvroute in a mode where it may
+// change it (drop the usage chunk it asked for).
+func canRewrite(m filterv3.ProcessingMode_BodySendMode) bool {
+	switch m {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED:
+		return true
+	}
+	return false
+}
+
+// responseHeaders takes the answer's head: which endpoint of the list answered, its status,
+// whether it streams; the client's headers (rate limits, request id) are added.
+func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3.HttpHeaders) error {
+	rc := st.x.Call()
+	st.follow(rc, served(req))
+	st.x.Answered()
+	hdr := http.Header{}
+	for _, hv := range m.GetHeaders().GetHeaders() {
+		k, v := hv.GetKey(), headerValue(hv)
+		if k == ":status" {
+			st.status, _ = strconv.Atoi(v)
+		} else if !strings.HasPrefix(k, ":") {
+			hdr.Add(k, v)
+		}
+	}
+	if st.status == 0 {
+		st.status = http.StatusOK
+	}
+	if st.status == http.StatusTooManyRequests {
+		rc.Backoff(proxy.RetryAfter(hdr))
+	}
+	st.sse = st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
+	set := []*corev3.HeaderValueOption{setHeader("x-request-id", st.x.RequestID())}
+	for k, vs := range st.out {
+		if k != "Retry-After" && k != "Retry-After-Ms" { // Retry-After is for refusals
+			set = append(set, setHeader(strings.ToLower(k), vs[0]))
+		}
+	}
+	if name := st.x.Handler().EndpointHeader; name != "" && rc.Endpoint() != nil {
+		set = append(set, setHeader(strings.ToLower(name), rc.Endpoint().Name))
+	}
+	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
+	var remove []string
+	if st.sse && canRewrite(st.respMode) && hdr.Get("Content-Length") != "" {
+		remove = []string{"content-length"} // the usage chunk may be dropped
+	}
+	st.phase = answering
+	if m.GetEndOfStream() { // no body: the answer is its head
+		st.x.Complete()
+		st.finishAnswer()
+		st.phase = done
+	}
+	// In response_body_mode NONE no body comes either: the stream's end settles the request.
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
+}
+
+// served is the endpoint Envoy says answered: ServedKey in the LBNamespace metadata (the
+// Inference Extension's gateways), else the upstream.address attribute (a plain Envoy whose
+// filter lists it in response_attributes); "" when it says neither.
+func served(req *extprocv3.ProcessingRequest) string {
+	ns := req.GetMetadataContext().GetFilterMetadata()[LBNamespace]
+	if a := ns.GetFields()[ServedKey].GetStringValue(); a != "" {
+		return a
+	}
+	for _, attrs := range req.GetAttributes() {
+		if a := attrs.GetFields()["upstream.address"].GetStringValue(); a != "" {
+			return a
+		}
+	}
+	return ""
+}
+
+// follow moves the call's attempt to the endpoint that answered, when Envoy went down the list:
+// each endpoint it passed failed before anything reached the client (Envoy retries on
+// connection failures, resets and the statuses its retry policy names).
+func (st *stream) follow(rc *route.Call, addr string) {
+	if addr == "" || rc.Endpoint() == nil || st.s.Addr(rc.Endpoint()) == addr {
+		return
+	}
+	i := slices.Index(st.ranked, addr)
+	if i <= 0 {
+		return // not one of ours: keep the first choice
+	}
+	for range len(st.ranked) {
+		if !rc.Fail(route.FailConnect) {
+			return
+		}
+		ep := rc.Next()
+		if ep == nil || st.s.Addr(ep) == addr {
+			return
+		}
+	}
+}
+
+// responseBody passes a chunk of the answer on, reading its events (or, not streamed, keeping
+// it to read its usage at the end).
+func (st *stream) responseBody(m *extprocv3.HttpBody) error {
+	chunk, eos := m.GetBody(), m.GetEndOfStream()
+	out := chunk
+	if st.sse {
+		out = st.events.feed(nil, chunk, eos, st.event)
+	} else if !st.overflow {
+		if len(st.capture)+len(chunk) > maxCapture {
+			st.overflow, st.capture = true, nil
+		} else {
+			st.capture = append(st.capture, chunk...)
+		}
+	}
+	if eos {
+		st.finishAnswer()
+		st.phase = done
+	}
+	switch st.respMode {
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		if len(out) == 0 && !eos {
+			return nil // a partial event, held until it is whole
+		}
+		return st.sendChunks(out, eos, responseBody)
+	case filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
+		common := &extprocv3.CommonResponse{}
+		if !bytes.Equal(out, chunk) {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+		}
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: common}}})
+	}
+	return st.outOfOrder("response body (response_body_mode NONE)")
+}
+
+// event reads one whole event of a streamed answer and reports whether to pass it on.
+func (st *stream) event(ev openai.Event) bool {
+	if !st.first {
+		st.first = true
+		st.x.Call().FirstToken()
+	}
+	return st.x.Event(ev)
+}
+
+// finishAnswer settles the request at the end of its answer: complete, or cut short when a
+// stream ended before its terminator.
+func (st *stream) finishAnswer() {
+	if st.sse && !st.x.Completed() {
+		st.x.Cut()
+		st.settle(http.StatusBadGateway)
+		return
+	}
+	if !st.sse {
+		if st.overflow {
+			st.x.Complete()
+		} else {
+			st.x.Whole(st.capture)
+		}
+		st.capture = nil
+	}
+	st.settle(st.status)
+}
+
+// end settles a request whose stream ended before its answer did: in response_body_mode NONE
+// the head was all kvroute could see; otherwise the client (or Envoy) went away, which does
+// not count against the endpoint.
+func (st *stream) end() {
+	if st.phase == answering && st.respMode == filterv3.ProcessingMode_NONE {
+		st.x.Complete()
+		st.settle(st.status)
+		return
+	}
+	st.settle(499)
+}
+
+func (st *stream) settle(status int) {
+	if st.settled {
+		return
+	}
+	st.settled = true
+	st.x.Settle(status, st.method, st.path)
+}
+
+// exchange starts the request's passage through the router, once.
+func (st *stream) exchange(requestID string) {
+	if st.x == nil {
+		st.x = st.s.Handler().NewExchange(requestID, "ext_proc")
+		st.out = http.Header{}
+	}
+}
+
+// immediate answers the request with e, ending the stream. A request shed because the fleet
+// is overloaded is a 429 to the gateway (the protocol keeps 503 for "no endpoint eligible"),
+// where `kvroute serve` answers 503.
+func (st *stream) immediate(e *openai.Error) error {
+	st.exchange("")
+	if e.Status == http.StatusServiceUnavailable && e.Code != nil && *e.Code == "overloaded" {
+		shed := *e
+		shed.Status = http.StatusTooManyRequests
+		e = &shed
+	}
+	st.x.Refused(e)
+	return st.immediateBody(e.Status, e.Body())
+}
+
+// immediateBody answers the request with a JSON body and status, and settles it.
+func (st *stream) immediateBody(code int, body []byte) error {
+	set := []*corev3.HeaderValueOption{
+		setHeader("content-type", "application/json"),
+		setHeader("x-request-id", st.x.RequestID()),
+	}
+	for k, vs := range st.out {
+		set = append(set, setHeader(strings.ToLower(k), vs[0]))
+	}
+	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
+	err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(code)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: set},
+			Body:    body,
+			Details: "kvroute_" + strconv.Itoa(code),
+		}}})
+	st.phase = done
+	st.settle(code)
+	if err != nil {
+		return err
+	}
+	return errStop
+}
+
+// direction says which body a chunk belongs to.
+type direction bool
+
+const (
+	requestBody  direction = false
+	responseBody direction = true
+)
+
+// sendChunks sends body back to Envoy as streamed chunks of at most ChunkBytes, the last one
+// carrying eos (one empty chunk when body is empty and eos is set).
+func (st *stream) sendChunks(body []byte, eos bool, d direction) error {
+	n := st.s.chunkBytes()
+	for {
+		part := body[:min(len(body), n)]
+		body = body[len(part):]
+		last := len(body) == 0
+		sb := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{
+				Body: part, EndOfStream: eos && last}}}}}
+		resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: sb}}
+		if d == responseBody {
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: sb}}
+		}
+		if err := st.send(resp); err != nil {
+			return err
+		}
+		if last {
+			return nil
+		}
+	}
+}
+
+func (st *stream) send(resp *extprocv3.ProcessingResponse) error {
+	if err := st.srv.Send(resp); err != nil {
+		return fmt.Errorf("ext_proc: sending to the gateway: %w", err)
+	}
+	return nil
+}
+
+// headerValue is a header's value: Envoy sends raw_value (value in older releases).
+func headerValue(hv *corev3.HeaderValue) string {
+	if rv := hv.GetRawValue(); len(rv) > 0 {
+		return string(rv)
+	}
+	return hv.GetValue()
+}
+
+func setHeader(key, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}

@@ -1,0 +1,156 @@
+package metrics
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Sync lag: 100 µs (replicas on one host) to 10 s (a stalled stream), neighbours at most 2.5x
+// apart.
+var lagBuckets = decades(0.0001, 10, 1, 2.5, 5)
+
+// Peers are the collectors of router replica sync (internal/peer): membership, the event
+// streams between replicas, what was refused and why, and the warm start.
+type Peers struct {
+	// Members is the replicas this one knows alive, itself left out (kvroute_peers).
+	Members prometheus.Gauge
+	// Streams is the event streams this replica receives now, one per peer when all is well.
+	Streams prometheus.Gauge
+	// Messages, Bytes and Events count what went out to and came in from peers, by direction
+	// (in, out). Bytes are on the wire (frames with their MACs), before HTTP/2 framing.
+	Messages *prometheus.CounterVec // direction
+	Bytes    *prometheus.CounterVec // direction
+	Events   *prometheus.CounterVec // direction
+	// Dropped counts messages and events refused or not sent, by reason: forged,
+	// unauthenticated, replayed, truncated, oversized, malformed, version, queue_full, and
+	// what the lifecycle refused (duplicate, unknown_request, unknown_endpoint, full,
+	// invalid, self).
+	Dropped *prometheus.CounterVec // reason
+	// Lag is the time from an event at a peer to its replay here (the oldest event of each
+	// message; clocks of different hosts add their offset). kvroute_peer_sync_lag_seconds, by
+	// peer, is the time since anything was heard from each peer followed (heartbeats every
+	// second): what alerting watches.
+	Lag prometheus.Histogram
+	// WarmStarts counts warm starts by result: ok (a peer's snapshot was taken), none (no
+	// peer answered before peers.warm_start_timeout: started cold), failed (every snapshot
+	// tried failed), off (no peers configured).
+	WarmStarts *prometheus.CounterVec // result
+	// Expired counts remote requests ended without their end: their replica left, or the TTL
+	// ran out.
+	Expired prometheus.CounterFunc
+	// Remote is the requests other replicas routed that are in flight now, as this one
+	// counts them.
+	Remote prometheus.GaugeFunc
+
+	snapshotAt atomic.Int64 // unix nanoseconds when the warm-start snapshot was taken; 0: none
+	now        func() int64
+	remote     atomic.Pointer[func() (inFlight int, expired int64)]
+	heard      atomic.Pointer[func() map[string]time.Time]
+	syncLag    *prometheus.Desc
+}
+
+// NewPeers builds the replica sync collectors and registers them with reg.
+func NewPeers(reg prometheus.Registerer) *Peers {
+	p := &Peers{
+		Members: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_peers", Help: "Router replicas this one knows alive (membership), itself left out.",
+		}),
+		Streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_peer_streams", Help: "Event streams this replica receives from peers now.",
+		}),
+		Messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_messages_total", Help: "Messages sent to (out) and received from (in) peers.",
+		}, []string{"direction"}),
+		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_bytes_total", Help: "Bytes of messages sent to (out) and received from (in) peers, MACs included.",
+		}, []string{"direction"}),
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_events_total", Help: "Lifecycle events (routed, first token, done, removed) sent to each peer (out) and received (in).",
+		}, []string{"direction"}),
+		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_dropped_total", Help: "Peer messages and events refused or not sent, by reason.",
+		}, []string{"reason"}),
+		Lag: prometheus.NewHistogram(histogramOpts(prometheus.HistogramOpts{
+			Name: "kvroute_peer_event_lag_seconds", Help: "Time from an event at a peer to its replay here (the oldest event of each message).",
+			Buckets: lagBuckets,
+		})),
+		syncLag: prometheus.NewDesc("kvroute_peer_sync_lag_seconds",
+			"Time since anything (events or a heartbeat, sent every second) was heard from each peer this replica follows.", []string{"peer"}, nil),
+		WarmStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_warm_starts_total", Help: "Warm starts by result: ok (took a peer's snapshot), none (no peer before the timeout), failed, off (no peers configured).",
+		}, []string{"result"}),
+		now: func() int64 { return time.Now().UnixNano() },
+	}
+	p.Expired = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "kvroute_peer_remote_expired_total", Help: "Requests of other replicas ended here without their end: their replica left, or peers.request_ttl ran out.",
+	}, func() float64 { _, e := p.remoteStats(); return float64(e) })
+	p.Remote = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvroute_peer_remote_requests", Help: "Requests other replicas routed that are in flight now, as this replica counts them.",
+	}, func() float64 { n, _ := p.remoteStats(); return float64(n) })
+	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvroute_peer_snapshot_age_seconds", Help: "Age of the snapshot this replica started from (0 when it started cold).",
+	}, func() float64 {
+		at := p.snapshotAt.Load()
+		if at == 0 {
+			return 0
+		}
+		return float64(p.now()-at) / 1e9
+	})
+	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Expired, p.Remote, age,
+		(*peerLag)(p))
+	for _, d := range []string{"in", "out"} {
+		p.Messages.WithLabelValues(d)
+		p.Bytes.WithLabelValues(d)
+		p.Events.WithLabelValues(d)
+	}
+	for _, r := range []string{"ok", "none", "failed", "off"} {
+		p.WarmStarts.WithLabelValues(r)
+	}
+	for _, r := range DropReasons() {
+		p.Dropped.WithLabelValues(r)
+	}
+	return p
+}
+
+// DropReasons are the reason labels of kvroute_peer_dropped_total: the wire's refusals,
+// what the sender could not queue, and what the lifecycle would not apply.
+func DropReasons() []string {
+	return []string{"forged", "unauthenticated", "replayed", "truncated", "oversized", "malformed", "version", "queue_full",
+		"duplicate", "unknown_request", "unknown_endpoint", "full", "invalid", "self"}
+}
+
+// SnapshotTaken records when the snapshot this replica started from was taken (unix
+// nanoseconds, the peer's clock).
+func (p *Peers) SnapshotTaken(at int64) { p.snapshotAt.Store(at) }
+
+// WatchRemote sets the function the remote request gauges read at scrape time.
+func (p *Peers) WatchRemote(f func() (inFlight int, expired int64)) { p.remote.Store(&f) }
+
+// WatchPeers sets the function that tells, at scrape time, when each peer followed was last
+// heard from (kvroute_peer_sync_lag_seconds): a peer no longer followed has no series.
+func (p *Peers) WatchPeers(f func() map[string]time.Time) { p.heard.Store(&f) }
+
+// peerLag collects kvroute_peer_sync_lag_seconds.
+type peerLag Peers
+
+func (c *peerLag) Describe(ch chan<- *prometheus.Desc) { ch <- c.syncLag }
+
+func (c *peerLag) Collect(ch chan<- prometheus.Metric) {
+	f := c.heard.Load()
+	if f == nil {
+		return
+	}
+	now := time.Unix(0, c.now())
+	for peer, at := range (*f)() {
+		ch <- prometheus.MustNewConstMetric(c.syncLag, prometheus.GaugeValue, max(now.Sub(at).Seconds(), 0), peer)
+	}
+}
+
+func (p *Peers) remoteStats() (int, int64) {
+	if f := p.remote.Load(); f != nil {
+		return (*f)()
+	}
+	return 0, 0
+}

@@ -1,0 +1,279 @@
+package peer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+// peerInfo is a peer as membership knows it.
+type peerInfo struct {
+	name string
+	inc  uint64
+	feed string // host:port of its event stream server
+}
+
+func (p peerInfo) origin() uint64 { return origin(p.name, p.inc) }
+
+// following is the goroutine that follows one peer's events.
+type following struct {
+	p      peerInfo
+	cancel context.CancelFunc
+	done   chan struct{}
+	heard  atomic.Int64 // unix nanoseconds of the last message from p (or of the start)
+}
+
+// follow reads p's event stream until ctx ends, reconnecting after a pause that grows while
+// it keeps failing.
+func (n *Node) follow(ctx context.Context, f *following) {
+	p := f.p
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := n.stream(ctx, p, &f.heard)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		n.log.Debug("peer stream broke, reconnecting", "from", p.name, "err", err, "after", backoff.String())
+		// Jitter, so that peers that lost each other at once do not come back in step.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// errStream is an ordinary end of a stream (the peer went, restarted or refused).
+var errStream = errors.New("stream ended")
+
+// stream reads one connection of p's event stream: it reconciles the attempts in flight with
+// the hello, then replays every batch on the lifecycle in force, until the stream ends, falls
+// silent, or carries a message that must be refused.
+func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, nonce, err := n.newRequest(ctx, p, pathFeed)
+	if err != nil {
+		return err
+	}
+	// A stream silent for longer than a few heartbeats is dead, even if its connection is not.
+	watchdog := time.AfterFunc(streamSilence, cancel)
+	defer watchdog.Stop()
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%w: %s answered %s", errStream, p.name, resp.Status)
+	}
+	n.m.Streams.Inc()
+	defer n.m.Streams.Dec()
+	in := &inbound{n: n, br: bufio.NewReaderSize(resp.Body, 64<<10)}
+	var seq uint64
+	var ev route.Event
+	orig := p.origin()
+	for {
+		h, dec, r, err := in.next()
+		if err != nil {
+			return err
+		}
+		watchdog.Reset(streamSilence)
+		heard.Store(time.Now().UnixNano())
+		switch {
+		case h.nonce != nonce || h.seq != seq+1:
+			return n.refused(fmt.Errorf("%w: frame %d of a stream at %d, or of another stream", errReplayed, h.seq, seq))
+		case h.from != p.name || h.inc != p.inc:
+			// The peer restarted: membership will say so, and the next stream follows it.
+			return fmt.Errorf("%w: %s/%d answered for %s/%d", errStream, h.from, h.inc, p.name, p.inc)
+		}
+		seq = h.seq
+		switch h.kind {
+		case kindHello:
+			ids, err := decodeIDs(dec, r)
+			if err != nil {
+				return n.refused(err)
+			}
+			n.share.Load().Reconcile(orig, ids)
+		case kindBatch:
+			cnt, err := dec.DecodeArrayLen()
+			if err != nil || cnt < 0 || cnt > r.Len() {
+				return n.refused(fmt.Errorf("%w: batch of %d events (%v)", errMalformed, cnt, err))
+			}
+			if cnt == 0 {
+				continue
+			}
+			n.m.Lag.Observe(max(time.Since(time.Unix(0, h.sentAt)).Seconds(), 0))
+			n.m.Events.WithLabelValues("in").Add(float64(cnt))
+			lc := n.lifecycle()
+			for range cnt {
+				known, err := decodeEvent(dec, r, &ev)
+				if err != nil {
+					return n.refused(err)
+				}
+				if !known {
+					continue
+				}
+				if ev.Origin == 0 {
+					ev.Origin = orig
+				}
+				if d := lc.Apply(&ev); d != route.DropNone {
+					n.m.Dropped.WithLabelValues(d.String()).Inc()
+				}
+			}
+		}
+		// Other kinds are a newer minor version's: skipped.
+	}
+}
+
+// inbound reads a stream's messages.
+type inbound struct {
+	n     *Node
+	br    *bufio.Reader
+	buf   []byte
+	bytes int // read so far
+}
+
+// next reads the next message: its header, and a decoder at its payload over r. An error of
+// the wire is counted (refused).
+func (in *inbound) next() (header, *msgpack.Decoder, *bytes.Reader, error) {
+	msg, buf, err := readFrame(in.br, in.n.macKey, in.n.cfg.MaxMessageBytes, in.buf)
+	in.buf = buf
+	if err != nil {
+		return header{}, nil, nil, in.n.refused(err)
+	}
+	size := 4 + macSize + len(msg)
+	in.bytes += size
+	in.n.m.Messages.WithLabelValues("in").Inc()
+	in.n.m.Bytes.WithLabelValues("in").Add(float64(size))
+	r := bytes.NewReader(msg)
+	dec := msgpack.NewDecoder(r)
+	h, err := decodeHeader(dec)
+	if err != nil {
+		return h, nil, nil, in.n.refused(err)
+	}
+	return h, dec, r, nil
+}
+
+// refused counts a message refused for a reason of the wire, and returns err.
+func (n *Node) refused(err error) error {
+	if r := reason(err); r != "" {
+		n.m.Dropped.WithLabelValues(r).Inc()
+		n.log.Warn("peer message refused", "reason", r, "err", err)
+	}
+	return err
+}
+
+func decodeIDs(dec *msgpack.Decoder, r *bytes.Reader) (map[uint64]bool, error) {
+	cnt, err := dec.DecodeArrayLen()
+	if err != nil || cnt < 0 || cnt > r.Len() {
+		return nil, fmt.Errorf("%w: hello of %d ids (%v)", errMalformed, cnt, err)
+	}
+	ids := make(map[uint64]bool, cnt)
+	for range cnt {
+		id, err := dec.DecodeUint64()
+		if err != nil {
+			return nil, fmt.Errorf("%w: hello: %v", errMalformed, err)
+		}
+		ids[id] = true
+	}
+	return ids, nil
+}
+
+// snapshotResult is what a snapshot held.
+type snapshotResult struct {
+	entries, flights, bytes int
+	taken                   int64
+}
+
+// fetchSnapshot takes p's snapshot and applies it: the policy's state, then the attempts in
+// flight. Nothing is applied unless the whole snapshot arrived.
+func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, error) {
+	var res snapshotResult
+	req, nonce, err := n.newRequest(ctx, p, pathSnapshot)
+	if err != nil {
+		return res, err
+	}
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return res, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return res, fmt.Errorf("%w: %s answered %s", errStream, p.name, resp.Status)
+	}
+	in := &inbound{n: n, br: bufio.NewReaderSize(resp.Body, 64<<10)}
+	var idx bytes.Buffer
+	var flights []route.Event
+	var seq uint64
+	for {
+		h, dec, r, err := in.next()
+		res.bytes = in.bytes
+		if err != nil {
+			return res, err
+		}
+		if h.nonce != nonce || h.seq != seq+1 || h.from != p.name {
+			return res, n.refused(fmt.Errorf("%w: snapshot frame %d after %d, or of another stream", errReplayed, h.seq, seq))
+		}
+		seq = h.seq
+		res.taken = h.sentAt
+		switch h.kind {
+		case kindIndex:
+			piece, err := dec.DecodeBytes()
+			if err != nil {
+				return res, n.refused(fmt.Errorf("%w: index piece: %v", errMalformed, err))
+			}
+			if int64(idx.Len()+len(piece)) > n.cfg.SnapshotMaxBytes {
+				return res, n.refused(fmt.Errorf("%w: snapshot over %d bytes", errOversized, n.cfg.SnapshotMaxBytes))
+			}
+			idx.Write(piece)
+		case kindFlights:
+			cnt, err := dec.DecodeArrayLen()
+			if err != nil || cnt < 0 || cnt > r.Len() || len(flights)+cnt > route.DefaultMaxRemote {
+				return res, n.refused(fmt.Errorf("%w: %d attempts in flight (%v)", errMalformed, cnt, err))
+			}
+			for range cnt {
+				var ev route.Event
+				known, err := decodeEvent(dec, r, &ev)
+				if err != nil {
+					return res, n.refused(err)
+				}
+				if known {
+					if ev.Origin == 0 {
+						ev.Origin = p.origin()
+					}
+					flights = append(flights, ev)
+				}
+			}
+		case kindEnd:
+			if idx.Len() > 0 {
+				if res.entries, err = n.readIndex(&idx); err != nil {
+					return res, fmt.Errorf("snapshot of %s: %w", p.name, err)
+				}
+			}
+			lc := n.lifecycle()
+			for i := range flights {
+				if d := lc.Apply(&flights[i]); d == route.DropNone {
+					res.flights++
+				}
+			}
+			return res, nil
+		}
+	}
+}

@@ -1,0 +1,340 @@
+package peer
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"hash"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+// hub is the sending side: the lifecycle's events, encoded as they happen into the pending
+// batch, handed to each subscriber's bounded queue one batch interval after the batch's first
+// event (or when it is full). No event, no timer: an idle replica wakes for nothing.
+type hub struct {
+	maxBatch int
+	queue    int
+	interval time.Duration
+	m        *metrics.Peers
+	nsubs    atomic.Int32
+	timer    *time.Timer // flushes the pending batch; armed by its first event
+
+	mu    sync.Mutex
+	pend  bytes.Buffer
+	enc   *msgpack.Encoder
+	count int   // events in pend
+	first int64 // when the oldest of them happened, unix nanoseconds
+	subs  map[*sub]struct{}
+}
+
+// batch is encoded events, shared read-only by every subscriber's stream.
+type batch struct {
+	events []byte
+	n      int
+	first  int64
+}
+
+// sub is one peer's stream: its queue, and a signal that it lost a batch (the stream must end
+// so that the peer reconnects and reconciles).
+type sub struct {
+	ch     chan *batch
+	broken chan struct{}
+	once   sync.Once
+}
+
+func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
+
+func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
+	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, m: m, subs: map[*sub]struct{}{}}
+	h.enc = msgpack.NewEncoder(&h.pend)
+	h.timer = time.AfterFunc(time.Hour, h.flush)
+	h.timer.Stop()
+	return h
+}
+
+// publish encodes ev into the pending batch. It never blocks on a peer: with nobody
+// subscribed it does nothing at all.
+func (h *hub) publish(ev *route.Event) {
+	if h.nsubs.Load() == 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	mark := h.pend.Len()
+	if err := appendEvent(h.enc, ev); err != nil {
+		h.pend.Truncate(mark)
+		return
+	}
+	if h.count == 0 {
+		h.first = now
+		h.timer.Reset(h.interval)
+	}
+	h.count++
+	if h.pend.Len() >= h.maxBatch {
+		h.flushLocked()
+	}
+}
+
+// flush hands the pending batch to the subscribers.
+func (h *hub) flush() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.flushLocked()
+}
+
+func (h *hub) flushLocked() {
+	if h.count == 0 {
+		return
+	}
+	b := &batch{events: bytes.Clone(h.pend.Bytes()), n: h.count, first: h.first}
+	h.pend.Reset()
+	h.count = 0
+	for s := range h.subs {
+		select {
+		case s.ch <- b:
+		default:
+			// The peer does not keep up: its stream ends, and it reconciles when it comes back.
+			s.breakOff()
+			h.m.Dropped.WithLabelValues("queue_full").Add(float64(b.n))
+		}
+	}
+}
+
+func (h *hub) subscribe() *sub {
+	s := &sub{ch: make(chan *batch, h.queue), broken: make(chan struct{})}
+	h.mu.Lock()
+	h.subs[s] = struct{}{}
+	h.mu.Unlock()
+	h.nsubs.Add(1)
+	return s
+}
+
+func (h *hub) unsubscribe(s *sub) {
+	h.mu.Lock()
+	delete(h.subs, s)
+	h.mu.Unlock()
+	h.nsubs.Add(-1)
+}
+
+// breakAll ends every stream (the replica is cut off from its peers).
+func (h *hub) breakAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs {
+		s.breakOff()
+	}
+}
+
+// frameWriter writes one stream's frames: its nonce, its sequence, a deadline on each write.
+type frameWriter struct {
+	n     *Node
+	mac   hash.Hash // nil until the first frame
+	w     io.Writer
+	rc    *http.ResponseController
+	nonce [nonceSize]byte
+	seq   uint64
+	head  bytes.Buffer
+	last  time.Time
+}
+
+// write sends one message of kind: the header, then extra (already encoded payload start,
+// such as an array length), then payload.
+func (f *frameWriter) write(kind int, sentAt int64, extra func(*msgpack.Encoder) error, payload []byte) error {
+	f.seq++
+	f.head.Reset()
+	h := header{from: f.n.cfg.Name, inc: f.n.cfg.Incarnation, nonce: f.nonce, seq: f.seq, sentAt: sentAt, kind: kind}
+	if err := appendHeader(&f.head, &h); err != nil {
+		return err
+	}
+	if extra != nil {
+		enc := msgpack.GetEncoder()
+		enc.Reset(&f.head)
+		err := extra(enc)
+		msgpack.PutEncoder(enc)
+		if err != nil {
+			return err
+		}
+	}
+	if f.rc != nil {
+		_ = f.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	}
+	if f.mac == nil {
+		f.mac = hmac.New(sha256.New, f.n.macKey)
+	}
+	if err := writeFrameMAC(f.w, f.mac, f.head.Bytes(), payload); err != nil {
+		return err
+	}
+	if f.rc != nil {
+		if err := f.rc.Flush(); err != nil {
+			return err
+		}
+	}
+	size := 4 + macSize + f.head.Len() + len(payload)
+	f.n.m.Messages.WithLabelValues("out").Inc()
+	f.n.m.Bytes.WithLabelValues("out").Add(float64(size))
+	f.last = time.Now()
+	return nil
+}
+
+func (f *frameWriter) writeBatch(b *batch) error {
+	err := f.write(kindBatch, b.first, func(e *msgpack.Encoder) error { return e.EncodeArrayLen(b.n) }, b.events)
+	if err == nil {
+		f.n.m.Events.WithLabelValues("out").Add(float64(b.n))
+	}
+	return err
+}
+
+// Timing of the streams.
+const (
+	// heartbeat: an idle stream carries an empty batch this often, so that the receiver can
+	// tell a quiet peer from a dead connection.
+	heartbeat = time.Second
+	// streamSilence: a stream with no message for this long is given up and reopened.
+	streamSilence = 5 * heartbeat
+	// writeTimeout bounds each write to a peer: one that does not read is cut off.
+	writeTimeout = 5 * time.Second
+)
+
+// serveFeed streams this replica's events to a peer: a hello with the attempts in flight
+// here, then every batch, with heartbeats while idle, until the peer goes, falls behind, or
+// this replica is cut off.
+func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
+	nonce, ok := n.authorize(w, r, pathFeed)
+	if !ok {
+		return
+	}
+	s := n.hub.subscribe()
+	defer n.hub.unsubscribe(s)
+	w.Header().Set("Content-Type", contentType)
+	w.WriteHeader(http.StatusOK)
+	f := &frameWriter{n: n, w: w, rc: http.NewResponseController(w), nonce: nonce}
+	var ids []uint64
+	if sh := n.share.Load(); sh != nil {
+		ids = sh.LocalIDs()
+	}
+	err := f.write(kindHello, time.Now().UnixNano(), func(e *msgpack.Encoder) error {
+		errs := []error{e.EncodeArrayLen(len(ids))}
+		for _, id := range ids {
+			errs = append(errs, e.EncodeUint(id))
+		}
+		return errors.Join(errs...)
+	}, nil)
+	if err != nil {
+		return
+	}
+	tick := time.NewTicker(heartbeat / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case b := <-s.ch:
+			err = f.writeBatch(b)
+		case <-tick.C:
+			if time.Since(f.last) >= heartbeat {
+				err = f.writeBatch(&batch{first: time.Now().UnixNano()})
+			}
+		case <-s.broken:
+			return
+		case <-r.Context().Done():
+			return
+		case <-n.stopping:
+			return
+		}
+		if err != nil {
+			n.log.Debug("peer stream ended", "err", err)
+			return
+		}
+	}
+}
+
+// serveSnapshot sends what a new replica starts from: the policy's snapshot in pieces, the
+// attempts in flight (local and remote), and an end that counts them.
+func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+	nonce, ok := n.authorize(w, r, pathSnapshot)
+	if !ok {
+		return
+	}
+	taken := time.Now().UnixNano()
+	var idx bytes.Buffer
+	entries, err := n.writeIndex(&idx)
+	if err != nil {
+		n.log.Warn("snapshot for a peer failed", "err", err)
+		http.Error(w, "snapshot failed", http.StatusInternalServerError)
+		return
+	}
+	var flights []route.Event
+	if sh := n.share.Load(); sh != nil {
+		flights = sh.InFlight()
+	}
+	total := len(flights)
+	w.Header().Set("Content-Type", contentType)
+	w.WriteHeader(http.StatusOK)
+	f := &frameWriter{n: n, w: w, rc: http.NewResponseController(w), nonce: nonce}
+	data := idx.Bytes()
+	for len(data) > 0 {
+		k := min(len(data), snapshotPiece)
+		piece := data[:k]
+		data = data[k:]
+		if err := f.write(kindIndex, taken, func(e *msgpack.Encoder) error { return e.EncodeBytesLen(len(piece)) }, piece); err != nil {
+			return
+		}
+	}
+	for len(flights) > 0 {
+		k := min(len(flights), snapshotFlights)
+		part := flights[:k]
+		flights = flights[k:]
+		err := f.write(kindFlights, taken, func(e *msgpack.Encoder) error {
+			errs := []error{e.EncodeArrayLen(len(part))}
+			for i := range part {
+				errs = append(errs, appendEvent(e, &part[i]))
+			}
+			return errors.Join(errs...)
+		}, nil)
+		if err != nil {
+			return
+		}
+	}
+	_ = f.write(kindEnd, taken, func(e *msgpack.Encoder) error {
+		return errors.Join(e.EncodeArrayLen(2), e.EncodeInt(int64(entries)), e.EncodeInt(int64(total)))
+	}, nil)
+}
+
+// Snapshot pieces: index bytes per message, in-flight events per message.
+const (
+	snapshotPiece   = 256 << 10
+	snapshotFlights = 512
+)
+
+// authorize checks a peer's request: its signature under the shared secret, addressed to
+// this replica, recent. It answers the refusal itself.
+func (n *Node) authorize(w http.ResponseWriter, r *http.Request, path string) (nonce [nonceSize]byte, ok bool) {
+	if n.isolated.Load() {
+		http.Error(w, "cut off from peers", http.StatusServiceUnavailable)
+		return nonce, false
+	}
+	nonce, err := n.verifyRequest(r, path, time.Now())
+	if err != nil {
+		n.m.Dropped.WithLabelValues("unauthenticated").Inc()
+		n.log.Debug("peer request refused", "remote", r.RemoteAddr, "err", err)
+		http.Error(w, "not a peer", http.StatusForbidden)
+		return nonce, false
+	}
+	return nonce, true
+}
+
+// Paths of the peer API.
+const (
+	pathFeed     = "/peer/v1/feed"
+	pathSnapshot = "/peer/v1/snapshot"
+	contentType  = "application/x-kvroute-peer"
+)

@@ -1,0 +1,346 @@
+package peer
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// meta is what a replica tells the others about itself through memberlist.
+type meta struct {
+	Major int    `msgpack:"v"`
+	Feed  int    `msgpack:"feed"` // the event stream server's port, at the member's address
+	Inc   uint64 `msgpack:"inc"`
+}
+
+// delegate is memberlist's view of the node: its metadata, and membership changes (which only
+// wake the manager: memberlist calls these with its locks held).
+type delegate struct{ n *Node }
+
+func (d delegate) NodeMeta(limit int) []byte {
+	b, _ := msgpack.Marshal(meta{Major: Major, Feed: d.n.ln.Addr().(*net.TCPAddr).Port, Inc: d.n.cfg.Incarnation})
+	if len(b) > limit {
+		return nil
+	}
+	return b
+}
+func (d delegate) NotifyMsg([]byte)                           {}
+func (d delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d delegate) LocalState(join bool) []byte                { return nil }
+func (d delegate) MergeRemoteState(buf []byte, join bool)     {}
+func (d delegate) NotifyJoin(*memberlist.Node)                { d.n.changed() }
+func (d delegate) NotifyLeave(*memberlist.Node)               { d.n.changed() }
+func (d delegate) NotifyUpdate(*memberlist.Node)              { d.n.changed() }
+
+// changed wakes the manager.
+func (n *Node) changed() {
+	select {
+	case n.notify <- struct{}{}:
+	default:
+	}
+}
+
+// startMembers creates the memberlist: SWIM failure detection with LAN timings, gossip
+// encrypted and authenticated (AES-GCM) under a key derived from the shared secret.
+func (n *Node) startMembers() (*memberlist.Memberlist, error) {
+	host, port, err := net.SplitHostPort(n.cfg.Gossip)
+	if err != nil {
+		return nil, err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil, err
+	}
+	c := memberlist.DefaultLANConfig()
+	c.Name = n.cfg.Name
+	c.BindAddr, c.BindPort = host, p
+	if host == "" {
+		c.BindAddr = "0.0.0.0"
+	}
+	c.AdvertiseAddr = n.cfg.Advertise
+	c.SecretKey = n.gossipKey
+	c.TCPTimeout = 2 * time.Second
+	c.Delegate = delegate{n}
+	c.Events = delegate{n}
+	c.Logger = nil
+	c.LogOutput = &logWriter{log: n.log}
+	if n.cfg.FaultInjection || p == 0 {
+		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{c.BindAddr}, BindPort: p,
+			Logger: log.New(c.LogOutput, "", 0)})
+		if err != nil {
+			return nil, err
+		}
+		// With port 0 the transport picked one: memberlist advertises it.
+		c.BindPort = nt.GetAutoBindPort()
+		c.AdvertisePort = c.BindPort
+		if n.cfg.FaultInjection {
+			c.Transport = newFaultTransport(nt, &n.isolated)
+		} else {
+			c.Transport = nt
+		}
+	}
+	ml, err := memberlist.Create(c)
+	if err != nil {
+		return nil, err
+	}
+	self := ml.LocalNode()
+	addr := net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))
+	n.self.Store(&addr)
+	return ml, nil
+}
+
+// GossipAddr is the address peers join this replica at (after Run has started).
+func (n *Node) GossipAddr() string {
+	if a := n.self.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// alive returns the peers memberlist knows alive, of this major version, itself left out.
+func (n *Node) alive() []peerInfo {
+	ml := n.ml.Load()
+	if ml == nil {
+		return nil
+	}
+	var out []peerInfo
+	for _, m := range ml.Members() {
+		if m.Name == n.cfg.Name || m.State != memberlist.StateAlive {
+			continue
+		}
+		var mt meta
+		if err := msgpack.Unmarshal(m.Meta, &mt); err != nil || mt.Major != Major || mt.Feed <= 0 {
+			continue
+		}
+		out = append(out, peerInfo{name: m.Name, inc: mt.Inc, feed: net.JoinHostPort(m.Addr.String(), strconv.Itoa(mt.Feed))})
+	}
+	slices.SortFunc(out, func(a, b peerInfo) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+// manage keeps one follower per peer alive: a new peer is followed, one that left (or
+// restarted) is let go and its attempts in flight here are ended.
+func (n *Node) manage(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		n.reconcileFollows(ctx)
+		select {
+		case <-ctx.Done():
+			n.mu.Lock()
+			for _, f := range n.follows {
+				f.cancel()
+				<-f.done
+			}
+			n.mu.Unlock()
+			return
+		case <-n.notify:
+		case <-t.C:
+		}
+	}
+}
+
+func (n *Node) reconcileFollows(ctx context.Context) {
+	peers := n.alive()
+	n.m.Members.Set(float64(len(peers)))
+	want := map[string]peerInfo{}
+	if !n.isolated.Load() {
+		for _, p := range peers {
+			want[p.name] = p
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for name, f := range n.follows {
+		if p, ok := want[name]; ok && p == f.p {
+			continue
+		}
+		f.cancel()
+		<-f.done
+		delete(n.follows, name)
+		if k := n.share.Load().ForgetOrigin(f.p.origin()); k > 0 {
+			n.log.Info("peer gone: its requests in flight are ended here", "peer", name, "requests", k)
+		}
+	}
+	for name, p := range want {
+		if _, ok := n.follows[name]; ok {
+			continue
+		}
+		fctx, cancel := context.WithCancel(ctx)
+		f := &following{p: p, cancel: cancel, done: make(chan struct{})}
+		f.heard.Store(time.Now().UnixNano())
+		n.follows[name] = f
+		go func() {
+			defer close(f.done)
+			n.follow(fctx, f)
+		}()
+		n.log.Info("following a peer", "peer", name, "at", p.feed)
+	}
+}
+
+// rejoin asks the sources for peers and joins the ones memberlist does not know alive: at
+// start every second until one answers, then every RejoinInterval, which heals a partition
+// after which each side had declared the other dead.
+func (n *Node) rejoin(ctx context.Context) {
+	for {
+		wait := n.cfg.RejoinInterval
+		if !n.isolated.Load() && len(n.cfg.Sources) > 0 {
+			if n.joinSources(ctx) == 0 && len(n.alive()) == 0 {
+				wait = time.Second
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// joinSources joins the addresses the sources give that are not alive members already, and
+// returns how many it joined.
+func (n *Node) joinSources(ctx context.Context) int {
+	ml := n.ml.Load()
+	known := map[string]bool{n.GossipAddr(): true}
+	for _, m := range ml.Members() {
+		if m.State == memberlist.StateAlive {
+			known[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
+		}
+	}
+	var addrs []string
+	for _, s := range n.cfg.Sources {
+		got, err := s.Addrs(ctx)
+		if err != nil {
+			n.log.Debug("peer source failed", "source", s.String(), "err", err)
+			continue
+		}
+		for _, a := range got {
+			if !known[a] && !slices.Contains(addrs, a) {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	if len(addrs) == 0 {
+		return 0
+	}
+	k, err := ml.Join(addrs)
+	if err != nil {
+		n.log.Debug("joining peers", "addrs", addrs, "joined", k, "err", err)
+	}
+	return k
+}
+
+func urlEscape(s string) string { return url.QueryEscape(s) }
+
+// logWriter forwards memberlist's log lines to slog: errors and warnings as warnings, the
+// rest at debug level.
+type logWriter struct{ log *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	sc := bufio.NewScanner(strings.NewReader(string(p)))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]") {
+			w.log.Warn("memberlist", "msg", line)
+		} else {
+			w.log.Debug("memberlist", "msg", line)
+		}
+	}
+	return len(p), nil
+}
+
+// faultTransport is memberlist's transport with a switch that drops everything, both ways:
+// how a test cuts a replica off from its peers while it keeps serving.
+type faultTransport struct {
+	inner   *memberlist.NetTransport
+	off     *atomic.Bool
+	packets chan *memberlist.Packet
+	streams chan net.Conn
+	done    chan struct{}
+}
+
+func newFaultTransport(inner *memberlist.NetTransport, off *atomic.Bool) *faultTransport {
+	t := &faultTransport{inner: inner, off: off, packets: make(chan *memberlist.Packet), streams: make(chan net.Conn),
+		done: make(chan struct{})}
+	go func() {
+		for {
+			select {
+			case p := <-inner.PacketCh():
+				if t.off.Load() {
+					continue
+				}
+				select {
+				case t.packets <- p:
+				case <-t.done:
+					return
+				}
+			case <-t.done:
+				return
+			}
+		}
+	}()
+	go func() {
+		for {
+			select {
+			case c := <-inner.StreamCh():
+				if t.off.Load() {
+					_ = c.Close()
+					continue
+				}
+				select {
+				case t.streams <- c:
+				case <-t.done:
+					_ = c.Close()
+					return
+				}
+			case <-t.done:
+				return
+			}
+		}
+	}()
+	return t
+}
+
+func (t *faultTransport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error) {
+	return t.inner.FinalAdvertiseAddr(ip, port)
+}
+
+func (t *faultTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	if t.off.Load() {
+		return time.Now(), nil
+	}
+	return t.inner.WriteTo(b, addr)
+}
+
+func (t *faultTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
+
+func (t *faultTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	if t.off.Load() {
+		return nil, errIsolated
+	}
+	return t.inner.DialTimeout(addr, timeout)
+}
+
+func (t *faultTransport) StreamCh() <-chan net.Conn { return t.streams }
+
+func (t *faultTransport) Shutdown() error {
+	close(t.done)
+	return t.inner.Shutdown()
+}
+
+var errIsolated = errors.New("cut off from peers (fault injection)")
+
+var _ io.Writer = (*logWriter)(nil)

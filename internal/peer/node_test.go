@@ -1,0 +1,440 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+var secret = []byte("0123456789abcdef0123456789abcdef")
+
+// replica is a router replica of a test: a pool of three endpoints nobody calls, prefix-aware,
+// a lifecycle sharing through a Node on loopback.
+type replica struct {
+	t      *testing.T
+	node   *Node
+	share  *route.Share
+	lc     *route.Lifecycle
+	pool   *endpoint.Pool
+	m      *metrics.Peers
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startReplica(t *testing.T, name string, seeds []string, tweak func(*Config)) *replica {
+	t.Helper()
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: "http://e0"}, {Name: "http://e1"}, {Name: "http://e2"}}); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.NewPeers(prometheus.NewRegistry())
+	cfg := Config{
+		Name: name, Listen: "127.0.0.1:0", Gossip: "127.0.0.1:0", Secret: secret,
+		BatchInterval: time.Millisecond, WarmStartTimeout: 3 * time.Second, RejoinInterval: time.Second,
+		Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if len(seeds) > 0 {
+		cfg.Sources = []Source{Static(seeds)}
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{t: t, node: n, pool: pool, m: m, done: make(chan error, 1)}
+	r.share = route.NewShare(route.ShareConfig{Self: n.Origin(), Out: n, Endpoint: pool.ByName})
+	if r.lc, err = route.New(route.Config{Picker: pk, Share: r.share}); err != nil {
+		t.Fatal(err)
+	}
+	n.Attach(r.share, func() *route.Lifecycle { return r.lc }, pool.All)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.done <- n.Run(ctx) }()
+	t.Cleanup(r.stop)
+	waitFor(t, 5*time.Second, "gossip address of "+name, func() bool { return n.GossipAddr() != "" })
+	return r
+}
+
+func (r *replica) stop() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			r.t.Errorf("%s: Run: %v", r.node.Name(), err)
+		}
+	case <-time.After(10 * time.Second):
+		r.t.Errorf("%s: Run did not return", r.node.Name())
+	}
+}
+
+func (r *replica) ep(name string) *endpoint.Endpoint { return r.pool.ByName(name) }
+
+// call routes a request of blocks through r's lifecycle and returns it with its attempt
+// started.
+func (r *replica) call(keys ...uint64) *route.Call {
+	r.t.Helper()
+	req := &policy.Request{Model: "m", BlockTokens: 16, Blocks: prefix.Chain(nil, prefix.Seed("m", ""), keys), PromptTokens: 16*len(keys) + 3}
+	c, err := r.lc.Begin(req, r.pool.All(), "", time.Now())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if c.Next() == nil {
+		r.t.Fatal("no endpoint")
+	}
+	return c
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isFollowing(r *replica, names ...string) func() bool {
+	return func() bool {
+		st := r.node.Status()
+		return slices.Equal(st.Following, names)
+	}
+}
+
+func seqKeys(from uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = from + uint64(i)
+	}
+	return out
+}
+
+// TestNodesShareEvents: what one replica routes, the other counts and learns, within
+// milliseconds, over real gossip and HTTP/2 streams on loopback.
+func TestNodesShareEvents(t *testing.T) {
+	a := startReplica(t, "a", nil, nil)
+	b := startReplica(t, "b", []string{a.node.GossipAddr()}, nil)
+	waitFor(t, 10*time.Second, "a and b following each other", func() bool {
+		return isFollowing(a, "b")() && isFollowing(b, "a")() && b.node.Ready()
+	})
+	// b is following: a's events reach it.
+	waitFor(t, 5*time.Second, "a's stream to b", func() bool { return testutil.ToFloat64(b.m.Streams) == 1 })
+	c := a.call(seqKeys(1, 40)...)
+	ep := c.Endpoint().Name
+	waitFor(t, 5*time.Second, "b counting a's request", func() bool {
+		return b.ep(ep).InFlight() == 1 && b.ep(ep).PendingPrefill() == c.Req.PromptTokens
+	})
+	c.FirstToken()
+	c.Finish(route.Outcome{OK: true, CachedTokens: -1})
+	waitFor(t, 5*time.Second, "b seeing its end", func() bool { return b.ep(ep).InFlight() == 0 && b.ep(ep).PendingPrefill() == 0 })
+	// b's policy learned where the blocks are.
+	next := &policy.Request{Model: "m", BlockTokens: 16, Blocks: prefix.Chain(nil, prefix.Seed("m", ""), seqKeys(1, 50)), PromptTokens: 803}
+	if got := b.lc.Picker().(policy.Predictor).PredictCached(next, b.ep(ep)); got != 640 {
+		t.Errorf("b predicts %d cached tokens on %s, want 640", got, ep)
+	}
+	if got := testutil.ToFloat64(b.m.Events.WithLabelValues("in")); got < 3 {
+		t.Errorf("b received %v events, want 3", got)
+	}
+	if got := testutil.ToFloat64(a.m.Bytes.WithLabelValues("out")); got == 0 {
+		t.Error("a counted no bytes out")
+	}
+}
+
+// TestWarmStart: a replica that joins takes a running one's index and requests in flight
+// before it is ready, then follows their ends.
+func TestWarmStart(t *testing.T) {
+	a := startReplica(t, "a", nil, nil)
+	for i := range uint64(20) {
+		c := a.call(seqKeys(1000*i, 30)...)
+		c.FirstToken()
+		c.Finish(route.Outcome{OK: true, CachedTokens: -1})
+	}
+	open := a.call(seqKeys(99_000, 10)...)
+	ep := open.Endpoint().Name
+	c := startReplica(t, "c", []string{a.node.GossipAddr()}, nil)
+	select {
+	case <-c.node.WaitReady():
+	case <-time.After(10 * time.Second):
+		t.Fatal("c not ready")
+	}
+	if got := testutil.ToFloat64(c.m.WarmStarts.WithLabelValues("ok")); got != 1 {
+		t.Fatalf("warm starts ok = %v, want 1", got)
+	}
+	if got := c.ep(ep).InFlight(); got != 1 {
+		t.Errorf("c counts %d requests in flight on %s, want a's 1", got, ep)
+	}
+	pc := c.lc.Picker().(policy.Predictor)
+	pa := a.lc.Picker().(policy.Predictor)
+	for i := range uint64(20) {
+		req := &policy.Request{Model: "m", BlockTokens: 16, Blocks: prefix.Chain(nil, prefix.Seed("m", ""), seqKeys(1000*i, 30)), PromptTokens: 483}
+		for _, e := range a.pool.All() {
+			if got, want := pc.PredictCached(req, c.ep(e.Name)), pa.PredictCached(req, e); got != want {
+				t.Fatalf("conversation %d on %s: c predicts %d, a %d", i, e.Name, got, want)
+			}
+		}
+	}
+	waitFor(t, 10*time.Second, "c following a", isFollowing(c, "a"))
+	open.FirstToken()
+	open.Finish(route.Outcome{OK: true})
+	waitFor(t, 5*time.Second, "c seeing the end of a's request", func() bool { return c.ep(ep).InFlight() == 0 })
+}
+
+// TestWarmStartAlone: with no peer to take a snapshot from, a replica is ready after the
+// timeout, and says so in its metrics.
+func TestWarmStartAlone(t *testing.T) {
+	start := time.Now()
+	r := startReplica(t, "alone", []string{"127.0.0.1:1"}, func(c *Config) { c.WarmStartTimeout = 500 * time.Millisecond })
+	select {
+	case <-r.node.WaitReady():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not ready 5 s after a 500 ms warm-start timeout")
+	}
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Errorf("ready after %v, before the timeout", d)
+	}
+	if got := testutil.ToFloat64(r.m.WarmStarts.WithLabelValues("none")); got != 1 {
+		t.Errorf("warm starts none = %v", got)
+	}
+}
+
+// TestPeerGoneEndsItsRequests: the requests in flight of a replica that leaves stop counting.
+func TestPeerGoneEndsItsRequests(t *testing.T) {
+	a := startReplica(t, "a", nil, nil)
+	b := startReplica(t, "b", []string{a.node.GossipAddr()}, nil)
+	waitFor(t, 10*time.Second, "b following a", isFollowing(b, "a"))
+	waitFor(t, 5*time.Second, "a's stream to b", func() bool { return testutil.ToFloat64(b.m.Streams) == 1 })
+	c := a.call(seqKeys(5, 8)...)
+	ep := c.Endpoint().Name
+	waitFor(t, 5*time.Second, "b counting a's request", func() bool { return b.ep(ep).InFlight() == 1 })
+	a.stop()
+	waitFor(t, 10*time.Second, "b ending a's request", func() bool { return b.ep(ep).InFlight() == 0 })
+	if st := b.share.Stats(); st.Expired != 1 {
+		t.Errorf("expired %d, want 1", st.Expired)
+	}
+}
+
+// TestIsolation: a replica cut off from its peers stops hearing them (and they it); let back,
+// it follows them again.
+func TestIsolation(t *testing.T) {
+	fault := func(c *Config) { c.FaultInjection = true }
+	a := startReplica(t, "a", nil, fault)
+	b := startReplica(t, "b", []string{a.node.GossipAddr()}, fault)
+	waitFor(t, 10*time.Second, "b following a", isFollowing(b, "a"))
+	b.node.Isolate(true)
+	waitFor(t, 5*time.Second, "b letting a go", isFollowing(b))
+	c := a.call(seqKeys(7, 8)...)
+	ep := c.Endpoint().Name
+	c.FirstToken()
+	c.Finish(route.Outcome{OK: true})
+	// Long enough for failure detection to declare each dead to the other: healing takes the
+	// rejoin, not just the end of the fault.
+	waitFor(t, 30*time.Second, "a declaring b dead", isFollowing(a))
+	waitFor(t, 30*time.Second, "b declaring a dead", func() bool { return len(b.node.alive()) == 0 })
+	b.node.Isolate(false)
+	waitFor(t, 30*time.Second, "b following a again", func() bool {
+		return isFollowing(b, "a")() && isFollowing(a, "b")() && testutil.ToFloat64(b.m.Streams) == 1
+	})
+	if got := b.ep(ep).InFlight(); got != 0 {
+		t.Errorf("b counts %d in flight", got)
+	}
+	c2 := a.call(seqKeys(7, 9)...)
+	waitFor(t, 5*time.Second, "b hearing a again", func() bool { return b.ep(c2.Endpoint().Name).InFlight() == 1 })
+	c2.Finish(route.Outcome{OK: true})
+}
+
+// fakePeer serves a feed whose frames a test writes, for the nonce of each request.
+func fakePeer(t *testing.T, write func(w io.Writer, nonce [nonceSize]byte)) peerInfo {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var nonce [nonceSize]byte
+		raw, _ := hex.DecodeString(r.URL.Query().Get("nonce"))
+		copy(nonce[:], raw)
+		w.WriteHeader(http.StatusOK)
+		write(w, nonce)
+	}))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return peerInfo{name: "evil", inc: 1, feed: strings.TrimPrefix(srv.URL, "http://")}
+}
+
+// frameOf is one batch frame from peer "evil" holding evs.
+func frameOf(t *testing.T, key []byte, nonce [nonceSize]byte, seq uint64, evs ...route.Event) []byte {
+	t.Helper()
+	head, payload := message(t, header{from: "evil", inc: 1, nonce: nonce, seq: seq, sentAt: time.Now().UnixNano(), kind: kindBatch}, evs)
+	var b bytes.Buffer
+	if err := writeFrame(&b, key, head, payload); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestHostilePeer: forged, replayed, cut and oversized messages end the stream, are counted
+// by reason, and none of their events is applied.
+func TestHostilePeer(t *testing.T) {
+	r := startReplica(t, "victim", nil, func(c *Config) { c.MaxMessageBytes = 64 << 10 })
+	macKey, _ := keys(secret)
+	routed := route.Event{Kind: route.EventRouted, ID: 1, Endpoint: "http://e0", PromptTokens: 100, BlockTokens: 16, Blocks: []uint64{1}}
+	for _, c := range []struct {
+		reason string
+		write  func(w io.Writer, nonce [nonceSize]byte)
+	}{
+		{"forged", func(w io.Writer, nonce [nonceSize]byte) {
+			_, _ = w.Write(frameOf(t, bytes.Repeat([]byte{1}, 32), nonce, 1, routed))
+		}},
+		{"replayed", func(w io.Writer, _ [nonceSize]byte) { // another stream's nonce
+			_, _ = w.Write(frameOf(t, macKey, [nonceSize]byte{9}, 1, routed))
+		}},
+		{"replayed", func(w io.Writer, nonce [nonceSize]byte) { // the same frame twice
+			f := frameOf(t, macKey, nonce, 1)
+			_, _ = w.Write(append(f, f...))
+			_, _ = w.Write(frameOf(t, macKey, nonce, 1, routed))
+		}},
+		{"truncated", func(w io.Writer, nonce [nonceSize]byte) {
+			f := frameOf(t, macKey, nonce, 1, routed)
+			_, _ = w.Write(f[:len(f)-5])
+		}},
+		{"oversized", func(w io.Writer, _ [nonceSize]byte) {
+			var pre [4]byte
+			binary.BigEndian.PutUint32(pre[:], 1<<30)
+			_, _ = w.Write(pre[:])
+		}},
+		{"malformed", func(w io.Writer, nonce [nonceSize]byte) {
+			var hb bytes.Buffer
+			_ = appendHeader(&hb, &header{from: "evil", inc: 1, nonce: nonce, seq: 1, kind: kindBatch})
+			hb.Write([]byte{0x91, 0xc1}) // an array of one reserved byte
+			var b bytes.Buffer
+			_ = writeFrame(&b, macKey, hb.Bytes(), nil)
+			_, _ = w.Write(b.Bytes())
+		}},
+	} {
+		p := fakePeer(t, c.write)
+		before := testutil.ToFloat64(r.m.Dropped.WithLabelValues(c.reason))
+		err := r.node.stream(context.Background(), p, new(atomic.Int64))
+		if got := reason(err); got != c.reason {
+			t.Errorf("%s: stream ended with %q (%v)", c.reason, got, err)
+		}
+		if got := testutil.ToFloat64(r.m.Dropped.WithLabelValues(c.reason)) - before; got != 1 {
+			t.Errorf("%s: counted %v times", c.reason, got)
+		}
+	}
+	if st := r.share.Stats(); st.Applied != 0 || r.ep("http://e0").InFlight() != 0 {
+		t.Errorf("hostile events applied: %+v, in flight %d", st, r.ep("http://e0").InFlight())
+	}
+}
+
+// TestUnauthenticatedRequests: a feed or snapshot request without the secret's signature, too
+// old, or addressed to another replica is refused and counted.
+func TestUnauthenticatedRequests(t *testing.T) {
+	r := startReplica(t, "r", nil, nil)
+	base := "http://" + r.node.Addr().String()
+	other := &Node{cfg: Config{Name: "mallory", Incarnation: 1}}
+	other.macKey, _ = keys(bytes.Repeat([]byte{3}, 32))
+	good := &Node{cfg: Config{Name: "friend", Incarnation: 1}}
+	good.macKey, _ = keys(secret)
+	for _, c := range []struct {
+		name string
+		req  func() *http.Request
+		want int
+	}{
+		{"no signature", func() *http.Request {
+			q, _ := http.NewRequest(http.MethodGet, base+pathFeed+"?from=x&inc=1&nonce=00000000000000000000000000000000&ts=1", nil)
+			return q
+		}, http.StatusForbidden},
+		{"another secret", func() *http.Request {
+			q, _, _ := other.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathSnapshot)
+			return q
+		}, http.StatusForbidden},
+		{"addressed to another replica", func() *http.Request {
+			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "s", feed: r.node.Addr().String()}, pathFeed)
+			return q
+		}, http.StatusForbidden},
+		{"signed for the feed, asking for the snapshot", func() *http.Request {
+			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed)
+			q.URL.Path = pathSnapshot
+			return q
+		}, http.StatusForbidden},
+		{"signed", func() *http.Request {
+			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathSnapshot)
+			return q
+		}, http.StatusOK},
+	} {
+		resp, err := http.DefaultClient.Do(c.req())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s: %s, want %d", c.name, resp.Status, c.want)
+		}
+	}
+	if got := testutil.ToFloat64(r.m.Dropped.WithLabelValues("unauthenticated")); got != 4 {
+		t.Errorf("unauthenticated counted %v times, want 4", got)
+	}
+	// A stale request: signed a few minutes ago.
+	q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed)
+	if _, err := r.node.verifyRequest(q, pathFeed, time.Now().Add(3*time.Minute)); err == nil {
+		t.Error("a request 3 minutes old was accepted")
+	}
+}
+
+// TestPublishNeverBlocks: with a peer that never reads, publishing goes on at full speed; the
+// stream is cut when its queue is full and what it missed is counted.
+func TestPublishNeverBlocks(t *testing.T) {
+	r := startReplica(t, "r", nil, func(c *Config) { c.Queue = 2; c.MaxMessageBytes = 4096 })
+	good := &Node{cfg: Config{Name: "slow", Incarnation: 1}}
+	good.macKey, _ = keys(secret)
+	q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed)
+	resp, err := http.DefaultClient.Do(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	waitFor(t, 5*time.Second, "the slow peer subscribed", func() bool { return r.node.hub.nsubs.Load() == 1 })
+	start := time.Now()
+	ev := route.Event{Kind: route.EventRouted, ID: 1, Endpoint: "x", BlockTokens: 16, Blocks: seqKeys(0, 100)}
+	for i := range 20_000 {
+		ev.ID = uint64(i)
+		r.node.Publish(&ev)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("20,000 publishes took %v", d)
+	}
+	waitFor(t, 10*time.Second, "the queue_full count", func() bool {
+		return testutil.ToFloat64(r.m.Dropped.WithLabelValues("queue_full")) > 0
+	})
+	fmt.Fprint(io.Discard, msgpack.RawMessage{})
+}

@@ -1,0 +1,263 @@
+package prefix
+
+import (
+	"bytes"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/text/unicode/norm"
+)
+
+// Chains remembers the block chains of recent long prompts, so that a prompt that extends one
+// of them, a conversation's next turn, is normalised and hashed only past what it shares: on
+// a 100k-token conversation the shared part is 99 % of the text, and normalising and hashing
+// it was a quarter of the router's CPU per request. What is shared is checked, not assumed:
+// one xxhash pass over it (an eighth of the cost of hashing it block by block) must give what
+// the earlier prompt gave.
+//
+// Only text that the default normalisation leaves as it is (the common case for machine-built
+// prompts) is remembered and reused; any other text takes the full path. Memory is bounded by
+// the blocks remembered in all. It is safe for concurrent use; a nil *Chains remembers nothing.
+type Chains struct {
+	maxBlocks int
+
+	mu      sync.Mutex
+	byHead  map[uint64][]*remembered // by seed and the text's first headBytes bytes
+	blocks  int                      // held by every chain together
+	tick    uint64
+	entries int // chains held
+	reused  int // prompts that took blocks from a remembered chain
+}
+
+// Len returns the chains held and the blocks they hold.
+func (c *Chains) Len() (chains, blocks int) {
+	if c == nil {
+		return 0, 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries, c.blocks
+}
+
+// remembered is what one prompt left: the chained hashes of its full blocks and a hash of the text
+// they cover. Its fields do not change after it is stored.
+type remembered struct {
+	head    uint64
+	seed    uint64
+	size    int    // block bytes
+	rawLen  int    // bytes of text the blocks cover: len(blocks) x size
+	rawHash uint64 // xxhash of those bytes
+	blocks  []uint64
+	used    uint64 // Chains.tick when last matched or stored; guarded by Chains.mu
+}
+
+const (
+	// headBytes is the part of a prompt its chain is filed under: long enough to tell
+	// conversations apart in most fleets, and a conversation's first turn already has it.
+	headBytes = 1024
+	// minChainBlocks is the shortest prompt worth remembering (a 32k-token one is 2,000 blocks
+	// of 16 tokens); shorter ones cost too little to bother.
+	minChainBlocks = 256
+	// maxPerHead bounds the chains filed under one head: conversations that share a long
+	// system prompt share a head.
+	maxPerHead = 64
+)
+
+// NewChains returns a Chains that remembers at most maxBlocks blocks (8 bytes each, plus about
+// 100 bytes per prompt).
+func NewChains(maxBlocks int) *Chains {
+	return &Chains{maxBlocks: maxBlocks, byHead: map[uint64][]*remembered{}}
+}
+
+// Blocks appends to dst what BlocksBytes(dst, seed, n.NormalizeBytes(text), blockTokens)
+// appends.
+func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int, n *Normalizer) []uint64 {
+	if blockTokens <= 0 {
+		blockTokens = DefaultBlockTokens
+	}
+	size := BlockBytes(blockTokens)
+	if c == nil || !n.isDefault() || len(text) < max(headBytes, minChainBlocks*size) || isSpace(text[0]) {
+		return BlocksBytes(dst, seed, n.NormalizeBytes(text), blockTokens)
+	}
+	head := seed ^ xxhash.Sum64(text[:headBytes])
+	// Trailing whitespace is trimmed before hashing: a remembered chain may cover only what
+	// is left (it may come from a longer text that shares this one's bytes).
+	end := len(bytes.TrimRight(text, " \n"))
+	base, d := c.longest(head, seed, size, text[:end])
+	start := len(dst)
+	if base == nil || !cleanAfter(text, base.rawLen) {
+		norm := n.NormalizeBytes(text)
+		dst = BlocksBytes(dst, seed, norm, blockTokens)
+		if len(norm) > 0 && &norm[0] == &text[0] { // unchanged but for trailing whitespace
+			c.store(head, seed, size, text, dst[start:], nil, 0)
+		}
+		return dst
+	}
+	c.mu.Lock()
+	c.reused++
+	c.mu.Unlock()
+	// The shared blocks, then the rest of the (trailing-trimmed) text block by block.
+	dst = append(dst, base.blocks...)
+	h := base.blocks[len(base.blocks)-1]
+	for i := base.rawLen; i+size <= end; i += size {
+		h = Next(h, xxhash.Sum64(text[i:i+size]))
+		dst = append(dst, h)
+	}
+	c.store(head, seed, size, text, dst[start:], d, base.rawLen)
+	return dst
+}
+
+// isDefault reports whether n normalises as the zero options do (a nil n does).
+func (n *Normalizer) isDefault() bool {
+	return n == nil || !n.opts.KeepLineEndings && !n.opts.KeepUnicodeForm && !n.opts.KeepWhitespace &&
+		!n.opts.KeepEdges && len(n.rules) == 0
+}
+
+func isSpace(b byte) bool {
+	return b == ' ' || b == '\n' || b == '\t' || b == '\r' || b == '\v' || b == '\f'
+}
+
+// cleanAfter reports whether the default normalisation leaves text as it is past from, where
+// text[:from] is known to be left as it is: no carriage return, no run of whitespace to
+// collapse (the byte before from included, for a run across it), NFC from the last
+// normalisation boundary before from.
+func cleanAfter(text []byte, from int) bool {
+	rest := text[from:]
+	if bytes.IndexByte(rest, '\r') >= 0 || needsCollapse(text[from-1:]) {
+		return false
+	}
+	if isASCII(rest) {
+		return true
+	}
+	b := norm.NFC.LastBoundary(text[:from])
+	return b >= 0 && norm.NFC.IsNormal(text[b:])
+}
+
+// longest returns the longest remembered chain under head that text extends, and the xxhash
+// digest of text up to its end (nil when there is none).
+func (c *Chains) longest(head, seed uint64, size int, text []byte) (*remembered, *xxhash.Digest) {
+	c.mu.Lock()
+	cands := append([]*remembered(nil), c.byHead[head]...)
+	c.mu.Unlock()
+	// Shortest first, so that one pass of the digest checks every candidate.
+	for i := 1; i < len(cands); i++ {
+		for j := i; j > 0 && cands[j].rawLen < cands[j-1].rawLen; j-- {
+			cands[j], cands[j-1] = cands[j-1], cands[j]
+		}
+	}
+	var best *remembered
+	d := xxhash.New()
+	at := 0
+	for _, ch := range cands {
+		if ch.seed != seed || ch.size != size || ch.rawLen > len(text) {
+			continue
+		}
+		_, _ = d.Write(text[at:ch.rawLen])
+		at = ch.rawLen
+		if d.Sum64() == ch.rawHash {
+			best = ch
+		}
+	}
+	if best == nil {
+		return nil, nil
+	}
+	// Rewind the digest to the best chain's end: the longer candidates read past it.
+	if at != best.rawLen {
+		d.Reset()
+		_, _ = d.Write(text[:best.rawLen])
+	}
+	c.mu.Lock()
+	c.tick++
+	best.used = c.tick
+	c.mu.Unlock()
+	return best, d
+}
+
+// store remembers blocks, the chain of text's full blocks. d, when not nil, is the digest of
+// text[:from]; it is carried on rather than computed again.
+func (c *Chains) store(head, seed uint64, size int, text []byte, blocks []uint64, d *xxhash.Digest, from int) {
+	if len(blocks) < minChainBlocks || len(blocks) > c.maxBlocks {
+		return
+	}
+	rawLen := len(blocks) * size
+	if d == nil {
+		d = xxhash.New()
+		from = 0
+	}
+	_, _ = d.Write(text[from:rawLen])
+	ch := &remembered{head: head, seed: seed, size: size, rawLen: rawLen, rawHash: d.Sum64(), blocks: append([]uint64(nil), blocks...)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tick++
+	ch.used = c.tick
+	list := c.byHead[head]
+	// A chain that this one extends is not needed any more: the conversation moved on.
+	list = deleteChains(list, func(o *remembered) bool {
+		drop := o.seed == seed && o.size == size && o.rawLen <= rawLen && o.rawLen > 0 &&
+			o.blocks[len(o.blocks)-1] == blocks[len(o.blocks)-1]
+		if drop {
+			c.blocks -= len(o.blocks)
+			c.entries--
+		}
+		return drop
+	})
+	list = append(list, ch)
+	c.blocks += len(ch.blocks)
+	c.entries++
+	if len(list) > maxPerHead {
+		c.dropOldest(&list)
+	}
+	c.byHead[head] = list
+	for c.blocks > c.maxBlocks {
+		c.evict()
+	}
+}
+
+func deleteChains(list []*remembered, drop func(*remembered) bool) []*remembered {
+	out := list[:0]
+	for _, ch := range list {
+		if !drop(ch) {
+			out = append(out, ch)
+		}
+	}
+	clear(list[len(out):])
+	return out
+}
+
+// dropOldest removes the least recently used chain of list.
+func (c *Chains) dropOldest(list *[]*remembered) {
+	k := 0
+	for i, ch := range *list {
+		if ch.used < (*list)[k].used {
+			k = i
+		}
+	}
+	c.blocks -= len((*list)[k].blocks)
+	c.entries--
+	*list = append((*list)[:k], (*list)[k+1:]...)
+}
+
+// evict removes the least recently used chain of all. It scans every chain: there are few
+// (each holds at least minChainBlocks blocks of a bounded total).
+func (c *Chains) evict() {
+	var oldest *remembered
+	for _, list := range c.byHead {
+		for _, ch := range list {
+			if oldest == nil || ch.used < oldest.used {
+				oldest = ch
+			}
+		}
+	}
+	if oldest == nil {
+		c.blocks = 0
+		return
+	}
+	list := deleteChains(c.byHead[oldest.head], func(o *remembered) bool { return o == oldest })
+	c.blocks -= len(oldest.blocks)
+	c.entries--
+	if len(list) == 0 {
+		delete(c.byHead, oldest.head)
+	} else {
+		c.byHead[oldest.head] = list
+	}
+}

@@ -1,0 +1,431 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/tenant"
+)
+
+// This file holds the steps of a request that do not depend on how it travels: the HTTP
+// handler drives them for the requests it proxies, and Exchange lets another front end (the
+// Envoy ext_proc endpoint picker, internal/extproc, which sees the same request as gRPC
+// messages while Envoy carries it) drive the very same ones.
+
+// authenticate finds the request's tenant from its headers (Gate.Authenticate); on a 401 it
+// sets WWW-Authenticate in out, the response's headers.
+func (c *call) authenticate(hdr, out http.Header) *openai.Error {
+	h := c.h
+	if h.setup != nil {
+		return openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "", h.setup.Error())
+	}
+	if h.Gate == nil {
+		return nil
+	}
+	id, oe := h.Gate.Authenticate(hdr)
+	if oe != nil {
+		if oe.Status == http.StatusUnauthorized {
+			out.Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+		}
+		return oe
+	}
+	c.id = id
+	return nil
+}
+
+// resolve says what a method and path ask for: an API call of kind, the model list (models),
+// or an error (unknown path, wrong method).
+func resolve(method, path string) (kind openai.Kind, models bool, oe *openai.Error) {
+	if path == "/v1/models" {
+		if method != http.MethodGet {
+			return 0, false, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use GET for /v1/models")
+		}
+		return 0, true, nil
+	}
+	kind, ok := openai.KindForPath(path)
+	if !ok {
+		return 0, false, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "", "unknown_url",
+			"unknown path "+strconv.Quote(path)+": kvroute serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models")
+	}
+	if method != http.MethodPost {
+		return 0, false, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use POST for "+path)
+	}
+	return kind, false, nil
+}
+
+// prepareOptions are what a front end changes in prepare.
+type prepareOptions struct {
+	// candidates, when set, narrows the available endpoints serving the model (and tenant)
+	// before admission and the pick.
+	candidates func([]*endpoint.Endpoint) []*endpoint.Endpoint
+	// addUsage asks streams for their usage (stream_options.include_usage) when the client did
+	// not, so that the router learns the cached tokens; the front end must then drop the
+	// usage-only chunk (takeEvent says which) before the client sees it.
+	addUsage bool
+}
+
+// prepare takes a request from its body to its pick: parse, routing keys, the tenant's limits
+// (rate-limit headers set in out), the candidates, saturation, admission (which may wait, until
+// ctx ends) and the lifecycle's Begin; then the body to forward. hdr is the request's headers.
+// An error is the answer to give the client (Retry-After set in out where it applies).
+func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, out http.Header, opt prepareOptions) *openai.Error {
+	h := c.h
+	req, err := openai.Parse(kind, body)
+	if err != nil {
+		var oe *openai.Error
+		if !errors.As(err, &oe) {
+			oe = openai.BadRequest("", "%v", err)
+		}
+		return oe
+	}
+	c.req = req
+	c.stream = req.Stream
+	c.model = h.modelLabel(req.Model)
+
+	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
+	// the model and the salt the engine will use.
+	salt := req.CacheSalt
+	if c.id != nil {
+		salt = c.id.Salt
+		c.preq.Tenant = c.id.Name
+	}
+	c.preq.ID = c.rid
+	h.Keys.FromOpenAI(&c.preq, req, salt)
+	if c.preq.SessionKey == "" {
+		c.preq.SessionKey = hdr.Get("X-Session-Id")
+	}
+	if h.Gate != nil {
+		t, oe := h.Gate.Take(c.id, c.preq.PromptTokens, out)
+		if oe != nil {
+			return oe
+		}
+		c.ticket = t
+	}
+
+	if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, req.Model) {
+		c.model = metrics.UnknownModel
+		return modelNotFound(req.Model)
+	}
+	var labels map[string]string
+	if c.id != nil {
+		labels = c.id.EndpointLabels
+	}
+	cands := h.Pool.Candidates(make([]*endpoint.Endpoint, 0, 8), req.Model, labels)
+	if opt.candidates != nil && len(cands) > 0 {
+		cands = opt.candidates(cands)
+	}
+	if len(cands) == 0 {
+		if !h.served(req.Model, labels) {
+			c.model = metrics.UnknownModel
+			return modelNotFound(req.Model)
+		}
+		out.Set("Retry-After", "1")
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
+			"no healthy endpoint serves model "+strconv.Quote(req.Model)+"; retry shortly")
+	}
+	if h.Saturated != nil && h.Saturated(cands) {
+		out.Set("Retry-After", "1")
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "overloaded",
+			"every endpoint serving "+strconv.Quote(req.Model)+" is saturated; retry shortly")
+	}
+	if h.Admit != nil {
+		release, err := h.Admit(ctx, c.id, cands)
+		if err != nil {
+			var oe *openai.Error
+			if !errors.As(err, &oe) {
+				oe = openai.NewError(http.StatusTooManyRequests, "rate_limit_error", "", "rate_limited", err.Error())
+			}
+			if (oe.Status == http.StatusServiceUnavailable || oe.Status == http.StatusTooManyRequests) && out.Get("Retry-After") == "" {
+				out.Set("Retry-After", "1")
+				out.Set("retry-after-ms", "1000")
+			}
+			return oe
+		}
+		c.release = release
+	}
+
+	pickStart := time.Now()
+	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
+	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
+	if err != nil {
+		out.Set("Retry-After", "1")
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request")
+	}
+	c.rc = rc
+
+	// The body to forward: the client's bytes, patched only where needed.
+	c.body = body
+	if h.Rewrite {
+		nb, changed, err := openai.RewriteText(kind, c.body, h.Keys.Normalizer.Normalize)
+		if err == nil && changed {
+			c.body = nb
+			h.Metrics.Rewrites.Inc()
+		}
+	}
+	if opt.addUsage && req.Stream && !req.IncludeUsage && (kind == openai.KindChat || kind == openai.KindCompletion) {
+		if nb, err := openai.WithIncludeUsage(c.body); err == nil {
+			c.body = nb
+			c.dropUsage = true
+		}
+	}
+	return nil
+}
+
+// takeEvent reads one event of a streamed answer (usage, llama.cpp's timings, the response id,
+// the stream's terminator) and reports whether to pass it on: not the usage chunk the router
+// asked for on the client's behalf.
+func (c *call) takeEvent(ev openai.Event) (pass bool) {
+	if n, ok := openai.TimingsCached(ev.Data); ok {
+		c.timingsCached = n
+	}
+	if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
+		if u, ok := openai.ScanUsage(ev.Data); ok {
+			c.setUsage(u)
+			if c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
+				return false
+			}
+		}
+	}
+	if c.req != nil && c.req.Kind == openai.KindResponse && c.respID == "" && len(ev.Data) > 0 {
+		c.respID = openai.ResponseID(ev.Data)
+	}
+	if ev.IsDone() || isTerminal(ev.Name) {
+		c.complete = true
+	}
+	return true
+}
+
+// takeBody reads a whole non-streamed answer: usage, llama.cpp's timings, the response id.
+func (c *call) takeBody(body []byte) {
+	if u, ok := openai.ScanUsage(body); ok {
+		c.setUsage(u)
+	}
+	if n, ok := openai.TimingsCached(body); ok {
+		c.timingsCached = n
+	}
+	if c.req != nil && c.req.Kind == openai.KindResponse {
+		c.respID = openai.ResponseID(body)
+	}
+}
+
+// settle ends a request whose answer went out with status: the admission's release, the
+// lifecycle (endpoint counters, the policy's Done), the tenant's ticket, metrics and the
+// access line.
+func (c *call) settle(status int, method, path string) {
+	h := c.h
+	if c.release != nil {
+		c.release()
+		c.release = nil
+	}
+	c.cached = c.cachedTokens()
+	prompt, completion := 0, 0
+	if c.req != nil {
+		prompt = c.preq.PromptTokens
+		if c.haveUsage && c.usage.Prompt() > 0 {
+			prompt = c.usage.Prompt()
+		}
+		completion = c.usage.Completion()
+	}
+	ep := c.ep()
+	var ttft time.Duration
+	if c.rc != nil {
+		ttft = c.rc.TTFT()
+		c.rc.Finish(route.Outcome{
+			OK: status < 400, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: completion,
+			ResponseID: c.respID, Failure: c.failure(status),
+		})
+	}
+	end := time.Now()
+	if h.Lifecycle != nil {
+		end = h.Lifecycle.Now()
+	}
+	dur := end.Sub(c.start)
+	epName := metrics.NoEndpoint
+	if ep != nil {
+		epName = ep.Name
+		h.Metrics.PromptTokens.WithLabelValues(c.model).Add(float64(prompt))
+		h.Metrics.CompletionTokens.WithLabelValues(c.model).Add(float64(completion))
+		// The prediction is in the router's tokens; the engine's cached count in its own.
+		predicted := c.rc.Predicted()
+		if predicted > 0 {
+			predicted = int(math.Round(float64(predicted) * ep.TokenScale()))
+		}
+		h.Metrics.PredictedCachedTokens(c.model, epName, predicted)
+		if c.cached >= 0 {
+			h.Metrics.EngineCached.WithLabelValues(c.model).Add(float64(c.cached))
+			h.Metrics.CachedReported.WithLabelValues(c.model).Add(float64(prompt))
+		}
+		if ttft > 0 && c.stream {
+			h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
+		}
+	}
+	switch {
+	case c.ticket != nil:
+		// What the engines used: nothing when no endpoint answered (the estimate is refunded).
+		if ep == nil {
+			c.ticket.End(status, 0, 0)
+		} else {
+			c.ticket.End(status, prompt, completion)
+		}
+	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
+		h.Gate.Count(c.id, status) // the gate counted its own refusals
+	}
+	model := c.model
+	if model == "" {
+		model = metrics.UnknownModel
+	}
+	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
+	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
+	var attrBuf [14]slog.Attr // every attribute below, on the stack
+	attrs := append(attrBuf[:0],
+		slog.String("request_id", c.rid),
+		slog.String("method", method),
+		slog.String("path", path),
+		slog.Int("status", status),
+		slog.Float64("duration_ms", float64(dur.Microseconds())/1000),
+	)
+	if c.via != "" {
+		attrs = append(attrs, slog.String("via", c.via))
+	}
+	if c.req != nil {
+		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
+			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
+	}
+	if ep != nil {
+		attrs = append(attrs, slog.String("endpoint", ep.Name))
+	}
+	if c.rc != nil {
+		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))
+	}
+	if ttft > 0 && c.stream {
+		attrs = append(attrs, slog.Float64("ttft_ms", float64(ttft.Microseconds())/1000))
+	}
+	if c.id != nil {
+		attrs = append(attrs, slog.String("tenant", c.id.Name))
+	}
+	if c.errType != "" {
+		attrs = append(attrs, slog.String("error_type", c.errType))
+	}
+	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+// Exchange is one request's passage through the router's steps, for a front end that carries
+// the request itself (internal/extproc: Envoy carries it, kvroute picks): the same
+// authentication, parsing, routing keys, tenant limits, admission, pick, learning from the
+// answer, metrics and access line as the HTTP handler's, as plain calls. In order:
+// Authenticate, Resolve, Prepare (or Models), then, as the answer passes, Answered, Event or
+// Body, and Settle once. An Exchange is driven by one goroutine at a time.
+type Exchange struct{ c *call }
+
+// NewExchange starts a request that arrived now, carrying the client's x-request-id
+// (requestID; "" or longer than 128 bytes: a new one is made). via names the front end in the
+// access line ("ext_proc").
+func (h *Handler) NewExchange(requestID, via string) *Exchange {
+	h.once.Do(h.init)
+	c := &call{h: h, cached: -1, timingsCached: -1, via: via}
+	if h.Lifecycle != nil {
+		c.start = h.Lifecycle.Now()
+	} else {
+		c.start = time.Now()
+	}
+	c.rid = requestID
+	if c.rid == "" || len(c.rid) > 128 {
+		c.rid = h.NewRequestID()
+	}
+	return &Exchange{c: c}
+}
+
+// RequestID is the request's x-request-id.
+func (x *Exchange) RequestID() string { return x.c.rid }
+
+// Handler is the handler whose settings the exchange follows.
+func (x *Exchange) Handler() *Handler { return x.c.h }
+
+// Authenticate finds the request's tenant from its headers. An error is the answer (a 401 sets
+// WWW-Authenticate in out, the response's headers).
+func (x *Exchange) Authenticate(hdr, out http.Header) *openai.Error {
+	return x.c.authenticate(hdr, out)
+}
+
+// Resolve says what a method and path ask for: an API call of kind, the model list (models:
+// answer with Models), or an error to answer with.
+func Resolve(method, path string) (kind openai.Kind, models bool, oe *openai.Error) {
+	return resolve(method, path)
+}
+
+// Models is the JSON body of GET /v1/models for the request's tenant.
+func (x *Exchange) Models() []byte { return x.c.modelList() }
+
+// PrepareOptions are what a front end changes in Prepare.
+type PrepareOptions struct {
+	// Candidates, when set, narrows the available endpoints that serve the request's model
+	// (and tenant) before admission and the pick; it may return its argument changed.
+	Candidates func([]*endpoint.Endpoint) []*endpoint.Endpoint
+	// AddUsage asks streams for their usage when the client did not; the front end must then
+	// drop the events Event says not to pass.
+	AddUsage bool
+}
+
+// Prepare takes the request from its body to its pick (parse, routing keys, the tenant's
+// limits, the candidates, admission, which may wait until ctx ends, and the lifecycle's Begin).
+// hdr is the request's headers; headers for the answer (rate limits, Retry-After) are set in
+// out. An error is the answer to give.
+func (x *Exchange) Prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, out http.Header, opt PrepareOptions) *openai.Error {
+	return x.c.prepare(ctx, kind, body, hdr, out, prepareOptions{candidates: opt.Candidates, addUsage: opt.AddUsage})
+}
+
+// Refused records that the request was answered with e (its type goes to the access line).
+func (x *Exchange) Refused(e *openai.Error) { x.c.errType = e.Type }
+
+// Request is the parsed request (nil before Prepare parsed it).
+func (x *Exchange) Request() *openai.Request { return x.c.req }
+
+// Tenant is the request's tenant (nil without tenants).
+func (x *Exchange) Tenant() *tenant.Identity { return x.c.id }
+
+// Call is the request's lifecycle call (nil before the pick).
+func (x *Exchange) Call() *route.Call { return x.c.rc }
+
+// Body is what to send to ep: the body to forward, with the tenant's cache_salt when ep
+// honours it.
+func (x *Exchange) Body(ep *endpoint.Endpoint) []byte { return x.c.bodyFor(x.c.h, ep) }
+
+// Answered records that an endpoint answered (a response head came back).
+func (x *Exchange) Answered() { x.c.answered = true }
+
+// Event reads one event of a streamed answer and reports whether to pass it on.
+func (x *Exchange) Event(ev openai.Event) (pass bool) { return x.c.takeEvent(ev) }
+
+// Whole reads a whole non-streamed answer body (usage, response id) and marks it complete.
+func (x *Exchange) Whole(body []byte) {
+	x.c.takeBody(body)
+	x.c.complete = true
+}
+
+// Complete records that the answer was read to its end.
+func (x *Exchange) Complete() { x.c.complete = true }
+
+// Completed reports whether the answer was read to its end (a stream: to its terminator).
+func (x *Exchange) Completed() bool { return x.c.complete }
+
+// Cut records that the engine's answer ended before its end.
+func (x *Exchange) Cut() { x.c.cut = true }
+
+// Settle ends the request, whose answer went out with status (499: the client went away):
+// the lifecycle, the tenant's ticket, metrics and the access line. Call it once.
+func (x *Exchange) Settle(status int, method, path string) { x.c.settle(status, method, path) }
+
+// RetryAfter reads how long an engine that answered 429 asks to be left alone (retry-after-ms,
+// else Retry-After; 1 s when it does not say, at most a minute), for route.Call.Backoff.
+func RetryAfter(h http.Header) time.Duration { return retryAfter(h) }

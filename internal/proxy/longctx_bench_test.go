@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/route"
+)
+
+// conversation returns a chat body of about tokens prompt tokens (4 bytes each, as the router
+// estimates): a system prompt and alternating user and assistant turns of about 2,000 tokens
+// each, as a long agent or chat session grows.
+func conversation(tokens int) []byte {
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	word := "lorem ipsum dolor sit amet consectetur adipiscing elit "
+	text := func(n, salt int) string {
+		s := strings.Repeat(word, n*4/len(word)+1)[:n*4]
+		return fmt.Sprintf("%d %s", salt, s)
+	}
+	msgs := []message{{"system", text(min(2000, tokens), 0)}}
+	for left, k := tokens-2000, 1; left > 0; k++ {
+		role := "user"
+		if k%2 == 0 {
+			role = "assistant"
+		}
+		n := min(2000, left)
+		msgs = append(msgs, message{role, text(n, k)})
+		left -= n
+	}
+	body, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "messages": msgs})
+	if err != nil {
+		panic(err)
+	}
+	return body
+}
+
+// BenchmarkHandlerLongContext is the router's own work on one chat request of 10k, 32k and 100k
+// prompt tokens with the network taken out (read, parse, canonical text, normalise, hash,
+// pick among 8 endpoints, forward, read usage, metrics, access log), prefix-aware with the
+// conversation already in its index. Each request is the conversation so far plus one more
+// short turn (64 turns, then it starts again), as a session's requests are; "from-scratch"
+// hashes every prompt whole, as the router did before prefix.Chains. cpu-ms/req is the
+// process's CPU time (user + system, the garbage collector's included) per request.
+func BenchmarkHandlerLongContext(b *testing.B) {
+	pool := endpoint.NewPool()
+	var specs []endpoint.Spec
+	for i := range 8 {
+		specs = append(specs, endpoint.Spec{Name: fmt.Sprintf("http://127.0.0.1:%d", 1+i), Models: []string{"m"}, Engine: "vllm"})
+	}
+	if _, err := pool.Update(specs); err != nil {
+		b.Fatal(err)
+	}
+	for _, tokens := range []int{10_000, 32_000, 100_000} {
+		bodies := growing(tokens, 64)
+		for _, mode := range []string{"", "/from-scratch"} {
+			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
+				pk, err := policy.New("prefix-aware", nil, policy.Env{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys := route.Keys{Chains: prefix.NewChains(1 << 20)}
+				if mode != "" {
+					keys.Chains = nil
+				}
+				h := &Handler{Pool: pool, Picker: pk, Keys: keys, Metrics: metrics.New(prometheus.NewRegistry()),
+					Transport: cannedTransport{fmt.Sprintf(`{"id":"c","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":%d}}}`, tokens, tokens-16)},
+					Logger:    slog.New(slog.NewJSONHandler(io.Discard, nil))}
+				serve := func(body []byte) {
+					req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+					rec := httptest.NewRecorder()
+					h.ServeHTTP(rec, req)
+					if rec.Code != 200 {
+						b.Fatalf("status %d: %s", rec.Code, rec.Body)
+					}
+				}
+				serve(bodies[0]) // the conversation's earlier turns are in the index
+				b.ReportAllocs()
+				b.SetBytes(int64(len(bodies[0])))
+				cpu0 := cpuTime()
+				i := 1
+				for b.Loop() {
+					serve(bodies[i%len(bodies)])
+					i++
+				}
+				b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Millisecond)/float64(b.N), "cpu-ms/req")
+			})
+		}
+	}
+}
+
+// growing returns n chat bodies: a conversation of about tokens prompt tokens, then the same
+// with one, two, ... more short user turns.
+func growing(tokens, n int) [][]byte {
+	base := conversation(tokens)
+	var msgs map[string]any
+	if err := json.Unmarshal(base, &msgs); err != nil {
+		panic(err)
+	}
+	turns := msgs["messages"].([]any)
+	out := make([][]byte, n)
+	for i := range out {
+		if i > 0 {
+			turns = append(turns, map[string]any{"role": "user", "content": fmt.Sprintf("turn %d: and one more thing about that, please", i)})
+		}
+		msgs["messages"] = turns
+		b, err := json.Marshal(msgs)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -1,0 +1,599 @@
+package route
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+)
+
+// EventKind says what happened in a lifecycle, as router replicas share it.
+type EventKind uint8
+
+const (
+	// EventRouted: an attempt was sent to an endpoint (the request's routing facts).
+	EventRouted EventKind = 1 + iota
+	// EventFirstToken: the attempt's first token arrived (TTFT).
+	EventFirstToken
+	// EventDone: the attempt ended (its outcome).
+	EventDone
+	// EventRemoved: an endpoint left the pool.
+	EventRemoved
+)
+
+var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed"}
+
+// String returns the kind's name.
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) && eventNames[k] != "" {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
+// Event is one thing that happened to an attempt in a lifecycle, or to the pool, as another
+// router replica replays it (Lifecycle.Apply). It carries what a policy learns from: a
+// receiving replica rebuilds the policy.Request and makes the same endpoint counter and
+// policy.Observer calls that the origin made, so that every policy learns the fleet's traffic,
+// a little late, without code of its own for it.
+type Event struct {
+	Kind EventKind
+	// Origin is the replica where it happened (its ShareConfig.Self); 0 in an event a
+	// lifecycle publishes, which the transport fills in.
+	Origin uint64
+	// ID names the attempt within its origin (never reused there).
+	ID uint64
+	// Endpoint is the endpoint's name (its base URL): IDs differ between replicas, names do
+	// not. Routed and Removed only.
+	Endpoint string
+
+	// Routed: the request as the policy saw it.
+	Model, Tenant, SessionKey            string
+	Blocks                               []uint64
+	BlockTokens, PromptTokens, MaxTokens int
+
+	// FirstToken and Done: the time from the request's arrival to its first token (0: none).
+	TTFT time.Duration
+
+	// Done: the outcome, in the policy's token units. PromptTokens is the engine's count when
+	// it reported one. Predicted is the cached tokens the origin's policy predicted for the
+	// attempt (-1: none): a receiver learns an eviction only where the origin saw one.
+	OK                         bool
+	CachedTokens, OutputTokens int
+	Duration                   time.Duration
+	Predicted                  int
+}
+
+// Sync is told of each event of the lifecycles that share a Share, to send to the other
+// replicas. Publish is called on the request path: it must not block (queue, and drop when
+// full), and it must copy what it keeps, as ev and its Blocks belong to the caller.
+type Sync interface {
+	Publish(ev *Event)
+}
+
+// ShareConfig configures a Share. Self is required.
+type ShareConfig struct {
+	// Self names this replica in the events it publishes (nonzero, and different for every
+	// replica and every restart of one: the transport derives it from its name and
+	// incarnation).
+	Self uint64
+	// Out is told of every local event; nil: nothing is published.
+	Out Sync
+	// Endpoint finds the local endpoint of a remote event's name; nil, or nil returned: the
+	// event is dropped (DropUnknownEndpoint).
+	Endpoint func(name string) *endpoint.Endpoint
+	// MaxRemote bounds the remote attempts in flight; beyond it new ones are dropped
+	// (DropFull). 0: DefaultMaxRemote.
+	MaxRemote int
+	// TTL is how long a remote attempt may stay in flight without its end arriving (its
+	// replica died mid-request, or the end was lost): it is then ended as failed. 0:
+	// DefaultRemoteTTL.
+	TTL time.Duration
+	// Clock tells the time for TTL; nil: the wall clock.
+	Clock policy.Clock
+}
+
+// Defaults of ShareConfig.
+const (
+	DefaultMaxRemote = 100_000
+	DefaultRemoteTTL = 5 * time.Minute
+)
+
+// Drop says why Apply did not apply an event (DropNone: it did).
+type Drop uint8
+
+const (
+	// DropNone: applied.
+	DropNone Drop = iota
+	// DropDuplicate: seen already (a duplicate, a replay, or an end that came first).
+	DropDuplicate
+	// DropUnknown: a first token or end of an attempt never heard of (its Routed was lost).
+	DropUnknown
+	// DropUnknownEndpoint: the endpoint is not in this replica's pool.
+	DropUnknownEndpoint
+	// DropFull: MaxRemote attempts are in flight already.
+	DropFull
+	// DropInvalid: an event no lifecycle makes (no kind, no endpoint, negative counts).
+	DropInvalid
+	// DropSelf: an event of this replica's own, coming back.
+	DropSelf
+)
+
+var dropNames = [...]string{
+	DropNone: "none", DropDuplicate: "duplicate", DropUnknown: "unknown_request",
+	DropUnknownEndpoint: "unknown_endpoint", DropFull: "full", DropInvalid: "invalid", DropSelf: "self",
+}
+
+// String returns the reason's name, as metrics label it.
+func (d Drop) String() string {
+	if int(d) < len(dropNames) {
+		return dropNames[d]
+	}
+	return "drop"
+}
+
+// Share is what the lifecycles of one router replica share with the other replicas: the
+// attempts in flight here (local ones, published through Out) and there (remote ones, applied
+// by Lifecycle.Apply). It outlives a Lifecycle (a config reload builds a new one on the same
+// Share). Remote attempts are bounded in number (MaxRemote) and in time (TTL), and applying
+// is idempotent: duplicates, replays and an end that overtakes its start change nothing.
+// Safe for concurrent use.
+type Share struct {
+	cfg  ShareConfig
+	next atomic.Uint64 // last local attempt id
+
+	mu      sync.Mutex
+	flights map[flightKey]*flight
+	remote  int           // remote flights in flights
+	expiry  []expiryEntry // remote flights in the order they started (deadlines rise)
+	ended   endedSet      // recently ended remote attempts: their late events are duplicates
+
+	applied, expired atomic.Int64
+	dropped          [DropSelf + 1]atomic.Int64
+}
+
+type flightKey struct{ origin, id uint64 }
+
+// flight is one attempt in flight, local or remote.
+type flight struct {
+	req      *policy.Request // local: the Call's; remote: &rebuilt
+	rebuilt  policy.Request  // remote: the request rebuilt from the event (one allocation with the flight)
+	ep       *endpoint.Endpoint
+	obs      policy.Observer // remote: the observer told of Routed, told of the rest
+	local    bool
+	first    bool
+	ttft     time.Duration
+	deadline time.Time // remote only
+}
+
+type expiryEntry struct {
+	key      flightKey
+	deadline time.Time
+}
+
+// NewShare builds an empty Share.
+func NewShare(cfg ShareConfig) *Share {
+	if cfg.MaxRemote <= 0 {
+		cfg.MaxRemote = DefaultMaxRemote
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultRemoteTTL
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = policy.WallClock{}
+	}
+	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote}}
+}
+
+// Self is the origin this replica's events carry.
+func (s *Share) Self() uint64 { return s.cfg.Self }
+
+// ShareStats counts what a Share did.
+type ShareStats struct {
+	// Applied remote events; Dropped ones by reason (index: Drop); Expired remote attempts
+	// ended by their TTL or their origin's departure.
+	Applied, Expired int64
+	Dropped          [DropSelf + 1]int64
+	// Local and Remote attempts in flight now.
+	Local, Remote int
+}
+
+// Stats returns the counts so far.
+func (s *Share) Stats() ShareStats {
+	st := ShareStats{Applied: s.applied.Load(), Expired: s.expired.Load()}
+	for i := range s.dropped {
+		st.Dropped[i] = s.dropped[i].Load()
+	}
+	s.mu.Lock()
+	st.Remote = s.remote
+	st.Local = len(s.flights) - s.remote
+	s.mu.Unlock()
+	return st
+}
+
+// The hooks the Call calls where its events happen (route.go); each is a no-op on a nil Share.
+
+func (s *Share) routed(c *Call) {
+	if s == nil {
+		return
+	}
+	c.shared = s.next.Add(1)
+	s.mu.Lock()
+	s.flights[flightKey{s.cfg.Self, c.shared}] = &flight{req: c.Req, ep: c.ep, local: true}
+	s.mu.Unlock()
+	if s.cfg.Out == nil {
+		return
+	}
+	r := c.Req
+	s.cfg.Out.Publish(&Event{
+		Kind: EventRouted, ID: c.shared, Endpoint: c.ep.Name,
+		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
+		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
+	})
+}
+
+func (s *Share) firstToken(c *Call) {
+	if s == nil || c.shared == 0 {
+		return
+	}
+	ttft := c.TTFT()
+	s.mu.Lock()
+	if f := s.flights[flightKey{s.cfg.Self, c.shared}]; f != nil {
+		f.first, f.ttft = true, ttft
+	}
+	s.mu.Unlock()
+	if s.cfg.Out != nil {
+		s.cfg.Out.Publish(&Event{Kind: EventFirstToken, ID: c.shared, TTFT: ttft})
+	}
+}
+
+func (s *Share) done(c *Call, res policy.Result) {
+	if s == nil || c.shared == 0 {
+		return
+	}
+	s.mu.Lock()
+	delete(s.flights, flightKey{s.cfg.Self, c.shared})
+	s.mu.Unlock()
+	id := c.shared
+	c.shared = 0
+	if s.cfg.Out != nil {
+		s.cfg.Out.Publish(&Event{
+			Kind: EventDone, ID: id, OK: res.OK, CachedTokens: res.CachedTokens, PromptTokens: res.PromptTokens,
+			OutputTokens: res.OutputTokens, TTFT: res.TTFT, Duration: res.Duration, Predicted: c.rawPredicted,
+		})
+	}
+}
+
+func (s *Share) removed(ep *endpoint.Endpoint) {
+	if s == nil || s.cfg.Out == nil {
+		return
+	}
+	s.cfg.Out.Publish(&Event{Kind: EventRemoved, Endpoint: ep.Name})
+}
+
+// Apply replays an event of another replica (ev.Origin) on this lifecycle: Routed starts a
+// remote attempt (the endpoint's in-flight and pending-prefill counts, the policy's Routed with
+// the rebuilt request), FirstToken and Done continue it as the origin's did, and Removed tells
+// the policy that the endpoint left (another replica saw it go first). It keeps ev.Blocks. It
+// never blocks on anything but the Share's lock, and reports why it dropped the event, if it
+// did.
+func (lc *Lifecycle) Apply(ev *Event) Drop {
+	s := lc.share
+	if s == nil {
+		return DropInvalid
+	}
+	d := s.apply(lc, ev)
+	if d == DropNone {
+		s.applied.Add(1)
+	} else {
+		s.dropped[d].Add(1)
+	}
+	return d
+}
+
+func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
+	if ev.Origin == s.cfg.Self {
+		return DropSelf
+	}
+	if ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 {
+		return DropInvalid
+	}
+	now := s.cfg.Clock.Now()
+	s.expire(now)
+	key := flightKey{ev.Origin, ev.ID}
+	switch ev.Kind {
+	case EventRouted:
+		return s.start(lc, key, ev, now)
+	case EventFirstToken:
+		s.mu.Lock()
+		f := s.flights[key]
+		if f == nil {
+			defer s.mu.Unlock()
+			return s.unknownLocked(key, false)
+		}
+		if f.first {
+			s.mu.Unlock()
+			return DropDuplicate
+		}
+		f.first, f.ttft = true, ev.TTFT
+		s.mu.Unlock()
+		f.ep.FirstToken(f.req.PromptTokens)
+		if f.obs != nil {
+			f.obs.FirstToken(f.req, f.ep, ev.TTFT)
+		}
+		return DropNone
+	case EventDone:
+		s.mu.Lock()
+		f := s.flights[key]
+		if f == nil {
+			// Remembered, so that a Routed arriving after it (a snapshot taken before the end)
+			// starts nothing.
+			defer s.mu.Unlock()
+			return s.unknownLocked(key, true)
+		}
+		s.endLocked(key)
+		s.mu.Unlock()
+		prompt := f.req.PromptTokens
+		if ev.PromptTokens > 0 {
+			prompt = ev.PromptTokens
+		}
+		s.finish(f, policy.Result{OK: ev.OK, CachedTokens: remoteCached(ev), PromptTokens: prompt,
+			OutputTokens: ev.OutputTokens, TTFT: ev.TTFT, Duration: ev.Duration})
+		return DropNone
+	case EventRemoved:
+		ep := s.endpoint(ev.Endpoint)
+		if ep == nil {
+			return DropUnknownEndpoint
+		}
+		if lc.observer != nil {
+			lc.observer.Removed(ep)
+		}
+		return DropNone
+	}
+	return DropInvalid
+}
+
+// unknownLocked classifies an event of an attempt not in flight here: a duplicate when it has
+// ended, else unknown; remember records it as ended. The caller holds s.mu.
+func (s *Share) unknownLocked(key flightKey, remember bool) Drop {
+	d := DropUnknown
+	if s.ended.has(key) {
+		d = DropDuplicate
+	}
+	if remember {
+		s.ended.add(key)
+	}
+	return d
+}
+
+func (s *Share) endpoint(name string) *endpoint.Endpoint {
+	if s.cfg.Endpoint == nil || name == "" {
+		return nil
+	}
+	return s.cfg.Endpoint(name)
+}
+
+// start begins a remote attempt.
+func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Drop {
+	if ev.Endpoint == "" || ev.BlockTokens == 0 && len(ev.Blocks) > 0 {
+		return DropInvalid
+	}
+	ep := s.endpoint(ev.Endpoint)
+	if ep == nil {
+		return DropUnknownEndpoint
+	}
+	f := &flight{
+		rebuilt: policy.Request{
+			Model: ev.Model, Tenant: ev.Tenant, SessionKey: ev.SessionKey, Blocks: ev.Blocks,
+			BlockTokens: ev.BlockTokens, PromptTokens: ev.PromptTokens, MaxTokens: ev.MaxTokens,
+		},
+		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
+	}
+	f.req = &f.rebuilt
+	s.mu.Lock()
+	switch {
+	case s.flights[key] != nil || s.ended.has(key):
+		s.mu.Unlock()
+		return DropDuplicate
+	case s.remote >= s.cfg.MaxRemote:
+		s.mu.Unlock()
+		return DropFull
+	}
+	s.flights[key] = f
+	s.remote++
+	s.expiry = append(s.expiry, expiryEntry{key, f.deadline})
+	// The expiry queue holds ended attempts until their deadline passes; when they are most
+	// of it, drop them, so that it stays proportional to the attempts in flight.
+	if len(s.expiry) > 1024 && len(s.expiry) > 4*s.remote {
+		live := s.expiry[:0]
+		for _, e := range s.expiry {
+			if g := s.flights[e.key]; g != nil && !g.local {
+				live = append(live, e)
+			}
+		}
+		clear(s.expiry[len(live):])
+		s.expiry = live
+	}
+	s.mu.Unlock()
+	ep.Start(f.req.PromptTokens)
+	if f.obs != nil {
+		f.obs.Routed(f.req, ep)
+	}
+	return DropNone
+}
+
+// remoteCached is the cached tokens a receiver's policy hears for a remote attempt that ended.
+// The engine's report tells the origin of an eviction when it is below what the origin
+// predicted. The receiver heard of the attempt later, often after it had routed the same
+// prefix there itself, and so may predict more than the origin did: told the engine's
+// report as it is, it would see an eviction that did not happen (and prefix-aware would forget
+// much of that endpoint). So the receiver hears the report only where the origin saw an
+// eviction; elsewhere, that the engine did not say (-1).
+func remoteCached(ev *Event) int {
+	if ev.CachedTokens >= 0 && ev.Predicted >= 0 && ev.CachedTokens < ev.Predicted {
+		return ev.CachedTokens
+	}
+	return -1
+}
+
+// endLocked takes a remote flight out of the table. The caller holds s.mu.
+func (s *Share) endLocked(key flightKey) {
+	delete(s.flights, key)
+	s.remote--
+	s.ended.add(key)
+}
+
+// finish settles a remote attempt that ended: the endpoint's counters and the policy's Done.
+func (s *Share) finish(f *flight, res policy.Result) {
+	f.ep.Finish(f.req.PromptTokens, f.first)
+	if f.obs != nil {
+		if res.TTFT == 0 && f.first {
+			res.TTFT = f.ttft
+		}
+		f.obs.Done(f.req, f.ep, res)
+	}
+}
+
+// expire ends the remote attempts whose TTL has run out at now, as failed.
+func (s *Share) expire(now time.Time) {
+	var out []*flight
+	s.mu.Lock()
+	n := 0
+	for ; n < len(s.expiry) && !s.expiry[n].deadline.After(now); n++ {
+		k := s.expiry[n].key
+		if f := s.flights[k]; f != nil && !f.local && !f.deadline.After(now) {
+			s.endLocked(k)
+			out = append(out, f)
+		}
+	}
+	if n > 0 {
+		s.expiry = append(s.expiry[:0], s.expiry[n:]...)
+	}
+	s.mu.Unlock()
+	s.failAll(out)
+}
+
+// Expire ends, as failed, the remote attempts whose end has not arrived within the TTL. Apply
+// does it too; call it when no event may come for a while.
+func (s *Share) Expire() { s.expire(s.cfg.Clock.Now()) }
+
+// ForgetOrigin ends, as failed, every remote attempt of origin: that replica died or
+// restarted, and the ends of its requests will never come.
+func (s *Share) ForgetOrigin(origin uint64) int {
+	if origin == s.cfg.Self {
+		return 0
+	}
+	var out []*flight
+	s.mu.Lock()
+	for k, f := range s.flights {
+		if k.origin == origin && !f.local {
+			s.endLocked(k)
+			out = append(out, f)
+		}
+	}
+	s.mu.Unlock()
+	s.failAll(out)
+	return len(out)
+}
+
+// Reconcile ends, as failed, the remote attempts of origin that are not among live (the IDs
+// that origin says are in flight there), for a replica whose events may have been lost (its
+// stream broke): what it says now is the truth.
+func (s *Share) Reconcile(origin uint64, live map[uint64]bool) int {
+	if origin == s.cfg.Self {
+		return 0
+	}
+	var out []*flight
+	s.mu.Lock()
+	for k, f := range s.flights {
+		if k.origin == origin && !f.local && !live[k.id] {
+			s.endLocked(k)
+			out = append(out, f)
+		}
+	}
+	s.mu.Unlock()
+	s.failAll(out)
+	return len(out)
+}
+
+// failAll ends remote attempts whose end will not come. Their outcome is unknown: the engine
+// may well have computed them (a router that dies does not stop its engines' prefills). An
+// attempt that failed before its first token tells a policy that the engine never computed it
+// (prefix-aware then drops the blocks it added, and with them the placement of every request
+// with that prefix since), so each is first given a first token of unknown time (0, which
+// teaches no speed), then ended as failed: the index keeps what it had, and engine reports
+// correct it if it was wrong.
+func (s *Share) failAll(fs []*flight) {
+	for _, f := range fs {
+		s.expired.Add(1)
+		if !f.first {
+			f.first = true
+			f.ep.FirstToken(f.req.PromptTokens)
+			if f.obs != nil {
+				f.obs.FirstToken(f.req, f.ep, 0)
+			}
+		}
+		s.finish(f, policy.Result{OK: false, CachedTokens: -1, PromptTokens: f.req.PromptTokens})
+	}
+}
+
+// InFlight returns the attempts in flight here, local and remote, as the events that would
+// start them on another replica (Routed, then FirstToken when it came), local ones with Origin
+// set to Self: what a new replica takes with a snapshot.
+func (s *Share) InFlight() []Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Event, 0, len(s.flights))
+	for k, f := range s.flights {
+		r := f.req
+		out = append(out, Event{
+			Kind: EventRouted, Origin: k.origin, ID: k.id, Endpoint: f.ep.Name,
+			Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
+			BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
+		})
+		if f.first {
+			out = append(out, Event{Kind: EventFirstToken, Origin: k.origin, ID: k.id, TTFT: f.ttft})
+		}
+	}
+	return out
+}
+
+// LocalIDs returns the IDs of the local attempts in flight (for Reconcile on the other side).
+func (s *Share) LocalIDs() []uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]uint64, 0, len(s.flights)-s.remote)
+	for k, f := range s.flights {
+		if f.local {
+			out = append(out, k.id)
+		}
+	}
+	return out
+}
+
+// endedSet remembers recently ended remote attempts, in two generations so that its memory is
+// bounded without per-entry bookkeeping.
+type endedSet struct {
+	max        int
+	young, old map[flightKey]struct{}
+}
+
+func (e *endedSet) add(k flightKey) {
+	if e.young == nil {
+		e.young = map[flightKey]struct{}{}
+	}
+	if len(e.young) >= max(e.max, 1) {
+		e.old, e.young = e.young, map[flightKey]struct{}{}
+	}
+	e.young[k] = struct{}{}
+}
+
+func (e *endedSet) has(k flightKey) bool {
+	if _, ok := e.young[k]; ok {
+		return true
+	}
+	_, ok := e.old[k]
+	return ok
+}

@@ -1,0 +1,454 @@
+package route
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
+)
+
+// recorder is a Sync that keeps copies of what it is told, as a transport would.
+type recorder struct{ evs []Event }
+
+func (r *recorder) Publish(ev *Event) {
+	e := *ev
+	e.Blocks = append([]uint64(nil), ev.Blocks...)
+	r.evs = append(r.evs, e)
+}
+
+// replica is one router replica of a test: its pool, its policy, its lifecycle and share.
+type replica struct {
+	eps   []*endpoint.Endpoint
+	share *Share
+	lc    *Lifecycle
+	out   *recorder
+}
+
+func newReplica(t *testing.T, self uint64, p policy.Picker, clk *stepClock, cfg ShareConfig, names ...string) *replica {
+	t.Helper()
+	r := &replica{eps: pool(t, names...), out: &recorder{}}
+	cfg.Self, cfg.Out, cfg.Clock = self, r.out, clk
+	cfg.Endpoint = func(name string) *endpoint.Endpoint {
+		for _, e := range r.eps {
+			if e.Name == name {
+				return e
+			}
+		}
+		return nil
+	}
+	r.share = NewShare(cfg)
+	lc, err := New(Config{Picker: p, Clock: clk, Share: r.share})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.lc = lc
+	return r
+}
+
+// deliver applies every event r published so far to the other replicas, as from r's origin,
+// and returns why each was dropped (DropNone: applied).
+func (r *replica) deliver(to ...*replica) []Drop {
+	var got []Drop
+	for _, e := range r.out.evs {
+		e.Origin = r.share.Self()
+		for _, o := range to {
+			got = append(got, o.lc.Apply(&e))
+		}
+	}
+	r.out.evs = nil
+	return got
+}
+
+func load(eps []*endpoint.Endpoint) [][2]int {
+	out := make([][2]int, len(eps))
+	for i, e := range eps {
+		out[i] = [2]int{e.InFlight(), e.PendingPrefill()}
+	}
+	return out
+}
+
+// TestShareReplays: what one replica's lifecycle does, another's replays: the endpoint
+// counters and the policy's Routed / FirstToken / Done, with the request rebuilt.
+func TestShareReplays(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	sa, sb := &script{order: []string{"y", "x"}}, &script{order: []string{"x", "y"}}
+	a := newReplica(t, 1, sa, clk, ShareConfig{}, "x", "y")
+	b := newReplica(t, 2, sb, clk, ShareConfig{}, "y", "x") // another order: another ID per name
+
+	req := &policy.Request{ID: "r1", Model: "m", Tenant: "t", SessionKey: "s", Blocks: []uint64{7, 8}, BlockTokens: 16, PromptTokens: 40, MaxTokens: 9}
+	c, err := a.lc.Begin(req, a.eps, "", clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep := c.Next(); ep.Name != "y" {
+		t.Fatalf("picked %s", ep.Name)
+	}
+	if d := a.deliver(b); !cmp.Equal(d, []Drop{DropNone}) {
+		t.Fatalf("Routed: %v", d)
+	}
+	if diff := cmp.Diff([][2]int{{1, 40}, {0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("b's counters after Routed (y, x) (-want +got):\n%s", diff)
+	}
+	clk.t = clk.t.Add(25 * time.Millisecond)
+	c.FirstToken()
+	a.deliver(b)
+	if diff := cmp.Diff([][2]int{{1, 0}, {0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("b's counters after FirstToken (-want +got):\n%s", diff)
+	}
+	c.Finish(Outcome{OK: true, CachedTokens: 32, OutputTokens: 9})
+	a.deliver(b)
+	if diff := cmp.Diff([][2]int{{0, 0}, {0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("b's counters after Done (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(sa.log, sb.log); diff != "" {
+		t.Errorf("b's policy heard otherwise than a's (-a +b):\n%s", diff)
+	}
+	st := b.share.Stats()
+	if st.Applied != 3 || st.Remote != 0 || st.Local != 0 {
+		t.Errorf("b's stats: %+v", st)
+	}
+	if st := a.share.Stats(); st.Local != 0 {
+		t.Errorf("a's local attempts after the end: %d", st.Local)
+	}
+}
+
+// TestShareRebuildsRequest: the policy of the receiving replica gets the routing facts.
+func TestShareRebuildsRequest(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	var got []policy.Request
+	b := newReplica(t, 2, &observerFunc{routed: func(r *policy.Request) { got = append(got, *r) }}, clk, ShareConfig{}, "x")
+	ev := Event{Kind: EventRouted, Origin: 1, ID: 5, Endpoint: "x", Model: "m", Tenant: "t", SessionKey: "s",
+		Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7}
+	if d := b.lc.Apply(&ev); d != DropNone {
+		t.Fatal(d)
+	}
+	want := []policy.Request{{Model: "m", Tenant: "t", SessionKey: "s", Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rebuilt request (-want +got):\n%s", diff)
+	}
+}
+
+// observerFunc is a policy that ranks candidates as given and reports Routed.
+type observerFunc struct{ routed func(*policy.Request) }
+
+func (o *observerFunc) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	return c, nil
+}
+func (o *observerFunc) Routed(r *policy.Request, _ *endpoint.Endpoint)                { o.routed(r) }
+func (o *observerFunc) FirstToken(*policy.Request, *endpoint.Endpoint, time.Duration) {}
+func (o *observerFunc) Done(*policy.Request, *endpoint.Endpoint, policy.Result)       {}
+func (o *observerFunc) Removed(*endpoint.Endpoint)                                    {}
+
+// TestShareIdempotent: duplicates, replays, an end before its start, an unknown endpoint, an
+// event of its own, nonsense: dropped with their reason, the counters untouched.
+func TestShareIdempotent(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{}
+	b := newReplica(t, 2, s, clk, ShareConfig{}, "x")
+	routed := func(id uint64) *Event {
+		return &Event{Kind: EventRouted, Origin: 1, ID: id, Endpoint: "x", PromptTokens: 10, BlockTokens: 16, Blocks: []uint64{1}}
+	}
+	steps := []struct {
+		ev   *Event
+		want Drop
+	}{
+		{routed(1), DropNone},
+		{routed(1), DropDuplicate},
+		{&Event{Kind: EventFirstToken, Origin: 1, ID: 1, TTFT: time.Millisecond}, DropNone},
+		{&Event{Kind: EventFirstToken, Origin: 1, ID: 1, TTFT: time.Millisecond}, DropDuplicate},
+		{&Event{Kind: EventDone, Origin: 1, ID: 1, OK: true, Predicted: -1}, DropNone},
+		{&Event{Kind: EventDone, Origin: 1, ID: 1, OK: true, Predicted: -1}, DropDuplicate},
+		{routed(1), DropDuplicate}, // a replay after the end
+		{&Event{Kind: EventDone, Origin: 1, ID: 2}, DropUnknown},
+		{routed(2), DropDuplicate}, // its end came first
+		{&Event{Kind: EventFirstToken, Origin: 1, ID: 3}, DropUnknown},
+		{&Event{Kind: EventRouted, Origin: 1, ID: 4, Endpoint: "nowhere", PromptTokens: 10}, DropUnknownEndpoint},
+		{&Event{Kind: EventRouted, Origin: 2, ID: 5, Endpoint: "x"}, DropSelf},
+		{&Event{Kind: EventRouted, Origin: 0, ID: 6, Endpoint: "x"}, DropInvalid},
+		{&Event{Kind: EventRouted, Origin: 1, ID: 7, Endpoint: "x", PromptTokens: -1}, DropInvalid},
+		{&Event{Kind: EventRouted, Origin: 1, ID: 8, Endpoint: ""}, DropInvalid},
+		{&Event{Kind: EventRouted, Origin: 1, ID: 9, Endpoint: "x", Blocks: []uint64{1}}, DropInvalid}, // blocks of no size
+		{&Event{Kind: 99, Origin: 1, ID: 10}, DropInvalid},
+	}
+	for i, st := range steps {
+		if got := b.lc.Apply(st.ev); got != st.want {
+			t.Errorf("step %d (%s %d): %v, want %v", i, st.ev.Kind, st.ev.ID, got, st.want)
+		}
+	}
+	if diff := cmp.Diff([][2]int{{0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("counters (-want +got):\n%s", diff)
+	}
+	want := []string{"routed x", "first x 1ms", "done x ok=true cached=-1 ttft=1ms"}
+	if diff := cmp.Diff(want, s.log); diff != "" {
+		t.Errorf("policy heard (-want +got):\n%s", diff)
+	}
+	st := b.share.Stats()
+	if st.Applied != 3 || st.Dropped[DropDuplicate] != 5 || st.Dropped[DropInvalid] != 5 || st.Dropped[DropUnknown] != 2 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestRemoteCorrections: an engine report below the origin's prediction (an eviction) reaches
+// the receiver's policy as it is; any other reads as no report, so that a receiver that
+// predicted more (it had heard of another request with that prefix first) sees no eviction.
+func TestRemoteCorrections(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		cached, originPred int
+		want               int
+	}{
+		{"origin predicted right", 100, 100, -1},
+		{"engine had more", 300, 100, -1},
+		{"origin saw an eviction", 100, 300, 100},
+		{"engine did not say", -1, 100, -1},
+		{"origin has no prediction", 100, -1, -1},
+	} {
+		if got := remoteCached(&Event{CachedTokens: c.cached, Predicted: c.originPred}); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// TestShareBounded: remote attempts beyond MaxRemote are dropped; one whose end never comes
+// ends, failed, after the TTL; a replica that leaves takes its attempts with it.
+func TestShareBounded(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{}
+	b := newReplica(t, 9, s, clk, ShareConfig{MaxRemote: 3, TTL: time.Minute}, "x")
+	routed := func(origin, id uint64) *Event {
+		return &Event{Kind: EventRouted, Origin: origin, ID: id, Endpoint: "x", PromptTokens: 10}
+	}
+	for i, want := range []Drop{DropNone, DropNone, DropNone, DropFull} {
+		if got := b.lc.Apply(routed(1, uint64(i))); got != want {
+			t.Errorf("attempt %d: %v, want %v", i, got, want)
+		}
+	}
+	if got := b.eps[0].InFlight(); got != 3 {
+		t.Fatalf("in flight %d, want 3", got)
+	}
+	clk.t = clk.t.Add(30 * time.Second)
+	b.lc.Apply(&Event{Kind: EventDone, Origin: 1, ID: 0, OK: true})
+	b.lc.Apply(routed(2, 1)) // room again
+	clk.t = clk.t.Add(31 * time.Second)
+	b.share.Expire() // 1's two others are a minute old, 2's is not
+	if got := b.eps[0].InFlight(); got != 1 {
+		t.Errorf("in flight after the TTL: %d, want 1", got)
+	}
+	if n := b.share.ForgetOrigin(2); n != 1 || b.eps[0].InFlight() != 0 || b.eps[0].PendingPrefill() != 0 {
+		t.Errorf("ForgetOrigin ended %d, in flight %d, pending %d", n, b.eps[0].InFlight(), b.eps[0].PendingPrefill())
+	}
+	if st := b.share.Stats(); st.Expired != 3 || st.Remote != 0 || st.Dropped[DropFull] != 1 {
+		t.Errorf("stats %+v", st)
+	}
+	// A late end of an expired attempt changes nothing.
+	if d := b.lc.Apply(&Event{Kind: EventDone, Origin: 1, ID: 1}); d != DropDuplicate {
+		t.Errorf("late end: %v", d)
+	}
+}
+
+// TestShareExpiryQueueBounded: attempts that start and end forever keep the expiry queue
+// proportional to those in flight.
+func TestShareExpiryQueueBounded(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	b := newReplica(t, 9, &script{}, clk, ShareConfig{TTL: time.Hour}, "x")
+	for i := range uint64(20_000) {
+		b.lc.Apply(&Event{Kind: EventRouted, Origin: 1, ID: i, Endpoint: "x", PromptTokens: 1})
+		b.lc.Apply(&Event{Kind: EventDone, Origin: 1, ID: i, OK: true})
+	}
+	b.share.mu.Lock()
+	n := len(b.share.expiry)
+	b.share.mu.Unlock()
+	if n > 1025 {
+		t.Errorf("expiry queue holds %d entries for 0 attempts in flight", n)
+	}
+}
+
+// TestShareReconcile: after a broken stream, what the origin says is in flight is the truth.
+func TestShareReconcile(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	b := newReplica(t, 9, &script{}, clk, ShareConfig{}, "x")
+	for id := range uint64(4) {
+		b.lc.Apply(&Event{Kind: EventRouted, Origin: 1, ID: id, Endpoint: "x", PromptTokens: 1})
+	}
+	b.lc.Apply(&Event{Kind: EventRouted, Origin: 3, ID: 0, Endpoint: "x", PromptTokens: 1})
+	if n := b.share.Reconcile(1, map[uint64]bool{2: true}); n != 3 {
+		t.Errorf("Reconcile ended %d, want 3", n)
+	}
+	if got := b.eps[0].InFlight(); got != 2 {
+		t.Errorf("in flight %d, want 2 (1's attempt 2 and 3's)", got)
+	}
+}
+
+// TestShareInFlight: a new replica takes the attempts in flight, local and remote, and
+// starts them as they are (first token seen or not).
+func TestShareInFlight(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	a := newReplica(t, 1, &script{order: []string{"x"}}, clk, ShareConfig{}, "x")
+	c, _ := a.lc.Begin(&policy.Request{PromptTokens: 20, BlockTokens: 16, Blocks: []uint64{4}}, a.eps, "", clk.t)
+	c.Next()
+	c.FirstToken()
+	c2, _ := a.lc.Begin(&policy.Request{PromptTokens: 30}, a.eps, "", clk.t)
+	c2.Next()
+	a.lc.Apply(&Event{Kind: EventRouted, Origin: 7, ID: 1, Endpoint: "x", PromptTokens: 5})
+	if ids := a.share.LocalIDs(); len(ids) != 2 {
+		t.Errorf("local ids %v", ids)
+	}
+	c3 := newReplica(t, 3, &script{}, clk, ShareConfig{}, "x")
+	for _, ev := range a.share.InFlight() {
+		if d := c3.lc.Apply(&ev); d != DropNone {
+			t.Errorf("%s of %d/%d: %v", ev.Kind, ev.Origin, ev.ID, d)
+		}
+	}
+	if diff := cmp.Diff(load(a.eps), load(c3.eps)); diff != "" {
+		t.Errorf("the new replica's counters differ (-a +new):\n%s", diff)
+	}
+	// The ends come from their origins.
+	c.Finish(Outcome{OK: true})
+	c2.Finish(Outcome{OK: true})
+	a.out.evs = a.out.evs[len(a.out.evs)-2:]
+	a.deliver(c3)
+	c3.lc.Apply(&Event{Kind: EventDone, Origin: 7, ID: 1, OK: true})
+	if diff := cmp.Diff([][2]int{{0, 0}}, load(c3.eps)); diff != "" {
+		t.Errorf("after the ends (-want +got):\n%s", diff)
+	}
+}
+
+// TestShareRemoved: an endpoint another replica saw leave is forgotten by the policy here.
+func TestShareRemoved(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	a := newReplica(t, 1, &script{}, clk, ShareConfig{}, "x", "y")
+	s := &script{}
+	b := newReplica(t, 2, s, clk, ShareConfig{}, "x", "y")
+	a.lc.Removed(a.eps[1])
+	if d := a.deliver(b); !cmp.Equal(d, []Drop{DropNone}) {
+		t.Fatalf("Removed: %v", d)
+	}
+	if diff := cmp.Diff([]string{"removed y"}, s.log); diff != "" {
+		t.Errorf("b's policy heard (-want +got):\n%s", diff)
+	}
+}
+
+// TestSharedPolicyFollowsConversation: prefix-aware on replica b sends a conversation's next
+// turn where replica a sent its first, because it heard of it; without sharing it does not
+// know (the scenario behind the lost hit rate).
+func TestSharedPolicyFollowsConversation(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		clk := &stepClock{t: time.Unix(100, 0)}
+		mk := func(self uint64) *replica {
+			p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return newReplica(t, self, p, clk, ShareConfig{}, "e0", "e1", "e2", "e3")
+		}
+		a, b := mk(1), mk(2)
+		// Earlier traffic has filled e0..e2 a little on both; the conversation lands wherever
+		// a puts it.
+		turn1 := &policy.Request{Model: "m", Blocks: seqBlocks(1000, 200), BlockTokens: 16, PromptTokens: 3200}
+		c, _ := a.lc.Begin(turn1, a.eps, "", clk.t)
+		home := c.Next()
+		clk.t = clk.t.Add(300 * time.Millisecond)
+		c.FirstToken()
+		c.Finish(Outcome{OK: true, CachedTokens: 0})
+		if shared {
+			a.deliver(b)
+		}
+		clk.t = clk.t.Add(time.Second)
+		turn2 := &policy.Request{Model: "m", Blocks: seqBlocks(1000, 220), BlockTokens: 16, PromptTokens: 3520}
+		c2, _ := b.lc.Begin(turn2, b.eps, "", clk.t)
+		got := c2.Next()
+		if shared && got.Name != home.Name {
+			t.Errorf("shared: b sent turn 2 to %s, a sent turn 1 to %s", got.Name, home.Name)
+		}
+		if shared {
+			if p := c2.Predicted(); p != 200*16 {
+				t.Errorf("shared: b predicts %d cached tokens, want %d", p, 200*16)
+			}
+		} else if p := c2.Predicted(); p != 0 {
+			t.Errorf("alone: b predicts %d cached tokens, want 0", p)
+		}
+	}
+}
+
+func seqBlocks(start uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = start + uint64(i)*7919
+	}
+	return out
+}
+
+// BenchmarkApply replays one remote request (routed, first token, done) of a 64-block prompt
+// on a replica running prefix-aware: the CPU the sync costs a replica per request of another.
+func BenchmarkApply(b *testing.B) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p4 := endpoint.NewPool()
+	if _, err := p4.Update([]endpoint.Spec{{Name: "e0"}, {Name: "e1"}, {Name: "e2"}, {Name: "e3"}}); err != nil {
+		b.Fatal(err)
+	}
+	eps := p4.All()
+	s := NewShare(ShareConfig{Self: 2, Clock: clk, Endpoint: func(name string) *endpoint.Endpoint {
+		return eps[int(name[1]-'0')]
+	}})
+	lc, err := New(Config{Picker: p, Clock: clk, Share: s})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const groups = 64
+	chains := make([][]uint64, groups)
+	for g := range chains {
+		chains[g] = prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(uint64(g)<<32, 64))
+	}
+	names := []string{"e0", "e1", "e2", "e3"}
+	b.ReportAllocs()
+	var id uint64
+	for b.Loop() {
+		id++
+		g := int(id % groups)
+		routed := Event{Kind: EventRouted, Origin: 1, ID: id, Endpoint: names[g%4], Model: "m", Blocks: chains[g], BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8}
+		first := Event{Kind: EventFirstToken, Origin: 1, ID: id, TTFT: 20 * time.Millisecond}
+		done := Event{Kind: EventDone, Origin: 1, ID: id, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond}
+		for _, ev := range []*Event{&routed, &first, &done} {
+			if d := lc.Apply(ev); d != DropNone {
+				b.Fatal(d)
+			}
+		}
+		clk.t = clk.t.Add(time.Millisecond)
+	}
+}
+
+// TestExpiredKeepsPlacement: the attempts of a replica that died end with an unknown outcome:
+// its in-flight requests' blocks stay in the index of prefix-aware here (they were most likely
+// computed), the counters go back to zero, and nothing is learnt of speed.
+func TestExpiredKeepsPlacement(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newReplica(t, 2, p, clk, ShareConfig{}, "e0", "e1")
+	blocks := prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(5, 10))
+	ev := Event{Kind: EventRouted, Origin: 1, ID: 1, Endpoint: "e0", Model: "m", Blocks: blocks, BlockTokens: 16, PromptTokens: 170}
+	if d := b.lc.Apply(&ev); d != DropNone {
+		t.Fatal(d)
+	}
+	if n := b.share.ForgetOrigin(1); n != 1 {
+		t.Fatalf("ForgetOrigin ended %d", n)
+	}
+	if diff := cmp.Diff([][2]int{{0, 0}, {0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("counters (-want +got):\n%s", diff)
+	}
+	req := &policy.Request{Model: "m", Blocks: blocks, BlockTokens: 16, PromptTokens: 170}
+	if got := p.(policy.Predictor).PredictCached(req, b.eps[0]); got != 160 {
+		t.Errorf("after its replica left, the request's blocks are predicted at %d tokens on e0, want 160", got)
+	}
+}

@@ -1,0 +1,381 @@
+package scorecard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/des"
+	"github.com/kvroute/kvroute/internal/experiment"
+	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/workload"
+)
+
+// DefaultTrace is where the Mooncake conversation trace is, relative to the repository root.
+const DefaultTrace = "../shared/traces/mooncake/conversation_trace.jsonl"
+
+// DefaultSubject is the policy whose targets the scorecard checks.
+const DefaultSubject = "prefix-aware"
+
+// Options say what to run.
+type Options struct {
+	// Trace is the Mooncake conversation trace (empty: DefaultTrace). When the file does not
+	// exist its scenario is skipped with a note, not failed.
+	Trace string
+	// Seeds are the seeds to run each cell with (empty: 1). A seed seeds the policies'
+	// randomness and the generated workloads.
+	Seeds []uint64
+	// Policies are the policies to compare, experiment.ParsePolicies' form (empty: all).
+	Policies string
+	// Subject is the policy checked against the targets (empty: DefaultSubject). When it is
+	// not among the policies no cell has a verdict.
+	Subject string
+	// Matrix is the scenarios to choose from (nil: Matrix()).
+	Matrix []Scenario
+	// Scenarios keeps the scenarios whose name contains one of these (empty: all).
+	Scenarios []string
+	// Loads are the loads of every scenario (empty: Loads).
+	Loads []float64
+	// Parallel bounds the simulations that run at once (0: one per CPU).
+	Parallel int
+}
+
+// Scorecard is every cell's scores.
+type Scorecard struct {
+	Subject string   `json:"subject"`
+	Seeds   []uint64 `json:"seeds"`
+	Trace   string   `json:"trace"`
+	Cells   []Cell   `json:"cells"`
+	// WallSeconds is how long the whole run took; RunSeconds adds up the simulations' own
+	// times (CPU-bound, one goroutine each).
+	WallSeconds float64 `json:"wall_seconds"`
+	RunSeconds  float64 `json:"run_seconds"`
+}
+
+// Cell is one scenario at one load and seed: what ran and every policy's scores.
+type Cell struct {
+	Scenario  string  `json:"scenario"`
+	Workload  string  `json:"workload"`
+	Fleet     string  `json:"fleet"`
+	Load      float64 `json:"load"`
+	Seed      uint64  `json:"seed"`
+	NoSharing bool    `json:"no_sharing,omitempty"`
+	// Skipped says why the cell did not run ("" when it ran).
+	Skipped  string `json:"skipped,omitempty"`
+	Requests int    `json:"requests,omitempty"`
+	// Speedup divided the workload's arrivals to reach Load; OfferedLoad is the load it gave.
+	Speedup     float64       `json:"speedup,omitempty"`
+	OfferedLoad float64       `json:"offered_load,omitempty"`
+	Bounds      report.Bounds `json:"bounds"`
+	Scores      []Score       `json:"scores,omitempty"`
+	// Verdict is the subject's, nil when the subject did not run.
+	Verdict *Verdict `json:"verdict,omitempty"`
+}
+
+// Score is one policy's figures in a cell.
+type Score struct {
+	Policy string `json:"policy"`
+	// HitRate is the engines' prefix-cache hits over prompt tokens; HitOfBound that over the
+	// pooled-LRU bound (0 when the bound is 0).
+	HitRate    float64        `json:"hit_rate"`
+	HitOfBound float64        `json:"hit_of_bound"`
+	TTFT       report.Latency `json:"ttft_ms"`
+	// MeanRatio, P50Ratio and P99Ratio are its TTFT mean, p50 and p99 over the best (lowest)
+	// of the other policies' (0 when there is no other).
+	MeanRatio float64 `json:"ttft_mean_ratio"`
+	P50Ratio  float64 `json:"ttft_p50_ratio"`
+	P99Ratio  float64 `json:"ttft_p99_ratio"`
+	// Imbalance is max / mean of the instances' busy fractions, each over the time the
+	// instance was part of the fleet.
+	Imbalance   float64 `json:"imbalance"`
+	Completed   int     `json:"completed"`
+	Failed      int     `json:"failed"`
+	WallSeconds float64 `json:"wall_seconds"`
+}
+
+// Run runs the scorecard: every scenario at every load and seed, every policy in each, at most
+// Parallel simulations at once. The cells come back in matrix order (seed, scenario, load).
+func Run(ctx context.Context, o Options) (*Scorecard, error) {
+	start := time.Now()
+	pols, err := experiment.ParsePolicies(o.Policies)
+	if err != nil {
+		return nil, &experiment.UsageError{Err: fmt.Errorf("--policies: %w", err)}
+	}
+	if o.Trace == "" {
+		o.Trace = DefaultTrace
+	}
+	if len(o.Seeds) == 0 {
+		o.Seeds = []uint64{1}
+	}
+	if o.Subject == "" {
+		o.Subject = DefaultSubject
+	}
+	if len(o.Loads) == 0 {
+		o.Loads = Loads
+	}
+	var errs []error
+	for _, l := range o.Loads {
+		if !(l > 0) {
+			errs = append(errs, fmt.Errorf("load %g: want a load above 0, such as 0.7", l))
+		}
+	}
+	if o.Matrix == nil {
+		o.Matrix = Matrix()
+	}
+	scenarios := pick(o.Matrix, o.Scenarios)
+	if len(scenarios) == 0 {
+		errs = append(errs, fmt.Errorf("no scenario matches %q: the scenarios are %s", o.Scenarios, strings.Join(names(o.Matrix), ", ")))
+	}
+	if o.Parallel < 0 {
+		errs = append(errs, fmt.Errorf("parallel %d: want 0 (one per CPU) or more", o.Parallel))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, &experiment.UsageError{Err: err}
+	}
+	if o.Parallel == 0 {
+		o.Parallel = runtime.GOMAXPROCS(0)
+	}
+	sc := &Scorecard{Subject: o.Subject, Seeds: o.Seeds, Trace: o.Trace}
+	subject := slices.IndexFunc(pols, func(p experiment.Policy) bool { return p.Label == o.Subject })
+
+	src := &sources{trace: o.Trace}
+	var cells []*cellRun
+	for _, seed := range o.Seeds {
+		for i := range scenarios {
+			for _, load := range o.Loads {
+				c := &cellRun{Cell: Cell{
+					Scenario: scenarios[i].Name, Workload: scenarios[i].Workload, Fleet: scenarios[i].FleetName(),
+					Load: load, Seed: seed, NoSharing: scenarios[i].NoSharing,
+				}, scenario: &scenarios[i], pending: len(pols)}
+				if c.Workload == "" {
+					c.Workload = o.Trace
+				}
+				c.Scores = make([]Score, len(pols))
+				cells = append(cells, c)
+			}
+		}
+	}
+
+	// Jobs are (cell, policy) in matrix order; a cell is prepared by its first job and freed
+	// by its last, so that only about Parallel cells are held in memory at once.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	jobs := make(chan [2]int)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		cancel()
+	}
+	for range o.Parallel {
+		wg.Go(func() {
+			for j := range jobs {
+				c, p := cells[j[0]], pols[j[1]]
+				if err := c.run(ctx, src, j[1], p); err != nil {
+					fail(fmt.Errorf("%s, load %g, seed %d, policy %s: %w", c.Scenario, c.Load, c.Seed, p.Label, err))
+				}
+			}
+		})
+	}
+feed:
+	for i := range cells {
+		for k := range pols {
+			select {
+			case jobs <- [2]int{i, k}:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("scorecard interrupted: %w", err)
+	}
+	for _, c := range cells {
+		if c.Skipped != "" {
+			c.Scores = nil
+		} else {
+			score(&c.Cell)
+			if subject >= 0 {
+				c.Verdict = judge(&c.Cell, subject)
+			}
+			for k := range c.Scores {
+				sc.RunSeconds += c.Scores[k].WallSeconds
+			}
+		}
+		sc.Cells = append(sc.Cells, c.Cell)
+	}
+	sc.WallSeconds = time.Since(start).Seconds()
+	return sc, nil
+}
+
+// pick keeps the scenarios whose name contains one of the filters (all when none).
+func pick(all []Scenario, filters []string) []Scenario {
+	if len(filters) == 0 {
+		return all
+	}
+	var out []Scenario
+	for _, s := range all {
+		for _, f := range filters {
+			if strings.Contains(s.Name, strings.TrimSpace(f)) {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func names(ss []Scenario) []string {
+	out := make([]string, len(ss))
+	for i := range ss {
+		out[i] = ss[i].Name
+	}
+	return out
+}
+
+// sources loads workloads once: the trace for every cell that replays it, a generated
+// workload for every load of its scenario and seed.
+type sources struct {
+	trace string
+
+	mu        sync.Mutex
+	traceOnce sync.Once
+	traceReqs []workload.Request
+	traceErr  error
+	generated map[string][]workload.Request
+}
+
+// errNoTrace marks a trace file that is not there: its cells are skipped.
+var errNoTrace = errors.New("trace not found")
+
+func (s *sources) load(sc *Scenario, seed uint64) ([]workload.Request, error) {
+	if sc.Trace() {
+		s.traceOnce.Do(func() {
+			if _, err := os.Stat(s.trace); errors.Is(err, os.ErrNotExist) {
+				s.traceErr = fmt.Errorf("%w: %s (give its path with --trace)", errNoTrace, s.trace)
+				return
+			}
+			s.traceReqs, s.traceErr = workload.LoadMooncake(s.trace)
+		})
+		return s.traceReqs, s.traceErr
+	}
+	key := fmt.Sprintf("%s\x00%d", sc.Workload, seed)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.generated[key]; ok {
+		return r, nil
+	}
+	r, err := workload.Generate(sc.Workload, seed)
+	if err != nil {
+		return nil, err
+	}
+	if s.generated == nil {
+		s.generated = map[string][]workload.Request{}
+	}
+	s.generated[key] = r
+	return r, nil
+}
+
+// cellRun is a cell while it runs: what its jobs share.
+type cellRun struct {
+	Cell
+	scenario *Scenario
+
+	once    sync.Once
+	err     error
+	fleet   fleet
+	w       *des.Workload
+	mu      sync.Mutex
+	pending int // jobs not yet finished
+}
+
+// prepare loads the cell's workload, scales it to the load and computes the bounds.
+func (c *cellRun) prepare(src *sources) error {
+	reqs, err := src.load(c.scenario, c.Seed)
+	if errors.Is(err, errNoTrace) {
+		c.Skipped = err.Error()
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	f, scaled, err := c.scenario.buildFleet(reqs, c.Load, c.Seed)
+	if err != nil {
+		return err
+	}
+	c.fleet = f
+	c.Requests, c.Speedup, c.OfferedLoad = len(scaled), f.speedup, f.load
+	c.Bounds = report.Bounds{
+		InfiniteCacheHitRate: workload.InfiniteCacheHitRate(scaled, f.config.BlockSize),
+		PooledLRUHitRate:     workload.LRUHitRate(scaled, f.config.BlockSize, f.kv),
+	}
+	c.w = des.Prepare(scaled, f.config.Model, f.config.BlockSize)
+	return nil
+}
+
+// run simulates policy k of the cell.
+func (c *cellRun) run(ctx context.Context, src *sources, k int, p experiment.Policy) error {
+	defer func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.pending--; c.pending == 0 {
+			c.w = nil // the last job frees the prepared workload
+		}
+	}()
+	c.once.Do(func() { c.err = c.prepare(src) })
+	if c.err != nil || c.Skipped != "" {
+		return c.err
+	}
+	start := time.Now()
+	res, err := des.Run(ctx, c.fleet.config, c.w, p.Label, des.Named(p.Name, p.Params))
+	if err != nil {
+		return err
+	}
+	r := report.Summarize(p.Label, res.Records, res.Busy)
+	c.Scores[k] = Score{
+		Policy: p.Label, HitRate: r.HitRate, TTFT: r.TTFT, Completed: r.Completed, Failed: r.Failed,
+		Imbalance:   imbalance(res, c.fleet.config.Changes),
+		WallSeconds: time.Since(start).Seconds(),
+	}
+	return nil
+}
+
+// imbalance is max / mean of the instances' busy fractions, each over the time from when the
+// instance joined (0, or its Add change) to the last request's end.
+func imbalance(res *des.Result, changes []des.Change) float64 {
+	var end time.Duration
+	for i := range res.Records {
+		end = max(end, res.Records[i].Finish)
+	}
+	from := make([]time.Duration, len(res.Busy))
+	for _, ch := range changes {
+		if ch.Kind == des.Add {
+			from[ch.Instance] = ch.At
+		}
+	}
+	busy := make([]float64, len(res.Busy))
+	for i, b := range res.Busy {
+		if d := end - from[i]; d > 0 {
+			busy[i] = b.Seconds() / d.Seconds()
+		}
+	}
+	return report.Imbalance(busy)
+}

@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var (
+	syncOverheadFor   = flag.Duration("sync-overhead", 0, "run TestSyncOverhead for this long (0: skip)")
+	syncOverheadRate  = flag.Int("sync-overhead-rate", 1000, "TestSyncOverhead: requests per second, all replicas together")
+	syncOverheadBatch = flag.Duration("sync-overhead-batch", 0, "TestSyncOverhead: peers.batch_interval of the syncing replicas (0: the default)")
+	syncOverheadN     = flag.Int("sync-overhead-replicas", 2, "TestSyncOverhead: replicas in each set")
+	syncOverheadProf  = flag.String("sync-overhead-cpuprofile", "", "TestSyncOverhead: save the first syncing replica's CPU profile to this file, and the first other one's to this file .alone")
+)
+
+// TestSyncOverhead measures what replica sync costs in router CPU. Two sets of N `kvroute
+// serve` replicas (prefix-aware) run in front of the same instant simulator: one set shares
+// its events (peers:), the other does not. An open-loop schedule sends streamed 4 KB chat
+// requests at -sync-overhead-rate, in alternating phases of 500 ms to one set or the other
+// (round-robin over its replicas, as a balancer would), so that both sets are measured at the
+// same rate and the machine's drifts fall on both alike. CPU per request is each set's CPU time
+// (from /proc, the whole run: idle gossip and heartbeats count) over its requests; the ratio is
+// the sync's cost. It also reports the bytes the syncing set sent to its peers per request.
+//
+//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3]
+func TestSyncOverhead(t *testing.T) {
+	if *syncOverheadFor <= 0 {
+		t.Skip("run with -sync-overhead 30s")
+	}
+	bin := kvrouteBinary(t)
+	dir, secret := peersDir(t)
+	sim := startProcess(t, bin, nil, func(f []string) (string, bool) {
+		if len(f) > 2 && f[0] == "instance" && f[1] == "0:" {
+			return f[2], true
+		}
+		return "", false
+	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
+	n := *syncOverheadN
+	ports := freePorts(t, 5*n)
+	var gossip []string
+	for i := range n {
+		gossip = append(gossip, fmt.Sprintf("127.0.0.1:%d", ports[4*n+i]))
+	}
+	batch := ""
+	if *syncOverheadBatch > 0 {
+		batch = fmt.Sprintf("  batch_interval: %v\n", *syncOverheadBatch)
+	}
+	var synced, alone []*serveProc
+	for i := range n {
+		name := fmt.Sprintf("r%d", i+1)
+		cfg := writeServeConfig(t, dir, name, []string{sim.addr}, gossip, [3]int{ports[3*i], ports[3*i+1], ports[3*i+2]}, secret)
+		if extra := batch + map[bool]string{true: "pprof: true\n"}[i == 0 && *syncOverheadProf != ""]; extra != "" {
+			f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = f.WriteString(extra)
+			f.Close()
+		}
+		synced = append(synced, startServe(t, bin, cfg))
+		acfg := writeServeConfig(t, dir, fmt.Sprintf("alone%d", i), []string{sim.addr}, nil, [3]int{}, secret)
+		if i == 0 && *syncOverheadProf != "" {
+			if err := os.WriteFile(acfg, append(must(os.ReadFile(acfg)), "pprof: true\n"...), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		alone = append(alone, startServe(t, bin, acfg))
+	}
+	for _, r := range synced {
+		waitReady(t, r.admin, 30*time.Second)
+		waitFollowing(t, r.admin, n-1, 30*time.Second)
+	}
+
+	defer debug.SetGCPercent(debug.SetGCPercent(800))
+	bodies := make([][]byte, 256)
+	for i := range bodies {
+		sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
+		bodies[i] = fmt.Appendf(nil, `{"model":%q,"max_tokens":2,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, model, sys, i)
+	}
+	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var failures atomic.Int64
+	do := func(base string, body []byte) {
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			failures.Add(1)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !bytes.Contains(b, []byte("[DONE]")) {
+			failures.Add(1)
+		}
+	}
+	sets := [][]*serveProc{synced, alone}
+	for i := range 200 { // warm up connections and code paths
+		for _, s := range sets {
+			do(s[i%n].api, bodies[i%len(bodies)])
+		}
+	}
+	cpu := func(s []*serveProc) (d time.Duration) {
+		for _, r := range s {
+			d += r.cpu(t)
+		}
+		return d
+	}
+	bytesOut := func() (b float64) {
+		for _, r := range synced {
+			b += metricValue(t, r.admin, `kvroute_peer_bytes_total{direction="out"}`)
+		}
+		return b
+	}
+	cpu0 := []time.Duration{cpu(synced), cpu(alone)}
+	bytes0 := bytesOut()
+	interval := time.Second / time.Duration(*syncOverheadRate)
+	ticks := int(*syncOverheadFor / interval)
+	phase := int(500 * time.Millisecond / interval)
+	profiled := make(chan error, 2)
+	for k, file := range []string{*syncOverheadProf, *syncOverheadProf + ".alone"} {
+		if *syncOverheadProf == "" {
+			profiled <- nil
+			continue
+		}
+		go func() {
+			secs := max(1, int(syncOverheadFor.Seconds()))
+			profiled <- saveURL(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", sets[k][0].admin, secs), file)
+		}()
+	}
+	var sent [2]int
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range ticks {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		k := (i / phase) % 2
+		base := sets[k][sent[k]%n].api
+		sent[k]++
+		body := bodies[i%len(bodies)]
+		wg.Go(func() { do(base, body) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	used := []time.Duration{cpu(synced) - cpu0[0], cpu(alone) - cpu0[1]}
+	per := func(k int) float64 { return float64(used[k].Microseconds()) / float64(max(sent[k], 1)) }
+	sentBytes := bytesOut() - bytes0
+	t.Logf("%d replicas per set, %d requests/s in %v (%d to the syncing set, %d to the other), %d failures, batch interval %v",
+		n, *syncOverheadRate, elapsed.Round(time.Millisecond), sent[0], sent[1], failures.Load(), orDefault(*syncOverheadBatch))
+	t.Logf("router CPU per request: syncing %.0f µs, alone %.0f µs: ratio %.3f", per(0), per(1), per(0)/per(1))
+	t.Logf("sync traffic: %.0f bytes per routed request to each peer; at %d requests/s across the fleet, %.0f kB/s out of each replica",
+		sentBytes/float64(sent[0])/float64(max(n-1, 1)), *syncOverheadRate,
+		sentBytes/float64(sent[0])*float64(*syncOverheadRate)/float64(n)/1000)
+	if failures.Load() > 0 {
+		t.Errorf("%d requests failed", failures.Load())
+	}
+	for range 2 {
+		if err := <-profiled; err != nil {
+			t.Errorf("CPU profile: %v", err)
+		}
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func orDefault(d time.Duration) string {
+	if d == 0 {
+		return "default"
+	}
+	return d.String()
+}
