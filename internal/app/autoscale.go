@@ -23,7 +23,7 @@ func (r *Router) watchAutoscale(a *metrics.Autoscale) {
 	a.WatchCacheValue(r.cacheValue)
 }
 
-// picker is the policy in force (nil before the first apply).
+// currentPicker is the policy in force (nil before the first apply).
 func (r *Router) currentPicker() policy.Picker {
 	if h := r.h.Load(); h != nil {
 		return h.Lifecycle.Picker()

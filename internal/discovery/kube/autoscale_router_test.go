@@ -34,17 +34,7 @@ func TestRouterDeletionCost(t *testing.T) {
 	client := fake.NewClientset(p0.slice("ready"),
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p0", Namespace: namespace}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: namespace}})
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Parse(fmt.Appendf(nil, `
+	r, api, admin := runRouter(t, client, `
 auth: {mode: none}
 policy: {name: prefix-aware}
 scrape: {interval: 100ms}
@@ -56,28 +46,7 @@ discovery:
 autoscale:
   window: 1s
   pod_deletion_cost: {enabled: true, interval: 1s, min_change: 0}
-`, kc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.KubeClient = client
-	ctx, cancel := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
-	go func() { runDone <- r.Run(ctx) }()
-	api, admin := httptest.NewServer(r.Handler()), httptest.NewServer(r.AdminHandler())
-	defer func() {
-		api.Close()
-		admin.Close()
-		cancel()
-		if err := <-runDone; err != nil {
-			t.Errorf("router Run: %v", err)
-		}
-		r.Close()
-	}()
+`)
 	poolLen := func(n int) {
 		t.Helper()
 		for end := time.Now().Add(10 * time.Second); r.Pool().Len() < n; time.Sleep(2 * time.Millisecond) {
@@ -165,6 +134,46 @@ autoscale:
 			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(text, "kvroute_model_", "kvroute_endpoint_cache_value"))
 		}
 	}
+}
+
+// runRouter parses cfg (a config whose %q is the kubeconfig's path) and runs a router on it with
+// client for its Kubernetes API, its API and admin handlers served, until the test ends.
+func runRouter(t *testing.T, client kube.Client, cfg string) (r *app.Router, api, admin *httptest.Server) {
+	t.Helper()
+	// The router's kubeconfig names an API server nobody listens on: client replaces it.
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Parse(fmt.Appendf(nil, cfg, kc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = app.NewRouter(c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.KubeClient = client
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- r.Run(ctx) }()
+	api, admin = httptest.NewServer(r.Handler()), httptest.NewServer(r.AdminHandler())
+	t.Cleanup(func() {
+		api.Close()
+		admin.Close()
+		cancel()
+		if err := <-runDone; err != nil {
+			t.Errorf("router Run: %v", err)
+		}
+		r.Close()
+	})
+	return r, api, admin
 }
 
 func getText(t *testing.T, url string) string {
