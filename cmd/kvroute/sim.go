@@ -49,6 +49,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.Faults.Hang, "hang", false, "fault: accept API requests and never answer them (/health still answers)")
 	fs.StringVar(&o.Faults.DropOn, "drop-on", "", "fault: drop the connection of a request whose body contains `TEXT` (a query of death)")
 	fs.BoolVar(&o.Faults.DropAll, "drop-all", false, "fault: a --drop-on request drops every request in flight too (a crash)")
+	fs.BoolVar(&o.Faults.NoPrefixCache, "no-prefix-cache", false, "fault: find nothing cached and report cached_tokens 0 (prefix caching off, or cache keys unlike the router's)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute sim [--instances N] [--port P] [flags]",

@@ -447,7 +447,8 @@ func (r *Router) sourceName(i int) string {
 }
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take
-// requests), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age) and, when
+// requests), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age),
+// /debug/explain (POST an API request: how the endpoints would be ranked for it, and why) and, when
 // the config says pprof: true at start, /debug/pprof/.
 func (r *Router) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -469,6 +470,9 @@ func (r *Router) AdminHandler() http.Handler {
 		http.Error(w, "no available endpoint", http.StatusServiceUnavailable)
 	})
 	mux.HandleFunc("GET /debug/endpoints", r.serveEndpoints)
+	mux.HandleFunc("POST /debug/explain", func(w http.ResponseWriter, req *http.Request) {
+		r.h.Load().ServeExplain(w, req)
+	})
 	r.peers.admin(mux)
 	if cfg := r.Config(); cfg != nil && cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -214,6 +214,22 @@ tenants:
 	if salt == `"mine"` || len(salt) < 10 {
 		t.Errorf("cache_salt sent = %s, want the tenant's salt", salt)
 	}
+	// Explaining needs the tenant's key too: its salt changes what the index holds for it.
+	explain := func(key string) int {
+		req := httptest.NewRequest(http.MethodPost, "/debug/explain", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		r.AdminHandler().ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := explain(""); code != http.StatusUnauthorized {
+		t.Errorf("explain without a key: %d, want 401", code)
+	}
+	if code := explain("foo"); code != http.StatusOK {
+		t.Errorf("explain with acme's key: %d, want 200", code)
+	}
 }
 
 func TestRouterKeepsPolicyAcrossReloads(t *testing.T) {
@@ -462,5 +478,77 @@ func TestRouterEndpointHeaderFromConfig(t *testing.T) {
 	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody)))
 	if rec.Code != 200 || rec.Header().Get("X-Kvroute-Endpoint") != e.srv.URL {
 		t.Errorf("chat: %d, X-Kvroute-Endpoint %q, want %q", rec.Code, rec.Header().Get("X-Kvroute-Endpoint"), e.srv.URL)
+	}
+}
+
+// POST /debug/explain on the admin port ranks the endpoints for a request as the policy would
+// now, with what each holds of its prompt, and routes nothing.
+func TestRouterExplain(t *testing.T) {
+	a, b := newFakeEngine(t), newFakeEngine(t)
+	r, err := NewRouter(routerConfig(t, "policy: {name: prefix-aware}\n", a.srv.URL, b.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	api, admin := r.Handler(), r.AdminHandler()
+	chat := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("the same long document, ", 60) + `"}]}`
+	rec := httptest.NewRecorder()
+	api.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chat)))
+	if rec.Code != 200 {
+		t.Fatalf("chat: %d %s", rec.Code, rec.Body)
+	}
+	holder := a.srv.URL
+	if len(b.received()) == 1 {
+		holder = b.srv.URL
+	}
+	explain := func(path, body string) (int, string) {
+		rec := httptest.NewRecorder()
+		admin.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+		return rec.Code, rec.Body.String()
+	}
+	code, body := explain("/debug/explain", chat)
+	var ex struct {
+		Model        string `json:"model"`
+		PromptTokens int    `json:"prompt_tokens"`
+		Explained    bool   `json:"explained"`
+		Candidates   []struct {
+			Endpoint        string   `json:"endpoint"`
+			CachedTokens    int      `json:"cached_tokens"`
+			PredictedTTFTms *float64 `json:"predicted_ttft_ms"`
+			WithinBound     *bool    `json:"within_bound"`
+		} `json:"candidates"`
+	}
+	if err := json.Unmarshal([]byte(body), &ex); err != nil || code != 200 {
+		t.Fatalf("/debug/explain: %d %s (%v)", code, body, err)
+	}
+	if !ex.Explained || ex.Model != "m" || ex.PromptTokens < 300 || len(ex.Candidates) != 2 {
+		t.Fatalf("/debug/explain: %s; want both endpoints explained for a prompt of over 300 tokens", body)
+	}
+	first, second := ex.Candidates[0], ex.Candidates[1]
+	if first.Endpoint != holder || first.CachedTokens < 256 || second.CachedTokens != 0 {
+		t.Errorf("/debug/explain ranks %s (%d tokens held) before %s (%d); want the holder %s first, holding the prompt's blocks",
+			first.Endpoint, first.CachedTokens, second.Endpoint, second.CachedTokens, holder)
+	}
+	if first.PredictedTTFTms == nil || second.PredictedTTFTms == nil || *first.PredictedTTFTms >= *second.PredictedTTFTms || first.WithinBound == nil {
+		t.Errorf("/debug/explain: %s; want a lower predicted TTFT on the holder", body)
+	}
+	if n := len(a.received()) + len(b.received()); n != 1 {
+		t.Errorf("the engines received %d requests, want 1: explaining routes nothing", n)
+	}
+	for _, c := range []struct {
+		path, body string
+		code       int
+	}{
+		{"/debug/explain", `{"model":"m"`, http.StatusBadRequest},
+		{"/debug/explain", `{"model":"other","messages":[{"role":"user","content":"x"}]}`, http.StatusNotFound},
+		{"/debug/explain?path=/v1/models", chat, http.StatusBadRequest},
+		{"/debug/explain?path=/v1/completions", `{"model":"m","prompt":"x"}`, http.StatusOK},
+	} {
+		if code, body := explain(c.path, c.body); code != c.code || !json.Valid([]byte(body)) {
+			t.Errorf("POST %s %s: %d %s, want %d with a JSON body", c.path, c.body, code, body, c.code)
+		}
+	}
+	if code, _ := get(t, admin, "/debug/explain"); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /debug/explain: %d, want 405", code)
 	}
 }

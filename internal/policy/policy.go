@@ -110,6 +110,9 @@ type Explanation struct {
 	Cost float64
 	// WithinBound is false when the endpoint is past the policy's load bound.
 	WithinBound bool
+	// CacheBlind is true while the endpoint is ranked on load alone (policy.CacheBlind):
+	// CachedTokens is then 0 whatever the policy's index holds.
+	CacheBlind bool
 }
 
 // CacheBlind is implemented by policies that can rank an endpoint on load alone, ignoring what

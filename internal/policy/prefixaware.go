@@ -83,6 +83,7 @@ type paState struct {
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
 	speed    speedFit
+	blind    atomic.Bool // ranked on load alone (policy.CacheBlind): its engine's hits stay far below the index's
 
 	// The head of the queue: the oldest request routed here and not yet at first token, whose
 	// prefill is in progress (the engine is FCFS). headSince is when it started: when it was
@@ -375,6 +376,7 @@ func (pa *prefixAware) Explain(req *Request, c []*endpoint.Endpoint) []Explanati
 			PredictedTTFT: time.Duration(s.ttft * float64(time.Second)),
 			Cost:          s.cost,
 			WithinBound:   s.eligible,
+			CacheBlind:    sc.states[s.i].blind.Load(),
 		}
 	}
 	return out
@@ -440,6 +442,9 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// The epsilon keeps an equal share (all speeds alike: 1/n) from rounding up a whole
 		// request when factor x (total+1) / n is a whole number.
 		limit := math.Ceil(pa.maxLoad*float64(total+1)/speed/capSum - 1e-9)
+		if s.blind.Load() {
+			sc.runs[e.ID] = 0 // what the index says it holds is not what it serves
+		}
 		cached := cachedTokens(req, int(sc.runs[e.ID]))
 		own := float64(pa.work(req, cached))
 		// New content costs the fleet beyond this request's own wait: it delays whatever is
@@ -615,6 +620,14 @@ func (pa *prefixAware) Removed(ep *endpoint.Endpoint) {
 // PredictCached returns the prompt tokens of req that the index believes ep holds.
 func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
 	return cachedTokens(req, pa.index.Holds(ep.ID, req.Blocks))
+}
+
+// SetCacheBlind ranks ep as if it held nothing of any prompt while blind (policy.CacheBlind):
+// its engine reports far fewer cached tokens than the index predicts. The index keeps
+// learning, and PredictCached keeps saying what it holds, so that the router notices when the
+// engine's reports agree again.
+func (pa *prefixAware) SetCacheBlind(ep *endpoint.Endpoint, blind bool) {
+	pa.state(ep.ID).blind.Store(blind)
 }
 
 // IndexSize returns the index's (block, endpoint) entries and bytes.

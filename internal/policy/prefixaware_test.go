@@ -633,3 +633,37 @@ func TestPrefixAware_Explain(t *testing.T) {
 	}
 	var _ Explainer = pa
 }
+
+// A blind endpoint (its engine's hits stay far below what the index says it holds) is ranked
+// as if it held nothing, while PredictCached keeps saying what the index holds, so that the
+// router can tell when the engine's reports agree again.
+func TestPrefixAware_CacheBlind(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(2, 1<<20)
+	warm := req("w", 0, seq(1, 100)...)
+	eps[1].Start(warm.PromptTokens)
+	pa.Routed(warm, eps[1])
+	finish(pa, warm, eps[1], 20*time.Millisecond, 0)
+	// Endpoint 1 holds the prompt but has one request running; endpoint 0 is idle.
+	eps[1].Start(1)
+	r := req("r", 5, seq(1, 100)...)
+	if got := mustPick(t, pa, r, eps)[0].ID; got != 1 {
+		t.Fatalf("seeing: picked %d, want the holder 1", got)
+	}
+	var _ CacheBlind = pa
+	pa.SetCacheBlind(eps[1], true)
+	ex := pa.Explain(r, eps)
+	if got := mustPick(t, pa, r, eps)[0].ID; got != 0 || ex[0].Endpoint.ID != 0 {
+		t.Errorf("blind: picked %d (explained first: %d), want the idle endpoint 0", got, ex[0].Endpoint.ID)
+	}
+	if ex[1].CachedTokens != 0 || !ex[1].CacheBlind {
+		t.Errorf("blind holder explained as holding %d tokens, blind %v; want 0, true", ex[1].CachedTokens, ex[1].CacheBlind)
+	}
+	if got := pa.PredictCached(r, eps[1]); got != 1600 {
+		t.Errorf("blind: PredictCached %d, want what the index holds, 1600", got)
+	}
+	pa.SetCacheBlind(eps[1], false)
+	if got := mustPick(t, pa, r, eps)[0].ID; got != 1 {
+		t.Errorf("seeing again: picked %d, want the holder 1", got)
+	}
+}

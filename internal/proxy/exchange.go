@@ -287,7 +287,7 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [14]slog.Attr // every attribute below, on the stack
+	var attrBuf [17]slog.Attr // every attribute below, on the stack
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
 		slog.String("method", method),
@@ -307,6 +307,10 @@ func (c *call) settle(status int, method, path string) {
 	}
 	if c.rc != nil {
 		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))
+		if p := c.rc.Predicted(); p >= 0 {
+			// Beside cached_tokens (the engine's report): a miss the index did not expect.
+			attrs = append(attrs, slog.Int("predicted_cached_tokens", p))
+		}
 	}
 	if ttft > 0 && c.stream {
 		attrs = append(attrs, slog.Float64("ttft_ms", float64(ttft.Microseconds())/1000))

@@ -287,6 +287,10 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 	}
 	keys := prefix.ContentKeys(make([]uint64, 0, len(text)/prefix.BlockBytes(bs)), text, bs)
 	n := in.nextID.Add(1)
+	salt := req.CacheSalt
+	if in.faults.Load().NoPrefixCache {
+		salt = "\x00no_prefix_cache " + strconv.FormatUint(n, 10) // a salt of its own: nothing shared
+	}
 	base := textSeed(in.opts.Seed, text)
 	idPrefix := "chatcmpl-"
 	if kind == openai.KindCompletion {
@@ -296,7 +300,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 	j := &job{
 		req: engine.Request{
 			ID: "req-" + strconv.FormatUint(n, 10), PromptTokens: promptTokens, OutputTokens: maxTokens,
-			BlockKeys: keys, Salt: req.CacheSalt,
+			BlockKeys: keys, Salt: salt,
 		},
 		arrival: in.modelAt(recv),
 		predict: in.Predict(promptTokens, 0),
@@ -308,7 +312,7 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 	if in.pub != nil {
 		// The driver finds the text of the blocks named in BlockStored events by their hashes.
 		j.text = text
-		j.hashes = prefix.Chain(make([]uint64, 0, len(keys)), prefix.Seed("", req.CacheSalt), keys)
+		j.hashes = prefix.Chain(make([]uint64, 0, len(keys)), prefix.Seed("", salt), keys)
 	}
 	return &call{
 		kind:         kind,

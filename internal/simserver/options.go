@@ -87,6 +87,11 @@ type Faults struct {
 	// DropAll makes such a request drop every API request in flight on the instance too, as a
 	// crash would; the instance serves new requests at once (it restarted).
 	DropAll bool `json:"drop_all"`
+	// NoPrefixCache makes the engine find nothing cached for any prompt and report
+	// cached_tokens 0, as an engine with prefix caching off, or one whose cache keys differ
+	// from the router's (another salt, tokenizer or block size), silently does: what the
+	// router's cache audit exists to notice.
+	NoPrefixCache bool `json:"no_prefix_cache"`
 }
 
 // maxDropOn bounds DropOn (it is searched for in every request body).
