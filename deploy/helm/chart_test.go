@@ -445,6 +445,17 @@ func TestChartRefusesWhatItCannotRender(t *testing.T) {
 		{"saltSecret: {value: short}", "saltSecret.value: at least 32 bytes"},
 		{"saltSecret: {value: 0123456789abcdef0123456789abcdef, existingSecret: x}", "give value or existingSecret, not both"},
 		{"kubernetesDiscovery: {watches: []}", "kubernetesDiscovery.watches: list at least one watch"},
+		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true}}", "endpointPicker.inferencePool.selector: give the model server pods' labels"},
+		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true, selector: {a: b}, failureMode: Open}}", `failureMode: "Open": use FailClose or FailOpen`},
+		{"mode: endpointPicker\nconfig: {extproc: {listen: ':9002'}}", "config.extproc.listen: leave it out"},
+		{"mode: endpointPicker\nconfig: {extproc: {tls: {self_signed: true}}}", "config.extproc.tls: leave it out"},
+		{"config: {discovery: {inference_pool: {name: x}}}", "config.discovery.inference_pool: leave it out"},
+		{"peers: {enabled: true}\nreplicaCount: 1", "peers.enabled: a lone replica has no peers"},
+		{"peers: {enabled: true, secret: {value: short}}", "peers.secret.value: at least 32 bytes"},
+		{"peers: {enabled: true, secret: {value: 0123456789abcdef0123456789abcdef, existingSecret: x}}", "peers.secret: give value or existingSecret, not both"},
+		{"peers: {enabled: true, gossipPort: 7947}", "peers.gossipPort: the same as peers.port"},
+		{"peers: {enabled: true}\nconfig: {peers: {static: [a:1]}}", "config.peers.static: leave it out"},
+		{"config: {peers: {batch_interval: 5ms}}", "config.peers: set peers.enabled: true as well"},
 	} {
 		_, err := render(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
