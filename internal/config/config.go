@@ -125,6 +125,8 @@ type Discovery struct {
 	// Kubernetes lists EndpointSlice watches (see kubernetes.go): the ready endpoints of a
 	// Service, or of the Services a label selector picks, followed as pods come and go.
 	Kubernetes []KubernetesDiscovery `json:"kubernetes"`
+	// InferencePool follows the pods of a Gateway API InferencePool (see inferencepool.go).
+	InferencePool *InferencePoolDiscovery `json:"inference_pool"`
 }
 
 // DNSDiscovery is one name to resolve into endpoints.
@@ -526,8 +528,8 @@ func (l endpointList) setDefaults(*Config) {
 }
 
 func (l endpointList) validate(c *Config, p *problems) {
-	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 && len(c.Discovery.Kubernetes) == 0 {
-		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file, discovery.dns or discovery.kubernetes")
+	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 && len(c.Discovery.Kubernetes) == 0 && c.Discovery.InferencePool == nil {
+		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file, discovery.dns, discovery.kubernetes or discovery.inference_pool")
 	}
 	validateEndpoints(c.Endpoints, "endpoints", p)
 }
@@ -637,6 +639,7 @@ func (d *Discovery) setDefaults(*Config) {
 		n.Endpoint.SetDefaults()
 	}
 	d.setKubernetesDefaults()
+	d.setInferencePoolDefaults()
 }
 
 func (d *Discovery) validate(_ *Config, p *problems) {
@@ -670,6 +673,7 @@ func (d *Discovery) validate(_ *Config, p *problems) {
 		p.add("discovery.poll_interval", "must be positive, like 30s")
 	}
 	d.validateKubernetes(p)
+	d.validateInferencePool(p)
 }
 
 func (h *Health) setDefaults(*Config) {
