@@ -334,6 +334,9 @@ func decodeEvent(v any) (Event, error) {
 		if ev.LoraID, err = toInt(l); err != nil {
 			return Event{}, fmt.Errorf("%s.lora_id: %w", tag, err)
 		}
+		if ev.LoraID < 0 {
+			return Event{}, fmt.Errorf("%s.lora_id: %d is negative: an adapter id is at least 0, or nil for none", tag, ev.LoraID)
+		}
 	}
 	return ev, nil
 }
