@@ -118,6 +118,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
+	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
@@ -503,6 +504,9 @@ type EndpointInfo struct {
 	CacheAudit route.AuditStatus `json:"cache_audit"`
 	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
 	TokenScale float64 `json:"token_scale"`
+	// LearnedKVTokens is the KV capacity (engine tokens) the policy learned from the endpoint's
+	// hits and misses, where none is configured or scraped; absent while none is learned.
+	LearnedKVTokens int `json:"learned_kv_capacity_tokens,omitempty"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -521,6 +525,7 @@ func (r *Router) Endpoints() []EndpointInfo {
 		}
 		info.CacheAudit = r.audit.Status(e)
 		info.TokenScale = e.TokenScale()
+		info.LearnedKVTokens = r.learnedKVTokens(e)
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false
