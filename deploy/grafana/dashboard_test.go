@@ -187,7 +187,7 @@ func TestDashboard(t *testing.T) {
 	}
 	for _, want := range []string{"Prefix-cache hit rate", "Time to first token", "Requests/s by status",
 		"In-flight requests per endpoint", "Endpoint health", "Share of time ejected", "Ejections per endpoint",
-		"Cached tokens/s per engine: found vs predicted", "Engine KV-cache usage", "Engine requests: waiting and running"} {
+		"Cached tokens/s per engine: found vs predicted", "Cache-blind endpoints", "Engine KV-cache usage", "Engine requests: waiting and running"} {
 		if !slices.Contains(titles, want) {
 			t.Errorf("no panel %q (panels: %q)", want, titles)
 		}
