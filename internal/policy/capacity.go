@@ -115,8 +115,8 @@ func (pa *prefixAware) kvTokens(ep *endpoint.Endpoint) int64 {
 
 // learnCapacity judges f's evidence once the request is done (res: what the engine said).
 func (pa *prefixAware) learnCapacity(req *Request, ep *endpoint.Endpoint, f *paFlight, res Result) {
-	if f.probe.depth <= 0 || !res.OK || !unknownCapacity(ep) {
-		return
+	if f.probe.depth <= 0 || !res.OK || !unknownCapacity(ep) || pa.state(ep.ID).blind.Load() {
+		return // a blind endpoint's reports are wrong wholesale: they say nothing of its capacity
 	}
 	hit := 0
 	switch {
@@ -186,7 +186,22 @@ func (c *capLearning) learned(id int) (capacity, index int64) {
 	return s.learned.Load(), s.index.Load()
 }
 
-// forget drops what was learned of endpoint id (it left the pool).
+// capacityBlind starts ep's learning afresh when it turns blind (policy.CacheBlind): its
+// engine's reports stayed far below the predictions, which the learning had taken for a small
+// cache (silent zero hits: prefix caching off, keys unlike the router's). Its index returns to
+// the fallback, so that predictions are made there again and the audit can see it recover.
+func (pa *prefixAware) capacityBlind(ep *endpoint.Endpoint, blind bool) {
+	if !blind {
+		return
+	}
+	pa.caps.forget(ep.ID)
+	if unknownCapacity(ep) {
+		pa.state(ep.ID).kvTokens.Store(0)
+		pa.index.SetCapacity(ep.ID, 0)
+	}
+}
+
+// forget drops what was learned of endpoint id (it left the pool, or turned blind).
 func (c *capLearning) forget(id int) {
 	c.mu.Lock()
 	delete(c.eps, id)

@@ -71,6 +71,21 @@ func TestPrefixAware_LearnsCapacityFromTTFT(t *testing.T) {
 	if c := pa.index.Capacity(0); c > 90 {
 		t.Errorf("index holds %d blocks, want it sized by the learned capacity (at most 90)", c)
 	}
+	// The engine's reports turn out wrong wholesale (the audit makes it blind): what was learned
+	// from them goes, the index returns to the fallback, and nothing is learned while blind.
+	pa.SetCacheBlind(eps[0], true)
+	if got, c := pa.LearnedKVTokens(0), pa.index.Capacity(0); got != 0 || c != 65536 {
+		t.Errorf("after turning blind: learned %d tokens, index %d blocks; want 0 and the fallback 65536", got, c)
+	}
+	for i := range 30 {
+		r := req("r", 0, seq(1000*uint64(i%5), 20)...)
+		route(t, pa, r, eps)
+		finish(pa, r, eps[0], 52*time.Millisecond, -1)
+		clk.t = clk.t.Add(time.Second)
+	}
+	if got := pa.LearnedKVTokens(0); got != 0 {
+		t.Errorf("learned %d tokens while blind, want none", got)
+	}
 }
 
 // Evidence that cannot tell a hit from a miss teaches nothing: prompts so short that the warm

@@ -634,6 +634,7 @@ func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
 // engine's reports agree again.
 func (pa *prefixAware) SetCacheBlind(ep *endpoint.Endpoint, blind bool) {
 	pa.state(ep.ID).blind.Store(blind)
+	pa.capacityBlind(ep, blind)
 }
 
 // IndexSize returns the index's (block, endpoint) entries and bytes.
