@@ -122,6 +122,7 @@ type manifests struct {
 	pdb        *policyv1.PodDisruptionBudget
 	hpa        *autoscalingv2.HorizontalPodAutoscaler
 	monitor    *serviceMonitor
+	pools      []*inferencePool
 	kinds      []string
 }
 
@@ -142,7 +143,7 @@ func decodeAll(t *testing.T, out string) *manifests {
 			"Deployment": "apps/v1", "ConfigMap": "v1", "Secret": "v1", "Service": "v1", "ServiceAccount": "v1",
 			"Role": "rbac.authorization.k8s.io/v1", "RoleBinding": "rbac.authorization.k8s.io/v1",
 			"PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
-			"ServiceMonitor": "monitoring.coreos.com/v1",
+			"ServiceMonitor": "monitoring.coreos.com/v1", "InferencePool": "inference.networking.k8s.io/v1",
 		}[head.Kind]
 		if wantAPI == "" || head.APIVersion != wantAPI {
 			t.Errorf("unexpected manifest %s %s", head.APIVersion, head.Kind)
@@ -183,6 +184,10 @@ func decodeAll(t *testing.T, out string) *manifests {
 		case "ServiceMonitor":
 			m.monitor = &serviceMonitor{}
 			obj = m.monitor
+		case "InferencePool":
+			p := &inferencePool{doc: doc}
+			m.pools = append(m.pools, p)
+			obj = p
 		}
 		if err := strict([]byte(doc), obj); err != nil {
 			t.Errorf("%s does not decode strictly: %v\n%s", head.Kind, err, doc)
@@ -250,7 +255,12 @@ func checkPod(t *testing.T, d *appsv1.Deployment) {
 func checkRBAC(t *testing.T, m *manifests, namespaces []string, pods bool) {
 	t.Helper()
 	var got []string
+	discovery := 0
 	for _, r := range m.roles {
+		if !strings.HasSuffix(r.Name, "-discovery") {
+			continue // the endpoint picker's (checkPickerRBAC)
+		}
+		discovery++
 		got = append(got, r.Namespace)
 		want := []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}}
 		if pods {
@@ -263,8 +273,8 @@ func checkRBAC(t *testing.T, m *manifests, namespaces []string, pods bool) {
 	if diff := cmp.Diff(namespaces, got); diff != "" {
 		t.Errorf("roles' namespaces (-want +got):\n%s", diff)
 	}
-	if len(m.bindings) != len(namespaces) {
-		t.Errorf("%d role bindings, want %d", len(m.bindings), len(namespaces))
+	if len(m.bindings) != len(m.roles) || discovery != len(namespaces) {
+		t.Errorf("%d roles for discovery, %d roles, %d role bindings, want %d and a binding each", discovery, len(m.roles), len(m.bindings), len(namespaces))
 	}
 	for _, b := range m.bindings {
 		if len(b.Subjects) != 1 || b.Subjects[0].Name != m.deployment.Spec.Template.Spec.ServiceAccountName || b.Subjects[0].Namespace != "serving" {
@@ -272,18 +282,24 @@ func checkRBAC(t *testing.T, m *manifests, namespaces []string, pods bool) {
 		}
 	}
 	token := m.deployment.Spec.Template.Spec.AutomountServiceAccountToken
-	if token == nil || *token != (len(namespaces) > 0) {
-		t.Errorf("automountServiceAccountToken %v: want a token only with kubernetes discovery", token)
+	if token == nil || *token != (len(m.roles) > 0) {
+		t.Errorf("automountServiceAccountToken %v: want a token only with kubernetes discovery or the endpoint picker", token)
 	}
 }
 
 func TestChartLint(t *testing.T) {
-	out, err := helm(t, "lint", "--strict", "--kube-version", kubeVersion, "kvroute")
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if !strings.Contains(out, "0 chart(s) failed") {
-		t.Errorf("helm lint: %s", out)
+	for _, set := range []string{"", "mode=endpointPicker,endpointPicker.inferencePool.create=true,endpointPicker.inferencePool.selector.app=vllm,peers.enabled=true"} {
+		args := []string{"lint", "--strict", "--kube-version", kubeVersion, "kvroute"}
+		if set != "" {
+			args = append(args, "--set", set)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if !strings.Contains(out, "0 chart(s) failed") {
+			t.Errorf("helm lint --set %q: %s", set, out)
+		}
 	}
 }
 
@@ -423,13 +439,23 @@ rollOnConfigChange: true
 
 func TestChartRefusesWhatItCannotRender(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
-		{"mode: endpointPicker", "mode: endpointPicker is not available yet"},
-		{"mode: proxy", `mode: "proxy" is not a mode`},
+		{"mode: proxy", `mode: "proxy" is not a mode: use standalone or endpointPicker`},
 		{"config: {listen: 0.0.0.0:80}", "config.listen: leave it out"},
 		{"config: {discovery: {kubernetes: []}}", "config.discovery.kubernetes: leave it out"},
 		{"saltSecret: {value: short}", "saltSecret.value: at least 32 bytes"},
 		{"saltSecret: {value: 0123456789abcdef0123456789abcdef, existingSecret: x}", "give value or existingSecret, not both"},
 		{"kubernetesDiscovery: {watches: []}", "kubernetesDiscovery.watches: list at least one watch"},
+		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true}}", "endpointPicker.inferencePool.selector: give the model server pods' labels"},
+		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true, selector: {a: b}, failureMode: Open}}", `failureMode: "Open": use FailClose or FailOpen`},
+		{"mode: endpointPicker\nconfig: {extproc: {listen: ':9002'}}", "config.extproc.listen: leave it out"},
+		{"mode: endpointPicker\nconfig: {extproc: {tls: {self_signed: true}}}", "config.extproc.tls: leave it out"},
+		{"config: {discovery: {inference_pool: {name: x}}}", "config.discovery.inference_pool: leave it out"},
+		{"peers: {enabled: true}\nreplicaCount: 1", "peers.enabled: a lone replica has no peers"},
+		{"peers: {enabled: true, secret: {value: short}}", "peers.secret.value: at least 32 bytes"},
+		{"peers: {enabled: true, secret: {value: 0123456789abcdef0123456789abcdef, existingSecret: x}}", "peers.secret: give value or existingSecret, not both"},
+		{"peers: {enabled: true, gossipPort: 7947}", "peers.gossipPort: the same as peers.port"},
+		{"peers: {enabled: true}\nconfig: {peers: {static: [a:1]}}", "config.peers.static: leave it out"},
+		{"config: {peers: {batch_interval: 5ms}}", "config.peers: set peers.enabled: true as well"},
 	} {
 		_, err := render(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

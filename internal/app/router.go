@@ -22,9 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/discovery/inferencepool"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/h1"
@@ -61,6 +63,9 @@ type Router struct {
 	// KubeClient, when set, is what the discovery.kubernetes sources talk to instead of the
 	// clients their kubeconfig (or the in-cluster account) gave (tests use a fake).
 	KubeClient kube.Client
+	// PoolClient, when set, is what the discovery.inference_pool source reads InferencePools
+	// with (and KubeClient its pods); tests use fakes.
+	PoolClient dynamic.Interface
 
 	logger    *slog.Logger
 	reg       *prometheus.Registry
@@ -78,9 +83,10 @@ type Router struct {
 	cfg        *config.Config
 	picker     policy.Picker
 	policyKey  string
-	discovered [][]endpoint.Spec // per source: [0] the discovery file, each discovery.dns name, each discovery.kubernetes entry
+	discovered [][]endpoint.Spec // per source: [0] the discovery file, each discovery.dns name, each discovery.kubernetes entry, the inference pool
 	dns        []*discovery.DNSSource
 	kube       []*kube.Source
+	infpool    *inferencepool.Source // discovery.inference_pool (inferencepool.go), the last source
 	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
@@ -119,6 +125,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)
+	r.watchAutoscale(metrics.NewAutoscale(reg, cfg.Autoscale.Window.D()))
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
 			if s, ok := h.Lifecycle.Picker().(policy.IndexSizer); ok {
@@ -137,6 +144,9 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		return nil, err
 	}
 	r.discovered = make([][]endpoint.Spec, 1+len(r.dns)+len(r.kube))
+	if err := r.addInferencePool(cfg); err != nil {
+		return nil, err
+	}
 	if src := discovery.FromConfig(cfg, logger); src != nil {
 		r.metrics.DiscoverySource(r.sourceName(0))
 		specs, err := src.Load()
@@ -196,6 +206,9 @@ func (r *Router) Reload(cfg *config.Config) error {
 		}
 		if !reflect.DeepEqual(old.Discovery.Kubernetes, cfg.Discovery.Kubernetes) {
 			r.logger.Warn("discovery.kubernetes changes only on restart")
+		}
+		if !reflect.DeepEqual(old.Discovery.InferencePool, cfg.Discovery.InferencePool) {
+			r.logger.Warn("discovery.inference_pool changes only on restart")
 		}
 		if old.ExtProc != cfg.ExtProc {
 			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
@@ -382,8 +395,9 @@ func (r *Router) Handler() http.Handler {
 // Run discovers, health-checks and scrapes the endpoints until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 3+len(r.dns)+len(r.kube)) // the prober, the peers, the file, the names, the watches: none may block
+	errc := make(chan error, 4+len(r.dns)+2*len(r.kube)) // the prober, the peers, the file, the pool, the names, the watches, the cost writers: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
+	wg.Go(func() { errc <- r.runInferencePool(ctx) })
 	wg.Go(func() { errc <- r.peers.run(ctx) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
@@ -407,6 +421,7 @@ func (r *Router) Run(ctx context.Context) error {
 		}
 		wg.Go(func() { errc <- k.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(j, specs) }) })
 	}
+	r.runDeletionCost(ctx, &wg, errc)
 	wg.Wait()
 	close(errc)
 	var errs []error
@@ -441,6 +456,8 @@ func (r *Router) sourceName(i int) string {
 		return "file"
 	case i <= len(r.dns):
 		return "dns:" + r.dns[i-1].Config.Name
+	case i > len(r.dns)+len(r.kube):
+		return r.infpool.Key()
 	}
 	return r.kube[i-1-len(r.dns)].Key()
 }
@@ -507,6 +524,9 @@ type EndpointInfo struct {
 	// LearnedKVTokens is the KV capacity (engine tokens) the policy learned from the endpoint's
 	// hits and misses, where none is configured or scraped; absent while none is learned.
 	LearnedKVTokens int `json:"learned_kv_capacity_tokens,omitempty"`
+	// CacheValueTokens is kvroute_endpoint_cache_value_tokens; absent when the policy cannot
+	// tell it.
+	CacheValueTokens *float64 `json:"cache_value_tokens,omitempty"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -526,6 +546,9 @@ func (r *Router) Endpoints() []EndpointInfo {
 		info.CacheAudit = r.audit.Status(e)
 		info.TokenScale = e.TokenScale()
 		info.LearnedKVTokens = r.learnedKVTokens(e)
+		if v, ok := r.cacheValue(e); ok {
+			info.CacheValueTokens = &v
+		}
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false

@@ -66,6 +66,8 @@ type Config struct {
 	// Peers makes this router one of several replicas that share what they learn (see
 	// peers.go). Nil when the section is absent: a lone router.
 	Peers *Peers `json:"peers,omitempty"`
+	// Autoscale configures what autoscalers get from the router (see autoscale.go).
+	Autoscale Autoscale `json:"autoscale"`
 
 	// Warnings are problems that are not errors (for example authentication off by default);
 	// the caller logs them. Filled by Parse and Load.
@@ -123,6 +125,8 @@ type Discovery struct {
 	// Kubernetes lists EndpointSlice watches (see kubernetes.go): the ready endpoints of a
 	// Service, or of the Services a label selector picks, followed as pods come and go.
 	Kubernetes []KubernetesDiscovery `json:"kubernetes"`
+	// InferencePool follows the pods of a Gateway API InferencePool (see inferencepool.go).
+	InferencePool *InferencePoolDiscovery `json:"inference_pool"`
 }
 
 // DNSDiscovery is one name to resolve into endpoints.
@@ -330,6 +334,7 @@ func (c *Config) sections(checks Checks) []section {
 	return []section{
 		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
 		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, &c.ExtProc, peersSection{c},
+		&c.Autoscale,
 	}
 }
 
@@ -523,8 +528,8 @@ func (l endpointList) setDefaults(*Config) {
 }
 
 func (l endpointList) validate(c *Config, p *problems) {
-	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 && len(c.Discovery.Kubernetes) == 0 {
-		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file, discovery.dns or discovery.kubernetes")
+	if len(c.Endpoints) == 0 && c.Discovery.File == "" && len(c.Discovery.DNS) == 0 && len(c.Discovery.Kubernetes) == 0 && c.Discovery.InferencePool == nil {
+		p.add("endpoints", "no endpoints: list at least one (url: http://127.0.0.1:8001), or set discovery.file, discovery.dns, discovery.kubernetes or discovery.inference_pool")
 	}
 	validateEndpoints(c.Endpoints, "endpoints", p)
 }
@@ -634,6 +639,7 @@ func (d *Discovery) setDefaults(*Config) {
 		n.Endpoint.SetDefaults()
 	}
 	d.setKubernetesDefaults()
+	d.setInferencePoolDefaults()
 }
 
 func (d *Discovery) validate(_ *Config, p *problems) {
@@ -667,6 +673,7 @@ func (d *Discovery) validate(_ *Config, p *problems) {
 		p.add("discovery.poll_interval", "must be positive, like 30s")
 	}
 	d.validateKubernetes(p)
+	d.validateInferencePool(p)
 }
 
 func (h *Health) setDefaults(*Config) {

@@ -46,10 +46,11 @@ func TestParse_Defaults(t *testing.T) {
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
 			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin,
 			BodyReadTimeout: Duration(30 * time.Second), BodyMinRate: 64 << 10, WriteStallTimeout: Duration(60 * time.Second)},
-		Log:      Log{Format: "json", Level: "info"},
-		Auth:     &Auth{Mode: AuthNone},
-		Overload: Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
-		Warnings: c.Warnings,
+		Log:       Log{Format: "json", Level: "info"},
+		Auth:      &Auth{Mode: AuthNone},
+		Overload:  Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
+		Autoscale: Autoscale{Window: Duration(time.Minute), PodDeletionCost: PodDeletionCost{Interval: Duration(time.Minute), PatchesPerSecond: 1}},
+		Warnings:  c.Warnings,
 	}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)

@@ -96,6 +96,9 @@ type Config struct {
 	// ReplicaSync shares each replica's lifecycle events with the others (sync.go); the zero
 	// value shares nothing.
 	ReplicaSync ReplicaSync
+	// Autoscale, when set, grows the fleet during the run as a controller decides
+	// (autoscale.go).
+	Autoscale *Autoscale
 }
 
 // Change is an instance killed, added, failing or recovering at a moment of the run.
@@ -219,6 +222,7 @@ func (c *Config) check() error {
 			added[ch.Instance] = true
 		}
 	}
+	errs = append(errs, c.Autoscale.check(c)...)
 	if len(added) == c.Instances && c.Instances > 0 {
 		errs = append(errs, errors.New("changes: every instance is added later: at least one must be there from the start"))
 	}
@@ -297,6 +301,8 @@ type Result struct {
 	Events int
 	// Routed is, per router replica, the number of requests it was given (picked for).
 	Routed []int
+	// Scaled is the instances an autoscaler added (Config.Autoscale), in order.
+	Scaled []Scaled
 }
 
 // Preemptions sums the engines' preemption counts.
@@ -391,6 +397,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		}
 	}
 	s.initFaults()
+	s.startAutoscale()
 	if err := s.loop(ctx); err != nil {
 		return nil, err
 	}
@@ -420,6 +427,7 @@ const (
 	evIdle          // a stream's idle timeout, on a hung instance
 	evSync          // a router replica hears of another's event (ReplicaSync.Delay later)
 	evChange        // an instance is killed, added, fails or recovers
+	evControl       // the autoscaler looks (autoscale.go)
 	evScrape
 	evArrival
 	evSubmit // request reaches its engine (with network latency)
@@ -488,6 +496,10 @@ type sim struct {
 	// first token (faults.go).
 	inst      []instState
 	firstStep []int32
+	// asked is how many instances the autoscaler has asked for (they are 0 .. asked-1), and
+	// scaled what it added (autoscale.go).
+	asked  int
+	scaled []Scaled
 }
 
 // maxStepsPerInstant bounds the zero-length engine steps in a row before a run gives up.
@@ -576,6 +588,8 @@ func (s *sim) loop(ctx context.Context) error {
 			if err := s.change(s.cfg.Changes[e.req]); err != nil {
 				return fmt.Errorf("%s of instance %d at %v: %w", s.cfg.Changes[e.req].Kind, s.cfg.Changes[e.req].Instance, e.at, err)
 			}
+		case evControl:
+			s.control()
 		case evScrape:
 			s.scrape()
 			// Keep scraping while anything else is going to happen.
@@ -887,6 +901,7 @@ func (s *sim) result() *Result {
 		Stats:   make([]engine.Stats, len(s.engines)),
 		Events:  s.events,
 		Routed:  make([]int, len(s.routers)),
+		Scaled:  s.scaled,
 	}
 	for k := range s.routers {
 		res.Routed[k] = s.routers[k].routed

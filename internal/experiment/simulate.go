@@ -53,6 +53,9 @@ type SimulateOptions struct {
 	MaxEjectedPercent                    int
 	// Records and HTML, when set, are files to write every request's record and a report to.
 	Records, HTML string
+	// Autoscale runs an autoscaler on the router's saturation signal (ParseScale); Ramp
+	// makes the arrival rate rise or fall over the run (ParseRamp). Empty: neither.
+	Autoscale, Ramp string
 }
 
 // Simulation is what Simulate found: the summary, and the router replicas it had.
@@ -62,6 +65,8 @@ type Simulation struct {
 	affinity string
 	faults   string // the faults and the settings that meet them, for the table's header
 	sync     des.ReplicaSync
+	scale    *ScaleSpec
+	scaling  []scaling // per policy, with --autoscale
 }
 
 // Simulate checks the options, loads the workload and runs every policy on it in virtual time,
@@ -98,6 +103,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		errs = append(errs, fmt.Errorf("--replica-affinity %q: want none (round-robin per request) or session", o.ReplicaAffinity))
 	}
 	errs = append(errs, o.checkFaults()...)
+	errs = append(errs, o.checkScale()...)
 	rsync, err := des.ParseReplicaSync(o.ReplicaSync, o.ReplicaSyncLoss)
 	if err != nil {
 		errs = append(errs, err)
@@ -123,7 +129,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	if speedup == 0 {
 		speedup = 1
 	}
-	reqs = workload.Speedup(reqs, speedup)
+	reqs = o.ramp(workload.Speedup(reqs, speedup))
 
 	fleet := des.ProfileFleet(prof, o.Instances)
 	fleet.ScrapeInterval = o.ScrapeInterval
@@ -151,6 +157,10 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		records = make([][]report.Record, len(specs))
 	}
 	w := des.Prepare(reqs, fleet.Model, fleet.BlockSize)
+	if o.Autoscale != "" {
+		spec, _ := ParseScale(o.Autoscale, o.Instances)
+		sim.scale, sim.scaling = &spec, make([]scaling, len(specs))
+	}
 
 	// One simulation per policy, at most one per CPU at a time; the bounds beside them.
 	bounds := make(chan report.Bounds, 1)
@@ -163,9 +173,17 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	slots := newSlots()
 	err = forEach(ctx, len(specs), "simulation", func(ctx context.Context, i int) error {
 		sp := specs[i]
-		res, wall, err := slots.run(ctx, fleet, w, sp)
+		fl, sc := fleet, (*scaler)(nil)
+		if sim.scale != nil {
+			sc = newScaler(*sim.scale, o.Instances)
+			fl.Autoscale = sc.config()
+		}
+		res, wall, err := slots.run(ctx, fl, w, sp)
 		if err != nil {
 			return fmt.Errorf("policy %s: %w", sp.Label, err)
+		}
+		if sc != nil {
+			sim.scaling[i] = sc.result(sp.Label, res, o.Instances)
 		}
 		r := report.Summarize(sp.Label, res.Records, res.Busy)
 		r.Preemptions = res.Preemptions()
@@ -204,7 +222,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 // WriteJSON writes the summary as JSON, with the router replicas in the scenario when there
 // are several (with one, the output is what it was before replicas).
 func (s *Simulation) WriteJSON(w io.Writer) error {
-	if s.routers <= 1 {
+	if s.routers <= 1 && s.scale == nil {
 		return report.WriteJSON(w, s.Summary)
 	}
 	type scenario struct {
@@ -216,7 +234,8 @@ func (s *Simulation) WriteJSON(w io.Writer) error {
 	out := struct {
 		Scenario scenario `json:"scenario"`
 		*report.Summary
-	}{scenario{s.Scenario, s.routers, s.affinity, s.sync.String()}, s.Summary}
+		Autoscale []scaling `json:"autoscale,omitempty"`
+	}{scenario{s.Scenario, s.routers, s.affinity, s.sync.String()}, s.Summary, s.scaling}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(out); err != nil {
@@ -227,8 +246,15 @@ func (s *Simulation) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the summary as a table, with the router replicas at the end of its header
 // line when there are several, and after it, when instances fail, a line naming the faults and
-// the settings that meet them.
-func (s *Simulation) WriteTable(w io.Writer) error {
+// the settings that meet them; with --autoscale, each policy's autoscaling timeline follows.
+func (s *Simulation) WriteTable(w io.Writer) (err error) {
+	if s.scale != nil {
+		defer func() {
+			if err == nil {
+				err = writeScaling(w, *s.scale, s.scaling)
+			}
+		}()
+	}
 	if s.routers <= 1 && s.faults == "" {
 		return report.WriteTable(w, s.Summary)
 	}

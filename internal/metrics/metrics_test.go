@@ -441,7 +441,7 @@ func TestNames(t *testing.T) {
 	for _, want := range []string{"kvroute_requests_total", "kvroute_ttft_seconds", "kvroute_pick_duration_seconds",
 		"kvroute_endpoint_ejected_seconds_total", "kvroute_endpoint_predicted_ttft_seconds",
 		"kvroute_endpoint_engine_prefix_cache_hit_tokens_total", "kvroute_index_bytes", "kvroute_discovery_endpoints",
-		"kvroute_tenant_queue_wait_seconds"} {
+		"kvroute_tenant_queue_wait_seconds", "kvroute_model_load", "kvroute_endpoint_cache_value_tokens"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("Names() lacks %s: %v", want, names)
 		}
@@ -449,6 +449,7 @@ func TestNames(t *testing.T) {
 	// As many names as New describes families: none is left without a series.
 	reg := &countingRegisterer{Registerer: prometheus.NewRegistry()}
 	New(reg)
+	NewAutoscale(reg, 0)
 	NewPeers(reg)
 	if len(names) != reg.descs {
 		t.Errorf("Names() gives %d names, New describes %d families", len(names), reg.descs)

@@ -42,6 +42,14 @@ func populated(reg prometheus.Registerer) *Metrics {
 	m.WatchPrefillRate(func(*endpoint.Endpoint) float64 { return 1000 })
 	m.WatchLearnedCapacity(func(*endpoint.Endpoint) int { return 1000 })
 	m.PickDuration.Observe(0)
+	as := NewAutoscale(reg, 0)
+	ae := &endpoint.Endpoint{Name: ep.Name, Models: []string{"m"}}
+	now := time.Now()
+	ae.SetSnapshot(&endpoint.Snapshot{At: now.Add(-time.Second), PrefixQueries: 1})
+	as.Watch(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{ae} }, func(*endpoint.Endpoint) float64 { return 1000 })
+	as.WatchCacheValue(func(*endpoint.Endpoint) (float64, bool) { return 0, true })
+	as.Figures() // the first sample: the gathering's is the second
+	ae.SetSnapshot(&endpoint.Snapshot{At: now, PrefixQueries: 2})
 	p := NewPeers(reg)
 	p.WatchPeers(func() map[string]time.Time { return map[string]time.Time{"r2": time.Now()} })
 	p.Lag.Observe(0)

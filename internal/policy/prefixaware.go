@@ -649,3 +649,9 @@ func (pa *prefixAware) WriteSnapshot(w io.Writer, name func(id int) string, maxE
 func (pa *prefixAware) ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error) {
 	return pa.index.ReadSnapshot(r, id, pa.clock.Now().UnixNano(), maxEntries)
 }
+
+// CacheValue is what ep alone holds by the index, weighted by recency (policy.CacheValuer).
+func (pa *prefixAware) CacheValue(ep *endpoint.Endpoint) float64 {
+	_, v := pa.index.Unique(ep.ID, pa.clock.Now().UnixNano(), CacheValueWindow)
+	return v
+}

@@ -313,7 +313,13 @@ func (x *Index) bisect(runs []int32, blocks []uint64, lo, hi int, cLo, cHi uint3
 		if hi == lo+1 {
 			// Every endpoint holding blocks[lo] but not blocks[hi] has its run end here; the
 			// ones that hold both get a larger value later or earlier: keep the maximum.
-			for ni := x.entry(x.find(blocks[lo])).head; ni != 0; {
+			ei := x.find(blocks[lo])
+			if ei == 0 {
+				// Nobody holds blocks[lo] but someone holds blocks[hi]: a Drop took a block
+				// whose descendants another request had added. No run ends here.
+				return
+			}
+			for ni := x.entry(ei).head; ni != 0; {
 				n := x.node(ni)
 				if int(n.ep) < len(runs) && runs[n.ep] < int32(hi) {
 					runs[n.ep] = int32(hi)

@@ -5,12 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,8 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/kvroute/kvroute/internal/app"
-	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
@@ -129,19 +123,7 @@ func TestRouterUnderChurn(t *testing.T) {
 		}
 	}
 
-	// The router's kubeconfig names an API server nobody listens on: the fake replaces it.
-	dir := t.TempDir()
-	kc := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Parse(fmt.Appendf(nil, `
+	r, api, _ := runRouter(t, client, `
 auth: {mode: none}
 policy: {name: least-request}
 scrape: {disabled: true}
@@ -150,27 +132,7 @@ server: {endpoint_header: X-Kvroute-Endpoint}
 discovery:
   kubernetes:
     - {service: vllm, port_name: http, kubeconfig: %q, endpoint: {engine: vllm, models: [m]}}
-`, kc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := app.NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.KubeClient = client
-	ctx, cancel := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
-	go func() { runDone <- r.Run(ctx) }()
-	api := httptest.NewServer(r.Handler())
-	defer func() {
-		api.Close()
-		cancel()
-		if err := <-runDone; err != nil {
-			t.Errorf("router Run: %v", err)
-		}
-		r.Close()
-	}()
+`)
 
 	poolIs := func(what string, want ...string) {
 		t.Helper()

@@ -13,10 +13,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/labels"
 	coreclient "k8s.io/client-go/kubernetes/typed/core/v1"
 	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -54,6 +56,8 @@ type Source struct {
 	Log *slog.Logger
 	// OnError, when set, also receives each failure (for a metric or a test).
 	OnError func(error)
+
+	pods atomic.Pointer[map[string]string] // the last set given: endpoint name -> pod (Pods)
 }
 
 // Key names the source in logs and metrics: "kubernetes:" and the namespace and the service or
@@ -105,6 +109,7 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	return w.Run(ctx, func(targets []Target) {
 		specs, errs := s.Specs(targets)
 		problems.report(errs)
+		s.keepPods(targets)
 		if !first && reflect.DeepEqual(specs, last) {
 			return
 		}
@@ -225,6 +230,23 @@ func FromConfig(c *config.Config, userAgent string, log *slog.Logger) ([]*Source
 // ~/.kube/config when there is one, else the in-cluster service account) and the namespace it
 // implies (the context's, or the service account's).
 func NewClient(kubeconfig, userAgent string) (Client, string, error) {
+	rc, ns, err := RESTConfig(kubeconfig, userAgent)
+	if err != nil {
+		return nil, "", err
+	}
+	var c clients
+	if c.discovery, err = discoveryclient.NewForConfig(rc); err == nil {
+		c.core, err = coreclient.NewForConfig(rc)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("kubernetes client: %w", err)
+	}
+	return c, ns, nil
+}
+
+// RESTConfig returns the client config NewClient builds its clients from, and the namespace
+// it implies, for the sources that need other clients (the InferencePool's dynamic one).
+func RESTConfig(kubeconfig, userAgent string) (*rest.Config, string, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
@@ -240,14 +262,7 @@ func NewClient(kubeconfig, userAgent string) (Client, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("kubernetes namespace: %w", err)
 	}
-	var c clients
-	if c.discovery, err = discoveryclient.NewForConfig(rc); err == nil {
-		c.core, err = coreclient.NewForConfig(rc)
-	}
-	if err != nil {
-		return nil, "", fmt.Errorf("kubernetes client: %w", err)
-	}
-	return c, ns, nil
+	return rc, ns, nil
 }
 
 // clients is a Client of the two API groups a Watch reads.

@@ -47,11 +47,11 @@ app.kubernetes.io/component: router
 
 {{/* Values the chart cannot render: fail with the fix. */}}
 {{- define "kvroute.validate" -}}
-{{- if eq .Values.mode "endpointPicker" -}}
-{{- fail "mode: endpointPicker is not available yet (kvroute's ext_proc endpoint picker is a later release): use mode: standalone" -}}
-{{- else if ne .Values.mode "standalone" -}}
-{{- fail (printf "mode: %q is not a mode: use standalone" .Values.mode) -}}
+{{- if not (has .Values.mode (list "standalone" "endpointPicker")) -}}
+{{- fail (printf "mode: %q is not a mode: use standalone or endpointPicker" .Values.mode) -}}
 {{- end -}}
+{{- include "kvroute.validatePicker" . -}}
+{{- include "kvroute.validatePeers" . -}}
 {{- range $k := list "listen" "admin_listen" -}}
 {{- if hasKey $.Values.config $k -}}
 {{- fail (printf "config.%s: leave it out: the chart sets it from service.api.port and service.admin.port" $k) -}}
@@ -66,7 +66,13 @@ app.kubernetes.io/component: router
 {{- if and .Values.saltSecret.value (lt (len .Values.saltSecret.value) 32) -}}
 {{- fail "saltSecret.value: at least 32 bytes (kvroute derives the tenants' cache salts from it): make one with head -c 32 /dev/urandom | base64" -}}
 {{- end -}}
-{{- if and .Values.kubernetesDiscovery.enabled (not .Values.kubernetesDiscovery.watches) -}}
+{{- if and (hasKey .Values.config "autoscale") (hasKey (.Values.config.autoscale | default dict) "pod_deletion_cost") -}}
+{{- fail "config.autoscale.pod_deletion_cost: leave it out: use podDeletionCost (the chart renders the RBAC for it)" -}}
+{{- end -}}
+{{- if and .Values.podDeletionCost.enabled (not (include "kvroute.kubeDiscovery" .)) -}}
+{{- fail "podDeletionCost.enabled: needs kubernetesDiscovery.enabled: the pods it writes are the ones discovery finds" -}}
+{{- end -}}
+{{- if and (include "kvroute.kubeDiscovery" .) (not .Values.kubernetesDiscovery.watches) -}}
 {{- fail "kubernetesDiscovery.watches: list at least one watch (service: vllm, port_name: http), or set enabled: false" -}}
 {{- end -}}
 {{- end -}}
@@ -76,17 +82,36 @@ app.kubernetes.io/component: router
 {{- $cfg := deepCopy .Values.config -}}
 {{- $_ := set $cfg "listen" (printf "0.0.0.0:%v" .Values.service.api.port) -}}
 {{- $_ := set $cfg "admin_listen" (printf "0.0.0.0:%v" .Values.service.admin.port) -}}
-{{- if .Values.kubernetesDiscovery.enabled -}}
+{{- if include "kvroute.kubeDiscovery" . -}}
 {{- $d := deepCopy (.Values.config.discovery | default dict) -}}
 {{- $_ := set $d "kubernetes" .Values.kubernetesDiscovery.watches -}}
 {{- $_ := set $cfg "discovery" $d -}}
 {{- end -}}
+{{- if .Values.podDeletionCost.enabled -}}
+{{- $a := deepCopy ($cfg.autoscale | default dict) -}}
+{{- $p := .Values.podDeletionCost -}}
+{{- $_ := set $a "pod_deletion_cost" (dict "enabled" true "interval" $p.interval "min_change" $p.minChange "patches_per_second" $p.patchesPerSecond) -}}
+{{- $_ := set $cfg "autoscale" $a -}}
+{{- end -}}
+{{- include "kvroute.pickerConfig" (list . $cfg) -}}
+{{- include "kvroute.peersConfig" (list . $cfg) -}}
 {{- if or .Values.saltSecret.value .Values.saltSecret.existingSecret -}}
 {{- $auth := deepCopy ($cfg.auth | default dict) -}}
 {{- $_ := set $auth "secret_file" (printf "/etc/kvroute-secret/%s" .Values.saltSecret.key) -}}
 {{- $_ := set $cfg "auth" $auth -}}
 {{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* "true" when discovery.kubernetes is rendered: standalone mode only (in endpoint-picker
+mode the InferencePool names the engines). */}}
+{{- define "kvroute.kubeDiscovery" -}}
+{{- if and (eq .Values.mode "standalone") .Values.kubernetesDiscovery.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the pods need a service account token: they read the Kubernetes API. */}}
+{{- define "kvroute.apiAccess" -}}
+{{- if or (include "kvroute.kubeDiscovery" .) (eq .Values.mode "endpointPicker") -}}true{{- else -}}false{{- end -}}
 {{- end -}}
 
 {{/* The namespaces the discovery watches, for RBAC. */}}

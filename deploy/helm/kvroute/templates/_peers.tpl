@@ -1,0 +1,54 @@
+{{/* Router replicas that share what they learn (the config's peers section). */}}
+
+{{/* The headless Service the replicas find each other by. */}}
+{{- define "kvroute.peersService" -}}
+{{- printf "%s-peers" (include "kvroute.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The Secret holding the peers' shared secret: existingSecret or the chart's. */}}
+{{- define "kvroute.peersSecret" -}}
+{{- default (printf "%s-peers" (include "kvroute.fullname" .)) .Values.peers.secret.existingSecret -}}
+{{- end -}}
+
+{{- define "kvroute.validatePeers" -}}
+{{- if hasKey .Values.config "peers" -}}
+{{- range $k := list "listen" "gossip_listen" "static" "dns" "secret_file" "secret_env" -}}
+{{- if hasKey ($.Values.config.peers | default dict) $k -}}
+{{- fail (printf "config.peers.%s: leave it out: the chart sets it (peers.enabled, peers.port, peers.gossipPort, peers.secret)" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- if not .Values.peers.enabled -}}
+{{- fail "config.peers: set peers.enabled: true as well (the chart renders the peers' Service, ports and secret)" -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.peers.enabled -}}
+{{- $s := .Values.peers.secret -}}
+{{- if and (not .Values.autoscaling.enabled) (lt (int .Values.replicaCount) 2) -}}
+{{- fail "peers.enabled: a lone replica has no peers: set replicaCount to 2 or more (or autoscaling.enabled), or peers.enabled: false" -}}
+{{- end -}}
+{{- if and $s.value $s.existingSecret -}}
+{{- fail "peers.secret: give value or existingSecret, not both" -}}
+{{- end -}}
+{{- if and $s.value (lt (len $s.value) 32) -}}
+{{- fail "peers.secret.value: at least 32 bytes (the replicas sign and encrypt with keys derived from it): make one with head -c 32 /dev/urandom | base64, or leave it empty for the chart to generate one" -}}
+{{- end -}}
+{{- if eq (int .Values.peers.port) (int .Values.peers.gossipPort) -}}
+{{- fail "peers.gossipPort: the same as peers.port: give membership its own port (7946)" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Sets peers in the config (list . $cfg) when peers.enabled. */}}
+{{- define "kvroute.peersConfig" -}}
+{{- $ := index . 0 -}}
+{{- $cfg := index . 1 -}}
+{{- if $.Values.peers.enabled -}}
+{{- $p := deepCopy ($cfg.peers | default dict) -}}
+{{- $_ := set $p "listen" (printf "0.0.0.0:%v" $.Values.peers.port) -}}
+{{- $_ := set $p "gossip_listen" (printf "0.0.0.0:%v" $.Values.peers.gossipPort) -}}
+{{- $name := printf "%s.%s.svc.%s" (include "kvroute.peersService" $) $.Release.Namespace $.Values.peers.clusterDomain -}}
+{{- $_ := set $p "dns" (dict "name" $name "port" (int $.Values.peers.gossipPort)) -}}
+{{- $_ := set $p "secret_file" (printf "/etc/kvroute-peers/%s" $.Values.peers.secret.key) -}}
+{{- $_ := set $cfg "peers" $p -}}
+{{- end -}}
+{{- end -}}
