@@ -124,6 +124,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
+	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)
 	r.watchAutoscale(metrics.NewAutoscale(reg, cfg.Autoscale.Window.D()))
 	r.metrics.WatchIndex(func() (int, int64) {
 		if h := r.h.Load(); h != nil {
@@ -520,6 +521,9 @@ type EndpointInfo struct {
 	CacheAudit route.AuditStatus `json:"cache_audit"`
 	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
 	TokenScale float64 `json:"token_scale"`
+	// LearnedKVTokens is the KV capacity (engine tokens) the policy learned from the endpoint's
+	// hits and misses, where none is configured or scraped; absent while none is learned.
+	LearnedKVTokens int `json:"learned_kv_capacity_tokens,omitempty"`
 	// CacheValueTokens is kvroute_endpoint_cache_value_tokens; absent when the policy cannot
 	// tell it.
 	CacheValueTokens *float64 `json:"cache_value_tokens,omitempty"`
@@ -541,6 +545,7 @@ func (r *Router) Endpoints() []EndpointInfo {
 		}
 		info.CacheAudit = r.audit.Status(e)
 		info.TokenScale = e.TokenScale()
+		info.LearnedKVTokens = r.learnedKVTokens(e)
 		if v, ok := r.cacheValue(e); ok {
 			info.CacheValueTokens = &v
 		}

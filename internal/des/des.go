@@ -45,6 +45,10 @@ type Config struct {
 	BlockSize int
 	// KVCapacityTokens is each engine's KV capacity, as the router is configured with it.
 	KVCapacityTokens int
+	// Opaque engines tell the router neither their cached tokens nor their KV capacity (as
+	// ollama): responses report no cached tokens and scrapes no cache_config_info. Records keep
+	// what the engines did.
+	Opaque bool
 	// NewEngine builds engine i (0..Instances-1).
 	NewEngine func(i int) (Engine, error)
 	// ScrapeInterval is how often endpoint snapshots are refreshed from engine stats
@@ -839,7 +843,11 @@ func (s *sim) observe(inst int, evs []engine.Event) {
 				rec.OutputTokens = ev.OutputTokens
 			}
 			st.done = true
-			st.call.Finish(route.Outcome{OK: true, CachedTokens: ev.CachedTokens, OutputTokens: rec.OutputTokens})
+			reported := ev.CachedTokens
+			if s.cfg.Opaque {
+				reported = -1
+			}
+			st.call.Finish(route.Outcome{OK: true, CachedTokens: reported, OutputTokens: rec.OutputTokens})
 		}
 	}
 }
@@ -876,6 +884,9 @@ func (s *sim) scrape() {
 		}
 		if st.TotalBlocks > 0 {
 			snap.KVUsage = float64(st.UsedBlocks) / float64(st.TotalBlocks)
+		}
+		if s.cfg.Opaque {
+			snap.BlockSize, snap.NumGPUBlocks = 0, 0
 		}
 		for k := range s.routers {
 			s.routers[k].eps[i].SetSnapshot(snap)

@@ -137,6 +137,7 @@ type Metrics struct {
 	endpoints   atomic.Pointer[func() []*endpoint.Endpoint]
 	index       atomic.Pointer[func() (int, int64)]
 	prefillRate atomic.Pointer[func(*endpoint.Endpoint) float64]
+	learnedKV   atomic.Pointer[func(*endpoint.Endpoint) int] // capacity.go
 	now         func() time.Time
 
 	mu       sync.Mutex
@@ -487,7 +488,7 @@ type stateCollector Metrics
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descKV, descPredictedTTFT,
 		descEjected, descEjectedSeconds, descEngineRunning, descEngineWaiting, descEngineKVUsage, descEngineQueries,
-		descEngineHits, descEntries, descBytes} {
+		descEngineHits, descEntries, descBytes, descLearnedKV} {
 		ch <- d
 	}
 }
@@ -511,6 +512,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(descHealthy, h, e.Name)
 			gauge(descKV, float64(e.KVTokens()), e.Name)
+			if f := c.learnedKV.Load(); f != nil && e.KVTokens() == 0 {
+				if v := (*f)(e); v > 0 {
+					gauge(descLearnedKV, float64(v), e.Name)
+				}
+			}
 			if rate != nil {
 				if r := rate(e); r > 0 {
 					gauge(descPredictedTTFT, float64(e.PendingPrefill())/r, e.Name)

@@ -57,6 +57,8 @@ func TestMetricsExposition(t *testing.T) {
 		}
 		return 0 // unknown: no prediction exported
 	})
+	// Only b's capacity is unknown: a's configured one stands whatever the policy learned.
+	m.WatchLearnedCapacity(func(*endpoint.Endpoint) int { return 4096 })
 	m.Requests.WithLabelValues("m", a.Name, Status(200)).Inc()
 	m.Requests.WithLabelValues("m", b.Name, Status(502)).Inc()
 	m.TTFT.WithLabelValues("m").Observe(0.05)
@@ -85,6 +87,9 @@ kvroute_endpoint_engine_kv_usage_ratio{endpoint="http://127.0.0.1:1"} 0.25
 # HELP kvroute_endpoint_engine_prefix_cache_hit_tokens_total Prompt tokens the engine found in its prefix cache (vLLM prefix_cache_hits, SGLang cached tokens), as last scraped.
 # TYPE kvroute_endpoint_engine_prefix_cache_hit_tokens_total counter
 kvroute_endpoint_engine_prefix_cache_hit_tokens_total{endpoint="http://127.0.0.1:1"} 400
+# HELP kvroute_endpoint_learned_kv_capacity_tokens The KV-cache capacity, in the engine's tokens, that the router learned from the endpoint's hits and misses because none is configured (kv_tokens) or scraped; the endpoint's index is sized by it. Absent while none is learned.
+# TYPE kvroute_endpoint_learned_kv_capacity_tokens gauge
+kvroute_endpoint_learned_kv_capacity_tokens{endpoint="http://127.0.0.1:2"} 4096
 # HELP kvroute_index_entries Entries (block, endpoint) in the policy's prefix index.
 # TYPE kvroute_index_entries gauge
 kvroute_index_entries 3
@@ -93,7 +98,7 @@ kvroute_index_entries 3
 		"kvroute_endpoint_healthy", "kvroute_endpoint_in_flight_requests", "kvroute_endpoint_snapshot_age_seconds",
 		"kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
 		"kvroute_endpoint_engine_kv_usage_ratio", "kvroute_endpoint_engine_prefix_cache_hit_tokens_total",
-		"kvroute_index_entries"); err != nil {
+		"kvroute_endpoint_learned_kv_capacity_tokens", "kvroute_index_entries"); err != nil {
 		t.Error(err)
 	}
 	before := testutil.CollectAndCount(m.Requests)
@@ -104,7 +109,7 @@ kvroute_index_entries 3
 	for k := range seriesOf(t, reg) {
 		if strings.Contains(k, b.Name) && !strings.HasPrefix(k, "kvroute_endpoint_healthy") &&
 			!strings.HasPrefix(k, "kvroute_endpoint_in_flight") && !strings.HasPrefix(k, "kvroute_endpoint_pending") &&
-			!strings.HasPrefix(k, "kvroute_endpoint_kv_capacity") {
+			!strings.HasPrefix(k, "kvroute_endpoint_kv_capacity") && !strings.HasPrefix(k, "kvroute_endpoint_learned_kv_capacity") {
 			// The gauges above read the watched endpoints, which still list b here.
 			t.Errorf("after ForgetEndpoint: %s is still there", k)
 		}

@@ -40,6 +40,7 @@ func populated(reg prometheus.Registerer) *Metrics {
 	m.WatchEndpoints(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{ep} })
 	m.WatchIndex(func() (int, int64) { return 0, 0 })
 	m.WatchPrefillRate(func(*endpoint.Endpoint) float64 { return 1000 })
+	m.WatchLearnedCapacity(func(*endpoint.Endpoint) int { return 1000 })
 	m.PickDuration.Observe(0)
 	as := NewAutoscale(reg, 0)
 	ae := &endpoint.Endpoint{Name: ep.Name, Models: []string{"m"}}

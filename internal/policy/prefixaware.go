@@ -50,7 +50,8 @@ type prefixAware struct {
 	learn     bool // calibrate each endpoint's speed from observed TTFTs
 	correct   bool // forget what the engine reports it no longer holds
 
-	fleet speedFit // all endpoints together
+	fleet speedFit    // all endpoints together
+	caps  capLearning // capacities learned where none is configured or scraped (capacity.go)
 
 	mu       sync.RWMutex // guards eps (the slice, not the states)
 	eps      []*paState
@@ -191,6 +192,7 @@ type paFlight struct {
 	predicted int               // blocks the index said ep held
 	runs      []prefix.StampRun // index stamps of those blocks, for the correction
 	first     atomic.Bool       // first token seen, or done
+	probe     capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
 }
 
 type paScratch struct {
@@ -284,9 +286,9 @@ func (pa *prefixAware) state(id int) *paState {
 	return pa.eps[id]
 }
 
-// sizeIndex gives the index ep's KV capacity when it is known and has changed.
+// sizeIndex gives the index ep's KV capacity when it is known or learned and has changed.
 func (pa *prefixAware) sizeIndex(ep *endpoint.Endpoint, s *paState, blockTokens int) {
-	kv := int64(ep.RouterKVTokens())
+	kv := pa.kvTokens(ep)
 	if kv <= 0 || blockTokens <= 0 || s.kvTokens.Load() == kv {
 		return
 	}
@@ -510,6 +512,7 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.addAffinity(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
+	pa.probe(req, ep, s, f)
 	pa.inflight.Store(req, f)
 	pa.index.Insert(ep.ID, req.Blocks, now)
 }
@@ -528,6 +531,7 @@ func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
 	s.dequeue(f, pa.clock.Now().UnixNano())
+	f.probe.sawQueue(s)
 	if pa.learn && ttft > 0 {
 		predicted := overhead + float64(f.ahead)/prefillRate
 		s.speed.add(predicted, ttft.Seconds(), learnWeight)
@@ -595,6 +599,7 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 			return
 		}
 	}
+	pa.learnCapacity(req, ep, f, res)
 	if pa.correct && res.CachedTokens >= 0 && req.BlockTokens > 0 {
 		got := res.CachedTokens / req.BlockTokens
 		want := cachedTokens(req, f.predicted) / req.BlockTokens
@@ -610,6 +615,7 @@ func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
 // Removed forgets everything about ep.
 func (pa *prefixAware) Removed(ep *endpoint.Endpoint) {
 	pa.index.Remove(ep.ID)
+	pa.caps.forget(ep.ID)
 	pa.mu.Lock()
 	if ep.ID < len(pa.eps) {
 		pa.eps[ep.ID] = nil
@@ -628,6 +634,7 @@ func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
 // engine's reports agree again.
 func (pa *prefixAware) SetCacheBlind(ep *endpoint.Endpoint, blind bool) {
 	pa.state(ep.ID).blind.Store(blind)
+	pa.capacityBlind(ep, blind)
 }
 
 // IndexSize returns the index's (block, endpoint) entries and bytes.
