@@ -117,3 +117,69 @@ func FuzzNeedsCollapse(f *testing.F) {
 		}
 	})
 }
+
+// collapseSpaceRef is collapseSpace written the plain way: every whitespace run (as
+// unicode.IsSpace sees it, invalid UTF-8 being no space) becomes one newline when it holds one,
+// else one space.
+func collapseSpaceRef(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size <= 1 || !unicode.IsSpace(r) {
+			b.WriteString(s[i : i+size])
+			i += size
+			continue
+		}
+		newline := false
+		for i < len(s) {
+			r, size = utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size <= 1 || !unicode.IsSpace(r) {
+				break
+			}
+			newline = newline || r == '\n'
+			i += size
+		}
+		if newline {
+			b.WriteByte('\n')
+		} else {
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()
+}
+
+func FuzzCollapseSpace(f *testing.F) {
+	for _, s := range normalizeCases {
+		f.Add(s)
+	}
+	f.Add("first paragraph, long enough.\n\nsecond  one\tand a\u00a0space;\r\nthird")
+	f.Add(strings.Repeat("word ", 20) + "\n\n" + strings.Repeat("more\n", 9) + "  end")
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := collapseSpace(s), collapseSpaceRef(s); got != want {
+			t.Fatalf("collapseSpace(%q) = %q, want %q", s, got, want)
+		}
+	})
+}
+
+// BenchmarkCollapseSpace: 128 KiB of prose with a paragraph break ("\n\n") every 500 bytes or
+// so, which the default normalisation collapses: collapseSpace against the plain reference,
+// in the same run.
+func BenchmarkCollapseSpace(b *testing.B) {
+	var sb strings.Builder
+	for sb.Len() < 128<<10 {
+		sb.WriteString(strings.Repeat("The router reads each request once and hashes its blocks. ", 9))
+		sb.WriteString("\n\n")
+	}
+	s := sb.String()
+	for _, c := range []struct {
+		name string
+		f    func(string) string
+	}{{"collapseSpace", collapseSpace}, {"reference", collapseSpaceRef}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				_ = c.f(s)
+			}
+		})
+	}
+}
