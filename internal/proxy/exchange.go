@@ -81,30 +81,14 @@ type prepareOptions struct {
 // An error is the answer to give the client (Retry-After set in out where it applies).
 func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, out http.Header, opt prepareOptions) *openai.Error {
 	h := c.h
-	req, err := openai.Parse(kind, body)
-	if err != nil {
-		var oe *openai.Error
-		if !errors.As(err, &oe) {
-			oe = openai.BadRequest("", "%v", err)
-		}
+	req, oe := parse(kind, body)
+	if oe != nil {
 		return oe
 	}
 	c.req = req
 	c.stream = req.Stream
 	c.model = h.modelLabel(req.Model)
-
-	// The routing key: canonical prompt, normalised, cut into chained block hashes seeded with
-	// the model and the salt the engine will use.
-	salt := req.CacheSalt
-	if c.id != nil {
-		salt = c.id.Salt
-		c.preq.Tenant = c.id.Name
-	}
-	c.preq.ID = c.rid
-	h.Keys.FromOpenAI(&c.preq, req, salt)
-	if c.preq.SessionKey == "" {
-		c.preq.SessionKey = hdr.Get("X-Session-Id")
-	}
+	c.keys(req, hdr)
 	if h.Gate != nil {
 		t, oe := h.Gate.Take(c.id, c.preq.PromptTokens, out)
 		if oe != nil {
@@ -117,22 +101,16 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		c.model = metrics.UnknownModel
 		return modelNotFound(req.Model)
 	}
-	var labels map[string]string
-	if c.id != nil {
-		labels = c.id.EndpointLabels
-	}
-	cands := h.Pool.Candidates(make([]*endpoint.Endpoint, 0, 8), req.Model, labels)
+	cands := h.Pool.Candidates(make([]*endpoint.Endpoint, 0, 8), req.Model, c.labels())
 	if opt.candidates != nil && len(cands) > 0 {
 		cands = opt.candidates(cands)
 	}
 	if len(cands) == 0 {
-		if !h.served(req.Model, labels) {
+		oe := h.noCandidate(req.Model, c.labels(), out)
+		if oe.Status == http.StatusNotFound {
 			c.model = metrics.UnknownModel
-			return modelNotFound(req.Model)
 		}
-		out.Set("Retry-After", "1")
-		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
-			"no healthy endpoint serves model "+strconv.Quote(req.Model)+"; retry shortly")
+		return oe
 	}
 	if h.Saturated != nil && h.Saturated(cands) {
 		out.Set("Retry-After", "1")
@@ -180,6 +158,54 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		}
 	}
 	return nil
+}
+
+// parse parses an API request body, its errors in the OpenAI shape.
+func parse(kind openai.Kind, body []byte) (*openai.Request, *openai.Error) {
+	req, err := openai.Parse(kind, body)
+	if err != nil {
+		var oe *openai.Error
+		if !errors.As(err, &oe) {
+			oe = openai.BadRequest("", "%v", err)
+		}
+		return nil, oe
+	}
+	return req, nil
+}
+
+// keys builds the request's routing key: canonical prompt, normalised, cut into chained block
+// hashes seeded with the model and the salt the engine will use (the tenant's, when there is
+// one).
+func (c *call) keys(req *openai.Request, hdr http.Header) {
+	salt := req.CacheSalt
+	if c.id != nil {
+		salt = c.id.Salt
+		c.preq.Tenant = c.id.Name
+	}
+	c.preq.ID = c.rid
+	c.h.Keys.FromOpenAI(&c.preq, req, salt)
+	if c.preq.SessionKey == "" {
+		c.preq.SessionKey = hdr.Get("X-Session-Id")
+	}
+}
+
+// labels are the endpoint labels the request's tenant is limited to (nil: any endpoint).
+func (c *call) labels() map[string]string {
+	if c.id == nil {
+		return nil
+	}
+	return c.id.EndpointLabels
+}
+
+// noCandidate is the answer when no endpoint can take a request for model: 404 when none
+// serves it (for this tenant), else 503 with Retry-After (set in out).
+func (h *Handler) noCandidate(model string, labels map[string]string, out http.Header) *openai.Error {
+	if !h.served(model, labels) {
+		return modelNotFound(model)
+	}
+	out.Set("Retry-After", "1")
+	return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
+		"no healthy endpoint serves model "+strconv.Quote(model)+"; retry shortly")
 }
 
 // takeEvent reads one event of a streamed answer (usage, llama.cpp's timings, the response id,

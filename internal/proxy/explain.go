@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -44,17 +43,9 @@ func (h *Handler) ServeExplain(w http.ResponseWriter, r *http.Request) {
 	h.once.Do(h.init)
 	c := &call{h: h, cached: -1, timingsCached: -1}
 	fail := func(oe *openai.Error) { openai.WriteError(w, oe) }
-	if h.setup != nil {
-		fail(openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "", h.setup.Error()))
+	if oe := c.authenticate(r.Header, w.Header()); oe != nil {
+		fail(oe)
 		return
-	}
-	if h.Gate != nil {
-		id, oe := h.Gate.Authenticate(r.Header)
-		if oe != nil {
-			fail(oe)
-			return
-		}
-		c.id = id
 	}
 	path := r.URL.Query().Get("path")
 	if path == "" {
@@ -70,26 +61,15 @@ func (h *Handler) ServeExplain(w http.ResponseWriter, r *http.Request) {
 		fail(oe)
 		return
 	}
-	req, err := openai.Parse(kind, body)
-	if err != nil {
-		fail(openai.BadRequest("", "%v", err))
+	req, oe := parse(kind, body)
+	if oe != nil {
+		fail(oe)
 		return
 	}
-	salt := req.CacheSalt
-	var labels map[string]string
-	if c.id != nil {
-		salt, labels = c.id.Salt, c.id.EndpointLabels
-		c.preq.Tenant = c.id.Name
-	}
-	h.Keys.FromOpenAI(&c.preq, req, salt)
-	cands := h.Pool.Candidates(nil, req.Model, labels)
+	c.keys(req, r.Header)
+	cands := h.Pool.Candidates(nil, req.Model, c.labels())
 	if len(cands) == 0 {
-		if !h.served(req.Model, labels) {
-			fail(modelNotFound(req.Model))
-			return
-		}
-		fail(openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
-			"no healthy endpoint serves model "+strconv.Quote(req.Model)))
+		fail(h.noCandidate(req.Model, c.labels(), w.Header()))
 		return
 	}
 	pk := h.Lifecycle.Picker()
