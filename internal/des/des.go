@@ -358,8 +358,10 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		if warm == 0 {
 			warm = route.DefaultWarmUp
 		}
+		// The cache audit, as the live router runs it: an engine whose reported hits stay far
+		// below the index's predictions is routed on load alone.
 		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0),
-			Share: s.share(k)})
+			Share: s.share(k), Audit: route.NewAudit(route.AuditConfig{})})
 		if err != nil {
 			return nil, err
 		}
