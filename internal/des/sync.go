@@ -88,7 +88,7 @@ func (s *sim) share(k int) *route.Share {
 		s.sync.rand = rand.New(rand.NewPCG(s.cfg.Seed, 0x73796e63))
 	}
 	byName := map[string]*endpoint.Endpoint{}
-	return route.NewShare(route.ShareConfig{
+	sh := route.NewShare(route.ShareConfig{
 		Self:  uint64(k) + 1,
 		Out:   &syncOut{s: s, from: k},
 		Clock: &s.clock,
@@ -101,6 +101,9 @@ func (s *sim) share(k int) *route.Share {
 			return byName[name]
 		},
 	})
+	// As a live replica's transport does: every replica hears of the others Delay late.
+	sh.SetReplicas(len(s.routers), k, s.cfg.ReplicaSync.Delay)
+	return sh
 }
 
 // syncOut sends replica from's events to the others, each after the delay unless lost. The

@@ -25,6 +25,9 @@ type Request struct {
 	BlockTokens  int
 	PromptTokens int
 	MaxTokens    int // 0 when the client did not say
+	// Remote is true for a request another router replica routed, which this one replays
+	// (route.Share): this replica did not place it.
+	Remote bool
 }
 
 // Picker ranks the candidates for a request, best first. Candidates are the available endpoints
@@ -121,4 +124,12 @@ type Explanation struct {
 // policy keeps learning (its index stays up to date), it only stops steering by it.
 type CacheBlind interface {
 	SetCacheBlind(ep *endpoint.Endpoint, blind bool)
+}
+
+// Replicated is implemented by policies that place requests differently when they are one of
+// several router replicas: the router tells them how many replicas there are (itself
+// included), which one of them it is (its rank, 0 to n-1, a different one each) and how late
+// each hears of the others' placements, and again whenever any of it changes.
+type Replicated interface {
+	SetReplicas(n, rank int, lag time.Duration)
 }

@@ -50,8 +50,9 @@ type prefixAware struct {
 	learn     bool // calibrate each endpoint's speed from observed TTFTs
 	correct   bool // forget what the engine reports it no longer holds
 
-	fleet speedFit    // all endpoints together
-	caps  capLearning // capacities learned where none is configured or scraped (capacity.go)
+	fleet    speedFit    // all endpoints together
+	caps     capLearning // capacities learned where none is configured or scraped (capacity.go)
+	replicas paReplicas  // the other router replicas placing alongside this one (replicas.go)
 
 	mu       sync.RWMutex // guards eps (the slice, not the states)
 	eps      []*paState
@@ -99,6 +100,10 @@ type paState struct {
 	// as an exponentially decayed sum (float64 bits) as of affAt (unix nanoseconds).
 	affSum atomic.Uint64
 	affAt  atomic.Int64
+
+	// Work and requests routed here by any replica, per second over placedWindow, while
+	// there are replicas whose placements arrive late (replicas.go).
+	placedWork, placedN decayed
 }
 
 // addAffinity records a request that found fraction v of its prompt here, at now.
@@ -201,12 +206,14 @@ type paScratch struct {
 	fill   []float64
 	scored []paScore
 	states []*paState
+	costs  []float64 // spread's running costs
 }
 
 type paScore struct {
 	i          int
 	eligible   bool
 	cost, ttft float64 // ttft: this request's own predicted TTFT, seconds
+	own, speed float64 // the request's work there and the endpoint's calibrated speed
 }
 
 // removedPrefixAware names the parameters prefix-aware had before it had seven, and what took
@@ -434,6 +441,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
 	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
 	fleet := pa.fleet.get()
+	unseen := pa.replicas.unseen(now)
 	var capSum float64
 	for i := range c {
 		capSum += 1 / pa.speedOf(states[i], fleet)
@@ -464,7 +472,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 			weight += pa.cacheWeight * p
 		}
 		q := pa.queued(s, now, fleet)
-		w := q + own*weight
+		w := q + own*weight + unseen.delay(s, own, now)
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
@@ -477,7 +485,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// An endpoint within its bound takes one more: at the handful of requests in flight of
 		// a quiet fleet, the bound is not to send a conversation away from its cache.
 		eligible := float64(inFlight) <= limit
-		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft}
+		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft, own: own, speed: speed}
 	}
 	slices.SortFunc(sc.scored, func(a, b paScore) int {
 		if a.eligible != b.eligible {
@@ -494,6 +502,9 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		}
 		return a.i - b.i
 	})
+	if unseen.peers > 0 {
+		spread(sc, unseen.peers+1, unseen.rank)
+	}
 	return sc
 }
 
@@ -512,6 +523,7 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.addAffinity(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
+	pa.replicas.routed(s, req, f.work, now)
 	pa.probe(req, ep, s, f)
 	pa.inflight.Store(req, f)
 	pa.index.Insert(ep.ID, req.Blocks, now)

@@ -152,6 +152,14 @@ type Share struct {
 
 	applied, expired atomic.Int64
 	dropped          [DropSelf + 1]atomic.Int64
+
+	replicas atomic.Pointer[replicaSet] // the last SetReplicas; nil before one
+}
+
+// replicaSet is one SetReplicas: a lifecycle passes each one to its policy once.
+type replicaSet struct {
+	n, rank int
+	lag     time.Duration
 }
 
 type flightKey struct{ origin, id uint64 }
@@ -189,6 +197,28 @@ func NewShare(cfg ShareConfig) *Share {
 
 // Self is the origin this replica's events carry.
 func (s *Share) Self() uint64 { return s.cfg.Self }
+
+// SetReplicas records that n router replicas (this one included) share their events, this
+// one of rank rank among them (0 to n-1, a different one each: the members ordered by name),
+// each hearing of the others' up to lag late. Every lifecycle on this Share passes it to its
+// policy (policy.Replicated) before its next request, a lifecycle rebuilt on reload too. The
+// transport calls it when its membership changes: a policy that knows its peers place
+// requests it hears of late can avoid sending its share of a burst where theirs go.
+func (s *Share) SetReplicas(n, rank int, lag time.Duration) {
+	s.replicas.Store(&replicaSet{n: n, rank: rank, lag: lag})
+}
+
+// tellReplicas passes the latest SetReplicas to lc's policy if it has not heard it yet.
+func (s *Share) tellReplicas(lc *Lifecycle) {
+	if s == nil || lc.replicated == nil {
+		return
+	}
+	rs := s.replicas.Load()
+	if rs == nil || lc.replicasHeard.Swap(rs) == rs {
+		return
+	}
+	lc.replicated.SetReplicas(rs.n, rs.rank, rs.lag)
+}
 
 // ShareStats counts what a Share did.
 type ShareStats struct {
@@ -387,7 +417,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	f := &flight{
 		rebuilt: policy.Request{
 			Model: ev.Model, Tenant: ev.Tenant, SessionKey: ev.SessionKey, Blocks: ev.Blocks,
-			BlockTokens: ev.BlockTokens, PromptTokens: ev.PromptTokens, MaxTokens: ev.MaxTokens,
+			BlockTokens: ev.BlockTokens, PromptTokens: ev.PromptTokens, MaxTokens: ev.MaxTokens, Remote: true,
 		},
 		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
 	}

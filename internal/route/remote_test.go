@@ -1,6 +1,7 @@
 package route
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -127,9 +128,57 @@ func TestShareRebuildsRequest(t *testing.T) {
 	if d := b.lc.Apply(&ev); d != DropNone {
 		t.Fatal(d)
 	}
-	want := []policy.Request{{Model: "m", Tenant: "t", SessionKey: "s", Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7}}
+	want := []policy.Request{{Model: "m", Tenant: "t", SessionKey: "s", Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7, Remote: true}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rebuilt request (-want +got):\n%s", diff)
+	}
+}
+
+// replicated is a policy that records what SetReplicas told it, and when.
+type replicated struct {
+	got   []string
+	picks int
+}
+
+func (p *replicated) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	p.picks++
+	return c, nil
+}
+
+func (p *replicated) SetReplicas(n, rank int, lag time.Duration) {
+	p.got = append(p.got, fmt.Sprintf("%d %d %v before pick %d", n, rank, lag, p.picks+1))
+}
+
+// The transport's SetReplicas reaches the policy before the next request, once per call,
+// and reaches a lifecycle built later (a reload) on the same Share too.
+func TestShareTellsReplicas(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p := &replicated{}
+	a := newReplica(t, 1, p, clk, ShareConfig{}, "x", "y")
+	begin := func(lc *Lifecycle) {
+		t.Helper()
+		if _, err := lc.Begin(&policy.Request{ID: "r"}, a.eps, "", clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	begin(a.lc)
+	a.share.SetReplicas(3, 1, 10*time.Millisecond)
+	begin(a.lc)
+	begin(a.lc)
+	a.share.SetReplicas(2, 0, 10*time.Millisecond)
+	begin(a.lc)
+	want := []string{"3 1 10ms before pick 2", "2 0 10ms before pick 4"}
+	if diff := cmp.Diff(want, p.got); diff != "" {
+		t.Errorf("SetReplicas calls (-want +got):\n%s", diff)
+	}
+	q := &replicated{}
+	lc, err := New(Config{Picker: q, Clock: clk, Share: a.share})
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin(lc)
+	if diff := cmp.Diff([]string{"2 0 10ms before pick 1"}, q.got); diff != "" {
+		t.Errorf("a rebuilt lifecycle's policy (-want +got):\n%s", diff)
 	}
 }
 

@@ -165,6 +165,10 @@ type Lifecycle struct {
 	audit     *Audit
 	blinder   policy.CacheBlind
 	share     *Share
+	// replicated is the policy as policy.Replicated (nil if it is not), and replicasHeard the
+	// Share's SetReplicas it last passed on.
+	replicated    policy.Replicated
+	replicasHeard atomic.Pointer[replicaSet]
 }
 
 // New builds a Lifecycle.
@@ -185,6 +189,7 @@ func New(cfg Config) (*Lifecycle, error) {
 	}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
+	lc.replicated, _ = cfg.Picker.(policy.Replicated)
 	if lc.clock == nil {
 		lc.clock = policy.WallClock{}
 	}
@@ -234,6 +239,7 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	if len(candidates) == 0 {
 		return c, ErrNoCandidate
 	}
+	lc.share.tellReplicas(lc)
 	ranked, err := lc.picker.Pick(req, candidates)
 	if err == nil && len(ranked) == 0 {
 		err = ErrNoCandidate

@@ -1,0 +1,187 @@
+package policy
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Router replicas that hear of each other's placements late (SetReplicas).
+//
+// Replicas that share their events see the same fleet, a sync delay behind. Requests that
+// arrive together (a trace's timestamps are often quantised: ten at one instant) are split
+// among the replicas, and each places its share knowing nothing of the others' shares: with
+// the same picture, they all pick the same apparent best endpoint and herd there, the classic
+// failure of load balancing on stale information (Mitzenmacher, "How useful is old
+// information?", 2000). prefix-aware answers with two things, both off with one replica or
+// with a delay of zero:
+//
+//   - each replica takes its own place in the order one router would have filled the fleet:
+//     the n replicas' simultaneous requests, taken as like this one, go one after the other
+//     where each costs least with the ones before it counted, and the replica of rank r takes
+//     the r-th of those places (spread). A request whose prefix one endpoint holds costs little
+//     there, so all n places are that endpoint and it stays there.
+//   - the requests the peers are placing unseen at this moment are counted where they
+//     probably go, in proportion to where the fleet's recent requests went: half of them wait
+//     for this request's work, this request waits for half of theirs (paUnseen.delay). That
+//     keeps a long prefill off an endpoint that many short requests are heading for.
+//
+// How many the peers place unseen is measured: this replica's own placements come in clumps
+// (each less than the sync delay after the one before), and a balancer that gives every
+// replica its share of the same arrivals gives each peer a clump as large at the same time.
+
+// placedWindow is the time constant, in seconds, of the placement rates that say where the
+// peers' unseen requests probably go: long enough to span many bursts, short enough to follow
+// where conversations live now (the affinity window's default).
+const placedWindow = 60.0
+
+// paReplicas is what prefix-aware knows of the replicas it places alongside.
+type paReplicas struct {
+	peers atomic.Int32 // the other replicas while they hear of placements late, else 0
+	rank  atomic.Int32 // this replica's place among them, 0 to n-1
+	lag   atomic.Int64 // how late a placement reaches the others, nanoseconds
+
+	placed decayed // requests routed by any replica, per second over placedWindow
+
+	mu        sync.Mutex
+	clumpLast int64   // the last own placement, unix nanoseconds
+	clumpN    int     // own placements in the clump that clumpLast ends
+	clumpMean float64 // the size of the clump an own placement belongs to, averaged; 0: none yet (1)
+}
+
+// SetReplicas tells the policy that it is one of n router replicas (itself included), of rank
+// rank among them (0 to n-1, each a different one: the live transport orders its members by
+// name), each hearing of the others' placements lag late (policy.Replicated). One replica
+// (n <= 1), or lag 0 (each hears of the others before it places again), changes nothing.
+func (pa *prefixAware) SetReplicas(n, rank int, lag time.Duration) {
+	r := &pa.replicas
+	peers := 0
+	if lag > 0 && n > 1 {
+		peers = min(n-1, math.MaxInt32-1)
+	}
+	r.lag.Store(int64(lag))
+	r.rank.Store(int32(min(max(rank, 0), math.MaxInt32)))
+	r.peers.Store(int32(peers))
+}
+
+// routed counts a request routed to s at now by this replica or, replayed, by another one.
+func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
+	if r.peers.Load() == 0 {
+		return
+	}
+	s.placedWork.add(float64(work), now, placedWindow)
+	s.placedN.add(1, now, placedWindow)
+	r.placed.add(1, now, placedWindow)
+	if req.Remote {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.clumpN > 0 && now-r.clumpLast < r.lag.Load() {
+		r.clumpN++
+	} else {
+		if c := float64(r.clumpN); c > 0 {
+			// Averaged per placement, a clump of c counting c times, from 1 (no clumps).
+			r.clumpMean = max(r.clumpMean, 1)
+			r.clumpMean += (1 - math.Pow(1-learnWeight, c)) * (c - r.clumpMean)
+		}
+		r.clumpN = 1
+	}
+	r.clumpLast = now
+}
+
+// paUnseen is what one placement assumes of the peers' unseen requests.
+type paUnseen struct {
+	peers, rank int
+	count       float64 // requests the peers are placing at this moment, unseen
+	placed      float64 // the fleet's recent requests, per second
+}
+
+// unseen returns the peers' unseen placements at now; peers is 0 when there are none.
+func (r *paReplicas) unseen(now int64) paUnseen {
+	peers := int(r.peers.Load())
+	if peers == 0 {
+		return paUnseen{}
+	}
+	r.mu.Lock()
+	clump := max(r.clumpMean, 1)
+	r.mu.Unlock()
+	return paUnseen{peers: peers, rank: int(r.rank.Load()), count: float64(peers) * clump, placed: r.placed.get(now, placedWindow)}
+}
+
+// delay is the work, in token-equivalents, that the peers' unseen requests heading for s
+// and a request of work own cost each other: the requests among them that go to s (in
+// proportion to where the fleet's recent ones went) each wait for half of own, and own waits
+// for half of their work (which of simultaneous requests goes first is a toss).
+func (u paUnseen) delay(s *paState, own float64, now int64) float64 {
+	if u.peers == 0 || u.placed <= 0 {
+		return 0
+	}
+	n := s.placedN.get(now, placedWindow)
+	w := s.placedWork.get(now, placedWindow)
+	return u.count * (n*own + w) / u.placed / 2
+}
+
+// spread moves to the front the place among the first `places` of the fleet that this
+// replica, of rank rank, takes: the endpoints within the load bound are filled one request
+// like this one at a time, each where it costs least with the ones before it counted (its
+// work queued there), and the rank-th request's endpoint is this replica's.
+func spread(sc *paScratch, places, rank int) {
+	m := len(sc.scored)
+	for m > 1 && sc.scored[m-1].eligible != sc.scored[0].eligible {
+		m--
+	}
+	if cap(sc.costs) < m {
+		sc.costs = make([]float64, m)
+	}
+	costs := sc.costs[:m]
+	for k := range m {
+		costs[k] = sc.scored[k].cost
+	}
+	pick := 0
+	for range rank%places + 1 {
+		pick = 0
+		for k := 1; k < m; k++ {
+			if costs[k] < costs[pick] {
+				pick = k
+			}
+		}
+		x := sc.scored[pick]
+		costs[pick] += x.own / prefillRate * x.speed
+	}
+	if pick > 0 {
+		x := sc.scored[pick]
+		copy(sc.scored[1:pick+1], sc.scored[:pick])
+		sc.scored[0] = x
+	}
+}
+
+// decayed is an exponentially decayed sum; over its time constant, a rate per second.
+type decayed struct {
+	mu  sync.Mutex
+	sum float64
+	at  int64 // unix nanoseconds
+}
+
+func (d *decayed) add(v float64, now int64, tau float64) {
+	d.mu.Lock()
+	d.sum = d.decay(now, tau) + v
+	d.at = max(d.at, now)
+	d.mu.Unlock()
+}
+
+// get returns the sum at now, per second of the time constant tau.
+func (d *decayed) get(now int64, tau float64) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.decay(now, tau) / tau
+}
+
+// decay is the sum decayed to now; the caller holds d.mu.
+func (d *decayed) decay(now int64, tau float64) float64 {
+	if d.at == 0 || now <= d.at {
+		return d.sum
+	}
+	return d.sum * math.Exp(-float64(now-d.at)/1e9/tau)
+}

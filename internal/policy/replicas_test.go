@@ -1,0 +1,77 @@
+package policy
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// Two replicas with the same picture of an idle fleet: with their placements reaching each
+// other late, the one of rank 1 takes the place one router would give a second request like
+// the first, not the first's; with no delay, or alone, both take the best one. A request whose
+// prefix one endpoint holds goes there whatever the rank.
+func TestPrefixAware_ReplicasTakeTheirOwnPlaces(t *testing.T) {
+	pick := func(n, rank int, lag time.Duration, warm bool) int {
+		pa, _ := newPA(t, nil)
+		pa.SetReplicas(n, rank, lag)
+		eps := newEndpoints(4, 1<<20)
+		if warm {
+			a := req("a", 5, seq(1, 100)...)
+			finish(pa, a, route(t, pa, a, eps[2:3]), 0, -1) // only endpoint 2 holds it
+		}
+		r := req("b", 5, append(seq(1, 100), 7)...)
+		return mustPick(t, pa, r, eps)[0].ID
+	}
+	one := pick(1, 0, 0, false)
+	if got := pick(2, 0, time.Millisecond, false); got != one {
+		t.Errorf("rank 0 of 2 picked %d, want %d (one router's pick)", got, one)
+	}
+	if got := pick(2, 1, time.Millisecond, false); got == one {
+		t.Errorf("rank 1 of 2 picked %d, rank 0's: the two herd", got)
+	}
+	if got := pick(2, 1, 0, false); got != one {
+		t.Errorf("rank 1 with no delay picked %d, want %d (it hears of rank 0's placement first)", got, one)
+	}
+	if got := pick(1, 1, time.Millisecond, false); got != one {
+		t.Errorf("a lone replica picked %d, want %d", got, one)
+	}
+	for rank := range 4 {
+		if got := pick(4, rank, time.Millisecond, true); got != 2 {
+			t.Errorf("rank %d of 4 sent the follow-up to %d, want 2 (holds its prefix)", rank, got)
+		}
+	}
+}
+
+// The peers' unseen requests are counted by the clumps of this replica's own: three placed at
+// one instant and one alone count as clumps of 3, 3, 3 and 1 (averaged per placement), and a
+// replayed placement is no clump of this replica's. The cost they add falls on the endpoints
+// the fleet's recent requests went to.
+func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
+	pa, clk := newPA(t, nil)
+	pa.SetReplicas(2, 0, 10*time.Millisecond)
+	eps := newEndpoints(2, 1<<20)
+	for i := range 3 {
+		route(t, pa, req(string(rune('a'+i)), 5, seq(uint64(100*i), 10)...), eps[:1])
+	}
+	remote := req("", 5, seq(900, 10)...)
+	remote.Remote = true
+	clk.t = clk.t.Add(time.Second)
+	pa.Routed(remote, eps[0])
+	if n := pa.replicas.clumpN; n != 3 {
+		t.Errorf("clump of %d after a replayed placement, want 3 (not this replica's)", n)
+	}
+	route(t, pa, req("d", 5, seq(500, 10)...), eps[:1]) // closes the clump of 3
+	clk.t = clk.t.Add(time.Second)
+	u := pa.replicas.unseen(clk.t.UnixNano())
+	if want := 1 + 2*(1-0.98*0.98*0.98); math.Abs(u.count-want) > 1e-9 {
+		t.Errorf("unseen count %g, want %g (one peer; from 1, a clump of 3 counted 3 times)", u.count, want)
+	}
+	now := clk.t.UnixNano()
+	if busy, idle := u.delay(pa.state(0), 1000, now), u.delay(pa.state(1), 1000, now); !(busy > 0 && idle == 0) {
+		t.Errorf("unseen delay %g where the fleet's requests went, %g where none did; want > 0 and 0", busy, idle)
+	}
+	pa.SetReplicas(2, 0, 0)
+	if u := pa.replicas.unseen(now); u.peers != 0 || u.delay(pa.state(0), 1000, now) != 0 {
+		t.Errorf("with no delay: %+v, want no unseen peers", u)
+	}
+}
