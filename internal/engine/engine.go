@@ -391,9 +391,6 @@ func (e *Engine) emit(kind EventKind, s *seq, at time.Duration) {
 // recently admitted running request not yet scheduled in this step; when that would be s itself,
 // it preempts s if selfOK (and returns false), else returns false leaving s as it was.
 func (e *Engine) grow(s *seq, tokens int, preempted *bool, selfOK bool) bool {
-	if e.slots != nil {
-		return true // its slot holds it: Submit checked
-	}
 	for {
 		need := ceilDiv(tokens, e.cfg.BlockSize) - len(s.blocks)
 		if need <= e.pool.numFree {
@@ -539,14 +536,13 @@ func (e *Engine) alloc(dst []int32, n int) []int32 {
 // freeBlocks releases s's blocks tail first, so that its last blocks are evicted first (in a
 // slot cache: frees its slot, which keeps what s computed).
 func (e *Engine) freeBlocks(s *seq) {
-	if e.slots != nil {
-		e.slots.release(s, e.cfg.BlockSize)
-		return
-	}
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		e.pool.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]
+	if e.slots != nil {
+		e.slots.release(s, e.cfg.BlockSize)
+	}
 }
 
 // DrainKVEvents returns the KV events recorded since the last call (Config.KVEvents), oldest
@@ -565,7 +561,7 @@ func (e *Engine) Stats() Stats {
 	st.UsedBlocks = e.cfg.NumBlocks - e.pool.numFree
 	st.CachedFreeBlocks = e.pool.cachedFree
 	if e.slots != nil {
-		st.UsedBlocks, st.CachedFreeBlocks = e.slots.blocks(e.cfg.BlockSize)
+		st.CachedFreeBlocks = e.slots.freeBlocks(e.cfg.BlockSize)
 	}
 	return st
 }

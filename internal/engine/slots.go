@@ -25,7 +25,9 @@ package engine
 // hashes, so a match is counted in whole blocks (as the block cache counts its hits), and tokens
 // past a prompt's full blocks (a partial block, the output) match nothing. There is no
 // preemption: a running sequence owns its slot, whose size (the KV capacity over the slots, as
-// ollama divides its kv size by the parallel count) Submit checks.
+// ollama divides its kv size by the parallel count) Submit checks. The running sequences still
+// take their blocks from the block pool, which none can exhaust then, so that the block cache's
+// per-step path has no branch for slots; the pool's prefix cache stays empty.
 type slotCache struct {
 	slots []cacheSlot
 	// loads counts slot loads: a slot's lastUsed is the value at its last load.
@@ -90,17 +92,15 @@ func (c *slotCache) release(s *seq, blockSize int) {
 	sl.seq = nil
 }
 
-// blocks returns the blocks the busy and the free slots hold.
-func (c *slotCache) blocks(blockSize int) (busy, free int) {
+// freeBlocks returns the blocks the free slots hold.
+func (c *slotCache) freeBlocks(blockSize int) int {
+	n := 0
 	for i := range c.slots {
-		_, tokens := c.content(i, blockSize)
-		if c.slots[i].seq != nil {
-			busy += ceilDiv(tokens, blockSize)
-		} else {
-			free += ceilDiv(tokens, blockSize)
+		if c.slots[i].seq == nil {
+			n += ceilDiv(c.slots[i].tokens, blockSize)
 		}
 	}
-	return busy, free
+	return n
 }
 
 // commonPrefix is the number of leading elements a and b share.
@@ -119,8 +119,10 @@ func (e *Engine) slotAdmit(s *seq, budget int) (int, bool) {
 	bs := e.cfg.BlockSize
 	hit := capHit(e.slots.load(s, bs), s.tokens(), bs)
 	chunk := min(s.tokens()-hit, budget)
-	// cachedBlocks past every hash: schedule offers nothing to the block pool, which a slot
-	// cache does not use.
+	// The slot holds the sequence; the pool's blocks only count it (Submit and MaxNumSeqs <=
+	// CacheSlots keep them from running out). cachedBlocks past every hash: schedule offers
+	// nothing to the pool's prefix cache.
+	s.blocks = e.alloc(s.blocks, ceilDiv(hit+chunk, bs))
 	s.computed, s.hit, s.cachedBlocks = hit, hit, len(s.hashes)
 	if !s.counted {
 		s.counted = true
