@@ -184,7 +184,11 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 			r.ID, len(r.BlockKeys), r.PromptTokens, bs, r.PromptTokens/bs)
 	}
 	// The last output token is sampled, never computed: prompt+output-1 tokens need KV.
-	if need, room, where := e.seqBlocks(r.PromptTokens + r.OutputTokens - 1); need > room {
+	if need, room := ceilDiv(r.PromptTokens+r.OutputTokens-1, bs), e.SeqBlocks(); need > room {
+		where := "the engine has"
+		if e.slots != nil {
+			where = "a cache slot holds"
+		}
 		return fmt.Errorf("engine: submit %q: %d prompt + %d output tokens need %d KV blocks but %s %d (%d tokens): shorten the request",
 			r.ID, r.PromptTokens, r.OutputTokens, need, where, room, room*bs)
 	}

@@ -132,12 +132,12 @@ func (e *Engine) slotAdmit(s *seq, budget int) (int, bool) {
 	return chunk, true
 }
 
-// seqBlocks returns the KV blocks a sequence of tokens needs, the most it can have (the whole
-// cache, or one slot of it) and what holds them, for Submit's error.
-func (e *Engine) seqBlocks(tokens int) (need, room int, where string) {
-	need = ceilDiv(tokens, e.cfg.BlockSize)
+// SeqBlocks is the most KV blocks one request can use: NumBlocks, or one slot's share of them in
+// a slot cache (NumBlocks / CacheSlots). Like Config, it may be called while another goroutine
+// drives the engine.
+func (e *Engine) SeqBlocks() int {
 	if e.slots != nil {
-		return need, e.cfg.NumBlocks / len(e.slots.slots), "a cache slot holds"
+		return e.cfg.NumBlocks / len(e.slots.slots)
 	}
-	return need, e.cfg.NumBlocks, "the engine has"
+	return e.cfg.NumBlocks
 }
