@@ -30,7 +30,7 @@ type Profile struct {
 	// CacheSlots, when above 0, makes the KV cache that many sequence slots instead of a block
 	// cache: each slot holds the whole of one sequence (prompt and output) in NumBlocks /
 	// CacheSlots blocks, a request takes the free slot holding the longest prefix of its prompt
-	// or else the least recently used one with that prefix copied in, and a shared prefix is
+	// or else the one loaded least recently with that prefix copied in, and a shared prefix is
 	// stored once per slot that uses it (ollama's cache; slots.go has the rule). It must be at
 	// least MaxNumSeqs. 0 is a block cache (vLLM's).
 	CacheSlots int

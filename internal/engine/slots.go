@@ -15,7 +15,7 @@ package engine
 //     the lowest slot on a tie;
 //   - when that slot is free and its whole content is a prefix of the prompt (it is empty, or
 //     holds exactly an earlier part of this conversation), the request continues in it;
-//   - otherwise the request takes the free slot used least recently (never-used slots first,
+//   - otherwise the request takes the free slot loaded least recently (never-used slots first,
 //     lowest first), dropping what it held, and the longest prefix is copied into it from the
 //     winner, busy or not (a busy slot holds what it has computed so far);
 //   - the request then reuses that prefix, less its last token when it covers the whole prompt.
