@@ -77,7 +77,7 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	}
 	size := BlockBytes(blockTokens)
 	if c == nil || !n.isDefault() || len(text) < max(headBytes, minChainBlocks*size) || isSpace(text[0]) {
-		return BlocksBytes(dst, seed, n.NormalizeBytes(text), blockTokens)
+		return NormalizedBlocks(dst, seed, text, blockTokens, n)
 	}
 	head := seed ^ xxhash.Sum64(text[:headBytes])
 	// Trailing whitespace is trimmed before hashing: a remembered chain may cover only what
@@ -86,11 +86,13 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	base, d := c.longest(head, seed, size, text[:end])
 	start := len(dst)
 	if base == nil || !cleanAfter(text, base.rawLen) {
-		norm := n.NormalizeBytes(text)
+		bp := normBufs.Get().(*[]byte)
+		norm, grown := n.appendNormalized(*bp, text)
 		dst = BlocksBytes(dst, seed, norm, blockTokens)
 		if len(norm) > 0 && &norm[0] == &text[0] { // unchanged but for trailing whitespace
 			c.store(head, seed, size, text, dst[start:], nil, 0)
 		}
+		putNorm(bp, grown)
 		return dst
 	}
 	c.mu.Lock()
@@ -105,6 +107,30 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	}
 	c.store(head, seed, size, text, dst[start:], d, base.rawLen)
 	return dst
+}
+
+// NormalizedBlocks appends to dst what BlocksBytes(dst, seed, n.NormalizeBytes(text),
+// blockTokens) appends. Text whose whitespace must be collapsed (prose with paragraph breaks)
+// is collapsed into a recycled buffer: a 400 KB prompt then allocates nothing.
+func NormalizedBlocks(dst []uint64, seed uint64, text []byte, blockTokens int, n *Normalizer) []uint64 {
+	bp := normBufs.Get().(*[]byte)
+	norm, grown := n.appendNormalized(*bp, text)
+	dst = BlocksBytes(dst, seed, norm, blockTokens)
+	putNorm(bp, grown)
+	return dst
+}
+
+// normBufs recycles the buffers normalised text is written into; buffers grown past
+// maxPooledNorm are left to the garbage collector, so that one huge prompt is not kept.
+var normBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+const maxPooledNorm = 4 << 20
+
+func putNorm(bp *[]byte, grown []byte) {
+	if cap(grown) <= maxPooledNorm {
+		*bp = grown[:0]
+		normBufs.Put(bp)
+	}
 }
 
 // isDefault reports whether n normalises as the zero options do (a nil n does).
