@@ -144,7 +144,8 @@ if [ "$profile" = 1 ]; then
 	prof=$!
 	res=$(run "$profile_size" profile)
 	wait "$prof"
-	say "CPU profile of one more run of $profile_size-token prompts: $out/cpu.prof"
+	read -r wall ticks sent systicks <<<"$res"
+	say "CPU profile of one more run of $profile_size-token prompts: $out/cpu.prof ($((ticks * 1000 / tck)) cpu-ms by /proc over ${wall} ms, idle not subtracted)"
 	if command -v go >/dev/null; then
 		go tool pprof -top -nodecount=25 "$bin" "$out/cpu.prof" 2>/dev/null | sed -n '1,32p'
 	fi
