@@ -17,7 +17,8 @@
 #
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
 # RATE (8 requests/s), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
-# PROFILE_SIZE (prompt tokens of the profiled run, 100000),
+# PROFILE_SIZE (prompt tokens of the profiled run, 100000), SHAPE (shared-prefix, or multi-turn:
+# 8 conversations of 16 turns whose prompts grow by a turn each, so that Chains applies),
 # KVROUTE (a built binary; default: built from this tree). Linux only (/proc).
 set -euo pipefail
 
@@ -26,6 +27,7 @@ repeat=${REPEAT:-2}
 requests=${REQUESTS:-128}
 rate=${RATE:-8}
 profile=${PROFILE:-1}
+shape=${SHAPE:-shared-prefix}
 profile_size=${PROFILE_SIZE:-100000}
 out=${OUT:-$(mktemp -d /tmp/kvroute-longctx.XXXXXX)}
 mkdir -p "$out"
@@ -101,6 +103,11 @@ run() {
 	local size=$1 label=$2 groups=4
 	local prompts=$(((requests + groups - 1) / groups))
 	local wl="shared-prefix:groups=$groups,prompts=$prompts,system=$((size - 2000)),question=2000,output=8,rate=$rate,n=$requests"
+	if [ "$shape" = multi-turn ]; then
+		# Conversations whose own prefix is about size - 2,500 tokens, growing by a user turn and
+		# an answer each turn; the answer-time estimate made short (prefill=) so turns follow.
+		wl="multi-turn:conversations=8,min-turns=16,max-turns=16,common=500,prefix-mean=$((size - 3000)),prefix-max=$((size - 2500)),min-output=8,max-output=8,think=0s,prefill=100000000,rate=$rate,n=$requests"
+	fi
 	local c0 t0 c1 t1 s0 s1
 	c0=$(cpu)
 	s0=$(sys)
