@@ -284,7 +284,13 @@ func (lc *Lifecycle) Apply(ev *Event) Drop {
 	if s == nil {
 		return DropInvalid
 	}
-	d := s.apply(lc, ev)
+	now := s.cfg.Clock.Now()
+	s.expire(now)
+	return s.count(s.apply(lc, ev, now))
+}
+
+// count counts what apply did with an event, and returns d.
+func (s *Share) count(d Drop) Drop {
 	if d == DropNone {
 		s.applied.Add(1)
 	} else {
@@ -293,15 +299,14 @@ func (lc *Lifecycle) Apply(ev *Event) Drop {
 	return d
 }
 
-func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
+// apply applies ev at now; the caller has expired what ran out by now.
+func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 	if ev.Origin == s.cfg.Self {
 		return DropSelf
 	}
 	if ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 {
 		return DropInvalid
 	}
-	now := s.cfg.Clock.Now()
-	s.expire(now)
 	key := flightKey{ev.Origin, ev.ID}
 	switch ev.Kind {
 	case EventRouted:
