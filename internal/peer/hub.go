@@ -37,7 +37,7 @@ type hub struct {
 	mu    sync.Mutex
 	pend  []byte // encoded events
 	count int    // events in pend
-	first int64 // when the oldest of them happened, unix nanoseconds
+	first int64  // when the oldest of them happened, unix nanoseconds
 	subs  map[*sub]struct{}
 }
 

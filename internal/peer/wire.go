@@ -220,7 +220,7 @@ func decodeHeader(msg []byte) (header, []byte, error) {
 		return h, nil, fmt.Errorf("%w: major version %d, want %d", errVersion, major, Major)
 	}
 	r := reader{b: b}
-	r.int()    // minor: anything newer only adds fields
+	r.int() // minor: anything newer only adds fields
 	from := r.bytes(msgp.ReadStringZC)
 	inc := r.uint()
 	nonce := r.bytes(msgp.ReadBytesZC)
