@@ -34,6 +34,8 @@ type hub struct {
 	nsubs    atomic.Int32
 	timer    *time.Timer // flushes a pending batch that no event flushed; armed by its first event
 
+	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
+
 	mu    sync.Mutex
 	pend  []byte // encoded events
 	count int    // events in pend
@@ -46,7 +48,11 @@ type batch struct {
 	events []byte
 	n      int
 	first  int64
+	refs   atomic.Int32 // streams that have yet to write it: the last gives the buffer back
 }
+
+// maxPooled bounds the buffers kept for reuse: a burst's large batch is left to the GC.
+const maxPooled = 256 << 10
 
 // sub is one peer's stream: its queue, and a signal that it lost a batch (the stream must end
 // so that the peer reconnects and reconciles).
@@ -102,10 +108,15 @@ func (h *hub) flushLocked() {
 	if h.count == 0 {
 		return
 	}
-	// The batch takes the buffer (the streams read it while the next one fills), and the
-	// next starts at its size: one allocation per batch, none per event.
-	b := &batch{events: h.pend, n: h.count, first: h.first}
-	h.pend = make([]byte, 0, cap(b.events))
+	// The batch takes the buffer (the streams read it while the next one fills); the next
+	// fills the buffer of a batch that every stream has written, when there is one.
+	b, _ := h.free.Get().(*batch)
+	if b == nil {
+		b = &batch{}
+	}
+	b.events, h.pend = h.pend, b.events[:0]
+	b.n, b.first = h.count, h.first
+	b.refs.Store(int32(len(h.subs)))
 	h.count = 0
 	for s := range h.subs {
 		select {
@@ -114,7 +125,15 @@ func (h *hub) flushLocked() {
 			// The peer does not keep up: its stream ends, and it reconciles when it comes back.
 			s.breakOff()
 			h.dropped.Add(float64(b.n))
+			h.written(b)
 		}
+	}
+}
+
+// written tells the hub that a stream is done with b (written, or not to be).
+func (h *hub) written(b *batch) {
+	if b.refs.Add(-1) == 0 && cap(b.events) <= maxPooled {
+		h.free.Put(b)
 	}
 }
 
@@ -239,6 +258,7 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 		select {
 		case b := <-s.ch:
 			err = f.writeBatch(b)
+			n.hub.written(b)
 			idle.Reset(heartbeat)
 		case <-idle.C:
 			err = f.writeBatch(&batch{first: time.Now().UnixNano()})

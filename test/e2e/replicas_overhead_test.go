@@ -121,6 +121,18 @@ func TestSyncOverhead(t *testing.T) {
 		}
 		return b
 	}
+	// What the Go runtime says of each set: bytes allocated and collections, which the sync's
+	// allocations drive.
+	runtimeStats := func(s []*serveProc) (alloc, gcs float64) {
+		for _, r := range s {
+			alloc += metricValue(t, r.admin, "go_memstats_alloc_bytes_total")
+			gcs += metricValue(t, r.admin, "go_gc_duration_seconds_count")
+		}
+		return alloc, gcs
+	}
+	var alloc0, gcs0 [2]float64
+	alloc0[0], gcs0[0] = runtimeStats(synced)
+	alloc0[1], gcs0[1] = runtimeStats(alone)
 	cpu0 := []time.Duration{cpu(synced), cpu(alone)}
 	bytes0 := bytesOut()
 	interval := time.Second / time.Duration(*syncOverheadRate)
@@ -154,10 +166,17 @@ func TestSyncOverhead(t *testing.T) {
 	elapsed := time.Since(start)
 	used := []time.Duration{cpu(synced) - cpu0[0], cpu(alone) - cpu0[1]}
 	per := func(k int) float64 { return float64(used[k].Microseconds()) / float64(max(sent[k], 1)) }
+	var alloc, gcs [2]float64
+	for k, s := range sets {
+		a, g := runtimeStats(s)
+		alloc[k], gcs[k] = (a-alloc0[k])/float64(max(sent[k], 1)), g-gcs0[k]
+	}
 	sentBytes := bytesOut() - bytes0
 	t.Logf("%d replicas per set, %d requests/s in %v (%d to the syncing set, %d to the other), %d failures, batch interval %v",
 		n, *syncOverheadRate, elapsed.Round(time.Millisecond), sent[0], sent[1], failures.Load(), orDefault(*syncOverheadBatch))
 	t.Logf("router CPU per request: syncing %.0f µs, alone %.0f µs: ratio %.3f", per(0), per(1), per(0)/per(1))
+	t.Logf("Go runtime: syncing %.1f kB allocated per request, %.0f collections; alone %.1f kB, %.0f collections",
+		alloc[0]/1000, gcs[0], alloc[1]/1000, gcs[1])
 	t.Logf("sync traffic: %.0f bytes per routed request to each peer; at %d requests/s across the fleet, %.0f kB/s out of each replica",
 		sentBytes/float64(sent[0])/float64(max(n-1, 1)), *syncOverheadRate,
 		sentBytes/float64(sent[0])*float64(*syncOverheadRate)/float64(n)/1000)
