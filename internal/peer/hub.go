@@ -19,12 +19,8 @@ import (
 )
 
 // hub is the sending side: the lifecycle's events, encoded as they happen into the pending
-// batch, handed to each subscriber's bounded queue by the first event published once the
-// batch is a batch interval old, or by a timer two intervals after the batch's first event
-// when no event comes (or at once when it is full). Under traffic the batches go out from the
-// request path, with no timer's wake-up per message: on a busy replica, wake-ups cost more
-// than the sync's own work (docs/replicas.md). No event, no timer: an idle replica wakes for
-// nothing.
+// batch, handed to each subscriber's bounded queue one batch interval after the batch's first
+// event (or when it is full). No event, no timer: an idle replica wakes for nothing.
 type hub struct {
 	maxBatch int
 	queue    int
@@ -32,7 +28,7 @@ type hub struct {
 	m        *metrics.Peers
 	dropped  prometheus.Counter // queue_full
 	nsubs    atomic.Int32
-	timer    *time.Timer // flushes a pending batch that no event flushed; armed by its first event
+	timer    *time.Timer // flushes the pending batch; armed by its first event
 
 	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
 
@@ -88,11 +84,10 @@ func (h *hub) publish(ev *route.Event) {
 	h.pend = b
 	if h.count == 0 {
 		h.first = now
-		h.timer.Reset(2 * h.interval)
+		h.timer.Reset(h.interval)
 	}
 	h.count++
-	if len(h.pend) >= h.maxBatch || now-h.first >= int64(h.interval) {
-		h.timer.Stop()
+	if len(h.pend) >= h.maxBatch {
 		h.flushLocked()
 	}
 }
