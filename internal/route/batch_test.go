@@ -32,7 +32,7 @@ func TestApplyBatch(t *testing.T) {
 		{Kind: EventFirstToken, Origin: 1, ID: 1, TTFT: 30 * time.Millisecond},
 		{Kind: EventDone, Origin: 1, ID: 1, OK: true, CachedTokens: 0, PromptTokens: 200, TTFT: 30 * time.Millisecond, Predicted: 0},
 		{Kind: EventRouted, Origin: 1, ID: 1, Endpoint: "e0", Model: "m", Blocks: blocks(1), BlockTokens: 16, PromptTokens: 200}, // a replay
-		{Kind: EventFirstToken, Origin: 1, ID: 9, TTFT: time.Millisecond},                                                       // never routed
+		{Kind: EventFirstToken, Origin: 1, ID: 9, TTFT: time.Millisecond},                                                        // never routed
 		{Kind: EventRouted, Origin: 1, ID: 3, Endpoint: "gone", Model: "m", Blocks: blocks(3), BlockTokens: 16, PromptTokens: 200},
 		{Kind: EventRouted, Origin: 2, ID: 4, Endpoint: "e0"}, // its own
 		{Kind: EventRouted, Origin: 1, ID: 5, Endpoint: "e1", Model: "m", Blocks: blocks(1), BlockTokens: 16, PromptTokens: 200},
