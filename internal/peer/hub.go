@@ -25,7 +25,6 @@ type hub struct {
 	maxBatch int
 	queue    int
 	interval time.Duration
-	m        *metrics.Peers
 	dropped  prometheus.Counter // queue_full
 	nsubs    atomic.Int32
 	timer    *time.Timer // flushes the pending batch; armed by its first event
@@ -61,7 +60,7 @@ type sub struct {
 func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
 
 func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
-	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, m: m, subs: map[*sub]struct{}{},
+	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
 		dropped: m.Dropped.WithLabelValues("queue_full")}
 	h.timer = time.AfterFunc(time.Hour, h.flush)
 	h.timer.Stop()
