@@ -240,49 +240,43 @@ func decodeHeader(msg []byte) (header, []byte, error) {
 
 // appendEvent appends ev (origin 0 stands for the sender).
 func appendEvent(b []byte, ev *route.Event) ([]byte, error) {
+	n := eventFields(uint64(ev.Kind))
+	if n == 0 {
+		return b, fmt.Errorf("event kind %d: nothing to send", ev.Kind)
+	}
+	b = msgp.AppendArrayHeader(b, uint32(n))
+	b = msgp.AppendUint64(b, uint64(ev.Kind))
+	b = msgp.AppendUint64(b, ev.Origin)
 	switch ev.Kind {
 	case route.EventRouted:
-		b = msgp.AppendArrayHeader(b, 11)
-		b = msgp.AppendUint64(b, uint64(ev.Kind))
-		b = msgp.AppendUint64(b, ev.Origin)
 		b = msgp.AppendUint64(b, ev.ID)
-		b = msgp.AppendString(b, ev.Endpoint)
-		b = msgp.AppendString(b, ev.Model)
-		b = msgp.AppendString(b, ev.Tenant)
-		b = msgp.AppendString(b, ev.SessionKey)
-		b = appendInt(b, int64(ev.BlockTokens))
-		b = appendInt(b, int64(ev.PromptTokens))
-		b = appendInt(b, int64(ev.MaxTokens))
+		for _, s := range [...]string{ev.Endpoint, ev.Model, ev.Tenant, ev.SessionKey} {
+			b = msgp.AppendString(b, s)
+		}
+		b = appendInts(b, int64(ev.BlockTokens), int64(ev.PromptTokens), int64(ev.MaxTokens))
 		b = msgp.AppendBytesHeader(b, uint32(8*len(ev.Blocks)))
 		for _, h := range ev.Blocks {
 			b = binary.BigEndian.AppendUint64(b, h)
 		}
-		return b, nil
 	case route.EventFirstToken:
-		b = msgp.AppendArrayHeader(b, 4)
-		b = msgp.AppendUint64(b, uint64(ev.Kind))
-		b = msgp.AppendUint64(b, ev.Origin)
 		b = msgp.AppendUint64(b, ev.ID)
-		return appendInt(b, int64(ev.TTFT)), nil
+		b = appendInt(b, int64(ev.TTFT))
 	case route.EventDone:
-		b = msgp.AppendArrayHeader(b, 10)
-		b = msgp.AppendUint64(b, uint64(ev.Kind))
-		b = msgp.AppendUint64(b, ev.Origin)
 		b = msgp.AppendUint64(b, ev.ID)
 		b = msgp.AppendBool(b, ev.OK)
-		b = appendInt(b, int64(ev.CachedTokens))
-		b = appendInt(b, int64(ev.PromptTokens))
-		b = appendInt(b, int64(ev.OutputTokens))
-		b = appendInt(b, int64(ev.TTFT))
-		b = appendInt(b, int64(ev.Duration))
-		return appendInt(b, int64(ev.Predicted)), nil
+		b = appendInts(b, int64(ev.CachedTokens), int64(ev.PromptTokens), int64(ev.OutputTokens),
+			int64(ev.TTFT), int64(ev.Duration), int64(ev.Predicted))
 	case route.EventRemoved:
-		b = msgp.AppendArrayHeader(b, 3)
-		b = msgp.AppendUint64(b, uint64(ev.Kind))
-		b = msgp.AppendUint64(b, ev.Origin)
-		return msgp.AppendString(b, ev.Endpoint), nil
+		b = msgp.AppendString(b, ev.Endpoint)
 	}
-	return b, fmt.Errorf("event kind %d: nothing to send", ev.Kind)
+	return b, nil
+}
+
+func appendInts(b []byte, vs ...int64) []byte {
+	for _, v := range vs {
+		b = appendInt(b, v)
+	}
+	return b
 }
 
 // Bounds on a decoded event: more is malformed.
@@ -415,42 +409,22 @@ type reader struct {
 	err error
 }
 
-func (r *reader) uint() uint64 {
-	if r.err != nil {
-		return 0
+// read reads one value with f, unless an earlier read failed.
+func read[T any](r *reader, f func([]byte) (T, []byte, error)) T {
+	var v T
+	if r.err == nil {
+		v, r.b, r.err = f(r.b)
 	}
-	var v uint64
-	v, r.b, r.err = msgp.ReadUint64Bytes(r.b)
 	return v
 }
 
-func (r *reader) int() int64 {
-	if r.err != nil {
-		return 0
-	}
-	var v int64
-	v, r.b, r.err = msgp.ReadInt64Bytes(r.b)
-	return v
-}
+func (r *reader) uint() uint64 { return read(r, msgp.ReadUint64Bytes) }
+func (r *reader) int() int64   { return read(r, msgp.ReadInt64Bytes) }
+func (r *reader) bool() bool   { return read(r, msgp.ReadBoolBytes) }
 
-func (r *reader) bool() bool {
-	if r.err != nil {
-		return false
-	}
-	var v bool
-	v, r.b, r.err = msgp.ReadBoolBytes(r.b)
-	return v
-}
-
-// bytes reads a string or bin with read, in place (valid while the message is).
-func (r *reader) bytes(read func([]byte) ([]byte, []byte, error)) []byte {
-	if r.err != nil {
-		return nil
-	}
-	var v []byte
-	v, r.b, r.err = read(r.b)
-	return v
-}
+// bytes reads a string (msgp.ReadStringZC) or bin (msgp.ReadBytesZC) in place: valid while
+// the message is.
+func (r *reader) bytes(f func([]byte) ([]byte, []byte, error)) []byte { return read(r, f) }
 
 // str reads a string, in place, of at most maxStringLen bytes.
 func (r *reader) str() []byte {
