@@ -3,7 +3,9 @@
 // into the first block only), reference-counted blocks whose freed copies stay cached in an LRU
 // free queue until a new block is needed, a FCFS waiting queue, continuous batching with chunked
 // prefill, recompute preemption when blocks run out, and a step time taken from a calibrated
-// Profile.
+// Profile. A profile with CacheSlots models ollama's cache instead: that many slots, each
+// holding one whole sequence, picked by ollama's own rule (slots.go); batching and step times
+// are the same.
 //
 // The engine is driven by its caller's clock: Submit and Step take the time since the engine's
 // start, Step returns when the batch step ends and what happened then. It starts no goroutines,

@@ -43,6 +43,7 @@ type seq struct {
 	stepNo         uint64 // step that last scheduled it
 	chunk          int    // tokens scheduled in that step
 	decode         bool   // that step was a decode
+	slot           int32  // its slot, in a slot cache
 }
 
 // tokens is the sequence length: the prompt plus the tokens generated so far.
@@ -69,6 +70,7 @@ type Engine struct {
 	stepNo   uint64
 	noSalt   uint64 // hash seed for the empty salt
 	stats    Stats
+	slots    *slotCache // Profile.CacheSlots; nil for a block cache
 }
 
 // New returns an idle engine with every block free, or an error naming each bad field.
@@ -96,6 +98,10 @@ func New(cfg Config) (*Engine, error) {
 	positive("NumBlocks", cfg.NumBlocks)
 	positive("MaxNumSeqs", cfg.MaxNumSeqs)
 	positive("MaxBatchedTokens", cfg.MaxBatchedTokens)
+	if n := p.CacheSlots; n < 0 || n > 0 && (cfg.MaxNumSeqs > n || cfg.NumBlocks < n) {
+		errs = append(errs, fmt.Errorf("profile %q: CacheSlots is %d with MaxNumSeqs %d and NumBlocks %d: use 0 (a block cache) or at least MaxNumSeqs slots, and at least one block per slot",
+			p.Name, n, cfg.MaxNumSeqs, cfg.NumBlocks))
+	}
 	if cfg.NumBlocks >= math.MaxInt32 {
 		errs = append(errs, fmt.Errorf("NumBlocks is %d: use fewer than %d blocks", cfg.NumBlocks, math.MaxInt32))
 	}
@@ -122,6 +128,9 @@ func New(cfg Config) (*Engine, error) {
 		seqs:     make(map[string]*seq),
 		remStart: -1,
 		noSalt:   prefix.Seed("", ""),
+	}
+	if p.CacheSlots > 0 {
+		e.slots = newSlotCache(p.CacheSlots)
 	}
 	e.stats.TotalBlocks = cfg.NumBlocks
 	return e, nil
@@ -175,9 +184,13 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 			r.ID, len(r.BlockKeys), r.PromptTokens, bs, r.PromptTokens/bs)
 	}
 	// The last output token is sampled, never computed: prompt+output-1 tokens need KV.
-	if need := ceilDiv(r.PromptTokens+r.OutputTokens-1, bs); need > e.cfg.NumBlocks {
-		return fmt.Errorf("engine: submit %q: %d prompt + %d output tokens need %d KV blocks but the engine has %d (%d tokens): shorten the request",
-			r.ID, r.PromptTokens, r.OutputTokens, need, e.cfg.NumBlocks, e.cfg.NumBlocks*bs)
+	if need, room := ceilDiv(r.PromptTokens+r.OutputTokens-1, bs), e.SeqBlocks(); need > room {
+		where := "the engine has"
+		if e.slots != nil {
+			where = "a cache slot holds"
+		}
+		return fmt.Errorf("engine: submit %q: %d prompt + %d output tokens need %d KV blocks but %s %d (%d tokens): shorten the request",
+			r.ID, r.PromptTokens, r.OutputTokens, need, where, room, room*bs)
 	}
 	var s *seq
 	if n := len(e.spare); n > 0 {
@@ -430,6 +443,9 @@ func (e *Engine) preempt(s *seq) {
 // admit looks up s's prefix, and when the hit plus a chunk of at most budget tokens fits in the
 // free blocks, takes the blocks and returns the chunk.
 func (e *Engine) admit(s *seq, budget int) (int, bool) {
+	if e.slots != nil {
+		return e.slotAdmit(s, budget)
+	}
 	bs := e.cfg.BlockSize
 	maxHit := min(len(s.hashes), (s.tokens()-1)/bs)
 	hits := e.hitIDs[:0]
@@ -521,12 +537,16 @@ func (e *Engine) alloc(dst []int32, n int) []int32 {
 	return dst
 }
 
-// freeBlocks releases s's blocks tail first, so that its last blocks are evicted first.
+// freeBlocks releases s's blocks tail first, so that its last blocks are evicted first (in a
+// slot cache: frees its slot, which keeps what s computed).
 func (e *Engine) freeBlocks(s *seq) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		e.pool.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]
+	if e.slots != nil {
+		e.slots.release(s, e.cfg.BlockSize)
+	}
 }
 
 // DrainKVEvents returns the KV events recorded since the last call (Config.KVEvents), oldest
@@ -544,6 +564,9 @@ func (e *Engine) Stats() Stats {
 	st.Waiting = len(e.waiting) - e.wHead
 	st.UsedBlocks = e.cfg.NumBlocks - e.pool.numFree
 	st.CachedFreeBlocks = e.pool.cachedFree
+	if e.slots != nil {
+		st.CachedFreeBlocks = e.slots.freeBlocks(e.cfg.BlockSize)
+	}
 	return st
 }
 

@@ -8,13 +8,19 @@ import (
 // FuzzEngine drives a small engine with operations decoded from the input (submits of any
 // shape, valid or not, aborts, steps) and checks that nothing panics, every step ends at or after
 // its start, the block accounting stays within bounds, and that the engine drains: every
-// accepted request that was not aborted finishes.
+// accepted request that was not aborted finishes. An input of odd length runs a slot cache (3
+// slots of 4 blocks), one of even length a block cache.
 func FuzzEngine(f *testing.F) {
 	f.Add([]byte{0, 10, 3, 2, 1, 2, 2, 2})
 	f.Add([]byte{0, 60, 9, 9, 0, 60, 9, 9, 0, 60, 9, 9, 2, 2, 1, 1, 2, 2, 2})
 	f.Add([]byte{0, 255, 255, 255, 0, 0, 0, 0, 0, 1, 1, 0})
+	f.Add([]byte{0, 20, 3, 0, 0, 20, 3, 3, 2, 3, 0, 0, 0, 20, 3, 6, 2, 3, 2, 2, 2})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		e := newEngine(t, Config{NumBlocks: 12, MaxNumSeqs: 3, MaxBatchedTokens: 10, KVEvents: true, TokenEvents: true})
+		p := tinyProfile()
+		if len(ops)%2 == 1 {
+			p.CacheSlots = 3
+		}
+		e := newEngine(t, Config{Profile: p, NumBlocks: 12, MaxNumSeqs: 3, MaxBatchedTokens: 10, KVEvents: true, TokenEvents: true})
 		live := map[string]bool{}
 		for i := 0; i+3 < len(ops) && i < 400; i += 4 {
 			op, a, b, c := ops[i]%3, int(ops[i+1]), int(ops[i+2]), int(ops[i+3])

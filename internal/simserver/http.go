@@ -280,10 +280,10 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 			in.opts.MaxModelLen, promptTokens+maxTokens, promptTokens, maxTokens)
 	}
 	bs := in.cfg.BlockSize
-	if need := (promptTokens + maxTokens - 1 + bs - 1) / bs; need > in.cfg.NumBlocks {
+	if need, room := (promptTokens+maxTokens-1+bs-1)/bs, in.eng.SeqBlocks(); need > room {
 		return nil, openai.BadRequest("max_tokens",
-			"the request needs %d KV blocks (%d prompt + %d output tokens) but the instance has %d: reduce the length of the messages or completion",
-			need, promptTokens, maxTokens, in.cfg.NumBlocks)
+			"the request needs %d KV blocks (%d prompt + %d output tokens) but one request can have at most %d: reduce the length of the messages or completion",
+			need, promptTokens, maxTokens, room)
 	}
 	keys := prefix.ContentKeys(make([]uint64, 0, len(text)/prefix.BlockBytes(bs)), text, bs)
 	n := in.nextID.Add(1)

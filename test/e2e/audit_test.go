@@ -38,13 +38,13 @@ func TestSilentZeroHits(t *testing.T) {
 	blindOf := func() float64 {
 		return sumMetric(metricsText(t, admin), "kvroute_endpoint_cache_blind", `endpoint="`+badURL+`"`)
 	}
-	// until sends requests until cond holds, at most 2,000 requests or 30 s; it returns how long
-	// that took.
-	until := func(what string, cond func() bool) time.Duration {
+	// until sends requests until cond holds, at most 2,000 requests or limit; it returns how
+	// long that took.
+	until := func(what string, limit time.Duration, cond func() bool) time.Duration {
 		t.Helper()
 		t0 := time.Now()
 		for i := 0; !cond(); i++ {
-			if i >= 2000 || time.Since(t0) > 30*time.Second {
+			if i >= 2000 || time.Since(t0) > limit {
 				t.Fatalf("%s: not after %d requests in %v", what, i, time.Since(t0).Round(time.Millisecond))
 			}
 			send()
@@ -62,7 +62,7 @@ func TestSilentZeroHits(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := sent
-	took := until("the audit noticing the engine that finds nothing cached", func() bool { return blindOf() == 1 })
+	took := until("the audit noticing the engine that finds nothing cached", 30*time.Second, func() bool { return blindOf() == 1 })
 	t.Logf("cache_blind after %d requests, %v", sent-before, took.Round(time.Millisecond))
 	m := metricsText(t, admin)
 	if n := sumMetric(m, "kvroute_endpoint_cache_blind_total", `endpoint="`+badURL+`"`); n != 1 {
@@ -84,7 +84,9 @@ func TestSilentZeroHits(t *testing.T) {
 		t.Fatal(err)
 	}
 	before = sent
-	took = until("the audit seeing the engine again", func() bool { return blindOf() == 0 })
+	// The issue bounds the noticing at 30 s; seeing again has no time target, and on a loaded
+	// machine with -race it has taken 176 requests (26 when idle), so it gets a wider bound.
+	took = until("the audit seeing the engine again", 2*time.Minute, func() bool { return blindOf() == 0 })
 	t.Logf("seeing again after %d requests, %v", sent-before, took.Round(time.Millisecond))
 	// The prediction has recovered: over the next requests, what the engine reports it found
 	// is most of what the router predicted there (and predictions are made again).
