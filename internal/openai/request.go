@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -137,7 +138,8 @@ type wireFast struct {
 
 // Parse reads body as a request of the given kind. A malformed body or a missing or mistyped
 // field gives an *Error (400) naming the field; Parse never panics. body is kept as Raw
-// without copying.
+// without copying, and long prompt strings may be views of it: body must not change while the
+// Request is in use.
 func Parse(kind Kind, body []byte) (*Request, error) {
 	if kind == KindChat {
 		// One hand-written pass over the body: it reads only the fields we route on and
@@ -966,10 +968,18 @@ func (s *scanner) optInt(dst *int, have *bool) bool {
 
 // unquote decodes a string literal's contents. ok is false for invalid UTF-8 and lone
 // surrogates, which encoding/json would replace with U+FFFD.
+//
+// A long literal without escapes is not copied: the string is a view of the body, which Parse
+// keeps as Raw and its caller must not change. (A 100k-token prompt is 400 KB: a copy of it was
+// a tenth of the router's CPU per request.) Short strings, such as the model name, are copied,
+// so that one kept for longer than the request (a map key, a label) does not keep the body.
 func unquote(in []byte, escaped bool) (string, bool) {
 	if !escaped {
 		if !utf8.Valid(in) {
 			return "", false
+		}
+		if len(in) >= minShared {
+			return unsafe.String(unsafe.SliceData(in), len(in)), true
 		}
 		return string(in), true
 	}
@@ -1013,8 +1023,11 @@ func unquote(in []byte, escaped bool) (string, bool) {
 	if !utf8.Valid(out) {
 		return "", false
 	}
-	return string(out), true
+	return unsafe.String(unsafe.SliceData(out), len(out)), true // out is new and never written again
 }
+
+// minShared is the length from which a decoded string shares memory rather than being copied.
+const minShared = 4 << 10
 
 // hex4 decodes four hex digits already checked by stringSpan.
 func hex4(b []byte) rune {

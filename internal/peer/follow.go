@@ -4,14 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"sync/atomic"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/tinylib/msgp/msgp"
 
 	"github.com/kvroute/kvroute/internal/route"
 )
@@ -85,12 +89,12 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 	}
 	n.m.Streams.Inc()
 	defer n.m.Streams.Dec()
-	in := &inbound{n: n, br: bufio.NewReaderSize(resp.Body, 64<<10)}
+	in := n.newInbound(resp.Body)
 	var seq uint64
-	var ev route.Event
+	var evs []route.Event // the batch's, reused
 	orig := p.origin()
 	for {
-		h, dec, r, err := in.next()
+		h, msg, err := in.next()
 		if err != nil {
 			return err
 		}
@@ -106,37 +110,25 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 		seq = h.seq
 		switch h.kind {
 		case kindHello:
-			ids, err := decodeIDs(dec, r)
+			ids, err := decodeIDs(msg)
 			if err != nil {
 				return n.refused(err)
 			}
 			n.share.Load().Reconcile(orig, ids)
 		case kindBatch:
-			cnt, err := dec.DecodeArrayLen()
-			if err != nil || cnt < 0 || cnt > r.Len() {
-				return n.refused(fmt.Errorf("%w: batch of %d events (%v)", errMalformed, cnt, err))
+			// The whole batch is decoded before any of it is applied: a malformed message
+			// changes nothing.
+			evs, err = in.dec.batch(msg, orig, evs[:0])
+			if err != nil {
+				return n.refused(err)
 			}
-			if cnt == 0 {
+			if len(evs) == 0 {
 				continue
 			}
 			n.m.Lag.Observe(max(time.Since(time.Unix(0, h.sentAt)).Seconds(), 0))
-			n.m.Events.WithLabelValues("in").Add(float64(cnt))
-			lc := n.lifecycle()
-			for range cnt {
-				known, err := decodeEvent(dec, r, &ev)
-				if err != nil {
-					return n.refused(err)
-				}
-				if !known {
-					continue
-				}
-				if ev.Origin == 0 {
-					ev.Origin = orig
-				}
-				if d := lc.Apply(&ev); d != route.DropNone {
-					n.m.Dropped.WithLabelValues(d.String()).Inc()
-				}
-			}
+			n.in.events.Add(float64(len(evs)))
+			n.lifecycle().ApplyBatch(evs, n.countDrop)
+			clear(evs) // the blocks now belong to the lifecycle
 		}
 		// Other kinds are a newer minor version's: skipped.
 	}
@@ -146,30 +138,37 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 type inbound struct {
 	n     *Node
 	br    *bufio.Reader
+	mac   hash.Hash
+	dec   decoder
 	buf   []byte
 	bytes int // read so far
 }
 
-// next reads the next message: its header, and a decoder at its payload over r. An error of
-// the wire is counted (refused).
-func (in *inbound) next() (header, *msgpack.Decoder, *bytes.Reader, error) {
-	msg, buf, err := readFrame(in.br, in.n.macKey, in.n.cfg.MaxMessageBytes, in.buf)
+func (n *Node) newInbound(body io.Reader) *inbound {
+	return &inbound{n: n, br: bufio.NewReaderSize(body, 64<<10), mac: hmac.New(sha256.New, n.macKey)}
+}
+
+// next reads the next message: its header, and its payload (valid until the next call). An
+// error of the wire is counted (refused).
+func (in *inbound) next() (header, []byte, error) {
+	msg, buf, err := readFrameMAC(in.br, in.mac, in.n.cfg.MaxMessageBytes, in.buf)
 	in.buf = buf
 	if err != nil {
-		return header{}, nil, nil, in.n.refused(err)
+		return header{}, nil, in.n.refused(err)
 	}
 	size := 4 + macSize + len(msg)
 	in.bytes += size
-	in.n.m.Messages.WithLabelValues("in").Inc()
-	in.n.m.Bytes.WithLabelValues("in").Add(float64(size))
-	r := bytes.NewReader(msg)
-	dec := msgpack.NewDecoder(r)
-	h, err := decodeHeader(dec)
+	in.n.in.messages.Inc()
+	in.n.in.bytes.Add(float64(size))
+	h, payload, err := decodeHeader(msg)
 	if err != nil {
-		return h, nil, nil, in.n.refused(err)
+		return h, nil, in.n.refused(err)
 	}
-	return h, dec, r, nil
+	return h, payload, nil
 }
+
+// countDrop counts an event the lifecycle did not apply, by why.
+func (n *Node) countDrop(d route.Drop) { n.m.Dropped.WithLabelValues(d.String()).Inc() }
 
 // refused counts a message refused for a reason of the wire, and returns err.
 func (n *Node) refused(err error) error {
@@ -180,18 +179,19 @@ func (n *Node) refused(err error) error {
 	return err
 }
 
-func decodeIDs(dec *msgpack.Decoder, r *bytes.Reader) (map[uint64]bool, error) {
-	cnt, err := dec.DecodeArrayLen()
-	if err != nil || cnt < 0 || cnt > r.Len() {
-		return nil, fmt.Errorf("%w: hello of %d ids (%v)", errMalformed, cnt, err)
+// decodeIDs decodes a hello's payload: the IDs of the sender's attempts in flight.
+func decodeIDs(payload []byte) (map[uint64]bool, error) {
+	cnt, b, err := arrayLen(payload, "hello")
+	if err != nil {
+		return nil, err
 	}
 	ids := make(map[uint64]bool, cnt)
+	r := reader{b: b}
 	for range cnt {
-		id, err := dec.DecodeUint64()
-		if err != nil {
-			return nil, fmt.Errorf("%w: hello: %v", errMalformed, err)
-		}
-		ids[id] = true
+		ids[r.uint()] = true
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%w: hello: %v", errMalformed, r.err)
 	}
 	return ids, nil
 }
@@ -218,12 +218,12 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 	if resp.StatusCode != http.StatusOK {
 		return res, fmt.Errorf("%w: %s answered %s", errStream, p.name, resp.Status)
 	}
-	in := &inbound{n: n, br: bufio.NewReaderSize(resp.Body, 64<<10)}
+	in := n.newInbound(resp.Body)
 	var idx bytes.Buffer
 	var flights []route.Event
 	var seq uint64
 	for {
-		h, dec, r, err := in.next()
+		h, msg, err := in.next()
 		res.bytes = in.bytes
 		if err != nil {
 			return res, err
@@ -235,7 +235,7 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 		res.taken = h.sentAt
 		switch h.kind {
 		case kindIndex:
-			piece, err := dec.DecodeBytes()
+			piece, _, err := msgp.ReadBytesZC(msg)
 			if err != nil {
 				return res, n.refused(fmt.Errorf("%w: index piece: %v", errMalformed, err))
 			}
@@ -244,22 +244,12 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 			}
 			idx.Write(piece)
 		case kindFlights:
-			cnt, err := dec.DecodeArrayLen()
-			if err != nil || cnt < 0 || cnt > r.Len() || len(flights)+cnt > route.DefaultMaxRemote {
-				return res, n.refused(fmt.Errorf("%w: %d attempts in flight (%v)", errMalformed, cnt, err))
+			before := len(flights)
+			if flights, err = in.dec.batch(msg, p.origin(), flights); err != nil {
+				return res, n.refused(err)
 			}
-			for range cnt {
-				var ev route.Event
-				known, err := decodeEvent(dec, r, &ev)
-				if err != nil {
-					return res, n.refused(err)
-				}
-				if known {
-					if ev.Origin == 0 {
-						ev.Origin = p.origin()
-					}
-					flights = append(flights, ev)
-				}
+			if len(flights) > route.DefaultMaxRemote {
+				return res, n.refused(fmt.Errorf("%w: %d attempts in flight", errMalformed, len(flights)-before))
 			}
 		case kindEnd:
 			if idx.Len() > 0 {
@@ -267,12 +257,8 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 					return res, fmt.Errorf("snapshot of %s: %w", p.name, err)
 				}
 			}
-			lc := n.lifecycle()
-			for i := range flights {
-				if d := lc.Apply(&flights[i]); d == route.DropNone {
-					res.flights++
-				}
-			}
+			n.lifecycle().ApplyBatch(flights, func(route.Drop) { res.flights-- })
+			res.flights += len(flights)
 			return res, nil
 		}
 	}

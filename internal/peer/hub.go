@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
-	"errors"
 	"hash"
 	"io"
 	"net/http"
@@ -12,7 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tinylib/msgp/msgp"
 
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/route"
@@ -25,15 +25,16 @@ type hub struct {
 	maxBatch int
 	queue    int
 	interval time.Duration
-	m        *metrics.Peers
+	dropped  prometheus.Counter // queue_full
 	nsubs    atomic.Int32
 	timer    *time.Timer // flushes the pending batch; armed by its first event
 
+	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
+
 	mu    sync.Mutex
-	pend  bytes.Buffer
-	enc   *msgpack.Encoder
-	count int   // events in pend
-	first int64 // when the oldest of them happened, unix nanoseconds
+	pend  []byte // encoded events
+	count int    // events in pend
+	first int64  // when the oldest of them happened, unix nanoseconds
 	subs  map[*sub]struct{}
 }
 
@@ -42,7 +43,11 @@ type batch struct {
 	events []byte
 	n      int
 	first  int64
+	refs   atomic.Int32 // streams that have yet to write it: the last gives the buffer back
 }
+
+// maxPooled bounds the buffers kept for reuse: a burst's large batch is left to the GC.
+const maxPooled = 256 << 10
 
 // sub is one peer's stream: its queue, and a signal that it lost a batch (the stream must end
 // so that the peer reconnects and reconciles).
@@ -55,8 +60,8 @@ type sub struct {
 func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
 
 func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
-	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, m: m, subs: map[*sub]struct{}{}}
-	h.enc = msgpack.NewEncoder(&h.pend)
+	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
+		dropped: m.Dropped.WithLabelValues("queue_full")}
 	h.timer = time.AfterFunc(time.Hour, h.flush)
 	h.timer.Stop()
 	return h
@@ -71,17 +76,17 @@ func (h *hub) publish(ev *route.Event) {
 	now := time.Now().UnixNano()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	mark := h.pend.Len()
-	if err := appendEvent(h.enc, ev); err != nil {
-		h.pend.Truncate(mark)
+	b, err := appendEvent(h.pend, ev)
+	if err != nil {
 		return
 	}
+	h.pend = b
 	if h.count == 0 {
 		h.first = now
 		h.timer.Reset(h.interval)
 	}
 	h.count++
-	if h.pend.Len() >= h.maxBatch {
+	if len(h.pend) >= h.maxBatch {
 		h.flushLocked()
 	}
 }
@@ -97,8 +102,15 @@ func (h *hub) flushLocked() {
 	if h.count == 0 {
 		return
 	}
-	b := &batch{events: bytes.Clone(h.pend.Bytes()), n: h.count, first: h.first}
-	h.pend.Reset()
+	// The batch takes the buffer (the streams read it while the next one fills); the next
+	// fills the buffer of a batch that every stream has written, when there is one.
+	b, _ := h.free.Get().(*batch)
+	if b == nil {
+		b = &batch{}
+	}
+	b.events, h.pend = h.pend, b.events[:0]
+	b.n, b.first = h.count, h.first
+	b.refs.Store(int32(len(h.subs)))
 	h.count = 0
 	for s := range h.subs {
 		select {
@@ -106,8 +118,16 @@ func (h *hub) flushLocked() {
 		default:
 			// The peer does not keep up: its stream ends, and it reconciles when it comes back.
 			s.breakOff()
-			h.m.Dropped.WithLabelValues("queue_full").Add(float64(b.n))
+			h.dropped.Add(float64(b.n))
+			h.written(b)
 		}
+	}
+}
+
+// written tells the hub that a stream is done with b (written, or not to be).
+func (h *hub) written(b *batch) {
+	if b.refs.Add(-1) == 0 && cap(b.events) <= maxPooled {
+		h.free.Put(b)
 	}
 }
 
@@ -144,35 +164,28 @@ type frameWriter struct {
 	rc    *http.ResponseController
 	nonce [nonceSize]byte
 	seq   uint64
-	head  bytes.Buffer
-	last  time.Time
+	buf   []byte // the frame being written, reused
 }
 
-// write sends one message of kind: the header, then extra (already encoded payload start,
-// such as an array length), then payload.
-func (f *frameWriter) write(kind int, sentAt int64, extra func(*msgpack.Encoder) error, payload []byte) error {
+// write sends one message of kind: the header, then what extra appends (the payload's start,
+// such as an array's length), then payload, as one frame written at once.
+func (f *frameWriter) write(kind int, sentAt int64, extra func([]byte) []byte, payload []byte) error {
 	f.seq++
-	f.head.Reset()
-	h := header{from: f.n.cfg.Name, inc: f.n.cfg.Incarnation, nonce: f.nonce, seq: f.seq, sentAt: sentAt, kind: kind}
-	if err := appendHeader(&f.head, &h); err != nil {
-		return err
-	}
+	b := append(f.buf[:0], make([]byte, frameStart)...)
+	b = appendHeader(b, &header{from: f.n.cfg.Name, inc: f.n.cfg.Incarnation, nonce: f.nonce, seq: f.seq, sentAt: sentAt, kind: kind})
 	if extra != nil {
-		enc := msgpack.GetEncoder()
-		enc.Reset(&f.head)
-		err := extra(enc)
-		msgpack.PutEncoder(enc)
-		if err != nil {
-			return err
-		}
+		b = extra(b)
 	}
-	if f.rc != nil {
-		_ = f.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
-	}
+	b = append(b, payload...)
+	f.buf = b
 	if f.mac == nil {
 		f.mac = hmac.New(sha256.New, f.n.macKey)
 	}
-	if err := writeFrameMAC(f.w, f.mac, f.head.Bytes(), payload); err != nil {
+	sealFrame(b, f.mac)
+	if f.rc != nil {
+		_ = f.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	}
+	if _, err := f.w.Write(b); err != nil {
 		return err
 	}
 	if f.rc != nil {
@@ -180,17 +193,15 @@ func (f *frameWriter) write(kind int, sentAt int64, extra func(*msgpack.Encoder)
 			return err
 		}
 	}
-	size := 4 + macSize + f.head.Len() + len(payload)
-	f.n.m.Messages.WithLabelValues("out").Inc()
-	f.n.m.Bytes.WithLabelValues("out").Add(float64(size))
-	f.last = time.Now()
+	f.n.out.messages.Inc()
+	f.n.out.bytes.Add(float64(len(b)))
 	return nil
 }
 
 func (f *frameWriter) writeBatch(b *batch) error {
-	err := f.write(kindBatch, b.first, func(e *msgpack.Encoder) error { return e.EncodeArrayLen(b.n) }, b.events)
+	err := f.write(kindBatch, b.first, func(p []byte) []byte { return msgp.AppendArrayHeader(p, uint32(b.n)) }, b.events)
 	if err == nil {
-		f.n.m.Events.WithLabelValues("out").Add(float64(b.n))
+		f.n.out.events.Add(float64(b.n))
 	}
 	return err
 }
@@ -223,26 +234,29 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 	if sh := n.share.Load(); sh != nil {
 		ids = sh.LocalIDs()
 	}
-	err := f.write(kindHello, time.Now().UnixNano(), func(e *msgpack.Encoder) error {
-		errs := []error{e.EncodeArrayLen(len(ids))}
+	err := f.write(kindHello, time.Now().UnixNano(), func(b []byte) []byte {
+		b = msgp.AppendArrayHeader(b, uint32(len(ids)))
 		for _, id := range ids {
-			errs = append(errs, e.EncodeUint(id))
+			b = msgp.AppendUint64(b, id)
 		}
-		return errors.Join(errs...)
+		return b
 	}, nil)
 	if err != nil {
 		return
 	}
-	tick := time.NewTicker(heartbeat / 2)
-	defer tick.Stop()
+	// A heartbeat goes out after a second without a message: a timer reset by each write
+	// rather than a ticker, so that a stream in use never wakes for it.
+	idle := time.NewTimer(heartbeat)
+	defer idle.Stop()
 	for {
 		select {
 		case b := <-s.ch:
 			err = f.writeBatch(b)
-		case <-tick.C:
-			if time.Since(f.last) >= heartbeat {
-				err = f.writeBatch(&batch{first: time.Now().UnixNano()})
-			}
+			n.hub.written(b)
+			idle.Reset(heartbeat)
+		case <-idle.C:
+			err = f.writeBatch(&batch{first: time.Now().UnixNano()})
+			idle.Reset(heartbeat)
 		case <-s.broken:
 			return
 		case <-r.Context().Done():
@@ -285,7 +299,7 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		k := min(len(data), snapshotPiece)
 		piece := data[:k]
 		data = data[k:]
-		if err := f.write(kindIndex, taken, func(e *msgpack.Encoder) error { return e.EncodeBytesLen(len(piece)) }, piece); err != nil {
+		if err := f.write(kindIndex, taken, func(b []byte) []byte { return msgp.AppendBytesHeader(b, uint32(len(piece))) }, piece); err != nil {
 			return
 		}
 	}
@@ -293,19 +307,20 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		k := min(len(flights), snapshotFlights)
 		part := flights[:k]
 		flights = flights[k:]
-		err := f.write(kindFlights, taken, func(e *msgpack.Encoder) error {
-			errs := []error{e.EncodeArrayLen(len(part))}
+		err := f.write(kindFlights, taken, func(b []byte) []byte {
+			b = msgp.AppendArrayHeader(b, uint32(len(part)))
 			for i := range part {
-				errs = append(errs, appendEvent(e, &part[i]))
+				b, _ = appendEvent(b, &part[i]) // a lifecycle's events: of kinds it knows
 			}
-			return errors.Join(errs...)
+			return b
 		}, nil)
 		if err != nil {
 			return
 		}
 	}
-	_ = f.write(kindEnd, taken, func(e *msgpack.Encoder) error {
-		return errors.Join(e.EncodeArrayLen(2), e.EncodeInt(int64(entries)), e.EncodeInt(int64(total)))
+	_ = f.write(kindEnd, taken, func(b []byte) []byte {
+		b = msgp.AppendArrayHeader(b, 2)
+		return appendInt(appendInt(b, int64(entries)), int64(total))
 	}, nil)
 }
 

@@ -97,6 +97,7 @@ type Node struct {
 	log       *slog.Logger
 	m         *metrics.Peers
 	hub       *hub
+	in, out   traffic
 	ln        net.Listener
 	client    *http.Client
 
@@ -156,6 +157,7 @@ func New(cfg Config) (*Node, error) {
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{}}
 	n.macKey, n.gossipKey = keys(cfg.Secret)
+	n.in, n.out = newTraffic(cfg.Metrics, "in"), newTraffic(cfg.Metrics, "out")
 	// The batch is flushed at a quarter of the largest message, so that one event more never
 	// makes a message too large to send.
 	n.hub = newHub(cfg.MaxMessageBytes/4, cfg.Queue, cfg.BatchInterval, cfg.Metrics)
@@ -169,6 +171,15 @@ func New(cfg Config) (*Node, error) {
 		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 	}}
 	return n, nil
+}
+
+// traffic is one direction's counters, their labels resolved once rather than per message.
+type traffic struct {
+	messages, bytes, events prometheus.Counter
+}
+
+func newTraffic(m *metrics.Peers, direction string) traffic {
+	return traffic{m.Messages.WithLabelValues(direction), m.Bytes.WithLabelValues(direction), m.Events.WithLabelValues(direction)}
 }
 
 func or[T comparable](v, def T) T {

@@ -332,11 +332,10 @@ func TestHostilePeer(t *testing.T) {
 			_, _ = w.Write(pre[:])
 		}},
 		{"malformed", func(w io.Writer, nonce [nonceSize]byte) {
-			var hb bytes.Buffer
-			_ = appendHeader(&hb, &header{from: "evil", inc: 1, nonce: nonce, seq: 1, kind: kindBatch})
-			hb.Write([]byte{0x91, 0xc1}) // an array of one reserved byte
+			hb := appendHeader(nil, &header{from: "evil", inc: 1, nonce: nonce, seq: 1, kind: kindBatch})
+			hb = append(hb, 0x91, 0xc1) // an array of one reserved byte
 			var b bytes.Buffer
-			_ = writeFrame(&b, macKey, hb.Bytes(), nil)
+			_ = writeFrame(&b, macKey, hb, nil)
 			_, _ = w.Write(b.Bytes())
 		}},
 	} {

@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
@@ -12,7 +11,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/tinylib/msgp/msgp"
 
 	"github.com/kvroute/kvroute/internal/route"
 )
@@ -119,40 +118,63 @@ type header struct {
 	kind   int
 }
 
+// The hot path encodes and decodes with tinylib/msgp's functions on byte slices: no
+// reflection, no io.Writer or io.ByteScanner call per value, and strings and bins read in
+// place. They write the same msgpack as vmihailenco/msgpack (the smallest form of each
+// value; a nonnegative integer as an unsigned one), so the bytes on the wire did not change
+// with them (TestWireGolden).
+
+// appendInt appends v as vmihailenco's EncodeInt does: unsigned when it is not negative.
+func appendInt(b []byte, v int64) []byte {
+	if v >= 0 {
+		return msgp.AppendUint64(b, uint64(v))
+	}
+	return msgp.AppendInt64(b, v)
+}
+
 // appendHeader appends the message's header fields (the array's first 8 of 9 elements) to b.
-func appendHeader(b *bytes.Buffer, h *header) error {
-	enc := msgpack.GetEncoder()
-	defer msgpack.PutEncoder(enc)
-	enc.Reset(b)
-	return errors.Join(enc.EncodeArrayLen(headerLen), enc.EncodeInt(Major), enc.EncodeInt(Minor),
-		enc.EncodeString(h.from), enc.EncodeUint(h.inc), enc.EncodeBytes(h.nonce[:]), enc.EncodeUint(h.seq),
-		enc.EncodeInt(h.sentAt), enc.EncodeInt(int64(h.kind)))
+func appendHeader(b []byte, h *header) []byte {
+	b = msgp.AppendArrayHeader(b, headerLen)
+	b = appendInt(b, Major)
+	b = appendInt(b, Minor)
+	b = msgp.AppendString(b, h.from)
+	b = msgp.AppendUint64(b, h.inc)
+	b = msgp.AppendBytes(b, h.nonce[:])
+	b = msgp.AppendUint64(b, h.seq)
+	b = appendInt(b, h.sentAt)
+	return appendInt(b, int64(h.kind))
 }
 
 // writeFrame writes one frame of the message head+payload under key.
 func writeFrame(w io.Writer, key, head, payload []byte) error {
-	return writeFrameMAC(w, hmac.New(sha256.New, key), head, payload)
+	b := append(make([]byte, frameStart, frameStart+len(head)+len(payload)), head...)
+	b = append(b, payload...)
+	sealFrame(b, hmac.New(sha256.New, key))
+	_, err := w.Write(b)
+	return err
 }
 
-// writeFrameMAC is writeFrame with a MAC to reuse (a stream's: one per stream, not per frame).
-func writeFrameMAC(w io.Writer, mac hash.Hash, head, payload []byte) error {
+// frameStart is the room a frame's length and MAC take before its message.
+const frameStart = 4 + macSize
+
+// sealFrame fills in the length and MAC of frame b, whose first frameStart bytes are
+// reserved for them and the rest is the message. mac is reused (a stream's: one per stream,
+// not per frame).
+func sealFrame(b []byte, mac hash.Hash) {
 	mac.Reset()
-	mac.Write(head)
-	mac.Write(payload)
-	var pre [4 + macSize]byte
-	binary.BigEndian.PutUint32(pre[:4], uint32(macSize+len(head)+len(payload)))
-	mac.Sum(pre[4:4])
-	for _, b := range [][]byte{pre[:], head, payload} {
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-	}
-	return nil
+	mac.Write(b[frameStart:])
+	binary.BigEndian.PutUint32(b[:4], uint32(len(b)-4))
+	mac.Sum(b[4:4])
 }
 
 // readFrame reads one frame into buf (grown as needed, never beyond max bytes) and returns
 // its message once its MAC is verified.
 func readFrame(r io.Reader, key []byte, max int, buf []byte) (msg, grown []byte, err error) {
+	return readFrameMAC(r, hmac.New(sha256.New, key), max, buf)
+}
+
+// readFrameMAC is readFrame with a MAC to reuse (a stream's).
+func readFrameMAC(r io.Reader, mac hash.Hash, max int, buf []byte) (msg, grown []byte, err error) {
 	var pre [4]byte
 	if _, err := io.ReadFull(r, pre[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -174,78 +196,87 @@ func readFrame(r io.Reader, key []byte, max int, buf []byte) (msg, grown []byte,
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return nil, buf, fmt.Errorf("%w: %d of %d bytes (%v)", errTruncated, len(buf), n, err)
 	}
-	mac := hmac.New(sha256.New, key)
+	mac.Reset()
 	mac.Write(buf[macSize:])
-	if !hmac.Equal(mac.Sum(nil), buf[:macSize]) {
+	var sum [macSize]byte
+	if !hmac.Equal(mac.Sum(sum[:0]), buf[:macSize]) {
 		return nil, buf, fmt.Errorf("%w: MAC does not match", errForged)
 	}
 	return buf[macSize:], buf, nil
 }
 
-// decodeHeader reads a verified message's header; dec is left at the payload.
-func decodeHeader(dec *msgpack.Decoder) (header, error) {
+// decodeHeader reads a verified message's header; it returns the rest of msg, the payload.
+func decodeHeader(msg []byte) (header, []byte, error) {
 	var h header
-	n, err := dec.DecodeArrayLen()
+	n, b, err := msgp.ReadArrayHeaderBytes(msg)
 	if err != nil || n < headerLen {
-		return h, fmt.Errorf("%w: message of %d fields (%v)", errMalformed, n, err)
+		return h, nil, fmt.Errorf("%w: message of %d fields (%v)", errMalformed, n, err)
 	}
-	major, err := dec.DecodeInt()
+	major, b, err := msgp.ReadInt64Bytes(b)
 	if err != nil {
-		return h, fmt.Errorf("%w: version: %v", errMalformed, err)
+		return h, nil, fmt.Errorf("%w: version: %v", errMalformed, err)
 	}
 	if major != Major {
-		return h, fmt.Errorf("%w: major version %d, want %d", errVersion, major, Major)
+		return h, nil, fmt.Errorf("%w: major version %d, want %d", errVersion, major, Major)
 	}
-	_, err1 := dec.DecodeInt() // minor: anything newer only adds fields
-	from, err2 := dec.DecodeString()
-	inc, err3 := dec.DecodeUint64()
-	nonce, err4 := dec.DecodeBytes()
-	seq, err5 := dec.DecodeUint64()
-	sent, err6 := dec.DecodeInt64()
-	kind, err7 := dec.DecodeInt()
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil {
-		return h, fmt.Errorf("%w: header: %v", errMalformed, err)
+	r := reader{b: b}
+	r.int() // minor: anything newer only adds fields
+	from := r.bytes(msgp.ReadStringZC)
+	inc := r.uint()
+	nonce := r.bytes(msgp.ReadBytesZC)
+	seq := r.uint()
+	sent := r.int()
+	kind := r.int()
+	if r.err != nil {
+		return h, nil, fmt.Errorf("%w: header: %v", errMalformed, r.err)
 	}
 	if len(nonce) != nonceSize {
-		return h, fmt.Errorf("%w: nonce of %d bytes", errMalformed, len(nonce))
+		return h, nil, fmt.Errorf("%w: nonce of %d bytes", errMalformed, len(nonce))
 	}
-	h.from, h.inc, h.seq, h.sentAt, h.kind = from, inc, seq, sent, kind
+	h.from, h.inc, h.seq, h.sentAt, h.kind = string(from), inc, seq, sent, int(kind)
 	copy(h.nonce[:], nonce)
-	return h, nil
+	return h, r.b, nil // fields after the payload, a newer minor version's, are left unread
 }
 
-// appendEvent encodes ev (origin 0 stands for the sender).
-func appendEvent(enc *msgpack.Encoder, ev *route.Event) error {
+// appendEvent appends ev (origin 0 stands for the sender).
+func appendEvent(b []byte, ev *route.Event) ([]byte, error) {
+	n := eventFields(uint64(ev.Kind))
+	if n == 0 {
+		return b, fmt.Errorf("event kind %d: nothing to send", ev.Kind)
+	}
+	b = msgp.AppendArrayHeader(b, uint32(n))
+	b = msgp.AppendUint64(b, uint64(ev.Kind))
+	b = msgp.AppendUint64(b, ev.Origin)
 	switch ev.Kind {
 	case route.EventRouted:
-		if err := errors.Join(enc.EncodeArrayLen(11), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
-			enc.EncodeString(ev.Endpoint), enc.EncodeString(ev.Model), enc.EncodeString(ev.Tenant), enc.EncodeString(ev.SessionKey),
-			enc.EncodeInt(int64(ev.BlockTokens)), enc.EncodeInt(int64(ev.PromptTokens)), enc.EncodeInt(int64(ev.MaxTokens)),
-			enc.EncodeBytesLen(8*len(ev.Blocks))); err != nil {
-			return err
+		b = msgp.AppendUint64(b, ev.ID)
+		for _, s := range [...]string{ev.Endpoint, ev.Model, ev.Tenant, ev.SessionKey} {
+			b = msgp.AppendString(b, s)
 		}
-		// The encoder does not buffer: the bin's bytes go straight after its header.
-		var b [8]byte
-		w := enc.Writer()
+		b = appendInts(b, int64(ev.BlockTokens), int64(ev.PromptTokens), int64(ev.MaxTokens))
+		b = msgp.AppendBytesHeader(b, uint32(8*len(ev.Blocks)))
 		for _, h := range ev.Blocks {
-			binary.BigEndian.PutUint64(b[:], h)
-			if _, err := w.Write(b[:]); err != nil {
-				return err
-			}
+			b = binary.BigEndian.AppendUint64(b, h)
 		}
-		return nil
 	case route.EventFirstToken:
-		return errors.Join(enc.EncodeArrayLen(4), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
-			enc.EncodeInt(int64(ev.TTFT)))
+		b = msgp.AppendUint64(b, ev.ID)
+		b = appendInt(b, int64(ev.TTFT))
 	case route.EventDone:
-		return errors.Join(enc.EncodeArrayLen(10), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeUint(ev.ID),
-			enc.EncodeBool(ev.OK), enc.EncodeInt(int64(ev.CachedTokens)), enc.EncodeInt(int64(ev.PromptTokens)),
-			enc.EncodeInt(int64(ev.OutputTokens)), enc.EncodeInt(int64(ev.TTFT)), enc.EncodeInt(int64(ev.Duration)),
-			enc.EncodeInt(int64(ev.Predicted)))
+		b = msgp.AppendUint64(b, ev.ID)
+		b = msgp.AppendBool(b, ev.OK)
+		b = appendInts(b, int64(ev.CachedTokens), int64(ev.PromptTokens), int64(ev.OutputTokens),
+			int64(ev.TTFT), int64(ev.Duration), int64(ev.Predicted))
 	case route.EventRemoved:
-		return errors.Join(enc.EncodeArrayLen(3), enc.EncodeUint(uint64(ev.Kind)), enc.EncodeUint(ev.Origin), enc.EncodeString(ev.Endpoint))
+		b = msgp.AppendString(b, ev.Endpoint)
 	}
-	return fmt.Errorf("event kind %d: nothing to send", ev.Kind)
+	return b, nil
+}
+
+func appendInts(b []byte, vs ...int64) []byte {
+	for _, v := range vs {
+		b = appendInt(b, v)
+	}
+	return b
 }
 
 // Bounds on a decoded event: more is malformed.
@@ -270,142 +301,187 @@ func eventFields(kind uint64) int {
 	return 0
 }
 
-// decodeEvent decodes one event into ev and reports whether it was of a kind this version
-// knows; an unknown kind is skipped whole. The blocks are a new slice: Apply keeps them. msg
-// is the reader under dec (what is left of the message bounds the counts).
-func decodeEvent(dec *msgpack.Decoder, msg *bytes.Reader, ev *route.Event) (known bool, err error) {
-	n, err := dec.DecodeArrayLen()
-	if err != nil || n < 2 {
-		return false, fmt.Errorf("%w: event of %d fields (%v)", errMalformed, n, err)
+// decoder decodes a stream's events. It keeps the strings that repeat from event to event
+// (endpoint names, models, tenants), so that an event allocates only what it must: its
+// blocks and its session key. Not safe for concurrent use.
+type decoder struct {
+	strs map[string]string
+}
+
+// maxInterned bounds the strings a decoder keeps; beyond, strings are allocated each time.
+const maxInterned = 1024
+
+// intern returns b as a string, the same one each time while the decoder keeps it.
+func (d *decoder) intern(b []byte) string {
+	if len(b) == 0 {
+		return ""
 	}
-	kind, err1 := dec.DecodeUint64()
-	orig, err2 := dec.DecodeUint64()
-	if err := errors.Join(err1, err2); err != nil {
-		return false, fmt.Errorf("%w: event: %v", errMalformed, err)
+	if s, ok := d.strs[string(b)]; ok { // no allocation: the compiler looks up b in place
+		return s
+	}
+	s := string(b)
+	if len(d.strs) < maxInterned {
+		if d.strs == nil {
+			d.strs = map[string]string{}
+		}
+		d.strs[s] = s
+	}
+	return s
+}
+
+// event decodes one event of b into ev and reports whether it was of a kind this version
+// knows; an unknown kind is skipped whole. It returns the rest of b. The blocks are a new
+// slice: Apply keeps them.
+func (d *decoder) event(b []byte, ev *route.Event) (known bool, rest []byte, err error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil || n < 2 {
+		return false, nil, fmt.Errorf("%w: event of %d fields (%v)", errMalformed, n, err)
+	}
+	r := reader{b: b}
+	kind, orig := r.uint(), r.uint()
+	if r.err != nil {
+		return false, nil, fmt.Errorf("%w: event: %v", errMalformed, r.err)
 	}
 	*ev = route.Event{Kind: route.EventKind(kind), Origin: orig}
 	want := eventFields(kind)
 	if want == 0 {
-		return false, skip(dec, n-2)
+		rest, err := skipFields(r.b, int(n)-2)
+		return false, rest, err
 	}
-	if n < want {
-		return false, fmt.Errorf("%w: %s event of %d fields, want %d", errMalformed, ev.Kind, n, want)
+	if int(n) < want {
+		return false, nil, fmt.Errorf("%w: %s event of %d fields, want %d", errMalformed, ev.Kind, n, want)
 	}
-	f := fields{dec: dec}
 	switch ev.Kind {
 	case route.EventRouted:
-		ev.ID = f.uint()
-		ev.Endpoint, ev.Model, ev.Tenant, ev.SessionKey = f.str(), f.str(), f.str(), f.str()
-		ev.BlockTokens, ev.PromptTokens, ev.MaxTokens = f.count(), f.count(), f.count()
-		if f.err == nil {
-			ev.Blocks, f.err = decodeBlocks(dec, msg)
+		ev.ID = r.uint()
+		ev.Endpoint, ev.Model, ev.Tenant = d.intern(r.str()), d.intern(r.str()), d.intern(r.str())
+		if s := r.str(); len(s) > 0 {
+			ev.SessionKey = string(s)
 		}
+		ev.BlockTokens, ev.PromptTokens, ev.MaxTokens = r.count(), r.count(), r.count()
+		ev.Blocks = r.blocks()
 	case route.EventFirstToken:
-		ev.ID, ev.TTFT = f.uint(), f.dur()
+		ev.ID, ev.TTFT = r.uint(), time.Duration(r.int())
 	case route.EventDone:
-		ev.ID, ev.OK = f.uint(), f.bool()
-		ev.CachedTokens, ev.PromptTokens, ev.OutputTokens = f.count(), f.count(), f.count()
-		ev.TTFT, ev.Duration = f.dur(), f.dur()
-		ev.Predicted = f.count()
+		ev.ID, ev.OK = r.uint(), r.bool()
+		ev.CachedTokens, ev.PromptTokens, ev.OutputTokens = r.count(), r.count(), r.count()
+		ev.TTFT, ev.Duration = time.Duration(r.int()), time.Duration(r.int())
+		ev.Predicted = r.count()
 	case route.EventRemoved:
-		ev.Endpoint = f.str()
+		ev.Endpoint = d.intern(r.str())
 	}
-	if f.err != nil {
-		return false, fmt.Errorf("%w: %s event: %v", errMalformed, ev.Kind, f.err)
+	if r.err != nil {
+		return false, nil, fmt.Errorf("%w: %s event: %v", errMalformed, ev.Kind, r.err)
 	}
-	return true, skip(dec, n-want)
+	rest, err = skipFields(r.b, int(n)-want)
+	return true, rest, err
 }
 
-// fields reads an event's fields in order, keeping the first error (later reads do nothing).
-type fields struct {
-	dec *msgpack.Decoder
+// batch decodes a batch's payload (an array of events) and appends the events of kinds this
+// version knows to evs, with origin 0 (the sender) replaced by sender.
+func (d *decoder) batch(payload []byte, sender uint64, evs []route.Event) ([]route.Event, error) {
+	n, b, err := arrayLen(payload, "batch")
+	if err != nil {
+		return evs, err
+	}
+	for range n {
+		evs = append(evs, route.Event{})
+		ev := &evs[len(evs)-1]
+		known, rest, err := d.event(b, ev)
+		if err != nil {
+			return evs[:len(evs)-1], err
+		}
+		b = rest
+		switch {
+		case !known:
+			evs = evs[:len(evs)-1]
+		case ev.Origin == 0:
+			ev.Origin = sender
+		}
+	}
+	return evs, nil
+}
+
+// reader reads a message's values in order, keeping the first error (later reads do
+// nothing).
+type reader struct {
+	b   []byte
 	err error
 }
 
-func (f *fields) uint() uint64 {
-	if f.err != nil {
-		return 0
+// read reads one value with f, unless an earlier read failed.
+func read[T any](r *reader, f func([]byte) (T, []byte, error)) T {
+	var v T
+	if r.err == nil {
+		v, r.b, r.err = f(r.b)
 	}
-	v, err := f.dec.DecodeUint64()
-	f.err = err
 	return v
 }
 
-func (f *fields) bool() bool {
-	if f.err != nil {
-		return false
-	}
-	v, err := f.dec.DecodeBool()
-	f.err = err
-	return v
-}
+func (r *reader) uint() uint64 { return read(r, msgp.ReadUint64Bytes) }
+func (r *reader) int() int64   { return read(r, msgp.ReadInt64Bytes) }
+func (r *reader) bool() bool   { return read(r, msgp.ReadBoolBytes) }
 
-func (f *fields) str() string {
-	if f.err != nil {
-		return ""
+// bytes reads a string (msgp.ReadStringZC) or bin (msgp.ReadBytesZC) in place: valid while
+// the message is.
+func (r *reader) bytes(f func([]byte) ([]byte, []byte, error)) []byte { return read(r, f) }
+
+// str reads a string, in place, of at most maxStringLen bytes.
+func (r *reader) str() []byte {
+	v := r.bytes(msgp.ReadStringZC)
+	if r.err == nil && len(v) > maxStringLen {
+		r.err = fmt.Errorf("string of %d bytes", len(v))
 	}
-	v, err := f.dec.DecodeString() // at most what is left of the message
-	if err == nil && len(v) > maxStringLen {
-		err = fmt.Errorf("string of %d bytes", len(v))
-	}
-	f.err = err
 	return v
 }
 
 // count reads a token count: -1 (unknown) up to 2^40.
-func (f *fields) count() int {
-	if f.err != nil {
-		return 0
+func (r *reader) count() int {
+	v := r.int()
+	if r.err == nil && (v < -1 || v > 1<<40) {
+		r.err = fmt.Errorf("count %d out of range", v)
 	}
-	v, err := f.dec.DecodeInt64()
-	if err == nil && (v < -1 || v > 1<<40) {
-		err = fmt.Errorf("count %d out of range", v)
-	}
-	f.err = err
 	return int(v)
 }
 
-func (f *fields) dur() time.Duration {
-	if f.err != nil {
-		return 0
+// blocks reads a bin of 8-byte big-endian block hashes into a new slice. The bin is read in
+// place: nothing is allocated for a length beyond what the message holds.
+func (r *reader) blocks() []uint64 {
+	raw := r.bytes(msgp.ReadBytesZC)
+	if r.err != nil {
+		return nil
 	}
-	v, err := f.dec.DecodeInt64()
-	f.err = err
-	return time.Duration(v)
+	if len(raw)%8 != 0 || len(raw)/8 > maxBlocks {
+		r.err = fmt.Errorf("blocks of %d bytes", len(raw))
+		return nil
+	}
+	if len(raw) == 0 {
+		return nil
+	}
+	out := make([]uint64, len(raw)/8)
+	for i := range out {
+		out[i] = binary.BigEndian.Uint64(raw[8*i:])
+	}
+	return out
 }
 
-// decodeBlocks reads a bin of 8-byte big-endian block hashes. The decoder reads msg itself,
-// unbuffered (a bytes.Reader is an io.ByteScanner): the bin's bytes are the next ones.
-func decodeBlocks(dec *msgpack.Decoder, msg *bytes.Reader) ([]uint64, error) {
-	nb, err := dec.DecodeBytesLen()
-	// A length beyond what is left of the message is a lie: nothing is allocated for it.
-	if err != nil || nb < 0 || nb%8 != 0 || nb/8 > maxBlocks || nb > msg.Len() {
-		return nil, fmt.Errorf("blocks of %d bytes (%v)", nb, err)
+// arrayLen reads an array's length, refused (malformed) when it claims more elements than
+// b has bytes left.
+func arrayLen(b []byte, what string) (int, []byte, error) {
+	n, rest, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil || int64(n) > int64(len(rest)) {
+		return 0, nil, fmt.Errorf("%w: %s of %d elements (%v)", errMalformed, what, n, err)
 	}
-	if nb == 0 {
-		return nil, nil
-	}
-	out := make([]uint64, nb/8)
-	var b [512]byte
-	for i := 0; i < len(out); {
-		k := min(len(out)-i, len(b)/8)
-		if _, err := io.ReadFull(msg, b[:8*k]); err != nil {
-			return nil, fmt.Errorf("blocks: %v", err)
-		}
-		for j := range k {
-			out[i+j] = binary.BigEndian.Uint64(b[8*j:])
-		}
-		i += k
-	}
-	return out, nil
+	return int(n), rest, nil
 }
 
-// skip skips n values (fields of a newer minor version).
-func skip(dec *msgpack.Decoder, n int) error {
+// skipFields skips n values of b and returns the rest.
+func skipFields(b []byte, n int) ([]byte, error) {
 	for range n {
-		if err := dec.Skip(); err != nil {
-			return fmt.Errorf("%w: %v", errMalformed, err)
+		var err error
+		if b, err = msgp.Skip(b); err != nil {
+			return nil, fmt.Errorf("%w: %v", errMalformed, err)
 		}
 	}
-	return nil
+	return b, nil
 }

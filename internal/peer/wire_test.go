@@ -2,11 +2,13 @@ package peer
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvroute/kvroute/internal/route"
@@ -29,46 +31,38 @@ func sampleEvents() []route.Event {
 // message encodes a whole message of kind batch holding evs, as a stream sends it.
 func message(t testing.TB, h header, evs []route.Event) (head, payload []byte) {
 	t.Helper()
-	var hb, pb bytes.Buffer
-	if err := appendHeader(&hb, &h); err != nil {
-		t.Fatal(err)
-	}
-	enc := msgpack.NewEncoder(&hb)
-	if err := enc.EncodeArrayLen(len(evs)); err != nil {
-		t.Fatal(err)
-	}
-	enc = msgpack.NewEncoder(&pb)
+	head = msgp.AppendArrayHeader(appendHeader(nil, &h), uint32(len(evs)))
 	for i := range evs {
-		if err := appendEvent(enc, &evs[i]); err != nil {
+		var err error
+		if payload, err = appendEvent(payload, &evs[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return hb.Bytes(), pb.Bytes()
+	return head, payload
 }
 
+// decodeBatch decodes a batch message as a stream does (origin 0 left as it is).
 func decodeBatch(msg []byte) (header, []route.Event, error) {
-	r := bytes.NewReader(msg)
-	dec := msgpack.NewDecoder(r)
-	h, err := decodeHeader(dec)
+	h, payload, err := decodeHeader(msg)
 	if err != nil {
 		return h, nil, err
 	}
-	n, err := dec.DecodeArrayLen()
-	if err != nil {
-		return h, nil, err
+	var d decoder
+	evs, err := d.batch(payload, 0, nil)
+	return h, evs, err
+}
+
+// TestWireGolden: a batch is encoded as it was before the encoder changed from
+// vmihailenco/msgpack to tinylib/msgp (the bytes a replica of the previous release sent): the
+// wire did not change, and older and newer replicas understand each other.
+func TestWireGolden(t *testing.T) {
+	const golden = "990100a16105c41001020300000000000000000000000000097b01969b010001b4687474703a2f2f31302e302e302e313a38303030" +
+		"a16da174a173102809c41800000000000000018000000000000000000000000000002a9b014d02a165a0a0a0000000c40094020001ce017d78" +
+		"409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff0000000000930400a165"
+	head, payload := message(t, header{from: "a", inc: 5, nonce: [16]byte{1, 2, 3}, seq: 9, sentAt: 123, kind: kindBatch}, sampleEvents())
+	if got := hex.EncodeToString(append(head, payload...)); got != golden {
+		t.Errorf("batch encoded as\n%s\nwant\n%s", got, golden)
 	}
-	var out []route.Event
-	for range n {
-		var ev route.Event
-		known, err := decodeEvent(dec, r, &ev)
-		if err != nil {
-			return h, out, err
-		}
-		if known {
-			out = append(out, ev)
-		}
-	}
-	return h, out, nil
 }
 
 func TestWireRoundTrip(t *testing.T) {
@@ -143,12 +137,8 @@ func TestWireRefuses(t *testing.T) {
 // TestWireNewerMinor: fields a newer minor version appends, and event kinds it adds, are
 // skipped.
 func TestWireNewerMinor(t *testing.T) {
-	var b bytes.Buffer
-	h := header{from: "a", seq: 1, kind: kindBatch}
-	if err := appendHeader(&b, &h); err != nil {
-		t.Fatal(err)
-	}
-	enc := msgpack.NewEncoder(&b)
+	b := bytes.NewBuffer(appendHeader(nil, &header{from: "a", seq: 1, kind: kindBatch}))
+	enc := msgpack.NewEncoder(b)
 	must := func(err error) {
 		if err != nil {
 			t.Fatal(err)
@@ -171,12 +161,8 @@ func TestWireNewerMinor(t *testing.T) {
 // TestWireLies: counts that claim more than the message holds are refused before anything
 // is allocated for them.
 func TestWireLies(t *testing.T) {
-	var b bytes.Buffer
-	h := header{from: "a", seq: 1, kind: kindBatch}
-	if err := appendHeader(&b, &h); err != nil {
-		t.Fatal(err)
-	}
-	enc := msgpack.NewEncoder(&b)
+	b := bytes.NewBuffer(appendHeader(nil, &header{from: "a", seq: 1, kind: kindBatch}))
+	enc := msgpack.NewEncoder(b)
 	_ = errors.Join(enc.EncodeArrayLen(1), enc.EncodeArrayLen(11), enc.EncodeUint(1), enc.EncodeUint(0), enc.EncodeUint(1),
 		enc.EncodeString("e"), enc.EncodeString(""), enc.EncodeString(""), enc.EncodeString(""),
 		enc.EncodeInt(16), enc.EncodeInt(10), enc.EncodeInt(0), enc.EncodeBytesLen(8_000_000))
@@ -191,15 +177,10 @@ func FuzzDecode(f *testing.F) {
 	head, payload := message(f, header{from: "a", seq: 1, kind: kindBatch}, sampleEvents())
 	f.Add(append(head, payload...))
 	f.Add(head)
-	var hello bytes.Buffer
-	_ = appendHeader(&hello, &header{from: "b", kind: kindHello})
-	enc := msgpack.NewEncoder(&hello)
-	_ = errors.Join(enc.EncodeArrayLen(2), enc.EncodeUint(1), enc.EncodeUint(2))
-	f.Add(hello.Bytes())
+	hello := msgp.AppendUint64(msgp.AppendUint64(msgp.AppendArrayHeader(appendHeader(nil, &header{from: "b", kind: kindHello}), 2), 1), 2)
+	f.Add(hello)
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		r := bytes.NewReader(msg)
-		dec := msgpack.NewDecoder(r)
-		h, err := decodeHeader(dec)
+		h, payload, err := decodeHeader(msg)
 		if err != nil {
 			if reason(err) == "" {
 				t.Fatalf("header error without a reason: %v", err)
@@ -208,24 +189,26 @@ func FuzzDecode(f *testing.F) {
 		}
 		switch h.kind {
 		case kindHello:
-			if ids, err := decodeIDs(dec, r); err == nil && len(ids) > len(msg) {
+			if ids, err := decodeIDs(payload); err == nil && len(ids) > len(msg) {
 				t.Fatalf("%d ids from %d bytes", len(ids), len(msg))
+			} else if err != nil && reason(err) == "" {
+				t.Fatalf("hello error without a reason: %v", err)
 			}
 		default:
-			n, err := dec.DecodeArrayLen()
-			if err != nil || n > r.Len() {
-				return
+			var d decoder
+			evs, err := d.batch(payload, 1, nil)
+			if err != nil && reason(err) == "" {
+				t.Fatalf("batch error without a reason: %v", err)
 			}
-			for range n {
-				var ev route.Event
-				if _, err := decodeEvent(dec, r, &ev); err != nil {
-					if reason(err) == "" {
-						t.Fatalf("event error without a reason: %v", err)
-					}
-					return
-				}
+			if len(evs) > len(msg) {
+				t.Fatalf("%d events from %d bytes", len(evs), len(msg))
+			}
+			for _, ev := range evs {
 				if len(ev.Blocks) > len(msg) {
 					t.Fatalf("%d blocks from %d bytes", len(ev.Blocks), len(msg))
+				}
+				if ev.Origin == 0 {
+					t.Fatalf("an event of origin 0: %+v", ev)
 				}
 			}
 		}
@@ -270,24 +253,22 @@ func BenchmarkEncodeDecode(b *testing.B) {
 	for i := range evs[0].Blocks {
 		evs[0].Blocks[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
-	var pend bytes.Buffer
-	enc := msgpack.NewEncoder(&pend)
+	var pend []byte
+	var d decoder
+	var out []route.Event
 	b.ReportAllocs()
 	for b.Loop() {
-		pend.Reset()
+		pend = msgp.AppendArrayHeader(pend[:0], uint32(len(evs)))
 		for i := range evs {
-			if err := appendEvent(enc, &evs[i]); err != nil {
+			var err error
+			if pend, err = appendEvent(pend, &evs[i]); err != nil {
 				b.Fatal(err)
 			}
 		}
-		r := bytes.NewReader(pend.Bytes())
-		dec := msgpack.NewDecoder(r)
-		var ev route.Event
-		for range evs {
-			if _, err := decodeEvent(dec, r, &ev); err != nil {
-				b.Fatal(err)
-			}
+		var err error
+		if out, err = d.batch(pend, 1, out[:0]); err != nil || len(out) != len(evs) {
+			b.Fatal(len(out), err)
 		}
 	}
-	b.SetBytes(int64(pend.Len()))
+	b.SetBytes(int64(len(pend)))
 }

@@ -3,6 +3,9 @@ package prefix
 import (
 	"bytes"
 	"sync"
+	"unicode"
+	"unicode/utf8"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/text/unicode/norm"
@@ -15,9 +18,11 @@ import (
 // one xxhash pass over it (an eighth of the cost of hashing it block by block) must give what
 // the earlier prompt gave.
 //
-// Only text that the default normalisation leaves as it is (the common case for machine-built
-// prompts) is remembered and reused; any other text takes the full path. Memory is bounded by
-// the blocks remembered in all. It is safe for concurrent use; a nil *Chains remembers nothing.
+// Text that the default normalisation leaves as it is (the common case for machine-built
+// prompts) is remembered as it is; text whose normalisation only collapses whitespace (prose
+// with paragraph breaks) is remembered with its normalised tail, and a turn that extends it is
+// collapsed and hashed only past the shared part; any other text takes the full path. Memory
+// is bounded by the blocks remembered in all. It is safe for concurrent use; a nil *Chains remembers nothing.
 type Chains struct {
 	maxBlocks int
 
@@ -45,10 +50,15 @@ type remembered struct {
 	head    uint64
 	seed    uint64
 	size    int    // block bytes
-	rawLen  int    // bytes of text the blocks cover: len(blocks) x size
+	rawLen  int    // bytes of text the blocks cover: len(blocks) x size, unless collapsed
 	rawHash uint64 // xxhash of those bytes
 	blocks  []uint64
-	used    uint64 // Chains.tick when last matched or stored; guarded by Chains.mu
+	// collapsed: the text's whitespace was collapsed, and the blocks are those of the
+	// normalised text[:rawLen], which ends on a printable ASCII byte (no whitespace run crosses
+	// it); tail is that normalised text past the last full block (shorter than a block).
+	collapsed bool
+	tail      []byte
+	used      uint64 // Chains.tick when last matched or stored; guarded by Chains.mu
 }
 
 const (
@@ -77,7 +87,7 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	}
 	size := BlockBytes(blockTokens)
 	if c == nil || !n.isDefault() || len(text) < max(headBytes, minChainBlocks*size) || isSpace(text[0]) {
-		return BlocksBytes(dst, seed, n.NormalizeBytes(text), blockTokens)
+		return NormalizedBlocks(dst, seed, text, blockTokens, n)
 	}
 	head := seed ^ xxhash.Sum64(text[:headBytes])
 	// Trailing whitespace is trimmed before hashing: a remembered chain may cover only what
@@ -85,12 +95,21 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	end := len(bytes.TrimRight(text, " \n"))
 	base, d := c.longest(head, seed, size, text[:end])
 	start := len(dst)
-	if base == nil || !cleanAfter(text, base.rawLen) {
-		norm := n.NormalizeBytes(text)
+	if base != nil && base.collapsed && collapsibleAfter(text, base.rawLen) {
+		return c.extendCollapsed(dst, head, seed, size, text, end, base, d)
+	}
+	if base == nil || base.collapsed || !cleanAfter(text, base.rawLen) {
+		bp := normBufs.Get().(*[]byte)
+		norm, grown, collapsed := n.appendNormalized(*bp, text)
 		dst = BlocksBytes(dst, seed, norm, blockTokens)
-		if len(norm) > 0 && &norm[0] == &text[0] { // unchanged but for trailing whitespace
-			c.store(head, seed, size, text, dst[start:], nil, 0)
+		switch {
+		case len(norm) > 0 && &norm[0] == &text[0]: // unchanged but for trailing whitespace
+			c.store(head, seed, size, text, len(dst[start:])*size, dst[start:], false, nil, nil, 0)
+		case collapsed && printableASCII(text[end-1]):
+			// norm is also the normalised text[:end]: what follows end is trimmed.
+			c.store(head, seed, size, text, end, dst[start:], true, norm[len(dst[start:])*size:], nil, 0)
 		}
+		putNorm(bp, grown)
 		return dst
 	}
 	c.mu.Lock()
@@ -103,8 +122,78 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 		h = Next(h, xxhash.Sum64(text[i:i+size]))
 		dst = append(dst, h)
 	}
-	c.store(head, seed, size, text, dst[start:], d, base.rawLen)
+	c.store(head, seed, size, text, len(dst[start:])*size, dst[start:], false, nil, d, base.rawLen)
 	return dst
+}
+
+// extendCollapsed is Blocks for a text that extends base, a chain of collapsed text: the
+// shared part is neither collapsed nor hashed again. Because base's text ends on a printable
+// byte, no whitespace run crosses its end, so the normalised text is base's followed by the
+// rest collapsed on its own (and trimmed at its end).
+func (c *Chains) extendCollapsed(dst []uint64, head, seed uint64, size int, text []byte, end int, base *remembered, d *xxhash.Digest) []uint64 {
+	c.mu.Lock()
+	c.reused++
+	c.mu.Unlock()
+	start := len(dst)
+	bp := normBufs.Get().(*[]byte)
+	rest := text[base.rawLen:]
+	buf := append((*bp)[:0], base.tail...)
+	buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
+	norm := bytes.TrimRightFunc(buf, unicode.IsSpace)
+	dst = append(dst, base.blocks...)
+	h := base.blocks[len(base.blocks)-1]
+	full := 0
+	for ; full+size <= len(norm); full += size {
+		h = Next(h, xxhash.Sum64(norm[full:full+size]))
+		dst = append(dst, h)
+	}
+	if printableASCII(text[end-1]) {
+		c.store(head, seed, size, text, end, dst[start:], true, norm[full:], d, base.rawLen)
+	}
+	putNorm(bp, buf)
+	return dst
+}
+
+// printableASCII reports whether b is an ASCII byte that is neither whitespace nor a control.
+func printableASCII(b byte) bool { return b > ' ' && b < utf8.RuneSelf }
+
+// collapsibleAfter reports whether the default normalisation of text only collapses
+// whitespace past from, where text[:from] is known to need no more than that: no carriage
+// return, NFC from the last normalisation boundary before from.
+func collapsibleAfter(text []byte, from int) bool {
+	rest := text[from:]
+	if bytes.IndexByte(rest, '\r') >= 0 {
+		return false
+	}
+	if isASCII(rest) {
+		return true
+	}
+	b := norm.NFC.LastBoundary(text[:from])
+	return b >= 0 && norm.NFC.IsNormal(text[b:])
+}
+
+// NormalizedBlocks appends to dst what BlocksBytes(dst, seed, n.NormalizeBytes(text),
+// blockTokens) appends. Text whose whitespace must be collapsed (prose with paragraph breaks)
+// is collapsed into a recycled buffer: a 400 KB prompt then allocates nothing.
+func NormalizedBlocks(dst []uint64, seed uint64, text []byte, blockTokens int, n *Normalizer) []uint64 {
+	bp := normBufs.Get().(*[]byte)
+	norm, grown, _ := n.appendNormalized(*bp, text)
+	dst = BlocksBytes(dst, seed, norm, blockTokens)
+	putNorm(bp, grown)
+	return dst
+}
+
+// normBufs recycles the buffers normalised text is written into; buffers grown past
+// maxPooledNorm are left to the garbage collector, so that one huge prompt is not kept.
+var normBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+const maxPooledNorm = 4 << 20
+
+func putNorm(bp *[]byte, grown []byte) {
+	if cap(grown) <= maxPooledNorm {
+		*bp = grown[:0]
+		normBufs.Put(bp)
+	}
 }
 
 // isDefault reports whether n normalises as the zero options do (a nil n does).
@@ -173,19 +262,20 @@ func (c *Chains) longest(head, seed uint64, size int, text []byte) (*remembered,
 	return best, d
 }
 
-// store remembers blocks, the chain of text's full blocks. d, when not nil, is the digest of
+// store remembers blocks, the chain of the (normalised, when collapsed) text[:rawLen], and
+// tail, the normalised bytes after its last full block. d, when not nil, is the digest of
 // text[:from]; it is carried on rather than computed again.
-func (c *Chains) store(head, seed uint64, size int, text []byte, blocks []uint64, d *xxhash.Digest, from int) {
+func (c *Chains) store(head, seed uint64, size int, text []byte, rawLen int, blocks []uint64, collapsed bool, tail []byte, d *xxhash.Digest, from int) {
 	if len(blocks) < minChainBlocks || len(blocks) > c.maxBlocks {
 		return
 	}
-	rawLen := len(blocks) * size
 	if d == nil {
 		d = xxhash.New()
 		from = 0
 	}
 	_, _ = d.Write(text[from:rawLen])
-	ch := &remembered{head: head, seed: seed, size: size, rawLen: rawLen, rawHash: d.Sum64(), blocks: append([]uint64(nil), blocks...)}
+	ch := &remembered{head: head, seed: seed, size: size, rawLen: rawLen, rawHash: d.Sum64(), blocks: append([]uint64(nil), blocks...),
+		collapsed: collapsed, tail: append([]byte(nil), tail...)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tick++
@@ -194,7 +284,7 @@ func (c *Chains) store(head, seed uint64, size int, text []byte, blocks []uint64
 	// A chain that this one extends is not needed any more: the conversation moved on.
 	list = deleteChains(list, func(o *remembered) bool {
 		drop := o.seed == seed && o.size == size && o.rawLen <= rawLen && o.rawLen > 0 &&
-			o.blocks[len(o.blocks)-1] == blocks[len(o.blocks)-1]
+			len(o.blocks) <= len(blocks) && o.blocks[len(o.blocks)-1] == blocks[len(o.blocks)-1]
 		if drop {
 			c.blocks -= len(o.blocks)
 			c.entries--

@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -109,29 +110,36 @@ func TestChainsReuseOnlyWhatIsShared(t *testing.T) {
 
 func BenchmarkChains(b *testing.B) {
 	seed := Seed("m", "")
-	base := strings.Repeat("lorem ipsum dolor sit amet consectetur adipiscing elit ", 7300) // 400 KB
-	texts := make([][]byte, 64)
-	for i := range texts {
-		texts[i] = []byte(base + strings.Repeat("another user turn ", 10*(i+1)))
+	// 400 KB of text each: as it is, and with paragraph breaks and double spaces, which the
+	// normalisation collapses.
+	for _, kind := range []struct{ name, sentence, turn string }{
+		{"", "lorem ipsum dolor sit amet consectetur adipiscing elit ", "another user turn "},
+		{"paragraphs/", "lorem ipsum dolor sit amet.\n\nconsectetur  adipiscing elit ", "another  user turn\n\n"},
+	} {
+		base := strings.Repeat(kind.sentence, 400<<10/len(kind.sentence))
+		texts := make([][]byte, 64)
+		for i := range texts {
+			texts[i] = []byte(base + strings.Repeat(kind.turn, 10*(i+1)))
+		}
+		dst := make([]uint64, 0, 8192)
+		b.Run(kind.name+"scratch", func(b *testing.B) {
+			b.SetBytes(int64(len(base)))
+			i := 0
+			for b.Loop() {
+				dst = NormalizedBlocks(dst[:0], seed, texts[i%len(texts)], 16, nil)
+				i++
+			}
+		})
+		b.Run(kind.name+"chains", func(b *testing.B) {
+			c := NewChains(1 << 20)
+			b.SetBytes(int64(len(base)))
+			i := 0
+			for b.Loop() {
+				dst = c.Blocks(dst[:0], seed, texts[i%len(texts)], 16, nil)
+				i++
+			}
+		})
 	}
-	dst := make([]uint64, 0, 8192)
-	b.Run("scratch", func(b *testing.B) {
-		b.SetBytes(int64(len(base)))
-		i := 0
-		for b.Loop() {
-			dst = BlocksBytes(dst[:0], seed, (*Normalizer)(nil).NormalizeBytes(texts[i%len(texts)]), 16)
-			i++
-		}
-	})
-	b.Run("chains", func(b *testing.B) {
-		c := NewChains(1 << 20)
-		b.SetBytes(int64(len(base)))
-		i := 0
-		for b.Loop() {
-			dst = c.Blocks(dst[:0], seed, texts[i%len(texts)], 16, nil)
-			i++
-		}
-	})
 }
 
 func TestChainsConcurrentUse(t *testing.T) {
@@ -171,5 +179,26 @@ func TestChainsTrailingSpaceOfAShorterText(t *testing.T) {
 	want := BlocksBytes(nil, seed, (*Normalizer)(nil).NormalizeBytes([]byte(short)), 1)
 	if !slices.Equal(got, want) {
 		t.Errorf("%d blocks, want %d (first difference at %d)", len(got), len(want), firstDiff(got, want))
+	}
+}
+
+// TestChainsReuseCollapsedText: a conversation whose text has paragraph breaks and double
+// spaces, which the normalisation collapses, is collapsed and hashed only past what its turns
+// share, with the keys of the whole text normalised and hashed.
+func TestChainsReuseCollapsedText(t *testing.T) {
+	c := NewChains(1 << 16)
+	seed := Seed("m", "")
+	var b strings.Builder
+	b.WriteString(strings.Repeat("A system prompt.\n\nWith  paragraphs and double  spaces. ", 200))
+	for turn := range 8 {
+		fmt.Fprintf(&b, "\n\nuser:  question %d, asked  twice?\n\nassistant: answer %d.  ", turn, turn)
+		text := []byte(b.String())
+		want := blocksRef(seed, b.String(), 1)
+		if got := c.Blocks(nil, seed, text, 1, nil); !slices.Equal(got, want) {
+			t.Fatalf("turn %d: %d blocks, reference %d; first difference at %d", turn, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	if c.reused != 7 {
+		t.Errorf("%d of 8 turns took blocks from the turn before, want 7", c.reused)
 	}
 }

@@ -102,8 +102,8 @@ func (n *Normalizer) Normalize(s string) string {
 
 // NormalizeBytes is Normalize for text held in a byte slice. When normalisation would change
 // nothing but the edges, which is the common case for machine-built prompts, it returns a
-// sub-slice of b and allocates nothing; otherwise it returns a new slice. Either way the bytes
-// equal Normalize(string(b)).
+// sub-slice of b and allocates nothing; otherwise it returns new bytes, which may be a string's
+// memory: the result is read-only either way. Its bytes equal Normalize(string(b)).
 func (n *Normalizer) NormalizeBytes(b []byte) []byte {
 	var o NormalizeOptions
 	rules := 0
@@ -119,7 +119,25 @@ func (n *Normalizer) NormalizeBytes(b []byte) []byte {
 		}
 		return bytes.TrimSpace(b)
 	}
-	return []byte(n.Normalize(string(b)))
+	// b is only read (a string view, not a copy), and the result is read-only: no copy of a
+	// long prompt on either side.
+	return stringBytes(n.Normalize(unsafe.String(unsafe.SliceData(b), len(b))))
+}
+
+// appendNormalized appends to buf what n.NormalizeBytes(b) returns when it would build new
+// bytes, and returns the normalised text: a sub-slice of b when nothing but the edges changes,
+// else of the returned buffer. Text that only needs its whitespace collapsed, the common case
+// for prose, is collapsed straight into buf (collapsed is then true), so a caller that recycles
+// buf allocates nothing.
+func (n *Normalizer) appendNormalized(buf, b []byte) (text, grown []byte, collapsed bool) {
+	if !n.isDefault() || bytes.IndexByte(b, '\r') >= 0 || !isASCII(b) && !norm.NFC.IsNormal(b) {
+		return n.NormalizeBytes(b), buf, false
+	}
+	if !needsCollapse(b) {
+		return bytes.TrimSpace(b), buf, false
+	}
+	buf = appendCollapsed(buf[:0], unsafe.String(unsafe.SliceData(b), len(b)))
+	return bytes.TrimSpace(buf), buf, true
 }
 
 // isASCII reports whether b holds only ASCII bytes.
@@ -144,18 +162,23 @@ func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), le
 
 // collapseSpace turns every run of whitespace into one space, or one newline when the run holds
 // a newline (so that line structure, which models do see, survives). It returns s itself when
-// nothing changes, which is the common case for machine-built prompts. Only the runs that change
-// (two or more characters, or a tab, a carriage return, a Unicode space...) cut the text: a
-// single space or newline stays in the segment being copied, and ASCII that changes nothing is
-// skipped eight bytes at a time, so prose with a paragraph break here and there is copied in a few long
-// segments (a byte-at-a-time copy that cut at every space cost about 9 ns a byte).
+// nothing changes, which is the common case for machine-built prompts.
 func collapseSpace(s string) string {
-	b := stringBytes(s)
-	if !needsCollapse(b) {
+	if !needsCollapse(stringBytes(s)) {
 		return s
 	}
-	var out strings.Builder
-	out.Grow(len(s))
+	b := appendCollapsed(make([]byte, 0, len(s)), s)
+	// b is new and never written again: it can be the string's memory.
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// appendCollapsed appends to dst what collapseSpace(s) returns. Only the runs that change (two
+// or more characters, or a tab, a carriage return, a Unicode space...) cut the text: a single
+// space or newline stays in the segment being copied, and ASCII that changes nothing is skipped
+// eight bytes at a time, so prose with a paragraph break here and there is copied in a few long
+// segments (a byte-at-a-time copy that cut at every space cost about 9 ns a byte).
+func appendCollapsed(out []byte, s string) []byte {
+	b := stringBytes(s)
 	start := 0 // start of the pending segment, copied as it is
 	for i := 0; i < len(s); {
 		// Eight ASCII bytes at a time, as long as they change nothing: no tab, carriage return,
@@ -201,16 +224,15 @@ func collapseSpace(s string) string {
 		if i-run == 1 && (s[run] == ' ' || s[run] == '\n') {
 			continue // one space or one newline: unchanged
 		}
-		out.WriteString(s[start:run])
+		out = append(out, s[start:run]...)
 		if newline {
-			out.WriteByte('\n')
+			out = append(out, '\n')
 		} else {
-			out.WriteByte(' ')
+			out = append(out, ' ')
 		}
 		start = i
 	}
-	out.WriteString(s[start:])
-	return out.String()
+	return append(out, s[start:]...)
 }
 
 const (

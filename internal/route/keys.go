@@ -65,7 +65,7 @@ func (k Keys) FromOpenAI(dst *policy.Request, req *openai.Request, salt string) 
 		pb := textBufs.Get().(*[]byte)
 		for i := range n {
 			*pb = req.AppendPrompt((*pb)[:0], i)
-			dst.Blocks = prefix.BlocksBytes(dst.Blocks, seed, k.Normalizer.NormalizeBytes(*pb), bt)
+			dst.Blocks = prefix.NormalizedBlocks(dst.Blocks, seed, *pb, bt, k.Normalizer)
 		}
 		putText(pb)
 		dst.MaxTokens *= n

@@ -141,8 +141,9 @@ func (d Drop) String() string {
 // is idempotent: duplicates, replays and an end that overtakes its start change nothing.
 // Safe for concurrent use.
 type Share struct {
-	cfg  ShareConfig
-	next atomic.Uint64 // last local attempt id
+	cfg    ShareConfig
+	next   atomic.Uint64 // last local attempt id
+	events sync.Pool     // *Event to publish: Publish copies what it keeps
 
 	mu      sync.Mutex
 	flights map[flightKey]*flight
@@ -257,11 +258,24 @@ func (s *Share) routed(c *Call) {
 		return
 	}
 	r := c.Req
-	s.cfg.Out.Publish(&Event{
+	s.publish(Event{
 		Kind: EventRouted, ID: c.shared, Endpoint: c.ep.Name,
 		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
 		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
 	})
+}
+
+// publish hands ev to Out in an Event of the pool: an *Event given to an interface's method
+// would be allocated for each of a request's three events.
+func (s *Share) publish(ev Event) {
+	p, _ := s.events.Get().(*Event)
+	if p == nil {
+		p = new(Event)
+	}
+	*p = ev
+	s.cfg.Out.Publish(p)
+	*p = Event{} // nothing of the request kept
+	s.events.Put(p)
 }
 
 func (s *Share) firstToken(c *Call) {
@@ -275,7 +289,7 @@ func (s *Share) firstToken(c *Call) {
 	}
 	s.mu.Unlock()
 	if s.cfg.Out != nil {
-		s.cfg.Out.Publish(&Event{Kind: EventFirstToken, ID: c.shared, TTFT: ttft})
+		s.publish(Event{Kind: EventFirstToken, ID: c.shared, TTFT: ttft})
 	}
 }
 
@@ -289,7 +303,7 @@ func (s *Share) done(c *Call, res policy.Result) {
 	id := c.shared
 	c.shared = 0
 	if s.cfg.Out != nil {
-		s.cfg.Out.Publish(&Event{
+		s.publish(Event{
 			Kind: EventDone, ID: id, OK: res.OK, CachedTokens: res.CachedTokens, PromptTokens: res.PromptTokens,
 			OutputTokens: res.OutputTokens, TTFT: res.TTFT, Duration: res.Duration, Predicted: c.rawPredicted,
 		})
@@ -300,7 +314,7 @@ func (s *Share) removed(ep *endpoint.Endpoint) {
 	if s == nil || s.cfg.Out == nil {
 		return
 	}
-	s.cfg.Out.Publish(&Event{Kind: EventRemoved, Endpoint: ep.Name})
+	s.publish(Event{Kind: EventRemoved, Endpoint: ep.Name})
 }
 
 // Apply replays an event of another replica (ev.Origin) on this lifecycle: Routed starts a
@@ -314,7 +328,13 @@ func (lc *Lifecycle) Apply(ev *Event) Drop {
 	if s == nil {
 		return DropInvalid
 	}
-	d := s.apply(lc, ev)
+	now := s.cfg.Clock.Now()
+	s.expire(now)
+	return s.count(s.apply(lc, ev, now))
+}
+
+// count counts what apply did with an event, and returns d.
+func (s *Share) count(d Drop) Drop {
 	if d == DropNone {
 		s.applied.Add(1)
 	} else {
@@ -323,15 +343,14 @@ func (lc *Lifecycle) Apply(ev *Event) Drop {
 	return d
 }
 
-func (s *Share) apply(lc *Lifecycle, ev *Event) Drop {
+// apply applies ev at now; the caller has expired what ran out by now.
+func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 	if ev.Origin == s.cfg.Self {
 		return DropSelf
 	}
 	if ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 {
 		return DropInvalid
 	}
-	now := s.cfg.Clock.Now()
-	s.expire(now)
 	key := flightKey{ev.Origin, ev.ID}
 	switch ev.Kind {
 	case EventRouted:

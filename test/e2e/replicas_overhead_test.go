@@ -21,6 +21,7 @@ var (
 	syncOverheadBatch = flag.Duration("sync-overhead-batch", 0, "TestSyncOverhead: peers.batch_interval of the syncing replicas (0: the default)")
 	syncOverheadN     = flag.Int("sync-overhead-replicas", 2, "TestSyncOverhead: replicas in each set")
 	syncOverheadProf  = flag.String("sync-overhead-cpuprofile", "", "TestSyncOverhead: save the first syncing replica's CPU profile to this file, and the first other one's to this file .alone")
+	syncOverheadCmp   = flag.String("sync-overhead-compare", "", "TestSyncOverhead: also run a set of syncing replicas of this kvroute binary (an earlier build) in the same schedule, for a before and after in one run")
 )
 
 // TestSyncOverhead measures what replica sync costs in router CPU. Two sets of N `kvroute
@@ -32,7 +33,11 @@ var (
 // (from /proc, the whole run: idle gossip and heartbeats count) over its requests; the ratio is
 // the sync's cost. It also reports the bytes the syncing set sent to its peers per request.
 //
-//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3]
+// With -sync-overhead-compare BIN, a third set, syncing replicas of another build, takes its
+// turn in the same schedule: two builds compared under the same load, which on a shared
+// machine moves more between runs than a change does.
+//
+//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3] [-sync-overhead-compare OLDBIN]
 func TestSyncOverhead(t *testing.T) {
 	if *syncOverheadFor <= 0 {
 		t.Skip("run with -sync-overhead 30s")
@@ -46,28 +51,32 @@ func TestSyncOverhead(t *testing.T) {
 		return "", false
 	}, "sim", "--profile", "instant", "--port", "0", "--model", model)
 	n := *syncOverheadN
-	ports := freePorts(t, 5*n)
-	var gossip []string
-	for i := range n {
-		gossip = append(gossip, fmt.Sprintf("127.0.0.1:%d", ports[4*n+i]))
-	}
 	batch := ""
 	if *syncOverheadBatch > 0 {
 		batch = fmt.Sprintf("  batch_interval: %v\n", *syncOverheadBatch)
 	}
-	var synced, alone []*serveProc
-	for i := range n {
-		name := fmt.Sprintf("r%d", i+1)
-		cfg := writeServeConfig(t, dir, name, []string{sim.addr}, gossip, [3]int{ports[3*i], ports[3*i+1], ports[3*i+2]}, secret)
-		if extra := batch + map[bool]string{true: "pprof: true\n"}[i == 0 && *syncOverheadProf != ""]; extra != "" {
-			f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _ = f.WriteString(extra)
-			f.Close()
+	// startSynced starts a set of n replicas of bin that share their events, named prefix1..n.
+	startSynced := func(prefix, bin string, profile bool) []*serveProc {
+		ports := freePorts(t, 4*n)
+		var gossip []string
+		for i := range n {
+			gossip = append(gossip, fmt.Sprintf("127.0.0.1:%d", ports[3*n+i]))
 		}
-		synced = append(synced, startServe(t, bin, cfg))
+		var set []*serveProc
+		for i := range n {
+			cfg := writeServeConfig(t, dir, fmt.Sprintf("%s%d", prefix, i+1), []string{sim.addr}, gossip, [3]int{ports[3*i], ports[3*i+1], ports[3*i+2]}, secret)
+			if extra := batch + map[bool]string{true: "pprof: true\n"}[i == 0 && profile]; extra != "" {
+				if err := os.WriteFile(cfg, append(must(os.ReadFile(cfg)), extra...), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			set = append(set, startServe(t, bin, cfg))
+		}
+		return set
+	}
+	synced := startSynced("r", bin, *syncOverheadProf != "")
+	var alone []*serveProc
+	for i := range n {
 		acfg := writeServeConfig(t, dir, fmt.Sprintf("alone%d", i), []string{sim.addr}, nil, [3]int{}, secret)
 		if i == 0 && *syncOverheadProf != "" {
 			if err := os.WriteFile(acfg, append(must(os.ReadFile(acfg)), "pprof: true\n"...), 0o600); err != nil {
@@ -76,9 +85,18 @@ func TestSyncOverhead(t *testing.T) {
 		}
 		alone = append(alone, startServe(t, bin, acfg))
 	}
-	for _, r := range synced {
-		waitReady(t, r.admin, 30*time.Second)
-		waitFollowing(t, r.admin, n-1, 30*time.Second)
+	sets := [][]*serveProc{synced, alone}
+	if *syncOverheadCmp != "" {
+		sets = append(sets, startSynced("c", *syncOverheadCmp, false))
+	}
+	for k, set := range sets {
+		if k == 1 {
+			continue
+		}
+		for _, r := range set {
+			waitReady(t, r.admin, 30*time.Second)
+			waitFollowing(t, r.admin, n-1, 30*time.Second)
+		}
 	}
 
 	defer debug.SetGCPercent(debug.SetGCPercent(800))
@@ -103,7 +121,6 @@ func TestSyncOverhead(t *testing.T) {
 			failures.Add(1)
 		}
 	}
-	sets := [][]*serveProc{synced, alone}
 	for i := range 200 { // warm up connections and code paths
 		for _, s := range sets {
 			do(s[i%n].api, bodies[i%len(bodies)])
@@ -121,7 +138,20 @@ func TestSyncOverhead(t *testing.T) {
 		}
 		return b
 	}
-	cpu0 := []time.Duration{cpu(synced), cpu(alone)}
+	// What the Go runtime says of each set: bytes allocated and collections, which the sync's
+	// allocations drive.
+	runtimeStats := func(s []*serveProc) (alloc, gcs float64) {
+		for _, r := range s {
+			alloc += metricValue(t, r.admin, "go_memstats_alloc_bytes_total")
+			gcs += metricValue(t, r.admin, "go_gc_duration_seconds_count")
+		}
+		return alloc, gcs
+	}
+	alloc0, gcs0, cpu0 := make([]float64, len(sets)), make([]float64, len(sets)), make([]time.Duration, len(sets))
+	for k, s := range sets {
+		alloc0[k], gcs0[k] = runtimeStats(s)
+		cpu0[k] = cpu(s)
+	}
 	bytes0 := bytesOut()
 	interval := time.Second / time.Duration(*syncOverheadRate)
 	ticks := int(*syncOverheadFor / interval)
@@ -137,14 +167,14 @@ func TestSyncOverhead(t *testing.T) {
 			profiled <- saveURL(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", sets[k][0].admin, secs), file)
 		}()
 	}
-	var sent [2]int
+	sent := make([]int, len(sets))
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range ticks {
 		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
 			time.Sleep(d)
 		}
-		k := (i / phase) % 2
+		k := (i / phase) % len(sets)
 		base := sets[k][sent[k]%n].api
 		sent[k]++
 		body := bodies[i%len(bodies)]
@@ -152,12 +182,23 @@ func TestSyncOverhead(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	used := []time.Duration{cpu(synced) - cpu0[0], cpu(alone) - cpu0[1]}
+	used, alloc, gcs := make([]time.Duration, len(sets)), make([]float64, len(sets)), make([]float64, len(sets))
+	for k, s := range sets {
+		used[k] = cpu(s) - cpu0[k]
+		a, g := runtimeStats(s)
+		alloc[k], gcs[k] = (a-alloc0[k])/float64(max(sent[k], 1)), g-gcs0[k]
+	}
 	per := func(k int) float64 { return float64(used[k].Microseconds()) / float64(max(sent[k], 1)) }
 	sentBytes := bytesOut() - bytes0
 	t.Logf("%d replicas per set, %d requests/s in %v (%d to the syncing set, %d to the other), %d failures, batch interval %v",
 		n, *syncOverheadRate, elapsed.Round(time.Millisecond), sent[0], sent[1], failures.Load(), orDefault(*syncOverheadBatch))
 	t.Logf("router CPU per request: syncing %.0f µs, alone %.0f µs: ratio %.3f", per(0), per(1), per(0)/per(1))
+	t.Logf("Go runtime: syncing %.1f kB allocated per request, %.0f collections; alone %.1f kB, %.0f collections",
+		alloc[0]/1000, gcs[0], alloc[1]/1000, gcs[1])
+	if len(sets) > 2 {
+		t.Logf("compared build (%s), syncing: %.0f µs per request, ratio %.3f to alone; %.1f kB allocated per request, %.0f collections",
+			*syncOverheadCmp, per(2), per(2)/per(1), alloc[2]/1000, gcs[2])
+	}
 	t.Logf("sync traffic: %.0f bytes per routed request to each peer; at %d requests/s across the fleet, %.0f kB/s out of each replica",
 		sentBytes/float64(sent[0])/float64(max(n-1, 1)), *syncOverheadRate,
 		sentBytes/float64(sent[0])*float64(*syncOverheadRate)/float64(n)/1000)

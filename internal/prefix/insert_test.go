@@ -1,0 +1,101 @@
+package prefix
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// insertRef is Insert block by block, from the last to the first, with no shortcut: the
+// reference for Insert's head-run path.
+func (x *Index) insertRef(ep int, blocks []uint64, now int64) {
+	if ep < 0 || len(blocks) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.endpoint(ep)
+	for i := len(blocks) - 1; i >= 0; i-- {
+		x.touch(ep, x.findOrAdd(blocks[i]), x.stamp(now))
+		x.trim(ep)
+	}
+}
+
+type lruEntry struct {
+	Hash  uint64
+	Stamp int64
+}
+
+// lists returns every endpoint's LRU list, most recent first.
+func (x *Index) lists() [][]lruEntry {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	out := make([][]lruEntry, len(x.eps))
+	for ep := range x.eps {
+		for ni := x.eps[ep].head; ni != 0; ni = x.node(ni).next {
+			n := x.node(ni)
+			out[ep] = append(out[ep], lruEntry{x.entry(n.entry).hash, n.stamp})
+		}
+	}
+	return out
+}
+
+// FuzzInsertHeadRun drives Insert and insertRef with the same requests, conversations that
+// grow, share prefixes, repeat a block or run into small capacities, and checks that every
+// endpoint's list, order and stamps, is the same after each.
+func FuzzInsertHeadRun(f *testing.F) {
+	f.Add(uint64(1), uint8(40), uint8(0))
+	f.Add(uint64(2), uint8(200), uint8(3))
+	f.Add(uint64(3), uint8(12), uint8(1))
+	f.Fuzz(func(t *testing.T, seed uint64, capacity, maxEntries uint8) {
+		r := rand.New(rand.NewPCG(seed, 9))
+		cfg := IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8}
+		fast, ref := NewIndex(cfg), NewIndex(cfg)
+		convs := make([][]uint64, 4)
+		now := int64(0)
+		for step := range 200 {
+			c := r.IntN(len(convs))
+			switch r.IntN(6) {
+			case 0: // a new conversation, sharing a prefix with another one
+				o := convs[r.IntN(len(convs))]
+				convs[c] = append([]uint64(nil), o[:r.IntN(len(o)+1)]...)
+			case 1: // a repeated block
+				if len(convs[c]) > 0 {
+					convs[c] = append(convs[c], convs[c][r.IntN(len(convs[c]))])
+				}
+			}
+			for range r.IntN(12) {
+				convs[c] = append(convs[c], r.Uint64N(1<<20)+1)
+			}
+			blocks := convs[c]
+			if r.IntN(3) == 0 && len(blocks) > 0 {
+				blocks = blocks[:r.IntN(len(blocks))+1]
+			}
+			ep := r.IntN(3)
+			now += int64(r.IntN(3)) // stamps collide, as clocks do
+			fast.Insert(ep, blocks, now)
+			ref.insertRef(ep, blocks, now)
+			if r.IntN(2) == 0 { // the request ends: inserted again
+				fast.Insert(ep, blocks, now)
+				ref.insertRef(ep, blocks, now)
+			}
+			if want, got := ref.lists(), fast.lists(); !equalLists(want, got) {
+				t.Fatalf("step %d: lists differ (-ref +Insert):\n%s", step, cmp.Diff(want, got))
+			}
+		}
+	})
+}
+
+func equalLists(a, b [][]lruEntry) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !slices.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# scripts/longctx.sh: the live router's CPU per request at long prompts (issue #16).
+#
+#   bash scripts/longctx.sh                 # 10k, 32k and 100k tokens, each twice
+#   SIZES=100000 REPEAT=3 bash scripts/longctx.sh
+#
+# It builds kvroute, starts four `kvroute sim --profile instant` engines and `kvroute serve
+# --pprof` in front of them, all on loopback with free ports, and for each prompt size sends
+# `kvroute bench --workload shared-prefix:...` (4 groups whose system prompt is the size less a
+# 2,000-token question; the generated text has paragraph breaks, which the default normalisation
+# collapses). The router's CPU is utime + stime from /proc/PID/stat (children excluded) before
+# and after the run; the same reading over an idle stretch of the same wall time right after
+# (health probes, scrapes) is subtracted; what is left, divided by the requests sent, is
+# printed as cpu-ms per request. At the end one more 100k-token run is profiled through
+# /debug/pprof/profile (profiling costs CPU too, so that run is not one of the figures) and its
+# top functions are printed; the profile is kept in OUT.
+#
+# Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
+# RATE (8 requests/s), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
+# PROFILE_SIZE (prompt tokens of the profiled run, 100000), SHAPE (shared-prefix, or multi-turn:
+# 8 conversations of 16 turns whose prompts grow by a turn each, so that Chains applies),
+# KVROUTE (a built binary; default: built from this tree). Linux only (/proc).
+set -euo pipefail
+
+sizes=${SIZES:-"10000 32000 100000"}
+repeat=${REPEAT:-2}
+requests=${REQUESTS:-128}
+rate=${RATE:-8}
+profile=${PROFILE:-1}
+shape=${SHAPE:-shared-prefix}
+profile_size=${PROFILE_SIZE:-100000}
+out=${OUT:-$(mktemp -d /tmp/kvroute-longctx.XXXXXX)}
+mkdir -p "$out"
+say() { echo "longctx.sh: $*" >&2; }
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${KVROUTE:-}
+if [ -z "$bin" ]; then
+	bin=$out/kvroute
+	(cd "$root" && go build -o "$bin" ./cmd/kvroute)
+fi
+
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do
+		kill "$p" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		wait "$p" 2>/dev/null || true
+	done
+}
+trap cleanup EXIT
+
+# wait_for FILE PATTERN COUNT: until FILE has COUNT lines matching PATTERN, at most 30 s.
+wait_for() {
+	local deadline=$((SECONDS + 30))
+	until [ "$(grep -c "$2" "$1" 2>/dev/null || true)" -ge "$3" ]; do
+		if [ $SECONDS -ge $deadline ]; then
+			say "timed out waiting for '$2' in $1:"
+			cat "$1" >&2
+			exit 1
+		fi
+		sleep 0.1
+	done
+}
+
+"$bin" sim --instances 4 --port 0 --profile instant >"$out/sim.log" 2>&1 &
+pids+=($!)
+wait_for "$out/sim.log" '^instance [0-9]*: http' 4
+endpoints=()
+for u in $(sed -n 's/^instance [0-9]*: \(http[^ ]*\).*/\1/p' "$out/sim.log"); do
+	endpoints+=(--endpoint "$u")
+done
+
+"$bin" serve "${endpoints[@]}" --engine vllm --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+	--pprof --log-format json >"$out/serve.log" 2>&1 &
+router=$!
+pids+=($router)
+wait_for "$out/serve.log" '^kvroute serve: api' 1
+api=$(sed -n 's/^kvroute serve: api \([^ ]*\) admin \([^ ]*\).*/\1/p' "$out/serve.log")
+admin=$(sed -n 's/^kvroute serve: api \([^ ]*\) admin \([^ ]*\).*/\2/p' "$out/serve.log")
+deadline=$((SECONDS + 30))
+until curl -fsS "$admin/readyz" >/dev/null 2>&1; do
+	if [ $SECONDS -ge $deadline ]; then
+		say "the router never became ready"
+		cat "$out/serve.log" >&2
+		exit 1
+	fi
+	sleep 0.1
+done
+
+tck=$(getconf CLK_TCK)
+# cpu: the router's utime + stime in clock ticks (fields 14 and 15; the command name, field 2,
+# is in parentheses and has no space here).
+cpu() { awk '{print $14 + $15}' "/proc/$router/stat"; }
+# sys: the router's stime alone.
+sys() { awk '{print $15}' "/proc/$router/stat"; }
+now_ms() { date +%s%3N; }
+
+# run SIZE LABEL: one bench run of REQUESTS prompts of SIZE tokens; prints "wall_ms cpu_ticks
+# completed sys_ticks".
+run() {
+	local size=$1 label=$2 groups=4
+	local prompts=$(((requests + groups - 1) / groups))
+	local wl="shared-prefix:groups=$groups,prompts=$prompts,system=$((size - 2000)),question=2000,output=8,rate=$rate,n=$requests"
+	if [ "$shape" = multi-turn ]; then
+		# Conversations whose own prefix is about size - 2,500 tokens, growing by a user turn and
+		# an answer each turn; the answer-time estimate made short (prefill=) so turns follow.
+		wl="multi-turn:conversations=8,min-turns=16,max-turns=16,common=500,prefix-mean=$((size - 3000)),prefix-max=$((size - 2500)),min-output=8,max-output=8,think=0s,prefill=100000000,rate=$rate,n=$requests"
+	fi
+	local c0 t0 c1 t1 s0 s1
+	c0=$(cpu)
+	s0=$(sys)
+	t0=$(now_ms)
+	"$bin" bench --target "$api" --workload "$wl" --quiet --json --seed "$((RANDOM + 1))" >"$out/bench-$label.json" 2>"$out/bench-$label.err"
+	t1=$(now_ms)
+	c1=$(cpu)
+	s1=$(sys)
+	local done failed
+	done=$(grep -o '"completed": *[0-9]*' "$out/bench-$label.json" | head -1 | grep -o '[0-9]*$')
+	failed=$(grep -o '"failed": *[0-9]*' "$out/bench-$label.json" | head -1 | grep -o '[0-9]*$')
+	if [ "${failed:-1}" != 0 ] || [ -z "$done" ]; then
+		say "run $label: ${failed:-?} request(s) failed (see $out/bench-$label.json and serve.log)"
+		exit 1
+	fi
+	echo "$((t1 - t0)) $((c1 - c0)) $done $((s1 - s0))"
+}
+
+say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-8s %-3s %8s %8s %10s %10s %11s %14s\n' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
+for size in $sizes; do
+	for i in $(seq 1 "$repeat"); do
+		res=$(run "$size" "$size-$i")
+		read -r wall ticks sent systicks <<<"$res"
+		# The idle rate over the same wall time, right after.
+		c0=$(cpu)
+		sleep "$(awk -v w="$wall" 'BEGIN{printf "%.3f", w/1000}')"
+		c1=$(cpu)
+		idle=$((c1 - c0))
+		awk -v s="$size" -v i="$i" -v n="$sent" -v w="$wall" -v t="$ticks" -v d="$idle" -v hz="$tck" -v k="$systicks" 'BEGIN{
+			busy = t * 1000 / hz; idle = d * 1000 / hz
+			printf "%-8s %-3s %8d %8.1f %10.0f %10.0f %11.0f %14.2f\n", s, i, n, w / 1000, busy, k * 1000 / hz, idle, (busy - idle) / n
+		}'
+	done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+if [ "$profile" = 1 ]; then
+	secs=$((requests / rate + 2))
+	curl -fsS -o "$out/cpu.prof" "$admin/debug/pprof/profile?seconds=$secs" &
+	prof=$!
+	res=$(run "$profile_size" profile)
+	wait "$prof"
+	read -r wall ticks sent systicks <<<"$res"
+	say "CPU profile of one more run of $profile_size-token prompts: $out/cpu.prof ($((ticks * 1000 / tck)) cpu-ms by /proc over ${wall} ms, idle not subtracted)"
+	if command -v go >/dev/null; then
+		go tool pprof -top -nodecount=25 "$bin" "$out/cpu.prof" 2>/dev/null | sed -n '1,32p'
+	fi
+fi
