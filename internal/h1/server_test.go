@@ -357,12 +357,15 @@ func TestTimeouts(t *testing.T) {
 	s := &Server{ReadHeaderTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond}
 	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	closedAfter := func(send string) time.Duration {
+		// The clock starts before the dial: the server's timer starts at its accept, which
+		// may come before a client delayed by a loaded machine reads the time (192.6 ms for
+		// the 200 ms timeout once, taking t0 after the dial).
+		t0 := time.Now()
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		t0 := time.Now()
 		_ = c.SetDeadline(t0.Add(5 * time.Second))
 		_, _ = io.WriteString(c, send)
 		_, _ = io.Copy(io.Discard, c) // until the server closes

@@ -279,8 +279,12 @@ func TestTTFTMatchesModel(t *testing.T) {
 					t.Errorf("usage without include_usage")
 				}
 			}
-			if ratio := float64(best) / float64(want); ratio < 0.9 || ratio > 1.1 {
-				t.Errorf("TTFT %v (model time), predicted %v: ratio %.3f, want within 10%%", best, want, ratio)
+			// Above, 10 % plus 5 ms of real time: the scheduling delay of a loaded machine is
+			// real time, and ten times faster it is ten times more model time (ratio 1.191
+			// once at scale 0.1, load 11-16).
+			slack := time.Duration(float64(5*time.Millisecond) / tc.scale)
+			if ratio := float64(best) / float64(want); ratio < 0.9 || best > want+want/10+slack {
+				t.Errorf("TTFT %v (model time), predicted %v: ratio %.3f, want within 10%% (+%v above)", best, want, ratio, slack)
 			} else {
 				t.Logf("TTFT %v (model time), predicted %v: ratio %.3f", best, want, ratio)
 			}
