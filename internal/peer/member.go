@@ -156,6 +156,18 @@ func (n *Node) manage(ctx context.Context) {
 func (n *Node) reconcileFollows(ctx context.Context) {
 	peers := n.alive()
 	n.m.Members.Set(float64(len(peers)))
+	// The policy places its share of a burst by its rank among the replicas (names sorted), and
+	// expects its peers' placements up to a batch interval late (policy.Replicated). A replica cut
+	// off from its peers still has them routing beside it, so they are counted while alive.
+	rank := 0
+	for _, p := range peers {
+		if p.name < n.cfg.Name {
+			rank++
+		}
+	}
+	if sh := n.share.Load(); sh != nil {
+		sh.SetReplicas(len(peers)+1, rank, n.cfg.BatchInterval)
+	}
 	want := map[string]peerInfo{}
 	if !n.isolated.Load() {
 		for _, p := range peers {

@@ -150,6 +150,13 @@ func TestNodesShareEvents(t *testing.T) {
 	waitFor(t, 10*time.Second, "a and b following each other", func() bool {
 		return isFollowing(a, "b")() && isFollowing(b, "a")() && b.node.Ready()
 	})
+	// Each tells its policy that two replicas route, a first by name.
+	for i, r := range []*replica{a, b} {
+		waitFor(t, 5*time.Second, r.node.Name()+" telling its share of two replicas", func() bool {
+			n, rank, lag := r.share.Replicas()
+			return n == 2 && rank == i && lag == time.Millisecond
+		})
+	}
 	// b is following: a's events reach it.
 	waitFor(t, 5*time.Second, "a's stream to b", func() bool { return testutil.ToFloat64(b.m.Streams) == 1 })
 	c := a.call(seqKeys(1, 40)...)

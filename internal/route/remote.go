@@ -206,7 +206,19 @@ func (s *Share) Self() uint64 { return s.cfg.Self }
 // transport calls it when its membership changes: a policy that knows its peers place
 // requests it hears of late can avoid sending its share of a burst where theirs go.
 func (s *Share) SetReplicas(n, rank int, lag time.Duration) {
+	if old := s.replicas.Load(); old != nil && *old == (replicaSet{n: n, rank: rank, lag: lag}) {
+		return // the transport says it again on every membership check: the policy hears changes
+	}
 	s.replicas.Store(&replicaSet{n: n, rank: rank, lag: lag})
+}
+
+// Replicas is the last SetReplicas (1, 0, 0 before any).
+func (s *Share) Replicas() (n, rank int, lag time.Duration) {
+	rs := s.replicas.Load()
+	if rs == nil {
+		return 1, 0, 0
+	}
+	return rs.n, rs.rank, rs.lag
 }
 
 // tellReplicas passes the latest SetReplicas to lc's policy if it has not heard it yet.
