@@ -154,13 +154,14 @@ func profiles() []Profile {
 			// ollama v0.17.4 on one CPU thread of the project's 2-core machines, serving the
 			// tiny random-weight llama of internal/gguf. Token counts are the workload's (4
 			// bytes of text; the engine's tokenizer makes 0.677 of its tokens of one), so a
-			// workload runs on it unchanged. Least squares over 32 lone requests of two quiet
-			// runs: prefill 46.5 us per token plus 209 ms per million attention pairs (cold
-			// 1,792 tokens about 0.42 s, 2,560 tokens about 0.80 s), decode 0.57 ms per
-			// sequence plus 383 ns per context token; no step overhead (a CPU step has no
-			// launches or all-reduce); the 23 ms each request spends outside the engine's
-			// steps (HTTP, chat template, tokenizer) is kvroute simulate --network-latency
-			// 12ms. Scheduler: OLLAMA_NUM_PARALLEL=4 sequences, a batch of 512 engine tokens
+			// workload runs on it unchanged. Least squares over 64 lone requests of four
+			// calibration rounds on an idle machine (load average under 1; fits made at load 5
+			// put every cold prefill 20-30 % too slow): prefill 30.5 us per token plus 192 ms
+			// per million attention pairs (cold 1,792 tokens about 0.36 s, 2,560 tokens about
+			// 0.72 s), decode 0.72 ms per sequence plus 262 ns per context token; no step
+			// overhead (a CPU step has no launches or all-reduce); the 18 ms each request
+			// spends outside the engine's steps (HTTP, chat template, tokenizer) is kvroute
+			// simulate --network-latency 9ms. Scheduler: OLLAMA_NUM_PARALLEL=4 sequences, a batch of 512 engine tokens
 			// (756 workload tokens). Cache: ollama keeps sequences, not blocks: 4 slots
 			// (OLLAMA_NUM_PARALLEL), each one sequence of up to num_ctx 4,096 engine tokens
 			// (6,048 workload tokens, 378 blocks), a shared prefix copied into every slot that
@@ -171,10 +172,10 @@ func profiles() []Profile {
 			Description: "ollama v0.17.4 on one CPU thread, tiny random llama (test/realengine): 4 sequence slots of 6,048 tokens",
 			BlockSize:   16, NumBlocks: 4 * 378, CacheSlots: 4,
 			MaxNumSeqs: 4, MaxBatchedTokens: 756,
-			PrefillPerToken:    46500 * time.Nanosecond,
-			AttentionPerMPairs: 209 * time.Millisecond,
-			DecodePerSeq:       570 * time.Microsecond,
-			DecodePerCtxToken:  383 * time.Nanosecond,
+			PrefillPerToken:    30500 * time.Nanosecond,
+			AttentionPerMPairs: 192 * time.Millisecond,
+			DecodePerSeq:       715 * time.Microsecond,
+			DecodePerCtxToken:  262 * time.Nanosecond,
 		},
 		{
 			// About 2.5M KV tokens: 8 x 141 GB at 0.9 utilisation minus 141 GB of weights and

@@ -25,7 +25,7 @@ const simProfile = "ollama-tiny-cpu"
 
 // simRequestOverhead is the fitted TTFT outside the engine's steps (fit.RequestOverhead), which
 // kvroute simulate adds as --network-latency, half each way (docs/fidelity.md).
-const simRequestOverhead = 24 * time.Millisecond
+const simRequestOverhead = 18 * time.Millisecond
 
 // ollamaBatch is ollama's num_batch default: the prompt tokens one step computes.
 const ollamaBatch = 512
