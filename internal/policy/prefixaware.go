@@ -93,39 +93,16 @@ type paState struct {
 	headWork  atomic.Int64
 	headSince atomic.Int64 // unix nanoseconds
 
-	mu    sync.Mutex  // guards queue and the affinity sum's updates
+	mu    sync.Mutex  // guards queue
 	queue []*paFlight // routed and not yet at first token, in routing order
 
 	// Affinity traffic: requests routed here weighted by the fraction of their prompt it held,
-	// as an exponentially decayed sum (float64 bits) as of affAt (unix nanoseconds).
-	affSum atomic.Uint64
-	affAt  atomic.Int64
+	// per second over the affinity window.
+	affinity decayed
 
 	// Work and requests routed here by any replica, per second over placedWindow, while
 	// there are replicas whose placements arrive late (replicas.go).
 	placedWork, placedN decayed
-}
-
-// addAffinity records a request that found fraction v of its prompt here, at now.
-func (s *paState) addAffinity(v float64, now int64, tau float64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sum := math.Float64frombits(s.affSum.Load())
-	if at := s.affAt.Load(); at != 0 && now > at {
-		sum *= math.Exp(-float64(now-at) / 1e9 / tau)
-	}
-	s.affSum.Store(math.Float64bits(sum + v))
-	s.affAt.Store(now)
-}
-
-// affinityRate is the rate, per second, at which requests bound to this endpoint by its cache
-// arrive (each counted by the fraction of its prompt it found here).
-func (s *paState) affinityRate(now int64, tau float64) float64 {
-	sum := math.Float64frombits(s.affSum.Load())
-	if at := s.affAt.Load(); at != 0 && now > at {
-		sum *= math.Exp(-float64(now-at) / 1e9 / tau)
-	}
-	return sum / tau
 }
 
 // enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
@@ -476,7 +453,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
-			w += s.affinityRate(now, pa.affTau) * own * (q + own/2) * speed / prefillRate
+			w += s.affinity.get(now, pa.affTau) * own * (q + own/2) * speed / prefillRate
 		}
 		inFlight := int64(e.InFlight())
 		decoding := max(inFlight-s.waiting.Load(), 0)
@@ -521,7 +498,7 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	s.waiting.Add(1)
 	s.enqueue(f, now)
 	if pa.affTau > 0 && req.PromptTokens > 0 {
-		s.addAffinity(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
+		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
 	pa.replicas.routed(s, req, f.work, now)
 	pa.probe(req, ep, s, f)

@@ -157,31 +157,32 @@ func spread(sc *paScratch, places, rank int) {
 	}
 }
 
-// decayed is an exponentially decayed sum; over its time constant, a rate per second.
+// decayed is an exponentially decayed sum; over its time constant, a rate per second. Adds
+// serialize on mu; get reads without it, on the scoring path (a get between an add's two
+// stores sees the new sum at the old time: one request's decay off, at most).
 type decayed struct {
 	mu  sync.Mutex
-	sum float64
-	at  int64 // unix nanoseconds
+	sum atomic.Uint64 // float64 bits, as of at
+	at  atomic.Int64  // unix nanoseconds; 0: nothing added yet
 }
 
 func (d *decayed) add(v float64, now int64, tau float64) {
 	d.mu.Lock()
-	d.sum = d.decay(now, tau) + v
-	d.at = max(d.at, now)
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	at := d.at.Load()
+	d.sum.Store(math.Float64bits(decay(math.Float64frombits(d.sum.Load()), at, now, tau) + v))
+	d.at.Store(max(at, now))
 }
 
 // get returns the sum at now, per second of the time constant tau.
 func (d *decayed) get(now int64, tau float64) float64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.decay(now, tau) / tau
+	return decay(math.Float64frombits(d.sum.Load()), d.at.Load(), now, tau) / tau
 }
 
-// decay is the sum decayed to now; the caller holds d.mu.
-func (d *decayed) decay(now int64, tau float64) float64 {
-	if d.at == 0 || now <= d.at {
-		return d.sum
+// decay is sum, as of at, decayed to now.
+func decay(sum float64, at, now int64, tau float64) float64 {
+	if at == 0 || now <= at {
+		return sum
 	}
-	return d.sum * math.Exp(-float64(now-d.at)/1e9/tau)
+	return sum * math.Exp(-float64(now-at)/1e9/tau)
 }
