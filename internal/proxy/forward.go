@@ -275,7 +275,8 @@ type sseBody struct {
 	cancel  context.CancelCauseFunc // ends the attempt
 	idle    time.Duration
 	timer   *time.Timer // the idle timeout
-	pending []byte
+	pending []byte // what the client is still to get: a part of buf, or of a larger array
+	buf     []byte
 	err     error
 }
 
@@ -287,6 +288,7 @@ func (s *sseBody) first() error {
 	}
 	s.c.rc.FirstToken()
 	s.take(ev)
+	s.takeBuffered(copyBufSize)
 	s.timer = time.AfterFunc(s.idle, func() { s.cancel(errIdleTimeout) })
 	return nil
 }
@@ -312,9 +314,13 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		}
 		s.timer.Reset(s.idle)
 		s.take(ev)
+		s.takeBuffered(len(p))
 	}
 	n := copy(p, s.pending)
 	s.pending = s.pending[n:]
+	if len(s.pending) == 0 {
+		s.pending = s.buf[:0] // all sent: the next events reuse the buffer
+	}
 	return n, nil
 }
 
@@ -322,7 +328,29 @@ func (s *sseBody) Read(p []byte) (int, error) {
 // did not ask for).
 func (s *sseBody) take(ev openai.Event) {
 	if s.c.takeEvent(ev) {
-		s.pending = append(s.pending, ev.Raw...)
+		s.queue(ev.Raw)
+	}
+}
+
+// queue appends b to what is pending for the client.
+func (s *sseBody) queue(b []byte) {
+	s.pending = append(s.pending, b...)
+	if len(s.pending) == len(b) && cap(s.pending) > cap(s.buf) {
+		s.buf = s.pending[:0] // a new, larger buffer: keep it for the next events
+	}
+}
+
+// takeBuffered queues the events that arrived with the last one, up to limit bytes pending, so
+// that they go out in the same write (each write to the client is a system call, and wakes
+// it): one write per chunk the engine sent, whether it carried one token or several.
+func (s *sseBody) takeBuffered(limit int) {
+	for !s.c.complete && len(s.pending) < limit && s.r.HasEvent() {
+		ev, err := s.r.Next()
+		if err != nil {
+			s.cutShort(err) // not expected: the event was buffered whole
+			return
+		}
+		s.take(ev)
 	}
 }
 
@@ -347,7 +375,7 @@ func (s *sseBody) cutShort(err error) {
 	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut", msg+" (request id "+s.c.rid+")")
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
-	s.pending = append(s.pending[:0], b.Bytes()...)
+	s.queue(b.Bytes()) // after the events that came before the cut
 }
 
 func (s *sseBody) Close() error {

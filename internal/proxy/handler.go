@@ -186,7 +186,11 @@ func randomID() string {
 // bufferPool recycles the reverse proxy's copy buffers.
 type bufferPool struct{}
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// copyBufSize is the size of the reverse proxy's copy buffers: the most one write to the
+// client carries.
+const copyBufSize = 4 << 10
 
 func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
