@@ -275,7 +275,7 @@ type sseBody struct {
 	cancel  context.CancelCauseFunc // ends the attempt
 	idle    time.Duration
 	timer   *time.Timer // the idle timeout
-	pending []byte // what the client is still to get: a part of buf, or of a larger array
+	pending []byte      // what the client is still to get: a part of buf, or of a larger array
 	buf     []byte
 	err     error
 }
