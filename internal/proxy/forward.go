@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
@@ -201,8 +202,8 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
 	req.URL.RawPath = ""
 	req.Host = u.Host
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.Body = h1.NewMemBody(body) // sent with the head in one system call
+	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBody(body), nil }
 	req.ContentLength = int64(len(body))
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
