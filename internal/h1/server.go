@@ -920,6 +920,7 @@ type response struct {
 	contentLength int64  // declared by the handler; -1: none
 	written       int64
 	chunked       bool
+	ended         bool // the body is complete (EndBody, or the handler returned)
 	closeAfter    bool
 	noBody        bool // HEAD, 204 or 304
 }
@@ -969,6 +970,9 @@ func (w *response) Write(p []byte) (int, error) {
 	}
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if w.ended {
+		return 0, http.ErrBodyNotAllowed
 	}
 	if w.noBody {
 		if w.req.Method == http.MethodHead {
@@ -1192,8 +1196,28 @@ func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // SetWriteDeadline lets http.ResponseController extend a response's write deadline.
 func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
 
-// finish completes the response after the handler has returned.
-func (w *response) finish() {
+// EndBody ends the response now, before the handler returns: the headers if not yet sent,
+// what is buffered, and a chunked body's end (with the trailers set so far) go out in one
+// write. A client that reads the body to its end (to keep the connection) then need not wait
+// for what the handler does afterwards (a proxy's bookkeeping). Writes after it fail with
+// http.ErrBodyNotAllowed.
+func (w *response) EndBody() error {
+	w.end()
+	if w.c.werr == nil {
+		if err := w.c.bw.Flush(); err != nil {
+			w.c.werr = err
+		}
+	}
+	return w.c.werr
+}
+
+// end writes what the response still owes: the headers if not yet sent, and a chunked body's
+// end. It does it once.
+func (w *response) end() {
+	if w.ended {
+		return
+	}
+	w.ended = true
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -1205,6 +1229,11 @@ func (w *response) finish() {
 		w.writeTrailers()
 		_, _ = w.c.bw.WriteString("\r\n")
 	}
+}
+
+// finish completes the response after the handler has returned.
+func (w *response) finish() {
+	w.end()
 	if w.contentLength >= 0 && w.written < w.contentLength && w.req.Method != http.MethodHead {
 		w.closeAfter = true // the client would wait for the rest
 	}

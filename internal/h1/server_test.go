@@ -579,3 +579,56 @@ func TestHTTP2HandOff(t *testing.T) {
 		t.Errorf("an HTTP/1 request beside HTTP2: %q", got)
 	}
 }
+
+// EndBody sends a chunked body's end (trailers included) before the handler returns, so that
+// a client reading the body to its end has it while the handler still works; later writes
+// fail, and the connection carries the next request.
+func TestEndBody(t *testing.T) {
+	release := make(chan struct{})
+	writeErr := make(chan error, 1)
+	addr := startServer(t, &Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/next" {
+			_, _ = io.WriteString(w, "next")
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: a\n\n")
+		w.(http.Flusher).Flush()
+		w.Header().Set(http.TrailerPrefix+"X-T", "v")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		if err := w.(interface{ EndBody() error }).EndBody(); err != nil {
+			t.Errorf("EndBody: %v", err)
+		}
+		_, err := io.WriteString(w, "late")
+		writeErr <- err
+		<-release // the bookkeeping after the answer
+	}))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	fmt.Fprint(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body) // to the chunked body's end, while the handler waits
+	if err != nil || string(b) != "data: a\n\ndata: [DONE]\n\n" || resp.Trailer.Get("X-T") != "v" {
+		t.Errorf("body %q, trailer %v, %v; want both events and the trailer before the handler returns", b, resp.Trailer, err)
+	}
+	if err := <-writeErr; !errors.Is(err, http.ErrBodyNotAllowed) {
+		t.Errorf("a write after EndBody: %v, want ErrBodyNotAllowed", err)
+	}
+	close(release)
+	fmt.Fprint(c, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "next" {
+		t.Errorf("next request on the connection: %q", b)
+	}
+}

@@ -543,6 +543,27 @@ func (w *statusWriter) Flush() {
 	}
 }
 
+// endBody sends the answer's end now: h1.Server's EndBody sends what is buffered and a chunked
+// body's end in one write; another server's writer is flushed (it ends the body when the
+// handler returns).
+func (w *statusWriter) endBody() {
+	var rw http.ResponseWriter = w.ResponseWriter
+	for range 16 { // through middleware that wraps the writer (and unwraps it, as for ResponseController)
+		if e, ok := rw.(interface{ EndBody() error }); ok {
+			if err := e.EndBody(); err != nil && w.err == nil {
+				w.err = err
+			}
+			return
+		}
+		u, ok := rw.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		rw = u.Unwrap()
+	}
+	w.Flush()
+}
+
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 

@@ -286,8 +286,9 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	out.Body = http.NoBody
 	h.rp.ServeHTTP(w, out)
 	// The answer leaves now, before the bookkeeping that runs when the handler returns (the
-	// policy's Done, metrics, the access line): a server flushes a short body only then.
-	w.Flush()
+	// policy's Done, metrics, the access line): a server flushes a short body only then, and
+	// sends a stream's end (which a client reads to keep its connection) only then.
+	w.endBody()
 }
 
 // callKey carries the call from ServeHTTP through httputil.ReverseProxy (whose hooks see only
