@@ -632,3 +632,50 @@ func TestEndBody(t *testing.T) {
 		t.Errorf("next request on the connection: %q", b)
 	}
 }
+
+// At a low request rate the janitor goes quiet (sleeps long, nudged by the next request) as
+// soon as no request is in flight, not after quietTicks rounds: otherwise it wakes a thread
+// every half WatchAfter between requests. The next request still gets its watch on time.
+func TestJanitorQuietBetweenRareRequests(t *testing.T) {
+	s := &Server{WatchAfter: 2 * time.Millisecond}
+	var slowWatched atomic.Bool
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			c := s.connOf(r.RemoteAddr)
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) && !slowWatched.Load() {
+				c.mu.Lock()
+				slowWatched.Store(c.watching)
+				c.mu.Unlock()
+				time.Sleep(time.Millisecond) // polling the connection's state, with a deadline
+			}
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	}))
+	c := newClient(t)
+	get := func(p string) {
+		t.Helper()
+		resp, err := c.Get("http://" + addr + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get("/fast")
+	r0 := s.rounds.Load()
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.quiet.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !s.quiet.Load() {
+		t.Fatal("the janitor never went quiet")
+	}
+	if n := s.rounds.Load() - r0; n >= quietTicks {
+		t.Errorf("the janitor went quiet after %d rounds without a request, want fewer than %d", n, quietTicks)
+	}
+	get("/slow") // nudges the quiet janitor: the watch starts
+	if !slowWatched.Load() {
+		t.Error("a request that started while the janitor was quiet was never watched")
+	}
+}
