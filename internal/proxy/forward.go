@@ -124,8 +124,11 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return resp, route.FailBusy, nil
 	}
 	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sb := &sseBody{c: c, up: resp.Body, r: openai.NewSSEReader(resp.Body, maxEvent), ctx: ctx, cancel: cancel, idle: to.StreamIdle}
+		r := sseReaders.Get().(*openai.SSEReader)
+		r.Reset(resp.Body)
+		sb := &sseBody{c: c, up: resp.Body, r: r, ctx: ctx, cancel: cancel, idle: to.StreamIdle}
 		if err := sb.first(); err != nil {
+			sb.release()
 			resp.Body.Close()
 			return failed(err)
 		}
@@ -379,7 +382,27 @@ func (s *sseBody) cutShort(err error) {
 	s.queue(b.Bytes()) // after the events that came before the cut
 }
 
+// sseReaders recycles the streams' event readers (each holds a 4 KB buffer: one per request
+// would be most of what a short streamed request allocates).
+var sseReaders = sync.Pool{New: func() any { return openai.NewSSEReader(nil, maxEvent) }}
+
+// release gives the event reader back to the pool; reads from then on fail.
+func (s *sseBody) release() {
+	if s.r == nil {
+		return
+	}
+	s.r.Reset(nil)
+	sseReaders.Put(s.r)
+	s.r = nil
+	if s.err == nil {
+		s.err = errBodyClosed
+	}
+}
+
+var errBodyClosed = errors.New("proxy: read on a closed stream")
+
 func (s *sseBody) Close() error {
+	s.release()
 	if s.timer != nil {
 		s.timer.Stop()
 	}
