@@ -64,8 +64,8 @@ trap cleanup EXIT
 
 # wait_for FILE PATTERN COUNT: until FILE has COUNT lines matching PATTERN, at most 30 s.
 wait_for() {
-	local deadline=$((SECONDS + 30))
-	until [ "$(grep -c "$2" "$1" 2>/dev/null || echo 0)" -ge "$3" ]; do
+	local deadline=$((SECONDS + 30)) n
+	until n=$(grep -c "$2" "$1" 2>/dev/null); [ "${n:-0}" -ge "$3" ]; do
 		if [ $SECONDS -ge $deadline ]; then
 			say "timed out waiting for '$2' in $1:"
 			cat "$1" >&2
