@@ -40,6 +40,19 @@ func startServer(t *testing.T, s *Server, h http.Handler) string {
 	return ln.Addr().String()
 }
 
+// dialBuffered connects to addr, with a 5 s deadline, and returns the connection (closed at
+// the end of the test) and a reader of it.
+func dialBuffered(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
 // rawExchange writes req on a new connection and returns everything the server sends until it
 // closes the connection (or 5 s pass).
 func rawExchange(t *testing.T, addr, req string) string {
@@ -253,13 +266,7 @@ func TestExpectContinue(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		_, _ = fmt.Fprintf(w, "%d", len(b))
 	}))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialBuffered(t, addr)
 	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
 	line, err := br.ReadString('\n')
 	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
@@ -603,13 +610,7 @@ func TestEndBody(t *testing.T) {
 		writeErr <- err
 		<-release // the bookkeeping after the answer
 	}))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialBuffered(t, addr)
 	fmt.Fprint(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
