@@ -566,16 +566,17 @@ func (w *statusWriter) Flush() {
 	}
 }
 
-// endBody sends the answer's end now: h1.Server's EndBody sends what is buffered and a chunked
-// body's end in one write; another server's writer is flushed (it ends the body when the
-// handler returns).
+// endBody sends the answer now: what is buffered (a write error there means the client did
+// not get the whole answer), then, with h1.Server's EndBody, a chunked body's end. An error
+// writing that end is not the client's loss: the answer had gone out whole (a client may close
+// as soon as it has read a stream's [DONE]), as when the server writes the end after the
+// handler. Another server's writer ends the body when the handler returns.
 func (w *statusWriter) endBody() {
+	w.Flush()
 	var rw http.ResponseWriter = w.ResponseWriter
 	for range 16 { // through middleware that wraps the writer (and unwraps it, as for ResponseController)
 		if e, ok := rw.(interface{ EndBody() error }); ok {
-			if err := e.EndBody(); err != nil && w.err == nil {
-				w.err = err
-			}
+			_ = e.EndBody()
 			return
 		}
 		u, ok := rw.(interface{ Unwrap() http.ResponseWriter })
@@ -584,7 +585,6 @@ func (w *statusWriter) endBody() {
 		}
 		rw = u.Unwrap()
 	}
-	w.Flush()
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.
