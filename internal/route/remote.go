@@ -146,10 +146,12 @@ type Share struct {
 	events sync.Pool     // *Event to publish: Publish copies what it keeps
 
 	mu      sync.Mutex
-	flights map[flightKey]*flight
-	remote  int           // remote flights in flights
-	expiry  []expiryEntry // remote flights in the order they started (deadlines rise)
-	ended   endedSet      // recently ended remote attempts: their late events are duplicates
+	local   *Call // the local attempts in flight, a list through their Calls (most recent first)
+	nlocal  int
+	flights map[flightKey]*flight // the remote attempts in flight
+	remote  int                   // len(flights)
+	expiry  []expiryEntry         // remote flights in the order they started (deadlines rise)
+	ended   endedSet              // recently ended remote attempts: their late events are duplicates
 
 	applied, expired atomic.Int64
 	dropped          [DropSelf + 1]atomic.Int64
@@ -165,16 +167,24 @@ type replicaSet struct {
 
 type flightKey struct{ origin, id uint64 }
 
-// flight is one attempt in flight, local or remote.
+// flight is one remote attempt in flight.
 type flight struct {
-	req      *policy.Request // local: the Call's; remote: &rebuilt
-	rebuilt  policy.Request  // remote: the request rebuilt from the event (one allocation with the flight)
+	req      *policy.Request // &rebuilt
+	rebuilt  policy.Request  // the request rebuilt from the event (one allocation with the flight)
 	ep       *endpoint.Endpoint
-	obs      policy.Observer // remote: the observer told of Routed, told of the rest
-	local    bool
+	obs      policy.Observer // the observer told of Routed, told of the rest
 	first    bool
 	ttft     time.Duration
-	deadline time.Time // remote only
+	deadline time.Time
+}
+
+// localFlight is what the Share keeps of a local attempt in flight, in its Call: the Share
+// lists them (for a peer's hello and a new replica's snapshot) through their Calls, where a
+// map would cost an entry, an allocation and a hash per attempt on the request path.
+type localFlight struct {
+	prev, next *Call // the Share's list, under its lock
+	first      bool
+	ttft       time.Duration
 }
 
 type expiryEntry struct {
@@ -251,7 +261,7 @@ func (s *Share) Stats() ShareStats {
 	}
 	s.mu.Lock()
 	st.Remote = s.remote
-	st.Local = len(s.flights) - s.remote
+	st.Local = s.nlocal
 	s.mu.Unlock()
 	return st
 }
@@ -263,8 +273,15 @@ func (s *Share) routed(c *Call) {
 		return
 	}
 	c.shared = s.next.Add(1)
+	l := &c.local
 	s.mu.Lock()
-	s.flights[flightKey{s.cfg.Self, c.shared}] = &flight{req: c.Req, ep: c.ep, local: true}
+	l.first, l.ttft = false, 0
+	l.prev, l.next = nil, s.local
+	if s.local != nil {
+		s.local.local.prev = c
+	}
+	s.local = c
+	s.nlocal++
 	s.mu.Unlock()
 	if s.cfg.Out == nil {
 		return
@@ -278,7 +295,8 @@ func (s *Share) routed(c *Call) {
 }
 
 // publish hands ev to Out in an Event of the pool: an *Event given to an interface's method
-// would be allocated for each of a request's three events.
+// would be allocated for each of a request's three events (and one in every Call would make
+// every request larger, with a Share or without).
 func (s *Share) publish(ev Event) {
 	p, _ := s.events.Get().(*Event)
 	if p == nil {
@@ -296,9 +314,7 @@ func (s *Share) firstToken(c *Call) {
 	}
 	ttft := c.TTFT()
 	s.mu.Lock()
-	if f := s.flights[flightKey{s.cfg.Self, c.shared}]; f != nil {
-		f.first, f.ttft = true, ttft
-	}
+	c.local.first, c.local.ttft = true, ttft
 	s.mu.Unlock()
 	if s.cfg.Out != nil {
 		s.publish(Event{Kind: EventFirstToken, ID: c.shared, TTFT: ttft})
@@ -309,8 +325,18 @@ func (s *Share) done(c *Call, res policy.Result) {
 	if s == nil || c.shared == 0 {
 		return
 	}
+	l := &c.local
 	s.mu.Lock()
-	delete(s.flights, flightKey{s.cfg.Self, c.shared})
+	if l.prev != nil {
+		l.prev.local.next = l.next
+	} else {
+		s.local = l.next
+	}
+	if l.next != nil {
+		l.next.local.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
+	s.nlocal--
 	s.mu.Unlock()
 	id := c.shared
 	c.shared = 0
@@ -470,7 +496,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	if len(s.expiry) > 1024 && len(s.expiry) > 4*s.remote {
 		live := s.expiry[:0]
 		for _, e := range s.expiry {
-			if g := s.flights[e.key]; g != nil && !g.local {
+			if s.flights[e.key] != nil {
 				live = append(live, e)
 			}
 		}
@@ -524,7 +550,7 @@ func (s *Share) expire(now time.Time) {
 	n := 0
 	for ; n < len(s.expiry) && !s.expiry[n].deadline.After(now); n++ {
 		k := s.expiry[n].key
-		if f := s.flights[k]; f != nil && !f.local && !f.deadline.After(now) {
+		if f := s.flights[k]; f != nil && !f.deadline.After(now) {
 			s.endLocked(k)
 			out = append(out, f)
 		}
@@ -549,7 +575,7 @@ func (s *Share) ForgetOrigin(origin uint64) int {
 	var out []*flight
 	s.mu.Lock()
 	for k, f := range s.flights {
-		if k.origin == origin && !f.local {
+		if k.origin == origin {
 			s.endLocked(k)
 			out = append(out, f)
 		}
@@ -569,7 +595,7 @@ func (s *Share) Reconcile(origin uint64, live map[uint64]bool) int {
 	var out []*flight
 	s.mu.Lock()
 	for k, f := range s.flights {
-		if k.origin == origin && !f.local && !live[k.id] {
+		if k.origin == origin && !live[k.id] {
 			s.endLocked(k)
 			out = append(out, f)
 		}
@@ -606,17 +632,25 @@ func (s *Share) failAll(fs []*flight) {
 func (s *Share) InFlight() []Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Event, 0, len(s.flights))
+	out := make([]Event, 0, s.nlocal+len(s.flights))
+	for c := s.local; c != nil; c = c.local.next {
+		out = appendFlight(out, flightKey{s.cfg.Self, c.shared}, c.ep, c.Req, c.local.first, c.local.ttft)
+	}
 	for k, f := range s.flights {
-		r := f.req
-		out = append(out, Event{
-			Kind: EventRouted, Origin: k.origin, ID: k.id, Endpoint: f.ep.Name,
-			Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
-			BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
-		})
-		if f.first {
-			out = append(out, Event{Kind: EventFirstToken, Origin: k.origin, ID: k.id, TTFT: f.ttft})
-		}
+		out = appendFlight(out, k, f.ep, f.req, f.first, f.ttft)
+	}
+	return out
+}
+
+// appendFlight appends the events that start attempt k on another replica.
+func appendFlight(out []Event, k flightKey, ep *endpoint.Endpoint, r *policy.Request, first bool, ttft time.Duration) []Event {
+	out = append(out, Event{
+		Kind: EventRouted, Origin: k.origin, ID: k.id, Endpoint: ep.Name,
+		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
+		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
+	})
+	if first {
+		out = append(out, Event{Kind: EventFirstToken, Origin: k.origin, ID: k.id, TTFT: ttft})
 	}
 	return out
 }
@@ -625,11 +659,9 @@ func (s *Share) InFlight() []Event {
 func (s *Share) LocalIDs() []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]uint64, 0, len(s.flights)-s.remote)
-	for k, f := range s.flights {
-		if f.local {
-			out = append(out, k.id)
-		}
+	out := make([]uint64, 0, s.nlocal)
+	for c := s.local; c != nil; c = c.local.next {
+		out = append(out, c.shared)
 	}
 	return out
 }
