@@ -152,6 +152,12 @@ type Share struct {
 	remote  int                   // len(flights)
 	expiry  []expiryEntry         // remote flights in the order they started (deadlines rise)
 	ended   endedSet              // recently ended remote attempts: their late events are duplicates
+	// seen is each origin's highest attempt ID that the Share put in flights or ended; of an
+	// origin it lacks there is nothing in either (unless seenFull). A Routed above it is new
+	// without a look in ended, whose generations are large maps: two cache misses on the path
+	// of every remote request, where an origin's IDs mostly arrive in rising order.
+	seen     map[uint64]uint64
+	seenFull bool // seen reached maxOrigins: an origin it lacks may be anywhere
 
 	applied, expired atomic.Int64
 	dropped          [DropSelf + 1]atomic.Int64
@@ -203,7 +209,7 @@ func NewShare(cfg ShareConfig) *Share {
 	if cfg.Clock == nil {
 		cfg.Clock = policy.WallClock{}
 	}
-	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote}}
+	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote}, seen: map[uint64]uint64{}}
 }
 
 // Self is the origin this replica's events carry.
@@ -451,6 +457,7 @@ func (s *Share) unknownLocked(key flightKey, remember bool) Drop {
 	}
 	if remember {
 		s.ended.add(key)
+		s.mark(key)
 	}
 	return d
 }
@@ -481,7 +488,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	f.req = &f.rebuilt
 	s.mu.Lock()
 	switch {
-	case s.flights[key] != nil || s.ended.has(key):
+	case !s.fresh(key) && (s.flights[key] != nil || s.ended.has(key)):
 		s.mu.Unlock()
 		return DropDuplicate
 	case s.remote >= s.cfg.MaxRemote:
@@ -489,6 +496,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		return DropFull
 	}
 	s.flights[key] = f
+	s.mark(key)
 	s.remote++
 	s.expiry = append(s.expiry, expiryEntry{key, f.deadline})
 	// The expiry queue holds ended attempts until their deadline passes; when they are most
@@ -523,6 +531,27 @@ func remoteCached(ev *Event) int {
 		return ev.CachedTokens
 	}
 	return -1
+}
+
+// maxOrigins bounds Share.seen: a replica's restarts are origins too.
+const maxOrigins = 4096
+
+// mark records that attempt k is in flights or ended. The caller holds s.mu.
+func (s *Share) mark(k flightKey) {
+	n, ok := s.seen[k.origin]
+	switch {
+	case ok || len(s.seen) < maxOrigins:
+		s.seen[k.origin] = max(n, k.id)
+	default:
+		s.seenFull = true
+	}
+}
+
+// fresh reports whether attempt k is sure to be neither in flight nor ended. The caller holds
+// s.mu.
+func (s *Share) fresh(k flightKey) bool {
+	n, ok := s.seen[k.origin]
+	return k.id > n && (ok || !s.seenFull)
 }
 
 // endLocked takes a remote flight out of the table. The caller holds s.mu.
