@@ -112,16 +112,22 @@ func TestSyncOverhead(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	failures := make([]atomic.Int64, len(sets)) // by set
+	var firstFailure sync.Once
+	fail := func(k int, err error) {
+		if failures[k].Add(1) == 1 {
+			firstFailure.Do(func() { t.Logf("first failure, set %d: %v", k, err) })
+		}
+	}
 	do := func(k int, base string, body []byte) {
 		resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
-			failures[k].Add(1)
+			fail(k, err)
 			return
 		}
-		b, _ := io.ReadAll(resp.Body)
+		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 || !bytes.Contains(b, []byte("[DONE]")) {
-			failures[k].Add(1)
+			fail(k, fmt.Errorf("%s after %d bytes (%v): %.200s", resp.Status, len(b), err, b))
 		}
 	}
 	for i := range 200 { // warm up connections and code paths
