@@ -82,13 +82,14 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 	var last atomic.Int64 // unix nanoseconds of the stream's last message, or of its start
 	last.Store(time.Now().UnixNano())
 	var watchdog *time.Timer
-	watchdog = time.AfterFunc(streamSilence, func() {
-		if quiet := time.Since(time.Unix(0, last.Load())); quiet < streamSilence {
-			watchdog.Reset(streamSilence - quiet)
+	watchdog = time.AfterFunc(time.Hour, func() {
+		if quiet := time.Since(time.Unix(0, last.Load())); quiet < n.silence {
+			watchdog.Reset(n.silence - quiet)
 			return
 		}
 		cancel()
 	})
+	watchdog.Reset(n.silence) // now that the function can read watchdog (Reset orders it)
 	defer watchdog.Stop()
 	resp, err := n.client.Do(req)
 	if err != nil {

@@ -256,7 +256,7 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 	// write (that costs more than the write's clock read): when it fires after a write, it is
 	// set again for what is left of the second since, so that a stream in use wakes for it
 	// about once a second and sends nothing.
-	idle := time.NewTimer(heartbeat)
+	idle := time.NewTimer(n.beat)
 	defer idle.Stop()
 	for {
 		select {
@@ -264,12 +264,12 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 			err = f.writeBatch(b)
 			n.hub.written(b)
 		case <-idle.C:
-			if quiet := time.Since(f.last); quiet < heartbeat {
-				idle.Reset(heartbeat - quiet)
+			if quiet := time.Since(f.last); quiet < n.beat {
+				idle.Reset(n.beat - quiet)
 				continue
 			}
 			err = f.writeBatch(&batch{first: time.Now().UnixNano()})
-			idle.Reset(heartbeat)
+			idle.Reset(n.beat)
 		case <-s.broken:
 			return
 		case <-r.Context().Done():
