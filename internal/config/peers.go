@@ -32,6 +32,9 @@ type Peers struct {
 	// DNS finds the replicas behind a name (a headless Service, a scaled Compose service):
 	// one per address, at port.
 	DNS *PeersDNS `json:"dns"`
+	// Kubernetes finds the replicas in their Service's EndpointSlices through the Kubernetes
+	// API. Static, dns and kubernetes may be combined: the addresses of all of them are joined.
+	Kubernetes *PeersKubernetes `json:"kubernetes"`
 	// SecretFile holds the shared secret (at least 32 bytes, the same on every replica):
 	// messages are signed and gossip encrypted with keys derived from it.
 	SecretFile string `json:"secret_file"`
@@ -55,7 +58,7 @@ type Peers struct {
 	RequestTTL Duration `json:"request_ttl"`
 	// MaxRemoteRequests bounds the other replicas' requests counted here. Default 100000.
 	MaxRemoteRequests int `json:"max_remote_requests"`
-	// RejoinInterval is how often the static list and DNS name are tried again for replicas
+	// RejoinInterval is how often the static list, DNS name and EndpointSlices are tried again for replicas
 	// not known alive (this heals a partition). Default 10s.
 	RejoinInterval Duration `json:"rejoin_interval"`
 	// FaultInjection serves POST /debug/peers/isolate on the admin listener, which cuts this
@@ -70,6 +73,33 @@ type PeersDNS struct {
 	// Port is the replicas' gossip port. Default: gossip_listen's.
 	Port int `json:"port"`
 }
+
+// PeersKubernetes is a watch of the replicas' EndpointSlices, with discovery.kubernetes[]'s
+// fields for what to watch: the ready addresses of a Service (or of the Services a label
+// selector picks) in one namespace, at the gossip port.
+type PeersKubernetes struct {
+	// Namespace to watch. Empty: the router's own (its service account's, or the kubeconfig
+	// context's outside a cluster).
+	Namespace string `json:"namespace"`
+	// Service is the name of the replicas' Service, like kvroute-peers. Give service or
+	// selector, not both.
+	Service string `json:"service"`
+	// Selector is a label selector on EndpointSlices (Kubernetes copies a Service's labels onto
+	// its slices), like app.kubernetes.io/name=kvroute.
+	Selector string `json:"selector"`
+	// PortName is the name of the slices' port the replicas gossip on (the Service port's name).
+	PortName string `json:"port_name"`
+	// Port is the gossip port number instead of a named one. Neither: gossip_listen's port.
+	Port int `json:"port"`
+	// Kubeconfig is a kubeconfig file, relative to the config file, for a router outside the
+	// cluster. Empty: the in-cluster service account.
+	Kubeconfig string `json:"kubeconfig"`
+}
+
+// Key names the watch in logs: namespace (when set) and service or selector.
+func (k *PeersKubernetes) Key() string { return watchKey(k.Namespace, k.Service, k.Selector) }
+
+var peerExamples = watchExamples{service: "kvroute-peers", selector: "app.kubernetes.io/name=kvroute", port: fmt.Sprintf("the replicas' gossip port, like %d", DefaultGossipPort)}
 
 // Defaults of the peers section.
 const (
@@ -95,6 +125,16 @@ func (s peersSection) setDefaults(*Config) {
 			fmt.Sscan(port, &p.DNS.Port)
 		}
 	}
+	if k := p.Kubernetes; k != nil {
+		k.Namespace = strings.TrimSpace(k.Namespace)
+		k.Service = strings.TrimSpace(k.Service)
+		k.Selector = strings.TrimSpace(k.Selector)
+		if k.PortName == "" && k.Port == 0 {
+			if _, port, err := net.SplitHostPort(p.GossipListen); err == nil {
+				fmt.Sscan(port, &k.Port)
+			}
+		}
+	}
 	setDuration(&p.BatchInterval, DefaultPeerBatchInterval)
 	setDuration(&p.WarmStartTimeout, 10*time.Second)
 	setDuration(&p.RequestTTL, 5*time.Minute)
@@ -111,8 +151,8 @@ func (s peersSection) setDefaults(*Config) {
 	if p.MaxRemoteRequests == 0 {
 		p.MaxRemoteRequests = 100_000
 	}
-	if len(p.Static) == 0 && p.DNS == nil {
-		s.c.Warnings = append(s.c.Warnings, "peers: no static list and no dns name: this replica only joins the replicas that list it")
+	if len(p.Static) == 0 && p.DNS == nil && p.Kubernetes == nil {
+		s.c.Warnings = append(s.c.Warnings, "peers: no static list, dns name or kubernetes watch: this replica only joins the replicas that list it")
 	}
 }
 
@@ -151,6 +191,9 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 		if d.Port < 1 || d.Port > 65535 {
 			pr.add("peers.dns.port", "%d is not a port: give the replicas' gossip port, like %d", d.Port, DefaultGossipPort)
 		}
+	}
+	if k := p.Kubernetes; k != nil {
+		validateWatch("peers.kubernetes", watchFields{k.Namespace, k.Service, k.Selector, k.PortName, k.Port}, peerExamples, pr)
 	}
 	switch {
 	case p.SecretFile == "" && p.SecretEnv == "":
