@@ -366,4 +366,3 @@ current-context: x
 		t.Errorf("without peers.kubernetes: %v, %v", k, err)
 	}
 }
-
