@@ -1,14 +1,23 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
 )
 
 const peerSecret = "0123456789abcdef0123456789abcdef"
@@ -72,5 +81,59 @@ func TestRouterPeers(t *testing.T) {
 	admin.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/peers/isolate?on=true", nil))
 	if rec.Code == 200 {
 		t.Error("fault injection served without peers.fault_injection")
+	}
+}
+
+// TestRouterPeersKubernetes: a router whose peers.kubernetes watch (on a fake API server) finds
+// another replica in the replicas' Service's EndpointSlice joins it, follows it and takes its
+// snapshot; a slice without the port is counted as a discovery error of the peer source.
+func TestRouterPeersKubernetes(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	eng := newFakeEngine(t)
+	base := fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+		"endpoints: [{url: %q, models: [m], engine: vllm}]\n", eng.srv.URL)
+	a := routerFromYAML(t, base+"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, batch_interval: 1ms}\n")
+	runRouter(t, a)
+	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
+	host, port, _ := net.SplitHostPort(a.peers.node.GossipAddr())
+	gossip, _ := strconv.Atoi(port)
+
+	// The kubeconfig names an API server nobody listens on: the fake replaces it.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: serving}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := routerFromYAML(t, base+fmt.Sprintf("peers: {name: b, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, "+
+		"batch_interval: 1ms, kubernetes: {service: kvroute-peers, port_name: gossip, kubeconfig: %q}}\n", kubeconfig))
+	tcp := corev1.ProtocolTCP
+	slice := func(name, portName string, portNum int32) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "serving", Labels: map[string]string{"kubernetes.io/service-name": "kvroute-peers"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &portNum, Protocol: &tcp}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{host}}},
+		}
+	}
+	b.KubeClient = k8sfake.NewClientset(slice("kvroute-peers-a", "gossip", int32(gossip)), slice("kvroute-peers-x", "peers", 7947))
+	runRouter(t, b)
+	waitUntil(t, "b following a", func() bool {
+		st := b.peers.node.Status()
+		return len(st.Following) == 1 && st.Following[0] == "a" && st.Ready
+	})
+	if got := testutil.ToFloat64(b.peers.node.Metrics().WarmStarts.WithLabelValues("ok")); got != 1 {
+		t.Errorf("b's warm starts ok = %v, want 1", got)
+	}
+	const source = "peers:kubernetes:serving/kvroute-peers"
+	waitUntil(t, "the slice without the port counted", func() bool {
+		return testutil.ToFloat64(b.Metrics().DiscoveryErrors.WithLabelValues(source)) == 1
+	})
+	if _, err := b.peers.kube.Addrs(context.Background()); err != nil {
+		t.Errorf("b's peer source: %v", err)
 	}
 }

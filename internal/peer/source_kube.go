@@ -58,7 +58,7 @@ func KubeFromConfig(c *config.Config, userAgent string, log *slog.Logger) (*Kube
 	}
 	return &Kube{
 		Watch: kube.Watch{Client: client, Namespace: src.Namespace, Selector: sel, PortName: k.PortName, Port: k.Port,
-			Name: "peers " + src.Key()},
+			Name: "peers:" + src.Key()},
 		Log: log,
 	}, nil
 }
@@ -131,4 +131,4 @@ func (k *Kube) Addrs(context.Context) ([]string, error) {
 	return nil, fmt.Errorf("%s: %w", k, errNotListed)
 }
 
-func (k *Kube) String() string { return cmp.Or(k.Watch.Name, "peers kubernetes:"+k.Watch.Namespace) }
+func (k *Kube) String() string { return cmp.Or(k.Watch.Name, "peers:kubernetes:"+k.Watch.Namespace) }

@@ -160,7 +160,7 @@ func runKube(t *testing.T, api *fakeAPI) (k *Kube, logs *syncBuffer, failures *a
 	t.Helper()
 	logs, failures = &syncBuffer{}, &atomic.Int64{}
 	k = &Kube{
-		Watch: kube.Watch{Client: api.client, Namespace: kubeNS, PortName: "gossip", Name: "peers kubernetes:serving/kvroute-peers",
+		Watch: kube.Watch{Client: api.client, Namespace: kubeNS, PortName: "gossip", Name: "peers:kubernetes:serving/kvroute-peers",
 			Selector: labels.SelectorFromSet(labels.Set{kube.ServiceNameLabel: "kvroute-peers"})},
 		Log:     slog.New(slog.NewTextHandler(logs, nil)),
 		OnError: func(error) { failures.Add(1) },
@@ -349,11 +349,11 @@ current-context: x
 	}
 	w := k.Watch
 	if w.Namespace != kubeNS || w.Port != config.DefaultGossipPort || w.PortName != "" || w.Selector.String() != kube.ServiceNameLabel+"=kvroute-peers" ||
-		k.String() != "peers kubernetes:serving/kvroute-peers" {
+		k.String() != "peers:kubernetes:serving/kvroute-peers" {
 		t.Errorf("source = namespace %q, port %d %q, selector %q, name %q", w.Namespace, w.Port, w.PortName, w.Selector, k.String())
 	}
 	k, err = KubeFromConfig(load("{namespace: other, selector: 'app.kubernetes.io/name=kvroute', port_name: gossip, kubeconfig: kubeconfig}"), "kvroute/test", nil)
-	if err != nil || k.Watch.Namespace != "other" || k.Watch.PortName != "gossip" || k.Watch.Port != 0 || k.String() != "peers kubernetes:other/app.kubernetes.io/name=kvroute" {
+	if err != nil || k.Watch.Namespace != "other" || k.Watch.PortName != "gossip" || k.Watch.Port != 0 || k.String() != "peers:kubernetes:other/app.kubernetes.io/name=kvroute" {
 		t.Errorf("KubeFromConfig = %+v, %v", k, err)
 	}
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
