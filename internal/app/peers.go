@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -50,11 +51,24 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 		kube.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(kube.String()).Inc() }
 		sources = append(sources, kube)
 	}
+	var serverTLS, clientTLS *tls.Config
+	if t := pc.TLS; t != nil {
+		certs, err := (&certFiles{field: "peers.tls", certPath: cfg.Path(t.CertFile), keyPath: cfg.Path(t.KeyFile), every: certCheckEvery, log: r.logger}).start()
+		if err != nil {
+			return nil, err
+		}
+		roots, err := config.CertPool(cfg.Path(t.CAFile))
+		if err != nil {
+			return nil, fmt.Errorf("peers.tls.ca_file: %w", err)
+		}
+		serverTLS, clientTLS = peer.MutualTLS(func() (*tls.Certificate, error) { return certs.get(nil) }, roots, t.ServerName)
+	}
 	node, err := peer.New(peer.Config{
 		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: pc.Advertise, Sources: sources, Secret: secret,
 		BatchInterval: pc.BatchInterval.D(), MaxMessageBytes: pc.MaxMessageBytes, Queue: pc.Queue,
 		WarmStartTimeout: pc.WarmStartTimeout.D(), SnapshotMaxBytes: pc.SnapshotMaxBytes, RejoinInterval: pc.RejoinInterval.D(),
 		FaultInjection: pc.FaultInjection, Logger: r.logger, Metrics: metrics.NewPeers(r.reg),
+		ServerTLS: serverTLS, ClientTLS: clientTLS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
@@ -65,7 +79,8 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 		MaxRemote: pc.MaxRemoteRequests, TTL: pc.RequestTTL.D(),
 	})
 	node.Attach(p.share, func() *route.Lifecycle { return r.h.Load().Lifecycle }, r.pool.All)
-	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen)
+	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen,
+		"tls", pc.TLS != nil)
 	return p, nil
 }
 

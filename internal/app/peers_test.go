@@ -18,6 +18,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvroute/kvroute/internal/testcert"
 )
 
 const peerSecret = "0123456789abcdef0123456789abcdef"
@@ -135,5 +137,40 @@ current-context: x
 	})
 	if _, err := b.peers.kube.Addrs(context.Background()); err != nil {
 		t.Errorf("b's peer source: %v", err)
+	}
+}
+
+// TestRouterPeersTLS: routers whose peers section has tls (certificates of one CA) share over
+// mutual TLS: the second takes the first's snapshot and follows it; the first's event stream
+// server does not answer cleartext.
+func TestRouterPeersTLS(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	eng := newFakeEngine(t)
+	ca := testcert.NewCA(t, "peers")
+	mk := func(name, static string) *Router {
+		cert, key := ca.Issue(name, "kvroute-peers")
+		return routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+			"peers: {name: %s, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, batch_interval: 1ms, static: [%s], "+
+			"tls: {cert_file: %q, key_file: %q, ca_file: %q, server_name: kvroute-peers}}\n", eng.srv.URL, name, static, cert, key, ca.File))
+	}
+	a := mk("a", "")
+	runRouter(t, a)
+	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
+	b := mk("b", fmt.Sprintf("%q", a.peers.node.GossipAddr()))
+	runRouter(t, b)
+	waitUntil(t, "b following a, warm", func() bool {
+		st := b.peers.node.Status()
+		return len(st.Following) == 1 && st.Following[0] == "a" && st.Ready
+	})
+	if got := testutil.ToFloat64(b.peers.node.Metrics().WarmStarts.WithLabelValues("ok")); got != 1 {
+		t.Errorf("b's warm starts ok = %v, want 1", got)
+	}
+	resp, err := http.Get("http://" + a.peers.node.Addr().String() + "/peer/v1/snapshot")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("cleartext to a TLS peer: %s, want 400", resp.Status)
+		}
 	}
 }

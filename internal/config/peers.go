@@ -1,11 +1,15 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Peers makes this router one of several replicas that share what they learn: each one's
@@ -40,6 +44,9 @@ type Peers struct {
 	SecretFile string `json:"secret_file"`
 	// SecretEnv names an environment variable holding the secret instead.
 	SecretEnv string `json:"secret_env"`
+	// TLS, when set, carries the event streams and snapshots over TLS with mutual
+	// verification; messages are signed with the secret all the same.
+	TLS *PeersTLS `json:"tls"`
 	// BatchInterval is how long events wait to be sent together: shorter is fresher, longer
 	// costs less CPU (docs/replicas.md). Default 10ms.
 	BatchInterval Duration `json:"batch_interval"`
@@ -100,6 +107,25 @@ type PeersKubernetes struct {
 func (k *PeersKubernetes) Key() string { return watchKey(k.Namespace, k.Service, k.Selector) }
 
 var peerExamples = watchExamples{service: "kvroute-peers", selector: "app.kubernetes.io/name=kvroute", port: fmt.Sprintf("the replicas' gossip port, like %d", DefaultGossipPort)}
+
+// PeersTLS is the replicas' TLS: each one's certificate, and the CA that signed every
+// replica's. PEM files, relative to the config file's directory. The server asks every replica
+// that connects for its certificate and verifies it against CAFile; the client verifies the
+// server's against CAFile and ServerName. Use a CA that signs the replicas' certificates only:
+// any certificate it signed is a replica.
+type PeersTLS struct {
+	// CertFile is this replica's certificate (chain), for both ends of a connection: it must
+	// allow server and client authentication (extended key usages serverAuth and clientAuth).
+	CertFile string `json:"cert_file"`
+	// KeyFile is its private key.
+	KeyFile string `json:"key_file"`
+	// CAFile holds the certificates of the CA (or CAs) that signed the replicas' certificates.
+	CAFile string `json:"ca_file"`
+	// ServerName is the name a replica's certificate must carry (a DNS name in its subject
+	// alternative names), like kvroute-peers. Empty: the address dialled, so each certificate
+	// must list its replica's IP address.
+	ServerName string `json:"server_name"`
+}
 
 // Defaults of the peers section.
 const (
@@ -192,6 +218,9 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 			pr.add("peers.dns.port", "%d is not a port: give the replicas' gossip port, like %d", d.Port, DefaultGossipPort)
 		}
 	}
+	if t := p.TLS; t != nil {
+		validatePeersTLS(s.c, t, pr)
+	}
 	if k := p.Kubernetes; k != nil {
 		validateWatch("peers.kubernetes", watchFields{k.Namespace, k.Service, k.Selector, k.PortName, k.Port}, peerExamples, pr)
 	}
@@ -268,4 +297,46 @@ func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]
 		return nil, fmt.Errorf("%s: the secret is %d bytes, want at least %d (for example: head -c 32 /dev/urandom | base64)", from, len(s), MinSecretBytes)
 	}
 	return s, nil
+}
+
+// validatePeersTLS checks peers.tls: all three files, loadable; a server name that is a name.
+func validatePeersTLS(c *Config, t *PeersTLS, pr *problems) {
+	missing := false
+	for _, f := range []struct{ key, v, what string }{
+		{"cert_file", t.CertFile, "this replica's certificate (PEM)"},
+		{"key_file", t.KeyFile, "its private key (PEM)"},
+		{"ca_file", t.CAFile, "the CA certificate that signed every replica's (PEM)"},
+	} {
+		if f.v == "" {
+			pr.add("peers.tls."+f.key, "missing: give %s; peers.tls needs cert_file, key_file and ca_file (or remove the section)", f.what)
+			missing = true
+		}
+	}
+	if t.ServerName != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(t.ServerName) {
+			pr.add("peers.tls.server_name", "%q is not a DNS name (%s): give the name the replicas' certificates carry, like kvroute-peers", t.ServerName, msg)
+		}
+	}
+	if missing {
+		return
+	}
+	if _, err := tls.LoadX509KeyPair(c.Path(t.CertFile), c.Path(t.KeyFile)); err != nil {
+		pr.add("peers.tls", "cannot load the certificate and key: %v", err)
+	}
+	if _, err := CertPool(c.Path(t.CAFile)); err != nil {
+		pr.add("peers.tls.ca_file", "%v", err)
+	}
+}
+
+// CertPool reads the PEM certificates of file into a pool; a file without one is an error.
+func CertPool(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: no PEM certificate in it: give the CA's certificate, -----BEGIN CERTIFICATE-----", file)
+	}
+	return pool, nil
 }

@@ -151,3 +151,30 @@ func TestPeersKubernetes(t *testing.T) {
 		}
 	}
 }
+
+func TestPeersTLSErrors(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "not-pem.txt"), []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		section string
+		want    []string
+	}{
+		{"{cert_file: c.pem}", []string{"peers.tls.key_file: missing", "peers.tls.ca_file: missing: give the CA certificate"}},
+		{"{ca_file: ca.pem}", []string{"peers.tls.cert_file: missing", "peers.tls.key_file: missing"}},
+		{"{cert_file: c.pem, key_file: k.pem, ca_file: not-pem.txt}", []string{"peers.tls: cannot load the certificate and key", "peers.tls.ca_file: " + filepath.Join(dir, "not-pem.txt") + ": no PEM certificate"}},
+		{"{cert_file: c.pem, key_file: k.pem, ca_file: ca.pem, server_name: 'kvroute peers'}", []string{`peers.tls.server_name: "kvroute peers" is not a DNS name`, "peers.tls.ca_file: open"}},
+	} {
+		path := filepath.Join(dir, "kvroute.yaml")
+		if err := os.WriteFile(path, []byte(peersBase+"peers: {listen: ':7947', secret_env: X, tls: "+tc.section+"}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(path)
+		for _, want := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: err %v, want one saying %q", tc.section, err, want)
+			}
+		}
+	}
+}
