@@ -12,9 +12,9 @@
 
 {{- define "kvroute.validatePeers" -}}
 {{- if hasKey .Values.config "peers" -}}
-{{- range $k := list "listen" "gossip_listen" "static" "dns" "kubernetes" "secret_file" "secret_env" -}}
+{{- range $k := list "listen" "gossip_listen" "static" "dns" "kubernetes" "secret_file" "secret_env" "tls" -}}
 {{- if hasKey ($.Values.config.peers | default dict) $k -}}
-{{- fail (printf "config.peers.%s: leave it out: the chart sets it (peers.enabled, peers.port, peers.gossipPort, peers.discovery, peers.secret)" $k) -}}
+{{- fail (printf "config.peers.%s: leave it out: the chart sets it (peers.enabled, peers.port, peers.gossipPort, peers.discovery, peers.secret, peers.tls)" $k) -}}
 {{- end -}}
 {{- end -}}
 {{- if not .Values.peers.enabled -}}
@@ -61,6 +61,10 @@
 {{- $_ := set $p "dns" (dict "name" $name "port" (int $.Values.peers.gossipPort)) -}}
 {{- end -}}
 {{- $_ := set $p "secret_file" (printf "/etc/kvroute-peers/%s" $.Values.peers.secret.key) -}}
+{{- if $.Values.peers.tls.secretName -}}
+{{- $d := "/etc/kvroute-peers-tls" -}}
+{{- $_ := set $p "tls" (dict "cert_file" (printf "%s/tls.crt" $d) "key_file" (printf "%s/tls.key" $d) "ca_file" (printf "%s/ca.crt" $d) "server_name" (default (include "kvroute.peersService" $) $.Values.peers.tls.serverName)) -}}
+{{- end -}}
 {{- $_ := set $cfg "peers" $p -}}
 {{- end -}}
 {{- end -}}
