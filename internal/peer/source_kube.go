@@ -25,8 +25,9 @@ type Kube struct {
 	// Watch says what to watch: client, namespace, selector and port. Its Log and OnError are
 	// replaced by the source's own.
 	Watch kube.Watch
-	// Log receives a watch failure once while it stands (not at each retry) and the sets
-	// found; nil: discarded.
+	// Log receives a problem (the API failing, a slice without the port) once while it stands,
+	// not at each retry, and the sets found (each change, and the first after a problem); nil:
+	// discarded.
 	Log *slog.Logger
 	// OnError, when set, receives every failure (for a metric or a test).
 	OnError func(error)
@@ -78,12 +79,12 @@ func (k *Kube) Run(ctx context.Context) error {
 		recovered := k.failing != ""
 		k.failing = ""
 		k.mu.Unlock()
-		old := k.addrs.Swap(&addrs)
-		if recovered {
-			k.log().Info("peer replicas: the Kubernetes API answers again", "source", k.String(), "addrs", addrs)
-		} else if old == nil || !slices.Equal(*old, addrs) {
-			k.log().Info("peer replicas found in Kubernetes", "source", k.String(), "addrs", addrs)
+		// Logged before the set is in force, so that whoever sees the set finds the line written.
+		// Only this goroutine stores the set.
+		if old := k.addrs.Load(); recovered || old == nil || !slices.Equal(*old, addrs) {
+			k.log().Info("peer replicas found in Kubernetes", "source", k.String(), "addrs", addrs, "after_problem", recovered)
 		}
+		k.addrs.Store(&addrs)
 	})
 }
 
@@ -104,7 +105,7 @@ func (k *Kube) fail(err error) {
 		if a := k.addrs.Load(); a != nil {
 			known = *a
 		}
-		k.log().Warn("peer replicas: the Kubernetes watch failed; joining the replicas last found (retried with back-off, logged again only if the failure changes)",
+		k.log().Warn("peer replicas: Kubernetes watch problem; joining the replicas last found (the informer retries with back-off; logged again only if the problem changes)",
 			"source", k.String(), "known", known, "err", err)
 	}
 }

@@ -239,12 +239,12 @@ func TestKube_APIUnreachableAtStart(t *testing.T) {
 	}
 	api.down.Store(false)
 	addrsAre(t, k, "the API up", "10.0.0.1:7946", "10.0.0.2:7946")
-	if n := logs.count("answers again"); n != 1 {
+	if n := logs.count("after_problem=true"); n != 1 {
 		t.Errorf("recovery logged %d times, want once:\n%s", n, logs.String())
 	}
 }
 
-const watchFailed = "the Kubernetes watch failed"
+const watchFailed = "Kubernetes watch problem"
 
 // TestKube_APIGoesAway: when the API server goes away, Addrs keeps giving the replicas last
 // found and the failure is logged once; when it comes back, a change made meanwhile arrives.
