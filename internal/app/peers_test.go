@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvroute/kvroute/internal/testcert"
+	"github.com/kvroute/kvroute/internal/testkube"
 )
 
 const peerSecret = "0123456789abcdef0123456789abcdef"
@@ -101,16 +100,7 @@ func TestRouterPeersKubernetes(t *testing.T) {
 	gossip, _ := strconv.Atoi(port)
 
 	// The kubeconfig names an API server nobody listens on: the fake replaces it.
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: serving}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := testkube.Kubeconfig(t, "serving")
 	b := routerFromYAML(t, base+fmt.Sprintf("peers: {name: b, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, "+
 		"batch_interval: 1ms, kubernetes: {service: kvroute-peers, port_name: gossip, kubeconfig: %q}}\n", kubeconfig))
 	tcp := corev1.ProtocolTCP
@@ -124,13 +114,7 @@ current-context: x
 	}
 	b.KubeClient = k8sfake.NewClientset(slice("kvroute-peers-a", "gossip", int32(gossip)), slice("kvroute-peers-x", "peers", 7947))
 	runRouter(t, b)
-	waitUntil(t, "b following a", func() bool {
-		st := b.peers.node.Status()
-		return len(st.Following) == 1 && st.Following[0] == "a" && st.Ready
-	})
-	if got := testutil.ToFloat64(b.peers.node.Metrics().WarmStarts.WithLabelValues("ok")); got != 1 {
-		t.Errorf("b's warm starts ok = %v, want 1", got)
-	}
+	followsWarm(t, b, "a")
 	const source = "peers:kubernetes:serving/kvroute-peers"
 	waitUntil(t, "the slice without the port counted", func() bool {
 		return testutil.ToFloat64(b.Metrics().DiscoveryErrors.WithLabelValues(source)) == 1
@@ -159,18 +143,24 @@ func TestRouterPeersTLS(t *testing.T) {
 	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
 	b := mk("b", fmt.Sprintf("%q", a.peers.node.GossipAddr()))
 	runRouter(t, b)
-	waitUntil(t, "b following a, warm", func() bool {
-		st := b.peers.node.Status()
-		return len(st.Following) == 1 && st.Following[0] == "a" && st.Ready
-	})
-	if got := testutil.ToFloat64(b.peers.node.Metrics().WarmStarts.WithLabelValues("ok")); got != 1 {
-		t.Errorf("b's warm starts ok = %v, want 1", got)
-	}
+	followsWarm(t, b, "a")
 	resp, err := http.Get("http://" + a.peers.node.Addr().String() + "/peer/v1/snapshot")
 	if err == nil {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("cleartext to a TLS peer: %s, want 400", resp.Status)
 		}
+	}
+}
+
+// followsWarm waits until r follows the peer named only, and is ready after taking its snapshot.
+func followsWarm(t *testing.T, r *Router, peer string) {
+	t.Helper()
+	waitUntil(t, "following "+peer+", ready", func() bool {
+		st := r.peers.node.Status()
+		return len(st.Following) == 1 && st.Following[0] == peer && st.Ready
+	})
+	if got := testutil.ToFloat64(r.peers.node.Metrics().WarmStarts.WithLabelValues("ok")); got != 1 {
+		t.Errorf("warm starts ok = %v, want 1", got)
 	}
 }

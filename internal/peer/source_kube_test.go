@@ -28,6 +28,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
+	"github.com/kvroute/kvroute/internal/testkube"
 )
 
 const kubeNS = "serving"
@@ -322,15 +323,7 @@ func TestKubeJoin(t *testing.T) {
 // implies, the service's slices, the gossip port.
 func TestKubeFromConfig(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: serving}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := testkube.Kubeconfig(t, kubeNS)
 	load := func(section string) *config.Config {
 		t.Helper()
 		path := filepath.Join(dir, "kvroute.yaml")
@@ -343,7 +336,7 @@ current-context: x
 		}
 		return c
 	}
-	k, err := KubeFromConfig(load("{service: kvroute-peers, kubeconfig: kubeconfig}"), "kvroute/test", nil)
+	k, err := KubeFromConfig(load("{service: kvroute-peers, kubeconfig: "+kubeconfig+"}"), "kvroute/test", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +345,7 @@ current-context: x
 		k.String() != "peers:kubernetes:serving/kvroute-peers" {
 		t.Errorf("source = namespace %q, port %d %q, selector %q, name %q", w.Namespace, w.Port, w.PortName, w.Selector, k.String())
 	}
-	k, err = KubeFromConfig(load("{namespace: other, selector: 'app.kubernetes.io/name=kvroute', port_name: gossip, kubeconfig: kubeconfig}"), "kvroute/test", nil)
+	k, err = KubeFromConfig(load("{namespace: other, selector: 'app.kubernetes.io/name=kvroute', port_name: gossip, kubeconfig: "+kubeconfig+"}"), "kvroute/test", nil)
 	if err != nil || k.Watch.Namespace != "other" || k.Watch.PortName != "gossip" || k.Watch.Port != 0 || k.String() != "peers:kubernetes:other/app.kubernetes.io/name=kvroute" {
 		t.Errorf("KubeFromConfig = %+v, %v", k, err)
 	}
