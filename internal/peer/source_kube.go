@@ -17,7 +17,7 @@ import (
 // Kube finds replicas in EndpointSlices through the Kubernetes API (peers.kubernetes): the
 // ready addresses of the replicas' Service, at the gossip port. It follows the slices with
 // internal/discovery/kube's Watch, whose informers keep a cache; Addrs reads the last set the
-// watch gave and never calls the API. Run must be running for it to find anything.
+// watch gave and never calls the API. Run (once) must be running for it to find anything.
 //
 // This replica's own address is in the set, as it is in a DNS name's: the node skips its own
 // gossip address when it joins.
@@ -127,7 +127,7 @@ func (k *Kube) Addrs(context.Context) ([]string, error) {
 		return slices.Clone(*a), nil
 	}
 	if err := k.last.Load(); err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", k, errNotListed, *err)
+		return nil, fmt.Errorf("%w: %w", errNotListed, *err) // which names the source
 	}
 	return nil, fmt.Errorf("%s: %w", k, errNotListed)
 }
