@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
 // Router replicas that hear of each other's placements late (SetReplicas).
@@ -174,6 +176,57 @@ func (r *paReplicas) unheard(sc *paScratch, heard []float64, now int64) {
 		}
 		heard[j] = max(w, 0)
 	}
+}
+
+// meanWork is the mean uncached work of the fleet's recent requests at now (0: none yet).
+// The caller holds mu.
+func (r *paReplicas) meanWork(now int64) float64 {
+	r.mix.decayTo(now)
+	var n, w float64
+	for k := range r.mix.n {
+		n += r.mix.n[k]
+		w += r.mix.work[k]
+	}
+	if n <= 0 {
+		return 0
+	}
+	return w / n
+}
+
+// Defer holds a request larger than the fleet's mean for the sync delay (policy.Deferrer),
+// when that delay is shorter than its prefill. Such a request costs an unseen peer request
+// that lands with it more than that one costs it (the one behind waits for the one ahead);
+// after the delay, this replica has heard of what the peers placed at the moment it arrived,
+// and places it as one router would, after them. One replica, or a delay of 0, defers
+// nothing.
+func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration {
+	r := &pa.replicas
+	lag := time.Duration(r.lag.Load())
+	if r.peers.Load() == 0 || lag <= 0 || len(c) == 0 {
+		return 0
+	}
+	maxID := 0
+	for _, e := range c {
+		maxID = max(maxID, e.ID)
+	}
+	sc := pa.getScratch(len(c), maxID)
+	defer pa.scratch.Put(sc)
+	pa.index.Match(sc.runs, req.Blocks)
+	best := 0
+	for _, e := range c {
+		if !pa.state(e.ID).blind.Load() {
+			best = max(best, int(sc.runs[e.ID]))
+		}
+	}
+	own := float64(pa.work(req, cachedTokens(req, best))) // where its prefix is
+	now := pa.clock.Now().UnixNano()
+	r.mu.Lock()
+	mean := r.meanWork(now)
+	r.mu.Unlock()
+	if own <= mean || lag.Seconds() >= own/prefillRate*pa.fleet.get() {
+		return 0
+	}
+	return lag
 }
 
 // paUnseen is what one placement assumes of the peers' unseen requests.
