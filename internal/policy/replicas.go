@@ -193,12 +193,13 @@ func (r *paReplicas) meanWork(now int64) float64 {
 	return w / n
 }
 
-// Defer holds a request larger than the fleet's mean for the sync delay (policy.Deferrer),
-// when that delay is shorter than its prefill. Such a request costs an unseen peer request
-// that lands with it more than that one costs it (the one behind waits for the one ahead);
-// after the delay, this replica has heard of what the peers placed at the moment it arrived,
-// and places it as one router would, after them. One replica, or a delay of 0, defers
-// nothing.
+// Defer holds a request larger than the fleet's recent mean (policy.Deferrer): one sync
+// delay for each doubling of its uncached work over the mean, the first included, and always
+// less than its own prefill takes. Such a request costs an unseen peer request that lands
+// with it more than that one costs it (the one behind waits for the one ahead). Held, it is
+// placed once this replica has heard of what the peers placed at the moment it arrived, and
+// after the smaller ones held with it: the way one router that saw a burst whole would have
+// it, short prefills not queued behind long ones. One replica, or a delay of 0, holds nothing.
 func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration {
 	r := &pa.replicas
 	lag := time.Duration(r.lag.Load())
@@ -223,10 +224,15 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 	r.mu.Lock()
 	mean := r.meanWork(now)
 	r.mu.Unlock()
-	if own <= mean || lag.Seconds() >= own/prefillRate*pa.fleet.get() {
+	if own <= mean {
 		return 0
 	}
-	return lag
+	levels := math.Floor(math.Log2(own/mean)) + 1
+	levels = min(levels, math.Ceil(own/prefillRate*pa.fleet.get()/lag.Seconds())-1)
+	if levels < 1 {
+		return 0
+	}
+	return time.Duration(levels) * lag
 }
 
 // paUnseen is what one placement assumes of the peers' unseen requests.
