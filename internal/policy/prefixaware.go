@@ -99,6 +99,10 @@ type paState struct {
 	// Affinity traffic: requests routed here weighted by the fraction of their prompt it held,
 	// per second over the affinity window.
 	affinity decayed
+
+	// Work and requests routed here by any replica, per second over placedWindow, while
+	// there are replicas whose placements arrive late (replicas.go).
+	placedWork, placedN decayed
 }
 
 // enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
@@ -187,9 +191,6 @@ type paScore struct {
 	eligible   bool
 	cost, ttft float64 // ttft: this request's own predicted TTFT, seconds
 	own, speed float64 // the request's work there and the endpoint's calibrated speed
-	// What another request's cost here would be (replicas.go): base + speed x (q + work x
-	// weight + aff x work x (q + work/2)) / prefillRate.
-	base, q, weight, aff float64
 }
 
 // removedPrefixAware names the parameters prefix-aware had before it had seven, and what took
@@ -448,27 +449,21 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 			weight += pa.cacheWeight * p
 		}
 		q := pa.queued(s, now, fleet)
-		w := q + own*weight
-		aff := 0.0
+		w := q + own*weight + unseen.delay(s, own, now)
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
-			a := s.affinity.get(now, pa.affTau)
-			w += a * own * (q + own/2) * speed / prefillRate
-			aff = a * speed / prefillRate
+			w += s.affinity.get(now, pa.affTau) * own * (q + own/2) * speed / prefillRate
 		}
 		inFlight := int64(e.InFlight())
 		decoding := max(inFlight-s.waiting.Load(), 0)
 		ttft := (overhead+(q+own)/prefillRate)*speed + float64(decoding)*pa.decodeCost
 		cost := (overhead+w/prefillRate)*speed + float64(decoding)*pa.decodeCost
-		base := overhead*speed + float64(decoding)*pa.decodeCost
 		// An endpoint within its bound takes one more: at the handful of requests in flight of
 		// a quiet fleet, the bound is not to send a conversation away from its cache.
 		eligible := float64(inFlight) <= limit
-		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft, own: own, speed: speed,
-			base: base, q: q, weight: weight, aff: aff}
+		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft, own: own, speed: speed}
 	}
-	unseen.expect(sc)
 	slices.SortFunc(sc.scored, func(a, b paScore) int {
 		if a.eligible != b.eligible {
 			if a.eligible {

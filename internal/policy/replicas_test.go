@@ -44,7 +44,8 @@ func TestPrefixAware_ReplicasTakeTheirOwnPlaces(t *testing.T) {
 
 // The peers' unseen requests are counted by the clumps of this replica's own: three placed at
 // one instant and one alone count as clumps of 3, 3, 3 and 1 (averaged per placement), and a
-// replayed placement is no clump of this replica's, though it counts in the fleet's mix.
+// replayed placement is no clump of this replica's. The cost they add falls on the endpoints
+// the fleet's recent requests went to.
 func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
 	pa, clk := newPA(t, nil)
 	pa.SetReplicas(2, 0, 10*time.Millisecond)
@@ -62,76 +63,16 @@ func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
 	route(t, pa, req("d", 5, seq(500, 10)...), eps[:1]) // closes the clump of 3
 	clk.t = clk.t.Add(time.Second)
 	u := pa.replicas.unseen(clk.t.UnixNano())
-	if want := 1 + 2*(1-0.98*0.98*0.98); math.Abs(u.clump-want) > 1e-9 {
-		t.Errorf("unseen per peer %g, want %g (from 1, a clump of 3 counted 3 times)", u.clump, want)
+	if want := 1 + 2*(1-0.98*0.98*0.98); math.Abs(u.count-want) > 1e-9 {
+		t.Errorf("unseen count %g, want %g (one peer; from 1, a clump of 3 counted 3 times)", u.count, want)
 	}
-	var share float64
-	for _, s := range u.share {
-		share += s
-	}
-	if k := workClass(165); math.Abs(share-1) > 1e-9 || u.share[k] != 1 || math.Abs(u.work[k]-165) > 1 {
-		t.Errorf("mix: shares %v (sum %g), work %v; want all five requests in class %d, about 165 each", u.share, share, u.work, k)
+	now := clk.t.UnixNano()
+	if busy, idle := u.delay(pa.state(0), 1000, now), u.delay(pa.state(1), 1000, now); !(busy > 0 && idle == 0) {
+		t.Errorf("unseen delay %g where the fleet's requests went, %g where none did; want > 0 and 0", busy, idle)
 	}
 	pa.SetReplicas(2, 0, 0)
-	if u := pa.replicas.unseen(clk.t.UnixNano()); u.peers != 0 {
+	if u := pa.replicas.unseen(now); u.peers != 0 || u.delay(pa.state(0), 1000, now) != 0 {
 		t.Errorf("with no delay: %+v, want no unseen peers", u)
-	}
-}
-
-// A short request keeps off the endpoints where a peer is probably placing, at this moment and
-// unseen, a long new prefill: on four idle endpoints, with long requests in the fleet's mix,
-// rank 0 of two sends it to neither of the two places the long one's fill gives (0 and 1),
-// where one router, or a mix of short requests only, sends it to endpoint 0.
-func TestPrefixAware_ShortKeepsOffPeersLongPrefill(t *testing.T) {
-	pick := func(n int, long bool) int {
-		pa, clk := newPA(t, nil)
-		pa.SetReplicas(n, 0, time.Millisecond)
-		remote := &Request{Remote: true}
-		now := clk.t.UnixNano()
-		for i := range 10 {
-			work := int64(200)
-			if long && i%3 == 0 {
-				work = 60000
-			}
-			pa.replicas.routed(nil, remote, work, now)
-		}
-		return mustPick(t, pa, req("s", 5, seq(1, 10)...), newEndpoints(4, 1<<20))[0].ID
-	}
-	if got := pick(1, true); got != 0 {
-		t.Fatalf("one router picked %d, want 0", got)
-	}
-	if got := pick(2, false); got != 0 {
-		t.Errorf("with short requests only in the mix, rank 0 of 2 picked %d, want 0", got)
-	}
-	if got := pick(2, true); got == 0 || got == 1 {
-		t.Errorf("with long requests in the mix, rank 0 of 2 picked %d, where a peer's long one goes", got)
-	}
-}
-
-// What the peers know of the queues lacks this replica's placements less than the delay ago.
-func TestPrefixAware_PeersLackUnheardPlacements(t *testing.T) {
-	pa, clk := newPAWith(t, nil, func(pa *prefixAware) { pa.progress = false })
-	pa.SetReplicas(2, 0, 10*time.Millisecond)
-	eps := newEndpoints(2, 1<<20)
-	route(t, pa, req("a", 5, seq(1, 100)...), eps[:1])
-	heard := func() []float64 {
-		r := req("b", 5, seq(500, 10)...)
-		sc := pa.score(r, eps)
-		defer pa.scratch.Put(sc)
-		h := make([]float64, len(eps))
-		pa.replicas.unheard(sc, h, clk.t.UnixNano())
-		out := make([]float64, len(eps)) // by candidate, where h is in sc.scored's order
-		for k, x := range sc.scored {
-			out[x.i] = h[k]
-		}
-		return out
-	}
-	if h := heard(); h[0] != 0 || h[1] != 0 {
-		t.Errorf("peers' queues just after placing on 0: %v, want none (they have not heard)", h)
-	}
-	clk.t = clk.t.Add(10 * time.Millisecond)
-	if h, q := heard(), pa.state(0).pending.Load(); h[0] != float64(q) || q <= 0 {
-		t.Errorf("peers' queue on 0 after the delay: %g, want %d (heard of)", h[0], q)
 	}
 }
 
@@ -144,7 +85,7 @@ func TestPrefixAware_DefersLargeRequests(t *testing.T) {
 		pa.SetReplicas(n, 0, lag)
 		remote := &Request{Remote: true}
 		for range 10 {
-			pa.replicas.routed(nil, remote, 1000, clk.t.UnixNano()) // the mean: 1000
+			pa.replicas.routed(pa.state(0), remote, 1000, clk.t.UnixNano()) // the mean: 1000
 		}
 		return pa.Defer(req("x", 0, seq(1, blocks)...), newEndpoints(2, 1<<20))
 	}
