@@ -75,6 +75,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics; nil: collectors nobody scrapes.
 	Metrics *metrics.Peers
+
+	// beat and silence replace heartbeat and streamSilence (tests); 0: those.
+	beat, silence time.Duration
 }
 
 // Defaults of Config.
@@ -120,6 +123,9 @@ type Node struct {
 
 	mu      sync.Mutex
 	follows map[string]*following // by peer name
+
+	// beat and silence are heartbeat and streamSilence (tests shorten them).
+	beat, silence time.Duration
 }
 
 // New checks cfg and binds the event stream listener. It starts nothing: call Attach, then Run.
@@ -163,7 +169,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("peer", cfg.Name), m: cfg.Metrics, ln: ln,
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
-		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{}}
+		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
+		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence)}
 	n.macKey, n.gossipKey = keys(cfg.Secret)
 	n.in, n.out = newTraffic(cfg.Metrics, "in"), newTraffic(cfg.Metrics, "out")
 	// The batch is flushed at a quarter of the largest message, so that one event more never
