@@ -11,7 +11,7 @@ import (
 // peers placed at the same moment is known (docs/policy.md, "Router replicas that hear of each
 // other late"). The router asks before it picks and, told to wait, picks after that long
 // among the candidates it has then; the wait counts in the request's time to first token.
-// The simulator asks (internal/des); the live proxy does not yet.
+// The simulator asks (internal/des), the live proxy through route.Lifecycle.Hold.
 type Deferrer interface {
 	// Defer returns how long to hold req before picking among candidates; 0: pick now.
 	Defer(req *Request, candidates []*endpoint.Endpoint) time.Duration

@@ -117,6 +117,9 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 		return 0 // nothing routed yet: no mean to compare with
 	}
 	mean := r.placedWork.get(now, placedWindow) / n
+	if float64(pa.work(req, 0)) <= mean {
+		return 0 // not larger than the mean even with nothing cached (work falls as cached rises): no index match
+	}
 	maxID := 0
 	for _, e := range c {
 		maxID = max(maxID, e.ID)
