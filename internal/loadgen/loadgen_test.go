@@ -208,9 +208,11 @@ func TestRun_OpenLoopKeepsSchedule(t *testing.T) {
 		late[i] = r.Sent - r.Scheduled
 	}
 	slices.Sort(late)
-	// The median lateness is the scheduler's own: generous for a loaded 2-core race build.
-	if med := late[n/2]; med > 25*time.Millisecond {
-		t.Errorf("median lateness %v, want < 25ms", med)
+	// The median lateness is the scheduler's own: generous for a loaded 2-core race build
+	// (28.8 ms once at a load average over 10). A sender that drifts, or waits for answers,
+	// falls behind by more with every request: hundreds of ms by the median here.
+	if med := late[n/2]; med > 50*time.Millisecond {
+		t.Errorf("median lateness %v, want < 50ms", med)
 	}
 	if rate := res.SendRate(); rate < 80 || rate > 101 {
 		t.Errorf("send rate %.1f/s, want about 100", rate)
