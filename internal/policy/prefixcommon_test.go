@@ -46,20 +46,24 @@ func TestPrefixAware_CommonPrefixCopiedToNewcomer(t *testing.T) {
 	}
 }
 
-// Content held by fewer than half the candidates (a conversation that moved once and is held
-// by its old and new homes) is not common: a third endpoint does not get it for free.
+// Content held by fewer than half the candidates, or by two (a conversation that moved once
+// and is held by its old and new homes), is not common: a third endpoint does not get it at
+// the price of the request's own wait.
 func TestPrefixAware_CommonPrefixNeedsHalfTheFleet(t *testing.T) {
-	eps := newEndpoints(6, 1<<20)
 	ctx := seq(1, 200)
 	r := req("next", 0, append(append([]uint64{}, ctx...), seq(900000, 10)...)...)
 	cases := []struct {
-		holders int
-		want    int32 // blocks of ctx that count as common
+		fleet, holders int
+		want           int32 // blocks of ctx that count as common
 	}{
-		{1, 0}, {2, 0}, {3, 200}, {6, 200},
+		{6, 1, 0}, {6, 2, 0}, {6, 3, 200}, {6, 6, 200},
+		{8, 3, 0}, {8, 4, 200},
+		{4, 2, 0}, {4, 3, 200},
+		{2, 2, 0}, {3, 3, 200},
 	}
 	for _, c := range cases {
 		pa, _ := newPA(t, nil)
+		eps := newEndpoints(c.fleet, 1<<20)
 		for i := range c.holders {
 			warmWith(t, pa, req("h", 0, ctx...), eps[i])
 		}
@@ -67,7 +71,24 @@ func TestPrefixAware_CommonPrefixNeedsHalfTheFleet(t *testing.T) {
 		got := sc.common
 		pa.scratch.Put(sc)
 		if got != c.want {
-			t.Errorf("%d of 6 hold the context: %d common blocks, want %d", c.holders, got, c.want)
+			t.Errorf("%d of %d hold the context: %d common blocks, want %d", c.holders, c.fleet, got, c.want)
 		}
+	}
+}
+
+// A cache-blind endpoint's index is not evidence that it holds anything: it does not count
+// towards the half.
+func TestPrefixAware_CommonPrefixIgnoresBlind(t *testing.T) {
+	pa, _ := newPA(t, nil)
+	eps := newEndpoints(6, 1<<20)
+	ctx := seq(1, 200)
+	for i := range 3 {
+		warmWith(t, pa, req("h", 0, ctx...), eps[i])
+	}
+	pa.SetCacheBlind(eps[0], true)
+	sc := pa.score(req("next", 0, append(append([]uint64{}, ctx...), 7)...), eps)
+	defer pa.scratch.Put(sc)
+	if sc.common != 0 {
+		t.Errorf("%d common blocks with one of the three holders blind, want 0", sc.common)
 	}
 }
