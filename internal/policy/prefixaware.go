@@ -498,11 +498,12 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 }
 
 // commonRun is how many leading blocks of the request at least half the candidates, and at
-// least three, hold (cache-blind ones counted as holding nothing): the prefix the fleet has in
+// least two, hold (cache-blind ones counted as holding nothing): the prefix the fleet has in
 // common, such as a tool or system prompt, as opposed to one conversation's own context,
-// which its home holds, and after one move its old home too: two.
+// which its home alone holds. A conversation that moved once is held by two, which in a fleet
+// of four is half: its second move is charged as its own wait only (docs/policy.md).
 func (pa *prefixAware) commonRun(sc *paScratch, c []*endpoint.Endpoint, states []*paState) int32 {
-	k := max(3, (len(c)+1)/2)
+	k := max(2, (len(c)+1)/2)
 	if k > len(c) {
 		return 0
 	}

@@ -46,9 +46,9 @@ func TestPrefixAware_CommonPrefixCopiedToNewcomer(t *testing.T) {
 	}
 }
 
-// Content held by fewer than half the candidates, or by two (a conversation that moved once
-// and is held by its old and new homes), is not common: a third endpoint does not get it at
-// the price of the request's own wait.
+// Content held by fewer than half the candidates (in a fleet of six or more, a conversation
+// that moved once, held by its old and new homes), or by one alone, is not common: another
+// endpoint does not get it at the price of the request's own wait.
 func TestPrefixAware_CommonPrefixNeedsHalfTheFleet(t *testing.T) {
 	ctx := seq(1, 200)
 	r := req("next", 0, append(append([]uint64{}, ctx...), seq(900000, 10)...)...)
@@ -58,8 +58,8 @@ func TestPrefixAware_CommonPrefixNeedsHalfTheFleet(t *testing.T) {
 	}{
 		{6, 1, 0}, {6, 2, 0}, {6, 3, 200}, {6, 6, 200},
 		{8, 3, 0}, {8, 4, 200},
-		{4, 2, 0}, {4, 3, 200},
-		{2, 2, 0}, {3, 3, 200},
+		{4, 1, 0}, {4, 2, 200},
+		{2, 1, 0}, {2, 2, 200}, {3, 1, 0}, {3, 2, 200},
 	}
 	for _, c := range cases {
 		pa, _ := newPA(t, nil)
