@@ -288,7 +288,7 @@ func checkRBAC(t *testing.T, m *manifests, namespaces []string, pods bool) {
 }
 
 func TestChartLint(t *testing.T) {
-	for _, set := range []string{"", "mode=endpointPicker,endpointPicker.inferencePool.create=true,endpointPicker.inferencePool.selector.app=vllm,peers.enabled=true"} {
+	for _, set := range []string{"", "mode=endpointPicker,endpointPicker.inferencePool.create=true,endpointPicker.inferencePool.selector.app=vllm,peers.enabled=true", "peers.enabled=true,peers.discovery=kubernetes,peers.tls.secretName=peers-tls"} {
 		args := []string{"lint", "--strict", "--kube-version", kubeVersion, "kvroute"}
 		if set != "" {
 			args = append(args, "--set", set)

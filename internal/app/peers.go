@@ -2,15 +2,19 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/peer"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
 // peers is the router's side of replica sync (config peers:): the node that talks to the
@@ -18,6 +22,7 @@ import (
 type peers struct {
 	node  *peer.Node
 	share *route.Share
+	kube  *peer.Kube // peers.kubernetes's watch, run beside the node; nil without it
 }
 
 // newPeers builds the replica sync of cfg.Peers; nil without it. It binds the event stream
@@ -38,22 +43,44 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 	if pc.DNS != nil {
 		sources = append(sources, peer.DNS{Name: pc.DNS.Name, Port: pc.DNS.Port})
 	}
+	kube, err := peer.KubeFromConfig(cfg, version.UserAgent(), r.logger)
+	if err != nil {
+		return nil, err
+	}
+	if kube != nil {
+		kube.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(kube.String()).Inc() }
+		sources = append(sources, kube)
+	}
+	var serverTLS, clientTLS *tls.Config
+	if t := pc.TLS; t != nil {
+		certs, err := (&certFiles{field: "peers.tls", certPath: cfg.Path(t.CertFile), keyPath: cfg.Path(t.KeyFile), every: certCheckEvery, log: r.logger}).start()
+		if err != nil {
+			return nil, err
+		}
+		roots, err := config.CertPool(cfg.Path(t.CAFile))
+		if err != nil {
+			return nil, fmt.Errorf("peers.tls.ca_file: %w", err)
+		}
+		serverTLS, clientTLS = peer.MutualTLS(func() (*tls.Certificate, error) { return certs.get(nil) }, roots, t.ServerName)
+	}
 	node, err := peer.New(peer.Config{
 		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: pc.Advertise, Sources: sources, Secret: secret,
 		BatchInterval: pc.BatchInterval.D(), MaxMessageBytes: pc.MaxMessageBytes, Queue: pc.Queue,
 		WarmStartTimeout: pc.WarmStartTimeout.D(), SnapshotMaxBytes: pc.SnapshotMaxBytes, RejoinInterval: pc.RejoinInterval.D(),
 		FaultInjection: pc.FaultInjection, Logger: r.logger, Metrics: metrics.NewPeers(r.reg),
+		ServerTLS: serverTLS, ClientTLS: clientTLS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
 	}
-	p := &peers{node: node}
+	p := &peers{node: node, kube: kube}
 	p.share = route.NewShare(route.ShareConfig{
 		Self: node.Origin(), Out: node, Endpoint: r.pool.ByName,
 		MaxRemote: pc.MaxRemoteRequests, TTL: pc.RequestTTL.D(),
 	})
 	node.Attach(p.share, func() *route.Lifecycle { return r.h.Load().Lifecycle }, r.pool.All)
-	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen)
+	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen,
+		"tls", pc.TLS != nil)
 	return p, nil
 }
 
@@ -65,12 +92,28 @@ func (p *peers) shared() *route.Share {
 	return p.share
 }
 
-// run runs the node until ctx ends (nothing without peers).
-func (p *peers) run(ctx context.Context) error {
+// run runs the node, and the Kubernetes watch that finds its peers if there is one (through
+// client when not nil: tests give a fake), until ctx ends (nothing without peers).
+func (p *peers) run(ctx context.Context, client kube.Client) error {
 	if p == nil {
 		return nil
 	}
-	return p.node.Run(ctx)
+	if p.kube == nil {
+		return p.node.Run(ctx)
+	}
+	if client != nil {
+		p.kube.Watch.Client = client
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watched := make(chan error, 1)
+	go func() { watched <- p.kube.Run(ctx) }()
+	err := p.node.Run(ctx)
+	cancel() // the node may stop first, on an error
+	if werr := <-watched; !errors.Is(werr, context.Canceled) {
+		err = errors.Join(err, werr)
+	}
+	return err
 }
 
 // ready reports whether the warm start is over (always, without peers).

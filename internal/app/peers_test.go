@@ -1,14 +1,24 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvroute/kvroute/internal/testcert"
+	"github.com/kvroute/kvroute/internal/testkube"
 )
 
 const peerSecret = "0123456789abcdef0123456789abcdef"
@@ -72,5 +82,85 @@ func TestRouterPeers(t *testing.T) {
 	admin.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/peers/isolate?on=true", nil))
 	if rec.Code == 200 {
 		t.Error("fault injection served without peers.fault_injection")
+	}
+}
+
+// TestRouterPeersKubernetes: a router whose peers.kubernetes watch (on a fake API server) finds
+// another replica in the replicas' Service's EndpointSlice joins it, follows it and takes its
+// snapshot; a slice without the port is counted as a discovery error of the peer source.
+func TestRouterPeersKubernetes(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	eng := newFakeEngine(t)
+	base := fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+		"endpoints: [{url: %q, models: [m], engine: vllm}]\n", eng.srv.URL)
+	a := routerFromYAML(t, base+"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, batch_interval: 1ms}\n")
+	runRouter(t, a)
+	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
+	host, port, _ := net.SplitHostPort(a.peers.node.GossipAddr())
+	gossip, _ := strconv.Atoi(port)
+
+	// The kubeconfig names an API server nobody listens on: the fake replaces it.
+	kubeconfig := testkube.Kubeconfig(t, "serving")
+	b := routerFromYAML(t, base+fmt.Sprintf("peers: {name: b, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, "+
+		"batch_interval: 1ms, kubernetes: {service: kvroute-peers, port_name: gossip, kubeconfig: %q}}\n", kubeconfig))
+	tcp := corev1.ProtocolTCP
+	slice := func(name, portName string, portNum int32) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "serving", Labels: map[string]string{"kubernetes.io/service-name": "kvroute-peers"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &portNum, Protocol: &tcp}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{host}}},
+		}
+	}
+	b.KubeClient = k8sfake.NewClientset(slice("kvroute-peers-a", "gossip", int32(gossip)), slice("kvroute-peers-x", "peers", 7947))
+	runRouter(t, b)
+	followsWarm(t, b, "a")
+	const source = "peers:kubernetes:serving/kvroute-peers"
+	waitUntil(t, "the slice without the port counted", func() bool {
+		return testutil.ToFloat64(b.Metrics().DiscoveryErrors.WithLabelValues(source)) == 1
+	})
+	if _, err := b.peers.kube.Addrs(context.Background()); err != nil {
+		t.Errorf("b's peer source: %v", err)
+	}
+}
+
+// TestRouterPeersTLS: routers whose peers section has tls (certificates of one CA) share over
+// mutual TLS: the second takes the first's snapshot and follows it; the first's event stream
+// server does not answer cleartext.
+func TestRouterPeersTLS(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	eng := newFakeEngine(t)
+	ca := testcert.NewCA(t, "peers")
+	mk := func(name, static string) *Router {
+		cert, key := ca.Issue(name, "kvroute-peers")
+		return routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+			"peers: {name: %s, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, batch_interval: 1ms, static: [%s], "+
+			"tls: {cert_file: %q, key_file: %q, ca_file: %q, server_name: kvroute-peers}}\n", eng.srv.URL, name, static, cert, key, ca.File))
+	}
+	a := mk("a", "")
+	runRouter(t, a)
+	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
+	b := mk("b", fmt.Sprintf("%q", a.peers.node.GossipAddr()))
+	runRouter(t, b)
+	followsWarm(t, b, "a")
+	resp, err := http.Get("http://" + a.peers.node.Addr().String() + "/peer/v1/snapshot")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("cleartext to a TLS peer: %s, want 400", resp.Status)
+		}
+	}
+}
+
+// followsWarm waits until r follows the peer named only, and is ready after taking its snapshot.
+func followsWarm(t *testing.T, r *Router, peer string) {
+	t.Helper()
+	waitUntil(t, "following "+peer+", ready", func() bool {
+		st := r.peers.node.Status()
+		return len(st.Following) == 1 && st.Following[0] == peer && st.Ready
+	})
+	if got := testutil.ToFloat64(r.peers.node.Metrics().WarmStarts.WithLabelValues("ok")); got != 1 {
+		t.Errorf("warm starts ok = %v, want 1", got)
 	}
 }

@@ -60,8 +60,9 @@ type Router struct {
 	// gate's admission queue (overload section).
 	Admit     func(ctx context.Context, id *tenant.Identity, candidates []*endpoint.Endpoint) (release func(), err error)
 	Saturated func(candidates []*endpoint.Endpoint) bool
-	// KubeClient, when set, is what the discovery.kubernetes sources talk to instead of the
-	// clients their kubeconfig (or the in-cluster account) gave (tests use a fake).
+	// KubeClient, when set, is what the discovery.kubernetes sources and peers.kubernetes talk
+	// to instead of the clients their kubeconfig (or the in-cluster account) gave (tests use a
+	// fake).
 	KubeClient kube.Client
 	// PoolClient, when set, is what the discovery.inference_pool source reads InferencePools
 	// with (and KubeClient its pods); tests use fakes.
@@ -398,7 +399,7 @@ func (r *Router) Run(ctx context.Context) error {
 	errc := make(chan error, 4+len(r.dns)+2*len(r.kube)) // the prober, the peers, the file, the pool, the names, the watches, the cost writers: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	wg.Go(func() { errc <- r.runInferencePool(ctx) })
-	wg.Go(func() { errc <- r.peers.run(ctx) })
+	wg.Go(func() { errc <- r.peers.run(ctx, r.KubeClient) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
 		wg.Go(func() {

@@ -42,13 +42,16 @@ type KubernetesDiscovery struct {
 }
 
 // Key names the watch in logs and metrics: namespace (when set) and service or selector.
-func (k *KubernetesDiscovery) Key() string {
-	what := k.Service
+func (k *KubernetesDiscovery) Key() string { return watchKey(k.Namespace, k.Service, k.Selector) }
+
+// watchKey names a watch: namespace/ (when set) and the service, else the selector.
+func watchKey(namespace, service, selector string) string {
+	what := service
 	if what == "" {
-		what = k.Selector
+		what = selector
 	}
-	if k.Namespace != "" {
-		what = k.Namespace + "/" + what
+	if namespace != "" {
+		what = namespace + "/" + what
 	}
 	return what
 }
@@ -70,36 +73,7 @@ func (d *Discovery) validateKubernetes(p *problems) {
 	seen := map[string]int{}
 	for i, k := range d.Kubernetes {
 		at := fmt.Sprintf("discovery.kubernetes[%d]", i)
-		if k.Namespace != "" {
-			for _, msg := range validation.IsDNS1123Label(k.Namespace) {
-				p.add(at+".namespace", "%q is not a namespace name (%s): give one like inference, or leave it out for the router's own", k.Namespace, msg)
-			}
-		}
-		switch {
-		case k.Service == "" && k.Selector == "":
-			p.add(at, "give service (a Service name, like vllm) or selector (a label selector, like app.kubernetes.io/name=vllm)")
-		case k.Service != "" && k.Selector != "":
-			p.add(at, "give service or selector, not both: a Service's slices are already selected by its name")
-		case k.Service != "":
-			for _, msg := range validation.IsDNS1035Label(k.Service) {
-				p.add(at+".service", "%q is not a Service name (%s): give the name only, like vllm", k.Service, msg)
-			}
-		default:
-			if _, err := labels.Parse(k.Selector); err != nil {
-				p.add(at+".selector", "%q does not parse (%v): write it as kubectl does, like app.kubernetes.io/name=vllm,tier!=canary", k.Selector, err)
-			}
-		}
-		if k.PortName != "" && k.Port != 0 {
-			p.add(at+".port", "give port_name or port, not both")
-		}
-		if k.PortName != "" {
-			for _, msg := range validation.IsValidPortName(k.PortName) {
-				p.add(at+".port_name", "%q is not a port name (%s): give the Service port's name, like http", k.PortName, msg)
-			}
-		}
-		if k.Port < 0 || k.Port > 65535 {
-			p.add(at+".port", "%d is not a port: give the engines' port, like 8000, or use port_name", k.Port)
-		}
+		validateWatch(at, watchFields{k.Namespace, k.Service, k.Selector, k.PortName, k.Port}, engineExamples, p)
 		if k.Scheme != "http" && k.Scheme != "https" {
 			p.add(at+".scheme", "%q: use http or https", k.Scheme)
 		}
@@ -112,6 +86,53 @@ func (d *Discovery) validateKubernetes(p *problems) {
 		tmpl := k.Endpoint
 		tmpl.SetDefaults()
 		validateTemplate(at+".endpoint", tmpl, p)
+	}
+}
+
+// watchFields are what a watch of EndpointSlices selects, as discovery.kubernetes[] and
+// peers.kubernetes name them.
+type watchFields struct {
+	namespace, service, selector, portName string
+	port                                   int
+}
+
+// watchExamples are the examples a section's messages give.
+type watchExamples struct{ service, selector, port string }
+
+var engineExamples = watchExamples{service: "vllm", selector: "app.kubernetes.io/name=vllm", port: "the engines' port, like 8000"}
+
+// validateWatch checks the fields of a watch at path at: the namespace, service or selector
+// (one of the two), and port_name or port (at most one).
+func validateWatch(at string, k watchFields, ex watchExamples, p *problems) {
+	if k.namespace != "" {
+		for _, msg := range validation.IsDNS1123Label(k.namespace) {
+			p.add(at+".namespace", "%q is not a namespace name (%s): give one like inference, or leave it out for the router's own", k.namespace, msg)
+		}
+	}
+	switch {
+	case k.service == "" && k.selector == "":
+		p.add(at, "give service (a Service name, like %s) or selector (a label selector, like %s)", ex.service, ex.selector)
+	case k.service != "" && k.selector != "":
+		p.add(at, "give service or selector, not both: a Service's slices are already selected by its name")
+	case k.service != "":
+		for _, msg := range validation.IsDNS1035Label(k.service) {
+			p.add(at+".service", "%q is not a Service name (%s): give the name only, like %s", k.service, msg, ex.service)
+		}
+	default:
+		if _, err := labels.Parse(k.selector); err != nil {
+			p.add(at+".selector", "%q does not parse (%v): write it as kubectl does, like %s,tier!=canary", k.selector, err, ex.selector)
+		}
+	}
+	if k.portName != "" && k.port != 0 {
+		p.add(at+".port", "give port_name or port, not both")
+	}
+	if k.portName != "" {
+		for _, msg := range validation.IsValidPortName(k.portName) {
+			p.add(at+".port_name", "%q is not a port name (%s): give the Service port's name, like http", k.portName, msg)
+		}
+	}
+	if k.port < 0 || k.port > 65535 {
+		p.add(at+".port", "%d is not a port: give %s, or use port_name", k.port, ex.port)
 	}
 }
 

@@ -1,11 +1,15 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Peers makes this router one of several replicas that share what they learn: each one's
@@ -32,11 +36,17 @@ type Peers struct {
 	// DNS finds the replicas behind a name (a headless Service, a scaled Compose service):
 	// one per address, at port.
 	DNS *PeersDNS `json:"dns"`
+	// Kubernetes finds the replicas in their Service's EndpointSlices through the Kubernetes
+	// API. Static, dns and kubernetes may be combined: the addresses of all of them are joined.
+	Kubernetes *PeersKubernetes `json:"kubernetes"`
 	// SecretFile holds the shared secret (at least 32 bytes, the same on every replica):
 	// messages are signed and gossip encrypted with keys derived from it.
 	SecretFile string `json:"secret_file"`
 	// SecretEnv names an environment variable holding the secret instead.
 	SecretEnv string `json:"secret_env"`
+	// TLS, when set, carries the event streams and snapshots over TLS with mutual
+	// verification; messages are signed with the secret all the same.
+	TLS *PeersTLS `json:"tls"`
 	// BatchInterval is how long events wait to be sent together: shorter is fresher, longer
 	// costs less CPU (docs/replicas.md). Default 10ms.
 	BatchInterval Duration `json:"batch_interval"`
@@ -55,7 +65,7 @@ type Peers struct {
 	RequestTTL Duration `json:"request_ttl"`
 	// MaxRemoteRequests bounds the other replicas' requests counted here. Default 100000.
 	MaxRemoteRequests int `json:"max_remote_requests"`
-	// RejoinInterval is how often the static list and DNS name are tried again for replicas
+	// RejoinInterval is how often the static list, DNS name and EndpointSlices are tried again for replicas
 	// not known alive (this heals a partition). Default 10s.
 	RejoinInterval Duration `json:"rejoin_interval"`
 	// FaultInjection serves POST /debug/peers/isolate on the admin listener, which cuts this
@@ -69,6 +79,52 @@ type PeersDNS struct {
 	Name string `json:"name"`
 	// Port is the replicas' gossip port. Default: gossip_listen's.
 	Port int `json:"port"`
+}
+
+// PeersKubernetes is a watch of the replicas' EndpointSlices, with discovery.kubernetes[]'s
+// fields for what to watch: the ready addresses of a Service (or of the Services a label
+// selector picks) in one namespace, at the gossip port.
+type PeersKubernetes struct {
+	// Namespace to watch. Empty: the router's own (its service account's, or the kubeconfig
+	// context's outside a cluster).
+	Namespace string `json:"namespace"`
+	// Service is the name of the replicas' Service, like kvroute-peers. Give service or
+	// selector, not both.
+	Service string `json:"service"`
+	// Selector is a label selector on EndpointSlices (Kubernetes copies a Service's labels onto
+	// its slices), like app.kubernetes.io/name=kvroute.
+	Selector string `json:"selector"`
+	// PortName is the name of the slices' port the replicas gossip on (the Service port's name).
+	PortName string `json:"port_name"`
+	// Port is the gossip port number instead of a named one. Neither: gossip_listen's port.
+	Port int `json:"port"`
+	// Kubeconfig is a kubeconfig file, relative to the config file, for a router outside the
+	// cluster. Empty: the in-cluster service account.
+	Kubeconfig string `json:"kubeconfig"`
+}
+
+// Key names the watch in logs: namespace (when set) and service or selector.
+func (k *PeersKubernetes) Key() string { return watchKey(k.Namespace, k.Service, k.Selector) }
+
+var peerExamples = watchExamples{service: "kvroute-peers", selector: "app.kubernetes.io/name=kvroute", port: fmt.Sprintf("the replicas' gossip port, like %d", DefaultGossipPort)}
+
+// PeersTLS is the replicas' TLS: each one's certificate, and the CA that signed every
+// replica's. PEM files, relative to the config file's directory. The server asks every replica
+// that connects for its certificate and verifies it against CAFile; the client verifies the
+// server's against CAFile and ServerName. Use a CA that signs the replicas' certificates only:
+// any certificate it signed is a replica.
+type PeersTLS struct {
+	// CertFile is this replica's certificate (chain), for both ends of a connection: it must
+	// allow server and client authentication (extended key usages serverAuth and clientAuth).
+	CertFile string `json:"cert_file"`
+	// KeyFile is its private key.
+	KeyFile string `json:"key_file"`
+	// CAFile holds the certificates of the CA (or CAs) that signed the replicas' certificates.
+	CAFile string `json:"ca_file"`
+	// ServerName is the name a replica's certificate must carry (a DNS name in its subject
+	// alternative names), like kvroute-peers. Empty: the address dialled, so each certificate
+	// must list its replica's IP address.
+	ServerName string `json:"server_name"`
 }
 
 // Defaults of the peers section.
@@ -95,6 +151,16 @@ func (s peersSection) setDefaults(*Config) {
 			fmt.Sscan(port, &p.DNS.Port)
 		}
 	}
+	if k := p.Kubernetes; k != nil {
+		k.Namespace = strings.TrimSpace(k.Namespace)
+		k.Service = strings.TrimSpace(k.Service)
+		k.Selector = strings.TrimSpace(k.Selector)
+		if k.PortName == "" && k.Port == 0 {
+			if _, port, err := net.SplitHostPort(p.GossipListen); err == nil {
+				fmt.Sscan(port, &k.Port)
+			}
+		}
+	}
 	setDuration(&p.BatchInterval, DefaultPeerBatchInterval)
 	setDuration(&p.WarmStartTimeout, 10*time.Second)
 	setDuration(&p.RequestTTL, 5*time.Minute)
@@ -111,8 +177,8 @@ func (s peersSection) setDefaults(*Config) {
 	if p.MaxRemoteRequests == 0 {
 		p.MaxRemoteRequests = 100_000
 	}
-	if len(p.Static) == 0 && p.DNS == nil {
-		s.c.Warnings = append(s.c.Warnings, "peers: no static list and no dns name: this replica only joins the replicas that list it")
+	if len(p.Static) == 0 && p.DNS == nil && p.Kubernetes == nil {
+		s.c.Warnings = append(s.c.Warnings, "peers: no static list, dns name or kubernetes watch: this replica only joins the replicas that list it")
 	}
 }
 
@@ -151,6 +217,12 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 		if d.Port < 1 || d.Port > 65535 {
 			pr.add("peers.dns.port", "%d is not a port: give the replicas' gossip port, like %d", d.Port, DefaultGossipPort)
 		}
+	}
+	if t := p.TLS; t != nil {
+		validatePeersTLS(s.c, t, pr)
+	}
+	if k := p.Kubernetes; k != nil {
+		validateWatch("peers.kubernetes", watchFields{k.Namespace, k.Service, k.Selector, k.PortName, k.Port}, peerExamples, pr)
 	}
 	switch {
 	case p.SecretFile == "" && p.SecretEnv == "":
@@ -225,4 +297,46 @@ func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]
 		return nil, fmt.Errorf("%s: the secret is %d bytes, want at least %d (for example: head -c 32 /dev/urandom | base64)", from, len(s), MinSecretBytes)
 	}
 	return s, nil
+}
+
+// validatePeersTLS checks peers.tls: all three files, loadable; a server name that is a name.
+func validatePeersTLS(c *Config, t *PeersTLS, pr *problems) {
+	missing := false
+	for _, f := range []struct{ key, v, what string }{
+		{"cert_file", t.CertFile, "this replica's certificate (PEM)"},
+		{"key_file", t.KeyFile, "its private key (PEM)"},
+		{"ca_file", t.CAFile, "the CA certificate that signed every replica's (PEM)"},
+	} {
+		if f.v == "" {
+			pr.add("peers.tls."+f.key, "missing: give %s; peers.tls needs cert_file, key_file and ca_file (or remove the section)", f.what)
+			missing = true
+		}
+	}
+	if t.ServerName != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(t.ServerName) {
+			pr.add("peers.tls.server_name", "%q is not a DNS name (%s): give the name the replicas' certificates carry, like kvroute-peers", t.ServerName, msg)
+		}
+	}
+	if missing {
+		return
+	}
+	if _, err := tls.LoadX509KeyPair(c.Path(t.CertFile), c.Path(t.KeyFile)); err != nil {
+		pr.add("peers.tls", "cannot load the certificate and key: %v", err)
+	}
+	if _, err := CertPool(c.Path(t.CAFile)); err != nil {
+		pr.add("peers.tls.ca_file", "%v", err)
+	}
+}
+
+// CertPool reads the PEM certificates of file into a pool; a file without one is an error.
+func CertPool(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: no PEM certificate in it: give the CA's certificate, -----BEGIN CERTIFICATE-----", file)
+	}
+	return pool, nil
 }

@@ -32,7 +32,7 @@ func TestPeersDefaults(t *testing.T) {
 		t.Fatalf("no peers section: %+v, %v", c.Peers, err)
 	}
 	c, err = Parse([]byte(peersBase + "peers: {listen: ':7947', secret_env: X}\n"))
-	if err != nil || !strings.Contains(strings.Join(c.Warnings, "\n"), "no static list") {
+	if err != nil || !strings.Contains(strings.Join(c.Warnings, "\n"), "no static list, dns name or kubernetes watch") {
 		t.Errorf("no static list and no dns: warnings %q, err %v", c.Warnings, err)
 	}
 }
@@ -110,6 +110,71 @@ func TestPeerSecret(t *testing.T) {
 		}
 		if err != nil || string(got) != c.want {
 			t.Errorf("%s: %q, %v", c.section, got, err)
+		}
+	}
+}
+
+func TestPeersKubernetes(t *testing.T) {
+	c, err := Parse([]byte(peersBase + "peers: {listen: ':7947', gossip_listen: ':7950', kubernetes: {service: ' kvroute-peers '}, secret_env: X}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Neither port_name nor port: the gossip port, as for dns.
+	if diff := cmp.Diff(&PeersKubernetes{Service: "kvroute-peers", Port: 7950}, c.Peers.Kubernetes); diff != "" {
+		t.Errorf("peers.kubernetes (-want +got):\n%s", diff)
+	}
+	if len(c.Warnings) != 0 {
+		t.Errorf("warnings %q, want none: the watch finds the replicas", c.Warnings)
+	}
+	c, err = Parse([]byte(peersBase + "peers: {listen: ':7947', kubernetes: {namespace: serving, selector: app.kubernetes.io/name=kvroute, port_name: gossip}, static: ['10.0.0.2:7946'], secret_env: X}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := c.Peers.Kubernetes; k.Port != 0 || k.PortName != "gossip" || k.Key() != "serving/app.kubernetes.io/name=kvroute" {
+		t.Errorf("peers.kubernetes = %+v, key %q", k, k.Key())
+	}
+
+	for _, tc := range []struct{ section, want string }{
+		{"{}", "peers.kubernetes: give service (a Service name, like kvroute-peers) or selector (a label selector, like app.kubernetes.io/name=kvroute)"},
+		{"{service: a, selector: app=a}", "peers.kubernetes: give service or selector, not both"},
+		{"{service: Peers_svc}", `peers.kubernetes.service: "Peers_svc" is not a Service name`},
+		{"{service: a, namespace: 'Bad NS'}", `peers.kubernetes.namespace: "Bad NS" is not a namespace name`},
+		{"{selector: 'app in ('}", `peers.kubernetes.selector: "app in (" does not parse`},
+		{"{service: a, port_name: gossip, port: 7946}", "peers.kubernetes.port: give port_name or port, not both"},
+		{"{service: a, port_name: 'gossip port'}", `peers.kubernetes.port_name: "gossip port" is not a port name`},
+		{"{service: a, port: 70000}", "peers.kubernetes.port: 70000 is not a port: give the replicas' gossip port, like 7946"},
+		{"{service: a, scheme: https}", `peers.kubernetes.scheme: unknown key "scheme"`},
+	} {
+		_, err := Parse([]byte(peersBase + "peers: {listen: ':7947', secret_env: X, kubernetes: " + tc.section + "}\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want one saying %q", tc.section, err, tc.want)
+		}
+	}
+}
+
+func TestPeersTLSErrors(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "not-pem.txt"), []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		section string
+		want    []string
+	}{
+		{"{cert_file: c.pem}", []string{"peers.tls.key_file: missing", "peers.tls.ca_file: missing: give the CA certificate"}},
+		{"{ca_file: ca.pem}", []string{"peers.tls.cert_file: missing", "peers.tls.key_file: missing"}},
+		{"{cert_file: c.pem, key_file: k.pem, ca_file: not-pem.txt}", []string{"peers.tls: cannot load the certificate and key", "peers.tls.ca_file: " + filepath.Join(dir, "not-pem.txt") + ": no PEM certificate"}},
+		{"{cert_file: c.pem, key_file: k.pem, ca_file: ca.pem, server_name: 'kvroute peers'}", []string{`peers.tls.server_name: "kvroute peers" is not a DNS name`, "peers.tls.ca_file: open"}},
+	} {
+		path := filepath.Join(dir, "kvroute.yaml")
+		if err := os.WriteFile(path, []byte(peersBase+"peers: {listen: ':7947', secret_env: X, tls: "+tc.section+"}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(path)
+		for _, want := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: err %v, want one saying %q", tc.section, err, want)
+			}
 		}
 	}
 }

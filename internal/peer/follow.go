@@ -77,7 +77,19 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 		return err
 	}
 	// A stream silent for longer than a few heartbeats is dead, even if its connection is not.
-	watchdog := time.AfterFunc(streamSilence, cancel)
+	// The watchdog reads when the last message came rather than being reset by each: a timer
+	// reset per message costs more than the clock read that every message makes anyway.
+	var last atomic.Int64 // unix nanoseconds of the stream's last message, or of its start
+	last.Store(time.Now().UnixNano())
+	var watchdog *time.Timer
+	watchdog = time.AfterFunc(time.Hour, func() {
+		if quiet := time.Since(time.Unix(0, last.Load())); quiet < n.silence {
+			watchdog.Reset(n.silence - quiet)
+			return
+		}
+		cancel()
+	})
+	watchdog.Reset(n.silence) // now that the function can read watchdog (Reset orders it)
 	defer watchdog.Stop()
 	resp, err := n.client.Do(req)
 	if err != nil {
@@ -98,8 +110,9 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 		if err != nil {
 			return err
 		}
-		watchdog.Reset(streamSilence)
-		heard.Store(time.Now().UnixNano())
+		now := time.Now()
+		last.Store(now.UnixNano())
+		heard.Store(now.UnixNano())
 		switch {
 		case h.nonce != nonce || h.seq != seq+1:
 			return n.refused(fmt.Errorf("%w: frame %d of a stream at %d, or of another stream", errReplayed, h.seq, seq))
@@ -125,7 +138,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 			if len(evs) == 0 {
 				continue
 			}
-			n.m.Lag.Observe(max(time.Since(time.Unix(0, h.sentAt)).Seconds(), 0))
+			n.m.Lag.Observe(max(now.Sub(time.Unix(0, h.sentAt)).Seconds(), 0))
 			n.in.events.Add(float64(len(evs)))
 			n.lifecycle().ApplyBatch(evs, n.countDrop)
 			clear(evs) // the blocks now belong to the lifecycle

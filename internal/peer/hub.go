@@ -73,7 +73,6 @@ func (h *hub) publish(ev *route.Event) {
 	if h.nsubs.Load() == 0 {
 		return
 	}
-	now := time.Now().UnixNano()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	b, err := appendEvent(h.pend, ev)
@@ -82,7 +81,9 @@ func (h *hub) publish(ev *route.Event) {
 	}
 	h.pend = b
 	if h.count == 0 {
-		h.first = now
+		// The clock is read for a batch's first event only: the lag a receiver measures is
+		// that of the batch's oldest event.
+		h.first = time.Now().UnixNano()
 		h.timer.Reset(h.interval)
 	}
 	h.count++
@@ -165,6 +166,11 @@ type frameWriter struct {
 	nonce [nonceSize]byte
 	seq   uint64
 	buf   []byte // the frame being written, reused
+	// last is when the last frame was written; renew is when the write deadline is to be
+	// moved on. Setting a deadline arms a timer in the runtime's poller: it is set for half
+	// as long again as writeTimeout and renewed once half of that has passed, rather than
+	// set anew for every frame, so that a write may always wait writeTimeout at least.
+	last, renew time.Time
 }
 
 // write sends one message of kind: the header, then what extra appends (the payload's start,
@@ -182,8 +188,10 @@ func (f *frameWriter) write(kind int, sentAt int64, extra func([]byte) []byte, p
 		f.mac = hmac.New(sha256.New, f.n.macKey)
 	}
 	sealFrame(b, f.mac)
-	if f.rc != nil {
-		_ = f.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	f.last = time.Now()
+	if f.rc != nil && !f.last.Before(f.renew) {
+		_ = f.rc.SetWriteDeadline(f.last.Add(3 * writeTimeout / 2))
+		f.renew = f.last.Add(writeTimeout / 2)
 	}
 	if _, err := f.w.Write(b); err != nil {
 		return err
@@ -244,19 +252,24 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	// A heartbeat goes out after a second without a message: a timer reset by each write
-	// rather than a ticker, so that a stream in use never wakes for it.
-	idle := time.NewTimer(heartbeat)
+	// A heartbeat goes out after a second without a message. The timer is not reset by each
+	// write (that costs more than the write's clock read): when it fires after a write, it is
+	// set again for what is left of the second since, so that a stream in use wakes for it
+	// about once a second and sends nothing.
+	idle := time.NewTimer(n.beat)
 	defer idle.Stop()
 	for {
 		select {
 		case b := <-s.ch:
 			err = f.writeBatch(b)
 			n.hub.written(b)
-			idle.Reset(heartbeat)
 		case <-idle.C:
+			if quiet := time.Since(f.last); quiet < n.beat {
+				idle.Reset(n.beat - quiet)
+				continue
+			}
 			err = f.writeBatch(&batch{first: time.Now().UnixNano()})
-			idle.Reset(heartbeat)
+			idle.Reset(n.beat)
 		case <-s.broken:
 			return
 		case <-r.Context().Done():

@@ -72,6 +72,10 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	}
 	c.AdvertiseAddr = n.cfg.Advertise
 	c.SecretKey = n.gossipKey
+	// Gossip messages are pings, acks and a few members' states: too small for compression to
+	// save anything, and memberlist allocates an LZW writer (tens of kB) for every message
+	// it compresses. A replica still reads the compressed messages of one that compresses.
+	c.EnableCompression = false
 	c.TCPTimeout = 2 * time.Second
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -37,7 +38,8 @@ type Config struct {
 	Name string
 	// Incarnation tells this run of the replica from earlier ones; 0: the start time.
 	Incarnation uint64
-	// Listen is the address of the event stream server (HTTP, cleartext), host:port.
+	// Listen is the address of the event stream server (HTTP, cleartext without ServerTLS),
+	// host:port.
 	Listen string
 	// Gossip is memberlist's address (TCP and UDP), host:port.
 	Gossip string
@@ -49,6 +51,9 @@ type Config struct {
 	// Secret is the shared secret, at least 32 bytes; message MACs and gossip encryption use
 	// keys derived from it.
 	Secret []byte
+	// ServerTLS and ClientTLS, when set, carry the event streams and snapshots over TLS
+	// (MutualTLS makes both); nil: cleartext.
+	ServerTLS, ClientTLS *tls.Config
 	// BatchInterval is how long events wait to be sent together; 0: DefaultBatchInterval.
 	BatchInterval time.Duration
 	// MaxMessageBytes bounds a message either way; 0: DefaultMaxMessageBytes.
@@ -70,6 +75,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics; nil: collectors nobody scrapes.
 	Metrics *metrics.Peers
+
+	// beat and silence replace heartbeat and streamSilence (tests); 0: those.
+	beat, silence time.Duration
 }
 
 // Defaults of Config.
@@ -115,6 +123,9 @@ type Node struct {
 
 	mu      sync.Mutex
 	follows map[string]*following // by peer name
+
+	// beat and silence are heartbeat and streamSilence (tests shorten them).
+	beat, silence time.Duration
 }
 
 // New checks cfg and binds the event stream listener. It starts nothing: call Attach, then Run.
@@ -153,9 +164,13 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peers.listen: %w", err)
 	}
+	if cfg.ServerTLS != nil {
+		ln = tls.NewListener(ln, cfg.ServerTLS)
+	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("peer", cfg.Name), m: cfg.Metrics, ln: ln,
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
-		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{}}
+		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
+		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence)}
 	n.macKey, n.gossipKey = keys(cfg.Secret)
 	n.in, n.out = newTraffic(cfg.Metrics, "in"), newTraffic(cfg.Metrics, "out")
 	// The batch is flushed at a quarter of the largest message, so that one event more never
@@ -167,8 +182,9 @@ func New(cfg Config) (*Node, error) {
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	n.client = &http.Client{Transport: &http.Transport{
-		Protocols:   &protos,
-		DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		Protocols:       &protos,
+		DialContext:     (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		TLSClientConfig: cfg.ClientTLS,
 	}}
 	return n, nil
 }
@@ -391,7 +407,7 @@ func (n *Node) newRequest(ctx context.Context, p peerInfo, path string) (*http.R
 	var nonce [nonceSize]byte
 	_, _ = rand.Read(nonce[:])
 	ts := time.Now().Unix()
-	u := fmt.Sprintf("http://%s%s?from=%s&inc=%d&nonce=%x&ts=%d", p.feed, path, urlEscape(n.cfg.Name), n.cfg.Incarnation, nonce, ts)
+	u := fmt.Sprintf("%s://%s%s?from=%s&inc=%d&nonce=%x&ts=%d", n.scheme(), p.feed, path, urlEscape(n.cfg.Name), n.cfg.Incarnation, nonce, ts)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, nonce, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -359,6 +360,72 @@ func TestHostilePeer(t *testing.T) {
 	if st := r.share.Stats(); st.Applied != 0 || r.ep("http://e0").InFlight() != 0 {
 		t.Errorf("hostile events applied: %+v, in flight %d", st, r.ep("http://e0").InFlight())
 	}
+}
+
+// TestStreamWatchdog: a stream whose messages keep coming stays open for longer than the
+// silence bound; once they stop, it is given up after that bound.
+func TestStreamWatchdog(t *testing.T) {
+	const silence = 300 * time.Millisecond
+	r := startReplica(t, "watcher", nil, func(c *Config) { c.silence = silence })
+	macKey, _ := keys(secret)
+	last := make(chan time.Time, 1)
+	release := make(chan struct{})
+	p := fakePeer(t, func(w io.Writer, nonce [nonceSize]byte) {
+		tick := time.NewTicker(silence / 2)
+		defer tick.Stop()
+		for seq := uint64(1); seq <= 5; seq++ { // 4 gaps of silence/2: 2 x silence in all
+			if seq > 1 {
+				<-tick.C
+			}
+			_, _ = w.Write(frameOf(t, macKey, nonce, seq))
+			w.(http.Flusher).Flush()
+		}
+		last <- time.Now()
+		select { // silent until the stream is given up (bounded: the test ends it)
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	start := time.Now()
+	err := r.node.stream(context.Background(), p, new(atomic.Int64))
+	ended := time.Now()
+	close(release)
+	sent := <-last
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("stream ended with %v, want the watchdog's cancel", err)
+	}
+	if d := sent.Sub(start); d < 2*silence {
+		t.Fatalf("the fake peer's frames took %v, want %v at least", d, 2*silence)
+	}
+	if d := ended.Sub(sent); d < silence*9/10 || d > silence+2*time.Second {
+		t.Errorf("stream given up %v after the last message, want about %v", d, silence)
+	}
+}
+
+// TestHeartbeats: a stream carries a heartbeat after each beat without a message, whether or
+// not it carried events before.
+func TestHeartbeats(t *testing.T) {
+	const beat = 100 * time.Millisecond
+	fast := func(c *Config) { c.beat = beat }
+	a := startReplica(t, "a", nil, fast)
+	b := startReplica(t, "b", []string{a.node.GossipAddr()}, fast)
+	waitFor(t, 10*time.Second, "b following a", func() bool { return isFollowing(b, "a")() })
+	waitFor(t, 5*time.Second, "a's stream to b", func() bool { return testutil.ToFloat64(b.m.Streams) == 1 })
+	heard := func() time.Time {
+		b.node.mu.Lock()
+		defer b.node.mu.Unlock()
+		if f := b.node.follows["a"]; f != nil {
+			return time.Unix(0, f.heard.Load())
+		}
+		return time.Time{}
+	}
+	c := a.call(seqKeys(1, 4)...)
+	c.Finish(route.Outcome{OK: true, CachedTokens: -1})
+	waitFor(t, 5*time.Second, "b hearing a's request", func() bool { return testutil.ToFloat64(b.m.Events.WithLabelValues("in")) >= 2 })
+	// Nothing happens at a from now on: what b hears later than a few beats from now are
+	// heartbeats.
+	quiet := time.Now()
+	waitFor(t, 5*time.Second, "a heartbeat after 3 beats of quiet", func() bool { return heard().After(quiet.Add(3 * beat)) })
 }
 
 // TestUnauthenticatedRequests: a feed or snapshot request without the secret's signature, too

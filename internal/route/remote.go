@@ -146,10 +146,18 @@ type Share struct {
 	events sync.Pool     // *Event to publish: Publish copies what it keeps
 
 	mu      sync.Mutex
-	flights map[flightKey]*flight
-	remote  int           // remote flights in flights
-	expiry  []expiryEntry // remote flights in the order they started (deadlines rise)
-	ended   endedSet      // recently ended remote attempts: their late events are duplicates
+	local   *Call // the local attempts in flight, a list through their Calls (most recent first)
+	nlocal  int
+	flights map[flightKey]*flight // the remote attempts in flight
+	remote  int                   // len(flights)
+	expiry  []expiryEntry         // remote flights in the order they started (deadlines rise)
+	ended   endedSet              // recently ended remote attempts: their late events are duplicates
+	// seen is each origin's highest attempt ID that the Share put in flights or ended; of an
+	// origin it lacks there is nothing in either (unless seenFull). A Routed above it is new
+	// without a look in ended, whose generations are large maps: two cache misses on the path
+	// of every remote request, where an origin's IDs mostly arrive in rising order.
+	seen     map[uint64]uint64
+	seenFull bool // seen reached maxOrigins: an origin it lacks may be anywhere
 
 	applied, expired atomic.Int64
 	dropped          [DropSelf + 1]atomic.Int64
@@ -165,16 +173,24 @@ type replicaSet struct {
 
 type flightKey struct{ origin, id uint64 }
 
-// flight is one attempt in flight, local or remote.
+// flight is one remote attempt in flight.
 type flight struct {
-	req      *policy.Request // local: the Call's; remote: &rebuilt
-	rebuilt  policy.Request  // remote: the request rebuilt from the event (one allocation with the flight)
+	req      *policy.Request // &rebuilt
+	rebuilt  policy.Request  // the request rebuilt from the event (one allocation with the flight)
 	ep       *endpoint.Endpoint
-	obs      policy.Observer // remote: the observer told of Routed, told of the rest
-	local    bool
+	obs      policy.Observer // the observer told of Routed, told of the rest
 	first    bool
 	ttft     time.Duration
-	deadline time.Time // remote only
+	deadline time.Time
+}
+
+// localFlight is what the Share keeps of a local attempt in flight, in its Call: the Share
+// lists them (for a peer's hello and a new replica's snapshot) through their Calls, where a
+// map would cost an entry, an allocation and a hash per attempt on the request path.
+type localFlight struct {
+	prev, next *Call // the Share's list, under its lock
+	first      bool
+	ttft       time.Duration
 }
 
 type expiryEntry struct {
@@ -193,7 +209,7 @@ func NewShare(cfg ShareConfig) *Share {
 	if cfg.Clock == nil {
 		cfg.Clock = policy.WallClock{}
 	}
-	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote}}
+	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote}, seen: map[uint64]uint64{}}
 }
 
 // Self is the origin this replica's events carry.
@@ -251,7 +267,7 @@ func (s *Share) Stats() ShareStats {
 	}
 	s.mu.Lock()
 	st.Remote = s.remote
-	st.Local = len(s.flights) - s.remote
+	st.Local = s.nlocal
 	s.mu.Unlock()
 	return st
 }
@@ -263,8 +279,15 @@ func (s *Share) routed(c *Call) {
 		return
 	}
 	c.shared = s.next.Add(1)
+	l := &c.local
 	s.mu.Lock()
-	s.flights[flightKey{s.cfg.Self, c.shared}] = &flight{req: c.Req, ep: c.ep, local: true}
+	l.first, l.ttft = false, 0
+	l.prev, l.next = nil, s.local
+	if s.local != nil {
+		s.local.local.prev = c
+	}
+	s.local = c
+	s.nlocal++
 	s.mu.Unlock()
 	if s.cfg.Out == nil {
 		return
@@ -278,7 +301,8 @@ func (s *Share) routed(c *Call) {
 }
 
 // publish hands ev to Out in an Event of the pool: an *Event given to an interface's method
-// would be allocated for each of a request's three events.
+// would be allocated for each of a request's three events (and one in every Call would make
+// every request larger, with a Share or without).
 func (s *Share) publish(ev Event) {
 	p, _ := s.events.Get().(*Event)
 	if p == nil {
@@ -296,9 +320,7 @@ func (s *Share) firstToken(c *Call) {
 	}
 	ttft := c.TTFT()
 	s.mu.Lock()
-	if f := s.flights[flightKey{s.cfg.Self, c.shared}]; f != nil {
-		f.first, f.ttft = true, ttft
-	}
+	c.local.first, c.local.ttft = true, ttft
 	s.mu.Unlock()
 	if s.cfg.Out != nil {
 		s.publish(Event{Kind: EventFirstToken, ID: c.shared, TTFT: ttft})
@@ -309,8 +331,18 @@ func (s *Share) done(c *Call, res policy.Result) {
 	if s == nil || c.shared == 0 {
 		return
 	}
+	l := &c.local
 	s.mu.Lock()
-	delete(s.flights, flightKey{s.cfg.Self, c.shared})
+	if l.prev != nil {
+		l.prev.local.next = l.next
+	} else {
+		s.local = l.next
+	}
+	if l.next != nil {
+		l.next.local.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
+	s.nlocal--
 	s.mu.Unlock()
 	id := c.shared
 	c.shared = 0
@@ -425,6 +457,7 @@ func (s *Share) unknownLocked(key flightKey, remember bool) Drop {
 	}
 	if remember {
 		s.ended.add(key)
+		s.mark(key)
 	}
 	return d
 }
@@ -455,7 +488,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	f.req = &f.rebuilt
 	s.mu.Lock()
 	switch {
-	case s.flights[key] != nil || s.ended.has(key):
+	case !s.fresh(key) && (s.flights[key] != nil || s.ended.has(key)):
 		s.mu.Unlock()
 		return DropDuplicate
 	case s.remote >= s.cfg.MaxRemote:
@@ -463,6 +496,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		return DropFull
 	}
 	s.flights[key] = f
+	s.mark(key)
 	s.remote++
 	s.expiry = append(s.expiry, expiryEntry{key, f.deadline})
 	// The expiry queue holds ended attempts until their deadline passes; when they are most
@@ -470,7 +504,7 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	if len(s.expiry) > 1024 && len(s.expiry) > 4*s.remote {
 		live := s.expiry[:0]
 		for _, e := range s.expiry {
-			if g := s.flights[e.key]; g != nil && !g.local {
+			if s.flights[e.key] != nil {
 				live = append(live, e)
 			}
 		}
@@ -499,6 +533,27 @@ func remoteCached(ev *Event) int {
 	return -1
 }
 
+// maxOrigins bounds Share.seen: a replica's restarts are origins too.
+const maxOrigins = 4096
+
+// mark records that attempt k is in flights or ended. The caller holds s.mu.
+func (s *Share) mark(k flightKey) {
+	n, ok := s.seen[k.origin]
+	switch {
+	case ok || len(s.seen) < maxOrigins:
+		s.seen[k.origin] = max(n, k.id)
+	default:
+		s.seenFull = true
+	}
+}
+
+// fresh reports whether attempt k is sure to be neither in flight nor ended. The caller holds
+// s.mu.
+func (s *Share) fresh(k flightKey) bool {
+	n, ok := s.seen[k.origin]
+	return k.id > n && (ok || !s.seenFull)
+}
+
 // endLocked takes a remote flight out of the table. The caller holds s.mu.
 func (s *Share) endLocked(key flightKey) {
 	delete(s.flights, key)
@@ -524,7 +579,7 @@ func (s *Share) expire(now time.Time) {
 	n := 0
 	for ; n < len(s.expiry) && !s.expiry[n].deadline.After(now); n++ {
 		k := s.expiry[n].key
-		if f := s.flights[k]; f != nil && !f.local && !f.deadline.After(now) {
+		if f := s.flights[k]; f != nil && !f.deadline.After(now) {
 			s.endLocked(k)
 			out = append(out, f)
 		}
@@ -549,7 +604,7 @@ func (s *Share) ForgetOrigin(origin uint64) int {
 	var out []*flight
 	s.mu.Lock()
 	for k, f := range s.flights {
-		if k.origin == origin && !f.local {
+		if k.origin == origin {
 			s.endLocked(k)
 			out = append(out, f)
 		}
@@ -569,7 +624,7 @@ func (s *Share) Reconcile(origin uint64, live map[uint64]bool) int {
 	var out []*flight
 	s.mu.Lock()
 	for k, f := range s.flights {
-		if k.origin == origin && !f.local && !live[k.id] {
+		if k.origin == origin && !live[k.id] {
 			s.endLocked(k)
 			out = append(out, f)
 		}
@@ -606,17 +661,25 @@ func (s *Share) failAll(fs []*flight) {
 func (s *Share) InFlight() []Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Event, 0, len(s.flights))
+	out := make([]Event, 0, s.nlocal+len(s.flights))
+	for c := s.local; c != nil; c = c.local.next {
+		out = appendFlight(out, flightKey{s.cfg.Self, c.shared}, c.ep, c.Req, c.local.first, c.local.ttft)
+	}
 	for k, f := range s.flights {
-		r := f.req
-		out = append(out, Event{
-			Kind: EventRouted, Origin: k.origin, ID: k.id, Endpoint: f.ep.Name,
-			Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
-			BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
-		})
-		if f.first {
-			out = append(out, Event{Kind: EventFirstToken, Origin: k.origin, ID: k.id, TTFT: f.ttft})
-		}
+		out = appendFlight(out, k, f.ep, f.req, f.first, f.ttft)
+	}
+	return out
+}
+
+// appendFlight appends the events that start attempt k on another replica.
+func appendFlight(out []Event, k flightKey, ep *endpoint.Endpoint, r *policy.Request, first bool, ttft time.Duration) []Event {
+	out = append(out, Event{
+		Kind: EventRouted, Origin: k.origin, ID: k.id, Endpoint: ep.Name,
+		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
+		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
+	})
+	if first {
+		out = append(out, Event{Kind: EventFirstToken, Origin: k.origin, ID: k.id, TTFT: ttft})
 	}
 	return out
 }
@@ -625,11 +688,9 @@ func (s *Share) InFlight() []Event {
 func (s *Share) LocalIDs() []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]uint64, 0, len(s.flights)-s.remote)
-	for k, f := range s.flights {
-		if f.local {
-			out = append(out, k.id)
-		}
+	out := make([]uint64, 0, s.nlocal)
+	for c := s.local; c != nil; c = c.local.next {
+		out = append(out, c.shared)
 	}
 	return out
 }

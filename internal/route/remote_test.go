@@ -242,6 +242,42 @@ func TestShareIdempotent(t *testing.T) {
 	}
 }
 
+// TestShareIdempotentManyOrigins: an end that overtook its start is remembered whatever the
+// order of IDs and however many origins there are: beyond those whose newest IDs the Share
+// keeps (maxOrigins), it looks in what ended.
+func TestShareIdempotentManyOrigins(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	b := newReplica(t, 1<<62, &script{}, clk, ShareConfig{}, "x")
+	routed := func(origin, id uint64) *Event {
+		return &Event{Kind: EventRouted, Origin: origin, ID: id, Endpoint: "x", PromptTokens: 10, BlockTokens: 16, Blocks: []uint64{1}}
+	}
+	done := func(origin, id uint64) *Event {
+		return &Event{Kind: EventDone, Origin: origin, ID: id, OK: true, Predicted: -1}
+	}
+	for o := uint64(1); o <= maxOrigins+10; o++ {
+		steps := []struct {
+			ev   *Event
+			want Drop
+		}{
+			{done(o, 5), DropUnknown},
+			{routed(o, 5), DropDuplicate}, // its end came first
+			{routed(o, 9), DropNone},
+			{done(o, 3), DropUnknown}, // below the newest ID
+			{routed(o, 3), DropDuplicate},
+			{routed(o, 9), DropDuplicate},
+			{done(o, 9), DropNone},
+		}
+		for i, st := range steps {
+			if got := b.lc.Apply(st.ev); got != st.want {
+				t.Fatalf("origin %d, step %d (%s %d): %v, want %v", o, i, st.ev.Kind, st.ev.ID, got, st.want)
+			}
+		}
+	}
+	if st := b.share.Stats(); st.Remote != 0 || st.Applied != 2*(maxOrigins+10) {
+		t.Errorf("stats %+v", st)
+	}
+}
+
 // TestRemoteCorrections: an engine report below the origin's prediction (an eviction) reaches
 // the receiver's policy as it is; any other reads as no report, so that a receiver that
 // predicted more (it had heard of another request with that prefix first) sees no eviction.

@@ -378,7 +378,8 @@ type Call struct {
 	finished     bool
 	ok           bool
 
-	shared uint64 // the attempt's ID in the Share (remote.go), 0 when none
+	shared uint64      // the attempt's ID in the Share (remote.go), 0 when none
+	local  localFlight // the attempt in the Share's list of local ones (remote.go)
 }
 
 // Ranked returns the endpoints the request may be sent to, in order.

@@ -16,22 +16,39 @@ const noRetry = new OpenAI({ ...base, maxRetries: 0 });
 const retrying = new OpenAI({ ...base, fetch: recordingFetch }); // default maxRetries: 2
 const messages = [{ role: 'user', content: 'Say hello.' }];
 
-let burst = 0, burstError = null;
-for (; burst < 200; burst++) {
-  try {
-    await noRetry.chat.completions.create({ model, messages, max_tokens: 2 });
-  } catch (err) {
-    burstError = err?.constructor?.name;
-    break;
+// Drains the tenant's bucket with the non-retrying client; returns how many requests passed
+// before the 429 and the error's class name.
+async function drain() {
+  let n = 0;
+  for (; n < 200; n++) {
+    try {
+      await noRetry.chat.completions.create({ model, messages, max_tokens: 2 });
+    } catch (err) {
+      return [n, err?.constructor?.name];
+    }
   }
+  return [n, null];
 }
-const start = Date.now();
-let ok = false, content = null, error = null;
-try {
-  const r = await retrying.chat.completions.create({ model, messages, max_tokens: 2 });
-  ok = true;
-  content = r.choices[0].message.content;
-} catch (err) {
-  error = String(err?.message ?? err);
+
+// The retrying client must meet the empty bucket: on a loaded machine more than the refill
+// interval (1 s at 60 a minute) can pass between the 429 and its first request, which then
+// rightly succeeds at once. That round proves nothing about retries, so the bucket is drained
+// again and the retry tried again, at most three rounds.
+const [burst, burstError] = await drain();
+let ok = false, content = null, error = null, elapsedMs = 0, rounds = 0;
+for (; rounds < 3; rounds++) {
+  if (rounds > 0) await drain();
+  attempts.length = 0;
+  const start = Date.now();
+  try {
+    const r = await retrying.chat.completions.create({ model, messages, max_tokens: 2 });
+    ok = true;
+    content = r.choices[0].message.content;
+  } catch (err) {
+    ok = false;
+    error = String(err?.message ?? err);
+  }
+  elapsedMs = Date.now() - start;
+  if (attempts.length === 0 || attempts[0].status !== 200) break;
 }
-console.log(JSON.stringify({ burst, burstError, ok, content, error, elapsedMs: Date.now() - start, attempts }));
+console.log(JSON.stringify({ burst, burstError, ok, content, error, elapsedMs, rounds: rounds + 1, attempts }));

@@ -213,6 +213,7 @@ func TestTenant429OpenAIClient(t *testing.T) {
 		OK        bool   `json:"ok"`
 		Content   string `json:"content"`
 		ElapsedMs int    `json:"elapsedMs"`
+		Rounds    int    `json:"rounds"`
 		Attempts  []struct {
 			Status       int    `json:"status"`
 			RetryAfterMs string `json:"retryAfterMs"`

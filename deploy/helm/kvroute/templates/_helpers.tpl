@@ -111,7 +111,7 @@ mode the InferencePool names the engines). */}}
 
 {{/* Whether the pods need a service account token: they read the Kubernetes API. */}}
 {{- define "kvroute.apiAccess" -}}
-{{- if or (include "kvroute.kubeDiscovery" .) (eq .Values.mode "endpointPicker") -}}true{{- else -}}false{{- end -}}
+{{- if or (include "kvroute.kubeDiscovery" .) (eq .Values.mode "endpointPicker") (include "kvroute.peersKube" .) -}}true{{- else -}}false{{- end -}}
 {{- end -}}
 
 {{/* The namespaces the discovery watches, for RBAC. */}}

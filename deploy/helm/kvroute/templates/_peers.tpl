@@ -12,9 +12,9 @@
 
 {{- define "kvroute.validatePeers" -}}
 {{- if hasKey .Values.config "peers" -}}
-{{- range $k := list "listen" "gossip_listen" "static" "dns" "secret_file" "secret_env" -}}
+{{- range $k := list "listen" "gossip_listen" "static" "dns" "kubernetes" "secret_file" "secret_env" "tls" -}}
 {{- if hasKey ($.Values.config.peers | default dict) $k -}}
-{{- fail (printf "config.peers.%s: leave it out: the chart sets it (peers.enabled, peers.port, peers.gossipPort, peers.secret)" $k) -}}
+{{- fail (printf "config.peers.%s: leave it out: the chart sets it (peers.enabled, peers.port, peers.gossipPort, peers.discovery, peers.secret, peers.tls)" $k) -}}
 {{- end -}}
 {{- end -}}
 {{- if not .Values.peers.enabled -}}
@@ -32,10 +32,18 @@
 {{- if and $s.value (lt (len $s.value) 32) -}}
 {{- fail "peers.secret.value: at least 32 bytes (the replicas sign and encrypt with keys derived from it): make one with head -c 32 /dev/urandom | base64, or leave it empty for the chart to generate one" -}}
 {{- end -}}
+{{- if not (has .Values.peers.discovery (list "dns" "kubernetes")) -}}
+{{- fail (printf "peers.discovery: %q: use dns (the headless Service's name) or kubernetes (its EndpointSlices, through the API)" .Values.peers.discovery) -}}
+{{- end -}}
 {{- if eq (int .Values.peers.port) (int .Values.peers.gossipPort) -}}
 {{- fail "peers.gossipPort: the same as peers.port: give membership its own port (7946)" -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the replicas find each other through the Kubernetes API. */}}
+{{- define "kvroute.peersKube" -}}
+{{- if and .Values.peers.enabled (eq .Values.peers.discovery "kubernetes") -}}true{{- end -}}
 {{- end -}}
 
 {{/* Sets peers in the config (list . $cfg) when peers.enabled. */}}
@@ -46,9 +54,17 @@
 {{- $p := deepCopy ($cfg.peers | default dict) -}}
 {{- $_ := set $p "listen" (printf "0.0.0.0:%v" $.Values.peers.port) -}}
 {{- $_ := set $p "gossip_listen" (printf "0.0.0.0:%v" $.Values.peers.gossipPort) -}}
+{{- if eq $.Values.peers.discovery "kubernetes" -}}
+{{- $_ := set $p "kubernetes" (dict "service" (include "kvroute.peersService" $) "namespace" $.Release.Namespace "port_name" "gossip") -}}
+{{- else -}}
 {{- $name := printf "%s.%s.svc.%s" (include "kvroute.peersService" $) $.Release.Namespace $.Values.peers.clusterDomain -}}
 {{- $_ := set $p "dns" (dict "name" $name "port" (int $.Values.peers.gossipPort)) -}}
+{{- end -}}
 {{- $_ := set $p "secret_file" (printf "/etc/kvroute-peers/%s" $.Values.peers.secret.key) -}}
+{{- if $.Values.peers.tls.secretName -}}
+{{- $d := "/etc/kvroute-peers-tls" -}}
+{{- $_ := set $p "tls" (dict "cert_file" (printf "%s/tls.crt" $d) "key_file" (printf "%s/tls.key" $d) "ca_file" (printf "%s/ca.crt" $d) "server_name" (default (include "kvroute.peersService" $) $.Values.peers.tls.serverName)) -}}
+{{- end -}}
 {{- $_ := set $cfg "peers" $p -}}
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,28 @@
+// Package testkube helps tests that build Kubernetes clients from a kubeconfig and then give
+// them a fake API server instead.
+package testkube
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Kubeconfig writes a kubeconfig, in a directory of the test's, whose context names namespace
+// and an API server nobody listens on (127.0.0.1:1), and returns its path: clients built from
+// it are valid and never reach a cluster.
+func Kubeconfig(t testing.TB, namespace string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(p, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: %s}}]
+current-context: x
+`, namespace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
