@@ -15,8 +15,14 @@
 # /debug/pprof/profile (profiling costs CPU too, so that run is not one of the figures) and its
 # top functions are printed; the profile is kept in OUT.
 #
+# With PERF=1 (and perf installed), each run and each idle stretch is also counted by `perf stat
+# -e context-switches,raw_syscalls:sys_enter` on the router, and the context switches and system
+# calls per request (idle subtracted the same way) are printed in two more columns. The syscall
+# tracepoint costs the router a little CPU of its own: compare cpu_ms_per_req between runs with
+# the same PERF.
+#
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
-# RATE (8 requests/s), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
+# RATE (8 requests/s), PERF (0), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
 # PROFILE_SIZE (prompt tokens of the profiled run, 100000), SHAPE (shared-prefix, or multi-turn:
 # 8 conversations of 16 turns whose prompts grow by a turn each, so that Chains applies),
 # KVROUTE (a built binary; default: built from this tree). Linux only (/proc).
@@ -27,6 +33,11 @@ repeat=${REPEAT:-2}
 requests=${REQUESTS:-128}
 rate=${RATE:-8}
 profile=${PROFILE:-1}
+perf=${PERF:-0}
+if [ "$perf" = 1 ] && ! command -v perf >/dev/null; then
+	echo "longctx.sh: PERF=1 needs perf" >&2
+	exit 1
+fi
 shape=${SHAPE:-shared-prefix}
 profile_size=${PROFILE_SIZE:-100000}
 out=${OUT:-$(mktemp -d /tmp/kvroute-longctx.XXXXXX)}
@@ -53,8 +64,8 @@ trap cleanup EXIT
 
 # wait_for FILE PATTERN COUNT: until FILE has COUNT lines matching PATTERN, at most 30 s.
 wait_for() {
-	local deadline=$((SECONDS + 30))
-	until [ "$(grep -c "$2" "$1" 2>/dev/null || true)" -ge "$3" ]; do
+	local deadline=$((SECONDS + 30)) n
+	until n=$(grep -c "$2" "$1" 2>/dev/null); [ "${n:-0}" -ge "$3" ]; do
 		if [ $SECONDS -ge $deadline ]; then
 			say "timed out waiting for '$2' in $1:"
 			cat "$1" >&2
@@ -97,6 +108,29 @@ cpu() { awk '{print $14 + $15}' "/proc/$router/stat"; }
 sys() { awk '{print $15}' "/proc/$router/stat"; }
 now_ms() { date +%s%3N; }
 
+# perf_start FILE / perf_stop: count the router's context switches and system calls into FILE
+# (PERF=1); perf_counts FILE prints "context_switches syscalls" (0 0 without PERF).
+perf_pid=
+perf_start() {
+	[ "$perf" = 1 ] || return 0
+	perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$router" -o "$1" 2>/dev/null &
+	perf_pid=$!
+	pids+=($perf_pid)
+	sleep 0.2 # perf attaches
+}
+perf_stop() {
+	[ "$perf" = 1 ] || return 0
+	kill -INT "$perf_pid" 2>/dev/null || true
+	wait "$perf_pid" 2>/dev/null || true
+}
+perf_counts() {
+	if [ "$perf" != 1 ]; then
+		echo "0 0"
+		return
+	fi
+	awk -F, '/context-switches/{c=$1} /raw_syscalls/{s=$1} END{print c+0, s+0}' "$1"
+}
+
 # run SIZE LABEL: one bench run of REQUESTS prompts of SIZE tokens; prints "wall_ms cpu_ticks
 # completed sys_ticks".
 run() {
@@ -109,6 +143,7 @@ run() {
 		wl="multi-turn:conversations=8,min-turns=16,max-turns=16,common=500,prefix-mean=$((size - 3000)),prefix-max=$((size - 2500)),min-output=8,max-output=8,think=0s,prefill=100000000,rate=$rate,n=$requests"
 	fi
 	local c0 t0 c1 t1 s0 s1
+	perf_start "$out/perf-$label.txt"
 	c0=$(cpu)
 	s0=$(sys)
 	t0=$(now_ms)
@@ -116,6 +151,7 @@ run() {
 	t1=$(now_ms)
 	c1=$(cpu)
 	s1=$(sys)
+	perf_stop
 	local done failed
 	done=$(grep -o '"completed": *[0-9]*' "$out/bench-$label.json" | head -1 | grep -o '[0-9]*$')
 	failed=$(grep -o '"failed": *[0-9]*' "$out/bench-$label.json" | head -1 | grep -o '[0-9]*$')
@@ -126,20 +162,29 @@ run() {
 	echo "$((t1 - t0)) $((c1 - c0)) $done $((s1 - s0))"
 }
 
-say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-8s %-3s %8s %8s %10s %10s %11s %14s\n' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
+say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s"
+printf '%-8s %-3s %8s %8s %10s %10s %11s %14s' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
+[ "$perf" = 1 ] && printf ' %10s %12s' cs_per_req syscalls_per_req
+echo
 for size in $sizes; do
 	for i in $(seq 1 "$repeat"); do
 		res=$(run "$size" "$size-$i")
 		read -r wall ticks sent systicks <<<"$res"
 		# The idle rate over the same wall time, right after.
+		perf_start "$out/perf-$size-$i-idle.txt"
 		c0=$(cpu)
 		sleep "$(awk -v w="$wall" 'BEGIN{printf "%.3f", w/1000}')"
 		c1=$(cpu)
+		perf_stop
 		idle=$((c1 - c0))
-		awk -v s="$size" -v i="$i" -v n="$sent" -v w="$wall" -v t="$ticks" -v d="$idle" -v hz="$tck" -v k="$systicks" 'BEGIN{
+		read -r cs sc <<<"$(perf_counts "$out/perf-$size-$i.txt")"
+		read -r ics isc <<<"$(perf_counts "$out/perf-$size-$i-idle.txt")"
+		awk -v s="$size" -v i="$i" -v n="$sent" -v w="$wall" -v t="$ticks" -v d="$idle" -v hz="$tck" -v k="$systicks" \
+			-v perf="$perf" -v cs="$cs" -v sc="$sc" -v ics="$ics" -v isc="$isc" 'BEGIN{
 			busy = t * 1000 / hz; idle = d * 1000 / hz
-			printf "%-8s %-3s %8d %8.1f %10.0f %10.0f %11.0f %14.2f\n", s, i, n, w / 1000, busy, k * 1000 / hz, idle, (busy - idle) / n
+			printf "%-8s %-3s %8d %8.1f %10.0f %10.0f %11.0f %14.2f", s, i, n, w / 1000, busy, k * 1000 / hz, idle, (busy - idle) / n
+			if (perf == 1) printf " %10.1f %12.1f", (cs - ics) / n, (sc - isc) / n
+			printf "\n"
 		}'
 	done
 done

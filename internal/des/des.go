@@ -365,6 +365,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		if err != nil {
 			return nil, err
 		}
+		r.deferrer, _ = pk.(policy.Deferrer)
 		r.eps = make([]*endpoint.Endpoint, cfg.Instances)
 		r.cands = make([]*endpoint.Endpoint, 0, cfg.Instances)
 	}
@@ -432,8 +433,9 @@ const (
 	evControl       // the autoscaler looks (autoscale.go)
 	evScrape
 	evArrival
-	evSubmit // request reaches its engine (with network latency)
-	evKick   // engine starts its next step
+	evDeferred // a request a replica's policy held (policy.Deferrer) is routed
+	evSubmit   // request reaches its engine (with network latency)
+	evKick     // engine starts its next step
 )
 
 type event struct {
@@ -467,10 +469,11 @@ type reqState struct {
 // router is one router replica: its lifecycle (its policy instance) and its own Endpoint
 // objects, whose load counters only its own requests move (the snapshots on them are shared).
 type router struct {
-	lc     *route.Lifecycle
-	eps    []*endpoint.Endpoint
-	cands  []*endpoint.Endpoint // scratch: this request's candidates
-	routed int
+	lc       *route.Lifecycle
+	deferrer policy.Deferrer // the policy, if it holds requests (policy.Deferrer)
+	eps      []*endpoint.Endpoint
+	cands    []*endpoint.Endpoint // scratch: this request's candidates
+	routed   int
 }
 
 type sim struct {
@@ -545,6 +548,8 @@ func (s *sim) loop(ctx context.Context) error {
 		case evArrival:
 			s.arrive(int(e.req))
 			s.pushArrival()
+		case evDeferred:
+			s.place(int(e.req), int(e.inst))
 		case evSubmit:
 			s.submit(int(e.inst), int(e.req))
 		case evKick:
@@ -657,16 +662,33 @@ func (s *sim) spread(i, n int) int {
 func (s *sim) arrive(i int) {
 	rt := s.spread(i, s.arrivals)
 	s.arrivals++
-	st := &s.state[i]
-	st.router = int32(rt)
-	r := &s.routers[rt]
-	r.routed++
+	if r := &s.routers[rt]; r.deferrer != nil {
+		if d := r.deferrer.Defer(&s.w.preqs[i], s.candidates(r)); d > 0 {
+			s.push(event{at: s.clock.now + d, kind: evDeferred, req: int32(i), inst: int32(rt)})
+			return
+		}
+	}
+	s.place(i, rt)
+}
+
+// candidates are the instances that are part of the fleet and that replica r has not ejected.
+func (s *sim) candidates(r *router) []*endpoint.Endpoint {
 	r.cands = r.cands[:0]
 	for id, ep := range r.eps {
 		if s.present[id] && ep.Available() {
 			r.cands = append(r.cands, ep)
 		}
 	}
+	return r.cands
+}
+
+// place routes request i through replica rt.
+func (s *sim) place(i, rt int) {
+	st := &s.state[i]
+	st.router = int32(rt)
+	r := &s.routers[rt]
+	r.routed++
+	s.candidates(r)
 	c, err := r.lc.Begin(&s.w.preqs[i], r.cands, "", s.clock.Now())
 	st.call = c
 	if err != nil {

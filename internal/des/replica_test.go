@@ -225,3 +225,60 @@ func TestRoutersConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// deferPicker wraps a registered policy and holds the requests in hold (policy.Deferrer),
+// noting when each is picked for.
+type deferPicker struct {
+	policy.Picker
+	clock  policy.Clock
+	hold   map[string]time.Duration
+	picked map[string]time.Time
+}
+
+func (d *deferPicker) Defer(r *policy.Request, eps []*endpoint.Endpoint) time.Duration {
+	return d.hold[r.ID]
+}
+
+func (d *deferPicker) Pick(r *policy.Request, eps []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	d.picked[r.ID] = d.clock.Now()
+	return d.Picker.Pick(r, eps)
+}
+
+// A request a replica's policy holds is picked for that much later, by the same replica, and
+// the hold counts in its time to first token; the others are picked for as they arrive.
+func TestReplicaHoldsWhatItsPolicyDefers(t *testing.T) {
+	reqs := randomWorkload(40)
+	cfg := toyConfig(3)
+	cfg.Routers = 2
+	var pickers []*deferPicker
+	np := func(env policy.Env) (policy.Picker, error) {
+		p, err := policy.New("least-request", nil, env)
+		if err != nil {
+			return nil, err
+		}
+		d := &deferPicker{Picker: p, clock: env.Clock, hold: map[string]time.Duration{"7": 5 * time.Millisecond}, picked: map[string]time.Time{}}
+		pickers = append(pickers, d)
+		return d, nil
+	}
+	res := run(t, cfg, reqs, np)
+	for i, r := range res.Records {
+		if r.FirstToken <= 0 {
+			t.Fatalf("request %s: no first token (%s)", r.ID, r.Err)
+		}
+		d := pickers[i%2] // round-robin: request i arrives i-th
+		at, ok := d.picked[r.ID]
+		if !ok {
+			t.Fatalf("request %s: not picked for by replica %d", r.ID, i%2)
+		}
+		want := Epoch().Add(r.Arrival)
+		if r.ID == "7" {
+			want = want.Add(5 * time.Millisecond)
+			if r.FirstToken-r.Arrival < 5*time.Millisecond {
+				t.Errorf("request 7: TTFT %v, want the 5ms hold counted", r.FirstToken-r.Arrival)
+			}
+		}
+		if !at.Equal(want) {
+			t.Errorf("request %s: picked for at %v, want %v", r.ID, at.Sub(Epoch()), want.Sub(Epoch()))
+		}
+	}
+}

@@ -35,7 +35,8 @@ const (
 	holdBeforeChunking = 4 << 10
 	// sniffLen is how much of a body http.DetectContentType looks at.
 	sniffLen = 512
-	// quietTicks is how many janitor rounds without a request in flight slow the janitor down.
+	// quietTicks is how many janitor rounds without a request in flight slow the janitor down
+	// (one is enough when requests are fewer than rounds: see janitor).
 	quietTicks = 20
 )
 
@@ -101,8 +102,10 @@ type Server struct {
 	shutdown  atomic.Bool
 	wg        sync.WaitGroup // connection goroutines and the janitor
 
-	janitorOn bool        // under mu
-	quiet     atomic.Bool // the janitor sleeps long: a request that starts nudges it
+	janitorOn bool         // under mu
+	quiet     atomic.Bool  // the janitor sleeps long: a request that starts nudges it
+	started   atomic.Int64 // requests started since the janitor's last round
+	rounds    atomic.Int64 // the janitor's rounds, for tests
 	nudge     chan struct{}
 }
 
@@ -220,13 +223,23 @@ func (s *Server) janitor() {
 	defer s.wg.Done()
 	timer := time.NewTimer(fast)
 	defer timer.Stop()
-	quiet := 0
-	for {
+	quiet := 0 // rounds in succession without a request in flight
+	// Requests started in each of the last quietTicks rounds, and their sum. Fewer requests
+	// than rounds (at 8 requests a second, some twelve rounds a request) and the janitor goes
+	// quiet as soon as none is in flight: a nudge per request then costs less than rounds
+	// every few milliseconds, each of which wakes a thread.
+	var started [quietTicks]int64
+	recent := int64(0)
+	for round := 0; ; round++ {
 		select {
 		case <-timer.C:
 		case <-s.nudge:
 		}
-		if quiet >= quietTicks {
+		n := s.started.Swap(0)
+		recent += n - started[round%quietTicks]
+		started[round%quietTicks] = n
+		sleepy := quiet >= quietTicks || quiet > 0 && recent < quietTicks
+		if sleepy {
 			s.quiet.Store(true) // before the scan: a request it misses will nudge
 		}
 		s.mu.Lock()
@@ -242,9 +255,10 @@ func (s *Server) janitor() {
 		if busy {
 			quiet = 0
 			s.quiet.Store(false)
-		} else if quiet++; quiet > quietTicks {
+		} else if quiet++; sleepy {
 			wait = slow
 		}
+		s.rounds.Add(1)
 		timer.Reset(wait)
 	}
 }
@@ -289,6 +303,7 @@ func (s *Server) sweep(now int64) (busy bool) {
 
 // requestStarted wakes a quiet janitor, so that the request's watch starts on time.
 func (s *Server) requestStarted() {
+	s.started.Add(1)
 	if s.quiet.Load() && s.quiet.CompareAndSwap(true, false) {
 		s.wakeJanitor()
 	}
@@ -920,6 +935,7 @@ type response struct {
 	contentLength int64  // declared by the handler; -1: none
 	written       int64
 	chunked       bool
+	ended         bool // the body is complete (EndBody, or the handler returned)
 	closeAfter    bool
 	noBody        bool // HEAD, 204 or 304
 }
@@ -969,6 +985,9 @@ func (w *response) Write(p []byte) (int, error) {
 	}
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if w.ended {
+		return 0, http.ErrBodyNotAllowed
 	}
 	if w.noBody {
 		if w.req.Method == http.MethodHead {
@@ -1192,8 +1211,28 @@ func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // SetWriteDeadline lets http.ResponseController extend a response's write deadline.
 func (w *response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
 
-// finish completes the response after the handler has returned.
-func (w *response) finish() {
+// EndBody ends the response now, before the handler returns: the headers if not yet sent,
+// what is buffered, and a chunked body's end (with the trailers set so far) go out in one
+// write. A client that reads the body to its end (to keep the connection) then need not wait
+// for what the handler does afterwards (a proxy's bookkeeping). Writes after it fail with
+// http.ErrBodyNotAllowed.
+func (w *response) EndBody() error {
+	w.end()
+	if w.c.werr == nil {
+		if err := w.c.bw.Flush(); err != nil {
+			w.c.werr = err
+		}
+	}
+	return w.c.werr
+}
+
+// end writes what the response still owes: the headers if not yet sent, and a chunked body's
+// end. It does it once.
+func (w *response) end() {
+	if w.ended {
+		return
+	}
+	w.ended = true
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -1205,6 +1244,11 @@ func (w *response) finish() {
 		w.writeTrailers()
 		_, _ = w.c.bw.WriteString("\r\n")
 	}
+}
+
+// finish completes the response after the handler has returned.
+func (w *response) finish() {
+	w.end()
 	if w.contentLength >= 0 && w.written < w.contentLength && w.req.Method != http.MethodHead {
 		w.closeAfter = true // the client would wait for the rest
 	}

@@ -40,6 +40,19 @@ func startServer(t *testing.T, s *Server, h http.Handler) string {
 	return ln.Addr().String()
 }
 
+// dialBuffered connects to addr, with a 5 s deadline, and returns the connection (closed at
+// the end of the test) and a reader of it.
+func dialBuffered(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
 // rawExchange writes req on a new connection and returns everything the server sends until it
 // closes the connection (or 5 s pass).
 func rawExchange(t *testing.T, addr, req string) string {
@@ -253,13 +266,7 @@ func TestExpectContinue(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		_, _ = fmt.Fprintf(w, "%d", len(b))
 	}))
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := dialBuffered(t, addr)
 	_, _ = io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
 	line, err := br.ReadString('\n')
 	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
@@ -577,5 +584,99 @@ func TestHTTP2HandOff(t *testing.T) {
 	}
 	if got := rawExchange(t, addr, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); !strings.HasSuffix(got, "h1") {
 		t.Errorf("an HTTP/1 request beside HTTP2: %q", got)
+	}
+}
+
+// EndBody sends a chunked body's end (trailers included) before the handler returns, so that
+// a client reading the body to its end has it while the handler still works; later writes
+// fail, and the connection carries the next request.
+func TestEndBody(t *testing.T) {
+	release := make(chan struct{})
+	writeErr := make(chan error, 1)
+	addr := startServer(t, &Server{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/next" {
+			_, _ = io.WriteString(w, "next")
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: a\n\n")
+		w.(http.Flusher).Flush()
+		w.Header().Set(http.TrailerPrefix+"X-T", "v")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		if err := w.(interface{ EndBody() error }).EndBody(); err != nil {
+			t.Errorf("EndBody: %v", err)
+		}
+		_, err := io.WriteString(w, "late")
+		writeErr <- err
+		<-release // the bookkeeping after the answer
+	}))
+	c, br := dialBuffered(t, addr)
+	fmt.Fprint(c, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body) // to the chunked body's end, while the handler waits
+	if err != nil || string(b) != "data: a\n\ndata: [DONE]\n\n" || resp.Trailer.Get("X-T") != "v" {
+		t.Errorf("body %q, trailer %v, %v; want both events and the trailer before the handler returns", b, resp.Trailer, err)
+	}
+	if err := <-writeErr; !errors.Is(err, http.ErrBodyNotAllowed) {
+		t.Errorf("a write after EndBody: %v, want ErrBodyNotAllowed", err)
+	}
+	close(release)
+	fmt.Fprint(c, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "next" {
+		t.Errorf("next request on the connection: %q", b)
+	}
+}
+
+// At a low request rate the janitor goes quiet (sleeps long, nudged by the next request) as
+// soon as no request is in flight, not after quietTicks rounds: otherwise it wakes a thread
+// every half WatchAfter between requests. The next request still gets its watch on time.
+func TestJanitorQuietBetweenRareRequests(t *testing.T) {
+	s := &Server{WatchAfter: 2 * time.Millisecond}
+	var slowWatched atomic.Bool
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			c := s.connOf(r.RemoteAddr)
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) && !slowWatched.Load() {
+				c.mu.Lock()
+				slowWatched.Store(c.watching)
+				c.mu.Unlock()
+				time.Sleep(time.Millisecond) // polling the connection's state, with a deadline
+			}
+		}
+		_, _ = io.WriteString(w, r.URL.Path)
+	}))
+	c := newClient(t)
+	get := func(p string) {
+		t.Helper()
+		resp, err := c.Get("http://" + addr + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get("/fast")
+	r0 := s.rounds.Load()
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.quiet.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !s.quiet.Load() {
+		t.Fatal("the janitor never went quiet")
+	}
+	if n := s.rounds.Load() - r0; n >= quietTicks {
+		t.Errorf("the janitor went quiet after %d rounds without a request, want fewer than %d", n, quietTicks)
+	}
+	get("/slow") // nudges the quiet janitor: the watch starts
+	if !slowWatched.Load() {
+		t.Error("a request that started while the janitor was quiet was never watched")
 	}
 }

@@ -75,6 +75,7 @@ type conn struct {
 	cr    countingReader
 	br    *bufio.Reader
 	bw    *bufio.Writer
+	head  []byte // a MemBody request's head, reused
 	addr  string
 	since time.Time // when it went idle
 }
@@ -155,13 +156,13 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		return nil, err
 	}
 	read0 := c.cr.n
-	if err := req.Write(c.bw); err != nil {
-		if c.cr.n == read0 && closedByPeer(err) {
-			err = errStale
-		}
-		return fail(err)
+	var err error
+	if _, mem := req.Body.(*MemBody); mem {
+		err = writeMem(c, req)
+	} else if err = req.Write(c.bw); err == nil {
+		err = c.bw.Flush()
 	}
-	if err := c.bw.Flush(); err != nil {
+	if err != nil {
 		if c.cr.n == read0 && closedByPeer(err) {
 			err = errStale
 		}
@@ -170,7 +171,6 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 	var resp *http.Response
 	c.cr.max = read0 + MaxResponseHeaderBytes
 	for {
-		var err error
 		resp, err = http.ReadResponse(c.br, req)
 		if err != nil {
 			return fail(err) // the request went out: not stale, whatever closed the connection

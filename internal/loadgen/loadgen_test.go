@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -468,4 +469,35 @@ func BenchmarkRun_Overhead(b *testing.B) {
 	b.ReportMetric(float64(ttft[len(ttft)/2])/float64(time.Microsecond), "ttft-p50-µs")
 	b.ReportMetric(float64(lag[len(lag)/2])/float64(time.Microsecond), "lag-p50-µs")
 	b.ReportMetric(float64(lag[len(lag)*99/100])/float64(time.Microsecond), "lag-p99-µs")
+}
+
+// TestRun_ReusesConnections: a stream's connection goes back to the pool after [DONE] even
+// when the server's chunked end comes a little later (as a router's does, after its own
+// bookkeeping): a client that closed at [DONE] opened a connection per request.
+func TestRun_ReusesConnections(t *testing.T) {
+	var fresh atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		streamOK(w, 1, 1, 0)
+		time.Sleep(2 * time.Millisecond) // the end of the body after [DONE]
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			fresh.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	const n = 20
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m"}, items(n, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Records {
+		if r.Class != ClassOK {
+			t.Fatalf("request %d: %s %s", r.Index, r.Class, r.Err)
+		}
+	}
+	if c := fresh.Load(); c > 3 {
+		t.Errorf("%d connections for %d requests one after the other: want them reused", c, n)
+	}
 }

@@ -125,7 +125,11 @@ type Metrics struct {
 	CacheBlind       *prometheus.GaugeVec   // endpoint
 	CacheBlindEvents *prometheus.CounterVec // endpoint
 	Rewrites         prometheus.Counter
-	Reloads          *prometheus.CounterVec // result
+	// Held and HeldSeconds count the requests a replica held before picking (route.Lifecycle
+	// Hold: placed once the peers' placements of the same moment are heard) and the time held.
+	Held        prometheus.Counter
+	HeldSeconds prometheus.Counter
+	Reloads     *prometheus.CounterVec // result
 	// DiscoveryErrors counts failed discovery updates (a file that does not load, a name that
 	// does not resolve); DiscoveredEndpoints is what each source gives now. source is "file" or
 	// "dns:<name>", from the config: bounded.
@@ -216,6 +220,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Rewrites: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_normalize_rewrites_total", Help: "Requests whose prompt was rewritten to its normalised form before forwarding.",
 		}),
+		Held: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_replica_held_total", Help: "Requests this router replica held a sync delay or a few before picking, to place them knowing what its peers placed at the same moment.",
+		}),
+		HeldSeconds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_replica_held_seconds_total", Help: "Time requests were held before picking (kvroute_replica_held_total), in seconds; it counts in their time to first token.",
+		}),
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_config_reloads_total", Help: "Configuration reloads, by result (ok, error).",
 		}, []string{"result"}),
@@ -233,7 +243,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
-		m.Retries, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
+		m.Retries, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Held, m.HeldSeconds, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
 	m.Reloads.WithLabelValues("ok")
 	m.Reloads.WithLabelValues("error")
 	m.modelSeries(UnknownModel)

@@ -36,11 +36,37 @@ type SSEReader struct {
 }
 
 // NewSSEReader returns a reader of events from r, each at most maxEvent bytes (4 KiB when
-// maxEvent < 4096). Its own buffer is small (r, an HTTP body, is buffered already), so that
-// thousands of open streams cost little memory.
+// maxEvent < 4096). Its own buffer (sseBuffer) is as small as lets it hold, after one read, the
+// several events an engine sends at once, so that a proxy can pass them on in one write
+// (HasEvent); r, an HTTP body, is buffered already.
 func NewSSEReader(r io.Reader, maxEvent int) *SSEReader {
 	maxEvent = max(maxEvent, 4096)
-	return &SSEReader{r: bufio.NewReaderSize(r, 512), maxEvent: maxEvent}
+	return &SSEReader{r: bufio.NewReaderSize(r, sseBuffer), maxEvent: maxEvent}
+}
+
+// sseBuffer is the SSEReader's own buffer: the size of an HTTP connection's read buffer, so
+// that one read takes what the connection holds (a completion chunk is about 250 bytes).
+const sseBuffer = 4 << 10
+
+// HasEvent reports whether a whole event is buffered already, so that Next will return it
+// without waiting for the stream. A proxy uses it to pass on together the events an engine
+// sent together. It never reads.
+func (s *SSEReader) HasEvent() bool {
+	b, _ := s.r.Peek(s.r.Buffered())
+	fields := false
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return false // an unfinished line
+		}
+		blank := i == 0 || i == 1 && b[0] == '\r'
+		if blank && fields {
+			return true
+		}
+		fields = fields || !blank
+		b = b[i+1:]
+	}
+	return false
 }
 
 // Reset makes s read from r, keeping its buffers (for a pool of readers).

@@ -161,3 +161,52 @@ func BenchmarkSSEReader(b *testing.B) {
 		})
 	}
 }
+
+// HasEvent says true exactly when a whole event is buffered, so that Next returns without
+// reading the stream (a proxy that asked would otherwise hold the events it has to pass on).
+func TestSSEReaderHasEvent(t *testing.T) {
+	for _, tc := range []struct {
+		in   string // what the stream holds, read into the buffer at once
+		want []bool // HasEvent before each Next, until the buffer is empty
+	}{
+		{"data: a\n\ndata: b\n\n", []bool{true, true}},
+		{"data: a\n\ndata: b\n", []bool{true, false}},
+		{"data: a\r\n\r\ndata: b\r\n\r\n", []bool{true, true}},
+		{"data: a\n\n\n\ndata: b", []bool{true, false}}, // blank lines alone are no event
+		{"\n\ndata: a\n\n", []bool{true}},
+		{": ping\n\ndata: [DONE]\n\n", []bool{true, true}},
+		{"data: a", []bool{false}},
+	} {
+		r := NewSSEReader(strings.NewReader(tc.in), 0)
+		// Fill the buffer: the first Peek reads what the stream holds.
+		if _, err := r.r.Peek(1); err != nil {
+			t.Fatal(err)
+		}
+		var got []bool
+		for range 10 {
+			if r.r.Buffered() == 0 {
+				break
+			}
+			got = append(got, r.HasEvent())
+			if !got[len(got)-1] {
+				break // Next would read on (and meet EOF): nothing more to check
+			}
+			if _, err := r.Next(); err != nil {
+				t.Fatalf("%q: Next after HasEvent: %v", tc.in, err)
+			}
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%q (-want +got):\n%s", tc.in, diff)
+		}
+	}
+}
+
+// HasEvent never reads: on a stream that has nothing buffered it answers at once.
+func TestSSEReaderHasEventDoesNotRead(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	r := NewSSEReader(pr, 0)
+	if r.HasEvent() {
+		t.Fatal("HasEvent on an empty stream")
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
 // Router replicas that hear of each other's placements late (SetReplicas).
@@ -14,9 +16,12 @@ import (
 // among the replicas, and each places its share knowing nothing of the others' shares: with
 // the same picture, they all pick the same apparent best endpoint and herd there, the classic
 // failure of load balancing on stale information (Mitzenmacher, "How useful is old
-// information?", 2000). prefix-aware answers with two things, both off with one replica or
-// with a delay of zero:
+// information?", 2000). Worst is a short request sent, at the same instant, to the endpoint
+// where a peer is sending a long new prefill: it waits seconds behind it. prefix-aware answers
+// with three things, all off with one replica or with a delay of zero:
 //
+//   - a request larger than the fleet's recent mean is held a sync delay or a few (Defer), so
+//     that it is placed knowing what the peers placed at its instant, short ones first.
 //   - each replica takes its own place in the order one router would have filled the fleet:
 //     the n replicas' simultaneous requests, taken as like this one, go one after the other
 //     where each costs least with the ones before it counted, and the replica of rank r takes
@@ -42,7 +47,8 @@ type paReplicas struct {
 	rank  atomic.Int32 // this replica's place among them, 0 to n-1
 	lag   atomic.Int64 // how late a placement reaches the others, nanoseconds
 
-	placed decayed // requests routed by any replica, per second over placedWindow
+	placed     decayed // requests routed by any replica, per second over placedWindow
+	placedWork decayed // their uncached work, token-equivalents per second
 
 	mu        sync.Mutex
 	clumpLast int64   // the last own placement, unix nanoseconds
@@ -73,6 +79,7 @@ func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
 	s.placedWork.add(float64(work), now, placedWindow)
 	s.placedN.add(1, now, placedWindow)
 	r.placed.add(1, now, placedWindow)
+	r.placedWork.add(float64(work), now, placedWindow)
 	if req.Remote {
 		return
 	}
@@ -89,6 +96,53 @@ func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
 		r.clumpN = 1
 	}
 	r.clumpLast = now
+}
+
+// Defer holds a request larger than the fleet's recent mean (policy.Deferrer): one sync
+// delay for each doubling of its uncached work over the mean, the first included, and always
+// less than its own prefill takes. Such a request costs an unseen peer request that lands
+// with it more than that one costs it (the one behind waits for the one ahead). Held, it is
+// placed once this replica has heard of what the peers placed at the moment it arrived, and
+// after the smaller ones held with it: the way one router that saw a burst whole would have
+// it, short prefills not queued behind long ones. One replica, or a delay of 0, holds nothing.
+func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration {
+	r := &pa.replicas
+	lag := time.Duration(r.lag.Load())
+	if r.peers.Load() == 0 || lag <= 0 || len(c) == 0 {
+		return 0
+	}
+	now := pa.clock.Now().UnixNano()
+	n := r.placed.get(now, placedWindow)
+	if n <= 0 {
+		return 0 // nothing routed yet: no mean to compare with
+	}
+	mean := r.placedWork.get(now, placedWindow) / n
+	if float64(pa.work(req, 0)) <= mean {
+		return 0 // not larger than the mean even with nothing cached (work falls as cached rises): no index match
+	}
+	maxID := 0
+	for _, e := range c {
+		maxID = max(maxID, e.ID)
+	}
+	sc := pa.getScratch(len(c), maxID)
+	defer pa.scratch.Put(sc)
+	pa.index.Match(sc.runs, req.Blocks)
+	best := 0
+	for _, e := range c {
+		if !pa.state(e.ID).blind.Load() {
+			best = max(best, int(sc.runs[e.ID]))
+		}
+	}
+	own := float64(pa.work(req, cachedTokens(req, best))) // where its prefix is
+	if own <= mean {
+		return 0
+	}
+	levels := math.Floor(math.Log2(own/mean)) + 1
+	levels = min(levels, math.Ceil(own/prefillRate*pa.fleet.get()/lag.Seconds())-1)
+	if levels < 1 {
+		return 0
+	}
+	return time.Duration(levels) * lag
 }
 
 // paUnseen is what one placement assumes of the peers' unseen requests.

@@ -75,3 +75,37 @@ func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
 		t.Errorf("with no delay: %+v, want no unseen peers", u)
 	}
 }
+
+// A request larger than the fleet's recent mean is held one sync delay for each doubling of
+// its work over the mean, never as long as its own prefill; a smaller one, a lone replica or
+// a delay of 0 holds nothing.
+func TestPrefixAware_DefersLargeRequests(t *testing.T) {
+	hold := func(n int, lag time.Duration, blocks uint64) time.Duration {
+		pa, clk := newPA(t, nil)
+		pa.SetReplicas(n, 0, lag)
+		remote := &Request{Remote: true}
+		for range 10 {
+			pa.replicas.routed(pa.state(0), remote, 1000, clk.t.UnixNano()) // the mean: 1000
+		}
+		return pa.Defer(req("x", 0, seq(1, blocks)...), newEndpoints(2, 1<<20))
+	}
+	ms := time.Millisecond
+	for _, c := range []struct {
+		n      int
+		lag    time.Duration
+		blocks uint64 // 16 tokens each: work 16 x blocks, and its attention
+		want   time.Duration
+	}{
+		{2, ms, 50, 0},                 // work 808 (800 tokens, 8 of attention): below the mean
+		{2, ms, 70, ms},                // 1,135: above it, short of twice
+		{4, ms, 1000, 5 * ms},          // 19,200: four doublings and more
+		{2, 500 * ms, 1000, 1500 * ms}, // its prefill takes 1.92 s: three delays fit
+		{2, 2 * time.Second, 1000, 0},  // none fits
+		{1, ms, 1000, 0},               // alone
+		{2, 0, 1000, 0},                // no delay
+	} {
+		if got := hold(c.n, c.lag, c.blocks); got != c.want {
+			t.Errorf("%d replicas, %v late, %d blocks: held %v, want %v", c.n, c.lag, c.blocks, got, c.want)
+		}
+	}
+}

@@ -75,9 +75,22 @@ type prepareOptions struct {
 	addUsage bool
 }
 
+// hold waits d before the pick (route.Lifecycle.Hold); an error if ctx ends first (the client
+// left: nothing was picked, nothing is counted against an endpoint).
+func hold(ctx context.Context, d time.Duration) *openai.Error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return openai.NewError(499, openai.TypeInvalidRequest, "", "client_closed_request", "the request ended before it was routed: "+ctx.Err().Error())
+	}
+}
+
 // prepare takes a request from its body to its pick: parse, routing keys, the tenant's limits
 // (rate-limit headers set in out), the candidates, saturation, admission (which may wait, until
-// ctx ends) and the lifecycle's Begin; then the body to forward. hdr is the request's headers.
+// ctx ends), a replica's hold (route.Lifecycle.Hold, likewise) and the lifecycle's Begin; then the body to forward. hdr is the request's headers.
 // An error is the answer to give the client (Retry-After set in out where it applies).
 func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, out http.Header, opt prepareOptions) *openai.Error {
 	h := c.h
@@ -133,6 +146,13 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		c.release = release
 	}
 
+	if d := h.Lifecycle.Hold(&c.preq, cands, req.PreviousResponseID); d > 0 {
+		if oe := hold(ctx, d); oe != nil {
+			return oe
+		}
+		h.Metrics.Held.Inc()
+		h.Metrics.HeldSeconds.Add(d.Seconds())
+	}
 	pickStart := time.Now()
 	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
 	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scrape"
@@ -123,8 +124,11 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return resp, route.FailBusy, nil
 	}
 	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sb := &sseBody{c: c, up: resp.Body, r: openai.NewSSEReader(resp.Body, maxEvent), ctx: ctx, cancel: cancel, idle: to.StreamIdle}
+		r := sseReaders.Get().(*openai.SSEReader)
+		r.Reset(resp.Body)
+		sb := &sseBody{c: c, up: resp.Body, r: r, ctx: ctx, cancel: cancel, idle: to.StreamIdle}
 		if err := sb.first(); err != nil {
+			sb.release()
 			resp.Body.Close()
 			return failed(err)
 		}
@@ -201,8 +205,8 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
 	req.URL.RawPath = ""
 	req.Host = u.Host
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.Body = h1.NewMemBody(body) // sent with the head in one system call
+	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBody(body), nil }
 	req.ContentLength = int64(len(body))
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
@@ -275,7 +279,8 @@ type sseBody struct {
 	cancel  context.CancelCauseFunc // ends the attempt
 	idle    time.Duration
 	timer   *time.Timer // the idle timeout
-	pending []byte
+	pending []byte      // what the client is still to get: a part of buf, or of a larger array
+	buf     []byte
 	err     error
 }
 
@@ -287,6 +292,7 @@ func (s *sseBody) first() error {
 	}
 	s.c.rc.FirstToken()
 	s.take(ev)
+	s.takeBuffered(copyBufSize)
 	s.timer = time.AfterFunc(s.idle, func() { s.cancel(errIdleTimeout) })
 	return nil
 }
@@ -312,9 +318,13 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		}
 		s.timer.Reset(s.idle)
 		s.take(ev)
+		s.takeBuffered(len(p))
 	}
 	n := copy(p, s.pending)
 	s.pending = s.pending[n:]
+	if len(s.pending) == 0 {
+		s.pending = s.buf[:0] // all sent: the next events reuse the buffer
+	}
 	return n, nil
 }
 
@@ -322,7 +332,29 @@ func (s *sseBody) Read(p []byte) (int, error) {
 // did not ask for).
 func (s *sseBody) take(ev openai.Event) {
 	if s.c.takeEvent(ev) {
-		s.pending = append(s.pending, ev.Raw...)
+		s.queue(ev.Raw)
+	}
+}
+
+// queue appends b to what is pending for the client.
+func (s *sseBody) queue(b []byte) {
+	s.pending = append(s.pending, b...)
+	if len(s.pending) == len(b) && cap(s.pending) > cap(s.buf) {
+		s.buf = s.pending[:0] // a new, larger buffer: keep it for the next events
+	}
+}
+
+// takeBuffered queues the events that arrived with the last one, up to limit bytes pending, so
+// that they go out in the same write (each write to the client is a system call, and wakes
+// it): one write per chunk the engine sent, whether it carried one token or several.
+func (s *sseBody) takeBuffered(limit int) {
+	for !s.c.complete && len(s.pending) < limit && s.r.HasEvent() {
+		ev, err := s.r.Next()
+		if err != nil {
+			s.cutShort(err) // not expected: the event was buffered whole
+			return
+		}
+		s.take(ev)
 	}
 }
 
@@ -347,10 +379,30 @@ func (s *sseBody) cutShort(err error) {
 	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut", msg+" (request id "+s.c.rid+")")
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
-	s.pending = append(s.pending[:0], b.Bytes()...)
+	s.queue(b.Bytes()) // after the events that came before the cut
 }
 
+// sseReaders recycles the streams' event readers (each holds a 4 KB buffer: one per request
+// would be most of what a short streamed request allocates).
+var sseReaders = sync.Pool{New: func() any { return openai.NewSSEReader(nil, maxEvent) }}
+
+// release gives the event reader back to the pool; reads from then on fail.
+func (s *sseBody) release() {
+	if s.r == nil {
+		return
+	}
+	s.r.Reset(nil)
+	sseReaders.Put(s.r)
+	s.r = nil
+	if s.err == nil {
+		s.err = errBodyClosed
+	}
+}
+
+var errBodyClosed = errors.New("proxy: read on a closed stream")
+
 func (s *sseBody) Close() error {
+	s.release()
 	if s.timer != nil {
 		s.timer.Stop()
 	}
@@ -511,6 +563,27 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 func (w *statusWriter) Flush() {
 	if err := http.NewResponseController(w.ResponseWriter).Flush(); err != nil && w.err == nil && !errors.Is(err, http.ErrNotSupported) {
 		w.err = err
+	}
+}
+
+// endBody sends the answer now: what is buffered (a write error there means the client did
+// not get the whole answer), then, with h1.Server's EndBody, a chunked body's end. An error
+// writing that end is not the client's loss: the answer had gone out whole (a client may close
+// as soon as it has read a stream's [DONE]), as when the server writes the end after the
+// handler. Another server's writer ends the body when the handler returns.
+func (w *statusWriter) endBody() {
+	w.Flush()
+	var rw http.ResponseWriter = w.ResponseWriter
+	for range 16 { // through middleware that wraps the writer (and unwraps it, as for ResponseController)
+		if e, ok := rw.(interface{ EndBody() error }); ok {
+			_ = e.EndBody()
+			return
+		}
+		u, ok := rw.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		rw = u.Unwrap()
 	}
 }
 

@@ -186,7 +186,11 @@ func randomID() string {
 // bufferPool recycles the reverse proxy's copy buffers.
 type bufferPool struct{}
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// copyBufSize is the size of the reverse proxy's copy buffers: the most one write to the
+// client carries.
+const copyBufSize = 4 << 10
 
 func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
 func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
@@ -282,8 +286,9 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	out.Body = http.NoBody
 	h.rp.ServeHTTP(w, out)
 	// The answer leaves now, before the bookkeeping that runs when the handler returns (the
-	// policy's Done, metrics, the access line): a server flushes a short body only then.
-	w.Flush()
+	// policy's Done, metrics, the access line): a server flushes a short body only then, and
+	// sends a stream's end (which a client reads to keep its connection) only then.
+	w.endBody()
 }
 
 // callKey carries the call from ServeHTTP through httputil.ReverseProxy (whose hooks see only
@@ -293,11 +298,12 @@ type callKey struct{}
 func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
 
 // readBody reads the whole body, at most limit bytes. A body announced longer than limit is
-// refused before any of it is read, and memory grows with the bytes received, never with the
-// length announced: a body that fits in bodyStart is read into one buffer; a larger one (or
-// one of unknown length) into pooled chunks of bodyStart bytes as data arrives, joined once at
-// the end. (Doubling one buffer instead cleared and copied more than twice the body: a quarter
-// of the router's CPU on a 100k-token prompt.)
+// refused before any of it is read. A body announced at most exactBody long is read into one
+// buffer of its length, each read taking what the socket holds; beyond that, memory grows with
+// the bytes received, never with the length announced: a longer body (or one of unknown
+// length) is read into pooled chunks of bodyStart bytes as data arrives, joined once at the
+// end. (Doubling one buffer instead cleared and copied more than twice the body: a quarter of
+// the router's CPU on a 100k-token prompt.)
 func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 	tooLarge := func() *openai.Error {
 		return openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
@@ -307,7 +313,7 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 		return nil, tooLarge()
 	}
 	var buf []byte
-	if n := r.ContentLength; n >= 0 && n < bodyStart {
+	if n := r.ContentLength; n >= 0 && n <= exactBody {
 		buf = make([]byte, 0, n+1) // room to see EOF without another read
 	} else {
 		buf = (*bodyChunks.Get().(*[]byte))[:0]
@@ -350,9 +356,15 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 	}
 }
 
-// bodyStart is the largest body read into a buffer of its own, and the size of the chunks a
-// larger one is read into.
+// bodyStart is the size of the chunks a body of unknown length, or one longer than exactBody,
+// is read into.
 const bodyStart = 64 << 10
+
+// exactBody is the longest announced body read into a buffer of the length announced, before
+// it arrives: 1 MiB (a prompt of some 250k tokens), what a request's head may already make the
+// server hold (MaxHeaderBytes). Read in chunks and joined, a 400 KB body took twice the reads
+// and one more copy of itself.
+const exactBody = 1 << 20
 
 // bodyChunks recycles the chunks of large bodies.
 var bodyChunks = sync.Pool{New: func() any { b := make([]byte, bodyStart); return &b }}

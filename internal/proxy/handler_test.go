@@ -809,6 +809,11 @@ func TestReadBodyGrowsWithData(t *testing.T) {
 		sb.WriteString(strconv.Itoa(i)) // no two chunks alike
 	}
 	big := sb.String()
+	// Announced, and no longer than exactBody: one buffer of that length, no copy.
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
+	if b, oe := readBody(r, 1<<20); oe != nil || string(b) != big || cap(b) != len(big)+1 {
+		t.Errorf("readBody of %d announced bytes: %d bytes (cap %d), equal %v, %v; want them all in a buffer of their size (+1)", len(big), len(b), cap(b), string(b) == big, oe)
+	}
 	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(big))
 	r.ContentLength = -1
 	if b, oe := readBody(r, 1<<20); oe != nil || string(b) != big || cap(b) != len(b) {

@@ -169,6 +169,7 @@ type Lifecycle struct {
 	// Share's SetReplicas it last passed on.
 	replicated    policy.Replicated
 	replicasHeard atomic.Pointer[replicaSet]
+	deferrer      policy.Deferrer // the policy as policy.Deferrer (nil if it is not): Hold
 }
 
 // New builds a Lifecycle.
@@ -190,6 +191,7 @@ func New(cfg Config) (*Lifecycle, error) {
 	lc.observer, _ = cfg.Picker.(policy.Observer)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	lc.replicated, _ = cfg.Picker.(policy.Replicated)
+	lc.deferrer, _ = cfg.Picker.(policy.Deferrer)
 	if lc.clock == nil {
 		lc.clock = policy.WallClock{}
 	}

@@ -1,0 +1,104 @@
+package h1
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// A request with a MemBody reaches the server byte for byte as http.Request.Write frames it,
+// and its body is taken as it lies (no copy), over a connection that is then reused.
+func TestMemBodyBytesOnTheWire(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	body := bytes.Repeat([]byte("0123456789abcdef"), 40<<10) // 640 KB: many socket buffers
+	mk := func(b io.ReadCloser) *http.Request {
+		req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/chat/completions?a=1", b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = int64(len(body))
+		req.Header.Set("X-Request-Id", "r1")
+		req.Header.Set("Content-Type", "application/json")
+		return req
+	}
+	var want bytes.Buffer
+	if err := mk(io.NopCloser(bytes.NewReader(body))).Write(&want); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte, 2)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		for range 2 { // two requests on the one connection
+			b := make([]byte, want.Len())
+			if _, err := io.ReadFull(br, b); err != nil {
+				got <- nil
+				return
+			}
+			got <- b
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}()
+	tr := newTransport(t)
+	for i := range 2 {
+		resp, err := tr.RoundTrip(mk(NewMemBody(body)))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if s := readAll(t, resp); s != "ok" {
+			t.Fatalf("request %d: answer %q", i, s)
+		}
+		b := <-got
+		if !bytes.Equal(b, want.Bytes()) {
+			t.Fatalf("request %d: the server got %d bytes unlike http.Request.Write's %d (head %q)", i, len(b), want.Len(), b[:min(len(b), 300)])
+		}
+	}
+}
+
+// headWriter takes a MemBody without copying it, and anything else after the head.
+func TestHeadWriter(t *testing.T) {
+	body := []byte(`{"model":"m"}`)
+	req, _ := http.NewRequest(http.MethodPost, "http://x/v1", NewMemBody(body))
+	req.ContentLength = int64(len(body))
+	var w headWriter
+	if err := req.Write(&w); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.body) == 0 || &w.body[0] != &body[0] {
+		t.Errorf("the body was copied (or not taken): body %q", w.body)
+	}
+	if !strings.HasSuffix(string(w.head), "\r\n\r\n") || strings.Contains(string(w.head), "model") {
+		t.Errorf("head %q: want the head alone", w.head)
+	}
+	// Chunked (no length): net/http frames the body itself, all of it goes after the head.
+	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", NewMemBody(body))
+	req.ContentLength = -1
+	var w2 headWriter
+	if err := req.Write(&w2); err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", io.NopCloser(bytes.NewReader(body)))
+	req.ContentLength = -1
+	_ = req.Write(&want)
+	if diff := cmp.Diff(want.String(), string(w2.head)+string(w2.body)); diff != "" {
+		t.Errorf("chunked request (-net/http +headWriter):\n%s", diff)
+	}
+}
