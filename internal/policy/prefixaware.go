@@ -184,6 +184,8 @@ type paScratch struct {
 	scored []paScore
 	states []*paState
 	costs  []float64 // spread's running costs
+	held   []int32   // commonRun's runs of the candidates
+	common int32     // blocks of the request at least half the candidates hold (commonRun)
 }
 
 type paScore struct {
@@ -414,6 +416,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 			fullest = max(fullest, sc.fill[e.ID])
 		}
 	}
+	sc.common = pa.commonRun(sc, c, states)
 	// Bounded load: at most ceil(factor x its share) in flight after this request, each
 	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
 	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
@@ -449,7 +452,16 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 			weight += pa.cacheWeight * p
 		}
 		q := pa.queued(s, now, fleet)
-		w := q + own*weight + unseen.delay(s, own, now)
+		// What fetches the prefix the fleet has in common (a tool or system prompt that an
+		// instance which joined or evicted it lacks) is no new cache content: the request waits
+		// for it, but the fleet gains a holder of content most of it holds already, and every
+		// later request that starts with it can go there. Charged at the cache weight, one
+		// cold copy would keep a newcomer out of all such traffic.
+		fresh := own
+		if sc.common > sc.runs[e.ID] {
+			fresh = float64(pa.work(req, cachedTokens(req, int(sc.common))))
+		}
+		w := q + own + (weight-1)*fresh + unseen.delay(s, own, now)
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
@@ -483,6 +495,29 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		spread(sc, unseen.peers+1, unseen.rank)
 	}
 	return sc
+}
+
+// commonRun is how many leading blocks of the request at least half the candidates, and at
+// least two, hold (cache-blind ones counted as holding nothing): the prefix the fleet has in
+// common, such as a tool or system prompt, as opposed to one conversation's own context,
+// which its home alone holds. A conversation that moved once is held by two, which in a fleet
+// of four is half: its second move is charged as its own wait only (docs/policy.md).
+func (pa *prefixAware) commonRun(sc *paScratch, c []*endpoint.Endpoint, states []*paState) int32 {
+	k := max(2, (len(c)+1)/2)
+	if k > len(c) {
+		return 0
+	}
+	held := sc.held[:0]
+	for i, e := range c {
+		r := sc.runs[e.ID]
+		if states[i].blind.Load() {
+			r = 0
+		}
+		held = append(held, r)
+	}
+	sc.held = held
+	slices.Sort(held)
+	return held[len(held)-k]
 }
 
 // Routed records the request on ep: its work is queued there, and ep is about to hold its blocks.
