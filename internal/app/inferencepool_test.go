@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +25,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/internal/discovery/inferencepool"
+	"github.com/kvroute/kvroute/internal/testkube"
 )
 
 // poolPod is a model server pod of the InferencePool in the test: labelled app=vllm.
@@ -77,16 +76,7 @@ func TestRouterInferencePool(t *testing.T) {
 
 	// The kubeconfig names an API server nobody listens on (and the namespace): the fakes
 	// replace it.
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := testkube.Kubeconfig(t, "inference")
 	r := routerFromYAML(t, fmt.Sprintf(`
 auth: {mode: none}
 scrape: {disabled: true}

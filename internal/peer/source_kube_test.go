@@ -166,20 +166,7 @@ func runKube(t *testing.T, api *fakeAPI) (k *Kube, logs *syncBuffer, failures *a
 		Log:     slog.New(slog.NewTextHandler(logs, nil)),
 		OnError: func(error) { failures.Add(1) },
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Run = %v, want context.Canceled", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return within 10s of its context's end")
-		}
-	})
+	testkube.RunUntilCleanup(t, k.Run)
 	return k, logs, failures
 }
 

@@ -3,11 +3,34 @@
 package testkube
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
+
+// RunUntilCleanup runs run (a watch's or a source's Run) in a goroutine until the test ends;
+// then it cancels run's context and checks that run returned context.Canceled within 10 s.
+func RunUntilCleanup(t testing.TB, run func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("Run = %v, want context.Canceled", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of its context's end")
+		}
+	})
+}
 
 // Kubeconfig writes a kubeconfig, in a directory of the test's, whose context names namespace
 // and an API server nobody listens on (127.0.0.1:1), and returns its path: clients built from

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
+	"github.com/kvroute/kvroute/internal/testkube"
 )
 
 // TestRouterDeletionCost runs a router with autoscale.pod_deletion_cost on, in front of two
@@ -141,16 +140,7 @@ autoscale:
 func runRouter(t *testing.T, client kube.Client, cfg string) (r *app.Router, api, admin *httptest.Server) {
 	t.Helper()
 	// The router's kubeconfig names an API server nobody listens on: client replaces it.
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kc := testkube.Kubeconfig(t, "inference")
 	c, err := config.Parse(fmt.Appendf(nil, cfg, kc))
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/testkube"
 )
 
 const ns = "inference"
@@ -256,21 +256,8 @@ func run(t *testing.T, src *Source) (next func() []string, nextErr func(pending 
 	sets := make(chan []endpoint.Spec, 100)
 	errs := make(chan error, 100)
 	src.OnError = func(err error) { errs <- err }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- src.Run(ctx, func(s []endpoint.Spec) error { sets <- s; return nil })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Run = %v, want context.Canceled", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return within 10s of its context's end")
-		}
+	testkube.RunUntilCleanup(t, func(ctx context.Context) error {
+		return src.Run(ctx, func(s []endpoint.Spec) error { sets <- s; return nil })
 	})
 	next = func() []string {
 		t.Helper()
@@ -523,16 +510,7 @@ func TestNewClient(t *testing.T) {
 	if _, _, err := NewClient("", "kvroute/test"); err == nil || !strings.Contains(err.Error(), "no cluster to talk to") {
 		t.Errorf("no cluster: %v, want it said", err)
 	}
-	kc := t.TempDir() + "/kubeconfig"
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u, namespace: gpu-a}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kc := testkube.Kubeconfig(t, "gpu-a")
 	c, ns, err := NewClient(kc, "kvroute/test")
 	if err != nil || c == nil || ns != "gpu-a" {
 		t.Errorf("NewClient = %v, %q, %v; want a client for namespace gpu-a", c, ns, err)
