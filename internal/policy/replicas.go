@@ -20,8 +20,9 @@ import (
 // where a peer is sending a long new prefill: it waits seconds behind it. prefix-aware answers
 // with three things, all off with one replica or with a delay of zero:
 //
-//   - a request larger than the fleet's recent mean is held a sync delay or a few (Defer), so
-//     that it is placed knowing what the peers placed at its instant, short ones first.
+//   - a request larger than the fleet's recent mean is held a few sync delays (Defer), so
+//     that it is placed knowing what the peers placed at its instant, short ones first, and
+//     the replicas take turns with their long ones of one size, a delay apart.
 //   - each replica takes its own place in the order one router would have filled the fleet:
 //     the n replicas' simultaneous requests, taken as like this one, go one after the other
 //     where each costs least with the ones before it counted, and the replica of rank r takes
@@ -98,13 +99,19 @@ func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
 	r.clumpLast = now
 }
 
-// Defer holds a request larger than the fleet's recent mean (policy.Deferrer): one sync
-// delay for each doubling of its uncached work over the mean, the first included, and always
-// less than its own prefill takes. Such a request costs an unseen peer request that lands
-// with it more than that one costs it (the one behind waits for the one ahead). Held, it is
-// placed once this replica has heard of what the peers placed at the moment it arrived, and
-// after the smaller ones held with it: the way one router that saw a burst whole would have
-// it, short prefills not queued behind long ones. One replica, or a delay of 0, holds nothing.
+// Defer holds a request larger than the fleet's recent mean (policy.Deferrer) until its turn
+// in the order one router would have placed a burst, long prefills after short ones: its
+// size level is one for each doubling of its uncached work over the mean, the first
+// included, and within a level the n replicas take turns by rank, a sync delay apart, since a
+// placement reaches the others one delay later. It is held ((level-1) x n + rank + 1) delays,
+// and always less than its own prefill takes. Such a request costs an unseen peer request
+// that lands with it more than that one costs it (the one behind waits for the one ahead).
+// Held, it is placed once this replica has heard of what the peers placed at the moment it
+// arrived, of the smaller ones held with it and of the ones of its size held by the replicas
+// of lower rank: the way one router that saw a burst whole would have it, short prefills not
+// queued behind long ones, and two long ones not placed blind to each other (at one slot per
+// size level, as before, the replicas' long requests of one level met at the same instant).
+// One replica, or a delay of 0, holds nothing.
 func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration {
 	r := &pa.replicas
 	lag := time.Duration(r.lag.Load())
@@ -138,11 +145,13 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 		return 0
 	}
 	levels := math.Floor(math.Log2(own/mean)) + 1
-	levels = min(levels, math.Ceil(own/prefillRate*pa.fleet.get()/lag.Seconds())-1)
-	if levels < 1 {
+	replicas := float64(r.peers.Load()) + 1
+	slots := (levels-1)*replicas + float64(r.rank.Load()) + 1
+	slots = min(slots, math.Ceil(own/prefillRate*pa.fleet.get()/lag.Seconds())-1)
+	if slots < 1 {
 		return 0
 	}
-	return time.Duration(levels) * lag
+	return time.Duration(slots) * lag
 }
 
 // paUnseen is what one placement assumes of the peers' unseen requests.

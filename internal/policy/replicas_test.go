@@ -76,13 +76,14 @@ func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
 	}
 }
 
-// A request larger than the fleet's recent mean is held one sync delay for each doubling of
-// its work over the mean, never as long as its own prefill; a smaller one, a lone replica or
-// a delay of 0 holds nothing.
+// A request larger than the fleet's recent mean is held until its turn: one slot of n sync
+// delays for each doubling of its work over the mean, the first included, and within it the
+// delay of its replica's rank, never as long as its own prefill; a smaller one, a lone
+// replica or a delay of 0 holds nothing.
 func TestPrefixAware_DefersLargeRequests(t *testing.T) {
-	hold := func(n int, lag time.Duration, blocks uint64) time.Duration {
+	hold := func(n, rank int, lag time.Duration, blocks uint64) time.Duration {
 		pa, clk := newPA(t, nil)
-		pa.SetReplicas(n, 0, lag)
+		pa.SetReplicas(n, rank, lag)
 		remote := &Request{Remote: true}
 		for range 10 {
 			pa.replicas.routed(pa.state(0), remote, 1000, clk.t.UnixNano()) // the mean: 1000
@@ -91,21 +92,24 @@ func TestPrefixAware_DefersLargeRequests(t *testing.T) {
 	}
 	ms := time.Millisecond
 	for _, c := range []struct {
-		n      int
-		lag    time.Duration
-		blocks uint64 // 16 tokens each: work 16 x blocks, and its attention
-		want   time.Duration
+		n, rank int
+		lag     time.Duration
+		blocks  uint64 // 16 tokens each: work 16 x blocks, and its attention
+		want    time.Duration
 	}{
-		{2, ms, 50, 0},                 // work 808 (800 tokens, 8 of attention): below the mean
-		{2, ms, 70, ms},                // 1,135: above it, short of twice
-		{4, ms, 1000, 5 * ms},          // 19,200: four doublings and more
-		{2, 500 * ms, 1000, 1500 * ms}, // its prefill takes 1.92 s: three delays fit
-		{2, 2 * time.Second, 1000, 0},  // none fits
-		{1, ms, 1000, 0},               // alone
-		{2, 0, 1000, 0},                // no delay
+		{2, 0, ms, 50, 0},                 // work 808 (800 tokens, 8 of attention): below the mean
+		{2, 0, ms, 70, ms},                // 1,135: above it, short of twice: the first slot
+		{2, 1, ms, 70, 2 * ms},            // rank 1 after rank 0
+		{4, 3, ms, 70, 4 * ms},            // rank 3 of 4 after ranks 0 to 2
+		{4, 0, ms, 1000, 17 * ms},         // 19,200: four doublings and more, four slots of 4 first
+		{4, 2, ms, 1000, 19 * ms},         // the same, rank 2
+		{2, 0, 500 * ms, 1000, 1500 * ms}, // its prefill takes 1.92 s: three delays fit
+		{2, 1, 2 * time.Second, 1000, 0},  // none fits
+		{1, 0, ms, 1000, 0},               // alone
+		{2, 1, 0, 1000, 0},                // no delay
 	} {
-		if got := hold(c.n, c.lag, c.blocks); got != c.want {
-			t.Errorf("%d replicas, %v late, %d blocks: held %v, want %v", c.n, c.lag, c.blocks, got, c.want)
+		if got := hold(c.n, c.rank, c.lag, c.blocks); got != c.want {
+			t.Errorf("%d replicas, rank %d, %v late, %d blocks: held %v, want %v", c.n, c.rank, c.lag, c.blocks, got, c.want)
 		}
 	}
 }
