@@ -51,6 +51,9 @@ type paReplicas struct {
 	placed     decayed // requests routed by any replica, per second over placedWindow
 	placedWork decayed // their uncached work, token-equivalents per second
 
+	held      sync.Map     // *Request -> int64: held to its turn (Defer) -> that turn, unix nanoseconds
+	heldSwept atomic.Int64 // when held was last swept of requests never placed, unix nanoseconds
+
 	mu        sync.Mutex
 	clumpLast int64   // the last own placement, unix nanoseconds
 	clumpN    int     // own placements in the clump that clumpLast ends
@@ -74,6 +77,7 @@ func (pa *prefixAware) SetReplicas(n, rank int, lag time.Duration) {
 
 // routed counts a request routed to s at now by this replica or, replayed, by another one.
 func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
+	r.held.Delete(req)
 	if r.peers.Load() == 0 {
 		return
 	}
@@ -151,7 +155,28 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 	if slots < 1 {
 		return 0
 	}
-	return time.Duration(slots) * lag
+	d := time.Duration(slots) * lag
+	r.hold(req, now, now+int64(d))
+	return d
+}
+
+// heldForget is how long after its turn a held request that was never placed is forgotten:
+// its client left while it was held (a live replica), so no pick will ask for it. Any
+// request still wanted is placed at its turn, a scheduling delay late at most.
+const heldForget = int64(time.Minute)
+
+// hold notes that req is held to its turn at `turn`, forgetting, at most once a heldForget,
+// the held requests whose turn is that long past.
+func (r *paReplicas) hold(req *Request, now, turn int64) {
+	r.held.Store(req, turn)
+	if last := r.heldSwept.Load(); now-last > heldForget && r.heldSwept.CompareAndSwap(last, now) {
+		r.held.Range(func(k, v any) bool {
+			if now-v.(int64) > heldForget {
+				r.held.Delete(k)
+			}
+			return true
+		})
+	}
 }
 
 // paUnseen is what one placement assumes of the peers' unseen requests.
@@ -161,10 +186,18 @@ type paUnseen struct {
 	placed      float64 // the fleet's recent requests, per second
 }
 
-// unseen returns the peers' unseen placements at now; peers is 0 when there are none.
-func (r *paReplicas) unseen(now int64) paUnseen {
+// unseen returns the peers' unseen placements at now for req; peers is 0 when there are
+// none. A request held to its turn (Defer) has none: at its turn the peers have placed the
+// burst's smaller requests, and their long ones of its size at the turns of lower ranks, a
+// sync delay or more before, so this replica knows of them; the higher ranks place theirs
+// later, knowing of this one. Counting unseen peers then, or taking a rank's place apart
+// from them, would only send it away from where one router would put it.
+func (r *paReplicas) unseen(req *Request, now int64) paUnseen {
 	peers := int(r.peers.Load())
 	if peers == 0 {
+		return paUnseen{}
+	}
+	if _, held := r.held.Load(req); held {
 		return paUnseen{}
 	}
 	r.mu.Lock()
