@@ -421,7 +421,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
 	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
 	fleet := pa.fleet.get()
-	unseen := pa.replicas.unseen(now)
+	unseen := pa.replicas.unseen(req, now)
 	var capSum float64
 	for i := range c {
 		capSum += 1 / pa.speedOf(states[i], fleet)

@@ -20,8 +20,9 @@ import (
 // where a peer is sending a long new prefill: it waits seconds behind it. prefix-aware answers
 // with three things, all off with one replica or with a delay of zero:
 //
-//   - a request larger than the fleet's recent mean is held a sync delay or a few (Defer), so
-//     that it is placed knowing what the peers placed at its instant, short ones first.
+//   - a request larger than the fleet's recent mean is held a few sync delays (Defer), so
+//     that it is placed knowing what the peers placed at its instant, short ones first, and
+//     the replicas take turns with their long ones of one size, a delay apart.
 //   - each replica takes its own place in the order one router would have filled the fleet:
 //     the n replicas' simultaneous requests, taken as like this one, go one after the other
 //     where each costs least with the ones before it counted, and the replica of rank r takes
@@ -50,6 +51,9 @@ type paReplicas struct {
 	placed     decayed // requests routed by any replica, per second over placedWindow
 	placedWork decayed // their uncached work, token-equivalents per second
 
+	held      sync.Map     // *Request -> int64: held to its turn (Defer) -> that turn, unix nanoseconds
+	heldSwept atomic.Int64 // when held was last swept of requests never placed, unix nanoseconds
+
 	mu        sync.Mutex
 	clumpLast int64   // the last own placement, unix nanoseconds
 	clumpN    int     // own placements in the clump that clumpLast ends
@@ -73,6 +77,7 @@ func (pa *prefixAware) SetReplicas(n, rank int, lag time.Duration) {
 
 // routed counts a request routed to s at now by this replica or, replayed, by another one.
 func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
+	r.held.Delete(req)
 	if r.peers.Load() == 0 {
 		return
 	}
@@ -98,13 +103,19 @@ func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
 	r.clumpLast = now
 }
 
-// Defer holds a request larger than the fleet's recent mean (policy.Deferrer): one sync
-// delay for each doubling of its uncached work over the mean, the first included, and always
-// less than its own prefill takes. Such a request costs an unseen peer request that lands
-// with it more than that one costs it (the one behind waits for the one ahead). Held, it is
-// placed once this replica has heard of what the peers placed at the moment it arrived, and
-// after the smaller ones held with it: the way one router that saw a burst whole would have
-// it, short prefills not queued behind long ones. One replica, or a delay of 0, holds nothing.
+// Defer holds a request larger than the fleet's recent mean (policy.Deferrer) until its turn
+// in the order one router would have placed a burst, long prefills after short ones: its
+// size level is one for each doubling of its uncached work over the mean, the first
+// included, and within a level the n replicas take turns by rank, a sync delay apart, since a
+// placement reaches the others one delay later. It is held ((level-1) x n + rank + 1) delays,
+// and always less than its own prefill takes. Such a request costs an unseen peer request
+// that lands with it more than that one costs it (the one behind waits for the one ahead).
+// Held, it is placed once this replica has heard of what the peers placed at the moment it
+// arrived, of the smaller ones held with it and of the ones of its size held by the replicas
+// of lower rank: the way one router that saw a burst whole would have it, short prefills not
+// queued behind long ones, and two long ones not placed blind to each other (at one slot per
+// size level, as before, the replicas' long requests of one level met at the same instant).
+// One replica, or a delay of 0, holds nothing.
 func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration {
 	r := &pa.replicas
 	lag := time.Duration(r.lag.Load())
@@ -138,11 +149,34 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 		return 0
 	}
 	levels := math.Floor(math.Log2(own/mean)) + 1
-	levels = min(levels, math.Ceil(own/prefillRate*pa.fleet.get()/lag.Seconds())-1)
-	if levels < 1 {
+	replicas := float64(r.peers.Load()) + 1
+	slots := (levels-1)*replicas + float64(r.rank.Load()) + 1
+	slots = min(slots, math.Ceil(own/prefillRate*pa.fleet.get()/lag.Seconds())-1)
+	if slots < 1 {
 		return 0
 	}
-	return time.Duration(levels) * lag
+	d := time.Duration(slots) * lag
+	r.hold(req, now, now+int64(d))
+	return d
+}
+
+// heldForget is how long after its turn a held request that was never placed is forgotten:
+// its client left while it was held (a live replica), so no pick will ask for it. Any
+// request still wanted is placed at its turn, a scheduling delay late at most.
+const heldForget = int64(time.Minute)
+
+// hold notes that req is held to its turn at `turn`, forgetting, at most once a heldForget,
+// the held requests whose turn is that long past.
+func (r *paReplicas) hold(req *Request, now, turn int64) {
+	r.held.Store(req, turn)
+	if last := r.heldSwept.Load(); now-last > heldForget && r.heldSwept.CompareAndSwap(last, now) {
+		r.held.Range(func(k, v any) bool {
+			if now-v.(int64) > heldForget {
+				r.held.Delete(k)
+			}
+			return true
+		})
+	}
 }
 
 // paUnseen is what one placement assumes of the peers' unseen requests.
@@ -152,10 +186,18 @@ type paUnseen struct {
 	placed      float64 // the fleet's recent requests, per second
 }
 
-// unseen returns the peers' unseen placements at now; peers is 0 when there are none.
-func (r *paReplicas) unseen(now int64) paUnseen {
+// unseen returns the peers' unseen placements at now for req; peers is 0 when there are
+// none. A request held to its turn (Defer) has none: at its turn the peers have placed the
+// burst's smaller requests, and their long ones of its size at the turns of lower ranks, a
+// sync delay or more before, so this replica knows of them; the higher ranks place theirs
+// later, knowing of this one. Counting unseen peers then, or taking a rank's place apart
+// from them, would only send it away from where one router would put it.
+func (r *paReplicas) unseen(req *Request, now int64) paUnseen {
 	peers := int(r.peers.Load())
 	if peers == 0 {
+		return paUnseen{}
+	}
+	if _, held := r.held.Load(req); held {
 		return paUnseen{}
 	}
 	r.mu.Lock()

@@ -62,7 +62,7 @@ func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
 	}
 	route(t, pa, req("d", 5, seq(500, 10)...), eps[:1]) // closes the clump of 3
 	clk.t = clk.t.Add(time.Second)
-	u := pa.replicas.unseen(clk.t.UnixNano())
+	u := pa.replicas.unseen(req("e", 5, seq(700, 10)...), clk.t.UnixNano())
 	if want := 1 + 2*(1-0.98*0.98*0.98); math.Abs(u.count-want) > 1e-9 {
 		t.Errorf("unseen count %g, want %g (one peer; from 1, a clump of 3 counted 3 times)", u.count, want)
 	}
@@ -71,18 +71,19 @@ func TestPrefixAware_UnseenPeersFollowClumps(t *testing.T) {
 		t.Errorf("unseen delay %g where the fleet's requests went, %g where none did; want > 0 and 0", busy, idle)
 	}
 	pa.SetReplicas(2, 0, 0)
-	if u := pa.replicas.unseen(now); u.peers != 0 || u.delay(pa.state(0), 1000, now) != 0 {
+	if u := pa.replicas.unseen(req("e", 5, seq(700, 10)...), now); u.peers != 0 || u.delay(pa.state(0), 1000, now) != 0 {
 		t.Errorf("with no delay: %+v, want no unseen peers", u)
 	}
 }
 
-// A request larger than the fleet's recent mean is held one sync delay for each doubling of
-// its work over the mean, never as long as its own prefill; a smaller one, a lone replica or
-// a delay of 0 holds nothing.
+// A request larger than the fleet's recent mean is held until its turn: one slot of n sync
+// delays for each doubling of its work over the mean, the first included, and within it the
+// delay of its replica's rank, never as long as its own prefill; a smaller one, a lone
+// replica or a delay of 0 holds nothing.
 func TestPrefixAware_DefersLargeRequests(t *testing.T) {
-	hold := func(n int, lag time.Duration, blocks uint64) time.Duration {
+	hold := func(n, rank int, lag time.Duration, blocks uint64) time.Duration {
 		pa, clk := newPA(t, nil)
-		pa.SetReplicas(n, 0, lag)
+		pa.SetReplicas(n, rank, lag)
 		remote := &Request{Remote: true}
 		for range 10 {
 			pa.replicas.routed(pa.state(0), remote, 1000, clk.t.UnixNano()) // the mean: 1000
@@ -91,21 +92,76 @@ func TestPrefixAware_DefersLargeRequests(t *testing.T) {
 	}
 	ms := time.Millisecond
 	for _, c := range []struct {
-		n      int
-		lag    time.Duration
-		blocks uint64 // 16 tokens each: work 16 x blocks, and its attention
-		want   time.Duration
+		n, rank int
+		lag     time.Duration
+		blocks  uint64 // 16 tokens each: work 16 x blocks, and its attention
+		want    time.Duration
 	}{
-		{2, ms, 50, 0},                 // work 808 (800 tokens, 8 of attention): below the mean
-		{2, ms, 70, ms},                // 1,135: above it, short of twice
-		{4, ms, 1000, 5 * ms},          // 19,200: four doublings and more
-		{2, 500 * ms, 1000, 1500 * ms}, // its prefill takes 1.92 s: three delays fit
-		{2, 2 * time.Second, 1000, 0},  // none fits
-		{1, ms, 1000, 0},               // alone
-		{2, 0, 1000, 0},                // no delay
+		{2, 0, ms, 50, 0},                 // work 808 (800 tokens, 8 of attention): below the mean
+		{2, 0, ms, 70, ms},                // 1,135: above it, short of twice: the first slot
+		{2, 1, ms, 70, 2 * ms},            // rank 1 after rank 0
+		{4, 3, ms, 70, 4 * ms},            // rank 3 of 4 after ranks 0 to 2
+		{4, 0, ms, 1000, 17 * ms},         // 19,200: four doublings and more, four slots of 4 first
+		{4, 2, ms, 1000, 19 * ms},         // the same, rank 2
+		{2, 0, 500 * ms, 1000, 1500 * ms}, // its prefill takes 1.92 s: three delays fit
+		{2, 1, 2 * time.Second, 1000, 0},  // none fits
+		{1, 0, ms, 1000, 0},               // alone
+		{2, 1, 0, 1000, 0},                // no delay
 	} {
-		if got := hold(c.n, c.lag, c.blocks); got != c.want {
-			t.Errorf("%d replicas, %v late, %d blocks: held %v, want %v", c.n, c.lag, c.blocks, got, c.want)
+		if got := hold(c.n, c.rank, c.lag, c.blocks); got != c.want {
+			t.Errorf("%d replicas, rank %d, %v late, %d blocks: held %v, want %v", c.n, c.rank, c.lag, c.blocks, got, c.want)
 		}
+	}
+}
+
+// A request held to its turn is placed as one router would place it, with no unseen peers
+// counted and no rank's place taken apart from them (rank 1 of 2 takes the first place, where
+// the same request unheld takes the second); once placed, or a minute past a turn it never
+// took (its client left), it is forgotten.
+func TestPrefixAware_HeldRequestPlacesAsAlone(t *testing.T) {
+	eps := newEndpoints(4, 1<<20)
+	lone, _ := newPA(t, nil)
+	one := mustPick(t, lone, req("x", 0, seq(1, 1000)...), eps)[0].ID
+
+	pa, clk := newPA(t, nil)
+	pa.SetReplicas(2, 1, time.Millisecond)
+	remote := &Request{Remote: true}
+	for range 10 {
+		pa.replicas.routed(pa.state(0), remote, 1000, clk.t.UnixNano()) // the mean: 1000
+	}
+	x, y := req("x", 0, seq(1, 1000)...), req("y", 0, seq(1, 1000)...)
+	if d := pa.Defer(x, eps); d != 10*time.Millisecond {
+		t.Fatalf("held %v, want 10ms (four doublings over the mean: the fifth slot of 2, rank 1)", d)
+	}
+	now := clk.t.UnixNano()
+	if u := pa.replicas.unseen(x, now); u.peers != 0 {
+		t.Errorf("held request: %+v, want no unseen peers", u)
+	}
+	if u := pa.replicas.unseen(y, now); u.peers != 1 {
+		t.Errorf("the same request unheld: %+v, want one peer", u)
+	}
+	if got := mustPick(t, pa, y, eps)[0].ID; got == one {
+		t.Errorf("unheld, rank 1 picked %d, one router's pick: want the second place", got)
+	}
+	if got := route(t, pa, x, eps).ID; got != one {
+		t.Errorf("held, rank 1 picked %d, want %d (one router's pick)", got, one)
+	}
+	if u := pa.replicas.unseen(x, now); u.peers != 1 {
+		t.Errorf("placed, the request is still held: %+v", u)
+	}
+
+	z, w := req("z", 0, seq(5000, 1000)...), req("w", 0, seq(9000, 1000)...)
+	if pa.Defer(z, eps) == 0 {
+		t.Fatal("z not held")
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	if pa.Defer(w, eps) == 0 {
+		t.Fatal("w not held")
+	}
+	if _, ok := pa.replicas.held.Load(z); ok {
+		t.Error("z, never placed, is still held two minutes after its turn")
+	}
+	if _, ok := pa.replicas.held.Load(w); !ok {
+		t.Error("w, just held, was forgotten")
 	}
 }
