@@ -134,6 +134,28 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.insert(ep, blocks, now)
+}
+
+// InsertTwice leaves the index as Insert(ep, blocks, now) twice in a row would, stamps
+// included, for the work of one: a request routed and ended at once (a router replica
+// replaying another's request whose end came with its start) is inserted when it is routed
+// and again when it ends. Every Insert of n blocks hands out n stamps, the first at now or
+// just above the last one; the second insert moves and stamps the same nodes the first one
+// added or moved (nothing evicted by the first is held by the second: the blocks it evicts
+// are its own or older), so one insert whose stamps start n further on is the same.
+func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
+	if ep < 0 || len(blocks) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.last = x.stamp(now) + int64(len(blocks)) - 1 // the first insert's stamps
+	x.insert(ep, blocks, now)
+}
+
+// insert is Insert with the lock held.
+func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	x.endpoint(ep)
 	first, last, k := x.headRun(ep, blocks)
 	rest := blocks[k:]
