@@ -213,3 +213,59 @@ func explain(p policy.Picker, req *policy.Request, eps []*endpoint.Endpoint) []e
 	}
 	return out
 }
+
+// BenchmarkApplyBatch replays one remote request (routed, first token, done) of a 64-block
+// prompt on a replica running prefix-aware, as BenchmarkApply does: whole, its three events in
+// one batch (replayed as one placement), and split, each event in a batch of its own (the
+// events one by one, as when other requests' events come between them).
+func BenchmarkApplyBatch(b *testing.B) {
+	for _, whole := range []bool{true, false} {
+		b.Run(map[bool]string{true: "whole", false: "split"}[whole], func(b *testing.B) {
+			clk := &stepClock{t: time.Unix(100, 0)}
+			p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+			if err != nil {
+				b.Fatal(err)
+			}
+			p4 := endpoint.NewPool()
+			if _, err := p4.Update([]endpoint.Spec{{Name: "e0"}, {Name: "e1"}, {Name: "e2"}, {Name: "e3"}}); err != nil {
+				b.Fatal(err)
+			}
+			eps := p4.All()
+			s := NewShare(ShareConfig{Self: 2, Clock: clk, Endpoint: func(name string) *endpoint.Endpoint {
+				return eps[int(name[1]-'0')]
+			}})
+			lc, err := New(Config{Picker: p, Clock: clk, Share: s})
+			if err != nil {
+				b.Fatal(err)
+			}
+			const groups = 64
+			chains := make([][]uint64, groups)
+			for g := range chains {
+				chains[g] = prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(uint64(g)<<32, 64))
+			}
+			names := []string{"e0", "e1", "e2", "e3"}
+			fail := func(d Drop) { b.Fatal(d) }
+			evs := make([]Event, 3)
+			b.ReportAllocs()
+			var id uint64
+			for b.Loop() {
+				id++
+				g := int(id % groups)
+				evs[0] = Event{Kind: EventRouted, Origin: 1, ID: id, Endpoint: names[g%4], Model: "m", Blocks: chains[g], BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8}
+				evs[1] = Event{Kind: EventFirstToken, Origin: 1, ID: id, TTFT: 20 * time.Millisecond}
+				evs[2] = Event{Kind: EventDone, Origin: 1, ID: id, OK: true, CachedTokens: -1, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond, Predicted: -1}
+				if whole {
+					lc.ApplyBatch(evs, fail)
+				} else {
+					for i := range evs {
+						lc.ApplyBatch(evs[i:i+1], fail)
+					}
+				}
+				clk.t = clk.t.Add(time.Millisecond)
+			}
+			if st := s.Stats(); whole != (st.Coalesced > 0) {
+				b.Fatalf("coalesced %d", st.Coalesced)
+			}
+		})
+	}
+}
