@@ -33,9 +33,8 @@ type Completer interface {
 // the affinity and placement rates, the capacity probe and the speed calibration see the same
 // values as the calls would (the queue ahead of it, the index before its blocks go in, the
 // requests waiting after its first token); and Routed and Done both insert the prompt's
-// blocks, which inserted once, when it ends, leaves the same blocks held in the same order.
-// Only their stamps differ: the later insert's stamps, the ones the calls leave, come from a
-// clock read a little later.
+// blocks, which prefix.Index.InsertTwice does for the cost of one, stamps included. The calls
+// read the clock three times, this once: live, as if its first token and end had come at once.
 func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.Duration, res Result) bool {
 	if !res.OK || res.CachedTokens >= 0 || !pa.touchDone {
 		return false
