@@ -141,9 +141,10 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 // included, for the work of one: a request routed and ended at once (a router replica
 // replaying another's request whose end came with its start) is inserted when it is routed
 // and again when it ends. Every Insert of n blocks hands out n stamps, the first at now or
-// just above the last one; the second insert moves and stamps the same nodes the first one
-// added or moved (nothing evicted by the first is held by the second: the blocks it evicts
-// are its own or older), so one insert whose stamps start n further on is the same.
+// just above the last one. The first insert evicts what one insert would; the second finds
+// the blocks as the endpoint's newest (as many as fit) and evicts nothing else, only stamps
+// them anew: so one insert whose stamps start n further on leaves the same (FuzzInsertHeadRun
+// checks it against two inserts block by block).
 func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
 	if ep < 0 || len(blocks) == 0 {
 		return
