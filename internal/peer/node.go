@@ -484,6 +484,10 @@ type Status struct {
 	Following   []string `json:"following"`
 	Remote      int      `json:"remote_in_flight"`
 	Local       int      `json:"local_in_flight"`
+	// Applied counts the other replicas' events replayed here; Coalesced, the requests among
+	// them whose routed, first token and done came together and were replayed as one.
+	Applied   int64 `json:"events_applied"`
+	Coalesced int64 `json:"requests_coalesced"`
 }
 
 // Status describes the node now.
@@ -501,7 +505,7 @@ func (n *Node) Status() Status {
 	slices.Sort(st.Following)
 	if sh := n.share.Load(); sh != nil {
 		s := sh.Stats()
-		st.Remote, st.Local = s.Remote, s.Local
+		st.Remote, st.Local, st.Applied, st.Coalesced = s.Remote, s.Local, s.Applied, s.Coalesced
 	}
 	return st
 }

@@ -44,6 +44,7 @@ type Index struct {
 	nNode   int         // live nodes ((block, endpoint) pairs)
 	eps     []ixEndpoint
 	last    int64    // last stamp handed out
+	cuts    uint64   // nodes ever unlinked from a list: Insert's run is whole while it stays put
 	found   []uint32 // Insert's scratch: each block's entry before the touches
 }
 
@@ -133,9 +134,33 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.insert(ep, blocks, now)
+}
+
+// InsertTwice leaves the index as Insert(ep, blocks, now) twice in a row would, stamps
+// included, for the work of one: a request routed and ended at once (a router replica
+// replaying another's request whose end came with its start) is inserted when it is routed
+// and again when it ends. Every Insert of n blocks hands out n stamps, the first at now or
+// just above the last one. The first insert evicts what one insert would; the second finds
+// the blocks as the endpoint's newest (as many as fit) and evicts nothing else, only stamps
+// them anew: so one insert whose stamps start n further on leaves the same (FuzzInsertHeadRun
+// checks it against two inserts block by block).
+func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
+	if ep < 0 || len(blocks) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.last = x.stamp(now) + int64(len(blocks)) - 1 // the first insert's stamps
+	x.insert(ep, blocks, now)
+}
+
+// insert is Insert with the lock held.
+func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	x.endpoint(ep)
-	first, k := x.headRun(ep, blocks)
+	first, last, k := x.headRun(ep, blocks)
 	rest := blocks[k:]
+	cuts := x.cuts
 	// Look every other block up first: independent probes of the table, each likely a cache
 	// miss, overlap in the CPU where the touches' own work would keep them apart. A block found
 	// here may have been evicted by the time its turn comes (trim), its entry freed or reused
@@ -157,8 +182,14 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 		return
 	}
 	// The run, if the touches above left it whole, moves to the front as one segment (an
-	// eviction or a block repeated in rest may have cut it: then block by block).
-	if last := x.runEnd(ep, first, blocks[:k]); last != 0 {
+	// eviction or a block repeated in rest may have cut it: then block by block). When they
+	// unlinked no node at all (rest's blocks were all new to ep and nothing was evicted, or
+	// rest is empty: a request inserted again when it ends), the run is whole as headRun found
+	// it, and is not walked again to check.
+	if x.cuts != cuts {
+		last = x.runEnd(ep, first, blocks[:k])
+	}
+	if last != 0 {
 		x.moveFront(ep, first, last, k, now)
 		return
 	}
@@ -168,18 +199,18 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 	}
 }
 
-// headRun returns ep's most recent node and how many leading blocks are ep's most recent nodes,
-// in order.
-func (x *Index) headRun(ep int, blocks []uint64) (first uint32, k int) {
+// headRun returns ep's most recent node, the last node of the run, and how many leading blocks
+// (k) are ep's most recent nodes, in order; last is 0 when k is.
+func (x *Index) headRun(ep int, blocks []uint64) (first, last uint32, k int) {
 	first = x.eps[ep].head
 	for ni := first; ni != 0 && k < len(blocks); k++ {
 		n := x.node(ni)
 		if x.entry(n.entry).hash != blocks[k] {
 			break
 		}
-		ni = n.next
+		last, ni = ni, n.next
 	}
-	return first, k
+	return first, last, k
 }
 
 // runEnd returns the last node of the segment of ep's list that starts at node first and holds
@@ -288,6 +319,7 @@ func (x *Index) pushFront(ni uint32) {
 }
 
 func (x *Index) unlink(ni uint32) {
+	x.cuts++
 	n := x.node(ni)
 	e := &x.eps[n.ep]
 	if n.prev != 0 {

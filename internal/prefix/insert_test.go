@@ -44,7 +44,8 @@ func (x *Index) lists() [][]lruEntry {
 
 // FuzzInsertHeadRun drives Insert and insertRef with the same requests, conversations that
 // grow, share prefixes, repeat a block or run into small capacities, and checks that every
-// endpoint's list, order and stamps, is the same after each.
+// endpoint's list, order and stamps, is the same after each; and InsertTwice against two
+// insertRefs.
 func FuzzInsertHeadRun(f *testing.F) {
 	f.Add(uint64(1), uint8(40), uint8(0))
 	f.Add(uint64(2), uint8(200), uint8(3))
@@ -75,10 +76,18 @@ func FuzzInsertHeadRun(f *testing.F) {
 			}
 			ep := r.IntN(3)
 			now += int64(r.IntN(3)) // stamps collide, as clocks do
-			fast.Insert(ep, blocks, now)
-			ref.insertRef(ep, blocks, now)
-			if r.IntN(2) == 0 { // the request ends: inserted again
+			switch r.IntN(4) {
+			case 0, 1:
 				fast.Insert(ep, blocks, now)
+				ref.insertRef(ep, blocks, now)
+			case 2: // the request ends: inserted again
+				fast.Insert(ep, blocks, now)
+				ref.insertRef(ep, blocks, now)
+				fast.Insert(ep, blocks, now)
+				ref.insertRef(ep, blocks, now)
+			case 3: // routed and ended at once
+				fast.InsertTwice(ep, blocks, now)
+				ref.insertRef(ep, blocks, now)
 				ref.insertRef(ep, blocks, now)
 			}
 			if want, got := ref.lists(), fast.lists(); !equalLists(want, got) {

@@ -160,6 +160,8 @@ type Share struct {
 	seenFull bool // seen reached maxOrigins: an origin it lacks may be anywhere
 
 	applied, expired atomic.Int64
+	coalesced        atomic.Int64 // attempts ApplyBatch replayed whole (batch.go)
+	requests         sync.Pool    // *policy.Request for a policy.Completer
 	dropped          [DropSelf + 1]atomic.Int64
 
 	replicas atomic.Pointer[replicaSet] // the last SetReplicas; nil before one
@@ -255,13 +257,16 @@ type ShareStats struct {
 	// ended by their TTL or their origin's departure.
 	Applied, Expired int64
 	Dropped          [DropSelf + 1]int64
+	// Coalesced counts the remote attempts whose three events (of Applied) were replayed as
+	// one (ApplyBatch).
+	Coalesced int64
 	// Local and Remote attempts in flight now.
 	Local, Remote int
 }
 
 // Stats returns the counts so far.
 func (s *Share) Stats() ShareStats {
-	st := ShareStats{Applied: s.applied.Load(), Expired: s.expired.Load()}
+	st := ShareStats{Applied: s.applied.Load(), Expired: s.expired.Load(), Coalesced: s.coalesced.Load()}
 	for i := range s.dropped {
 		st.Dropped[i] = s.dropped[i].Load()
 	}
@@ -479,11 +484,8 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		return DropUnknownEndpoint
 	}
 	f := &flight{
-		rebuilt: policy.Request{
-			Model: ev.Model, Tenant: ev.Tenant, SessionKey: ev.SessionKey, Blocks: ev.Blocks,
-			BlockTokens: ev.BlockTokens, PromptTokens: ev.PromptTokens, MaxTokens: ev.MaxTokens, Remote: true,
-		},
-		ep: ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
+		rebuilt: rebuild(ev),
+		ep:      ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
 	}
 	f.req = &f.rebuilt
 	s.mu.Lock()

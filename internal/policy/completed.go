@@ -1,0 +1,70 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// Completer is implemented by observers that can take a request's whole life in one call:
+// routed to ep, its first token after ttft, and done with res, with nothing else happening to
+// the policy in between. Router replicas replay the requests of the others from their events
+// (route.Lifecycle.ApplyBatch); with a fast engine a request's three events often arrive
+// together, and replaying them as one placement costs one index insert instead of two, and
+// none of the bookkeeping of a request in flight.
+//
+// Completed must leave the policy as Routed, FirstToken and Done called in turn would, in
+// everything the policy can observe afterwards (its picks, predictions and the state they
+// read), and must not keep req. It returns false, having changed nothing, when it cannot
+// (the caller then makes the three calls).
+type Completer interface {
+	Completed(req *Request, ep *endpoint.Endpoint, ttft time.Duration, res Result) bool
+}
+
+// Completed replays a request's Routed, FirstToken and Done at once (Completer). It takes
+// only requests that succeeded and whose engine report the policy is not to check (res.
+// CachedTokens < 0: a receiving replica hears the report only where the origin saw an
+// eviction); the rest go through the three calls.
+//
+// What the three calls do, and what this does instead: Routed queues the request's work on ep
+// and FirstToken takes it off again (net nothing: a request appended to the queue and removed
+// before any other change leaves the queue, its head and its counters as they were; the head's
+// start time changes only while the queue is empty, when nothing reads it); the prediction,
+// the affinity and placement rates, the capacity probe and the speed calibration see the same
+// values as the calls would (the queue ahead of it, the index before its blocks go in, the
+// requests waiting after its first token); and Routed and Done both insert the prompt's
+// blocks, which prefix.Index.InsertTwice does for the cost of one, stamps included. The calls
+// read the clock three times, this once: live, as if its first token and end had come at once.
+func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.Duration, res Result) bool {
+	if !res.OK || res.CachedTokens >= 0 || !pa.touchDone {
+		return false
+	}
+	s := pa.state(ep.ID)
+	pa.sizeIndex(ep, s, req.BlockTokens)
+	f := paFlight{ep: ep.ID}
+	if unknownCapacity(ep) {
+		f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil) // the probe reads the stamps
+	} else {
+		f.predicted = pa.index.Holds(ep.ID, req.Blocks)
+	}
+	f.work = pa.work(req, cachedTokens(req, f.predicted))
+	now := pa.clock.Now().UnixNano()
+	fleet := pa.fleet.get()
+	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
+	if pa.affTau > 0 && req.PromptTokens > 0 {
+		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
+	}
+	pa.replicas.routed(s, req, f.work, now)
+	pa.probe(req, ep, s, &f)
+	// FirstToken: what waits on ep after this one was routed while it prefilled.
+	f.probe.sawQueue(s)
+	if pa.learn && ttft > 0 {
+		predicted := overhead + float64(f.ahead)/prefillRate
+		s.speed.add(predicted, ttft.Seconds(), learnWeight)
+		pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4)
+	}
+	// Done.
+	pa.learnCapacity(req, ep, &f, res)
+	pa.index.InsertTwice(ep.ID, req.Blocks, now)
+	return true
+}
