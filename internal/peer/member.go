@@ -136,10 +136,9 @@ func (n *Node) alive() []peerInfo {
 }
 
 // manage keeps one follower per peer alive: a new peer is followed, one that left (or
-// restarted) is let go and its attempts in flight here are ended.
+// restarted) is let go and its attempts in flight here are ended. It checks at each change
+// of the members and at each tick of the node's clock (in case a change was missed).
 func (n *Node) manage(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	for {
 		n.reconcileFollows(ctx)
 		select {
@@ -152,7 +151,6 @@ func (n *Node) manage(ctx context.Context) {
 			n.mu.Unlock()
 			return
 		case <-n.notify:
-		case <-t.C:
 		}
 	}
 }
@@ -218,10 +216,9 @@ func (n *Node) rejoin(ctx context.Context) {
 				wait = time.Second
 			}
 		}
-		select {
-		case <-ctx.Done():
+		n.waitRejoin(ctx, wait)
+		if ctx.Err() != nil {
 			return
-		case <-time.After(wait):
 		}
 	}
 }
