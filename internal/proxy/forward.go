@@ -266,7 +266,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// sseBody passes a stream on event by event (the reverse proxy flushes after each Read),
+// sseBody passes a stream on event by event (the relay flushes after each Read),
 // reading usage and response ids, dropping the usage-only chunk the router asked for on the
 // client's behalf, and noticing how the stream ends: at its terminator (complete, whatever the
 // client does next), or cut short by the engine or by its silence for longer than the idle
