@@ -328,6 +328,10 @@ func (s *sseBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// relayed reports whether the stream's last event has been handed to the client: its
+// terminator was read and nothing is pending. Reads from then on only drain the engine's body.
+func (s *sseBody) relayed() bool { return s.c.complete && len(s.pending) == 0 }
+
 // take queues one event for the client, unless the call drops it (the usage chunk the client
 // did not ask for).
 func (s *sseBody) take(ev openai.Event) {

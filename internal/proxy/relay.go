@@ -60,7 +60,7 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	stream := resp.ContentLength == -1 || isEventStream(resp.Header.Get("Content-Type"))
-	if err := h.copyBody(w, resp.Body, stream); err != nil {
+	if err := h.copyBody(w, resp.Body, stream, announced > 0); err != nil {
 		resp.Body.Close()
 		if in.Context().Value(http.ServerContextKey) != nil {
 			// As the reverse proxy does: a server then cuts the answer off (a chunked body
@@ -88,23 +88,29 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 
 // copyBody copies the answer to the client: a stream write by write, each flushed at once (one
 // write per chunk the engine sent: sseBody.Read hands over all the events that came with one),
-// any other body through the server's buffer. It returns the first error reading the body
-// (other than EOF) or writing to the client.
-func (h *Handler) copyBody(w *statusWriter, body io.Reader, stream bool) error {
+// any other body through the server's buffer. Once a stream's last event is written, the
+// client's body is ended with it, in the same write, before the engine's chunked end is read
+// (a write and a wait fewer per request); trailers the engine announced keep the body open. It
+// returns the first error reading the body (other than EOF) or writing to the client.
+func (h *Handler) copyBody(w *statusWriter, body io.Reader, stream, trailers bool) error {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := *bp
+	ended := false
 	for {
 		n, rerr := body.Read(buf)
-		if n > 0 {
+		if n > 0 && !ended {
 			if _, err := w.Write(buf[:n]); err != nil {
 				return err
 			}
-			if stream {
+			if sb, ok := body.(*sseBody); ok && !trailers && sb.relayed() {
+				w.endBody()
+				ended = true
+			} else if stream {
 				w.Flush()
-				if w.err != nil {
-					return w.err
-				}
+			}
+			if w.err != nil {
+				return w.err
 			}
 		}
 		if rerr == io.EOF {

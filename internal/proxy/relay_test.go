@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/h1"
 )
 
 // TestStreamRelayOneWritePerChunk: events that the engine sends in one chunk reach the client
@@ -121,5 +123,53 @@ func TestRelayHopByHopHeaders(t *testing.T) {
 	}
 	if resp.Header.Get("X-Engine-Kept") != "1" {
 		t.Errorf("the client got X-Engine-Kept %q, want 1", resp.Header.Get("X-Engine-Kept"))
+	}
+}
+
+// TestStreamEndsAtDone: the client's stream ends (its chunked body's end) as soon as the
+// engine's [DONE] is relayed, without waiting for the engine to end its own body.
+func TestStreamEndsAtDone(t *testing.T) {
+	release := make(chan struct{})
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // the body's end only once the client has had its own, or after 5 s
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	// h1.Server, whose EndBody lets a handler end the body before it returns.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &h1.Server{Handler: f.h}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		close(release)
+		srv.Close()
+		<-served
+	}()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	start := time.Now()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("answer %d %q, err %v", resp.StatusCode, body, err)
+	}
+	if took > 4*time.Second {
+		t.Errorf("the client's stream ended after %v: it waited for the engine's body to end", took)
 	}
 }
