@@ -74,6 +74,9 @@ type Request struct {
 	Stream             bool
 	IncludeUsage       bool // stream_options.include_usage
 	HasStreamOptions   bool // the body has a stream_options object
+	// StreamOptionsField: the body names stream_options (as encoding/json matches names), even
+	// as null; false when it does not, so a field of that name can be added without a Patch.
+	StreamOptionsField bool
 	MaxTokens          int  // max_tokens, max_completion_tokens or max_output_tokens, 0 when absent
 	User               string
 	CacheSalt          string
@@ -233,6 +236,7 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 	}
 	r.Model = *w.Model
 	r.Stream = w.Stream != nil && *w.Stream
+	r.StreamOptionsField = w.StreamOptions != nil
 	if isPresent(w.StreamOptions) {
 		var so struct {
 			IncludeUsage *bool `json:"include_usage"`

@@ -199,15 +199,15 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	if err != nil {
 		return nil, err
 	}
-	body := c.bodyFor(h, ep)
+	a, ins, b := c.partsFor(h, ep)
 	req := out.Clone(out.Context())
 	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
 	req.URL.RawPath = ""
 	req.Host = u.Host
-	req.Body = h1.NewMemBody(body) // sent with the head in one system call
-	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBody(body), nil }
-	req.ContentLength = int64(len(body))
+	req.Body = h1.NewMemBodyParts(a, ins, b) // sent with the head in one system call
+	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBodyParts(a, ins, b), nil }
+	req.ContentLength = int64(len(a) + len(ins) + len(b))
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
 	req.Header.Set("Content-Type", "application/json")
@@ -219,16 +219,39 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	return h.Transport.RoundTrip(req)
 }
 
-// bodyFor returns the body to send to ep: with the tenant's cache_salt when ep honours it.
+// partsFor returns the body to send to ep as the parts to send one after the other: the
+// client's bytes with the splice between them, or one piece (the others empty) where the body
+// had to be copied (the tenant's cache_salt when ep honours it).
+func (c *call) partsFor(h *Handler, ep *endpoint.Endpoint) (a, ins, b []byte) {
+	if c.splice == nil || c.salts(h, ep) {
+		return c.bodyFor(h, ep), nil, nil
+	}
+	return c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]
+}
+
+// salts reports whether the body sent to ep gets the tenant's cache_salt.
+func (c *call) salts(h *Handler, ep *endpoint.Endpoint) bool {
+	return c.id != nil && c.id.Salt != "" && h.Pool.CacheSalt(ep)
+}
+
+// bodyFor returns the body to send to ep, whole: with the splice, and with the tenant's
+// cache_salt when ep honours it.
 func (c *call) bodyFor(h *Handler, ep *endpoint.Endpoint) []byte {
-	if c.id == nil || c.id.Salt == "" || !h.Pool.CacheSalt(ep) {
-		return c.body
+	body := c.body
+	if c.splice != nil {
+		if c.joined == nil {
+			c.joined = bytes.Join([][]byte{c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]}, nil)
+		}
+		body = c.joined
+	}
+	if !c.salts(h, ep) {
+		return body
 	}
 	if c.salted == nil {
 		v := strconv.Quote(c.id.Salt)
-		b, err := openai.Patch(c.body, openai.Set{Key: "cache_salt", Value: []byte(v)})
+		b, err := openai.Patch(body, openai.Set{Key: "cache_salt", Value: []byte(v)})
 		if err != nil {
-			return c.body
+			return body
 		}
 		c.salted = b
 	}

@@ -190,9 +190,14 @@ type call struct {
 	// release ends the admission's hold (nil: none); settle calls it.
 	release func()
 	via     string // the front end, for the access line: "" for the HTTP handler
-	body    []byte // what is forwarded, before a per-endpoint cache_salt
-	salted  []byte // body with the tenant's cache_salt, built on first need
-	model   string // metric label
+	body    []byte // what is forwarded, before a per-endpoint cache_salt and the splice
+	// splice, when not nil, goes into body at spliceAt as it is sent (stream_options added
+	// without copying the body).
+	splice   []byte
+	spliceAt int
+	joined   []byte // body with the splice in, built on first need
+	salted   []byte // that with the tenant's cache_salt, built on first need
+	model    string // metric label
 
 	dropUsage bool
 	stream    bool
