@@ -74,9 +74,7 @@ type Request struct {
 	Stream             bool
 	IncludeUsage       bool // stream_options.include_usage
 	HasStreamOptions   bool // the body has a stream_options object
-	// StreamOptionsField: the body names stream_options (as encoding/json matches names), even
-	// as null; false when it does not, so a field of that name can be added without a Patch.
-	StreamOptionsField bool
+	StreamOptionsField bool // the body names stream_options, even as null (as encoding/json matches names)
 	MaxTokens          int  // max_tokens, max_completion_tokens or max_output_tokens, 0 when absent
 	User               string
 	CacheSalt          string
