@@ -600,11 +600,31 @@ func (w *statusWriter) Flush() {
 // handler. Another server's writer ends the body when the handler returns.
 func (w *statusWriter) endBody() {
 	w.Flush()
+	if e := w.ender(); e != nil {
+		_ = e.EndBody()
+	}
+}
+
+// endWithLast ends the body with what is buffered, its last bytes, in one write where the
+// server can (h1.Server's EndBody): an error then is the client's loss, as the last bytes went
+// with the end. Elsewhere it is endBody.
+func (w *statusWriter) endWithLast() {
+	e := w.ender()
+	if e == nil {
+		w.endBody()
+		return
+	}
+	if err := e.EndBody(); err != nil && w.err == nil {
+		w.err = err
+	}
+}
+
+// ender finds h1.Server's EndBody under w, or nil.
+func (w *statusWriter) ender() interface{ EndBody() error } {
 	var rw http.ResponseWriter = w.ResponseWriter
 	for range 16 { // through middleware that wraps the writer (and unwraps it, as for ResponseController)
 		if e, ok := rw.(interface{ EndBody() error }); ok {
-			_ = e.EndBody()
-			return
+			return e
 		}
 		u, ok := rw.(interface{ Unwrap() http.ResponseWriter })
 		if !ok {
@@ -612,6 +632,7 @@ func (w *statusWriter) endBody() {
 		}
 		rw = u.Unwrap()
 	}
+	return nil
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.

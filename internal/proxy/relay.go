@@ -104,7 +104,7 @@ func (h *Handler) copyBody(w *statusWriter, body io.Reader, stream, trailers boo
 				return err
 			}
 			if sb, ok := body.(*sseBody); ok && !trailers && sb.relayed() {
-				w.endBody()
+				w.endWithLast()
 				ended = true
 			} else if stream {
 				w.Flush()
