@@ -16,10 +16,11 @@
 // The relay replaces httputil.ReverseProxy, which did the same steps until December 2026, for
 // a measured reason (docs/results.md, "Long contexts", 5 December 2026): for every streamed
 // answer the reverse proxy armed a time.AfterFunc that flushed the response headers from the
-// timer's own goroutine (a thread woken, and a lock taken against the copy loop, per request)
-// and wrote the headers, the events and the chunked end in three writes. The relay writes the
-// headers with the first events and ends the body with the last one: under strace, one write
-// to the client per streamed request where there were three, and no timer goroutine. What it
+// timer's own goroutine (a goroutine started, and a lock taken against the copy loop, per
+// request), and its copy loop flushed each write on its own, so the chunked end left in a write
+// of its own after the last events. The relay writes the headers with the first events and
+// ends the body with the last ones: under strace (100k-token streamed requests from the
+// instant simulator), one write to the client per request where there were two. What it
 // leaves out of the reverse proxy is what the API paths do not use: protocol upgrades (101)
 // and relaying 1xx answers. Hop-by-hop headers, forwarding headers, trailers and the
 // ErrAbortHandler panic on a broken copy are kept as the reverse proxy had them.
