@@ -62,7 +62,11 @@ func (m *MemBody) Close() error { return nil }
 type headWriter struct {
 	head []byte
 	body [][]byte // the MemBody's unread parts, once Write reached the body
+	took bool     // Write reached the body
 }
+
+// newHeadWriter returns a headWriter that appends the head to head.
+func newHeadWriter(head []byte) headWriter { return headWriter{head: head} }
 
 func (w *headWriter) Write(p []byte) (int, error) {
 	w.head = append(w.head, p...)
@@ -85,10 +89,11 @@ func (w *headWriter) WriteByte(b byte) error {
 // declared length; anything else (a later Go that wraps it otherwise) is copied after the head,
 // which is right, only slower.
 func (w *headWriter) ReadFrom(r io.Reader) (int64, error) {
-	if lr, ok := r.(*io.LimitedReader); ok && w.body == nil {
+	if lr, ok := r.(*io.LimitedReader); ok && !w.took {
 		if mb, ok := lr.R.(*MemBody); ok && int64(mb.Len()) <= lr.N {
 			n := int64(mb.Len())
 			w.body = append(w.body, mb.parts...)
+			w.took = true
 			mb.parts = nil
 			lr.N -= n
 			return n, nil
@@ -96,7 +101,7 @@ func (w *headWriter) ReadFrom(r io.Reader) (int64, error) {
 	}
 	var b bytes.Buffer
 	n, err := b.ReadFrom(r)
-	if w.body != nil { // bytes after the body (a chunked body's end): they follow it
+	if w.took { // bytes after the body (a chunked body's end): they follow it
 		w.body = append(w.body, b.Bytes())
 		return n, err
 	}
@@ -106,8 +111,7 @@ func (w *headWriter) ReadFrom(r io.Reader) (int64, error) {
 
 // writeMem writes req, whose body is a MemBody, to c: head and body in one writev.
 func writeMem(c *conn, req *http.Request) error {
-	var parts [4][]byte
-	w := headWriter{head: c.head[:0], body: parts[:0]}
+	w := newHeadWriter(c.head[:0])
 	err := req.Write(&w)
 	if cap(w.head) <= 16<<10 {
 		c.head = w.head[:0] // kept for the next request on the connection

@@ -100,25 +100,36 @@ func TestMemBodyPartsRead(t *testing.T) {
 	}
 }
 
-// headWriter takes a MemBody without copying it, and anything else after the head.
+// headWriter takes a MemBody without copying it (in parts, each as it lies), and anything else
+// after the head.
 func TestHeadWriter(t *testing.T) {
 	body := []byte(`{"model":"m"}`)
 	req, _ := http.NewRequest(http.MethodPost, "http://x/v1", NewMemBody(body))
 	req.ContentLength = int64(len(body))
-	var w headWriter
+	w := newHeadWriter(make([]byte, 0, 64)) // as writeMem makes it
 	if err := req.Write(&w); err != nil {
 		t.Fatal(err)
 	}
-	if len(w.body) == 0 || &w.body[0][0] != &body[0] {
+	if len(w.body) != 1 || &w.body[0][0] != &body[0] {
 		t.Errorf("the body was copied (or not taken): body %q", w.body)
 	}
 	if !strings.HasSuffix(string(w.head), "\r\n\r\n") || strings.Contains(string(w.head), "model") {
 		t.Errorf("head %q: want the head alone", w.head)
 	}
+	ins := []byte(`,"x":1`)
+	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", NewMemBodyParts(body[:12], ins, body[12:]))
+	req.ContentLength = int64(len(body) + len(ins))
+	wp := newHeadWriter(nil)
+	if err := req.Write(&wp); err != nil {
+		t.Fatal(err)
+	}
+	if len(wp.body) != 3 || &wp.body[0][0] != &body[0] || &wp.body[1][0] != &ins[0] || &wp.body[2][0] != &body[12] {
+		t.Errorf("the parts were copied (or not taken): %q", wp.body)
+	}
 	// Chunked (no length): net/http frames the body itself, all of it goes after the head.
 	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", NewMemBody(body))
 	req.ContentLength = -1
-	var w2 headWriter
+	w2 := newHeadWriter(nil)
 	if err := req.Write(&w2); err != nil {
 		t.Fatal(err)
 	}
