@@ -286,8 +286,7 @@ func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call);
 
 // readBody reads the whole body, at most limit bytes. A body announced longer than limit is
 // refused before any of it is read. A body announced at most exactBody long is read into one
-// buffer of its length, by h1.Server's ReadWhole where the server offers it (woken once the
-// rest has arrived), else each read taking what the socket holds; beyond that, memory grows with
+// buffer of its length, each read taking what the socket holds; beyond that, memory grows with
 // the bytes received, never with the length announced: a longer body (or one of unknown
 // length) is read into pooled chunks of bodyStart bytes as data arrives, joined once at the
 // end. (Doubling one buffer instead cleared and copied more than twice the body: a quarter of
@@ -301,12 +300,8 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 		return nil, tooLarge()
 	}
 	var buf []byte
-	var whole wholeReader // reads the announced length at once, where the server offers it
 	if n := r.ContentLength; n >= 0 && n <= exactBody {
 		buf = make([]byte, 0, n+1) // room to see EOF without another read
-		if wr, ok := r.Body.(wholeReader); ok && n > 0 {
-			whole = wr
-		}
 	} else {
 		buf = (*bodyChunks.Get().(*[]byte))[:0]
 	}
@@ -324,14 +319,7 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 			full = append(full, buf)
 			buf = (*bodyChunks.Get().(*[]byte))[:0]
 		}
-		var n int
-		var err error
-		if whole != nil {
-			n, err = whole.ReadWhole(buf[:cap(buf)-1])
-			whole = nil
-		} else {
-			n, err = r.Body.Read(buf[len(buf):cap(buf)])
-		}
+		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if total += int64(n); total > limit {
 			return nil, tooLarge()
@@ -353,13 +341,6 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 			return nil, openai.BadRequest("", "reading request body: %v", err)
 		}
 	}
-}
-
-// wholeReader is h1.Server's request body: ReadWhole fills p from a body that still holds
-// len(p) bytes, the reading goroutine woken once they have arrived rather than at every
-// segment (a 400 KB body over loopback: a dozen wake-ups fewer per request).
-type wholeReader interface {
-	ReadWhole(p []byte) (int, error)
 }
 
 // bodyStart is the size of the chunks a body of unknown length, or one longer than exactBody,
