@@ -39,10 +39,9 @@ type simPod struct {
 	relay net.Listener
 
 	mu      sync.Mutex
-	reached map[string]bool   // requests whose bytes reached the pod
-	handled map[string]bool   // requests its engine read
-	conns   map[net.Conn]bool // the relay's, both sides
-	wg      sync.WaitGroup    // the relay's goroutines
+	reached map[string]bool // requests whose bytes reached the pod
+	handled map[string]bool // requests its engine read
+	wg      sync.WaitGroup  // the relay's goroutines
 }
 
 func startPod(t *testing.T, name string) *simPod {
@@ -60,7 +59,7 @@ func startPod(t *testing.T, name string) *simPod {
 		t.Fatal(err)
 	}
 	p := &simPod{name: name, url: "http://" + relay.Addr().String(), port: int32(relay.Addr().(*net.TCPAddr).Port),
-		relay: relay, reached: map[string]bool{}, handled: map[string]bool{}, conns: map[net.Conn]bool{}}
+		relay: relay, reached: map[string]bool{}, handled: map[string]bool{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		p.handled[r.Header.Get("X-Request-Id")] = true
@@ -92,48 +91,29 @@ func (p *simPod) serveRelay(target string) {
 			c.Close()
 			continue
 		}
-		if !p.track(c, u) {
-			return
-		}
 		p.wg.Go(func() {
-			_, _ = io.Copy(c, u)
-			c.Close()
+			_, _ = io.Copy(c, u) // until the engine closes the connection
+			// The router is told at once, as by the engine; what it still sends is read for a
+			// while, so that a request written as the engine died is known to have reached it.
+			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
 			u.Close()
 		})
 		p.wg.Go(func() {
 			p.forward(c, u)
 			c.Close()
 			u.Close()
-			p.untrack(c, u)
 		})
 	}
 }
 
-// track registers a relayed pair of connections; false once the pod was killed (they are closed).
-func (p *simPod) track(c, u net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conns == nil {
-		c.Close()
-		u.Close()
-		return false
-	}
-	p.conns[c], p.conns[u] = true, true
-	return true
-}
-
-func (p *simPod) untrack(c, u net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.conns, c)
-	delete(p.conns, u)
-}
-
-// forward copies what the router sends to the engine, line by line as far as the headers go,
-// noting each X-Request-Id header (a line longer than 4 KB, a body's, is passed on unread).
+// forward copies what the router sends to the engine, noting each X-Request-Id header (a line
+// longer than 4 KB, a body's, is not looked into), until the router's side ends; once the
+// engine's is gone, it reads on without copying.
 func (p *simPod) forward(c, u net.Conn) {
 	var line []byte
 	buf := make([]byte, 32<<10)
+	engine := true
 	for {
 		n, err := c.Read(buf)
 		for _, b := range buf[:n] {
@@ -150,7 +130,12 @@ func (p *simPod) forward(c, u net.Conn) {
 			}
 			line = line[:0]
 		}
-		if _, werr := u.Write(buf[:n]); werr != nil || err != nil {
+		if engine {
+			if _, werr := u.Write(buf[:n]); werr != nil {
+				engine = false
+			}
+		}
+		if err != nil {
 			return
 		}
 	}
@@ -162,17 +147,11 @@ func (p *simPod) shutdown(ctx context.Context) error {
 	return p.srv.Shutdown(ctx)
 }
 
-// kill stops the pod at once: the engine's server closes, and with it every connection, the
-// relayed ones included, whatever they were carrying.
+// kill stops the pod at once: the engine's server closes, and with it every connection (the
+// relay passes each close on to the router), whatever they were carrying.
 func (p *simPod) kill() {
+	_ = p.relay.Close() // first: a connection accepted now could not reach the engine
 	_ = p.srv.Close()
-	_ = p.relay.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-	p.mu.Unlock()
 }
 
 // received reports whether the request with x-request-id id reached the pod, and whether its
@@ -209,6 +188,7 @@ type outcome struct {
 	endpoint string // the X-Kvroute-Endpoint the router answered with ("" if none)
 	ok       bool   // 200 and the stream reached [DONE]
 	detail   string
+	stages   string // the scenario's stages when it started and ended
 }
 
 // TestRouterUnderChurn runs a router whose only endpoints come from a Service's EndpointSlices
@@ -272,6 +252,8 @@ discovery:
 	// request client w has finished. Once every client has finished one started in an epoch,
 	// every request started before it has ended (each client sends one at a time).
 	var epoch atomic.Int64
+	var stage atomic.Value // what the scenario is doing, for the report of a failure
+	stage.Store("start")
 	var lastEpoch [6]int64
 	served := map[string]int{}
 	stop := make(chan struct{})
@@ -294,7 +276,9 @@ discovery:
 					return
 				}
 				epoch := epoch.Load() // before the request starts
+				began := stage.Load()
 				o := send(hc, api.URL, fmt.Sprintf("c%d-%d", w, i), fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":12,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d from client %d"}]}`, system, i, w))
+				o.stages = fmt.Sprintf("%v to %v", began, stage.Load())
 				mu.Lock()
 				outcomes = append(outcomes, o)
 				if epoch > lastEpoch[w] {
@@ -324,6 +308,7 @@ discovery:
 	servedBy("start", pods["p0"].url)
 
 	// A new pod turns ready: in the pool at the next event, and used.
+	stage.Store("p2 added")
 	apply(pods["p2"].slice("not-ready"))
 	apply(pods["p2"].slice("ready"))
 	poolIs("p2 ready", pods["p0"].url, pods["p1"].url, pods["p2"].url)
@@ -331,6 +316,7 @@ discovery:
 
 	// p0 is terminating: no new requests, its streams finish; then it stops and leaves.
 	p0 := r.Pool().ByName(pods["p0"].url)
+	stage.Store("p0 terminating")
 	apply(pods["p0"].slice("terminating"))
 	poolIs("p0 terminating", pods["p1"].url, pods["p2"].url)
 	// A request that had read the pool before p0 left it may not have counted itself on p0 yet:
@@ -351,6 +337,7 @@ discovery:
 	if n := p0.InFlight(); n > 0 {
 		t.Fatalf("p0 has %d requests in flight after every request started before it left the pool ended", n)
 	}
+	stage.Store("p0 shut down")
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if err := pods["p0"].shutdown(sctx); err != nil {
 		t.Errorf("p0 shutdown: %v", err)
@@ -361,17 +348,21 @@ discovery:
 	}
 
 	// p1 fails its readiness probe, then passes it again.
+	stage.Store("p1 not ready")
 	apply(pods["p1"].slice("not-ready"))
 	poolIs("p1 not ready", pods["p2"].url)
+	stage.Store("p1 ready again")
 	apply(pods["p1"].slice("ready"))
 	poolIs("p1 ready again", pods["p1"].url, pods["p2"].url)
 	servedBy("p1 back", pods["p1"].url)
 
 	// p3 joins, then p2 is killed outright: its slice goes and the engine dies at once,
 	// cutting what it was streaming (the only failures allowed).
+	stage.Store("p3 added")
 	apply(pods["p3"].slice("ready"))
 	poolIs("p3 ready", pods["p1"].url, pods["p2"].url, pods["p3"].url)
 	servedBy("p3 added", pods["p3"].url)
+	stage.Store("p2 killed")
 	if err := sliceAPI.Delete(context.Background(), "vllm-p2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +405,7 @@ discovery:
 					on = append(on, fmt.Sprintf("%s (read: %v)", n, h))
 				}
 			}
-			t.Errorf("request %s failed and was not on the killed pod: endpoint %q, reached %v: %s", o.id, o.endpoint, on, o.detail)
+			t.Errorf("request %s (%s) failed and was not on the killed pod: endpoint %q, reached %v: %s", o.id, o.stages, o.endpoint, on, o.detail)
 		}
 	}
 	t.Logf("%d requests; served: p0 %d, p1 %d, p2 %d, p3 %d; failed (on the killed p2): %d, of which its engine never read %d",
