@@ -724,3 +724,54 @@ func TestIdleCloseRace(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleCloseRaceEngineGone: when the engine closed the idle connection because it is going
+// away (its listener closed too), the second attempt's dial fails, and that is the error: the
+// caller (the proxy) takes it as a connection refused and goes on to another endpoint.
+func TestIdleCloseRaceEngineGone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i := 1; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			reads.Add(1)
+			if i == 2 {
+				ln.Close() // going away: nothing more is accepted
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	url := "http://" + ln.Addr().String()
+	tr := newTransport(t)
+	mustPost(t, tr, url)
+	tr.backdate(2 * time.Second)
+	resp, err := post(t, tr, url, "{}")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a request to an engine that went away got an answer")
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "dial" {
+		t.Errorf("err %v, want the second attempt's dial error", err)
+	}
+	if n := reads.Load(); n != 2 {
+		t.Errorf("the engine read %d requests, want 2", n)
+	}
+}
