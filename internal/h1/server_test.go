@@ -685,14 +685,18 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 // a request arrives on it (its bytes wait in the socket, the connection's goroutine not yet
 // scheduled to read them) is not closed: the request is served. One with nothing waiting is
 // closed as before. The goroutine is held, by the test's hook, where it would wait for the
-// request; the janitor's sweep is run by the test at a time past the idle timeout.
+// request; the janitor's sweep is run by the test at a time past the idle timeout, or
+// Shutdown's round of the idle connections.
 func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		arrive bool // the next request's bytes arrive before the sweep
+		name     string
+		arrive   bool // the next request's bytes arrive before the sweep
+		shutdown bool // Shutdown's round of idle connections instead of the janitor's sweep
 	}{
-		{"a request arriving", true},
-		{"nothing arriving", false},
+		{"a request arriving", true, false},
+		{"nothing arriving", false, false},
+		{"a request arriving at Shutdown", true, true},
+		{"nothing arriving at Shutdown", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			idled, release := make(chan struct{}), make(chan struct{})
@@ -738,9 +742,13 @@ func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
 					}
 				}
 			}
-			s.mu.Lock()
-			s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
-			s.mu.Unlock()
+			if tc.shutdown {
+				s.closeIdle()
+			} else {
+				s.mu.Lock()
+				s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
+				s.mu.Unlock()
+			}
 			close(release)
 			if !tc.arrive {
 				if b, err := br.ReadByte(); err == nil {
