@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -773,5 +774,39 @@ func TestIdleCloseRaceEngineGone(t *testing.T) {
 	}
 	if n := reads.Load(); n != 2 {
 		t.Errorf("the engine read %d requests, want 2", n)
+	}
+}
+
+// TestAgainstIdleTimeout: this Transport against this Server whose idle timeout is 20 ms, with
+// requests sent 15 to 25 ms apart on one connection, so that many arrive as the server's
+// janitor finds the connection past its time. None may fail: the server leaves a connection
+// on which a request waits, and what still meets the close (the few microseconds between the
+// server's check and its close, or a request written just after) is sent again by the
+// Transport, whose ResendAfterIdle is set under the server's timeout.
+func TestAgainstIdleTimeout(t *testing.T) {
+	s := &Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 20 * time.Millisecond}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	tr := newTransport(t)
+	tr.ResendAfterIdle = 10 * time.Millisecond
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 200
+	failed := 0
+	for i := range n {
+		time.Sleep(15*time.Millisecond + time.Duration(rng.Int64N(int64(10*time.Millisecond)))) // the client's pace
+		resp, err := post(t, tr, "http://"+addr, "{}")
+		if err != nil {
+			failed++
+			t.Logf("request %d: %v", i, err)
+			continue
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Errorf("request %d: %q", i, got)
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed", failed, n)
 	}
 }
