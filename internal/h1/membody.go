@@ -15,6 +15,8 @@ import (
 type MemBody struct {
 	parts [][]byte // what is still to read, in order, without empty parts
 	arr   [3][]byte
+	start [][]byte // the parts as made, for rewind (a request the Transport sends again)
+	sarr  [3][]byte
 }
 
 // NewMemBody returns a body that reads b, which must not change while it is sent.
@@ -30,8 +32,12 @@ func NewMemBodyParts(parts ...[]byte) *MemBody {
 			m.parts = append(m.parts, p)
 		}
 	}
+	m.start = append(m.sarr[:0], m.parts...)
 	return m
 }
+
+// rewind makes m read from its start again.
+func (m *MemBody) rewind() { m.parts = append(m.arr[:0], m.start...) }
 
 // Len is the number of bytes still to read.
 func (m *MemBody) Len() int {

@@ -138,10 +138,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// A second attempt needs the body again: from GetBody, or a MemBody read from where it
 	// started.
 	mem, _ := req.Body.(*MemBody)
-	memOff := 0
-	if mem != nil {
-		memOff = mem.off
-	}
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil || mem != nil
 	for attempt := 0; ; attempt++ {
 		c, reused, err := t.get(ctx, addr, attempt > 0)
@@ -160,7 +156,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				r2.Body = b
 				req = &r2
 			case mem != nil:
-				mem.off = memOff
+				mem.rewind()
 			}
 		}
 		resp, err := t.exchange(ctx, c, req)
