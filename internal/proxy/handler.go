@@ -446,7 +446,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
 	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailLost:
 		code = "upstream_connection_lost"
-		msg = "the engine closed the connection after it received the request, before any answer; the request was not sent again (it may be what broke the engine)"
+		msg = "the engine closed the connection after it received the request, before any answer; the request was not sent to another engine (it may be what broke the engine)"
 	}
 	if c != nil {
 		msg += " (request id " + c.rid + ")"
