@@ -29,3 +29,23 @@ func alive(nc net.Conn) bool {
 	})
 	return err == nil && open
 }
+
+// pending reports whether bytes wait to be read on a connection, without reading them and
+// without waiting. It asks through Control, not Read: the connection's own goroutine may be
+// blocked in a read, which holds the read lock.
+func pending(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	var b [1]byte
+	_ = rc.Control(func(fd uintptr) {
+		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	})
+	return n > 0
+}

@@ -58,7 +58,11 @@ func TestMemBodyBytesOnTheWire(t *testing.T) {
 	}()
 	tr := newTransport(t)
 	for i := range 2 {
-		resp, err := tr.RoundTrip(mk(NewMemBody(body)))
+		mb := NewMemBody(body)
+		if i == 1 { // the second in three parts, as a proxy splices a field in: the same bytes
+			mb = NewMemBodyParts(body[:1000], body[1000:1001], nil, body[1001:])
+		}
+		resp, err := tr.RoundTrip(mk(mb))
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
@@ -72,25 +76,60 @@ func TestMemBodyBytesOnTheWire(t *testing.T) {
 	}
 }
 
-// headWriter takes a MemBody without copying it, and anything else after the head.
+// A MemBody in parts reads as the parts joined, through any buffer size.
+func TestMemBodyPartsRead(t *testing.T) {
+	parts := [][]byte{[]byte(`{"model":"m"`), nil, []byte(`,"stream_options":{"include_usage":true}`), []byte(`}`)}
+	want := string(bytes.Join(parts, nil))
+	for _, size := range []int{1, 3, 7, 64} {
+		mb := NewMemBodyParts(parts...)
+		if mb.Len() != len(want) {
+			t.Errorf("Len %d, want %d", mb.Len(), len(want))
+		}
+		var got []byte
+		buf := make([]byte, size)
+		for range 1000 {
+			n, err := mb.Read(buf)
+			got = append(got, buf[:n]...)
+			if err == io.EOF {
+				break
+			}
+		}
+		if string(got) != want {
+			t.Errorf("read %d bytes at a time: %q, want %q", size, got, want)
+		}
+	}
+}
+
+// headWriter takes a MemBody without copying it (in parts, each as it lies), and anything else
+// after the head.
 func TestHeadWriter(t *testing.T) {
 	body := []byte(`{"model":"m"}`)
 	req, _ := http.NewRequest(http.MethodPost, "http://x/v1", NewMemBody(body))
 	req.ContentLength = int64(len(body))
-	var w headWriter
+	w := newHeadWriter(make([]byte, 0, 64)) // as writeMem makes it
 	if err := req.Write(&w); err != nil {
 		t.Fatal(err)
 	}
-	if len(w.body) == 0 || &w.body[0] != &body[0] {
+	if len(w.body) != 1 || &w.body[0][0] != &body[0] {
 		t.Errorf("the body was copied (or not taken): body %q", w.body)
 	}
 	if !strings.HasSuffix(string(w.head), "\r\n\r\n") || strings.Contains(string(w.head), "model") {
 		t.Errorf("head %q: want the head alone", w.head)
 	}
+	ins := []byte(`,"x":1`)
+	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", NewMemBodyParts(body[:12], ins, body[12:]))
+	req.ContentLength = int64(len(body) + len(ins))
+	wp := newHeadWriter(nil)
+	if err := req.Write(&wp); err != nil {
+		t.Fatal(err)
+	}
+	if len(wp.body) != 3 || &wp.body[0][0] != &body[0] || &wp.body[1][0] != &ins[0] || &wp.body[2][0] != &body[12] {
+		t.Errorf("the parts were copied (or not taken): %q", wp.body)
+	}
 	// Chunked (no length): net/http frames the body itself, all of it goes after the head.
 	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", NewMemBody(body))
 	req.ContentLength = -1
-	var w2 headWriter
+	w2 := newHeadWriter(nil)
 	if err := req.Write(&w2); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +137,7 @@ func TestHeadWriter(t *testing.T) {
 	req, _ = http.NewRequest(http.MethodPost, "http://x/v1", io.NopCloser(bytes.NewReader(body)))
 	req.ContentLength = -1
 	_ = req.Write(&want)
-	if diff := cmp.Diff(want.String(), string(w2.head)+string(w2.body)); diff != "" {
+	if diff := cmp.Diff(want.String(), string(w2.head)+string(bytes.Join(w2.body, nil))); diff != "" {
 		t.Errorf("chunked request (-net/http +headWriter):\n%s", diff)
 	}
 }

@@ -107,6 +107,9 @@ type Server struct {
 	started   atomic.Int64 // requests started since the janitor's last round
 	rounds    atomic.Int64 // the janitor's rounds, for tests
 	nudge     chan struct{}
+	// idleHook, when set (tests), runs on a connection's goroutine each time the connection
+	// turns idle, before it waits for the next request.
+	idleHook func()
 }
 
 // base is every request's parent context. It carries http.ServerContextKey (with this
@@ -285,7 +288,7 @@ func (s *Server) sweep(now int64) (busy bool) {
 			}
 		case stateIdle:
 			if idle > 0 && age > idle {
-				c.expire()
+				c.expireIdle()
 			}
 		case stateActive:
 			busy = true
@@ -368,7 +371,10 @@ func (s *Server) closeIdle() bool {
 	now := time.Now().UnixNano()
 	for c := range s.conns {
 		st := c.state.Load()
-		if st == stateIdle || st == stateNew && now-c.since.Load() > int64(5*time.Second) {
+		switch {
+		case st == stateIdle:
+			c.closeIdle()
+		case st == stateNew && now-c.since.Load() > int64(5*time.Second):
 			_ = c.rwc.Close()
 		}
 	}
@@ -404,6 +410,7 @@ const (
 	stateActive                // serving a request
 	stateIdle                  // waiting for the next request
 	stateDetached              // hijacked by its handler: not the server's to time or close
+	stateClosed                // closed while idle, by the janitor or Shutdown
 )
 
 // srvConn is one client connection.
@@ -454,6 +461,33 @@ type srvConn struct {
 func (c *srvConn) expire() {
 	c.expired.Store(true)
 	_ = c.rwc.Close()
+}
+
+// expireIdle closes an idle connection past its idle timeout, unless a request is arriving on it
+// (see closeIdle).
+func (c *srvConn) expireIdle() {
+	if c.closeIdle() {
+		c.expired.Store(true)
+	}
+}
+
+// closeIdle closes the connection if it is still idle and no byte of a request is waiting to be
+// read, and reports whether it did. A request that arrived as the connection's time ran out is
+// served: its client, which took the connection for open, could not tell a close now from one
+// its request caused, and would have to fail it (the request's bytes wait in the socket until
+// the connection's goroutine, woken by them, is scheduled: under load, milliseconds). Only the
+// few microseconds between the check and the close are left to such a race.
+func (c *srvConn) closeIdle() bool {
+	if pending(c.rwc) {
+		return false
+	}
+	// The connection's goroutine moves it out of stateIdle the same way once it has read a
+	// byte: whichever comes first has it.
+	if !c.state.CompareAndSwap(stateIdle, stateClosed) {
+		return false
+	}
+	_ = c.rwc.Close()
+	return true
 }
 
 // bodyDeadline is when the request body's read time runs out, Unix ns.
@@ -592,12 +626,18 @@ func (c *srvConn) serve() {
 			if s.shutdown.Load() {
 				return
 			}
+			if c.s.idleHook != nil {
+				c.s.idleHook()
+			}
 			if c.br.Buffered() == 0 && !c.cr.hasByte {
 				if _, err := c.br.Peek(1); err != nil {
 					return // closed, timed out or reset while idle
 				}
 			}
-			c.setState(stateHead)
+			if !c.state.CompareAndSwap(stateIdle, stateHead) {
+				return // closed as idle just before the request's first byte was read
+			}
+			c.since.Store(time.Now().UnixNano())
 		}
 		if !c.serveOne() {
 			return

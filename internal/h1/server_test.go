@@ -680,3 +680,92 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 		t.Error("a request that started while the janitor was quiet was never watched")
 	}
 }
+
+// TestIdleExpiryLeavesArrivingRequest: a kept-alive connection whose idle time runs out just as
+// a request arrives on it (its bytes wait in the socket, the connection's goroutine not yet
+// scheduled to read them) is not closed: the request is served. One with nothing waiting is
+// closed as before. The goroutine is held, by the test's hook, where it would wait for the
+// request; the janitor's sweep is run by the test at a time past the idle timeout, or
+// Shutdown's round of the idle connections.
+func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		arrive   bool // the next request's bytes arrive before the sweep
+		shutdown bool // Shutdown's round of idle connections instead of the janitor's sweep
+	}{
+		{"a request arriving", true, false},
+		{"nothing arriving", false, false},
+		{"a request arriving at Shutdown", true, true},
+		{"nothing arriving at Shutdown", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			idled, release := make(chan struct{}), make(chan struct{})
+			var holds atomic.Int32
+			s := &Server{ReadHeaderTimeout: time.Hour, IdleTimeout: time.Hour} // the janitor's own sweeps expire nothing
+			s.idleHook = func() {
+				if holds.Add(1) == 1 { // the first time the connection turns idle
+					idled <- struct{}{}
+					<-release
+				}
+			}
+			addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			c, br := dialBuffered(t, addr)
+			exchange := func(i int) error {
+				if _, err := fmt.Fprintf(c, "GET /%d HTTP/1.1\r\nHost: x\r\n\r\n", i); err != nil {
+					return err
+				}
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					return err
+				}
+				b, err := io.ReadAll(resp.Body)
+				if err == nil && string(b) != "ok" {
+					err = fmt.Errorf("body %q", b)
+				}
+				return err
+			}
+			if err := exchange(1); err != nil {
+				t.Fatal(err)
+			}
+			<-idled
+			sc := s.connOf(c.LocalAddr().String())
+			if sc == nil {
+				t.Fatal("the server does not know the connection")
+			}
+			if tc.arrive {
+				if _, err := io.WriteString(c, "GET /2 HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				for end := time.Now().Add(5 * time.Second); !pending(sc.rwc); time.Sleep(time.Millisecond) {
+					if time.Now().After(end) {
+						t.Fatal("the request's bytes did not reach the server's socket in 5 s")
+					}
+				}
+			}
+			if tc.shutdown {
+				s.closeIdle()
+			} else {
+				s.mu.Lock()
+				s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
+				s.mu.Unlock()
+			}
+			close(release)
+			if !tc.arrive {
+				if b, err := br.ReadByte(); err == nil {
+					t.Errorf("the expired connection sent %q, want it closed", b)
+				}
+				return
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("the request that arrived as the connection expired: %v", err)
+			}
+			if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+				t.Errorf("answer %q, want ok", b)
+			}
+			if err := exchange(3); err != nil {
+				t.Errorf("the connection after: %v", err)
+			}
+		})
+	}
+}

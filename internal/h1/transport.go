@@ -14,11 +14,18 @@
 //
 // What net/http's Transport does with its reader goroutine, noticing that the server closed an
 // idle connection, is done here when a connection is taken from the pool (a non-blocking peek,
-// one system call). Should a request still meet a connection the server closed, it is sent once
-// more on a new connection only when the connection failed while the request was being
-// written. Once the request is written, a close before any byte of a response is not retried:
-// the server may have read the request, and may have closed because of it (an engine that
-// crashes on a query of death would get it again and again).
+// one system call). A request can still meet such a close: the server's idle timeout may fire
+// as the request arrives (the peek saw the connection open, the server closed it before it read
+// the request). Such a request is sent once more, on a new connection, when three things hold:
+// its body can be sent again (none, a MemBody, or GetBody), no byte of a response arrived, and
+// the connection had sat in the pool for at least ResendAfterIdle (1 s) before it was taken.
+// The last is what tells an idle close from a close the request caused: a server closes a
+// connection for idleness only after its keep-alive timeout (seconds for every engine: uvicorn
+// 5 s, so vLLM and SGLang; llama.cpp 5 s; `kvroute sim` 10 s), so a connection used less
+// than a second ago that closes on a request was closed by the request (an engine that crashes on
+// a query of death, or drops it). That one is never sent again. A connection that broke while the
+// request was being written is always retried (the server cannot have read it whole). net/http's
+// Transport resends after a write only idempotent methods; every inference request is a POST.
 //
 // Only plain http URLs that no proxy carries are served here; https, and requests that
 // Fallback's Proxy function routes through a proxy, go to Fallback.
@@ -28,6 +35,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -42,6 +50,10 @@ const (
 	DefaultMaxIdlePerHost = 1024
 	DefaultIdleTimeout    = 90 * time.Second
 	DefaultDialTimeout    = 30 * time.Second
+	// DefaultResendAfterIdle is ResendAfterIdle's default: under the shortest keep-alive
+	// timeout of the engines served (5 s), and far over the gap between two requests on a busy
+	// connection.
+	DefaultResendAfterIdle = time.Second
 	// MaxResponseHeaderBytes bounds a response's status line and headers (net/http's Transport
 	// allows 10 MB; an engine's are well under a kilobyte).
 	MaxResponseHeaderBytes = 1 << 20
@@ -60,6 +72,11 @@ type Transport struct {
 	// WriteBufferSize and ReadBufferSize size each connection's buffers; 0: 8 KB and 4 KB. The
 	// write buffer holds a typical request with its headers, so it leaves in one system call.
 	WriteBufferSize, ReadBufferSize int
+	// ResendAfterIdle: a request written on a pooled connection that had been idle this long,
+	// whose connection the server then closes or resets before any byte of a response, is sent
+	// once more on a new connection, if its body can be; the server closed the connection for
+	// idleness just as the request arrived. 0: DefaultResendAfterIdle; negative: never.
+	ResendAfterIdle time.Duration
 
 	mu      sync.Mutex
 	idle    map[string][]*conn // by host:port, most recently used last
@@ -77,7 +94,8 @@ type conn struct {
 	bw    *bufio.Writer
 	head  []byte // a MemBody request's head, reused
 	addr  string
-	since time.Time // when it went idle
+	since time.Time     // when it went idle
+	idle  time.Duration // how long it had been idle when taken from the pool
 }
 
 // countingReader counts the bytes read from the connection, to tell whether a failed call had
@@ -103,6 +121,10 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // being written: the server cannot have read it whole.
 var errStale = errors.New("h1: connection closed by the server before the request was sent")
 
+// errUnanswered marks an attempt whose request was written whole and whose connection the
+// server then closed or reset before any byte of a response: it may have read the request.
+var errUnanswered = errors.New("h1: connection closed by the server after the request was sent, before any response")
+
 // RoundTrip sends req and returns the response, whose body must be read to its end or closed.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || t.viaProxy(req) {
@@ -113,38 +135,59 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		addr = net.JoinHostPort(req.URL.Hostname(), "80")
 	}
 	ctx := req.Context()
-	// A second attempt needs the body again.
-	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	// A second attempt needs the body again: from GetBody, or a MemBody read from where it
+	// started.
+	mem, _ := req.Body.(*MemBody)
+	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil || mem != nil
 	for attempt := 0; ; attempt++ {
 		c, reused, err := t.get(ctx, addr, attempt > 0)
 		if err != nil {
 			return nil, err
 		}
-		if attempt > 0 && req.GetBody != nil {
-			b, err := req.GetBody()
-			if err != nil {
-				c.nc.Close()
-				return nil, err
+		if attempt > 0 {
+			switch {
+			case req.GetBody != nil:
+				b, err := req.GetBody()
+				if err != nil {
+					c.nc.Close()
+					return nil, err
+				}
+				r2 := *req
+				r2.Body = b
+				req = &r2
+			case mem != nil:
+				mem.rewind()
 			}
-			r2 := *req
-			r2.Body = b
-			req = &r2
 		}
 		resp, err := t.exchange(ctx, c, req)
 		if err == nil {
 			return resp, nil
 		}
-		if errors.Is(err, errStale) && reused && replayable && attempt == 0 && ctx.Err() == nil {
-			continue // the server had closed it while it sat idle: once more on a new connection
+		if attempt == 0 && reused && replayable && ctx.Err() == nil &&
+			(errors.Is(err, errStale) || errors.Is(err, errUnanswered) && t.idleClose(c.idle)) {
+			continue // the server had closed it for idleness: once more on a new connection
 		}
-		if errors.Is(err, errStale) {
+		switch {
+		case errors.Is(err, errStale):
 			err = io.ErrUnexpectedEOF
+		case errors.Is(err, errUnanswered):
+			err = fmt.Errorf("%w (%v)", io.ErrUnexpectedEOF, err)
 		}
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
 		return nil, err
 	}
+}
+
+// idleClose reports whether a close by the server of a connection that had been idle for d
+// before a request was written on it is taken for a close for idleness.
+func (t *Transport) idleClose(d time.Duration) bool {
+	after := t.ResendAfterIdle
+	if after == 0 {
+		after = DefaultResendAfterIdle
+	}
+	return after > 0 && d >= after
 }
 
 // exchange writes req on c and reads the response head. On error, c is closed.
@@ -173,7 +216,10 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 	for {
 		resp, err = http.ReadResponse(c.br, req)
 		if err != nil {
-			return fail(err) // the request went out: not stale, whatever closed the connection
+			if c.cr.n == read0 && closedByPeer(err) {
+				err = fmt.Errorf("%w: %w", errUnanswered, err) // RoundTrip decides whether it goes again
+			}
+			return fail(err)
 		}
 		// An informational response (100 Continue, 103 Early Hints) precedes the real one.
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -249,9 +295,11 @@ func (t *Transport) get(ctx context.Context, addr string, fresh bool) (c *conn, 
 			if c == nil {
 				break
 			}
-			// Every reused connection is peeked at: a request that met a close by the server
-			// after it was written could not be sent again (see errStale).
-			if now.Sub(c.since) > t.idleTimeout() || !alive(c.nc) {
+			// Every reused connection is peeked at: a request that meets a close by the server
+			// after it was written is sent again only if the connection had been idle for
+			// ResendAfterIdle (see errUnanswered).
+			c.idle = now.Sub(c.since)
+			if c.idle > t.idleTimeout() || !alive(c.nc) {
 				c.nc.Close()
 				continue
 			}

@@ -7,15 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 )
 
@@ -576,5 +579,237 @@ func TestResponseHeadersBounded(t *testing.T) {
 	}
 	if !errors.Is(err, errHeaderTooLarge) {
 		t.Errorf("err %v, want %v", err, errHeaderTooLarge)
+	}
+}
+
+// scriptedServer answers each request as act says, given the connection's number (from 1), the
+// request's number on it (from 1) and its body: "ok" answers; "close" closes the connection
+// (a FIN: the client reads an end of stream); "reset" closes it with an RST (SO_LINGER 0: the
+// client reads ECONNRESET); "partial" sends a status line, then closes. It returns
+// its URL and the bodies it read, in order, as "conn/request:body".
+func scriptedServer(t *testing.T, act func(conn, req int, body string) string) (url string, seen func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var log []string
+	conns := 0
+	url = rawServer(t, func(c net.Conn) {
+		mu.Lock()
+		conns++
+		cn := conns
+		mu.Unlock()
+		br := bufio.NewReader(c)
+		for rn := 1; ; rn++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			b, _ := io.ReadAll(req.Body)
+			mu.Lock()
+			log = append(log, fmt.Sprintf("%d/%d:%s", cn, rn, b))
+			mu.Unlock()
+			switch act(cn, rn, string(b)) {
+			case "ok":
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			case "reset":
+				_ = c.(*net.TCPConn).SetLinger(0)
+				return
+			case "partial":
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\n")
+				return
+			default: // "close"
+				return
+			}
+		}
+	})
+	return url, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(log)
+	}
+}
+
+// TestIdleCloseRace: the server closes a kept-alive connection for idleness just as a request
+// arrives on it (the pooled connection was peeked at and found open, then the server closed it
+// without an answer). A request on a connection idle for at least ResendAfterIdle goes once
+// more on a new connection, if its body can be sent again and no byte of an answer came; on one
+// used a moment ago, it does not (a query of death).
+func TestIdleCloseRace(t *testing.T) {
+	// Every connection answers its first request and drops the second.
+	dropSecond := func(how string) func(int, int, string) string {
+		return func(_, req int, _ string) string {
+			if req == 1 {
+				return "ok"
+			}
+			return how
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		act     func(conn, req int, body string) string
+		idle    time.Duration // how long the pooled connection looks idle
+		body    func(string) io.ReadCloser
+		getBody bool
+		wantErr bool
+		want    []string // what the server read
+	}{
+		{name: "closed after idle: sent again", act: dropSecond("close"), idle: 2 * time.Second, getBody: true,
+			want: []string{"1/1:first", "1/2:second", "2/1:second"}},
+		{name: "reset after idle: sent again", act: dropSecond("reset"), idle: 2 * time.Second, getBody: true,
+			want: []string{"1/1:first", "1/2:second", "2/1:second"}},
+		{name: "a MemBody after idle: sent again whole", act: dropSecond("reset"), idle: 2 * time.Second,
+			body: func(s string) io.ReadCloser { return NewMemBody([]byte(s)) },
+			want: []string{"1/1:first", "1/2:second", "2/1:second"}},
+		{name: "a MemBody in parts after idle: sent again whole", act: dropSecond("reset"), idle: 2 * time.Second,
+			body: func(s string) io.ReadCloser { return NewMemBodyParts([]byte(s[:2]), []byte(s[2:])) },
+			want: []string{"1/1:first", "1/2:second", "2/1:second"}},
+		{name: "no body after idle: sent again", act: dropSecond("close"), idle: 2 * time.Second,
+			body: func(string) io.ReadCloser { return nil },
+			want: []string{"1/1:", "1/2:", "2/1:"}},
+		{name: "once only", idle: 2 * time.Second, getBody: true, wantErr: true,
+			act: func(conn, req int, _ string) string {
+				if conn == 1 && req == 1 {
+					return "ok"
+				}
+				return "close"
+			},
+			want: []string{"1/1:first", "1/2:second", "2/1:second"}},
+		{name: "used a moment ago: not sent again", act: dropSecond("close"), getBody: true, wantErr: true,
+			want: []string{"1/1:first", "1/2:second"}},
+		{name: "reset on a connection used a moment ago: not sent again", act: dropSecond("reset"), getBody: true, wantErr: true,
+			want: []string{"1/1:first", "1/2:second"}},
+		{name: "a body that cannot be sent again", act: dropSecond("close"), idle: 2 * time.Second, wantErr: true,
+			want: []string{"1/1:first", "1/2:second"}},
+		{name: "a byte of an answer came: not sent again", act: dropSecond("partial"), idle: 2 * time.Second, getBody: true, wantErr: true,
+			want: []string{"1/1:first", "1/2:second"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, seen := scriptedServer(t, tc.act)
+			tr := newTransport(t)
+			send := func(body string) (*http.Response, error) {
+				var rc io.ReadCloser = io.NopCloser(strings.NewReader(body))
+				if tc.body != nil {
+					rc = tc.body(body)
+				}
+				req, err := http.NewRequest(http.MethodPost, url, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rc != nil {
+					req.Body, req.ContentLength = rc, int64(len(body))
+				}
+				if tc.getBody {
+					req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
+				}
+				return tr.RoundTrip(req)
+			}
+			resp, err := send("first")
+			if err != nil {
+				t.Fatal(err)
+			}
+			readAll(t, resp)
+			tr.backdate(tc.idle)
+			resp, err = send("second")
+			switch {
+			case err == nil && tc.wantErr:
+				resp.Body.Close()
+				t.Error("the dropped request got an answer")
+			case err == nil:
+				if got := readAll(t, resp); got != "ok" {
+					t.Errorf("answer %q, want ok", got)
+				}
+			case !tc.wantErr:
+				t.Errorf("err %v, want an answer", err)
+			case !errors.Is(err, io.ErrUnexpectedEOF):
+				t.Errorf("err %v, want unexpected EOF", err)
+			}
+			if diff := cmp.Diff(tc.want, seen()); diff != "" {
+				t.Errorf("requests the server read (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestIdleCloseRaceEngineGone: when the engine closed the idle connection because it is going
+// away (its listener closed too), the second attempt's dial fails, and that is the error: the
+// caller (the proxy) takes it as a connection refused and goes on to another endpoint.
+func TestIdleCloseRaceEngineGone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i := 1; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			reads.Add(1)
+			if i == 2 {
+				ln.Close() // going away: nothing more is accepted
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	url := "http://" + ln.Addr().String()
+	tr := newTransport(t)
+	mustPost(t, tr, url)
+	tr.backdate(2 * time.Second)
+	resp, err := post(t, tr, url, "{}")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a request to an engine that went away got an answer")
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "dial" {
+		t.Errorf("err %v, want the second attempt's dial error", err)
+	}
+	if n := reads.Load(); n != 2 {
+		t.Errorf("the engine read %d requests, want 2", n)
+	}
+}
+
+// TestAgainstIdleTimeout: this Transport against this Server whose idle timeout is 20 ms, with
+// requests sent 15 to 25 ms apart on one connection, so that many arrive as the server's
+// janitor finds the connection past its time. None may fail: the server leaves a connection
+// on which a request waits, and what still meets the close (the few microseconds between the
+// server's check and its close, or a request written just after) is sent again by the
+// Transport, whose ResendAfterIdle is set under the server's timeout.
+func TestAgainstIdleTimeout(t *testing.T) {
+	s := &Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 20 * time.Millisecond}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	tr := newTransport(t)
+	tr.ResendAfterIdle = 10 * time.Millisecond
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 200
+	failed := 0
+	for i := range n {
+		time.Sleep(15*time.Millisecond + time.Duration(rng.Int64N(int64(10*time.Millisecond)))) // the client's pace
+		resp, err := post(t, tr, "http://"+addr, "{}")
+		if err != nil {
+			failed++
+			t.Logf("request %d: %v", i, err)
+			continue
+		}
+		if got := readAll(t, resp); got != "ok" {
+			t.Errorf("request %d: %q", i, got)
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed", failed, n)
 	}
 }

@@ -115,10 +115,12 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 }
 
 // DropReasons are the reason labels of kvroute_peer_dropped_total: the wire's refusals,
-// what the sender could not queue, and what the lifecycle would not apply.
+// what the sender could not queue, what the lifecycle would not apply, and refused TLS
+// handshakes.
 func DropReasons() []string {
 	return []string{"forged", "unauthenticated", "replayed", "truncated", "oversized", "malformed", "version", "queue_full",
-		"duplicate", "unknown_request", "unknown_endpoint", "full", "invalid", "self"}
+		"duplicate", "unknown_request", "unknown_endpoint", "full", "invalid", "self",
+		"tls_no_certificate", "tls_bad_certificate", "tls_handshake"}
 }
 
 // SnapshotTaken records when the snapshot this replica started from was taken (unix

@@ -74,6 +74,7 @@ type Request struct {
 	Stream             bool
 	IncludeUsage       bool // stream_options.include_usage
 	HasStreamOptions   bool // the body has a stream_options object
+	StreamOptionsField bool // the body names stream_options, even as null (as encoding/json matches names)
 	MaxTokens          int  // max_tokens, max_completion_tokens or max_output_tokens, 0 when absent
 	User               string
 	CacheSalt          string
@@ -233,6 +234,7 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 	}
 	r.Model = *w.Model
 	r.Stream = w.Stream != nil && *w.Stream
+	r.StreamOptionsField = w.StreamOptions != nil
 	if isPresent(w.StreamOptions) {
 		var so struct {
 			IncludeUsage *bool `json:"include_usage"`

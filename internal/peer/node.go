@@ -266,7 +266,7 @@ func (n *Node) Run(ctx context.Context) error {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, Protocols: &protos, ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
+		ErrorLog: newServerLog(n.log, n.m.Dropped, time.Now).errorLog()}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(n.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -3,6 +3,14 @@ package peer
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"log"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // MutualTLS returns the TLS configs of a replica's event stream server and of its client for
@@ -32,4 +40,113 @@ func (n *Node) scheme() string {
 		return "https"
 	}
 	return "http"
+}
+
+// The reasons of kvroute_peer_dropped_total for a connection to the stream server refused in
+// its TLS handshake.
+const (
+	dropTLSNoCert  = "tls_no_certificate"  // the client sent no certificate
+	dropTLSBadCert = "tls_bad_certificate" // its certificate did not verify against ca_file
+	dropTLSOther   = "tls_handshake"       // any other failure: cleartext, garbage, the client refusing ours
+)
+
+// handshakeLogEvery is how often a refused handshake is logged per remote host: a scanner or a
+// misconfigured replica retrying in a loop is counted every time, logged once a minute.
+const handshakeLogEvery = time.Minute
+
+// maxHandshakeHosts bounds the hosts whose last log time is kept: beyond it, refusals from new
+// hosts are counted but not logged until old entries expire.
+const maxHandshakeHosts = 4096
+
+// serverLog is the stream server's error log. net/http reports a failed TLS handshake only
+// there ("http: TLS handshake error from ADDR: REASON"; the stream handler never sees the
+// connection), so its lines are read back: each such line is counted in
+// kvroute_peer_dropped_total by reason and logged at warn level at most once per remote host per
+// handshakeLogEvery, with the refusals from that host left unlogged since. Other lines are
+// logged at debug level, as before.
+type serverLog struct {
+	log     *slog.Logger
+	dropped *prometheus.CounterVec
+	now     func() time.Time
+
+	mu     sync.Mutex
+	hosts  map[string]*hostRefusals
+	lastGC time.Time
+}
+
+type hostRefusals struct {
+	logged  time.Time // when a refusal from the host was last logged
+	skipped int       // refusals not logged since
+}
+
+func newServerLog(l *slog.Logger, dropped *prometheus.CounterVec, now func() time.Time) *serverLog {
+	return &serverLog{log: l, dropped: dropped, now: now, hosts: map[string]*hostRefusals{}}
+}
+
+// errorLog returns the *log.Logger that http.Server.ErrorLog takes.
+func (w *serverLog) errorLog() *log.Logger { return log.New(w, "", 0) }
+
+const handshakePrefix = "http: TLS handshake error from "
+
+func (w *serverLog) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	rest, ok := strings.CutPrefix(line, handshakePrefix)
+	if !ok {
+		w.log.Debug(line)
+		return len(p), nil
+	}
+	addr, why, _ := strings.Cut(rest, ": ")
+	reason := handshakeReason(why)
+	w.dropped.WithLabelValues(reason).Inc()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if skipped, ok := w.due(host); ok {
+		w.log.Warn("refused a peer connection's TLS handshake", "remote", addr, "reason", reason, "err", why,
+			"refused_unlogged", skipped)
+	}
+	return len(p), nil
+}
+
+// handshakeReason sorts a failed handshake by the error net/http logged (crypto/tls's texts:
+// TestTLSRefusesStrangers checks them against the Go in use).
+func handshakeReason(err string) string {
+	switch {
+	case strings.Contains(err, "didn't provide a certificate"):
+		return dropTLSNoCert
+	case strings.HasPrefix(err, "tls: failed to verify certificate"):
+		return dropTLSBadCert
+	}
+	return dropTLSOther
+}
+
+// due reports whether a refusal from host is to be logged now, and how many from it were not
+// logged since the last that was.
+func (w *serverLog) due(host string) (skipped int, ok bool) {
+	now := w.now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h := w.hosts[host]; h != nil {
+		if now.Sub(h.logged) < handshakeLogEvery {
+			h.skipped++
+			return 0, false
+		}
+		skipped = h.skipped
+		h.logged, h.skipped = now, 0
+		return skipped, true
+	}
+	if len(w.hosts) >= maxHandshakeHosts && now.Sub(w.lastGC) >= handshakeLogEvery/4 {
+		w.lastGC = now
+		for k, h := range w.hosts {
+			if now.Sub(h.logged) >= handshakeLogEvery {
+				delete(w.hosts, k)
+			}
+		}
+	}
+	if len(w.hosts) >= maxHandshakeHosts {
+		return 0, false
+	}
+	w.hosts[host] = &hostRefusals{logged: now}
+	return 0, true
 }

@@ -1,17 +1,23 @@
 package peer
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/testcert"
 )
@@ -121,5 +127,70 @@ func TestTLSRefusesStrangers(t *testing.T) {
 		if !strings.Contains(got, tc.want) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+	// Each refused handshake is counted by its reason: the server counts after its side of the
+	// handshake ends, which may be after the client's error.
+	want := map[string]float64{"tls_no_certificate": 1, "tls_bad_certificate": 1,
+		"tls_handshake": 3} // cleartext, and the two clients that refused the server's certificate
+	got := map[string]float64{}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		for reason := range want {
+			got[reason] = testutil.ToFloat64(r.m.Dropped.WithLabelValues(reason))
+		}
+		if maps.Equal(got, want) || time.Now().After(end) {
+			break
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("refused handshakes counted in kvroute_peer_dropped_total (-want +got):\n%s", diff)
+	}
+}
+
+// TestRefusedHandshakesLogged: refused handshakes are all counted, and logged at most once per
+// remote host per minute, the next line saying how many were not; the server's other lines go
+// to the debug level.
+func TestRefusedHandshakesLogged(t *testing.T) {
+	var buf bytes.Buffer
+	l := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))
+	m := metrics.NewPeers(prometheus.NewRegistry())
+	now := time.Unix(1000, 0)
+	w := newServerLog(l, m.Dropped, func() time.Time { return now }).errorLog()
+	for _, step := range []struct {
+		after time.Duration
+		line  string
+	}{
+		{0, "http: TLS handshake error from 10.0.0.1:4000: tls: client didn't provide a certificate"},
+		{time.Second, "http: TLS handshake error from 10.0.0.1:4001: tls: failed to verify certificate: x509: certificate signed by unknown authority"},
+		{time.Second, "http: TLS handshake error from 10.0.0.2:5000: EOF"},
+		{time.Second, "http: TLS handshake error from 10.0.0.1:4002: client sent an HTTP request to an HTTPS server"},
+		{time.Second, "http: superfluous response.WriteHeader call"},
+		{time.Minute, "http: TLS handshake error from 10.0.0.1:4003: tls: client didn't provide a certificate"},
+		{time.Second, "http: TLS handshake error from [::1]:6000: remote error: tls: bad certificate"},
+	} {
+		now = now.Add(step.after)
+		w.Print(step.line)
+	}
+	wantLog := `level=WARN msg="refused a peer connection's TLS handshake" remote=10.0.0.1:4000 reason=tls_no_certificate err="tls: client didn't provide a certificate" refused_unlogged=0
+level=WARN msg="refused a peer connection's TLS handshake" remote=10.0.0.2:5000 reason=tls_handshake err=EOF refused_unlogged=0
+level=DEBUG msg="http: superfluous response.WriteHeader call"
+level=WARN msg="refused a peer connection's TLS handshake" remote=10.0.0.1:4003 reason=tls_no_certificate err="tls: client didn't provide a certificate" refused_unlogged=2
+level=WARN msg="refused a peer connection's TLS handshake" remote=[::1]:6000 reason=tls_handshake err="remote error: tls: bad certificate" refused_unlogged=0
+`
+	if diff := cmp.Diff(wantLog, buf.String()); diff != "" {
+		t.Errorf("log (-want +got):\n%s", diff)
+	}
+	wantCount := map[string]float64{"tls_no_certificate": 2, "tls_bad_certificate": 1, "tls_handshake": 3}
+	gotCount := map[string]float64{}
+	for reason := range wantCount {
+		gotCount[reason] = testutil.ToFloat64(m.Dropped.WithLabelValues(reason))
+	}
+	if diff := cmp.Diff(wantCount, gotCount); diff != "" {
+		t.Errorf("kvroute_peer_dropped_total (-want +got):\n%s", diff)
 	}
 }

@@ -172,7 +172,11 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		}
 	}
 	if opt.addUsage && req.Stream && !req.IncludeUsage && (kind == openai.KindChat || kind == openai.KindCompletion) {
-		if nb, err := openai.WithIncludeUsage(c.body); err == nil {
+		if at, field, ok := openai.IncludeUsageSplice(c.body, req); ok {
+			// Spliced in as the body is sent (a writev of three parts), not copied into it.
+			c.spliceAt, c.splice = at, field
+			c.dropUsage = true
+		} else if nb, err := openai.WithIncludeUsage(c.body); err == nil {
 			c.body = nb
 			c.dropUsage = true
 		}

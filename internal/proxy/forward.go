@@ -199,15 +199,15 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	if err != nil {
 		return nil, err
 	}
-	body := c.bodyFor(h, ep)
+	a, ins, b := c.partsFor(h, ep)
 	req := out.Clone(out.Context())
 	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
 	req.URL.RawPath = ""
 	req.Host = u.Host
-	req.Body = h1.NewMemBody(body) // sent with the head in one system call
-	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBody(body), nil }
-	req.ContentLength = int64(len(body))
+	req.Body = h1.NewMemBodyParts(a, ins, b) // sent with the head in one system call
+	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBodyParts(a, ins, b), nil }
+	req.ContentLength = int64(len(a) + len(ins) + len(b))
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
 	req.Header.Set("Content-Type", "application/json")
@@ -219,16 +219,39 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	return h.Transport.RoundTrip(req)
 }
 
-// bodyFor returns the body to send to ep: with the tenant's cache_salt when ep honours it.
+// partsFor returns the body to send to ep as the parts to send one after the other: the
+// client's bytes with the splice between them, or one piece (the others empty) where the body
+// had to be copied (the tenant's cache_salt when ep honours it).
+func (c *call) partsFor(h *Handler, ep *endpoint.Endpoint) (a, ins, b []byte) {
+	if c.splice == nil || c.salts(h, ep) {
+		return c.bodyFor(h, ep), nil, nil
+	}
+	return c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]
+}
+
+// salts reports whether the body sent to ep gets the tenant's cache_salt.
+func (c *call) salts(h *Handler, ep *endpoint.Endpoint) bool {
+	return c.id != nil && c.id.Salt != "" && h.Pool.CacheSalt(ep)
+}
+
+// bodyFor returns the body to send to ep, whole: with the splice, and with the tenant's
+// cache_salt when ep honours it.
 func (c *call) bodyFor(h *Handler, ep *endpoint.Endpoint) []byte {
-	if c.id == nil || c.id.Salt == "" || !h.Pool.CacheSalt(ep) {
-		return c.body
+	body := c.body
+	if c.splice != nil {
+		if c.joined == nil {
+			c.joined = bytes.Join([][]byte{c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]}, nil)
+		}
+		body = c.joined
+	}
+	if !c.salts(h, ep) {
+		return body
 	}
 	if c.salted == nil {
 		v := strconv.Quote(c.id.Salt)
-		b, err := openai.Patch(c.body, openai.Set{Key: "cache_salt", Value: []byte(v)})
+		b, err := openai.Patch(body, openai.Set{Key: "cache_salt", Value: []byte(v)})
 		if err != nil {
-			return c.body
+			return body
 		}
 		c.salted = b
 	}
@@ -266,7 +289,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// sseBody passes a stream on event by event (the reverse proxy flushes after each Read),
+// sseBody passes a stream on event by event (the relay flushes after each Read),
 // reading usage and response ids, dropping the usage-only chunk the router asked for on the
 // client's behalf, and noticing how the stream ends: at its terminator (complete, whatever the
 // client does next), or cut short by the engine or by its silence for longer than the idle
@@ -327,6 +350,10 @@ func (s *sseBody) Read(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// relayed reports whether the stream's last event has been handed to the client: its
+// terminator was read and nothing is pending. Reads from then on only drain the engine's body.
+func (s *sseBody) relayed() bool { return s.c.complete && len(s.pending) == 0 }
 
 // take queues one event for the client, unless the call drops it (the usage chunk the client
 // did not ask for).
@@ -573,11 +600,31 @@ func (w *statusWriter) Flush() {
 // handler. Another server's writer ends the body when the handler returns.
 func (w *statusWriter) endBody() {
 	w.Flush()
+	if e := w.ender(); e != nil {
+		_ = e.EndBody()
+	}
+}
+
+// endWithLast ends the body with what is buffered, its last bytes, in one write where the
+// server can (h1.Server's EndBody): an error then is the client's loss, as the last bytes went
+// with the end. Elsewhere it is endBody.
+func (w *statusWriter) endWithLast() {
+	e := w.ender()
+	if e == nil {
+		w.endBody()
+		return
+	}
+	if err := e.EndBody(); err != nil && w.err == nil {
+		w.err = err
+	}
+}
+
+// ender finds h1.Server's EndBody under w, or nil.
+func (w *statusWriter) ender() interface{ EndBody() error } {
 	var rw http.ResponseWriter = w.ResponseWriter
 	for range 16 { // through middleware that wraps the writer (and unwraps it, as for ResponseController)
 		if e, ok := rw.(interface{ EndBody() error }); ok {
-			_ = e.EndBody()
-			return
+			return e
 		}
 		u, ok := rw.(interface{ Unwrap() http.ResponseWriter })
 		if !ok {
@@ -585,6 +632,7 @@ func (w *statusWriter) endBody() {
 		}
 		rw = u.Unwrap()
 	}
+	return nil
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httputil"
 	"os"
 	"slices"
 	"strconv"
@@ -84,7 +83,6 @@ type Handler struct {
 	Timeouts Timeouts
 
 	once  sync.Once
-	rp    *httputil.ReverseProxy
 	setup error
 }
 
@@ -147,17 +145,6 @@ func (h *Handler) init() {
 	if h.Pool == nil || h.Lifecycle == nil {
 		h.setup = errors.New("proxy handler needs a Pool and a Lifecycle (or a Picker)")
 	}
-	h.rp = &httputil.ReverseProxy{
-		Rewrite:   func(*httputil.ProxyRequest) {}, // the transport sets the URL per attempt
-		Transport: &retryTransport{h: h},
-		// 0: the reverse proxy flushes every write of text/event-stream and unknown-length
-		// bodies (streams) and none of a JSON body with a length.
-		FlushInterval:  0,
-		ModifyResponse: h.modifyResponse,
-		ErrorHandler:   h.proxyError,
-		ErrorLog:       slog.NewLogLogger(h.Logger.Handler(), slog.LevelDebug),
-		BufferPool:     bufferPool{},
-	}
 }
 
 // DefaultTransport is net/http's transport as the router uses it (for https and proxied
@@ -183,17 +170,12 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// bufferPool recycles the reverse proxy's copy buffers.
-type bufferPool struct{}
-
+// copyBufs recycles the relay's copy buffers.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
 
-// copyBufSize is the size of the reverse proxy's copy buffers: the most one write to the
-// client carries.
+// copyBufSize is the size of the relay's copy buffers: the most one write to the client
+// carries.
 const copyBufSize = 4 << 10
-
-func (bufferPool) Get() []byte  { return *(copyBufs.Get().(*[]byte)) }
-func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
 
 // call is one request's state from arrival to the end.
 type call struct {
@@ -208,9 +190,14 @@ type call struct {
 	// release ends the admission's hold (nil: none); settle calls it.
 	release func()
 	via     string // the front end, for the access line: "" for the HTTP handler
-	body    []byte // what is forwarded, before a per-endpoint cache_salt
-	salted  []byte // body with the tenant's cache_salt, built on first need
-	model   string // metric label
+	body    []byte // what is forwarded, before a per-endpoint cache_salt and the splice
+	// splice, when not nil, goes into body at spliceAt as it is sent (stream_options added
+	// without copying the body).
+	splice   []byte
+	spliceAt int
+	joined   []byte // body with the splice in, built on first need
+	salted   []byte // that with the tenant's cache_salt, built on first need
+	model    string // metric label
 
 	dropUsage bool
 	stream    bool
@@ -284,15 +271,15 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	ctx := context.WithValue(r.Context(), callKey{}, c)
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
-	h.rp.ServeHTTP(w, out)
+	h.relay(w, out)
 	// The answer leaves now, before the bookkeeping that runs when the handler returns (the
 	// policy's Done, metrics, the access line): a server flushes a short body only then, and
 	// sends a stream's end (which a client reads to keep its connection) only then.
 	w.endBody()
 }
 
-// callKey carries the call from ServeHTTP through httputil.ReverseProxy (whose hooks see only
-// the outgoing request) to the transport and the response hooks.
+// callKey carries the call from ServeHTTP through the relay (whose steps see only the outgoing
+// request) to the transport and the response hooks.
 type callKey struct{}
 
 func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call); return c }
@@ -459,7 +446,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
 	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailLost:
 		code = "upstream_connection_lost"
-		msg = "the engine closed the connection after it received the request, before any answer; the request was not sent again (it may be what broke the engine)"
+		msg = "the engine closed the connection after it received the request, before any answer; the request was not sent to another engine (it may be what broke the engine)"
 	}
 	if c != nil {
 		msg += " (request id " + c.rid + ")"

@@ -57,7 +57,9 @@ func conversation(tokens int) []byte {
 // pick among 8 endpoints, forward, read usage, metrics, access log), prefix-aware with the
 // conversation already in its index. Each request is the conversation so far plus one more
 // short turn (64 turns, then it starts again), as a session's requests are; "from-scratch"
-// hashes every prompt whole, as the router did before prefix.Chains. cpu-ms/req is the
+// hashes every prompt whole, as the router did before prefix.Chains; "stream" asks for a stream
+// without stream_options, which the router adds (the canned answer is JSON all the same).
+// cpu-ms/req is the
 // process's CPU time (user + system, the garbage collector's included) per request.
 func BenchmarkHandlerLongContext(b *testing.B) {
 	pool := endpoint.NewPool()
@@ -69,8 +71,12 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, tokens := range []int{10_000, 32_000, 100_000} {
-		bodies := growing(tokens, 64)
-		for _, mode := range []string{"", "/from-scratch"} {
+		bodies := growing(tokens, 64, false)
+		for _, mode := range []string{"", "/from-scratch", "/stream"} {
+			bodies := bodies
+			if mode == "/stream" {
+				bodies = growing(tokens, 64, true)
+			}
 			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
 				pk, err := policy.New("prefix-aware", nil, policy.Env{})
 				if err != nil {
@@ -107,12 +113,16 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 }
 
 // growing returns n chat bodies: a conversation of about tokens prompt tokens, then the same
-// with one, two, ... more short user turns.
-func growing(tokens, n int) [][]byte {
+// with one, two, ... more short user turns; with stream, streamed requests that do not ask for
+// usage (the router adds stream_options.include_usage).
+func growing(tokens, n int, stream bool) [][]byte {
 	base := conversation(tokens)
 	var msgs map[string]any
 	if err := json.Unmarshal(base, &msgs); err != nil {
 		panic(err)
+	}
+	if stream {
+		msgs["stream"] = true
 	}
 	turns := msgs["messages"].([]any)
 	out := make([][]byte, n)

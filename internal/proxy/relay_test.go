@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/h1"
 )
 
 // TestStreamRelayOneWritePerChunk: events that the engine sends in one chunk reach the client
@@ -79,5 +81,95 @@ func TestStreamRelayOneWritePerChunk(t *testing.T) {
 	// already received with it, together.
 	if len(chunks) > 2 {
 		t.Errorf("the client got %d writes for one engine chunk of %d events: %q", len(chunks), tokens+2, chunks)
+	}
+}
+
+// TestRelayHopByHopHeaders: the headers that belong to one connection, and those its
+// Connection header names, are not passed on in either direction; the others are, and so is a
+// client's Te: trailers (as httputil.ReverseProxy did); a client's X-Forwarded-For is not.
+func TestRelayHopByHopHeaders(t *testing.T) {
+	got := make(chan http.Header, 1)
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r.Header.Clone()
+		w.Header().Set("Connection", "X-Engine-Hop")
+		w.Header().Set("X-Engine-Hop", "1")
+		w.Header().Set("X-Engine-Kept", "1")
+		w.Header().Set("Proxy-Authenticate", "Basic")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`,
+		"Connection", "X-Client-Hop", "X-Client-Hop", "1", "X-Client-Kept", "1", "Keep-Alive", "timeout=5",
+		"Proxy-Authorization", "Basic eDp5", "Te", "trailers", "X-Forwarded-For", "10.0.0.1")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"hi"`) {
+		t.Fatalf("answer %d %q", resp.StatusCode, body)
+	}
+	in := <-got
+	for _, k := range []string{"X-Client-Hop", "Keep-Alive", "Proxy-Authorization", "X-Forwarded-For"} {
+		if v := in.Get(k); v != "" {
+			t.Errorf("the engine got %s: %q", k, v)
+		}
+	}
+	if in.Get("X-Client-Kept") != "1" || in.Get("Te") != "trailers" {
+		t.Errorf("the engine got X-Client-Kept %q and Te %q, want 1 and trailers", in.Get("X-Client-Kept"), in.Get("Te"))
+	}
+	for _, k := range []string{"X-Engine-Hop", "Proxy-Authenticate"} {
+		if v := resp.Header.Get(k); v != "" {
+			t.Errorf("the client got %s: %q", k, v)
+		}
+	}
+	if resp.Header.Get("X-Engine-Kept") != "1" {
+		t.Errorf("the client got X-Engine-Kept %q, want 1", resp.Header.Get("X-Engine-Kept"))
+	}
+}
+
+// TestStreamEndsAtDone: the client's stream ends (its chunked body's end) as soon as the
+// engine's [DONE] is relayed, without waiting for the engine to end its own body.
+func TestStreamEndsAtDone(t *testing.T) {
+	release := make(chan struct{})
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // the body's end only once the client has had its own, or after 5 s
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	// h1.Server, whose EndBody lets a handler end the body before it returns.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &h1.Server{Handler: f.h}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		close(release)
+		srv.Close()
+		<-served
+	}()
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	start := time.Now()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("answer %d %q, err %v", resp.StatusCode, body, err)
+	}
+	if took > 4*time.Second {
+		t.Errorf("the client's stream ended after %v: it waited for the engine's body to end", took)
 	}
 }

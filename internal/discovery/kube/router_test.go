@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,17 +26,22 @@ import (
 const namespace = "inference"
 
 // simPod is a pod of the scenario: a simulated engine on loopback behind an EndpointSlice of
-// its own (all pods share 127.0.0.1, so each needs its own port, and a slice has one port). It
-// records the x-request-id of every request it receives, so that a failed request can be
-// traced to the pod it was on even when the router could not say.
+// its own (all pods share 127.0.0.1, so each needs its own port, and a slice has one port). Its
+// port is a relay in front of the engine's server that records the x-request-id of every
+// request whose bytes reach it, so that a failed request can be traced to the pod it was sent to
+// even when the router could not say and the engine never read it (killed with the request
+// waiting in its socket).
 type simPod struct {
-	name string
-	srv  *http.Server
-	url  string
-	port int32
+	name  string
+	srv   *http.Server
+	url   string
+	port  int32
+	relay net.Listener
 
-	mu   sync.Mutex
-	seen map[string]bool
+	mu      sync.Mutex
+	reached map[string]bool // requests whose bytes reached the pod
+	handled map[string]bool // requests its engine read
+	wg      sync.WaitGroup  // the relay's goroutines
 }
 
 func startPod(t *testing.T, name string) *simPod {
@@ -48,27 +54,112 @@ func startPod(t *testing.T, name string) *simPod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &simPod{name: name, url: "http://" + ln.Addr().String(), port: int32(ln.Addr().(*net.TCPAddr).Port), seen: map[string]bool{}}
+	relay, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &simPod{name: name, url: "http://" + relay.Addr().String(), port: int32(relay.Addr().(*net.TCPAddr).Port),
+		relay: relay, reached: map[string]bool{}, handled: map[string]bool{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
-		p.seen[r.Header.Get("X-Request-Id")] = true
+		p.handled[r.Header.Get("X-Request-Id")] = true
 		p.mu.Unlock()
 		in.Handler().ServeHTTP(w, r)
 	})}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = p.srv.Serve(ln) }()
+	p.wg.Go(func() { p.serveRelay(ln.Addr().String()) })
 	t.Cleanup(func() {
-		_ = p.srv.Close()
+		p.kill()
 		<-done
+		p.wg.Wait()
 		_ = in.Close()
 	})
 	return p
 }
 
-func (p *simPod) received(id string) bool {
+// serveRelay forwards each connection to the relay to the engine at target, noting the
+// x-request-id of each request on the way, until the relay is closed.
+func (p *simPod) serveRelay(target string) {
+	for {
+		c, err := p.relay.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.wg.Go(func() {
+			_, _ = io.Copy(c, u) // until the engine closes the connection
+			// The router is told at once, as by the engine; what it still sends is read for a
+			// while, so that a request written as the engine died is known to have reached it.
+			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			u.Close()
+		})
+		p.wg.Go(func() {
+			p.forward(c, u)
+			c.Close()
+			u.Close()
+		})
+	}
+}
+
+// forward copies what the router sends to the engine, noting each X-Request-Id header (a line
+// longer than 4 KB, a body's, is not looked into), until the router's side ends; once the
+// engine's is gone, it reads on without copying.
+func (p *simPod) forward(c, u net.Conn) {
+	var line []byte
+	buf := make([]byte, 32<<10)
+	engine := true
+	for {
+		n, err := c.Read(buf)
+		for _, b := range buf[:n] {
+			if b != '\n' {
+				if len(line) < 4<<10 {
+					line = append(line, b)
+				}
+				continue
+			}
+			if k, v, ok := strings.Cut(strings.TrimSpace(string(line)), ":"); ok && strings.EqualFold(k, "X-Request-Id") {
+				p.mu.Lock()
+				p.reached[strings.TrimSpace(v)] = true
+				p.mu.Unlock()
+			}
+			line = line[:0]
+		}
+		if engine {
+			if _, werr := u.Write(buf[:n]); werr != nil {
+				engine = false
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// shutdown stops the pod gracefully: no new connection, open ones closed once idle.
+func (p *simPod) shutdown(ctx context.Context) error {
+	_ = p.relay.Close() // as the engine's listener: a new connection is refused, not accepted and dropped
+	return p.srv.Shutdown(ctx)
+}
+
+// kill stops the pod at once: the engine's server closes, and with it every connection (the
+// relay passes each close on to the router), whatever they were carrying.
+func (p *simPod) kill() {
+	_ = p.relay.Close() // first: a connection accepted now could not reach the engine
+	_ = p.srv.Close()
+}
+
+// received reports whether the request with x-request-id id reached the pod, and whether its
+// engine read it.
+func (p *simPod) received(id string) (reached, handled bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.seen[id]
+	return p.reached[id], p.handled[id]
 }
 
 // slice is the pod's EndpointSlice in the state given: "ready", "not-ready" or "terminating".
@@ -97,6 +188,7 @@ type outcome struct {
 	endpoint string // the X-Kvroute-Endpoint the router answered with ("" if none)
 	ok       bool   // 200 and the stream reached [DONE]
 	detail   string
+	stages   string // the scenario's stages when it started and ended
 }
 
 // TestRouterUnderChurn runs a router whose only endpoints come from a Service's EndpointSlices
@@ -156,6 +248,13 @@ discovery:
 	// the scenario ends (at most 20,000 requests or 60 s).
 	var mu sync.Mutex
 	var outcomes []outcome
+	// epoch is read by each client as a request starts; lastEpoch[w] is the latest epoch of a
+	// request client w has finished. Once every client has finished one started in an epoch,
+	// every request started before it has ended (each client sends one at a time).
+	var epoch atomic.Int64
+	var stage atomic.Value // what the scenario is doing, for the report of a failure
+	stage.Store("start")
+	var lastEpoch [6]int64
 	served := map[string]int{}
 	stop := make(chan struct{})
 	var clients sync.WaitGroup
@@ -176,9 +275,15 @@ discovery:
 				if n >= 20000 || time.Now().After(deadline) {
 					return
 				}
+				epoch := epoch.Load() // before the request starts
+				began := stage.Load()
 				o := send(hc, api.URL, fmt.Sprintf("c%d-%d", w, i), fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":12,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d from client %d"}]}`, system, i, w))
+				o.stages = fmt.Sprintf("%v to %v", began, stage.Load())
 				mu.Lock()
 				outcomes = append(outcomes, o)
+				if epoch > lastEpoch[w] {
+					lastEpoch[w] = epoch
+				}
 				if o.ok {
 					served[o.endpoint]++
 				}
@@ -203,6 +308,7 @@ discovery:
 	servedBy("start", pods["p0"].url)
 
 	// A new pod turns ready: in the pool at the next event, and used.
+	stage.Store("p2 added")
 	apply(pods["p2"].slice("not-ready"))
 	apply(pods["p2"].slice("ready"))
 	poolIs("p2 ready", pods["p0"].url, pods["p1"].url, pods["p2"].url)
@@ -210,15 +316,30 @@ discovery:
 
 	// p0 is terminating: no new requests, its streams finish; then it stops and leaves.
 	p0 := r.Pool().ByName(pods["p0"].url)
+	stage.Store("p0 terminating")
 	apply(pods["p0"].slice("terminating"))
 	poolIs("p0 terminating", pods["p1"].url, pods["p2"].url)
-	for end := time.Now().Add(10 * time.Second); p0.InFlight() > 0; time.Sleep(2 * time.Millisecond) {
+	// A request that had read the pool before p0 left it may not have counted itself on p0 yet:
+	// p0's in-flight count alone may read 0 while such a request is on its way there. Once each
+	// client has finished a request started after p0 left the pool, none can be.
+	epoch.Store(1)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		mu.Lock()
+		done := slices.Min(lastEpoch[:]) >= 1
+		mu.Unlock()
+		if done {
+			break
+		}
 		if time.Now().After(end) {
-			t.Fatalf("p0 still has %d requests in flight after 10s", p0.InFlight())
+			t.Fatal("not every client finished a request started after p0 left the pool within 10s")
 		}
 	}
+	if n := p0.InFlight(); n > 0 {
+		t.Fatalf("p0 has %d requests in flight after every request started before it left the pool ended", n)
+	}
+	stage.Store("p0 shut down")
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	if err := pods["p0"].srv.Shutdown(sctx); err != nil {
+	if err := pods["p0"].shutdown(sctx); err != nil {
 		t.Errorf("p0 shutdown: %v", err)
 	}
 	scancel()
@@ -227,21 +348,25 @@ discovery:
 	}
 
 	// p1 fails its readiness probe, then passes it again.
+	stage.Store("p1 not ready")
 	apply(pods["p1"].slice("not-ready"))
 	poolIs("p1 not ready", pods["p2"].url)
+	stage.Store("p1 ready again")
 	apply(pods["p1"].slice("ready"))
 	poolIs("p1 ready again", pods["p1"].url, pods["p2"].url)
 	servedBy("p1 back", pods["p1"].url)
 
 	// p3 joins, then p2 is killed outright: its slice goes and the engine dies at once,
 	// cutting what it was streaming (the only failures allowed).
+	stage.Store("p3 added")
 	apply(pods["p3"].slice("ready"))
 	poolIs("p3 ready", pods["p1"].url, pods["p2"].url, pods["p3"].url)
 	servedBy("p3 added", pods["p3"].url)
+	stage.Store("p2 killed")
 	if err := sliceAPI.Delete(context.Background(), "vllm-p2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_ = pods["p2"].srv.Close()
+	pods["p2"].kill()
 	poolIs("p2 killed", pods["p1"].url, pods["p3"].url)
 	mu.Lock()
 	mark := len(outcomes)
@@ -260,19 +385,31 @@ discovery:
 	stopLoad()
 
 	// A failed request is allowed only if it was on the killed pod: the router says so in its
-	// endpoint header, or, when the engine died before the router could answer, p2 got it.
-	failed := 0
+	// endpoint header, or, when the engine died before the router could answer, it reached p2
+	// (maybe unread: the engine may die with a request waiting in its socket, which the router
+	// wrote on a connection it had used a moment before, and so does not send again).
+	failed, unread := 0, 0
 	for _, o := range outcomes {
 		if o.ok {
 			continue
 		}
 		failed++
-		if o.endpoint != pods["p2"].url && (o.endpoint != "" || !pods["p2"].received(o.id)) {
-			t.Errorf("request %s failed and was not on the killed pod: endpoint %q: %s", o.id, o.endpoint, o.detail)
+		reached, handled := pods["p2"].received(o.id)
+		if reached && !handled {
+			unread++
+		}
+		if o.endpoint != pods["p2"].url && (o.endpoint != "" || !reached) {
+			var on []string // the pods it reached, to say where it was lost
+			for _, n := range []string{"p0", "p1", "p2", "p3"} {
+				if r, h := pods[n].received(o.id); r {
+					on = append(on, fmt.Sprintf("%s (read: %v)", n, h))
+				}
+			}
+			t.Errorf("request %s (%s) failed and was not on the killed pod: endpoint %q, reached %v: %s", o.id, o.stages, o.endpoint, on, o.detail)
 		}
 	}
-	t.Logf("%d requests; served: p0 %d, p1 %d, p2 %d, p3 %d; failed (on the killed p2): %d",
-		len(outcomes), served[pods["p0"].url], served[pods["p1"].url], served[pods["p2"].url], served[pods["p3"].url], failed)
+	t.Logf("%d requests; served: p0 %d, p1 %d, p2 %d, p3 %d; failed (on the killed p2): %d, of which its engine never read %d",
+		len(outcomes), served[pods["p0"].url], served[pods["p1"].url], served[pods["p2"].url], served[pods["p3"].url], failed, unread)
 	if len(outcomes) < 50 {
 		t.Errorf("only %d requests: the load did not flow", len(outcomes))
 	}

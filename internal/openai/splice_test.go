@@ -1,0 +1,134 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// spliced returns body with field inserted at at.
+func spliced(body []byte, at int, field []byte) []byte {
+	return bytes.Join([][]byte{body[:at], field, body[at:]}, nil)
+}
+
+// checkSplice: where IncludeUsageSplice offers a splice, the spliced body parses as the same
+// request asking for usage, and decodes to what WithIncludeUsage makes; where it does not, the
+// body names stream_options.
+func checkSplice(t *testing.T, kind Kind, body []byte) {
+	t.Helper()
+	r, err := Parse(kind, body)
+	if err != nil {
+		return
+	}
+	at, field, ok := IncludeUsageSplice(body, r)
+	if !ok {
+		if !r.StreamOptionsField {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(body, &m) == nil && len(m) > 0 {
+				t.Errorf("no splice offered for %q, which does not name stream_options", body)
+			}
+		}
+		return
+	}
+	got := spliced(body, at, field)
+	r2, err := Parse(kind, got)
+	if err != nil {
+		t.Fatalf("the spliced body %q does not parse: %v", got, err)
+	}
+	if !r2.IncludeUsage || r2.Model != r.Model || r2.Stream != r.Stream || r2.CanonicalPrompt() != r.CanonicalPrompt() {
+		t.Errorf("spliced %q: include_usage %v, model %q (%q), stream %v (%v), same prompt %v",
+			got, r2.IncludeUsage, r2.Model, r.Model, r2.Stream, r.Stream, r2.CanonicalPrompt() == r.CanonicalPrompt())
+	}
+	want, err := WithIncludeUsage(body)
+	if err != nil {
+		t.Fatalf("WithIncludeUsage(%q): %v", body, err)
+	}
+	var a, b any
+	if err := json.Unmarshal(want, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(got, &b); err != nil {
+		t.Fatalf("the spliced body %q is not JSON: %v", got, err)
+	}
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Errorf("spliced %q against WithIncludeUsage (-patched +spliced):\n%s", body, diff)
+	}
+}
+
+func TestIncludeUsageSplice(t *testing.T) {
+	for _, tt := range []struct {
+		body string
+		ok   bool
+	}{
+		{`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, true},
+		{"{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}] \n}\n ", true},
+		{`{"model":"m","stream":true,"stream_options":null,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m","stream":true,"stream_options":{},"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m","stream":true,"Stream_Options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m","stream":true,"stream\u005foptions":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`, false},
+	} {
+		r, err := Parse(KindChat, []byte(tt.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if _, _, ok := IncludeUsageSplice([]byte(tt.body), r); ok != tt.ok {
+			t.Errorf("%s: splice offered %v, want %v", tt.body, ok, tt.ok)
+		}
+		checkSplice(t, KindChat, []byte(tt.body))
+		checkSplice(t, KindCompletion, []byte(strings.Replace(tt.body, `"messages":[{"role":"user","content":"hi"}]`, `"prompt":"hi"`, 1)))
+	}
+}
+
+func FuzzIncludeUsageSplice(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"stream_options":null,"prompt":"x"}`,
+		`{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[]}`,
+		"{\"model\":\"m\" , \"prompt\":[1,2]\t}",
+	} {
+		f.Add(uint8(0), []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := KindChat
+		if k%2 == 1 {
+			kind = KindCompletion
+		}
+		checkSplice(t, kind, body)
+	})
+}
+
+// BenchmarkIncludeUsage: asking a 400 KB streamed chat request for usage, by WithIncludeUsage
+// (scan, patch, check: three passes and a copy) and by IncludeUsageSplice (none).
+func BenchmarkIncludeUsage(b *testing.B) {
+	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 8200)[:400_000]
+	body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []any{
+		map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": "hi"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := Parse(KindChat, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("patch", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := WithIncludeUsage(body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("splice", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, ok := IncludeUsageSplice(body, r); !ok {
+				b.Fatal("no splice")
+			}
+		}
+	})
+}

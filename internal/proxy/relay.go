@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/textproto"
+	"strings"
+)
+
+// relay sends out (the client's request, its body already read) through the retrying
+// transport and passes the answer to w: what httputil.ReverseProxy did here, less what the API
+// paths do not use (protocol upgrades, 1xx answers relayed), and without its stream timer. For
+// a stream the reverse proxy armed a time.AfterFunc per response that flushed the headers from
+// the timer's own goroutine (a thread woken, and a lock taken against the copy loop, per
+// request); here the headers go out with the first events, in one write, and every chunk read
+// from the engine is written and flushed at once. See doc.go for the measured reason.
+func (h *Handler) relay(w *statusWriter, in *http.Request) {
+	out := in.Clone(in.Context())
+	out.Body = nil
+	out.ContentLength = 0
+	out.Close = false
+	removeHopByHop(out.Header)
+	if hasToken(in.Header["Te"], "trailers") {
+		// The client takes trailers: so may the engine (as the reverse proxy said).
+		out.Header.Set("Te", "trailers")
+	}
+	// A client's forwarding headers are not passed on (the reverse proxy's Rewrite did the same).
+	out.Header.Del("Forwarded")
+	out.Header.Del("X-Forwarded-For")
+	out.Header.Del("X-Forwarded-Host")
+	out.Header.Del("X-Forwarded-Proto")
+	if _, ok := out.Header["User-Agent"]; !ok {
+		out.Header.Set("User-Agent", "") // not Go's default
+	}
+
+	rt := retryTransport{h: h}
+	resp, err := rt.RoundTrip(out)
+	if err != nil {
+		h.proxyError(w, out, err)
+		return
+	}
+	removeHopByHop(resp.Header)
+	if err := h.modifyResponse(resp); err != nil { // it never fails today; the reverse proxy's rule
+		resp.Body.Close()
+		h.proxyError(w, out, err)
+		return
+	}
+	dst := w.Header()
+	for k, vv := range resp.Header {
+		dst[k] = append(dst[k], vv...)
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	stream := resp.ContentLength == -1 || isEventStream(resp.Header.Get("Content-Type"))
+	if err := h.copyBody(w, resp.Body, stream, announced > 0); err != nil {
+		resp.Body.Close()
+		if in.Context().Value(http.ServerContextKey) != nil {
+			// As the reverse proxy does: a server then cuts the answer off (a chunked body
+			// without its end, a short body) rather than let it look complete.
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	resp.Body.Close() // now, so that resp.Trailer is filled
+	if len(resp.Trailer) > 0 {
+		w.Flush() // chunked, so that the trailers can follow
+	}
+	if len(resp.Trailer) == announced {
+		for k, vv := range resp.Trailer {
+			dst[k] = append(dst[k], vv...)
+		}
+		return
+	}
+	for k, vv := range resp.Trailer {
+		for _, v := range vv {
+			dst.Add(http.TrailerPrefix+k, v)
+		}
+	}
+}
+
+// copyBody copies the answer to the client: a stream write by write, each flushed at once (one
+// write per chunk the engine sent: sseBody.Read hands over all the events that came with one),
+// any other body through the server's buffer. Once a stream's last event is written, the
+// client's body is ended with it, in the same write, before the engine's chunked end is read
+// (a write and a wait fewer per request); trailers the engine announced keep the body open. It
+// returns the first error reading the body (other than EOF) or writing to the client.
+func (h *Handler) copyBody(w *statusWriter, body io.Reader, stream, trailers bool) error {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	ended := false
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 && !ended {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+			if sb, ok := body.(*sseBody); ok && !trailers && sb.relayed() {
+				w.endWithLast()
+				ended = true
+			} else if stream {
+				w.Flush()
+			}
+			if w.err != nil {
+				return w.err
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			if rerr != context.Canceled {
+				h.Logger.Debug("reading the engine's answer", "err", errText(rerr))
+			}
+			return rerr
+		}
+	}
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream (parameters aside).
+func isEventStream(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
+
+// hopByHop are the headers that belong to one connection (RFC 9110, 7.6.1), not passed on.
+var hopByHop = []string{
+	"Connection",
+	"Proxy-Connection", // not standard, but sent by some clients
+	"Keep-Alive",
+	"Proxy-Authenticate",
+	"Proxy-Authorization",
+	"Te",      // canonicalised from "TE"
+	"Trailer", // not Trailers, as in RFC 7230's errata
+	"Transfer-Encoding",
+	"Upgrade",
+}
+
+// removeHopByHop deletes the hop-by-hop headers from h, and those the Connection header names.
+func removeHopByHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+}
+
+// hasToken reports whether any of the comma-separated values holds token (case-insensitive).
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
