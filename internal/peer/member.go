@@ -80,7 +80,8 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	// Gossip once a second, not every 200 ms (the LAN default): failure detection rests on the
 	// probes (ProbeInterval 1 s, unchanged), and news (a suspicion, a death, a join) also rides
 	// on every probe and ack, so that among a few replicas it spreads at least once a second
-	// either way. An idle replica wakes four times a second less.
+	// either way. An idle replica wakes four times a second less; a graceful leave reaches
+	// the peers with the next gossip or probe, up to a second after (docs/replicas.md).
 	c.GossipInterval = time.Second
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
