@@ -76,21 +76,10 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 	if err != nil {
 		return err
 	}
-	// A stream silent for longer than a few heartbeats is dead, even if its connection is not.
-	// The watchdog reads when the last message came rather than being reset by each: a timer
-	// reset per message costs more than the clock read that every message makes anyway.
-	var last atomic.Int64 // unix nanoseconds of the stream's last message, or of its start
-	last.Store(time.Now().UnixNano())
-	var watchdog *time.Timer
-	watchdog = time.AfterFunc(time.Hour, func() {
-		if quiet := time.Since(time.Unix(0, last.Load())); quiet < n.silence {
-			watchdog.Reset(n.silence - quiet)
-			return
-		}
-		cancel()
-	})
-	watchdog.Reset(n.silence) // now that the function can read watchdog (Reset orders it)
-	defer watchdog.Stop()
+	// A stream silent for longer than a few heartbeats is dead, even if its connection is not:
+	// the node's clock checks when its last message came (to within a tick) and cancels it.
+	w, unwatch := n.clock.watchStream(cancel)
+	defer unwatch()
 	resp, err := n.client.Do(req)
 	if err != nil {
 		return err
@@ -111,7 +100,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 			return err
 		}
 		now := time.Now()
-		last.Store(now.UnixNano())
+		w.last.Store(now.UnixNano())
 		heard.Store(now.UnixNano())
 		switch {
 		case h.nonce != nonce || h.seq != seq+1:

@@ -252,24 +252,21 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	// A heartbeat goes out after a second without a message. The timer is not reset by each
-	// write (that costs more than the write's clock read): when it fires after a write, it is
-	// set again for what is left of the second since, so that a stream in use wakes for it
-	// about once a second and sends nothing.
-	idle := time.NewTimer(n.beat)
-	defer idle.Stop()
+	// A heartbeat goes out at a tick of the node's clock (once a beat) when the stream has
+	// carried nothing for half a beat, so that an idle stream carries one a beat and one in use
+	// none, and an idle replica wakes once a beat for all its streams and its other work.
+	beat := n.clock.beats()
 	for {
 		select {
 		case b := <-s.ch:
 			err = f.writeBatch(b)
 			n.hub.written(b)
-		case <-idle.C:
-			if quiet := time.Since(f.last); quiet < n.beat {
-				idle.Reset(n.beat - quiet)
+		case <-beat:
+			beat = n.clock.beats()
+			if time.Since(f.last) < n.beat/2 {
 				continue
 			}
 			err = f.writeBatch(&batch{first: time.Now().UnixNano()})
-			idle.Reset(n.beat)
 		case <-s.broken:
 			return
 		case <-r.Context().Done():

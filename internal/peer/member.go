@@ -77,6 +77,12 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	// it compresses. A replica still reads the compressed messages of one that compresses.
 	c.EnableCompression = false
 	c.TCPTimeout = 2 * time.Second
+	// Gossip once a second, not every 200 ms (the LAN default): failure detection rests on the
+	// probes (ProbeInterval 1 s, unchanged), and news (a suspicion, a death, a join) also rides
+	// on every probe and ack, so that among a few replicas it spreads at least once a second
+	// either way. An idle replica wakes four times a second less; a graceful leave reaches
+	// the peers with the next gossip or probe, up to a second after (docs/replicas.md).
+	c.GossipInterval = time.Second
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
 	c.Logger = nil
@@ -136,10 +142,9 @@ func (n *Node) alive() []peerInfo {
 }
 
 // manage keeps one follower per peer alive: a new peer is followed, one that left (or
-// restarted) is let go and its attempts in flight here are ended.
+// restarted) is let go and its attempts in flight here are ended. It checks at each change
+// of the members and at each tick of the node's clock (in case a change was missed).
 func (n *Node) manage(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	for {
 		n.reconcileFollows(ctx)
 		select {
@@ -152,7 +157,6 @@ func (n *Node) manage(ctx context.Context) {
 			n.mu.Unlock()
 			return
 		case <-n.notify:
-		case <-t.C:
 		}
 	}
 }
@@ -218,10 +222,9 @@ func (n *Node) rejoin(ctx context.Context) {
 				wait = time.Second
 			}
 		}
-		select {
-		case <-ctx.Done():
+		n.waitRejoin(ctx, wait)
+		if ctx.Err() != nil {
 			return
-		case <-time.After(wait):
 		}
 	}
 }

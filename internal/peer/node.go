@@ -126,6 +126,7 @@ type Node struct {
 
 	// beat and silence are heartbeat and streamSilence (tests shorten them).
 	beat, silence time.Duration
+	clock         *clock
 }
 
 // New checks cfg and binds the event stream listener. It starts nothing: call Attach, then Run.
@@ -171,6 +172,7 @@ func New(cfg Config) (*Node, error) {
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence)}
+	n.clock = newClock(n.beat, n.silence)
 	n.macKey, n.gossipKey = keys(cfg.Secret)
 	n.in, n.out = newTraffic(cfg.Metrics, "in"), newTraffic(cfg.Metrics, "out")
 	// The batch is flushed at a quarter of the largest message, so that one event more never
@@ -292,20 +294,6 @@ func (n *Node) Run(ctx context.Context) error {
 	_ = srv.Close()
 	wg.Wait()
 	return nil
-}
-
-// tick expires remote attempts every second (Apply does too, but no event may come).
-func (n *Node) tick(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			n.share.Load().Expire()
-		}
-	}
 }
 
 // warmStart takes a snapshot from a peer, trying those alive until one answers or the
