@@ -17,14 +17,7 @@ import (
 // one do: the same drops, counters, attempts in flight and prefix-aware predictions.
 func TestApplyBatch(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
-	newPA := func() policy.Picker {
-		p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	pa, pb := newPA(), newPA()
+	pa, pb := newPrefixAware(t, clk), newPrefixAware(t, clk)
 	a := newReplica(t, 2, pa, clk, ShareConfig{}, "e0", "e1")
 	b := newReplica(t, 2, pb, clk, ShareConfig{}, "e0", "e1")
 	blocks := func(g uint64) []uint64 { return prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(g<<20, 12)) }
@@ -86,14 +79,7 @@ func TestApplyBatch(t *testing.T) {
 // unknown endpoint.
 func TestApplyBatchCoalesced(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
-	newPA := func() policy.Picker {
-		p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	pa, pb := newPA(), newPA()
+	pa, pb := newPrefixAware(t, clk), newPrefixAware(t, clk)
 	names := []string{"e0", "e1", "e2"}
 	a := newReplica(t, 2, pa, clk, ShareConfig{}, names...)
 	b := newReplica(t, 2, pb, clk, ShareConfig{}, names...)
@@ -221,29 +207,8 @@ func explain(p policy.Picker, req *policy.Request, eps []*endpoint.Endpoint) []e
 func BenchmarkApplyBatch(b *testing.B) {
 	for _, whole := range []bool{true, false} {
 		b.Run(map[bool]string{true: "whole", false: "split"}[whole], func(b *testing.B) {
-			clk := &stepClock{t: time.Unix(100, 0)}
-			p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
-			if err != nil {
-				b.Fatal(err)
-			}
-			p4 := endpoint.NewPool()
-			if _, err := p4.Update([]endpoint.Spec{{Name: "e0"}, {Name: "e1"}, {Name: "e2"}, {Name: "e3"}}); err != nil {
-				b.Fatal(err)
-			}
-			eps := p4.All()
-			s := NewShare(ShareConfig{Self: 2, Clock: clk, Endpoint: func(name string) *endpoint.Endpoint {
-				return eps[int(name[1]-'0')]
-			}})
-			lc, err := New(Config{Picker: p, Clock: clk, Share: s})
-			if err != nil {
-				b.Fatal(err)
-			}
-			const groups = 64
-			chains := make([][]uint64, groups)
-			for g := range chains {
-				chains[g] = prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(uint64(g)<<32, 64))
-			}
-			names := []string{"e0", "e1", "e2", "e3"}
+			clk, lc, s, chains, names := newApplyBench(b)
+			const groups = applyBenchGroups
 			fail := func(d Drop) { b.Fatal(d) }
 			evs := make([]Event, 3)
 			b.ReportAllocs()

@@ -468,14 +468,24 @@ func seqBlocks(start uint64, n int) []uint64 {
 	return out
 }
 
-// BenchmarkApply replays one remote request (routed, first token, done) of a 64-block prompt
-// on a replica running prefix-aware: the CPU the sync costs a replica per request of another.
-func BenchmarkApply(b *testing.B) {
-	clk := &stepClock{t: time.Unix(100, 0)}
+// newPrefixAware returns prefix-aware with a fixed rand, on clk.
+func newPrefixAware(tb testing.TB, clk *stepClock) policy.Picker {
+	tb.Helper()
 	p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
+	return p
+}
+
+// applyBenchGroups is how many prompts the replay benchmarks cycle through.
+const applyBenchGroups = 64
+
+// newApplyBench builds what the replay benchmarks run on: a replica (Self 2) running
+// prefix-aware in front of four endpoints e0-e3, and the 64-block prompts of 64 groups.
+func newApplyBench(b *testing.B) (*stepClock, *Lifecycle, *Share, [][]uint64, []string) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p := newPrefixAware(b, clk)
 	p4 := endpoint.NewPool()
 	if _, err := p4.Update([]endpoint.Spec{{Name: "e0"}, {Name: "e1"}, {Name: "e2"}, {Name: "e3"}}); err != nil {
 		b.Fatal(err)
@@ -488,12 +498,18 @@ func BenchmarkApply(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	const groups = 64
-	chains := make([][]uint64, groups)
+	chains := make([][]uint64, applyBenchGroups)
 	for g := range chains {
 		chains[g] = prefix.Chain(nil, prefix.Seed("m", ""), seqBlocks(uint64(g)<<32, 64))
 	}
-	names := []string{"e0", "e1", "e2", "e3"}
+	return clk, lc, s, chains, []string{"e0", "e1", "e2", "e3"}
+}
+
+// BenchmarkApply replays one remote request (routed, first token, done) of a 64-block prompt
+// on a replica running prefix-aware: the CPU the sync costs a replica per request of another.
+func BenchmarkApply(b *testing.B) {
+	clk, lc, _, chains, names := newApplyBench(b)
+	const groups = applyBenchGroups
 	b.ReportAllocs()
 	var id uint64
 	for b.Loop() {
