@@ -501,7 +501,7 @@ func TestCacheSaltAndTenancy(t *testing.T) {
 const testSecret = "0123456789abcdef0123456789abcdef"
 
 // tenantGate builds a tenant gate with authentication on and the given tenants section.
-func tenantGate(t *testing.T, m *metrics.TenantMetrics, tenants string) *tenant.Gate {
+func tenantGate(t testing.TB, m *metrics.TenantMetrics, tenants string) *tenant.Gate {
 	t.Helper()
 	cfg, err := config.Parse([]byte("endpoints: [{url: \"http://127.0.0.1:1\"}]\nauth: {mode: api_key, secret_env: KVR_SECRET}\n" + tenants))
 	if err != nil {
