@@ -25,7 +25,12 @@
 # RATE (8 requests/s), PERF (0), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
 # PROFILE_SIZE (prompt tokens of the profiled run, 100000), SHAPE (shared-prefix, or multi-turn:
 # 8 conversations of 16 turns whose prompts grow by a turn each, so that Chains applies),
-# KVROUTE (a built binary; default: built from this tree). Linux only (/proc).
+# KVROUTE (a built binary; default: built from this tree), USAGE (1; 0: streamed requests
+# without stream_options.include_usage, `kvroute bench --no-usage`, so the router splices it in),
+# SALT (0; 1: the router runs with one tenant, whose key bench sends, so every request gets the
+# tenant's cache_salt: the config is written to OUT/kvroute.yaml, the secret and key made up
+# for the run), BENCH (the binary that sends: default KVROUTE, so that an older router can be
+# measured with a newer bench). Linux only (/proc).
 set -euo pipefail
 
 sizes=${SIZES:-"10000 32000 100000"}
@@ -39,6 +44,8 @@ if [ "$perf" = 1 ] && ! command -v perf >/dev/null; then
 	exit 1
 fi
 shape=${SHAPE:-shared-prefix}
+usage=${USAGE:-1}
+salt=${SALT:-0}
 profile_size=${PROFILE_SIZE:-100000}
 out=${OUT:-$(mktemp -d /tmp/kvroute-longctx.XXXXXX)}
 mkdir -p "$out"
@@ -50,6 +57,7 @@ if [ -z "$bin" ]; then
 	bin=$out/kvroute
 	(cd "$root" && go build -o "$bin" ./cmd/kvroute)
 fi
+bench=${BENCH:-$bin}
 
 pids=()
 cleanup() {
@@ -83,7 +91,27 @@ for u in $(sed -n 's/^instance [0-9]*: \(http[^ ]*\).*/\1/p' "$out/sim.log"); do
 	endpoints+=(--endpoint "$u")
 done
 
-"$bin" serve "${endpoints[@]}" --engine vllm --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+bench_flags=()
+[ "$usage" = 0 ] && bench_flags+=(--no-usage)
+serve_from=("${endpoints[@]}" --engine vllm)
+if [ "$salt" = 1 ]; then
+	key=sk-longctx-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+	KVROUTE_LONGCTX_SECRET=$(head -c 32 /dev/urandom | base64)
+	export KVROUTE_LONGCTX_SECRET
+	{
+		echo "endpoints:"
+		for u in $(sed -n 's/^instance [0-9]*: \(http[^ ]*\).*/\1/p' "$out/sim.log"); do
+			echo "  - {url: \"$u\", engine: vllm}"
+		done
+		echo "auth: {mode: api_key, secret_env: KVROUTE_LONGCTX_SECRET}"
+		echo "tenants:"
+		echo "  - {name: longctx, api_keys: [\"$("$bin" hash-key --key "$key")\"]}"
+	} >"$out/kvroute.yaml"
+	serve_from=(--config "$out/kvroute.yaml")
+	bench_flags+=(--api-key "$key")
+fi
+
+"$bin" serve "${serve_from[@]}" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
 	--pprof --log-format json >"$out/serve.log" 2>&1 &
 router=$!
 pids+=($router)
@@ -147,7 +175,7 @@ run() {
 	c0=$(cpu)
 	s0=$(sys)
 	t0=$(now_ms)
-	"$bin" bench --target "$api" --workload "$wl" --quiet --json --seed "$((RANDOM + 1))" >"$out/bench-$label.json" 2>"$out/bench-$label.err"
+	"$bench" bench --target "$api" --workload "$wl" "${bench_flags[@]}" --quiet --json --seed "$((RANDOM + 1))" >"$out/bench-$label.json" 2>"$out/bench-$label.err"
 	t1=$(now_ms)
 	c1=$(cpu)
 	s1=$(sys)
@@ -162,7 +190,7 @@ run() {
 	echo "$((t1 - t0)) $((c1 - c0)) $done $((s1 - s0))"
 }
 
-say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s"
+say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s; USAGE=$usage SALT=$salt"
 printf '%-8s %-3s %8s %8s %10s %10s %11s %14s' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
 [ "$perf" = 1 ] && printf ' %10s %12s' cs_per_req syscalls_per_req
 echo

@@ -33,6 +33,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "per-request timeout")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of synthetic workloads and Poisson arrivals")
 	fs.BoolVar(&o.IgnoreEOS, "ignore-eos", false, "send vLLM's ignore_eos so output lengths follow the workload")
+	fs.BoolVar(&o.NoUsage, "no-usage", false, "send no stream_options.include_usage (output tokens are then counted as content chunks)")
 	fs.StringVar(&o.EndpointHeader, "endpoint-header", config.SuggestedEndpointHeader, "response header naming the backend that served, for the per-endpoint share (kvroute serve sends it with server.endpoint_header)")
 	fs.StringVar(&o.Label, "label", "bench", "name of this run in the table")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON (results as in kvroute simulate --json)")

@@ -32,9 +32,10 @@ type BenchOptions struct {
 	Requests, MaxInFlight int
 	Duration, Timeout     time.Duration
 	Seed                  uint64
-	// IgnoreEOS sends vLLM's ignore_eos; EndpointHeader names the response header that names
-	// the backend; Label names the run in the table.
-	IgnoreEOS             bool
+	// IgnoreEOS sends vLLM's ignore_eos; NoUsage sends no stream_options.include_usage;
+	// EndpointHeader names the response header that names the backend; Label names the run in
+	// the table.
+	IgnoreEOS, NoUsage    bool
 	EndpointHeader, Label string
 	// Progress is how progress is shown on Log (standard error), every ProgressEvery.
 	Progress      loadgen.ProgressMode
@@ -123,7 +124,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	cfg := loadgen.Config{
 		Target: o.Target, Model: o.Model, APIKey: o.APIKey, API: o.API,
 		Concurrency: o.Concurrency, MaxInFlight: o.MaxInFlight, Duration: o.Duration, RequestTimeout: o.Timeout,
-		IgnoreEOS: o.IgnoreEOS, EndpointHeader: o.EndpointHeader, OnRecord: prog.Record,
+		IgnoreEOS: o.IgnoreEOS, NoUsage: o.NoUsage, EndpointHeader: o.EndpointHeader, OnRecord: prog.Record,
 	}
 	res, err := loadgen.Run(ctx, cfg, items)
 	prog.Finish()

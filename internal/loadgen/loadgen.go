@@ -105,6 +105,10 @@ type Config struct {
 	RequestTimeout time.Duration
 	// IgnoreEOS sends vLLM's ignore_eos so that output lengths follow the workload.
 	IgnoreEOS bool
+	// NoUsage sends the streamed requests without stream_options.include_usage, as many
+	// clients do: kvroute then asks the engine for usage itself (and drops that chunk), and
+	// records count the content chunks as output tokens, the prompt tokens being the estimate.
+	NoUsage bool
 	// EndpointHeader names a response header that says which backend served the request.
 	EndpointHeader string
 	// Client sends the requests; nil builds one with a Transport sized for MaxInFlight.
@@ -342,7 +346,7 @@ type requestBody struct {
 	Prompt        string         `json:"prompt,omitempty"`
 	MaxTokens     int            `json:"max_tokens,omitempty"`
 	Stream        bool           `json:"stream"`
-	StreamOptions map[string]any `json:"stream_options"`
+	StreamOptions map[string]any `json:"stream_options,omitempty"`
 	IgnoreEOS     bool           `json:"ignore_eos,omitempty"`
 }
 
@@ -357,6 +361,9 @@ func (r *runner) body(it *Item) ([]byte, error) {
 		Stream:        true,
 		StreamOptions: map[string]any{"include_usage": true},
 		IgnoreEOS:     r.cfg.IgnoreEOS,
+	}
+	if r.cfg.NoUsage {
+		b.StreamOptions = nil
 	}
 	if r.cfg.API == "completions" {
 		b.Prompt = prompt

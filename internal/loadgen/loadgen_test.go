@@ -503,3 +503,24 @@ func TestRun_ReusesConnections(t *testing.T) {
 		t.Errorf("%d connections for %d requests one after the other: want them reused", c, n)
 	}
 }
+
+// TestRun_NoUsageOption: with NoUsage the streamed request names no stream_options at all (a
+// router then has to ask for usage itself); without it, it asks for usage.
+func TestRun_NoUsageOption(t *testing.T) {
+	for _, noUsage := range []bool{false, true} {
+		var raw map[string]json.RawMessage
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_ = json.NewDecoder(r.Body).Decode(&raw)
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+		}))
+		res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", NoUsage: noUsage}, items(1, 0))
+		srv.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		so, named := raw["stream_options"]
+		if named == noUsage || string(raw["stream"]) != "true" || !res.Records[0].OK() {
+			t.Errorf("NoUsage %v: stream %s, stream_options %s (named %v), record %+v", noUsage, raw["stream"], so, named, res.Records[0])
+		}
+	}
+}

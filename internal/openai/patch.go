@@ -196,24 +196,65 @@ func IncludeUsageSplice(body []byte, req *Request) (at int, field []byte, ok boo
 	if req == nil || req.StreamOptionsField {
 		return 0, nil, false
 	}
+	i, ok := closingBrace(body)
+	if !ok {
+		return 0, nil, false
+	}
+	return i, includeUsageField, true
+}
+
+var includeUsageField = []byte(`,"stream_options":{"include_usage":true}`)
+
+// CacheSaltSplice says how to make body, req's (or a rewrite of it that kept its fields), carry
+// cache_salt with the JSON value v without copying it: replace body[at:end] with field. A body
+// that does not name cache_salt gets the member `,"cache_salt":v` before its closing brace (at
+// == end, where IncludeUsageSplice puts its field). A body that names it gets v in place of the
+// value it sent, when that value's place is known: req is the body's own parse (body is
+// req.Raw) by the one-pass scanner, which saw the name once, spelled exactly, and no other
+// name encoding/json could take for it, so that no reader of the result sees a cache_salt
+// other than v. ok is false otherwise (a name in another case or escaped, twice, a body
+// rewritten or parsed by encoding/json): Patch it then. Patch scans and copies the whole body
+// (4.4 to 9.3 ms for a 400 KB body on this machine, against 16 to 49 ns for this:
+// go test -run XXX -bench CacheSalt -benchtime 50x ./internal/openai/).
+func CacheSaltSplice(body []byte, req *Request, v []byte) (at, end int, field []byte, ok bool) {
+	if req == nil {
+		return 0, 0, nil, false
+	}
+	if req.CacheSaltField {
+		if req.CacheSaltEnd == 0 || len(body) != len(req.Raw) || &body[0] != &req.Raw[0] {
+			return 0, 0, nil, false
+		}
+		return req.CacheSaltAt, req.CacheSaltEnd, v, true
+	}
+	i, ok := closingBrace(body)
+	if !ok {
+		return 0, 0, nil, false
+	}
+	field = make([]byte, 0, len(cacheSaltKey)+len(v))
+	return i, i, append(append(field, cacheSaltKey...), v...), true
+}
+
+var cacheSaltKey = []byte(`,"cache_salt":`)
+
+// closingBrace returns the offset of the closing brace of body, an object with at least one
+// member followed by nothing but whitespace; ok is false for anything else.
+func closingBrace(body []byte) (int, bool) {
 	i := len(body) - 1
 	for i >= 0 && isSpace(body[i]) {
 		i--
 	}
 	if i < 1 || body[i] != '}' {
-		return 0, nil, false
+		return 0, false
 	}
 	j := i - 1
 	for j >= 0 && isSpace(body[j]) {
 		j--
 	}
 	if j < 0 || body[j] == '{' {
-		return 0, nil, false // an empty object: no member to follow
+		return 0, false // an empty object: no member to follow
 	}
-	return i, includeUsageField, true
+	return i, true
 }
-
-var includeUsageField = []byte(`,"stream_options":{"include_usage":true}`)
 
 // WithIncludeUsage returns body with stream_options.include_usage set to true, keeping any
 // other stream_options fields.

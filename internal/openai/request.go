@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -78,9 +79,16 @@ type Request struct {
 	MaxTokens          int  // max_tokens, max_completion_tokens or max_output_tokens, 0 when absent
 	User               string
 	CacheSalt          string
-	PromptCacheKey     string
-	PreviousResponseID string
-	Raw                []byte
+	// CacheSaltField: the body names cache_salt, even as null (as encoding/json matches
+	// names: in any case, escaped).
+	CacheSaltField bool
+	// CacheSaltAt and CacheSaltEnd are where cache_salt's value lies in Raw when the one-pass
+	// scanner read the body and found the name once, spelled exactly, and no other name
+	// encoding/json could take for it; both 0 otherwise.
+	CacheSaltAt, CacheSaltEnd int
+	PromptCacheKey            string
+	PreviousResponseID        string
+	Raw                       []byte
 }
 
 // Message is one chat message or Responses input item, reduced to what reaches the prompt.
@@ -125,9 +133,49 @@ type wire struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	MaxOutputTokens     *int            `json:"max_output_tokens"`
 	User                *string         `json:"user"`
-	CacheSalt           *string         `json:"cache_salt"`
+	CacheSalt           namedString     `json:"cache_salt"`
 	PromptCacheKey      *string         `json:"prompt_cache_key"`
 	PreviousResponseID  *string         `json:"previous_response_id"`
+
+	cacheSaltAt, cacheSaltEnd int // set by scanChat
+}
+
+// namedString decodes as a *string does, and remembers that its name was there, even as null:
+// a body that names cache_salt cannot take a second one spliced in.
+type namedString struct {
+	v     *string
+	named bool
+}
+
+func (n *namedString) UnmarshalJSON(b []byte) error {
+	n.named = true
+	if string(b) == "null" {
+		n.v = nil
+		return nil
+	}
+	var v string
+	if err := json.Unmarshal(b, &v); err != nil {
+		return &json.UnmarshalTypeError{Value: jsonValueKind(b), Type: reflect.TypeFor[string]()}
+	}
+	n.v = &v
+	return nil
+}
+
+// jsonValueKind names the kind of the JSON value b as encoding/json's errors do.
+func jsonValueKind(b []byte) string {
+	switch t := bytes.TrimSpace(b); {
+	case len(t) == 0:
+		return "value"
+	case t[0] == '{':
+		return "object"
+	case t[0] == '[':
+		return "array"
+	case t[0] == 't' || t[0] == 'f':
+		return "bool"
+	case t[0] == '"':
+		return "string"
+	}
+	return "number"
 }
 
 // wireFast decodes a chat request's messages in the same pass as the other fields: one scan
@@ -251,7 +299,9 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 		}
 	}
 	r.User = deref(w.User)
-	r.CacheSalt = deref(w.CacheSalt)
+	r.CacheSalt = deref(w.CacheSalt.v)
+	r.CacheSaltField = w.CacheSalt.named
+	r.CacheSaltAt, r.CacheSaltEnd = w.cacheSaltAt, w.cacheSaltEnd
 	r.PromptCacheKey = deref(w.PromptCacheKey)
 	r.PreviousResponseID = deref(w.PreviousResponseID)
 	r.Instructions = deref(w.Instructions)
@@ -641,7 +691,12 @@ func scanChat(body []byte) (w wire, msgs []wireMessage, ok bool) {
 		case "user":
 			return s.optString(&w.User)
 		case "cache_salt":
-			return s.optString(&w.CacheSalt)
+			s.ws()
+			at := s.i
+			if !s.optString(&w.CacheSalt.v) {
+				return false
+			}
+			w.CacheSalt.named, w.cacheSaltAt, w.cacheSaltEnd = true, at, s.i
 		case "prompt_cache_key":
 			return s.optString(&w.PromptCacheKey)
 		case "previous_response_id":

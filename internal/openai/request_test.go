@@ -277,6 +277,9 @@ var chatScanCases = []string{
 	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":1}]}]}`,
 	`{"model":"m","messages":[{"type":"function_call","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"}]}`,
 	`{"model":"m","messages":[{"role":"user","content":"x","role":"system"}]}`,
+	`{"model":"m","messages":[], "cache_salt" : null }`,
+	`{"model":"m","messages":[],"cache_salt":"a\u0062"}`,
+	`{"model":"m","messages":[],"Cache_Salt":"a"}`,
 	`[]`,
 	`null`,
 	`"x"`,
@@ -303,6 +306,15 @@ func checkScanAgrees(t *testing.T, body []byte) {
 	want, wantErr := parseDecoded(KindChat, body)
 	if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
 		t.Fatalf("body %q: error %v, encoding/json: %v", body, gotErr, wantErr)
+	}
+	if got != nil && got.CacheSaltEnd != 0 {
+		// Only the scanner places cache_salt's value: there, it decodes to the salt read.
+		var v *string
+		if err := json.Unmarshal(body[got.CacheSaltAt:got.CacheSaltEnd], &v); err != nil || got.CacheSalt != deref(v) {
+			t.Fatalf("body %q: cache_salt placed at %d:%d (%q), read as %q", body, got.CacheSaltAt, got.CacheSaltEnd,
+				body[got.CacheSaltAt:got.CacheSaltEnd], got.CacheSalt)
+		}
+		got.CacheSaltAt, got.CacheSaltEnd = 0, 0
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("body %q: request (-encoding/json +scanner):\n%s", body, diff)

@@ -3,6 +3,8 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -131,4 +133,173 @@ func BenchmarkIncludeUsage(b *testing.B) {
 			}
 		}
 	})
+}
+
+// checkSaltSplice: where CacheSaltSplice offers a splice, the spliced body parses as the same
+// request with the tenant's salt, names cache_salt once (in any case: no reader, however it
+// matches names, can see the client's), and decodes to what Patch makes; where it does not,
+// the body names cache_salt and the scanner could not place it.
+func checkSaltSplice(t *testing.T, kind Kind, body []byte) {
+	t.Helper()
+	r, err := Parse(kind, body)
+	if err != nil {
+		return
+	}
+	const salt = "tenant-salt"
+	v := []byte(strconv.Quote(salt))
+	at, end, field, ok := CacheSaltSplice(body, r, v)
+	if !ok {
+		if !r.CacheSaltField {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(body, &m) == nil && len(m) > 0 {
+				t.Errorf("no splice offered for %q, which does not name cache_salt", body)
+			}
+		}
+		return
+	}
+	got := bytes.Join([][]byte{body[:at], field, body[end:]}, nil)
+	r2, err := Parse(kind, got)
+	if err != nil {
+		t.Fatalf("the spliced body %q does not parse: %v", got, err)
+	}
+	if r2.CacheSalt != salt || r2.Model != r.Model || r2.Stream != r.Stream || r2.IncludeUsage != r.IncludeUsage ||
+		r2.CanonicalPrompt() != r.CanonicalPrompt() {
+		t.Errorf("spliced %q: cache_salt %q, model %q (%q), stream %v (%v), usage %v (%v), same prompt %v",
+			got, r2.CacheSalt, r2.Model, r.Model, r2.Stream, r.Stream, r2.IncludeUsage, r.IncludeUsage,
+			r2.CanonicalPrompt() == r.CanonicalPrompt())
+	}
+	spans, _, err := topLevel(got)
+	if err != nil {
+		t.Fatalf("the spliced body %q: %v", got, err)
+	}
+	n := 0
+	for _, sp := range spans {
+		if strings.EqualFold(sp.key, "cache_salt") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("the spliced body %q names cache_salt %d times, want once", got, n)
+	}
+	want, err := Patch(body, Set{Key: "cache_salt", Value: v})
+	if err != nil {
+		t.Fatalf("Patch(%q): %v", body, err)
+	}
+	var a, b any
+	if err := json.Unmarshal(want, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(got, &b); err != nil {
+		t.Fatalf("the spliced body %q is not JSON: %v", got, err)
+	}
+	if diff := cmp.Diff(a, b); diff != "" {
+		t.Errorf("spliced %q against Patch (-patched +spliced):\n%s", body, diff)
+	}
+}
+
+func TestCacheSaltSplice(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tt := range []struct {
+		body    string
+		ok      bool
+		replace bool // the splice replaces the client's value
+	}{
+		{`{"model":"m",` + msgs + `}`, true, false},
+		{"{\"model\":\"m\"," + msgs + " \n}\n ", true, false},
+		{`{"model":"m","cache_salt":"client",` + msgs + `}`, true, true},
+		{`{"model":"m", "cache_salt" : "cli\"ent" ,` + msgs + `}`, true, true},
+		{`{"model":"m","cache_salt":null,` + msgs + `}`, true, true},
+		{`{"model":"m","Cache_Salt":"client",` + msgs + `}`, false, false},
+		{`{"model":"m","cache\u005fsalt":"client",` + msgs + `}`, false, false},
+		{`{"model":"m","cache_salt":"a","cache_salt":"b",` + msgs + `}`, false, false},
+		{`{"model":"m","cache_salt":"a","CACHE_SALT":"b",` + msgs + `}`, false, false},
+	} {
+		body := []byte(tt.body)
+		r, err := Parse(KindChat, body)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		at, end, _, ok := CacheSaltSplice(body, r, []byte(`"s"`))
+		if ok != tt.ok || ok && (at != end) != tt.replace {
+			t.Errorf("%s: splice offered %v (replacing %v), want %v (%v)", tt.body, ok, at != end, tt.ok, tt.replace)
+		}
+		checkSaltSplice(t, KindChat, body)
+		checkSaltSplice(t, KindCompletion, []byte(strings.Replace(tt.body, msgs, `"prompt":"hi"`, 1)))
+	}
+	// A body not its parse's (a rewrite) cannot have its value replaced in place.
+	body := []byte(`{"model":"m","cache_salt":"client",` + msgs + `}`)
+	r, err := Parse(KindChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, ok := CacheSaltSplice(bytes.Clone(body), r, []byte(`"s"`)); ok {
+		t.Error("a copy of the body: splice offered, want Patch")
+	}
+	// encoding/json's path does not place the value: Patch.
+	r, err = Parse(KindCompletion, []byte(`{"model":"m","cache_salt":"client","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, ok := CacheSaltSplice(r.Raw, r, []byte(`"s"`)); ok {
+		t.Error("a completion naming cache_salt: splice offered, want Patch")
+	}
+}
+
+func FuzzCacheSaltSplice(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","cache_salt":"c","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","cache_salt":null,"prompt":"x"}`,
+		`{"model":"m","Cache_salt":"c","cache_salt":"d","messages":[]}`,
+		"{\"model\":\"m\" , \"prompt\":[1,2]\t}",
+	} {
+		f.Add(uint8(0), []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := KindChat
+		if k%2 == 1 {
+			kind = KindCompletion
+		}
+		checkSaltSplice(t, kind, body)
+	})
+}
+
+// BenchmarkCacheSalt: giving a 400 KB chat request the tenant's cache_salt, by Patch (scan,
+// copy, check) and by CacheSaltSplice, with the client's cache_salt and without.
+func BenchmarkCacheSalt(b *testing.B) {
+	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 8200)[:400_000]
+	for _, client := range []bool{false, true} {
+		m := map[string]any{"model": "m", "stream": true, "messages": []any{
+			map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": "hi"}}}
+		if client {
+			m["cache_salt"] = "client"
+		}
+		body, err := json.Marshal(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r, err := Parse(KindChat, body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		v := []byte(`"0123456789abcdef"`)
+		b.Run(fmt.Sprintf("client=%v/patch", client), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Patch(body, Set{Key: "cache_salt", Value: v}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("client=%v/splice", client), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, _, ok := CacheSaltSplice(body, r, v); !ok {
+					b.Fatal("no splice")
+				}
+			}
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,15 +200,19 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	if err != nil {
 		return nil, err
 	}
-	a, ins, b := c.partsFor(h, ep)
+	parts := c.partsFor(h, ep)
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
 	req := out.Clone(out.Context())
 	req.URL.Scheme, req.URL.Host = u.Scheme, u.Host
 	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
 	req.URL.RawPath = ""
 	req.Host = u.Host
-	req.Body = h1.NewMemBodyParts(a, ins, b) // sent with the head in one system call
-	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBodyParts(a, ins, b), nil }
-	req.ContentLength = int64(len(a) + len(ins) + len(b))
+	req.Body = h1.NewMemBodyParts(parts...) // sent with the head in one system call
+	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBodyParts(parts...), nil }
+	req.ContentLength = int64(n)
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
 	req.Header.Set("Content-Type", "application/json")
@@ -220,42 +225,68 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 }
 
 // partsFor returns the body to send to ep as the parts to send one after the other: the
-// client's bytes with the splice between them, or one piece (the others empty) where the body
-// had to be copied (the tenant's cache_salt when ep honours it).
-func (c *call) partsFor(h *Handler, ep *endpoint.Endpoint) (a, ins, b []byte) {
-	if c.splice == nil || c.salts(h, ep) {
-		return c.bodyFor(h, ep), nil, nil
+// client's bytes with the splices between them (stream_options, the tenant's cache_salt when
+// ep honours it), or one piece where the body had to be copied (Patch, when CacheSaltSplice
+// cannot place the salt). Built once per call for each of the two kinds of endpoint.
+func (c *call) partsFor(h *Handler, ep *endpoint.Endpoint) [][]byte {
+	if !c.salts(h, ep) {
+		if c.plain == nil {
+			c.plain = [][]byte{c.body}
+			if c.splice != nil {
+				c.plain = [][]byte{c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]}
+			}
+		}
+		return c.plain
 	}
-	return c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]
+	if c.salted == nil {
+		c.salted = c.saltedParts(h)
+	}
+	return c.salted
+}
+
+// saltedParts returns the parts of the body with the tenant's cache_salt: spliced in where
+// openai.CacheSaltSplice can place it (before the closing brace, with stream_options when that
+// is spliced too, or in place of the client's own value), else the whole body patched.
+func (c *call) saltedParts(h *Handler) [][]byte {
+	v := []byte(strconv.Quote(c.id.Salt))
+	at, end, field, ok := openai.CacheSaltSplice(c.body, c.req, v)
+	switch {
+	case ok && c.splice == nil:
+		return [][]byte{c.body[:at], field, c.body[end:]}
+	case ok && at == end && at == c.spliceAt:
+		// Both fields before the closing brace, in the order Patch would add them.
+		return [][]byte{c.body[:at], append(slices.Clip(c.splice), field...), c.body[at:]}
+	case ok && end <= c.spliceAt:
+		return [][]byte{c.body[:at], field, c.body[end:c.spliceAt], c.splice, c.body[c.spliceAt:]}
+	}
+	body := bytes.Join(c.partsFor(h, nil), nil) // nil: the parts without the salt
+	b, err := openai.Patch(body, openai.Set{Key: "cache_salt", Value: v})
+	if err != nil {
+		return [][]byte{body}
+	}
+	return [][]byte{b}
 }
 
 // salts reports whether the body sent to ep gets the tenant's cache_salt.
 func (c *call) salts(h *Handler, ep *endpoint.Endpoint) bool {
-	return c.id != nil && c.id.Salt != "" && h.Pool.CacheSalt(ep)
+	return ep != nil && c.id != nil && c.id.Salt != "" && h.Pool.CacheSalt(ep)
 }
 
-// bodyFor returns the body to send to ep, whole: with the splice, and with the tenant's
+// bodyFor returns the body to send to ep, whole: with the splices, and with the tenant's
 // cache_salt when ep honours it.
 func (c *call) bodyFor(h *Handler, ep *endpoint.Endpoint) []byte {
-	body := c.body
-	if c.splice != nil {
-		if c.joined == nil {
-			c.joined = bytes.Join([][]byte{c.body[:c.spliceAt], c.splice, c.body[c.spliceAt:]}, nil)
-		}
-		body = c.joined
+	p := c.partsFor(h, ep)
+	if len(p) == 1 {
+		return p[0]
 	}
-	if !c.salts(h, ep) {
-		return body
+	j := &c.joined
+	if c.salts(h, ep) {
+		j = &c.joinedSalted
 	}
-	if c.salted == nil {
-		v := strconv.Quote(c.id.Salt)
-		b, err := openai.Patch(body, openai.Set{Key: "cache_salt", Value: []byte(v)})
-		if err != nil {
-			return body
-		}
-		c.salted = b
+	if *j == nil {
+		*j = bytes.Join(p, nil)
 	}
-	return c.salted
+	return *j
 }
 
 // modifyResponse rewrites upstream errors into OpenAI bodies and wraps the body so the router

@@ -193,11 +193,13 @@ type call struct {
 	body    []byte // what is forwarded, before a per-endpoint cache_salt and the splice
 	// splice, when not nil, goes into body at spliceAt as it is sent (stream_options added
 	// without copying the body).
-	splice   []byte
-	spliceAt int
-	joined   []byte // body with the splice in, built on first need
-	salted   []byte // that with the tenant's cache_salt, built on first need
-	model    string // metric label
+	splice       []byte
+	spliceAt     int
+	plain        [][]byte // the body's parts for an endpoint without the salt, built on first need
+	salted       [][]byte // those with the tenant's cache_salt, built on first need
+	joined       []byte   // plain joined, for a front end that sends one piece
+	joinedSalted []byte   // salted joined
+	model        string   // metric label
 
 	dropUsage bool
 	stream    bool

@@ -501,7 +501,7 @@ func TestCacheSaltAndTenancy(t *testing.T) {
 const testSecret = "0123456789abcdef0123456789abcdef"
 
 // tenantGate builds a tenant gate with authentication on and the given tenants section.
-func tenantGate(t *testing.T, m *metrics.TenantMetrics, tenants string) *tenant.Gate {
+func tenantGate(t testing.TB, m *metrics.TenantMetrics, tenants string) *tenant.Gate {
 	t.Helper()
 	cfg, err := config.Parse([]byte("endpoints: [{url: \"http://127.0.0.1:1\"}]\nauth: {mode: api_key, secret_env: KVR_SECRET}\n" + tenants))
 	if err != nil {
@@ -885,5 +885,62 @@ func TestRetryReasonsMatchFailures(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, metrics.RetryReasons); diff != "" {
 		t.Errorf("retry reasons (-route +metrics):\n%s", diff)
+	}
+}
+
+// TestCacheSaltSpliced: a tenant's request reaches an engine that honours cache_salt with the
+// tenant's salt, whether the router splices it in as it sends the body (added, or in place of
+// the client's own) or patches a copy: the bytes are Patch's in every case, the client's salt
+// never survives, and an engine that does not honour the salt gets the body without it.
+func TestCacheSaltSpliced(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	gate := func() *tenant.Gate {
+		return tenantGate(t, metrics.New(prometheus.NewRegistry()).Tenant,
+			`tenants: [{name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"]}]`)
+	}
+	salt := strconv.Quote(tenant.Salt([]byte(testSecret), "t1"))
+	for _, body := range []string{
+		`{"model":"m",` + msgs + `}`,
+		`{"model":"m","stream":true,` + msgs + `}`,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`,
+		`{"model":"m","cache_salt":"client",` + msgs + `}`,
+		`{"model":"m","stream":true, "cache_salt" : "client" ,` + msgs + "}\n",
+		`{"model":"m","stream":true,"cache_salt":null,` + msgs + `}`,
+		`{"model":"m","stream":true,"Cache_Salt":"client",` + msgs + `}`,
+		`{"model":"m","cache_salt":"a","cache_salt":"b",` + msgs + `}`,
+	} {
+		e := newFakeEngine(t)
+		f := newFixture(t, spec(e.srv.URL, "m"))
+		f.h.Gate = gate()
+		if resp, got := f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer sk-1"); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, got)
+		}
+		want := []byte(body)
+		if strings.Contains(body, `"stream":true`) && !strings.Contains(body, "stream_options") {
+			var err error
+			if want, err = openai.WithIncludeUsage(want); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := openai.Patch(want, openai.Set{Key: "cache_salt", Value: []byte(salt)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.received(); len(got) != 1 || string(got[0]) != string(want) {
+			t.Errorf("%s: engine got %q, want %q", body, got, want)
+		}
+		if r, err := openai.Parse(openai.KindChat, e.received()[0]); err != nil || strconv.Quote(r.CacheSalt) != salt {
+			t.Errorf("%s: the engine reads cache_salt %v (%v), want the tenant's", body, r, err)
+		}
+
+		plain := newFakeEngine(t)
+		s := spec(plain.srv.URL, "m")
+		s.CacheSalt = false
+		f = newFixture(t, s)
+		f.h.Gate = gate()
+		f.post(t, "/v1/chat/completions", body, "Authorization", "Bearer sk-1")
+		if got := plain.received(); len(got) != 1 || bytes.Contains(got[0], []byte(salt)) {
+			t.Errorf("%s: an engine that does not honour cache_salt got %q", body, got)
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/tenant"
 )
 
 // conversation returns a chat body of about tokens prompt tokens (4 bytes each, as the router
@@ -56,25 +57,28 @@ func conversation(tokens int) []byte {
 // prompt tokens with the network taken out (read, parse, canonical text, normalise, hash,
 // pick among 8 endpoints, forward, read usage, metrics, access log), prefix-aware with the
 // conversation already in its index. Each request is the conversation so far plus one more
-// short turn (64 turns, then it starts again), as a session's requests are; "from-scratch"
-// hashes every prompt whole, as the router did before prefix.Chains; "stream" asks for a stream
-// without stream_options, which the router adds (the canned answer is JSON all the same).
-// cpu-ms/req is the
-// process's CPU time (user + system, the garbage collector's included) per request.
+// short turn (64 turns, then it starts again), as a session's requests are. "plain" is that;
+// "from-scratch" hashes every prompt whole, as the router did before prefix.Chains; "stream"
+// asks for a stream without stream_options, which the router adds (the canned answer is JSON all
+// the same; hashed whole too, as long4 measured it); "salt" and "stream-salt" are "plain" and
+// "stream" sent with a tenant's key, so the router gives the body the tenant's cache_salt. Each
+// mode can be run alone ('tokens=100000/salt$'): run together, a mode's figure depends on the
+// garbage the ones before it left. cpu-ms/req is the process's CPU time (user + system, the
+// garbage collector's included) per request.
 func BenchmarkHandlerLongContext(b *testing.B) {
 	pool := endpoint.NewPool()
 	var specs []endpoint.Spec
 	for i := range 8 {
-		specs = append(specs, endpoint.Spec{Name: fmt.Sprintf("http://127.0.0.1:%d", 1+i), Models: []string{"m"}, Engine: "vllm"})
+		specs = append(specs, endpoint.Spec{Name: fmt.Sprintf("http://127.0.0.1:%d", 1+i), Models: []string{"m"}, Engine: "vllm", CacheSalt: true})
 	}
 	if _, err := pool.Update(specs); err != nil {
 		b.Fatal(err)
 	}
 	for _, tokens := range []int{10_000, 32_000, 100_000} {
 		bodies := growing(tokens, 64, false)
-		for _, mode := range []string{"", "/from-scratch", "/stream"} {
+		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt"} {
 			bodies := bodies
-			if mode == "/stream" {
+			if strings.HasPrefix(mode, "/stream") {
 				bodies = growing(tokens, 64, true)
 			}
 			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
@@ -83,14 +87,21 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 					b.Fatal(err)
 				}
 				keys := route.Keys{Chains: prefix.NewChains(1 << 20)}
-				if mode != "" {
+				if mode == "/from-scratch" || strings.HasPrefix(mode, "/stream") {
 					keys.Chains = nil
 				}
 				h := &Handler{Pool: pool, Picker: pk, Keys: keys, Metrics: metrics.New(prometheus.NewRegistry()),
 					Transport: cannedTransport{fmt.Sprintf(`{"id":"c","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":%d}}}`, tokens, tokens-16)},
 					Logger:    slog.New(slog.NewJSONHandler(io.Discard, nil))}
+				salted := strings.HasSuffix(mode, "salt")
+				if salted {
+					h.Gate = tenantGate(b, h.Metrics.Tenant, `tenants: [{name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"]}]`)
+				}
 				serve := func(body []byte) {
 					req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+					if salted {
+						req.Header.Set("Authorization", "Bearer sk-1")
+					}
 					rec := httptest.NewRecorder()
 					h.ServeHTTP(rec, req)
 					if rec.Code != 200 {
