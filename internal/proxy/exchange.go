@@ -146,22 +146,6 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		c.release = release
 	}
 
-	if d := h.Lifecycle.Hold(&c.preq, cands, req.PreviousResponseID); d > 0 {
-		if oe := hold(ctx, d); oe != nil {
-			return oe
-		}
-		h.Metrics.Held.Inc()
-		h.Metrics.HeldSeconds.Add(d.Seconds())
-	}
-	pickStart := time.Now()
-	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
-	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
-	if err != nil {
-		out.Set("Retry-After", "1")
-		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request")
-	}
-	c.rc = rc
-
 	// The body to forward: the client's bytes, patched only where needed.
 	c.body = body
 	if h.Rewrite {
@@ -181,6 +165,30 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 			c.dropUsage = true
 		}
 	}
+	if c.id != nil && c.id.Salt != "" {
+		// Built now, not when the first endpoint that honours the salt is tried: a body that
+		// cannot be given the tenant's salt is refused, never sent without it.
+		if c.salted = c.saltedParts(h); c.salted == nil {
+			return openai.BadRequest("cache_salt", "the request body cannot be given the tenant's cache_salt; send one JSON object")
+		}
+	}
+
+	if d := h.Lifecycle.Hold(&c.preq, cands, req.PreviousResponseID); d > 0 {
+		if oe := hold(ctx, d); oe != nil {
+			return oe
+		}
+		h.Metrics.Held.Inc()
+		h.Metrics.HeldSeconds.Add(d.Seconds())
+	}
+	pickStart := time.Now()
+	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
+	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
+	if err != nil {
+		out.Set("Retry-After", "1")
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request")
+	}
+	c.rc = rc
+
 	return nil
 }
 

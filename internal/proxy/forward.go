@@ -246,7 +246,8 @@ func (c *call) partsFor(h *Handler, ep *endpoint.Endpoint) [][]byte {
 
 // saltedParts returns the parts of the body with the tenant's cache_salt: spliced in where
 // openai.CacheSaltSplice can place it (before the closing brace, with stream_options when that
-// is spliced too, or in place of the client's own value), else the whole body patched.
+// is spliced too, or in place of the client's own value), else the whole body patched; nil
+// when Patch cannot patch it.
 func (c *call) saltedParts(h *Handler) [][]byte {
 	v := []byte(strconv.Quote(c.id.Salt))
 	at, end, field, ok := openai.CacheSaltSplice(c.body, c.req, v)
@@ -262,7 +263,7 @@ func (c *call) saltedParts(h *Handler) [][]byte {
 	body := bytes.Join(c.partsFor(h, nil), nil) // nil: the parts without the salt
 	b, err := openai.Patch(body, openai.Set{Key: "cache_salt", Value: v})
 	if err != nil {
-		return [][]byte{body}
+		return nil // the caller refuses the request: never sent without the salt
 	}
 	return [][]byte{b}
 }

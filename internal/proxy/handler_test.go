@@ -944,3 +944,16 @@ func TestCacheSaltSpliced(t *testing.T) {
 		}
 	}
 }
+
+// TestSaltedPartsRefusesUnpatchable: a body that neither the splice nor Patch can give the
+// tenant's cache_salt gets no parts (the request is refused), never the body without the salt.
+func TestSaltedPartsRefusesUnpatchable(t *testing.T) {
+	c := &call{body: []byte(`[{"cache_salt":"mine"}]`), req: &openai.Request{}, id: &tenant.Identity{Salt: "s"}}
+	if p := c.saltedParts(&Handler{}); p != nil {
+		t.Fatalf("parts %q, want none", p)
+	}
+	c = &call{body: []byte(`{"model":"m"}`), req: &openai.Request{}, id: &tenant.Identity{Salt: "s"}}
+	if got := string(bytes.Join(c.saltedParts(&Handler{}), nil)); got != `{"model":"m","cache_salt":"s"}` {
+		t.Fatalf("salted body %s", got)
+	}
+}
