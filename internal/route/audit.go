@@ -2,6 +2,7 @@ package route
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
@@ -17,6 +18,8 @@ import (
 type Audit struct {
 	cfg AuditConfig
 
+	nblind atomic.Int32 // endpoints blind now: the request path asks nothing more while 0
+
 	mu sync.Mutex
 	st map[*endpoint.Endpoint]*auditState
 }
@@ -31,6 +34,13 @@ type AuditConfig struct {
 	// Silent: reported below this share of the predicted makes the endpoint blind (0: 0.1);
 	// Agree: above this share makes it see again (0: 0.5).
 	Silent, Agree float64
+	// ProbeEvery is how often, at most, a blind endpoint is sent a request whose prompt the
+	// index says it holds, ahead of the policy's pick (0: 250 ms; negative: never). Ranked on
+	// load alone, a blind endpoint may otherwise never receive such a prompt again (with room
+	// elsewhere every conversation moves away from it), and its reports could never agree
+	// with the predictions again. A probe that finds the engine still blind costs that one
+	// request its prefix: at most four requests a second per blind endpoint.
+	ProbeEvery time.Duration
 	// OnChange, when set, is told of each verdict change: blind true when the endpoint's
 	// reports stay far below the predictions, false when they agree again; found and
 	// predicted are the decayed sums behind the verdict.
@@ -41,6 +51,7 @@ type auditState struct {
 	n, predicted, found float64 // decayed sums
 	blind               bool
 	since               time.Time
+	probed              time.Time // the last probe sent while blind
 }
 
 // NewAudit returns an Audit with cfg (zero fields take the defaults).
@@ -56,6 +67,9 @@ func NewAudit(cfg AuditConfig) *Audit {
 	}
 	if cfg.Agree <= 0 {
 		cfg.Agree = 0.5
+	}
+	if cfg.ProbeEvery == 0 {
+		cfg.ProbeEvery = 250 * time.Millisecond
 	}
 	return &Audit{cfg: cfg, st: map[*endpoint.Endpoint]*auditState{}}
 }
@@ -82,8 +96,10 @@ func (a *Audit) Observe(ep *endpoint.Endpoint, predicted, reported int, now time
 		switch {
 		case !s.blind && s.n >= a.cfg.MinSamples && share < a.cfg.Silent:
 			s.blind, s.since, changed = true, now, true
+			a.nblind.Add(1)
 		case s.blind && share > a.cfg.Agree:
 			s.blind, s.since, changed = false, now, true
+			a.nblind.Add(-1)
 		}
 	}
 	blind = s.blind
@@ -153,6 +169,32 @@ func (a *Audit) Forget(ep *endpoint.Endpoint) {
 		return
 	}
 	a.mu.Lock()
+	if s := a.st[ep]; s != nil && s.blind {
+		a.nblind.Add(-1)
+	}
 	delete(a.st, ep)
 	a.mu.Unlock()
+}
+
+// probe returns the first endpoint of ranked after the first that is blind, due a probe
+// (AuditConfig.ProbeEvery) and predicted by holds to hold some of the prompt, and records the
+// probe; -1 when there is none. The pick stands when the first is blind itself.
+func (a *Audit) probe(ranked []*endpoint.Endpoint, holds func(*endpoint.Endpoint) bool, now time.Time) int {
+	if a == nil || a.cfg.ProbeEvery < 0 || a.nblind.Load() == 0 || len(ranked) < 2 {
+		return -1
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s := a.st[ranked[0]]; s != nil && s.blind {
+		return -1
+	}
+	for i, ep := range ranked[1:] {
+		s := a.st[ep]
+		if s == nil || !s.blind || now.Sub(s.probed) < a.cfg.ProbeEvery || !holds(ep) {
+			continue
+		}
+		s.probed = now
+		return i + 1
+	}
+	return -1
 }

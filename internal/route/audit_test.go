@@ -1,6 +1,7 @@
 package route
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -70,5 +71,75 @@ func TestAuditSilentZeroHits(t *testing.T) {
 	serve(-1)
 	if after := audit.Status(eps[0]); after != before {
 		t.Errorf("an unreported count changed the audit: %+v -> %+v", before, after)
+	}
+}
+
+// probeScript ranks a, then b, and predicts 64 cached tokens, on b only while holds.
+type probeScript struct {
+	blindScript
+	holds bool
+}
+
+func (p *probeScript) PredictCached(_ *policy.Request, ep *endpoint.Endpoint) int {
+	if ep.Name == "b" && !p.holds {
+		return 0
+	}
+	return 64
+}
+
+// TestAuditProbesBlind: a blind endpoint that the policy ranks second is tried first by one
+// request every ProbeEvery, when the index says it holds some of the prompt, so that its
+// reports can agree again; never more often, never with a prompt it is not predicted to hold,
+// and not once it sees again.
+func TestAuditProbesBlind(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
+	audit := NewAudit(AuditConfig{})
+	lc, err := New(Config{Picker: p, Clock: clk, Audit: audit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := pool(t, "a", "b")
+	first := func() string {
+		t.Helper()
+		c, err := lc.Begin(&policy.Request{PromptTokens: 100}, eps, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Next().Name
+	}
+	if got := first(); got != "a" {
+		t.Fatalf("nothing blind: first %s, want a", got)
+	}
+	for range 10 {
+		audit.Observe(eps[1], 64, 0, clk.t)
+	}
+	if !audit.Blind(eps[1]) {
+		t.Fatal("b not blind after 10 requests that found nothing")
+	}
+	var got []string
+	for _, step := range []time.Duration{0, 0, 100 * time.Millisecond, 150 * time.Millisecond, 0, 250 * time.Millisecond} {
+		clk.t = clk.t.Add(step)
+		got = append(got, first())
+	}
+	if want := []string{"b", "a", "a", "b", "a", "b"}; !slices.Equal(got, want) {
+		t.Errorf("blind b, probed every 250 ms: first %v, want %v", got, want)
+	}
+	p.holds = false
+	clk.t = clk.t.Add(time.Second)
+	if got := first(); got != "a" {
+		t.Errorf("a prompt b is not predicted to hold: first %s, want a", got)
+	}
+	p.holds = true
+	for i := 0; audit.Blind(eps[1]) && i < 40; i++ {
+		audit.Observe(eps[1], 64, 64, clk.t)
+	}
+	clk.t = clk.t.Add(time.Second)
+	if audit.Blind(eps[1]) || first() != "a" {
+		t.Errorf("b sees again: blind %v, want a first", audit.Blind(eps[1]))
+	}
+	audit.Forget(eps[1])
+	if n := audit.nblind.Load(); n != 0 {
+		t.Errorf("%d blind after Forget", n)
 	}
 }

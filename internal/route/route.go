@@ -254,6 +254,7 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	}
 	ranked = lc.backoffLast(ranked, now)
 	ranked = lc.warmUp(req, ranked, candidates, now)
+	ranked = lc.probeBlind(req, ranked, now)
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
 }
@@ -290,6 +291,22 @@ func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.
 	}
 	out := slices.Clone(ranked)
 	out[0], out[1] = out[1], out[0]
+	return out
+}
+
+// probeBlind moves a cache-blind endpoint that is due a probe to first place when the index
+// says it holds some of the prompt (Audit.probe, AuditConfig.ProbeEvery): the request tells
+// the audit whether the engine finds its prefixes again.
+func (lc *Lifecycle) probeBlind(req *policy.Request, ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	if lc.audit == nil || lc.predictor == nil || lc.audit.nblind.Load() == 0 {
+		return ranked
+	}
+	i := lc.audit.probe(ranked, func(ep *endpoint.Endpoint) bool { return lc.predictor.PredictCached(req, ep) > 0 }, now)
+	if i <= 0 {
+		return ranked
+	}
+	out := make([]*endpoint.Endpoint, 0, len(ranked))
+	out = append(append(append(out, ranked[i]), ranked[:i]...), ranked[i+1:]...)
 	return out
 }
 
