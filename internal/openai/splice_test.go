@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,6 +49,12 @@ func checkSplice(t *testing.T, kind Kind, body []byte) {
 	if err != nil {
 		t.Fatalf("WithIncludeUsage(%q): %v", body, err)
 	}
+	sameJSON(t, body, want, got, "WithIncludeUsage")
+}
+
+// sameJSON fails t unless the spliced body got decodes to what the patch by name gave (want).
+func sameJSON(t *testing.T, body, want, got []byte, name string) {
+	t.Helper()
 	var a, b any
 	if err := json.Unmarshal(want, &a); err != nil {
 		t.Fatal(err)
@@ -56,7 +63,7 @@ func checkSplice(t *testing.T, kind Kind, body []byte) {
 		t.Fatalf("the spliced body %q is not JSON: %v", got, err)
 	}
 	if diff := cmp.Diff(a, b); diff != "" {
-		t.Errorf("spliced %q against WithIncludeUsage (-patched +spliced):\n%s", body, diff)
+		t.Errorf("spliced %q against %s (-patched +spliced):\n%s", body, name, diff)
 	}
 }
 
@@ -93,21 +100,30 @@ func FuzzIncludeUsageSplice(f *testing.F) {
 	} {
 		f.Add(uint8(0), []byte(s))
 	}
+	fuzzChatAndCompletion(f, checkSplice)
+}
+
+// fuzzChatAndCompletion fuzzes check with bodies read as chat requests (even k) or completion
+// requests (odd k).
+func fuzzChatAndCompletion(f *testing.F, check func(*testing.T, Kind, []byte)) {
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := KindChat
 		if k%2 == 1 {
 			kind = KindCompletion
 		}
-		checkSplice(t, kind, body)
+		check(t, kind, body)
 	})
 }
 
-// BenchmarkIncludeUsage: asking a 400 KB streamed chat request for usage, by WithIncludeUsage
-// (scan, patch, check: three passes and a copy) and by IncludeUsageSplice (none).
-func BenchmarkIncludeUsage(b *testing.B) {
+// longChat returns a streamed chat request with a 400 KB system prompt (and the fields of
+// extra), and its parse.
+func longChat(b *testing.B, extra map[string]any) ([]byte, *Request) {
+	b.Helper()
 	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 8200)[:400_000]
-	body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []any{
-		map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": "hi"}}})
+	m := map[string]any{"model": "m", "stream": true, "messages": []any{
+		map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": "hi"}}}
+	maps.Copy(m, extra)
+	body, err := json.Marshal(m)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -115,6 +131,13 @@ func BenchmarkIncludeUsage(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return body, r
+}
+
+// BenchmarkIncludeUsage: asking a 400 KB streamed chat request for usage, by WithIncludeUsage
+// (scan, patch, check: three passes and a copy) and by IncludeUsageSplice (none).
+func BenchmarkIncludeUsage(b *testing.B) {
+	body, r := longChat(b, nil)
 	b.Run("patch", func(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
@@ -185,16 +208,7 @@ func checkSaltSplice(t *testing.T, kind Kind, body []byte) {
 	if err != nil {
 		t.Fatalf("Patch(%q): %v", body, err)
 	}
-	var a, b any
-	if err := json.Unmarshal(want, &a); err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(got, &b); err != nil {
-		t.Fatalf("the spliced body %q is not JSON: %v", got, err)
-	}
-	if diff := cmp.Diff(a, b); diff != "" {
-		t.Errorf("spliced %q against Patch (-patched +spliced):\n%s", body, diff)
-	}
+	sameJSON(t, body, want, got, "Patch")
 }
 
 func TestCacheSaltSplice(t *testing.T) {
@@ -255,33 +269,18 @@ func FuzzCacheSaltSplice(f *testing.F) {
 	} {
 		f.Add(uint8(0), []byte(s))
 	}
-	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
-		kind := KindChat
-		if k%2 == 1 {
-			kind = KindCompletion
-		}
-		checkSaltSplice(t, kind, body)
-	})
+	fuzzChatAndCompletion(f, checkSaltSplice)
 }
 
 // BenchmarkCacheSalt: giving a 400 KB chat request the tenant's cache_salt, by Patch (scan,
 // copy, check) and by CacheSaltSplice, with the client's cache_salt and without.
 func BenchmarkCacheSalt(b *testing.B) {
-	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 8200)[:400_000]
 	for _, client := range []bool{false, true} {
-		m := map[string]any{"model": "m", "stream": true, "messages": []any{
-			map[string]any{"role": "system", "content": sys}, map[string]any{"role": "user", "content": "hi"}}}
+		var extra map[string]any
 		if client {
-			m["cache_salt"] = "client"
+			extra = map[string]any{"cache_salt": "client"}
 		}
-		body, err := json.Marshal(m)
-		if err != nil {
-			b.Fatal(err)
-		}
-		r, err := Parse(KindChat, body)
-		if err != nil {
-			b.Fatal(err)
-		}
+		body, r := longChat(b, extra)
 		v := []byte(`"0123456789abcdef"`)
 		b.Run(fmt.Sprintf("client=%v/patch", client), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
