@@ -46,12 +46,12 @@ func (s *Share) completed(lc *Lifecycle, evs []Event) bool {
 		ft.Origin != r.Origin || d.Origin != r.Origin || ft.ID != r.ID || d.ID != r.ID {
 		return false
 	}
-	for _, ev := range evs {
-		if ev.Origin == s.cfg.Self || ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 {
+	for i := range evs {
+		if evs[i].Origin == s.cfg.Self || malformed(&evs[i]) {
 			return false
 		}
 	}
-	if r.Endpoint == "" || r.BlockTokens == 0 && len(r.Blocks) > 0 {
+	if unplaceable(r) {
 		return false
 	}
 	ep := s.endpoint(r.Endpoint)

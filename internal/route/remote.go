@@ -397,7 +397,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 	if ev.Origin == s.cfg.Self {
 		return DropSelf
 	}
-	if ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 {
+	if malformed(ev) {
 		return DropInvalid
 	}
 	key := flightKey{ev.Origin, ev.ID}
@@ -453,6 +453,16 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 	return DropInvalid
 }
 
+// malformed reports whether ev names no origin or carries a negative count.
+func malformed(ev *Event) bool {
+	return ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0
+}
+
+// unplaceable reports whether a Routed ev names no endpoint, or blocks without their size.
+func unplaceable(ev *Event) bool {
+	return ev.Endpoint == "" || ev.BlockTokens == 0 && len(ev.Blocks) > 0
+}
+
 // unknownLocked classifies an event of an attempt not in flight here: a duplicate when it has
 // ended, else unknown; remember records it as ended. The caller holds s.mu.
 func (s *Share) unknownLocked(key flightKey, remember bool) Drop {
@@ -476,7 +486,7 @@ func (s *Share) endpoint(name string) *endpoint.Endpoint {
 
 // start begins a remote attempt.
 func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Drop {
-	if ev.Endpoint == "" || ev.BlockTokens == 0 && len(ev.Blocks) > 0 {
+	if unplaceable(ev) {
 		return DropInvalid
 	}
 	ep := s.endpoint(ev.Endpoint)
