@@ -213,6 +213,10 @@ func TestSyncOverhead(t *testing.T) {
 	// own[k] is set k's CPU in its own phases, ownWall[k] their wall time; at is each set's CPU
 	// at the last boundary.
 	own, ownWall, at := make([]time.Duration, len(sets)), make([]time.Duration, len(sets)), slices.Clone(cpu0)
+	// after[k] is set k's CPU from the end of its phase to the middle of the next one (another
+	// set's), afterWall[k] their wall time: were some of its work for its own requests to come
+	// after its phase, its CPU would be higher there than in the rest of the time outside.
+	after, afterWall := make([]time.Duration, len(sets)), make([]time.Duration, len(sets))
 	var longest time.Duration // a phase's sending and its responses
 	start := time.Now()
 	last := start
@@ -223,6 +227,10 @@ func TestSyncOverhead(t *testing.T) {
 		for i := range phase {
 			if d := time.Until(begin.Add(time.Duration(i) * interval)); d > 0 {
 				time.Sleep(d)
+			}
+			if j := (p + len(sets) - 1) % len(sets); i == phase/2 && p > 0 && j != k {
+				after[j] += cpu(sets[j]) - at[j]
+				afterWall[j] += time.Since(last)
 			}
 			base := sets[k][sent[k]%n].api
 			body := bodies[(p*phase+i)%len(bodies)]
@@ -262,12 +270,14 @@ func TestSyncOverhead(t *testing.T) {
 	t.Logf("router CPU per request, whole run: syncing %.0f µs, alone %.0f µs: ratio %.3f", per(0), per(1), per(0)/per(1))
 	t.Logf("router CPU per request, in the set's own phases (at %d requests/s): syncing %.0f µs, alone %.0f µs: ratio %.3f",
 		*syncOverheadRate, perOwn(0), perOwn(1), perOwn(0)/perOwn(1))
+	rate := func(cpu, wall time.Duration) float64 { return cpu.Seconds() * 1000 / max(wall.Seconds(), 1e-9) }
 	for k := range sets {
 		idle := used[k] - own[k]
 		idleWall := elapsed - ownWall[k]
-		t.Logf("set %d: %.3f of its CPU in its own phases, which are %.3f of the wall time (%v of %v); outside them %.1f ms of CPU a second (%v in %v)",
+		t.Logf("set %d: %.3f of its CPU in its own phases, which are %.3f of the wall time (%v of %v); outside them %.1f ms of CPU a second (%v in %v): %.1f ms/s from the end of its phase to the middle of the next, %.1f ms/s in the rest",
 			k, own[k].Seconds()/used[k].Seconds(), ownWall[k].Seconds()/elapsed.Seconds(), ownWall[k].Round(time.Millisecond), elapsed.Round(time.Millisecond),
-			idle.Seconds()*1000/max(idleWall.Seconds(), 1e-9), idle.Round(time.Millisecond), idleWall.Round(time.Millisecond))
+			rate(idle, idleWall), idle.Round(time.Millisecond), idleWall.Round(time.Millisecond),
+			rate(after[k], afterWall[k]), rate(idle-after[k], idleWall-afterWall[k]))
 	}
 	t.Logf("Go runtime: syncing %.1f kB allocated per request, %.0f collections; alone %.1f kB, %.0f collections",
 		alloc[0]/1000, gcs[0], alloc[1]/1000, gcs[1])
