@@ -16,8 +16,9 @@ type Flight any
 // replicas' requests from their events (route.Share), and keep each remote request in a table
 // of their own until its end anyway: handing the observer's state back with each event spares
 // the observer a table entry of its own per remote request (for prefix-aware, a sync.Map
-// store, load and delete: a quarter of its Routed, a third of its FirstToken and Done, by
-// perf on a syncing replica whose requests spanned several batches; docs/replicas.md).
+// store, load and delete: about a quarter of its Routed and Done and a third of its
+// FirstToken, by perf on a syncing replica whose requests spanned several batches;
+// docs/replicas.md).
 //
 // RoutedFlight, FirstTokenFlight and DoneFlight do what Routed, FirstToken and Done do, in
 // everything the policy can observe afterwards: the caller calls each of a request's at most
