@@ -460,7 +460,7 @@ func TestProfiles(t *testing.T) {
 			t.Errorf("profile %s: %v", p.Name, err)
 		}
 	}
-	want := []string{"instant", "llama3-70b-h100-tp4", "llama3-70b-h200-tp8", "llama3-8b-h100-tp1", "ollama-tiny-cpu"}
+	want := []string{"fixed-step", "instant", "llama3-70b-h100-tp4", "llama3-70b-h200-tp8", "llama3-8b-h100-tp1", "ollama-tiny-cpu"}
 	if diff := cmp.Diff(want, names); diff != "" {
 		t.Errorf("Profiles() names (-want +got):\n%s", diff)
 	}

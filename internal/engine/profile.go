@@ -135,6 +135,18 @@ func profiles() []Profile {
 			MaxNumSeqs: 1024, MaxBatchedTokens: 1 << 20,
 		},
 		{
+			// As instant, but every step takes 100 ms (scaled by --time-scale): a request's
+			// first token comes one or two steps after it arrives and each later token a step
+			// after the one before, as from a real engine, while simulating it costs no more CPU
+			// than instant (fewer steps, each for the whole batch). TestSyncOverhead uses it to
+			// measure replica sync on requests that span several of its batches.
+			Name:        "fixed-step",
+			Description: "every step 100 ms whatever its batch, 4M tokens of KV: for overhead tests with requests that last",
+			BlockSize:   16, NumBlocks: 1 << 18,
+			MaxNumSeqs: 1024, MaxBatchedTokens: 1 << 20,
+			StepOverhead: 100 * time.Millisecond,
+		},
+		{
 			// KV measured with vLLM (llm-d 37-capacity): 461,376 tokens = 28,836 blocks of 16.
 			// Half the GPUs of TP8: every compute term doubles; the weights floor is 141 GB /
 			// 4 GPUs / 3.35 TB/s = 10.5 ms, so 16 ms of overhead; KV reads 80 KiB per GPU per

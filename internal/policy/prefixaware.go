@@ -522,6 +522,10 @@ func (pa *prefixAware) commonRun(sc *paScratch, c []*endpoint.Endpoint, states [
 
 // Routed records the request on ep: its work is queued there, and ep is about to hold its blocks.
 func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
+	pa.inflight.Store(req, pa.routed(req, ep))
+}
+
+func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	s := pa.state(ep.ID)
 	pa.sizeIndex(ep, s, req.BlockTokens)
 	f := &paFlight{ep: ep.ID}
@@ -537,17 +541,18 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 	}
 	pa.replicas.routed(s, req, f.work, now)
 	pa.probe(req, ep, s, f)
-	pa.inflight.Store(req, f)
 	pa.index.Insert(ep.ID, req.Blocks, now)
+	return f
 }
 
 // FirstToken takes the request's work off ep's queue and learns from its TTFT.
 func (pa *prefixAware) FirstToken(req *Request, ep *endpoint.Endpoint, ttft time.Duration) {
-	v, ok := pa.inflight.Load(req)
-	if !ok {
-		return
+	if v, ok := pa.inflight.Load(req); ok {
+		pa.firstToken(v.(*paFlight), ep, ttft)
 	}
-	f := v.(*paFlight)
+}
+
+func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.Duration) {
 	if f.ep != ep.ID || !f.first.CompareAndSwap(false, true) {
 		return
 	}
@@ -603,11 +608,12 @@ func (pa *prefixAware) PrefillRate(id int) float64 {
 // Done ends the request's bookkeeping and corrects the index when the engine had less cached
 // than the index predicted.
 func (pa *prefixAware) Done(req *Request, ep *endpoint.Endpoint, res Result) {
-	v, ok := pa.inflight.LoadAndDelete(req)
-	if !ok {
-		return
+	if v, ok := pa.inflight.LoadAndDelete(req); ok {
+		pa.done(v.(*paFlight), req, ep, res)
 	}
-	f := v.(*paFlight)
+}
+
+func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, res Result) {
 	if f.ep != ep.ID {
 		return
 	}

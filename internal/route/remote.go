@@ -180,7 +180,9 @@ type flight struct {
 	req      *policy.Request // &rebuilt
 	rebuilt  policy.Request  // the request rebuilt from the event (one allocation with the flight)
 	ep       *endpoint.Endpoint
-	obs      policy.Observer // the observer told of Routed, told of the rest
+	obs      policy.Observer       // the observer told of Routed, told of the rest
+	fo       policy.FlightObserver // obs as one, or nil: then told with fl
+	fl       policy.Flight
 	first    bool
 	ttft     time.Duration
 	deadline time.Time
@@ -418,9 +420,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		f.first, f.ttft = true, ev.TTFT
 		s.mu.Unlock()
 		f.ep.FirstToken(f.req.PromptTokens)
-		if f.obs != nil {
-			f.obs.FirstToken(f.req, f.ep, ev.TTFT)
-		}
+		f.firstToken(ev.TTFT)
 		return DropNone
 	case EventDone:
 		s.mu.Lock()
@@ -497,6 +497,9 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 		rebuilt: rebuild(ev),
 		ep:      ep, obs: lc.observer, deadline: now.Add(s.cfg.TTL),
 	}
+	if f.obs != nil {
+		f.fo = lc.flights
+	}
 	f.req = &f.rebuilt
 	s.mu.Lock()
 	switch {
@@ -525,7 +528,10 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	}
 	s.mu.Unlock()
 	ep.Start(f.req.PromptTokens)
-	if f.obs != nil {
+	switch {
+	case f.fo != nil:
+		f.fl = f.fo.RoutedFlight(f.req, ep)
+	case f.obs != nil:
 		f.obs.Routed(f.req, ep)
 	}
 	return DropNone
@@ -580,7 +586,22 @@ func (s *Share) finish(f *flight, res policy.Result) {
 		if res.TTFT == 0 && f.first {
 			res.TTFT = f.ttft
 		}
-		f.obs.Done(f.req, f.ep, res)
+		if f.fo != nil {
+			f.fo.DoneFlight(f.fl, f.req, f.ep, res)
+			f.fl = nil
+		} else {
+			f.obs.Done(f.req, f.ep, res)
+		}
+	}
+}
+
+// firstToken tells the observer of a remote attempt's first token.
+func (f *flight) firstToken(ttft time.Duration) {
+	switch {
+	case f.fo != nil:
+		f.fo.FirstTokenFlight(f.fl, f.req, f.ep, ttft)
+	case f.obs != nil:
+		f.obs.FirstToken(f.req, f.ep, ttft)
 	}
 }
 
@@ -659,9 +680,7 @@ func (s *Share) failAll(fs []*flight) {
 		if !f.first {
 			f.first = true
 			f.ep.FirstToken(f.req.PromptTokens)
-			if f.obs != nil {
-				f.obs.FirstToken(f.req, f.ep, 0)
-			}
+			f.firstToken(0)
 		}
 		s.finish(f, policy.Result{OK: false, CachedTokens: -1, PromptTokens: f.req.PromptTokens})
 	}

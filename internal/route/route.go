@@ -169,7 +169,8 @@ type Lifecycle struct {
 	// Share's SetReplicas it last passed on.
 	replicated    policy.Replicated
 	replicasHeard atomic.Pointer[replicaSet]
-	deferrer      policy.Deferrer // the policy as policy.Deferrer (nil if it is not): Hold
+	deferrer      policy.Deferrer       // the policy as policy.Deferrer (nil if it is not): Hold
+	flights       policy.FlightObserver // the observer as policy.FlightObserver (nil if it is not): remote attempts
 }
 
 // New builds a Lifecycle.
@@ -189,6 +190,7 @@ func New(cfg Config) (*Lifecycle, error) {
 		}
 	}
 	lc.observer, _ = cfg.Picker.(policy.Observer)
+	lc.flights, _ = cfg.Picker.(policy.FlightObserver)
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	lc.replicated, _ = cfg.Picker.(policy.Replicated)
 	lc.deferrer, _ = cfg.Picker.(policy.Deferrer)
