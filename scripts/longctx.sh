@@ -22,7 +22,8 @@
 # the same PERF.
 #
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
-# RATE (8 requests/s), PERF (0), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
+# RATE (8 requests/s), CONCURRENCY (0; N: `kvroute bench --concurrency N`, a closed loop that keeps
+# N requests in flight whatever RATE says, so that requests overlap), PERF (0), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
 # PROFILE_SIZE (prompt tokens of the profiled run, 100000), SHAPE (shared-prefix, or multi-turn:
 # 8 conversations of 16 turns whose prompts grow by a turn each, so that Chains applies),
 # KVROUTE (a built binary; default: built from this tree), USAGE (1; 0: streamed requests
@@ -37,6 +38,7 @@ sizes=${SIZES:-"10000 32000 100000"}
 repeat=${REPEAT:-2}
 requests=${REQUESTS:-128}
 rate=${RATE:-8}
+concurrency=${CONCURRENCY:-0}
 profile=${PROFILE:-1}
 perf=${PERF:-0}
 if [ "$perf" = 1 ] && ! command -v perf >/dev/null; then
@@ -93,6 +95,7 @@ done
 
 bench_flags=()
 [ "$usage" = 0 ] && bench_flags+=(--no-usage)
+[ "$concurrency" != 0 ] && bench_flags+=(--concurrency "$concurrency")
 serve_from=("${endpoints[@]}" --engine vllm)
 if [ "$salt" = 1 ]; then
 	key=sk-longctx-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -190,7 +193,7 @@ run() {
 	echo "$((t1 - t0)) $((c1 - c0)) $done $((s1 - s0))"
 }
 
-say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s; USAGE=$usage SALT=$salt"
+say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s; concurrency $concurrency; USAGE=$usage SALT=$salt"
 printf '%-8s %-3s %8s %8s %10s %10s %11s %14s' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
 [ "$perf" = 1 ] && printf ' %10s %12s' cs_per_req syscalls_per_req
 echo
