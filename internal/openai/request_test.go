@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -297,7 +299,7 @@ var chatScanCases = []string{
 func TestScanChatMatchesDecoder(t *testing.T) {
 	scanned := 0
 	for _, body := range chatScanCases {
-		if _, _, ok := scanChat([]byte(body)); ok {
+		if _, _, ok := scanChat([]byte(body), nil); ok {
 			scanned++
 		}
 		checkScanAgrees(t, []byte(body))
@@ -490,5 +492,47 @@ func TestScanLongStrings(t *testing.T) {
 			content := long[:at] + tail + long[at:]
 			checkScanAgrees(t, []byte(`{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`))
 		}
+	}
+}
+
+// TestParseScratch: a long message content with escapes is decoded into the Scratch, whose
+// memory the next request reuses after Reset; every string that is not a message content is
+// the request's own, even a long one, so that changing the body (or reusing the scratch)
+// leaves it as it was.
+func TestParseScratch(t *testing.T) {
+	long := strings.Repeat("0123456789abcdef", minShared/16+1)
+	body := func(i int) []byte {
+		return []byte(`{"model":"m` + long + `","user":"u` + long + `","prompt_cache_key":"k` + long +
+			`","messages":[{"role":"user","content":"` + strconv.Itoa(i) + `\n` + long + `"}]}`)
+	}
+	var sc Scratch
+	b0 := body(0)
+	want, err := Parse(KindChat, b0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, err := ParseScratch(KindChat, b0, &sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, r0); diff != "" {
+		t.Fatalf("ParseScratch differs from Parse (-Parse +ParseScratch):\n%s", diff)
+	}
+	c0 := r0.Messages[0].Parts[0]
+	if sc.Cap() < len(c0) || unsafe.StringData(c0) != unsafe.SliceData(sc.buf[:1]) {
+		t.Fatalf("the content (%d bytes) is not in the scratch (%d bytes)", len(c0), sc.Cap())
+	}
+	model, user, key := r0.Model, r0.User, r0.PromptCacheKey
+	clear(b0) // the body is reused...
+	sc.Reset()
+	r1, err := ParseScratch(KindChat, body(1), &sc) // ...and the scratch
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1 := r1.Messages[0].Parts[0]; unsafe.StringData(c1) != unsafe.StringData(c0) || c1[:2] != "1\n" {
+		t.Errorf("the second content does not reuse the scratch, or is wrong: %.8q", c1)
+	}
+	if model != "m"+long || user != "u"+long || key != "k"+long {
+		t.Errorf("a string that is not a message content changed with the body: model %.8q user %.8q prompt_cache_key %.8q", model, user, key)
 	}
 }
