@@ -64,15 +64,17 @@ func (m *MemBody) Read(p []byte) (int, error) {
 // has handed it on, which for the Transport is before the bytes are sent.)
 func (m *MemBody) Close() error { return nil }
 
-// OnSent sets f to be called once the Transport no longer needs m's bytes: when the RoundTrip
-// that sent m returns (the body is written, or will not be, by then). Only this package's
-// Transport calls it, and not for the requests it hands to Fallback: a body sent any other way
-// never calls f, and its bytes are left to the garbage collector. The caller may then reuse
-// the memory (a pooled buffer), as long as nothing else of its own reads it.
+// OnSent sets f to be called once the transport no longer needs m's bytes. This package's
+// Transport calls it (through Sent) when the RoundTrip that sent m returns (the body is
+// written, or will not be, by then), but not for the requests it hands to Fallback, which may
+// read the body after its RoundTrip returns; a body sent any other way never calls f, and its
+// bytes are left to the garbage collector. Once f is called, the caller may reuse the memory
+// (a pooled buffer), as long as nothing else of its own reads it.
 func (m *MemBody) OnSent(f func()) { m.release = f }
 
-// sent calls the OnSent function, once.
-func (m *MemBody) sent() {
+// Sent calls the OnSent function, the first time only. A RoundTripper calls it when it will
+// not read m any more (this package's Transport, a test's).
+func (m *MemBody) Sent() {
 	if f := m.release; f != nil {
 		m.release = nil
 		f()

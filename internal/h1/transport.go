@@ -140,7 +140,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	mem, _ := req.Body.(*MemBody)
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil || mem != nil
 	if mem != nil {
-		defer mem.sent()
+		defer mem.Sent()
 	}
 	for attempt := 0; ; attempt++ {
 		c, reused, err := t.get(ctx, addr, attempt > 0)
@@ -156,7 +156,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 					return nil, err
 				}
 				if m, ok := b.(*MemBody); ok {
-					defer m.sent()
+					defer m.Sent()
 				}
 				r2 := *req
 				r2.Body = b
