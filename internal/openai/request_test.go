@@ -365,7 +365,8 @@ func BenchmarkParseChat4K(b *testing.B) {
 
 // BenchmarkParseChat400K is Parse on a chat request of some 100k tokens (a 400 KB system
 // prompt): "plain" has no escapes (its prompt is a view of the body), "paragraphs" a line break
-// every 300 bytes or so (decoded into a copy), as scripts/longctx.sh's prompts have.
+// every 300 bytes or so (decoded into a copy), as scripts/longctx.sh's prompts have; "-scratch"
+// with the copy in a reused Scratch.
 func BenchmarkParseChat400K(b *testing.B) {
 	word := "lorem ipsum dolor sit amet consectetur adipiscing elit "
 	for _, bc := range []struct{ name, sep string }{{"plain", " "}, {"paragraphs", "\n\n"}} {
@@ -380,6 +381,18 @@ func BenchmarkParseChat400K(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
 				if _, err := Parse(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		// With a Scratch reused from one request to the next, as the router's handler does.
+		b.Run(bc.name+"-scratch", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			var sc Scratch
+			for b.Loop() {
+				sc.Reset()
+				if _, err := ParseScratch(KindChat, body, &sc); err != nil {
 					b.Fatal(err)
 				}
 			}
