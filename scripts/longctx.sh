@@ -19,10 +19,13 @@
 # -e context-switches,raw_syscalls:sys_enter` on the router, and the context switches and system
 # calls per request (idle subtracted the same way) are printed in two more columns. The syscall
 # tracepoint costs the router a little CPU of its own: compare cpu_ms_per_req between runs with
-# the same PERF.
+# the same PERF. PERF_EVENTS (with PERF=1) names more perf events, comma-separated, e.g.
+# "syscalls:sys_enter_nanosleep,syscalls:sys_enter_futex": each gets a column of its own, per
+# request, idle subtracted the same way.
 #
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
-# RATE (8 requests/s), PERF (0), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
+# RATE (8 requests/s), CONCURRENCY (0; N: `kvroute bench --concurrency N`, a closed loop that keeps
+# N requests in flight whatever RATE says, so that requests overlap), PERF (0), OUT (a new folder under /tmp), PROFILE (1: take the profile; 0: not),
 # PROFILE_SIZE (prompt tokens of the profiled run, 100000), SHAPE (shared-prefix, or multi-turn:
 # 8 conversations of 16 turns whose prompts grow by a turn each, so that Chains applies),
 # KVROUTE (a built binary; default: built from this tree), USAGE (1; 0: streamed requests
@@ -37,8 +40,10 @@ sizes=${SIZES:-"10000 32000 100000"}
 repeat=${REPEAT:-2}
 requests=${REQUESTS:-128}
 rate=${RATE:-8}
+concurrency=${CONCURRENCY:-0}
 profile=${PROFILE:-1}
 perf=${PERF:-0}
+perf_events=${PERF_EVENTS:-}
 if [ "$perf" = 1 ] && ! command -v perf >/dev/null; then
 	echo "longctx.sh: PERF=1 needs perf" >&2
 	exit 1
@@ -93,6 +98,7 @@ done
 
 bench_flags=()
 [ "$usage" = 0 ] && bench_flags+=(--no-usage)
+[ "$concurrency" != 0 ] && bench_flags+=(--concurrency "$concurrency")
 serve_from=("${endpoints[@]}" --engine vllm)
 if [ "$salt" = 1 ]; then
 	key=sk-longctx-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -141,7 +147,7 @@ now_ms() { date +%s%3N; }
 perf_pid=
 perf_start() {
 	[ "$perf" = 1 ] || return 0
-	perf stat -x, -e context-switches,raw_syscalls:sys_enter -p "$router" -o "$1" 2>/dev/null &
+	perf stat -x, -e "context-switches,raw_syscalls:sys_enter${perf_events:+,$perf_events}" -p "$router" -o "$1" 2>/dev/null &
 	perf_pid=$!
 	pids+=($perf_pid)
 	sleep 0.2 # perf attaches
@@ -156,7 +162,10 @@ perf_counts() {
 		echo "0 0"
 		return
 	fi
-	awk -F, '/context-switches/{c=$1} /raw_syscalls/{s=$1} END{print c+0, s+0}' "$1"
+	awk -F, -v extra="$perf_events" 'BEGIN{n = split(extra, ev, ",")}
+		$3 == "context-switches"{c=$1} $3 == "raw_syscalls:sys_enter"{s=$1}
+		{for (i = 1; i <= n; i++) if ($3 == ev[i]) x[i] = $1}
+		END{printf "%d %d", c, s; for (i = 1; i <= n; i++) printf " %d", x[i]; print ""}' "$1"
 }
 
 # run SIZE LABEL: one bench run of REQUESTS prompts of SIZE tokens; prints "wall_ms cpu_ticks
@@ -190,9 +199,12 @@ run() {
 	echo "$((t1 - t0)) $((c1 - c0)) $done $((s1 - s0))"
 }
 
-say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s; USAGE=$usage SALT=$salt"
+say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s; concurrency $concurrency; USAGE=$usage SALT=$salt"
 printf '%-8s %-3s %8s %8s %10s %10s %11s %14s' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
-[ "$perf" = 1 ] && printf ' %10s %12s' cs_per_req syscalls_per_req
+if [ "$perf" = 1 ]; then
+	printf ' %10s %12s' cs_per_req syscalls_per_req
+	for e in ${perf_events//,/ }; do printf ' %s' "${e#syscalls:sys_enter_}"; done
+fi
 echo
 for size in $sizes; do
 	for i in $(seq 1 "$repeat"); do
@@ -205,13 +217,19 @@ for size in $sizes; do
 		c1=$(cpu)
 		perf_stop
 		idle=$((c1 - c0))
-		read -r cs sc <<<"$(perf_counts "$out/perf-$size-$i.txt")"
-		read -r ics isc <<<"$(perf_counts "$out/perf-$size-$i-idle.txt")"
+		counts=$(perf_counts "$out/perf-$size-$i.txt")
+		icounts=$(perf_counts "$out/perf-$size-$i-idle.txt")
+		read -r cs sc _ <<<"$counts"
+		read -r ics isc _ <<<"$icounts"
 		awk -v s="$size" -v i="$i" -v n="$sent" -v w="$wall" -v t="$ticks" -v d="$idle" -v hz="$tck" -v k="$systicks" \
-			-v perf="$perf" -v cs="$cs" -v sc="$sc" -v ics="$ics" -v isc="$isc" 'BEGIN{
+			-v perf="$perf" -v cs="$cs" -v sc="$sc" -v ics="$ics" -v isc="$isc" -v counts="$counts" -v icounts="$icounts" 'BEGIN{
 			busy = t * 1000 / hz; idle = d * 1000 / hz
 			printf "%-8s %-3s %8d %8.1f %10.0f %10.0f %11.0f %14.2f", s, i, n, w / 1000, busy, k * 1000 / hz, idle, (busy - idle) / n
-			if (perf == 1) printf " %10.1f %12.1f", (cs - ics) / n, (sc - isc) / n
+			if (perf == 1) {
+				printf " %10.1f %12.1f", (cs - ics) / n, (sc - isc) / n
+				k = split(counts, a, " "); split(icounts, b, " ")
+				for (j = 3; j <= k; j++) printf " %.1f", (a[j] - b[j]) / n
+			}
 			printf "\n"
 		}'
 	done

@@ -13,10 +13,11 @@ import (
 // through the connection's 8 KB buffer, a 400 KB body took thirteen writes. Any other
 // transport reads it as it reads any body.
 type MemBody struct {
-	parts [][]byte // what is still to read, in order, without empty parts
-	arr   [3][]byte
-	start [][]byte // the parts as made, for rewind (a request the Transport sends again)
-	sarr  [3][]byte
+	parts   [][]byte // what is still to read, in order, without empty parts
+	arr     [3][]byte
+	start   [][]byte // the parts as made, for rewind (a request the Transport sends again)
+	sarr    [3][]byte
+	release func() // see OnSent; nil once called
 }
 
 // NewMemBody returns a body that reads b, which must not change while it is sent.
@@ -59,8 +60,26 @@ func (m *MemBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close does nothing: the bytes are the caller's.
+// Close does nothing: the bytes are the caller's. (http.Request.Write closes a body when it
+// has handed it on, which for the Transport is before the bytes are sent.)
 func (m *MemBody) Close() error { return nil }
+
+// OnSent sets f to be called once the transport no longer needs m's bytes. This package's
+// Transport calls it (through Sent) when the RoundTrip that sent m returns (the body is
+// written, or will not be, by then), but not for the requests it hands to Fallback, which may
+// read the body after its RoundTrip returns; a body sent any other way never calls f, and its
+// bytes are left to the garbage collector. Once f is called, the caller may reuse the memory
+// (a pooled buffer), as long as nothing else of its own reads it.
+func (m *MemBody) OnSent(f func()) { m.release = f }
+
+// Sent calls the OnSent function, the first time only. A RoundTripper calls it when it will
+// not read m any more (this package's Transport, a test's).
+func (m *MemBody) Sent() {
+	if f := m.release; f != nil {
+		m.release = nil
+		f()
+	}
+}
 
 // headWriter is what http.Request.Write writes a request with a MemBody to: it keeps the head
 // (as net/http frames it) in head, and takes the body's parts as they are, without copying

@@ -6,7 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,5 +142,87 @@ func TestHeadWriter(t *testing.T) {
 	_ = req.Write(&want)
 	if diff := cmp.Diff(want.String(), string(w2.head)+string(bytes.Join(w2.body, nil))); diff != "" {
 		t.Errorf("chunked request (-net/http +headWriter):\n%s", diff)
+	}
+}
+
+// OnSent's function is called once, by the time RoundTrip returns, for the body the Transport
+// sent and for each one GetBody made (a request sent again on a new connection), on success
+// and on failure; never for a request handed to Fallback, which may still be reading it.
+func TestMemBodyOnSent(t *testing.T) {
+	post := func(tr *Transport, url string, withGetBody bool) (calls []int, err error) {
+		made := 0
+		mk := func() *MemBody {
+			i := made
+			made++
+			m := NewMemBody([]byte("{}"))
+			m.OnSent(func() { calls = append(calls, i) })
+			return m
+		}
+		req, err := http.NewRequest(http.MethodPost, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Body, req.ContentLength = mk(), 2
+		if withGetBody {
+			req.GetBody = func() (io.ReadCloser, error) { return mk(), nil }
+		}
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			if got := readAll(t, resp); got != "ok" && got != "tls" {
+				t.Errorf("answer %q", got)
+			}
+		}
+		return calls, err
+	}
+
+	ok := okServer(t)
+	if calls, err := post(newTransport(t), ok.URL, false); err != nil || !slices.Equal(calls, []int{0}) {
+		t.Errorf("a request sent: OnSent calls %v (error %v), want [0]", calls, err)
+	}
+
+	// The server answers the first request on its first connection, reads the second and closes
+	// that connection without an answer: the Transport sends it again on a new one, with
+	// GetBody's body.
+	var conns atomic.Int64
+	url := rawServer(t, func(c net.Conn) {
+		n := conns.Add(1)
+		br := bufio.NewReader(c)
+		for k := range 2 {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			if k == 1 && n == 1 {
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	tr := newTransport(t)
+	tr.ResendAfterIdle = time.Nanosecond
+	if calls, err := post(tr, url, true); err != nil || !slices.Equal(calls, []int{0}) {
+		t.Errorf("first request: OnSent calls %v (error %v), want [0]", calls, err)
+	}
+	if calls, err := post(tr, url, true); err != nil || len(calls) != 2 || calls[0]+calls[1] != 1 {
+		t.Errorf("a request sent again: OnSent calls %v (error %v), want 0 and 1 once each", calls, err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	if calls, err := post(newTransport(t), "http://"+addr, false); err == nil || !slices.Equal(calls, []int{0}) {
+		t.Errorf("a request that failed: OnSent calls %v (error %v), want [0] and an error", calls, err)
+	}
+
+	tls := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tls") }))
+	defer tls.Close()
+	ftr := New(tls.Client().Transport.(*http.Transport))
+	defer ftr.CloseIdleConnections()
+	if calls, err := post(ftr, tls.URL, false); err != nil || len(calls) != 0 {
+		t.Errorf("a request through Fallback: OnSent calls %v (error %v), want none", calls, err)
 	}
 }

@@ -139,6 +139,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// started.
 	mem, _ := req.Body.(*MemBody)
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil || mem != nil
+	if mem != nil {
+		defer mem.Sent()
+	}
 	for attempt := 0; ; attempt++ {
 		c, reused, err := t.get(ctx, addr, attempt > 0)
 		if err != nil {
@@ -151,6 +154,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				if err != nil {
 					c.nc.Close()
 					return nil, err
+				}
+				if m, ok := b.(*MemBody); ok {
+					defer m.Sent()
 				}
 				r2 := *req
 				r2.Body = b

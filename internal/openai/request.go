@@ -189,12 +189,42 @@ type wireFast struct {
 // field gives an *Error (400) naming the field; Parse never panics. body is kept as Raw
 // without copying, and long prompt strings may be views of it: body must not change while the
 // Request is in use.
-func Parse(kind Kind, body []byte) (*Request, error) {
+func Parse(kind Kind, body []byte) (*Request, error) { return ParseScratch(kind, body, nil) }
+
+// Scratch is memory that ParseScratch decodes long message contents with escapes into (a
+// 100k-token prompt with line breaks is a 400 KB copy), reused from one request to the next
+// instead of allocated for each: the router pools them. Its zero value is ready to use.
+type Scratch struct {
+	buf []byte
+}
+
+// Reset makes the memory of every string decoded into s free for the next ParseScratch: call it
+// only when no Request parsed with s, and no string taken from one, is in use any more.
+func (s *Scratch) Reset() { s.buf = s.buf[:0] }
+
+// Cap is how many bytes s holds.
+func (s *Scratch) Cap() int { return cap(s.buf) }
+
+// take returns room for n bytes after what s holds, as an empty slice of that capacity, which
+// stays valid until Reset (when s is full, the room is new memory, and s holds that from then
+// on: strings in the old memory keep it).
+func (s *Scratch) take(n int) []byte {
+	if cap(s.buf)-len(s.buf) < n {
+		s.buf = make([]byte, 0, max(n, 2*cap(s.buf)))
+	}
+	return s.buf[len(s.buf):len(s.buf):cap(s.buf)]
+}
+
+// ParseScratch is Parse, with the chat messages' string contents that have escapes decoded into
+// sc (nil: new memory), where they stay until sc.Reset. Only message contents are decoded or
+// viewed in place (of body or sc): every other string (the model, the user, the cache key) is a
+// copy of its own, which may be kept after the request.
+func ParseScratch(kind Kind, body []byte, sc *Scratch) (*Request, error) {
 	if kind == KindChat {
 		// One hand-written pass over the body: it reads only the fields we route on and
 		// validates the rest, and gives up (ok false) on anything unusual, which then takes
 		// the encoding/json paths below with their precise errors.
-		if w, msgs, ok := scanChat(body); ok {
+		if w, msgs, ok := scanChat(body, sc); ok {
 			if m, err := convertMessages(msgs, "messages"); err == nil {
 				r, err := fromWire(kind, body, &w)
 				if err != nil {
@@ -647,8 +677,8 @@ var messageKeys = [...]string{"type", "role", "name", "content", "tool_calls", "
 // maxScanDepth bounds the scanner's recursion; deeper bodies take the encoding/json path.
 const maxScanDepth = 512
 
-func scanChat(body []byte) (w wire, msgs []wireMessage, ok bool) {
-	s := scanner{b: body}
+func scanChat(body []byte, sc *Scratch) (w wire, msgs []wireMessage, ok bool) {
+	s := scanner{b: body, sc: sc}
 	var seen uint32
 	var maxOut, maxTok, maxComp int
 	var haveOut, haveTok, haveComp bool
@@ -787,7 +817,9 @@ func (s *scanner) message(m *wireMessage) bool {
 			if s.peek() == '"' {
 				// Decoded here, so convertMessages need not scan it again.
 				start := s.i
+				s.content = true
 				v, _, ok := s.stringOrNull()
+				s.content = false
 				m.Content, m.text, m.hasText = s.b[start:s.i], v, true
 				return ok
 			}
@@ -817,6 +849,11 @@ type scanner struct {
 	b     []byte
 	i     int
 	depth int
+	ascii bool // the last string literal read had only ASCII bytes
+	// content is set while a message's content is read: a long one is a view of the body, or
+	// decoded into sc (when not nil); any other string is copied.
+	content bool
+	sc      *Scratch
 }
 
 func (s *scanner) ws() {
@@ -891,14 +928,22 @@ func (s *scanner) array(elem func() bool) bool {
 
 // stringSpan reads a string literal at s.i and returns its contents between the quotes, and
 // whether it holds escapes. It checks the escapes and rejects control characters, as JSON does.
+// It notes in s.ascii whether the literal's bytes are all ASCII (then they are valid UTF-8, and
+// unquote need not check them again: a second pass over a 400 KB prompt).
 func (s *scanner) stringSpan() (in []byte, escaped, ok bool) {
 	if s.i >= len(s.b) || s.b[s.i] != '"' {
 		return nil, false, false
 	}
+	s.ascii = true
 	start := s.i + 1
 	for i := start; i < len(s.b); i++ {
-		for i+8 <= len(s.b) && !mayBeSpecial(binary.LittleEndian.Uint64(s.b[i:])) {
-			i += 8 // the common case: plain ASCII text, eight bytes at a time
+		// The common case, plain ASCII text: sixteen bytes at a time, one test per word.
+		for i+16 <= len(s.b) && special(binary.LittleEndian.Uint64(s.b[i:]))|
+			special(binary.LittleEndian.Uint64(s.b[i+8:])) == 0 {
+			i += 16
+		}
+		for i+8 <= len(s.b) && special(binary.LittleEndian.Uint64(s.b[i:])) == 0 {
+			i += 8
 		}
 		for i < len(s.b) && !strSpecial[s.b[i]] {
 			i++
@@ -933,15 +978,21 @@ func (s *scanner) stringSpan() (in []byte, escaped, ok bool) {
 			}
 		case c < 0x20:
 			return nil, false, false
+		default: // c >= 0x80: back to the words after it
+			s.ascii = false
 		}
 	}
 	return nil, false, false
 }
 
-// strSpecial marks the bytes a string literal's scan must stop at: the quote, the backslash and
-// the control characters JSON does not allow unescaped.
+// strSpecial marks the bytes a string literal's scan must stop at: the quote, the backslash,
+// the control characters JSON does not allow unescaped, and the non-ASCII bytes (noted, then
+// the scan goes on a word at a time).
 var strSpecial = func() (t [256]bool) {
 	for c := range 0x20 {
+		t[c] = true
+	}
+	for c := 0x80; c < 0x100; c++ {
 		t[c] = true
 	}
 	t['"'], t['\\'] = true, true
@@ -955,12 +1006,12 @@ const (
 	highs = 0x8080808080808080
 )
 
-func hasZeroByte(x uint64) bool { return (x-ones)&^x&highs != 0 }
-
-// mayBeSpecial reports whether the word may hold a quote, a backslash, a control character
-// or a non-ASCII byte.
-func mayBeSpecial(x uint64) bool {
-	return (x-0x20*ones)&^x&highs != 0 || x&highs != 0 || hasZeroByte(x^('"'*ones)) || hasZeroByte(x^('\\'*ones))
+// special is not zero when the word may hold a quote, a backslash, a control character or a
+// non-ASCII byte, in one test without branches: a non-ASCII byte shows its own high bit; in an
+// ASCII byte, a high bit comes only from a subtraction that went below zero (the byte is below
+// 0x20, or equal to the quote or the backslash) or from the borrow of such a byte below it.
+func special(x uint64) uint64 {
+	return ((x - 0x20*ones) | ((x ^ '"'*ones) - ones) | ((x ^ '\\'*ones) - ones) | x) & highs
 }
 
 func hexVal(c byte) int {
@@ -984,7 +1035,7 @@ func (s *scanner) stringOrNull() (v string, isNull, ok bool) {
 	if !ok {
 		return "", false, false
 	}
-	v, ok = unquote(in, escaped)
+	v, ok = s.unquote(in, escaped)
 	return v, false, ok
 }
 
@@ -1023,31 +1074,42 @@ func (s *scanner) optInt(dst *int, have *bool) bool {
 	return true
 }
 
-// unquote decodes a string literal's contents. ok is false for invalid UTF-8 and lone
-// surrogates, which encoding/json would replace with U+FFFD.
+// unquote decodes the contents of the string literal just read. ok is false for invalid UTF-8
+// and lone surrogates, which encoding/json would replace with U+FFFD.
 //
-// A long literal without escapes is not copied: the string is a view of the body, which Parse
-// keeps as Raw and its caller must not change. (A 100k-token prompt is 400 KB: a copy of it was
-// a tenth of the router's CPU per request.) Short strings, such as the model name, are copied,
-// so that one kept for longer than the request (a map key, a label) does not keep the body.
-func unquote(in []byte, escaped bool) (string, bool) {
+// A long message content without escapes is not copied: the string is a view of the body,
+// which Parse keeps as Raw and its caller must not change. (A 100k-token prompt is 400 KB: a
+// copy of it was a tenth of the router's CPU per request.) One with escapes is decoded into the
+// scanner's Scratch when it has one. Every other string, such as the model name, is copied, so
+// that one kept for longer than the request (a map key, a label) holds neither the body nor
+// memory that the next request will reuse.
+func (s *scanner) unquote(in []byte, escaped bool) (string, bool) {
+	ascii, shared := s.ascii, s.content && len(in) >= minShared
 	if !escaped {
-		if !utf8.Valid(in) {
+		if !ascii && !utf8.Valid(in) {
 			return "", false
 		}
-		if len(in) >= minShared {
+		if shared {
 			return unsafe.String(unsafe.SliceData(in), len(in)), true
 		}
 		return string(in), true
 	}
-	out := make([]byte, 0, len(in))
+	var out []byte
+	if shared && s.sc != nil {
+		out = s.sc.take(len(in)) // what escapes decode to is never longer than they are
+	} else {
+		out = make([]byte, 0, len(in))
+	}
 	for i := 0; i < len(in); i++ {
-		c := in[i]
-		if c != '\\' {
-			out = append(out, c)
-			continue
+		// The text up to the next escape in one copy (a byte at a time, the line breaks of a
+		// 400 KB prompt made this loop cost five times the scan).
+		j := bytes.IndexByte(in[i:], '\\')
+		if j < 0 {
+			out = append(out, in[i:]...)
+			break
 		}
-		i++
+		out = append(out, in[i:i+j]...)
+		i += j + 1
 		switch in[i] {
 		case 'b':
 			out = append(out, '\b')
@@ -1077,10 +1139,13 @@ func unquote(in []byte, escaped bool) (string, bool) {
 			out = append(out, in[i])
 		}
 	}
-	if !utf8.Valid(out) {
+	if !ascii && !utf8.Valid(out) { // what escapes decode to is valid UTF-8
 		return "", false
 	}
-	return unsafe.String(unsafe.SliceData(out), len(out)), true // out is new and never written again
+	if shared && s.sc != nil {
+		s.sc.buf = s.sc.buf[:len(s.sc.buf)+len(out)] // out is s.sc.buf's next bytes
+	}
+	return unsafe.String(unsafe.SliceData(out), len(out)), true // never written again (until Reset)
 }
 
 // minShared is the length from which a decoded string shares memory rather than being copied.

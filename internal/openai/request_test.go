@@ -1,10 +1,14 @@
 package openai
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -233,6 +237,12 @@ func TestNormalizeUpstreamError(t *testing.T) {
 // chatScanCases are chat bodies on which the one-pass scanner and encoding/json must agree
 // (both the result and the error).
 var chatScanCases = []string{
+	// Long strings, for the scan's sixteen and eight bytes at a time: escapes, non-ASCII and
+	// invalid UTF-8 at various offsets.
+	`{"model":"m","messages":[{"role":"user","content":"0123456789abcdef0123456789\n abcdéfgh0123456789abcdef\"x\u00e9 0123456789abcdefghijk"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"0123456789abcdef0123456789abcdef0123456789ab\u00e9éé0123456789abcdef0123456789"}]}`,
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"0123456789abcdef0123456789ab\xff0123456789abcdef01\"}]}",
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"0123456789abcdef012345\x01789abcdef0123456789abcdef01\"}]}",
 	`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 	` {"model":"m","messages":[{"role":"user","content":"hi"}]} `,
 	`{"model":"m","messages":[]}`,
@@ -289,7 +299,7 @@ var chatScanCases = []string{
 func TestScanChatMatchesDecoder(t *testing.T) {
 	scanned := 0
 	for _, body := range chatScanCases {
-		if _, _, ok := scanChat([]byte(body)); ok {
+		if _, _, ok := scanChat([]byte(body), nil); ok {
 			scanned++
 		}
 		checkScanAgrees(t, []byte(body))
@@ -346,6 +356,43 @@ func BenchmarkParseChat4K(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
 				if _, err := bc.parse(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseChat400K is Parse on a chat request of some 100k tokens (a 400 KB system
+// prompt): "plain" has no escapes (its prompt is a view of the body), "paragraphs" a line break
+// every 300 bytes or so (decoded into a copy), as scripts/longctx.sh's prompts have; "-scratch"
+// with the copy in a reused Scratch.
+func BenchmarkParseChat400K(b *testing.B) {
+	word := "lorem ipsum dolor sit amet consectetur adipiscing elit "
+	for _, bc := range []struct{ name, sep string }{{"plain", " "}, {"paragraphs", "\n\n"}} {
+		text := strings.Repeat(strings.Repeat(word, 6)+bc.sep, 400_000/(6*len(word)))
+		body, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "messages": []any{
+			map[string]any{"role": "system", "content": text}, map[string]any{"role": "user", "content": "hi"}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := Parse(KindChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		// With a Scratch reused from one request to the next, as the router's handler does.
+		b.Run(bc.name+"-scratch", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			var sc Scratch
+			for b.Loop() {
+				sc.Reset()
+				if _, err := ParseScratch(KindChat, body, &sc); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -415,5 +462,90 @@ func TestScanUsageObjectCases(t *testing.T) {
 	}
 	if _, ok := scanUsageObject([]byte(`{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}`)); !ok {
 		t.Error("scanUsageObject gave up on a plain usage object")
+	}
+}
+
+// TestSpecialWord checks the word-at-a-time test against the byte table: a word with one byte
+// that stops the scan is always flagged, wherever the byte is, and a word flagged clean has no
+// such byte (words built from random bytes, mostly ASCII).
+func TestSpecialWord(t *testing.T) {
+	for c := range 256 {
+		for pos := range 8 {
+			w := []byte("abcdefgh")
+			w[pos] = byte(c)
+			got := special(binary.LittleEndian.Uint64(w)) != 0
+			if got != strSpecial[c] {
+				t.Errorf("byte %#x at %d: special %v, the table says %v", c, pos, got, strSpecial[c])
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		var w [8]byte
+		for k := range w {
+			w[k] = byte(r.IntN(0x90))
+		}
+		if special(binary.LittleEndian.Uint64(w[:])) != 0 {
+			continue
+		}
+		for _, c := range w {
+			if strSpecial[c] {
+				t.Fatalf("word %q: flagged clean, holds %#x", w, c)
+			}
+		}
+	}
+}
+
+// TestScanLongStrings: strings long enough to be views of the body (minShared) are checked for
+// UTF-8 as the short ones are, wherever a non-ASCII byte lies, escaped or not.
+func TestScanLongStrings(t *testing.T) {
+	long := strings.Repeat("0123456789abcdef", minShared/16+1)
+	for _, tail := range []string{"", "é", "\xff", `\n`, `\n\xff`, `\u00e9`, "\xe9t\xe9"} {
+		for _, at := range []int{0, 7, 8, 15, 16, len(long)} {
+			content := long[:at] + tail + long[at:]
+			checkScanAgrees(t, []byte(`{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`))
+		}
+	}
+}
+
+// TestParseScratch: a long message content with escapes is decoded into the Scratch, whose
+// memory the next request reuses after Reset; every string that is not a message content is
+// the request's own, even a long one, so that changing the body (or reusing the scratch)
+// leaves it as it was.
+func TestParseScratch(t *testing.T) {
+	long := strings.Repeat("0123456789abcdef", minShared/16+1)
+	body := func(i int) []byte {
+		return []byte(`{"model":"m` + long + `","user":"u` + long + `","prompt_cache_key":"k` + long +
+			`","messages":[{"role":"user","content":"` + strconv.Itoa(i) + `\n` + long + `"}]}`)
+	}
+	var sc Scratch
+	b0 := body(0)
+	want, err := Parse(KindChat, b0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, err := ParseScratch(KindChat, b0, &sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, r0); diff != "" {
+		t.Fatalf("ParseScratch differs from Parse (-Parse +ParseScratch):\n%s", diff)
+	}
+	c0 := r0.Messages[0].Parts[0]
+	if sc.Cap() < len(c0) || unsafe.StringData(c0) != unsafe.SliceData(sc.buf[:1]) {
+		t.Fatalf("the content (%d bytes) is not in the scratch (%d bytes)", len(c0), sc.Cap())
+	}
+	model, user, key := r0.Model, r0.User, r0.PromptCacheKey
+	clear(b0) // the body is reused...
+	sc.Reset()
+	r1, err := ParseScratch(KindChat, body(1), &sc) // ...and the scratch
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1 := r1.Messages[0].Parts[0]; unsafe.StringData(c1) != unsafe.StringData(c0) || c1[:2] != "1\n" {
+		t.Errorf("the second content does not reuse the scratch, or is wrong: %.8q", c1)
+	}
+	if model != "m"+long || user != "u"+long || key != "k"+long {
+		t.Errorf("a string that is not a message content changed with the body: model %.8q user %.8q prompt_cache_key %.8q", model, user, key)
 	}
 }

@@ -156,9 +156,17 @@ func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
 }
 
 // insert is Insert with the lock held.
+//
+// Its stamps are known before it starts: rest's blocks (touched from the last) take base,
+// base + 1, ..., and the run's then go on from there, so that the run's block j gets top - j
+// whatever the run's length. headRun stamps the run as it walks it, and when nothing cuts the
+// run meanwhile it is not walked again (on a request inserted when routed and again when done,
+// the second insert is one walk of the list instead of two).
 func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	x.endpoint(ep)
-	first, last, k := x.headRun(ep, blocks)
+	base := max(now, x.last+1) // what x.stamp(now) will give first
+	top := base + int64(len(blocks)) - 1
+	first, last, k := x.headRun(ep, blocks, top)
 	rest := blocks[k:]
 	cuts := x.cuts
 	// Look every other block up first: independent probes of the table, each likely a cache
@@ -185,12 +193,17 @@ func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	// eviction or a block repeated in rest may have cut it: then block by block). When they
 	// unlinked no node at all (rest's blocks were all new to ep and nothing was evicted, or
 	// rest is empty: a request inserted again when it ends), the run is whole as headRun found
-	// it, and is not walked again to check.
+	// it, stamped as headRun stamped it, and is not walked again. Otherwise a touch may have
+	// stamped one of its nodes anew (the head's, which a touch leaves in place): it is
+	// stamped again as it is checked.
 	if x.cuts != cuts {
-		last = x.runEnd(ep, first, blocks[:k])
+		if last = x.runEnd(ep, first, blocks[:k]); last != 0 {
+			x.stampRun(first, last, x.stamp(now)+int64(k)-1)
+		}
 	}
 	if last != 0 {
-		x.moveFront(ep, first, last, k, now)
+		x.last = top
+		x.moveFront(ep, first, last)
 		return
 	}
 	for i := k - 1; i >= 0; i-- {
@@ -200,14 +213,16 @@ func (x *Index) insert(ep int, blocks []uint64, now int64) {
 }
 
 // headRun returns ep's most recent node, the last node of the run, and how many leading blocks
-// (k) are ep's most recent nodes, in order; last is 0 when k is.
-func (x *Index) headRun(ep int, blocks []uint64) (first, last uint32, k int) {
+// (k) are ep's most recent nodes, in order; last is 0 when k is. It stamps the run's node j
+// with top - j.
+func (x *Index) headRun(ep int, blocks []uint64, top int64) (first, last uint32, k int) {
 	first = x.eps[ep].head
 	for ni := first; ni != 0 && k < len(blocks); k++ {
 		n := x.node(ni)
 		if x.entry(n.entry).hash != blocks[k] {
 			break
 		}
+		n.stamp = top - int64(k)
 		last, ni = ni, n.next
 	}
 	return first, last, k
@@ -230,11 +245,9 @@ func (x *Index) runEnd(ep int, first uint32, run []uint64) uint32 {
 	return last
 }
 
-// moveFront makes the segment first..last of ep's list (k nodes, the blocks of a run in order)
-// its most recent, stamped as touching them from the last to the first would.
-func (x *Index) moveFront(ep int, first, last uint32, k int, now int64) {
-	s := x.stamp(now) + int64(k) - 1
-	x.last = s
+// stampRun stamps the segment first..last of a list s, s - 1, ..., as touching its nodes
+// from the last to the first would.
+func (x *Index) stampRun(first, last uint32, s int64) {
 	for ni := first; ; ni = x.node(ni).next {
 		x.node(ni).stamp = s
 		s--
@@ -242,6 +255,10 @@ func (x *Index) moveFront(ep int, first, last uint32, k int, now int64) {
 			break
 		}
 	}
+}
+
+// moveFront makes the segment first..last of ep's list its most recent.
+func (x *Index) moveFront(ep int, first, last uint32) {
 	e := &x.eps[ep]
 	if e.head == first {
 		return

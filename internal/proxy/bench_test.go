@@ -70,6 +70,9 @@ type cannedTransport struct{ body string }
 
 func (c cannedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	_, _ = io.Copy(io.Discard, r.Body)
+	if m, ok := r.Body.(*h1.MemBody); ok {
+		m.Sent() // done with it, as h1.Transport is when its RoundTrip returns
+	}
 	return &http.Response{
 		StatusCode: 200, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header:        http.Header{"Content-Type": {"application/json"}},

@@ -94,7 +94,7 @@ func hold(ctx context.Context, d time.Duration) *openai.Error {
 // An error is the answer to give the client (Retry-After set in out where it applies).
 func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, out http.Header, opt prepareOptions) *openai.Error {
 	h := c.h
-	req, oe := parse(kind, body)
+	req, oe := parse(kind, body, c.scratch)
 	if oe != nil {
 		return oe
 	}
@@ -192,9 +192,10 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	return nil
 }
 
-// parse parses an API request body, its errors in the OpenAI shape.
-func parse(kind openai.Kind, body []byte) (*openai.Request, *openai.Error) {
-	req, err := openai.Parse(kind, body)
+// parse parses an API request body, its errors in the OpenAI shape; sc (nil: none) is where
+// long message contents are decoded (openai.ParseScratch).
+func parse(kind openai.Kind, body []byte, sc *openai.Scratch) (*openai.Request, *openai.Error) {
+	req, err := openai.ParseScratch(kind, body, sc)
 	if err != nil {
 		var oe *openai.Error
 		if !errors.As(err, &oe) {

@@ -61,7 +61,7 @@ func (h *Handler) ServeExplain(w http.ResponseWriter, r *http.Request) {
 		fail(oe)
 		return
 	}
-	req, oe := parse(kind, body)
+	req, oe := parse(kind, body, nil)
 	if oe != nil {
 		fail(oe)
 		return

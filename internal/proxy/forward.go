@@ -210,8 +210,8 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	req.URL.Path = strings.TrimSuffix(u.Path, "/") + out.URL.Path
 	req.URL.RawPath = ""
 	req.Host = u.Host
-	req.Body = h1.NewMemBodyParts(parts...) // sent with the head in one system call
-	req.GetBody = func() (io.ReadCloser, error) { return h1.NewMemBodyParts(parts...), nil }
+	req.Body = c.holdFor(h1.NewMemBodyParts(parts...)) // sent with the head in one system call
+	req.GetBody = func() (io.ReadCloser, error) { return c.holdFor(h1.NewMemBodyParts(parts...)), nil }
 	req.ContentLength = int64(n)
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
@@ -589,6 +589,7 @@ func (c *call) failure(status int) route.Failure {
 // finish settles a request once the response is written.
 func (h *Handler) finish(c *call, w *statusWriter, r *http.Request) {
 	c.settle(c.status(w, r), r.Method, r.URL.Path)
+	c.releaseMemory()
 }
 
 // statusWriter records the status, and the first write error (the client went away).

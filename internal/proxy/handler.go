@@ -191,6 +191,11 @@ type call struct {
 	release func()
 	via     string // the front end, for the access line: "" for the HTTP handler
 	body    []byte // what is forwarded, before a per-endpoint cache_salt and the splice
+	// held is the pooled buffer the client's body was read into (nil: none), and scratch the
+	// parser's pooled memory (nil: none); both are given back when the request is finished
+	// (releaseMemory).
+	held    *heldBody
+	scratch *openai.Scratch
 	// splice, when not nil, goes into body at spliceAt as it is sent (stream_options added
 	// without copying the body).
 	splice       []byte
@@ -258,7 +263,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // route reads, parses, limits, admits and forwards one API request.
 func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.Kind) {
-	body, oe := readBody(r, h.MaxBodyBytes)
+	body, held, oe := readBodyHeld(r, h.MaxBodyBytes, true)
+	c.held = held
 	if oe != nil {
 		if oe.Status == http.StatusRequestEntityTooLarge {
 			w.Header().Set("Connection", "close") // the rest of the body is not read
@@ -266,6 +272,7 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 		h.writeError(w, c, oe)
 		return
 	}
+	c.scratch = scratches.Get().(*openai.Scratch)
 	if oe := c.prepare(r.Context(), kind, body, r.Header, w.Header(), prepareOptions{addUsage: true}); oe != nil {
 		h.writeError(w, c, oe)
 		return
@@ -294,15 +301,32 @@ func callFrom(ctx context.Context) *call { c, _ := ctx.Value(callKey{}).(*call);
 // end. (Doubling one buffer instead cleared and copied more than twice the body: a quarter of
 // the router's CPU on a 100k-token prompt.)
 func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
+	body, _, oe := readBodyHeld(r, limit, false)
+	return body, oe
+}
+
+// readBodyHeld is readBody; with pool, a body announced at least pooledBody long (and at most
+// exactBody) is read into a pooled buffer, which held (not nil then) returns to the pool once
+// its holders are done with it (see heldBody).
+func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *heldBody, oe *openai.Error) {
 	tooLarge := func() *openai.Error {
 		return openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
 			"request body is larger than the limit of "+strconv.FormatInt(limit, 10)+" bytes (limits.max_body_bytes)")
 	}
 	if r.ContentLength > limit {
-		return nil, tooLarge()
+		return nil, nil, tooLarge()
 	}
+	defer func() {
+		if oe != nil && held != nil {
+			held.release()
+			held = nil
+		}
+	}()
 	var buf []byte
-	if n := r.ContentLength; n >= 0 && n <= exactBody {
+	if n := r.ContentLength; pool && n >= pooledBody && n <= exactBody {
+		held = newHeldBody(int(n) + 1)
+		buf = (*held.buf)[:0]
+	} else if n >= 0 && n <= exactBody {
 		buf = make([]byte, 0, n+1) // room to see EOF without another read
 	} else {
 		buf = (*bodyChunks.Get().(*[]byte))[:0]
@@ -324,23 +348,27 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if total += int64(n); total > limit {
-			return nil, tooLarge()
+			return nil, held, tooLarge()
 		}
 		if err == io.EOF {
-			if full == nil && cap(buf) != bodyStart {
-				return buf, nil
+			if full == nil && (cap(buf) != bodyStart || held != nil) {
+				return buf, held, nil
 			}
 			// One allocation of the exact size; bytes.Join does not clear what it will copy over.
 			body := bytes.Join(append(full, buf), nil)
 			full = append(full, buf)
-			return body, nil
+			if held != nil { // a body longer than announced (the server stops it first)
+				held.release()
+				held = nil
+			}
+			return body, nil, nil
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
-			return nil, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
+			return nil, held, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
 				"the request body was not received in time (server.body_read_timeout)")
 		}
 		if err != nil {
-			return nil, openai.BadRequest("", "reading request body: %v", err)
+			return nil, held, openai.BadRequest("", "reading request body: %v", err)
 		}
 	}
 }

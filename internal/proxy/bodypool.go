@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvroute/kvroute/internal/h1"
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// heldBody is a request body read into a pooled buffer. The buffer goes back to its pool when
+// the last of its holders lets go: the handler, when it has finished the request (the parsed
+// request's message contents may be views of the body until then), and each h1.MemBody made
+// of it, once the transport that sent it says it is done with it (OnSent). A transport that
+// never says so keeps the buffer out of the pool for good, and the garbage collector takes it:
+// a buffer is never reused while something may read it.
+//
+// A 100k-token request's body is 400 KB, two thirds of what the request allocated: allocated
+// anew for each request, it was cleared, and the heap it grew made the collector run every
+// twenty or so such requests (docs/results.md, issue #16).
+type heldBody struct {
+	buf  *[]byte
+	refs atomic.Int32
+}
+
+// pooledBody is the shortest announced body read into a pooled buffer; a shorter one is
+// allocated as it was. It equals bodyStart, so that a pooled buffer (a larger power of two)
+// is never taken for one of bodyChunks.
+const pooledBody = bodyStart
+
+// bodyClasses are the pools of body buffers: class k holds buffers of 1 << (k + minClass)
+// bytes, from 128 KiB to 2 MiB, the smallest that holds exactBody + 1 (TestBodyClasses).
+const (
+	minClass   = 17
+	numClasses = 5
+)
+
+var bodyClasses [numClasses]sync.Pool
+
+// newHeldBody returns a body buffer of at least n bytes, held once (by the handler).
+func newHeldBody(n int) *heldBody {
+	k := max(bits.Len(uint(n-1)), minClass) - minClass
+	b := &heldBody{}
+	if p, _ := bodyClasses[k].Get().(*[]byte); p != nil {
+		b.buf = p
+	} else {
+		s := make([]byte, 1<<(k+minClass))
+		b.buf = &s
+	}
+	b.refs.Store(1)
+	return b
+}
+
+// hold adds a holder.
+func (b *heldBody) hold() { b.refs.Add(1) }
+
+// release drops a holder; the last one puts the buffer back.
+func (b *heldBody) release() {
+	if b.refs.Add(-1) == 0 {
+		k := bits.Len(uint(cap(*b.buf)-1)) - minClass
+		bodyClasses[k].Put(b.buf)
+		b.buf = nil
+	}
+}
+
+// holdFor makes m one more holder of the call's pooled body, if it has one.
+func (c *call) holdFor(m *h1.MemBody) *h1.MemBody {
+	if b := c.held; b != nil {
+		b.hold()
+		m.OnSent(b.release)
+	}
+	return m
+}
+
+// scratches recycles the memory the chat parser decodes long message contents into
+// (openai.Scratch): for a 100k-token prompt with line breaks, 400 KB a request.
+var scratches = sync.Pool{New: func() any { return new(openai.Scratch) }}
+
+// maxScratch is the largest scratch put back in the pool: one that a very long body grew is
+// left to the garbage collector.
+const maxScratch = 2 << 20
+
+// releaseMemory gives back the call's pooled memory, when the request is finished: the body (if no
+// transport still holds it) and the parser's scratch. The parsed request and what was taken
+// from its message contents must not be used after it.
+func (c *call) releaseMemory() {
+	if c.held != nil || c.scratch != nil {
+		c.req = nil // its message contents may be views of either
+	}
+	if c.held != nil {
+		c.held.release()
+		c.held = nil
+	}
+	if sc := c.scratch; sc != nil {
+		c.scratch = nil
+		if sc.Cap() <= maxScratch {
+			sc.Reset()
+			scratches.Put(sc)
+		}
+	}
+}
