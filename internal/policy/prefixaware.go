@@ -20,18 +20,20 @@ import (
 // guard. Its seven parameters, what each means, how its default was chosen and what it does to
 // the scorecard are in docs/policy.md; everything else it derives from what it measures.
 //
-//	cost = speed x (overhead + (queued + uncached x (1 + cache_weight x (1/2 + pressure))
+//	cost = speed x (overhead + (queued + new x (1 + cache_weight x (1/2 + pressure))
 //	                            + affinity x uncached x (queued + uncached/2) / rate) / rate)
 //	       + decodes x decode_cost
 //
 // queued is the work routed there and not yet at its first token, less what the head of the
 // queue has done since it started; uncached counts attention_weight token-equivalents per
-// million attention pairs; pressure (0..1) is how full the endpoint's cache is, or how fresh
-// what it would evict; affinity is the rate of requests its cache draws, averaged over
-// affinity_window; speed is the ratio of observed to predicted TTFTs, the fleet's unless an
-// endpoint's own differs by more than learnTolerance. An endpoint takes a request only while
-// it holds at most max_load_factor x its share of the requests in flight, this one counted
-// (shares in proportion to speed); the others are ranked after it. An engine that reports
+// million attention pairs; new is uncached less what of the fleet's common prefix the
+// endpoint lacks; pressure (0..1) is how fast the endpoint's cache filled per second in the
+// fleet, or how fresh what it would evict; affinity is the rate of requests its cache draws,
+// averaged over affinity_window; speed is the ratio of observed to predicted TTFTs, the
+// fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
+// request only while it holds at most max_load_factor x its share of the requests in flight,
+// this one counted (shares in proportion to speed, and for an endpoint that joined later to
+// its time in the fleet over the oldest's); the others are ranked after it. An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
 // request's blocks become most recent again when it ends.
 type prefixAware struct {
