@@ -33,7 +33,7 @@ import (
 // fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
 // request only while it holds at most max_load_factor x its share of the requests in flight,
 // this one counted (shares in proportion to speed, and for an endpoint that joined later to
-// its time in the fleet over the oldest's); the others are ranked after it. An engine that reports
+// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it. An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
 // request's blocks become most recent again when it ends.
 type prefixAware struct {
@@ -417,7 +417,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	if pa.cacheWeight > 0 {
 		pa.index.Fill(sc.fill, sc.tails)
 		for i, e := range c {
-			sc.fill[e.ID] /= inFleet(states[i], now)
+			sc.fill[e.ID] /= inFleet(states[i], now, math.Inf(1))
 			if t := sc.tails[e.ID]; t != 0 {
 				oldest = max(oldest, now-t)
 			}
@@ -429,17 +429,19 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
 	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
 	// An endpoint that joined later counts in the shares by its time in the fleet over the
-	// oldest candidate's: its sessions come to it as new ones start, and growing the fleet
-	// should not by itself push running sessions off the instances that hold them (each such
-	// move recomputes a whole context).
+	// oldest candidate's, each counted up to the affinity window: its sessions come to it as
+	// new ones start, and growing the fleet should not by itself push running sessions off the
+	// instances that hold them (each such move recomputes a whole context); after a window
+	// (the policy's horizon for rates) it counts in full, however long the others have been
+	// in the fleet.
 	fleet := pa.fleet.get()
 	unseen := pa.replicas.unseen(req, now)
 	var capSum, eldest float64
 	for i := range c {
-		eldest = max(eldest, inFleet(states[i], now))
+		eldest = max(eldest, inFleet(states[i], now, pa.affTau))
 	}
 	for i := range c {
-		capSum += inFleet(states[i], now) / eldest / pa.speedOf(states[i], fleet)
+		capSum += inFleet(states[i], now, pa.affTau) / eldest / pa.speedOf(states[i], fleet)
 	}
 	for i, e := range c {
 		s := states[i]
@@ -513,9 +515,12 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 }
 
 // inFleet is how long, in seconds, the policy has known endpoint s at now (a nanosecond at
-// least).
-func inFleet(s *paState, now int64) float64 {
-	return float64(max(now-s.joined.Load(), 1)) / 1e9
+// least), counted up to horizon seconds; with no horizon (0), 1 for every endpoint.
+func inFleet(s *paState, now int64, horizon float64) float64 {
+	if horizon <= 0 {
+		return 1
+	}
+	return min(float64(max(now-s.joined.Load(), 1))/1e9, horizon)
 }
 
 // commonRun is how many leading blocks of the request at least half the candidates, and at

@@ -21,9 +21,9 @@ func bound(pa *prefixAware, r *Request, eps []*endpoint.Endpoint) map[int]bool {
 // Four instances served for 100 s, then four more joined. A conversation's home holds 6
 // requests in flight and the other old instances 4: over the bound of a fleet of eight (5 for
 // 19 in flight), within that of the four it had (10). Right after the scale-up the home keeps
-// the conversation; as the newcomers' time in the fleet approaches the old instances', their
-// shares count in full and the bound moves it. With all eight in the fleet from the start it
-// is moved at once.
+// the conversation; as the newcomers' time in the fleet approaches the affinity window (the
+// old instances' counted up to it too), their shares count in full and the bound moves it.
+// With all eight in the fleet from the start it is moved at once.
 func TestPrefixAware_NewcomersShareByTimeInFleet(t *testing.T) {
 	ctx := seq(1, 300)
 	next := req("next", 0, append(append([]uint64{}, ctx...), seq(9000, 10)...)...)
@@ -52,13 +52,13 @@ func TestPrefixAware_NewcomersShareByTimeInFleet(t *testing.T) {
 	if got := mustPick(t, pa, next, eps); got[0].ID != 0 {
 		t.Errorf("just after four joined: ranking %v, want the home 0 first", ids(got))
 	}
-	clk.t = clk.t.Add(100 * time.Second) // newcomers: 100 s of the old ones' 200
+	clk.t = clk.t.Add(30 * time.Second) // newcomers: 30 s of the affinity window's 60
 	if got := bound(pa, next, eps); !got[0] {
-		t.Error("100 s after: home out of bound, want within (limit 7 at shares 4 + 4 x 0.5)")
+		t.Error("30 s after: home out of bound, want within (limit 7 at shares 4 + 4 x 0.5)")
 	}
-	clk.t = clk.t.Add(100 * time.Hour) // the same time in the fleet, near enough
+	clk.t = clk.t.Add(30 * time.Second) // a whole window: established, however long the others were
 	if got := bound(pa, next, eps); got[0] {
-		t.Error("100 h after: home within bound, want out (limit 5 of a fleet of eight)")
+		t.Error("60 s after: home within bound, want out (limit 5 of a fleet of eight)")
 	}
 
 	pb, clkB := newPA(t, nil)
