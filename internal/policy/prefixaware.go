@@ -20,18 +20,20 @@ import (
 // guard. Its seven parameters, what each means, how its default was chosen and what it does to
 // the scorecard are in docs/policy.md; everything else it derives from what it measures.
 //
-//	cost = speed x (overhead + (queued + uncached x (1 + cache_weight x (1/2 + pressure))
+//	cost = speed x (overhead + (queued + new x (1 + cache_weight x (1/2 + pressure))
 //	                            + affinity x uncached x (queued + uncached/2) / rate) / rate)
 //	       + decodes x decode_cost
 //
 // queued is the work routed there and not yet at its first token, less what the head of the
 // queue has done since it started; uncached counts attention_weight token-equivalents per
-// million attention pairs; pressure (0..1) is how full the endpoint's cache is, or how fresh
-// what it would evict; affinity is the rate of requests its cache draws, averaged over
-// affinity_window; speed is the ratio of observed to predicted TTFTs, the fleet's unless an
-// endpoint's own differs by more than learnTolerance. An endpoint takes a request only while
-// it holds at most max_load_factor x its share of the requests in flight, this one counted
-// (shares in proportion to speed); the others are ranked after it. An engine that reports
+// million attention pairs; new is uncached less what of the fleet's common prefix the
+// endpoint lacks; pressure (0..1) is how fast the endpoint's cache filled per second in the
+// fleet, or how fresh what it would evict; affinity is the rate of requests its cache draws,
+// averaged over affinity_window; speed is the ratio of observed to predicted TTFTs, the
+// fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
+// request only while it holds at most max_load_factor x its share of the requests in flight,
+// this one counted (shares in proportion to speed, and for an endpoint that joined later to
+// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it. An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
 // request's blocks become most recent again when it ends.
 type prefixAware struct {
@@ -85,7 +87,8 @@ type paState struct {
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
 	speed    speedFit
-	blind    atomic.Bool // ranked on load alone (policy.CacheBlind): its engine's hits stay far below the index's
+	blind    atomic.Bool  // ranked on load alone (policy.CacheBlind): its engine's hits stay far below the index's
+	joined   atomic.Int64 // unix nanoseconds of its first Pick as a candidate: its time in the fleet starts
 
 	// The head of the queue: the oldest request routed here and not yet at first token, whose
 	// prefill is in progress (the engine is FCFS). headSince is when it started: when it was
@@ -388,10 +391,12 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		}
 	}
 	pa.mu.RUnlock()
+	now := pa.clock.Now().UnixNano()
 	for i, e := range c {
 		if states[i] == nil {
 			states[i] = pa.state(e.ID)
 		}
+		states[i].joined.CompareAndSwap(0, now)
 		pa.sizeIndex(e, states[i], req.BlockTokens)
 	}
 	total := 0
@@ -399,17 +404,20 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		total += e.InFlight()
 	}
 	pa.index.Match(sc.runs, req.Blocks)
-	now := pa.clock.Now().UnixNano()
 	// Cache pressure: where this request's new blocks would go, in 0..1. An endpoint with room
-	// scores up to 0.5 by its fill relative to the fullest candidate; a full one from 0.5 for the
-	// one whose oldest entry is oldest (what it evicts is least useful) up to 1 for the youngest.
-	// Steering new content by it spreads the ownership of prefixes, and so the follow-up traffic
-	// they attract, evenly (as SGLang's "smallest tree" rule does for unmatched prompts).
+	// scores up to 0.5 by its fill per second in the fleet relative to the candidate that filled
+	// fastest; a full one from 0.5 for the one whose oldest entry is oldest (what it evicts is
+	// least useful) up to 1 for the youngest. Steering new content by it spreads the ownership
+	// of prefixes, and so the follow-up traffic they attract, evenly (as SGLang's "smallest
+	// tree" rule does for unmatched prompts). Per second in the fleet: an instance that joined
+	// late has had less time to take content in, not less traffic to draw; where all joined
+	// together it ranks as the fill does.
 	var oldest int64
 	var fullest float64
 	if pa.cacheWeight > 0 {
 		pa.index.Fill(sc.fill, sc.tails)
-		for _, e := range c {
+		for i, e := range c {
+			sc.fill[e.ID] /= inFleet(states[i], now, math.Inf(1))
 			if t := sc.tails[e.ID]; t != 0 {
 				oldest = max(oldest, now-t)
 			}
@@ -420,11 +428,20 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	// Bounded load: at most ceil(factor x its share) in flight after this request, each
 	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
 	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
+	// An endpoint that joined later counts in the shares by its time in the fleet over the
+	// oldest candidate's, each counted up to the affinity window: its sessions come to it as
+	// new ones start, and growing the fleet should not by itself push running sessions off the
+	// instances that hold them (each such move recomputes a whole context); after a window
+	// (the policy's horizon for rates) it counts in full, however long the others have been
+	// in the fleet.
 	fleet := pa.fleet.get()
 	unseen := pa.replicas.unseen(req, now)
-	var capSum float64
+	var capSum, eldest float64
 	for i := range c {
-		capSum += 1 / pa.speedOf(states[i], fleet)
+		eldest = max(eldest, inFleet(states[i], now, pa.affTau))
+	}
+	for i := range c {
+		capSum += inFleet(states[i], now, pa.affTau) / eldest / pa.speedOf(states[i], fleet)
 	}
 	for i, e := range c {
 		s := states[i]
@@ -453,15 +470,15 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		}
 		q := pa.queued(s, now, fleet)
 		// What fetches the prefix the fleet has in common (a tool or system prompt that an
-		// instance which joined or evicted it lacks) is no new cache content: the request waits
-		// for it, but the fleet gains a holder of content most of it holds already, and every
-		// later request that starts with it can go there. Charged at the cache weight, one
-		// cold copy would keep a newcomer out of all such traffic.
+		// instance which joined or evicted it lacks) is not charged: the request waits for it
+		// (its predicted TTFT counts it), but the copy is made once and the fleet gains a
+		// holder of content most of it holds already, where every later request that starts
+		// with it can go. Charged, one cold copy would keep a newcomer out of all such traffic.
 		fresh := own
 		if sc.common > sc.runs[e.ID] {
 			fresh = float64(pa.work(req, cachedTokens(req, int(sc.common))))
 		}
-		w := q + own + (weight-1)*fresh + unseen.delay(s, own, now)
+		w := q + weight*fresh + unseen.delay(s, own, now)
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
@@ -495,6 +512,15 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		spread(sc, unseen.peers+1, unseen.rank)
 	}
 	return sc
+}
+
+// inFleet is how long, in seconds, the policy has known endpoint s at now (a nanosecond at
+// least), counted up to horizon seconds; with no horizon (0), 1 for every endpoint.
+func inFleet(s *paState, now int64, horizon float64) float64 {
+	if horizon <= 0 {
+		return 1
+	}
+	return min(float64(max(now-s.joined.Load(), 1))/1e9, horizon)
 }
 
 // commonRun is how many leading blocks of the request at least half the candidates, and at
