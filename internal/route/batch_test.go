@@ -1,6 +1,7 @@
 package route
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -137,48 +138,58 @@ func TestApplyBatchCoalesced(t *testing.T) {
 			evs = append(evs, last[:min(3, len(last))]...)
 		}
 		last = evs
-		var one, whole []Drop
-		for i := range evs {
-			ev := evs[i]
-			if d := a.lc.Apply(&ev); d != DropNone {
-				one = append(one, d)
-			}
-		}
-		b.lc.ApplyBatch(slices.Clone(evs), func(d Drop) { whole = append(whole, d) })
-		if diff := cmp.Diff(one, whole); diff != "" {
-			t.Fatalf("batch %d: drops, one by one (-) and as a batch (+):\n%s", batch, diff)
-		}
-		sa, sb := a.share.Stats(), b.share.Stats()
-		sb.Coalesced = 0
-		if diff := cmp.Diff(sa, sb); diff != "" {
-			t.Fatalf("batch %d: stats, one by one (-) and as a batch (+):\n%s", batch, diff)
-		}
-		if diff := cmp.Diff(load(a.eps), load(b.eps)); diff != "" {
-			t.Fatalf("batch %d: counters, one by one (-) and as a batch (+):\n%s", batch, diff)
-		}
-		for i := range a.eps {
-			la, lb := pa.(policy.CapacityLearner).LearnedKVTokens(a.eps[i].ID), pb.(policy.CapacityLearner).LearnedKVTokens(b.eps[i].ID)
-			if la != lb {
-				t.Fatalf("batch %d: %s's learned capacity %d one by one, %d as a batch", batch, a.eps[i].Name, la, lb)
-			}
-		}
-		for g := range groups + 1 {
-			for turn := range 5 {
-				req := &policy.Request{Model: "m", Blocks: prompt(g, turn), BlockTokens: 16, PromptTokens: 16 * (9 + 4*turn), MaxTokens: 8}
-				if diff := cmp.Diff(explain(pa, req, a.eps), explain(pb, req, b.eps)); diff != "" {
-					t.Fatalf("batch %d, prompt %d/%d: one by one (-) and as a batch (+):\n%s", batch, g, turn, diff)
-				}
-				if da, db := pa.(policy.Deferrer).Defer(req, a.eps), pb.(policy.Deferrer).Defer(req, b.eps); da != db {
-					t.Fatalf("batch %d, prompt %d/%d: held %v one by one, %v as a batch", batch, g, turn, da, db)
-				}
-			}
-		}
+		sameReplay(t, fmt.Sprintf("batch %d", batch), evs, a, b, pa, pb, groups, prompt, "one by one", "as a batch")
 		clk.t = clk.t.Add(time.Duration(1+r.IntN(20)) * time.Millisecond)
 	}
 	if got := b.share.Stats().Coalesced; got == 0 || got > int64(coalescible) {
 		t.Errorf("coalesced %d requests, want 1 to %d", got, coalescible)
 	}
 	t.Logf("%d of %d requests coalesced", b.share.Stats().Coalesced, id)
+}
+
+// sameReplay applies evs to a one event at a time (Apply) and to b as a batch (ApplyBatch), and
+// fails the test unless both replicas end alike in everything their policies (pa, pb) can
+// observe: the drops, the Share's stats (but for how many it replayed whole), the endpoints'
+// counters, the learned capacities, and for each of the groups' prompts the ranking,
+// predictions and hold. wayA and wayB name the two replays in failure messages.
+func sameReplay(t *testing.T, at string, evs []Event, a, b *replica, pa, pb policy.Picker, groups int, prompt func(g, turn int) []uint64, wayA, wayB string) {
+	t.Helper()
+	var one, whole []Drop
+	for i := range evs {
+		ev := evs[i]
+		if d := a.lc.Apply(&ev); d != DropNone {
+			one = append(one, d)
+		}
+	}
+	b.lc.ApplyBatch(slices.Clone(evs), func(d Drop) { whole = append(whole, d) })
+	if diff := cmp.Diff(one, whole); diff != "" {
+		t.Fatalf("%s: drops, %s (-) and %s (+):\n%s", at, wayA, wayB, diff)
+	}
+	sa, sb := a.share.Stats(), b.share.Stats()
+	sb.Coalesced = 0
+	if diff := cmp.Diff(sa, sb); diff != "" {
+		t.Fatalf("%s: stats, %s (-) and %s (+):\n%s", at, wayA, wayB, diff)
+	}
+	if diff := cmp.Diff(load(a.eps), load(b.eps)); diff != "" {
+		t.Fatalf("%s: counters, %s (-) and %s (+):\n%s", at, wayA, wayB, diff)
+	}
+	for i := range a.eps {
+		la, lb := pa.(policy.CapacityLearner).LearnedKVTokens(a.eps[i].ID), pb.(policy.CapacityLearner).LearnedKVTokens(b.eps[i].ID)
+		if la != lb {
+			t.Fatalf("%s: %s's learned capacity %d %s, %d %s", at, a.eps[i].Name, la, wayA, lb, wayB)
+		}
+	}
+	for g := range groups + 1 {
+		for turn := range 5 {
+			req := &policy.Request{Model: "m", Blocks: prompt(g, turn), BlockTokens: 16, PromptTokens: 16 * (9 + 4*turn), MaxTokens: 8}
+			if diff := cmp.Diff(explain(pa, req, a.eps), explain(pb, req, b.eps)); diff != "" {
+				t.Fatalf("%s, prompt %d/%d: %s (-) and %s (+):\n%s", at, g, turn, wayA, wayB, diff)
+			}
+			if da, db := pa.(policy.Deferrer).Defer(req, a.eps), pb.(policy.Deferrer).Defer(req, b.eps); da != db {
+				t.Fatalf("%s, prompt %d/%d: held %v %s, %v %s", at, g, turn, da, wayA, db, wayB)
+			}
+		}
+	}
 }
 
 // explain is what prefix-aware weighs for req on eps, by endpoint name, and what it predicts

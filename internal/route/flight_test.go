@@ -1,12 +1,11 @@
 package route
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -120,42 +119,7 @@ func TestApplyFlights(t *testing.T) {
 			}
 		}
 		last = evs
-		var one, whole []Drop
-		for i := range evs {
-			ev := evs[i]
-			if d := a.lc.Apply(&ev); d != DropNone {
-				one = append(one, d)
-			}
-		}
-		b.lc.ApplyBatch(slices.Clone(evs), func(d Drop) { whole = append(whole, d) })
-		if diff := cmp.Diff(one, whole); diff != "" {
-			t.Fatalf("batch %d: drops, through Observer (-) and FlightObserver (+):\n%s", batch, diff)
-		}
-		sa, sb := a.share.Stats(), b.share.Stats()
-		sb.Coalesced = 0
-		if diff := cmp.Diff(sa, sb); diff != "" {
-			t.Fatalf("batch %d: stats, through Observer (-) and FlightObserver (+):\n%s", batch, diff)
-		}
-		if diff := cmp.Diff(load(a.eps), load(b.eps)); diff != "" {
-			t.Fatalf("batch %d: counters, through Observer (-) and FlightObserver (+):\n%s", batch, diff)
-		}
-		for i := range a.eps {
-			la, lb := pa.(policy.CapacityLearner).LearnedKVTokens(a.eps[i].ID), pb.(policy.CapacityLearner).LearnedKVTokens(b.eps[i].ID)
-			if la != lb {
-				t.Fatalf("batch %d: %s's learned capacity %d through Observer, %d through FlightObserver", batch, a.eps[i].Name, la, lb)
-			}
-		}
-		for g := range groups + 1 {
-			for turn := range 5 {
-				req := &policy.Request{Model: "m", Blocks: prompt(g, turn), BlockTokens: 16, PromptTokens: 16 * (9 + 4*turn), MaxTokens: 8}
-				if diff := cmp.Diff(explain(pa, req, a.eps), explain(pb, req, b.eps)); diff != "" {
-					t.Fatalf("batch %d, prompt %d/%d: through Observer (-) and FlightObserver (+):\n%s", batch, g, turn, diff)
-				}
-				if da, db := pa.(policy.Deferrer).Defer(req, a.eps), pb.(policy.Deferrer).Defer(req, b.eps); da != db {
-					t.Fatalf("batch %d, prompt %d/%d: held %v through Observer, %v through FlightObserver", batch, g, turn, da, db)
-				}
-			}
-		}
+		sameReplay(t, fmt.Sprintf("batch %d", batch), evs, a, b, pa, pb, groups, prompt, "through Observer", "through FlightObserver")
 		clk.t = clk.t.Add(time.Duration(1+r.IntN(40)) * time.Millisecond)
 	}
 	st := b.share.Stats()
