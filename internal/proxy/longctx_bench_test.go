@@ -65,7 +65,8 @@ func conversation(tokens int) []byte {
 // "shared" is the live script's workload (scripts/longctx.sh): streamed requests that ask for
 // usage, one user message each of a shared prefix and a question of its own (so that no prompt
 // extends another), the text with a double space every few blocks for the normalisation to
-// collapse, no escapes. Each
+// collapse, no escapes; 160 bodies, so that a run of up to 159 requests (-benchtime 128x) sends
+// none twice, as the script does not. Each
 // mode can be run alone ('tokens=100000/salt$'): run together, a mode's figure depends on the
 // garbage the ones before it left. cpu-ms/req is the process's CPU time (user + system, the
 // garbage collector's included) per request.
@@ -86,7 +87,7 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 			case strings.HasPrefix(mode, "/stream"):
 				bodies = growing(tokens, 64, true)
 			case mode == "/shared":
-				bodies = sharedPrefix(tokens, 64)
+				bodies = sharedPrefix(tokens, 160)
 			}
 			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
 				pk, err := policy.New("prefix-aware", nil, policy.Env{})
