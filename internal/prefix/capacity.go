@@ -4,14 +4,26 @@ import "math"
 
 // Depth returns how many entries of endpoint ep were used at or after stamp: the size an LRU
 // of ep's blocks needs to still hold the block last used at stamp (its reuse distance, itself
-// included). It walks ep's LRU from its most recent end and stops after limit entries (its
-// answer is then limit), so it costs O(min(depth, limit)).
+// included), at most limit. Within the run of ep's newest entries that were stamped one after
+// the other (most often the last request's blocks, which is where a probe's stamp lies) the
+// answer is counted from the stamps, at once; deeper, it walks ep's LRU from its most recent
+// end and stops after limit entries, so it costs O(min(depth, limit)).
 func (x *Index) Depth(ep int, stamp int64, limit int) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if ep < 0 || ep >= len(x.eps) {
 		return 0
 	}
+	// The list's stamps fall strictly from its head: within the run, the entries at or after
+	// stamp are the run's first runTop - stamp + 1.
+	if e := &x.eps[ep]; e.run > 0 && stamp <= e.runTop && stamp > e.runTop-int64(e.run) {
+		return max(0, min(int(e.runTop-stamp)+1, limit))
+	}
+	return x.depthWalk(ep, stamp, limit)
+}
+
+// depthWalk is Depth by walking ep's list from its head.
+func (x *Index) depthWalk(ep int, stamp int64, limit int) int {
 	d := 0
 	for ni := x.eps[ep].head; ni != 0 && d < limit; ni = x.node(ni).next {
 		if x.node(ni).stamp < stamp {

@@ -119,7 +119,7 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	dst = append(dst, base.blocks...)
 	h := base.blocks[len(base.blocks)-1]
 	for i := base.rawLen; i+size <= end; i += size {
-		h = Next(h, xxhash.Sum64(text[i:i+size]))
+		h = Next(h, contentKey(text[i:i+size]))
 		dst = append(dst, h)
 	}
 	c.store(head, seed, size, text, len(dst[start:])*size, dst[start:], false, nil, d, base.rawLen)
@@ -144,7 +144,7 @@ func (c *Chains) extendCollapsed(dst []uint64, head, seed uint64, size int, text
 	h := base.blocks[len(base.blocks)-1]
 	full := 0
 	for ; full+size <= len(norm); full += size {
-		h = Next(h, xxhash.Sum64(norm[full:full+size]))
+		h = Next(h, contentKey(norm[full:full+size]))
 		dst = append(dst, h)
 	}
 	if printableASCII(text[end-1]) {

@@ -34,6 +34,13 @@ func BlocksBytes(dst []uint64, seed uint64, text []byte, blockTokens int) []uint
 	n := len(text) / size
 	dst = growUint64(dst, n)
 	h := seed
+	if size == blockBytesDefault {
+		for i := 0; i < n; i++ {
+			h = sum64Pair(h, sum64Block(text[i*size:]))
+			dst = append(dst, h)
+		}
+		return dst
+	}
 	for i := 0; i < n; i++ {
 		h = Next(h, xxhash.Sum64(text[i*size:(i+1)*size]))
 		dst = append(dst, h)
@@ -57,7 +64,7 @@ func ContentKeys(dst []uint64, text []byte, blockTokens int) []uint64 {
 	n := len(text) / size
 	dst = growUint64(dst, n)
 	for i := 0; i < n; i++ {
-		dst = append(dst, xxhash.Sum64(text[i*size:(i+1)*size]))
+		dst = append(dst, contentKey(text[i*size:(i+1)*size]))
 	}
 	return dst
 }

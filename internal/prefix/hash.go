@@ -1,12 +1,6 @@
-// Package prefix turns prompts into routing keys and remembers where they went: prompt
-// normalisation, a tokenizer-free token estimate, chunking into fixed-size blocks with chained
-// 64-bit hashes seeded with the model and the tenant's salt, and the approximate index of which
-// endpoint probably still holds which blocks. It imports neither net/http nor Prometheus.
 package prefix
 
 import (
-	"encoding/binary"
-
 	"github.com/cespare/xxhash/v2"
 )
 
@@ -31,12 +25,7 @@ func Seed(model, salt string) uint64 {
 
 // Next returns the hash of a block whose parent hash is parent and whose content key is key.
 // A chain h[i] = Next(h[i-1], key[i]) with h[-1] = seed makes h[i] depend on every block up to i.
-func Next(parent, key uint64) uint64 {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], key)
-	return xxhash.Sum64(b[:])
-}
+func Next(parent, key uint64) uint64 { return sum64Pair(parent, key) }
 
 // Chain appends to dst the chained hashes of content keys, starting from seed.
 func Chain(dst []uint64, seed uint64, keys []uint64) []uint64 {

@@ -66,6 +66,11 @@ type ixEndpoint struct {
 	head, tail uint32 // most and least recent node, + 1
 	n          int
 	cap        int // 0: DefaultCapacity
+	// The first run nodes of the list are stamped runTop, runTop - 1, ..., runTop - run + 1
+	// (a request's blocks, inserted together, are): Depth counts within them without walking.
+	// run is a lower bound (0 says nothing), kept by pushFront, unlink and insert.
+	run    int
+	runTop int64
 }
 
 // NewIndex builds an empty index. A non-positive DefaultCapacity means 4,096 blocks.
@@ -164,6 +169,9 @@ func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
 // the second insert is one walk of the list instead of two).
 func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	x.endpoint(ep)
+	// headRun stamps nodes in place, out of the list's order until they move to the front:
+	// the run is built anew from rest's touches, and set at the end.
+	x.eps[ep].run = 0
 	base := max(now, x.last+1) // what x.stamp(now) will give first
 	top := base + int64(len(blocks)) - 1
 	first, last, k := x.headRun(ep, blocks, top)
@@ -204,6 +212,16 @@ func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	if last != 0 {
 		x.last = top
 		x.moveFront(ep, first, last)
+		// The segment, stamped top down to top - k + 1, is in front of rest's nodes, whose
+		// run goes on from top - k when their touches unlinked nothing (else a touch may have
+		// moved one of the segment's own nodes, a repeated block, into that run).
+		e := &x.eps[ep]
+		if x.cuts == cuts && e.run > 0 && e.runTop == top-int64(k) {
+			e.run += k
+		} else {
+			e.run = k
+		}
+		e.runTop = top
 		return
 	}
 	for i := k - 1; i >= 0; i-- {
@@ -290,8 +308,8 @@ func (x *Index) touch(ep int, ei uint32, stamp int64) {
 	en := x.entry(ei)
 	for ni := en.head; ni != 0; ni = x.node(ni).nextHolder {
 		if int(x.node(ni).ep) == ep {
+			x.unlink(ni) // with its old stamp, which says where it was
 			x.node(ni).stamp = stamp
-			x.unlink(ni)
 			x.pushFront(ni)
 			return
 		}
@@ -333,12 +351,22 @@ func (x *Index) pushFront(ni uint32) {
 	if e.tail == 0 {
 		e.tail = ni
 	}
+	if e.run > 0 && n.stamp == e.runTop+1 {
+		e.run++
+	} else {
+		e.run = 1
+	}
+	e.runTop = n.stamp
 }
 
 func (x *Index) unlink(ni uint32) {
 	x.cuts++
 	n := x.node(ni)
 	e := &x.eps[n.ep]
+	// A node of the run (its stamp in the run's range: stamps are unique) cuts it where it was.
+	if e.run > 0 && n.stamp <= e.runTop && n.stamp > e.runTop-int64(e.run) {
+		e.run = int(e.runTop - n.stamp)
+	}
 	if n.prev != 0 {
 		x.node(n.prev).next = n.next
 	} else {

@@ -187,15 +187,19 @@ func appendCollapsed(out []byte, s string) []byte {
 		prevSpace := false // the byte before i is a space or a newline
 		for ; i+8 <= len(b); i += 8 {
 			x := word(b, i)
-			if x&highs != 0 {
+			// low marks the bytes up to ' ' (whitespace is among them), and may mark a byte
+			// right after a marked one that is not (a borrow): a false mark only sends the
+			// word to the slow path below. One mark next to another, or after a space that
+			// ended the word before, may be a run to collapse.
+			low := (x - 0x21*ones) &^ x & highs
+			if x&highs != 0 || low&(low<<8) != 0 || prevSpace && low&0x80 != 0 {
 				break
 			}
-			sp := eqBytes(x, ' ') | eqBytes(x, '\n')
-			ctl := (x + (0x80-9)*ones) &^ (x + (0x80-14)*ones) & highs &^ sp
-			if ctl != 0 || sp&(sp<<8) != 0 || prevSpace && sp&0x80 != 0 {
+			// A byte below ' ' (most often a newline) must be a newline to stay.
+			if (x-0x20*ones)&^x&highs != 0 && low&^(eqBytes(x, ' ')|eqBytes(x, '\n')) != 0 {
 				break
 			}
-			prevSpace = sp>>63 != 0
+			prevSpace = low>>63 != 0
 		}
 		if prevSpace {
 			i-- // a run may start with the last byte taken

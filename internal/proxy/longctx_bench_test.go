@@ -61,7 +61,12 @@ func conversation(tokens int) []byte {
 // "from-scratch" hashes every prompt whole, as the router did before prefix.Chains; "stream"
 // asks for a stream without stream_options, which the router adds (the canned answer is JSON all
 // the same; hashed whole too, as long4 measured it); "salt" and "stream-salt" are "plain" and
-// "stream" sent with a tenant's key, so the router gives the body the tenant's cache_salt. Each
+// "stream" sent with a tenant's key, so the router gives the body the tenant's cache_salt;
+// "shared" is the live script's workload (scripts/longctx.sh): streamed requests that ask for
+// usage, one user message each of a shared prefix and a question of its own (so that no prompt
+// extends another), the text with a double space every few blocks for the normalisation to
+// collapse, no escapes; 160 bodies, so that a run of up to 159 requests (-benchtime 128x) sends
+// none twice, as the script does not. Each
 // mode can be run alone ('tokens=100000/salt$'): run together, a mode's figure depends on the
 // garbage the ones before it left. cpu-ms/req is the process's CPU time (user + system, the
 // garbage collector's included) per request.
@@ -76,12 +81,17 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 	}
 	for _, tokens := range []int{10_000, 32_000, 100_000} {
 		bodies := growing(tokens, 64, false)
-		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt"} {
+		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt", "/shared"} {
 			bodies := bodies
 			if strings.HasPrefix(mode, "/stream") {
 				bodies = growing(tokens, 64, true)
 			}
 			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
+				if mode == "/shared" {
+					// Built only when it runs: its 160 bodies, held from the start, would
+					// grow the heap every other mode runs with, and so lower their figures.
+					bodies = sharedPrefix(tokens, 160)
+				}
 				pk, err := policy.New("prefix-aware", nil, policy.Env{})
 				if err != nil {
 					b.Fatal(err)
@@ -121,6 +131,40 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 			})
 		}
 	}
+}
+
+// sharedPrefix returns n streamed chat bodies that ask for usage, as kvroute bench sends them: one
+// user message each, of a prefix of about tokens-2000 prompt tokens that all share and a question
+// of 2,000 tokens of its own; a double space every 300 or so bytes.
+func sharedPrefix(tokens, n int) [][]byte {
+	words := strings.Fields("the of and to in is it that for on as with was by at be this from or an which are have")
+	text := func(size int, salt uint64) string {
+		var sb strings.Builder
+		x := salt*0x9e3779b97f4a7c15 + 1
+		for sb.Len() < size {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			sb.WriteString(words[x%uint64(len(words))])
+			sb.WriteByte(' ')
+			if x%37 == 0 {
+				sb.WriteByte(' ')
+			}
+		}
+		return sb.String()[:size]
+	}
+	shared := text((tokens-2000)*4, 0)
+	out := make([][]byte, n)
+	for i := range out {
+		body, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "stream": true,
+			"stream_options": map[string]any{"include_usage": true},
+			"messages":       []map[string]string{{"role": "user", "content": shared + text(8000, uint64(i+1))}}})
+		if err != nil {
+			panic(err)
+		}
+		out[i] = body
+	}
+	return out
 }
 
 // growing returns n chat bodies: a conversation of about tokens prompt tokens, then the same
