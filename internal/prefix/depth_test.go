@@ -17,27 +17,11 @@ func FuzzDepth(f *testing.F) {
 	f.Fuzz(func(t *testing.T, seed uint64, capacity, maxEntries uint8) {
 		r := rand.New(rand.NewPCG(seed, 11))
 		x := NewIndex(IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8})
-		convs := make([][]uint64, 4)
+		var convs conversations
 		now := int64(0)
 		fast := 0
 		for step := range 200 {
-			c := r.IntN(len(convs))
-			switch r.IntN(6) {
-			case 0:
-				o := convs[r.IntN(len(convs))]
-				convs[c] = append([]uint64(nil), o[:r.IntN(len(o)+1)]...)
-			case 1:
-				if len(convs[c]) > 0 {
-					convs[c] = append(convs[c], convs[c][r.IntN(len(convs[c]))])
-				}
-			}
-			for range r.IntN(12) {
-				convs[c] = append(convs[c], r.Uint64N(1<<20)+1)
-			}
-			blocks := convs[c]
-			if r.IntN(3) == 0 && len(blocks) > 0 {
-				blocks = blocks[:r.IntN(len(blocks))+1]
-			}
+			blocks := convs.next(r)
 			ep := r.IntN(3)
 			now += int64(r.IntN(3))
 			switch r.IntN(10) {

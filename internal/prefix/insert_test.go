@@ -54,26 +54,10 @@ func FuzzInsertHeadRun(f *testing.F) {
 		r := rand.New(rand.NewPCG(seed, 9))
 		cfg := IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8}
 		fast, ref := NewIndex(cfg), NewIndex(cfg)
-		convs := make([][]uint64, 4)
+		var convs conversations
 		now := int64(0)
 		for step := range 200 {
-			c := r.IntN(len(convs))
-			switch r.IntN(6) {
-			case 0: // a new conversation, sharing a prefix with another one
-				o := convs[r.IntN(len(convs))]
-				convs[c] = append([]uint64(nil), o[:r.IntN(len(o)+1)]...)
-			case 1: // a repeated block
-				if len(convs[c]) > 0 {
-					convs[c] = append(convs[c], convs[c][r.IntN(len(convs[c]))])
-				}
-			}
-			for range r.IntN(12) {
-				convs[c] = append(convs[c], r.Uint64N(1<<20)+1)
-			}
-			blocks := convs[c]
-			if r.IntN(3) == 0 && len(blocks) > 0 {
-				blocks = blocks[:r.IntN(len(blocks))+1]
-			}
+			blocks := convs.next(r)
 			ep := r.IntN(3)
 			now += int64(r.IntN(3)) // stamps collide, as clocks do
 			switch r.IntN(4) {
@@ -95,6 +79,33 @@ func FuzzInsertHeadRun(f *testing.F) {
 			}
 		}
 	})
+}
+
+// conversations are the prompts of the index's fuzz targets: four conversations, one of which
+// grows at each step (starting over, now and then, from a prefix of another one, or repeating
+// one of its own blocks); what is sent is that conversation, or now and then a prefix of it.
+type conversations [4][]uint64
+
+// next grows one of the conversations and returns what is sent.
+func (cs *conversations) next(r *rand.Rand) []uint64 {
+	c := r.IntN(len(cs))
+	switch r.IntN(6) {
+	case 0: // a new conversation, sharing a prefix with another one
+		o := cs[r.IntN(len(cs))]
+		cs[c] = append([]uint64(nil), o[:r.IntN(len(o)+1)]...)
+	case 1: // a repeated block
+		if len(cs[c]) > 0 {
+			cs[c] = append(cs[c], cs[c][r.IntN(len(cs[c]))])
+		}
+	}
+	for range r.IntN(12) {
+		cs[c] = append(cs[c], r.Uint64N(1<<20)+1)
+	}
+	blocks := cs[c]
+	if r.IntN(3) == 0 && len(blocks) > 0 {
+		blocks = blocks[:r.IntN(len(blocks))+1]
+	}
+	return blocks
 }
 
 func equalLists(a, b [][]lruEntry) bool {
