@@ -84,3 +84,74 @@ func BenchmarkPublish(b *testing.B) {
 type hubSync struct{ h *hub }
 
 func (s hubSync) Publish(ev *route.Event) { s.h.publish(ev) }
+
+// TestHubHandsOn checks who hands a batch on: a publish that finds it due, at once and with
+// the event that found it; never one before it is due; the timer, the interval and a quarter
+// after the first event, when no publish comes; a publish that fills it.
+func TestHubHandsOn(t *testing.T) {
+	ev := func(id uint64) *route.Event {
+		return &route.Event{Kind: route.EventFirstToken, ID: id, TTFT: time.Millisecond}
+	}
+	queued := func(s *sub) int {
+		select {
+		case b := <-s.ch:
+			return b.n
+		default:
+			return 0
+		}
+	}
+	t.Run("publish", func(t *testing.T) {
+		h := newHub(DefaultMaxMessageBytes/4, DefaultQueue, time.Hour, metrics.NewPeers(prometheus.NewRegistry()))
+		var clock int64 = 1e18
+		h.now = func() int64 { return clock }
+		s := h.subscribe()
+		h.publish(ev(1))
+		clock += int64(time.Hour) - 1
+		h.publish(ev(2))
+		if n := queued(s); n != 0 {
+			t.Fatalf("a batch of %d events handed on before it was due", n)
+		}
+		clock++
+		h.publish(ev(3))
+		if n := queued(s); n != 3 {
+			t.Fatalf("handed on a batch of %d events when it was due, want 3", n)
+		}
+		h.publish(ev(4)) // a new batch, due an hour later
+		if n := queued(s); n != 0 {
+			t.Fatalf("the next batch handed on with %d events at once", n)
+		}
+		if got := [3]int64{h.byPublish.Load(), h.byTimer.Load(), h.byFull.Load()}; got != [3]int64{1, 0, 0} {
+			t.Errorf("batches by publish, timer, full: %v, want [1 0 0]", got)
+		}
+	})
+	t.Run("timer", func(t *testing.T) {
+		const interval = 20 * time.Millisecond
+		h := newHub(DefaultMaxMessageBytes/4, DefaultQueue, interval, metrics.NewPeers(prometheus.NewRegistry()))
+		s := h.subscribe()
+		start := time.Now()
+		h.publish(ev(1))
+		h.publish(ev(2))
+		select {
+		case b := <-s.ch:
+			if waited := time.Since(start); b.n != 2 || waited < interval+interval/4 {
+				t.Errorf("the timer handed on %d events after %v, want 2 after %v at least", b.n, waited, interval+interval/4)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the last batch was never handed on")
+		}
+		if got := h.byTimer.Load(); got != 1 {
+			t.Errorf("batches by timer: %d, want 1", got)
+		}
+	})
+	t.Run("full", func(t *testing.T) {
+		h := newHub(1, DefaultQueue, time.Hour, metrics.NewPeers(prometheus.NewRegistry()))
+		s := h.subscribe()
+		h.publish(ev(1))
+		if n := queued(s); n != 1 {
+			t.Fatalf("a full batch handed on with %d events, want 1", n)
+		}
+		if got := h.byFull.Load(); got != 1 {
+			t.Errorf("batches full: %d, want 1", got)
+		}
+	})
+}
