@@ -15,9 +15,8 @@
 // endpoints are (a static list, DNS names; Source is the seam for Kubernetes).
 //
 // Nothing here is on a request's path but Node.Publish, which encodes an event into the
-// pending batch, hands a batch that is due to the streams' queues, and never blocks: queues
-// are bounded and what does not fit is dropped and counted (the peer's stream is then
-// restarted, and it reconciles what is in flight). A peer that is down, slow, partitioned, of
-// another version or sending garbage costs no request: the replica routes on what it knows
-// and converges again when the peer returns.
+// pending batch and never blocks: queues are bounded and what does not fit is dropped and
+// counted (the peer's stream is then restarted, and it reconciles what is in flight). A peer
+// that is down, slow, partitioned, of another version or sending garbage costs no request: the
+// replica routes on what it knows and converges again when the peer returns.
 package peer

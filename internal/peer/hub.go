@@ -19,25 +19,15 @@ import (
 )
 
 // hub is the sending side: the lifecycle's events, encoded as they happen into the pending
-// batch, handed to each subscriber's bounded queue once the batch's first event is a batch
-// interval old (or when it is full). The publish that finds the batch due hands it on, from
-// the goroutine of the request that is running anyway; a timer, armed at the batch's first
-// event for the interval and a quarter, hands on the last batch before a lull. Under steady
-// traffic the timer never fires, so a replica does not wake between requests to send: at
-// 1,000 requests/s, one wake-up from sleep, and its goroutine hops, fewer per batch (see
-// docs/replicas.md). No event, no timer: an idle replica wakes for nothing.
+// batch, handed to each subscriber's bounded queue one batch interval after the batch's first
+// event (or when it is full). No event, no timer: an idle replica wakes for nothing.
 type hub struct {
 	maxBatch int
 	queue    int
 	interval time.Duration
-	late     time.Duration      // how long after a batch is due the timer hands it on
 	dropped  prometheus.Counter // queue_full
 	nsubs    atomic.Int32
-	timer    *time.Timer  // flushes the pending batch; armed by its first event
-	now      func() int64 // unix nanoseconds; tests set it
-
-	// Batches handed on, by what handed them on (/debug/peers).
-	byPublish, byTimer, byFull atomic.Int64
+	timer    *time.Timer // flushes the pending batch; armed by its first event
 
 	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
 
@@ -72,23 +62,17 @@ func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
 func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
 	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
 		dropped: m.Dropped.WithLabelValues("queue_full")}
-	// A quarter of the interval: longer than the gaps between a replica's events at the
-	// rates where the cost per batch counts (at 500 requests/s a replica's request comes
-	// every 2 ms), so that a publish rather than the timer hands the batch on.
-	h.late = interval / 4
-	h.now = func() int64 { return time.Now().UnixNano() }
 	h.timer = time.AfterFunc(time.Hour, h.flush)
 	h.timer.Stop()
 	return h
 }
 
 // publish encodes ev into the pending batch. It never blocks on a peer: with nobody
-// subscribed it does nothing at all. It hands the batch on when it is due or full.
+// subscribed it does nothing at all.
 func (h *hub) publish(ev *route.Event) {
 	if h.nsubs.Load() == 0 {
 		return
 	}
-	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	b, err := appendEvent(h.pend, ev)
@@ -97,29 +81,21 @@ func (h *hub) publish(ev *route.Event) {
 	}
 	h.pend = b
 	if h.count == 0 {
-		h.first = now
-		h.timer.Reset(h.interval + h.late)
+		// The clock is read for a batch's first event only: the lag a receiver measures is
+		// that of the batch's oldest event.
+		h.first = time.Now().UnixNano()
+		h.timer.Reset(h.interval)
 	}
 	h.count++
-	switch {
-	case len(h.pend) >= h.maxBatch:
-		h.byFull.Add(1)
-	case now-h.first >= int64(h.interval):
-		h.byPublish.Add(1)
-	default:
-		return
+	if len(h.pend) >= h.maxBatch {
+		h.flushLocked()
 	}
-	h.flushLocked()
-	h.timer.Stop()
 }
 
 // flush hands the pending batch to the subscribers.
 func (h *hub) flush() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.count > 0 {
-		h.byTimer.Add(1)
-	}
 	h.flushLocked()
 }
 

@@ -184,10 +184,7 @@ func New(cfg Config) (*Node, error) {
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	n.client = &http.Client{Transport: &http.Transport{
-		Protocols: &protos,
-		// A stream's batch (3 to 5 kB at 1,000 requests/s) in one read, where the default
-		// 4 kB buffer took two reads for one in ten.
-		ReadBufferSize:  64 << 10,
+		Protocols:       &protos,
 		DialContext:     (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
 		TLSClientConfig: cfg.ClientTLS,
 	}}
@@ -479,18 +476,12 @@ type Status struct {
 	// them whose routed, first token and done came together and were replayed as one.
 	Applied   int64 `json:"events_applied"`
 	Coalesced int64 `json:"requests_coalesced"`
-	// Batches sent, by what handed them on: a publish that found the batch due, the timer
-	// (the last batch before a lull), a publish that filled it.
-	BatchesByPublish int64 `json:"batches_by_publish"`
-	BatchesByTimer   int64 `json:"batches_by_timer"`
-	BatchesFull      int64 `json:"batches_full"`
 }
 
 // Status describes the node now.
 func (n *Node) Status() Status {
 	st := Status{Name: n.cfg.Name, Incarnation: n.cfg.Incarnation, Ready: n.Ready(), Isolated: n.isolated.Load(),
-		Members: []string{}, Following: []string{},
-		BatchesByPublish: n.hub.byPublish.Load(), BatchesByTimer: n.hub.byTimer.Load(), BatchesFull: n.hub.byFull.Load()}
+		Members: []string{}, Following: []string{}}
 	for _, p := range n.alive() {
 		st.Members = append(st.Members, p.name)
 	}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -52,8 +51,7 @@ var (
 //     its CPU that fell in its phases, its share of the wall time, and its CPU rate outside
 //     them (idle), so that one can check that the one explains the other.
 //
-// It also reports the bytes the syncing set sent to its peers per request, and what handed on
-// its batches (a publish that found one due, or the timer).
+// It also reports the bytes the syncing set sent to its peers per request.
 //
 // With -sync-overhead-step D the simulator runs the fixed-step profile, every step D long: a
 // request's routing, first token and end then fall in different batches of the sync, as with
@@ -193,29 +191,6 @@ func TestSyncOverhead(t *testing.T) {
 		}
 		return alloc, gcs
 	}
-	// What handed on the batches the syncing set sent (/debug/peers): a publish that found the
-	// batch due, the timer (the last batch before a lull), a publish that filled it.
-	batches := func() (by [3]int64) {
-		for _, r := range synced {
-			var st struct {
-				Publish int64 `json:"batches_by_publish"`
-				Timer   int64 `json:"batches_by_timer"`
-				Full    int64 `json:"batches_full"`
-			}
-			resp, err := http.Get(r.admin + "/debug/peers")
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = json.NewDecoder(resp.Body).Decode(&st)
-			resp.Body.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			by[0], by[1], by[2] = by[0]+st.Publish, by[1]+st.Timer, by[2]+st.Full
-		}
-		return by
-	}
-	batches0 := batches()
 	alloc0, gcs0, cpu0 := make([]float64, len(sets)), make([]float64, len(sets)), make([]time.Duration, len(sets))
 	for k, s := range sets {
 		alloc0[k], gcs0[k] = runtimeStats(s)
@@ -288,10 +263,6 @@ func TestSyncOverhead(t *testing.T) {
 	}
 	per := func(k int) float64 { return float64(used[k].Microseconds()) / float64(max(sent[k], 1)) }
 	sentBytes := bytesOut() - bytes0
-	sentBatches := batches()
-	for i := range sentBatches {
-		sentBatches[i] -= batches0[i]
-	}
 	failed := make([]int64, len(sets))
 	for k := range failures {
 		failed[k] = failures[k].Load()
@@ -327,8 +298,6 @@ func TestSyncOverhead(t *testing.T) {
 	t.Logf("sync traffic: %.0f bytes per routed request to each peer; at %d requests/s across the fleet, %.0f kB/s out of each replica",
 		sentBytes/float64(sent[0])/float64(max(n-1, 1)), *syncOverheadRate,
 		sentBytes/float64(sent[0])*float64(*syncOverheadRate)/float64(n)/1000)
-	t.Logf("batches the syncing set sent: %d handed on by a publish, %d by the timer, %d full",
-		sentBatches[0], sentBatches[1], sentBatches[2])
 	for k, f := range failed {
 		if f > 0 {
 			t.Errorf("%d requests to set %d failed", f, k)
