@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ var (
 	syncOverheadN     = flag.Int("sync-overhead-replicas", 2, "TestSyncOverhead: replicas in each set")
 	syncOverheadProf  = flag.String("sync-overhead-cpuprofile", "", "TestSyncOverhead: save the first syncing replica's CPU profile to this file, and the first other one's to this file .alone")
 	syncOverheadCmp   = flag.String("sync-overhead-compare", "", "TestSyncOverhead: also run a set of syncing replicas of this kvroute binary (an earlier build) in the same schedule, for a before and after in one run")
+	syncOverheadCmpB  = flag.Duration("sync-overhead-compare-batch", 0, "TestSyncOverhead: peers.batch_interval of the compared set (0: as -sync-overhead-batch); with the same binary for both, two intervals in one run")
 	syncOverheadMax   = flag.Float64("sync-overhead-max", 1.25, "TestSyncOverhead: fail when the syncing set's CPU per request (whole run) is above this many times the other's")
 	syncOverheadStep  = flag.Duration("sync-overhead-step", 0, "TestSyncOverhead: the simulated engine's step time (0: the instant profile); a request's first token comes one or two steps after it arrives, its end a step later")
 	syncOverheadPause = flag.Duration("sync-overhead-pause", 250*time.Millisecond, "TestSyncOverhead: after a phase's last response, how long nothing is sent before the next phase (the last batches' flush and replay, the runtime's work after a burst), charged to the phase before")
@@ -59,9 +61,10 @@ var (
 //
 // With -sync-overhead-compare BIN, a third set, syncing replicas of another build, takes its
 // turn in the same schedule: two builds compared under the same load, which on a shared
-// machine moves more between runs than a change does.
+// machine moves more between runs than a change does. -sync-overhead-compare-batch gives the
+// third set a batch interval of its own: the same binary at two intervals in one run.
 //
-//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3] [-sync-overhead-compare OLDBIN] [-sync-overhead-step 100ms]
+//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3] [-sync-overhead-compare OLDBIN [-sync-overhead-compare-batch 20ms]] [-sync-overhead-step 100ms]
 func TestSyncOverhead(t *testing.T) {
 	if *syncOverheadFor <= 0 {
 		t.Skip("run with -sync-overhead 30s")
@@ -80,12 +83,14 @@ func TestSyncOverhead(t *testing.T) {
 		return "", false
 	}, simArgs...)
 	n := *syncOverheadN
-	batch := ""
-	if *syncOverheadBatch > 0 {
-		batch = fmt.Sprintf("  batch_interval: %v\n", *syncOverheadBatch)
+	batchLine := func(d time.Duration) string {
+		if d <= 0 {
+			return ""
+		}
+		return fmt.Sprintf("  batch_interval: %v\n", d)
 	}
 	// startSynced starts a set of n replicas of bin that share their events, named prefix1..n.
-	startSynced := func(prefix, bin string, profile bool) []*serveProc {
+	startSynced := func(prefix, bin string, profile bool, batch string) []*serveProc {
 		ports := freePorts(t, 4*n)
 		var gossip []string
 		for i := range n {
@@ -105,7 +110,7 @@ func TestSyncOverhead(t *testing.T) {
 		}
 		return set
 	}
-	synced := startSynced("r", bin, *syncOverheadProf != "")
+	synced := startSynced("r", bin, *syncOverheadProf != "", batchLine(*syncOverheadBatch))
 	var alone []*serveProc
 	for i := range n {
 		acfg := writeServeConfig(t, dir, fmt.Sprintf("alone%d", i), []string{sim.addr}, nil, [3]int{}, secret)
@@ -118,7 +123,7 @@ func TestSyncOverhead(t *testing.T) {
 	}
 	sets := [][]*serveProc{synced, alone}
 	if *syncOverheadCmp != "" {
-		sets = append(sets, startSynced("c", *syncOverheadCmp, false))
+		sets = append(sets, startSynced("c", *syncOverheadCmp, false, batchLine(cmp.Or(*syncOverheadCmpB, *syncOverheadBatch))))
 	}
 	for k, set := range sets {
 		if k == 1 {
@@ -292,8 +297,8 @@ func TestSyncOverhead(t *testing.T) {
 	}
 	t.Logf("heap in use per replica at the end: syncing %.1f MB, alone %.1f MB", heap(sets[0]), heap(sets[1]))
 	if len(sets) > 2 {
-		t.Logf("compared build (%s), syncing: %.0f µs per request, ratio %.3f to alone (whole run); in its own phases %.0f µs, ratio %.3f; %.1f kB allocated per request, %.0f collections",
-			*syncOverheadCmp, per(2), per(2)/per(1), perOwn(2), perOwn(2)/perOwn(1), alloc[2]/1000, gcs[2])
+		t.Logf("compared build (%s, batch interval %v), syncing: %.0f µs per request, ratio %.3f to alone (whole run); in its own phases %.0f µs, ratio %.3f; %.1f kB allocated per request, %.0f collections",
+			*syncOverheadCmp, orDefault(cmp.Or(*syncOverheadCmpB, *syncOverheadBatch)), per(2), per(2)/per(1), perOwn(2), perOwn(2)/perOwn(1), alloc[2]/1000, gcs[2])
 	}
 	t.Logf("sync traffic: %.0f bytes per routed request to each peer; at %d requests/s across the fleet, %.0f kB/s out of each replica",
 		sentBytes/float64(sent[0])/float64(max(n-1, 1)), *syncOverheadRate,
