@@ -50,6 +50,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&o.ReplicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
 	fs.StringVar(&o.ReplicaSync, "replica-sync", "off", "router replicas share their events (routed, first token, end) after this delay, such as 1ms or 50ms; off: each knows only its own")
 	fs.Float64Var(&o.ReplicaSyncLoss, "replica-sync-loss", 0, "probability that one shared event does not reach one replica")
+	fs.DurationVar(&o.ReplicaSyncBatch, "replica-sync-batch", 0, "send each replica's events in batches of this interval, as the live peers.batch_interval does (10ms by default there), the --replica-sync delay then being the transit; 0: each event on its own")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")

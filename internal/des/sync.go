@@ -23,6 +23,12 @@ type ReplicaSync struct {
 	// Loss is the probability that an event does not reach one replica, drawn for each event
 	// and receiver alike (a lost end leaves the attempt in flight there until route's TTL).
 	Loss float64
+	// Batch, when above 0, sends each replica's events in batches as the live transport does
+	// (peers.batch_interval): a batch opens at the first event after the last one left and
+	// leaves Batch later with every event since, each then Delay on its way (the transit).
+	// The policy is told Batch as the lag, as the live transport tells it its interval. At 0
+	// every event leaves on its own, Delay after it happened.
+	Batch time.Duration
 }
 
 // String returns the setting as ParseReplicaSync reads it.
@@ -30,17 +36,21 @@ func (r ReplicaSync) String() string {
 	if !r.On {
 		return "off"
 	}
-	if r.Loss > 0 {
-		return fmt.Sprintf("%v, loss %g", r.Delay, r.Loss)
+	s := r.Delay.String()
+	if r.Batch > 0 {
+		s += fmt.Sprintf(", batches of %v", r.Batch)
 	}
-	return r.Delay.String()
+	if r.Loss > 0 {
+		s += fmt.Sprintf(", loss %g", r.Loss)
+	}
+	return s
 }
 
-// ParseReplicaSync reads a --replica-sync value, "off" or a delay such as 1ms, and a loss
-// probability.
-func ParseReplicaSync(delay string, loss float64) (ReplicaSync, error) {
+// ParseReplicaSync reads a --replica-sync value, "off" or a delay such as 1ms, a loss
+// probability and a batch interval (0: none).
+func ParseReplicaSync(delay string, loss float64, batch time.Duration) (ReplicaSync, error) {
 	var errs []string
-	rs := ReplicaSync{Loss: loss}
+	rs := ReplicaSync{Loss: loss, Batch: batch}
 	if d := strings.TrimSpace(delay); d != "off" && d != "" {
 		v, err := time.ParseDuration(d)
 		if err != nil || v < 0 {
@@ -53,6 +63,11 @@ func ParseReplicaSync(delay string, loss float64) (ReplicaSync, error) {
 	} else if loss > 0 && !rs.On {
 		errs = append(errs, "--replica-sync-loss needs --replica-sync DELAY")
 	}
+	if batch < 0 || batch > time.Second {
+		errs = append(errs, fmt.Sprintf("--replica-sync-batch %v: want 0 (each event on its own) or an interval up to 1s, such as 10ms", batch))
+	} else if batch > 0 && !rs.On {
+		errs = append(errs, "--replica-sync-batch needs --replica-sync DELAY (the transit after a batch leaves, such as 0s or 1ms)")
+	}
 	if len(errs) > 0 {
 		return ReplicaSync{}, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
@@ -60,8 +75,8 @@ func ParseReplicaSync(delay string, loss float64) (ReplicaSync, error) {
 }
 
 func (r ReplicaSync) check() error {
-	if r.Delay < 0 || r.Loss < 0 || r.Loss >= 1 {
-		return fmt.Errorf("replica sync: delay %v, loss %g: want a delay >= 0 and a loss in [0, 1)", r.Delay, r.Loss)
+	if r.Delay < 0 || r.Loss < 0 || r.Loss >= 1 || r.Batch < 0 {
+		return fmt.Errorf("replica sync: delay %v, loss %g, batch %v: want a delay and batch >= 0 and a loss in [0, 1)", r.Delay, r.Loss, r.Batch)
 	}
 	return nil
 }
@@ -69,8 +84,9 @@ func (r ReplicaSync) check() error {
 // syncState is the simulation's side of replica sync: the events on their way.
 type syncState struct {
 	rand    *rand.Rand
-	pending []delivery // indexed by the evSync event's req
-	free    []int32    // free slots of pending
+	pending []delivery      // indexed by the evSync event's req
+	free    []int32         // free slots of pending
+	leaves  []time.Duration // per replica, when its open batch leaves (ReplicaSync.Batch)
 }
 
 // delivery is one event on its way to one replica.
@@ -101,8 +117,13 @@ func (s *sim) share(k int) *route.Share {
 			return byName[name]
 		},
 	})
-	// As a live replica's transport does: every replica hears of the others Delay late.
-	sh.SetReplicas(len(s.routers), k, s.cfg.ReplicaSync.Delay)
+	// As a live replica's transport does: every replica hears of the others Delay late, or
+	// is told the batch interval when events go in batches.
+	lag := s.cfg.ReplicaSync.Delay
+	if s.cfg.ReplicaSync.Batch > 0 {
+		lag = s.cfg.ReplicaSync.Batch
+	}
+	sh.SetReplicas(len(s.routers), k, lag)
 	return sh
 }
 
@@ -115,6 +136,17 @@ type syncOut struct {
 
 func (o *syncOut) Publish(ev *route.Event) {
 	s := o.s
+	at := s.clock.now
+	if b := s.cfg.ReplicaSync.Batch; b > 0 {
+		if s.sync.leaves == nil {
+			s.sync.leaves = make([]time.Duration, len(s.routers))
+		}
+		if at >= s.sync.leaves[o.from] {
+			s.sync.leaves[o.from] = at + b // the first event of a new batch
+		}
+		at = s.sync.leaves[o.from]
+	}
+	at += s.cfg.ReplicaSync.Delay
 	for to := range s.routers {
 		if to == o.from || (s.cfg.ReplicaSync.Loss > 0 && s.sync.rand.Float64() < s.cfg.ReplicaSync.Loss) {
 			continue
@@ -130,7 +162,7 @@ func (o *syncOut) Publish(ev *route.Event) {
 			slot = int32(len(s.sync.pending))
 			s.sync.pending = append(s.sync.pending, d)
 		}
-		s.push(event{at: s.clock.now + s.cfg.ReplicaSync.Delay, kind: evSync, req: slot})
+		s.push(event{at: at, kind: evSync, req: slot})
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -145,28 +146,33 @@ func TestParseReplicaSync(t *testing.T) {
 	for _, c := range []struct {
 		delay string
 		loss  float64
+		batch time.Duration
 		want  ReplicaSync
 		err   string
 	}{
-		{"off", 0, ReplicaSync{}, ""},
-		{"1ms", 0, ReplicaSync{On: true, Delay: time.Millisecond}, ""},
-		{"0s", 0.1, ReplicaSync{On: true, Loss: 0.1}, ""},
-		{"fast", 0, ReplicaSync{}, "want off or a delay"},
-		{"-1ms", 0, ReplicaSync{}, "want off or a delay"},
-		{"1ms", 1, ReplicaSync{}, "probability"},
-		{"off", 0.2, ReplicaSync{}, "needs --replica-sync"},
+		{"off", 0, 0, ReplicaSync{}, ""},
+		{"1ms", 0, 0, ReplicaSync{On: true, Delay: time.Millisecond}, ""},
+		{"0s", 0.1, 0, ReplicaSync{On: true, Loss: 0.1}, ""},
+		{"0s", 0, 10 * time.Millisecond, ReplicaSync{On: true, Batch: 10 * time.Millisecond}, ""},
+		{"fast", 0, 0, ReplicaSync{}, "want off or a delay"},
+		{"-1ms", 0, 0, ReplicaSync{}, "want off or a delay"},
+		{"1ms", 1, 0, ReplicaSync{}, "probability"},
+		{"off", 0.2, 0, ReplicaSync{}, "needs --replica-sync"},
+		{"off", 0, time.Millisecond, ReplicaSync{}, "--replica-sync-batch needs --replica-sync"},
+		{"1ms", 0, -time.Millisecond, ReplicaSync{}, "want 0 (each event on its own) or an interval"},
+		{"1ms", 0, 2 * time.Second, ReplicaSync{}, "up to 1s"},
 	} {
-		got, err := ParseReplicaSync(c.delay, c.loss)
+		got, err := ParseReplicaSync(c.delay, c.loss, c.batch)
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("ParseReplicaSync(%q, %g): err %v, want one saying %q", c.delay, c.loss, err, c.err)
+				t.Errorf("ParseReplicaSync(%q, %g, %v): err %v, want one saying %q", c.delay, c.loss, c.batch, err, c.err)
 			}
 			continue
 		}
 		if err != nil || got != c.want {
-			t.Errorf("ParseReplicaSync(%q, %g) = %+v, %v, want %+v", c.delay, c.loss, got, err, c.want)
+			t.Errorf("ParseReplicaSync(%q, %g, %v) = %+v, %v, want %+v", c.delay, c.loss, c.batch, got, err, c.want)
 		}
-		if back, err := ParseReplicaSync(got.String(), 0); c.loss == 0 && (err != nil || back != got) {
+		if back, err := ParseReplicaSync(got.String(), 0, 0); c.loss == 0 && c.batch == 0 && (err != nil || back != got) {
 			t.Errorf("String %q reads back as %+v, %v", got.String(), back, err)
 		}
 	}
@@ -174,5 +180,38 @@ func TestParseReplicaSync(t *testing.T) {
 	cfg.ReplicaSync = ReplicaSync{On: true, Loss: 2}
 	if _, err := Run(context.Background(), cfg, Prepare(randomWorkload(2), "toy", 4), "p", Named("random", nil)); err == nil || !strings.Contains(err.Error(), "loss") {
 		t.Errorf("loss 2: err %v, want one naming the loss", err)
+	}
+}
+
+// TestReplicaSyncBatches: with batches, a replica's events leave together a batch interval
+// after the first of them, in the order they happened, and reach every other replica the
+// transit later; an event after a batch left opens the next one.
+func TestReplicaSyncBatches(t *testing.T) {
+	ms := time.Millisecond
+	s := &sim{cfg: Config{ReplicaSync: ReplicaSync{On: true, Delay: ms, Batch: 10 * ms}}}
+	s.routers = make([]router, 3)
+	out := &syncOut{s: s, from: 1}
+	type sent struct {
+		at time.Duration
+		id uint64
+	}
+	var want []sent
+	for i, at := range []time.Duration{2 * ms, 5 * ms, 12 * ms, 12 * ms, 13 * ms, 40 * ms} {
+		s.clock.now = at
+		out.Publish(&route.Event{ID: uint64(i)})
+		leaves := []time.Duration{12 * ms, 12 * ms, 22 * ms, 22 * ms, 22 * ms, 50 * ms}[i]
+		want = append(want, sent{leaves + ms, uint64(i)}, sent{leaves + ms, uint64(i)}) // to replicas 0 and 2
+	}
+	var got []sent
+	for s.queue.len() > 0 {
+		e := s.queue.pop()
+		d := s.sync.pending[e.req]
+		if d.to == 1 || d.ev.Origin != 2 {
+			t.Fatalf("event %d sent to %d with origin %d: want to 0 or 2, origin 2", d.ev.ID, d.to, d.ev.Origin)
+		}
+		got = append(got, sent{e.at, d.ev.ID})
+	}
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(sent{})); diff != "" {
+		t.Errorf("deliveries (-want +got):\n%s", diff)
 	}
 }

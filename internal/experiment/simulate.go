@@ -36,9 +36,10 @@ type SimulateOptions struct {
 	// load balancer spreads requests over them.
 	Routers         int
 	ReplicaAffinity string
-	// ReplicaSync ("off" or a delay) and ReplicaSyncLoss: des.ParseReplicaSync.
-	ReplicaSync     string
-	ReplicaSyncLoss float64
+	// ReplicaSync ("off" or a delay), ReplicaSyncLoss and ReplicaSyncBatch: des.ParseReplicaSync.
+	ReplicaSync      string
+	ReplicaSyncLoss  float64
+	ReplicaSyncBatch time.Duration
 	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange);
 	// Fail, Hang and Cut make an instance fail fast, hang or cut its streams after CutAfter
 	// tokens, and Recover ends its fault (a killed one restarts).
@@ -104,7 +105,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	}
 	errs = append(errs, o.checkFaults()...)
 	errs = append(errs, o.checkScale()...)
-	rsync, err := des.ParseReplicaSync(o.ReplicaSync, o.ReplicaSyncLoss)
+	rsync, err := des.ParseReplicaSync(o.ReplicaSync, o.ReplicaSyncLoss, o.ReplicaSyncBatch)
 	if err != nil {
 		errs = append(errs, err)
 	}
