@@ -151,6 +151,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		delay = 0
+		rwc = wrapConn(rwc) // reads and writes without waking the runtime's sysmon (rawconn_linux.go)
 		c := s.newConn(rwc)
 		if c == nil {
 			rwc.Close()

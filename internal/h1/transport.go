@@ -320,6 +320,7 @@ func (t *Transport) get(ctx context.Context, addr string, fresh bool) (c *conn, 
 	if err != nil {
 		return nil, false, err
 	}
+	nc = wrapConn(nc) // reads and writes without waking the runtime's sysmon (rawconn_linux.go)
 	c = &conn{nc: nc, addr: addr}
 	c.cr.r = nc
 	c.br = bufio.NewReaderSize(&c.cr, cmpOr(t.ReadBufferSize, 4<<10))

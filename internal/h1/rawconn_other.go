@@ -1,0 +1,8 @@
+//go:build !linux
+
+package h1
+
+import "net"
+
+// wrapConn returns nc: raw reads and writes (rawconn_linux.go) are Linux's only.
+func wrapConn(nc net.Conn) net.Conn { return nc }
