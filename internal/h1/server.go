@@ -105,6 +105,9 @@ type Server struct {
 	janitorOn bool         // under mu
 	quiet     atomic.Bool  // the janitor sleeps long: a request that starts nudges it
 	started   atomic.Int64 // requests started since the janitor's last round
+	recent    atomic.Int64 // requests started in the janitor's last quietTicks rounds
+	inFlight  atomic.Int64 // requests being served
+	clock     atomic.Pointer[janitorClock]
 	rounds    atomic.Int64 // the janitor's rounds, for tests
 	nudge     chan struct{}
 	// idleHook, when set (tests), runs on a connection's goroutine each time the connection
@@ -227,6 +230,9 @@ func (s *Server) janitor() {
 	defer s.wg.Done()
 	timer := time.NewTimer(fast)
 	defer timer.Stop()
+	clock := &janitorClock{timer: timer, slow: slow}
+	s.clock.Store(clock)
+	defer s.clock.CompareAndSwap(clock, nil)
 	quiet := 0 // rounds in succession without a request in flight
 	// Requests started in each of the last quietTicks rounds, and their sum. Fewer requests
 	// than rounds (at 8 requests a second, some twelve rounds a request) and the janitor goes
@@ -242,7 +248,10 @@ func (s *Server) janitor() {
 		n := s.started.Swap(0)
 		recent += n - started[round%quietTicks]
 		started[round%quietTicks] = n
-		sleepy := quiet >= quietTicks || quiet > 0 && recent < quietTicks
+		s.recent.Store(recent)
+		// At a low rate the first round without a request in flight goes quiet (requestEnded
+		// most often has already); at a high one, quietTicks rounds in succession.
+		sleepy := quiet >= quietTicks || recent < quietTicks
 		if sleepy {
 			s.quiet.Store(true) // before the scan: a request it misses will nudge
 		}
@@ -305,10 +314,39 @@ func (s *Server) sweep(now int64) (busy bool) {
 	return busy
 }
 
+// janitorClock is the running janitor's timer, and the long sleep of a quiet janitor.
+type janitorClock struct {
+	timer *time.Timer
+	slow  time.Duration
+}
+
 // requestStarted wakes a quiet janitor, so that the request's watch starts on time.
 func (s *Server) requestStarted() {
+	s.inFlight.Add(1)
 	s.started.Add(1)
 	if s.quiet.Load() && s.quiet.CompareAndSwap(true, false) {
+		s.wakeJanitor()
+	}
+}
+
+// requestEnded puts the janitor to sleep long as soon as the last request in flight ends, when
+// requests are rare (fewer than one per round): the round it would otherwise run half a
+// WatchAfter later only to find nothing in flight is, at a few requests a second, one more
+// wake-up of an otherwise idle process per request (docs/results.md, "Sixth round"). The next
+// request nudges it, as it does a janitor gone quiet by itself.
+func (s *Server) requestEnded() {
+	if s.inFlight.Add(-1) != 0 || s.recent.Load() >= quietTicks {
+		return
+	}
+	clock := s.clock.Load()
+	if clock == nil {
+		return
+	}
+	s.quiet.Store(true)
+	clock.timer.Reset(clock.slow)
+	if s.inFlight.Load() > 0 {
+		// A request started meanwhile, and its nudge may have been taken before the reset:
+		// one more round, after it, sees the request.
 		s.wakeJanitor()
 	}
 }
@@ -760,6 +798,7 @@ func (c *srvConn) serveOne() bool {
 	c.watchAsked.Store(false)
 	c.setState(stateActive)
 	s.requestStarted()
+	defer s.requestEnded()
 
 	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
 	w.closeAfter = req.Close
