@@ -32,6 +32,9 @@ type rawConn struct {
 	rd       rawOp
 	wr       rawOp
 	iovs     [8]syscall.Iovec // writeBuffers' vector, under wmu
+	lowat    int32            // setRcvLowat's value, under rmu
+	lowatErr syscall.Errno
+	lowatFn  func(fd uintptr)
 	readFn   func(fd uintptr) bool
 	writeFn  func(fd uintptr) bool
 	writevFn func(fd uintptr) bool
@@ -60,7 +63,28 @@ func wrapConn(nc net.Conn) net.Conn {
 	c.readFn = c.read
 	c.writeFn = c.write
 	c.writevFn = c.writev
+	c.lowatFn = c.setLowat
 	return c
+}
+
+func (c *rawConn) setLowat(fd uintptr) {
+	_, _, c.lowatErr = syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.SOL_SOCKET, syscall.SO_RCVLOWAT,
+		uintptr(unsafe.Pointer(&c.lowat)), unsafe.Sizeof(c.lowat), 0)
+}
+
+// setRcvLowat sets SO_RCVLOWAT on nc's socket to n bytes: the poller reports it readable once
+// that many bytes wait (or the peer closed), so that a read that waits is woken once for them,
+// not once per segment. It reports false when it could not (not a raw connection, an error).
+func setRcvLowat(nc net.Conn, n int) bool {
+	c, ok := nc.(*rawConn)
+	if !ok {
+		return false
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.lowat, c.lowatErr = int32(min(n, 1<<30)), 0
+	err := c.rc.Control(c.lowatFn)
+	return err == nil && c.lowatErr == 0
 }
 
 // read is the RawConn function of Read: one read(2), again at EINTR; false asks the poller

@@ -226,3 +226,94 @@ func TestConnectionsAreRaw(t *testing.T) {
 		t.Error("the transport kept no connection")
 	}
 }
+
+// rcvLowat reads the SO_RCVLOWAT of c's socket.
+func rcvLowat(t *testing.T, c net.Conn) int {
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := -1
+	_ = rc.Control(func(fd uintptr) {
+		v, err = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// A large body that arrives in pieces is read in a few reads, not one per piece: once a read
+// has left more than minLowat to come, the socket is not reported readable until the rest is
+// there. The threshold never exceeds what is left to come (a read would wait for bytes that
+// never come), and is back at the kernel's 1 when the body has been read.
+func TestBodyReadWaitsForTheRest(t *testing.T) {
+	const size = 400_000
+	s := &Server{}
+	type result struct {
+		reads, maxLowat, after int
+		body                   []byte
+		err                    error
+	}
+	results := make(chan result, 1)
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rwc := s.connOf(r.RemoteAddr).rwc
+		var res result
+		buf := make([]byte, 0, r.ContentLength+1)
+		for range 1000 {
+			n, err := r.Body.Read(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+n]
+			res.reads++
+			if l := rcvLowat(t, rwc); l > res.maxLowat {
+				res.maxLowat = l
+			}
+			if err != nil {
+				if err != io.EOF {
+					res.err = err
+				}
+				break
+			}
+			if rest := int(r.ContentLength) - len(buf); rcvLowat(t, rwc) > max(rest, 1) {
+				res.err = fmt.Errorf("SO_RCVLOWAT %d with %d bytes to come", rcvLowat(t, rwc), rest)
+				break
+			}
+		}
+		res.after, res.body = rcvLowat(t, rwc), buf
+		results <- res
+		_, _ = io.WriteString(w, "ok")
+	}))
+	body := make([]byte, size)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	c, br := dialBuffered(t, addr)
+	fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", size)
+	// The first 100 KB, then the rest in 20 KB pieces a millisecond apart: a read per piece
+	// without the threshold.
+	_, _ = c.Write(body[:100_000])
+	time.Sleep(20 * time.Millisecond) // the handler's first reads take what came
+	for at := 100_000; at < size; at += 20_000 {
+		_, _ = c.Write(body[at:min(at+20_000, size)])
+		time.Sleep(time.Millisecond)
+	}
+	res := <-results
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if !bytes.Equal(res.body, body) {
+		t.Fatalf("the handler read %d bytes, not the %d sent", len(res.body), size)
+	}
+	if res.maxLowat < minLowat || res.reads > 4 {
+		t.Errorf("%d reads with SO_RCVLOWAT up to %d, want at most 4 reads with a threshold of at least %d", res.reads, res.maxLowat, minLowat)
+	}
+	if res.after != 1 {
+		t.Errorf("SO_RCVLOWAT %d after the body, want 1", res.after)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+		t.Errorf("response %q", b)
+	}
+}

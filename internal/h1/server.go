@@ -784,7 +784,7 @@ func (c *srvConn) serveOne() bool {
 	ctx, cancel := context.WithCancel(s.base())
 	req = req.WithContext(ctx)
 
-	body := &reqBody{c: c, rc: req.Body, cont: expectContinue}
+	body := &reqBody{c: c, rc: req.Body, length: req.ContentLength, cont: expectContinue}
 	noBody := req.Body == http.NoBody
 	if !noBody {
 		req.Body = body
@@ -959,10 +959,63 @@ func (c *srvConn) stopWatch() {
 // reqBody is a request body as the handler sees it: it answers Expect: 100-continue at the
 // first read and tells the connection when the body has been read to its end.
 type reqBody struct {
-	c    *srvConn
-	rc   io.ReadCloser
-	cont bool // 100 Continue still to send
-	eof  bool
+	c      *srvConn
+	rc     io.ReadCloser
+	length int64 // announced; -1: unknown (chunked)
+	cont   bool  // 100 Continue still to send
+	eof    bool
+	// lowat is the SO_RCVLOWAT the body's reads have set on the connection (0: none, the
+	// kernel's 1; -1: it cannot be set here).
+	lowat int64
+}
+
+// minLowat is the least of a body's bytes still to come worth waiting for as one: below it,
+// waking for each segment costs less than the system calls that set and reset the threshold.
+const minLowat = 64 << 10
+
+// maxLowat bounds the threshold: up to 1 MiB, and no more than half of what BodyReadTimeout
+// lets arrive at BodyMinRate. The bytes that wait under the threshold are not counted as
+// received until they are read, so a body sent at the minimum rate could otherwise run out of
+// time with those bytes in the socket: with at most half the timeout's worth hidden, it cannot.
+func (s *Server) maxLowat() int64 {
+	m := int64(1 << 20)
+	if s.BodyReadTimeout > 0 && s.BodyMinRate > 0 {
+		m = min(m, int64(s.BodyReadTimeout.Seconds()*float64(s.BodyMinRate)/2))
+	}
+	return m
+}
+
+// adjustLowat keeps the connection's SO_RCVLOWAT, while a large body with a known length is
+// read, at what the next read of next bytes can wait for: the rest of the body still in the
+// socket or on its way, at most next. A 400 KB body that arrives over a millisecond in 64 KB
+// segments then takes three reads (the head's buffer, what had come by the first read, the
+// rest) and one wake-up, not a read and a wake-up per segment (docs/results.md, "Sixth
+// round"). It is set once a read left at least minLowat to come, and lowered (to the kernel's
+// 1 at the body's end) whenever what is left falls below it, so that a read never waits for
+// bytes that will not come.
+func (b *reqBody) adjustLowat(next int, end bool) {
+	if b.lowat < 0 || b.length < 0 {
+		return
+	}
+	c := b.c
+	rest := b.length - c.bodyRead.Load() - int64(c.br.Buffered())
+	want := min(rest, int64(next), c.s.maxLowat())
+	switch {
+	case end || rest <= 0:
+		want = 0
+	case b.lowat == 0 && want < minLowat:
+		return // not worth it (yet)
+	case b.lowat != 0 && want >= b.lowat:
+		return // never raised again: at most one change per read
+	}
+	if want == b.lowat || want == 0 && b.lowat == 0 {
+		return
+	}
+	if !setRcvLowat(c.rwc, int(max(want, 1))) {
+		b.lowat = -1
+		return
+	}
+	b.lowat = want
 }
 
 func (b *reqBody) Read(p []byte) (int, error) {
@@ -992,6 +1045,7 @@ func (b *reqBody) Read(p []byte) (int, error) {
 		c.bodyReading.Store(false)
 	}
 	c.bodyRead.Add(int64(n))
+	b.adjustLowat(len(p)-n, err != nil)
 	if err == io.EOF {
 		b.eof = true
 		c.onBodyEOF()
