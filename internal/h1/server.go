@@ -988,12 +988,13 @@ func (s *Server) maxLowat() int64 {
 // adjustLowat keeps the connection's SO_RCVLOWAT, while a large body with a known length is
 // read, at what the next read of next bytes can wait for: the rest of the body still in the
 // socket or on its way, at most next. A 400 KB body that arrives over a millisecond in 64 KB
-// segments then takes three reads (the head's buffer, what had come by the first read, the
-// rest) and one wake-up, not a read and a wake-up per segment (docs/results.md, "Sixth
-// round"). It is set once a read left at least minLowat to come, and lowered (to the kernel's
-// 1 at the body's end) whenever what is left falls below it, so that a read never waits for
-// bytes that will not come.
-func (b *reqBody) adjustLowat(next int, end bool) {
+// segments then takes three reads (the head's buffer, what had come by the first read from
+// the socket, the rest) and one wake-up, not a read and a wake-up per segment (docs/results.md,
+// "Sixth round"). It is set once a read from the socket (partial: socket says it read there)
+// left at least minLowat to come, and lowered (to the kernel's 1 at the body's end) whenever
+// what is left falls below it, so that a read never waits for bytes that will not come. A body
+// that is in the socket whole by the first read never sets it.
+func (b *reqBody) adjustLowat(next int, end, socket bool) {
 	if b.lowat < 0 || b.length < 0 {
 		return
 	}
@@ -1003,7 +1004,7 @@ func (b *reqBody) adjustLowat(next int, end bool) {
 	switch {
 	case end || rest <= 0:
 		want = 0
-	case b.lowat == 0 && want < minLowat:
+	case b.lowat == 0 && (!socket || want < minLowat):
 		return // not worth it (yet)
 	case b.lowat != 0 && want >= b.lowat:
 		return // never raised again: at most one change per read
@@ -1040,12 +1041,13 @@ func (b *reqBody) Read(p []byte) (int, error) {
 		}
 		c.bodyReading.Store(true)
 	}
+	socket := c.br.Buffered() == 0 && !c.cr.hasByte // this read goes to the socket
 	n, err := b.rc.Read(p)
 	if timed {
 		c.bodyReading.Store(false)
 	}
 	c.bodyRead.Add(int64(n))
-	b.adjustLowat(len(p)-n, err != nil)
+	b.adjustLowat(len(p)-n, err != nil, socket)
 	if err == io.EOF {
 		b.eof = true
 		c.onBodyEOF()
