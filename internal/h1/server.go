@@ -103,7 +103,7 @@ type Server struct {
 	wg        sync.WaitGroup // connection goroutines and the janitor
 
 	janitorOn bool         // under mu
-	quiet     atomic.Bool  // the janitor sleeps long: a request that starts brings its round forward
+	quiet     atomic.Bool  // the janitor sleeps long: a request that starts nudges it
 	started   atomic.Int64 // requests started since the janitor's last round
 	recent    atomic.Int64 // requests started in the janitor's last quietTicks rounds
 	inFlight  atomic.Int64 // requests being served
@@ -230,13 +230,13 @@ func (s *Server) janitor() {
 	defer s.wg.Done()
 	timer := time.NewTimer(fast)
 	defer timer.Stop()
-	clock := &janitorClock{timer: timer, fast: fast, slow: slow}
+	clock := &janitorClock{timer: timer, slow: slow}
 	s.clock.Store(clock)
 	defer s.clock.CompareAndSwap(clock, nil)
 	quiet := 0 // rounds in succession without a request in flight
 	// Requests started in each of the last quietTicks rounds, and their sum. Fewer requests
 	// than rounds (at 8 requests a second, some twelve rounds a request) and the janitor goes
-	// quiet as soon as none is in flight: a timer reset per request then costs less than rounds
+	// quiet as soon as none is in flight: a nudge per request then costs less than rounds
 	// every few milliseconds, each of which wakes a thread.
 	var started [quietTicks]int64
 	recent := int64(0)
@@ -253,7 +253,7 @@ func (s *Server) janitor() {
 		// most often has already); at a high one, quietTicks rounds in succession.
 		sleepy := quiet >= quietTicks || recent < quietTicks
 		if sleepy {
-			s.quiet.Store(true) // before the scan: a request it misses will reset the timer
+			s.quiet.Store(true) // before the scan: a request it misses will nudge
 		}
 		s.mu.Lock()
 		if len(s.conns) == 0 {
@@ -273,11 +273,6 @@ func (s *Server) janitor() {
 		}
 		s.rounds.Add(1)
 		timer.Reset(wait)
-		if wait != fast && !s.quiet.Load() {
-			// A request started since quiet was set, and its reset of the timer may have come
-			// before this one.
-			timer.Reset(fast)
-		}
 	}
 }
 
@@ -319,39 +314,26 @@ func (s *Server) sweep(now int64) (busy bool) {
 	return busy
 }
 
-// janitorClock is the running janitor's timer, and its rounds' short and long waits.
+// janitorClock is the running janitor's timer, and the long sleep of a quiet janitor.
 type janitorClock struct {
-	timer      *time.Timer
-	fast, slow time.Duration
+	timer *time.Timer
+	slow  time.Duration
 }
 
-// requestStarted brings a quiet janitor's next round forward to half a WatchAfter from now, so
-// that the request's watch starts on time. It resets the janitor's timer rather than wake its
-// goroutine: a request that ends before then (requestEnded puts the round back) has cost no
-// hand-off to another goroutine, which at a few requests a second woke a second thread per
-// request (docs/results.md, "Sixth round").
+// requestStarted wakes a quiet janitor, so that the request's watch starts on time.
 func (s *Server) requestStarted() {
 	s.inFlight.Add(1)
 	s.started.Add(1)
 	if s.quiet.Load() && s.quiet.CompareAndSwap(true, false) {
-		s.janitorSoon()
+		s.wakeJanitor()
 	}
-}
-
-// janitorSoon makes the janitor's next round come within its short wait.
-func (s *Server) janitorSoon() {
-	if clock := s.clock.Load(); clock != nil {
-		clock.timer.Reset(clock.fast)
-		return
-	}
-	s.wakeJanitor() // starting: its first round comes at once
 }
 
 // requestEnded puts the janitor to sleep long as soon as the last request in flight ends, when
 // requests are rare (fewer than one per round): the round it would otherwise run half a
 // WatchAfter later only to find nothing in flight is, at a few requests a second, one more
 // wake-up of an otherwise idle process per request (docs/results.md, "Sixth round"). The next
-// request brings its round forward again, as it does for a janitor gone quiet by itself.
+// request nudges it, as it does a janitor gone quiet by itself.
 func (s *Server) requestEnded() {
 	if s.inFlight.Add(-1) != 0 || s.recent.Load() >= quietTicks {
 		return
@@ -363,8 +345,9 @@ func (s *Server) requestEnded() {
 	s.quiet.Store(true)
 	clock.timer.Reset(clock.slow)
 	if s.inFlight.Load() > 0 {
-		// A request started meanwhile, and its reset may have come before this one.
-		clock.timer.Reset(clock.fast)
+		// A request started meanwhile, and its nudge may have been taken before the reset:
+		// one more round, after it, sees the request.
+		s.wakeJanitor()
 	}
 }
 

@@ -675,7 +675,7 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 	if n := s.rounds.Load() - r0; n >= quietTicks {
 		t.Errorf("the janitor went quiet after %d rounds without a request, want fewer than %d", n, quietTicks)
 	}
-	get("/slow") // brings the quiet janitor's round forward: the watch starts
+	get("/slow") // nudges the quiet janitor: the watch starts
 	if !slowWatched.Load() {
 		t.Error("a request that started while the janitor was quiet was never watched")
 	}
@@ -683,8 +683,7 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 
 // When the last request in flight ends and requests are rare, the janitor goes quiet at once:
 // no round half a WatchAfter later (and another after that) finds nothing to do, each a wake-up
-// of an idle process. A request that starts brings the round forward without running it, so a
-// short request runs at most one (when it outlasts half a WatchAfter).
+// of an idle process. The request's own nudge is its only round.
 func TestJanitorQuietAfterLastRequest(t *testing.T) {
 	// Rounds every 20 ms while busy: the requests are far shorter, even under -race on a loaded
 	// machine.
@@ -714,7 +713,7 @@ func TestJanitorQuietAfterLastRequest(t *testing.T) {
 		// janitor before went quiet only at the second round after the request).
 		time.Sleep(60 * time.Millisecond)
 		if n := s.rounds.Load() - r0; n > 1 {
-			t.Errorf("%d janitor rounds for one short request, want at most 1", n)
+			t.Errorf("%d janitor rounds for one short request, want at most 1 (its nudge)", n)
 		}
 		if !s.quiet.Load() {
 			t.Error("the janitor is not quiet after the request")
