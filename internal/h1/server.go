@@ -262,7 +262,9 @@ func (s *Server) janitor() {
 			s.mu.Unlock()
 			return
 		}
-		busy := s.sweep(time.Now().UnixNano())
+		// A connection still active after its request ended (requestEnded comes first) is
+		// not a request in flight: inFlight says.
+		busy := s.sweep(time.Now().UnixNano()) && s.inFlight.Load() > 0
 		s.mu.Unlock()
 		wait := fast
 		if busy {
