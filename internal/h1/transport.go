@@ -36,11 +36,11 @@
 // system-call bookkeeping, and the first one after every P went idle wakes the runtime's sysmon
 // thread, which then sleeps and wakes every 20 µs for as long as a goroutine runs. A router
 // between requests is idle, so every request paid it two or three times: at 8 100k-token
-// requests a second, 24 to 38 nanosleeps and 48 to 73 context switches per request before this
+// requests a second, 24 to 38 nanosleeps and 48 to 75 context switches per request before this
 // round, 4 to 9 and 18 to 31 after it (its other changes, logbuf's and the janitor's, included),
-// and 1.1 cpu-ms less per request. The calls are made inside the connection's syscall.RawConn, so the netpoller,
-// deadlines and Close behave as with net.Conn; a socket in non-blocking mode never blocks in
-// them. TLS connections and other platforms keep net's calls.
+// and 0.9 cpu-ms less per request. The calls are made inside the connection's
+// syscall.RawConn, so the netpoller, deadlines and Close behave as with net.Conn; a socket in
+// non-blocking mode never blocks in them. TLS connections and other platforms keep net's calls.
 package h1
 
 import (
