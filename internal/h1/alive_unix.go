@@ -23,8 +23,8 @@ func alive(nc net.Conn) bool {
 	err = rc.Read(func(fd uintptr) bool {
 		// Open and quiet: nothing to read yet. 0 bytes without an error: closed. Any byte: the
 		// server said something unasked, so the connection's state is unknown.
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		open = n <= 0 && (err == syscall.EAGAIN || err == syscall.EWOULDBLOCK)
+		n, errno := peek(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = n <= 0 && (errno == syscall.EAGAIN || errno == syscall.EWOULDBLOCK)
 		return true // never wait
 	})
 	return err == nil && open
@@ -45,7 +45,7 @@ func pending(nc net.Conn) bool {
 	n := 0
 	var b [1]byte
 	_ = rc.Control(func(fd uintptr) {
-		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		n, _ = peek(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	})
 	return n > 0
 }

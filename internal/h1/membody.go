@@ -146,6 +146,15 @@ func writeMem(c *conn, req *http.Request) error {
 	}
 	bufs := make(net.Buffers, 0, 1+len(w.body))
 	bufs = append(append(bufs, w.head), w.body...)
+	if bw, ok := c.nc.(buffersWriter); ok {
+		_, err = bw.writeBuffers(bufs)
+		return err
+	}
 	_, err = bufs.WriteTo(c.nc)
 	return err
+}
+
+// buffersWriter writes several buffers with one system call (rawConn's writev).
+type buffersWriter interface {
+	writeBuffers(bufs [][]byte) (int64, error)
 }

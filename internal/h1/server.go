@@ -105,6 +105,9 @@ type Server struct {
 	janitorOn bool         // under mu
 	quiet     atomic.Bool  // the janitor sleeps long: a request that starts nudges it
 	started   atomic.Int64 // requests started since the janitor's last round
+	recent    atomic.Int64 // requests started in the janitor's last quietTicks rounds
+	inFlight  atomic.Int64 // requests being served
+	clock     atomic.Pointer[janitorClock]
 	rounds    atomic.Int64 // the janitor's rounds, for tests
 	nudge     chan struct{}
 	// idleHook, when set (tests), runs on a connection's goroutine each time the connection
@@ -151,6 +154,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		delay = 0
+		rwc = wrapConn(rwc) // reads and writes without waking the runtime's sysmon (rawconn_linux.go)
 		c := s.newConn(rwc)
 		if c == nil {
 			rwc.Close()
@@ -226,6 +230,9 @@ func (s *Server) janitor() {
 	defer s.wg.Done()
 	timer := time.NewTimer(fast)
 	defer timer.Stop()
+	clock := &janitorClock{timer: timer, slow: slow}
+	s.clock.Store(clock)
+	defer s.clock.CompareAndSwap(clock, nil)
 	quiet := 0 // rounds in succession without a request in flight
 	// Requests started in each of the last quietTicks rounds, and their sum. Fewer requests
 	// than rounds (at 8 requests a second, some twelve rounds a request) and the janitor goes
@@ -241,7 +248,10 @@ func (s *Server) janitor() {
 		n := s.started.Swap(0)
 		recent += n - started[round%quietTicks]
 		started[round%quietTicks] = n
-		sleepy := quiet >= quietTicks || quiet > 0 && recent < quietTicks
+		s.recent.Store(recent)
+		// At a low rate the first round without a request in flight goes quiet (requestEnded
+		// most often has already); at a high one, quietTicks rounds in succession.
+		sleepy := quiet >= quietTicks || recent < quietTicks
 		if sleepy {
 			s.quiet.Store(true) // before the scan: a request it misses will nudge
 		}
@@ -252,7 +262,9 @@ func (s *Server) janitor() {
 			s.mu.Unlock()
 			return
 		}
-		busy := s.sweep(time.Now().UnixNano())
+		// A connection still active after its request ended (requestEnded comes first) is
+		// not a request in flight: inFlight says.
+		busy := s.sweep(time.Now().UnixNano()) && s.inFlight.Load() > 0
 		s.mu.Unlock()
 		wait := fast
 		if busy {
@@ -304,10 +316,39 @@ func (s *Server) sweep(now int64) (busy bool) {
 	return busy
 }
 
+// janitorClock is the running janitor's timer, and the long sleep of a quiet janitor.
+type janitorClock struct {
+	timer *time.Timer
+	slow  time.Duration
+}
+
 // requestStarted wakes a quiet janitor, so that the request's watch starts on time.
 func (s *Server) requestStarted() {
+	s.inFlight.Add(1)
 	s.started.Add(1)
 	if s.quiet.Load() && s.quiet.CompareAndSwap(true, false) {
+		s.wakeJanitor()
+	}
+}
+
+// requestEnded puts the janitor to sleep long as soon as the last request in flight ends, when
+// requests are rare (fewer than one per round): the round it would otherwise run half a
+// WatchAfter later only to find nothing in flight is, at a few requests a second, one more
+// wake-up of an otherwise idle process per request (docs/results.md, "Sixth round"). The next
+// request nudges it, as it does a janitor gone quiet by itself.
+func (s *Server) requestEnded() {
+	if s.inFlight.Add(-1) != 0 || s.recent.Load() >= quietTicks {
+		return
+	}
+	clock := s.clock.Load()
+	if clock == nil {
+		return
+	}
+	s.quiet.Store(true)
+	clock.timer.Reset(clock.slow)
+	if s.inFlight.Load() > 0 {
+		// A request started meanwhile, and its nudge may have been taken before the reset:
+		// one more round, after it, sees the request.
 		s.wakeJanitor()
 	}
 }
@@ -745,7 +786,7 @@ func (c *srvConn) serveOne() bool {
 	ctx, cancel := context.WithCancel(s.base())
 	req = req.WithContext(ctx)
 
-	body := &reqBody{c: c, rc: req.Body, cont: expectContinue}
+	body := &reqBody{c: c, rc: req.Body, length: req.ContentLength, cont: expectContinue}
 	noBody := req.Body == http.NoBody
 	if !noBody {
 		req.Body = body
@@ -759,6 +800,7 @@ func (c *srvConn) serveOne() bool {
 	c.watchAsked.Store(false)
 	c.setState(stateActive)
 	s.requestStarted()
+	defer s.requestEnded()
 
 	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
 	w.closeAfter = req.Close
@@ -919,10 +961,64 @@ func (c *srvConn) stopWatch() {
 // reqBody is a request body as the handler sees it: it answers Expect: 100-continue at the
 // first read and tells the connection when the body has been read to its end.
 type reqBody struct {
-	c    *srvConn
-	rc   io.ReadCloser
-	cont bool // 100 Continue still to send
-	eof  bool
+	c      *srvConn
+	rc     io.ReadCloser
+	length int64 // announced; -1: unknown (chunked)
+	cont   bool  // 100 Continue still to send
+	eof    bool
+	// lowat is the SO_RCVLOWAT the body's reads have set on the connection (0: none, the
+	// kernel's 1; -1: it cannot be set here).
+	lowat int64
+}
+
+// minLowat is the least of a body's bytes still to come worth waiting for as one: below it,
+// waking for each segment costs less than the system calls that set and reset the threshold.
+const minLowat = 64 << 10
+
+// maxLowat bounds the threshold: up to 1 MiB, and no more than half of what BodyReadTimeout
+// lets arrive at BodyMinRate. The bytes that wait under the threshold are not counted as
+// received until they are read, so a body sent at the minimum rate could otherwise run out of
+// time with those bytes in the socket: with at most half the timeout's worth hidden, it cannot.
+func (s *Server) maxLowat() int64 {
+	m := int64(1 << 20)
+	if s.BodyReadTimeout > 0 && s.BodyMinRate > 0 {
+		m = min(m, int64(s.BodyReadTimeout.Seconds()*float64(s.BodyMinRate)/2))
+	}
+	return m
+}
+
+// adjustLowat keeps the connection's SO_RCVLOWAT, while a large body with a known length is
+// read, at what the next read of next bytes can wait for: the rest of the body still in the
+// socket or on its way, at most next. A 400 KB body that arrives over a millisecond in 64 KB
+// segments then takes three reads (the head's buffer, what had come by the first read from
+// the socket, the rest) and one wake-up, not a read and a wake-up per segment (docs/results.md,
+// "Sixth round"). It is set once a read from the socket (partial: socket says it read there)
+// left at least minLowat to come, and lowered (to the kernel's 1 at the body's end) whenever
+// what is left falls below it, so that a read never waits for bytes that will not come. A body
+// that is in the socket whole by the first read never sets it.
+func (b *reqBody) adjustLowat(next int, end, socket bool) {
+	if b.lowat < 0 || b.length < 0 {
+		return
+	}
+	c := b.c
+	rest := b.length - c.bodyRead.Load() - int64(c.br.Buffered())
+	want := min(rest, int64(next), c.s.maxLowat())
+	switch {
+	case end || rest <= 0:
+		want = 0
+	case b.lowat == 0 && (!socket || want < minLowat):
+		return // not worth it (yet)
+	case b.lowat != 0 && want >= b.lowat:
+		return // never raised again: at most one change per read
+	}
+	if want == b.lowat || want == 0 && b.lowat == 0 {
+		return
+	}
+	if !setRcvLowat(c.rwc, int(max(want, 1))) {
+		b.lowat = -1
+		return
+	}
+	b.lowat = want
 }
 
 func (b *reqBody) Read(p []byte) (int, error) {
@@ -947,11 +1043,13 @@ func (b *reqBody) Read(p []byte) (int, error) {
 		}
 		c.bodyReading.Store(true)
 	}
+	socket := c.br.Buffered() == 0 && !c.cr.hasByte // this read goes to the socket
 	n, err := b.rc.Read(p)
 	if timed {
 		c.bodyReading.Store(false)
 	}
 	c.bodyRead.Add(int64(n))
+	b.adjustLowat(len(p)-n, err != nil, socket)
 	if err == io.EOF {
 		b.eof = true
 		c.onBodyEOF()

@@ -681,6 +681,46 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 	}
 }
 
+// When the last request in flight ends and requests are rare, the janitor goes quiet at once:
+// no round half a WatchAfter later (and another after that) finds nothing to do, each a wake-up
+// of an idle process. The request's own nudge is its only round.
+func TestJanitorQuietAfterLastRequest(t *testing.T) {
+	// Rounds every 20 ms while busy: the requests are far shorter, even under -race on a loaded
+	// machine.
+	s := &Server{WatchAfter: 40 * time.Millisecond}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.URL.Path)
+	}))
+	c := newClient(t)
+	get := func(p string) {
+		t.Helper()
+		resp, err := c.Get("http://" + addr + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get("/first")
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.quiet.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	for range 5 {
+		r0 := s.rounds.Load()
+		get("/again")
+		// What is tested is that nothing happens: the time of three busy rounds passes (the
+		// janitor before went quiet only at the second round after the request).
+		time.Sleep(60 * time.Millisecond)
+		if n := s.rounds.Load() - r0; n > 1 {
+			t.Errorf("%d janitor rounds for one short request, want at most 1 (its nudge)", n)
+		}
+		if !s.quiet.Load() {
+			t.Error("the janitor is not quiet after the request")
+		}
+	}
+}
+
 // TestIdleExpiryLeavesArrivingRequest: a kept-alive connection whose idle time runs out just as
 // a request arrives on it (its bytes wait in the socket, the connection's goroutine not yet
 // scheduled to read them) is not closed: the request is served. One with nothing waiting is

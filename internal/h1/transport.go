@@ -29,6 +29,18 @@
 //
 // Only plain http URLs that no proxy carries are served here; https, and requests that
 // Fallback's Proxy function routes through a proxy, go to Fallback.
+//
+// On Linux both sides read and write their TCP connections with raw system calls
+// (rawconn_linux.go) instead of net.Conn's Read and Write, for a measured reason
+// (docs/results.md, "Long contexts", sixth round): each of net's calls enters the runtime's
+// system-call bookkeeping, and the first one after every P went idle wakes the runtime's sysmon
+// thread, which then sleeps and wakes every 20 µs for as long as a goroutine runs. A router
+// between requests is idle, so every request paid it two or three times: at 8 100k-token
+// requests a second, 24 to 38 nanosleeps and 48 to 75 context switches per request before this
+// round, 4 to 9 and 18 to 31 after it (its other changes, logbuf's and the janitor's, included),
+// and 0.9 cpu-ms less per request. The calls are made inside the connection's
+// syscall.RawConn, so the netpoller, deadlines and Close behave as with net.Conn; a socket in
+// non-blocking mode never blocks in them. TLS connections and other platforms keep net's calls.
 package h1
 
 import (
@@ -320,6 +332,7 @@ func (t *Transport) get(ctx context.Context, addr string, fresh bool) (c *conn, 
 	if err != nil {
 		return nil, false, err
 	}
+	nc = wrapConn(nc) // reads and writes without waking the runtime's sysmon (rawconn_linux.go)
 	c = &conn{nc: nc, addr: addr}
 	c.cr.r = nc
 	c.br = bufio.NewReaderSize(&c.cr, cmpOr(t.ReadBufferSize, 4<<10))

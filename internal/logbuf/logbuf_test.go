@@ -36,15 +36,16 @@ func TestBatchesAndFlushesAfterInterval(t *testing.T) {
 	for i := range 100 {
 		fmt.Fprintf(w, "line %d\n", i)
 	}
-	if s, _ := out.get(); s != "" {
-		t.Fatalf("written before the interval: %q", s)
+	// The first line finds the writer idle and goes out at once; the rest wait for the interval.
+	if s, writes := out.get(); s != "line 0\n" || writes != 1 {
+		t.Fatalf("before the interval: %q in %d writes, want the first line alone", s, writes)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		s, writes := out.get()
 		if strings.Count(s, "\n") == 100 {
-			if writes != 1 {
-				t.Errorf("100 lines took %d writes, want 1", writes)
+			if writes != 2 {
+				t.Errorf("100 lines took %d writes, want 2 (the first line, then a batch)", writes)
 			}
 			if !strings.HasPrefix(s, "line 0\n") || !strings.HasSuffix(s, "line 99\n") {
 				t.Errorf("lines out of order: %q...", s[:20])
@@ -56,8 +57,11 @@ func TestBatchesAndFlushesAfterInterval(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// A later line starts a new batch, which is flushed too.
+	// A line right after the batch was written starts a new batch, which is flushed too.
 	fmt.Fprintln(w, "later")
+	if s, _ := out.get(); strings.HasSuffix(s, "later\n") {
+		t.Error("a line right after a batch was written at once, not batched")
+	}
 	for deadline = time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if s, _ := out.get(); strings.HasSuffix(s, "later\n") {
 			break
@@ -68,29 +72,52 @@ func TestBatchesAndFlushesAfterInterval(t *testing.T) {
 	}
 }
 
+// A line that comes an interval or more after the last write goes out at once: no timer has to
+// wake an idle process to write it.
+func TestWritesThroughWhenIdle(t *testing.T) {
+	var out syncBuffer
+	const interval = 20 * time.Millisecond
+	w := New(&out, interval, 1<<20)
+	defer w.Close()
+	for i := range 3 {
+		start := time.Now()
+		fmt.Fprintf(w, "idle %d\n", i)
+		if s, writes := out.get(); !strings.HasSuffix(s, fmt.Sprintf("idle %d\n", i)) || writes != i+1 {
+			t.Fatalf("line %d after an idle interval: %q in %d writes, want it written at once", i, s, writes)
+		}
+		for time.Since(start) < interval { // the clock, not another goroutine, is waited for
+			time.Sleep(interval / 4)
+		}
+	}
+}
+
 func TestFlushesWhenFull(t *testing.T) {
 	var out syncBuffer
 	w := New(&out, time.Hour, 100)
 	defer w.Close()
 	line := strings.Repeat("x", 39) + "\n"
-	for range 3 { // 120 bytes: past the 100-byte size on the third
+	for range 4 { // the first goes out at once; 120 bytes wait after the fourth: past 100
 		w.Write([]byte(line))
 	}
-	if s, writes := out.get(); len(s) != 120 || writes != 1 {
-		t.Errorf("got %d bytes in %d writes, want 120 in 1", len(s), writes)
+	if s, writes := out.get(); len(s) != 160 || writes != 2 {
+		t.Errorf("got %d bytes in %d writes, want 160 in 2", len(s), writes)
 	}
 }
 
 func TestCloseFlushesThenWritesThrough(t *testing.T) {
 	var out syncBuffer
 	w := New(&out, time.Hour, 1<<20)
-	w.Write([]byte("a\n"))
-	w.Close()
+	w.Write([]byte("a\n")) // at once: nothing written yet
+	w.Write([]byte("b\n")) // waits for the hour
 	if s, _ := out.get(); s != "a\n" {
+		t.Fatalf("before Close: %q", s)
+	}
+	w.Close()
+	if s, _ := out.get(); s != "a\nb\n" {
 		t.Fatalf("after Close: %q", s)
 	}
-	w.Write([]byte("b\n"))
-	if s, _ := out.get(); s != "a\nb\n" {
+	w.Write([]byte("c\n"))
+	if s, _ := out.get(); s != "a\nb\nc\n" {
 		t.Errorf("after Close, a write is not written through: %q", s)
 	}
 }

@@ -93,7 +93,7 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 	// Trailing whitespace is trimmed before hashing: a remembered chain may cover only what
 	// is left (it may come from a longer text that shares this one's bytes).
 	end := len(bytes.TrimRight(text, " \n"))
-	base, d := c.longest(head, seed, size, text[:end])
+	base, d, at := c.longest(head, seed, size, text[:end])
 	start := len(dst)
 	if base != nil && base.collapsed && collapsibleAfter(text, base.rawLen) {
 		return c.extendCollapsed(dst, head, seed, size, text, end, base, d)
@@ -102,12 +102,15 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 		bp := normBufs.Get().(*[]byte)
 		norm, grown, collapsed := n.appendNormalized(*bp, text)
 		dst = BlocksBytes(dst, seed, norm, blockTokens)
+		// The digest of the text's start that longest computed to check the chains under head
+		// (none of which this text extends) is carried on, not computed again.
 		switch {
 		case len(norm) > 0 && &norm[0] == &text[0]: // unchanged but for trailing whitespace
-			c.store(head, seed, size, text, len(dst[start:])*size, dst[start:], false, nil, nil, 0)
+			rawLen := len(dst[start:]) * size
+			c.store(head, seed, size, text, rawLen, dst[start:], false, nil, digestUpTo(d, at, rawLen), at)
 		case collapsed && printableASCII(text[end-1]):
 			// norm is also the normalised text[:end]: what follows end is trimmed.
-			c.store(head, seed, size, text, end, dst[start:], true, norm[len(dst[start:])*size:], nil, 0)
+			c.store(head, seed, size, text, end, dst[start:], true, norm[len(dst[start:])*size:], digestUpTo(d, at, end), at)
 		}
 		putNorm(bp, grown)
 		return dst
@@ -222,9 +225,19 @@ func cleanAfter(text []byte, from int) bool {
 	return b >= 0 && norm.NFC.IsNormal(text[b:])
 }
 
-// longest returns the longest remembered chain under head that text extends, and the xxhash
-// digest of text up to its end (nil when there is none).
-func (c *Chains) longest(head, seed uint64, size int, text []byte) (*remembered, *xxhash.Digest) {
+// digestUpTo returns d, the digest of a text's first at bytes, when it can be carried on to
+// the text's first n bytes; else nil.
+func digestUpTo(d *xxhash.Digest, at, n int) *xxhash.Digest {
+	if d == nil || at > n {
+		return nil
+	}
+	return d
+}
+
+// longest returns the longest remembered chain under head that text extends (nil when there
+// is none), and d, the xxhash digest of text[:at]: up to that chain's end, or, when there is
+// none, up to where the checks of the chains under head read (d nil when there were none).
+func (c *Chains) longest(head, seed uint64, size int, text []byte) (best *remembered, d *xxhash.Digest, at int) {
 	c.mu.Lock()
 	cands := append([]*remembered(nil), c.byHead[head]...)
 	c.mu.Unlock()
@@ -234,12 +247,12 @@ func (c *Chains) longest(head, seed uint64, size int, text []byte) (*remembered,
 			cands[j], cands[j-1] = cands[j-1], cands[j]
 		}
 	}
-	var best *remembered
-	d := xxhash.New()
-	at := 0
 	for _, ch := range cands {
 		if ch.seed != seed || ch.size != size || ch.rawLen > len(text) {
 			continue
+		}
+		if d == nil {
+			d = xxhash.New()
 		}
 		_, _ = d.Write(text[at:ch.rawLen])
 		at = ch.rawLen
@@ -248,18 +261,19 @@ func (c *Chains) longest(head, seed uint64, size int, text []byte) (*remembered,
 		}
 	}
 	if best == nil {
-		return nil, nil
+		return nil, d, at
 	}
 	// Rewind the digest to the best chain's end: the longer candidates read past it.
 	if at != best.rawLen {
 		d.Reset()
 		_, _ = d.Write(text[:best.rawLen])
+		at = best.rawLen
 	}
 	c.mu.Lock()
 	c.tick++
 	best.used = c.tick
 	c.mu.Unlock()
-	return best, d
+	return best, d, at
 }
 
 // store remembers blocks, the chain of the (normalised, when collapsed) text[:rawLen], and
