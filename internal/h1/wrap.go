@@ -3,7 +3,7 @@ package h1
 import "net"
 
 // WrapConn returns nc with reads and writes made as raw system calls inside its
-// syscall.RawConn when nc is a *net.TCPConn on Linux, else nc unchanged. The poller still
+// syscall.RawConn when nc is a *net.TCPConn on Linux (amd64, arm64: see rawconn_linux.go), else nc unchanged. The poller still
 // waits for the socket, and deadlines, Close and CloseWrite act as on nc; only the runtime's
 // entersyscall and exitsyscall around each read and write are left out, which on an otherwise
 // idle process wake the runtime's sysmon thread for a millisecond of 20 µs polls (see

@@ -1,3 +1,5 @@
+//go:build linux && (amd64 || arm64)
+
 package h1
 
 import (
