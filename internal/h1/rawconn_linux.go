@@ -94,7 +94,7 @@ func setRcvLowat(nc net.Conn, n int) bool {
 func (c *rawConn) read(fd uintptr) bool {
 	op := &c.rd
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(op.p))), uintptr(len(op.p)))
+		n, e := sysRead(fd, op.p)
 		switch e {
 		case 0:
 			op.n = int(n)
@@ -114,7 +114,7 @@ func (c *rawConn) write(fd uintptr) bool {
 	op := &c.wr
 	for op.n < len(op.p) {
 		rest := op.p[op.n:]
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(unsafe.SliceData(rest))), uintptr(len(rest)))
+		n, e := sysWrite(fd, rest)
 		switch e {
 		case 0:
 			op.n += int(n)
@@ -134,7 +134,7 @@ func (c *rawConn) write(fd uintptr) bool {
 func (c *rawConn) writev(fd uintptr) bool {
 	op := &c.wr
 	for len(op.iov) > 0 {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&op.iov[0])), uintptr(len(op.iov)))
+		n, e := sysWritev(fd, op.iov)
 		switch e {
 		case 0:
 			op.n += int(n)
