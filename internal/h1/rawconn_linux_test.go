@@ -24,22 +24,7 @@ func rawPair(t *testing.T) (a, b *rawConn) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
-	dialed, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := <-accepted
-	if other == nil {
-		t.FailNow()
-	}
+	dialed, other := dialAccept(t, ln)
 	a, ok1 := wrapConn(dialed).(*rawConn)
 	b, ok2 := wrapConn(other).(*rawConn)
 	if !ok1 || !ok2 {
@@ -47,6 +32,28 @@ func rawPair(t *testing.T) (a, b *rawConn) {
 	}
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
+}
+
+// dialAccept dials ln over TCP and returns the dialed connection and the one ln accepted.
+func dialAccept(t *testing.T, ln net.Listener) (dialed, accepted net.Conn) {
+	t.Helper()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		ch <- c
+	}()
+	dialed, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if accepted = <-ch; accepted == nil {
+		dialed.Close()
+		t.FailNow()
+	}
+	return dialed, accepted
 }
 
 // Bytes written through writes and writev of many sizes, larger than the socket takes at once

@@ -653,16 +653,7 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, r.URL.Path)
 	}))
-	c := newClient(t)
-	get := func(p string) {
-		t.Helper()
-		resp, err := c.Get("http://" + addr + p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	get := getter(t, newClient(t), addr)
 	get("/fast")
 	r0 := s.rounds.Load()
 	deadline := time.Now().Add(5 * time.Second)
@@ -691,16 +682,7 @@ func TestJanitorQuietAfterLastRequest(t *testing.T) {
 	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, r.URL.Path)
 	}))
-	c := newClient(t)
-	get := func(p string) {
-		t.Helper()
-		resp, err := c.Get("http://" + addr + p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	get := getter(t, newClient(t), addr)
 	get("/first")
 	deadline := time.Now().Add(5 * time.Second)
 	for !s.quiet.Load() && time.Now().Before(deadline) {
@@ -807,5 +789,18 @@ func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
 				t.Errorf("the connection after: %v", err)
 			}
 		})
+	}
+}
+
+// getter returns a function that GETs a path from addr with c and reads the answer to its end.
+func getter(t *testing.T, c *http.Client, addr string) func(path string) {
+	return func(p string) {
+		t.Helper()
+		resp, err := c.Get("http://" + addr + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
 }

@@ -49,24 +49,9 @@ func TestWrapListenerAndConn(t *testing.T) {
 	if ln.Addr() != inner.Addr() {
 		t.Errorf("Addr %v, want %v", ln.Addr(), inner.Addr())
 	}
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, srv := dialAccept(t, ln)
 	dialed := WrapConn(nc)
 	defer dialed.Close()
-	srv := <-accepted
-	if srv == nil {
-		t.FailNow()
-	}
 	defer srv.Close()
 	for name, c := range map[string]net.Conn{"accepted": srv, "dialed": dialed} {
 		if _, ok := c.(*rawConn); !ok {
