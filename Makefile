@@ -60,7 +60,7 @@ unit: $(if $(NPM),$(E2E_CLIENT))
 	$(GO) test -race -count=1 -timeout 10m $(PKGS)
 	# h1's raw connections make their system calls through package syscall under -race
 	# (internal/h1/rawsys_race.go): their tests once more without it, on the raw calls.
-	$(GO) test -count=1 -run 'RawConn|Wrap|ConnectionsAreRaw|BodyReadWaits' ./internal/h1/
+	$(GO) test -count=1 -run 'RawConn|RawSyscalls|Wrap|ConnectionsAreRaw|BodyReadWaits' ./internal/h1/
 
 # npm ci when node_modules is missing or older than the lock file; npm writes the hidden lock
 # file $(E2E_CLIENT) on every install (touched in case an old npm does not).

@@ -51,10 +51,16 @@ type rawOp struct {
 	errno syscall.Errno
 }
 
-// wrapConn returns nc with raw reads and writes when it is a TCP connection, else nc.
+// rawOff is set by KVROUTE_RAW_SYSCALLS=off in the environment: every connection keeps net's
+// own reads and writes (the way back should a kernel or a sandbox such as gVisor treat the raw
+// calls differently; it costs the CPU the package doc gives).
+var rawOff = os.Getenv("KVROUTE_RAW_SYSCALLS") == "off"
+
+// wrapConn returns nc with raw reads and writes when it is a TCP connection, else nc (and nc
+// whatever it is when rawOff).
 func wrapConn(nc net.Conn) net.Conn {
 	tc, ok := nc.(*net.TCPConn)
-	if !ok {
+	if !ok || rawOff {
 		return nc
 	}
 	rc, err := tc.SyscallConn()

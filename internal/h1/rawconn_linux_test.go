@@ -326,3 +326,27 @@ func TestBodyReadWaitsForTheRest(t *testing.T) {
 		t.Errorf("response %q", b)
 	}
 }
+
+// KVROUTE_RAW_SYSCALLS=off (rawOff) leaves every connection as net made it.
+func TestRawSyscallsOff(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialed, accepted := dialAccept(t, ln)
+	defer dialed.Close()
+	defer accepted.Close()
+	defer func(old bool) { rawOff = old }(rawOff)
+	rawOff = true
+	if c := wrapConn(dialed); c != dialed {
+		t.Errorf("with rawOff wrapConn gave a %T, want the *net.TCPConn as it was", c)
+	}
+	if setRcvLowat(dialed, 1<<16) {
+		t.Error("setRcvLowat reported success on a connection left as net made it")
+	}
+	rawOff = false
+	if _, ok := wrapConn(dialed).(*rawConn); !ok {
+		t.Error("without rawOff wrapConn did not wrap a TCP connection")
+	}
+}

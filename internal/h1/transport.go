@@ -40,7 +40,8 @@
 // round, 4 to 9 and 18 to 31 after it (its other changes, logbuf's and the janitor's, included),
 // and 0.9 cpu-ms less per request. The calls are made inside the connection's
 // syscall.RawConn, so the netpoller, deadlines and Close behave as with net.Conn; a socket in
-// non-blocking mode never blocks in them. TLS connections and other platforms keep net's calls.
+// non-blocking mode never blocks in them. TLS connections and other platforms keep net's calls,
+// and so does every connection when the environment has KVROUTE_RAW_SYSCALLS=off.
 package h1
 
 import (
