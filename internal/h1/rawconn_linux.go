@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -54,13 +55,16 @@ type rawOp struct {
 // rawOff is set by KVROUTE_RAW_SYSCALLS=off in the environment: every connection keeps net's
 // own reads and writes (the way back should a kernel or a sandbox such as gVisor treat the raw
 // calls differently; it costs the CPU the package doc gives).
-var rawOff = os.Getenv("KVROUTE_RAW_SYSCALLS") == "off"
+// (Atomic: a test turns it while other tests' servers may accept.)
+var rawOff atomic.Bool
+
+func init() { rawOff.Store(os.Getenv("KVROUTE_RAW_SYSCALLS") == "off") }
 
 // wrapConn returns nc with raw reads and writes when it is a TCP connection, else nc (and nc
 // whatever it is when rawOff).
 func wrapConn(nc net.Conn) net.Conn {
 	tc, ok := nc.(*net.TCPConn)
-	if !ok || rawOff {
+	if !ok || rawOff.Load() {
 		return nc
 	}
 	rc, err := tc.SyscallConn()

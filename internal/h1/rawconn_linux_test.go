@@ -337,15 +337,15 @@ func TestRawSyscallsOff(t *testing.T) {
 	dialed, accepted := dialAccept(t, ln)
 	defer dialed.Close()
 	defer accepted.Close()
-	defer func(old bool) { rawOff = old }(rawOff)
-	rawOff = true
+	defer rawOff.Store(rawOff.Load())
+	rawOff.Store(true)
 	if c := wrapConn(dialed); c != dialed {
 		t.Errorf("with rawOff wrapConn gave a %T, want the *net.TCPConn as it was", c)
 	}
 	if setRcvLowat(dialed, 1<<16) {
 		t.Error("setRcvLowat reported success on a connection left as net made it")
 	}
-	rawOff = false
+	rawOff.Store(false)
 	if _, ok := wrapConn(dialed).(*rawConn); !ok {
 		t.Error("without rawOff wrapConn did not wrap a TCP connection")
 	}
