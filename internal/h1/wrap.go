@@ -4,7 +4,8 @@ import "net"
 
 // WrapConn returns nc with reads and writes made as raw system calls inside its
 // syscall.RawConn when nc is a *net.TCPConn on Linux (amd64 and arm64: see rawconn_linux.go),
-// else nc unchanged. The poller still waits for the socket, and deadlines, Close and
+// else nc unchanged (and nc unchanged whatever it is when the environment has
+// KVROUTE_RAW_SYSCALLS=off). The poller still waits for the socket, and deadlines, Close and
 // CloseWrite act as on nc; only the runtime's entersyscall and exitsyscall around each read
 // and write are left out, which on an otherwise idle process wake the runtime's sysmon thread
 // for a millisecond of 20 µs polls. Options set before wrapping (keep-alive, no-delay) stay
