@@ -61,6 +61,16 @@ func namesFor(engine string) (names, bool) {
 	return n, ok
 }
 
+// wantedBy is, per engine, the families Parse reads (see readWanted).
+var wantedBy = func() map[string]wanted {
+	m := map[string]wanted{}
+	for _, engine := range metricKinds() {
+		n, _ := namesFor(engine)
+		m[engine] = n.wanted()
+	}
+	return m
+}()
+
 // Supported reports whether Parse knows the engine's metric names.
 func Supported(engine string) bool {
 	_, ok := namesFor(engine)
@@ -78,11 +88,21 @@ func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error)
 	if !ok {
 		return nil, fmt.Errorf("no metric names known for engine %q", engine)
 	}
+	page, err := readWanted(r, wantedBy[engine])
+	if err != nil {
+		return nil, fmt.Errorf("read %s metrics: %w", engine, err)
+	}
+	defer putPage(page)
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := p.TextToMetricFamilies(page)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s metrics: %w", engine, err)
 	}
+	return snapshotOf(n, fams, at), nil
+}
+
+// snapshotOf reads an engine's snapshot from its parsed families.
+func snapshotOf(n names, fams map[string]*dto.MetricFamily, at time.Time) *endpoint.Snapshot {
 	s := &endpoint.Snapshot{At: at}
 	if v, ok := sum(fams, n.running); ok {
 		s.Running = clampInt(v)
@@ -107,7 +127,7 @@ func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error)
 			s.BlockSize, s.NumGPUBlocks = 1, clampInt(v)
 		}
 	}
-	return s, nil
+	return s
 }
 
 // value is a sample's value, whatever its type (histograms and summaries have none here).

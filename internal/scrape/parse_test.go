@@ -6,11 +6,14 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
@@ -138,6 +141,92 @@ func FuzzParse(f *testing.F) {
 
 func BenchmarkParse_vLLM(b *testing.B) {
 	in, err := os.ReadFile(filepath.Join("testdata", "vllm.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse("vllm", bytes.NewReader(in), at); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// FuzzParseFiltered checks the cut of readWanted: wherever the whole page parses, the snapshot
+// from the cut page is the same, and the cut never keeps a line of a family Parse does not
+// read whose name it could tell.
+func FuzzParseFiltered(f *testing.F) {
+	for _, engine := range []string{"vllm", "sglang", "tgi", "llamacpp"} {
+		in, err := os.ReadFile(filepath.Join("testdata", engine+".txt"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(engine, in)
+	}
+	full, err := os.ReadFile(filepath.Join("testdata", "vllm-full.txt"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add("vllm", full)
+	f.Add("vllm", []byte("# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total 3\n# TYPE x histogram\nx_bucket{le=\"+Inf\"} 1\nx_count 1\nx_sum 2\n"))
+	f.Add("sglang", []byte("  sglang:num_running_reqs{a=\"b\"} 2\n\n# a comment\n{\"sglang:num_queue_reqs\"} 4\n"))
+	f.Fuzz(func(t *testing.T, engine string, data []byte) {
+		n, ok := namesFor(engine)
+		if !ok {
+			return
+		}
+		tp := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := tp.TextToMetricFamilies(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		got, err := Parse(engine, bytes.NewReader(data), at)
+		if err != nil {
+			t.Fatalf("the whole page parses, the cut one does not: %v", err)
+		}
+		if diff := cmp.Diff(snapshotOf(n, fams, at), got); diff != "" {
+			t.Fatalf("snapshot of the cut page differs (-whole +cut):\n%s", diff)
+		}
+	})
+}
+
+// TestReadWanted_Cut checks what the cut keeps of a full vLLM page: the families Parse reads,
+// and nothing else.
+func TestReadWanted_Cut(t *testing.T) {
+	in, err := os.ReadFile(filepath.Join("testdata", "vllm-full.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := readWanted(bytes.NewReader(in), wantedBy["vllm"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer putPage(page)
+	tp := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := tp.TextToMetricFamilies(bytes.NewReader(page.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for name := range fams {
+		got = append(got, name)
+	}
+	slices.Sort(got)
+	want := []string{"vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+		"vllm:num_requests_waiting", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("families kept (-want +got):\n%s", diff)
+	}
+	if page.Len() > len(in)/10 {
+		t.Errorf("the cut page is %d of %d bytes; want under a tenth", page.Len(), len(in))
+	}
+}
+
+// BenchmarkParseFull parses a whole vLLM-shaped metrics page (kvroute sim's, 22 KB: seven
+// histograms of 20-odd buckets beside the six samples the router reads), as every scrape does.
+func BenchmarkParseFull(b *testing.B) {
+	in, err := os.ReadFile(filepath.Join("testdata", "vllm-full.txt"))
 	if err != nil {
 		b.Fatal(err)
 	}
