@@ -139,19 +139,6 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-func BenchmarkParse_vLLM(b *testing.B) {
-	in, err := os.ReadFile(filepath.Join("testdata", "vllm.txt"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(in)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := Parse("vllm", bytes.NewReader(in), at); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
 
 // FuzzParseFiltered checks the cut of readWanted: wherever the whole page parses, the snapshot
 // from the cut page is the same, and the cut never keeps a line of a family Parse does not
@@ -223,18 +210,23 @@ func TestReadWanted_Cut(t *testing.T) {
 	}
 }
 
-// BenchmarkParseFull parses a whole vLLM-shaped metrics page (kvroute sim's, 22 KB: seven
-// histograms of 20-odd buckets beside the six samples the router reads), as every scrape does.
-func BenchmarkParseFull(b *testing.B) {
-	in, err := os.ReadFile(filepath.Join("testdata", "vllm-full.txt"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(in)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := Parse("vllm", bytes.NewReader(in), at); err != nil {
+// BenchmarkParse_vLLM parses the hand-written vLLM fixture (short) and a whole vLLM-shaped
+// page (full: kvroute sim's, 22 KB, seven histograms of 20-odd buckets beside the six samples
+// the router reads), as every scrape does.
+func BenchmarkParse_vLLM(b *testing.B) {
+	for _, page := range []struct{ name, file string }{{"short", "vllm.txt"}, {"full", "vllm-full.txt"}} {
+		in, err := os.ReadFile(filepath.Join("testdata", page.file))
+		if err != nil {
 			b.Fatal(err)
 		}
+		b.Run(page.name, func(b *testing.B) {
+			b.SetBytes(int64(len(in)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse("vllm", bytes.NewReader(in), at); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
