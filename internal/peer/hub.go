@@ -105,6 +105,23 @@ func (h *hub) flush() {
 	h.flushLocked()
 }
 
+// flushDue hands the pending batch on early when its first event is at least age old at now:
+// a stream that has just read a peer's batch calls it, so that this replica's batch goes out
+// while it is awake anyway rather than at its timer, which would wake it again. (Two replicas
+// then fall into step: one sends at its timer, the other at the receipt of that batch, and
+// 3 wake-ups carry a batch each way instead of 4.) Half the interval keeps a batch from
+// answering a batch that answered it: a batch never waits longer than the interval.
+func (h *hub) flushDue(now time.Time, age time.Duration) {
+	if h.nsubs.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.count > 0 && now.UnixNano()-h.first >= int64(age) {
+		h.flushLocked()
+	}
+}
+
 func (h *hub) flushLocked() {
 	if h.count == 0 {
 		return
