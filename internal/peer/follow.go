@@ -131,7 +131,6 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 			n.in.events.Add(float64(len(evs)))
 			n.lifecycle().ApplyBatch(evs, n.countDrop)
 			clear(evs) // the blocks now belong to the lifecycle
-			n.hub.flushDue(now, n.hub.interval/2)
 		}
 		// Other kinds are a newer minor version's: skipped.
 	}

@@ -21,18 +21,13 @@ import (
 // hub is the sending side: the lifecycle's events, encoded as they happen into the pending
 // batch, handed to each subscriber's bounded queue one batch interval after the batch's first
 // event (or when it is full). No event, no timer: an idle replica wakes for nothing.
-//
-// The interval is timed by each subscriber's own timer, which its stream's goroutine waits on
-// with its queue: the first to fire flushes the batch to every queue, its own included, and
-// writes it without another wake-up. (A timer of the hub's own, time.AfterFunc, ran the flush
-// on a goroutine of its own, which then woke the stream's: two goroutines and a hand-off per
-// batch, on a replica that is often idle when the batch is due.)
 type hub struct {
 	maxBatch int
 	queue    int
 	interval time.Duration
 	dropped  prometheus.Counter // queue_full
 	nsubs    atomic.Int32
+	timer    *time.Timer // flushes the pending batch; armed by its first event
 
 	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
 
@@ -54,12 +49,10 @@ type batch struct {
 // maxPooled bounds the buffers kept for reuse: a burst's large batch is left to the GC.
 const maxPooled = 256 << 10
 
-// sub is one peer's stream: its queue, its timer (armed by a batch's first event, stopped
-// when the batch leaves: its stream flushes the batch when it fires), and a signal that it
-// lost a batch (the stream must end so that the peer reconnects and reconciles).
+// sub is one peer's stream: its queue, and a signal that it lost a batch (the stream must end
+// so that the peer reconnects and reconciles).
 type sub struct {
 	ch     chan *batch
-	timer  *time.Timer
 	broken chan struct{}
 	once   sync.Once
 }
@@ -67,8 +60,11 @@ type sub struct {
 func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
 
 func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
-	return &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
+	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
 		dropped: m.Dropped.WithLabelValues("queue_full")}
+	h.timer = time.AfterFunc(time.Hour, h.flush)
+	h.timer.Stop()
+	return h
 }
 
 // publish encodes ev into the pending batch. It never blocks on a peer: with nobody
@@ -88,9 +84,7 @@ func (h *hub) publish(ev *route.Event) {
 		// The clock is read for a batch's first event only: the lag a receiver measures is
 		// that of the batch's oldest event.
 		h.first = time.Now().UnixNano()
-		for s := range h.subs {
-			s.timer.Reset(h.interval)
-		}
+		h.timer.Reset(h.interval)
 	}
 	h.count++
 	if len(h.pend) >= h.maxBatch {
@@ -98,28 +92,11 @@ func (h *hub) publish(ev *route.Event) {
 	}
 }
 
-// flush hands the pending batch to the subscribers (a subscriber's timer fired).
+// flush hands the pending batch to the subscribers.
 func (h *hub) flush() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.flushLocked()
-}
-
-// flushDue hands the pending batch on early when its first event is at least age old at now:
-// a stream that has just read a peer's batch calls it, so that this replica's batch goes out
-// while it is awake anyway rather than at its timer, which would wake it again. (Two replicas
-// then fall into step: one sends at its timer, the other at the receipt of that batch, and
-// 3 wake-ups carry a batch each way instead of 4.) Half the interval keeps a batch from
-// answering a batch that answered it: a batch never waits longer than the interval.
-func (h *hub) flushDue(now time.Time, age time.Duration) {
-	if h.nsubs.Load() == 0 {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.count > 0 && now.UnixNano()-h.first >= int64(age) {
-		h.flushLocked()
-	}
 }
 
 func (h *hub) flushLocked() {
@@ -137,7 +114,6 @@ func (h *hub) flushLocked() {
 	b.refs.Store(int32(len(h.subs)))
 	h.count = 0
 	for s := range h.subs {
-		s.timer.Stop()
 		select {
 		case s.ch <- b:
 		default:
@@ -157,14 +133,9 @@ func (h *hub) written(b *batch) {
 }
 
 func (h *hub) subscribe() *sub {
-	s := &sub{ch: make(chan *batch, h.queue), timer: time.NewTimer(time.Hour), broken: make(chan struct{})}
-	s.timer.Stop()
+	s := &sub{ch: make(chan *batch, h.queue), broken: make(chan struct{})}
 	h.mu.Lock()
 	h.subs[s] = struct{}{}
-	if h.count > 0 {
-		// A batch is pending: it goes at the others' timers, or at this one's.
-		s.timer.Reset(max(h.interval-time.Duration(time.Now().UnixNano()-h.first), 0))
-	}
 	h.mu.Unlock()
 	h.nsubs.Add(1)
 	return s
@@ -174,7 +145,6 @@ func (h *hub) unsubscribe(s *sub) {
 	h.mu.Lock()
 	delete(h.subs, s)
 	h.mu.Unlock()
-	s.timer.Stop()
 	h.nsubs.Add(-1)
 }
 
@@ -291,8 +261,6 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 		case b := <-s.ch:
 			err = f.writeBatch(b)
 			n.hub.written(b)
-		case <-s.timer.C:
-			n.hub.flush() // into s.ch too: the next turn writes it
 		case <-beat:
 			beat = n.clock.beats()
 			if time.Since(f.last) < n.beat/2 {
