@@ -13,7 +13,9 @@
 # (health probes, scrapes) is subtracted; what is left, divided by the requests sent, is
 # printed as cpu-ms per request. At the end one more 100k-token run is profiled through
 # /debug/pprof/profile (profiling costs CPU too, so that run is not one of the figures) and its
-# top functions are printed; the profile is kept in OUT.
+# top functions are printed; the profile is kept in OUT. So is what that run allocated: the heap
+# profile's allocation counts (/debug/pprof/allocs) before and after it, of which the
+# difference's top allocators by bytes are printed (allocs-before.prof, allocs-after.prof).
 #
 # With PERF=1 (and perf installed), each run and each idle stretch is also counted by `perf stat
 # -e context-switches,raw_syscalls:sys_enter` on the router, and the context switches and system
@@ -21,7 +23,9 @@
 # tracepoint costs the router a little CPU of its own: compare cpu_ms_per_req between runs with
 # the same PERF. PERF_EVENTS (with PERF=1) names more perf events, comma-separated, e.g.
 # "syscalls:sys_enter_nanosleep,syscalls:sys_enter_futex": each gets a column of its own, per
-# request, idle subtracted the same way.
+# request, idle subtracted the same way. PERF_RECORD=1 (with PERF=1) also samples the router with
+# `perf record -g -F PERF_FREQ` (2000) over each run and idle stretch, into OUT/perf-LABEL.data
+# (`perf report -i FILE`); the sampling costs CPU, so such runs' figures are not comparable.
 #
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
 # RATE (8 requests/s), CONCURRENCY (0; N: `kvroute bench --concurrency N`, a closed loop that keeps
@@ -44,6 +48,7 @@ concurrency=${CONCURRENCY:-0}
 profile=${PROFILE:-1}
 perf=${PERF:-0}
 perf_events=${PERF_EVENTS:-}
+perf_record=${PERF_RECORD:-0}
 if [ "$perf" = 1 ] && ! command -v perf >/dev/null; then
 	echo "longctx.sh: PERF=1 needs perf" >&2
 	exit 1
@@ -145,17 +150,28 @@ now_ms() { date +%s%3N; }
 # perf_start FILE / perf_stop: count the router's context switches and system calls into FILE
 # (PERF=1); perf_counts FILE prints "context_switches syscalls" (0 0 without PERF).
 perf_pid=
+record_pid=
 perf_start() {
 	[ "$perf" = 1 ] || return 0
 	perf stat -x, -e "context-switches,raw_syscalls:sys_enter${perf_events:+,$perf_events}" -p "$router" -o "$1" 2>/dev/null &
 	perf_pid=$!
 	pids+=($perf_pid)
+	if [ "$perf_record" = 1 ]; then
+		perf record -q -g -F "${PERF_FREQ:-2000}" -p "$router" -o "${1%.txt}.data" >/dev/null 2>&1 &
+		record_pid=$!
+		pids+=($record_pid)
+	fi
 	sleep 0.2 # perf attaches
 }
 perf_stop() {
 	[ "$perf" = 1 ] || return 0
 	kill -INT "$perf_pid" 2>/dev/null || true
 	wait "$perf_pid" 2>/dev/null || true
+	if [ -n "$record_pid" ]; then
+		kill -INT "$record_pid" 2>/dev/null || true
+		wait "$record_pid" 2>/dev/null || true
+		record_pid=
+	fi
 }
 perf_counts() {
 	if [ "$perf" != 1 ]; then
@@ -238,13 +254,17 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$profile" = 1 ]; then
 	secs=$((requests / rate + 2))
+	curl -fsS -o "$out/allocs-before.prof" "$admin/debug/pprof/allocs"
 	curl -fsS -o "$out/cpu.prof" "$admin/debug/pprof/profile?seconds=$secs" &
 	prof=$!
 	res=$(run "$profile_size" profile)
 	wait "$prof"
+	curl -fsS -o "$out/allocs-after.prof" "$admin/debug/pprof/allocs"
 	read -r wall ticks sent systicks <<<"$res"
 	say "CPU profile of one more run of $profile_size-token prompts: $out/cpu.prof ($((ticks * 1000 / tck)) cpu-ms by /proc over ${wall} ms, idle not subtracted)"
 	if command -v go >/dev/null; then
 		go tool pprof -top -nodecount=25 "$bin" "$out/cpu.prof" 2>/dev/null | sed -n '1,32p'
+		say "bytes allocated during that run (allocs-after.prof less allocs-before.prof), $sent requests:"
+		go tool pprof -sample_index=alloc_space -top -nodecount=20 -base "$out/allocs-before.prof" "$bin" "$out/allocs-after.prof" 2>/dev/null | sed -n '1,27p'
 	fi
 fi

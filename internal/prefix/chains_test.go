@@ -61,8 +61,8 @@ func firstDiff(a, b []uint64) int {
 	return min(len(a), len(b))
 }
 
-// A text that extends a remembered one takes the shared blocks from it; one that only shares
-// its head does not.
+// A text that extends a remembered one takes the shared blocks from it; so does one that shares
+// a long start with it and then goes its own way (a sibling), up to the last mark they share.
 func TestChainsReuseOnlyWhatIsShared(t *testing.T) {
 	c := NewChains(1 << 20)
 	seed := Seed("m", "salt")
@@ -87,8 +87,14 @@ func TestChainsReuseOnlyWhatIsShared(t *testing.T) {
 	if got, want := c.Blocks(nil, seed, other, 1, nil), BlocksBytes(nil, seed, other, 1); !slices.Equal(got, want) {
 		t.Fatalf("sibling: blocks differ at %d", firstDiff(got, want))
 	}
-	if n, _ := c.Len(); n != 2 || c.reused != 1 {
-		t.Errorf("%d chains after a sibling, %d reuses; want 2 and still 1 (it extends neither)", n, c.reused)
+	if n, _ := c.Len(); n != 2 || c.reused != 2 {
+		t.Errorf("%d chains after a sibling, %d reuses; want 2 and 2 (it shares the base's marks)", n, c.reused)
+	}
+	// One that shares only the head (the first 1,024 bytes) takes nothing from the others'
+	// later marks.
+	stranger := []byte(base[:1100] + strings.Repeat("something else altogether ", 300))
+	if got, want := c.Blocks(nil, seed, stranger, 1, nil), blocksRef(seed, string(stranger), 1); !slices.Equal(got, want) {
+		t.Fatalf("stranger: blocks differ at %d", firstDiff(got, want))
 	}
 	// Another salt shares nothing.
 	if got, want := c.Blocks(nil, Seed("m", "other"), next, 1, nil), BlocksBytes(nil, Seed("m", "other"), next, 1); !slices.Equal(got, want) {
@@ -200,5 +206,24 @@ func TestChainsReuseCollapsedText(t *testing.T) {
 	}
 	if c.reused != 7 {
 		t.Errorf("%d of 8 turns took blocks from the turn before, want 7", c.reused)
+	}
+}
+
+// TestChainsSiblingsShareTheirStart: prompts that share a long system prompt (with runs of
+// whitespace to collapse) and each ask their own question get the keys of their whole text
+// normalised and hashed, and all but the first take the shared blocks from one before.
+func TestChainsSiblingsShareTheirStart(t *testing.T) {
+	c := NewChains(1 << 16)
+	seed := Seed("m", "")
+	system := strings.Repeat("A shared system prompt.\n\nWith  paragraphs,  runs\t\tand double  spaces. ", 150)
+	for i := range 20 {
+		text := fmt.Sprintf("%s\n\nuser:  question %d,  %s?  \n", system, i, strings.Repeat("and more ", i*7))
+		want := blocksRef(seed, text, 1)
+		if got := c.Blocks(nil, seed, []byte(text), 1, nil); !slices.Equal(got, want) {
+			t.Fatalf("prompt %d: %d blocks, reference %d; first difference at %d", i, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	if c.reused != 19 {
+		t.Errorf("%d of 20 prompts took blocks from one before, want 19", c.reused)
 	}
 }

@@ -25,7 +25,8 @@ func blocksRef(seed uint64, s string, blockTokens int) []uint64 {
 
 // FuzzFastKeys checks that the fast paths give the reference keys: NormalizedBlocks (collapsing
 // into a recycled buffer) and Chains.Blocks on a growing conversation (the turn before, then
-// this one, then the same again), long enough for Chains to remember it.
+// this one, then the same again, then siblings that share the turn before's start), long enough
+// for Chains to remember it.
 func FuzzFastKeys(f *testing.F) {
 	for _, s := range normalizeCases {
 		f.Add(s, " and the next turn\n\n")
@@ -38,7 +39,7 @@ func FuzzFastKeys(f *testing.F) {
 		}
 		long := strings.Repeat("System prompt line.\n\nWith  a run. ", 40) + s
 		c := NewChains(1 << 14)
-		for i, text := range []string{long, long + next, long + next, long + next + s} {
+		for i, text := range []string{long, long + next, long + next, long + next + s, long + s + next, long + s} {
 			want := blocksRef(seed, text, 1)
 			if got := c.Blocks(nil, seed, []byte(text), 1, nil); !slices.Equal(got, want) {
 				t.Fatalf("Chains.Blocks, turn %d of %q + %q: %d blocks, reference %d; first difference at %d",
