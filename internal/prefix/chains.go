@@ -28,11 +28,13 @@ import (
 // remembered chain filed under its head until none matches: the deepest mark matched gives the
 // blocks taken over, and the rest is collapsed and hashed from there.
 //
-// Only text whose default normalisation at most collapses whitespace (no carriage return, in
-// NFC: the common case for machine-built prompts and prose alike) is remembered or extended;
-// any other text takes the full path. Memory is bounded by the blocks remembered in all (each
-// block also carries about a 64th of a mark, 32 to 100 bytes). It is safe for concurrent use; a
-// nil *Chains remembers nothing.
+// A prompt that adds fewer than minChainBlocks blocks to the chain it took from is not itself
+// remembered: the next turn takes the shared part from that chain too, and hashes the little
+// more again. Only text whose default normalisation at most collapses whitespace (no carriage
+// return, in NFC: the common case for machine-built prompts and prose alike) is remembered or
+// extended; any other text takes the full path. Memory is bounded by the blocks remembered in
+// all (each block also carries about a 64th of a mark, 32 to 100 bytes). It is safe for
+// concurrent use; a nil *Chains remembers nothing.
 type Chains struct {
 	maxBlocks int
 
@@ -72,7 +74,9 @@ type mark struct {
 	raw  int    // bytes of text before the mark; the byte before it is printable ASCII
 	norm int    // bytes of the normalised text[:raw]
 	hash uint64 // xxhash of text[:raw]
-	tail int    // where the mark's tail starts in tails: the norm % size normalised bytes past the last full block
+	// tail is where the mark's tail starts in tails: the norm % size normalised bytes past the
+	// last full block.
+	tail int
 }
 
 const (
@@ -217,7 +221,8 @@ func (c *Chains) fork(head, seed uint64, size int, text []byte, d *xxhash.Digest
 // extend appends to dst the blocks of text, whose default normalisation only collapses
 // whitespace: those of base up to its mark j (base nil: none), then those of the rest,
 // collapsed into a recycled buffer mark by mark; d is the digest of text up to where it starts.
-// The text is then remembered, with its marks.
+// The text is then remembered, with its marks, unless it adds fewer than minChainBlocks blocks
+// to base's.
 func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, base *remembered, j int, d *xxhash.Digest) []uint64 {
 	dst = growUint64(dst, len(text)/size) // the normalised text is no longer than text
 	start := len(dst)
@@ -228,6 +233,12 @@ func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, 
 	buf := (*bp)[:0]
 	normAt, pos, t := 0, 0, spacing // normAt: the normalised offset of buf[0]
 	h := seed
+	// A prompt that adds little to what it takes from base (its own question after a shared
+	// document) is not remembered: a text that extends it takes the shared part from base all
+	// the same, and hashes at most minChainBlocks blocks and its own turn again. Remembering
+	// each such prompt cost a copy of all its blocks and its marks, and crowded out the chains
+	// that differ.
+	remember := true
 	if base != nil {
 		m := base.marks[j]
 		k := m.norm / size
@@ -237,13 +248,16 @@ func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, 
 		}
 		normAt = k * size
 		buf = append(buf, base.tails[m.tail:m.tail+m.norm%size]...)
-		marks = append(make([]mark, 0, j+1+(len(text)-m.raw)/spacing+1), base.marks[:j+1]...)
-		tails = append(make([]byte, 0, len(base.tails)), base.tails[:m.tail+m.norm%size]...)
 		pos, t = m.raw, markAfter(m.raw, spacing)
+		// The blocks past k are at most those of the tail and the rest uncollapsed.
+		if remember = (len(buf)+len(text)-pos)/size >= minChainBlocks; remember {
+			marks = append(make([]mark, 0, j+1+(len(text)-pos)/spacing+1), base.marks[:j+1]...)
+			tails = append(make([]byte, 0, len(base.tails)), base.tails[:m.tail+m.norm%size]...)
+		}
 	} else {
 		marks = make([]mark, 0, len(text)/spacing+1)
 	}
-	for {
+	for remember {
 		r := nextMark(text, t)
 		if r < 0 {
 			break
@@ -261,8 +275,9 @@ func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, 
 	rest := text[pos:]
 	buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
 	normText := bytes.TrimRightFunc(buf, unicode.IsSpace)
+	taken := len(dst) - start
 	dst = chainBytes(dst, h, normText, size)
-	if len(marks) > 0 {
+	if len(marks) > 0 && (base == nil || len(dst)-start-taken >= minChainBlocks) {
 		c.store(head, seed, size, dst[start:], marks, tails)
 	}
 	putNorm(bp, buf)

@@ -87,8 +87,16 @@ func TestChainsReuseOnlyWhatIsShared(t *testing.T) {
 	if got, want := c.Blocks(nil, seed, other, 1, nil), BlocksBytes(nil, seed, other, 1); !slices.Equal(got, want) {
 		t.Fatalf("sibling: blocks differ at %d", firstDiff(got, want))
 	}
-	if n, _ := c.Len(); n != 2 || c.reused != 2 {
-		t.Errorf("%d chains after a sibling, %d reuses; want 2 and 2 (it shares the base's marks)", n, c.reused)
+	if n, _ := c.Len(); n != 1 || c.reused != 2 {
+		t.Errorf("%d chains after a sibling, %d reuses; want 1 (it adds too little to be remembered) and 2 (it shares the base's marks)", n, c.reused)
+	}
+	// A sibling that adds minChainBlocks blocks or more is remembered.
+	long := []byte(base + strings.Repeat("a long question of its own ", 50))
+	if got, want := c.Blocks(nil, seed, long, 1, nil), blocksRef(seed, string(long), 1); !slices.Equal(got, want) {
+		t.Fatalf("long sibling: blocks differ at %d", firstDiff(got, want))
+	}
+	if n, _ := c.Len(); n != 2 || c.reused != 3 {
+		t.Errorf("%d chains after a long sibling, %d reuses; want 2 and 3", n, c.reused)
 	}
 	// One that shares only the head (the first 1,024 bytes) takes nothing from the others'
 	// later marks.
