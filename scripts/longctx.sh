@@ -25,7 +25,9 @@
 # "syscalls:sys_enter_nanosleep,syscalls:sys_enter_futex": each gets a column of its own, per
 # request, idle subtracted the same way. PERF_RECORD=1 (with PERF=1) also samples the router with
 # `perf record -g -F PERF_FREQ` (2000) over each run and idle stretch, into OUT/perf-LABEL.data
-# (`perf report -i FILE`); the sampling costs CPU, so such runs' figures are not comparable.
+# (`perf report -i FILE`), and at the end prints, per request, where the samples of runs 2 to
+# REPEAT went (classes by the functions on their stacks, idle subtracted; needs python3); the
+# sampling costs CPU, so such runs' figures are not comparable with others'.
 #
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
 # RATE (8 requests/s), CONCURRENCY (0; N: `kvroute bench --concurrency N`, a closed loop that keeps
@@ -251,6 +253,60 @@ for size in $sizes; do
 	done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# With PERF_RECORD=1: the samples of runs 2 to REPEAT (all of them when REPEAT is 1), each less its
+# idle stretch's, per request, in classes by the functions on their stacks; each sample goes to
+# the first class of the list that matches.
+if [ "$perf" = 1 ] && [ "$perf_record" = 1 ] && command -v python3 >/dev/null; then
+	say "where the samples go (perf record -F ${PERF_FREQ:-2000}), per request, idle subtracted:"
+	for size in $sizes; do
+		files=()
+		for i in $(seq "$((repeat > 1 ? 2 : 1))" "$repeat"); do
+			files+=("$out/perf-$size-$i.data" "$out/perf-$size-$i-idle.data")
+		done
+		echo "$size tokens:"
+		python3 - "${PERF_FREQ:-2000}" "$requests" "${files[@]}" <<'PY'
+import collections, subprocess, sys
+freq, n, files = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def has(*names):
+    return lambda st: any(any(k in f for k in names) for f in st)
+classes = [
+    ("collector (mark workers, assists, sweeping)", has('gcBgMarkWorker', 'runtime.gcAssist', 'sweepone', 'bgsweep', 'bgscavenge')),
+    ("idle work: scrapes of the engines' metrics", has('internal/scrape', 'expfmt')),
+    ("idle work: health probes (net/http client)", has('net/http.(*persistConn)', 'net/http.(*Transport)')),
+    ("runtime: sysmon", lambda st: 'runtime.sysmon' in st),
+    ("page faults (kernel), wherever they occur", has('exc_page_fault')),
+    ("handler: routing keys (route.Keys.FromOpenAI)", has('route.Keys.FromOpenAI')),
+    ("handler: parse (openai.ParseScratch)", has('openai.ParseScratch')),
+    ("handler: reading the body", has('proxy.readBodyHeld')),
+    ("handler: pick and index insert (route.Call.Next)", has('route.(*Call).Next')),
+    ("handler: done, index insert again (route.Call.Finish)", has('route.(*Call).Finish')),
+    ("handler: the access line (slog, logbuf, write)", has('log/slog', 'logbuf')),
+    ("handler: sending to the engine (h1.Transport)", lambda st: has('h1.(*Transport)')(st) and not has('proxy.(*sseBody)')(st)),
+    ("handler: the rest (relay, metrics, settle)", has('proxy.(*Handler).ServeHTTP')),
+    ("h1 server outside the handler", has('internal/h1')),
+    ("runtime: scheduler (netpoll, findRunnable, park)", lambda st: any(f in ('runtime.findRunnable', 'runtime.schedule', 'runtime.park_m', 'runtime.netpoll', 'runtime.stopm', 'runtime.mstart1', 'runtime.goexit0') or 'runtime.mcall' in f for f in st)),
+    ("other", lambda st: True),
+]
+def count(path):
+    out = subprocess.run(['perf', 'script', '-i', path, '-F', 'ip,sym'], capture_output=True, text=True).stdout
+    got = collections.Counter()
+    for sample in out.split('\n\n'):
+        st = [l.split(None, 1)[1] for l in sample.strip().splitlines() if len(l.split(None, 1)) == 2]
+        if st:
+            got[next(name for name, match in classes if match(st))] += 1
+    return got
+diff, runs = collections.Counter(), len(files) // 2
+for run, idle in zip(files[0::2], files[1::2]):
+    diff.update(count(run))
+    diff.subtract(count(idle))
+ms = 1000 / freq / (n * runs)
+for name, _ in classes:
+    print(f"  {name:56s} {diff[name] * ms:7.3f} ms")
+print(f"  {'all samples':56s} {sum(diff.values()) * ms:7.3f} ms")
+PY
+	done
+fi
 
 if [ "$profile" = 1 ]; then
 	secs=$((requests / rate + 2))
