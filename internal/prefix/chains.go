@@ -22,8 +22,8 @@ import (
 // The check is made at marks: a remembered prompt keeps, every markBlocks blocks' worth of
 // text, the xxhash of its text up to there, the length of that text once normalised, and the
 // normalised bytes past its last full block there. Where the marks lie depends only on the text
-// before them (the first offset at or past each multiple of the spacing whose byte before is a
-// printable ASCII byte, so that no whitespace run crosses it), so two texts with the same start
+// before them (the first offset at or past each multiple of the spacing that ends a character
+// other than whitespace, so that no whitespace run crosses it), so two texts with the same start
 // have the same marks in it, and a new text is hashed once, mark by mark, against every
 // remembered chain filed under its head until none matches: the deepest mark matched gives the
 // blocks taken over, and the rest is collapsed and hashed from there.
@@ -71,7 +71,7 @@ type remembered struct {
 // mark is a point of a remembered text at which another text that starts the same way may take
 // over its blocks.
 type mark struct {
-	raw  int    // bytes of text before the mark; the byte before it is printable ASCII
+	raw  int    // bytes of text before the mark, which end a character (markEnd)
 	norm int    // bytes of the normalised text[:raw]
 	hash uint64 // xxhash of text[:raw]
 	// tail is where the mark's tail starts in tails: the norm % size normalised bytes past the
@@ -155,15 +155,29 @@ func collapsibleFrom(text []byte, from int) bool {
 	return b >= 0 && norm.NFC.IsNormal(text[b:])
 }
 
-// nextMark returns the offset of the first mark at or past t: the first offset r >= t whose byte
-// before is printable ASCII, or -1 when there is none in text.
+// nextMark returns the offset of the first mark at or past t: the first offset r >= t that ends a
+// character other than whitespace or a control (markEnd), or -1 when there is none in text.
 func nextMark(text []byte, t int) int {
 	for r := max(t, 1); r <= len(text); r++ {
-		if printableASCII(text[r-1]) {
+		if markEnd(text, r) {
 			return r
 		}
 	}
 	return -1
+}
+
+// markEnd reports whether text[:r] ends with a character after which a mark may lie: printable
+// ASCII, or a whole, valid multi-byte character that is not whitespace. Decoding text from its
+// start reaches r-size as a character's start (a leading byte is never part of the invalid bytes
+// or characters before it), so the collapse sees the same character whether it reads the text
+// whole or in pieces cut at r, and no whitespace run crosses r.
+func markEnd(text []byte, r int) bool {
+	b := text[r-1]
+	if b < utf8.RuneSelf {
+		return printableASCII(b)
+	}
+	c, size := utf8.DecodeLastRune(text[:r])
+	return size > 1 && !unicode.IsSpace(c) && !unicode.IsControl(c)
 }
 
 // markAfter is where the search for the mark after one at r starts.

@@ -235,3 +235,22 @@ func TestChainsSiblingsShareTheirStart(t *testing.T) {
 		t.Errorf("%d of 20 prompts took blocks from one before, want 19", c.reused)
 	}
 }
+
+// TestChainsTextWithoutASCII: marks also lie after characters that are not ASCII, so that a
+// document in another script (here with ideographic spaces, which the normalisation collapses
+// too) is shared by its siblings; their keys are the reference's.
+func TestChainsTextWithoutASCII(t *testing.T) {
+	c := NewChains(1 << 16)
+	seed := Seed("m", "")
+	doc := strings.Repeat("日本語の長い文書です。\u3000\u3000次の段落、\n\n続きます。", 120)
+	for i := range 10 {
+		text := doc + strings.Repeat("質問\u3000", i+1) + "?"
+		want := blocksRef(seed, text, 1)
+		if got := c.Blocks(nil, seed, []byte(text), 1, nil); !slices.Equal(got, want) {
+			t.Fatalf("prompt %d: %d blocks, reference %d; first difference at %d", i, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	if c.reused != 9 {
+		t.Errorf("%d of 10 prompts took blocks from one before, want 9", c.reused)
+	}
+}

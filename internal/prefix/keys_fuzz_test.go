@@ -32,6 +32,7 @@ func FuzzFastKeys(f *testing.F) {
 		f.Add(s, " and the next turn\n\n")
 	}
 	f.Add("para one.\n\npara two,  with  runs\t\tand tabs.\r\n", "more\n\n\nmore")
+	f.Add(strings.Repeat("日本語のテキスト。\u3000\u3000次、\n\n", 20), "質問\u3000です")
 	f.Fuzz(func(t *testing.T, s, next string) {
 		seed := Seed("m", "salt")
 		if got, want := NormalizedBlocks([]uint64{7}, seed, []byte(s), 1, nil), blocksRef(seed, s, 1); got[0] != 7 || !slices.Equal(got[1:], want) {
