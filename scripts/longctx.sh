@@ -13,7 +13,9 @@
 # (health probes, scrapes) is subtracted; what is left, divided by the requests sent, is
 # printed as cpu-ms per request. At the end one more 100k-token run is profiled through
 # /debug/pprof/profile (profiling costs CPU too, so that run is not one of the figures) and its
-# top functions are printed; the profile is kept in OUT.
+# top functions are printed; the profile is kept in OUT. So is what that run allocated: the heap
+# profile's allocation counts (/debug/pprof/allocs) before and after it, of which the
+# difference's top allocators by bytes are printed (allocs-before.prof, allocs-after.prof).
 #
 # With PERF=1 (and perf installed), each run and each idle stretch is also counted by `perf stat
 # -e context-switches,raw_syscalls:sys_enter` on the router, and the context switches and system
@@ -21,7 +23,11 @@
 # tracepoint costs the router a little CPU of its own: compare cpu_ms_per_req between runs with
 # the same PERF. PERF_EVENTS (with PERF=1) names more perf events, comma-separated, e.g.
 # "syscalls:sys_enter_nanosleep,syscalls:sys_enter_futex": each gets a column of its own, per
-# request, idle subtracted the same way.
+# request, idle subtracted the same way. PERF_RECORD=1 (with PERF=1) also samples the router with
+# `perf record -g -F PERF_FREQ` (2000) over each run and idle stretch, into OUT/perf-LABEL.data
+# (`perf report -i FILE`), and at the end prints, per request, where the samples of runs 2 to
+# REPEAT went (classes by the functions on their stacks, idle subtracted; needs python3); the
+# sampling costs CPU, so such runs' figures are not comparable with others'.
 #
 # Environment: SIZES (prompt tokens, "10000 32000 100000"), REPEAT (2), REQUESTS (128 per run),
 # RATE (8 requests/s), CONCURRENCY (0; N: `kvroute bench --concurrency N`, a closed loop that keeps
@@ -44,6 +50,7 @@ concurrency=${CONCURRENCY:-0}
 profile=${PROFILE:-1}
 perf=${PERF:-0}
 perf_events=${PERF_EVENTS:-}
+perf_record=${PERF_RECORD:-0}
 if [ "$perf" = 1 ] && ! command -v perf >/dev/null; then
 	echo "longctx.sh: PERF=1 needs perf" >&2
 	exit 1
@@ -145,17 +152,28 @@ now_ms() { date +%s%3N; }
 # perf_start FILE / perf_stop: count the router's context switches and system calls into FILE
 # (PERF=1); perf_counts FILE prints "context_switches syscalls" (0 0 without PERF).
 perf_pid=
+record_pid=
 perf_start() {
 	[ "$perf" = 1 ] || return 0
 	perf stat -x, -e "context-switches,raw_syscalls:sys_enter${perf_events:+,$perf_events}" -p "$router" -o "$1" 2>/dev/null &
 	perf_pid=$!
 	pids+=($perf_pid)
+	if [ "$perf_record" = 1 ]; then
+		perf record -q -g -F "${PERF_FREQ:-2000}" -p "$router" -o "${1%.txt}.data" >/dev/null 2>&1 &
+		record_pid=$!
+		pids+=($record_pid)
+	fi
 	sleep 0.2 # perf attaches
 }
 perf_stop() {
 	[ "$perf" = 1 ] || return 0
 	kill -INT "$perf_pid" 2>/dev/null || true
 	wait "$perf_pid" 2>/dev/null || true
+	if [ -n "$record_pid" ]; then
+		kill -INT "$record_pid" 2>/dev/null || true
+		wait "$record_pid" 2>/dev/null || true
+		record_pid=
+	fi
 }
 perf_counts() {
 	if [ "$perf" != 1 ]; then
@@ -236,15 +254,73 @@ for size in $sizes; do
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# With PERF_RECORD=1: the samples of runs 2 to REPEAT (all of them when REPEAT is 1), each less its
+# idle stretch's, per request, in classes by the functions on their stacks; each sample goes to
+# the first class of the list that matches.
+if [ "$perf" = 1 ] && [ "$perf_record" = 1 ] && command -v python3 >/dev/null; then
+	say "where the samples go (perf record -F ${PERF_FREQ:-2000}), per request, idle subtracted:"
+	for size in $sizes; do
+		files=()
+		for i in $(seq "$((repeat > 1 ? 2 : 1))" "$repeat"); do
+			files+=("$out/perf-$size-$i.data" "$out/perf-$size-$i-idle.data")
+		done
+		echo "$size tokens:"
+		python3 - "${PERF_FREQ:-2000}" "$requests" "${files[@]}" <<'PY'
+import collections, subprocess, sys
+freq, n, files = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def has(*names):
+    return lambda st: any(any(k in f for k in names) for f in st)
+classes = [
+    ("collector (mark workers, assists, sweeping)", has('gcBgMarkWorker', 'runtime.gcAssist', 'sweepone', 'bgsweep', 'bgscavenge')),
+    ("idle work: scrapes of the engines' metrics", has('internal/scrape', 'expfmt')),
+    ("idle work: health probes (net/http client)", has('net/http.(*persistConn)', 'net/http.(*Transport)')),
+    ("runtime: sysmon", lambda st: 'runtime.sysmon' in st),
+    ("page faults (kernel), wherever they occur", has('exc_page_fault')),
+    ("handler: routing keys (route.Keys.FromOpenAI)", has('route.Keys.FromOpenAI')),
+    ("handler: parse (openai.ParseScratch)", has('openai.ParseScratch')),
+    ("handler: reading the body", has('proxy.readBodyHeld')),
+    ("handler: pick and index insert (route.Call.Next)", has('route.(*Call).Next')),
+    ("handler: done, index insert again (route.Call.Finish)", has('route.(*Call).Finish')),
+    ("handler: the access line (slog, logbuf, write)", has('log/slog', 'logbuf')),
+    ("handler: sending to the engine (h1.Transport)", lambda st: has('h1.(*Transport)')(st) and not has('proxy.(*sseBody)')(st)),
+    ("handler: the rest (relay, metrics, settle)", has('proxy.(*Handler).ServeHTTP')),
+    ("h1 server outside the handler", has('internal/h1')),
+    ("runtime: scheduler (netpoll, findRunnable, park)", lambda st: any(f in ('runtime.findRunnable', 'runtime.schedule', 'runtime.park_m', 'runtime.netpoll', 'runtime.stopm', 'runtime.mstart1', 'runtime.goexit0') or 'runtime.mcall' in f for f in st)),
+    ("other", lambda st: True),
+]
+def count(path):
+    out = subprocess.run(['perf', 'script', '-i', path, '-F', 'ip,sym'], capture_output=True, text=True).stdout
+    got = collections.Counter()
+    for sample in out.split('\n\n'):
+        st = [l.split(None, 1)[1] for l in sample.strip().splitlines() if len(l.split(None, 1)) == 2]
+        if st:
+            got[next(name for name, match in classes if match(st))] += 1
+    return got
+diff, runs = collections.Counter(), len(files) // 2
+for run, idle in zip(files[0::2], files[1::2]):
+    diff.update(count(run))
+    diff.subtract(count(idle))
+ms = 1000 / freq / (n * runs)
+for name, _ in classes:
+    print(f"  {name:56s} {diff[name] * ms:7.3f} ms")
+print(f"  {'all samples':56s} {sum(diff.values()) * ms:7.3f} ms")
+PY
+	done
+fi
+
 if [ "$profile" = 1 ]; then
 	secs=$((requests / rate + 2))
+	curl -fsS -o "$out/allocs-before.prof" "$admin/debug/pprof/allocs"
 	curl -fsS -o "$out/cpu.prof" "$admin/debug/pprof/profile?seconds=$secs" &
 	prof=$!
 	res=$(run "$profile_size" profile)
 	wait "$prof"
+	curl -fsS -o "$out/allocs-after.prof" "$admin/debug/pprof/allocs"
 	read -r wall ticks sent systicks <<<"$res"
 	say "CPU profile of one more run of $profile_size-token prompts: $out/cpu.prof ($((ticks * 1000 / tck)) cpu-ms by /proc over ${wall} ms, idle not subtracted)"
 	if command -v go >/dev/null; then
 		go tool pprof -top -nodecount=25 "$bin" "$out/cpu.prof" 2>/dev/null | sed -n '1,32p'
+		say "bytes allocated during that run (allocs-after.prof less allocs-before.prof), $sent requests:"
+		go tool pprof -sample_index=alloc_space -top -nodecount=20 -base "$out/allocs-before.prof" "$bin" "$out/allocs-after.prof" 2>/dev/null | sed -n '1,27p'
 	fi
 fi

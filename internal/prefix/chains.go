@@ -11,18 +11,30 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// Chains remembers the block chains of recent long prompts, so that a prompt that extends one
-// of them, a conversation's next turn, is normalised and hashed only past what it shares: on
-// a 100k-token conversation the shared part is 99 % of the text, and normalising and hashing
-// it was a quarter of the router's CPU per request. What is shared is checked, not assumed:
-// one xxhash pass over it (an eighth of the cost of hashing it block by block) must give what
-// the earlier prompt gave.
+// Chains remembers the block chains of recent long prompts, so that a prompt that shares a long
+// start with one of them is normalised and hashed only past what they share: a conversation's
+// next turn (99 % of a 100k-token text is the turn before), and a prompt that shares a long
+// system prompt or document with an earlier one but asks its own question (the shared part is
+// most of the text; normalising and hashing it was most of the router's CPU per request). What
+// is shared is checked, not assumed: one xxhash pass over it must give what the earlier prompt
+// gave.
 //
-// Text that the default normalisation leaves as it is (the common case for machine-built
-// prompts) is remembered as it is; text whose normalisation only collapses whitespace (prose
-// with paragraph breaks) is remembered with its normalised tail, and a turn that extends it is
-// collapsed and hashed only past the shared part; any other text takes the full path. Memory
-// is bounded by the blocks remembered in all. It is safe for concurrent use; a nil *Chains remembers nothing.
+// The check is made at marks: a remembered prompt keeps, every markBlocks blocks' worth of
+// text, the xxhash of its text up to there, the length of that text once normalised, and the
+// normalised bytes past its last full block there. Where the marks lie depends only on the text
+// before them (the first offset at or past each multiple of the spacing that ends a character
+// other than whitespace, so that no whitespace run crosses it), so two texts with the same start
+// have the same marks in it, and a new text is hashed once, mark by mark, against every
+// remembered chain filed under its head until none matches: the deepest mark matched gives the
+// blocks taken over, and the rest is collapsed and hashed from there.
+//
+// A prompt that adds fewer than minChainBlocks blocks to the chain it took from is not itself
+// remembered: the next turn takes the shared part from that chain too, and hashes the little
+// more again. Only text whose default normalisation at most collapses whitespace (no carriage
+// return, in NFC: the common case for machine-built prompts and prose alike) is remembered or
+// extended; any other text takes the full path. Memory is bounded by the blocks remembered in
+// all (each block also carries about a 64th of a mark, 32 to 100 bytes). It is safe for
+// concurrent use; a nil *Chains remembers nothing.
 type Chains struct {
 	maxBlocks int
 
@@ -44,21 +56,27 @@ func (c *Chains) Len() (chains, blocks int) {
 	return c.entries, c.blocks
 }
 
-// remembered is what one prompt left: the chained hashes of its full blocks and a hash of the text
-// they cover. Its fields do not change after it is stored.
+// remembered is what one prompt left: the chained hashes of its normalised text's full blocks,
+// and its marks. Its fields do not change after it is stored.
 type remembered struct {
-	head    uint64
-	seed    uint64
-	size    int    // block bytes
-	rawLen  int    // bytes of text the blocks cover: len(blocks) x size, unless collapsed
-	rawHash uint64 // xxhash of those bytes
-	blocks  []uint64
-	// collapsed: the text's whitespace was collapsed, and the blocks are those of the
-	// normalised text[:rawLen], which ends on a printable ASCII byte (no whitespace run crosses
-	// it); tail is that normalised text past the last full block (shorter than a block).
-	collapsed bool
-	tail      []byte
-	used      uint64 // Chains.tick when last matched or stored; guarded by Chains.mu
+	head   uint64
+	seed   uint64
+	size   int // block bytes
+	blocks []uint64
+	marks  []mark
+	tails  []byte // every mark's tail, one after the other
+	used   uint64 // Chains.tick when last matched or stored; guarded by Chains.mu
+}
+
+// mark is a point of a remembered text at which another text that starts the same way may take
+// over its blocks.
+type mark struct {
+	raw  int    // bytes of text before the mark, which end a character (markEnd)
+	norm int    // bytes of the normalised text[:raw]
+	hash uint64 // xxhash of text[:raw]
+	// tail is where the mark's tail starts in tails: the norm % size normalised bytes past the
+	// last full block.
+	tail int
 }
 
 const (
@@ -71,10 +89,14 @@ const (
 	// maxPerHead bounds the chains filed under one head: conversations that share a long
 	// system prompt share a head.
 	maxPerHead = 64
+	// markBlocks is the spacing of marks in blocks' worth of raw text (4 KB at 16-token
+	// blocks): at most that much shared text is hashed again, and a mark costs about 1/64 of
+	// the blocks it stands for.
+	markBlocks = 64
 )
 
 // NewChains returns a Chains that remembers at most maxBlocks blocks (8 bytes each, plus about
-// 100 bytes per prompt).
+// 100 bytes per prompt and up to 100 bytes per 64 blocks).
 func NewChains(maxBlocks int) *Chains {
 	return &Chains{maxBlocks: maxBlocks, byHead: map[uint64][]*remembered{}}
 }
@@ -86,84 +108,39 @@ func (c *Chains) Blocks(dst []uint64, seed uint64, text []byte, blockTokens int,
 		blockTokens = DefaultBlockTokens
 	}
 	size := BlockBytes(blockTokens)
-	if c == nil || !n.isDefault() || len(text) < max(headBytes, minChainBlocks*size) || isSpace(text[0]) {
+	if c == nil || !n.isDefault() || len(text) < max(headBytes, minChainBlocks*size) || startsWithSpace(text) {
 		return NormalizedBlocks(dst, seed, text, blockTokens, n)
 	}
 	head := seed ^ xxhash.Sum64(text[:headBytes])
-	// Trailing whitespace is trimmed before hashing: a remembered chain may cover only what
-	// is left (it may come from a longer text that shares this one's bytes).
-	end := len(bytes.TrimRight(text, " \n"))
-	base, d, at := c.longest(head, seed, size, text[:end])
-	start := len(dst)
-	if base != nil && base.collapsed && collapsibleAfter(text, base.rawLen) {
-		return c.extendCollapsed(dst, head, seed, size, text, end, base, d)
+	var d xxhash.Digest
+	base, j := c.fork(head, seed, size, text, &d)
+	from := 0
+	if base != nil {
+		from = base.marks[j].raw
 	}
-	if base == nil || base.collapsed || !cleanAfter(text, base.rawLen) {
-		bp := normBufs.Get().(*[]byte)
-		norm, grown, collapsed := n.appendNormalized(*bp, text)
-		dst = BlocksBytes(dst, seed, norm, blockTokens)
-		// The digest of the text's start that longest computed to check the chains under head
-		// (none of which this text extends) is carried on, not computed again.
-		switch {
-		case len(norm) > 0 && &norm[0] == &text[0]: // unchanged but for trailing whitespace
-			rawLen := len(dst[start:]) * size
-			c.store(head, seed, size, text, rawLen, dst[start:], false, nil, digestUpTo(d, at, rawLen), at)
-		case collapsed && printableASCII(text[end-1]):
-			// norm is also the normalised text[:end]: what follows end is trimmed.
-			c.store(head, seed, size, text, end, dst[start:], true, norm[len(dst[start:])*size:], digestUpTo(d, at, end), at)
-		}
-		putNorm(bp, grown)
-		return dst
+	if !collapsibleFrom(text, from) {
+		return NormalizedBlocks(dst, seed, text, blockTokens, n)
 	}
-	c.mu.Lock()
-	c.reused++
-	c.mu.Unlock()
-	// The shared blocks, then the rest of the (trailing-trimmed) text block by block.
-	dst = append(dst, base.blocks...)
-	h := base.blocks[len(base.blocks)-1]
-	for i := base.rawLen; i+size <= end; i += size {
-		h = Next(h, contentKey(text[i:i+size]))
-		dst = append(dst, h)
+	if base == nil {
+		d.Reset()
+	} else {
+		c.mu.Lock()
+		c.reused++
+		c.mu.Unlock()
 	}
-	c.store(head, seed, size, text, len(dst[start:])*size, dst[start:], false, nil, d, base.rawLen)
-	return dst
+	return c.extend(dst, head, seed, size, text, base, j, &d)
 }
 
-// extendCollapsed is Blocks for a text that extends base, a chain of collapsed text: the
-// shared part is neither collapsed nor hashed again. Because base's text ends on a printable
-// byte, no whitespace run crosses its end, so the normalised text is base's followed by the
-// rest collapsed on its own (and trimmed at its end).
-func (c *Chains) extendCollapsed(dst []uint64, head, seed uint64, size int, text []byte, end int, base *remembered, d *xxhash.Digest) []uint64 {
-	c.mu.Lock()
-	c.reused++
-	c.mu.Unlock()
-	start := len(dst)
-	bp := normBufs.Get().(*[]byte)
-	rest := text[base.rawLen:]
-	buf := append((*bp)[:0], base.tail...)
-	buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
-	norm := bytes.TrimRightFunc(buf, unicode.IsSpace)
-	dst = append(dst, base.blocks...)
-	h := base.blocks[len(base.blocks)-1]
-	full := 0
-	for ; full+size <= len(norm); full += size {
-		h = Next(h, contentKey(norm[full:full+size]))
-		dst = append(dst, h)
-	}
-	if printableASCII(text[end-1]) {
-		c.store(head, seed, size, text, end, dst[start:], true, norm[full:], d, base.rawLen)
-	}
-	putNorm(bp, buf)
-	return dst
+// startsWithSpace reports whether text starts with a character the normalisation trims.
+func startsWithSpace(text []byte) bool {
+	r, _ := utf8.DecodeRune(text)
+	return unicode.IsSpace(r)
 }
 
-// printableASCII reports whether b is an ASCII byte that is neither whitespace nor a control.
-func printableASCII(b byte) bool { return b > ' ' && b < utf8.RuneSelf }
-
-// collapsibleAfter reports whether the default normalisation of text only collapses
-// whitespace past from, where text[:from] is known to need no more than that: no carriage
-// return, NFC from the last normalisation boundary before from.
-func collapsibleAfter(text []byte, from int) bool {
+// collapsibleFrom reports whether the default normalisation of text only collapses whitespace
+// past from, where text[:from] is known to need no more than that: no carriage return, NFC (from
+// the last normalisation boundary before from).
+func collapsibleFrom(text []byte, from int) bool {
 	rest := text[from:]
 	if bytes.IndexByte(rest, '\r') >= 0 {
 		return false
@@ -171,9 +148,158 @@ func collapsibleAfter(text []byte, from int) bool {
 	if isASCII(rest) {
 		return true
 	}
+	if from == 0 {
+		return norm.NFC.IsNormal(text)
+	}
 	b := norm.NFC.LastBoundary(text[:from])
 	return b >= 0 && norm.NFC.IsNormal(text[b:])
 }
+
+// nextMark returns the offset of the first mark at or past t: the first offset r >= t that ends a
+// character other than whitespace or a control (markEnd), or -1 when there is none in text.
+func nextMark(text []byte, t int) int {
+	for r := max(t, 1); r <= len(text); r++ {
+		if markEnd(text, r) {
+			return r
+		}
+	}
+	return -1
+}
+
+// markEnd reports whether text[:r] ends with a character after which a mark may lie: printable
+// ASCII, or a whole, valid multi-byte character that is not whitespace. Decoding text from its
+// start reaches r-size as a character's start (a leading byte is never part of the invalid bytes
+// or characters before it), so the collapse sees the same character whether it reads the text
+// whole or in pieces cut at r, and no whitespace run crosses r.
+func markEnd(text []byte, r int) bool {
+	b := text[r-1]
+	if b < utf8.RuneSelf {
+		return printableASCII(b)
+	}
+	c, size := utf8.DecodeLastRune(text[:r])
+	return size > 1 && !unicode.IsSpace(c) && !unicode.IsControl(c)
+}
+
+// markAfter is where the search for the mark after one at r starts.
+func markAfter(r, spacing int) int { return (r/spacing + 1) * spacing }
+
+// fork returns the remembered chain under head that shares the most marks with text, and the
+// index j of the deepest mark they share (base nil when none shares one); d is then the digest
+// of text up to that mark.
+func (c *Chains) fork(head, seed uint64, size int, text []byte, d *xxhash.Digest) (base *remembered, j int) {
+	var buf [maxPerHead]*remembered
+	c.mu.Lock()
+	alive := buf[:0]
+	for _, ch := range c.byHead[head] {
+		if ch.seed == seed && ch.size == size && len(ch.marks) > 0 {
+			alive = append(alive, ch)
+		}
+	}
+	c.mu.Unlock()
+	if len(alive) == 0 {
+		return nil, 0
+	}
+	spacing := markBlocks * size
+	d.Reset()
+	pos := 0
+	for i, t := 0, spacing; len(alive) > 0; i++ {
+		r := nextMark(text, t)
+		if r < 0 {
+			break
+		}
+		t = markAfter(r, spacing)
+		before := *d
+		_, _ = d.Write(text[pos:r])
+		h := d.Sum64()
+		keep := alive[:0]
+		for _, ch := range alive {
+			if i < len(ch.marks) && ch.marks[i].raw == r && ch.marks[i].hash == h {
+				keep = append(keep, ch)
+			}
+		}
+		if len(keep) == 0 {
+			*d = before // back to the deepest mark shared
+			break
+		}
+		alive, pos, base, j = keep, r, keep[0], i
+	}
+	if base != nil {
+		c.mu.Lock()
+		c.tick++
+		base.used = c.tick
+		c.mu.Unlock()
+	}
+	return base, j
+}
+
+// extend appends to dst the blocks of text, whose default normalisation only collapses
+// whitespace: those of base up to its mark j (base nil: none), then those of the rest,
+// collapsed into a recycled buffer mark by mark; d is the digest of text up to where it starts.
+// The text is then remembered, with its marks, unless it adds fewer than minChainBlocks blocks
+// to base's.
+func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, base *remembered, j int, d *xxhash.Digest) []uint64 {
+	dst = growUint64(dst, len(text)/size) // the normalised text is no longer than text
+	start := len(dst)
+	spacing := markBlocks * size
+	var marks []mark
+	var tails []byte
+	bp := normBufs.Get().(*[]byte)
+	buf := (*bp)[:0]
+	normAt, pos, t := 0, 0, spacing // normAt: the normalised offset of buf[0]
+	h := seed
+	// A prompt that adds little to what it takes from base (its own question after a shared
+	// document) is not remembered: a text that extends it takes the shared part from base all
+	// the same, and hashes at most minChainBlocks blocks and its own turn again. Remembering
+	// each such prompt cost a copy of all its blocks and its marks, and crowded out the chains
+	// that differ.
+	remember := true
+	if base != nil {
+		m := base.marks[j]
+		k := m.norm / size
+		dst = append(dst, base.blocks[:k]...)
+		if k > 0 {
+			h = base.blocks[k-1]
+		}
+		normAt = k * size
+		buf = append(buf, base.tails[m.tail:m.tail+m.norm%size]...)
+		pos, t = m.raw, markAfter(m.raw, spacing)
+		// The blocks past k are at most those of the tail and the rest uncollapsed.
+		if remember = (len(buf)+len(text)-pos)/size >= minChainBlocks; remember {
+			marks = append(make([]mark, 0, j+1+(len(text)-pos)/spacing+1), base.marks[:j+1]...)
+			tails = append(make([]byte, 0, len(base.tails)), base.tails[:m.tail+m.norm%size]...)
+		}
+	} else {
+		marks = make([]mark, 0, len(text)/spacing+1)
+	}
+	for remember {
+		r := nextMark(text, t)
+		if r < 0 {
+			break
+		}
+		t = markAfter(r, spacing)
+		piece := text[pos:r]
+		buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(piece), len(piece)))
+		_, _ = d.Write(piece)
+		pos = r
+		nm := normAt + len(buf)
+		cut := len(buf) - nm%size
+		marks = append(marks, mark{raw: r, norm: nm, hash: d.Sum64(), tail: len(tails)})
+		tails = append(tails, buf[cut:]...)
+	}
+	rest := text[pos:]
+	buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
+	normText := bytes.TrimRightFunc(buf, unicode.IsSpace)
+	taken := len(dst) - start
+	dst = chainBytes(dst, h, normText, size)
+	if len(marks) > 0 && (base == nil || len(dst)-start-taken >= minChainBlocks) {
+		c.store(head, seed, size, dst[start:], marks, tails)
+	}
+	putNorm(bp, buf)
+	return dst
+}
+
+// printableASCII reports whether b is an ASCII byte that is neither whitespace nor a control.
+func printableASCII(b byte) bool { return b > ' ' && b < utf8.RuneSelf }
 
 // NormalizedBlocks appends to dst what BlocksBytes(dst, seed, n.NormalizeBytes(text),
 // blockTokens) appends. Text whose whitespace must be collapsed (prose with paragraph breaks)
@@ -209,87 +335,13 @@ func isSpace(b byte) bool {
 	return b == ' ' || b == '\n' || b == '\t' || b == '\r' || b == '\v' || b == '\f'
 }
 
-// cleanAfter reports whether the default normalisation leaves text as it is past from, where
-// text[:from] is known to be left as it is: no carriage return, no run of whitespace to
-// collapse (the byte before from included, for a run across it), NFC from the last
-// normalisation boundary before from.
-func cleanAfter(text []byte, from int) bool {
-	rest := text[from:]
-	if bytes.IndexByte(rest, '\r') >= 0 || needsCollapse(text[from-1:]) {
-		return false
-	}
-	if isASCII(rest) {
-		return true
-	}
-	b := norm.NFC.LastBoundary(text[:from])
-	return b >= 0 && norm.NFC.IsNormal(text[b:])
-}
-
-// digestUpTo returns d, the digest of a text's first at bytes, when it can be carried on to
-// the text's first n bytes; else nil.
-func digestUpTo(d *xxhash.Digest, at, n int) *xxhash.Digest {
-	if d == nil || at > n {
-		return nil
-	}
-	return d
-}
-
-// longest returns the longest remembered chain under head that text extends (nil when there
-// is none), and d, the xxhash digest of text[:at]: up to that chain's end, or, when there is
-// none, up to where the checks of the chains under head read (d nil when there were none).
-func (c *Chains) longest(head, seed uint64, size int, text []byte) (best *remembered, d *xxhash.Digest, at int) {
-	c.mu.Lock()
-	cands := append([]*remembered(nil), c.byHead[head]...)
-	c.mu.Unlock()
-	// Shortest first, so that one pass of the digest checks every candidate.
-	for i := 1; i < len(cands); i++ {
-		for j := i; j > 0 && cands[j].rawLen < cands[j-1].rawLen; j-- {
-			cands[j], cands[j-1] = cands[j-1], cands[j]
-		}
-	}
-	for _, ch := range cands {
-		if ch.seed != seed || ch.size != size || ch.rawLen > len(text) {
-			continue
-		}
-		if d == nil {
-			d = xxhash.New()
-		}
-		_, _ = d.Write(text[at:ch.rawLen])
-		at = ch.rawLen
-		if d.Sum64() == ch.rawHash {
-			best = ch
-		}
-	}
-	if best == nil {
-		return nil, d, at
-	}
-	// Rewind the digest to the best chain's end: the longer candidates read past it.
-	if at != best.rawLen {
-		d.Reset()
-		_, _ = d.Write(text[:best.rawLen])
-		at = best.rawLen
-	}
-	c.mu.Lock()
-	c.tick++
-	best.used = c.tick
-	c.mu.Unlock()
-	return best, d, at
-}
-
-// store remembers blocks, the chain of the (normalised, when collapsed) text[:rawLen], and
-// tail, the normalised bytes after its last full block. d, when not nil, is the digest of
-// text[:from]; it is carried on rather than computed again.
-func (c *Chains) store(head, seed uint64, size int, text []byte, rawLen int, blocks []uint64, collapsed bool, tail []byte, d *xxhash.Digest, from int) {
+// store remembers blocks, the chain of a text's normalised full blocks, with the text's marks and
+// their tails.
+func (c *Chains) store(head, seed uint64, size int, blocks []uint64, marks []mark, tails []byte) {
 	if len(blocks) < minChainBlocks || len(blocks) > c.maxBlocks {
 		return
 	}
-	if d == nil {
-		d = xxhash.New()
-		from = 0
-	}
-	_, _ = d.Write(text[from:rawLen])
-	ch := &remembered{head: head, seed: seed, size: size, rawLen: rawLen, rawHash: d.Sum64(), blocks: append([]uint64(nil), blocks...),
-		collapsed: collapsed, tail: append([]byte(nil), tail...)}
+	ch := &remembered{head: head, seed: seed, size: size, blocks: append([]uint64(nil), blocks...), marks: marks, tails: tails}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tick++
@@ -297,7 +349,7 @@ func (c *Chains) store(head, seed uint64, size int, text []byte, rawLen int, blo
 	list := c.byHead[head]
 	// A chain that this one extends is not needed any more: the conversation moved on.
 	list = deleteChains(list, func(o *remembered) bool {
-		drop := o.seed == seed && o.size == size && o.rawLen <= rawLen && o.rawLen > 0 &&
+		drop := o.seed == seed && o.size == size && len(o.blocks) > 0 &&
 			len(o.blocks) <= len(blocks) && o.blocks[len(o.blocks)-1] == blocks[len(o.blocks)-1]
 		if drop {
 			c.blocks -= len(o.blocks)

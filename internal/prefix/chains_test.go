@@ -61,8 +61,8 @@ func firstDiff(a, b []uint64) int {
 	return min(len(a), len(b))
 }
 
-// A text that extends a remembered one takes the shared blocks from it; one that only shares
-// its head does not.
+// A text that extends a remembered one takes the shared blocks from it; so does one that shares
+// a long start with it and then goes its own way (a sibling), up to the last mark they share.
 func TestChainsReuseOnlyWhatIsShared(t *testing.T) {
 	c := NewChains(1 << 20)
 	seed := Seed("m", "salt")
@@ -87,8 +87,22 @@ func TestChainsReuseOnlyWhatIsShared(t *testing.T) {
 	if got, want := c.Blocks(nil, seed, other, 1, nil), BlocksBytes(nil, seed, other, 1); !slices.Equal(got, want) {
 		t.Fatalf("sibling: blocks differ at %d", firstDiff(got, want))
 	}
-	if n, _ := c.Len(); n != 2 || c.reused != 1 {
-		t.Errorf("%d chains after a sibling, %d reuses; want 2 and still 1 (it extends neither)", n, c.reused)
+	if n, _ := c.Len(); n != 1 || c.reused != 2 {
+		t.Errorf("%d chains after a sibling, %d reuses; want 1 (it adds too little to be remembered) and 2 (it shares the base's marks)", n, c.reused)
+	}
+	// A sibling that adds minChainBlocks blocks or more is remembered.
+	long := []byte(base + strings.Repeat("a long question of its own ", 50))
+	if got, want := c.Blocks(nil, seed, long, 1, nil), blocksRef(seed, string(long), 1); !slices.Equal(got, want) {
+		t.Fatalf("long sibling: blocks differ at %d", firstDiff(got, want))
+	}
+	if n, _ := c.Len(); n != 2 || c.reused != 3 {
+		t.Errorf("%d chains after a long sibling, %d reuses; want 2 and 3", n, c.reused)
+	}
+	// One that shares only the head (the first 1,024 bytes) takes nothing from the others'
+	// later marks.
+	stranger := []byte(base[:1100] + strings.Repeat("something else altogether ", 300))
+	if got, want := c.Blocks(nil, seed, stranger, 1, nil), blocksRef(seed, string(stranger), 1); !slices.Equal(got, want) {
+		t.Fatalf("stranger: blocks differ at %d", firstDiff(got, want))
 	}
 	// Another salt shares nothing.
 	if got, want := c.Blocks(nil, Seed("m", "other"), next, 1, nil), BlocksBytes(nil, Seed("m", "other"), next, 1); !slices.Equal(got, want) {
@@ -200,5 +214,43 @@ func TestChainsReuseCollapsedText(t *testing.T) {
 	}
 	if c.reused != 7 {
 		t.Errorf("%d of 8 turns took blocks from the turn before, want 7", c.reused)
+	}
+}
+
+// TestChainsSiblingsShareTheirStart: prompts that share a long system prompt (with runs of
+// whitespace to collapse) and each ask their own question get the keys of their whole text
+// normalised and hashed, and all but the first take the shared blocks from one before.
+func TestChainsSiblingsShareTheirStart(t *testing.T) {
+	c := NewChains(1 << 16)
+	seed := Seed("m", "")
+	system := strings.Repeat("A shared system prompt.\n\nWith  paragraphs,  runs\t\tand double  spaces. ", 150)
+	for i := range 20 {
+		text := fmt.Sprintf("%s\n\nuser:  question %d,  %s?  \n", system, i, strings.Repeat("and more ", i*7))
+		want := blocksRef(seed, text, 1)
+		if got := c.Blocks(nil, seed, []byte(text), 1, nil); !slices.Equal(got, want) {
+			t.Fatalf("prompt %d: %d blocks, reference %d; first difference at %d", i, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	if c.reused != 19 {
+		t.Errorf("%d of 20 prompts took blocks from one before, want 19", c.reused)
+	}
+}
+
+// TestChainsTextWithoutASCII: marks also lie after characters that are not ASCII, so that a
+// document in another script (here with ideographic spaces, which the normalisation collapses
+// too) is shared by its siblings; their keys are the reference's.
+func TestChainsTextWithoutASCII(t *testing.T) {
+	c := NewChains(1 << 16)
+	seed := Seed("m", "")
+	doc := strings.Repeat("日本語の長い文書です。\u3000\u3000次の段落、\n\n続きます。", 120)
+	for i := range 10 {
+		text := doc + strings.Repeat("質問\u3000", i+1) + "?"
+		want := blocksRef(seed, text, 1)
+		if got := c.Blocks(nil, seed, []byte(text), 1, nil); !slices.Equal(got, want) {
+			t.Fatalf("prompt %d: %d blocks, reference %d; first difference at %d", i, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	if c.reused != 9 {
+		t.Errorf("%d of 10 prompts took blocks from one before, want 9", c.reused)
 	}
 }

@@ -30,10 +30,13 @@ func BlocksBytes(dst []uint64, seed uint64, text []byte, blockTokens int) []uint
 	if blockTokens <= 0 {
 		blockTokens = DefaultBlockTokens
 	}
-	size := BlockBytes(blockTokens)
+	return chainBytes(dst, seed, text, BlockBytes(blockTokens))
+}
+
+// chainBytes appends to dst the hashes of text's full blocks of size bytes, chained from h.
+func chainBytes(dst []uint64, h uint64, text []byte, size int) []uint64 {
 	n := len(text) / size
 	dst = growUint64(dst, n)
-	h := seed
 	if size == blockBytesDefault {
 		for i := 0; i < n; i++ {
 			h = sum64Pair(h, sum64Block(text[i*size:]))

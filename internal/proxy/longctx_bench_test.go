@@ -63,9 +63,9 @@ func conversation(tokens int) []byte {
 // the same; hashed whole too, as long4 measured it); "salt" and "stream-salt" are "plain" and
 // "stream" sent with a tenant's key, so the router gives the body the tenant's cache_salt;
 // "shared" is the live script's workload (scripts/longctx.sh): streamed requests that ask for
-// usage, one user message each of a shared prefix and a question of its own (so that no prompt
-// extends another), the text with a double space every few blocks for the normalisation to
-// collapse, no escapes; 160 bodies, so that a run of up to 159 requests (-benchtime 128x) sends
+// usage, one user message each of a shared prefix and a question of its own (no prompt extends
+// another; prefix.Chains takes the shared part's blocks from the first prompt's marks), the text
+// with a double space every few blocks for the normalisation to collapse, no escapes; 160 bodies, so that a run of up to 159 requests (-benchtime 128x) sends
 // none twice, as the script does not. Each
 // mode can be run alone ('tokens=100000/salt$'): run together, a mode's figure depends on the
 // garbage the ones before it left. cpu-ms/req is the process's CPU time (user + system, the
