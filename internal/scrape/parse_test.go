@@ -139,7 +139,6 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-
 // FuzzParseFiltered checks the cut of readWanted: wherever the whole page parses, the snapshot
 // from the cut page is the same, and the cut never keeps a line of a family Parse does not
 // read whose name it could tell.
