@@ -95,7 +95,7 @@ func putPage(buf *bytes.Buffer) {
 func keepLine(line []byte, w wanted) bool {
 	line = bytes.TrimLeft(line, " \t")
 	switch {
-	case len(line) == 0 || line[0] == '\n' || line[0] == '\r' && len(line) <= 2:
+	case len(bytes.TrimRight(line, "\r\n")) == 0:
 		return false // a blank line: the parser skips it
 	case line[0] == '#':
 		fields := bytes.Fields(line[1:])
