@@ -36,7 +36,8 @@ func TestBatchesAndFlushesAfterInterval(t *testing.T) {
 	for i := range 100 {
 		fmt.Fprintf(w, "line %d\n", i)
 	}
-	// The first line finds the writer idle and goes out at once; the rest wait for the interval.
+	// The first line finds the writer idle and goes out at once; the rest wait for a line an
+	// interval after it, or for the timer (ten intervals).
 	if s, writes := out.get(); s != "line 0\n" || writes != 1 {
 		t.Fatalf("before the interval: %q in %d writes, want the first line alone", s, writes)
 	}
@@ -87,6 +88,69 @@ func TestWritesThroughWhenIdle(t *testing.T) {
 		}
 		for time.Since(start) < interval { // the clock, not another goroutine, is waited for
 			time.Sleep(interval / 4)
+		}
+	}
+}
+
+// Lines that wait go out with the first line that comes an interval or more after the last
+// write, in one write and in order, without a timer.
+func TestWaitingLinesGoWithTheNextLine(t *testing.T) {
+	var out syncBuffer
+	const interval = 20 * time.Millisecond
+	w := New(&out, interval, 1<<20)
+	w.maxWait = time.Hour // only a line can take the waiting ones along
+	defer w.Close()
+	start := time.Now()
+	w.Write([]byte("a\n")) // at once: nothing written yet
+	w.Write([]byte("b\n"))
+	w.Write([]byte("c\n"))
+	if s, writes := out.get(); s != "a\n" || writes != 1 {
+		t.Fatalf("within the interval: %q in %d writes, want the first line alone", s, writes)
+	}
+	for time.Since(start) < interval { // the clock, not another goroutine, is waited for
+		time.Sleep(interval / 4)
+	}
+	w.Write([]byte("d\n"))
+	if s, writes := out.get(); s != "a\nb\nc\nd\n" || writes != 2 {
+		t.Errorf("a line an interval later: %q in %d writes, want the waiting lines with it in one", s, writes)
+	}
+}
+
+// When no line comes to take them along, the timer writes the waiting lines: not before its
+// time, and in one write.
+func TestTimerWritesWaitingLines(t *testing.T) {
+	var out syncBuffer
+	w := New(&out, time.Hour, 1<<20)
+	const wait = 30 * time.Millisecond
+	w.maxWait = wait
+	defer w.Close()
+	w.Write([]byte("a\n")) // at once: nothing written yet
+	armed := time.Now()
+	w.Write([]byte("b\n"))
+	w.Write([]byte("c\n"))
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s, writes := out.get()
+		if s == "a\nb\nc\n" {
+			if since := time.Since(armed); since < wait {
+				t.Errorf("the waiting lines went out %v after the first of them, before the timer's %v", since, wait)
+			}
+			if writes != 2 {
+				t.Errorf("%d writes, want 2 (the first line, then the timer's batch)", writes)
+			}
+			break
+		}
+		if s != "a\n" || time.Now().After(deadline) {
+			t.Fatalf("got %q in %d writes, want the waiting lines written by the timer within 5 s", s, writes)
+		}
+	}
+	// The timer is set again for the next line that waits.
+	w.Write([]byte("d\n"))
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if s, _ := out.get(); s == "a\nb\nc\nd\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a line that waited after the timer's batch was not written")
 		}
 	}
 }
