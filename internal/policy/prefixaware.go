@@ -178,6 +178,7 @@ type paFlight struct {
 	runs      []prefix.StampRun // index stamps of those blocks, for the correction
 	first     atomic.Bool       // first token seen, or done
 	probe     capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
+	mark      uint64            // ep's index mark after Routed's insert (done's Reinsert)
 }
 
 type paScratch struct {
@@ -567,7 +568,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	}
 	pa.replicas.routed(s, req, f.work, now)
 	pa.probe(req, ep, s, f)
-	pa.index.Insert(ep.ID, req.Blocks, now)
+	f.mark = pa.index.InsertMark(ep.ID, req.Blocks, now)
 	return f
 }
 
@@ -664,7 +665,8 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 		}
 	}
 	if pa.touchDone && res.OK {
-		pa.index.Insert(ep.ID, req.Blocks, pa.clock.Now().UnixNano())
+		// Nothing changed on ep since Routed's insert: the blocks are still its most recent.
+		pa.index.Reinsert(ep.ID, req.Blocks, pa.clock.Now().UnixNano(), f.mark)
 	}
 }
 

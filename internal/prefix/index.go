@@ -45,6 +45,8 @@ type Index struct {
 	eps     []ixEndpoint
 	last    int64    // last stamp handed out
 	cuts    uint64   // nodes ever unlinked from a list: Insert's run is whole while it stays put
+	marks   uint64   // changes ever made to an endpoint's list: ixEndpoint.mark's clock
+	removed uint64   // nodes ever removed (evicted, dropped, forgotten)
 	found   []uint32 // Insert's scratch: each block's entry before the touches
 }
 
@@ -71,6 +73,9 @@ type ixEndpoint struct {
 	// run is a lower bound (0 says nothing), kept by pushFront, unlink and insert.
 	run    int
 	runTop int64
+	// mark is Index.marks at the last change to the list (an insert, a node pushed or
+	// unlinked); 0 after Remove. Reinsert skips an insert when it has not moved.
+	mark uint64
 }
 
 // NewIndex builds an empty index. A non-positive DefaultCapacity means 4,096 blocks.
@@ -160,6 +165,48 @@ func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
 	x.insert(ep, blocks, now)
 }
 
+// InsertMark is Insert, and returns ep's mark after it: Reinsert with that mark inserts the
+// blocks again only if ep's list changed since. The mark is 0 (Reinsert always inserts) when
+// the insert removed anything, anywhere: ep may then not hold all of blocks (its capacity, or
+// the index's, cut them), and inserting them again could add some once room is made.
+func (x *Index) InsertMark(ep int, blocks []uint64, now int64) uint64 {
+	if ep < 0 || len(blocks) == 0 {
+		return 0
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	removed := x.removed
+	x.insert(ep, blocks, now)
+	if x.removed != removed {
+		return 0
+	}
+	return x.eps[ep].mark
+}
+
+// Reinsert is Insert(ep, blocks, now), skipped when ep's list has not changed since the insert
+// of the same blocks that returned mark (InsertMark): ep then still holds every one of the
+// blocks, as its most recent entries, in order, and inserting them again would add, move and
+// evict nothing, only stamp them anew (they keep the first insert's, older by the time between
+// the two, and still newer than every other entry of ep). It reports whether it inserted.
+func (x *Index) Reinsert(ep int, blocks []uint64, now int64, mark uint64) bool {
+	if ep < 0 || len(blocks) == 0 {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if mark != 0 && ep < len(x.eps) && x.eps[ep].mark == mark {
+		return false
+	}
+	x.insert(ep, blocks, now)
+	return true
+}
+
+// changed moves ep's mark: its list, or the stamps in it, changed.
+func (x *Index) changed(ep uint32) {
+	x.marks++
+	x.eps[ep].mark = x.marks
+}
+
 // insert is Insert with the lock held.
 //
 // Its stamps are known before it starts: rest's blocks (touched from the last) take base,
@@ -169,6 +216,7 @@ func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
 // the second insert is one walk of the list instead of two).
 func (x *Index) insert(ep int, blocks []uint64, now int64) {
 	x.endpoint(ep)
+	x.changed(uint32(ep))
 	// headRun stamps nodes in place, out of the list's order until they move to the front:
 	// the run is built anew from rest's touches, and set at the end.
 	x.eps[ep].run = 0
@@ -342,6 +390,7 @@ func (x *Index) trim(ep int) {
 
 func (x *Index) pushFront(ni uint32) {
 	n := x.node(ni)
+	x.changed(n.ep)
 	e := &x.eps[n.ep]
 	n.prev, n.next = 0, e.head
 	if e.head != 0 {
@@ -362,6 +411,7 @@ func (x *Index) pushFront(ni uint32) {
 func (x *Index) unlink(ni uint32) {
 	x.cuts++
 	n := x.node(ni)
+	x.changed(n.ep)
 	e := &x.eps[n.ep]
 	// A node of the run (its stamp in the run's range: stamps are unique) cuts it where it was.
 	if e.run > 0 && n.stamp <= e.runTop && n.stamp > e.runTop-int64(e.run) {
@@ -382,6 +432,7 @@ func (x *Index) unlink(ni uint32) {
 
 // removeNode drops one (block, endpoint) pair, and the block when nobody holds it any more.
 func (x *Index) removeNode(ni uint32) {
+	x.removed++
 	x.unlink(ni)
 	n := *x.node(ni)
 	en := x.entry(n.entry)

@@ -119,3 +119,110 @@ func equalLists(a, b [][]lruEntry) bool {
 	}
 	return true
 }
+
+// hashes returns every endpoint's blocks, most recent first, without their stamps.
+func hashes(lists [][]lruEntry) [][]uint64 {
+	out := make([][]uint64, len(lists))
+	for ep, l := range lists {
+		for _, e := range l {
+			out[ep] = append(out[ep], e.Hash)
+		}
+	}
+	return out
+}
+
+// FuzzReinsertSkipsOnlyNoOps drives two indexes with the same requests, each inserted when
+// routed and again when done, with other requests, corrections, drops and removals in between;
+// one inserts again with Reinsert and the mark InsertMark gave, the other always. Every
+// endpoint's blocks, in order, must be the same after each step: Reinsert skips only inserts
+// that would have changed nothing but stamps.
+func FuzzReinsertSkipsOnlyNoOps(f *testing.F) {
+	f.Add(uint64(1), uint8(40), uint8(0))
+	f.Add(uint64(2), uint8(200), uint8(3))
+	f.Add(uint64(3), uint8(12), uint8(1))
+	f.Fuzz(func(t *testing.T, seed uint64, capacity, maxEntries uint8) {
+		r := rand.New(rand.NewPCG(seed, 11))
+		cfg := IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8}
+		skip, ref := NewIndex(cfg), NewIndex(cfg)
+		type flight struct {
+			ep     int
+			blocks []uint64
+			mark   uint64
+		}
+		var convs conversations
+		var flights []flight
+		now := int64(0)
+		skipped := 0
+		for step := range 300 {
+			now += int64(r.IntN(3))
+			switch op := r.IntN(10); {
+			case op < 5 || len(flights) == 0: // a request is routed
+				blocks := slices.Clone(convs.next(r))
+				ep := r.IntN(3)
+				flights = append(flights, flight{ep, blocks, skip.InsertMark(ep, blocks, now)})
+				ref.Insert(ep, blocks, now)
+			case op < 8: // one ends, the last most often (requests one at a time)
+				i := len(flights) - 1
+				if r.IntN(3) == 0 {
+					i = r.IntN(len(flights))
+				}
+				fl := flights[i]
+				flights = slices.Delete(flights, i, i+1)
+				if !skip.Reinsert(fl.ep, fl.blocks, now, fl.mark) {
+					skipped++
+				}
+				ref.Insert(fl.ep, fl.blocks, now)
+			case op == 8: // a correction or a failed request's drop
+				ep := r.IntN(3)
+				if r.IntN(2) == 0 {
+					// Stamps differ between the two: the same position in both lists, the
+					// same blocks forgotten (the stamps fall along a list).
+					if lists := ref.lists(); ep < len(lists) && len(lists[ep]) > 0 {
+						pos := r.IntN(len(lists[ep]))
+						skip.Forget(ep, skip.lists()[ep][pos].Stamp)
+						ref.Forget(ep, lists[ep][pos].Stamp)
+					}
+				} else {
+					blocks := convs.next(r)
+					skip.Drop(ep, blocks)
+					ref.Drop(ep, blocks)
+				}
+			default: // an endpoint leaves
+				ep := r.IntN(3)
+				skip.Remove(ep)
+				ref.Remove(ep)
+			}
+			if want, got := hashes(ref.lists()), hashes(skip.lists()); !cmp.Equal(want, got) {
+				t.Fatalf("step %d: blocks differ (-Insert +Reinsert):\n%s", step, cmp.Diff(want, got))
+			}
+		}
+		if testing.Verbose() {
+			t.Logf("%d inserts skipped", skipped)
+		}
+	})
+}
+
+// TestReinsertSkipsWhenNothingChanged: Reinsert skips while the endpoint's list is as its
+// InsertMark left it, whatever other endpoints do, and inserts once it changed or when the
+// first insert evicted.
+func TestReinsertSkipsWhenNothingChanged(t *testing.T) {
+	x := NewIndex(IndexConfig{DefaultCapacity: 8})
+	a, b := chain(1, 2, 3), chain(7, 8)
+	mark := x.InsertMark(0, a, 1)
+	x.Insert(1, b, 2) // another endpoint
+	if x.Reinsert(0, a, 3, mark) {
+		t.Error("inserted again although endpoint 0 did not change")
+	}
+	mark = x.InsertMark(0, a, 4)
+	x.Insert(0, b, 5)
+	if !x.Reinsert(0, a, 6, mark) {
+		t.Error("skipped although endpoint 0 took other blocks since")
+	}
+	if diff := cmp.Diff([]uint64{a[0], a[1], a[2], b[0], b[1]}, hashes(x.lists())[0]); diff != "" {
+		t.Errorf("endpoint 0 (-want +got):\n%s", diff)
+	}
+	small := NewIndex(IndexConfig{DefaultCapacity: 2})
+	if mark := small.InsertMark(0, a, 1); mark != 0 {
+		t.Errorf("an insert that evicted its own blocks gave mark %d, want 0", mark)
+	}
+}
