@@ -15,6 +15,18 @@
 // timer does not help: the runtime still wakes at its old time. Now at that rate nearly every
 // waiting line goes out with the next request's line (docs/results.md, "Eighth round").
 //
+// On Linux, a write to a regular file, or to a pipe or socket that polls writable (ppoll with
+// a zero timeout), of at most 4 KB (PIPE_BUF: such a pipe has room for it), is a raw system
+// call (syscall.RawSyscall, raw_linux.go) instead of os.File's: os.File's write enters the
+// runtime's system-call bookkeeping, whose entry wakes sysmon whenever every other P is idle
+// (at 8 requests/s, at every access line), and sysmon then polls every 20 µs until the
+// request's goroutine parks: 4 to 9 nanosleeps and a futex wake per request. A raw call cannot
+// be taken over by sysmon while it blocks, so a write that could block is never made raw: a
+// full pipe or socket (a reader that lags), a terminal, a device, any other io.Writer, a longer
+// batch; those go through os.File as before, so a slow stderr blocks the goroutine that logs,
+// never its P. What is left is a write to a regular file that the kernel holds back for dirty
+// page writeback, and a pipe filled by another process between the poll and the write.
+//
 // Close writes what is left (kvroute serve closes it on its way out, SIGTERM included); what
 // was waiting at a crash is lost: at most ten Intervals' worth, or Size bytes.
 package logbuf
@@ -37,6 +49,7 @@ const (
 // slog handler writes one record per call), so that a batch never splits a line.
 type Writer struct {
 	w        io.Writer
+	raw      *rawFile // w's raw writer (Linux files), or nil
 	interval time.Duration
 	size     int
 	maxWait  time.Duration // how long the timer lets a waiting line wait, at most
@@ -57,7 +70,7 @@ func New(w io.Writer, interval time.Duration, size int) *Writer {
 	if size <= 0 {
 		size = DefaultSize
 	}
-	return &Writer{w: w, interval: interval, size: size, maxWait: waitIntervals * interval}
+	return &Writer{w: w, raw: newRaw(w), interval: interval, size: size, maxWait: waitIntervals * interval}
 }
 
 // Write writes p at once, with the lines waiting before it, when the last write was Interval or
@@ -71,7 +84,7 @@ func (b *Writer) Write(p []byte) (int, error) {
 	if now := time.Now(); now.Sub(b.last) >= b.interval {
 		if len(b.buf) == 0 {
 			b.last = now
-			_, _ = b.w.Write(p) // as flushLocked: a log that cannot be written has nowhere to say so
+			b.out(p)
 			return len(p), nil
 		}
 		b.buf = append(b.buf, p...)
@@ -102,6 +115,18 @@ func (b *Writer) fire() {
 	b.flushLocked()
 }
 
+// out writes p to w: raw when it can (raw_linux.go), else, or the rest, through w. A log that
+// cannot be written has nowhere to say so.
+func (b *Writer) out(p []byte) {
+	if b.raw != nil {
+		p = p[b.raw.write(p):]
+		if len(p) == 0 {
+			return
+		}
+	}
+	_, _ = b.w.Write(p)
+}
+
 // Flush writes what is waiting.
 func (b *Writer) Flush() {
 	b.mu.Lock()
@@ -114,7 +139,7 @@ func (b *Writer) flushLocked() {
 		return
 	}
 	b.last = time.Now()
-	_, _ = b.w.Write(b.buf) // a log that cannot be written has nowhere to say so
+	b.out(b.buf)
 	if cap(b.buf) > 4*b.size {
 		b.buf = nil // one huge burst: do not keep its buffer
 	} else {
