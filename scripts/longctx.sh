@@ -19,7 +19,10 @@
 #
 # With PERF=1 (and perf installed), each run and each idle stretch is also counted by `perf stat
 # -e context-switches,raw_syscalls:sys_enter` on the router, and the context switches and system
-# calls per request (idle subtracted the same way) are printed in two more columns. The syscall
+# calls per request (idle subtracted the same way) are printed in two more columns, and a third,
+# task_ms_per_req: the router's task-clock over the same windows, idle subtracted, per request
+# (perf's count in nanoseconds, where /proc's utime + stime come in ticks of 10 ms, 0.08 ms per
+# request of a 128-request run). The syscall
 # tracepoint costs the router a little CPU of its own: compare cpu_ms_per_req between runs with
 # the same PERF. PERF_EVENTS (with PERF=1) names more perf events, comma-separated, e.g.
 # "syscalls:sys_enter_nanosleep,syscalls:sys_enter_futex": each gets a column of its own, per
@@ -150,12 +153,13 @@ sys() { awk '{print $15}' "/proc/$router/stat"; }
 now_ms() { date +%s%3N; }
 
 # perf_start FILE / perf_stop: count the router's context switches and system calls into FILE
-# (PERF=1); perf_counts FILE prints "context_switches syscalls" (0 0 without PERF).
+# (PERF=1); perf_counts FILE prints "context_switches syscalls task_clock_ms" and the
+# PERF_EVENTS counts (0 0 0 without PERF).
 perf_pid=
 record_pid=
 perf_start() {
 	[ "$perf" = 1 ] || return 0
-	perf stat -x, -e "context-switches,raw_syscalls:sys_enter${perf_events:+,$perf_events}" -p "$router" -o "$1" 2>/dev/null &
+	perf stat -x, -e "context-switches,raw_syscalls:sys_enter,task-clock${perf_events:+,$perf_events}" -p "$router" -o "$1" 2>/dev/null &
 	perf_pid=$!
 	pids+=($perf_pid)
 	if [ "$perf_record" = 1 ]; then
@@ -177,13 +181,13 @@ perf_stop() {
 }
 perf_counts() {
 	if [ "$perf" != 1 ]; then
-		echo "0 0"
+		echo "0 0 0"
 		return
 	fi
 	awk -F, -v extra="$perf_events" 'BEGIN{n = split(extra, ev, ",")}
-		$3 == "context-switches"{c=$1} $3 == "raw_syscalls:sys_enter"{s=$1}
+		$3 == "context-switches"{c=$1} $3 == "raw_syscalls:sys_enter"{s=$1} $3 == "task-clock"{t=$1}
 		{for (i = 1; i <= n; i++) if ($3 == ev[i]) x[i] = $1}
-		END{printf "%d %d", c, s; for (i = 1; i <= n; i++) printf " %d", x[i]; print ""}' "$1"
+		END{printf "%d %d %.3f", c, s, t; for (i = 1; i <= n; i++) printf " %d", x[i]; print ""}' "$1"
 }
 
 # run SIZE LABEL: one bench run of REQUESTS prompts of SIZE tokens; prints "wall_ms cpu_ticks
@@ -220,7 +224,7 @@ run() {
 say "output in $out; load average: $(cut -d' ' -f1-3 /proc/loadavg); rate $rate requests/s; concurrency $concurrency; USAGE=$usage SALT=$salt"
 printf '%-8s %-3s %8s %8s %10s %10s %11s %14s' tokens run requests wall_s cpu_ms "(sys_ms)" idle_cpu_ms cpu_ms_per_req
 if [ "$perf" = 1 ]; then
-	printf ' %10s %12s' cs_per_req syscalls_per_req
+	printf ' %10s %12s %15s' cs_per_req syscalls_per_req task_ms_per_req
 	for e in ${perf_events//,/ }; do printf ' %s' "${e#syscalls:sys_enter_}"; done
 fi
 echo
@@ -237,16 +241,16 @@ for size in $sizes; do
 		idle=$((c1 - c0))
 		counts=$(perf_counts "$out/perf-$size-$i.txt")
 		icounts=$(perf_counts "$out/perf-$size-$i-idle.txt")
-		read -r cs sc _ <<<"$counts"
-		read -r ics isc _ <<<"$icounts"
+		read -r cs sc tc _ <<<"$counts"
+		read -r ics isc itc _ <<<"$icounts"
 		awk -v s="$size" -v i="$i" -v n="$sent" -v w="$wall" -v t="$ticks" -v d="$idle" -v hz="$tck" -v k="$systicks" \
-			-v perf="$perf" -v cs="$cs" -v sc="$sc" -v ics="$ics" -v isc="$isc" -v counts="$counts" -v icounts="$icounts" 'BEGIN{
+			-v perf="$perf" -v cs="$cs" -v sc="$sc" -v ics="$ics" -v isc="$isc" -v tc="$tc" -v itc="$itc" -v counts="$counts" -v icounts="$icounts" 'BEGIN{
 			busy = t * 1000 / hz; idle = d * 1000 / hz
 			printf "%-8s %-3s %8d %8.1f %10.0f %10.0f %11.0f %14.2f", s, i, n, w / 1000, busy, k * 1000 / hz, idle, (busy - idle) / n
 			if (perf == 1) {
-				printf " %10.1f %12.1f", (cs - ics) / n, (sc - isc) / n
+				printf " %10.1f %12.1f %15.3f", (cs - ics) / n, (sc - isc) / n, (tc - itc) / n
 				k = split(counts, a, " "); split(icounts, b, " ")
-				for (j = 3; j <= k; j++) printf " %.1f", (a[j] - b[j]) / n
+				for (j = 4; j <= k; j++) printf " %.1f", (a[j] - b[j]) / n
 			}
 			printf "\n"
 		}'
