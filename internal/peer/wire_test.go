@@ -442,33 +442,50 @@ func FuzzReadFrame(f *testing.F) {
 	})
 }
 
-// BenchmarkEncodeDecode encodes one request's three events (a 64-block prompt) as a batch and
-// decodes them again: the wire's CPU per request, either side.
+// BenchmarkEncodeDecode encodes one request's three events (a 64-block prompt, of which the
+// first 60 are a system prompt every request shares and the last 4 its own) as a batch and
+// decodes them again: the wire's CPU per request, either side. whole: the blocks written
+// whole (as major version 1 did); refs: the stream's references to the last requests.
 func BenchmarkEncodeDecode(b *testing.B) {
-	evs := []route.Event{
-		{Kind: route.EventRouted, ID: 1, Endpoint: "http://10.0.0.1:8000", Model: "meta-llama/Llama-3.1-70B-Instruct", Blocks: make([]uint64, 64), BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8},
-		{Kind: route.EventFirstToken, ID: 1, TTFT: 20 * time.Millisecond},
-		{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond, Duration: time.Second},
-	}
-	for i := range evs[0].Blocks {
-		evs[0].Blocks[i] = uint64(i) * 0x9e3779b97f4a7c15
-	}
-	var pend []byte
-	var d decoder
-	var out []route.Event
-	b.ReportAllocs()
-	for b.Loop() {
-		pend = msgp.AppendArrayHeader(pend[:0], uint32(len(evs)))
-		for i := range evs {
-			var err error
-			if pend, err = appendEvent(pend, &evs[i]); err != nil {
-				b.Fatal(err)
+	for _, refs := range []bool{false, true} {
+		b.Run(map[bool]string{false: "whole", true: "refs"}[refs], func(b *testing.B) {
+			evs := []route.Event{
+				{Kind: route.EventRouted, ID: 1, Endpoint: "http://10.0.0.1:8000", Model: "meta-llama/Llama-3.1-70B-Instruct", Blocks: make([]uint64, 64), BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8},
+				{Kind: route.EventFirstToken, ID: 1, TTFT: 20 * time.Millisecond},
+				{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond, Duration: time.Second},
 			}
-		}
-		var err error
-		if out, err = d.batch(pend, 1, out[:0]); err != nil || len(out) != len(evs) {
-			b.Fatal(len(out), err)
-		}
+			for i := range evs[0].Blocks {
+				evs[0].Blocks[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+			}
+			var pend []byte
+			var ring blockRing
+			var d decoder
+			var out []route.Event
+			n := uint64(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				n++
+				for i := 60; i < 64; i++ {
+					evs[0].Blocks[i] = n*64 + uint64(i)
+				}
+				pend = msgp.AppendArrayHeader(pend[:0], uint32(len(evs)))
+				for i := range evs {
+					var err error
+					if refs {
+						pend, err = ring.appendEvent(pend, &evs[i])
+					} else {
+						pend, err = appendEvent(pend, &evs[i])
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				var err error
+				if out, err = d.batch(pend, 1, out[:0]); err != nil || len(out) != len(evs) {
+					b.Fatal(len(out), err)
+				}
+			}
+			b.SetBytes(int64(len(pend)))
+		})
 	}
-	b.SetBytes(int64(len(pend)))
 }
