@@ -553,3 +553,48 @@ func TestExpiredKeepsPlacement(t *testing.T) {
 		t.Errorf("after its replica left, the request's blocks are predicted at %d tokens on e0, want 160", got)
 	}
 }
+
+// TestEndedSet: ends within an origin's window are bits, ends below it and those of origins
+// past maxWindows are in the map; what is not added is not there; a window that slides on
+// forgets what it leaves.
+func TestEndedSet(t *testing.T) {
+	e := endedSet{max: 4}
+	k := func(o, id uint64) flightKey { return flightKey{o, id} }
+	for id := uint64(1000); id < 1200; id += 2 {
+		e.add(k(1, id))
+	}
+	for id := uint64(990); id < 1210; id++ {
+		if got, want := e.has(k(1, id)), id >= 1000 && id < 1200 && id%2 == 0; got != want {
+			t.Fatalf("origin 1, ID %d: has %v, want %v", id, got, want)
+		}
+	}
+	if e.has(k(2, 1000)) {
+		t.Error("another origin's ID 1000 ended")
+	}
+	// Up by a window: the earlier IDs leave it; an end below it goes to the map.
+	top := uint64(1000 + endedWindow + 64)
+	e.add(k(1, top))
+	if !e.has(k(1, top)) || e.has(k(1, top-1)) || e.has(k(1, 1000)) {
+		t.Errorf("after the slide: top %v, top-1 %v, 1000 %v; want true, false, false", e.has(k(1, top)), e.has(k(1, top-1)), e.has(k(1, 1000)))
+	}
+	e.add(k(1, 5))
+	if !e.has(k(1, 5)) || len(e.young) != 1 {
+		t.Errorf("an end below the window: has %v, %d in the map", e.has(k(1, 5)), len(e.young))
+	}
+	// Origins past maxWindows: the map, in two generations of max.
+	for o := uint64(2); o < maxWindows+1; o++ {
+		e.add(k(o, 1))
+	}
+	if len(e.wins) != maxWindows {
+		t.Fatalf("%d windows, want %d", len(e.wins), maxWindows)
+	}
+	for id := uint64(1); id <= 8; id++ {
+		e.add(k(1000, id))
+	}
+	// (origin 1's ID 5 and 1 to 3 filled the first generation of 4, which went old when 4
+	// came; 4 to 7 the next, which went old when 8 came, and the first was forgotten.)
+	if e.has(k(1000, 1)) || e.has(k(1000, 3)) || !e.has(k(1000, 4)) || !e.has(k(1000, 8)) || e.has(k(1, 5)) {
+		t.Errorf("an origin without a window: 1 %v, 3 %v, 4 %v, 8 %v; want 4 to 8 kept; origin 1's 5 %v, want forgotten",
+			e.has(k(1000, 1)), e.has(k(1000, 3)), e.has(k(1000, 4)), e.has(k(1000, 8)), e.has(k(1, 5)))
+	}
+}
