@@ -726,58 +726,14 @@ func (s *Share) LocalIDs() []uint64 {
 	return out
 }
 
-// endedSet remembers recently ended remote attempts. An origin's attempt IDs rise by one
-// and most attempts end moments after they start, so each origin (up to maxWindows) has a
-// window of bits over its latest endedWindow IDs: an end there is a bit set, where a map
-// insert at a random place in a table of 100,000 keys or more cost a cache miss and its
-// growth (1.7 µs per remote request in docs/replicas.md's profile at 6067ac3). The ends that
-// fall below their origin's window (attempts that lasted while endedWindow later ones
-// started), and those of the origins past maxWindows, go to two generations of a map, so that
-// its memory is bounded without per-entry bookkeeping. What leaves a window is forgotten, as
-// what leaves the old generation is.
+// endedSet remembers recently ended remote attempts, in two generations so that its memory is
+// bounded without per-entry bookkeeping.
 type endedSet struct {
 	max        int
-	wins       map[uint64]*endedWin
 	young, old map[flightKey]struct{}
 }
 
-// Windows of ended IDs: endedWindow IDs each (16 KB), for at most maxWindows origins.
-const (
-	endedWindow = 1 << 17
-	endedWords  = endedWindow / 64
-	maxWindows  = 64
-)
-
-// endedWin is the ended IDs of one origin among the words hi-endedWords+1 to hi (an ID's word
-// is ID/64), each word at its number modulo endedWords.
-type endedWin struct {
-	hi   uint64
-	bits [endedWords]uint64
-}
-
 func (e *endedSet) add(k flightKey) {
-	w := e.wins[k.origin]
-	if w == nil && len(e.wins) < maxWindows {
-		if e.wins == nil {
-			e.wins = map[uint64]*endedWin{}
-		}
-		w = &endedWin{hi: k.id / 64}
-		e.wins[k.origin] = w
-	}
-	if w != nil {
-		wn := k.id / 64
-		if wn > w.hi {
-			// Slide up to wn: the words between are new (none of their IDs ended).
-			for x := max(w.hi+1, wn-min(wn, endedWords-1)); x <= wn; x++ {
-				w.bits[x%endedWords] = 0
-			}
-			w.hi = wn
-		}
-		if wn+endedWords > w.hi {
-			w.bits[wn%endedWords] |= 1 << (k.id % 64)
-			return
-		}
-	}
 	if e.young == nil {
 		e.young = map[flightKey]struct{}{}
 	}
@@ -788,15 +744,6 @@ func (e *endedSet) add(k flightKey) {
 }
 
 func (e *endedSet) has(k flightKey) bool {
-	if w := e.wins[k.origin]; w != nil {
-		wn := k.id / 64
-		switch {
-		case wn > w.hi:
-			return false
-		case wn+endedWords > w.hi:
-			return w.bits[wn%endedWords]&(1<<(k.id%64)) != 0
-		}
-	}
 	if _, ok := e.young[k]; ok {
 		return true
 	}
