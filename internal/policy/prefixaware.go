@@ -125,6 +125,7 @@ type paState struct {
 func (s *paState) enqueue(f *paFlight, now int64, speed float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	f.alignBefore = s.align
 	if start, _, at, ok := s.stepTail(now, speed); ok && at >= start {
 		s.align = s.stream
 	}
@@ -149,6 +150,11 @@ func (s *paState) dequeue(f *paFlight, now int64) {
 	}
 	s.queue = slices.Delete(s.queue, k, k+1)
 	if k > 0 {
+		if k == len(s.queue) {
+			// The tail: the stream is as before it was appended (Completed relies on it).
+			s.stream, s.align = f.end-f.tokens, f.alignBefore
+			return
+		}
 		// It failed before its first token: the requests after it move up by its tokens.
 		for _, g := range s.queue[k:] {
 			g.end -= f.tokens
@@ -229,15 +235,16 @@ func (f *speedFit) add(predicted, observed, weight float64) {
 
 // paFlight is one routed request until it is done.
 type paFlight struct {
-	ep        int
-	work      int64             // this request's uncached work
-	tokens    int64             // its uncached tokens
-	end       int64             // where its tokens end in ep's queue stream (paState.stepTail)
-	ahead     int64             // work queued on ep before it, plus its own
-	predicted int               // blocks the index said ep held
-	runs      []prefix.StampRun // index stamps of those blocks, for the correction
-	first     atomic.Bool       // first token seen, or done
-	probe     capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
+	ep          int
+	work        int64             // this request's uncached work
+	tokens      int64             // its uncached tokens
+	end         int64             // where its tokens end in ep's queue stream (paState.stepTail)
+	alignBefore int64             // the stream's step alignment before it was appended
+	ahead       int64             // work queued on ep before it, plus its own
+	predicted   int               // blocks the index said ep held
+	runs        []prefix.StampRun // index stamps of those blocks, for the correction
+	first       atomic.Bool       // first token seen, or done
+	probe       capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
 }
 
 type paScratch struct {
