@@ -31,11 +31,17 @@ type hub struct {
 
 	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
 
-	mu    sync.Mutex
-	pend  []byte // encoded events
-	count int    // events in pend
-	first int64  // when the oldest of them happened, unix nanoseconds
-	subs  map[*sub]struct{}
+	mu     sync.Mutex
+	pend   []byte // encoded events
+	count  int    // events in pend
+	blocks int    // the block hashes of pend's events, whole (maxBatchBlocks)
+	first  int64  // when the oldest of them happened, unix nanoseconds
+	subs   map[*sub]struct{}
+	// ring is the block lists of the last routed events encoded, which the next ones refer
+	// to. Every stream carries every batch encoded since it subscribed (a stream that loses
+	// one is sent no more, and ends), so a reference back to the last few means the same
+	// event at every receiver; a new stream starts it empty.
+	ring blockRing
 }
 
 // batch is encoded events, shared read-only by every subscriber's stream.
@@ -55,6 +61,7 @@ type sub struct {
 	ch     chan *batch
 	broken chan struct{}
 	once   sync.Once
+	lost   bool // a batch did not fit its queue: it gets no more (hub.mu)
 }
 
 func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
@@ -75,11 +82,17 @@ func (h *hub) publish(ev *route.Event) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	b, err := appendEvent(h.pend, ev)
+	if ev.Kind == route.EventRouted && h.count > 0 && h.blocks+len(ev.Blocks) > maxBatchBlocks {
+		h.flushLocked()
+	}
+	b, err := h.ring.appendEvent(h.pend, ev)
 	if err != nil {
 		return
 	}
 	h.pend = b
+	if ev.Kind == route.EventRouted {
+		h.blocks += len(ev.Blocks)
+	}
 	if h.count == 0 {
 		// The clock is read for a batch's first event only: the lag a receiver measures is
 		// that of the batch's oldest event.
@@ -112,12 +125,20 @@ func (h *hub) flushLocked() {
 	b.events, h.pend = h.pend, b.events[:0]
 	b.n, b.first = h.count, h.first
 	b.refs.Store(int32(len(h.subs)))
-	h.count = 0
+	h.count, h.blocks = 0, 0
 	for s := range h.subs {
+		if s.lost {
+			// Its stream may still be writing what its queue holds: nothing after the gap,
+			// whose references would name other events at the receiver.
+			h.dropped.Add(float64(b.n))
+			h.written(b)
+			continue
+		}
 		select {
 		case s.ch <- b:
 		default:
 			// The peer does not keep up: its stream ends, and it reconciles when it comes back.
+			s.lost = true
 			s.breakOff()
 			h.dropped.Add(float64(b.n))
 			h.written(b)
@@ -135,6 +156,10 @@ func (h *hub) written(b *batch) {
 func (h *hub) subscribe() *sub {
 	s := &sub{ch: make(chan *batch, h.queue), broken: make(chan struct{})}
 	h.mu.Lock()
+	// The new stream's receiver knows none of the events encoded so far: the pending ones go
+	// to the others, and the next refer to none of them.
+	h.flushLocked()
+	h.ring.reset()
 	h.subs[s] = struct{}{}
 	h.mu.Unlock()
 	h.nsubs.Add(1)

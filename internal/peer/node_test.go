@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
@@ -344,6 +345,15 @@ func TestHostilePeer(t *testing.T) {
 			hb = append(hb, 0x91, 0xc1) // an array of one reserved byte
 			var b bytes.Buffer
 			_ = writeFrame(&b, macKey, hb, nil)
+			_, _ = w.Write(b.Bytes())
+		}},
+		{"malformed", func(w io.Writer, nonce [nonceSize]byte) {
+			// Blocks by reference to a routed event this stream has not carried (a stream's
+			// first batch).
+			hb := msgp.AppendArrayHeader(appendHeader(nil, &header{from: "evil", inc: 1, nonce: nonce, seq: 1, kind: kindBatch}), 1)
+			payload, _ := appendEventRef(nil, &routed, 1, 1)
+			var b bytes.Buffer
+			_ = writeFrame(&b, macKey, hb, payload)
 			_, _ = w.Write(b.Bytes())
 		}},
 	} {

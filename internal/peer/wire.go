@@ -35,17 +35,25 @@ import (
 //
 // Events are arrays whose first element is the kind and second the origin (0: the sender):
 //
-//	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, blocks]
+//	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, back, shared, blocks]
 //
-// where blocks is a bin of the block hashes, 8 bytes each, big-endian (a third cheaper to decode
-// than an array of integers, and a byte smaller per block).
+// where the request's block hashes are the first shared blocks of those of the routed event
+// sent back routed events earlier on the same stream (1: the last one; back 0 and shared 0:
+// none), then blocks: a bin of the rest, 8 bytes each, big-endian (a third cheaper to decode
+// than an array of integers, and a byte smaller per block). Requests share long starts (a
+// system prompt, a document, the conversation so far) with requests sent a moment before:
+// with the reference a request's three events and its part of a frame are some 100 bytes
+// where they were some 590 (docs/replicas.md, "Sync cost"). Both ends keep the block lists of the stream's last ringSize routed events,
+// from empty at the stream's start; a reference the receiver cannot resolve is malformed, and
+// ends the stream (the next one starts both rings anew).
 //	first token  [2, origin, id, ttft_ns]
 //	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns, predicted_cached]
 //	removed      [4, origin, endpoint]
 
 // Protocol versions. A replica refuses messages of another major version.
+// Major 2: routed events refer to the blocks of earlier ones (back, shared).
 const (
-	Major = 1
+	Major = 2
 	Minor = 0
 )
 
@@ -238,8 +246,14 @@ func decodeHeader(msg []byte) (header, []byte, error) {
 	return h, r.b, nil // fields after the payload, a newer minor version's, are left unread
 }
 
-// appendEvent appends ev (origin 0 stands for the sender).
-func appendEvent(b []byte, ev *route.Event) ([]byte, error) {
+// appendEvent appends ev (origin 0 stands for the sender), a routed event with its blocks
+// whole.
+func appendEvent(b []byte, ev *route.Event) ([]byte, error) { return appendEventRef(b, ev, 0, 0) }
+
+// appendEventRef appends ev; a routed event's first shared blocks are those of the routed
+// event sent back events earlier on the stream (see blockRing.longest), and only the rest are
+// written.
+func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error) {
 	n := eventFields(uint64(ev.Kind))
 	if n == 0 {
 		return b, fmt.Errorf("event kind %d: nothing to send", ev.Kind)
@@ -253,9 +267,9 @@ func appendEvent(b []byte, ev *route.Event) ([]byte, error) {
 		for _, s := range [...]string{ev.Endpoint, ev.Model, ev.Tenant, ev.SessionKey} {
 			b = msgp.AppendString(b, s)
 		}
-		b = appendInts(b, int64(ev.BlockTokens), int64(ev.PromptTokens), int64(ev.MaxTokens))
-		b = msgp.AppendBytesHeader(b, uint32(8*len(ev.Blocks)))
-		for _, h := range ev.Blocks {
+		b = appendInts(b, int64(ev.BlockTokens), int64(ev.PromptTokens), int64(ev.MaxTokens), int64(back), int64(shared))
+		b = msgp.AppendBytesHeader(b, uint32(8*(len(ev.Blocks)-shared)))
+		for _, h := range ev.Blocks[shared:] {
 			b = binary.BigEndian.AppendUint64(b, h)
 		}
 	case route.EventFirstToken:
@@ -283,6 +297,11 @@ func appendInts(b []byte, vs ...int64) []byte {
 const (
 	maxBlocks    = 1 << 20
 	maxStringLen = 4096
+	// maxBatchBlocks bounds the blocks of a message's events together, which references
+	// would otherwise let a few bytes multiply: 4 MB of hashes, what a message of
+	// DefaultMaxMessageBytes could hold whole. The sender ends a batch before it would hold
+	// more.
+	maxBatchBlocks = 1 << 19
 )
 
 // eventFields is how many fields an event of kind has in this version (0: a kind it does not
@@ -290,7 +309,7 @@ const (
 func eventFields(kind uint64) int {
 	switch route.EventKind(kind) {
 	case route.EventRouted:
-		return 11
+		return 13
 	case route.EventFirstToken:
 		return 4
 	case route.EventDone:
@@ -303,9 +322,12 @@ func eventFields(kind uint64) int {
 
 // decoder decodes a stream's events. It keeps the strings that repeat from event to event
 // (endpoint names, models, tenants), so that an event allocates only what it must: its
-// blocks and its session key. Not safe for concurrent use.
+// blocks and its session key; and the block lists of the stream's last routed events, which
+// the next ones refer to. Not safe for concurrent use.
 type decoder struct {
 	strs map[string]string
+	ring blockRing // the lists the lifecycle was given: it only reads them
+	left int       // blocks the message being decoded may still hold
 }
 
 // maxInterned bounds the strings a decoder keeps; beyond, strings are allocated each time.
@@ -359,7 +381,13 @@ func (d *decoder) event(b []byte, ev *route.Event) (known bool, rest []byte, err
 			ev.SessionKey = string(s)
 		}
 		ev.BlockTokens, ev.PromptTokens, ev.MaxTokens = r.count(), r.count(), r.count()
-		ev.Blocks = r.blocks()
+		back, shared := r.int(), r.int()
+		start, refErr := d.ring.ref(back, shared)
+		ev.Blocks = r.blocks(start, refErr, d.left)
+		if r.err == nil {
+			d.ring.push(ev.Blocks)
+			d.left -= len(ev.Blocks)
+		}
 	case route.EventFirstToken:
 		ev.ID, ev.TTFT = r.uint(), time.Duration(r.int())
 	case route.EventDone:
@@ -384,6 +412,7 @@ func (d *decoder) batch(payload []byte, sender uint64, evs []route.Event) ([]rou
 	if err != nil {
 		return evs, err
 	}
+	d.left = maxBatchBlocks
 	for range n {
 		evs = append(evs, route.Event{})
 		ev := &evs[len(evs)-1]
@@ -444,25 +473,127 @@ func (r *reader) count() int {
 	return int(v)
 }
 
-// blocks reads a bin of 8-byte big-endian block hashes into a new slice. The bin is read in
-// place: nothing is allocated for a length beyond what the message holds.
-func (r *reader) blocks() []uint64 {
+// blocks reads a bin of 8-byte big-endian block hashes into a new slice, after the blocks of
+// start (an earlier event's, which ref resolved; ref's error, if any, is the reader's), all
+// of them at most limit. The bin is read in place: nothing is allocated for a length beyond
+// what the message and the earlier event hold.
+func (r *reader) blocks(start []uint64, ref error, limit int) []uint64 {
+	if r.err == nil && ref != nil {
+		r.err = ref
+	}
 	raw := r.bytes(msgp.ReadBytesZC)
 	if r.err != nil {
 		return nil
 	}
-	if len(raw)%8 != 0 || len(raw)/8 > maxBlocks {
-		r.err = fmt.Errorf("blocks of %d bytes", len(raw))
+	if len(raw)%8 != 0 || len(start)+len(raw)/8 > min(maxBlocks, limit) {
+		r.err = fmt.Errorf("blocks of %d bytes after %d, %d left to the message", len(raw), len(start), limit)
 		return nil
 	}
-	if len(raw) == 0 {
+	if len(start)+len(raw) == 0 {
 		return nil
 	}
-	out := make([]uint64, len(raw)/8)
-	for i := range out {
-		out[i] = binary.BigEndian.Uint64(raw[8*i:])
+	out := make([]uint64, len(start)+len(raw)/8)
+	k := copy(out, start)
+	for i := range out[k:] {
+		out[k+i] = binary.BigEndian.Uint64(raw[8*i:])
 	}
 	return out
+}
+
+// ringSize is how many routed events back an event's blocks may refer to. With 16 the
+// sender's search for the longest shared start costs a full comparison with the newest list
+// that starts alike and one or two comparisons with each of the others (see longest).
+const ringSize = 16
+
+// maxRingBlocks bounds a list the sender keeps (a copy, in a buffer it reuses): a longer one
+// is kept as empty, so that a burst's huge request does not hold its buffer for good.
+const maxRingBlocks = 1 << 16
+
+// blockRing is the block lists of a stream's last ringSize routed events, the newest last:
+// the sender's, to find what an event shares with one of them; the receiver's, to resolve the
+// reference. Both push every routed event in the stream's order, so that back counts the
+// same events at both ends.
+type blockRing struct {
+	lists [ringSize][]uint64
+	next  int // where the next list goes
+	n     int // lists held, at most ringSize
+}
+
+// at returns the list pushed back lists ago (1: the last), 1 <= back <= r.n.
+func (r *blockRing) at(back int) []uint64 { return r.lists[(r.next-back+ringSize)%ringSize] }
+
+// push keeps blocks itself (the receiver's: the lifecycle only reads them).
+func (r *blockRing) push(blocks []uint64) {
+	r.lists[r.next] = blocks
+	r.next = (r.next + 1) % ringSize
+	r.n = min(r.n+1, ringSize)
+}
+
+// pushCopy keeps a copy of blocks, in the buffer of the list it replaces (the sender's: the
+// caller's blocks are the caller's).
+func (r *blockRing) pushCopy(blocks []uint64) {
+	l := r.lists[r.next][:0]
+	if len(blocks) <= maxRingBlocks {
+		l = append(l, blocks...)
+	} else {
+		l = nil
+	}
+	r.lists[r.next] = l
+	r.next = (r.next + 1) % ringSize
+	r.n = min(r.n+1, ringSize)
+}
+
+// reset forgets the lists (a new stream starts from none); the sender's buffers stay.
+func (r *blockRing) reset() { r.n = 0 }
+
+// longest returns which list (back: 1 for the last) starts with the most of blocks, and how
+// many (shared); 0, 0 when none starts with blocks[0]. A list can do better than the best so
+// far only if it holds blocks[shared] at the same place, so the others cost a comparison or
+// two each.
+func (r *blockRing) longest(blocks []uint64) (back, shared int) {
+	for j := 1; j <= r.n && shared < len(blocks); j++ {
+		l := r.at(j)
+		if len(l) <= shared || l[shared] != blocks[shared] || l[0] != blocks[0] {
+			continue
+		}
+		k := 1
+		for m := min(len(l), len(blocks)); k < m && l[k] == blocks[k]; k++ {
+		}
+		if k > shared {
+			back, shared = j, k
+		}
+	}
+	return back, shared
+}
+
+// appendEvent appends ev as the stream's next event: a routed one's blocks by reference to
+// the list that starts with the most of them, which it then keeps (a copy).
+func (r *blockRing) appendEvent(b []byte, ev *route.Event) ([]byte, error) {
+	if ev.Kind != route.EventRouted {
+		return appendEvent(b, ev)
+	}
+	back, shared := r.longest(ev.Blocks)
+	b, err := appendEventRef(b, ev, back, shared)
+	if err == nil {
+		r.pushCopy(ev.Blocks)
+	}
+	return b, err
+}
+
+// ref resolves a reference read from a peer: the first shared blocks of the list back lists
+// ago. Anything it cannot resolve is malformed.
+func (r *blockRing) ref(back, shared int64) ([]uint64, error) {
+	switch {
+	case back == 0 && shared == 0:
+		return nil, nil
+	case back < 1 || back > int64(r.n):
+		return nil, fmt.Errorf("blocks of the routed event %d back, of %d", back, r.n)
+	}
+	l := r.at(int(back))
+	if shared < 0 || shared > int64(len(l)) {
+		return nil, fmt.Errorf("%d blocks of a routed event of %d", shared, len(l))
+	}
+	return l[:shared], nil
 }
 
 // arrayLen reads an array's length, refused (malformed) when it claims more elements than

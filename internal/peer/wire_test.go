@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/tinylib/msgp/msgp"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -52,13 +53,13 @@ func decodeBatch(msg []byte) (header, []route.Event, error) {
 	return h, evs, err
 }
 
-// TestWireGolden: a batch is encoded as it was before the encoder changed from
-// vmihailenco/msgpack to tinylib/msgp (the bytes a replica of the previous release sent): the
-// wire did not change, and older and newer replicas understand each other.
+// TestWireGolden: a batch is encoded as major version 2 has it (the bytes of version 1, which
+// tinylib/msgp kept from vmihailenco/msgpack, with the routed events' back and shared): a
+// change of the wire is one made on purpose, with its version.
 func TestWireGolden(t *testing.T) {
-	const golden = "990100a16105c41001020300000000000000000000000000097b01969b010001b4687474703a2f2f31302e302e302e313a38303030" +
-		"a16da174a173102809c41800000000000000018000000000000000000000000000002a9b014d02a165a0a0a0000000c40094020001ce017d78" +
-		"409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff0000000000930400a165"
+	const golden = "990200a16105c41001020300000000000000000000000000097b01969d010001b4687474703a2f2f31302e302e302e313a38303030" +
+		"a16da174a1731028090000c41800000000000000018000000000000000000000000000002a9d014d02a165a0a0a00000000000c4009402" +
+		"0001ce017d78409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff0000000000930400a165"
 	head, payload := message(t, header{from: "a", inc: 5, nonce: [16]byte{1, 2, 3}, seq: 9, sentAt: 123, kind: kindBatch}, sampleEvents())
 	if got := hex.EncodeToString(append(head, payload...)); got != golden {
 		t.Errorf("batch encoded as\n%s\nwant\n%s", got, golden)
@@ -104,7 +105,7 @@ func TestWireRefuses(t *testing.T) {
 	var v2 bytes.Buffer
 	// Another major version, correctly signed: refused after the MAC, by its version.
 	h2Head, _ := message(t, h2, nil)
-	h2Head[1] = 0x02
+	h2Head[1] = Major + 1
 	if err := writeFrame(&v2, testKey, h2Head, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func TestWireRefuses(t *testing.T) {
 		{"cut in the length", frame[:2], testKey, 1 << 20, "truncated"},
 		{"over the limit", frame, testKey, 64, "oversized"},
 		{"shorter than a MAC", []byte{0, 0, 0, 3, 1, 2, 3}, testKey, 1 << 20, "malformed"},
-		{"major version 2", v2.Bytes(), testKey, 1 << 20, "version"},
+		{"another major version", v2.Bytes(), testKey, 1 << 20, "version"},
 	} {
 		msg, _, err := readFrame(bytes.NewReader(c.data), c.key, c.max, nil)
 		if err == nil {
@@ -163,11 +164,193 @@ func TestWireNewerMinor(t *testing.T) {
 func TestWireLies(t *testing.T) {
 	b := bytes.NewBuffer(appendHeader(nil, &header{from: "a", seq: 1, kind: kindBatch}))
 	enc := msgpack.NewEncoder(b)
-	_ = errors.Join(enc.EncodeArrayLen(1), enc.EncodeArrayLen(11), enc.EncodeUint(1), enc.EncodeUint(0), enc.EncodeUint(1),
+	_ = errors.Join(enc.EncodeArrayLen(1), enc.EncodeArrayLen(13), enc.EncodeUint(1), enc.EncodeUint(0), enc.EncodeUint(1),
 		enc.EncodeString("e"), enc.EncodeString(""), enc.EncodeString(""), enc.EncodeString(""),
-		enc.EncodeInt(16), enc.EncodeInt(10), enc.EncodeInt(0), enc.EncodeBytesLen(8_000_000))
+		enc.EncodeInt(16), enc.EncodeInt(10), enc.EncodeInt(0), enc.EncodeInt(0), enc.EncodeInt(0), enc.EncodeBytesLen(8_000_000))
 	if _, _, err := decodeBatch(b.Bytes()); reason(err) != "malformed" {
 		t.Errorf("a million blocks in a few bytes: %v", err)
+	}
+}
+
+// refMessage encodes a batch message of routed events whose blocks are those of the event
+// refs[i][0] back (0: none), refs[i][1] of them, then three of its own.
+func refMessage(t testing.TB, refs [][2]int) (head, payload []byte) {
+	t.Helper()
+	head = msgp.AppendArrayHeader(appendHeader(nil, &header{from: "a", seq: 1, kind: kindBatch}), uint32(len(refs)))
+	for i, r := range refs {
+		ev := route.Event{Kind: route.EventRouted, ID: uint64(i + 1), Endpoint: "e", BlockTokens: 16,
+			Blocks: make([]uint64, r[1]+3)}
+		var err error
+		if payload, err = appendEventRef(payload, &ev, r[0], r[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return head, payload
+}
+
+// streamEvents is a stream's routed events: requests that share a system prompt of 60
+// blocks, two of them a conversation's turns, one that shares nothing.
+func streamEvents() []route.Event {
+	system := make([]uint64, 60)
+	for i := range system {
+		system[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	ext := func(b []uint64, more ...uint64) []uint64 { return append(append([]uint64(nil), b...), more...) }
+	turn1 := ext(system, 1001, 1002)
+	evs := []route.Event{
+		{Blocks: ext(system, 7)},
+		{Blocks: turn1},
+		{Blocks: ext(system, 8, 9)},
+		{Blocks: []uint64{5, 6}},
+		{Blocks: ext(turn1, 1003, 1004, 1005)},
+		{Blocks: nil},
+		{Blocks: ext(system[:30])},
+		{Blocks: ext(system, 7)},
+	}
+	for i := range evs {
+		evs[i].Kind, evs[i].ID, evs[i].Endpoint, evs[i].Model, evs[i].BlockTokens = route.EventRouted, uint64(i+1), "http://10.0.0.1:8000", "m", 16
+	}
+	return evs
+}
+
+// TestWireReferences: a stream's routed events, encoded with references to the earlier
+// events' blocks (in batches of three, with other events between), decode to the events
+// sent, on the receiver's side of the same stream; the references make them small.
+func TestWireReferences(t *testing.T) {
+	want := streamEvents()
+	var ring blockRing
+	var d decoder
+	var got []route.Event
+	whole, sent := 0, 0
+	for i := 0; i < len(want); i += 3 {
+		part := want[i:min(i+3, len(want))]
+		var payload []byte
+		for j := range part {
+			var err error
+			if payload, err = ring.appendEvent(payload, &part[j]); err != nil {
+				t.Fatal(err)
+			}
+			ft := route.Event{Kind: route.EventFirstToken, ID: part[j].ID}
+			payload, _ = ring.appendEvent(payload, &ft)
+			w, _ := appendEvent(nil, &part[j])
+			whole += len(w)
+		}
+		sent += len(payload)
+		evs, err := d.batch(append(msgp.AppendArrayHeader(nil, uint32(2*len(part))), payload...), 1, nil)
+		if err != nil {
+			t.Fatalf("batch %d: %v", i/3, err)
+		}
+		for _, ev := range evs {
+			if ev.Kind == route.EventRouted {
+				got = append(got, ev)
+			}
+		}
+	}
+	for i := range want {
+		want[i].Origin = 1
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	// Whole, the routed events take some 550 bytes each; by reference, all but the first
+	// and the one that shares nothing take under 60.
+	if sent > whole/3 {
+		t.Errorf("%d bytes sent for %d whole", sent, whole)
+	}
+}
+
+// TestBlockRingLongest: the list that starts with the most of the blocks, and how many.
+func TestBlockRingLongest(t *testing.T) {
+	var r blockRing
+	for _, l := range [][]uint64{{1, 2, 3, 4}, {1, 2, 9}, {5}, {1, 2, 3}, nil} {
+		r.pushCopy(l)
+	}
+	for _, c := range []struct {
+		blocks       []uint64
+		back, shared int
+	}{
+		{[]uint64{1, 2, 3, 4, 5}, 5, 4}, // the oldest
+		{[]uint64{1, 2, 3, 7}, 2, 3},    // the newer of two as good
+		{[]uint64{1, 2, 9, 9}, 4, 3},
+		{[]uint64{1, 8}, 2, 1},
+		{[]uint64{5, 1}, 3, 1},
+		{[]uint64{6}, 0, 0},
+		{nil, 0, 0},
+	} {
+		back, shared := r.longest(c.blocks)
+		if back != c.back || shared != c.shared {
+			t.Errorf("longest(%v) = %d, %d; want %d, %d", c.blocks, back, shared, c.back, c.shared)
+		}
+	}
+	// Past ringSize lists the oldest are forgotten: here the first.
+	for range ringSize - 4 {
+		r.pushCopy([]uint64{7})
+	}
+	if back, shared := r.longest([]uint64{1, 2, 3, 4}); back != ringSize-2 || shared != 3 {
+		t.Errorf("after %d more lists, longest = %d, %d; want %d, 3", ringSize-4, back, shared, ringSize-2)
+	}
+	if back, shared := r.longest([]uint64{1, 2, 9}); back != ringSize || shared != 3 {
+		t.Errorf("the oldest kept: longest = %d, %d; want %d, 3", back, shared, ringSize)
+	}
+	r.reset()
+	if back, shared := r.longest([]uint64{7}); back != 0 || shared != 0 {
+		t.Errorf("after reset, longest = %d, %d; want none", back, shared)
+	}
+}
+
+// TestWireBadReferences: a reference the receiver cannot resolve is malformed: to an event it
+// does not have, or to more blocks than that event has.
+func TestWireBadReferences(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		refs [][2]int
+	}{
+		{"before the stream", [][2]int{{1, 1}}},
+		{"past the events", [][2]int{{0, 0}, {0, 0}, {3, 1}}},
+		{"past the ring", [][2]int{{ringSize + 1, 0}}},
+		{"negative", [][2]int{{0, 0}, {-1, 1}}},
+		{"past a list's end", [][2]int{{0, 0}, {1, 4}}},
+		{"no event, some blocks", [][2]int{{0, 0}, {0, 2}}},
+	} {
+		head, payload := refMessage(t, c.refs)
+		// refMessage asks for the shared blocks it refers to in the event's own.
+		if _, _, err := decodeBatch(append(head, payload...)); reason(err) != "malformed" {
+			t.Errorf("%s: %v, want malformed", c.name, err)
+		}
+	}
+	// And what resolves, does.
+	head, payload := refMessage(t, [][2]int{{0, 0}, {1, 3}, {2, 2}, {2, 6}})
+	_, evs, err := decodeBatch(append(head, payload...))
+	if err != nil || len(evs) != 4 || len(evs[3].Blocks) != 9 {
+		t.Errorf("valid references: %d events, %v", len(evs), err)
+	}
+}
+
+// TestWireBatchBlocks: references cannot make a few bytes decode to more blocks than a
+// message could hold whole.
+func TestWireBatchBlocks(t *testing.T) {
+	const n = maxRingBlocks
+	refs := [][2]int{{0, 0}}
+	for range maxBatchBlocks / n {
+		refs = append(refs, [2]int{1, n})
+	}
+	ev := route.Event{Kind: route.EventRouted, Endpoint: "e", Blocks: make([]uint64, n)}
+	payload, _ := appendEvent(nil, &ev)
+	for range len(refs) - 1 {
+		payload, _ = appendEventRef(payload, &ev, 1, n)
+	}
+	head := msgp.AppendArrayHeader(appendHeader(nil, &header{from: "a", seq: 1, kind: kindBatch}), uint32(len(refs)))
+	if _, _, err := decodeBatch(append(head, payload...)); reason(err) != "malformed" {
+		t.Errorf("%d blocks in %d bytes: %v, want malformed", len(refs)*n, len(payload), err)
+	}
+	// One event less is just the bound.
+	payload, _ = appendEvent(payload[:0], &ev)
+	for range len(refs) - 2 {
+		payload, _ = appendEventRef(payload, &ev, 1, n)
+	}
+	head = msgp.AppendArrayHeader(appendHeader(nil, &header{from: "a", seq: 1, kind: kindBatch}), uint32(len(refs)-1))
+	if _, evs, err := decodeBatch(append(head, payload...)); err != nil || len(evs)*n != maxBatchBlocks {
+		t.Errorf("%d events of %d blocks: %d decoded, %v", len(refs)-1, n, len(evs), err)
 	}
 }
 
@@ -179,6 +362,14 @@ func FuzzDecode(f *testing.F) {
 	f.Add(head)
 	hello := msgp.AppendUint64(msgp.AppendUint64(msgp.AppendArrayHeader(appendHeader(nil, &header{from: "b", kind: kindHello}), 2), 1), 2)
 	f.Add(hello)
+	// References: the batch's own events (which resolve in a new stream), one to an event
+	// before the stream's start (which does not, the first time), and one past a list's end.
+	head, payload = refMessage(f, [][2]int{{0, 0}, {1, 2}, {2, 1}})
+	f.Add(append(head, payload...))
+	head, payload = refMessage(f, [][2]int{{1, 1}, {0, 0}})
+	f.Add(append(head, payload...))
+	head, payload = refMessage(f, [][2]int{{0, 0}, {1, 4}})
+	f.Add(append(head, payload...))
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		h, payload, err := decodeHeader(msg)
 		if err != nil {
@@ -195,20 +386,29 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("hello error without a reason: %v", err)
 			}
 		default:
+			// Twice on one stream: the second time, references may resolve to the first's
+			// events.
 			var d decoder
-			evs, err := d.batch(payload, 1, nil)
-			if err != nil && reason(err) == "" {
-				t.Fatalf("batch error without a reason: %v", err)
-			}
-			if len(evs) > len(msg) {
-				t.Fatalf("%d events from %d bytes", len(evs), len(msg))
-			}
-			for _, ev := range evs {
-				if len(ev.Blocks) > len(msg) {
-					t.Fatalf("%d blocks from %d bytes", len(ev.Blocks), len(msg))
+			for range 2 {
+				evs, err := d.batch(payload, 1, nil)
+				if err != nil && reason(err) == "" {
+					t.Fatalf("batch error without a reason: %v", err)
 				}
-				if ev.Origin == 0 {
-					t.Fatalf("an event of origin 0: %+v", ev)
+				if len(evs) > len(msg) {
+					t.Fatalf("%d events from %d bytes", len(evs), len(msg))
+				}
+				blocks := 0
+				for _, ev := range evs {
+					blocks += len(ev.Blocks)
+					if ev.Origin == 0 {
+						t.Fatalf("an event of origin 0: %+v", ev)
+					}
+				}
+				if blocks > maxBatchBlocks {
+					t.Fatalf("%d blocks from one message", blocks)
+				}
+				if err != nil {
+					break
 				}
 			}
 		}
@@ -242,33 +442,50 @@ func FuzzReadFrame(f *testing.F) {
 	})
 }
 
-// BenchmarkEncodeDecode encodes one request's three events (a 64-block prompt) as a batch and
-// decodes them again: the wire's CPU per request, either side.
+// BenchmarkEncodeDecode encodes one request's three events (a 64-block prompt, of which the
+// first 60 are a system prompt every request shares and the last 4 its own) as a batch and
+// decodes them again: the wire's CPU per request, either side. whole: the blocks written
+// whole (as major version 1 did); refs: the stream's references to the last requests.
 func BenchmarkEncodeDecode(b *testing.B) {
-	evs := []route.Event{
-		{Kind: route.EventRouted, ID: 1, Endpoint: "http://10.0.0.1:8000", Model: "meta-llama/Llama-3.1-70B-Instruct", Blocks: make([]uint64, 64), BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8},
-		{Kind: route.EventFirstToken, ID: 1, TTFT: 20 * time.Millisecond},
-		{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond, Duration: time.Second},
-	}
-	for i := range evs[0].Blocks {
-		evs[0].Blocks[i] = uint64(i) * 0x9e3779b97f4a7c15
-	}
-	var pend []byte
-	var d decoder
-	var out []route.Event
-	b.ReportAllocs()
-	for b.Loop() {
-		pend = msgp.AppendArrayHeader(pend[:0], uint32(len(evs)))
-		for i := range evs {
-			var err error
-			if pend, err = appendEvent(pend, &evs[i]); err != nil {
-				b.Fatal(err)
+	for _, refs := range []bool{false, true} {
+		b.Run(map[bool]string{false: "whole", true: "refs"}[refs], func(b *testing.B) {
+			evs := []route.Event{
+				{Kind: route.EventRouted, ID: 1, Endpoint: "http://10.0.0.1:8000", Model: "meta-llama/Llama-3.1-70B-Instruct", Blocks: make([]uint64, 64), BlockTokens: 16, PromptTokens: 1030, MaxTokens: 8},
+				{Kind: route.EventFirstToken, ID: 1, TTFT: 20 * time.Millisecond},
+				{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 1008, PromptTokens: 1030, OutputTokens: 8, TTFT: 20 * time.Millisecond, Duration: time.Second},
 			}
-		}
-		var err error
-		if out, err = d.batch(pend, 1, out[:0]); err != nil || len(out) != len(evs) {
-			b.Fatal(len(out), err)
-		}
+			for i := range evs[0].Blocks {
+				evs[0].Blocks[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+			}
+			var pend []byte
+			var ring blockRing
+			var d decoder
+			var out []route.Event
+			n := uint64(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				n++
+				for i := 60; i < 64; i++ {
+					evs[0].Blocks[i] = n*64 + uint64(i)
+				}
+				pend = msgp.AppendArrayHeader(pend[:0], uint32(len(evs)))
+				for i := range evs {
+					var err error
+					if refs {
+						pend, err = ring.appendEvent(pend, &evs[i])
+					} else {
+						pend, err = appendEvent(pend, &evs[i])
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				var err error
+				if out, err = d.batch(pend, 1, out[:0]); err != nil || len(out) != len(evs) {
+					b.Fatal(len(out), err)
+				}
+			}
+			b.SetBytes(int64(len(pend)))
+		})
 	}
-	b.SetBytes(int64(len(pend)))
 }

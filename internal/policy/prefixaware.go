@@ -17,11 +17,12 @@ import (
 // time to first token from the prefill work queued there plus this request's uncached work
 // (what the approximate index, one LRU per endpoint sized like its KV cache, says the endpoint
 // lacks), at the endpoint's measured prefill speed, and picks the smallest under a bounded-load
-// guard. Its seven parameters, what each means, how its default was chosen and what it does to
+// guard. Its eight parameters, what each means, how its default was chosen and what it does to
 // the scorecard are in docs/policy.md; everything else it derives from what it measures.
 //
 //	cost = speed x (overhead + (queued + new x (1 + cache_weight x (1/2 + pressure))
-//	                            + affinity x uncached x (queued + uncached/2) / rate) / rate)
+//	                            + affinity x uncached x (queued + uncached/2) / rate
+//	                            + shared) / rate)
 //	       + decodes x decode_cost
 //
 // queued is the work routed there and not yet at its first token, less what the head of the
@@ -29,7 +30,10 @@ import (
 // million attention pairs; new is uncached less what of the fleet's common prefix the
 // endpoint lacks; pressure (0..1) is how fast the endpoint's cache filled per second in the
 // fleet, or how fresh what it would evict; affinity is the rate of requests its cache draws,
-// averaged over affinity_window; speed is the ratio of observed to predicted TTFTs, the
+// averaged over affinity_window; shared is the work of this request's first chunk that an
+// engine with chunked prefill computes in the last step of the request at the tail of the
+// queue, delaying that one's first token (step_tokens tokens a step; see stepTail); speed is
+// the ratio of observed to predicted TTFTs, the
 // fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
 // request only while it holds at most max_load_factor x its share of the requests in flight,
 // this one counted (shares in proportion to speed, and for an endpoint that joined later to
@@ -44,6 +48,7 @@ type prefixAware struct {
 	decodeCost  float64 // seconds per running decode
 	cacheWeight float64 // weight of new cache content: of the request's own uncached work
 	affTau      float64 // seconds over which affinity traffic is averaged; 0: no such term
+	stepTokens  int64   // the engines' tokens per step under chunked prefill; 0: no shared-step term
 	fallbackCap int     // index blocks per endpoint when its KV capacity is unknown
 
 	// Mechanisms that are always on; tests turn them off to see each one alone.
@@ -96,8 +101,14 @@ type paState struct {
 	headWork  atomic.Int64
 	headSince atomic.Int64 // unix nanoseconds
 
-	mu    sync.Mutex  // guards queue
+	mu    sync.Mutex  // guards queue, stream, align and base
 	queue []*paFlight // routed and not yet at first token, in routing order
+	// The queue as an engine with chunked prefill steps through it (stepTail): its uncached
+	// tokens as one stream since it was last empty, each request's ending at its end; steps of
+	// step tokens each from align on (a request routed while the tail's last step ran starts
+	// the next one); base is where the head's own progress starts.
+	stream, align, base int64
+	step                int64 // the policy's step_tokens
 
 	// Affinity traffic: requests routed here weighted by the fraction of their prompt it held,
 	// per second over the affinity window.
@@ -109,14 +120,23 @@ type paState struct {
 }
 
 // enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
-func (s *paState) enqueue(f *paFlight, now int64) {
+// Its tokens start a step of their own when the last step of the queue's tail has started by
+// the head's progress at speed.
+func (s *paState) enqueue(f *paFlight, now int64, speed float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	f.alignBefore = s.align
+	if start, _, at, ok := s.stepTail(now, speed); ok && at >= start {
+		s.align = s.stream
+	}
 	s.queue = append(s.queue, f)
 	if len(s.queue) == 1 {
 		s.headWork.Store(f.work)
 		s.headSince.Store(now)
+		s.stream, s.align, s.base = 0, 0, 0
 	}
+	s.stream += f.tokens
+	f.end = s.stream
 }
 
 // dequeue takes f off the queue (its first token came, or it failed); if f was the head, the
@@ -130,6 +150,21 @@ func (s *paState) dequeue(f *paFlight, now int64) {
 	}
 	s.queue = slices.Delete(s.queue, k, k+1)
 	if k > 0 {
+		if k == len(s.queue) {
+			// The tail: the stream is as before it was appended (Completed relies on it).
+			s.stream, s.align = f.end-f.tokens, f.alignBefore
+			return
+		}
+		// It failed before its first token: the requests after it move up by its tokens.
+		for _, g := range s.queue[k:] {
+			g.end -= f.tokens
+		}
+		s.stream -= f.tokens
+		if s.align >= f.end {
+			s.align -= f.tokens
+		} else {
+			s.align = min(s.align, f.end-f.tokens)
+		}
 		return
 	}
 	if len(s.queue) == 0 {
@@ -138,6 +173,35 @@ func (s *paState) dequeue(f *paFlight, now int64) {
 	}
 	s.headWork.Store(s.queue[0].work)
 	s.headSince.Store(now)
+	// Its first token came at the end of the step that held its last tokens, which computed
+	// the next request's up to the step's end.
+	s.base = f.end
+	if s.step > 0 && f.end > s.align {
+		s.base = min(s.align+(f.end-s.align+s.step-1)/s.step*s.step, s.stream)
+	}
+}
+
+// stepTail is where, in the queue's stream, the last step that holds its tail starts, how
+// many tokens that step holds, and where the head's prefill is by its progress at speed; ok is
+// false when the queue is empty, there is no step budget, or the tail's last step is full.
+// An engine with chunked prefill (vLLM's max_num_batched_tokens, SGLang's
+// chunked_prefill_size) fills each step's budget from its queue in order: a request that
+// arrives before that step starts fills it, and every request whose last tokens it holds
+// gets its first token that much later. s.mu is held.
+func (s *paState) stepTail(now int64, speed float64) (start, fill, at int64, ok bool) {
+	if len(s.queue) == 0 || s.step <= 0 {
+		return 0, 0, 0, false
+	}
+	start = s.align + (s.stream-1-s.align)/s.step*s.step
+	fill = s.stream - start
+	head := s.queue[0]
+	at = max(head.end-head.tokens, s.base)
+	if head.work > 0 {
+		elapsed := float64(now-s.headSince.Load()) / 1e9
+		done := min(max((elapsed/speed-overhead)*prefillRate, 0), float64(head.work))
+		at += int64(done * float64(head.tokens) / float64(head.work))
+	}
+	return start, fill, at, fill < s.step
 }
 
 // speedFit calibrates the prior TTFT model: factor = observed / predicted TTFT, as
@@ -171,14 +235,17 @@ func (f *speedFit) add(predicted, observed, weight float64) {
 
 // paFlight is one routed request until it is done.
 type paFlight struct {
-	ep        int
-	work      int64             // this request's uncached work
-	ahead     int64             // work queued on ep before it, plus its own
-	predicted int               // blocks the index said ep held
-	runs      []prefix.StampRun // index stamps of those blocks, for the correction
-	first     atomic.Bool       // first token seen, or done
-	probe     capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
-	mark      uint64            // ep's index mark after Routed's insert (done's Reinsert)
+	ep          int
+	work        int64             // this request's uncached work
+	tokens      int64             // its uncached tokens
+	end         int64             // where its tokens end in ep's queue stream (paState.stepTail)
+	alignBefore int64             // the stream's step alignment before it was appended
+	ahead       int64             // work queued on ep before it, plus its own
+	predicted   int               // blocks the index said ep held
+	runs        []prefix.StampRun // index stamps of those blocks, for the correction
+	first       atomic.Bool       // first token seen, or done
+	probe       capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
+	mark        uint64            // ep's index mark after Routed's insert (done's Reinsert)
 }
 
 type paScratch struct {
@@ -226,6 +293,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 		decodeCost:  r.Float("decode_cost", 0.0005),
 		cacheWeight: r.Float("cache_weight", 6),
 		affTau:      r.Float("affinity_window", 60),
+		stepTokens:  int64(r.Int("step_tokens", 8192)),
 		fallbackCap: r.Int("index_blocks", 65536),
 		progress:    true,
 		touchDone:   true,
@@ -241,6 +309,7 @@ func newPrefixAware(env Env, p Params) (Picker, error) {
 	r.Require(pa.decodeCost >= 0, "decode_cost=%g must not be negative (seconds per running decode)", pa.decodeCost)
 	r.Require(pa.cacheWeight >= 0, "cache_weight=%g must not be negative", pa.cacheWeight)
 	r.Require(pa.affTau >= 0, "affinity_window=%g must not be negative (seconds; 0 turns the term off)", pa.affTau)
+	r.Require(pa.stepTokens >= 0, "step_tokens=%d must not be negative (an engine's tokens per step under chunked prefill; 0 turns the term off)", pa.stepTokens)
 	r.Require(pa.fallbackCap > 0, "index_blocks=%d must be positive", pa.fallbackCap)
 	r.Require(maxEntries >= 0, "max_index_entries=%d must not be negative (0: no cap)", maxEntries)
 	if err := r.Check(); err != nil {
@@ -269,7 +338,7 @@ func (pa *prefixAware) state(id int) *paState {
 		pa.eps = append(pa.eps, nil)
 	}
 	if pa.eps[id] == nil {
-		s := &paState{}
+		s := &paState{step: pa.stepTokens}
 		s.speed.init()
 		pa.eps[id] = s
 	}
@@ -479,7 +548,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		if sc.common > sc.runs[e.ID] {
 			fresh = float64(pa.work(req, cachedTokens(req, int(sc.common))))
 		}
-		w := q + weight*fresh + unseen.delay(s, own, now)
+		w := q + weight*fresh + unseen.delay(s, own, now) + pa.shared(s, req, cached, now, speed)
 		if pa.affTau > 0 {
 			// The requests this endpoint's cache will draw while this work is queued and done
 			// wait for it: q + own/2 on average for each, at the affinity rate.
@@ -558,11 +627,13 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	f := &paFlight{ep: ep.ID}
 	f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
+	f.tokens = int64(max(req.PromptTokens, 1) - cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
-	f.ahead = int64(pa.queued(s, now, pa.fleet.get())) + f.work
+	fleet := pa.fleet.get()
+	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
-	s.enqueue(f, now)
+	s.enqueue(f, now, pa.speedOf(s, fleet))
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
@@ -593,6 +664,26 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 		s.speed.add(predicted, ttft.Seconds(), learnWeight)
 		pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4)
 	}
+}
+
+// shared is the work by which placing req on s delays the first token of the request at the
+// tail of s's queue: when the tail's last step has not started and has room, req's first
+// chunk fills it (up to step_tokens less what the step holds), and the tail's first token
+// comes with that fuller step. The request placed pays nothing for it (its own tokens are
+// computed as early either way), so the queue, which charges each request the work ahead of
+// it, leaves this delay charged to nobody. cached is what s holds of req.
+func (pa *prefixAware) shared(s *paState, req *Request, cached int, now int64, speed float64) float64 {
+	if pa.stepTokens <= 0 {
+		return 0
+	}
+	s.mu.Lock()
+	start, fill, at, ok := s.stepTail(now, speed)
+	s.mu.Unlock()
+	if !ok || at >= start {
+		return 0 // no queue, a full last step, or it has started: req starts a step of its own
+	}
+	x := float64(min(int64(max(req.PromptTokens, 1)-cached), pa.stepTokens-fill))
+	return x + pa.attn*(x*float64(cached)+x*(x+1)/2)/1e6
 }
 
 // queued is the prefill work still ahead on endpoint s at now: everything routed there and not

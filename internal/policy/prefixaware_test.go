@@ -376,12 +376,12 @@ func TestPrefixAware_IndexSizedFromKVCapacity(t *testing.T) {
 }
 
 func TestPrefixAware_BadParams(t *testing.T) {
-	_, err := New("prefix-aware", Params{"max_load_factor": "0.5", "cache_weight": "lots", "affinity_window": "-1", "learn": "false", "colour": "red"}, Env{})
+	_, err := New("prefix-aware", Params{"max_load_factor": "0.5", "cache_weight": "lots", "affinity_window": "-1", "step_tokens": "-1", "learn": "false", "colour": "red"}, Env{})
 	if err == nil {
 		t.Fatal("want an error")
 	}
 	for _, want := range []string{"max_load_factor=0.5 must be at least 1", `cache_weight="lots" is not a number`,
-		"affinity_window=-1 must not be negative", "parameter learn was removed: learning from observed TTFTs is always on; delete it", `unknown parameter "colour"`} {
+		"affinity_window=-1 must not be negative", "step_tokens=-1 must not be negative", "parameter learn was removed: learning from observed TTFTs is always on; delete it", `unknown parameter "colour"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
@@ -479,6 +479,82 @@ func TestPrefixAware_HeadProgressShortensQueue(t *testing.T) {
 			finish(pa, long, eps[0], 2500*time.Millisecond, 0)
 			if got := pa.queued(pa.state(0), clk.t.UnixNano(), 1); got != 0 {
 				t.Errorf("queued after the first token: %g, want 0", got)
+			}
+		})
+	}
+}
+
+// Under chunked prefill a request fills the rest of the last step of the request at the tail
+// of the queue when that step has not started, and that one's first token comes with the
+// fuller step: the placement is charged that delay (step_tokens), and a request routed once
+// the tail's last step has started begins a step of its own.
+func TestPrefixAware_SharedLastStep(t *testing.T) {
+	for _, tc := range []struct {
+		step int
+		want []int // ranking of a 1,000-token prompt
+	}{
+		{4096, []int{1, 0}},
+		{0, []int{0, 1}},
+	} {
+		t.Run(fmt.Sprintf("step_tokens=%d", tc.step), func(t *testing.T) {
+			pa, clk := newPAWith(t, Params{"cache_weight": "0", "affinity_window": "0", "attention_weight": "0",
+				"step_tokens": fmt.Sprint(tc.step)}, func(pa *prefixAware) { pa.learn = false })
+			eps := newEndpoints(2, 1<<20)
+			place := func(r *Request, ep *endpoint.Endpoint) {
+				ep.Start(r.PromptTokens)
+				pa.Routed(r, ep)
+			}
+			// Endpoint 1: 9,000 tokens (steps of 4,096, 4,096 and 808); 0.84 s later the prior
+			// rate has done (0.84 - 0.02) x 10,000 = 8,200 of them: the last step has started,
+			// and the next 4,096 tokens fill a step of their own. 4,896 remain.
+			c := req("c", 8, seq(1000, 562)...)
+			place(c, eps[1])
+			clk.t = clk.t.Add(840 * time.Millisecond)
+			place(req("d", 0, seq(2000, 256)...), eps[1])
+			// Endpoint 0: 4,500 tokens just placed: steps of 4,096 and 404, the second not started.
+			a := req("a", 4, seq(3000, 281)...)
+			place(a, eps[0])
+			b := req("b", 8, seq(4000, 62)...) // 1,000 tokens, none cached
+			now := clk.t.UnixNano()
+			want0 := 0.0
+			if tc.step > 0 {
+				want0 = 1000 // all of b fits in the 3,692 tokens left in a's last step
+			}
+			if got := pa.shared(pa.state(0), b, 0, now, 1); got != want0 {
+				t.Errorf("shared on 0: %g, want %g", got, want0)
+			}
+			if got := pa.shared(pa.state(1), b, 0, now, 1); got != 0 {
+				t.Errorf("shared on 1: %g, want 0 (its tail fills a step)", got)
+			}
+			// 4,500 + 1,000 + 1,000 against 4,896 + 1,000; without the term 5,500 against 5,896.
+			if diff := cmp.Diff(tc.want, ids(mustPick(t, pa, b, eps))); diff != "" {
+				t.Errorf("ranking (-want +got):\n%s", diff)
+			}
+			if tc.step == 0 {
+				return
+			}
+			long := req("long", 8, seq(5000, 312)...) // 5,000 tokens: 3,692 of them fill a's last step
+			if got := pa.shared(pa.state(0), long, 0, now, 1); got != 3692 {
+				t.Errorf("shared on 0 for 5,000 tokens: %g, want 3692", got)
+			}
+			// 0.42 s on, a's progress (4,000 tokens) is short of its last step; at 0.43 s it
+			// is past it (4,100 of 4,096).
+			clk.t = clk.t.Add(420 * time.Millisecond)
+			if got := pa.shared(pa.state(0), b, 0, clk.t.UnixNano(), 1); got != 1000 {
+				t.Errorf("after 0.42 s: shared %g, want 1000", got)
+			}
+			clk.t = clk.t.Add(10 * time.Millisecond)
+			if got := pa.shared(pa.state(0), b, 0, clk.t.UnixNano(), 1); got != 0 {
+				t.Errorf("after 0.43 s: shared %g, want 0 (a's last step has started)", got)
+			}
+			// c's first token: d is the head, its tokens from 9,000 (where c's last step ended).
+			finish(pa, c, eps[1], 900*time.Millisecond, 0)
+			s := pa.state(1)
+			s.mu.Lock()
+			start, fill, at, ok := s.stepTail(clk.t.UnixNano(), 1)
+			s.mu.Unlock()
+			if start != 9000 || fill != 4096 || at != 9000 || ok {
+				t.Errorf("endpoint 1 after c's first token: tail step at %d holding %d, head at %d, ok %v; want 9000, 4096, 9000, false", start, fill, at, ok)
 			}
 		})
 	}

@@ -292,3 +292,24 @@ func TestProber_ListsModels(t *testing.T) {
 		t.Errorf("HasModel(tiny) %v, HasModel(big) %v", pool.HasModel("tiny"), pool.HasModel("big"))
 	}
 }
+
+func TestUntilTick(t *testing.T) {
+	const s = time.Second
+	for _, c := range []struct{ elapsed, interval, want time.Duration }{
+		{0, s, s}, // the first round at the epoch: the next tick
+		{10 * time.Millisecond, s, 990 * time.Millisecond}, // a round that took 10 ms
+		{1300 * time.Millisecond, s, 700 * time.Millisecond},
+		{1600 * time.Millisecond, s, 1400 * time.Millisecond}, // 0.4 s to a tick is too close: the one after
+		{3500 * time.Millisecond, s, 500 * time.Millisecond},  // exactly half an interval: that tick
+		{7200 * time.Millisecond, 5 * s, 2800 * time.Millisecond},
+		{2 * s, s, s}, // on a tick: the next one
+	} {
+		if got := untilTick(c.elapsed, c.interval); got != c.want {
+			t.Errorf("untilTick(%v, %v) = %v, want %v", c.elapsed, c.interval, got, c.want)
+		}
+		// Every wait ends on the interval's grid.
+		if end := c.elapsed + untilTick(c.elapsed, c.interval); end%c.interval != 0 {
+			t.Errorf("untilTick(%v, %v) ends at %v, off the grid", c.elapsed, c.interval, end)
+		}
+	}
+}
