@@ -91,8 +91,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
-	// Access lines are batched: one write per 100 ms (or 64 KB) instead of one per request, and
-	// written at once when none was written for 100 ms.
+	// Access lines are batched (package logbuf): a line is written at once, with any waiting
+	// before it, when none was written for 100 ms; sooner ones wait for the next such line or
+	// 64 KB, and at most a second.
 	logOut := logbuf.New(stderr, 0, 0)
 	defer logOut.Close()
 	logger := newLogger(cfg.Log, logOut)
