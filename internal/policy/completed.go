@@ -32,8 +32,9 @@ type Completer interface {
 // start time changes only while the queue is empty, when nothing reads it); the prediction,
 // the affinity and placement rates, the capacity probe and the speed calibration see the same
 // values as the calls would (the queue ahead of it, the index before its blocks go in, the
-// requests waiting after its first token); and Routed and Done both insert the prompt's
-// blocks, which prefix.Index.InsertTwice does for the cost of one, stamps included. The calls
+// requests waiting after its first token); and Routed inserts the prompt's blocks and Done
+// again unless nothing changed on ep meanwhile, which prefix.Index.InsertTwice does, stamps
+// included (here nothing comes between: once, unless the first insert evicted). The calls
 // read the clock three times, this once: live, as if its first token and end had come at once.
 func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.Duration, res Result) bool {
 	if !res.OK || res.CachedTokens >= 0 || !pa.touchDone {

@@ -147,22 +147,23 @@ func (x *Index) Insert(ep int, blocks []uint64, now int64) {
 	x.insert(ep, blocks, now)
 }
 
-// InsertTwice leaves the index as Insert(ep, blocks, now) twice in a row would, stamps
-// included, for the work of one: a request routed and ended at once (a router replica
-// replaying another's request whose end came with its start) is inserted when it is routed
-// and again when it ends. Every Insert of n blocks hands out n stamps, the first at now or
-// just above the last one. The first insert evicts what one insert would; the second finds
-// the blocks as the endpoint's newest (as many as fit) and evicts nothing else, only stamps
-// them anew: so one insert whose stamps start n further on leaves the same (FuzzInsertHeadRun
-// checks it against two inserts block by block).
+// InsertTwice leaves the index as InsertMark(ep, blocks, now) and then Reinsert with its mark
+// would, stamps included: a request routed and ended at once (a router replica replaying
+// another's request whose end came with its start) is inserted when it is routed and again,
+// unless nothing changed, when it ends (policy.Completer must leave the policy as those calls
+// do). Nothing happens in between, so the second insert is made only when the first removed
+// anything (InsertMark's mark 0): once, otherwise, with the first insert's stamps.
 func (x *Index) InsertTwice(ep int, blocks []uint64, now int64) {
 	if ep < 0 || len(blocks) == 0 {
 		return
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.last = x.stamp(now) + int64(len(blocks)) - 1 // the first insert's stamps
+	removed := x.removed
 	x.insert(ep, blocks, now)
+	if x.removed != removed {
+		x.insert(ep, blocks, now)
+	}
 }
 
 // InsertMark is Insert, and returns ep's mark after it: Reinsert with that mark inserts the
