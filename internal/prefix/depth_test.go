@@ -11,12 +11,10 @@ import (
 // list's head, answers what walking the list answers, for every stamp the list holds (and the
 // ones beside them) at several limits; and that the run is what it says.
 func FuzzDepth(f *testing.F) {
-	f.Add(uint64(1), uint8(40), uint8(0))
-	f.Add(uint64(2), uint8(200), uint8(3))
-	f.Add(uint64(3), uint8(12), uint8(1))
+	indexSeeds(f)
 	f.Fuzz(func(t *testing.T, seed uint64, capacity, maxEntries uint8) {
 		r := rand.New(rand.NewPCG(seed, 11))
-		x := NewIndex(IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8})
+		x := NewIndex(fuzzConfig(capacity, maxEntries))
 		var convs conversations
 		now := int64(0)
 		fast := 0

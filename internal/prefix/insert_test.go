@@ -42,17 +42,29 @@ func (x *Index) lists() [][]lruEntry {
 	return out
 }
 
+// indexSeeds adds the index fuzz targets' seeds: (seed, capacity, maxEntries) as fuzzConfig
+// reads them.
+func indexSeeds(f *testing.F) {
+	f.Add(uint64(1), uint8(40), uint8(0))
+	f.Add(uint64(2), uint8(200), uint8(3))
+	f.Add(uint64(3), uint8(12), uint8(1))
+}
+
+// fuzzConfig is an index of small capacities: 1 to 64 blocks per endpoint, and no bound on the
+// entries (0) or 8 to 2,040.
+func fuzzConfig(capacity, maxEntries uint8) IndexConfig {
+	return IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8}
+}
+
 // FuzzInsertHeadRun drives Insert and insertRef with the same requests, conversations that
 // grow, share prefixes, repeat a block or run into small capacities, and checks that every
 // endpoint's list, order and stamps, is the same after each; and InsertTwice against an
 // insertRef, and a second one where the first removed anything.
 func FuzzInsertHeadRun(f *testing.F) {
-	f.Add(uint64(1), uint8(40), uint8(0))
-	f.Add(uint64(2), uint8(200), uint8(3))
-	f.Add(uint64(3), uint8(12), uint8(1))
+	indexSeeds(f)
 	f.Fuzz(func(t *testing.T, seed uint64, capacity, maxEntries uint8) {
 		r := rand.New(rand.NewPCG(seed, 9))
-		cfg := IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8}
+		cfg := fuzzConfig(capacity, maxEntries)
 		fast, ref := NewIndex(cfg), NewIndex(cfg)
 		var convs conversations
 		now := int64(0)
@@ -140,12 +152,10 @@ func hashes(lists [][]lruEntry) [][]uint64 {
 // endpoint's blocks, in order, must be the same after each step: Reinsert skips only inserts
 // that would have changed nothing but stamps.
 func FuzzReinsertSkipsOnlyNoOps(f *testing.F) {
-	f.Add(uint64(1), uint8(40), uint8(0))
-	f.Add(uint64(2), uint8(200), uint8(3))
-	f.Add(uint64(3), uint8(12), uint8(1))
+	indexSeeds(f)
 	f.Fuzz(func(t *testing.T, seed uint64, capacity, maxEntries uint8) {
 		r := rand.New(rand.NewPCG(seed, 11))
-		cfg := IndexConfig{DefaultCapacity: int(capacity%64) + 1, MaxEntries: int(maxEntries) * 8}
+		cfg := fuzzConfig(capacity, maxEntries)
 		skip, ref := NewIndex(cfg), NewIndex(cfg)
 		type flight struct {
 			ep     int
