@@ -372,11 +372,18 @@ func cachedTokens(req *Request, blocks int) int {
 // work is the prefill work, in token-equivalents, of computing the uncached part of a prompt:
 // its tokens plus the attention pairs they form with the whole context.
 func (pa *prefixAware) work(req *Request, cached int) int64 {
-	n := max(req.PromptTokens, 1)
-	u := max(n-cached, 1)
-	pairs := float64(u)*float64(cached) + float64(u)*float64(u+1)/2
-	return int64(float64(u) + pa.attn*pairs/1e6)
+	return int64(pa.prefill(int64(cached), max(uncached(req, cached), 1)))
 }
+
+// prefill is the work, in token-equivalents, of computing u tokens that follow cached ones:
+// the tokens, and the attention pairs each forms with the context before it.
+func (pa *prefixAware) prefill(cached, u int64) float64 {
+	pairs := float64(u)*float64(cached) + float64(u)*float64(u+1)/2
+	return float64(u) + pa.attn*pairs/1e6
+}
+
+// uncached is how many of req's prompt tokens (at least one) are not among cached.
+func uncached(req *Request, cached int) int64 { return int64(max(req.PromptTokens, 1) - cached) }
 
 func (pa *prefixAware) getScratch(n, maxID int) *paScratch {
 	sc, _ := pa.scratch.Get().(*paScratch)
@@ -627,7 +634,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	f := &paFlight{ep: ep.ID}
 	f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
-	f.tokens = int64(max(req.PromptTokens, 1) - cachedTokens(req, f.predicted))
+	f.tokens = uncached(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
 	fleet := pa.fleet.get()
 	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
@@ -682,8 +689,7 @@ func (pa *prefixAware) shared(s *paState, req *Request, cached int, now int64, s
 	if !ok || at >= start {
 		return 0 // no queue, a full last step, or it has started: req starts a step of its own
 	}
-	x := float64(min(int64(max(req.PromptTokens, 1)-cached), pa.stepTokens-fill))
-	return x + pa.attn*(x*float64(cached)+x*(x+1)/2)/1e6
+	return pa.prefill(int64(cached), min(uncached(req, cached), pa.stepTokens-fill))
 }
 
 // queued is the prefill work still ahead on endpoint s at now: everything routed there and not
