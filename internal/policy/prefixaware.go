@@ -480,7 +480,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	for _, e := range c {
 		total += e.InFlight()
 	}
-	pa.match(sc.runs, req)
+	pa.index.Match(sc.runs, req.Blocks)
 	// Cache pressure: where this request's new blocks would go, in 0..1. An endpoint with room
 	// scores up to 0.5 by its fill per second in the fleet relative to the candidate that filled
 	// fastest; a full one from 0.5 for the one whose oldest entry is oldest (what it evicts is

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,9 +53,6 @@ type paReplicas struct {
 
 	held      sync.Map     // *Request -> int64: held to its turn (Defer) -> that turn, unix nanoseconds
 	heldSwept atomic.Int64 // when held was last swept of requests never placed, unix nanoseconds
-
-	memo  atomic.Pointer[matchMemo] // the last hold's match, for the pick after it (match)
-	memos sync.Pool                 // *matchMemo
 
 	mu        sync.Mutex
 	clumpLast int64   // the last own placement, unix nanoseconds
@@ -141,7 +137,7 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 	}
 	sc := pa.getScratch(len(c), maxID)
 	defer pa.scratch.Put(sc)
-	r.remember(pa.index.MatchGen(sc.runs, req.Blocks), req.Blocks, sc.runs)
+	pa.index.Match(sc.runs, req.Blocks)
 	best := 0
 	for _, e := range c {
 		if !pa.state(e.ID).blind.Load() {
@@ -162,48 +158,6 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 	d := time.Duration(slots) * lag
 	r.hold(req, now, now+int64(d))
 	return d
-}
-
-// matchMemo is a hold's match of a request's blocks (Defer), kept for the pick that follows
-// it, most often at once: while the index holds the same blocks on the same endpoints
-// (prefix.Index.Gen), the same blocks match the same runs, and the pick need not walk the
-// index again (1 to 2 µs of a 64-block prompt, about half of what the hold costs a replica).
-type matchMemo struct {
-	gen    uint64   // the index's Gen as of the match
-	blocks []uint64 // the blocks matched (a copy)
-	runs   []int32  // the runs, by endpoint ID
-}
-
-// remember keeps a hold's match for the pick (match). One is kept: a pick after another
-// request's hold finds that one's blocks and matches anew.
-func (r *paReplicas) remember(gen uint64, blocks []uint64, runs []int32) {
-	m, _ := r.memos.Get().(*matchMemo)
-	if m == nil {
-		m = &matchMemo{}
-	}
-	m.gen, m.blocks, m.runs = gen, append(m.blocks[:0], blocks...), append(m.runs[:0], runs...)
-	if old := r.memo.Swap(m); old != nil {
-		r.memos.Put(old)
-	}
-}
-
-// match is pa.index.Match(runs, req.Blocks), taken from the hold's match of the same blocks
-// when the index has held the same since (remember); the pick's.
-func (pa *prefixAware) match(runs []int32, req *Request) {
-	r := &pa.replicas
-	if r.memo.Load() != nil {
-		if m := r.memo.Swap(nil); m != nil {
-			ok := len(m.runs) >= len(runs) && slices.Equal(m.blocks, req.Blocks) && m.gen == pa.index.Gen()
-			if ok {
-				copy(runs, m.runs)
-			}
-			r.memos.Put(m)
-			if ok {
-				return
-			}
-		}
-	}
-	pa.index.Match(runs, req.Blocks)
 }
 
 // heldForget is how long after its turn a held request that was never placed is forgotten:

@@ -2,11 +2,8 @@ package policy
 
 import (
 	"math"
-	"slices"
 	"testing"
 	"time"
-
-	"github.com/google/go-cmp/cmp"
 )
 
 // Two replicas with the same picture of an idle fleet: with their placements reaching each
@@ -166,100 +163,5 @@ func TestPrefixAware_HeldRequestPlacesAsAlone(t *testing.T) {
 	}
 	if _, ok := pa.replicas.held.Load(w); !ok {
 		t.Error("w, just held, was forgotten")
-	}
-}
-
-// The pick after a hold takes the hold's index match (matchMemo) while the index holds what it
-// held then: a sentinel planted in the kept runs comes out of the pick's match. It matches anew
-// once a block was added or evicted anywhere, or for other blocks, and a stamp-only insert of
-// blocks already held keeps it. Either way the pick ranks and predicts as without it.
-func TestPrefixAware_PickReusesHoldsMatch(t *testing.T) {
-	pa, clk := newPA(t, nil)
-	pa.SetReplicas(2, 0, time.Millisecond)
-	eps := newEndpoints(4, 1<<20)
-	a := req("a", 0, seq(1, 100)...)
-	finish(pa, a, route(t, pa, a, eps[2:3]), 0, -1) // endpoint 2 holds a's blocks
-	remote := &Request{Remote: true}
-	for range 10 {
-		pa.replicas.routed(pa.state(0), remote, 1000, clk.t.UnixNano()) // the mean: 1000
-	}
-	x := req("x", 0, seq(1, 1000)...)
-	const sentinel = 777
-	// held runs Defer for x and plants the sentinel in the runs it kept.
-	held := func() {
-		t.Helper()
-		if pa.Defer(x, eps) == 0 {
-			t.Fatal("x not held")
-		}
-		m := pa.replicas.memo.Load()
-		if m == nil {
-			t.Fatal("the hold kept no match")
-		}
-		if m.runs[2] != 100 {
-			t.Fatalf("the hold's runs %v, want 100 on endpoint 2", m.runs)
-		}
-		m.runs[1] = sentinel
-	}
-	picked := func(r *Request) []int32 {
-		runs := make([]int32, len(eps))
-		pa.match(runs, r)
-		if pa.replicas.memo.Load() != nil {
-			t.Error("the pick left the hold's match kept")
-		}
-		return runs
-	}
-	fresh := func(r *Request) []int32 {
-		runs := make([]int32, len(eps))
-		pa.index.Match(runs, r.Blocks)
-		return runs
-	}
-
-	held()
-	if got := picked(x); got[1] != sentinel {
-		t.Errorf("pick just after the hold matched %v: want the hold's runs (sentinel %d on endpoint 1)", got, sentinel)
-	}
-	held()
-	pa.index.Insert(2, a.Blocks, clk.t.UnixNano()) // only stamped anew
-	if got := picked(x); got[1] != sentinel {
-		t.Errorf("after a stamp-only insert the pick matched %v: want the hold's runs", got)
-	}
-	held()
-	pa.index.Insert(0, seq(5000, 3), clk.t.UnixNano()) // blocks added elsewhere
-	if got, want := picked(x), fresh(x); !slices.Equal(got, want) {
-		t.Errorf("after blocks were added the pick matched %v, want a new match %v", got, want)
-	}
-	held()
-	y := req("y", 0, seq(1, 999)...)
-	if got, want := picked(y), fresh(y); !slices.Equal(got, want) {
-		t.Errorf("another request's pick matched %v, want its own match %v", got, want)
-	}
-	held()
-	pa.index.Drop(2, a.Blocks[90:]) // blocks removed
-	if got, want := picked(x), fresh(x); !slices.Equal(got, want) || got[2] != 90 {
-		t.Errorf("after blocks were dropped the pick matched %v, want a new match %v (90 on endpoint 2)", got, want)
-	}
-
-	if pa.Defer(x, eps) == 0 {
-		t.Fatal("x not held")
-	}
-	type row struct {
-		ID, Cached    int
-		TTFT          time.Duration
-		Cost          float64
-		Within, Blind bool
-	}
-	explain := func() []row {
-		var out []row
-		for _, e := range pa.Explain(x, eps) {
-			out = append(out, row{e.Endpoint.ID, e.CachedTokens, e.PredictedTTFT, e.Cost, e.WithinBound, e.CacheBlind})
-		}
-		return out
-	}
-	withHold := explain()
-	if pa.replicas.memo.Load() != nil {
-		t.Fatal("Explain after the hold did not take its match")
-	}
-	if diff := cmp.Diff(explain(), withHold); diff != "" {
-		t.Errorf("the pick with the hold's match differs from one without (-without +with):\n%s", diff)
 	}
 }

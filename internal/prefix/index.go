@@ -47,7 +47,6 @@ type Index struct {
 	cuts    uint64   // nodes ever unlinked from a list: Insert's run is whole while it stays put
 	marks   uint64   // changes ever made to an endpoint's list: ixEndpoint.mark's clock
 	removed uint64   // nodes ever removed (evicted, dropped, forgotten)
-	added   uint64   // nodes ever added: with removed, Gen
 	found   []uint32 // Insert's scratch: each block's entry before the touches
 }
 
@@ -365,7 +364,6 @@ func (x *Index) touch(ep int, ei uint32, stamp int64) {
 		}
 	}
 	ni := x.allocNode()
-	x.added++
 	*x.node(ni) = ixNode{stamp: stamp, entry: ei, ep: uint32(ep), nextHolder: en.head}
 	en.head = ni
 	en.n++
@@ -510,30 +508,6 @@ func (x *Index) Match(runs []int32, blocks []uint64) {
 		return
 	}
 	x.bisect(runs, blocks, 0, len(blocks), c0, 0)
-}
-
-// MatchGen is Match, and returns Gen as of the match (read under the same lock).
-func (x *Index) MatchGen(runs []int32, blocks []uint64) uint64 {
-	clear(runs)
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	if len(blocks) > 0 {
-		if c0 := x.holders(blocks[0]); c0 != 0 {
-			x.bisect(runs, blocks, 0, len(blocks), c0, 0)
-		}
-	}
-	return x.added + x.removed
-}
-
-// Gen moves whenever what the index holds (which endpoints hold which blocks) changes, and
-// only then: a block added to an endpoint or removed from it (evicted, dropped, forgotten,
-// expired, its endpoint removed). Inserting blocks an endpoint already holds only stamps them
-// anew, and leaves it. While Gen stays put, Match of the same blocks into runs of the same
-// length gives the same runs: a caller that matched a moment ago may reuse its result.
-func (x *Index) Gen() uint64 {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.added + x.removed
 }
 
 // holders returns how many endpoints hold hash.
