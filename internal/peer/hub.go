@@ -2,7 +2,6 @@ package peer
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"hash"
@@ -20,24 +19,15 @@ import (
 )
 
 // hub is the sending side: the lifecycle's events, encoded as they happen into the pending
-// batch, handed to each subscriber's bounded queue by a ticker of the batch interval (run),
-// at most one interval after the batch's first event, or when it is full. The ticker starts
-// with the first event after a lull, a batch interval before its first tick, and stops at
-// the first tick that finds nothing pending: no event, no timer, an idle replica wakes for
-// nothing.
-//
-// A ticker rather than a timer armed by each batch's first event: arming a timer that is to
-// fire before any other of its processor's makes the runtime wake an idle thread to watch for
-// it (wakeNetPoller, then wakep: a futex wake and a spin), once per batch, from the request's
-// goroutine; a ticker is re-armed by the runtime as it fires, with no such wake-up (the
-// profile in docs/replicas.md, "Sync cost").
+// batch, handed to each subscriber's bounded queue one batch interval after the batch's first
+// event (or when it is full). No event, no timer: an idle replica wakes for nothing.
 type hub struct {
 	maxBatch int
 	queue    int
 	interval time.Duration
 	dropped  prometheus.Counter // queue_full
 	nsubs    atomic.Int32
-	wake     chan struct{} // starts run's ticker: the first event after a lull
+	timer    *time.Timer // flushes the pending batch; armed by its first event
 
 	free sync.Pool // *batch, whose buffer every stream has written: the next pending one
 
@@ -47,7 +37,6 @@ type hub struct {
 	blocks int    // the block hashes of pend's events, whole (maxBatchBlocks)
 	first  int64  // when the oldest of them happened, unix nanoseconds
 	subs   map[*sub]struct{}
-	idle   bool // run's ticker is stopped (or stopping): the next event wakes it
 	// ring is the block lists of the last routed events encoded, which the next ones refer
 	// to. Every stream carries every batch encoded since it subscribed (a stream that loses
 	// one is sent no more, and ends), so a reference back to the last few means the same
@@ -78,45 +67,11 @@ type sub struct {
 func (s *sub) breakOff() { s.once.Do(func() { close(s.broken) }) }
 
 func newHub(maxBatch, queue int, interval time.Duration, m *metrics.Peers) *hub {
-	return &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
-		dropped: m.Dropped.WithLabelValues("queue_full"), wake: make(chan struct{}, 1), idle: true}
-}
-
-// run hands the pending batch on at every tick of the batch interval while events come,
-// until ctx ends (Node.Run).
-func (h *hub) run(ctx context.Context) {
-	t := time.NewTicker(h.interval)
-	t.Stop()
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-h.wake:
-		}
-		t.Reset(h.interval)
-		for h.tick(ctx, t.C) {
-		}
-		t.Stop()
-	}
-}
-
-// tick waits for the ticker and hands the pending batch on; with nothing pending it reports
-// false, and the next event wakes run again.
-func (h *hub) tick(ctx context.Context, c <-chan time.Time) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-c:
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.count == 0 {
-		h.idle = true
-		return false
-	}
-	h.flushLocked()
-	return true
+	h := &hub{maxBatch: maxBatch, queue: queue, interval: interval, subs: map[*sub]struct{}{},
+		dropped: m.Dropped.WithLabelValues("queue_full")}
+	h.timer = time.AfterFunc(time.Hour, h.flush)
+	h.timer.Stop()
+	return h
 }
 
 // publish encodes ev into the pending batch. It never blocks on a peer: with nobody
@@ -142,13 +97,7 @@ func (h *hub) publish(ev *route.Event) {
 		// The clock is read for a batch's first event only: the lag a receiver measures is
 		// that of the batch's oldest event.
 		h.first = time.Now().UnixNano()
-		if h.idle {
-			h.idle = false
-			select {
-			case h.wake <- struct{}{}:
-			default:
-			}
-		}
+		h.timer.Reset(h.interval)
 	}
 	h.count++
 	if len(h.pend) >= h.maxBatch {

@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"context"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -187,74 +186,4 @@ func TestHubBatchBlocks(t *testing.T) {
 			t.Errorf("batch of %d events: %v", b.n, err)
 		}
 	}
-}
-
-// The hub's ticker (run) hands each pending batch on within a few batch intervals, every event
-// once and in order, and stops at the first tick with nothing pending; the next event starts
-// it again.
-func TestHubTicker(t *testing.T) {
-	const interval = 5 * time.Millisecond
-	h := newHub(1<<20, 1024, interval, metrics.NewPeers(prometheus.NewRegistry()))
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { h.run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	s := h.subscribe()
-	var d decoder
-	next := uint64(1)
-	// receive takes batches until it has the events up to id, checking their order.
-	receive := func(id uint64) {
-		t.Helper()
-		deadline := time.After(10 * time.Second)
-		for next <= id {
-			select {
-			case b := <-s.ch:
-				evs, err := d.batch(append(msgp.AppendArrayHeader(nil, uint32(b.n)), b.events...), 9, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, ev := range evs {
-					if ev.ID != next {
-						t.Fatalf("event %d, want %d", ev.ID, next)
-					}
-					next++
-				}
-			case <-deadline:
-				t.Fatalf("events up to %d not handed on after 10 s (got up to %d)", id, next-1)
-			}
-		}
-	}
-	// stopped waits until the ticker has stopped (at most 10 s).
-	stopped := func() {
-		t.Helper()
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(interval) {
-			h.mu.Lock()
-			idle := h.idle
-			h.mu.Unlock()
-			if idle {
-				return
-			}
-			if time.Now().After(end) {
-				t.Fatal("the ticker still runs 10 s after the last event")
-			}
-		}
-	}
-	ev := func(id uint64) *route.Event {
-		return &route.Event{Kind: route.EventDone, ID: id, Endpoint: "e", OK: true}
-	}
-	h.publish(ev(1))
-	receive(1)
-	stopped()
-	// Events spread over several intervals: the ticker runs through them.
-	for id := uint64(2); id <= 40; id++ {
-		h.publish(ev(id))
-		time.Sleep(interval / 4)
-	}
-	receive(40)
-	stopped()
-	if len(s.ch) != 0 {
-		t.Errorf("%d batches queued after the last event, want 0", len(s.ch))
-	}
-	h.publish(ev(41))
-	receive(41)
 }

@@ -296,7 +296,6 @@ func (n *Node) Run(ctx context.Context) error {
 	wg.Go(func() { n.manage(ctx) })
 	wg.Go(func() { n.rejoin(ctx) })
 	wg.Go(func() { n.tick(ctx) })
-	wg.Go(func() { n.hub.run(ctx) })
 	wg.Go(func() { n.warmStart(ctx) })
 	<-ctx.Done()
 	close(n.stopping)
