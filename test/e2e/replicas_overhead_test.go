@@ -181,11 +181,19 @@ func TestSyncOverhead(t *testing.T) {
 		}
 		return d
 	}
-	bytesOut := func() (b float64) {
-		for _, r := range synced {
-			b += metricValue(t, r.admin, `kvroute_peer_bytes_total{direction="out"}`)
+	// What the syncing sets send their peers: bytes, and messages (batches and heartbeats).
+	peerOut := func(s []*serveProc, what string) (v float64) {
+		for _, r := range s {
+			v += metricValue(t, r.admin, `kvroute_peer_`+what+`_total{direction="out"}`)
 		}
-		return b
+		return v
+	}
+	bytesOut := func() float64 { return peerOut(synced, "bytes") }
+	msgs0 := make([]float64, len(sets))
+	for k, s := range sets {
+		if k != 1 {
+			msgs0[k] = peerOut(s, "messages")
+		}
 	}
 	// What the Go runtime says of each set: bytes allocated and collections, which the sync's
 	// allocations drive.
@@ -303,6 +311,12 @@ func TestSyncOverhead(t *testing.T) {
 	t.Logf("sync traffic: %.0f bytes per routed request to each peer; at %d requests/s across the fleet, %.0f kB/s out of each replica",
 		sentBytes/float64(sent[0])/float64(max(n-1, 1)), *syncOverheadRate,
 		sentBytes/float64(sent[0])*float64(*syncOverheadRate)/float64(n)/1000)
+	for k, s := range sets {
+		if k != 1 {
+			t.Logf("set %d: %.1f messages (batches and heartbeats) per 100 routed requests to each peer", k,
+				100*(peerOut(s, "messages")-msgs0[k])/float64(max(sent[k], 1))/float64(max(n-1, 1)))
+		}
+	}
 	for k, f := range failed {
 		if f > 0 {
 			t.Errorf("%d requests to set %d failed", f, k)
