@@ -39,7 +39,9 @@ import (
 // this one counted (shares in proportion to speed, and for an endpoint that joined later to
 // its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it. An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
-// request's blocks become most recent again when it ends.
+// request's blocks become most recent again when it ends. With one router a request may be
+// held before the pick (Defer) until the last step of the queue it would join has started
+// (stepHold).
 type prefixAware struct {
 	clock       Clock
 	index       *prefix.Index
