@@ -723,18 +723,18 @@ func (pa *prefixAware) stepHold(req *Request, c []*endpoint.Endpoint) time.Durat
 	fleet := pa.fleet.get()
 	// Most requests find no candidate with such a step or a held request: they are placed
 	// without ranking the candidates twice.
-	any := false
+	found := false
 	pa.mu.RLock()
 	for _, e := range c {
 		if e.ID < len(pa.eps) && pa.eps[e.ID] != nil {
 			if s := pa.eps[e.ID]; s.heldUntil.Load() > now || s.holdFor(now, pa.speedOf(s, fleet)) > 0 {
-				any = true
+				found = true
 				break
 			}
 		}
 	}
 	pa.mu.RUnlock()
-	if !any {
+	if !found {
 		return 0
 	}
 	sc := pa.score(req, c)
