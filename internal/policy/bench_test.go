@@ -78,3 +78,30 @@ func BenchmarkPrefixAware_Pick(b *testing.B) {
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "picks/s")
 	})
 }
+
+// BenchmarkPrefixAware_Defer is what one router adds before each Pick (stepHold): a pass over
+// the candidates' queues where none has a step to hold for, and a second ranking of the
+// candidates where the best one has (here a request held for endpoint 5).
+func BenchmarkPrefixAware_Defer(b *testing.B) {
+	pa, eps, rq := benchFleet(b)
+	for range 10 {
+		pa.fleet.add(1, 1, learnWeight) // calibrated: holds are possible
+	}
+	b.Run("nothing-to-hold", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if pa.Defer(rq, eps) != 0 {
+				b.Fatal("held with every queue empty")
+			}
+		}
+	})
+	b.Run("held", func(b *testing.B) {
+		pa.state(5).heldUntil.Store(pa.clock.Now().UnixNano() + int64(time.Hour))
+		b.ReportAllocs()
+		for b.Loop() {
+			if pa.Defer(rq, eps) == 0 {
+				b.Fatal("not held behind the request held for endpoint 5")
+			}
+		}
+	})
+}

@@ -560,6 +560,50 @@ func TestPrefixAware_SharedLastStep(t *testing.T) {
 	}
 }
 
+// With one router a request that would fill the rest of the tail's last step, when that step
+// has not started and the head's prefill is within its tokens of it, is held until a quarter
+// into the step (by the calibrated speed), so that it starts a step of its own; a request that
+// would go there meanwhile waits until just after the held one; nothing is held before the
+// fleet's speed is calibrated, without a step budget, or once the step has started.
+func TestPrefixAware_HoldsForTheTailsLastStep(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		step       string
+		calibrated bool
+		want       []time.Duration // at 0, 0.40, 0.43 and 0.45 s
+	}{
+		// 4,500 tokens: steps of 4,096 and 404. At 0.40 s the prior rate has done 3,800 of
+		// them: 296 to the step, plus a quarter of its 404, is 397 tokens, 39.7 ms; the hold
+		// for it lasts to 0.4397 s, so at 0.43 s the next one waits 9.7 ms (and a nanosecond).
+		{"held", "4096", true, []time.Duration{0, 39700 * time.Microsecond, 9700*time.Microsecond + 1, 0}},
+		{"no step budget", "0", true, []time.Duration{0, 0, 0, 0}},
+		{"not calibrated", "4096", false, []time.Duration{0, 0, 0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pa, clk := newPAWith(t, Params{"cache_weight": "0", "affinity_window": "0", "attention_weight": "0",
+				"step_tokens": tc.step}, func(pa *prefixAware) { pa.learn = false })
+			if tc.calibrated {
+				for range 10 {
+					pa.fleet.add(1, 1, learnWeight) // observed as predicted: speed 1
+				}
+			}
+			eps := newEndpoints(1, 1<<20)
+			t0 := clk.t
+			a := req("a", 4, seq(3000, 281)...)
+			eps[0].Start(a.PromptTokens)
+			pa.Routed(a, eps[0])
+			b := req("b", 8, seq(4000, 62)...) // 1,000 tokens
+			for k, at := range []time.Duration{0, 400 * time.Millisecond, 430 * time.Millisecond, 450 * time.Millisecond} {
+				clk.t = t0.Add(at)
+				got := pa.Defer(b, eps)
+				if d := got - tc.want[k]; d < -time.Microsecond || d > time.Microsecond {
+					t.Errorf("at %v: held %v, want %v", at, got, tc.want[k])
+				}
+			}
+		})
+	}
+}
+
 // New work on an endpoint whose cache draws steady traffic delays that traffic: between two
 // otherwise equal idle endpoints, a cold prompt goes to the one fewer requests are bound to.
 func TestPrefixAware_AffinityTrafficWeighsNewWork(t *testing.T) {
