@@ -229,8 +229,9 @@ func (s *Server) watchAfter() time.Duration {
 // first: the nudge's, and the timer's, since Go leaves a timer's first deadline in its P's
 // heap when the timer is reset to a later one or stopped, and the netpoller's thread wakes at
 // it (docs/results.md, "Ninth round"). So a request that starts while the janitor sleeps
-// long is watched, and its body and writes timed, from the janitor's next round: up to the
-// slow period (1 s at most, a quarter of the shortest timeout) late.
+// long is watched from the janitor's next round, up to the slow period late. The slow period
+// is 1 s at most, and at most a quarter of each timeout, so that none runs out before the
+// janitor has found the request it times.
 func (s *Server) janitor() {
 	fast := max(s.watchAfter()/2, time.Millisecond)
 	slow := time.Second
