@@ -52,7 +52,9 @@ const (
 // on a coarse tick: it closes connections past their header or idle timeout, and starts
 // watching the connection of a request that has run for WatchAfter; from then on a client
 // that goes away cancels the request's context, as with net/http. Requests that end sooner
-// never pay for it.
+// never pay for it: a request arms no timer and wakes nothing, the janitor finds it at its
+// next round (every half WatchAfter while requests are in flight, up to its slow period of
+// at most 1 s after a quiet stretch: see janitor).
 //
 // Requests are parsed by http.ReadRequest. Handlers may Flush and Hijack. What it does not
 // serve: TLS, HTTP/2 (HTTP2 hands h2c connections to another server), CloseNotify, and watching a
@@ -81,7 +83,9 @@ type Server struct {
 	// however long it runs. 0: no bound.
 	WriteStallTimeout time.Duration
 	// WatchAfter is how long a request runs before its connection is watched for the client
-	// going away (give or take half of it); 0: DefaultWatchAfter.
+	// going away (give or take half of it while requests are in flight; a request that starts
+	// after a quiet stretch waits for the janitor's next round, up to a second, or a quarter of
+	// the shortest timeout, away); 0: DefaultWatchAfter.
 	WatchAfter time.Duration
 	// ErrorBody, when set, makes the bodies of the errors the server answers itself (a
 	// malformed request, a head too large): it returns the content type and the body.
@@ -103,9 +107,9 @@ type Server struct {
 	wg        sync.WaitGroup // connection goroutines and the janitor
 
 	janitorOn bool         // under mu
-	quiet     atomic.Bool  // the janitor sleeps long: a request that starts nudges it
+	quiet     atomic.Bool  // the janitor sleeps long (its slow period)
 	started   atomic.Int64 // requests started since the janitor's last round
-	recent    atomic.Int64 // requests started in the janitor's last quietTicks rounds
+	frequent  atomic.Bool  // requests came at least one per fast round over its last quietTicks
 	inFlight  atomic.Int64 // requests being served
 	clock     atomic.Pointer[janitorClock]
 	rounds    atomic.Int64 // the janitor's rounds, for tests
@@ -215,13 +219,24 @@ func (s *Server) watchAfter() time.Duration {
 }
 
 // janitor runs while the server has connections. Every half WatchAfter while requests are in
-// flight, and less often when none has been for a while (a new request wakes it), it closes
-// connections past their header or idle timeout and starts the watch of requests that have
-// run for WatchAfter.
+// flight, and every slow period otherwise, it closes connections past their header or idle
+// timeout, interrupts body reads and closes writes past theirs, and starts the watch of
+// requests that have run for WatchAfter.
+//
+// A request that starts arms nothing: the janitor finds it at its next round, and from then
+// on, while requests are in flight, runs its rounds every half WatchAfter. A nudge or a timer
+// per request would cost the idle process a wake-up per request even when the request ends
+// first: the nudge's, and the timer's, since Go leaves a timer's first deadline in its P's
+// heap when the timer is reset to a later one or stopped, and the netpoller's thread wakes at
+// it (docs/results.md, "Ninth round"). So a request that starts while the janitor sleeps
+// long is watched from the janitor's next round, up to the slow period late. The slow period
+// is 1 s at most, and at most a quarter of each timeout, so that none runs out before the
+// janitor has found the request it times.
 func (s *Server) janitor() {
 	fast := max(s.watchAfter()/2, time.Millisecond)
 	slow := time.Second
-	for _, d := range []time.Duration{s.ReadHeaderTimeout / 4, s.IdleTimeout / 4} {
+	for _, d := range []time.Duration{s.ReadHeaderTimeout / 4, s.IdleTimeout / 4, s.BodyReadTimeout / 4,
+		s.WriteStallTimeout / 4} {
 		if d > 0 && d < slow {
 			slow = d
 		}
@@ -234,26 +249,31 @@ func (s *Server) janitor() {
 	s.clock.Store(clock)
 	defer s.clock.CompareAndSwap(clock, nil)
 	quiet := 0 // rounds in succession without a request in flight
-	// Requests started in each of the last quietTicks rounds, and their sum. Fewer requests
-	// than rounds (at 8 requests a second, some twelve rounds a request) and the janitor goes
-	// quiet as soon as none is in flight: a nudge per request then costs less than rounds
-	// every few milliseconds, each of which wakes a thread.
-	var started [quietTicks]int64
-	recent := int64(0)
+	// Requests started in each of the last quietTicks rounds and those rounds' lengths, and
+	// their sums. At least one request per fast period over them (frequent), and the janitor
+	// keeps its fast rounds until quietTicks rounds in succession found no request in flight:
+	// the process is awake for the requests anyway, and the watches start on time. Fewer, and
+	// it sleeps long as soon as none is in flight.
+	var started, lengths [quietTicks]int64
+	var recent, span int64
+	last := time.Now().UnixNano()
 	for round := 0; ; round++ {
 		select {
 		case <-timer.C:
 		case <-s.nudge:
 		}
-		n := s.started.Swap(0)
-		recent += n - started[round%quietTicks]
-		started[round%quietTicks] = n
-		s.recent.Store(recent)
-		// At a low rate the first round without a request in flight goes quiet (requestEnded
-		// most often has already); at a high one, quietTicks rounds in succession.
-		sleepy := quiet >= quietTicks || recent < quietTicks
+		now := time.Now().UnixNano()
+		n, d := s.started.Swap(0), now-last
+		last = now
+		i := round % quietTicks
+		recent += n - started[i]
+		span += d - lengths[i]
+		started[i], lengths[i] = n, d
+		frequent := recent*int64(fast) >= span
+		s.frequent.Store(frequent)
+		sleepy := quiet >= quietTicks || !frequent
 		if sleepy {
-			s.quiet.Store(true) // before the scan: a request it misses will nudge
+			s.quiet.Store(true)
 		}
 		s.mu.Lock()
 		if len(s.conns) == 0 {
@@ -264,7 +284,7 @@ func (s *Server) janitor() {
 		}
 		// A connection still active after its request ended (requestEnded comes first) is
 		// not a request in flight: inFlight says.
-		busy := s.sweep(time.Now().UnixNano()) && s.inFlight.Load() > 0
+		busy := s.sweep(now) && s.inFlight.Load() > 0
 		s.mu.Unlock()
 		wait := fast
 		if busy {
@@ -322,35 +342,27 @@ type janitorClock struct {
 	slow  time.Duration
 }
 
-// requestStarted wakes a quiet janitor, so that the request's watch starts on time.
+// requestStarted counts the request in; the janitor finds it at its next round.
 func (s *Server) requestStarted() {
 	s.inFlight.Add(1)
 	s.started.Add(1)
-	if s.quiet.Load() && s.quiet.CompareAndSwap(true, false) {
-		s.wakeJanitor()
-	}
 }
 
-// requestEnded puts the janitor to sleep long as soon as the last request in flight ends, when
-// requests are rare (fewer than one per round): the round it would otherwise run half a
-// WatchAfter later only to find nothing in flight is, at a few requests a second, one more
-// wake-up of an otherwise idle process per request (docs/results.md, "Sixth round"). The next
-// request nudges it, as it does a janitor gone quiet by itself.
+// requestEnded puts a janitor that runs its fast rounds to sleep long as soon as the last
+// request in flight ends, when requests are rare (fewer than one per fast round): the round it
+// would otherwise run half a WatchAfter later only to find nothing in flight is, at a few
+// requests a second, one more wake-up of an otherwise idle process (docs/results.md, "Sixth
+// round"). A janitor asleep already is left as it is: moving its deadline at every request
+// would put off its rounds for as long as requests come more often than its slow period.
 func (s *Server) requestEnded() {
-	if s.inFlight.Add(-1) != 0 || s.recent.Load() >= quietTicks {
+	if s.inFlight.Add(-1) != 0 || s.frequent.Load() {
 		return
 	}
 	clock := s.clock.Load()
-	if clock == nil {
+	if clock == nil || !s.quiet.CompareAndSwap(false, true) {
 		return
 	}
-	s.quiet.Store(true)
 	clock.timer.Reset(clock.slow)
-	if s.inFlight.Load() > 0 {
-		// A request started meanwhile, and its nudge may have been taken before the reset:
-		// one more round, after it, sees the request.
-		s.wakeJanitor()
-	}
 }
 
 func (s *Server) forget(c *srvConn) {

@@ -634,9 +634,10 @@ func TestEndBody(t *testing.T) {
 	}
 }
 
-// At a low request rate the janitor goes quiet (sleeps long, nudged by the next request) as
-// soon as no request is in flight, not after quietTicks rounds: otherwise it wakes a thread
-// every half WatchAfter between requests. The next request still gets its watch on time.
+// At a low request rate the janitor goes quiet (sleeps long) as soon as no request is in
+// flight, not after quietTicks rounds: otherwise it wakes a thread every half WatchAfter
+// between requests. The next request, if it runs long, still gets its watch (at the janitor's
+// next round).
 func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 	s := &Server{WatchAfter: 2 * time.Millisecond}
 	var slowWatched atomic.Bool
@@ -666,15 +667,15 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 	if n := s.rounds.Load() - r0; n >= quietTicks {
 		t.Errorf("the janitor went quiet after %d rounds without a request, want fewer than %d", n, quietTicks)
 	}
-	get("/slow") // nudges the quiet janitor: the watch starts
+	get("/slow") // found at the quiet janitor's next round: the watch starts
 	if !slowWatched.Load() {
 		t.Error("a request that started while the janitor was quiet was never watched")
 	}
 }
 
-// When the last request in flight ends and requests are rare, the janitor goes quiet at once:
-// no round half a WatchAfter later (and another after that) finds nothing to do, each a wake-up
-// of an idle process. The request's own nudge is its only round.
+// When requests are rare, a short request costs the quiet janitor nothing: no nudge when it
+// starts (a wake-up of the janitor's goroutine, and of a thread to run it), no round half a
+// WatchAfter later, and the janitor's long sleep is not put off by it.
 func TestJanitorQuietAfterLastRequest(t *testing.T) {
 	// Rounds every 20 ms while busy: the requests are far shorter, even under -race on a loaded
 	// machine.
@@ -688,18 +689,53 @@ func TestJanitorQuietAfterLastRequest(t *testing.T) {
 	for !s.quiet.Load() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
+	r0, t0 := s.rounds.Load(), time.Now()
 	for range 5 {
-		r0 := s.rounds.Load()
 		get("/again")
 		// What is tested is that nothing happens: the time of three busy rounds passes (the
-		// janitor before went quiet only at the second round after the request).
+		// janitor before was nudged by each request, and before that went quiet only at the
+		// second round after it).
 		time.Sleep(60 * time.Millisecond)
-		if n := s.rounds.Load() - r0; n > 1 {
-			t.Errorf("%d janitor rounds for one short request, want at most 1 (its nudge)", n)
-		}
 		if !s.quiet.Load() {
 			t.Error("the janitor is not quiet after the request")
 		}
+	}
+	// Only its slow rounds (a second apart here) may have come meanwhile.
+	if n, want := s.rounds.Load()-r0, 1+int64(time.Since(t0)/time.Second); n > want {
+		t.Errorf("%d janitor rounds over 5 short requests in %v, want at most %d (its slow rounds)",
+			n, time.Since(t0).Round(time.Millisecond), want)
+	}
+}
+
+// Short requests that come more often than the janitor's slow period do not put its rounds
+// off (each request's end leaves a sleeping janitor's deadline where it is), and do not each
+// get a round of their own.
+func TestJanitorSweepsBetweenShortRequests(t *testing.T) {
+	// The slow period is a quarter of the idle timeout: 200 ms.
+	s := &Server{WatchAfter: 40 * time.Millisecond, IdleTimeout: 800 * time.Millisecond}
+	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.URL.Path)
+	}))
+	get := getter(t, newClient(t), addr)
+	get("/first")
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.quiet.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	r0, t0 := s.rounds.Load(), time.Now()
+	requests := 0
+	for time.Since(t0) < time.Second {
+		get("/again")
+		requests++
+		time.Sleep(40 * time.Millisecond)
+	}
+	n := s.rounds.Load() - r0
+	if n < 2 {
+		t.Errorf("%d janitor rounds in %v of requests every 40 ms, want its slow rounds (200 ms apart)",
+			n, time.Since(t0).Round(time.Millisecond))
+	}
+	if n > int64(requests)/2 {
+		t.Errorf("%d janitor rounds for %d short requests, want only its slow rounds", n, requests)
 	}
 }
 
