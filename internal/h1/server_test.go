@@ -673,13 +673,10 @@ func TestJanitorQuietBetweenRareRequests(t *testing.T) {
 	}
 }
 
-// When requests are rare, a short request costs the quiet janitor nothing: no nudge when it
-// starts (a wake-up of the janitor's goroutine, and of a thread to run it), no round half a
-// WatchAfter later, and the janitor's long sleep is not put off by it.
-func TestJanitorQuietAfterLastRequest(t *testing.T) {
-	// Rounds every 20 ms while busy: the requests are far shorter, even under -race on a loaded
-	// machine.
-	s := &Server{WatchAfter: 40 * time.Millisecond}
+// quietServer starts s with a handler that echoes the path, makes one request, and waits (at
+// most 5 s) until the janitor has gone quiet after it; it returns the client's getter.
+func quietServer(t *testing.T, s *Server) func(path string) {
+	t.Helper()
 	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, r.URL.Path)
 	}))
@@ -689,6 +686,17 @@ func TestJanitorQuietAfterLastRequest(t *testing.T) {
 	for !s.quiet.Load() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
+	return get
+}
+
+// When requests are rare, a short request costs the quiet janitor nothing: no nudge when it
+// starts (a wake-up of the janitor's goroutine, and of a thread to run it), no round half a
+// WatchAfter later, and the janitor's long sleep is not put off by it.
+func TestJanitorQuietAfterLastRequest(t *testing.T) {
+	// Rounds every 20 ms while busy: the requests are far shorter, even under -race on a loaded
+	// machine.
+	s := &Server{WatchAfter: 40 * time.Millisecond}
+	get := quietServer(t, s)
 	r0, t0 := s.rounds.Load(), time.Now()
 	for range 5 {
 		get("/again")
@@ -713,15 +721,7 @@ func TestJanitorQuietAfterLastRequest(t *testing.T) {
 func TestJanitorSweepsBetweenShortRequests(t *testing.T) {
 	// The slow period is a quarter of the idle timeout: 200 ms.
 	s := &Server{WatchAfter: 40 * time.Millisecond, IdleTimeout: 800 * time.Millisecond}
-	addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, r.URL.Path)
-	}))
-	get := getter(t, newClient(t), addr)
-	get("/first")
-	deadline := time.Now().Add(5 * time.Second)
-	for !s.quiet.Load() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	get := quietServer(t, s)
 	r0, t0 := s.rounds.Load(), time.Now()
 	requests := 0
 	for time.Since(t0) < time.Second {
