@@ -125,8 +125,9 @@ type Metrics struct {
 	CacheBlind       *prometheus.GaugeVec   // endpoint
 	CacheBlindEvents *prometheus.CounterVec // endpoint
 	Rewrites         prometheus.Counter
-	// Held and HeldSeconds count the requests a replica held before picking (route.Lifecycle
-	// Hold: placed once the peers' placements of the same moment are heard) and the time held.
+	// Held and HeldSeconds count the requests held before picking (route.Lifecycle.Hold: as a
+	// replica, placed once the peers' placements of the same moment are heard; with one router,
+	// placed once the last step of the queue it would join has started) and the time held.
 	Held        prometheus.Counter
 	HeldSeconds prometheus.Counter
 	Reloads     *prometheus.CounterVec // result
@@ -221,7 +222,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_normalize_rewrites_total", Help: "Requests whose prompt was rewritten to its normalised form before forwarding.",
 		}),
 		Held: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvroute_replica_held_total", Help: "Requests this router replica held a sync delay or a few before picking, to place them knowing what its peers placed at the same moment.",
+			Name: "kvroute_replica_held_total", Help: "Requests held before picking: as one of several replicas, a sync delay or a few, to place them knowing what the peers placed at the same moment; with one router (prefix-aware), until the last prefill step of the queue they would join has started, so as not to share it.",
 		}),
 		HeldSeconds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_replica_held_seconds_total", Help: "Time requests were held before picking (kvroute_replica_held_total), in seconds; it counts in their time to first token.",
