@@ -6,15 +6,9 @@ chunk, the step's prefill tokens, decodes, step ms, end ms). Per request, the to
 behind it in that step are the step's prefill less the chunks of every request whose first token
 came with it (same instance, same end); their cost is estimated at 61 us a token (the linear
 term of llama3-70b-h100-tp4, attention left out). docs/results.md, "The scorecard", round 10."""
-import json, sys, collections
-recs = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
-ft = {}
-for line in open(sys.argv[2]):
-    _, i, chunk, pre, dec, dt, end = line.split()
-    ft[i] = (int(chunk), int(pre), float(dt), float(end))
-steps = collections.defaultdict(int)
-for i, (c, p, dt, end) in ft.items():
-    steps[(recs[i]["endpoint"], end)] += c
+import sys
+from steps import load as steps_load
+recs, ft, steps = steps_load(sys.argv[1], sys.argv[2])
 rows = []
 for i, (c, p, dt, end) in ft.items():
     behind = p - steps[(recs[i]["endpoint"], end)]

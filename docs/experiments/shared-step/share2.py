@@ -2,15 +2,9 @@
 """share2.py RECORDS.jsonl FT: share.py's inputs; one line per request whose first token came with
 a step shared with requests behind it: its instance, arrival, TTFT and cached tokens, the step,
 the tokens behind, and the requests that arrived on that instance after it and before the step."""
-import json, sys, collections
-recs = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
-ft = {}
-for line in open(sys.argv[2]):
-    _, i, chunk, pre, dec, dt, end = line.split()
-    ft[i] = (int(chunk), int(pre), float(dt), float(end))
-steps = collections.defaultdict(int)
-for i, (c, p, dt, end) in ft.items():
-    steps[(recs[i]["endpoint"], end)] += c
+import sys, collections
+from steps import load as steps_load
+recs, ft, steps = steps_load(sys.argv[1], sys.argv[2])
 # who arrived at the same endpoint after the ahead one and before its step started
 byep = collections.defaultdict(list)
 for r in recs.values(): byep[r["endpoint"]].append(r)
