@@ -115,15 +115,15 @@ func (r *paReplicas) routed(s *paState, req *Request, work, now int64) {
 // of lower rank: the way one router that saw a burst whole would have it, short prefills not
 // queued behind long ones, and two long ones not placed blind to each other (at one slot per
 // size level, as before, the replicas' long requests of one level met at the same instant).
-// One replica, or a delay of 0, holds a request only for the step it would share with the
-// tail of a queue (stepHold).
+// One replica holds a request only for the step it would share with the tail of a queue
+// (stepHold); replicas with a delay of 0 hold nothing.
 func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration {
 	r := &pa.replicas
 	if r.peers.Load() == 0 {
-		return pa.stepHold(req, c) // one router, or replicas that hear of each other at once
+		return pa.stepHold(req, c) // one router
 	}
 	lag := time.Duration(r.lag.Load())
-	if r.peers.Load() == 0 || lag <= 0 || len(c) == 0 {
+	if lag <= 0 || len(c) == 0 {
 		return 0
 	}
 	now := pa.clock.Now().UnixNano()
