@@ -21,3 +21,18 @@ func (r *Router) learnedKVTokens(ep *endpoint.Endpoint) int {
 	}
 	return int(math.Round(float64(l.LearnedKVTokens(ep.ID)) * ep.TokenScale()))
 }
+
+// stepTokens is the step budget the current policy follows ep's queue by, in the engine's
+// tokens, and its source (policy.StepBudgeter); ok is false when the policy follows no steps.
+func (r *Router) stepTokens(ep *endpoint.Endpoint) (tokens int, source string, ok bool) {
+	h := r.h.Load()
+	if h == nil {
+		return 0, "", false
+	}
+	b, ok := h.Lifecycle.Picker().(policy.StepBudgeter)
+	if !ok {
+		return 0, "", false
+	}
+	tokens, source = b.StepTokens(ep)
+	return tokens, source, true
+}

@@ -528,6 +528,12 @@ type EndpointInfo struct {
 	// CacheValueTokens is kvroute_endpoint_cache_value_tokens; absent when the policy cannot
 	// tell it.
 	CacheValueTokens *float64 `json:"cache_value_tokens,omitempty"`
+	// StepTokens is the step budget under chunked prefill the policy follows the endpoint's
+	// queue by, in the engine's tokens (0: the policy's step_tokens is 0, the term is off), and
+	// StepSource where it comes from: configured (endpoints[].step_tokens), engine default, or
+	// policy (its step_tokens). Both absent when the policy follows no steps.
+	StepTokens *int   `json:"step_tokens,omitempty"`
+	StepSource string `json:"step_tokens_source,omitempty"`
 }
 
 // Endpoints describes every endpoint of the pool, for /debug/endpoints.
@@ -549,6 +555,9 @@ func (r *Router) Endpoints() []EndpointInfo {
 		info.LearnedKVTokens = r.learnedKVTokens(e)
 		if v, ok := r.cacheValue(e); ok {
 			info.CacheValueTokens = &v
+		}
+		if n, src, ok := r.stepTokens(e); ok {
+			info.StepTokens, info.StepSource = &n, src
 		}
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until

@@ -98,6 +98,12 @@ type Endpoint struct {
 	Labels map[string]string `json:"labels"`
 	// KVTokens overrides the KV capacity in tokens (0: use the scraped cache_config_info).
 	KVTokens int `json:"kv_tokens"`
+	// StepTokens is the tokens the engine computes in one step under chunked prefill, in its
+	// own tokens (vLLM max_num_batched_tokens, SGLang chunked_prefill_size, TGI
+	// max_batch_prefill_tokens, llama.cpp --batch-size, ollama num_batch). 0: unset, the
+	// engine kind's documented default where there is a stable one (ollama 512, llamacpp
+	// 2048), else prefix-aware's step_tokens.
+	StepTokens int `json:"step_tokens"`
 	// CacheSalt says whether to inject the tenant's cache_salt into requests. Default true for
 	// vllm, false otherwise (engines that reject unknown fields would fail).
 	CacheSalt *bool `json:"cache_salt"`
@@ -140,7 +146,7 @@ type DNSDiscovery struct {
 	// Interval between two resolutions. Default 10s; at least 1s.
 	Interval Duration `json:"interval"`
 	// Endpoint gives every endpoint found the keys of endpoints[] (models, engine, labels,
-	// kv_tokens, cache_salt, health_path, metrics_path); url is made from each address.
+	// kv_tokens, step_tokens, cache_salt, health_path, metrics_path); url is made from each address.
 	Endpoint Endpoint `json:"endpoint"`
 }
 
@@ -585,6 +591,9 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 		}
 		if e.KVTokens < 0 {
 			p.add(at+".kv_tokens", "%d is negative: give the KV capacity in tokens, or 0 to use the scraped value", e.KVTokens)
+		}
+		if e.StepTokens < 0 {
+			p.add(at+".step_tokens", "%d is negative: give the engine's tokens per step under chunked prefill (vLLM max_num_batched_tokens), or 0 for its engine's default or the policy's step_tokens", e.StepTokens)
 		}
 		for _, f := range []struct{ key, v string }{{"health_path", e.HealthPath}, {"metrics_path", e.MetricsPath}} {
 			if f.v != "" && f.v != "-" && !strings.HasPrefix(f.v, "/") {

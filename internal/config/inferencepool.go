@@ -22,7 +22,7 @@ type InferencePoolDiscovery struct {
 	// outside the cluster. Empty: the in-cluster service account.
 	Kubeconfig string `json:"kubeconfig"`
 	// Endpoint gives every endpoint found the keys of endpoints[] but url (models, engine,
-	// labels, kv_tokens, cache_salt, health_path, metrics_path); its defaults are applied per
+	// labels, kv_tokens, step_tokens, cache_salt, health_path, metrics_path); its defaults are applied per
 	// pod.
 	Endpoint Endpoint `json:"endpoint"`
 }

@@ -36,7 +36,7 @@ type KubernetesDiscovery struct {
 	// outside the cluster. Empty: the in-cluster service account.
 	Kubeconfig string `json:"kubeconfig"`
 	// Endpoint gives every endpoint found the keys of endpoints[] but url (models, engine,
-	// labels, kv_tokens, cache_salt, health_path, metrics_path). Its defaults are applied per
+	// labels, kv_tokens, step_tokens, cache_salt, health_path, metrics_path). Its defaults are applied per
 	// pod, after the pod's own labels and annotations, so cache_salt follows the pod's engine.
 	Endpoint Endpoint `json:"endpoint"`
 }

@@ -396,6 +396,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 				Models:           []string{cfg.Model},
 				Engine:           "vllm",
 				KVCapacityTokens: cfg.KVCapacityTokens,
+				StepTokens:       stepTokens(e),
 			}
 		}
 	}

@@ -23,3 +23,14 @@ func ProfileFleet(p engine.Profile, n int) Config {
 		ScrapeInterval: DefaultScrapeInterval,
 	}
 }
+
+// stepTokens is the step budget a simulated endpoint is configured with (endpoints[].step_tokens):
+// the tokens its engine computes in one step (engine.Config's MaxBatchedTokens, its profile's
+// unless overridden), in the engine's tokens as a live endpoint's is, so that each engine of a
+// mixed fleet is stepped by its own; 0 (the policy's step_tokens) for an engine that does not say.
+func stepTokens(e Engine) int {
+	if c, ok := e.(interface{ Config() engine.Config }); ok {
+		return max(c.Config().MaxBatchedTokens, 0)
+	}
+	return 0
+}

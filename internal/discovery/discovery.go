@@ -20,6 +20,7 @@ func Spec(e *config.Endpoint) endpoint.Spec {
 		Models:            slices.Clone(e.Models),
 		Engine:            e.Engine,
 		KVCapacityTokens:  e.KVTokens,
+		StepTokens:        e.StepTokens,
 		CacheSalt:         e.CacheSalt != nil && *e.CacheSalt,
 		HealthPath:        e.HealthPath,
 		MetricsPath:       e.MetricsPath,

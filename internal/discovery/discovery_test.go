@@ -30,7 +30,7 @@ func TestSpecs(t *testing.T) {
 auth: {mode: none}
 endpoints:
   - {url: "http://127.0.0.1:1/", models: [llama3-70b], engine: vllm, labels: {pool: a}, kv_tokens: 4096}
-  - {url: "http://127.0.0.1:2", engine: sglang}
+  - {url: "http://127.0.0.1:2", engine: sglang, step_tokens: 16384}
   - {url: "http://127.0.0.1:3", engine: vllm, cache_salt: false, metrics_path: "-", health_path: /ping}
 `))
 	if err != nil {
@@ -39,7 +39,7 @@ endpoints:
 	want := []endpoint.Spec{
 		{Name: "http://127.0.0.1:1", Models: []string{"llama3-70b"}, Engine: "vllm", Labels: map[string]string{"pool": "a"},
 			KVCapacityTokens: 4096, CacheSalt: true, MetricsPath: "/metrics"},
-		{Name: "http://127.0.0.1:2", Engine: "sglang", MetricsPath: "/metrics"},
+		{Name: "http://127.0.0.1:2", Engine: "sglang", StepTokens: 16384, MetricsPath: "/metrics"},
 		{Name: "http://127.0.0.1:3", Engine: "vllm", HealthPath: "/ping"},
 	}
 	got := Specs(c.Endpoints)

@@ -32,6 +32,9 @@ type Endpoint struct {
 	// KVCapacityTokens is the configured KV capacity in tokens (0: unknown; a scraped
 	// cache_config_info in Snapshot takes precedence).
 	KVCapacityTokens int
+	// StepTokens is the configured step budget in the engine's tokens: what it computes in
+	// one step under chunked prefill (0: unset; StepBudget says what stands in).
+	StepTokens int
 	// FirstTokenTimeout and ResponseTimeout, when set, replace the router's attempt timeouts
 	// for this endpoint (a slow pool, long prompts).
 	FirstTokenTimeout, ResponseTimeout time.Duration
@@ -109,6 +112,40 @@ func (e *Endpoint) LearnTokenScale(engineTokens, estimate int, weight float64) {
 			return
 		}
 	}
+}
+
+// Where an endpoint's step budget comes from (StepBudget; a policy's own value is the third).
+const (
+	StepConfigured    = "configured"     // endpoints[].step_tokens
+	StepEngineDefault = "engine default" // EngineStepTokens of its kind
+)
+
+// EngineStepTokens is the step budget, in the engine's tokens, that an engine of kind computes
+// under chunked prefill when it is not told otherwise, where that default is documented and
+// has stayed the same; 0 where it depends on the hardware, the model or the version (vllm,
+// sglang, tgi) or the kind is unknown (openai, auto): the policy's value stands in there.
+// docs/policy.md (the step_tokens row) gives the sources.
+func EngineStepTokens(kind string) int {
+	switch kind {
+	case "ollama":
+		return 512 // num_batch (api.DefaultOptions), shared by the sequences of one step
+	case "llamacpp":
+		return 2048 // llama-server --batch-size (n_batch), the logical batch of one decode
+	}
+	return 0
+}
+
+// StepBudget is the endpoint's own step budget in the engine's tokens and where it comes
+// from: the configured StepTokens, else its engine kind's default (EngineStepTokens of Kind,
+// so an auto endpoint gets its detected kind's); 0 and "" when it has none of its own.
+func (e *Endpoint) StepBudget() (tokens int, source string) {
+	if e.StepTokens > 0 {
+		return e.StepTokens, StepConfigured
+	}
+	if n := EngineStepTokens(e.Kind()); n > 0 {
+		return n, StepEngineDefault
+	}
+	return 0, ""
 }
 
 // RouterKVTokens is the KV capacity in the router's token units (KVTokens over TokenScale):

@@ -18,6 +18,8 @@ type Spec struct {
 	Labels           map[string]string
 	Engine           string
 	KVCapacityTokens int
+	// StepTokens is the engine's step budget under chunked prefill, in its tokens (0: unset).
+	StepTokens int
 	// CacheSalt says whether the router injects the tenant's cache_salt into its requests.
 	CacheSalt bool
 	// HealthPath overrides the engine's health check path ("" for the engine's default).
@@ -34,7 +36,7 @@ type Spec struct {
 
 func (s *Spec) equal(o *Spec) bool {
 	return s.Name == o.Name && slices.Equal(s.Models, o.Models) && maps.Equal(s.Labels, o.Labels) &&
-		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.CacheSalt == o.CacheSalt &&
+		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.StepTokens == o.StepTokens && s.CacheSalt == o.CacheSalt &&
 		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath &&
 		s.FirstTokenTimeout == o.FirstTokenTimeout && s.ResponseTimeout == o.ResponseTimeout &&
 		s.KVEvents == o.KVEvents
@@ -159,6 +161,7 @@ func newEndpoint(id int, s *Spec) *Endpoint {
 		Labels:            maps.Clone(s.Labels),
 		Engine:            s.Engine,
 		KVCapacityTokens:  s.KVCapacityTokens,
+		StepTokens:        s.StepTokens,
 		FirstTokenTimeout: s.FirstTokenTimeout,
 		ResponseTimeout:   s.ResponseTimeout,
 	}

@@ -50,7 +50,7 @@ type prefixAware struct {
 	decodeCost  float64 // seconds per running decode
 	cacheWeight float64 // weight of new cache content: of the request's own uncached work
 	affTau      float64 // seconds over which affinity traffic is averaged; 0: no such term
-	stepTokens  int64   // the engines' tokens per step under chunked prefill; 0: no shared-step term
+	stepTokens  int64   // tokens per step under chunked prefill of endpoints without their own (stepOf); 0: no shared-step term
 	fallbackCap int     // index blocks per endpoint when its KV capacity is unknown
 
 	// Mechanisms that are always on; tests turn them off to see each one alone.
@@ -110,7 +110,7 @@ type paState struct {
 	// step tokens each from align on (a request routed while the tail's last step ran starts
 	// the next one); base is where the head's own progress starts.
 	stream, align, base int64
-	step                int64 // the policy's step_tokens
+	step                int64 // the endpoint's step budget in router tokens (stepOf), as of the last enqueue
 
 	// Affinity traffic: requests routed here weighted by the fraction of their prompt it held,
 	// per second over the affinity window.
@@ -127,10 +127,12 @@ type paState struct {
 
 // enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
 // Its tokens start a step of their own when the last step of the queue's tail has started by
-// the head's progress at speed.
-func (s *paState) enqueue(f *paFlight, now int64, speed float64) {
+// the head's progress at speed. step is the endpoint's step budget now (stepOf): the queue is
+// never empty when it is read (stepTail), so it is always the one of a recent enqueue.
+func (s *paState) enqueue(f *paFlight, now int64, speed float64, step int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.step = step
 	f.alignBefore = s.align
 	if start, _, at, ok := s.stepTail(now, speed); ok && at >= start {
 		s.align = s.stream
@@ -646,7 +648,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
-	s.enqueue(f, now, pa.speedOf(s, fleet))
+	s.enqueue(f, now, pa.speedOf(s, fleet), pa.stepOf(ep))
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
@@ -681,7 +683,7 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 
 // shared is the work by which placing req on s delays the first token of the request at the
 // tail of s's queue: when the tail's last step has not started and has room, req's first
-// chunk fills it (up to step_tokens less what the step holds), and the tail's first token
+// chunk fills it (up to s's step budget less what the step holds), and the tail's first token
 // comes with that fuller step. The request placed pays nothing for it (its own tokens are
 // computed as early either way), so the queue, which charges each request the work ahead of
 // it, leaves this delay charged to nobody. cached is what s holds of req.
@@ -691,11 +693,12 @@ func (pa *prefixAware) shared(s *paState, req *Request, cached int, now int64, s
 	}
 	s.mu.Lock()
 	start, fill, at, ok := s.stepTail(now, speed)
+	step := s.step
 	s.mu.Unlock()
 	if !ok || at >= start {
 		return 0 // no queue, a full last step, or it has started: req starts a step of its own
 	}
-	return pa.prefill(int64(cached), min(uncached(req, cached), pa.stepTokens-fill))
+	return pa.prefill(int64(cached), min(uncached(req, cached), step-fill))
 }
 
 // holdFrac is how far into the tail's last step a request held for it (stepHold) is placed,

@@ -1,0 +1,61 @@
+package app
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/config"
+)
+
+// /debug/endpoints says each endpoint's step budget in force and where it comes from, as the
+// policy follows it: configured, the engine's default, or the policy's step_tokens; nothing
+// for a policy that follows no steps.
+func TestDebugEndpoints_StepTokens(t *testing.T) {
+	a, b, c := newFakeEngine(t), newFakeEngine(t), newFakeEngine(t)
+	type step struct {
+		Tokens *int   `json:"step_tokens"`
+		Source string `json:"step_tokens_source"`
+	}
+	n := func(v int) *int { return &v }
+	for _, tc := range []struct {
+		policy string
+		want   []step
+	}{
+		{"{name: prefix-aware, params: {step_tokens: 4096}}", []step{{n(16384), "configured"}, {n(512), "engine default"}, {n(4096), "policy"}}},
+		{"{name: prefix-aware, params: {step_tokens: 0}}", []step{{n(0), "policy"}, {n(0), "policy"}, {n(0), "policy"}}},
+		{"{name: round-robin}", []step{{}, {}, {}}},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			cfg, err := config.Parse(fmt.Appendf(nil, `scrape: {disabled: true}
+health: {interval: 1h}
+policy: %s
+endpoints:
+  - {url: %q, models: [m], engine: sglang, step_tokens: 16384}
+  - {url: %q, models: [m], engine: ollama}
+  - {url: %q, models: [m], engine: vllm}
+`, tc.policy, a.srv.URL, b.srv.URL, c.srv.URL))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			code, body := get(t, r.AdminHandler(), "/debug/endpoints")
+			var dbg struct {
+				Endpoints []step `json:"endpoints"`
+			}
+			if err := json.Unmarshal([]byte(body), &dbg); err != nil || code != 200 {
+				t.Fatalf("/debug/endpoints %d %s: %v", code, body, err)
+			}
+			if diff := cmp.Diff(tc.want, dbg.Endpoints); diff != "" {
+				t.Errorf("step budgets (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
