@@ -21,7 +21,7 @@ import (
 //   - SGLang: GET /server_info (GET /get_server_info before it was renamed) answers its server
 //     arguments, chunked_prefill_size among them, already resolved from the GPU's memory when it
 //     was not given; -1 or null means chunked prefill is off.
-//   - ollama: POST /api/show {"model": ...} answers the model's parameters as text, one
+//   - ollama: POST /api/show {"model": ..., "name": ...} answers the model's parameters as text, one
 //     "name value" a line; num_batch is there when the model's Modelfile sets it, and a
 //     model that does not set it runs with the default of 512.
 //   - vLLM, TGI and llama.cpp report nothing of it: vLLM's /server_info exists only in its
@@ -157,7 +157,8 @@ func (p *Prober) ollamaStep(ctx context.Context, base string, models []string, o
 	models = models[:min(len(models), stepModels)]
 	shared, set := -1, false
 	for _, m := range models {
-		body, err := json.Marshal(map[string]string{"model": m})
+		// "name" for the releases before "model" (v0.1.20); later ones read either.
+		body, err := json.Marshal(map[string]string{"model": m, "name": m})
 		if err != nil {
 			return stepAnswer{}, err
 		}

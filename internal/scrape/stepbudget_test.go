@@ -198,7 +198,7 @@ func TestProber_OllamaStepAsksEachModel(t *testing.T) {
 	eng.mu.Lock()
 	bodies := eng.bodies
 	eng.mu.Unlock()
-	if diff := cmp.Diff([]string{`{"model":"qwen3:8b"}`, `{"model":"llama3.1:8b"}`}, bodies); diff != "" {
+	if diff := cmp.Diff([]string{`{"model":"qwen3:8b","name":"qwen3:8b"}`, `{"model":"llama3.1:8b","name":"llama3.1:8b"}`}, bodies); diff != "" {
 		t.Errorf("POST /api/show bodies (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(budget{2048, endpoint.StepReported}, budgetOf(ep)); diff != "" {
