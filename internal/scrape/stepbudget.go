@@ -54,8 +54,8 @@ func asksStep(kind string) bool { return kind == "sglang" || kind == "ollama" }
 
 // learnStep asks ep's engine for its step budget, once on first contact and again after a
 // failed health check (the engine may have restarted with other flags) or a change of kind,
-// and records what it reports on the endpoint (Endpoint.SetReportedStepTokens). Each request
-// is bounded by the health timeout and stepLimit. An answer that says nothing usable, an error
+// and records what it reports on the endpoint (Endpoint.SetReportedStepTokens). Its requests
+// together are bounded by the health timeout, each answer by stepLimit. An answer that says nothing usable, an error
 // or a timeout changes nothing, and is asked again only after the next failed check. It runs
 // after the health check's outcome is recorded, so it never fails or delays one.
 func (p *Prober) learnStep(ctx context.Context, ep *endpoint.Endpoint, o Options) {
@@ -76,11 +76,15 @@ func (p *Prober) learnStep(ctx context.Context, ep *endpoint.Endpoint, o Options
 	if !asksStep(kind) {
 		return
 	}
+	// One health timeout for all of it (SGLang's two names, ollama's models), so that the
+	// endpoint's next check is never pushed back by more than one of its own timeouts.
+	ctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
+	defer cancel()
 	var a stepAnswer
 	var err error
 	switch kind {
 	case "sglang":
-		a, err = p.sglangStep(ctx, ep.Name, o)
+		a, err = p.sglangStep(ctx, ep.Name)
 	case "ollama":
 		models := ep.Models
 		if len(models) == 0 {
@@ -93,7 +97,7 @@ func (p *Prober) learnStep(ctx context.Context, ep *endpoint.Endpoint, o Options
 			p.mu.Unlock()
 			return
 		}
-		a, err = p.ollamaStep(ctx, ep.Name, models, o)
+		a, err = p.ollamaStep(ctx, ep.Name, models)
 	}
 	p.mu.Lock()
 	if err != nil {
@@ -113,7 +117,7 @@ func (p *Prober) learnStep(ctx context.Context, ep *endpoint.Endpoint, o Options
 
 // sglangStep asks SGLang for its server arguments: GET /server_info, or GET /get_server_info
 // where the server has only the older name.
-func (p *Prober) sglangStep(ctx context.Context, base string, o Options) (stepAnswer, error) {
+func (p *Prober) sglangStep(ctx context.Context, base string) (stepAnswer, error) {
 	var info struct {
 		ChunkedPrefillSize json.RawMessage `json:"chunked_prefill_size"`
 	}
@@ -125,35 +129,41 @@ func (p *Prober) sglangStep(ctx context.Context, base string, o Options) (stepAn
 		return nil
 	}
 	path := "/server_info"
-	err := p.bounded(ctx, o, http.MethodGet, base+path, nil, read)
+	err := p.do(ctx, http.MethodGet, base+path, nil, stepLimit, read)
 	if err != nil && clientError(err) {
 		path = "/get_server_info"
-		err = p.bounded(ctx, o, http.MethodGet, base+path, nil, read)
+		err = p.do(ctx, http.MethodGet, base+path, nil, stepLimit, read)
 	}
 	if err != nil {
 		return stepAnswer{}, err
 	}
-	raw := bytes.TrimSpace(info.ChunkedPrefillSize)
+	return chunkedPrefill("GET "+path, info.ChunkedPrefillSize)
+}
+
+// chunkedPrefill reads SGLang's chunked_prefill_size as it came in the answer to req (raw is
+// nil when the field was missing).
+func chunkedPrefill(req string, raw json.RawMessage) (stepAnswer, error) {
+	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		return stepAnswer{}, fmt.Errorf("GET %s: %w: no chunked_prefill_size", path, errNoStepReport)
+		return stepAnswer{}, fmt.Errorf("%s: %w: no chunked_prefill_size", req, errNoStepReport)
 	}
 	if string(raw) == "null" {
-		return stepAnswer{0, fmt.Sprintf("GET %s: chunked_prefill_size null (chunked prefill off)", path)}, nil
+		return stepAnswer{0, req + ": chunked_prefill_size null (chunked prefill off)"}, nil
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	switch {
 	case err != nil || n > maxStepTokens || n == 0 || n < -1:
-		return stepAnswer{}, fmt.Errorf("GET %s: %w: chunked_prefill_size %.40s", path, errNoStepReport, raw)
+		return stepAnswer{}, fmt.Errorf("%s: %w: chunked_prefill_size %.40s", req, errNoStepReport, raw)
 	case n == -1:
-		return stepAnswer{0, fmt.Sprintf("GET %s: chunked_prefill_size -1 (chunked prefill off)", path)}, nil
+		return stepAnswer{0, req + ": chunked_prefill_size -1 (chunked prefill off)"}, nil
 	}
-	return stepAnswer{int(n), fmt.Sprintf("GET %s: chunked_prefill_size %d", path, n)}, nil
+	return stepAnswer{int(n), fmt.Sprintf("%s: chunked_prefill_size %d", req, n)}, nil
 }
 
 // ollamaStep asks ollama for the parameters of each of models (at most stepModels): the
 // budget is the num_batch they share, set by at least one of them; models without it run with
 // ollama's default. Models that differ report no single budget: the kind's default stands.
-func (p *Prober) ollamaStep(ctx context.Context, base string, models []string, o Options) (stepAnswer, error) {
+func (p *Prober) ollamaStep(ctx context.Context, base string, models []string) (stepAnswer, error) {
 	models = models[:min(len(models), stepModels)]
 	shared, set := -1, false
 	for _, m := range models {
@@ -169,7 +179,7 @@ func (p *Prober) ollamaStep(ctx context.Context, base string, models []string, o
 			Modelfile  *string         `json:"modelfile"`
 			ModelInfo  json.RawMessage `json:"model_info"`
 		}
-		err = p.bounded(ctx, o, http.MethodPost, base+"/api/show", body,
+		err = p.do(ctx, http.MethodPost, base+"/api/show", body, stepLimit,
 			jsonInto(&show, func() bool { return show.Modelfile != nil || show.ModelInfo != nil }))
 		if err != nil {
 			return stepAnswer{}, err
@@ -217,11 +227,4 @@ func numBatch(params *string) (int, error) {
 		return n, nil
 	}
 	return 0, nil
-}
-
-// bounded sends one request of learnStep's, bounded by the health timeout and stepLimit.
-func (p *Prober) bounded(ctx context.Context, o Options, method, url string, body []byte, read func(io.Reader) error) error {
-	ctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
-	defer cancel()
-	return p.do(ctx, method, url, body, stepLimit, read)
 }

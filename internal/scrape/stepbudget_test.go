@@ -263,7 +263,11 @@ func TestProber_StepBadAnswersChangeNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			eng := newStepEngine(t, tc.answers)
 			pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "sglang", Models: []string{"m"}})
-			pr := New(pool, eng.srv.Client(), Options{HealthTimeout: 200 * time.Millisecond}, nil)
+			timeout := 5 * time.Second
+			if tc.name == "slow" {
+				timeout = 200 * time.Millisecond
+			}
+			pr := New(pool, eng.srv.Client(), Options{HealthTimeout: timeout}, nil)
 			ep.SetReportedStepTokens(4096) // learned before
 			start := time.Now()
 			if err := pr.Check(context.Background(), ep); err != nil {
@@ -272,7 +276,7 @@ func TestProber_StepBadAnswersChangeNothing(t *testing.T) {
 			if !ep.Healthy() || !pr.Status(ep).Healthy {
 				t.Error("endpoint unhealthy after a bad answer about its step budget")
 			}
-			if d := time.Since(start); d > 5*time.Second {
+			if d := time.Since(start); d > 2*timeout {
 				t.Errorf("the check took %v: the step request is not bounded", d)
 			}
 			if diff := cmp.Diff(budget{4096, endpoint.StepReported}, budgetOf(ep)); diff != "" {
@@ -405,4 +409,45 @@ func TestNumBatch(t *testing.T) {
 			t.Errorf("numBatch(%q) = %d, %v; want %d, error %v", show, got, err, tc.want, tc.bad)
 		}
 	}
+}
+
+// All of one contact's requests share one health timeout: an ollama whose models answer one
+// by one, each in well under the timeout but together over it, reports nothing, and the check
+// still passes.
+func TestProber_StepRequestsShareOneTimeout(t *testing.T) {
+	eng := newStepEngine(t, map[string]http.HandlerFunc{"/api/show": func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(150 * time.Millisecond):
+		case <-r.Context().Done():
+			return
+		}
+		jsonAnswer(ollamaShow("num_batch 1024"))(w, r)
+	}})
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "ollama", Models: []string{"a", "b", "c"}})
+	pr := New(pool, eng.srv.Client(), Options{HealthTimeout: 250 * time.Millisecond}, nil)
+	if err := pr.Check(context.Background(), ep); err != nil {
+		t.Fatalf("the health check failed: %v", err)
+	}
+	if diff := cmp.Diff(budget{512, endpoint.StepEngineDefault}, budgetOf(ep)); diff != "" {
+		t.Errorf("StepBudget (-want +got):\n%s", diff)
+	}
+	if got := pr.Status(ep).StepReport; !strings.Contains(got, "deadline exceeded") {
+		t.Errorf("StepReport = %q, want the shared timeout", got)
+	}
+}
+
+// FuzzStepAnswers feeds the parsers of what engines say of their budget arbitrary input: they
+// never panic, and a budget they take is within (0, maxStepTokens].
+func FuzzStepAnswers(f *testing.F) {
+	for _, s := range []string{"8192", "-1", "null", `"8192"`, "8192.5", "0", "99999999999", "", "num_batch 1024\nnum_ctx 4096", "num_batch  x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if a, err := chunkedPrefill("GET /server_info", json.RawMessage(s)); err == nil && (a.tokens < 0 || a.tokens > maxStepTokens) {
+			t.Errorf("chunkedPrefill(%q) = %d", s, a.tokens)
+		}
+		if n, err := numBatch(&s); err == nil && (n < 0 || n > maxStepTokens) {
+			t.Errorf("numBatch(%q) = %d", s, n)
+		}
+	})
 }
