@@ -21,9 +21,9 @@ import (
 //   - SGLang: GET /server_info (GET /get_server_info before it was renamed) answers its server
 //     arguments, chunked_prefill_size among them, already resolved from the GPU's memory when it
 //     was not given; -1 or null means chunked prefill is off.
-//   - ollama: POST /api/show {"model": ..., "name": ...} answers the model's parameters as text, one
-//     "name value" a line; num_batch is there when the model's Modelfile sets it, and a
-//     model that does not set it runs with the default of 512.
+//   - ollama: POST /api/show {"model": ..., "name": ...} answers the model's parameters as
+//     text, one "name value" a line; num_batch is there when the model's Modelfile sets it,
+//     and a model that does not set it runs with the default of 512.
 //   - vLLM, TGI and llama.cpp report nothing of it: vLLM's /server_info exists only in its
 //     development mode, TGI's /info has not carried its max_batch_prefill_tokens in any
 //     release, and llama-server's /props has no n_batch. Nothing is asked of them.
@@ -55,9 +55,10 @@ func asksStep(kind string) bool { return kind == "sglang" || kind == "ollama" }
 // learnStep asks ep's engine for its step budget, once on first contact and again after a
 // failed health check (the engine may have restarted with other flags) or a change of kind,
 // and records what it reports on the endpoint (Endpoint.SetReportedStepTokens). Its requests
-// together are bounded by the health timeout, each answer by stepLimit. An answer that says nothing usable, an error
-// or a timeout changes nothing, and is asked again only after the next failed check. It runs
-// after the health check's outcome is recorded, so it never fails or delays one.
+// together are bounded by the health timeout, each answer by stepLimit. An answer that says
+// nothing usable, an error or a timeout changes nothing, and is asked again only after the
+// next failed check. It runs after the health check's outcome is recorded, so it never fails
+// one.
 func (p *Prober) learnStep(ctx context.Context, ep *endpoint.Endpoint, o Options) {
 	kind := ep.Kind()
 	p.mu.Lock()
@@ -111,7 +112,11 @@ func (p *Prober) learnStep(ctx context.Context, ep *endpoint.Endpoint, o Options
 		return
 	}
 	if old := ep.SetReportedStepTokens(a.tokens); old != a.tokens {
-		p.log.Info("engine reports its step budget", "endpoint", ep.Name, "engine", kind, "step_tokens", a.tokens, "evidence", a.evidence)
+		msg := "engine reports its step budget"
+		if a.tokens == 0 {
+			msg = "engine reports no step budget any more"
+		}
+		p.log.Info(msg, "endpoint", ep.Name, "engine", kind, "step_tokens", a.tokens, "evidence", a.evidence)
 	}
 }
 
