@@ -530,8 +530,9 @@ type EndpointInfo struct {
 	CacheValueTokens *float64 `json:"cache_value_tokens,omitempty"`
 	// StepTokens is the step budget under chunked prefill the policy follows the endpoint's
 	// queue by, in the engine's tokens (0: the policy's step_tokens is 0, the term is off), and
-	// StepSource where it comes from: configured (endpoints[].step_tokens), engine default, or
-	// policy (its step_tokens). Both absent when the policy follows no steps.
+	// StepSource where it comes from: configured (endpoints[].step_tokens), reported (by the
+	// engine: probe.step_report), engine default, or policy (its step_tokens). Both absent
+	// when the policy follows no steps.
 	StepTokens *int   `json:"step_tokens,omitempty"`
 	StepSource string `json:"step_tokens_source,omitempty"`
 }

@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -58,4 +61,63 @@ endpoints:
 			}
 		})
 	}
+}
+
+// An endpoint whose engine reports its step budget (SGLang's chunked_prefill_size) shows it in
+// /debug/endpoints as reported, with the answer it came from, and a configured one still wins.
+func TestDebugEndpoints_StepTokensReported(t *testing.T) {
+	sglang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+		case "/server_info":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"model_path": "m", "max_prefill_tokens": 16384, "chunked_prefill_size": 6144, "internal_states": [{"load": 0}], "version": "0.4.9"}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer sglang.Close()
+	other := httptest.NewServer(sglang.Config.Handler)
+	defer other.Close()
+	cfg, err := config.Parse(fmt.Appendf(nil, `scrape: {disabled: true}
+health: {interval: 1h}
+policy: {name: prefix-aware, params: {step_tokens: 4096}}
+endpoints:
+  - {url: %q, models: [m], engine: sglang}
+  - {url: %q, models: [m], engine: sglang, step_tokens: 2048}
+`, sglang.URL, other.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	runRouter(t, r)
+	type step struct {
+		Tokens *int   `json:"step_tokens"`
+		Source string `json:"step_tokens_source"`
+		Probe  struct {
+			StepReport string `json:"step_report"`
+		} `json:"probe"`
+	}
+	n := func(v int) *int { return &v }
+	want := []step{{Tokens: n(6144), Source: "reported"}, {Tokens: n(2048), Source: "configured"}}
+	want[0].Probe.StepReport = "GET /server_info: chunked_prefill_size 6144"
+	want[1].Probe.StepReport = "GET /server_info: chunked_prefill_size 6144"
+	var got []step
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		code, body := get(t, r.AdminHandler(), "/debug/endpoints")
+		var dbg struct {
+			Endpoints []step `json:"endpoints"`
+		}
+		if err := json.Unmarshal([]byte(body), &dbg); err != nil || code != 200 {
+			t.Fatalf("/debug/endpoints %d %s: %v", code, body, err)
+		}
+		if got = dbg.Endpoints; cmp.Equal(want, got) {
+			return
+		}
+	}
+	t.Errorf("step budgets (-want +got):\n%s", cmp.Diff(want, got))
 }

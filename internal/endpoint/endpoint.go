@@ -40,6 +40,7 @@ type Endpoint struct {
 	FirstTokenTimeout, ResponseTimeout time.Duration
 
 	tokenScale     atomic.Uint64            // float64 bits: engine tokens per router-estimated token; 0: 1
+	reportedStep   atomic.Int64             // the step budget the engine reports, its tokens; 0: none
 	firstSeen      atomic.Int64             // unix nanoseconds the router's lifecycle first saw it; 0: not yet
 	served         atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
 	inFlight       atomic.Int64             // requests forwarded and not finished
@@ -114,11 +115,22 @@ func (e *Endpoint) LearnTokenScale(engineTokens, estimate int, weight float64) {
 	}
 }
 
-// Where an endpoint's step budget comes from (StepBudget; a policy's own value is the third).
+// Where an endpoint's step budget comes from (StepBudget; a policy's own value is the fourth).
 const (
-	StepConfigured    = "configured"     // endpoints[].step_tokens
+	StepConfigured    = "configured"     // endpoints[].step_tokens (or a pod's kvroute.io/step-tokens)
+	StepReported      = "reported"       // what the engine says of itself (SetReportedStepTokens)
 	StepEngineDefault = "engine default" // EngineStepTokens of its kind
 )
+
+// ReportedStepTokens is the step budget the engine reported of itself, in its tokens (SGLang's
+// chunked_prefill_size, an ollama model's num_batch), 0 when it reported none or was not asked.
+func (e *Endpoint) ReportedStepTokens() int { return int(e.reportedStep.Load()) }
+
+// SetReportedStepTokens records the step budget the engine reports (0: it reports none, as
+// after a restart with chunked prefill off). It returns the value it replaced.
+func (e *Endpoint) SetReportedStepTokens(n int) (old int) {
+	return int(e.reportedStep.Swap(int64(max(n, 0))))
+}
 
 // EngineStepTokens is the step budget, in the engine's tokens, that an engine of kind computes
 // under chunked prefill when it is not told otherwise, where that default is documented and
@@ -136,11 +148,15 @@ func EngineStepTokens(kind string) int {
 }
 
 // StepBudget is the endpoint's own step budget in the engine's tokens and where it comes
-// from: the configured StepTokens, else its engine kind's default (EngineStepTokens of Kind,
-// so an auto endpoint gets its detected kind's); 0 and "" when it has none of its own.
+// from: the configured StepTokens, else what the engine reported of itself
+// (ReportedStepTokens), else its engine kind's default (EngineStepTokens of Kind, so an auto
+// endpoint gets its detected kind's); 0 and "" when it has none of its own.
 func (e *Endpoint) StepBudget() (tokens int, source string) {
 	if e.StepTokens > 0 {
 		return e.StepTokens, StepConfigured
+	}
+	if n := e.ReportedStepTokens(); n > 0 {
+		return n, StepReported
 	}
 	if n := EngineStepTokens(e.Kind()); n > 0 {
 		return n, StepEngineDefault

@@ -24,13 +24,14 @@ type Detection struct {
 
 // statusError is a non-2xx answer: the server is there and speaks HTTP, but not this path.
 type statusError struct {
-	url  string
-	code int
-	body string
+	method string // lower case, as in the error's text
+	url    string
+	code   int
+	body   string
 }
 
 func (e *statusError) Error() string {
-	return fmt.Sprintf("get %s: status %d: %s", e.url, e.code, e.body)
+	return fmt.Sprintf("%s %s: status %d: %s", e.method, e.url, e.code, e.body)
 }
 
 // clientError reports whether err is a 4xx answer (a path the server does not have), as

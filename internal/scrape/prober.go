@@ -1,6 +1,7 @@
 package scrape
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -108,6 +109,10 @@ type Status struct {
 	// as auto, the kind in force; for one of a named kind whose health check answered 4xx, the
 	// kind it looks like instead (the check's error says so too).
 	Detected *Detection `json:"detected,omitempty"`
+	// StepReport is what the engine last answered when asked for its step budget under
+	// chunked prefill (SGLang's chunked_prefill_size, an ollama model's num_batch), or why
+	// that answer was not taken; absent where the engine was not asked.
+	StepReport string `json:"step_report,omitempty"`
 }
 
 type epState struct {
@@ -116,8 +121,12 @@ type epState struct {
 	checked    bool      // the first check decides alone
 	// hint, when set, tells why the health check of a named kind fails (the endpoint looks
 	// like another kind); it is found once per failure streak and kept for the streak.
-	hint   string
-	status Status
+	hint string
+	// stepAsked is whether the engine's step budget was asked since the last failed check,
+	// of an engine of kind stepKind (learnStep).
+	stepAsked bool
+	stepKind  string
+	status    Status
 }
 
 // Prober health-checks and scrapes the pool's endpoints. Its goroutines start in Run, never in
@@ -267,6 +276,10 @@ func untilTick(elapsed, interval time.Duration) time.Duration {
 // path: the quick start's vllm in front of ollama), the endpoint is probed once per failure
 // streak: an auto endpoint takes the kind found (an engine restarted as another), one of a
 // named kind keeps failing, with an error and a warning that say which kind it looks like.
+//
+// After a check that passed (its outcome recorded first), an endpoint whose config names no
+// model is asked which it serves (listModels), and an engine that reports its step budget is
+// asked for it on first contact and after a failed check (learnStep).
 func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	o := p.options()
 	if ep.Kind() == Auto {
@@ -288,8 +301,11 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 		err = p.mismatch(ctx, ep, err)
 	}
 	p.record(ep, err, o)
-	if err == nil && len(ep.Models) == 0 {
-		p.listModels(ctx, ep, o)
+	if err == nil {
+		if len(ep.Models) == 0 {
+			p.listModels(ctx, ep, o)
+		}
+		p.learnStep(ctx, ep, o)
 	}
 	return err
 }
@@ -409,6 +425,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 	} else {
 		s.fail++
 		s.succ = 0
+		s.stepAsked = false // the engine may come back restarted with another budget
 		s.status.LastCheckError = err.Error()
 		if ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold) {
 			ep.SetHealthy(false)
@@ -468,34 +485,48 @@ var errTooLarge = errors.New("response too large")
 
 // get fetches url and hands at most limit bytes of a 2xx body to read (nil: discard it).
 func (p *Prober) get(ctx context.Context, url string, limit int64, read func(io.Reader) error) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	return p.do(ctx, http.MethodGet, url, nil, limit, read)
+}
+
+// do sends a request with body (a JSON document, when not nil) and hands at most limit bytes
+// of a 2xx answer to read (nil: discard it).
+func (p *Prober) do(ctx context.Context, method, url string, body []byte, limit int64, read func(io.Reader) error) error {
+	var rb io.Reader
+	if body != nil {
+		rb = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rb)
 	if err != nil {
-		return fmt.Errorf("get %s: %w", url, err)
+		return fmt.Errorf("%s %s: %w", strings.ToLower(method), url, err)
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return err // a *url.Error: it names the method and the URL already
 	}
 	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, limit+1)
+	m := strings.ToLower(method)
+	answer := io.LimitReader(resp.Body, limit+1)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		msg, _ := io.ReadAll(io.LimitReader(body, 200))
-		return &statusError{url: url, code: resp.StatusCode, body: strings.TrimSpace(string(msg))}
+		msg, _ := io.ReadAll(io.LimitReader(answer, 200))
+		return &statusError{method: m, url: url, code: resp.StatusCode, body: strings.TrimSpace(string(msg))}
 	}
 	if read == nil {
-		_, _ = io.Copy(io.Discard, body)
+		_, _ = io.Copy(io.Discard, answer)
 		return nil
 	}
-	lr := &countingReader{r: body}
+	lr := &countingReader{r: answer}
 	if err := read(lr); err != nil {
 		if lr.n > limit {
-			return fmt.Errorf("get %s: %w (over %d bytes)", url, errTooLarge, limit)
+			return fmt.Errorf("%s %s: %w (over %d bytes)", m, url, errTooLarge, limit)
 		}
-		return fmt.Errorf("get %s: %w", url, err)
+		return fmt.Errorf("%s %s: %w", m, url, err)
 	}
 	if lr.n > limit {
-		return fmt.Errorf("get %s: %w (over %d bytes)", url, errTooLarge, limit)
+		return fmt.Errorf("%s %s: %w (over %d bytes)", m, url, errTooLarge, limit)
 	}
 	return nil
 }

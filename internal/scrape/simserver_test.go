@@ -39,4 +39,8 @@ func TestProber_AgainstSimulator(t *testing.T) {
 	if s.Running != 0 || s.Waiting != 0 || s.KVUsage != 0 {
 		t.Errorf("an idle simulator reports load: %+v", s)
 	}
+	// vLLM reports no step budget, and neither does the simulator that speaks as it.
+	if n, src := ep.StepBudget(); n != 0 || src != "" || pr.Status(ep).StepReport != "" {
+		t.Errorf("StepBudget = %d, %q (report %q); a vLLM reports none", n, src, pr.Status(ep).StepReport)
+	}
 }

@@ -559,3 +559,46 @@ func FuzzSpecs(f *testing.F) {
 		}
 	})
 }
+
+// kvroute.io/step-tokens sets the pod's configured step budget over the template's; a value
+// that does not parse is reported, naming the pod and the fix, and ignored: the pod stays,
+// with the template's budget.
+func TestSource_SpecsStepTokens(t *testing.T) {
+	s := source(nil, config.KubernetesDiscovery{Service: "sglang", PortName: "http", PodMetadata: true,
+		Endpoint: config.Endpoint{Models: []string{"m"}, Engine: "sglang", StepTokens: 4096}})
+	a := netip.MustParseAddr("10.0.0.1")
+	specs, problems := s.Specs([]Target{
+		{Addr: a, Port: 8000, Pod: "inference/a"},
+		{Addr: a, Port: 8001, Pod: "inference/b", Annotations: map[string]string{KeyStepTokens: " 16384 "}},
+		{Addr: a, Port: 8002, Pod: "inference/c", Labels: map[string]string{KeyStepTokens: "2048"}},
+		{Addr: a, Port: 8003, Pod: "inference/d", Annotations: map[string]string{KeyStepTokens: "0"}},
+		{Addr: a, Port: 8004, Pod: "inference/e", Annotations: map[string]string{KeyStepTokens: "8k"}},
+		{Addr: a, Port: 8005, Pod: "inference/f", Annotations: map[string]string{KeyStepTokens: "-1"}},
+	})
+	got := map[string]int{}
+	for _, sp := range specs {
+		got[sp.Name] = sp.StepTokens
+	}
+	want := map[string]int{
+		"http://10.0.0.1:8000": 4096, "http://10.0.0.1:8001": 16384, "http://10.0.0.1:8002": 2048,
+		"http://10.0.0.1:8003": 0, "http://10.0.0.1:8004": 4096, "http://10.0.0.1:8005": 4096,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("step budgets by endpoint (-want +got):\n%s", diff)
+	}
+	if len(problems) != 2 {
+		t.Fatalf("%d problems, want 2 (pods e and f): %v", len(problems), problems)
+	}
+	msg := errors.Join(problems...).Error()
+	for _, w := range []string{
+		`pod inference/e: kvroute.io/step-tokens "8k" ignored: give the engine's tokens per step`,
+		`pod inference/f: kvroute.io/step-tokens "-1" ignored`,
+	} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("problems lack %q:\n%s", w, msg)
+		}
+	}
+	if strings.Contains(msg, "left out") {
+		t.Errorf("a bad step budget left a pod out:\n%s", msg)
+	}
+}

@@ -36,6 +36,11 @@ const (
 	// KeyKVEvents is the engine's KV-event publisher: tcp://host:port, or a port alone for
 	// tcp://<pod address>:<port>.
 	KeyKVEvents = "kvroute.io/kv-events"
+	// KeyStepTokens is the engine's step budget under chunked prefill, in its tokens, like
+	// endpoints[].step_tokens (vLLM's max_num_batched_tokens). A value that does not parse is
+	// reported and ignored, not a reason to leave the pod out: a wrong budget costs estimates,
+	// not requests.
+	KeyStepTokens = "kvroute.io/step-tokens"
 )
 
 // ServiceNameLabel is the label Kubernetes puts on a Service's EndpointSlices.
@@ -127,24 +132,30 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 }
 
 // Specs turns targets into endpoints: the template with each target's URL and, with
-// pod_metadata, its pod's engine, models and KV-event address. A pod whose keys do not parse
-// is left out (a wrong engine kind would get the wrong health checks and requests), and the
-// problem, naming the pod, the key and the fix, is returned.
+// pod_metadata, its pod's engine, models, KV-event address and step budget. A pod whose keys
+// do not parse is left out (a wrong engine kind would get the wrong health checks and
+// requests), and the problem, naming the pod, the key and the fix, is returned; a step budget
+// that does not parse is returned as a problem too, but only it is left aside.
 func (s *Source) Specs(targets []Target) ([]endpoint.Spec, []error) {
 	specs := make([]endpoint.Spec, 0, len(targets))
 	var problems []error
 	for _, t := range targets {
-		spec, err := s.spec(t)
+		spec, ignored, err := s.spec(t)
 		if err != nil {
 			problems = append(problems, fmt.Errorf("%s: pod %s left out: %w", s.Key(), cmp.Or(t.Pod, t.HostPort()), err))
 			continue
+		}
+		if ignored != nil {
+			problems = append(problems, fmt.Errorf("%s: pod %s: %w", s.Key(), cmp.Or(t.Pod, t.HostPort()), ignored))
 		}
 		specs = append(specs, spec)
 	}
 	return specs, problems
 }
 
-func (s *Source) spec(t Target) (endpoint.Spec, error) {
+// spec makes t's endpoint; ignored is a key that did not parse and was left aside, err one
+// that leaves the pod out.
+func (s *Source) spec(t Target) (spec endpoint.Spec, ignored, err error) {
 	e := s.Config.Endpoint
 	e.Models = slices.Clone(e.Models)
 	e.URL = s.Config.Scheme + "://" + t.HostPort()
@@ -180,13 +191,20 @@ func (s *Source) spec(t Target) (endpoint.Spec, error) {
 			errs = append(errs, err)
 		}
 	}
+	if v, ok := meta(KeyStepTokens); ok {
+		if n, err := strconv.Atoi(v); err != nil || n < 0 {
+			ignored = fmt.Errorf("%s %q ignored: give the engine's tokens per step under chunked prefill, like 8192 (vLLM's max_num_batched_tokens), or 0 for what the engine reports or its kind's default", KeyStepTokens, v)
+		} else {
+			e.StepTokens = n
+		}
+	}
 	if len(errs) > 0 {
-		return endpoint.Spec{}, errors.Join(errs...)
+		return endpoint.Spec{}, nil, errors.Join(errs...)
 	}
 	e.SetDefaults()
-	spec := discovery.Spec(&e)
+	spec = discovery.Spec(&e)
 	spec.KVEvents = kv
-	return spec, nil
+	return spec, ignored, nil
 }
 
 // kvEventsAddr reads a kvroute.io/kv-events value: a port (on the pod's address) or tcp://host:port.
