@@ -8,7 +8,8 @@ import (
 
 // StepBudgeter is implemented by policies that follow each endpoint's chunked-prefill steps
 // (prefix-aware): StepTokens is the step budget in force for ep, in the engine's tokens, and
-// where it comes from: endpoint.StepConfigured, endpoint.StepEngineDefault or StepPolicy.
+// where it comes from: endpoint.StepConfigured, endpoint.StepReported,
+// endpoint.StepEngineDefault or StepPolicy.
 // tokens is 0 when the policy's step term is off.
 type StepBudgeter interface {
 	StepTokens(ep *endpoint.Endpoint) (tokens int, source string)
@@ -29,9 +30,10 @@ func (pa *prefixAware) StepTokens(ep *endpoint.Endpoint) (int, string) {
 }
 
 // stepOf is ep's step budget in the router's tokens, the units of its queue (paState.step):
-// its own (configured, or its engine's default) over its token scale, which it learns while
-// running (an ollama tokenizer makes 0.677 of its tokens of one of the router's), else the
-// policy's step_tokens as it is given. The policy's 0 turns the term off for every endpoint.
+// its own (configured, reported by the engine, or its engine kind's default) over its token
+// scale, which it learns while running (an ollama tokenizer makes 0.677 of its tokens of one of
+// the router's), else the policy's step_tokens as it is given. The policy's 0 turns the term
+// off for every endpoint.
 func (pa *prefixAware) stepOf(ep *endpoint.Endpoint) int64 {
 	if pa.stepTokens <= 0 {
 		return 0
