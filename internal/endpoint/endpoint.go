@@ -136,7 +136,7 @@ func (e *Endpoint) SetReportedStepTokens(n int) (old int) {
 // under chunked prefill when it is not told otherwise, where that default is documented and
 // has stayed the same; 0 where it depends on the hardware, the model or the version (vllm,
 // sglang, tgi) or the kind is unknown (openai, auto): the policy's value stands in there.
-// docs/policy.md (the step_tokens row) gives the sources.
+// docs/policy.md ("Each endpoint's step budget") gives the sources.
 func EngineStepTokens(kind string) int {
 	switch kind {
 	case "ollama":
