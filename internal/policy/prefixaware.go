@@ -123,6 +123,45 @@ type paState struct {
 	// heldUntil is when the last request held for this endpoint (stepHold) is placed, unix
 	// nanoseconds: a request that would go here meanwhile waits until after it.
 	heldUntil atomic.Int64
+
+	// busy is how long the endpoint has had a request routed here and not done: its busy
+	// time as the router sees it (the load bound's rule for a session's home).
+	busy busyClock
+}
+
+// busyClock integrates the time an endpoint has at least one request in flight.
+type busyClock struct {
+	mu     sync.Mutex
+	active int
+	since  int64 // unix nanoseconds of the last change
+	total  int64 // nanoseconds busy before since
+}
+
+// add counts d more requests in flight (-1: one done) at now.
+func (b *busyClock) add(d int, now int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.active > 0 {
+		b.total += now - b.since
+	}
+	b.since = now
+	b.active = max(b.active+d, 0)
+}
+
+// seconds is the busy time until now.
+func (b *busyClock) seconds(now int64) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.total
+	if b.active > 0 {
+		t += now - b.since
+	}
+	return float64(t) / 1e9
+}
+
+// busyFraction is s's busy time over its time in the fleet.
+func busyFraction(s *paState, now int64) float64 {
+	return s.busy.seconds(now) / inFleet(s, now, math.Inf(1))
 }
 
 // enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
@@ -526,6 +565,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	for i := range c {
 		capSum += inFleet(states[i], now, pa.affTau) / eldest / pa.speedOf(states[i], fleet)
 	}
+	meanBusy := -1.0 // the candidates' mean busy fraction, once a home over the bound needs it
 	for i, e := range c {
 		s := states[i]
 		speed := pa.speedOf(s, fleet)
@@ -574,6 +614,22 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// An endpoint within its bound takes one more: at the handful of requests in flight of
 		// a quiet fleet, the bound is not to send a conversation away from its cache.
 		eligible := float64(inFlight) <= limit
+		// A conversation's home (it holds more of the request than the fleet's common prefix)
+		// over the bound keeps the request while no request waits there for its first token
+		// and it has been less busy than the candidates' mean, each over its time in the
+		// fleet: the request waits for nothing there, moved it recomputes its whole context,
+		// and shedding it would not even the fleet's busy time (docs/policy.md). With no busy
+		// time seen yet (all alike) the bound decides.
+		if !eligible && sc.runs[e.ID] > sc.common && s.waiting.Load() == 0 {
+			if meanBusy < 0 {
+				sum := 0.0
+				for _, o := range states {
+					sum += busyFraction(o, now)
+				}
+				meanBusy = sum / float64(n)
+			}
+			eligible = busyFraction(s, now) < meanBusy
+		}
 		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft, own: own, speed: speed}
 	}
 	slices.SortFunc(sc.scored, func(a, b paScore) int {
@@ -646,6 +702,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
+	s.busy.add(1, now)
 	s.enqueue(f, now, pa.speedOf(s, fleet))
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
@@ -826,6 +883,7 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 		return
 	}
 	s := pa.state(ep.ID)
+	s.busy.add(-1, pa.clock.Now().UnixNano())
 	if f.first.CompareAndSwap(false, true) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
