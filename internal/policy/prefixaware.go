@@ -37,7 +37,9 @@ import (
 // fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
 // request only while it holds at most max_load_factor x its share of the requests in flight,
 // this one counted (shares in proportion to speed, and for an endpoint that joined later to
-// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it. An engine that reports
+// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it,
+// except a conversation's home with no request waiting for its first token that has been less
+// busy than the candidates' mean, each over its time in the fleet. An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
 // request's blocks become most recent again when it ends. With one router a request may be
 // held before the pick (Defer) until the last step of the queue it would join has started
