@@ -21,8 +21,9 @@ func inFlightOn(pa *prefixAware, r *Request, ep *endpoint.Endpoint, first bool) 
 
 // A conversation's home over the load bound (6 in flight, the bound 5 for 10 in a fleet of
 // four) keeps the conversation's next request while nothing waits there for its first token
-// and it has been less busy than the fleet's mean, each over its time in the fleet. It is
-// moved, as before, when a request waits there, or when it has been the busiest.
+// and it has been less busy than the fleet's mean, each over about the last affinity window
+// (60 s here: the 100 s before count, the more recent the more). It is moved, as before, when
+// a request waits there, or when it has been the busiest.
 func TestPrefixAware_HomeOverBoundKeepsSessionWhenIdleAndNotBusier(t *testing.T) {
 	ctx := seq(1, 300)
 	next := req("next", 0, append(append([]uint64{}, ctx...), seq(9000, 10)...)...)
