@@ -105,3 +105,15 @@ func BenchmarkPrefixAware_Defer(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkPrefixAware_Lifecycle is what the policy does for one request besides its Pick:
+// Routed, FirstToken and Done on the pick benchmark's fleet.
+func BenchmarkPrefixAware_Lifecycle(b *testing.B) {
+	pa, eps, rq := benchFleet(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		pa.Routed(rq, eps[5])
+		pa.FirstToken(rq, eps[5], time.Millisecond)
+		pa.Done(rq, eps[5], Result{OK: true, CachedTokens: rq.PromptTokens, PromptTokens: rq.PromptTokens})
+	}
+}

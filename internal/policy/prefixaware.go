@@ -37,7 +37,9 @@ import (
 // fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
 // request only while it holds at most max_load_factor x its share of the requests in flight,
 // this one counted (shares in proportion to speed, and for an endpoint that joined later to
-// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it. An engine that reports
+// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it,
+// except a conversation's home with no request waiting for its first token that has been less
+// busy than the candidates' mean (over about the last affinity window). An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
 // request's blocks become most recent again when it ends. With one router a request may be
 // held before the pick (Defer) until the last step of the queue it would join has started
@@ -123,6 +125,54 @@ type paState struct {
 	// heldUntil is when the last request held for this endpoint (stepHold) is placed, unix
 	// nanoseconds: a request that would go here meanwhile waits until after it.
 	heldUntil atomic.Int64
+
+	// busy is when the endpoint has had a request routed here and not done: its busy time
+	// as the router sees it (the load bound's rule for a conversation's home).
+	busy busyClock
+}
+
+// busyClock integrates the time an endpoint has at least one request in flight, each second
+// weighted by e^(-age/tau) (tau: the affinity window), or in full without a window.
+type busyClock struct {
+	mu     sync.Mutex
+	active int
+	since  int64   // unix nanoseconds of the last change
+	busy   float64 // weighted busy seconds before since, as of since
+}
+
+// add counts d more requests in flight (-1: one done) at now.
+func (b *busyClock) add(d int, now int64, tau float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.busy = b.upTo(now, tau)
+	b.since = now
+	b.active = max(b.active+d, 0)
+}
+
+// upTo is the weighted busy seconds as of now. The caller holds mu.
+func (b *busyClock) upTo(now int64, tau float64) float64 {
+	dt := float64(now-b.since) / 1e9
+	if b.since == 0 || dt <= 0 {
+		return b.busy
+	}
+	if tau <= 0 {
+		return b.busy + dt*float64(min(b.active, 1))
+	}
+	k := math.Exp(-dt / tau)
+	return b.busy*k + tau*(1-k)*float64(min(b.active, 1))
+}
+
+// busyFraction is s's busy time over its time in the fleet, both weighted alike: over about the
+// last affinity window, or its whole time in the fleet with none.
+func (pa *prefixAware) busyFraction(s *paState, now int64) float64 {
+	s.busy.mu.Lock()
+	busy := s.busy.upTo(now, pa.affTau)
+	s.busy.mu.Unlock()
+	t := float64(max(now-s.joined.Load(), 1)) / 1e9
+	if pa.affTau > 0 {
+		t = pa.affTau * (1 - math.Exp(-t/pa.affTau))
+	}
+	return busy / t
 }
 
 // enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
@@ -528,6 +578,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	for i := range c {
 		capSum += inFleet(states[i], now, pa.affTau) / eldest / pa.speedOf(states[i], fleet)
 	}
+	meanBusy := -1.0 // the candidates' mean busy fraction, once a home over the bound needs it
 	for i, e := range c {
 		s := states[i]
 		speed := pa.speedOf(s, fleet)
@@ -576,6 +627,22 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// An endpoint within its bound takes one more: at the handful of requests in flight of
 		// a quiet fleet, the bound is not to send a conversation away from its cache.
 		eligible := float64(inFlight) <= limit
+		// A conversation's home (it holds more of the request than the fleet's common prefix)
+		// over the bound keeps the request while no request waits there for its first token
+		// and it has been less busy than the candidates' mean, each over about the last
+		// affinity window: the request waits for nothing there, moved it recomputes its whole
+		// context, and shedding it would not even the fleet's busy time (docs/policy.md). With
+		// no busy time seen yet (all alike) the bound decides.
+		if !eligible && sc.runs[e.ID] > sc.common && s.waiting.Load() == 0 {
+			if meanBusy < 0 {
+				sum := 0.0
+				for _, o := range states {
+					sum += pa.busyFraction(o, now)
+				}
+				meanBusy = sum / float64(n)
+			}
+			eligible = pa.busyFraction(s, now) < meanBusy
+		}
 		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft, own: own, speed: speed}
 	}
 	slices.SortFunc(sc.scored, func(a, b paScore) int {
@@ -648,6 +715,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
+	s.busy.add(1, now, pa.affTau)
 	s.enqueue(f, now, pa.speedOf(s, fleet), pa.stepOf(ep))
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
@@ -829,6 +897,7 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 		return
 	}
 	s := pa.state(ep.ID)
+	s.busy.add(-1, pa.clock.Now().UnixNano(), pa.affTau)
 	if f.first.CompareAndSwap(false, true) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
