@@ -36,8 +36,9 @@ import (
 // the ratio of observed to predicted TTFTs, the
 // fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
 // request only while it holds at most max_load_factor x its share of the requests in flight,
-// this one counted (shares in proportion to speed, and for an endpoint that joined later to
-// its time in the fleet over the oldest's, up to affinity_window); the others are ranked after it,
+// this one counted (shares in proportion to speed, of a fleet capacity in which an endpoint
+// that joined later counts by its time in the fleet over the oldest's, up to affinity_window,
+// so that every share is larger while it is new); the others are ranked after it,
 // except a conversation's home with no request waiting for its first token that has been less
 // busy than the candidates' mean (over about the last affinity window). An engine that reports
 // fewer cached tokens than predicted makes the index forget what the engine evicted; a
@@ -563,8 +564,9 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	// Bounded load: at most ceil(factor x its share) in flight after this request, each
 	// endpoint's share of the fleet's requests in proportion to its calibrated speed, so that a
 	// slower instance, which holds each request longer, is not pushed out of its own prefixes.
-	// An endpoint that joined later counts in the shares by its time in the fleet over the
-	// oldest candidate's, each counted up to the affinity window: its sessions come to it as
+	// An endpoint that joined later counts in the fleet's capacity (capSum) by its time in the
+	// fleet over the oldest candidate's, each counted up to the affinity window, which makes
+	// every endpoint's share larger while it is new, its own included: its sessions come to it as
 	// new ones start, and growing the fleet should not by itself push running sessions off the
 	// instances that hold them (each such move recomputes a whole context); after a window
 	// (the policy's horizon for rates) it counts in full, however long the others have been
