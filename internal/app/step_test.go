@@ -3,15 +3,12 @@ package app
 import (
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/kvroute/kvroute/internal/config"
 )
 
 // /debug/endpoints says each endpoint's step budget in force and where it comes from, as the
@@ -33,7 +30,7 @@ func TestDebugEndpoints_StepTokens(t *testing.T) {
 		{"{name: round-robin}", []step{{}, {}, {}}},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
-			cfg, err := config.Parse(fmt.Appendf(nil, `scrape: {disabled: true}
+			r := routerFromYAML(t, fmt.Sprintf(`scrape: {disabled: true}
 health: {interval: 1h}
 policy: %s
 endpoints:
@@ -41,14 +38,6 @@ endpoints:
   - {url: %q, models: [m], engine: ollama}
   - {url: %q, models: [m], engine: vllm}
 `, tc.policy, a.srv.URL, b.srv.URL, c.srv.URL))
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
 			code, body := get(t, r.AdminHandler(), "/debug/endpoints")
 			var dbg struct {
 				Endpoints []step `json:"endpoints"`
@@ -79,21 +68,13 @@ func TestDebugEndpoints_StepTokensReported(t *testing.T) {
 	defer sglang.Close()
 	other := httptest.NewServer(sglang.Config.Handler)
 	defer other.Close()
-	cfg, err := config.Parse(fmt.Appendf(nil, `scrape: {disabled: true}
+	r := routerFromYAML(t, fmt.Sprintf(`scrape: {disabled: true}
 health: {interval: 1h}
 policy: {name: prefix-aware, params: {step_tokens: 4096}}
 endpoints:
   - {url: %q, models: [m], engine: sglang}
   - {url: %q, models: [m], engine: sglang, step_tokens: 2048}
 `, sglang.URL, other.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Close)
 	runRouter(t, r)
 	type step struct {
 		Tokens *int   `json:"step_tokens"`
