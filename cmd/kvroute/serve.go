@@ -29,7 +29,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
 		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
-		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints), overrides admin_listen")
+		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints, /debug/explain), overrides admin_listen")
 		pprof     = fs.Bool("pprof", false, "serve /debug/pprof on the admin address")
 		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
 		httpSrv   = fs.String("http-server", "", "builtin or net/http: what serves the API listener, overrides server.http_server")
