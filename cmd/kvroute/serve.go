@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -50,6 +51,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if (*cfgPath == "") == (len(endpoints) == 0) {
 		fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL")
 		return 2
+	}
+	if *cfgPath != "" {
+		// These shape the quick start's config only; with a file they would be ignored silently.
+		var quick []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "model" || f.Name == "engine" || f.Name == "policy" {
+				quick = append(quick, "--"+f.Name)
+			}
+		})
+		if len(quick) > 0 {
+			fmt.Fprintf(stderr, "kvroute serve: %s apply only with --endpoint; with --config set them in the file (endpoints[].models, endpoints[].engine, policy)\n", strings.Join(quick, ", "))
+			return 2
+		}
 	}
 	overrides := func(c *config.Config) {
 		if *listen != "" {
