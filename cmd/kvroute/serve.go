@@ -26,7 +26,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var (
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
 		endpoints listFlag
-		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: any)")
+		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: the ones each lists at GET /v1/models)")
 		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
 		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
