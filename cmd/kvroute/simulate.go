@@ -29,7 +29,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.Float64Var(&o.Speedup, "speedup", 0, "divide arrival times by this factor (instead of --load; default 1)")
 	fs.IntVar(&o.Limit, "limit", 0, "use only the first N requests (0: all)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the policies' randomness and of synthetic workloads")
-	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics (kvroute serve's scrape.interval defaults to 1s)")
 	fs.DurationVar(&o.NetworkLatency, "network-latency", 0, "one-way router-engine latency")
 	fs.IntVar(&o.Routers, "routers", 1, "router replicas behind a load balancer, each with its own policy instance and load counters")
 	fs.Var((*listFlag)(&o.Kill), "kill", "kill instance N at virtual time T: `N@T`, T a duration (90s) or a share of the arrivals' span (50%); its requests fail, later ones fall back (repeatable)")
