@@ -24,7 +24,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay (rendered into text)")
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] (default shared-prefix when no --trace)")
 	fs.Float64Var(&o.Speedup, "speedup", 0, "replay arrivals K times faster than the workload's time (default 1)")
-	fs.Float64Var(&o.Rate, "rate", 0, "re-time arrivals as a Poisson process of this many requests/s")
+	fs.Float64Var(&o.Rate, "rate", 0, "re-time arrivals at this many requests/s: a Poisson process, or evenly spaced with --arrival constant")
 	fs.StringVar(&o.Arrival, "arrival", "poisson", "with --rate: poisson or constant (evenly spaced) arrivals")
 	fs.IntVar(&o.Concurrency, "concurrency", 0, "closed loop: keep this many requests in flight, ignoring arrival times")
 	fs.IntVar(&o.Requests, "requests", 0, "send at most N requests (0: the whole workload)")

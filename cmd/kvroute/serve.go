@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,11 +26,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var (
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
 		endpoints listFlag
-		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: any)")
+		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: the ones each lists at GET /v1/models)")
 		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
 		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
-		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints), overrides admin_listen")
+		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints, /debug/explain), overrides admin_listen")
 		pprof     = fs.Bool("pprof", false, "serve /debug/pprof on the admin address")
 		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
 		httpSrv   = fs.String("http-server", "", "builtin or net/http: what serves the API listener, overrides server.http_server")
@@ -50,6 +51,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if (*cfgPath == "") == (len(endpoints) == 0) {
 		fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL")
 		return 2
+	}
+	if *cfgPath != "" {
+		// These shape the quick start's config only; with a file they would be ignored silently.
+		var quick []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "model" || f.Name == "engine" || f.Name == "policy" {
+				quick = append(quick, "--"+f.Name)
+			}
+		})
+		if len(quick) > 0 {
+			fmt.Fprintf(stderr, "kvroute serve: %s apply only with --endpoint; with --config set them in the file (endpoints[].models, endpoints[].engine, policy)\n", strings.Join(quick, ", "))
+			return 2
+		}
 	}
 	overrides := func(c *config.Config) {
 		if *listen != "" {

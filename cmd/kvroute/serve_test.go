@@ -260,6 +260,19 @@ func TestServeFlags(t *testing.T) {
 	if err := os.WriteFile(path, []byte("endpoints: [{url: http://127.0.0.1:1}]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The quick start's flags are refused with a config file rather than ignored. (A router
+	// that starts anyway meets a cancelled context and returns at once.)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{
+		{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin"},
+		{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "vllm", "--model", "m"},
+	} {
+		errb.Reset()
+		if rc := runServe(done, args, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "apply only with --endpoint") {
+			t.Errorf("%q: rc %d, %q; want 2 and the quick-start flags named", args, rc, errb.String())
+		}
+	}
 	for _, args := range [][]string{
 		{"--config", path, "--listen", "127.0.0.1:9090"},
 		{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"},

@@ -18,7 +18,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute sim")
 	var (
 		o         simserver.Options
-		n         = fs.Int("instances", 1, "number of instances, served on ports `P`..P+N-1")
+		n         = fs.Int("instances", 1, "`N` instances, served on ports --port to --port+N-1")
 		port      = fs.Int("port", 8000, "first instance's port (0: free ports)")
 		host      = fs.String("host", "127.0.0.1", "address to listen on")
 		drain     = fs.Duration("drain", 10*time.Second, "on shutdown, how long in-flight streams may finish")

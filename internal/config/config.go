@@ -89,7 +89,8 @@ type Policy struct {
 type Endpoint struct {
 	// URL is the engine's base URL, http or https (a trailing slash is removed).
 	URL string `json:"url"`
-	// Models it serves; empty means any model.
+	// Models it serves; empty means the ones the engine lists at GET /v1/models (any model
+	// until it has answered).
 	Models []string `json:"models"`
 	// Engine is vllm, sglang, tgi, llamacpp, ollama, openai (generic) or auto (detected on
 	// first contact). Default openai.

@@ -205,7 +205,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: pickBuckets,
 		})),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error, unavailable).",
+			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error, unavailable: a 503, busy: a 429, timeout: no first token or answer in time).",
 		}, []string{"endpoint", "reason"}),
 		Ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive failures (connection errors, 5xx, timeouts, lost requests, cut streams).",
@@ -474,9 +474,9 @@ var (
 	descPredictedTTFT = prometheus.NewDesc("kvroute_endpoint_predicted_ttft_seconds",
 		"Prefill work the router has queued on the endpoint over its calibrated prefill rate: the least time to first token a new request there would wait.", []string{"endpoint"}, nil)
 	descEjected = prometheus.NewDesc("kvroute_endpoint_ejected",
-		"1 while the endpoint is ejected after consecutive connection errors (until a health check passes), else 0.", []string{"endpoint"}, nil)
+		"1 while the endpoint is ejected after consecutive failures (outlier detection: health.passive_failures, for health.ejection_time or longer), else 0.", []string{"endpoint"}, nil)
 	descEjectedSeconds = prometheus.NewDesc("kvroute_endpoint_ejected_seconds_total",
-		"Time the endpoint has spent ejected after connection errors, the ejection in progress included: rate() is the share of time out of rotation.", []string{"endpoint"}, nil)
+		"Time the endpoint has spent ejected after consecutive failures (outlier detection), the ejection in progress included: rate() is the share of time out of rotation.", []string{"endpoint"}, nil)
 	descEngineRunning = prometheus.NewDesc("kvroute_endpoint_engine_running_requests",
 		"Requests in the engine's running batch, as last scraped from the engine.", []string{"endpoint"}, nil)
 	descEngineWaiting = prometheus.NewDesc("kvroute_endpoint_engine_waiting_requests",
