@@ -46,8 +46,9 @@ const (
 var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout}
 
 // Statuses made at 0 for every endpoint and model it serves: what an engine answers, what the
-// router relays or makes of it (499 client gone, 502 response unreadable).
-var endpointStatuses = []string{"200", "400", "429", "499", "500", "502", "503"}
+// router relays or makes of it (499 client gone, 502 response unreadable, 504 no attempt
+// answered in time).
+var endpointStatuses = []string{"200", "400", "429", "499", "500", "502", "503", "504"}
 
 // Statuses made at 0 with endpoint "none" for every model label: the router's own answers
 // when no endpoint was reached (400 bad body, 401 no or wrong key, 404 unknown model, 413 too

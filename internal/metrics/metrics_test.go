@@ -144,6 +144,7 @@ func TestSeriesAtZero(t *testing.T) {
 		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=200}`,
 		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=429}`,
 		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=503}`,
+		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=504}`,
 		`kvroute_requests_total{endpoint=none,model=m,status=429}`,
 		`kvroute_requests_total{endpoint=none,model=m,status=503}`,
 		`kvroute_requests_total{endpoint=none,model=unknown,status=401}`,
@@ -161,11 +162,13 @@ func TestSeriesAtZero(t *testing.T) {
 		`kvroute_request_duration_seconds_count{model=unknown}`,
 		`kvroute_tenant_requests_total{status=429,tenant=t}`,
 		`kvroute_tenant_requests_total{status=401,tenant=}`,
+		`kvroute_tenant_requests_total{status=400,tenant=}`,
 		`kvroute_tenant_rejections_total{reason=requests_per_minute,tenant=t}`,
 		`kvroute_tenant_rejections_total{reason=tokens_per_minute,tenant=t}`,
 		`kvroute_tenant_rejections_total{reason=overloaded,tenant=t}`,
 		`kvroute_tenant_rejections_total{reason=missing_api_key,tenant=}`,
 		`kvroute_tenant_rejections_total{reason=invalid_api_key,tenant=}`,
+		`kvroute_tenant_rejections_total{reason=multiple_api_keys,tenant=}`,
 		`kvroute_tenant_queue_wait_seconds_count{tenant=t}`,
 	}
 	scrape := func() map[string]float64 {
@@ -197,7 +200,7 @@ func TestSeriesAtZero(t *testing.T) {
 	m.Reloads.WithLabelValues("ok").Inc()
 	m.Reloads.WithLabelValues("error").Inc()
 	m.DiscoveryErrors.WithLabelValues("file").Inc()
-	for _, s := range []struct{ ep, model, status string }{{ep, "m", "200"}, {ep, "m", "429"}, {ep, "m", "503"},
+	for _, s := range []struct{ ep, model, status string }{{ep, "m", "200"}, {ep, "m", "429"}, {ep, "m", "503"}, {ep, "m", "504"},
 		{NoEndpoint, "m", "429"}, {NoEndpoint, "m", "503"}, {NoEndpoint, UnknownModel, "401"}, {NoEndpoint, UnknownModel, "404"}} {
 		m.Requests.WithLabelValues(s.model, s.ep, s.status).Inc()
 	}
@@ -213,11 +216,13 @@ func TestSeriesAtZero(t *testing.T) {
 	m.Duration.WithLabelValues(UnknownModel).Observe(0.001)
 	m.Tenant.Request("t", 429)
 	m.Tenant.Request(Unauthenticated, 401)
+	m.Tenant.Request(Unauthenticated, 400)
 	for _, r := range []string{"requests_per_minute", "tokens_per_minute", "overloaded"} {
 		m.Tenant.Rejection("t", r)
 	}
 	m.Tenant.Rejection(Unauthenticated, "missing_api_key")
 	m.Tenant.Rejection(Unauthenticated, "invalid_api_key")
+	m.Tenant.Rejection(Unauthenticated, "multiple_api_keys")
 	m.Tenant.Waited("t", 0)
 
 	want := map[string]float64{}

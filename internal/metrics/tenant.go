@@ -21,12 +21,16 @@ var queueWaitBuckets = []float64{0, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.00
 // Series made at 0 for every configured tenant: the statuses its requests may be answered
 // with, and the reasons the gate may refuse them for (the error code, or which rate limit).
 var (
-	tenantStatuses = []string{"200", "400", "404", "413", "429", "499", "500", "502", "503"}
+	tenantStatuses = []string{"200", "400", "404", "413", "429", "499", "500", "502", "503", "504"}
 	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded"}
 )
 
-// Series made at 0 for Unauthenticated while authentication is on.
-var unauthenticatedReasons = []string{"missing_api_key", "invalid_api_key"}
+// Series made at 0 for Unauthenticated while authentication is on: 401 for a missing or wrong
+// key, 400 for a request with more than one.
+var (
+	unauthenticatedStatuses = []string{"400", "401"}
+	unauthenticatedReasons  = []string{"missing_api_key", "invalid_api_key", "multiple_api_keys"}
+)
 
 // TenantMetrics are the per-tenant collectors of the tenant gate. The tenant label takes only
 // the configured names (and Unauthenticated): SetTenants, called with each config, deletes
@@ -106,7 +110,9 @@ func (m *TenantMetrics) SetTenants(names []string) {
 	if len(names) == 0 {
 		return
 	}
-	m.Requests.WithLabelValues(Unauthenticated, "401")
+	for _, s := range unauthenticatedStatuses {
+		m.Requests.WithLabelValues(Unauthenticated, s)
+	}
 	for _, r := range unauthenticatedReasons {
 		m.Rejections.WithLabelValues(Unauthenticated, r)
 	}

@@ -56,7 +56,8 @@ func TestTenantMetrics(t *testing.T) {
 	}
 	// a (still configured) keeps its series at 0, b (removed) has none left.
 	for _, k := range []string{`kvroute_tenant_requests_total{status=429,tenant=a}`, `kvroute_tenant_rejections_total{reason=overloaded,tenant=a}`,
-		`kvroute_tenant_rejections_total{reason=invalid_api_key,tenant=}`} {
+		`kvroute_tenant_rejections_total{reason=invalid_api_key,tenant=}`, `kvroute_tenant_rejections_total{reason=multiple_api_keys,tenant=}`,
+		`kvroute_tenant_requests_total{status=400,tenant=}`, `kvroute_tenant_requests_total{status=504,tenant=a}`} {
 		if v, ok := got[k]; !ok || v != 0 {
 			t.Errorf("%s = %v (present %v), want 0", k, v, ok)
 		}
@@ -66,8 +67,8 @@ func TestTenantMetrics(t *testing.T) {
 			t.Errorf("b was removed, yet %s", k)
 		}
 	}
-	if n := testutil.CollectAndCount(m.Requests); n != len(tenantStatuses)+1 {
-		t.Errorf("%d request series, want %d: a's statuses and the unauthenticated 401", n, len(tenantStatuses)+1)
+	if n, want := testutil.CollectAndCount(m.Requests), len(tenantStatuses)+len(unauthenticatedStatuses); n != want {
+		t.Errorf("%d request series, want %d: a's statuses and the unauthenticated 400 and 401", n, want)
 	}
 	m.SetTenants(nil) // authentication off: no tenant series at all
 	if got := metricstest.Values(t, reg, "kvroute_tenant_"); len(got) != 0 {
