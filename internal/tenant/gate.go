@@ -119,7 +119,7 @@ func (g *Gate) Reload(cfg *config.Config) error {
 	if t.auth {
 		secret, err := cfg.Secret(g.getenv)
 		if err != nil {
-			return fmt.Errorf("tenants: %w", err)
+			return err // it names the auth key; the caller says "tenants"
 		}
 		old := g.cur.Load()
 		if old == nil {
