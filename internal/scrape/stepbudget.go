@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -126,13 +125,8 @@ func (p *Prober) sglangStep(ctx context.Context, base string) (stepAnswer, error
 	var info struct {
 		ChunkedPrefillSize json.RawMessage `json:"chunked_prefill_size"`
 	}
-	read := func(r io.Reader) error {
-		info.ChunkedPrefillSize = nil
-		if err := json.NewDecoder(r).Decode(&info); err != nil {
-			return fmt.Errorf("not JSON: %w", err)
-		}
-		return nil
-	}
+	// Any JSON object will do: a missing field is chunkedPrefill's to report.
+	read := jsonInto(&info, func() bool { return true })
 	path := "/server_info"
 	err := p.do(ctx, http.MethodGet, base+path, nil, stepLimit, read)
 	if err != nil && clientError(err) {
