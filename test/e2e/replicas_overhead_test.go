@@ -29,7 +29,7 @@ var (
 	syncOverheadMax   = flag.Float64("sync-overhead-max", 1.25, "TestSyncOverhead: fail when the syncing set's CPU per request (whole run) is above this many times the other's")
 	syncOverheadStep  = flag.Duration("sync-overhead-step", 0, "TestSyncOverhead: the simulated engine's step time (0: the instant profile); a request's first token comes one or two steps after it arrives, its end a step later")
 	syncOverheadPause = flag.Duration("sync-overhead-pause", 250*time.Millisecond, "TestSyncOverhead: after a phase's last response, how long nothing is sent before the next phase (the last batches' flush and replay, the runtime's work after a burst), charged to the phase before")
-	syncOverheadToks  = flag.Int("sync-overhead-max-tokens", 2, "TestSyncOverhead: the requests' max_tokens, the tokens of each streamed answer (checked against the usage chunk's completion_tokens). The simulator sends one SSE event per token; the instant engine writes them all at once when the answer is done (up to about 15 kB a write), the fixed-step one (-sync-overhead-step) as they come, at most one write per 10 ms. The router parses every event and writes and flushes what one read brought, 4 kB at most")
+	syncOverheadToks  = flag.Int("sync-overhead-max-tokens", 2, "TestSyncOverhead: the requests' max_tokens, each streamed answer's tokens (checked against its usage chunk): one SSE event per token, which the instant engine writes all at once when the answer is done, the fixed-step one (-sync-overhead-step) as they come")
 )
 
 // TestSyncOverhead measures what replica sync costs in router CPU. Two sets of N `kvroute
@@ -59,7 +59,12 @@ var (
 // -sync-overhead-max-tokens N sets the answers' length (2 by default: the least work a router
 // does per request, so the largest share the sync's cost per request can be). Every response
 // must carry N tokens by its usage chunk and at least N+2 events (the tokens, the usage chunk,
-// [DONE]), or it counts as a failure.
+// [DONE]), or it counts as a failure. The simulator sends one SSE event (about 200 bytes) per
+// token. The instant engine produces an answer at once, so its events go out together when it
+// is done, in writes of up to 16 kB; the fixed-step engine writes each as it comes (at most one
+// write per 10 ms: with a step of 20 ms, one token per write, as a real engine streams). The
+// router parses every event and writes and flushes to the client what one read brought, 4 kB
+// at most: with the instant engine, a few writes per answer, not one per token.
 //
 // With -sync-overhead-step D the simulator runs the fixed-step profile, every step D long: a
 // request's routing, first token and end then fall in different batches of the sync, as with
