@@ -29,6 +29,7 @@ var (
 	syncOverheadMax   = flag.Float64("sync-overhead-max", 1.25, "TestSyncOverhead: fail when the syncing set's CPU per request (whole run) is above this many times the other's")
 	syncOverheadStep  = flag.Duration("sync-overhead-step", 0, "TestSyncOverhead: the simulated engine's step time (0: the instant profile); a request's first token comes one or two steps after it arrives, its end a step later")
 	syncOverheadPause = flag.Duration("sync-overhead-pause", 250*time.Millisecond, "TestSyncOverhead: after a phase's last response, how long nothing is sent before the next phase (the last batches' flush and replay, the runtime's work after a burst), charged to the phase before")
+	syncOverheadToks  = flag.Int("sync-overhead-max-tokens", 2, "TestSyncOverhead: the requests' max_tokens, each streamed answer's tokens (checked against its usage chunk): one SSE event per token, which the instant engine writes all at once when the answer is done, the fixed-step one (-sync-overhead-step) as they come")
 )
 
 // TestSyncOverhead measures what replica sync costs in router CPU. Two sets of N `kvroute
@@ -55,6 +56,16 @@ var (
 //
 // It also reports the bytes the syncing set sent to its peers per request.
 //
+// -sync-overhead-max-tokens N sets the answers' length (2 by default: the least work a router
+// does per request, so the largest share the sync's cost per request can be). Every response
+// must carry N tokens by its usage chunk and at least N+2 events (the tokens, the usage chunk,
+// [DONE]), or it counts as a failure. The simulator sends one SSE event (about 200 bytes) per
+// token. The instant engine produces an answer at once, so its events go out together when it
+// is done, in writes of up to 16 kB; the fixed-step engine writes each as it comes (at most one
+// write per 10 ms: with a step of 20 ms, one token per write, as a real engine streams). The
+// router parses every event and writes and flushes to the client what one read brought, 4 kB
+// at most: with the instant engine, a few writes per answer, not one per token.
+//
 // With -sync-overhead-step D the simulator runs the fixed-step profile, every step D long: a
 // request's routing, first token and end then fall in different batches of the sync, as with
 // a real engine, where with the instant one all three often come in one batch.
@@ -64,10 +75,13 @@ var (
 // machine moves more between runs than a change does. -sync-overhead-compare-batch gives the
 // third set a batch interval of its own: the same binary at two intervals in one run.
 //
-//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3] [-sync-overhead-compare OLDBIN [-sync-overhead-compare-batch 20ms]] [-sync-overhead-step 100ms]
+//	go test ./test/e2e -run TestSyncOverhead -sync-overhead 30s -v [-sync-overhead-batch 10ms] [-sync-overhead-replicas 3] [-sync-overhead-compare OLDBIN [-sync-overhead-compare-batch 20ms]] [-sync-overhead-step 100ms] [-sync-overhead-max-tokens 256]
 func TestSyncOverhead(t *testing.T) {
 	if *syncOverheadFor <= 0 {
 		t.Skip("run with -sync-overhead 30s")
+	}
+	if *syncOverheadToks < 1 {
+		t.Fatalf("-sync-overhead-max-tokens %d: want 1 or more", *syncOverheadToks)
 	}
 	bin := kvrouteBinary(t)
 	dir, secret := peersDir(t)
@@ -139,7 +153,7 @@ func TestSyncOverhead(t *testing.T) {
 	bodies := make([][]byte, 256)
 	for i := range bodies {
 		sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
-		bodies[i] = fmt.Appendf(nil, `{"model":%q,"max_tokens":2,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, model, sys, i)
+		bodies[i] = fmt.Appendf(nil, `{"model":%q,"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, model, *syncOverheadToks, sys, i)
 	}
 	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, DisableCompression: true}
 	defer tr.CloseIdleConnections()
@@ -161,6 +175,10 @@ func TestSyncOverhead(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != 200 || !bytes.Contains(b, []byte("[DONE]")) {
 			fail(k, fmt.Errorf("%s after %d bytes (%v): %.200s", resp.Status, len(b), err, b))
+			return
+		}
+		if err := checkTokens(b, *syncOverheadToks); err != nil {
+			fail(k, err)
 		}
 	}
 	for i := range 10 { // warm up connections and code paths: 200 requests to each set, 20 at a time
@@ -280,8 +298,8 @@ func TestSyncOverhead(t *testing.T) {
 	for k := range failures {
 		failed[k] = failures[k].Load()
 	}
-	t.Logf("%d replicas per set, %d requests/s in %d phases of %v and %v in %v (the longest with its responses %v; %d requests to the syncing set, %d to the other), failures by set %v, batch interval %v, engine step %v",
-		n, *syncOverheadRate, phases, time.Duration(phase)*interval, *syncOverheadPause, elapsed.Round(time.Millisecond), longest.Round(time.Millisecond), sent[0], sent[1], failed, orDefault(*syncOverheadBatch), *syncOverheadStep)
+	t.Logf("%d replicas per set, %d requests/s in %d phases of %v and %v in %v (the longest with its responses %v; %d requests to the syncing set, %d to the other), failures by set %v, batch interval %v, engine step %v, max_tokens %d",
+		n, *syncOverheadRate, phases, time.Duration(phase)*interval, *syncOverheadPause, elapsed.Round(time.Millisecond), longest.Round(time.Millisecond), sent[0], sent[1], failed, orDefault(*syncOverheadBatch), *syncOverheadStep, *syncOverheadToks)
 	perOwn := func(k int) float64 { return float64(own[k].Microseconds()) / float64(max(sent[k], 1)) }
 	t.Logf("router CPU per request, whole run: syncing %.0f µs, alone %.0f µs: ratio %.3f", per(0), per(1), per(0)/per(1))
 	t.Logf("router CPU per request, in the set's own phases (at %d requests/s): syncing %.0f µs, alone %.0f µs: ratio %.3f",
@@ -330,6 +348,59 @@ func TestSyncOverhead(t *testing.T) {
 	for range 2 {
 		if err := <-profiled; err != nil {
 			t.Errorf("CPU profile: %v", err)
+		}
+	}
+}
+
+// checkTokens reports an error unless the streamed answer b carries n tokens: n by its usage
+// chunk's completion_tokens, and at least n+2 events (the tokens, the usage chunk, [DONE]).
+func checkTokens(b []byte, n int) error {
+	const key = `"completion_tokens":`
+	i := bytes.LastIndex(b, []byte(key))
+	if i < 0 {
+		return fmt.Errorf("no completion_tokens in the answer (%d bytes): %.200s", len(b), b)
+	}
+	digits := b[i+len(key):]
+	digits = digits[:len(digits)-len(bytes.TrimLeft(digits, "0123456789"))]
+	got, err := strconv.Atoi(string(digits))
+	if err != nil || got != n {
+		return fmt.Errorf("completion_tokens %q in the usage chunk, want %d", digits, n)
+	}
+	events := bytes.Count(b, []byte("\ndata: "))
+	if bytes.HasPrefix(b, []byte("data: ")) {
+		events++
+	}
+	if events < n+2 {
+		return fmt.Errorf("%d events in the answer, want at least %d for %d tokens", events, n+2, n)
+	}
+	return nil
+}
+
+func TestCheckTokens(t *testing.T) {
+	answer := func(tokens, usage int) []byte {
+		var b []byte
+		b = append(b, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"...)
+		for range tokens {
+			b = append(b, "data: {\"choices\":[{\"delta\":{\"content\":\" a\"}}]}\n\n"...)
+		}
+		b = fmt.Appendf(b, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":983,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", usage, 983+usage)
+		return append(b, "data: [DONE]\n\n"...)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		n    int
+		ok   bool
+	}{
+		{"2 of 2", answer(2, 2), 2, true},
+		{"256 of 256", answer(256, 256), 256, true},
+		{"usage says 2, 16 wanted", answer(16, 2), 16, false},
+		{"usage says 160, 16 wanted", answer(16, 160), 16, false},
+		{"usage right, events missing", answer(2, 16), 16, false},
+		{"no usage chunk", []byte("data: {}\n\ndata: [DONE]\n\n"), 2, false},
+	} {
+		if err := checkTokens(tc.b, tc.n); (err == nil) != tc.ok {
+			t.Errorf("%s: checkTokens = %v, want ok %v", tc.name, err, tc.ok)
 		}
 	}
 }
