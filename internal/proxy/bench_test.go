@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -113,4 +114,93 @@ func BenchmarkHandlerOnly4K(b *testing.B) {
 			}
 		})
 	}
+}
+
+// streamAnswer is a streamed chat answer of n tokens as vLLM writes it with include_usage: a
+// role chunk, n content chunks (the last with its finish_reason), the usage-only chunk and
+// [DONE], one SSE event each.
+func streamAnswer(n int) []string {
+	head := `data: {"id":"chatcmpl-5f0c","object":"chat.completion.chunk","created":1733400000,"model":"m",`
+	evs := []string{head + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n"}
+	for i := range n {
+		finish := "null"
+		if i == n-1 {
+			finish = `"length"`
+		}
+		evs = append(evs, fmt.Sprintf(`%s"choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":%s}]}`+"\n\n", head, i, finish))
+	}
+	evs = append(evs, fmt.Sprintf(`%s"choices":[],"usage":{"prompt_tokens":1000,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":992}}}`+"\n\n", head, 1000+n, n))
+	return append(evs, "data: [DONE]\n\n")
+}
+
+// BenchmarkStream is a streamed chat answer of N tokens, one SSE event per token, from an
+// upstream through the Handler: "burst" writes the whole answer at once (as the instant
+// simulator does), "flush" flushes after every event (as an engine streams). The client did
+// not ask for usage, so the router adds include_usage and drops the usage chunk. B/token and
+// allocs/token are the op's figures over N.
+func BenchmarkStream(b *testing.B) {
+	for _, flush := range []bool{false, true} {
+		for _, n := range []int{2, 64, 256} {
+			mode := "burst"
+			if flush {
+				mode = "flush"
+			}
+			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) { benchStream(b, n, flush) })
+		}
+	}
+}
+
+func benchStream(b *testing.B, n int, flush bool) {
+	evs := streamAnswer(n)
+	whole := strings.Join(evs, "")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if !flush {
+			_, _ = io.WriteString(w, whole)
+			return
+		}
+		f := w.(http.Flusher)
+		for _, ev := range evs {
+			_, _ = io.WriteString(w, ev)
+			f.Flush()
+		}
+	}))
+	defer up.Close()
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: up.URL, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
+		b.Fatal(err)
+	}
+	pk, err := policy.New("least-request", nil, policy.Env{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr := h1.New(DefaultTransport())
+	defer tr.CloseIdleConnections()
+	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
+	rt := httptest.NewServer(h)
+	defer rt.Close()
+	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, n)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	defer client.CloseIdleConnections()
+	want := len(whole) - len(evs[len(evs)-2]) // the usage chunk dropped
+	b.ReportAllocs()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	for b.Loop() {
+		resp, err := client.Post(rt.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		got, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || got != int64(want) {
+			b.Fatalf("status %d, %d bytes, want 200 and %d", resp.StatusCode, got, want)
+		}
+	}
+	runtime.ReadMemStats(&m1)
+	perToken := float64(b.N) * float64(n)
+	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/perToken, "B/token")
+	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/perToken, "allocs/token")
 }
