@@ -395,10 +395,14 @@ func (s *sseBody) take(ev openai.Event) {
 	}
 }
 
-// queue appends b to what is pending for the client.
+// queue appends b to what is pending for the client. Events are queued only once the client
+// has had all that was pending (Read), so pending always starts at buf; when an append outgrows
+// buf, the larger array becomes buf, so that a stream allocates nothing once buf holds its
+// largest write. (Until December 2026 only a first event that outgrew buf replaced it: every
+// read that took several events grew a new array from buf's size, ~0.5 kB per token.)
 func (s *sseBody) queue(b []byte) {
 	s.pending = append(s.pending, b...)
-	if len(s.pending) == len(b) && cap(s.pending) > cap(s.buf) {
+	if cap(s.pending) > cap(s.buf) {
 		s.buf = s.pending[:0] // a new, larger buffer: keep it for the next events
 	}
 }
