@@ -1,13 +1,17 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/h1"
@@ -150,25 +154,101 @@ func BenchmarkStream(b *testing.B) {
 	}
 }
 
+// serveH1 serves h on a loopback port with h1.Server, the server `kvroute serve` runs (net/http's
+// allocates per chunk it writes), until the benchmark ends; it returns the base URL.
+func serveH1(b *testing.B, h http.Handler) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &h1.Server{Handler: h}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	b.Cleanup(func() {
+		srv.Close()
+		<-served
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// rawEngine serves every request on a loopback port with the same chunked SSE answer, each
+// event a chunk, written from bytes built once: all at once, or one write per event (flush).
+// It allocates nothing per event, so that the benchmark's allocations are the router's (and
+// the client's); a Go HTTP server allocates per chunk it writes. It returns the base URL.
+func rawEngine(b *testing.B, evs []string, flush bool) string {
+	head := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	var chunks [][]byte
+	for _, ev := range evs {
+		chunks = append(chunks, fmt.Appendf(nil, "%x\r\n%s\r\n", len(ev), ev))
+	}
+	chunks = append(chunks, []byte("0\r\n\r\n"))
+	whole := append(head, bytes.Join(chunks, nil)...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	serve := func(c net.Conn) {
+		defer wg.Done()
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			if !flush {
+				if _, err := c.Write(whole); err != nil {
+					return
+				}
+				continue
+			}
+			if _, err := c.Write(head); err != nil {
+				return
+			}
+			for _, ch := range chunks {
+				if _, err := c.Write(ch); err != nil {
+					return
+				}
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go serve(c)
+		}
+	}()
+	b.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return "http://" + ln.Addr().String()
+}
+
 func benchStream(b *testing.B, n int, flush bool) {
 	evs := streamAnswer(n)
 	whole := strings.Join(evs, "")
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		if !flush {
-			_, _ = io.WriteString(w, whole)
-			return
-		}
-		f := w.(http.Flusher)
-		for _, ev := range evs {
-			_, _ = io.WriteString(w, ev)
-			f.Flush()
-		}
-	}))
-	defer up.Close()
+	up := rawEngine(b, evs, flush)
 	pool := endpoint.NewPool()
-	if _, err := pool.Update([]endpoint.Spec{{Name: up.URL, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
+	if _, err := pool.Update([]endpoint.Spec{{Name: up, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
 		b.Fatal(err)
 	}
 	pk, err := policy.New("least-request", nil, policy.Env{})
@@ -179,8 +259,7 @@ func benchStream(b *testing.B, n int, flush bool) {
 	defer tr.CloseIdleConnections()
 	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
 		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
-	rt := httptest.NewServer(h)
-	defer rt.Close()
+	rt := serveH1(b, h)
 	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, n)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
@@ -189,7 +268,7 @@ func benchStream(b *testing.B, n int, flush bool) {
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	for b.Loop() {
-		resp, err := client.Post(rt.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		resp, err := client.Post(rt+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			b.Fatal(err)
 		}
