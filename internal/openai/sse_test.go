@@ -210,3 +210,72 @@ func TestSSEReaderHasEventDoesNotRead(t *testing.T) {
 		t.Fatal("HasEvent on an empty stream")
 	}
 }
+
+// twoReads hands out a stream in two reads, split at k, and counts the reads it answered.
+type twoReads struct {
+	parts [2]string
+	reads int
+}
+
+func (r *twoReads) Read(p []byte) (int, error) {
+	for r.reads < 2 {
+		part := r.parts[r.reads]
+		r.reads++
+		if len(part) > 0 {
+			n := copy(p, part)
+			if n < len(part) { // p too small: keep the rest for the next read
+				r.reads--
+				r.parts[r.reads] = part[n:]
+			}
+			return n, nil
+		}
+	}
+	return 0, io.EOF
+}
+
+// TestSSEReaderSplitAtEveryOffset: a stream that arrives in two reads, split at every byte
+// offset (inside a field name, a value, a "\r\n", the blank line), gives the same events as
+// the stream read at once, and whenever HasEvent reports an event buffered, Next returns it
+// without reading.
+func TestSSEReaderSplitAtEveryOffset(t *testing.T) {
+	in := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n" +
+		": ping\r\n\r\n" +
+		"event: response.output_text.delta\r\ndata: x\r\ndata: y\r\nid: 7\r\n\r\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n" +
+		"data: [DONE]\n\n"
+	want, err := readAll(t, strings.NewReader(in), 0)
+	if err != nil || len(want) != 5 {
+		t.Fatalf("whole stream: %d events, err %v", len(want), err)
+	}
+	buffered := 0 // events HasEvent found buffered, over all splits
+	for k := 0; k <= len(in); k++ {
+		src := &twoReads{parts: [2]string{in[:k], in[k:]}}
+		s := NewSSEReader(src, 0)
+		var got []Event
+		for range 100 {
+			readsBefore := src.reads
+			has := s.HasEvent()
+			ev, err := s.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("split at %d: %v", k, err)
+			}
+			if has {
+				buffered++
+				if src.reads != readsBefore {
+					t.Fatalf("split at %d: HasEvent said an event was buffered, but Next read", k)
+				}
+			}
+			ev.Raw, ev.Data = bytes.Clone(ev.Raw), bytes.Clone(ev.Data)
+			got = append(got, ev)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("split at %d (-whole +split):\n%s", k, diff)
+		}
+	}
+	if buffered == 0 {
+		t.Error("HasEvent never found an event buffered: the check above checked nothing")
+	}
+}

@@ -1,12 +1,17 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/h1"
@@ -113,4 +118,168 @@ func BenchmarkHandlerOnly4K(b *testing.B) {
 			}
 		})
 	}
+}
+
+// streamAnswer is a streamed chat answer of n tokens as vLLM writes it with include_usage: a
+// role chunk, n content chunks (the last with its finish_reason), the usage-only chunk and
+// [DONE], one SSE event each.
+func streamAnswer(n int) []string {
+	head := `data: {"id":"chatcmpl-5f0c","object":"chat.completion.chunk","created":1733400000,"model":"m",`
+	evs := []string{head + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n"}
+	for i := range n {
+		finish := "null"
+		if i == n-1 {
+			finish = `"length"`
+		}
+		evs = append(evs, fmt.Sprintf(`%s"choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":%s}]}`+"\n\n", head, i, finish))
+	}
+	evs = append(evs, fmt.Sprintf(`%s"choices":[],"usage":{"prompt_tokens":1000,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":992}}}`+"\n\n", head, 1000+n, n))
+	return append(evs, "data: [DONE]\n\n")
+}
+
+// BenchmarkStream is a streamed chat answer of N tokens, one SSE event per token, from an
+// upstream through the Handler: "burst" writes the whole answer at once (as the instant
+// simulator does), "flush" flushes after every event (as an engine streams). The client did
+// not ask for usage, so the router adds include_usage and drops the usage chunk. B/token and
+// allocs/token are the op's figures over N.
+func BenchmarkStream(b *testing.B) {
+	for _, flush := range []bool{false, true} {
+		for _, n := range []int{2, 64, 256} {
+			mode := "burst"
+			if flush {
+				mode = "flush"
+			}
+			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) { benchStream(b, n, flush) })
+		}
+	}
+}
+
+// serveH1 serves h on a loopback port with h1.Server, the server `kvroute serve` runs (net/http's
+// allocates per chunk it writes), until the benchmark ends; it returns the base URL.
+func serveH1(b *testing.B, h http.Handler) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &h1.Server{Handler: h}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	b.Cleanup(func() {
+		srv.Close()
+		<-served
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// rawEngine serves every request on a loopback port with the same chunked SSE answer, each
+// event a chunk, written from bytes built once: all at once, or one write per event (flush).
+// It allocates nothing per event, so that the benchmark's allocations are the router's (and
+// the client's); a Go HTTP server allocates per chunk it writes. It returns the base URL.
+func rawEngine(b *testing.B, evs []string, flush bool) string {
+	head := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	var chunks [][]byte
+	for _, ev := range evs {
+		chunks = append(chunks, fmt.Appendf(nil, "%x\r\n%s\r\n", len(ev), ev))
+	}
+	chunks = append(chunks, []byte("0\r\n\r\n"))
+	whole := append(head, bytes.Join(chunks, nil)...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	serve := func(c net.Conn) {
+		defer wg.Done()
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			if !flush {
+				if _, err := c.Write(whole); err != nil {
+					return
+				}
+				continue
+			}
+			if _, err := c.Write(head); err != nil {
+				return
+			}
+			for _, ch := range chunks {
+				if _, err := c.Write(ch); err != nil {
+					return
+				}
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go serve(c)
+		}
+	}()
+	b.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func benchStream(b *testing.B, n int, flush bool) {
+	evs := streamAnswer(n)
+	whole := strings.Join(evs, "")
+	up := rawEngine(b, evs, flush)
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: up, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
+		b.Fatal(err)
+	}
+	pk, err := policy.New("least-request", nil, policy.Env{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr := h1.New(DefaultTransport())
+	defer tr.CloseIdleConnections()
+	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
+	rt := serveH1(b, h)
+	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, n)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	defer client.CloseIdleConnections()
+	want := len(whole) - len(evs[len(evs)-2]) // the usage chunk dropped
+	b.ReportAllocs()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	for b.Loop() {
+		resp, err := client.Post(rt+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		got, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || got != int64(want) {
+			b.Fatalf("status %d, %d bytes, want 200 and %d", resp.StatusCode, got, want)
+		}
+	}
+	runtime.ReadMemStats(&m1)
+	perToken := float64(b.N) * float64(n)
+	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/perToken, "B/token")
+	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/perToken, "allocs/token")
 }

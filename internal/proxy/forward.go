@@ -125,9 +125,9 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return resp, route.FailBusy, nil
 	}
 	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		r := sseReaders.Get().(*openai.SSEReader)
-		r.Reset(resp.Body)
-		sb := &sseBody{c: c, up: resp.Body, r: r, ctx: ctx, cancel: cancel, idle: to.StreamIdle}
+		st := sseStates.Get().(*sseState)
+		st.r.Reset(resp.Body)
+		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle}
 		if err := sb.first(); err != nil {
 			sb.release()
 			resp.Body.Close()
@@ -330,6 +330,7 @@ type sseBody struct {
 	c       *call
 	up      io.ReadCloser
 	r       *openai.SSEReader
+	st      *sseState               // r and buf's pooled home, nil when not from the pool
 	ctx     context.Context         // the attempt's
 	cancel  context.CancelCauseFunc // ends the attempt
 	idle    time.Duration
@@ -395,10 +396,14 @@ func (s *sseBody) take(ev openai.Event) {
 	}
 }
 
-// queue appends b to what is pending for the client.
+// queue appends b to what is pending for the client. Events are queued only once the client
+// has had all that was pending (Read), so pending always starts at buf; when an append outgrows
+// buf, the larger array becomes buf, so that a stream allocates nothing once buf holds its
+// largest write. (Until December 2026 only a first event that outgrew buf replaced it: every
+// read that took several events grew a new array from buf's size, ~0.5 kB per token.)
 func (s *sseBody) queue(b []byte) {
 	s.pending = append(s.pending, b...)
-	if len(s.pending) == len(b) && cap(s.pending) > cap(s.buf) {
+	if cap(s.pending) > cap(s.buf) {
 		s.buf = s.pending[:0] // a new, larger buffer: keep it for the next events
 	}
 }
@@ -441,18 +446,41 @@ func (s *sseBody) cutShort(err error) {
 	s.queue(b.Bytes()) // after the events that came before the cut
 }
 
-// sseReaders recycles the streams' event readers (each holds a 4 KB buffer: one per request
-// would be most of what a short streamed request allocates).
-var sseReaders = sync.Pool{New: func() any { return openai.NewSSEReader(nil, maxEvent) }}
+// sseState is what a stream needs that is worth recycling: its event reader (a 4 KB buffer) and
+// the buffer of what is pending for the client (a write's worth, ~5 KB). Allocated per request,
+// the two were most of what a streamed request allocated once its per-token allocations were
+// gone (BenchmarkStream).
+type sseState struct {
+	r   *openai.SSEReader
+	buf []byte
+}
 
-// release gives the event reader back to the pool; reads from then on fail.
+// pendingSize is a pending buffer's first size: the most the relay reads at once, and a few
+// events past it (takeBuffered stops after the event that reaches its limit).
+const pendingSize = copyBufSize + 1<<10
+
+// maxPooledPending bounds the pending buffers kept for other streams: one grown by a large
+// event (up to maxEvent) goes to the garbage collector instead.
+const maxPooledPending = 64 << 10
+
+var sseStates = sync.Pool{New: func() any {
+	return &sseState{r: openai.NewSSEReader(nil, maxEvent), buf: make([]byte, 0, pendingSize)}
+}}
+
+// release gives the event reader and the pending buffer back to the pool; reads from then on
+// fail.
 func (s *sseBody) release() {
 	if s.r == nil {
 		return
 	}
 	s.r.Reset(nil)
-	sseReaders.Put(s.r)
-	s.r = nil
+	if st := s.st; st != nil {
+		if cap(s.buf) <= maxPooledPending {
+			st.buf = s.buf[:0]
+		}
+		sseStates.Put(st)
+	}
+	s.r, s.st, s.buf, s.pending = nil, nil, nil, nil // the pool's now: never read again here
 	if s.err == nil {
 		s.err = errBodyClosed
 	}
