@@ -1183,9 +1183,9 @@ func (w *response) writeBody(p []byte) {
 	bw := w.c.bw
 	var err error
 	if w.chunked {
-		var hex [16]byte
-		_, _ = bw.Write(strconv.AppendInt(hex[:0], int64(len(p)), 16))
-		_, _ = bw.WriteString("\r\n")
+		// The size line is formatted in the writer's free space (a local array escapes
+		// through Write: a 16-byte allocation per chunk, per token of a streamed answer).
+		_, _ = bw.Write(append(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16), '\r', '\n'))
 		_, _ = bw.Write(p)
 		_, err = bw.WriteString("\r\n")
 	} else {
