@@ -63,10 +63,12 @@ type ReplicaRun struct {
 	// Held and HeldSeconds are kvroute_replica_held_total and _seconds_total, summed.
 	Held        float64 `json:"held"`
 	HeldSeconds float64 `json:"held_seconds"`
-	// PeerMessagesOut and PeerBytesOut are kvroute_peer_messages_total and
-	// kvroute_peer_bytes_total{direction="out"}, each replica's.
+	// PeerMessagesOut, PeerBytesOut and PeerEventsOut are kvroute_peer_messages_total,
+	// kvroute_peer_bytes_total and kvroute_peer_events_total{direction="out"}, each replica's,
+	// to all its peers, over its whole life (the messages include a heartbeat a second).
 	PeerMessagesOut []float64 `json:"peer_messages_out"`
 	PeerBytesOut    []float64 `json:"peer_bytes_out"`
+	PeerEventsOut   []float64 `json:"peer_events_out"`
 }
 
 // TestRealEngineReplicas sends the real-engine suite's workload through one router, then three
@@ -212,6 +214,7 @@ auth: {mode: none}
 		if a.peers {
 			run.PeerMessagesOut = append(run.PeerMessagesOut, sum(samples, "kvroute_peer_messages_total", `direction="out"`))
 			run.PeerBytesOut = append(run.PeerBytesOut, sum(samples, "kvroute_peer_bytes_total", `direction="out"`))
+			run.PeerEventsOut = append(run.PeerEventsOut, sum(samples, "kvroute_peer_events_total", `direction="out"`))
 		}
 	}
 	run.RouterTTFTMean, run.RouterTTFTP50 = 1000*ttft.mean(), 1000*ttft.quantile(0.5)
@@ -456,7 +459,7 @@ func (h *histogram) quantile(q float64) float64 {
 // replicasTable formats the runs for docs/replicas.md.
 func replicasTable(runs []*ReplicaRun) string {
 	var b strings.Builder
-	b.WriteString("| set | engine hits | engine hit rate | client TTFT mean / p50 ms | router TTFT mean / p50 ms | held (s) | failed | requests per instance | per router | peer messages / kB out per replica |\n")
+	b.WriteString("| set | engine hits | engine hit rate | client TTFT mean / p50 ms | router TTFT mean / p50 ms | held (s) | failed | requests per instance | per router | peer messages / events / kB out, each replica |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range runs {
 		rate := 0.0
@@ -467,7 +470,7 @@ func replicasTable(runs []*ReplicaRun) string {
 		if len(r.PeerMessagesOut) > 0 {
 			var parts []string
 			for i := range r.PeerMessagesOut {
-				parts = append(parts, fmt.Sprintf("%.0f / %.1f", r.PeerMessagesOut[i], r.PeerBytesOut[i]/1000))
+				parts = append(parts, fmt.Sprintf("%.0f / %.0f / %.1f", r.PeerMessagesOut[i], r.PeerEventsOut[i], r.PeerBytesOut[i]/1000))
 			}
 			peers = strings.Join(parts, ", ")
 		}
