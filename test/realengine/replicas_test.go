@@ -20,7 +20,7 @@ import (
 
 // syncedHitsBelowMax is how many engine hits (of the default workload's 48 requests, 0.021
 // each) three replicas that share what they learn may have below one router's on fresh engines
-// (docs/replicas.md, "On a real engine"): measured 0, 0, 3 and 0 below in four runs. One
+// (docs/replicas.md, "On a real engine"): measured 0 below in six runs of seven, 3 in one. One
 // router's own count moves by up to 3 from run to run (docs/results.md: 34 to 37 of the 40
 // possible), and the two counts come from separate runs with their own timing. Unsynced
 // replicas were 13 to 15 below: a sync that stops working fails the test.
