@@ -3,7 +3,10 @@
 // module by scripts/ollama.sh; llama.cpp's kernels, prefix reuse across its parallel slots)
 // serves a tiny random-weight llama written by internal/gguf; three instances sit behind
 // `kvroute serve`, and `kvroute bench` sends a shared-prefix workload through it, once per
-// policy, on fresh engines each time.
+// policy, on fresh engines each time. TestRealEngineReplicas sends the same workload through
+// one router, three replicas that share what they learn (peers:) behind HAProxy round-robin,
+// and the same three without peers:, and checks the synced replicas' engine hits against one
+// router's (docs/replicas.md, "On a real engine"; it skips where haproxy is not on PATH).
 //
 // The tests skip unless KVROUTE_OLLAMA names the ollama binary:
 //

@@ -192,26 +192,7 @@ func runPolicy(t *testing.T, fl *fleet, kvroute, spec string, reqs []workload.Re
 		t.Fatal(err)
 	}
 	run := Run{Policy: policy, Rep: rep}
-	type engine struct {
-		p      *proc
-		url    string
-		warmup int // slot lines written by the warm-up
-	}
-	var engines []engine
-	var yaml strings.Builder
-	for i := range instances {
-		port := freePort(t)
-		p := fl.start(t, port, filepath.Join(dir, fmt.Sprintf("ollama-%d.log", i)))
-		url := fmt.Sprintf("http://127.0.0.1:%d", port)
-		engines = append(engines, engine{p: p, url: url})
-		fmt.Fprintf(&yaml, "  - {url: %s, models: [%s], engine: auto}\n", url, modelName)
-	}
-	// Load the model on every instance (a second or two each) with a prompt that shares
-	// nothing with the workload, so that the bench measures a warm engine with a cold cache.
-	for i := range engines {
-		warmUp(t, engines[i].url)
-		engines[i].warmup = len(slotsAtLeast(t, engines[i].p.log, 1)) // fresh engines: the warm-up's line
-	}
+	engines, endpoints := startEngines(t, fl, dir)
 
 	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
@@ -221,7 +202,7 @@ endpoints:
 server: {endpoint_header: %s}
 log: {format: json, level: info}
 auth: {mode: none}
-`, policy, yaml.String(), endpointHeader)
+`, policy, endpoints, endpointHeader)
 	cfgPath := filepath.Join(dir, "kvroute.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -230,48 +211,12 @@ auth: {mode: none}
 	api, admin := routerAddrs(t, router)
 	run.Seen.DetectedKinds, run.Seen.KVCapacityTokens = waitDetected(t, admin)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	bench := exec.CommandContext(ctx, kvroute, "bench", "--target", api, "--model", modelName, "--workload", spec,
-		"--seed", "1", "--label", policy, "--json", "--quiet", "--endpoint-header", endpointHeader, "--timeout", "2m")
-	var stdout, stderr bytes.Buffer
-	bench.Stdout, bench.Stderr = &stdout, &stderr
-	if err := bench.Run(); err != nil {
-		t.Fatalf("kvroute bench: %v\n%s", err, stderr.String())
-	}
-	_ = os.WriteFile(filepath.Join(dir, "bench.json"), stdout.Bytes(), 0o644)
-	var out struct {
-		Results []report.Result
-		Bench   []struct {
-			ITL      report.Latency `json:"itl_ms"`
-			SendRate float64        `json:"achieved_send_rate_per_s"`
-		}
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || len(out.Results) != 1 || len(out.Bench) != 1 {
-		t.Fatalf("kvroute bench --json: %v\n%s", err, stdout.String())
-	}
-	run.Result, run.ITL, run.SendRate = out.Results[0], out.Bench[0].ITL, out.Bench[0].SendRate
+	run.Result, run.ITL, run.SendRate = runBench(t, kvroute, api, spec, policy, dir)
 	run.Router = scrapeRouter(t, admin, filepath.Join(dir, "metrics.txt"))
 	for _, r := range reqs {
 		run.Seen.WorkloadPromptTokens += r.PromptTokens
 	}
-	// Every engine's slot lines, once they add up to the requests sent (or after 10 s; see
-	// slotsAtLeast for why a line can lag its response).
-	logs := make([][]slot, len(engines))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		total := 0
-		for i, e := range engines {
-			s, err := readSlots(e.p.log)
-			if err != nil {
-				t.Fatal(err)
-			}
-			logs[i] = s[min(e.warmup, len(s)):]
-			total += len(logs[i])
-		}
-		if total >= len(reqs) || time.Now().After(deadline) {
-			break
-		}
-	}
+	logs := engineSlots(t, engines, len(reqs))
 	for i := range engines {
 		s := logs[i]
 		n, used, prompt := hits(s)
@@ -292,6 +237,83 @@ auth: {mode: none}
 		t.Errorf("the router's log mentions a panic: %s", router.log)
 	}
 	return run
+}
+
+// engineProc is one fresh ollama instance of a run.
+type engineProc struct {
+	p      *proc
+	url    string
+	warmup int // slot lines written by the warm-up
+}
+
+// startEngines starts the fleet's instances for one run, logs in dir, and loads the model on
+// each (a second or two) with a prompt that shares nothing with the workload, so that a bench
+// measures warm engines with cold caches. It returns them and their lines for a router
+// config's endpoints list.
+func startEngines(t *testing.T, fl *fleet, dir string) ([]engineProc, string) {
+	t.Helper()
+	var engines []engineProc
+	var yaml strings.Builder
+	for i := range instances {
+		port := freePort(t)
+		p := fl.start(t, port, filepath.Join(dir, fmt.Sprintf("ollama-%d.log", i)))
+		url := fmt.Sprintf("http://127.0.0.1:%d", port)
+		engines = append(engines, engineProc{p: p, url: url})
+		fmt.Fprintf(&yaml, "  - {url: %s, models: [%s], engine: auto}\n", url, modelName)
+	}
+	for i := range engines {
+		warmUp(t, engines[i].url)
+		engines[i].warmup = len(slotsAtLeast(t, engines[i].p.log, 1)) // fresh engines: the warm-up's line
+	}
+	return engines, yaml.String()
+}
+
+// runBench runs the workload through target with kvroute bench (its JSON saved in dir) and
+// returns its summary, inter-token latency and achieved send rate.
+func runBench(t *testing.T, kvroute, target, spec, label, dir string) (report.Result, report.Latency, float64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bench := exec.CommandContext(ctx, kvroute, "bench", "--target", target, "--model", modelName, "--workload", spec,
+		"--seed", "1", "--label", label, "--json", "--quiet", "--endpoint-header", endpointHeader, "--timeout", "2m")
+	var stdout, stderr bytes.Buffer
+	bench.Stdout, bench.Stderr = &stdout, &stderr
+	if err := bench.Run(); err != nil {
+		t.Fatalf("kvroute bench: %v\n%s", err, stderr.String())
+	}
+	_ = os.WriteFile(filepath.Join(dir, "bench.json"), stdout.Bytes(), 0o644)
+	var out struct {
+		Results []report.Result
+		Bench   []struct {
+			ITL      report.Latency `json:"itl_ms"`
+			SendRate float64        `json:"achieved_send_rate_per_s"`
+		}
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || len(out.Results) != 1 || len(out.Bench) != 1 {
+		t.Fatalf("kvroute bench --json: %v\n%s", err, stdout.String())
+	}
+	return out.Results[0], out.Bench[0].ITL, out.Bench[0].SendRate
+}
+
+// engineSlots returns every engine's slot lines after its warm-up's, once they add up to n
+// (or after 10 s; see slotsAtLeast for why a line can lag its response).
+func engineSlots(t *testing.T, engines []engineProc, n int) [][]slot {
+	t.Helper()
+	logs := make([][]slot, len(engines))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		total := 0
+		for i, e := range engines {
+			s, err := readSlots(e.p.log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs[i] = s[min(e.warmup, len(s)):]
+			total += len(logs[i])
+		}
+		if total >= n || time.Now().After(deadline) {
+			return logs
+		}
+	}
 }
 
 // warmUp sends one short chat request straight to an engine.
