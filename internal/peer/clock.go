@@ -11,7 +11,7 @@ import (
 // once a period for all of it rather than once for each timer: expiring remote attempts,
 // giving up silent streams, the heartbeats of idle feeds, the manager's check of the members
 // and the sources' rejoin when it is due. A wake-up of an idle process costs more than the
-// work (an idle syncing pair measured in docs/replicas.md, "Sync cost").
+// work (an idle syncing pair measured in docs/sync-cost.md).
 
 // clock is the state Node.tick shares with the goroutines it wakes.
 type clock struct {

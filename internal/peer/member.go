@@ -81,7 +81,7 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	// probes (ProbeInterval 1 s, unchanged), and news (a suspicion, a death, a join) also rides
 	// on every probe and ack, so that among a few replicas it spreads at least once a second
 	// either way. An idle replica wakes four times a second less; a graceful leave reaches
-	// the peers with the next gossip or probe, up to a second after (docs/replicas.md).
+	// the peers with the next gossip or probe, up to a second after (docs/sync-cost.md, "At `049e509`").
 	c.GossipInterval = time.Second
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}

@@ -43,7 +43,7 @@ import (
 // than an array of integers, and a byte smaller per block). Requests share long starts (a
 // system prompt, a document, the conversation so far) with requests sent a moment before:
 // with the reference a request's three events and its part of a frame are some 100 bytes
-// where they were some 590 (docs/replicas.md, "Sync cost"). Both ends keep the block lists of the stream's last ringSize routed events,
+// where they were some 590 (docs/sync-cost.md). Both ends keep the block lists of the stream's last ringSize routed events,
 // from empty at the stream's start; a reference the receiver cannot resolve is malformed, and
 // ends the stream (the next one starts both rings anew).
 //	first token  [2, origin, id, ttft_ns]

@@ -341,7 +341,7 @@ func TestSyncOverhead(t *testing.T) {
 		}
 	}
 	// A loose bound: the ratio moves by several points between runs on a shared machine
-	// (docs/replicas.md has the figures); this catches a sync that costs far more than it did.
+	// (docs/sync-cost.md has the figures); this catches a sync that costs far more than it did.
 	if r := per(0) / per(1); r > *syncOverheadMax {
 		t.Errorf("syncing replicas cost %.3f times the CPU per request of lone ones, more than %.2f", r, *syncOverheadMax)
 	}
