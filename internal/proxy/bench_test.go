@@ -33,19 +33,7 @@ func BenchmarkChat4K(b *testing.B) {
 		_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":992}}}`)
 	}))
 	defer up.Close()
-	pool := endpoint.NewPool()
-	if _, err := pool.Update([]endpoint.Spec{{Name: up.URL, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
-		b.Fatal(err)
-	}
-	pk, err := policy.New("least-request", nil, policy.Env{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	tr := h1.New(DefaultTransport())
-	defer tr.CloseIdleConnections()
-	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
-		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
-	rt := httptest.NewServer(h)
+	rt := httptest.NewServer(benchHandler(b, up.URL))
 	defer rt.Close()
 	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
 	body := fmt.Sprintf(`{"model":"m","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, sys)
@@ -85,6 +73,24 @@ func (c cannedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		ContentLength: int64(len(c.body)),
 		Request:       r,
 	}, nil
+}
+
+// benchHandler is a Handler in front of one vLLM endpoint at url: least-request, the h1
+// transport (whose idle connections close when the benchmark ends), metrics on a registry of
+// its own, logs discarded.
+func benchHandler(b *testing.B, url string) *Handler {
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: url, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
+		b.Fatal(err)
+	}
+	pk, err := policy.New("least-request", nil, policy.Env{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr := h1.New(DefaultTransport())
+	b.Cleanup(tr.CloseIdleConnections)
+	return &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
+		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
 }
 
 // BenchmarkHandlerOnly4K is the router's own work on a 4 KB chat request (parse, canonical
@@ -247,19 +253,7 @@ func benchStream(b *testing.B, n int, flush bool) {
 	evs := streamAnswer(n)
 	whole := strings.Join(evs, "")
 	up := rawEngine(b, evs, flush)
-	pool := endpoint.NewPool()
-	if _, err := pool.Update([]endpoint.Spec{{Name: up, Models: []string{"m"}, Engine: "vllm"}}); err != nil {
-		b.Fatal(err)
-	}
-	pk, err := policy.New("least-request", nil, policy.Env{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	tr := h1.New(DefaultTransport())
-	defer tr.CloseIdleConnections()
-	h := &Handler{Pool: pool, Picker: pk, Metrics: metrics.New(prometheus.NewRegistry()), Transport: tr,
-		Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}
-	rt := serveH1(b, h)
+	rt := serveH1(b, benchHandler(b, up))
 	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, n)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
