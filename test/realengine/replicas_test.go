@@ -23,8 +23,11 @@ import (
 // (docs/replicas.md, "On a real engine"): measured 0 below in six runs of seven, 3 in one. One
 // router's own count moves by up to 3 from run to run (docs/results.md: 34 to 37 of the 40
 // possible), and the two counts come from separate runs with their own timing. Unsynced
-// replicas were 13 to 15 below: a sync that stops working fails the test.
-const syncedHitsBelowMax = 4
+// replicas were 13 to 15 below: a sync that stops working fails the test. The bound is twice
+// the largest gap seen with the sync (3), so that a run where both counts scatter apart by
+// chance does not fail CI (where nothing lands on a failure), and under half the smallest gap
+// without it.
+const syncedHitsBelowMax = 6
 
 // arrangement is a way of putting routers in front of the engines.
 type arrangement struct {
