@@ -60,6 +60,12 @@ func TestRouterPeers(t *testing.T) {
 	waitUntil(t, "b hearing a's request end", func() bool {
 		return testutil.ToFloat64(b.peers.node.Metrics().Events.WithLabelValues("in")) >= 2 // routed, done
 	})
+	// The events are counted as they arrive, before their batch is replayed: wait for the
+	// replay too (a CI run once read the share in between: 0 applied, 1 in flight).
+	waitUntil(t, "b replaying a's request end", func() bool {
+		st := b.peers.share.Stats()
+		return st.Applied >= 2 && st.Remote == 0
+	})
 	if st := b.peers.share.Stats(); st.Applied != 2 || st.Remote != 0 {
 		t.Errorf("b applied %d events, %d remote in flight", st.Applied, st.Remote)
 	}
