@@ -412,6 +412,18 @@ var usageCases = []string{
 	`{"response":{"usage":{"input_tokens":7}}}`,
 	`{"usage":{"prompt_tokens":1},"response":"x"}`,
 	`{"choices":[]}`,
+	`{"choices":[],"usage":{"prompt_tokens":1}}`,
+	`{"choices" : [ ] ,"usage":{"prompt_tokens":1}}`,
+	`{"choices":null,"usage":{"prompt_tokens":1}}`,
+	`{"usage":{"prompt_tokens":1}}`,
+	`{"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`,
+	`{"choices":[1],"choices":[],"usage":{"prompt_tokens":1}}`,
+	`{"choices":[],"choices":[1],"usage":{"prompt_tokens":1}}`,
+	`{"choices":"x","choices":[],"usage":{"prompt_tokens":1}}`,
+	`{"choices":{},"usage":{"prompt_tokens":1}}`,
+	`{"Choices":[1],"usage":{"prompt_tokens":1}}`,
+	`{"choices":[1],"usage":{"prompt_tokens":1}`,
+	`{"choices":[],"usage":{"prompt_tokens":"1"}}`,
 	`{"usage":{"prompt_tokens":1}} x`,
 	`{"usage":{"prompt_tokens":1}`,
 	`[]`,
@@ -437,6 +449,25 @@ func checkUsageAgrees(t *testing.T, body []byte) {
 	if diff := cmp.Diff(wu, gu); diff != "" {
 		t.Fatalf("body %q: usage (-FindUsage +ScanUsage):\n%s", body, diff)
 	}
+	if got, want := IsUsageOnlyChunk(body), usageOnlyByDecode(body); got != want {
+		t.Fatalf("body %q: IsUsageOnlyChunk %v, encoding/json says %v", body, got, want)
+	}
+}
+
+// usageOnlyByDecode is IsUsageOnlyChunk without its scan: what encoding/json decodes, for a
+// chunk that spells "usage" in lower case (IsUsageOnlyChunk never took a case-folded key).
+func usageOnlyByDecode(data []byte) bool {
+	if !strings.Contains(string(data), `"usage"`) {
+		return false
+	}
+	var v struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *Usage            `json:"usage"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return false
+	}
+	return v.Usage != nil && len(v.Choices) == 0
 }
 
 func FuzzScanUsage(f *testing.F) {
@@ -547,5 +578,40 @@ func TestParseScratch(t *testing.T) {
 	}
 	if model != "m"+long || user != "u"+long || key != "k"+long {
 		t.Errorf("a string that is not a message content changed with the body: model %.8q user %.8q prompt_cache_key %.8q", model, user, key)
+	}
+}
+
+// continuousUsageChunk is a token's chunk from an engine that reports usage in every chunk
+// (vLLM's stream_options.continuous_usage_stats).
+const continuousUsageChunk = `{"id":"chatcmpl-7f3a","object":"chat.completion.chunk","created":1764950000,"model":"meta-llama/Llama-3.1-70B-Instruct","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":1843,"total_tokens":1861,"completion_tokens":18}}`
+
+func TestIsUsageOnlyChunkAllocs(t *testing.T) {
+	data := []byte(continuousUsageChunk)
+	if IsUsageOnlyChunk(data) {
+		t.Fatal("a token's chunk taken for the usage-only chunk")
+	}
+	if n := testing.AllocsPerRun(100, func() { IsUsageOnlyChunk(data) }); n != 0 {
+		t.Errorf("IsUsageOnlyChunk of a token's chunk with usage: %v allocations, want 0", n)
+	}
+}
+
+func BenchmarkIsUsageOnlyChunk(b *testing.B) {
+	for _, c := range []struct{ name, data string }{
+		{"token", continuousUsageChunk},
+		{"usage-only", `{"id":"chatcmpl-7f3a","object":"chat.completion.chunk","created":1764950000,"model":"m","choices":[],"usage":{"prompt_tokens":1843,"total_tokens":1861,"completion_tokens":18}}`},
+	} {
+		data := []byte(c.data)
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				IsUsageOnlyChunk(data)
+			}
+		})
+		b.Run(c.name+"/decode", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				usageOnlyByDecode(data)
+			}
+		})
 	}
 }

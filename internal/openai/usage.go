@@ -66,7 +66,7 @@ func FindUsage(body []byte) (u Usage, ok bool) {
 // only carries usage (choices empty, usage set): the chunk a client gets because of
 // stream_options.include_usage.
 func IsUsageOnlyChunk(data []byte) bool {
-	if !bytes.Contains(data, []byte(`"usage"`)) {
+	if !bytes.Contains(data, []byte(`"usage"`)) || hasChoices(data) {
 		return false
 	}
 	var v struct {
@@ -118,4 +118,36 @@ func TimingsCached(body []byte) (n int, ok bool) {
 		return 0, false
 	}
 	return *v.Timings.CacheN, true
+}
+
+// choicesKeys are the top-level keys hasChoices looks for.
+var choicesKeys = [...]string{"choices"}
+
+// hasChoices reports whether a stream chunk's top-level "choices" is sure to decode into a
+// non-empty list or to fail to decode, so that IsUsageOnlyChunk can say false without
+// encoding/json. An engine that sends usage in every chunk (vLLM's
+// stream_options.continuous_usage_stats) would otherwise cost a full decode of every token's
+// chunk (11 allocations each). false when unsure: a key encoding/json might fold into
+// "choices", or JSON the scanner does not take.
+func hasChoices(data []byte) bool {
+	s := scanner{b: data}
+	var last []byte
+	ok := s.object(func(key []byte) bool {
+		switch keyIndex(key, choicesKeys[:]) {
+		case 0:
+			last = s.raw()
+			return last != nil
+		case -1:
+			return s.skip()
+		}
+		return false
+	})
+	if !ok || !s.end() || last == nil || bytes.Equal(last, []byte("null")) {
+		return false
+	}
+	if last[0] != '[' {
+		return true // not a list: encoding/json fails on it
+	}
+	inner := scanner{b: last[1:]}
+	return inner.peek() != ']'
 }

@@ -129,7 +129,9 @@ func BenchmarkHandlerOnly4K(b *testing.B) {
 // streamAnswer is a streamed chat answer of n tokens as vLLM writes it with include_usage: a
 // role chunk, n content chunks (the last with its finish_reason), the usage-only chunk and
 // [DONE], one SSE event each.
-func streamAnswer(n int) []string {
+// With everyChunk, every token's chunk carries the usage so far as well, as vLLM's
+// stream_options.continuous_usage_stats has it.
+func streamAnswer(n int, everyChunk bool) []string {
 	head := `data: {"id":"chatcmpl-5f0c","object":"chat.completion.chunk","created":1733400000,"model":"m",`
 	evs := []string{head + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n"}
 	for i := range n {
@@ -137,7 +139,11 @@ func streamAnswer(n int) []string {
 		if i == n-1 {
 			finish = `"length"`
 		}
-		evs = append(evs, fmt.Sprintf(`%s"choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":%s}]}`+"\n\n", head, i, finish))
+		usage := ""
+		if everyChunk {
+			usage = fmt.Sprintf(`,"usage":{"prompt_tokens":1000,"total_tokens":%d,"completion_tokens":%d}`, 1001+i, i+1)
+		}
+		evs = append(evs, fmt.Sprintf(`%s"choices":[{"index":0,"delta":{"content":" tok%d"},"logprobs":null,"finish_reason":%s}]%s}`+"\n\n", head, i, finish, usage))
 	}
 	evs = append(evs, fmt.Sprintf(`%s"choices":[],"usage":{"prompt_tokens":1000,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":992}}}`+"\n\n", head, 1000+n, n))
 	return append(evs, "data: [DONE]\n\n")
@@ -146,16 +152,14 @@ func streamAnswer(n int) []string {
 // BenchmarkStream is a streamed chat answer of N tokens, one SSE event per token, from an
 // upstream through the Handler: "burst" writes the whole answer at once (as the instant
 // simulator does), "flush" flushes after every event (as an engine streams). The client did
-// not ask for usage, so the router adds include_usage and drops the usage chunk. B/token and
+// not ask for usage, so the router adds include_usage and drops the usage chunk. "usage" is
+// "burst" from an engine that puts the usage so far in every token's chunk (vLLM's
+// continuous_usage_stats), each of which the router must read and pass on. B/token and
 // allocs/token are the op's figures over N.
 func BenchmarkStream(b *testing.B) {
-	for _, flush := range []bool{false, true} {
+	for _, mode := range []string{"burst", "flush", "usage"} {
 		for _, n := range []int{2, 64, 256} {
-			mode := "burst"
-			if flush {
-				mode = "flush"
-			}
-			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) { benchStream(b, n, flush) })
+			b.Run(fmt.Sprintf("%s/N=%d", mode, n), func(b *testing.B) { benchStream(b, n, mode == "flush", mode == "usage") })
 		}
 	}
 }
@@ -249,8 +253,8 @@ func rawEngine(b *testing.B, evs []string, flush bool) string {
 	return "http://" + ln.Addr().String()
 }
 
-func benchStream(b *testing.B, n int, flush bool) {
-	evs := streamAnswer(n)
+func benchStream(b *testing.B, n int, flush, everyChunk bool) {
+	evs := streamAnswer(n, everyChunk)
 	whole := strings.Join(evs, "")
 	up := rawEngine(b, evs, flush)
 	rt := serveH1(b, benchHandler(b, up))

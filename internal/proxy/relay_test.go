@@ -181,7 +181,7 @@ func TestStreamEndsAtDone(t *testing.T) {
 // at [DONE]; the usage chunk the router asked for is dropped. It covers queue's moving what is
 // pending back to the start of its buffer.
 func TestSSEBodySmallReads(t *testing.T) {
-	evs := streamAnswer(300)
+	evs := streamAnswer(300, false)
 	var want strings.Builder
 	for i, ev := range evs {
 		if i != len(evs)-2 { // the usage chunk
@@ -229,7 +229,7 @@ func firstDiff(a, b string) int {
 // TestSSEBodyAllocs: reading a 300-token stream that arrives at once (several events per read)
 // allocates per stream, not per token or per read: the pending buffer, once grown, is reused.
 func TestSSEBodyAllocs(t *testing.T) {
-	stream := strings.Join(streamAnswer(300), "")
+	stream := strings.Join(streamAnswer(300, false), "")
 	r := openai.NewSSEReader(nil, maxEvent)
 	up := strings.NewReader(stream)
 	p := make([]byte, copyBufSize)
