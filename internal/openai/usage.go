@@ -69,6 +69,11 @@ func IsUsageOnlyChunk(data []byte) bool {
 	if !bytes.Contains(data, []byte(`"usage"`)) || hasChoices(data) {
 		return false
 	}
+	return usageOnlyDecoded(data)
+}
+
+// usageOnlyDecoded is IsUsageOnlyChunk's answer by encoding/json.
+func usageOnlyDecoded(data []byte) bool {
 	var v struct {
 		Choices []json.RawMessage `json:"choices"`
 		Usage   *Usage            `json:"usage"`
