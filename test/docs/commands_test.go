@@ -21,6 +21,10 @@ import (
 //   - Only fenced blocks marked sh, bash, shell or console, or not marked at all, hold commands
 //     (yaml, json and the like do not); a line ending in \ goes on on the next; a leading "$ "
 //     prompt and everything from a # that starts a word are dropped.
+//   - An inline code span in prose is a command when it starts with the word kvroute (or with
+//     go run ./cmd/kvroute) and then a word of lower-case letters and hyphens, or a flag:
+//     `kvroute simulate --routers 3`, not `kvroute serve: listening` (output) nor
+//     `kvroute <version>`.
 //   - A command starts a line or follows |, ||, &&, ;, &, ( or $( ; VAR=value words, time and
 //     nohup before it are skipped. It is kvroute's when its program is named kvroute (any
 //     directory: bin/kvroute, ./kvroute), is `go run ./cmd/kvroute`, or is a path the same
@@ -165,6 +169,17 @@ func (d *doc) commands() []command {
 			}
 		}
 	}
+	for _, s := range d.codeSpans() {
+		if !inlineCommand.MatchString(s.text) {
+			continue
+		}
+		for _, words := range simpleCommands(shellWords(s.text)) {
+			if args, ok := kvrouteArgs(words, built); ok {
+				out = append(out, command{line: s.line, args: args})
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b command) int { return a.line - b.line })
 	return out
 }
 
@@ -241,6 +256,8 @@ func simpleCommands(words []string) [][]string {
 	}
 	return out
 }
+
+var inlineCommand = regexp.MustCompile(`^(go run \./cmd/)?kvroute (-{0,2}[a-z][a-z-]*)( |$)`)
 
 var envAssign = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
 
@@ -372,6 +389,10 @@ func TestCommandRules(t *testing.T) {
 		{"<!-- docs-test: skip -->\n\n```sh\nkvroute serve --bogus\n```", nil},
 		{"```\nclient --HTTP--> kvroute serve --parse--> blocks\n```", nil},
 		{"```sh\nkvroute analyze -- --not-a-flag.jsonl\n```", nil},
+		{"run `kvroute simulate --routers 3` or\n`kvroute simulate\n--replicas 3`, not `kvroute_model_load --x`", []string{`x.md:2: kvroute simulate has no flag --replicas`}},
+		{"`kvroute serve`'s flags, `kvroute plan --trace ... --slo-ttft-p90 2s`", nil},
+		{"prints `kvroute serve: listening on :8080` and `kvroute <version> revision <commit>`", nil},
+		{"`kvroute simulat --x`", []string{`x.md:1: kvroute has no command "simulat"`}},
 	} {
 		d := parseDoc("x.md", tc.block)
 		var got []string

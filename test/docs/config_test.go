@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -23,7 +24,9 @@ import (
 //   - A block is a kvroute config when its first key at column 0 is one of the top-level keys
 //     of internal/config's Config (listen:, policy:, endpoints:, peers:, ...). Blocks whose
 //     first key is anything else (Helm values, Kubernetes manifests, Prometheus and Envoy
-//     configs) or that start indented (a piece of a section) are not configs and are skipped.
+//     configs) or that start indented (a piece of a section) are not configs and are skipped,
+//     with one exception: Helm values (a block whose first key is a top-level key of
+//     deploy/helm/kvroute/values.yaml) with a config: mapping; what is under it is a config.
 //   - Every config block is loaded with config.LoadWith and the checks kvroute serve makes
 //     (policy names and parameters). It must decode: valid YAML, no unknown key, no value of
 //     the wrong type.
@@ -32,8 +35,9 @@ import (
 //   - A block with neither shows a section or two on their own. It is given one endpoint
 //     (http://127.0.0.1:8000) before validation, and a validation problem counts only when it
 //     is about a value the block sets (its path, such as policy.name or tenants[0].api_keys[0],
-//     is a leaf of the block) or about a mapping whose own keys the block sets (policy.params):
-//     problems about keys the block leaves out are the rest of the config's business.
+//     is a leaf of the block) or about a map-typed key whose entries the block sets
+//     (policy.params): problems about keys the block leaves out are the rest of the config's
+//     business (the Helm chart's, for a config: under Helm values).
 //   - Validation that opens a file the example names (peers.tls.cert_file, say) finds none on
 //     this machine: a problem whose message says the file does not exist is not counted.
 
@@ -61,38 +65,86 @@ type configBlock struct {
 	keys []string // its top-level keys, in order
 }
 
-// configBlocks returns d's config blocks, by the rules above.
-func (d *doc) configBlocks(known []string) []configBlock {
+// configBlocks returns d's config blocks, by the rules above; helmTop are the top-level keys of
+// the Helm chart's values.
+func (d *doc) configBlocks(known, helmTop []string) []configBlock {
 	var out []configBlock
 	for _, f := range d.fences {
 		if f.skip || f.info != "yaml" && f.info != "yml" {
 			continue
 		}
-		var keys []string
-		first := true
-		for _, l := range f.lines {
-			s := strings.TrimSpace(l)
-			if s == "" || strings.HasPrefix(s, "#") {
-				continue
-			}
-			if l == "---" || l == "..." {
-				break // one document: the first
-			}
-			m := topKey.FindStringSubmatch(l)
-			if first && m == nil {
-				break // starts indented or is not a mapping: a piece, not a config
-			}
-			first = false
-			if m != nil {
-				keys = append(keys, m[1])
+		keys := topKeys(f.lines)
+		switch {
+		case len(keys) == 0:
+		case slices.Contains(known, keys[0]):
+			out = append(out, configBlock{line: f.line, text: strings.Join(f.lines, "\n"), keys: keys})
+		case slices.Contains(helmTop, keys[0]) && slices.Contains(keys, "config"):
+			if b, ok := helmConfig(f); ok && len(b.keys) > 0 && slices.Contains(known, b.keys[0]) {
+				out = append(out, b)
 			}
 		}
-		if len(keys) == 0 || !slices.Contains(known, keys[0]) {
-			continue
-		}
-		out = append(out, configBlock{line: f.line, text: strings.Join(f.lines, "\n"), keys: keys})
 	}
 	return out
+}
+
+// topKeys returns the keys at column 0 of the first YAML document in lines, none when it starts
+// indented or is not a mapping.
+func topKeys(lines []string) []string {
+	var keys []string
+	for _, l := range lines {
+		s := strings.TrimSpace(l)
+		if s == "" || strings.HasPrefix(s, "#") {
+			continue
+		}
+		if l == "---" || l == "..." {
+			break // one document: the first
+		}
+		m := topKey.FindStringSubmatch(l)
+		if len(keys) == 0 && m == nil {
+			return nil // starts indented or is not a mapping: a piece, not a config
+		}
+		if m != nil {
+			keys = append(keys, m[1])
+		}
+	}
+	return keys
+}
+
+// helmConfig returns the block under the config: key of Helm values, dedented.
+func helmConfig(f fence) (configBlock, bool) {
+	start := -1
+	for i, l := range f.lines {
+		if strings.HasPrefix(l, "config:") && strings.TrimSpace(strings.TrimPrefix(l, "config:")) == "" {
+			start = i + 1
+			break
+		}
+	}
+	if start < 0 {
+		return configBlock{}, false // config: {...} on one line: not read
+	}
+	end := start
+	indent := -1
+	for end < len(f.lines) {
+		l := f.lines[end]
+		if strings.TrimSpace(l) != "" {
+			n := len(l) - len(strings.TrimLeft(l, " "))
+			if n == 0 {
+				break
+			}
+			if indent < 0 || n < indent {
+				indent = n
+			}
+		}
+		end++
+	}
+	var lines []string
+	for _, l := range f.lines[start:end] {
+		if len(l) >= indent && indent > 0 {
+			l = l[indent:]
+		}
+		lines = append(lines, l)
+	}
+	return configBlock{line: f.line + start, text: strings.Join(lines, "\n"), keys: topKeys(lines)}, true
 }
 
 // checkConfig returns one message per problem in b, each "LINE: problem" with LINE the line
@@ -113,9 +165,9 @@ func checkConfig(b configBlock, dir string) []string {
 	if err == nil {
 		return nil
 	}
-	var leaves map[string]bool
+	var leaves, parents map[string]bool
 	if decoded && !whole {
-		leaves = leafPaths(b.text)
+		leaves, parents = leafPaths(b.text)
 	}
 	var probs []string
 	for _, e := range strings.Split(err.Error(), "\n") {
@@ -124,7 +176,7 @@ func checkConfig(b configBlock, dir string) []string {
 			continue // a file on the reader's machine
 		}
 		m := errPath.FindStringSubmatch(e)
-		if leaves != nil && (m == nil || !leaves[m[1]]) {
+		if leaves != nil && (m == nil || !leaves[m[1]] && !(parents[m[1]] && isMap(m[1]))) {
 			continue // about a key the fragment leaves out
 		}
 		probs = append(probs, fmt.Sprintf("%d: %s", b.line+keyLine(b.text, e), e))
@@ -134,13 +186,13 @@ func checkConfig(b configBlock, dir string) []string {
 
 // leafPaths returns the paths of the scalar values a YAML text sets, and of the mappings and
 // lists that hold them directly, written as config's errors write them: peers.tls.cert_file,
-// peers.tls, tenants[0].api_keys[0], tenants[0].api_keys.
-func leafPaths(text string) map[string]bool {
+// tenants[0].api_keys[0]; peers.tls, tenants[0].api_keys.
+func leafPaths(text string) (leaves, parents map[string]bool) {
+	leaves, parents = map[string]bool{}, map[string]bool{}
 	var v any
 	if err := yaml.Unmarshal([]byte(text), &v); err != nil {
-		return map[string]bool{}
+		return leaves, parents
 	}
-	out := map[string]bool{}
 	var walk func(path string, v any)
 	walk = func(path string, v any) {
 		switch v := v.(type) {
@@ -157,14 +209,46 @@ func leafPaths(text string) map[string]bool {
 				walk(fmt.Sprintf("%s[%d]", path, i), e)
 			}
 		default:
-			out[path] = true
+			leaves[path] = true
 			if i := strings.LastIndexAny(path, ".["); i > 0 {
-				out[path[:i]] = true
+				parents[path[:i]] = true
 			}
 		}
 	}
 	walk("", v)
-	return out
+	return leaves, parents
+}
+
+// isMap reports whether the config path p (policy.params) is a map in config.Config.
+func isMap(p string) bool {
+	t, ok := typeAt(p)
+	return ok && t.Kind() == reflect.Map
+}
+
+// typeAt returns the type of the field at config path p, list items ([N], []) taken as their
+// element; false when there is no such field (below a map or an interface there is none).
+func typeAt(p string) (reflect.Type, bool) {
+	t := reflect.TypeFor[config.Config]()
+	for _, k := range strings.Split(p, ".") {
+		k, _, _ = strings.Cut(k, "[")
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil, false
+		}
+		var next reflect.Type
+		for f := range t.Fields() {
+			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name == k {
+				next = f.Type
+			}
+		}
+		if next == nil {
+			return nil, false
+		}
+		t = next
+	}
+	return t, true
 }
 
 var errPath = regexp.MustCompile(`^([A-Za-z0-9_.\[\]]+):`)
@@ -207,13 +291,14 @@ var listIndex = regexp.MustCompile(`\[(\d+)\]`)
 
 func TestConfigExamples(t *testing.T) {
 	known := configKeys()
+	helmTop := helmTopKeys(t)
 	if !slices.Contains(known, "endpoints") || !slices.Contains(known, "listen") {
 		t.Fatalf("config.Config's top-level keys %v lack endpoints or listen: is configKeys broken?", known)
 	}
 	n := 0
 	for _, name := range docFiles(t) {
 		d := readDoc(t, name)
-		for _, b := range d.configBlocks(known) {
+		for _, b := range d.configBlocks(known, helmTop) {
 			n++
 			for _, p := range checkConfig(b, t.TempDir()) {
 				t.Errorf("%s:%s (the yaml block at line %d does not load: fix the example, or mark it %s if it is meant to fail)",
@@ -230,6 +315,7 @@ func TestConfigExamples(t *testing.T) {
 // TestConfigRules runs the config check on made-up blocks.
 func TestConfigRules(t *testing.T) {
 	known := configKeys()
+	helmTop := helmTopKeys(t)
 	for _, tc := range []struct {
 		block string
 		want  []string // problems' starts
@@ -247,11 +333,13 @@ func TestConfigRules(t *testing.T) {
 		{"```yaml\ntenants:\n  - name: a\n    api_keys: [\"sha256:...\"]\n```", []string{`4: tenants[0].api_keys[0]: sha256:... has 3 hex digits`}},
 		{"```yaml\nendpoints: []\npolicy: {name: round-robin}\n```", []string{`2: endpoints: no endpoints`}},
 		{"```yaml\nlisten: [\n```", []string{`2: yaml:`}},
+		{"```yaml\nreplicaCount: 3\nconfig:\n  peers: {batch_interval: 10ms}\n```", nil},
+		{"```yaml\nreplicaCount: 3\nconfig:\n\n  policy:\n    name: round-robin\n    prams: {}\nmode: x\n```", []string{`7: policy.prams: unknown key "prams"`}},
 		{"```yaml\nlimits: {max_body_bytes: 1}\n# x\npolicy:\n  name: prefix-aware\n  params: {no_such_param: 1}\n```", []string{`6: policy.params: policy prefix-aware: unknown parameter "no_such_param"`}},
 	} {
 		d := parseDoc("x.md", tc.block)
 		var got []string
-		for _, b := range d.configBlocks(known) {
+		for _, b := range d.configBlocks(known, helmTop) {
 			got = append(got, checkConfig(b, t.TempDir())...)
 		}
 		if len(got) != len(tc.want) {
@@ -263,5 +351,156 @@ func TestConfigRules(t *testing.T) {
 				t.Errorf("%q: problem %d is %q, want it to start %q", tc.block, i, got[i], tc.want[i])
 			}
 		}
+	}
+}
+
+// The key check. An inline code span in prose that is a dotted path of lower-case keys whose
+// first key is one of Config's top-level keys (`peers.batch_interval`,
+// `discovery.kubernetes[].service`, `tenants[].api_keys`) names a config key: every key of the
+// path must exist at its place in config.Config (below a map, such as policy.params, anything
+// goes). A path may end in "[]" or "[N]" on a list. Two kinds of span are not config keys: a
+// file name (`server.go`: the last key is a file extension) and a key of the Helm chart's
+// values (deploy/helm/kvroute/values.yaml: `peers.enabled`), which docs/kubernetes.md uses
+// beside the config's; a path that is either is not checked.
+
+// fileExts are the last "keys" that make a span a file name.
+var fileExts = []string{"go", "md", "yaml", "yml", "json", "jsonl", "txt", "sh", "html", "mjs"}
+
+// helmTopKeys returns the top-level keys of the Helm chart's values.
+func helmTopKeys(t *testing.T) []string {
+	var keys []string
+	for p := range helmPaths(t) {
+		if !strings.ContainsAny(p, ".[") {
+			keys = append(keys, p)
+		}
+	}
+	if !slices.Contains(keys, "replicaCount") || !slices.Contains(keys, "config") {
+		t.Fatalf("the Helm chart's values have no replicaCount or config at the top (%v): update this test", keys)
+	}
+	return keys
+}
+
+// helmPaths returns the dotted paths of the Helm chart's values (lists as []).
+func helmPaths(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "helm", "kvroute", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		t.Fatalf("deploy/helm/kvroute/values.yaml: %v", err)
+	}
+	out := map[string]bool{}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		if path != "" {
+			out[path] = true
+		}
+		switch v := v.(type) {
+		case map[string]any:
+			for k, e := range v {
+				walk(strings.TrimPrefix(path+"."+k, "."), e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(path+"[]", e)
+			}
+		}
+	}
+	walk("", v)
+	return out
+}
+
+var keyPath = regexp.MustCompile(`^[a-z_]+(\[\d*\])?(\.[a-z_]+(\[\d*\])?)+$`)
+
+// checkKeyPath returns what is wrong with a dotted config path ("" when nothing).
+func checkKeyPath(p string) string {
+	t := reflect.TypeFor[config.Config]()
+	walked := ""
+	for _, k := range strings.Split(p, ".") {
+		k, _, _ = strings.Cut(k, "[")
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() == reflect.Map || t.Kind() == reflect.Interface {
+			return ""
+		}
+		if t.Kind() != reflect.Struct {
+			return fmt.Sprintf("%s is a value, it has no key %q", walked, k)
+		}
+		var next reflect.Type
+		var names []string
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			names = append(names, name)
+			if name == k {
+				next = f.Type
+			}
+		}
+		if next == nil {
+			where := walked
+			if where == "" {
+				where = "the top level"
+			}
+			return fmt.Sprintf("the config has no key %q in %s (known: %s)", k, where, strings.Join(names, ", "))
+		}
+		t = next
+		walked = strings.TrimPrefix(walked+"."+k, ".")
+	}
+	return ""
+}
+
+// keyPaths returns d's inline spans that name config keys, by the rule above.
+func (d *doc) keyPaths(known []string) []span {
+	var out []span
+	for _, s := range d.codeSpans() {
+		first, _, _ := strings.Cut(s.text, ".")
+		first, _, _ = strings.Cut(first, "[")
+		last := s.text[strings.LastIndexByte(s.text, '.')+1:]
+		if keyPath.MatchString(s.text) && slices.Contains(known, first) && !slices.Contains(fileExts, last) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestConfigKeys(t *testing.T) {
+	known := configKeys()
+	helm := helmPaths(t)
+	if !helm["peers.enabled"] {
+		t.Fatalf("deploy/helm/kvroute/values.yaml has no peers.enabled: update this test's example")
+	}
+	n := 0
+	for _, name := range docFiles(t) {
+		d := readDoc(t, name)
+		for _, s := range d.keyPaths(known) {
+			n++
+			if p := checkKeyPath(s.text); p != "" && !helm[s.text] {
+				t.Errorf("%s:%d: `%s`: %s: write the key's current name (examples/kvroute.yaml has them all)", name, s.line, s.text, p)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("found no config key in the docs' prose: is the span finder broken?")
+	}
+	t.Logf("%d config keys checked", n)
+}
+
+func TestConfigKeyRules(t *testing.T) {
+	known := configKeys()
+	d := parseDoc("x.md", "`peers.batch_interval`, `discovery.kubernetes[].service`, `tenants[0].api_keys`,\n"+
+		"`policy.params.anything`, `policy.Pick`, `limits.first_token_timeout`, `scrape.intervall`, `peers.listen.port`, `foo.bar`, `server.go`")
+	var got []string
+	for _, s := range d.keyPaths(known) {
+		if p := checkKeyPath(s.text); p != "" {
+			got = append(got, s.text)
+		}
+	}
+	if diff := cmp.Diff([]string{"scrape.intervall", "peers.listen.port"}, got); diff != "" {
+		t.Errorf("paths refused (-want +got):\n%s", diff)
 	}
 }

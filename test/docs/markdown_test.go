@@ -181,13 +181,33 @@ func slug(heading string) string {
 // prose returns the document's text with fenced blocks and inline code spans blanked out (line
 // breaks kept, so offsets still give line numbers): what is left can hold links.
 func (d *doc) prose() string {
+	text, _ := d.split()
+	return text
+}
+
+// span is one inline code span.
+type span struct {
+	line int    // 1-based, of its opening backticks
+	text string // its content, line breaks made spaces
+}
+
+// codeSpans returns the inline code spans outside fenced blocks.
+func (d *doc) codeSpans() []span {
+	_, spans := d.split()
+	return spans
+}
+
+// split blanks out fenced blocks and inline code spans and returns the text left and the spans.
+func (d *doc) split() (string, []span) {
 	lines := slices.Clone(d.lines)
 	for i := range lines {
 		if d.inFence[i] {
 			lines[i] = ""
 		}
 	}
-	text := []byte(strings.Join(lines, "\n"))
+	orig := strings.Join(lines, "\n")
+	text := []byte(orig)
+	var spans []span
 	// Inline code: a run of n backticks up to the next run of exactly n.
 	for i := 0; i < len(text); {
 		if text[i] != '`' {
@@ -212,6 +232,8 @@ func (d *doc) prose() string {
 			i += n
 			continue
 		}
+		content := strings.TrimSpace(strings.ReplaceAll(orig[i+n:end-n], "\n", " "))
+		spans = append(spans, span{line: lineOf(orig, i), text: content})
 		for k := i; k < end; k++ {
 			if text[k] != '\n' {
 				text[k] = ' '
@@ -219,7 +241,7 @@ func (d *doc) prose() string {
 		}
 		i = end
 	}
-	return string(text)
+	return string(text), spans
 }
 
 func runLen(b []byte, i int) int {
