@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // The link check. Rules:
@@ -213,5 +215,56 @@ func TestSlug(t *testing.T) {
 		if got := slug(in); got != want {
 			t.Errorf("slug(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The path check. An inline code span in prose that is a path in the repository, one word
+// starting with a top-level source directory (docs/, examples/, deploy/, internal/, cmd/,
+// test/, scripts/, tools/; `docs/replicas.md`, `deploy/helm/kvroute`), must exist, taken from
+// the repository root as the docs write them. Spans with a wildcard, a placeholder or a
+// variable (*, <, $, {) are not paths, nor is a Go name (`internal/h1.Server`: a dot before a
+// capital); a path may end in :LINE or #anchor, which is not checked.
+
+var repoPath = regexp.MustCompile(`^(docs|examples|deploy|internal|cmd|test|scripts|tools)/[A-Za-z0-9_./-]*$`)
+
+var goName = regexp.MustCompile(`\.[A-Z][A-Za-z0-9]*$`)
+
+// repoPaths returns d's inline spans that are repository paths, with :LINE and #anchor cut.
+func (d *doc) repoPaths() []span {
+	var out []span
+	for _, s := range d.codeSpans() {
+		p, _, _ := strings.Cut(s.text, "#")
+		p, _, _ = strings.Cut(p, ":")
+		if repoPath.MatchString(p) && !strings.Contains(p, "..") && !goName.MatchString(p) {
+			out = append(out, span{line: s.line, text: p})
+		}
+	}
+	return out
+}
+
+func TestPaths(t *testing.T) {
+	n := 0
+	for _, name := range docFiles(t) {
+		for _, s := range readDoc(t, name).repoPaths() {
+			n++
+			if _, ok := repoExists(s.text); !ok {
+				t.Errorf("%s:%d: `%s` does not exist in the repository: write its current path", name, s.line, s.text)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("found no repository path in the docs' prose: is the span finder broken?")
+	}
+	t.Logf("%d paths checked", n)
+}
+
+func TestPathRules(t *testing.T) {
+	d := parseDoc("x.md", "`docs/policy.md`, `internal/x/y.go:12`, `docs/*.md`, `deploy/<name>`, `bin/kvroute`, `docs/a.md#b`, `go test ./...`, `internal/h1.Server`")
+	var got []string
+	for _, s := range d.repoPaths() {
+		got = append(got, s.text)
+	}
+	if diff := cmp.Diff([]string{"docs/policy.md", "internal/x/y.go", "docs/a.md"}, got); diff != "" {
+		t.Errorf("paths found (-want +got):\n%s", diff)
 	}
 }
