@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// The command check. The truth is the binary: TestMain builds cmd/kvroute, `kvroute help` lists
+// The command check. The truth is the binary: the first test that needs it builds cmd/kvroute, `kvroute help` lists
 // its verbs and `kvroute VERB -h` each verb's flags. Rules:
 //   - Only fenced blocks marked sh, bash, shell or console, or not marked at all, hold commands
 //     (yaml, json and the like do not); a line ending in \ goes on on the next; a leading "$ "
@@ -33,29 +33,32 @@ import (
 //     looks like a flag (-name, --name, --name=value) must be a flag of that verb. A lone --
 //     ends the flags.
 
-// kvrouteBin is the binary TestMain builds.
-var kvrouteBin string
+// binDir is where readCLI builds the binary: a temporary directory TestMain removes at the end.
+var binDir string
 
 func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "kvroute-docs-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	kvrouteBin = filepath.Join(dir, "kvroute")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildKvroute builds cmd/kvroute into binDir. With a warm build cache it takes seconds; from
+// an empty one, minutes on two cores (the test/e2e build of the same binary shares the cache).
+func buildKvroute() (string, error) {
+	bin := filepath.Join(binDir, "kvroute")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	build := exec.CommandContext(ctx, "go", "build", "-o", kvrouteBin, "github.com/kvroute/kvroute/cmd/kvroute")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvroute/kvroute/cmd/kvroute")
 	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build ./cmd/kvroute: %v\n%s", err, out)
-		return 1
+		return "", fmt.Errorf("go build ./cmd/kvroute: %w\n%s", err, out)
 	}
-	return m.Run()
+	return bin, nil
 }
 
 // cli is what the binary says it accepts: verb name -> its flag names.
@@ -69,7 +72,7 @@ var (
 	cliErr  error
 )
 
-// readCLI asks the binary for its verbs and their flags (once per test binary).
+// readCLI builds the binary and asks it for its verbs and their flags (once per test binary).
 func readCLI(t *testing.T) cli {
 	t.Helper()
 	cliOnce.Do(func() { cliSeen, cliErr = askCLI() })
@@ -80,6 +83,10 @@ func readCLI(t *testing.T) cli {
 }
 
 func askCLI() (cli, error) {
+	kvrouteBin, err := buildKvroute()
+	if err != nil {
+		return nil, err
+	}
 	out, err := exec.Command(kvrouteBin, "help").Output()
 	if err != nil {
 		return nil, fmt.Errorf("kvroute help: %w", err)
