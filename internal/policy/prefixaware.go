@@ -42,9 +42,9 @@ import (
 // except a conversation's home with no request waiting for its first token that has been less
 // busy than the candidates' mean (over about the last affinity window), or where as many
 // requests in flight as it is over its bound have shorter prompts, cheaper to move (the bound
-// sheds those first). An engine that reports
-// fewer cached tokens than predicted makes the index forget what the engine evicted; a
-// request's blocks become most recent again when it ends. With one router a request may be
+// sheds those first). An engine that reports fewer cached tokens than predicted makes the
+// index forget what the engine evicted; a request's blocks become most recent again when it
+// ends. With one router a request may be
 // held before the pick (Defer) until the last step of the queue it would join has started
 // (stepHold).
 type prefixAware struct {
