@@ -40,9 +40,11 @@ import (
 // that joined later counts by its time in the fleet over the oldest's, up to affinity_window,
 // so that every share is larger while it is new); the others are ranked after it,
 // except a conversation's home with no request waiting for its first token that has been less
-// busy than the candidates' mean (over about the last affinity window). An engine that reports
-// fewer cached tokens than predicted makes the index forget what the engine evicted; a
-// request's blocks become most recent again when it ends. With one router a request may be
+// busy than the candidates' mean (over about the last affinity window), or where as many
+// requests in flight as it is over its bound have shorter prompts, cheaper to move (the bound
+// sheds those first). An engine that reports fewer cached tokens than predicted makes the
+// index forget what the engine evicted; a request's blocks become most recent again when it
+// ends. With one router a request may be
 // held before the pick (Defer) until the last step of the queue it would join has started
 // (stepHold).
 type prefixAware struct {
@@ -106,8 +108,9 @@ type paState struct {
 	headWork  atomic.Int64
 	headSince atomic.Int64 // unix nanoseconds
 
-	mu    sync.Mutex  // guards queue, stream, align and base
+	mu    sync.Mutex  // guards queue, live, stream, align and base
 	queue []*paFlight // routed and not yet at first token, in routing order
+	live  []*paFlight // routed and not done, in routing order (shorterInFlight)
 	// The queue as an engine with chunked prefill steps through it (stepTail): its uncached
 	// tokens as one stream since it was last empty, each request's ending at its end; steps of
 	// step tokens each from align on (a request routed while the tail's last step ran starts
@@ -196,6 +199,20 @@ func (s *paState) enqueue(f *paFlight, now int64, speed float64, step int64) {
 	}
 	s.stream += f.tokens
 	f.end = s.stream
+}
+
+// shorterInFlight is how many requests routed to s and not done have prompts shorter than
+// tokens: sessions that a move would recompute less of than one with tokens of context.
+func (s *paState) shorterInFlight(tokens int) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, f := range s.live {
+		if f.prompt < tokens {
+			n++
+		}
+	}
+	return n
 }
 
 // dequeue takes f off the queue (its first token came, or it failed); if f was the head, the
@@ -305,6 +322,7 @@ type paFlight struct {
 	first       atomic.Bool       // first token seen, or done
 	probe       capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
 	mark        uint64            // ep's index mark after Routed's insert (done's Reinsert)
+	prompt      int               // the request's prompt tokens: the context a move of its session recomputes
 }
 
 type paScratch struct {
@@ -634,7 +652,10 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// and it has been less busy than the candidates' mean, each over about the last
 		// affinity window: the request waits for nothing there, moved it recomputes its whole
 		// context, and shedding it would not even the fleet's busy time (docs/policy.md). With
-		// no busy time seen yet (all alike) the bound decides.
+		// no busy time seen yet (all alike) the bound decides. A home busier than the mean
+		// keeps it too while as many of the requests in flight there as it is over the bound
+		// have shorter prompts: the bound sheds the sessions that are cheapest to move, as
+		// their next requests come, not the longest one because it came first.
 		if !eligible && sc.runs[e.ID] > sc.common && s.waiting.Load() == 0 {
 			if meanBusy < 0 {
 				sum := 0.0
@@ -643,7 +664,8 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 				}
 				meanBusy = sum / float64(n)
 			}
-			eligible = pa.busyFraction(s, now) < meanBusy
+			eligible = pa.busyFraction(s, now) < meanBusy ||
+				s.shorterInFlight(req.PromptTokens) >= inFlight-int64(limit)
 		}
 		sc.scored[i] = paScore{i: i, eligible: eligible, cost: cost, ttft: ttft, own: own, speed: speed}
 	}
@@ -708,7 +730,7 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	s := pa.state(ep.ID)
 	pa.sizeIndex(ep, s, req.BlockTokens)
-	f := &paFlight{ep: ep.ID}
+	f := &paFlight{ep: ep.ID, prompt: req.PromptTokens}
 	f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	f.tokens = uncached(req, cachedTokens(req, f.predicted))
@@ -719,6 +741,9 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	s.waiting.Add(1)
 	s.busy.add(1, now, pa.affTau)
 	s.enqueue(f, now, pa.speedOf(s, fleet), pa.stepOf(ep))
+	s.mu.Lock()
+	s.live = append(s.live, f)
+	s.mu.Unlock()
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
@@ -900,6 +925,11 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 	}
 	s := pa.state(ep.ID)
 	s.busy.add(-1, pa.clock.Now().UnixNano(), pa.affTau)
+	s.mu.Lock()
+	if k := slices.Index(s.live, f); k >= 0 {
+		s.live = slices.Delete(s.live, k, k+1)
+	}
+	s.mu.Unlock()
 	if f.first.CompareAndSwap(false, true) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
