@@ -361,8 +361,9 @@ var removedPrefixAware = map[string]string{
 	"snapshot_load":    "replicas share their routing state instead (peers:)",
 }
 
-func newPrefixAware(env Env, p Params) (Picker, error) {
-	r := readParams(p)
+func newPrefixAware(env Env, p Params) (Picker, error) { return newPrefixAwareFrom(env, readParams(p)) }
+
+func newPrefixAwareFrom(env Env, r *paramReader) (Picker, error) {
 	pa := &prefixAware{
 		clock:       env.Clock,
 		maxLoad:     r.Float("max_load_factor", 2),

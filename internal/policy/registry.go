@@ -95,6 +95,16 @@ type paramReader struct {
 	p    Params
 	seen map[string]bool
 	errs []string
+	// defaults, when not nil, collects the default of each parameter read that was absent
+	// (fmt.Sprint of it): what a policy's documentation must say (TestParamDefaultsDocumented).
+	defaults map[string]string
+}
+
+// absent notes that key took its default def.
+func (r *paramReader) absent(key string, def any) {
+	if r.defaults != nil {
+		r.defaults[key] = fmt.Sprint(def)
+	}
 }
 
 func readParams(p Params) *paramReader { return &paramReader{p: p, seen: map[string]bool{}} }
@@ -109,6 +119,7 @@ func (r *paramReader) raw(key string) (string, bool) {
 func (r *paramReader) Float(key string, def float64) float64 {
 	v, ok := r.raw(key)
 	if !ok {
+		r.absent(key, def)
 		return def
 	}
 	f, err := strconv.ParseFloat(v, 64)
@@ -123,6 +134,7 @@ func (r *paramReader) Float(key string, def float64) float64 {
 func (r *paramReader) Int(key string, def int) int {
 	v, ok := r.raw(key)
 	if !ok {
+		r.absent(key, def)
 		return def
 	}
 	n, err := strconv.Atoi(v)
@@ -137,6 +149,7 @@ func (r *paramReader) Int(key string, def int) int {
 func (r *paramReader) Duration(key string, def time.Duration) time.Duration {
 	v, ok := r.raw(key)
 	if !ok {
+		r.absent(key, def)
 		return def
 	}
 	d, err := time.ParseDuration(v)
@@ -151,6 +164,7 @@ func (r *paramReader) Duration(key string, def time.Duration) time.Duration {
 func (r *paramReader) Bool(key string, def bool) bool {
 	v, ok := r.raw(key)
 	if !ok {
+		r.absent(key, def)
 		return def
 	}
 	b, err := strconv.ParseBool(v)
