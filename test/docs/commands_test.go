@@ -410,15 +410,7 @@ func TestCommandRules(t *testing.T) {
 				got = append(got, fmt.Sprintf("%s:%d: %s", d.name, cmd.line, p))
 			}
 		}
-		if len(got) != len(tc.want) {
-			t.Errorf("%q: got %d problems %q, want %d %q", tc.block, len(got), got, len(tc.want), tc.want)
-			continue
-		}
-		for i := range got {
-			if !strings.HasPrefix(got[i], tc.want[i]) {
-				t.Errorf("%q: problem %d is %q, want it to start %q", tc.block, i, got[i], tc.want[i])
-			}
-		}
+		wantProblems(t, tc.block, got, tc.want)
 	}
 }
 

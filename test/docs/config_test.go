@@ -342,15 +342,7 @@ func TestConfigRules(t *testing.T) {
 		for _, b := range d.configBlocks(known, helmTop) {
 			got = append(got, checkConfig(b, t.TempDir())...)
 		}
-		if len(got) != len(tc.want) {
-			t.Errorf("%q: got %d problems %q, want %d %q", tc.block, len(got), got, len(tc.want), tc.want)
-			continue
-		}
-		for i := range got {
-			if !strings.HasPrefix(got[i], tc.want[i]) {
-				t.Errorf("%q: problem %d is %q, want it to start %q", tc.block, i, got[i], tc.want[i])
-			}
-		}
+		wantProblems(t, tc.block, got, tc.want)
 	}
 }
 

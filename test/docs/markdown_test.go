@@ -254,3 +254,17 @@ func runLen(b []byte, i int) int {
 
 // lineOf is the 1-based line number of byte offset off in text.
 func lineOf(text string, off int) int { return strings.Count(text[:off], "\n") + 1 }
+
+// wantProblems checks the problems found in block against want, each by its start.
+func wantProblems(t *testing.T, block string, got, want []string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%q: got %d problems %q, want %d %q", block, len(got), got, len(want), want)
+		return
+	}
+	for i := range got {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("%q: problem %d is %q, want it to start %q", block, i, got[i], want[i])
+		}
+	}
+}
