@@ -2,7 +2,9 @@
 """sweep.py DIR...: sweep.sh's runs, load by load: prefix-aware's TTFT p99 and mean under the two
 builds, and how many requests the round-14 rule decided (a home over the bound, nothing waiting
 there, busier than the mean: tail.patch's dbg lines). Then, over the loads where the builds
-differ, how often each figure rose and fell, the range and the geometric mean of the ratios."""
+differ, how often each figure rose and fell (with the two-sided sign test's p: the chance of a split
+at least as uneven if rising and falling were equally likely), the range and the geometric mean of
+the ratios."""
 import glob, json, math, os, sys
 rows = []
 for d in sys.argv[1:]:
@@ -22,6 +24,8 @@ print("%d loads, %d the same to the digit (the rule decided nothing)" % (len(row
 for q in ("p99", "mean"):
     r = [n[q] / o[q] for o, n in diff]
     if r:
-        print("%-4s new/old over %d loads: %d higher, %d lower, %.3f to %.3f, geometric mean %.4f" % (
-            q, len(r), sum(x > 1 for x in r), sum(x < 1 for x in r), min(r), max(r),
-            math.exp(sum(map(math.log, r)) / len(r))))
+        up, down = sum(x > 1 for x in r), sum(x < 1 for x in r)
+        m = up + down
+        p = min(1.0, 2 * sum(math.comb(m, j) for j in range(max(up, down), m + 1)) / 2 ** m)
+        print("%-4s new/old over %d loads: %d higher, %d lower (sign test p %.2f), %.3f to %.3f, geometric mean %.4f" % (
+            q, len(r), up, down, p, min(r), max(r), math.exp(sum(map(math.log, r)) / len(r))))
