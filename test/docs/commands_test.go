@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/experiment"
 )
 
 // The command check. The truth is the binary: the first test that needs it builds cmd/kvroute, `kvroute help` lists
@@ -321,11 +323,17 @@ func checkCommand(c cli, args []string) []string {
 		return []string{fmt.Sprintf("kvroute has no command %q: use one of %s", verb, strings.Join(verbs, ", "))}
 	}
 	var probs []string
-	for _, w := range args[1:] {
+	for i, w := range args[1:] {
 		if w == "--" {
 			break
 		}
 		m := flagWord.FindStringSubmatch(w)
+		if m != nil && (m[1] == "policy" || m[1] == "policies") && flags[m[1]] {
+			if p := checkPolicies(w, args[1:], i); p != "" {
+				probs = append(probs, p)
+			}
+			continue
+		}
 		if m == nil || m[1] == "h" || m[1] == "help" || flags[m[1]] {
 			continue
 		}
@@ -333,6 +341,32 @@ func checkCommand(c cli, args []string) []string {
 			verb, strings.SplitN(w, "=", 2)[0], nearFlag(m[1], flags), verb))
 	}
 	return probs
+}
+
+// placeholder matches a value written for the reader to fill in (NAME, PARAM, $p, [...]).
+var placeholder = regexp.MustCompile(`[A-Z]{2,}|[$\[\]<>{}]`)
+
+// checkPolicies checks the value of a --policy or --policies flag (args[i], its value after
+// "=" or in args[i+1]) as kvroute parses it: every policy known, every parameter one the
+// policy takes (internal/experiment.ParsePolicies, policy.Check). "" when it parses, or when
+// the value is a placeholder.
+func checkPolicies(w string, args []string, i int) string {
+	flag, v, ok := strings.Cut(w, "=")
+	if !ok {
+		if i+1 >= len(args) {
+			return ""
+		}
+		v = args[i+1]
+	}
+	v = strings.Trim(v, "'\"")
+	if v == "" || placeholder.MatchString(v) {
+		return ""
+	}
+	if _, err := experiment.ParsePolicies(v); err != nil {
+		return fmt.Sprintf("%s %s: %v: fix the policy spec (docs/policy.md lists each policy's parameters)", flag, v,
+			strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return ""
 }
 
 // nearFlag suggests the flags that contain want's longest word, or are contained in it.
@@ -402,6 +436,11 @@ func TestCommandRules(t *testing.T) {
 		{"`kvroute serve`'s flags, `kvroute plan --trace ... --slo-ttft-p90 2s`", nil},
 		{"prints `kvroute serve: listening on :8080` and `kvroute <version> revision <commit>`", nil},
 		{"`kvroute simulat --x`", []string{`x.md:1: kvroute has no command "simulat"`}},
+		{"```sh\nkvroute simulate --policies prefix-aware:max_load_factor=1.5,cache_weight=4,least-request --json\n```", nil},
+		{"```sh\nkvroute simulate --policies=prefix-aware:snapshot_load=true\n```",
+			[]string{`x.md:2: --policies prefix-aware:snapshot_load=true: policy prefix-aware: parameter snapshot_load was removed`}},
+		{"`kvroute serve --endpoint http://a:1 --policy prefix-awre`", []string{`x.md:1: --policy prefix-awre: `}},
+		{"`kvroute serve --policy NAME[:key=value,...]`, `kvroute simulate --policies prefix-aware:PARAM=$v`", nil},
 	} {
 		d := parseDoc("x.md", tc.block)
 		var got []string
