@@ -179,7 +179,8 @@ func (pa *prefixAware) busyFraction(s *paState, now int64) float64 {
 	return busy / t
 }
 
-// enqueue appends f to the queue; f becomes the head, starting now, if the queue was empty.
+// enqueue appends f to the queue and to the requests in flight (live); f becomes the head,
+// starting now, if the queue was empty.
 // Its tokens start a step of their own when the last step of the queue's tail has started by
 // the head's progress at speed. step is the endpoint's step budget now (stepOf): the queue is
 // never empty when it is read (stepTail), so it is always the one of a recent enqueue.
@@ -192,6 +193,7 @@ func (s *paState) enqueue(f *paFlight, now int64, speed float64, step int64) {
 		s.align = s.stream
 	}
 	s.queue = append(s.queue, f)
+	s.live = append(s.live, f)
 	if len(s.queue) == 1 {
 		s.headWork.Store(f.work)
 		s.headSince.Store(now)
@@ -742,9 +744,6 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	s.waiting.Add(1)
 	s.busy.add(1, now, pa.affTau)
 	s.enqueue(f, now, pa.speedOf(s, fleet), pa.stepOf(ep))
-	s.mu.Lock()
-	s.live = append(s.live, f)
-	s.mu.Unlock()
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
