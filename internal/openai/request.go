@@ -137,7 +137,7 @@ type wire struct {
 	PromptCacheKey      *string         `json:"prompt_cache_key"`
 	PreviousResponseID  *string         `json:"previous_response_id"`
 
-	cacheSaltAt, cacheSaltEnd int // set by scanChat
+	cacheSaltAt, cacheSaltEnd int // set by scanBody
 }
 
 // namedString decodes as a *string does, and remembers that its name was there, even as null:
@@ -192,18 +192,29 @@ type wireFast struct {
 func Parse(kind Kind, body []byte) (*Request, error) { return ParseScratch(kind, body, nil) }
 
 // Scratch is memory that ParseScratch decodes long message contents with escapes into (a
-// 100k-token prompt with line breaks is a 400 KB copy), reused from one request to the next
-// instead of allocated for each: the router pools them. Its zero value is ready to use.
+// 100k-token prompt with line breaks is a 400 KB copy), and reads a chat's messages into (an
+// agent's session of 600 messages, 130 KB), reused from one request to the next instead of
+// allocated for each: the router pools them. Its zero value is ready to use.
 type Scratch struct {
-	buf []byte
+	buf  []byte
+	msgs []wireMessage // empty, cleared: ParseScratch is done with them when it returns
 }
 
 // Reset makes the memory of every string decoded into s free for the next ParseScratch: call it
 // only when no Request parsed with s, and no string taken from one, is in use any more.
 func (s *Scratch) Reset() { s.buf = s.buf[:0] }
 
+// putMessages keeps msgs for the next ParseScratch, cleared: what convertMessages made of them
+// holds what it needs, and the pool holds no view of this body.
+func (s *Scratch) putMessages(msgs []wireMessage) {
+	if s != nil {
+		clear(msgs)
+		s.msgs = msgs[:0]
+	}
+}
+
 // Cap is how many bytes s holds.
-func (s *Scratch) Cap() int { return cap(s.buf) }
+func (s *Scratch) Cap() int { return cap(s.buf) + cap(s.msgs)*int(unsafe.Sizeof(wireMessage{})) }
 
 // take returns room for n bytes after what s holds, as an empty slice of that capacity, which
 // stays valid until Reset (when s is full, the room is new memory, and s holds that from then
@@ -220,12 +231,18 @@ func (s *Scratch) take(n int) []byte {
 // viewed in place (of body or sc): every other string (the model, the user, the cache key) is a
 // copy of its own, which may be kept after the request.
 func ParseScratch(kind Kind, body []byte, sc *Scratch) (*Request, error) {
-	if kind == KindChat {
+	if kind == KindChat || kind == KindResponse {
 		// One hand-written pass over the body: it reads only the fields we route on and
 		// validates the rest, and gives up (ok false) on anything unusual, which then takes
 		// the encoding/json paths below with their precise errors.
-		if w, msgs, ok := scanChat(body, sc); ok {
-			if m, err := convertMessages(msgs, "messages"); err == nil {
+		if w, msgs, ok := scanBody(kind, body, sc); ok {
+			field := "messages"
+			if kind == KindResponse {
+				field = "input"
+			}
+			m, err := convertMessages(msgs, field)
+			sc.putMessages(msgs)
+			if err == nil {
 				r, err := fromWire(kind, body, &w)
 				if err != nil {
 					return nil, err
@@ -382,9 +399,17 @@ type wireMessage struct {
 	CallID    string          `json:"call_id"`
 	Output    json.RawMessage `json:"output"`
 
-	// text is Content decoded when the scanner read it as a string (hasText).
-	text    string
-	hasText bool
+	// dec is Content and out is Output decoded, when the scanner read them.
+	dec, out decoded
+}
+
+// decoded is a content as the scanner decoded it: its text when a string (hasText), its parts
+// as parseContent returns them when an array (hasParts).
+type decoded struct {
+	text     string
+	hasText  bool
+	parts    []string
+	hasParts bool
 }
 
 type wireToolCall struct {
@@ -412,8 +437,11 @@ func parseMessages(raw json.RawMessage, field string) ([]Message, error) {
 // convertMessages turns decoded messages into Messages, checking them.
 func convertMessages(wms []wireMessage, field string) ([]Message, error) {
 	out := make([]Message, 0, len(wms))
+	// A message's path in errors (messages[3]), built only for one.
+	at := func(i int) string { return field + "[" + strconv.Itoa(i) + "]" }
+	// Each string content's one-part list, from one allocation for the request.
+	var single []string
 	for i, wm := range wms {
-		p := field + "[" + strconv.Itoa(i) + "]"
 		m := Message{Role: wm.Role, Name: wm.Name, ToolCallID: wm.ToolCallID}
 		switch wm.Type {
 		case "function_call":
@@ -423,16 +451,25 @@ func convertMessages(wms []wireMessage, field string) ([]Message, error) {
 		case "function_call_output":
 			m.Role = "tool"
 			m.ToolCallID = wm.CallID
-			wm.Content = wm.Output
+			// The output is the item's text, whatever its content says.
+			wm.Content, wm.dec = wm.Output, wm.out
 		default:
 			if m.Role == "" {
+				p := at(i)
 				return nil, BadRequest(p+".role", "missing required field %s.role", p)
 			}
 		}
-		if wm.hasText {
-			m.Parts = []string{wm.text}
-		} else {
-			parts, err := parseContent(wm.Content, p+".content")
+		switch {
+		case wm.dec.hasText:
+			if len(single) == 0 {
+				single = make([]string, len(wms)-i)
+			}
+			single[0] = wm.dec.text
+			m.Parts, single = single[:1:1], single[1:]
+		case wm.dec.hasParts:
+			m.Parts = wm.dec.parts
+		default:
+			parts, err := parseContent(wm.Content, at(i)+".content")
 			if err != nil {
 				return nil, err
 			}
@@ -659,12 +696,14 @@ func (r *Request) SessionKey() string {
 	return r.User
 }
 
-// The chat fast path. scanChat fills the same wire shapes that encoding/json would, from one
-// pass over the body, without copying raw values (they stay sub-slices of body). It gives up
-// (ok false) wherever its result could differ from encoding/json's: invalid JSON, a mistyped
-// or null required field, a duplicate or case-folded key, an escaped key, a string that is not
-// valid UTF-8 or holds a lone surrogate, deep nesting. Parse then takes the encoding/json path,
-// so scanChat never decides an error.
+// The fast path of chat and Responses bodies. scanBody fills the same wire shapes that
+// encoding/json would, from one pass over the body, without copying raw values (they stay
+// sub-slices of body): a chat's messages, a Responses request's input items (when input is an
+// array: a string input, or none, takes the encoding/json path). It gives up (ok false)
+// wherever its result could differ from encoding/json's: invalid JSON, a mistyped or null
+// required field, a duplicate or case-folded key, an escaped key, a string that is not valid
+// UTF-8 or holds a lone surrogate, deep nesting. Parse then takes the encoding/json path, so
+// scanBody never decides an error.
 
 // chatKeys are the top-level keys encoding/json would match (case-insensitively) into wire.
 var chatKeys = [...]string{"model", "messages", "tools", "prompt", "input", "instructions", "stream",
@@ -677,7 +716,11 @@ var messageKeys = [...]string{"type", "role", "name", "content", "tool_calls", "
 // maxScanDepth bounds the scanner's recursion; deeper bodies take the encoding/json path.
 const maxScanDepth = 512
 
-func scanChat(body []byte, sc *Scratch) (w wire, msgs []wireMessage, ok bool) {
+func scanBody(kind Kind, body []byte, sc *Scratch) (w wire, msgs []wireMessage, ok bool) {
+	list := "messages" // the key of the message list: the other kind's is only checked
+	if kind == KindResponse {
+		list = "input"
+	}
 	s := scanner{b: body, sc: sc}
 	var seen uint32
 	var maxOut, maxTok, maxComp int
@@ -698,11 +741,20 @@ func scanChat(body []byte, sc *Scratch) (w wire, msgs []wireMessage, ok bool) {
 				return false
 			}
 			w.Model = &v
-		case "messages":
+		case "prompt":
+			return s.skip() // not read for chat or Responses
+		case "messages", "input":
+			if chatKeys[i] != list {
+				return s.skip()
+			}
 			if s.peek() != '[' {
 				return false
 			}
-			msgs = make([]wireMessage, 0, 4)
+			if s.sc != nil && s.sc.msgs != nil {
+				msgs, s.sc.msgs = s.sc.msgs, nil
+			} else {
+				msgs = make([]wireMessage, 0, 4)
+			}
 			return s.array(func() bool {
 				var m wireMessage
 				if !s.message(&m) {
@@ -714,8 +766,6 @@ func scanChat(body []byte, sc *Scratch) (w wire, msgs []wireMessage, ok bool) {
 		case "tools":
 			w.Tools = s.raw()
 			return w.Tools != nil
-		case "prompt", "input":
-			return s.skip() // not read for chat
 		case "instructions":
 			return s.optString(&w.Instructions)
 		case "user":
@@ -814,20 +864,9 @@ func (s *scanner) message(m *wireMessage) bool {
 		case "call_id":
 			return s.plainField(&m.CallID)
 		case "content":
-			if s.peek() == '"' {
-				// Decoded here, so convertMessages need not scan it again.
-				start := s.i
-				s.content = true
-				v, _, ok := s.stringOrNull()
-				s.content = false
-				m.Content, m.text, m.hasText = s.b[start:s.i], v, true
-				return ok
-			}
-			m.Content, m.hasText = s.raw(), false
-			return m.Content != nil
+			return s.content(&m.Content, &m.dec)
 		case "output":
-			m.Output = s.raw()
-			return m.Output != nil
+			return s.content(&m.Output, &m.out) // a function_call_output item's text
 		case "tool_calls":
 			raw := s.raw()
 			if raw == nil {
@@ -836,11 +875,134 @@ func (s *scanner) message(m *wireMessage) bool {
 			if bytes.Equal(raw, []byte("null")) {
 				return true
 			}
-			// Rare and small: encoding/json's rules for the nested objects as they are.
+			// Every step of an agent's session has one: read here, and by encoding/json only
+			// where the scanner is unsure.
+			t := scanner{b: raw}
+			if calls, ok := t.toolCalls(); ok && t.end() {
+				m.ToolCalls = calls
+				return true
+			}
 			return json.Unmarshal(raw, &m.ToolCalls) == nil
 		}
 		return true
 	})
+}
+
+// content reads a message's content (or an item's output) into raw, with its text (a string)
+// or parts (an array) decoded into d, so that convertMessages need not scan them again.
+func (s *scanner) content(raw *json.RawMessage, d *decoded) bool {
+	switch s.peek() {
+	case '"':
+		start := s.i
+		s.inContent = true
+		v, _, ok := s.stringOrNull()
+		s.inContent = false
+		*raw, d.text, d.hasText = s.b[start:s.i], v, true
+		return ok
+	case '[':
+		// Content parts, as many SDKs send even plain text: read here too, where parseContent
+		// would decode a long conversation's text with encoding/json three times over (the
+		// array, each part, its text).
+		start := s.i
+		parts, ok := s.contentParts()
+		*raw, d.parts, d.hasParts = s.b[start:s.i], parts, ok
+		return ok
+	}
+	*raw = s.raw()
+	return *raw != nil
+}
+
+// partKeys and toolCallKeys, functionKeys are the keys parseContent reads in a content part and
+// encoding/json in a tool call.
+var (
+	partKeys     = [...]string{"type", "text"}
+	toolCallKeys = [...]string{"function"}
+	functionKeys = [...]string{"name", "arguments"}
+)
+
+// contentParts reads an array of content parts into what parseContent makes of it: a text
+// part's text (a view of the body, as a string content is), any other part a stand-in of its
+// type and a hash of its JSON. ok is false on whatever parseContent rejects or encoding/json
+// might read otherwise (a part that is not an object, a duplicate or case-folded key, a
+// mistyped field), which the caller then leaves to them.
+func (s *scanner) contentParts() ([]string, bool) {
+	parts := []string{} // [] is no parts, not no content
+	ok := s.array(func() bool {
+		start := s.i
+		var typ, text string
+		var seen uint8
+		var hasText bool
+		ok := s.object(func(key []byte) bool {
+			i := keyIndex(key, partKeys[:])
+			if i < 0 {
+				return i == -1 && s.skip()
+			}
+			if seen&(1<<i) != 0 {
+				return false
+			}
+			seen |= 1 << i
+			if i == 0 {
+				return s.plainField(&typ)
+			}
+			s.inContent = true
+			v, isNull, ok := s.stringOrNull()
+			s.inContent = false
+			text, hasText = v, !isNull
+			return ok
+		})
+		if !ok {
+			return false
+		}
+		if hasText {
+			parts = append(parts, text)
+		} else {
+			parts = append(parts, "["+typ+" "+hashHex(s.b[start:s.i])+"]")
+		}
+		return true
+	})
+	return parts, ok
+}
+
+// toolCalls reads a tool_calls array as encoding/json reads it into []wireToolCall (each call's
+// function name and arguments; the rest skipped). ok is false when unsure (an element or a
+// function that is not an object, a duplicate or case-folded key, a mistyped field), and the
+// caller decodes it with encoding/json.
+func (s *scanner) toolCalls() ([]wireToolCall, bool) {
+	calls := []wireToolCall{}
+	ok := s.array(func() bool {
+		var tc wireToolCall
+		var seen bool
+		ok := s.object(func(key []byte) bool {
+			switch keyIndex(key, toolCallKeys[:]) {
+			case -1:
+				return s.skip()
+			case 0:
+				if seen {
+					return false
+				}
+				seen = true
+				var fseen uint8
+				return s.object(func(key []byte) bool {
+					i := keyIndex(key, functionKeys[:])
+					if i < 0 {
+						return i == -1 && s.skip()
+					}
+					if fseen&(1<<i) != 0 {
+						return false
+					}
+					fseen |= 1 << i
+					if i == 0 {
+						return s.plainField(&tc.Function.Name)
+					}
+					return s.plainField(&tc.Function.Arguments)
+				})
+			}
+			return false
+		})
+		calls = append(calls, tc)
+		return ok
+	})
+	return calls, ok
 }
 
 // scanner reads JSON from b at i. Every method skips leading whitespace and returns false on
@@ -850,10 +1012,10 @@ type scanner struct {
 	i     int
 	depth int
 	ascii bool // the last string literal read had only ASCII bytes
-	// content is set while a message's content is read: a long one is a view of the body, or
-	// decoded into sc (when not nil); any other string is copied.
-	content bool
-	sc      *Scratch
+	// inContent is set while a message's content is read: a long one is a view of the body,
+	// or decoded into sc (when not nil); any other string is copied.
+	inContent bool
+	sc        *Scratch
 }
 
 func (s *scanner) ws() {
@@ -1084,7 +1246,7 @@ func (s *scanner) optInt(dst *int, have *bool) bool {
 // that one kept for longer than the request (a map key, a label) holds neither the body nor
 // memory that the next request will reuse.
 func (s *scanner) unquote(in []byte, escaped bool) (string, bool) {
-	ascii, shared := s.ascii, s.content && len(in) >= minShared
+	ascii, shared := s.ascii, s.inContent && len(in) >= minShared
 	if !escaped {
 		if !ascii && !utf8.Valid(in) {
 			return "", false

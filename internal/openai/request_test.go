@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -287,6 +288,30 @@ var chatScanCases = []string{
 	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":1}]}]}`,
 	`{"model":"m","messages":[{"type":"function_call","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"}]}`,
 	`{"model":"m","messages":[{"role":"user","content":"x","role":"system"}]}`,
+	// A function_call_output item's text is its output, whatever its content says.
+	`{"model":"m","messages":[{"type":"function_call_output","call_id":"c","content":"a","output":"b"}]}`,
+	`{"model":"m","messages":[{"type":"function_call_output","content":[{"type":"text","text":"a"}],"output":"b"}]}`,
+	// Content parts: their stand-ins hash each part's JSON as it is, spaces inside included.
+	`{"model":"m","messages":[{"role":"user","content":[ {"type":"image_url", "image_url":{"url":"u"}} , {"text":"a\n\u00e9","type":"text"} ,{"type":null,"text":null},{} ]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[null]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":["a"]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","Text":"a"}]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":2,"text":"a"}]}]}`,
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"bad \xff\"}]}]}",
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},]}]}`,
+	// Tool calls: what encoding/json reads, the scanner's or its own.
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"x\": [1]}"}},{"function":{"arguments":"","name":"g"},"index":1}]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[null,{"function":null},{"function":{"name":null}}]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","name":"g"}}]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"Function":{"NAME":"f"}}]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f"},"function":{"name":"g"}}]}]}`,
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":{"x":1}}}]}]}`,
+	"{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"bad \xff\"}}]}]}",
+	`{"model":"m","messages":[{"role":"assistant","tool_calls":{"function":{"name":"f"}}}]}`,
 	`{"model":"m","messages":[], "cache_salt" : null }`,
 	`{"model":"m","messages":[],"cache_salt":"a\u0062"}`,
 	`{"model":"m","messages":[],"Cache_Salt":"a"}`,
@@ -296,24 +321,67 @@ var chatScanCases = []string{
 	``,
 }
 
+// responseScanCases are Responses bodies on which the scanner and encoding/json must agree.
+var responseScanCases = []string{
+	`{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"4\n"}]}`,
+	`{"model":"m","input":[{"role":"user","content":"a"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"o"},{"type":"input_image","image_url":"u"}]}],"instructions":"be brief","previous_response_id":"r","max_output_tokens":9}`,
+	`{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":null}]}`,
+	`{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":{"x":1}}]}`,
+	`{"model":"m","input":[{"type":"reasoning","id":"rs","summary":[{"type":"summary_text","text":"t"}]},{"role":"assistant","content":[{"type":"output_text","text":"a","annotations":[]}]}]}`,
+	`{"model":"m","input":[{"type":"message","content":"no role"}]}`,
+	`{"model":"m","input":[]}`,
+	`{"model":"m","input":"a string"}`,
+	`{"model":"m","input":null,"previous_response_id":"r"}`,
+	`{"model":"m","previous_response_id":"r"}`,
+	`{"model":"m"}`,
+	`{"model":"m","input":[{"role":"user","content":"a"}],"input":[]}`,
+	`{"model":"m","input":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}],"prompt":"p"}`,
+	`{"model":"m","input":[{"role":"user","content":"a"}],"Input":[]}`,
+	`{"model":"m","input":[{"role":"user","content":"a"}],"tools":[{"type":"function","name":"f","parameters":{}}],"stream":true}`,
+	`{"model":"m","input":[1]}`,
+}
+
 func TestScanChatMatchesDecoder(t *testing.T) {
-	scanned := 0
-	for _, body := range chatScanCases {
-		if _, _, ok := scanChat([]byte(body), nil); ok {
-			scanned++
+	for _, kc := range []struct {
+		kind  Kind
+		cases []string
+		min   int
+	}{{KindChat, chatScanCases, 30}, {KindResponse, responseScanCases, 6}} {
+		scanned := 0
+		for _, body := range kc.cases {
+			if _, _, ok := scanBody(kc.kind, []byte(body), nil); ok {
+				scanned++
+			}
+			checkScanAgrees(t, kc.kind, []byte(body))
 		}
-		checkScanAgrees(t, []byte(body))
+		if scanned < kc.min {
+			t.Errorf("%v: the scanner took only %d of %d bodies: the fast path is not used", kc.kind, scanned, len(kc.cases))
+		}
 	}
-	if scanned < 15 {
-		t.Errorf("the scanner took only %d of %d bodies: the fast path is not used", scanned, len(chatScanCases))
+}
+
+// The scanner reads content parts and tool calls of the usual shapes itself: left to
+// encoding/json, a long session's parts cost 20 times as much to parse and an agent's tool
+// calls 4 times (BenchmarkHandlerLongContext, modes parts and agent).
+func TestScanReadsPartsAndToolCalls(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`
+	_, msgs, ok := scanBody(KindChat, []byte(body), nil)
+	if !ok || len(msgs) != 2 || !msgs[0].dec.hasParts || len(msgs[0].dec.parts) != 2 || msgs[0].dec.parts[0] != "a" {
+		t.Fatalf("scanBody: ok %v, messages %+v: want the content parts read by the scanner", ok, msgs)
+	}
+	s := scanner{b: []byte(`[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]`)}
+	calls, ok := s.toolCalls()
+	if !ok || !s.end() || len(calls) != 1 || calls[0].Function.Name != "f" || calls[0].Function.Arguments != `{"x": 1}` {
+		t.Fatalf("toolCalls: ok %v, %+v", ok, calls)
 	}
 }
 
 // checkScanAgrees compares Parse (scanner first) with parseDecoded (encoding/json only).
-func checkScanAgrees(t *testing.T, body []byte) {
+func checkScanAgrees(t *testing.T, kind Kind, body []byte) {
 	t.Helper()
-	got, gotErr := Parse(KindChat, body)
-	want, wantErr := parseDecoded(KindChat, body)
+	got, gotErr := Parse(kind, body)
+	want, wantErr := parseDecoded(kind, body)
 	if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
 		t.Fatalf("body %q: error %v, encoding/json: %v", body, gotErr, wantErr)
 	}
@@ -335,7 +403,13 @@ func FuzzScanChat(f *testing.F) {
 	for _, s := range chatScanCases {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, body []byte) { checkScanAgrees(t, body) })
+	for _, s := range responseScanCases {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkScanAgrees(t, KindChat, body)
+		checkScanAgrees(t, KindResponse, body)
+	})
 }
 
 // BenchmarkParseChat4K compares the one-pass scanner (Parse) with encoding/json on a 4 KB chat
@@ -393,6 +467,65 @@ func BenchmarkParseChat400K(b *testing.B) {
 			for b.Loop() {
 				sc.Reset()
 				if _, err := ParseScratch(KindChat, body, &sc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseAgent400K is ParseScratch on an agent's session of some 100k tokens in about
+// 600 messages (a system prompt, then steps of one tool call and its result of 80 to 560
+// tokens), in the shapes clients send it: "chat" with string contents, "chat-parts" with each
+// content an array of text parts (as many SDKs send text), "responses" as the Responses API's
+// input items (function_call, function_call_output, input_text parts), which encoding/json
+// reads; "chat-encoding-json" is "chat" by encoding/json alone (parseDecoded).
+func BenchmarkParseAgent400K(b *testing.B) {
+	word := "lorem ipsum dolor sit amet consectetur adipiscing elit "
+	text := func(tokens, salt int) string {
+		return fmt.Sprintf("%d %s", salt, strings.Repeat(word, tokens*4/len(word)+1)[:tokens*4])
+	}
+	var chat, parts, items []any
+	chat = append(chat, map[string]any{"role": "system", "content": text(2000, 0)})
+	parts = append(parts, map[string]any{"role": "system", "content": []any{map[string]any{"type": "text", "text": text(2000, 0)}}})
+	items = append(items, map[string]any{"type": "message", "role": "system", "content": []any{map[string]any{"type": "input_text", "text": text(2000, 0)}}})
+	for k, left := 1, 98_000; left > 0; k++ {
+		id, n := fmt.Sprintf("call_%08d", k), 80+(k*97)%480
+		args := fmt.Sprintf(`{"path": "src/pkg%d/file%d.go", "lines": [1, %d]}`, k%7, k, 40+k%300)
+		call := map[string]any{"id": id, "type": "function", "function": map[string]any{"name": "read_file", "arguments": args}}
+		chat = append(chat, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{call}},
+			map[string]any{"role": "tool", "tool_call_id": id, "content": text(n, k)})
+		parts = append(parts, map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{call}},
+			map[string]any{"role": "tool", "tool_call_id": id, "content": []any{map[string]any{"type": "text", "text": text(n, k)}}})
+		items = append(items, map[string]any{"type": "function_call", "call_id": id, "name": "read_file", "arguments": args},
+			map[string]any{"type": "function_call_output", "call_id": id, "output": text(n, k)})
+		left -= 40 + n
+	}
+	body := func(key string, v []any) []byte {
+		out, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, key: v})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return out
+	}
+	for _, bc := range []struct {
+		name  string
+		kind  Kind
+		body  []byte
+		parse func(Kind, []byte, *Scratch) (*Request, error)
+	}{
+		{"chat", KindChat, body("messages", chat), ParseScratch},
+		{"chat-parts", KindChat, body("messages", parts), ParseScratch},
+		{"responses", KindResponse, body("input", items), ParseScratch},
+		{"chat-encoding-json", KindChat, body("messages", chat), func(k Kind, b []byte, _ *Scratch) (*Request, error) { return parseDecoded(k, b) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.body)))
+			var sc Scratch
+			for b.Loop() {
+				sc.Reset()
+				if _, err := bc.parse(bc.kind, bc.body, &sc); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -524,7 +657,7 @@ func TestScanLongStrings(t *testing.T) {
 	for _, tail := range []string{"", "é", "\xff", `\n`, `\n\xff`, `\u00e9`, "\xe9t\xe9"} {
 		for _, at := range []int{0, 7, 8, 15, 16, len(long)} {
 			content := long[:at] + tail + long[at:]
-			checkScanAgrees(t, []byte(`{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`))
+			checkScanAgrees(t, KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`))
 		}
 	}
 }

@@ -81,10 +81,15 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 	}
 	for _, tokens := range []int{10_000, 32_000, 100_000} {
 		bodies := growing(tokens, 64, false)
-		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt", "/shared"} {
+		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt", "/shared", "/parts", "/agent"} {
 			bodies := bodies
-			if strings.HasPrefix(mode, "/stream") {
+			switch {
+			case strings.HasPrefix(mode, "/stream"):
 				bodies = growing(tokens, 64, true)
+			case mode == "/parts":
+				bodies = withParts(bodies)
+			case mode == "/agent":
+				bodies = agentSession(tokens, 64)
 			}
 			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
 				if mode == "/shared" {
@@ -187,6 +192,78 @@ func growing(tokens, n int, stream bool) [][]byte {
 		}
 		msgs["messages"] = turns
 		b, err := json.Marshal(msgs)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// withParts returns bodies with every message's content as an array of one text part
+// ([{"type": "text", "text": ...}]), as many SDKs and agent frameworks send it.
+func withParts(bodies [][]byte) [][]byte {
+	out := make([][]byte, len(bodies))
+	for i, body := range bodies {
+		var v map[string]any
+		if err := json.Unmarshal(body, &v); err != nil {
+			panic(err)
+		}
+		for _, m := range v["messages"].([]any) {
+			m := m.(map[string]any)
+			m["content"] = []any{map[string]any{"type": "text", "text": m["content"]}}
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// agentSession returns n chat bodies of a tool-using agent's session of about tokens prompt
+// tokens: a system prompt of 2,000 tokens and a tools list, then a user task and steps of an
+// assistant message with one tool call (its JSON arguments) and the tool's result of 80 to 560
+// tokens, about 170 tokens a message (590 messages at 100k tokens); each next body is the
+// session plus one more step, as an agent's requests are.
+func agentSession(tokens, n int) [][]byte {
+	word := "lorem ipsum dolor sit amet consectetur adipiscing elit "
+	text := func(n, salt int) string {
+		s := strings.Repeat(word, n*4/len(word)+1)[:n*4]
+		return fmt.Sprintf("%d %s", salt, s)
+	}
+	tools := []any{}
+	for _, name := range []string{"read_file", "run_command", "search"} {
+		tools = append(tools, map[string]any{"type": "function", "function": map[string]any{
+			"name": name, "description": "does " + name,
+			"parameters": map[string]any{"type": "object", "properties": map[string]any{"arg": map[string]any{"type": "string"}}}}})
+	}
+	msgs := []any{
+		map[string]any{"role": "system", "content": text(2000, 0)},
+		map[string]any{"role": "user", "content": text(200, 1)},
+	}
+	left := tokens - 2200
+	step := func(k int) {
+		id := fmt.Sprintf("call_%08d", k)
+		args := fmt.Sprintf(`{"arg": "src/pkg%d/file%d.go", "lines": [1, %d]}`, k%7, k, 40+k%300)
+		msgs = append(msgs,
+			map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{
+				"id": id, "type": "function", "function": map[string]any{"name": "read_file", "arguments": args}}}},
+			map[string]any{"role": "tool", "tool_call_id": id, "content": text(80+(k*97)%480, k)})
+		left -= 40 + 80 + (k*97)%480
+	}
+	k := 2
+	for ; left > 0; k++ {
+		step(k)
+	}
+	out := make([][]byte, n)
+	for i := range out {
+		if i > 0 {
+			step(k)
+			k++
+		}
+		b, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "tools": tools, "messages": msgs})
 		if err != nil {
 			panic(err)
 		}
