@@ -341,15 +341,57 @@ var responseScanCases = []string{
 	`{"model":"m","input":[1]}`,
 }
 
+// promptScanCases are completion bodies on which the scanner and encoding/json must agree; as
+// embeddings bodies with "input" for "prompt" too.
+var promptScanCases = []string{
+	`{"model":"m","prompt":"hi","max_tokens":3,"stream":true,"stream_options":{"include_usage":true},"cache_salt":"s"}`,
+	`{"model":"m","prompt":"a\nb \u00e9","messages":[1],"input":{}}`,
+	`{"model":"m","prompt":""}`,
+	`{"model":"m","prompt":["a","b"]}`,
+	`{"model":"m","prompt":[1,2,-0,9223372036854775807]}`,
+	`{"model":"m","prompt":[[1,2],[],[3]]}`,
+	`{"model":"m","prompt":[[1],2]}`,
+	`{"model":"m","prompt":[1,[2]]}`,
+	`{"model":"m","prompt":[1,"a"]}`,
+	`{"model":"m","prompt":["a",1]}`,
+	`{"model":"m","prompt":["a",null]}`,
+	`{"model":"m","prompt":[null]}`,
+	`{"model":"m","prompt":[[null]]}`,
+	`{"model":"m","prompt":[1.5]}`,
+	`{"model":"m","prompt":[1e2]}`,
+	`{"model":"m","prompt":[9223372036854775808]}`,
+	`{"model":"m","prompt":[-9223372036854775808, 9223372036854775807, -0, 0, -1]}`,
+	`{"model":"m","prompt":[-9223372036854775809]}`,
+	`{"model":"m","prompt":[12345678901234567890]}`,
+	`{"model":"m","prompt":[123456789012345678901]}`,
+	`{"model":"m","prompt":[-]}`,
+	`{"model":"m","prompt":[01]}`,
+	`{"model":"m","prompt":[1E2]}`,
+	`{"model":"m","prompt":[]}`,
+	`{"model":"m","prompt":[[]]}`,
+	`{"model":"m","prompt":null}`,
+	`{"model":"m","prompt":5}`,
+	`{"model":"m","prompt":{"a":1}}`,
+	`{"model":"m"}`,
+	`{"model":"m","prompt":"a","prompt":"b"}`,
+	`{"model":"m","prompt":"a","PROMPT":"b"}`,
+	"{\"model\":\"m\",\"prompt\":\"bad \xff\"}",
+	"{\"model\":\"m\",\"prompt\":[\"bad \xff\"]}",
+}
+
 func TestScanChatMatchesDecoder(t *testing.T) {
+	embeddings := make([]string, len(promptScanCases))
+	for i, c := range promptScanCases {
+		embeddings[i] = strings.ReplaceAll(strings.ReplaceAll(c, `"input"`, `"x"`), `"prompt"`, `"input"`)
+	}
 	for _, kc := range []struct {
 		kind  Kind
 		cases []string
 		min   int
-	}{{KindChat, chatScanCases, 30}, {KindResponse, responseScanCases, 6}} {
+	}{{KindChat, chatScanCases, 30}, {KindResponse, responseScanCases, 6}, {KindCompletion, promptScanCases, 7}, {KindEmbedding, embeddings, 7}} {
 		scanned := 0
 		for _, body := range kc.cases {
-			if _, _, ok := scanBody(kc.kind, []byte(body), nil); ok {
+			if _, ok := scanBody(kc.kind, []byte(body), nil); ok {
 				scanned++
 			}
 			checkScanAgrees(t, kc.kind, []byte(body))
@@ -366,7 +408,8 @@ func TestScanChatMatchesDecoder(t *testing.T) {
 func TestScanReadsPartsAndToolCalls(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]},` +
 		`{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`
-	_, msgs, ok := scanBody(KindChat, []byte(body), nil)
+	sb, ok := scanBody(KindChat, []byte(body), nil)
+	msgs := sb.msgs
 	if !ok || len(msgs) != 2 || !msgs[0].dec.hasParts || len(msgs[0].dec.parts) != 2 || msgs[0].dec.parts[0] != "a" {
 		t.Fatalf("scanBody: ok %v, messages %+v: want the content parts read by the scanner", ok, msgs)
 	}
@@ -406,9 +449,13 @@ func FuzzScanChat(f *testing.F) {
 	for _, s := range responseScanCases {
 		f.Add([]byte(s))
 	}
+	for _, s := range promptScanCases {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		checkScanAgrees(t, KindChat, body)
-		checkScanAgrees(t, KindResponse, body)
+		for _, k := range []Kind{KindChat, KindResponse, KindCompletion, KindEmbedding} {
+			checkScanAgrees(t, k, body)
+		}
 	})
 }
 
@@ -526,6 +573,46 @@ func BenchmarkParseAgent400K(b *testing.B) {
 			for b.Loop() {
 				sc.Reset()
 				if _, err := bc.parse(bc.kind, bc.body, &sc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParsePrompt400K is ParseScratch on a prompt of some 100k tokens (400 KB of text with a
+// line break every 56 bytes) in each API's shape: a chat's one message, a completion's prompt
+// string, a Responses request's input string, an embeddings input, and a completion's prompt of
+// 100,000 token ids.
+func BenchmarkParsePrompt400K(b *testing.B) {
+	text := strings.Repeat("lorem ipsum dolor sit amet consectetur adipiscing elit\n", 400_000/56)
+	ids := make([]int, 100_000)
+	for i := range ids {
+		ids[i] = (i * 7919) % 128_256
+	}
+	for _, bc := range []struct {
+		name string
+		kind Kind
+		v    map[string]any
+	}{
+		{"chat", KindChat, map[string]any{"messages": []any{map[string]any{"role": "user", "content": text}}}},
+		{"completion", KindCompletion, map[string]any{"prompt": text}},
+		{"responses", KindResponse, map[string]any{"input": text}},
+		{"embeddings", KindEmbedding, map[string]any{"input": text}},
+		{"completion-token-ids", KindCompletion, map[string]any{"prompt": ids}},
+	} {
+		bc.v["model"] = "m"
+		body, err := json.Marshal(bc.v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			var sc Scratch
+			for b.Loop() {
+				sc.Reset()
+				if _, err := ParseScratch(bc.kind, body, &sc); err != nil {
 					b.Fatal(err)
 				}
 			}

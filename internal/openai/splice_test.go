@@ -249,13 +249,22 @@ func TestCacheSaltSplice(t *testing.T) {
 	if _, _, _, ok := CacheSaltSplice(bytes.Clone(body), r, []byte(`"s"`)); ok {
 		t.Error("a copy of the body: splice offered, want Patch")
 	}
-	// encoding/json's path does not place the value: Patch.
-	r, err = Parse(KindCompletion, []byte(`{"model":"m","cache_salt":"client","prompt":"x"}`))
+	// encoding/json's path (a case-folded key: the scanner gives up) does not place the
+	// value: Patch.
+	r, err = Parse(KindCompletion, []byte(`{"model":"m","cache_salt":"client","prompt":"x","USER":"u"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, _, ok := CacheSaltSplice(r.Raw, r, []byte(`"s"`)); ok {
-		t.Error("a completion naming cache_salt: splice offered, want Patch")
+		t.Error("a completion the scanner gave up on: splice offered, want Patch")
+	}
+	// The scanner's path places it, for a completion as for a chat.
+	r, err = Parse(KindCompletion, []byte(`{"model":"m","cache_salt":"client","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, end, _, ok := CacheSaltSplice(r.Raw, r, []byte(`"s"`)); !ok || at == end {
+		t.Error("a completion naming cache_salt: no splice in place, want one")
 	}
 }
 

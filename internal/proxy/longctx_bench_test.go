@@ -66,7 +66,10 @@ func conversation(tokens int) []byte {
 // usage, one user message each of a shared prefix and a question of its own (no prompt extends
 // another; prefix.Chains takes the shared part's blocks from the first prompt's marks), the text
 // with a double space every few blocks for the normalisation to collapse, no escapes; 160 bodies, so that a run of up to 159 requests (-benchtime 128x) sends
-// none twice, as the script does not. Each
+// none twice, as the script does not. "parts" is "plain" with each content an array of one text
+// part, as many SDKs send text; "agent" a tool-using agent's session (agentSession: some 600
+// messages at 100k tokens, each step a tool call and its result); "completion" is "plain" as
+// /v1/completions requests, the contents one after the other as the prompt. Each
 // mode can be run alone ('tokens=100000/salt$'): run together, a mode's figure depends on the
 // garbage the ones before it left. cpu-ms/req is the process's CPU time (user + system, the
 // garbage collector's included) per request.
@@ -81,7 +84,7 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 	}
 	for _, tokens := range []int{10_000, 32_000, 100_000} {
 		bodies := growing(tokens, 64, false)
-		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt", "/shared", "/parts", "/agent"} {
+		for _, mode := range []string{"/plain", "/from-scratch", "/stream", "/salt", "/stream-salt", "/shared", "/parts", "/agent", "/completion"} {
 			bodies := bodies
 			switch {
 			case strings.HasPrefix(mode, "/stream"):
@@ -90,6 +93,8 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 				bodies = withParts(bodies)
 			case mode == "/agent":
 				bodies = agentSession(tokens, 64)
+			case mode == "/completion":
+				bodies = asCompletion(bodies)
 			}
 			b.Run(fmt.Sprintf("tokens=%d%s", tokens, mode), func(b *testing.B) {
 				if mode == "/shared" {
@@ -113,7 +118,11 @@ func BenchmarkHandlerLongContext(b *testing.B) {
 					h.Gate = tenantGate(b, h.Metrics.Tenant, `tenants: [{name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"]}]`)
 				}
 				serve := func(body []byte) {
-					req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+					path := "/v1/chat/completions"
+					if mode == "/completion" {
+						path = "/v1/completions"
+					}
+					req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
 					if salted {
 						req.Header.Set("Authorization", "Bearer sk-1")
 					}
@@ -192,6 +201,31 @@ func growing(tokens, n int, stream bool) [][]byte {
 		}
 		msgs["messages"] = turns
 		b, err := json.Marshal(msgs)
+		if err != nil {
+			panic(err)
+		}
+		out[i] = b
+	}
+	return out
+}
+
+// asCompletion returns chat bodies as completion requests whose prompt is the messages' contents
+// one after the other.
+func asCompletion(bodies [][]byte) [][]byte {
+	out := make([][]byte, len(bodies))
+	for i, body := range bodies {
+		var v map[string]any
+		if err := json.Unmarshal(body, &v); err != nil {
+			panic(err)
+		}
+		var sb strings.Builder
+		for _, m := range v["messages"].([]any) {
+			sb.WriteString(m.(map[string]any)["content"].(string))
+			sb.WriteString("\n")
+		}
+		delete(v, "messages")
+		v["prompt"] = sb.String()
+		b, err := json.Marshal(v)
 		if err != nil {
 			panic(err)
 		}
