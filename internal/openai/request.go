@@ -194,7 +194,7 @@ func Parse(kind Kind, body []byte) (*Request, error) { return ParseScratch(kind,
 
 // Scratch is memory that ParseScratch decodes long message contents with escapes into (a
 // 100k-token prompt with line breaks is a 400 KB copy), and reads a chat's messages into (an
-// agent's session of 600 messages, 130 KB), reused from one request to the next instead of
+// agent's session of 550 messages, 150 KB), reused from one request to the next instead of
 // allocated for each: the router pools them. Its zero value is ready to use.
 type Scratch struct {
 	buf  []byte

@@ -522,7 +522,7 @@ func BenchmarkParseChat400K(b *testing.B) {
 }
 
 // BenchmarkParseAgent400K is ParseScratch on an agent's session of some 100k tokens in about
-// 600 messages (a system prompt, then steps of one tool call and its result of 80 to 560
+// 550 messages (a system prompt, then steps of one tool call and its result of 80 to 560
 // tokens), in the shapes clients send it: "chat" with string contents, "chat-parts" with each
 // content an array of text parts (as many SDKs send text), "responses" as the Responses API's
 // input items (function_call, function_call_output, input_text parts), which encoding/json

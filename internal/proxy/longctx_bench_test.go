@@ -67,7 +67,7 @@ func conversation(tokens int) []byte {
 // another; prefix.Chains takes the shared part's blocks from the first prompt's marks), the text
 // with a double space every few blocks for the normalisation to collapse, no escapes; 160 bodies, so that a run of up to 159 requests (-benchtime 128x) sends
 // none twice, as the script does not. "parts" is "plain" with each content an array of one text
-// part, as many SDKs send text; "agent" a tool-using agent's session (agentSession: some 600
+// part, as many SDKs send text; "agent" a tool-using agent's session (agentSession: some 550
 // messages at 100k tokens, each step a tool call and its result); "completion" is "plain" as
 // /v1/completions requests, the contents one after the other as the prompt. Each
 // mode can be run alone ('tokens=100000/salt$'): run together, a mode's figure depends on the
@@ -259,7 +259,7 @@ func withParts(bodies [][]byte) [][]byte {
 // agentSession returns n chat bodies of a tool-using agent's session of about tokens prompt
 // tokens: a system prompt of 2,000 tokens and a tools list, then a user task and steps of an
 // assistant message with one tool call (its JSON arguments) and the tool's result of 80 to 560
-// tokens, about 170 tokens a message (590 messages at 100k tokens); each next body is the
+// tokens, about 180 tokens a message (550 messages at 100k tokens); each next body is the
 // session plus one more step, as an agent's requests are.
 func agentSession(tokens, n int) [][]byte {
 	word := "lorem ipsum dolor sit amet consectetur adipiscing elit "
