@@ -620,6 +620,27 @@ func BenchmarkParsePrompt400K(b *testing.B) {
 	}
 }
 
+// BenchmarkParseImage2M is ParseScratch on a chat message with a question and a 2 MB base64 image
+// as content parts.
+func BenchmarkParseImage2M(b *testing.B) {
+	img := "data:image/png;base64," + strings.Repeat("iVBORw0KGgoAAAANSUhEUgAAA+/", 2_000_000/27)
+	body, err := json.Marshal(map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": []any{
+		map[string]any{"type": "text", "text": "what is in this image?"},
+		map[string]any{"type": "image_url", "image_url": map[string]any{"url": img}}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	var sc Scratch
+	for b.Loop() {
+		sc.Reset()
+		if _, err := ParseScratch(KindChat, body, &sc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // usageCases are response bodies on which ScanUsage and FindUsage must agree.
 var usageCases = []string{
 	`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x \"q\""}}],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":992}}}`,
