@@ -146,3 +146,47 @@ func FuzzPlainString(f *testing.F) {
 		}
 	})
 }
+
+// compactCases are JSON texts (and a few that are not) on which compact and json.Compact must
+// agree.
+var compactCases = []string{
+	`[ {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}} ]`,
+	"{\n\t\"a\" : [ 1 , 2.5e-3 , true , null ] ,\r\n \"b\" : \"x y\" }",
+	`["a \" b", "c \\", "\\\"", "é \u00e9 \ud83d\ude00", " ", ""]`,
+	`"lone"`,
+	` 12 `,
+	`{"a":"unterminated`,
+	`["a\`,
+	`[1,]`,
+	``,
+}
+
+func TestCompactMatchesEncodingJSON(t *testing.T) {
+	for _, c := range compactCases {
+		checkCompact(t, []byte(c))
+	}
+}
+
+// checkCompact: for valid JSON, compact's output is json.Compact's; for anything else it does
+// not panic (the router calls it only with valid JSON).
+func checkCompact(t *testing.T, raw []byte) {
+	t.Helper()
+	got := compact(raw)
+	if !json.Valid(raw) {
+		return
+	}
+	var want bytes.Buffer
+	if err := json.Compact(&want, raw); err != nil {
+		t.Fatalf("json.Compact(%q): %v", raw, err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("compact(%q) = %q, json.Compact: %q", raw, got, want.Bytes())
+	}
+}
+
+func FuzzCompact(f *testing.F) {
+	for _, c := range compactCases {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(checkCompact)
+}

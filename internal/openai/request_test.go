@@ -641,6 +641,27 @@ func BenchmarkParseImage2M(b *testing.B) {
 	}
 }
 
+// BenchmarkParseTools is ParseScratch on a short chat that carries an agent's tool list: 40 tools
+// with long descriptions, written as Python's json.dumps writes JSON (a space after every colon
+// and comma), 36 KB.
+func BenchmarkParseTools(b *testing.B) {
+	var tools []string
+	for i := range 40 {
+		tools = append(tools, fmt.Sprintf(`{"type": "function", "function": {"name": "tool_%d", "description": "%s", "parameters": {"type": "object", "properties": {"path": {"type": "string", "description": "the file's path"}, "limit": {"type": "integer"}}, "required": ["path"]}}}`,
+			i, strings.Repeat("Reads a file from the workspace and returns its lines. ", 12)))
+	}
+	body := []byte(`{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [` + strings.Join(tools, ", ") + `]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	var sc Scratch
+	for b.Loop() {
+		sc.Reset()
+		if _, err := ParseScratch(KindChat, body, &sc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // usageCases are response bodies on which ScanUsage and FindUsage must agree.
 var usageCases = []string{
 	`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x \"q\""}}],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":992}}}`,
