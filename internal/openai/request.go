@@ -771,18 +771,9 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 	}
 	w, msgs, prompt := &sb.w, &sb.msgs, &sb.prompt
 	s := scanner{b: body, sc: sc}
-	var seen uint32
 	var maxOut, maxTok, maxComp int
 	var haveOut, haveTok, haveComp bool
-	ok = s.object(func(key []byte) bool {
-		i := keyIndex(key, chatKeys[:])
-		if i < 0 {
-			return i == -1 && s.skip()
-		}
-		if seen&(1<<i) != 0 {
-			return false // duplicate: encoding/json's merging rules are not worth copying
-		}
-		seen |= 1 << i
+	ok = s.fields(chatKeys[:], func(i int) bool {
 		switch chatKeys[i] {
 		case "model":
 			v, isNull, ok := s.stringOrNull()
@@ -810,9 +801,7 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 					return true
 				})
 			case c == '"' && kind != KindChat:
-				s.inContent = true
-				v, _, ok := s.stringOrNull()
-				s.inContent = false
+				v, _, ok := s.contentString()
 				*prompt, sb.hasPrompt = Prompt{Texts: []string{v}}, true
 				return ok
 			case c == '[':
@@ -909,9 +898,7 @@ func (s *scanner) promptArray(p *Prompt) bool {
 			if c != '"' {
 				return false
 			}
-			s.inContent = true
-			v, _, ok := s.stringOrNull()
-			s.inContent = false
+			v, _, ok := s.contentString()
 			p.Texts = append(p.Texts, v)
 			return ok
 		case '[':
@@ -985,16 +972,7 @@ func keyIndex(key []byte, names []string) int {
 
 // message reads one messages[] object into m.
 func (s *scanner) message(m *wireMessage) bool {
-	var seen uint32
-	return s.object(func(key []byte) bool {
-		i := keyIndex(key, messageKeys[:])
-		if i < 0 {
-			return i == -1 && s.skip()
-		}
-		if seen&(1<<i) != 0 {
-			return false
-		}
-		seen |= 1 << i
+	return s.fields(messageKeys[:], func(i int) bool {
 		switch messageKeys[i] {
 		case "type":
 			return s.plainField(&m.Type)
@@ -1039,9 +1017,7 @@ func (s *scanner) content(raw *json.RawMessage, d *decoded) bool {
 	switch s.peek() {
 	case '"':
 		start := s.i
-		s.inContent = true
-		v, _, ok := s.stringOrNull()
-		s.inContent = false
+		v, _, ok := s.contentString()
 		*raw, d.text, d.hasText = s.b[start:s.i], v, true
 		return ok
 	case '[':
@@ -1075,23 +1051,12 @@ func (s *scanner) contentParts() ([]string, bool) {
 	ok := s.array(func() bool {
 		start := s.i
 		var typ, text string
-		var seen uint8
 		var hasText bool
-		ok := s.object(func(key []byte) bool {
-			i := keyIndex(key, partKeys[:])
-			if i < 0 {
-				return i == -1 && s.skip()
-			}
-			if seen&(1<<i) != 0 {
-				return false
-			}
-			seen |= 1 << i
+		ok := s.fields(partKeys[:], func(i int) bool {
 			if i == 0 {
 				return s.plainField(&typ)
 			}
-			s.inContent = true
-			v, isNull, ok := s.stringOrNull()
-			s.inContent = false
+			v, isNull, ok := s.contentString()
 			text, hasText = v, !isNull
 			return ok
 		})
@@ -1116,33 +1081,13 @@ func (s *scanner) toolCalls() ([]wireToolCall, bool) {
 	calls := []wireToolCall{}
 	ok := s.array(func() bool {
 		var tc wireToolCall
-		var seen bool
-		ok := s.object(func(key []byte) bool {
-			switch keyIndex(key, toolCallKeys[:]) {
-			case -1:
-				return s.skip()
-			case 0:
-				if seen {
-					return false
+		ok := s.fields(toolCallKeys[:], func(int) bool { // "function"
+			return s.fields(functionKeys[:], func(i int) bool {
+				if i == 0 {
+					return s.plainField(&tc.Function.Name)
 				}
-				seen = true
-				var fseen uint8
-				return s.object(func(key []byte) bool {
-					i := keyIndex(key, functionKeys[:])
-					if i < 0 {
-						return i == -1 && s.skip()
-					}
-					if fseen&(1<<i) != 0 {
-						return false
-					}
-					fseen |= 1 << i
-					if i == 0 {
-						return s.plainField(&tc.Function.Name)
-					}
-					return s.plainField(&tc.Function.Arguments)
-				})
-			}
-			return false
+				return s.plainField(&tc.Function.Arguments)
+			})
 		})
 		calls = append(calls, tc)
 		return ok
@@ -1211,6 +1156,34 @@ func (s *scanner) object(member func(key []byte) bool) bool {
 		}
 		return s.eat('}')
 	}
+}
+
+// fields reads an object as encoding/json reads one into a struct with these fields (at most
+// 32): member is called positioned at the value of each, with its index in keys; any other key's
+// value is checked and skipped. false on a duplicate (encoding/json's merging rules are not worth
+// copying) or a key encoding/json might fold into one of keys.
+func (s *scanner) fields(keys []string, member func(i int) bool) bool {
+	var seen uint32
+	return s.object(func(key []byte) bool {
+		i := keyIndex(key, keys)
+		if i < 0 {
+			return i == -1 && s.skip()
+		}
+		if seen&(1<<i) != 0 {
+			return false
+		}
+		seen |= 1 << i
+		return member(i)
+	})
+}
+
+// contentString is stringOrNull for a message content or a prompt: one from minShared bytes is a
+// view of the body or of the scratch, not a copy.
+func (s *scanner) contentString() (v string, isNull, ok bool) {
+	s.inContent = true
+	v, isNull, ok = s.stringOrNull()
+	s.inContent = false
+	return v, isNull, ok
 }
 
 // array reads an array, calling elem positioned at each element.
@@ -1598,17 +1571,8 @@ var usageObjectKeys = [...]string{"prompt_tokens", "completion_tokens", "total_t
 // with encoding/json.
 func scanUsageObject(raw []byte) (u Usage, ok bool) {
 	s := scanner{b: raw}
-	var seen uint32
 	var have bool
-	ok = s.object(func(key []byte) bool {
-		i := keyIndex(key, usageObjectKeys[:])
-		if i < 0 {
-			return i == -1 && s.skip()
-		}
-		if seen&(1<<i) != 0 {
-			return false
-		}
-		seen |= 1 << i
+	ok = s.fields(usageObjectKeys[:], func(i int) bool {
 		switch usageObjectKeys[i] {
 		case "prompt_tokens":
 			return s.optInt(&u.PromptTokens, &have)

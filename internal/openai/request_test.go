@@ -507,17 +507,7 @@ func BenchmarkParseChat400K(b *testing.B) {
 			}
 		})
 		// With a Scratch reused from one request to the next, as the router's handler does.
-		b.Run(bc.name+"-scratch", func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			var sc Scratch
-			for b.Loop() {
-				sc.Reset()
-				if _, err := ParseScratch(KindChat, body, &sc); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		b.Run(bc.name+"-scratch", func(b *testing.B) { benchParse(b, KindChat, body) })
 	}
 }
 
@@ -606,17 +596,7 @@ func BenchmarkParsePrompt400K(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			b.SetBytes(int64(len(body)))
-			var sc Scratch
-			for b.Loop() {
-				sc.Reset()
-				if _, err := ParseScratch(bc.kind, body, &sc); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		b.Run(bc.name, func(b *testing.B) { benchParse(b, bc.kind, body) })
 	}
 }
 
@@ -630,15 +610,7 @@ func BenchmarkParseImage2M(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	var sc Scratch
-	for b.Loop() {
-		sc.Reset()
-		if _, err := ParseScratch(KindChat, body, &sc); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchParse(b, KindChat, body)
 }
 
 // BenchmarkParseTools is ParseScratch on a short chat that carries an agent's tool list: 40 tools
@@ -651,12 +623,18 @@ func BenchmarkParseTools(b *testing.B) {
 			i, strings.Repeat("Reads a file from the workspace and returns its lines. ", 12)))
 	}
 	body := []byte(`{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [` + strings.Join(tools, ", ") + `]}`)
+	benchParse(b, KindChat, body)
+}
+
+// benchParse runs ParseScratch on body b.N times as the router's handler does, with a Scratch
+// reused from one request to the next.
+func benchParse(b *testing.B, kind Kind, body []byte) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	var sc Scratch
 	for b.Loop() {
 		sc.Reset()
-		if _, err := ParseScratch(KindChat, body, &sc); err != nil {
+		if _, err := ParseScratch(kind, body, &sc); err != nil {
 			b.Fatal(err)
 		}
 	}

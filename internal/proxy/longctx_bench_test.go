@@ -212,12 +212,7 @@ func growing(tokens, n int, stream bool) [][]byte {
 // asCompletion returns chat bodies as completion requests whose prompt is the messages' contents
 // one after the other.
 func asCompletion(bodies [][]byte) [][]byte {
-	out := make([][]byte, len(bodies))
-	for i, body := range bodies {
-		var v map[string]any
-		if err := json.Unmarshal(body, &v); err != nil {
-			panic(err)
-		}
+	return rewrite(bodies, func(v map[string]any) {
 		var sb strings.Builder
 		for _, m := range v["messages"].([]any) {
 			sb.WriteString(m.(map[string]any)["content"].(string))
@@ -225,28 +220,29 @@ func asCompletion(bodies [][]byte) [][]byte {
 		}
 		delete(v, "messages")
 		v["prompt"] = sb.String()
-		b, err := json.Marshal(v)
-		if err != nil {
-			panic(err)
-		}
-		out[i] = b
-	}
-	return out
+	})
 }
 
 // withParts returns bodies with every message's content as an array of one text part
 // ([{"type": "text", "text": ...}]), as many SDKs and agent frameworks send it.
 func withParts(bodies [][]byte) [][]byte {
+	return rewrite(bodies, func(v map[string]any) {
+		for _, m := range v["messages"].([]any) {
+			m := m.(map[string]any)
+			m["content"] = []any{map[string]any{"type": "text", "text": m["content"]}}
+		}
+	})
+}
+
+// rewrite returns the JSON bodies as edit changes them.
+func rewrite(bodies [][]byte, edit func(map[string]any)) [][]byte {
 	out := make([][]byte, len(bodies))
 	for i, body := range bodies {
 		var v map[string]any
 		if err := json.Unmarshal(body, &v); err != nil {
 			panic(err)
 		}
-		for _, m := range v["messages"].([]any) {
-			m := m.(map[string]any)
-			m["content"] = []any{map[string]any{"type": "text", "text": m["content"]}}
-		}
+		edit(v)
 		b, err := json.Marshal(v)
 		if err != nil {
 			panic(err)
