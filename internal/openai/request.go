@@ -193,29 +193,18 @@ type wireFast struct {
 func Parse(kind Kind, body []byte) (*Request, error) { return ParseScratch(kind, body, nil) }
 
 // Scratch is memory that ParseScratch decodes long message contents with escapes into (a
-// 100k-token prompt with line breaks is a 400 KB copy), and reads a chat's messages into (an
-// agent's session of 550 messages, 150 KB), reused from one request to the next instead of
-// allocated for each: the router pools them. Its zero value is ready to use.
+// 100k-token prompt with line breaks is a 400 KB copy), reused from one request to the next
+// instead of allocated for each: the router pools them. Its zero value is ready to use.
 type Scratch struct {
-	buf  []byte
-	msgs []wireMessage // empty, cleared: ParseScratch is done with them when it returns
+	buf []byte
 }
 
 // Reset makes the memory of every string decoded into s free for the next ParseScratch: call it
 // only when no Request parsed with s, and no string taken from one, is in use any more.
 func (s *Scratch) Reset() { s.buf = s.buf[:0] }
 
-// putMessages keeps msgs for the next ParseScratch, cleared: what convertMessages made of them
-// holds what it needs, and the pool holds no view of this body.
-func (s *Scratch) putMessages(msgs []wireMessage) {
-	if s != nil {
-		clear(msgs)
-		s.msgs = msgs[:0]
-	}
-}
-
 // Cap is how many bytes s holds.
-func (s *Scratch) Cap() int { return cap(s.buf) + cap(s.msgs)*int(unsafe.Sizeof(wireMessage{})) }
+func (s *Scratch) Cap() int { return cap(s.buf) }
 
 // take returns room for n bytes after what s holds, as an empty slice of that capacity, which
 // stays valid until Reset (when s is full, the room is new memory, and s holds that from then
@@ -236,24 +225,12 @@ func ParseScratch(kind Kind, body []byte, sc *Scratch) (*Request, error) {
 	// the rest, and gives up (ok false) on anything unusual, which then takes the encoding/json
 	// paths below with their precise errors.
 	if sb, ok := scanBody(kind, body, sc); ok {
-		var m []Message
-		var err error
-		if sb.msgs != nil {
-			field := "messages"
-			if kind == KindResponse {
-				field = "input"
-			}
-			m, err = convertMessages(sb.msgs, field)
-			sc.putMessages(sb.msgs)
+		r, err := fromWire(kind, body, &sb.w)
+		if err != nil {
+			return nil, err
 		}
-		if err == nil {
-			r, err := fromWire(kind, body, &sb.w)
-			if err != nil {
-				return nil, err
-			}
-			r.Messages, r.Prompt = m, sb.prompt
-			return r, nil
-		}
+		r.Messages, r.Prompt = sb.msgs, sb.prompt
+		return r, nil
 	}
 	return parseDecoded(kind, body)
 }
@@ -481,50 +458,69 @@ func parseMessages(raw json.RawMessage, field string) ([]Message, error) {
 // convertMessages turns decoded messages into Messages, checking them.
 func convertMessages(wms []wireMessage, field string) ([]Message, error) {
 	out := make([]Message, 0, len(wms))
-	// A message's path in errors (messages[3]), built only for one.
-	at := func(i int) string { return field + "[" + strconv.Itoa(i) + "]" }
-	// Each string content's one-part list, from one allocation for the request.
-	var single []string
-	for i, wm := range wms {
-		m := Message{Role: wm.Role, Name: wm.Name, ToolCallID: wm.ToolCallID}
-		switch wm.Type {
-		case "function_call":
-			m.Role = "assistant"
-			m.ToolCalls = []ToolCall{{Name: wm.Name, Arguments: wm.Arguments}}
-			m.Name = ""
-		case "function_call_output":
-			m.Role = "tool"
-			m.ToolCallID = wm.CallID
-			// The output is the item's text, whatever its content says.
-			wm.Content, wm.dec = wm.Output, wm.out
-		default:
-			if m.Role == "" {
-				p := at(i)
-				return nil, BadRequest(p+".role", "missing required field %s.role", p)
-			}
-		}
-		switch {
-		case wm.dec.hasText:
-			if len(single) == 0 {
-				single = make([]string, len(wms)-i)
-			}
-			single[0] = wm.dec.text
-			m.Parts, single = single[:1:1], single[1:]
-		case wm.dec.hasParts:
-			m.Parts = wm.dec.parts
-		default:
-			parts, err := parseContent(wm.Content, at(i)+".content")
-			if err != nil {
-				return nil, err
-			}
-			m.Parts = parts
-		}
-		for _, tc := range wm.ToolCalls {
-			m.ToolCalls = append(m.ToolCalls, ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+	c := converter{field: field}
+	for i := range wms {
+		m, err := c.convert(&wms[i], i)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, m)
 	}
 	return out, nil
+}
+
+// converter makes Messages of wire messages one at a time: convertMessages, and the scanner as
+// it reads each (it keeps no list of wire messages, 280 bytes each: a 16 MB body of one-word
+// messages would be 150 MB of them).
+type converter struct {
+	field  string
+	single []string // room for string contents' one-part lists, allocated a few at a time
+	chunk  int
+}
+
+// convert makes the Message of wm, the i-th of the list.
+func (c *converter) convert(wm *wireMessage, i int) (Message, error) {
+	// A message's path in errors (messages[3]), built only for one.
+	at := func() string { return c.field + "[" + strconv.Itoa(i) + "]" }
+	m := Message{Role: wm.Role, Name: wm.Name, ToolCallID: wm.ToolCallID}
+	content, dec := wm.Content, wm.dec
+	switch wm.Type {
+	case "function_call":
+		m.Role = "assistant"
+		m.ToolCalls = []ToolCall{{Name: wm.Name, Arguments: wm.Arguments}}
+		m.Name = ""
+	case "function_call_output":
+		m.Role = "tool"
+		m.ToolCallID = wm.CallID
+		// The output is the item's text, whatever its content says.
+		content, dec = wm.Output, wm.out
+	default:
+		if m.Role == "" {
+			p := at()
+			return Message{}, BadRequest(p+".role", "missing required field %s.role", p)
+		}
+	}
+	switch {
+	case dec.hasText:
+		if len(c.single) == 0 {
+			c.chunk = min(max(2*c.chunk, 8), 1024)
+			c.single = make([]string, c.chunk)
+		}
+		c.single[0] = dec.text
+		m.Parts, c.single = c.single[:1:1], c.single[1:]
+	case dec.hasParts:
+		m.Parts = dec.parts
+	default:
+		parts, err := parseContent(content, at()+".content")
+		if err != nil {
+			return Message{}, err
+		}
+		m.Parts = parts
+	}
+	for _, tc := range wm.ToolCalls {
+		m.ToolCalls = append(m.ToolCalls, ToolCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+	}
+	return m, nil
 }
 
 // parseContent reads a message content: null, a string, or an array of parts.
@@ -787,18 +783,19 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 			}
 			switch c := s.peek(); {
 			case c == '[' && (kind == KindChat || kind == KindResponse):
-				if s.sc != nil && s.sc.msgs != nil {
-					*msgs, s.sc.msgs = s.sc.msgs, nil
-				} else {
-					*msgs = make([]wireMessage, 0, 4)
-				}
+				// Each message made a Message as it is read; one that convertMessages
+				// refuses leaves the body to encoding/json, which words the error.
+				*msgs = make([]Message, 0, 4)
+				conv := converter{field: target}
+				var wm wireMessage
 				return s.array(func() bool {
-					var m wireMessage
-					if !s.message(&m) {
+					wm = wireMessage{}
+					if !s.message(&wm) {
 						return false
 					}
+					m, err := conv.convert(&wm, len(*msgs))
 					*msgs = append(*msgs, m)
-					return true
+					return err == nil
 				})
 			case c == '"' && kind != KindChat:
 				v, _, ok := s.contentString()
@@ -868,7 +865,7 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 // Responses request's string input (prompt).
 type scanned struct {
 	w         wire
-	msgs      []wireMessage
+	msgs      []Message
 	prompt    Prompt
 	hasPrompt bool
 }

@@ -410,7 +410,7 @@ func TestScanReadsPartsAndToolCalls(t *testing.T) {
 		`{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`
 	sb, ok := scanBody(KindChat, []byte(body), nil)
 	msgs := sb.msgs
-	if !ok || len(msgs) != 2 || !msgs[0].dec.hasParts || len(msgs[0].dec.parts) != 2 || msgs[0].dec.parts[0] != "a" {
+	if !ok || len(msgs) != 2 || len(msgs[0].Parts) != 2 || msgs[0].Parts[0] != "a" || len(msgs[1].ToolCalls) != 1 {
 		t.Fatalf("scanBody: ok %v, messages %+v: want the content parts read by the scanner", ok, msgs)
 	}
 	s := scanner{b: []byte(`[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]`)}
