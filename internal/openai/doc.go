@@ -17,7 +17,8 @@
 //     messages with tool calls 0.4 to 0.6 ms against 1.1 to 1.6 (as text parts 5.1 to 6.7, as
 //     Responses input items 7.6 to 8.8), a 2 MB image part 0.8 to 1.1 ms against 32 to 36;
 //   - usage in responses and stream chunks (ScanUsage, FuzzScanUsage): a token's chunk 0.7 µs
-//     and no allocation against 5.7 µs and 12;
+//     and no allocation against 5.7 µs and 12; a Responses answer's id and usage (ResponseID,
+//     FuzzEngineBodies): 4 to 8 µs against 93 to 132 for 4,000 tokens;
 //   - the tool list's compaction (compact, FuzzCompact): 40 tools in 36 KB parsed in 46 to 58 µs
 //     against 193 to 213 with json.Compact.
 package openai

@@ -87,6 +87,9 @@ func FuzzEngineBodies(f *testing.F) {
 	f.Add(400, []byte(`{"object":"error","message":"x","type":"BadRequestError","param":null,"code":400}`))
 	f.Add(200, []byte(`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}`))
 	f.Add(200, []byte(`{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":1}}}`))
+	for _, c := range responseIDCases {
+		f.Add(200, []byte(c))
+	}
 	f.Fuzz(func(t *testing.T, status int, body []byte) {
 		e := NormalizeUpstreamError(status, body)
 		var v struct {
@@ -99,8 +102,43 @@ func FuzzEngineBodies(f *testing.F) {
 			t.Fatalf("cached %d", u.Cached())
 		}
 		_ = IsUsageOnlyChunk(body)
-		_ = ResponseID(body)
+		checkResponseID(t, body)
 	})
+}
+
+// responseIDCases are bodies on which ResponseID and responseIDDecoded must agree.
+var responseIDCases = []string{
+	`{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"a"}]}],"usage":{"input_tokens":1}}`,
+	`{"type":"response.created","sequence_number":0,"response":{"id":"resp_2","object":"response","output":[]}}`,
+	`{"id":"chatcmpl-1","object":"chat.completion"}`,
+	`{"id":"r","object":"response","response":{"id":""}}`,
+	`{"id":"r","object":"response","response":null}`,
+	`{"id":null,"object":"response"}`,
+	`{"id":5,"object":"response"}`,
+	`{"ID":"r","object":"response"}`,
+	`{"id":"r","id":"s","object":"response"}`,
+	`{"response":{"id":"a","id":"b"}}`,
+	`{"response":"x"}`,
+	"{\"id\":\"bad \xff\",\"object\":\"response\"}",
+	`{"object":"response"}`,
+	`[]`,
+	``,
+}
+
+func TestResponseIDMatchesDecoder(t *testing.T) {
+	for _, c := range responseIDCases {
+		checkResponseID(t, []byte(c))
+	}
+	if got := ResponseID([]byte(responseIDCases[1])); got != "resp_2" {
+		t.Errorf("ResponseID of a response.created event = %q, want resp_2", got)
+	}
+}
+
+func checkResponseID(t *testing.T, body []byte) {
+	t.Helper()
+	if got, want := ResponseID(body), responseIDDecoded(body); got != want {
+		t.Fatalf("ResponseID(%q) = %q, encoding/json: %q", body, got, want)
+	}
 }
 
 // FuzzRewriteText rewrites the prompt texts of parsed bodies: the result stays a valid JSON

@@ -640,6 +640,40 @@ func benchParse(b *testing.B, kind Kind, body []byte) {
 	}
 }
 
+// BenchmarkResponsesAnswer is what the router reads of a Responses API answer of 4,000 tokens
+// (16 KB): "usage" and "id" of the non-streamed body, "usage" of a stream's response.completed
+// event, which holds the whole response.
+func BenchmarkResponsesAnswer(b *testing.B) {
+	text := strings.Repeat("lorem ipsum dolor sit amet consectetur adipiscing elit ", 284)
+	resp := map[string]any{"id": "resp_1", "object": "response", "status": "completed", "model": "m",
+		"output": []any{map[string]any{"type": "message", "id": "msg_1", "role": "assistant",
+			"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}}},
+		"usage": map[string]any{"input_tokens": 1000, "output_tokens": 4000, "input_tokens_details": map[string]any{"cached_tokens": 900}}}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	event, err := json.Marshal(map[string]any{"type": "response.completed", "sequence_number": 4003, "response": resp})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		read func()
+	}{
+		{"body-usage", func() { ScanUsage(body) }},
+		{"body-id", func() { ResponseID(body) }},
+		{"event-usage", func() { ScanUsage(event) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.read()
+			}
+		})
+	}
+}
+
 // usageCases are response bodies on which ScanUsage and FindUsage must agree.
 var usageCases = []string{
 	`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x \"q\""}}],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":992}}}`,
@@ -651,6 +685,20 @@ var usageCases = []string{
 	`{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`,
 	`{"response":{"usage":{"input_tokens":7}}}`,
 	`{"usage":{"prompt_tokens":1},"response":"x"}`,
+	// Responses events and bodies: the top-level usage first, then the response's.
+	`{"type":"response.completed","sequence_number":9,"response":{"id":"r","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"a \"b\""}]}],"usage":{"input_tokens":7,"output_tokens":2,"input_tokens_details":{"cached_tokens":5}}}}`,
+	`{"usage":{"input_tokens":1},"response":{"usage":{"input_tokens":2}}}`,
+	`{"usage":null,"response":{"usage":{"input_tokens":2}}}`,
+	`{"response":null,"usage":{"input_tokens":1}}`,
+	`{"response":{"usage":null}}`,
+	`{"response":{}}`,
+	`{"response":[]}`,
+	`{"response":{"usage":{"input_tokens":1},"usage":{"input_tokens":2}}}`,
+	`{"response":{"Usage":{"input_tokens":1}}}`,
+	`{"response":{"usage":"x"},"usage":{"input_tokens":1}}`,
+	`{"usage":"x","response":{"usage":{"input_tokens":1}}}`,
+	`{"response":{"usage":{"input_tokens":1.5}}}`,
+	`{"response":{"usage":{"input_tokens":1}},"response":{}}`,
 	`{"choices":[]}`,
 	`{"choices":[],"usage":{"prompt_tokens":1}}`,
 	`{"choices" : [ ] ,"usage":{"prompt_tokens":1}}`,
