@@ -335,7 +335,7 @@ func (n *Node) warmStart(ctx context.Context) {
 			n.m.WarmStarts.WithLabelValues("ok").Inc()
 			n.m.SnapshotTaken(res.taken)
 			n.log.Info("warm start: took a peer's snapshot", "from", p.name, "index_entries", res.entries,
-				"in_flight", res.flights, "bytes", res.bytes, "took", time.Since(start).Round(time.Millisecond).String())
+				"in_flight", res.flights, "stale_events", res.stale, "bytes", res.bytes, "took", time.Since(start).Round(time.Millisecond).String())
 			return
 		}
 		select {

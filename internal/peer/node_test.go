@@ -221,6 +221,38 @@ func TestWarmStart(t *testing.T) {
 	waitFor(t, 5*time.Second, "c seeing the end of a's request", func() bool { return c.ep(ep).InFlight() == 0 })
 }
 
+// TestWarmStartLeavesTheDead: a snapshot's attempts of a replica that is not alive (here one
+// that a still counts, as it would a replica that died a moment ago, or this one's previous
+// life) are not taken: they would never end, and would count as load until request_ttl.
+func TestWarmStartLeavesTheDead(t *testing.T) {
+	a := startReplica(t, "a", nil, nil)
+	open := a.call(seqKeys(99_000, 10)...)
+	mine := open.Endpoint().Name
+	ghost := "http://e0"
+	if mine == ghost {
+		ghost = "http://e1"
+	}
+	a.lc.ApplyBatch([]route.Event{{Kind: route.EventRouted, Origin: origin("c", 1), ID: 7, Endpoint: ghost, Model: "m",
+		BlockTokens: 16, Blocks: prefix.Chain(nil, prefix.Seed("m", ""), seqKeys(5_000, 8)), PromptTokens: 131}}, nil)
+	if got := a.ep(ghost).InFlight(); got != 1 {
+		t.Fatalf("a counts %d requests in flight on %s, want the dead replica's 1", got, ghost)
+	}
+	c := startReplica(t, "c", []string{a.node.GossipAddr()}, nil)
+	select {
+	case <-c.node.WaitReady():
+	case <-time.After(10 * time.Second):
+		t.Fatal("c not ready")
+	}
+	if got := c.ep(mine).InFlight(); got != 1 {
+		t.Errorf("c counts %d requests in flight on %s, want a's 1", got, mine)
+	}
+	if got := c.ep(ghost).InFlight(); got != 0 {
+		t.Errorf("c counts %d requests in flight on %s, want 0: the dead replica's attempt was taken", got, ghost)
+	}
+	open.FirstToken()
+	open.Finish(route.Outcome{OK: true})
+}
+
 // TestWarmStartAlone: with no peer to take a snapshot from, a replica is ready after the
 // timeout, and says so in its metrics.
 func TestWarmStartAlone(t *testing.T) {

@@ -142,12 +142,20 @@ func TestReplicas(t *testing.T) {
 		p := prompts[g*20] // 12 of the 24 groups (shuffled)
 		first = append(first, prompt{group: p.group, system: p.system, question: "a new question for the restarted replica " + fmt.Sprint(g)})
 	}
-	direct := sendAll(reps[1].api, first, 1, nil)
+	// One at a time, each after asking /debug/explain how it would be ranked: a miss then says
+	// whether the restarted replica's index lacked the prefix or ranked another endpoint first.
+	client := &http.Client{Timeout: 60 * time.Second}
+	var direct []chatRec
 	hits := 0
-	for _, r := range direct {
+	for _, p := range first {
+		why := explain(client, reps[1].admin, p)
+		r := chat(client, reps[1].api, p)
+		direct = append(direct, r)
 		if r.err == nil && r.cached > 0 {
 			hits++
+			continue
 		}
+		t.Logf("restarted replica: group %d missed (err %v); /debug/explain before it: %s", p.group, r.err, why)
 	}
 	predicted := metricValue(t, reps[1].admin, `kvroute_predicted_cached_tokens_total{model="`+model+`"}`)
 	t.Logf("restarted replica: %d of %d first requests hit; predicted cached tokens %v", hits, len(direct), predicted)
@@ -491,6 +499,40 @@ func sendAll(base string, prompts []prompt, concurrency int, done func()) []chat
 }
 
 // chat sends one streamed chat request and reads it to its end.
+// explain returns how the router at admin's /debug/explain ranks p's request: each candidate in
+// order, as endpoint cached tokens / in flight, and "over" when over the load bound.
+func explain(client *http.Client, admin string, p prompt) string {
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "stream": true, "max_tokens": 8, "stream_options": map[string]any{"include_usage": true},
+		"messages": []map[string]string{{"role": "system", "content": p.system}, {"role": "user", "content": p.question}},
+	})
+	resp, err := client.Post(admin+"/debug/explain", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var ex struct {
+		Candidates []struct {
+			Endpoint     string `json:"endpoint"`
+			InFlight     int    `json:"in_flight"`
+			CachedTokens int    `json:"cached_tokens"`
+			WithinBound  bool   `json:"within_bound"`
+		} `json:"candidates"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ex); err != nil {
+		return resp.Status + ": " + err.Error()
+	}
+	var sb strings.Builder
+	for _, c := range ex.Candidates {
+		fmt.Fprintf(&sb, "%s %d/%d", c.Endpoint, c.CachedTokens, c.InFlight)
+		if !c.WithinBound {
+			sb.WriteString(" over")
+		}
+		sb.WriteString("; ")
+	}
+	return sb.String()
+}
+
 func chat(client *http.Client, base string, p prompt) chatRec {
 	rec := chatRec{p: p, start: time.Now()}
 	body, _ := json.Marshal(map[string]any{
