@@ -216,10 +216,11 @@ func (s *Scratch) take(n int) []byte {
 	return s.buf[len(s.buf):len(s.buf):cap(s.buf)]
 }
 
-// ParseScratch is Parse, with the chat messages' string contents that have escapes decoded into
-// sc (nil: new memory), where they stay until sc.Reset. Only message contents are decoded or
-// viewed in place (of body or sc): every other string (the model, the user, the cache key) is a
-// copy of its own, which may be kept after the request.
+// ParseScratch is Parse, with the message contents and prompt texts (Messages' Parts,
+// Prompt.Texts) that have escapes decoded into sc (nil: new memory), where they stay until
+// sc.Reset. Only those are decoded or viewed in place (of body or sc, from minShared bytes):
+// every other string (the model, the user, the cache key, names, tool calls) is a copy of its
+// own, which may be kept after the request; a content or prompt text must be copied to be kept.
 func ParseScratch(kind Kind, body []byte, sc *Scratch) (*Request, error) {
 	// One hand-written pass over the body: it reads only the fields we route on and validates
 	// the rest, and gives up (ok false) on anything unusual, which then takes the encoding/json
