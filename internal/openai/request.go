@@ -737,17 +737,18 @@ func (r *Request) SessionKey() string {
 	return r.User
 }
 
-// The fast path of chat and Responses bodies. scanBody fills the same wire shapes that
-// encoding/json would, from one pass over the body, without copying raw values (they stay
-// sub-slices of body): a chat's messages, a Responses request's input items (when input is an
-// array: a string input, or none, takes the encoding/json path). It gives up (ok false)
-// wherever its result could differ from encoding/json's: invalid JSON, a mistyped or null
+// The fast path of every body. scanBody fills the same wire shapes that encoding/json would,
+// from one pass over the body, without copying raw values (they stay sub-slices of body): a
+// chat's messages or a Responses request's input items (made Messages as they are read), or a
+// completion's prompt, an embeddings or Responses request's string input (a Prompt). A body
+// without them (a Responses request with only previous_response_id) takes the encoding/json
+// path. It gives up (ok false) wherever its result could differ from encoding/json's: invalid JSON, a mistyped or null
 // required field, a duplicate or case-folded key, an escaped key, a string that is not valid
 // UTF-8 or holds a lone surrogate, deep nesting. Parse then takes the encoding/json path, so
 // scanBody never decides an error.
 
-// chatKeys are the top-level keys encoding/json would match (case-insensitively) into wire.
-var chatKeys = [...]string{"model", "messages", "tools", "prompt", "input", "instructions", "stream",
+// bodyKeys are the top-level keys encoding/json would match (case-insensitively) into wire.
+var bodyKeys = [...]string{"model", "messages", "tools", "prompt", "input", "instructions", "stream",
 	"stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "user", "cache_salt",
 	"prompt_cache_key", "previous_response_id"}
 
@@ -770,8 +771,8 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 	s := scanner{b: body, sc: sc}
 	var maxOut, maxTok, maxComp int
 	var haveOut, haveTok, haveComp bool
-	ok = s.fields(chatKeys[:], func(i int) bool {
-		switch chatKeys[i] {
+	ok = s.fields(bodyKeys[:], func(i int) bool {
+		switch bodyKeys[i] {
 		case "model":
 			v, isNull, ok := s.stringOrNull()
 			if !ok || isNull || v == "" {
@@ -779,7 +780,7 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 			}
 			w.Model = &v
 		case "messages", "input", "prompt":
-			if chatKeys[i] != target {
+			if bodyKeys[i] != target {
 				return s.skip()
 			}
 			switch c := s.peek(); {
@@ -989,18 +990,20 @@ func (s *scanner) message(m *wireMessage) bool {
 		case "output":
 			return s.content(&m.Output, &m.out) // a function_call_output item's text
 		case "tool_calls":
+			// Every step of an agent's session has one: read here, and by encoding/json only
+			// where the scanner is unsure (null included), from where it started.
+			s.ws()
+			start := s.i
+			if calls, ok := s.toolCalls(); ok {
+				m.ToolCalls = calls
+				return true
+			}
+			s.i = start // depth is as it was: every level restores it
 			raw := s.raw()
 			if raw == nil {
 				return false
 			}
 			if bytes.Equal(raw, []byte("null")) {
-				return true
-			}
-			// Every step of an agent's session has one: read here, and by encoding/json only
-			// where the scanner is unsure.
-			t := scanner{b: raw}
-			if calls, ok := t.toolCalls(); ok && t.end() {
-				m.ToolCalls = calls
 				return true
 			}
 			return json.Unmarshal(raw, &m.ToolCalls) == nil
@@ -1173,6 +1176,11 @@ func (s *scanner) fields(keys []string, member func(i int) bool) bool {
 		seen |= 1 << i
 		return member(i)
 	})
+}
+
+// nullOrFields reads null, or an object as fields does.
+func (s *scanner) nullOrFields(keys []string, member func(i int) bool) bool {
+	return s.literal("null") || s.peek() == '{' && s.fields(keys, member)
 }
 
 // contentString is stringOrNull for a message content or a prompt: one from minShared bytes is a
@@ -1537,10 +1545,7 @@ func ScanUsage(body []byte) (Usage, bool) {
 			usage = s.raw()
 			return usage != nil
 		}
-		if s.literal("null") {
-			return true
-		}
-		return s.peek() == '{' && s.fields(usageKeys[:1], func(int) bool {
+		return s.nullOrFields(usageKeys[:1], func(int) bool {
 			inner = s.raw()
 			return inner != nil
 		})

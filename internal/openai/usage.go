@@ -101,10 +101,7 @@ func ResponseID(body []byte) string {
 		case 1:
 			return s.plainField(&object)
 		}
-		if s.literal("null") {
-			return true
-		}
-		return s.peek() == '{' && s.fields(responseIDKeys[:1], func(int) bool { return s.plainField(&inner) })
+		return s.nullOrFields(responseIDKeys[:1], func(int) bool { return s.plainField(&inner) })
 	})
 	switch {
 	case !ok || !s.end():

@@ -502,11 +502,7 @@ func sendAll(base string, prompts []prompt, concurrency int, done func()) []chat
 // explain returns how the router at admin's /debug/explain ranks p's request: each candidate in
 // order, as endpoint cached tokens / in flight, and "over" when over the load bound.
 func explain(client *http.Client, admin string, p prompt) string {
-	body, _ := json.Marshal(map[string]any{
-		"model": model, "stream": true, "max_tokens": 8, "stream_options": map[string]any{"include_usage": true},
-		"messages": []map[string]string{{"role": "system", "content": p.system}, {"role": "user", "content": p.question}},
-	})
-	resp, err := client.Post(admin+"/debug/explain", "application/json", bytes.NewReader(body))
+	resp, err := client.Post(admin+"/debug/explain", "application/json", bytes.NewReader(chatBody(p)))
 	if err != nil {
 		return err.Error()
 	}
@@ -533,13 +529,18 @@ func explain(client *http.Client, admin string, p prompt) string {
 	return sb.String()
 }
 
-func chat(client *http.Client, base string, p prompt) chatRec {
-	rec := chatRec{p: p, start: time.Now()}
+// chatBody is p's streamed chat request, asking for usage.
+func chatBody(p prompt) []byte {
 	body, _ := json.Marshal(map[string]any{
 		"model": model, "stream": true, "max_tokens": 8, "stream_options": map[string]any{"include_usage": true},
 		"messages": []map[string]string{{"role": "system", "content": p.system}, {"role": "user", "content": p.question}},
 	})
-	resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	return body
+}
+
+func chat(client *http.Client, base string, p prompt) chatRec {
+	rec := chatRec{p: p, start: time.Now()}
+	resp, err := client.Post(base+"/v1/chat/completions", "application/json", bytes.NewReader(chatBody(p)))
 	if err != nil {
 		rec.err = err
 		return rec
