@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -40,6 +41,21 @@ type verbHelp struct {
 	argsHint string
 }
 
+// nearFlag is "did you mean -x? " when err is the flag package's unknown flag and one of
+// fs's flags is within two edits of it, else "".
+func nearFlag(fs *flag.FlagSet, err error) string {
+	bad, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
+	if !ok {
+		return ""
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	if near := config.Nearest(strings.TrimPrefix(bad, "-"), names); near != "" {
+		return "did you mean -" + near + "? "
+	}
+	return ""
+}
+
 // parseOrExit parses args into fs. When the verb must stop there it returns exit true and the
 // status: 0 after -h or --help (help on stdout), 2 after a bad flag or a stray argument (the
 // reason on stderr, one line). Otherwise it returns the positional arguments.
@@ -61,7 +77,7 @@ func parseOrExit(fs *flag.FlagSet, args []string, h verbHelp, stdout, stderr io.
 			return nil, 0, true
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v (run '%s -h')\n", name, err, name)
+			fmt.Fprintf(stderr, "%s: %v (%srun '%s -h')\n", name, err, nearFlag(fs, err), name)
 			return nil, 2, true
 		}
 		if fs.NArg() == 0 {

@@ -28,6 +28,21 @@ func writeTempFile(t *testing.T, name, text string) string {
 	return path
 }
 
+// TestUnknownCommand: a verb that does not exist exits 2 and names the nearest one, if any is
+// within two edits.
+func TestUnknownCommand(t *testing.T) {
+	for verb, want := range map[string]string{
+		"analyse":    `kvroute: unknown command "analyse" (did you mean "analyze"? run 'kvroute help')`,
+		"server":     `kvroute: unknown command "server" (did you mean "serve"? run 'kvroute help')`,
+		"frobnicate": `kvroute: unknown command "frobnicate" (run 'kvroute help')`,
+	} {
+		code, stdout, stderr := runVerb(verb)
+		if code != 2 || stdout != "" || strings.TrimSpace(stderr) != want {
+			t.Errorf("kvroute %s: exit %d, stdout %q, stderr %q; want 2 and %q", verb, code, stdout, stderr, want)
+		}
+	}
+}
+
 func TestParseOrExit(t *testing.T) {
 	h := verbHelp{usage: []string{"usage: kvroute x [flags]"}, more: policyHelp}
 	tests := []struct {
@@ -45,6 +60,8 @@ func TestParseOrExit(t *testing.T) {
 			stdout: []string{"usage: kvroute x [flags]", "\nflags:\n", "-n int", "policies: "}},
 		{name: "bad flag", args: []string{"--nope"}, code: 2, exit: true,
 			stderr: []string{"kvroute x: flag provided but not defined: -nope (run 'kvroute x -h')"}},
+		{name: "near flag", args: []string{"--nn", "3"}, code: 2, exit: true,
+			stderr: []string{"kvroute x: flag provided but not defined: -nn (did you mean -n? run 'kvroute x -h')"}},
 		{name: "bad value", args: []string{"--n", "many"}, code: 2, exit: true, stderr: []string{"-n", "kvroute x -h"}},
 		{name: "stray argument", args: []string{"--n", "1", "file"}, code: 2, exit: true,
 			stderr: []string{`kvroute x: unexpected arguments ["file"] (run 'kvroute x -h')`}},

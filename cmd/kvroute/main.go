@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kvroute/kvroute/internal/config"
 )
 
 type verb struct {
@@ -54,7 +56,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return v.run(ctx, args[1:], stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "kvroute: unknown command %q (run 'kvroute help')\n", args[0])
+	names := make([]string, 0, len(verbs()))
+	for _, v := range verbs() {
+		names = append(names, v.name)
+	}
+	hint := ""
+	if near := config.Nearest(args[0], names); near != "" {
+		hint = fmt.Sprintf("did you mean %q? ", near)
+	}
+	fmt.Fprintf(stderr, "kvroute: unknown command %q (%srun 'kvroute help')\n", args[0], hint)
 	return 2
 }
 

@@ -162,7 +162,7 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 			ft, ok := fields[k]
 			if !ok {
 				hint := ""
-				if near := nearest(k, names); near != "" {
+				if near := Nearest(k, names); near != "" {
 					hint = fmt.Sprintf("did you mean %q? ", near)
 				}
 				*errs = append(*errs, fmt.Errorf("%s: unknown key %q in %s (%sknown keys: %s)",
@@ -223,8 +223,9 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 	}
 }
 
-// nearest returns the name closest to key by edit distance, if it is within 2 edits.
-func nearest(key string, names []string) string {
+// Nearest returns the name closest to key by edit distance, if it is within 2 edits ("" if
+// none is): the "did you mean" of config keys, and of the command line's verbs and flags.
+func Nearest(key string, names []string) string {
 	best, bestD := "", 3
 	for _, n := range names {
 		if d := editDistance(key, n, bestD); d < bestD {
