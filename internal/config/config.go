@@ -164,6 +164,11 @@ func (d *DNSDiscovery) URL(addr string) string {
 type Health struct {
 	Interval Duration `json:"interval"` // default 5s
 	Timeout  Duration `json:"timeout"`  // default 2s
+	// UnhealthyInterval is how often an endpoint whose last check failed is checked instead:
+	// one out of rotation comes back within it of its engine answering again (a router started
+	// before its engines, an engine restarted), and one in rotation that failed a check meets
+	// the next one sooner. Default 1s, or Interval when that is shorter.
+	UnhealthyInterval Duration `json:"unhealthy_interval"`
 	// HealthyThreshold consecutive successes make an unhealthy endpoint healthy. Default 1.
 	HealthyThreshold int `json:"healthy_threshold"`
 	// UnhealthyThreshold consecutive failures make a healthy endpoint unhealthy. Default 2.
@@ -693,6 +698,9 @@ func (h *Health) setDefaults(*Config) {
 	if h.Timeout == 0 {
 		h.Timeout = Duration(2 * time.Second)
 	}
+	if h.UnhealthyInterval == 0 {
+		h.UnhealthyInterval = min(Duration(time.Second), h.Interval)
+	}
 	if h.HealthyThreshold == 0 {
 		h.HealthyThreshold = 1
 	}
@@ -725,6 +733,11 @@ func (h *Health) validate(_ *Config, p *problems) {
 	}
 	if h.Interval < 0 {
 		p.add("health.interval", "must be positive, like 5s")
+	}
+	if h.UnhealthyInterval < 0 {
+		p.add("health.unhealthy_interval", "must be positive, like 1s")
+	} else if h.Interval > 0 && h.UnhealthyInterval > h.Interval {
+		p.add("health.unhealthy_interval", "%v is longer than health.interval %v: make it at most that", h.UnhealthyInterval.D(), h.Interval.D())
 	}
 	if h.Timeout < 0 {
 		p.add("health.timeout", "must be positive, like 2s")

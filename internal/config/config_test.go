@@ -36,7 +36,7 @@ func TestParse_Defaults(t *testing.T) {
 			CacheSalt: &tru, MetricsPath: "/metrics",
 		}},
 		Discovery: Discovery{PollInterval: Duration(30 * time.Second)},
-		Health: Health{Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
+		Health: Health{Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second), UnhealthyInterval: Duration(time.Second),
 			HealthyThreshold: 1, UnhealthyThreshold: 2, PassiveFailures: 3,
 			EjectionTime: Duration(30 * time.Second), MaxEjectionTime: Duration(5 * time.Minute), MaxEjectedPercent: 50},
 		Scrape: Scrape{Interval: Duration(time.Second), Timeout: Duration(time.Second)},
@@ -493,4 +493,30 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestParse_UnhealthyInterval: health.unhealthy_interval defaults to 1s, or to health.interval
+// when that is shorter; longer than health.interval, or negative, is an error naming the key.
+func TestParse_UnhealthyInterval(t *testing.T) {
+	for _, tc := range []struct {
+		health string
+		want   time.Duration
+	}{{"{}", time.Second}, {"{interval: 500ms, timeout: 200ms}", 500 * time.Millisecond}, {"{unhealthy_interval: 3s}", 3 * time.Second}} {
+		c, err := Parse([]byte("health: " + tc.health + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+		if err != nil {
+			t.Fatalf("health %s: %v", tc.health, err)
+		}
+		if got := c.Health.UnhealthyInterval.D(); got != tc.want {
+			t.Errorf("health %s: unhealthy_interval %v, want %v", tc.health, got, tc.want)
+		}
+	}
+	for health, want := range map[string]string{
+		"{unhealthy_interval: 10s}": "health.unhealthy_interval: 10s is longer than health.interval 5s: make it at most that",
+		"{unhealthy_interval: -1s}": "health.unhealthy_interval: must be positive, like 1s",
+	} {
+		_, err := Parse([]byte("health: " + health + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("health %s: error %v, want %q", health, err, want)
+		}
+	}
 }

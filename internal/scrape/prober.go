@@ -23,6 +23,7 @@ const DefaultMaxMetricsBytes = 8 << 20
 // Options tune the Prober. Zero values take the config package's defaults.
 type Options struct {
 	HealthInterval     time.Duration
+	UnhealthyInterval  time.Duration // how often an endpoint whose last check failed is checked
 	HealthTimeout      time.Duration
 	HealthyThreshold   int // consecutive successes that make an unhealthy endpoint healthy
 	UnhealthyThreshold int // consecutive failures that make a healthy endpoint unhealthy
@@ -38,6 +39,7 @@ type Options struct {
 func OptionsFrom(c *config.Config) Options {
 	return Options{
 		HealthInterval:     c.Health.Interval.D(),
+		UnhealthyInterval:  c.Health.UnhealthyInterval.D(),
 		HealthTimeout:      c.Health.Timeout.D(),
 		HealthyThreshold:   c.Health.HealthyThreshold,
 		UnhealthyThreshold: c.Health.UnhealthyThreshold,
@@ -54,6 +56,7 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	def(&o.HealthInterval, 5*time.Second)
+	def(&o.UnhealthyInterval, min(time.Second, o.HealthInterval))
 	def(&o.HealthTimeout, 2*time.Second)
 	def(&o.ScrapeInterval, time.Second)
 	def(&o.ScrapeTimeout, time.Second)
@@ -204,7 +207,7 @@ func (p *Prober) Run(ctx context.Context) error {
 			running[ep] = cancel
 			spec, _ := p.pool.Spec(ep)
 			wg.Go(func() {
-				p.every(epCtx, func(o Options) time.Duration { return o.HealthInterval }, func() { _ = p.Check(epCtx, ep) })
+				p.every(epCtx, func(o Options) time.Duration { return p.healthInterval(ep, o) }, func() { _ = p.Check(epCtx, ep) })
 			})
 			// An auto endpoint gets a scrape loop too: it scrapes once its kind is known to
 			// have metrics.
@@ -233,6 +236,20 @@ func (p *Prober) Run(ctx context.Context) error {
 		case <-changed:
 		}
 	}
+}
+
+// healthInterval is the wait between ep's health checks: UnhealthyInterval while its last
+// check failed (out of rotation, or on its way out), HealthInterval otherwise. Both are on the
+// grid of every's ticks.
+func (p *Prober) healthInterval(ep *endpoint.Endpoint, o Options) time.Duration {
+	p.mu.Lock()
+	s := p.state[ep]
+	failing := s != nil && s.fail > 0
+	p.mu.Unlock()
+	if failing {
+		return o.UnhealthyInterval
+	}
+	return o.HealthInterval
 }
 
 // every runs f at once and then on the ticks of interval(options) until ctx ends.

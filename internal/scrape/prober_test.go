@@ -313,3 +313,48 @@ func TestUntilTick(t *testing.T) {
 		}
 	}
 }
+
+// TestProber_UnhealthyInterval: an endpoint whose check failed is checked every
+// UnhealthyInterval, not HealthInterval: an engine still loading when the router starts is in
+// rotation within about that of answering, and once it passes, it is checked at the slower
+// pace again.
+func TestProber_UnhealthyInterval(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	eng := newFakeEngine(t, "")
+	eng.status.Store(http.StatusServiceUnavailable) // loading the model
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm", Models: []string{"m"}})
+	pr := New(pool, client, Options{HealthInterval: time.Hour, UnhealthyInterval: 20 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pr.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		eng.srv.Close()
+		client.CloseIdleConnections()
+	}()
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(2 * time.Millisecond) // polling with a deadline
+		}
+	}
+	wait("the first check to take it out", func() bool { return !ep.Healthy() })
+	wait("checks while it is out", func() bool { return eng.checks.Load() >= 3 })
+	eng.status.Store(http.StatusOK)
+	back := time.Now()
+	wait("the endpoint back in rotation", ep.Healthy)
+	if d := time.Since(back); d > 5*time.Second {
+		t.Errorf("back %v after its engine answered", d)
+	}
+	n := eng.checks.Load()
+	time.Sleep(200 * time.Millisecond)
+	if got := eng.checks.Load() - n; got > 1 {
+		t.Errorf("%d checks in 200 ms once healthy, want the hourly pace (at most the one in progress)", got)
+	}
+}
