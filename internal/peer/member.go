@@ -86,7 +86,7 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
 	c.Logger = nil
-	c.LogOutput = &logWriter{log: n.log}
+	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping}
 	if n.cfg.FaultInjection || p == 0 {
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{c.BindAddr}, BindPort: p,
 			Logger: log.New(c.LogOutput, "", 0)})
@@ -265,14 +265,25 @@ func (n *Node) joinSources(ctx context.Context) int {
 func urlEscape(s string) string { return url.QueryEscape(s) }
 
 // logWriter forwards memberlist's log lines to slog: errors and warnings as warnings, the
-// rest at debug level.
-type logWriter struct{ log *slog.Logger }
+// rest at debug level. Once the node is stopping, everything is at debug level: leaving, its
+// probes and gossip in flight meet the sockets it is closing ("use of closed network
+// connection"), which at every rolling restart read as errors.
+type logWriter struct {
+	log      *slog.Logger
+	stopping <-chan struct{}
+}
 
 func (w *logWriter) Write(p []byte) (int, error) {
+	stopping := false
+	select {
+	case <-w.stopping:
+		stopping = true
+	default:
+	}
 	sc := bufio.NewScanner(strings.NewReader(string(p)))
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]") {
+		if !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")) {
 			w.log.Warn("memberlist", "msg", line)
 		} else {
 			w.log.Debug("memberlist", "msg", line)

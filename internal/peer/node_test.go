@@ -553,3 +553,31 @@ func TestPublishNeverBlocks(t *testing.T) {
 	})
 	fmt.Fprint(io.Discard, msgpack.RawMessage{})
 }
+
+// TestLogWriter: memberlist's errors and warnings are warnings, its other lines debug; once the
+// node is stopping, all of them are debug (closing its sockets makes errors of its last probes).
+func TestLogWriter(t *testing.T) {
+	var buf bytes.Buffer
+	stopping := make(chan struct{})
+	w := &logWriter{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), stopping: stopping}
+	write := func(line string) string {
+		buf.Reset()
+		if _, err := w.Write([]byte(line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	for line, level := range map[string]string{
+		"[ERR] memberlist: Failed to send gossip to 127.0.0.1:7946: write udp: use of closed network connection": "level=WARN",
+		"[WARN] memberlist: Refuting a dead message (from: r1)":                                                  "level=WARN",
+		"[DEBUG] memberlist: Stream connection from=127.0.0.1:7946":                                              "level=DEBUG",
+	} {
+		if got := write(line); !strings.Contains(got, level) {
+			t.Errorf("%q logged as %q, want %s", line, got, level)
+		}
+	}
+	close(stopping)
+	if got := write("[ERR] memberlist: Failed to send UDP ping: use of closed network connection"); !strings.Contains(got, "level=DEBUG") {
+		t.Errorf("stopping: an error logged as %q, want level=DEBUG", got)
+	}
+}
