@@ -61,6 +61,17 @@ func newFakeEngine(t *testing.T, fixture string) *fakeEngine {
 	return f
 }
 
+// waitFor polls cond until it holds, failing t after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond) // polling with a deadline
+	}
+}
+
 func onePool(t *testing.T, spec endpoint.Spec) (*endpoint.Pool, *endpoint.Endpoint) {
 	t.Helper()
 	p := endpoint.NewPool()
@@ -218,28 +229,19 @@ func TestProber_RunFollowsPool(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- pr.Run(ctx) }()
 
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(2 * time.Millisecond) // polling with a deadline
-		}
-	}
-	waitFor("the first scrape", func() bool { return ep.Snapshot() != nil })
+	waitFor(t, "the first scrape", func() bool { return ep.Snapshot() != nil })
 	if ep.Snapshot().Running != 37 {
 		t.Errorf("running = %d, want 37", ep.Snapshot().Running)
 	}
-	waitFor("repeated checks", func() bool { return eng.checks.Load() >= 3 })
+	waitFor(t, "repeated checks", func() bool { return eng.checks.Load() >= 3 })
 
 	// Swap the endpoint: the old one stops being probed, the new one starts.
 	if _, err := pool.Update([]endpoint.Spec{{Name: eng2.srv.URL, Engine: "tgi", MetricsPath: "/metrics"}}); err != nil {
 		t.Fatal(err)
 	}
 	ep2 := pool.ByName(eng2.srv.URL)
-	waitFor("the new endpoint's scrape", func() bool { return ep2.Snapshot() != nil })
-	waitFor("the removed endpoint's state dropped", func() bool { return pr.Status(ep).LastCheck.IsZero() })
+	waitFor(t, "the new endpoint's scrape", func() bool { return ep2.Snapshot() != nil })
+	waitFor(t, "the removed endpoint's state dropped", func() bool { return pr.Status(ep).LastCheck.IsZero() })
 	if ep2.Snapshot().Waiting != 4 {
 		t.Errorf("tgi waiting = %d, want 4", ep2.Snapshot().Waiting)
 	}
@@ -335,20 +337,11 @@ func TestProber_UnhealthyInterval(t *testing.T) {
 		eng.srv.Close()
 		client.CloseIdleConnections()
 	}()
-	wait := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(2 * time.Millisecond) // polling with a deadline
-		}
-	}
-	wait("the first check to take it out", func() bool { return !ep.Healthy() })
-	wait("checks while it is out", func() bool { return eng.checks.Load() >= 3 })
+	waitFor(t, "the first check to take it out", func() bool { return !ep.Healthy() })
+	waitFor(t, "checks while it is out", func() bool { return eng.checks.Load() >= 3 })
 	eng.status.Store(http.StatusOK)
 	back := time.Now()
-	wait("the endpoint back in rotation", ep.Healthy)
+	waitFor(t, "the endpoint back in rotation", ep.Healthy)
 	if d := time.Since(back); d > 5*time.Second {
 		t.Errorf("back %v after its engine answered", d)
 	}
