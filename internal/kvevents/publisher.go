@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -43,6 +44,7 @@ type Publisher struct {
 	replay zmq4.Socket
 	wg     sync.WaitGroup
 	notify chan struct{}
+	sent   atomic.Int64 // batches handed to pub
 
 	mu      sync.Mutex
 	queue   []Batch
@@ -140,7 +142,13 @@ func (p *Publisher) Publish(b Batch) {
 	}
 }
 
-// NextSeq returns the sequence number the next sent batch will get (the count sent so far).
+// Sent returns how many batches have been handed to the PUB socket: a subscriber that
+// connects after that misses them all (NextSeq counts a batch from the moment it has its
+// sequence number, a moment before it is sent).
+func (p *Publisher) Sent() int64 { return p.sent.Load() }
+
+// NextSeq returns the sequence number the next batch will get (the count of batches numbered
+// so far, the last of which may still be on its way to the socket: Sent).
 func (p *Publisher) NextSeq() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -210,6 +218,7 @@ func (p *Publisher) sendOne(b Batch) {
 	if err := p.pub.Send(zmq4.NewMsgFrom([]byte(p.topic), SeqBytes(seq), payload)); err != nil {
 		p.log.Warn("kv events: send", "seq", seq, "err", err)
 	}
+	p.sent.Add(1)
 }
 
 // serveReplay answers [identity, "", start_seq] with every buffered message from start_seq
