@@ -86,7 +86,7 @@ func (pa *prefixAware) probe(req *Request, ep *endpoint.Endpoint, s *paState, f 
 		return
 	}
 	f.probe.depth = pa.index.Depth(ep.ID, stamp, pa.fallbackCap)
-	speed := pa.speedOf(s, pa.fleet.get())
+	speed := pa.speedOf(s, pa.fleet.get(), pa.clock.Now().UnixNano())
 	f.probe.warm = (overhead + float64(f.work)/prefillRate) * speed
 	f.probe.cold = (overhead + float64(pa.work(req, 0))/prefillRate) * speed
 	// Prefill queued ahead of it makes its TTFT say little; so does one routed after it while

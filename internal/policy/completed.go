@@ -59,11 +59,7 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	pa.probe(req, ep, s, &f)
 	// FirstToken: what waits on ep after this one was routed while it prefilled.
 	f.probe.sawQueue(s)
-	if pa.learn && ttft > 0 {
-		predicted := overhead + float64(f.ahead)/prefillRate
-		s.speed.add(predicted, ttft.Seconds(), learnWeight)
-		pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4)
-	}
+	pa.learnTTFT(s, f.ahead, ttft, now)
 	// Done.
 	pa.learnCapacity(req, ep, &f, res)
 	pa.index.InsertTwice(ep.ID, req.Blocks, now)

@@ -91,6 +91,9 @@ const (
 	// by more than this, so that noise between like instances does not steer traffic while a
 	// mixed fleet's H100 (half an H200's speed) or a degraded instance is seen for what it is.
 	learnTolerance = 0.25
+	// maxSpeedFactor bounds the calibration both ways (an endpoint 20 times slower or faster
+	// than the prior), and what one TTFT may say.
+	maxSpeedFactor = 20.0
 )
 
 // paState is what the policy tracks per endpoint.
@@ -283,31 +286,66 @@ func (s *paState) stepTail(now int64, speed float64) (start, fill, at int64, ok 
 }
 
 // speedFit calibrates the prior TTFT model: factor = observed / predicted TTFT, as
-// exponentially weighted sums.
+// exponentially weighted sums over the last samples. With a horizon, the calibration lapses
+// (staleAt) when no sample has come for as long as the samples' weight would take to fade
+// under learnMin at that horizon (horizon x ln(weight / learnMin): about 2.3 horizons for a
+// calibration of 50 samples), and the next samples make a new one: an endpoint that takes no
+// requests yields no TTFTs, so what it showed last would otherwise stand for ever. While
+// samples come, at any rate above that, nothing changes. That is how a transient stall (an engine hung for 20 s, whose held
+// requests then report TTFTs of 10 to 20 s) kept an engine out of the fleet's traffic for as
+// long as the router ran: calibrated 20 times slower, it was never chosen again, so it never
+// showed that it had recovered.
 type speedFit struct {
 	factor  atomic.Uint64 // float64 bits; 1 until learned
 	learned atomic.Bool   // enough samples to say
+	staleAt atomic.Int64  // unix ns after which, with no sample since, the calibration has lapsed
 
 	mu                 sync.Mutex
 	n, observed, prior float64
+	last               int64 // unix ns of the last sample
 }
 
-func (f *speedFit) init() { f.factor.Store(math.Float64bits(1)) }
+func (f *speedFit) init() {
+	f.factor.Store(math.Float64bits(1))
+	f.staleAt.Store(math.MaxInt64)
+}
 
 func (f *speedFit) get() float64 { return math.Float64frombits(f.factor.Load()) }
 
-// add records one request: predicted by the prior model, observed ttft, both in seconds.
-func (f *speedFit) add(predicted, observed, weight float64) {
+// own is the calibration at now, if there is one that has not lapsed.
+func (f *speedFit) own(now int64) (float64, bool) {
+	if !f.learned.Load() || now >= f.staleAt.Load() {
+		return 0, false
+	}
+	return f.get(), true
+}
+
+// add records one request at now: predicted by the prior model, observed ttft, both in
+// seconds. horizon (seconds; 0: never) sets when a calibration without samples lapses; a
+// lapsed one is dropped, and the samples from now on make a new one.
+func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keep := 1 - weight
+	if f.learned.Load() && now >= f.staleAt.Load() {
+		f.n, f.observed, f.prior = 0, 0, 0 // lapsed: start afresh
+		f.learned.Store(false)
+	}
+	f.last = now
 	f.n = f.n*keep + 1
+	// One sample counts as at most maxSpeedFactor times its prediction, the most the factor
+	// may say: a request held by a stalled engine (20 s against 50 ms predicted) would
+	// otherwise outweigh hundreds of others, in the endpoint's calibration and in the fleet's.
+	observed = min(observed, predicted*maxSpeedFactor)
 	f.observed = f.observed*keep + observed
 	f.prior = f.prior*keep + predicted
 	if f.n < learnMin || f.prior <= 0 {
 		return // too few samples to say
 	}
-	f.factor.Store(math.Float64bits(min(max(f.observed/f.prior, 0.05), 20)))
+	f.factor.Store(math.Float64bits(min(max(f.observed/f.prior, 1/maxSpeedFactor), maxSpeedFactor)))
+	if horizon > 0 {
+		f.staleAt.Store(now + int64(horizon*math.Log(f.n/learnMin)*1e9))
+	}
 	f.learned.Store(true)
 }
 
@@ -599,12 +637,12 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		eldest = max(eldest, inFleet(states[i], now, pa.affTau))
 	}
 	for i := range c {
-		capSum += inFleet(states[i], now, pa.affTau) / eldest / pa.speedOf(states[i], fleet)
+		capSum += inFleet(states[i], now, pa.affTau) / eldest / pa.speedOf(states[i], fleet, now)
 	}
 	meanBusy := -1.0 // the candidates' mean busy fraction, once a home over the bound needs it
 	for i, e := range c {
 		s := states[i]
-		speed := pa.speedOf(s, fleet)
+		speed := pa.speedOf(s, fleet, now)
 		// The epsilon keeps an equal share (all speeds alike: 1/n) from rounding up a whole
 		// request when factor x (total+1) / n is a whole number.
 		limit := math.Ceil(pa.maxLoad*float64(total+1)/speed/capSum - 1e-9)
@@ -743,7 +781,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
 	s.busy.add(1, now, pa.affTau)
-	s.enqueue(f, now, pa.speedOf(s, fleet), pa.stepOf(ep))
+	s.enqueue(f, now, pa.speedOf(s, fleet, now), pa.stepOf(ep))
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
@@ -769,11 +807,19 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 	s.waiting.Add(-1)
 	s.dequeue(f, pa.clock.Now().UnixNano())
 	f.probe.sawQueue(s)
-	if pa.learn && ttft > 0 {
-		predicted := overhead + float64(f.ahead)/prefillRate
-		s.speed.add(predicted, ttft.Seconds(), learnWeight)
-		pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4)
+	pa.learnTTFT(s, f.ahead, ttft, pa.clock.Now().UnixNano())
+}
+
+// learnTTFT calibrates s's speed, and the fleet's, from a request's TTFT with ahead of work
+// before it. An endpoint's own calibration fades over affinity_window, the horizon of the
+// policy's other measures of an endpoint (the fleet's does not: it is what stands in).
+func (pa *prefixAware) learnTTFT(s *paState, ahead int64, ttft time.Duration, now int64) {
+	if !pa.learn || ttft <= 0 {
+		return
 	}
+	predicted := overhead + float64(ahead)/prefillRate
+	s.speed.add(predicted, ttft.Seconds(), learnWeight, now, pa.affTau)
+	pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4, now, 0)
 }
 
 // shared is the work by which placing req on s delays the first token of the request at the
@@ -825,7 +871,7 @@ func (pa *prefixAware) stepHold(req *Request, c []*endpoint.Endpoint) time.Durat
 	pa.mu.RLock()
 	for _, e := range c {
 		if e.ID < len(pa.eps) && pa.eps[e.ID] != nil {
-			if s := pa.eps[e.ID]; s.heldUntil.Load() > now || s.holdFor(now, pa.speedOf(s, fleet)) > 0 {
+			if s := pa.eps[e.ID]; s.heldUntil.Load() > now || s.holdFor(now, pa.speedOf(s, fleet, now)) > 0 {
 				found = true
 				break
 			}
@@ -889,17 +935,17 @@ func (pa *prefixAware) queued(s *paState, now int64, fleet float64) float64 {
 		return w
 	}
 	elapsed := float64(now-s.headSince.Load()) / 1e9
-	done := (elapsed/pa.speedOf(s, fleet) - overhead) * prefillRate
+	done := (elapsed/pa.speedOf(s, fleet, now) - overhead) * prefillRate
 	return w - min(max(done, 0), float64(head))
 }
 
 // speedOf is the calibration factor used for endpoint s: the fleet's, unless s's own differs
 // from it by more than learnTolerance.
-func (pa *prefixAware) speedOf(s *paState, fleet float64) float64 {
-	if !s.speed.learned.Load() {
-		return fleet // its own default (1) is no measurement, the fleet's is
+func (pa *prefixAware) speedOf(s *paState, fleet float64, now int64) float64 {
+	own, ok := s.speed.own(now)
+	if !ok {
+		return fleet // its own default (1) is no measurement (nor a lapsed one), the fleet's is
 	}
-	own := s.speed.get()
 	if math.Abs(own/fleet-1) <= learnTolerance {
 		return fleet
 	}
@@ -908,7 +954,7 @@ func (pa *prefixAware) speedOf(s *paState, fleet float64) float64 {
 
 // PrefillRate is the calibrated prefill rate of endpoint id, in tokens per second.
 func (pa *prefixAware) PrefillRate(id int) float64 {
-	return prefillRate / pa.speedOf(pa.state(id), pa.fleet.get())
+	return prefillRate / pa.speedOf(pa.state(id), pa.fleet.get(), pa.clock.Now().UnixNano())
 }
 
 // Done ends the request's bookkeeping and corrects the index when the engine had less cached

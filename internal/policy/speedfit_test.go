@@ -1,0 +1,137 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+)
+
+// TestSpeedFitLapses: with a horizon, an endpoint's calibration stands while samples come, and
+// lapses after a silence as long as its samples' weight would take to fade under learnMin
+// (staleAt); the samples after that make a new one, owing nothing to the old. Without a
+// horizon it never lapses.
+func TestSpeedFitLapses(t *testing.T) {
+	const horizon = 60.0 // seconds
+	sec := func(s float64) int64 { return int64(s * 1e9) }
+	var f speedFit
+	f.init()
+	// 100 samples, one every 0.1 s, each 20 times slower than predicted: a stall.
+	now := sec(1000)
+	for range 100 {
+		now += sec(0.1)
+		f.add(0.05, 1, learnWeight, now, horizon)
+	}
+	got, ok := f.own(now)
+	if !ok || math.Abs(got-maxSpeedFactor) > 1e-9 {
+		t.Fatalf("after the stall: own %v, %v; want %v, true", got, ok, maxSpeedFactor)
+	}
+	// The samples' weight is n = about 43: with no sample, it would fade under learnMin at
+	// the horizon after horizon x ln(n/5), about 130 s.
+	lapse := float64(f.staleAt.Load()-now) / 1e9
+	if want := horizon * math.Log(f.n/learnMin); math.Abs(lapse-want) > 0.01 || lapse < 100 || lapse > 150 {
+		t.Fatalf("lapses %.1f s after the last sample (n %.1f), want %.1f", lapse, f.n, want)
+	}
+	if _, ok := f.own(now + sec(lapse-1)); !ok {
+		t.Errorf("lapsed a second early")
+	}
+	if _, ok := f.own(now + sec(lapse+1)); ok {
+		t.Errorf("still standing a second after it lapsed")
+	}
+	// The engine is well again: six samples at the predicted speed after the lapse (their
+	// weight reaches learnMin at the sixth) make a calibration of 1, not a mix with the
+	// stall's 20.
+	now += sec(lapse + 10)
+	for i := range 6 {
+		now += sec(0.1)
+		f.add(0.05, 0.05, learnWeight, now, horizon)
+		if _, ok := f.own(now); ok != (i == 5) {
+			t.Fatalf("sample %d after the lapse: calibrated %v, want %v (weight %.2f, learnMin %d)", i+1, ok, i == 5, f.n, learnMin)
+		}
+	}
+	if got, _ := f.own(now); math.Abs(got-1) > 1e-9 {
+		t.Errorf("after the lapse and six samples at speed: own %v, want 1", got)
+	}
+
+	// No horizon: the stall stands for ever.
+	var g speedFit
+	g.init()
+	for i := range 100 {
+		g.add(0.05, 1, learnWeight, sec(float64(i)), 0)
+	}
+	if got, ok := g.own(sec(1e6)); !ok || math.Abs(got-maxSpeedFactor) > 1e-9 {
+		t.Errorf("without a horizon, a million seconds later: own %v, %v; want %v, true", got, ok, maxSpeedFactor)
+	}
+}
+
+// TestStalledEndpointComesBack: an engine that stalls for 10 s (its ten requests held, then
+// reporting TTFTs of 10 s) is calibrated as slow, without dragging the fleet's calibration
+// with it, and gets no new request while another endpoint is less loaded than 20 times its
+// queue; with no TTFT from it since, its calibration lapses within a few affinity windows and
+// it is chosen again.
+func TestStalledEndpointComesBack(t *testing.T) {
+	pa, clk := newPA(t, Params{"affinity_window": "60"})
+	eps := newEndpoints(2, 1<<20)
+	n := 0
+	next := func(keys ...uint64) *Request {
+		n++
+		return req(fmt.Sprint("r", n), 4, keys...)
+	}
+	serve := func(ep int, ttft time.Duration, keys ...uint64) {
+		r := next(keys...)
+		pa.Routed(r, eps[ep])
+		clk.t = clk.t.Add(ttft)
+		pa.FirstToken(r, eps[ep], ttft)
+		pa.Done(r, eps[ep], Result{OK: true, CachedTokens: -1})
+		clk.t = clk.t.Add(100 * time.Millisecond)
+	}
+	// Both endpoints at the prior's speed, 100 requests each.
+	for i := range 200 {
+		serve(i%2, 30*time.Millisecond, seq(uint64(1000*i), 8)...)
+	}
+	fleet := pa.PrefillRate(0)
+	// Endpoint 1 stalls: ten requests held for 10 s.
+	var held []*Request
+	for i := range 10 {
+		held = append(held, next(seq(uint64(500_000+1000*i), 8)...))
+	}
+	for _, r := range held {
+		pa.Routed(r, eps[1])
+	}
+	clk.t = clk.t.Add(10 * time.Second)
+	for _, r := range held {
+		pa.FirstToken(r, eps[1], 10*time.Second)
+		pa.Done(r, eps[1], Result{OK: true, CachedTokens: -1})
+	}
+	if got := pa.PrefillRate(1); got > fleet/2 {
+		t.Fatalf("after the stall: endpoint 1's prefill rate %.0f tokens/s, want it calibrated as slow (the fleet's %.0f)", got, fleet)
+	}
+	if got := pa.PrefillRate(0); got < fleet/2 {
+		t.Errorf("after the stall: endpoint 0's prefill rate %.0f tokens/s, was %.0f: one engine's stall slowed the fleet's calibration", got, fleet)
+	}
+	// Endpoint 0 has 2,000 tokens queued; a new prompt still goes there, not to the endpoint
+	// calibrated 20 times slower.
+	k := 0
+	busyPick := func() int {
+		k++
+		busy := req(fmt.Sprint("busy", k), 0, seq(uint64(7_000_000+1000*k), 125)...)
+		pa.Routed(busy, eps[0])
+		got, _ := pa.Pick(req(fmt.Sprint("new", k), 4, seq(uint64(8_000_000+1000*k), 8)...), eps)
+		pa.Done(busy, eps[0], Result{OK: false}) // no TTFT learned from it
+		return got[0].ID
+	}
+	if got := busyPick(); got != 0 {
+		t.Fatalf("right after the stall, picked endpoint %d, want 0 (1 calibrated as slow)", got)
+	}
+	// Endpoint 0 keeps serving, a request a second; 1 serves nothing for three affinity windows.
+	for i := range 180 {
+		serve(0, 30*time.Millisecond, seq(uint64(200_000+1000*i), 8)...)
+		clk.t = clk.t.Add(870 * time.Millisecond)
+	}
+	if got, want := pa.PrefillRate(1), prefillRate/pa.fleet.get(); got != want {
+		t.Errorf("three minutes without a TTFT: endpoint 1's prefill rate %.0f, want the fleet's %.0f", got, want)
+	}
+	if got := busyPick(); got != 1 {
+		t.Errorf("three minutes later, picked endpoint %d, want 1 (idle, its stall forgotten)", got)
+	}
+}
