@@ -327,7 +327,7 @@ func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keep := 1 - weight
-	if f.learned.Load() && now >= f.staleAt.Load() {
+	if horizon > 0 && f.learned.Load() && now >= f.staleAt.Load() {
 		f.n, f.observed, f.prior = 0, 0, 0 // lapsed: start afresh
 		f.learned.Store(false)
 	}
