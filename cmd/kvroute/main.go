@@ -51,13 +51,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if args[0] == "--version" || args[0] == "-version" {
 		args = []string{"version"}
 	}
+	var names []string
 	for _, v := range verbs() {
 		if v.name == args[0] {
 			return v.run(ctx, args[1:], stdout, stderr)
 		}
-	}
-	names := make([]string, 0, len(verbs()))
-	for _, v := range verbs() {
 		names = append(names, v.name)
 	}
 	hint := ""

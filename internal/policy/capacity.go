@@ -77,7 +77,7 @@ func unknownCapacity(ep *endpoint.Endpoint) bool { return ep.RouterKVTokens() <=
 // probe prepares f's evidence on ep, before the request's blocks go into the index: how deep
 // its predicted prefix lies, and its TTFT warm and cold. busy marks a request that was not
 // alone on ep, whose TTFT says little.
-func (pa *prefixAware) probe(req *Request, ep *endpoint.Endpoint, s *paState, f *paFlight) {
+func (pa *prefixAware) probe(req *Request, ep *endpoint.Endpoint, s *paState, f *paFlight, now int64) {
 	if f.predicted <= 0 || !unknownCapacity(ep) {
 		return
 	}
@@ -86,7 +86,7 @@ func (pa *prefixAware) probe(req *Request, ep *endpoint.Endpoint, s *paState, f 
 		return
 	}
 	f.probe.depth = pa.index.Depth(ep.ID, stamp, pa.fallbackCap)
-	speed := pa.speedOf(s, pa.fleet.get(), pa.clock.Now().UnixNano())
+	speed := pa.speedOf(s, pa.fleet.get(), now)
 	f.probe.warm = (overhead + float64(f.work)/prefillRate) * speed
 	f.probe.cold = (overhead + float64(pa.work(req, 0))/prefillRate) * speed
 	// Prefill queued ahead of it makes its TTFT say little; so does one routed after it while

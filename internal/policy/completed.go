@@ -56,7 +56,7 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
 	pa.replicas.routed(s, req, f.work, now)
-	pa.probe(req, ep, s, &f)
+	pa.probe(req, ep, s, &f, now)
 	// FirstToken: what waits on ep after this one was routed while it prefilled.
 	f.probe.sawQueue(s)
 	pa.learnTTFT(s, f.ahead, ttft, now)

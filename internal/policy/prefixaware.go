@@ -291,10 +291,10 @@ func (s *paState) stepTail(now int64, speed float64) (start, fill, at int64, ok 
 // under learnMin at that horizon (horizon x ln(weight / learnMin): about 2.3 horizons for a
 // calibration of 50 samples), and the next samples make a new one: an endpoint that takes no
 // requests yields no TTFTs, so what it showed last would otherwise stand for ever. While
-// samples come, at any rate above that, nothing changes. That is how a transient stall (an engine hung for 20 s, whose held
-// requests then report TTFTs of 10 to 20 s) kept an engine out of the fleet's traffic for as
-// long as the router ran: calibrated 20 times slower, it was never chosen again, so it never
-// showed that it had recovered.
+// samples come, at any rate above that, nothing changes. Without the lapse, a transient stall
+// (an engine hung for 20 s, whose held requests then report TTFTs of 10 to 20 s) kept an
+// engine out of the fleet's traffic for as long as the router ran: calibrated 20 times
+// slower, it was never chosen again, so it never showed that it had recovered.
 type speedFit struct {
 	factor  atomic.Uint64 // float64 bits; 1 until learned
 	learned atomic.Bool   // enough samples to say
@@ -302,7 +302,6 @@ type speedFit struct {
 
 	mu                 sync.Mutex
 	n, observed, prior float64
-	last               int64 // unix ns of the last sample
 }
 
 func (f *speedFit) init() {
@@ -331,7 +330,6 @@ func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon f
 		f.n, f.observed, f.prior = 0, 0, 0 // lapsed: start afresh
 		f.learned.Store(false)
 	}
-	f.last = now
 	f.n = f.n*keep + 1
 	// One sample counts as at most maxSpeedFactor times its prediction, the most the factor
 	// may say: a request held by a stalled engine (20 s against 50 ms predicted) would
@@ -786,7 +784,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
 	pa.replicas.routed(s, req, f.work, now)
-	pa.probe(req, ep, s, f)
+	pa.probe(req, ep, s, f, now)
 	f.mark = pa.index.InsertMark(ep.ID, req.Blocks, now)
 	return f
 }
@@ -805,9 +803,10 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 	s := pa.state(ep.ID)
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
-	s.dequeue(f, pa.clock.Now().UnixNano())
+	now := pa.clock.Now().UnixNano()
+	s.dequeue(f, now)
 	f.probe.sawQueue(s)
-	pa.learnTTFT(s, f.ahead, ttft, pa.clock.Now().UnixNano())
+	pa.learnTTFT(s, f.ahead, ttft, now)
 }
 
 // learnTTFT calibrates s's speed, and the fleet's, from a request's TTFT with ahead of work
@@ -939,8 +938,8 @@ func (pa *prefixAware) queued(s *paState, now int64, fleet float64) float64 {
 	return w - min(max(done, 0), float64(head))
 }
 
-// speedOf is the calibration factor used for endpoint s: the fleet's, unless s's own differs
-// from it by more than learnTolerance.
+// speedOf is the calibration factor used for endpoint s at now: the fleet's, unless s's own
+// (not lapsed) differs from it by more than learnTolerance.
 func (pa *prefixAware) speedOf(s *paState, fleet float64, now int64) float64 {
 	own, ok := s.speed.own(now)
 	if !ok {
