@@ -366,6 +366,14 @@ func TestSimulateFaultFlags(t *testing.T) {
 	if r := sim("--hang", "1@0%", "--first-token-timeout", "1s"); r.Failed != 0 || r.TTFT.P99 < 1000 {
 		t.Errorf("--hang: failed %d, TTFT p99 %v ms; want none failed and the slowest past the 1 s timeout", r.Failed, r.TTFT.P99)
 	}
+	// prefix-aware predicts TTFTs: a request the hung instance holds is given up as stalled
+	// after limits.stall_timeout (10 s), not the first-token timeout (2 min).
+	stalled := sim("--policies", "prefix-aware", "--hang", "1@20%")
+	held := sim("--policies", "prefix-aware", "--hang", "1@20%", "--stall-timeout", "0")
+	if stalled.Stalls == 0 || stalled.TTFT.P99 > 15000 || held.Stalls != 0 || held.TTFT.P99 < 120000 {
+		t.Errorf("--hang with prefix-aware: %d stalls, TTFT p99 %v ms; with --stall-timeout 0 %d, %v ms; want some and under 15 s, then none and the 2 min timeout",
+			stalled.Stalls, stalled.TTFT.P99, held.Stalls, held.TTFT.P99)
+	}
 	if code, _, stderr := runVerb("simulate", "--workload", "multi-turn", "--cut", "1@5%", "--cut-after", "0"); code != 2 || !strings.Contains(stderr, "--cut-after 0") {
 		t.Errorf("--cut-after 0: exit %d %s, want a usage error", code, stderr)
 	}

@@ -275,6 +275,9 @@ func (r *Router) apply(cfg *config.Config) error {
 		Share:    r.peers.shared(),
 		WarmUp:   cfg.Health.WarmUpTime(),
 		Audit:    r.audit,
+		// (0 when it is not shorter than the first-token timeout: as the attempt's own timer
+		// would fire first, there is nothing to watch)
+		StallTimeout: stallTimeout(cfg.Limits),
 	})
 	if err != nil {
 		return err
@@ -515,7 +518,11 @@ type EndpointInfo struct {
 	KVTokens       int                `json:"kv_capacity_tokens"`
 	Snapshot       *endpoint.Snapshot `json:"snapshot"`
 	SnapshotAgeSec *float64           `json:"snapshot_age_seconds"`
-	Probe          scrape.Status      `json:"probe"`
+	// LastAnswerAgeSec is how long ago the engine last answered anything: a first token, a
+	// stream's event or a complete answer seen by this router or a peer, or more work in its
+	// scraped counters (limits.stall_timeout); absent when it never has.
+	LastAnswerAgeSec *float64      `json:"last_answer_age_seconds,omitempty"`
+	Probe            scrape.Status `json:"probe"`
 	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
@@ -567,6 +574,10 @@ func (r *Router) Endpoints() []EndpointInfo {
 		if s := info.Snapshot; s != nil && !s.At.IsZero() {
 			age := now.Sub(s.At).Seconds()
 			info.SnapshotAgeSec = &age
+		}
+		if at := e.LastProgress(); at > 0 {
+			age := now.Sub(time.Unix(0, at)).Seconds()
+			info.LastAnswerAgeSec = &age
 		}
 		out = append(out, info)
 	}
@@ -700,3 +711,12 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 
 // Close releases idle upstream connections. Call it after Run and the servers have stopped.
 func (r *Router) Close() { r.transport.CloseIdleConnections() }
+
+// stallTimeout is limits.stall_timeout for route.Config: 0 (not watched) when it is not
+// shorter than limits.first_token_timeout.
+func stallTimeout(l config.Limits) time.Duration {
+	if l.StallTimeout >= l.FirstTokenTimeout {
+		return 0
+	}
+	return l.StallTimeout.D()
+}

@@ -240,6 +240,14 @@ type Limits struct {
 	// past it the request goes to the next ranked endpoint. Default 2m (long prompts on a busy
 	// engine take tens of seconds). endpoints[].first_token_timeout overrides it.
 	FirstTokenTimeout Duration `json:"first_token_timeout"`
+	// StallTimeout is the shortest wait for a stream's first token after which the attempt
+	// is given up as stalled, and the request goes to the next ranked endpoint, when its
+	// engine has answered nothing at all meanwhile (no token of any stream, no complete
+	// answer, seen by this router or its peers): a hung engine that still passes health
+	// checks. The wait is 20 times the attempt's predicted TTFT where that is longer (only
+	// policies that predict one, prefix-aware). The last attempt a request may make is not
+	// watched. Default 10s; as long as first_token_timeout or longer turns it off.
+	StallTimeout Duration `json:"stall_timeout"`
 	// ResponseTimeout bounds a non-streamed answer, from sending the request to its last byte.
 	// Default 10m. endpoints[].response_timeout overrides it.
 	ResponseTimeout Duration `json:"response_timeout"`
@@ -319,6 +327,7 @@ const (
 	DefaultBlockTokens    = 16
 	DefaultMetricsPath    = "/metrics"
 	DefaultOverloadQueue  = 1024
+	DefaultStallTimeout   = 10 * time.Second
 	defaultHealthInterval = 5 * time.Second
 )
 
@@ -823,7 +832,7 @@ func (l *Limits) setDefaults(*Config) {
 	for _, d := range []struct {
 		v   *Duration
 		def time.Duration
-	}{{&l.ConnectTimeout, 5 * time.Second}, {&l.FirstTokenTimeout, 2 * time.Minute},
+	}{{&l.ConnectTimeout, 5 * time.Second}, {&l.FirstTokenTimeout, 2 * time.Minute}, {&l.StallTimeout, DefaultStallTimeout},
 		{&l.ResponseTimeout, 10 * time.Minute}, {&l.StreamIdleTimeout, time.Minute}} {
 		if *d.v == 0 {
 			*d.v = Duration(d.def)
@@ -841,7 +850,7 @@ func (l *Limits) validate(_ *Config, p *problems) {
 	for _, d := range []struct {
 		key string
 		v   Duration
-	}{{"connect_timeout", l.ConnectTimeout}, {"first_token_timeout", l.FirstTokenTimeout},
+	}{{"connect_timeout", l.ConnectTimeout}, {"first_token_timeout", l.FirstTokenTimeout}, {"stall_timeout", l.StallTimeout},
 		{"response_timeout", l.ResponseTimeout}, {"stream_idle_timeout", l.StreamIdleTimeout}} {
 		if d.v < 0 {
 			p.add("limits."+d.key, "%v: must be positive, like 30s", d.v.D())

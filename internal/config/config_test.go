@@ -42,7 +42,7 @@ func TestParse_Defaults(t *testing.T) {
 		Scrape: Scrape{Interval: Duration(time.Second), Timeout: Duration(time.Second)},
 		Prefix: Prefix{BlockTokens: 16},
 		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two, ConnectTimeout: Duration(5 * time.Second),
-			FirstTokenTimeout: Duration(2 * time.Minute), ResponseTimeout: Duration(10 * time.Minute), StreamIdleTimeout: Duration(time.Minute)},
+			FirstTokenTimeout: Duration(2 * time.Minute), StallTimeout: Duration(10 * time.Second), ResponseTimeout: Duration(10 * time.Minute), StreamIdleTimeout: Duration(time.Minute)},
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
 			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin,
 			BodyReadTimeout: Duration(30 * time.Second), BodyMinRate: 64 << 10, WriteStallTimeout: Duration(60 * time.Second)},

@@ -86,6 +86,11 @@ type Config struct {
 	// aborts the request) and the request goes on to the next ranked endpoint. 0:
 	// DefaultFirstTokenTimeout; negative: none.
 	FirstTokenTimeout time.Duration
+	// StallTimeout is limits.stall_timeout: an attempt that waited this long for its first
+	// token (or MaxSlowdown times its predicted TTFT, if longer) while its instance answered
+	// nothing fails over as a timeout, where the policy predicts TTFTs and another endpoint is
+	// left (route.Call.Stall). 0: DefaultStallTimeout; negative: none.
+	StallTimeout time.Duration
 	// StreamIdleTimeout bounds the silence of a stream after its first token
 	// (limits.stream_idle_timeout): a hung instance's streams fail as cut past it. 0:
 	// DefaultStreamIdleTimeout; negative: none.
@@ -303,6 +308,8 @@ type Result struct {
 	Routed []int
 	// Scaled is the instances an autoscaler added (Config.Autoscale), in order.
 	Scaled []Scaled
+	// Stalls is the attempts given up as stalled (Config.StallTimeout).
+	Stalls int
 }
 
 // Preemptions sums the engines' preemption counts.
@@ -361,7 +368,7 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		// The cache audit, as the live router runs it: an engine whose reported hits stay far
 		// below the index's predictions is routed on load alone.
 		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0),
-			Share: s.share(k), Audit: route.NewAudit(route.AuditConfig{})})
+			Share: s.share(k), Audit: route.NewAudit(route.AuditConfig{}), StallTimeout: cfg.stallTimeout()})
 		if err != nil {
 			return nil, err
 		}
@@ -428,6 +435,7 @@ const (
 	evFailed        // router learns that its request was answered 500 (with network latency)
 	evCut           // router learns that its request's stream was cut (with network latency)
 	evTimeout       // an attempt's first-token timeout
+	evStall         // an attempt's stall watch is due (route.StallWatch)
 	evIdle          // a stream's idle timeout, on a hung instance
 	evSync          // a router replica hears of another's event (ReplicaSync.Delay later)
 	evChange        // an instance is killed, added, fails or recovers
@@ -444,7 +452,7 @@ type event struct {
 	kind uint8
 	inst int32
 	req  int32
-	n    int32 // evTimeout, evIdle: the attempt; evStepEnd: the instance's life
+	n    int32 // evTimeout, evStall, evIdle: the attempt; evStepEnd: the instance's life
 	seq  uint64
 	evs  []engine.Event
 }
@@ -462,8 +470,9 @@ func (a *event) less(b *event) bool {
 // reqState is what the simulated router remembers of one request in flight.
 type reqState struct {
 	call   *route.Call
-	router int32 // the replica that routed it
-	inst   int32 // the instance of the attempt in progress, -1 when none
+	stall  route.StallWatch // the attempt in progress's
+	router int32            // the replica that routed it
+	inst   int32            // the instance of the attempt in progress, -1 when none
 	done   bool
 }
 
@@ -479,6 +488,7 @@ type router struct {
 
 type sim struct {
 	cfg        Config
+	stalls     int // attempts given up as stalled
 	w          *Workload
 	policyName string
 	clock      virtualClock
@@ -590,6 +600,8 @@ func (s *sim) loop(ctx context.Context) error {
 			s.endAttempt(int(e.req), int(e.inst), route.FailCut, s.name(int(e.inst))+" cut the stream")
 		case evTimeout:
 			s.timeout(e)
+		case evStall:
+			s.stalled(e)
 		case evIdle:
 			s.idle(e)
 		case evChange:
@@ -715,6 +727,10 @@ func (s *sim) send(i int) {
 	}
 	if s.cfg.FirstTokenTimeout > 0 {
 		s.push(event{at: s.clock.now + s.cfg.FirstTokenTimeout, kind: evTimeout, inst: int32(ep.ID), req: int32(i), n: int32(st.call.Attempts())})
+	}
+	st.stall = st.call.Stall()
+	if a := st.stall.After(); a > 0 && (s.cfg.FirstTokenTimeout <= 0 || a < s.cfg.FirstTokenTimeout) {
+		s.push(event{at: s.clock.now + a, kind: evStall, inst: int32(ep.ID), req: int32(i), n: int32(st.call.Attempts())})
 	}
 	if s.cfg.NetworkLatency == 0 {
 		s.submit(ep.ID, i)
@@ -906,6 +922,7 @@ func (s *sim) scrape() {
 			NumGPUBlocks:  st.TotalBlocks,
 			PrefixQueries: float64(st.PrefixQueryTokens),
 			PrefixHits:    float64(st.PrefixHitTokens),
+			Work:          float64(st.PromptTokens + st.GenerationTokens),
 		}
 		if st.TotalBlocks > 0 {
 			snap.KVUsage = float64(st.UsedBlocks) / float64(st.TotalBlocks)
@@ -927,6 +944,7 @@ func (s *sim) result() *Result {
 		Events:  s.events,
 		Routed:  make([]int, len(s.routers)),
 		Scaled:  s.scaled,
+		Stalls:  s.stalls,
 	}
 	for k := range s.routers {
 		res.Routed[k] = s.routers[k].routed

@@ -22,6 +22,8 @@ import (
 // health.passive_failures), which the simulator takes when Config leaves them at zero.
 const (
 	DefaultFirstTokenTimeout = 2 * time.Minute
+	// DefaultStallTimeout is limits.stall_timeout's default.
+	DefaultStallTimeout      = 10 * time.Second
 	DefaultStreamIdleTimeout = time.Minute
 	DefaultPassiveFailures   = 3
 )
@@ -207,6 +209,25 @@ func (s *sim) timeout(e event) {
 	s.failAttempt(i, inst, route.FailTimeout, "no first token from "+s.name(inst)+" within "+s.cfg.FirstTokenTimeout.String())
 }
 
+// stalled is an attempt's stall watch: unless its first token came, or its instance
+// answered something in the watch's span (then it looks again later), the engine drops the
+// request and it goes on to the next ranked endpoint, as after a timeout.
+func (s *sim) stalled(e event) {
+	i, inst := int(e.req), int(e.inst)
+	st := &s.state[i]
+	if st.done || int(st.inst) != inst || int32(st.call.Attempts()) != e.n || !st.call.FirstTokenAt().IsZero() {
+		return
+	}
+	stalled, wait := st.stall.Due(s.clock.Now().UnixNano())
+	if !stalled {
+		s.push(event{at: s.clock.now + wait, kind: evStall, inst: e.inst, req: e.req, n: e.n})
+		return
+	}
+	s.stalls++
+	s.drop(inst, i)
+	s.failAttempt(i, inst, route.FailTimeout, s.name(inst)+" stalled: no first token, nothing from it for "+st.stall.After().String())
+}
+
 // watchIdle starts the idle timeout of request i's stream on inst, which hangs.
 func (s *sim) watchIdle(i, inst int) {
 	if s.cfg.StreamIdleTimeout > 0 {
@@ -233,4 +254,21 @@ func (s *sim) idle(e event) {
 	}
 	s.drop(inst, i)
 	s.endAttempt(i, inst, route.FailCut, s.name(inst)+" sent nothing for "+s.cfg.StreamIdleTimeout.String()+" (the stream idle timeout)")
+}
+
+// stallTimeout is the lifecycle's route.Config.StallTimeout for c: DefaultStallTimeout when
+// unset, 0 (none) when negative or not shorter than the first-token timeout.
+func (c *Config) stallTimeout() time.Duration {
+	d := c.StallTimeout
+	if d == 0 {
+		d = DefaultStallTimeout
+	}
+	ft := c.FirstTokenTimeout
+	if ft == 0 {
+		ft = DefaultFirstTokenTimeout
+	}
+	if d < 0 || ft > 0 && d >= ft {
+		return 0
+	}
+	return d
 }

@@ -45,6 +45,7 @@ type Endpoint struct {
 	served         atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
 	inFlight       atomic.Int64             // requests forwarded and not finished
 	pendingPrefill atomic.Int64             // prompt tokens forwarded that have not reached first token
+	progress       atomic.Int64             // unix nanoseconds the engine last answered anything (Progressed); 0: never
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
@@ -62,6 +63,10 @@ type Snapshot struct {
 	NumGPUBlocks  int     // KV blocks (cache_config_info), 0 if unknown
 	PrefixQueries float64 // cumulative prefix-cache queries, tokens (vLLM), 0 if unknown
 	PrefixHits    float64 // cumulative prefix-cache hits, tokens (vLLM), 0 if unknown
+	// Work is the cumulative prompt and generated tokens the engine computed (vLLM, SGLang
+	// and llama.cpp count them), 0 if unknown: when it grows, the engine works, whoever its
+	// requests came from.
+	Work float64
 }
 
 // KVTokens is the endpoint's KV capacity in tokens: from the scraped cache_config_info when
@@ -254,14 +259,38 @@ func (e *Endpoint) Finish(promptTokens int, firstTokenSeen bool) {
 	}
 }
 
+// Progressed records that the engine answered something at now (unix nanoseconds, the
+// router's clock): a first token, a stream's event, a complete answer, seen by this router or
+// a peer replica. A stalled engine is one that holds requests and answers nothing (see
+// route.Call.Stall). Calls within progressGrain of the last recorded one are not recorded, so
+// that the many streams of a busy engine do not all write one shared word per token.
+func (e *Endpoint) Progressed(now int64) {
+	if now-e.progress.Load() >= progressGrain {
+		e.progress.Store(now)
+	}
+}
+
+// progressGrain is how stale LastProgress may be: far below any stall worth the name.
+const progressGrain = int64(10 * time.Millisecond)
+
+// LastProgress is when the engine last answered anything (Progressed), unix nanoseconds; 0 when
+// it never has.
+func (e *Endpoint) LastProgress() int64 { return e.progress.Load() }
+
 // InFlight is the number of requests forwarded to the endpoint and not finished.
 func (e *Endpoint) InFlight() int { return int(e.inFlight.Load()) }
 
 // PendingPrefill is the prompt tokens forwarded that have not reached first token.
 func (e *Endpoint) PendingPrefill() int { return int(e.pendingPrefill.Load()) }
 
-// SetSnapshot stores a freshly scraped snapshot.
-func (e *Endpoint) SetSnapshot(s *Snapshot) { e.snap.Store(s) }
+// SetSnapshot stores a freshly scraped snapshot. A snapshot whose Work grew since the last is
+// progress (Progressed) as of its time: the engine answered someone, perhaps another router's
+// or client's request that this router does not see.
+func (e *Endpoint) SetSnapshot(s *Snapshot) {
+	if old := e.snap.Swap(s); old != nil && s != nil && s.Work > old.Work {
+		e.Progressed(s.At.UnixNano())
+	}
+}
 
 // Snapshot returns the last scraped snapshot, or nil.
 func (e *Endpoint) Snapshot() *Snapshot { return e.snap.Load() }

@@ -32,6 +32,7 @@ func (o *SimulateOptions) checkFaults() []error {
 		v          time.Duration
 	}{
 		{"--first-token-timeout", "none", o.FirstTokenTimeout}, {"--stream-idle-timeout", "none", o.StreamIdleTimeout},
+		{"--stall-timeout", "none", o.StallTimeout},
 		{"--ejection-time", "the default", o.EjectionTime}, {"--max-ejection-time", "the default", o.MaxEjectionTime},
 	} {
 		if d.v < 0 {
@@ -72,6 +73,7 @@ func (o *SimulateOptions) applyFaults(fleet *des.Config, span time.Duration) err
 	}
 	// 0 on the command line means none; in des.Config, the default.
 	fleet.FirstTokenTimeout, fleet.StreamIdleTimeout = noneIfZero(o.FirstTokenTimeout), noneIfZero(o.StreamIdleTimeout)
+	fleet.StallTimeout = noneIfZero(o.StallTimeout)
 	fleet.Outlier = route.OutlierConfig{
 		Consecutive: o.PassiveFailures, BaseEjection: o.EjectionTime, MaxEjection: o.MaxEjectionTime,
 		MaxEjectedPercent: o.MaxEjectedPercent,
@@ -120,8 +122,8 @@ func (o *SimulateOptions) faultsNote() string {
 		}
 		return d.String()
 	}
-	return fmt.Sprintf("faults: %s; first-token timeout %s, stream idle timeout %s, passive_failures %d, ejection %v (at most %v, %d %% of the fleet)",
-		strings.Join(parts, ", "), timeout(o.FirstTokenTimeout), timeout(o.StreamIdleTimeout),
+	return fmt.Sprintf("faults: %s; first-token timeout %s, stall timeout %s, stream idle timeout %s, passive_failures %d, ejection %v (at most %v, %d %% of the fleet)",
+		strings.Join(parts, ", "), timeout(o.FirstTokenTimeout), timeout(o.StallTimeout), timeout(o.StreamIdleTimeout),
 		or(o.PassiveFailures, des.DefaultPassiveFailures), ord(o.EjectionTime, route.DefaultBaseEjection),
 		ord(o.MaxEjectionTime, max(route.DefaultMaxEjection, o.EjectionTime)), or(o.MaxEjectedPercent, route.DefaultMaxEjectedPercent))
 }

@@ -24,6 +24,7 @@ func TestFaultDefaultsAreLive(t *testing.T) {
 		sim, live any
 	}{
 		{"first_token_timeout", des.DefaultFirstTokenTimeout, cfg.Limits.FirstTokenTimeout.D()},
+		{"stall_timeout", des.DefaultStallTimeout, cfg.Limits.StallTimeout.D()},
 		{"stream_idle_timeout", des.DefaultStreamIdleTimeout, cfg.Limits.StreamIdleTimeout.D()},
 		{"passive_failures", des.DefaultPassiveFailures, cfg.Health.PassiveFailures},
 		{"ejection_time", route.DefaultBaseEjection, cfg.Health.EjectionTime.D()},
@@ -39,13 +40,13 @@ func TestFaultDefaultsAreLive(t *testing.T) {
 func TestSimulate_BadFaultOptions(t *testing.T) {
 	_, err := Simulate(context.Background(), SimulateOptions{
 		Workload: "multi-turn", Instances: 2, Profile: "llama3-8b-h100-tp1", Policies: "round-robin", ScrapeInterval: time.Second,
-		Routers: 1, ReplicaAffinity: "none", Cut: []string{"0@10%"}, CutAfter: 0, FirstTokenTimeout: -time.Second,
+		Routers: 1, ReplicaAffinity: "none", Cut: []string{"0@10%"}, CutAfter: 0, FirstTokenTimeout: -time.Second, StallTimeout: -time.Second,
 		EjectionTime: time.Minute, MaxEjectionTime: time.Second, PassiveFailures: -1, MaxEjectedPercent: 101,
 	})
 	if !errors.As(err, new(*UsageError)) {
 		t.Fatalf("err %v, want a usage error", err)
 	}
-	for _, want := range []string{"--cut-after 0", "--first-token-timeout -1s", "--max-ejection-time 1s", "--passive-failures -1", "--max-ejected-percent 101"} {
+	for _, want := range []string{"--cut-after 0", "--first-token-timeout -1s", "--stall-timeout -1s", "--max-ejection-time 1s", "--passive-failures -1", "--max-ejected-percent 101"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
@@ -65,7 +66,8 @@ func TestSimulate_BadFaultOptions(t *testing.T) {
 func TestSimulate_Faults(t *testing.T) {
 	o := SimulateOptions{Workload: "prefix-repetition:n=80,prefixes=4", Instances: 4, Profile: "llama3-8b-h100-tp1",
 		Policies: "round-robin", Speedup: 1, Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none",
-		Fail: []string{"1@0%"}, FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout}
+		Fail: []string{"1@0%"}, FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout,
+		StallTimeout: des.DefaultStallTimeout}
 	sim, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +79,7 @@ func TestSimulate_Faults(t *testing.T) {
 	if err := sim.WriteTable(&b); err != nil {
 		t.Fatal(err)
 	}
-	if want := "faults: --fail 1@0%; first-token timeout 2m0s, stream idle timeout 1m0s, passive_failures 3, ejection 30s"; !strings.Contains(b.String(), want) {
+	if want := "faults: --fail 1@0%; first-token timeout 2m0s, stall timeout 10s, stream idle timeout 1m0s, passive_failures 3, ejection 30s"; !strings.Contains(b.String(), want) {
 		t.Errorf("table lacks %q:\n%s", want, b.String())
 	}
 	o.PassiveFailures = 1 << 30

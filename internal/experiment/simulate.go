@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/des"
@@ -49,9 +50,12 @@ type SimulateOptions struct {
 	// PassiveFailures, EjectionTime, MaxEjectionTime and MaxEjectedPercent its outlier
 	// detection, as the health section sets them live.
 	FirstTokenTimeout, StreamIdleTimeout time.Duration
-	PassiveFailures                      int
-	EjectionTime, MaxEjectionTime        time.Duration
-	MaxEjectedPercent                    int
+	// StallTimeout is limits.stall_timeout (0: none): an attempt whose engine answers nothing
+	// for that long (or 20 x its predicted TTFT) is given up before its first-token timeout.
+	StallTimeout                  time.Duration
+	PassiveFailures               int
+	EjectionTime, MaxEjectionTime time.Duration
+	MaxEjectedPercent             int
 	// Records and HTML, when set, are files to write every request's record and a report to.
 	Records, HTML string
 	// Autoscale runs an autoscaler on the router's saturation signal (ParseScale); Ramp
@@ -188,6 +192,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		}
 		r := report.Summarize(sp.Label, res.Records, res.Busy)
 		r.Preemptions = res.Preemptions()
+		r.Stalls = res.Stalls
 		r.WallSeconds = wall.Seconds()
 		sum.Results[i] = r
 		if records != nil {
@@ -256,7 +261,13 @@ func (s *Simulation) WriteTable(w io.Writer) (err error) {
 			}
 		}()
 	}
-	if s.routers <= 1 && s.faults == "" {
+	var stalls []string
+	for _, r := range s.Results {
+		if r.Stalls > 0 {
+			stalls = append(stalls, fmt.Sprintf("%s %d", r.Policy, r.Stalls))
+		}
+	}
+	if s.routers <= 1 && s.faults == "" && stalls == nil {
 		return report.WriteTable(w, s.Summary)
 	}
 	var b bytes.Buffer
@@ -270,6 +281,9 @@ func (s *Simulation) WriteTable(w io.Writer) (err error) {
 	}
 	if s.faults != "" {
 		more += "\n" + s.faults
+	}
+	if stalls != nil {
+		more += "\nattempts given up as stalled (limits.stall_timeout): " + strings.Join(stalls, ", ")
 	}
 	if _, err := fmt.Fprintf(w, "%s%s\n%s", head, more, rest); err != nil {
 		return fmt.Errorf("write table: %w", err)

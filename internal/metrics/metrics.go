@@ -470,6 +470,8 @@ var (
 		"1 when the endpoint passes health checks and is not ejected, else 0.", []string{"endpoint"}, nil)
 	descAge = prometheus.NewDesc("kvroute_endpoint_snapshot_age_seconds",
 		"Age of the endpoint's last scraped engine metrics.", []string{"endpoint"}, nil)
+	descLastAnswer = prometheus.NewDesc("kvroute_endpoint_last_answer_age_seconds",
+		"Time since the engine last answered anything: a first token, a stream's event or a complete answer (seen by this router or a peer replica), or more work in its scraped token counters. Absent until it has; with requests in flight, a growing value is a stalled engine (limits.stall_timeout).", []string{"endpoint"}, nil)
 	descKV = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens",
 		"The endpoint's KV-cache capacity in tokens (scraped cache_config_info, else configured; 0 unknown).", []string{"endpoint"}, nil)
 	descPredictedTTFT = prometheus.NewDesc("kvroute_endpoint_predicted_ttft_seconds",
@@ -498,7 +500,7 @@ var (
 type stateCollector Metrics
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descKV, descPredictedTTFT,
+	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descLastAnswer, descKV, descPredictedTTFT,
 		descEjected, descEjectedSeconds, descEngineRunning, descEngineWaiting, descEngineKVUsage, descEngineQueries,
 		descEngineHits, descEntries, descBytes, descLearnedKV} {
 		ch <- d
@@ -533,6 +535,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				if r := rate(e); r > 0 {
 					gauge(descPredictedTTFT, float64(e.PendingPrefill())/r, e.Name)
 				}
+			}
+			if at := e.LastProgress(); at > 0 {
+				gauge(descLastAnswer, max(0, now.Sub(time.Unix(0, at)).Seconds()), e.Name)
 			}
 			if s := e.Snapshot(); s != nil && !s.At.IsZero() {
 				gauge(descAge, now.Sub(s.At).Seconds(), e.Name)

@@ -48,6 +48,7 @@ func TestMetricsExposition(t *testing.T) {
 	b.SetHealthy(false)
 	a.Start(10)
 	a.SetSnapshot(&endpoint.Snapshot{At: time.Unix(100, 0), Running: 3, Waiting: 2, KVUsage: 0.25, PrefixQueries: 1000, PrefixHits: 400})
+	a.Progressed(time.Unix(101, 500_000_000).UnixNano())
 	m.now = func() time.Time { return time.Unix(102, 0) }
 	m.WatchEndpoints(func() []*endpoint.Endpoint { return []*endpoint.Endpoint{a, b} })
 	m.WatchIndex(func() (int, int64) { return 3, 96 })
@@ -75,6 +76,9 @@ kvroute_endpoint_in_flight_requests{endpoint="http://127.0.0.1:2"} 0
 # HELP kvroute_endpoint_snapshot_age_seconds Age of the endpoint's last scraped engine metrics.
 # TYPE kvroute_endpoint_snapshot_age_seconds gauge
 kvroute_endpoint_snapshot_age_seconds{endpoint="http://127.0.0.1:1"} 2
+# HELP kvroute_endpoint_last_answer_age_seconds Time since the engine last answered anything: a first token, a stream's event or a complete answer (seen by this router or a peer replica), or more work in its scraped token counters. Absent until it has; with requests in flight, a growing value is a stalled engine (limits.stall_timeout).
+# TYPE kvroute_endpoint_last_answer_age_seconds gauge
+kvroute_endpoint_last_answer_age_seconds{endpoint="http://127.0.0.1:1"} 0.5
 # HELP kvroute_endpoint_predicted_ttft_seconds Prefill work the router has queued on the endpoint over its calibrated prefill rate: the least time to first token a new request there would wait.
 # TYPE kvroute_endpoint_predicted_ttft_seconds gauge
 kvroute_endpoint_predicted_ttft_seconds{endpoint="http://127.0.0.1:1"} 2
@@ -96,7 +100,7 @@ kvroute_index_entries 3
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"kvroute_endpoint_healthy", "kvroute_endpoint_in_flight_requests", "kvroute_endpoint_snapshot_age_seconds",
-		"kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
+		"kvroute_endpoint_last_answer_age_seconds", "kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
 		"kvroute_endpoint_engine_kv_usage_ratio", "kvroute_endpoint_engine_prefix_cache_hit_tokens_total",
 		"kvroute_endpoint_learned_kv_capacity_tokens", "kvroute_index_entries"); err != nil {
 		t.Error(err)

@@ -34,6 +34,7 @@ func populated(reg prometheus.Registerer) *Metrics {
 	m := New(reg)
 	ep := &endpoint.Endpoint{Name: "http://127.0.0.1:1"}
 	ep.SetSnapshot(&endpoint.Snapshot{At: time.Now(), PrefixQueries: 10, PrefixHits: 5})
+	ep.Progressed(time.Now().UnixNano())
 	m.EndpointAdded(ep.Name, []string{"m"})
 	m.DiscoverySource("file")
 	m.Tenant.SetTenants([]string{"t"})

@@ -88,6 +88,20 @@ type Predictor interface {
 	PredictCached(req *Request, ep *endpoint.Endpoint) int
 }
 
+// TTFTPredictor is implemented by policies that predict how long a request waits for its
+// first token where they send it: the router gives up early on an attempt whose engine
+// answers nothing for far longer than that (route.Call.Stall).
+type TTFTPredictor interface {
+	// PredictTTFT returns the wait for req's first token on ep, where it was just routed
+	// (after Routed), as predicted when it was routed; 0 when the policy has no prediction.
+	PredictTTFT(req *Request, ep *endpoint.Endpoint) time.Duration
+}
+
+// MaxSlowdown is how many times its predicted TTFT a first token may take on an engine that
+// works: the bound of prefix-aware's calibration, beyond which an engine is not slow but
+// stalled.
+const MaxSlowdown = maxSpeedFactor
+
 // IndexSizer is implemented by policies that keep an index, for the router's metrics.
 type IndexSizer interface {
 	IndexSize() (entries int, bytes int64)

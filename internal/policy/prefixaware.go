@@ -1016,6 +1016,22 @@ func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
 	return cachedTokens(req, pa.index.Holds(ep.ID, req.Blocks))
 }
 
+// PredictTTFT is req's predicted wait for its first token on ep, where it was just routed:
+// the work queued ahead of it and its own, at ep's calibrated speed; 0 until the fleet's speed
+// is calibrated.
+func (pa *prefixAware) PredictTTFT(req *Request, ep *endpoint.Endpoint) time.Duration {
+	v, ok := pa.inflight.Load(req)
+	if !ok {
+		return 0
+	}
+	f := v.(*paFlight)
+	if f.ep != ep.ID || !pa.fleet.learned.Load() {
+		return 0 // (uncalibrated, the prior may be far too fast for this fleet: no prediction)
+	}
+	speed := pa.speedOf(pa.state(ep.ID), pa.fleet.get(), pa.clock.Now().UnixNano())
+	return time.Duration((overhead + float64(f.ahead)/prefillRate) * speed * float64(time.Second))
+}
+
 // SetCacheBlind ranks ep as if it held nothing of any prompt while blind (policy.CacheBlind):
 // its engine reports far fewer cached tokens than the index predicts. The index keeps
 // learning, and PredictCached keeps saying what it holds, so that the router notices when the

@@ -81,7 +81,53 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 var (
 	errAttemptTimeout = errors.New("no answer within the attempt's timeout")
 	errIdleTimeout    = errors.New("the stream was silent for longer than the idle timeout")
+	errStalled        = errors.New("the engine stalled")
 )
+
+// stallTimer gives up an attempt (its context cancelled with errStalled) once its
+// route.StallWatch says it stalled, checking again while the engine answers others.
+type stallTimer struct {
+	w      route.StallWatch
+	cancel context.CancelCauseFunc
+	after  time.Duration
+	mu     sync.Mutex // guards t and done, so that stop wins over a check that re-arms
+	t      *time.Timer
+	done   bool
+}
+
+func watchStall(w route.StallWatch, cancel context.CancelCauseFunc) *stallTimer {
+	st := &stallTimer{w: w, cancel: cancel, after: w.After()}
+	st.mu.Lock()
+	st.t = time.AfterFunc(w.After(), st.check)
+	st.mu.Unlock()
+	return st
+}
+
+func (st *stallTimer) check() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.done {
+		return
+	}
+	stalled, wait := st.w.Due(time.Now().UnixNano())
+	if stalled {
+		st.done = true
+		st.cancel(errStalled)
+		return
+	}
+	st.t.Reset(wait)
+}
+
+// stop ends the watch (nil: none).
+func (st *stallTimer) stop() {
+	if st == nil {
+		return
+	}
+	st.mu.Lock()
+	st.done = true
+	st.t.Stop()
+	st.mu.Unlock()
+}
 
 // attempt sends the request to ep under the attempt's timeouts and returns the response to
 // relay (f FailNone), or how the attempt failed: with the response for a 503 or 429 (relayed
@@ -96,8 +142,13 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		limit = to.FirstToken
 	}
 	timer := time.AfterFunc(limit, func() { cancel(errAttemptTimeout) })
+	var stall *stallTimer
+	if w := c.rc.Stall(); c.stream && w.After() > 0 && w.After() < limit {
+		stall = watchStall(w, cancel)
+	}
 	failed := func(err error) (*http.Response, route.Failure, error) {
 		timer.Stop()
+		stall.stop()
 		cause := context.Cause(ctx)
 		cancel(nil)
 		switch {
@@ -105,6 +156,9 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 			return nil, route.FailCanceled, err
 		case errors.Is(cause, errAttemptTimeout):
 			return nil, route.FailTimeout, fmt.Errorf("%w (%v)", errAttemptTimeout, limit)
+		case errors.Is(cause, errStalled):
+			return nil, route.FailTimeout, fmt.Errorf("%w: no first token, and no answer to any request, for %v",
+				errStalled, stall.after)
 		case isDialError(err):
 			return nil, route.FailConnect, err
 		}
@@ -117,6 +171,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		timer.Stop()
+		stall.stop()
 		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			return resp, route.FailUnavailable, nil
@@ -134,12 +189,14 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 			return failed(err)
 		}
 		timer.Stop()
+		stall.stop()
 		resp.Body = sb
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 		return resp, route.FailNone, nil
 	}
 	// A non-streamed answer: the response timeout keeps running until its last byte.
+	stall.stop() // (a stream's response that is not one: an error, say)
 	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, timer: timer}
 	return resp, route.FailNone, nil
 }
@@ -373,6 +430,9 @@ func (s *sseBody) Read(p []byte) (int, error) {
 			continue
 		}
 		s.timer.Reset(s.idle)
+		if ep := s.c.ep(); ep != nil {
+			ep.Progressed(time.Now().UnixNano()) // a working engine: no stall for the others it holds
+		}
 		s.take(ev)
 		s.takeBuffered(len(p))
 	}

@@ -96,7 +96,10 @@ type Result struct {
 	// InstanceRequests is the number of requests routed to each instance.
 	InstanceRequests []int `json:"instance_requests"`
 	// Preemptions counts engine preemptions, when the source knows them.
-	Preemptions int64   `json:"preemptions"`
+	Preemptions int64 `json:"preemptions"`
+	// Stalls counts the attempts the router gave up as stalled (limits.stall_timeout), when
+	// the source knows them.
+	Stalls      int     `json:"stalls,omitempty"`
 	WallSeconds float64 `json:"wall_seconds"`
 }
 

@@ -1,6 +1,10 @@
 package route
 
-import "github.com/kvroute/kvroute/internal/policy"
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/internal/policy"
+)
 
 // ApplyBatch applies a message's events in order, as Apply does one by one, and tells dropped
 // (if not nil) why of each it did not apply. The clock is read, and the attempts whose TTL ran
@@ -27,7 +31,7 @@ func (lc *Lifecycle) ApplyBatch(evs []Event, dropped func(Drop)) {
 	now := s.cfg.Clock.Now()
 	s.expire(now)
 	for i := 0; i < len(evs); i++ {
-		if i+2 < len(evs) && s.completed(lc, evs[i:i+3]) {
+		if i+2 < len(evs) && s.completed(lc, evs[i:i+3], now) {
 			i += 2
 			continue
 		}
@@ -40,7 +44,7 @@ func (lc *Lifecycle) ApplyBatch(evs []Event, dropped func(Drop)) {
 // completed replays evs, when they are one attempt's Routed, FirstToken and Done, that
 // Apply would each apply (none dropped), as one; it reports whether it did. Otherwise it
 // changes nothing.
-func (s *Share) completed(lc *Lifecycle, evs []Event) bool {
+func (s *Share) completed(lc *Lifecycle, evs []Event, now time.Time) bool {
 	r, ft, d := &evs[0], &evs[1], &evs[2]
 	if r.Kind != EventRouted || ft.Kind != EventFirstToken || d.Kind != EventDone ||
 		ft.Origin != r.Origin || d.Origin != r.Origin || ft.ID != r.ID || d.ID != r.ID {
@@ -70,6 +74,9 @@ func (s *Share) completed(lc *Lifecycle, evs []Event) bool {
 	s.mu.Unlock()
 	s.applied.Add(3)
 	s.coalesced.Add(1)
+	if d.OK {
+		ep.Progressed(now.UnixNano())
+	}
 	obs := lc.observer
 	if obs == nil {
 		return true

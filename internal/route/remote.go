@@ -420,6 +420,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		f.first, f.ttft = true, ev.TTFT
 		s.mu.Unlock()
 		f.ep.FirstToken(f.req.PromptTokens)
+		f.ep.Progressed(now.UnixNano())
 		f.firstToken(ev.TTFT)
 		return DropNone
 	case EventDone:
@@ -433,6 +434,9 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		}
 		s.endLocked(key)
 		s.mu.Unlock()
+		if ev.OK {
+			f.ep.Progressed(now.UnixNano())
+		}
 		prompt := f.req.PromptTokens
 		if ev.PromptTokens > 0 {
 			prompt = ev.PromptTokens

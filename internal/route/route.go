@@ -47,6 +47,11 @@ type Config struct {
 	// Share, when set, publishes every attempt's events to the other router replicas and
 	// lets Apply replay theirs (remote.go). Nil: a lone router.
 	Share *Share
+	// StallTimeout, when positive and the policy predicts TTFTs (policy.TTFTPredictor), has
+	// each attempt watched for a stall (Call.Stall): waiting for its first token for
+	// max(StallTimeout, policy.MaxSlowdown x its predicted TTFT) while its engine answered
+	// nothing at all. 0: not watched (the first-token timeout alone bounds the wait).
+	StallTimeout time.Duration
 }
 
 // DefaultWarmUp is the router's default warm-up of a joining endpoint (health.warm_up).
@@ -170,6 +175,8 @@ type Lifecycle struct {
 	replicated    policy.Replicated
 	replicasHeard atomic.Pointer[replicaSet]
 	deferrer      policy.Deferrer       // the policy as policy.Deferrer (nil if it is not): Hold
+	ttfts         policy.TTFTPredictor  // the policy as policy.TTFTPredictor, nil if it is not or stalls are not watched
+	stall         time.Duration         // Config.StallTimeout
 	flights       policy.FlightObserver // the observer as policy.FlightObserver (nil if it is not): remote attempts
 }
 
@@ -194,6 +201,10 @@ func New(cfg Config) (*Lifecycle, error) {
 	lc.predictor, _ = cfg.Picker.(policy.Predictor)
 	lc.replicated, _ = cfg.Picker.(policy.Replicated)
 	lc.deferrer, _ = cfg.Picker.(policy.Deferrer)
+	if cfg.StallTimeout > 0 {
+		lc.ttfts, _ = cfg.Picker.(policy.TTFTPredictor)
+		lc.stall = cfg.StallTimeout
+	}
 	if lc.clock == nil {
 		lc.clock = policy.WallClock{}
 	}
@@ -398,6 +409,7 @@ type Call struct {
 	firstAt      time.Time
 	finished     bool
 	ok           bool
+	stall        StallWatch // the attempt in progress's
 
 	shared uint64      // the attempt's ID in the Share (remote.go), 0 when none
 	local  localFlight // the attempt in the Share's list of local ones (remote.go)
@@ -434,6 +446,7 @@ func (c *Call) Next() *endpoint.Endpoint {
 		if o := c.lc.observer; o != nil {
 			o.Routed(c.Req, ep)
 		}
+		c.watchStall(ep)
 		c.lc.share.routed(c)
 		return ep
 	}
@@ -491,6 +504,7 @@ func (c *Call) FirstToken() {
 	}
 	c.firstAt = c.lc.clock.Now()
 	c.ep.FirstToken(c.Req.PromptTokens)
+	c.ep.Progressed(c.firstAt.UnixNano())
 	if o := c.lc.observer; o != nil {
 		o.FirstToken(c.Req, c.ep, c.firstAt.Sub(c.Arrival))
 	}
@@ -543,6 +557,9 @@ func (c *Call) Finish(o Outcome) {
 		cached = min(int(math.Round(float64(cached)/scale)), prompt)
 	}
 	now := c.lc.clock.Now()
+	if o.OK {
+		c.ep.Progressed(now.UnixNano())
+	}
 	f := o.Failure
 	if !o.OK && f == FailNone {
 		f = FailCanceled // not the endpoint's doing: nothing to tell health checking
@@ -561,6 +578,58 @@ func (c *Call) Finish(o Outcome) {
 		if changed, blind := c.lc.audit.Observe(c.ep, c.rawPredicted, cached, now); changed && c.lc.blinder != nil {
 			c.lc.blinder.SetCacheBlind(c.ep, blind)
 		}
+	}
+}
+
+// StallWatch watches one attempt for a stall: its engine holds it, has answered nothing at
+// all (no first token, stream event or complete answer, for any request: endpoint.Progressed)
+// for as long as would make the attempt's own wait MaxSlowdown times its predicted TTFT, and
+// at least the lifecycle's StallTimeout. An engine that works answers something; one that
+// queues the attempt behind others answers them, so a long queue is not a stall. Its methods
+// are safe to call from any goroutine (a timer's).
+type StallWatch struct {
+	ep    *endpoint.Endpoint
+	sent  int64         // unix nanoseconds (the lifecycle's clock) the attempt was sent
+	after time.Duration // 0: not watched
+}
+
+// After is the wait for the first token after which the attempt may be stalled (check Due
+// then); 0 when it is not watched.
+func (w StallWatch) After() time.Duration { return w.after }
+
+// Due reports whether, at now (unix nanoseconds, the lifecycle's clock), the attempt has
+// stalled: sent After ago or more and nothing from its engine in the last After. When it has
+// not, wait is how long until it could have (check again then).
+func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) {
+	left := time.Duration(max(w.sent, w.ep.LastProgress()) + int64(w.after) - now)
+	return left <= 0, max(left, 0)
+}
+
+// Stall returns the stall watch of the attempt in progress: After 0 when the lifecycle does not
+// watch stalls, the policy predicted no TTFT for it, or no other endpoint is left to try (the
+// last attempt waits for the first-token timeout as before). A stalled attempt is given up with
+// Fail(FailTimeout).
+func (c *Call) Stall() StallWatch { return c.stall }
+
+// watchStall sets the stall watch of the attempt just sent to ep.
+func (c *Call) watchStall(ep *endpoint.Endpoint) {
+	c.stall = StallWatch{}
+	if c.lc.ttfts == nil {
+		return
+	}
+	now := c.lc.clock.Now()
+	left := false
+	for _, o := range c.ranked[c.next:] {
+		if o.Available() && !c.lc.health.Ejected(o, now) {
+			left = true
+			break
+		}
+	}
+	if !left {
+		return
+	}
+	if p := c.lc.ttfts.PredictTTFT(c.Req, ep); p > 0 {
+		c.stall = StallWatch{ep: ep, sent: now.UnixNano(), after: max(c.lc.stall, time.Duration(policy.MaxSlowdown*float64(p)))}
 	}
 }
 

@@ -397,3 +397,91 @@ func TestWarmUp(t *testing.T) {
 		t.Errorf("c's share of first places at 0, 4, 8, 12 s: %.2f; want about 0, 0.4, 0.8, then 1", got)
 	}
 }
+
+// predicting is a script that predicts every attempt's TTFT.
+type predicting struct {
+	*script
+	ttft time.Duration
+}
+
+func (p predicting) PredictTTFT(*policy.Request, *endpoint.Endpoint) time.Duration { return p.ttft }
+
+// TestStallWatch: an attempt is stalled once it has waited its watch's span for its first token
+// and its engine answered nothing for as long (an answer to another request puts it off); the
+// span is StallTimeout or MaxSlowdown times the predicted TTFT, the longer; the last attempt,
+// a policy without predictions and a lifecycle without StallTimeout watch nothing.
+func TestStallWatch(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	newLC := func(p policy.Picker, stall time.Duration) *Lifecycle {
+		lc, err := New(Config{Picker: p, Clock: clk, Attempts: 3, StallTimeout: stall,
+			Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lc
+	}
+	eps := pool(t, "a", "b", "c")
+	p := predicting{&script{order: []string{"a", "b", "c"}}, 100 * time.Millisecond}
+	lc := newLC(p, time.Second)
+	c, err := lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, eps, "", clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Next()
+	w := c.Stall()
+	if w.After() != 2*time.Second { // 20 x 100 ms, over the 1 s floor
+		t.Fatalf("watched for %v, want 2s (MaxSlowdown x the predicted 100ms)", w.After())
+	}
+	at := func(d time.Duration) int64 { return clk.t.Add(d).UnixNano() }
+	if stalled, wait := w.Due(at(time.Second)); stalled || wait != time.Second {
+		t.Errorf("1 s in: stalled %v, wait %v; want not yet, 1s more", stalled, wait)
+	}
+	a.Progressed(at(1500 * time.Millisecond)) // the engine answers another request
+	if stalled, wait := w.Due(at(2 * time.Second)); stalled || wait != 1500*time.Millisecond {
+		t.Errorf("2 s in, an answer at 1.5 s: stalled %v, wait %v; want not yet, 1.5s more", stalled, wait)
+	}
+	if stalled, _ := w.Due(at(3500 * time.Millisecond)); !stalled {
+		t.Error("3.5 s in, nothing since 1.5 s: not stalled")
+	}
+	clk.t = clk.t.Add(3500 * time.Millisecond)
+	if !c.Fail(FailTimeout) {
+		t.Fatal("a stalled attempt may not be retried")
+	}
+	c.Next()
+	if got := c.Stall().After(); got != 2*time.Second {
+		t.Errorf("second attempt watched for %v, want 2s", got)
+	}
+	c.Fail(FailTimeout)
+	c.Next()
+	if got := c.Stall().After(); got != 0 {
+		t.Errorf("the last attempt watched for %v, want not watched", got)
+	}
+	c.Finish(Outcome{})
+
+	// What counts as an answer: a first token and a complete answer, of any request.
+	for i, step := range []func(*Call){(*Call).FirstToken, func(c *Call) { c.Finish(Outcome{OK: true}) }} {
+		clk.t = clk.t.Add(time.Second)
+		if i == 0 {
+			c, _ = lc.Begin(&policy.Request{ID: "r1"}, eps, "", clk.t)
+			c.Next()
+		}
+		step(c)
+		if got := a.LastProgress(); got != clk.t.UnixNano() {
+			t.Errorf("step %d: the engine's last answer at %v, want now (%v)", i, time.Unix(0, got), clk.t)
+		}
+	}
+
+	p.ttft = 10 * time.Millisecond
+	c, _ = newLC(p, time.Second).Begin(&policy.Request{ID: "r2"}, eps, "", clk.t)
+	if c.Next(); c.Stall().After() != time.Second {
+		t.Errorf("predicted 10ms: watched for %v, want the 1s floor", c.Stall().After())
+	}
+	c.Finish(Outcome{})
+	for name, lc := range map[string]*Lifecycle{"no prediction": newLC(p.script, time.Second), "no StallTimeout": newLC(p, 0)} {
+		c, _ := lc.Begin(&policy.Request{ID: "r3"}, eps, "", clk.t)
+		if c.Next(); c.Stall().After() != 0 {
+			t.Errorf("%s: watched for %v, want not watched", name, c.Stall().After())
+		}
+		c.Finish(Outcome{})
+	}
+}

@@ -19,6 +19,8 @@ import (
 type names struct {
 	running, waiting, kvUsage []string
 	queries, hits             []string
+	// prompted and generated are counters of the tokens the engine computed (Work).
+	prompted, generated []string
 	// cacheInfo is an info gauge whose labels carry the block size and block count.
 	cacheInfo                   string
 	blockSizeLabel, blocksLabel string
@@ -36,6 +38,9 @@ func namesFor(engine string) (names, bool) {
 			queries: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"},
 			hits:    []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"},
 
+			prompted:  []string{"vllm:prompt_tokens_total", "vllm:prompt_tokens"},
+			generated: []string{"vllm:generation_tokens_total", "vllm:generation_tokens"},
+
 			cacheInfo: "vllm:cache_config_info", blockSizeLabel: "block_size", blocksLabel: "num_gpu_blocks",
 		},
 		"sglang": {
@@ -44,6 +49,9 @@ func namesFor(engine string) (names, bool) {
 			kvUsage: []string{"sglang:token_usage"},
 			queries: []string{"sglang:prompt_tokens_total", "sglang:prompt_tokens"},
 			hits:    []string{"sglang:cached_tokens_total", "sglang:cached_tokens"},
+
+			prompted:  []string{"sglang:prompt_tokens_total", "sglang:prompt_tokens"},
+			generated: []string{"sglang:generation_tokens_total", "sglang:generation_tokens"},
 
 			cacheInfo: "sglang:cache_config_info", blockSizeLabel: "page_size", blocksLabel: "num_pages",
 			capacityTokens: "sglang:max_total_num_tokens",
@@ -56,6 +64,9 @@ func namesFor(engine string) (names, bool) {
 			running: []string{"llamacpp:requests_processing"},
 			waiting: []string{"llamacpp:requests_deferred"},
 			kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
+
+			prompted:  []string{"llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens"},
+			generated: []string{"llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted"},
 		},
 	}[engine]
 	return n, ok
@@ -118,6 +129,11 @@ func snapshotOf(n names, fams map[string]*dto.MetricFamily, at time.Time) *endpo
 	}
 	if v, ok := sum(fams, n.hits); ok {
 		s.PrefixHits = v
+	}
+	for _, list := range [][]string{n.prompted, n.generated} {
+		if v, ok := sum(fams, list); ok {
+			s.Work += v
+		}
 	}
 	if n.cacheInfo != "" {
 		s.BlockSize, s.NumGPUBlocks = cacheInfo(fams[n.cacheInfo], n.blockSizeLabel, n.blocksLabel)

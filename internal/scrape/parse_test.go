@@ -75,11 +75,11 @@ func TestParse_Values(t *testing.T) {
 	tests := map[string]endpoint.Snapshot{
 		// two data-parallel engines: load and counters summed, usage averaged, blocks summed
 		"vllm": {At: at, Running: 21, Waiting: 3, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 57672,
-			PrefixQueries: 1572864, PrefixHits: 1048576},
+			PrefixQueries: 1572864, PrefixHits: 1048576, Work: 1.1e6},
 		"sglang": {At: at, Running: 37, Waiting: 5, KVUsage: 0.28, BlockSize: 1, NumGPUBlocks: 161721,
-			PrefixQueries: 8.128902e+06, PrefixHits: 5.2e+06},
+			PrefixQueries: 8.128902e+06, PrefixHits: 5.2e+06, Work: 8.128902e+06 + 7.557572e+06},
 		"tgi":      {At: at, Running: 16, Waiting: 4},
-		"llamacpp": {At: at, Running: 2, Waiting: 1, KVUsage: 0.25},
+		"llamacpp": {At: at, Running: 2, Waiting: 1, KVUsage: 0.25, Work: 73512 + 10231},
 	}
 	for engine, want := range tests {
 		got := read(engine)
@@ -198,8 +198,8 @@ func TestReadWanted_Cut(t *testing.T) {
 		got = append(got, name)
 	}
 	slices.Sort(got)
-	want := []string{"vllm:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-		"vllm:num_requests_waiting", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"}
+	want := []string{"vllm:cache_config_info", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+		"vllm:num_requests_waiting", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:prompt_tokens_total"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("families kept (-want +got):\n%s", diff)
 	}

@@ -280,6 +280,40 @@ func TestHungEngine(t *testing.T) {
 	}
 }
 
+// TestStalledEngine: as TestHungEngine, with the first-token timeout at a minute and
+// limits.stall_timeout at 1 s: once the router has calibrated its TTFT predictions (a few
+// requests), a request held by the hung engine, which answers nothing else meanwhile, is given
+// up as stalled after about a second, not the minute, and succeeds on the other engine.
+func TestStalledEngine(t *testing.T) {
+	fleet := startFaultFleet(t, 2)
+	const ft, stall = time.Minute, time.Second
+	cfg := faultConfig(t, fleet.URLs(), "prefix-aware", ft)
+	cfg.Limits.StallTimeout = config.Duration(stall)
+	r, api, admin := startRouter(t, cfg)
+	waitChecked(t, r)
+	client := faultClient(t)
+	incomplete(t, paced(t, client, api, 10, 20*time.Millisecond, "calibrate"))
+	hung, hungURL := fleet.Instances()[0], fleet.URLs()[0]
+	if err := hung.SetFaults(simserver.Faults{Hang: true}); err != nil {
+		t.Fatal(err)
+	}
+	outs := paced(t, client, api, 20, 250*time.Millisecond, "stalled")
+	longest, over := slowest(outs, stall)
+	failed := incomplete(t, outs)
+	held := sumMetric(metricsText(t, hungURL), "kvroute_sim_faults_total", `fault="hang"`)
+	m := metricsText(t, admin)
+	timeouts := sumMetric(m, "kvroute_retries_total", `reason="timeout"`)
+	t.Logf("stalled engine: %d of %d requests failed; slowest %v; %d took longer than the stall timeout (%v); the hung engine held %v requests, %v given up",
+		failed, len(outs), longest.Round(time.Millisecond), over, stall, held, timeouts)
+	if longest > stall+retryAllowance {
+		t.Errorf("slowest request took %v, want at most the stall timeout %v plus one retry (%v), far below the first-token timeout %v",
+			longest, stall, retryAllowance, ft)
+	}
+	if held < 1 || timeouts < held {
+		t.Errorf("the hung engine held %v requests and %v were given up: want at least one, each given up", held, timeouts)
+	}
+}
+
 // TestFailingEngine: one of two engines fails every request it gets, answering 500 at once or
 // cutting every stream after two tokens. At least 90 % of 200 requests (4 clients at a time)
 // succeed: outlier detection takes the failing engine out after passive_failures failures.
