@@ -78,6 +78,7 @@ type Request struct {
 	HasStreamOptions   bool // the body has a stream_options object
 	StreamOptionsField bool // the body names stream_options, even as null (as encoding/json matches names)
 	MaxTokens          int  // max_tokens, max_completion_tokens or max_output_tokens, 0 when absent
+	N                  int  // n, the choices to generate for each prompt, 0 when absent (one)
 	User               string
 	CacheSalt          string
 	// CacheSaltField: the body names cache_salt, even as null (as encoding/json matches
@@ -133,6 +134,7 @@ type wire struct {
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	MaxOutputTokens     *int            `json:"max_output_tokens"`
+	N                   *int            `json:"n"`
 	User                *string         `json:"user"`
 	CacheSalt           namedString     `json:"cache_salt"`
 	PromptCacheKey      *string         `json:"prompt_cache_key"`
@@ -325,6 +327,12 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 		if p != nil {
 			r.MaxTokens = *p
 		}
+	}
+	if w.N != nil {
+		if *w.N < 1 {
+			return nil, BadRequest("n", "n must be at least 1, got %d", *w.N)
+		}
+		r.N = *w.N
 	}
 	r.User = deref(w.User)
 	r.CacheSalt = deref(w.CacheSalt.v)
@@ -750,7 +758,7 @@ func (r *Request) SessionKey() string {
 // bodyKeys are the top-level keys encoding/json would match (case-insensitively) into wire.
 var bodyKeys = [...]string{"model", "messages", "tools", "prompt", "input", "instructions", "stream",
 	"stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "user", "cache_salt",
-	"prompt_cache_key", "previous_response_id"}
+	"prompt_cache_key", "previous_response_id", "n"}
 
 // messageKeys are the keys encoding/json would match into wireMessage.
 var messageKeys = [...]string{"type", "role", "name", "content", "tool_calls", "tool_call_id", "arguments", "call_id", "output"}
@@ -769,8 +777,8 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 	}
 	w, msgs, prompt := &sb.w, &sb.msgs, &sb.prompt
 	s := scanner{b: body, sc: sc}
-	var maxOut, maxTok, maxComp int
-	var haveOut, haveTok, haveComp bool
+	var maxOut, maxTok, maxComp, n int
+	var haveOut, haveTok, haveComp, haveN bool
 	ok = s.fields(bodyKeys[:], func(i int) bool {
 		switch bodyKeys[i] {
 		case "model":
@@ -844,6 +852,8 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 			return s.optInt(&maxComp, &haveComp)
 		case "max_output_tokens":
 			return s.optInt(&maxOut, &haveOut)
+		case "n":
+			return s.optInt(&n, &haveN)
 		}
 		return true
 	})
@@ -858,6 +868,9 @@ func scanBody(kind Kind, body []byte, sc *Scratch) (sb scanned, ok bool) {
 	}
 	if haveOut {
 		w.MaxOutputTokens = &maxOut
+	}
+	if haveN {
+		w.N = &n
 	}
 	return sb, true
 }

@@ -15,7 +15,7 @@ import (
 )
 
 func TestParseChat(t *testing.T) {
-	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,"n":2,
 	"user":"u","cache_salt":"s","prompt_cache_key":"k","extra":{"x":[1,2]},
 	"messages":[{"role":"system","content":"be brief"},
 	{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x"}}]},
@@ -25,7 +25,7 @@ func TestParseChat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Model != "m" || !r.Stream || !r.IncludeUsage || !r.HasStreamOptions || r.MaxTokens != 7 ||
+	if r.Model != "m" || !r.Stream || !r.IncludeUsage || !r.HasStreamOptions || r.MaxTokens != 7 || r.N != 2 ||
 		r.User != "u" || r.CacheSalt != "s" || r.PromptCacheKey != "k" || r.SessionKey() != "k" {
 		t.Errorf("scalar fields wrong: %+v", r)
 	}
@@ -268,6 +268,10 @@ var chatScanCases = []string{
 	`{"model":"m","messages":[],"max_tokens":-0}`,
 	`{"model":"m","messages":[],"max_tokens":99999999999999999999}`,
 	`{"model":"m","messages":[],"max_tokens":null,"stream":null,"user":null}`,
+	`{"model":"m","messages":[],"n":3}`,
+	`{"model":"m","messages":[],"n":0}`,
+	`{"model":"m","messages":[],"n":null}`,
+	`{"model":"m","messages":[],"N":2}`,
 	`{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}`,
 	`{"model":"m","messages":[],"stream":false,"stream_options":{"include_usage":1}}`,
 	`{"model":"m","messages":[],"stream":"yes"}`,

@@ -283,3 +283,69 @@ func TestCompletionPromptListStreamsAsTokensCome(t *testing.T) {
 		t.Errorf("choices (-alone +list):\n%s", diff)
 	}
 }
+
+// TestChoicesN: n asks for n choices of each prompt, as vLLM answers it: one engine request per
+// choice, choices indexed prompt by prompt, each with its own text; usage counts each prompt's
+// tokens once and every choice's output; n below 1 is refused.
+func TestChoicesN(t *testing.T) {
+	a, b := text("alpha", 100), text("beta", 60)
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			f := startFleet(t, Options{Profile: "instant", BlockSize: 16}, 1)
+			in, url := f.Instances()[0], f.URLs()[0]
+			body := fmt.Sprintf(`{"model":%q,"prompt":[%q,%q],"n":2,"max_tokens":3,"stream":%v,"stream_options":{"include_usage":true}}`, DefaultModel, a, b, stream)
+			var (
+				got   []choiceOut
+				usage openai.Usage
+			)
+			if stream {
+				r := streamCall(t, url, "/v1/completions", body)
+				if !r.done || r.usage == nil {
+					t.Fatalf("stream: done %v usage %v", r.done, r.usage)
+				}
+				got, usage = streamedChoices(t, r), *r.usage
+			} else {
+				got, usage = completion(t, url, body)
+			}
+			if usage.PromptTokens != 160 || usage.CompletionTokens != 12 || usage.TotalTokens != 172 {
+				t.Errorf("usage %+v, want 160 prompt tokens (each prompt once), 12 completion tokens (4 choices of 3)", usage)
+			}
+			if len(got) != 4 {
+				t.Fatalf("%d choices, want 4: %+v", len(got), got)
+			}
+			for i, c := range got {
+				if c.Index != i || c.Finish != "length" || c.Text == "" {
+					t.Errorf("choice %d: %+v, want index %d, a text, finish_reason length", i, c, i)
+				}
+			}
+			if got[0].Text == got[1].Text || got[2].Text == got[3].Text {
+				t.Errorf("a prompt's two choices have the same text: %+v", got)
+			}
+			if st := waitFinished(t, in, 4); st.Finished != 4 {
+				t.Errorf("engine finished %d requests, want 4 (one per choice)", st.Finished)
+			}
+		})
+	}
+	f := startFleet(t, Options{Profile: "instant", BlockSize: 16}, 1)
+	resp, _ := post(t, f.URLs()[0], "/v1/chat/completions", chatBody(DefaultModel, a, false, 2, `,"n":3`))
+	var chat struct {
+		Choices []struct {
+			Index   int
+			Message struct{ Content string }
+		}
+		Usage openai.Usage
+	}
+	err := json.NewDecoder(resp.Body).Decode(&chat)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || len(chat.Choices) != 3 || chat.Choices[2].Index != 2 || chat.Usage.CompletionTokens != 6 {
+		t.Errorf("chat with n 3: status %d, %+v (%v); want 3 choices of 2 tokens", resp.StatusCode, chat, err)
+	}
+	for _, n := range []string{"0", "-1", "2000"} {
+		resp, _ := post(t, f.URLs()[0], "/v1/chat/completions", chatBody(DefaultModel, a, false, 2, `,"n":`+n))
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), `"param":"n"`) {
+			t.Errorf("n %s: status %d %s, want 400 naming n", n, resp.StatusCode, b)
+		}
+	}
+}

@@ -162,7 +162,8 @@ const maxPrompts = 1024
 // share the response id, the timestamp and the job's notify channel.
 type call struct {
 	kind         openai.Kind
-	index        int    // choices[].index: the prompt's place in the list
+	index        int    // choices[].index: the choice's place in the answer
+	choice       int    // which of its prompt's n choices it is: only the first counts the prompt's tokens in usage
 	id           string // chatcmpl-... or cmpl-...
 	rid          string // x-request-id
 	created      int64
@@ -227,38 +228,46 @@ func (in *Instance) completion(kind openai.Kind) http.HandlerFunc {
 	}
 }
 
-// newCalls builds the calls of a request: one, or one per prompt of a completion's list.
+// newCalls builds the calls of a request: one per choice, n (the request's, else 1) for each
+// prompt, one or one per prompt of a completion's list, as vLLM schedules one engine request
+// per choice. Their choices[].index run prompt by prompt, choice by choice.
 func (in *Instance) newCalls(kind openai.Kind, req *openai.Request, recv time.Time) ([]*call, *openai.Error) {
 	texts, tokens := req.Prompt.Texts, req.Prompt.Tokens
-	n := len(texts) + len(tokens)
-	if kind != openai.KindCompletion || n <= 1 {
-		c, oe := in.newCall(kind, req, req.AppendCanonical(nil), recv)
-		if oe != nil {
-			return nil, oe
+	prompts, samples := len(texts)+len(tokens), max(req.N, 1)
+	if kind != openai.KindCompletion || prompts <= 1 {
+		prompts = 1
+	}
+	if samples > maxPrompts || prompts*samples > maxPrompts {
+		if samples == 1 {
+			return nil, openai.BadRequest("prompt", "a list of %d prompts: send at most %d in one request", prompts, maxPrompts)
 		}
-		return []*call{c}, nil
+		return nil, openai.BadRequest("n", "%d prompts of %d choices each: ask for at most %d choices in one request", prompts, samples, maxPrompts)
 	}
-	if n > maxPrompts {
-		return nil, openai.BadRequest("prompt", "a list of %d prompts: send at most %d in one request", n, maxPrompts)
-	}
-	calls := make([]*call, n)
+	calls := make([]*call, 0, prompts*samples)
 	one := *req
-	for i := range calls {
-		if i < len(texts) {
-			one.Prompt = openai.Prompt{Texts: texts[i : i+1]}
-		} else {
-			one.Prompt = openai.Prompt{Tokens: tokens[i-len(texts) : i-len(texts)+1]}
+	for i := range prompts {
+		text := req.AppendCanonical(nil)
+		if prompts > 1 {
+			if i < len(texts) {
+				one.Prompt = openai.Prompt{Texts: texts[i : i+1]}
+			} else {
+				one.Prompt = openai.Prompt{Tokens: tokens[i-len(texts) : i-len(texts)+1]}
+			}
+			text = one.AppendCanonical(nil)
 		}
-		// Like vLLM, one prompt that does not fit fails the whole request.
-		c, oe := in.newCall(kind, &one, one.AppendCanonical(nil), recv)
-		if oe != nil {
-			return nil, oe
+		for k := range samples {
+			// Like vLLM, one prompt that does not fit fails the whole request.
+			c, oe := in.newCall(kind, &one, text, recv)
+			if oe != nil {
+				return nil, oe
+			}
+			c.index, c.choice = len(calls), k
+			c.textBase += uint64(k) * 0x9e3779b97f4a7c15 // each choice its own text
+			if len(calls) > 0 {
+				c.id, c.created, c.job.notify = calls[0].id, calls[0].created, calls[0].job.notify
+			}
+			calls = append(calls, c)
 		}
-		c.index = i
-		if i > 0 {
-			c.id, c.created, c.job.notify = calls[0].id, calls[0].created, calls[0].job.notify
-		}
-		calls[i] = c
 	}
 	return calls, nil
 }
@@ -405,9 +414,11 @@ func (in *Instance) respond(w http.ResponseWriter, r *http.Request, calls []*cal
 		choices := make([]any, len(calls))
 		for i, c := range calls {
 			p := ps[i]
-			usage.PromptTokens += c.promptTokens
+			if c.choice == 0 {
+				usage.PromptTokens += c.promptTokens
+				usage.PromptTokensDetails.CachedTokens += p.cached
+			}
 			usage.CompletionTokens += p.produced
-			usage.PromptTokensDetails.CachedTokens += p.cached
 			text := string(appendText(nil, c.textBase, 0, p.produced))
 			choice := map[string]any{"index": c.index, "logprobs": nil, "finish_reason": c.job.finish, "stop_reason": nil}
 			if c.kind == openai.KindChat {
@@ -457,7 +468,9 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call
 				in.cut(calls)
 			}
 			sum.produced += p.produced
-			sum.cached += p.cached
+			if c.choice == 0 {
+				sum.cached += p.cached
+			}
 			done = done && p.done
 			// The last token goes out with its finish_reason: hold it back until the driver has
 			// marked the job done (it delivers the token, then the end, each under the lock).
@@ -498,7 +511,9 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call
 			if calls[0].includeUsage {
 				prompt := 0
 				for _, c := range calls {
-					prompt += c.promptTokens
+					if c.choice == 0 {
+						prompt += c.promptTokens
+					}
 				}
 				buf = calls[0].appendUsage(buf, prompt, sum)
 			}
