@@ -85,7 +85,7 @@ func BenchmarkPrefixAware_Pick(b *testing.B) {
 func BenchmarkPrefixAware_Defer(b *testing.B) {
 	pa, eps, rq := benchFleet(b)
 	for range 10 {
-		pa.fleet.add(1, 1, learnWeight, 0, 0) // calibrated: holds are possible
+		pa.fleet.add(1, 1, learnWeight, 0, 0, 0) // calibrated: holds are possible
 	}
 	b.Run("nothing-to-hold", func(b *testing.B) {
 		b.ReportAllocs()

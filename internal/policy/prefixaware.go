@@ -289,16 +289,22 @@ func (s *paState) stepTail(now int64, speed float64) (start, fill, at int64, ok 
 // exponentially weighted sums over the last samples. With a horizon, the calibration lapses
 // (staleAt) when no sample has come for as long as the samples' weight would take to fade
 // under learnMin at that horizon (horizon x ln(weight / learnMin): about 2.3 horizons for a
-// calibration of 50 samples), and the next samples make a new one: an endpoint that takes no
+// calibration of 50 samples); from then on its weight against what stands in for it (the
+// fleet's) fades as e^(-t/horizon), geometrically, and the next sample starts from what the
+// faded calibration says with the weight of learnMin samples: an endpoint that takes no
 // requests yields no TTFTs, so what it showed last would otherwise stand for ever. While
 // samples come, at any rate above that, nothing changes. Without the lapse, a transient stall
 // (an engine hung for 20 s, whose held requests then report TTFTs of 10 to 20 s) kept an
 // engine out of the fleet's traffic for as long as the router ran: calibrated 20 times
-// slower, it was never chosen again, so it never showed that it had recovered.
+// slower, it was never chosen again, so it never showed that it had recovered. A lapse that
+// dropped the calibration at once (December 2026) brought such an engine back in a burst:
+// replicas that do not sync, each of which sees the others' load on an engine only as its
+// slowness, paid for it (docs/policy.md, "A stall is not a speed").
 type speedFit struct {
 	factor  atomic.Uint64 // float64 bits; 1 until learned
 	learned atomic.Bool   // enough samples to say
 	staleAt atomic.Int64  // unix ns after which, with no sample since, the calibration has lapsed
+	horizon atomic.Int64  // ns, the last add's
 
 	mu                 sync.Mutex
 	n, observed, prior float64
@@ -311,24 +317,40 @@ func (f *speedFit) init() {
 
 func (f *speedFit) get() float64 { return math.Float64frombits(f.factor.Load()) }
 
-// own is the calibration at now, if there is one that has not lapsed.
-func (f *speedFit) own(now int64) (float64, bool) {
-	if !f.learned.Load() || now >= f.staleAt.Load() {
-		return 0, false
+// own is the calibration at now, if there is one, and the weight it has against what stands
+// in for it: 1 until it lapses, then fading as e^(-t/horizon) with the time t since.
+func (f *speedFit) own(now int64) (factor, weight float64, ok bool) {
+	if !f.learned.Load() {
+		return 0, 0, false
 	}
-	return f.get(), true
+	if at := f.staleAt.Load(); now >= at {
+		return f.get(), math.Exp(-float64(now-at) / float64(f.horizon.Load())), true
+	}
+	return f.get(), 1, true
+}
+
+// faded is own at weight w against stand, geometrically.
+func faded(own, stand, w float64) float64 {
+	if w >= 1 {
+		return own
+	}
+	return math.Exp(w*math.Log(own) + (1-w)*math.Log(stand))
 }
 
 // add records one request at now: predicted by the prior model, observed ttft, both in
 // seconds. horizon (seconds; 0: never) sets when a calibration without samples lapses; a
-// lapsed one is dropped, and the samples from now on make a new one.
-func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon float64) {
+// lapsed one goes on from its faded figure against stand (what stands in for it), with the
+// weight of learnMin samples.
+func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon, stand float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keep := 1 - weight
 	if horizon > 0 && f.learned.Load() && now >= f.staleAt.Load() {
-		f.n, f.observed, f.prior = 0, 0, 0 // lapsed: start afresh
-		f.learned.Store(false)
+		// Lapsed: what it says now (faded towards stand) with the weight of learnMin samples.
+		own, w, _ := f.own(now)
+		avg := f.prior / f.n
+		f.n, f.prior = learnMin, learnMin*avg
+		f.observed = faded(own, stand, w) * f.prior
 	}
 	f.n = f.n*keep + 1
 	// One sample counts as at most maxSpeedFactor times its prediction, the most the factor
@@ -342,6 +364,7 @@ func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon f
 	}
 	f.factor.Store(math.Float64bits(min(max(f.observed/f.prior, 1/maxSpeedFactor), maxSpeedFactor)))
 	if horizon > 0 {
+		f.horizon.Store(int64(horizon * 1e9))
 		f.staleAt.Store(now + int64(horizon*math.Log(f.n/learnMin)*1e9))
 	}
 	f.learned.Store(true)
@@ -817,8 +840,8 @@ func (pa *prefixAware) learnTTFT(s *paState, ahead int64, ttft time.Duration, no
 		return
 	}
 	predicted := overhead + float64(ahead)/prefillRate
-	s.speed.add(predicted, ttft.Seconds(), learnWeight, now, pa.affTau)
-	pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4, now, 0)
+	s.speed.add(predicted, ttft.Seconds(), learnWeight, now, pa.affTau, pa.fleet.get())
+	pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4, now, 0, 0)
 }
 
 // shared is the work by which placing req on s delays the first token of the request at the
@@ -941,10 +964,11 @@ func (pa *prefixAware) queued(s *paState, now int64, fleet float64) float64 {
 // speedOf is the calibration factor used for endpoint s at now: the fleet's, unless s's own
 // (not lapsed) differs from it by more than learnTolerance.
 func (pa *prefixAware) speedOf(s *paState, fleet float64, now int64) float64 {
-	own, ok := s.speed.own(now)
+	own, w, ok := s.speed.own(now)
 	if !ok {
-		return fleet // its own default (1) is no measurement (nor a lapsed one), the fleet's is
+		return fleet // its own default (1) is no measurement, the fleet's is
 	}
+	own = faded(own, fleet, w)
 	if math.Abs(own/fleet-1) <= learnTolerance {
 		return fleet
 	}

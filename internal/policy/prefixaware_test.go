@@ -584,7 +584,7 @@ func TestPrefixAware_HoldsForTheTailsLastStep(t *testing.T) {
 				"step_tokens": tc.step}, func(pa *prefixAware) { pa.learn = false })
 			if tc.calibrated {
 				for range 10 {
-					pa.fleet.add(1, 1, learnWeight, 0, 0) // observed as predicted: speed 1
+					pa.fleet.add(1, 1, learnWeight, 0, 0, 0) // observed as predicted: speed 1
 				}
 			}
 			eps := newEndpoints(1, 1<<20)

@@ -20,11 +20,11 @@ func TestSpeedFitLapses(t *testing.T) {
 	now := sec(1000)
 	for range 100 {
 		now += sec(0.1)
-		f.add(0.05, 1, learnWeight, now, horizon)
+		f.add(0.05, 1, learnWeight, now, horizon, 1)
 	}
-	got, ok := f.own(now)
-	if !ok || math.Abs(got-maxSpeedFactor) > 1e-9 {
-		t.Fatalf("after the stall: own %v, %v; want %v, true", got, ok, maxSpeedFactor)
+	got, w, ok := f.own(now)
+	if !ok || w != 1 || math.Abs(got-maxSpeedFactor) > 1e-9 {
+		t.Fatalf("after the stall: own %v at weight %v, %v; want %v at 1, true", got, w, ok, maxSpeedFactor)
 	}
 	// The samples' weight is n = about 43: with no sample, it would fade under learnMin at
 	// the horizon after horizon x ln(n/5), about 130 s.
@@ -32,34 +32,40 @@ func TestSpeedFitLapses(t *testing.T) {
 	if want := horizon * math.Log(f.n/learnMin); math.Abs(lapse-want) > 0.01 || lapse < 100 || lapse > 150 {
 		t.Fatalf("lapses %.1f s after the last sample (n %.1f), want %.1f", lapse, f.n, want)
 	}
-	if _, ok := f.own(now + sec(lapse-1)); !ok {
-		t.Errorf("lapsed a second early")
+	if _, w, _ := f.own(now + sec(lapse-1)); w != 1 {
+		t.Errorf("a second before it lapses: weight %v, want 1", w)
 	}
-	if _, ok := f.own(now + sec(lapse+1)); ok {
-		t.Errorf("still standing a second after it lapsed")
-	}
-	// The engine is well again: six samples at the predicted speed after the lapse (their
-	// weight reaches learnMin at the sixth) make a calibration of 1, not a mix with the
-	// stall's 20.
-	now += sec(lapse + 10)
-	for i := range 6 {
-		now += sec(0.1)
-		f.add(0.05, 0.05, learnWeight, now, horizon)
-		if _, ok := f.own(now); ok != (i == 5) {
-			t.Fatalf("sample %d after the lapse: calibrated %v, want %v (weight %.2f, learnMin %d)", i+1, ok, i == 5, f.n, learnMin)
+	// From the lapse on, its weight against what stands in fades at the horizon.
+	for _, after := range []float64{1, 60, 180} {
+		if _, w, ok := f.own(now + sec(lapse+after)); !ok || math.Abs(w-math.Exp(-after/horizon)) > 1e-6 {
+			t.Errorf("%v s after the lapse: weight %v, %v; want e^(-%v/%v) = %.4f", after, w, ok, after, horizon, math.Exp(-after/horizon))
 		}
 	}
-	if got, _ := f.own(now); math.Abs(got-1) > 1e-9 {
-		t.Errorf("after the lapse and six samples at speed: own %v, want 1", got)
+	// The engine is well again: the first sample 60 s after the lapse starts from what the
+	// faded calibration says there (against a fleet at 1: 20^(1/e), 3.0) with the weight of
+	// learnMin samples; samples at the predicted speed then pull it to 1.
+	now += sec(lapse + 60)
+	f.add(0.05, 0.05, learnWeight, now, horizon, 1)
+	fadedThen := math.Pow(maxSpeedFactor, math.Exp(-1))
+	want := (fadedThen*learnMin*(1-learnWeight) + 1) / (learnMin*(1-learnWeight) + 1)
+	if got, w, ok := f.own(now); !ok || w != 1 || math.Abs(got-want) > 1e-9 {
+		t.Errorf("the first sample after the lapse: own %v at weight %v, %v; want %.4f (the faded %.4f, 5 samples' weight, and 1)", got, w, ok, want, fadedThen)
+	}
+	for range 200 {
+		now += sec(0.1)
+		f.add(0.05, 0.05, learnWeight, now, horizon, 1)
+	}
+	if got, _, _ := f.own(now); math.Abs(got-1) > 0.01 {
+		t.Errorf("after 200 samples at speed: own %v, want 1", got)
 	}
 
 	// No horizon: the stall stands for ever.
 	var g speedFit
 	g.init()
 	for i := range 100 {
-		g.add(0.05, 1, learnWeight, sec(float64(i)), 0)
+		g.add(0.05, 1, learnWeight, sec(float64(i)), 0, 0)
 	}
-	if got, ok := g.own(sec(1e6)); !ok || math.Abs(got-maxSpeedFactor) > 1e-9 {
+	if got, w, ok := g.own(sec(1e6)); !ok || w != 1 || math.Abs(got-maxSpeedFactor) > 1e-9 {
 		t.Errorf("without a horizon, a million seconds later: own %v, %v; want %v, true", got, ok, maxSpeedFactor)
 	}
 }
@@ -67,8 +73,8 @@ func TestSpeedFitLapses(t *testing.T) {
 // TestStalledEndpointComesBack: an engine that stalls for 10 s (its ten requests held, then
 // reporting TTFTs of 10 s) is calibrated as slow, without dragging the fleet's calibration
 // with it, and gets no new request while another endpoint is less loaded than 20 times its
-// queue; with no TTFT from it since, its calibration lapses within a few affinity windows and
-// it is chosen again.
+// queue; with no TTFT from it since, its calibration lapses within a few affinity windows,
+// fades towards the fleet's over the next few, and it is chosen again.
 func TestStalledEndpointComesBack(t *testing.T) {
 	pa, clk := newPA(t, Params{"affinity_window": "60"})
 	eps := newEndpoints(2, 1<<20)
@@ -128,10 +134,20 @@ func TestStalledEndpointComesBack(t *testing.T) {
 		serve(0, 30*time.Millisecond, seq(uint64(200_000+1000*i), 8)...)
 		clk.t = clk.t.Add(870 * time.Millisecond)
 	}
+	// Its calibration lapsed after about 2 min 20 s, and fades towards the fleet's since.
+	slow := pa.PrefillRate(1)
+	if want := prefillRate / pa.fleet.get(); slow <= fleet/maxSpeedFactor*1.5 || slow >= want {
+		t.Errorf("three minutes without a TTFT: endpoint 1's prefill rate %.0f, want it between the stall's (%.0f) and the fleet's %.0f",
+			slow, fleet/maxSpeedFactor, want)
+	}
+	for i := range 120 {
+		serve(0, 30*time.Millisecond, seq(uint64(400_000+1000*i), 8)...)
+		clk.t = clk.t.Add(870 * time.Millisecond)
+	}
 	if got, want := pa.PrefillRate(1), prefillRate/pa.fleet.get(); got != want {
-		t.Errorf("three minutes without a TTFT: endpoint 1's prefill rate %.0f, want the fleet's %.0f", got, want)
+		t.Errorf("five minutes without a TTFT: endpoint 1's prefill rate %.0f, want the fleet's %.0f (the faded stall within learnTolerance of it)", got, want)
 	}
 	if got := busyPick(); got != 1 {
-		t.Errorf("three minutes later, picked endpoint %d, want 1 (idle, its stall forgotten)", got)
+		t.Errorf("five minutes later, picked endpoint %d, want 1 (idle, its stall forgotten)", got)
 	}
 }

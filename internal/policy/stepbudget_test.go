@@ -18,7 +18,7 @@ func TestPrefixAware_StepBudgetPerEndpoint(t *testing.T) {
 	pa, clk := newPAWith(t, Params{"cache_weight": "0", "affinity_window": "0", "attention_weight": "0",
 		"step_tokens": "2000"}, func(pa *prefixAware) { pa.learn = false })
 	for range 10 {
-		pa.fleet.add(1, 1, learnWeight, 0, 0) // observed as predicted: speed 1, so Defer may hold
+		pa.fleet.add(1, 1, learnWeight, 0, 0, 0) // observed as predicted: speed 1, so Defer may hold
 	}
 	eps := newEndpoints(3, 1<<20)
 	eps[0].Engine, eps[0].StepTokens = "vllm", 4096

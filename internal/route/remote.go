@@ -54,7 +54,8 @@ type Event struct {
 	Blocks                               []uint64
 	BlockTokens, PromptTokens, MaxTokens int
 
-	// FirstToken and Done: the time from the request's arrival to its first token (0: none).
+	// FirstToken and Done: the time from the request's arrival to its first token, less the
+	// time its earlier attempts took (the attempt's own TTFT; 0: none).
 	TTFT time.Duration
 
 	// Done: the outcome, in the policy's token units. PromptTokens is the engine's count when
@@ -325,7 +326,7 @@ func (s *Share) firstToken(c *Call) {
 	if s == nil || c.shared == 0 {
 		return
 	}
-	ttft := c.TTFT()
+	ttft := c.attemptTTFT() // what the other replicas learn from, as this one does
 	s.mu.Lock()
 	c.local.first, c.local.ttft = true, ttft
 	s.mu.Unlock()

@@ -407,6 +407,7 @@ type Call struct {
 	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
 	rawPredicted int
 	firstAt      time.Time
+	failAt       time.Time // when the last failed attempt failed (the attempt in progress was sent); zero when none did
 	finished     bool
 	ok           bool
 	stall        StallWatch // the attempt in progress's
@@ -466,8 +467,9 @@ func (c *Call) Fail(f Failure) (retry bool) {
 	if f == FailTimeout {
 		c.timeouts++
 	}
+	c.failAt = c.lc.clock.Now()
 	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
-		Duration: c.lc.clock.Now().Sub(c.Arrival)}, f)
+		Duration: c.failAt.Sub(c.Arrival)}, f)
 	return f.Retryable() && c.next < len(c.ranked)
 }
 
@@ -506,7 +508,7 @@ func (c *Call) FirstToken() {
 	c.ep.FirstToken(c.Req.PromptTokens)
 	c.ep.Progressed(c.firstAt.UnixNano())
 	if o := c.lc.observer; o != nil {
-		o.FirstToken(c.Req, c.ep, c.firstAt.Sub(c.Arrival))
+		o.FirstToken(c.Req, c.ep, c.attemptTTFT())
 	}
 	c.lc.share.firstToken(c)
 }
@@ -569,7 +571,7 @@ func (c *Call) Finish(o Outcome) {
 	}
 	c.closeAttempt(policy.Result{
 		OK: o.OK, CachedTokens: cached, PromptTokens: prompt, OutputTokens: o.OutputTokens,
-		TTFT: c.TTFT(), Duration: now.Sub(c.Arrival),
+		TTFT: c.attemptTTFT(), Duration: now.Sub(c.Arrival),
 	}, f)
 	if o.OK && o.ResponseID != "" {
 		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
@@ -658,6 +660,21 @@ func (c *Call) FirstTokenAt() time.Time { return c.firstAt }
 func (c *Call) TTFT() time.Duration {
 	if c.firstAt.IsZero() {
 		return 0
+	}
+	return c.firstAt.Sub(c.Arrival)
+}
+
+// attemptTTFT is the TTFT the endpoint of the attempt in progress is to be judged by, 0 when no
+// first token came: from the request's arrival, less the earlier attempts' time (from the
+// arrival to the last failure), which the endpoint had no part in. A request given up on a
+// stalled engine after 10 s and answered by another at once taught that other one a TTFT of
+// 10 s, 20 times its prediction, until December 2026.
+func (c *Call) attemptTTFT() time.Duration {
+	if c.firstAt.IsZero() {
+		return 0
+	}
+	if !c.failAt.IsZero() {
+		return c.firstAt.Sub(c.failAt)
 	}
 	return c.firstAt.Sub(c.Arrival)
 }

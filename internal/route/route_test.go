@@ -485,3 +485,32 @@ func TestStallWatch(t *testing.T) {
 		c.Finish(Outcome{})
 	}
 }
+
+// TestRetriedAttemptTTFT: the policy learns a retried request's TTFT from its last attempt's
+// own wait, not from the request's arrival: the endpoint that answered at once after another
+// stalled for 10 s is not taught that it takes 10 s. The request's TTFT stays the client's.
+func TestRetriedAttemptTTFT(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{order: []string{"a", "b"}}
+	lc := newLC(t, s, clk, 2)
+	c, err := lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, pool(t, "a", "b"), "", clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Next()
+	clk.t = clk.t.Add(10 * time.Second)
+	if !c.Fail(FailTimeout) {
+		t.Fatal("no retry")
+	}
+	c.Next()
+	clk.t = clk.t.Add(50 * time.Millisecond)
+	c.FirstToken()
+	c.Finish(Outcome{OK: true, CachedTokens: 0})
+	want := []string{"routed a", "done a ok=false cached=-1 ttft=0s", "routed b", "first b 50ms", "done b ok=true cached=0 ttft=50ms"}
+	if diff := cmp.Diff(want, s.log); diff != "" {
+		t.Errorf("what the policy heard (-want +got):\n%s", diff)
+	}
+	if got := c.TTFT(); got != 10050*time.Millisecond {
+		t.Errorf("the request's TTFT %v, want 10.05s (from its arrival)", got)
+	}
+}
