@@ -90,9 +90,10 @@ type stallTimer struct {
 	w      route.StallWatch
 	cancel context.CancelCauseFunc
 	after  time.Duration
-	mu     sync.Mutex // guards t and done, so that stop wins over a check that re-arms
+	mu     sync.Mutex // guards t, done and fired, so that stop wins over a check that re-arms
 	t      *time.Timer
-	done   bool
+	done   bool // stopped, or fired
+	fired  bool // the attempt was given up
 }
 
 func watchStall(w route.StallWatch, cancel context.CancelCauseFunc) *stallTimer {
@@ -111,22 +112,25 @@ func (st *stallTimer) check() {
 	}
 	stalled, wait := st.w.Due(time.Now().UnixNano())
 	if stalled {
-		st.done = true
+		st.done, st.fired = true, true
 		st.cancel(errStalled)
 		return
 	}
 	st.t.Reset(wait)
 }
 
-// stop ends the watch (nil: none).
-func (st *stallTimer) stop() {
+// stop ends the watch (nil: none) and reports whether it ended before giving the attempt up:
+// a stream whose first event was read as the watch fired is failed over, not relayed with its
+// context cancelled under it.
+func (st *stallTimer) stop() (ok bool) {
 	if st == nil {
-		return
+		return true
 	}
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	st.done = true
 	st.t.Stop()
-	st.mu.Unlock()
+	return !st.fired
 }
 
 // attempt sends the request to ep under the attempt's timeouts and returns the response to
@@ -182,14 +186,13 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		st := sseStates.Get().(*sseState)
 		st.r.Reset(resp.Body)
-		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle}
+		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall}
 		if err := sb.first(); err != nil {
 			sb.release()
 			resp.Body.Close()
 			return failed(err)
 		}
 		timer.Stop()
-		stall.stop()
 		resp.Body = sb
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
@@ -391,6 +394,7 @@ type sseBody struct {
 	ctx     context.Context         // the attempt's
 	cancel  context.CancelCauseFunc // ends the attempt
 	idle    time.Duration
+	stall   *stallTimer // the attempt's stall watch until the first event, nil when none
 	timer   *time.Timer // the idle timeout
 	pending []byte      // what the client is still to get: a part of buf, or of a larger array
 	buf     []byte
@@ -402,6 +406,9 @@ func (s *sseBody) first() error {
 	ev, err := s.r.Next()
 	if err != nil {
 		return err
+	}
+	if !s.stall.stop() {
+		return errStalled // given up as the event came: failed over before anything is counted or relayed
 	}
 	s.c.rc.FirstToken()
 	s.take(ev)
