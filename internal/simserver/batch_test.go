@@ -21,6 +21,20 @@ type choiceOut struct {
 	Finish string
 }
 
+// completionAs posts a completion, streamed or not as its body asks (stream says which), and
+// returns its choices and usage; a stream must end with [DONE] and carry usage.
+func completionAs(t *testing.T, url, body string, stream bool) ([]choiceOut, openai.Usage) {
+	t.Helper()
+	if !stream {
+		return completion(t, url, body)
+	}
+	r := streamCall(t, url, "/v1/completions", body)
+	if !r.done || r.usage == nil {
+		t.Fatalf("stream: done %v usage %v", r.done, r.usage)
+	}
+	return streamedChoices(t, r), *r.usage
+}
+
 // completion posts a non-streamed completion and returns its choices and usage.
 func completion(t *testing.T, url, body string) ([]choiceOut, openai.Usage) {
 	t.Helper()
@@ -132,19 +146,7 @@ func TestCompletionPromptList(t *testing.T) {
 				f := startFleet(t, Options{Profile: "instant", BlockSize: 16}, 1)
 				in, url := f.Instances()[0], f.URLs()[0]
 				body := fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":%d,"stream":%v,"stream_options":{"include_usage":true}}`, DefaultModel, tt.prompt, tt.output, stream)
-				var (
-					got   []choiceOut
-					usage openai.Usage
-				)
-				if stream {
-					r := streamCall(t, url, "/v1/completions", body)
-					if !r.done || r.usage == nil {
-						t.Fatalf("stream: done %v usage %v", r.done, r.usage)
-					}
-					got, usage = streamedChoices(t, r), *r.usage
-				} else {
-					got, usage = completion(t, url, body)
-				}
+				got, usage := completionAs(t, url, body, stream)
 				wantUsage := openai.Usage{PromptTokens: tt.tokens, CompletionTokens: tt.prompts * tt.output,
 					TotalTokens: tt.tokens + tt.prompts*tt.output, PromptTokensDetails: &openai.TokenDetails{CachedTokens: tt.cached}}
 				if diff := cmp.Diff(wantUsage, usage); diff != "" {
@@ -294,19 +296,7 @@ func TestChoicesN(t *testing.T) {
 			f := startFleet(t, Options{Profile: "instant", BlockSize: 16}, 1)
 			in, url := f.Instances()[0], f.URLs()[0]
 			body := fmt.Sprintf(`{"model":%q,"prompt":[%q,%q],"n":2,"max_tokens":3,"stream":%v,"stream_options":{"include_usage":true}}`, DefaultModel, a, b, stream)
-			var (
-				got   []choiceOut
-				usage openai.Usage
-			)
-			if stream {
-				r := streamCall(t, url, "/v1/completions", body)
-				if !r.done || r.usage == nil {
-					t.Fatalf("stream: done %v usage %v", r.done, r.usage)
-				}
-				got, usage = streamedChoices(t, r), *r.usage
-			} else {
-				got, usage = completion(t, url, body)
-			}
+			got, usage := completionAs(t, url, body, stream)
 			if usage.PromptTokens != 160 || usage.CompletionTokens != 12 || usage.TotalTokens != 172 {
 				t.Errorf("usage %+v, want 160 prompt tokens (each prompt once), 12 completion tokens (4 choices of 3)", usage)
 			}
