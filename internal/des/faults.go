@@ -201,12 +201,18 @@ func (s *sim) endAttempt(i, inst int, f route.Failure, msg string) {
 // the request and it goes on to the next ranked endpoint.
 func (s *sim) timeout(e event) {
 	i, inst := int(e.req), int(e.inst)
-	st := &s.state[i]
-	if st.done || int(st.inst) != inst || int32(st.call.Attempts()) != e.n || !st.call.FirstTokenAt().IsZero() {
+	if !s.awaitsFirstToken(e) {
 		return
 	}
 	s.drop(inst, i)
 	s.failAttempt(i, inst, route.FailTimeout, "no first token from "+s.name(inst)+" within "+s.cfg.FirstTokenTimeout.String())
+}
+
+// awaitsFirstToken reports whether the attempt e names (its request, instance and number) is
+// still in progress without its first token.
+func (s *sim) awaitsFirstToken(e event) bool {
+	st := &s.state[e.req]
+	return !st.done && st.inst == e.inst && int32(st.call.Attempts()) == e.n && st.call.FirstTokenAt().IsZero()
 }
 
 // stalled is an attempt's stall watch: unless its first token came, or its instance
@@ -215,7 +221,7 @@ func (s *sim) timeout(e event) {
 func (s *sim) stalled(e event) {
 	i, inst := int(e.req), int(e.inst)
 	st := &s.state[i]
-	if st.done || int(st.inst) != inst || int32(st.call.Attempts()) != e.n || !st.call.FirstTokenAt().IsZero() {
+	if !s.awaitsFirstToken(e) {
 		return
 	}
 	stalled, wait := st.stall.Due(s.clock.Now().UnixNano())

@@ -89,7 +89,6 @@ var (
 type stallTimer struct {
 	w      route.StallWatch
 	cancel context.CancelCauseFunc
-	after  time.Duration
 	mu     sync.Mutex // guards t, done and fired, so that stop wins over a check that re-arms
 	t      *time.Timer
 	done   bool // stopped, or fired
@@ -97,7 +96,7 @@ type stallTimer struct {
 }
 
 func watchStall(w route.StallWatch, cancel context.CancelCauseFunc) *stallTimer {
-	st := &stallTimer{w: w, cancel: cancel, after: w.After()}
+	st := &stallTimer{w: w, cancel: cancel}
 	st.mu.Lock()
 	st.t = time.AfterFunc(w.After(), st.check)
 	st.mu.Unlock()
@@ -162,7 +161,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 			return nil, route.FailTimeout, fmt.Errorf("%w (%v)", errAttemptTimeout, limit)
 		case errors.Is(cause, errStalled):
 			return nil, route.FailTimeout, fmt.Errorf("%w: no first token, and no answer to any request, for %v",
-				errStalled, stall.after)
+				errStalled, stall.w.After())
 		case isDialError(err):
 			return nil, route.FailConnect, err
 		}

@@ -430,7 +430,7 @@ func (c *Call) Next() *endpoint.Endpoint {
 	for c.next < len(c.ranked) {
 		ep := c.ranked[c.next]
 		c.next++
-		if c.attempts > 0 && (!ep.Available() || c.lc.health.Ejected(ep, c.lc.clock.Now())) {
+		if c.attempts > 0 && !c.lc.usable(ep, c.lc.clock.Now()) {
 			continue // ejected or removed since the pick; the first choice is tried regardless
 		}
 		c.ep, c.open = ep, true
@@ -613,6 +613,11 @@ func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) {
 // Fail(FailTimeout).
 func (c *Call) Stall() StallWatch { return c.stall }
 
+// usable reports whether a retry may go to ep at now: it is available and not ejected.
+func (lc *Lifecycle) usable(ep *endpoint.Endpoint, now time.Time) bool {
+	return ep.Available() && !lc.health.Ejected(ep, now)
+}
+
 // watchStall sets the stall watch of the attempt just sent to ep.
 func (c *Call) watchStall(ep *endpoint.Endpoint) {
 	c.stall = StallWatch{}
@@ -620,14 +625,7 @@ func (c *Call) watchStall(ep *endpoint.Endpoint) {
 		return
 	}
 	now := c.lc.clock.Now()
-	left := false
-	for _, o := range c.ranked[c.next:] {
-		if o.Available() && !c.lc.health.Ejected(o, now) {
-			left = true
-			break
-		}
-	}
-	if !left {
+	if !slices.ContainsFunc(c.ranked[c.next:], func(o *endpoint.Endpoint) bool { return c.lc.usable(o, now) }) {
 		return
 	}
 	if p := c.lc.ttfts.PredictTTFT(c.Req, ep); p > 0 {
