@@ -46,6 +46,9 @@ type Endpoint struct {
 	inFlight       atomic.Int64             // requests forwarded and not finished
 	pendingPrefill atomic.Int64             // prompt tokens forwarded that have not reached first token
 	progress       atomic.Int64             // unix nanoseconds the engine last answered anything (Progressed); 0: never
+	stallOpen      atomic.Int64             // unix ns a stall found by a watch began (Stalled), until the engine answers; 0: none
+	stallFrom      atomic.Int64             // the last stall that ended: from (unix ns) ...
+	stallTo        atomic.Int64             // ... to, when the engine answered again
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
@@ -267,7 +270,30 @@ func (e *Endpoint) Finish(promptTokens int, firstTokenSeen bool) {
 func (e *Endpoint) Progressed(now int64) {
 	if now-e.progress.Load() >= progressGrain {
 		e.progress.Store(now)
+		if from := e.stallOpen.Load(); from != 0 && now > from && e.stallOpen.CompareAndSwap(from, 0) {
+			e.stallTo.Store(0) // StalledDuring reads from, to: never a new from with an old to
+			e.stallFrom.Store(from)
+			e.stallTo.Store(now)
+		}
 	}
+}
+
+// Stalled records that a stall watch found the engine stalled (route.StallWatch.Due): silent
+// since from (unix nanoseconds, its last answer), holding a request. The stall lasts until the
+// engine answers again (Progressed).
+func (e *Endpoint) Stalled(from int64) {
+	e.stallOpen.CompareAndSwap(0, max(from, 1))
+}
+
+// StalledDuring reports whether [from, to] (unix nanoseconds) overlaps the engine's last stall,
+// or one still going on: a first token that waited through a stall says how long the engine
+// was stalled, not how fast it is.
+func (e *Endpoint) StalledDuring(from, to int64) bool {
+	if open := e.stallOpen.Load(); open != 0 && open < to {
+		return true
+	}
+	end := e.stallTo.Load()
+	return end != 0 && from < end && e.stallFrom.Load() < to
 }
 
 // progressGrain is how stale LastProgress may be: far below any stall worth the name.

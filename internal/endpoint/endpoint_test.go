@@ -30,3 +30,53 @@ func TestProgressed(t *testing.T) {
 		t.Errorf("after an older answer: last progress %v, want t0+3s", time.Unix(0, got))
 	}
 }
+
+func TestStalledDuring(t *testing.T) {
+	e := &Endpoint{}
+	t0 := time.Unix(100, 0)
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
+	s := time.Second
+	if e.StalledDuring(at(0), at(time.Hour)) {
+		t.Fatal("never stalled, yet StalledDuring")
+	}
+	e.Progressed(at(0))
+	e.Stalled(at(0))     // a watch found it silent since t0
+	e.Stalled(at(5 * s)) // a second watch of the same stall: the first's start stands
+	for _, c := range []struct {
+		from, to time.Duration
+		want     bool
+	}{
+		{-2 * s, -s, false}, // answered before the stall
+		{-s, 20 * s, true},  // waiting through it, still going on
+		{15 * s, 16 * s, true},
+	} {
+		if got := e.StalledDuring(at(c.from), at(c.to)); got != c.want {
+			t.Errorf("during the stall: StalledDuring(t0%+v, t0%+v) = %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+	e.Progressed(at(20 * s)) // it answers again: the stall was t0 to t0+20s
+	for _, c := range []struct {
+		from, to time.Duration
+		want     bool
+	}{
+		{-2 * s, -s, false},
+		{-s, 20 * s, true}, // held through it, answered as it ended
+		{19 * s, 21 * s, true},
+		{10 * s, 12 * s, true},
+		{20 * s, 21 * s, false}, // sent when it answered again
+		{21 * s, 22 * s, false},
+	} {
+		if got := e.StalledDuring(at(c.from), at(c.to)); got != c.want {
+			t.Errorf("after the stall: StalledDuring(t0%+v, t0%+v) = %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+	e.Progressed(at(30 * s)) // answers with no stall open change nothing
+	if !e.StalledDuring(at(19*s), at(31*s)) || e.StalledDuring(at(25*s), at(31*s)) {
+		t.Error("an answer after the stall ended moved it")
+	}
+	e.Stalled(at(40 * s))
+	e.Progressed(at(50 * s))
+	if e.StalledDuring(at(19*s), at(21*s)) || !e.StalledDuring(at(45*s), at(52*s)) {
+		t.Error("a second stall did not replace the first")
+	}
+}

@@ -59,7 +59,7 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	pa.probe(req, ep, s, &f, now)
 	// FirstToken: what waits on ep after this one was routed while it prefilled.
 	f.probe.sawQueue(s)
-	pa.learnTTFT(s, f.ahead, ttft, now)
+	pa.learnTTFT(s, ep, f.ahead, ttft, now)
 	// Done.
 	pa.learnCapacity(req, ep, &f, res)
 	pa.index.InsertTwice(ep.ID, req.Blocks, now)

@@ -829,14 +829,18 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 	now := pa.clock.Now().UnixNano()
 	s.dequeue(f, now)
 	f.probe.sawQueue(s)
-	pa.learnTTFT(s, f.ahead, ttft, now)
+	pa.learnTTFT(s, ep, f.ahead, ttft, now)
 }
 
 // learnTTFT calibrates s's speed, and the fleet's, from a request's TTFT with ahead of work
-// before it. An endpoint's own calibration fades over affinity_window, the horizon of the
-// policy's other measures of an endpoint (the fleet's does not: it is what stands in).
-func (pa *prefixAware) learnTTFT(s *paState, ahead int64, ttft time.Duration, now int64) {
-	if !pa.learn || ttft <= 0 {
+// before it, first token at now on ep. An endpoint's own calibration fades over
+// affinity_window, the horizon of the policy's other measures of an endpoint (the fleet's does
+// not: it is what stands in). A TTFT whose wait overlapped a stall that a stall watch found
+// (limits.stall_timeout; endpoint.StalledDuring) teaches nothing: the requests an engine held
+// through a stall report the stall, and taken for speed they kept a recovered engine out of
+// the traffic for minutes (docs/policy.md, "A stall is not a speed").
+func (pa *prefixAware) learnTTFT(s *paState, ep *endpoint.Endpoint, ahead int64, ttft time.Duration, now int64) {
+	if !pa.learn || ttft <= 0 || ep.StalledDuring(now-int64(ttft), now) {
 		return
 	}
 	predicted := overhead + float64(ahead)/prefillRate

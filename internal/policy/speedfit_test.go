@@ -151,3 +151,53 @@ func TestStalledEndpointComesBack(t *testing.T) {
 		t.Errorf("five minutes later, picked endpoint %d, want 1 (idle, its stall forgotten)", got)
 	}
 }
+
+// TestStallFoundByWatchTeachesNothing: the requests an engine held through a stall that a stall
+// watch found (endpoint.Stalled, until its next answer) teach no speed, to the endpoint or to
+// the fleet; one that waited through no stall does, even if slow.
+func TestStallFoundByWatchTeachesNothing(t *testing.T) {
+	pa, clk := newPA(t, Params{"affinity_window": "60"})
+	eps := newEndpoints(2, 1<<20)
+	n := 0
+	next := func(keys ...uint64) *Request {
+		n++
+		return req(fmt.Sprint("r", n), 4, keys...)
+	}
+	for i := range 200 {
+		r := next(seq(uint64(1000*i), 8)...)
+		pa.Routed(r, eps[i%2])
+		clk.t = clk.t.Add(30 * time.Millisecond)
+		pa.FirstToken(r, eps[i%2], 30*time.Millisecond)
+		pa.Done(r, eps[i%2], Result{OK: true, CachedTokens: -1})
+		clk.t = clk.t.Add(100 * time.Millisecond)
+	}
+	rate0, rate1, fleet := pa.PrefillRate(0), pa.PrefillRate(1), pa.fleet.get()
+	// Endpoint 1 stalls for 10 s, found by a watch 5 s in; ten requests held through it.
+	var held []*Request
+	for i := range 10 {
+		held = append(held, next(seq(uint64(500_000+1000*i), 8)...))
+	}
+	start := clk.t
+	for _, r := range held {
+		pa.Routed(r, eps[1])
+	}
+	eps[1].Stalled(start.UnixNano())
+	clk.t = clk.t.Add(10 * time.Second)
+	eps[1].Progressed(clk.t.UnixNano()) // the first token of the first held request
+	for _, r := range held {
+		pa.FirstToken(r, eps[1], 10*time.Second)
+		pa.Done(r, eps[1], Result{OK: true, CachedTokens: -1})
+	}
+	if got0, got1, gotFleet := pa.PrefillRate(0), pa.PrefillRate(1), pa.fleet.get(); got0 != rate0 || got1 != rate1 || gotFleet != fleet {
+		t.Errorf("after a stall found by a watch: prefill rates %.0f and %.0f tokens/s (fleet factor %.3f), want %.0f and %.0f (%.3f) as before it",
+			got0, got1, gotFleet, rate0, rate1, fleet)
+	}
+	// The same wait, no stall found: learned.
+	slow := next(seq(900_000, 8)...)
+	pa.Routed(slow, eps[1])
+	clk.t = clk.t.Add(10 * time.Second)
+	pa.FirstToken(slow, eps[1], 10*time.Second)
+	if got := pa.fleet.get(); got <= fleet {
+		t.Errorf("a 10-s TTFT with no stall found: fleet factor %.3f, want above %.3f", got, fleet)
+	}
+}

@@ -601,10 +601,20 @@ func (w StallWatch) After() time.Duration { return w.after }
 
 // Due reports whether, at now (unix nanoseconds, the lifecycle's clock), the attempt has
 // stalled: sent After ago or more and nothing from its engine in the last After. When it has
-// not, wait is how long until it could have (check again then).
+// not, wait is how long until it could have (check again then). When it has, the endpoint is
+// marked stalled from its last answer until its next (endpoint.Stalled): the TTFTs of the
+// requests it held then are not taken for its speed (policy.prefixAware's learnTTFT).
 func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) {
-	left := time.Duration(max(w.sent, w.ep.LastProgress()) + int64(w.after) - now)
-	return left <= 0, max(left, 0)
+	last := w.ep.LastProgress()
+	left := time.Duration(max(w.sent, last) + int64(w.after) - now)
+	if left > 0 {
+		return false, left
+	}
+	if last == 0 {
+		last = w.sent
+	}
+	w.ep.Stalled(last)
+	return true, 0
 }
 
 // Stall returns the stall watch of the attempt in progress: After 0 when the lifecycle does not

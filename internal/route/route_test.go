@@ -440,8 +440,16 @@ func TestStallWatch(t *testing.T) {
 	if stalled, wait := w.Due(at(2 * time.Second)); stalled || wait != 1500*time.Millisecond {
 		t.Errorf("2 s in, an answer at 1.5 s: stalled %v, wait %v; want not yet, 1.5s more", stalled, wait)
 	}
+	if a.StalledDuring(at(0), at(2*time.Second)) {
+		t.Error("an attempt not yet given up marked its endpoint stalled")
+	}
 	if stalled, _ := w.Due(at(3500 * time.Millisecond)); !stalled {
 		t.Error("3.5 s in, nothing since 1.5 s: not stalled")
+	}
+	// The endpoint is stalled from its last answer until its next: the TTFTs of the requests
+	// it held meanwhile are not its speed.
+	if !a.StalledDuring(at(1600*time.Millisecond), at(1700*time.Millisecond)) || a.StalledDuring(at(0), at(1400*time.Millisecond)) {
+		t.Error("a stall found by the watch is not marked from the endpoint's last answer on")
 	}
 	clk.t = clk.t.Add(3500 * time.Millisecond)
 	if !c.Fail(FailTimeout) {
