@@ -37,7 +37,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.Var((*listFlag)(&o.Fail), "fail", "from `N@T` (as for --kill) instance N answers every request 500 at once (repeatable)")
 	fs.Var((*listFlag)(&o.Hang), "hang", "from `N@T` instance N accepts requests and answers nothing; its metrics still come (repeatable)")
 	fs.Var((*listFlag)(&o.Cut), "cut", "from `N@T` instance N cuts every stream after --cut-after tokens (repeatable)")
-	fs.Var((*listFlag)(&o.Recover), "recover", "at `N@T` instance N's fault ends; a killed instance restarts with an empty cache (repeatable)")
+	fs.Var((*listFlag)(&o.Recover), "recover", "at `N@T` instance N's fault (a --kill, --fail, --hang or --cut of it by then) ends; a killed instance restarts with an empty cache (repeatable)")
 	fs.IntVar(&o.CutAfter, "cut-after", 5, "tokens a stream gets from a --cut instance before the cut")
 	fs.DurationVar(&o.FirstTokenTimeout, "first-token-timeout", des.DefaultFirstTokenTimeout, "limits.first_token_timeout: an attempt without its first token by then fails over to the next ranked instance (0: none)")
 	fs.DurationVar(&o.StallTimeout, "stall-timeout", des.DefaultStallTimeout, "limits.stall_timeout: an attempt whose instance answers nothing for this long (or 20 x its predicted TTFT) fails over before the first-token timeout; prefix-aware only (0: none)")

@@ -225,6 +225,8 @@ func (c *Config) check() error {
 			errs = append(errs, fmt.Errorf("instance %d is added twice", ch.Instance))
 		case ch.Kind == Add:
 			added[ch.Instance] = true
+		case ch.Kind == Recover && !c.faultBefore(ch.Instance, ch.At):
+			errs = append(errs, fmt.Errorf("change recover of instance %d at %v: no kill, fail, hang or cut of it by then to recover from", ch.Instance, ch.At))
 		}
 	}
 	errs = append(errs, c.Autoscale.check(c)...)
@@ -232,6 +234,17 @@ func (c *Config) check() error {
 		errs = append(errs, errors.New("changes: every instance is added later: at least one must be there from the start"))
 	}
 	return errors.Join(errs...)
+}
+
+// faultBefore reports whether some change kills instance inst or makes it fail, hang or cut
+// streams at or before at.
+func (c *Config) faultBefore(inst int, at time.Duration) bool {
+	for _, ch := range c.Changes {
+		if ch.Instance == inst && ch.At <= at && ch.Kind != Add && ch.Kind != Recover {
+			return true
+		}
+	}
+	return false
 }
 
 // Epoch is the wall-clock instant that virtual time 0 stands for, in snapshots and in the

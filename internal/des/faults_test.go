@@ -175,6 +175,9 @@ func TestFaultConfigErrors(t *testing.T) {
 	}{
 		{[]Change{{Instance: 0, Kind: Cut}}, "want at least 1"},
 		{[]Change{{Instance: 0, Kind: Recover + 1}}, "want kill, add, fail, hang, cut or recover"},
+		{[]Change{{At: time.Second, Instance: 1, Kind: Recover}}, "no kill, fail, hang or cut of it by then"},
+		{[]Change{{At: 2 * time.Second, Instance: 1, Kind: Hang}, {At: time.Second, Instance: 1, Kind: Recover}}, "no kill, fail, hang or cut of it by then"},
+		{[]Change{{At: time.Second, Instance: 0, Kind: Hang}, {At: 2 * time.Second, Instance: 1, Kind: Recover}}, "instance 1 at 2s: no kill"},
 	} {
 		cfg := toyConfig(2)
 		cfg.Changes = tc.changes
