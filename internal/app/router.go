@@ -521,8 +521,12 @@ type EndpointInfo struct {
 	// LastAnswerAgeSec is how long ago the engine last answered anything: a first token, a
 	// stream's event or a complete answer seen by this router or a peer, or more work in its
 	// scraped counters (limits.stall_timeout); absent when it never has.
-	LastAnswerAgeSec *float64      `json:"last_answer_age_seconds,omitempty"`
-	Probe            scrape.Status `json:"probe"`
+	LastAnswerAgeSec *float64 `json:"last_answer_age_seconds,omitempty"`
+	// StalledSince, when set, is when the engine last answered before a stall watch found it
+	// stalled (limits.stall_timeout); it goes after the others until it answers again, but
+	// for a request every 30 s that finds out whether it does.
+	StalledSince *time.Time    `json:"stalled_since,omitempty"`
+	Probe        scrape.Status `json:"probe"`
 	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
@@ -578,6 +582,10 @@ func (r *Router) Endpoints() []EndpointInfo {
 		if at := e.LastProgress(); at > 0 {
 			age := now.Sub(time.Unix(0, at)).Seconds()
 			info.LastAnswerAgeSec = &age
+		}
+		if from := e.StalledSince(); from > 0 {
+			at := time.Unix(0, from).UTC()
+			info.StalledSince = &at
 		}
 		out = append(out, info)
 	}

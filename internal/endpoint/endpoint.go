@@ -47,6 +47,7 @@ type Endpoint struct {
 	pendingPrefill atomic.Int64             // prompt tokens forwarded that have not reached first token
 	progress       atomic.Int64             // unix nanoseconds the engine last answered anything (Progressed); 0: never
 	stallOpen      atomic.Int64             // unix ns a stall found by a watch began (Stalled), until the engine answers; 0: none
+	stallProbe     atomic.Int64             // unix ns the open stall was found, or last let a request through (Stalling)
 	stallFrom      atomic.Int64             // the last stall that ended: from (unix ns) ...
 	stallTo        atomic.Int64             // ... to, when the engine answered again
 	unhealthy      atomic.Bool
@@ -278,11 +279,30 @@ func (e *Endpoint) Progressed(now int64) {
 	}
 }
 
-// Stalled records that a stall watch found the engine stalled (route.StallWatch.Due): silent
-// since from (unix nanoseconds, its last answer), holding a request. The stall lasts until the
-// engine answers again (Progressed).
-func (e *Endpoint) Stalled(from int64) {
-	e.stallOpen.CompareAndSwap(0, max(from, 1))
+// Stalled records that a stall watch found the engine stalled at now (route.StallWatch.Due):
+// silent since from (unix nanoseconds, its last answer), holding a request. The stall lasts
+// until the engine answers again (Progressed).
+func (e *Endpoint) Stalled(from, now int64) {
+	if e.stallOpen.CompareAndSwap(0, max(from, 1)) {
+		e.stallProbe.Store(now)
+	}
+}
+
+// StalledSince is when the engine last answered before a stall watch found it stalled, unix
+// nanoseconds; 0 when no stall is open (it answered since, or never stalled).
+func (e *Endpoint) StalledSince() int64 { return e.stallOpen.Load() }
+
+// Stalling reports whether, at now, requests should go to the engine only when no other can
+// take them: a stall watch found it stalled and it has not answered since. Once every probe
+// (unix nanoseconds) it reports false to one caller, whose request may then find out that the
+// engine works again (an engine that recovers with nothing left to answer would otherwise
+// never be tried).
+func (e *Endpoint) Stalling(now, probe int64) bool {
+	if e.stallOpen.Load() == 0 {
+		return false
+	}
+	last := e.stallProbe.Load()
+	return now-last < probe || !e.stallProbe.CompareAndSwap(last, now)
 }
 
 // StalledDuring reports whether [from, to] (unix nanoseconds) overlaps the engine's last stall,

@@ -40,8 +40,8 @@ func TestStalledDuring(t *testing.T) {
 		t.Fatal("never stalled, yet StalledDuring")
 	}
 	e.Progressed(at(0))
-	e.Stalled(at(0))     // a watch found it silent since t0
-	e.Stalled(at(5 * s)) // a second watch of the same stall: the first's start stands
+	e.Stalled(at(0), at(10*s))   // a watch found it silent since t0, 10 s in
+	e.Stalled(at(5*s), at(15*s)) // a second watch of the same stall: the first's start stands
 	for _, c := range []struct {
 		from, to time.Duration
 		want     bool
@@ -74,9 +74,46 @@ func TestStalledDuring(t *testing.T) {
 	if !e.StalledDuring(at(19*s), at(31*s)) || e.StalledDuring(at(25*s), at(31*s)) {
 		t.Error("an answer after the stall ended moved it")
 	}
-	e.Stalled(at(40 * s))
+	e.Stalled(at(40*s), at(45*s))
 	e.Progressed(at(50 * s))
 	if e.StalledDuring(at(19*s), at(21*s)) || !e.StalledDuring(at(45*s), at(52*s)) {
 		t.Error("a second stall did not replace the first")
+	}
+}
+
+func TestStalling(t *testing.T) {
+	e := &Endpoint{}
+	t0 := time.Unix(100, 0)
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
+	s := time.Second
+	probe := int64(30 * s)
+	if e.Stalling(at(0), probe) {
+		t.Fatal("never stalled, yet Stalling")
+	}
+	e.Progressed(at(0))
+	e.Stalled(at(0), at(10*s))
+	for _, c := range []struct {
+		now  time.Duration
+		want bool
+	}{
+		{10 * s, true},
+		{39 * s, true},
+		{40 * s, false}, // a probe may go
+		{40 * s, true},  // one
+		{41 * s, true},
+		{70 * s, false}, // the next probe
+		{71 * s, true},
+	} {
+		if got := e.Stalling(at(c.now), probe); got != c.want {
+			t.Errorf("Stalling at t0+%v = %v, want %v", c.now, got, c.want)
+		}
+	}
+	e.Progressed(at(75 * s))
+	if e.Stalling(at(76*s), probe) {
+		t.Error("stalling after it answered again")
+	}
+	e.Stalled(at(75*s), at(90*s)) // a new stall: its first probe 30 s after it was found
+	if !e.Stalling(at(110*s), probe) || e.Stalling(at(120*s), probe) {
+		t.Error("a second stall's probes are not counted from its finding")
 	}
 }

@@ -181,7 +181,7 @@ func TestStallFoundByWatchTeachesNothing(t *testing.T) {
 	for _, r := range held {
 		pa.Routed(r, eps[1])
 	}
-	eps[1].Stalled(start.UnixNano())
+	eps[1].Stalled(start.UnixNano(), start.Add(5*time.Second).UnixNano())
 	clk.t = clk.t.Add(10 * time.Second)
 	eps[1].Progressed(clk.t.UnixNano()) // the first token of the first held request
 	for _, r := range held {

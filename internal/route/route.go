@@ -341,27 +341,32 @@ func (lc *Lifecycle) admitted(candidates []*endpoint.Endpoint, now time.Time) []
 	return candidates
 }
 
-// backoffLast moves the endpoints that asked to be left alone (429) after the others, keeping
-// the order within each group.
+// backoffLast moves the endpoints that asked to be left alone (429), and those a stall watch
+// found stalled that have not answered since (endpoint.Stalling: one request every
+// stallProbeEvery may still go first to find out whether it works again), after the others,
+// keeping the order within each group.
 func (lc *Lifecycle) backoffLast(ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
+	var out, after []*endpoint.Endpoint
 	for i, e := range ranked {
-		if !lc.health.BackedOff(e, now) {
-			continue
-		}
-		out := make([]*endpoint.Endpoint, 0, len(ranked))
-		out = append(out, ranked[:i]...)
-		var late []*endpoint.Endpoint
-		for _, e := range ranked[i:] {
-			if lc.health.BackedOff(e, now) {
-				late = append(late, e)
-			} else {
-				out = append(out, e)
+		if e.Stalling(now.UnixNano(), int64(stallProbeEvery)) || lc.health.BackedOff(e, now) {
+			if out == nil {
+				out = append(make([]*endpoint.Endpoint, 0, len(ranked)), ranked[:i]...)
 			}
+			after = append(after, e)
+		} else if out != nil {
+			out = append(out, e)
 		}
-		return append(out, late...)
 	}
-	return ranked
+	if out == nil {
+		return ranked
+	}
+	return append(out, after...)
 }
+
+// stallProbeEvery is how often an endpoint found stalled, and silent since, may take a request
+// ahead of the others: health.ejection_time's default. A still-stalled engine costs one request
+// held for a stall watch's span (which then goes elsewhere) per probe.
+const stallProbeEvery = 30 * time.Second
 
 // pinFirst moves the endpoint named name to the front of ranked (adding it from candidates
 // when the policy left it out).
@@ -613,7 +618,7 @@ func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) {
 	if last == 0 {
 		last = w.sent
 	}
-	w.ep.Stalled(last)
+	w.ep.Stalled(last, now)
 	return true, 0
 }
 

@@ -408,8 +408,9 @@ func (p predicting) PredictTTFT(*policy.Request, *endpoint.Endpoint) time.Durati
 
 // TestStallWatch: an attempt is stalled once it has waited its watch's span for its first token
 // and its engine answered nothing for as long (an answer to another request puts it off); the
-// span is StallTimeout or MaxSlowdown times the predicted TTFT, the longer; the last attempt,
-// a policy without predictions and a lifecycle without StallTimeout watch nothing.
+// span is StallTimeout or MaxSlowdown times the predicted TTFT, the longer; the endpoint found
+// stalled is ranked after the others until it answers again; the last attempt, a policy
+// without predictions and a lifecycle without StallTimeout watch nothing.
 func TestStallWatch(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
 	newLC := func(p policy.Picker, stall time.Duration) *Lifecycle {
@@ -466,17 +467,25 @@ func TestStallWatch(t *testing.T) {
 	}
 	c.Finish(Outcome{})
 
-	// What counts as an answer: a first token and a complete answer, of any request.
+	// What counts as an answer: a first token and a complete answer, of any request. The
+	// endpoint found stalled goes after the others until it answers.
+	var sent *endpoint.Endpoint
 	for i, step := range []func(*Call){(*Call).FirstToken, func(c *Call) { c.Finish(Outcome{OK: true}) }} {
 		clk.t = clk.t.Add(time.Second)
 		if i == 0 {
 			c, _ = lc.Begin(&policy.Request{ID: "r1"}, eps, "", clk.t)
-			c.Next()
+			if sent = c.Next(); sent == a {
+				t.Errorf("a request went first to %s, found stalled and silent since", a.Name)
+			}
 		}
 		step(c)
-		if got := a.LastProgress(); got != clk.t.UnixNano() {
+		if got := sent.LastProgress(); got != clk.t.UnixNano() {
 			t.Errorf("step %d: the engine's last answer at %v, want now (%v)", i, time.Unix(0, got), clk.t)
 		}
+	}
+	a.Progressed(clk.t.UnixNano())
+	if c, _ := lc.Begin(&policy.Request{ID: "r1b"}, eps, "", clk.t); c.Next() != a {
+		t.Errorf("once it answered again, %s still went after the others", a.Name)
 	}
 
 	p.ttft = 10 * time.Millisecond

@@ -283,7 +283,8 @@ func TestHungEngine(t *testing.T) {
 // TestStalledEngine: as TestHungEngine, with the first-token timeout at a minute and
 // limits.stall_timeout at 1 s: once the router has calibrated its TTFT predictions (a few
 // requests), a request held by the hung engine, which answers nothing else meanwhile, is given
-// up as stalled after about a second, not the minute, and succeeds on the other engine.
+// up as stalled after about a second, not the minute, and succeeds on the other engine; the
+// engine is then marked stalled (/debug/endpoints stalled_since).
 func TestStalledEngine(t *testing.T) {
 	fleet := startFaultFleet(t, 2)
 	const ft, stall = time.Minute, time.Second
@@ -311,6 +312,13 @@ func TestStalledEngine(t *testing.T) {
 	}
 	if held < 1 || timeouts < held {
 		t.Errorf("the hung engine held %v requests and %v were given up: want at least one, each given up", held, timeouts)
+	}
+	// Found stalled, it goes after the other engine (but for a probe every 30 s) until it
+	// answers, and /debug/endpoints says since when.
+	for _, e := range r.Endpoints() {
+		if (e.Name == hungURL) != (e.StalledSince != nil) {
+			t.Errorf("/debug/endpoints: %s stalled since %v; want a time for the hung engine only", e.Name, e.StalledSince)
+		}
 	}
 }
 
