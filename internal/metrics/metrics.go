@@ -472,6 +472,8 @@ var (
 		"Age of the endpoint's last scraped engine metrics.", []string{"endpoint"}, nil)
 	descLastAnswer = prometheus.NewDesc("kvroute_endpoint_last_answer_age_seconds",
 		"Time since the engine last answered anything: a first token, a stream's event or a complete answer (seen by this router or a peer replica), or more work in its scraped token counters. Absent until it has; with requests in flight, a growing value is a stalled engine (limits.stall_timeout).", []string{"endpoint"}, nil)
+	descStalled = prometheus.NewDesc("kvroute_endpoint_stalled",
+		"1 while a stall watch has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s.", []string{"endpoint"}, nil)
 	descKV = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens",
 		"The endpoint's KV-cache capacity in tokens (scraped cache_config_info, else configured; 0 unknown).", []string{"endpoint"}, nil)
 	descPredictedTTFT = prometheus.NewDesc("kvroute_endpoint_predicted_ttft_seconds",
@@ -500,7 +502,7 @@ var (
 type stateCollector Metrics
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descLastAnswer, descKV, descPredictedTTFT,
+	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descLastAnswer, descStalled, descKV, descPredictedTTFT,
 		descEjected, descEjectedSeconds, descEngineRunning, descEngineWaiting, descEngineKVUsage, descEngineQueries,
 		descEngineHits, descEntries, descBytes, descLearnedKV} {
 		ch <- d
@@ -539,6 +541,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if at := e.LastProgress(); at > 0 {
 				gauge(descLastAnswer, max(0, now.Sub(time.Unix(0, at)).Seconds()), e.Name)
 			}
+			stalled := 0.0
+			if e.StalledSince() > 0 {
+				stalled = 1
+			}
+			gauge(descStalled, stalled, e.Name)
 			if s := e.Snapshot(); s != nil && !s.At.IsZero() {
 				gauge(descAge, now.Sub(s.At).Seconds(), e.Name)
 				gauge(descEngineRunning, float64(s.Running), e.Name)

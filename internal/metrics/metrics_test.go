@@ -46,6 +46,7 @@ func TestMetricsExposition(t *testing.T) {
 	m.EndpointAdded(a.Name, []string{"m"})
 	m.EndpointAdded(b.Name, []string{"m"})
 	b.SetHealthy(false)
+	b.Stalled(time.Unix(90, 0).UnixNano(), time.Unix(100, 0).UnixNano()) // a stall watch found it stalled
 	a.Start(10)
 	a.SetSnapshot(&endpoint.Snapshot{At: time.Unix(100, 0), Running: 3, Waiting: 2, KVUsage: 0.25, PrefixQueries: 1000, PrefixHits: 400})
 	a.Progressed(time.Unix(101, 500_000_000).UnixNano())
@@ -79,6 +80,10 @@ kvroute_endpoint_snapshot_age_seconds{endpoint="http://127.0.0.1:1"} 2
 # HELP kvroute_endpoint_last_answer_age_seconds Time since the engine last answered anything: a first token, a stream's event or a complete answer (seen by this router or a peer replica), or more work in its scraped token counters. Absent until it has; with requests in flight, a growing value is a stalled engine (limits.stall_timeout).
 # TYPE kvroute_endpoint_last_answer_age_seconds gauge
 kvroute_endpoint_last_answer_age_seconds{endpoint="http://127.0.0.1:1"} 0.5
+# HELP kvroute_endpoint_stalled 1 while a stall watch has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s.
+# TYPE kvroute_endpoint_stalled gauge
+kvroute_endpoint_stalled{endpoint="http://127.0.0.1:1"} 0
+kvroute_endpoint_stalled{endpoint="http://127.0.0.1:2"} 1
 # HELP kvroute_endpoint_predicted_ttft_seconds Prefill work the router has queued on the endpoint over its calibrated prefill rate: the least time to first token a new request there would wait.
 # TYPE kvroute_endpoint_predicted_ttft_seconds gauge
 kvroute_endpoint_predicted_ttft_seconds{endpoint="http://127.0.0.1:1"} 2
@@ -100,7 +105,7 @@ kvroute_index_entries 3
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"kvroute_endpoint_healthy", "kvroute_endpoint_in_flight_requests", "kvroute_endpoint_snapshot_age_seconds",
-		"kvroute_endpoint_last_answer_age_seconds", "kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
+		"kvroute_endpoint_last_answer_age_seconds", "kvroute_endpoint_stalled", "kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
 		"kvroute_endpoint_engine_kv_usage_ratio", "kvroute_endpoint_engine_prefix_cache_hit_tokens_total",
 		"kvroute_endpoint_learned_kv_capacity_tokens", "kvroute_index_entries"); err != nil {
 		t.Error(err)
@@ -113,6 +118,7 @@ kvroute_index_entries 3
 	for k := range seriesOf(t, reg) {
 		if strings.Contains(k, b.Name) && !strings.HasPrefix(k, "kvroute_endpoint_healthy") &&
 			!strings.HasPrefix(k, "kvroute_endpoint_in_flight") && !strings.HasPrefix(k, "kvroute_endpoint_pending") &&
+			!strings.HasPrefix(k, "kvroute_endpoint_stalled") &&
 			!strings.HasPrefix(k, "kvroute_endpoint_kv_capacity") && !strings.HasPrefix(k, "kvroute_endpoint_learned_kv_capacity") {
 			// The gauges above read the watched endpoints, which still list b here.
 			t.Errorf("after ForgetEndpoint: %s is still there", k)
