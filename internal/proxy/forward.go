@@ -88,6 +88,7 @@ var (
 // route.StallWatch says it stalled, checking again while the engine answers others.
 type stallTimer struct {
 	w      route.StallWatch
+	whole  bool // a non-streamed attempt: StallWatch.DueScraped
 	cancel context.CancelCauseFunc
 	mu     sync.Mutex // guards t, done and fired, so that stop wins over a check that re-arms
 	t      *time.Timer
@@ -95,8 +96,8 @@ type stallTimer struct {
 	fired  bool // the attempt was given up
 }
 
-func watchStall(w route.StallWatch, cancel context.CancelCauseFunc) *stallTimer {
-	st := &stallTimer{w: w, cancel: cancel}
+func watchStall(w route.StallWatch, whole bool, cancel context.CancelCauseFunc) *stallTimer {
+	st := &stallTimer{w: w, whole: whole, cancel: cancel}
 	st.mu.Lock()
 	st.t = time.AfterFunc(w.After(), st.check)
 	st.mu.Unlock()
@@ -109,7 +110,11 @@ func (st *stallTimer) check() {
 	if st.done {
 		return
 	}
-	stalled, wait := st.w.Due(time.Now().UnixNano())
+	due := st.w.Due
+	if st.whole {
+		due = st.w.DueScraped
+	}
+	stalled, wait := due(time.Now().UnixNano())
 	if stalled {
 		st.done, st.fired = true, true
 		st.cancel(errStalled)
@@ -146,8 +151,8 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	}
 	timer := time.AfterFunc(limit, func() { cancel(errAttemptTimeout) })
 	var stall *stallTimer
-	if w := c.rc.Stall(); c.stream && w.After() > 0 && w.After() < limit {
-		stall = watchStall(w, cancel)
+	if w := c.rc.Stall(); w.After() > 0 && w.After() < limit && (c.stream || countsWork(ep)) {
+		stall = watchStall(w, !c.stream, cancel)
 	}
 	failed := func(err error) (*http.Response, route.Failure, error) {
 		timer.Stop()
@@ -198,9 +203,24 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return resp, route.FailNone, nil
 	}
 	// A non-streamed answer: the response timeout keeps running until its last byte.
-	stall.stop() // (a stream's response that is not one: an error, say)
+	if !stall.stop() { // (or a stream's response that is not one: an error, say)
+		resp.Body.Close()
+		return failed(errStalled) // given up as its head came: failed over, nothing relayed yet
+	}
 	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, timer: timer}
 	return resp, route.FailNone, nil
+}
+
+// countsWork reports whether ep's scraped metrics count the tokens it computes as it computes
+// them: the only sign of a non-streamed request's progress before its answer, so the only way
+// to tell a stalled engine from one busy with it. vLLM counts its prompt and generation tokens
+// at every engine step (endpoint.Snapshot's Work); SGLang and llama.cpp count a request's
+// tokens when it ends, so that a long generation there would look like a stall: a
+// non-streamed attempt is watched for stalls on vLLM only (and on kvroute sim, which counts as
+// vLLM does), once its counters have counted something.
+func countsWork(ep *endpoint.Endpoint) bool {
+	s := ep.Snapshot()
+	return ep.Kind() == "vllm" && s != nil && s.Work > 0
 }
 
 // timeouts returns the attempt timeouts for ep: its own where it has them, else the handler's.

@@ -609,11 +609,26 @@ func (w StallWatch) After() time.Duration { return w.after }
 // not, wait is how long until it could have (check again then). When it has, the endpoint is
 // marked stalled from its last answer until its next (endpoint.Stalled): the TTFTs of the
 // requests it held then are not taken for its speed (policy.prefixAware's learnTTFT).
-func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) {
+func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) { return w.due(now, false) }
+
+// DueScraped is Due for an attempt whose answer shows nothing before it is complete (a
+// non-streamed request): its engine's silence can be told from its own work only by the token
+// counters scraped from it (endpoint.Snapshot's Work), so the attempt is stalled only if a
+// snapshot with them was taken in the second half of the silent span. Without one (scraping
+// failed or lags) it is not, and wait says when to look again.
+func (w StallWatch) DueScraped(now int64) (stalled bool, wait time.Duration) { return w.due(now, true) }
+
+func (w StallWatch) due(now int64, scraped bool) (stalled bool, wait time.Duration) {
 	last := w.ep.LastProgress()
-	left := time.Duration(max(w.sent, last) + int64(w.after) - now)
+	from := max(w.sent, last)
+	left := time.Duration(from + int64(w.after) - now)
 	if left > 0 {
 		return false, left
+	}
+	if scraped {
+		if s := w.ep.Snapshot(); s == nil || s.Work <= 0 || s.At.UnixNano() < from+int64(w.after/2) {
+			return false, w.after / 10
+		}
 	}
 	if last == 0 {
 		last = w.sent

@@ -406,6 +406,37 @@ type predicting struct {
 
 func (p predicting) PredictTTFT(*policy.Request, *endpoint.Endpoint) time.Duration { return p.ttft }
 
+// TestStallWatchScraped: a non-streamed attempt's watch trusts the engine's silence only when
+// the engine's token counters were scraped in the second half of the silent span.
+func TestStallWatchScraped(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	lc, err := New(Config{Picker: predicting{&script{order: []string{"a", "b"}}, 100 * time.Millisecond}, Clock: clk,
+		Attempts: 2, StallTimeout: time.Second, Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := pool(t, "a", "b")
+	c, _ := lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, eps, "", clk.t)
+	a := c.Next()
+	w := c.Stall() // 2 s: 20 x 100 ms
+	at := func(d time.Duration) int64 { return clk.t.Add(d).UnixNano() }
+	if stalled, wait := w.DueScraped(at(3 * time.Second)); stalled || wait != 200*time.Millisecond {
+		t.Errorf("no snapshot: stalled %v, wait %v; want not, and a look again in a tenth of the span", stalled, wait)
+	}
+	a.SetSnapshot(&endpoint.Snapshot{At: clk.t.Add(500 * time.Millisecond), Work: 100})
+	if stalled, _ := w.DueScraped(at(3 * time.Second)); stalled {
+		t.Error("a snapshot from the silence's first half only: stalled")
+	}
+	a.SetSnapshot(&endpoint.Snapshot{At: clk.t.Add(1500 * time.Millisecond), Work: 100})
+	if a.StalledSince() != 0 {
+		t.Fatal("marked stalled before any watch said so")
+	}
+	if stalled, _ := w.DueScraped(at(3 * time.Second)); !stalled {
+		t.Error("counters scraped 1.5 s in, unchanged, nothing else for 3 s: not stalled")
+	}
+	c.Finish(Outcome{})
+}
+
 // TestStallWatch: an attempt is stalled once it has waited its watch's span for its first token
 // and its engine answered nothing for as long (an answer to another request puts it off); the
 // span is StallTimeout or MaxSlowdown times the predicted TTFT, the longer; the endpoint found

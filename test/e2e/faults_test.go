@@ -103,6 +103,29 @@ func chatStream(client *http.Client, api, content string) outcome {
 	return o
 }
 
+// chatWhole sends one non-streamed chat request and reads its answer: done when it is a
+// chat completion with a choice.
+func chatWhole(client *http.Client, api, content string) outcome {
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, model, content)
+	t0 := time.Now()
+	resp, err := client.Post(api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return outcome{err: err, took: time.Since(t0)}
+	}
+	defer resp.Body.Close()
+	o := outcome{status: resp.StatusCode}
+	var answer struct {
+		Object  string            `json:"object"`
+		Choices []json.RawMessage `json:"choices"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&answer); err != nil {
+		o.err = err
+	}
+	o.done = answer.Object == "chat.completion" && len(answer.Choices) > 0
+	o.took = time.Since(t0)
+	return o
+}
+
 // faultClient is an HTTP client for the fault tests: its own connections, a bound on every
 // request.
 func faultClient(t *testing.T) *http.Client {
@@ -159,6 +182,11 @@ func waitChecked(t *testing.T, r *app.Router) {
 // outcomes in order.
 func paced(t *testing.T, client *http.Client, api string, n int, gap time.Duration, tag string) []outcome {
 	t.Helper()
+	return pacedWith(chatStream, client, api, n, gap, tag)
+}
+
+// pacedWith is paced with send for each request.
+func pacedWith(send func(*http.Client, string, string) outcome, client *http.Client, api string, n int, gap time.Duration, tag string) []outcome {
 	out := make([]outcome, n)
 	var wg sync.WaitGroup
 	tick := time.NewTicker(gap)
@@ -167,7 +195,7 @@ func paced(t *testing.T, client *http.Client, api string, n int, gap time.Durati
 		if i > 0 {
 			<-tick.C
 		}
-		wg.Go(func() { out[i] = chatStream(client, api, fmt.Sprintf("%s question %d", tag, i)) })
+		wg.Go(func() { out[i] = send(client, api, fmt.Sprintf("%s question %d", tag, i)) })
 	}
 	wg.Wait()
 	return out
@@ -319,6 +347,53 @@ func TestStalledEngine(t *testing.T) {
 		if (e.Name == hungURL) != (e.StalledSince != nil) {
 			t.Errorf("/debug/endpoints: %s stalled since %v; want a time for the hung engine only", e.Name, e.StalledSince)
 		}
+	}
+}
+
+// TestStalledEngineWhole: TestStalledEngine with non-streamed requests, which show nothing
+// before their answer is complete: the hung engine's silence is read from the token counters
+// scraped from it (every 200 ms here), and a request it holds is given up after about a
+// second as well.
+func TestStalledEngineWhole(t *testing.T) {
+	fleet := startFaultFleet(t, 2)
+	const ft, stall = time.Minute, time.Second
+	cfg := faultConfig(t, fleet.URLs(), "prefix-aware", ft)
+	cfg.Limits.StallTimeout = config.Duration(stall)
+	cfg.Limits.ResponseTimeout = config.Duration(ft)
+	r, api, admin := startRouter(t, cfg)
+	waitChecked(t, r)
+	client := faultClient(t)
+	// Streams calibrate the TTFT predictions (a non-streamed answer has no first token to learn
+	// from); each engine is then sent a request directly, so that its counters say it works.
+	incomplete(t, paced(t, client, api, 10, 20*time.Millisecond, "calibrate"))
+	for _, u := range fleet.URLs() {
+		incomplete(t, []outcome{chatWhole(client, u, "directly")})
+	}
+	hung, hungURL := fleet.Instances()[0], fleet.URLs()[0]
+	waitFor(t, 5*time.Second, "a scrape of the engines' token counters after the calibration", func() bool {
+		for _, e := range r.Endpoints() {
+			if e.Snapshot == nil || e.Snapshot.Work <= 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := hung.SetFaults(simserver.Faults{Hang: true}); err != nil {
+		t.Fatal(err)
+	}
+	outs := pacedWith(chatWhole, client, api, 20, 250*time.Millisecond, "stalled")
+	longest, over := slowest(outs, stall)
+	failed := incomplete(t, outs)
+	held := sumMetric(metricsText(t, hungURL), "kvroute_sim_faults_total", `fault="hang"`)
+	timeouts := sumMetric(metricsText(t, admin), "kvroute_retries_total", `reason="timeout"`)
+	t.Logf("stalled engine, non-streamed: %d of %d requests failed; slowest %v; %d took longer than the stall timeout (%v); the hung engine held %v requests, %v given up",
+		failed, len(outs), longest.Round(time.Millisecond), over, stall, held, timeouts)
+	if longest > 2*stall+retryAllowance {
+		t.Errorf("slowest request took %v, want at most twice the stall timeout %v (the last scrape must fall in the silence's second half) plus one retry (%v), far below the response timeout %v",
+			longest, stall, retryAllowance, ft)
+	}
+	if held < 1 || timeouts < held {
+		t.Errorf("the hung engine held %v requests and %v were given up: want at least one, each given up", held, timeouts)
 	}
 }
 
