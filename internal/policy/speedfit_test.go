@@ -5,6 +5,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
 // TestSpeedFitLapses: with a horizon, an endpoint's calibration stands while samples come, and
@@ -75,15 +77,17 @@ func TestSpeedFitLapses(t *testing.T) {
 // with it, and gets no new request while another endpoint is less loaded than 20 times its
 // queue; with no TTFT from it since, its calibration lapses within a few affinity windows,
 // fades towards the fleet's over the next few, and it is chosen again.
-func TestStalledEndpointComesBack(t *testing.T) {
-	pa, clk := newPA(t, Params{"affinity_window": "60"})
-	eps := newEndpoints(2, 1<<20)
+// stallFixture is prefix-aware with two endpoints that served 100 requests each at the
+// prior's speed; next makes a new request, serve has one served at once with ttft.
+func stallFixture(t *testing.T) (pa *prefixAware, clk *fakeClock, eps []*endpoint.Endpoint, next func(keys ...uint64) *Request, serve func(ep int, ttft time.Duration, keys ...uint64)) {
+	pa, clk = newPA(t, Params{"affinity_window": "60"})
+	eps = newEndpoints(2, 1<<20)
 	n := 0
-	next := func(keys ...uint64) *Request {
+	next = func(keys ...uint64) *Request {
 		n++
 		return req(fmt.Sprint("r", n), 4, keys...)
 	}
-	serve := func(ep int, ttft time.Duration, keys ...uint64) {
+	serve = func(ep int, ttft time.Duration, keys ...uint64) {
 		r := next(keys...)
 		pa.Routed(r, eps[ep])
 		clk.t = clk.t.Add(ttft)
@@ -91,10 +95,14 @@ func TestStalledEndpointComesBack(t *testing.T) {
 		pa.Done(r, eps[ep], Result{OK: true, CachedTokens: -1})
 		clk.t = clk.t.Add(100 * time.Millisecond)
 	}
-	// Both endpoints at the prior's speed, 100 requests each.
 	for i := range 200 {
 		serve(i%2, 30*time.Millisecond, seq(uint64(1000*i), 8)...)
 	}
+	return pa, clk, eps, next, serve
+}
+
+func TestStalledEndpointComesBack(t *testing.T) {
+	pa, clk, eps, next, serve := stallFixture(t)
 	fleet := pa.PrefillRate(0)
 	// Endpoint 1 stalls: ten requests held for 10 s.
 	var held []*Request
@@ -156,21 +164,7 @@ func TestStalledEndpointComesBack(t *testing.T) {
 // watch found (endpoint.Stalled, until its next answer) teach no speed, to the endpoint or to
 // the fleet; one that waited through no stall does, even if slow.
 func TestStallFoundByWatchTeachesNothing(t *testing.T) {
-	pa, clk := newPA(t, Params{"affinity_window": "60"})
-	eps := newEndpoints(2, 1<<20)
-	n := 0
-	next := func(keys ...uint64) *Request {
-		n++
-		return req(fmt.Sprint("r", n), 4, keys...)
-	}
-	for i := range 200 {
-		r := next(seq(uint64(1000*i), 8)...)
-		pa.Routed(r, eps[i%2])
-		clk.t = clk.t.Add(30 * time.Millisecond)
-		pa.FirstToken(r, eps[i%2], 30*time.Millisecond)
-		pa.Done(r, eps[i%2], Result{OK: true, CachedTokens: -1})
-		clk.t = clk.t.Add(100 * time.Millisecond)
-	}
+	pa, clk, eps, next, _ := stallFixture(t)
 	rate0, rate1, fleet := pa.PrefillRate(0), pa.PrefillRate(1), pa.fleet.get()
 	// Endpoint 1 stalls for 10 s, found by a watch 5 s in; ten requests held through it.
 	var held []*Request

@@ -75,7 +75,17 @@ func (o outcome) ok() bool { return o.err == nil && o.status == http.StatusOK &&
 
 // chatStream sends one streamed chat request and reads its answer to the end.
 func chatStream(client *http.Client, api, content string) outcome {
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, model, content)
+	return chatOnce(client, api, content, true)
+}
+
+// chatWhole sends one non-streamed chat request and reads its answer: done when it is a
+// chat completion with a choice.
+func chatWhole(client *http.Client, api, content string) outcome {
+	return chatOnce(client, api, content, false)
+}
+
+func chatOnce(client *http.Client, api, content string, stream bool) outcome {
+	body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, model, stream, content)
 	t0 := time.Now()
 	resp, err := client.Post(api+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
@@ -83,7 +93,10 @@ func chatStream(client *http.Client, api, content string) outcome {
 	}
 	defer resp.Body.Close()
 	o := outcome{status: resp.StatusCode}
-	if resp.StatusCode == http.StatusOK {
+	switch {
+	case resp.StatusCode != http.StatusOK:
+		_, _ = io.Copy(io.Discard, resp.Body)
+	case stream:
 		rd := openai.NewSSEReader(resp.Body, 1<<20)
 		for range 10_000 {
 			ev, err := rd.Next()
@@ -96,32 +109,16 @@ func chatStream(client *http.Client, api, content string) outcome {
 			o.done = o.done || ev.IsDone()
 			o.errEvent = o.errEvent || ev.Name == "error"
 		}
-	} else {
-		_, _ = io.Copy(io.Discard, resp.Body)
+	default:
+		var answer struct {
+			Object  string            `json:"object"`
+			Choices []json.RawMessage `json:"choices"`
+		}
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&answer); err != nil {
+			o.err = err
+		}
+		o.done = answer.Object == "chat.completion" && len(answer.Choices) > 0
 	}
-	o.took = time.Since(t0)
-	return o
-}
-
-// chatWhole sends one non-streamed chat request and reads its answer: done when it is a
-// chat completion with a choice.
-func chatWhole(client *http.Client, api, content string) outcome {
-	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, model, content)
-	t0 := time.Now()
-	resp, err := client.Post(api+"/v1/chat/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		return outcome{err: err, took: time.Since(t0)}
-	}
-	defer resp.Body.Close()
-	o := outcome{status: resp.StatusCode}
-	var answer struct {
-		Object  string            `json:"object"`
-		Choices []json.RawMessage `json:"choices"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&answer); err != nil {
-		o.err = err
-	}
-	o.done = answer.Object == "chat.completion" && len(answer.Choices) > 0
 	o.took = time.Since(t0)
 	return o
 }
@@ -308,92 +305,71 @@ func TestHungEngine(t *testing.T) {
 	}
 }
 
-// TestStalledEngine: as TestHungEngine, with the first-token timeout at a minute and
-// limits.stall_timeout at 1 s: once the router has calibrated its TTFT predictions (a few
-// requests), a request held by the hung engine, which answers nothing else meanwhile, is given
+// TestStalledEngine: as TestHungEngine, with the first-token and response timeouts at a minute
+// and limits.stall_timeout at 1 s: once the router has calibrated its TTFT predictions (a few
+// streams), a request held by the hung engine, which answers nothing else meanwhile, is given
 // up as stalled after about a second, not the minute, and succeeds on the other engine; the
-// engine is then marked stalled (/debug/endpoints stalled_since).
+// engine is then marked stalled (/debug/endpoints stalled_since). Streams, and non-streamed
+// requests, which show nothing before their answer is complete: for those the hung engine's
+// silence is read from the token counters scraped from it (every 200 ms here), so each engine
+// first computes something, and a held request may wait up to twice the stall timeout (the
+// last scrape must fall in the silence's second half).
 func TestStalledEngine(t *testing.T) {
-	fleet := startFaultFleet(t, 2)
-	const ft, stall = time.Minute, time.Second
-	cfg := faultConfig(t, fleet.URLs(), "prefix-aware", ft)
-	cfg.Limits.StallTimeout = config.Duration(stall)
-	r, api, admin := startRouter(t, cfg)
-	waitChecked(t, r)
-	client := faultClient(t)
-	incomplete(t, paced(t, client, api, 10, 20*time.Millisecond, "calibrate"))
-	hung, hungURL := fleet.Instances()[0], fleet.URLs()[0]
-	if err := hung.SetFaults(simserver.Faults{Hang: true}); err != nil {
-		t.Fatal(err)
-	}
-	outs := paced(t, client, api, 20, 250*time.Millisecond, "stalled")
-	longest, over := slowest(outs, stall)
-	failed := incomplete(t, outs)
-	held := sumMetric(metricsText(t, hungURL), "kvroute_sim_faults_total", `fault="hang"`)
-	m := metricsText(t, admin)
-	timeouts := sumMetric(m, "kvroute_retries_total", `reason="timeout"`)
-	t.Logf("stalled engine: %d of %d requests failed; slowest %v; %d took longer than the stall timeout (%v); the hung engine held %v requests, %v given up",
-		failed, len(outs), longest.Round(time.Millisecond), over, stall, held, timeouts)
-	if longest > stall+retryAllowance {
-		t.Errorf("slowest request took %v, want at most the stall timeout %v plus one retry (%v), far below the first-token timeout %v",
-			longest, stall, retryAllowance, ft)
-	}
-	if held < 1 || timeouts < held {
-		t.Errorf("the hung engine held %v requests and %v were given up: want at least one, each given up", held, timeouts)
-	}
-	// Found stalled, it goes after the other engine (but for a probe every 30 s) until it
-	// answers, and /debug/endpoints says since when.
-	for _, e := range r.Endpoints() {
-		if (e.Name == hungURL) != (e.StalledSince != nil) {
-			t.Errorf("/debug/endpoints: %s stalled since %v; want a time for the hung engine only", e.Name, e.StalledSince)
-		}
-	}
-}
-
-// TestStalledEngineWhole: TestStalledEngine with non-streamed requests, which show nothing
-// before their answer is complete: the hung engine's silence is read from the token counters
-// scraped from it (every 200 ms here), and a request it holds is given up after about a
-// second as well.
-func TestStalledEngineWhole(t *testing.T) {
-	fleet := startFaultFleet(t, 2)
-	const ft, stall = time.Minute, time.Second
-	cfg := faultConfig(t, fleet.URLs(), "prefix-aware", ft)
-	cfg.Limits.StallTimeout = config.Duration(stall)
-	cfg.Limits.ResponseTimeout = config.Duration(ft)
-	r, api, admin := startRouter(t, cfg)
-	waitChecked(t, r)
-	client := faultClient(t)
-	// Streams calibrate the TTFT predictions (a non-streamed answer has no first token to learn
-	// from); each engine is then sent a request directly, so that its counters say it works.
-	incomplete(t, paced(t, client, api, 10, 20*time.Millisecond, "calibrate"))
-	for _, u := range fleet.URLs() {
-		incomplete(t, []outcome{chatWhole(client, u, "directly")})
-	}
-	hung, hungURL := fleet.Instances()[0], fleet.URLs()[0]
-	waitFor(t, 5*time.Second, "a scrape of the engines' token counters after the calibration", func() bool {
-		for _, e := range r.Endpoints() {
-			if e.Snapshot == nil || e.Snapshot.Work <= 0 {
-				return false
+	for _, tc := range []struct {
+		name  string
+		send  func(*http.Client, string, string) outcome
+		bound time.Duration // the slowest request's, less one retry
+	}{
+		{"streams", chatStream, time.Second},
+		{"non-streamed", chatWhole, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fleet := startFaultFleet(t, 2)
+			const ft, stall = time.Minute, time.Second
+			cfg := faultConfig(t, fleet.URLs(), "prefix-aware", ft)
+			cfg.Limits.StallTimeout = config.Duration(stall)
+			cfg.Limits.ResponseTimeout = config.Duration(ft)
+			r, api, admin := startRouter(t, cfg)
+			waitChecked(t, r)
+			client := faultClient(t)
+			incomplete(t, paced(t, client, api, 10, 20*time.Millisecond, "calibrate"))
+			for _, u := range fleet.URLs() {
+				incomplete(t, []outcome{chatWhole(client, u, "directly")})
 			}
-		}
-		return true
-	})
-	if err := hung.SetFaults(simserver.Faults{Hang: true}); err != nil {
-		t.Fatal(err)
-	}
-	outs := pacedWith(chatWhole, client, api, 20, 250*time.Millisecond, "stalled")
-	longest, over := slowest(outs, stall)
-	failed := incomplete(t, outs)
-	held := sumMetric(metricsText(t, hungURL), "kvroute_sim_faults_total", `fault="hang"`)
-	timeouts := sumMetric(metricsText(t, admin), "kvroute_retries_total", `reason="timeout"`)
-	t.Logf("stalled engine, non-streamed: %d of %d requests failed; slowest %v; %d took longer than the stall timeout (%v); the hung engine held %v requests, %v given up",
-		failed, len(outs), longest.Round(time.Millisecond), over, stall, held, timeouts)
-	if longest > 2*stall+retryAllowance {
-		t.Errorf("slowest request took %v, want at most twice the stall timeout %v (the last scrape must fall in the silence's second half) plus one retry (%v), far below the response timeout %v",
-			longest, stall, retryAllowance, ft)
-	}
-	if held < 1 || timeouts < held {
-		t.Errorf("the hung engine held %v requests and %v were given up: want at least one, each given up", held, timeouts)
+			waitFor(t, 5*time.Second, "a scrape of the engines' token counters after the calibration", func() bool {
+				for _, e := range r.Endpoints() {
+					if e.Snapshot == nil || e.Snapshot.Work <= 0 {
+						return false
+					}
+				}
+				return true
+			})
+			hung, hungURL := fleet.Instances()[0], fleet.URLs()[0]
+			if err := hung.SetFaults(simserver.Faults{Hang: true}); err != nil {
+				t.Fatal(err)
+			}
+			outs := pacedWith(tc.send, client, api, 20, 250*time.Millisecond, "stalled")
+			longest, over := slowest(outs, stall)
+			failed := incomplete(t, outs)
+			held := sumMetric(metricsText(t, hungURL), "kvroute_sim_faults_total", `fault="hang"`)
+			timeouts := sumMetric(metricsText(t, admin), "kvroute_retries_total", `reason="timeout"`)
+			t.Logf("stalled engine, %s: %d of %d requests failed; slowest %v; %d took longer than the stall timeout (%v); the hung engine held %v requests, %v given up",
+				tc.name, failed, len(outs), longest.Round(time.Millisecond), over, stall, held, timeouts)
+			if longest > tc.bound+retryAllowance {
+				t.Errorf("slowest request took %v, want at most %v plus one retry (%v), far below the timeouts' %v",
+					longest, tc.bound, retryAllowance, ft)
+			}
+			if held < 1 || timeouts < held {
+				t.Errorf("the hung engine held %v requests and %v were given up: want at least one, each given up", held, timeouts)
+			}
+			// Found stalled, it goes after the other engine (but for a probe every 30 s) until
+			// it answers, and /debug/endpoints says since when.
+			for _, e := range r.Endpoints() {
+				if (e.Name == hungURL) != (e.StalledSince != nil) {
+					t.Errorf("/debug/endpoints: %s stalled since %v; want a time for the hung engine only", e.Name, e.StalledSince)
+				}
+			}
+		})
 	}
 }
 
