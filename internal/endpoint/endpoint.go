@@ -68,9 +68,14 @@ type Snapshot struct {
 	PrefixQueries float64 // cumulative prefix-cache queries, tokens (vLLM), 0 if unknown
 	PrefixHits    float64 // cumulative prefix-cache hits, tokens (vLLM), 0 if unknown
 	// Work is the cumulative prompt and generated tokens the engine computed (vLLM, SGLang
-	// and llama.cpp count them), 0 if unknown: when it grows, the engine works, whoever its
-	// requests came from.
+	// and llama.cpp count them), and llama.cpp's decode calls, 0 if unknown: when it grows, the
+	// engine works, whoever its requests came from.
 	Work float64
+	// Stepwise says that Work grows at every step the engine computes (vLLM counts its tokens
+	// so; llama.cpp counts its tokens when a request ends, but its decode calls at every step),
+	// not only when requests end (SGLang): then an unchanged Work means an engine that computes
+	// nothing, even while it generates a long non-streamed answer.
+	Stepwise bool
 }
 
 // KVTokens is the endpoint's KV capacity in tokens: from the scraped cache_config_info when

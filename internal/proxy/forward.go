@@ -211,16 +211,16 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	return resp, route.FailNone, nil
 }
 
-// countsWork reports whether ep's scraped metrics count the tokens it computes as it computes
-// them: the only sign of a non-streamed request's progress before its answer, so the only way
-// to tell a stalled engine from one busy with it. vLLM counts its prompt and generation tokens
-// at every engine step (endpoint.Snapshot's Work); SGLang and llama.cpp count a request's
-// tokens when it ends, so that a long generation there would look like a stall: a
-// non-streamed attempt is watched for stalls on vLLM only (and on kvroute sim, which counts as
-// vLLM does), once its counters have counted something.
+// countsWork reports whether ep's scraped metrics count what it computes as it computes it
+// (endpoint.Snapshot's Stepwise Work: vLLM's token counters, llama.cpp's decode calls): the
+// only sign of a non-streamed request's progress before its answer, so the only way to tell a
+// stalled engine from one busy with it. SGLang counts a request's tokens when it ends, so that
+// a long generation there would look like a stall: a non-streamed attempt is watched for stalls
+// only where Work is stepwise (and on kvroute sim, which counts as vLLM does), once it has
+// counted something.
 func countsWork(ep *endpoint.Endpoint) bool {
 	s := ep.Snapshot()
-	return ep.Kind() == "vllm" && s != nil && s.Work > 0
+	return s != nil && s.Stepwise && s.Work > 0
 }
 
 // timeouts returns the attempt timeouts for ep: its own where it has them, else the handler's.

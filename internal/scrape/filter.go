@@ -27,7 +27,7 @@ type wanted map[string]struct{}
 
 func (n names) wanted() wanted {
 	w := wanted{}
-	for _, list := range [][]string{n.running, n.waiting, n.kvUsage, n.queries, n.hits, n.prompted, n.generated} {
+	for _, list := range [][]string{n.running, n.waiting, n.kvUsage, n.queries, n.hits, n.prompted, n.generated, n.steps} {
 		for _, name := range list {
 			w[name] = struct{}{}
 		}

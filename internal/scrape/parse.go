@@ -21,6 +21,10 @@ type names struct {
 	queries, hits             []string
 	// prompted and generated are counters of the tokens the engine computed (Work).
 	prompted, generated []string
+	// steps is a counter of the engine's compute steps (Work; it makes the snapshot Stepwise
+	// when present), tokensStepwise that the token counters grow at every step themselves.
+	steps          []string
+	tokensStepwise bool
 	// cacheInfo is an info gauge whose labels carry the block size and block count.
 	cacheInfo                   string
 	blockSizeLabel, blocksLabel string
@@ -38,8 +42,9 @@ func namesFor(engine string) (names, bool) {
 			queries: []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"},
 			hits:    []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits"},
 
-			prompted:  []string{"vllm:prompt_tokens_total", "vllm:prompt_tokens"},
-			generated: []string{"vllm:generation_tokens_total", "vllm:generation_tokens"},
+			prompted:       []string{"vllm:prompt_tokens_total", "vllm:prompt_tokens"},
+			generated:      []string{"vllm:generation_tokens_total", "vllm:generation_tokens"},
+			tokensStepwise: true, // counted per engine step (its iteration stats)
 
 			cacheInfo: "vllm:cache_config_info", blockSizeLabel: "block_size", blocksLabel: "num_gpu_blocks",
 		},
@@ -67,6 +72,9 @@ func namesFor(engine string) (names, bool) {
 
 			prompted:  []string{"llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens"},
 			generated: []string{"llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted"},
+			// llama_decode calls, one per batch it computes (its token counters grow when a
+			// prompt is done and when a request ends).
+			steps: []string{"llamacpp:n_decode_total", "llamacpp:n_decode"},
 		},
 	}[engine]
 	return n, ok
@@ -133,7 +141,12 @@ func snapshotOf(n names, fams map[string]*dto.MetricFamily, at time.Time) *endpo
 	for _, list := range [][]string{n.prompted, n.generated} {
 		if v, ok := sum(fams, list); ok {
 			s.Work += v
+			s.Stepwise = s.Stepwise || n.tokensStepwise
 		}
+	}
+	if v, ok := sum(fams, n.steps); ok {
+		s.Work += v
+		s.Stepwise = true
 	}
 	if n.cacheInfo != "" {
 		s.BlockSize, s.NumGPUBlocks = cacheInfo(fams[n.cacheInfo], n.blockSizeLabel, n.blocksLabel)

@@ -75,17 +75,33 @@ func TestParse_Values(t *testing.T) {
 	tests := map[string]endpoint.Snapshot{
 		// two data-parallel engines: load and counters summed, usage averaged, blocks summed
 		"vllm": {At: at, Running: 21, Waiting: 3, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 57672,
-			PrefixQueries: 1572864, PrefixHits: 1048576, Work: 1.1e6},
+			PrefixQueries: 1572864, PrefixHits: 1048576, Work: 1.1e6, Stepwise: true},
 		"sglang": {At: at, Running: 37, Waiting: 5, KVUsage: 0.28, BlockSize: 1, NumGPUBlocks: 161721,
 			PrefixQueries: 8.128902e+06, PrefixHits: 5.2e+06, Work: 8.128902e+06 + 7.557572e+06},
-		"tgi":      {At: at, Running: 16, Waiting: 4},
-		"llamacpp": {At: at, Running: 2, Waiting: 1, KVUsage: 0.25, Work: 73512 + 10231},
+		"tgi": {At: at, Running: 16, Waiting: 4},
+		// tokens, and decode calls: stepwise (its token counters alone are not)
+		"llamacpp": {At: at, Running: 2, Waiting: 1, KVUsage: 0.25, Work: 73512 + 10231 + 2741, Stepwise: true},
 	}
 	for engine, want := range tests {
 		got := read(engine)
 		if diff := cmp.Diff(want, *got, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", engine, diff)
 		}
+	}
+	// A llama.cpp without n_decode_total (older builds): its token counters grow only when a
+	// prompt is done or a request ends, so its Work is not stepwise.
+	in, err := os.ReadFile(filepath.Join("testdata", "llamacpp.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var older bytes.Buffer
+	for line := range strings.Lines(string(in)) {
+		if !strings.Contains(line, "n_decode") {
+			older.WriteString(line)
+		}
+	}
+	if s, err := Parse("llamacpp", &older, at); err != nil || s.Stepwise || s.Work != 73512+10231 {
+		t.Errorf("llama.cpp without n_decode_total: %+v, %v; want Work 83743, not stepwise", s, err)
 	}
 	ep := &endpoint.Endpoint{KVCapacityTokens: 1000}
 	ep.SetSnapshot(read("vllm"))
