@@ -607,8 +607,9 @@ func (w StallWatch) After() time.Duration { return w.after }
 // Due reports whether, at now (unix nanoseconds, the lifecycle's clock), the attempt has
 // stalled: sent After ago or more and nothing from its engine in the last After. When it has
 // not, wait is how long until it could have (check again then). When it has, the endpoint is
-// marked stalled from its last answer until its next (endpoint.Stalled): the TTFTs of the
-// requests it held then are not taken for its speed (policy.prefixAware's learnTTFT).
+// marked stalled from its last answer until its next (endpoint.Stalled): it goes after the
+// others meanwhile (backoffLast), and the TTFTs of the requests it held then are not taken for
+// its speed (policy.prefixAware's learnTTFT).
 func (w StallWatch) Due(now int64) (stalled bool, wait time.Duration) { return w.due(now, false) }
 
 // DueScraped is Due for an attempt whose answer shows nothing before it is complete (a
