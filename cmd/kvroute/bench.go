@@ -34,6 +34,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of synthetic workloads and Poisson arrivals")
 	fs.BoolVar(&o.IgnoreEOS, "ignore-eos", false, "send vLLM's ignore_eos so output lengths follow the workload")
 	fs.BoolVar(&o.NoUsage, "no-usage", false, "send no stream_options.include_usage (output tokens are then counted as content chunks)")
+	fs.Float64Var(&o.NonStreamed, "non-streamed", 0, "the fraction of requests sent with \"stream\": false, from 0 to 1 (their TTFT is then their whole time)")
 	fs.StringVar(&o.EndpointHeader, "endpoint-header", config.SuggestedEndpointHeader, "response header naming the backend that served, for the per-endpoint share (kvroute serve sends it with server.endpoint_header)")
 	fs.StringVar(&o.Label, "label", "bench", "name of this run in the table")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON (results as in kvroute simulate --json)")

@@ -16,7 +16,7 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html":
+		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html", "non-streamed":
 		default:
 			stray = append(stray, "--"+f.Name)
 		}
@@ -24,7 +24,10 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 	if len(stray) > 0 {
 		return failed(stderr, fs.Name(), usageErr("%s: not with --scorecard, which sets its own fleets, loads and workloads", strings.Join(stray, ", ")))
 	}
-	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}}
+	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}, NonStreamed: o.NonStreamed}
+	if !(o.NonStreamed >= 0 && o.NonStreamed <= 1) {
+		return failed(stderr, fs.Name(), usageErr("--non-streamed %v: want a fraction of the requests from 0 to 1", o.NonStreamed))
+	}
 	if seeds != "" {
 		s, err := scorecard.ParseSeeds(seeds)
 		if err != nil {

@@ -28,6 +28,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.Float64Var(&o.Load, "load", 0, "scale arrivals so that prefill work without cache hits is this fraction of the fleet's prefill capacity")
 	fs.Float64Var(&o.Speedup, "speedup", 0, "divide arrival times by this factor (instead of --load; default 1)")
 	fs.IntVar(&o.Limit, "limit", 0, "use only the first N requests (0: all)")
+	fs.Float64Var(&o.NonStreamed, "non-streamed", 0, "the fraction of requests whose clients ask for the answer whole (\"stream\": false), from 0 to 1: the router sees no first token of theirs, only the end")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the policies' randomness and of synthetic workloads")
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", des.DefaultScrapeInterval, "how often the router sees fresh engine metrics (kvroute serve's scrape.interval defaults to 1s)")
 	fs.DurationVar(&o.NetworkLatency, "network-latency", 0, "one-way router-engine latency")
@@ -56,7 +57,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&o.Records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
-	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"), --policies, --seed or --seeds, --scenarios, --json, --html")
+	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html")
 	fs.StringVar(&seeds, "seeds", "", "with --scorecard: the seeds to run, such as 1-5 (default: --seed)")
 	fs.StringVar(&scenarios, "scenarios", "", "with --scorecard: run only the scenarios whose names contain one of these, comma-separated")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{

@@ -294,6 +294,7 @@ func Prepare(reqs []workload.Request, model string, blockSize int) *Workload {
 			BlockTokens:  blockSize,
 			PromptTokens: r.PromptTokens,
 			MaxTokens:    r.OutputTokens,
+			Whole:        r.Whole,
 		}
 		w.order[i] = i
 	}
@@ -738,11 +739,18 @@ func (s *sim) send(i int) {
 	if p := st.call.Predicted(); p >= 0 {
 		rec.Predicted, rec.PredictedCachedTokens = true, p
 	}
-	if s.cfg.FirstTokenTimeout > 0 {
-		s.push(event{at: s.clock.now + s.cfg.FirstTokenTimeout, kind: evTimeout, inst: int32(ep.ID), req: int32(i), n: int32(st.call.Attempts())})
+	// An answer that comes whole waits for limits.response_timeout instead, and has no stall
+	// watch here: the live one reads an engine's scraped counters, which this leaves out.
+	whole := s.w.preqs[i].Whole
+	timeout := s.cfg.FirstTokenTimeout
+	if whole {
+		timeout = ResponseTimeout
+	}
+	if timeout > 0 {
+		s.push(event{at: s.clock.now + timeout, kind: evTimeout, inst: int32(ep.ID), req: int32(i), n: int32(st.call.Attempts())})
 	}
 	st.stall = st.call.Stall()
-	if a := st.stall.After(); a > 0 && (s.cfg.FirstTokenTimeout <= 0 || a < s.cfg.FirstTokenTimeout) {
+	if a := st.stall.After(); a > 0 && !whole && (s.cfg.FirstTokenTimeout <= 0 || a < s.cfg.FirstTokenTimeout) {
 		s.push(event{at: s.clock.now + a, kind: evStall, inst: int32(ep.ID), req: int32(i), n: int32(st.call.Attempts())})
 	}
 	if s.cfg.NetworkLatency == 0 {
@@ -912,6 +920,9 @@ func (s *sim) firstToken(i int) {
 		return
 	}
 	rec.FirstToken = s.clock.now
+	if s.w.preqs[i].Whole {
+		return // the router does not see it: the answer comes whole, at its end
+	}
 	s.state[i].call.FirstToken()
 	s.idleWatch(i)
 }

@@ -26,6 +26,9 @@ const (
 	DefaultStallTimeout      = 10 * time.Second
 	DefaultStreamIdleTimeout = time.Minute
 	DefaultPassiveFailures   = 3
+	// ResponseTimeout is limits.response_timeout's default, which bounds the wait for an
+	// answer that comes whole (workload.Request.Whole) in place of the first-token timeout.
+	ResponseTimeout = 10 * time.Minute
 )
 
 // instState is what goes wrong with one instance.
@@ -205,6 +208,10 @@ func (s *sim) timeout(e event) {
 		return
 	}
 	s.drop(inst, i)
+	if s.w.preqs[i].Whole {
+		s.failAttempt(i, inst, route.FailTimeout, "no answer from "+s.name(inst)+" within "+ResponseTimeout.String())
+		return
+	}
 	s.failAttempt(i, inst, route.FailTimeout, "no first token from "+s.name(inst)+" within "+s.cfg.FirstTokenTimeout.String())
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/report"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/workload"
 )
 
 const victim = 3
@@ -232,4 +233,22 @@ func FuzzFaults(f *testing.F) {
 			t.Errorf("changes %+v: two runs differ (-first +second):\n%s", cfg.Changes, diff)
 		}
 	})
+}
+
+// TestWholeAnswerOutlastsFirstTokenTimeout: an answer that comes whole shows the router no
+// first token, so the first-token timeout does not bound it (the live router's response
+// timeout does): one whose decode outlasts that timeout completes on its first attempt, as
+// the streamed one beside it does. Its record keeps the engine's first token.
+func TestWholeAnswerOutlastsFirstTokenTimeout(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	reqs := []workload.Request{req(0, 0, 10, 200, 1, 2, 3), req(1, 0, 10, 200, 4, 5, 6)}
+	reqs[0].Whole = true
+	cfg := toyConfig(2)
+	cfg.FirstTokenTimeout = timeout
+	res := run(t, cfg, reqs, Named("prefix-aware", nil))
+	for _, r := range res.Records {
+		if r.Err != "" || r.Attempts != 1 || r.FirstToken <= 0 || r.Finish-r.FirstToken < timeout {
+			t.Errorf("request %s: %+v; want done on its first attempt, its decode longer than %v", r.ID, r, timeout)
+		}
+	}
 }

@@ -37,6 +37,9 @@ type BenchOptions struct {
 	// the table.
 	IgnoreEOS, NoUsage    bool
 	EndpointHeader, Label string
+	// NonStreamed is the fraction of requests (drawn from Seed) sent with "stream": false
+	// (workload.Whole): their TTFT is their whole time.
+	NonStreamed float64
 	// Progress is how progress is shown on Log (standard error), every ProgressEvery.
 	Progress      loadgen.ProgressMode
 	ProgressEvery time.Duration
@@ -90,6 +93,9 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	if o.Arrival != "poisson" && o.Arrival != "constant" {
 		errs = append(errs, fmt.Errorf("--arrival %q: want poisson or constant", o.Arrival))
 	}
+	if !(o.NonStreamed >= 0 && o.NonStreamed <= 1) {
+		errs = append(errs, fmt.Errorf("--non-streamed %v: want a fraction of the requests from 0 to 1", o.NonStreamed))
+	}
 	if len(errs) > 0 {
 		return nil, &UsageError{errors.Join(errs...)}
 	}
@@ -109,6 +115,9 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		reqs = reqs[:o.Requests]
 	}
 	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return int(a.Arrival - b.Arrival) })
+	if o.NonStreamed > 0 {
+		reqs = workload.Whole(reqs, o.NonStreamed, o.Seed)
+	}
 
 	items := workloadItems(reqs)
 	total := len(items)
@@ -171,7 +180,7 @@ func workloadItems(reqs []workload.Request) []loadgen.Item {
 		r := &reqs[i]
 		items[i] = loadgen.Item{
 			At: r.Arrival, Session: r.Session, PromptTokens: r.PromptTokens, MaxTokens: max(1, r.OutputTokens),
-			Prompt: func() string { return workload.Render(r) },
+			Prompt: func() string { return workload.Render(r) }, Whole: r.Whole,
 		}
 	}
 	return items

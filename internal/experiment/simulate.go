@@ -31,6 +31,9 @@ type SimulateOptions struct {
 	// Limit keeps the first requests only (0: all); Seed seeds policies and generators.
 	Limit int
 	Seed  uint64
+	// NonStreamed is the fraction of requests (drawn from Seed) whose clients ask for the
+	// answer whole: the router sees no first token of theirs (workload.Whole).
+	NonStreamed float64
 	// ScrapeInterval and NetworkLatency as in des.Config.
 	ScrapeInterval, NetworkLatency time.Duration
 	// Routers is the number of router replicas; ReplicaAffinity (none or session) how the
@@ -87,6 +90,9 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	if o.Load > 0 && o.Speedup > 0 {
 		errs = append(errs, errors.New("give --load or --speedup, not both"))
 	}
+	if !(o.NonStreamed >= 0 && o.NonStreamed <= 1) {
+		errs = append(errs, fmt.Errorf("--non-streamed %v: want a fraction of the requests from 0 to 1", o.NonStreamed))
+	}
 	if o.BlockSize < 0 {
 		errs = append(errs, fmt.Errorf("--block-size %d: want 0 (the profile's) or a positive number of tokens", o.BlockSize))
 	}
@@ -135,6 +141,9 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		speedup = 1
 	}
 	reqs = o.ramp(workload.Speedup(reqs, speedup))
+	if o.NonStreamed > 0 {
+		reqs = workload.Whole(reqs, o.NonStreamed, o.Seed)
+	}
 
 	fleet := des.ProfileFleet(prof, o.Instances)
 	fleet.ScrapeInterval = o.ScrapeInterval
@@ -153,6 +162,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 			Speedup: speedup, Seed: int64(o.Seed), BlockSize: prof.BlockSize,
 			Load:             offeredLoad(reqs, prof, o.Instances),
 			ScrapeIntervalMS: float64(o.ScrapeInterval) / float64(time.Millisecond),
+			NonStreamed:      o.NonStreamed,
 		},
 		Results: make([]report.Result, len(specs)),
 	}}

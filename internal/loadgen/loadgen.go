@@ -45,6 +45,8 @@ type Item struct {
 	// Prompt renders the prompt text. It is called in the sending goroutine, just before the
 	// request is built, so that a long trace is never held in memory as text.
 	Prompt func() string
+	// Whole sends "stream": false: the answer comes whole, and its TTFT is its whole time.
+	Whole bool
 }
 
 // Record is what happened to one request. Times are offsets from the start of the run or
@@ -358,11 +360,11 @@ func (r *runner) body(it *Item) ([]byte, error) {
 	b := requestBody{
 		Model:         r.cfg.Model,
 		MaxTokens:     it.MaxTokens,
-		Stream:        true,
+		Stream:        !it.Whole,
 		StreamOptions: map[string]any{"include_usage": true},
 		IgnoreEOS:     r.cfg.IgnoreEOS,
 	}
-	if r.cfg.NoUsage {
+	if r.cfg.NoUsage || it.Whole {
 		b.StreamOptions = nil
 	}
 	if r.cfg.API == "completions" {
@@ -392,6 +394,9 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if it.Whole {
+		req.Header.Set("Accept", "application/json")
+	}
 	if r.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+r.cfg.APIKey)
 	}

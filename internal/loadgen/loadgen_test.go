@@ -130,6 +130,46 @@ func TestRun_NonStreamingAnswer(t *testing.T) {
 	}
 }
 
+// An item that asks for its answer whole is sent with "stream": false, no stream_options, and
+// Accept: application/json.
+func TestRun_WholeItem(t *testing.T) {
+	var stream []bool
+	var accept []string
+	var opts []map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b requestBody
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		stream, accept, opts = append(stream, b.Stream), append(accept, r.Header.Get("Accept")), append(opts, b.StreamOptions)
+		if !b.Stream {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":1}}`)
+			return
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	its := items(2, 0)
+	its[1].Whole = true
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Concurrency: 1}, its)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range res.Records {
+		if !rec.OK() {
+			t.Errorf("record %d: %s %s", rec.Index, rec.Class, rec.Err)
+		}
+	}
+	if diff := cmp.Diff([]bool{true, false}, stream); diff != "" {
+		t.Errorf("stream sent (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"text/event-stream", "application/json"}, accept); diff != "" {
+		t.Errorf("Accept sent (-want +got):\n%s", diff)
+	}
+	if opts[1] != nil {
+		t.Errorf("whole request sent stream_options %v, want none", opts[1])
+	}
+}
+
 func TestRun_ErrorClasses(t *testing.T) {
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL

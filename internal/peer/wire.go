@@ -35,7 +35,7 @@ import (
 //
 // Events are arrays whose first element is the kind and second the origin (0: the sender):
 //
-//	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, back, shared, blocks]
+//	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, back, shared, blocks, whole]
 //
 // where the request's block hashes are the first shared blocks of those of the routed event
 // sent back routed events earlier on the same stream (1: the last one; back 0 and shared 0:
@@ -51,10 +51,12 @@ import (
 //	removed      [4, origin, endpoint]
 
 // Protocol versions. A replica refuses messages of another major version.
-// Major 2: routed events refer to the blocks of earlier ones (back, shared).
+// Major 2: routed events refer to the blocks of earlier ones (back, shared). Minor 1: routed
+// events end with whole (the answer comes whole, not streamed), false when a sender of minor 0
+// leaves it out.
 const (
 	Major = 2
-	Minor = 0
+	Minor = 1
 )
 
 // Message kinds.
@@ -258,6 +260,9 @@ func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error)
 	if n == 0 {
 		return b, fmt.Errorf("event kind %d: nothing to send", ev.Kind)
 	}
+	if ev.Kind == route.EventRouted {
+		n++ // whole, minor 1's
+	}
 	b = msgp.AppendArrayHeader(b, uint32(n))
 	b = msgp.AppendUint64(b, uint64(ev.Kind))
 	b = msgp.AppendUint64(b, ev.Origin)
@@ -272,6 +277,7 @@ func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error)
 		for _, h := range ev.Blocks[shared:] {
 			b = binary.BigEndian.AppendUint64(b, h)
 		}
+		b = msgp.AppendBool(b, ev.Whole)
 	case route.EventFirstToken:
 		b = msgp.AppendUint64(b, ev.ID)
 		b = appendInt(b, int64(ev.TTFT))
@@ -387,6 +393,10 @@ func (d *decoder) event(b []byte, ev *route.Event) (known bool, rest []byte, err
 		if r.err == nil {
 			d.ring.push(ev.Blocks)
 			d.left -= len(ev.Blocks)
+		}
+		if n > uint32(want) && r.err == nil {
+			ev.Whole = r.bool()
+			want++ // read: the fields a newer minor version appends follow it
 		}
 	case route.EventFirstToken:
 		ev.ID, ev.TTFT = r.uint(), time.Duration(r.int())

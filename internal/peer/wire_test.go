@@ -21,7 +21,7 @@ func sampleEvents() []route.Event {
 	return []route.Event{
 		{Kind: route.EventRouted, ID: 1, Endpoint: "http://10.0.0.1:8000", Model: "m", Tenant: "t", SessionKey: "s",
 			Blocks: []uint64{1, 1 << 63, 42}, BlockTokens: 16, PromptTokens: 40, MaxTokens: 9},
-		{Kind: route.EventRouted, Origin: 77, ID: 2, Endpoint: "e"},
+		{Kind: route.EventRouted, Origin: 77, ID: 2, Endpoint: "e", Whole: true},
 		{Kind: route.EventFirstToken, ID: 1, TTFT: 25 * time.Millisecond},
 		{Kind: route.EventDone, ID: 1, OK: true, CachedTokens: 32, PromptTokens: 41, OutputTokens: 9, TTFT: 25 * time.Millisecond, Duration: time.Second, Predicted: 48},
 		{Kind: route.EventDone, ID: 2, CachedTokens: -1},
@@ -53,16 +53,37 @@ func decodeBatch(msg []byte) (header, []route.Event, error) {
 	return h, evs, err
 }
 
-// TestWireGolden: a batch is encoded as major version 2 has it (the bytes of version 1, which
-// tinylib/msgp kept from vmihailenco/msgpack, with the routed events' back and shared): a
-// change of the wire is one made on purpose, with its version.
+// TestWireGolden: a batch is encoded as version 2.1 has it (the bytes of version 1, which
+// tinylib/msgp kept from vmihailenco/msgpack, with the routed events' back and shared, and
+// whole): a change of the wire is one made on purpose, with its version.
 func TestWireGolden(t *testing.T) {
-	const golden = "990200a16105c41001020300000000000000000000000000097b01969d010001b4687474703a2f2f31302e302e302e313a38303030" +
-		"a16da174a1731028090000c41800000000000000018000000000000000000000000000002a9d014d02a165a0a0a00000000000c4009402" +
-		"0001ce017d78409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff0000000000930400a165"
+	const golden = "990201a16105c41001020300000000000000000000000000097b01969e010001b4687474703a2f2f31302e302e302e313a38303030" +
+		"a16da174a1731028090000c41800000000000000018000000000000000000000000000002ac29e014d02a165a0a0a00000000000c400c394" +
+		"020001ce017d78409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff0000000000930400a165"
 	head, payload := message(t, header{from: "a", inc: 5, nonce: [16]byte{1, 2, 3}, seq: 9, sentAt: 123, kind: kindBatch}, sampleEvents())
 	if got := hex.EncodeToString(append(head, payload...)); got != golden {
 		t.Errorf("batch encoded as\n%s\nwant\n%s", got, golden)
+	}
+}
+
+// TestWireMinor0: a batch from a sender of version 2.0, whose routed events have no whole,
+// decodes with whole false.
+func TestWireMinor0(t *testing.T) {
+	const v20 = "990200a16105c41001020300000000000000000000000000097b01969d010001b4687474703a2f2f31302e302e302e313a38303030" +
+		"a16da174a1731028090000c41800000000000000018000000000000000000000000000002a9d014d02a165a0a0a00000000000c4009402" +
+		"0001ce017d78409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff0000000000930400a165"
+	msg, err := hex.DecodeString(v20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, evs, err := decodeBatch(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sampleEvents()
+	want[1].Whole = false
+	if diff := cmp.Diff(want, evs); diff != "" {
+		t.Errorf("2.0 batch decoded (-want +got):\n%s", diff)
 	}
 }
 

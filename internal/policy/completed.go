@@ -29,7 +29,10 @@ type Completer interface {
 // What the three calls do, and what this does instead: Routed queues the request's work on ep
 // and FirstToken takes it off again (net nothing: a request appended to the queue and removed
 // before any other change leaves the queue, its head and its counters as they were; the head's
-// start time changes only while the queue is empty, when nothing reads it); the prediction,
+// start time changes only while the queue is empty, when nothing reads it), but for the
+// answers that come whole which both take off the queue, and this as well: those due by now
+// (settle) and those ahead of this one, whose first tokens came before its (settleAhead); the
+// prediction,
 // the affinity and placement rates, the capacity probe and the speed calibration see the same
 // values as the calls would (the queue ahead of it, the index before its blocks go in, the
 // requests waiting after its first token); and Routed inserts the prompt's blocks and Done
@@ -51,13 +54,19 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
 	fleet := pa.fleet.get()
+	speed := pa.speedOf(s, fleet, now)
+	s.settle(now, speed)
 	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
 	pa.replicas.routed(s, req, f.work, now)
 	pa.probe(req, ep, s, &f, now)
-	// FirstToken: what waits on ep after this one was routed while it prefilled.
+	// FirstToken: the answers that come whole ahead of it had theirs before (settleAhead);
+	// what waits on ep after this one was routed while it prefilled.
+	s.mu.Lock()
+	s.settleAhead(nil, now, speed)
+	s.mu.Unlock()
 	f.probe.sawQueue(s)
 	pa.learnTTFT(s, ep, f.ahead, ttft, now)
 	// Done.

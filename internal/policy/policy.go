@@ -25,6 +25,9 @@ type Request struct {
 	BlockTokens  int
 	PromptTokens int
 	MaxTokens    int // 0 when the client did not say
+	// Whole is true when the answer comes whole (not streamed): the router sees no first token,
+	// only the end, and a policy that tracks prefills in progress predicts when it came.
+	Whole bool
 	// Remote is true for a request another router replica routed, which this one replays
 	// (route.Share): this replica did not place it.
 	Remote bool

@@ -110,6 +110,9 @@ type paState struct {
 	// routed to an idle endpoint, or when the request before it reached its first token.
 	headWork  atomic.Int64
 	headSince atomic.Int64 // unix nanoseconds
+	// due is when the head's first token is predicted, unix nanoseconds, while the head is an
+	// answer that comes whole (settle); 0 otherwise.
+	due atomic.Int64
 
 	mu    sync.Mutex  // guards queue, live, stream, align and base
 	queue []*paFlight // routed and not yet at first token, in routing order
@@ -201,9 +204,67 @@ func (s *paState) enqueue(f *paFlight, now int64, speed float64, step int64) {
 		s.headWork.Store(f.work)
 		s.headSince.Store(now)
 		s.stream, s.align, s.base = 0, 0, 0
+		s.dueHead(speed)
 	}
 	s.stream += f.tokens
 	f.end = s.stream
+}
+
+// dueHead sets due for the queue's head, which started at headSince, at speed. The caller holds
+// mu.
+func (s *paState) dueHead(speed float64) {
+	if len(s.queue) == 0 || !s.queue[0].whole {
+		s.due.Store(0)
+		return
+	}
+	s.due.Store(s.headEnds(speed))
+}
+
+// headEnds is when the head's prefill ends by the queue model at speed (queued counts its
+// progress alike), unix nanoseconds. The caller holds mu; the queue is not empty.
+func (s *paState) headEnds(speed float64) int64 {
+	return s.headSince.Load() + int64((overhead+float64(s.queue[0].work)/prefillRate)*speed*1e9)
+}
+
+// settle takes off s's queue the answers that come whole (not streamed) whose first token is
+// due by now: the router never sees it, so it is taken to come when the queue model, at speed,
+// says the head's prefill ends, and the next request starts then. Until settle, such a request
+// would wait in the queue for its whole answer, and its prefill count against the endpoint for
+// as long as its decode lasts.
+func (s *paState) settle(now int64, speed float64) {
+	if d := s.due.Load(); d == 0 || d > now {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.queue) > 0 && s.queue[0].whole {
+		f := s.queue[0]
+		at := s.headEnds(speed)
+		if at > now {
+			s.due.Store(at)
+			return
+		}
+		s.settled(f)
+		s.dequeueLocked(f, at, speed)
+	}
+}
+
+// settleAhead takes off the queue the answers that come whole ahead of f, whose first token
+// came now: the engine computes its queue in order, so theirs came before. The caller holds mu.
+func (s *paState) settleAhead(f *paFlight, now int64, speed float64) {
+	for len(s.queue) > 0 && s.queue[0] != f && s.queue[0].whole {
+		g := s.queue[0]
+		s.settled(g)
+		s.dequeueLocked(g, now, speed)
+	}
+}
+
+// settled counts g's first token, unless its end counted it first.
+func (s *paState) settled(g *paFlight) {
+	if g.first.CompareAndSwap(false, true) {
+		s.pending.Add(-g.work)
+		s.waiting.Add(-1)
+	}
 }
 
 // shorterInFlight is how many requests routed to s and not done have prompts shorter than
@@ -221,10 +282,15 @@ func (s *paState) shorterInFlight(tokens int) int64 {
 }
 
 // dequeue takes f off the queue (its first token came, or it failed); if f was the head, the
-// next request becomes the head, starting now.
-func (s *paState) dequeue(f *paFlight, now int64) {
+// next request becomes the head, starting now (its due time at speed: settle).
+func (s *paState) dequeue(f *paFlight, now int64, speed float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.dequeueLocked(f, now, speed)
+}
+
+// dequeueLocked is dequeue with mu held.
+func (s *paState) dequeueLocked(f *paFlight, now int64, speed float64) {
 	k := slices.Index(s.queue, f)
 	if k < 0 {
 		return
@@ -250,10 +316,12 @@ func (s *paState) dequeue(f *paFlight, now int64) {
 	}
 	if len(s.queue) == 0 {
 		s.headWork.Store(0)
+		s.due.Store(0)
 		return
 	}
 	s.headWork.Store(s.queue[0].work)
 	s.headSince.Store(now)
+	s.dueHead(speed)
 	// Its first token came at the end of the step that held its last tokens, which computed
 	// the next request's up to the step's end.
 	s.base = f.end
@@ -380,7 +448,8 @@ type paFlight struct {
 	ahead       int64             // work queued on ep before it, plus its own
 	predicted   int               // blocks the index said ep held
 	runs        []prefix.StampRun // index stamps of those blocks, for the correction
-	first       atomic.Bool       // first token seen, or done
+	first       atomic.Bool       // first token seen (or settled), or done
+	whole       bool              // the answer comes whole: its first token is predicted (settle)
 	probe       capProbe          // evidence of ep's capacity when it is unknown (capacity.go)
 	mark        uint64            // ep's index mark after Routed's insert (done's Reinsert)
 	prompt      int               // the request's prompt tokens: the context a move of its session recomputes
@@ -664,6 +733,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	for i, e := range c {
 		s := states[i]
 		speed := pa.speedOf(s, fleet, now)
+		s.settle(now, speed)
 		// The epsilon keeps an equal share (all speeds alike: 1/n) from rounding up a whole
 		// request when factor x (total+1) / n is a whole number.
 		limit := math.Ceil(pa.maxLoad*float64(total+1)/speed/capSum - 1e-9)
@@ -792,17 +862,19 @@ func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
 func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	s := pa.state(ep.ID)
 	pa.sizeIndex(ep, s, req.BlockTokens)
-	f := &paFlight{ep: ep.ID, prompt: req.PromptTokens}
+	f := &paFlight{ep: ep.ID, prompt: req.PromptTokens, whole: req.Whole}
 	f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	f.tokens = uncached(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
 	fleet := pa.fleet.get()
+	speed := pa.speedOf(s, fleet, now)
+	s.settle(now, speed)
 	f.ahead = int64(pa.queued(s, now, fleet)) + f.work
 	s.pending.Add(f.work)
 	s.waiting.Add(1)
 	s.busy.add(1, now, pa.affTau)
-	s.enqueue(f, now, pa.speedOf(s, fleet, now), pa.stepOf(ep))
+	s.enqueue(f, now, speed, pa.stepOf(ep))
 	if pa.affTau > 0 && req.PromptTokens > 0 {
 		s.affinity.add(float64(cachedTokens(req, f.predicted))/float64(req.PromptTokens), now, pa.affTau)
 	}
@@ -827,7 +899,11 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
 	now := pa.clock.Now().UnixNano()
-	s.dequeue(f, now)
+	speed := pa.speedOf(s, pa.fleet.get(), now)
+	s.mu.Lock()
+	s.settleAhead(f, now, speed)
+	s.dequeueLocked(f, now, speed)
+	s.mu.Unlock()
 	f.probe.sawQueue(s)
 	pa.learnTTFT(s, ep, f.ahead, ttft, now)
 }
@@ -1006,7 +1082,8 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 	if f.first.CompareAndSwap(false, true) {
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
-		s.dequeue(f, pa.clock.Now().UnixNano())
+		now := pa.clock.Now().UnixNano()
+		s.dequeue(f, now, pa.speedOf(s, pa.fleet.get(), now))
 		if !res.OK {
 			// It failed before its first token: the engine most likely never computed it, so
 			// the blocks Routed added are not there.

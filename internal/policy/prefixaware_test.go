@@ -398,6 +398,7 @@ func TestPrefixAware_ConcurrentPicks(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 200; i++ {
 				r := req("c", 3, seq(uint64(i%10*100), uint64(20+g))...)
+				r.Whole = (i+g)%3 == 0 // its end alone, and streamed first tokens behind it
 				ranked, err := pa.Pick(r, eps)
 				if err != nil || len(ranked) != len(eps) {
 					t.Errorf("Pick: %d ranked, %v", len(ranked), err)
@@ -406,6 +407,11 @@ func TestPrefixAware_ConcurrentPicks(t *testing.T) {
 				ep := ranked[0]
 				ep.Start(r.PromptTokens)
 				pa.Routed(r, ep)
+				if r.Whole {
+					ep.Finish(r.PromptTokens, false)
+					pa.Done(r, ep, Result{OK: true, CachedTokens: 16, PromptTokens: r.PromptTokens})
+					continue
+				}
 				finish(pa, r, ep, time.Millisecond, 16)
 			}
 		}(g)
@@ -785,5 +791,77 @@ func TestPrefixAware_CacheBlind(t *testing.T) {
 	pa.SetCacheBlind(eps[1], false)
 	if got := mustPick(t, pa, r, eps)[0].ID; got != 1 {
 		t.Errorf("seeing again: picked %d, want the holder 1", got)
+	}
+}
+
+// An answer that comes whole shows the router no first token: its prefill leaves the queue
+// when the queue model says it ends (settle), not when the answer does, and a streamed first
+// token after it takes it off too (the engine computes its queue in order).
+func TestPrefixAware_WholeAnswerSettles(t *testing.T) {
+	for _, whole := range []bool{true, false} {
+		t.Run(fmt.Sprintf("whole=%v", whole), func(t *testing.T) {
+			pa, clk := newPAWith(t, Params{"cache_weight": "0", "affinity_window": "0"}, func(pa *prefixAware) {
+				pa.learn = false
+			})
+			eps := newEndpoints(2, 1<<20)
+			start := clk.t
+			s := pa.state(0)
+			// Two cold 20,000-token prompts, 25,000 units of work each: 2.52 s at the prior
+			// rate, one after the other.
+			a, b := req("a", 0, seq(50000, 1250)...), req("b", 0, seq(90000, 1250)...)
+			for _, r := range []*Request{a, b} {
+				r.Whole = whole
+				eps[0].Start(r.PromptTokens)
+				pa.Routed(r, eps[0])
+			}
+			work := pa.work(a, 0)
+			probe := req("probe", 0, seq(1, 4)...)
+			at := func(d time.Duration) (waiting int64, queued float64) {
+				clk.t = start.Add(d)
+				mustPick(t, pa, probe, eps) // reads, and settles, every candidate
+				return s.waiting.Load(), pa.queued(s, clk.t.UnixNano(), 1)
+			}
+			if w, q := at(2400 * time.Millisecond); w != 2 || q != float64(2*work)-23800 {
+				t.Errorf("at 2.4 s: %d waiting, %g queued; want 2 and %d", w, q, 2*work-23800)
+			}
+			w, q := at(2600 * time.Millisecond)
+			if whole {
+				// a's first token was due at 2.52 s, b has run 0.08 s since: 600 units done.
+				if w != 1 || q != float64(work)-600 {
+					t.Errorf("at 2.6 s: %d waiting, %g queued; want 1 and %d", w, q, work-600)
+				}
+			} else if w != 2 || q != float64(work) {
+				t.Errorf("streamed, at 2.6 s: %d waiting, %g queued; want 2 and %d (a's first token not seen)", w, q, work)
+			}
+			if whole {
+				if w, q := at(5100 * time.Millisecond); w != 0 || q != 0 {
+					t.Errorf("at 5.1 s: %d waiting, %g queued; want nothing", w, q)
+				}
+			}
+			for _, r := range []*Request{a, b} {
+				eps[0].Finish(r.PromptTokens, false)
+				pa.Done(r, eps[0], Result{OK: true, CachedTokens: -1, PromptTokens: r.PromptTokens, OutputTokens: 100})
+			}
+			if w, p := s.waiting.Load(), s.pending.Load(); w != 0 || p != 0 {
+				t.Errorf("after both ended: %d waiting, %d pending; want 0 and 0 (counted once)", w, p)
+			}
+
+			// A streamed first token behind a whole answer: the whole one's came before.
+			c, d := req("c", 0, seq(130000, 1250)...), req("d", 0, seq(170000, 4)...)
+			c.Whole = whole
+			for _, r := range []*Request{c, d} {
+				eps[0].Start(r.PromptTokens)
+				pa.Routed(r, eps[0])
+			}
+			clk.t = clk.t.Add(time.Second)
+			finish(pa, d, eps[0], time.Second, -1)
+			wantW := int64(0)
+			if !whole {
+				wantW = 1 // c streams: its own first token is still to come
+			}
+			if w := s.waiting.Load(); w != wantW {
+				t.Errorf("after d's first token: %d waiting, want %d", w, wantW)
+			}
+		})
 	}
 }

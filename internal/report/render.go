@@ -21,8 +21,12 @@ func WriteJSON(w io.Writer, s *Summary) error {
 // WriteTable writes s as a human-readable header and an aligned table, one row per policy.
 func WriteTable(w io.Writer, s *Summary) error {
 	sc := s.Scenario
-	if _, err := fmt.Fprintf(w, "workload %s: %d requests, %d x %s, speed-up %.3g (load %.2f), seed %d\n",
-		sc.Workload, sc.Requests, sc.Instances, sc.Profile, sc.Speedup, sc.Load, sc.Seed); err != nil {
+	whole := ""
+	if sc.NonStreamed > 0 {
+		whole = fmt.Sprintf(", %g of them not streamed", sc.NonStreamed)
+	}
+	if _, err := fmt.Fprintf(w, "workload %s: %d requests%s, %d x %s, speed-up %.3g (load %.2f), seed %d\n",
+		sc.Workload, sc.Requests, whole, sc.Instances, sc.Profile, sc.Speedup, sc.Load, sc.Seed); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	if _, err := fmt.Fprintf(w, "hit-rate bounds: infinite cache %.3f, pooled LRU %s\n\n",

@@ -117,6 +117,8 @@ type Scenario struct {
 	BlockSize int `json:"block_size,omitempty"`
 	// ScrapeIntervalMS is how often the router saw fresh engine metrics.
 	ScrapeIntervalMS float64 `json:"scrape_interval_ms"`
+	// NonStreamed is the fraction of requests whose clients asked for the answer whole.
+	NonStreamed float64 `json:"non_streamed,omitempty"`
 }
 
 // Bounds are hit rates no policy can beat on the workload.

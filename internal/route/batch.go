@@ -117,7 +117,8 @@ func (s *Share) completed(lc *Lifecycle, evs []Event, now time.Time) bool {
 func rebuild(r *Event) policy.Request {
 	return policy.Request{
 		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
-		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Remote: true,
+		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Whole: r.Whole,
+		Remote: true,
 	}
 }
 

@@ -125,7 +125,9 @@ func TestApplyBatchCoalesced(t *testing.T) {
 				d2.ID = id
 				evs = append(evs, d2)
 				continue
-			case 4: // only started in this batch
+			case 4: // only started in this batch; half of them answers that come whole, which
+				// the requests replayed after them take off the queue
+				routed.Whole = r.IntN(2) == 0
 				evs = append(evs, routed)
 				continue
 			}

@@ -53,6 +53,7 @@ type Event struct {
 	Model, Tenant, SessionKey            string
 	Blocks                               []uint64
 	BlockTokens, PromptTokens, MaxTokens int
+	Whole                                bool // the answer comes whole (policy.Request.Whole)
 
 	// FirstToken and Done: the time from the request's arrival to its first token, less the
 	// time its earlier attempts took (the attempt's own TTFT; 0: none).
@@ -304,7 +305,7 @@ func (s *Share) routed(c *Call) {
 	s.publish(Event{
 		Kind: EventRouted, ID: c.shared, Endpoint: c.ep.Name,
 		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
-		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
+		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Whole: r.Whole,
 	})
 }
 
@@ -712,7 +713,7 @@ func appendFlight(out []Event, k flightKey, ep *endpoint.Endpoint, r *policy.Req
 	out = append(out, Event{
 		Kind: EventRouted, Origin: k.origin, ID: k.id, Endpoint: ep.Name,
 		Model: r.Model, Tenant: r.Tenant, SessionKey: r.SessionKey, Blocks: r.Blocks,
-		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens,
+		BlockTokens: r.BlockTokens, PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Whole: r.Whole,
 	})
 	if first {
 		out = append(out, Event{Kind: EventFirstToken, Origin: k.origin, ID: k.id, TTFT: ttft})

@@ -124,11 +124,11 @@ func TestShareRebuildsRequest(t *testing.T) {
 	var got []policy.Request
 	b := newReplica(t, 2, &observerFunc{routed: func(r *policy.Request) { got = append(got, *r) }}, clk, ShareConfig{}, "x")
 	ev := Event{Kind: EventRouted, Origin: 1, ID: 5, Endpoint: "x", Model: "m", Tenant: "t", SessionKey: "s",
-		Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7}
+		Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7, Whole: true}
 	if d := b.lc.Apply(&ev); d != DropNone {
 		t.Fatal(d)
 	}
-	want := []policy.Request{{Model: "m", Tenant: "t", SessionKey: "s", Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7, Remote: true}}
+	want := []policy.Request{{Model: "m", Tenant: "t", SessionKey: "s", Blocks: []uint64{1, 2, 3}, BlockTokens: 16, PromptTokens: 50, MaxTokens: 7, Whole: true, Remote: true}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rebuilt request (-want +got):\n%s", diff)
 	}

@@ -345,8 +345,16 @@ func TestKeys(t *testing.T) {
 	if diff := cmp.Diff(sim, live.Blocks); diff != "" || len(sim) == 0 {
 		t.Errorf("blocks differ (-sim +live):\n%s", diff)
 	}
-	if live.PromptTokens != prefix.EstimateTokens(text) || live.MaxTokens != 9 || live.BlockTokens != 4 || live.Model != "m" {
-		t.Errorf("request = %+v", live)
+	if live.PromptTokens != prefix.EstimateTokens(text) || live.MaxTokens != 9 || live.BlockTokens != 4 || live.Model != "m" || !live.Whole {
+		t.Errorf("request = %+v; want its estimates, and whole (no stream)", live)
+	}
+	streamed, err := openai.Parse(openai.KindCompletion, fmt.Appendf(nil, `{"model":"m","stream":true,"prompt":%q}`, text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.FromOpenAI(&live, streamed, "salt")
+	if live.Whole {
+		t.Error("a streamed request is taken as whole")
 	}
 	var other policy.Request
 	k.FromOpenAI(&other, req, "another salt")

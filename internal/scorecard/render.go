@@ -34,6 +34,9 @@ func (sc *Scorecard) targetsLine() string {
 // under it, and then the verdicts of every cell and seed side by side.
 func (sc *Scorecard) WriteTable(w io.Writer) error {
 	ew := &errWriter{w: w}
+	if sc.NonStreamed > 0 {
+		ew.printf("(%g of every cell's requests not streamed: the router sees their end only)\n\n", sc.NonStreamed)
+	}
 	for i := range sc.Cells {
 		c := &sc.Cells[i]
 		if i == 0 || c.Scenario != sc.Cells[i-1].Scenario || c.Seed != sc.Cells[i-1].Seed {

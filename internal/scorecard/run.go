@@ -44,14 +44,19 @@ type Options struct {
 	Loads []float64
 	// Parallel bounds the simulations that run at once (0: one per CPU).
 	Parallel int
+	// NonStreamed is the fraction of every cell's requests whose answer comes whole
+	// (workload.Whole, drawn from the cell's seed): 0, the matrix's own, streams them all.
+	NonStreamed float64
 }
 
 // Scorecard is every cell's scores.
 type Scorecard struct {
 	Subject string   `json:"subject"`
 	Seeds   []uint64 `json:"seeds"`
-	Trace   string   `json:"trace"`
-	Cells   []Cell   `json:"cells"`
+	// NonStreamed is Options.NonStreamed.
+	NonStreamed float64 `json:"non_streamed,omitempty"`
+	Trace       string  `json:"trace"`
+	Cells       []Cell  `json:"cells"`
 	// WallSeconds is how long the whole run took; RunSeconds adds up the simulations' own
 	// times (CPU-bound, one goroutine each).
 	WallSeconds float64 `json:"wall_seconds"`
@@ -141,7 +146,7 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 	if o.Parallel == 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
-	sc := &Scorecard{Subject: o.Subject, Seeds: o.Seeds, Trace: o.Trace}
+	sc := &Scorecard{Subject: o.Subject, Seeds: o.Seeds, Trace: o.Trace, NonStreamed: o.NonStreamed}
 	subject := slices.IndexFunc(pols, func(p experiment.Policy) bool { return p.Label == o.Subject })
 
 	src := &sources{trace: o.Trace}
@@ -152,7 +157,7 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 				c := &cellRun{Cell: Cell{
 					Scenario: scenarios[i].Name, Workload: scenarios[i].Workload, Fleet: scenarios[i].FleetName(),
 					Load: load, Seed: seed, NoSharing: scenarios[i].NoSharing,
-				}, scenario: &scenarios[i], pending: len(pols)}
+				}, scenario: &scenarios[i], pending: len(pols), whole: o.NonStreamed}
 				if c.Workload == "" {
 					c.Workload = o.Trace
 				}
@@ -298,6 +303,7 @@ func (s *sources) load(sc *Scenario, seed uint64) ([]workload.Request, error) {
 type cellRun struct {
 	Cell
 	scenario *Scenario
+	whole    float64 // Options.NonStreamed
 
 	once    sync.Once
 	err     error
@@ -326,6 +332,9 @@ func (c *cellRun) prepare(src *sources) error {
 	c.Bounds = report.Bounds{
 		InfiniteCacheHitRate: workload.InfiniteCacheHitRate(scaled, f.config.BlockSize),
 		PooledLRUHitRate:     workload.LRUHitRate(scaled, f.config.BlockSize, f.kv),
+	}
+	if c.whole > 0 {
+		scaled = workload.Whole(scaled, c.whole, c.Seed)
 	}
 	c.w = des.Prepare(scaled, f.config.Model, f.config.BlockSize)
 	return nil

@@ -20,6 +20,17 @@ func Speedup(reqs []Request, k float64) []Request {
 	return out
 }
 
+// Whole returns a copy of reqs in which a fraction of the requests, drawn from seed, ask for
+// their answer whole (Request.Whole): 0 none, 1 all. The copy shares the Blocks slices.
+func Whole(reqs []Request, fraction float64, seed uint64) []Request {
+	out := append([]Request(nil), reqs...)
+	r := rand.New(rand.NewPCG(seed, 0x77686f6c65)) // "whole": a stream of its own
+	for i := range out {
+		out[i].Whole = r.Float64() < fraction
+	}
+	return out
+}
+
 // Poisson returns a copy of reqs, in the same order, re-timed as a Poisson process of rate
 // requests per second: the first arrives at 0 and the gaps are exponential with mean 1/rate,
 // drawn from seed. The copy shares the Blocks slices with reqs. Re-timing a multi-turn workload

@@ -326,3 +326,40 @@ func sameRequests(a, b []Request) bool {
 			x.PromptTokens == y.PromptTokens && x.OutputTokens == y.OutputTokens && slices.Equal(x.Blocks, y.Blocks)
 	})
 }
+
+// Whole marks the fraction asked for, drawn from the seed: none at 0, all at 1, about half
+// at 0.5, the same ones for the same seed, and leaves the input as it was.
+func TestWhole(t *testing.T) {
+	reqs := make([]Request, 2000)
+	count := func(rs []Request) (n int) {
+		for _, r := range rs {
+			if r.Whole {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		fraction float64
+		lo, hi   int
+	}{{0, 0, 0}, {1, 2000, 2000}, {0.5, 900, 1100}, {0.1, 150, 250}} {
+		got := Whole(reqs, tc.fraction, 7)
+		if n := count(got); n < tc.lo || n > tc.hi {
+			t.Errorf("fraction %g: %d of 2000 whole, want %d to %d", tc.fraction, n, tc.lo, tc.hi)
+		}
+	}
+	marks := func(rs []Request) []bool {
+		out := make([]bool, len(rs))
+		for i, r := range rs {
+			out[i] = r.Whole
+		}
+		return out
+	}
+	a, b, c := marks(Whole(reqs, 0.5, 7)), marks(Whole(reqs, 0.5, 7)), marks(Whole(reqs, 0.5, 8))
+	if !slices.Equal(a, b) || slices.Equal(a, c) {
+		t.Error("Whole: want the same draw for the same seed and another for another seed")
+	}
+	if count(reqs) != 0 {
+		t.Error("Whole changed its input")
+	}
+}

@@ -14,4 +14,7 @@ type Request struct {
 	BlockTokens  int
 	PromptTokens int
 	OutputTokens int
+	// Whole is true when the client asks for the answer whole ("stream": false): the router
+	// sees no first token, only the end.
+	Whole bool
 }
