@@ -19,7 +19,8 @@
 # (15 s and 45 s later): every count in flight should be 0 by then, everywhere.
 #
 # Environment: KV (the kvroute binary; default: built from this checkout into $SOAK_DIR),
-# SOAK_DIR (default /tmp/kvroute-soak), SOAK_PORT (first of 40 ports; default 19100).
+# SOAK_DIR (default /tmp/kvroute-soak), SOAK_PORT (first of 40 ports; default 19100),
+# SOAK_BENCH_ARGS (more flags for every bench, such as --non-streamed 0.5).
 # Results: stats.txt, bench{1,2,3}.json (completed, failed by kind, hit rate), r{1,2,3}.log
 # (warnings and errors), sim.log.
 set -uo pipefail
@@ -82,7 +83,7 @@ sleep 4
 benches=()
 for i in 1 2 3; do
   "$KV" bench --target "http://127.0.0.1:$((api + i))" --rate 40 --duration "${dur}s" --seed "$i" --quiet --json \
-    --workload shared-prefix:groups=64,prompts=256,system=1500,question=200,output=64 > "bench$i.json" 2> "bench$i.err" &
+    --workload shared-prefix:groups=64,prompts=256,system=1500,question=200,output=64 ${SOAK_BENCH_ARGS:-} > "bench$i.json" 2> "bench$i.err" &
   benches+=($!); pids+=($!)
 done
 sys=$(printf 'sys %.0s' $(seq 1 300))
