@@ -155,7 +155,8 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		speedup = 1
 	}
 	sum := &report.Summary{
-		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: o.Target, Speedup: speedup, Seed: int64(o.Seed)},
+		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: o.Target, Speedup: speedup, Seed: int64(o.Seed),
+			NonStreamed: o.NonStreamed},
 		// The target's KV capacity is unknown here, and so is the pooled LRU bound.
 		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
 		Results: []report.Result{r},
