@@ -42,10 +42,10 @@ func putText(b *[]byte) {
 
 // FromOpenAI fills dst's keys from a parsed OpenAI request body: Model, Blocks, BlockTokens,
 // PromptTokens (the router's estimate of the canonical text), MaxTokens, Whole (not streamed)
-// and, when the body names one, SessionKey. salt is the cache salt the engine will use (the tenant's, or the
-// client's cache_salt without tenants). A list of prompts (completions) is as many engine
-// requests, each cached from its start: its blocks are each prompt's chain in turn, and each
-// may produce max_tokens. dst.Blocks is reused.
+// and, when the body names one, SessionKey. salt is the cache salt the engine will use (the
+// tenant's, or the client's cache_salt without tenants). A list of prompts (completions) is as
+// many engine requests, each cached from its start: its blocks are each prompt's chain in
+// turn, and each may produce max_tokens. dst.Blocks is reused.
 func (k Keys) FromOpenAI(dst *policy.Request, req *openai.Request, salt string) {
 	bt := k.blockTokens()
 	seed := prefix.Seed(req.Model, salt)
