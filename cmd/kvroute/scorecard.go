@@ -25,8 +25,8 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 		return failed(stderr, fs.Name(), usageErr("%s: not with --scorecard, which sets its own fleets, loads and workloads", strings.Join(stray, ", ")))
 	}
 	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}, NonStreamed: o.NonStreamed}
-	if !(o.NonStreamed >= 0 && o.NonStreamed <= 1) {
-		return failed(stderr, fs.Name(), usageErr("--non-streamed %v: want a fraction of the requests from 0 to 1", o.NonStreamed))
+	if err := experiment.CheckNonStreamed(o.NonStreamed); err != nil {
+		return failed(stderr, fs.Name(), usageError{err})
 	}
 	if seeds != "" {
 		s, err := scorecard.ParseSeeds(seeds)

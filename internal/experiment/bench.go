@@ -93,8 +93,8 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	if o.Arrival != "poisson" && o.Arrival != "constant" {
 		errs = append(errs, fmt.Errorf("--arrival %q: want poisson or constant", o.Arrival))
 	}
-	if !(o.NonStreamed >= 0 && o.NonStreamed <= 1) {
-		errs = append(errs, fmt.Errorf("--non-streamed %v: want a fraction of the requests from 0 to 1", o.NonStreamed))
+	if err := CheckNonStreamed(o.NonStreamed); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return nil, &UsageError{errors.Join(errs...)}

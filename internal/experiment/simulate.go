@@ -66,6 +66,14 @@ type SimulateOptions struct {
 	Autoscale, Ramp string
 }
 
+// CheckNonStreamed checks --non-streamed: a fraction of the requests, from 0 to 1.
+func CheckNonStreamed(f float64) error {
+	if !(f >= 0 && f <= 1) {
+		return fmt.Errorf("--non-streamed %v: want a fraction of the requests from 0 to 1", f)
+	}
+	return nil
+}
+
 // Simulation is what Simulate found: the summary, and the router replicas it had.
 type Simulation struct {
 	*report.Summary
@@ -90,8 +98,8 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	if o.Load > 0 && o.Speedup > 0 {
 		errs = append(errs, errors.New("give --load or --speedup, not both"))
 	}
-	if !(o.NonStreamed >= 0 && o.NonStreamed <= 1) {
-		errs = append(errs, fmt.Errorf("--non-streamed %v: want a fraction of the requests from 0 to 1", o.NonStreamed))
+	if err := CheckNonStreamed(o.NonStreamed); err != nil {
+		errs = append(errs, err)
 	}
 	if o.BlockSize < 0 {
 		errs = append(errs, fmt.Errorf("--block-size %d: want 0 (the profile's) or a positive number of tokens", o.BlockSize))
