@@ -488,6 +488,8 @@ type reqState struct {
 	router int32            // the replica that routed it
 	inst   int32            // the instance of the attempt in progress, -1 when none
 	done   bool
+	// submitted is when the attempt in progress reached its engine.
+	submitted time.Duration
 }
 
 // router is one router replica: its lifecycle (its policy instance) and its own Endpoint
@@ -788,6 +790,7 @@ func (s *sim) submit(inst, i int) {
 		s.clock.now -= s.cfg.NetworkLatency
 		return
 	}
+	s.state[i].submitted = s.clock.now
 	s.held[inst][int32(i)] = struct{}{}
 	if !s.stepping[inst] {
 		s.stepping[inst] = true
@@ -895,9 +898,9 @@ func (s *sim) observe(inst int, evs []engine.Event) {
 		rec := &s.records[i]
 		switch ev.Kind {
 		case engine.EventFirstToken:
-			s.firstToken(i)
+			s.firstToken(i, ev.At)
 		case engine.EventFinished:
-			s.firstToken(i) // a one-token request may report only its end
+			s.firstToken(i, ev.At) // a one-token request may report only its end
 			delete(s.held[inst], int32(i))
 			rec.Finish = s.clock.now
 			rec.CachedTokens = ev.CachedTokens
@@ -914,12 +917,19 @@ func (s *sim) observe(inst int, evs []engine.Event) {
 	}
 }
 
-func (s *sim) firstToken(i int) {
+// firstToken records request i's first token, which its engine made at at (the router hears of
+// it now).
+func (s *sim) firstToken(i int, at time.Duration) {
 	rec := &s.records[i]
 	if rec.FirstToken != 0 {
 		return
 	}
 	rec.FirstToken = s.clock.now
+	if st := &s.state[i]; st.inst >= 0 {
+		in := &s.inst[st.inst]
+		in.ttftSum += (at - st.submitted).Seconds()
+		in.ttftN++
+	}
 	if s.w.preqs[i].Whole {
 		return // the router does not see it: the answer comes whole, at its end
 	}
@@ -947,6 +957,8 @@ func (s *sim) scrape() {
 			PrefixQueries: float64(st.PrefixQueryTokens),
 			PrefixHits:    float64(st.PrefixHitTokens),
 			Work:          float64(st.PromptTokens + st.GenerationTokens),
+			TTFTSum:       s.inst[i].ttftSum,
+			TTFTCount:     s.inst[i].ttftN,
 		}
 		if st.TotalBlocks > 0 {
 			snap.KVUsage = float64(st.UsedBlocks) / float64(st.TotalBlocks)

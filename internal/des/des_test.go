@@ -3,6 +3,7 @@ package des
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -216,6 +217,28 @@ func TestSnapshotsAreScrapedNotLive(t *testing.T) {
 		if age := s.now.Sub(s.snap.At); age < 0 || age >= cfg.ScrapeInterval {
 			t.Errorf("pick %d: snapshot age %v, want in [0, %v)", i, age, cfg.ScrapeInterval)
 		}
+	}
+}
+
+// TestSnapshotsCountTTFT checks the scraped TTFT histogram: the engine counts every first
+// token, streamed or not, from the request's arrival at the engine (one network delay after
+// routing), as vLLM's time_to_first_token_seconds does.
+func TestSnapshotsCountTTFT(t *testing.T) {
+	// TestObserverCalls's two requests, the second not streamed, 1 ms each way: their first
+	// tokens come 2 ms and 1.2 ms after they reach the engine. A third request at 150 ms sees
+	// the scrape at 100 ms.
+	cfg := toyConfig(1)
+	cfg.ScrapeInterval = ms(100)
+	cfg.NetworkLatency = ms(1)
+	reqs := []workload.Request{req(0, 0, 10, 2, 1, 2, 3), req(1, ms(5), 10, 2, 1, 2, 4), req(2, ms(150), 4, 1, 9)}
+	reqs[1].Whole = true
+	spy := &spyPicker{}
+	run(t, cfg, reqs, func(env policy.Env) (policy.Picker, error) { spy.clock = env.Clock; return spy, nil })
+	if len(spy.seen) != 3 {
+		t.Fatalf("picker called %d times, want 3", len(spy.seen))
+	}
+	if sn := spy.seen[2].snap; sn.TTFTCount != 2 || math.Abs(sn.TTFTSum-0.0032) > 1e-9 {
+		t.Errorf("scraped TTFT histogram: sum %g s over %g, want 0.0032 s over 2", sn.TTFTSum, sn.TTFTCount)
 	}
 }
 

@@ -44,6 +44,9 @@ type instState struct {
 	frozenStep bool
 	cutAfter   int   // cuts streams after this many tokens (0: never)
 	steps      int32 // engine steps ended, for counting a stream's tokens
+	// ttftSum and ttftN are the engine's TTFT histogram's sum (seconds, from each request's
+	// arrival at the engine) and count, as its scrape reports them.
+	ttftSum, ttftN float64
 }
 
 // firstStep values besides a step number.

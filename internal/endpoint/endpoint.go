@@ -76,6 +76,10 @@ type Snapshot struct {
 	// not only when requests end (SGLang): then an unchanged Work means an engine that computes
 	// nothing, even while it generates a long non-streamed answer.
 	Stepwise bool
+	// TTFTSum and TTFTCount are the engine's cumulative times to first token, in seconds, and
+	// the first tokens they add up (its TTFT histogram's sum and count: vLLM, SGLang), 0 if
+	// unknown: the first tokens of every request, streamed or not, whoever sent it.
+	TTFTSum, TTFTCount float64
 }
 
 // KVTokens is the endpoint's KV capacity in tokens: from the scraped cache_config_info when

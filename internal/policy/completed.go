@@ -66,6 +66,7 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	// what waits on ep after this one was routed while it prefilled.
 	s.mu.Lock()
 	s.settleAhead(nil, now, speed)
+	s.firstOf(&f, req.Whole)
 	s.mu.Unlock()
 	f.probe.sawQueue(s)
 	pa.learnTTFT(s, ep, f.ahead, ttft, now)

@@ -65,6 +65,7 @@ type prefixAware struct {
 	correct   bool // forget what the engine reports it no longer holds
 
 	fleet    speedFit    // all endpoints together
+	pooled   ttftRatio   // every endpoint's scraped TTFTs and the router's predictions (scrapedttft.go)
 	caps     capLearning // capacities learned where none is configured or scraped (capacity.go)
 	replicas paReplicas  // the other router replicas placing alongside this one (replicas.go)
 
@@ -113,10 +114,13 @@ type paState struct {
 	// due is when the head's first token is predicted, unix nanoseconds, while the head is an
 	// answer that comes whole (settle); 0 otherwise.
 	due atomic.Int64
+	// scraped is the engine's last scrape whose TTFTs the calibration read (readScrape).
+	scraped atomic.Pointer[endpoint.Snapshot]
 
-	mu    sync.Mutex  // guards queue, live, stream, align and base
-	queue []*paFlight // routed and not yet at first token, in routing order
-	live  []*paFlight // routed and not done, in routing order (shorterInFlight)
+	mu     sync.Mutex  // guards queue, live, stream, align, base and window
+	window ttftWindow  // first tokens since the last scrape read (scrapedttft.go)
+	queue  []*paFlight // routed and not yet at first token, in routing order
+	live   []*paFlight // routed and not done, in routing order (shorterInFlight)
 	// The queue as an engine with chunked prefill steps through it (stepTail): its uncached
 	// tokens as one stream since it was last empty, each request's ending at its end; steps of
 	// step tokens each from align on (a request routed while the tail's last step ran starts
@@ -264,6 +268,7 @@ func (s *paState) settled(g *paFlight) {
 	if g.first.CompareAndSwap(false, true) {
 		s.pending.Add(-g.work)
 		s.waiting.Add(-1)
+		s.firstOf(g, true)
 	}
 }
 
@@ -281,15 +286,9 @@ func (s *paState) shorterInFlight(tokens int) int64 {
 	return n
 }
 
-// dequeue takes f off the queue (its first token came, or it failed); if f was the head, the
-// next request becomes the head, starting now (its due time at speed: settle).
-func (s *paState) dequeue(f *paFlight, now int64, speed float64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.dequeueLocked(f, now, speed)
-}
-
-// dequeueLocked is dequeue with mu held.
+// dequeueLocked takes f off the queue (its first token came, or it failed); if f was the head,
+// the next request becomes the head, starting now (its due time at speed: settle). The caller
+// holds mu.
 func (s *paState) dequeueLocked(f *paFlight, now int64, speed float64) {
 	k := slices.Index(s.queue, f)
 	if k < 0 {
@@ -683,6 +682,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		}
 		states[i].joined.CompareAndSwap(0, now)
 		pa.sizeIndex(e, states[i], req.BlockTokens)
+		pa.readScrape(states[i], e, now)
 	}
 	total := 0
 	for _, e := range c {
@@ -903,6 +903,7 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 	s.mu.Lock()
 	s.settleAhead(f, now, speed)
 	s.dequeueLocked(f, now, speed)
+	s.firstOf(f, false)
 	s.mu.Unlock()
 	f.probe.sawQueue(s)
 	pa.learnTTFT(s, ep, f.ahead, ttft, now)
@@ -1083,7 +1084,12 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 		s.pending.Add(-f.work)
 		s.waiting.Add(-1)
 		now := pa.clock.Now().UnixNano()
-		s.dequeue(f, now, pa.speedOf(s, pa.fleet.get(), now))
+		s.mu.Lock()
+		s.dequeueLocked(f, now, pa.speedOf(s, pa.fleet.get(), now))
+		if res.OK {
+			s.firstOf(f, f.whole) // its first token came before its end
+		}
+		s.mu.Unlock()
 		if !res.OK {
 			// It failed before its first token: the engine most likely never computed it, so
 			// the blocks Routed added are not there.

@@ -22,20 +22,24 @@ const maxPooledPage = 1 << 20
 
 var pages = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// wanted is the set of family names Parse reads for one engine.
-type wanted map[string]struct{}
+// wanted is the set of family names Parse reads for one engine, each true where the family is
+// a histogram read for its sum and count only (its buckets are cut too).
+type wanted map[string]bool
 
 func (n names) wanted() wanted {
 	w := wanted{}
 	for _, list := range [][]string{n.running, n.waiting, n.kvUsage, n.queries, n.hits, n.prompted, n.generated, n.steps} {
 		for _, name := range list {
-			w[name] = struct{}{}
+			w[name] = false
 		}
 	}
 	for _, name := range []string{n.cacheInfo, n.capacityTokens} {
 		if name != "" {
-			w[name] = struct{}{}
+			w[name] = false
 		}
+	}
+	for _, name := range n.ttft {
+		w[name] = true
 	}
 	return w
 }
@@ -50,8 +54,8 @@ func (w wanted) has(name []byte) bool {
 	}
 	for _, s := range sampleSuffixes {
 		if base, ok := bytes.CutSuffix(name, []byte(s)); ok {
-			if _, ok := w[string(base)]; ok {
-				return true
+			if sumOnly, ok := w[string(base)]; ok {
+				return !sumOnly || s != "_bucket"
 			}
 		}
 	}

@@ -30,6 +30,8 @@ type names struct {
 	blockSizeLabel, blocksLabel string
 	// capacityTokens is a gauge of the KV capacity in tokens (used when cacheInfo is absent).
 	capacityTokens string
+	// ttft is a histogram of the engine's times to first token, read for its sum and count.
+	ttft []string
 }
 
 // namesFor returns the metric names of an engine kind.
@@ -47,6 +49,7 @@ func namesFor(engine string) (names, bool) {
 			tokensStepwise: true, // counted per engine step (its iteration stats)
 
 			cacheInfo: "vllm:cache_config_info", blockSizeLabel: "block_size", blocksLabel: "num_gpu_blocks",
+			ttft: []string{"vllm:time_to_first_token_seconds"},
 		},
 		"sglang": {
 			running: []string{"sglang:num_running_reqs"},
@@ -60,6 +63,7 @@ func namesFor(engine string) (names, bool) {
 
 			cacheInfo: "sglang:cache_config_info", blockSizeLabel: "page_size", blocksLabel: "num_pages",
 			capacityTokens: "sglang:max_total_num_tokens",
+			ttft:           []string{"sglang:time_to_first_token_seconds"},
 		},
 		"tgi": {
 			running: []string{"tgi_batch_current_size"},
@@ -148,6 +152,9 @@ func snapshotOf(n names, fams map[string]*dto.MetricFamily, at time.Time) *endpo
 		s.Work += v
 		s.Stepwise = true
 	}
+	if sum, count, ok := histogram(fams, n.ttft); ok {
+		s.TTFTSum, s.TTFTCount = sum, count
+	}
 	if n.cacheInfo != "" {
 		s.BlockSize, s.NumGPUBlocks = cacheInfo(fams[n.cacheInfo], n.blockSizeLabel, n.blocksLabel)
 	}
@@ -191,6 +198,31 @@ func sum(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// histogram adds the sums and counts of the first family of names that has a finite one.
+func histogram(fams map[string]*dto.MetricFamily, names []string) (sum, count float64, ok bool) {
+	for _, name := range names {
+		for _, m := range fams[name].GetMetric() {
+			h := m.GetHistogram()
+			if h == nil {
+				continue
+			}
+			c := float64(h.GetSampleCount())
+			if h.SampleCountFloat != nil {
+				c = h.GetSampleCountFloat()
+			}
+			if v := h.GetSampleSum(); finite(v) && finite(c) && c >= 0 {
+				sum += v
+				count += c
+				ok = true
+			}
+		}
+		if ok {
+			return sum, count, true
+		}
+	}
+	return 0, 0, false
 }
 
 // mean averages the finite values of the first family of names that has any.

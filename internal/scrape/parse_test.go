@@ -75,9 +75,9 @@ func TestParse_Values(t *testing.T) {
 	tests := map[string]endpoint.Snapshot{
 		// two data-parallel engines: load and counters summed, usage averaged, blocks summed
 		"vllm": {At: at, Running: 21, Waiting: 3, KVUsage: 0.5, BlockSize: 16, NumGPUBlocks: 57672,
-			PrefixQueries: 1572864, PrefixHits: 1048576, Work: 1.1e6, Stepwise: true},
+			PrefixQueries: 1572864, PrefixHits: 1048576, Work: 1.1e6, Stepwise: true, TTFTSum: 143.27, TTFTCount: 852},
 		"sglang": {At: at, Running: 37, Waiting: 5, KVUsage: 0.28, BlockSize: 1, NumGPUBlocks: 161721,
-			PrefixQueries: 8.128902e+06, PrefixHits: 5.2e+06, Work: 8.128902e+06 + 7.557572e+06},
+			PrefixQueries: 8.128902e+06, PrefixHits: 5.2e+06, Work: 8.128902e+06 + 7.557572e+06, TTFTSum: 3.4, TTFTCount: 20},
 		"tgi": {At: at, Running: 16, Waiting: 4},
 		// tokens, and decode calls: stepwise (its token counters alone are not)
 		"llamacpp": {At: at, Running: 2, Waiting: 1, KVUsage: 0.25, Work: 73512 + 10231 + 2741, Stepwise: true},
@@ -193,7 +193,7 @@ func FuzzParseFiltered(f *testing.F) {
 }
 
 // TestReadWanted_Cut checks what the cut keeps of a full vLLM page: the families Parse reads,
-// and nothing else.
+// and nothing else (of the TTFT histogram, its sum and count).
 func TestReadWanted_Cut(t *testing.T) {
 	in, err := os.ReadFile(filepath.Join("testdata", "vllm-full.txt"))
 	if err != nil {
@@ -215,9 +215,13 @@ func TestReadWanted_Cut(t *testing.T) {
 	}
 	slices.Sort(got)
 	want := []string{"vllm:cache_config_info", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-		"vllm:num_requests_waiting", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:prompt_tokens_total"}
+		"vllm:num_requests_waiting", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:prompt_tokens_total",
+		"vllm:time_to_first_token_seconds"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("families kept (-want +got):\n%s", diff)
+	}
+	if bytes.Contains(page.Bytes(), []byte("_bucket")) {
+		t.Errorf("the cut page keeps histogram buckets:\n%s", page)
 	}
 	if page.Len() > len(in)/10 {
 		t.Errorf("the cut page is %d of %d bytes; want under a tenth", page.Len(), len(in))
