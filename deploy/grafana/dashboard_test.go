@@ -61,7 +61,7 @@ const (
 func family(name string) string {
 	name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
 	name = strings.TrimSuffix(name, "_total")
-	for _, f := range []string{"seconds", "bytes", "tokens", "ratio"} {
+	for _, f := range []string{"tokens_per_second", "seconds", "bytes", "tokens", "ratio"} {
 		if strings.HasSuffix(name, "_"+f) {
 			return f
 		}
@@ -92,7 +92,7 @@ func unitFor(kind, family string) string {
 		return "s"
 	case kind == "ratio", kind == "rate" && family == "seconds", family == "ratio":
 		return "percentunit" // a share of tokens, of requests, of time
-	case kind == "rate" && family == "tokens":
+	case kind == "rate" && family == "tokens", kind == "gauge" && family == "tokens_per_second":
 		return unitTokensPerSec
 	case kind == "rate" && family == "bytes":
 		return "Bps"

@@ -476,6 +476,8 @@ var (
 		"1 while a stall watch has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s.", []string{"endpoint"}, nil)
 	descKV = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens",
 		"The endpoint's KV-cache capacity in tokens (scraped cache_config_info, else configured; 0 unknown).", []string{"endpoint"}, nil)
+	descPrefillRate = prometheus.NewDesc("kvroute_endpoint_prefill_rate_tokens_per_second",
+		"The endpoint's prefill rate as the policy has calibrated it, in the router's tokens per second (prefix-aware: from the first tokens it sees, and where answers come whole from the engines' scraped TTFT histograms); absent with a policy that has none.", []string{"endpoint"}, nil)
 	descPredictedTTFT = prometheus.NewDesc("kvroute_endpoint_predicted_ttft_seconds",
 		"Prefill work the router has queued on the endpoint over its calibrated prefill rate: the least time to first token a new request there would wait.", []string{"endpoint"}, nil)
 	descEjected = prometheus.NewDesc("kvroute_endpoint_ejected",
@@ -502,7 +504,7 @@ var (
 type stateCollector Metrics
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descLastAnswer, descStalled, descKV, descPredictedTTFT,
+	for _, d := range []*prometheus.Desc{descInFlight, descPending, descHealthy, descAge, descLastAnswer, descStalled, descKV, descPrefillRate, descPredictedTTFT,
 		descEjected, descEjectedSeconds, descEngineRunning, descEngineWaiting, descEngineKVUsage, descEngineQueries,
 		descEngineHits, descEntries, descBytes, descLearnedKV} {
 		ch <- d
@@ -535,6 +537,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			if rate != nil {
 				if r := rate(e); r > 0 {
+					gauge(descPrefillRate, r, e.Name)
 					gauge(descPredictedTTFT, float64(e.PendingPrefill())/r, e.Name)
 				}
 			}

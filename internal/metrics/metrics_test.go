@@ -84,6 +84,9 @@ kvroute_endpoint_last_answer_age_seconds{endpoint="http://127.0.0.1:1"} 0.5
 # TYPE kvroute_endpoint_stalled gauge
 kvroute_endpoint_stalled{endpoint="http://127.0.0.1:1"} 0
 kvroute_endpoint_stalled{endpoint="http://127.0.0.1:2"} 1
+# HELP kvroute_endpoint_prefill_rate_tokens_per_second The endpoint's prefill rate as the policy has calibrated it, in the router's tokens per second (prefix-aware: from the first tokens it sees, and where answers come whole from the engines' scraped TTFT histograms); absent with a policy that has none.
+# TYPE kvroute_endpoint_prefill_rate_tokens_per_second gauge
+kvroute_endpoint_prefill_rate_tokens_per_second{endpoint="http://127.0.0.1:1"} 5
 # HELP kvroute_endpoint_predicted_ttft_seconds Prefill work the router has queued on the endpoint over its calibrated prefill rate: the least time to first token a new request there would wait.
 # TYPE kvroute_endpoint_predicted_ttft_seconds gauge
 kvroute_endpoint_predicted_ttft_seconds{endpoint="http://127.0.0.1:1"} 2
@@ -105,7 +108,7 @@ kvroute_index_entries 3
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"kvroute_endpoint_healthy", "kvroute_endpoint_in_flight_requests", "kvroute_endpoint_snapshot_age_seconds",
-		"kvroute_endpoint_last_answer_age_seconds", "kvroute_endpoint_stalled", "kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
+		"kvroute_endpoint_last_answer_age_seconds", "kvroute_endpoint_stalled", "kvroute_endpoint_prefill_rate_tokens_per_second", "kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_engine_waiting_requests",
 		"kvroute_endpoint_engine_kv_usage_ratio", "kvroute_endpoint_engine_prefix_cache_hit_tokens_total",
 		"kvroute_endpoint_learned_kv_capacity_tokens", "kvroute_index_entries"); err != nil {
 		t.Error(err)
@@ -454,7 +457,7 @@ func TestNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"kvroute_requests_total", "kvroute_ttft_seconds", "kvroute_pick_duration_seconds",
-		"kvroute_endpoint_ejected_seconds_total", "kvroute_endpoint_predicted_ttft_seconds",
+		"kvroute_endpoint_ejected_seconds_total", "kvroute_endpoint_predicted_ttft_seconds", "kvroute_endpoint_prefill_rate_tokens_per_second",
 		"kvroute_endpoint_engine_prefix_cache_hit_tokens_total", "kvroute_index_bytes", "kvroute_discovery_endpoints",
 		"kvroute_tenant_queue_wait_seconds", "kvroute_model_load", "kvroute_endpoint_cache_value_tokens"} {
 		if !slices.Contains(names, want) {
