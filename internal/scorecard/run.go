@@ -96,6 +96,9 @@ type Score struct {
 	MeanRatio float64 `json:"ttft_mean_ratio"`
 	P50Ratio  float64 `json:"ttft_p50_ratio"`
 	P99Ratio  float64 `json:"ttft_p99_ratio"`
+	// E2E is its whole time, arrival to last token: what a client that does not stream waits
+	// for (no target reads it).
+	E2E report.Latency `json:"e2e_ms"`
 	// Imbalance is max / mean of the instances' busy fractions, each over the time the
 	// instance was part of the fleet.
 	Imbalance   float64 `json:"imbalance"`
@@ -360,7 +363,7 @@ func (c *cellRun) run(ctx context.Context, src *sources, k int, p experiment.Pol
 	}
 	r := report.Summarize(p.Label, res.Records, res.Busy)
 	c.Scores[k] = Score{
-		Policy: p.Label, HitRate: r.HitRate, TTFT: r.TTFT, Completed: r.Completed, Failed: r.Failed,
+		Policy: p.Label, HitRate: r.HitRate, TTFT: r.TTFT, E2E: r.E2E, Completed: r.Completed, Failed: r.Failed,
 		Imbalance:   imbalance(res, c.fleet.config.Changes),
 		WallSeconds: time.Since(start).Seconds(),
 	}

@@ -77,6 +77,9 @@ func TestRunCellsAndScores(t *testing.T) {
 			if want := s.HitRate / c.Bounds.PooledLRUHitRate; math.Abs(s.HitOfBound-want) > 1e-12 {
 				t.Errorf("%s %s: hit of bound %v, want %v", c.Scenario, s.Policy, s.HitOfBound, want)
 			}
+			if s.E2E.Mean <= s.TTFT.Mean || s.E2E.P99 < s.TTFT.P99 {
+				t.Errorf("%s %s: whole time %+v, TTFT %+v; want the whole time longer", c.Scenario, s.Policy, s.E2E, s.TTFT)
+			}
 		}
 	}
 	want := []string{"small shared", "small shared", "small scale-up", "small scale-up", "small trace", "small trace"}
