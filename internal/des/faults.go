@@ -19,7 +19,8 @@ import (
 // drawing requests.
 
 // The live router's defaults (limits.first_token_timeout, limits.stream_idle_timeout,
-// health.passive_failures), which the simulator takes when Config leaves them at zero.
+// health.passive_failures), which the simulator takes when Config leaves them at zero
+// (experiment's TestFaultDefaultsAreLive checks each against the router's).
 const (
 	DefaultFirstTokenTimeout = 2 * time.Minute
 	// DefaultStallTimeout is limits.stall_timeout's default.

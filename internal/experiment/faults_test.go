@@ -26,6 +26,7 @@ func TestFaultDefaultsAreLive(t *testing.T) {
 		{"first_token_timeout", des.DefaultFirstTokenTimeout, cfg.Limits.FirstTokenTimeout.D()},
 		{"stall_timeout", des.DefaultStallTimeout, cfg.Limits.StallTimeout.D()},
 		{"stream_idle_timeout", des.DefaultStreamIdleTimeout, cfg.Limits.StreamIdleTimeout.D()},
+		{"response_timeout", des.ResponseTimeout, cfg.Limits.ResponseTimeout.D()},
 		{"passive_failures", des.DefaultPassiveFailures, cfg.Health.PassiveFailures},
 		{"ejection_time", route.DefaultBaseEjection, cfg.Health.EjectionTime.D()},
 		{"max_ejection_time", route.DefaultMaxEjection, cfg.Health.MaxEjectionTime.D()},

@@ -393,10 +393,11 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 		return rec
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
+	accept := "text/event-stream"
 	if it.Whole {
-		req.Header.Set("Accept", "application/json")
+		accept = "application/json"
 	}
+	req.Header.Set("Accept", accept)
 	if r.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+r.cfg.APIKey)
 	}

@@ -87,8 +87,8 @@ func (pa *prefixAware) probe(req *Request, ep *endpoint.Endpoint, s *paState, f 
 	}
 	f.probe.depth = pa.index.Depth(ep.ID, stamp, pa.fallbackCap)
 	speed := pa.speedOf(s, pa.fleet.get(), now)
-	f.probe.warm = (overhead + float64(f.work)/prefillRate) * speed
-	f.probe.cold = (overhead + float64(pa.work(req, 0))/prefillRate) * speed
+	f.probe.warm = priorTTFT(f.work) * speed
+	f.probe.cold = priorTTFT(pa.work(req, 0)) * speed
 	// Prefill queued ahead of it makes its TTFT say little; so does one routed after it while
 	// it prefills (sawQueue). A concurrent decode slows it less than the margins allow for.
 	f.probe.busy.Store(f.ahead > f.work)

@@ -227,8 +227,12 @@ func (s *paState) dueHead(speed float64) {
 // headEnds is when the head's prefill ends by the queue model at speed (queued counts its
 // progress alike), unix nanoseconds. The caller holds mu; the queue is not empty.
 func (s *paState) headEnds(speed float64) int64 {
-	return s.headSince.Load() + int64((overhead+float64(s.queue[0].work)/prefillRate)*speed*1e9)
+	return s.headSince.Load() + int64(priorTTFT(s.queue[0].work)*speed*1e9)
 }
+
+// priorTTFT is the prior model's TTFT, in seconds, of a request with work queued ahead of it
+// and its own: what every calibration divides by.
+func priorTTFT(work int64) float64 { return overhead + float64(work)/prefillRate }
 
 // settle takes off s's queue the answers that come whole (not streamed) whose first token is
 // due by now: the router never sees it, so it is taken to come when the queue model, at speed,
@@ -920,7 +924,7 @@ func (pa *prefixAware) learnTTFT(s *paState, ep *endpoint.Endpoint, ahead int64,
 	if !pa.learn || ttft <= 0 || ep.StalledDuring(now-int64(ttft), now) {
 		return
 	}
-	predicted := overhead + float64(ahead)/prefillRate
+	predicted := priorTTFT(ahead)
 	s.speed.add(predicted, ttft.Seconds(), learnWeight, now, pa.affTau, pa.fleet.get())
 	pa.fleet.add(predicted, ttft.Seconds(), learnWeight/4, now, 0, 0)
 }
@@ -1140,7 +1144,7 @@ func (pa *prefixAware) PredictTTFT(req *Request, ep *endpoint.Endpoint) time.Dur
 		return 0 // (uncalibrated, the prior may be far too fast for this fleet: no prediction)
 	}
 	speed := pa.speedOf(pa.state(ep.ID), pa.fleet.get(), pa.clock.Now().UnixNano())
-	return time.Duration((overhead + float64(f.ahead)/prefillRate) * speed * float64(time.Second))
+	return time.Duration(priorTTFT(f.ahead) * speed * float64(time.Second))
 }
 
 // SetCacheBlind ranks ep as if it held nothing of any prompt while blind (policy.CacheBlind):

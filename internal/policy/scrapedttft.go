@@ -53,7 +53,7 @@ func (r *ttftRatio) add(esum, en, rsum, rn, weight float64) (observed, predicted
 // firstOf counts f's first token in the window: it came (streamed) or was settled or ended
 // (whole). The caller holds s.mu.
 func (s *paState) firstOf(f *paFlight, whole bool) {
-	s.window.predicted += overhead + float64(f.ahead)/prefillRate
+	s.window.predicted += priorTTFT(f.ahead)
 	s.window.n++
 	if whole {
 		s.window.whole++
