@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/testcert"
 	"github.com/kvroute/kvroute/internal/testkube"
 )
@@ -68,6 +70,14 @@ func TestRouterPeers(t *testing.T) {
 	})
 	if st := b.peers.share.Stats(); st.Applied != 2 || st.Remote != 0 {
 		t.Errorf("b applied %d events, %d remote in flight", st.Applied, st.Remote)
+	}
+	// A stall found at a, silent since after the last answer b heard of (a's request's end),
+	// crosses the wire: b marks the engine stalled too (route's TestShareStalls checks the rest).
+	time.Sleep(50 * time.Millisecond)
+	a.peers.node.Publish(&route.Event{Kind: route.EventStalled, Endpoint: b.Endpoints()[0].Name, Silent: 10 * time.Millisecond})
+	waitUntil(t, "b marking the engine stalled", func() bool { return b.Endpoints()[0].StalledSince != nil })
+	if st := b.peers.share.Stats(); st.Applied != 3 {
+		t.Errorf("b applied %d events, want 3", st.Applied)
 	}
 	code, out := get(t, admin, "/debug/peers")
 	var st struct {

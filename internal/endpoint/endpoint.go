@@ -290,11 +290,36 @@ func (e *Endpoint) Progressed(now int64) {
 
 // Stalled records that a stall watch found the engine stalled at now (route.StallWatch.Due):
 // silent since from (unix nanoseconds, its last answer), holding a request. The stall lasts
-// until the engine answers again (Progressed).
-func (e *Endpoint) Stalled(from, now int64) {
+// until the engine answers again (Progressed). It reports whether this opened the stall (false:
+// one was open already).
+func (e *Endpoint) Stalled(from, now int64) bool {
 	if e.stallOpen.CompareAndSwap(0, max(from, 1)) {
 		e.stallProbe.Store(now)
+		return true
 	}
+	return false
+}
+
+// PeerStalled records what a peer replica told of the engine at now (unix nanoseconds, this
+// router's clock): its stall watch found the engine stalled, or it let a probe through to the
+// stalled engine (Stalling), the engine silent since from. Unless this router heard the engine
+// answer after from (itself or from another peer), the engine is stalled here too, as by
+// Stalled, and its next probe here comes a whole probe interval after now: the peer's probe
+// finds out for the fleet, and the replicas together send a stalled engine one probe per
+// interval rather than one each. It reports whether it applied.
+func (e *Endpoint) PeerStalled(from, now int64) bool {
+	from = max(from, 1)
+	if e.progress.Load() > from {
+		return false
+	}
+	e.stallOpen.CompareAndSwap(0, from)
+	e.stallProbe.Store(now)
+	if e.progress.Load() > from {
+		// It answered meanwhile, and Progressed may have looked before the stall opened.
+		e.stallOpen.CompareAndSwap(from, 0)
+		return false
+	}
+	return true
 }
 
 // StalledSince is when the engine last answered before a stall watch found it stalled, unix
@@ -302,16 +327,19 @@ func (e *Endpoint) Stalled(from, now int64) {
 func (e *Endpoint) StalledSince() int64 { return e.stallOpen.Load() }
 
 // Stalling reports whether, at now, requests should go to the engine only when no other can
-// take them: a stall watch found it stalled and it has not answered since. Once every probe
-// (unix nanoseconds) it reports false to one caller, whose request may then find out that the
-// engine works again (an engine that recovers with nothing left to answer would otherwise
-// never be tried).
-func (e *Endpoint) Stalling(now, probe int64) bool {
+// take them: a stall watch (this router's or a peer's: PeerStalled) found it stalled and it has
+// not answered since. Once every probe (nanoseconds) it reports false to one caller, with
+// probing true, whose request may then find out that the engine works again (an engine that
+// recovers with nothing left to answer would otherwise never be tried).
+func (e *Endpoint) Stalling(now, probe int64) (stalling, probing bool) {
 	if e.stallOpen.Load() == 0 {
-		return false
+		return false, false
 	}
 	last := e.stallProbe.Load()
-	return now-last < probe || !e.stallProbe.CompareAndSwap(last, now)
+	if now-last < probe || !e.stallProbe.CompareAndSwap(last, now) {
+		return true, false
+	}
+	return false, true
 }
 
 // StalledDuring reports whether [from, to] (unix nanoseconds) overlaps the engine's last stall,

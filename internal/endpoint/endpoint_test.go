@@ -87,7 +87,7 @@ func TestStalling(t *testing.T) {
 	at := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
 	s := time.Second
 	probe := int64(30 * s)
-	if e.Stalling(at(0), probe) {
+	if st, pr := e.Stalling(at(0), probe); st || pr {
 		t.Fatal("never stalled, yet Stalling")
 	}
 	e.Progressed(at(0))
@@ -104,16 +104,66 @@ func TestStalling(t *testing.T) {
 		{70 * s, false}, // the next probe
 		{71 * s, true},
 	} {
-		if got := e.Stalling(at(c.now), probe); got != c.want {
-			t.Errorf("Stalling at t0+%v = %v, want %v", c.now, got, c.want)
+		got, probing := e.Stalling(at(c.now), probe)
+		if got != c.want || probing == c.want {
+			t.Errorf("Stalling at t0+%v = %v, %v, want %v, %v", c.now, got, probing, c.want, !c.want)
 		}
 	}
 	e.Progressed(at(75 * s))
-	if e.Stalling(at(76*s), probe) {
+	if st, pr := e.Stalling(at(76*s), probe); st || pr {
 		t.Error("stalling after it answered again")
 	}
 	e.Stalled(at(75*s), at(90*s)) // a new stall: its first probe 30 s after it was found
-	if !e.Stalling(at(110*s), probe) || e.Stalling(at(120*s), probe) {
+	if st, _ := e.Stalling(at(110*s), probe); !st {
 		t.Error("a second stall's probes are not counted from its finding")
+	}
+	if _, pr := e.Stalling(at(120*s), probe); !pr {
+		t.Error("a second stall's probes are not counted from its finding")
+	}
+}
+
+// A peer's finding stalls the engine here unless it answered here since; a peer's probe holds
+// this router's next one for an interval.
+func TestPeerStalled(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	at := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
+	s := time.Second
+	probe := int64(30 * s)
+
+	e := &Endpoint{}
+	e.Progressed(at(0))
+	if !e.PeerStalled(at(0), at(10*s)) || e.StalledSince() != at(0) {
+		t.Fatalf("a peer's finding not applied: stalled since %d", e.StalledSince())
+	}
+	if st, _ := e.Stalling(at(20*s), probe); !st {
+		t.Error("not stalling after a peer found it stalled")
+	}
+	if !e.StalledDuring(at(5*s), at(12*s)) {
+		t.Error("a wait through the peer's stall not seen as one")
+	}
+	// A peer's probe at 35 s: no probe here until 65 s.
+	if !e.PeerStalled(at(0), at(35*s)) {
+		t.Error("a peer's probe not applied")
+	}
+	if _, pr := e.Stalling(at(40*s), probe); pr {
+		t.Error("probing here 5 s after a peer's probe")
+	}
+	if _, pr := e.Stalling(at(65*s), probe); !pr {
+		t.Error("no probe here an interval after the peer's")
+	}
+	// It answers: the stall ends, and an older finding (a peer that has not heard yet) does
+	// not open it again.
+	e.Progressed(at(66 * s))
+	if e.PeerStalled(at(0), at(67*s)) || e.StalledSince() != 0 {
+		t.Error("a peer's stale finding stalled an engine that answered since")
+	}
+	if st, _ := e.Stalling(at(68*s), probe); st {
+		t.Error("stalling after it answered")
+	}
+
+	// An engine this router never heard from: the peer's silence stands.
+	f := &Endpoint{}
+	if !f.PeerStalled(at(-10*s), at(0)) || f.StalledSince() != at(-10*s) {
+		t.Errorf("a peer's finding on an engine never heard from: stalled since %d", f.StalledSince())
 	}
 }

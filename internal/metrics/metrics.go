@@ -473,7 +473,7 @@ var (
 	descLastAnswer = prometheus.NewDesc("kvroute_endpoint_last_answer_age_seconds",
 		"Time since the engine last answered anything: a first token, a stream's event or a complete answer (seen by this router or a peer replica), or more work in its scraped token counters. Absent until it has; with requests in flight, a growing value is a stalled engine (limits.stall_timeout).", []string{"endpoint"}, nil)
 	descStalled = prometheus.NewDesc("kvroute_endpoint_stalled",
-		"1 while a stall watch has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s.", []string{"endpoint"}, nil)
+		"1 while a stall watch, this router's or a peer replica's, has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s (one for all replicas that share their events).", []string{"endpoint"}, nil)
 	descKV = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens",
 		"The endpoint's KV-cache capacity in tokens (scraped cache_config_info, else configured; 0 unknown).", []string{"endpoint"}, nil)
 	descPrefillRate = prometheus.NewDesc("kvroute_endpoint_prefill_rate_tokens_per_second",

@@ -80,7 +80,7 @@ kvroute_endpoint_snapshot_age_seconds{endpoint="http://127.0.0.1:1"} 2
 # HELP kvroute_endpoint_last_answer_age_seconds Time since the engine last answered anything: a first token, a stream's event or a complete answer (seen by this router or a peer replica), or more work in its scraped token counters. Absent until it has; with requests in flight, a growing value is a stalled engine (limits.stall_timeout).
 # TYPE kvroute_endpoint_last_answer_age_seconds gauge
 kvroute_endpoint_last_answer_age_seconds{endpoint="http://127.0.0.1:1"} 0.5
-# HELP kvroute_endpoint_stalled 1 while a stall watch has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s.
+# HELP kvroute_endpoint_stalled 1 while a stall watch, this router's or a peer replica's, has found the engine stalled (it held a stream without its first token for limits.stall_timeout or longer, and answered nothing at all meanwhile) and it has not answered since, else 0: it goes after the other endpoints, but for a request every 30 s (one for all replicas that share their events).
 # TYPE kvroute_endpoint_stalled gauge
 kvroute_endpoint_stalled{endpoint="http://127.0.0.1:1"} 0
 kvroute_endpoint_stalled{endpoint="http://127.0.0.1:2"} 1

@@ -49,14 +49,16 @@ import (
 //	first token  [2, origin, id, ttft_ns]
 //	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns, predicted_cached]
 //	removed      [4, origin, endpoint]
+//	stalled      [5, origin, endpoint, silent_ns]
 
 // Protocol versions. A replica refuses messages of another major version.
 // Major 2: routed events refer to the blocks of earlier ones (back, shared). Minor 1: routed
 // events end with whole (the answer comes whole, not streamed), false when a sender of minor 0
-// leaves it out.
+// leaves it out. Minor 2: stalled events (a replica of minor 1 skips them, as any kind it does
+// not know).
 const (
 	Major = 2
-	Minor = 1
+	Minor = 2
 )
 
 // Message kinds.
@@ -288,6 +290,9 @@ func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error)
 			int64(ev.TTFT), int64(ev.Duration), int64(ev.Predicted))
 	case route.EventRemoved:
 		b = msgp.AppendString(b, ev.Endpoint)
+	case route.EventStalled:
+		b = msgp.AppendString(b, ev.Endpoint)
+		b = appendInt(b, int64(ev.Silent))
 	}
 	return b, nil
 }
@@ -322,6 +327,8 @@ func eventFields(kind uint64) int {
 		return 10
 	case route.EventRemoved:
 		return 3
+	case route.EventStalled:
+		return 4
 	}
 	return 0
 }
@@ -407,6 +414,8 @@ func (d *decoder) event(b []byte, ev *route.Event) (known bool, rest []byte, err
 		ev.Predicted = r.count()
 	case route.EventRemoved:
 		ev.Endpoint = d.intern(r.str())
+	case route.EventStalled:
+		ev.Endpoint, ev.Silent = d.intern(r.str()), time.Duration(r.int())
 	}
 	if r.err != nil {
 		return false, nil, fmt.Errorf("%w: %s event: %v", errMalformed, ev.Kind, r.err)

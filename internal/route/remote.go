@@ -21,9 +21,12 @@ const (
 	EventDone
 	// EventRemoved: an endpoint left the pool.
 	EventRemoved
+	// EventStalled: the origin's stall watch found an endpoint's engine stalled, or the origin
+	// let a probe through to it while stalled (endpoint.Stalling).
+	EventStalled
 )
 
-var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed"}
+var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed", EventStalled: "stalled"}
 
 // String returns the kind's name.
 func (k EventKind) String() string {
@@ -46,8 +49,11 @@ type Event struct {
 	// ID names the attempt within its origin (never reused there).
 	ID uint64
 	// Endpoint is the endpoint's name (its base URL): IDs differ between replicas, names do
-	// not. Routed and Removed only.
+	// not. Routed, Removed and Stalled only.
 	Endpoint string
+	// Stalled: how long the engine had been silent (nothing heard from it, by the origin)
+	// when the event happened. A duration, not a time: replicas' clocks differ.
+	Silent time.Duration
 
 	// Routed: the request as the policy saw it.
 	Model, Tenant, SessionKey            string
@@ -370,10 +376,20 @@ func (s *Share) removed(ep *endpoint.Endpoint) {
 	s.publish(Event{Kind: EventRemoved, Endpoint: ep.Name})
 }
 
+// stalled tells the other replicas that ep's engine is stalled, silent since from, at now
+// (unix nanoseconds): a stall watch here found it, or a probe goes to it (endpoint.PeerStalled).
+func (s *Share) stalled(ep *endpoint.Endpoint, from, now int64) {
+	if s == nil || s.cfg.Out == nil || from <= 0 {
+		return
+	}
+	s.publish(Event{Kind: EventStalled, Endpoint: ep.Name, Silent: time.Duration(max(now-from, 0))})
+}
+
 // Apply replays an event of another replica (ev.Origin) on this lifecycle: Routed starts a
 // remote attempt (the endpoint's in-flight and pending-prefill counts, the policy's Routed with
-// the rebuilt request), FirstToken and Done continue it as the origin's did, and Removed tells
-// the policy that the endpoint left (another replica saw it go first). It keeps ev.Blocks. It
+// the rebuilt request), FirstToken and Done continue it as the origin's did, Removed tells
+// the policy that the endpoint left (another replica saw it go first), and Stalled marks the
+// endpoint stalled as the origin found it (endpoint.PeerStalled). It keeps ev.Blocks. It
 // never blocks on anything but the Share's lock, and reports why it dropped the event, if it
 // did.
 func (lc *Lifecycle) Apply(ev *Event) Drop {
@@ -455,13 +471,23 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 			lc.observer.Removed(ep)
 		}
 		return DropNone
+	case EventStalled:
+		ep := s.endpoint(ev.Endpoint)
+		if ep == nil {
+			return DropUnknownEndpoint
+		}
+		// Not applied when this replica heard the engine since: it is the origin that has not
+		// (yet), and the engine works.
+		at := now.UnixNano()
+		ep.PeerStalled(at-int64(ev.Silent), at)
+		return DropNone
 	}
 	return DropInvalid
 }
 
-// malformed reports whether ev names no origin or carries a negative count.
+// malformed reports whether ev names no origin or carries a negative count or duration.
 func malformed(ev *Event) bool {
-	return ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0
+	return ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 || ev.Silent < 0
 }
 
 // unplaceable reports whether a Routed ev names no endpoint, or blocks without their size.

@@ -32,6 +32,12 @@ type replica struct {
 
 func newReplica(t *testing.T, self uint64, p policy.Picker, clk *stepClock, cfg ShareConfig, names ...string) *replica {
 	t.Helper()
+	return newReplicaOf(t, self, Config{Picker: p, Clock: clk}, clk, cfg, names...)
+}
+
+// newReplicaOf is newReplica with the lifecycle's configuration, lcfg, its Share set here.
+func newReplicaOf(t *testing.T, self uint64, lcfg Config, clk *stepClock, cfg ShareConfig, names ...string) *replica {
+	t.Helper()
 	r := &replica{eps: pool(t, names...), out: &recorder{}}
 	cfg.Self, cfg.Out, cfg.Clock = self, r.out, clk
 	cfg.Endpoint = func(name string) *endpoint.Endpoint {
@@ -43,7 +49,8 @@ func newReplica(t *testing.T, self uint64, p policy.Picker, clk *stepClock, cfg 
 		return nil
 	}
 	r.share = NewShare(cfg)
-	lc, err := New(Config{Picker: p, Clock: clk, Share: r.share})
+	lcfg.Share = r.share
+	lc, err := New(lcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,6 +422,124 @@ func TestShareRemoved(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"removed y"}, s.log); diff != "" {
 		t.Errorf("b's policy heard (-want +got):\n%s", diff)
+	}
+}
+
+// TestShareStalls: a stall one replica's watch finds is a stall at the others (the engine
+// goes after the others there, with no watch of theirs fired); a probe one replica lets
+// through holds the others' probes for an interval, so that the replicas together send one
+// probe per interval; an answer one of them hears ends it at all; a finding older than an
+// answer heard here is not applied.
+func TestShareStalls(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	t0 := clk.t
+	mk := func(self uint64) *replica {
+		return newReplicaOf(t, self, Config{Picker: predicting{&script{order: []string{"a", "b"}}, 100 * time.Millisecond},
+			Clock: clk, Attempts: 2, StallTimeout: time.Second,
+			Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)}, clk, ShareConfig{}, "a", "b")
+	}
+	a, b := mk(1), mk(2)
+	first := func(r *replica) (*Call, string) {
+		t.Helper()
+		c, err := r.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, r.eps, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, c.Next().Name
+	}
+	at := func(d time.Duration) { clk.t = t0.Add(d) }
+	kinds := func(r *replica) []string {
+		var out []string
+		for _, e := range r.out.evs {
+			out = append(out, e.Kind.String())
+		}
+		return out
+	}
+
+	// a sends a request to engine a, which holds it and answers nothing: a's watch (2 s: 20 x
+	// 100 ms) finds it stalled, and a tells b, 2 s silent.
+	held, ep := first(a)
+	if ep != "a" {
+		t.Fatalf("first pick %s, want a", ep)
+	}
+	if stalled, _ := held.Stall().Due(t0.Add(2 * time.Second).UnixNano()); !stalled {
+		t.Fatal("not stalled after 2 s of silence")
+	}
+	if diff := cmp.Diff([]string{"routed", "stalled"}, kinds(a)); diff != "" {
+		t.Fatalf("a published (-want +got):\n%s", diff)
+	}
+	if got := a.out.evs[1]; got.Endpoint != "a" || got.Silent != 2*time.Second {
+		t.Errorf("stalled event %+v, want engine a, silent 2s", got)
+	}
+	at(2 * time.Second)
+	if d := a.deliver(b); !cmp.Equal(d, []Drop{DropNone, DropNone}) {
+		t.Fatalf("delivered: %v", d)
+	}
+	if got := b.eps[0].StalledSince(); got != t0.UnixNano() {
+		t.Errorf("b: engine a stalled since %d, want %d (a's last answer from it: none, so the attempt's start)", got, t0.UnixNano())
+	}
+	c, ep := first(b)
+	if ep != "b" {
+		t.Errorf("b ranked %s first, want b: a is stalled", ep)
+	}
+	c.Finish(Outcome{OK: true})
+	b.out.evs = nil
+
+	// 32 s: a's probe interval is over: a lets a request through to engine a and tells b,
+	// which holds its own probe (due at 32 s too) for an interval.
+	at(32 * time.Second)
+	probe, ep := first(a)
+	if ep != "a" {
+		t.Fatalf("a's probe went to %s, want a", ep)
+	}
+	if diff := cmp.Diff([]string{"stalled", "routed"}, kinds(a)); diff != "" {
+		t.Fatalf("a published (-want +got):\n%s", diff)
+	}
+	if got := a.out.evs[0].Silent; got != 32*time.Second {
+		t.Errorf("probe's stalled event: silent %v, want 32s", got)
+	}
+	a.deliver(b)
+	for _, d := range []time.Duration{33 * time.Second, 61 * time.Second} {
+		at(d)
+		if c, ep := first(b); ep != "b" {
+			t.Errorf("b at %v ranked %s first: a probe within an interval of a's", d, ep)
+		} else {
+			c.Finish(Outcome{OK: true})
+		}
+	}
+	at(63 * time.Second)
+	c, ep = first(b)
+	if ep != "a" {
+		t.Errorf("b at 63 s ranked %s first, want its own probe of a, an interval after a's", ep)
+	}
+	c.Finish(Outcome{})
+	b.out.evs = nil
+
+	// The engine answers a's probe: b hears of it from a and the stall ends there too; a
+	// finding a peer sends after that, from before it, is not applied.
+	at(64 * time.Second)
+	probe.FirstToken()
+	probe.Finish(Outcome{OK: true})
+	held.Finish(Outcome{OK: true})
+	if b.eps[0].StalledSince() == 0 {
+		t.Fatal("b: the stall ended before it heard of the answer")
+	}
+	a.deliver(b)
+	if b.eps[0].StalledSince() != 0 || a.eps[0].StalledSince() != 0 {
+		t.Errorf("stalled after an answer: a %d, b %d", a.eps[0].StalledSince(), b.eps[0].StalledSince())
+	}
+	at(65 * time.Second)
+	stale := Event{Kind: EventStalled, Origin: 1, Endpoint: "a", Silent: 10 * time.Second}
+	if d := b.lc.Apply(&stale); d != DropNone || b.eps[0].StalledSince() != 0 {
+		t.Errorf("a finding from before the answer b heard: %v, stalled since %d", d, b.eps[0].StalledSince())
+	}
+	for _, ev := range []Event{
+		{Kind: EventStalled, Origin: 1, Endpoint: "z", Silent: time.Second},
+		{Kind: EventStalled, Origin: 1, Endpoint: "a", Silent: -time.Second},
+	} {
+		if d := b.lc.Apply(&ev); d == DropNone {
+			t.Errorf("%+v applied", ev)
+		}
 	}
 }
 

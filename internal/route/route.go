@@ -348,7 +348,12 @@ func (lc *Lifecycle) admitted(candidates []*endpoint.Endpoint, now time.Time) []
 func (lc *Lifecycle) backoffLast(ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
 	var out, after []*endpoint.Endpoint
 	for i, e := range ranked {
-		if e.Stalling(now.UnixNano(), int64(stallProbeEvery)) || lc.health.BackedOff(e, now) {
+		stalling, probing := e.Stalling(now.UnixNano(), int64(stallProbeEvery))
+		if probing {
+			// The other replicas hold their probes for an interval: this one finds out.
+			lc.share.stalled(e, e.StalledSince(), now.UnixNano())
+		}
+		if stalling || lc.health.BackedOff(e, now) {
 			if out == nil {
 				out = append(make([]*endpoint.Endpoint, 0, len(ranked)), ranked[:i]...)
 			}
@@ -596,6 +601,7 @@ func (c *Call) Finish(o Outcome) {
 // are safe to call from any goroutine (a timer's).
 type StallWatch struct {
 	ep    *endpoint.Endpoint
+	share *Share        // told of a stall found (nil: none)
 	sent  int64         // unix nanoseconds (the lifecycle's clock) the attempt was sent
 	after time.Duration // 0: not watched
 }
@@ -634,7 +640,9 @@ func (w StallWatch) due(now int64, scraped bool) (stalled bool, wait time.Durati
 	if last == 0 {
 		last = w.sent
 	}
-	w.ep.Stalled(last, now)
+	if w.ep.Stalled(last, now) {
+		w.share.stalled(w.ep, last, now)
+	}
 	return true, 0
 }
 
@@ -660,7 +668,7 @@ func (c *Call) watchStall(ep *endpoint.Endpoint) {
 		return
 	}
 	if p := c.lc.ttfts.PredictTTFT(c.Req, ep); p > 0 {
-		c.stall = StallWatch{ep: ep, sent: now.UnixNano(), after: max(c.lc.stall, time.Duration(policy.MaxSlowdown*float64(p)))}
+		c.stall = StallWatch{ep: ep, share: c.lc.share, sent: now.UnixNano(), after: max(c.lc.stall, time.Duration(policy.MaxSlowdown*float64(p)))}
 	}
 }
 
