@@ -304,16 +304,18 @@ func (e *Endpoint) Stalled(from, now int64) bool {
 // router's clock): its stall watch found the engine stalled, or it let a probe through to the
 // stalled engine (Stalling), the engine silent since from. Unless this router heard the engine
 // answer after from (itself or from another peer), the engine is stalled here too, as by
-// Stalled, and its next probe here comes a whole probe interval after now: the peer's probe
-// finds out for the fleet, and the replicas together send a stalled engine one probe per
-// interval rather than one each. It reports whether it applied.
-func (e *Endpoint) PeerStalled(from, now int64) bool {
+// Stalled, and its next probe here comes a probe interval after now + hold: the peer's probe
+// finds out for the fleet, and with hold longer than the peers' events take to arrive, the
+// peer's next probe reaches this router before its own is due, so that the replicas together
+// send a stalled engine one probe per interval rather than one each, however many requests
+// arrive at the moment the interval ends. It reports whether it applied.
+func (e *Endpoint) PeerStalled(from, now, hold int64) bool {
 	from = max(from, 1)
 	if e.progress.Load() > from {
 		return false
 	}
 	e.stallOpen.CompareAndSwap(0, from)
-	e.stallProbe.Store(now)
+	e.stallProbe.Store(now + hold)
 	if e.progress.Load() > from {
 		// It answered meanwhile, and Progressed may have looked before the stall opened.
 		e.stallOpen.CompareAndSwap(from, 0)

@@ -132,7 +132,7 @@ func TestPeerStalled(t *testing.T) {
 
 	e := &Endpoint{}
 	e.Progressed(at(0))
-	if !e.PeerStalled(at(0), at(10*s)) || e.StalledSince() != at(0) {
+	if !e.PeerStalled(at(0), at(10*s), 0) || e.StalledSince() != at(0) {
 		t.Fatalf("a peer's finding not applied: stalled since %d", e.StalledSince())
 	}
 	if st, _ := e.Stalling(at(20*s), probe); !st {
@@ -141,20 +141,23 @@ func TestPeerStalled(t *testing.T) {
 	if !e.StalledDuring(at(5*s), at(12*s)) {
 		t.Error("a wait through the peer's stall not seen as one")
 	}
-	// A peer's probe at 35 s: no probe here until 65 s.
-	if !e.PeerStalled(at(0), at(35*s)) {
+	// A peer's probe at 35 s, held a second more: no probe here until 66 s.
+	if !e.PeerStalled(at(0), at(35*s), int64(s)) {
 		t.Error("a peer's probe not applied")
 	}
 	if _, pr := e.Stalling(at(40*s), probe); pr {
 		t.Error("probing here 5 s after a peer's probe")
 	}
-	if _, pr := e.Stalling(at(65*s), probe); !pr {
-		t.Error("no probe here an interval after the peer's")
+	if _, pr := e.Stalling(at(65*s), probe); pr {
+		t.Error("probing here before the hold after the peer's probe")
+	}
+	if _, pr := e.Stalling(at(66*s), probe); !pr {
+		t.Error("no probe here an interval and the hold after the peer's")
 	}
 	// It answers: the stall ends, and an older finding (a peer that has not heard yet) does
 	// not open it again.
-	e.Progressed(at(66 * s))
-	if e.PeerStalled(at(0), at(67*s)) || e.StalledSince() != 0 {
+	e.Progressed(at(67 * s))
+	if e.PeerStalled(at(0), at(67*s), 0) || e.StalledSince() != 0 {
 		t.Error("a peer's stale finding stalled an engine that answered since")
 	}
 	if st, _ := e.Stalling(at(68*s), probe); st {
@@ -163,7 +166,7 @@ func TestPeerStalled(t *testing.T) {
 
 	// An engine this router never heard from: the peer's silence stands.
 	f := &Endpoint{}
-	if !f.PeerStalled(at(-10*s), at(0)) || f.StalledSince() != at(-10*s) {
+	if !f.PeerStalled(at(-10*s), at(0), 0) || f.StalledSince() != at(-10*s) {
 		t.Errorf("a peer's finding on an engine never heard from: stalled since %d", f.StalledSince())
 	}
 }

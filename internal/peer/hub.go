@@ -307,7 +307,8 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveSnapshot sends what a new replica starts from: the policy's snapshot in pieces, the
-// attempts in flight (local and remote), and an end that counts them.
+// attempts in flight (local and remote) and the engines found stalled, and an end that counts
+// them.
 func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	nonce, ok := n.authorize(w, r, pathSnapshot)
 	if !ok {
@@ -324,6 +325,14 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	var flights []route.Event
 	if sh := n.share.Load(); sh != nil {
 		flights = sh.InFlight()
+		// The engines found stalled here, and not heard since: the new replica does not send
+		// them a request first to find out (route's stalled event, as a probe would tell it).
+		for _, e := range n.endpoints() {
+			if from := e.StalledSince(); from > 0 {
+				flights = append(flights, route.Event{Kind: route.EventStalled, Origin: sh.Self(), Endpoint: e.Name,
+					Silent: time.Duration(max(taken-from, 0))})
+			}
+		}
 	}
 	total := len(flights)
 	w.Header().Set("Content-Type", contentType)

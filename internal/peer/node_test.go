@@ -193,6 +193,14 @@ func TestWarmStart(t *testing.T) {
 	}
 	open := a.call(seqKeys(99_000, 10)...)
 	ep := open.Endpoint().Name
+	// An engine a's watch found stalled: c knows it from the snapshot.
+	var hung *endpoint.Endpoint
+	for _, e := range a.pool.All() {
+		if e.Name != ep {
+			hung = e
+		}
+	}
+	hung.Stalled(time.Now().Add(-20*time.Second).UnixNano(), time.Now().UnixNano())
 	c := startReplica(t, "c", []string{a.node.GossipAddr()}, nil)
 	select {
 	case <-c.node.WaitReady():
@@ -204,6 +212,12 @@ func TestWarmStart(t *testing.T) {
 	}
 	if got := c.ep(ep).InFlight(); got != 1 {
 		t.Errorf("c counts %d requests in flight on %s, want a's 1", got, ep)
+	}
+	if since := c.ep(hung.Name).StalledSince(); since == 0 || time.Since(time.Unix(0, since)) < 19*time.Second {
+		t.Errorf("c: %s stalled since %d, want about 20 s ago, as at a", hung.Name, since)
+	}
+	if c.ep(ep).StalledSince() != 0 {
+		t.Errorf("c: %s stalled, a's is not", ep)
 	}
 	pc := c.lc.Picker().(policy.Predictor)
 	pa := a.lc.Picker().(policy.Predictor)

@@ -479,11 +479,17 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		// Not applied when this replica heard the engine since: it is the origin that has not
 		// (yet), and the engine works.
 		at := now.UnixNano()
-		ep.PeerStalled(at-int64(ev.Silent), at)
+		ep.PeerStalled(at-int64(ev.Silent), at, int64(peerProbeHold))
 		return DropNone
 	}
 	return DropInvalid
 }
+
+// peerProbeHold is how much longer than its probe interval a replica waits to probe an engine
+// after a peer's probe of it: far longer than an event takes between replicas (a batch
+// interval, 10 ms by default), so that the peer that probed last, whose interval ends first,
+// probes again and says so before this one's is due (endpoint.PeerStalled).
+const peerProbeHold = time.Second
 
 // malformed reports whether ev names no origin or carries a negative count or duration.
 func malformed(ev *Event) bool {

@@ -427,8 +427,8 @@ func TestShareRemoved(t *testing.T) {
 
 // TestShareStalls: a stall one replica's watch finds is a stall at the others (the engine
 // goes after the others there, with no watch of theirs fired); a probe one replica lets
-// through holds the others' probes for an interval, so that the replicas together send one
-// probe per interval; an answer one of them hears ends it at all; a finding older than an
+// through holds the others' probes for an interval and a second (peerProbeHold), so that the
+// replicas together send one probe per interval; an answer one of them hears ends it at all; a finding older than an
 // answer heard here is not applied.
 func TestShareStalls(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
@@ -499,10 +499,10 @@ func TestShareStalls(t *testing.T) {
 		t.Errorf("probe's stalled event: silent %v, want 32s", got)
 	}
 	a.deliver(b)
-	for _, d := range []time.Duration{33 * time.Second, 61 * time.Second} {
+	for _, d := range []time.Duration{33 * time.Second, 62 * time.Second, 62*time.Second + 900*time.Millisecond} {
 		at(d)
 		if c, ep := first(b); ep != "b" {
-			t.Errorf("b at %v ranked %s first: a probe within an interval of a's", d, ep)
+			t.Errorf("b at %v ranked %s first: a probe within an interval and a second (peerProbeHold) of a's", d, ep)
 		} else {
 			c.Finish(Outcome{OK: true})
 		}
@@ -510,7 +510,7 @@ func TestShareStalls(t *testing.T) {
 	at(63 * time.Second)
 	c, ep = first(b)
 	if ep != "a" {
-		t.Errorf("b at 63 s ranked %s first, want its own probe of a, an interval after a's", ep)
+		t.Errorf("b at 63 s ranked %s first, want its own probe of a, an interval and a second after a's", ep)
 	}
 	c.Finish(Outcome{})
 	b.out.evs = nil
