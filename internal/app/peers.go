@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
@@ -77,6 +78,10 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 	p.share = route.NewShare(route.ShareConfig{
 		Self: node.Origin(), Out: node, Endpoint: r.pool.ByName,
 		MaxRemote: pc.MaxRemoteRequests, TTL: pc.RequestTTL.D(),
+		OnPeerStall: func(ep *endpoint.Endpoint, silent time.Duration) {
+			r.logger.Warn("a peer replica found the engine stalled: it goes after the other endpoints here too, but for a request every 30 s, until it answers",
+				"endpoint", ep.Name, "silent_for", silent.Round(time.Millisecond).String())
+		},
 	})
 	node.Attach(p.share, func() *route.Lifecycle { return r.h.Load().Lifecycle }, r.pool.All)
 	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen,

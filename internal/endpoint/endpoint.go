@@ -308,20 +308,21 @@ func (e *Endpoint) Stalled(from, now int64) bool {
 // finds out for the fleet, and with hold longer than the peers' events take to arrive, the
 // peer's next probe reaches this router before its own is due, so that the replicas together
 // send a stalled engine one probe per interval rather than one each, however many requests
-// arrive at the moment the interval ends. It reports whether it applied.
-func (e *Endpoint) PeerStalled(from, now, hold int64) bool {
+// arrive at the moment the interval ends. It reports whether it applied, and whether that
+// opened the stall here (none was open).
+func (e *Endpoint) PeerStalled(from, now, hold int64) (applied, opened bool) {
 	from = max(from, 1)
 	if e.progress.Load() > from {
-		return false
+		return false, false
 	}
-	e.stallOpen.CompareAndSwap(0, from)
+	opened = e.stallOpen.CompareAndSwap(0, from)
 	e.stallProbe.Store(now + hold)
 	if e.progress.Load() > from {
 		// It answered meanwhile, and Progressed may have looked before the stall opened.
 		e.stallOpen.CompareAndSwap(from, 0)
-		return false
+		return false, false
 	}
-	return true
+	return true, opened
 }
 
 // StalledSince is when the engine last answered before a stall watch found it stalled, unix

@@ -132,7 +132,7 @@ func TestPeerStalled(t *testing.T) {
 
 	e := &Endpoint{}
 	e.Progressed(at(0))
-	if !e.PeerStalled(at(0), at(10*s), 0) || e.StalledSince() != at(0) {
+	if ok, opened := e.PeerStalled(at(0), at(10*s), 0); !ok || !opened || e.StalledSince() != at(0) {
 		t.Fatalf("a peer's finding not applied: stalled since %d", e.StalledSince())
 	}
 	if st, _ := e.Stalling(at(20*s), probe); !st {
@@ -142,8 +142,8 @@ func TestPeerStalled(t *testing.T) {
 		t.Error("a wait through the peer's stall not seen as one")
 	}
 	// A peer's probe at 35 s, held a second more: no probe here until 66 s.
-	if !e.PeerStalled(at(0), at(35*s), int64(s)) {
-		t.Error("a peer's probe not applied")
+	if ok, opened := e.PeerStalled(at(0), at(35*s), int64(s)); !ok || opened {
+		t.Errorf("a peer's probe of an open stall: applied %v, opened %v; want applied, not opened", ok, opened)
 	}
 	if _, pr := e.Stalling(at(40*s), probe); pr {
 		t.Error("probing here 5 s after a peer's probe")
@@ -157,7 +157,7 @@ func TestPeerStalled(t *testing.T) {
 	// It answers: the stall ends, and an older finding (a peer that has not heard yet) does
 	// not open it again.
 	e.Progressed(at(67 * s))
-	if e.PeerStalled(at(0), at(67*s), 0) || e.StalledSince() != 0 {
+	if ok, _ := e.PeerStalled(at(0), at(67*s), 0); ok || e.StalledSince() != 0 {
 		t.Error("a peer's stale finding stalled an engine that answered since")
 	}
 	if st, _ := e.Stalling(at(68*s), probe); st {
@@ -166,7 +166,7 @@ func TestPeerStalled(t *testing.T) {
 
 	// An engine this router never heard from: the peer's silence stands.
 	f := &Endpoint{}
-	if !f.PeerStalled(at(-10*s), at(0), 0) || f.StalledSince() != at(-10*s) {
+	if ok, _ := f.PeerStalled(at(-10*s), at(0), 0); !ok || f.StalledSince() != at(-10*s) {
 		t.Errorf("a peer's finding on an engine never heard from: stalled since %d", f.StalledSince())
 	}
 }

@@ -101,6 +101,9 @@ type ShareConfig struct {
 	TTL time.Duration
 	// Clock tells the time for TTL; nil: the wall clock.
 	Clock policy.Clock
+	// OnPeerStall, when set, is told of each stall a peer's event opened here (the engine
+	// silent for silent at the peer), for the log: this replica's own watch did not find it.
+	OnPeerStall func(ep *endpoint.Endpoint, silent time.Duration)
 }
 
 // Defaults of ShareConfig.
@@ -479,7 +482,9 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		// Not applied when this replica heard the engine since: it is the origin that has not
 		// (yet), and the engine works.
 		at := now.UnixNano()
-		ep.PeerStalled(at-int64(ev.Silent), at, int64(peerProbeHold))
+		if _, opened := ep.PeerStalled(at-int64(ev.Silent), at, int64(peerProbeHold)); opened && s.cfg.OnPeerStall != nil {
+			s.cfg.OnPeerStall(ep, ev.Silent)
+		}
 		return DropNone
 	}
 	return DropInvalid

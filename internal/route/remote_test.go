@@ -433,12 +433,16 @@ func TestShareRemoved(t *testing.T) {
 func TestShareStalls(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
 	t0 := clk.t
-	mk := func(self uint64) *replica {
+	mk := func(self uint64, cfg ShareConfig) *replica {
 		return newReplicaOf(t, self, Config{Picker: predicting{&script{order: []string{"a", "b"}}, 100 * time.Millisecond},
 			Clock: clk, Attempts: 2, StallTimeout: time.Second,
-			Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)}, clk, ShareConfig{}, "a", "b")
+			Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)}, clk, cfg, "a", "b")
 	}
-	a, b := mk(1), mk(2)
+	var told []string // b's OnPeerStall: once per stall a peer opened there
+	a := mk(1, ShareConfig{})
+	b := mk(2, ShareConfig{OnPeerStall: func(ep *endpoint.Endpoint, silent time.Duration) {
+		told = append(told, fmt.Sprintf("%s %v", ep.Name, silent))
+	}})
 	first := func(r *replica) (*Call, string) {
 		t.Helper()
 		c, err := r.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, r.eps, "", clk.t)
@@ -515,6 +519,10 @@ func TestShareStalls(t *testing.T) {
 	c.Finish(Outcome{})
 	b.out.evs = nil
 
+	if diff := cmp.Diff([]string{"a 2s"}, told); diff != "" {
+		t.Errorf("b's OnPeerStall (-want +got):\n%s", diff)
+	}
+
 	// The engine answers a's probe: b hears of it from a and the stall ends there too; a
 	// finding a peer sends after that, from before it, is not applied.
 	at(64 * time.Second)
@@ -530,8 +538,8 @@ func TestShareStalls(t *testing.T) {
 	}
 	at(65 * time.Second)
 	stale := Event{Kind: EventStalled, Origin: 1, Endpoint: "a", Silent: 10 * time.Second}
-	if d := b.lc.Apply(&stale); d != DropNone || b.eps[0].StalledSince() != 0 {
-		t.Errorf("a finding from before the answer b heard: %v, stalled since %d", d, b.eps[0].StalledSince())
+	if d := b.lc.Apply(&stale); d != DropNone || b.eps[0].StalledSince() != 0 || len(told) != 1 {
+		t.Errorf("a finding from before the answer b heard: %v, stalled since %d, told %q", d, b.eps[0].StalledSince(), told)
 	}
 	for _, ev := range []Event{
 		{Kind: EventStalled, Origin: 1, Endpoint: "z", Silent: time.Second},
