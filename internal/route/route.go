@@ -478,6 +478,9 @@ func (c *Call) Fail(f Failure) (retry bool) {
 		c.timeouts++
 	}
 	c.failAt = c.lc.clock.Now()
+	if f == FailTimeout && c.firstAt.IsZero() && !c.Req.Whole {
+		c.stall.timedOut(c.failAt.UnixNano(), c.lc.stall)
+	}
 	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
 		Duration: c.failAt.Sub(c.Arrival)}, f)
 	return f.Retryable() && c.next < len(c.ranked)
@@ -644,6 +647,28 @@ func (w StallWatch) due(now int64, scraped bool) (stalled bool, wait time.Durati
 		w.share.stalled(w.ep, last, now)
 	}
 	return true, 0
+}
+
+// timedOut is told that the watched attempt, a stream, waited out its first-token timeout at
+// now without its first token. If its engine answered nothing at all since the attempt was
+// sent, at least floor (StallTimeout) ago, that is a stall found, as by Due: an attempt whose
+// span (MaxSlowdown times a long prediction: a long prompt, a long queue) outlasts the timeout
+// is never given up by its watch, and an engine whose traffic is all such attempts would
+// otherwise never be found stalled, here or at the peers.
+func (w StallWatch) timedOut(now int64, floor time.Duration) {
+	if w.after <= 0 || now-w.sent < int64(floor) {
+		return
+	}
+	last := w.ep.LastProgress()
+	if last > w.sent {
+		return // it answered meanwhile: a slow engine, not a stalled one
+	}
+	if last == 0 {
+		last = w.sent
+	}
+	if w.ep.Stalled(last, now) {
+		w.share.stalled(w.ep, last, now)
+	}
 }
 
 // Stall returns the stall watch of the attempt in progress: After 0 when the lifecycle does not

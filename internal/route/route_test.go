@@ -570,3 +570,51 @@ func TestRetriedAttemptTTFT(t *testing.T) {
 		t.Errorf("the request's TTFT %v, want 10.05s (from its arrival)", got)
 	}
 }
+
+// TestTimeoutFindsStall: a watched stream that waits out its first-token timeout while its
+// engine answers nothing at all marks the engine stalled (its watch, 20 x a long prediction,
+// would never have fired); not when the engine answered meanwhile, not for an answer that
+// comes whole, and not before StallTimeout.
+func TestTimeoutFindsStall(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		whole    bool
+		answered bool          // the engine answers another request 30 s in
+		wait     time.Duration // from sent to the timeout
+		want     bool
+	}{
+		{"silent", false, false, 2 * time.Minute, true},
+		{"answered meanwhile", false, true, 2 * time.Minute, false},
+		{"whole", true, false, 2 * time.Minute, false},
+		{"under the stall timeout", false, false, 500 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &stepClock{t: time.Unix(100, 0)}
+			lc, err := New(Config{Picker: predicting{&script{order: []string{"a", "b"}}, 10 * time.Second}, Clock: clk,
+				Attempts: 2, StallTimeout: time.Second, Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps := pool(t, "a", "b")
+			eps[0].Progressed(clk.t.Add(-time.Second).UnixNano())
+			c, _ := lc.Begin(&policy.Request{ID: "r", PromptTokens: 10, Whole: tc.whole}, eps, "", clk.t)
+			a := c.Next()
+			if got := c.Stall().After(); got != 200*time.Second {
+				t.Fatalf("watched for %v, want 200s (past the timeout)", got)
+			}
+			if tc.answered {
+				a.Progressed(clk.t.Add(30 * time.Second).UnixNano())
+			}
+			clk.t = clk.t.Add(tc.wait)
+			c.Fail(FailTimeout)
+			if got := a.StalledSince() != 0; got != tc.want {
+				t.Errorf("stalled %v, want %v", got, tc.want)
+			}
+			if tc.want && a.StalledSince() != time.Unix(99, 0).UnixNano() {
+				t.Errorf("stalled since %v, want its last answer, 99 s", time.Unix(0, a.StalledSince()))
+			}
+			c.Next()
+			c.Finish(Outcome{OK: true})
+		})
+	}
+}
