@@ -434,9 +434,7 @@ func TestShareStalls(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
 	t0 := clk.t
 	mk := func(self uint64, cfg ShareConfig) *replica {
-		return newReplicaOf(t, self, Config{Picker: predicting{&script{order: []string{"a", "b"}}, 100 * time.Millisecond},
-			Clock: clk, Attempts: 2, StallTimeout: time.Second,
-			Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)}, clk, cfg, "a", "b")
+		return newReplicaOf(t, self, stallConfig(clk, 100*time.Millisecond), clk, cfg, "a", "b")
 	}
 	var told []string // b's OnPeerStall: once per stall a peer opened there
 	a := mk(1, ShareConfig{})

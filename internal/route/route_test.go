@@ -414,12 +414,18 @@ type predicting struct {
 
 func (p predicting) PredictTTFT(*policy.Request, *endpoint.Endpoint) time.Duration { return p.ttft }
 
+// stallConfig is a lifecycle that watches stalls: endpoints ranked a then b, every TTFT
+// predicted as ttft, two attempts, a StallTimeout of 1 s, no ejection.
+func stallConfig(clk *stepClock, ttft time.Duration) Config {
+	return Config{Picker: predicting{&script{order: []string{"a", "b"}}, ttft}, Clock: clk,
+		Attempts: 2, StallTimeout: time.Second, Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)}
+}
+
 // TestStallWatchScraped: a non-streamed attempt's watch trusts the engine's silence only when
 // the engine's token counters were scraped in the second half of the silent span.
 func TestStallWatchScraped(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
-	lc, err := New(Config{Picker: predicting{&script{order: []string{"a", "b"}}, 100 * time.Millisecond}, Clock: clk,
-		Attempts: 2, StallTimeout: time.Second, Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)})
+	lc, err := New(stallConfig(clk, 100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -590,8 +596,7 @@ func TestTimeoutFindsStall(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &stepClock{t: time.Unix(100, 0)}
-			lc, err := New(Config{Picker: predicting{&script{order: []string{"a", "b"}}, 10 * time.Second}, Clock: clk,
-				Attempts: 2, StallTimeout: time.Second, Health: NewOutlier(OutlierConfig{Consecutive: 10, MaxEjectedPercent: 100}, clk)})
+			lc, err := New(stallConfig(clk, 10*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
