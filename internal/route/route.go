@@ -640,13 +640,19 @@ func (w StallWatch) due(now int64, scraped bool) (stalled bool, wait time.Durati
 			return false, w.after / 10
 		}
 	}
+	w.found(last, now)
+	return true, 0
+}
+
+// found marks the endpoint stalled at now, silent since last (its last answer; 0: never heard,
+// so since the attempt was sent), and tells the other replicas if that opened the stall.
+func (w StallWatch) found(last, now int64) {
 	if last == 0 {
 		last = w.sent
 	}
 	if w.ep.Stalled(last, now) {
 		w.share.stalled(w.ep, last, now)
 	}
-	return true, 0
 }
 
 // timedOut is told that the watched attempt, a stream, waited out its first-token timeout at
@@ -659,15 +665,8 @@ func (w StallWatch) timedOut(now int64, floor time.Duration) {
 	if w.after <= 0 || now-w.sent < int64(floor) {
 		return
 	}
-	last := w.ep.LastProgress()
-	if last > w.sent {
-		return // it answered meanwhile: a slow engine, not a stalled one
-	}
-	if last == 0 {
-		last = w.sent
-	}
-	if w.ep.Stalled(last, now) {
-		w.share.stalled(w.ep, last, now)
+	if last := w.ep.LastProgress(); last <= w.sent { // else it answered meanwhile: slow, not stalled
+		w.found(last, now)
 	}
 }
 
