@@ -80,8 +80,11 @@ bench:
 bench-smoke:
 	$(GO) test -run '^$$' -bench . -benchtime=1x -benchmem $(PKGS)
 
+# go vet, then staticcheck (run at its pinned version from the module proxy; nothing in go.mod).
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1)
 
 fmt:

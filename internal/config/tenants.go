@@ -231,7 +231,7 @@ func (tenantList) validate(c *Config, p *problems) {
 func checkKeyHash(k string) error {
 	hexPart, ok := strings.CutPrefix(k, "sha256:")
 	if !ok {
-		return fmt.Errorf("%s does not start with sha256:", redact(k))
+		return fmt.Errorf("%s does not start with \"sha256:\"", redact(k))
 	}
 	if len(hexPart) != 64 {
 		return fmt.Errorf("sha256:... has %d hex digits, want 64", len(hexPart))

@@ -91,7 +91,7 @@ overload: {queue_size: -1}
 	msg := err.Error()
 	for _, want := range []string{
 		"auth: no server secret",
-		"tenants[0].api_keys[0]: the value (14 characters) does not start with sha256:",
+		"tenants[0].api_keys[0]: the value (14 characters) does not start with \"sha256:\"",
 		"kvroute hash-key",
 		"tenants[0].api_keys[1]: sha256:... has 3 hex digits, want 64",
 		"tenants[0].limits.requests_per_minute: -1 is negative",

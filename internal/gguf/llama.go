@@ -150,7 +150,7 @@ func (c LlamaConfig) check() error {
 		}
 	}
 	if c.Heads >= 1 && c.KVHeads >= 1 && (c.Embedding%c.Heads != 0 || c.Heads%c.KVHeads != 0) {
-		errs = append(errs, fmt.Errorf("Embedding %d, Heads %d, KVHeads %d: the embedding must divide into heads, heads into KV heads", c.Embedding, c.Heads, c.KVHeads))
+		errs = append(errs, fmt.Errorf("the embedding (Embedding %d) must divide into heads (Heads %d), and heads into KV heads (KVHeads %d)", c.Embedding, c.Heads, c.KVHeads))
 	}
 	return errors.Join(errs...)
 }

@@ -331,10 +331,6 @@ func (n *Normalizer) isDefault() bool {
 		!n.opts.KeepEdges && len(n.rules) == 0
 }
 
-func isSpace(b byte) bool {
-	return b == ' ' || b == '\n' || b == '\t' || b == '\r' || b == '\v' || b == '\f'
-}
-
 // store remembers blocks, the chain of a text's normalised full blocks, with the text's marks and
 // their tails.
 func (c *Chains) store(head, seed uint64, size int, blocks []uint64, marks []mark, tails []byte) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -121,12 +122,28 @@ func TestSnapshotNewestOnly(t *testing.T) {
 		}
 		x.mu.RUnlock()
 	}
+	slices.Sort(all)
+	edge := all[len(all)-100] // the 100th highest stamp; entries of one insert share theirs
 	kept := 0
 	for ep := range 2 {
 		l := lru(y, ep)
 		kept += len(l)
 		if want := lru(x, ep)[:len(l)]; !cmp.Equal(want, l) {
 			t.Errorf("endpoint %d: kept %d entries that are not its newest", ep, len(l))
+		}
+		// Kept: every entry newer than the edge, and none older.
+		above, atOrAbove := 0, 0
+		x.mu.RLock()
+		for ni := x.eps[ep].head; ni != 0; ni = x.node(ni).next {
+			if s := x.node(ni).stamp; s > edge {
+				above++
+			} else if s == edge {
+				atOrAbove++
+			}
+		}
+		x.mu.RUnlock()
+		if atOrAbove += above; len(l) < above || len(l) > atOrAbove {
+			t.Errorf("endpoint %d: kept %d entries, want the %d to %d among the 100 newest of all endpoints", ep, len(l), above, atOrAbove)
 		}
 	}
 	if kept != got || kept >= 100 || kept == 0 {

@@ -470,8 +470,6 @@ func TestCacheSaltAndTenancy(t *testing.T) {
 	if got, want := string(openai.Field(sent, "cache_salt")), strconv.Quote(tenant.Salt([]byte(testSecret), "t1")); got != want {
 		t.Errorf("cache_salt sent = %s, want the tenant's %s", got, want)
 	}
-	e.mu.Lock()
-	e.mu.Unlock()
 	if n := testutil.ToFloat64(tm.PromptTokens.WithLabelValues("t1")); n != 10 {
 		t.Errorf("tenant prompt tokens = %v, want the engine's 10", n)
 	}
