@@ -18,6 +18,7 @@ import (
 // analyzeFlags are the flags of `kvroute analyze`.
 type analyzeFlags struct {
 	format, profile, workload string
+	trace                     string // --trace FILE, as simulate, bench and plan take it; or FILE
 	instances                 int
 	seed                      uint64
 	json                      bool
@@ -44,13 +45,14 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	fs.StringVar(&f.format, "format", "mooncake", "trace format (mooncake: JSONL with timestamp, input_length, output_length, hash_ids)")
 	fs.IntVar(&f.instances, "instances", 8, "instances in the fleet whose pooled KV cache bounds the hit rate")
 	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile: KV capacity per instance and block size")
+	fs.StringVar(&f.trace, "trace", "", "the trace FILE, as simulate, bench and plan take it (or give FILE alone)")
 	fs.StringVar(&f.workload, "workload", "", "analyze a synthetic workload NAME[:key=value,...] instead of a trace")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the synthetic workload")
 	fs.BoolVar(&f.json, "json", false, "print the statistics as JSON")
 	// Flags may come before or after FILE.
 	files, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
-			"usage: kvroute analyze [flags] FILE   (FILE \"-\" reads standard input)",
+			"usage: kvroute analyze [flags] FILE   (or --trace FILE; FILE \"-\" reads standard input)",
 			"       kvroute analyze [flags] --workload NAME[:key=value,...]",
 			"\nPrefix statistics of a trace: lengths, prefix reuse, the cache hit rates no router can beat,",
 			"and whether prefix-aware routing is likely to pay off.",
@@ -81,6 +83,12 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Reader) (*analyzeReport, error) {
 	var errs []error
 	switch {
+	case f.trace != "" && len(files) > 0:
+		errs = append(errs, errors.New("give the trace as FILE or as --trace FILE, not both"))
+	case f.trace != "" && f.workload != "":
+		errs = append(errs, errors.New("give --trace or --workload, not both"))
+	case f.trace != "":
+		files = []string{f.trace}
 	case f.workload == "" && len(files) != 1:
 		errs = append(errs, fmt.Errorf("want one trace FILE (or - for standard input), got %d", len(files)))
 	case f.workload != "" && len(files) > 0:

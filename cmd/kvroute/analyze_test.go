@@ -45,6 +45,11 @@ func TestAnalyzeText(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+	// --trace FILE, as simulate, bench and plan take it, says the same.
+	code, outFlag, errOut := runAnalyzeForTest(t, "", "--trace", path, "--instances", "2")
+	if code != 0 || errOut != "" || outFlag != out {
+		t.Errorf("--trace: exit %d, stderr %q, output:\n%s\nwant FILE's:\n%s", code, errOut, outFlag, out)
+	}
 }
 
 func TestAnalyzeJSONFromStdin(t *testing.T) {
@@ -94,6 +99,9 @@ func TestAnalyzeBadInput(t *testing.T) {
 		{"no file", "", nil, 2, "want one trace FILE"},
 		{"two files", "", []string{"a", "b"}, 2, "got 2"},
 		{"file and workload", "", []string{"a", "--workload", "multi-turn"}, 2, "not both"},
+		{"file and --trace", "", []string{"a", "--trace", "b"}, 2, "as FILE or as --trace FILE, not both"},
+		{"--trace and workload", "", []string{"--trace", "a", "--workload", "multi-turn"}, 2, "--trace or --workload, not both"},
+		{"missing --trace file", "", []string{"--trace", filepath.Join(t.TempDir(), "none.jsonl")}, 1, "open trace"},
 		{"unknown flag", "", []string{"--colour", "x"}, 2, "flag provided but not defined"},
 		{"bad instances", "", []string{"--instances", "0", "x"}, 2, "--instances 0: want at least 1"},
 		{"bad profile", "", []string{"--profile", "nope", "x"}, 2, `--profile: engine: unknown profile "nope"`},
