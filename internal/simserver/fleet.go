@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/h1"
 )
 
@@ -33,6 +34,13 @@ func StartFleet(ctx context.Context, opts Options, n int, host string, firstPort
 	}
 	if firstPort < 0 || firstPort+n-1 > 65535 {
 		return nil, fmt.Errorf("simserver: ports %d..%d: want ports in 1..65535 (0 for free ports)", firstPort, firstPort+n-1)
+	}
+	// What every instance would refuse is said once, without an instance's number.
+	if err := opts.withDefaults().validate(); err != nil {
+		return nil, fmt.Errorf("simserver: %w", err)
+	}
+	if _, err := engine.LookupProfile(opts.withDefaults().Profile); err != nil {
+		return nil, fmt.Errorf("simserver: profile: %w", err)
 	}
 	if host == "" {
 		host = "127.0.0.1"

@@ -106,7 +106,7 @@ func (f Faults) Validate() error {
 	if f.FailStatus != 0 && (f.FailStatus < 400 || f.FailStatus > 599) {
 		errs = append(errs, fmt.Errorf("fail_status %d: want an HTTP error status, 500 or 503", f.FailStatus))
 	}
-	if f.Slow < 0 || math.IsNaN(f.Slow) || math.IsInf(f.Slow, 0) {
+	if f.Slow < 0 || f.Slow > 0 && f.Slow < 1 || math.IsNaN(f.Slow) || math.IsInf(f.Slow, 0) {
 		errs = append(errs, fmt.Errorf("slow %v: want a factor >= 1 (0 for none)", f.Slow))
 	}
 	if f.CutAfter < 0 {

@@ -438,3 +438,26 @@ func TestUnencryptedHTTP2(t *testing.T) {
 		t.Errorf("h2c stream: proto %s, err %v, body %q", resp.Proto, err, b)
 	}
 }
+
+// TestStartFleetBadOptions: options every instance would refuse are refused once, before any
+// port is taken, and the message names no instance.
+func TestStartFleetBadOptions(t *testing.T) {
+	for _, tt := range []struct {
+		opts Options
+		want string
+	}{
+		{Options{Profile: "nope"}, `simserver: profile: engine: unknown profile "nope"`},
+		{Options{Faults: Faults{FailRate: 2}}, "simserver: faults: fail_rate 2: want a fraction in [0, 1]"},
+		{Options{Faults: Faults{Slow: 0.5}}, "simserver: faults: slow 0.5: want a factor >= 1 (0 for none)"},
+	} {
+		f, err := StartFleet(context.Background(), tt.opts, 3, "127.0.0.1", 0)
+		if err == nil {
+			_ = f.Close()
+			t.Errorf("%+v: started, want %q", tt.opts, tt.want)
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "instance") {
+			t.Errorf("%+v: %v, want %q", tt.opts, err, tt.want)
+		}
+	}
+}
