@@ -72,5 +72,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		fmt.Fprintf(stderr, "kvroute bench: report written to %s\n", html)
 	}
+	// A run in which nothing succeeded (a wrong URL, model or key) is a failure for scripts too;
+	// the report above says why.
+	if r := rep.Results; len(r) > 0 && r[0].Completed == 0 && r[0].Failed > 0 {
+		fmt.Fprintf(stderr, "kvroute bench: none of %d requests succeeded\n", r[0].Failed)
+		return 1
+	}
 	return 0
 }

@@ -239,11 +239,12 @@ func TestBenchConnectionErrorsAreCounted(t *testing.T) {
 	url := srv.URL
 	srv.Close()
 	code, out, errOut := runVerb("bench", "--target", url, "--workload", "prefix-repetition:n=3", "--concurrency", "1", "--quiet")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
+	// The report is written, and the run fails: nothing succeeded.
+	if code != 1 || errOut != "kvroute bench: none of 3 requests succeeded\n" {
+		t.Errorf("exit %d, stderr %q; want 1 and that none of 3 succeeded", code, errOut)
 	}
-	if !strings.Contains(out, "errors: connection 3") {
-		t.Errorf("table does not count 3 connection errors:\n%s", out)
+	if !strings.Contains(out, "errors: connection 3") || !strings.Contains(out, "unknown") {
+		t.Errorf("table does not count 3 connection errors, or gives a hit rate:\n%s", out)
 	}
 }
 

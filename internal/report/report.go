@@ -76,8 +76,8 @@ type Result struct {
 	// HitRate is cached over prompt tokens of the completed requests whose engine reported
 	// cached tokens.
 	HitRate float64 `json:"hit_rate"`
-	// HitRateUnknown says no completed request had its cached tokens reported: HitRate is then
-	// 0 and means nothing (JSON: "hit_rate": null; tables: unknown).
+	// HitRateUnknown says no completed request had its cached tokens reported, or none
+	// completed: HitRate is then 0 and means nothing (JSON: "hit_rate": null; tables: unknown).
 	HitRateUnknown bool    `json:"-"`
 	TTFT           Latency `json:"ttft_ms"`
 	TPOT           Latency `json:"tpot_ms"`
@@ -261,7 +261,7 @@ func Summarize(policy string, recs []Record, busy []time.Duration) Result {
 	if prompt > 0 {
 		res.HitRate = float64(cached) / float64(prompt)
 	}
-	res.HitRateUnknown = res.Completed > 0 && !reported
+	res.HitRateUnknown = !reported // none completed, or none had its cached tokens reported
 	if predicted && predPrompt > 0 {
 		h := float64(predCached) / float64(predPrompt)
 		res.PredictedHitRate = &h

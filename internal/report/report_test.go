@@ -188,7 +188,7 @@ func TestWriteRecords(t *testing.T) {
 }
 
 // Requests whose engine reported no cached tokens count in neither side of the hit rate; when
-// no completed request had them reported, the hit rate is unknown, in JSON (null, and back),
+// no completed request had them reported (or none completed), the hit rate is unknown, in JSON (null, and back),
 // the table and the records.
 func TestSummarize_CachedTokensUnknown(t *testing.T) {
 	recs := []Record{
@@ -203,8 +203,9 @@ func TestSummarize_CachedTokensUnknown(t *testing.T) {
 	if !none.HitRateUnknown || none.HitRate != 0 {
 		t.Errorf("none reported: hit rate %v unknown %v, want unknown", none.HitRate, none.HitRateUnknown)
 	}
-	if failedOnly := Summarize("p", []Record{{EndpointID: -1, Err: "x", CachedUnknown: true}}, nil); failedOnly.HitRateUnknown {
-		t.Error("no completed request: nothing to be unknown about")
+	// No completed request: no hit rate was measured, so it is unknown, not 0.
+	if failedOnly := Summarize("p", []Record{{EndpointID: -1, Err: "x", CachedUnknown: true}}, nil); !failedOnly.HitRateUnknown {
+		t.Error("no completed request: hit rate known, want unknown")
 	}
 
 	s := &Summary{Bounds: Bounds{InfiniteCacheHitRate: 0.5, PooledLRUUnknown: true}, Results: []Result{none, mixed}}
