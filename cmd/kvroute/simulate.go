@@ -50,7 +50,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&o.Autoscale, "autoscale", "", "grow the fleet from start= instances (up to --instances) on the router's saturation signal, as KEDA would: start=N,target=X,interval=30s,delay=2m,window=1m,rate=0,every=D; no target: watch the signal only (docs/kubernetes.md)")
 	fs.StringVar(&o.Ramp, "ramp", "", "FROM-TO: the arrival rate goes from FROM to TO times its mean over the run, such as 0.4-1.6")
 	fs.StringVar(&o.ReplicaAffinity, "replica-affinity", "none", "how the load balancer spreads requests over --routers: none (round-robin per request) or session (hash of the session key)")
-	fs.StringVar(&o.ReplicaSync, "replica-sync", "off", "router replicas share their events (routed, first token, end, engine found stalled) after this delay, such as 1ms or 50ms; off: each knows only its own")
+	fs.StringVar(&o.ReplicaSync, "replica-sync", "off", "router replicas share their events (routed, first token, end with its failure, engine found stalled) after this delay, such as 1ms or 50ms; off: each knows only its own")
 	fs.Float64Var(&o.ReplicaSyncLoss, "replica-sync-loss", 0, "probability that one shared event does not reach one replica")
 	fs.DurationVar(&o.ReplicaSyncBatch, "replica-sync-batch", 0, "send each replica's events in batches of this interval, as the live peers.batch_interval does (10ms by default there), the --replica-sync delay then being the transit; 0: each event on its own")
 	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON")

@@ -30,16 +30,16 @@ const peerSecret = "0123456789abcdef0123456789abcdef"
 // start; /debug/peers shows whom each follows.
 func TestRouterPeers(t *testing.T) {
 	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
-	eng := newFakeEngine(t)
+	eng, eng2 := newFakeEngine(t), newFakeEngine(t)
 	mk := func(name, seed string) *Router {
 		static := ""
 		if seed != "" {
 			static = fmt.Sprintf(", static: [%q]", seed)
 		}
 		return routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
-			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+			"endpoints: [{url: %q, models: [m], engine: vllm}, {url: %q, models: [m], engine: vllm}]\n"+
 			"peers: {name: %s, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, warm_start_timeout: 5s, batch_interval: 1ms%s}\n",
-			eng.srv.URL, name, static))
+			eng.srv.URL, eng2.srv.URL, name, static))
 	}
 	a := mk("a", "")
 	runRouter(t, a)
@@ -79,6 +79,15 @@ func TestRouterPeers(t *testing.T) {
 	if st := b.peers.share.Stats(); st.Applied != 3 {
 		t.Errorf("b applied %d events, want 3", st.Applied)
 	}
+	// Three failed attempts at a on the second engine (500s), with no success between, cross
+	// the wire with their failure: b ejects that engine (health.passive_failures, 3), which
+	// it never sent a request (route's TestShareFailures checks the rest).
+	second := b.Endpoints()[1].Name
+	for id := uint64(1 << 40); id < 1<<40+3; id++ {
+		a.peers.node.Publish(&route.Event{Kind: route.EventRouted, ID: id, Endpoint: second, Model: "m", PromptTokens: 10})
+		a.peers.node.Publish(&route.Event{Kind: route.EventDone, ID: id, Failure: route.FailStatus, CachedTokens: -1})
+	}
+	waitUntil(t, "b ejecting the engine that failed at a", func() bool { return b.Endpoints()[1].EjectedUntil != nil })
 	code, out := get(t, admin, "/debug/peers")
 	var st struct {
 		Members   []string `json:"members"`

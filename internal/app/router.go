@@ -706,8 +706,12 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 		MaxEjection:       cfg.Health.MaxEjectionTime.D(),
 		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
 		Fleet:             r.pool.Len,
-		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration, byFleet bool) {
 			r.metrics.EndpointEjected(ep.Name, d)
+			if byFleet {
+				r.logger.Warn("endpoint ejected after consecutive failures, here and at peer replicas", "endpoint", ep.Name, "for", d.String())
+				return
+			}
 			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
 		},
 		OnReadmit: func(ep *endpoint.Endpoint) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -47,7 +48,10 @@ import (
 // from empty at the stream's start; a reference the receiver cannot resolve is malformed, and
 // ends the stream (the next one starts both rings anew).
 //	first token  [2, origin, id, ttft_ns]
-//	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns, predicted_cached]
+//	done         [3, origin, id, ok, cached_tokens, prompt_tokens, output_tokens, ttft_ns, duration_ns, predicted_cached, failure]
+//
+// where failure (minor 3's, only when ok is false and the failure counts against the endpoint:
+// left out otherwise) is route.Failure's number, for the receiver's passive health checking.
 //	removed      [4, origin, endpoint]
 //	stalled      [5, origin, endpoint, silent_ns]
 
@@ -55,10 +59,11 @@ import (
 // Major 2: routed events refer to the blocks of earlier ones (back, shared). Minor 1: routed
 // events end with whole (the answer comes whole, not streamed), false when a sender of minor 0
 // leaves it out. Minor 2: stalled events (a replica of minor 1 skips them, as any kind it does
-// not know).
+// not know). Minor 3: done events of failed attempts end with failure (a replica of minor 2
+// skips it; one of minor 3 reads its absence as a failure not to count).
 const (
 	Major = 2
-	Minor = 2
+	Minor = 3
 )
 
 // Message kinds.
@@ -262,8 +267,11 @@ func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error)
 	if n == 0 {
 		return b, fmt.Errorf("event kind %d: nothing to send", ev.Kind)
 	}
-	if ev.Kind == route.EventRouted {
+	switch {
+	case ev.Kind == route.EventRouted:
 		n++ // whole, minor 1's
+	case ev.Kind == route.EventDone && ev.Failure != route.FailNone:
+		n++ // failure, minor 3's
 	}
 	b = msgp.AppendArrayHeader(b, uint32(n))
 	b = msgp.AppendUint64(b, uint64(ev.Kind))
@@ -288,6 +296,9 @@ func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error)
 		b = msgp.AppendBool(b, ev.OK)
 		b = appendInts(b, int64(ev.CachedTokens), int64(ev.PromptTokens), int64(ev.OutputTokens),
 			int64(ev.TTFT), int64(ev.Duration), int64(ev.Predicted))
+		if ev.Failure != route.FailNone {
+			b = msgp.AppendUint64(b, uint64(ev.Failure))
+		}
 	case route.EventRemoved:
 		b = msgp.AppendString(b, ev.Endpoint)
 	case route.EventStalled:
@@ -412,6 +423,12 @@ func (d *decoder) event(b []byte, ev *route.Event) (known bool, rest []byte, err
 		ev.CachedTokens, ev.PromptTokens, ev.OutputTokens = r.count(), r.count(), r.count()
 		ev.TTFT, ev.Duration = time.Duration(r.int()), time.Duration(r.int())
 		ev.Predicted = r.count()
+		if n > uint32(want) && r.err == nil {
+			if f := r.uint(); !ev.OK && f <= math.MaxUint8 {
+				ev.Failure = route.Failure(f) // a kind this version does not know counts for nothing
+			}
+			want++ // read: the fields a newer minor version appends follow it
+		}
 	case route.EventRemoved:
 		ev.Endpoint = d.intern(r.str())
 	case route.EventStalled:

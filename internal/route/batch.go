@@ -77,6 +77,7 @@ func (s *Share) completed(lc *Lifecycle, evs []Event, now time.Time) bool {
 	if d.OK {
 		ep.Progressed(now.UnixNano())
 	}
+	lc.peerOutcome(ep, d)
 	obs := lc.observer
 	if obs == nil {
 		return true

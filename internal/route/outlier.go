@@ -23,9 +23,11 @@ type OutlierConfig struct {
 	// Fleet returns how many endpoints the fleet has, for MaxEjectedPercent; nil: the number
 	// this Outlier has heard of.
 	Fleet func() int
-	// OnEject, when set, is told of each ejection and its length; OnReadmit of each endpoint
-	// taken back (the first request that finds its ejection over).
-	OnEject   func(ep *endpoint.Endpoint, d time.Duration)
+	// OnEject, when set, is told of each ejection, its length, and whether it was the fleet's
+	// count that reached the threshold, with failures at other router replicas (PeerFailed),
+	// rather than this replica's own; OnReadmit of each endpoint taken back (the first request
+	// that finds its ejection over).
+	OnEject   func(ep *endpoint.Endpoint, d time.Duration, byFleet bool)
 	OnReadmit func(ep *endpoint.Endpoint)
 }
 
@@ -51,12 +53,18 @@ type Outlier struct {
 	mu      sync.Mutex
 	st      map[*endpoint.Endpoint]*outlierState
 	ejected atomic.Int32 // endpoints whose ejection may still run: a fast path for none
+	// counting is how many endpoints have a fleet count above 0: PeerSucceeded's fast path.
+	counting atomic.Int32
 	// backoffEnd is the latest end of any backoff (unix nanoseconds): a fast path for none.
 	backoffEnd atomic.Int64
 }
 
 type outlierState struct {
-	fails   int       // consecutive failures
+	fails int // consecutive failures here
+	// fleet counts consecutive failures of the engine's own doing (sharedFailure) here and at
+	// the other router replicas (PeerFailed), with no success at either in between. With no
+	// peers it never passes fails.
+	fleet   int
 	times   int       // ejections in a row, for the interval's multiplier
 	until   time.Time // ejected until
 	since   time.Time // when the last ejection ended (for the multiplier's decay)
@@ -104,23 +112,77 @@ func (o *Outlier) state(ep *endpoint.Endpoint) *outlierState {
 }
 
 // Failed counts a failure against ep and ejects it at the threshold, if the fleet can spare it.
-func (o *Outlier) Failed(ep *endpoint.Endpoint, _ Failure) bool {
-	now := o.clock.Now()
+func (o *Outlier) Failed(ep *endpoint.Endpoint, f Failure) bool {
 	o.mu.Lock()
 	s := o.state(ep)
 	s.fails++
-	if s.out || s.fails < o.cfg.Consecutive || !o.canEject(now) {
+	if sharedFailure(f) {
+		o.setFleet(s, s.fleet+1)
+	}
+	return o.judge(ep, s)
+}
+
+// PeerFailed counts a failure that another router replica saw on ep (its Done event): a
+// failure of the engine's own doing (sharedFailure) counts towards the fleet's consecutive
+// failures, so that an engine failing for every replica is ejected everywhere after as many
+// failures as one router would need, not after that many at each. A connection failure may
+// be the path from that replica alone, and counts only where it happened.
+func (o *Outlier) PeerFailed(ep *endpoint.Endpoint, f Failure) bool {
+	if !sharedFailure(f) {
+		return false
+	}
+	o.mu.Lock()
+	s := o.state(ep)
+	o.setFleet(s, s.fleet+1)
+	return o.judge(ep, s)
+}
+
+// PeerSucceeded resets the fleet's consecutive failures of ep: another replica's attempt on
+// it went well. This replica's own count stays: it may be this replica's path that fails.
+func (o *Outlier) PeerSucceeded(ep *endpoint.Endpoint) {
+	if o.counting.Load() == 0 {
+		return
+	}
+	o.mu.Lock()
+	if s := o.st[ep]; s != nil {
+		o.setFleet(s, 0)
+	}
+	o.mu.Unlock()
+}
+
+// sharedFailure reports whether f is of the engine's own doing, whoever saw it: it counts
+// (Failure.Counts) and is not a failure to connect, which may be one router's path alone.
+func sharedFailure(f Failure) bool { return f.Counts() && f != FailConnect }
+
+// setFleet sets s's fleet count, keeping o.counting. The caller holds o.mu.
+func (o *Outlier) setFleet(s *outlierState, n int) {
+	switch {
+	case s.fleet == 0 && n > 0:
+		o.counting.Add(1)
+	case s.fleet > 0 && n == 0:
+		o.counting.Add(-1)
+	}
+	s.fleet = n
+}
+
+// judge ejects ep when either count of s has reached the threshold and the fleet can spare
+// it, and reports whether it did. The caller holds o.mu; judge releases it.
+func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
+	now := o.clock.Now()
+	if s.out || max(s.fails, s.fleet) < o.cfg.Consecutive || !o.canEject(now) {
 		o.mu.Unlock()
 		return false
 	}
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
+	byFleet := s.fails < o.cfg.Consecutive
 	s.until, s.out, s.fails = now.Add(d), true, 0
+	o.setFleet(s, 0)
 	o.ejected.Add(1)
 	onEject := o.cfg.OnEject
 	o.mu.Unlock()
 	if onEject != nil {
-		onEject(ep, d)
+		onEject(ep, d, byFleet)
 	}
 	return true
 }
@@ -154,6 +216,7 @@ func (o *Outlier) Succeeded(ep *endpoint.Endpoint) {
 		return
 	}
 	s.fails = 0
+	o.setFleet(s, 0)
 	if s.times > 0 && !s.out && o.clock.Now().Sub(s.since) >= o.cfg.BaseEjection {
 		s.times--
 		s.since = o.clock.Now()
@@ -223,8 +286,11 @@ func (o *Outlier) BackedOff(ep *endpoint.Endpoint, now time.Time) bool {
 func (o *Outlier) Forget(ep *endpoint.Endpoint) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if s := o.st[ep]; s != nil && s.out {
-		o.ejected.Add(-1)
+	if s := o.st[ep]; s != nil {
+		if s.out {
+			o.ejected.Add(-1)
+		}
+		o.setFleet(s, 0)
 	}
 	delete(o.st, ep)
 }

@@ -68,7 +68,10 @@ type Event struct {
 	// Done: the outcome, in the policy's token units. PromptTokens is the engine's count when
 	// it reported one. Predicted is the cached tokens the origin's policy predicted for the
 	// attempt (-1: none): a receiver learns an eviction only where the origin saw one.
-	OK                         bool
+	OK bool
+	// Failure is how the attempt failed, when it did and counts against the endpoint
+	// (Failure.Counts); FailNone otherwise, and from a replica of wire version 2.2 or older.
+	Failure                    Failure
 	CachedTokens, OutputTokens int
 	Duration                   time.Duration
 	Predicted                  int
@@ -345,7 +348,7 @@ func (s *Share) firstToken(c *Call) {
 	}
 }
 
-func (s *Share) done(c *Call, res policy.Result) {
+func (s *Share) done(c *Call, res policy.Result, f Failure) {
 	if s == nil || c.shared == 0 {
 		return
 	}
@@ -364,9 +367,12 @@ func (s *Share) done(c *Call, res policy.Result) {
 	s.mu.Unlock()
 	id := c.shared
 	c.shared = 0
+	if !f.Counts() {
+		f = FailNone // what the receivers' health checking need not hear
+	}
 	if s.cfg.Out != nil {
 		s.publish(Event{
-			Kind: EventDone, ID: id, OK: res.OK, CachedTokens: res.CachedTokens, PromptTokens: res.PromptTokens,
+			Kind: EventDone, ID: id, OK: res.OK, Failure: f, CachedTokens: res.CachedTokens, PromptTokens: res.PromptTokens,
 			OutputTokens: res.OutputTokens, TTFT: res.TTFT, Duration: res.Duration, Predicted: c.rawPredicted,
 		})
 	}
@@ -458,6 +464,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		if ev.OK {
 			f.ep.Progressed(now.UnixNano())
 		}
+		lc.peerOutcome(f.ep, ev)
 		prompt := f.req.PromptTokens
 		if ev.PromptTokens > 0 {
 			prompt = ev.PromptTokens
@@ -488,6 +495,19 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		return DropNone
 	}
 	return DropInvalid
+}
+
+// peerOutcome tells passive health checking, when it hears the other replicas
+// (PeerHealth), how a remote attempt on ep ended: ev is its Done.
+func (lc *Lifecycle) peerOutcome(ep *endpoint.Endpoint, ev *Event) {
+	ph, ok := lc.health.(PeerHealth)
+	switch {
+	case !ok:
+	case ev.OK:
+		ph.PeerSucceeded(ep)
+	case ev.Failure.Counts():
+		ph.PeerFailed(ep, ev.Failure)
+	}
 }
 
 // peerProbeHold is how much longer than its probe interval a replica waits to probe an engine

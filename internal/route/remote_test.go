@@ -684,3 +684,86 @@ func TestExpiredKeepsPlacement(t *testing.T) {
 		t.Errorf("after its replica left, the request's blocks are predicted at %d tokens on e0, want 160", got)
 	}
 }
+
+// TestShareFailures: a replica's failures of the engine's own doing reach the other replicas'
+// passive health checking through their Done events, one by one and replayed whole
+// (ApplyBatch), so that an engine failing for the fleet is ejected everywhere after as many
+// failures as one router would need; a peer's success resets that count, and its connection
+// failures do not count.
+func TestShareFailures(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	mk := func(self uint64, consecutive int) (*replica, *Outlier) {
+		o := NewOutlier(OutlierConfig{Consecutive: consecutive, MaxEjectedPercent: 100, Fleet: func() int { return 3 }}, clk)
+		return newReplicaOf(t, self, Config{Picker: &script{order: []string{"a", "b", "c"}}, Clock: clk, Health: o},
+			clk, ShareConfig{}, "a", "b", "c"), o
+	}
+	a, _ := mk(1, 10) // a itself ejects nothing here
+	b, bo := mk(2, 3)
+	// attempt sends one request from r to its first candidate, which ends as end says.
+	attempt := func(r *replica, end func(c *Call)) string {
+		t.Helper()
+		c, err := r.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, r.eps, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := c.Next().Name
+		end(c)
+		return ep
+	}
+	fail := func(f Failure) func(*Call) {
+		return func(c *Call) { c.Fail(f); c.Finish(Outcome{}) }
+	}
+	ok := func(c *Call) { c.FirstToken(); c.Finish(Outcome{OK: true, CachedTokens: -1}) }
+	cut := func(c *Call) { c.FirstToken(); c.Finish(Outcome{Failure: FailCut, CachedTokens: -1}) }
+
+	// Engine a answers 500 to two of a's requests, then cuts one of b's own: b ejects it.
+	attempt(a, fail(FailStatus))
+	attempt(a, fail(FailStatus))
+	if got := a.out.evs[1]; got.Kind != EventDone || got.OK || got.Failure != FailStatus {
+		t.Fatalf("a published %+v, want a failed done with server_error", got)
+	}
+	a.deliver(b)
+	if bo.Ejected(b.eps[0], clk.t) {
+		t.Fatal("b ejected engine a after 2 failures")
+	}
+	attempt(b, cut)
+	if !bo.Ejected(b.eps[0], clk.t) {
+		t.Fatal("b did not eject engine a after a's 2 failures and its own")
+	}
+	b.out.evs = nil
+
+	// Engine b: a's cut stream, its success, then two cut streams: replayed whole
+	// (ApplyBatch coalesces each request's three events), b ejects after the last two and
+	// one of a's 503s, not before; a connection failure of a's counts for nothing at b.
+	apply := func() {
+		evs := make([]Event, len(a.out.evs))
+		for i, e := range a.out.evs {
+			e.Origin = 1
+			evs[i] = e
+		}
+		a.out.evs = nil
+		b.lc.ApplyBatch(evs, func(d Drop) { t.Errorf("b dropped an event of a's: %v", d) })
+	}
+	a.lc.picker.(*script).order = []string{"b", "c"}
+	attempt(a, cut)
+	attempt(a, ok)
+	attempt(a, cut)
+	attempt(a, cut)
+	apply()
+	if bo.Ejected(b.eps[1], clk.t) {
+		t.Fatal("b ejected engine b: a success came between the cut streams")
+	}
+	if got := b.lc.share.Stats().Coalesced; got != 4 {
+		t.Errorf("b replayed %d of a's requests whole, want 4", got)
+	}
+	attempt(a, fail(FailConnect))
+	apply()
+	if bo.Ejected(b.eps[1], clk.t) {
+		t.Fatal("b ejected engine b after a's connection failure")
+	}
+	attempt(a, fail(FailUnavailable))
+	apply()
+	if !bo.Ejected(b.eps[1], clk.t) {
+		t.Fatal("b did not eject engine b after 3 of a's failures in a row")
+	}
+}

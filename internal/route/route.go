@@ -76,6 +76,16 @@ type Health interface {
 	Forget(ep *endpoint.Endpoint)
 }
 
+// PeerHealth is a Health that also hears how the other router replicas' attempts went (their
+// Done events, Lifecycle.Apply). Outlier implements it.
+type PeerHealth interface {
+	// PeerFailed is told of another replica's attempt on ep that failed with f (one that
+	// counts, Failure.Counts), and reports whether ep was ejected here by it.
+	PeerFailed(ep *endpoint.Endpoint, f Failure) (ejected bool)
+	// PeerSucceeded is told of another replica's attempt that ep answered well.
+	PeerSucceeded(ep *endpoint.Endpoint)
+}
+
 // Failure says how an attempt failed. It decides whether the request may be sent to the next
 // endpoint of its ranked list (only while nothing has reached the client, and only where the
 // engine cannot have computed it or asked for it), and whether the failure counts against the
@@ -503,7 +513,7 @@ func (c *Call) closeAttempt(res policy.Result, f Failure) {
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
 	}
-	c.lc.share.done(c, res)
+	c.lc.share.done(c, res, f)
 	switch {
 	case f.Counts():
 		c.lc.health.Failed(c.ep, f)

@@ -210,7 +210,10 @@ func TestOutlierEjection(t *testing.T) {
 	var ejections []string
 	o := NewOutlier(OutlierConfig{Consecutive: 3, BaseEjection: 10 * time.Second, MaxEjection: 25 * time.Second,
 		MaxEjectedPercent: 50, Fleet: func() int { return len(eps) },
-		OnEject: func(ep *endpoint.Endpoint, d time.Duration) {
+		OnEject: func(ep *endpoint.Endpoint, d time.Duration, byFleet bool) {
+			if byFleet {
+				t.Errorf("%s ejected by the fleet's count: no peer failed", ep.Name)
+			}
 			ejections = append(ejections, fmt.Sprintf("%s %v", ep.Name, d))
 		}}, clk)
 	a := eps[0]
@@ -259,6 +262,60 @@ func TestOutlierEjection(t *testing.T) {
 	o2.Failed(two[1], FailConnect)
 	if !o2.Ejected(two[0], clk.t) || o2.Ejected(two[1], clk.t) {
 		t.Error("both endpoints of two ejected")
+	}
+}
+
+// TestOutlierPeerFailures: the other replicas' failures of the engine's own doing count
+// towards the fleet's consecutive failures, which eject as this replica's own would; their
+// successes reset only that count; their connection failures count for nothing here.
+func TestOutlierPeerFailures(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c", "d")
+	var ejections []string
+	o := NewOutlier(OutlierConfig{Consecutive: 3, BaseEjection: 10 * time.Second, MaxEjectedPercent: 100, Fleet: func() int { return len(eps) },
+		OnEject: func(ep *endpoint.Endpoint, _ time.Duration, byFleet bool) {
+			ejections = append(ejections, fmt.Sprintf("%s by fleet %v", ep.Name, byFleet))
+		}}, clk)
+	a, b := eps[0], eps[1]
+	if o.PeerFailed(a, FailStatus) || o.PeerFailed(a, FailCut) {
+		t.Fatal("ejected after 2 failures")
+	}
+	if !o.Failed(a, FailLost) || !o.Ejected(a, clk.t) {
+		t.Fatal("not ejected after 2 peer failures and 1 of its own")
+	}
+	// A peer's success resets the fleet's count: two more of the peers' and one connection
+	// failure of theirs do not eject.
+	o.PeerFailed(b, FailTimeout)
+	o.PeerSucceeded(b)
+	o.PeerFailed(b, FailUnavailable)
+	o.PeerFailed(b, FailConnect)
+	if o.PeerFailed(b, FailStatus) || o.Ejected(b, clk.t) {
+		t.Fatal("b ejected: a peer's success came between, and a peer's connection failure does not count")
+	}
+	if !o.PeerFailed(b, FailStatus) {
+		t.Fatal("b not ejected after 3 peer failures in a row")
+	}
+	// This replica's own count is not reset by a peer's success: its path may be the one
+	// that fails.
+	c := eps[2]
+	o.Failed(c, FailConnect)
+	o.Failed(c, FailConnect)
+	o.PeerSucceeded(c)
+	if o.Ejected(c, clk.t) || !o.Failed(c, FailConnect) {
+		t.Error("c not ejected after 3 connection failures here, a peer's success between")
+	}
+	// Failures that do not count (429, 4xx, the client's) never do.
+	d := eps[3]
+	for range 5 {
+		o.PeerFailed(d, FailBusy)
+		o.PeerFailed(d, FailRejected)
+		o.PeerFailed(d, FailCanceled)
+	}
+	if o.Ejected(d, clk.t) || o.counting.Load() != 0 {
+		t.Errorf("d ejected %v, endpoints counting %d; want neither", o.Ejected(d, clk.t), o.counting.Load())
+	}
+	if diff := cmp.Diff([]string{"a by fleet true", "b by fleet true", "c by fleet false"}, ejections); diff != "" {
+		t.Errorf("ejections (-want +got):\n%s", diff)
 	}
 }
 
