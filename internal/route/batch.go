@@ -78,6 +78,7 @@ func (s *Share) completed(lc *Lifecycle, evs []Event, now time.Time) bool {
 		ep.Progressed(now.UnixNano())
 	}
 	lc.peerOutcome(ep, d)
+	lc.peerAudit(ep, d, now)
 	obs := lc.observer
 	if obs == nil {
 		return true

@@ -471,6 +471,7 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		}
 		s.finish(f, policy.Result{OK: ev.OK, CachedTokens: remoteCached(ev), PromptTokens: prompt,
 			OutputTokens: ev.OutputTokens, TTFT: ev.TTFT, Duration: ev.Duration})
+		lc.peerAudit(f.ep, ev, now)
 		return DropNone
 	case EventRemoved:
 		ep := s.endpoint(ev.Endpoint)
@@ -507,6 +508,19 @@ func (lc *Lifecycle) peerOutcome(ep *endpoint.Endpoint, ev *Event) {
 		ph.PeerSucceeded(ep)
 	case ev.Failure.Counts():
 		ph.PeerFailed(ep, ev.Failure)
+	}
+}
+
+// peerAudit tells the cache-report audit what a remote attempt that ended well on ep was
+// predicted to find cached and what the engine reported (ev is its Done), as Finish tells it
+// of a local one: each replica hears the fleet's reports, and finds a silent zero hit as soon
+// as one router would, not after as many reports of its own.
+func (lc *Lifecycle) peerAudit(ep *endpoint.Endpoint, ev *Event, now time.Time) {
+	if lc.audit == nil || !ev.OK {
+		return
+	}
+	if changed, blind := lc.audit.Observe(ep, ev.Predicted, ev.CachedTokens, now); changed && lc.blinder != nil {
+		lc.blinder.SetCacheBlind(ep, blind)
 	}
 }
 

@@ -767,3 +767,59 @@ func TestShareFailures(t *testing.T) {
 		t.Fatal("b did not eject engine b after 3 of a's failures in a row")
 	}
 }
+
+// TestShareAudit: the other replicas' reports reach the cache-report audit through their Done
+// events, one by one and replayed whole, so that a replica finds a silent zero hit on the
+// fleet's reports, not only its own; an attempt that failed teaches it nothing.
+func TestShareAudit(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	audit := NewAudit(AuditConfig{})
+	b := newReplicaOf(t, 2, Config{Picker: &script{order: []string{"a", "b"}}, Clock: clk, Audit: audit}, clk, ShareConfig{}, "a", "b")
+	id := uint64(0)
+	// request is the events of a remote request on engine a, predicted to find 100 tokens
+	// cached, that found found.
+	request := func(found int, ok bool) []Event {
+		id++
+		return []Event{
+			{Kind: EventRouted, Origin: 1, ID: id, Endpoint: "a", PromptTokens: 120},
+			{Kind: EventFirstToken, Origin: 1, ID: id, TTFT: time.Millisecond},
+			{Kind: EventDone, Origin: 1, ID: id, OK: ok, CachedTokens: found, PromptTokens: 120, Predicted: 100},
+		}
+	}
+	a := b.eps[0]
+	// Failed attempts, however many, are no report.
+	for range 20 {
+		b.lc.ApplyBatch(request(0, false), nil)
+	}
+	if st := audit.Status(a); st.Blind || st.FoundShare != -1 {
+		t.Fatalf("after failed attempts: %+v, want nothing learnt", st)
+	}
+	// Reports of nothing found, one event at a time: blind after the audit's minimum.
+	for i := range 20 {
+		for _, ev := range request(0, true) {
+			b.lc.Apply(&ev)
+		}
+		if audit.Blind(a) {
+			if i < 9 {
+				t.Errorf("blind after %d reports, want at least 10", i+1)
+			}
+			break
+		}
+	}
+	if !audit.Blind(a) {
+		t.Fatal("not blind after 20 remote reports of nothing found")
+	}
+	// Reports that agree, replayed whole: it sees again.
+	for range 20 {
+		b.lc.ApplyBatch(request(100, true), nil)
+		if !audit.Blind(a) {
+			break
+		}
+	}
+	if audit.Blind(a) {
+		t.Error("still blind after 20 remote reports that agree")
+	}
+	if got := b.share.Stats().Coalesced; got < 21 {
+		t.Errorf("%d requests replayed whole, want every batch's", got)
+	}
+}
