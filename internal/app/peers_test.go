@@ -88,6 +88,13 @@ func TestRouterPeers(t *testing.T) {
 		a.peers.node.Publish(&route.Event{Kind: route.EventDone, ID: id, Failure: route.FailStatus, CachedTokens: -1})
 	}
 	waitUntil(t, "b ejecting the engine that failed at a", func() bool { return b.Endpoints()[1].EjectedUntil != nil })
+	// The ejection reset the counts; a fourth failure at a is the fleet's first, not b's.
+	a.peers.node.Publish(&route.Event{Kind: route.EventRouted, ID: 1<<40 + 3, Endpoint: second, Model: "m", PromptTokens: 10})
+	a.peers.node.Publish(&route.Event{Kind: route.EventDone, ID: 1<<40 + 3, Failure: route.FailTimeout, CachedTokens: -1})
+	waitUntil(t, "b counting a's fourth failure", func() bool { return b.Endpoints()[1].Failures.Fleet == 1 })
+	if f := b.Endpoints()[1].Failures; f.Here != 0 {
+		t.Errorf("b's own consecutive failures %d, want 0: it sent the engine nothing", f.Here)
+	}
 	code, out := get(t, admin, "/debug/peers")
 	var st struct {
 		Members   []string `json:"members"`

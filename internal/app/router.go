@@ -529,6 +529,13 @@ type EndpointInfo struct {
 	Probe        scrape.Status `json:"probe"`
 	// EjectedUntil is when a passive ejection ends; absent when the endpoint is not ejected.
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	// Failures are the consecutive failures that count towards ejecting the endpoint
+	// (health.passive_failures): here, and the fleet's, those of the engine's own doing here
+	// and at peer replicas, with no success at either between; both 0 after a success.
+	Failures struct {
+		Here  int `json:"here"`
+		Fleet int `json:"fleet"`
+	} `json:"consecutive_failures"`
 	// CacheAudit compares the engine's reported cached tokens with the router's predictions.
 	CacheAudit route.AuditStatus `json:"cache_audit"`
 	// TokenScale is how many of the engine's tokens one token of the router's estimate is.
@@ -571,6 +578,7 @@ func (r *Router) Endpoints() []EndpointInfo {
 		if n, src, ok := r.stepTokens(e); ok {
 			info.StepTokens, info.StepSource = &n, src
 		}
+		info.Failures.Here, info.Failures.Fleet = r.outlier.Failures(e)
 		if until := r.outlier.EjectedUntil(e); until.After(now) {
 			info.EjectedUntil = &until
 			info.Available = false

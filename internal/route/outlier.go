@@ -248,6 +248,18 @@ func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
 	return false
 }
 
+// Failures returns ep's consecutive failures that count: here since this replica's last
+// success there, and the fleet's (here and at the other replicas, PeerFailed) since the last
+// success anywhere.
+func (o *Outlier) Failures(ep *endpoint.Endpoint) (here, fleet int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s := o.st[ep]; s != nil {
+		return s.fails, s.fleet
+	}
+	return 0, 0
+}
+
 // EjectedUntil returns when ep's ejection ends, zero when it is not ejected.
 func (o *Outlier) EjectedUntil(ep *endpoint.Endpoint) time.Time {
 	o.mu.Lock()

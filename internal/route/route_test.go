@@ -280,6 +280,9 @@ func TestOutlierPeerFailures(t *testing.T) {
 	if o.PeerFailed(a, FailStatus) || o.PeerFailed(a, FailCut) {
 		t.Fatal("ejected after 2 failures")
 	}
+	if here, fleet := o.Failures(a); here != 0 || fleet != 2 {
+		t.Errorf("failures here %d, fleet %d; want 0 and 2", here, fleet)
+	}
 	if !o.Failed(a, FailLost) || !o.Ejected(a, clk.t) {
 		t.Fatal("not ejected after 2 peer failures and 1 of its own")
 	}
