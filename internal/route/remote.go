@@ -24,9 +24,16 @@ const (
 	// EventStalled: the origin's stall watch found an endpoint's engine stalled, or the origin
 	// let a probe through to it while stalled (endpoint.Stalling).
 	EventStalled
+	// EventBackoff: an endpoint's engine answered the origin 429, asking for Rest of rest
+	// (Retry-After): it is tried after the others for that long.
+	EventBackoff
 )
 
-var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed", EventStalled: "stalled"}
+// maxBackoff bounds the rest a peer's backoff event may ask for, as the proxy bounds an
+// engine's Retry-After.
+const maxBackoff = time.Minute
+
+var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed", EventStalled: "stalled", EventBackoff: "backoff"}
 
 // String returns the kind's name.
 func (k EventKind) String() string {
@@ -49,11 +56,13 @@ type Event struct {
 	// ID names the attempt within its origin (never reused there).
 	ID uint64
 	// Endpoint is the endpoint's name (its base URL): IDs differ between replicas, names do
-	// not. Routed, Removed and Stalled only.
+	// not. Routed, Removed, Stalled and Backoff only.
 	Endpoint string
 	// Stalled: how long the engine had been silent (nothing heard from it, by the origin)
 	// when the event happened. A duration, not a time: replicas' clocks differ.
 	Silent time.Duration
+	// Backoff: the rest the engine asked for, from when the event happened.
+	Rest time.Duration
 
 	// Routed: the request as the policy saw it.
 	Model, Tenant, SessionKey            string
@@ -378,6 +387,14 @@ func (s *Share) done(c *Call, res policy.Result, f Failure) {
 	}
 }
 
+// backoff tells the other replicas that ep's engine asked for d of rest (429).
+func (s *Share) backoff(ep *endpoint.Endpoint, d time.Duration) {
+	if s == nil || s.cfg.Out == nil {
+		return
+	}
+	s.publish(Event{Kind: EventBackoff, Endpoint: ep.Name, Rest: d})
+}
+
 func (s *Share) removed(ep *endpoint.Endpoint) {
 	if s == nil || s.cfg.Out == nil {
 		return
@@ -482,6 +499,13 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 			lc.observer.Removed(ep)
 		}
 		return DropNone
+	case EventBackoff:
+		ep := s.endpoint(ev.Endpoint)
+		if ep == nil {
+			return DropUnknownEndpoint
+		}
+		lc.health.Backoff(ep, now, min(ev.Rest, maxBackoff))
+		return DropNone
 	case EventStalled:
 		ep := s.endpoint(ev.Endpoint)
 		if ep == nil {
@@ -532,7 +556,7 @@ const peerProbeHold = time.Second
 
 // malformed reports whether ev names no origin or carries a negative count or duration.
 func malformed(ev *Event) bool {
-	return ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 || ev.Silent < 0
+	return ev.Origin == 0 || ev.PromptTokens < 0 || ev.BlockTokens < 0 || ev.MaxTokens < 0 || ev.TTFT < 0 || ev.Silent < 0 || ev.Rest < 0
 }
 
 // unplaceable reports whether a Routed ev names no endpoint, or blocks without their size.

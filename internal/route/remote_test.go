@@ -823,3 +823,80 @@ func TestShareAudit(t *testing.T) {
 		t.Errorf("%d requests replayed whole, want every batch's", got)
 	}
 }
+
+// TestShareBackoff: an engine's 429 at one replica (its Retry-After) is published once per
+// rest, and has the other replicas try the engine after the others for as long.
+func TestShareBackoff(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	mk := func(self uint64) *replica {
+		return newReplicaOf(t, self, Config{Picker: &script{order: []string{"a", "b"}}, Clock: clk, Attempts: 2}, clk, ShareConfig{}, "a", "b")
+	}
+	a, b := mk(1), mk(2)
+	first := func(r *replica) string {
+		t.Helper()
+		c, err := r.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, r.eps, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := c.Next().Name
+		if ep == "a" {
+			c.Backoff(2 * time.Second) // engine a sheds load: 429, Retry-After 2 s
+			c.Fail(FailBusy)
+			ep = c.Next().Name
+		}
+		c.FirstToken()
+		c.Finish(Outcome{OK: true, CachedTokens: -1})
+		return ep
+	}
+	kinds := func(r *replica) (out []string) {
+		for _, e := range r.out.evs {
+			out = append(out, e.Kind.String())
+		}
+		return out
+	}
+	// a meets the 429 and says so once; a second request at a, while a backs off, neither
+	// meets nor publishes one.
+	if got := first(a); got != "b" {
+		t.Fatalf("a's request served by %s, want b after a's 429", got)
+	}
+	if got := first(a); got != "b" {
+		t.Fatalf("a's second request went to %s, want b (a backs off)", got)
+	}
+	want := []string{"routed", "backoff", "done", "routed", "first_token", "done", "routed", "first_token", "done"}
+	if diff := cmp.Diff(want, kinds(a)); diff != "" {
+		t.Fatalf("a published (-want +got):\n%s", diff)
+	}
+	if ev := a.out.evs[1]; ev.Endpoint != "a" || ev.Rest != 2*time.Second {
+		t.Errorf("backoff event %+v, want engine a for 2s", ev)
+	}
+	// b, told, tries engine a after b for the 2 s, then first again.
+	for _, d := range a.deliver(b) {
+		if d != DropNone {
+			t.Fatalf("b dropped one of a's events: %v", d)
+		}
+	}
+	clk.t = clk.t.Add(1900 * time.Millisecond)
+	if c, _ := b.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, b.eps, "", clk.t); c.Next().Name != "b" {
+		t.Error("b ranked engine a first within its rest")
+	} else {
+		c.Finish(Outcome{})
+	}
+	clk.t = clk.t.Add(200 * time.Millisecond)
+	if c, _ := b.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, b.eps, "", clk.t); c.Next().Name != "a" {
+		t.Error("b still ranks engine a last after its rest")
+	} else {
+		c.Finish(Outcome{})
+	}
+	// A negative rest is malformed; an unknown endpoint is dropped; a rest is capped at a minute.
+	if d := b.lc.Apply(&Event{Kind: EventBackoff, Origin: 1, Endpoint: "a", Rest: -time.Second}); d != DropInvalid {
+		t.Errorf("negative rest: %v, want invalid", d)
+	}
+	if d := b.lc.Apply(&Event{Kind: EventBackoff, Origin: 1, Endpoint: "z", Rest: time.Second}); d != DropUnknownEndpoint {
+		t.Errorf("unknown endpoint: %v", d)
+	}
+	b.lc.Apply(&Event{Kind: EventBackoff, Origin: 1, Endpoint: "a", Rest: time.Hour})
+	clk.t = clk.t.Add(time.Minute + time.Millisecond)
+	if c, _ := b.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, b.eps, "", clk.t); c.Next().Name != "a" {
+		t.Error("an hour's rest asked by a peer outlasted a minute")
+	}
+}

@@ -497,10 +497,18 @@ func (c *Call) Fail(f Failure) (retry bool) {
 }
 
 // Backoff records that the endpoint of the attempt in progress asked for d of rest (429 with
-// Retry-After): later requests try it after the others until then. Call it before Fail.
+// Retry-After): later requests try it after the others until then, here and, told by a backoff
+// event, at the other replicas (once per rest: not again while the engine is backed off here
+// already, as the requests that were on their way to it meet its 429s). Call it before Fail.
 func (c *Call) Backoff(d time.Duration) {
-	if c.open && d > 0 {
-		c.lc.health.Backoff(c.ep, c.lc.clock.Now(), d)
+	if !c.open || d <= 0 {
+		return
+	}
+	now := c.lc.clock.Now()
+	told := c.lc.health.BackedOff(c.ep, now)
+	c.lc.health.Backoff(c.ep, now, d)
+	if !told {
+		c.lc.share.backoff(c.ep, d)
 	}
 }
 
