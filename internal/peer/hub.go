@@ -307,8 +307,8 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveSnapshot sends what a new replica starts from: the policy's snapshot in pieces, the
-// attempts in flight (local and remote) and the engines found stalled, and an end that counts
-// them.
+// attempts in flight (local and remote), the engines found stalled and those ejected for
+// failures of their own doing, and an end that counts them.
 func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	nonce, ok := n.authorize(w, r, pathSnapshot)
 	if !ok {
@@ -332,6 +332,12 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 				flights = append(flights, route.Event{Kind: route.EventStalled, Origin: sh.Self(), Endpoint: e.Name,
 					Silent: time.Duration(max(taken-from, 0))})
 			}
+		}
+		// The engines ejected here: the new replica does not send them requests that would
+		// fail until it had counted its own (a failure to connect, which may be this
+		// replica's path alone, is not told).
+		for _, e := range n.lifecycle().Ejections() {
+			flights = append(flights, route.Event{Kind: route.EventEjected, Origin: sh.Self(), Endpoint: e.Endpoint.Name, Rest: e.Rest})
 		}
 	}
 	total := len(flights)

@@ -39,6 +39,7 @@ type replica struct {
 	node   *Node
 	share  *route.Share
 	lc     *route.Lifecycle
+	health *route.Outlier
 	pool   *endpoint.Pool
 	m      *metrics.Peers
 	cancel context.CancelFunc
@@ -73,7 +74,8 @@ func startReplica(t *testing.T, name string, seeds []string, tweak func(*Config)
 	}
 	r := &replica{t: t, node: n, pool: pool, m: m, done: make(chan error, 1)}
 	r.share = route.NewShare(route.ShareConfig{Self: n.Origin(), Out: n, Endpoint: pool.ByName})
-	if r.lc, err = route.New(route.Config{Picker: pk, Share: r.share}); err != nil {
+	r.health = route.NewOutlier(route.OutlierConfig{Consecutive: 3, Fleet: func() int { return len(pool.All()) }}, nil)
+	if r.lc, err = route.New(route.Config{Picker: pk, Share: r.share, Health: r.health}); err != nil {
 		t.Fatal(err)
 	}
 	n.Attach(r.share, func() *route.Lifecycle { return r.lc }, pool.All)
@@ -201,6 +203,17 @@ func TestWarmStart(t *testing.T) {
 		}
 	}
 	hung.Stalled(time.Now().Add(-20*time.Second).UnixNano(), time.Now().UnixNano())
+	// An engine that answered a 500 three times: a has ejected it, for 30 s, and so has c from
+	// the snapshot.
+	var failing *endpoint.Endpoint
+	for _, e := range a.pool.All() {
+		if e.Name != ep && e != hung {
+			failing = e
+		}
+	}
+	for range 3 {
+		a.health.Failed(failing, route.FailStatus)
+	}
 	c := startReplica(t, "c", []string{a.node.GossipAddr()}, nil)
 	select {
 	case <-c.node.WaitReady():
@@ -218,6 +231,12 @@ func TestWarmStart(t *testing.T) {
 	}
 	if c.ep(ep).StalledSince() != 0 {
 		t.Errorf("c: %s stalled, a's is not", ep)
+	}
+	if until := c.health.EjectedUntil(c.ep(failing.Name)); time.Until(until) < 25*time.Second || time.Until(until) > 30*time.Second {
+		t.Errorf("c: %s ejected until %v, want about 30 s from a's ejection", failing.Name, until)
+	}
+	if !c.health.EjectedUntil(c.ep(ep)).IsZero() || !c.health.EjectedUntil(c.ep(hung.Name)).IsZero() {
+		t.Errorf("c ejected %s or %s, which a has not", ep, hung.Name)
 	}
 	pc := c.lc.Picker().(policy.Predictor)
 	pa := a.lc.Picker().(policy.Predictor)

@@ -55,14 +55,15 @@ import (
 //	removed      [4, origin, endpoint]
 //	stalled      [5, origin, endpoint, silent_ns]
 //	backoff      [6, origin, endpoint, rest_ns]
+//	ejected      [7, origin, endpoint, rest_ns]
 
 // Protocol versions. A replica refuses messages of another major version.
 // Major 2: routed events refer to the blocks of earlier ones (back, shared). Minor 1: routed
 // events end with whole (the answer comes whole, not streamed), false when a sender of minor 0
 // leaves it out. Minor 2: stalled events (a replica of minor 1 skips them, as any kind it does
 // not know). Minor 3: done events of failed attempts end with failure (a replica of minor 2
-// skips it; one of minor 3 reads its absence as a failure not to count), and backoff events
-// (skipped by a replica of minor 2).
+// skips it; one of minor 3 reads its absence as a failure not to count), backoff events, and
+// ejected events in a snapshot (both skipped by a replica of minor 2).
 const (
 	Major = 2
 	Minor = 3
@@ -306,7 +307,7 @@ func appendEventRef(b []byte, ev *route.Event, back, shared int) ([]byte, error)
 	case route.EventStalled:
 		b = msgp.AppendString(b, ev.Endpoint)
 		b = appendInt(b, int64(ev.Silent))
-	case route.EventBackoff:
+	case route.EventBackoff, route.EventEjected:
 		b = msgp.AppendString(b, ev.Endpoint)
 		b = appendInt(b, int64(ev.Rest))
 	}
@@ -343,7 +344,7 @@ func eventFields(kind uint64) int {
 		return 10
 	case route.EventRemoved:
 		return 3
-	case route.EventStalled, route.EventBackoff:
+	case route.EventStalled, route.EventBackoff, route.EventEjected:
 		return 4
 	}
 	return 0
@@ -438,7 +439,7 @@ func (d *decoder) event(b []byte, ev *route.Event) (known bool, rest []byte, err
 		ev.Endpoint = d.intern(r.str())
 	case route.EventStalled:
 		ev.Endpoint, ev.Silent = d.intern(r.str()), time.Duration(r.int())
-	case route.EventBackoff:
+	case route.EventBackoff, route.EventEjected:
 		ev.Endpoint, ev.Rest = d.intern(r.str()), time.Duration(r.int())
 	}
 	if r.err != nil {

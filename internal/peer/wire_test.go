@@ -29,6 +29,7 @@ func sampleEvents() []route.Event {
 		{Kind: route.EventRemoved, Endpoint: "e"},
 		{Kind: route.EventStalled, Endpoint: "e", Silent: 12 * time.Second},
 		{Kind: route.EventBackoff, Endpoint: "e", Rest: 2 * time.Second},
+		{Kind: route.EventEjected, Endpoint: "e", Rest: time.Minute},
 	}
 }
 
@@ -58,13 +59,13 @@ func decodeBatch(msg []byte) (header, []route.Event, error) {
 
 // TestWireGolden: a batch is encoded as version 2.3 has it (the bytes of version 1, which
 // tinylib/msgp kept from vmihailenco/msgpack, with the routed events' back and shared, whole,
-// the stalled event, a failed done's failure and the backoff event): a change of the wire is
-// one made on purpose, with its version.
+// the stalled event, a failed done's failure, the backoff and ejected events): a change of
+// the wire is one made on purpose, with its version.
 func TestWireGolden(t *testing.T) {
-	const golden = "990203a16105c41001020300000000000000000000000000097b01999e010001b4687474703a2f2f31302e302e302e313a38303030" +
+	const golden = "990203a16105c41001020300000000000000000000000000097b019a9e010001b4687474703a2f2f31302e302e302e313a38303030" +
 		"a16da174a1731028090000c41800000000000000018000000000000000000000000000002ac29e014d02a165a0a0a00000000000c400c394" +
 		"020001ce017d78409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff00000000009b030003c2ff000000000006930400a165" +
-		"940500a165cf00000002cb417800940600a165ce77359400"
+		"940500a165cf00000002cb417800940600a165ce77359400940700a165cf0000000df8475800"
 	head, payload := message(t, header{from: "a", inc: 5, nonce: [16]byte{1, 2, 3}, seq: 9, sentAt: 123, kind: kindBatch}, sampleEvents())
 	if got := hex.EncodeToString(append(head, payload...)); got != golden {
 		t.Errorf("batch encoded as\n%s\nwant\n%s", got, golden)
@@ -86,7 +87,7 @@ func TestWireMinor0(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := sampleEvents()
-	want := append(all[:5:5], all[6]) // no failed done (its failure) or backoff before 2.3, no stalled event before 2.2
+	want := append(all[:5:5], all[6]) // no failed done (its failure), backoff or ejected before 2.3, no stalled event before 2.2
 	want[1].Whole = false
 	if diff := cmp.Diff(want, evs); diff != "" {
 		t.Errorf("2.0 batch decoded (-want +got):\n%s", diff)

@@ -70,6 +70,10 @@ type outlierState struct {
 	since   time.Time // when the last ejection ended (for the multiplier's decay)
 	out     bool      // ejected, not yet readmitted
 	backoff time.Time // tried after the others until then (429)
+	// engine: the ejection under way was for failures of the engine's own doing
+	// (sharedFailure), which a new replica is told of (Ejections); not for failures to connect,
+	// which may be this replica's path alone.
+	engine bool
 }
 
 // NewOutlier returns an Outlier with cfg (zero fields take the defaults) on clock (nil: the
@@ -150,6 +154,57 @@ func (o *Outlier) PeerSucceeded(ep *endpoint.Endpoint) {
 	o.mu.Unlock()
 }
 
+// Ejection is an endpoint ejected for failures of its engine's own doing, and the rest of its
+// ejection.
+type Ejection struct {
+	Endpoint *endpoint.Endpoint
+	Rest     time.Duration
+}
+
+// Ejections returns the endpoints ejected at now for failures of their engines' own doing,
+// for a replica that starts: a failure to connect may be this replica's path alone, and an
+// ejection for it is not told.
+func (o *Outlier) Ejections(now time.Time) []Ejection {
+	if o.ejected.Load() == 0 {
+		return nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []Ejection
+	for ep, s := range o.st {
+		if s.out && s.engine && now.Before(s.until) {
+			out = append(out, Ejection{ep, s.until.Sub(now)})
+		}
+	}
+	return out
+}
+
+// PeerEjected ejects ep for rest, as another replica found it (a warm start's snapshot), if
+// the fleet can spare it and it is not ejected already; it reports whether it did. A later
+// ejection here lasts as a second one in a row would.
+func (o *Outlier) PeerEjected(ep *endpoint.Endpoint, rest time.Duration) bool {
+	now := o.clock.Now()
+	o.mu.Lock()
+	s := o.state(ep)
+	rest = min(rest, o.cfg.MaxEjection)
+	if s.out && now.Before(s.until) || rest <= 0 || !o.canEject(now) {
+		o.mu.Unlock()
+		return false
+	}
+	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
+		o.ejected.Add(1)
+	}
+	s.times = max(s.times, 1)
+	s.until, s.out, s.engine, s.fails = now.Add(rest), true, true, 0
+	o.setFleet(s, 0)
+	onEject := o.cfg.OnEject
+	o.mu.Unlock()
+	if onEject != nil {
+		onEject(ep, rest, true)
+	}
+	return true
+}
+
 // sharedFailure reports whether f is of the engine's own doing, whoever saw it: it counts
 // (Failure.Counts) and is not a failure to connect, which may be one router's path alone.
 func sharedFailure(f Failure) bool { return f.Counts() && f != FailConnect }
@@ -176,6 +231,7 @@ func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
 	byFleet := s.fails < o.cfg.Consecutive
+	s.engine = s.fleet >= o.cfg.Consecutive
 	s.until, s.out, s.fails = now.Add(d), true, 0
 	o.setFleet(s, 0)
 	o.ejected.Add(1)

@@ -27,13 +27,16 @@ const (
 	// EventBackoff: an endpoint's engine answered the origin 429, asking for Rest of rest
 	// (Retry-After): it is tried after the others for that long.
 	EventBackoff
+	// EventEjected: the origin has an endpoint ejected for Rest more, for failures of its
+	// engine's own doing (Outlier.Ejections); a warm start's snapshot carries it.
+	EventEjected
 )
 
 // maxBackoff bounds the rest a peer's backoff event may ask for, as the proxy bounds an
 // engine's Retry-After.
 const maxBackoff = time.Minute
 
-var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed", EventStalled: "stalled", EventBackoff: "backoff"}
+var eventNames = [...]string{EventRouted: "routed", EventFirstToken: "first_token", EventDone: "done", EventRemoved: "removed", EventStalled: "stalled", EventBackoff: "backoff", EventEjected: "ejected"}
 
 // String returns the kind's name.
 func (k EventKind) String() string {
@@ -56,12 +59,13 @@ type Event struct {
 	// ID names the attempt within its origin (never reused there).
 	ID uint64
 	// Endpoint is the endpoint's name (its base URL): IDs differ between replicas, names do
-	// not. Routed, Removed, Stalled and Backoff only.
+	// not. Routed, Removed, Stalled, Backoff and Ejected only.
 	Endpoint string
 	// Stalled: how long the engine had been silent (nothing heard from it, by the origin)
 	// when the event happened. A duration, not a time: replicas' clocks differ.
 	Silent time.Duration
-	// Backoff: the rest the engine asked for, from when the event happened.
+	// Backoff: the rest the engine asked for, from when the event happened; Ejected: the rest
+	// of the ejection.
 	Rest time.Duration
 
 	// Routed: the request as the policy saw it.
@@ -505,6 +509,15 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 			return DropUnknownEndpoint
 		}
 		lc.health.Backoff(ep, now, min(ev.Rest, maxBackoff))
+		return DropNone
+	case EventEjected:
+		ep := s.endpoint(ev.Endpoint)
+		if ep == nil {
+			return DropUnknownEndpoint
+		}
+		if ph, ok := lc.health.(PeerHealth); ok {
+			ph.PeerEjected(ep, ev.Rest)
+		}
 		return DropNone
 	case EventStalled:
 		ep := s.endpoint(ev.Endpoint)

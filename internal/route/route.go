@@ -84,6 +84,12 @@ type PeerHealth interface {
 	PeerFailed(ep *endpoint.Endpoint, f Failure) (ejected bool)
 	// PeerSucceeded is told of another replica's attempt that ep answered well.
 	PeerSucceeded(ep *endpoint.Endpoint)
+	// PeerEjected is told that another replica has ep ejected for rest more, for failures of
+	// its engine's own doing (a warm start's snapshot), and reports whether ep was ejected
+	// here by it.
+	PeerEjected(ep *endpoint.Endpoint, rest time.Duration) (ejected bool)
+	// Ejections returns what PeerEjected would be told of this replica's ejections at now.
+	Ejections(now time.Time) []Ejection
 }
 
 // Failure says how an attempt failed. It decides whether the request may be sent to the next
@@ -244,6 +250,16 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 	lc.health.Forget(ep)
 	lc.audit.Forget(ep)
 	lc.share.removed(ep)
+}
+
+// Ejections returns the endpoints ejected here for failures of their engines' own doing, and
+// the rest of each ejection, for a replica that starts (PeerHealth.Ejections; none when
+// passive health checking does not hear the other replicas).
+func (lc *Lifecycle) Ejections() []Ejection {
+	if ph, ok := lc.health.(PeerHealth); ok {
+		return ph.Ejections(lc.clock.Now())
+	}
+	return nil
 }
 
 // Audit returns the cache-report audit, nil when there is none.

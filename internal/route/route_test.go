@@ -322,6 +322,51 @@ func TestOutlierPeerFailures(t *testing.T) {
 	}
 }
 
+// TestOutlierEjections: a replica tells a starting one of its ejections for failures of the
+// engine's own doing, not of those for failures to connect (its path alone, maybe); the
+// starting one ejects for the rest told, bounded by its own longest ejection and its share of
+// the fleet, and its next ejection of that endpoint lasts as a second in a row.
+func TestOutlierEjections(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c", "d")
+	cfg := OutlierConfig{Consecutive: 2, BaseEjection: 10 * time.Second, MaxEjection: time.Minute, MaxEjectedPercent: 50, Fleet: func() int { return len(eps) }}
+	o := NewOutlier(cfg, clk)
+	if got := o.Ejections(clk.t); got != nil {
+		t.Fatalf("ejections before any: %v", got)
+	}
+	o.Failed(eps[0], FailStatus)
+	o.Failed(eps[0], FailConnect) // the engine's own count is 1: ejected for the path's sake
+	o.Failed(eps[1], FailCut)
+	o.Failed(eps[1], FailTimeout)
+	clk.t = clk.t.Add(4 * time.Second)
+	got := o.Ejections(clk.t)
+	if len(got) != 1 || got[0].Endpoint != eps[1] || got[0].Rest != 6*time.Second {
+		t.Fatalf("ejections %+v, want b's alone with 6s left", got)
+	}
+	n := NewOutlier(cfg, clk)
+	if !n.PeerEjected(eps[1], got[0].Rest) || !n.Ejected(eps[1], clk.t) {
+		t.Fatal("b not ejected from the peer's ejection")
+	}
+	if n.PeerEjected(eps[1], time.Hour) {
+		t.Error("b ejected again while ejected")
+	}
+	// 50 % of four: one more may go, for at most a minute.
+	if !n.PeerEjected(eps[2], time.Hour) || n.PeerEjected(eps[3], time.Second) {
+		t.Error("want c ejected and d kept: two of four at most")
+	}
+	if until := n.EjectedUntil(eps[2]); until != clk.t.Add(time.Minute) {
+		t.Errorf("c ejected until %v, want a minute on (MaxEjection)", until)
+	}
+	// b's next ejection here is its second in a row: 20 s.
+	clk.t = clk.t.Add(6 * time.Second)
+	n.Ejected(eps[1], clk.t)
+	n.Failed(eps[1], FailStatus)
+	n.Failed(eps[1], FailStatus)
+	if until := n.EjectedUntil(eps[1]); until != clk.t.Add(20*time.Second) {
+		t.Errorf("b's next ejection until %v, want 20 s on", until)
+	}
+}
+
 // TestFailureClasses pins what each failure means.
 func TestFailureClasses(t *testing.T) {
 	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true}
