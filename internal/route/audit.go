@@ -177,9 +177,10 @@ func (a *Audit) Forget(ep *endpoint.Endpoint) {
 }
 
 // probe returns the first endpoint of ranked after the first that is blind, due a probe
-// (AuditConfig.ProbeEvery) and predicted by holds to hold some of the prompt, and records the
-// probe; -1 when there is none. The pick stands when the first is blind itself.
-func (a *Audit) probe(ranked []*endpoint.Endpoint, holds func(*endpoint.Endpoint) bool, now time.Time) int {
+// (AuditConfig.ProbeEvery, times replicas: the router replicas whose probes this audit hears)
+// and predicted by holds to hold some of the prompt, and records the probe; -1 when there is
+// none. The pick stands when the first is blind itself.
+func (a *Audit) probe(ranked []*endpoint.Endpoint, holds func(*endpoint.Endpoint) bool, now time.Time, replicas int) int {
 	if a == nil || a.cfg.ProbeEvery < 0 || a.nblind.Load() == 0 || len(ranked) < 2 {
 		return -1
 	}
@@ -188,9 +189,10 @@ func (a *Audit) probe(ranked []*endpoint.Endpoint, holds func(*endpoint.Endpoint
 	if s := a.st[ranked[0]]; s != nil && s.blind {
 		return -1
 	}
+	every := a.cfg.ProbeEvery * time.Duration(max(replicas, 1))
 	for i, ep := range ranked[1:] {
 		s := a.st[ep]
-		if s == nil || !s.blind || now.Sub(s.probed) < a.cfg.ProbeEvery || !holds(ep) {
+		if s == nil || !s.blind || now.Sub(s.probed) < every || !holds(ep) {
 			continue
 		}
 		s.probed = now

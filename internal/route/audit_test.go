@@ -143,3 +143,33 @@ func TestAuditProbesBlind(t *testing.T) {
 		t.Errorf("%d blind after Forget", n)
 	}
 }
+
+// TestAuditProbesReplicas: with four router replicas sharing their events, whose audits each
+// hear every probe's answer, a replica probes a blind endpoint every 4 x ProbeEvery.
+func TestAuditProbesReplicas(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
+	audit := NewAudit(AuditConfig{})
+	sh := NewShare(ShareConfig{Self: 1, Clock: clk})
+	sh.SetReplicas(4, 0, time.Millisecond)
+	lc, err := New(Config{Picker: p, Clock: clk, Audit: audit, Share: sh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := pool(t, "a", "b")
+	for range 10 {
+		audit.Observe(eps[1], 64, 0, clk.t)
+	}
+	var got []string
+	for _, step := range []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 249 * time.Millisecond, time.Millisecond} {
+		clk.t = clk.t.Add(step)
+		c, err := lc.Begin(&policy.Request{PromptTokens: 100}, eps, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.Next().Name)
+	}
+	if want := []string{"b", "a", "a", "a", "b"}; !slices.Equal(got, want) {
+		t.Errorf("blind b, four replicas: first %v, want %v (a probe every second)", got, want)
+	}
+}

@@ -335,12 +335,18 @@ func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.
 
 // probeBlind moves a cache-blind endpoint that is due a probe to first place when the index
 // says it holds some of the prompt (Audit.probe, AuditConfig.ProbeEvery): the request tells
-// the audit whether the engine finds its prefixes again.
+// the audit whether the engine finds its prefixes again. With n router replicas sharing their
+// events, each probes n times less often: every audit hears every probe's answer (peerAudit),
+// so the fleet probes as often as one router would.
 func (lc *Lifecycle) probeBlind(req *policy.Request, ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
 	if lc.audit == nil || lc.predictor == nil || lc.audit.nblind.Load() == 0 {
 		return ranked
 	}
-	i := lc.audit.probe(ranked, func(ep *endpoint.Endpoint) bool { return lc.predictor.PredictCached(req, ep) > 0 }, now)
+	n := 1
+	if lc.share != nil {
+		n, _, _ = lc.share.Replicas()
+	}
+	i := lc.audit.probe(ranked, func(ep *endpoint.Endpoint) bool { return lc.predictor.PredictCached(req, ep) > 0 }, now, n)
 	if i <= 0 {
 		return ranked
 	}
