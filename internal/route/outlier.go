@@ -191,18 +191,8 @@ func (o *Outlier) PeerEjected(ep *endpoint.Endpoint, rest time.Duration) bool {
 		o.mu.Unlock()
 		return false
 	}
-	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
-		o.ejected.Add(1)
-	}
 	s.times = max(s.times, 1)
-	s.until, s.out, s.engine, s.fails = now.Add(rest), true, true, 0
-	o.setFleet(s, 0)
-	onEject := o.cfg.OnEject
-	o.mu.Unlock()
-	if onEject != nil {
-		onEject(ep, rest, true)
-	}
-	return true
+	return o.eject(ep, s, now, rest, true, true)
 }
 
 // sharedFailure reports whether f is of the engine's own doing, whoever saw it: it counts
@@ -230,11 +220,18 @@ func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
 	}
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
-	byFleet := s.fails < o.cfg.Consecutive
-	s.engine = s.fleet >= o.cfg.Consecutive
-	s.until, s.out, s.fails = now.Add(d), true, 0
+	return o.eject(ep, s, now, d, s.fleet >= o.cfg.Consecutive, s.fails < o.cfg.Consecutive)
+}
+
+// eject ejects ep from now for d, for failures of its engine's own doing (engine) or not, the
+// fleet's count having reached the threshold rather than this replica's own (byFleet), and
+// tells OnEject. The caller holds o.mu; eject releases it, and reports true.
+func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, byFleet bool) bool {
+	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
+		o.ejected.Add(1)
+	}
+	s.until, s.out, s.engine, s.fails = now.Add(d), true, engine, 0
 	o.setFleet(s, 0)
-	o.ejected.Add(1)
 	onEject := o.cfg.OnEject
 	o.mu.Unlock()
 	if onEject != nil {

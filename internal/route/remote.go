@@ -494,57 +494,49 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 			OutputTokens: ev.OutputTokens, TTFT: ev.TTFT, Duration: ev.Duration})
 		lc.peerAudit(f.ep, ev, now)
 		return DropNone
-	case EventRemoved:
+	case EventRemoved, EventBackoff, EventEjected, EventStalled:
 		ep := s.endpoint(ev.Endpoint)
 		if ep == nil {
 			return DropUnknownEndpoint
 		}
+		s.applyEndpoint(lc, ep, ev, now)
+		return DropNone
+	}
+	return DropInvalid
+}
+
+// applyEndpoint applies ev, an event about the endpoint ep rather than an attempt, at now.
+func (s *Share) applyEndpoint(lc *Lifecycle, ep *endpoint.Endpoint, ev *Event, now time.Time) {
+	switch ev.Kind {
+	case EventRemoved:
 		if lc.observer != nil {
 			lc.observer.Removed(ep)
 		}
-		return DropNone
 	case EventBackoff:
-		ep := s.endpoint(ev.Endpoint)
-		if ep == nil {
-			return DropUnknownEndpoint
-		}
 		lc.health.Backoff(ep, now, min(ev.Rest, maxBackoff))
-		return DropNone
 	case EventEjected:
-		ep := s.endpoint(ev.Endpoint)
-		if ep == nil {
-			return DropUnknownEndpoint
+		if lc.peers != nil {
+			lc.peers.PeerEjected(ep, ev.Rest)
 		}
-		if ph, ok := lc.health.(PeerHealth); ok {
-			ph.PeerEjected(ep, ev.Rest)
-		}
-		return DropNone
 	case EventStalled:
-		ep := s.endpoint(ev.Endpoint)
-		if ep == nil {
-			return DropUnknownEndpoint
-		}
 		// Not applied when this replica heard the engine since: it is the origin that has not
 		// (yet), and the engine works.
 		at := now.UnixNano()
 		if _, opened := ep.PeerStalled(at-int64(ev.Silent), at, int64(peerProbeHold)); opened && s.cfg.OnPeerStall != nil {
 			s.cfg.OnPeerStall(ep, ev.Silent)
 		}
-		return DropNone
 	}
-	return DropInvalid
 }
 
 // peerOutcome tells passive health checking, when it hears the other replicas
 // (PeerHealth), how a remote attempt on ep ended: ev is its Done.
 func (lc *Lifecycle) peerOutcome(ep *endpoint.Endpoint, ev *Event) {
-	ph, ok := lc.health.(PeerHealth)
 	switch {
-	case !ok:
+	case lc.peers == nil:
 	case ev.OK:
-		ph.PeerSucceeded(ep)
+		lc.peers.PeerSucceeded(ep)
 	case ev.Failure.Counts():
-		ph.PeerFailed(ep, ev.Failure)
+		lc.peers.PeerFailed(ep, ev.Failure)
 	}
 }
 

@@ -181,6 +181,7 @@ type Lifecycle struct {
 	clock     policy.Clock
 	attempts  int
 	health    Health
+	peers     PeerHealth // health as PeerHealth (nil if it is not): the other replicas' outcomes
 	state     *State
 	warmup    time.Duration
 	audit     *Audit
@@ -230,6 +231,7 @@ func New(cfg Config) (*Lifecycle, error) {
 	if lc.health == nil {
 		lc.health = NewOutlier(OutlierConfig{}, lc.clock)
 	}
+	lc.peers, _ = lc.health.(PeerHealth)
 	return lc, nil
 }
 
@@ -256,10 +258,10 @@ func (lc *Lifecycle) Removed(ep *endpoint.Endpoint) {
 // the rest of each ejection, for a replica that starts (PeerHealth.Ejections; none when
 // passive health checking does not hear the other replicas).
 func (lc *Lifecycle) Ejections() []Ejection {
-	if ph, ok := lc.health.(PeerHealth); ok {
-		return ph.Ejections(lc.clock.Now())
+	if lc.peers == nil {
+		return nil
 	}
-	return nil
+	return lc.peers.Ejections(lc.clock.Now())
 }
 
 // Audit returns the cache-report audit, nil when there is none.

@@ -36,10 +36,11 @@ func StartFleet(ctx context.Context, opts Options, n int, host string, firstPort
 		return nil, fmt.Errorf("simserver: ports %d..%d: want ports in 1..65535 (0 for free ports)", firstPort, firstPort+n-1)
 	}
 	// What every instance would refuse is said once, without an instance's number.
-	if err := opts.withDefaults().validate(); err != nil {
+	def := opts.withDefaults()
+	if err := def.validate(); err != nil {
 		return nil, fmt.Errorf("simserver: %w", err)
 	}
-	if _, err := engine.LookupProfile(opts.withDefaults().Profile); err != nil {
+	if _, err := engine.LookupProfile(def.Profile); err != nil {
 		return nil, fmt.Errorf("simserver: profile: %w", err)
 	}
 	if host == "" {
