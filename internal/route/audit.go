@@ -39,7 +39,11 @@ type AuditConfig struct {
 	// load alone, a blind endpoint may otherwise never receive such a prompt again (with room
 	// elsewhere every conversation moves away from it), and its reports could never agree
 	// with the predictions again. A probe that finds the engine still blind costs that one
-	// request its prefix: at most four requests a second per blind endpoint.
+	// request its prefix: at most four requests a second per blind endpoint. Each request in
+	// a row that finds there what was predicted halves the wait for the next probe, down to an
+	// eighth (agreeProbeShift): once the engine is fixed, the evidence that it sees again
+	// comes in about a second, and a probe that still finds it blind is again one in
+	// ProbeEvery.
 	ProbeEvery time.Duration
 	// OnChange, when set, is told of each verdict change: blind true when the endpoint's
 	// reports stay far below the predictions, false when they agree again; found and
@@ -52,7 +56,17 @@ type auditState struct {
 	blind               bool
 	since               time.Time
 	probed              time.Time // the last probe sent while blind
+	// agreeing counts the requests in a row, while blind, whose reports agreed with the
+	// prediction (above Agree of it): each halves the wait for the next probe.
+	agreeing int
 }
+
+// agreeProbeShift bounds how far agreeing reports shorten the wait between probes: to
+// ProbeEvery/8. A verdict of seeing again needs about 14 agreeing requests in a row at the
+// default weight (share above 0.5 from about 0), which then take about a second instead of
+// 3.5 s at one probe in 250 ms; an engine that agrees only now and then is probed at most
+// twice as often as one that never does.
+const agreeProbeShift = 3
 
 // NewAudit returns an Audit with cfg (zero fields take the defaults).
 func NewAudit(cfg AuditConfig) *Audit {
@@ -91,6 +105,11 @@ func (a *Audit) Observe(ep *endpoint.Endpoint, predicted, reported int, now time
 	s.n = s.n*(1-w) + 1
 	s.predicted = s.predicted*(1-w) + float64(predicted)
 	s.found = s.found*(1-w) + float64(min(reported, predicted))
+	if s.blind && float64(min(reported, predicted)) > a.cfg.Agree*float64(predicted) {
+		s.agreeing++
+	} else {
+		s.agreeing = 0
+	}
 	if s.n >= a.cfg.MinSamples || s.blind {
 		share := s.found / s.predicted
 		switch {
@@ -98,7 +117,7 @@ func (a *Audit) Observe(ep *endpoint.Endpoint, predicted, reported int, now time
 			s.blind, s.since, changed = true, now, true
 			a.nblind.Add(1)
 		case s.blind && share > a.cfg.Agree:
-			s.blind, s.since, changed = false, now, true
+			s.blind, s.since, changed, s.agreeing = false, now, true, 0
 			a.nblind.Add(-1)
 		}
 	}
@@ -177,8 +196,8 @@ func (a *Audit) Forget(ep *endpoint.Endpoint) {
 }
 
 // probe returns the first endpoint of ranked after the first that is blind, due a probe
-// (AuditConfig.ProbeEvery, times replicas: the router replicas whose probes this audit hears)
-// and predicted by holds to hold some of the prompt, and records the probe; -1 when there is
+// (AuditConfig.ProbeEvery, times replicas: the router replicas whose probes this audit hears;
+// shorter while its reports agree again) and predicted by holds to hold some of the prompt, and records the probe; -1 when there is
 // none. The pick stands when the first is blind itself.
 func (a *Audit) probe(ranked []*endpoint.Endpoint, holds func(*endpoint.Endpoint) bool, now time.Time, replicas int) int {
 	if a == nil || a.cfg.ProbeEvery < 0 || a.nblind.Load() == 0 || len(ranked) < 2 {
@@ -192,7 +211,7 @@ func (a *Audit) probe(ranked []*endpoint.Endpoint, holds func(*endpoint.Endpoint
 	every := a.cfg.ProbeEvery * time.Duration(max(replicas, 1))
 	for i, ep := range ranked[1:] {
 		s := a.st[ep]
-		if s == nil || !s.blind || now.Sub(s.probed) < every || !holds(ep) {
+		if s == nil || !s.blind || now.Sub(s.probed) < every>>min(s.agreeing, agreeProbeShift) || !holds(ep) {
 			continue
 		}
 		s.probed = now

@@ -173,3 +173,66 @@ func TestAuditProbesReplicas(t *testing.T) {
 		t.Errorf("blind b, four replicas: first %v, want %v (a probe every second)", got, want)
 	}
 }
+
+// TestAuditProbesAgree: each report in a row that agrees with the prediction halves the wait
+// for the next probe of a blind endpoint, down to an eighth; one that finds nothing again
+// restores it.
+func TestAuditProbesAgree(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
+	audit := NewAudit(AuditConfig{})
+	lc, err := New(Config{Picker: p, Clock: clk, Audit: audit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := pool(t, "a", "b")
+	for range 30 {
+		audit.Observe(eps[1], 64, 0, clk.t)
+	}
+	if !audit.Blind(eps[1]) {
+		t.Fatal("b not blind")
+	}
+	// due reports after how long b is probed again: the clock steps 1 ms at a time from the
+	// last probe until a request goes to b first.
+	due := func() time.Duration {
+		t.Helper()
+		for d := time.Duration(0); d <= time.Second; d += time.Millisecond {
+			c, err := lc.Begin(&policy.Request{PromptTokens: 100}, eps, "", clk.t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Next().Name == "b" {
+				return d
+			}
+			clk.t = clk.t.Add(time.Millisecond)
+		}
+		t.Fatal("b not probed within a second")
+		return 0
+	}
+	due() // the first probe goes at once
+	var got []time.Duration
+	for range 5 {
+		audit.Observe(eps[1], 64, 64, clk.t)
+		got = append(got, due())
+	}
+	want := []time.Duration{125 * time.Millisecond, 63 * time.Millisecond, 32 * time.Millisecond, 32 * time.Millisecond, 32 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Errorf("waits between probes after agreeing reports: %v, want %v", got, want)
+	}
+	if !audit.Blind(eps[1]) {
+		t.Fatal("b sees again after 5 agreeing reports: too soon for the test")
+	}
+	audit.Observe(eps[1], 64, 0, clk.t)
+	if d := due(); d != 250*time.Millisecond {
+		t.Errorf("after a report that found nothing: wait %v, want 250ms", d)
+	}
+	for i := 0; audit.Blind(eps[1]) && i < 40; i++ {
+		audit.Observe(eps[1], 64, 64, clk.t)
+	}
+	if audit.Blind(eps[1]) {
+		t.Fatal("b still blind after 40 agreeing reports")
+	}
+	if n := audit.st[eps[1]].agreeing; n != 0 {
+		t.Errorf("agreeing %d after seeing again, want 0", n)
+	}
+}
