@@ -49,6 +49,9 @@ type Config struct {
 	// ollama): responses report no cached tokens and scrapes no cache_config_info. Records keep
 	// what the engines did.
 	Opaque bool
+	// NoAudit runs the routers without the cache audit (route.Audit), which the live router
+	// always runs: to measure what it is worth against a Blind instance.
+	NoAudit bool
 	// NewEngine builds engine i (0..Instances-1).
 	NewEngine func(i int) (Engine, error)
 	// ScrapeInterval is how often endpoint snapshots are refreshed from engine stats
@@ -131,9 +134,13 @@ const (
 	Cut
 	// Recover ends the instance's fault; a killed instance restarts, with an empty cache.
 	Recover
+	// Blind makes the instance find nothing cached for any prompt, as an engine with prefix
+	// caching off or a cache salt, tokenizer or block size other than the router's does: it
+	// serves every request, and reports no cached tokens (a silent zero hit, faults.go).
+	Blind
 )
 
-var changeNames = [...]string{Kill: "kill", Add: "add", Fail: "fail", Hang: "hang", Cut: "cut", Recover: "recover"}
+var changeNames = [...]string{Kill: "kill", Add: "add", Fail: "fail", Hang: "hang", Cut: "cut", Recover: "recover", Blind: "blind"}
 
 // String returns the change's name, as ParseChange reads it.
 func (k ChangeKind) String() string {
@@ -217,8 +224,8 @@ func (c *Config) check() error {
 			errs = append(errs, fmt.Errorf("change %s at %v: instance %d, want 0..%d", ch.Kind, ch.At, ch.Instance, c.Instances-1))
 		case ch.At < 0:
 			errs = append(errs, fmt.Errorf("change %s of instance %d: at %v, want >= 0", ch.Kind, ch.Instance, ch.At))
-		case ch.Kind > Recover:
-			errs = append(errs, fmt.Errorf("change of instance %d: kind %d, want kill, add, fail, hang, cut or recover", ch.Instance, ch.Kind))
+		case ch.Kind > Blind:
+			errs = append(errs, fmt.Errorf("change of instance %d: kind %d, want kill, add, fail, hang, cut, blind or recover", ch.Instance, ch.Kind))
 		case ch.Kind == Cut && ch.Tokens < 1:
 			errs = append(errs, fmt.Errorf("change cut of instance %d at %v: %d tokens, want at least 1", ch.Instance, ch.At, ch.Tokens))
 		case ch.Kind == Add && added[ch.Instance]:
@@ -226,7 +233,7 @@ func (c *Config) check() error {
 		case ch.Kind == Add:
 			added[ch.Instance] = true
 		case ch.Kind == Recover && !c.faultBefore(ch.Instance, ch.At):
-			errs = append(errs, fmt.Errorf("change recover of instance %d at %v: no kill, fail, hang or cut of it by then to recover from", ch.Instance, ch.At))
+			errs = append(errs, fmt.Errorf("change recover of instance %d at %v: no kill, fail, hang, cut or blind of it by then to recover from", ch.Instance, ch.At))
 		}
 	}
 	errs = append(errs, c.Autoscale.check(c)...)
@@ -236,8 +243,8 @@ func (c *Config) check() error {
 	return errors.Join(errs...)
 }
 
-// faultBefore reports whether some change kills instance inst or makes it fail, hang or cut
-// streams at or before at.
+// faultBefore reports whether some change kills instance inst or makes it fail, hang, cut
+// streams or go blind at or before at.
 func (c *Config) faultBefore(inst int, at time.Duration) bool {
 	for _, ch := range c.Changes {
 		if ch.Instance == inst && ch.At <= at && ch.Kind != Add && ch.Kind != Recover {
@@ -324,6 +331,17 @@ type Result struct {
 	Scaled []Scaled
 	// Stalls is the attempts given up as stalled (Config.StallTimeout).
 	Stalls int
+	// Audit is the cache audit's verdicts, in order: each time a router found an instance's
+	// reported hits far below its predictions (blind), or agreeing again.
+	Audit []AuditChange
+}
+
+// AuditChange is one verdict of a router's cache audit (route.AuditConfig.OnChange).
+type AuditChange struct {
+	At       time.Duration `json:"at"`
+	Router   int           `json:"router"`
+	Instance int           `json:"instance"`
+	Blind    bool          `json:"blind"`
 }
 
 // Preemptions sums the engines' preemption counts.
@@ -381,8 +399,14 @@ func Run(ctx context.Context, cfg Config, w *Workload, policyName string, newPic
 		}
 		// The cache audit, as the live router runs it: an engine whose reported hits stay far
 		// below the index's predictions is routed on load alone.
+		var audit *route.Audit
+		if !cfg.NoAudit {
+			audit = route.NewAudit(route.AuditConfig{OnChange: func(ep *endpoint.Endpoint, blind bool, _, _ float64) {
+				s.audit = append(s.audit, AuditChange{At: s.clock.now, Router: k, Instance: ep.ID, Blind: blind})
+			}})
+		}
 		r.lc, err = route.New(route.Config{Picker: pk, Clock: &s.clock, Attempts: cfg.Attempts, Health: health, WarmUp: max(warm, 0),
-			Share: s.share(k), Audit: route.NewAudit(route.AuditConfig{}), StallTimeout: cfg.stallTimeout()})
+			Share: s.share(k), Audit: audit, StallTimeout: cfg.stallTimeout()})
 		if err != nil {
 			return nil, err
 		}
@@ -505,6 +529,7 @@ type router struct {
 type sim struct {
 	cfg        Config
 	stalls     int // attempts given up as stalled
+	audit      []AuditChange
 	w          *Workload
 	policyName string
 	clock      virtualClock
@@ -777,12 +802,16 @@ func (s *sim) submit(inst, i int) {
 		return
 	}
 	r := &s.w.reqs[i]
-	err := s.engines[inst].Submit(s.clock.now, engine.Request{
+	er := engine.Request{
 		ID:           s.w.preqs[i].ID,
 		PromptTokens: r.PromptTokens,
 		OutputTokens: r.OutputTokens,
 		BlockKeys:    s.w.keys[i],
-	})
+	}
+	if s.inst[inst].blind {
+		er.Salt = blindSalt(er.ID)
+	}
+	err := s.engines[inst].Submit(s.clock.now, er)
 	if err != nil {
 		// The router hears of the rejection one network delay later.
 		s.clock.now += s.cfg.NetworkLatency
@@ -834,8 +863,11 @@ func (s *sim) change(ch Change) error {
 	case Add:
 		s.present[inst] = true
 		return nil
-	case Fail, Hang, Cut, Recover:
+	case Fail, Hang, Cut, Blind, Recover:
 		return s.fault(ch)
+	case Kill:
+	default:
+		return fmt.Errorf("unknown change %s", ch.Kind)
 	}
 	if s.dead[inst] {
 		return nil
@@ -981,6 +1013,7 @@ func (s *sim) result() *Result {
 		Routed:  make([]int, len(s.routers)),
 		Scaled:  s.scaled,
 		Stalls:  s.stalls,
+		Audit:   s.audit,
 	}
 	for k := range s.routers {
 		res.Routed[k] = s.routers[k].routed

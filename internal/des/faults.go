@@ -14,9 +14,11 @@ import (
 // that fails fast (answers 500 at once: a failure that counts, not retried), one that hangs
 // (accepts requests and answers nothing: the first-token timeout fails each attempt over to the
 // next ranked endpoint, and its streams in progress end at the stream idle timeout), one that
-// cuts every stream after K tokens (a failure after the first byte: not retried), and the way
-// back. Passive ejection (route.Outlier, with the live defaults) decides how long each keeps
-// drawing requests.
+// cuts every stream after K tokens (a failure after the first byte: not retried), one blind to
+// every cached prefix (it serves, and reports no cached tokens: the cache audit's silent zero
+// hit), and the way back. Passive ejection (route.Outlier, with the live defaults) decides how
+// long each of the failing ones keeps drawing requests; the cache audit (route.Audit), how
+// long the blind one is sent prompts for the prefixes the index believes it holds.
 
 // The live router's defaults (limits.first_token_timeout, limits.stream_idle_timeout,
 // health.passive_failures), which the simulator takes when Config leaves them at zero
@@ -44,6 +46,7 @@ type instState struct {
 	frozen     []engine.Event
 	frozenStep bool
 	cutAfter   int   // cuts streams after this many tokens (0: never)
+	blind      bool  // finds nothing cached: each request gets a cache salt of its own
 	steps      int32 // engine steps ended, for counting a stream's tokens
 	// ttftSum and ttftN are the engine's TTFT histogram's sum (seconds, from each request's
 	// arrival at the engine) and count, as its scrape reports them.
@@ -89,6 +92,8 @@ func (s *sim) fault(ch Change) error {
 		st.failing = true
 	case Cut:
 		st.cutAfter = ch.Tokens
+	case Blind:
+		st.blind = true
 	case Hang:
 		if st.hung {
 			return nil
@@ -113,7 +118,7 @@ func (s *sim) fault(ch Change) error {
 			*st = instState{life: st.life, steps: st.steps}
 			return nil
 		}
-		st.failing, st.cutAfter = false, 0
+		st.failing, st.cutAfter, st.blind = false, 0, false
 		if !st.hung {
 			return nil
 		}
@@ -289,3 +294,9 @@ func (c *Config) stallTimeout() time.Duration {
 	}
 	return d
 }
+
+// blindSalt is the cache salt a blind instance's engine gives request id: one no other request
+// has, so that nothing it computes is ever found again (kvroute sim's no_prefix_cache fault
+// does the same). What it computed while blind stays cached under those salts, useless, until
+// evicted: an engine whose salt or tokenizer is put right does not find it either.
+func blindSalt(id string) string { return "\x00blind " + id }

@@ -149,6 +149,56 @@ func TestRecover(t *testing.T) {
 	}
 }
 
+// TestBlind: an instance blind from the start serves every request it is sent and reports no
+// cached tokens; the router's cache audit finds it blind before the instance recovers (at half
+// time), and after the recovery it finds prefixes again. Without the audit (NoAudit) there
+// is no verdict.
+func TestBlind(t *testing.T) {
+	// 1,200 requests of 40 groups, each prompt 8 blocks of its group's and one of its own.
+	reqs := make([]workload.Request, 1200)
+	for i := range reqs {
+		g := uint64(i%40) * 100
+		reqs[i] = req(i, time.Duration(i)*2*time.Millisecond, 36, 20, g, g+1, g+2, g+3, g+4, g+5, g+6, g+7, uint64(10000+i))
+	}
+	half := reqs[len(reqs)-1].Arrival / 2 // when it recovers
+	cfg := toyConfig(4)
+	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Blind}, {At: half, Instance: victim, Kind: Recover}}
+	res := run(t, cfg, reqs, Named("prefix-aware", nil))
+	var before, after, hitsAfter int
+	for _, r := range res.Records {
+		switch {
+		case r.Err != "":
+			t.Errorf("request %s failed: %+v", r.ID, r)
+		case r.EndpointID != victim:
+		case r.Arrival < half:
+			before++
+			if r.CachedTokens != 0 {
+				t.Errorf("request %s found %d tokens cached on the blind instance", r.ID, r.CachedTokens)
+			}
+		case r.Arrival > half+10*time.Millisecond:
+			after++
+			hitsAfter += r.CachedTokens
+		}
+	}
+	if before == 0 || after == 0 || hitsAfter == 0 {
+		t.Errorf("the blind instance served %d requests before its recovery and %d after, which found %d tokens cached; want some of each", before, after, hitsAfter)
+	}
+	if len(res.Audit) == 0 || !res.Audit[0].Blind || res.Audit[0].Instance != victim || res.Audit[0].At >= half {
+		t.Fatalf("audit verdicts %+v, want instance %d found blind first, before %v", res.Audit, victim, half)
+	}
+	t.Logf("audit verdicts %+v; the instance served %d requests before its recovery at %v, %d after", res.Audit, before, half, after)
+	for _, v := range res.Audit {
+		if v.Instance != victim {
+			t.Errorf("verdict %+v on a healthy instance", v)
+		}
+	}
+
+	cfg.NoAudit = true
+	if res := run(t, cfg, reqs, Named("prefix-aware", nil)); len(res.Audit) != 0 {
+		t.Errorf("NoAudit: verdicts %+v, want none", res.Audit)
+	}
+}
+
 // TestFaultsDeterministic: faults do not make runs differ.
 func TestFaultsDeterministic(t *testing.T) {
 	reqs := randomWorkload(300)
@@ -175,9 +225,9 @@ func TestFaultConfigErrors(t *testing.T) {
 		want    string
 	}{
 		{[]Change{{Instance: 0, Kind: Cut}}, "want at least 1"},
-		{[]Change{{Instance: 0, Kind: Recover + 1}}, "want kill, add, fail, hang, cut or recover"},
-		{[]Change{{At: time.Second, Instance: 1, Kind: Recover}}, "no kill, fail, hang or cut of it by then"},
-		{[]Change{{At: 2 * time.Second, Instance: 1, Kind: Hang}, {At: time.Second, Instance: 1, Kind: Recover}}, "no kill, fail, hang or cut of it by then"},
+		{[]Change{{Instance: 0, Kind: Blind + 1}}, "want kill, add, fail, hang, cut, blind or recover"},
+		{[]Change{{At: time.Second, Instance: 1, Kind: Recover}}, "no kill, fail, hang, cut or blind of it by then"},
+		{[]Change{{At: 2 * time.Second, Instance: 1, Kind: Hang}, {At: time.Second, Instance: 1, Kind: Recover}}, "no kill, fail, hang, cut or blind of it by then"},
 		{[]Change{{At: time.Second, Instance: 0, Kind: Hang}, {At: 2 * time.Second, Instance: 1, Kind: Recover}}, "instance 1 at 2s: no kill"},
 	} {
 		cfg := toyConfig(2)
@@ -196,6 +246,7 @@ func FuzzFaults(f *testing.F) {
 	f.Add([]byte{byte(Hang), 1, 10, 0, byte(Recover), 1, 40, 0})
 	f.Add([]byte{byte(Kill), 0, 5, 0, byte(Recover), 0, 6, 0, byte(Cut), 2, 0, 1})
 	f.Add([]byte{byte(Fail), 3, 0, 0, byte(Hang), 2, 1, 0, byte(Cut), 1, 2, 3, byte(Add), 0, 9, 0})
+	f.Add([]byte{byte(Blind), 1, 0, 0, byte(Recover), 1, 30, 0})
 	reqs := randomWorkload(60)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cfg := toyConfig(4)
@@ -205,7 +256,7 @@ func FuzzFaults(f *testing.F) {
 		cfg.Outlier = route.OutlierConfig{BaseEjection: 10 * time.Millisecond}
 		for i := 0; i+3 < len(b) && len(cfg.Changes) < 16; i += 4 {
 			cfg.Changes = append(cfg.Changes, Change{
-				Kind: ChangeKind(b[i] % 6), Instance: int(b[i+1] % 4),
+				Kind: ChangeKind(b[i] % 7), Instance: int(b[i+1] % 4),
 				At: time.Duration(b[i+2]) * 2 * time.Millisecond, Tokens: int(b[i+3]%8) + 1,
 			})
 		}

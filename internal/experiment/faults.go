@@ -18,7 +18,7 @@ func (o *SimulateOptions) changeFlags() []struct {
 	return []struct {
 		kind  des.ChangeKind
 		specs []string
-	}{{des.Kill, o.Kill}, {des.Add, o.Add}, {des.Fail, o.Fail}, {des.Hang, o.Hang}, {des.Cut, o.Cut}, {des.Recover, o.Recover}}
+	}{{des.Kill, o.Kill}, {des.Add, o.Add}, {des.Fail, o.Fail}, {des.Hang, o.Hang}, {des.Cut, o.Cut}, {des.Blind, o.Blind}, {des.Recover, o.Recover}}
 }
 
 // checkFaults returns the problems of the fault, timeout and outlier options.
@@ -72,6 +72,7 @@ func (o *SimulateOptions) applyFaults(fleet *des.Config, span time.Duration) err
 		return &UsageError{errors.Join(errs...)}
 	}
 	// 0 on the command line means none; in des.Config, the default.
+	fleet.NoAudit = o.NoAudit
 	fleet.FirstTokenTimeout, fleet.StreamIdleTimeout = noneIfZero(o.FirstTokenTimeout), noneIfZero(o.StreamIdleTimeout)
 	fleet.StallTimeout = noneIfZero(o.StallTimeout)
 	fleet.Outlier = route.OutlierConfig{

@@ -92,3 +92,47 @@ func TestSimulate_Faults(t *testing.T) {
 		t.Errorf("without ejection: failed %d, want round-robin's share, 20", r.Failed)
 	}
 }
+
+// TestSimulate_Blind: an instance blind from the start is found by the routers' cache audit,
+// which the table and the JSON report; without the audit (NoAudit) neither says anything.
+func TestSimulate_Blind(t *testing.T) {
+	o := SimulateOptions{Workload: "prefix-repetition:n=400,prefixes=4", Instances: 4, Profile: "llama3-8b-h100-tp1",
+		Policies: "prefix-aware", Speedup: 1, Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none",
+		Blind: []string{"1@0%"}, FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout,
+		StallTimeout: des.DefaultStallTimeout}
+	sim, err := Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sim.Results[0]
+	if r.Failed != 0 || len(r.CacheAudit) == 0 || r.CacheAudit[0].Instance != 1 || !r.CacheAudit[0].Blind {
+		t.Fatalf("failed %d, audit verdicts %+v; want none failed, instance 1 found blind", r.Failed, r.CacheAudit)
+	}
+	var b, j bytes.Buffer
+	if err := sim.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.WriteJSON(&j); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"faults: --blind 1@0%", "cache audit, instances whose reported hits stayed far below the predictions (blind) and agree again (sees): prefix-aware: 1 blind "} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	if !strings.Contains(j.String(), `"cache_audit": [`) {
+		t.Errorf("JSON lacks cache_audit:\n%s", j.String())
+	}
+
+	o.NoAudit = true
+	if sim, err = Simulate(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	if err := sim.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if len(sim.Results[0].CacheAudit) != 0 || strings.Contains(b.String(), "cache audit") {
+		t.Errorf("without the audit: verdicts %+v, table:\n%s", sim.Results[0].CacheAudit, b.String())
+	}
+}

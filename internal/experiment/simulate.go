@@ -46,9 +46,12 @@ type SimulateOptions struct {
 	ReplicaSyncBatch time.Duration
 	// Kill and Add are instances killed or added mid-run, each INSTANCE@TIME (des.ParseChange);
 	// Fail, Hang and Cut make an instance fail fast, hang or cut its streams after CutAfter
-	// tokens, and Recover ends its fault (a killed one restarts).
-	Kill, Add, Fail, Hang, Cut, Recover []string
-	CutAfter                            int
+	// tokens, Blind makes it find nothing cached (a silent zero hit), and Recover ends its
+	// fault (a killed one restarts).
+	Kill, Add, Fail, Hang, Cut, Recover, Blind []string
+	CutAfter                                   int
+	// NoAudit runs the routers without the cache audit (des.Config.NoAudit).
+	NoAudit bool
 	// FirstTokenTimeout and StreamIdleTimeout are the router's per-attempt timeouts (0: none);
 	// PassiveFailures, EjectionTime, MaxEjectionTime and MaxEjectedPercent its outlier
 	// detection, as the health section sets them live.
@@ -211,6 +214,9 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		r := report.Summarize(sp.Label, res.Records, res.Busy)
 		r.Preemptions = res.Preemptions()
 		r.Stalls = res.Stalls
+		for _, a := range res.Audit {
+			r.CacheAudit = append(r.CacheAudit, report.AuditVerdict{AtSeconds: a.At.Seconds(), Router: a.Router, Instance: a.Instance, Blind: a.Blind})
+		}
 		r.WallSeconds = wall.Seconds()
 		sum.Results[i] = r
 		if records != nil {
@@ -279,13 +285,16 @@ func (s *Simulation) WriteTable(w io.Writer) (err error) {
 			}
 		}()
 	}
-	var stalls []string
+	var stalls, audits []string
 	for _, r := range s.Results {
 		if r.Stalls > 0 {
 			stalls = append(stalls, fmt.Sprintf("%s %d", r.Policy, r.Stalls))
 		}
+		if len(r.CacheAudit) > 0 {
+			audits = append(audits, r.Policy+": "+auditNote(r.CacheAudit, s.routers))
+		}
 	}
-	if s.routers <= 1 && s.faults == "" && stalls == nil {
+	if s.routers <= 1 && s.faults == "" && stalls == nil && audits == nil {
 		return report.WriteTable(w, s.Summary)
 	}
 	var b bytes.Buffer
@@ -302,6 +311,9 @@ func (s *Simulation) WriteTable(w io.Writer) (err error) {
 	}
 	if stalls != nil {
 		more += "\nattempts given up as stalled (limits.stall_timeout): " + strings.Join(stalls, ", ")
+	}
+	if audits != nil {
+		more += "\ncache audit, instances whose reported hits stayed far below the predictions (blind) and agree again (sees): " + strings.Join(audits, "; ")
 	}
 	if _, err := fmt.Fprintf(w, "%s%s\n%s", head, more, rest); err != nil {
 		return fmt.Errorf("write table: %w", err)
@@ -360,4 +372,27 @@ func writeFile(path string, write func(io.Writer) error) (err error) {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// auditNote lists a run's cache-audit verdicts in order, as "3 blind 812.4s, 3 sees 1240.1s"
+// (with router replicas, "r1 3 blind ..."), the first maxAuditNotes of them.
+func auditNote(vs []report.AuditVerdict, routers int) string {
+	const maxAuditNotes = 8
+	var parts []string
+	for i, v := range vs {
+		if i == maxAuditNotes {
+			parts = append(parts, fmt.Sprintf("%d more", len(vs)-i))
+			break
+		}
+		verdict := "sees"
+		if v.Blind {
+			verdict = "blind"
+		}
+		p := fmt.Sprintf("%d %s %.1fs", v.Instance, verdict, v.AtSeconds)
+		if routers > 1 {
+			p = fmt.Sprintf("r%d %s", v.Router, p)
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, ", ")
 }

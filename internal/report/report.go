@@ -99,8 +99,21 @@ type Result struct {
 	Preemptions int64 `json:"preemptions"`
 	// Stalls counts the attempts the router gave up as stalled (limits.stall_timeout), when
 	// the source knows them.
-	Stalls      int     `json:"stalls,omitempty"`
-	WallSeconds float64 `json:"wall_seconds"`
+	Stalls int `json:"stalls,omitempty"`
+	// CacheAudit is the router's cache-audit verdicts, in order, when the source knows them
+	// and there were any.
+	CacheAudit  []AuditVerdict `json:"cache_audit,omitempty"`
+	WallSeconds float64        `json:"wall_seconds"`
+}
+
+// AuditVerdict is one change of a router's verdict on an instance's cache reports: blind when
+// the engine's reported cached tokens stayed far below the predictions (a silent zero hit),
+// not when they agree again.
+type AuditVerdict struct {
+	AtSeconds float64 `json:"at_s"`
+	Router    int     `json:"router"`
+	Instance  int     `json:"instance"`
+	Blind     bool    `json:"blind"`
 }
 
 // Scenario describes what was run.

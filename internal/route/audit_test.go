@@ -74,23 +74,25 @@ func TestAuditSilentZeroHits(t *testing.T) {
 	}
 }
 
-// probeScript ranks a, then b, and predicts 64 cached tokens, on b only while holds.
+// probeScript ranks a, then b, and predicts 64 cached tokens on b while holds, and on a (the
+// pick) while pickHolds.
 type probeScript struct {
 	blindScript
-	holds bool
+	holds, pickHolds bool
 }
 
 func (p *probeScript) PredictCached(_ *policy.Request, ep *endpoint.Endpoint) int {
-	if ep.Name == "b" && !p.holds {
-		return 0
+	if ep.Name == "b" && p.holds || ep.Name != "b" && p.pickHolds {
+		return 64
 	}
-	return 64
+	return 0
 }
 
 // TestAuditProbesBlind: a blind endpoint that the policy ranks second is tried first by one
 // request every ProbeEvery, when the index says it holds some of the prompt, so that its
-// reports can agree again; never more often, never with a prompt it is not predicted to hold,
-// and not once it sees again.
+// reports can agree again; by a prompt the pick is predicted to hold too, only once in 30 s;
+// never more often, never with a prompt it is not predicted to hold, and not once it sees
+// again.
 func TestAuditProbesBlind(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
 	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
@@ -130,7 +132,26 @@ func TestAuditProbesBlind(t *testing.T) {
 	if got := first(); got != "a" {
 		t.Errorf("a prompt b is not predicted to hold: first %s, want a", got)
 	}
-	p.holds = true
+	// Prompts the pick is predicted to hold too probe b once in 30 s; the others still every
+	// 250 ms.
+	p.holds, p.pickHolds = true, true
+	got = nil
+	for range 3 {
+		clk.t = clk.t.Add(time.Second)
+		got = append(got, first())
+	}
+	p.pickHolds = false
+	clk.t = clk.t.Add(time.Second)
+	got = append(got, first())
+	p.pickHolds = true
+	clk.t = clk.t.Add(29 * time.Second)
+	got = append(got, first())
+	clk.t = clk.t.Add(time.Second)
+	got = append(got, first())
+	if want := []string{"b", "a", "a", "b", "b", "a"}; !slices.Equal(got, want) {
+		t.Errorf("probes by prompts the pick holds (1 s apart, one without, 29 s, 1 s): first %v, want %v", got, want)
+	}
+	p.pickHolds = false
 	for i := 0; audit.Blind(eps[1]) && i < 40; i++ {
 		audit.Observe(eps[1], 64, 64, clk.t)
 	}

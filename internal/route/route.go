@@ -348,7 +348,7 @@ func (lc *Lifecycle) probeBlind(req *policy.Request, ranked []*endpoint.Endpoint
 	if lc.share != nil {
 		n, _, _ = lc.share.Replicas()
 	}
-	i := lc.audit.probe(ranked, func(ep *endpoint.Endpoint) bool { return lc.predictor.PredictCached(req, ep) > 0 }, now, n)
+	i := lc.audit.probe(ranked, func(ep *endpoint.Endpoint) int { return lc.predictor.PredictCached(req, ep) }, now, n)
 	if i <= 0 {
 		return ranked
 	}
