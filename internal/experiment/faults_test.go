@@ -61,14 +61,21 @@ func TestSimulate_BadFaultOptions(t *testing.T) {
 	}
 }
 
+// faultOptions returns the options of a run of policy on workload over four instances, with
+// the live router's timeouts and no fault yet.
+func faultOptions(workload, policy string) SimulateOptions {
+	return SimulateOptions{Workload: workload, Instances: 4, Profile: "llama3-8b-h100-tp1",
+		Policies: policy, Speedup: 1, Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none",
+		FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout,
+		StallTimeout: des.DefaultStallTimeout}
+}
+
 // TestSimulate_Faults: an instance that fails fast from the start fails what round-robin sends
 // it until it is ejected (passive_failures of them); without ejection, its share. The table
 // says what failed and how the router met it.
 func TestSimulate_Faults(t *testing.T) {
-	o := SimulateOptions{Workload: "prefix-repetition:n=80,prefixes=4", Instances: 4, Profile: "llama3-8b-h100-tp1",
-		Policies: "round-robin", Speedup: 1, Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none",
-		Fail: []string{"1@0%"}, FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout,
-		StallTimeout: des.DefaultStallTimeout}
+	o := faultOptions("prefix-repetition:n=80,prefixes=4", "round-robin")
+	o.Fail = []string{"1@0%"}
 	sim, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -96,10 +103,8 @@ func TestSimulate_Faults(t *testing.T) {
 // TestSimulate_Blind: an instance blind from the start is found by the routers' cache audit,
 // which the table and the JSON report; without the audit (NoAudit) neither says anything.
 func TestSimulate_Blind(t *testing.T) {
-	o := SimulateOptions{Workload: "prefix-repetition:n=400,prefixes=4", Instances: 4, Profile: "llama3-8b-h100-tp1",
-		Policies: "prefix-aware", Speedup: 1, Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none",
-		Blind: []string{"1@0%"}, FirstTokenTimeout: des.DefaultFirstTokenTimeout, StreamIdleTimeout: des.DefaultStreamIdleTimeout,
-		StallTimeout: des.DefaultStallTimeout}
+	o := faultOptions("prefix-repetition:n=400,prefixes=4", "prefix-aware")
+	o.Blind = []string{"1@0%"}
 	sim, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)

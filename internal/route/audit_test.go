@@ -88,20 +88,31 @@ func (p *probeScript) PredictCached(_ *policy.Request, ep *endpoint.Endpoint) in
 	return 0
 }
 
+// probeSetup returns a lifecycle whose policy (a probeScript) ranks a, then b, with a cache
+// audit, its clock and its two endpoints; share, when not nil, gives it the Share to use.
+func probeSetup(t *testing.T, share func(*stepClock) *Share) (*stepClock, *probeScript, *Audit, *Lifecycle, []*endpoint.Endpoint) {
+	t.Helper()
+	clk := &stepClock{t: time.Unix(100, 0)}
+	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
+	audit := NewAudit(AuditConfig{})
+	cfg := Config{Picker: p, Clock: clk, Audit: audit}
+	if share != nil {
+		cfg.Share = share(clk)
+	}
+	lc, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clk, p, audit, lc, pool(t, "a", "b")
+}
+
 // TestAuditProbesBlind: a blind endpoint that the policy ranks second is tried first by one
 // request every ProbeEvery, when the index says it holds some of the prompt, so that its
 // reports can agree again; by a prompt the pick is predicted to hold too, only once in 30 s;
 // never more often, never with a prompt it is not predicted to hold, and not once it sees
 // again.
 func TestAuditProbesBlind(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
-	audit := NewAudit(AuditConfig{})
-	lc, err := New(Config{Picker: p, Clock: clk, Audit: audit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eps := pool(t, "a", "b")
+	clk, p, audit, lc, eps := probeSetup(t, nil)
 	first := func() string {
 		t.Helper()
 		c, err := lc.Begin(&policy.Request{PromptTokens: 100}, eps, "", clk.t)
@@ -168,16 +179,11 @@ func TestAuditProbesBlind(t *testing.T) {
 // TestAuditProbesReplicas: with four router replicas sharing their events, whose audits each
 // hear every probe's answer, a replica probes a blind endpoint every 4 x ProbeEvery.
 func TestAuditProbesReplicas(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
-	audit := NewAudit(AuditConfig{})
-	sh := NewShare(ShareConfig{Self: 1, Clock: clk})
-	sh.SetReplicas(4, 0, time.Millisecond)
-	lc, err := New(Config{Picker: p, Clock: clk, Audit: audit, Share: sh})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eps := pool(t, "a", "b")
+	clk, _, audit, lc, eps := probeSetup(t, func(clk *stepClock) *Share {
+		sh := NewShare(ShareConfig{Self: 1, Clock: clk})
+		sh.SetReplicas(4, 0, time.Millisecond)
+		return sh
+	})
 	for range 10 {
 		audit.Observe(eps[1], 64, 0, clk.t)
 	}
@@ -199,14 +205,7 @@ func TestAuditProbesReplicas(t *testing.T) {
 // for the next probe of a blind endpoint, down to an eighth; one that finds nothing again
 // restores it.
 func TestAuditProbesAgree(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	p := &probeScript{blindScript: blindScript{script: script{order: []string{"a", "b"}}, blind: map[string]bool{}}, holds: true}
-	audit := NewAudit(AuditConfig{})
-	lc, err := New(Config{Picker: p, Clock: clk, Audit: audit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eps := pool(t, "a", "b")
+	clk, _, audit, lc, eps := probeSetup(t, nil)
 	for range 30 {
 		audit.Observe(eps[1], 64, 0, clk.t)
 	}
