@@ -336,8 +336,9 @@ func (lc *Lifecycle) warmUp(req *policy.Request, ranked, candidates []*endpoint.
 }
 
 // probeBlind moves a cache-blind endpoint that is due a probe to first place when the index
-// says it holds some of the prompt (Audit.probe, AuditConfig.ProbeEvery): the request tells
-// the audit whether the engine finds its prefixes again. With n router replicas sharing their
+// says it holds some of the prompt (Audit.probe, AuditConfig.ProbeEvery; by a request whose
+// pick is predicted to hit, once in costlyProbeEvery): the request tells the audit whether the
+// engine finds its prefixes again. With n router replicas sharing their
 // events, each probes n times less often: every audit hears every probe's answer (peerAudit),
 // so the fleet probes as often as one router would.
 func (lc *Lifecycle) probeBlind(req *policy.Request, ranked []*endpoint.Endpoint, now time.Time) []*endpoint.Endpoint {
