@@ -54,7 +54,7 @@ func TestSimulateErrors(t *testing.T) {
 		{"bad replica affinity", []string{"--trace", good, "--routers", "2", "--replica-affinity", "sticky"}, 2, []string{`"sticky"`, "session"}},
 		{"bad kill", []string{"--trace", good, "--kill", "3"}, 2, []string{"--kill", "INSTANCE@TIME"}},
 		{"bad add time", []string{"--trace", good, "--add", "1@soon"}, 2, []string{"--add", `"soon"`}},
-		{"kill beyond the fleet", []string{"--trace", good, "--instances", "2", "--kill", "5@50%"}, 1, []string{"instance 5", "0..1"}},
+		{"kill beyond the fleet", []string{"--trace", good, "--instances", "2", "--kill", "5@50%"}, 2, []string{"--kill 5@50%", "instance 5", "0 to 1 (--instances 2)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,9 +21,22 @@ func (o *SimulateOptions) changeFlags() []struct {
 	}{{des.Kill, o.Kill}, {des.Add, o.Add}, {des.Fail, o.Fail}, {des.Hang, o.Hang}, {des.Cut, o.Cut}, {des.Blind, o.Blind}, {des.Recover, o.Recover}}
 }
 
-// checkFaults returns the problems of the fault, timeout and outlier options.
+// checkFaults returns the problems of the change (each INSTANCE@TIME), fault, timeout and
+// outlier options.
 func (o *SimulateOptions) checkFaults() []error {
 	var errs []error
+	for _, c := range o.changeFlags() {
+		for _, spec := range c.specs {
+			// The span only turns shares into times: any will do to read the value.
+			ch, err := des.ParseChange(c.kind, spec, time.Hour)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case ch.Instance >= o.Instances:
+				errs = append(errs, fmt.Errorf("--%s %s: instance %d, want 0 to %d (--instances %d)", c.kind, spec, ch.Instance, o.Instances-1, o.Instances))
+			}
+		}
+	}
 	if len(o.Cut) > 0 && o.CutAfter < 1 {
 		errs = append(errs, fmt.Errorf("--cut-after %d: want at least 1 token before a cut", o.CutAfter))
 	}
@@ -62,6 +75,7 @@ func (o *SimulateOptions) applyFaults(fleet *des.Config, span time.Duration) err
 				errs = append(errs, err)
 				continue
 			}
+
 			if c.kind == des.Cut {
 				ch.Tokens = o.CutAfter
 			}

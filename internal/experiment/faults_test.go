@@ -41,13 +41,13 @@ func TestFaultDefaultsAreLive(t *testing.T) {
 func TestSimulate_BadFaultOptions(t *testing.T) {
 	_, err := Simulate(context.Background(), SimulateOptions{
 		Workload: "multi-turn", Instances: 2, Profile: "llama3-8b-h100-tp1", Policies: "round-robin", ScrapeInterval: time.Second,
-		Routers: 1, ReplicaAffinity: "none", Cut: []string{"0@10%"}, CutAfter: 0, FirstTokenTimeout: -time.Second, StallTimeout: -time.Second,
+		Routers: 1, ReplicaAffinity: "none", Cut: []string{"0@10%"}, Blind: []string{"7@10%"}, CutAfter: 0, FirstTokenTimeout: -time.Second, StallTimeout: -time.Second,
 		EjectionTime: time.Minute, MaxEjectionTime: time.Second, PassiveFailures: -1, MaxEjectedPercent: 101,
 	})
 	if !errors.As(err, new(*UsageError)) {
 		t.Fatalf("err %v, want a usage error", err)
 	}
-	for _, want := range []string{"--cut-after 0", "--first-token-timeout -1s", "--stall-timeout -1s", "--max-ejection-time 1s", "--passive-failures -1", "--max-ejected-percent 101"} {
+	for _, want := range []string{"--cut-after 0", "--blind 7@10%: instance 7, want 0 to 1 (--instances 2)", "--first-token-timeout -1s", "--stall-timeout -1s", "--max-ejection-time 1s", "--passive-failures -1", "--max-ejected-percent 101"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
