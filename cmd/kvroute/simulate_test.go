@@ -55,6 +55,7 @@ func TestSimulateErrors(t *testing.T) {
 		{"bad kill", []string{"--trace", good, "--kill", "3"}, 2, []string{"--kill", "INSTANCE@TIME"}},
 		{"bad add time", []string{"--trace", good, "--add", "1@soon"}, 2, []string{"--add", `"soon"`}},
 		{"kill beyond the fleet", []string{"--trace", good, "--instances", "2", "--kill", "5@50%"}, 2, []string{"--kill 5@50%", "instance 5", "0 to 1 (--instances 2)"}},
+		{"recover from nothing", []string{"--trace", good, "--instances", "2", "--recover", "1@50%"}, 2, []string{"recover of instance 1", "no kill, fail, hang, cut or blind"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

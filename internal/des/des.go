@@ -188,6 +188,9 @@ func ParseSpread(name string) (Spread, error) {
 	return 0, fmt.Errorf("replica spread %q: want round-robin or session", name)
 }
 
+// Check returns every problem of the config, as Run would find them, without running it.
+func (c *Config) Check() error { return c.check() }
+
 func (c *Config) check() error {
 	var errs []error
 	if c.Instances < 1 {

@@ -166,6 +166,11 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	if err := o.applyFaults(&fleet, span(reqs)); err != nil {
 		return nil, err
 	}
+	// Once for the fleet, not per policy as each run would (a --recover with nothing to
+	// recover from, say).
+	if err := fleet.Check(); err != nil {
+		return nil, &UsageError{err}
+	}
 
 	sim := &Simulation{routers: o.Routers, affinity: o.ReplicaAffinity, faults: o.faultsNote(), sync: rsync, Summary: &report.Summary{
 		Scenario: report.Scenario{
