@@ -346,7 +346,7 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [17]slog.Attr // every attribute below, on the stack
+	var attrBuf [18]slog.Attr // every attribute below, on the stack
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
 		slog.String("method", method),
@@ -369,6 +369,10 @@ func (c *call) settle(status int, method, path string) {
 		if p := c.rc.Predicted(); p >= 0 {
 			// Beside cached_tokens (the engine's report): a miss the index did not expect.
 			attrs = append(attrs, slog.Int("predicted_cached_tokens", p))
+		}
+		if m := c.rc.Moved(); m != "" {
+			// The first endpoint tried was not the policy's pick, and why.
+			attrs = append(attrs, slog.String("moved_by", m))
 		}
 	}
 	if ttft > 0 && c.stream {

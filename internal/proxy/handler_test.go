@@ -955,3 +955,39 @@ func TestSaltedPartsRefusesUnpatchable(t *testing.T) {
 		t.Fatalf("salted body %s", got)
 	}
 }
+
+// TestAccessLogMoved: a request whose first endpoint is not the policy's pick says why in its
+// access line (moved_by): here the pick answered the request before 429, and is left alone for
+// the second of rest it asked.
+func TestAccessLogMoved(t *testing.T) {
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
+	}))
+	defer busy.Close()
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+	}))
+	defer ok.Close()
+	f := newFixture(t, spec(busy.URL, "m"), spec(ok.URL, "m"))
+	var logs syncBuffer
+	f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	for i := range 2 {
+		if resp, body := f.post(t, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err == nil && m["msg"] == "request" {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 2 || lines[0]["moved_by"] != nil || lines[1]["moved_by"] != "backoff" || lines[1]["attempts"] != 1.0 {
+		t.Errorf("access lines %v, want the first without moved_by (the pick, then the retry), the second moved_by backoff in one attempt", lines)
+	}
+}

@@ -290,12 +290,17 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	if err != nil {
 		return c, err
 	}
+	first := ranked[0]
 	if pin != "" {
 		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
+		first = c.movedBy(ranked, first, MovedPin)
 	}
 	ranked = lc.backoffLast(ranked, now)
+	first = c.movedBy(ranked, first, MovedBackoff)
 	ranked = lc.warmUp(req, ranked, candidates, now)
+	first = c.movedBy(ranked, first, MovedWarmUp)
 	ranked = lc.probeBlind(req, ranked, now)
+	c.movedBy(ranked, first, MovedCacheProbe)
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
 }
@@ -459,7 +464,34 @@ type Call struct {
 
 	shared uint64      // the attempt's ID in the Share (remote.go), 0 when none
 	local  localFlight // the attempt in the Share's list of local ones (remote.go)
+	moved  string      // why the first endpoint is not the policy's pick ("" when it is)
 }
+
+// Why a request's first endpoint is not the one the policy ranked first (Call.Moved).
+const (
+	// MovedPin: the request is pinned to the endpoint that holds its previous response.
+	MovedPin = "pin"
+	// MovedBackoff: the policy's pick asked to be left alone (a 429) or was found stalled.
+	MovedBackoff = "backoff"
+	// MovedWarmUp: the pick joined the fleet recently and takes a growing share of requests.
+	MovedWarmUp = "warm_up"
+	// MovedCacheProbe: the request probes an endpoint whose cache reports disagree with the
+	// index (route.Audit), to learn whether it finds its prefixes again.
+	MovedCacheProbe = "cache_probe"
+)
+
+// movedBy records why when ranked no longer starts with first, and returns its first.
+func (c *Call) movedBy(ranked []*endpoint.Endpoint, first *endpoint.Endpoint, why string) *endpoint.Endpoint {
+	if ranked[0] != first {
+		c.moved = why
+	}
+	return ranked[0]
+}
+
+// Moved says why the request's first endpoint is not the one its policy ranked first
+// (MovedPin, MovedBackoff, MovedWarmUp, MovedCacheProbe: the last step that changed it), ""
+// when it is.
+func (c *Call) Moved() string { return c.moved }
 
 // Ranked returns the endpoints the request may be sent to, in order.
 func (c *Call) Ranked() []*endpoint.Endpoint { return c.ranked }

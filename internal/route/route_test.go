@@ -728,3 +728,37 @@ func TestTimeoutFindsStall(t *testing.T) {
 		})
 	}
 }
+
+// TestMoved: a call says why its first endpoint is not the policy's pick: the pick's backoff
+// after a 429, or a probe of a cache-blind endpoint; nothing when it is the pick.
+func TestMoved(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	lc := newLC(t, &script{order: []string{"a", "b"}}, clk, 3)
+	eps := pool(t, "a", "b")
+	c, _ := lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	if m := c.Moved(); m != "" {
+		t.Errorf("the pick first: moved by %q, want nothing", m)
+	}
+	if ep := c.Next(); ep.Name != "a" {
+		t.Fatalf("first attempt on %s, want a", ep.Name)
+	}
+	c.Backoff(time.Second) // a answers 429
+	if !c.Fail(FailBusy) {
+		t.Fatal("429 not retried")
+	}
+	c.Next()
+	c.Finish(Outcome{OK: true, CachedTokens: -1})
+	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
+	if m, first := c.Moved(), c.Ranked()[0].Name; m != MovedBackoff || first != "b" {
+		t.Errorf("during a's backoff: first %s moved by %q, want b moved by %q", first, m, MovedBackoff)
+	}
+
+	_, _, audit, plc, peps := probeSetup(t, nil)
+	for range 10 {
+		audit.Observe(peps[1], 64, 0, clk.t)
+	}
+	c, _ = plc.Begin(&policy.Request{PromptTokens: 100}, peps, "", clk.t)
+	if m, first := c.Moved(), c.Ranked()[0].Name; m != MovedCacheProbe || first != "b" {
+		t.Errorf("blind b due a probe: first %s moved by %q, want b moved by %q", first, m, MovedCacheProbe)
+	}
+}
