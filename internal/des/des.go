@@ -765,7 +765,7 @@ func (s *sim) send(i int) {
 	}
 	st.inst = int32(ep.ID)
 	rec := &s.records[i]
-	rec.EndpointID, rec.Endpoint, rec.Attempts = ep.ID, ep.Name, st.call.Attempts()
+	rec.EndpointID, rec.Endpoint, rec.Attempts, rec.MovedBy = ep.ID, ep.Name, st.call.Attempts(), st.call.Moved()
 	if p := st.call.Predicted(); p >= 0 {
 		rec.Predicted, rec.PredictedCachedTokens = true, p
 	}

@@ -164,8 +164,14 @@ func TestBlind(t *testing.T) {
 	cfg := toyConfig(4)
 	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Blind}, {At: half, Instance: victim, Kind: Recover}}
 	res := run(t, cfg, reqs, Named("prefix-aware", nil))
-	var before, after, hitsAfter int
+	var before, after, hitsAfter, probes int
 	for _, r := range res.Records {
+		if r.MovedBy == route.MovedCacheProbe {
+			probes++
+			if r.EndpointID != victim {
+				t.Errorf("request %s probed %s, not the blind instance", r.ID, r.Endpoint)
+			}
+		}
 		switch {
 		case r.Err != "":
 			t.Errorf("request %s failed: %+v", r.ID, r)
@@ -186,7 +192,10 @@ func TestBlind(t *testing.T) {
 	if len(res.Audit) == 0 || !res.Audit[0].Blind || res.Audit[0].Instance != victim || res.Audit[0].At >= half {
 		t.Fatalf("audit verdicts %+v, want instance %d found blind first, before %v", res.Audit, victim, half)
 	}
-	t.Logf("audit verdicts %+v; the instance served %d requests before its recovery at %v, %d after", res.Audit, before, half, after)
+	t.Logf("audit verdicts %+v; the instance served %d requests before its recovery at %v, %d after; %d probes", res.Audit, before, half, after, probes)
+	if probes == 0 {
+		t.Error("no request probed the blind instance")
+	}
 	for _, v := range res.Audit {
 		if v.Instance != victim {
 			t.Errorf("verdict %+v on a healthy instance", v)

@@ -22,6 +22,7 @@ type recordJSON struct {
 	OutputTokens  int      `json:"output_tokens"`
 	PredictedHits *int     `json:"predicted_cached_tokens,omitempty"`
 	Attempts      int      `json:"attempts,omitempty"`
+	MovedBy       string   `json:"moved_by,omitempty"`
 	Error         string   `json:"error,omitempty"`
 }
 
@@ -34,7 +35,7 @@ func WriteRecords(w io.Writer, recs []Record) error {
 		j := recordJSON{
 			ID: r.ID, Policy: r.Policy, Endpoint: r.Endpoint,
 			ArrivalMS: ms(r.Arrival), FinishMS: ms(r.Finish), E2EMS: ms(r.E2E()),
-			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, Attempts: r.Attempts, Error: r.Err,
+			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, Attempts: r.Attempts, MovedBy: r.MovedBy, Error: r.Err,
 		}
 		if !r.CachedUnknown {
 			c := r.CachedTokens

@@ -33,6 +33,9 @@ type Record struct {
 	PredictedCachedTokens int
 	// Attempts is how many endpoints the request was sent to (more than 1 after a fallback).
 	Attempts int
+	// MovedBy says why the request's first endpoint was not the policy's pick
+	// (route.Call.Moved), "" when it was.
+	MovedBy string
 	// Err is empty on success, else why the request failed.
 	Err string
 }
