@@ -42,11 +42,10 @@ type AuditConfig struct {
 	// its prompt costs it no cached prefix if the engine is still blind (a conversation's first
 	// request away from the blind endpoint, say: it would compute its whole prompt at its pick
 	// too): at most four a second; one by a request that its pick would hit, at most one in
-	// costlyProbeEvery (30 s). Each request in
-	// a row that finds there what was predicted halves the wait for the next probe, down to an
-	// eighth (agreeProbeShift): once the engine is fixed, the evidence that it sees again
-	// comes in about a second, and a probe that still finds it blind is again one in
-	// ProbeEvery.
+	// costlyProbeEvery (30 s). Each request in a row that finds there what was predicted halves
+	// the wait for the next probe, down to an eighth (agreeProbeShift): once the engine is
+	// fixed, the evidence that it sees again comes in about a second, and a probe that still
+	// finds it blind is again one in ProbeEvery.
 	ProbeEvery time.Duration
 	// OnChange, when set, is told of each verdict change: blind true when the endpoint's
 	// reports stay far below the predictions, false when they agree again; found and

@@ -290,7 +290,7 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	if err != nil {
 		return c, err
 	}
-	first := ranked[0]
+	pick, first := ranked[0], ranked[0]
 	if pin != "" {
 		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
 		first = c.movedBy(ranked, first, MovedPin)
@@ -300,7 +300,9 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	ranked = lc.warmUp(req, ranked, candidates, now)
 	first = c.movedBy(ranked, first, MovedWarmUp)
 	ranked = lc.probeBlind(req, ranked, now)
-	c.movedBy(ranked, first, MovedCacheProbe)
+	if c.movedBy(ranked, first, MovedCacheProbe) == pick {
+		c.moved = "" // moved away and back
+	}
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
 }
@@ -489,8 +491,8 @@ func (c *Call) movedBy(ranked []*endpoint.Endpoint, first *endpoint.Endpoint, wh
 }
 
 // Moved says why the request's first endpoint is not the one its policy ranked first
-// (MovedPin, MovedBackoff, MovedWarmUp, MovedCacheProbe: the last step that changed it), ""
-// when it is.
+// (MovedPin, MovedBackoff, MovedWarmUp, MovedCacheProbe: the last step that changed the first),
+// "" when it is.
 func (c *Call) Moved() string { return c.moved }
 
 // Ranked returns the endpoints the request may be sent to, in order.
