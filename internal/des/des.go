@@ -341,10 +341,10 @@ type Result struct {
 
 // AuditChange is one verdict of a router's cache audit (route.AuditConfig.OnChange).
 type AuditChange struct {
-	At       time.Duration `json:"at"`
-	Router   int           `json:"router"`
-	Instance int           `json:"instance"`
-	Blind    bool          `json:"blind"`
+	At       time.Duration
+	Router   int
+	Instance int
+	Blind    bool // found blind; false: agreeing again
 }
 
 // Preemptions sums the engines' preemption counts.

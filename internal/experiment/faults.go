@@ -75,7 +75,6 @@ func (o *SimulateOptions) applyFaults(fleet *des.Config, span time.Duration) err
 				errs = append(errs, err)
 				continue
 			}
-
 			if c.kind == des.Cut {
 				ch.Tokens = o.CutAfter
 			}
