@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +107,7 @@ func TestSimulate_Faults(t *testing.T) {
 func TestSimulate_Blind(t *testing.T) {
 	o := faultOptions("prefix-repetition:n=400,prefixes=4", "prefix-aware")
 	o.Blind = []string{"1@0%"}
+	o.HTML = filepath.Join(t.TempDir(), "report.html")
 	sim, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +131,10 @@ func TestSimulate_Blind(t *testing.T) {
 	if !strings.Contains(j.String(), `"cache_audit": [`) {
 		t.Errorf("JSON lacks cache_audit:\n%s", j.String())
 	}
+	if h, err := os.ReadFile(o.HTML); err != nil || !strings.Contains(string(h), "--blind 1@0%") || !strings.Contains(string(h), "prefix-aware: 1 blind ") {
+		t.Errorf("the HTML report lacks the fault and the verdict (err %v)", err)
+	}
+	o.HTML = ""
 
 	o.NoAudit = true
 	if sim, err = Simulate(context.Background(), o); err != nil {

@@ -247,6 +247,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		if o.Routers > 1 {
 			opt.Notes = append(opt.Notes, sim.routersNote()+", each with its own policy instance and load counters.")
 		}
+		opt.Notes = append(opt.Notes, sim.faultNotes()...)
 		if err := writeHTML(o.HTML, sum, records, opt); err != nil {
 			return nil, err
 		}
@@ -290,16 +291,8 @@ func (s *Simulation) WriteTable(w io.Writer) (err error) {
 			}
 		}()
 	}
-	var stalls, audits []string
-	for _, r := range s.Results {
-		if r.Stalls > 0 {
-			stalls = append(stalls, fmt.Sprintf("%s %d", r.Policy, r.Stalls))
-		}
-		if len(r.CacheAudit) > 0 {
-			audits = append(audits, r.Policy+": "+auditNote(r.CacheAudit, s.routers))
-		}
-	}
-	if s.routers <= 1 && s.faults == "" && stalls == nil && audits == nil {
+	notes := s.faultNotes()
+	if s.routers <= 1 && notes == nil {
 		return report.WriteTable(w, s.Summary)
 	}
 	var b bytes.Buffer
@@ -311,14 +304,8 @@ func (s *Simulation) WriteTable(w io.Writer) (err error) {
 	if s.routers > 1 {
 		more = ", " + s.routersNote()
 	}
-	if s.faults != "" {
-		more += "\n" + s.faults
-	}
-	if stalls != nil {
-		more += "\nattempts given up as stalled (limits.stall_timeout): " + strings.Join(stalls, ", ")
-	}
-	if audits != nil {
-		more += "\ncache audit, instances whose reported hits stayed far below the predictions (blind) and agree again (sees): " + strings.Join(audits, "; ")
+	for _, n := range notes {
+		more += "\n" + n
 	}
 	if _, err := fmt.Fprintf(w, "%s%s\n%s", head, more, rest); err != nil {
 		return fmt.Errorf("write table: %w", err)
@@ -377,6 +364,31 @@ func writeFile(path string, write func(io.Writer) error) (err error) {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// faultNotes returns the lines the summary's table carries under its header (nil when there
+// are none): the faults and the settings that meet them, the attempts given up as stalled, and
+// the cache audit's verdicts.
+func (s *Simulation) faultNotes() []string {
+	var notes, stalls, audits []string
+	if s.faults != "" {
+		notes = append(notes, s.faults)
+	}
+	for _, r := range s.Results {
+		if r.Stalls > 0 {
+			stalls = append(stalls, fmt.Sprintf("%s %d", r.Policy, r.Stalls))
+		}
+		if len(r.CacheAudit) > 0 {
+			audits = append(audits, r.Policy+": "+auditNote(r.CacheAudit, s.routers))
+		}
+	}
+	if stalls != nil {
+		notes = append(notes, "attempts given up as stalled (limits.stall_timeout): "+strings.Join(stalls, ", "))
+	}
+	if audits != nil {
+		notes = append(notes, "cache audit, instances whose reported hits stayed far below the predictions (blind) and agree again (sees): "+strings.Join(audits, "; "))
+	}
+	return notes
 }
 
 // auditNote lists a run's cache-audit verdicts in order, as "3 blind 812.4s, 3 sees 1240.1s"
