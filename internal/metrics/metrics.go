@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/route"
 )
 
 // UnknownModel is the model label of requests for a model no endpoint serves.
@@ -44,6 +45,10 @@ const (
 
 // RetryReasons lists them.
 var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout}
+
+// MovedReasons are the reasons of kvroute_requests_moved_total: why a request's first
+// endpoint was not the policy's pick (route.Call.Moved).
+var MovedReasons = []string{route.MovedPin, route.MovedBackoff, route.MovedWarmUp, route.MovedCacheProbe}
 
 // Statuses made at 0 for every endpoint and model it serves: what an engine answers, what the
 // router relays or makes of it (499 client gone, 502 response unreadable, 504 no attempt
@@ -119,6 +124,7 @@ type Metrics struct {
 	EndpointPredictedCached *prometheus.CounterVec // endpoint
 	PickDuration            prometheus.Histogram
 	Retries                 *prometheus.CounterVec // endpoint, reason
+	Moved                   *prometheus.CounterVec // endpoint, reason
 	Ejections               *prometheus.CounterVec // endpoint
 	// CacheBlind is 1 while an endpoint's engine reports far fewer cached tokens than the
 	// router predicted (a silent zero hit: the router then routes there on load alone), and
@@ -208,6 +214,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error, unavailable: a 503, busy: a 429, timeout: no first token or answer in time).",
 		}, []string{"endpoint", "reason"}),
+		Moved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_requests_moved_total", Help: "Requests whose first endpoint was not the policy's pick, by that endpoint and why (pin: previous_response_id; backoff: the pick answered 429 or stalled; warm_up: the pick joined recently; cache_probe: a probe of this cache-blind endpoint).",
+		}, []string{"endpoint", "reason"}),
 		Ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive failures (connection errors, 5xx, timeouts, lost requests, cut streams).",
 		}, []string{"endpoint"}),
@@ -245,7 +254,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
-		m.Retries, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Held, m.HeldSeconds, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
+		m.Retries, m.Moved, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Held, m.HeldSeconds, m.Reloads, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
 	m.Reloads.WithLabelValues("ok")
 	m.Reloads.WithLabelValues("error")
 	m.modelSeries(UnknownModel)
@@ -304,6 +313,9 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 	for _, r := range RetryReasons {
 		m.Retries.WithLabelValues(name, r)
 	}
+	for _, r := range MovedReasons {
+		m.Moved.WithLabelValues(name, r)
+	}
 	m.Ejections.WithLabelValues(name)
 	m.CacheBlind.WithLabelValues(name)
 	m.CacheBlindEvents.WithLabelValues(name)
@@ -358,6 +370,7 @@ func (m *Metrics) ForgetEndpoint(name string) {
 	l := prometheus.Labels{"endpoint": name}
 	m.Requests.DeletePartialMatch(l)
 	m.Retries.DeletePartialMatch(l)
+	m.Moved.DeletePartialMatch(l)
 	m.Ejections.DeletePartialMatch(l)
 	m.CacheBlind.DeletePartialMatch(l)
 	m.CacheBlindEvents.DeletePartialMatch(l)

@@ -164,6 +164,7 @@ func TestSeriesAtZero(t *testing.T) {
 		`kvroute_requests_total{endpoint=none,model=unknown,status=404}`,
 		`kvroute_retries_total{endpoint=` + ep + `,reason=connect_error}`,
 		`kvroute_retries_total{endpoint=` + ep + `,reason=unavailable}`,
+		`kvroute_requests_moved_total{endpoint=` + ep + `,reason=cache_probe}`,
 		`kvroute_endpoint_ejections_total{endpoint=` + ep + `}`,
 		`kvroute_endpoint_ejected_seconds_total{endpoint=` + ep + `}`,
 		`kvroute_endpoint_ejected{endpoint=` + ep + `}`,
@@ -219,6 +220,7 @@ func TestSeriesAtZero(t *testing.T) {
 	}
 	m.Retries.WithLabelValues(ep, RetryConnectError).Inc()
 	m.Retries.WithLabelValues(ep, RetryUnavailable).Inc()
+	m.Moved.WithLabelValues(ep, "cache_probe").Inc()
 	m.EndpointEjected(ep, 0)
 	clk.add(time.Second)
 	m.PredictedCachedTokens("m", ep, 1)

@@ -373,6 +373,7 @@ func (c *call) settle(status int, method, path string) {
 		if m := c.rc.Moved(); m != "" {
 			// The first endpoint tried was not the policy's pick, and why.
 			attrs = append(attrs, slog.String("moved_by", m))
+			h.Metrics.Moved.WithLabelValues(c.rc.Ranked()[0].Name, m).Inc()
 		}
 	}
 	if ttft > 0 && c.stream {

@@ -990,4 +990,7 @@ func TestAccessLogMoved(t *testing.T) {
 	if len(lines) != 2 || lines[0]["moved_by"] != nil || lines[1]["moved_by"] != "backoff" || lines[1]["attempts"] != 1.0 {
 		t.Errorf("access lines %v, want the first without moved_by (the pick, then the retry), the second moved_by backoff in one attempt", lines)
 	}
+	if n := testutil.ToFloat64(f.h.Metrics.Moved.WithLabelValues(ok.URL, "backoff")); n != 1 {
+		t.Errorf("kvroute_requests_moved_total{endpoint=ok, reason=backoff} = %v, want 1", n)
+	}
 }
