@@ -211,8 +211,10 @@ func (a *Audit) Forget(ep *endpoint.Endpoint) {
 // probe returns the first endpoint of ranked after the first that is blind, due a probe
 // (AuditConfig.ProbeEvery, times replicas: the router replicas whose probes this audit hears;
 // shorter while its reports agree again; costlyProbeEvery when the first, the policy's pick,
-// is predicted to hold some of the prompt) and predicted to hold some of the prompt, and
-// records the probe; -1 when there is none. The pick stands when it is blind itself.
+// is predicted to hold some of the prompt), predicted to hold some of the prompt and with no
+// more requests in flight than the pick (a probe never waits behind more work than the
+// request would have at its pick), and records the probe; -1 when there is none. The pick
+// stands when it is blind itself.
 func (a *Audit) probe(ranked []*endpoint.Endpoint, predict func(*endpoint.Endpoint) int, now time.Time, replicas int) int {
 	if a == nil || a.cfg.ProbeEvery < 0 || a.nblind.Load() == 0 || len(ranked) < 2 {
 		return -1
@@ -226,7 +228,8 @@ func (a *Audit) probe(ranked []*endpoint.Endpoint, predict func(*endpoint.Endpoi
 	asked, costly := false, false
 	for i, ep := range ranked[1:] {
 		s := a.st[ep]
-		if s == nil || !s.blind || now.Sub(s.probed) < every>>min(s.agreeing, agreeProbeShift) || predict(ep) <= 0 {
+		if s == nil || !s.blind || now.Sub(s.probed) < every>>min(s.agreeing, agreeProbeShift) ||
+			ep.InFlight() > ranked[0].InFlight() || predict(ep) <= 0 {
 			continue
 		}
 		if !asked {

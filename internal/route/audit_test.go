@@ -109,8 +109,8 @@ func probeSetup(t *testing.T, share func(*stepClock) *Share) (*stepClock, *probe
 // TestAuditProbesBlind: a blind endpoint that the policy ranks second is tried first by one
 // request every ProbeEvery, when the index says it holds some of the prompt, so that its
 // reports can agree again; by a prompt the pick is predicted to hold too, only once in 30 s;
-// never more often, never with a prompt it is not predicted to hold, and not once it sees
-// again.
+// never more often, never with a prompt it is not predicted to hold, never while it has more
+// requests in flight than the pick, and not once it sees again.
 func TestAuditProbesBlind(t *testing.T) {
 	clk, p, audit, lc, eps := probeSetup(t, nil)
 	first := func() string {
@@ -163,6 +163,23 @@ func TestAuditProbesBlind(t *testing.T) {
 		t.Errorf("probes by prompts the pick holds (1 s apart, one without, 29 s, 1 s): first %v, want %v", got, want)
 	}
 	p.pickHolds = false
+	// Nor to an endpoint with more requests in flight than the pick: b waits until a has as
+	// many.
+	busy := eps[0].InFlight() - eps[1].InFlight() + 2
+	for range busy {
+		eps[1].Start(100)
+	}
+	got = nil
+	for range 3 {
+		clk.t = clk.t.Add(time.Second)
+		got = append(got, first())
+	}
+	if want := []string{"a", "a", "b"}; !slices.Equal(got, want) {
+		t.Errorf("b with 2 requests in flight more than a, 1 s apart: first %v, want %v", got, want)
+	}
+	for range busy {
+		eps[1].Finish(100, false)
+	}
 	for i := 0; audit.Blind(eps[1]) && i < 40; i++ {
 		audit.Observe(eps[1], 64, 64, clk.t)
 	}
