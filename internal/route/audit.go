@@ -78,7 +78,12 @@ const agreeProbeShift = 3
 // whose pick holds none of their prompt cost nothing and go every ProbeEvery; these few keep
 // the evidence coming when all of the blind endpoint's traffic has found a home elsewhere. At
 // one in 30 s, the Mooncake trace with an instance blind for a quarter of the run (docs/
-// results.md) lost no TTFT to them; at one in 250 ms, 4.9 % of its mean.
+// results.md) lost no TTFT to them; at one in 250 ms, 4.9 % of its mean. After a report that
+// agreed with its prediction the next such probe is expected to find its prefix too, so the
+// limit holds only while the last report disagreed (agreeing 0): an engine put right whose
+// only evidence is these probes sees again within a second of the first one that agrees, not
+// after several of them 30 s apart (TestAuditSeesAgainByCostlyProbes: 0.8 s and 7 probes, 3
+// minutes without this rule).
 const costlyProbeEvery = 30 * time.Second
 
 // NewAudit returns an Audit with cfg (zero fields take the defaults).
@@ -211,7 +216,7 @@ func (a *Audit) Forget(ep *endpoint.Endpoint) {
 // probe returns the first endpoint of ranked after the first that is blind, due a probe
 // (AuditConfig.ProbeEvery, times replicas: the router replicas whose probes this audit hears;
 // shorter while its reports agree again; costlyProbeEvery when the first, the policy's pick,
-// is predicted to hold some of the prompt), predicted to hold some of the prompt and with no
+// is predicted to hold some of the prompt, unless the last report agreed), predicted to hold some of the prompt and with no
 // more requests in flight than the pick (a probe never waits behind more work than the
 // request would have at its pick), and records the probe; -1 when there is none. The pick
 // stands when it is blind itself.
@@ -236,7 +241,7 @@ func (a *Audit) probe(ranked []*endpoint.Endpoint, predict func(*endpoint.Endpoi
 			costly = predict(ranked[0]) > 0
 			asked = true
 		}
-		if costly && now.Sub(s.probedCostly) < costlyProbeEvery*time.Duration(max(replicas, 1)) {
+		if costly && s.agreeing == 0 && now.Sub(s.probedCostly) < costlyProbeEvery*time.Duration(max(replicas, 1)) {
 			continue
 		}
 		s.probed = now

@@ -162,6 +162,17 @@ func TestAuditProbesBlind(t *testing.T) {
 	if want := []string{"b", "a", "a", "b", "b", "a"}; !slices.Equal(got, want) {
 		t.Errorf("probes by prompts the pick holds (1 s apart, one without, 29 s, 1 s): first %v, want %v", got, want)
 	}
+	// Once a probe's report agrees, the next probe is expected to find its prefix too: those
+	// by prompts the pick holds go at the free probes' pace until a report disagrees again.
+	got = nil
+	for _, found := range []int{64, 0} {
+		audit.Observe(eps[1], 64, found, clk.t)
+		clk.t = clk.t.Add(time.Second)
+		got = append(got, first())
+	}
+	if want := []string{"b", "a"}; !slices.Equal(got, want) {
+		t.Errorf("prompts the pick holds, after a report that agreed, then one that did not: first %v, want %v", got, want)
+	}
 	p.pickHolds = false
 	// Nor to an endpoint with more requests in flight than the pick: b waits until a has as
 	// many.
@@ -190,6 +201,42 @@ func TestAuditProbesBlind(t *testing.T) {
 	audit.Forget(eps[1])
 	if n := audit.nblind.Load(); n != 0 {
 		t.Errorf("%d blind after Forget", n)
+	}
+}
+
+// TestAuditSeesAgainByCostlyProbes: a blind endpoint whose only evidence is probes by prompts
+// the pick holds too (no other request is predicted to find anything there) sees again within
+// seconds of the engine being put right, not after the several agreeing reports 30 s apart
+// that the limit on such probes alone would take (3 minutes here).
+func TestAuditSeesAgainByCostlyProbes(t *testing.T) {
+	clk, p, audit, lc, eps := probeSetup(t, nil)
+	p.pickHolds = true
+	for range 10 {
+		audit.Observe(eps[1], 64, 0, clk.t)
+	}
+	if !audit.Blind(eps[1]) {
+		t.Fatal("b not blind after 10 requests that found nothing")
+	}
+	fixed := clk.t
+	probes := 0
+	for i := 0; audit.Blind(eps[1]) && i < 10000; i++ { // a request every 100 ms, 1000 s at most
+		c, err := lc.Begin(&policy.Request{PromptTokens: 100}, eps, "", clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := c.Next()
+		c.FirstToken()
+		if ep == eps[1] {
+			probes++
+		}
+		// The engine finds what it was predicted to hold, on either endpoint.
+		c.Finish(Outcome{OK: true, CachedTokens: 64, PromptTokens: 100})
+		clk.t = clk.t.Add(100 * time.Millisecond)
+	}
+	if took := clk.t.Sub(fixed); audit.Blind(eps[1]) || took > 35*time.Second {
+		t.Errorf("b sees again after %v and %d probes (blind now: %v), want within 35 s", took, probes, audit.Blind(eps[1]))
+	} else {
+		t.Logf("b sees again %v after it was fixed, after %d probes", took, probes)
 	}
 }
 
