@@ -20,10 +20,17 @@ type Event struct {
 	Data []byte // the "data:" lines joined by "\n"
 	ID   string
 	Raw  []byte
+	// Cut: the stream ended inside this event, before the blank line that ends it (Raw holds
+	// what came). Its data may be whole (an engine that ends with "data: [DONE]\n") or not.
+	Cut bool
 }
 
 // IsDone reports whether the event is the OpenAI stream terminator "data: [DONE]".
 func (e *Event) IsDone() bool { return bytes.Equal(e.Data, []byte("[DONE]")) }
+
+// Empty reports whether the event carries neither data nor a name: comment lines only (a
+// keep-alive such as ": ping"), or only id or retry fields. It is no token and no progress.
+func (e *Event) Empty() bool { return len(e.Data) == 0 && e.Name == "" }
 
 // SSEReader reads server-sent events incrementally. Lines end in "\n" or "\r\n". It buffers at
 // most one event, of at most maxEvent bytes.
@@ -76,7 +83,8 @@ func (s *SSEReader) Reset(r io.Reader) {
 }
 
 // Next returns the next event. At the end of the stream it returns io.EOF; a stream that ends
-// in the middle of an event returns that event first (with the bytes received), then io.EOF.
+// in the middle of an event returns that event first (with the bytes received, Cut set), then
+// io.EOF.
 // Comment lines (": ping") count as an event without data, so a proxy passes them on.
 //
 // The returned Event's Data and Raw share the reader's buffers: they are valid until the next
@@ -87,8 +95,8 @@ func (s *SSEReader) Next() (Event, error) {
 	var ev Event
 	dataLines := 0
 	fields := 0
-	finish := func() Event {
-		ev.Raw = s.raw
+	finish := func(cut bool) Event {
+		ev.Raw, ev.Cut = s.raw, cut
 		return ev
 	}
 	for {
@@ -102,12 +110,12 @@ func (s *SSEReader) Next() (Event, error) {
 			if fields == 0 {
 				return Event{}, io.EOF
 			}
-			return finish(), nil
+			return finish(true), nil
 		}
 		line := bytes.TrimSuffix(bytes.TrimSuffix(got, []byte("\n")), []byte("\r"))
 		if len(line) == 0 {
 			if fields > 0 {
-				return finish(), nil
+				return finish(false), nil
 			}
 			if err == io.EOF {
 				return Event{}, io.EOF
@@ -142,7 +150,7 @@ func (s *SSEReader) Next() (Event, error) {
 			ev.ID = s.id
 		}
 		if err == io.EOF {
-			return finish(), nil
+			return finish(true), nil
 		}
 	}
 }

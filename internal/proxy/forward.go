@@ -30,6 +30,10 @@ const maxCapture = 4 << 20
 // maxEvent bounds one server-sent event.
 const maxEvent = 4 << 20
 
+// maxRefusal bounds what is kept of a 503's or 429's body (an error message); the rest is not
+// read.
+const maxRefusal = 64 << 10
+
 // retryTransport sends a call's request to its ranked endpoints in turn, as the lifecycle
 // allows: after a failure before anything reached the client that makes it safe (no
 // connection, 503, 429, no first token in time), it tries the next.
@@ -59,11 +63,14 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 			if f == route.FailCanceled {
 				return nil, err
 			}
+			if err != nil {
+				h.Logger.Warn("attempt failed, not sent to another endpoint", "request_id", c.rid, "endpoint", ep.Name,
+					"failure", f.String(), "err", errText(err))
+			}
 			break
 		}
 		if resp != nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
+			resp.Body.Close() // read already (attempt)
 		}
 		h.Metrics.Retries.WithLabelValues(ep.Name, f.String()).Inc()
 		if err != nil {
@@ -178,16 +185,44 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	}
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		// The refusal's body is read now, under the attempt's timers: an engine that sends the
+		// head and then stalls does not hold the request past them (the drain before the next
+		// attempt, or the relay of the last refusal, would wait for it unbounded).
+		b, rerr := io.ReadAll(io.LimitReader(resp.Body, maxRefusal))
+		resp.Body.Close()
 		timer.Stop()
 		stall.stop()
-		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+		cancel(nil)
+		if rerr != nil && out.Context().Err() != nil {
+			return nil, route.FailCanceled, rerr
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		resp.ContentLength = int64(len(b))
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			return resp, route.FailUnavailable, nil
 		}
 		c.rc.Backoff(retryAfter(resp.Header))
 		return resp, route.FailBusy, nil
 	}
-	if resp.StatusCode < 400 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		// An API answer is never a redirect or a protocol switch: the endpoint's URL is not the
+		// API's address (or not an engine's). Nothing was computed, so the next endpoint is
+		// tried, as for a 503; the client never sees where it pointed.
+		timer.Stop()
+		stall.stop()
+		resp.Body.Close()
+		cancel(nil)
+		h.Logger.Warn("the endpoint answered an API request with a redirect or a protocol switch: check its URL",
+			"request_id", c.rid, "endpoint", ep.Name, "status", resp.Status, "location", resp.Header.Get("Location"))
+		e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_bad_answer",
+			"the engine answered "+strconv.Itoa(resp.StatusCode)+" to an API request (a redirect or a protocol switch: the endpoint's URL is not the API's address) (request id "+c.rid+")")
+		b := e.Body()
+		return &http.Response{StatusCode: http.StatusBadGateway, Status: "502 Bad Gateway", Proto: resp.Proto,
+			ProtoMajor: resp.ProtoMajor, ProtoMinor: resp.ProtoMinor, Request: resp.Request,
+			Header: http.Header{"Content-Type": {"application/json"}}, ContentLength: int64(len(b)),
+			Body: io.NopCloser(bytes.NewReader(b))}, route.FailUnavailable, nil
+	}
+	if resp.StatusCode < 400 && isEventStream(resp.Header.Get("Content-Type")) {
 		st := sseStates.Get().(*sseState)
 		st.r.Reset(resp.Body)
 		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall}
@@ -207,7 +242,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		resp.Body.Close()
 		return failed(errStalled) // given up as its head came: failed over, nothing relayed yet
 	}
-	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel, timer: timer}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, timer: timer}
 	return resp, route.FailNone, nil
 }
 
@@ -260,8 +295,18 @@ func retryAfter(h http.Header) time.Duration {
 // cancelBody ends the attempt's context (and its timer) when the body is closed.
 type cancelBody struct {
 	io.ReadCloser
+	ctx    context.Context // the attempt's; nil where nothing ends it but the client
 	cancel context.CancelCauseFunc
 	timer  *time.Timer
+}
+
+// Read reads the body; an error after the attempt's timeout ended it says so (errAttemptTimeout).
+func (b *cancelBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.ctx != nil && errors.Is(context.Cause(b.ctx), errAttemptTimeout) {
+		err = fmt.Errorf("%w: %w", errAttemptTimeout, err)
+	}
+	return n, err
 }
 
 func (b *cancelBody) Close() error {
@@ -406,23 +451,32 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // client does next), or cut short by the engine or by its silence for longer than the idle
 // timeout, in which case the client gets an SSE error event before the stream closes.
 type sseBody struct {
-	c       *call
-	up      io.ReadCloser
-	r       *openai.SSEReader
-	st      *sseState               // r and buf's pooled home, nil when not from the pool
-	ctx     context.Context         // the attempt's
-	cancel  context.CancelCauseFunc // ends the attempt
-	idle    time.Duration
-	stall   *stallTimer // the attempt's stall watch until the first event, nil when none
-	timer   *time.Timer // the idle timeout
-	pending []byte      // what the client is still to get: a part of buf, or of a larger array
-	buf     []byte
-	err     error
+	c        *call
+	up       io.ReadCloser
+	r        *openai.SSEReader
+	st       *sseState               // r and buf's pooled home, nil when not from the pool
+	ctx      context.Context         // the attempt's
+	cancel   context.CancelCauseFunc // ends the attempt
+	idle     time.Duration
+	stall    *stallTimer // the attempt's stall watch until the first event, nil when none
+	timer    *time.Timer // the idle timeout
+	pending  []byte      // what the client is still to get: a part of buf, or of a larger array
+	buf      []byte
+	err      error
+	progress bool // an event other than a comment was taken since Read last looked
 }
 
 // first reads the stream's first event, the first token: the caller's timer bounds the wait.
+// Comments before it (keep-alives) are no token: they are read past, and not passed on (the
+// client has had nothing yet, not even the head, so they would keep nothing alive).
 func (s *sseBody) first() error {
 	ev, err := s.r.Next()
+	for err == nil && ev.Empty() && !ev.Cut {
+		ev, err = s.r.Next()
+	}
+	if err == nil && cutInside(ev) {
+		err = io.ErrUnexpectedEOF
+	}
 	if err != nil {
 		return err
 	}
@@ -450,17 +504,23 @@ func (s *sseBody) Read(p []byte) (int, error) {
 			continue
 		}
 		ev, err := s.r.Next()
+		if err == nil && cutInside(ev) {
+			err = io.ErrUnexpectedEOF // the part of the event that came is not passed on
+		}
 		if err != nil {
 			s.timer.Stop()
 			s.cutShort(err)
 			continue
 		}
-		s.timer.Reset(s.idle)
-		if ep := s.c.ep(); ep != nil {
-			ep.Progressed(time.Now().UnixNano()) // a working engine: no stall for the others it holds
-		}
+		s.progress = false
 		s.take(ev)
 		s.takeBuffered(len(p))
+		if s.progress { // keep-alive comments alone are no sign of a working engine
+			s.timer.Reset(s.idle)
+			if ep := s.c.ep(); ep != nil {
+				ep.Progressed(time.Now().UnixNano()) // a working engine: no stall for the others it holds
+			}
+		}
 	}
 	n := copy(p, s.pending)
 	s.pending = s.pending[n:]
@@ -474,9 +534,20 @@ func (s *sseBody) Read(p []byte) (int, error) {
 // terminator was read and nothing is pending. Reads from then on only drain the engine's body.
 func (s *sseBody) relayed() bool { return s.c.complete && len(s.pending) == 0 }
 
+// cutInside reports whether ev is the part of an event that came before its stream ended (no
+// blank line after it), other than a stream's last event: whole or not, it is not passed on,
+// and the stream ends with an error event (a client would otherwise get a partial event with
+// the error event glued to it).
+func cutInside(ev openai.Event) bool {
+	return ev.Cut && !ev.IsDone() && !isTerminal(ev.Name)
+}
+
 // take queues one event for the client, unless the call drops it (the usage chunk the client
-// did not ask for).
+// did not ask for), and notes whether it is progress (anything but a comment).
 func (s *sseBody) take(ev openai.Event) {
+	if !ev.Empty() {
+		s.progress = true
+	}
 	if s.c.takeEvent(ev) {
 		s.queue(ev.Raw)
 	}
@@ -520,7 +591,7 @@ func (s *sseBody) cutShort(err error) {
 	s.c.cut = true
 	msg := "the engine ended the stream before its end"
 	if errors.Is(context.Cause(s.ctx), errIdleTimeout) {
-		msg = "the engine sent nothing for " + s.idle.String() + " (the stream idle timeout)"
+		msg = "the engine sent no event (keep-alive comments aside) for " + s.idle.String() + " (the stream idle timeout)"
 		s.c.errType = "stream_idle_timeout"
 	}
 	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
@@ -681,6 +752,9 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 	case c.cut:
 		if c.errType == "" {
 			c.errType = "stream_cut"
+		}
+		if status >= 500 {
+			return status // the router's own answer (answerBroke): 502 or 504
 		}
 		return http.StatusBadGateway
 	}

@@ -476,7 +476,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
 	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailLost:
 		code = "upstream_connection_lost"
-		msg = "the engine closed the connection after it received the request, before any answer; the request was not sent to another engine (it may be what broke the engine)"
+		msg = "the engine's connection broke after it received the request, before a valid answer (closed, or an answer that is not HTTP); the request was not sent to another engine (it may be what broke the engine)"
 	}
 	if c != nil {
 		msg += " (request id " + c.rid + ")"

@@ -130,6 +130,7 @@ type orderPicker struct {
 	log   []string
 	done  []policy.Result
 	reqs  []policy.Request // every request picked for
+	ttfts []time.Duration  // FirstToken's, in order
 }
 
 func (p *orderPicker) Pick(req *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
@@ -154,7 +155,10 @@ func (p *orderPicker) record(s string) { p.mu.Lock(); p.log = append(p.log, s); 
 func (p *orderPicker) Routed(_ *policy.Request, ep *endpoint.Endpoint) {
 	p.record("routed " + ep.Name)
 }
-func (p *orderPicker) FirstToken(_ *policy.Request, ep *endpoint.Endpoint, _ time.Duration) {
+func (p *orderPicker) FirstToken(_ *policy.Request, ep *endpoint.Endpoint, ttft time.Duration) {
+	p.mu.Lock()
+	p.ttfts = append(p.ttfts, ttft)
+	p.mu.Unlock()
 	p.record("first " + ep.Name)
 }
 func (p *orderPicker) Done(_ *policy.Request, ep *endpoint.Endpoint, res policy.Result) {
@@ -202,6 +206,7 @@ func newFixture(t *testing.T, specs ...endpoint.Spec) *fixture {
 		defer func() { f.done <- struct{}{} }()
 		f.inner.ServeHTTP(w, r)
 	}))
+	f.srv.Client().Timeout = 20 * time.Second // a router that hangs fails the test, not the run
 	t.Cleanup(func() { f.srv.Close(); tr.CloseIdleConnections() })
 	return f
 }

@@ -2,10 +2,14 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
+
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // relay sends out (the client's request, its body already read) through the retrying
@@ -46,8 +50,27 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 		h.proxyError(w, out, err)
 		return
 	}
+	// A whole answer (not a stream) is read before any of it goes out, up to maxCapture: one
+	// that breaks before its end is then answered with an error, not a 200 with a truncated
+	// body (or, through the server's buffer, an empty reply). Engines send such an answer when
+	// it is done, so the wait costs no time to its first byte.
+	var whole *[]byte
+	ended := false
+	if !isEventStream(resp.Header.Get("Content-Type")) {
+		var err error
+		whole, ended, err = readWhole(resp.Body)
+		defer putCapture(whole)
+		if err != nil {
+			resp.Body.Close()
+			h.answerBroke(w, out, err)
+			return
+		}
+	}
 	dst := w.Header()
 	for k, vv := range resp.Header {
+		if _, set := dst[k]; set {
+			continue // the router's own (X-Request-Id, rate limits) are not doubled by the engine's
+		}
 		dst[k] = append(dst[k], vv...)
 	}
 	announced := len(resp.Trailer)
@@ -59,15 +82,23 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 		dst.Add("Trailer", strings.Join(keys, ", "))
 	}
 	w.WriteHeader(resp.StatusCode)
-	stream := resp.ContentLength == -1 || isEventStream(resp.Header.Get("Content-Type"))
-	if err := h.copyBody(w, resp.Body, stream, announced > 0); err != nil {
-		resp.Body.Close()
-		if in.Context().Value(http.ServerContextKey) != nil {
-			// As the reverse proxy does: a server then cuts the answer off (a chunked body
-			// without its end, a short body) rather than let it look complete.
-			panic(http.ErrAbortHandler)
+	if whole != nil {
+		if _, err := w.Write(*whole); err != nil {
+			resp.Body.Close()
+			return // the client went away (w.err)
 		}
-		return
+	}
+	stream := resp.ContentLength == -1 || isEventStream(resp.Header.Get("Content-Type"))
+	if !ended {
+		if err := h.copyBody(w, resp.Body, stream, announced > 0); err != nil {
+			resp.Body.Close()
+			if in.Context().Value(http.ServerContextKey) != nil {
+				// As the reverse proxy does: a server then cuts the answer off (a chunked body
+				// without its end, a short body) rather than let it look complete.
+				panic(http.ErrAbortHandler)
+			}
+			return
+		}
 	}
 	resp.Body.Close() // now, so that resp.Trailer is filled
 	if len(resp.Trailer) > 0 {
@@ -84,6 +115,57 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 			dst.Add(http.TrailerPrefix+k, v)
 		}
 	}
+}
+
+// readWhole reads body into a pooled buffer (captureBufs) until its end or maxCapture bytes,
+// and reports whether it reached the end; the buffer goes back with putCapture.
+func readWhole(body io.Reader) (bp *[]byte, ended bool, err error) {
+	bp = captureBufs.Get().(*[]byte)
+	b := (*bp)[:0]
+	defer func() { *bp = b }()
+	for len(b) < maxCapture {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, len(b))
+		}
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return bp, true, nil
+		}
+		if err != nil {
+			return bp, false, err
+		}
+	}
+	return bp, false, nil
+}
+
+// putCapture gives a buffer from captureBufs back (nil: none), unless it grew too large to keep.
+func putCapture(bp *[]byte) {
+	if bp != nil && cap(*bp) <= maxPooledCapture {
+		*bp = (*bp)[:0]
+		captureBufs.Put(bp)
+	}
+}
+
+// answerBroke answers a request whose whole answer broke before its end, before any of it
+// reached the client: 504 when the response timeout ended it, else 502. It is not sent to
+// another engine: this one may have computed it (and the request may be what broke it).
+func (h *Handler) answerBroke(w *statusWriter, r *http.Request, err error) {
+	c := callFrom(r.Context())
+	if c == nil || r.Context().Err() != nil {
+		return // the client went away: nobody to answer
+	}
+	status, code, msg := http.StatusBadGateway, "upstream_answer_cut", "the engine's answer broke off before its end"
+	if errors.Is(err, errAttemptTimeout) {
+		status, code, msg = http.StatusGatewayTimeout, "upstream_timeout", "the engine's answer did not end within the response timeout"
+	}
+	ep := ""
+	if e := c.ep(); e != nil {
+		ep = e.Name
+	}
+	h.Logger.Warn("the engine's answer broke off before its end", "request_id", c.rid, "endpoint", ep, "err", errText(err))
+	h.writeError(w, c, openai.NewError(status, openai.TypeUpstream, "", code,
+		msg+"; the request was not sent to another engine (it may have been computed) (request id "+c.rid+")"))
 }
 
 // copyBody copies the answer to the client: a stream write by write, each flushed at once (one
