@@ -240,6 +240,9 @@ func ParseScratch(kind Kind, body []byte, sc *Scratch) (*Request, error) {
 
 // parseDecoded is Parse with encoding/json: the precise path, and the one that words the errors.
 func parseDecoded(kind Kind, body []byte) (*Request, error) {
+	if err := foldedKey(body); err != nil {
+		return nil, err
+	}
 	if kind == KindChat {
 		var f wireFast
 		if json.Unmarshal(body, &f) == nil && f.Model != nil && *f.Model != "" && f.Messages != nil {
@@ -314,6 +317,9 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 	r.Stream = w.Stream != nil && *w.Stream
 	r.StreamOptionsField = w.StreamOptions != nil
 	if isPresent(w.StreamOptions) {
+		if err := foldedIn(w.StreamOptions, levelStreamOptions); err != nil {
+			return nil, err
+		}
 		var so struct {
 			IncludeUsage *bool `json:"include_usage"`
 		}
@@ -1018,6 +1024,9 @@ func (s *scanner) message(m *wireMessage) bool {
 			}
 			if bytes.Equal(raw, []byte("null")) {
 				return true
+			}
+			if foldedIn(raw, levelToolCall) != nil {
+				return false // refused by parseDecoded
 			}
 			return json.Unmarshal(raw, &m.ToolCalls) == nil
 		}

@@ -76,7 +76,6 @@ func TestIncludeUsageSplice(t *testing.T) {
 		{"{\"model\":\"m\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}] \n}\n ", true},
 		{`{"model":"m","stream":true,"stream_options":null,"messages":[{"role":"user","content":"hi"}]}`, false},
 		{`{"model":"m","stream":true,"stream_options":{},"messages":[{"role":"user","content":"hi"}]}`, false},
-		{`{"model":"m","stream":true,"Stream_Options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`, false},
 		{`{"model":"m","stream":true,"stream\u005foptions":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`, false},
 	} {
 		r, err := Parse(KindChat, []byte(tt.body))
@@ -223,10 +222,8 @@ func TestCacheSaltSplice(t *testing.T) {
 		{`{"model":"m","cache_salt":"client",` + msgs + `}`, true, true},
 		{`{"model":"m", "cache_salt" : "cli\"ent" ,` + msgs + `}`, true, true},
 		{`{"model":"m","cache_salt":null,` + msgs + `}`, true, true},
-		{`{"model":"m","Cache_Salt":"client",` + msgs + `}`, false, false},
 		{`{"model":"m","cache\u005fsalt":"client",` + msgs + `}`, false, false},
 		{`{"model":"m","cache_salt":"a","cache_salt":"b",` + msgs + `}`, false, false},
-		{`{"model":"m","cache_salt":"a","CACHE_SALT":"b",` + msgs + `}`, false, false},
 	} {
 		body := []byte(tt.body)
 		r, err := Parse(KindChat, body)
@@ -249,9 +246,9 @@ func TestCacheSaltSplice(t *testing.T) {
 	if _, _, _, ok := CacheSaltSplice(bytes.Clone(body), r, []byte(`"s"`)); ok {
 		t.Error("a copy of the body: splice offered, want Patch")
 	}
-	// encoding/json's path (a case-folded key: the scanner gives up) does not place the
-	// value: Patch.
-	r, err = Parse(KindCompletion, []byte(`{"model":"m","cache_salt":"client","prompt":"x","USER":"u"}`))
+	// encoding/json's path (an escaped key: the scanner gives up) does not place the value:
+	// Patch.
+	r, err = Parse(KindCompletion, []byte(`{"model":"m","cache_salt":"client","prompt":"x","us\u0065r":"u"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
