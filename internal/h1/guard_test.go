@@ -123,6 +123,10 @@ func TestSmugglingRefused(t *testing.T) {
 		{"space before colon, other", "GET / HTTP/1.1\r\nHost: x\r\nX-Note : 1\r\n\r\n" + next, []int{400}},
 		{"folded chunked", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n" + next, []int{400}},
 		{"folded other", "GET / HTTP/1.1\r\nHost: x\r\nX-Note: 1\r\n\t2\r\n\r\n" + next, []int{400}},
+		// The same, with a body that never ends: refused and closed at once, not held open
+		// while Go's server waits to read the rest of the body.
+		{"length then chunked, unfinished", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nabcde", []int{400}},
+		{"folded, body unfinished", "POST / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n c\r\nContent-Length: 1000\r\n\r\nabc", []int{400}},
 		{"chunked in HTTP/1.0", "POST / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + next, []int{400}},
 		{"lengths differ", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab" + next, []int{400}},
 		{"length not a number", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\na" + next, []int{400}},

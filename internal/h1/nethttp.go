@@ -117,9 +117,16 @@ func (s *NetHTTP) refuse(w http.ResponseWriter, msg string) {
 	h := w.Header()
 	h.Set("Content-Type", ctype)
 	h.Set("Connection", "close")
+	// Go's server reads what is left of an unread body (up to 256 KB) before it closes, with no
+	// deadline of its own: a body that never ends would hold the connection for good. Half a
+	// second lets a client finish sending what it had on its way.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(refuseDrain))
 	w.WriteHeader(http.StatusBadRequest)
 	_, _ = w.Write(body)
 }
+
+// refuseDrain bounds the read of a refused request's body before its connection closes.
+const refuseDrain = 500 * time.Millisecond
 
 // timedBody bounds the time a handler waits for the request body with read deadlines: the
 // body timeout from the first read, one more second for every rate bytes received.
