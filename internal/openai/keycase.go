@@ -18,13 +18,13 @@ import (
 type keyLevel uint8
 
 const (
-	levelOther    keyLevel = iota // not read by the router: its keys are not checked
-	levelBody                     // the top-level object (wire)
-	levelMessage                  // an item of messages or input (wireMessage)
-	levelPart                     // a content part
-	levelToolCall                 // an item of a message's tool_calls
-	levelFunction                 // a tool call's function
-	levelStreamOptions            // stream_options
+	levelOther         keyLevel = iota // not read by the router: its keys are not checked
+	levelBody                          // the top-level object (wire)
+	levelMessage                       // an item of messages or input (wireMessage)
+	levelPart                          // a content part
+	levelToolCall                      // an item of a message's tool_calls
+	levelFunction                      // a tool call's function
+	levelStreamOptions                 // stream_options
 )
 
 // streamOptionsKeys are the keys fromWire reads in stream_options.
