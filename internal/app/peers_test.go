@@ -196,3 +196,40 @@ func followsWarm(t *testing.T, r *Router, peer string) {
 		t.Errorf("warm starts ok = %v, want 1", got)
 	}
 }
+
+// TestServeEndsWhenPeersCannotStart: a replica whose gossip port is taken stops serving with
+// that error (and logs it as it happens), rather than serve on, never ready, saying nothing.
+func TestServeEndsWhenPeersCannotStart(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	taken, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	tcp, err := net.Listen("tcp", taken.LocalAddr().String()) // memberlist binds both
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	eng := newFakeEngine(t)
+	r := routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+		"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+		"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: %q, secret_env: KVROUTE_TEST_PEERS}\n",
+		eng.srv.URL, taken.LocalAddr().String()))
+	api, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, api, nil) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "peers") || !strings.Contains(err.Error(), "address already in use") {
+			t.Errorf("Serve returned %v, want the peers' bind error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve still running 10 s after its peers failed to start")
+	}
+}

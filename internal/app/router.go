@@ -396,13 +396,18 @@ func (r *Router) Handler() http.Handler {
 	return r.api
 }
 
-// Run discovers, health-checks and scrapes the endpoints until ctx ends.
+// Run discovers, health-checks and scrapes the endpoints until ctx ends. A part that stops
+// for good before then (a peers listener that cannot bind, a discovery source that gives up)
+// stops the others too: Run returns its error at once, so that Serve ends with it rather than
+// serve on without it (a replica that could never become ready, say, with nothing in its log).
 func (r *Router) Run(ctx context.Context) error {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	var wg sync.WaitGroup
 	errc := make(chan error, 4+len(r.dns)+2*len(r.kube)) // the prober, the peers, the file, the pool, the names, the watches, the cost writers: none may block
 	wg.Go(func() { errc <- r.prober.Run(ctx) })
 	wg.Go(func() { errc <- r.runInferencePool(ctx) })
-	wg.Go(func() { errc <- r.peers.run(ctx, r.KubeClient) })
+	wg.Go(func() { errc <- wrapErr("peers", r.peers.run(ctx, r.KubeClient)) })
 	if src := discovery.FromConfig(r.Config(), r.logger); src != nil {
 		src.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(0)).Inc() }
 		wg.Go(func() {
@@ -426,15 +431,23 @@ func (r *Router) Run(ctx context.Context) error {
 		wg.Go(func() { errc <- k.Run(ctx, func(specs []endpoint.Spec) error { return r.setDiscovered(j, specs) }) })
 	}
 	r.runDeletionCost(ctx, &wg, errc)
-	wg.Wait()
-	close(errc)
+	go func() { wg.Wait(); close(errc) }()
 	var errs []error
 	for err := range errc {
 		if err != nil && !errors.Is(err, context.Canceled) {
 			errs = append(errs, err)
+			stop()
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// wrapErr names the part of the router that err stopped (nil and cancellation as they are).
+func wrapErr(what string, err error) error {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // setDiscovered applies a new set from discovery source i (0: the file, then each DNS name);
@@ -653,13 +666,16 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	adminSrv := mk(r.AdminHandler())
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
-	errc := make(chan error, 2)
+	errc := make(chan error, 3) // the API server, the admin server, Run
 	var wg sync.WaitGroup
 	runDone := make(chan struct{})
 	go func() {
 		defer close(runDone)
-		if err := r.Run(runCtx); err != nil {
-			r.logger.Error("endpoint discovery or probing stopped", "err", err)
+		if err := r.Run(runCtx); err != nil && runCtx.Err() == nil {
+			r.logger.Error("endpoint discovery, probing or peers stopped: shutting down", "err", err)
+			errc <- err
+		} else if err != nil {
+			r.logger.Error("endpoint discovery, probing or peers stopped", "err", err)
 		}
 	}()
 	wg.Go(func() { errc <- ignoreClosed(apiSrv.Serve(api)) })
