@@ -588,6 +588,9 @@ func isTerminal(name string) bool {
 // unless the client is gone, it is told with an SSE error event, and the call is a failure.
 func (s *sseBody) cutShort(err error) {
 	s.err = io.EOF
+	if s.ctx.Err() != nil && context.Cause(s.ctx) == context.Canceled {
+		return // the client went away (its request cancelled the engine's): nobody to tell
+	}
 	s.c.cut = true
 	msg := "the engine ended the stream before its end"
 	if errors.Is(context.Cause(s.ctx), errIdleTimeout) {

@@ -253,6 +253,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	kind, models, oe := resolve(r.Method, r.URL.Path)
 	switch {
 	case oe != nil:
+		if oe.Status == http.StatusMethodNotAllowed {
+			allow := http.MethodPost
+			if r.URL.Path == "/v1/models" {
+				allow = http.MethodGet
+			}
+			sw.Header().Set("Allow", allow) // RFC 9110, 15.5.6
+		}
 		h.writeError(sw, c, oe)
 	case models:
 		h.serveModels(sw, c)
@@ -281,6 +288,12 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
 	h.relay(w, out)
+	if w.status == 0 && r.Context().Err() != nil && r.Context().Value(http.ServerContextKey) != nil {
+		// The client went away before any answer (or half-closed its connection, which Go's
+		// servers take for the same, and the engine's request was cancelled): the connection
+		// ends without an answer, rather than with the empty 200 the server would send.
+		panic(http.ErrAbortHandler)
+	}
 	// The answer leaves now, before the bookkeeping that runs when the handler returns (the
 	// policy's Done, metrics, the access line): a server flushes a short body only then, and
 	// sends a stream's end (which a client reads to keep its connection) only then.

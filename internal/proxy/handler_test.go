@@ -909,7 +909,7 @@ func TestCacheSaltSpliced(t *testing.T) {
 		`{"model":"m","cache_salt":"client",` + msgs + `}`,
 		`{"model":"m","stream":true, "cache_salt" : "client" ,` + msgs + "}\n",
 		`{"model":"m","stream":true,"cache_salt":null,` + msgs + `}`,
-		`{"model":"m","stream":true,"Cache_Salt":"client",` + msgs + `}`,
+		`{"model":"m","stream":true,"cache\u005fsalt":"client",` + msgs + `}`,
 		`{"model":"m","cache_salt":"a","cache_salt":"b",` + msgs + `}`,
 	} {
 		e := newFakeEngine(t)

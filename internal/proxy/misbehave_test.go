@@ -5,11 +5,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/internal/metrics"
 )
 
 // Engines that misbehave: each test puts one in front of the router and checks what the client
@@ -245,5 +250,62 @@ func TestRequestIDOnce(t *testing.T) {
 	resp, _ := f.post(t, "/v1/chat/completions", chatBody, "X-Request-Id", "abc")
 	if got := resp.Header.Values("X-Request-Id"); len(got) != 1 || got[0] != "abc" {
 		t.Errorf("X-Request-Id %q, want [abc]", got)
+	}
+}
+
+// TestHalfCloseGetsNoAnswer: a client that half-closes its connection after its request (which
+// Go's servers take for a client gone: the engine's request is cancelled) gets the connection
+// closed without an answer, not an empty 200 that looks like a success.
+func TestHalfCloseGetsNoAnswer(t *testing.T) {
+	eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		select { // an answer that takes a while; the router cancels it
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+			_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","choices":[]}`)
+		}
+	})
+	f := newFixture(t, spec(eng.URL, "m"))
+	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(conn)
+	if err != nil || len(got) != 0 {
+		t.Errorf("got %q (%v); want the connection closed without an answer", got, err)
+	}
+	f.wait(t)
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", metrics.NoEndpoint, "499")) +
+		testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "499")); n != 1 {
+		t.Errorf("requests_total{status=499} = %v, want 1", n)
+	}
+}
+
+// TestMethodNotAllowedSaysAllow: a 405 names the method the path takes (RFC 9110, 15.5.6).
+func TestMethodNotAllowedSaysAllow(t *testing.T) {
+	f := newFixture(t, spec(newFakeEngine(t).srv.URL, "m"))
+	for path, want := range map[string]string{"/v1/chat/completions": "POST", "/v1/models": "GET"} {
+		method := http.MethodGet
+		if want == "GET" {
+			method = http.MethodPost
+		}
+		req, err := http.NewRequest(method, f.srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := f.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		f.wait(t)
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != want {
+			t.Errorf("%s %s: %d, Allow %q; want 405 with Allow %s", method, path, resp.StatusCode, resp.Header.Get("Allow"), want)
+		}
 	}
 }
