@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/kvroute/kvroute/internal/suggest"
 )
 
 // Duration is a time.Duration written as a Go duration string ("5s", "250ms") in YAML.
@@ -162,7 +164,7 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 			ft, ok := fields[k]
 			if !ok {
 				hint := ""
-				if near := Nearest(k, names); near != "" {
+				if near := suggest.Nearest(k, names); near != "" {
 					hint = fmt.Sprintf("did you mean %q? ", near)
 				}
 				*errs = append(*errs, fmt.Errorf("%s: unknown key %q in %s (%sknown keys: %s)",
@@ -221,47 +223,4 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 			*errs = append(*errs, fmt.Errorf("%s: %s is not a number", path, n))
 		}
 	}
-}
-
-// Nearest returns the name closest to key by edit distance, if it is within 2 edits ("" if
-// none is): the "did you mean" of config keys, and of the command line's verbs and flags.
-func Nearest(key string, names []string) string {
-	best, bestD := "", 3
-	for _, n := range names {
-		if d := editDistance(key, n, bestD); d < bestD {
-			best, bestD = n, d
-		}
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, or limit when it is at least limit.
-func editDistance(a, b string, limit int) int {
-	if len(a) > 64 || len(b) > 64 || abs(len(a)-len(b)) >= limit {
-		return limit
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return min(prev[len(b)], limit)
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
 }

@@ -199,8 +199,25 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 		checkAddr(pr, "peers.listen", p.Listen)
 	}
 	checkAddr(pr, "peers.gossip_listen", p.GossipListen)
-	if _, port, err := net.SplitHostPort(p.Listen); err == nil && port != "0" && p.Listen == p.GossipListen {
-		pr.add("peers.gossip_listen", "%q is also peers.listen: give membership its own port (default %d)", p.GossipListen, DefaultGossipPort)
+	// Each listener needs a port of its own: the one that binds second fails, and its error
+	// blames it, not the listener that took its port. The checks of listen, admin_listen and
+	// extproc name the clashes among those; port 0 anywhere is a free port, not a clash.
+	taken := map[string]string{}
+	for _, a := range []struct{ path, addr string }{
+		{"listen", s.c.Listen}, {"admin_listen", s.c.AdminListen},
+		{"extproc.listen", s.c.ExtProc.Listen}, {"extproc.health_listen", s.c.ExtProc.HealthListen},
+		{"peers.listen", p.Listen}, {"peers.gossip_listen", p.GossipListen},
+	} {
+		if _, port, err := net.SplitHostPort(a.addr); err != nil || port == "0" {
+			continue
+		}
+		other, ok := taken[a.addr]
+		switch {
+		case !ok:
+			taken[a.addr] = a.path
+		case strings.HasPrefix(a.path, "peers."):
+			pr.add(a.path, "%q is also %s: give each its own port", a.addr, other)
+		}
 	}
 	if strings.ContainsAny(p.Advertise, ":/ ") && net.ParseIP(p.Advertise) == nil {
 		pr.add("peers.advertise", "%q: give a host name or an IP address, without a port", p.Advertise)

@@ -75,6 +75,44 @@ func TestPeersErrors(t *testing.T) {
 	}
 }
 
+func TestPeersPortClash(t *testing.T) {
+	const others = "listen: 127.0.0.1:20410\nadmin_listen: 127.0.0.1:20411\nextproc: {listen: 127.0.0.1:20412, health_listen: 127.0.0.1:20413}\n"
+	for _, tc := range []struct{ peers, want string }{
+		{"{listen: 127.0.0.1:20410, gossip_listen: 127.0.0.1:20420}", `peers.listen: "127.0.0.1:20410" is also listen: give each its own port`},
+		{"{listen: 127.0.0.1:20411, gossip_listen: 127.0.0.1:20420}", `peers.listen: "127.0.0.1:20411" is also admin_listen`},
+		{"{listen: 127.0.0.1:20412, gossip_listen: 127.0.0.1:20420}", `peers.listen: "127.0.0.1:20412" is also extproc.listen`},
+		{"{listen: 127.0.0.1:20413, gossip_listen: 127.0.0.1:20420}", `peers.listen: "127.0.0.1:20413" is also extproc.health_listen`},
+		{"{listen: 127.0.0.1:20420, gossip_listen: 127.0.0.1:20410}", `peers.gossip_listen: "127.0.0.1:20410" is also listen: give each its own port`},
+		{"{listen: 127.0.0.1:20420, gossip_listen: 127.0.0.1:20411}", `peers.gossip_listen: "127.0.0.1:20411" is also admin_listen`},
+		{"{listen: 127.0.0.1:20420, gossip_listen: 127.0.0.1:20412}", `peers.gossip_listen: "127.0.0.1:20412" is also extproc.listen`},
+		{"{listen: 127.0.0.1:20420, gossip_listen: 127.0.0.1:20413}", `peers.gossip_listen: "127.0.0.1:20413" is also extproc.health_listen`},
+		{"{listen: 127.0.0.1:20420, gossip_listen: 127.0.0.1:20420}", `peers.gossip_listen: "127.0.0.1:20420" is also peers.listen`},
+	} {
+		_, err := Parse([]byte(peersBase + others + "peers: " + strings.TrimSuffix(tc.peers, "}") + ", static: ['a:1'], secret_env: X}\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Count(err.Error(), "is also") != 1 {
+			t.Errorf("peers: %s: err %v, want one clash, %q", tc.peers, err, tc.want)
+		}
+	}
+	// The gossip port's default (peers.listen's host, port 7946) is checked too.
+	_, err := Parse([]byte(peersBase + "listen: 127.0.0.1:7946\npeers: {listen: 127.0.0.1:7947, static: ['a:1'], secret_env: X}\n"))
+	if want := `peers.gossip_listen: "127.0.0.1:7946" is also listen`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("default gossip_listen on listen's port: err %v, want %q", err, want)
+	}
+	// Port 0 is a free port each time: no clash.
+	if _, err := Parse([]byte(peersBase + "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\npeers: {listen: 127.0.0.1:0, gossip_listen: 127.0.0.1:0, static: ['a:1'], secret_env: X}\n")); err != nil {
+		t.Errorf("port 0 everywhere: %v", err)
+	}
+	// A command-line override (serve's --listen, --admin-listen) is checked as well.
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte(peersBase+"peers: {listen: 127.0.0.1:20420, static: ['a:1'], secret_env: X}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadWith(path, func(c *Config) { c.AdminListen = "127.0.0.1:20420" }, Checks{})
+	if want := `peers.listen: "127.0.0.1:20420" is also admin_listen`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("--admin-listen on peers.listen: err %v, want %q", err, want)
+	}
+}
+
 func TestPeerSecret(t *testing.T) {
 	dir := t.TempDir()
 	good := strings.Repeat("s", 32)

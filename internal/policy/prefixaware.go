@@ -476,8 +476,8 @@ type paScore struct {
 	own, speed float64 // the request's work there and the endpoint's calibrated speed
 }
 
-// removedPrefixAware names the parameters prefix-aware had before it had seven, and what took
-// their place (docs/policy.md).
+// removedPrefixAware names the parameters prefix-aware once took, and what took their
+// place (docs/policy.md).
 var removedPrefixAware = map[string]string{
 	"prefill_rate":     "each endpoint's prefill speed is learned from its observed TTFTs",
 	"overhead":         "each endpoint's speed is learned from its observed TTFTs",

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/suggest"
 )
 
 // Params are a policy's parameters as text (from YAML config or "name:key=value,..." flags).
@@ -94,6 +96,7 @@ func ParseSpec(spec string) (string, Params, error) {
 type paramReader struct {
 	p    Params
 	seen map[string]bool
+	gone map[string]bool // the keys of removed parameters: read, but not known
 	errs []string
 	// defaults, when not nil, collects the default of each parameter read that was absent
 	// (fmt.Sprint of it): what a policy's documentation must say (TestParamDefaultsDocumented).
@@ -107,7 +110,9 @@ func (r *paramReader) absent(key string, def any) {
 	}
 }
 
-func readParams(p Params) *paramReader { return &paramReader{p: p, seen: map[string]bool{}} }
+func readParams(p Params) *paramReader {
+	return &paramReader{p: p, seen: map[string]bool{}, gone: map[string]bool{}}
+}
 
 func (r *paramReader) raw(key string) (string, bool) {
 	r.seen[key] = true
@@ -178,6 +183,7 @@ func (r *paramReader) Bool(key string, def bool) bool {
 // Gone records an error when key is set: a parameter that was removed, with what became of it,
 // so that an old configuration fails with the fix instead of "unknown parameter".
 func (r *paramReader) Gone(key, why string) {
+	r.gone[key] = true
 	if _, ok := r.raw(key); ok {
 		r.errs = append(r.errs, fmt.Sprintf("parameter %s was removed: %s; delete it", key, why))
 	}
@@ -190,7 +196,8 @@ func (r *paramReader) Require(cond bool, format string, args ...any) {
 	}
 }
 
-// Check returns the errors seen so far plus one for every key that was never read.
+// Check returns the errors seen so far plus one for every key that was never read, naming the
+// parameters the policy takes (not the removed ones) and the nearest of them.
 func (r *paramReader) Check() error {
 	var unknown []string
 	for k := range r.p {
@@ -199,13 +206,22 @@ func (r *paramReader) Check() error {
 		}
 	}
 	slices.Sort(unknown)
-	for _, k := range unknown {
-		known := make([]string, 0, len(r.seen))
-		for s := range r.seen {
-			known = append(known, s)
+	var known []string
+	for k := range r.seen {
+		if !r.gone[k] {
+			known = append(known, k)
 		}
-		slices.Sort(known)
-		r.errs = append(r.errs, fmt.Sprintf("unknown parameter %q (known: %s)", k, strings.Join(known, ", ")))
+	}
+	slices.Sort(known)
+	for _, k := range unknown {
+		switch near := suggest.Nearest(k, known); {
+		case len(known) == 0:
+			r.errs = append(r.errs, fmt.Sprintf("unknown parameter %q: the policy takes no parameters", k))
+		case near != "":
+			r.errs = append(r.errs, fmt.Sprintf("unknown parameter %q (did you mean %q? known: %s)", k, near, strings.Join(known, ", ")))
+		default:
+			r.errs = append(r.errs, fmt.Sprintf("unknown parameter %q (known: %s)", k, strings.Join(known, ", ")))
+		}
 	}
 	if len(r.errs) == 0 {
 		return nil
