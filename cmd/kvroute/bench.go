@@ -50,6 +50,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}, stdout, stderr); exit {
 		return code
 	}
+	if err := checkOutputs(map[string]string{"html": html}); err != nil {
+		return failed(stderr, fs.Name(), err)
+	}
 	if o.APIKey == "" {
 		o.APIKey = os.Getenv("OPENAI_API_KEY")
 	}

@@ -233,6 +233,49 @@ func TestBenchErrors(t *testing.T) {
 	}
 }
 
+// An --html file that cannot be written fails the command before the first request, not after
+// the run.
+func TestBenchUnwritableHTMLFailsFirst(t *testing.T) {
+	checkLeaks(t)
+	srv, n := fakeStream(t)
+	for _, path := range []string{filepath.Join(t.TempDir(), "no", "such", "report.html"), t.TempDir()} {
+		code, out, errOut := runVerb("bench", "--target", srv.URL, "--workload", "prefix-repetition:n=3", "--concurrency", "1", "--quiet", "--html", path)
+		if code != 2 || out != "" || !strings.HasPrefix(errOut, "kvroute bench: --html: ") || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("--html %s: exit %d, stdout %q, stderr %q; want 2, nothing and one line about --html", path, code, out, errOut)
+		}
+	}
+	if got := n.Load(); got != 0 {
+		t.Errorf("the target got %d requests, want none", got)
+	}
+}
+
+// A target that refuses every request: the table and the JSON give, per error class, what the
+// target said the first time, not only the count.
+func TestBenchShowsFirstErrorMessage(t *testing.T) {
+	checkLeaks(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, `{"error":{"message":"the model \"x\" does not exist (GET /v1/models lists them)","code":"model_not_found"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	args := []string{"--target", srv.URL, "--model", "x", "--workload", "prefix-repetition:n=3", "--concurrency", "1", "--quiet"}
+	code, out, _ := runVerb("bench", args...)
+	if want := `errors: http_404 3 (first: "the model \"x\" does not exist (GET /v1/models lists them)")`; code != 1 || !strings.Contains(out, want) {
+		t.Errorf("exit %d, table lacks %s:\n%s", code, want, out)
+	}
+	code, out, _ = runVerb("bench", append(args, "--json")...)
+	var doc struct{ Bench []experiment.BenchExtra }
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc.Bench) != 1 {
+		t.Fatalf("exit %d, bad JSON (%v):\n%s", code, err, out)
+	}
+	want := map[string]string{"http_404": `the model "x" does not exist (GET /v1/models lists them)`}
+	if diff := cmp.Diff(want, doc.Bench[0].FirstErrors); diff != "" {
+		t.Errorf("first_errors (-want +got):\n%s", diff)
+	}
+}
+
 func TestBenchConnectionErrorsAreCounted(t *testing.T) {
 	checkLeaks(t)
 	srv := httptest.NewServer(http.NotFoundHandler())

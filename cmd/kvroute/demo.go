@@ -38,6 +38,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}, stdout, stderr); exit {
 		return code
 	}
+	if err := checkOutputs(map[string]string{"html": html}); err != nil {
+		return failed(stderr, fs.Name(), err)
+	}
 	o.Progress, o.Log = progressMode(stderr, quiet), stderr
 	d, err := experiment.Demo(ctx, o)
 	if err != nil {

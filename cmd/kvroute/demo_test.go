@@ -96,6 +96,9 @@ func TestDemoErrors(t *testing.T) {
 		{"bad profile", []string{"--profile", "tpu-9"}, []string{"--profile"}},
 		{"trace and workload", []string{"--trace", "x.jsonl", "--workload", "shared-prefix"}, []string{"not both"}},
 		{"bad workload", []string{"--workload", "zipf"}, []string{"--workload"}},
+		// Checked before the run (which, if it started, is one short policy).
+		{"unwritable html", []string{"--quick", "--requests", "2", "--policies", "round-robin", "--quiet", "--html", filepath.Join(t.TempDir(), "no", "report.html")}, []string{"--html: ", "no such file"}},
+		{"html is a directory", []string{"--quick", "--requests", "2", "--policies", "round-robin", "--quiet", "--html", t.TempDir()}, []string{"--html: ", "is a directory"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,15 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"golang.org/x/term"
 
-	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/suggest"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -50,7 +52,7 @@ func nearFlag(fs *flag.FlagSet, err error) string {
 	}
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-	if near := config.Nearest(strings.TrimPrefix(bad, "-"), names); near != "" {
+	if near := suggest.Nearest(strings.TrimPrefix(bad, "-"), names); near != "" {
 		return "did you mean -" + near + "? "
 	}
 	return ""
@@ -126,6 +128,35 @@ func failed(stderr io.Writer, name string, err error) int {
 		return 2
 	}
 	return 1
+}
+
+// checkOutputs tries, before a run, each file that the run is to write, so that a report that
+// cannot be written fails the command at once rather than after minutes of work.
+// paths maps a flag's name ("html") to its value; an empty value is not checked. Each file is
+// opened for writing without truncating it, and removed again when the check created it. All
+// the flags that fail come back at once, as a usage error.
+func checkOutputs(paths map[string]string) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(paths)) {
+		path := paths[name]
+		if path == "" {
+			continue
+		}
+		_, statErr := os.Lstat(path)
+		fh, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s: %w", name, err))
+			continue
+		}
+		_ = fh.Close()
+		if errors.Is(statErr, os.ErrNotExist) {
+			_ = os.Remove(path)
+		}
+	}
+	if len(errs) > 0 {
+		return usageError{errors.Join(errs...)}
+	}
+	return nil
 }
 
 // oneLine keeps an error message on one line (errors.Join separates with newlines).

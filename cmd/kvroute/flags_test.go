@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,31 @@ func TestUnknownCommand(t *testing.T) {
 		code, stdout, stderr := runVerb(verb)
 		if code != 2 || stdout != "" || strings.TrimSpace(stderr) != want {
 			t.Errorf("kvroute %s: exit %d, stdout %q, stderr %q; want 2 and %q", verb, code, stdout, stderr, want)
+		}
+	}
+}
+
+// kvroute help CMD is kvroute CMD -h: the same help on stdout, the same exit status; kvroute
+// help alone is the list of commands.
+func TestHelpCommand(t *testing.T) {
+	for _, v := range verbs() {
+		code, out, errOut := runVerb("help", v.name)
+		wantCode, wantOut, _ := runVerb(v.name, "-h")
+		if code != wantCode || errOut != "" {
+			t.Errorf("help %s: exit %d, stderr %q; want %d and nothing", v.name, code, errOut, wantCode)
+		}
+		if diff := cmp.Diff(wantOut, out); diff != "" {
+			t.Errorf("help %s differs from %s -h (-want +got):\n%s", v.name, v.name, diff)
+		}
+	}
+	code, out, _ := runVerb("help")
+	if code != 0 || !strings.Contains(out, "\ncommands:\n") {
+		t.Errorf("help: exit %d, stdout:\n%s", code, out)
+	}
+	for _, args := range [][]string{{"nope"}, {"serve", "bench"}} {
+		code, out, errOut := runVerb("help", args...)
+		if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("help %v: exit %d, stdout %q, stderr %q; want 2 and one line on stderr", args, code, out, errOut)
 		}
 	}
 }
@@ -122,6 +148,36 @@ func TestVerbsHelpAndBadFlag(t *testing.T) {
 		code, _, errOut := runVerb(v.name, "--no-such-flag")
 		if code != 2 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "kvroute "+v.name+": ") {
 			t.Errorf("%s --no-such-flag: exit %d, stderr %q", v.name, code, errOut)
+		}
+	}
+}
+
+// checkOutputs finds the files that cannot be written, all at once, and leaves the files it
+// tries as they were: an existing one keeps its content, a new one is removed.
+func TestCheckOutputs(t *testing.T) {
+	dir := t.TempDir()
+	existing := writeTempFile(t, "old.html", "keep me")
+	fresh := filepath.Join(dir, "new.html")
+	if err := checkOutputs(map[string]string{"html": existing, "records": fresh, "json": ""}); err != nil {
+		t.Fatalf("writable paths: %v", err)
+	}
+	if b, err := os.ReadFile(existing); err != nil || string(b) != "keep me" {
+		t.Errorf("existing file after the check: %q, %v; want it unchanged", b, err)
+	}
+	if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the check left %s behind (stat: %v)", fresh, err)
+	}
+
+	err := checkOutputs(map[string]string{"html": filepath.Join(dir, "no", "such.html"), "records": dir})
+	if err == nil {
+		t.Fatal("no error for a missing directory and a directory")
+	}
+	if !errors.As(err, new(usageError)) {
+		t.Errorf("%v is not a usage error", err)
+	}
+	for _, want := range []string{"--html: ", "no such file or directory", "--records: ", "is a directory"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/suggest"
 )
 
 type verb struct {
@@ -41,6 +41,14 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 2 && args[0] == "help" {
+		fmt.Fprintf(stderr, "kvroute: help takes one command, not %q (run 'kvroute help')\n", args[1:])
+		return 2
+	}
+	if len(args) == 2 && args[0] == "help" {
+		// kvroute help CMD is kvroute CMD -h.
+		args = []string{args[1], "-h"}
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stdout)
 		if len(args) == 0 {
@@ -59,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		names = append(names, v.name)
 	}
 	hint := ""
-	if near := config.Nearest(args[0], names); near != "" {
+	if near := suggest.Nearest(args[0], names); near != "" {
 		hint = fmt.Sprintf("did you mean %q? ", near)
 	}
 	fmt.Fprintf(stderr, "kvroute: unknown command %q (%srun 'kvroute help')\n", args[0], hint)
@@ -68,7 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "kvroute: a prefix-aware router for LLM inference fleets")
-	fmt.Fprintln(w, "\nusage: kvroute <command> [flags]   (kvroute <command> -h for its flags)")
+	fmt.Fprintln(w, "\nusage: kvroute <command> [flags]   (kvroute help <command> or kvroute <command> -h for its flags)")
 	fmt.Fprintln(w, "\ncommands:")
 	for _, v := range verbs() {
 		fmt.Fprintf(w, "  %-9s %s\n", v.name, v.summary)

@@ -71,6 +71,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}, stdout, stderr); exit {
 		return code
 	}
+	if err := checkOutputs(map[string]string{"html": o.HTML, "records": o.Records, "cpuprofile": cpuprofile}); err != nil {
+		return failed(stderr, fs.Name(), err)
+	}
 	defer experiment.TuneGC()()
 	if card {
 		return runScorecard(ctx, fs, o, seeds, scenarios, asJSON, stdout, stderr)

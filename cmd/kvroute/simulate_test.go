@@ -46,7 +46,10 @@ func TestSimulateErrors(t *testing.T) {
 		{"unknown workload", []string{"--workload", "nope"}, 2, []string{`"nope"`, "shared-prefix"}},
 		{"trace and workload", []string{"--trace", good, "--workload", "shared-prefix"}, 2, []string{"exactly one"}},
 		{"bad flag", []string{"--trace", good, "--instances", "many"}, 2, []string{"instances"}},
-		{"unwritable records file", []string{"--trace", good, "--policies", "random", "--records", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl")}, 1, []string{"--records"}},
+		// Output files are checked before the run, and all at once.
+		{"unwritable records file", []string{"--trace", good, "--policies", "random", "--records", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl")}, 2, []string{"--records"}},
+		{"unwritable outputs", []string{"--trace", good, "--policies", "random", "--html", t.TempDir(), "--cpuprofile", filepath.Join(t.TempDir(), "no", "cpu.out")}, 2, []string{"--html: ", "is a directory", "--cpuprofile: "}},
+		{"unwritable scorecard html", []string{"--scorecard", "--scenarios", "none", "--html", filepath.Join(t.TempDir(), "no", "card.html")}, 2, []string{"--html: "}},
 		{"negative block size", []string{"--trace", good, "--block-size", "-16"}, 2, []string{"--block-size -16"}},
 		{"bad policy parameter", []string{"--trace", good, "--policies", "round-robin:x=1"}, 2, []string{`"x"`}},
 		{"zero routers", []string{"--trace", good, "--routers", "0"}, 2, []string{"--routers 0", "at least 1"}},

@@ -54,6 +54,9 @@ type BenchExtra struct {
 	SendLagMS    report.Latency `json:"send_lag_ms"`
 	ITLMS        report.Latency `json:"itl_ms"`
 	Errors       map[string]int `json:"errors"`
+	// FirstErrors is, per class of Errors, the first failed request's reason: the message of
+	// the target's error object (an unknown model, a bad key) or what went wrong.
+	FirstErrors map[string]string `json:"first_errors,omitempty"`
 	// CachedTokensReported is false when the target reported no cached_tokens (hit rate 0 then
 	// means "unknown", not "no hits").
 	CachedTokensReported bool    `json:"cached_tokens_reported"`
@@ -228,7 +231,7 @@ func scaleDur(d time.Duration, scale float64) time.Duration {
 
 // benchStats computes the generator's own figures; ITLs are divided by scale like reportRecords.
 func benchStats(res *loadgen.Result, scale float64) BenchExtra {
-	e := BenchExtra{AchievedRate: res.SendRate(), Errors: map[string]int{}, ElapsedSeconds: res.Elapsed.Seconds()}
+	e := BenchExtra{AchievedRate: res.SendRate(), Errors: map[string]int{}, FirstErrors: res.FirstErrors(), ElapsedSeconds: res.Elapsed.Seconds()}
 	var lag, itl []float64
 	for i := range res.Records {
 		r := &res.Records[i]
@@ -303,6 +306,9 @@ func (b *BenchReport) writeExtras(w io.Writer) error {
 			sb.WriteString("; errors:")
 			for _, k := range keys {
 				fmt.Fprintf(&sb, " %s %d", k, e.Errors[k])
+				if msg := e.FirstErrors[k]; msg != "" {
+					fmt.Fprintf(&sb, " (first: %q)", msg)
+				}
 			}
 		}
 		if _, err := fmt.Fprintln(w, sb.String()); err != nil {

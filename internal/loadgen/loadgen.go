@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/internal/h1"
 )
@@ -69,7 +70,10 @@ type Record struct {
 	OutputTokens int
 	Status       int // HTTP status, 0 when none
 	Class        Class
-	Err          string // short reason when Class != ClassOK
+	// Err is the reason when Class != ClassOK, on one line and at most maxReason characters:
+	// for ClassHTTP the message of the answer's error object (what a router or engine says
+	// is wrong: an unknown model, a bad key), else its body or status.
+	Err string
 	// Endpoint is the value of Config.EndpointHeader in the response, "" when absent.
 	Endpoint string
 }
@@ -83,6 +87,48 @@ func (r *Record) ErrorLabel() string {
 		return fmt.Sprintf("http_%d", r.Status)
 	}
 	return string(r.Class)
+}
+
+// maxReason bounds Record.Err in characters: room for an error message, short enough for a
+// line of a report.
+const maxReason = 200
+
+// reason is msg on one line (runs of white space as one space), cut to maxReason characters.
+func reason(msg string) string {
+	msg = strings.Join(strings.Fields(msg), " ")
+	if utf8.RuneCountInString(msg) <= maxReason {
+		return msg
+	}
+	r := []rune(msg)
+	return string(r[:maxReason-3]) + "..."
+}
+
+// errorMessage is what an error answer says: the message of its OpenAI error object
+// ({"error": {"message": ...}}, or {"error": "..."}), or the top-level message of vLLM's
+// older form ({"object": "error", "message": ...}); else the body, else the status line.
+func errorMessage(status string, body []byte) string {
+	var e struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		var obj struct {
+			Message string `json:"message"`
+		}
+		var str string
+		switch {
+		case json.Unmarshal(e.Error, &obj) == nil && obj.Message != "":
+			return obj.Message
+		case json.Unmarshal(e.Error, &str) == nil && str != "":
+			return str
+		case e.Message != "":
+			return e.Message
+		}
+	}
+	if msg := strings.TrimSpace(string(body)); msg != "" {
+		return msg
+	}
+	return status
 }
 
 // Config is how to send a workload. Target and Model are required.
@@ -147,6 +193,27 @@ func (r *Result) SendRate() float64 {
 		return 0
 	}
 	return float64(len(r.Records)-1) / (last - first).Seconds()
+}
+
+// FirstErrors returns, for each error class as ErrorLabel names it, the Err of the first
+// request in workload order that failed in it: what the target said, which the counts alone
+// do not (a 404 for an unknown model and one for a wrong path look the same). Nil when none
+// failed.
+func (r *Result) FirstErrors() map[string]string {
+	var first map[string]string
+	for i := range r.Records {
+		rec := &r.Records[i]
+		if rec.OK() {
+			continue
+		}
+		if first == nil {
+			first = map[string]string{}
+		}
+		if _, ok := first[rec.ErrorLabel()]; !ok {
+			first[rec.ErrorLabel()] = rec.Err
+		}
+	}
+	return first
 }
 
 func (c *Config) check() error {
@@ -381,7 +448,7 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 	body, err := r.body(it)
 	if err != nil {
 		rec.Sent = r.now().Sub(r.start)
-		rec.Class, rec.Err = ClassConnection, "encode request: "+err.Error()
+		rec.Class, rec.Err = ClassConnection, reason("encode request: "+err.Error())
 		return rec
 	}
 	reqCtx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
@@ -389,7 +456,7 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, r.url, bytes.NewReader(body))
 	if err != nil {
 		rec.Sent = r.now().Sub(r.start)
-		rec.Class, rec.Err = ClassConnection, err.Error()
+		rec.Class, rec.Err = ClassConnection, reason(err.Error())
 		return rec
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -409,7 +476,7 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 	rec.Sent = t0.Sub(r.start)
 	finish := func(c Class, msg string) Record {
 		rec.E2E = r.now().Sub(t0)
-		rec.Class, rec.Err = c, msg
+		rec.Class, rec.Err = c, reason(msg)
 		return rec
 	}
 	failClass := func(def Class) Class {
@@ -432,8 +499,8 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 		rec.Endpoint = resp.Header.Get(r.cfg.EndpointHeader)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return finish(ClassHTTP, strings.TrimSpace(string(msg)))
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return finish(ClassHTTP, errorMessage(fmt.Sprintf("%d %s", resp.StatusCode, http.StatusText(resp.StatusCode)), body))
 	}
 
 	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") {

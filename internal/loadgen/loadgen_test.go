@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
@@ -180,18 +181,34 @@ func TestRun_ErrorClasses(t *testing.T) {
 		handler http.HandlerFunc
 		target  string
 		want    string
+		reason  string // Record.Err; "" when not checked
 	}{
-		{name: "overloaded", want: "http_503", handler: func(w http.ResponseWriter, _ *http.Request) {
+		{name: "overloaded", want: "http_503", reason: "busy", handler: func(w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, `{"error":{"message":"busy"}}`, http.StatusServiceUnavailable)
 		}},
-		{name: "rate limited", want: "http_429", handler: func(w http.ResponseWriter, _ *http.Request) {
+		{name: "rate limited", want: "http_429", reason: "429 Too Many Requests", handler: func(w http.ResponseWriter, _ *http.Request) {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}},
+		{name: "unknown model", want: "http_404", reason: "the model \"m\" does not exist (GET /v1/models lists them)", handler: func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":{"message":"the model \"m\" does not exist (GET /v1/models lists them)","type":"invalid_request_error","code":"model_not_found"}}`, http.StatusNotFound)
+		}},
+		{name: "vllm's older error", want: "http_400", reason: "The model `m` does not exist.", handler: func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"object":"error","message":"The model `+"`m`"+` does not exist.","type":"NotFoundError","code":404}`, http.StatusBadRequest)
+		}},
+		{name: "error string", want: "http_404", reason: "model 'm' not found", handler: func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":"model 'm' not found"}`, http.StatusNotFound)
+		}},
+		{name: "text body on one line", want: "http_502", reason: "<html> <h1>Bad Gateway</h1> </html>", handler: func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "<html>\n  <h1>Bad Gateway</h1>\n</html>", http.StatusBadGateway)
+		}},
+		{name: "long message cut", want: "http_400", reason: strings.Repeat("é", 197) + "...", handler: func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":{"message":"`+strings.Repeat("é", 1000)+`"}}`, http.StatusBadRequest)
+		}},
 		{name: "refused", want: "connection", target: closedURL},
-		{name: "no done", want: "mid_stream", handler: func(w http.ResponseWriter, _ *http.Request) {
+		{name: "no done", want: "mid_stream", reason: "stream ended without [DONE]", handler: func(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n")
 		}},
-		{name: "error in stream", want: "mid_stream", handler: func(w http.ResponseWriter, _ *http.Request) {
+		{name: "error in stream", want: "mid_stream", reason: "engine died", handler: func(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"error\":{\"message\":\"engine died\"}}\n\n")
 		}},
 		{name: "garbage", want: "mid_stream", handler: func(w http.ResponseWriter, _ *http.Request) {
@@ -219,10 +236,45 @@ func TestRun_ErrorClasses(t *testing.T) {
 			if got := rec.ErrorLabel(); got != tt.want {
 				t.Errorf("class %q (%s), want %q", got, rec.Err, tt.want)
 			}
+			if tt.reason != "" && rec.Err != tt.reason {
+				t.Errorf("Err %q, want %q", rec.Err, tt.reason)
+			}
+			if n := utf8.RuneCountInString(rec.Err); rec.Err == "" || n > maxReason || strings.Contains(rec.Err, "\n") {
+				t.Errorf("Err %q: want a reason on one line of 1 to %d characters, got %d", rec.Err, maxReason, n)
+			}
 			if rec.OK() {
 				t.Error("OK() on a failed request")
 			}
 		})
+	}
+}
+
+// FirstErrors keeps, per class, the reason of the first failed request in workload order.
+func TestResult_FirstErrors(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch i := n.Add(1); {
+		case i == 1:
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+		case i%2 == 0:
+			http.Error(w, fmt.Sprintf(`{"error":{"message":"no model %d"}}`, i), http.StatusNotFound)
+		default:
+			http.Error(w, fmt.Sprintf(`{"error":{"message":"busy %d"}}`, i), http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Concurrency: 1}, items(5, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"http_404": "no model 2", "http_503": "busy 3"}
+	if diff := cmp.Diff(want, res.FirstErrors()); diff != "" {
+		t.Errorf("FirstErrors (-want +got):\n%s", diff)
+	}
+	ok := Result{Records: res.Records[:1]}
+	if got := ok.FirstErrors(); got != nil {
+		t.Errorf("FirstErrors of a run without failures = %v, want nil", got)
 	}
 }
 
