@@ -246,7 +246,12 @@ func mean(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 	return 0, false
 }
 
-// cacheInfo reads the block size and the total block count from an info gauge's labels.
+// maxBlockSize bounds a block size taken from an engine's cache_config_info (engines use 16 to
+// a few hundred tokens): with the blocks bounded to 2^40, the capacity cannot overflow.
+const maxBlockSize = 1 << 20
+
+// cacheInfo reads the block size and the total block count from an info gauge's labels (a
+// block size above maxBlockSize is none).
 func cacheInfo(f *dto.MetricFamily, sizeLabel, blocksLabel string) (blockSize, blocks int) {
 	for _, m := range f.GetMetric() {
 		var size, num int
@@ -262,7 +267,7 @@ func cacheInfo(f *dto.MetricFamily, sizeLabel, blocksLabel string) (blockSize, b
 				num = v
 			}
 		}
-		if size > 0 && num > 0 {
+		if size > 0 && size <= maxBlockSize && num > 0 {
 			if blockSize == 0 {
 				blockSize = size
 			}

@@ -124,6 +124,12 @@ func TestParse_Fallbacks(t *testing.T) {
 	if err != nil || s.BlockSize != 0 || s.NumGPUBlocks != 0 {
 		t.Errorf("bad cache_config_info = %+v, %v; want no capacity", s, err)
 	}
+	// A block size no engine has (whose product with the blocks overflowed to 4 tokens) is
+	// no capacity either.
+	s, err = Parse("vllm", strings.NewReader(`vllm:cache_config_info{block_size="4611686018427387905",num_gpu_blocks="4"} 1`+"\n"), at)
+	if err != nil || s.BlockSize != 0 || s.NumGPUBlocks != 0 {
+		t.Errorf("absurd block size = %+v, %v; want no capacity", s, err)
+	}
 }
 
 func TestParse_Errors(t *testing.T) {
