@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -198,6 +199,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		}
 		resp.Body = io.NopCloser(bytes.NewReader(b))
 		resp.ContentLength = int64(len(b))
+		cleanRetryAfter(resp.Header)
 		if resp.StatusCode == http.StatusServiceUnavailable {
 			return resp, route.FailUnavailable, nil
 		}
@@ -279,17 +281,33 @@ func isDialError(err error) bool {
 // retryAfter reads how long an engine that answered 429 asks to be left alone: retry-after-ms,
 // else Retry-After in seconds or as a date; 1 s when it does not say, at most a minute.
 func retryAfter(h http.Header) time.Duration {
-	d := time.Second
+	secs := 1.0
 	if ms, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && ms > 0 {
-		d = time.Duration(ms * float64(time.Millisecond))
+		secs = ms / 1000
 	} else if v := h.Get("Retry-After"); v != "" {
 		if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
-			d = time.Duration(s * float64(time.Second))
+			secs = s
 		} else if at, err := http.ParseTime(v); err == nil {
-			d = time.Until(at)
+			secs = time.Until(at).Seconds()
 		}
 	}
-	return min(max(d, time.Millisecond), time.Minute)
+	// Bounded as seconds, before the conversion: a year's nanoseconds overflow a Duration.
+	return time.Duration(min(max(secs, 0.001), 60) * float64(time.Second))
+}
+
+// cleanRetryAfter writes an engine's Retry-After (and retry-after-ms) again as retryAfter reads
+// them, so that a client told to wait is told a sane number (1 ms to a minute), never the
+// engine's garbage ("-5", "NaN", a year).
+func cleanRetryAfter(h http.Header) {
+	ms := h.Get("Retry-After-Ms") != ""
+	if !ms && h.Get("Retry-After") == "" {
+		return
+	}
+	d := retryAfter(h)
+	h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10))
+	if ms {
+		h.Set("Retry-After-Ms", strconv.FormatInt(max(d.Milliseconds(), 1), 10))
+	}
 }
 
 // cancelBody ends the attempt's context (and its timer) when the body is closed.

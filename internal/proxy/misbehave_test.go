@@ -309,3 +309,31 @@ func TestMethodNotAllowedSaysAllow(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryAfterCleaned: the last refusal's Retry-After reaches the client as a sane number of
+// seconds (1 ms to a minute, rounded up), whatever the engine wrote.
+func TestRetryAfterCleaned(t *testing.T) {
+	for _, tc := range []struct{ sent, ms, want, wantMS string }{
+		{"99999999999", "", "60", ""},
+		{"-5", "", "1", ""},
+		{"2", "", "2", ""},
+		{"", "NaN", "1", "1000"},
+		{"", "1500", "2", "1500"},
+	} {
+		eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
+			if tc.sent != "" {
+				w.Header().Set("Retry-After", tc.sent)
+			}
+			if tc.ms != "" {
+				w.Header().Set("Retry-After-Ms", tc.ms)
+			}
+			w.WriteHeader(http.StatusTooManyRequests)
+		})
+		f := newFixture(t, spec(eng.URL, "m"))
+		resp, _ := f.post(t, "/v1/chat/completions", chatBody)
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != tc.want || resp.Header.Get("Retry-After-Ms") != tc.wantMS {
+			t.Errorf("engine's Retry-After %q, retry-after-ms %q: client got %d, %q and %q; want 429, %q and %q", tc.sent, tc.ms,
+				resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("Retry-After-Ms"), tc.want, tc.wantMS)
+		}
+	}
+}
