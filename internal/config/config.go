@@ -588,13 +588,20 @@ func validateEndpoints(eps []Endpoint, path string, p *problems) {
 			p.add(at+".url", "%q is not an http(s) base URL: write it like http://10.0.0.5:8000", e.URL)
 		case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
 			p.add(at+".url", "%q: remove the query, fragment or user info", e.URL)
+		case !validPort(u.Port()):
+			p.add(at+".url", "%q: port %q is not a port (1 to 65535)", e.URL, u.Port())
 		case strings.HasSuffix(u.Path, "/v1") || strings.Contains(u.Path, "/v1/"):
 			p.add(at+".url", "%q: give the base URL without /v1 (the router keeps the client's path)", e.URL)
 		}
-		if j, dup := seen[e.URL]; dup && e.URL != "" {
+		// The same engine may be written with a scheme or host in another case.
+		key := e.URL
+		if err == nil {
+			key = strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimSuffix(u.Path, "/")
+		}
+		if j, dup := seen[key]; dup && e.URL != "" {
 			p.add(at+".url", "%q is listed twice (also %s[%d]): remove one", e.URL, path, j)
 		} else {
-			seen[e.URL] = i
+			seen[key] = i
 		}
 		if !slices.Contains(Engines(), e.Engine) {
 			p.add(at+".engine", "unknown engine %q: use one of %s", e.Engine, strings.Join(Engines(), ", "))
@@ -946,4 +953,13 @@ func (l *Log) validate(_ *Config, p *problems) {
 	default:
 		p.add("log.level", "%q: use debug, info, warn or error", l.Level)
 	}
+}
+
+// validPort reports whether p, a URL's port, is absent or a TCP port number (1 to 65535).
+func validPort(p string) bool {
+	if p == "" {
+		return true
+	}
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }

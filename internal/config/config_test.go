@@ -251,6 +251,37 @@ func TestParse_DuplicateYAMLKey(t *testing.T) {
 	}
 }
 
+// TestParse_OneDocument: a file of two YAML documents is refused (only the first was read);
+// one that starts with --- is one document.
+func TestParse_OneDocument(t *testing.T) {
+	if _, err := Parse([]byte(minimal + "---\nlisten: 127.0.0.1:2\n")); err == nil || !strings.Contains(err.Error(), "2 documents") {
+		t.Errorf("two documents: err = %v, want them refused", err)
+	}
+	if _, err := Parse([]byte("---\n" + minimal)); err != nil {
+		t.Errorf("one document after ---: %v", err)
+	}
+}
+
+// TestParse_EndpointURLs: a port out of range is refused at load, not at the first health
+// check; the same engine written in another case is listed twice.
+func TestParse_EndpointURLs(t *testing.T) {
+	for yaml, want := range map[string]string{
+		"endpoints: [{url: 'http://127.0.0.1:99999', models: [m]}]\n":                               `port "99999" is not a port`,
+		"endpoints: [{url: 'http://127.0.0.1:0', models: [m]}]\n":                                   `port "0" is not a port`,
+		"endpoints: [{url: 'http://h:1', models: [m]}, {url: 'HTTP://H:1/', models: [m]}]\n":        "listed twice",
+		"endpoints: [{url: 'http://h:1', models: [m]}, {url: 'http://h:1/engine2', models: [m]}]\n": "",
+		"endpoints: [{url: 'http://h', models: [m]}, {url: 'https://h', models: [m]}]\n":            "",
+	} {
+		_, err := Parse([]byte(yaml))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v, want it accepted", yaml, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: err = %v, want %q", yaml, err, want)
+		}
+	}
+}
+
 func TestParse_Retries(t *testing.T) {
 	c, err := Parse([]byte(minimal + "limits: {max_retries: 0}\n"))
 	if err != nil {

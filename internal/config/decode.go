@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	yaml3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/suggest"
@@ -44,6 +46,9 @@ var durationType = reflect.TypeFor[Duration]()
 // against the type of out (every unknown key and every mistyped value, each with its path),
 // and only then decodes it. It returns all the problems it found, joined.
 func decodeStrict(data []byte, out any) error {
+	if n := documents(data); n > 1 {
+		return fmt.Errorf("yaml: %d documents (separated by ---): a config is one document, and only the first would be read", n)
+	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return fmt.Errorf("yaml: %w", err)
@@ -223,4 +228,21 @@ func checkTree(t reflect.Type, v any, path string, errs *[]error) {
 			*errs = append(*errs, fmt.Errorf("%s: %s is not a number", path, n))
 		}
 	}
+}
+
+// documents counts the YAML documents in data; what does not parse counts as one (the JSON
+// conversion then says what is wrong).
+func documents(data []byte) int {
+	dec := yaml3.NewDecoder(bytes.NewReader(data))
+	n := 0
+	for ; n < 2; n++ {
+		var doc yaml3.Node
+		if err := dec.Decode(&doc); err != nil {
+			if errors.Is(err, io.EOF) {
+				return n
+			}
+			return max(n, 1)
+		}
+	}
+	return n
 }

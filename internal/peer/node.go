@@ -173,7 +173,7 @@ func New(cfg Config) (*Node, error) {
 	if cfg.ServerTLS != nil {
 		ln = tls.NewListener(ln, cfg.ServerTLS)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("peer", cfg.Name), m: cfg.Metrics, ln: ln,
+	n := &Node{cfg: cfg, log: cfg.Logger.With("replica", cfg.Name), m: cfg.Metrics, ln: ln,
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence)}
