@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -683,6 +684,13 @@ func (r *Request) AppendCanonical(dst []byte) []byte {
 		}
 		dst = append(dst, t...)
 	}
+	if n := len(r.Prompt.Tokens); n > 0 { // sized at once: a long prompt's ids would grow it by doubling
+		need := 4 * (n - 1)
+		for _, toks := range r.Prompt.Tokens {
+			need += 4 * len(toks)
+		}
+		dst = slices.Grow(dst, need)
+	}
 	for i, toks := range r.Prompt.Tokens {
 		if i > 0 {
 			dst = binary.LittleEndian.AppendUint32(dst, 0xFFFFFFFF)
@@ -907,7 +915,7 @@ func (s *scanner) promptArray(p *Prompt) bool {
 			case '[':
 				p.Tokens = [][]int64{}
 			default:
-				p.Tokens = [][]int64{{}}
+				p.Tokens = [][]int64{make([]int64, 0, s.flatLen(s.i))}
 			}
 		}
 		n++
@@ -920,7 +928,8 @@ func (s *scanner) promptArray(p *Prompt) bool {
 			p.Texts = append(p.Texts, v)
 			return ok
 		case '[':
-			ids := []int64{}
+			s.ws()
+			ids := make([]int64, 0, s.flatLen(s.i+1))
 			ok := s.array(func() bool {
 				id, ok := s.tokenID()
 				ids = append(ids, id)
@@ -934,6 +943,18 @@ func (s *scanner) promptArray(p *Prompt) bool {
 		return ok
 	})
 	return ok && n > 0
+}
+
+// flatLen returns how many elements the array whose first element is at i holds, when it is
+// an array of numbers (no nested array, object or string before its end): one more than its
+// commas. Token-id slices are sized with it (a 100,000-token prompt otherwise grew through
+// doubling to 5 times its final 800 KB); 0 when it cannot tell.
+func (s *scanner) flatLen(i int) int {
+	end := bytes.IndexByte(s.b[i:], ']')
+	if end < 0 || bytes.ContainsAny(s.b[i:i+end], "[{\"") {
+		return 0
+	}
+	return bytes.Count(s.b[i:i+end], []byte{','}) + 1
 }
 
 // tokenID reads an integer as encoding/json reads an int64 (no fraction, no exponent, no null).

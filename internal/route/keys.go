@@ -40,6 +40,15 @@ func putText(b *[]byte) {
 	}
 }
 
+// verbatim is the normaliser that changes nothing: for prompts of token ids.
+var verbatim = func() *prefix.Normalizer {
+	n, err := prefix.NewNormalizer(prefix.NormalizeOptions{KeepLineEndings: true, KeepUnicodeForm: true, KeepWhitespace: true, KeepEdges: true})
+	if err != nil {
+		panic(err) // no rules: it cannot fail
+	}
+	return n
+}()
+
 // FromOpenAI fills dst's keys from a parsed OpenAI request body: Model, Blocks, BlockTokens,
 // PromptTokens (the router's estimate of the canonical text), MaxTokens, Whole (not streamed)
 // and, when the body names one, SessionKey. salt is the cache salt the engine will use (the
@@ -62,16 +71,22 @@ func (k Keys) FromOpenAI(dst *policy.Request, req *openai.Request, salt string) 
 		dst.SessionKey = s
 	}
 	dst.Blocks = dst.Blocks[:0]
+	norm := k.Normalizer
+	if len(req.Prompt.Tokens) > 0 {
+		// Token ids are what the engine caches, exactly: their bytes are no text to normalise
+		// (as text, token 13 would become token 10, and a leading token 32 would be trimmed).
+		norm = verbatim
+	}
 	if n := req.Prompts(); n > 1 {
 		pb := textBufs.Get().(*[]byte)
 		for i := range n {
 			*pb = req.AppendPrompt((*pb)[:0], i)
-			dst.Blocks = prefix.NormalizedBlocks(dst.Blocks, seed, *pb, bt, k.Normalizer)
+			dst.Blocks = prefix.NormalizedBlocks(dst.Blocks, seed, *pb, bt, norm)
 		}
 		putText(pb)
 		dst.MaxTokens *= n
 	} else {
-		dst.Blocks = k.Chains.Blocks(dst.Blocks, seed, *tb, bt, k.Normalizer)
+		dst.Blocks = k.Chains.Blocks(dst.Blocks, seed, *tb, bt, norm)
 	}
 	putText(tb)
 }

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -465,6 +466,33 @@ func TestKeys(t *testing.T) {
 	k.FromOpenAI(&other, req, "another salt")
 	if other.Blocks[0] == live.Blocks[0] {
 		t.Error("another salt shares the first block")
+	}
+	// Token ids are keyed as they are, as the engine (and kvroute sim) caches them: token 13
+	// is not token 10 (a carriage return is no line feed here), and a leading token 32 (a
+	// space) is not trimmed away.
+	ids := func(first int) *openai.Request {
+		var b strings.Builder
+		fmt.Fprintf(&b, `{"model":"m","prompt":[%d`, first)
+		for i := range 40 {
+			fmt.Fprintf(&b, ",%d", 1000+i)
+		}
+		b.WriteString("]}")
+		r, err := openai.Parse(openai.KindCompletion, []byte(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	var cr, lf, space policy.Request
+	k.FromOpenAI(&cr, ids(13), "salt")
+	k.FromOpenAI(&lf, ids(10), "salt")
+	k.FromOpenAI(&space, ids(32), "salt")
+	if cr.Blocks[0] == lf.Blocks[0] {
+		t.Error("token prompts starting 13 and 10 share their first block")
+	}
+	text13 := ids(32).AppendCanonical(nil)
+	if want := k.FromContent(nil, "m", "salt", prefix.ContentKeys(nil, text13, 4)); !slices.Equal(space.Blocks, want) {
+		t.Errorf("a token prompt starting with 32: blocks %x, want the raw ids' %x", space.Blocks, want)
 	}
 }
 
