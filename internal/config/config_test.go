@@ -81,6 +81,14 @@ endpoints:
 	if len(c.Warnings) != 0 {
 		t.Errorf("warnings = %q, want none with auth said explicitly", c.Warnings)
 	}
+	// A secret without tenants asks for authentication that nothing provides: said.
+	c, err = Parse([]byte(minimal + "auth: {secret_env: K}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "no tenant is listed") {
+		t.Errorf("a secret, no tenants: warnings = %q, want one that every client is accepted", c.Warnings)
+	}
 }
 
 func TestParse_UnknownKeysNamed(t *testing.T) {

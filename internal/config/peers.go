@@ -310,6 +310,9 @@ func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]
 		s = []byte(getenv(env))
 	}
 	s = []byte(strings.TrimSpace(string(s)))
+	if len(s) == 0 && file == "" {
+		return nil, fmt.Errorf("%s: the variable is not set, or empty: set it to a secret of at least %d bytes (for example: export %s=$(head -c 32 /dev/urandom | base64))", from, MinSecretBytes, env)
+	}
 	if len(s) < MinSecretBytes {
 		return nil, fmt.Errorf("%s: the secret is %d bytes, want at least %d (for example: head -c 32 /dev/urandom | base64)", from, len(s), MinSecretBytes)
 	}

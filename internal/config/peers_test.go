@@ -129,7 +129,8 @@ func TestPeerSecret(t *testing.T) {
 		{"{listen: ':1', secret_env: K}", good, good, ""},
 		{"{listen: ':1', secret_file: short.key}", "", "", "want at least 32"},
 		{"{listen: ':1', secret_file: missing.key}", "", "", "peers.secret_file"},
-		{"{listen: ':1', secret_env: K}", "", "", "peers.secret_env K: the secret is 0 bytes"},
+		{"{listen: ':1', secret_env: K}", "", "", "peers.secret_env K: the variable is not set, or empty"},
+		{"{listen: ':1', secret_env: K}", "short", "", "peers.secret_env K: the secret is 5 bytes"},
 	} {
 		path := filepath.Join(dir, "kvroute.yaml")
 		if err := os.WriteFile(path, []byte(peersBase+"peers: "+c.section+"\n"), 0o600); err != nil {

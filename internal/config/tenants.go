@@ -92,6 +92,9 @@ func (a authSection) setDefaults(c *Config) {
 	if c.Auth.Mode == "" {
 		if len(c.Tenants) == 0 {
 			c.Auth.Mode = AuthNone
+			if c.Auth.SecretFile != "" || c.Auth.SecretEnv != "" {
+				c.Warnings = append(c.Warnings, "auth: a secret is set but no tenant is listed: every client is accepted without an API key; list tenants with api_keys to require one, or write auth: {mode: none} to say so")
+			}
 		} else {
 			c.Auth.Mode = AuthAPIKey
 		}
