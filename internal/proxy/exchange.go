@@ -344,6 +344,16 @@ func (c *call) settle(status int, method, path string) {
 	if model == "" {
 		model = metrics.UnknownModel
 	}
+	// A request that no endpoint answered, but whose last attempt reached one (its connection
+	// lost after the request, or no answer in time), is counted on that endpoint: an engine that fails every
+	// request it is sent shows on its own series, not under none.
+	tried := ep
+	if tried == nil && c.rc != nil && c.rc.Attempts() > 0 && status >= 500 && c.rc.LastFailure() != route.FailConnect {
+		tried = c.rc.Endpoint()
+	}
+	if tried != nil {
+		epName = tried.Name
+	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
 	var attrBuf [18]slog.Attr // every attribute below, on the stack
@@ -361,8 +371,8 @@ func (c *call) settle(status int, method, path string) {
 		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
 			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
 	}
-	if ep != nil {
-		attrs = append(attrs, slog.String("endpoint", ep.Name))
+	if tried != nil {
+		attrs = append(attrs, slog.String("endpoint", tried.Name))
 	}
 	if c.rc != nil {
 		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))

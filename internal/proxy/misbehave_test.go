@@ -337,3 +337,23 @@ func TestRetryAfterCleaned(t *testing.T) {
 		}
 	}
 }
+
+// TestLostCountedOnEndpoint: a request whose engine closed the connection after receiving it
+// (not sent again) is counted on that endpoint's series, not under none: an engine that breaks
+// on requests shows on its own 502s.
+func TestLostCountedOnEndpoint(t *testing.T) {
+	eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})
+	f := newFixture(t, spec(eng.URL, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", chatBody)
+	if resp.StatusCode != http.StatusBadGateway || errorCode(body) != "upstream_connection_lost" {
+		t.Errorf("got %d %s, want 502 upstream_connection_lost", resp.StatusCode, body)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "502")); n != 1 {
+		t.Errorf("requests_total{endpoint=%s,status=502} = %v, want 1", eng.URL, n)
+	}
+}
