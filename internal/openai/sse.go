@@ -28,6 +28,28 @@ type Event struct {
 // IsDone reports whether the event is the OpenAI stream terminator "data: [DONE]".
 func (e *Event) IsDone() bool { return bytes.Equal(e.Data, []byte("[DONE]")) }
 
+// IsErrorData reports whether an event's data is an error object rather than a chunk: an
+// engine that fails a stream after its head sends one (vLLM: {"error": {...}}, or its older
+// {"object": "error", ...}), then usually [DONE].
+func IsErrorData(data []byte) bool {
+	d := bytes.TrimLeft(data, " \t")
+	if len(d) == 0 || d[0] != '{' {
+		return false
+	}
+	d = bytes.TrimLeft(d[1:], " \t\r\n")
+	if bytes.HasPrefix(d, []byte(`"error"`)) {
+		return true
+	}
+	if !bytes.HasPrefix(d, []byte(`"object"`)) {
+		return false
+	}
+	d = bytes.TrimLeft(d[len(`"object"`):], " \t")
+	if len(d) == 0 || d[0] != ':' {
+		return false
+	}
+	return bytes.HasPrefix(bytes.TrimLeft(d[1:], " \t"), []byte(`"error"`))
+}
+
 // Empty reports whether the event carries neither data nor a name: comment lines only (a
 // keep-alive such as ": ping"), or only id or retry fields. It is no token and no progress.
 func (e *Event) Empty() bool { return len(e.Data) == 0 && e.Name == "" }

@@ -262,6 +262,9 @@ func (c *call) takeEvent(ev openai.Event) (pass bool) {
 	if ev.IsDone() || isTerminal(ev.Name) {
 		c.complete = true
 	}
+	if ev.Name == "error" || ev.Name == "response.failed" || openai.IsErrorData(ev.Data) {
+		c.streamErr = true
+	}
 	return true
 }
 

@@ -766,6 +766,13 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		status = http.StatusOK
 	}
 	switch {
+	case c.streamErr && w.err == nil && r.Context().Err() == nil:
+		// The client has the engine's error event (after a 200 head): a failure of the engine,
+		// as a cut stream is.
+		if c.errType == "" {
+			c.errType = "stream_error"
+		}
+		return http.StatusBadGateway
 	case c.complete && w.err == nil:
 		return status
 	case w.err != nil || r.Context().Err() != nil:

@@ -220,6 +220,7 @@ type call struct {
 	answered      bool // an endpoint answered (a response head came back)
 	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
 	cut           bool // the engine's stream ended before its end
+	streamErr     bool // the engine's stream carried an error event (it failed after its head)
 }
 
 // ep is the endpoint that answered the request, or nil.

@@ -357,3 +357,29 @@ func TestLostCountedOnEndpoint(t *testing.T) {
 		t.Errorf("requests_total{endpoint=%s,status=502} = %v, want 1", eng.URL, n)
 	}
 }
+
+// TestStreamErrorEvent: a stream that carries the engine's error event (vLLM's, after its head;
+// then [DONE]) is relayed as it is, but counted as the engine's failure (502, the policy told),
+// not as a success: an engine that fails every stream so is not a healthy one.
+func TestStreamErrorEvent(t *testing.T) {
+	for _, ev := range []string{
+		`data: {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}`,
+		`data: {"object":"error","message":"boom","type":"InternalServerError","code":500}`,
+	} {
+		eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"+ev+"\n\ndata: [DONE]\n\n")
+		})
+		f := newFixture(t, spec(eng.URL, "m"))
+		resp, body := f.post(t, "/v1/chat/completions", streamBody)
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "boom") || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+			t.Errorf("%s: got %d %q; want it relayed", ev, resp.StatusCode, body)
+		}
+		if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "502")); n != 1 {
+			t.Errorf("%s: requests_total{status=502} = %v, want 1", ev, n)
+		}
+		if len(f.pk.done) != 1 || f.pk.done[0].OK {
+			t.Errorf("%s: policy told %+v, want one failed result", ev, f.pk.done)
+		}
+	}
+}
