@@ -59,27 +59,28 @@ type Endpoint struct {
 // Snapshot is the engine's own view of itself, scraped from its metrics endpoint (or, in the
 // simulator, sampled every scrape interval). At tells its age.
 type Snapshot struct {
-	At            time.Time
-	Running       int     // requests in the running batch
-	Waiting       int     // requests queued in the engine
-	KVUsage       float64 // 0..1
-	BlockSize     int     // tokens per KV block (cache_config_info), 0 if unknown
-	NumGPUBlocks  int     // KV blocks (cache_config_info), 0 if unknown
-	PrefixQueries float64 // cumulative prefix-cache queries, tokens (vLLM), 0 if unknown
-	PrefixHits    float64 // cumulative prefix-cache hits, tokens (vLLM), 0 if unknown
+	At            time.Time `json:"at"`
+	Running       int       `json:"running"`        // requests in the running batch
+	Waiting       int       `json:"waiting"`        // requests queued in the engine
+	KVUsage       float64   `json:"kv_usage"`       // 0..1
+	BlockSize     int       `json:"block_size"`     // tokens per KV block (cache_config_info), 0 if unknown
+	NumGPUBlocks  int       `json:"num_gpu_blocks"` // KV blocks (cache_config_info), 0 if unknown
+	PrefixQueries float64   `json:"prefix_queries"` // cumulative prefix-cache queries, tokens (vLLM), 0 if unknown
+	PrefixHits    float64   `json:"prefix_hits"`    // cumulative prefix-cache hits, tokens (vLLM), 0 if unknown
 	// Work is the cumulative prompt and generated tokens the engine computed (vLLM, SGLang
 	// and llama.cpp count them), and llama.cpp's decode calls, 0 if unknown: when it grows, the
 	// engine works, whoever its requests came from.
-	Work float64
+	Work float64 `json:"work"`
 	// Stepwise says that Work grows at every step the engine computes (vLLM counts its tokens
 	// so; llama.cpp counts its tokens when a request ends, but its decode calls at every step),
 	// not only when requests end (SGLang): then an unchanged Work means an engine that computes
 	// nothing, even while it generates a long non-streamed answer.
-	Stepwise bool
+	Stepwise bool `json:"stepwise"`
 	// TTFTSum and TTFTCount are the engine's cumulative times to first token, in seconds, and
 	// the first tokens they add up (its TTFT histogram's sum and count: vLLM, SGLang), 0 if
 	// unknown: the first tokens of every request, streamed or not, whoever sent it.
-	TTFTSum, TTFTCount float64
+	TTFTSum   float64 `json:"ttft_sum"`
+	TTFTCount float64 `json:"ttft_count"`
 }
 
 // KVTokens is the endpoint's KV capacity in tokens: from the scraped cache_config_info when

@@ -1,6 +1,8 @@
 package endpoint
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -168,5 +170,25 @@ func TestPeerStalled(t *testing.T) {
 	f := &Endpoint{}
 	if ok, _ := f.PeerStalled(at(-10*s), at(0), 0); !ok || f.StalledSince() != at(-10*s) {
 		t.Errorf("a peer's finding on an engine never heard from: stalled since %d", f.StalledSince())
+	}
+}
+
+// TestSnapshotJSON: a snapshot reads in /debug/endpoints as the rest of it does, snake_case.
+func TestSnapshotJSON(t *testing.T) {
+	b, err := json.Marshal(Snapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for k := range m {
+		if strings.ToLower(k) != k {
+			t.Errorf("snapshot key %q is not snake_case", k)
+		}
+	}
+	if _, ok := m["kv_usage"]; !ok || len(m) != 12 {
+		t.Errorf("snapshot keys %v: want kv_usage among 12", m)
 	}
 }
