@@ -254,8 +254,13 @@ func TestParse_NoEndpoints(t *testing.T) {
 
 func TestParse_DuplicateYAMLKey(t *testing.T) {
 	_, err := Parse([]byte("listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n" + minimal))
-	if err == nil || !strings.Contains(err.Error(), "listen") {
-		t.Errorf("err = %v, want the duplicate key named", err)
+	if err == nil || !strings.Contains(err.Error(), "listen") || strings.Contains(err.Error(), "yaml: yaml:") {
+		t.Errorf("err = %v, want the duplicate key named, said once as a yaml error", err)
+	}
+	// A tab in the indentation: the parser's words, and what they usually mean.
+	_, err = Parse([]byte("endpoints:\n\t- url: http://127.0.0.1:1\n"))
+	if err == nil || !strings.Contains(err.Error(), "a tab in the indentation") {
+		t.Errorf("tab-indented: err = %v, want the tab named", err)
 	}
 }
 

@@ -51,7 +51,7 @@ func decodeStrict(data []byte, out any) error {
 	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
-		return fmt.Errorf("yaml: %w", err)
+		return yamlError(data, err)
 	}
 	if bytes.Equal(bytes.TrimSpace(js), []byte("null")) {
 		js = []byte("{}")
@@ -245,4 +245,15 @@ func documents(data []byte) int {
 		}
 	}
 	return n
+}
+
+// yamlError words a YAML syntax error once ("yaml: ", where the parser said "yaml: yaml: "),
+// and names the usual cause of "cannot start any token": a tab in the indentation, which YAML
+// does not allow.
+func yamlError(data []byte, err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if strings.Contains(msg, "cannot start any token") && bytes.Contains(data, []byte("\n\t")) {
+		msg += " (a tab in the indentation? YAML indents with spaces only)"
+	}
+	return errors.New("yaml: " + msg)
 }
