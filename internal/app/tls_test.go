@@ -101,12 +101,16 @@ func TestRouterServesTLS(t *testing.T) {
 			if resp.StatusCode != http.StatusOK || resp.ProtoMajor != wantProto {
 				t.Errorf("HTTPS request: %d over HTTP/%d (%s); want 200 over HTTP/%d", resp.StatusCode, resp.ProtoMajor, b, wantProto)
 			}
+			// A plain HTTP request is not served, and is told why (as net/http's server does).
 			plain := &http.Client{Timeout: 5 * time.Second}
-			if resp, err := plain.Get("http://" + api.Addr().String() + "/v1/models"); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					t.Error("a plain HTTP request to the TLS listener was served")
-				}
+			resp, err = plain.Get("http://" + api.Addr().String() + "/v1/models")
+			if err != nil {
+				t.Fatalf("a plain HTTP request to the TLS listener: %v, want a 400 saying to use HTTPS", err)
+			}
+			b, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(strings.ToLower(string(b)), "https") {
+				t.Errorf("a plain HTTP request to the TLS listener: %d %q, want 400 saying to use HTTPS", resp.StatusCode, b)
 			}
 		})
 	}

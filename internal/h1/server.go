@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -761,6 +762,7 @@ func (c *srvConn) serveOne() bool {
 			c.protocolError(http.StatusRequestHeaderFieldsTooLarge, "request head too large")
 		case isTimeout(err):
 			return false
+		case c.plainToTLS(err):
 		default:
 			c.protocolError(http.StatusBadRequest, "malformed request: "+err.Error())
 		}
@@ -863,6 +865,36 @@ func (c *srvConn) protocolError(status int, msg string) {
 	_, _ = c.bw.Write(body)
 	_ = c.bw.Flush()
 	c.closeGracefully()
+}
+
+// plainToTLS answers, in plain HTTP, a request sent in plain HTTP to a TLS listener (its
+// handshake failed on a first record that reads like an HTTP request), as net/http's server
+// does, and reports whether it did: the client is told to use https rather than see its
+// connection closed without a word.
+func (c *srvConn) plainToTLS(err error) bool {
+	var re tls.RecordHeaderError
+	if !errors.As(err, &re) || re.Conn == nil || !looksLikeHTTP(re.RecordHeader[:]) {
+		return false
+	}
+	const msg = "the client sent plain HTTP to an HTTPS listener: use https://"
+	ctype, body := "text/plain; charset=utf-8", []byte(msg)
+	if c.s.ErrorBody != nil {
+		ctype, body = c.s.ErrorBody(http.StatusBadRequest, msg)
+	}
+	_ = re.Conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _ = fmt.Fprintf(re.Conn, "HTTP/1.0 400 Bad Request\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		ctype, len(body), body)
+	return true
+}
+
+// looksLikeHTTP reports whether a TLS record's first five bytes are the start of an HTTP
+// request.
+func looksLikeHTTP(h []byte) bool {
+	switch string(h) {
+	case "GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "DELET", "PATCH", "CONNE":
+		return true
+	}
+	return false
 }
 
 // closeGracefully ends a connection whose client may still be sending (the rest of a head or
