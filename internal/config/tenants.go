@@ -158,7 +158,23 @@ func (tenantList) setDefaults(c *Config) {
 			}
 		}
 	}
+	// Models the endpoints say they serve, when every one says (an endpoint without models
+	// learns them from the engine, and discovery may add more: then nothing can be told here).
+	served := map[string]bool{}
+	d := c.Discovery
+	allListed := len(c.Endpoints) > 0 && d.File == "" && len(d.DNS) == 0 && len(d.Kubernetes) == 0 && d.InferencePool == nil
+	for _, e := range c.Endpoints {
+		allListed = allListed && len(e.Models) > 0
+		for _, m := range e.Models {
+			served[m] = true
+		}
+	}
 	for i, t := range c.Tenants {
+		for j, m := range t.Models {
+			if allListed && strings.TrimSpace(m) != "" && !served[m] {
+				c.Warnings = append(c.Warnings, fmt.Sprintf("tenants[%d].models[%d]: no configured endpoint serves %q: tenant %q cannot use it (a typo?)", i, j, m, t.Name))
+			}
+		}
 		if len(t.EndpointLabels) == 0 {
 			continue
 		}

@@ -30,6 +30,14 @@ overload: {queue_size: 10, max_wait: 5s, max_predicted_ttft: 3s, max_waiting_per
 	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "tenants[0].endpoint_labels: no configured endpoint carries all of map[pool:dedicated]") {
 		t.Errorf("warnings = %q, want one about acme's labels", c.Warnings)
 	}
+	// A model no endpoint serves (a typo) is said too, when every endpoint names its models.
+	c2, err := Parse([]byte(minimal + "auth: {secret_env: K}\ntenants: [{name: acme, api_keys: [" + keyA + "], models: [llama3-70B]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c2.Warnings) != 1 || !strings.Contains(c2.Warnings[0], `tenants[0].models[0]: no configured endpoint serves "llama3-70B"`) {
+		t.Errorf("warnings = %q, want one about the model no endpoint serves", c2.Warnings)
+	}
 	if c.AuthMode() != AuthAPIKey {
 		t.Errorf("auth mode = %q, want api_key by default with tenants", c.AuthMode())
 	}
