@@ -1608,6 +1608,36 @@ func ScanUsage(body []byte) (Usage, bool) {
 	return in, inSet
 }
 
+// TailUsage finds the usage in the end of an answer too long to keep whole: the last "usage"
+// key in tail whose value is an object that decodes as usage. Engines write usage after the
+// choices (vLLM, SGLang, llama.cpp), so an answer's last bytes hold it; a "usage" inside the
+// generated text is escaped (\"usage\") and cannot match.
+func TailUsage(tail []byte) (Usage, bool) {
+	key := []byte(`"usage"`)
+	for end := len(tail); ; {
+		i := bytes.LastIndex(tail[:end], key)
+		if i < 0 {
+			return Usage{}, false
+		}
+		end = i
+		rest := bytes.TrimLeft(tail[i+len(key):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) == 0 || rest[0] != '{' {
+			continue
+		}
+		var raw json.RawMessage
+		if json.NewDecoder(bytes.NewReader(rest)).Decode(&raw) != nil {
+			continue
+		}
+		if u, set, ok := usageValue(raw); ok && set {
+			return u, true
+		}
+	}
+}
+
 // usageValue decodes a usage object's JSON as encoding/json decodes it into a *Usage: set is
 // false for none or null, ok false where encoding/json fails.
 func usageValue(raw []byte) (_ Usage, set, ok bool) {

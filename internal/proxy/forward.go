@@ -678,13 +678,19 @@ func (s *sseBody) Close() error {
 
 // captureBody passes a body on while keeping its first maxCapture bytes to read usage at EOF.
 // The copy lives in a pooled buffer, given back at EOF or Close (usage and ids are copied out).
+// Past maxCapture only the last maxTail bytes are kept, where engines write the usage: a tenant
+// whose answer is longer is still charged what it used.
 type captureBody struct {
 	c    *call
 	up   io.ReadCloser
 	buf  *[]byte // nil until the first byte, and again once given back
 	full bool
-	read bool // EOF was seen and the usage read
+	tail []byte // once full: the body's last bytes, at most maxTail
+	read bool   // EOF was seen and the usage read
 }
+
+// maxTail is how much of the end of an answer longer than maxCapture is kept to read its usage.
+const maxTail = 64 << 10
 
 // captureBufs recycles captureBody buffers; ones grown past maxPooledCapture are dropped.
 var captureBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
@@ -701,11 +707,21 @@ func (b *captureBody) Read(p []byte) (int, error) {
 			*b.buf = append(*b.buf, p[:n]...)
 		} else {
 			b.full = true
+			b.tail = append(b.tail, (*b.buf)[max(len(*b.buf)-maxTail, 0):]...) // the usage may begin there
+			b.release()
+		}
+	}
+	if n > 0 && b.full && !b.read {
+		b.tail = append(b.tail, p[:n]...)
+		if len(b.tail) > 2*maxTail { // trimmed now and then, not at every read
+			b.tail = append(b.tail[:0], b.tail[len(b.tail)-maxTail:]...)
 		}
 	}
 	if err == io.EOF {
 		b.c.complete = true
-		if !b.full && !b.read {
+		switch {
+		case b.read:
+		case !b.full:
 			b.read = true
 			var body []byte
 			if b.buf != nil {
@@ -713,6 +729,12 @@ func (b *captureBody) Read(p []byte) (int, error) {
 			}
 			b.c.takeBody(body)
 			b.release()
+		default:
+			b.read = true
+			if u, ok := openai.TailUsage(b.tail[max(len(b.tail)-maxTail, 0):]); ok {
+				b.c.setUsage(u)
+			}
+			b.tail = nil
 		}
 	} else if err != nil {
 		b.c.cut = true
