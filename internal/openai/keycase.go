@@ -30,39 +30,18 @@ const (
 // streamOptionsKeys are the keys fromWire reads in stream_options.
 var streamOptionsKeys = [...]string{"include_usage"}
 
-// keysAt returns the keys the router reads in an object at lv, and the level of the value under
-// key.
-func keysAt(lv keyLevel, key string) (names []string, child keyLevel) {
-	switch lv {
-	case levelBody:
-		switch key {
-		case "messages", "input":
-			child = levelMessage
-		case "stream_options":
-			child = levelStreamOptions
-		}
-		return bodyKeys[:], child
-	case levelMessage:
-		switch key {
-		case "content", "output":
-			child = levelPart
-		case "tool_calls":
-			child = levelToolCall
-		}
-		return messageKeys[:], child
-	case levelPart:
-		return partKeys[:], levelOther
-	case levelToolCall:
-		if key == "function" {
-			child = levelFunction
-		}
-		return toolCallKeys[:], child
-	case levelFunction:
-		return functionKeys[:], levelOther
-	case levelStreamOptions:
-		return streamOptionsKeys[:], levelOther
-	}
-	return nil, levelOther
+// levels says, per level, the keys the router reads in an object there, and the level of the
+// value under those of them whose value it reads too.
+var levels = [...]struct {
+	names []string
+	child map[string]keyLevel
+}{
+	levelBody:          {bodyKeys[:], map[string]keyLevel{"messages": levelMessage, "input": levelMessage, "stream_options": levelStreamOptions}},
+	levelMessage:       {messageKeys[:], map[string]keyLevel{"content": levelPart, "output": levelPart, "tool_calls": levelToolCall}},
+	levelPart:          {partKeys[:], nil},
+	levelToolCall:      {toolCallKeys[:], map[string]keyLevel{"function": levelFunction}},
+	levelFunction:      {functionKeys[:], nil},
+	levelStreamOptions: {streamOptionsKeys[:], nil},
 }
 
 // foldedKey returns an error for the first key in body, where the router reads a field, that
@@ -110,13 +89,13 @@ func walkKeys(d *json.Decoder, lv keyLevel, depth int) (key, want string, found 
 				return "", "", false, err
 			}
 			k, _ := t.(string)
-			names, child := keysAt(lv, k)
-			for _, n := range names {
+			l := levels[lv]
+			for _, n := range l.names {
 				if k != n && strings.EqualFold(k, n) {
 					return k, n, true, nil
 				}
 			}
-			if key, want, found, err = walkKeys(d, child, depth+1); found || err != nil {
+			if key, want, found, err = walkKeys(d, l.child[k], depth+1); found || err != nil {
 				return key, want, found, err
 			}
 		}

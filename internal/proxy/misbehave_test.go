@@ -33,6 +33,20 @@ func engine(t *testing.T, handle func(w http.ResponseWriter, r *http.Request)) *
 	return srv
 }
 
+// rawPost sends body to the router as a chat completion on a connection of its own, which it
+// returns (closed at the end of the test; reads and writes time out after 10 s).
+func (f *fixture) rawPost(t *testing.T, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return conn
+}
+
 // errorCode returns an OpenAI error body's error.code ("" when it has none or is not one).
 func errorCode(body []byte) string {
 	var v struct {
@@ -265,13 +279,7 @@ func TestHalfCloseGetsNoAnswer(t *testing.T) {
 		}
 	})
 	f := newFixture(t, spec(eng.URL, "m"))
-	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	conn := f.rawPost(t, chatBody)
 	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
 		t.Fatal(err)
 	}

@@ -33,14 +33,7 @@ func TestStreamRelayOneWritePerChunk(t *testing.T) {
 	}))
 	defer eng.Close()
 	f := newFixture(t, spec(eng.URL, "m"))
-	conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn := f.rawPost(t, `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
 	br := bufio.NewReader(conn)
 	for { // the head
 		line, err := br.ReadString('\n')
