@@ -102,6 +102,9 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	c.stream = req.Stream
 	c.model = h.modelLabel(req.Model)
 	c.keys(req, hdr)
+	// The prompt is in its routing keys now: what the parser built of it (a prompt of token
+	// ids is 8 bytes an id) need not live as long as the request.
+	req.Messages, req.Prompt = nil, openai.Prompt{}
 	if h.Gate != nil {
 		t, oe := h.Gate.Take(c.id, c.preq.PromptTokens, out)
 		if oe != nil {
