@@ -340,6 +340,34 @@ func TestChartDefaults(t *testing.T) {
 	if h := m.deployment.Spec.Template.Spec.Containers[0].Lifecycle; h == nil || h.PreStop == nil || h.PreStop.Sleep == nil || h.PreStop.Sleep.Seconds != 5 {
 		t.Errorf("preStop %+v: want a 5 s sleep", h)
 	}
+	if env := m.deployment.Spec.Template.Spec.Containers[0].Env; len(env) != 1 || env[0].Name != "GOMEMLIMIT" || env[0].Value != "921MiB" {
+		t.Errorf("env %+v: want GOMEMLIMIT at 90 %% of the 1Gi limit, 921MiB", env)
+	}
+}
+
+// TestChartMemoryLimit: GOMEMLIMIT follows resources.limits.memory and memoryLimitPercent; a
+// limit in a unit the chart does not read, or a percent of 0, sets none.
+func TestChartMemoryLimit(t *testing.T) {
+	for values, want := range map[string]string{
+		"resources: {limits: {memory: 512Mi}}":                       "460MiB",
+		"resources: {limits: {memory: 4Gi}}\nmemoryLimitPercent: 75": "3072MiB",
+		"resources: {limits: {memory: 2G}}":                          "",
+		"memoryLimitPercent: 0":                                      "",
+	} {
+		out, err := render(t, values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, e := range decodeAll(t, out).deployment.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "GOMEMLIMIT" {
+				got = e.Value
+			}
+		}
+		if got != want {
+			t.Errorf("%s: GOMEMLIMIT %q, want %q", values, got, want)
+		}
+	}
 }
 
 func TestChartStaticEndpointsWithExtras(t *testing.T) {

@@ -122,3 +122,18 @@ mode the InferencePool names the engines). */}}
 {{- end -}}
 {{- $out | uniq | toJson -}}
 {{- end -}}
+
+{{/* GOMEMLIMIT for the container: memoryLimitPercent of resources.limits.memory, in MiB, when
+that limit is written in Gi, Mi or Ki (whole numbers); "" otherwise (no limit set, or another
+unit: then none is set). */}}
+{{- define "kvroute.goMemLimit" -}}
+{{- $m := toString (dig "limits" "memory" "" (.Values.resources | default dict)) -}}
+{{- $pct := int .Values.memoryLimitPercent -}}
+{{- if and (gt $pct 0) (regexMatch "^[0-9]+(Gi|Mi|Ki)$" $m) -}}
+{{- $n := int (regexFind "^[0-9]+" $m) -}}
+{{- $kib := $n -}}
+{{- if hasSuffix "Gi" $m }}{{ $kib = mul $n 1048576 }}{{ else if hasSuffix "Mi" $m }}{{ $kib = mul $n 1024 }}{{ end -}}
+{{- $mib := div (mul $kib $pct) 102400 -}}
+{{- if gt $mib 0 }}{{ $mib }}MiB{{ end -}}
+{{- end -}}
+{{- end -}}
