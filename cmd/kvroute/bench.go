@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -50,6 +53,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}, stdout, stderr); exit {
 		return code
 	}
+	if err := checkBench(o); err != nil {
+		return failed(stderr, fs.Name(), err)
+	}
 	if err := checkOutputs(map[string]string{"html": html}); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
@@ -82,4 +88,51 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	return 0
+}
+
+// checkBench refuses, before the run starts, what the load generator would refuse only once it
+// is under way (the target, API and model), and a number out of range, naming the flag of
+// each; all of them at once, as a usage error. experiment.Bench checks the rest.
+func checkBench(o experiment.BenchOptions) error {
+	var errs []error
+	if u, err := url.Parse(o.Target); o.Target == "" {
+		errs = append(errs, errors.New("--target: give the server's base URL, e.g. --target http://127.0.0.1:8000"))
+	} else if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		errs = append(errs, fmt.Errorf("--target %q: want an http(s) URL with a host, e.g. http://127.0.0.1:8000", o.Target))
+	}
+	if o.API != "chat" && o.API != "completions" {
+		errs = append(errs, fmt.Errorf("--api %q: want chat or completions", o.API))
+	}
+	if strings.TrimSpace(o.Model) == "" {
+		errs = append(errs, errors.New("--model: empty: give the model name the server serves"))
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"speedup", o.Speedup}, {"rate", o.Rate}} {
+		if !(f.v >= 0) { // NaN too
+			errs = append(errs, fmt.Errorf("--%s %g: must not be negative", f.name, f.v))
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"concurrency", o.Concurrency}, {"requests", o.Requests}} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("--%s %d: must not be negative", f.name, f.v))
+		}
+	}
+	if o.Duration < 0 {
+		errs = append(errs, fmt.Errorf("--duration %v: must not be negative", o.Duration))
+	}
+	if o.MaxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("--max-in-flight %d: want at least 1", o.MaxInFlight))
+	}
+	if o.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout %v: must be positive", o.Timeout))
+	}
+	if len(errs) > 0 {
+		return usageError{errors.Join(errs...)}
+	}
+	return nil
 }

@@ -214,7 +214,21 @@ func TestBenchErrors(t *testing.T) {
 		{"two pacings", []string{"--target", "http://127.0.0.1:1", "--rate", "1", "--concurrency", "2"}, 2, []string{"at most one"}},
 		{"bad workload", []string{"--target", "http://127.0.0.1:1", "--workload", "nope"}, 2, []string{"--workload", "nope"}},
 		{"bad arrival", []string{"--target", "http://127.0.0.1:1", "--arrival", "bursty"}, 2, []string{"--arrival"}},
-		{"bad target", []string{"--target", "ftp://x", "--requests", "1"}, 1, []string{"target"}},
+		// What the load generator would refuse only once started is refused first, one line
+		// naming the flag, no progress line before it.
+		{"bad target", []string{"--target", "ftp://x", "--requests", "1"}, 2, []string{`--target "ftp://x": want an http(s) URL`}},
+		{"target without scheme", []string{"--target", "127.0.0.1:8000", "--requests", "1"}, 2, []string{`--target "127.0.0.1:8000"`}},
+		{"bad api", []string{"--target", "http://127.0.0.1:1", "--api", "responses"}, 2, []string{`--api "responses": want chat or completions`}},
+		{"empty model", []string{"--target", "http://127.0.0.1:1", "--model", ""}, 2, []string{"--model: empty"}},
+		{"all at once", []string{"--target", "x", "--api", "y", "--model", " "}, 2, []string{"--target", "--api", "--model"}},
+		// Each number out of range is named by its flag.
+		{"negative rate", []string{"--target", "http://127.0.0.1:1", "--rate", "-1"}, 2, []string{"--rate -1: must not be negative"}},
+		{"negative speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "-2"}, 2, []string{"--speedup -2: must not be negative"}},
+		{"negative concurrency", []string{"--target", "http://127.0.0.1:1", "--concurrency", "-2"}, 2, []string{"--concurrency -2: must not be negative"}},
+		{"negative requests", []string{"--target", "http://127.0.0.1:1", "--requests", "-1"}, 2, []string{"--requests -1: must not be negative"}},
+		{"negative duration", []string{"--target", "http://127.0.0.1:1", "--duration", "-1s"}, 2, []string{"--duration -1s: must not be negative"}},
+		{"no in flight", []string{"--target", "http://127.0.0.1:1", "--max-in-flight", "0"}, 2, []string{"--max-in-flight 0: want at least 1"}},
+		{"zero timeout", []string{"--target", "http://127.0.0.1:1", "--timeout", "0s"}, 2, []string{"--timeout 0s: must be positive"}},
 		{"missing trace", []string{"--target", "http://127.0.0.1:1", "--trace", "/nonexistent/t.jsonl"}, 1, []string{"--trace"}},
 		{"stray argument", []string{"--target", "http://127.0.0.1:1", "extra"}, 2, []string{`"extra"`}},
 	}
@@ -223,6 +237,9 @@ func TestBenchErrors(t *testing.T) {
 			code, _, errOut := runVerb("bench", tt.args...)
 			if code != tt.code {
 				t.Errorf("exit %d, want %d (%s)", code, tt.code, errOut)
+			}
+			if code == 2 && strings.Count(errOut, "\n") != 1 {
+				t.Errorf("stderr %q, want one line", errOut)
 			}
 			for _, c := range tt.contains {
 				if !strings.Contains(errOut, c) {

@@ -9,7 +9,9 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/term"
 
@@ -58,6 +60,34 @@ func nearFlag(fs *flag.FlagSet, err error) string {
 	return ""
 }
 
+// durationHint rewrites the flag package's error for a duration flag's bad value, which says
+// only "parse error", into one that asks for the unit (a bare "2" is the usual mistake); any
+// other error comes back as it is.
+func durationHint(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	var hint error
+	fs.VisitAll(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			return
+		}
+		if _, ok := g.Get().(time.Duration); !ok {
+			return
+		}
+		quoted, ok := strings.CutSuffix(msg, " for flag -"+f.Name+": parse error")
+		if !ok {
+			return
+		}
+		if v, err := strconv.Unquote(strings.TrimPrefix(quoted, "invalid value ")); err == nil {
+			hint = fmt.Errorf("--%s %q: give a duration with its unit, like 2s or 500ms", f.Name, v)
+		}
+	})
+	if hint != nil {
+		return hint
+	}
+	return err
+}
+
 // parseOrExit parses args into fs. When the verb must stop there it returns exit true and the
 // status: 0 after -h or --help (help on stdout), 2 after a bad flag or a stray argument (the
 // reason on stderr, one line). Otherwise it returns the positional arguments.
@@ -79,7 +109,7 @@ func parseOrExit(fs *flag.FlagSet, args []string, h verbHelp, stdout, stderr io.
 			return nil, 0, true
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v (%srun '%s -h')\n", name, err, nearFlag(fs, err), name)
+			fmt.Fprintf(stderr, "%s: %v (%srun '%s -h')\n", name, durationHint(fs, err), nearFlag(fs, err), name)
 			return nil, 2, true
 		}
 		if fs.NArg() == 0 {
@@ -187,5 +217,22 @@ func (l *listFlag) String() string { return strings.Join(*l, ",") }
 
 func (l *listFlag) Set(v string) error {
 	*l = append(*l, v)
+	return nil
+}
+
+// namesFlag is a flag that may be given several times, each value one name or several
+// separated by commas; the names are kept in order, without surrounding spaces.
+type namesFlag []string
+
+func (l *namesFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *namesFlag) Set(v string) error {
+	for name := range strings.SplitSeq(v, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			return errors.New("empty name (give names separated by commas)")
+		}
+		*l = append(*l, name)
+	}
 	return nil
 }

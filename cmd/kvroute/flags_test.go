@@ -89,6 +89,8 @@ func TestParseOrExit(t *testing.T) {
 		{name: "near flag", args: []string{"--nn", "3"}, code: 2, exit: true,
 			stderr: []string{"kvroute x: flag provided but not defined: -nn (did you mean -n? run 'kvroute x -h')"}},
 		{name: "bad value", args: []string{"--n", "many"}, code: 2, exit: true, stderr: []string{"-n", "kvroute x -h"}},
+		{name: "duration without unit", args: []string{"--d", "2"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: --d "2": give a duration with its unit, like 2s or 500ms (run 'kvroute x -h')`}},
 		{name: "stray argument", args: []string{"--n", "1", "file"}, code: 2, exit: true,
 			stderr: []string{`kvroute x: unexpected arguments ["file"] (run 'kvroute x -h')`}},
 		{name: "positional anywhere", args: []string{"a", "--n", "1", "b", "-v"}, positional: true, rest: []string{"a", "b"}},
@@ -98,6 +100,7 @@ func TestParseOrExit(t *testing.T) {
 			fs := newFlagSet("kvroute x")
 			fs.Int("n", 0, "a number")
 			fs.Bool("v", false, "verbose")
+			fs.Duration("d", 0, "a duration")
 			hh := h
 			hh.positional = tc.positional
 			var o, e bytes.Buffer

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,7 +15,7 @@ import (
 )
 
 // runHashKey prints the form an API key takes in the config (tenants[].api_keys):
-// sha256:<hex>. The key comes from stdin (first line; typed without echo on a terminal), from
+// sha256:<hex>. The key comes from stdin (one line; typed without echo on a terminal), from
 // --key, or is made up with --new (printed once, with its digest).
 func runHashKey(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return hashKeyMain(ctx, args, os.Stdin, stdout, stderr)
@@ -30,7 +28,9 @@ func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stde
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute hash-key [--key KEY | --new] < key",
-			"\nprints sha256:<hex>, the form of an API key in tenants[].api_keys.",
+			"\nprints sha256:<hex>, the form of an API key in tenants[].api_keys. The key is read from",
+			"stdin, one line (typed without echo on a terminal), unless --key gives it; one key per",
+			"run: stdin with more than one line is refused.",
 		},
 		argsHint: "give the key on stdin or with --key",
 	}, stdout, stderr); exit {
@@ -40,7 +40,7 @@ func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stde
 		fmt.Fprintln(stderr, "kvroute hash-key: give --key or --new, not both")
 		return 2
 	}
-	k := *key
+	k, from := *key, "--key"
 	switch {
 	case *gen:
 		var b [32]byte
@@ -50,10 +50,16 @@ func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stde
 		return 0
 	case k == "":
 		var err error
+		from = "stdin"
 		if k, err = readKey(stdin, stderr); err != nil {
 			fmt.Fprintf(stderr, "kvroute hash-key: reading the key from stdin: %v\n", err)
 			return 1
 		}
+	}
+	// A second key would be hashed into the first, or dropped: neither is what was meant.
+	if n := countLines(k); n > 1 {
+		fmt.Fprintf(stderr, "kvroute hash-key: %s holds %d lines, not one key: run once per key\n", from, n)
+		return 2
 	}
 	k = strings.TrimSpace(k)
 	if k == "" {
@@ -64,7 +70,8 @@ func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stde
 	return 0
 }
 
-// readKey reads the first line of stdin; on a terminal it prompts and does not echo.
+// readKey reads stdin (up to 64 KiB, which no key needs); on a terminal it prompts and reads
+// one line without echo.
 func readKey(stdin io.Reader, stderr io.Writer) (string, error) {
 	if f, ok := stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		fmt.Fprint(stderr, "API key: ")
@@ -72,9 +79,17 @@ func readKey(stdin io.Reader, stderr io.Writer) (string, error) {
 		fmt.Fprintln(stderr)
 		return string(b), err
 	}
-	line, err := bufio.NewReader(io.LimitReader(stdin, 64<<10)).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return "", err
+	b, err := io.ReadAll(io.LimitReader(stdin, 64<<10))
+	return string(b), err
+}
+
+// countLines counts the lines of s that hold more than white space.
+func countLines(s string) int {
+	n := 0
+	for l := range strings.Lines(s) {
+		if strings.TrimSpace(l) != "" {
+			n++
+		}
 	}
-	return line, nil
+	return n
 }

@@ -20,7 +20,12 @@ func TestHashKey(t *testing.T) {
 		errHas      string
 	}{
 		{name: "stdin line", stdin: "sk-test\n", code: 0, out: want},
-		{name: "stdin crlf", stdin: "sk-test\r\nignored\n", code: 0, out: config.KeyDigest("sk-test") + "\n"},
+		{name: "stdin crlf", stdin: "sk-test\r\n", code: 0, out: config.KeyDigest("sk-test") + "\n"},
+		{name: "stdin without newline", stdin: "sk-test", code: 0, out: want},
+		{name: "blank lines around", stdin: "\n  sk-test\n\n \n", code: 0, out: want},
+		// A second key was dropped silently: one key a run.
+		{name: "two keys", stdin: "sk-test\r\nsk-other\n", code: 2, errHas: "stdin holds 2 lines, not one key: run once per key"},
+		{name: "two keys in the flag", args: []string{"--key", "sk-test\nsk-other"}, code: 2, errHas: "--key holds 2 lines"},
 		{name: "flag", args: []string{"--key", "sk-test"}, code: 0, out: config.KeyDigest("sk-test") + "\n"},
 		{name: "empty", stdin: "\n", code: 2, errHas: "the key is empty"},
 		{name: "extra args", args: []string{"sk-test"}, code: 2, errHas: "unexpected arguments"},
@@ -35,6 +40,9 @@ func TestHashKey(t *testing.T) {
 			}
 			if tc.out != "" && out.String() != tc.out {
 				t.Errorf("stdout %q, want %q", out.String(), tc.out)
+			}
+			if tc.code != 0 && out.Len() > 0 {
+				t.Errorf("stdout %q, want nothing", out.String())
 			}
 			if tc.errHas != "" && !strings.Contains(errOut.String(), tc.errHas) {
 				t.Errorf("stderr %q, want it to contain %q", errOut.String(), tc.errHas)

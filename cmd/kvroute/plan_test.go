@@ -58,6 +58,8 @@ func TestPlanBadInput(t *testing.T) {
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--policies", "nope"}, "--policies"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "0"}, "--max-instances 0"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "-1"}, "--speedup -1"},
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "2"}, `--slo-ttft-p90 "2": give a duration with its unit, like 2s or 500ms`},
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90=1s", "--slo-ttft-p50=fast"}, `--slo-ttft-p50 "fast": give a duration with its unit`},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(context.Background(), append([]string{"plan"}, tc.args...), &out, &errOut)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -26,7 +27,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var (
 		cfgPath   = fs.String("config", "", "YAML config `file` (see examples/kvroute.yaml); required unless --endpoint is given")
 		endpoints listFlag
-		model     = fs.String("model", "", "with --endpoint: the model the endpoints serve (empty: the ones each lists at GET /v1/models)")
+		models    namesFlag
 		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
 		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
@@ -38,10 +39,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		extHealth = fs.String("extproc-health-listen", "", "gRPC health address of the endpoint picker, overrides extproc.health_listen")
 	)
 	fs.Var(&endpoints, "endpoint", "engine base `URL` for a quick start without a config file (repeatable)")
+	fs.Var(&models, "model", "with --endpoint: a `NAME` the endpoints serve; repeatable and comma-separated for several (none: the ones each lists at GET /v1/models)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute serve --config FILE [flags]",
-			"       kvroute serve --endpoint URL [--endpoint URL ...] [--model NAME] [--policy SPEC] [flags]",
+			"       kvroute serve --endpoint URL [--endpoint URL ...] [--model NAME[,NAME...]] [--policy SPEC] [flags]",
 			"\nThe router: an OpenAI-compatible, prefix-aware reverse proxy in front of engine instances.",
 			"SIGHUP or a change of the config file reloads it; SIGINT/SIGTERM drain requests in flight.",
 		},
@@ -99,7 +101,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			cfg, err = config.LoadWith(*cfgPath, overrides, configChecks())
 		}
 	} else {
-		cfg, err = quickConfig(endpoints, *model, *engine, *pol, overrides)
+		cfg, err = quickConfig(endpoints, models, *engine, *pol, overrides)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
@@ -206,10 +208,15 @@ func listenExtProc(c config.ExtProc) (ln, health net.Listener, err error) {
 	return ln, health, nil
 }
 
-// quickConfig builds a config from --endpoint flags, with adjust (nil for none) applied before
-// defaults and validation.
-func quickConfig(urls []string, model, engine, pol string, adjust func(*config.Config)) (*config.Config, error) {
-	c := config.Quick(urls, model, engine)
+// quickConfig builds a config from --endpoint flags, every endpoint serving models (none: the
+// ones it lists), with adjust (nil for none) applied before defaults and validation.
+func quickConfig(urls, models []string, engine, pol string, adjust func(*config.Config)) (*config.Config, error) {
+	c := config.Quick(urls, "", engine)
+	if len(models) > 0 {
+		for i := range c.Endpoints {
+			c.Endpoints[i].Models = slices.Clone(models)
+		}
+	}
 	if pol != "" {
 		name, params, err := policy.ParseSpec(pol)
 		if err != nil {

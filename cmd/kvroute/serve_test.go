@@ -133,6 +133,43 @@ func TestServeQuickStart(t *testing.T) {
 	}
 }
 
+// --model is repeatable and takes a comma-separated list: every name given is served (not the
+// last one alone, nor one model called "m, x"); an empty name is refused.
+func TestServeQuickStartModels(t *testing.T) {
+	eng := fakeVLLM(t)
+	api, _, stderr, stop := startServe(t, "--endpoint", eng.URL, "--model", "m, x", "--model", "y", "--listen", "127.0.0.1:0",
+		"--admin-listen", "127.0.0.1:0", "--policy", "round-robin")
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for model, want := range map[string]int{"m": 200, "x": 200, "y": 200, "m, x": 404, "z": 404} {
+		resp, err := client.Post(api+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("model %q: %d %s, want %d", model, resp.StatusCode, body, want)
+		}
+	}
+	if rc := stop(); rc != 0 {
+		t.Errorf("exit code %d, stderr:\n%s", rc, stderr)
+	}
+
+	// A router that starts anyway meets a cancelled context and returns at once.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, bad := range []string{"", "m,,x", "m, "} {
+		var out, errb bytes.Buffer
+		args := []string{"--endpoint", eng.URL, "--model", bad, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+		if rc := runServe(done, args, &out, &errb); rc != 2 ||
+			!strings.Contains(errb.String(), "-model") || !strings.Contains(errb.String(), "empty name") {
+			t.Errorf("--model %q: rc %d, %q; want 2 and the empty name refused", bad, rc, errb.String())
+		}
+	}
+}
+
 // The issue's quick start in front of ollama (no /health, no /metrics): with the default
 // engine auto the endpoint is detected as ollama, checked on /api/version and serves; /debug/
 // endpoints says what was found.

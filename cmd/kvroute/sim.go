@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -58,6 +59,18 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}, stdout, stderr); exit {
 		return code
 	}
+	// simserver reads a TimeScale of 0 as 1, but the flag's default is already 1: a 0 given here
+	// is a mistake, not a request for the default.
+	var errs []error
+	if o.TimeScale == 0 {
+		errs = append(errs, errors.New("--time-scale 0: want a positive factor (0.1 runs ten times faster)"))
+	}
+	if *drain < 0 {
+		errs = append(errs, fmt.Errorf("--drain %v: want a duration >= 0 (0: close open streams at once)", *drain))
+	}
+	if len(errs) > 0 {
+		return failed(stderr, fs.Name(), usageError{errors.Join(errs...)})
+	}
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
@@ -66,8 +79,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	fleet, err := simserver.StartFleet(ctx, o, *n, *host, *port)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute sim: %v\n", err)
-		return 1
+		// StartFleet checks all its options before it listens: what fails other than listening
+		// (a port in use, an address not ours: *net.OpError) or the end of ctx is a flag's value.
+		if !errors.As(err, new(*net.OpError)) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			err = usageError{err}
+		}
+		return failed(stderr, fs.Name(), err)
 	}
 	for i, u := range fleet.URLs() {
 		in := fleet.Instances()[i]

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,18 +61,42 @@ func TestRunSimServesAndStops(t *testing.T) {
 	}
 }
 
+// A bad flag value is a usage error (exit 2) named on one line, found before anything
+// listens; a port that cannot be had is a failure to run (exit 1).
 func TestRunSimBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{"--time-scale", "-1"},
-		{"--fail-rate", "2"},
-		{"--drop-all"},
-		{"--profile", "no-such-profile"},
-		{"--instances", "0"},
-		{"extra"},
+	// Ended: a fleet that the flags let start stops at once rather than serve.
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--time-scale", "-1"}, "time scale -1"},
+		{[]string{"--time-scale", "0"}, "--time-scale 0: want a positive factor"},
+		{[]string{"--drain", "-1s"}, "--drain -1s: want a duration >= 0"},
+		{[]string{"--fail-rate", "2"}, "fail_rate 2"},
+		{[]string{"--drop-all"}, "drop_all without drop_on"},
+		{[]string{"--profile", "no-such-profile"}, `"no-such-profile"`},
+		{[]string{"--instances", "0"}, "fleet of 0 instances"},
+		{[]string{"--block-size", "-1"}, "block size -1"},
+		{[]string{"--kv-events-replay", "tcp://127.0.0.1:0"}, "without a kv events endpoint"},
+		{[]string{"--time-scale", "soon"}, "-time-scale"},
+		{[]string{"extra"}, `"extra"`},
 	} {
 		var stdout, stderr strings.Builder
-		if code := runSim(context.Background(), append(args, "--port", "0"), &stdout, &stderr); code == 0 || stderr.Len() == 0 {
-			t.Errorf("runSim %v = %d, stderr %q; want a failure with a message", args, code, stderr.String())
+		code := runSim(ended, append(tc.args, "--port", "0"), &stdout, &stderr)
+		if code != 2 || stdout.Len() > 0 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("runSim %v = %d, stdout %q, stderr %q; want 2, nothing and one line with %q", tc.args, code, stdout.String(), stderr.String(), tc.want)
 		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	var stdout, stderr strings.Builder
+	if code := runSim(context.Background(), []string{"--port", port, "--profile", "instant"}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "address already in use") {
+		t.Errorf("runSim on a port in use = %d, stderr %q; want 1 and the port named", code, stderr.String())
 	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -78,6 +80,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if card {
 		return runScorecard(ctx, fs, o, seeds, scenarios, asJSON, stdout, stderr)
 	}
+	if err := checkPacing(fs); err != nil {
+		return failed(stderr, fs.Name(), err)
+	}
 	if cpuprofile != "" {
 		stop, err := startCPUProfile(cpuprofile)
 		if err != nil {
@@ -98,6 +103,27 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failed(stderr, fs.Name(), err)
 	}
 	return 0
+}
+
+// checkPacing refuses a --load or --speedup given as 0 or less: experiment.Simulate reads 0 as
+// "not set", which only a flag left out may mean.
+func checkPacing(fs *flag.FlagSet) error {
+	want := map[string]string{
+		"load":    "a positive fraction of the fleet's prefill capacity, such as 0.8",
+		"speedup": "a positive factor, such as 2 (leave it out for 1)",
+	}
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		if w, ok := want[f.Name]; ok {
+			if v := f.Value.(flag.Getter).Get().(float64); !(v > 0) {
+				errs = append(errs, fmt.Errorf("--%s %g: want %s", f.Name, v, w))
+			}
+		}
+	})
+	if len(errs) > 0 {
+		return usageError{errors.Join(errs...)}
+	}
+	return nil
 }
 
 // startCPUProfile profiles the process into path until stop is called.

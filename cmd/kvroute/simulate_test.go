@@ -43,6 +43,11 @@ func TestSimulateErrors(t *testing.T) {
 		{"negative instances", []string{"--trace", good, "--instances", "-3"}, 2, []string{"--instances -3"}},
 		{"no workload", nil, 2, []string{"--trace"}},
 		{"both load and speedup", []string{"--trace", good, "--load", "0.5", "--speedup", "2"}, 2, []string{"not both"}},
+		// 0 means "not set" only when the flag is left out.
+		{"zero speedup", []string{"--trace", good, "--speedup", "0"}, 2, []string{"--speedup 0: want a positive factor"}},
+		{"zero load", []string{"--trace", good, "--load", "0"}, 2, []string{"--load 0: want a positive fraction"}},
+		{"negative load", []string{"--trace", good, "--load", "-0.5"}, 2, []string{"--load -0.5: want a positive fraction"}},
+		{"duration without unit", []string{"--trace", good, "--scrape-interval", "2"}, 2, []string{`--scrape-interval "2": give a duration with its unit, like 2s or 500ms`}},
 		{"unknown workload", []string{"--workload", "nope"}, 2, []string{`"nope"`, "shared-prefix"}},
 		{"trace and workload", []string{"--trace", good, "--workload", "shared-prefix"}, 2, []string{"exactly one"}},
 		{"bad flag", []string{"--trace", good, "--instances", "many"}, 2, []string{"instances"}},

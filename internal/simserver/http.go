@@ -119,7 +119,7 @@ func (in *Instance) postFaults(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		openai.WriteError(w, openai.BadRequest("", "faults: %v (fields: unhealthy, refuse, fail_rate, fail_status, slow, cut_after, hang, drop_on, drop_all)", err))
+		openai.WriteError(w, openai.BadRequest("", "faults: %v (fields: %s)", err, faultFields()))
 		return
 	}
 	if err := in.SetFaults(f); err != nil {

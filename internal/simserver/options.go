@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"reflect"
+	"strings"
 	"time"
 )
 
@@ -92,6 +94,17 @@ type Faults struct {
 	// from the router's (another salt, tokenizer or block size), silently does: what the
 	// router's cache audit exists to notice.
 	NoPrefixCache bool `json:"no_prefix_cache"`
+}
+
+// faultFields lists the JSON fields of Faults, for the error that refuses any other: from the
+// struct, so that a new fault cannot be left out.
+func faultFields() string {
+	t := reflect.TypeFor[Faults]()
+	names := make([]string, t.NumField())
+	for i := range names {
+		names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("json"), ",")
+	}
+	return strings.Join(names, ", ")
 }
 
 // maxDropOn bounds DropOn (it is searched for in every request body).
