@@ -229,12 +229,23 @@ func (n *Node) ofLiveOrigins(evs []route.Event) (kept []route.Event, dropped int
 // flight. Nothing is applied unless the whole snapshot arrived.
 func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, error) {
 	var res snapshotResult
-	req, nonce, err := n.newRequest(ctx, p, pathSnapshot)
+	// The answer's head must come within snapshotHeadWait: a peer that accepts the connection
+	// and never answers (frozen, or not a kvroute) must not take the whole warm start while
+	// the others wait their turn. The body then has the whole of ctx.
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	req, nonce, err := n.newRequest(hctx, p, pathSnapshot)
 	if err != nil {
 		return res, err
 	}
+	wait := n.snapshotHeadWait()
+	head := time.AfterFunc(wait, func() { cancel(fmt.Errorf("no answer within %v", wait)) })
 	resp, err := n.client.Do(req)
+	head.Stop()
 	if err != nil {
+		if c := context.Cause(hctx); c != nil && ctx.Err() == nil {
+			err = c
+		}
 		return res, err
 	}
 	defer resp.Body.Close()

@@ -79,6 +79,8 @@ type Config struct {
 
 	// beat and silence replace heartbeat and streamSilence (tests); 0: those.
 	beat, silence time.Duration
+	// idle replaces streamServerIdle (tests); 0: that.
+	idle time.Duration
 }
 
 // Defaults of Config.
@@ -278,7 +280,8 @@ func (n *Node) Run(ctx context.Context) error {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	srv := &http.Server{Handler: mux, Protocols: &protos, ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: newServerLog(n.log, n.m.Dropped, time.Now).errorLog()}
+		IdleTimeout: or(n.cfg.idle, streamServerIdle),
+		ErrorLog:    newServerLog(n.log, n.m.Dropped, time.Now).errorLog()}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(n.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -306,6 +309,19 @@ func (n *Node) Run(ctx context.Context) error {
 	_ = srv.Close()
 	wg.Wait()
 	return nil
+}
+
+// streamServerIdle closes a connection to the stream server that carries no request (HTTP/1)
+// or no stream (HTTP/2) for that long: a peer's feed is a stream open for as long as it
+// follows, so only connections that were refused, or never asked anything, are closed, and
+// clients without the secret cannot hold connections (and their file descriptors) open.
+const streamServerIdle = 30 * time.Second
+
+// snapshotHeadWait bounds the wait for one peer's answer to a snapshot request: a quarter of
+// the warm start, at least half a second, so that a peer that never answers leaves time for
+// the others.
+func (n *Node) snapshotHeadWait() time.Duration {
+	return max(n.cfg.WarmStartTimeout/4, 500*time.Millisecond)
 }
 
 // warmStart takes a snapshot from a peer, trying those alive until one answers or the

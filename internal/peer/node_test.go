@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -612,5 +613,60 @@ func TestLogWriter(t *testing.T) {
 	close(stopping)
 	if got := write("[ERR] memberlist: Failed to send UDP ping: use of closed network connection"); !strings.Contains(got, "level=DEBUG") {
 		t.Errorf("stopping: an error logged as %q, want level=DEBUG", got)
+	}
+}
+
+// TestSnapshotFromSilentPeer: a peer that accepts the connection and never answers (frozen, or
+// not a kvroute) is given up after a quarter of the warm start, not the whole of it, so that
+// the peers after it are still asked in time.
+func TestSnapshotFromSilentPeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accepts, reads, never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	r := startReplica(t, "a", nil, func(c *Config) { c.WarmStartTimeout = 2 * time.Second })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = r.node.fetchSnapshot(ctx, peerInfo{name: "frozen", inc: 1, feed: ln.Addr().String()})
+	if took := time.Since(start); err == nil || took > 1500*time.Millisecond || !strings.Contains(err.Error(), "no answer within 500ms") {
+		t.Errorf("snapshot from a silent peer: %v after %v; want no answer within 500ms (a quarter of the 2 s warm start)", err, took)
+	}
+}
+
+// TestStreamServerClosesIdle: a connection to the stream server that a request without the
+// secret left open (answered 403, kept alive), or that opened HTTP/2 and asked nothing, is
+// closed once idle, not held (with its file descriptor) for good.
+func TestStreamServerClosesIdle(t *testing.T) {
+	r := startReplica(t, "a", nil, func(c *Config) { c.idle = 300 * time.Millisecond })
+	addr := r.node.Addr().String()
+	for _, open := range []string{
+		"GET " + pathFeed + " HTTP/1.1\r\nHost: x\r\n\r\n",
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00", // the preface and an empty SETTINGS
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, open); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = io.Copy(io.Discard, c) // until the server closes it
+		c.Close()
+		if took := time.Since(start); err != nil || took > 3*time.Second {
+			t.Errorf("%q: connection closed after %v (%v); want it closed after the 300 ms idle timeout", open[:10], took, err)
+		}
 	}
 }
