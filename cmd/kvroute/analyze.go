@@ -12,6 +12,7 @@ import (
 	"golang.org/x/text/message"
 
 	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/workload"
 )
 
@@ -97,8 +98,8 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 	if f.format != "mooncake" {
 		errs = append(errs, fmt.Errorf("--format %q: unknown, want mooncake", f.format))
 	}
-	if f.instances < 1 {
-		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", f.instances))
+	if err := experiment.CheckInstances("--instances", f.instances); err != nil {
+		errs = append(errs, err)
 	}
 	prof, err := engine.LookupProfile(f.profile)
 	if err != nil {

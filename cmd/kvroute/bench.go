@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"strings"
@@ -53,7 +55,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}, stdout, stderr); exit {
 		return code
 	}
-	if err := checkBench(o); err != nil {
+	if err := checkBench(o, fs); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
 	if err := checkOutputs(map[string]string{"html": html}); err != nil {
@@ -93,8 +95,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // checkBench refuses, before the run starts, what the load generator would refuse only once it
 // is under way (the target, API and model), and a number out of range, naming the flag of
 // each; all of them at once, as a usage error. experiment.Bench checks the rest.
-func checkBench(o experiment.BenchOptions) error {
+func checkBench(o experiment.BenchOptions, fs *flag.FlagSet) error {
 	var errs []error
+	// 0 is the default, which means 1; given on the command line it is a mistake.
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "speedup" && (!(o.Speedup > 0) || math.IsInf(o.Speedup, 0)) {
+			errs = append(errs, fmt.Errorf("--speedup %g: want a positive finite factor, such as 2 (leave it out for 1)", o.Speedup))
+		}
+	})
 	if u, err := url.Parse(o.Target); o.Target == "" {
 		errs = append(errs, errors.New("--target: give the server's base URL, e.g. --target http://127.0.0.1:8000"))
 	} else if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
@@ -109,7 +117,7 @@ func checkBench(o experiment.BenchOptions) error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"speedup", o.Speedup}, {"rate", o.Rate}} {
+	}{{"rate", o.Rate}} {
 		if !(f.v >= 0) { // NaN too
 			errs = append(errs, fmt.Errorf("--%s %g: must not be negative", f.name, f.v))
 		}

@@ -204,6 +204,15 @@ func TestBenchUnknownHitRate(t *testing.T) {
 }
 
 func TestBenchErrors(t *testing.T) {
+	// One token more than a 16 MiB body holds at 4 bytes a token: refused before anything is
+	// rendered, naming the line.
+	huge := filepath.Join(t.TempDir(), "huge.jsonl")
+	ids := strings.Repeat("7, ", (4<<20)/512) + "7"
+	lines := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [7]}` + "\n" +
+		`{"timestamp": 5, "input_length": 4194305, "output_length": 1, "hash_ids": [` + ids + `]}` + "\n"
+	if err := os.WriteFile(huge, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name     string
 		args     []string
@@ -223,13 +232,17 @@ func TestBenchErrors(t *testing.T) {
 		{"all at once", []string{"--target", "x", "--api", "y", "--model", " "}, 2, []string{"--target", "--api", "--model"}},
 		// Each number out of range is named by its flag.
 		{"negative rate", []string{"--target", "http://127.0.0.1:1", "--rate", "-1"}, 2, []string{"--rate -1: must not be negative"}},
-		{"negative speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "-2"}, 2, []string{"--speedup -2: must not be negative"}},
+		{"negative speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "-2"}, 2, []string{"--speedup -2: want a positive finite factor"}},
+		{"zero speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "0"}, 2, []string{"--speedup 0: want a positive finite factor"}},
+		{"infinite speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "Inf"}, 2, []string{"--speedup +Inf: want a positive finite factor"}},
+		{"NaN speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "NaN"}, 2, []string{"--speedup NaN: want a positive finite factor"}},
 		{"negative concurrency", []string{"--target", "http://127.0.0.1:1", "--concurrency", "-2"}, 2, []string{"--concurrency -2: must not be negative"}},
 		{"negative requests", []string{"--target", "http://127.0.0.1:1", "--requests", "-1"}, 2, []string{"--requests -1: must not be negative"}},
 		{"negative duration", []string{"--target", "http://127.0.0.1:1", "--duration", "-1s"}, 2, []string{"--duration -1s: must not be negative"}},
 		{"no in flight", []string{"--target", "http://127.0.0.1:1", "--max-in-flight", "0"}, 2, []string{"--max-in-flight 0: want at least 1"}},
 		{"zero timeout", []string{"--target", "http://127.0.0.1:1", "--timeout", "0s"}, 2, []string{"--timeout 0s: must be positive"}},
 		{"missing trace", []string{"--target", "http://127.0.0.1:1", "--trace", "/nonexistent/t.jsonl"}, 1, []string{"--trace"}},
+		{"huge prompt", []string{"--target", "http://127.0.0.1:1", "--trace", huge}, 1, []string{"request 1 (non-blank line 2): input_length 4194305 is more than the 4194304 tokens"}},
 		{"stray argument", []string{"--target", "http://127.0.0.1:1", "extra"}, 2, []string{`"extra"`}},
 	}
 	for _, tt := range tests {

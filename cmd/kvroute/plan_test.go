@@ -57,6 +57,7 @@ func TestPlanBadInput(t *testing.T) {
 		{[]string{"--slo-ttft-p90", "1s"}, "exactly one of --trace FILE or --workload NAME"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--policies", "nope"}, "--policies"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "0"}, "--max-instances 0"},
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "10001"}, "--max-instances 10001: want 1 to 10000"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "-1"}, "--speedup -1"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "2"}, `--slo-ttft-p90 "2": give a duration with its unit, like 2s or 500ms`},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90=1s", "--slo-ttft-p50=fast"}, `--slo-ttft-p50 "fast": give a duration with its unit`},

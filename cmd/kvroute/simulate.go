@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime/pprof"
 
@@ -110,12 +111,12 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 func checkPacing(fs *flag.FlagSet) error {
 	want := map[string]string{
 		"load":    "a positive fraction of the fleet's prefill capacity, such as 0.8",
-		"speedup": "a positive factor, such as 2 (leave it out for 1)",
+		"speedup": "a positive finite factor, such as 2 (leave it out for 1)",
 	}
 	var errs []error
 	fs.Visit(func(f *flag.Flag) {
 		if w, ok := want[f.Name]; ok {
-			if v := f.Value.(flag.Getter).Get().(float64); !(v > 0) {
+			if v := f.Value.(flag.Getter).Get().(float64); !(v > 0) || math.IsInf(v, 0) {
 				errs = append(errs, fmt.Errorf("--%s %g: want %s", f.Name, v, w))
 			}
 		}

@@ -41,10 +41,12 @@ func TestSimulateErrors(t *testing.T) {
 		{"unknown profile", []string{"--trace", good, "--profile", "gpt-9"}, 2, []string{`"gpt-9"`, "llama3-70b-h200-tp8", "instant"}},
 		{"zero instances", []string{"--trace", good, "--instances", "0"}, 2, []string{"--instances 0"}},
 		{"negative instances", []string{"--trace", good, "--instances", "-3"}, 2, []string{"--instances -3"}},
+		{"infinite speedup", []string{"--trace", good, "--speedup", "Inf"}, 2, []string{"--speedup +Inf: want a positive finite factor"}},
+		{"too many instances", []string{"--trace", good, "--instances", "100000000"}, 2, []string{"--instances 100000000: want 1 to 10000"}},
 		{"no workload", nil, 2, []string{"--trace"}},
 		{"both load and speedup", []string{"--trace", good, "--load", "0.5", "--speedup", "2"}, 2, []string{"not both"}},
 		// 0 means "not set" only when the flag is left out.
-		{"zero speedup", []string{"--trace", good, "--speedup", "0"}, 2, []string{"--speedup 0: want a positive factor"}},
+		{"zero speedup", []string{"--trace", good, "--speedup", "0"}, 2, []string{"--speedup 0: want a positive finite factor"}},
 		{"zero load", []string{"--trace", good, "--load", "0"}, 2, []string{"--load 0: want a positive fraction"}},
 		{"negative load", []string{"--trace", good, "--load", "-0.5"}, 2, []string{"--load -0.5: want a positive fraction"}},
 		{"duration without unit", []string{"--trace", good, "--scrape-interval", "2"}, 2, []string{`--scrape-interval "2": give a duration with its unit, like 2s or 500ms`}},

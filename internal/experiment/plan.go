@@ -61,8 +61,8 @@ func Plan(ctx context.Context, o PlanOptions) (*PlanSummary, error) {
 	if o.P50 < 0 {
 		errs = append(errs, fmt.Errorf("--slo-ttft-p50 %v: want 0 (none) or a duration", o.P50))
 	}
-	if o.MaxInstances < 1 {
-		errs = append(errs, fmt.Errorf("--max-instances %d: want at least 1", o.MaxInstances))
+	if err := CheckInstances("--max-instances", o.MaxInstances); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Speedup <= 0 {
 		errs = append(errs, fmt.Errorf("--speedup %v: want a positive factor", o.Speedup))

@@ -92,8 +92,8 @@ type Simulation struct {
 // in parallel; it writes the records and HTML files asked for.
 func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 	prof, specs, errs := checkSimulation(o.Trace, o.Workload, o.Limit, o.Profile, o.Policies)
-	if o.Instances < 1 {
-		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", o.Instances))
+	if err := CheckInstances("--instances", o.Instances); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Load < 0 || o.Speedup < 0 {
 		errs = append(errs, errors.New("--load and --speedup must be positive"))

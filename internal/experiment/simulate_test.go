@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +88,38 @@ func TestSimulate_Routers(t *testing.T) {
 	// round-robin with the same seed completes every request either way.
 	if diff := cmp.Diff([]int{40, 40}, []int{one.Results[0].Completed, three.Results[0].Completed}); diff != "" {
 		t.Errorf("completed (-want +got):\n%s", diff)
+	}
+}
+
+// TestSimulate_EpochTimestamps: a trace stamped in Unix milliseconds simulates at once, with
+// the same results as the same trace stamped from 0 (the simulator would otherwise scrape
+// every 200 ms of virtual time for 55 years before the first arrival).
+func TestSimulate_EpochTimestamps(t *testing.T) {
+	const line = `{"timestamp": %d, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}` + "\n"
+	run := func(base int64) []report.Result {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "trace.jsonl")
+		var b strings.Builder
+		for i := range int64(3) {
+			fmt.Fprintf(&b, line, base+100*i)
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sim, err := Simulate(ctx, SimulateOptions{Trace: path, Instances: 2, Profile: "llama3-8b-h100-tp1",
+			Policies: "round-robin", Seed: 1, ScrapeInterval: 200 * time.Millisecond, Routers: 1, ReplicaAffinity: "none"})
+		if err != nil {
+			t.Fatalf("base %d: %v", base, err)
+		}
+		for i := range sim.Results {
+			sim.Results[i].WallSeconds = 0
+		}
+		return sim.Results
+	}
+	want := run(0)
+	if diff := cmp.Diff(want, run(1_733_500_000_000)); diff != "" {
+		t.Errorf("results differ from the trace stamped from 0 (-want +got):\n%s", diff)
 	}
 }

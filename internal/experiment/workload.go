@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/workload"
 )
@@ -35,6 +36,11 @@ func loadRequests(trace, work string, seed uint64, limit int) (reqs []workload.R
 	return reqs, name, nil
 }
 
+// maxSentPromptTokens bounds the prompt of a request sent over HTTP: a rendered prompt takes
+// about 4 bytes a token, and the router's default body limit (config.DefaultMaxBodyBytes) is
+// 16 MiB, so a longer one is refused by any server, after being built in memory whole.
+const maxSentPromptTokens = config.DefaultMaxBodyBytes / 4
+
 // loadWorkload reads the trace, or generates the named workload (shared-prefix when neither),
 // for the verbs that send requests over HTTP.
 func loadWorkload(trace, spec string, seed uint64) ([]workload.Request, string, error) {
@@ -45,6 +51,12 @@ func loadWorkload(trace, spec string, seed uint64) ([]workload.Request, string, 
 		}
 		if len(reqs) == 0 {
 			return nil, "", usageErr("--trace %s: no requests", trace)
+		}
+		for i := range reqs {
+			if n := reqs[i].PromptTokens; n > maxSentPromptTokens {
+				return nil, "", fmt.Errorf("--trace %s: request %d (non-blank line %d): input_length %d is more than the %d tokens (16 MiB at about 4 bytes a token) a server accepts; shorten or drop that line",
+					trace, i, i+1, n, maxSentPromptTokens)
+			}
 		}
 		return reqs, filepath.Base(trace), nil
 	}

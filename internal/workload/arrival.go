@@ -8,14 +8,20 @@ import (
 
 // Speedup returns a copy of reqs with every arrival divided by k (k = 2 replays twice as fast).
 // The copy shares the Blocks slices with reqs. A k that is not a finite number above 0 leaves
-// the arrivals as they are.
+// the arrivals as they are; an arrival beyond time.Duration's range (a tiny k) saturates at
+// its maximum, about 292 years, rather than wrapping round to a negative time.
 func Speedup(reqs []Request, k float64) []Request {
 	out := append([]Request(nil), reqs...)
 	if !(k > 0) || math.IsInf(k, 0) {
 		return out
 	}
 	for i := range out {
-		out[i].Arrival = time.Duration(math.Round(float64(out[i].Arrival) / k))
+		// float64(math.MaxInt64) is 2^63, one past the range: converting it overflows too.
+		if at := math.Round(float64(out[i].Arrival) / k); at < float64(math.MaxInt64) {
+			out[i].Arrival = time.Duration(at)
+		} else {
+			out[i].Arrival = math.MaxInt64
+		}
 	}
 	return out
 }

@@ -303,6 +303,10 @@ func TestSpeedupAndPoisson(t *testing.T) {
 	if Speedup(reqs, 0)[2].Arrival != 30*time.Second || Speedup(reqs, math.Inf(1))[2].Arrival != 30*time.Second {
 		t.Errorf("Speedup by 0 or +Inf must keep the arrivals")
 	}
+	// 10 s / 1e-300 is far past time.Duration's range: it saturates, never wraps round.
+	if diff := cmp.Diff([]time.Duration{0, math.MaxInt64, math.MaxInt64}, arrivals(Speedup(reqs, 1e-300))); diff != "" {
+		t.Errorf("Speedup by 1e-300 (-want +got):\n%s", diff)
+	}
 	many := make([]Request, 20000)
 	p := Poisson(many, 50, 9)
 	if !sameRequests(p, Poisson(many, 50, 9)) {
@@ -362,4 +366,13 @@ func TestWhole(t *testing.T) {
 	if count(reqs) != 0 {
 		t.Error("Whole changed its input")
 	}
+}
+
+// arrivals returns the arrival of each request, in order.
+func arrivals(reqs []Request) []time.Duration {
+	out := make([]time.Duration, len(reqs))
+	for i := range reqs {
+		out[i] = reqs[i].Arrival
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -32,11 +33,14 @@ type mooncakeLine struct {
 // ReadMooncake reads a Mooncake JSONL trace (one object a line with timestamp in milliseconds,
 // input_length, output_length and hash_ids of 512-token blocks). Blank lines are skipped and
 // unknown fields ignored. The first bad line is an error of the form "line N: field X: problem".
-// Requests keep the file's order; IDs are 0, 1, ... in that order.
+// Requests keep the file's order; IDs are 0, 1, ... in that order. Arrivals are measured from
+// the earliest timestamp, so that a trace stamped in Unix milliseconds replays from its first
+// request rather than from 1970.
 func ReadMooncake(r io.Reader) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
 	var reqs []Request
+	var stamps []float64 // milliseconds, as in the file
 	line := 0
 	for sc.Scan() {
 		line++
@@ -44,18 +48,26 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 		if len(b) == 0 {
 			continue
 		}
-		req, err := parseMooncakeLine(b)
+		req, ms, err := parseMooncakeLine(b)
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", line, err)
 		}
 		req.ID = len(reqs)
 		reqs = append(reqs, req)
+		stamps = append(stamps, ms)
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
 			return nil, fmt.Errorf("line %d: longer than %d bytes: %w", line+1, maxLineBytes, err)
 		}
 		return nil, fmt.Errorf("read trace after line %d: %w", line, err)
+	}
+	if len(stamps) > 0 {
+		// Subtract in milliseconds: 1.7e12 ms in nanoseconds is past float64's exact integers.
+		first := slices.Min(stamps)
+		for i := range reqs {
+			reqs[i].Arrival = time.Duration(math.Round((stamps[i] - first) * float64(time.Millisecond)))
+		}
 	}
 	return reqs, nil
 }
@@ -74,35 +86,36 @@ func LoadMooncake(path string) ([]Request, error) {
 	return reqs, nil
 }
 
-// parseMooncakeLine parses and checks one non-blank trace line.
-func parseMooncakeLine(b []byte) (Request, error) {
+// parseMooncakeLine parses and checks one non-blank trace line. It returns the request, with
+// its arrival at the timestamp, and the timestamp in milliseconds.
+func parseMooncakeLine(b []byte) (Request, float64, error) {
 	var l mooncakeLine
 	if err := json.Unmarshal(b, &l); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return Request{}, fmt.Errorf("field %s: want %s, got JSON %s: %w", te.Field, te.Type, te.Value, err)
+			return Request{}, 0, fmt.Errorf("field %s: want %s, got JSON %s: %w", te.Field, te.Type, te.Value, err)
 		}
-		return Request{}, fmt.Errorf("invalid JSON object: %w", err)
+		return Request{}, 0, fmt.Errorf("invalid JSON object: %w", err)
 	}
 	switch {
 	case l.Timestamp == nil:
-		return Request{}, errors.New("field timestamp: missing (milliseconds since the start of the trace)")
+		return Request{}, 0, errors.New("field timestamp: missing (milliseconds; arrivals are measured from the earliest)")
 	case math.IsNaN(*l.Timestamp) || *l.Timestamp < 0 || *l.Timestamp > float64(math.MaxInt64/int64(time.Millisecond)):
-		return Request{}, fmt.Errorf("field timestamp: %v out of range (want milliseconds >= 0)", *l.Timestamp)
+		return Request{}, 0, fmt.Errorf("field timestamp: %v out of range (want milliseconds >= 0)", *l.Timestamp)
 	case l.InputLength == nil:
-		return Request{}, errors.New("field input_length: missing (prompt tokens)")
+		return Request{}, 0, errors.New("field input_length: missing (prompt tokens)")
 	case *l.InputLength < 1 || *l.InputLength > maxTokens:
-		return Request{}, fmt.Errorf("field input_length: %d, want 1 to %d", *l.InputLength, maxTokens)
+		return Request{}, 0, fmt.Errorf("field input_length: %d, want 1 to %d", *l.InputLength, maxTokens)
 	case l.OutputLength == nil:
-		return Request{}, errors.New("field output_length: missing (generated tokens)")
+		return Request{}, 0, errors.New("field output_length: missing (generated tokens)")
 	case *l.OutputLength < 1 || *l.OutputLength > maxTokens:
-		return Request{}, fmt.Errorf("field output_length: %d, want 1 to %d", *l.OutputLength, maxTokens)
+		return Request{}, 0, fmt.Errorf("field output_length: %d, want 1 to %d", *l.OutputLength, maxTokens)
 	case l.HashIDs == nil:
-		return Request{}, errors.New("field hash_ids: missing (the prompt's 512-token block ids)")
+		return Request{}, 0, errors.New("field hash_ids: missing (the prompt's 512-token block ids)")
 	}
 	want := (*l.InputLength + MooncakeBlockTokens - 1) / MooncakeBlockTokens
 	if got := len(*l.HashIDs); got != want {
-		return Request{}, fmt.Errorf("field hash_ids: %d blocks for input_length %d, want ceil(%d/%d) = %d",
+		return Request{}, 0, fmt.Errorf("field hash_ids: %d blocks for input_length %d, want ceil(%d/%d) = %d",
 			got, *l.InputLength, *l.InputLength, MooncakeBlockTokens, want)
 	}
 	return Request{
@@ -111,5 +124,5 @@ func parseMooncakeLine(b []byte) (Request, error) {
 		BlockTokens:  MooncakeBlockTokens,
 		PromptTokens: *l.InputLength,
 		OutputTokens: *l.OutputLength,
-	}, nil
+	}, *l.Timestamp, nil
 }

@@ -129,7 +129,7 @@ func FuzzParseMooncakeLine(f *testing.F) {
 	f.Add([]byte(`{"timestamp": -0, "input_length": 9223372036854775807, "output_length": 1, "hash_ids": []}`))
 	f.Add([]byte(`{"hash_ids": null}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		req, err := parseMooncakeLine(b)
+		req, _, err := parseMooncakeLine(b)
 		if err != nil {
 			if req.Blocks != nil || req.PromptTokens != 0 {
 				t.Errorf("error %v with a non-zero request %+v", err, req)
@@ -161,5 +161,22 @@ func BenchmarkReadMooncake(b *testing.B) {
 		if _, err := ReadMooncake(strings.NewReader(text)); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestReadMooncakeRebases: arrivals are measured from the earliest timestamp, wherever it is
+// in the file, so a trace in Unix milliseconds reads as one that starts at 0.
+func TestReadMooncakeRebases(t *testing.T) {
+	in := `{"timestamp": 1733500000100, "input_length": 10, "output_length": 5, "hash_ids": [7]}
+{"timestamp": 1733500000000, "input_length": 10, "output_length": 5, "hash_ids": [8]}
+{"timestamp": 1733500000250, "input_length": 10, "output_length": 5, "hash_ids": [9]}
+`
+	reqs, err := ReadMooncake(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{100 * time.Millisecond, 0, 250 * time.Millisecond}
+	if diff := cmp.Diff(want, arrivals(reqs)); diff != "" {
+		t.Errorf("arrivals (-want +got):\n%s", diff)
 	}
 }
