@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -50,5 +51,28 @@ func TestEventSplitterEnd(t *testing.T) {
 	out = s.feed(out, []byte("o"), true, take)
 	if string(out) != "data: one\n\ndata: two" || len(seen) != 2 || seen[1] != "two" {
 		t.Errorf("at the end: %q, events %q", out, seen)
+	}
+}
+
+// TestEventSplitterNoBlankLines: a stream whose lines never make a blank line (single line
+// ends) is not held whole, nor scanned again for every chunk: it is passed on in pieces of at
+// most maxEvent, every byte, in time linear in its length.
+func TestEventSplitterNoBlankLines(t *testing.T) {
+	line := "data: x\n"
+	chunk := []byte(strings.Repeat(line, 2048)) // 16 KiB
+	const chunks = 8 << 20 / (16 << 10)         // 8 MiB in all
+	var s eventSplitter
+	total, held := 0, 0
+	start := time.Now()
+	for i := range chunks {
+		out := s.feed(nil, chunk, i == chunks-1, func(openai.Event) bool { return true })
+		total += len(out)
+		held = max(held, len(s.pending))
+	}
+	if total != chunks*len(chunk) || held > maxEvent+len(chunk) {
+		t.Errorf("passed on %d of %d bytes, held up to %d (maxEvent %d)", total, chunks*len(chunk), held, maxEvent)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("8 MiB without a blank line took %v (it took 2.6 s when every chunk rescanned what was held)", took)
 	}
 }
