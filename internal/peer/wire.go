@@ -196,8 +196,13 @@ func readFrame(r io.Reader, key []byte, max int, buf []byte) (msg, grown []byte,
 // readFrameMAC is readFrame with a MAC to reuse (a stream's).
 func readFrameMAC(r io.Reader, mac hash.Hash, max int, buf []byte) (msg, grown []byte, err error) {
 	var pre [4]byte
-	if _, err := io.ReadFull(r, pre[:]); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) {
+	if k, err := io.ReadFull(r, pre[:]); err != nil {
+		switch {
+		case k == 0 && errors.Is(err, io.ErrUnexpectedEOF):
+			// Nothing of a frame came: the stream ended between frames, its body cut short (a
+			// peer killed, its connection lost, as an HTTP/1 chunked body says): no tampering.
+			return nil, buf, io.EOF
+		case errors.Is(err, io.ErrUnexpectedEOF):
 			return nil, buf, fmt.Errorf("%w: frame length cut", errTruncated)
 		}
 		return nil, buf, err // io.EOF: the stream ended between frames

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"io"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -160,6 +162,11 @@ func TestWireRefuses(t *testing.T) {
 		if got := reason(err); got != c.reason {
 			t.Errorf("%s: reason %q (%v), want %q", c.name, got, err, c.reason)
 		}
+	}
+	// A body cut between frames (a peer killed: HTTP/1's chunked reader says
+	// io.ErrUnexpectedEOF with nothing read) is the stream's end, not a truncated frame.
+	if _, _, err := readFrame(iotest.ErrReader(io.ErrUnexpectedEOF), testKey, 1<<20, nil); err != io.EOF || reason(err) != "" {
+		t.Errorf("cut between frames: %v (reason %q), want io.EOF and no reason", err, reason(err))
 	}
 }
 
