@@ -86,7 +86,8 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
 	c.Logger = nil
-	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping}
+	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping,
+		undecryptable: func() { n.m.Dropped.WithLabelValues("unauthenticated").Inc() }}
 	if n.cfg.FaultInjection || p == 0 {
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{c.BindAddr}, BindPort: p,
 			Logger: log.New(c.LogOutput, "", 0)})
@@ -256,7 +257,12 @@ func (n *Node) joinSources(ctx context.Context) int {
 		return 0
 	}
 	k, err := ml.Join(addrs)
-	if err != nil {
+	switch {
+	case err != nil && strings.Contains(strings.ToLower(err.Error()), "decrypt") && time.Since(n.secretWarned) > time.Minute:
+		// A replica whose secret differs hears no peer at all: say why, once a minute.
+		n.secretWarned = time.Now()
+		n.log.Warn("joining peers: "+secretHint, "addrs", addrs, "joined", k, "err", err)
+	case err != nil:
 		n.log.Debug("joining peers", "addrs", addrs, "joined", k, "err", err)
 	}
 	return k
@@ -271,7 +277,13 @@ func urlEscape(s string) string { return url.QueryEscape(s) }
 type logWriter struct {
 	log      *slog.Logger
 	stopping <-chan struct{}
+	// undecryptable, when set, is told of each gossip message that no key could decrypt: one
+	// sealed with another secret (counted as unauthenticated).
+	undecryptable func()
 }
+
+// secretHint is said with gossip that could not be decrypted: the usual cause.
+const secretHint = "gossip that this replica's peers secret cannot decrypt: does every replica have the same peers.secret_file or secret_env?"
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	stopping := false
@@ -283,9 +295,15 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	sc := bufio.NewScanner(strings.NewReader(string(p)))
 	for sc.Scan() {
 		line := sc.Text()
-		if !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")) {
+		switch {
+		case !stopping && strings.Contains(strings.ToLower(line), "decrypt"):
+			if w.undecryptable != nil {
+				w.undecryptable()
+			}
+			w.log.Warn(secretHint, "msg", line)
+		case !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")):
 			w.log.Warn("memberlist", "msg", line)
-		} else {
+		default:
 			w.log.Debug("memberlist", "msg", line)
 		}
 	}

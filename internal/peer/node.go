@@ -111,6 +111,9 @@ type Node struct {
 	in, out   traffic
 	ln        net.Listener
 	client    *http.Client
+	// secretWarned is when joining peers last failed for want of the secret (logged once a
+	// minute); only the rejoin loop touches it.
+	secretWarned time.Time
 
 	share     atomic.Pointer[route.Share]
 	lifecycle func() *route.Lifecycle

@@ -610,6 +610,13 @@ func TestLogWriter(t *testing.T) {
 			t.Errorf("%q logged as %q, want %s", line, got, level)
 		}
 	}
+	// Gossip sealed with another secret: said as such, and counted.
+	undecryptable := 0
+	w.undecryptable = func() { undecryptable++ }
+	if got := write("[ERR] memberlist: Decrypt packet failed: No installed keys could decrypt the message from=127.0.0.1:7946"); !strings.Contains(got, "level=WARN") ||
+		!strings.Contains(got, "peers.secret_file") || undecryptable != 1 {
+		t.Errorf("undecryptable gossip logged as %q, counted %d; want a warning naming the secret, counted once", got, undecryptable)
+	}
 	close(stopping)
 	if got := write("[ERR] memberlist: Failed to send UDP ping: use of closed network connection"); !strings.Contains(got, "level=DEBUG") {
 		t.Errorf("stopping: an error logged as %q, want level=DEBUG", got)
