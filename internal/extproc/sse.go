@@ -16,7 +16,7 @@ type eventSplitter struct {
 	rd      *openai.SSEReader
 }
 
-// eventEnd is looked for from the last two bytes of what was pending, not from its start: a
+// An event's end is looked for from the last two bytes of what was pending, not from its start: a
 // stream whose events never end (single line ends) was scanned again for every chunk, its cost
 // growing with the square of its length (8 MiB of short lines took 2.6 s of CPU).
 const rescan = 2
@@ -76,11 +76,8 @@ func (s *eventSplitter) read(raw []byte, take func(openai.Event) bool) bool {
 	return take(ev)
 }
 
-// eventEnd returns the length of the first whole event in b (through the blank line that ends
-// it), or -1 when b holds none.
-func eventEnd(b []byte) int { return eventEndFrom(b, 0) }
-
-// eventEndFrom is eventEnd for a b that holds no event end before from.
+// eventEndFrom returns the length of the first whole event in b (through the blank line that
+// ends it), or -1 when b holds none; b holds no event end before from.
 func eventEndFrom(b []byte, from int) int {
 	for i := from; i < len(b); {
 		j := bytes.IndexByte(b[i:], '\n')
