@@ -950,6 +950,9 @@ func (s *scanner) promptArray(p *Prompt) bool {
 // commas. Token-id slices are sized with it (a 100,000-token prompt otherwise grew through
 // doubling to 5 times its final 800 KB); 0 when it cannot tell.
 func (s *scanner) flatLen(i int) int {
+	if i >= len(s.b) {
+		return 0 // the body ends there: the array's own read fails
+	}
 	end := bytes.IndexByte(s.b[i:], ']')
 	if end < 0 || bytes.ContainsAny(s.b[i:i+end], "[{\"") {
 		return 0

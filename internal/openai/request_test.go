@@ -354,6 +354,9 @@ var promptScanCases = []string{
 	`{"model":"m","prompt":["a","b"]}`,
 	`{"model":"m","prompt":[1,2,-0,9223372036854775807]}`,
 	`{"model":"m","prompt":[[1,2],[],[3]]}`,
+	`{"model":"m","prompt":[[],`, // cut after an inner array: flatLen read past the body's end
+	`{"model":"m","prompt":[[`,
+	`{"model":"m","prompt":[1`,
 	`{"model":"m","prompt":[[1],2]}`,
 	`{"model":"m","prompt":[1,[2]]}`,
 	`{"model":"m","prompt":[1,"a"]}`,
