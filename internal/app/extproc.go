@@ -27,15 +27,21 @@ func (r *Router) ExtProc() *extproc.Server {
 	return &extproc.Server{Handler: r.h.Load, Logger: r.logger, MaxEndpoints: r.Config().ExtProc.MaxEndpoints}
 }
 
+// extProcMessage is the least gRPC lets a message be (the default limits.max_body_bytes is 16
+// MiB): a body up to it is always read, and judged against the limit in force.
+const extProcMessage = 64 << 20
+
 // ServeExtProc serves the endpoint picker (and gRPC health) on ln, over TLS when extproc.tls
 // says so, and gRPC health alone on healthLn (nil: none), until ctx ends; then it stops taking
 // streams and gives those in flight server.shutdown_timeout to end. Run it beside Serve, which
 // runs discovery, health checks and scraping.
 func (r *Router) ServeExtProc(ctx context.Context, ln, healthLn net.Listener) error {
 	cfg := r.Config()
-	// A BUFFERED body comes in one message: let one as large as limits.max_body_bytes in (with
-	// room for its headers), so that kvroute, not gRPC's 4 MiB default, answers one too large.
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(int(min(cfg.Limits.MaxBodyBytes, 1<<30)) + 1<<20)}
+	// A BUFFERED body comes in one message: gRPC lets one in up to extProcMessage, or
+	// limits.max_body_bytes when that is larger (with room for its headers), so that kvroute,
+	// not gRPC, answers a body over limits.max_body_bytes with its 413, even after a reload
+	// that lowers or raises the limit (up to that size; a raise beyond it needs a restart).
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(int(max(min(cfg.Limits.MaxBodyBytes, 1<<30), extProcMessage)) + 1<<20)}
 	if t := cfg.ExtProc.TLS; t.Enabled() {
 		tc, err := r.extProcTLS(t.SelfSigned, cfg.Path(t.CertFile), cfg.Path(t.KeyFile))
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -132,16 +133,22 @@ func TestExtProcTLSFilesMissing(t *testing.T) {
 	}
 }
 
-// TestExtProcLargeBufferedBody: in BUFFERED mode a body comes in one message; one larger than
-// gRPC's default limit (4 MiB) but within limits.max_body_bytes is picked for, not refused by
-// gRPC.
-func TestExtProcLargeBufferedBody(t *testing.T) {
-	r := extProcRouter(t, "extproc: {listen: 127.0.0.1:0}\n")
+// sendBuffered sends one BUFFERED request of body to a router's endpoint picker built with the
+// extra config, and returns the answer to the body.
+func sendBuffered(t *testing.T, extra, body string) *extprocv3.ProcessingResponse {
+	t.Helper()
+	r := extProcRouter(t, extra)
 	ln := loopback(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- r.ServeExtProc(ctx, ln, nil) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ServeExtProc = %v", err)
+		}
+	}()
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -151,10 +158,11 @@ func TestExtProcLargeBufferedBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", 500_000) // 6 MB + `"}]}`
+	defer func() { _ = st.CloseSend() }()
 	hdrs := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
 	}}
+	var res *extprocv3.ProcessingResponse
 	for _, m := range []*extprocv3.ProcessingRequest{
 		{ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_BUFFERED},
 			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs}}},
@@ -163,17 +171,26 @@ func TestExtProcLargeBufferedBody(t *testing.T) {
 		if err := st.Send(m); err != nil {
 			t.Fatal(err)
 		}
-		res, err := st.Recv()
-		if err != nil {
+		if res, err = st.Recv(); err != nil {
 			t.Fatalf("a %d-byte body: %v", len(body), err)
 		}
-		if b := res.GetRequestBody(); b != nil && res.GetDynamicMetadata() == nil {
-			t.Errorf("no pick for a %d-byte body: %v", len(body), res)
-		}
 	}
-	_ = st.CloseSend()
-	cancel()
-	if err := <-served; err != nil {
-		t.Errorf("ServeExtProc = %v", err)
+	return res
+}
+
+// TestExtProcLargeBufferedBody: in BUFFERED mode a body comes in one message; one larger than
+// gRPC's default limit (4 MiB) but within limits.max_body_bytes is picked for, not refused by
+// gRPC; one over limits.max_body_bytes gets kvroute's 413, not a gRPC error (which Envoy turns
+// into a 500), however low that limit is.
+func TestExtProcLargeBufferedBody(t *testing.T) {
+	body := func(n int) string {
+		return `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("long prompt ", n) + `"}]}`
+	}
+	if res := sendBuffered(t, "extproc: {listen: 127.0.0.1:0}\n", body(500_000)); res.GetRequestBody() == nil || res.GetDynamicMetadata() == nil {
+		t.Errorf("no pick for a 6 MB body: %v", res)
+	}
+	res := sendBuffered(t, "extproc: {listen: 127.0.0.1:0}\nlimits: {max_body_bytes: 1048576}\n", body(250_000))
+	if code := res.GetImmediateResponse().GetStatus().GetCode(); int(code) != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 3 MB body over a 1 MiB limit: %v, want an immediate 413", res)
 	}
 }
