@@ -744,13 +744,7 @@ func (b *captureBody) Read(p []byte) (int, error) {
 
 // release gives the buffer back to the pool.
 func (b *captureBody) release() {
-	if b.buf == nil {
-		return
-	}
-	if cap(*b.buf) <= maxPooledCapture {
-		*b.buf = (*b.buf)[:0]
-		captureBufs.Put(b.buf)
-	}
+	putCapture(b.buf)
 	b.buf = nil
 }
 
