@@ -35,6 +35,8 @@ type following struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	heard  atomic.Int64 // unix nanoseconds of the last message from p (or of the start)
+	// connected is set while a stream from p is open and has said hello.
+	connected atomic.Bool
 }
 
 // follow reads p's event stream until ctx ends, reconnecting after a pause that grows while
@@ -44,7 +46,7 @@ func (n *Node) follow(ctx context.Context, f *following) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := n.stream(ctx, p, &f.heard)
+		err := n.stream(ctx, p, f)
 		if ctx.Err() != nil {
 			return
 		}
@@ -69,7 +71,7 @@ var errStream = errors.New("stream ended")
 // stream reads one connection of p's event stream: it reconciles the attempts in flight with
 // the hello, then replays every batch on the lifecycle in force, until the stream ends, falls
 // silent, or carries a message that must be refused.
-func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) error {
+func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req, nonce, err := n.newRequest(ctx, p, pathFeed)
@@ -90,6 +92,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 	}
 	n.m.Streams.Inc()
 	defer n.m.Streams.Dec()
+	defer f.connected.Store(false)
 	in := n.newInbound(resp.Body)
 	var seq uint64
 	var evs []route.Event // the batch's, reused
@@ -101,7 +104,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 		}
 		now := time.Now()
 		w.last.Store(now.UnixNano())
-		heard.Store(now.UnixNano())
+		f.heard.Store(now.UnixNano())
 		switch {
 		case h.nonce != nonce || h.seq != seq+1:
 			return n.refused(fmt.Errorf("%w: frame %d of a stream at %d, or of another stream", errReplayed, h.seq, seq))
@@ -117,6 +120,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo, heard *atomic.Int64) erro
 				return n.refused(err)
 			}
 			n.share.Load().Reconcile(orig, ids)
+			f.connected.Store(true)
 		case kindBatch:
 			// The whole batch is decoded before any of it is applied: a malformed message
 			// changes nothing.

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,9 +42,65 @@ func (d delegate) NotifyMsg([]byte)                           {}
 func (d delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (d delegate) LocalState(join bool) []byte                { return nil }
 func (d delegate) MergeRemoteState(buf []byte, join bool)     {}
-func (d delegate) NotifyJoin(*memberlist.Node)                { d.n.changed() }
-func (d delegate) NotifyLeave(*memberlist.Node)               { d.n.changed() }
-func (d delegate) NotifyUpdate(*memberlist.Node)              { d.n.changed() }
+func (d delegate) NotifyJoin(m *memberlist.Node)              { d.n.members.set(m); d.n.changed() }
+func (d delegate) NotifyLeave(m *memberlist.Node)             { d.n.members.drop(m); d.n.changed() }
+func (d delegate) NotifyUpdate(m *memberlist.Node)            { d.n.members.set(m); d.n.changed() }
+
+// members is memberlist's view of the live members, copied as it changes. The nodes that
+// Memberlist.Members returns are memberlist's own, which it writes under its lock when a
+// member's state, address or metadata changes: reading them from here races (the race detector
+// caught it when a restarted replica took its name back at another address). The event
+// callbacks run under that lock, so they can copy.
+type members struct {
+	mu     sync.Mutex
+	byName map[string]member
+}
+
+// member is one live member: its gossip address and metadata.
+type member struct {
+	gossip string
+	meta   []byte
+}
+
+func (ms *members) set(m *memberlist.Node) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.byName == nil {
+		ms.byName = map[string]member{}
+	}
+	ms.byName[m.Name] = member{gossip: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))), meta: slices.Clone(m.Meta)}
+}
+
+func (ms *members) drop(m *memberlist.Node) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	delete(ms.byName, m.Name)
+}
+
+// each calls f for every live member but the one named self.
+func (ms *members) each(self string, f func(name string, m member)) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for name, m := range ms.byName {
+		if name != self {
+			f(name, m)
+		}
+	}
+}
+
+// NotifyConflict hears of a member named like another at a different address. About a peer's
+// name it needs nothing here; about this replica's, a peer still places it at the other
+// address: the rejoin loop is woken to announce this replica (Node.reclaimName).
+func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
+	if existing.Name != d.n.cfg.Name {
+		return
+	}
+	d.n.claim.Store(&nameClaim{addr: net.JoinHostPort(other.Addr.String(), strconv.Itoa(int(other.Port))), at: time.Now()})
+	select {
+	case d.n.clock.rejoin <- struct{}{}:
+	default:
+	}
+}
 
 // changed wakes the manager.
 func (n *Node) changed() {
@@ -77,6 +134,10 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	// it compresses. A replica still reads the compressed messages of one that compresses.
 	c.EnableCompression = false
 	c.TCPTimeout = 2 * time.Second
+	// A replica restarted at another address under its name (a crash, then a new pod or
+	// container of the same name) takes its name back as soon as its previous run is seen dead,
+	// not only when that run left (Node.reclaimName).
+	c.DeadNodeReclaimTime = time.Nanosecond
 	// Gossip once a second, not every 200 ms (the LAN default): failure detection rests on the
 	// probes (ProbeInterval 1 s, unchanged), and news (a suspicion, a death, a join) also rides
 	// on every probe and ack, so that among a few replicas it spreads at least once a second
@@ -85,6 +146,7 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	c.GossipInterval = time.Second
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
+	c.Conflict = delegate{n}
 	c.Logger = nil
 	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping,
 		undecryptable: func() { n.m.Dropped.WithLabelValues("unauthenticated").Inc() }}
@@ -121,23 +183,22 @@ func (n *Node) GossipAddr() string {
 	return ""
 }
 
-// alive returns the peers memberlist knows alive, of this major version, itself left out.
+// alive returns the peers memberlist knows alive (suspects among them, until declared dead), of
+// this major version, itself left out.
 func (n *Node) alive() []peerInfo {
 	ml := n.ml.Load()
 	if ml == nil {
 		return nil
 	}
 	var out []peerInfo
-	for _, m := range ml.Members() {
-		if m.Name == n.cfg.Name || m.State != memberlist.StateAlive {
-			continue
-		}
+	n.members.each(n.cfg.Name, func(name string, m member) {
 		var mt meta
-		if err := msgpack.Unmarshal(m.Meta, &mt); err != nil || mt.Major != Major || mt.Feed <= 0 {
-			continue
+		if err := msgpack.Unmarshal(m.meta, &mt); err != nil || mt.Major != Major || mt.Feed <= 0 {
+			return
 		}
-		out = append(out, peerInfo{name: m.Name, inc: mt.Inc, feed: net.JoinHostPort(m.Addr.String(), strconv.Itoa(mt.Feed))})
-	}
+		host, _, _ := net.SplitHostPort(m.gossip)
+		out = append(out, peerInfo{name: name, inc: mt.Inc, feed: net.JoinHostPort(host, strconv.Itoa(mt.Feed))})
+	})
 	slices.SortFunc(out, func(a, b peerInfo) int { return strings.Compare(a.name, b.name) })
 	return out
 }
@@ -218,7 +279,11 @@ func (n *Node) reconcileFollows(ctx context.Context) {
 func (n *Node) rejoin(ctx context.Context) {
 	for {
 		wait := n.cfg.RejoinInterval
-		if !n.isolated.Load() && len(n.cfg.Sources) > 0 {
+		switch {
+		case n.isolated.Load():
+		case n.reclaimName(ctx):
+			wait = time.Second
+		case len(n.cfg.Sources) > 0:
 			if n.joinSources(ctx) == 0 && len(n.alive()) == 0 {
 				wait = time.Second
 			}
@@ -235,11 +300,7 @@ func (n *Node) rejoin(ctx context.Context) {
 func (n *Node) joinSources(ctx context.Context) int {
 	ml := n.ml.Load()
 	known := map[string]bool{n.GossipAddr(): true}
-	for _, m := range ml.Members() {
-		if m.State == memberlist.StateAlive {
-			known[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
-		}
-	}
+	n.members.each(n.cfg.Name, func(_ string, m member) { known[m.gossip] = true })
 	var addrs []string
 	for _, s := range n.cfg.Sources {
 		got, err := s.Addrs(ctx)
@@ -266,6 +327,101 @@ func (n *Node) joinSources(ctx context.Context) int {
 		n.log.Debug("joining peers", "addrs", addrs, "joined", k, "err", err)
 	}
 	return k
+}
+
+// nameClaim is a peer's word that this replica's name lives at another address.
+type nameClaim struct {
+	addr string
+	at   time.Time
+}
+
+// claimRun is the rejoin loop's account of a run of name claims.
+type claimRun struct {
+	since     time.Time // when the run began; zero: none runs
+	announced time.Time // when this replica last announced itself against it
+	warned    bool      // the duplicate name was logged
+}
+
+const (
+	// nameClaimFresh ends a run of claims: while one holds, each announcement (a second
+	// apart) brings it again.
+	nameClaimFresh = 5 * time.Second
+	// duplicateNameAfter: a claim that holds this long is another replica given the same name.
+	// A crashed run is seen dead much sooner: memberlist's suspicion lasts at most 6 times its
+	// 4-probe minimum (24 s with LAN timings), and the peers' probes find it gone first.
+	duplicateNameAfter = 90 * time.Second
+)
+
+// reclaimName answers peers that place this replica's name at another address, and says
+// whether a run of such claims is on. memberlist keeps a name at the address it knows until
+// that member is dead, and a new run of a replica at a new address (restarted after a crash
+// under its name, say a StatefulSet's pod on another node) announces itself once, at its join,
+// when the previous run is not dead yet: the peers took it only at their next state exchange,
+// 30 s or more later (9 to 58 s measured, TestRestartAtNewAddress). While the claims last it
+// exchanges state with every peer once a second, so that the peers take its address as soon as
+// they see the previous run dead. A claim that outlasts duplicateNameAfter is another replica
+// of the same name: it is logged as the configuration error it is, and announced against at the
+// rejoin pace only.
+func (n *Node) reclaimName(ctx context.Context) bool {
+	r := &n.claims
+	now := time.Now()
+	c := n.claim.Load()
+	if c == nil || now.Sub(c.at) >= nameClaimFresh {
+		if !r.since.IsZero() {
+			n.log.Info("peers place this replica's name at its address", "after", now.Sub(r.since).Round(time.Millisecond).String())
+		}
+		*r = claimRun{}
+		return false
+	}
+	if r.since.IsZero() {
+		r.since = now
+		n.log.Info("peers place this replica's name at another address (a previous run of it, until they see that one dead): announcing this one",
+			"name", n.cfg.Name, "other", c.addr)
+	}
+	pace := time.Second
+	if now.Sub(r.since) >= or(n.cfg.duplicate, duplicateNameAfter) {
+		if !r.warned {
+			r.warned = true
+			n.log.Error("another replica answers to this replica's name: give each replica its own peers.name",
+				"name", n.cfg.Name, "other", c.addr, "for", now.Sub(r.since).Round(time.Second).String())
+		}
+		pace = n.cfg.RejoinInterval
+	}
+	if now.Sub(r.announced) < pace-pace/10 {
+		return pace == time.Second
+	}
+	r.announced = now
+	n.announce(ctx)
+	return pace == time.Second
+}
+
+// announce exchanges state with every peer memberlist knows alive and every address the
+// sources give: each takes this replica's state, this one theirs.
+func (n *Node) announce(ctx context.Context) {
+	ml := n.ml.Load()
+	self := n.GossipAddr()
+	var addrs []string
+	add := func(a string) {
+		if a != self && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	n.members.each(n.cfg.Name, func(_ string, m member) { add(m.gossip) })
+	for _, s := range n.cfg.Sources {
+		got, err := s.Addrs(ctx)
+		if err != nil {
+			continue
+		}
+		for _, a := range got {
+			add(a)
+		}
+	}
+	if len(addrs) == 0 {
+		return
+	}
+	if _, err := ml.Join(addrs); err != nil {
+		n.log.Debug("announcing this replica to its peers", "addrs", addrs, "err", err)
+	}
 }
 
 func urlEscape(s string) string { return url.QueryEscape(s) }

@@ -81,6 +81,8 @@ type Config struct {
 	beat, silence time.Duration
 	// idle replaces streamServerIdle (tests); 0: that.
 	idle time.Duration
+	// duplicate replaces duplicateNameAfter (tests); 0: that.
+	duplicate time.Duration
 }
 
 // Defaults of Config.
@@ -114,12 +116,17 @@ type Node struct {
 	// secretWarned is when joining peers last failed for want of the secret (logged once a
 	// minute); only the rejoin loop touches it.
 	secretWarned time.Time
+	// claim is the latest news that a peer places this replica's name at another address
+	// (memberlist's conflict callback stores it); claims is the rejoin loop's account of them.
+	claim  atomic.Pointer[nameClaim]
+	claims claimRun
 
 	share     atomic.Pointer[route.Share]
 	lifecycle func() *route.Lifecycle
 	endpoints func() []*endpoint.Endpoint
 
 	ml       atomic.Pointer[memberlist.Memberlist]
+	members  members // memberlist's live members, copied
 	self     atomic.Pointer[string] // our gossip address, host:port, once memberlist runs
 	isolated atomic.Bool
 	ready    atomic.Bool
@@ -500,7 +507,14 @@ type Status struct {
 	Ready       bool     `json:"ready"`
 	Isolated    bool     `json:"isolated"`
 	Members     []string `json:"members"`
-	Following   []string `json:"following"`
+	// Following names the peers this replica follows; Streaming, those of them whose event
+	// stream is open now (a followed peer whose stream cannot connect is missing from it).
+	Following []string `json:"following"`
+	Streaming []string `json:"streaming"`
+	// NameClaimedAt is the other address at which peers still place this replica's name, while
+	// they do: a previous run of this replica until they see it dead, or another replica
+	// given the same peers.name.
+	NameClaimedAt string `json:"name_claimed_at,omitempty"`
 	Remote      int      `json:"remote_in_flight"`
 	Local       int      `json:"local_in_flight"`
 	// Applied counts the other replicas' events replayed here; Coalesced, the requests among
@@ -512,16 +526,23 @@ type Status struct {
 // Status describes the node now.
 func (n *Node) Status() Status {
 	st := Status{Name: n.cfg.Name, Incarnation: n.cfg.Incarnation, Ready: n.Ready(), Isolated: n.isolated.Load(),
-		Members: []string{}, Following: []string{}}
+		Members: []string{}, Following: []string{}, Streaming: []string{}}
 	for _, p := range n.alive() {
 		st.Members = append(st.Members, p.name)
 	}
 	n.mu.Lock()
-	for name := range n.follows {
+	for name, f := range n.follows {
 		st.Following = append(st.Following, name)
+		if f.connected.Load() {
+			st.Streaming = append(st.Streaming, name)
+		}
 	}
 	n.mu.Unlock()
 	slices.Sort(st.Following)
+	slices.Sort(st.Streaming)
+	if c := n.claim.Load(); c != nil && time.Since(c.at) < nameClaimFresh {
+		st.NameClaimedAt = c.addr
+	}
 	if sh := n.share.Load(); sh != nil {
 		s := sh.Stats()
 		st.Remote, st.Local, st.Applied, st.Coalesced = s.Remote, s.Local, s.Applied, s.Coalesced

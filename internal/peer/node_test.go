@@ -15,7 +15,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -425,7 +424,7 @@ func TestHostilePeer(t *testing.T) {
 	} {
 		p := fakePeer(t, c.write)
 		before := testutil.ToFloat64(r.m.Dropped.WithLabelValues(c.reason))
-		err := r.node.stream(context.Background(), p, new(atomic.Int64))
+		err := r.node.stream(context.Background(), p, &following{})
 		if got := reason(err); got != c.reason {
 			t.Errorf("%s: stream ended with %q (%v)", c.reason, got, err)
 		}
@@ -463,7 +462,7 @@ func TestStreamWatchdog(t *testing.T) {
 		}
 	})
 	start := time.Now()
-	err := r.node.stream(context.Background(), p, new(atomic.Int64))
+	err := r.node.stream(context.Background(), p, &following{})
 	ended := time.Now()
 	close(release)
 	sent := <-last
