@@ -126,7 +126,7 @@ type Node struct {
 	endpoints func() []*endpoint.Endpoint
 
 	ml       atomic.Pointer[memberlist.Memberlist]
-	members  members // memberlist's live members, copied
+	members  members                // memberlist's live members, copied
 	self     atomic.Pointer[string] // our gossip address, host:port, once memberlist runs
 	isolated atomic.Bool
 	ready    atomic.Bool
@@ -515,8 +515,8 @@ type Status struct {
 	// they do: a previous run of this replica until they see it dead, or another replica
 	// given the same peers.name.
 	NameClaimedAt string `json:"name_claimed_at,omitempty"`
-	Remote      int      `json:"remote_in_flight"`
-	Local       int      `json:"local_in_flight"`
+	Remote        int    `json:"remote_in_flight"`
+	Local         int    `json:"local_in_flight"`
 	// Applied counts the other replicas' events replayed here; Coalesced, the requests among
 	// them whose routed, first token and done came together and were replayed as one.
 	Applied   int64 `json:"events_applied"`
