@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -21,9 +22,10 @@ import (
 // peers is the router's side of replica sync (config peers:): the node that talks to the
 // other replicas and the share every lifecycle of this router publishes to and applies on.
 type peers struct {
-	node  *peer.Node
-	share *route.Share
-	kube  *peer.Kube // peers.kubernetes's watch, run beside the node; nil without it
+	node   *peer.Node
+	share  *route.Share
+	kube   *peer.Kube // peers.kubernetes's watch, run beside the node; nil without it
+	secret [sha256.Size]byte
 }
 
 // newPeers builds the replica sync of cfg.Peers; nil without it. It binds the event stream
@@ -74,7 +76,7 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
 	}
-	p := &peers{node: node, kube: kube}
+	p := &peers{node: node, kube: kube, secret: sha256.Sum256(secret)}
 	p.share = route.NewShare(route.ShareConfig{
 		Self: node.Origin(), Out: node, Endpoint: r.pool.ByName,
 		MaxRemote: pc.MaxRemoteRequests, TTL: pc.RequestTTL.D(),
@@ -139,9 +141,21 @@ func (p *peers) admin(mux *http.ServeMux) {
 	}
 }
 
-// reloaded warns that a changed peers section takes effect only on restart.
+// reloaded warns that a changed peers section takes effect only on restart, the secret's
+// contents included (its file or variable may change under the same name), and that a secret
+// that cannot be read any more would stop the next start.
 func (p *peers) reloaded(r *Router, old, cfg *config.Config) {
 	if !reflect.DeepEqual(old.Peers, cfg.Peers) {
 		r.logger.Warn("the peers section changes only on restart")
+	}
+	if p == nil || cfg.Peers == nil {
+		return
+	}
+	secret, err := cfg.PeerSecret(nil)
+	switch {
+	case err != nil:
+		r.logger.Warn("the peers secret cannot be read: this replica goes on with the one it started with, but would not start again", "err", err)
+	case sha256.Sum256(secret) != p.secret:
+		r.logger.Warn("the peers secret changed: it takes effect on restart; restart every replica, since replicas with different secrets cannot hear each other")
 	}
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/testcert"
 	"github.com/kvroute/kvroute/internal/testkube"
@@ -231,5 +235,51 @@ func TestServeEndsWhenPeersCannotStart(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve still running 10 s after its peers failed to start")
+	}
+}
+
+// TestPeersSecretChangeWarned: a reload that finds the peers secret's file changed under the
+// same name says that the change waits for a restart (of every replica); one that cannot read
+// it says that the next start would fail.
+func TestPeersSecretChangeWarned(t *testing.T) {
+	eng := newFakeEngine(t)
+	file := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(file, []byte(peerSecret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	text := fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+		"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+		"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_file: %q}\n", eng.srv.URL, file)
+	parse := func() *config.Config {
+		cfg, err := config.Parse([]byte(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	logs := &syncBuffer{}
+	r, err := NewRouter(parse(), slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	for _, step := range []struct {
+		secret, want string
+	}{
+		{peerSecret, ""},
+		{strings.ToUpper(peerSecret), "the peers secret changed"},
+		{"short", "the peers secret cannot be read"},
+	} {
+		if err := os.WriteFile(file, []byte(step.secret), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := len(logs.String())
+		if err := r.Reload(parse()); err != nil {
+			t.Fatalf("reload: %v", err)
+		}
+		got := logs.String()[before:]
+		if step.want == "" && strings.Contains(got, "peers secret") || step.want != "" && !strings.Contains(got, step.want) {
+			t.Errorf("secret %q: logged %q, want %q", step.secret, got, step.want)
+		}
 	}
 }
