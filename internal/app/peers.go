@@ -22,10 +22,19 @@ import (
 // peers is the router's side of replica sync (config peers:): the node that talks to the
 // other replicas and the share every lifecycle of this router publishes to and applies on.
 type peers struct {
-	node   *peer.Node
-	share  *route.Share
-	kube   *peer.Kube // peers.kubernetes's watch, run beside the node; nil without it
-	secret [sha256.Size]byte
+	node    *peer.Node
+	share   *route.Share
+	kube    *peer.Kube        // peers.kubernetes's watch, run beside the node; nil without it
+	secrets [sha256.Size]byte // of the secrets in force (secretsSum)
+}
+
+// secretsSum fingerprints the secrets in force, to tell a reload that changed them.
+func secretsSum(secret, accept []byte) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write(secret)
+	h.Write([]byte{0})
+	h.Write(accept)
+	return [sha256.Size]byte(h.Sum(nil))
 }
 
 // newPeers builds the replica sync of cfg.Peers; nil without it. It binds the event stream
@@ -36,6 +45,10 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 		return nil, nil
 	}
 	secret, err := cfg.PeerSecret(nil)
+	if err != nil {
+		return nil, err
+	}
+	accept, err := cfg.PeerAcceptSecret(nil)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +80,7 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 		serverTLS, clientTLS = peer.MutualTLS(func() (*tls.Certificate, error) { return certs.get(nil) }, roots, t.ServerName)
 	}
 	node, err := peer.New(peer.Config{
-		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: pc.Advertise, Sources: sources, Secret: secret,
+		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: pc.Advertise, Sources: sources, Secret: secret, Accept: accept,
 		BatchInterval: pc.BatchInterval.D(), MaxMessageBytes: pc.MaxMessageBytes, Queue: pc.Queue,
 		WarmStartTimeout: pc.WarmStartTimeout.D(), SnapshotMaxBytes: pc.SnapshotMaxBytes, RejoinInterval: pc.RejoinInterval.D(),
 		FaultInjection: pc.FaultInjection, Logger: r.logger, Metrics: metrics.NewPeers(r.reg),
@@ -76,7 +89,7 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
 	}
-	p := &peers{node: node, kube: kube, secret: sha256.Sum256(secret)}
+	p := &peers{node: node, kube: kube, secrets: secretsSum(secret, accept)}
 	p.share = route.NewShare(route.ShareConfig{
 		Self: node.Origin(), Out: node, Endpoint: r.pool.ByName,
 		MaxRemote: pc.MaxRemoteRequests, TTL: pc.RequestTTL.D(),
@@ -141,21 +154,39 @@ func (p *peers) admin(mux *http.ServeMux) {
 	}
 }
 
-// reloaded warns that a changed peers section takes effect only on restart, the secret's
-// contents included (its file or variable may change under the same name), and that a secret
-// that cannot be read any more would stop the next start.
+// reloaded applies the peers secrets anew (a rotation: docs/replicas.md, "Rotating the
+// secret"), read again even when their files or variables keep their names; the rest of the
+// section changes only on restart, which it warns of.
 func (p *peers) reloaded(r *Router, old, cfg *config.Config) {
-	if !reflect.DeepEqual(old.Peers, cfg.Peers) {
-		r.logger.Warn("the peers section changes only on restart")
+	if !reflect.DeepEqual(withoutSecrets(old.Peers), withoutSecrets(cfg.Peers)) {
+		r.logger.Warn("the peers section changes only on restart (its secrets excepted)")
 	}
 	if p == nil || cfg.Peers == nil {
 		return
 	}
 	secret, err := cfg.PeerSecret(nil)
-	switch {
-	case err != nil:
-		r.logger.Warn("the peers secret cannot be read: this replica goes on with the one it started with, but would not start again", "err", err)
-	case sha256.Sum256(secret) != p.secret:
-		r.logger.Warn("the peers secret changed: it takes effect on restart; restart every replica, since replicas with different secrets cannot hear each other")
+	accept, err2 := cfg.PeerAcceptSecret(nil)
+	if err := errors.Join(err, err2); err != nil {
+		r.logger.Warn("the peers secrets cannot be read: this replica goes on with those in force, but would not start again", "err", err)
+		return
 	}
+	sum := secretsSum(secret, accept)
+	if sum == p.secrets {
+		return
+	}
+	if err := p.node.SetSecrets(secret, accept); err != nil {
+		r.logger.Warn("the peers secrets were not changed", "err", err)
+		return
+	}
+	p.secrets = sum
+}
+
+// withoutSecrets is a peers section less its secrets' sources; nil for nil.
+func withoutSecrets(pc *config.Peers) *config.Peers {
+	if pc == nil {
+		return nil
+	}
+	c := *pc
+	c.SecretFile, c.SecretEnv, c.AcceptSecretFile, c.AcceptSecretEnv = "", "", "", ""
+	return &c
 }

@@ -238,48 +238,60 @@ func TestServeEndsWhenPeersCannotStart(t *testing.T) {
 	}
 }
 
-// TestPeersSecretChangeWarned: a reload that finds the peers secret's file changed under the
-// same name says that the change waits for a restart (of every replica); one that cannot read
-// it says that the next start would fail.
-func TestPeersSecretChangeWarned(t *testing.T) {
+// TestPeersSecretReload: a reload reads the peers secrets again, also under the same file
+// name, and puts changed ones in force (a rotation's steps: the new accepted, then signing,
+// then alone); one that cannot read them keeps those in force and says so.
+func TestPeersSecretReload(t *testing.T) {
 	eng := newFakeEngine(t)
-	file := filepath.Join(t.TempDir(), "secret")
-	if err := os.WriteFile(file, []byte(peerSecret), 0o600); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	file, next := filepath.Join(dir, "secret"), filepath.Join(dir, "next")
+	newSecret := strings.ToUpper(peerSecret)
+	write := func(f, s string) {
+		if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	text := fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
-		"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
-		"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_file: %q}\n", eng.srv.URL, file)
-	parse := func() *config.Config {
-		cfg, err := config.Parse([]byte(text))
+	write(file, peerSecret)
+	write(next, newSecret)
+	parse := func(accept string) *config.Config {
+		if accept != "" {
+			accept = fmt.Sprintf(", accept_secret_file: %q", accept)
+		}
+		cfg, err := config.Parse([]byte(fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+			"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_file: %q%s}\n", eng.srv.URL, file, accept)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return cfg
 	}
 	logs := &syncBuffer{}
-	r, err := NewRouter(parse(), slog.New(slog.NewTextHandler(logs, nil)))
+	r, err := NewRouter(parse(""), slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
 	for _, step := range []struct {
-		secret, want string
+		name, secret, accept, want string
 	}{
-		{peerSecret, ""},
-		{strings.ToUpper(peerSecret), "the peers secret changed"},
-		{"short", "the peers secret cannot be read"},
+		{"nothing changed", peerSecret, "", ""},
+		{"the new one accepted", peerSecret, next, "peers secrets changed\" replica=a accepting=2"},
+		{"signing with the new one", newSecret, next + "-old", "peers secrets changed\" replica=a accepting=2"},
+		{"the old one dropped", newSecret, "", "peers secrets changed\" replica=a accepting=1"},
+		{"unreadable", "short", "", "the peers secrets cannot be read"},
 	} {
-		if err := os.WriteFile(file, []byte(step.secret), 0o600); err != nil {
-			t.Fatal(err)
+		write(file, step.secret)
+		if step.accept != "" {
+			write(next+"-old", peerSecret)
 		}
 		before := len(logs.String())
-		if err := r.Reload(parse()); err != nil {
-			t.Fatalf("reload: %v", err)
+		if err := r.Reload(parse(step.accept)); err != nil {
+			t.Fatalf("%s: reload: %v", step.name, err)
 		}
 		got := logs.String()[before:]
-		if step.want == "" && strings.Contains(got, "peers secret") || step.want != "" && !strings.Contains(got, step.want) {
-			t.Errorf("secret %q: logged %q, want %q", step.secret, got, step.want)
+		if step.want == "" && strings.Contains(got, "peers secret") || step.want != "" && !strings.Contains(got, step.want) ||
+			strings.Contains(got, "changes only on restart") {
+			t.Errorf("%s: logged %q, want %q", step.name, got, step.want)
 		}
 	}
 }

@@ -44,6 +44,11 @@ type Peers struct {
 	SecretFile string `json:"secret_file"`
 	// SecretEnv names an environment variable holding the secret instead.
 	SecretEnv string `json:"secret_env"`
+	// AcceptSecretFile holds a second secret accepted from peers but never used to send: a
+	// rotation's other secret (docs/replicas.md, "Rotating the secret"). Optional.
+	AcceptSecretFile string `json:"accept_secret_file"`
+	// AcceptSecretEnv names an environment variable holding it instead.
+	AcceptSecretEnv string `json:"accept_secret_env"`
 	// TLS, when set, carries the event streams and snapshots over TLS with mutual
 	// verification; messages are signed with the secret all the same.
 	TLS *PeersTLS `json:"tls"`
@@ -247,6 +252,9 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 	case p.SecretFile != "" && p.SecretEnv != "":
 		pr.add("peers", "both secret_file and secret_env are set: keep one")
 	}
+	if p.AcceptSecretFile != "" && p.AcceptSecretEnv != "" {
+		pr.add("peers", "both accept_secret_file and accept_secret_env are set: keep one")
+	}
 	if b := p.BatchInterval.D(); b < 100*time.Microsecond || b > time.Second {
 		pr.add("peers.batch_interval", "%v: want from 100µs to 1s, like 10ms", b)
 	}
@@ -286,17 +294,31 @@ func (c *Config) PeerSecret(getenv func(string) string) ([]byte, error) {
 	return readSecret(c, "peers", c.Peers.SecretFile, c.Peers.SecretEnv, getenv)
 }
 
+// PeerAcceptSecret reads the secret accepted besides (peers.accept_secret_file or
+// accept_secret_env); nil when neither is set.
+func (c *Config) PeerAcceptSecret(getenv func(string) string) ([]byte, error) {
+	if c.Peers == nil || c.Peers.AcceptSecretFile == "" && c.Peers.AcceptSecretEnv == "" {
+		return nil, nil
+	}
+	return readSecret(c, "peers.accept_", c.Peers.AcceptSecretFile, c.Peers.AcceptSecretEnv, getenv)
+}
+
 // readSecret reads a secret from file (relative to the config's directory) or the variable
-// env, for the section named at; surrounding white space is trimmed, and it must be at least
-// MinSecretBytes long.
+// env, for the section named at ("auth", "peers", or "peers.accept_" for the keys
+// accept_secret_file and accept_secret_env); surrounding white space is trimmed, and it must
+// be at least MinSecretBytes long.
 func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]byte, error) {
+	sep := "."
+	if strings.HasSuffix(at, "_") {
+		sep = ""
+	}
 	if file == "" && env == "" {
-		return nil, fmt.Errorf("%s: no secret_file or secret_env configured", at)
+		return nil, fmt.Errorf("%s%ssecret_file or secret_env: neither is configured", at, sep)
 	}
 	var s []byte
 	var from string
 	if file != "" {
-		from = at + ".secret_file " + c.Path(file)
+		from = at + sep + "secret_file " + c.Path(file)
 		b, err := os.ReadFile(c.Path(file))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", from, err)
@@ -306,7 +328,7 @@ func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]
 		if getenv == nil {
 			getenv = os.Getenv
 		}
-		from = at + ".secret_env " + env
+		from = at + sep + "secret_env " + env
 		s = []byte(getenv(env))
 	}
 	s = []byte(strings.TrimSpace(string(s)))

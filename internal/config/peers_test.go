@@ -45,6 +45,8 @@ func TestPeersErrors(t *testing.T) {
   dns: {name: "http://x", port: 70000}
   secret_file: a
   secret_env: B
+  accept_secret_file: c
+  accept_secret_env: D
   batch_interval: 2s
   request_ttl: 10ms
   snapshot_max_bytes: 10
@@ -57,7 +59,7 @@ func TestPeersErrors(t *testing.T) {
 	}
 	for _, want := range []string{
 		"peers.listen: missing", "peers.gossip_listen: \"7946\" is not host:port", "peers.advertise", "peers.static[0]",
-		"peers.dns.name", "peers.dns.port", "both secret_file and secret_env", "peers.batch_interval", "peers.request_ttl",
+		"peers.dns.name", "peers.dns.port", "both secret_file and secret_env", "both accept_secret_file and accept_secret_env", "peers.batch_interval", "peers.request_ttl",
 		"peers.snapshot_max_bytes", "peers.max_message_bytes", "peers.queue", "peers.max_remote_requests",
 	} {
 		if !strings.Contains(err.Error(), want) {

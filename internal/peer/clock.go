@@ -30,6 +30,7 @@ type clock struct {
 type watched struct {
 	last   atomic.Int64 // unix nanoseconds of the stream's last message, or of its start
 	cancel context.CancelFunc
+	key    []byte // the key its messages are signed with
 }
 
 func newClock(beat, silence time.Duration) *clock {
@@ -43,8 +44,8 @@ func newClock(beat, silence time.Duration) *clock {
 func (c *clock) beats() <-chan struct{} { return *c.beat.Load() }
 
 // watchStream puts a stream under the watchdog until the returned function is called.
-func (c *clock) watchStream(cancel context.CancelFunc) (*watched, func()) {
-	w := &watched{cancel: cancel}
+func (c *clock) watchStream(cancel context.CancelFunc, key []byte) (*watched, func()) {
+	w := &watched{cancel: cancel, key: key}
 	w.last.Store(time.Now().UnixNano())
 	c.mu.Lock()
 	c.streams[w] = struct{}{}
@@ -85,6 +86,18 @@ func (n *Node) tick(ctx context.Context) {
 				default:
 				}
 			}
+		}
+	}
+}
+
+// cutStreams ends the streams read here whose key keep refuses.
+func (c *clock) cutStreams(keep func(key []byte) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for w := range c.streams {
+		if !keep(w.key) {
+			w.cancel()
+			delete(c.streams, w)
 		}
 	}
 }

@@ -74,13 +74,14 @@ var errStream = errors.New("stream ended")
 func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, nonce, err := n.newRequest(ctx, p, pathFeed)
+	key := n.keys.Load().sign
+	req, nonce, err := n.newRequest(ctx, p, pathFeed, key)
 	if err != nil {
 		return err
 	}
 	// A stream silent for longer than a few heartbeats is dead, even if its connection is not:
 	// the node's clock checks when its last message came (to within a tick) and cancels it.
-	w, unwatch := n.clock.watchStream(cancel)
+	w, unwatch := n.clock.watchStream(cancel, key)
 	defer unwatch()
 	resp, err := n.client.Do(req)
 	if err != nil {
@@ -93,7 +94,7 @@ func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 	n.m.Streams.Inc()
 	defer n.m.Streams.Dec()
 	defer f.connected.Store(false)
-	in := n.newInbound(resp.Body)
+	in := n.newInbound(resp.Body, key)
 	var seq uint64
 	var evs []route.Event // the batch's, reused
 	orig := p.origin()
@@ -150,8 +151,9 @@ type inbound struct {
 	bytes int // read so far
 }
 
-func (n *Node) newInbound(body io.Reader) *inbound {
-	return &inbound{n: n, br: bufio.NewReaderSize(body, 64<<10), mac: hmac.New(sha256.New, n.macKey)}
+// newInbound reads messages signed with key.
+func (n *Node) newInbound(body io.Reader, key []byte) *inbound {
+	return &inbound{n: n, br: bufio.NewReaderSize(body, 64<<10), mac: hmac.New(sha256.New, key)}
 }
 
 // next reads the next message: its header, and its payload (valid until the next call). An
@@ -238,7 +240,8 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 	// the others wait their turn. The body then has the whole of ctx.
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	req, nonce, err := n.newRequest(hctx, p, pathSnapshot)
+	key := n.keys.Load().sign
+	req, nonce, err := n.newRequest(hctx, p, pathSnapshot, key)
 	if err != nil {
 		return res, err
 	}
@@ -256,7 +259,7 @@ func (n *Node) fetchSnapshot(ctx context.Context, p peerInfo) (snapshotResult, e
 	if resp.StatusCode != http.StatusOK {
 		return res, fmt.Errorf("%w: %s answered %s", errStream, p.name, resp.Status)
 	}
-	in := n.newInbound(resp.Body)
+	in := n.newInbound(resp.Body, key)
 	var idx bytes.Buffer
 	var flights []route.Event
 	var seq uint64

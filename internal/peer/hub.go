@@ -185,6 +185,7 @@ func (h *hub) breakAll() {
 // frameWriter writes one stream's frames: its nonce, its sequence, a deadline on each write.
 type frameWriter struct {
 	n     *Node
+	key   []byte    // the key the frames are signed with
 	mac   hash.Hash // nil until the first frame
 	w     io.Writer
 	rc    *http.ResponseController
@@ -210,7 +211,7 @@ func (f *frameWriter) write(kind int, sentAt int64, extra func([]byte) []byte, p
 	b = append(b, payload...)
 	f.buf = b
 	if f.mac == nil {
-		f.mac = hmac.New(sha256.New, f.n.macKey)
+		f.mac = hmac.New(sha256.New, f.key)
 	}
 	sealFrame(b, f.mac)
 	f.last = time.Now()
@@ -254,15 +255,16 @@ const (
 // here, then every batch, with heartbeats while idle, until the peer goes, falls behind, or
 // this replica is cut off.
 func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
-	nonce, ok := n.authorize(w, r, pathFeed)
+	nonce, key, ok := n.authorize(w, r, pathFeed)
 	if !ok {
 		return
 	}
+	rekeyed := *n.rekeyed.Load()
 	s := n.hub.subscribe()
 	defer n.hub.unsubscribe(s)
 	w.Header().Set("Content-Type", contentType)
 	w.WriteHeader(http.StatusOK)
-	f := &frameWriter{n: n, w: w, rc: http.NewResponseController(w), nonce: nonce}
+	f := &frameWriter{n: n, w: w, rc: http.NewResponseController(w), nonce: nonce, key: key}
 	var ids []uint64
 	if sh := n.share.Load(); sh != nil {
 		ids = sh.LocalIDs()
@@ -294,6 +296,13 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 			err = f.writeBatch(&batch{first: time.Now().UnixNano()})
 		case <-s.broken:
 			return
+		case <-rekeyed:
+			rekeyed = *n.rekeyed.Load()
+			if !n.keys.Load().accepts(key) {
+				n.log.Info("peer stream ended: its key is no longer accepted", "peer", r.URL.Query().Get("from"))
+				return
+			}
+			continue
 		case <-r.Context().Done():
 			return
 		case <-n.stopping:
@@ -310,7 +319,7 @@ func (n *Node) serveFeed(w http.ResponseWriter, r *http.Request) {
 // attempts in flight (local and remote), the engines found stalled and those ejected for
 // failures of their own doing, and an end that counts them.
 func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
-	nonce, ok := n.authorize(w, r, pathSnapshot)
+	nonce, key, ok := n.authorize(w, r, pathSnapshot)
 	if !ok {
 		return
 	}
@@ -343,7 +352,7 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	total := len(flights)
 	w.Header().Set("Content-Type", contentType)
 	w.WriteHeader(http.StatusOK)
-	f := &frameWriter{n: n, w: w, rc: http.NewResponseController(w), nonce: nonce}
+	f := &frameWriter{n: n, w: w, rc: http.NewResponseController(w), nonce: nonce, key: key}
 	data := idx.Bytes()
 	for len(data) > 0 {
 		k := min(len(data), snapshotPiece)
@@ -380,21 +389,22 @@ const (
 	snapshotFlights = 512
 )
 
-// authorize checks a peer's request: its signature under the shared secret, addressed to
-// this replica, recent. It answers the refusal itself.
-func (n *Node) authorize(w http.ResponseWriter, r *http.Request, path string) (nonce [nonceSize]byte, ok bool) {
+// authorize checks a peer's request: its signature under a secret accepted here, addressed to
+// this replica, recent; it returns the nonce and the key to sign the answer with. It answers
+// the refusal itself.
+func (n *Node) authorize(w http.ResponseWriter, r *http.Request, path string) (nonce [nonceSize]byte, key []byte, ok bool) {
 	if n.isolated.Load() {
 		http.Error(w, "cut off from peers", http.StatusServiceUnavailable)
-		return nonce, false
+		return nonce, nil, false
 	}
-	nonce, err := n.verifyRequest(r, path, time.Now())
+	nonce, key, err := n.verifyRequest(r, path, time.Now())
 	if err != nil {
 		n.m.Dropped.WithLabelValues("unauthenticated").Inc()
 		n.log.Debug("peer request refused", "remote", r.RemoteAddr, "err", err)
 		http.Error(w, "not a peer", http.StatusForbidden)
-		return nonce, false
+		return nonce, nil, false
 	}
-	return nonce, true
+	return nonce, key, true
 }
 
 // Paths of the peer API.

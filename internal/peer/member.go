@@ -128,7 +128,7 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 		c.BindAddr = "0.0.0.0"
 	}
 	c.AdvertiseAddr = n.cfg.Advertise
-	c.SecretKey = n.gossipKey
+	c.Keyring = n.keyring
 	// Gossip messages are pings, acks and a few members' states: too small for compression to
 	// save anything, and memberlist allocates an LZW writer (tens of kB) for every message
 	// it compresses. A replica still reads the compressed messages of one that compresses.

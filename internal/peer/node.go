@@ -52,6 +52,10 @@ type Config struct {
 	// Secret is the shared secret, at least 32 bytes; message MACs and gossip encryption use
 	// keys derived from it.
 	Secret []byte
+	// Accept is a second secret accepted from peers but never used to send (a rotation's
+	// other secret: docs/replicas.md, "Rotating the secret"); nil: none. SetSecrets changes
+	// both while the node runs.
+	Accept []byte
 	// ServerTLS and ClientTLS, when set, carry the event streams and snapshots over TLS
 	// (MutualTLS makes both); nil: cleartext.
 	ServerTLS, ClientTLS *tls.Config
@@ -103,16 +107,20 @@ const (
 //	n.Attach(share, lifecycle, endpoints)
 //	go n.Run(ctx)          // ready (n.Ready) once warm, or after WarmStartTimeout
 type Node struct {
-	cfg       Config
-	macKey    []byte
-	gossipKey []byte
-	origin    uint64
-	log       *slog.Logger
-	m         *metrics.Peers
-	hub       *hub
-	in, out   traffic
-	ln        net.Listener
-	client    *http.Client
+	cfg  Config
+	keys atomic.Pointer[keySet] // the secrets' keys in force (SetSecrets swaps them)
+	// rekeyed is closed, and replaced, when SetSecrets changes the keys: the feeds served
+	// under a key no longer accepted end.
+	rekeyed  atomic.Pointer[chan struct{}]
+	keyring  *memberlist.Keyring
+	secretMu sync.Mutex // serialises SetSecrets
+	origin   uint64
+	log      *slog.Logger
+	m        *metrics.Peers
+	hub      *hub
+	in, out  traffic
+	ln       net.Listener
+	client   *http.Client
 	// secretWarned is when joining peers last failed for want of the secret (logged once a
 	// minute); only the rejoin loop touches it.
 	secretWarned time.Time
@@ -145,8 +153,8 @@ type Node struct {
 // New checks cfg and binds the event stream listener. It starts nothing: call Attach, then Run.
 func New(cfg Config) (*Node, error) {
 	var errs []error
-	if len(cfg.Secret) < 32 {
-		errs = append(errs, fmt.Errorf("peers: a secret of %d bytes, want at least 32", len(cfg.Secret)))
+	if err := checkSecrets(cfg.Secret, cfg.Accept); err != nil {
+		errs = append(errs, err)
 	}
 	_, gport, err := net.SplitHostPort(cfg.Gossip)
 	if err != nil {
@@ -190,7 +198,13 @@ func New(cfg Config) (*Node, error) {
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence)}
 	n.clock = newClock(n.beat, n.silence)
-	n.macKey, n.gossipKey = keys(cfg.Secret)
+	n.keys.Store(newKeySet(cfg.Secret, cfg.Accept))
+	rekeyed := make(chan struct{})
+	n.rekeyed.Store(&rekeyed)
+	if n.keyring, err = n.keys.Load().keyring(); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("peers: %w", err)
+	}
 	n.in, n.out = newTraffic(cfg.Metrics, "in"), newTraffic(cfg.Metrics, "out")
 	// The batch is flushed at a quarter of the largest message, so that one event more never
 	// makes a message too large to send.
@@ -428,8 +442,9 @@ const (
 	maxSkew    = time.Minute
 )
 
-// newRequest builds a signed request for path to peer p.
-func (n *Node) newRequest(ctx context.Context, p peerInfo, path string) (*http.Request, [nonceSize]byte, error) {
+// newRequest builds a request for path to peer p, signed with key (this replica's signing
+// key, which the answer's messages are then signed with).
+func (n *Node) newRequest(ctx context.Context, p peerInfo, path string, key []byte) (*http.Request, [nonceSize]byte, error) {
 	var nonce [nonceSize]byte
 	_, _ = rand.Read(nonce[:])
 	ts := time.Now().Unix()
@@ -438,29 +453,32 @@ func (n *Node) newRequest(ctx context.Context, p peerInfo, path string) (*http.R
 	if err != nil {
 		return nil, nonce, err
 	}
-	req.Header.Set(authHeader, signRequest(n.macKey, path, n.cfg.Name, n.cfg.Incarnation, nonce[:], ts, p.name))
+	req.Header.Set(authHeader, signRequest(key, path, n.cfg.Name, n.cfg.Incarnation, nonce[:], ts, p.name))
 	return req, nonce, nil
 }
 
-// verifyRequest checks a peer request's signature and age, and returns its nonce.
-func (n *Node) verifyRequest(r *http.Request, path string, now time.Time) (nonce [nonceSize]byte, err error) {
+// verifyRequest checks a peer request's signature and age, and returns its nonce and the key
+// it was signed with (one of those accepted).
+func (n *Node) verifyRequest(r *http.Request, path string, now time.Time) (nonce [nonceSize]byte, key []byte, err error) {
 	q := r.URL.Query()
 	from := q.Get("from")
 	inc, err1 := strconv.ParseUint(q.Get("inc"), 10, 64)
 	ts, err2 := strconv.ParseInt(q.Get("ts"), 10, 64)
 	raw, err3 := hex.DecodeString(q.Get("nonce"))
 	if err := errors.Join(err1, err2, err3); err != nil || len(raw) != nonceSize || from == "" {
-		return nonce, fmt.Errorf("malformed request (%v)", err)
+		return nonce, nil, fmt.Errorf("malformed request (%v)", err)
 	}
 	if d := now.Sub(time.Unix(ts, 0)); d > maxSkew || d < -maxSkew {
-		return nonce, fmt.Errorf("request time %d is %v away", ts, d)
+		return nonce, nil, fmt.Errorf("request time %d is %v away", ts, d)
 	}
-	want := signRequest(n.macKey, path, from, inc, raw, ts, n.cfg.Name)
-	if !hmac.Equal([]byte(want), []byte(r.Header.Get(authHeader))) {
-		return nonce, errors.New("bad signature")
+	got := []byte(r.Header.Get(authHeader))
+	for _, k := range n.keys.Load().accept {
+		if hmac.Equal([]byte(signRequest(k, path, from, inc, raw, ts, n.cfg.Name)), got) {
+			copy(nonce[:], raw)
+			return nonce, k, nil
+		}
 	}
-	copy(nonce[:], raw)
-	return nonce, nil
+	return nonce, nil, errors.New("bad signature")
 }
 
 // AdminRoutes adds GET /debug/peers (members, streams, in-flight counts, as JSON) and, with

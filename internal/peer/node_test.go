@@ -509,9 +509,9 @@ func TestUnauthenticatedRequests(t *testing.T) {
 	r := startReplica(t, "r", nil, nil)
 	base := "http://" + r.node.Addr().String()
 	other := &Node{cfg: Config{Name: "mallory", Incarnation: 1}}
-	other.macKey, _ = keys(bytes.Repeat([]byte{3}, 32))
+	other.keys.Store(newKeySet(bytes.Repeat([]byte{3}, 32), nil))
 	good := &Node{cfg: Config{Name: "friend", Incarnation: 1}}
-	good.macKey, _ = keys(secret)
+	good.keys.Store(newKeySet(secret, nil))
 	for _, c := range []struct {
 		name string
 		req  func() *http.Request
@@ -522,20 +522,20 @@ func TestUnauthenticatedRequests(t *testing.T) {
 			return q
 		}, http.StatusForbidden},
 		{"another secret", func() *http.Request {
-			q, _, _ := other.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathSnapshot)
+			q, _, _ := other.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathSnapshot, other.keys.Load().sign)
 			return q
 		}, http.StatusForbidden},
 		{"addressed to another replica", func() *http.Request {
-			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "s", feed: r.node.Addr().String()}, pathFeed)
+			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "s", feed: r.node.Addr().String()}, pathFeed, good.keys.Load().sign)
 			return q
 		}, http.StatusForbidden},
 		{"signed for the feed, asking for the snapshot", func() *http.Request {
-			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed)
+			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed, good.keys.Load().sign)
 			q.URL.Path = pathSnapshot
 			return q
 		}, http.StatusForbidden},
 		{"signed", func() *http.Request {
-			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathSnapshot)
+			q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathSnapshot, good.keys.Load().sign)
 			return q
 		}, http.StatusOK},
 	} {
@@ -553,8 +553,8 @@ func TestUnauthenticatedRequests(t *testing.T) {
 		t.Errorf("unauthenticated counted %v times, want 4", got)
 	}
 	// A stale request: signed a few minutes ago.
-	q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed)
-	if _, err := r.node.verifyRequest(q, pathFeed, time.Now().Add(3*time.Minute)); err == nil {
+	q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed, good.keys.Load().sign)
+	if _, _, err := r.node.verifyRequest(q, pathFeed, time.Now().Add(3*time.Minute)); err == nil {
 		t.Error("a request 3 minutes old was accepted")
 	}
 }
@@ -564,8 +564,8 @@ func TestUnauthenticatedRequests(t *testing.T) {
 func TestPublishNeverBlocks(t *testing.T) {
 	r := startReplica(t, "r", nil, func(c *Config) { c.Queue = 2; c.MaxMessageBytes = 4096 })
 	good := &Node{cfg: Config{Name: "slow", Incarnation: 1}}
-	good.macKey, _ = keys(secret)
-	q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed)
+	good.keys.Store(newKeySet(secret, nil))
+	q, _, _ := good.newRequest(context.Background(), peerInfo{name: "r", feed: r.node.Addr().String()}, pathFeed, good.keys.Load().sign)
 	resp, err := http.DefaultClient.Do(q)
 	if err != nil {
 		t.Fatal(err)

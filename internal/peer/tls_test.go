@@ -71,9 +71,9 @@ func TestTLSRefusesStrangers(t *testing.T) {
 	r := startReplica(t, "r", nil, tlsOf(t, ca, "r", ""))
 	addr := r.node.Addr().String()
 	good := &Node{cfg: Config{Name: "friend", Incarnation: 1}}
-	good.macKey, _ = keys(secret)
+	good.keys.Store(newKeySet(secret, nil))
 	signed := func(scheme string) *http.Request {
-		q, _, err := good.newRequest(context.Background(), peerInfo{name: "r", feed: addr}, pathSnapshot)
+		q, _, err := good.newRequest(context.Background(), peerInfo{name: "r", feed: addr}, pathSnapshot, good.keys.Load().sign)
 		if err != nil {
 			t.Fatal(err)
 		}
