@@ -482,6 +482,9 @@ func TestChartRefusesWhatItCannotRender(t *testing.T) {
 		{"peers: {enabled: true, secret: {value: short}}", "peers.secret.value: at least 32 bytes"},
 		{"peers: {enabled: true, secret: {value: 0123456789abcdef0123456789abcdef, existingSecret: x}}", "peers.secret: give value or existingSecret, not both"},
 		{"peers: {enabled: true, gossipPort: 7947}", "peers.gossipPort: the same as peers.port"},
+		{"peers: {enabled: true, secret: {acceptKey: next}}", "peers.secret.acceptKey: a key of existingSecret"},
+		{"peers: {enabled: true, secret: {existingSecret: x, key: s, acceptKey: s}}", "peers.secret.acceptKey: the same as peers.secret.key"},
+		{"peers: {enabled: true}\nconfig: {peers: {accept_secret_env: X}}", "config.peers.accept_secret_env: leave it out"},
 		{"peers: {enabled: true}\nconfig: {peers: {static: [a:1]}}", "config.peers.static: leave it out"},
 		{"config: {peers: {batch_interval: 5ms}}", "config.peers: set peers.enabled: true as well"},
 	} {

@@ -251,6 +251,14 @@ func TestChartPeers(t *testing.T) {
 	if len(m.secrets) != 0 || !strings.Contains(out, "secretName: router-peers") || m.kvrouteConfig(t).Peers.SecretFile != "/etc/kvroute-peers/s" {
 		t.Errorf("existingSecret: %d secrets rendered, secret_file %q", len(m.secrets), m.kvrouteConfig(t).Peers.SecretFile)
 	}
+	// A rotation's second secret, from the same Secret.
+	out, err = render(t, "peers: {enabled: true, secret: {existingSecret: router-peers, key: s, acceptKey: next}}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeAll(t, out).kvrouteConfig(t).Peers.AcceptSecretFile; got != "/etc/kvroute-peers/next" {
+		t.Errorf("acceptKey: accept_secret_file %q", got)
+	}
 	// No peers: nothing of theirs.
 	out, err = render(t, "")
 	if err != nil {

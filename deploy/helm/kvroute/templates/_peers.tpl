@@ -12,7 +12,7 @@
 
 {{- define "kvroute.validatePeers" -}}
 {{- if hasKey .Values.config "peers" -}}
-{{- range $k := list "listen" "gossip_listen" "static" "dns" "kubernetes" "secret_file" "secret_env" "tls" -}}
+{{- range $k := list "listen" "gossip_listen" "static" "dns" "kubernetes" "secret_file" "secret_env" "accept_secret_file" "accept_secret_env" "tls" -}}
 {{- if hasKey ($.Values.config.peers | default dict) $k -}}
 {{- fail (printf "config.peers.%s: leave it out: the chart sets it (peers.enabled, peers.port, peers.gossipPort, peers.discovery, peers.secret, peers.tls)" $k) -}}
 {{- end -}}
@@ -28,6 +28,12 @@
 {{- end -}}
 {{- if and $s.value $s.existingSecret -}}
 {{- fail "peers.secret: give value or existingSecret, not both" -}}
+{{- end -}}
+{{- if and $s.acceptKey (not $s.existingSecret) -}}
+{{- fail "peers.secret.acceptKey: a key of existingSecret: rotate the secret in a Secret you manage (docs/replicas.md, \"Rotating the secret\")" -}}
+{{- end -}}
+{{- if and $s.acceptKey (eq $s.acceptKey $s.key) -}}
+{{- fail "peers.secret.acceptKey: the same as peers.secret.key: name the second secret's own key" -}}
 {{- end -}}
 {{- if and $s.value (lt (len $s.value) 32) -}}
 {{- fail "peers.secret.value: at least 32 bytes (the replicas sign and encrypt with keys derived from it): make one with head -c 32 /dev/urandom | base64, or leave it empty for the chart to generate one" -}}
@@ -61,6 +67,9 @@
 {{- $_ := set $p "dns" (dict "name" $name "port" (int $.Values.peers.gossipPort)) -}}
 {{- end -}}
 {{- $_ := set $p "secret_file" (printf "/etc/kvroute-peers/%s" $.Values.peers.secret.key) -}}
+{{- if $.Values.peers.secret.acceptKey -}}
+{{- $_ := set $p "accept_secret_file" (printf "/etc/kvroute-peers/%s" $.Values.peers.secret.acceptKey) -}}
+{{- end -}}
 {{- if $.Values.peers.tls.secretName -}}
 {{- $d := "/etc/kvroute-peers-tls" -}}
 {{- $_ := set $p "tls" (dict "cert_file" (printf "%s/tls.crt" $d) "key_file" (printf "%s/tls.key" $d) "ca_file" (printf "%s/ca.crt" $d) "server_name" (default (include "kvroute.peersService" $) $.Values.peers.tls.serverName)) -}}
