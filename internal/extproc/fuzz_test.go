@@ -1,7 +1,9 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -9,10 +11,12 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/route"
 
@@ -133,6 +137,8 @@ func FuzzProcess(f *testing.F) {
 	f.Add(encode(0, 2, 7, 0, "", 1, 0, plainChat, 2, 0, "", 3, 0, "", 4, 0, "{", 5, 0, ""))
 	f.Add(encode(2, 3, 0, 0, "", 1, 1, plainChat))
 	f.Add(encode(0, 0, 1, 1, "x", 6, 0, "", 0, 0x21, "/v1/models"))
+	f.Add(encode(0, 0, 0, 0, "", 1, 1, `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`,
+		3, 4|8, "", 4, 0, "data: {\"choices\":[]}\r", 4, 0, "\rdata: [DONE]\r", 4, 1, "\r"))
 	pool := endpoint.NewPool()
 	if _, err := pool.Update([]endpoint.Spec{
 		{Name: ep1, Models: []string{"m"}}, {Name: ep2, Models: []string{"m"}}, {Name: epName, Models: []string{"m"}},
@@ -171,6 +177,52 @@ func FuzzProcess(f *testing.F) {
 		}
 		if routed != done {
 			t.Fatalf("policy told of %d attempts and of the end of %d: %v", routed, done, pk.events())
+		}
+	})
+}
+
+// FuzzEventSplitter cuts a stream into chunks at the offsets the fuzzer picks: every byte is
+// passed on, in order, and the events read are those openai.SSEReader reads from the stream
+// whole, whatever the line ends ("\n", "\r\n", a lone "\r") and wherever the cuts.
+func FuzzEventSplitter(f *testing.F) {
+	f.Add([]byte("data: a\n\nevent: x\ndata: b\r\n\r\n: c\n\ndata: [DONE]\n\n"), []byte{3, 9, 1})
+	f.Add([]byte("data: a\r\revent: x\rdata: b\rid: 1\r\rdata: [DONE]\r\r"), []byte{8, 1, 1, 5})
+	f.Add([]byte("data: a\r\n\r\ndata: b\r\r\n\rdata: c\n\r\n\r"), []byte{9, 1, 9, 1})
+	f.Add([]byte("\r\n\r\rdata: a\rb\r\r\ndata"), []byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, stream, cuts []byte) {
+		if len(stream) > 1<<16 {
+			return
+		}
+		var want []string
+		r := openai.NewSSEReader(bytes.NewReader(stream), maxEvent)
+		for range len(stream) + 1 {
+			ev, err := r.Next()
+			if err != nil {
+				break
+			}
+			want = append(want, fmt.Sprintf("%q %q %q", ev.Name, ev.Data, ev.ID))
+		}
+		var s eventSplitter
+		var got []string
+		take := func(ev openai.Event) bool {
+			got = append(got, fmt.Sprintf("%q %q %q", ev.Name, ev.Data, ev.ID))
+			return true
+		}
+		var out []byte
+		rest := stream
+		for i := 0; len(rest) > 0 || i == 0; i++ {
+			n := len(rest)
+			if i < len(cuts) {
+				n = min(int(cuts[i]), n)
+			}
+			out = s.feed(out, rest[:n], n == len(rest), take)
+			rest = rest[n:]
+		}
+		if !bytes.Equal(out, stream) {
+			t.Fatalf("passed on %q, want %q", out, stream)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Fatalf("events (-reader +splitter):\n%s", diff)
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/proxy"
@@ -48,6 +49,24 @@ const (
 // recommends at most 64 KiB).
 const DefaultChunkBytes = 60 << 10
 
+// DefaultIdleTimeout is how long a connection to the picker (or to its health listener) may go
+// without a stream before Serve closes it (gRPC's MaxConnectionIdle: a GOAWAY, then the close).
+// Without it a client that connects and never opens a stream holds its connection, and a file
+// descriptor, for good. Envoy's streams are RPCs, one per HTTP request, so a gateway with
+// traffic never sees it; a gateway idle for this long reconnects on its next request (a
+// handshake once per idle spell, about a millisecond on a cluster network), and a GOAWAY is
+// graceful: a stream sent as it crossed is still served. Two minutes is also how long gRPC
+// gives a connection to finish its handshake (its default ConnectionTimeout), so a connection
+// that never finishes its handshake and one that never opens a stream are held alike.
+const DefaultIdleTimeout = 2 * time.Minute
+
+// keepaliveMinTime is the shortest interval between a client's pings that Serve tolerates:
+// closer ones are a flood, answered with GOAWAY (too_many_pings). Pings are allowed without a
+// stream, as Envoy's HTTP/2 connection keepalive sends them when it is configured (gRPC's
+// default policy closes such a connection); they do not keep a connection from
+// DefaultIdleTimeout, which counts streams only.
+const keepaliveMinTime = 10 * time.Second
+
 // Server is the ext_proc endpoint picker. Set the fields before serving; only Handler is
 // required.
 type Server struct {
@@ -65,6 +84,9 @@ type Server struct {
 	// limits.max_retries). 1 for a data plane that takes a single address, such as Envoy's
 	// ORIGINAL_DST cluster reading the header.
 	MaxEndpoints int
+	// IdleTimeout closes, in Serve, a connection that has had no stream open for this long; 0:
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
 
 	addrs  sync.Map // endpoint name -> its "ip:port" for Envoy, "" when its host is not an IP
 	nAddrs int      // entries in addrs, approximately: the map is cleared past maxAddrs
@@ -197,17 +219,33 @@ func WatchHealth(ctx context.Context, hs *health.Server, pool func() *endpoint.P
 	}
 }
 
+// keepalive is Serve's connection policy: connections without a stream are closed after
+// IdleTimeout, and pings are tolerated down to keepaliveMinTime apart.
+func (s *Server) keepalive() []grpc.ServerOption {
+	idle := s.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
+	}
+}
+
 // Serve serves the picker (and health) on ln and health alone on healthLn (nil: none) until
 // ctx ends, then stops taking new streams and waits up to drain for the ones in flight (each
 // is an HTTP request, streams included) before closing them. pool is watched for readiness.
+// On both listeners a connection without a stream is closed after IdleTimeout; opts, applied
+// to the picker's server after that policy, may replace it (grpc.KeepaliveParams).
 func (s *Server) Serve(ctx context.Context, ln, healthLn net.Listener, pool func() *endpoint.Pool, drain time.Duration, opts ...grpc.ServerOption) error {
 	hs := NewHealth()
-	main := grpc.NewServer(opts...)
+	ka := s.keepalive()
+	main := grpc.NewServer(append(ka, opts...)...)
 	s.Register(main, hs)
 	servers := []*grpc.Server{main}
 	listeners := []net.Listener{ln}
 	if healthLn != nil {
-		hg := grpc.NewServer()
+		hg := grpc.NewServer(ka...)
 		healthpb.RegisterHealthServer(hg, hs)
 		servers = append(servers, hg)
 		listeners = append(listeners, healthLn)

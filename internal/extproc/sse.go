@@ -8,8 +8,12 @@ import (
 
 // eventSplitter cuts a streamed answer, arriving in chunks of any size, into whole server-sent
 // events: each is read (openai.SSEReader) and passed on or dropped as a whole, and a partial
-// event waits for the chunk that completes it. Events end with a blank line ("\n\n" or
-// "\r\n\r\n"); a stream of lone "\r" line ends is held whole until its end.
+// event waits for the chunk that completes it. Events end with a blank line, lines with "\n",
+// "\r\n" or a lone "\r" (WHATWG HTML, "Parsing an event stream"), as openai.SSEReader reads
+// them: a "\r" that is the last byte so far ends the event at once where it is a blank line
+// after a line that ended in a lone "\r" (the engine ends its lines so, and the event is not
+// held for a byte that may not come for a long time); elsewhere the next chunk decides whether
+// a "\n" follows it.
 type eventSplitter struct {
 	pending []byte
 	src     bytes.Reader
@@ -35,8 +39,9 @@ func (s *eventSplitter) feed(dst, chunk []byte, eos bool, take func(openai.Event
 		s.pending = append(s.pending, chunk...)
 		b = s.pending
 	}
+	found := lineScan{-1, -1}
 	for len(b) > 0 {
-		n := eventEndFrom(b, from)
+		n := eventEndFrom(b, from, &found)
 		from = 0
 		if n < 0 && len(b) > maxEvent {
 			n = len(b) // longer than an event may be: passed on unread, not held
@@ -49,6 +54,7 @@ func (s *eventSplitter) feed(dst, chunk []byte, eos bool, take func(openai.Event
 		}
 		ev := b[:n]
 		b = b[n:]
+		found.lf, found.cr = found.lf-n, found.cr-n // negative (unknown) when within the event
 		if s.read(ev, take) {
 			dst = append(dst, ev...)
 		}
@@ -76,20 +82,59 @@ func (s *eventSplitter) read(raw []byte, take func(openai.Event) bool) bool {
 	return take(ev)
 }
 
+// lineScan is where eventEndFrom's searches for "\n" and "\r" in b stopped: the index of the
+// byte found, len(b) when b holds none, negative when not searched. Given again for what
+// follows an event, it has each byte of a chunk searched once for each: a chunk of many events
+// whose lines end in "\n" is searched for "\r" once, not once a line, and one of lone "\r"
+// line ends for "\n".
+type lineScan struct{ lf, cr int }
+
 // eventEndFrom returns the length of the first whole event in b (through the blank line that
-// ends it), or -1 when b holds none; b holds no event end before from.
-func eventEndFrom(b []byte, from int) int {
+// ends it), or -1 when b holds none; b holds no event end before from. found is where earlier
+// searches stopped, and is kept up to date.
+func eventEndFrom(b []byte, from int, found *lineScan) int {
+	loneCR := false // the last line end seen was a lone "\r"
 	for i := from; i < len(b); {
-		j := bytes.IndexByte(b[i:], '\n')
-		if j < 0 {
+		if found.lf < i { // not searched, or passed
+			found.lf = len(b)
+			if j := bytes.IndexByte(b[i:], '\n'); j >= 0 {
+				found.lf = i + j
+			}
+		}
+		if found.cr < i {
+			found.cr = len(b)
+			if j := bytes.IndexByte(b[i:], '\r'); j >= 0 {
+				found.cr = i + j
+			}
+		}
+		// The end of the line i is in: a "\r" before the "\n", or the "\n".
+		switch cr := found.cr; {
+		case cr < found.lf && cr+1 == len(b):
+			return -1 // the next byte says whether this "\r" is half of a "\r\n"
+		case cr < found.lf:
+			i = cr + 1
+			loneCR = b[i] != '\n'
+			if !loneCR {
+				i++
+			}
+		case found.lf < len(b):
+			i, loneCR = found.lf+1, false
+		default:
 			return -1
 		}
-		i += j + 1 // the start of the next line
+		// i starts a line: a blank one ends the event.
 		switch {
-		case i < len(b) && b[i] == '\n':
+		case i == len(b):
+			return -1
+		case b[i] == '\n':
 			return i + 1
-		case i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
+		case b[i] != '\r':
+		case i+1 < len(b) && b[i+1] == '\n':
 			return i + 2
+		case i+1 < len(b) || loneCR:
+			return i + 1
+		default:
+			return -1 // after "\n" line ends, this "\r" is most likely half of a "\r\n"
 		}
 	}
 	return -1

@@ -1,23 +1,29 @@
 package extproc
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // TestEventSplitterAnyCut: however the stream is cut into chunks, the events passed on are the
-// same bytes, whole events only, and the one dropped is dropped whole.
+// same bytes, whole events only, and the ones dropped are dropped whole, whatever their line
+// ends.
 func TestEventSplitterAnyCut(t *testing.T) {
 	crlf := "data: {\"a\":1}\r\n\r\n"
 	named := "event: response.completed\ndata: {\"b\":2}\n\n"
 	comment := ": ping\n\n"
 	drop := "data: {\"drop\":true}\n\n"
-	stream := event1 + crlf + comment + drop + named + doneEvent
-	want := event1 + crlf + comment + named + doneEvent
+	cr := "event: cr\rdata: {\"c\":3}\rid: 4\r\r" // lone "\r" line ends
+	dropCR := "data: {\"drop\":2}\r\r"
+	stream := event1 + crlf + cr + comment + drop + dropCR + named + cr + doneEvent
+	want := event1 + crlf + cr + comment + named + cr + doneEvent
 	take := func(ev openai.Event) bool { return !strings.Contains(string(ev.Data), "drop") }
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 500 {
@@ -54,13 +60,54 @@ func TestEventSplitterEnd(t *testing.T) {
 	}
 }
 
+// TestEventSplitterLoneCR: an event whose lines end in a lone "\r" is passed on as soon as its
+// blank line's "\r" has come, though that "\r" ends the chunk: not held for a "\n" that may not
+// come (an engine that ends its lines so may send nothing more for a long time). After "\r\n"
+// lines, a blank line's "\r" that ends the chunk waits for the next, where its "\n" is.
+func TestEventSplitterLoneCR(t *testing.T) {
+	var s eventSplitter
+	var seen []string
+	take := func(ev openai.Event) bool { seen = append(seen, ev.Name+"|"+string(ev.Data)); return true }
+	steps := []struct{ chunk, out string }{
+		{"event: e\rdata: a\r", ""}, // the "\r" may be half of a "\r\n": the line is not over
+		{"\r", "event: e\rdata: a\r\r"},
+		{"data: b\r\rdata: c\r\rdata: d", "data: b\r\rdata: c\r\r"},
+		{"\r\r", "data: d\r\r"},
+		{"data: e\r\n\r", ""},
+		{"\ndata: f\r\n", "data: e\r\n\r\n"},
+		{"\r\n", "data: f\r\n\r\n"},
+	}
+	for _, st := range steps {
+		if out := s.feed(nil, []byte(st.chunk), false, take); string(out) != st.out {
+			t.Fatalf("after %q: passed on %q, want %q", st.chunk, out, st.out)
+		}
+	}
+	want := []string{"e|a", "|b", "|c", "|d", "|e", "|f"}
+	if diff := cmp.Diff(want, seen); diff != "" {
+		t.Errorf("events read (-want +got):\n%s", diff)
+	}
+	// At the end of the stream a "\r" is a line end: the event is read, its data whole.
+	seen = nil
+	if out := s.feed(nil, []byte("data: [DONE]\r"), true, take); string(out) != "data: [DONE]\r" {
+		t.Errorf("at the end: passed on %q", out)
+	}
+	if diff := cmp.Diff([]string{"|[DONE]"}, seen); diff != "" {
+		t.Errorf("at the end, events read (-want +got):\n%s", diff)
+	}
+}
+
 // TestEventSplitterNoBlankLines: a stream whose lines never make a blank line (single line
 // ends) is not held whole, nor scanned again for every chunk: it is passed on in pieces of at
 // most maxEvent, every byte, in time linear in its length.
 func TestEventSplitterNoBlankLines(t *testing.T) {
-	line := "data: x\n"
-	chunk := []byte(strings.Repeat(line, 2048)) // 16 KiB
-	const chunks = 8 << 20 / (16 << 10)         // 8 MiB in all
+	for _, line := range []string{"data: x\n", "data: x\r\n", "data: x\r"} {
+		t.Run(fmt.Sprintf("%q", line), func(t *testing.T) { noBlankLines(t, line) })
+	}
+}
+
+func noBlankLines(t *testing.T, line string) {
+	chunk := []byte(strings.Repeat(line, 2048)) // 16 to 18 KiB
+	const chunks = 8 << 20 / (16 << 10)         // 8 MiB or more in all
 	var s eventSplitter
 	total, held := 0, 0
 	start := time.Now()
@@ -73,6 +120,49 @@ func TestEventSplitterNoBlankLines(t *testing.T) {
 		t.Errorf("passed on %d of %d bytes, held up to %d (maxEvent %d)", total, chunks*len(chunk), held, maxEvent)
 	}
 	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("8 MiB without a blank line took %v (it took 2.6 s when every chunk rescanned what was held)", took)
+		t.Errorf("%d MiB without a blank line took %v (it took 2.6 s when every chunk rescanned what was held)", chunks*len(chunk)>>20, took)
+	}
+}
+
+// BenchmarkEventSplitter feeds a 256-token chat stream to the splitter in the chunks a gateway
+// passes on: one event a chunk, and 4 KiB chunks that cut events anywhere.
+func BenchmarkEventSplitter(b *testing.B) {
+	var evs []string
+	for range 256 {
+		evs = append(evs, "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n")
+	}
+	evs = append(evs, doneEvent)
+	whole := strings.Join(evs, "")
+	var cut []string
+	for rest := whole; len(rest) > 0; {
+		n := min(len(rest), 4<<10)
+		cut = append(cut, rest[:n])
+		rest = rest[n:]
+	}
+	take := func(openai.Event) bool { return true }
+	for _, bc := range []struct {
+		name   string
+		chunks []string
+	}{{"event", evs}, {"4KiB", cut}} {
+		chunks := make([][]byte, len(bc.chunks))
+		for i, c := range bc.chunks {
+			chunks[i] = []byte(c)
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(whole)))
+			b.ReportAllocs()
+			var s eventSplitter
+			out := make([]byte, 0, 64<<10)
+			for b.Loop() {
+				n := 0
+				for i, c := range chunks {
+					out = s.feed(out[:0], c, i == len(chunks)-1, take)
+					n += len(out)
+				}
+				if n != len(whole) {
+					b.Fatalf("passed on %d of %d bytes", n, len(whole))
+				}
+			}
+		})
 	}
 }

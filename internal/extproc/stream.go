@@ -74,6 +74,7 @@ type stream struct {
 	events   eventSplitter
 	capture  []byte // a non-streamed answer, up to maxCapture
 	overflow bool   // the answer was larger than maxCapture
+	bad      bool   // the answer's status was not a status: its body is not read
 	first    bool   // the first event went by
 	settled  bool
 }
@@ -386,16 +387,20 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 	st.follow(rc, served(req))
 	st.x.Answered()
 	hdr := http.Header{}
+	status, hasStatus := "", false
 	for _, hv := range m.GetHeaders().GetHeaders() {
 		k, v := hv.GetKey(), headerValue(hv)
 		if k == ":status" {
-			st.status, _ = strconv.Atoi(v)
+			if !hasStatus { // the first: there is one
+				status, hasStatus = v, true
+			}
 		} else if !strings.HasPrefix(k, ":") {
 			hdr.Add(k, v)
 		}
 	}
-	if st.status == 0 {
-		st.status = http.StatusOK
+	st.status = http.StatusOK // Envoy always sends :status; a test harness may not
+	if hasStatus {
+		st.status = st.answerStatus(rc, status)
 	}
 	if st.status == http.StatusTooManyRequests {
 		rc.Backoff(proxy.RetryAfter(hdr))
@@ -425,6 +430,56 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
+}
+
+// answerStatus reads the answer's :status. One that is not three digits from 100 to 599 is the
+// engine's bad answer, as `kvroute serve` counts an answer that no API request can get (a
+// redirect, a protocol switch: 502 upstream_bad_answer): the request is settled as a 502 from
+// that endpoint, an upstream error on the access line, and logged once here; its body, passed
+// on as it is, is not read (no usage or cached tokens are taken from it). What Envoy tells the
+// client of it is Envoy's.
+func (st *stream) answerStatus(rc *route.Call, v string) int {
+	if n, ok := statusCode(v); ok {
+		return n
+	}
+	st.bad = true
+	ep := ""
+	if e := rc.Endpoint(); e != nil {
+		ep = e.Name
+	}
+	h := st.x.Handler()
+	h.Logger.Warn("the engine's answer has no valid status: counted as a bad answer (502)",
+		"request_id", st.x.RequestID(), "endpoint", ep, "status", truncate(v, maxStatusLog))
+	st.x.Refused(openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_bad_answer",
+		"the engine answered with an invalid status (request id "+st.x.RequestID()+")"))
+	return http.StatusBadGateway
+}
+
+// statusCode parses an HTTP status code: three digits, 100 to 599 (RFC 9110, 15).
+func statusCode(v string) (int, bool) {
+	if len(v) != 3 {
+		return 0, false
+	}
+	n := 0
+	for i := range 3 {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, n >= 100 && n <= 599
+}
+
+// maxStatusLog bounds the invalid status logged: it is whatever the engine sent.
+const maxStatusLog = 32
+
+// truncate cuts s to at most n bytes, and to valid UTF-8, marking a cut with "...".
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return strings.ToValidUTF8(s, "?")
+	}
+	return strings.ToValidUTF8(s[:n], "?") + "..."
 }
 
 // served is the endpoint Envoy says answered: ServedKey in the LBNamespace metadata (the
@@ -472,7 +527,7 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 	out := chunk
 	if st.sse {
 		out = st.events.feed(nil, chunk, eos, st.event)
-	} else if !st.overflow {
+	} else if !st.overflow && !st.bad {
 		if len(st.capture)+len(chunk) > maxCapture {
 			st.overflow, st.capture = true, nil
 		} else {
@@ -518,7 +573,7 @@ func (st *stream) finishAnswer() {
 		return
 	}
 	if !st.sse {
-		if st.overflow {
+		if st.overflow || st.bad {
 			st.x.Complete()
 		} else {
 			st.x.Whole(st.capture)

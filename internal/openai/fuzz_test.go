@@ -3,8 +3,12 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"testing"
+	"testing/iotest"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func FuzzParse(f *testing.F) {
@@ -63,21 +67,50 @@ func FuzzCanonicalPrefix(f *testing.F) {
 func FuzzSSEReader(f *testing.F) {
 	f.Add([]byte("data: a\n\nevent: x\ndata: b\r\n\r\ndata: [DONE]\n\n"))
 	f.Add([]byte(": c\n\n\n\ndata"))
+	f.Add([]byte("data: a\r\revent: x\rdata: b\rid: 1\r\rdata: [DONE]\r\r"))
+	f.Add([]byte("data: a\r\n\rdata: b\r\r\n\r\ndata: c\n\r\n: d\r"))
+	f.Add([]byte("\r\r\n\rdata: a\rb\r\r\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		s := NewSSEReader(bytes.NewReader(in), 4096)
 		var raw []byte
+		var whole []string
 		for range len(in) + 2 {
 			ev, err := s.Next()
 			if err != nil {
 				if err == io.EOF && len(in) < 4096 && !bytes.HasPrefix(in, raw) {
 					t.Fatalf("raw bytes %q are not a prefix of the input", raw)
 				}
+				if err == io.EOF && len(in) < 4096 {
+					// However the stream is cut into reads, the same events come.
+					if diff := cmp.Diff(whole, sseFields(t, iotest.OneByteReader(bytes.NewReader(in)))); diff != "" {
+						t.Fatalf("read whole and a byte at a time (-whole +bytes):\n%s", diff)
+					}
+				}
 				return
 			}
 			raw = append(raw, ev.Raw...)
+			whole = append(whole, fmt.Sprintf("%q %q %q %v", ev.Name, ev.Data, ev.ID, ev.Cut))
 		}
 		t.Fatal("more events than bytes")
 	})
+}
+
+// sseFields reads r to its end and gives each event's fields as text.
+func sseFields(t *testing.T, r io.Reader) []string {
+	s := NewSSEReader(r, 4096)
+	var out []string
+	for range 1 << 16 {
+		ev, err := s.Next()
+		if err != nil {
+			if err != io.EOF {
+				t.Fatalf("read a byte at a time: %v", err)
+			}
+			return out
+		}
+		out = append(out, fmt.Sprintf("%q %q %q %v", ev.Name, ev.Data, ev.ID, ev.Cut))
+	}
+	t.Fatal("too many events")
+	return nil
 }
 
 // FuzzEngineBodies feeds engine output (error bodies, responses, stream chunks) to the

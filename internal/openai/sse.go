@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -54,14 +53,33 @@ func IsErrorData(data []byte) bool {
 // keep-alive such as ": ping"), or only id or retry fields. It is no token and no progress.
 func (e *Event) Empty() bool { return len(e.Data) == 0 && e.Name == "" }
 
-// SSEReader reads server-sent events incrementally. Lines end in "\n" or "\r\n". It buffers at
+// SSEReader reads server-sent events incrementally. Lines end in "\n", "\r\n" or a lone "\r",
+// as the event-stream format allows (WHATWG HTML, "Parsing an event stream"). It buffers at
 // most one event, of at most maxEvent bytes.
+//
+// A "\r" that is the last byte received may be the first half of a "\r\n". Where it ends a
+// line of fields the event is not over anyway, and the next byte decides. Where it ends a blank
+// line (the event's end) after a line that ended in a lone "\r", the event ends there at once:
+// the engine ends its lines so, and may send nothing more for a long time (a token's wait, or
+// a model's thinking), so the event is not held for a "\n" that is not coming. After a line
+// that ended in "\r\n" (or "\n") the next byte decides: that "\n" is on its way, split from
+// its "\r" by the transport only, and waiting for it keeps every event's bytes whole. At the
+// end of the stream a "\r" is a line end.
 type SSEReader struct {
-	r        *bufio.Reader
+	src      io.Reader
+	buf      []byte // sseBuffer bytes; buf[rd:wr] is what was read and not yet taken
+	rd, wr   int
+	err      error // what ended a read that also brought bytes, returned once they are taken
 	maxEvent int
 	raw      []byte // the event's bytes as received; Event.Raw
 	data     []byte // the data lines joined, when there are several
 	name, id string // the last event name and id, reused while they repeat
+	// noLF and noCR are how many of the buffered bytes, from the first, are known to hold no
+	// "\n" and no "\r": the search for one starts past them. A stream of "\n" line ends is then
+	// searched for "\r" once a buffer, not once a line, and one of lone "\r" line ends for "\n".
+	noLF, noCR int
+	// loneCR: the last line read ended in a lone "\r".
+	loneCR bool
 }
 
 // NewSSEReader returns a reader of events from r, each at most maxEvent bytes (4 KiB when
@@ -70,7 +88,7 @@ type SSEReader struct {
 // (HasEvent); r, an HTTP body, is buffered already.
 func NewSSEReader(r io.Reader, maxEvent int) *SSEReader {
 	maxEvent = max(maxEvent, 4096)
-	return &SSEReader{r: bufio.NewReaderSize(r, sseBuffer), maxEvent: maxEvent}
+	return &SSEReader{src: r, buf: make([]byte, sseBuffer), maxEvent: maxEvent}
 }
 
 // sseBuffer is the SSEReader's own buffer: the size of an HTTP connection's read buffer, so
@@ -81,27 +99,62 @@ const sseBuffer = 4 << 10
 // without waiting for the stream. A proxy uses it to pass on together the events an engine
 // sent together. It never reads.
 func (s *SSEReader) HasEvent() bool {
-	b, _ := s.r.Peek(s.r.Buffered())
+	b := s.buf[s.rd:s.wr]
+	noLF, noCR, loneCR := s.noLF, s.noCR, s.loneCR
 	fields := false
 	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
+		n, lf, cr := lineEnd(b, noLF, noCR, loneCR)
+		if n < 0 {
 			return false // an unfinished line
 		}
-		blank := i == 0 || i == 1 && b[0] == '\r'
+		blank := b[0] == '\n' || b[0] == '\r'
 		if blank && fields {
 			return true
 		}
 		fields = fields || !blank
-		b = b[i+1:]
+		loneCR = b[n-1] == '\r'
+		b = b[n:]
+		noLF, noCR = max(lf-n, 0), max(cr-n, 0)
 	}
 	return false
 }
 
+// lineEnd returns the length of b's first line with its line end, or -1 when b holds no whole
+// line yet. The first noLF bytes of b are known to hold no "\n", the first noCR no "\r"; lf and
+// cr are where the searches for them stopped (the byte's index, or len(b) when b holds none),
+// for the next line's searches to start from. A "\r" that is b's last byte waits for the next
+// byte (-1), unless it is all of b's first line and loneCR says that the line before ended in
+// a lone "\r" (see SSEReader).
+func lineEnd(b []byte, noLF, noCR int, loneCR bool) (n, lf, cr int) {
+	lf = len(b)
+	if i := bytes.IndexByte(b[noLF:], '\n'); i >= 0 {
+		lf = noLF + i
+	}
+	cr = noCR
+	if cr < lf { // a "\r" may end the line: searched to the end of b, so that it is searched once
+		cr = len(b)
+		if i := bytes.IndexByte(b[noCR:], '\r'); i >= 0 {
+			cr = noCR + i
+		}
+	}
+	switch {
+	case cr >= lf && lf < len(b): // no "\r" before the "\n"
+		return lf + 1, lf, cr
+	case cr >= lf:
+		return -1, lf, cr
+	case cr+1 < len(b) && b[cr+1] == '\n':
+		return cr + 2, lf, cr
+	case cr+1 < len(b) || cr == 0 && loneCR:
+		return cr + 1, lf, cr
+	}
+	return -1, lf, cr
+}
+
 // Reset makes s read from r, keeping its buffers (for a pool of readers).
 func (s *SSEReader) Reset(r io.Reader) {
-	s.r.Reset(r)
+	s.src, s.rd, s.wr, s.err = r, 0, 0, nil
 	s.raw, s.data = s.raw[:0], s.data[:0]
+	s.noLF, s.noCR, s.loneCR = 0, 0, false
 }
 
 // Next returns the next event. At the end of the stream it returns io.EOF; a stream that ends
@@ -177,24 +230,81 @@ func (s *SSEReader) Next() (Event, error) {
 	}
 }
 
-// readLine appends one line, with its "\n", to s.raw; io.EOF when the stream ends (the partial
-// line, if any, is appended).
+// readLine appends one line, with its line end, to s.raw; io.EOF when the stream ends (the
+// partial line, if any, is appended).
 func (s *SSEReader) readLine() error {
+	start := len(s.raw)
 	for {
-		chunk, err := s.r.ReadSlice('\n')
-		if len(s.raw)+len(chunk) > s.maxEvent {
+		if s.rd == s.wr {
+			if err := s.fill(); err != nil {
+				if err == io.EOF && len(s.raw) > start && s.raw[len(s.raw)-1] == '\r' {
+					s.loneCR = true
+					return nil // a "\r" at the end of the stream ends its line
+				}
+				return err
+			}
+		}
+		b := s.buf[s.rd:s.wr]
+		if len(s.raw) > start && s.raw[len(s.raw)-1] == '\r' {
+			// The line's "\r" was the last byte buffered: this byte says whether a "\n" is its
+			// second half. (A "\r" ends a line wherever it is, so it can only be the last.)
+			s.loneCR = b[0] != '\n'
+			if !s.loneCR {
+				if len(s.raw) >= s.maxEvent {
+					return fmt.Errorf("%w (limit %d bytes)", ErrSSELineTooLong, s.maxEvent)
+				}
+				s.raw = append(s.raw, '\n')
+				s.rd++
+			}
+			return nil
+		}
+		var n, lf, cr int
+		if i := bytes.IndexByte(b[s.noLF:], '\n'); i >= 0 && s.noLF+i < s.noCR {
+			// The usual line: it ends in "\n", and no "\r" is before it (known since the first
+			// line of this buffer was read).
+			lf = s.noLF + i
+			n, cr = lf+1, s.noCR
+		} else {
+			n, lf, cr = lineEnd(b, s.noLF, s.noCR, s.loneCR && len(s.raw) == start)
+		}
+		take := n
+		if n < 0 {
+			take = len(b)
+		}
+		if len(s.raw)+take > s.maxEvent {
 			return fmt.Errorf("%w (limit %d bytes)", ErrSSELineTooLong, s.maxEvent)
 		}
-		s.raw = append(s.raw, chunk...)
-		switch {
-		case err == nil:
+		s.raw = append(s.raw, b[:take]...)
+		s.rd += take
+		s.noLF, s.noCR = max(lf-take, 0), max(cr-take, 0)
+		if n >= 0 {
+			s.loneCR = b[n-1] == '\r'
 			return nil
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		default:
+		}
+	}
+}
+
+// fill reads into the buffer, which the reader has emptied: at least a byte, or an error
+// (io.EOF at the end of the stream). An error that comes with bytes is returned at the next
+// fill, as bufio.Reader does.
+func (s *SSEReader) fill() error {
+	s.rd, s.wr = 0, 0
+	if err := s.err; err != nil {
+		s.err = nil
+		return err
+	}
+	for range 100 { // a reader that keeps returning nothing, and no error, is broken
+		n, err := s.src.Read(s.buf)
+		s.wr = max(min(n, len(s.buf)), 0)
+		switch {
+		case s.wr > 0:
+			s.err = err
+			return nil
+		case err != nil:
 			return err
 		}
 	}
+	return io.ErrNoProgress
 }
 
 // WriteEvent writes one event ("event: name" when name is set, then data split on "\n" into

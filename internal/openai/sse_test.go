@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -60,14 +61,126 @@ func TestSSEReader(t *testing.T) {
 	}
 }
 
+// TestSSEReaderLineEnds: lines may end in "\n", "\r\n" or a lone "\r" (WHATWG HTML, "Parsing an
+// event stream"), mixed in one stream; the events' bytes reassemble the stream.
+func TestSSEReaderLineEnds(t *testing.T) {
+	type ev struct {
+		Name, Data, ID, Raw string
+		Cut                 bool
+	}
+	for _, tc := range []struct {
+		in      string
+		want    []ev
+		oneByte []ev // read a byte at a time, where it differs
+	}{
+		{"data: a\r\rdata: b\r\r", []ev{{Data: "a", Raw: "data: a\r\r"}, {Data: "b", Raw: "data: b\r\r"}}, nil},
+		{"event: e\rdata: 1\rdata: 2\rid: 3\r\r", []ev{{Name: "e", Data: "1\n2", ID: "3", Raw: "event: e\rdata: 1\rdata: 2\rid: 3\r\r"}}, nil},
+		{": ping\r\rdata: [DONE]\r\r", []ev{{Raw: ": ping\r\r"}, {Data: "[DONE]", Raw: "data: [DONE]\r\r"}}, nil},
+		// Blank lines before an event stay in its Raw, whatever their line ends.
+		{"\r\n\r\rdata: a\r\r", []ev{{Data: "a", Raw: "\r\n\r\rdata: a\r\r"}}, nil},
+		// A "\r" right before a "\n" is one line end; one before a "\r" is a line end of its own.
+		// Read a byte at a time, b's blank line ends at its "\r" (the line before ended in a lone
+		// "\r"): the "\n" after it is a blank line before an event that never comes.
+		{"data: a\r\n\rdata: b\r\r\n", []ev{{Data: "a", Raw: "data: a\r\n\r"}, {Data: "b", Raw: "data: b\r\r\n"}},
+			[]ev{{Data: "a", Raw: "data: a\r\n\r"}, {Data: "b", Raw: "data: b\r\r"}}},
+		{"data: a\n\r\ndata: b\r\n\n", []ev{{Data: "a", Raw: "data: a\n\r\n"}, {Data: "b", Raw: "data: b\r\n\n"}}, nil},
+		// A "\r" in a value ends the line: "data: a\rb" is the data "a", then a field "b".
+		{"data: a\rb\r\r", []ev{{Data: "a", Raw: "data: a\rb\r\r"}}, nil},
+		// At the end of the stream a "\r" ends its line.
+		{"data: a\r", []ev{{Data: "a", Raw: "data: a\r", Cut: true}}, nil},
+		{"data: a\r\r", []ev{{Data: "a", Raw: "data: a\r\r"}}, nil},
+		{"data: a\r\n\r", []ev{{Data: "a", Raw: "data: a\r\n\r"}}, nil},
+	} {
+		for _, oneByte := range []bool{false, true} {
+			var r io.Reader = strings.NewReader(tc.in)
+			if oneByte {
+				r = iotest.OneByteReader(r)
+			}
+			evs, err := readAll(t, r, 0)
+			if err != nil {
+				t.Fatalf("%q: %v", tc.in, err)
+			}
+			var got []ev
+			for _, e := range evs {
+				got = append(got, ev{e.Name, string(e.Data), e.ID, string(e.Raw), e.Cut})
+			}
+			want := tc.want
+			if oneByte && tc.oneByte != nil {
+				want = tc.oneByte
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("%q, one byte a read %v (-want +got):\n%s", tc.in, oneByte, diff)
+			}
+		}
+	}
+}
+
+// TestSSEReaderLoneCRDoesNotWait: an event whose lines end in a lone "\r" is returned as soon as
+// its blank line's "\r" has come, though the "\r" is the last byte so far and the stream says
+// nothing more: it is not held for a "\n" that may follow. After "\r\n" lines the byte after
+// the blank line's "\r" is waited for, so that its "\n" stays in the event.
+func TestSSEReaderLoneCRDoesNotWait(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pr.Close()
+	s := NewSSEReader(pr, 0)
+	type result struct {
+		raw string
+		err error
+	}
+	got := make(chan result, 1)
+	next := func() {
+		ev, err := s.Next()
+		got <- result{string(ev.Raw), err}
+	}
+	write := func(p string) {
+		t.Helper()
+		if _, err := pw.Write([]byte(p)); err != nil { // returns once the reader has taken it all
+			t.Fatal(err)
+		}
+	}
+	wait := func(want string) {
+		t.Helper()
+		select {
+		case r := <-got:
+			if r.err != nil || r.raw != want {
+				t.Fatalf("Next: %q, %v; want %q", r.raw, r.err, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Next did not return %q: it waits for a byte after the \\r", want)
+		}
+	}
+	go next()
+	write("data: a\rdata: b\r")
+	write("\r")
+	wait("data: a\rdata: b\r\r")
+
+	go next()
+	write("data: c\r\n\r")
+	// Written from another goroutine: a reader that returned early reads it no more (the
+	// deferred Close ends the write), and the event it returned lacks the "\n".
+	go func() { _, _ = pw.Write([]byte("\n")) }()
+	wait("data: c\r\n\r\n")
+	pw.Close()
+	if _, err := s.Next(); err != io.EOF {
+		t.Errorf("at the end: %v, want io.EOF", err)
+	}
+}
+
 func TestSSEReaderTruncatedAndTooLong(t *testing.T) {
 	evs, err := readAll(t, strings.NewReader("data: a\n\ndata: part"), 0)
 	if err != nil || len(evs) != 2 || string(evs[1].Data) != "part" {
 		t.Errorf("truncated stream: %d events, err %v", len(evs), err)
 	}
-	_, err = readAll(t, strings.NewReader("data: "+strings.Repeat("x", 10000)+"\n\n"), 4096)
+	for _, end := range []string{"\n\n", "\r\r", ""} {
+		_, err = readAll(t, strings.NewReader("data: "+strings.Repeat("x", 10000)+end), 4096)
+		if !errors.Is(err, ErrSSELineTooLong) {
+			t.Errorf("long line ending %q: err = %v, want ErrSSELineTooLong", end, err)
+		}
+	}
+	// Lines that end in a lone "\r" but never make a blank line are an event that grows too long.
+	_, err = readAll(t, strings.NewReader(strings.Repeat("data: x\r", 1000)), 4096)
 	if !errors.Is(err, ErrSSELineTooLong) {
-		t.Errorf("long line: err = %v, want ErrSSELineTooLong", err)
+		t.Errorf("no blank line: err = %v, want ErrSSELineTooLong", err)
 	}
 }
 
@@ -176,15 +289,21 @@ func TestSSEReaderHasEvent(t *testing.T) {
 		{"\n\ndata: a\n\n", []bool{true}},
 		{": ping\n\ndata: [DONE]\n\n", []bool{true, true}},
 		{"data: a", []bool{false}},
+		{"data: a\r\rdata: b\r\r", []bool{true, true}}, // lone "\r" line ends
+		{"data: a\r\rdata: b\r", []bool{true, false}},  // b's "\r" may be half of "\r\n"
+		{"data: a\r\n\r", []bool{false}},               // after "\r\n" lines, so may the blank line's
+		{"data: a\n\rdata: b\r\r", []bool{true, true}}, // mixed: a "\r" followed by a byte is whole
+		{"\r\r\rdata: a\r\r\r\n", []bool{true, false}}, // blank lines before, then after the event
+		{"data: a\r\n\r\ndata: b\r\n\r", []bool{true, false}},
 	} {
 		r := NewSSEReader(strings.NewReader(tc.in), 0)
-		// Fill the buffer: the first Peek reads what the stream holds.
-		if _, err := r.r.Peek(1); err != nil {
+		// Fill the buffer: the first read takes what the stream holds.
+		if err := r.fill(); err != nil {
 			t.Fatal(err)
 		}
 		var got []bool
 		for range 10 {
-			if r.r.Buffered() == 0 {
+			if r.rd == r.wr {
 				break
 			}
 			got = append(got, r.HasEvent())
@@ -234,7 +353,7 @@ func (r *twoReads) Read(p []byte) (int, error) {
 }
 
 // TestSSEReaderSplitAtEveryOffset: a stream that arrives in two reads, split at every byte
-// offset (inside a field name, a value, a "\r\n", the blank line), gives the same events as
+// offset (inside a field name, a value, a "\r\n", between two lone "\r", the blank line), gives the same events as
 // the stream read at once, and whenever HasEvent reports an event buffered, Next returns it
 // without reading.
 func TestSSEReaderSplitAtEveryOffset(t *testing.T) {
@@ -242,9 +361,11 @@ func TestSSEReaderSplitAtEveryOffset(t *testing.T) {
 		": ping\r\n\r\n" +
 		"event: response.output_text.delta\r\ndata: x\r\ndata: y\r\nid: 7\r\n\r\n" +
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n" +
+		"event: cr\rdata: lone\rdata: ends\rid: 8\r\r" +
+		"\r: ping\r\r" +
 		"data: [DONE]\n\n"
 	want, err := readAll(t, strings.NewReader(in), 0)
-	if err != nil || len(want) != 5 {
+	if err != nil || len(want) != 7 {
 		t.Fatalf("whole stream: %d events, err %v", len(want), err)
 	}
 	buffered := 0 // events HasEvent found buffered, over all splits

@@ -30,24 +30,43 @@ type heldBody struct {
 const pooledBody = bodyStart
 
 // bodyClasses are the pools of body buffers: class k holds buffers of 1 << (k + minClass)
-// bytes, from 128 KiB to 2 MiB, the smallest that holds exactBody + 1 (TestBodyClasses).
+// bytes, from 128 KiB to 4 MiB: request bodies take the classes up to the smallest that holds
+// exactBody + 1 (TestBodyClasses), whole answers (answerBuf) all of them, up to maxCapture.
 const (
 	minClass   = 17
-	numClasses = 5
+	numClasses = 6
 )
 
 var bodyClasses [numClasses]sync.Pool
 
+// maxClassBuf is the largest class's size.
+const maxClassBuf = 1 << (minClass + numClasses - 1)
+
+// classBuf returns a buffer of bodyClasses of at least n bytes (at most maxClassBuf), its
+// length its class's size. Whole answers are read into them too (readWhole).
+func classBuf(n int) *[]byte {
+	k := max(bits.Len(uint(n-1)), minClass) - minClass
+	if p, _ := bodyClasses[k].Get().(*[]byte); p != nil {
+		return p
+	}
+	s := make([]byte, 1<<(k+minClass))
+	return &s
+}
+
+// isClass reports whether a buffer of capacity c belongs in one of bodyClasses.
+func isClass(c int) bool {
+	return c >= 1<<minClass && c <= maxClassBuf && c&(c-1) == 0
+}
+
+// putClass gives a buffer back to its class (isClass), its length the class's size again.
+func putClass(p *[]byte) {
+	*p = (*p)[:cap(*p)]
+	bodyClasses[bits.Len(uint(cap(*p)-1))-minClass].Put(p)
+}
+
 // newHeldBody returns a body buffer of at least n bytes, held once (by the handler).
 func newHeldBody(n int) *heldBody {
-	k := max(bits.Len(uint(n-1)), minClass) - minClass
-	b := &heldBody{}
-	if p, _ := bodyClasses[k].Get().(*[]byte); p != nil {
-		b.buf = p
-	} else {
-		s := make([]byte, 1<<(k+minClass))
-		b.buf = &s
-	}
+	b := &heldBody{buf: classBuf(n)}
 	b.refs.Store(1)
 	return b
 }
@@ -58,8 +77,7 @@ func (b *heldBody) hold() { b.refs.Add(1) }
 // release drops a holder; the last one puts the buffer back.
 func (b *heldBody) release() {
 	if b.refs.Add(-1) == 0 {
-		k := bits.Len(uint(cap(*b.buf)-1)) - minClass
-		bodyClasses[k].Put(b.buf)
+		putClass(b.buf)
 		b.buf = nil
 	}
 }

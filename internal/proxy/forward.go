@@ -742,6 +742,28 @@ func (b *captureBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// readWhole reads the answer, of size bytes (-1: unknown), into one pooled buffer, up to
+// maxCapture, for the relay to send whole: what Read does as the relay reads, without keeping a
+// copy of what it reads. The answer's usage is read from that buffer when it holds the whole
+// answer; otherwise the reads that pass the rest on keep the tail, as Read does. The buffer
+// goes back with putCapture.
+func (b *captureBody) readWhole(size int64) (bp *[]byte, ended bool, err error) {
+	bp, ended, err = readWhole(b.up, size)
+	switch {
+	case err != nil:
+		b.c.cut = true
+	case ended:
+		b.c.complete = true
+		b.read = true
+		b.c.takeBody(*bp)
+	default:
+		b.full = true
+		whole := *bp
+		b.tail = append(b.tail, whole[max(len(whole)-maxTail, 0):]...) // the usage may begin there
+	}
+	return bp, ended, err
+}
+
 // release gives the buffer back to the pool.
 func (b *captureBody) release() {
 	putCapture(b.buf)

@@ -58,7 +58,11 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	ended := false
 	if !isEventStream(resp.Header.Get("Content-Type")) {
 		var err error
-		whole, ended, err = readWhole(resp.Body)
+		if cb, ok := resp.Body.(*captureBody); ok {
+			whole, ended, err = cb.readWhole(resp.ContentLength) // read once, not copied again for its usage
+		} else {
+			whole, ended, err = readWhole(resp.Body, resp.ContentLength)
+		}
 		defer putCapture(whole)
 		if err != nil {
 			resp.Body.Close()
@@ -117,15 +121,16 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	}
 }
 
-// readWhole reads body into a pooled buffer (captureBufs) until its end or maxCapture bytes,
-// and reports whether it reached the end; the buffer goes back with putCapture.
-func readWhole(body io.Reader) (bp *[]byte, ended bool, err error) {
-	bp = captureBufs.Get().(*[]byte)
+// readWhole reads body, of size bytes (-1: unknown), into a pooled buffer (answerBuf) until its
+// end or maxCapture bytes, and reports whether it reached the end; the buffer goes back with
+// putCapture.
+func readWhole(body io.Reader, size int64) (bp *[]byte, ended bool, err error) {
+	bp = answerBuf(size)
 	b := (*bp)[:0]
 	defer func() { *bp = b }()
 	for len(b) < maxCapture {
-		if len(b) == cap(b) {
-			b = slices.Grow(b, len(b))
+		if len(b) == cap(b) { // of unknown length, or longer than it said
+			b = growAnswer(b)
 		}
 		n, err := body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -139,11 +144,50 @@ func readWhole(body io.Reader) (bp *[]byte, ended bool, err error) {
 	return bp, false, nil
 }
 
-// putCapture gives a buffer from captureBufs back (nil: none), unless it grew too large to keep.
+// answerBuf returns an empty buffer to read a whole answer of size bytes into (-1: unknown).
+// One of a known size is read into a pooled buffer that holds it and a byte more (to see its
+// end without growing it), up to maxCapture: answers (an embeddings batch, a long completion)
+// run to megabytes, and a buffer grown as one is read was allocated and copied over again and
+// again (a 1 MiB answer took 6 MB of allocations when it grew from 4 KiB and its bytes were
+// copied once more for their usage: BenchmarkWholeAnswer).
+func answerBuf(size int64) *[]byte {
+	if size < maxPooledCapture {
+		bp := captureBufs.Get().(*[]byte)
+		if size >= int64(cap(*bp)) {
+			*bp = slices.Grow((*bp)[:0], int(size)+1)
+		}
+		return bp
+	}
+	bp := classBuf(int(min(size+1, maxCapture))) // readWhole stops at maxCapture
+	*bp = (*bp)[:0]
+	return bp
+}
+
+// growAnswer returns b in a buffer twice its size, of a class past maxPooledCapture (pooled),
+// and gives b's back to its class if it had one (a small one is left to the collector: the
+// pool's handle holds the new buffer).
+func growAnswer(b []byte) []byte {
+	n := 2 * cap(b)
+	if n <= maxPooledCapture {
+		return slices.Grow(b, len(b))
+	}
+	nb := append((*classBuf(min(n, maxCapture)))[:0], b...)
+	if isClass(cap(b)) {
+		putClass(&b)
+	}
+	return nb
+}
+
+// putCapture gives back a buffer from captureBufs or answerBuf (nil: none), unless it grew too
+// large to keep: a small one to captureBufs, one of a class's size to its class.
 func putCapture(bp *[]byte) {
-	if bp != nil && cap(*bp) <= maxPooledCapture {
+	switch {
+	case bp == nil:
+	case cap(*bp) <= maxPooledCapture:
 		*bp = (*bp)[:0]
 		captureBufs.Put(bp)
+	case isClass(cap(*bp)):
+		putClass(bp)
 	}
 }
 

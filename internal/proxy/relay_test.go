@@ -124,11 +124,21 @@ func TestRelayHopByHopHeaders(t *testing.T) {
 // TestStreamEndsAtDone: the client's stream ends (its chunked body's end) as soon as the
 // engine's [DONE] is relayed, without waiting for the engine to end its own body.
 func TestStreamEndsAtDone(t *testing.T) {
+	// Whatever the engine's line ends (WHATWG HTML allows "\n", "\r\n" and a lone "\r"): a
+	// stream whose "\r" line ends are read as a line's end only with the byte after them would
+	// hold [DONE] until the engine's body ends.
+	for _, nl := range []string{"\n", "\r\n", "\r"} {
+		t.Run(fmt.Sprintf("%q", nl), func(t *testing.T) { streamEndsAtDone(t, nl) })
+	}
+}
+
+func streamEndsAtDone(t *testing.T, nl string) {
 	release := make(chan struct{})
+	done := "data: [DONE]" + nl + nl
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}"+nl+nl+done)
 		w.(http.Flusher).Flush()
 		select { // the body's end only once the client has had its own, or after 5 s
 		case <-release:
@@ -161,7 +171,7 @@ func TestStreamEndsAtDone(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	took := time.Since(start)
-	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), done) || strings.Contains(string(body), "error") {
 		t.Fatalf("answer %d %q, err %v", resp.StatusCode, body, err)
 	}
 	if took > 4*time.Second {
