@@ -232,7 +232,7 @@ func TestSeriesAtZero(t *testing.T) {
 	m.Tenant.Request("t", 429)
 	m.Tenant.Request(Unauthenticated, 401)
 	m.Tenant.Request(Unauthenticated, 400)
-	for _, r := range []string{"requests_per_minute", "tokens_per_minute", "overloaded"} {
+	for _, r := range []string{"requests_per_minute", "tokens_per_minute", "overloaded", "client_gone"} {
 		m.Tenant.Rejection("t", r)
 	}
 	m.Tenant.Rejection(Unauthenticated, "missing_api_key")

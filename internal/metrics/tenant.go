@@ -22,7 +22,7 @@ var queueWaitBuckets = []float64{0, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.00
 // with, and the reasons the gate may refuse them for (the error code, or which rate limit).
 var (
 	tenantStatuses = []string{"200", "400", "404", "413", "429", "499", "500", "502", "503", "504"}
-	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded"}
+	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded", "client_gone"}
 )
 
 // Series made at 0 for Unauthenticated while authentication is on: 401 for a missing or wrong
@@ -73,7 +73,7 @@ func NewTenantMetrics(reg prometheus.Registerer) *TenantMetrics {
 		}, []string{"tenant"}),
 		CompletionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_tenant_completion_tokens_total",
-			Help: "Completion tokens settled per tenant (engine-reported).",
+			Help: "Completion tokens settled per tenant (engine-reported, else one per content event a stream relayed before it was cut).",
 		}, []string{"tenant"}),
 		live: map[string]bool{Unauthenticated: true},
 	}

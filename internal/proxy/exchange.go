@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
@@ -25,7 +27,11 @@ import (
 
 // authenticate finds the request's tenant from its headers (Gate.Authenticate); on a 401 it
 // sets WWW-Authenticate in out, the response's headers.
-func (c *call) authenticate(hdr, out http.Header) *openai.Error {
+func (c *call) authenticate(hdr, out http.Header) *openai.Error { return c.identify(hdr, out, true) }
+
+// identify is authenticate; count false looks the key up without counting or logging a refusal
+// (Gate.Lookup), for a request that is not an API call.
+func (c *call) identify(hdr, out http.Header, count bool) *openai.Error {
 	h := c.h
 	if h.setup != nil {
 		return openai.NewError(http.StatusInternalServerError, openai.TypeServer, "", "", h.setup.Error())
@@ -33,7 +39,13 @@ func (c *call) authenticate(hdr, out http.Header) *openai.Error {
 	if h.Gate == nil {
 		return nil
 	}
-	id, oe := h.Gate.Authenticate(hdr)
+	var id *tenant.Identity
+	var oe *openai.Error
+	if count {
+		id, oe = h.Gate.Authenticate(hdr)
+	} else {
+		id, oe = h.Gate.Lookup(hdr)
+	}
 	if oe != nil {
 		if oe.Status == http.StatusUnauthorized {
 			out.Set("WWW-Authenticate", `Bearer realm="kvroute"`)
@@ -267,8 +279,60 @@ func (c *call) takeEvent(ev openai.Event) (pass bool) {
 	}
 	if ev.Name == "error" || ev.Name == "response.failed" || openai.IsErrorData(ev.Data) {
 		c.streamErr = true
+	} else if contentEvent(ev) {
+		c.contentEvents++
 	}
 	return true
+}
+
+// contentEvent reports whether ev carries generated text: a Responses API event whose name ends
+// in ".delta", or a chat or completion chunk with a non-empty string as its content, text,
+// reasoning or tool-call arguments (not the first chunk's role, an empty content, a finish
+// reason or a usage alone).
+func contentEvent(ev openai.Event) bool {
+	if ev.Name != "" && ev.Name != "message" {
+		return strings.HasSuffix(ev.Name, ".delta")
+	}
+	if len(ev.Data) == 0 || ev.Data[0] != '{' {
+		return false
+	}
+	for _, k := range contentKeys {
+		if nonEmptyString(ev.Data, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// contentKeys are the names, quoted, of the members that carry generated text in a chunk
+// ("delta" is a string in a Responses API event sent without its name; in a chat chunk it is
+// an object, which nonEmptyString passes over).
+var contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"delta"`),
+	[]byte(`"reasoning_content"`), []byte(`"reasoning"`), []byte(`"arguments"`)}
+
+// nonEmptyString reports whether data has a member named key (quoted) whose value is a
+// non-empty string. A name inside a string value has its quotes escaped, so it is not found.
+func nonEmptyString(data, key []byte) bool {
+	for {
+		i := bytes.Index(data, key)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(key):]
+		j := skipSpace(data, 0)
+		if j < len(data) && data[j] == ':' {
+			if j = skipSpace(data, j+1); j+1 < len(data) && data[j] == '"' && data[j+1] != '"' {
+				return true
+			}
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // takeBody reads a whole non-streamed answer: usage, llama.cpp's timings, the response id.
@@ -337,12 +401,8 @@ func (c *call) settle(status int, method, path string) {
 	}
 	switch {
 	case c.ticket != nil:
-		// What the engines used: nothing when no endpoint answered (the estimate is refunded).
-		if ep == nil {
-			c.ticket.End(status, 0, 0)
-		} else {
-			c.ticket.End(status, prompt, completion)
-		}
+		p, cpl := c.charge(status)
+		c.ticket.End(status, p, cpl)
 	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
 		h.Gate.Count(c.id, status) // the gate counted its own refusals
 	}
@@ -362,19 +422,23 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [18]slog.Attr // every attribute below, on the stack
+	var attrBuf [19]slog.Attr // every attribute below, on the stack
+	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
-		slog.String("method", method),
-		slog.String("path", path),
+		slog.String("method", logCut1(method, maxLogMethod)),
+		slog.String("path", logPath),
 		slog.Int("status", status),
 		slog.Float64("duration_ms", float64(dur.Microseconds())/1000),
 	)
+	if cut {
+		attrs = append(attrs, slog.Int("path_bytes", len(path)))
+	}
 	if c.via != "" {
 		attrs = append(attrs, slog.String("via", c.via))
 	}
 	if c.req != nil {
-		attrs = append(attrs, slog.String("model", c.req.Model), slog.Bool("stream", c.stream),
+		attrs = append(attrs, slog.String("model", logCut1(c.req.Model, maxLogPath)), slog.Bool("stream", c.stream),
 			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
 	}
 	if tried != nil {
@@ -404,6 +468,69 @@ func (c *call) settle(status int, method, path string) {
 	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
+// charge is what the request, answered with status, costs its tenant, in prompt and
+// completion tokens. Nothing when no engine can have computed any of it: refused before the
+// pick, or every attempt a connection that failed or an engine's refusal (503, 429).
+// Otherwise, whether the engine answered or not (the client left first, the attempt timed out,
+// the connection broke, the stream was cut), the usage the engine reported, else the router's
+// estimate of the prompt and, for a stream, one completion token per content event passed on
+// (contentEvent). An approximation: vLLM and SGLang send one token per event, so that the
+// count is theirs; where an event carries several (speculative decoding, an engine that
+// batches its writes) it is less. A non-streamed answer that never came is charged its prompt
+// alone.
+func (c *call) charge(status int) (prompt, completion int) {
+	if c.req == nil || !c.reachedEngine(status) {
+		return 0, 0
+	}
+	prompt = c.preq.PromptTokens
+	if c.haveUsage && c.usage.Prompt() > 0 {
+		prompt = c.usage.Prompt()
+	}
+	if c.haveUsage {
+		return prompt, c.usage.Completion()
+	}
+	return prompt, c.contentEvents
+}
+
+// reachedEngine reports whether an attempt of the request reached an engine: as sentTransport
+// saw it, or, where a front end carried the request (Exchange), whenever it was routed and the
+// answer was not a refusal (503, 429: the engine's, or the front end's own when it could not
+// connect).
+func (c *call) reachedEngine(status int) bool {
+	if !c.carried {
+		return c.sent
+	}
+	refused := c.answered && (status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests)
+	return c.rc != nil && c.rc.Attempts() > 0 && !refused
+}
+
+// Bounds of what the access line takes from the client as it came: the path (of a request
+// that may not even be authenticated) and the model can be as long as a request's head or body
+// allows, a megabyte or more a line.
+const (
+	maxLogPath   = 256
+	maxLogMethod = 32
+)
+
+// logCut returns s cut to at most n bytes, at a character's start and as valid UTF-8, with
+// "..." after a cut, and whether it cut. An s of at most n bytes comes back as it is.
+func logCut(s string, n int) (string, bool) {
+	if len(s) <= n {
+		return s, false
+	}
+	i := n
+	for j := 0; j < utf8.UTFMax-1 && i > 0 && !utf8.RuneStart(s[i]); j++ {
+		i-- // not inside a character that the cut would split
+	}
+	return strings.ToValidUTF8(s[:i], "\uFFFD") + "...", true
+}
+
+// logCut1 is logCut without its report.
+func logCut1(s string, n int) string {
+	s, _ = logCut(s, n)
+	return s
+}
+
 // Exchange is one request's passage through the router's steps, for a front end that carries
 // the request itself (internal/extproc: Envoy carries it, kvroute picks): the same
 // authentication, parsing, routing keys, tenant limits, admission, pick, learning from the
@@ -417,7 +544,7 @@ type Exchange struct{ c *call }
 // access line ("ext_proc").
 func (h *Handler) NewExchange(requestID, via string) *Exchange {
 	h.once.Do(h.init)
-	c := &call{h: h, cached: -1, timingsCached: -1, via: via}
+	c := &call{h: h, cached: -1, timingsCached: -1, via: via, carried: true}
 	if h.Lifecycle != nil {
 		c.start = h.Lifecycle.Now()
 	} else {

@@ -43,7 +43,7 @@ func (h *Handler) ServeExplain(w http.ResponseWriter, r *http.Request) {
 	h.once.Do(h.init)
 	c := &call{h: h, cached: -1, timingsCached: -1}
 	fail := func(oe *openai.Error) { openai.WriteError(w, oe) }
-	if oe := c.authenticate(r.Header, w.Header()); oe != nil {
+	if oe := c.identify(r.Header, w.Header(), false); oe != nil { // the API's metrics are not the admin port's
 		fail(oe)
 		return
 	}

@@ -130,6 +130,7 @@ func (h *Handler) init() {
 	if h.Transport == nil {
 		h.Transport = h1.New(DefaultTransport())
 	}
+	h.Transport = sentTransport{h.Transport}
 	if h.MaxBodyBytes <= 0 {
 		h.MaxBodyBytes = 16 << 20
 	}
@@ -170,6 +171,39 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// sentTransport tells each call whether one of its attempts reached an engine (call.sent), for
+// the tenant's charge: its request was written to a connection, whatever came of it (an answer,
+// a timeout, a lost connection, the client leaving), except where the engine cannot have
+// computed anything: the connection never opened, or the engine refused the request (503, 429,
+// or a redirect, which the router fails over as it does a 503).
+type sentTransport struct{ next http.RoundTripper }
+
+func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Context().Err() != nil {
+		return t.next.RoundTrip(req) // over before it began: nothing is sent
+	}
+	resp, err := t.next.RoundTrip(req)
+	if c := callFrom(req.Context()); c != nil && reachedEngine(resp, err) {
+		c.sent = true
+	}
+	return resp, err
+}
+
+// reachedEngine reports whether an attempt that returned resp and err may have made its engine
+// compute: everything but a connection that failed or an engine's refusal.
+func reachedEngine(resp *http.Response, err error) bool {
+	if err != nil {
+		return !isDialError(err)
+	}
+	switch s := resp.StatusCode; {
+	case s == http.StatusServiceUnavailable, s == http.StatusTooManyRequests:
+		return false
+	case s < 200, s >= 300 && s < 400:
+		return false
+	}
+	return true
+}
+
 // copyBufs recycles the relay's copy buffers.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
 
@@ -208,6 +242,12 @@ type call struct {
 
 	dropUsage bool
 	stream    bool
+	// sent says an attempt reached an engine (sentTransport). carried says a front end carries
+	// the request (Exchange), past any transport of ours: the lifecycle's attempts and the
+	// answer's status tell instead (call.reachedEngine). The tenant is charged for what an
+	// engine may have computed (call.charge).
+	sent    bool
+	carried bool
 
 	// Filled while the response is read (one goroutine: the proxy's copy loop).
 	usage     openai.Usage
@@ -221,6 +261,7 @@ type call struct {
 	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
 	cut           bool // the engine's stream ended before its end
 	streamErr     bool // the engine's stream carried an error event (it failed after its head)
+	contentEvents int  // events of the stream passed on that carry generated text (contentEvent)
 }
 
 // ep is the endpoint that answered the request, or nil.

@@ -77,6 +77,15 @@ func (b *bucket) remaining(now time.Time) (int, time.Duration) {
 	return int(math.Max(0, math.Floor(b.tokens))), b.until(b.limit)
 }
 
+// full reports whether the bucket holds its whole limit now (an unlimited one always does).
+func (b *bucket) full(now time.Time) bool {
+	if b.unlimited() {
+		return true
+	}
+	b.refill(now)
+	return b.tokens >= b.limit
+}
+
 // setLimit changes the limit, keeping the fraction of the bucket in use (config reload).
 func (b *bucket) setLimit(now time.Time, perMinute int) {
 	b.refill(now)

@@ -61,6 +61,10 @@ type Gate struct {
 
 	mu  sync.Mutex // serialises Reload
 	cur atomic.Pointer[table]
+	// retired holds the limiters of tenants that a reload removed while they still had
+	// requests in flight or had not refilled their buckets, by name (guarded by mu): a tenant
+	// added back goes on from there rather than from fresh limits. Pruned at each reload.
+	retired map[string]*limiter
 }
 
 // table is one config's view: whether authentication is on, and keys to tenants.
@@ -111,27 +115,33 @@ func New(cfg *config.Config, opt Options) (*Gate, error) {
 }
 
 // Reload applies a new config: tenants, keys, limits and overload settings. A tenant that
-// keeps its name keeps what it has used of its limits. On error the old config stays.
+// keeps its name keeps what it has used of its limits, and so does one removed and added back
+// while it still had requests in flight or its buckets had not refilled. On error the old
+// config stays.
 func (g *Gate) Reload(cfg *config.Config) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	t := &table{auth: cfg.AuthMode() == config.AuthAPIKey, byKey: map[string]*tenantState{}, byName: map[string]*tenantState{}}
+	old := g.cur.Load()
+	if old == nil {
+		old = &table{}
+	}
+	now := g.now()
 	if t.auth {
 		secret, err := cfg.Secret(g.getenv)
 		if err != nil {
 			return err // it names the auth key; the caller says "tenants"
 		}
-		old := g.cur.Load()
-		if old == nil {
-			old = &table{}
-		}
-		now := g.now()
 		for i := range cfg.Tenants {
 			ct := &cfg.Tenants[i]
 			s := &tenantState{name: ct.Name, salt: Salt(secret, ct.Name), prio: ct.Priority,
 				models: slices.Clone(ct.Models), labels: maps.Clone(ct.EndpointLabels)}
-			if prev := old.byName[ct.Name]; prev != nil {
-				s.limiter = prev.limiter
+			prev := g.retired[ct.Name]
+			if p := old.byName[ct.Name]; p != nil {
+				prev = p.limiter
+			}
+			if prev != nil {
+				s.limiter = prev
 				s.mu.Lock()
 				s.req.setLimit(now, ct.Limits.RequestsPerMinute)
 				s.tok.setLimit(now, ct.Limits.TokensPerMinute)
@@ -147,6 +157,7 @@ func (g *Gate) Reload(cfg *config.Config) error {
 			}
 		}
 	}
+	g.retire(old, t, now)
 	g.q.configure(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), saturation(cfg.Overload, g.rate))
 	// Before the new table is in force: its new tenants are counted from their first
 	// request, and removed ones lose their series (what they still have in flight is not
@@ -154,6 +165,33 @@ func (g *Gate) Reload(cfg *config.Config) error {
 	g.m.SetTenants(slices.Collect(maps.Keys(t.byName)))
 	g.cur.Store(t)
 	return nil
+}
+
+// retire keeps the limiters of the tenants that old has and t does not, and forgets those
+// that no longer matter (back in t, or idle: nothing in flight, buckets full, so that fresh
+// limits would be the same). The caller holds g.mu.
+func (g *Gate) retire(old, t *table, now time.Time) {
+	for name, s := range old.byName {
+		if t.byName[name] == nil {
+			if g.retired == nil {
+				g.retired = map[string]*limiter{}
+			}
+			g.retired[name] = s.limiter
+		}
+	}
+	for name, l := range g.retired {
+		if t.byName[name] != nil || l.idle(now) {
+			delete(g.retired, name)
+		}
+	}
+}
+
+// idle reports whether the limiter holds nothing a fresh one would not: no request in flight,
+// and both buckets full.
+func (l *limiter) idle(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inFlight == 0 && l.req.full(now) && l.tok.full(now)
 }
 
 // saturation returns the overload predicate of the config: every candidate is saturated, an
@@ -207,21 +245,33 @@ func EngineWaiting(e *endpoint.Endpoint) int {
 // unknown key is refused with 401 (counted under metrics.Unauthenticated); the caller answers
 // with the error and a WWW-Authenticate header.
 func (g *Gate) Authenticate(h http.Header) (*Identity, *openai.Error) {
+	return g.identify(h, true)
+}
+
+// Lookup is Authenticate for a caller outside the API (the admin port's /debug/explain): the
+// same identity and the same refusals, counted nowhere and not logged.
+func (g *Gate) Lookup(h http.Header) (*Identity, *openai.Error) {
+	return g.identify(h, false)
+}
+
+// identify finds the tenant of a request from its headers; count says whether a refusal is
+// logged and counted in the tenant metrics.
+func (g *Gate) identify(h http.Header, count bool) (*Identity, *openai.Error) {
 	t := g.cur.Load()
 	if !t.auth {
 		return nil, nil
 	}
 	key, err := KeyFromHeader(h)
 	if err != nil {
-		return nil, g.multipleKeys(err)
+		return nil, g.multipleKeys(err, count)
 	}
 	if key == "" {
 		return nil, g.unauthorized("missing_api_key",
-			"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header")
+			"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header", count)
 	}
 	s := t.byKey[HashKey(key)] // a lookup by digest: timing tells nothing about the key
 	if s == nil {
-		return nil, g.unauthorized("invalid_api_key", "incorrect API key provided")
+		return nil, g.unauthorized("invalid_api_key", "incorrect API key provided", count)
 	}
 	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, state: s}, nil
 }
@@ -251,8 +301,10 @@ func (g *Gate) Take(id *Identity, est int, h http.Header) (*Ticket, *openai.Erro
 }
 
 // End releases the ticket's concurrency slot, counts the request under its final HTTP status,
-// and settles its token estimate against what the engines used (prompt and completion tokens;
-// 0, 0 when no endpoint answered, which refunds the estimate). Only the first call counts.
+// and settles its token estimate against what the request is charged, prompt and completion
+// tokens (the caller's reckoning of what the engines computed: 0, 0 refunds the estimate, for
+// a request that reached no engine), which the tenant's token counters count too. Only the
+// first call counts.
 func (t *Ticket) End(status, prompt, completion int) {
 	if t == nil || !t.ended.CompareAndSwap(false, true) {
 		return
@@ -272,6 +324,11 @@ const (
 	ReasonRequestsPerMinute = "requests_per_minute"
 	ReasonTokensPerMinute   = "tokens_per_minute"
 )
+
+// ReasonClientGone is the reason of kvroute_tenant_rejections_total for a request whose client
+// went away while it waited for admission: counted apart from the queue's refusals for
+// overload ("overloaded"), which it is not.
+const ReasonClientGone = "client_gone"
 
 // take applies the tenant's limits to one request of est prompt tokens: on success it counts
 // the request in flight and returns nil; else the 429, with its headers set in h.
@@ -363,10 +420,13 @@ func setRetryAfter(h http.Header, d time.Duration) {
 	h.Set("retry-after-ms", strconv.FormatInt(ms, 10))
 }
 
-func (g *Gate) unauthorized(code, msg string) *openai.Error {
-	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", code))
-	g.m.Rejection(metrics.Unauthenticated, code)
-	g.m.Request(metrics.Unauthenticated, http.StatusUnauthorized)
+// unauthorized is the 401 for code; count says whether it is logged and counted.
+func (g *Gate) unauthorized(code, msg string, count bool) *openai.Error {
+	if count {
+		g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", code))
+		g.m.Rejection(metrics.Unauthenticated, code)
+		g.m.Request(metrics.Unauthenticated, http.StatusUnauthorized)
+	}
 	return openai.NewError(http.StatusUnauthorized, openai.TypeInvalidRequest, "", code, msg)
 }
 
@@ -390,14 +450,17 @@ func (g *Gate) Admit(ctx context.Context, id *Identity, candidates []*endpoint.E
 	}
 	queued, err := g.q.wait(ctx, name, prio, 1, candidates)
 	if err != nil {
-		m.Rejection(name, "overloaded")
+		reason := "overloaded"
 		msg := "every endpoint that serves the request is saturated and the admission queue is full; retry shortly"
 		switch {
 		case errors.Is(err, errWaitedTooLong):
 			msg = "every endpoint that serves the request stayed saturated for overload.max_wait; retry shortly"
-		case ctx.Err() != nil:
+		case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			// Not a refusal for overload: nobody is left to refuse (the answer goes nowhere).
+			reason = ReasonClientGone
 			msg = "the client went away while the request waited for admission"
 		}
+		m.Rejection(name, reason)
 		return nil, openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "overloaded", msg)
 	}
 	if m != nil {

@@ -466,3 +466,53 @@ func TestSaturation(t *testing.T) {
 		t.Errorf("EngineWaiting = %d, want 4 in flight - 1 running = 3", got)
 	}
 }
+
+// TestReloadRemovedAndBack: a tenant removed by a reload and added back by the next goes on
+// with its slots in use and its token debt, rather than with fresh limits.
+func TestReloadRemovedAndBack(t *testing.T) {
+	withA := "tenants: [{name: a, api_keys: [\"" + HashKey("k") + "\"], limits: {max_concurrent: 1, tokens_per_minute: 1000}}, " +
+		"{name: b, api_keys: [\"" + HashKey("kb") + "\"]}]\n"
+	withoutA := "tenants: [{name: b, api_keys: [\"" + HashKey("kb") + "\"]}]\n"
+	g, clk := newTestGate(t, withA, nil)
+	take := func(est int) (*Ticket, *openai.Error) {
+		t.Helper()
+		id, oe := g.Authenticate(http.Header{"Authorization": {"Bearer k"}})
+		if oe != nil {
+			t.Fatalf("a's key: %v", oe)
+		}
+		return g.Take(id, est, http.Header{})
+	}
+	reload := func(tenants string) {
+		t.Helper()
+		if err := g.Reload(testConfig(t, tenants)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, oe := take(100)
+	if oe != nil {
+		t.Fatalf("first request: %v", oe)
+	}
+	reload(withoutA)
+	reload(withA)
+	if _, oe := take(100); oe == nil || *oe.Code != "concurrency_limit_exceeded" {
+		t.Fatalf("second request while the first is in flight across the reloads: %v, want concurrency_limit_exceeded", oe)
+	}
+	first.End(http.StatusOK, 100, 1500) // more than the minute's tokens: a debt
+	reload(withoutA)
+	reload(withA)
+	if _, oe := take(100); oe == nil || *oe.Code != "rate_limit_exceeded" {
+		t.Fatalf("request with the tenant in debt across the reloads: %v, want rate_limit_exceeded", oe)
+	}
+	// Once its bucket has refilled, a removed tenant's state is forgotten: nothing to keep.
+	clk.Add(2 * time.Minute)
+	reload(withoutA)
+	if n := len(g.retired); n != 0 {
+		t.Errorf("%d idle limiters kept after the reload", n)
+	}
+	reload(withA)
+	if tk, oe := take(100); oe != nil {
+		t.Errorf("after the refill: %v", oe)
+	} else {
+		tk.End(http.StatusOK, 100, 0)
+	}
+}

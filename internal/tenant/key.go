@@ -71,11 +71,13 @@ var ErrMultipleKeys = errors.New("more than one API key in the request")
 const CodeMultipleKeys = "multiple_api_keys"
 
 // multipleKeys refuses a request that presents more than one API key: 400, counted as a
-// rejection of no tenant.
-func (g *Gate) multipleKeys(err error) *openai.Error {
-	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", CodeMultipleKeys))
-	g.m.Rejection(metrics.Unauthenticated, CodeMultipleKeys)
-	g.m.Request(metrics.Unauthenticated, http.StatusBadRequest)
+// rejection of no tenant when count is set.
+func (g *Gate) multipleKeys(err error, count bool) *openai.Error {
+	if count {
+		g.logger.LogAttrs(context.Background(), slog.LevelDebug, "authentication failed", slog.String("code", CodeMultipleKeys))
+		g.m.Rejection(metrics.Unauthenticated, CodeMultipleKeys)
+		g.m.Request(metrics.Unauthenticated, http.StatusBadRequest)
+	}
 	return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "", CodeMultipleKeys,
 		err.Error()+": send one key, as 'Authorization: Bearer <key>' or in the api-key header")
 }

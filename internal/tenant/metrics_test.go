@@ -264,7 +264,9 @@ func TestTenantMetricsReload(t *testing.T) {
 			t.Errorf("after removing b: %s is still there", k)
 		}
 	}
-	// b comes back: counted afresh.
+	// b comes back, a minute later (its limits go on from where it left them): counted
+	// afresh.
+	clk.Add(time.Minute)
 	if err := g.Reload(testConfig(t, two)); err != nil {
 		t.Fatal(err)
 	}
@@ -290,5 +292,62 @@ func TestTenantMetricsAuthOff(t *testing.T) {
 	}
 	if got := allTenantSeries(t, reg); len(got) != 0 {
 		t.Errorf("auth off, yet tenant series: %v", got)
+	}
+}
+
+// A request whose client goes away while it waits for admission is counted as client_gone, not
+// as a refusal for overload; Lookup (the admin port's explain) counts no refusal at all.
+func TestTenantMetricsClientGoneAndLookup(t *testing.T) {
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: "http://127.0.0.1:1"}}); err != nil {
+		t.Fatal(err)
+	}
+	eps := pool.All()
+	g, _, reg := newMeteredGate(t, "tenants: [{name: a, api_keys: [\""+HashKey("k")+"\"]}]\n"+
+		"overload: {max_waiting_per_endpoint: 4, max_wait: 1h, queue_size: 8}\n", Options{Poll: time.Millisecond})
+	eps[0].SetSnapshot(&endpoint.Snapshot{At: time.Now(), Waiting: 10})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		release, err := g.Admit(ctx, &Identity{Name: "a"}, eps)
+		if release != nil {
+			release()
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Waiting() != 1 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if g.Waiting() != 1 {
+		t.Fatal("the request did not wait while the endpoint was saturated")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("admitted although its client went away and the endpoint stayed saturated")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting after its client went away")
+	}
+
+	for _, h := range []http.Header{
+		{},
+		{"Authorization": {"Bearer wrong"}},
+		{"Authorization": {"Bearer k"}, "Api-Key": {"other"}},
+	} {
+		if _, oe := g.Lookup(h); oe == nil {
+			t.Errorf("Lookup(%v) found a tenant", h)
+		}
+	}
+	if id, oe := g.Lookup(http.Header{"Authorization": {"Bearer k"}}); oe != nil || id == nil || id.Name != "a" {
+		t.Errorf("Lookup with a's key: %v, %v; want tenant a", id, oe)
+	}
+
+	want := map[string]float64{`kvroute_tenant_rejections_total{reason=client_gone,tenant=a}`: 1}
+	if diff := cmp.Diff(want, tenantSeries(t, reg)); diff != "" {
+		t.Errorf("tenant series (-want +got):\n%s", diff)
 	}
 }

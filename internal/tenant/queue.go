@@ -42,6 +42,8 @@ type queue struct {
 type waiter struct {
 	tenant string
 	prio   int
+	cost   float64
+	vstart float64 // the virtual time when it arrived: the earliest it may start
 	finish float64
 	seq    uint64
 	cands  []*endpoint.Endpoint
@@ -80,7 +82,7 @@ func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64,
 	}
 	q.seq++
 	start := max(q.vtime, q.lastFinish[tenant])
-	w := &waiter{tenant: tenant, prio: prio, finish: start + cost, seq: q.seq, cands: cands, ready: make(chan struct{})}
+	w := &waiter{tenant: tenant, prio: prio, cost: cost, vstart: q.vtime, finish: start + cost, seq: q.seq, cands: cands, ready: make(chan struct{})}
 	q.lastFinish[tenant] = w.finish
 	q.waiters = append(q.waiters, w)
 	if q.poll > 0 && !q.running {
@@ -107,7 +109,11 @@ func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64,
 	return true, nil // admitted meanwhile: the caller goes on (and fails fast if its client left)
 }
 
-// remove takes w out of the queue; false when it was admitted already.
+// remove takes w out of the queue unserved; false when it was admitted already. Its tenant is
+// not charged for it: its cost comes off the virtual finish times of the tenant's later
+// waiters (none earlier than its own arrival allows) and off the tenant's last finish, so that
+// requests that left (their client gone, or max_wait) do not push the tenant's next ones behind
+// the other tenants.
 func (q *queue) remove(w *waiter) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -116,7 +122,25 @@ func (q *queue) remove(w *waiter) bool {
 		return false
 	}
 	q.waiters = slices.Delete(q.waiters, i, i+1)
+	last := q.lastFinish[w.tenant] - w.cost
+	for _, x := range q.waiters {
+		if x.tenant == w.tenant && x.seq > w.seq {
+			x.finish = max(x.finish-w.cost, x.vstart+x.cost)
+			last = max(last, x.finish)
+		}
+	}
+	q.lastFinish[w.tenant] = last
+	q.emptiedLocked()
 	return true
+}
+
+// emptiedLocked forgets the tenants' finish times once nobody waits: a tenant with nothing
+// queued starts at the virtual time reached, whatever it had queued before (and the map does
+// not grow with tenants). The caller holds q.mu.
+func (q *queue) emptiedLocked() {
+	if len(q.waiters) == 0 {
+		clear(q.lastFinish)
+	}
 }
 
 // signal wakes the dispatcher (without blocking).
@@ -140,14 +164,7 @@ func (q *queue) dispatch() {
 		q.mu.Lock()
 		q.passLocked()
 		if len(q.waiters) == 0 {
-			q.running = false
-			// Forget tenants' finish times that are behind the virtual clock: they no
-			// longer matter (max with vtime) and the map must not grow with tenants.
-			for k, f := range q.lastFinish {
-				if f <= q.vtime {
-					delete(q.lastFinish, k)
-				}
-			}
+			q.running = false // passLocked or remove forgot the finish times
 			q.mu.Unlock()
 			return
 		}
@@ -184,6 +201,7 @@ func (q *queue) passLocked() *waiter {
 		q.waiters = slices.DeleteFunc(q.waiters, func(x *waiter) bool { return x == w })
 		q.vtime = max(q.vtime, w.finish)
 		close(w.ready)
+		q.emptiedLocked()
 		return w
 	}
 	return nil

@@ -141,3 +141,83 @@ func TestQueueFastPath(t *testing.T) {
 		t.Errorf("unsaturated: queued %v, %v; want straight through", queued, err)
 	}
 }
+
+// Requests that leave the queue unserved cost their tenant nothing: neither while the tenant
+// still has others queued, nor once the queue has emptied.
+func TestQueueLeftUnservedNotCharged(t *testing.T) {
+	var saturated atomic.Bool
+	saturated.Store(true)
+	q := newQueue(100, time.Minute, 0, func([]*endpoint.Endpoint) bool { return saturated.Load() })
+	bg := context.Background()
+	pass := func(n int) []string {
+		t.Helper()
+		saturated.Store(false)
+		defer saturated.Store(true)
+		var order []string
+		for range n {
+			w := q.pass()
+			if w == nil {
+				t.Fatal("nothing admitted while not saturated")
+			}
+			order = append(order, w.tenant)
+		}
+		return order
+	}
+
+	// a queues three requests, b three; the clients of a's first two go away.
+	var gone []context.CancelFunc
+	var left []<-chan error
+	for range 2 {
+		ctx, cancel := context.WithCancel(bg)
+		gone = append(gone, cancel)
+		left = append(left, enqueue(t, q, ctx, "a", 0, nil))
+	}
+	rest := []<-chan error{enqueue(t, q, bg, "a", 0, nil)}
+	for range 3 {
+		rest = append(rest, enqueue(t, q, bg, "b", 0, nil))
+	}
+	for i, cancel := range gone {
+		cancel()
+		if err := <-left[i]; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a's request %d: %v, want context.Canceled", i, err)
+		}
+	}
+	waitLen(t, q, 4)
+	// a's remaining request is a's first served: it goes before b's (it arrived first).
+	if diff := cmp.Diff([]string{"a", "b", "b", "b"}, pass(4)); diff != "" {
+		t.Errorf("admission order after a's first two left (-want +got):\n%s", diff)
+	}
+	for _, r := range rest {
+		if err := <-r; err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The queue emptied by departures alone: a's five requests that left do not put its next
+	// one behind b's backlog.
+	ctx, cancel := context.WithCancel(bg)
+	left = left[:0]
+	for range 5 {
+		left = append(left, enqueue(t, q, ctx, "a", 0, nil))
+	}
+	cancel()
+	for _, r := range left {
+		if err := <-r; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a's request whose client left: %v, want context.Canceled", err)
+		}
+	}
+	waitLen(t, q, 0)
+	rest = rest[:0]
+	for range 3 {
+		rest = append(rest, enqueue(t, q, bg, "b", 0, nil))
+	}
+	rest = append(rest, enqueue(t, q, bg, "a", 0, nil))
+	if diff := cmp.Diff([]string{"b", "a", "b", "b"}, pass(4)); diff != "" {
+		t.Errorf("admission order after a's requests left (-want +got):\n%s", diff)
+	}
+	for _, r := range rest {
+		if err := <-r; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
