@@ -106,7 +106,8 @@ type Endpoint struct {
 	// 2048), else prefix-aware's step_tokens.
 	StepTokens int `json:"step_tokens"`
 	// CacheSalt says whether to inject the tenant's cache_salt into requests. Default true for
-	// vllm, false otherwise (engines that reject unknown fields would fail).
+	// vllm, and for auto once the engine is found to be vLLM; false otherwise (engines that
+	// reject unknown fields would fail).
 	CacheSalt *bool `json:"cache_salt"`
 	// HealthPath overrides the engine's health check path.
 	HealthPath string `json:"health_path"`
@@ -561,10 +562,10 @@ func (e *Endpoint) SetDefaults() {
 	if e.Engine == "" {
 		e.Engine = DefaultEngine
 	}
-	if e.CacheSalt == nil {
+	if e.CacheSalt == nil && e.Engine != "auto" {
 		v := e.Engine == "vllm"
 		e.CacheSalt = &v
-	}
+	} // auto: unset, injected once the engine is found to be vLLM (endpoint.Spec.CacheSaltAuto)
 	if e.MetricsPath == "" {
 		e.MetricsPath = DefaultMetricsPath
 	}

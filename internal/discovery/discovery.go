@@ -22,6 +22,7 @@ func Spec(e *config.Endpoint) endpoint.Spec {
 		KVCapacityTokens:  e.KVTokens,
 		StepTokens:        e.StepTokens,
 		CacheSalt:         e.CacheSalt != nil && *e.CacheSalt,
+		CacheSaltAuto:     e.CacheSalt == nil && e.Engine == "auto",
 		HealthPath:        e.HealthPath,
 		MetricsPath:       e.MetricsPath,
 		FirstTokenTimeout: e.FirstTokenTimeout.D(),

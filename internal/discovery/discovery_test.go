@@ -32,6 +32,8 @@ endpoints:
   - {url: "http://127.0.0.1:1/", models: [llama3-70b], engine: vllm, labels: {pool: a}, kv_tokens: 4096}
   - {url: "http://127.0.0.1:2", engine: sglang, step_tokens: 16384}
   - {url: "http://127.0.0.1:3", engine: vllm, cache_salt: false, metrics_path: "-", health_path: /ping}
+  - {url: "http://127.0.0.1:4", engine: auto}
+  - {url: "http://127.0.0.1:5", engine: auto, cache_salt: false}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +43,8 @@ endpoints:
 			KVCapacityTokens: 4096, CacheSalt: true, MetricsPath: "/metrics"},
 		{Name: "http://127.0.0.1:2", Engine: "sglang", StepTokens: 16384, MetricsPath: "/metrics"},
 		{Name: "http://127.0.0.1:3", Engine: "vllm", HealthPath: "/ping"},
+		{Name: "http://127.0.0.1:4", Engine: "auto", CacheSaltAuto: true, MetricsPath: "/metrics"},
+		{Name: "http://127.0.0.1:5", Engine: "auto", MetricsPath: "/metrics"},
 	}
 	got := Specs(c.Endpoints)
 	if diff := cmp.Diff(want, got); diff != "" {

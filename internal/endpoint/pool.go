@@ -20,8 +20,10 @@ type Spec struct {
 	KVCapacityTokens int
 	// StepTokens is the engine's step budget under chunked prefill, in its tokens (0: unset).
 	StepTokens int
-	// CacheSalt says whether the router injects the tenant's cache_salt into its requests.
-	CacheSalt bool
+	// CacheSalt says whether the router injects the tenant's cache_salt into its requests;
+	// CacheSaltAuto, whether it does once the engine is found to be vLLM (engine auto, no
+	// cache_salt in the config).
+	CacheSalt, CacheSaltAuto bool
 	// HealthPath overrides the engine's health check path ("" for the engine's default).
 	HealthPath string
 	// MetricsPath is the metrics path to scrape ("" for none).
@@ -36,7 +38,7 @@ type Spec struct {
 
 func (s *Spec) equal(o *Spec) bool {
 	return s.Name == o.Name && slices.Equal(s.Models, o.Models) && maps.Equal(s.Labels, o.Labels) &&
-		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.StepTokens == o.StepTokens && s.CacheSalt == o.CacheSalt &&
+		s.Engine == o.Engine && s.KVCapacityTokens == o.KVCapacityTokens && s.StepTokens == o.StepTokens && s.CacheSalt == o.CacheSalt && s.CacheSaltAuto == o.CacheSaltAuto &&
 		s.HealthPath == o.HealthPath && s.MetricsPath == o.MetricsPath &&
 		s.FirstTokenTimeout == o.FirstTokenTimeout && s.ResponseTimeout == o.ResponseTimeout &&
 		s.KVEvents == o.KVEvents
@@ -213,10 +215,12 @@ func (p *Pool) Spec(ep *Endpoint) (Spec, bool) {
 	return cloneSpec(&m.spec), true
 }
 
-// CacheSalt reports whether the router injects cache_salt into requests to ep.
+// CacheSalt reports whether the router injects cache_salt into requests to ep: as its spec
+// says, or, with CacheSaltAuto, once the engine was found to be vLLM (before, an engine of
+// unknown kind might refuse the field).
 func (p *Pool) CacheSalt(ep *Endpoint) bool {
 	m, ok := p.st.Load().byName[ep.Name]
-	return ok && m.ep == ep && m.spec.CacheSalt
+	return ok && m.ep == ep && (m.spec.CacheSalt || m.spec.CacheSaltAuto && ep.Kind() == "vllm")
 }
 
 // Models returns the models named by the pool's endpoints, sorted (for /v1/models): the

@@ -42,6 +42,18 @@ func TestPool_UpdateDiffsByName(t *testing.T) {
 	if !p.CacheSalt(a) || p.CacheSalt(b) {
 		t.Errorf("cache salt: a=%v b=%v, want true false", p.CacheSalt(a), p.CacheSalt(b))
 	}
+	// engine auto: salted once the engine is found to be vLLM, not before, nor as another.
+	q := NewPool()
+	if _, err := q.Update([]Spec{{Name: "http://c", Engine: "auto", CacheSaltAuto: true}, {Name: "http://d", Engine: "auto", CacheSaltAuto: true}}); err != nil {
+		t.Fatal(err)
+	}
+	c, e := q.ByName("http://c"), q.ByName("http://d")
+	before := q.CacheSalt(c)
+	c.SetKind("vllm")
+	e.SetKind("sglang")
+	if before || !q.CacheSalt(c) || q.CacheSalt(e) {
+		t.Errorf("auto: before detection %v, as vllm %v, as sglang %v; want false true false", before, q.CacheSalt(c), q.CacheSalt(e))
+	}
 	a.Start(100) // load the router put on a must survive an unchanged update
 
 	// Step 2: a unchanged, b's models change (new object), c added.
