@@ -205,16 +205,26 @@ func followsWarm(t *testing.T, r *Router, peer string) {
 // that error (and logs it as it happens), rather than serve on, never ready, saying nothing.
 func TestServeEndsWhenPeersCannotStart(t *testing.T) {
 	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
-	taken, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// A port taken for both UDP and TCP (memberlist binds both); the TCP twin of a free UDP
+	// port may be another process's: tried again then, a few times.
+	var taken net.PacketConn
+	for try := 0; taken == nil; try++ {
+		udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tcp, err := net.Listen("tcp", udp.LocalAddr().String())
+		if err != nil {
+			udp.Close()
+			if try == 9 {
+				t.Fatal(err)
+			}
+			continue
+		}
+		defer udp.Close()
+		defer tcp.Close()
+		taken = udp
 	}
-	defer taken.Close()
-	tcp, err := net.Listen("tcp", taken.LocalAddr().String()) // memberlist binds both
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tcp.Close()
 	eng := newFakeEngine(t)
 	r := routerFromYAML(t, fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
 		"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+

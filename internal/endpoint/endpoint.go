@@ -43,6 +43,9 @@ type Endpoint struct {
 	reportedStep   atomic.Int64             // the step budget the engine reports, its tokens; 0: none
 	firstSeen      atomic.Int64             // unix nanoseconds the router's lifecycle first saw it; 0: not yet
 	served         atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
+	// notServed maps the models the engine said it does not serve (a 404 naming the model) to
+	// when that stops counting (unix nanoseconds); nil: none. Replaced whole, never changed.
+	notServed atomic.Pointer[map[string]int64]
 	inFlight       atomic.Int64             // requests forwarded and not finished
 	pendingPrefill atomic.Int64             // prompt tokens forwarded that have not reached first token
 	progress       atomic.Int64             // unix nanoseconds the engine last answered anything (Progressed); 0: never
@@ -208,6 +211,11 @@ func (e *Endpoint) SetDraining(d bool) { e.draining.Store(d) }
 
 // Serves reports whether the endpoint serves model (an endpoint with no model list serves all).
 func (e *Endpoint) Serves(model string) bool {
+	if ns := e.notServed.Load(); ns != nil {
+		if until, ok := (*ns)[model]; ok && time.Now().UnixNano() < until {
+			return false
+		}
+	}
 	list := e.Models
 	if len(list) == 0 {
 		if s := e.served.Load(); s != nil {
@@ -223,6 +231,38 @@ func (e *Endpoint) Serves(model string) bool {
 	}
 	return false
 }
+
+// NotServing records that the engine answered that it does not serve model (a 404 naming it)
+// at now: the endpoint is not a candidate for it until now+d, so that requests for it stop
+// paying a refused attempt each, and is tried again then (a model swapped back, a config put
+// right). It reports whether this is news (the model was not marked already): the caller says
+// so once.
+func (e *Endpoint) NotServing(model string, now time.Time, d time.Duration) bool {
+	for {
+		old := e.notServed.Load()
+		m := map[string]int64{}
+		news := true
+		if old != nil {
+			for k, until := range *old {
+				if until > now.UnixNano() {
+					m[k] = until
+				}
+			}
+			_, had := m[model]
+			news = !had
+		}
+		if len(m) >= maxNotServed && news {
+			return false // bounded: a client naming models at random cannot grow it
+		}
+		m[model] = now.Add(d).UnixNano()
+		if e.notServed.CompareAndSwap(old, &m) {
+			return news
+		}
+	}
+}
+
+// maxNotServed bounds the models an endpoint is marked as not serving at once.
+const maxNotServed = 64
 
 // SameModel reports whether two model names name the same model: equal, or equal but for the
 // default tag ":latest" that ollama adds ("tiny" and "tiny:latest").

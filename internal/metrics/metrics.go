@@ -41,10 +41,11 @@ const (
 	RetryUnavailable  = "unavailable"
 	RetryBusy         = "busy"
 	RetryTimeout      = "timeout"
+	RetryNotServed    = "not_served"
 )
 
 // RetryReasons lists them.
-var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout}
+var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout, RetryNotServed}
 
 // MovedReasons are the reasons of kvroute_requests_moved_total: why a request's first
 // endpoint was not the policy's pick (route.Call.Moved).

@@ -500,7 +500,7 @@ func (c *call) reachedEngine(status int) bool {
 	if !c.carried {
 		return c.sent
 	}
-	refused := c.answered && (status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests)
+	refused := c.answered && (status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests || status == http.StatusNotFound)
 	return c.rc != nil && c.rc.Attempts() > 0 && !refused
 }
 

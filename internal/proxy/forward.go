@@ -185,8 +185,8 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return failed(err)
 	}
 	switch resp.StatusCode {
-	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
-		// The refusal's body is read now, under the attempt's timers: an engine that sends the
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound:
+		// The refusal's (or the 404's) body is read now, under the attempt's timers: an engine that sends the
 		// head and then stalls does not hold the request past them (the drain before the next
 		// attempt, or the relay of the last refusal, would wait for it unbounded).
 		b, rerr := io.ReadAll(io.LimitReader(resp.Body, maxRefusal))
@@ -200,8 +200,12 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		resp.Body = io.NopCloser(bytes.NewReader(b))
 		resp.ContentLength = int64(len(b))
 		cleanRetryAfter(resp.Header)
-		if resp.StatusCode == http.StatusServiceUnavailable {
+		switch resp.StatusCode {
+		case http.StatusServiceUnavailable:
 			return resp, route.FailUnavailable, nil
+		case http.StatusNotFound:
+			h.notServed(c, ep, b)
+			return resp, route.FailNotServed, nil
 		}
 		c.rc.Backoff(retryAfter(resp.Header))
 		return resp, route.FailBusy, nil
@@ -246,6 +250,25 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	}
 	resp.Body = &cancelBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, timer: timer}
 	return resp, route.FailNone, nil
+}
+
+// notServedFor is how long an endpoint whose engine answered 404 naming the request's model is
+// left out for that model: the models the engines list are asked again as often (scrape's
+// modelsEvery), and a model swapped back is found again at most this late.
+const notServedFor = 30 * time.Second
+
+// notServed takes note of an engine's 404 (its body, body): one that names the request's model
+// says the engine does not serve it, whatever the config says, and the endpoint is left out
+// for that model for notServedFor (said once, as a warning); another (an API path the engine
+// lacks) changes nothing but the failover.
+func (h *Handler) notServed(c *call, ep *endpoint.Endpoint, body []byte) {
+	if c.req == nil || c.req.Model == "" || !bytes.Contains(body, []byte(c.req.Model)) {
+		return
+	}
+	if ep.NotServing(c.req.Model, time.Now(), notServedFor) {
+		h.Logger.Warn("the engine says it does not serve the model: requests for it go to the other endpoints (check endpoints[].models)",
+			"endpoint", ep.Name, "model", logCut1(c.req.Model, maxLogPath), "for", notServedFor.String(), "request_id", c.rid)
+	}
 }
 
 // countsWork reports whether ep's scraped metrics count what it computes as it computes it

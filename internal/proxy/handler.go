@@ -190,13 +190,14 @@ func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // reachedEngine reports whether an attempt that returned resp and err may have made its engine
-// compute: everything but a connection that failed or an engine's refusal.
+// compute: everything but a connection that failed or an engine's refusal (503, 429, and 404:
+// it does not serve the model or the path).
 func reachedEngine(resp *http.Response, err error) bool {
 	if err != nil {
 		return !isDialError(err)
 	}
 	switch s := resp.StatusCode; {
-	case s == http.StatusServiceUnavailable, s == http.StatusTooManyRequests:
+	case s == http.StatusServiceUnavailable, s == http.StatusTooManyRequests, s == http.StatusNotFound:
 		return false
 	case s < 200, s >= 300 && s < 400:
 		return false

@@ -881,7 +881,7 @@ func TestLlamaCppTimingsCached(t *testing.T) {
 // retryable failure classes of the lifecycle.
 func TestRetryReasonsMatchFailures(t *testing.T) {
 	var want []string
-	for f := route.FailNone; f <= route.FailCanceled; f++ {
+	for f := route.FailNone; f <= route.FailNotServed; f++ {
 		if f.Retryable() {
 			want = append(want, f.String())
 		}
@@ -997,5 +997,49 @@ func TestAccessLogMoved(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(f.h.Metrics.Moved.WithLabelValues(ok.URL, "backoff")); n != 1 {
 		t.Errorf("kvroute_requests_moved_total{endpoint=ok, reason=backoff} = %v, want 1", n)
+	}
+}
+
+// TestNotServedFailsOver: an engine that answers 404 naming the model (started with another
+// model than the config says) is failed over, nothing charged against it, and left out for
+// that model: the next request goes to the other at once. A 404 that names no model (a path the
+// engine lacks) is failed over too, and the engine stays a candidate. With only 404s left, the
+// client gets the last.
+func TestNotServedFailsOver(t *testing.T) {
+	wrong := newFakeEngine(t)
+	wrong.status, wrong.errBody = 404, `{"object":"error","message":"The model `+"`m`"+` does not exist.","type":"NotFoundError","param":null,"code":404}`
+	good := newFakeEngine(t)
+	f := newFixture(t, spec(wrong.srv.URL, "m"), spec(good.srv.URL, "m"))
+	for i := range 3 {
+		resp, body := f.post(t, "/v1/chat/completions", chatBody)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if w, g := len(wrong.received()), len(good.received()); w > 1 || g != 3 {
+		t.Errorf("the engine without the model got %d requests, the other %d; want at most 1 and 3", w, g)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Retries.WithLabelValues(wrong.srv.URL, "not_served")); n != float64(len(wrong.received())) {
+		t.Errorf("retries{not_served} = %v, want %d", n, len(wrong.received()))
+	}
+	if ep := f.h.Pool.ByName(wrong.srv.URL); ep.Serves("m") {
+		t.Error("the engine without the model is still a candidate for it")
+	}
+
+	// A 404 of a path: failed over, the engine kept.
+	lacks := newFakeEngine(t)
+	lacks.status, lacks.errBody = 404, `{"detail":"Not Found"}`
+	f2 := newFixture(t, spec(lacks.srv.URL, "m"), spec(good.srv.URL, "m"))
+	if resp, body := f2.post(t, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+		t.Errorf("after a path's 404: %d %s", resp.StatusCode, body)
+	}
+	if !f2.h.Pool.ByName(lacks.srv.URL).Serves("m") {
+		t.Error("a path's 404 left the engine out for the model")
+	}
+
+	// Only 404s: the last goes to the client.
+	f3 := newFixture(t, spec(lacks.srv.URL, "m"))
+	if resp, body := f3.post(t, "/v1/chat/completions", chatBody); resp.StatusCode != 404 || !strings.Contains(string(body), "Not Found") {
+		t.Errorf("only a 404 left: %d %s, want the engine's 404", resp.StatusCode, body)
 	}
 }

@@ -128,6 +128,10 @@ const (
 	FailRejected
 	// FailCanceled: the client went away. Not retried; does not count.
 	FailCanceled
+	// FailNotServed: the engine answered 404 before any byte reached the client: it does not
+	// serve the request's model (an engine started with another model than the config says, a
+	// model being swapped) or its API path. Nothing was computed: retried; does not count.
+	FailNotServed
 )
 
 var failureNames = [...]string{
@@ -141,6 +145,7 @@ var failureNames = [...]string{
 	FailCut:         "stream_cut",
 	FailRejected:    "rejected",
 	FailCanceled:    "canceled",
+	FailNotServed:   "not_served",
 }
 
 // String returns the failure's name, as metrics label it.
@@ -153,7 +158,7 @@ func (f Failure) String() string {
 
 // Retryable reports whether a request that failed so may be sent to another endpoint.
 func (f Failure) Retryable() bool {
-	return f == FailConnect || f == FailUnavailable || f == FailBusy || f == FailTimeout
+	return f == FailConnect || f == FailUnavailable || f == FailBusy || f == FailTimeout || f == FailNotServed
 }
 
 // Counts reports whether the failure counts against the endpoint, towards ejecting it.

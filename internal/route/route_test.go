@@ -370,9 +370,9 @@ func TestOutlierEjections(t *testing.T) {
 
 // TestFailureClasses pins what each failure means.
 func TestFailureClasses(t *testing.T) {
-	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true}
+	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true, FailNotServed: true}
 	counts := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailTimeout: true, FailLost: true, FailStatus: true, FailCut: true}
-	for f := FailNone; f <= FailCanceled; f++ {
+	for f := FailNone; f <= FailNotServed; f++ {
 		if f.Retryable() != retry[f] || f.Counts() != counts[f] {
 			t.Errorf("%s: retryable %v counts %v; want %v %v", f, f.Retryable(), f.Counts(), retry[f], counts[f])
 		}
