@@ -39,20 +39,20 @@ type Endpoint struct {
 	// for this endpoint (a slow pool, long prompts).
 	FirstTokenTimeout, ResponseTimeout time.Duration
 
-	tokenScale     atomic.Uint64            // float64 bits: engine tokens per router-estimated token; 0: 1
-	reportedStep   atomic.Int64             // the step budget the engine reports, its tokens; 0: none
-	firstSeen      atomic.Int64             // unix nanoseconds the router's lifecycle first saw it; 0: not yet
-	served         atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
+	tokenScale   atomic.Uint64            // float64 bits: engine tokens per router-estimated token; 0: 1
+	reportedStep atomic.Int64             // the step budget the engine reports, its tokens; 0: none
+	firstSeen    atomic.Int64             // unix nanoseconds the router's lifecycle first saw it; 0: not yet
+	served       atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
 	// notServed maps the models the engine said it does not serve (a 404 naming the model) to
 	// when that stops counting (unix nanoseconds); nil: none. Replaced whole, never changed.
-	notServed atomic.Pointer[map[string]int64]
-	inFlight       atomic.Int64             // requests forwarded and not finished
-	pendingPrefill atomic.Int64             // prompt tokens forwarded that have not reached first token
-	progress       atomic.Int64             // unix nanoseconds the engine last answered anything (Progressed); 0: never
-	stallOpen      atomic.Int64             // unix ns a stall found by a watch began (Stalled), until the engine answers; 0: none
-	stallProbe     atomic.Int64             // unix ns the open stall was found, or last let a request through (Stalling)
-	stallFrom      atomic.Int64             // the last stall that ended: from (unix ns) ...
-	stallTo        atomic.Int64             // ... to, when the engine answered again
+	notServed      atomic.Pointer[map[string]int64]
+	inFlight       atomic.Int64 // requests forwarded and not finished
+	pendingPrefill atomic.Int64 // prompt tokens forwarded that have not reached first token
+	progress       atomic.Int64 // unix nanoseconds the engine last answered anything (Progressed); 0: never
+	stallOpen      atomic.Int64 // unix ns a stall found by a watch began (Stalled), until the engine answers; 0: none
+	stallProbe     atomic.Int64 // unix ns the open stall was found, or last let a request through (Stalling)
+	stallFrom      atomic.Int64 // the last stall that ended: from (unix ns) ...
+	stallTo        atomic.Int64 // ... to, when the engine answered again
 	unhealthy      atomic.Bool
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
