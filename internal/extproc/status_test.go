@@ -43,13 +43,13 @@ func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
 	return out
 }
 
-// TestBadStatus: an answer whose :status is not a status (not a number, or outside 100..599)
-// is the engine's bad answer, not a 200: settled as a 502 from that endpoint (requests_total,
+// TestBadStatus: an answer whose :status is not a status (not a number, or outside 100..599),
+// or one no API request gets (a redirect, a protocol switch), is the engine's bad answer, not a 200: settled as a 502 from that endpoint (requests_total,
 // the policy told it failed, passive health), an upstream error on the access line, and one
 // warning that shows the value, cut short.
 func TestBadStatus(t *testing.T) {
 	long := strings.Repeat("9", 200)
-	for _, bad := range []string{"abc", "", "99", "600", "2000", "+20", " 200", "20x", "0", "-200", long} {
+	for _, bad := range []string{"abc", "", "99", "600", "2000", "+20", " 200", "20x", "0", "-200", long, "302", "301", "101"} {
 		t.Run(bad[:min(len(bad), 8)], func(t *testing.T) {
 			var logs lockedBuffer
 			f := newFixture(t, []string{ep1}, func(h *proxy.Handler) { h.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })

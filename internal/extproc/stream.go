@@ -432,15 +432,20 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
 }
 
-// answerStatus reads the answer's :status. One that is not three digits from 100 to 599 is the
-// engine's bad answer, as `kvroute serve` counts an answer that no API request can get (a
-// redirect, a protocol switch: 502 upstream_bad_answer): the request is settled as a 502 from
+// answerStatus reads the answer's :status. One that is not three digits from 100 to 599, or that
+// no API request can get (a redirect, a protocol switch), is the engine's bad answer, as
+// `kvroute serve` counts the latter (502 upstream_bad_answer): the request is settled as a 502 from
 // that endpoint, an upstream error on the access line, and logged once here; its body, passed
 // on as it is, is not read (no usage or cached tokens are taken from it). What Envoy tells the
 // client of it is Envoy's.
 func (st *stream) answerStatus(rc *route.Call, v string) int {
-	if n, ok := statusCode(v); ok {
+	n, ok := statusCode(v)
+	if ok && n >= 200 && (n < 300 || n >= 400) {
 		return n
+	}
+	what := "has no valid status"
+	if ok {
+		what = "is a redirect or a protocol switch (the endpoint's URL is not the API's address)"
 	}
 	st.bad = true
 	ep := ""
@@ -448,10 +453,10 @@ func (st *stream) answerStatus(rc *route.Call, v string) int {
 		ep = e.Name
 	}
 	h := st.x.Handler()
-	h.Logger.Warn("the engine's answer has no valid status: counted as a bad answer (502)",
+	h.Logger.Warn("the engine's answer "+what+": counted as a bad answer (502)",
 		"request_id", st.x.RequestID(), "endpoint", ep, "status", truncate(v, maxStatusLog))
 	st.x.Refused(openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_bad_answer",
-		"the engine answered with an invalid status (request id "+st.x.RequestID()+")"))
+		"the engine's answer "+what+" (request id "+st.x.RequestID()+")"))
 	return http.StatusBadGateway
 }
 
