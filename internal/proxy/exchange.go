@@ -492,7 +492,7 @@ func (c *call) charge(status int) (prompt, completion int) {
 	return prompt, c.contentEvents
 }
 
-// reachedEngine reports whether an attempt of the request reached an engine: as sentTransport
+// reachedEngine reports whether an attempt of the request reached an engine: as Handler.send
 // saw it, or, where a front end carried the request (Exchange), whenever it was routed and the
 // answer was not a refusal (503, 429: the engine's, or the front end's own when it could not
 // connect).

@@ -386,7 +386,14 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 		req.Header.Del("Authorization")
 		req.Header.Del("Api-Key")
 	}
-	return h.Transport.RoundTrip(req)
+	if req.Context().Err() != nil {
+		return h.Transport.RoundTrip(req) // over before it began: nothing is sent
+	}
+	resp, err := h.Transport.RoundTrip(req)
+	if reachedEngine(resp, err) {
+		c.sent = true
+	}
+	return resp, err
 }
 
 // partsFor returns the body to send to ep as the parts to send one after the other: the

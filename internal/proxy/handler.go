@@ -130,7 +130,6 @@ func (h *Handler) init() {
 	if h.Transport == nil {
 		h.Transport = h1.New(DefaultTransport())
 	}
-	h.Transport = sentTransport{h.Transport}
 	if h.MaxBodyBytes <= 0 {
 		h.MaxBodyBytes = 16 << 20
 	}
@@ -171,27 +170,11 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// sentTransport tells each call whether one of its attempts reached an engine (call.sent), for
-// the tenant's charge: its request was written to a connection, whatever came of it (an answer,
-// a timeout, a lost connection, the client leaving), except where the engine cannot have
-// computed anything: the connection never opened, or the engine refused the request (503, 429,
-// or a redirect, which the router fails over as it does a 503).
-type sentTransport struct{ next http.RoundTripper }
-
-func (t sentTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Context().Err() != nil {
-		return t.next.RoundTrip(req) // over before it began: nothing is sent
-	}
-	resp, err := t.next.RoundTrip(req)
-	if c := callFrom(req.Context()); c != nil && reachedEngine(resp, err) {
-		c.sent = true
-	}
-	return resp, err
-}
-
 // reachedEngine reports whether an attempt that returned resp and err may have made its engine
-// compute: everything but a connection that failed or an engine's refusal (503, 429, and 404:
-// it does not serve the model or the path).
+// compute, for the tenant's charge (call.sent): its request was written to a connection,
+// whatever came of it (an answer, a timeout, a lost connection, the client leaving), but for a
+// connection that never opened or an engine's refusal (503, 429; 404: it does not serve the
+// model or the path; a redirect or a protocol switch, failed over as a 503).
 func reachedEngine(resp *http.Response, err error) bool {
 	if err != nil {
 		return !isDialError(err)
@@ -243,7 +226,7 @@ type call struct {
 
 	dropUsage bool
 	stream    bool
-	// sent says an attempt reached an engine (sentTransport). carried says a front end carries
+	// sent says an attempt reached an engine (Handler.send, reachedEngine). carried says a front end carries
 	// the request (Exchange), past any transport of ours: the lifecycle's attempts and the
 	// answer's status tell instead (call.reachedEngine). The tenant is charged for what an
 	// engine may have computed (call.charge).
