@@ -46,7 +46,7 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	fs.StringVar(&f.format, "format", "mooncake", "trace format (mooncake: JSONL with timestamp, input_length, output_length, hash_ids)")
 	fs.IntVar(&f.instances, "instances", 8, "instances in the fleet whose pooled KV cache bounds the hit rate")
 	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile: KV capacity per instance and block size")
-	fs.StringVar(&f.trace, "trace", "", "the trace FILE, as simulate, bench and plan take it (or give FILE alone)")
+	fs.StringVar(&f.trace, "trace", "", "the trace `FILE`, as simulate, bench and plan take it (or give FILE alone)"+stdinTraceHelp)
 	fs.StringVar(&f.workload, "workload", "", "analyze a synthetic workload NAME[:key=value,...] instead of a trace")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the synthetic workload")
 	fs.BoolVar(&f.json, "json", false, "print the statistics as JSON")
@@ -116,8 +116,11 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 		if reqs, err = workload.Generate(f.workload, f.seed); err != nil {
 			return nil, usageError{fmt.Errorf("--workload: %w", err)}
 		}
-	case files[0] == "-":
+	case files[0] == stdinTrace:
 		rep.Source = "standard input"
+		if err := checkStdin(stdin, "kvroute analyze"); err != nil {
+			return nil, err
+		}
 		if reqs, err = workload.ReadMooncake(stdin); err != nil {
 			return nil, fmt.Errorf("standard input: %w", err)
 		}

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net/url"
 	"os"
 	"strings"
@@ -18,6 +17,16 @@ import (
 )
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return benchMain(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// maxInFlight bounds --concurrency and --max-in-flight: more requests at once than one client
+// address has ports for (about 28,000 by default on Linux), and a closed loop starts a worker
+// per slot before it sends anything (10^11 of them spun for minutes, deaf to Ctrl-C).
+const maxInFlight = 100_000
+
+// benchMain is runBench with its standard input given (--trace -), for tests.
+func benchMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute bench")
 	var o experiment.BenchOptions
 	var html string
@@ -26,7 +35,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&o.Model, "model", simserver.DefaultModel, "model name to ask for")
 	fs.StringVar(&o.APIKey, "api-key", "", "API key sent as a bearer token (default $OPENAI_API_KEY)")
 	fs.StringVar(&o.API, "api", "chat", "chat (/v1/chat/completions) or completions (/v1/completions)")
-	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay (rendered into text)")
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay, rendered into text"+stdinTraceHelp)
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] (default shared-prefix when no --trace)")
 	fs.Float64Var(&o.Speedup, "speedup", 0, "replay arrivals K times faster than the workload's time (default 1)")
 	fs.Float64Var(&o.Rate, "rate", 0, "re-time arrivals at this many requests/s: a Poisson process, or evenly spaced with --arrival constant")
@@ -49,9 +58,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute bench --target URL [--trace FILE | --workload NAME[:k=v,...]] [--speedup K | --rate R | --concurrency N] [flags]",
+			"       (FILE \"-\" reads standard input)",
 			"\nSends a workload to any OpenAI-compatible endpoint, streaming, and measures TTFT, ITL, end-to-end latency, cached tokens and errors.",
 		},
 		more: workloadHelp,
+		floats: map[string]string{
+			"speedup":      speedupRange,
+			"rate":         rateRange,
+			"non-streamed": nonStreamedRange,
+		},
 	}, stdout, stderr); exit {
 		return code
 	}
@@ -61,13 +76,22 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := checkOutputs(map[string]string{"html": html}); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
+	var spool *spooledTrace
+	if o.Trace == stdinTrace {
+		var err error
+		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
+			return failed(stderr, fs.Name(), err)
+		}
+		defer spool.remove()
+		o.Trace = spool.path
+	}
 	if o.APIKey == "" {
 		o.APIKey = os.Getenv("OPENAI_API_KEY")
 	}
 	o.Progress, o.Log = progressMode(stderr, quiet), stderr
 	rep, err := experiment.Bench(ctx, o)
 	if err != nil {
-		return failed(stderr, fs.Name(), err)
+		return failed(stderr, fs.Name(), spool.explain(err))
 	}
 	if asJSON {
 		err = writeJSON(stdout, rep)
@@ -92,15 +116,22 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return 0
 }
 
+// rateRange is what --rate takes.
+const rateRange = "requests/s above 0, such as 10 (leave it out to keep the workload's arrival times)"
+
 // checkBench refuses, before the run starts, what the load generator would refuse only once it
 // is under way (the target, API and model), and a number out of range, naming the flag of
 // each; all of them at once, as a usage error. experiment.Bench checks the rest.
 func checkBench(o experiment.BenchOptions, fs *flag.FlagSet) error {
 	var errs []error
-	// 0 is the default, which means 1; given on the command line it is a mistake.
+	// 0 is the default, which means 1 (--speedup) or the workload's own arrival times (--rate):
+	// given on the command line it is a mistake.
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "speedup" && (!(o.Speedup > 0) || math.IsInf(o.Speedup, 0)) {
-			errs = append(errs, fmt.Errorf("--speedup %g: want a positive finite factor, such as 2 (leave it out for 1)", o.Speedup))
+		switch {
+		case f.Name == "speedup" && !(o.Speedup > 0):
+			errs = append(errs, fmt.Errorf("--speedup %g: want %s", o.Speedup, speedupRange))
+		case f.Name == "rate" && !(o.Rate > 0):
+			errs = append(errs, fmt.Errorf("--rate %g: want %s", o.Rate, rateRange))
 		}
 	})
 	if u, err := url.Parse(o.Target); o.Target == "" {
@@ -116,14 +147,6 @@ func checkBench(o experiment.BenchOptions, fs *flag.FlagSet) error {
 	}
 	for _, f := range []struct {
 		name string
-		v    float64
-	}{{"rate", o.Rate}} {
-		if !(f.v >= 0) { // NaN too
-			errs = append(errs, fmt.Errorf("--%s %g: must not be negative", f.name, f.v))
-		}
-	}
-	for _, f := range []struct {
-		name string
 		v    int
 	}{{"concurrency", o.Concurrency}, {"requests", o.Requests}} {
 		if f.v < 0 {
@@ -133,8 +156,14 @@ func checkBench(o experiment.BenchOptions, fs *flag.FlagSet) error {
 	if o.Duration < 0 {
 		errs = append(errs, fmt.Errorf("--duration %v: must not be negative", o.Duration))
 	}
-	if o.MaxInFlight < 1 {
-		errs = append(errs, fmt.Errorf("--max-in-flight %d: want at least 1", o.MaxInFlight))
+	if o.Concurrency > maxInFlight {
+		errs = append(errs, fmt.Errorf("--concurrency %d: want 0 (open loop) to %d (already more connections than one client address has ports for)", o.Concurrency, maxInFlight))
+	}
+	if o.MaxInFlight < 1 || o.MaxInFlight > maxInFlight {
+		errs = append(errs, fmt.Errorf("--max-in-flight %d: want 1 to %d (already more connections than one client address has ports for)", o.MaxInFlight, maxInFlight))
+	}
+	if o.ProgressEvery <= 0 {
+		errs = append(errs, fmt.Errorf("--progress-interval %v: want a positive interval, such as 5s (--quiet: no progress)", o.ProgressEvery))
 	}
 	if o.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--timeout %v: must be positive", o.Timeout))

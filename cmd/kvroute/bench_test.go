@@ -231,7 +231,14 @@ func TestBenchErrors(t *testing.T) {
 		{"empty model", []string{"--target", "http://127.0.0.1:1", "--model", ""}, 2, []string{"--model: empty"}},
 		{"all at once", []string{"--target", "x", "--api", "y", "--model", " "}, 2, []string{"--target", "--api", "--model"}},
 		// Each number out of range is named by its flag.
-		{"negative rate", []string{"--target", "http://127.0.0.1:1", "--rate", "-1"}, 2, []string{"--rate -1: must not be negative"}},
+		{"negative rate", []string{"--target", "http://127.0.0.1:1", "--rate", "-1"}, 2, []string{"--rate -1: want requests/s above 0"}},
+		// 0 is the default (the workload's arrival times); given, it is a mistake.
+		{"zero rate", []string{"--target", "http://127.0.0.1:1", "--rate", "0"}, 2, []string{"--rate 0: want requests/s above 0, such as 10 (leave it out to keep the workload's arrival times)"}},
+		{"infinite rate", []string{"--target", "http://127.0.0.1:1", "--rate", "Inf"}, 2, []string{"--rate +Inf: want requests/s above 0"}},
+		// A closed loop starts a worker per slot before it sends anything: 10^11 spun for minutes.
+		{"too much concurrency", []string{"--target", "http://127.0.0.1:1", "--concurrency", "99999999999"}, 2, []string{"--concurrency 99999999999: want 0 (open loop) to 100000"}},
+		{"too many in flight", []string{"--target", "http://127.0.0.1:1", "--max-in-flight", "99999999999"}, 2, []string{"--max-in-flight 99999999999: want 1 to 100000"}},
+		{"no progress interval", []string{"--target", "http://127.0.0.1:1", "--progress-interval", "0s"}, 2, []string{"--progress-interval 0s: want a positive interval"}},
 		{"negative speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "-2"}, 2, []string{"--speedup -2: want a positive finite factor"}},
 		{"zero speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "0"}, 2, []string{"--speedup 0: want a positive finite factor"}},
 		{"infinite speedup", []string{"--target", "http://127.0.0.1:1", "--speedup", "Inf"}, 2, []string{"--speedup +Inf: want a positive finite factor"}},
@@ -239,7 +246,7 @@ func TestBenchErrors(t *testing.T) {
 		{"negative concurrency", []string{"--target", "http://127.0.0.1:1", "--concurrency", "-2"}, 2, []string{"--concurrency -2: must not be negative"}},
 		{"negative requests", []string{"--target", "http://127.0.0.1:1", "--requests", "-1"}, 2, []string{"--requests -1: must not be negative"}},
 		{"negative duration", []string{"--target", "http://127.0.0.1:1", "--duration", "-1s"}, 2, []string{"--duration -1s: must not be negative"}},
-		{"no in flight", []string{"--target", "http://127.0.0.1:1", "--max-in-flight", "0"}, 2, []string{"--max-in-flight 0: want at least 1"}},
+		{"no in flight", []string{"--target", "http://127.0.0.1:1", "--max-in-flight", "0"}, 2, []string{"--max-in-flight 0: want 1 to 100000"}},
 		{"zero timeout", []string{"--target", "http://127.0.0.1:1", "--timeout", "0s"}, 2, []string{"--timeout 0s: must be positive"}},
 		{"missing trace", []string{"--target", "http://127.0.0.1:1", "--trace", "/nonexistent/t.jsonl"}, 1, []string{"--trace"}},
 		{"huge prompt", []string{"--target", "http://127.0.0.1:1", "--trace", huge}, 1, []string{"request 1 (non-blank line 2): input_length 4194305 is more than the 4194304 tokens"}},

@@ -2,14 +2,25 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
 
+// demoTimeScaleRange is what demo's --time-scale takes (experiment.Demo's bounds).
+const demoTimeScaleRange = "a factor above 0 up to 100 (1: real time, 0.5: twice as fast)"
+
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return demoMain(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// demoMain is runDemo with its standard input given (--trace -), for tests.
+func demoMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute demo")
 	var o experiment.DemoOptions
 	var html string
@@ -17,7 +28,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Policies, "policies", experiment.DemoPolicies, "policies to compare, comma-separated NAME[:key=value,...], or all")
 	fs.IntVar(&o.Instances, "instances", 5, "simulated engine instances")
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] (default "+experiment.DemoWorkload+"; with --quick "+experiment.DemoQuickWorkload+")")
-	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay instead of a synthetic workload")
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay instead of a synthetic workload"+stdinTraceHelp)
 	fs.Float64Var(&o.Speedup, "speedup", 0, "replay arrivals K times faster (default 1; a trace usually needs more)")
 	fs.IntVar(&o.Requests, "requests", 0, "use only the first N requests (0: all)")
 	fs.StringVar(&o.Profile, "profile", simserver.DefaultProfile, "engine profile of the simulated instances")
@@ -30,21 +41,48 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.CompareSimulate, "compare-simulate", false, "also run the same scenario through kvroute simulate (virtual time) and print how far the live figures are from it")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
-			"usage: kvroute demo [--quick] [flags]",
+			"usage: kvroute demo [--quick] [flags]   (--trace FILE: FILE \"-\" reads standard input)",
 			"\nStarts simulated vLLM instances and, for each policy in turn, a kvroute router in front of them",
 			"(all in this process, on loopback), replays a workload through it and prints the policies side by side.",
 		},
 		more: policyHelp,
+		floats: map[string]string{
+			"speedup":    speedupRange,
+			"time-scale": demoTimeScaleRange,
+		},
 	}, stdout, stderr); exit {
 		return code
+	}
+	// 0 is the default of both, which means 1 (--speedup) or 2, 1 with --quick (--time-scale):
+	// given on the command line it is a mistake.
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case f.Name == "speedup" && !(o.Speedup > 0):
+			errs = append(errs, fmt.Errorf("--speedup %g: want %s", o.Speedup, speedupRange))
+		case f.Name == "time-scale" && !(o.TimeScale > 0):
+			errs = append(errs, fmt.Errorf("--time-scale %g: want %s", o.TimeScale, demoTimeScaleRange))
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return failed(stderr, fs.Name(), usageError{err})
 	}
 	if err := checkOutputs(map[string]string{"html": html}); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
+	var spool *spooledTrace
+	if o.Trace == stdinTrace {
+		var err error
+		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
+			return failed(stderr, fs.Name(), err)
+		}
+		defer spool.remove()
+		o.Trace = spool.path
+	}
 	o.Progress, o.Log = progressMode(stderr, quiet), stderr
 	d, err := experiment.Demo(ctx, o)
 	if err != nil {
-		return failed(stderr, fs.Name(), err)
+		return failed(stderr, fs.Name(), spool.explain(err))
 	}
 	if asJSON {
 		err = writeJSON(stdout, d)

@@ -94,6 +94,12 @@ func TestDemoErrors(t *testing.T) {
 		{"no instances", []string{"--instances", "0"}, []string{"--instances 0"}},
 		{"bad time scale", []string{"--time-scale", "-1"}, []string{"--time-scale"}},
 		{"bad profile", []string{"--profile", "tpu-9"}, []string{"--profile"}},
+		// 0 is the default of both (1; 2, or 1 with --quick): given, it is a mistake.
+		{"zero speedup", []string{"--speedup", "0"}, []string{"--speedup 0: want a positive finite factor"}},
+		{"zero time scale", []string{"--time-scale", "0"}, []string{"--time-scale 0: want a factor above 0 up to 100"}},
+		// A NaN time scale started the fleet and failed there, exit 1; an infinite speedup ran.
+		{"NaN time scale", []string{"--time-scale", "NaN"}, []string{"--time-scale NaN: want a factor above 0 up to 100"}},
+		{"infinite speedup", []string{"--speedup", "Inf"}, []string{"--speedup +Inf: want a positive finite factor"}},
 		{"trace and workload", []string{"--trace", "x.jsonl", "--workload", "shared-prefix"}, []string{"not both"}},
 		{"bad workload", []string{"--workload", "zipf"}, []string{"--workload"}},
 		// Checked before the run (which, if it started, is one short policy).

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -43,6 +44,9 @@ type verbHelp struct {
 	positional bool
 	// argsHint follows "unexpected arguments" when positional is false (default: a pointer to -h).
 	argsHint string
+	// floats gives each float flag's allowed values ("a positive finite factor, such as 2"),
+	// which a value that is not a number or not finite (NaN, Inf) is refused with.
+	floats map[string]string
 }
 
 // nearFlag is "did you mean -x? " when err is the flag package's unknown flag and one of
@@ -60,27 +64,58 @@ func nearFlag(fs *flag.FlagSet, err error) string {
 	return ""
 }
 
-// durationHint rewrites the flag package's error for a duration flag's bad value, which says
-// only "parse error", into one that asks for the unit (a bare "2" is the usual mistake); any
-// other error comes back as it is.
-func durationHint(fs *flag.FlagSet, err error) error {
+// valueHint rewrites the flag package's error for a bad value of a duration, number or bool
+// flag, which says only "parse error" or "value out of range", into one that says what the
+// flag takes (a bare "2" is the usual mistake for a duration); floats gives the float flags'
+// allowed values. Any other error comes back as it is.
+func valueHint(fs *flag.FlagSet, floats map[string]string, err error) error {
 	msg := err.Error()
+	// The flag package words a bool's error its own way.
+	if rest, ok := strings.CutPrefix(msg, "invalid boolean value "); ok {
+		if quoted, name, ok := strings.Cut(rest, " for -"); ok {
+			name, _, _ = strings.Cut(name, ":")
+			if v, err := strconv.Unquote(quoted); err == nil {
+				return fmt.Errorf("--%s=%q: want true or false (or --%s alone for true)", name, v, name)
+			}
+		}
+	}
 	var hint error
 	fs.VisitAll(func(f *flag.Flag) {
 		g, ok := f.Value.(flag.Getter)
 		if !ok {
 			return
 		}
-		if _, ok := g.Get().(time.Duration); !ok {
-			return
-		}
-		quoted, ok := strings.CutSuffix(msg, " for flag -"+f.Name+": parse error")
+		quoted, ok := strings.CutPrefix(msg, "invalid value ")
 		if !ok {
 			return
 		}
-		if v, err := strconv.Unquote(strings.TrimPrefix(quoted, "invalid value ")); err == nil {
-			hint = fmt.Errorf("--%s %q: give a duration with its unit, like 2s or 500ms", f.Name, v)
+		quoted, big := strings.CutSuffix(quoted, " for flag -"+f.Name+": value out of range")
+		if !big {
+			if quoted, ok = strings.CutSuffix(quoted, " for flag -"+f.Name+": parse error"); !ok {
+				return
+			}
 		}
+		v, err := strconv.Unquote(quoted)
+		if err != nil {
+			return
+		}
+		var want string
+		switch g.Get().(type) {
+		case time.Duration:
+			want = "give a duration with its unit, like 2s or 500ms"
+		case int:
+			want = "want a whole number, such as 8"
+			if big {
+				want = fmt.Sprintf("out of range (want a whole number from %d to %d)", math.MinInt, math.MaxInt)
+			}
+		case uint64:
+			want = fmt.Sprintf("want a whole number from 0 to %d", uint64(math.MaxUint64))
+		case float64:
+			want = "want " + floatRange(floats, f.Name)
+		default:
+			return
+		}
+		hint = fmt.Errorf("--%s %q: %s", f.Name, v, want)
 	})
 	if hint != nil {
 		return hint
@@ -88,9 +123,42 @@ func durationHint(fs *flag.FlagSet, err error) error {
 	return err
 }
 
+// The allowed values of the float flags that several verbs share, for verbHelp.floats.
+const (
+	speedupRange     = "a positive finite factor, such as 2 (leave it out for 1)"
+	nonStreamedRange = "a fraction of the requests from 0 to 1"
+)
+
+// floatRange is what the float flag called name takes, for its errors.
+func floatRange(floats map[string]string, name string) string {
+	if r := floats[name]; r != "" {
+		return r
+	}
+	return "a finite number"
+}
+
+// nonFinite refuses NaN and infinities in the float flags given: strconv.ParseFloat, which the
+// flag package uses, reads "NaN", "Inf", "+Inf" and "-Infinity" as numbers, and no flag of
+// ours means one (an infinite --speedup put every arrival at 0; a NaN compares false with
+// every bound, so range checks written as v < 0 let it through).
+func nonFinite(fs *flag.FlagSet, floats map[string]string) error {
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok {
+			return
+		}
+		if v, ok := g.Get().(float64); ok && (math.IsNaN(v) || math.IsInf(v, 0)) {
+			errs = append(errs, fmt.Errorf("--%s %v: want %s", f.Name, v, floatRange(floats, f.Name)))
+		}
+	})
+	return errors.Join(errs...)
+}
+
 // parseOrExit parses args into fs. When the verb must stop there it returns exit true and the
-// status: 0 after -h or --help (help on stdout), 2 after a bad flag or a stray argument (the
-// reason on stderr, one line). Otherwise it returns the positional arguments.
+// status: 0 after -h or --help (help on stdout), 2 after a bad flag, a float flag's value
+// that is not a finite number, or a stray argument (the reason on stderr, one line).
+// Otherwise it returns the positional arguments.
 func parseOrExit(fs *flag.FlagSet, args []string, h verbHelp, stdout, stderr io.Writer) (rest []string, code int, exit bool) {
 	name := fs.Name()
 	for {
@@ -108,8 +176,13 @@ func parseOrExit(fs *flag.FlagSet, args []string, h verbHelp, stdout, stderr io.
 			}
 			return nil, 0, true
 		}
+		if err == nil {
+			err = nonFinite(fs, h.floats)
+		} else {
+			err = valueHint(fs, h.floats, err)
+		}
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v (%srun '%s -h')\n", name, durationHint(fs, err), nearFlag(fs, err), name)
+			fmt.Fprintf(stderr, "%s: %s (%srun '%s -h')\n", name, oneLine(err), nearFlag(fs, err), name)
 			return nil, 2, true
 		}
 		if fs.NArg() == 0 {
@@ -151,10 +224,11 @@ func usageErr(format string, args ...any) error {
 }
 
 // failed prints err for the verb on one line and returns the exit status: 2 for a
-// usageError, 1 otherwise.
+// usageError, or a trace without a request (workload.ErrNoRequests: --trace named the wrong
+// thing, and nothing ran), 1 otherwise.
 func failed(stderr io.Writer, name string, err error) int {
 	fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
-	if errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) {
+	if errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) || errors.Is(err, workload.ErrNoRequests) {
 		return 2
 	}
 	return 1

@@ -91,6 +91,23 @@ func TestParseOrExit(t *testing.T) {
 		{name: "bad value", args: []string{"--n", "many"}, code: 2, exit: true, stderr: []string{"-n", "kvroute x -h"}},
 		{name: "duration without unit", args: []string{"--d", "2"}, code: 2, exit: true,
 			stderr: []string{`kvroute x: --d "2": give a duration with its unit, like 2s or 500ms (run 'kvroute x -h')`}},
+		// The flag package says only "parse error" for these; the hint says what the flag takes.
+		{name: "negative uint", args: []string{"--seed", "-1"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: --seed "-1": want a whole number from 0 to 18446744073709551615 (run 'kvroute x -h')`}},
+		{name: "word for int", args: []string{"--n", "many"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: --n "many": want a whole number, such as 8`}},
+		{name: "int out of range", args: []string{"--n", "99999999999999999999"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: --n "99999999999999999999": out of range (want a whole number from -9223372036854775808 to 9223372036854775807)`}},
+		{name: "word for float", args: []string{"--f", "fast"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: --f "fast": want a factor above 0`}},
+		{name: "word for bool", args: []string{"--v=maybe"}, code: 2, exit: true,
+			stderr: []string{`kvroute x: --v="maybe": want true or false (or --v alone for true)`}},
+		// strconv.ParseFloat reads these as numbers; no flag means one.
+		{name: "NaN", args: []string{"--f", "NaN"}, code: 2, exit: true,
+			stderr: []string{"kvroute x: --f NaN: want a factor above 0 (run 'kvroute x -h')"}},
+		{name: "infinities", args: []string{"--f", "+Inf", "--g", "-inf"}, code: 2, exit: true,
+			stderr: []string{"kvroute x: --f +Inf: want a factor above 0; --g -Inf: want a finite number (run 'kvroute x -h')"}},
+		{name: "finite float", args: []string{"--f", "1e308", "--g", "-0"}},
 		{name: "stray argument", args: []string{"--n", "1", "file"}, code: 2, exit: true,
 			stderr: []string{`kvroute x: unexpected arguments ["file"] (run 'kvroute x -h')`}},
 		{name: "positional anywhere", args: []string{"a", "--n", "1", "b", "-v"}, positional: true, rest: []string{"a", "b"}},
@@ -101,7 +118,11 @@ func TestParseOrExit(t *testing.T) {
 			fs.Int("n", 0, "a number")
 			fs.Bool("v", false, "verbose")
 			fs.Duration("d", 0, "a duration")
+			fs.Uint64("seed", 0, "a seed")
+			fs.Float64("f", 0, "a factor")
+			fs.Float64("g", 0, "a float without a range in floats")
 			hh := h
+			hh.floats = map[string]string{"f": "a factor above 0"}
 			hh.positional = tc.positional
 			var o, e bytes.Buffer
 			rest, code, exit := parseOrExit(fs, tc.args, hh, &o, &e)

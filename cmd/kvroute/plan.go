@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 
 	"github.com/kvroute/kvroute/internal/experiment"
 )
 
 func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return planMain(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// planMain is runPlan with its standard input given (--trace -), for tests.
+func planMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute plan")
 	var o experiment.PlanOptions
 	var asJSON bool
-	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay")
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay"+stdinTraceHelp)
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
 	fs.StringVar(&o.Profile, "profile", "llama3-70b-h200-tp8", "engine profile (model and hardware)")
 	fs.StringVar(&o.Policies, "policies", "prefix-aware,least-request,round-robin", "policies to plan for, comma-separated, each NAME[:key=value,...]")
@@ -24,19 +30,29 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&asJSON, "json", false, "print the plan as JSON")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
-			"usage: kvroute plan (--trace FILE | --workload NAME[:k=v,...]) --slo-ttft-p90 D [flags]",
+			"usage: kvroute plan (--trace FILE | --workload NAME[:k=v,...]) --slo-ttft-p90 D [flags]   (FILE \"-\" reads standard input)",
 			"\nFinds, for each policy, the fewest instances that serve the workload at its own arrival",
 			"rate (times --speedup) with a TTFT p90 (and p50) within the SLO and no failed request,",
 			"by simulating it in virtual time (kvroute simulate) at candidate fleet sizes.",
 		},
-		more: func(w io.Writer) { workloadHelp(w); policyHelp(w) },
+		more:   func(w io.Writer) { workloadHelp(w); policyHelp(w) },
+		floats: map[string]string{"speedup": speedupRange},
 	}, stdout, stderr); exit {
 		return code
+	}
+	var spool *spooledTrace
+	if o.Trace == stdinTrace {
+		var err error
+		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
+			return failed(stderr, fs.Name(), err)
+		}
+		defer spool.remove()
+		o.Trace = spool.path
 	}
 	defer experiment.TuneGC()()
 	sum, err := experiment.Plan(ctx, o)
 	if err != nil {
-		return failed(stderr, fs.Name(), err)
+		return failed(stderr, fs.Name(), spool.explain(err))
 	}
 	if asJSON {
 		err = writeJSON(stdout, sum)

@@ -59,6 +59,10 @@ func TestPlanBadInput(t *testing.T) {
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "0"}, "--max-instances 0"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "10001"}, "--max-instances 10001: want 1 to 10000"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "-1"}, "--speedup -1"},
+		// Both ran: an infinite speedup put every arrival at 0, NaN passed "<= 0".
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "Inf"}, "--speedup +Inf: want a positive finite factor, such as 2 (leave it out for 1)"},
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "NaN"}, "--speedup NaN: want a positive finite factor"},
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "fast"}, `--speedup "fast": want a positive finite factor`},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "2"}, `--slo-ttft-p90 "2": give a duration with its unit, like 2s or 500ms`},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90=1s", "--slo-ttft-p50=fast"}, `--slo-ttft-p50 "fast": give a duration with its unit`},
 	} {

@@ -11,8 +11,9 @@ import (
 )
 
 // runScorecard is `kvroute simulate --scorecard`: of simulate's flags it takes --trace (the
-// Mooncake conversation trace), --policies, --seed or --seeds, --json and --html.
-func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenarios string, asJSON bool, stdout, stderr io.Writer) int {
+// Mooncake conversation trace; spool holds it when it came on standard input), --policies,
+// --seed or --seeds, --json and --html.
+func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, spool *spooledTrace, seeds, scenarios string, asJSON bool, stdout, stderr io.Writer) int {
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
@@ -39,6 +40,15 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 		opt.Scenarios = strings.Split(scenarios, ",")
 	}
 	sc, err := scorecard.Run(ctx, opt)
+	if err == nil && spool != nil {
+		// The report names the trace by its path: not the temporary file's.
+		sc.Trace = stdinTraceName
+		for i := range sc.Cells {
+			if sc.Cells[i].Workload == spool.path {
+				sc.Cells[i].Workload = stdinTraceName
+			}
+		}
+	}
 	if err == nil && o.HTML != "" {
 		err = sc.SaveHTML(o.HTML)
 	}
@@ -48,7 +58,7 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 		err = sc.WriteTable(stdout)
 	}
 	if err != nil {
-		return failed(stderr, fs.Name(), err)
+		return failed(stderr, fs.Name(), spool.explain(err))
 	}
 	return 0
 }

@@ -56,6 +56,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"usage: kvroute sim [--instances N] [--port P] [flags]",
 			"\nServes simulated vLLM instances (OpenAI API, /metrics, /health) until SIGINT or SIGTERM.",
 		},
+		floats: map[string]string{
+			"time-scale": "a positive factor (0.1 runs ten times faster)",
+			"fail-rate":  "a fraction of the requests from 0 to 1",
+			"slow":       "a factor of 1 or more (0 for none)",
+		},
 	}, stdout, stderr); exit {
 		return code
 	}

@@ -6,23 +6,33 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"runtime/pprof"
 
 	"github.com/kvroute/kvroute/internal/des"
+	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/scorecard"
 )
 
 func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return simulateMain(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// maxRouters bounds --routers: far above the replicas any deployment runs, each of which the
+// simulation keeps a whole router for (10,000 took 20 s on four requests; 10^11 ran out of
+// memory).
+const maxRouters = 1000
+
+// simulateMain is runSimulate with its standard input given (--trace -), for tests.
+func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute simulate")
 	var o experiment.SimulateOptions
 	var cpuprofile string
 	var asJSON, card bool
 	var seeds, scenarios string
-	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay")
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay"+stdinTraceHelp)
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
 	fs.IntVar(&o.Instances, "instances", 8, "number of engine instances")
 	fs.StringVar(&o.Profile, "profile", "llama3-70b-h200-tp8", "engine profile (model and hardware)")
@@ -62,27 +72,44 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&o.Records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
-	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html")
+	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"; - reads standard input), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html")
 	fs.StringVar(&seeds, "seeds", "", "with --scorecard: the seeds to run, such as 1-5 (default: --seed)")
 	fs.StringVar(&scenarios, "scenarios", "", "with --scorecard: run only the scenarios whose names contain one of these, comma-separated")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
-			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]",
+			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]   (FILE \"-\" reads standard input)",
 			"\nReplays a workload on a fleet of modelled engines in virtual time, once per policy.",
 		},
 		more: func(w io.Writer) { workloadHelp(w); policyHelp(w) },
+		floats: map[string]string{
+			"load":              loadRange,
+			"speedup":           speedupRange,
+			"non-streamed":      nonStreamedRange,
+			"replica-sync-loss": "a probability from 0 to below 1",
+		},
 	}, stdout, stderr); exit {
 		return code
 	}
 	if err := checkOutputs(map[string]string{"html": o.HTML, "records": o.Records, "cpuprofile": cpuprofile}); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
+	if !card {
+		if err := checkSimulate(fs, o, seeds, scenarios); err != nil {
+			return failed(stderr, fs.Name(), err)
+		}
+	}
+	var spool *spooledTrace
+	if o.Trace == stdinTrace {
+		var err error
+		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
+			return failed(stderr, fs.Name(), err)
+		}
+		defer spool.remove()
+		o.Trace = spool.path
+	}
 	defer experiment.TuneGC()()
 	if card {
-		return runScorecard(ctx, fs, o, seeds, scenarios, asJSON, stdout, stderr)
-	}
-	if err := checkPacing(fs); err != nil {
-		return failed(stderr, fs.Name(), err)
+		return runScorecard(ctx, fs, o, spool, seeds, scenarios, asJSON, stdout, stderr)
 	}
 	if cpuprofile != "" {
 		stop, err := startCPUProfile(cpuprofile)
@@ -93,7 +120,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	sim, err := experiment.Simulate(ctx, o)
 	if err != nil {
-		return failed(stderr, fs.Name(), err)
+		return failed(stderr, fs.Name(), spool.explain(err))
 	}
 	if asJSON {
 		err = sim.WriteJSON(stdout)
@@ -106,21 +133,36 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return 0
 }
 
-// checkPacing refuses a --load or --speedup given as 0 or less: experiment.Simulate reads 0 as
-// "not set", which only a flag left out may mean.
-func checkPacing(fs *flag.FlagSet) error {
-	want := map[string]string{
-		"load":    "a positive fraction of the fleet's prefill capacity, such as 0.8",
-		"speedup": "a positive finite factor, such as 2 (leave it out for 1)",
-	}
+// loadRange is what --load takes.
+const loadRange = "a positive fraction of the fleet's prefill capacity, such as 0.8"
+
+// checkSimulate refuses what experiment.Simulate would take in silence or fail on late: a
+// --load or --speedup given as 0 or less (it reads 0 as "not set", which only a flag left out
+// may mean), --seeds or --scenarios without --scorecard (nothing reads them), more --routers
+// than maxRouters, and a --block-size above the profile's KV cache (no block would fit).
+func checkSimulate(fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenarios string) error {
+	want := map[string]string{"load": loadRange, "speedup": speedupRange}
 	var errs []error
 	fs.Visit(func(f *flag.Flag) {
 		if w, ok := want[f.Name]; ok {
-			if v := f.Value.(flag.Getter).Get().(float64); !(v > 0) || math.IsInf(v, 0) {
+			if v := f.Value.(flag.Getter).Get().(float64); !(v > 0) {
 				errs = append(errs, fmt.Errorf("--%s %g: want %s", f.Name, v, w))
 			}
 		}
 	})
+	if seeds != "" {
+		errs = append(errs, fmt.Errorf("--seeds %q: only with --scorecard (one simulation takes --seed)", seeds))
+	}
+	if scenarios != "" {
+		errs = append(errs, fmt.Errorf("--scenarios %q: only with --scorecard, which runs scenarios", scenarios))
+	}
+	if o.Routers > maxRouters {
+		errs = append(errs, fmt.Errorf("--routers %d: want 1 to %d (router replicas, each simulated whole)", o.Routers, maxRouters))
+	}
+	if prof, err := engine.LookupProfile(o.Profile); err == nil && prof.BlockSize > 0 && o.BlockSize > prof.KVTokens() {
+		errs = append(errs, fmt.Errorf("--block-size %d: more than the KV cache of a %s instance (%d tokens): want 0 (the profile's %d) or at most that",
+			o.BlockSize, prof.Name, prof.KVTokens(), prof.BlockSize))
+	}
 	if len(errs) > 0 {
 		return usageError{errors.Join(errs...)}
 	}

@@ -65,6 +65,15 @@ func TestSimulateErrors(t *testing.T) {
 		{"bad kill", []string{"--trace", good, "--kill", "3"}, 2, []string{"--kill", "INSTANCE@TIME"}},
 		{"bad add time", []string{"--trace", good, "--add", "1@soon"}, 2, []string{"--add", `"soon"`}},
 		{"kill beyond the fleet", []string{"--trace", good, "--instances", "2", "--kill", "5@50%"}, 2, []string{"--kill 5@50%", "instance 5", "0 to 1 (--instances 2)"}},
+		// Read by nothing without --scorecard: refused, not ignored.
+		{"seeds without scorecard", []string{"--trace", good, "--seeds", "1-3"}, 2, []string{`--seeds "1-3": only with --scorecard`}},
+		{"scenarios without scorecard", []string{"--trace", good, "--scenarios", "tool"}, 2, []string{`--scenarios "tool": only with --scorecard`}},
+		// 10^11 replicas ran the process out of memory.
+		{"too many routers", []string{"--trace", good, "--routers", "99999999999"}, 2, []string{"--routers 99999999999: want 1 to 1000"}},
+		// No block fits the instance's KV cache: an engine config error, exit 1, before.
+		{"block size above the cache", []string{"--trace", good, "--block-size", "3000000"}, 2, []string{"--block-size 3000000: more than the KV cache of a llama3-70b-h200-tp8 instance (2500000 tokens)"}},
+		{"NaN sync loss", []string{"--trace", good, "--replica-sync", "1ms", "--replica-sync-loss", "NaN"}, 2, []string{"--replica-sync-loss NaN: want a probability from 0 to below 1"}},
+		{"negative seed", []string{"--trace", good, "--seed", "-1"}, 2, []string{`--seed "-1": want a whole number from 0 to 18446744073709551615`}},
 		{"recover from nothing", []string{"--trace", good, "--instances", "2", "--recover", "1@50%"}, 2, []string{"recover of instance 1", "no kill, fail, hang, cut or blind"}},
 	}
 	for _, tt := range tests {

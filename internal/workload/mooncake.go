@@ -22,6 +22,14 @@ const maxTokens = 1 << 30
 // maxLineBytes bounds one trace line; the longest real line is a few kilobytes.
 const maxLineBytes = 64 << 20
 
+// ErrNoRequests is what ReadMooncake and LoadMooncake return, wrapped, for a trace without a
+// request (empty, or blank lines only): no verb can do anything with one, and each would fail
+// on it later with a message that does not name the trace.
+var ErrNoRequests = errors.New("no requests")
+
+// mooncakeFormat says what a Mooncake trace line is, for errors that must say what was expected.
+const mooncakeFormat = "Mooncake JSON Lines, one object a line with timestamp, input_length, output_length and hash_ids"
+
 // mooncakeLine is one line of the trace. Pointers tell a missing field from a zero one.
 type mooncakeLine struct {
 	Timestamp    *float64  `json:"timestamp"`
@@ -32,7 +40,8 @@ type mooncakeLine struct {
 
 // ReadMooncake reads a Mooncake JSONL trace (one object a line with timestamp in milliseconds,
 // input_length, output_length and hash_ids of 512-token blocks). Blank lines are skipped and
-// unknown fields ignored. The first bad line is an error of the form "line N: field X: problem".
+// unknown fields ignored. The first bad line is an error of the form "line N: field X: problem";
+// a trace without a request is an error that wraps ErrNoRequests.
 // Requests keep the file's order; IDs are 0, 1, ... in that order. Arrivals are measured from
 // the earliest timestamp, so that a trace stamped in Unix milliseconds replays from its first
 // request rather than from 1970.
@@ -62,12 +71,16 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 		}
 		return nil, fmt.Errorf("read trace after line %d: %w", line, err)
 	}
-	if len(stamps) > 0 {
-		// Subtract in milliseconds: 1.7e12 ms in nanoseconds is past float64's exact integers.
-		first := slices.Min(stamps)
-		for i := range reqs {
-			reqs[i].Arrival = time.Duration(math.Round((stamps[i] - first) * float64(time.Millisecond)))
+	if len(reqs) == 0 {
+		if line == 0 {
+			return nil, fmt.Errorf("%w: the trace is empty (want %s)", ErrNoRequests, mooncakeFormat)
 		}
+		return nil, fmt.Errorf("%w: nothing but %d blank line(s) (want %s)", ErrNoRequests, line, mooncakeFormat)
+	}
+	// Subtract in milliseconds: 1.7e12 ms in nanoseconds is past float64's exact integers.
+	first := slices.Min(stamps)
+	for i := range reqs {
+		reqs[i].Arrival = time.Duration(math.Round((stamps[i] - first) * float64(time.Millisecond)))
 	}
 	return reqs, nil
 }
@@ -91,6 +104,10 @@ func LoadMooncake(path string) ([]Request, error) {
 func parseMooncakeLine(b []byte) (Request, float64, error) {
 	var l mooncakeLine
 	if err := json.Unmarshal(b, &l); err != nil {
+		if b[0] == '#' || bytes.HasPrefix(b, []byte("//")) {
+			// A comment-only file reads as an empty trace to a person; say why it is not one.
+			return Request{}, 0, fmt.Errorf("a comment, which JSON Lines do not have (want %s)", mooncakeFormat)
+		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			return Request{}, 0, fmt.Errorf("field %s: want %s, got JSON %s: %w", te.Field, te.Type, te.Value, err)

@@ -62,6 +62,8 @@ func TestReadMooncakeErrors(t *testing.T) {
 		{"string length", `{"timestamp": 0, "input_length": "10", "output_length": 5, "hash_ids": [7]}`, "line 2: field input_length"},
 		{"too few blocks", `{"timestamp": 0, "input_length": 513, "output_length": 5, "hash_ids": [7]}`, "line 2: field hash_ids: 1 blocks for input_length 513"},
 		{"too many blocks", `{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [7, 8]}`, "line 2: field hash_ids: 2 blocks"},
+		{"hash comment", `# recorded on Tuesday`, "line 2: a comment, which JSON Lines do not have (want Mooncake JSON Lines, one object a line with timestamp"},
+		{"slash comment", `// recorded on Tuesday`, "line 2: a comment, which JSON Lines do not have"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -70,6 +72,34 @@ func TestReadMooncakeErrors(t *testing.T) {
 				t.Errorf("error = %v, want prefix %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestReadMooncakeNoRequests: a trace without a request is an error that wraps ErrNoRequests
+// and says what a trace line is, whether the input is empty or only blank lines.
+func TestReadMooncakeNoRequests(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+	}{
+		{"empty", "", "no requests: the trace is empty (want Mooncake JSON Lines, one object a line with timestamp, input_length, output_length and hash_ids)"},
+		{"blank lines", "\n  \n\t\n", "no requests: nothing but 3 blank line(s) (want Mooncake JSON Lines, one object a line with timestamp, input_length, output_length and hash_ids)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reqs, err := ReadMooncake(strings.NewReader(tt.in))
+			if !errors.Is(err, ErrNoRequests) || err.Error() != tt.want || reqs != nil {
+				t.Errorf("ReadMooncake(%q) = %v, %v; want no requests and %q", tt.in, reqs, err, tt.want)
+			}
+		})
+	}
+	// LoadMooncake names the file.
+	path := t.TempDir() + "/empty.jsonl"
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadMooncake(path)
+	if !errors.Is(err, ErrNoRequests) || !strings.HasPrefix(err.Error(), path+": no requests: the trace is empty") {
+		t.Errorf("LoadMooncake(empty file) = %v; want it to wrap ErrNoRequests and start with the path", err)
 	}
 }
 

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// stdinMain is, for each verb that takes --trace, its entry point with standard input given.
+func stdinMain(verb string) func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return map[string]func(context.Context, []string, io.Reader, io.Writer, io.Writer) int{
+		"analyze": analyzeMain, "simulate": simulateMain, "plan": planMain, "bench": benchMain, "demo": demoMain,
+	}[verb]
+}
+
+// runWithStdin runs `kvroute verb args...` with stdin as its standard input.
+func runWithStdin(verb, stdin string, args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = stdinMain(verb)(context.Background(), args, strings.NewReader(stdin), &o, &e)
+	return code, o.String(), e.String()
+}
+
+// emptyTempDir points the temporary directory of the test's process at a new directory and
+// checks, after the test, that nothing was left in it (the copy of a trace read from
+// standard input).
+func emptyTempDir(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("TMPDIR", dir)
+	t.Cleanup(func() {
+		left, err := os.ReadDir(dir)
+		if err != nil || len(left) > 0 {
+			t.Errorf("temporary directory after the run: %v, %v; want it empty", left, err)
+		}
+	})
+}
+
+// stdinTraceText is a small Mooncake trace: twelve requests, all sharing their first block.
+var stdinTraceText = func() string {
+	var b strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 1100, "output_length": 4, "hash_ids": [0, %d, %d]}`+"\n", i*40, 1+i%3, 100+i)
+	}
+	return b.String()
+}()
+
+// TestTraceFromStdin: every verb that takes --trace reads "-" from standard input, names it
+// stdin in its report as it would a file by its name, and leaves no copy of it behind.
+func TestTraceFromStdin(t *testing.T) {
+	emptyTempDir(t)
+	srv, n := fakeStream(t)
+	tests := []struct {
+		verb string
+		args []string
+		// workload finds the name of the trace in the JSON report.
+		workload func(t *testing.T, out string) (name string, requests int)
+	}{
+		{"simulate", []string{"--trace", "-", "--policies", "random", "--instances", "2", "--json"}, scenarioOf},
+		{"plan", []string{"--trace", "-", "--policies", "random", "--slo-ttft-p90", "10s", "--max-instances", "2", "--json"},
+			func(t *testing.T, out string) (string, int) {
+				var s struct {
+					Workload string
+					Requests int
+				}
+				unmarshal(t, out, &s)
+				return s.Workload, s.Requests
+			}},
+		{"bench", []string{"--trace", "-", "--target", srv.URL, "--speedup", "1000", "--json", "--quiet"}, scenarioOf},
+		{"demo", []string{"--trace", "-", "--policies", "round-robin", "--instances", "2", "--time-scale", "0.1", "--speedup", "10", "--json", "--quiet", "--html", ""}, scenarioOf},
+		{"analyze", []string{"--trace", "-", "--json"},
+			func(t *testing.T, out string) (string, int) {
+				var s struct {
+					Source   string
+					Requests int
+				}
+				unmarshal(t, out, &s)
+				return s.Source, s.Requests
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.verb, func(t *testing.T) {
+			code, out, errOut := runWithStdin(tt.verb, stdinTraceText, tt.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			name, requests := tt.workload(t, out)
+			want := "stdin"
+			if tt.verb == "analyze" {
+				want = "standard input"
+			}
+			if name != want || requests != 12 {
+				t.Errorf("report names the trace %q with %d requests; want %q and 12", name, requests, want)
+			}
+		})
+	}
+	if got := n.Load(); got != 12 {
+		t.Errorf("bench sent %d requests, want the trace's 12", got)
+	}
+}
+
+// TestTraceFromStdinBadLine: a bad line on standard input is named as standard input's, not
+// as a temporary file's, and stops the verb before it runs.
+func TestTraceFromStdinBadLine(t *testing.T) {
+	emptyTempDir(t)
+	bad := stdinTraceText + `{"timestamp": 1, "input_length": "x"}` + "\n"
+	for _, tt := range []struct {
+		verb string
+		args []string
+	}{
+		{"simulate", []string{"--trace", "-"}},
+		{"simulate", []string{"--scorecard", "--trace", "-", "--scenarios", "mooncake"}},
+		{"plan", []string{"--trace", "-", "--slo-ttft-p90", "1s"}},
+		{"bench", []string{"--trace", "-", "--target", "http://127.0.0.1:1"}},
+		{"demo", []string{"--trace", "-", "--html", ""}},
+		{"analyze", []string{"-"}},
+	} {
+		code, out, errOut := runWithStdin(tt.verb, bad, tt.args...)
+		want := "kvroute " + tt.verb + ": standard input: line 13: field input_length: want int"
+		if code != 1 || out != "" || !strings.HasPrefix(errOut, want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, os.TempDir()) {
+			t.Errorf("%s %q: exit %d, stdout %q, stderr %q; want 1 and one line starting %q", tt.verb, tt.args, code, out, errOut, want)
+		}
+	}
+}
+
+// TestTraceFromStdinLaterError: an error that experiment finds in a trace read from standard
+// input, after the check of its lines, names standard input, not the temporary file.
+func TestTraceFromStdinLaterError(t *testing.T) {
+	emptyTempDir(t)
+	// One token more than a 16 MiB body holds at 4 bytes a token.
+	ids := strings.Repeat("7, ", (4<<20)/512) + "7"
+	huge := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [7]}` + "\n" +
+		`{"timestamp": 5, "input_length": 4194305, "output_length": 1, "hash_ids": [` + ids + `]}` + "\n"
+	code, out, errOut := runWithStdin("bench", huge, "--target", "http://127.0.0.1:1", "--trace", "-")
+	want := "kvroute bench: --trace standard input: request 1 (non-blank line 2): input_length 4194305 is more than the 4194304 tokens"
+	if code != 1 || out != "" || !strings.HasPrefix(errOut, want) || strings.Contains(errOut, os.TempDir()) {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 1 and %q", code, out, errOut, want)
+	}
+}
+
+// TestEmptyTrace: a trace without a request, whether an empty file, blank lines or nothing on
+// standard input, fails every verb that takes --trace the same way: exit 2, one line naming
+// the trace and saying what a trace line is, nothing on stdout, before anything runs.
+func TestEmptyTrace(t *testing.T) {
+	emptyTempDir(t)
+	empty := writeTempFile(t, "empty.jsonl", "")
+	blank := writeTempFile(t, "blank.jsonl", "\n   \n\t\n")
+	const want = "no requests: %s (want Mooncake JSON Lines, one object a line with timestamp, input_length, output_length and hash_ids)"
+	inputs := []struct {
+		name, file, stdin, says string
+	}{
+		{"empty file", empty, "", empty + ": " + strings.Replace(want, "%s", "the trace is empty", 1)},
+		{"blank lines", blank, "", blank + ": " + strings.Replace(want, "%s", "nothing but 3 blank line(s)", 1)},
+		{"empty stdin", "-", "", "standard input: " + strings.Replace(want, "%s", "the trace is empty", 1)},
+		{"blank stdin", "-", "\n\n", "standard input: " + strings.Replace(want, "%s", "nothing but 2 blank line(s)", 1)},
+	}
+	verbs := []struct {
+		verb string
+		args []string
+	}{
+		{"analyze", nil},
+		{"simulate", []string{"--policies", "random"}},
+		{"simulate", []string{"--scorecard", "--scenarios", "mooncake", "--policies", "random"}},
+		{"plan", []string{"--slo-ttft-p90", "1s", "--policies", "random"}},
+		{"bench", []string{"--target", "http://127.0.0.1:1"}},
+		{"demo", []string{"--html", "", "--policies", "round-robin"}},
+	}
+	for _, v := range verbs {
+		for _, in := range inputs {
+			t.Run(strings.TrimSpace(v.verb+" "+strings.Join(v.args, " "))+"/"+in.name, func(t *testing.T) {
+				args := append([]string{"--trace", in.file}, v.args...)
+				code, out, errOut := runWithStdin(v.verb, in.stdin, args...)
+				if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "kvroute "+v.verb+": ") || !strings.Contains(errOut, in.says) {
+					t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, and one line with %q", code, out, errOut, in.says)
+				}
+			})
+		}
+	}
+}
+
+// TestFloatFlagsFinite: no float flag of any verb takes a value that is not a finite number,
+// and each refusal says the flag, the value and what the flag takes (not merely "a finite
+// number": every float flag has its range in its verb's verbHelp.floats).
+func TestFloatFlagsFinite(t *testing.T) {
+	floatFlag := regexp.MustCompile(`(?m)^  -(\S+) float$`)
+	seen := 0
+	for _, v := range verbs() {
+		_, help, _ := runVerb(v.name, "-h")
+		for _, m := range floatFlag.FindAllStringSubmatch(help, -1) {
+			seen++
+			for value, shown := range map[string]string{"NaN": "NaN", "nan": "NaN", "Inf": "+Inf", "+Inf": "+Inf", "-Infinity": "-Inf"} {
+				code, out, errOut := runVerb(v.name, "--"+m[1], value)
+				want := "kvroute " + v.name + ": --" + m[1] + " " + shown + ": want "
+				if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, want) || strings.Contains(errOut, "want a finite number") {
+					t.Errorf("%s --%s %s: exit %d, stdout %q, stderr %q; want 2 and one line starting %q with the flag's range", v.name, m[1], value, code, out, errOut, want)
+				}
+			}
+		}
+	}
+	// simulate 4, plan 1, bench 3, demo 2, sim 3.
+	if seen != 13 {
+		t.Errorf("found %d float flags in the verbs' help, want 13: update this test", seen)
+	}
+}
+
+// scenarioOf is the workload name and requests of a simulate, bench or demo JSON report.
+func scenarioOf(t *testing.T, out string) (string, int) {
+	var doc struct {
+		Scenario struct {
+			Workload string
+			Requests int
+		}
+	}
+	unmarshal(t, out, &doc)
+	return doc.Scenario.Workload, doc.Scenario.Requests
+}
+
+func unmarshal(t *testing.T, out string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+}
+
+// The scorecard names a trace read from standard input stdin, as simulate does, not by the
+// temporary file's path.
+func TestScorecardTraceFromStdin(t *testing.T) {
+	emptyTempDir(t)
+	code, out, errOut := runWithStdin("simulate", stdinTraceText, "--scorecard", "--trace", "-", "--scenarios", "mooncake", "--policies", "random", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var sc struct {
+		Trace string
+		Cells []struct{ Workload, Skipped string }
+	}
+	unmarshal(t, out, &sc)
+	var got []string
+	for _, c := range sc.Cells {
+		if c.Skipped != "" {
+			t.Errorf("cell skipped: %s", c.Skipped)
+		}
+		got = append(got, c.Workload)
+	}
+	if sc.Trace != "stdin" || len(got) == 0 {
+		t.Fatalf("trace %q, %d cells; want stdin and some", sc.Trace, len(got))
+	}
+	want := make([]string, len(got))
+	for i := range want {
+		want[i] = "stdin"
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("cells' workloads (-want +got):\n%s", diff)
+	}
+	if strings.Contains(out, os.TempDir()) {
+		t.Errorf("the report names the temporary directory:\n%s", out)
+	}
+}
