@@ -122,7 +122,7 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	dialer := &net.Dialer{Timeout: cfg.Limits.ConnectTimeout.D(), KeepAlive: 30 * time.Second}
 	r.transport.Dialer = dialer
 	r.transport.Fallback.DialContext = dialer.DialContext
-	r.prober = scrape.New(r.pool, &http.Client{Transport: r.transport.Fallback}, scrape.OptionsFrom(cfg), logger)
+	r.prober = scrape.New(r.pool, proberClient(r.transport.Fallback), scrape.OptionsFrom(cfg), logger)
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)
@@ -317,15 +317,17 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 	for _, ep := range diff.Added {
 		r.metrics.EndpointAdded(ep.Name, ep.Models)
 	}
+	var forget []string
 	for _, ep := range diff.Removed {
 		if obs != nil {
 			obs.Removed(ep)
 			r.peers.removed(ep)
 		}
 		if r.pool.ByName(ep.Name) == nil {
-			r.metrics.ForgetEndpoint(ep.Name)
+			forget = append(forget, ep.Name)
 		}
 	}
+	r.metrics.ForgetEndpoints(forget)
 	if len(diff.Added)+len(diff.Removed) > 0 {
 		r.logger.Info("endpoints changed", "added", names(diff.Added), "removed", names(diff.Removed))
 	}
@@ -755,4 +757,12 @@ func stallTimeout(l config.Limits) time.Duration {
 		return 0
 	}
 	return l.StallTimeout.D()
+}
+
+// proberClient is the HTTP client of the engines' health checks, metrics and model lists: it
+// follows no redirect, so that an engine (or whoever answers at a discovered address) cannot
+// make the router fetch another URL, an internal one say, and show the start of its answer in
+// /debug/endpoints; a 3xx is a failed check or scrape, saying its status.
+func proberClient(rt http.RoundTripper) *http.Client {
+	return &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }

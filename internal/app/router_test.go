@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -552,5 +553,22 @@ func TestRouterExplain(t *testing.T) {
 	}
 	if code, _ := get(t, admin, "/debug/explain"); code != http.StatusMethodNotAllowed {
 		t.Errorf("GET /debug/explain: %d, want 405", code)
+	}
+}
+
+// TestProberFollowsNoRedirect: the engines' probes do not follow a redirect elsewhere.
+func TestProberFollowsNoRedirect(t *testing.T) {
+	var hit atomic.Int32
+	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hit.Add(1) }))
+	defer inside.Close()
+	engine := httptest.NewServer(http.RedirectHandler(inside.URL+"/secret", http.StatusFound))
+	defer engine.Close()
+	resp, err := proberClient(http.DefaultTransport).Get(engine.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || hit.Load() != 0 {
+		t.Errorf("status %d, the redirect's target asked %d times; want 302 and never", resp.StatusCode, hit.Load())
 	}
 }

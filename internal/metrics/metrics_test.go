@@ -1,10 +1,12 @@
 package metrics
 
 import (
+	"fmt"
 	"math"
 	"net/http/httptest"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -496,5 +498,78 @@ func (c *countingRegisterer) MustRegister(cols ...prometheus.Collector) {
 		if err := c.Register(col); err != nil {
 			panic(err)
 		}
+	}
+}
+
+// BenchmarkForgetEndpoints: 2,000 endpoints leave the pool at once (a discovery file emptied),
+// forgotten one by one (as until 7 December 2026) or together.
+func BenchmarkForgetEndpoints(b *testing.B) {
+	const n = 2000
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "http://10.0.0.1:" + strconv.Itoa(8000+i)
+	}
+	for _, together := range []bool{false, true} {
+		b.Run(fmt.Sprintf("together=%v", together), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				m := New(prometheus.NewRegistry())
+				for _, name := range names {
+					m.EndpointAdded(name, []string{"m"})
+					m.Retries.WithLabelValues(name, RetryTimeout).Inc()
+				}
+				b.StartTimer()
+				if together {
+					m.ForgetEndpoints(names)
+				} else {
+					for _, name := range names {
+						m.ForgetEndpoint(name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestForgetEndpointsTogether: endpoints forgotten together (in one pass over the series) lose
+// exactly their series, and a model loses its own once no endpoint left serves it.
+func TestForgetEndpointsTogether(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	var gone []string
+	for i := range 20 {
+		name := "http://10.0.0.1:" + strconv.Itoa(8000+i)
+		model := "shared"
+		if i < 18 {
+			gone = append(gone, name)
+			if i == 0 {
+				model = "only-gone"
+			}
+		}
+		m.EndpointAdded(name, []string{model})
+		m.Retries.WithLabelValues(name, RetryTimeout).Inc()
+	}
+	m.ForgetEndpoints(gone)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := map[string]bool{}
+	for _, f := range families {
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				switch {
+				case l.GetName() == "endpoint" && slices.Contains(gone, l.GetValue()):
+					t.Errorf("%s: a forgotten endpoint's series %v", f.GetName(), s.GetLabel())
+				case l.GetName() == "endpoint" && l.GetValue() != NoEndpoint:
+					kept[l.GetValue()] = true
+				case l.GetName() == "model" && l.GetValue() == "only-gone":
+					t.Errorf("%s: the series of a model nobody serves %v", f.GetName(), s.GetLabel())
+				}
+			}
+		}
+	}
+	if len(kept) != 2 {
+		t.Errorf("endpoints left in the series: %v, want the 2 not forgotten", kept)
 	}
 }
