@@ -101,7 +101,7 @@ func (s *sim) fault(ch Change) error {
 		st.hung, st.hungAt = true, s.clock.now
 		// The streams it was sending go silent: each ends at the idle timeout.
 		for _, i := range slices.Sorted(maps.Keys(s.held[inst])) {
-			if !s.state[i].call.FirstTokenAt().IsZero() {
+			if c := s.state[i].call; c != nil && !c.FirstTokenAt().IsZero() { // nil: done
 				s.watchIdle(int(i), inst)
 			}
 		}

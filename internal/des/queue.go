@@ -6,6 +6,9 @@ type eventQueue struct{ h []event }
 
 func (q *eventQueue) len() int { return len(q.h) }
 
+// peek returns the next event to pop, without popping it; the queue must not be empty.
+func (q *eventQueue) peek() *event { return &q.h[0] }
+
 func (q *eventQueue) push(e event) {
 	q.h = append(q.h, e)
 	i := len(q.h) - 1

@@ -1,8 +1,11 @@
 package experiment
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/report"
 )
@@ -48,5 +51,32 @@ func TestPlanSearch(t *testing.T) {
 	boom := errors.New("boom")
 	if _, err := search(4, func(int) (*report.Result, error) { return nil, boom }, nil); !errors.Is(err, boom) {
 		t.Errorf("a failed simulation: err %v, want it returned", err)
+	}
+}
+
+// BenchmarkPlan plans for least-request on a synthetic shared-prefix workload of a size table
+// of requests arriving at 100 a second with short answers: the cost of Plan, its simulations
+// and their garbage collection, as the workload grows (at a million requests it was once
+// dominated by the collector).
+func BenchmarkPlan(b *testing.B) {
+	for _, n := range []int{10_000, 30_000} {
+		b.Run(fmt.Sprintf("requests=%d", n), func(b *testing.B) {
+			o := PlanOptions{
+				Workload:     fmt.Sprintf("shared-prefix:n=%d,groups=64,prompts=%d,system=1024,question=64,output=16,rate=100", n, n/64+1),
+				Profile:      "llama3-70b-h200-tp8",
+				Policies:     "least-request",
+				MaxInstances: 16,
+				Speedup:      1,
+				Seed:         1,
+				P90:          2 * time.Second,
+			}
+			defer TuneGC()()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Plan(context.Background(), o); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
