@@ -13,41 +13,25 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testlog"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a poller.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 var addrLine = regexp.MustCompile(`api (http://\S+) admin (http://\S+)`)
 
 // startServe runs `kvroute serve args...` and returns its API and admin base URLs.
-func startServe(t *testing.T, args ...string) (api, admin string, stderr *lockedBuffer, stop func() int) {
+func startServe(t *testing.T, args ...string) (api, admin string, stderr *testlog.Buffer, stop func() int) {
 	t.Helper()
 	api, admin, _, stderr, stop = startServeOut(t, args...)
 	return api, admin, stderr, stop
 }
 
 // startServeOut is startServe that also returns what serve printed.
-func startServeOut(t *testing.T, args ...string) (api, admin string, stdout, stderr *lockedBuffer, stop func() int) {
+func startServeOut(t *testing.T, args ...string) (api, admin string, stdout, stderr *testlog.Buffer, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var out lockedBuffer
-	stderr = &lockedBuffer{}
+	var out testlog.Buffer
+	stderr = &testlog.Buffer{}
 	code := make(chan int, 1)
 	go func() { code <- runServe(ctx, args, &out, stderr) }()
 	deadline := time.Now().Add(10 * time.Second)

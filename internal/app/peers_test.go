@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/testcert"
 	"github.com/kvroute/kvroute/internal/testkube"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 const peerSecret = "0123456789abcdef0123456789abcdef"
@@ -275,7 +276,7 @@ func TestPeersSecretReload(t *testing.T) {
 		}
 		return cfg
 	}
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	r, err := NewRouter(parse(""), slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)

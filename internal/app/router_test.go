@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 func routerConfig(t *testing.T, extra string, urls ...string) *config.Config {
@@ -275,7 +276,7 @@ func TestRouterDiscoveryFile(t *testing.T) {
 	}
 	write(b.srv.URL)
 	cfg := routerConfig(t, fmt.Sprintf("discovery: {file: %q, poll_interval: 50ms}\n", file))
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	r, err := NewRouter(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -454,24 +455,6 @@ func TestRouterRunStopsWithManySources(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return within 5 s of its context ending (a source blocked?)")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a poller.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestRouterEndpointHeaderFromConfig(t *testing.T) {

@@ -1,11 +1,8 @@
 package extproc
 
 import (
-	"bytes"
-	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -13,35 +10,8 @@ import (
 
 	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 	"github.com/kvroute/kvroute/internal/proxy"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
-
-// lockedBuffer is a log's destination, safe for the picker's goroutines and the test's.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines are the log's JSON lines, decoded.
-func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range strings.SplitSeq(strings.TrimSpace(l.b.String()), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
 
 // TestBadStatus: an answer whose :status is not a status (not a number, or outside 100..599),
 // or one no API request gets (a redirect, a protocol switch), is the engine's bad answer, not a 200: settled as a 502 from that endpoint (requests_total,
@@ -51,7 +21,7 @@ func TestBadStatus(t *testing.T) {
 	long := strings.Repeat("9", 200)
 	for _, bad := range []string{"abc", "", "99", "600", "2000", "+20", " 200", "20x", "0", "-200", long, "302", "301", "101"} {
 		t.Run(bad[:min(len(bad), 8)], func(t *testing.T) {
-			var logs lockedBuffer
+			var logs testlog.Buffer
 			f := newFixture(t, []string{ep1}, func(h *proxy.Handler) { h.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
 			e, _ := f.routed(t, plainChat)
 			e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
@@ -79,7 +49,7 @@ func TestBadStatus(t *testing.T) {
 			}
 			var warns []map[string]any
 			var access map[string]any
-			for _, l := range logs.lines(t) {
+			for _, l := range logs.JSONLines(t) {
 				switch {
 				case l["level"] == "WARN":
 					warns = append(warns, l)

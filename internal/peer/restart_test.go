@@ -1,33 +1,15 @@
 package peer
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
-// lockedBuffer is a log sink several replicas write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func logTo(b *lockedBuffer) func(*Config) {
+func logTo(b *testlog.Buffer) func(*Config) {
 	return func(c *Config) {
 		c.Logger = slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -56,7 +38,7 @@ func TestRestartAtNewAddress(t *testing.T) {
 	})
 	c.node.Isolate(true) // its leave never reaches the peers: a crash
 	c.stop()
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	start := time.Now()
 	c2 := startReplica(t, "c", []string{a.node.GossipAddr()}, func(cfg *Config) { fault(cfg); logTo(&logs)(cfg) })
 	claimed := false
@@ -85,7 +67,7 @@ func TestRestartAtNewAddress(t *testing.T) {
 // TestDuplicateName: two replicas given the same name both run; each is told, as an error,
 // once.
 func TestDuplicateName(t *testing.T) {
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	dup := func(c *Config) { c.duplicate = 3 * time.Second; logTo(&logs)(c) }
 	a := startReplica(t, "a", nil, nil)
 	startReplica(t, "b", []string{a.node.GossipAddr()}, dup)

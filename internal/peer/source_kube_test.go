@@ -1,7 +1,6 @@
 package peer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/testkube"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 const kubeNS = "serving"
@@ -131,35 +131,11 @@ func (api *fakeAPI) remove(name string) {
 	}
 }
 
-// syncBuffer is a log destination safe for the watch's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
-
 // runKube runs a source on api's client, for the replicas' Service's gossip port, until the
 // test ends; failures are counted.
-func runKube(t *testing.T, api *fakeAPI) (k *Kube, logs *syncBuffer, failures *atomic.Int64) {
+func runKube(t *testing.T, api *fakeAPI) (k *Kube, logs *testlog.Buffer, failures *atomic.Int64) {
 	t.Helper()
-	logs, failures = &syncBuffer{}, &atomic.Int64{}
+	logs, failures = &testlog.Buffer{}, &atomic.Int64{}
 	k = &Kube{
 		Watch: kube.Watch{Client: api.client, Namespace: kubeNS, PortName: "gossip", Name: "peers:kubernetes:serving/kvroute-peers",
 			Selector: labels.SelectorFromSet(labels.Set{kube.ServiceNameLabel: "kvroute-peers"})},
@@ -222,12 +198,12 @@ func TestKube_APIUnreachableAtStart(t *testing.T) {
 	if _, err := k.Addrs(context.Background()); !errors.Is(err, errNotListed) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Addrs before any list = %v, want errNotListed with the API's failure", err)
 	}
-	if n := logs.count(watchFailed); n != 1 {
+	if n := logs.Count(watchFailed); n != 1 {
 		t.Errorf("%d failures were retried, logged %d times, want once:\n%s", failures.Load(), n, logs.String())
 	}
 	api.down.Store(false)
 	addrsAre(t, k, "the API up", "10.0.0.1:7946", "10.0.0.2:7946")
-	if n := logs.count("after_problem=true"); n != 1 {
+	if n := logs.Count("after_problem=true"); n != 1 {
 		t.Errorf("recovery logged %d times, want once:\n%s", n, logs.String())
 	}
 }
@@ -245,9 +221,9 @@ func TestKube_APIGoesAway(t *testing.T) {
 	// The watch ends; the informer lists again after its back-off (0.8 to 1.6 s), which fails.
 	// Kube.fail passes a failure to OnError before it logs it, so a failure counted may not be
 	// logged yet: wait for the line itself.
-	waitFor(t, 10*time.Second, "the outage logged", func() bool { return logs.count(watchFailed) >= 1 })
+	waitFor(t, 10*time.Second, "the outage logged", func() bool { return logs.Count(watchFailed) >= 1 })
 	addrsAre(t, k, "the API down: what it knew", "10.0.0.1:7946", "10.0.0.2:7946")
-	if n := logs.count(watchFailed); n != 1 || failures.Load() < 1 {
+	if n := logs.Count(watchFailed); n != 1 || failures.Load() < 1 {
 		t.Errorf("%d failures, the outage logged %d times, want once:\n%s", failures.Load(), n, logs.String())
 	}
 	// Scaled to 3 while the watch could not see it (the fake's store takes it; lists fail).

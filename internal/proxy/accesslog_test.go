@@ -1,41 +1,22 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/internal/tenant"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
-
-// lockedBuffer is a bytes.Buffer for a logger written from the handler's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // An unauthenticated request with a long path writes an access line of bounded length: the
 // path cut to maxLogPath bytes at a character's start, the cut marked, its length logged.
 func TestAccessLogPathBounded(t *testing.T) {
 	f := newFixture(t, spec("http://127.0.0.1:1", "m"))
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	f.h.Gate = tenantGate(t, f.h.Metrics.Tenant, `tenants: [{name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"]}]`)
 	path := "/" + strings.Repeat("é", 50000) // two bytes each: a cut at 256 bytes splits one

@@ -33,6 +33,7 @@ import (
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/tenant"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -716,7 +717,7 @@ func TestCompleteStreamClientClosesAfterDone(t *testing.T) {
 	defer eng.Close()
 	defer close(release)
 	f := newFixture(t, spec(eng.URL, "m"))
-	var logs syncBuffer
+	var logs testlog.Buffer
 	f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	for i := range 3 {
 		conn, err := net.Dial("tcp", f.srv.Listener.Addr().String())
@@ -833,24 +834,6 @@ func TestReadBodyGrowsWithData(t *testing.T) {
 	if _, oe := readBody(r, 100<<10); oe == nil || oe.Status != 413 {
 		t.Errorf("readBody beyond the limit: %v, want 413", oe)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes (a logger's destination).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestLlamaCppTimingsCached: an engine that reports its cache use only in llama.cpp's
@@ -978,7 +961,7 @@ func TestAccessLogMoved(t *testing.T) {
 	}))
 	defer ok.Close()
 	f := newFixture(t, spec(busy.URL, "m"), spec(ok.URL, "m"))
-	var logs syncBuffer
+	var logs testlog.Buffer
 	f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	for i := range 2 {
 		if resp, body := f.post(t, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
