@@ -76,15 +76,11 @@ func benchMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	if err := checkOutputs(map[string]string{"html": html}); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
-	var spool *spooledTrace
-	if o.Trace == stdinTrace {
-		var err error
-		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
-			return failed(stderr, fs.Name(), err)
-		}
-		defer spool.remove()
-		o.Trace = spool.path
+	spool, err := spoolIfStdin(&o.Trace, stdin, fs.Name())
+	if err != nil {
+		return failed(stderr, fs.Name(), err)
 	}
+	defer spool.remove()
 	if o.APIKey == "" {
 		o.APIKey = os.Getenv("OPENAI_API_KEY")
 	}

@@ -70,15 +70,11 @@ func demoMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if err := checkOutputs(map[string]string{"html": html}); err != nil {
 		return failed(stderr, fs.Name(), err)
 	}
-	var spool *spooledTrace
-	if o.Trace == stdinTrace {
-		var err error
-		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
-			return failed(stderr, fs.Name(), err)
-		}
-		defer spool.remove()
-		o.Trace = spool.path
+	spool, err := spoolIfStdin(&o.Trace, stdin, fs.Name())
+	if err != nil {
+		return failed(stderr, fs.Name(), err)
 	}
+	defer spool.remove()
 	o.Progress, o.Log = progressMode(stderr, quiet), stderr
 	d, err := experiment.Demo(ctx, o)
 	if err != nil {

@@ -40,15 +40,11 @@ func planMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}, stdout, stderr); exit {
 		return code
 	}
-	var spool *spooledTrace
-	if o.Trace == stdinTrace {
-		var err error
-		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
-			return failed(stderr, fs.Name(), err)
-		}
-		defer spool.remove()
-		o.Trace = spool.path
+	spool, err := spoolIfStdin(&o.Trace, stdin, fs.Name())
+	if err != nil {
+		return failed(stderr, fs.Name(), err)
 	}
+	defer spool.remove()
 	defer experiment.TuneGC()()
 	sum, err := experiment.Plan(ctx, o)
 	if err != nil {

@@ -98,15 +98,11 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 			return failed(stderr, fs.Name(), err)
 		}
 	}
-	var spool *spooledTrace
-	if o.Trace == stdinTrace {
-		var err error
-		if spool, err = spoolTrace(stdin, fs.Name()); err != nil {
-			return failed(stderr, fs.Name(), err)
-		}
-		defer spool.remove()
-		o.Trace = spool.path
+	spool, err := spoolIfStdin(&o.Trace, stdin, fs.Name())
+	if err != nil {
+		return failed(stderr, fs.Name(), err)
 	}
+	defer spool.remove()
 	defer experiment.TuneGC()()
 	if card {
 		return runScorecard(ctx, fs, o, spool, seeds, scenarios, asJSON, stdout, stderr)

@@ -69,6 +69,20 @@ func spoolTrace(stdin io.Reader, verb string) (*spooledTrace, error) {
 	return s, nil
 }
 
+// spoolIfStdin spools the trace (spoolTrace) when *trace is "-", and points *trace at the
+// temporary file; nil otherwise. The caller removes it.
+func spoolIfStdin(trace *string, stdin io.Reader, verb string) (*spooledTrace, error) {
+	if *trace != stdinTrace {
+		return nil, nil
+	}
+	s, err := spoolTrace(stdin, verb)
+	if err != nil {
+		return nil, err
+	}
+	*trace = s.path
+	return s, nil
+}
+
 // remove deletes the temporary file; on a nil s it does nothing.
 func (s *spooledTrace) remove() {
 	if s != nil {
