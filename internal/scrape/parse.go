@@ -3,7 +3,9 @@ package scrape
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -105,7 +107,9 @@ func Supported(engine string) bool {
 // are averaged. A metric the engine does not expose leaves its field 0. KV capacity comes from
 // the cache_config_info labels (vLLM block_size x num_gpu_blocks, SGLang page_size x
 // num_pages; summed over ranks). An engine without known names, or text that is not the
-// Prometheus format, is an error.
+// Prometheus format, is an error, and so is a page the router will not read (errRefused): one
+// with none of the engine's families (an empty page, another engine's), two samples of one
+// label set, or more than the cut keeps (see readWanted).
 func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error) {
 	n, ok := namesFor(engine)
 	if !ok {
@@ -121,7 +125,117 @@ func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error)
 	if err != nil {
 		return nil, fmt.Errorf("parse %s metrics: %w", engine, err)
 	}
+	if !page.declared && !anyFamily(fams, wantedBy[engine]) {
+		// An empty page, or another engine's, would read as an idle engine.
+		return nil, fmt.Errorf("%s metrics: %w: none of the families the router reads for %s (such as %s); is the endpoint's engine kind right?",
+			engine, errRefused, engine, n.running[0])
+	}
+	if err := duplicates(fams, wantedBy[engine]); err != nil {
+		return nil, fmt.Errorf("%s metrics: %w", engine, err)
+	}
 	return snapshotOf(n, fams, at), nil
+}
+
+// anyFamily reports whether fams has a family of w (one the cut kept without reading its
+// name: a quoted one).
+func anyFamily(fams map[string]*dto.MetricFamily, w wanted) bool {
+	for name := range w {
+		if fams[name] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// duplicates refuses a page where a wanted family has two samples of one label set.
+//
+// The router sums samples over label sets, so a repeated line (an exporter registered twice,
+// pages of two processes concatenated) would count its value twice. Which of the copies is
+// true cannot be known, so the page is refused, as a Prometheus server refuses such samples,
+// rather than read with one of them picked: the error shows in /debug/endpoints and the last
+// snapshot ages instead of a wrong one being taken. expfmt merges a histogram's samples of one
+// label set already, so only the other types are checked.
+func duplicates(fams map[string]*dto.MetricFamily, w wanted) error {
+	for name := range w {
+		f := fams[name]
+		if f == nil || f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_GAUGE_HISTOGRAM {
+			continue
+		}
+		ms := f.GetMetric()
+		if len(ms) > 16 {
+			// Many series (up to maxSeries): by key, not pair by pair.
+			seen := make(map[string]bool, len(ms))
+			for _, m := range ms {
+				k := labelKey(m.GetLabel())
+				if seen[k] {
+					return fmt.Errorf("%w: duplicate sample of %s%s", errRefused, name, labelText(m.GetLabel()))
+				}
+				seen[k] = true
+			}
+			continue
+		}
+		for i := 1; i < len(ms); i++ {
+			for j := range i {
+				if sameLabels(ms[i].GetLabel(), ms[j].GetLabel()) {
+					return fmt.Errorf("%w: duplicate sample of %s%s", errRefused, name, labelText(ms[i].GetLabel()))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sameLabels reports whether a and b are one label set, in whatever order (expfmt keeps a
+// line's order, and a label appears once per line).
+func sameLabels(a, b []*dto.LabelPair) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, la := range a {
+		found := false
+		for _, lb := range b {
+			if la.GetName() == lb.GetName() {
+				found = la.GetValue() == lb.GetValue()
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// labelKey is a label set's key, the same in whatever order its labels come.
+func labelKey(ls []*dto.LabelPair) string {
+	ls = slices.Clone(ls)
+	slices.SortFunc(ls, func(a, b *dto.LabelPair) int { return strings.Compare(a.GetName(), b.GetName()) })
+	var b strings.Builder
+	for _, l := range ls {
+		// A label's name and value are valid UTF-8 (expfmt checks them), and 0xff never is.
+		b.WriteString(l.GetName())
+		b.WriteByte(0xff)
+		b.WriteString(l.GetValue())
+		b.WriteByte(0xff)
+	}
+	return b.String()
+}
+
+// labelText writes a label set as the exposition does, for error messages.
+func labelText(ls []*dto.LabelPair) string {
+	if len(ls) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, l := range ls {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s=%q", l.GetName(), shortName([]byte(l.GetValue())))
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 // snapshotOf reads an engine's snapshot from its parsed families.

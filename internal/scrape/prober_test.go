@@ -72,7 +72,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func onePool(t *testing.T, spec endpoint.Spec) (*endpoint.Pool, *endpoint.Endpoint) {
+func onePool(t testing.TB, spec endpoint.Spec) (*endpoint.Pool, *endpoint.Endpoint) {
 	t.Helper()
 	p := endpoint.NewPool()
 	if _, err := p.Update([]endpoint.Spec{spec}); err != nil {
