@@ -71,8 +71,8 @@ func (ca *cacheAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.En
 	}
 	runs := matchRuns(ca.index, c, req.Blocks)
 	best := 0
-	for i, e := range c {
-		score[i] = float64(runs[e.ID])
+	for i := range c {
+		score[i] = float64(runs[i])
 		if score[i] > score[best] {
 			best = i
 		}

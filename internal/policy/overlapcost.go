@@ -82,7 +82,7 @@ func (oc *overlapCost) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	cost := make([]float64, n)
 	oc.mu.Lock()
 	for i, e := range c {
-		prefill := max(total-int64(runs[e.ID]), 0)
+		prefill := max(total-int64(runs[i]), 0)
 		cost[i] = oc.weight*float64(prefill) + float64(oc.active[e.ID])
 	}
 	oc.mu.Unlock()

@@ -458,7 +458,10 @@ type paFlight struct {
 	prompt      int               // the request's prompt tokens: the context a move of its session recomputes
 }
 
+// paScratch is what one scoring needs, by candidate position: never by endpoint ID, which
+// grows with every endpoint the pool has ever had.
 type paScratch struct {
+	ids    []int // the candidates' endpoint IDs
 	runs   []int32
 	tails  []int64
 	fill   []float64
@@ -596,23 +599,29 @@ func (pa *prefixAware) prefill(cached, u int64) float64 {
 // uncached is how many of req's prompt tokens (at least one) are not among cached.
 func uncached(req *Request, cached int) int64 { return int64(max(req.PromptTokens, 1) - cached) }
 
-func (pa *prefixAware) getScratch(n, maxID int) *paScratch {
+// getScratch returns scratch for the candidates c, their IDs filled in.
+func (pa *prefixAware) getScratch(c []*endpoint.Endpoint) *paScratch {
+	n := len(c)
 	sc, _ := pa.scratch.Get().(*paScratch)
 	if sc == nil {
 		sc = &paScratch{}
 	}
-	if cap(sc.runs) < maxID+1 {
-		sc.runs = make([]int32, maxID+1)
+	sc.ids = sc.ids[:0]
+	for _, e := range c {
+		sc.ids = append(sc.ids, e.ID)
 	}
-	sc.runs = sc.runs[:maxID+1]
-	if cap(sc.tails) < maxID+1 {
-		sc.tails = make([]int64, maxID+1)
+	if cap(sc.runs) < n {
+		sc.runs = make([]int32, n)
 	}
-	sc.tails = sc.tails[:maxID+1]
-	if cap(sc.fill) < maxID+1 {
-		sc.fill = make([]float64, maxID+1)
+	sc.runs = sc.runs[:n]
+	if cap(sc.tails) < n {
+		sc.tails = make([]int64, n)
 	}
-	sc.fill = sc.fill[:maxID+1]
+	sc.tails = sc.tails[:n]
+	if cap(sc.fill) < n {
+		sc.fill = make([]float64, n)
+	}
+	sc.fill = sc.fill[:n]
 	if cap(sc.scored) < n {
 		sc.scored = make([]paScore, n)
 	}
@@ -651,7 +660,7 @@ func (pa *prefixAware) Explain(req *Request, c []*endpoint.Endpoint) []Explanati
 		e := c[s.i]
 		out[k] = Explanation{
 			Endpoint:      e,
-			CachedTokens:  cachedTokens(req, int(sc.runs[e.ID])),
+			CachedTokens:  cachedTokens(req, int(sc.runs[s.i])),
 			PredictedTTFT: time.Duration(s.ttft * float64(time.Second)),
 			Cost:          s.cost,
 			WithinBound:   s.eligible,
@@ -665,11 +674,7 @@ func (pa *prefixAware) Explain(req *Request, c []*endpoint.Endpoint) []Explanati
 // first, then by cost, then in candidate order. The caller puts sc back in the pool.
 func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	n := len(c)
-	maxID := 0
-	for _, e := range c {
-		maxID = max(maxID, e.ID)
-	}
-	sc := pa.getScratch(n, maxID)
+	sc := pa.getScratch(c)
 	states := sc.states
 	pa.mu.RLock()
 	for i, e := range c {
@@ -692,7 +697,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	for _, e := range c {
 		total += e.InFlight()
 	}
-	pa.index.Match(sc.runs, req.Blocks)
+	pa.index.MatchAmong(sc.runs, sc.ids, req.Blocks)
 	// Cache pressure: where this request's new blocks would go, in 0..1. An endpoint with room
 	// scores up to 0.5 by its fill per second in the fleet relative to the candidate that filled
 	// fastest; a full one from 0.5 for the one whose oldest entry is oldest (what it evicts is
@@ -704,13 +709,13 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	var oldest int64
 	var fullest float64
 	if pa.cacheWeight > 0 {
-		pa.index.Fill(sc.fill, sc.tails)
-		for i, e := range c {
-			sc.fill[e.ID] /= inFleet(states[i], now, math.Inf(1))
-			if t := sc.tails[e.ID]; t != 0 {
+		pa.index.FillAmong(sc.fill, sc.tails, sc.ids)
+		for i := range c {
+			sc.fill[i] /= inFleet(states[i], now, math.Inf(1))
+			if t := sc.tails[i]; t != 0 {
 				oldest = max(oldest, now-t)
 			}
-			fullest = max(fullest, sc.fill[e.ID])
+			fullest = max(fullest, sc.fill[i])
 		}
 	}
 	sc.common = pa.commonRun(sc, c, states)
@@ -742,9 +747,9 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// request when factor x (total+1) / n is a whole number.
 		limit := math.Ceil(pa.maxLoad*float64(total+1)/speed/capSum - 1e-9)
 		if s.blind.Load() {
-			sc.runs[e.ID] = 0 // what the index says it holds is not what it serves
+			sc.runs[i] = 0 // what the index says it holds is not what it serves
 		}
-		cached := cachedTokens(req, int(sc.runs[e.ID]))
+		cached := cachedTokens(req, int(sc.runs[i]))
 		own := float64(pa.work(req, cached))
 		// New content costs the fleet beyond this request's own wait: it delays whatever is
 		// queued after it and displaces cached content, the more so where the cache is under
@@ -753,9 +758,9 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		if pa.cacheWeight > 0 {
 			p := 0.0
 			if fullest > 0 {
-				p = sc.fill[e.ID] / fullest / 2
+				p = sc.fill[i] / fullest / 2
 			}
-			if t := sc.tails[e.ID]; t != 0 && oldest > 0 {
+			if t := sc.tails[i]; t != 0 && oldest > 0 {
 				p = 1 - float64(now-t)/float64(oldest)/2
 			}
 			weight += pa.cacheWeight * p
@@ -767,7 +772,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// holder of content most of it holds already, where every later request that starts
 		// with it can go. Charged, one cold copy would keep a newcomer out of all such traffic.
 		fresh := own
-		if sc.common > sc.runs[e.ID] {
+		if sc.common > sc.runs[i] {
 			fresh = float64(pa.work(req, cachedTokens(req, int(sc.common))))
 		}
 		w := q + weight*fresh + unseen.delay(s, own, now) + pa.shared(s, req, cached, now, speed)
@@ -792,7 +797,7 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		// keeps it too while as many of the requests in flight there as it is over the bound
 		// have shorter prompts: the bound sheds the sessions that are cheapest to move, as
 		// their next requests come, not the longest one because it came first.
-		if !eligible && sc.runs[e.ID] > sc.common && s.waiting.Load() == 0 {
+		if !eligible && sc.runs[i] > sc.common && s.waiting.Load() == 0 {
 			if meanBusy < 0 {
 				sum := 0.0
 				for _, o := range states {
@@ -846,8 +851,8 @@ func (pa *prefixAware) commonRun(sc *paScratch, c []*endpoint.Endpoint, states [
 		return 0
 	}
 	held := sc.held[:0]
-	for i, e := range c {
-		r := sc.runs[e.ID]
+	for i := range c {
+		r := sc.runs[i]
 		if states[i].blind.Load() {
 			r = 0
 		}

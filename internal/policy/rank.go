@@ -38,18 +38,15 @@ func rankByScore(c []*endpoint.Endpoint, score []float64, high bool, first int) 
 	return out
 }
 
-// maxID returns the largest endpoint ID among c.
-func maxID(c []*endpoint.Endpoint) int {
-	m := 0
-	for _, e := range c {
-		m = max(m, e.ID)
-	}
-	return m
-}
-
-// matchRuns returns, for each candidate, how many leading blocks of blocks x says it holds.
+// matchRuns returns, for each candidate by position, how many leading blocks of blocks x says
+// it holds. By position, not by endpoint ID: IDs are never reused, and a slice as long as the
+// highest would cost each request every endpoint the pool has ever had.
 func matchRuns(x *prefix.Index, c []*endpoint.Endpoint, blocks []uint64) []int32 {
-	runs := make([]int32, maxID(c)+1)
-	x.Match(runs, blocks)
+	ids := make([]int, 0, 32) // on the stack for a fleet of up to 32
+	for _, e := range c {
+		ids = append(ids, e.ID)
+	}
+	runs := make([]int32, len(c))
+	x.MatchAmong(runs, ids, blocks)
 	return runs
 }

@@ -135,17 +135,13 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 	if float64(pa.work(req, 0)) <= mean {
 		return 0 // not larger than the mean even with nothing cached (work falls as cached rises): no index match
 	}
-	maxID := 0
-	for _, e := range c {
-		maxID = max(maxID, e.ID)
-	}
-	sc := pa.getScratch(len(c), maxID)
+	sc := pa.getScratch(c)
 	defer pa.scratch.Put(sc)
-	pa.index.Match(sc.runs, req.Blocks)
+	pa.index.MatchAmong(sc.runs, sc.ids, req.Blocks)
 	best := 0
-	for _, e := range c {
+	for i, e := range c {
 		if !pa.state(e.ID).blind.Load() {
-			best = max(best, int(sc.runs[e.ID]))
+			best = max(best, int(sc.runs[i]))
 		}
 	}
 	own := float64(pa.work(req, cachedTokens(req, best))) // where its prefix is

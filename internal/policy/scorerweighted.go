@@ -71,10 +71,10 @@ func (sw *scorerWeighted) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoin
 		}
 	}
 	score := make([]float64, n)
-	for i, e := range c {
+	for i := range c {
 		pre := 0.0
 		if len(req.Blocks) > 0 {
-			pre = float64(runs[e.ID]) / float64(len(req.Blocks))
+			pre = float64(runs[i]) / float64(len(req.Blocks))
 		}
 		q := 1.0
 		if maxQ > minQ {

@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -43,11 +44,12 @@ type Index struct {
 	nEntry  int         // live entries (distinct blocks)
 	nNode   int         // live nodes ((block, endpoint) pairs)
 	eps     []ixEndpoint
-	last    int64    // last stamp handed out
-	cuts    uint64   // nodes ever unlinked from a list: Insert's run is whole while it stays put
-	marks   uint64   // changes ever made to an endpoint's list: ixEndpoint.mark's clock
-	removed uint64   // nodes ever removed (evicted, dropped, forgotten)
-	found   []uint32 // Insert's scratch: each block's entry before the touches
+	last    int64     // last stamp handed out
+	cuts    uint64    // nodes ever unlinked from a list: Insert's run is whole while it stays put
+	marks   uint64    // changes ever made to an endpoint's list: ixEndpoint.mark's clock
+	removed uint64    // nodes ever removed (evicted, dropped, forgotten)
+	found   []uint32  // Insert's scratch: each block's entry before the touches
+	tables  sync.Pool // *[]uint64: MatchAmong's positions tables for over 32 candidates
 }
 
 type ixEntry struct {
@@ -497,6 +499,58 @@ func (x *Index) entry(ei uint32) *ixEntry {
 // chain and only the positions where it drops matter: Match bisects for them, in
 // O(d log n) lookups for n blocks and d distinct run lengths, and never more than n.
 func (x *Index) Match(runs []int32, blocks []uint64) {
+	x.match(runs, positions{}, blocks)
+}
+
+// MatchAmong writes into runs[i] how many leading blocks of blocks endpoint eps[i] holds: Match
+// by position in a candidate list rather than by endpoint ID. Its cost grows with len(eps) and
+// the holders of blocks, never with the IDs themselves, which are never reused: the highest
+// grows with every endpoint a fleet has ever had, while a request is matched against the few
+// it has now. runs must have room for len(eps). It allocates nothing once warm.
+func (x *Index) MatchAmong(runs []int32, eps []int, blocks []uint64) {
+	runs = runs[:len(eps)]
+	if len(eps) == 0 {
+		return
+	}
+	// Consecutive IDs (a fleet that came up or rolled over together, as the pool lists it)
+	// need no table: position is ID - eps[0].
+	first, last := eps[0], eps[len(eps)-1]
+	if first >= 0 && last < math.MaxUint32 && last-first == len(eps)-1 {
+		i := 1
+		for i < len(eps) && eps[i] == first+i {
+			i++
+		}
+		if i == len(eps) {
+			x.match(runs, positions{base: first}, blocks)
+			return
+		}
+	}
+	var buf [64]uint64 // the table for up to 32 candidates
+	table := buf[:]
+	if 2*len(eps) > len(buf) {
+		p, _ := x.tables.Get().(*[]uint64)
+		if p == nil {
+			p = new([]uint64)
+		}
+		defer x.tables.Put(p)
+		if cap(*p) < 4*len(eps) { // newPositions takes at most 4x (a power of two >= 2x)
+			*p = make([]uint64, 4*len(eps))
+		}
+		table = (*p)[:cap(*p)]
+	}
+	m := newPositions(table, eps)
+	x.match(runs, m, blocks)
+	if m.dup {
+		for i, ep := range eps {
+			if ep >= 0 && ep < math.MaxUint32 {
+				runs[i] = runs[m.of(uint32(ep), len(runs))]
+			}
+		}
+	}
+}
+
+// match is Match with the endpoints' positions in runs given by m.
+func (x *Index) match(runs []int32, m positions, blocks []uint64) {
 	clear(runs)
 	if len(blocks) == 0 {
 		return
@@ -507,7 +561,7 @@ func (x *Index) Match(runs []int32, blocks []uint64) {
 	if c0 == 0 {
 		return
 	}
-	x.bisect(runs, blocks, 0, len(blocks), c0, 0)
+	x.bisect(runs, m, blocks, 0, len(blocks), c0, 0)
 }
 
 // holders returns how many endpoints hold hash.
@@ -520,7 +574,7 @@ func (x *Index) holders(h uint64) uint32 {
 
 // bisect finds the run ends in (lo, hi], knowing that cLo endpoints hold blocks[lo] and cHi
 // hold blocks[hi] (none when hi == len(blocks)).
-func (x *Index) bisect(runs []int32, blocks []uint64, lo, hi int, cLo, cHi uint32) {
+func (x *Index) bisect(runs []int32, m positions, blocks []uint64, lo, hi int, cLo, cHi uint32) {
 	for cLo != cHi {
 		if hi == lo+1 {
 			// Every endpoint holding blocks[lo] but not blocks[hi] has its run end here; the
@@ -533,8 +587,14 @@ func (x *Index) bisect(runs []int32, blocks []uint64, lo, hi int, cLo, cHi uint3
 			}
 			for ni := x.entry(ei).head; ni != 0; {
 				n := x.node(ni)
-				if int(n.ep) < len(runs) && runs[n.ep] < int32(hi) {
-					runs[n.ep] = int32(hi)
+				i := -1 // m.of(n.ep, len(runs)), with the direct path inlined
+				if m.hashed {
+					i = m.find(n.ep)
+				} else {
+					i = m.direct(n.ep, len(runs))
+				}
+				if i >= 0 && runs[i] < int32(hi) {
+					runs[i] = int32(hi)
 				}
 				ni = n.nextHolder
 			}
@@ -542,7 +602,7 @@ func (x *Index) bisect(runs []int32, blocks []uint64, lo, hi int, cLo, cHi uint3
 		}
 		mid := lo + (hi-lo)/2
 		cMid := x.holders(blocks[mid])
-		x.bisect(runs, blocks, mid, hi, cMid, cHi)
+		x.bisect(runs, m, blocks, mid, hi, cMid, cHi)
 		hi, cHi = mid, cMid
 	}
 }
@@ -680,13 +740,31 @@ func (x *Index) Fill(fill []float64, tails []int64) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for ep := range min(len(fill), len(tails), len(x.eps)) {
-		e := &x.eps[ep]
-		c := x.capOf(ep)
-		fill[ep] = float64(e.n) / float64(c)
-		if e.tail != 0 && e.n >= c {
-			tails[ep] = x.node(e.tail).stamp
+		fill[ep], tails[ep] = x.fillOf(ep)
+	}
+}
+
+// FillAmong writes into fill[i] and tails[i] what Fill writes for endpoint eps[i], in time
+// that grows with len(eps) only (see MatchAmong). fill and tails must have room for len(eps).
+func (x *Index) FillAmong(fill []float64, tails []int64, eps []int) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for i, ep := range eps {
+		fill[i], tails[i] = 0, 0
+		if ep >= 0 && ep < len(x.eps) {
+			fill[i], tails[i] = x.fillOf(ep)
 		}
 	}
+}
+
+// fillOf is Fill's answer for ep, which must be < len(x.eps).
+func (x *Index) fillOf(ep int) (fill float64, tail int64) {
+	e := &x.eps[ep]
+	c := x.capOf(ep)
+	if e.tail != 0 && e.n >= c {
+		tail = x.node(e.tail).stamp
+	}
+	return float64(e.n) / float64(c), tail
 }
 
 // Len returns the entries endpoint ep holds.
