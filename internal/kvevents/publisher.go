@@ -83,14 +83,14 @@ func NewPublisher(opts PublisherOptions) (*Publisher, error) {
 		p.max = 10000
 	}
 	p.pub = zmq4.NewPub(ctx)
-	if err := p.pub.Listen(opts.Endpoint); err != nil {
+	if err := p.pub.Listen(guarded(opts.Endpoint)); err != nil {
 		cancel()
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("kv events: %w", err)
 	}
 	if opts.ReplayEndpoint != "" {
 		p.replay = zmq4.NewRouter(ctx)
-		if err := p.replay.Listen(opts.ReplayEndpoint); err != nil {
+		if err := p.replay.Listen(guarded(opts.ReplayEndpoint)); err != nil {
 			cancel()
 			_ = p.pub.Close()
 			_ = p.replay.Close()

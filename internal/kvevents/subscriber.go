@@ -21,7 +21,7 @@ func NewSubscriber(endpoint, topic string) (*Subscriber, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	sub := zmq4.NewSub(ctx)
-	if err := sub.Dial(endpoint); err != nil {
+	if err := sub.Dial(guarded(endpoint)); err != nil {
 		cancel()
 		_ = sub.Close()
 		return nil, fmt.Errorf("kv events subscriber: %w", err)
@@ -59,7 +59,7 @@ func Replay(ctx context.Context, endpoint string, from int64) ([]Message, error)
 	defer cancel()
 	d := zmq4.NewDealer(ctx)
 	defer d.Close()
-	if err := d.Dial(endpoint); err != nil {
+	if err := d.Dial(guarded(endpoint)); err != nil {
 		return nil, fmt.Errorf("kv events replay: %w", err)
 	}
 	if err := d.Send(zmq4.NewMsgFrom(nil, SeqBytes(from))); err != nil {
