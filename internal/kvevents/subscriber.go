@@ -49,8 +49,13 @@ func (s *Subscriber) Close() error {
 	return s.sub.Close()
 }
 
+// MaxReplayBytes bounds the payloads one Replay takes: a replay socket that never sends its end
+// marker would otherwise grow the answer without end.
+const MaxReplayBytes = 256 << 20
+
 // Replay asks a replay socket for every buffered message from seq from on and returns them in
-// order (the end marker is not included). Topics are not part of replies: Topic is "".
+// order (the end marker is not included), at most MaxReplayBytes of payloads. Topics are not
+// part of replies: Topic is "".
 func Replay(ctx context.Context, endpoint string, from int64) ([]Message, error) {
 	if err := checkEndpoint(endpoint); err != nil {
 		return nil, fmt.Errorf("kv events replay: %w", err)
@@ -66,6 +71,7 @@ func Replay(ctx context.Context, endpoint string, from int64) ([]Message, error)
 		return nil, fmt.Errorf("kv events replay: send request: %w", err)
 	}
 	var out []Message
+	taken := 0
 	for {
 		msg, err := d.Recv()
 		if err != nil {
@@ -84,6 +90,9 @@ func Replay(ctx context.Context, endpoint string, from int64) ([]Message, error)
 		}
 		if seq == EndOfReplay {
 			return out, nil
+		}
+		if taken += len(f[1]); taken > MaxReplayBytes {
+			return out, fmt.Errorf("kv events replay: over %d bytes of messages without the end marker", MaxReplayBytes)
 		}
 		b, err := DecodeBatch(f[1])
 		if err != nil {
