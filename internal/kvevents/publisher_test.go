@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +92,14 @@ func TestPublishSubscribeReplay(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, seqs); diff != "" {
 		t.Errorf("replayed seqs (-want +got):\n%s", diff)
+	}
+	// A replay over its bound of bytes ends with an error (one that never ends would grow
+	// without end).
+	replayLimit = 1
+	_, err = Replay(ctx, p.ReplayAddr(), 0)
+	replayLimit = MaxReplayBytes
+	if err == nil || !strings.Contains(err.Error(), "without the end marker") {
+		t.Errorf("a replay over its bound: %v, want an error", err)
 	}
 	// From beyond the end: only the end marker.
 	msgs, err = Replay(ctx, p.ReplayAddr(), last+1)

@@ -53,6 +53,9 @@ func (s *Subscriber) Close() error {
 // marker would otherwise grow the answer without end.
 const MaxReplayBytes = 256 << 20
 
+// replayLimit is MaxReplayBytes (tests lower it).
+var replayLimit = MaxReplayBytes
+
 // Replay asks a replay socket for every buffered message from seq from on and returns them in
 // order (the end marker is not included), at most MaxReplayBytes of payloads. Topics are not
 // part of replies: Topic is "".
@@ -91,8 +94,8 @@ func Replay(ctx context.Context, endpoint string, from int64) ([]Message, error)
 		if seq == EndOfReplay {
 			return out, nil
 		}
-		if taken += len(f[1]); taken > MaxReplayBytes {
-			return out, fmt.Errorf("kv events replay: over %d bytes of messages without the end marker", MaxReplayBytes)
+		if taken += len(f[1]); taken > replayLimit {
+			return out, fmt.Errorf("kv events replay: over %d bytes of messages without the end marker", replayLimit)
 		}
 		b, err := DecodeBatch(f[1])
 		if err != nil {
