@@ -104,7 +104,7 @@ func LoadMooncake(path string) ([]Request, error) {
 func parseMooncakeLine(b []byte) (Request, float64, error) {
 	var l mooncakeLine
 	if err := json.Unmarshal(b, &l); err != nil {
-		if b[0] == '#' || bytes.HasPrefix(b, []byte("//")) {
+		if len(b) > 0 && b[0] == '#' || bytes.HasPrefix(b, []byte("//")) {
 			// A comment-only file reads as an empty trace to a person; say why it is not one.
 			return Request{}, 0, fmt.Errorf("a comment, which JSON Lines do not have (want %s)", mooncakeFormat)
 		}

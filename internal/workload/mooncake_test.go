@@ -158,6 +158,8 @@ func FuzzParseMooncakeLine(f *testing.F) {
 	f.Add([]byte(`{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`))
 	f.Add([]byte(`{"timestamp": -0, "input_length": 9223372036854775807, "output_length": 1, "hash_ids": []}`))
 	f.Add([]byte(`{"hash_ids": null}`))
+	f.Add([]byte(``)) // found by the CI's fuzzing: the comment check read b[0]
+	f.Add([]byte(`# a comment`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, _, err := parseMooncakeLine(b)
 		if err != nil {
