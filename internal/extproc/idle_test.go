@@ -26,10 +26,11 @@ const (
 )
 
 // idleConn opens an HTTP/2 connection to addr, as a gRPC client does, and never opens a stream:
-// it answers the server's SETTINGS and PINGs, and reads until the server closes the connection.
+// it answers the server's SETTINGS, and its PINGs when answerPings (a client gone without a
+// word answers none), and reads until the server closes the connection.
 // It reports whether a GOAWAY came before the close, and the read error that ended it (io.EOF
 // for a close; a timeout when the server kept the connection past deadline).
-func idleConn(t *testing.T, addr string, deadline time.Duration) (goAway bool, err error) {
+func idleConn(t *testing.T, addr string, deadline time.Duration, answerPings bool) (goAway bool, err error) {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -59,7 +60,7 @@ func idleConn(t *testing.T, addr string, deadline time.Duration) (goAway bool, e
 		switch {
 		case typ == frameSettings && flags&flagAck == 0:
 			reply = frame(frameSettings, flagAck, nil)
-		case typ == framePing && flags&flagAck == 0:
+		case typ == framePing && flags&flagAck == 0 && answerPings:
 			reply = frame(framePing, flagAck, payload)
 		case typ == frameGoAway:
 			goAway = true
@@ -100,7 +101,7 @@ func TestServeClosesIdleConnections(t *testing.T) {
 
 	for _, l := range []net.Listener{ln, hln} {
 		start := time.Now()
-		goAway, err := idleConn(t, l.Addr().String(), 5*time.Second)
+		goAway, err := idleConn(t, l.Addr().String(), 5*time.Second, true)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("%s: a connection without a stream was still open after %v (idle timeout %v)", l.Addr(), time.Since(start), idle)
@@ -136,4 +137,35 @@ func TestServeClosesIdleConnections(t *testing.T) {
 	e.send(respBody(jsonAnswer, true))
 	e.streamedBody(true)
 	e.close()
+}
+
+// TestServeDropsSilentClients: a client that stops answering pings (gone without closing its
+// connection) is dropped once a ping goes unanswered; one that answers is kept.
+func TestServeDropsSilentClients(t *testing.T) {
+	f := newFixture(t, []string{ep1})
+	ln := loopback(t)
+	s := &Server{Handler: func() *proxy.Handler { return f.h }, Logger: slog.New(slog.DiscardHandler), IdleTimeout: time.Hour,
+		pingEvery: time.Second, pingWait: 200 * time.Millisecond} // gRPC pings no sooner than a second
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, ln, nil, func() *endpoint.Pool { return f.pool }, time.Second) }()
+	defer func() {
+		cancel()
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return")
+		}
+	}()
+	start := time.Now()
+	_, err := idleConn(t, ln.Addr().String(), 5*time.Second, false)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("a client that answers no ping was still connected after %v", time.Since(start))
+	}
+	t.Logf("silent client dropped after %v: %v", time.Since(start), err)
+	_, err = idleConn(t, ln.Addr().String(), 3*time.Second, true)
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("a client that answers pings was dropped: %v", err)
+	}
 }

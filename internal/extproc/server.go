@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -67,6 +68,17 @@ const DefaultIdleTimeout = 2 * time.Minute
 // DefaultIdleTimeout, which counts streams only.
 const keepaliveMinTime = 10 * time.Second
 
+// keepalivePing and keepaliveAckWait find a client that is gone without closing its
+// connection (its host crashed, a network path dropped): after keepalivePing without a frame
+// from it, Serve pings it, and closes the connection when no answer came keepaliveAckWait
+// later, ending its streams (each an HTTP request in flight, settled as the client gone).
+// gRPC's default is 2 hours, and a gateway that died mid-request held the requests' endpoint
+// counts that long. A live gateway answers pings (HTTP/2 requires it).
+const (
+	keepalivePing    = 30 * time.Second
+	keepaliveAckWait = 10 * time.Second
+)
+
 // Server is the ext_proc endpoint picker. Set the fields before serving; only Handler is
 // required.
 type Server struct {
@@ -87,6 +99,8 @@ type Server struct {
 	// IdleTimeout closes, in Serve, a connection that has had no stream open for this long; 0:
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// pingEvery and pingWait replace keepalivePing and keepaliveAckWait (tests); 0: those.
+	pingEvery, pingWait time.Duration
 
 	addrs  sync.Map // endpoint name -> its "ip:port" for Envoy, "" when its host is not an IP
 	nAddrs int      // entries in addrs, approximately: the map is cleared past maxAddrs
@@ -220,14 +234,16 @@ func WatchHealth(ctx context.Context, hs *health.Server, pool func() *endpoint.P
 }
 
 // keepalive is Serve's connection policy: connections without a stream are closed after
-// IdleTimeout, and pings are tolerated down to keepaliveMinTime apart.
+// IdleTimeout, a client silent for keepalivePing is pinged and dropped when it does not answer,
+// and pings are tolerated down to keepaliveMinTime apart.
 func (s *Server) keepalive() []grpc.ServerOption {
 	idle := s.IdleTimeout
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
 	return []grpc.ServerOption{
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle,
+			Time: cmp.Or(s.pingEvery, keepalivePing), Timeout: cmp.Or(s.pingWait, keepaliveAckWait)}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 	}
 }
