@@ -86,18 +86,7 @@ func TestServeClosesIdleConnections(t *testing.T) {
 	f := newFixture(t, []string{ep1})
 	ln, hln := loopback(t), loopback(t)
 	const idle = 200 * time.Millisecond
-	s := &Server{Handler: func() *proxy.Handler { return f.h }, Logger: slog.New(slog.DiscardHandler), IdleTimeout: idle}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, ln, hln, func() *endpoint.Pool { return f.pool }, time.Second) }()
-	defer func() {
-		cancel()
-		select {
-		case <-served:
-		case <-time.After(10 * time.Second):
-			t.Error("Serve did not return")
-		}
-	}()
+	serveUntilEnd(t, &Server{Handler: func() *proxy.Handler { return f.h }, Logger: slog.New(slog.DiscardHandler), IdleTimeout: idle}, f, ln, hln)
 
 	for _, l := range []net.Listener{ln, hln} {
 		start := time.Now()
@@ -144,19 +133,8 @@ func TestServeClosesIdleConnections(t *testing.T) {
 func TestServeDropsSilentClients(t *testing.T) {
 	f := newFixture(t, []string{ep1})
 	ln := loopback(t)
-	s := &Server{Handler: func() *proxy.Handler { return f.h }, Logger: slog.New(slog.DiscardHandler), IdleTimeout: time.Hour,
-		pingEvery: time.Second, pingWait: 200 * time.Millisecond} // gRPC pings no sooner than a second
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, ln, nil, func() *endpoint.Pool { return f.pool }, time.Second) }()
-	defer func() {
-		cancel()
-		select {
-		case <-served:
-		case <-time.After(10 * time.Second):
-			t.Error("Serve did not return")
-		}
-	}()
+	serveUntilEnd(t, &Server{Handler: func() *proxy.Handler { return f.h }, Logger: slog.New(slog.DiscardHandler), IdleTimeout: time.Hour,
+		pingEvery: time.Second, pingWait: 200 * time.Millisecond}, f, ln, nil) // gRPC pings no sooner than a second
 	start := time.Now()
 	_, err := idleConn(t, ln.Addr().String(), 5*time.Second, false)
 	var ne net.Error
@@ -168,4 +146,20 @@ func TestServeDropsSilentClients(t *testing.T) {
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Errorf("a client that answers pings was dropped: %v", err)
 	}
+}
+
+// serveUntilEnd runs s.Serve on ln and hln (nil: none) for f's pool until the test ends, and
+// then checks that it returns.
+func serveUntilEnd(t *testing.T, s *Server, f *fixture, ln, hln net.Listener) {
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, ln, hln, func() *endpoint.Pool { return f.pool }, time.Second) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return")
+		}
+	})
 }

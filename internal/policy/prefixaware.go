@@ -610,27 +610,18 @@ func (pa *prefixAware) getScratch(c []*endpoint.Endpoint) *paScratch {
 	for _, e := range c {
 		sc.ids = append(sc.ids, e.ID)
 	}
-	if cap(sc.runs) < n {
-		sc.runs = make([]int32, n)
-	}
-	sc.runs = sc.runs[:n]
-	if cap(sc.tails) < n {
-		sc.tails = make([]int64, n)
-	}
-	sc.tails = sc.tails[:n]
-	if cap(sc.fill) < n {
-		sc.fill = make([]float64, n)
-	}
-	sc.fill = sc.fill[:n]
-	if cap(sc.scored) < n {
-		sc.scored = make([]paScore, n)
-	}
-	sc.scored = sc.scored[:n]
-	if cap(sc.states) < n {
-		sc.states = make([]*paState, n)
-	}
-	sc.states = sc.states[:n]
+	sc.runs, sc.tails, sc.fill = sized(sc.runs, n), sized(sc.tails, n), sized(sc.fill, n)
+	sc.scored, sc.states = sized(sc.scored, n), sized(sc.states, n)
 	return sc
+}
+
+// sized returns s with length n, reusing its array when it is large enough (what was in it
+// stays: the caller writes every element it reads).
+func sized[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }
 
 // Pick ranks candidates by predicted TTFT, the ones within the load bound first.
