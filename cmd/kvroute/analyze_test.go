@@ -93,15 +93,15 @@ func TestAnalyzeBadInput(t *testing.T) {
 		code  int
 		want  string
 	}{
-		{"bad line", "", []string{bad}, 1, "line 4: field input_length: -5"},
-		{"bad json on stdin", "{", []string{"-"}, 1, "standard input: line 1: invalid JSON"},
-		{"missing file", "", []string{filepath.Join(t.TempDir(), "none.jsonl")}, 1, "open trace"},
+		{"bad line", "", []string{bad}, 2, "line 4: field input_length: -5"},
+		{"bad json on stdin", "{", []string{"-"}, 2, "standard input: line 1: invalid JSON"},
+		{"missing file", "", []string{filepath.Join(t.TempDir(), "none.jsonl")}, 2, "open trace"},
 		{"no file", "", nil, 2, "want one trace FILE"},
 		{"two files", "", []string{"a", "b"}, 2, "got 2"},
 		{"file and workload", "", []string{"a", "--workload", "multi-turn"}, 2, "not both"},
 		{"file and --trace", "", []string{"a", "--trace", "b"}, 2, "as FILE or as --trace FILE, not both"},
 		{"--trace and workload", "", []string{"--trace", "a", "--workload", "multi-turn"}, 2, "--trace or --workload, not both"},
-		{"missing --trace file", "", []string{"--trace", filepath.Join(t.TempDir(), "none.jsonl")}, 1, "open trace"},
+		{"missing --trace file", "", []string{"--trace", filepath.Join(t.TempDir(), "none.jsonl")}, 2, "open trace"},
 		{"unknown flag", "", []string{"--colour", "x"}, 2, "flag provided but not defined"},
 		{"bad instances", "", []string{"--instances", "0", "x"}, 2, "--instances 0: want 1 to 10000"},
 		{"too many instances", "", []string{"--instances", "9223372036854775807", "x"}, 2, "--instances 9223372036854775807: want 1 to 10000"},

@@ -248,7 +248,7 @@ func TestBenchErrors(t *testing.T) {
 		{"negative duration", []string{"--target", "http://127.0.0.1:1", "--duration", "-1s"}, 2, []string{"--duration -1s: must not be negative"}},
 		{"no in flight", []string{"--target", "http://127.0.0.1:1", "--max-in-flight", "0"}, 2, []string{"--max-in-flight 0: want 1 to 100000"}},
 		{"zero timeout", []string{"--target", "http://127.0.0.1:1", "--timeout", "0s"}, 2, []string{"--timeout 0s: must be positive"}},
-		{"missing trace", []string{"--target", "http://127.0.0.1:1", "--trace", "/nonexistent/t.jsonl"}, 1, []string{"--trace"}},
+		{"missing trace", []string{"--target", "http://127.0.0.1:1", "--trace", "/nonexistent/t.jsonl"}, 2, []string{"--trace"}},
 		{"huge prompt", []string{"--target", "http://127.0.0.1:1", "--trace", huge}, 1, []string{"request 1 (non-blank line 2): input_length 4194305 is more than the 4194304 tokens"}},
 		{"stray argument", []string{"--target", "http://127.0.0.1:1", "extra"}, 2, []string{`"extra"`}},
 	}

@@ -224,11 +224,11 @@ func usageErr(format string, args ...any) error {
 }
 
 // failed prints err for the verb on one line and returns the exit status: 2 for a
-// usageError, or a trace without a request (workload.ErrNoRequests: --trace named the wrong
-// thing, and nothing ran), 1 otherwise.
+// usageError, or a trace that cannot be used (workload.ErrBadTrace: --trace named a path that
+// does not open, or a file that is not a trace or has no request, and nothing ran), 1 otherwise.
 func failed(stderr io.Writer, name string, err error) int {
 	fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
-	if errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) || errors.Is(err, workload.ErrNoRequests) {
+	if errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) || errors.Is(err, workload.ErrBadTrace) {
 		return 2
 	}
 	return 1

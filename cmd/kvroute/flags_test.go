@@ -162,6 +162,25 @@ func TestFailedExitStatus(t *testing.T) {
 	}
 }
 
+// A --trace that cannot be used (a path that does not open, a bad line) is the command line's
+// fault: exit 2 and one line naming it, as for a bad flag, from every verb that reads one.
+func TestBadTraceExitStatus(t *testing.T) {
+	bad := writeTempFile(t, "bad.jsonl", "{\"timestamp\": 1, \"input_length\": 5}\n")
+	missing := filepath.Join(t.TempDir(), "none.jsonl")
+	for _, args := range [][]string{
+		{"analyze", "--trace", missing},
+		{"analyze", "--trace", bad},
+		{"simulate", "--trace", missing},
+		{"simulate", "--trace", bad},
+		{"plan", "--slo-ttft-p90", "2s", "--trace", bad},
+	} {
+		code, _, errOut := runVerb(args[0], args[1:]...)
+		if code != 2 || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, args[len(args)-1]) && !strings.Contains(errOut, "open trace") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and one line about the trace", args, code, errOut)
+		}
+	}
+}
+
 // Every verb answers -h on stdout with exit 0 and a bad flag with exit 2 and one line.
 func TestVerbsHelpAndBadFlag(t *testing.T) {
 	for _, v := range verbs() {

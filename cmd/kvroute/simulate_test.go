@@ -35,8 +35,8 @@ func TestSimulateErrors(t *testing.T) {
 		code     int
 		contains []string
 	}{
-		{"bad trace line", []string{"--trace", bad}, 1, []string{"line 2", "input_length"}},
-		{"missing trace", []string{"--trace", filepath.Join(t.TempDir(), "none.jsonl")}, 1, []string{"none.jsonl"}},
+		{"bad trace line", []string{"--trace", bad}, 2, []string{"line 2", "input_length"}},
+		{"missing trace", []string{"--trace", filepath.Join(t.TempDir(), "none.jsonl")}, 2, []string{"none.jsonl"}},
 		{"unknown policy", []string{"--trace", good, "--policies", "round-robin,nope"}, 2, []string{`"nope"`, "round-robin", "least-request"}},
 		{"unknown profile", []string{"--trace", good, "--profile", "gpt-9"}, 2, []string{`"gpt-9"`, "llama3-70b-h200-tp8", "instant"}},
 		{"zero instances", []string{"--trace", good, "--instances", "0"}, 2, []string{"--instances 0"}},

@@ -106,7 +106,8 @@ func TestTraceFromStdin(t *testing.T) {
 }
 
 // TestTraceFromStdinBadLine: a bad line on standard input is named as standard input's, not
-// as a temporary file's, and stops the verb before it runs.
+// as a temporary file's, and stops the verb before it runs, with the exit status of a bad
+// command line.
 func TestTraceFromStdinBadLine(t *testing.T) {
 	emptyTempDir(t)
 	bad := stdinTraceText + `{"timestamp": 1, "input_length": "x"}` + "\n"
@@ -123,8 +124,8 @@ func TestTraceFromStdinBadLine(t *testing.T) {
 	} {
 		code, out, errOut := runWithStdin(tt.verb, bad, tt.args...)
 		want := "kvroute " + tt.verb + ": standard input: line 13: field input_length: want int"
-		if code != 1 || out != "" || !strings.HasPrefix(errOut, want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, os.TempDir()) {
-			t.Errorf("%s %q: exit %d, stdout %q, stderr %q; want 1 and one line starting %q", tt.verb, tt.args, code, out, errOut, want)
+		if code != 2 || out != "" || !strings.HasPrefix(errOut, want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, os.TempDir()) {
+			t.Errorf("%s %q: exit %d, stdout %q, stderr %q; want 2 and one line starting %q", tt.verb, tt.args, code, out, errOut, want)
 		}
 	}
 }

@@ -27,6 +27,18 @@ const maxLineBytes = 64 << 20
 // on it later with a message that does not name the trace.
 var ErrNoRequests = errors.New("no requests")
 
+// ErrBadTrace is what ReadMooncake and LoadMooncake errors are (errors.Is) when the trace
+// itself is at fault rather than the machine: a path that does not open, a line that does not
+// parse or check, a line too long, no request at all (ErrNoRequests). The CLI exits 2 on it,
+// as on a bad flag; a read that fails midway is not one.
+var ErrBadTrace = errors.New("bad trace")
+
+// badTrace marks err as ErrBadTrace without changing its message.
+type badTrace struct{ error }
+
+func (e badTrace) Unwrap() error        { return e.error }
+func (e badTrace) Is(target error) bool { return target == ErrBadTrace }
+
 // mooncakeFormat says what a Mooncake trace line is, for errors that must say what was expected.
 const mooncakeFormat = "Mooncake JSON Lines, one object a line with timestamp, input_length, output_length and hash_ids"
 
@@ -59,7 +71,7 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 		}
 		req, ms, err := parseMooncakeLine(b)
 		if err != nil {
-			return nil, fmt.Errorf("line %d: %w", line, err)
+			return nil, badTrace{fmt.Errorf("line %d: %w", line, err)}
 		}
 		req.ID = len(reqs)
 		reqs = append(reqs, req)
@@ -67,15 +79,15 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			return nil, fmt.Errorf("line %d: longer than %d bytes: %w", line+1, maxLineBytes, err)
+			return nil, badTrace{fmt.Errorf("line %d: longer than %d bytes: %w", line+1, maxLineBytes, err)}
 		}
 		return nil, fmt.Errorf("read trace after line %d: %w", line, err)
 	}
 	if len(reqs) == 0 {
 		if line == 0 {
-			return nil, fmt.Errorf("%w: the trace is empty (want %s)", ErrNoRequests, mooncakeFormat)
+			return nil, badTrace{fmt.Errorf("%w: the trace is empty (want %s)", ErrNoRequests, mooncakeFormat)}
 		}
-		return nil, fmt.Errorf("%w: nothing but %d blank line(s) (want %s)", ErrNoRequests, line, mooncakeFormat)
+		return nil, badTrace{fmt.Errorf("%w: nothing but %d blank line(s) (want %s)", ErrNoRequests, line, mooncakeFormat)}
 	}
 	// Subtract in milliseconds: 1.7e12 ms in nanoseconds is past float64's exact integers.
 	first := slices.Min(stamps)
@@ -89,7 +101,7 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 func LoadMooncake(path string) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("open trace: %w", err)
+		return nil, badTrace{fmt.Errorf("open trace: %w", err)}
 	}
 	defer f.Close()
 	reqs, err := ReadMooncake(f)
