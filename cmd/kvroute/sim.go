@@ -64,11 +64,21 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}, stdout, stderr); exit {
 		return code
 	}
-	// simserver reads a TimeScale of 0 as 1, but the flag's default is already 1: a 0 given here
-	// is a mistake, not a request for the default.
+	// simserver reads a zero TimeScale, Model, MaxModelLen or DefaultMaxTokens as its default,
+	// but the flags' defaults are already those: a zero given here is a mistake, not a request
+	// for the default.
 	var errs []error
 	if o.TimeScale == 0 {
 		errs = append(errs, errors.New("--time-scale 0: want a positive factor (0.1 runs ten times faster)"))
+	}
+	if strings.TrimSpace(o.Model) == "" {
+		errs = append(errs, fmt.Errorf("--model %q: empty: give the served model's name (default %s)", o.Model, simserver.DefaultModel))
+	}
+	if o.MaxModelLen <= 0 {
+		errs = append(errs, fmt.Errorf("--max-model-len %d: want a positive token count (default 131072)", o.MaxModelLen))
+	}
+	if o.DefaultMaxTokens <= 0 {
+		errs = append(errs, fmt.Errorf("--default-max-tokens %d: want a positive token count (default 256)", o.DefaultMaxTokens))
 	}
 	if *drain < 0 {
 		errs = append(errs, fmt.Errorf("--drain %v: want a duration >= 0 (0: close open streams at once)", *drain))
