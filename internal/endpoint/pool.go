@@ -155,8 +155,12 @@ func cloneSpec(s *Spec) Spec {
 	return c
 }
 
+// newEndpoint makes the endpoint of spec s. It starts healthy (its first health check decides
+// at once), except one whose cache salt waits for its kind (CacheSaltAuto): until the first
+// check has found out what it is, a tenant's request sent to it would go without its salt and
+// share the engine's prefix cache with every other tenant's.
 func newEndpoint(id int, s *Spec) *Endpoint {
-	return &Endpoint{
+	e := &Endpoint{
 		ID:                id,
 		Name:              s.Name,
 		Models:            slices.Clone(s.Models),
@@ -167,6 +171,10 @@ func newEndpoint(id int, s *Spec) *Endpoint {
 		FirstTokenTimeout: s.FirstTokenTimeout,
 		ResponseTimeout:   s.ResponseTimeout,
 	}
+	if s.CacheSaltAuto {
+		e.SetHealthy(false)
+	}
+	return e
 }
 
 // Candidates appends to dst[:0] the available endpoints (healthy, not draining) that serve

@@ -49,6 +49,10 @@ func TestPool_UpdateDiffsByName(t *testing.T) {
 	}
 	c, e := q.ByName("http://c"), q.ByName("http://d")
 	before := q.CacheSalt(c)
+	// Until a check finds its kind, it is out of rotation: a tenant's request would go unsalted.
+	if c.Healthy() || len(q.Candidates(nil, "", nil)) != 0 {
+		t.Errorf("auto endpoint before detection: healthy %v, candidates %v; want out of rotation", c.Healthy(), q.Candidates(nil, "", nil))
+	}
 	c.SetKind("vllm")
 	e.SetKind("sglang")
 	if before || !q.CacheSalt(c) || q.CacheSalt(e) {
