@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/proxy"
 	"github.com/kvroute/kvroute/internal/tenant"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 const (
@@ -633,5 +635,81 @@ func TestHostPort(t *testing.T) {
 		if got := hostPort(in); got != want {
 			t.Errorf("hostPort(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestNotServed: an engine's 404 that names the request's model (vLLM's answer for a model it
+// was not started with) leaves its endpoint out for that model, as `kvroute serve` does: the
+// list of the next request skips it, and a warning says so once. A 404 that names no model (a
+// path the engine lacks) leaves the list as it was. Either is a not_served failure: not
+// charged to the tenant, not counted against the endpoint.
+func TestNotServed(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+endpoints: [{url: "http://10.0.0.1:8000"}]
+auth: {mode: api_key, secret_env: KVROUTE_TEST_SECRET}
+tenants: [{name: acme, api_keys: ["` + tenant.HashKey("sk-acme") + `"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, body string
+		next       string // the next request's list
+		warnings   int
+	}{
+		{"model", `{"object":"error","message":"The model ` + "`m`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}`, "10.0.0.2:8000", 1},
+		{"path", `{"detail":"Not Found"}`, "10.0.0.1:8000,10.0.0.2:8000", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testlog.Buffer
+			f := newFixture(t, []string{ep1, ep2}, func(h *proxy.Handler) {
+				h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+				gate, err := tenant.New(cfg, tenant.Options{Metrics: h.Metrics.Tenant, Getenv: func(string) string { return strings.Repeat("s", 32) }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				h.Gate = gate
+			})
+			e, r := f.routed(t, plainChat, "authorization", "Bearer sk-acme")
+			if got := destination(r); got != "10.0.0.1:8000,10.0.0.2:8000" {
+				t.Fatalf("first list %q", got)
+			}
+			e.send(respHeaders(http.StatusNotFound, "10.0.0.1:8000", false, "content-type", "application/json"))
+			e.recv()
+			e.send(respBody(tc.body, true))
+			if got, _ := e.streamedBody(true); got != tc.body {
+				t.Errorf("404 passed on as %q", got)
+			}
+			e.close()
+			f.streamEnded(t)
+
+			e, r = f.routed(t, plainChat, "authorization", "Bearer sk-acme")
+			if got := destination(r); got != tc.next {
+				t.Errorf("the next request's list %q, want %q", got, tc.next)
+			}
+			e.cancel()
+			f.streamEnded(t)
+
+			if fs := f.health.failures(); len(fs) != 0 {
+				t.Errorf("failures counted against the endpoints: %v", fs)
+			}
+			var warns int
+			var access map[string]any
+			for _, l := range logs.JSONLines(t) {
+				switch {
+				case l["level"] == "WARN" && strings.Contains(l["msg"].(string), "does not serve the model"):
+					warns++
+				case l["msg"] == "request" && access == nil:
+					access = l
+				}
+			}
+			if warns != tc.warnings {
+				t.Errorf("%d warnings that the engine does not serve the model, want %d", warns, tc.warnings)
+			}
+			if access["status"] != 404.0 || access["charged_prompt_tokens"] != 0.0 || access["charged_completion_tokens"] != 0.0 {
+				t.Errorf("the 404's access line: status %v, charged %v and %v; want 404, nothing charged",
+					access["status"], access["charged_prompt_tokens"], access["charged_completion_tokens"])
+			}
+		})
 	}
 }

@@ -101,7 +101,7 @@ func (d *decider) inProcess(body []byte) (time.Duration, error) {
 	ep := x.Call().Next()
 	_ = x.Body(ep)
 	took := time.Since(start)
-	x.Answered()
+	x.Answered(http.StatusOK)
 	x.Whole([]byte(answer4K))
 	x.Settle(http.StatusOK, http.MethodPost, "/v1/chat/completions")
 	return took, nil

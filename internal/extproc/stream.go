@@ -385,7 +385,6 @@ func canRewrite(m filterv3.ProcessingMode_BodySendMode) bool {
 func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3.HttpHeaders) error {
 	rc := st.x.Call()
 	st.follow(rc, served(req))
-	st.x.Answered()
 	hdr := http.Header{}
 	status, hasStatus := "", false
 	for _, hv := range m.GetHeaders().GetHeaders() {
@@ -402,6 +401,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 	if hasStatus {
 		st.status = st.answerStatus(rc, status)
 	}
+	st.x.Answered(st.status) // a 404's body is read for the model it names (Exchange.Whole)
 	if st.status == http.StatusTooManyRequests {
 		rc.Backoff(proxy.RetryAfter(hdr))
 	}

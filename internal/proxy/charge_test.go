@@ -13,12 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/tenant"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 // chargeLimit is the tokens per minute of the tenant the charge tests use: far more than they
@@ -261,5 +264,107 @@ func TestContentEvent(t *testing.T) {
 		if got := contentEvent(openai.Event{Name: tc.name, Data: []byte(tc.data)}); got != tc.want {
 			t.Errorf("contentEvent(%q, %s) = %v, want %v", tc.name, tc.data, got, tc.want)
 		}
+	}
+}
+
+// hungEngine reads each request and never answers it: it waits for the router to give up.
+func hungEngine(t *testing.T) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// An attempt that reached an engine and was given up for another (no answer within its
+// timeout) is charged its prompt's estimate beside what the answer that came is charged: its
+// engine may have computed the prefill. When every attempt timed out, each is charged.
+func TestChargeAbandonedAttempts(t *testing.T) {
+	slow := func(url string) endpoint.Spec {
+		s := spec(url, "m")
+		s.ResponseTimeout = 200 * time.Millisecond
+		return s
+	}
+	t.Run("then answered", func(t *testing.T) {
+		good := newFakeEngine(t) // usage: 10 prompt, 2 completion
+		f := newFixture(t, slow(hungEngine(t).URL), spec(good.srv.URL, "m"))
+		f.h.Gate = chargeGate(t, f.h.Metrics.Tenant)
+		resp, body := f.post(t, "/v1/chat/completions", chatBody, "Authorization", "Bearer sk-1")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d %s, want the second engine's 200", resp.StatusCode, body)
+		}
+		est := f.pk.reqs[0].PromptTokens
+		if prompt, completion, spent := charged(t, f.h.Gate, f.h.Metrics.Tenant); prompt != 10+est || completion != 2 || spent != 12+est {
+			t.Errorf("charged prompt %d, completion %d, bucket spent %d; want %d, 2, %d (the answer's usage and the abandoned attempt's estimate %d)",
+				prompt, completion, spent, 10+est, 12+est, est)
+		}
+	})
+	t.Run("every attempt timed out", func(t *testing.T) {
+		f := newFixture(t, slow(hungEngine(t).URL), slow(hungEngine(t).URL))
+		f.h.Gate = chargeGate(t, f.h.Metrics.Tenant)
+		resp, body := f.post(t, "/v1/chat/completions", chatBody, "Authorization", "Bearer sk-1")
+		if resp.StatusCode != http.StatusGatewayTimeout {
+			t.Fatalf("status %d %s, want 504", resp.StatusCode, body)
+		}
+		est := f.pk.reqs[0].PromptTokens
+		if prompt, completion, spent := charged(t, f.h.Gate, f.h.Metrics.Tenant); prompt != 2*est || completion != 0 || spent != 2*est {
+			t.Errorf("charged prompt %d, completion %d, bucket spent %d; want two estimates of %d", prompt, completion, spent, est)
+		}
+	})
+}
+
+// The access line says what the tenant was charged beside the engine's usage: the same
+// tokens for an answer with its usage; nothing for a request an engine refused, whose line
+// still carries the prompt's estimate as its prompt_tokens.
+func TestAccessLogCharged(t *testing.T) {
+	busy := newFakeEngine(t)
+	busy.status, busy.errBody = http.StatusServiceUnavailable, `{"error":{"message":"busy"}}`
+	for _, tc := range []struct {
+		name                             string
+		engine                           *fakeEngine
+		status                           int
+		prompt, completion               int // the engine's usage as logged; -1: the estimate
+		chargedPrompt, chargedCompletion int // -1: the estimate
+	}{
+		{"answered", newFakeEngine(t), http.StatusOK, 10, 2, 10, 2},
+		{"refused", busy, http.StatusServiceUnavailable, -1, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, spec(tc.engine.srv.URL, "m"))
+			f.h.Gate = chargeGate(t, f.h.Metrics.Tenant)
+			var logs testlog.Buffer
+			f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+			if resp, body := f.post(t, "/v1/chat/completions", chatBody, "Authorization", "Bearer sk-1"); resp.StatusCode != tc.status {
+				t.Fatalf("status %d %s, want %d", resp.StatusCode, body, tc.status)
+			}
+			var line map[string]any
+			for _, l := range logs.JSONLines(t) {
+				if l["msg"] == "request" {
+					line = l
+				}
+			}
+			est := f.pk.reqs[0].PromptTokens
+			or := func(n int) float64 {
+				if n < 0 {
+					return float64(est)
+				}
+				return float64(n)
+			}
+			want := map[string]any{"tenant": "t1", "prompt_tokens": or(tc.prompt), "completion_tokens": float64(tc.completion),
+				"charged_prompt_tokens": or(tc.chargedPrompt), "charged_completion_tokens": float64(tc.chargedCompletion)}
+			got := map[string]any{}
+			for k := range want {
+				got[k] = line[k]
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("access line (-want +got):\n%s", diff)
+			}
+			if p, c, _ := charged(t, f.h.Gate, f.h.Metrics.Tenant); float64(p) != got["charged_prompt_tokens"] || float64(c) != got["charged_completion_tokens"] {
+				t.Errorf("the tenant's counters say %d prompt and %d completion tokens charged; the access line %v and %v",
+					p, c, got["charged_prompt_tokens"], got["charged_completion_tokens"])
+			}
+		})
 	}
 }

@@ -399,10 +399,11 @@ func (c *call) settle(status int, method, path string) {
 			h.Metrics.TTFT.WithLabelValues(c.model).Observe(ttft.Seconds())
 		}
 	}
+	chargedPrompt, chargedCompletion := 0, 0
 	switch {
 	case c.ticket != nil:
-		p, cpl := c.charge(status)
-		c.ticket.End(status, p, cpl)
+		chargedPrompt, chargedCompletion = c.charge(status)
+		c.ticket.End(status, chargedPrompt, chargedCompletion)
 	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
 		h.Gate.Count(c.id, status) // the gate counted its own refusals
 	}
@@ -422,7 +423,7 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [19]slog.Attr // every attribute below, on the stack
+	var attrBuf [21]slog.Attr // every attribute below, on the stack
 	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
@@ -460,7 +461,11 @@ func (c *call) settle(status int, method, path string) {
 		attrs = append(attrs, slog.Float64("ttft_ms", float64(ttft.Microseconds())/1000))
 	}
 	if c.id != nil {
-		attrs = append(attrs, slog.String("tenant", c.id.Name))
+		// What the tenant's tokens_per_minute was charged, which is not always the engine's
+		// usage above (call.charge): nothing for a request no engine took, an estimate where
+		// the usage never came, the prompts of attempts given up for another.
+		attrs = append(attrs, slog.String("tenant", c.id.Name),
+			slog.Int("charged_prompt_tokens", chargedPrompt), slog.Int("charged_completion_tokens", chargedCompletion))
 	}
 	if c.errType != "" {
 		attrs = append(attrs, slog.String("error_type", c.errType))
@@ -470,7 +475,7 @@ func (c *call) settle(status int, method, path string) {
 
 // charge is what the request, answered with status, costs its tenant, in prompt and
 // completion tokens. Nothing when no engine can have computed any of it: refused before the
-// pick, or every attempt a connection that failed or an engine's refusal (503, 429).
+// pick, or every attempt a connection that failed or an engine's refusal (503, 429, 404).
 // Otherwise, whether the engine answered or not (the client left first, the attempt timed out,
 // the connection broke, the stream was cut), the usage the engine reported, else the router's
 // estimate of the prompt and, for a stream, one completion token per content event passed on
@@ -478,6 +483,13 @@ func (c *call) settle(status int, method, path string) {
 // count is theirs; where an event carries several (speculative decoding, an engine that
 // batches its writes) it is less. A non-streamed answer that never came is charged its prompt
 // alone.
+//
+// Each attempt that reached an engine and was then given up for another (no answer's head, or
+// no first event, within its timeout: the only failure that is retried once the engine had the
+// request) adds its prompt's estimate: its engine may have computed the prefill, and a client
+// whose prompts make every attempt time out would otherwise have 1 + limits.max_retries
+// prefills a request for the price of one. Attempts Envoy makes (Exchange) are not seen here:
+// docs/security.md says what they may cost.
 func (c *call) charge(status int) (prompt, completion int) {
 	if c.req == nil || !c.reachedEngine(status) {
 		return 0, 0
@@ -486,6 +498,7 @@ func (c *call) charge(status int) (prompt, completion int) {
 	if c.haveUsage && c.usage.Prompt() > 0 {
 		prompt = c.usage.Prompt()
 	}
+	prompt += max(c.reached-1, 0) * c.preq.PromptTokens // the one that reached an engine last is counted above
 	if c.haveUsage {
 		return prompt, c.usage.Completion()
 	}
@@ -498,7 +511,7 @@ func (c *call) charge(status int) (prompt, completion int) {
 // connect).
 func (c *call) reachedEngine(status int) bool {
 	if !c.carried {
-		return c.sent
+		return c.reached > 0
 	}
 	refused := c.answered && (status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests || status == http.StatusNotFound)
 	return c.rc != nil && c.rc.Attempts() > 0 && !refused
@@ -612,16 +625,22 @@ func (x *Exchange) Call() *route.Call { return x.c.rc }
 // honours it.
 func (x *Exchange) Body(ep *endpoint.Endpoint) []byte { return x.c.bodyFor(x.c.h, ep) }
 
-// Answered records that an endpoint answered (a response head came back).
-func (x *Exchange) Answered() { x.c.answered = true }
+// Answered records that an endpoint answered with status (a response head came back).
+func (x *Exchange) Answered(status int) { x.c.answered, x.c.answerStatus = true, status }
 
 // Event reads one event of a streamed answer and reports whether to pass it on.
 func (x *Exchange) Event(ev openai.Event) (pass bool) { return x.c.takeEvent(ev) }
 
-// Whole reads a whole non-streamed answer body (usage, response id) and marks it complete.
+// Whole reads a whole non-streamed answer body (usage, response id) and marks it complete. An
+// engine's 404 whose body names the request's model leaves its endpoint out for that model, as
+// when the HTTP handler meets it (call.notServed).
 func (x *Exchange) Whole(body []byte) {
-	x.c.takeBody(body)
-	x.c.complete = true
+	c := x.c
+	if ep := c.ep(); ep != nil && c.answerStatus == http.StatusNotFound {
+		c.notServed(ep, body)
+	}
+	c.takeBody(body)
+	c.complete = true
 }
 
 // Complete records that the answer was read to its end.

@@ -204,7 +204,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		case http.StatusServiceUnavailable:
 			return resp, route.FailUnavailable, nil
 		case http.StatusNotFound:
-			h.notServed(c, ep, b)
+			c.notServed(ep, b)
 			return resp, route.FailNotServed, nil
 		}
 		c.rc.Backoff(retryAfter(resp.Header))
@@ -257,16 +257,17 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 // modelsEvery), and a model swapped back is found again at most this late.
 const notServedFor = 30 * time.Second
 
-// notServed takes note of an engine's 404 (its body, body): one that names the request's model
-// says the engine does not serve it, whatever the config says, and the endpoint is left out
-// for that model for notServedFor (said once, as a warning); another (an API path the engine
+// notServed takes note of ep's engine's 404 (its body, body), whichever front end carried the
+// request (the handler's attempt, or Exchange.Whole): one that names the request's model says
+// the engine does not serve it, whatever the config says, and the endpoint is left out for
+// that model for notServedFor (said once, as a warning); another (an API path the engine
 // lacks) changes nothing but the failover.
-func (h *Handler) notServed(c *call, ep *endpoint.Endpoint, body []byte) {
+func (c *call) notServed(ep *endpoint.Endpoint, body []byte) {
 	if c.req == nil || c.req.Model == "" || !bytes.Contains(body, []byte(c.req.Model)) {
 		return
 	}
 	if ep.NotServing(c.req.Model, time.Now(), notServedFor) {
-		h.Logger.Warn("the engine says it does not serve the model: requests for it go to the other endpoints (check endpoints[].models)",
+		c.h.Logger.Warn("the engine says it does not serve the model: requests for it go to the other endpoints (check endpoints[].models)",
 			"endpoint", ep.Name, "model", logCut1(c.req.Model, maxLogPath), "for", notServedFor.String(), "request_id", c.rid)
 	}
 }
@@ -391,7 +392,7 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	}
 	resp, err := h.Transport.RoundTrip(req)
 	if reachedEngine(resp, err) {
-		c.sent = true
+		c.reached++
 	}
 	return resp, err
 }
@@ -864,6 +865,8 @@ func (c *call) failure(status int) route.Failure {
 		return route.FailNone // fine, or the client's doing
 	case c.cut:
 		return route.FailCut
+	case status == http.StatusNotFound && c.answered:
+		return route.FailNotServed // the engine's 404: it does not serve the model, or the path
 	case status >= 500:
 		return route.FailStatus
 	}

@@ -171,7 +171,7 @@ func randomID() string {
 }
 
 // reachedEngine reports whether an attempt that returned resp and err may have made its engine
-// compute, for the tenant's charge (call.sent): its request was written to a connection,
+// compute, for the tenant's charge (call.reached): its request was written to a connection,
 // whatever came of it (an answer, a timeout, a lost connection, the client leaving), but for a
 // connection that never opened or an engine's refusal (503, 429; 404: it does not serve the
 // model or the path; a redirect or a protocol switch, failed over as a 503).
@@ -226,12 +226,15 @@ type call struct {
 
 	dropUsage bool
 	stream    bool
-	// sent says an attempt reached an engine (Handler.send, reachedEngine). carried says a front end carries
-	// the request (Exchange), past any transport of ours: the lifecycle's attempts and the
-	// answer's status tell instead (call.reachedEngine). The tenant is charged for what an
-	// engine may have computed (call.charge).
-	sent    bool
+	// reached counts the attempts that reached an engine (Handler.send, reachedEngine). carried
+	// says a front end carries the request (Exchange), past any transport of ours: the
+	// lifecycle's attempts and the answer's status tell instead (call.reachedEngine). The
+	// tenant is charged for what an engine may have computed (call.charge).
+	reached int
 	carried bool
+	// answerStatus is the status of the answer a front end that carries the request was given
+	// (Exchange.Answered); 0 before it came.
+	answerStatus int
 
 	// Filled while the response is read (one goroutine: the proxy's copy loop).
 	usage     openai.Usage
