@@ -20,8 +20,8 @@ import (
 )
 
 // runServe runs the router until ctx ends (SIGINT, SIGTERM), then drains in-flight requests.
-// SIGHUP and changes to the config file reload it; a bad new config is logged and the old one
-// kept.
+// SIGHUP and changes to the config file, or to the secrets' files it names, reload it; a bad
+// new config is logged and the old one kept.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute serve")
 	var (
@@ -45,7 +45,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			"usage: kvroute serve --config FILE [flags]",
 			"       kvroute serve --endpoint URL [--endpoint URL ...] [--model NAME[,NAME...]] [--policy SPEC] [flags]",
 			"\nThe router: an OpenAI-compatible, prefix-aware reverse proxy in front of engine instances.",
-			"SIGHUP or a change of the config file reloads it; SIGINT/SIGTERM drain requests in flight.",
+			"SIGHUP or a change of the config file (or of a secret's file) reloads it; SIGINT/SIGTERM drain requests in flight.",
 		},
 	}, stdout, stderr); exit {
 		return code
@@ -107,6 +107,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
+	// The secrets' files as they are before the router reads them, so that the watcher sees a
+	// change made since.
+	refs := config.ReadRefs(cfg.Refs())
 	// Access lines are batched (package logbuf): a line is written at once, with any waiting
 	// before it, when none was written for 100 ms; sooner ones wait for the next such line or
 	// 64 KB, and at most a second.
@@ -141,12 +144,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 
 	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal); the
-	// watcher also reloads when the file's content changes.
+	// watcher also reloads when the content of the file, or of a secret's file, changes.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	watcher := &config.Watcher{
-		Path: *cfgPath, Initial: initial, Adjust: overrides, Checks: configChecks(), Hangup: hup, Logger: logger,
+		Path: *cfgPath, Initial: initial, Config: cfg, InitialRefs: refs, Adjust: overrides, Checks: configChecks(), Hangup: hup, Logger: logger,
 		Apply:    func(c *config.Config) { _ = r.Reload(c) }, // Reload logs and counts a rejection
 		Rejected: func(error) { r.Metrics().Reloads.WithLabelValues("error").Inc() },
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -108,11 +109,12 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 	}
 }
 
-// Watcher keeps a running application in step with its config file: it loads the file again
-// whenever its content changes or a hangup signal (SIGHUP) asks for it, with the same Adjust
-// and Checks as the first load, and hands each config that loads to Apply. A file that does not
-// load is logged and passed to Rejected, and the config in force stays. Set the fields, then
-// call Run.
+// Watcher keeps a running application in step with its config file and the files the config
+// refers to (its secrets, see Config.Refs): it loads the config again whenever the content of
+// any of them changes or a hangup signal (SIGHUP) asks for it, with the same Adjust and Checks
+// as the first load, and hands each config that loads to Apply. A file that does not load, or
+// a referenced file that cannot be read, is logged and passed to Rejected, and the config in
+// force stays. Set the fields, then call Run.
 type Watcher struct {
 	// Path of the config file. Empty when the application was configured without one (from
 	// flags): a hangup is then logged, and nothing is reloaded.
@@ -120,6 +122,13 @@ type Watcher struct {
 	// Initial is the file's content that the config in force was loaded from, so that only a
 	// later change reloads (nil: the content when Run starts).
 	Initial []byte
+	// Config is the config in force, loaded from Initial, whose referenced files are watched
+	// from the start (nil: loaded from Initial when Run starts).
+	Config *Config
+	// InitialRefs is the content of Config's referenced files as read before it was put in
+	// force (ReadRefs(Config.Refs())), so that a change made since is seen at once (nil: their
+	// content when Run starts).
+	InitialRefs map[string][]byte
 	// Adjust (command-line overrides, nil for none) and Checks apply to every load, as in LoadWith.
 	Adjust func(*Config)
 	Checks Checks
@@ -129,17 +138,22 @@ type Watcher struct {
 	// Apply puts a new config in force; it reports its own rejection (the router's Reload
 	// logs and counts it).
 	Apply func(*Config)
-	// Rejected, when set, is told of every file that did not load (for a metric).
+	// Rejected, when set, is told of every config file that did not load, and of every
+	// referenced file that could not be read (for a metric).
 	Rejected func(error)
 	// Logger receives what happens (discarded when nil).
 	Logger *slog.Logger
-	// Debounce and Poll tune the watching (see WatchOptions).
+	// Debounce and Poll tune the watching of every file (see WatchOptions).
 	Debounce time.Duration
 	Poll     time.Duration
+
+	mu       sync.Mutex // serialises Apply, Rejected and the swaps of the referenced files' watches
+	watching []string   // the referenced files watched, for tests
 }
 
-// Run watches until ctx ends. It returns an error only when the file cannot be watched (or,
-// with Initial nil, read at start); the error is also logged.
+// Run watches until ctx ends. It returns an error only when the config file cannot be watched
+// (or, with Initial nil, read at start); the error is also logged. A referenced file whose
+// directory cannot be watched is logged, and a hangup still reloads it.
 func (w *Watcher) Run(ctx context.Context) error {
 	log := w.Logger
 	if log == nil {
@@ -164,12 +178,19 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	// A hangup becomes a forced read; several before the watcher gets to them count as one.
+	// A hangup or a change of a referenced file becomes a forced read of the config file;
+	// several before the watcher gets to them count as one.
 	trigger := make(chan struct{}, 1)
+	reload := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
 	ctx, stop := context.WithCancel(ctx)
-	defer stop()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Stopped before the wait: Run also returns, with an error, while ctx goes on.
+	defer func() { stop(); wg.Wait() }()
 	wg.Go(func() {
 		for {
 			select {
@@ -177,15 +198,48 @@ func (w *Watcher) Run(ctx context.Context) error {
 				return
 			case <-w.Hangup:
 				log.Info("SIGHUP: reloading the config")
-				select {
-				case trigger <- struct{}{}:
-				default:
-				}
+				reload()
 			}
 		}
 	})
+
+	// The referenced files of the last config that loaded are watched (whether Apply took it
+	// or not: a reload reads the config file as it is now, and its files), each by WatchFile,
+	// from the content read just before that config was applied. Every load replaces the
+	// watches, so that what a watch compares with is always what the config in force read.
+	stopRefs := func() {}
+	watchRefs := func(refs []Ref, read map[string][]byte) { // w.mu held
+		stopRefs()
+		rctx, cancel := context.WithCancel(ctx)
+		stopRefs = cancel
+		w.watching = w.watching[:0]
+		for _, ref := range refs {
+			w.watching = append(w.watching, ref.Path)
+			wg.Go(func() { w.watchRef(rctx, ref, read[ref.Path], reload, log) })
+		}
+	}
+	cur := w.Config
+	if cur == nil {
+		var err error
+		if cur, err = parseFile(initial, w.Path, w.Adjust, w.Checks); err != nil {
+			log.Error("the config in force does not load again: the files it refers to are watched from the next config that loads", "err", err)
+		}
+	}
+	if cur != nil {
+		refs := cur.Refs()
+		read := w.InitialRefs
+		if read == nil {
+			read = ReadRefs(refs)
+		}
+		w.mu.Lock()
+		watchRefs(refs, read)
+		w.mu.Unlock()
+	}
+
 	opt := WatchOptions{Debounce: w.Debounce, Poll: w.Poll, Trigger: trigger, Initial: initial}
 	err := WatchFile(ctx, w.Path, opt, func(data []byte, _ bool, err error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		var c *Config
 		if err == nil {
 			c, err = parseFile(data, w.Path, w.Adjust, w.Checks)
@@ -197,10 +251,60 @@ func (w *Watcher) Run(ctx context.Context) error {
 			log.Error("config rejected, keeping the old one", "err", err)
 			return
 		}
+		// Read before Apply reads them, and watched before it returns: a change made in
+		// between is seen as one.
+		refs := c.Refs()
+		watchRefs(refs, ReadRefs(refs))
 		w.Apply(c)
 	})
 	if err != nil {
 		log.Error("config watcher stopped", "err", err)
 	}
 	return err
+}
+
+// watchRef watches the referenced file ref until ctx ends, from the content read (nil: it
+// could not be read) and calls reload when it changes. A
+// file that cannot be read is logged and passed to Rejected, and nothing is reloaded: the
+// config in force keeps what it read (a Kubernetes Secret's swap never leaves the file missing,
+// but a file written in place may be, for a moment).
+func (w *Watcher) watchRef(ctx context.Context, ref Ref, read []byte, reload func(), log *slog.Logger) {
+	// Unreadable at the load: Apply met that error already, so the same one at the start of
+	// the watch is not told again.
+	quiet := read == nil
+	err := WatchFile(ctx, ref.Path, WatchOptions{Debounce: w.Debounce, Poll: w.Poll, Initial: read}, func(_ []byte, _ bool, err error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if ctx.Err() != nil {
+			return // replaced by a later load's watch
+		}
+		if err != nil {
+			if quiet {
+				quiet = false
+				return
+			}
+			err = fmt.Errorf("%s: %w", ref.Key, err)
+			if w.Rejected != nil {
+				w.Rejected(err)
+			}
+			log.Error("a file the config refers to cannot be read, keeping the config in force", "err", err)
+			return
+		}
+		quiet = false
+		log.Info("a file the config refers to changed: reloading the config", "key", ref.Key, "file", ref.Path)
+		if ref.Effect != "" {
+			log.Warn(ref.Key+" changed", "effect", ref.Effect)
+		}
+		reload()
+	})
+	if err != nil && ctx.Err() == nil {
+		log.Error("a file the config refers to is not watched: after changing it, send SIGHUP", "key", ref.Key, "err", err)
+	}
+}
+
+// watched returns the referenced files watched now.
+func (w *Watcher) watched() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.watching)
 }
