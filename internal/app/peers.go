@@ -164,9 +164,9 @@ func (p *peers) reloaded(r *Router, old, cfg *config.Config) {
 	if p == nil || cfg.Peers == nil {
 		return
 	}
-	secret, err := cfg.PeerSecret(nil)
-	accept, err2 := cfg.PeerAcceptSecret(nil)
-	if err := errors.Join(err, err2); err != nil {
+	secret, accept, err := p.readSecrets(cfg)
+	if err != nil {
+		// checked by Router.apply; read again since, and gone meanwhile
 		r.logger.Warn("the peers secrets cannot be read: this replica goes on with those in force, but would not start again", "err", err)
 		return
 	}
@@ -179,6 +179,18 @@ func (p *peers) reloaded(r *Router, old, cfg *config.Config) {
 		return
 	}
 	p.secrets = sum
+}
+
+// readSecrets reads cfg's peers secrets: the one to send with and the one accepted besides
+// (nil for none). A config whose secrets do not read (gone, too short) is rejected at a reload
+// (Router.apply), as one whose salt secret does not: the config in force keeps its own.
+func (p *peers) readSecrets(cfg *config.Config) (secret, accept []byte, err error) {
+	if p == nil || cfg.Peers == nil {
+		return nil, nil, nil
+	}
+	secret, err = cfg.PeerSecret(nil)
+	accept, err2 := cfg.PeerAcceptSecret(nil)
+	return secret, accept, errors.Join(err, err2)
 }
 
 // withoutSecrets is a peers section less its secrets' sources; nil for nil.

@@ -251,7 +251,8 @@ func TestServeEndsWhenPeersCannotStart(t *testing.T) {
 
 // TestPeersSecretReload: a reload reads the peers secrets again, also under the same file
 // name, and puts changed ones in force (a rotation's steps: the new accepted, then signing,
-// then alone); one that cannot read them keeps those in force and says so.
+// then alone); one that cannot read them is rejected, counted as an error, and the secrets in
+// force stay.
 func TestPeersSecretReload(t *testing.T) {
 	eng := newFakeEngine(t)
 	dir := t.TempDir()
@@ -289,15 +290,18 @@ func TestPeersSecretReload(t *testing.T) {
 		{"the new one accepted", peerSecret, next, "peers secrets changed\" replica=a accepting=2"},
 		{"signing with the new one", newSecret, next + "-old", "peers secrets changed\" replica=a accepting=2"},
 		{"the old one dropped", newSecret, "", "peers secrets changed\" replica=a accepting=1"},
-		{"unreadable", "short", "", "the peers secrets cannot be read"},
+		{"unreadable", "short", "", "the secret is 5 bytes, want at least 32"},
 	} {
 		write(file, step.secret)
 		if step.accept != "" {
 			write(next+"-old", peerSecret)
 		}
 		before := len(logs.String())
-		if err := r.Reload(parse(step.accept)); err != nil {
-			t.Fatalf("%s: reload: %v", step.name, err)
+		errsBefore := testutil.ToFloat64(r.Metrics().Reloads.WithLabelValues("error"))
+		err := r.Reload(parse(step.accept))
+		rejected := testutil.ToFloat64(r.Metrics().Reloads.WithLabelValues("error")) - errsBefore
+		if wantErr := step.name == "unreadable"; (err != nil) != wantErr || rejected != map[bool]float64{true: 1}[wantErr] {
+			t.Fatalf("%s: reload: %v, counted as an error %v times", step.name, err, rejected)
 		}
 		got := logs.String()[before:]
 		if step.want == "" && strings.Contains(got, "peers secret") || step.want != "" && !strings.Contains(got, step.want) ||

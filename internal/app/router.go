@@ -254,6 +254,9 @@ func (r *Router) apply(cfg *config.Config) error {
 		return errors.Join(errs...)
 	}
 	if r.cfg != nil { // NewRouter built the gate from this config already
+		if _, _, err := r.peers.readSecrets(cfg); err != nil {
+			return err
+		}
 		if err := r.gate.Reload(cfg); err != nil {
 			return fmt.Errorf("tenants: %w", err)
 		}
