@@ -37,6 +37,13 @@ type Peers struct {
 	// peer answered before peers.warm_start_timeout: started cold), failed (every snapshot
 	// tried failed), off (no peers configured).
 	WarmStarts *prometheus.CounterVec // result
+	// Resumes counts the feed requests of peers that asked to resume their stream where the
+	// last one broke, by result: resumed (the batches they missed were resent), no_history
+	// (the log no longer held the point: too old, or no peer had subscribed for a while),
+	// other_run (a point in an earlier run of this replica). A refused one starts afresh.
+	Resumes *prometheus.CounterVec // result
+	// Resent counts the batches resent to peers that resumed.
+	Resent prometheus.Counter
 	// Expired counts remote requests ended without their end: their replica left, or the TTL
 	// ran out.
 	Expired prometheus.CounterFunc
@@ -81,6 +88,12 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		WarmStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_peer_warm_starts_total", Help: "Warm starts by result: ok (took a peer's snapshot), none (no peer before the timeout), failed, off (no peers configured).",
 		}, []string{"result"}),
+		Resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_resumes_total", Help: "Peers' requests to resume their event stream where it broke, by result: resumed, no_history (the log no longer held the point), other_run.",
+		}, []string{"result"}),
+		Resent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvroute_peer_resent_batches_total", Help: "Batches of events resent to peers that resumed their stream.",
+		}),
 		now: func() int64 { return time.Now().UnixNano() },
 	}
 	p.Expired = prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -98,8 +111,8 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		}
 		return float64(p.now()-at) / 1e9
 	})
-	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Expired, p.Remote, age,
-		(*peerLag)(p))
+	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Resumes, p.Resent,
+		p.Expired, p.Remote, age, (*peerLag)(p))
 	for _, d := range []string{"in", "out"} {
 		p.Messages.WithLabelValues(d)
 		p.Bytes.WithLabelValues(d)
@@ -107,6 +120,9 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 	}
 	for _, r := range []string{"ok", "none", "failed", "off"} {
 		p.WarmStarts.WithLabelValues(r)
+	}
+	for _, r := range []string{"resumed", "no_history", "other_run"} {
+		p.Resumes.WithLabelValues(r)
 	}
 	for _, r := range DropReasons() {
 		p.Dropped.WithLabelValues(r)

@@ -37,6 +37,13 @@ type following struct {
 	heard  atomic.Int64 // unix nanoseconds of the last message from p (or of the start)
 	// connected is set while a stream from p is open and has said hello.
 	connected atomic.Bool
+	// next is the number of the batch of p's feed this replica needs next (0: none known: no
+	// stream yet, a peer of minor 3 or older, or a stream whose batch could not be decoded),
+	// and dec the decoder that decoded those before, whose block lists the next batches may
+	// refer to: a stream that breaks resumes from there (hub.subscribe). Only follow's
+	// goroutine touches them.
+	next uint64
+	dec  *decoder
 }
 
 // follow reads p's event stream until ctx ends, reconnecting after a pause that grows while
@@ -70,7 +77,9 @@ var errStream = errors.New("stream ended")
 
 // stream reads one connection of p's event stream: it reconciles the attempts in flight with
 // the hello, then replays every batch on the lifecycle in force, until the stream ends, falls
-// silent, or carries a message that must be refused.
+// silent, or carries a message that must be refused. When an earlier stream of p's run left
+// off at a known batch, it asks to resume after it: the batches missed come first, and the
+// hello's attempts in flight are reconciled once they are applied.
 func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -78,6 +87,12 @@ func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 	req, nonce, err := n.newRequest(ctx, p, pathFeed, key)
 	if err != nil {
 		return err
+	}
+	asked := f.next
+	if asked == 0 || f.dec == nil {
+		asked, f.dec = 0, &decoder{}
+	} else {
+		askResume(req, key, p.inc, asked-1)
 	}
 	// A stream silent for longer than a few heartbeats is dead, even if its connection is not:
 	// the node's clock checks when its last message came (to within a tick) and cancels it.
@@ -95,9 +110,15 @@ func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 	defer n.m.Streams.Dec()
 	defer f.connected.Store(false)
 	in := n.newInbound(resp.Body, key)
+	in.dec = f.dec
 	var seq uint64
 	var evs []route.Event // the batch's, reused
 	orig := p.origin()
+	// live is the first live batch of a resumed stream, and hello the attempts its hello said
+	// in flight, reconciled once the batches before live are applied.
+	var live uint64
+	var hello map[uint64]bool
+	numbered := false // the hello said which of the feed's batches come
 	for {
 		h, msg, err := in.next()
 		if err != nil {
@@ -116,26 +137,50 @@ func (n *Node) stream(ctx context.Context, p peerInfo, f *following) error {
 		seq = h.seq
 		switch h.kind {
 		case kindHello:
-			ids, err := decodeIDs(msg)
+			ids, next, lv, err := decodeHello(msg, h.trailing)
 			if err != nil {
 				return n.refused(err)
 			}
-			n.share.Load().Reconcile(orig, ids)
+			if next != asked || asked == 0 {
+				// A stream that starts afresh: its references are to its own events.
+				f.dec.ring.reset()
+			}
+			f.next, live, numbered = next, lv, next > 0
+			if next < live {
+				// The batches missed come first: an attempt that ended meanwhile ends with its
+				// own done, not as one the hello leaves out.
+				hello = ids
+			} else {
+				n.share.Load().Reconcile(orig, ids)
+			}
 			f.connected.Store(true)
 		case kindBatch:
 			// The whole batch is decoded before any of it is applied: a malformed message
 			// changes nothing.
+			cnt, _, _ := msgp.ReadArrayHeaderBytes(msg)
 			evs, err = in.dec.batch(msg, orig, evs[:0])
 			if err != nil {
+				f.next = 0 // its block lists may hold part of the batch: the next stream starts afresh
 				return n.refused(err)
 			}
-			if len(evs) == 0 {
+			if len(evs) > 0 {
+				n.m.Lag.Observe(max(now.Sub(time.Unix(0, h.sentAt)).Seconds(), 0))
+				n.in.events.Add(float64(len(evs)))
+				n.lifecycle().ApplyBatch(evs, n.countDrop)
+				clear(evs) // the blocks now belong to the lifecycle
+			}
+			switch {
+			case cnt == 0:
+				continue // a heartbeat
+			case !numbered:
+				f.next = 0 // a feed of minor 3 or older, or a batch before the hello
 				continue
 			}
-			n.m.Lag.Observe(max(now.Sub(time.Unix(0, h.sentAt)).Seconds(), 0))
-			n.in.events.Add(float64(len(evs)))
-			n.lifecycle().ApplyBatch(evs, n.countDrop)
-			clear(evs) // the blocks now belong to the lifecycle
+			f.next++
+			if hello != nil && f.next >= live {
+				n.share.Load().Reconcile(orig, hello)
+				hello = nil
+			}
 		}
 		// Other kinds are a newer minor version's: skipped.
 	}
@@ -146,14 +191,14 @@ type inbound struct {
 	n     *Node
 	br    *bufio.Reader
 	mac   hash.Hash
-	dec   decoder
+	dec   *decoder
 	buf   []byte
 	bytes int // read so far
 }
 
 // newInbound reads messages signed with key.
 func (n *Node) newInbound(body io.Reader, key []byte) *inbound {
-	return &inbound{n: n, br: bufio.NewReaderSize(body, 64<<10), mac: hmac.New(sha256.New, key)}
+	return &inbound{n: n, br: bufio.NewReaderSize(body, 64<<10), mac: hmac.New(sha256.New, key), dec: &decoder{}}
 }
 
 // next reads the next message: its header, and its payload (valid until the next call). An
@@ -187,21 +232,29 @@ func (n *Node) refused(err error) error {
 	return err
 }
 
-// decodeIDs decodes a hello's payload: the IDs of the sender's attempts in flight.
-func decodeIDs(payload []byte) (map[uint64]bool, error) {
+// decodeHello decodes a hello's payload and the trailing fields after it: the IDs of the
+// sender's attempts in flight, and (minor 4's, 0 from an older sender) the feed's numbers of
+// the stream's first batch and of its first live one.
+func decodeHello(payload []byte, trailing int) (ids map[uint64]bool, next, live uint64, err error) {
 	cnt, b, err := arrayLen(payload, "hello")
 	if err != nil {
-		return nil, err
+		return nil, 0, 0, err
 	}
-	ids := make(map[uint64]bool, cnt)
+	ids = make(map[uint64]bool, cnt)
 	r := reader{b: b}
 	for range cnt {
 		ids[r.uint()] = true
 	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w: hello: %v", errMalformed, r.err)
+	if trailing >= 2 {
+		next, live = r.uint(), r.uint()
+		if r.err == nil && (next == 0 || live < next) {
+			r.err = fmt.Errorf("feed from batch %d, live from %d", next, live)
+		}
 	}
-	return ids, nil
+	if r.err != nil {
+		return nil, 0, 0, fmt.Errorf("%w: hello: %v", errMalformed, r.err)
+	}
+	return ids, next, live, nil
 }
 
 // snapshotResult is what a snapshot held; stale counts the events of attempts left out, their

@@ -438,8 +438,9 @@ func signRequest(key []byte, path, from string, inc uint64, nonce []byte, ts int
 
 // Request parameters and header of the peer API.
 const (
-	authHeader = "X-Kvroute-Peer-Signature"
-	maxSkew    = time.Minute
+	authHeader   = "X-Kvroute-Peer-Signature"
+	resumeHeader = "X-Kvroute-Peer-Resume-Signature"
+	maxSkew      = time.Minute
 )
 
 // newRequest builds a request for path to peer p, signed with key (this replica's signing
@@ -455,6 +456,45 @@ func (n *Node) newRequest(ctx context.Context, p peerInfo, path string, key []by
 	}
 	req.Header.Set(authHeader, signRequest(key, path, n.cfg.Name, n.cfg.Incarnation, nonce[:], ts, p.name))
 	return req, nonce, nil
+}
+
+// askResume adds to a feed request the point of the peer's run (inc) after which this replica
+// asks for the feed's batches: after, the last one it applied. It is signed apart, over the
+// request's own signature (and so its nonce, time, sender and receiver): a replica of minor 3
+// or older verifies the request as before and ignores it.
+func askResume(req *http.Request, key []byte, inc, after uint64) {
+	q := req.URL.Query()
+	q.Set("resume_inc", strconv.FormatUint(inc, 10))
+	q.Set("resume_after", strconv.FormatUint(after, 10))
+	req.URL.RawQuery = q.Encode()
+	req.Header.Set(resumeHeader, signResume(key, req.Header.Get(authHeader), inc, after))
+}
+
+// signResume is the signature of a feed request's resume point, bound to the request's
+// signature sig.
+func signResume(key []byte, sig string, inc, after uint64) string {
+	mac := hmac.New(sha256.New, key)
+	fmt.Fprintf(mac, "resume\n%s\n%d\n%d", sig, inc, after)
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// resumePoint reads the resume point of a feed request verified under key: ok is false when
+// it asks none; an error when its parameters are malformed or their signature does not
+// verify (the request is then refused whole).
+func resumePoint(r *http.Request, key []byte) (inc, after uint64, ok bool, err error) {
+	q := r.URL.Query()
+	if !q.Has("resume_inc") && !q.Has("resume_after") && r.Header.Get(resumeHeader) == "" {
+		return 0, 0, false, nil
+	}
+	inc, err1 := strconv.ParseUint(q.Get("resume_inc"), 10, 64)
+	after, err2 := strconv.ParseUint(q.Get("resume_after"), 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, 0, false, fmt.Errorf("malformed resume point (%v)", err)
+	}
+	if !hmac.Equal([]byte(signResume(key, r.Header.Get(authHeader), inc, after)), []byte(r.Header.Get(resumeHeader))) {
+		return 0, 0, false, errors.New("bad resume signature")
+	}
+	return inc, after, true, nil
 }
 
 // verifyRequest checks a peer request's signature and age, and returns its nonce and the key
@@ -539,6 +579,10 @@ type Status struct {
 	// them whose routed, first token and done came together and were replayed as one.
 	Applied   int64 `json:"events_applied"`
 	Coalesced int64 `json:"requests_coalesced"`
+	// Feed is this replica's own feed: its last batch's number, its log of recent batches
+	// (for peers that resume), and the streams that resumed, the batches resent to them and
+	// the resumes refused (the log no longer held the point, or it was of another run).
+	Feed FeedStatus `json:"feed"`
 }
 
 // Status describes the node now.
@@ -565,5 +609,6 @@ func (n *Node) Status() Status {
 		s := sh.Stats()
 		st.Remote, st.Local, st.Applied, st.Coalesced = s.Remote, s.Local, s.Applied, s.Coalesced
 	}
+	st.Feed = n.hub.stats()
 	return st
 }

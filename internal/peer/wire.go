@@ -34,6 +34,17 @@ import (
 // the sender's attempts in flight; index, a piece (bin) of the policy's snapshot; flights, an
 // array of events in flight (a snapshot's); end, [index entries, flights] (a snapshot's last).
 //
+// Since minor 4 a hello's message ends, after its payload, with next and live: the feed's
+// numbers (per run of the sender, from 1) of the first batch the stream carries and of the
+// first one flushed after it began. A feed numbers its batches of events, not its heartbeats
+// (empty batches): the batch frames of a stream that hold events are the feed's batches
+// next, next+1, ... in order. Those before live are resent from the sender's log: the
+// receiver asked to resume after next-1 (its request's resume_inc and resume_after, signed
+// under X-Kvroute-Peer-Resume-Signature with the request's own signature), and its block
+// lists go on from its stream before. next is then the batch after the one asked after; a
+// stream that does not resume has next equal to live. A sender of minor 3 or older has
+// neither: its streams always start afresh.
+//
 // Events are arrays whose first element is the kind and second the origin (0: the sender):
 //
 //	routed       [1, origin, id, endpoint, model, tenant, session, block_tokens, prompt_tokens, max_tokens, back, shared, blocks, whole]
@@ -63,10 +74,12 @@ import (
 // leaves it out. Minor 2: stalled events (a replica of minor 1 skips them, as any kind it does
 // not know). Minor 3: done events of failed attempts end with failure (a replica of minor 2
 // skips it; one of minor 3 reads its absence as a failure not to count), backoff events, and
-// ejected events in a snapshot (both skipped by a replica of minor 2).
+// ejected events in a snapshot (both skipped by a replica of minor 2). Minor 4: a hello ends
+// with next and live, and a feed request may ask to resume (a replica of minor 3 ignores both,
+// and its streams start afresh).
 const (
 	Major = 2
-	Minor = 3
+	Minor = 4
 )
 
 // Message kinds.
@@ -136,6 +149,9 @@ type header struct {
 	seq    uint64
 	sentAt int64
 	kind   int
+	// trailing is how many fields follow the payload (a newer minor version's): the
+	// message's array holds headerLen+trailing.
+	trailing int
 }
 
 // The hot path encodes and decodes with tinylib/msgp's functions on byte slices: no
@@ -154,7 +170,7 @@ func appendInt(b []byte, v int64) []byte {
 
 // appendHeader appends the message's header fields (the array's first 8 of 9 elements) to b.
 func appendHeader(b []byte, h *header) []byte {
-	b = msgp.AppendArrayHeader(b, headerLen)
+	b = msgp.AppendArrayHeader(b, uint32(headerLen+h.trailing))
 	b = appendInt(b, Major)
 	b = appendInt(b, Minor)
 	b = msgp.AppendString(b, h.from)
@@ -259,6 +275,7 @@ func decodeHeader(msg []byte) (header, []byte, error) {
 		return h, nil, fmt.Errorf("%w: nonce of %d bytes", errMalformed, len(nonce))
 	}
 	h.from, h.inc, h.seq, h.sentAt, h.kind = string(from), inc, seq, sent, int(kind)
+	h.trailing = int(n) - headerLen
 	copy(h.nonce[:], nonce)
 	return h, r.b, nil // fields after the payload, a newer minor version's, are left unread
 }

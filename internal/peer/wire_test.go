@@ -59,18 +59,60 @@ func decodeBatch(msg []byte) (header, []route.Event, error) {
 	return h, evs, err
 }
 
-// TestWireGolden: a batch is encoded as version 2.3 has it (the bytes of version 1, which
+// TestWireGolden: a batch is encoded as version 2.4 has it (the bytes of version 1, which
 // tinylib/msgp kept from vmihailenco/msgpack, with the routed events' back and shared, whole,
-// the stalled event, a failed done's failure, the backoff and ejected events): a change of
-// the wire is one made on purpose, with its version.
+// the stalled event, a failed done's failure, the backoff and ejected events; 2.4 changed
+// hellos, not batches): a change of the wire is one made on purpose, with its version.
 func TestWireGolden(t *testing.T) {
-	const golden = "990203a16105c41001020300000000000000000000000000097b019a9e010001b4687474703a2f2f31302e302e302e313a38303030" +
+	const golden = "990204a16105c41001020300000000000000000000000000097b019a9e010001b4687474703a2f2f31302e302e302e313a38303030" +
 		"a16da174a1731028090000c41800000000000000018000000000000000000000000000002ac29e014d02a165a0a0a00000000000c400c394" +
 		"020001ce017d78409a030001c3202909ce017d7840ce3b9aca00309a030002c2ff00000000009b030003c2ff000000000006930400a165" +
 		"940500a165cf00000002cb417800940600a165ce77359400940700a165cf0000000df8475800"
 	head, payload := message(t, header{from: "a", inc: 5, nonce: [16]byte{1, 2, 3}, seq: 9, sentAt: 123, kind: kindBatch}, sampleEvents())
 	if got := hex.EncodeToString(append(head, payload...)); got != golden {
 		t.Errorf("batch encoded as\n%s\nwant\n%s", got, golden)
+	}
+}
+
+// TestWireHello: a hello of version 2.4 carries, after its attempts in flight, where the
+// stream starts in the feed; a replica of 2.3, which reads the IDs and nothing after them,
+// reads the same IDs; a hello of 2.3 says nothing of the feed (a stream that starts afresh).
+func TestWireHello(t *testing.T) {
+	const golden = "9b0204a16205c41001000000000000000000000000000000010102920709cd0400cd0402"
+	h := header{from: "b", inc: 5, nonce: [16]byte{1}, seq: 1, sentAt: 1, kind: kindHello, trailing: helloTrailing}
+	msg := appendHello(appendHeader(nil, &h), []uint64{7, 9}, feedStart{next: 1024, live: 1026})
+	if got := hex.EncodeToString(msg); got != golden {
+		t.Errorf("hello encoded as\n%s\nwant\n%s", got, golden)
+	}
+	gh, payload, err := decodeHeader(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, next, live, err := decodeHello(payload, gh.trailing)
+	if err != nil || next != 1024 || live != 1026 || !cmp.Equal(ids, map[uint64]bool{7: true, 9: true}) {
+		t.Errorf("decoded: %v, from %d, live from %d (%v)", ids, next, live, err)
+	}
+	// 2.3's reading: the IDs of the payload, whatever follows them.
+	if ids, _, _, err := decodeHello(payload, 0); err != nil || len(ids) != 2 {
+		t.Errorf("read as 2.3 reads it: %v (%v)", ids, err)
+	}
+	// 2.3's hello: nine fields, the IDs and nothing after.
+	v23 := msgp.AppendUint64(msgp.AppendArrayHeader(appendHeader(nil, &header{from: "b", inc: 5, seq: 1, kind: kindHello}), 1), 7)
+	v23[2] = 3 // the minor
+	gh, payload, err = decodeHeader(v23)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, next, live, err := decodeHello(payload, gh.trailing); err != nil || len(ids) != 1 || next != 0 || live != 0 {
+		t.Errorf("2.3 hello: %v, from %d, live from %d (%v); want no feed numbers", ids, next, live, err)
+	}
+	// A stream from batch 0, or live before its first: malformed.
+	for _, st := range []feedStart{{next: 0, live: 0}, {next: 5, live: 4}} {
+		bad := appendHello(appendHeader(nil, &h), nil, st)
+		gh, payload, _ := decodeHeader(bad)
+		if _, _, _, err := decodeHello(payload, gh.trailing); reason(err) != "malformed" {
+			t.Errorf("hello from %d, live from %d: %v, want malformed", st.next, st.live, err)
+		}
 	}
 }
 
@@ -397,6 +439,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(head)
 	hello := msgp.AppendUint64(msgp.AppendUint64(msgp.AppendArrayHeader(appendHeader(nil, &header{from: "b", kind: kindHello}), 2), 1), 2)
 	f.Add(hello)
+	f.Add(appendHello(appendHeader(nil, &header{from: "b", kind: kindHello, trailing: helloTrailing}), []uint64{1, 2}, feedStart{next: 3, live: 5}))
 	// References: the batch's own events (which resolve in a new stream), one to an event
 	// before the stream's start (which does not, the first time), and one past a list's end.
 	head, payload = refMessage(f, [][2]int{{0, 0}, {1, 2}, {2, 1}})
@@ -415,7 +458,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		switch h.kind {
 		case kindHello:
-			if ids, err := decodeIDs(payload); err == nil && len(ids) > len(msg) {
+			if ids, _, _, err := decodeHello(payload, h.trailing); err == nil && len(ids) > len(msg) {
 				t.Fatalf("%d ids from %d bytes", len(ids), len(msg))
 			} else if err != nil && reason(err) == "" {
 				t.Fatalf("hello error without a reason: %v", err)
