@@ -465,6 +465,26 @@ rollOnConfigChange: true
 	}
 }
 
+// TestChartSetOnAWatch: --set on an index of kubernetesDiscovery.watches replaces the default
+// list, its endpoint.engine included; the chart refuses that rather than let kvroute take vLLM
+// for an openai engine, and renders the watch once the engine is given as well.
+func TestChartSetOnAWatch(t *testing.T) {
+	args := []string{"template", "llm", "kvroute", "--namespace", "serving", "--kube-version", kubeVersion,
+		"--set", "kubernetesDiscovery.watches[0].service=vllm", "--set", "kubernetesDiscovery.watches[0].port_name=http"}
+	_, err := helm(t, args...)
+	if want := "kubernetesDiscovery.watches[0].endpoint.engine: give the engines' kind"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("--set on watches[0] without the engine: %v, want an error saying %q", err, want)
+	}
+	out, err := helm(t, append(args, "--set", "kubernetesDiscovery.watches[0].endpoint.engine=vllm")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []config.KubernetesDiscovery{{Service: "vllm", PortName: "http", Scheme: "http", Endpoint: config.Endpoint{Engine: "vllm"}}}
+	if diff := cmp.Diff(want, decodeAll(t, out).kvrouteConfig(t).Discovery.Kubernetes); diff != "" {
+		t.Errorf("discovery.kubernetes (-want +got):\n%s", diff)
+	}
+}
+
 func TestChartRefusesWhatItCannotRender(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
 		{"mode: proxy", `mode: "proxy" is not a mode: use standalone or endpointPicker`},
@@ -473,6 +493,10 @@ func TestChartRefusesWhatItCannotRender(t *testing.T) {
 		{"saltSecret: {value: short}", "saltSecret.value: at least 32 bytes"},
 		{"saltSecret: {value: 0123456789abcdef0123456789abcdef, existingSecret: x}", "give value or existingSecret, not both"},
 		{"kubernetesDiscovery: {watches: []}", "kubernetesDiscovery.watches: list at least one watch"},
+		// What helm install --set 'kubernetesDiscovery.watches[0].service=vllm' gives: the list
+		// replaced, the default's engine gone (kvroute would take the engines for openai).
+		{"kubernetesDiscovery: {watches: [{service: vllm, port_name: http}]}", "kubernetesDiscovery.watches[0].endpoint.engine: give the engines' kind"},
+		{"kubernetesDiscovery: {watches: [{service: vllm, endpoint: {engine: vllm}}, {service: b, endpoint: {models: [m]}}]}", "kubernetesDiscovery.watches[1].endpoint.engine: give the engines' kind"},
 		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true}}", "endpointPicker.inferencePool.selector: give the model server pods' labels"},
 		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true, selector: {a: b}, failureMode: Open}}", `failureMode: "Open": use FailClose or FailOpen`},
 		{"mode: endpointPicker\nconfig: {extproc: {listen: ':9002'}}", "config.extproc.listen: leave it out"},

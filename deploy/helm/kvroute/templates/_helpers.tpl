@@ -75,6 +75,13 @@ app.kubernetes.io/component: router
 {{- if and (include "kvroute.kubeDiscovery" .) (not .Values.kubernetesDiscovery.watches) -}}
 {{- fail "kubernetesDiscovery.watches: list at least one watch (service: vllm, port_name: http), or set enabled: false" -}}
 {{- end -}}
+{{- if include "kvroute.kubeDiscovery" . -}}
+{{- range $i, $w := .Values.kubernetesDiscovery.watches -}}
+{{- if not (dig "endpoint" "engine" "" ($w | default dict)) -}}
+{{- fail (printf "kubernetesDiscovery.watches[%d].endpoint.engine: give the engines' kind (vllm, sglang, tgi, llamacpp, ollama, openai or auto): without it kvroute would take them for openai (no metrics scraped, no cache_salt). --set on watches[%d] replaces the whole list, the default watch's engine: vllm included" $i $i) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The kvroute config file: config plus what the chart owns. */}}
