@@ -114,6 +114,9 @@ func TestBenchJSON(t *testing.T) {
 	if b.AskedRate < 499 || b.AskedRate > 501 || b.AchievedRate <= 0 || !b.CachedTokensReported {
 		t.Errorf("asked %v achieved %v cached reported %v", b.AskedRate, b.AchievedRate, b.CachedTokensReported)
 	}
+	if b.RequestedRate != 500 {
+		t.Errorf("requested rate %v, want --rate's 500", b.RequestedRate)
+	}
 	if doc.Scenario.Requests != 10 || doc.Scenario.Instances != 2 {
 		t.Errorf("scenario %+v: want 10 requests on 2 endpoints", doc.Scenario)
 	}

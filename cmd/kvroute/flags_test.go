@@ -44,6 +44,27 @@ func TestUnknownCommand(t *testing.T) {
 	}
 }
 
+// A flag typed in the singular for a plural, or the other way round, is three edits from its
+// name when the word ends in y (policy, policies), and a flag's first letters are more: each
+// is suggested all the same.
+func TestUnknownFlagSuggested(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"simulate", "--policy", "x"}, "kvroute simulate: flag provided but not defined: -policy (did you mean -policies? run 'kvroute simulate -h')"},
+		{[]string{"serve", "--policies", "x"}, "kvroute serve: flag provided but not defined: -policies (did you mean -policy? run 'kvroute serve -h')"},
+		{[]string{"simulate", "--inst", "4"}, "kvroute simulate: flag provided but not defined: -inst (did you mean -instances? run 'kvroute simulate -h')"},
+		{[]string{"plan", "--slo-ttft", "1s"}, "kvroute plan: flag provided but not defined: -slo-ttft (run 'kvroute plan -h')"}, // -slo-ttft-p50 or -p90: no guess
+		{[]string{"version", "--jsn"}, "kvroute version: flag provided but not defined: -jsn (did you mean -json? run 'kvroute version -h')"},
+	} {
+		code, stdout, stderr := runVerb(tt.args[0], tt.args[1:]...)
+		if code != 2 || stdout != "" || strings.TrimSpace(stderr) != tt.want {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2 and %q", tt.args, code, stdout, stderr, tt.want)
+		}
+	}
+}
+
 // kvroute help CMD is kvroute CMD -h: the same help on stdout, the same exit status; kvroute
 // help alone is the list of commands.
 func TestHelpCommand(t *testing.T) {

@@ -12,12 +12,13 @@ import (
 
 // runScorecard is `kvroute simulate --scorecard`: of simulate's flags it takes --trace (the
 // Mooncake conversation trace; spool holds it when it came on standard input), --policies,
-// --seed or --seeds, --json and --html.
-func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, spool *spooledTrace, seeds, scenarios string, asJSON bool, stdout, stderr io.Writer) int {
+// --seed or --seeds, --json, --html and --quiet. Unless quiet it tells its progress on stderr,
+// as bench does: a full scorecard runs for many minutes.
+func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, spool *spooledTrace, seeds, scenarios string, asJSON, quiet bool, stdout, stderr io.Writer) int {
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html", "non-streamed":
+		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html", "non-streamed", "quiet":
 		default:
 			stray = append(stray, "--"+f.Name)
 		}
@@ -26,6 +27,9 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 		return failed(stderr, fs.Name(), usageErr("%s: not with --scorecard, which sets its own fleets, loads and workloads", strings.Join(stray, ", ")))
 	}
 	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}, NonStreamed: o.NonStreamed}
+	if !quiet {
+		opt.Progress = stderr
+	}
 	if err := experiment.CheckNonStreamed(o.NonStreamed); err != nil {
 		return failed(stderr, fs.Name(), usageError{err})
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,8 +31,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		models    namesFlag
 		engine    = fs.String("engine", "auto", "with --endpoint: the endpoints' engine ("+strings.Join(config.Engines(), ", ")+"; auto: detected on first contact)")
 		pol       = fs.String("policy", "", "with --endpoint: routing policy, name[:key=value,...] ("+strings.Join(policy.Names(), ", ")+")")
-		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen")
-		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints, /debug/explain), overrides admin_listen")
+		listen    = fs.String("listen", "", "OpenAI API address, overrides the config's listen (default "+config.DefaultListen+")")
+		admin     = fs.String("admin-listen", "", "admin address (/metrics, /healthz, /readyz, /debug/endpoints, /debug/explain), overrides admin_listen (default "+config.DefaultAdminListen+")")
 		pprof     = fs.Bool("pprof", false, "serve /debug/pprof on the admin address")
 		logFormat = fs.String("log-format", "", "json or text, overrides log.format")
 		httpSrv   = fs.String("http-server", "", "builtin or net/http: what serves the API listener, overrides server.http_server")
@@ -63,7 +64,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 		})
 		if len(quick) > 0 {
-			fmt.Fprintf(stderr, "kvroute serve: %s apply only with --endpoint; with --config set them in the file (endpoints[].models, endpoints[].engine, policy)\n", strings.Join(quick, ", "))
+			verb := "applies"
+			if len(quick) > 1 {
+				verb = "apply"
+			}
+			fmt.Fprintf(stderr, "kvroute serve: %s %s only with --endpoint; with --config set them in the file (endpoints[].models, endpoints[].engine, policy)\n", strings.Join(quick, ", "), verb)
 			return 2
 		}
 	}
@@ -104,6 +109,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfg, err = quickConfig(endpoints, models, *engine, *pol, overrides)
 	}
 	if err != nil {
+		err = blameFlags(err, flagKeys(endpoints, *engine, *pol, *listen, *admin, *logFormat, *httpSrv, *extListen, *extHealth), *cfgPath)
+		if errors.As(err, new(usageError)) {
+			return failed(stderr, "kvroute serve", err)
+		}
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
@@ -223,7 +232,7 @@ func quickConfig(urls, models []string, engine, pol string, adjust func(*config.
 	if pol != "" {
 		name, params, err := policy.ParseSpec(pol)
 		if err != nil {
-			return nil, fmt.Errorf("--policy: %w", err)
+			return nil, usageErr("--policy %s: %w", pol, err)
 		}
 		c.Policy.Name = name
 		c.Policy.Params = map[string]any{}
@@ -241,6 +250,63 @@ func quickConfig(urls, models []string, engine, pol string, adjust func(*config.
 	return c, nil
 }
 
+// flagKeys maps the config keys that serve's flags set (the quick start's endpoints, engine
+// and policy; the overrides) to the flag and value that set them, for blameFlags.
+func flagKeys(urls []string, engine, pol, listen, admin, logFormat, httpSrv, extListen, extHealth string) map[string]string {
+	keys := map[string]string{}
+	set := func(key, flag, v string) {
+		if v != "" {
+			keys[key] = "--" + flag + " " + v
+		}
+	}
+	for i, u := range urls {
+		set(fmt.Sprintf("endpoints[%d].url", i), "endpoint", u)
+		set(fmt.Sprintf("endpoints[%d].engine", i), "engine", engine)
+	}
+	set("policy.name", "policy", pol)
+	set("policy.params", "policy", pol)
+	set("listen", "listen", listen)
+	set("admin_listen", "admin-listen", admin)
+	set("log.format", "log-format", logFormat)
+	set("server.http_server", "http-server", httpSrv)
+	set("extproc.listen", "extproc-listen", extListen)
+	set("extproc.health_listen", "extproc-health-listen", extHealth)
+	return keys
+}
+
+// blameFlags rewrites the problems of err, a config's, whose key the command line set
+// (setBy, from flagKeys) so that they name the flag and its value, not a key the user never
+// wrote. When every problem is the command line's it returns a usage error (exit status 2);
+// otherwise the flags' problems come first and the config file's own follow under their keys,
+// after "config FILE: " as LoadWith words them. An error with no problem in it (a file that
+// does not read or decode) comes back as it is.
+func blameFlags(err error, setBy map[string]string, file string) error {
+	var flagErrs, rest []error
+	seen := map[string]bool{}
+	for _, p := range config.Problems(err) {
+		by, ok := setBy[p.Key]
+		if !ok {
+			rest = append(rest, p)
+			continue
+		}
+		// --engine is every endpoint's: one line for all of them.
+		if msg := by + ": " + p.Msg; !seen[msg] {
+			seen[msg] = true
+			flagErrs = append(flagErrs, errors.New(msg))
+		}
+	}
+	switch {
+	case len(flagErrs) == 0:
+		return err
+	case len(rest) == 0:
+		return usageError{errors.Join(flagErrs...)}
+	case file != "":
+		return errors.Join(append(flagErrs, fmt.Errorf("config %s: %w", file, errors.Join(rest...)))...)
+	default:
+		return errors.Join(append(flagErrs, rest...)...)
+	}
+}
+
 // newLogger builds the process logger: JSON (default) or text, at the configured level.
 func newLogger(l config.Log, w io.Writer) *slog.Logger {
 	var level slog.Level
@@ -256,5 +322,5 @@ func newLogger(l config.Log, w io.Writer) *slog.Logger {
 
 // configChecks judge, for config validation, what only the policy package knows.
 func configChecks() config.Checks {
-	return config.Checks{PolicyNames: policy.Names(), Policy: policy.Check}
+	return config.Checks{PolicyNames: policy.Names(), Policy: policy.Check, ReadSecrets: true}
 }

@@ -285,23 +285,23 @@ func TestServeFlags(t *testing.T) {
 	// that starts anyway meets a cancelled context and returns at once.)
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
-	for _, args := range [][]string{
-		{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin"},
-		{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "vllm", "--model", "m"},
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin"}, "--policy applies only with --endpoint"},
+		{[]string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--engine", "vllm", "--model", "m"}, "--engine, --model apply only with --endpoint"},
 	} {
 		errb.Reset()
-		if rc := runServe(done, args, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "apply only with --endpoint") {
-			t.Errorf("%q: rc %d, %q; want 2 and the quick-start flags named", args, rc, errb.String())
+		if rc := runServe(done, tt.args, &out, &errb); rc != 2 || !strings.Contains(errb.String(), tt.want) {
+			t.Errorf("%q: rc %d, %q; want 2 and %q", tt.args, rc, errb.String(), tt.want)
 		}
 	}
-	for _, args := range [][]string{
-		{"--config", path, "--listen", "127.0.0.1:9090"},
-		{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"},
-	} {
-		errb.Reset()
-		if rc := runServe(context.Background(), args, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "is also listen") {
-			t.Errorf("%q: rc %d, %q; want 1 and the clash named", args, rc, errb.String())
-		}
+	// The file's admin_listen (its default) meets --listen: the file's key is named.
+	errb.Reset()
+	if rc := runServe(context.Background(), []string{"--config", path, "--listen", "127.0.0.1:9090"}, &out, &errb); rc != 1 ||
+		!strings.Contains(errb.String(), "admin_listen: \"127.0.0.1:9090\" is also listen") {
+		t.Errorf("clash with the file's admin_listen: rc %d, %q; want 1 and the clash named", rc, errb.String())
 	}
 	// The policy is judged with the rest of the config: every problem at once, each named.
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
@@ -313,14 +313,79 @@ func TestServeFlags(t *testing.T) {
 		!strings.Contains(errb.String(), `policy.params: policy round-robin: unknown parameter "alpha"`) || !strings.Contains(errb.String(), `log.format: "xml"`) {
 		t.Errorf("bad policy parameter: rc %d, %q; want 1, the parameter and the log format named", rc, errb.String())
 	}
-	errb.Reset()
-	if rc := runServe(context.Background(), []string{"--endpoint", "http://127.0.0.1:1", "--policy", "nosuch"}, &out, &errb); rc != 1 ||
-		!strings.Contains(errb.String(), `policy.name: unknown policy "nosuch": use one of `) || !strings.Contains(errb.String(), "prefix-aware") {
-		t.Errorf("unknown policy: rc %d, %q; want 1 and policy.name with the known names", rc, errb.String())
+}
+
+// TestServeFlagProblems: a value that a flag gave and the config's checks refuse is a bad
+// command line (exit status 2), named by the flag and its value, not by a config key the user
+// never wrote; a config file's own problems stay under their keys (exit status 1).
+func TestServeFlagProblems(t *testing.T) {
+	good := filepath.Join(t.TempDir(), "good.yaml")
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	for path, doc := range map[string]string{good: "endpoints: [{url: http://127.0.0.1:1}]\n", bad: "endpoints: [{url: http://127.0.0.1:1}]\nhealth: {interval: -5s}\n"} {
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	errb.Reset()
-	args := []string{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-server", "nginx"}
-	if rc := runServe(context.Background(), args, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "server.http_server") {
-		t.Errorf("%q: rc %d, %q; want 1 and server.http_server named", args, rc, errb.String())
+	free := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	for _, tt := range []struct {
+		args []string
+		rc   int
+		want []string
+		not  []string
+	}{
+		{[]string{"--endpoint", "127.0.0.1:47001"}, 2,
+			[]string{`kvroute serve: --endpoint 127.0.0.1:47001: "127.0.0.1:47001" is not an http(s) base URL`}, []string{"endpoints[0]"}},
+		{[]string{"--endpoint", "http://127.0.0.1:1", "--endpoint", "http://127.0.0.1:2/v1"}, 2,
+			[]string{`kvroute serve: --endpoint http://127.0.0.1:2/v1: "http://127.0.0.1:2/v1": give the base URL without /v1`}, []string{"endpoints[1]", "127.0.0.1:1:"}},
+		{[]string{"--endpoint", "http://127.0.0.1:1", "--policy", "bogus"}, 2,
+			[]string{`kvroute serve: --policy bogus: unknown policy "bogus": use one of `, "prefix-aware"}, []string{"policy.name"}},
+		{[]string{"--endpoint", "http://127.0.0.1:1", "--policy", "round-robin:alpha=1"}, 2,
+			[]string{`--policy round-robin:alpha=1: policy round-robin: unknown parameter "alpha"`}, []string{"policy.params"}},
+		{[]string{"--endpoint", "http://127.0.0.1:1", "--policy", ":x"}, 2, []string{"--policy :x: "}, nil},
+		// --engine is every endpoint's: said once.
+		{[]string{"--endpoint", "http://127.0.0.1:1", "--endpoint", "http://127.0.0.1:2", "--engine", "trt"}, 2,
+			[]string{`kvroute serve: --engine trt: unknown engine "trt": use one of vllm`}, []string{"endpoints[", "; --engine"}},
+		{append([]string{"--endpoint", "http://127.0.0.1:1", "--http-server", "nginx"}, free...), 2,
+			[]string{`kvroute serve: --http-server nginx: "nginx" is not a server`}, []string{"server.http_server"}},
+		{[]string{"--endpoint", "http://127.0.0.1:1", "--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"}, 2,
+			[]string{`--admin-listen 127.0.0.1:7000: "127.0.0.1:7000" is also listen`}, nil},
+		{append([]string{"--config", good, "--log-format", "yaml"}, free...), 2,
+			[]string{`kvroute serve: --log-format yaml: "yaml": use json or text`}, []string{"log.format", "config "}},
+		// The file's problem stays the file's (and so exit 1); the flag's is named all the same.
+		{append([]string{"--config", bad, "--log-format", "yaml"}, free...), 1,
+			[]string{`--log-format yaml: "yaml": use json or text`, "config " + bad + ": health.interval: must be positive"}, []string{"log.format", "unhealthy_interval"}},
+		{[]string{"--config", bad}, 1, []string{"config " + bad + ": health.interval: must be positive"}, nil},
+	} {
+		var out, errb bytes.Buffer
+		rc := runServe(context.Background(), tt.args, &out, &errb)
+		if rc != tt.rc {
+			t.Errorf("%q: rc %d, want %d (%q)", tt.args, rc, tt.rc, errb.String())
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(errb.String(), w) {
+				t.Errorf("%q: stderr %q lacks %q", tt.args, errb.String(), w)
+			}
+		}
+		for _, n := range tt.not {
+			if strings.Contains(errb.String(), n) {
+				t.Errorf("%q: stderr %q has %q", tt.args, errb.String(), n)
+			}
+		}
+		if tt.rc == 2 && strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("%q: stderr %q, want one line", tt.args, errb.String())
+		}
+	}
+}
+
+// TestServeHelpDefaults: -h gives the addresses served when neither flag nor file sets them.
+func TestServeHelpDefaults(t *testing.T) {
+	var out, errb bytes.Buffer
+	if rc := runServe(context.Background(), []string{"-h"}, &out, &errb); rc != 0 {
+		t.Fatalf("rc %d: %s", rc, errb.String())
+	}
+	for _, want := range []string{"(default 127.0.0.1:8080)", "(default 127.0.0.1:9090)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-h lacks %q:\n%s", want, out.String())
+		}
 	}
 }

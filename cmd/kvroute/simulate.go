@@ -30,7 +30,7 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	fs := newFlagSet("kvroute simulate")
 	var o experiment.SimulateOptions
 	var cpuprofile string
-	var asJSON, card bool
+	var asJSON, card, quiet bool
 	var seeds, scenarios string
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay"+stdinTraceHelp)
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
@@ -72,9 +72,10 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&o.Records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
-	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"; - reads standard input), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html")
+	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"; - reads standard input), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html, --quiet; a full one takes many minutes")
 	fs.StringVar(&seeds, "seeds", "", "with --scorecard: the seeds to run, such as 1-5 (default: --seed)")
 	fs.StringVar(&scenarios, "scenarios", "", "with --scorecard: run only the scenarios whose names contain one of these, comma-separated")
+	fs.BoolVar(&quiet, "quiet", false, "with --scorecard: no progress on standard error (a line per cell finished, with the time left)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]   (FILE \"-\" reads standard input)",
@@ -105,7 +106,7 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	defer spool.remove()
 	defer experiment.TuneGC()()
 	if card {
-		return runScorecard(ctx, fs, o, spool, seeds, scenarios, asJSON, stdout, stderr)
+		return runScorecard(ctx, fs, o, spool, seeds, scenarios, asJSON, quiet, stdout, stderr)
 	}
 	if cpuprofile != "" {
 		stop, err := startCPUProfile(cpuprofile)
@@ -134,7 +135,7 @@ const loadRange = "a positive fraction of the fleet's prefill capacity, such as 
 
 // checkSimulate refuses what experiment.Simulate would take in silence or fail on late: a
 // --load or --speedup given as 0 or less (it reads 0 as "not set", which only a flag left out
-// may mean), --seeds or --scenarios without --scorecard (nothing reads them), more --routers
+// may mean), --seeds, --scenarios or --quiet without --scorecard (nothing reads them), more --routers
 // than maxRouters, and a --block-size above the profile's KV cache (no block would fit).
 func checkSimulate(fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenarios string) error {
 	want := map[string]string{"load": loadRange, "speedup": speedupRange}
@@ -152,6 +153,11 @@ func checkSimulate(fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenar
 	if scenarios != "" {
 		errs = append(errs, fmt.Errorf("--scenarios %q: only with --scorecard, which runs scenarios", scenarios))
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "quiet" {
+			errs = append(errs, errors.New("--quiet: only with --scorecard (a simulation prints no progress)"))
+		}
+	})
 	if o.Routers > maxRouters {
 		errs = append(errs, fmt.Errorf("--routers %d: want 1 to %d (router replicas, each simulated whole)", o.Routers, maxRouters))
 	}

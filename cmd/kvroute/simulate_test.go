@@ -68,6 +68,7 @@ func TestSimulateErrors(t *testing.T) {
 		// Read by nothing without --scorecard: refused, not ignored.
 		{"seeds without scorecard", []string{"--trace", good, "--seeds", "1-3"}, 2, []string{`--seeds "1-3": only with --scorecard`}},
 		{"scenarios without scorecard", []string{"--trace", good, "--scenarios", "tool"}, 2, []string{`--scenarios "tool": only with --scorecard`}},
+		{"quiet without scorecard", []string{"--trace", good, "--quiet"}, 2, []string{"--quiet: only with --scorecard"}},
 		// 10^11 replicas ran the process out of memory.
 		{"too many routers", []string{"--trace", good, "--routers", "99999999999"}, 2, []string{"--routers 99999999999: want 1 to 1000"}},
 		// No block fits the instance's KV cache: an engine config error, exit 1, before.
@@ -94,6 +95,29 @@ func TestSimulateErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The scorecard runs for many minutes: it says at once which scenario it skips, and then
+// how it goes, on stderr, unless --quiet; its report is the same either way.
+func TestScorecardProgress(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.jsonl")
+	args := []string{"--scorecard", "--scenarios", "mooncake", "--policies", "random", "--trace", missing}
+	code, told, stderr := runVerb("simulate", args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if want := "scorecard: mooncake conversation skipped: trace not found: " + missing; !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("stderr %q, want one line that begins %q", stderr, want)
+	}
+	code, quiet, stderr := runVerb("simulate", append(args, "--quiet")...)
+	if code != 0 || stderr != "" {
+		t.Errorf("--quiet: exit %d, stderr %q; want 0 and nothing", code, stderr)
+	}
+	// The run's own time, on the last line, differs from run to run.
+	cut := func(s string) string { return s[:strings.LastIndex(strings.TrimSuffix(s, "\n"), "\n")+1] }
+	if diff := cmp.Diff(cut(quiet), cut(told)); diff != "" || !strings.Contains(told, "skipped") {
+		t.Errorf("report with progress told (-quiet +told):\n%s", diff)
 	}
 }
 

@@ -342,6 +342,12 @@ type Checks struct {
 	// Policy reports what is wrong with a policy's parameters, given in the text form of
 	// Policy.PolicyParams (building the policy is one way to find out). Nil: not checked.
 	Policy func(name string, params map[string]string) error
+	// ReadSecrets reads the secrets the router will read (auth's with authentication on, the
+	// peers' and the one they accept besides; files and environment variables) and
+	// extproc.tls's certificate and key, so that one that does not read or is too short is
+	// reported with the other problems rather than after them, when the router starts. False:
+	// not read (a config checked away from the machine it runs on, whose files are elsewhere).
+	ReadSecrets bool
 }
 
 // section is one part of the config: it fills its defaults and checks itself.
@@ -356,15 +362,49 @@ func (c *Config) sections(checks Checks) []section {
 	return []section{
 		(*top)(c), policySection{&c.Policy, checks}, endpointList{c}, &c.Discovery, &c.Health, &c.Scrape, &c.Prefix,
 		&c.Normalize, &c.Limits, &c.Server, &c.Log, authSection{c}, tenantList{c}, &c.Overload, &c.ExtProc, peersSection{c},
-		&c.Autoscale,
+		&c.Autoscale, secretsSection{c, checks.ReadSecrets},
 	}
 }
 
-// problems collects validation errors, each prefixed by a field path.
+// Problem is one thing wrong with a config, as Validate reports it: the key it is about and
+// what to do. Its Error is "key: message". A caller that set a key itself (a command-line
+// flag) finds the key here, to name its own source instead.
+type Problem struct {
+	// Key is the path of the key, like endpoints[0].url or log.format.
+	Key string
+	// Msg says what is wrong and the fix.
+	Msg string
+}
+
+func (p *Problem) Error() string { return p.Key + ": " + p.Msg }
+
+// Problems returns the Problems in err (Validate's, or Parse's, Load's or LoadWith's, wrapped
+// or not), in order; nil when it holds none (a file that does not read or decode).
+func Problems(err error) []*Problem {
+	var out []*Problem
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *Problem:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(e.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+// problems collects validation errors, each a Problem.
 type problems struct{ errs []error }
 
 func (p *problems) add(path, format string, args ...any) {
-	p.errs = append(p.errs, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+	p.errs = append(p.errs, &Problem{Key: path, Msg: fmt.Sprintf(format, args...)})
 }
 
 func (p *problems) err() error { return errors.Join(p.errs...) }
@@ -400,6 +440,10 @@ func parseFile(data []byte, path string, adjust func(*Config), checks Checks) (*
 }
 
 func parse(data []byte, dir string, adjust func(*Config), checks Checks) (*Config, error) {
+	if empty(data) {
+		// Else the one problem reported would be the missing endpoints, as if the rest were there.
+		return nil, errors.New("the file is empty (or holds only comments): a config lists endpoints at least, like endpoints: [{url: http://127.0.0.1:8001}]; examples/kvroute.yaml has every key")
+	}
 	c := &Config{}
 	if err := decodeStrict(data, c); err != nil {
 		return nil, err
@@ -716,7 +760,12 @@ func (h *Health) setDefaults(*Config) {
 		h.Timeout = Duration(2 * time.Second)
 	}
 	if h.UnhealthyInterval == 0 {
-		h.UnhealthyInterval = min(Duration(time.Second), h.Interval)
+		// From a negative interval, which is reported, it would be reported too, under a key
+		// the file does not have.
+		h.UnhealthyInterval = Duration(time.Second)
+		if h.Interval > 0 {
+			h.UnhealthyInterval = min(h.UnhealthyInterval, h.Interval)
+		}
 	}
 	if h.HealthyThreshold == 0 {
 		h.HealthyThreshold = 1

@@ -247,8 +247,43 @@ func TestParse_NoEndpoints(t *testing.T) {
 	if _, err := Parse([]byte("discovery: {file: eps.yaml}\n")); err != nil {
 		t.Errorf("with a discovery file, no static endpoint is fine: %v", err)
 	}
-	if _, err := Parse(nil); err == nil {
-		t.Error("empty config: want the no endpoints error")
+}
+
+// TestParse_EmptyFile: a file with nothing in it is said to be empty, not said to lack
+// endpoints only, as if the rest of it were there.
+func TestParse_EmptyFile(t *testing.T) {
+	for _, doc := range []string{"", "\n\n", "# kvroute\n# nothing yet\n", "---\n", "null\n"} {
+		_, err := Parse([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), "the file is empty") || strings.Contains(err.Error(), "no endpoints") {
+			t.Errorf("%q: err = %v, want the file said to be empty", doc, err)
+		}
+	}
+	// A mapping written empty is written: judged as the keys it leaves to their defaults.
+	if _, err := Parse([]byte("{}\n")); err == nil || !strings.Contains(err.Error(), "endpoints: no endpoints") {
+		t.Errorf("{}: err = %v, want no endpoints", err)
+	}
+}
+
+// TestProblems: the problems of a config come back with their keys, from the error Load
+// returns, so that a caller that set a key itself can say where the value came from.
+func TestProblems(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte("endpoints: [{url: ftp://x, engine: trt}]\nlog: {format: yaml}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	var keys []string
+	for _, p := range Problems(err) {
+		keys = append(keys, p.Key)
+		if !strings.Contains(err.Error(), p.Error()) {
+			t.Errorf("problem %q is not in the error %q", p, err)
+		}
+	}
+	if diff := cmp.Diff([]string{"endpoints[0].url", "endpoints[0].engine", "log.format"}, keys); diff != "" {
+		t.Errorf("keys (-want +got):\n%s", diff)
+	}
+	if got := Problems(fmt.Errorf("config: %w", os.ErrNotExist)); got != nil {
+		t.Errorf("a file that does not read: problems %v, want none", got)
 	}
 }
 
@@ -562,5 +597,10 @@ func TestParse_UnhealthyInterval(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("health %s: error %v, want %q", health, err, want)
 		}
+	}
+	// Its default is not reported for the interval it was derived from: the key is not there.
+	_, err := Parse([]byte("health: {interval: -5s}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if err == nil || err.Error() != "health.interval: must be positive, like 5s" {
+		t.Errorf("health {interval: -5s}: error %v, want health.interval's alone", err)
 	}
 }

@@ -77,6 +77,13 @@ func decodeStrict(data []byte, out any) error {
 	return nil
 }
 
+// empty reports whether data is a YAML document without content: nothing, blank lines,
+// comments, or a bare --- or null.
+func empty(data []byte) bool {
+	js, err := yaml.YAMLToJSONStrict(data)
+	return err == nil && bytes.Equal(bytes.TrimSpace(js), []byte("null"))
+}
+
 func join(path, key string) string {
 	if path == "" {
 		return key

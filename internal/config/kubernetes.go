@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -146,6 +145,8 @@ func validateTemplate(at string, tmpl Endpoint, p *problems) {
 	var tp problems
 	validateEndpoints([]Endpoint{tmpl}, at, &tp)
 	for _, e := range tp.errs {
-		p.errs = append(p.errs, errors.New(strings.Replace(e.Error(), at+"[0]", at, 1)))
+		pe := *e.(*Problem)
+		pe.Key = strings.Replace(pe.Key, at+"[0]", at, 1)
+		p.errs = append(p.errs, &pe)
 	}
 }

@@ -341,6 +341,53 @@ func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]
 	return s, nil
 }
 
+// secretsSection reads the secrets, and the picker's certificate and key, when
+// Checks.ReadSecrets asks it to (see there). It only judges: the router reads them again when
+// it starts or reloads.
+type secretsSection struct {
+	c    *Config
+	read bool
+}
+
+func (s secretsSection) setDefaults(*Config) {}
+
+func (s secretsSection) validate(c *Config, p *problems) {
+	if !s.read {
+		return
+	}
+	type source struct{ at, file, env string }
+	var sources []source
+	// Only a source set one way: none, or both, is reported by the section.
+	one := func(file, env string) bool { return (file == "") != (env == "") }
+	if c.AuthMode() == AuthAPIKey && one(c.Auth.SecretFile, c.Auth.SecretEnv) {
+		sources = append(sources, source{"auth.", c.Auth.SecretFile, c.Auth.SecretEnv})
+	}
+	if pe := c.Peers; pe != nil {
+		if one(pe.SecretFile, pe.SecretEnv) {
+			sources = append(sources, source{"peers.", pe.SecretFile, pe.SecretEnv})
+		}
+		if one(pe.AcceptSecretFile, pe.AcceptSecretEnv) {
+			sources = append(sources, source{"peers.accept_", pe.AcceptSecretFile, pe.AcceptSecretEnv})
+		}
+	}
+	// server.tls and peers.tls are loaded by their sections, whoever asks.
+	if t := c.ExtProc.TLS; c.ExtProc.Enabled() && !t.SelfSigned && t.CertFile != "" && t.KeyFile != "" {
+		if _, err := tls.LoadX509KeyPair(c.Path(t.CertFile), c.Path(t.KeyFile)); err != nil {
+			p.add("extproc.tls", "cannot load the certificate and key: %v", err)
+		}
+	}
+	for _, src := range sources {
+		if _, err := readSecret(c, strings.TrimSuffix(src.at, "."), src.file, src.env, nil); err != nil {
+			key := src.at + "secret_file"
+			if src.file == "" {
+				key = src.at + "secret_env"
+			}
+			// readSecret names the key and its file or variable; the key goes first here.
+			p.add(key, "%s", strings.TrimPrefix(err.Error(), key+" "))
+		}
+	}
+}
+
 // validatePeersTLS checks peers.tls: all three files, loadable; a server name that is a name.
 func validatePeersTLS(c *Config, t *PeersTLS, pr *problems) {
 	missing := false

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 const keyA = "sha256:" + "aa00000000000000000000000000000000000000000000000000000000000001"
@@ -76,6 +78,56 @@ func TestTenants_SecretFile(t *testing.T) {
 	s, err := c.Secret(nil)
 	if err != nil || len(s) != 32 {
 		t.Errorf("secret = %d bytes, %v; want 32 from the file beside the config", len(s), err)
+	}
+}
+
+// TestReadSecrets: with Checks.ReadSecrets, a secret that does not read or is too short, and
+// a picker's certificate that does not load, are reported with the config's other problems, not after them when the router starts; without
+// it the secrets are not read.
+func TestReadSecrets(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{"short": "short", "good": strings.Repeat("k", 32)} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	doc := "endpoints: [{url: ftp://x}]\nauth: {secret_file: short}\ntenants: [{name: a, api_keys: [" + keyA + "]}]\n" +
+		"peers: {listen: ':7947', secret_file: missing, accept_secret_env: KVROUTE_TEST_UNSET_VARIABLE}\n" +
+		"extproc: {listen: ':9002', tls: {cert_file: missing.pem, key_file: missing.key}}\n"
+	path := filepath.Join(dir, "kvroute.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadWith(path, nil, Checks{ReadSecrets: true})
+	var got []string
+	for _, p := range Problems(err) {
+		got = append(got, p.Key)
+	}
+	if diff := cmp.Diff([]string{"endpoints[0].url", "extproc.tls", "auth.secret_file", "peers.secret_file", "peers.accept_secret_env"}, got); diff != "" {
+		t.Errorf("problems' keys (-want +got):\n%s\n%v", diff, err)
+	}
+	for _, want := range []string{
+		"auth.secret_file: " + filepath.Join(dir, "short") + ": the secret is 5 bytes, want at least 32",
+		"peers.secret_file: " + filepath.Join(dir, "missing") + ": open ",
+		"peers.accept_secret_env: KVROUTE_TEST_UNSET_VARIABLE: the variable is not set",
+		"extproc.tls: cannot load the certificate and key: open " + filepath.Join(dir, "missing.pem"),
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+	_, err = LoadWith(path, nil, Checks{})
+	if got := Problems(err); len(got) != 1 || got[0].Key != "endpoints[0].url" {
+		t.Errorf("without ReadSecrets: problems %v, want the URL's alone", got)
+	}
+	good := strings.Replace(strings.Replace(doc, "short", "good", 1), "ftp://x", "http://127.0.0.1:1", 1)
+	good = strings.Replace(good, "secret_file: missing, accept_secret_env: KVROUTE_TEST_UNSET_VARIABLE", "secret_file: good", 1)
+	good = strings.Replace(good, "tls: {cert_file: missing.pem, key_file: missing.key}", "tls: {self_signed: true}", 1)
+	if err := os.WriteFile(path, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadWith(path, nil, Checks{ReadSecrets: true}); err != nil {
+		t.Errorf("good secrets: %v", err)
 	}
 }
 

@@ -28,6 +28,30 @@ func TestConstantRateAndScheduledRate(t *testing.T) {
 	}
 }
 
+// TestRateNote: "asked" is --rate, not the schedule's own rate, which a Poisson draw of few
+// requests puts far from it; the sending is judged against the schedule.
+func TestRateNote(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		e    BenchExtra
+		want string
+	}{
+		{"few Poisson arrivals", BenchExtra{RequestedRate: 50, AskedRate: 120.4, AchievedRate: 120.28},
+			" (asked 50.0, scheduled 120.4, sent -0.10% of the schedule: the random arrivals of 5 requests come to a rate far from the one asked; more requests come closer)"},
+		{"many Poisson arrivals", BenchExtra{RequestedRate: 50, AskedRate: 51, AchievedRate: 51},
+			" (asked 50.0, scheduled 51.0, sent +0.00% of the schedule)"},
+		{"constant arrivals", BenchExtra{RequestedRate: 500, AskedRate: 500, AchievedRate: 499},
+			" (asked 500.0, -0.20%)"},
+		{"one request", BenchExtra{RequestedRate: 2, AchievedRate: 0}, " (asked 2.0)"},
+		{"a trace's own times", BenchExtra{AskedRate: 4, AchievedRate: 4.04}, " (scheduled 4.0, +1.00%)"},
+		{"concurrency", BenchExtra{AchievedRate: 30}, ""},
+	} {
+		if got := rateNote(tt.e, 5); got != tt.want {
+			t.Errorf("%s: got %q\nwant %q", tt.name, got, tt.want)
+		}
+	}
+}
+
 // TestReportRecords: live times divided by the time scale give model time; endpoints are
 // numbered in order of first appearance.
 func TestReportRecords(t *testing.T) {

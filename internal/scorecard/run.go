@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"slices"
@@ -47,6 +48,11 @@ type Options struct {
 	// NonStreamed is the fraction of every cell's requests whose answer comes whole
 	// (workload.Whole, drawn from the cell's seed): 0, the matrix's own, streams them all.
 	NonStreamed float64
+	// Progress, when set, is told how the run goes, for a person waiting on it (a full
+	// scorecard takes many minutes): at the start, the scenarios skipped for a trace that is
+	// not there; then a line per cell finished, with the time spent and an estimate of the time
+	// left. Nil: nothing. The Scorecard is the same either way.
+	Progress io.Writer
 }
 
 // Scorecard is every cell's scores.
@@ -153,6 +159,19 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 	subject := slices.IndexFunc(pols, func(p experiment.Policy) bool { return p.Label == o.Subject })
 
 	src := &sources{trace: o.Trace}
+	noTrace := false
+	if slices.ContainsFunc(scenarios, func(s Scenario) bool { return s.Trace() }) {
+		_, err := os.Stat(o.Trace)
+		noTrace = errors.Is(err, os.ErrNotExist)
+	}
+	prog := &progress{w: o.Progress, start: start}
+	if noTrace {
+		for _, s := range scenarios {
+			if s.Trace() {
+				prog.printf("scorecard: %s skipped: %v: %s (give its path with --trace)", s.Name, errNoTrace, o.Trace)
+			}
+		}
+	}
 	var cells []*cellRun
 	for _, seed := range o.Seeds {
 		for i := range scenarios {
@@ -160,7 +179,10 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 				c := &cellRun{Cell: Cell{
 					Scenario: scenarios[i].Name, Workload: scenarios[i].Workload, Fleet: scenarios[i].FleetName(),
 					Load: load, Seed: seed, NoSharing: scenarios[i].NoSharing,
-				}, scenario: &scenarios[i], pending: len(pols), whole: o.NonStreamed}
+				}, scenario: &scenarios[i], pending: len(pols), whole: o.NonStreamed, prog: prog}
+				if !(noTrace && scenarios[i].Trace()) {
+					prog.total++
+				}
 				if c.Workload == "" {
 					c.Workload = o.Trace
 				}
@@ -302,11 +324,48 @@ func (s *sources) load(sc *Scenario, seed uint64) ([]workload.Request, error) {
 	return r, nil
 }
 
+// progress tells Options.Progress of the cells finished.
+type progress struct {
+	w     io.Writer // nil: nothing is told
+	start time.Time
+	total int // the cells to run: all but those skipped
+
+	mu   sync.Mutex
+	done int
+}
+
+func (p *progress) printf(format string, args ...any) {
+	if p.w != nil {
+		fmt.Fprintf(p.w, format+"\n", args...)
+	}
+}
+
+// cellDone tells of c finished, its simulations having taken took together.
+func (p *progress) cellDone(c *Cell, took time.Duration) {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done++
+	elapsed := time.Since(p.start)
+	// The cells are alike enough, and run Parallel at a time throughout, for the mean so far
+	// to foretell the rest.
+	left := time.Duration(float64(elapsed) / float64(p.done) * float64(p.total-p.done))
+	rest := fmt.Sprintf("about %s left", left.Round(time.Second))
+	if p.done == p.total {
+		rest = "all done"
+	}
+	p.printf("scorecard: %d/%d cells: %s, load %g, seed %d (%s of simulations); %s elapsed, %s",
+		p.done, p.total, c.Scenario, c.Load, c.Seed, took.Round(time.Second), elapsed.Round(time.Second), rest)
+}
+
 // cellRun is a cell while it runs: what its jobs share.
 type cellRun struct {
 	Cell
 	scenario *Scenario
 	whole    float64 // Options.NonStreamed
+	prog     *progress
 
 	once    sync.Once
 	err     error
@@ -314,6 +373,7 @@ type cellRun struct {
 	w       *des.Workload
 	mu      sync.Mutex
 	pending int // jobs not yet finished
+	took    time.Duration
 }
 
 // prepare loads the cell's workload, scales it to the load and computes the bounds.
@@ -344,19 +404,29 @@ func (c *cellRun) prepare(src *sources) error {
 }
 
 // run simulates policy k of the cell.
-func (c *cellRun) run(ctx context.Context, src *sources, k int, p experiment.Policy) error {
+func (c *cellRun) run(ctx context.Context, src *sources, k int, p experiment.Policy) (err error) {
+	start := time.Now()
 	defer func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		c.took += time.Since(start)
+		if err != nil {
+			c.err = err // the cell will not finish: told of by the run's error
+		}
 		if c.pending--; c.pending == 0 {
 			c.w = nil // the last job frees the prepared workload
+			if c.err == nil && c.Skipped == "" {
+				c.prog.cellDone(&c.Cell, c.took)
+			}
 		}
 	}()
 	c.once.Do(func() { c.err = c.prepare(src) })
-	if c.err != nil || c.Skipped != "" {
-		return c.err
+	c.mu.Lock()
+	err = c.err
+	c.mu.Unlock()
+	if err != nil || c.Skipped != "" {
+		return err
 	}
-	start := time.Now()
 	res, err := des.Run(ctx, c.fleet.config, c.w, p.Label, des.Named(p.Name, p.Params))
 	if err != nil {
 		return err

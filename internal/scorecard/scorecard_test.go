@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +90,51 @@ func TestRunCellsAndScores(t *testing.T) {
 	}
 	if sc.WallSeconds <= 0 || sc.RunSeconds <= 0 {
 		t.Errorf("wall %v s, simulations %v s: want both measured", sc.WallSeconds, sc.RunSeconds)
+	}
+}
+
+// TestRunProgress: the scenario skipped for its missing trace is told first, then each cell
+// that ran once, with the time left; the scorecard is the one a run without progress gives.
+func TestRunProgress(t *testing.T) {
+	var log bytes.Buffer
+	o := Options{
+		Matrix: small(t), Trace: filepath.Join("absent", "trace.jsonl"), Seeds: []uint64{5},
+		Policies: "round-robin,least-request", Loads: []float64{0.5, 0.9}, Parallel: 2,
+	}
+	quiet, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Progress = &log
+	told, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(quiet.Cells, told.Cells, cmpopts.IgnoreFields(Score{}, "WallSeconds")); diff != "" {
+		t.Errorf("cells with progress told (-without +with):\n%s", diff)
+	}
+	lines := strings.Split(strings.TrimSuffix(log.String(), "\n"), "\n")
+	if len(lines) != 1+4 {
+		t.Fatalf("%d lines, want the skipped scenario and 4 cells (2 scenarios x 2 loads):\n%s", len(lines), log.String())
+	}
+	if want := "scorecard: small trace skipped: trace not found: " + filepath.Join("absent", "trace.jsonl"); !strings.HasPrefix(lines[0], want) {
+		t.Errorf("first line %q, want it to begin %q", lines[0], want)
+	}
+	var cells []string
+	for i, l := range lines[1:] {
+		if !strings.HasPrefix(l, fmt.Sprintf("scorecard: %d/4 cells: small ", i+1)) || !strings.Contains(l, " elapsed, ") {
+			t.Errorf("line %q: want cell %d of 4 told, with the time elapsed", l, i+1)
+		}
+		scenario, _, _ := strings.Cut(strings.TrimPrefix(l, fmt.Sprintf("scorecard: %d/4 cells: ", i+1)), " (")
+		cells = append(cells, scenario)
+	}
+	slices.Sort(cells)
+	want := []string{"small scale-up, load 0.5, seed 5", "small scale-up, load 0.9, seed 5", "small shared, load 0.5, seed 5", "small shared, load 0.9, seed 5"}
+	if diff := cmp.Diff(want, cells); diff != "" {
+		t.Errorf("cells told (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(lines[3], "about ") || !strings.HasSuffix(lines[4], "all done") {
+		t.Errorf("want an estimate of the time left before the last cell, all done after it:\n%s", log.String())
 	}
 }
 

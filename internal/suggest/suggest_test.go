@@ -18,3 +18,27 @@ func TestNearest(t *testing.T) {
 		}
 	}
 }
+
+// A singular for a plural, or the plural for a singular, is three edits away when the word
+// ends in y (policy, policies); the start of a longer name is more.
+func TestNearest_PluralsAndStarts(t *testing.T) {
+	for _, tt := range []struct {
+		key   string
+		names []string
+		want  string
+	}{
+		{"policy", []string{"policies", "seeds", "html"}, "policies"},
+		{"policies", []string{"policy", "config", "endpoint"}, "policy"},
+		{"inst", []string{"instances", "load", "seed"}, "instances"},
+		{"in", []string{"instances", "load"}, ""},                             // too short to guess from
+		{"lo", []string{"instances", "load"}, "load"},                         // two edits
+		{"rout", []string{"routers", "route-every", "seed"}, ""},              // two names begin so
+		{"replica", []string{"replica-sync", "replicas", "seed"}, "replicas"}, // one edit wins
+		{"class", []string{"clas", "html"}, "clas"},                           // one edit
+		{"glass", []string{"load", "html"}, ""},                               // ss is no plural
+	} {
+		if got := Nearest(tt.key, tt.names); got != tt.want {
+			t.Errorf("Nearest(%q, %q) = %q, want %q", tt.key, tt.names, got, tt.want)
+		}
+	}
+}
