@@ -322,10 +322,16 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 	}
 	var forget []string
 	for _, ep := range diff.Removed {
+		// What the policy, passive health checking and the audit know of it goes (as
+		// route.Lifecycle.Removed would, for the lifecycle being built): kept, an ejection of
+		// an endpoint long gone would still count against max_ejected_percent, and its state
+		// would stay for good. The other replicas are told.
 		if obs != nil {
 			obs.Removed(ep)
-			r.peers.removed(ep)
 		}
+		r.outlier.Forget(ep)
+		r.audit.Forget(ep)
+		r.peers.removed(ep)
 		if r.pool.ByName(ep.Name) == nil {
 			forget = append(forget, ep.Name)
 		}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
+	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
 
@@ -553,5 +554,35 @@ func TestProberFollowsNoRedirect(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusFound || hit.Load() != 0 {
 		t.Errorf("status %d, the redirect's target asked %d times; want 302 and never", resp.StatusCode, hit.Load())
+	}
+}
+
+// An endpoint that leaves the pool leaves passive health checking too: its ejection no longer
+// counts against max_ejected_percent (a rollout's new engines could not be ejected while the old
+// ones' ejections ran), nor is it told to a starting replica.
+func TestRouterForgetsRemovedEndpoints(t *testing.T) {
+	a, b, c := newFakeEngine(t), newFakeEngine(t), newFakeEngine(t)
+	conf := func(urls ...string) *config.Config {
+		cfg := routerConfig(t, "", urls...)
+		cfg.Health.PassiveFailures = 1
+		return cfg
+	}
+	r, err := NewRouter(conf(a.srv.URL, b.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	old := r.pool.ByName(a.srv.URL)
+	if !r.outlier.Failed(old, route.FailConnect) {
+		t.Fatal("one failure of two endpoints' first did not eject it")
+	}
+	if err := r.Reload(conf(b.srv.URL, c.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if ej := r.outlier.Ejections(time.Now()); len(ej) != 0 {
+		t.Errorf("after its removal, ejections %v; want none", ej)
+	}
+	if !r.outlier.Failed(r.pool.ByName(c.srv.URL), route.FailConnect) {
+		t.Error("the new endpoint was not ejected: the removed one's ejection still counts against max_ejected_percent")
 	}
 }
