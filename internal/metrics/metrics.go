@@ -544,7 +544,7 @@ var (
 	descPending = prometheus.NewDesc("kvroute_endpoint_pending_prefill_tokens",
 		"Prompt tokens forwarded to the endpoint that have not reached their first token.", []string{"endpoint"}, nil)
 	descHealthy = prometheus.NewDesc("kvroute_endpoint_healthy",
-		"1 when the endpoint passes health checks and is not ejected, else 0.", []string{"endpoint"}, nil)
+		"1 when the endpoint passes its health checks, else 0. An endpoint ejected for failed requests keeps its health here: kvroute_endpoint_ejected says so.", []string{"endpoint"}, nil)
 	descAge = prometheus.NewDesc("kvroute_endpoint_snapshot_age_seconds",
 		"Age of the endpoint's last scraped engine metrics.", []string{"endpoint"}, nil)
 	descLastAnswer = prometheus.NewDesc("kvroute_endpoint_last_answer_age_seconds",

@@ -68,7 +68,7 @@ func TestMetricsExposition(t *testing.T) {
 	m.TTFT.WithLabelValues("m").Observe(0.05)
 
 	want := `
-# HELP kvroute_endpoint_healthy 1 when the endpoint passes health checks and is not ejected, else 0.
+# HELP kvroute_endpoint_healthy 1 when the endpoint passes its health checks, else 0. An endpoint ejected for failed requests keeps its health here: kvroute_endpoint_ejected says so.
 # TYPE kvroute_endpoint_healthy gauge
 kvroute_endpoint_healthy{endpoint="http://127.0.0.1:1"} 1
 kvroute_endpoint_healthy{endpoint="http://127.0.0.1:2"} 0
