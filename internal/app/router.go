@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -492,10 +493,14 @@ func (r *Router) sourceName(i int) string {
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take
 // requests), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age),
-// /debug/explain (POST an API request: how the endpoints would be ranked for it, and why) and, when
-// the config says pprof: true at start, /debug/pprof/.
+// /debug/explain (POST an API request: how the endpoints would be ranked for it, and why),
+// /debug/peers with peers and, when the config says pprof: true at start, /debug/pprof/; / and
+// /debug/ list them (adminIndex).
 func (r *Router) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
+	index := r.adminIndex()
+	mux.HandleFunc("GET /{$}", index)
+	mux.HandleFunc("GET /debug/{$}", index)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
@@ -526,6 +531,38 @@ func (r *Router) AdminHandler() http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// adminIndex answers / and /debug/ on the admin listener: a page of plain text that lists what
+// the listener serves, for whoever opens its address in a browser or with curl.
+func (r *Router) adminIndex() http.HandlerFunc {
+	cfg := r.Config()
+	lines := [][2]string{
+		{"GET  /metrics", "Prometheus metrics (docs/router.md lists them)"},
+		{"GET  /healthz", "200 while the process is up"},
+		{"GET  /readyz", "200 while some endpoint can take requests (and, with peers, after the warm start)"},
+		{"GET  /debug/endpoints", "each endpoint's health, availability, load, scraped metrics and probe, as JSON"},
+		{"POST /debug/explain", "an API request's body (as to /v1/chat/completions): how the endpoints would be ranked for it, and why"},
+	}
+	if r.peers != nil {
+		lines = append(lines, [2]string{"GET  /debug/peers", "the peer replicas and what they share, as JSON"})
+	}
+	if cfg != nil && cfg.Pprof {
+		lines = append(lines, [2]string{"GET  /debug/pprof/", "Go's profiles"})
+	}
+	var b strings.Builder
+	b.WriteString("kvroute admin listener\n\n")
+	for _, l := range lines {
+		fmt.Fprintf(&b, "%-22s %s\n", l[0], l[1])
+	}
+	if cfg != nil {
+		fmt.Fprintf(&b, "\nThe OpenAI API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/models) is served on the API listener, %s.\n", cfg.Listen)
+	}
+	page := []byte(b.String())
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write(page)
+	}
 }
 
 // EndpointInfo is one entry of /debug/endpoints.

@@ -261,6 +261,16 @@ func (e *Endpoint) NotServing(model string, now time.Time, d time.Duration) bool
 	}
 }
 
+// Refuses reports whether the engine answered that it does not serve model (NotServing) and
+// that still counts at now: Serves is false for it whatever the models say.
+func (e *Endpoint) Refuses(model string, now time.Time) bool {
+	if ns := e.notServed.Load(); ns != nil {
+		until, ok := (*ns)[model]
+		return ok && now.UnixNano() < until
+	}
+	return false
+}
+
 // maxNotServed bounds the models an endpoint is marked as not serving at once.
 const maxNotServed = 64
 

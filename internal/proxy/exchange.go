@@ -245,15 +245,82 @@ func (c *call) labels() map[string]string {
 	return c.id.EndpointLabels
 }
 
-// noCandidate is the answer when no endpoint can take a request for model: 404 when none
-// serves it (for this tenant), else 503 with Retry-After (set in out).
+// noCandidate is the answer when no endpoint can take a request for model, saying what is
+// known of the endpoints that carry the tenant's labels:
+//
+//   - one whose config (or its engine's list) names the model is unavailable (unhealthy,
+//     draining): 503 with Retry-After (set in out), as the model is served, just not now;
+//   - else one whose models are unknown (no endpoints[].models, and no list from its engine
+//     yet) is unavailable: it may serve any model, so 503 still, but the message says that no
+//     endpoint is known to serve it, for a client whose model name is wrong;
+//   - else endpoints named it and their engines answered that they do not serve it (a 404
+//     naming it, Endpoint.NotServing): 404, saying so, and to check endpoints[].models;
+//   - else none serves it: 404.
 func (h *Handler) noCandidate(model string, labels map[string]string, out http.Header) *openai.Error {
-	if !h.served(model, labels) {
-		return modelNotFound(model)
+	now := time.Now()
+	var down, unknownDown, refused, up int
+	for _, e := range h.Pool.All() {
+		if !hasLabels(e, labels) {
+			continue
+		}
+		list := e.Models
+		if len(list) == 0 {
+			list = e.ServedModels()
+		}
+		switch {
+		case e.Refuses(model, now):
+			refused++
+		case list == nil: // any model, as far as the router knows
+			if e.Available() {
+				up++
+			} else {
+				unknownDown++
+			}
+		case !slices.ContainsFunc(list, func(m string) bool { return endpoint.SameModel(m, model) }):
+		case e.Available():
+			up++ // a candidate that the front end's narrowing left out (Exchange)
+		default:
+			down++
+		}
 	}
-	out.Set("Retry-After", "1")
-	return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint",
-		"no healthy endpoint serves model "+strconv.Quote(model)+"; retry shortly")
+	unavailable := func(msg string) *openai.Error {
+		out.Set("Retry-After", "1")
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", msg)
+	}
+	q := strconv.Quote(model)
+	switch {
+	case down > 0 || up > 0:
+		return unavailable("no healthy endpoint serves model " + q + "; retry shortly")
+	case unknownDown > 0:
+		msg := "no endpoint is known to serve model " + q + "; " + count(unknownDown, "endpoint") +
+			" whose models are unknown (no endpoints[].models, and not yet listed by the engine) " + isAre(unknownDown) +
+			" unavailable: retry shortly if one of them serves it, else check the model's name (GET /v1/models lists the models known)"
+		if refused > 0 {
+			msg += "; the engines of " + count(refused, "endpoint") + " answered that they do not serve it"
+		}
+		return unavailable(msg)
+	case refused > 0:
+		return openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model", "model_not_found",
+			"the model "+q+" is not served here: the engines of the "+count(refused, "endpoint")+
+				" that would serve it answered that they do not (a 404 naming it); check endpoints[].models against the names the engines serve (their GET /v1/models); they are tried again within "+
+				notServedFor.String())
+	}
+	return modelNotFound(model)
+}
+
+// count is n and noun, plural when n is not 1.
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
 }
 
 // takeEvent reads one event of a streamed answer (usage, llama.cpp's timings, the response id,

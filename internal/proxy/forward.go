@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -204,6 +205,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		case http.StatusServiceUnavailable:
 			return resp, route.FailUnavailable, nil
 		case http.StatusNotFound:
+			c.notFound++
 			c.notServed(ep, b)
 			return resp, route.FailNotServed, nil
 		}
@@ -270,6 +272,46 @@ func (c *call) notServed(ep *endpoint.Endpoint, body []byte) {
 		c.h.Logger.Warn("the engine says it does not serve the model: requests for it go to the other endpoints (check endpoints[].models)",
 			"endpoint", ep.Name, "model", logCut1(c.req.Model, maxLogPath), "for", notServedFor.String(), "request_id", c.rid)
 	}
+}
+
+// pathNotFound rewrites e, the engine's 404 (its body, body), where the engine said nothing
+// of its own: a body that is no JSON error (Go's "404 page not found\n", FastAPI's
+// {"detail":"Not Found"}) and does not name the model is an API path the engine lacks (an
+// engine without /v1/responses or /v1/embeddings), and the client is told so, with the
+// engine's text trimmed.
+func (c *call) pathNotFound(e *openai.Error, body []byte) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) == nil && (fields["error"] != nil || fields["message"] != nil) {
+		return // the engine's own error, relayed as it says it
+	}
+	if c.req == nil || (c.req.Model != "" && bytes.Contains(body, []byte(c.req.Model))) {
+		return
+	}
+	text, _ := logCut(strings.TrimSpace(strings.ToValidUTF8(string(body[:min(len(body), 512)]), "")), 200)
+	e.Message = "the engine does not serve POST " + apiPath(c.req.Kind) + ": it answered 404"
+	if c.notFound > 1 {
+		e.Message = "the engines of the " + strconv.Itoa(c.notFound) + " endpoints tried do not serve POST " + apiPath(c.req.Kind) + ": the last answered 404"
+	}
+	if text != "" {
+		e.Message += " " + strconv.Quote(text)
+	}
+	code := "unknown_url"
+	e.Code = &code
+}
+
+// apiPath is the path of an API call of kind k.
+func apiPath(k openai.Kind) string {
+	switch k {
+	case openai.KindChat:
+		return "/v1/chat/completions"
+	case openai.KindCompletion:
+		return "/v1/completions"
+	case openai.KindEmbedding:
+		return "/v1/embeddings"
+	case openai.KindResponse:
+		return "/v1/responses"
+	}
+	return k.String()
 }
 
 // countsWork reports whether ep's scraped metrics count what it computes as it computes it
@@ -477,6 +519,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxCapture))
 		resp.Body.Close()
 		e := openai.NormalizeUpstreamError(resp.StatusCode, b)
+		if resp.StatusCode == http.StatusNotFound {
+			c.pathNotFound(e, b)
+		}
 		c.errType = e.Type
 		nb := e.Body()
 		resp.Body = io.NopCloser(bytes.NewReader(nb))

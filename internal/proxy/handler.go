@@ -232,6 +232,8 @@ type call struct {
 	// tenant is charged for what an engine may have computed (call.charge).
 	reached int
 	carried bool
+	// notFound counts the attempts an engine answered 404 (Handler.attempt).
+	notFound int
 	// answerStatus is the status of the answer a front end that carries the request was given
 	// (Exchange.Answered); 0 before it came.
 	answerStatus int
@@ -431,21 +433,21 @@ var bodyChunks = sync.Pool{New: func() any { b := make([]byte, bodyStart); retur
 // served reports whether any endpoint, healthy or not, serves model for these labels.
 func (h *Handler) served(model string, labels map[string]string) bool {
 	for _, e := range h.Pool.All() {
-		if !e.Serves(model) {
-			continue
-		}
-		ok := true
-		for k, v := range labels {
-			if e.Labels[k] != v {
-				ok = false
-				break
-			}
-		}
-		if ok {
+		if e.Serves(model) && hasLabels(e, labels) {
 			return true
 		}
 	}
 	return false
+}
+
+// hasLabels reports whether e carries every one of labels.
+func hasLabels(e *endpoint.Endpoint, labels map[string]string) bool {
+	for k, v := range labels {
+		if e.Labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // modelLabel bounds the model label to the models the config names.

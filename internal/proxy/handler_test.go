@@ -1026,3 +1026,127 @@ func TestNotServedFailsOver(t *testing.T) {
 		t.Errorf("only a 404 left: %d %s, want the engine's 404", resp.StatusCode, body)
 	}
 }
+
+// TestNoCandidateSaysWhy: when no endpoint can take a request, the answer says what is known.
+// An endpoint that names the model and is down: 503, retry. Only endpoints whose engines said
+// they do not serve it: 404, saying so. Down endpoints whose models are unknown (they may serve
+// any): 503, but saying that no endpoint is known to serve the model, for a name with a typo.
+func TestNoCandidateSaysWhy(t *testing.T) {
+	e1, e2, e3 := newFakeEngine(t), newFakeEngine(t), newFakeEngine(t)
+	now := time.Now()
+	tests := []struct {
+		name   string
+		specs  []endpoint.Spec
+		setup  func(p *endpoint.Pool)
+		model  string
+		status int
+		code   string
+		want   []string // in the message
+	}{
+		{"the engine said it does not serve it",
+			[]endpoint.Spec{spec(e1.srv.URL, "m")},
+			func(p *endpoint.Pool) { p.ByName(e1.srv.URL).NotServing("m", now, time.Minute) },
+			"m", 404, "model_not_found", []string{`the model "m" is not served here`, "the engines of the 1 endpoint that would serve it answered that they do not", "check endpoints[].models"}},
+		{"one said so, another naming it is down",
+			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL, "m")},
+			func(p *endpoint.Pool) {
+				p.ByName(e1.srv.URL).NotServing("m", now, time.Minute)
+				p.ByName(e2.srv.URL).SetHealthy(false)
+			},
+			"m", 503, "no_healthy_endpoint", []string{`no healthy endpoint serves model "m"; retry shortly`}},
+		{"a typo while an endpoint of unknown models is down",
+			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL)},
+			func(p *endpoint.Pool) { p.ByName(e2.srv.URL).SetHealthy(false) },
+			"mm", 503, "no_healthy_endpoint", []string{`no endpoint is known to serve model "mm"; 1 endpoint whose models are unknown`, "is unavailable", "check the model's name"}},
+		{"and another's engine said it does not serve it",
+			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL), spec(e3.srv.URL), spec(deadURL(t))},
+			func(p *endpoint.Pool) {
+				for _, e := range p.All()[1:] {
+					e.SetHealthy(false)
+				}
+				p.ByName(e1.srv.URL).NotServing("mm", now, time.Minute)
+			},
+			"mm", 503, "no_healthy_endpoint", []string{`3 endpoints whose models are unknown`, "are unavailable", "the engines of 1 endpoint answered that they do not serve it"}},
+		{"none serves it",
+			[]endpoint.Spec{spec(e1.srv.URL, "m")}, func(*endpoint.Pool) {},
+			"mm", 404, "model_not_found", []string{`the model "mm" does not exist or is not served here`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.specs...)
+			tt.setup(f.pool)
+			resp, body := f.post(t, "/v1/chat/completions", `{"model":"`+tt.model+`","messages":[{"role":"user","content":"x"}]}`)
+			if resp.StatusCode != tt.status || errorCode(body) != tt.code {
+				t.Fatalf("%d %s, want %d %s", resp.StatusCode, body, tt.status, tt.code)
+			}
+			if got := resp.Header.Get("Retry-After") != ""; got != (tt.status == 503) {
+				t.Errorf("Retry-After set %v on a %d", got, tt.status)
+			}
+			var v struct {
+				Error struct{ Message string } `json:"error"`
+			}
+			if err := json.Unmarshal(body, &v); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(v.Error.Message, w) {
+					t.Errorf("message %q does not say %q", v.Error.Message, w)
+				}
+			}
+		})
+	}
+	for _, e := range []*fakeEngine{e1, e2, e3} {
+		if n := len(e.received()); n != 0 {
+			t.Errorf("an engine received %d requests, want none", n)
+		}
+	}
+}
+
+// TestEnginePathNotFound: an engine's 404 that is no JSON error and does not name the model (an
+// engine without the API path: Go's "404 page not found\n", FastAPI's {"detail":"Not Found"})
+// reaches the client as what it is, the path the engines lack, with their text trimmed. An
+// engine's own JSON error is relayed as it says it.
+func TestEnginePathNotFound(t *testing.T) {
+	plain, fastapi, own := newFakeEngine(t), newFakeEngine(t), newFakeEngine(t)
+	plain.status, plain.errBody = 404, "404 page not found\n"
+	fastapi.status, fastapi.errBody = 404, `{"detail":"Not Found"}`
+	own.status, own.errBody = 404, `{"error":{"message":"no such thing","type":"not_found_error","code":"nope"}}`
+	const embed = `{"model":"m","input":"hello"}`
+	tests := []struct {
+		name      string
+		engines   []*fakeEngine
+		path      string
+		body      string
+		code, msg string
+	}{
+		{"plain text", []*fakeEngine{plain}, "/v1/embeddings", embed,
+			"unknown_url", `the engine does not serve POST /v1/embeddings: it answered 404 "404 page not found"`},
+		{"FastAPI's", []*fakeEngine{fastapi}, "/v1/responses", `{"model":"m","input":"hello"}`,
+			"unknown_url", `the engine does not serve POST /v1/responses: it answered 404 "{\"detail\":\"Not Found\"}"`},
+		{"two engines", []*fakeEngine{plain, fastapi}, "/v1/embeddings", embed,
+			"unknown_url", `the engines of the 2 endpoints tried do not serve POST /v1/embeddings: the last answered 404 "{\"detail\":\"Not Found\"}"`},
+		{"the engine's own error", []*fakeEngine{own}, "/v1/embeddings", embed, "nope", "no such thing"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var specs []endpoint.Spec
+			for _, e := range tt.engines {
+				specs = append(specs, spec(e.srv.URL, "m"))
+			}
+			f := newFixture(t, specs...)
+			resp, body := f.post(t, tt.path, tt.body)
+			var v struct {
+				Error struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(body, &v); err != nil {
+				t.Fatalf("%s: %v", body, err)
+			}
+			if resp.StatusCode != 404 || errorCode(body) != tt.code || v.Error.Message != tt.msg || v.Error.Type != openai.TypeNotFound {
+				t.Errorf("%d %s, want 404 %s %q", resp.StatusCode, body, tt.code, tt.msg)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 // answer is one canned response of a mimicked engine.
@@ -325,4 +328,182 @@ func TestProber_RunScrapesAutoOnceDetected(t *testing.T) {
 	m.srv.Close() // before goleak looks (t.Cleanup would run after it)
 	m2.srv.Close()
 	client.CloseIdleConnections()
+}
+
+// warnings returns the messages of the warning lines in log.
+func warnings(t *testing.T, log *testlog.Buffer) []string {
+	t.Helper()
+	var out []string
+	for _, l := range log.JSONLines(t) {
+		if l["level"] == "WARN" {
+			out = append(out, l["msg"].(string))
+		}
+	}
+	return out
+}
+
+// The QA's case: engine sglang (tgi, llamacpp) in front of kvroute sim, which speaks vLLM. Its
+// health check passes (all use GET /health), so only the scrapes say it: once, as a warning
+// naming the kind it looks like and the fix, and in every error of the streak.
+func TestProber_ScrapeOfAnotherKindSaysWhatItLooksLike(t *testing.T) {
+	m := newMimic(t, map[string]answer{"/health": {200, ""}, "/metrics": {200, fixture(t, "vllm.txt")}})
+	pool, ep := onePool(t, endpoint.Spec{Name: m.srv.URL, Engine: "sglang", MetricsPath: "/metrics"})
+	var log testlog.Buffer
+	pr := New(pool, m.srv.Client(), Options{}, slog.New(slog.NewJSONHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	ctx := context.Background()
+	if err := pr.Check(ctx, ep); err != nil || !ep.Healthy() {
+		t.Fatalf("check: %v, healthy %v: the health check passes", err, ep.Healthy())
+	}
+	for i := range 3 {
+		err := pr.Scrape(ctx, ep)
+		if err == nil || !strings.Contains(err.Error(), "none of the families") ||
+			!strings.Contains(err.Error(), "looks like vllm, not sglang") || !strings.Contains(err.Error(), "set engine: vllm (or auto)") {
+			t.Fatalf("scrape %d: err = %v, want the refusal and the hint", i, err)
+		}
+	}
+	if diff := cmp.Diff([]string{"endpoint's engine kind looks wrong: its metrics are not read (said once while the scrapes fail; /debug/endpoints shows the last error)"},
+		warnings(t, &log)); diff != "" {
+		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+	st := pr.Status(ep)
+	if st.Detected == nil || st.Detected.Kind != "vllm" || !strings.Contains(st.LastScrapeError, "set engine: vllm") {
+		t.Errorf("status = %+v, want detected vllm and the hint in last_scrape_error", st)
+	}
+	if got := m.count("/metrics"); got != 4 {
+		t.Errorf("/metrics asked %d times, want 4: three scrapes and one detection in the streak", got)
+	}
+	if ep.Kind() != "sglang" {
+		t.Errorf("kind %q: a named kind stays as configured", ep.Kind())
+	}
+
+	// The engine is put right: the streak ends (said at info), and a new one is said again.
+	m.set(map[string]answer{"/health": {200, ""}, "/metrics": {200, fixture(t, "sglang.txt")}})
+	if err := pr.Scrape(ctx, ep); err != nil {
+		t.Fatalf("scrape of an sglang page: %v", err)
+	}
+	if !strings.Contains(log.String(), "the endpoint's metrics are scraped again") {
+		t.Error("the end of the streak is not said")
+	}
+	m.set(map[string]answer{"/health": {200, ""}, "/metrics": {500, "boom"}})
+	if err := pr.Scrape(ctx, ep); err == nil || strings.Contains(err.Error(), "looks like") {
+		t.Errorf("a 500: err = %v, want the plain error", err)
+	}
+	if got := len(warnings(t, &log)); got != 2 {
+		t.Errorf("%d warnings, want 2: one per streak", got)
+	}
+}
+
+// A streak of failed scrapes is said at its start, once more when it has lasted a minute, and
+// not at all before the first health check or while the endpoint is unhealthy (its health
+// checks say so).
+func TestProber_ScrapeFailuresSaidOncePerStreak(t *testing.T) {
+	m := newMimic(t, map[string]answer{"/health": {200, ""}, "/metrics": {500, "boom"}})
+	pool, ep := onePool(t, endpoint.Spec{Name: m.srv.URL, Engine: "vllm", MetricsPath: "/metrics"})
+	var log testlog.Buffer
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	pr := New(pool, m.srv.Client(), Options{Now: clock}, slog.New(slog.NewJSONHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	ctx := context.Background()
+
+	_ = pr.Scrape(ctx, ep) // before the first check: at debug
+	if err := pr.Check(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	ep.SetHealthy(false)
+	for range 3 {
+		_ = pr.Scrape(ctx, ep)
+	}
+	if w := warnings(t, &log); len(w) != 0 {
+		t.Fatalf("warnings %q while the endpoint is unhealthy, want none", w)
+	}
+	ep.SetHealthy(true)
+	for range 10 {
+		if err := pr.Scrape(ctx, ep); err == nil || !strings.Contains(err.Error(), "status 500") {
+			t.Fatalf("err = %v, want the 500", err)
+		}
+		advance(time.Second)
+	}
+	if got := len(warnings(t, &log)); got != 1 {
+		t.Fatalf("%d warnings after 10 failed scrapes, want 1", got)
+	}
+	advance(time.Minute)
+	for range 10 {
+		_ = pr.Scrape(ctx, ep)
+		advance(time.Second)
+	}
+	want := []string{
+		"scraping the endpoint's metrics failed: policies go on with its last snapshot, aging (said once while the scrapes fail; /debug/endpoints shows the last error)",
+		"scraping the endpoint's metrics still fails",
+	}
+	if diff := cmp.Diff(want, warnings(t, &log)); diff != "" {
+		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+	if got := log.Count(`"msg":"scrape failed"`); got != 22 {
+		t.Errorf("%d failures at debug, want 22 (24 failures, 2 said as warnings)", got)
+	}
+	if m.count("/api/version") != 0 {
+		t.Error("a scrape that failed for another reason than the families should not start detection")
+	}
+}
+
+// An endpoint whose config names its models is asked for its list too (on first contact, then
+// every modelsEvery), and a configured model the engine does not list is said once; routing
+// follows the config all the same.
+func TestProber_ConfiguredModelsComparedWithTheEngines(t *testing.T) {
+	m := newMimic(t, map[string]answer{
+		"/health":    {200, ""},
+		"/v1/models": {200, `{"object":"list","data":[{"id":"Qwen/Qwen3-8B","object":"model","owned_by":"vllm"}]}`},
+	})
+	pool, ep := onePool(t, endpoint.Spec{Name: m.srv.URL, Engine: "vllm", Models: []string{"qwen3-8b"}})
+	var log testlog.Buffer
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	pr := New(pool, m.srv.Client(), Options{Now: clock}, slog.New(slog.NewJSONHandler(&log, nil)))
+	ctx := context.Background()
+	for range 3 {
+		if err := pr.Check(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := m.count("/v1/models"); got != 1 {
+		t.Errorf("/v1/models asked %d times in three checks within %v, want 1", got, modelsEvery)
+	}
+	advance(modelsEvery)
+	if err := pr.Check(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.count("/v1/models"); got != 2 {
+		t.Errorf("/v1/models asked %d times after %v, want 2", got, modelsEvery)
+	}
+	w := warnings(t, &log)
+	if len(w) != 1 || !strings.Contains(w[0], "does not list a model that endpoints[].models names") ||
+		!strings.Contains(log.String(), `"missing":["qwen3-8b"]`) || !strings.Contains(log.String(), `"engine_lists":["Qwen/Qwen3-8B"]`) {
+		t.Errorf("warnings %q, log %s: want one naming the model and the engine's list", w, log.String())
+	}
+	if !ep.Serves("qwen3-8b") || ep.Serves("Qwen/Qwen3-8B") || ep.ServedModels() != nil {
+		t.Error("routing changed on the engine's list: it follows the config")
+	}
+	if diff := cmp.Diff([]string{"qwen3-8b"}, pool.Models()); diff != "" {
+		t.Errorf("pool models (-want +got):\n%s", diff)
+	}
+
+	// The engine restarted with the configured name: said once at info.
+	m.set(map[string]answer{
+		"/health":    {200, ""},
+		"/v1/models": {200, `{"object":"list","data":[{"id":"qwen3-8b","object":"model","owned_by":"vllm"}]}`},
+	})
+	advance(modelsEvery)
+	if err := pr.Check(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	if got := log.Count("the engine lists every model that endpoints[].models names"); got != 1 {
+		t.Errorf("the fix said %d times, want 1", got)
+	}
+	if got := len(warnings(t, &log)); got != 1 {
+		t.Errorf("%d warnings, want still 1", got)
+	}
 }

@@ -39,6 +39,10 @@ const (
 // errRefused marks a page the cut refuses.
 var errRefused = errors.New("metrics page refused")
 
+// errNoFamilies marks a page refused for having none of the engine kind's families: an empty
+// page, or another engine's (the prober then asks what the endpoint looks like).
+var errNoFamilies = errors.New("none of the families the router reads")
+
 // maxPooledPage is the largest page buffer kept for the next scrape.
 const maxPooledPage = maxKept
 

@@ -127,8 +127,8 @@ func Parse(engine string, r io.Reader, at time.Time) (*endpoint.Snapshot, error)
 	}
 	if !page.declared && !anyFamily(fams, wantedBy[engine]) {
 		// An empty page, or another engine's, would read as an idle engine.
-		return nil, fmt.Errorf("%s metrics: %w: none of the families the router reads for %s (such as %s); is the endpoint's engine kind right?",
-			engine, errRefused, engine, n.running[0])
+		return nil, fmt.Errorf("%s metrics: %w: %w for %s (such as %s); is the endpoint's engine kind right?",
+			engine, errRefused, errNoFamilies, engine, n.running[0])
 	}
 	if err := duplicates(fams, wantedBy[engine]); err != nil {
 		return nil, fmt.Errorf("%s metrics: %w", engine, err)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,7 +130,19 @@ type epState struct {
 	// of an engine of kind stepKind (learnStep).
 	stepAsked bool
 	stepKind  string
-	status    Status
+	// scrapeFails counts the scrapes failed in a row. A streak is said once as a warning
+	// (scrapeWarned, at scrapeWarnedAt; scrapeHint is what the endpoint looks like when the
+	// page had none of its kind's families), once more if it lasts scrapeWarnAgain
+	// (scrapeRewarned), and its end once at info.
+	scrapeFails    int
+	scrapeWarned   bool
+	scrapeRewarned bool
+	scrapeWarnedAt time.Time
+	scrapeHint     string
+	// modelsMissing is the configured models the engine's list lacked when last said (a
+	// warning), "" when it listed them all: each change is said once.
+	modelsMissing string
+	status        Status
 }
 
 // Prober health-checks and scrapes the pool's endpoints. Its goroutines start in Run, never in
@@ -319,21 +332,21 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	}
 	p.record(ep, err, o)
 	if err == nil {
-		if len(ep.Models) == 0 {
-			p.listModels(ctx, ep, o)
-		}
+		p.listModels(ctx, ep, o)
 		p.learnStep(ctx, ep, o)
 	}
 	return err
 }
 
-// modelsEvery is how often the models of an endpoint whose config names none are asked again.
+// modelsEvery is how often an endpoint's models are asked again.
 const modelsEvery = 30 * time.Second
 
-// listModels asks an endpoint whose config names no model which models it serves (GET
-// /v1/models), at most every modelsEvery: the router then routes only those to it, resolves
-// "name" and "name:latest" alike, and lists them in its own /v1/models. A failure keeps what
-// was known.
+// listModels asks an endpoint which models it serves (GET /v1/models), on first contact and
+// then at most every modelsEvery. For an endpoint whose config names no model, the router then
+// routes only those to it, resolves "name" and "name:latest" alike, and lists them in its own
+// /v1/models; a failure keeps what was known. For one whose config names its models, the list
+// is only compared (checkModels): routing follows the config, and an engine's 404 naming the
+// model (the proxy's) is what leaves the endpoint out for it.
 func (p *Prober) listModels(ctx context.Context, ep *endpoint.Endpoint, o Options) {
 	p.mu.Lock()
 	s := p.st(ep)
@@ -363,8 +376,45 @@ func (p *Prober) listModels(ctx context.Context, ep *endpoint.Endpoint, o Option
 			ids = append(ids, m.ID)
 		}
 	}
+	if len(ep.Models) > 0 {
+		p.checkModels(ep, ids)
+		return
+	}
 	if len(ids) > 0 {
 		ep.SetServedModels(ids)
+	}
+}
+
+// checkModels compares the models ep's config names with those its engine lists (listed), and
+// warns once for each change of the configured models it lacks: an engine started with
+// another model (or another name for it) than endpoints[].models says. An empty list says
+// nothing (an engine still loading, a server that lists none), and so does llama.cpp's.
+func (p *Prober) checkModels(ep *endpoint.Endpoint, listed []string) {
+	if len(listed) == 0 || ep.Kind() == "llamacpp" {
+		return // llama.cpp run with one model answers under any name, and lists its file's
+	}
+	var missing []string
+	for _, m := range ep.Models {
+		if !slices.ContainsFunc(listed, func(l string) bool { return endpoint.SameModel(l, m) }) {
+			missing = append(missing, m)
+		}
+	}
+	key := strings.Join(missing, "\x00")
+	p.mu.Lock()
+	s := p.st(ep)
+	changed := s.modelsMissing != key
+	s.modelsMissing = key
+	p.mu.Unlock()
+	switch {
+	case !changed:
+	case len(missing) > 0:
+		if len(listed) > 8 {
+			listed = append(listed[:8:8], fmt.Sprintf("... (%d in all)", len(listed)))
+		}
+		p.log.Warn("the engine does not list a model that endpoints[].models names: requests for it will get the engine's 404 there (check endpoints[].models, or the engine's served model name)",
+			"endpoint", ep.Name, "missing", missing, "engine_lists", listed)
+	default:
+		p.log.Info("the engine lists every model that endpoints[].models names", "endpoint", ep.Name)
 	}
 }
 
@@ -415,9 +465,14 @@ func (p *Prober) mismatch(ctx context.Context, ep *endpoint.Endpoint, checkErr e
 		p.adopt(ep, d, "", slog.LevelWarn, "engine kind changed")
 		return checkErr
 	}
-	hint = fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (or auto) for it", d.Kind, ep.Engine, d.Evidence, d.Kind)
+	hint = kindHint(d, ep.Engine)
 	p.adopt(ep, d, hint, slog.LevelWarn, "endpoint's engine kind looks wrong")
 	return fmt.Errorf("%w (%s)", checkErr, hint)
+}
+
+// kindHint says that an endpoint configured as kind configured looks like d's kind, and the fix.
+func kindHint(d Detection, configured string) string {
+	return fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (or auto) for it", d.Kind, configured, d.Evidence, d.Kind)
 }
 
 // record applies one check's outcome to ep's streaks and health.
@@ -473,29 +528,100 @@ func (p *Prober) Scrape(ctx context.Context, ep *endpoint.Endpoint) error {
 	if spec.MetricsPath == "" {
 		return fmt.Errorf("scrape %s: no metrics path", ep.Name)
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.ScrapeTimeout)
+	sctx, cancel := context.WithTimeout(ctx, o.ScrapeTimeout)
 	defer cancel()
 	var snap *endpoint.Snapshot
-	err := p.get(ctx, ep.Name+spec.MetricsPath, o.MaxMetricsBytes, func(r io.Reader) error {
+	err := p.get(sctx, ep.Name+spec.MetricsPath, o.MaxMetricsBytes, func(r io.Reader) error {
 		var err error
 		snap, err = Parse(ep.Kind(), r, o.Now())
 		return err
 	})
+	if err != nil {
+		return p.scrapeFailed(ctx, ep, err, o) // its probes have their own timeouts, not what is left of the scrape's
+	}
 	p.mu.Lock()
 	s := p.st(ep)
 	s.status.LastScrape = o.Now()
-	if err != nil {
-		s.status.LastScrapeError = err.Error()
-	} else {
-		s.status.LastScrapeError = ""
-	}
+	s.status.LastScrapeError = ""
+	fails, warned := s.scrapeFails, s.scrapeWarned
+	s.scrapeFails, s.scrapeWarned, s.scrapeRewarned, s.scrapeHint = 0, false, false, ""
 	p.mu.Unlock()
-	if err != nil {
-		p.log.Debug("scrape failed", "endpoint", ep.Name, "err", err)
-		return err
+	if warned {
+		p.log.Info("the endpoint's metrics are scraped again", "endpoint", ep.Name, "failed_scrapes", fails)
 	}
 	ep.SetSnapshot(snap)
 	return nil
+}
+
+// scrapeWarnAgain is how long a streak of failed scrapes lasts before it is said once more.
+const scrapeWarnAgain = time.Minute
+
+// scrapeFailed records a failed scrape of ep and returns its error, with what the endpoint
+// looks like where that explains it. Policies go on with the last snapshot, aging, so a streak
+// of failures is said as a warning once, at its first failure while the endpoint is healthy
+// (an engine that is down says so by its health checks), once more when it has lasted
+// scrapeWarnAgain, and its end at info; each failure is logged at debug (so are those before
+// the first health check, which says whether the engine is up at all). When the page had
+// none of the families the router reads for the endpoint's kind, the endpoint is asked what it
+// is (Detect), once per streak, as when a health check answers 4xx (mismatch): a named kind
+// gets the hint in the warning and in every error of the streak; an auto endpoint takes the
+// kind found (an engine restarted as another).
+func (p *Prober) scrapeFailed(ctx context.Context, ep *endpoint.Endpoint, err error, o Options) error {
+	p.mu.Lock()
+	s := p.st(ep)
+	s.scrapeFails++
+	fails := s.scrapeFails
+	first := !s.scrapeWarned && s.checked && ep.Healthy()
+	again := s.scrapeWarned && !s.scrapeRewarned && o.Now().Sub(s.scrapeWarnedAt) >= scrapeWarnAgain
+	if first {
+		s.scrapeWarned, s.scrapeWarnedAt = true, o.Now()
+	}
+	if again {
+		s.scrapeRewarned = true
+	}
+	hint, since := s.scrapeHint, s.scrapeWarnedAt
+	p.mu.Unlock()
+
+	var looks string // the kind the endpoint looks like, found now
+	adopted := false // an auto endpoint took the kind found, and said so
+	if first && errors.Is(err, errNoFamilies) {
+		if d, derr := p.Detect(ctx, ep.Name); derr == nil && d.Kind != ep.Kind() {
+			if ep.Engine == Auto {
+				p.adopt(ep, d, "", slog.LevelWarn, "engine kind changed")
+				adopted = true
+			} else {
+				hint, looks = kindHint(d, ep.Engine), d.Kind
+				p.mu.Lock()
+				s = p.st(ep)
+				s.scrapeHint = hint
+				s.status.Detected = &d
+				p.mu.Unlock()
+			}
+		}
+	}
+	if hint != "" {
+		err = fmt.Errorf("%w (%s)", err, hint)
+	}
+	p.mu.Lock()
+	s = p.st(ep)
+	s.status.LastScrape = o.Now()
+	s.status.LastScrapeError = err.Error()
+	p.mu.Unlock()
+
+	switch {
+	case looks != "":
+		p.log.Warn("endpoint's engine kind looks wrong: its metrics are not read (said once while the scrapes fail; /debug/endpoints shows the last error)",
+			"endpoint", ep.Name, "configured", ep.Engine, "engine", looks, "err", err)
+	case first && !adopted:
+		p.log.Warn("scraping the endpoint's metrics failed: policies go on with its last snapshot, aging (said once while the scrapes fail; /debug/endpoints shows the last error)",
+			"endpoint", ep.Name, "err", err)
+	case again:
+		p.log.Warn("scraping the endpoint's metrics still fails", "endpoint", ep.Name, "failed_scrapes", fails,
+			"for", o.Now().Sub(since).Round(time.Second).String(), "err", err)
+	default:
+		p.log.Debug("scrape failed", "endpoint", ep.Name, "err", err)
+	}
+	return err
 }
 
 var errTooLarge = errors.New("response too large")

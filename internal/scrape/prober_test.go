@@ -61,6 +61,20 @@ func newFakeEngine(t *testing.T, fixture string) *fakeEngine {
 	return f
 }
 
+// next returns the paths of the engine's next n requests ("" for one that did not come within
+// 5 s).
+func (f *fakeEngine) next(t *testing.T, n int) []string {
+	t.Helper()
+	out := make([]string, n)
+	for i := range out {
+		select {
+		case out[i] = <-f.paths:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return out
+}
+
 // waitFor polls cond until it holds, failing t after 10 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -144,20 +158,21 @@ func TestProber_FirstCheckDecides(t *testing.T) {
 
 func TestProber_GenericHealthPathAndOverride(t *testing.T) {
 	eng := newFakeEngine(t, "")
-	// Models named: the prober has no model list to ask for, only the health path is read.
+	// Models named: the health path is read, then (on first contact) the model list, to
+	// compare it with the config.
 	pool, ep := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "openai", Models: []string{"m"}})
 	pr := New(pool, eng.srv.Client(), Options{}, nil)
 	if err := pr.Check(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
-	if got := <-eng.paths; got != "/v1/models" {
-		t.Errorf("generic health path = %q, want /v1/models", got)
+	if got := eng.next(t, 2); got[0] != "/v1/models" || got[1] != "/v1/models" {
+		t.Errorf("generic health path, then the model list = %q, want /v1/models twice", got)
 	}
 	pool2, ep2 := onePool(t, endpoint.Spec{Name: eng.srv.URL, Engine: "vllm", HealthPath: "/ping", Models: []string{"m"}})
 	pr2 := New(pool2, eng.srv.Client(), Options{}, nil)
 	_ = pr2.Check(context.Background(), ep2)
-	if got := <-eng.paths; got != "/ping" {
-		t.Errorf("overridden health path = %q, want /ping", got)
+	if got := eng.next(t, 2); got[0] != "/ping" || got[1] != "/v1/models" {
+		t.Errorf("overridden health path, then the model list = %q, want /ping, /v1/models", got)
 	}
 }
 

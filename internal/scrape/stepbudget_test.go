@@ -207,7 +207,8 @@ func TestProber_OllamaStepAsksEachModel(t *testing.T) {
 }
 
 // vLLM, TGI and llama.cpp report nothing of their budget, so nothing is asked of them: the
-// health check is the only request, and the budget stays the kind's default or none.
+// health checks are the only requests but for the model list (asked on first contact, then
+// every modelsEvery), and the budget stays the kind's default or none.
 func TestProber_StepNotAskedWhereNotReported(t *testing.T) {
 	for _, tc := range []struct {
 		engine string
@@ -226,7 +227,7 @@ func TestProber_StepNotAskedWhereNotReported(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if diff := cmp.Diff(map[string]int{"GET /health": 3}, eng.requests()); diff != "" {
+			if diff := cmp.Diff(map[string]int{"GET /health": 3, "GET /v1/models": 1}, eng.requests()); diff != "" {
 				t.Errorf("requests (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff(tc.want, budgetOf(ep)); diff != "" {

@@ -266,8 +266,7 @@ func (g *Gate) identify(h http.Header, count bool) (*Identity, *openai.Error) {
 		return nil, g.multipleKeys(err, count)
 	}
 	if key == "" {
-		return nil, g.unauthorized("missing_api_key",
-			"no API key: send it as 'Authorization: Bearer <key>' or in the api-key header", count)
+		return nil, g.unauthorized("missing_api_key", noKeyMessage(h), count)
 	}
 	s := t.byKey[HashKey(key)] // a lookup by digest: timing tells nothing about the key
 	if s == nil {

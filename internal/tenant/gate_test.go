@@ -516,3 +516,36 @@ func TestReloadRemovedAndBack(t *testing.T) {
 		tk.End(http.StatusOK, 100, 0)
 	}
 }
+
+// A client that sends its key without "Bearer " (or under another scheme) is told that the
+// scheme is wrong, not that the key is missing; the code, and the rejection's reason, stay
+// missing_api_key. The header's value is never repeated but for a scheme's name.
+func TestAuthenticationWrongScheme(t *testing.T) {
+	g, _ := newTestGate(t, `tenants:
+  - {name: acme, api_keys: ["`+HashKey("sk-acme")+`"]}
+`, nil)
+	h := middleware(g, &echo{})
+	for _, tc := range []struct {
+		name, auth string
+		want       string
+	}{
+		{"none", "", "no API key: send it as 'Authorization: Bearer <key>' or in the api-key header"},
+		{"a bare key", "sk-acme", "no API key: the Authorization header does not start with 'Bearer ' (a key must follow it); send it as 'Authorization: Bearer <key>' or in the api-key header"},
+		{"Basic", "Basic c2stYWNtZQ==", "no API key: the Authorization header uses the Basic scheme, which the router does not read; send it as 'Authorization: Bearer <key>' or in the api-key header"},
+		{"a key with a space", "sk-acme x", "no API key: the Authorization header does not start with 'Bearer ' (a key must follow it); send it as 'Authorization: Bearer <key>' or in the api-key header"},
+		{"Bearer alone", "Bearer", "no API key: the Authorization header has nothing after Bearer; send it as 'Authorization: Bearer <key>' or in the api-key header"},
+	} {
+		hdr := map[string]string{}
+		if tc.auth != "" {
+			hdr["Authorization"] = tc.auth
+		}
+		w := do(h, hdr, chat("hi"))
+		eb := decodeErr(t, w)
+		if w.Code != http.StatusUnauthorized || eb.Error.Code == nil || *eb.Error.Code != "missing_api_key" || eb.Error.Message != tc.want {
+			t.Errorf("%s: %d %+v, want 401 missing_api_key %q", tc.name, w.Code, eb.Error, tc.want)
+		}
+		if strings.Contains(eb.Error.Message, "sk-acme") || strings.Contains(eb.Error.Message, "c2stYWNtZQ") {
+			t.Errorf("%s: the message repeats the key: %q", tc.name, eb.Error.Message)
+		}
+	}
+}

@@ -64,6 +64,41 @@ func KeyFromHeader(h http.Header) (string, error) {
 	return bearer, nil
 }
 
+// noKeyMessage is the 401's message for a request in which KeyFromHeader found no key: no key
+// at all, or an Authorization header that is not "Bearer <key>" (another scheme, such as
+// Basic, or a key without "Bearer " before it), which a client's author reads as a key refused
+// unless told. The header's value is never repeated (it may be the key itself), only a scheme
+// name that looks like one.
+func noKeyMessage(h http.Header) string {
+	const how = "send it as 'Authorization: Bearer <key>' or in the api-key header"
+	auth := strings.TrimSpace(h.Get("Authorization"))
+	if auth == "" {
+		return "no API key: " + how
+	}
+	scheme, rest, spaced := strings.Cut(auth, " ")
+	switch {
+	case strings.EqualFold(scheme, "Bearer"):
+		return "no API key: the Authorization header has nothing after Bearer; " + how
+	case spaced && strings.TrimSpace(rest) != "" && schemeName(scheme):
+		return "no API key: the Authorization header uses the " + scheme + " scheme, which the router does not read; " + how
+	}
+	return "no API key: the Authorization header does not start with 'Bearer ' (a key must follow it); " + how
+}
+
+// schemeName reports whether s looks like an HTTP authentication scheme's name (Basic, Digest,
+// Token), so that it may be named in an answer: a short word of letters, never a key's shape.
+func schemeName(s string) bool {
+	if len(s) == 0 || len(s) > 12 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
 // ErrMultipleKeys is KeyFromHeader's error for a request that presents more than one key.
 var ErrMultipleKeys = errors.New("more than one API key in the request")
 
