@@ -44,6 +44,10 @@ type Peers struct {
 	Resumes *prometheus.CounterVec // result
 	// Resent counts the batches resent to peers that resumed.
 	Resent prometheus.Counter
+	// SourceErrors counts the times a peer source failed to give addresses, by source kind
+	// (dns: the name did not resolve; kubernetes: the EndpointSlices could not be listed;
+	// other). The replica keeps the members it has, and asks again at the next rejoin.
+	SourceErrors *prometheus.CounterVec // source
 	// Expired counts remote requests ended without their end: their replica left, or the TTL
 	// ran out.
 	Expired prometheus.CounterFunc
@@ -94,6 +98,9 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		Resent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_peer_resent_batches_total", Help: "Batches of events resent to peers that resumed their stream.",
 		}),
+		SourceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_peer_source_errors_total", Help: "Times a peer source failed to give addresses (a DNS name that does not resolve, EndpointSlices not listed), by source kind; the members known stay.",
+		}, []string{"source"}),
 		now: func() int64 { return time.Now().UnixNano() },
 	}
 	p.Expired = prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -112,7 +119,7 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		return float64(p.now()-at) / 1e9
 	})
 	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Resumes, p.Resent,
-		p.Expired, p.Remote, age, (*peerLag)(p))
+		p.SourceErrors, p.Expired, p.Remote, age, (*peerLag)(p))
 	for _, d := range []string{"in", "out"} {
 		p.Messages.WithLabelValues(d)
 		p.Bytes.WithLabelValues(d)
@@ -126,6 +133,9 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 	}
 	for _, r := range DropReasons() {
 		p.Dropped.WithLabelValues(r)
+	}
+	for _, s := range []string{"dns", "kubernetes"} {
+		p.SourceErrors.WithLabelValues(s)
 	}
 	return p
 }

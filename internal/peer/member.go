@@ -298,33 +298,28 @@ func (n *Node) rejoin(ctx context.Context) {
 // joinSources joins the addresses the sources give that are not alive members already, and
 // returns how many it joined.
 func (n *Node) joinSources(ctx context.Context) int {
-	ml := n.ml.Load()
-	known := map[string]bool{n.GossipAddr(): true}
-	n.members.each(n.cfg.Name, func(_ string, m member) { known[m.gossip] = true })
+	alive := map[string]bool{n.GossipAddr(): true}
+	n.members.each(n.cfg.Name, func(_ string, m member) { alive[m.gossip] = true })
+	listed, complete := n.sourceAddrs(ctx)
 	var addrs []string
-	for _, s := range n.cfg.Sources {
-		got, err := s.Addrs(ctx)
-		if err != nil {
-			n.log.Debug("peer source failed", "source", s.String(), "err", err)
-			continue
-		}
-		for _, a := range got {
-			if !known[a] && !slices.Contains(addrs, a) {
-				addrs = append(addrs, a)
-			}
+	want := map[string]bool{}
+	for _, a := range listed {
+		if !alive[a] {
+			addrs = append(addrs, a)
+			want[a] = true
 		}
 	}
+	// The failures of an address no source lists any more are forgotten (unless a source
+	// failed: it may list it again), and so are a member's.
+	n.joins.forget(func(a string) bool { return want[a] || !complete && !alive[a] })
 	if len(addrs) == 0 {
 		return 0
 	}
-	k, err := ml.Join(addrs)
-	switch {
-	case err != nil && strings.Contains(strings.ToLower(err.Error()), "decrypt") && time.Since(n.secretWarned) > time.Minute:
+	k, errs := n.joinRound(ctx, addrs)
+	if err := errors.Join(errs...); err != nil && strings.Contains(strings.ToLower(err.Error()), "decrypt") && time.Since(n.secretWarned) > time.Minute {
 		// A replica whose secret differs hears no peer at all: say why, once a minute.
 		n.secretWarned = time.Now()
 		n.log.Warn("joining peers: "+secretHint, "addrs", addrs, "joined", k, "err", err)
-	case err != nil:
-		n.log.Debug("joining peers", "addrs", addrs, "joined", k, "err", err)
 	}
 	return k
 }
@@ -398,7 +393,6 @@ func (n *Node) reclaimName(ctx context.Context) bool {
 // announce exchanges state with every peer memberlist knows alive and every address the
 // sources give: each takes this replica's state, this one theirs.
 func (n *Node) announce(ctx context.Context) {
-	ml := n.ml.Load()
 	self := n.GossipAddr()
 	var addrs []string
 	add := func(a string) {
@@ -407,20 +401,15 @@ func (n *Node) announce(ctx context.Context) {
 		}
 	}
 	n.members.each(n.cfg.Name, func(_ string, m member) { add(m.gossip) })
-	for _, s := range n.cfg.Sources {
-		got, err := s.Addrs(ctx)
-		if err != nil {
-			continue
-		}
-		for _, a := range got {
-			add(a)
-		}
+	listed, _ := n.sourceAddrs(ctx)
+	for _, a := range listed {
+		add(a)
 	}
 	if len(addrs) == 0 {
 		return
 	}
-	if _, err := ml.Join(addrs); err != nil {
-		n.log.Debug("announcing this replica to its peers", "addrs", addrs, "err", err)
+	if _, errs := n.joinRound(ctx, addrs); len(errs) > 0 {
+		n.log.Debug("announcing this replica to its peers", "addrs", addrs, "err", errors.Join(errs...))
 	}
 }
 

@@ -128,6 +128,10 @@ type Node struct {
 	// (memberlist's conflict callback stores it); claims is the rejoin loop's account of them.
 	claim  atomic.Pointer[nameClaim]
 	claims claimRun
+	// joins are the joins in flight and the addresses that failed (join.go); sourceFailing
+	// says, per source, whether its last answer was a failure (only the rejoin loop touches it).
+	joins         *joiner
+	sourceFailing []bool
 
 	share     atomic.Pointer[route.Share]
 	lifecycle func() *route.Lifecycle
@@ -196,7 +200,8 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("replica", cfg.Name), m: cfg.Metrics, ln: ln,
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
-		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence)}
+		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence),
+		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources))}
 	n.clock = newClock(n.beat, n.silence)
 	n.keys.Store(newKeySet(cfg.Secret, cfg.Accept))
 	rekeyed := make(chan struct{})

@@ -95,6 +95,8 @@ func (n *Node) SetSecrets(secret, accept []byte) error {
 	next := make(chan struct{})
 	close(*n.rekeyed.Swap(&next))
 	n.clock.cutStreams(ks.accepts)
+	// The addresses that refused gossip sealed with the old secret may take the new one.
+	n.joins.reset()
 	n.log.Info("peers secrets changed", "accepting", len(ks.accept))
 	return nil
 }

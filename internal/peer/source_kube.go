@@ -117,8 +117,13 @@ func (k *Kube) log() *slog.Logger {
 	return k.Log
 }
 
-// errNotListed is Addrs's answer before the watch first listed the slices.
-var errNotListed = errors.New("the EndpointSlices are not listed yet")
+var (
+	// errNotListed is Addrs's answer before the watch first listed the slices.
+	errNotListed = errors.New("the EndpointSlices are not listed yet")
+	// errWatchStarting is that answer before the watch failed too: it is starting (its first
+	// list takes a moment), which the node neither counts nor warns of.
+	errWatchStarting = fmt.Errorf("%w (the watch is starting)", errNotListed)
+)
 
 // Addrs returns the addresses of the last set the watch gave, from its cache. Before the first
 // one, it fails (with the watch's failure, if one came).
@@ -129,7 +134,7 @@ func (k *Kube) Addrs(context.Context) ([]string, error) {
 	if err := k.last.Load(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNotListed, *err) // which names the source
 	}
-	return nil, fmt.Errorf("%s: %w", k, errNotListed)
+	return nil, fmt.Errorf("%s: %w", k, errWatchStarting)
 }
 
 func (k *Kube) String() string { return cmp.Or(k.Watch.Name, "peers:kubernetes:"+k.Watch.Namespace) }
