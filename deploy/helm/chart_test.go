@@ -320,7 +320,7 @@ func TestChartDefaults(t *testing.T) {
 	if c.Listen != "0.0.0.0:8080" || c.AdminListen != "0.0.0.0:9090" {
 		t.Errorf("listen %q, admin_listen %q", c.Listen, c.AdminListen)
 	}
-	want := []config.KubernetesDiscovery{{Service: "vllm", PortName: "http", Scheme: "http", Endpoint: config.Endpoint{Engine: "vllm"}}}
+	want := []config.KubernetesDiscovery{{Service: "vllm", PortName: "http", Scheme: "http", MaxEndpoints: config.DefaultMaxEndpoints, Endpoint: config.Endpoint{Engine: "vllm"}}}
 	if diff := cmp.Diff(want, c.Discovery.Kubernetes); diff != "" {
 		t.Errorf("discovery.kubernetes (-want +got):\n%s", diff)
 	}
@@ -479,7 +479,7 @@ func TestChartSetOnAWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []config.KubernetesDiscovery{{Service: "vllm", PortName: "http", Scheme: "http", Endpoint: config.Endpoint{Engine: "vllm"}}}
+	want := []config.KubernetesDiscovery{{Service: "vllm", PortName: "http", Scheme: "http", MaxEndpoints: config.DefaultMaxEndpoints, Endpoint: config.Endpoint{Engine: "vllm"}}}
 	if diff := cmp.Diff(want, decodeAll(t, out).kvrouteConfig(t).Discovery.Kubernetes); diff != "" {
 		t.Errorf("discovery.kubernetes (-want +got):\n%s", diff)
 	}

@@ -147,6 +147,20 @@ type DNSDiscovery struct {
 	Scheme string `json:"scheme"`
 	// Interval between two resolutions. Default 10s; at least 1s.
 	Interval Duration `json:"interval"`
+	// Family is the address family whose addresses are endpoints: auto (default: the IPv4
+	// addresses when the name has any, else the IPv6 ones, so a dual-stack pod is one endpoint
+	// and an IPv6-only cluster still works), ipv4, ipv6, or any (both: a host with A and AAAA
+	// records is two endpoints). With auto and any a family whose lookup fails while the other
+	// answers keeps its addresses in force.
+	Family string `json:"family"`
+	// RemoveAfter is how many answers in a row must lack an address before its endpoint is
+	// removed (failed lookups do not count). Default 3: a server that answers a random subset
+	// of the records (Consul, Route 53 multivalue) does not turn each address that comes back
+	// into a new, cold endpoint; 1 removes at the first answer without it.
+	RemoveAfter int `json:"remove_after"`
+	// MaxEndpoints refuses a set of more endpoints than this (the set in force stays, and the
+	// refusal is logged once). Default DefaultMaxEndpoints.
+	MaxEndpoints int `json:"max_endpoints"`
 	// Endpoint gives every endpoint found the keys of endpoints[] (models, engine, labels,
 	// kv_tokens, step_tokens, cache_salt, health_path, metrics_path); url is made from each address.
 	Endpoint Endpoint `json:"endpoint"`
@@ -154,6 +168,22 @@ type DNSDiscovery struct {
 
 // DefaultDNSInterval is discovery.dns[].interval's default.
 const DefaultDNSInterval = 10 * time.Second
+
+// The address families of discovery.dns[].family.
+const (
+	FamilyAuto = "auto"
+	FamilyIPv4 = "ipv4"
+	FamilyIPv6 = "ipv6"
+	FamilyAny  = "any"
+)
+
+// DefaultRemoveAfter is discovery.dns[].remove_after's default.
+const DefaultRemoveAfter = 3
+
+// DefaultMaxEndpoints is the default of discovery.dns[].max_endpoints and
+// discovery.kubernetes[].max_endpoints: well above a fleet of engines, well below what makes
+// the router's health checks, scrapes and metric series a burden of their own.
+const DefaultMaxEndpoints = 1024
 
 // URL returns the base URL of the endpoint at addr (an IP address, IPv6 unbracketed).
 func (d *DNSDiscovery) URL(addr string) string {
@@ -712,6 +742,16 @@ func (d *Discovery) setDefaults(*Config) {
 		if n.Interval == 0 {
 			n.Interval = Duration(DefaultDNSInterval)
 		}
+		n.Family = strings.ToLower(strings.TrimSpace(n.Family))
+		if n.Family == "" {
+			n.Family = FamilyAuto
+		}
+		if n.RemoveAfter == 0 {
+			n.RemoveAfter = DefaultRemoveAfter
+		}
+		if n.MaxEndpoints == 0 {
+			n.MaxEndpoints = DefaultMaxEndpoints
+		}
 		n.Endpoint.SetDefaults()
 	}
 	d.setKubernetesDefaults()
@@ -736,6 +776,17 @@ func (d *Discovery) validate(_ *Config, p *problems) {
 		}
 		if n.Interval < Duration(time.Second) {
 			p.add(at+".interval", "%v is too short: resolve at most once a second, like 10s", n.Interval.D())
+		}
+		switch n.Family {
+		case FamilyAuto, FamilyIPv4, FamilyIPv6, FamilyAny:
+		default:
+			p.add(at+".family", "%q: use auto (IPv4 addresses when the name has any, else IPv6), ipv4, ipv6 or any (both)", n.Family)
+		}
+		if n.RemoveAfter < 1 || n.RemoveAfter > 100 {
+			p.add(at+".remove_after", "%d: give how many answers in a row must lack an address before its endpoint leaves, from 1 (at once) to 100, like 3", n.RemoveAfter)
+		}
+		if n.MaxEndpoints < 1 {
+			p.add(at+".max_endpoints", "%d: give the most endpoints the name may give, like %d", n.MaxEndpoints, DefaultMaxEndpoints)
 		}
 		key := n.Scheme + "://" + n.Name + ":" + strconv.Itoa(n.Port)
 		if j, dup := seen[key]; dup {

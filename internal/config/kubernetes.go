@@ -34,6 +34,9 @@ type KubernetesDiscovery struct {
 	// Kubeconfig is a kubeconfig file, relative to the config file, for a router that runs
 	// outside the cluster. Empty: the in-cluster service account.
 	Kubeconfig string `json:"kubeconfig"`
+	// MaxEndpoints refuses a set of more endpoints than this (the set in force stays, and the
+	// refusal is logged once). Default DefaultMaxEndpoints.
+	MaxEndpoints int `json:"max_endpoints"`
 	// Endpoint gives every endpoint found the keys of endpoints[] but url (models, engine,
 	// labels, kv_tokens, step_tokens, cache_salt, health_path, metrics_path). Its defaults are applied per
 	// pod, after the pod's own labels and annotations, so cache_salt follows the pod's engine.
@@ -64,6 +67,9 @@ func (d *Discovery) setKubernetesDefaults() {
 		if k.Scheme == "" {
 			k.Scheme = "http"
 		}
+		if k.MaxEndpoints == 0 {
+			k.MaxEndpoints = DefaultMaxEndpoints
+		}
 		// The template keeps its unset fields: they are filled per pod (see Endpoint).
 	}
 }
@@ -75,6 +81,9 @@ func (d *Discovery) validateKubernetes(p *problems) {
 		validateWatch(at, watchFields{k.Namespace, k.Service, k.Selector, k.PortName, k.Port}, engineExamples, p)
 		if k.Scheme != "http" && k.Scheme != "https" {
 			p.add(at+".scheme", "%q: use http or https", k.Scheme)
+		}
+		if k.MaxEndpoints < 1 {
+			p.add(at+".max_endpoints", "%d: give the most endpoints the watch may give, like %d", k.MaxEndpoints, DefaultMaxEndpoints)
 		}
 		key := k.Namespace + "\x00" + k.Service + "\x00" + k.Selector + "\x00" + k.PortName + "\x00" + strconv.Itoa(k.Port)
 		if j, dup := seen[key]; dup {

@@ -19,8 +19,8 @@ discovery:
 		t.Fatal(err)
 	}
 	want := []KubernetesDiscovery{
-		{Service: "vllm", PortName: "http", Scheme: "http", PodMetadata: true, Endpoint: Endpoint{Models: []string{"llama3-70b"}}},
-		{Namespace: "peers", Selector: "app.kubernetes.io/name=kvroute,tier in (a,b)", Port: 7946, Scheme: "https"},
+		{Service: "vllm", PortName: "http", Scheme: "http", PodMetadata: true, MaxEndpoints: DefaultMaxEndpoints, Endpoint: Endpoint{Models: []string{"llama3-70b"}}},
+		{Namespace: "peers", Selector: "app.kubernetes.io/name=kvroute,tier in (a,b)", Port: 7946, Scheme: "https", MaxEndpoints: DefaultMaxEndpoints},
 	}
 	if diff := cmp.Diff(want, c.Discovery.Kubernetes); diff != "" {
 		t.Errorf("discovery.kubernetes (-want +got):\n%s", diff)

@@ -1,33 +1,62 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
-// LookupFunc resolves a host name to its addresses (net.Resolver.LookupNetIP's shape).
+// LookupFunc resolves a host name to its addresses of both families at once
+// (net.Resolver.LookupNetIP's shape with network "ip").
 type LookupFunc func(ctx context.Context, host string) ([]netip.Addr, error)
+
+// NetLookupFunc resolves a host name to its addresses of one network, "ip4" or "ip6"
+// (net.Resolver.LookupNetIP).
+type NetLookupFunc func(ctx context.Context, network, host string) ([]netip.Addr, error)
 
 // DNSSource makes one endpoint of every address a name resolves to, and resolves it again
 // every interval: a Kubernetes headless service or a Compose service gives its replicas this
 // way, and the set follows them as they come and go.
+//
+// Three things keep a flaky or hostile DNS server from breaking the set: an address no
+// endpoint may have (Unusable, Exclude) is left out and said once; an address that an answer
+// lacks stays until remove_after answers in a row have lacked it, so that a server answering a
+// random few of the records does not make each address that comes back a new, cold endpoint;
+// and with family auto or any, a family whose lookup fails while the other answers keeps its
+// addresses in force rather than losing them.
 type DNSSource struct {
-	// Config is the name, port, scheme, interval and the endpoints' other keys.
+	// Config is the name, port, scheme, interval, family, limits and the endpoints' other keys.
 	Config config.DNSDiscovery
-	// Lookup resolves names; nil: net.DefaultResolver (A and AAAA records).
+	// LookupNet resolves names one family at a time, so that a family that fails is told from
+	// one that has no address; nil: net.DefaultResolver.
+	LookupNet NetLookupFunc
+	// Lookup, when set, is used instead of LookupNet: both families in one call, whose failure
+	// is both families' (it cannot tell which failed).
 	Lookup LookupFunc
-	// Log receives failed resolutions and changes (discarded when nil).
+	// Exclude, when set, leaves out each address (at the entry's port) it returns true for:
+	// the router's own listen addresses, which would make a loop. It is reported like an
+	// unusable address.
+	Exclude func(netip.AddrPort) bool
+	// Log receives failed resolutions, addresses left out and changes (discarded when nil).
 	Log *slog.Logger
-	// OnError, when set, also receives each failed resolution (for a metric or a test).
+	// OnError, when set, also receives each failed resolution, each change of the addresses
+	// left out and each refused set (for a metric or a test).
 	OnError func(error)
+
+	busy atomic.Bool // a lookup is running (one that ignores its deadline may outlive it)
 }
 
 // Key names the source in logs and in the router's merge order.
@@ -35,61 +64,68 @@ func (d *DNSSource) Key() string {
 	return fmt.Sprintf("dns %s port %d", d.Config.Name, d.Config.Port)
 }
 
+// answer is one resolution: the addresses found of each family (unmapped), and the failure of
+// a family whose lookup failed.
+type answer struct {
+	v4, v6     []netip.Addr
+	err4, err6 error
+}
+
 // Resolve looks the name up once and returns its endpoints, ordered by address. A name with no
-// address is an error: the caller keeps what it had (engines that are really gone fail their
-// health checks).
+// usable address, or with more than max_endpoints, is an error: the caller keeps what it had
+// (engines that are really gone fail their health checks). A family that fails while the other
+// answers is logged and reported, and the other's addresses are returned.
 func (d *DNSSource) Resolve(ctx context.Context) ([]endpoint.Spec, error) {
-	lookup := d.Lookup
-	if lookup == nil {
-		lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
-			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-		}
-	}
-	timeout := min(d.Config.Interval.D(), 5*time.Second)
-	if timeout <= 0 {
-		timeout = 5 * time.Second
-	}
-	lctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	addrs, err := lookup(lctx, d.Config.Name)
+	a, err := d.lookup(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("discovery.dns %s: %w", d.Config.Name, err)
+		return nil, err
 	}
-	seen := make(map[netip.Addr]bool, len(addrs))
-	uniq := addrs[:0:0]
-	for _, a := range addrs {
-		a = a.Unmap().WithZone("")
-		if a.IsValid() && !seen[a] {
-			seen[a] = true
-			uniq = append(uniq, a)
-		}
+	d.partial(d.logger(), a)
+	addrs, dropped := d.choose(a, nil)
+	if len(addrs) == 0 {
+		return nil, d.noAddress(dropped)
 	}
-	if len(uniq) == 0 {
-		return nil, fmt.Errorf("discovery.dns %s: no address", d.Config.Name)
+	if n := d.maxEndpoints(); len(addrs) > n {
+		return nil, fmt.Errorf("discovery.dns %s: %d addresses, more than max_endpoints (%d): raise max_endpoints if the name really has that many engines", d.Config.Name, len(addrs), n)
 	}
-	slices.SortFunc(uniq, netip.Addr.Compare)
-	specs := make([]endpoint.Spec, len(uniq))
-	for i, a := range uniq {
-		e := d.Config.Endpoint
-		e.URL = d.Config.URL(a.String())
-		specs[i] = Spec(&e)
+	return d.specs(addrs), nil
+}
+
+// ResolveAll resolves each source once, all at the same time, so that at start names that do
+// not answer cost one lookup timeout in all rather than one each: sets[i] and errs[i] are
+// sources[i]'s.
+func ResolveAll(ctx context.Context, sources []*DNSSource) (sets [][]endpoint.Spec, errs []error) {
+	sets, errs = make([][]endpoint.Spec, len(sources)), make([]error, len(sources))
+	var wg sync.WaitGroup
+	for i, d := range sources {
+		wg.Go(func() { sets[i], errs[i] = d.Resolve(ctx) })
 	}
-	return specs, nil
+	wg.Wait()
+	return sets, errs
 }
 
 // Run resolves the name at once and then every interval, and calls emit with the endpoints
 // whenever they differ from the last set emitted (last: what the caller holds already, nil if
-// nothing). A failed resolution is logged and the set in force stays. It blocks until ctx ends.
+// nothing). A failed resolution is logged and the set in force stays; an address the answers
+// lack leaves after remove_after of them; a set over max_endpoints is refused, said once, and
+// the set in force stays. It blocks until ctx ends.
 func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]endpoint.Spec) error) error {
-	log := d.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := d.logger()
 	interval := d.Config.Interval.D()
 	if interval <= 0 {
 		interval = config.DefaultDNSInterval
 	}
+	removeAfter := cmp.Or(d.Config.RemoveAfter, config.DefaultRemoveAfter)
 	names := specNames(last)
+	var held []netip.Addr
+	for _, n := range names {
+		if a, ok := addrOf(n); ok {
+			held = append(held, a)
+		}
+	}
+	missed := map[netip.Addr]int{}
+	left := ""    // the addresses left out, as last said
+	over := false // the last answer was refused for its size, and that was said
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -98,21 +134,290 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 			return ctx.Err()
 		case <-t.C:
 		}
-		specs, err := d.Resolve(ctx)
-		if err == nil && !slices.Equal(names, specNames(specs)) {
-			if err = emit(specs); err == nil {
-				log.Info("endpoints found by DNS changed", "name", d.Config.Name, "endpoints", specNames(specs))
-				names = specNames(specs)
+		a, err := d.lookup(ctx)
+		if err == nil {
+			d.partial(log, a)
+			now, dropped := d.choose(a, held)
+			if s := strings.Join(dropped, "; "); s != left {
+				left = s
+				if s != "" {
+					d.report(log, "DNS discovery left addresses out", fmt.Errorf("discovery.dns %s: %d addresses left out: %s",
+						d.Config.Name, len(dropped), strings.Join(LogNames(dropped, logNamesMax), "; ")))
+				}
+			}
+			if len(now) == 0 {
+				err = d.noAddress(dropped)
+			} else {
+				kept, stillMissed := hold(held, missed, now, removeAfter)
+				if n := d.maxEndpoints(); len(kept) > n {
+					if !over {
+						d.report(log, "DNS discovery refused a set over max_endpoints, keeping the endpoints in force",
+							fmt.Errorf("discovery.dns %s: %d addresses, more than max_endpoints (%d): the %d endpoints in force stay; raise max_endpoints if the name really has that many engines",
+								d.Config.Name, len(kept), n, len(names)))
+					}
+					over = true
+				} else {
+					over = false
+					specs := d.specs(kept)
+					got := specNames(specs)
+					if !slices.Equal(names, got) {
+						err = emit(specs)
+						if err == nil {
+							added, removed := Changes(names, got)
+							log.Info("endpoints found by DNS changed", "name", d.Config.Name, "endpoints", len(got),
+								"added", added, "removed", removed)
+							names = got
+						}
+					}
+					if err == nil {
+						held, missed = kept, stillMissed
+					}
+				}
 			}
 		}
 		if err != nil && ctx.Err() == nil {
-			log.Warn("DNS discovery failed, keeping the endpoints in force", "name", d.Config.Name, "err", err)
-			if d.OnError != nil {
-				d.OnError(err)
-			}
+			d.report(log, "DNS discovery failed, keeping the endpoints in force", err)
 		}
 		t.Reset(interval)
 	}
+}
+
+func (d *DNSSource) logger() *slog.Logger {
+	if d.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return d.Log
+}
+
+// report logs a problem as a warning and passes it to OnError.
+func (d *DNSSource) report(log *slog.Logger, msg string, err error) {
+	log.Warn(msg, "name", d.Config.Name, "err", err)
+	if d.OnError != nil {
+		d.OnError(err)
+	}
+}
+
+func (d *DNSSource) maxEndpoints() int {
+	return cmp.Or(d.Config.MaxEndpoints, config.DefaultMaxEndpoints)
+}
+
+func (d *DNSSource) family() string { return cmp.Or(d.Config.Family, config.FamilyAuto) }
+
+// lookup resolves the name once, within the lookup timeout even when the lookup function
+// ignores its context (the lookup then goes on alone, and no other starts until it returns).
+// It fails when every family it asked for failed.
+func (d *DNSSource) lookup(ctx context.Context) (answer, error) {
+	// Within the interval (at least 1 s, as config allows) and at most 5 s.
+	timeout := min(max(d.Config.Interval.D(), time.Second), 5*time.Second)
+	if !d.busy.CompareAndSwap(false, true) {
+		return answer{}, fmt.Errorf("discovery.dns %s: the previous lookup has not returned yet, long after its deadline", d.Config.Name)
+	}
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan answer, 1)
+	go func() {
+		defer d.busy.Store(false)
+		done <- d.ask(lctx)
+	}()
+	var a answer
+	select {
+	case a = <-done:
+	case <-lctx.Done():
+		if ctx.Err() != nil {
+			return answer{}, ctx.Err()
+		}
+		return answer{}, fmt.Errorf("discovery.dns %s: no answer within %v", d.Config.Name, timeout)
+	}
+	var failed error
+	switch d.family() {
+	case config.FamilyIPv4:
+		failed = a.err4
+	case config.FamilyIPv6:
+		failed = a.err6
+	default:
+		switch {
+		case a.err4 == nil || a.err6 == nil:
+		case a.err4 == a.err6:
+			failed = a.err4
+		default:
+			failed = fmt.Errorf("A: %w; AAAA: %w", a.err4, a.err6)
+		}
+	}
+	if failed != nil {
+		return answer{}, fmt.Errorf("discovery.dns %s: %w", d.Config.Name, failed)
+	}
+	return a, nil
+}
+
+// ask makes the lookups the family needs, at the same time when it needs two.
+func (d *DNSSource) ask(ctx context.Context) answer {
+	var a answer
+	if d.Lookup != nil {
+		addrs, err := d.Lookup(ctx, d.Config.Name)
+		err = noAddressIsNoError(err)
+		a.err4, a.err6 = err, err
+		for _, ad := range addrs {
+			if ad = ad.Unmap(); ad.Is4() {
+				a.v4 = append(a.v4, ad)
+			} else {
+				a.v6 = append(a.v6, ad)
+			}
+		}
+		return a
+	}
+	look := d.LookupNet
+	if look == nil {
+		look = net.DefaultResolver.LookupNetIP
+	}
+	one := func(network string, want func(netip.Addr) bool) ([]netip.Addr, error) {
+		addrs, err := look(ctx, network, d.Config.Name)
+		var out []netip.Addr
+		for _, ad := range addrs {
+			if ad = ad.Unmap(); want(ad) {
+				out = append(out, ad)
+			}
+		}
+		return out, noAddressIsNoError(err)
+	}
+	switch d.family() {
+	case config.FamilyIPv4:
+		a.v4, a.err4 = one("ip4", netip.Addr.Is4)
+	case config.FamilyIPv6:
+		a.v6, a.err6 = one("ip6", netip.Addr.Is6)
+	default:
+		var wg sync.WaitGroup
+		wg.Go(func() { a.v6, a.err6 = one("ip6", netip.Addr.Is6) })
+		a.v4, a.err4 = one("ip4", netip.Addr.Is4)
+		wg.Wait()
+	}
+	return a
+}
+
+// noAddressIsNoError reads a lookup's "no such host" (NXDOMAIN, or no record of the family) and
+// "no suitable address" (the hosts file has the name, in the other family only) as an answer
+// without an address: the family answered.
+func noAddressIsNoError(err error) error {
+	var de *net.DNSError
+	if errors.As(err, &de) && de.IsNotFound {
+		return nil
+	}
+	var ae *net.AddrError
+	if errors.As(err, &ae) && strings.Contains(ae.Err, "no suitable address") {
+		return nil
+	}
+	return err
+}
+
+// partial says a lookup of one family that failed while the other answered, when the failed
+// family counts: always with any; with auto, A's, and AAAA's when A found no address (a
+// server that fails every AAAA query in an IPv4 cluster is no news at every lookup).
+func (d *DNSSource) partial(log *slog.Logger, a answer) {
+	f := d.family()
+	if f != config.FamilyAuto && f != config.FamilyAny {
+		return
+	}
+	for _, fam := range []struct {
+		name string
+		err  error
+	}{{"A (IPv4)", a.err4}, {"AAAA (IPv6)", a.err6}} {
+		if fam.err != nil && !(f == config.FamilyAuto && fam.err == a.err6 && len(a.v4) > 0) {
+			d.report(log, "DNS lookup of one address family failed, keeping its endpoints in force",
+				fmt.Errorf("discovery.dns %s: %s lookup failed while the other family answered, its addresses in force stay: %w", d.Config.Name, fam.name, fam.err))
+		}
+	}
+}
+
+// choose returns the usable addresses of an answer the family asks for, in order, and what it
+// left out (each address with the reason); held are the addresses in force, which a family
+// whose lookup failed keeps.
+func (d *DNSSource) choose(a answer, held []netip.Addr) (addrs []netip.Addr, dropped []string) {
+	family := func(fresh []netip.Addr, err error, is func(netip.Addr) bool) (out []netip.Addr, left []string) {
+		if err != nil {
+			for _, h := range held {
+				if is(h) {
+					out = append(out, h)
+				}
+			}
+			return out, nil
+		}
+		for _, ad := range fresh {
+			if why := Check(ad, d.Config.Port, d.Exclude); why != "" {
+				left = append(left, ad.String()+": "+why)
+				continue
+			}
+			out = append(out, ad.WithZone(""))
+		}
+		return out, left
+	}
+	v4, left4 := family(a.v4, a.err4, netip.Addr.Is4)
+	v6, left6 := family(a.v6, a.err6, netip.Addr.Is6)
+	switch d.family() {
+	case config.FamilyIPv4:
+		addrs, dropped = v4, left4
+	case config.FamilyIPv6:
+		addrs, dropped = v6, left6
+	case config.FamilyAny:
+		addrs, dropped = append(v4, v6...), append(left4, left6...)
+	default: // auto: one endpoint per dual-stack host, by its IPv4 address
+		if len(v4) > 0 {
+			addrs, dropped = v4, left4
+		} else {
+			addrs, dropped = v6, append(left4, left6...)
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	slices.Sort(dropped)
+	return slices.Compact(addrs), slices.Compact(dropped)
+}
+
+// noAddress is the error of an answer with no usable address.
+func (d *DNSSource) noAddress(dropped []string) error {
+	if len(dropped) > 0 {
+		return fmt.Errorf("discovery.dns %s: no usable address (%s left out)", d.Config.Name, strings.Join(LogNames(dropped, logNamesMax), "; "))
+	}
+	if f := d.family(); f == config.FamilyIPv4 || f == config.FamilyIPv6 {
+		return fmt.Errorf("discovery.dns %s: no address of family %s: check the name's records, or set family", d.Config.Name, f)
+	}
+	return fmt.Errorf("discovery.dns %s: no address", d.Config.Name)
+}
+
+// hold returns the addresses in force after an answer that has now: now's, and those in force
+// that fewer than removeAfter answers in a row have lacked, in order; and the number of answers
+// in a row that have lacked each of the latter.
+func hold(held []netip.Addr, missed map[netip.Addr]int, now []netip.Addr, removeAfter int) ([]netip.Addr, map[netip.Addr]int) {
+	out := slices.Clone(now)
+	still := map[netip.Addr]int{}
+	for _, h := range held {
+		if _, found := slices.BinarySearchFunc(now, h, netip.Addr.Compare); found {
+			continue
+		}
+		if m := missed[h] + 1; m < removeAfter {
+			out = append(out, h)
+			still[h] = m
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, still
+}
+
+func (d *DNSSource) specs(addrs []netip.Addr) []endpoint.Spec {
+	specs := make([]endpoint.Spec, len(addrs))
+	for i, a := range addrs {
+		e := d.Config.Endpoint
+		e.URL = d.Config.URL(a.String())
+		specs[i] = Spec(&e)
+	}
+	return specs
+}
+
+// addrOf is the address of an endpoint name this source made (scheme://address:port).
+func addrOf(name string) (netip.Addr, bool) {
+	u, err := url.Parse(name)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(u.Hostname())
+	return a.Unmap(), err == nil
 }
 
 func specNames(specs []endpoint.Spec) []string {

@@ -35,6 +35,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery"
+	"github.com/kvroute/kvroute/internal/discovery/kube"
 	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
@@ -63,6 +64,10 @@ type Source struct {
 	// receives each failure (for a metric or a test).
 	Log     *slog.Logger
 	OnError func(error)
+	// Exclude, when set, leaves out each address it returns true for: the router's own listen
+	// addresses, which would make a loop. Addresses no endpoint may have
+	// (discovery.Unusable) are left out whether or not it is set; both are reported.
+	Exclude func(netip.AddrPort) bool
 }
 
 // Key names the source in logs and metrics: "inferencepool:" and namespace/name.
@@ -71,7 +76,9 @@ func (s *Source) Key() string { return "inferencepool:" + s.Namespace + "/" + s.
 // Run watches the pool and the namespace's pods and calls emit with the endpoints every time
 // the set changes, the first time once both have been listed (an empty set while the pool does
 // not exist or selects nothing ready). It blocks until ctx ends and returns ctx's error; the
-// informers retry failed watches with back-off, and the last set stays in force meanwhile.
+// informers retry failed watches with back-off, and the last set stays in force meanwhile. Each
+// list and watch request is bounded (kube.MaxRequestTimeout), and while the first list has not
+// completed that is said every 10 s.
 func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) error {
 	if s.Namespace == "" || s.Name == "" || s.Pools == nil || s.Pods == nil {
 		return errors.New("inferencepool: a Source needs a namespace, a name and both clients")
@@ -102,20 +109,24 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	poolInf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = byName
+			ctx, cancel := kube.BoundList(ctx, &o, 0)
+			defer cancel()
 			return pools.List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = byName
-			return pools.Watch(ctx, o)
+			return kube.BoundWatch(ctx, o, 0, pools.Watch)
 		},
 	}, s.Pools), &unstructured.Unstructured{}, 0, cache.Indexers{})
 	pods := s.Pods.CoreV1().Pods(s.Namespace)
 	podInf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			ctx, cancel := kube.BoundList(ctx, &o, 0)
+			defer cancel()
 			return pods.List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return pods.Watch(ctx, o)
+			return kube.BoundWatch(ctx, o, 0, pods.Watch)
 		},
 	}, s.Pods), &corev1.Pod{}, 0, cache.Indexers{})
 	// Pods are large: keep what readiness and addresses need, so a big namespace costs little.
@@ -136,19 +147,26 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	defer running.Wait() // the informers stop with ctx
 	running.Go(func() { poolInf.RunWithContext(ctx) })
 	running.Go(func() { podInf.RunWithContext(ctx) })
-	if !cache.WaitForCacheSync(ctx.Done(), poolInf.HasSynced, podInf.HasSynced) {
+	if !kube.WaitForSync(ctx, s.Key(), 0, fail, poolInf.HasSynced, podInf.HasSynced) {
 		return ctx.Err()
 	}
 	var last []endpoint.Spec
 	first := true
-	lastProblem := ""
+	lastProblem, lastLeft := "", ""
 	for {
 		obj, ok, err := poolInf.GetStore().GetByKey(s.Namespace + "/" + s.Name)
 		var specs []endpoint.Spec
+		var left []error
 		if err == nil && ok {
 			var pool Pool
 			if pool, err = Parse(obj.(*unstructured.Unstructured)); err == nil {
-				specs = s.Specs(pool, podInf.GetStore().List())
+				specs, left = s.Specs(pool, podInf.GetStore().List())
+			}
+		}
+		// Addresses left out are said when what is left out changes.
+		if l := errors.Join(left...); fmt.Sprint(l) != lastLeft {
+			if lastLeft = fmt.Sprint(l); l != nil {
+				fail(fmt.Errorf("%s: %w", s.Key(), l))
 			}
 		}
 		// A problem is reported once, not at every event while it lasts.
@@ -214,13 +232,16 @@ func Parse(u *unstructured.Unstructured) (Pool, error) {
 	return Pool{Selector: sel, Ports: ports}, nil
 }
 
-// Specs turns the pods the pool selects that are ready into endpoints, sorted by name.
-func (s *Source) Specs(pool Pool, pods []any) []endpoint.Spec {
+// Specs turns the pods the pool selects that are ready into endpoints, sorted by name. A pod
+// whose address no endpoint may have (discovery.Unusable, or Exclude's) is left out, and
+// returned as a problem.
+func (s *Source) Specs(pool Pool, pods []any) ([]endpoint.Spec, []error) {
 	scheme := s.Scheme
 	if scheme == "" {
 		scheme = "http"
 	}
 	var out []endpoint.Spec
+	var left []error
 	for _, o := range pods {
 		p, ok := o.(*corev1.Pod)
 		if !ok || !pool.Selector.Matches(labels.Set(p.Labels)) {
@@ -231,6 +252,10 @@ func (s *Source) Specs(pool Pool, pods []any) []endpoint.Spec {
 			continue
 		}
 		for _, port := range pool.Ports {
+			if why := discovery.Check(addr, port, s.Exclude); why != "" {
+				left = append(left, fmt.Errorf("pod %s: address %s left out: %s", p.Name, net.JoinHostPort(addr.String(), strconv.Itoa(port)), why))
+				continue
+			}
 			e := s.Endpoint
 			e.Models = slices.Clone(e.Models)
 			e.URL = scheme + "://" + net.JoinHostPort(addr.String(), strconv.Itoa(port))
@@ -247,7 +272,7 @@ func (s *Source) Specs(pool Pool, pods []any) []endpoint.Spec {
 		}
 		return 0
 	})
-	return out
+	return out, left
 }
 
 // Ready returns the address of a pod that may take new requests: running, Ready, not

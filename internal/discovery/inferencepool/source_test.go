@@ -3,6 +3,8 @@ package inferencepool
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -238,6 +240,38 @@ func TestParse(t *testing.T) {
 			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
 		case tc.want == "" && !cmp.Equal(p.Ports, []int{8000, 9000}):
 			t.Errorf("%s: ports %v, want [8000 9000]", tc.name, p.Ports)
+		}
+	}
+}
+
+// TestSpecsLeavesOutUnusable: a pod whose address no endpoint may have, or that Exclude names
+// (the router's own), is left out and reported.
+func TestSpecsLeavesOutUnusable(t *testing.T) {
+	s := &Source{Namespace: ns, Name: "llama", Exclude: func(a netip.AddrPort) bool {
+		return a == netip.MustParseAddrPort("10.0.0.2:8000")
+	}}
+	pool, err := Parse(inferencePool(map[string]any{"app": "vllm"}, 8000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, left := s.Specs(pool, []any{
+		pod("a", "10.0.0.1", "vllm", true), pod("b", "10.0.0.2", "vllm", true),
+		pod("c", "169.254.169.254", "vllm", true), pod("d", "0.0.0.0", "vllm", true), pod("e", "ff02::1", "vllm", true),
+	})
+	var names []string
+	for _, sp := range specs {
+		names = append(names, sp.Name)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, names); diff != "" {
+		t.Errorf("endpoints (-want +got):\n%s", diff)
+	}
+	msg := fmt.Sprint(errors.Join(left...))
+	for _, want := range []string{
+		"pod b: address 10.0.0.2:8000 left out: excluded", "pod c: address 169.254.169.254:8000 left out: link-local",
+		"pod d: address 0.0.0.0:8000 left out: unspecified", "pod e: address [ff02::1]:8000 left out: a multicast",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("problems lack %q:\n%s", want, msg)
 		}
 	}
 }

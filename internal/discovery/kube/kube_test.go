@@ -155,6 +155,26 @@ func TestTargets(t *testing.T) {
 			},
 		},
 		{
+			name: "addresses no endpoint may have are reported and left out; a pod's other family counts",
+			slices: []*discoveryv1.EndpointSlice{
+				slice("s4", "vllm", v4, httpPort, nil, ep("0.0.0.0", "a", "ready"), ep("169.254.169.254", "b", "ready"),
+					ep("224.0.0.1", "c", "ready"), ep("255.255.255.255", "d", "ready"), ep("10.0.0.5", "e", "ready")),
+				slice("s6", "vllm", v6, httpPort, nil, ep("::", "f", "ready"), ep("fe80::1%eth0", "g", "ready"),
+					ep("ff02::1", "h", "ready"), ep("fd00::1", "a", "ready")),
+			},
+			portName: "http",
+			want:     []string{"10.0.0.5:8000 inference/e", "[fd00::1]:8000 inference/a"},
+			problems: []string{
+				"endpointslice s4: address 0.0.0.0 left out: unspecified",
+				"endpointslice s4: address 169.254.169.254 left out: link-local",
+				"endpointslice s4: address 224.0.0.1 left out: a multicast address",
+				"endpointslice s4: address 255.255.255.255 left out: the broadcast address",
+				"endpointslice s6: address :: left out: unspecified",
+				"endpointslice s6: address fe80::1%eth0 left out: link-local",
+				"endpointslice s6: address ff02::1 left out: a multicast address",
+			},
+		},
+		{
 			name:     "several ports and no name",
 			slices:   []*discoveryv1.EndpointSlice{slice("s1", "vllm", v4, []port{{"a", 1}, {"b", 2}}, nil, ep("10.0.0.1", "a", "ready"))},
 			problems: []string{`endpointslice s1 has 2 ports ("a", "b"): set port_name to one of them`},

@@ -61,6 +61,9 @@ type Source struct {
 	Log *slog.Logger
 	// OnError, when set, also receives each failure (for a metric or a test).
 	OnError func(error)
+	// Exclude, when set, leaves out each address it returns true for: the router's own listen
+	// addresses (Watch.Exclude).
+	Exclude func(netip.AddrPort) bool
 
 	pods atomic.Pointer[map[string]string] // the last set given: endpoint name -> pod (Pods)
 }
@@ -87,7 +90,8 @@ func (s *Source) Selector() (labels.Selector, error) {
 
 // Run watches the slices (and pods, with pod_metadata) and calls emit with the endpoints every
 // time they change, the first time once the informers have listed everything. A set emit
-// rejects is logged and reported, and the next change is tried again. It blocks until ctx ends.
+// rejects is logged and reported, and the next change is tried again. A set of more than
+// max_endpoints is refused, said once, and the set in force stays. It blocks until ctx ends.
 func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) error {
 	sel, err := s.Selector()
 	if err != nil {
@@ -106,14 +110,25 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	w := &Watch{
 		Client: s.Client, Namespace: s.Namespace, Selector: sel,
 		PortName: s.Config.PortName, Port: s.Config.Port, Pods: s.Config.PodMetadata,
-		OnError: fail, Name: s.Key(),
+		OnError: fail, Name: s.Key(), Exclude: s.Exclude,
 	}
+	limit := cmp.Or(s.Config.MaxEndpoints, config.DefaultMaxEndpoints)
 	var last []endpoint.Spec
-	first := true
+	var lastNames []string
+	first, over := true, false
 	problems := reporter{fail: fail}
 	return w.Run(ctx, func(targets []Target) {
 		specs, errs := s.Specs(targets)
 		problems.report(errs)
+		if len(specs) > limit {
+			if !over {
+				fail(fmt.Errorf("%s: %d endpoints, more than max_endpoints (%d): the %d in force stay; raise max_endpoints if the watch really selects that many engines, or narrow its selector",
+					s.Key(), len(specs), limit, len(last)))
+			}
+			over = true
+			return
+		}
+		over = false
 		s.keepPods(targets)
 		if !first && reflect.DeepEqual(specs, last) {
 			return
@@ -122,12 +137,13 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 			fail(fmt.Errorf("%s: %w", s.Key(), err))
 			return
 		}
-		first, last = false, specs
 		names := make([]string, len(specs))
 		for i := range specs {
 			names[i] = specs[i].Name
 		}
-		log.Info("endpoints found in Kubernetes changed", "source", s.Key(), "endpoints", names)
+		added, removed := discovery.Changes(lastNames, names)
+		first, last, lastNames = false, specs, names
+		log.Info("endpoints found in Kubernetes changed", "source", s.Key(), "endpoints", len(names), "added", added, "removed", removed)
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -19,6 +20,8 @@ import (
 	coreclient "k8s.io/client-go/kubernetes/typed/core/v1"
 	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kvroute/kvroute/internal/discovery"
 )
 
 // Client is the part of the Kubernetes API a Watch uses. client-go's whole clientset (real or
@@ -74,6 +77,99 @@ type Watch struct {
 	OnError func(error)
 	// Name labels the watch in errors and logs.
 	Name string
+	// Exclude, when set, leaves out each address it returns true for (reported like a slice
+	// problem): the router's own listen addresses, which would make a loop. Addresses no
+	// endpoint may have (discovery.Unusable) are left out whether or not it is set.
+	Exclude func(netip.AddrPort) bool
+	// RequestTimeout bounds each list and watch request (0: MaxRequestTimeout).
+	RequestTimeout time.Duration
+	// SyncWarn is how often a watch whose first list has not completed says so (0: 10 s).
+	SyncWarn time.Duration
+}
+
+// MaxRequestTimeout bounds each list and watch request of a Watch. client-go asks for watches
+// of 5 to 10 minutes at random, and bounds neither a watch nor a list on its side: an API
+// server, or a proxy in front of it, that accepts a request and never answers would hold
+// discovery until it did. The API server ends a watch at this timeout and the informer starts
+// the next one where it left off (one request a minute); the request's own deadline, a little
+// later, ends one that got no answer, and the informer tries again with back-off.
+const MaxRequestTimeout = 60 * time.Second
+
+// BoundList bounds a list request: the API server is asked to end it within timeout (0:
+// MaxRequestTimeout), and the returned context, to be cancelled when the list returns, ends it
+// on this side a little later.
+func BoundList(ctx context.Context, o *metav1.ListOptions, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout <= 0 {
+		timeout = MaxRequestTimeout
+	}
+	secs := max(int64((timeout+time.Second-1)/time.Second), 1)
+	if o.TimeoutSeconds == nil || *o.TimeoutSeconds <= 0 || *o.TimeoutSeconds > secs {
+		o.TimeoutSeconds = &secs
+	}
+	// The grace lets a server that ends the request at its timeout do so first, so that a
+	// healthy watch ends cleanly rather than with an error every minute.
+	grace := max(time.Duration(*o.TimeoutSeconds)*time.Second/4, time.Second)
+	return context.WithTimeout(ctx, time.Duration(*o.TimeoutSeconds)*time.Second+grace)
+}
+
+// BoundWatch is a watch request bounded as BoundList bounds a list: the context it is opened
+// with ends when the watch is stopped or its deadline passes.
+func BoundWatch(ctx context.Context, o metav1.ListOptions, timeout time.Duration,
+	open func(context.Context, metav1.ListOptions) (watch.Interface, error)) (watch.Interface, error) {
+	ctx, cancel := BoundList(ctx, &o, timeout)
+	w, err := open(ctx, o)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &boundWatch{Interface: w, cancel: cancel}, nil
+}
+
+type boundWatch struct {
+	watch.Interface
+	cancel context.CancelFunc
+}
+
+func (b *boundWatch) Stop() {
+	b.Interface.Stop()
+	b.cancel()
+}
+
+// WaitForSync waits until every informer has listed what it watches, or ctx ends (false).
+// Each every (0: 10 s) that it still waits, it reports through fail that the API server has
+// not answered, with how long: a router whose discovery is stuck at start says so, where
+// client-go waits in silence.
+func WaitForSync(ctx context.Context, name string, every time.Duration, fail func(error), synced ...cache.InformerSynced) bool {
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	start := time.Now()
+	poll := time.NewTicker(min(100*time.Millisecond, every))
+	defer poll.Stop()
+	next := start.Add(every)
+	for {
+		all := true
+		for _, s := range synced {
+			if !s() {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case now := <-poll.C:
+			if now.Before(next) {
+				continue
+			}
+			next = now.Add(every)
+			fail(fmt.Errorf("%s: no answer from the API for %v: the first list has not completed, so nothing is found yet (a request that fails is reported apart; without one, the API server or the way to it does not answer)",
+				name, now.Sub(start).Round(time.Second)))
+		}
+	}
 }
 
 // Run starts the informers, waits for their first list, calls emit with the ready targets,
@@ -133,7 +229,7 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 	for i, inf := range informersToSync {
 		synced[i] = inf.HasSynced
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+	if !WaitForSync(ctx, w.Name, w.SyncWarn, w.fail, synced...) {
 		return ctx.Err()
 	}
 
@@ -161,6 +257,15 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 			}
 		}
 		targets, errs := Targets(chosen, w.PortName, w.Port, w.Pods, pod)
+		if w.Exclude != nil {
+			targets = slices.DeleteFunc(targets, func(t Target) bool {
+				if !w.Exclude(netip.AddrPortFrom(t.Addr, uint16(t.Port))) {
+					return false
+				}
+				errs = append(errs, fmt.Errorf("address %s of pod %s left out: %s", t.HostPort(), cmp.Or(t.Pod, "(none)"), discovery.Excluded))
+				return true
+			})
+		}
 		for i, err := range errs {
 			errs[i] = fmt.Errorf("%s: %w", w.Name, err)
 		}
@@ -174,9 +279,19 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 	}
 }
 
-// informer is a shared informer of one resource of the watch's namespace, by list and watch.
+// informer is a shared informer of one resource of the watch's namespace, by list and watch,
+// each request bounded by RequestTimeout.
 func (w *Watch) informer(obj runtime.Object, list cache.ListWithContextFunc, watchFn cache.WatchFuncWithContext) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			ctx, cancel := BoundList(ctx, &o, w.RequestTimeout)
+			defer cancel()
+			return list(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return BoundWatch(ctx, o, w.RequestTimeout, watchFn)
+		},
+	}
 	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, w.Client), obj, 0, cache.Indexers{})
 }
 
@@ -230,7 +345,9 @@ func podMetadata(obj any) (any, error) {
 // not there). An endpoint is ready unless its ready condition is false or it is terminating
 // (Kubernetes reads an absent ready condition as ready). A pod listed in several slices (one
 // per address family, or twice while slices are rebalanced) counts once, by its IPv4 address
-// when it has one. With withPods, an address whose pod is unknown to pod is left out.
+// when it has one. With withPods, an address whose pod is unknown to pod is left out. An
+// address no endpoint may have (discovery.Unusable: unspecified, multicast, broadcast,
+// link-local) is left out and returned as a problem.
 func Targets(in []*discoveryv1.EndpointSlice, portName string, port int, withPods bool,
 	pod func(namespace, name string) (*corev1.Pod, bool)) ([]Target, []error) {
 	ordered := slices.Clone(in)
@@ -266,6 +383,10 @@ func Targets(in []*discoveryv1.EndpointSlice, portName string, port int, withPod
 			addr, err := netip.ParseAddr(e.Addresses[0])
 			if err != nil {
 				problems = append(problems, fmt.Errorf("endpointslice %s: address %q: %w", s.Name, e.Addresses[0], err))
+				continue
+			}
+			if why := discovery.Unusable(addr); why != "" {
+				problems = append(problems, fmt.Errorf("endpointslice %s: address %s left out: %s", s.Name, e.Addresses[0], why))
 				continue
 			}
 			t := Target{Addr: addr.Unmap(), Port: p}
