@@ -2,14 +2,16 @@
 // no package-level state, so tests and several routers in one process each get their own.
 // Every name has the kvroute_ prefix and base units (seconds, tokens, bytes). Label values are
 // bounded: models and endpoints come from the configuration (an unknown model is counted as
-// "unknown"), statuses are HTTP codes.
+// "unknown"), or, for an endpoint whose config names no model, from its engine's list
+// (MaxLearntModels at most, the rest "other"); statuses are HTTP codes.
 //
 // Counters and histograms exist at 0 before their first event: Prometheus cannot tell a
 // series that appears at 1 from one that was always 1, so rate() and increase() would miss the
 // first reload, refusal, retry or ejection. New makes the series of the router itself,
-// EndpointAdded those of an endpoint and its models, DiscoverySource those of a discovery
-// source, TenantMetrics.SetTenants those of the tenants; ForgetEndpoint and SetTenants delete
-// them again when the endpoint or tenant leaves.
+// EndpointAdded those of an endpoint and its models, EndpointServes those of the models an
+// engine lists where the config names none, DiscoverySource those of a discovery source,
+// TenantMetrics.SetTenants those of the tenants; ForgetEndpoint and SetTenants delete them
+// again when the endpoint or tenant leaves.
 package metrics
 
 import (
@@ -158,6 +160,12 @@ type Metrics struct {
 	served   map[string][]string  // endpoint -> the model labels its series were made for
 	anyModel map[string]bool      // endpoints without a model list: they serve every model
 	ejected  map[string]*ejection // endpoint -> its passive ejections
+	// lists are the models the engines of endpoints without a model list say they serve
+	// (EndpointServes), and learnt the labels made of them, MaxLearntModels at most (learnt.go).
+	lists  map[string][]string
+	learnt []string
+	// labels is every model label with series, for ModelLabel; nil after a change.
+	labels atomic.Pointer[map[string]bool]
 }
 
 // ejection is an endpoint's time out of rotation after connection errors.
@@ -253,6 +261,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		served:   map[string][]string{},
 		anyModel: map[string]bool{},
 		ejected:  map[string]*ejection{},
+		lists:    map[string][]string{},
 	}
 	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
@@ -301,11 +310,18 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 		m.serveLocked(name, slices.Compact(labels))
 	} else {
 		delete(m.anyModel, name)
+		delete(m.lists, name) // its engine's list no longer decides anything
 		m.serveLocked(name, models)
 		for e := range m.anyModel { // they serve these models too
 			m.serveLocked(e, models)
 		}
 	}
+	if len(m.lists) > 0 || len(m.learnt) > 0 {
+		// A configured model frees a learnt label's place; an endpoint re-added without a
+		// model list keeps what its engine listed, and only that.
+		m.syncLearntLocked(name)
+	}
+	m.labels.Store(nil)
 	// Re-added with another model list: the models it no longer serves lose its series.
 	old = slices.DeleteFunc(old, func(model string) bool { return slices.Contains(m.served[name], model) })
 	for _, model := range old {
@@ -388,11 +404,16 @@ func (m *Metrics) ForgetEndpoints(names []string) {
 		delete(m.served, name)
 		delete(m.anyModel, name)
 		delete(m.ejected, name)
+		delete(m.lists, name)
 	}
 	for _, v := range []deleter{m.Requests, m.Retries, m.Moved, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.EndpointPredictedCached} {
 		deleteWhere(v, "endpoint", set)
 	}
 	m.dropModelsLocked(gone)
+	if len(m.lists) > 0 || len(m.learnt) > 0 {
+		m.syncLearntLocked("") // a model only they listed goes from the others too
+	}
+	m.labels.Store(nil)
 }
 
 // onePassFrom is how many values deleteWhere deletes in one pass over the series rather than

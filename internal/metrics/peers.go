@@ -30,8 +30,8 @@ type Peers struct {
 	Dropped *prometheus.CounterVec // reason
 	// Lag is the time from an event at a peer to its replay here (the oldest event of each
 	// message; clocks of different hosts add their offset). kvroute_peer_sync_lag_seconds, by
-	// peer, is the time since anything was heard from each peer followed (heartbeats every
-	// second): what alerting watches.
+	// peer, is the time since anything was heard from each peer (heartbeats every second),
+	// followed or cut off: what alerting watches.
 	Lag prometheus.Histogram
 	// WarmStarts counts warm starts by result: ok (a peer's snapshot was taken), none (no
 	// peer answered before peers.warm_start_timeout: started cold), failed (every snapshot
@@ -88,7 +88,7 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 			Buckets: lagBuckets,
 		})),
 		syncLag: prometheus.NewDesc("kvroute_peer_sync_lag_seconds",
-			"Time since anything (events or a heartbeat, sent every second) was heard from each peer this replica follows.", []string{"peer"}, nil),
+			"Time since anything (events or a heartbeat, sent every second) was heard from each peer: it grows on while a peer is cut off or declared dead, until 10 minutes after it was last heard.", []string{"peer"}, nil),
 		WarmStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_peer_warm_starts_total", Help: "Warm starts by result: ok (took a peer's snapshot), none (no peer before the timeout), failed, off (no peers configured).",
 		}, []string{"result"}),
@@ -156,8 +156,9 @@ func (p *Peers) SnapshotTaken(at int64) { p.snapshotAt.Store(at) }
 // WatchRemote sets the function the remote request gauges read at scrape time.
 func (p *Peers) WatchRemote(f func() (inFlight int, expired int64)) { p.remote.Store(&f) }
 
-// WatchPeers sets the function that tells, at scrape time, when each peer followed was last
-// heard from (kvroute_peer_sync_lag_seconds): a peer no longer followed has no series.
+// WatchPeers sets the function that tells, at scrape time, when each peer was last heard
+// from (kvroute_peer_sync_lag_seconds): every peer it returns has a series, growing
+// while the peer is not heard (peer.Node reports those cut off or dead for a while too).
 func (p *Peers) WatchPeers(f func() map[string]time.Time) { p.heard.Store(&f) }
 
 // peerLag collects kvroute_peer_sync_lag_seconds.

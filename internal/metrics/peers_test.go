@@ -21,7 +21,7 @@ func TestPeersScrapeTime(t *testing.T) {
 	p.WatchRemote(func() (int, int64) { return 7, 2 })
 	p.SnapshotTaken(now.Add(-90 * time.Second).UnixNano())
 	want := `
-# HELP kvroute_peer_sync_lag_seconds Time since anything (events or a heartbeat, sent every second) was heard from each peer this replica follows.
+# HELP kvroute_peer_sync_lag_seconds Time since anything (events or a heartbeat, sent every second) was heard from each peer: it grows on while a peer is cut off or declared dead, until 10 minutes after it was last heard.
 # TYPE kvroute_peer_sync_lag_seconds gauge
 kvroute_peer_sync_lag_seconds{peer="r2"} 3
 kvroute_peer_sync_lag_seconds{peer="r3"} 0

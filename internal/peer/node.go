@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -277,15 +278,69 @@ func (n *Node) Attach(share *route.Share, lifecycle func() *route.Lifecycle, end
 		st := share.Stats()
 		return st.Remote, st.Expired
 	})
+	lag := newLagWatch()
 	n.m.WatchPeers(func() map[string]time.Time {
+		members := n.alive()
 		n.mu.Lock()
-		defer n.mu.Unlock()
-		out := make(map[string]time.Time, len(n.follows))
-		for name, f := range n.follows {
-			out[name] = time.Unix(0, f.heard.Load())
-		}
-		return out
+		follows := maps.Clone(n.follows)
+		n.mu.Unlock()
+		return lag.heard(time.Now(), follows, members)
 	})
+}
+
+// lagKept is how long after it was last heard a peer that is neither followed nor a member
+// any more (declared dead, gone) keeps its kvroute_peer_sync_lag_seconds series: long enough
+// for the lag's alert (> 30 s for 5 min) to fire, bounded so that the peers of a rolling
+// restart, each with a new name, go.
+const lagKept = 10 * time.Minute
+
+// lagWatch tells when each peer was last heard, for kvroute_peer_sync_lag_seconds. The
+// followers alone would not do: a peer stops being followed as soon as this replica is cut off
+// from it, or it is declared dead, and its series would end at a lag of a few seconds, never
+// above the alert's 30. So a peer's lag is reported, growing, while it is followed, while
+// memberlist knows it (alive or suspect: from when it was first seen, if never heard), and for
+// lagKept after it was last heard.
+type lagWatch struct {
+	mu   sync.Mutex
+	seen map[string]lagSeen
+}
+
+// lagSeen is a peer as lagWatch last saw it: its follower (whose last heard time stays once
+// it is let go), or, for a member never followed, when it was first seen.
+type lagSeen struct {
+	f     *following
+	since time.Time
+}
+
+func newLagWatch() *lagWatch { return &lagWatch{seen: map[string]lagSeen{}} }
+
+// heard returns when each peer to report was last heard, given the followers and members now.
+func (w *lagWatch) heard(now time.Time, follows map[string]*following, members []peerInfo) map[string]time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name, f := range follows {
+		w.seen[name] = lagSeen{f: f}
+	}
+	member := make(map[string]bool, len(members))
+	for _, p := range members {
+		member[p.name] = true
+		if _, ok := w.seen[p.name]; !ok {
+			w.seen[p.name] = lagSeen{since: now}
+		}
+	}
+	out := make(map[string]time.Time, len(w.seen))
+	for name, s := range w.seen {
+		at := s.since
+		if s.f != nil {
+			at = time.Unix(0, s.f.heard.Load())
+		}
+		if follows[name] == nil && !member[name] && now.Sub(at) > lagKept {
+			delete(w.seen, name)
+			continue
+		}
+		out[name] = at
+	}
+	return out
 }
 
 // Ready reports whether the warm start is over (a snapshot taken, or the wait given up).
