@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/discovery/inferencepool"
@@ -11,11 +12,12 @@ import (
 
 // addInferencePool builds the discovery.inference_pool source, when the config has one, as the
 // last discovery source: its endpoints go in the slot it appends to r.discovered.
-func (r *Router) addInferencePool(cfg *config.Config) error {
+func (r *Router) addInferencePool(cfg *config.Config, exclude func(netip.AddrPort) bool) error {
 	src, err := inferencepool.FromConfig(cfg, version.UserAgent(), r.logger)
 	if err != nil || src == nil {
 		return err
 	}
+	src.Exclude = exclude
 	r.infpool = src
 	r.discovered = append(r.discovered, nil)
 	r.metrics.DiscoverySource(src.Key())

@@ -124,6 +124,18 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	r.transport.Dialer = dialer
 	r.transport.Fallback.DialContext = dialer.DialContext
 	r.prober = scrape.New(r.pool, proberClient(r.transport.Fallback), scrape.OptionsFrom(cfg), logger)
+	// This process's id, in every answer of its API listener and in the requests it sends on:
+	// the prober finds the router itself among the endpoints by it, and each Handler's loop
+	// guard a request that came back (one id for the process: Handlers are rebuilt on reload).
+	r.prober.Instance = proxy.NewInstanceID()
+	// The models an engine lists, where the config names none, label its requests: their
+	// series are made at 0 as a configured model's are. A round of an endpoint replaced or
+	// gone meanwhile tells nothing.
+	r.prober.OnModels = func(ep *endpoint.Endpoint, models []string) {
+		if r.pool.ByName(ep.Name) == ep {
+			r.metrics.EndpointServes(ep.Name, models)
+		}
+	}
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)
@@ -145,8 +157,15 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	if r.kube, err = kube.FromConfig(cfg, version.UserAgent(), logger); err != nil {
 		return nil, err
 	}
+	self := selfExcluder(cfg)
+	for _, d := range r.dns {
+		d.Exclude = self
+	}
+	for _, k := range r.kube {
+		k.Exclude = self
+	}
 	r.discovered = make([][]endpoint.Spec, 1+len(r.dns)+len(r.kube))
-	if err := r.addInferencePool(cfg); err != nil {
+	if err := r.addInferencePool(cfg, self); err != nil {
 		return nil, err
 	}
 	if src := discovery.FromConfig(cfg, logger); src != nil {
@@ -158,11 +177,15 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 		r.discovered[0] = specs
 		r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(0)).Set(float64(len(specs)))
 	}
-	// A name that does not resolve yet is no reason not to start: Run tries again.
+	// A name that does not resolve yet is no reason not to start: Run tries again. The names
+	// are resolved together, so that several that hang delay the start by one lookup's bound.
 	for i, d := range r.dns {
 		r.metrics.DiscoverySource(r.sourceName(1 + i))
 		d.OnError = func(error) { r.metrics.DiscoveryErrors.WithLabelValues(r.sourceName(1 + i)).Inc() }
-		specs, err := d.Resolve(context.Background())
+	}
+	sets, errs := discovery.ResolveAll(context.Background(), r.dns)
+	for i, d := range r.dns {
+		specs, err := sets[i], errs[i]
 		if err != nil {
 			d.OnError(err)
 			logger.Warn("DNS discovery failed at start, trying again every interval", "name", d.Config.Name, "err", err)
@@ -299,6 +322,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
 		Rewrite:        cfg.Normalize.Rewrite,
 		EndpointHeader: cfg.Server.EndpointHeader,
+		Instance:       r.prober.Instance,
 		Timeouts: proxy.Timeouts{
 			FirstToken: cfg.Limits.FirstTokenTimeout.D(),
 			Response:   cfg.Limits.ResponseTimeout.D(),

@@ -262,6 +262,11 @@ func (p *Pool) HasModel(model string) bool {
 	return false
 }
 
+// Configured reports whether an endpoint's config names model (not only an engine's list).
+func (p *Pool) Configured(model string) bool {
+	return slices.ContainsFunc(p.st.Load().models, func(m string) bool { return SameModel(m, model) })
+}
+
 // Changed returns a channel that is closed at the next Update: wait on it, then call Changed
 // again.
 func (p *Pool) Changed() <-chan struct{} { return p.st.Load().changed }

@@ -185,3 +185,54 @@ func hasChoices(data []byte) bool {
 	inner := scanner{b: last[1:]}
 	return inner.peek() != ']'
 }
+
+// UsageMember returns where a chunk's top-level "usage" member lies in data, with the comma
+// that joins it to its neighbour, so that data[:start] followed by data[end:] is the chunk
+// without it: what a client that did not ask for usage gets from an engine that puts it in
+// every chunk once asked (ollama's completions: zeros in every token's chunk). ok is false when
+// data has no such member, or is anything the scan is not sure of (a duplicate key, one that
+// encoding/json might fold into "usage", JSON that does not scan): the chunk is then passed on
+// as it is.
+func UsageMember(data []byte) (start, end int, ok bool) {
+	s := scanner{b: data}
+	if !s.eat('{') || s.eat('}') {
+		return 0, 0, false
+	}
+	prev := -1 // where the previous member's value ends
+	for {
+		if s.peek() != '"' {
+			return 0, 0, false
+		}
+		at := s.i
+		key, _, kok := s.stringSpan()
+		if !kok || !s.eat(':') {
+			return 0, 0, false
+		}
+		i := keyIndex(key, usageKeys[:1])
+		if i == -2 || i == 0 && ok {
+			return 0, 0, false
+		}
+		if !s.skip() {
+			return 0, 0, false
+		}
+		valueEnd := s.i
+		if i == 0 {
+			ok = true
+			start, end = at, valueEnd
+			if prev >= 0 {
+				start = prev // the comma before it goes with it
+			}
+		}
+		more := s.eat(',')
+		if i == 0 && prev < 0 && more {
+			end = s.i // the first member: the comma after it goes with it
+		}
+		if !more {
+			if !s.eat('}') || !s.end() {
+				return 0, 0, false
+			}
+			return start, end, ok
+		}
+		prev = valueEnd
+	}
+}

@@ -325,16 +325,30 @@ func isAre(n int) string {
 
 // takeEvent reads one event of a streamed answer (usage, llama.cpp's timings, the response id,
 // the stream's terminator) and reports whether to pass it on: not the usage chunk the router
-// asked for on the client's behalf.
-func (c *call) takeEvent(ev openai.Event) (pass bool) {
+// asked for on the client's behalf. Where the router asked for the usage and the engine put it
+// in a chunk that carries more (ollama's completions put zeros in every token's chunk; vLLM's
+// continuous_usage_stats the usage so far), omit is the member's place in ev.Data
+// (openai.UsageMember), to leave out of what the client gets: it would not have had it
+// without the router. omit is [0, 0) otherwise.
+func (c *call) takeEvent(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	if n, ok := openai.TimingsCached(ev.Data); ok {
 		c.timingsCached = n
 	}
 	if len(ev.Data) > 0 && bytes.Contains(ev.Data, []byte(`"usage"`)) {
 		if u, ok := openai.ScanUsage(ev.Data); ok {
-			c.setUsage(u)
-			if c.dropUsage && openai.IsUsageOnlyChunk(ev.Data) {
-				return false
+			if u.Prompt() > 0 || u.Completion() > 0 {
+				// All zeros is no usage: an engine's placeholder in every token's chunk
+				// (ollama's completions, once asked for usage), which taken as the usage would
+				// charge a stream cut before its real usage nothing (call.charge).
+				c.setUsage(u)
+			}
+			if c.dropUsage {
+				if openai.IsUsageOnlyChunk(ev.Data) {
+					return false, 0, 0
+				}
+				if from, to, ok := openai.UsageMember(ev.Data); ok {
+					omitFrom, omitTo = from, to
+				}
 			}
 		}
 	}
@@ -349,7 +363,7 @@ func (c *call) takeEvent(ev openai.Event) (pass bool) {
 	} else if contentEvent(ev) {
 		c.contentEvents++
 	}
-	return true
+	return true, omitFrom, omitTo
 }
 
 // contentEvent reports whether ev carries generated text: a Responses API event whose name ends
@@ -490,7 +504,7 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [21]slog.Attr // every attribute below, on the stack
+	var attrBuf [22]slog.Attr // every attribute below, on the stack
 	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
@@ -537,6 +551,11 @@ func (c *call) settle(status int, method, path string) {
 	if c.errType != "" {
 		attrs = append(attrs, slog.String("error_type", c.errType))
 	}
+	if c.unterminated && !c.cut {
+		// The engine ended the stream without its terminator, on purpose (no error): said, as
+		// such an answer may be short of what was asked (sseBody.endedUnterminated).
+		attrs = append(attrs, slog.String("stream_end", "no_terminator"))
+	}
 	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
@@ -548,8 +567,9 @@ func (c *call) settle(status int, method, path string) {
 // estimate of the prompt and, for a stream, one completion token per content event passed on
 // (contentEvent). An approximation: vLLM and SGLang send one token per event, so that the
 // count is theirs; where an event carries several (speculative decoding, an engine that
-// batches its writes) it is less. A non-streamed answer that never came is charged its prompt
-// alone.
+// batches its writes) it is less. A stream that did not reach its terminator is charged at
+// least that count even where a usage came (the usage so far, in an engine's every chunk, may
+// lag what was relayed). A non-streamed answer that never came is charged its prompt alone.
 //
 // Each attempt that reached an engine and was then given up for another (no answer's head, or
 // no first event, within its timeout: the only failure that is retried once the engine had the
@@ -566,8 +586,11 @@ func (c *call) charge(status int) (prompt, completion int) {
 		prompt = c.usage.Prompt()
 	}
 	prompt += max(c.reached-1, 0) * c.preq.PromptTokens // the one that reached an engine last is counted above
-	if c.haveUsage {
+	if c.haveUsage && c.complete {
 		return prompt, c.usage.Completion()
+	}
+	if c.haveUsage {
+		return prompt, max(c.usage.Completion(), c.contentEvents)
 	}
 	return prompt, c.contentEvents
 }
@@ -696,7 +719,10 @@ func (x *Exchange) Body(ep *endpoint.Endpoint) []byte { return x.c.bodyFor(x.c.h
 func (x *Exchange) Answered(status int) { x.c.answered, x.c.answerStatus = true, status }
 
 // Event reads one event of a streamed answer and reports whether to pass it on.
-func (x *Exchange) Event(ev openai.Event) (pass bool) { return x.c.takeEvent(ev) }
+func (x *Exchange) Event(ev openai.Event) (pass bool) {
+	pass, _, _ = x.c.takeEvent(ev)
+	return pass
+}
 
 // Whole reads a whole non-streamed answer body (usage, response id) and marks it complete. An
 // engine's 404 whose body names the request's model leaves its endpoint out for that model, as

@@ -186,7 +186,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return failed(err)
 	}
 	switch resp.StatusCode {
-	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound:
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound, http.StatusLoopDetected:
 		// The refusal's (or the 404's) body is read now, under the attempt's timers: an engine that sends the
 		// head and then stalls does not hold the request past them (the drain before the next
 		// attempt, or the relay of the last refusal, would wait for it unbounded).
@@ -203,6 +203,10 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		cleanRetryAfter(resp.Header)
 		switch resp.StatusCode {
 		case http.StatusServiceUnavailable:
+			return resp, route.FailUnavailable, nil
+		case http.StatusLoopDetected:
+			// A router's loop guard (Handler.hops): the request came back round and nothing was
+			// computed; the next endpoint may be an engine.
 			return resp, route.FailUnavailable, nil
 		case http.StatusNotFound:
 			c.notFound++
@@ -233,7 +237,8 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	if resp.StatusCode < 400 && isEventStream(resp.Header.Get("Content-Type")) {
 		st := sseStates.Get().(*sseState)
 		st.r.Reset(resp.Body)
-		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall}
+		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall,
+			framed: resp.ProtoMajor >= 2 || len(resp.TransferEncoding) > 0 || resp.ContentLength >= 0}
 		if err := sb.first(); err != nil {
 			sb.release()
 			resp.Body.Close()
@@ -424,6 +429,9 @@ func (h *Handler) send(out *http.Request, c *call, ep *endpoint.Endpoint) (*http
 	req.Header.Del("Accept-Encoding")
 	req.Header.Set("X-Request-Id", c.rid)
 	req.Header.Set("Content-Type", "application/json")
+	if c.hops != nil {
+		req.Header[ViaHeader] = c.hops
+	}
 	if c.id != nil {
 		// The tenant's key is ours, not the engine's.
 		req.Header.Del("Authorization")
@@ -558,6 +566,9 @@ type sseBody struct {
 	buf      []byte
 	err      error
 	progress bool // an event other than a comment was taken since Read last looked
+	// framed: the body's end is marked (chunked, a Content-Length, HTTP/2), so that a clean
+	// io.EOF is the engine's own end and not a connection that closed under it.
+	framed bool
 }
 
 // first reads the stream's first event, the first token: the caller's timer bounds the wait.
@@ -603,7 +614,11 @@ func (s *sseBody) Read(p []byte) (int, error) {
 		}
 		if err != nil {
 			s.timer.Stop()
-			s.cutShort(err)
+			if err == io.EOF && s.framed && s.ctx.Err() == nil {
+				s.endedUnterminated()
+			} else {
+				s.cutShort(err)
+			}
 			continue
 		}
 		s.progress = false
@@ -637,12 +652,25 @@ func cutInside(ev openai.Event) bool {
 }
 
 // take queues one event for the client, unless the call drops it (the usage chunk the client
-// did not ask for), and notes whether it is progress (anything but a comment).
+// did not ask for) or the usage member the router asked for on its behalf (takeEvent), and
+// notes whether it is progress (anything but a comment).
 func (s *sseBody) take(ev openai.Event) {
 	if !ev.Empty() {
 		s.progress = true
 	}
-	if s.c.takeEvent(ev) {
+	pass, from, to := s.c.takeEvent(ev)
+	switch {
+	case !pass:
+	case from < to && bytes.IndexByte(ev.Data, '\n') < 0:
+		// The usage member goes: the event's data is one line, a part of Raw (only such chunks,
+		// those that carry a "usage", pay for the search).
+		if at := bytes.Index(ev.Raw, ev.Data); at >= 0 {
+			s.queue(ev.Raw[:at+from])
+			s.queue(ev.Raw[at+to:])
+			return
+		}
+		s.queue(ev.Raw)
+	default:
 		s.queue(ev.Raw)
 	}
 }
@@ -678,8 +706,28 @@ func isTerminal(name string) bool {
 	return name == "response.completed" || name == "response.incomplete" || name == "response.failed"
 }
 
-// cutShort ends a stream that stopped before its terminator (err is io.EOF for a clean close):
-// unless the client is gone, it is told with an SSE error event, and the call is a failure.
+// endedUnterminated ends a stream whose body the engine ended properly (its chunked end, or
+// its length read whole) after its last event, without a terminator ([DONE], or a Responses
+// API terminal event): on purpose, as ollama ends a stream when the model repeats itself past
+// its limit, with no finish_reason and no [DONE]. The client's stream ends as the engine's did,
+// with nothing added: a client of that engine reads the body's end as the stream's end (the
+// OpenAI SDKs do), and no terminator is invented (none exists for the Responses API, and a
+// [DONE] would say the answer was whole). The request is answered 200, not a failure of the
+// endpoint; its tenant is charged as for a stream whose usage did not come (call.charge), and
+// the access line says stream_end "no_terminator". A body that breaks (a chunked body without
+// its end, a reset, a timeout, or a connection closed under a body whose end is not marked)
+// is a cut (cutShort).
+func (s *sseBody) endedUnterminated() {
+	s.err = io.EOF
+	s.c.unterminated = true
+	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		s.c.h.Logger.Debug("the engine ended the stream without its terminator: passed on as it ended", "request_id", s.c.rid)
+	}
+}
+
+// cutShort ends a stream that stopped before its terminator, its body broken (or closed where
+// its end is not marked): unless the client is gone, it is told with an SSE error event, and
+// the call is a failure.
 func (s *sseBody) cutShort(err error) {
 	s.err = io.EOF
 	if s.ctx.Err() != nil && context.Cause(s.ctx) == context.Canceled {
@@ -887,7 +935,7 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 			c.errType = "stream_error"
 		}
 		return http.StatusBadGateway
-	case c.complete && w.err == nil:
+	case (c.complete || c.unterminated) && w.err == nil:
 		return status
 	case w.err != nil || r.Context().Err() != nil:
 		return 499

@@ -10,9 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
 
@@ -81,10 +84,37 @@ type Handler struct {
 	// Timeouts bound each attempt; an endpoint's own FirstTokenTimeout and ResponseTimeout
 	// take precedence. Zero fields take the defaults.
 	Timeouts Timeouts
+	// Instance is the router process's random id (NewInstanceID; the same in the prober, which
+	// finds its own router among the endpoints by it). When set, every answer carries it in
+	// InstanceHeader, and the loop guard acts: each request sent to an engine carries, in
+	// ViaHeader, the ids of the routers it passed with this one's last, and a request that
+	// comes back to a router that sent it (whose discovery lists its own address), or has
+	// passed maxHops routers, is answered 508 routing_loop and never sent on. Empty: neither.
+	Instance string
 
 	once  sync.Once
 	setup error
+	// instanceHeader is Instance as a header value, shared by every answer (capped: an append
+	// copies it).
+	instanceHeader []string
 }
+
+// Headers of the loop guard (Handler.Instance).
+const (
+	// InstanceHeader names the router instance in every answer of its API listener.
+	InstanceHeader = scrape.InstanceHeader
+	// ViaHeader lists, comma-separated, the router instances a request passed on its way to an
+	// engine: two tiers of routers (a router in front of routers) add one each.
+	ViaHeader = "X-Kvroute-Via"
+)
+
+// maxHops is how many routers a request may have passed (ViaHeader) for a router to take it:
+// tiers of routers are two or three deep, and a loop between routers that do not meet their
+// own id again (restarted ones, say) is bounded by it.
+const maxHops = 8
+
+// NewInstanceID returns a random id for a router process (Handler.Instance, the prober's).
+func NewInstanceID() string { return randomID() }
 
 // Timeouts bound one attempt of a request on one endpoint. A timeout before anything reached
 // the client fails the request over to the next ranked endpoint; after, the stream ends with an
@@ -136,6 +166,9 @@ func (h *Handler) init() {
 	if h.NewRequestID == nil {
 		h.NewRequestID = randomID
 	}
+	if h.Instance != "" {
+		h.instanceHeader = []string{h.Instance}[:1:1]
+	}
 	if h.Lifecycle == nil && h.Picker != nil {
 		h.Lifecycle, h.setup = route.New(route.Config{Picker: h.Picker, Attempts: 1 + max(h.MaxRetries, 0)})
 	}
@@ -174,13 +207,14 @@ func randomID() string {
 // compute, for the tenant's charge (call.reached): its request was written to a connection,
 // whatever came of it (an answer, a timeout, a lost connection, the client leaving), but for a
 // connection that never opened or an engine's refusal (503, 429; 404: it does not serve the
-// model or the path; a redirect or a protocol switch, failed over as a 503).
+// model or the path; a router's 508, a routing loop; a redirect or a protocol switch, failed
+// over as a 503).
 func reachedEngine(resp *http.Response, err error) bool {
 	if err != nil {
 		return !isDialError(err)
 	}
 	switch s := resp.StatusCode; {
-	case s == http.StatusServiceUnavailable, s == http.StatusTooManyRequests, s == http.StatusNotFound:
+	case s == http.StatusServiceUnavailable, s == http.StatusTooManyRequests, s == http.StatusNotFound, s == http.StatusLoopDetected:
 		return false
 	case s < 200, s >= 300 && s < 400:
 		return false
@@ -207,8 +241,9 @@ type call struct {
 	rc     *route.Call // nil until picked
 	// release ends the admission's hold (nil: none); settle calls it.
 	release func()
-	via     string // the front end, for the access line: "" for the HTTP handler
-	body    []byte // what is forwarded, before a per-endpoint cache_salt and the splice
+	via     string   // the front end, for the access line: "" for the HTTP handler
+	hops    []string // ViaHeader's values for the engines (Handler.hops); nil for none
+	body    []byte   // what is forwarded, before a per-endpoint cache_salt and the splice
 	// held is the pooled buffer the client's body was read into (nil: none), and scratch the
 	// parser's pooled memory (nil: none); both are given back when the request is finished
 	// (releaseMemory).
@@ -249,6 +284,9 @@ type call struct {
 	answered      bool // an endpoint answered (a response head came back)
 	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
 	cut           bool // the engine's stream ended before its end
+	// unterminated: the engine ended its stream's body properly without a terminator
+	// (sseBody.endedUnterminated): an end, not a cut, but not a complete answer either.
+	unterminated  bool
 	streamErr     bool // the engine's stream carried an error event (it failed after its head)
 	contentEvents int  // events of the stream passed on that carry generated text (contentEvent)
 }
@@ -275,6 +313,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.rid = h.NewRequestID()
 	}
 	w.Header().Set("X-Request-Id", c.rid)
+	if h.instanceHeader != nil {
+		w.Header()[InstanceHeader] = h.instanceHeader
+	}
 	sw := &statusWriter{ResponseWriter: w}
 	defer func() { h.finish(c, sw, r) }()
 	if oe := c.authenticate(r.Header, sw.Header()); oe != nil {
@@ -301,6 +342,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // route reads, parses, limits, admits and forwards one API request.
 func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.Kind) {
+	hops, oe := h.hops(r.Header)
+	if oe != nil {
+		w.Header().Set("Connection", "close") // the body is not read
+		h.writeError(w, c, oe)
+		return
+	}
+	c.hops = hops
 	body, held, oe := readBodyHeld(r, h.MaxBodyBytes, true)
 	c.held = held
 	if oe != nil {
@@ -329,6 +377,43 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	// policy's Done, metrics, the access line): a server flushes a short body only then, and
 	// sends a stream's end (which a client reads to keep its connection) only then.
 	w.endBody()
+}
+
+// hops returns what to send the engines in ViaHeader: the routers the request passed (hdr's
+// ViaHeader), this one last (as a header's values: the handler's own, shared, when this router
+// is the first); or the answer to a request that came back to this router (a routing loop: its
+// discovery lists its own address) or passed maxHops routers, which is never sent on. nil
+// without an Instance.
+func (h *Handler) hops(hdr http.Header) ([]string, *openai.Error) {
+	if h.Instance == "" {
+		return nil, nil
+	}
+	in := hdr.Values(ViaHeader)
+	if len(in) == 0 {
+		return h.instanceHeader, nil
+	}
+	var ids []string
+	size := 0
+	for _, v := range in {
+		for id := range strings.SplitSeq(v, ",") {
+			if id = textproto.TrimString(id); id == "" {
+				continue
+			}
+			if id == h.Instance {
+				return nil, openai.NewError(http.StatusLoopDetected, openai.TypeServer, "", "routing_loop",
+					"routing loop: the request came back to the kvroute router that had sent it on ("+ViaHeader+" holds its instance id "+h.Instance+
+						"): the router's discovery lists its own address (a Kubernetes selector or headless Service that also matches the router's pods, a DNS name that includes the router); remove it from the endpoints")
+			}
+			ids = append(ids, id)
+			size += len(id) + 1
+		}
+	}
+	if len(ids) >= maxHops || size > maxHops*64 {
+		return nil, openai.NewError(http.StatusLoopDetected, openai.TypeServer, "", "routing_loop",
+			"routing loop: the request has passed "+strconv.Itoa(len(ids))+" kvroute routers already ("+ViaHeader+"); more than "+
+				strconv.Itoa(maxHops-1)+" is taken for a loop between routers whose discovery lists one another")
+	}
+	return []string{strings.Join(append(ids, h.Instance), ",")}, nil
 }
 
 // callKey carries the call from ServeHTTP through the relay (whose steps see only the outgoing
@@ -450,12 +535,21 @@ func hasLabels(e *endpoint.Endpoint, labels map[string]string) bool {
 	return true
 }
 
-// modelLabel bounds the model label to the models the config names.
+// modelLabel bounds the model label to the models the config names, and those the engines
+// list within the metrics' bound.
 func (h *Handler) modelLabel(model string) string {
-	if h.Pool.HasModel(model) {
+	switch {
+	case h.Pool.Configured(model):
 		return model
+	case !h.Pool.HasModel(model):
+		return "other"
+	case h.Metrics != nil:
+		// A model only an engine's list names has a label of its own within the metrics'
+		// bound (metrics.MaxLearntModels): an engine listing thousands must not make as many
+		// series.
+		return h.Metrics.ModelLabel(model)
 	}
-	return "other"
+	return model
 }
 
 func modelNotFound(model string) *openai.Error {

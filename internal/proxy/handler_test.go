@@ -748,27 +748,50 @@ func TestCompleteStreamClientClosesAfterDone(t *testing.T) {
 	}
 }
 
-// TestCutStream: a stream the engine ends before [DONE] is a failure (502 in metrics and the
-// log, the policy told), and the client gets an SSE error event before the stream closes.
+// TestCutStream: a stream whose body breaks before [DONE] (the engine's connection closes
+// inside its chunked body, or closes a body whose end is not marked) is a failure (502 in
+// metrics and the log, the policy told), and the client gets an SSE error event before the
+// stream closes. (A body that ends properly without [DONE] is TestStreamEndedWithoutTerminator.)
 func TestCutStream(t *testing.T) {
-	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
-		w.(http.Flusher).Flush()
-		// ends here, without [DONE]
-	}))
-	defer eng.Close()
-	f := newFixture(t, spec(eng.URL, "m"))
-	resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "event: error") || !strings.Contains(string(body), "stream_cut") {
-		t.Errorf("client got %d %q, want the chunk then an SSE error event", resp.StatusCode, body)
-	}
-	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "502")); n != 1 {
-		t.Errorf("requests_total{status=502} = %v, want 1", n)
-	}
-	if len(f.pk.done) != 1 || f.pk.done[0].OK {
-		t.Errorf("policy told %+v, want one failed result", f.pk.done)
+	const event = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+	for _, tc := range []struct {
+		name  string
+		serve http.HandlerFunc
+	}{
+		{"chunked body broken", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, event)
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // the connection closes without the chunked body's end
+		}},
+		{"unmarked end", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			// No Content-Length, no chunking: only the close ends the body, as a crash would.
+			fmt.Fprint(buf, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+event)
+			_ = buf.Flush()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := httptest.NewServer(tc.serve)
+			defer eng.Close()
+			f := newFixture(t, spec(eng.URL, "m"))
+			resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+			if resp.StatusCode != 200 || !strings.HasPrefix(string(body), event) || !strings.Contains(string(body), "event: error") || !strings.Contains(string(body), "stream_cut") {
+				t.Errorf("client got %d %q, want the chunk then an SSE error event", resp.StatusCode, body)
+			}
+			if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", eng.URL, "502")); n != 1 {
+				t.Errorf("requests_total{status=502} = %v, want 1", n)
+			}
+			if len(f.pk.done) != 1 || f.pk.done[0].OK {
+				t.Errorf("policy told %+v, want one failed result", f.pk.done)
+			}
+		})
 	}
 }
 

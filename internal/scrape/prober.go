@@ -98,6 +98,11 @@ func HealthPath(engine string) string {
 // treated as unknown rather than as misses (a miss makes the router forget what it knew).
 func ReportsCachedTokens(kind string) bool { return kind != "ollama" }
 
+// InstanceHeader is the response header in which a kvroute router names its process (every
+// answer of its API listener carries it; proxy.Handler.Instance): an endpoint that answers
+// with the prober's own Instance is the prober's router itself.
+const InstanceHeader = "X-Kvroute-Instance"
+
 // Auto is the engine kind that asks the prober to detect the kind on first contact.
 const Auto = "auto"
 
@@ -142,13 +147,28 @@ type epState struct {
 	// modelsMissing is the configured models the engine's list lacked when last said (a
 	// warning), "" when it listed them all: each change is said once.
 	modelsMissing string
-	status        Status
+	// itself: the endpoint was found to be the prober's own router since its last check that
+	// passed (said once).
+	itself bool
+	status Status
 }
 
 // Prober health-checks and scrapes the pool's endpoints. Its goroutines start in Run, never in
 // New, and stop when Run's context ends. Check and Scrape are safe for concurrent use. Passive
 // health (ejection after failures while proxying) is the request lifecycle's (route.Outlier).
 type Prober struct {
+	// OnModels, when set, is called with the models the engine of an endpoint whose config
+	// names none lists, after each reading of its list that gave some (changed or not: the
+	// first call may come before the endpoint's other series exist, and the next repairs
+	// it). It is a field, not an option, so that SetOptions on reload keeps it; set it before
+	// Run.
+	OnModels func(ep *endpoint.Endpoint, models []string)
+	// Instance is the id of the router this prober serves (proxy.Handler.Instance), set before
+	// Run: an endpoint whose health check or model listing answers with it in InstanceHeader
+	// is the router itself (its discovery lists its own address), and fails its checks at once
+	// (Check). Empty: not looked for.
+	Instance string
+
 	pool   *endpoint.Pool
 	client *http.Client
 	log    *slog.Logger
@@ -252,12 +272,13 @@ func (p *Prober) Run(ctx context.Context) error {
 }
 
 // healthInterval is the wait between ep's health checks: UnhealthyInterval while its last
-// check failed (out of rotation, or on its way out), HealthInterval otherwise. Both are on the
+// check failed (out of rotation, or on its way out), HealthInterval otherwise and for an
+// endpoint that is the router itself (each check is an access line of its own). Both are on the
 // grid of every's ticks.
 func (p *Prober) healthInterval(ep *endpoint.Endpoint, o Options) time.Duration {
 	p.mu.Lock()
 	s := p.state[ep]
-	failing := s != nil && s.fail > 0
+	failing := s != nil && s.fail > 0 && !s.itself // the router itself is not coming up: no haste
 	p.mu.Unlock()
 	if failing {
 		return o.UnhealthyInterval
@@ -310,10 +331,21 @@ func untilTick(elapsed, interval time.Duration) time.Duration {
 // After a check that passed (its outcome recorded first), an endpoint whose config names no
 // model is asked which it serves (listModels), and an engine that reports its step budget is
 // asked for it on first contact and after a failed check (learnStep).
+//
+// An endpoint that answers any of these requests as the prober's own router (its Instance in
+// InstanceHeader) is the router itself: the check fails, and the endpoint leaves rotation at
+// once, whatever the thresholds (itself).
 func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	o := p.options()
+	var self atomic.Bool // set by do when an answer is the router's own
+	if p.Instance != "" {
+		ctx = context.WithValue(ctx, selfKey{}, &self)
+	}
 	if ep.Kind() == Auto {
 		if err := p.detect(ctx, ep); err != nil {
+			if self.Load() {
+				return p.itself(ep, o)
+			}
 			err = fmt.Errorf("detect the engine kind: %w", err)
 			p.record(ep, err, o)
 			return err
@@ -327,6 +359,9 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	hctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
 	err := p.get(hctx, ep.Name+path, 64<<10, nil)
 	cancel()
+	if self.Load() {
+		return p.itself(ep, o)
+	}
 	if err != nil && spec.HealthPath == "" && clientError(err) {
 		err = p.mismatch(ctx, ep, err)
 	}
@@ -336,6 +371,32 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 		p.learnStep(ctx, ep, o)
 	}
 	return err
+}
+
+// selfKey carries Check's flag, in its context, to do: an answer came from the prober's own
+// router.
+type selfKey struct{}
+
+// errItself is what an answer from the prober's own router fails with.
+var errItself = errors.New("this endpoint is this router itself (a routing loop: the discovery lists the router's own address)")
+
+// itself fails ep's check: the endpoint is the prober's own router (a routing loop, or one
+// waiting to happen: each request sent there would come back, and the proxy's loop guard
+// answers it 508). It leaves rotation at once, not after unhealthy_threshold checks, and that
+// is said once, until a check of it passes (the address serves another process).
+func (p *Prober) itself(ep *endpoint.Endpoint, o Options) error {
+	p.mu.Lock()
+	s := p.st(ep)
+	said := s.itself
+	s.itself = true
+	p.mu.Unlock()
+	ep.SetHealthy(false) // before record, whose own warning would say it a second time
+	p.record(ep, errItself, o)
+	if !said {
+		p.log.Warn("the endpoint is this router itself: it is left out (a routing loop: the discovery lists the router's own address; narrow the selector, Service or DNS name so that it matches the engines only)",
+			"endpoint", ep.Name, "instance", p.Instance)
+	}
+	return errItself
 }
 
 // modelsEvery is how often an endpoint's models are asked again.
@@ -382,6 +443,9 @@ func (p *Prober) listModels(ctx context.Context, ep *endpoint.Endpoint, o Option
 	}
 	if len(ids) > 0 {
 		ep.SetServedModels(ids)
+		if p.OnModels != nil {
+			p.OnModels(ep, ids)
+		}
 	}
 }
 
@@ -489,6 +553,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		s.succ++
 		s.fail = 0
 		s.hint = ""
+		s.itself = false
 		s.status.LastCheckError = ""
 		if !ep.Healthy() && (first || s.succ >= o.HealthyThreshold) {
 			ep.SetHealthy(true)
@@ -652,6 +717,12 @@ func (p *Prober) do(ctx context.Context, method, url string, body []byte, limit 
 	}
 	defer resp.Body.Close()
 	m := strings.ToLower(method)
+	if p.Instance != "" && resp.Header.Get(InstanceHeader) == p.Instance {
+		if self, ok := ctx.Value(selfKey{}).(*atomic.Bool); ok {
+			self.Store(true)
+		}
+		return fmt.Errorf("%s %s: %w", m, url, errItself)
+	}
 	answer := io.LimitReader(resp.Body, limit+1)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg, _ := io.ReadAll(io.LimitReader(answer, 200))

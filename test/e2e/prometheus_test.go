@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
@@ -202,9 +203,15 @@ func labelsMatch(m *dto.Metric, want map[string]string) bool {
 	return n == len(want)
 }
 
+// learntModel is the model of the first-events test's endpoint without models:, which the
+// router learns from its engine's GET /v1/models.
+const learntModel = "e2e-learnt-model"
+
 // TestFirstEventsScraped: the series of the first reload, refusal, 429, retry and ejection
 // are on /metrics at 0 before they happen, and at 1 after (an in-process router, as kvroute
 // serve builds it; TestDashboardQueriesAgainstPrometheus checks the same through Prometheus).
+// So are those of a model the router learns from an engine, on an endpoint without models:
+// its first 503.
 func TestFirstEventsScraped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -213,12 +220,39 @@ func TestFirstEventsScraped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fleet.Close() })
+	learnt, err := simserver.StartFleet(ctx, simserver.Options{Profile: "instant", Model: learntModel, DefaultMaxTokens: 4, Admin: true}, 1, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { learnt.Close() })
+	lu := learnt.URLs()[0]
 	path := writeMetricsConfig(t, fleet.URLs())
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = fmt.Fprintf(f, "  - {url: %q, engine: vllm}\n", lu) // no models: its engine says
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r, api, admin := startRouter(t, cfg)
+
+	// The learnt model's series come once the prober has read the engine's list.
+	learntSeries := []series{
+		{"kvroute_requests_total", map[string]string{"model": learntModel, "endpoint": lu, "status": "503"}},
+		{"kvroute_requests_total", map[string]string{"model": learntModel, "endpoint": "none", "status": "503"}},
+	}
+	waitFor(t, 10*time.Second, "the series of "+learntModel+" at 0", func() bool {
+		v := scrapeValues(t, admin, learntSeries)
+		return v[0] == 0 && v[1] == 0
+	})
 
 	// Before: the series of every endpoint, since any of them may be the one that fails.
 	var before []series
@@ -244,6 +278,24 @@ func TestFirstEventsScraped(t *testing.T) {
 		if after[i] != want {
 			t.Errorf("after: %s = %v, want %v", s, after[i], want)
 		}
+	}
+
+	// The learnt model's endpoint answers 503 to everything: its first 503 reaches the client
+	// (no other endpoint serves the model) and is counted on it.
+	resp, err := http.Post(lu+"/admin/faults", "application/json", strings.NewReader(`{"fail_rate": 1, "fail_status": 503}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("setting the fault on %s: %d", lu, resp.StatusCode)
+	}
+	body := strings.Replace(chatJSON("hello, learnt model", ""), `"model":"`+model+`"`, `"model":"`+learntModel+`"`, 1)
+	if r := post(t, api, "sk-alice", body); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("alice to %s: %d, want 503", learntModel, r.status)
+	}
+	if diff := cmp.Diff([]float64{1, 0}, scrapeValues(t, admin, learntSeries)); diff != "" {
+		t.Errorf("after the first 503 of %s, %v (-want +got):\n%s", learntModel, learntSeries, diff)
 	}
 }
 
