@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 func dnsConfig(t *testing.T) config.DNSDiscovery {
@@ -434,19 +435,6 @@ func TestDNSRun_UnusableSaidOnce(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination for a Run's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // TestDNSRun_MaxEndpoints: a set over max_endpoints is refused and said once, the set in force
 // stays; a change logs counts and a bounded list, not the whole set.
 func TestDNSRun_MaxEndpoints(t *testing.T) {
@@ -465,7 +453,7 @@ func TestDNSRun_MaxEndpoints(t *testing.T) {
 	l.set("ip4", many(5000), nil)
 	var mu sync.Mutex
 	var reported []string
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	d := &DNSSource{Config: cfg, LookupNet: l.lookup, Log: slog.New(slog.NewJSONHandler(logs, nil)), OnError: func(err error) {
 		mu.Lock()
 		reported = append(reported, err.Error())

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/testkube"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 // silentAPI is a fake API server whose first hang requests for EndpointSlices are accepted
@@ -169,7 +169,7 @@ func TestSource_MaxEndpoints(t *testing.T) {
 	}
 	client := fake.NewClientset(slice("vllm-1", "vllm", v4, httpPort, nil, eps(0, 20)...))
 	k := &k8s{t: t, client: client}
-	var logs syncBuffer
+	var logs testlog.Buffer
 	src := source(client, config.KubernetesDiscovery{Service: "vllm", PortName: "http", MaxEndpoints: 30})
 	src.Log = slog.New(slog.NewJSONHandler(&logs, nil))
 	src.Exclude = func(a netip.AddrPort) bool { return a == netip.MustParseAddrPort("10.0.0.1:8000") }
@@ -183,7 +183,7 @@ func TestSource_MaxEndpoints(t *testing.T) {
 	// The change is logged just after emit returns.
 	var line string
 	for deadline := time.Now().Add(10 * time.Second); line == "" && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		line = logs.line("endpoints found in Kubernetes changed")
+		line = lastLine(&logs, "endpoints found in Kubernetes changed")
 	}
 	if !strings.Contains(line, `"endpoints":19`) || !strings.Contains(line, "and 9 more") {
 		t.Errorf("change logged as %.500s; want counts and a bounded list", line)
@@ -202,24 +202,10 @@ func TestSource_MaxEndpoints(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination for a Run's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// line returns the last line that has sub.
-func (s *syncBuffer) line(sub string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// lastLine returns the last line of logs that has sub.
+func lastLine(logs *testlog.Buffer, sub string) string {
 	var out string
-	for l := range strings.SplitSeq(s.b.String(), "\n") {
+	for l := range strings.SplitSeq(logs.String(), "\n") {
 		if strings.Contains(l, sub) {
 			out = l
 		}
