@@ -140,6 +140,7 @@ func TestWriteJSONShape(t *testing.T) {
 func TestWriteTable(t *testing.T) {
 	s := &Summary{
 		Scenario: Scenario{Workload: "w", Requests: 1, Instances: 1, Profile: "p", Speedup: 1},
+		Bounds:   Bounds{InfiniteCacheHitRate: 0.6},
 		Results: []Result{
 			{Policy: "round-robin", HitRate: 0.125, TTFT: Latency{Mean: 1234.5, P50: 12.34, P90: 5, P99: 6}, Completed: 10},
 			{Policy: "x", HitRate: 0.5, Completed: 9, Failed: 1},
@@ -164,6 +165,25 @@ func TestWriteTable(t *testing.T) {
 		if !strings.Contains(row1, want) {
 			t.Errorf("row %q lacks %q", row1, want)
 		}
+	}
+}
+
+// A live run's hit rate above the infinite-cache bound says the engines were warm, once.
+func TestWriteTableWarmEngines(t *testing.T) {
+	s := &Summary{
+		Bounds: Bounds{InfiniteCacheHitRate: 0.212},
+		Results: []Result{
+			{Policy: "bench", HitRate: 0.999, Completed: 10},
+			{Policy: "cold", HitRate: 0.2, Completed: 10},
+			{Policy: "unknown", HitRateUnknown: true, Completed: 10},
+		},
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(buf.String(), "note: "); got != 1 || !strings.Contains(buf.String(), "note: bench's hit rate 0.999 is above the infinite-cache bound 0.212") {
+		t.Errorf("%d notes in:\n%s\nwant one, on bench", got, buf.String())
 	}
 }
 
