@@ -18,9 +18,11 @@
 //     which `kvroute serve` answers with 503), 503 (no eligible endpoint), 400 for a malformed
 //     body, 500 for messages out of the protocol's order;
 //   - to the response headers and body by passing them on (streams event by event, the
-//     usage chunk the router asked for dropped), learning the first token time, the usage
-//     and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served, which
-//     endpoint of the list answered.
+//     usage the router asked for left out: the usage-only chunk, and the usage member of
+//     other chunks), learning the first token time, the usage and the cached tokens, and,
+//     from envoy.lb/x-gateway-destination-endpoint-served, which endpoint of the list
+//     answered. A stream that the engine ended without its terminator is settled as
+//     `kvroute serve` settles it (stream.finishAnswer).
 //
 // The endpoint subset hint (filter metadata envoy.lb.subset_hint /
 // x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the

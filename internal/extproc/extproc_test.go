@@ -461,23 +461,6 @@ func TestCancelBeforePick(t *testing.T) {
 	}
 }
 
-// TestCutStream: the engine's stream ends without its terminator: a failure of the endpoint.
-func TestCutStream(t *testing.T) {
-	f := newFixture(t, []string{ep1})
-	e, _ := f.routed(t, streamChat)
-	e.head("text/event-stream")
-	e.send(respBody(event1, false))
-	e.send(respBody("", true))
-	if got, _ := e.streamedBody(true); got != event1 {
-		t.Errorf("client's stream = %q", got)
-	}
-	e.close()
-	f.streamEnded(t)
-	if diff := cmp.Diff([]string{ep1 + " stream_cut"}, f.health.failures()); diff != "" {
-		t.Errorf("failures (-want +got):\n%s", diff)
-	}
-}
-
 // TestOutOfOrderAfterPick: a message that breaks the order once the answer is under way ends
 // the stream with InvalidArgument, and the call is settled without blaming the endpoint.
 func TestOutOfOrderAfterPick(t *testing.T) {

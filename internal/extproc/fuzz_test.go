@@ -204,10 +204,10 @@ func FuzzEventSplitter(f *testing.F) {
 		}
 		var s eventSplitter
 		var got []string
-		take := func(ev openai.Event) bool {
+		take := passIf(func(ev openai.Event) bool {
 			got = append(got, fmt.Sprintf("%q %q %q", ev.Name, ev.Data, ev.ID))
 			return true
-		}
+		})
 		var out []byte
 		rest := stream
 		for i := 0; len(rest) > 0 || i == 0; i++ {

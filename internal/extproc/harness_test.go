@@ -334,8 +334,14 @@ func destination(resp *extprocv3.ProcessingResponse) string {
 // kv) and the whole body sent, the answer to the headers (returned) and the body back.
 func (f *fixture) routed(t testing.TB, body string, kv ...string) (*envoy, *extprocv3.ProcessingResponse) {
 	t.Helper()
+	return f.routedTo(t, "/v1/chat/completions", body, kv...)
+}
+
+// routedTo is routed for a request to path.
+func (f *fixture) routedTo(t testing.TB, path, body string, kv ...string) (*envoy, *extprocv3.ProcessingResponse) {
+	t.Helper()
 	e := f.open(t, fullDuplex, fullDuplex)
-	e.send(reqHeaders("/v1/chat/completions", false, kv...))
+	e.send(reqHeaders(path, false, kv...))
 	e.send(reqBody(body, true))
 	r := e.recv()
 	if r.GetRequestHeaders() == nil {

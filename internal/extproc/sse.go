@@ -25,11 +25,16 @@ type eventSplitter struct {
 // growing with the square of its length (8 MiB of short lines took 2.6 s of CPU).
 const rescan = 2
 
-// feed appends chunk to what is pending and appends to dst the events to pass on, those for
-// which take returns true, byte for byte as they came; at eos what is left, a partial event
+// takeFunc reads one whole event and says what of it to pass on: nothing (pass false), or its
+// bytes as they came but for those of ev.Data[omitFrom:omitTo] (none when omitFrom >= omitTo):
+// proxy.Exchange.Event's answer.
+type takeFunc func(ev openai.Event) (pass bool, omitFrom, omitTo int)
+
+// feed appends chunk to what is pending and appends to dst the events to pass on, as take
+// says, byte for byte as they came (less what take omits); at eos what is left, a partial event
 // included, is read as one too. An event the reader cannot read (longer than maxEvent) is
 // passed on unread.
-func (s *eventSplitter) feed(dst, chunk []byte, eos bool, take func(openai.Event) bool) []byte {
+func (s *eventSplitter) feed(dst, chunk []byte, eos bool, take takeFunc) []byte {
 	var b []byte
 	from := 0 // where the first event's end may be: before it, pending holds none
 	if len(s.pending) == 0 {
@@ -55,9 +60,7 @@ func (s *eventSplitter) feed(dst, chunk []byte, eos bool, take func(openai.Event
 		ev := b[:n]
 		b = b[n:]
 		found.lf, found.cr = found.lf-n, found.cr-n // negative (unknown) when within the event
-		if s.read(ev, take) {
-			dst = append(dst, ev...)
-		}
+		dst = s.read(dst, ev, take)
 	}
 	// Keep the partial event, in pending's own memory (b may be the caller's chunk); when it is
 	// all of pending already, nothing moves.
@@ -67,8 +70,8 @@ func (s *eventSplitter) feed(dst, chunk []byte, eos bool, take func(openai.Event
 	return dst
 }
 
-// read reads one event's bytes and reports whether to pass them on.
-func (s *eventSplitter) read(raw []byte, take func(openai.Event) bool) bool {
+// read reads one event's bytes and appends to dst what take says to pass on of them.
+func (s *eventSplitter) read(dst, raw []byte, take takeFunc) []byte {
 	s.src.Reset(raw)
 	if s.rd == nil {
 		s.rd = openai.NewSSEReader(&s.src, maxEvent)
@@ -77,9 +80,21 @@ func (s *eventSplitter) read(raw []byte, take func(openai.Event) bool) bool {
 	}
 	ev, err := s.rd.Next()
 	if err != nil {
-		return true // blank lines alone, or an event too long to read: passed as they are
+		return append(dst, raw...) // blank lines alone, or an event too long to read: passed as they are
 	}
-	return take(ev)
+	pass, from, to := take(ev)
+	switch {
+	case !pass:
+		return dst
+	case from < to && to <= len(ev.Data) && bytes.IndexByte(ev.Data, '\n') < 0:
+		// The omitted part goes: the event's data is one line, a part of raw (only chunks
+		// that carry a "usage" the router asked for pay for the search).
+		if at := bytes.Index(raw, ev.Data); at >= 0 {
+			dst = append(dst, raw[:at+from]...)
+			return append(dst, raw[at+to:]...)
+		}
+	}
+	return append(dst, raw...)
 }
 
 // lineScan is where eventEndFrom's searches for "\n" and "\r" in b stopped: the index of the

@@ -12,6 +12,48 @@ import (
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
+// passIf is a takeFunc that passes whole the events pass says to, and omits nothing.
+func passIf(pass func(openai.Event) bool) takeFunc {
+	return func(ev openai.Event) (bool, int, int) { return pass(ev), 0, 0 }
+}
+
+// passAll passes every event whole.
+func passAll(openai.Event) (bool, int, int) { return true, 0, 0 }
+
+// TestEventSplitterOmits: a part of an event's data that take omits (the usage member kvroute
+// asked for, in a chunk that carries more) is left out of what is passed on, however the
+// stream is cut and whatever its line ends; an event whose data is more than one line, or that
+// take omits nothing of, passes as it came.
+func TestEventSplitterOmits(t *testing.T) {
+	zeros := `"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}`
+	chunk := "data: {\"choices\":[{\"text\":\" figur\"}]," + zeros + "}\n\n"
+	first := "id: 7\r\ndata: {" + zeros + ",\"choices\":[]}\r\n\r\n"
+	multi := "data: {\"choices\":[],\ndata: " + zeros + "}\n\n" // two data lines: not cut
+	stream := chunk + first + event1 + multi + chunk
+	clean := "data: {\"choices\":[{\"text\":\" figur\"}]}\n\n"
+	want := clean + "id: 7\r\ndata: {\"choices\":[]}\r\n\r\n" + event1 + multi + clean
+	take := func(ev openai.Event) (bool, int, int) {
+		from, to, ok := openai.UsageMember(ev.Data)
+		if !ok {
+			return true, 0, 0
+		}
+		return true, from, to
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 200 {
+		var s eventSplitter
+		var out []byte
+		for rest := stream; len(rest) > 0; {
+			n := 1 + rng.IntN(min(len(rest), 30))
+			out = s.feed(out, []byte(rest[:n]), n == len(rest), take)
+			rest = rest[n:]
+		}
+		if string(out) != want {
+			t.Fatalf("trial %d: got %q, want %q", trial, out, want)
+		}
+	}
+}
+
 // TestEventSplitterAnyCut: however the stream is cut into chunks, the events passed on are the
 // same bytes, whole events only, and the ones dropped are dropped whole, whatever their line
 // ends.
@@ -24,7 +66,7 @@ func TestEventSplitterAnyCut(t *testing.T) {
 	dropCR := "data: {\"drop\":2}\r\r"
 	stream := event1 + crlf + cr + comment + drop + dropCR + named + cr + doneEvent
 	want := event1 + crlf + cr + comment + named + cr + doneEvent
-	take := func(ev openai.Event) bool { return !strings.Contains(string(ev.Data), "drop") }
+	take := passIf(func(ev openai.Event) bool { return !strings.Contains(string(ev.Data), "drop") })
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 500 {
 		var s eventSplitter
@@ -49,7 +91,7 @@ func TestEventSplitterAnyCut(t *testing.T) {
 func TestEventSplitterEnd(t *testing.T) {
 	var s eventSplitter
 	var seen []string
-	take := func(ev openai.Event) bool { seen = append(seen, string(ev.Data)); return true }
+	take := passIf(func(ev openai.Event) bool { seen = append(seen, string(ev.Data)); return true })
 	out := s.feed(nil, []byte("data: one\n\ndata: tw"), false, take)
 	if string(out) != "data: one\n\n" || len(seen) != 1 {
 		t.Fatalf("before the end: %q, events %q", out, seen)
@@ -67,7 +109,7 @@ func TestEventSplitterEnd(t *testing.T) {
 func TestEventSplitterLoneCR(t *testing.T) {
 	var s eventSplitter
 	var seen []string
-	take := func(ev openai.Event) bool { seen = append(seen, ev.Name+"|"+string(ev.Data)); return true }
+	take := passIf(func(ev openai.Event) bool { seen = append(seen, ev.Name+"|"+string(ev.Data)); return true })
 	steps := []struct{ chunk, out string }{
 		{"event: e\rdata: a\r", ""}, // the "\r" may be half of a "\r\n": the line is not over
 		{"\r", "event: e\rdata: a\r\r"},
@@ -112,7 +154,7 @@ func noBlankLines(t *testing.T, line string) {
 	total, held := 0, 0
 	start := time.Now()
 	for i := range chunks {
-		out := s.feed(nil, chunk, i == chunks-1, func(openai.Event) bool { return true })
+		out := s.feed(nil, chunk, i == chunks-1, passAll)
 		total += len(out)
 		held = max(held, len(s.pending))
 	}
@@ -139,7 +181,7 @@ func BenchmarkEventSplitter(b *testing.B) {
 		cut = append(cut, rest[:n])
 		rest = rest[n:]
 	}
-	take := func(openai.Event) bool { return true }
+	take := passAll
 	for _, bc := range []struct {
 		name   string
 		chunks []string

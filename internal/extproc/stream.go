@@ -76,7 +76,12 @@ type stream struct {
 	overflow bool   // the answer was larger than maxCapture
 	bad      bool   // the answer's status was not a status: its body is not read
 	first    bool   // the first event went by
-	settled  bool
+	// evented: an event other than a comment went by; partial: the stream's body ended inside
+	// an event (no blank line after it). Together they tell a stream the engine ended without
+	// its terminator from a cut one (finishAnswer).
+	evented bool
+	partial bool
+	settled bool
 }
 
 // run receives and answers messages until the request ends.
@@ -371,7 +376,8 @@ func (st *stream) eligible(cands []*endpoint.Endpoint) []*endpoint.Endpoint {
 }
 
 // canRewrite reports whether the response body passes through kvroute in a mode where it may
-// change it (drop the usage chunk it asked for).
+// change it (leave out the usage it asked for: the usage-only chunk, the usage member of other
+// chunks). Elsewhere kvroute asks for no usage, and the client gets what the engine sends.
 func canRewrite(m filterv3.ProcessingMode_BodySendMode) bool {
 	switch m {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED:
@@ -560,21 +566,54 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 	return st.outOfOrder("response body (response_body_mode NONE)")
 }
 
-// event reads one whole event of a streamed answer and reports whether to pass it on.
-func (st *stream) event(ev openai.Event) bool {
+// event reads one whole event of a streamed answer and says what of it to pass on (takeFunc).
+func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	if !st.first {
 		st.first = true
 		st.x.Call().FirstToken()
 	}
+	if ev.Cut {
+		st.partial = true
+	} else if !ev.Empty() {
+		st.evented = true
+	}
 	return st.x.Event(ev)
 }
 
-// finishAnswer settles the request at the end of its answer: complete, or cut short when a
-// stream ended before its terminator.
+// finishAnswer settles the request at the end of its answer: complete; ended by the engine
+// without its terminator; or cut short.
+//
+// It is called at the answer's end as Envoy tells it (end_of_stream on the last body message,
+// or the response trailers), which Envoy sends only when the upstream's response ended: its
+// HTTP/2 stream's end, its chunked body's last chunk, its Content-Length read. An upstream that
+// resets or breaks its body after the head (a reset, a connection closed inside a chunked body,
+// a timeout) has Envoy reset the client's request instead, and the ext_proc stream ends without
+// that message (stream.end: settled as the client gone, which kvroute cannot tell it from).
+// So a stream that reached its end after a whole event without a terminator is the engine's
+// own end, as ollama ends a stream at its token-repeat limit: passed on as it ended and
+// settled as `kvroute serve` settles it (Exchange.Unterminated), not as a cut. One break looks
+// the same to Envoy, and so to kvroute: an HTTP/1.1 body delimited by the connection's close
+// (no Content-Length, not chunked), which Envoy reads to the close, whatever closed it. The
+// engines kvroute serves stream chunked. A stream that ended inside an event (no blank line
+// after it, or a partial event still held at the trailers), or before any event, is still
+// settled as cut: 502 stream_cut, a failure of the endpoint. A stream that carried the engine's
+// error event is a 502 stream_error, a failure of the endpoint too, however it ended.
 func (st *stream) finishAnswer() {
-	if st.sse && !st.x.Completed() {
-		st.x.Cut()
+	if st.sse && st.x.StreamFailed() {
+		// The client has the engine's error event after a 200 head: settled as `kvroute
+		// serve` settles it.
+		st.x.Refused(openai.NewError(0, "stream_error", "", "", ""))
 		st.settle(http.StatusBadGateway)
+		return
+	}
+	if st.sse && !st.x.Completed() {
+		if !st.evented || st.partial || len(st.events.pending) > 0 {
+			st.x.Cut()
+			st.settle(http.StatusBadGateway)
+			return
+		}
+		st.x.Unterminated()
+		st.settle(st.status)
 		return
 	}
 	if !st.sse {

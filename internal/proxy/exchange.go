@@ -718,10 +718,13 @@ func (x *Exchange) Body(ep *endpoint.Endpoint) []byte { return x.c.bodyFor(x.c.h
 // Answered records that an endpoint answered with status (a response head came back).
 func (x *Exchange) Answered(status int) { x.c.answered, x.c.answerStatus = true, status }
 
-// Event reads one event of a streamed answer and reports whether to pass it on.
-func (x *Exchange) Event(ev openai.Event) (pass bool) {
-	pass, _, _ = x.c.takeEvent(ev)
-	return pass
+// Event reads one event of a streamed answer and reports whether to pass it on. Where the
+// router asked for the usage (PrepareOptions.AddUsage) and the engine put it in a chunk that
+// carries more (ollama's completions: zeros in every token's chunk), [omitFrom, omitTo) is the
+// usage member's place in ev.Data, to leave out of what the client gets, as `kvroute serve`
+// does (openai.UsageMember); it is [0, 0) otherwise.
+func (x *Exchange) Event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
+	return x.c.takeEvent(ev)
 }
 
 // Whole reads a whole non-streamed answer body (usage, response id) and marks it complete. An
@@ -742,8 +745,27 @@ func (x *Exchange) Complete() { x.c.complete = true }
 // Completed reports whether the answer was read to its end (a stream: to its terminator).
 func (x *Exchange) Completed() bool { return x.c.complete }
 
-// Cut records that the engine's answer ended before its end.
-func (x *Exchange) Cut() { x.c.cut = true }
+// StreamFailed reports whether the engine's stream carried an error event (it failed after its
+// head: vLLM's {"error": ...}, a Responses API error or response.failed event), which the HTTP
+// handler settles as a 502 stream_error whatever end the stream had.
+func (x *Exchange) StreamFailed() bool { return x.c.streamErr }
+
+// Cut records that the engine's answer ended before its end (error_type stream_cut on the
+// access line, as `kvroute serve` says it).
+func (x *Exchange) Cut() {
+	x.c.cut = true
+	if x.c.errType == "" {
+		x.c.errType = "stream_cut"
+	}
+}
+
+// Unterminated records that the engine ended its stream's body properly after its last event,
+// without a terminator ([DONE], or a Responses API terminal event): on purpose, as ollama ends
+// a stream at its token-repeat limit. As in `kvroute serve` (sseBody.endedUnterminated), that is
+// an end and not a cut: settled with the answer's status, not a failure of the endpoint, the
+// access line saying stream_end "no_terminator", the tenant charged as for a stream whose usage
+// did not come (call.charge).
+func (x *Exchange) Unterminated() { x.c.unterminated = true }
 
 // Settle ends the request, whose answer went out with status (499: the client went away):
 // the lifecycle, the tenant's ticket, metrics and the access line. Call it once.
