@@ -25,9 +25,13 @@ const (
 	// still in flight then goes on; the rounds after skip its address until it ends.
 	joinRoundWait = 3 * time.Second
 	// joinBackoffMin and joinBackoffMax bound the wait before an address whose join failed is
-	// tried again; it doubles at each failure in a row.
+	// tried again; it doubles at each failure in a row. The most is the default rejoin
+	// interval: a peer cut off for longer than its failure detection is joined again by these
+	// tries when the partition ends, so a longer wait would be that much longer a split (a
+	// dead address costs a socket a try, in flight at most a TCP timeout, and the rounds skip
+	// it meanwhile).
 	joinBackoffMin = 2 * time.Second
-	joinBackoffMax = time.Minute
+	joinBackoffMax = 10 * time.Second
 )
 
 // joiner is the node's account of its joins: a slot per join in flight, and the addresses in

@@ -128,7 +128,7 @@ func TestJoinerBackoff(t *testing.T) {
 		now = at
 		j.begin(a)
 	}
-	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, time.Minute, time.Minute}
+	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second}
 	if diff := cmp.Diff(want, waits); diff != "" {
 		t.Errorf("waits after each failure (-want +got):\n%s", diff)
 	}
