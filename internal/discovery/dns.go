@@ -80,7 +80,7 @@ func (d *DNSSource) Resolve(ctx context.Context) ([]endpoint.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.partial(d.logger(), a)
+	d.partial(d.logger(), a, new([2]bool))
 	addrs, dropped := d.choose(a, nil)
 	if len(addrs) == 0 {
 		return nil, d.noAddress(dropped)
@@ -124,8 +124,9 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 		}
 	}
 	missed := map[netip.Addr]int{}
-	left := ""    // the addresses left out, as last said
-	over := false // the last answer was refused for its size, and that was said
+	left := ""         // the addresses left out, as last said
+	over := false      // the last answer was refused for its size, and that was said
+	var partly [2]bool // the A, the AAAA lookups fail while the other family answers, and that was said
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -136,7 +137,7 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 		}
 		a, err := d.lookup(ctx)
 		if err == nil {
-			d.partial(log, a)
+			d.partial(log, a, &partly)
 			now, dropped := d.choose(a, held)
 			if s := strings.Join(dropped, "; "); s != left {
 				left = s
@@ -149,15 +150,19 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 				err = d.noAddress(dropped)
 			} else {
 				kept, stillMissed := hold(held, missed, now, removeAfter)
-				if n := d.maxEndpoints(); len(kept) > n {
+				if n := d.maxEndpoints(); len(now) > n {
 					if !over {
 						d.report(log, "DNS discovery refused a set over max_endpoints, keeping the endpoints in force",
 							fmt.Errorf("discovery.dns %s: %d addresses, more than max_endpoints (%d): the %d endpoints in force stay; raise max_endpoints if the name really has that many engines",
-								d.Config.Name, len(kept), n, len(names)))
+								d.Config.Name, len(now), n, len(names)))
 					}
 					over = true
 				} else {
 					over = false
+					// The answer fits, and the addresses held for it go first where they do
+					// not (a fleet replaced at once): judged with them, it would be refused at
+					// every answer, their misses never counted, and the dead set kept for good.
+					kept = fit(kept, now, stillMissed, n)
 					specs := d.specs(kept)
 					got := specNames(specs)
 					if !slices.Equal(names, got) {
@@ -311,18 +316,28 @@ func noAddressIsNoError(err error) error {
 // partial says a lookup of one family that failed while the other answered, when the failed
 // family counts: always with any; with auto, A's, and AAAA's when A found no address (a
 // server that fails every AAAA query in an IPv4 cluster is no news at every lookup).
-func (d *DNSSource) partial(log *slog.Logger, a answer) {
+func (d *DNSSource) partial(log *slog.Logger, a answer, said *[2]bool) {
 	f := d.family()
 	if f != config.FamilyAuto && f != config.FamilyAny {
 		return
 	}
-	for _, fam := range []struct {
+	for i, fam := range []struct {
 		name string
 		err  error
 	}{{"A (IPv4)", a.err4}, {"AAAA (IPv6)", a.err6}} {
-		if fam.err != nil && !(f == config.FamilyAuto && fam.err == a.err6 && len(a.v4) > 0) {
-			d.report(log, "DNS lookup of one address family failed, keeping its endpoints in force",
-				fmt.Errorf("discovery.dns %s: %s lookup failed while the other family answered, its addresses in force stay: %w", d.Config.Name, fam.name, fam.err))
+		if fam.err == nil || f == config.FamilyAuto && fam.err == a.err6 && len(a.v4) > 0 {
+			said[i] = false
+			continue
+		}
+		err := fmt.Errorf("discovery.dns %s: %s lookup failed while the other family answered, its addresses in force stay: %w", d.Config.Name, fam.name, fam.err)
+		// Counted at every lookup, as a whole failure is, but logged once while it lasts: a
+		// server that fails every AAAA query would otherwise warn every interval for good.
+		if !said[i] {
+			said[i] = true
+			log.Warn("DNS lookup of one address family failed, keeping its endpoints in force (said once while it fails)", "name", d.Config.Name, "err", err)
+		}
+		if d.OnError != nil {
+			d.OnError(err)
 		}
 	}
 }
@@ -398,6 +413,28 @@ func hold(held []netip.Addr, missed map[netip.Addr]int, now []netip.Addr, remove
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out, still
+}
+
+// fit returns kept (the addresses of the answer now, and those held though missing, sorted)
+// cut to n: every address of now, then the held ones missed the fewest answers in a row; the
+// ones left out leave missed too.
+func fit(kept, now []netip.Addr, missed map[netip.Addr]int, n int) []netip.Addr {
+	if len(kept) <= n {
+		return kept
+	}
+	var extra []netip.Addr
+	for _, a := range kept {
+		if _, found := slices.BinarySearchFunc(now, a, netip.Addr.Compare); !found {
+			extra = append(extra, a)
+		}
+	}
+	slices.SortStableFunc(extra, func(a, b netip.Addr) int { return cmp.Compare(missed[a], missed[b]) })
+	out := append(slices.Clone(now), extra[:n-len(now)]...)
+	for _, a := range extra[n-len(now):] {
+		delete(missed, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }
 
 func (d *DNSSource) specs(addrs []netip.Addr) []endpoint.Spec {

@@ -376,13 +376,18 @@ func TestDNSRun_PartialFailure(t *testing.T) {
 			l.set(tc.failing, nil, servfail)
 			var mu sync.Mutex
 			var reported []string
-			d := &DNSSource{Config: cfg, LookupNet: l.lookup, OnError: func(err error) {
+			logs := &testlog.Buffer{}
+			d := &DNSSource{Config: cfg, LookupNet: l.lookup, Log: slog.New(slog.NewTextHandler(logs, nil)), OnError: func(err error) {
 				mu.Lock()
 				reported = append(reported, err.Error())
 				mu.Unlock()
 			}}
 			emitted := runDNS(t, d, tc.have)
 			waitFor(t, "10 lookups", func() bool { return l.count() >= 10 })
+			// Counted at every lookup, logged once while it fails.
+			if n := logs.Count("lookup of one address family failed"); n != 1 {
+				t.Errorf("the failing family was logged %d times in 10 lookups, want once", n)
+			}
 			select {
 			case s := <-emitted:
 				t.Errorf("a failing %s lookup changed the set to %v; want %v kept", tc.failing, s, tc.have)
@@ -548,4 +553,59 @@ func TestResolveAll(t *testing.T) {
 			t.Errorf("source %d: %v, %v; want %s", i, specNames(sets[i]), errs[i], want)
 		}
 	}
+}
+
+// TestDNSRun_ReplacedFleetNearMax: every pod replaced at once (a Recreate rollout, a node
+// drain) with max_endpoints near the fleet's size: the new addresses go in at the first answer,
+// with as many of the old, held ones as fit, and the old ones leave after remove_after answers.
+// Judged with the held ones, the answer was refused at every lookup and the dead set kept for
+// good.
+func TestDNSRun_ReplacedFleetNearMax(t *testing.T) {
+	cfg := dnsConfig(t)
+	cfg.Interval = config.Duration(time.Millisecond)
+	cfg.MaxEndpoints = 16
+	gen := func(b byte) (addrs []netip.Addr, names []string) {
+		for i := range 10 {
+			a := netip.AddrFrom4([4]byte{10, b, 0, byte(i + 1)})
+			addrs, names = append(addrs, a), append(names, "http://"+a.String()+":8000")
+		}
+		return addrs, names
+	}
+	l := &lookups{}
+	old, oldNames := gen(1)
+	l.set("ip4", old, nil)
+	d := &DNSSource{Config: cfg, LookupNet: l.lookup}
+	emitted := runDNS(t, d, oldNames)
+	waitFor(t, "3 lookups", func() bool { return l.count() >= 3 })
+	fresh, freshNames := gen(2)
+	l.set("ip4", fresh, nil)
+	var first []string
+	select {
+	case first = <-emitted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new addresses never went in: the answer was refused with the old ones held")
+	}
+	if len(first) != 16 || !isSubset(freshNames, first) {
+		t.Errorf("first set after the replacement: %d endpoints %v; want the 10 new and 6 of the old held", len(first), first)
+	}
+	var last []string
+	for deadline := time.After(10 * time.Second); len(last) != 10; {
+		select {
+		case last = <-emitted:
+		case <-deadline:
+			t.Fatalf("the old addresses never left: last set %v", last)
+		}
+	}
+	if !isSubset(freshNames, last) {
+		t.Errorf("final set %v, want the 10 new addresses", last)
+	}
+}
+
+func isSubset(want, got []string) bool {
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			return false
+		}
+	}
+	return true
 }

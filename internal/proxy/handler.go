@@ -406,6 +406,12 @@ func (h *Handler) hops(hdr http.Header) ([]string, *openai.Error) {
 			}
 			ids = append(ids, id)
 			size += len(id) + 1
+			if len(ids) >= maxHops || size > maxHops*64 {
+				break // a loop already (below); the rest of a header a client may make long unread
+			}
+		}
+		if len(ids) >= maxHops || size > maxHops*64 {
+			break
 		}
 	}
 	if len(ids) >= maxHops || size > maxHops*64 {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -109,5 +110,22 @@ func TestRouterTiers(t *testing.T) {
 	resp, body = back.post(t, "/v1/chat/completions", chatBody, ViaHeader, hops)
 	if resp.StatusCode != http.StatusLoopDetected || errorCode(body) != "routing_loop" {
 		t.Errorf("after %d routers: %d %s, want 508 routing_loop", maxHops, resp.StatusCode, body)
+	}
+}
+
+// A client's long Via header (it may write one of any length the server lets in) is read only
+// as far as the hop limit: 250,000 ids cost what maxHops do (before, a slice of them all: 4 MB).
+func TestViaHeaderReadToTheLimit(t *testing.T) {
+	h := &Handler{Instance: "r1"}
+	h.instanceHeader = []string{"r1"}
+	long := http.Header{ViaHeader: {strings.Repeat("ab,", 250000)}}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := h.hops(long); err == nil {
+		t.Fatal("250,000 hops: no routing loop said")
+	}
+	runtime.ReadMemStats(&after)
+	if b := after.TotalAlloc - before.TotalAlloc; b > 64<<10 {
+		t.Errorf("%d bytes allocated to read a long %s header; want it read only to the hop limit", b, ViaHeader)
 	}
 }
