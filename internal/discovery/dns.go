@@ -245,7 +245,7 @@ func (d *DNSSource) lookup(ctx context.Context) (answer, error) {
 		case a.err4 == a.err6:
 			failed = a.err4
 		default:
-			failed = fmt.Errorf("A: %w; AAAA: %w", a.err4, a.err6)
+			failed = fmt.Errorf("the A lookup: %w; the AAAA lookup: %w", a.err4, a.err6)
 		}
 	}
 	if failed != nil {
