@@ -139,6 +139,15 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 		if err == nil {
 			d.partial(log, a, &partly)
 			now, dropped := d.choose(a, held)
+			// auto, with IPv4 endpoints in force and an answer without A records: they age out
+			// as addresses an answer lacks, rather than each engine being doubled at once by its
+			// IPv6 address; only once none is left does the name go over to IPv6.
+			fading := false
+			if d.family() == config.FamilyAuto && len(a.v4) == 0 && a.err4 == nil && slices.ContainsFunc(held, netip.Addr.Is4) {
+				if kept, _ := hold(held, missed, nil, removeAfter); len(kept) > 0 {
+					now, fading = nil, true
+				}
+			}
 			if s := strings.Join(dropped, "; "); s != left {
 				left = s
 				if s != "" {
@@ -146,7 +155,7 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 						d.Config.Name, len(dropped), strings.Join(LogNames(dropped, logNamesMax), "; ")))
 				}
 			}
-			if len(now) == 0 {
+			if len(now) == 0 && !fading {
 				err = d.noAddress(dropped)
 			} else {
 				kept, stillMissed := hold(held, missed, now, removeAfter)

@@ -609,3 +609,33 @@ func isSubset(want, got []string) bool {
 	}
 	return true
 }
+
+// TestDNSRun_AutoKeepsIPv4: with family auto, an answer without A records does not double a
+// dual-stack engine with its IPv6 address while its IPv4 one is held; a name whose A records
+// stay gone for remove_after answers goes over to IPv6, its IPv4 endpoints gone by then.
+func TestDNSRun_AutoKeepsIPv4(t *testing.T) {
+	cfg := dnsConfig(t)
+	cfg.Interval = config.Duration(time.Millisecond)
+	l := &lookups{}
+	l.set("ip4", nil, nil) // no A record in this answer
+	l.set("ip6", addrs("fd00::1"), nil)
+	d := &DNSSource{Config: cfg, LookupNet: l.lookup}
+	emitted := runDNS(t, d, []string{"http://10.0.0.1:8000"})
+	var sets [][]string
+	for deadline := time.After(10 * time.Second); len(sets) == 0 || !slices.Equal(sets[len(sets)-1], []string{"http://[fd00::1]:8000"}); {
+		select {
+		case s := <-emitted:
+			sets = append(sets, s)
+		case <-deadline:
+			t.Fatalf("never went over to IPv6: sets %v", sets)
+		}
+	}
+	for _, s := range sets {
+		if len(s) > 1 {
+			t.Errorf("sets emitted %v: an engine was two endpoints at once", sets)
+		}
+	}
+	if l.count() < config.DefaultRemoveAfter {
+		t.Errorf("went over to IPv6 after %d answers, want remove_after (%d)", l.count(), config.DefaultRemoveAfter)
+	}
+}
