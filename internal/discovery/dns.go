@@ -230,8 +230,9 @@ func (d *DNSSource) lookup(ctx context.Context) (answer, error) {
 	defer cancel()
 	done := make(chan answer, 1)
 	go func() {
-		defer d.busy.Store(false)
-		done <- d.ask(lctx)
+		a := d.ask(lctx)
+		d.busy.Store(false) // before the answer goes: the next lookup may start as soon as it is read
+		done <- a
 	}()
 	var a answer
 	select {
