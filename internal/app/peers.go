@@ -139,14 +139,6 @@ func (p *peers) run(ctx context.Context, client kube.Client) error {
 // ready reports whether the warm start is over (always, without peers).
 func (p *peers) ready() bool { return p == nil || p.node.Ready() }
 
-// removed tells the other replicas that ep left this router's pool, so that they forget what
-// their policy knew of it even if their own discovery has not seen it go yet.
-func (p *peers) removed(ep *endpoint.Endpoint) {
-	if p != nil {
-		p.node.Publish(&route.Event{Kind: route.EventRemoved, Endpoint: ep.Name})
-	}
-}
-
 // admin adds /debug/peers (and the fault injection switch when configured) to mux.
 func (p *peers) admin(mux *http.ServeMux) {
 	if p != nil {

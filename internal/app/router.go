@@ -288,7 +288,8 @@ func (r *Router) apply(cfg *config.Config) error {
 	if picker != r.picker && r.picker != nil {
 		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
 	}
-	if err := r.updatePoolLocked(discovery.Specs(cfg.Endpoints), picker); err != nil {
+	removed, err := r.updatePoolLocked(discovery.Specs(cfg.Endpoints))
+	if err != nil {
 		return err
 	}
 	r.picker, r.policyKey, r.cfg = picker, key, cfg
@@ -308,6 +309,9 @@ func (r *Router) apply(cfg *config.Config) error {
 	})
 	if err != nil {
 		return err
+	}
+	for _, ep := range removed {
+		lc.Removed(ep)
 	}
 	h := &proxy.Handler{
 		Pool:           r.pool,
@@ -333,30 +337,22 @@ func (r *Router) apply(cfg *config.Config) error {
 	return nil
 }
 
-// updatePoolLocked sets the pool to static + discovered endpoints and tells the policy (and
-// the metrics) which endpoints left. The caller holds r.mu.
-func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) error {
+// updatePoolLocked sets the pool to static + discovered endpoints, tells the metrics which
+// endpoints came and left, and returns those that left, for the lifecycle in force to forget
+// (route.Lifecycle.Removed: the policy, passive health checking, the audit and the other
+// replicas; kept, an ejection of an endpoint long gone would count against
+// max_ejected_percent for good). The caller holds r.mu.
+func (r *Router) updatePoolLocked(static []endpoint.Spec) ([]*endpoint.Endpoint, error) {
 	// A discovered endpoint that is also static keeps the static spec.
 	diff, err := r.pool.Update(discovery.Merge(append([][]endpoint.Spec{static}, r.discovered...)...))
 	if err != nil {
-		return fmt.Errorf("endpoints: %w", err)
+		return nil, fmt.Errorf("endpoints: %w", err)
 	}
-	obs, _ := picker.(policy.Observer)
 	for _, ep := range diff.Added {
 		r.metrics.EndpointAdded(ep.Name, ep.Models)
 	}
 	var forget []string
 	for _, ep := range diff.Removed {
-		// What the policy, passive health checking and the audit know of it goes (as
-		// route.Lifecycle.Removed would, for the lifecycle being built): kept, an ejection of
-		// an endpoint long gone would still count against max_ejected_percent, and its state
-		// would stay for good. The other replicas are told.
-		if obs != nil {
-			obs.Removed(ep)
-		}
-		r.outlier.Forget(ep)
-		r.audit.Forget(ep)
-		r.peers.removed(ep)
 		if r.pool.ByName(ep.Name) == nil {
 			forget = append(forget, ep.Name)
 		}
@@ -365,7 +361,7 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec, picker policy.Picker) 
 	if len(diff.Added)+len(diff.Removed) > 0 {
 		r.logger.Info("endpoints changed", "added", names(diff.Added), "removed", names(diff.Removed))
 	}
-	return nil
+	return diff.Removed, nil
 }
 
 func names(eps []*endpoint.Endpoint) []string {
@@ -493,9 +489,15 @@ func (r *Router) setDiscovered(i int, specs []endpoint.Spec) error {
 	defer r.mu.Unlock()
 	old := r.discovered[i]
 	r.discovered[i] = specs
-	if err := r.updatePoolLocked(discovery.Specs(r.cfg.Endpoints), r.picker); err != nil {
+	removed, err := r.updatePoolLocked(discovery.Specs(r.cfg.Endpoints))
+	if err != nil {
 		r.discovered[i] = old
 		return err
+	}
+	if h := r.h.Load(); h != nil { // apply stores one before any source runs
+		for _, ep := range removed {
+			h.Lifecycle.Removed(ep)
+		}
 	}
 	r.metrics.DiscoveredEndpoints.WithLabelValues(r.sourceName(i)).Set(float64(len(specs)))
 	return nil
