@@ -297,11 +297,11 @@ func TestServeFlags(t *testing.T) {
 			t.Errorf("%q: rc %d, %q; want 2 and %q", tt.args, rc, errb.String(), tt.want)
 		}
 	}
-	// The file's admin_listen (its default) meets --listen: the file's key is named.
+	// --listen moved onto admin_listen's default: the flag is blamed, not the key nobody wrote.
 	errb.Reset()
-	if rc := runServe(context.Background(), []string{"--config", path, "--listen", "127.0.0.1:9090"}, &out, &errb); rc != 1 ||
-		!strings.Contains(errb.String(), "admin_listen: \"127.0.0.1:9090\" is also listen") {
-		t.Errorf("clash with the file's admin_listen: rc %d, %q; want 1 and the clash named", rc, errb.String())
+	if rc := runServe(context.Background(), []string{"--config", path, "--listen", "127.0.0.1:9090"}, &out, &errb); rc != 2 ||
+		!strings.Contains(errb.String(), "--listen 127.0.0.1:9090: \"127.0.0.1:9090\" is the admin server's address") {
+		t.Errorf("--listen on the admin default: rc %d, %q; want 2 and --listen named", rc, errb.String())
 	}
 	// The policy is judged with the rest of the config: every problem at once, each named.
 	bad := filepath.Join(t.TempDir(), "bad.yaml")

@@ -547,7 +547,12 @@ func (t *top) validate(_ *Config, p *problems) {
 	checkAddr(p, "admin_listen", t.AdminListen)
 	// Port 0 on both is two free ports, not one.
 	if _, port, err := net.SplitHostPort(t.Listen); t.Listen == t.AdminListen && err == nil && port != "0" {
-		p.add("admin_listen", "%q is also listen: give the admin server its own port (default %s)", t.AdminListen, DefaultAdminListen)
+		if t.AdminListen == DefaultAdminListen {
+			// Most likely listen was moved onto the admin server's default, not the other way.
+			p.add("listen", "%q is the admin server's address (admin_listen, default %s): give listen another port, or admin_listen another address", t.Listen, DefaultAdminListen)
+		} else {
+			p.add("admin_listen", "%q is also listen: give the admin server its own port (default %s)", t.AdminListen, DefaultAdminListen)
+		}
 	}
 }
 
