@@ -19,10 +19,13 @@
 //     body, 500 for messages out of the protocol's order;
 //   - to the response headers and body by passing them on (streams event by event, the
 //     usage the router asked for left out: the usage-only chunk, and the usage member of
-//     other chunks), learning the first token time, the usage and the cached tokens, and,
-//     from envoy.lb/x-gateway-destination-endpoint-served, which endpoint of the list
-//     answered. A stream that the engine ended without its terminator is settled as
-//     `kvroute serve` settles it (stream.finishAnswer).
+//     other chunks), learning the first token time (the first event other than a comment),
+//     the usage and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served,
+//     which endpoint of the list answered. A stream is read as `kvroute serve` reads it
+//     (stream.event): an event the stream ended inside, and what follows the terminator,
+//     are neither read nor passed on, and a cut stream ends with serve's stream_cut error
+//     event. A stream that the engine ended without its terminator, cut, or failed with an
+//     error event is settled as `kvroute serve` settles it (stream.finishAnswer).
 //
 // The endpoint subset hint (filter metadata envoy.lb.subset_hint /
 // x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -75,13 +76,16 @@ type stream struct {
 	capture  []byte // a non-streamed answer, up to maxCapture
 	overflow bool   // the answer was larger than maxCapture
 	bad      bool   // the answer's status was not a status: its body is not read
-	first    bool   // the first event went by
+	first    bool   // the first token came: an event other than a comment
 	// evented: an event other than a comment went by; partial: the stream's body ended inside
 	// an event (no blank line after it). Together they tell a stream the engine ended without
 	// its terminator from a cut one (finishAnswer).
 	evented bool
 	partial bool
-	settled bool
+	// progress: an event other than a comment went by since the endpoint was last told that
+	// its engine is working (responseBody).
+	progress bool
+	settled  bool
 }
 
 // run receives and answers messages until the request ends.
@@ -538,6 +542,14 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 	out := chunk
 	if st.sse {
 		out = st.events.feed(nil, chunk, eos, st.event)
+		if st.progress {
+			// As `kvroute serve` does for each read that brought an event: the stall watch of
+			// every request on this endpoint reads it (keep-alive comments are no progress).
+			st.progress = false
+			if ep := st.x.Call().Endpoint(); ep != nil {
+				ep.Progressed(time.Now().UnixNano())
+			}
+		}
 	} else if !st.overflow && !st.bad {
 		if len(st.capture)+len(chunk) > maxCapture {
 			st.overflow, st.capture = true, nil
@@ -546,7 +558,9 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 		}
 	}
 	if eos {
-		st.finishAnswer()
+		if st.finishAnswer() && canRewrite(st.respMode) {
+			out = append(out, cutEvent(st.x.RequestID())...) // out is feed's, not chunk
+		}
 		st.phase = done
 	}
 	switch st.respMode {
@@ -566,18 +580,53 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 	return st.outOfOrder("response body (response_body_mode NONE)")
 }
 
-// event reads one whole event of a streamed answer and says what of it to pass on (takeFunc).
+// event reads one event of a streamed answer and says what of it to pass on (takeFunc), as
+// `kvroute serve` reads its stream (internal/proxy's sseBody):
+//
+//   - the first token is the first event other than a comment: the keep-alive comments some
+//     engines send while they compute the prefill (": keep-alive") are no token, and taken for
+//     one they had the TTFT measured early and the prefill estimate freed before the prefill
+//     was done. They are passed on (serve drops those before the first event, its head not yet
+//     sent; here the client has the head, and they keep its connection alive);
+//   - the part of an event that came before the stream's end (no blank line after it) is not
+//     read, so that neither its usage, its content nor its error counts: the stream was cut
+//     (finishAnswer). A terminator so cut ("data: [DONE]" and its line end) is the stream's
+//     end, read as a whole one;
+//   - what comes after the terminator is not read: serve reads no more once it has it.
+//
+// Where the body mode lets kvroute change the body (canRewrite), what is not read is not
+// passed on either, as serve relays it; elsewhere it passes as it came.
 func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
-	if !st.first {
-		st.first = true
-		st.x.Call().FirstToken()
-	}
-	if ev.Cut {
+	switch {
+	case st.x.Completed():
+		return !canRewrite(st.respMode), 0, 0
+	case ev.Cut && !ev.IsDone() && !isTerminal(ev.Name):
 		st.partial = true
-	} else if !ev.Empty() {
-		st.evented = true
+		return !canRewrite(st.respMode), 0, 0
+	case !ev.Empty():
+		st.evented, st.progress = true, true
+		if !st.first {
+			st.first = true
+			st.x.Call().FirstToken()
+		}
 	}
 	return st.x.Event(ev)
+}
+
+// isTerminal reports whether a Responses API event ends its stream (as internal/proxy reads
+// them).
+func isTerminal(name string) bool {
+	return name == "response.completed" || name == "response.incomplete" || name == "response.failed"
+}
+
+// cutEvent is the SSE error event that ends the client's stream where the engine cut it, as
+// `kvroute serve` writes it (sseBody.cutShort).
+func cutEvent(requestID string) []byte {
+	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "stream_cut",
+		"the engine ended the stream before its end (request id "+requestID+")")
+	var b bytes.Buffer
+	_ = openai.WriteEvent(&b, "error", e.Body()) // a bytes.Buffer takes any write
+	return b.Bytes()
 }
 
 // finishAnswer settles the request at the end of its answer: complete; ended by the engine
@@ -596,26 +645,12 @@ func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 // (no Content-Length, not chunked), which Envoy reads to the close, whatever closed it. The
 // engines kvroute serves stream chunked. A stream that ended inside an event (no blank line
 // after it, or a partial event still held at the trailers), or before any event, is still
-// settled as cut: 502 stream_cut, a failure of the endpoint. A stream that carried the engine's
-// error event is a 502 stream_error, a failure of the endpoint too, however it ended.
-func (st *stream) finishAnswer() {
-	if st.sse && st.x.StreamFailed() {
-		// The client has the engine's error event after a 200 head: settled as `kvroute
-		// serve` settles it.
-		st.x.Refused(openai.NewError(0, "stream_error", "", "", ""))
-		st.settle(http.StatusBadGateway)
-		return
-	}
-	if st.sse && !st.x.Completed() {
-		if !st.evented || st.partial || len(st.events.pending) > 0 {
-			st.x.Cut()
-			st.settle(http.StatusBadGateway)
-			return
-		}
-		st.x.Unterminated()
-		st.settle(st.status)
-		return
-	}
+// settled as cut: 502 stream_cut, a failure of the endpoint (stream_cut); it reports that, so
+// that the client's stream can end with serve's error event where the body's end is still
+// kvroute's to write (end_of_stream; the trailers come after it). A stream that carried the
+// engine's error event is a 502 stream_error, a failure of the endpoint too, however it ended
+// (stream_cut where it was cut, as serve counts it).
+func (st *stream) finishAnswer() (cut bool) {
 	if !st.sse {
 		if st.overflow || st.bad {
 			st.x.Complete()
@@ -623,8 +658,28 @@ func (st *stream) finishAnswer() {
 			st.x.Whole(st.capture)
 		}
 		st.capture = nil
+		st.settle(st.status)
+		return false
 	}
-	st.settle(st.status)
+	cut = !st.x.Completed() && (!st.evented || st.partial || len(st.events.pending) > 0)
+	if cut {
+		st.x.Cut()
+	}
+	switch {
+	case st.x.StreamFailed():
+		// The client has the engine's error event after a 200 head: settled as `kvroute
+		// serve` settles it.
+		st.x.Refused(openai.NewError(0, "stream_error", "", "", ""))
+		st.settle(http.StatusBadGateway)
+	case cut:
+		st.settle(http.StatusBadGateway)
+	case !st.x.Completed():
+		st.x.Unterminated()
+		st.settle(st.status)
+	default:
+		st.settle(st.status)
+	}
+	return cut
 }
 
 // end settles a request whose stream ended before its answer did: in response_body_mode NONE
