@@ -92,6 +92,9 @@ type Router struct {
 	h          atomic.Pointer[proxy.Handler]
 	api        http.Handler
 	apiOnce    sync.Once
+	// unready: /readyz said that every available endpoint is ejected, and says so until one can
+	// take a request again (ready).
+	unready atomic.Bool
 }
 
 // NewRouter builds a router from a loaded (defaulted and validated) config. It starts no
@@ -518,7 +521,7 @@ func (r *Router) sourceName(i int) string {
 }
 
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take
-// requests), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age),
+// requests: Router.ready), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age),
 // /debug/explain (POST an API request: how the endpoints would be ranked for it, and why),
 // /debug/peers with peers and, when the config says pprof: true at start, /debug/pprof/; / and
 // /debug/ list them (adminIndex).
@@ -536,13 +539,11 @@ func (r *Router) AdminHandler() http.Handler {
 			http.Error(w, "warming up: taking a peer's snapshot", http.StatusServiceUnavailable)
 			return
 		}
-		for _, e := range r.pool.All() {
-			if e.Available() {
-				_, _ = w.Write([]byte("ready\n"))
-				return
-			}
+		if msg, ok := r.ready(time.Now()); !ok {
+			http.Error(w, msg, http.StatusServiceUnavailable)
+			return
 		}
-		http.Error(w, "no available endpoint", http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.HandleFunc("GET /debug/endpoints", r.serveEndpoints)
 	mux.HandleFunc("POST /debug/explain", func(w http.ResponseWriter, req *http.Request) {
@@ -559,6 +560,51 @@ func (r *Router) AdminHandler() http.Handler {
 	return mux
 }
 
+// ready reports whether a request could be routed at now, for /readyz, and else why not: some
+// endpoint passes its health checks, is not draining, and is not ejected by passive health
+// checking (which would leave the router nothing to answer with but 503s, while a load balancer
+// kept sending it traffic that other replicas could serve).
+//
+// Ejections are not taken at once for a reason to leave the load balancer's rotation: when the
+// first ejection of the endpoints that pass their checks ends within readyGrace, the router stays
+// ready, as a balancer probing every few seconds (the chart's readinessProbe: every 5 s, out after
+// 2 failures) would take it out about when it could serve again, and take it back one probe
+// later: a flap that costs more than the short outage. A longer one is said (r.unready); and
+// once said, it lasts until an endpoint can take a request again, not readyGrace before, which
+// would bring traffic back ahead of the engines.
+func (r *Router) ready(now time.Time) (msg string, ok bool) {
+	var back time.Time // the first end of an ejection of an available endpoint
+	avail := 0
+	for _, e := range r.pool.All() {
+		if !e.Available() {
+			continue
+		}
+		avail++
+		until := r.outlier.EjectedUntil(e)
+		if !until.After(now) {
+			r.unready.Store(false)
+			return "", true
+		}
+		if back.IsZero() || until.Before(back) {
+			back = until
+		}
+	}
+	if avail == 0 {
+		return "no available endpoint", false
+	}
+	wait := back.Sub(now)
+	if !r.unready.Load() && wait <= readyGrace {
+		return "", true
+	}
+	r.unready.Store(true)
+	return fmt.Sprintf("no endpoint can take a request: every endpoint that passes its health checks (%d) is ejected by passive health checking (health.passive_failures); the first is back in %s",
+		avail, wait.Round(time.Second)), false
+}
+
+// readyGrace is how soon the first ejected endpoint must be back for a router whose every
+// available endpoint is ejected to stay ready (Router.ready).
+const readyGrace = 10 * time.Second
+
 // adminIndex answers / and /debug/ on the admin listener: a page of plain text that lists what
 // the listener serves, for whoever opens its address in a browser or with curl.
 func (r *Router) adminIndex() http.HandlerFunc {
@@ -566,7 +612,7 @@ func (r *Router) adminIndex() http.HandlerFunc {
 	lines := [][2]string{
 		{"GET  /metrics", "Prometheus metrics (docs/router.md lists them)"},
 		{"GET  /healthz", "200 while the process is up"},
-		{"GET  /readyz", "200 while some endpoint can take requests (and, with peers, after the warm start)"},
+		{"GET  /readyz", "200 while some endpoint can take requests: healthy and not ejected (and, with peers, after the warm start)"},
 		{"GET  /debug/endpoints", "each endpoint's health, availability, load, scraped metrics and probe, as JSON"},
 		{"POST /debug/explain", "an API request's body (as to /v1/chat/completions): how the endpoints would be ranked for it, and why"},
 	}

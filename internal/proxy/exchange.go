@@ -67,6 +67,10 @@ func resolve(method, path string) (kind openai.Kind, models bool, oe *openai.Err
 	}
 	kind, ok := openai.KindForPath(path)
 	if !ok {
+		if to, ok := withoutSlash(path); ok {
+			return 0, false, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "", "unknown_url",
+				"unknown path "+strconv.Quote(path)+": the path is "+to+", without the trailing slash")
+		}
 		return 0, false, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "", "unknown_url",
 			"unknown path "+strconv.Quote(path)+": kvroute serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models")
 	}
@@ -74,6 +78,19 @@ func resolve(method, path string) (kind openai.Kind, models bool, oe *openai.Err
 		return 0, false, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "", "method_not_allowed", "use POST for "+path)
 	}
 	return kind, false, nil
+}
+
+// withoutSlash returns path without its trailing slash when that is one of the API's paths
+// (/v1/chat/completions/ and the like).
+func withoutSlash(path string) (string, bool) {
+	p, ok := strings.CutSuffix(path, "/")
+	if !ok {
+		return "", false
+	}
+	if _, api := openai.KindForPath(p); api || p == "/v1/models" {
+		return p, true
+	}
+	return "", false
 }
 
 // prepareOptions are what a front end changes in prepare.
@@ -169,6 +186,9 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 			c.body = nb
 			h.Metrics.Rewrites.Inc()
 		}
+	}
+	if oe := c.dropEngineFields(); oe != nil {
+		return oe
 	}
 	if opt.addUsage && req.Stream && !req.IncludeUsage && (kind == openai.KindChat || kind == openai.KindCompletion) {
 		if at, field, ok := openai.IncludeUsageSplice(c.body, req); ok {
@@ -504,7 +524,7 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [22]slog.Attr // every attribute below, on the stack
+	var attrBuf [23]slog.Attr // every attribute below, on the stack
 	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
@@ -547,6 +567,9 @@ func (c *call) settle(status int, method, path string) {
 		// the usage never came, the prompts of attempts given up for another.
 		attrs = append(attrs, slog.String("tenant", c.id.Name),
 			slog.Int("charged_prompt_tokens", chargedPrompt), slog.Int("charged_completion_tokens", chargedCompletion))
+	}
+	if c.removed != nil {
+		attrs = append(attrs, slog.String("removed_fields", strings.Join(c.removed, ",")))
 	}
 	if c.errType != "" {
 		attrs = append(attrs, slog.String("error_type", c.errType))

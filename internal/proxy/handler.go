@@ -72,6 +72,14 @@ type Handler struct {
 	// MaxBodyBytes bounds a request body; 0: 16 MiB. A body announced larger is refused with
 	// 413 before any of it is read.
 	MaxBodyBytes int64
+	// AllowField decides whether a request of tenant id (nil without tenants) may send the engine
+	// field, a member of its body that acts on the engine beyond the request itself: priority
+	// (vLLM's and SGLang's priority scheduling: one queue shared by every tenant on the engine,
+	// a lower value served first), kv_transfer_params, ec_transfer_params, and SGLang's
+	// bootstrap_host, bootstrap_port and bootstrap_room (disaggregated serving: the peer to
+	// reach and the blocks to read). False removes it from the body forwarded. Nil: kept where
+	// there are no tenants, removed from every tenant's requests.
+	AllowField func(id *tenant.Identity, field string) bool
 	// Rewrite forwards the normalised prompt texts to the engine (normalize.rewrite), so that
 	// prompts differing only in whitespace also share the engine's cache. Off by default: the
 	// engine then no longer sees the client's exact text.
@@ -258,6 +266,9 @@ type call struct {
 	joined       []byte   // plain joined, for a front end that sends one piece
 	joinedSalted []byte   // salted joined
 	model        string   // metric label
+	// removed are the members of the client's body left out of what is forwarded
+	// (dropEngineFields), for the access line.
+	removed []string
 
 	dropUsage bool
 	stream    bool
@@ -322,6 +333,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.writeError(sw, c, oe)
 		return
 	}
+	if to, ok := withoutSlash(r.URL.Path); ok {
+		h.redirectSlash(sw, c, r, to)
+		return
+	}
 	kind, models, oe := resolve(r.Method, r.URL.Path)
 	switch {
 	case oe != nil:
@@ -338,6 +353,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.route(sw, r, c, kind)
 	}
+}
+
+// redirectSlash answers a request for an API path with a trailing slash (to is the path
+// without it) as vLLM's server does (FastAPI redirects such paths): 307, which keeps the method
+// and the body, to the path without the slash, so that a client that follows redirects (the
+// OpenAI Python SDK's httpx client does) is served as it would be by the engine. A client that does not reads an
+// OpenAI error naming the path. The Location is relative (../completions), so that it keeps any
+// prefix a proxy in front of the router removed from the path.
+func (h *Handler) redirectSlash(w *statusWriter, c *call, r *http.Request, to string) {
+	loc := "../" + to[strings.LastIndexByte(to, '/')+1:]
+	if r.URL.RawQuery != "" {
+		loc += "?" + r.URL.RawQuery
+	}
+	w.Header().Set("Location", loc)
+	h.writeError(w, c, openai.NewError(http.StatusTemporaryRedirect, openai.TypeInvalidRequest, "", "unknown_url",
+		"unknown path "+strconv.Quote(r.URL.Path)+": the path is "+to+", without the trailing slash (this answer redirects there)"))
 }
 
 // route reads, parses, limits, admits and forwards one API request.

@@ -1,0 +1,184 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+
+	"github.com/kvroute/kvroute/internal/openai"
+)
+
+// engineFields are the members of a request body that act on the engine beyond the request
+// itself, on what every request sharing the engine gets, so that a tenant sends them only where
+// the operator lets it (Handler.AllowField):
+//
+//   - priority: vLLM's and SGLang's priority scheduling (a lower value is served first, and
+//     may preempt requests running with a higher one), one queue for every tenant on the engine;
+//   - kv_transfer_params, ec_transfer_params: vLLM's disaggregated serving (KV and encoder
+//     cache transfers between engines), which name the peer to reach and the blocks to read;
+//   - bootstrap_host, bootstrap_port, bootstrap_room: SGLang's, likewise.
+//
+// None of them is set by kvroute, which routes whole requests.
+var engineFields = [...]string{"priority", "kv_transfer_params", "ec_transfer_params",
+	"bootstrap_host", "bootstrap_port", "bootstrap_room"}
+
+// allows reports whether the request's tenant may send the body member field of engineFields
+// to the engine (Handler.AllowField; nil: without tenants only).
+func (c *call) allows(field string) bool {
+	if c.h.AllowField == nil {
+		return c.id == nil
+	}
+	return c.h.AllowField(c.id, field)
+}
+
+// dropEngineFields removes from the body to forward the members of engineFields that the
+// request's tenant may not send, as the engine would read them: every top-level member whose
+// name decodes to one of them (escaped, or more than once). A body that names none is left as it
+// is, uncopied; one that cannot be patched is refused, never sent with them.
+func (c *call) dropEngineFields() *openai.Error {
+	var drop uint
+	for i, f := range engineFields {
+		if !c.allows(f) {
+			drop |= 1 << i
+		}
+	}
+	if drop == 0 {
+		return nil
+	}
+	named, ok := topLevelNames(c.body, engineFields[:])
+	if ok {
+		drop &= named
+	}
+	if drop == 0 {
+		return nil
+	}
+	var sets []openai.Set
+	for i, f := range engineFields {
+		if drop&(1<<i) != 0 {
+			sets = append(sets, openai.Set{Key: f}) // no value: deleted
+			if ok {
+				c.removed = append(c.removed, f)
+			}
+		}
+	}
+	nb, err := openai.Patch(c.body, sets...)
+	if err != nil {
+		return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "", "",
+			"the request body cannot be read to leave out the fields its tenant may not send (priority, kv_transfer_params, ...); send one JSON object")
+	}
+	c.body = nb
+	return nil
+}
+
+// topLevelNames reports, a bit for each of names, which of them the JSON object body names at
+// its top level, by the names' decoded text (as a JSON reader finds them: escaped, repeated).
+// ok is false when body is not an object it can read. It reads the body once without copying:
+// strings are skipped with bytes.IndexByte, so a long prompt costs a memchr, not a decode
+// (openai.Patch, which would find them too, decodes and copies the whole body).
+func topLevelNames(body []byte, names []string) (found uint, ok bool) {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return 0, false
+	}
+	if i = skipSpace(body, i+1); i < len(body) && body[i] == '}' {
+		return 0, true
+	}
+	for {
+		if i >= len(body) || body[i] != '"' {
+			return 0, false
+		}
+		end, ok := stringEnd(body, i)
+		if !ok {
+			return 0, false
+		}
+		key := body[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var s string
+			if json.Unmarshal(body[i:end], &s) != nil {
+				return 0, false
+			}
+			key = []byte(s)
+		}
+		for j, n := range names {
+			if string(key) == n {
+				found |= 1 << j
+			}
+		}
+		if i = skipSpace(body, end); i >= len(body) || body[i] != ':' {
+			return 0, false
+		}
+		if i, ok = skipValue(body, skipSpace(body, i+1)); !ok {
+			return 0, false
+		}
+		if i = skipSpace(body, i); i >= len(body) {
+			return 0, false
+		}
+		switch body[i] {
+		case ',':
+			i = skipSpace(body, i+1)
+		case '}':
+			return found, true
+		default:
+			return 0, false
+		}
+	}
+}
+
+// stringEnd returns the offset just after the JSON string that starts at b[i] (a quote).
+func stringEnd(b []byte, i int) (int, bool) {
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false
+		}
+		q := j + k
+		n := 0 // backslashes before the quote: an odd number escapes it
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		j = q + 1
+	}
+}
+
+// skipValue returns the offset just after the JSON value that starts at b[i]. Only the nesting
+// of objects and arrays and the ends of strings are followed: the body was parsed whole before.
+func skipValue(b []byte, i int) (int, bool) {
+	if i >= len(b) {
+		return 0, false
+	}
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				end, ok := stringEnd(b, i)
+				if !ok {
+					return 0, false
+				}
+				i = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1, true
+				}
+			}
+			i++
+		}
+		return 0, false
+	}
+	start := i // a number, true, false or null: up to what may follow a value
+	for ; i < len(b); i++ {
+		if c := b[i]; c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			break
+		}
+	}
+	return i, i > start
+}
