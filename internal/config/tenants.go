@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -46,7 +47,19 @@ type Tenant struct {
 	Models []string `json:"models"`
 	// EndpointLabels restrict the tenant to endpoints carrying all these labels.
 	EndpointLabels map[string]string `json:"endpoint_labels"`
+	// AllowFields are the EngineFields the tenant may send to the engine; the others are
+	// removed from its requests' bodies. Empty: none (docs/security.md, "Engine fields").
+	AllowFields []string `json:"allow_fields"`
 }
+
+// EngineFields are the members of a request body that act on the engine beyond the request
+// itself, on what every request sharing the engine gets: vLLM's and SGLang's priority
+// scheduling (priority: one queue for every tenant on the engine), and disaggregated serving's
+// parameters (vLLM's kv_transfer_params and ec_transfer_params, SGLang's bootstrap_*: the peer
+// to reach and the blocks to read). A tenant's requests reach the engine without them unless
+// its allow_fields names them.
+var EngineFields = []string{"priority", "kv_transfer_params", "ec_transfer_params",
+	"bootstrap_host", "bootstrap_port", "bootstrap_room"}
 
 // TenantLimits bound one tenant; 0 means unlimited.
 type TenantLimits struct {
@@ -241,6 +254,11 @@ func (tenantList) validate(c *Config, p *problems) {
 		for j, m := range t.Models {
 			if strings.TrimSpace(m) == "" {
 				p.add(fmt.Sprintf("%s.models[%d]", at, j), "empty model name: remove it")
+			}
+		}
+		for j, f := range t.AllowFields {
+			if !slices.Contains(EngineFields, f) {
+				p.add(fmt.Sprintf("%s.allow_fields[%d]", at, j), "%q: use one of %s (the other body fields always reach the engine)", f, strings.Join(EngineFields, ", "))
 			}
 		}
 	}

@@ -22,6 +22,7 @@ tenants:
     priority: 2
     models: [llama3-70b]
     endpoint_labels: {pool: dedicated}
+    allow_fields: [priority]
   - name: beta
     api_keys: [` + keyB + `]
 overload: {queue_size: 10, max_wait: 5s, max_predicted_ttft: 3s, max_waiting_per_endpoint: 16}
@@ -138,6 +139,7 @@ tenants:
   - name: acme
     api_keys: [sk-live-123456, "sha256:abc", ` + keyA + `]
     limits: {requests_per_minute: -1}
+    allow_fields: [priority, Priority, max_tokens]
   - name: acme
     api_keys: [` + keyA + `]
   - name: "bad name"
@@ -155,6 +157,8 @@ overload: {queue_size: -1}
 		"kvroute hash-key",
 		"tenants[0].api_keys[1]: sha256:... has 3 hex digits, want 64",
 		"tenants[0].limits.requests_per_minute: -1 is negative",
+		`tenants[0].allow_fields[1]: "Priority": use one of priority, kv_transfer_params,`,
+		`tenants[0].allow_fields[2]: "max_tokens": use one of`,
 		`tenants[1].name: "acme" is also tenants[0].name`,
 		"tenants[1].api_keys[0]: the same key is also tenants[0].api_keys[2]",
 		`tenants[2].name: "bad name"`,

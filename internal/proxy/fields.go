@@ -4,31 +4,22 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
 )
 
 // engineFields are the members of a request body that act on the engine beyond the request
-// itself, on what every request sharing the engine gets, so that a tenant sends them only where
-// the operator lets it (Handler.AllowField):
-//
-//   - priority: vLLM's and SGLang's priority scheduling (a lower value is served first, and
-//     may preempt requests running with a higher one), one queue for every tenant on the engine;
-//   - kv_transfer_params, ec_transfer_params: vLLM's disaggregated serving (KV and encoder
-//     cache transfers between engines), which name the peer to reach and the blocks to read;
-//   - bootstrap_host, bootstrap_port, bootstrap_room: SGLang's, likewise.
-//
+// itself, on what every request sharing the engine gets (config.EngineFields says which and
+// why), so that a tenant sends them only where the operator lets it (tenants[].allow_fields).
 // None of them is set by kvroute, which routes whole requests.
-var engineFields = [...]string{"priority", "kv_transfer_params", "ec_transfer_params",
-	"bootstrap_host", "bootstrap_port", "bootstrap_room"}
+var engineFields = config.EngineFields
 
 // allows reports whether the request's tenant may send the body member field of engineFields
-// to the engine (Handler.AllowField; nil: without tenants only).
+// to the engine: every request without tenants, a tenant's where its allow_fields names it.
 func (c *call) allows(field string) bool {
-	if c.h.AllowField == nil {
-		return c.id == nil
-	}
-	return c.h.AllowField(c.id, field)
+	return c.id == nil || slices.Contains(c.id.AllowFields, field)
 }
 
 // dropEngineFields removes from the body to forward the members of engineFields that the
@@ -45,7 +36,7 @@ func (c *call) dropEngineFields() *openai.Error {
 	if drop == 0 {
 		return nil
 	}
-	named, ok := topLevelNames(c.body, engineFields[:])
+	named, ok := topLevelNames(c.body, engineFields)
 	if ok {
 		drop &= named
 	}

@@ -19,21 +19,20 @@ import (
 )
 
 // A tenant's priority (and the other engineFields) does not reach the engine unless
-// Handler.AllowField lets it: with tenants and no hook, every one is removed, however the body
-// names it (escaped, twice); a body that names none is forwarded as it came (the salt spliced
-// in); without tenants the body passes unchanged; a hook can let one tenant send priority.
+// the tenant's allow_fields names it: every other one is removed, however the body names it
+// (escaped, twice); a body that names none is forwarded as it came (the salt spliced in);
+// without tenants the body passes unchanged.
 func TestEngineFieldsRemoved(t *testing.T) {
 	const msgs = `"messages":[{"role":"user","content":"say \"priority\": 1"}]`
 	gate := func() *tenant.Gate {
 		return tenantGate(t, metrics.New(prometheus.NewRegistry()).Tenant, `tenants:
   - {name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"]}
-  - {name: t2, api_keys: ["`+tenant.HashKey("sk-2")+`"]}
+  - {name: t2, api_keys: ["`+tenant.HashKey("sk-2")+`"], allow_fields: [priority]}
 `)
 	}
 	tests := []struct {
 		name, body string
 		key        string // "": no tenant
-		allow      func(*tenant.Identity, string) bool
 		want       string // the body the engine gets, before the tenant's cache_salt
 		removed    string // the access line's removed_fields
 	}{
@@ -54,18 +53,13 @@ func TestEngineFieldsRemoved(t *testing.T) {
 		{name: "no tenant", body: `{"model":"m","priority":-100,"kv_transfer_params":{},` + msgs + `}`,
 			want: `{"model":"m","priority":-100,"kv_transfer_params":{},` + msgs + `}`},
 		{name: "tenant allowed priority", key: "sk-2", body: `{"model":"m","priority":-100,"kv_transfer_params":{},` + msgs + `}`,
-			allow: func(id *tenant.Identity, f string) bool { return id != nil && id.Name == "t2" && f == "priority" },
-			want:  `{"model":"m","priority":-100,` + msgs + `}`, removed: "kv_transfer_params"},
-		{name: "hook refuses without tenants", body: `{"model":"m","priority":-100,` + msgs + `}`,
-			allow: func(*tenant.Identity, string) bool { return false },
-			want:  `{"model":"m",` + msgs + `}`, removed: "priority"},
+			want: `{"model":"m","priority":-100,` + msgs + `}`, removed: "kv_transfer_params"},
 	}
 	for _, tt := range tests {
 		e := newFakeEngine(t)
 		f := newFixture(t, spec(e.srv.URL, "m"))
 		var logs testlog.Buffer
 		f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
-		f.h.AllowField = tt.allow
 		var hdr []string
 		if tt.key != "" {
 			f.h.Gate = gate()

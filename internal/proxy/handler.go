@@ -72,14 +72,6 @@ type Handler struct {
 	// MaxBodyBytes bounds a request body; 0: 16 MiB. A body announced larger is refused with
 	// 413 before any of it is read.
 	MaxBodyBytes int64
-	// AllowField decides whether a request of tenant id (nil without tenants) may send the engine
-	// field, a member of its body that acts on the engine beyond the request itself: priority
-	// (vLLM's and SGLang's priority scheduling: one queue shared by every tenant on the engine,
-	// a lower value served first), kv_transfer_params, ec_transfer_params, and SGLang's
-	// bootstrap_host, bootstrap_port and bootstrap_room (disaggregated serving: the peer to
-	// reach and the blocks to read). False removes it from the body forwarded. Nil: kept where
-	// there are no tenants, removed from every tenant's requests.
-	AllowField func(id *tenant.Identity, field string) bool
 	// Rewrite forwards the normalised prompt texts to the engine (normalize.rewrite), so that
 	// prompts differing only in whitespace also share the engine's cache. Off by default: the
 	// engine then no longer sees the client's exact text.

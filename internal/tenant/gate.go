@@ -82,6 +82,7 @@ type tenantState struct {
 	prio   int
 	models []string
 	labels map[string]string
+	allow  []string
 	*limiter
 }
 
@@ -135,7 +136,8 @@ func (g *Gate) Reload(cfg *config.Config) error {
 		for i := range cfg.Tenants {
 			ct := &cfg.Tenants[i]
 			s := &tenantState{name: ct.Name, salt: Salt(secret, ct.Name), prio: ct.Priority,
-				models: slices.Clone(ct.Models), labels: maps.Clone(ct.EndpointLabels)}
+				models: slices.Clone(ct.Models), labels: maps.Clone(ct.EndpointLabels),
+				allow: slices.Clone(ct.AllowFields)}
 			prev := g.retired[ct.Name]
 			if p := old.byName[ct.Name]; p != nil {
 				prev = p.limiter
@@ -272,7 +274,7 @@ func (g *Gate) identify(h http.Header, count bool) (*Identity, *openai.Error) {
 	if s == nil {
 		return nil, g.unauthorized("invalid_api_key", "incorrect API key provided", count)
 	}
-	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, state: s}, nil
+	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, AllowFields: s.allow, state: s}, nil
 }
 
 // Ticket is one admitted request's hold on its tenant's limits: a concurrency slot and a token

@@ -16,5 +16,7 @@ type Identity struct {
 	Models []string
 	// EndpointLabels restrict the tenant to endpoints carrying all these labels (a dedicated pool).
 	EndpointLabels map[string]string
-	state          *tenantState // its limits (nil in an Identity built elsewhere)
+	// AllowFields are the config.EngineFields the tenant may send to the engine.
+	AllowFields []string
+	state       *tenantState // its limits (nil in an Identity built elsewhere)
 }
