@@ -61,11 +61,15 @@ func TestReadyzEjected(t *testing.T) {
 	readyz("both endpoints up", 200, "ready")
 	eb.SetHealthy(false) // its health checks fail: a is the one endpoint that can take requests
 	readyz("b unhealthy", 200, "ready")
-
+	if r.outlier.PeerEjected(ea, time.Minute) {
+		t.Fatal("a, the last endpoint that can take requests, was ejected")
+	}
+	eb.SetHealthy(true)
 	if !r.outlier.PeerEjected(ea, time.Minute) {
 		t.Fatal("a was not ejected")
 	}
-	readyz("a ejected for a minute", 503, "ejected")
+	eb.SetHealthy(false) // then b's checks fail: no endpoint can take a request
+	readyz("a ejected for a minute, b unhealthy", 503, "ejected")
 	rec := httptest.NewRecorder()
 	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody)))
 	if rec.Code != 503 {
@@ -75,14 +79,20 @@ func TestReadyzEjected(t *testing.T) {
 	// Said once, it holds until an endpoint can take a request, even where the first ejection
 	// then ends within the grace.
 	r.outlier.Forget(ea)
+	eb.SetHealthy(true)
 	if !r.outlier.PeerEjected(ea, 3*time.Second) {
 		t.Fatal("a was not ejected again")
 	}
+	eb.SetHealthy(false)
 	readyz("a's ejection now ends within the grace", 503, "ejected")
 	eb.SetHealthy(true)
 	readyz("b healthy again", 200, "ready")
 
 	// A short outage: every endpoint that passes its checks is ejected, for less than the grace.
+	r.outlier.Forget(ea)
+	if !r.outlier.PeerEjected(ea, 3*time.Second) {
+		t.Fatal("a was not ejected for 3 s")
+	}
 	eb.SetHealthy(false)
 	readyz("a ejected for 3 s, b unhealthy", 200, "ready")
 	r.outlier.Forget(ea)

@@ -849,7 +849,18 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 		BaseEjection:      cfg.Health.EjectionTime.D(),
 		MaxEjection:       cfg.Health.MaxEjectionTime.D(),
 		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
-		Fleet:             r.pool.Len,
+		// The fleet an ejection must leave standing is the endpoints that can take requests:
+		// counted over every endpoint, one failing its health checks made room for the last
+		// endpoint standing to be ejected, and every request then got a 503.
+		Fleet: func() int {
+			n := 0
+			for _, e := range r.pool.All() {
+				if e.Available() {
+					n++
+				}
+			}
+			return n
+		},
 		OnEject: func(ep *endpoint.Endpoint, d time.Duration, byFleet bool) {
 			r.metrics.EndpointEjected(ep.Name, d)
 			if byFleet {
