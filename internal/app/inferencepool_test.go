@@ -82,7 +82,7 @@ auth: {mode: none}
 scrape: {disabled: true}
 health: {interval: 1h}
 discovery:
-  inference_pool: {name: llama, kubeconfig: %q, endpoint: {engine: sglang, models: [m]}}
+  inference_pool: {name: llama, kubeconfig: %q, grace: 200ms, endpoint: {engine: sglang, models: [m]}}
 `, kubeconfig))
 	r.PoolClient, r.KubeClient = dyn, kc
 	ctx, cancel := context.WithCancel(context.Background())
@@ -153,5 +153,5 @@ discovery:
 	if err := dyn.Resource(inferencepool.Resource).Namespace("inference").Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poolIs("the pool is deleted")
+	poolIs("the pool is deleted, and its grace is over")
 }

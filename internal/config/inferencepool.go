@@ -2,6 +2,7 @@ package config
 
 import (
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -25,7 +26,14 @@ type InferencePoolDiscovery struct {
 	// labels, kv_tokens, step_tokens, cache_salt, health_path, metrics_path); its defaults are applied per
 	// pod.
 	Endpoint Endpoint `json:"endpoint"`
+	// Grace is how long the endpoints of a pool that vanished from the API (deleted, or
+	// briefly missing, as in a delete and create of an upgrade) stay in force, its pods still
+	// followed, before they are dropped. Default 5m.
+	Grace Duration `json:"grace"`
 }
+
+// DefaultInferencePoolGrace is discovery.inference_pool.grace's default.
+const DefaultInferencePoolGrace = 5 * time.Minute
 
 func (d *Discovery) setInferencePoolDefaults() {
 	ip := d.InferencePool
@@ -36,6 +44,9 @@ func (d *Discovery) setInferencePoolDefaults() {
 	ip.Namespace = strings.TrimSpace(ip.Namespace)
 	if ip.Scheme == "" {
 		ip.Scheme = "http"
+	}
+	if ip.Grace == 0 {
+		ip.Grace = Duration(DefaultInferencePoolGrace)
 	}
 }
 
@@ -57,6 +68,9 @@ func (d *Discovery) validateInferencePool(p *problems) {
 		for _, msg := range validation.IsDNS1123Label(ip.Namespace) {
 			p.add(at+".namespace", "%q is not a namespace name (%s): give one like inference, or leave it out for the router's own", ip.Namespace, msg)
 		}
+	}
+	if ip.Grace < 0 {
+		p.add(at+".grace", "%s is negative: give how long a vanished pool's endpoints stay, like 1m, or leave it out for %s", ip.Grace.D(), DefaultInferencePoolGrace)
 	}
 	if ip.Scheme != "http" && ip.Scheme != "https" {
 		p.add(at+".scheme", "%q: use http or https", ip.Scheme)

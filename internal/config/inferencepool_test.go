@@ -1,6 +1,8 @@
 package config
 
 import (
+	"time"
+
 	"strings"
 	"testing"
 
@@ -16,7 +18,7 @@ discovery:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &InferencePoolDiscovery{Name: "llama3-70b", Scheme: "http", Endpoint: Endpoint{Engine: "vllm", Models: []string{"llama3-70b"}}}
+	want := &InferencePoolDiscovery{Name: "llama3-70b", Scheme: "http", Grace: Duration(5 * time.Minute), Endpoint: Endpoint{Engine: "vllm", Models: []string{"llama3-70b"}}}
 	if diff := cmp.Diff(want, c.Discovery.InferencePool); diff != "" {
 		t.Errorf("discovery.inference_pool (-want +got):\n%s", diff)
 	}
@@ -38,7 +40,8 @@ func TestParse_InferencePoolProblems(t *testing.T) {
 		want       []string
 	}{
 		{"empty", "{}", []string{"discovery.inference_pool.name: missing: give the InferencePool's name"}},
-		{"bad names", `{name: "Llama_3", namespace: "Bad NS", scheme: ftp}`, []string{
+		{"bad names", `{name: "Llama_3", namespace: "Bad NS", scheme: ftp, grace: -1m}`, []string{
+			`discovery.inference_pool.grace: -1m0s is negative`,
 			`discovery.inference_pool.name: "Llama_3" is not an InferencePool name`,
 			`discovery.inference_pool.namespace: "Bad NS" is not a namespace name`,
 			`discovery.inference_pool.scheme: "ftp": use http or https`,

@@ -31,12 +31,15 @@ type NetLookupFunc func(ctx context.Context, network, host string) ([]netip.Addr
 // every interval: a Kubernetes headless service or a Compose service gives its replicas this
 // way, and the set follows them as they come and go.
 //
-// Three things keep a flaky or hostile DNS server from breaking the set: an address no
+// Four things keep a flaky or hostile DNS server from breaking the set: an address no
 // endpoint may have (Unusable, Exclude) is left out and said once; an address that an answer
 // lacks stays until remove_after answers in a row have lacked it, so that a server answering a
 // random few of the records does not make each address that comes back a new, cold endpoint;
-// and with family auto or any, a family whose lookup fails while the other answers keeps its
-// addresses in force rather than losing them.
+// with family auto, the name goes over from one family to the other only once remove_after
+// answers in a row have asked for it, in one step, so that A records seen briefly on an IPv6
+// name (or missing briefly on an IPv4 one) never make each engine two endpoints; and with
+// family auto or any, a family whose lookup fails while the other answers keeps its addresses
+// in force rather than losing them.
 type DNSSource struct {
 	// Config is the name, port, scheme, interval, family, limits and the endpoints' other keys.
 	Config config.DNSDiscovery
@@ -81,7 +84,7 @@ func (d *DNSSource) Resolve(ctx context.Context) ([]endpoint.Spec, error) {
 		return nil, err
 	}
 	d.partial(d.logger(), a, new([2]bool))
-	addrs, dropped := d.choose(a, nil)
+	addrs, dropped := d.choose(a, nil, d.family())
 	if len(addrs) == 0 {
 		return nil, d.noAddress(dropped)
 	}
@@ -106,9 +109,10 @@ func ResolveAll(ctx context.Context, sources []*DNSSource) (sets [][]endpoint.Sp
 
 // Run resolves the name at once and then every interval, and calls emit with the endpoints
 // whenever they differ from the last set emitted (last: what the caller holds already, nil if
-// nothing). A failed resolution is logged and the set in force stays; an address the answers
-// lack leaves after remove_after of them; a set over max_endpoints is refused, said once, and
-// the set in force stays. It blocks until ctx ends.
+// nothing). A failed resolution, or one without any usable address, is logged and the set in
+// force stays; an address the answers lack leaves after remove_after of them, and with auto the
+// name changes family after remove_after answers that ask for the other one; a set over
+// max_endpoints is refused, said once, and the set in force stays. It blocks until ctx ends.
 func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]endpoint.Spec) error) error {
 	log := d.logger()
 	interval := d.Config.Interval.D()
@@ -124,6 +128,7 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 		}
 	}
 	missed := map[netip.Addr]int{}
+	streak := 0        // auto: answers in a row that asked for the family not in force
 	left := ""         // the addresses left out, as last said
 	over := false      // the last answer was refused for its size, and that was said
 	var partly [2]bool // the A, the AAAA lookups fail while the other family answers, and that was said
@@ -138,14 +143,28 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 		a, err := d.lookup(ctx)
 		if err == nil {
 			d.partial(log, a, &partly)
-			now, dropped := d.choose(a, held)
-			// auto, with IPv4 endpoints in force and an answer without A records: they age out
-			// as addresses an answer lacks, rather than each engine being doubled at once by its
-			// IPv6 address; only once none is left does the name go over to IPv6.
-			fading := false
-			if d.family() == config.FamilyAuto && len(a.v4) == 0 && a.err4 == nil && slices.ContainsFunc(held, netip.Addr.Is4) {
-				if kept, _ := hold(held, missed, nil, removeAfter); len(kept) > 0 {
-					now, fading = nil, true
+			now, dropped := d.choose(a, held, d.family())
+			// auto: the name stays in the family of the endpoints in force until remove_after
+			// answers in a row have asked for the other one, as an address stays until
+			// remove_after answers have lacked it. Going over at the first such answer made
+			// each dual-stack engine two endpoints (the new family's, and the old one's held
+			// as missing) and one brief answer was enough. Meanwhile the answer is read in the
+			// family in force, whose addresses it lacks age out; the name goes over in one
+			// step once the streak is long enough or none of them is left, and the endpoints
+			// of the family it leaves go with that set.
+			base, fading := held, false
+			if d.family() == config.FamilyAuto && len(now) > 0 {
+				in, asked := familyOf(held), familyOf(now)
+				if in == "" || in == asked {
+					streak = 0
+				} else {
+					streak++
+					stay, _ := d.choose(a, held, in)
+					if kept, _ := hold(held, missed, stay, removeAfter); streak < removeAfter && len(kept) > 0 {
+						now, fading = stay, len(stay) == 0
+					} else {
+						base = slices.DeleteFunc(slices.Clone(held), func(h netip.Addr) bool { return h.Is4() == (in == config.FamilyIPv4) })
+					}
 				}
 			}
 			if s := strings.Join(dropped, "; "); s != left {
@@ -158,7 +177,7 @@ func (d *DNSSource) Run(ctx context.Context, last []endpoint.Spec, emit func([]e
 			if len(now) == 0 && !fading {
 				err = d.noAddress(dropped)
 			} else {
-				kept, stillMissed := hold(held, missed, now, removeAfter)
+				kept, stillMissed := hold(base, missed, now, removeAfter)
 				if n := d.maxEndpoints(); len(now) > n {
 					if !over {
 						d.report(log, "DNS discovery refused a set over max_endpoints, keeping the endpoints in force",
@@ -352,11 +371,11 @@ func (d *DNSSource) partial(log *slog.Logger, a answer, said *[2]bool) {
 	}
 }
 
-// choose returns the usable addresses of an answer the family asks for, in order, and what it
-// left out (each address with the reason); held are the addresses in force, which a family
-// whose lookup failed keeps.
-func (d *DNSSource) choose(a answer, held []netip.Addr) (addrs []netip.Addr, dropped []string) {
-	family := func(fresh []netip.Addr, err error, is func(netip.Addr) bool) (out []netip.Addr, left []string) {
+// choose returns the usable addresses of an answer that family (the config's, or with auto
+// the one in force) asks for, in order, and what it left out (each address with the reason);
+// held are the addresses in force, which a family whose lookup failed keeps.
+func (d *DNSSource) choose(a answer, held []netip.Addr, family string) (addrs []netip.Addr, dropped []string) {
+	of := func(fresh []netip.Addr, err error, is func(netip.Addr) bool) (out []netip.Addr, left []string) {
 		if err != nil {
 			for _, h := range held {
 				if is(h) {
@@ -374,9 +393,9 @@ func (d *DNSSource) choose(a answer, held []netip.Addr) (addrs []netip.Addr, dro
 		}
 		return out, left
 	}
-	v4, left4 := family(a.v4, a.err4, netip.Addr.Is4)
-	v6, left6 := family(a.v6, a.err6, netip.Addr.Is6)
-	switch d.family() {
+	v4, left4 := of(a.v4, a.err4, netip.Addr.Is4)
+	v6, left6 := of(a.v6, a.err6, netip.Addr.Is6)
+	switch family {
 	case config.FamilyIPv4:
 		addrs, dropped = v4, left4
 	case config.FamilyIPv6:
@@ -393,6 +412,18 @@ func (d *DNSSource) choose(a answer, held []netip.Addr) (addrs []netip.Addr, dro
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	slices.Sort(dropped)
 	return slices.Compact(addrs), slices.Compact(dropped)
+}
+
+// familyOf is the family auto reads addrs in: ipv4 when any is IPv4, else ipv6 when there is
+// any, else "".
+func familyOf(addrs []netip.Addr) string {
+	switch {
+	case slices.ContainsFunc(addrs, netip.Addr.Is4):
+		return config.FamilyIPv4
+	case len(addrs) > 0:
+		return config.FamilyIPv6
+	}
+	return ""
 }
 
 // noAddress is the error of an answer with no usable address.

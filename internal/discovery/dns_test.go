@@ -639,3 +639,106 @@ func TestDNSRun_AutoKeepsIPv4(t *testing.T) {
 		t.Errorf("went over to IPv6 after %d answers, want remove_after (%d)", l.count(), config.DefaultRemoveAfter)
 	}
 }
+
+// script is a Lookup that gives its answers in turn (the last one again and again) and counts
+// the lookups.
+type script struct {
+	mu      sync.Mutex
+	answers [][]netip.Addr
+	n       int
+}
+
+func (s *script) lookup(context.Context, string) ([]netip.Addr, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.answers[min(s.n, len(s.answers)-1)]
+	s.n++
+	return a, nil
+}
+
+func (s *script) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.n }
+
+// TestDNSRun_AutoBriefIPv4: with family auto, a name that answers only AAAA and whose A
+// records show up for fewer than remove_after answers in a row keeps its IPv6 endpoints, and
+// is never two endpoints per engine; A records that stay remove_after answers take it over to
+// IPv4 in one step. It used to double every engine at the first A answer, then keep the IPv4
+// endpoints alone, then go back to IPv6 as new endpoints.
+func TestDNSRun_AutoBriefIPv4(t *testing.T) {
+	cfg := dnsConfig(t)
+	cfg.Interval = config.Duration(time.Millisecond)
+	if cfg.RemoveAfter != 3 {
+		t.Fatalf("remove_after defaults to %d, want 3", cfg.RemoveAfter)
+	}
+	six := addrs("fd00::1", "fd00::2")
+	both := append(addrs("10.0.0.1", "10.0.0.2"), six...)
+	have := []string{"http://[fd00::1]:8000", "http://[fd00::2]:8000"}
+
+	t.Run("brief", func(t *testing.T) {
+		// A records in one answer, then in two in a row: neither is remove_after answers.
+		s := &script{answers: [][]netip.Addr{both, six, six, both, both, six}}
+		emitted := runDNS(t, &DNSSource{Config: cfg, Lookup: s.lookup}, have)
+		waitFor(t, "20 lookups", func() bool { return s.count() >= 20 })
+		select {
+		case got := <-emitted:
+			t.Errorf("brief A records changed the set to %v; want %v kept", got, have)
+		default:
+		}
+	})
+	t.Run("lasting", func(t *testing.T) {
+		s := &script{answers: [][]netip.Addr{both, six, both, both, both}}
+		emitted := runDNS(t, &DNSSource{Config: cfg, Lookup: s.lookup}, have)
+		var got []string
+		select {
+		case got = <-emitted:
+		case <-time.After(10 * time.Second):
+			t.Fatal("lasting A records never took the name over to IPv4")
+		}
+		at := s.count()
+		if diff := cmp.Diff([]string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}, got); diff != "" {
+			t.Errorf("first set emitted (-want +got):\n%s", diff)
+		}
+		// The fifth answer is the third in a row with A records.
+		if at < 5 {
+			t.Errorf("went over to IPv4 after %d answers, want 5 (remove_after in a row with A records)", at)
+		}
+		waitFor(t, "10 more lookups", func() bool { return s.count() >= at+10 })
+		select {
+		case got := <-emitted:
+			t.Errorf("the set changed again, to %v", got)
+		default:
+		}
+	})
+}
+
+// TestDNSRun_AutoNoAddressKeeps: with family auto, answers without any address (the name
+// briefly gone) keep the endpoints in force, as with ipv4 or ipv6, rather than counting as
+// answers that lack them: one endpoint used to leave after them.
+func TestDNSRun_AutoNoAddressKeeps(t *testing.T) {
+	for _, family := range []string{config.FamilyAuto, config.FamilyIPv4} {
+		t.Run(family, func(t *testing.T) {
+			cfg := dnsConfig(t)
+			cfg.Interval = config.Duration(time.Millisecond)
+			cfg.Family = family
+			s := &script{answers: [][]netip.Addr{addrs("10.0.0.1"), nil}}
+			var mu sync.Mutex
+			var reported []string
+			d := &DNSSource{Config: cfg, Lookup: s.lookup, OnError: func(err error) {
+				mu.Lock()
+				reported = append(reported, err.Error())
+				mu.Unlock()
+			}}
+			emitted := runDNS(t, d, []string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"})
+			waitFor(t, "10 lookups", func() bool { return s.count() >= 10 })
+			select {
+			case got := <-emitted:
+				t.Errorf("answers without an address changed the set to %v; want it kept", got)
+			default:
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(reported) == 0 || !strings.Contains(reported[0], "no address") {
+				t.Errorf("reported %q, want answers without an address reported", reported)
+			}
+		})
+	}
+}

@@ -36,7 +36,7 @@ func FromConfig(c *config.Config, userAgent string, log *slog.Logger) (*Source, 
 	return &Source{
 		Namespace: cmp.Or(ip.Namespace, ns), Name: ip.Name,
 		Pools: pools, Pods: corev1Client{core},
-		Scheme: ip.Scheme, Endpoint: ip.Endpoint, Log: log,
+		Scheme: ip.Scheme, Endpoint: ip.Endpoint, Grace: ip.Grace.D(), Log: log,
 	}, nil
 }
 

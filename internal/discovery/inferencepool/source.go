@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,10 +43,23 @@ import (
 // Resource is the InferencePool API resource.
 var Resource = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
 
+// DefaultGrace is how long a Source keeps following an InferencePool that has disappeared, by
+// the selector and ports it last had, unless Source.Grace says otherwise: long enough for a
+// helm upgrade that deletes and recreates the pool, or an API server that answers without it
+// for a while, and short enough that a pool deleted for good does not linger for long.
+const DefaultGrace = 5 * time.Minute
+
 // Source follows one InferencePool: each pod its selector picks that is ready for requests
 // (running, its Ready condition true, not terminating, with an address) becomes one endpoint
 // per target port, with the Endpoint template's keys. A pod that stops being ready leaves the
 // set, so the pool drains it: no new requests, those in flight go on.
+//
+// A pool that disappears (deleted, or missing from the API's answer after a relist) does not
+// take every engine with it at once: its last selector and ports stay in force for Grace, the
+// pods still followed by them, with a warning said once; if it is not back by then, its
+// endpoints are dropped with an error. A pool that comes back, within the grace or later, is
+// followed as it is then. Envoy likewise keeps a cluster's last EDS endpoints while no new
+// assignment comes (bounded by endpoint_stale_after where set).
 type Source struct {
 	// Namespace and Name name the InferencePool.
 	Namespace, Name string
@@ -68,6 +82,9 @@ type Source struct {
 	// addresses, which would make a loop. Addresses no endpoint may have
 	// (discovery.Unusable) are left out whether or not it is set; both are reported.
 	Exclude func(netip.AddrPort) bool
+	// Grace is how long the pool's last selector and ports stay in force once the pool has
+	// disappeared (0: DefaultGrace).
+	Grace time.Duration
 }
 
 // Key names the source in logs and metrics: "inferencepool:" and namespace/name.
@@ -75,13 +92,21 @@ func (s *Source) Key() string { return "inferencepool:" + s.Namespace + "/" + s.
 
 // Run watches the pool and the namespace's pods and calls emit with the endpoints every time
 // the set changes, the first time once both have been listed (an empty set while the pool does
-// not exist or selects nothing ready). It blocks until ctx ends and returns ctx's error; the
-// informers retry failed watches with back-off, and the last set stays in force meanwhile. Each
-// list and watch request is bounded (kube.MaxRequestTimeout), and while the first list has not
-// completed that is said every 10 s.
+// not exist or selects nothing ready). A pool that disappears is followed by its last selector
+// and ports for Grace, then its endpoints are dropped (Source). It blocks until ctx ends and
+// returns ctx's error; the informers retry failed watches with back-off, and the last set
+// stays in force meanwhile. Each list and watch request is bounded (kube.MaxRequestTimeout),
+// and while the first list has not completed that is said every 10 s.
 func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) error {
 	if s.Namespace == "" || s.Name == "" || s.Pools == nil || s.Pods == nil {
 		return errors.New("inferencepool: a Source needs a namespace, a name and both clients")
+	}
+	if s.Grace < 0 {
+		return fmt.Errorf("%s: grace %v: give how long a pool that disappears is still followed, like 5m, or 0 for the default", s.Key(), s.Grace)
+	}
+	grace := s.Grace
+	if grace == 0 {
+		grace = DefaultGrace
 	}
 	log := s.Log
 	if log == nil {
@@ -153,15 +178,50 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	var last []endpoint.Spec
 	first := true
 	lastProblem, lastLeft := "", ""
+	// While the pool is absent, kept is what it last said and expire ends the grace; kept is
+	// nil when there is nothing to keep (never seen, not valid when last seen, grace over).
+	var kept *Pool
+	var graceTimer *time.Timer
+	var expire <-chan time.Time
+	defer func() {
+		if graceTimer != nil {
+			graceTimer.Stop()
+		}
+	}()
 	for {
 		obj, ok, err := poolInf.GetStore().GetByKey(s.Namespace + "/" + s.Name)
 		var specs []endpoint.Spec
 		var left []error
-		if err == nil && ok {
-			var pool Pool
-			if pool, err = Parse(obj.(*unstructured.Unstructured)); err == nil {
-				specs, left = s.Specs(pool, podInf.GetStore().List())
+		var pool Pool
+		use := false
+		switch {
+		case err != nil:
+		case ok:
+			if expire != nil {
+				graceTimer.Stop()
+				expire = nil
+				log.Info("the InferencePool is back, followed as it is now", "source", s.Key())
 			}
+			if pool, err = Parse(obj.(*unstructured.Unstructured)); err == nil {
+				use, kept = true, &pool
+			} else {
+				kept = nil // what the pool says now is what counts, even when it selects nothing
+			}
+		case kept != nil:
+			if expire == nil {
+				graceTimer = time.NewTimer(grace)
+				expire = graceTimer.C
+				warn := fmt.Errorf("%s: the InferencePool is not found (deleted, or missing from the API's answer): its last selector and ports stay in force for %v, their %d endpoints with them, and it is followed again as soon as it is back",
+					s.Key(), grace, len(last))
+				log.Warn("InferencePool gone, keeping its endpoints for a while (said once)", "source", s.Key(), "err", warn)
+				if s.OnError != nil {
+					s.OnError(warn)
+				}
+			}
+			pool, use = *kept, true
+		}
+		if use {
+			specs, left = s.Specs(pool, podInf.GetStore().List())
 		}
 		// Addresses left out are said when what is left out changes.
 		if l := errors.Join(left...); fmt.Sprint(l) != lastLeft {
@@ -188,6 +248,14 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-kick:
+		case <-expire:
+			expire, kept = nil, nil
+			gone := fmt.Errorf("%s: the InferencePool has been gone for %v: its %d endpoints are dropped; it is followed again when it is created",
+				s.Key(), grace, len(last))
+			log.Error("InferencePool gone for good, its endpoints dropped", "source", s.Key(), "err", gone)
+			if s.OnError != nil {
+				s.OnError(gone)
+			}
 		}
 	}
 }

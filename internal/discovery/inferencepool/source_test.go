@@ -70,6 +70,12 @@ type world struct {
 
 func newWorld(t *testing.T, pool *unstructured.Unstructured, pods ...runtime.Object) *world {
 	t.Helper()
+	return newWorldWith(t, nil, pool, pods...)
+}
+
+// newWorldWith is newWorld with the Source first passed to with (when not nil).
+func newWorldWith(t *testing.T, with func(*Source), pool *unstructured.Unstructured, pods ...runtime.Object) *world {
+	t.Helper()
 	w := &world{sets: make(chan []string, 16), errs: make(chan error, 16), watched: make(chan string, 16)}
 	var objs []runtime.Object
 	if pool != nil {
@@ -89,6 +95,9 @@ func newWorld(t *testing.T, pool *unstructured.Unstructured, pods ...runtime.Obj
 	src := &Source{Namespace: ns, Name: "llama", Pools: w.dyn, Pods: w.kube,
 		Endpoint: config.Endpoint{Models: []string{"llama3-70b"}, Engine: "vllm"},
 		OnError:  func(err error) { w.errs <- err }}
+	if with != nil {
+		with(src)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -200,11 +209,95 @@ func TestSourceFollowsPoolAndPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("fixed", "http://10.0.0.3:8000")
+	w.stop()
+}
+
+// nextErr waits for the next problem reported.
+func (w *world) nextErr(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-w.errs:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("no problem reported")
+		return nil
+	}
+}
+
+// TestSourcePoolGoneAndBack: a pool deleted and created again (a helm upgrade that recreates
+// it) keeps its endpoints meanwhile, said once, its pods still followed by its last selector
+// and ports; the pool that comes back is followed as it is. It used to drop every endpoint at
+// once.
+func TestSourcePoolGoneAndBack(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true), pod("b", "10.0.0.2", "vllm", false))
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("start (-want +got):\n%s", diff)
+	}
+	pools := w.dyn.Resource(Resource).Namespace(ns)
 	if err := pools.Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	step("the pool is deleted", []string{}...)
-	w.stop()
+	if err := w.nextErr(t); !strings.Contains(err.Error(), "the InferencePool is not found") ||
+		!strings.Contains(err.Error(), "stay in force for 5m0s, their 1 endpoints with them") {
+		t.Errorf("the pool's deletion reported as %q, want its endpoints said to stay for 5m0s", err)
+	}
+	// Meanwhile pods come and go by the pool's last selector: b turns ready and joins, and
+	// that is the next set (none empty came before it).
+	if _, err := w.kube.CoreV1().Pods(ns).UpdateStatus(ctx, pod("b", "10.0.0.2", "vllm", true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}, w.next(t)); diff != "" {
+		t.Errorf("b ready while the pool is gone (-want +got):\n%s", diff)
+	}
+	if _, err := pools.Create(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000, 8001), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"http://10.0.0.1:8000", "http://10.0.0.1:8001", "http://10.0.0.2:8000", "http://10.0.0.2:8001"}
+	if diff := cmp.Diff(want, w.next(t)); diff != "" {
+		t.Errorf("the pool back with a second port (-want +got):\n%s", diff)
+	}
+	select {
+	case err := <-w.errs:
+		t.Errorf("reported again: %v; want the pool's absence said once", err)
+	default:
+	}
+}
+
+// TestSourcePoolGoneForGood: a pool that stays gone past the grace has its endpoints dropped,
+// with an error, no sooner; created again, it is followed again.
+func TestSourcePoolGoneForGood(t *testing.T) {
+	ctx := context.Background()
+	const grace = 300 * time.Millisecond
+	w := newWorldWith(t, func(s *Source) { s.Grace = grace }, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true))
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("start (-want +got):\n%s", diff)
+	}
+	pools := w.dyn.Resource(Resource).Namespace(ns)
+	deleted := time.Now()
+	if err := pools.Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.nextErr(t); !strings.Contains(err.Error(), "stay in force for 300ms") {
+		t.Errorf("the pool's deletion reported as %q", err)
+	}
+	if got := w.next(t); len(got) != 0 {
+		t.Errorf("after the grace: %v, want no endpoint", got)
+	}
+	if el := time.Since(deleted); el < grace {
+		t.Errorf("endpoints dropped %v after the pool's deletion, before the grace of %v", el, grace)
+	}
+	if err := w.nextErr(t); !strings.Contains(err.Error(), "has been gone for 300ms: its 1 endpoints are dropped") {
+		t.Errorf("the end of the grace reported as %q", err)
+	}
+	if _, err := pools.Create(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("the pool created again (-want +got):\n%s", diff)
+	}
 }
 
 // TestSourceWithoutPool: a pool that does not exist yet is an empty set, then its pods.
@@ -273,5 +366,15 @@ func TestSpecsLeavesOutUnusable(t *testing.T) {
 		if !strings.Contains(msg, want) {
 			t.Errorf("problems lack %q:\n%s", want, msg)
 		}
+	}
+}
+
+// TestSourceNegativeGrace: a negative grace is refused, not read as none.
+func TestSourceNegativeGrace(t *testing.T) {
+	s := &Source{Namespace: ns, Name: "llama", Pools: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()),
+		Pods: k8sfake.NewClientset(), Grace: -time.Second}
+	err := s.Run(context.Background(), func([]endpoint.Spec) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "grace -1s: give how long") {
+		t.Errorf("Run with a negative grace: %v, want it refused", err)
 	}
 }

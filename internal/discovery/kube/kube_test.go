@@ -76,6 +76,12 @@ func slice(name, service string, family discoveryv1.AddressType, ports []port, e
 
 var httpPort = []port{{"http", 8000}}
 
+// withPort adds to s a port of the protocol given.
+func withPort(s *discoveryv1.EndpointSlice, name string, num int32, proto corev1.Protocol) *discoveryv1.EndpointSlice {
+	s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: &name, Port: &num, Protocol: &proto})
+	return s
+}
+
 func pod(name string, annotations map[string]string) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: annotations,
 		Labels: map[string]string{"app": "vllm"}}}
@@ -91,6 +97,10 @@ func addrs(ts []Target) []string {
 
 func TestTargets(t *testing.T) {
 	v4, v6 := discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	one := func(name string) *discoveryv1.EndpointSlice {
+		return slice(name, "vllm", v4, nil, nil, ep("10.0.0.1", "a", "ready"))
+	}
 	tests := []struct {
 		name     string
 		slices   []*discoveryv1.EndpointSlice
@@ -148,8 +158,8 @@ func TestTargets(t *testing.T) {
 			portName: "http",
 			want:     []string{"10.0.0.2:8000 inference/b"},
 			problems: []string{
-				`endpointslice s1 has no port named "http" (it has "grpc", "metrics"): set port_name`,
-				`endpointslice s3 has no port named "http" (it has "a", "b")`,
+				`endpointslice s1 has no port named "http" (its TCP ports: "grpc" 9000, "metrics" 9090): set port_name to one of them`,
+				`endpointslice s3 has no port named "http" (its TCP ports: "a" 1, "b" 2)`,
 				`endpointslice s5: address "10.0.0.300"`,
 				`endpointslice s4: address type "FQDN" is not supported`,
 			},
@@ -177,7 +187,42 @@ func TestTargets(t *testing.T) {
 		{
 			name:     "several ports and no name",
 			slices:   []*discoveryv1.EndpointSlice{slice("s1", "vllm", v4, []port{{"a", 1}, {"b", 2}}, nil, ep("10.0.0.1", "a", "ready"))},
-			problems: []string{`endpointslice s1 has 2 ports ("a", "b"): set port_name to one of them`},
+			problems: []string{`endpointslice s1 has 2 TCP ports ("a" 1, "b" 2): set port_name to one of them`},
+		},
+		{
+			// An API server refuses two ports of one name; a fake, or a slice written by
+			// hand to a server that does not check, has them.
+			name:     "a TCP and a UDP port of one name: the TCP one, named",
+			slices:   []*discoveryv1.EndpointSlice{withPort(withPort(one("s1"), "dns", 5353, udp), "dns", 53, tcp)},
+			portName: "dns",
+			want:     []string{"10.0.0.1:53 inference/a"},
+		},
+		{
+			name:   "a TCP and a UDP port of one name: the TCP one, no name given",
+			slices: []*discoveryv1.EndpointSlice{withPort(withPort(one("s1"), "dns", 5353, udp), "dns", 53, tcp)},
+			want:   []string{"10.0.0.1:53 inference/a"},
+		},
+		{
+			name:   "no name given: the only TCP port, a UDP one beside it (HTTP/3)",
+			slices: []*discoveryv1.EndpointSlice{withPort(withPort(one("s1"), "h3", 8443, udp), "https", 8443, tcp)},
+			want:   []string{"10.0.0.1:8443 inference/a"},
+		},
+		{
+			name:     "a port named that is UDP is said to be so",
+			slices:   []*discoveryv1.EndpointSlice{withPort(withPort(one("s1"), "h3", 8443, udp), "https", 8443, tcp)},
+			portName: "h3",
+			problems: []string{`endpointslice s1: its port "h3" is 8443/UDP, not TCP (endpoints take HTTP, over TCP): set port_name to one of its TCP ports ("https" 8443)`},
+		},
+		{
+			name: "several TCP ports and a UDP one, no name: each listed, the UDP one as never used",
+			slices: []*discoveryv1.EndpointSlice{withPort(withPort(withPort(one("s1"), "peers", 7947, tcp), "gossip", 7946, tcp),
+				"gossip-udp", 7946, udp)},
+			problems: []string{`endpointslice s1 has 2 TCP ports ("peers" 7947, "gossip" 7946; not TCP, so never used: "gossip-udp" 7946/UDP): set port_name to one of them`},
+		},
+		{
+			name:     "no TCP port",
+			slices:   []*discoveryv1.EndpointSlice{withPort(one("s1"), "dns", 53, udp)},
+			problems: []string{`endpointslice s1 has no TCP port, only "dns" 53/UDP (endpoints take HTTP, over TCP): give the Service a TCP port, or set port`},
 		},
 		{
 			name:     "no slice at all",
@@ -208,12 +253,15 @@ func TestTargets(t *testing.T) {
 func TestTargets_PodsHeldBackUntilKnown(t *testing.T) {
 	s := slice("s1", "vllm", discoveryv1.AddressTypeIPv4, httpPort, nil, ep("10.0.0.1", "a", "ready"), ep("10.0.0.2", "b", "ready"))
 	known := map[string]*corev1.Pod{"a": pod("a", map[string]string{KeyEngine: "sglang"})}
-	got, _ := Targets([]*discoveryv1.EndpointSlice{s}, "http", 0, true, func(namespace, name string) (*corev1.Pod, bool) {
+	got, _ := Targets([]*discoveryv1.EndpointSlice{s}, "http", 0, true, func(namespace, name string) (*metav1.ObjectMeta, bool) {
 		if namespace != ns {
 			t.Errorf("pod looked up in namespace %q", namespace)
 		}
 		p, ok := known[name]
-		return p, ok
+		if !ok {
+			return nil, false
+		}
+		return &p.ObjectMeta, true
 	})
 	if len(got) != 1 || got[0].Pod != "inference/a" || got[0].Annotations[KeyEngine] != "sglang" || got[0].Labels["app"] != "vllm" {
 		t.Errorf("targets = %+v, want only a, with its labels and annotations", got)
@@ -620,5 +668,63 @@ func TestSource_SpecsStepTokens(t *testing.T) {
 	}
 	if strings.Contains(msg, "left out") {
 		t.Errorf("a bad step budget left a pod out:\n%s", msg)
+	}
+}
+
+// TestWatch_PodKeys: of a pod's labels and annotations, a watch keeps those of PodKeys only:
+// a namespace's pods carry many, some large (kubectl's last-applied-configuration), and all of
+// them used to be kept for every pod.
+func TestWatch_PodKeys(t *testing.T) {
+	p := pod("a", map[string]string{
+		KeyModels: "m",
+		"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 16<<10),
+		"sidecar.istio.io/status":                          `{"initContainers":["istio-init"]}`,
+	})
+	p.Labels = map[string]string{"app": "vllm", "pod-template-hash": "5d9c", KeyEngine: "sglang"}
+	client := fake.NewClientset(p, slice("vllm-1", "vllm", discoveryv1.AddressTypeIPv4, httpPort, nil, ep("10.0.0.1", "a", "ready")))
+	targets := make(chan []Target, 10)
+	w := &Watch{Client: client, Namespace: ns, PortName: "http", Pods: true, PodKeys: []string{KeyEngine, KeyModels}, Name: "test"}
+	testkube.RunUntilCleanup(t, func(ctx context.Context) error {
+		return w.Run(ctx, func(ts []Target) { targets <- ts })
+	})
+	var got []Target
+	select {
+	case got = <-targets:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no targets within 10s")
+	}
+	if len(got) != 1 {
+		t.Fatalf("targets %v, want pod a's", addrs(got))
+	}
+	if diff := cmp.Diff(map[string]string{KeyEngine: "sglang"}, got[0].Labels); diff != "" {
+		t.Errorf("labels kept (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]string{KeyModels: "m"}, got[0].Annotations); diff != "" {
+		t.Errorf("annotations kept (-want +got):\n%s", diff)
+	}
+}
+
+// TestSource_PodKeys: a Source's watch keeps each pod key it reads, from a label or an
+// annotation.
+func TestSource_PodKeys(t *testing.T) {
+	p := pod("a", map[string]string{KeyModels: "llama3-8b", KeyKVEvents: "5557", "unrelated": "x"})
+	p.Labels = map[string]string{KeyEngine: "sglang", KeyStepTokens: "2048", "app": "vllm"}
+	client := fake.NewClientset(p, slice("vllm-1", "vllm", discoveryv1.AddressTypeIPv4, httpPort, nil, ep("10.0.0.1", "a", "ready")))
+	src := source(client, config.KubernetesDiscovery{Service: "vllm", PortName: "http", PodMetadata: true})
+	sets := make(chan []endpoint.Spec, 10)
+	testkube.RunUntilCleanup(t, func(ctx context.Context) error {
+		return src.Run(ctx, func(s []endpoint.Spec) error { sets <- s; return nil })
+	})
+	select {
+	case got := <-sets:
+		if len(got) != 1 {
+			t.Fatalf("endpoints %+v, want pod a's", got)
+		}
+		e := got[0]
+		if e.Engine != "sglang" || !slices.Equal(e.Models, []string{"llama3-8b"}) || e.KVEvents != "tcp://10.0.0.1:5557" || e.StepTokens != 2048 {
+			t.Errorf("endpoint %+v: want engine sglang, models [llama3-8b], kv events tcp://10.0.0.1:5557 and 2048 step tokens from the pod", e)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no endpoints within 10s")
 	}
 }

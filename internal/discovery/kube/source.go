@@ -110,6 +110,7 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	w := &Watch{
 		Client: s.Client, Namespace: s.Namespace, Selector: sel,
 		PortName: s.Config.PortName, Port: s.Config.Port, Pods: s.Config.PodMetadata,
+		PodKeys: []string{KeyEngine, KeyModels, KeyKVEvents, KeyStepTokens}, // what spec reads
 		OnError: fail, Name: s.Key(), Exclude: s.Exclude,
 	}
 	limit := cmp.Or(s.Config.MaxEndpoints, config.DefaultMaxEndpoints)

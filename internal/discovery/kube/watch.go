@@ -68,9 +68,14 @@ type Watch struct {
 	// Port, when not 0, is used for every address instead of a slice port.
 	Port int
 	// Pods also watches the namespace's pods (their metadata only), so that each target
-	// carries its pod's labels and annotations. An address whose pod is not known yet is held
-	// back until it is (pods are seen well before their endpoints turn ready).
+	// carries its pod's labels and annotations of PodKeys. An address whose pod is not known
+	// yet is held back until it is (pods are seen well before their endpoints turn ready).
 	Pods bool
+	// PodKeys are the label and annotation keys of a pod that a target carries (with Pods);
+	// the others are not kept. Pods carry many, some of them large (a sidecar injector's
+	// status, kubectl's last-applied-configuration): kept whole for each pod of a big
+	// namespace, they would cost memory for nothing.
+	PodKeys []string
 	// Log receives watch failures and slices that cannot be used (discarded when nil).
 	Log *slog.Logger
 	// OnError, when set, also receives them (for a metric or a test).
@@ -206,8 +211,8 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 		podInf = w.informer(&corev1.Pod{},
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return podsAPI.List(ctx, o) },
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return podsAPI.Watch(ctx, o) })
-		// Pods are large; keeping their metadata only bounds the memory a big namespace costs.
-		if err := podInf.SetTransform(podMetadata); err != nil {
+		// Pods are large; keeping only the metadata read bounds the memory a big namespace costs.
+		if err := podInf.SetTransform(podMetadata(w.PodKeys)); err != nil {
 			return fmt.Errorf("%s: %w", w.Name, err)
 		}
 		informersToSync = append(informersToSync, podInf)
@@ -234,16 +239,19 @@ func (w *Watch) Run(ctx context.Context, emit func([]Target)) error {
 	}
 
 	sliceStore := sliceInf.GetStore()
-	pod := func(ns, name string) (*corev1.Pod, bool) { return nil, false }
+	pod := func(ns, name string) (*metav1.ObjectMeta, bool) { return nil, false }
 	if podInf != nil {
 		idx := podInf.GetIndexer()
-		pod = func(ns, name string) (*corev1.Pod, bool) {
+		pod = func(ns, name string) (*metav1.ObjectMeta, bool) {
 			obj, ok, err := idx.GetByKey(ns + "/" + name)
 			if err != nil || !ok {
 				return nil, false
 			}
-			p, ok := obj.(*corev1.Pod)
-			return p, ok
+			p, ok := obj.(*metav1.PartialObjectMetadata)
+			if !ok {
+				return nil, false
+			}
+			return &p.ObjectMeta, true
 		}
 	}
 	problems := reporter{fail: w.fail}
@@ -328,16 +336,32 @@ func notify(kick chan struct{}) {
 	}
 }
 
-// podMetadata keeps what Targets reads of a pod.
-func podMetadata(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok { // a tombstone of a deleted pod
-		return obj, nil
+// podMetadata returns an informer transform that keeps what Targets reads of a pod: its name
+// and, of its labels and annotations, those of keys. It keeps them in a PartialObjectMetadata,
+// a fifth of an empty Pod's size.
+func podMetadata(keys []string) cache.TransformFunc {
+	only := func(m map[string]string) map[string]string {
+		var out map[string]string
+		for _, k := range keys {
+			if v, ok := m[k]; ok {
+				if out == nil {
+					out = make(map[string]string, len(keys))
+				}
+				out[k] = v
+			}
+		}
+		return out
 	}
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
-		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-		Labels: p.Labels, Annotations: p.Annotations,
-	}}, nil
+	return func(obj any) (any, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok { // a tombstone of a deleted pod
+			return obj, nil
+		}
+		return &metav1.PartialObjectMetadata{TypeMeta: p.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion,
+			Labels: only(p.Labels), Annotations: only(p.Annotations),
+		}}, nil
+	}
 }
 
 // Targets returns the addresses of the slices in ready for new requests, ordered by address and port,
@@ -349,7 +373,7 @@ func podMetadata(obj any) (any, error) {
 // address no endpoint may have (discovery.Unusable: unspecified, multicast, broadcast,
 // link-local) is left out and returned as a problem.
 func Targets(in []*discoveryv1.EndpointSlice, portName string, port int, withPods bool,
-	pod func(namespace, name string) (*corev1.Pod, bool)) ([]Target, []error) {
+	pod func(namespace, name string) (*metav1.ObjectMeta, bool)) ([]Target, []error) {
 	ordered := slices.Clone(in)
 	family := func(t discoveryv1.AddressType) int {
 		switch t {
@@ -422,30 +446,64 @@ func ready(c discoveryv1.EndpointConditions) bool {
 	return (c.Ready == nil || *c.Ready) && (c.Terminating == nil || !*c.Terminating)
 }
 
-// slicePort picks the port of a slice: port when set, else the one named name, else the only one.
+// slicePort picks the port of a slice: port when set; else the TCP port named name; else, with
+// no name, the slice's only TCP port (an unnamed one first). Only TCP ports count, endpoints
+// taking HTTP: a UDP or SCTP port, even of the same name or number (HTTP/3's, a DNS server's
+// twin), is never picked, and an error that lists the ports says which are not TCP.
 func slicePort(s *discoveryv1.EndpointSlice, name string, port int) (int, error) {
 	if port != 0 {
 		return port, nil
 	}
-	var names []string
+	var tcp, named []int32
+	var tcpList, otherList []string
+	other := "" // the protocol of a port named name that is not TCP
 	for _, p := range s.Ports {
-		n := ""
-		if p.Name != nil {
-			n = *p.Name
-		}
-		if p.Port == nil || (p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP) {
+		if p.Port == nil {
 			continue
 		}
-		if n == name || (name == "" && len(s.Ports) == 1) {
-			return int(*p.Port), nil
+		n, proto := ptrOr(p.Name, ""), ptrOr(p.Protocol, corev1.ProtocolTCP)
+		if proto != corev1.ProtocolTCP {
+			otherList = append(otherList, fmt.Sprintf("%q %d/%s", n, *p.Port, proto))
+			if n == name && other == "" {
+				other = fmt.Sprintf("%d/%s", *p.Port, proto)
+			}
+			continue
 		}
-		names = append(names, fmt.Sprintf("%q", n))
+		tcp, tcpList = append(tcp, *p.Port), append(tcpList, fmt.Sprintf("%q %d", n, *p.Port))
+		if n == name {
+			named = append(named, *p.Port)
+		}
 	}
-	if len(names) == 0 {
-		return 0, fmt.Errorf("endpointslice %s has no TCP port: give the Service a port, or set port", s.Name)
+	if name == "" && len(named) == 0 {
+		named = tcp
 	}
-	if name == "" {
-		return 0, fmt.Errorf("endpointslice %s has %d ports (%s): set port_name to one of them", s.Name, len(names), strings.Join(names, ", "))
+	if len(named) == 1 {
+		return int(named[0]), nil
 	}
-	return 0, fmt.Errorf("endpointslice %s has no port named %q (it has %s): set port_name to one of them", s.Name, name, strings.Join(names, ", "))
+	tcps := strings.Join(tcpList, ", ")
+	if len(otherList) > 0 {
+		tcps += "; not TCP, so never used: " + strings.Join(otherList, ", ")
+	}
+	switch {
+	case len(tcp) == 0 && len(otherList) == 0:
+		return 0, fmt.Errorf("endpointslice %s has no port: give the Service a port, or set port", s.Name)
+	case len(tcp) == 0:
+		return 0, fmt.Errorf("endpointslice %s has no TCP port, only %s (endpoints take HTTP, over TCP): give the Service a TCP port, or set port",
+			s.Name, strings.Join(otherList, ", "))
+	case name == "":
+		return 0, fmt.Errorf("endpointslice %s has %d TCP ports (%s): set port_name to one of them", s.Name, len(tcp), tcps)
+	case other != "":
+		return 0, fmt.Errorf("endpointslice %s: its port %q is %s, not TCP (endpoints take HTTP, over TCP): set port_name to one of its TCP ports (%s)",
+			s.Name, name, other, strings.Join(tcpList, ", "))
+	case len(named) > 1: // an API server refuses a slice with two ports of one name
+		return 0, fmt.Errorf("endpointslice %s has %d TCP ports named %q (%s): set port", s.Name, len(named), name, tcps)
+	}
+	return 0, fmt.Errorf("endpointslice %s has no port named %q (its TCP ports: %s): set port_name to one of them", s.Name, name, tcps)
+}
+
+func ptrOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
 }
