@@ -2,16 +2,20 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/workload"
 )
 
 // stdinMain is, for each verb that takes --trace, its entry point with standard input given.
@@ -84,24 +88,27 @@ func TestTraceFromStdin(t *testing.T) {
 				return s.Source, s.Requests
 			}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.verb, func(t *testing.T) {
-			code, out, errOut := runWithStdin(tt.verb, stdinTraceText, tt.args...)
-			if code != 0 {
-				t.Fatalf("exit %d: %s", code, errOut)
-			}
-			name, requests := tt.workload(t, out)
-			want := "stdin"
-			if tt.verb == "analyze" {
-				want = "standard input"
-			}
-			if name != want || requests != 12 {
-				t.Errorf("report names the trace %q with %d requests; want %q and 12", name, requests, want)
-			}
-		})
+	// The trace plain, and gzipped (told by its first bytes: a pipe has no name).
+	for _, in := range []struct{ name, text string }{{"plain", stdinTraceText}, {"gzip", gzipText(t, stdinTraceText)}} {
+		for _, tt := range tests {
+			t.Run(in.name+"/"+tt.verb, func(t *testing.T) {
+				code, out, errOut := runWithStdin(tt.verb, in.text, tt.args...)
+				if code != 0 {
+					t.Fatalf("exit %d: %s", code, errOut)
+				}
+				name, requests := tt.workload(t, out)
+				want := "stdin"
+				if tt.verb == "analyze" {
+					want = "standard input"
+				}
+				if name != want || requests != 12 {
+					t.Errorf("report names the trace %q with %d requests; want %q and 12", name, requests, want)
+				}
+			})
+		}
 	}
-	if got := n.Load(); got != 12 {
-		t.Errorf("bench sent %d requests, want the trace's 12", got)
+	if got := n.Load(); got != 24 {
+		t.Errorf("bench sent %d requests, want the trace's 12 twice", got)
 	}
 }
 
@@ -123,7 +130,7 @@ func TestTraceFromStdinBadLine(t *testing.T) {
 		{"analyze", []string{"-"}},
 	} {
 		code, out, errOut := runWithStdin(tt.verb, bad, tt.args...)
-		want := "kvroute " + tt.verb + ": standard input: line 13: field input_length: want int"
+		want := "kvroute " + tt.verb + ": standard input: line 13: field input_length: want a whole number, got JSON string"
 		if code != 2 || out != "" || !strings.HasPrefix(errOut, want) || strings.Count(errOut, "\n") != 1 || strings.Contains(errOut, os.TempDir()) {
 			t.Errorf("%s %q: exit %d, stdout %q, stderr %q; want 2 and one line starting %q", tt.verb, tt.args, code, out, errOut, want)
 		}
@@ -204,9 +211,9 @@ func TestFloatFlagsFinite(t *testing.T) {
 			}
 		}
 	}
-	// simulate 4, plan 1, bench 3, demo 2, sim 3.
-	if seen != 13 {
-		t.Errorf("found %d float flags in the verbs' help, want 13: update this test", seen)
+	// simulate 4, plan 1, bench 3, demo 2, sim 3, trace 1.
+	if seen != 14 {
+		t.Errorf("found %d float flags in the verbs' help, want 14: update this test", seen)
 	}
 }
 
@@ -261,5 +268,163 @@ func TestScorecardTraceFromStdin(t *testing.T) {
 	}
 	if strings.Contains(out, os.TempDir()) {
 		t.Errorf("the report names the temporary directory:\n%s", out)
+	}
+}
+
+// gzipText is text gzipped.
+func gzipText(t *testing.T, text string) string {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := zw.Write([]byte(text)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// secondsTrace is stdinTraceText's requests with their timestamps in seconds: 0, 0.04, ...
+var secondsTrace = func() string {
+	var b strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&b, `{"timestamp": %.2f, "input_length": 1100, "output_length": 4, "hash_ids": [0, %d, %d]}`+"\n", float64(i)*0.04, 1+i%3, 100+i)
+	}
+	return b.String()
+}()
+
+// traceVerbs are the verbs that take --trace, each with the flags that make it run at once.
+var traceVerbs = []struct {
+	verb string
+	args []string
+}{
+	{"analyze", nil},
+	{"simulate", []string{"--policies", "random"}},
+	{"simulate", []string{"--scorecard", "--scenarios", "mooncake", "--policies", "random"}},
+	{"plan", []string{"--slo-ttft-p90", "1s", "--policies", "random"}},
+	{"bench", []string{"--target", "http://127.0.0.1:1"}},
+	{"demo", []string{"--html", "", "--policies", "round-robin"}},
+}
+
+// TestTraceInSeconds: a trace whose timestamps are seconds (they have fractions of a
+// millisecond) is refused by every verb that takes --trace, from a file or standard input,
+// before anything runs: exit 2, one line that says so and names the conversion. Read as
+// milliseconds, it replayed a thousand times too fast.
+func TestTraceInSeconds(t *testing.T) {
+	emptyTempDir(t)
+	file := writeTempFile(t, "seconds.jsonl", secondsTrace)
+	const want = "line 2: timestamp 0.04 has a fraction of a millisecond: the timestamps look like seconds (kvroute reads milliseconds; as milliseconds, its 12 requests of 1100 prompt tokens on average arrive within 440µs, 27272.73 requests/s); if they are seconds, convert the trace: kvroute trace convert --time-unit s FILE > trace.jsonl"
+	for _, v := range traceVerbs {
+		for _, in := range []struct{ trace, stdin, name string }{{file, "", file}, {"-", secondsTrace, "standard input"}} {
+			code, out, errOut := runWithStdin(v.verb, in.stdin, append([]string{"--trace", in.trace}, v.args...)...)
+			if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "kvroute "+v.verb+": ") || !strings.Contains(errOut, in.name+": "+want) {
+				t.Errorf("%s %q --trace %s: exit %d, stdout %q, stderr %q; want 2, nothing, and one line with %q", v.verb, v.args, in.trace, code, out, errOut, want)
+			}
+		}
+	}
+	// Converted, it is the trace in milliseconds.
+	var conv bytes.Buffer
+	code, _, errOut := runTraceWithStdin(secondsTrace, &conv, "convert", "--time-unit", "s", "-")
+	if code != 0 {
+		t.Fatalf("trace convert: exit %d: %s", code, errOut)
+	}
+	if diff := cmp.Diff(stdinTraceText, conv.String()); diff != "" {
+		t.Errorf("converted from seconds (-the trace in ms +converted):\n%s", diff)
+	}
+}
+
+// TestTraceGzipFile: every verb that takes --trace reads a gzipped trace file whatever its
+// name, as the README's zcat pipe did.
+func TestTraceGzipFile(t *testing.T) {
+	emptyTempDir(t)
+	file := writeTempFile(t, "trace.jsonl", gzipText(t, stdinTraceText))
+	for _, v := range traceVerbs {
+		if v.verb == "bench" || v.verb == "demo" {
+			continue // they send requests; TestTraceFromStdin has them read gzip
+		}
+		code, out, errOut := runWithStdin(v.verb, "", append([]string{"--trace", file, "--json"}, v.args...)...)
+		if code != 0 || !strings.Contains(out, `12`) {
+			t.Errorf("%s %q: exit %d, stderr %q", v.verb, v.args, code, errOut)
+		}
+	}
+}
+
+// runTraceWithStdin runs kvroute trace with stdin, its standard output into out.
+func runTraceWithStdin(stdin string, out io.Writer, args ...string) (code int, stdout, stderr string) {
+	var e bytes.Buffer
+	code = traceMain(context.Background(), args, strings.NewReader(stdin), out, &e)
+	return code, "", e.String()
+}
+
+// TestTraceConvert: kvroute trace convert writes the Mooncake trace on standard output (or
+// -o FILE, whole or not at all), says what it did on standard error, and the verbs replay it.
+func TestTraceConvert(t *testing.T) {
+	emptyTempDir(t)
+	var lines strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&lines, `{"model": "m", "messages": [{"role": "system", "content": %q}, {"role": "user", "content": "question %d"}], "max_tokens": 5}`+"\n",
+			strings.Repeat("You are a careful assistant. ", 100), i)
+	}
+	gateway := writeTempFile(t, "gateway.jsonl", lines.String())
+
+	var out bytes.Buffer
+	code, _, errOut := runTraceWithStdin("", &out, "convert", gateway, "--rate", "4")
+	wantErr := "kvroute trace: 12 requests (openai) written to standard output\n  note: openai has no times: the requests are spaced evenly, 250ms apart (4 a second), in the input's order; bench --rate re-times them as a Poisson process\n"
+	if code != 0 || errOut != wantErr {
+		t.Fatalf("exit %d, stderr %q; want 0 and %q", code, errOut, wantErr)
+	}
+	reqs, err := workload.ReadMooncake(bytes.NewReader(out.Bytes()))
+	if err != nil || len(reqs) != 12 {
+		t.Fatalf("the converted trace: %d requests, %v; want 12", len(reqs), err)
+	}
+	// 2,900 bytes of system prompt: one 512-token (2,048-byte) block shared by all, the
+	// next block each request's own.
+	for i, r := range reqs {
+		if r.Blocks[0] != 0 || r.Blocks[1] != uint64(i+1) || r.OutputTokens != 5 {
+			t.Errorf("request %d: ids %v, output %d; want 0, %d and 5", i, r.Blocks, r.OutputTokens, i+1)
+		}
+	}
+
+	// -o FILE; from standard input; gzip.
+	dst := filepath.Join(t.TempDir(), "out.jsonl")
+	code, _, errOut = runTraceWithStdin(gzipText(t, lines.String()), io.Discard, "convert", "--rate", "4", "-o", dst, "-")
+	if b, err := os.ReadFile(dst); code != 0 || err != nil || string(b) != out.String() || !strings.Contains(errOut, "written to "+dst) {
+		t.Errorf("-o from gzipped stdin: exit %d, stderr %q, file %v; want the same trace", code, errOut, err)
+	}
+	// A failed conversion leaves -o as it was.
+	if err := os.WriteFile(dst, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := writeTempFile(t, "bad.jsonl", lines.String()+`{"model": "m"}`+"\n")
+	code, _, errOut = runTraceWithStdin("", io.Discard, "convert", "-o", dst, bad)
+	if b, _ := os.ReadFile(dst); code != 2 || string(b) != "keep" || errOut != "kvroute trace: "+bad+": line 13: no messages, prompt or input: not a chat, completion or Responses request body\n" {
+		t.Errorf("bad line: exit %d, stderr %q, -o now %q; want 2, the line named, the file kept", code, errOut, b)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".out.jsonl.*"))
+	if len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "kvroute trace: want a subcommand: kvroute trace convert [flags] FILE\n"},
+		{[]string{"merge", gateway}, `kvroute trace: unknown subcommand "merge", want convert (kvroute trace convert [flags] FILE)` + "\n"},
+		{[]string{"convert"}, "kvroute trace: want one input FILE (or - for standard input), got 0\n"},
+		{[]string{"convert", "--from", "csv", gateway}, `kvroute trace: --from: unknown trace format "csv", want one of openai, sharegpt, azure, burstgpt, mooncake` + "\n"},
+		{[]string{"convert", "--from", "azure", "--time-unit", "s", gateway}, "kvroute trace: --time-unit is for a mooncake input, not azure\n"},
+		{[]string{"convert", "--time-unit", "min", gateway}, `kvroute trace: --time-unit "min": want s, ms, us or ns` + "\n"},
+		{[]string{"convert", "--rate", "0", gateway}, "kvroute trace: --rate 0: want a positive number of requests a second, such as 3.4\n"},
+		{[]string{"convert", "--rate", "NaN", gateway}, "kvroute trace: --rate NaN: want a positive number of requests a second, such as 3.4 (run 'kvroute trace -h')\n"},
+		{[]string{"convert", "--block-tokens", "64", gateway}, "kvroute trace: " + gateway + ": the time unit and the block size are settings of a Mooncake trace, not of a openai one\n"},
+		{[]string{"convert", "-o", gateway, gateway}, "kvroute trace: -o " + gateway + ": the input itself\n"},
+		{[]string{"convert", gateway + ".nope"}, "kvroute trace: open " + gateway + ".nope: no such file or directory\n"},
+	} {
+		code, _, errOut := runTraceWithStdin("", io.Discard, tt.args...)
+		if code != 2 || errOut != tt.want {
+			t.Errorf("trace %q: exit %d, stderr %q; want 2 and %q", tt.args, code, errOut, tt.want)
+		}
 	}
 }

@@ -143,7 +143,7 @@ func Demo(ctx context.Context, o DemoOptions) (*DemoReport, error) {
 	d := &DemoReport{timeScale: o.TimeScale, BenchReport: BenchReport{Summary: &report.Summary{
 		Scenario: report.Scenario{
 			Workload: demoWorkloadName(&o), Requests: len(reqs), Instances: o.Instances, Profile: prof.Name,
-			Speedup: speedup, Seed: int64(o.Seed), Load: offeredLoad(reqs, prof, o.Instances),
+			Speedup: speedup, Seed: int64(o.Seed), Load: OfferedLoad(reqs, prof, o.Instances),
 			ScrapeIntervalMS: float64(des.DefaultScrapeInterval) / float64(time.Millisecond),
 		},
 		Bounds: report.Bounds{

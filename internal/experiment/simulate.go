@@ -176,7 +176,7 @@ func Simulate(ctx context.Context, o SimulateOptions) (*Simulation, error) {
 		Scenario: report.Scenario{
 			Workload: name, Requests: len(reqs), Instances: o.Instances, Profile: prof.Name,
 			Speedup: speedup, Seed: int64(o.Seed), BlockSize: prof.BlockSize,
-			Load:             offeredLoad(reqs, prof, o.Instances),
+			Load:             OfferedLoad(reqs, prof, o.Instances),
 			ScrapeIntervalMS: float64(o.ScrapeInterval) / float64(time.Millisecond),
 			NonStreamed:      o.NonStreamed,
 		},

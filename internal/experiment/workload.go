@@ -125,9 +125,9 @@ func speedupForLoad(reqs []workload.Request, p engine.Profile, n int, load float
 	return load * float64(n) * d.Seconds() / work.Seconds(), nil
 }
 
-// offeredLoad is the prefill work without cache hits over the capacity of n engines of profile
+// OfferedLoad is the prefill work without cache hits over the capacity of n engines of profile
 // p during the (already scaled) arrivals' span; 0 when undefined.
-func offeredLoad(reqs []workload.Request, p engine.Profile, n int) float64 {
+func OfferedLoad(reqs []workload.Request, p engine.Profile, n int) float64 {
 	d := span(reqs)
 	if d <= 0 {
 		return 0

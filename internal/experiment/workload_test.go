@@ -32,7 +32,7 @@ func TestLoadCalibration(t *testing.T) {
 		t.Errorf("span %v, want 3s", got)
 	}
 	// Offered load: the work over 2 instances x 3 s.
-	if got, want := offeredLoad(reqs, prof, 2), work.Seconds()/3/2; math.Abs(got-want) > 1e-12 {
+	if got, want := OfferedLoad(reqs, prof, 2), work.Seconds()/3/2; math.Abs(got-want) > 1e-12 {
 		t.Errorf("offered load %v, want %v", got, want)
 	}
 	for _, load := range []float64{0.1, 0.7, 2} {
@@ -40,7 +40,7 @@ func TestLoadCalibration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := offeredLoad(workload.Speedup(reqs, k), prof, 2); math.Abs(got-load) > 1e-6 {
+		if got := OfferedLoad(workload.Speedup(reqs, k), prof, 2); math.Abs(got-load) > 1e-6 {
 			t.Errorf("load %v: speed-up %v gives load %v", load, k, got)
 		}
 	}
@@ -50,7 +50,7 @@ func TestLoadCalibration(t *testing.T) {
 	if !errors.As(err, new(*UsageError)) || !strings.Contains(err.Error(), "--speedup") {
 		t.Errorf("no span: err %v, want a usage error suggesting --speedup", err)
 	}
-	if got := offeredLoad(same, prof, 1); got != 0 {
+	if got := OfferedLoad(same, prof, 1); got != 0 {
 		t.Errorf("no span: offered load %v, want 0", got)
 	}
 }

@@ -87,18 +87,25 @@ type Stats struct {
 	// capacity; 0 when AnalyzeOptions.Instances is 0.
 	Instances     int     `json:"instances"`
 	RandomHitRate float64 `json:"random_placement_hit_rate"`
-	Verdict       string  `json:"verdict"`
+	// Findings says what these figures show about placement (how many points of hit rate it
+	// can add at most), without judging one policy against another.
+	Findings string `json:"findings"`
+	// Verdict is what the statistics alone decide about prefix-aware routing: that it cannot
+	// pay off through the cache where no prefix is repeated or there is one instance; elsewhere,
+	// that it takes a simulation (kvroute analyze runs one when given the fleet).
+	Verdict string `json:"verdict"`
 }
 
-// Analyze measures a workload: sizes, timing, prefix reuse and the cache bounds, and a verdict
-// on whether prefix-aware routing is likely to pay off. A BlockSize below 1 is taken as 16.
+// Analyze measures a workload: sizes, timing, prefix reuse and the cache bounds, what they show
+// about placement, and what they decide about prefix-aware routing. A BlockSize below 1 is
+// taken as 16.
 func Analyze(reqs []Request, opt AnalyzeOptions) Stats {
 	if opt.BlockSize < 1 {
 		opt.BlockSize = 16
 	}
 	s := Stats{Requests: len(reqs), BlockSize: opt.BlockSize, CapacityTokens: opt.CapacityTokens}
 	if len(reqs) == 0 {
-		s.Verdict = s.verdict()
+		s.Findings, s.Verdict = s.findings(), s.verdict()
 		return s
 	}
 	order := arrivalOrder(reqs)
@@ -193,46 +200,35 @@ func Analyze(reqs []Request, opt AnalyzeOptions) Stats {
 			s.RandomHitRate = RandomPlacementHitRate(reqs, opt.BlockSize, opt.Instances, opt.CapacityTokens/opt.Instances, opt.Seed)
 		}
 	}
-	s.Verdict = s.verdict()
+	s.Findings, s.Verdict = s.findings(), s.verdict()
 	return s
 }
 
-// verdict says in a few sentences whether prefix-aware routing is likely to pay off, and why.
-// Rule of thumb: it pays when more than half the requests repeat a prefix beyond the one every
-// request shares (which every instance caches anyway, wherever requests go), or when those
-// repeats, though fewer, are long enough that a cache of the fleet's size could serve at least
-// a fifth of all prompt tokens beyond the shared prefix; but not when routing at random would
-// already hit within 5 points of that cache (one instance, say).
-func (s Stats) verdict() string {
+// findings says what the statistics show about placement, in figures: how many requests repeat
+// a prefix, what a cache of the fleet's size could serve, what random routing gets, and so how
+// many points of hit rate placement can add at most; then the warnings the workload calls for.
+// It judges no policy against another: TTFT also depends on the arrival rate, the load and the
+// prompt lengths, which these statistics do not weigh.
+func (s Stats) findings() string {
 	if s.Requests == 0 {
-		return "no requests: nothing to route"
+		return "no requests"
 	}
-	beyond := fmt.Sprintf("%.0f%% of requests repeat a prefix", 100*s.RepeatBeyondCommon)
+	repeat := fmt.Sprintf("%.1f%% of requests repeat a prefix", 100*s.RepeatBeyondCommon)
 	if s.CommonBlocks > 0 {
-		beyond += fmt.Sprintf(" longer than the %d block(s) all requests share", s.CommonBlocks)
+		repeat += fmt.Sprintf(" longer than the %d block(s) all requests share", s.CommonBlocks)
 	}
 	hit, where := s.InfiniteHitRate, "an unbounded cache"
 	if s.CapacityTokens > 0 {
 		hit, where = s.LRUHitRate, "a cache of the fleet's pooled size"
 	}
-	placed := max(hit-s.CommonHitShare, 0) // the hits that depend on placement
-	cached := fmt.Sprintf("%s could serve %.0f%% of prompt tokens (an unbounded one %.0f%%)", where, 100*hit, 100*s.InfiniteHitRate)
+	cached := fmt.Sprintf("%s could serve %.1f%% of prompt tokens (an unbounded one %.1f%%)", where, 100*hit, 100*s.InfiniteHitRate)
 	if s.CommonHitShare > 0 {
-		cached += fmt.Sprintf(", %.0f%% beyond the shared prefix", 100*placed)
+		cached += fmt.Sprintf(", %.1f%% beyond the shared prefix", 100*max(hit-s.CommonHitShare, 0))
 	}
+	parts := []string{repeat, cached}
 	if s.Instances > 0 {
-		cached += fmt.Sprintf("; routing at random over %d instances would hit %.0f%%", s.Instances, 100*s.RandomHitRate)
-	}
-	var parts []string
-	switch {
-	case s.Instances > 0 && hit-s.RandomHitRate < 0.05:
-		parts = append(parts, fmt.Sprintf("prefix-aware routing is unlikely to pay off: placement can add little to what random routing gets: %s, and %s", beyond, cached))
-	case s.RepeatBeyondCommon > 0.5 && placed >= 0.05:
-		parts = append(parts, fmt.Sprintf("prefix-aware routing is likely to pay off: %s, and %s", beyond, cached))
-	case placed >= 0.2:
-		parts = append(parts, fmt.Sprintf("prefix-aware routing is likely to pay off: only %s, but those prompts are long: %s", beyond, cached))
-	default:
-		parts = append(parts, fmt.Sprintf("prefix-aware routing is unlikely to pay off: %s, and %s; load-aware routing (least-request) should do about as well", beyond, cached))
+		parts = append(parts, fmt.Sprintf("routing at random over %d instances hits %.1f%%, so placement can add at most %.1f points of hit rate to it",
+			s.Instances, 100*s.RandomHitRate, 100*max(hit-s.RandomHitRate, 0)))
 	}
 	if s.CapacityTokens > 0 && s.WorkingSetTokens > 2*int64(s.CapacityTokens) {
 		parts = append(parts, fmt.Sprintf("the working set (%s tokens) is %.1fx the fleet's KV cache (%s tokens): eviction will cut hits, so capacity and eviction matter as much as placement",
@@ -241,7 +237,32 @@ func (s Stats) verdict() string {
 	if s.CommonBlocks > 0 && s.Requests > 1 {
 		parts = append(parts, fmt.Sprintf("every request starts with the same %d block(s): a router that keys on the first block or the first characters alone sends all traffic to one instance", s.CommonBlocks))
 	}
-	return strings.Join(parts, "; ") + "."
+	return strings.Join(parts, "; ")
+}
+
+// NoReuse says that no request repeats a prefix beyond the one every request shares (which
+// every instance caches after its first request, wherever requests go): placement changes no
+// cache hit but those of each instance's first request, so routing by prefix wins next to
+// nothing.
+func (s Stats) NoReuse() bool { return s.Requests > 0 && s.RepeatBeyondCommon == 0 }
+
+// verdict is what the statistics alone decide. They decide only where placement cannot change
+// a single cache hit: no prefix is repeated beyond the shared one, or there is one instance.
+// Everywhere else they bound what placement can win in hit rate, not what that is worth against
+// load-aware routing, so the verdict says it takes a simulation (no cut-off on the hit rates:
+// one flipped the answer between two slices of the same traffic).
+func (s Stats) verdict() string {
+	switch {
+	case s.Requests == 0:
+		return "no requests: nothing to route."
+	case s.NoReuse() && s.CommonBlocks == 0:
+		return "prefix-aware routing will not pay off through the cache: no request repeats a prefix, so where a request goes does not change its cache hits."
+	case s.NoReuse():
+		return fmt.Sprintf("prefix-aware routing will not pay off through the cache: no request repeats a prefix beyond the %d block(s) all requests share, which each instance caches after its first request, so where a request goes changes no cache hit but those first ones.", s.CommonBlocks)
+	case s.Instances == 1:
+		return "with one instance there is nothing to place: every router sends every request to it."
+	}
+	return "these statistics bound the cache hits placement can win, not whether prefix-aware routing beats load-aware routing (least-request): that also depends on the arrival rate, the load and the spread of prompt lengths, which a simulation of the fleet measures."
 }
 
 // humanCount writes n with a k, M or G suffix.
