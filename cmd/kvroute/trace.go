@@ -29,7 +29,7 @@ const stdinTrace = "-"
 const stdinTraceName = "stdin"
 
 // stdinTraceHelp ends the help of every --trace flag.
-const stdinTraceHelp = `; "-" reads it from standard input`
+const stdinTraceHelp = `; "-" reads it from standard input; gzip is read as such; other formats: kvroute trace convert`
 
 // checkStdin refuses a terminal as the trace's input: nobody types a trace, and the verb
 // would seem to hang until Ctrl-D.
