@@ -38,7 +38,9 @@ const maxRefusal = 64 << 10
 
 // retryTransport sends a call's request to its ranked endpoints in turn, as the lifecycle
 // allows: after a failure before anything reached the client that makes it safe (no
-// connection, 503, 429, no first token in time), it tries the next.
+// connection, 503, 429, 404, no first token in time), it tries the next; after a 500, 502 or
+// 504, or a connection lost once the engine had the request, it tries the next once per
+// request (route.Failure.RetryableOnce).
 type retryTransport struct{ h *Handler }
 
 func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
@@ -60,7 +62,7 @@ func (t *retryTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		if !c.rc.Fail(f) {
 			if resp != nil {
 				c.answered = true
-				return resp, nil // the last 503 or 429 goes to the client as it is
+				return resp, nil // the last 503, 429 or 5xx goes to the client as it is
 			}
 			if f == route.FailCanceled {
 				return nil, err
@@ -91,6 +93,9 @@ var (
 	errAttemptTimeout = errors.New("no answer within the attempt's timeout")
 	errIdleTimeout    = errors.New("the stream was silent for longer than the idle timeout")
 	errStalled        = errors.New("the engine stalled")
+	// errBodyIdle ends a whole answer whose body stopped coming for the idle timeout after its
+	// head: a timeout of the attempt, as the client is told (504 upstream_timeout).
+	errBodyIdle = fmt.Errorf("%w: the answer's body sent nothing for longer than the idle timeout", errAttemptTimeout)
 )
 
 // stallTimer gives up an attempt (its context cancelled with errStalled) once its
@@ -147,10 +152,12 @@ func (st *stallTimer) stop() (ok bool) {
 }
 
 // attempt sends the request to ep under the attempt's timeouts and returns the response to
-// relay (f FailNone), or how the attempt failed: with the response for a 503 or 429 (relayed
-// if no endpoint is left), without one otherwise. A stream's response comes back only once its
-// first event has arrived, so that an engine that accepts a request and never starts it is
-// failed over before anything reaches the client.
+// relay (f FailNone), or how the attempt failed: with the response for a 503, 429, 404, 500,
+// 502 or 504 (relayed if the request goes to no other endpoint), without one otherwise. A
+// stream's response comes back only once its first event has arrived, so that an engine that
+// accepts a request and never starts it is failed over before anything reaches the client. A
+// whole answer's body is bounded by the response timeout and, from its head on, by the idle
+// timeout between its bytes (cancelBody).
 func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*http.Response, route.Failure, error) {
 	to := h.timeouts(ep)
 	ctx, cancel := context.WithCancelCause(out.Context())
@@ -186,8 +193,9 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		return failed(err)
 	}
 	switch resp.StatusCode {
-	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound, http.StatusLoopDetected:
-		// The refusal's (or the 404's) body is read now, under the attempt's timers: an engine that sends the
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound, http.StatusLoopDetected,
+		http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+		// The refusal's (or the error's) body is read now, under the attempt's timers: an engine that sends the
 		// head and then stalls does not hold the request past them (the drain before the next
 		// attempt, or the relay of the last refusal, would wait for it unbounded).
 		b, rerr := io.ReadAll(io.LimitReader(resp.Body, maxRefusal))
@@ -212,6 +220,12 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 			c.notFound++
 			c.notServed(ep, b)
 			return resp, route.FailNotServed, nil
+		case http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+			// The engine (or a proxy in front of it) failed the request: a broken engine that
+			// still passes its health checks fails every request so, and the next endpoint
+			// serves them; the lifecycle allows one such retry per request (a request that fails
+			// every engine is not sent round the fleet).
+			return resp, route.FailStatus, nil
 		}
 		c.rc.Backoff(retryAfter(resp.Header))
 		return resp, route.FailBusy, nil
@@ -255,7 +269,11 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		resp.Body.Close()
 		return failed(errStalled) // given up as its head came: failed over, nothing relayed yet
 	}
-	resp.Body = &cancelBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, timer: timer}
+	// Its body must keep coming: an engine that sends the head and then nothing would hold
+	// the request for the response timeout (10 minutes), the stall watch having stopped at
+	// the head. Whatever its engine (with work counters scraped or not), a body silent for
+	// the idle timeout ends the answer: 504 upstream_timeout, against the endpoint.
+	resp.Body = &cancelBody{ReadCloser: resp.Body, ctx: ctx, cancel: cancel, timer: timer, idle: to.StreamIdle}
 	return resp, route.FailNone, nil
 }
 
@@ -381,19 +399,37 @@ func cleanRetryAfter(h http.Header) {
 	}
 }
 
-// cancelBody ends the attempt's context (and its timer) when the body is closed.
+// cancelBody ends the attempt's context (and its timers) when the body is closed.
 type cancelBody struct {
 	io.ReadCloser
 	ctx    context.Context // the attempt's; nil where nothing ends it but the client
 	cancel context.CancelCauseFunc
 	timer  *time.Timer
+	// idle, when positive, bounds each read: one that waits that long for the engine ends the
+	// attempt (errBodyIdle, by quiet). The time between reads (a slow client holding up the
+	// relay of a long answer) is not the engine's.
+	idle  time.Duration
+	quiet *time.Timer // made at the first read
 }
 
-// Read reads the body; an error after the attempt's timeout ended it says so (errAttemptTimeout).
+// Read reads the body; an error after the attempt's timeout or its idle timeout ended it says
+// so (errAttemptTimeout, errBodyIdle).
 func (b *cancelBody) Read(p []byte) (int, error) {
+	if b.idle > 0 {
+		if b.quiet == nil {
+			b.quiet = time.AfterFunc(b.idle, func() { b.cancel(errBodyIdle) })
+		} else {
+			b.quiet.Reset(b.idle)
+		}
+	}
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && b.ctx != nil && errors.Is(context.Cause(b.ctx), errAttemptTimeout) {
-		err = fmt.Errorf("%w: %w", errAttemptTimeout, err)
+	if b.quiet != nil {
+		b.quiet.Stop()
+	}
+	if err != nil && err != io.EOF && b.ctx != nil {
+		if cause := context.Cause(b.ctx); errors.Is(cause, errAttemptTimeout) {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
 	}
 	return n, err
 }
@@ -401,6 +437,9 @@ func (b *cancelBody) Read(p []byte) (int, error) {
 func (b *cancelBody) Close() error {
 	if b.timer != nil {
 		b.timer.Stop()
+	}
+	if b.quiet != nil {
+		b.quiet.Stop()
 	}
 	err := b.ReadCloser.Close()
 	b.cancel(nil)

@@ -47,10 +47,12 @@ type Config struct {
 	// Share, when set, publishes every attempt's events to the other router replicas and
 	// lets Apply replay theirs (remote.go). Nil: a lone router.
 	Share *Share
-	// StallTimeout, when positive and the policy predicts TTFTs (policy.TTFTPredictor), has
-	// each attempt watched for a stall (Call.Stall): waiting for its first token for
-	// max(StallTimeout, policy.MaxSlowdown x its predicted TTFT) while its engine answered
-	// nothing at all. 0: not watched (the first-token timeout alone bounds the wait).
+	// StallTimeout, when positive, has each attempt watched for a stall (Call.Stall): waiting
+	// for its first token for StallTimeout, or policy.MaxSlowdown times its predicted TTFT where
+	// the policy predicts one (policy.TTFTPredictor) and that is longer, while its engine
+	// answered nothing at all. A policy that predicts nothing, or has no prediction yet (a
+	// router that has just started), is watched for StallTimeout alone: a prediction only ever
+	// lengthens the wait. 0: not watched (the first-token timeout alone bounds the wait).
 	StallTimeout time.Duration
 }
 
@@ -114,11 +116,13 @@ const (
 	// timeout; nothing reached the client. Retried; counts.
 	FailTimeout
 	// FailLost: the request reached the engine and then its connection was lost, or the
-	// engine died, before anything reached the client. Never retried: the request may be what
-	// killed it, and it may have been computed. Counts.
+	// engine died, before anything reached the client. Retried once per request
+	// (RetryableOnce): the request may be what killed the engine. Counts, but for a request's
+	// second such failure.
 	FailLost
-	// FailStatus: the engine answered a 5xx error (other than 503), relayed to the client.
-	// Not retried; counts.
+	// FailStatus: the engine answered a 5xx error other than 503. Answered 500, 502 or 504
+	// before any byte reached the client, it is retried once per request (RetryableOnce), else
+	// relayed. Counts, but for a request's second such failure.
 	FailStatus
 	// FailCut: the engine's answer ended before its end (a stream without its terminator, or
 	// silent for longer than the idle timeout), after bytes reached the client. Counts.
@@ -156,10 +160,20 @@ func (f Failure) String() string {
 	return "failure"
 }
 
-// Retryable reports whether a request that failed so may be sent to another endpoint.
+// Retryable reports whether a request that failed so may be sent to another endpoint, however
+// often it has failed so: the engine cannot have acted on it, or gave it up unanswered.
 func (f Failure) Retryable() bool {
 	return f == FailConnect || f == FailUnavailable || f == FailBusy || f == FailTimeout || f == FailNotServed
 }
+
+// RetryableOnce reports whether a request that failed so may be sent to another endpoint once:
+// the engine had the request and failed it (a 5xx, a lost connection), which an engine that
+// is broken does to every request and a request that breaks engines (a query of death) does
+// to every engine. Call.Fail allows one retry for these failures together per request, so
+// that a dead engine that still passes its health checks costs no request, while a query of
+// death reaches two engines at most, and its second failure does not count against the
+// second: two engines that failed one request point at the request.
+func (f Failure) RetryableOnce() bool { return f == FailLost || f == FailStatus }
 
 // Counts reports whether the failure counts against the endpoint, towards ejecting it.
 func (f Failure) Counts() bool {
@@ -197,7 +211,7 @@ type Lifecycle struct {
 	replicated    policy.Replicated
 	replicasHeard atomic.Pointer[replicaSet]
 	deferrer      policy.Deferrer       // the policy as policy.Deferrer (nil if it is not): Hold
-	ttfts         policy.TTFTPredictor  // the policy as policy.TTFTPredictor, nil if it is not or stalls are not watched
+	ttfts         policy.TTFTPredictor  // the policy as policy.TTFTPredictor, nil if it is not or stalls are not watched (stall 0)
 	stall         time.Duration         // Config.StallTimeout
 	flights       policy.FlightObserver // the observer as policy.FlightObserver (nil if it is not): remote attempts
 }
@@ -457,8 +471,10 @@ type Call struct {
 	ep        *endpoint.Endpoint // the attempt in progress, or the last one
 	open      bool               // an attempt is in progress
 	attempts  int
-	failures  int // attempts that failed before anything reached the client
-	timeouts  int // of which timed out
+	failures  int   // attempts that failed before anything reached the client
+	timeouts  int   // of which timed out
+	once      int   // of which failed so that they are retried once per request (Failure.RetryableOnce)
+	sentAt    int64 // unix nanoseconds (the lifecycle's clock) the attempt in progress was sent
 	lastFail  Failure
 	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
 	// rawPredicted is the policy's prediction whatever the audit says, for the audit itself.
@@ -519,6 +535,7 @@ func (c *Call) Next() *endpoint.Endpoint {
 		}
 		c.ep, c.open = ep, true
 		c.attempts++
+		c.sentAt = c.lc.clock.Now().UnixNano()
 		c.predicted, c.rawPredicted = -1, -1
 		if p := c.lc.predictor; p != nil {
 			c.rawPredicted = p.PredictCached(c.Req, ep)
@@ -539,9 +556,13 @@ func (c *Call) Next() *endpoint.Endpoint {
 }
 
 // Fail ends the attempt in progress, which failed with f before anything reached the client,
-// and reports whether the request may be sent to the next endpoint (call Next). When it may
-// not, or no endpoint is left, finish the call with Finish. The failure is told to passive
-// health checking when it counts against the endpoint.
+// and reports whether the request may be sent to the next endpoint (call Next): always after a
+// Retryable failure, once per request after a RetryableOnce one. When it may not, or no
+// endpoint is left, finish the call with Finish. The failure is told to passive health
+// checking when it counts against the endpoint: not a request's second RetryableOnce failure
+// (the request is then the likelier cause), and a client that left (FailCanceled) only when
+// the engine had been stalled for as long as a stall watch waits (stalledWhenLeft), which
+// counts as a timeout.
 func (c *Call) Fail(f Failure) (retry bool) {
 	if !c.open {
 		return false
@@ -555,9 +576,43 @@ func (c *Call) Fail(f Failure) (retry bool) {
 	if f == FailTimeout && c.firstAt.IsZero() && !c.Req.Whole {
 		c.stall.timedOut(c.failAt.UnixNano(), c.lc.stall)
 	}
+	retry, told, counts := f.Retryable(), f, f.Counts()
+	switch {
+	case f.RetryableOnce():
+		c.once++
+		retry, counts = c.once == 1, c.once == 1
+	case f == FailCanceled && c.stalledWhenLeft(c.failAt):
+		told, counts = FailTimeout, true
+	}
 	c.closeAttempt(policy.Result{OK: false, CachedTokens: -1, PromptTokens: c.Req.PromptTokens,
-		Duration: c.failAt.Sub(c.Arrival)}, f)
-	return f.Retryable() && c.next < len(c.ranked)
+		Duration: c.failAt.Sub(c.Arrival)}, told, counts)
+	// A request whose first token came may have reached the client (the simulator fails a
+	// stream its instance died under here): it is never sent again.
+	return retry && c.firstAt.IsZero() && c.next < len(c.ranked)
+}
+
+// stalledWhenLeft reports whether the attempt in progress, whose client left at now before its
+// first token, was held by a stalled engine: sent a stall watch's span ago or more (watched or
+// not: the last attempt is not), and nothing from the engine in that span (for an answer that
+// comes whole, its token counters, counted at every step, scraped unchanged in the span's
+// second half: StallWatch.DueScraped). The engine is then marked stalled, as by a watch. An
+// engine that hangs would otherwise hide behind clients that give up before its timeouts:
+// their attempts count against nothing, and it is never ejected.
+func (c *Call) stalledWhenLeft(now time.Time) bool {
+	if c.lc.stall <= 0 || !c.firstAt.IsZero() {
+		return false
+	}
+	if c.Req.Whole {
+		if s := c.ep.Snapshot(); s == nil || !s.Stepwise {
+			return false // a long generation there looks like a stall
+		}
+	}
+	w := c.stall
+	if w.after <= 0 {
+		w = StallWatch{ep: c.ep, share: c.lc.share, sent: c.sentAt, after: c.stallSpan(c.ep)}
+	}
+	stalled, _ := w.due(now.UnixNano(), c.Req.Whole)
+	return stalled
 }
 
 // Backoff records that the endpoint of the attempt in progress asked for d of rest (429 with
@@ -577,19 +632,23 @@ func (c *Call) Backoff(d time.Duration) {
 }
 
 // closeAttempt settles the endpoint's counters, tells the policy the attempt is done and tells
-// passive health checking how it went (f is FailNone for a success).
-func (c *Call) closeAttempt(res policy.Result, f Failure) {
+// passive health checking how it went: a success (res.OK), or failure f, which counts against
+// the endpoint when counts says so (the other replicas hear it as it counts here).
+func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 	c.open = false
 	first := !c.firstAt.IsZero()
 	c.ep.Finish(c.Req.PromptTokens, first)
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
 	}
+	if !counts {
+		f = FailNone // for the Share: nothing to count (its events carry counting failures only)
+	}
 	c.lc.share.done(c, res, f)
 	switch {
-	case f.Counts():
+	case counts:
 		c.lc.health.Failed(c.ep, f)
-	case f == FailNone:
+	case res.OK:
 		c.lc.health.Succeeded(c.ep)
 	}
 }
@@ -667,7 +726,7 @@ func (c *Call) Finish(o Outcome) {
 	c.closeAttempt(policy.Result{
 		OK: o.OK, CachedTokens: cached, PromptTokens: prompt, OutputTokens: o.OutputTokens,
 		TTFT: c.attemptTTFT(), Duration: now.Sub(c.Arrival),
-	}, f)
+	}, f, f.Counts())
 	if o.OK && o.ResponseID != "" {
 		c.lc.state.pins.put(o.ResponseID, c.ep.Name)
 	}
@@ -753,9 +812,8 @@ func (w StallWatch) timedOut(now int64, floor time.Duration) {
 }
 
 // Stall returns the stall watch of the attempt in progress: After 0 when the lifecycle does not
-// watch stalls, the policy predicted no TTFT for it, or no other endpoint is left to try (the
-// last attempt waits for the first-token timeout as before). A stalled attempt is given up with
-// Fail(FailTimeout).
+// watch stalls or no other endpoint is left to try (the last attempt waits for the first-token
+// timeout as before). A stalled attempt is given up with Fail(FailTimeout).
 func (c *Call) Stall() StallWatch { return c.stall }
 
 // usable reports whether a retry may go to ep at now: it is available and not ejected.
@@ -766,16 +824,30 @@ func (lc *Lifecycle) usable(ep *endpoint.Endpoint, now time.Time) bool {
 // watchStall sets the stall watch of the attempt just sent to ep.
 func (c *Call) watchStall(ep *endpoint.Endpoint) {
 	c.stall = StallWatch{}
-	if c.lc.ttfts == nil {
+	if c.lc.stall <= 0 {
 		return
 	}
-	now := c.lc.clock.Now()
+	now := time.Unix(0, c.sentAt)
 	if !slices.ContainsFunc(c.ranked[c.next:], func(o *endpoint.Endpoint) bool { return c.lc.usable(o, now) }) {
 		return
 	}
-	if p := c.lc.ttfts.PredictTTFT(c.Req, ep); p > 0 {
-		c.stall = StallWatch{ep: ep, share: c.lc.share, sent: now.UnixNano(), after: max(c.lc.stall, time.Duration(policy.MaxSlowdown*float64(p)))}
+	c.stall = StallWatch{ep: ep, share: c.lc.share, sent: c.sentAt, after: c.stallSpan(ep)}
+}
+
+// stallSpan is how long the attempt on ep may wait for its first token while its engine
+// answers nothing before it is stalled: StallTimeout, or MaxSlowdown times the policy's
+// predicted TTFT where that is longer. Until December 2026 an attempt without a prediction
+// was not watched at all: on a router that had just started (prefix-aware predicts nothing
+// before its first five TTFTs), and always with the other policies, a hung engine held each
+// request for the first-token timeout (two minutes).
+func (c *Call) stallSpan(ep *endpoint.Endpoint) time.Duration {
+	span := c.lc.stall
+	if c.lc.ttfts != nil {
+		if p := c.lc.ttfts.PredictTTFT(c.Req, ep); p > 0 {
+			span = max(span, time.Duration(policy.MaxSlowdown*float64(p)))
+		}
 	}
+	return span
 }
 
 // Endpoint returns the endpoint of the attempt in progress or of the last one, or nil when no

@@ -167,14 +167,27 @@ func TestFallback(t *testing.T) {
 	if ep := c.Next(); ep != a || !c.Fail(FailConnect) || !ejected(a) {
 		t.Fatalf("second connection error: a ejected %v", ejected(a))
 	}
-	// A request that reached c and lost its connection is not sent again.
+	// A request that reached c and lost its connection is sent once more, to b; b's 5xx, its
+	// second failure of the kind, ends it and does not count against b.
 	if ep := c.Next(); ep == nil || ep.Name != "c" {
 		t.Fatalf("after a: %v, want c", ep)
 	}
-	if c.Fail(FailLost) {
-		t.Error("a lost request was retried")
+	if !c.Fail(FailLost) {
+		t.Error("a lost request was not sent on once")
+	}
+	if ep := c.Next(); ep != b {
+		t.Fatalf("after c: %v, want b", ep)
+	}
+	if c.Fail(FailStatus) {
+		t.Error("a request that failed so twice was sent on again")
 	}
 	c.Finish(Outcome{OK: false})
+	if here, _ := lc.Health().(*Outlier).Failures(b); here != 0 {
+		t.Errorf("b's failures %d after the request's second 5xx or loss, want 0: it points at the request", here)
+	}
+	if here, _ := lc.Health().(*Outlier).Failures(eps[2]); here != 1 {
+		t.Errorf("c's failures %d after it lost the request, want 1", here)
+	}
 	clk.t = clk.t.Add(2 * time.Second)
 	// a is left out of the candidates while ejected.
 	c, _ = lc.Begin(&policy.Request{PromptTokens: 10}, eps, "", clk.t)
@@ -371,10 +384,11 @@ func TestOutlierEjections(t *testing.T) {
 // TestFailureClasses pins what each failure means.
 func TestFailureClasses(t *testing.T) {
 	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true, FailNotServed: true}
+	once := map[Failure]bool{FailLost: true, FailStatus: true}
 	counts := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailTimeout: true, FailLost: true, FailStatus: true, FailCut: true}
 	for f := FailNone; f <= FailNotServed; f++ {
-		if f.Retryable() != retry[f] || f.Counts() != counts[f] {
-			t.Errorf("%s: retryable %v counts %v; want %v %v", f, f.Retryable(), f.Counts(), retry[f], counts[f])
+		if f.Retryable() != retry[f] || f.RetryableOnce() != once[f] || f.Counts() != counts[f] {
+			t.Errorf("%s: retryable %v once %v counts %v; want %v %v %v", f, f.Retryable(), f.RetryableOnce(), f.Counts(), retry[f], once[f], counts[f])
 		}
 	}
 }
@@ -587,8 +601,8 @@ func TestStallWatchScraped(t *testing.T) {
 // TestStallWatch: an attempt is stalled once it has waited its watch's span for its first token
 // and its engine answered nothing for as long (an answer to another request puts it off); the
 // span is StallTimeout or MaxSlowdown times the predicted TTFT, the longer; the endpoint found
-// stalled is ranked after the others until it answers again; the last attempt, a policy
-// without predictions and a lifecycle without StallTimeout watch nothing.
+// stalled is ranked after the others until it answers again; the last attempt and a lifecycle
+// without StallTimeout watch nothing; a policy without predictions is watched for StallTimeout.
 func TestStallWatch(t *testing.T) {
 	clk := &stepClock{t: time.Unix(100, 0)}
 	newLC := func(p policy.Picker, stall time.Duration) *Lifecycle {
@@ -672,10 +686,13 @@ func TestStallWatch(t *testing.T) {
 		t.Errorf("predicted 10ms: watched for %v, want the 1s floor", c.Stall().After())
 	}
 	c.Finish(Outcome{})
-	for name, lc := range map[string]*Lifecycle{"no prediction": newLC(p.script, time.Second), "no StallTimeout": newLC(p, 0)} {
-		c, _ := lc.Begin(&policy.Request{ID: "r3"}, eps, "", clk.t)
-		if c.Next(); c.Stall().After() != 0 {
-			t.Errorf("%s: watched for %v, want not watched", name, c.Stall().After())
+	for name, tc := range map[string]struct {
+		lc   *Lifecycle
+		want time.Duration
+	}{"no prediction": {newLC(p.script, time.Second), time.Second}, "no StallTimeout": {newLC(p, 0), 0}} {
+		c, _ := tc.lc.Begin(&policy.Request{ID: "r3"}, eps, "", clk.t)
+		if c.Next(); c.Stall().After() != tc.want {
+			t.Errorf("%s: watched for %v, want %v", name, c.Stall().After(), tc.want)
 		}
 		c.Finish(Outcome{})
 	}
