@@ -17,8 +17,11 @@ import (
 // Endpoint is one inference instance. Fields set at construction are read-only afterwards;
 // the load counters and the snapshot are safe for concurrent use.
 type Endpoint struct {
-	// ID is dense and stable for the endpoint's lifetime (assigned by Pool, never reused), so
-	// policies and the prefix index can keep per-endpoint state in slices indexed by ID.
+	// ID names the endpoint for the router's lifetime (assigned by Pool, never reused): a
+	// removed endpoint's late events cannot be taken for another's. IDs grow with every
+	// endpoint the pool has ever had (a rollout, a pod's new address, a changed spec: each a
+	// new one), so per-endpoint state must go when the endpoint leaves (Draining,
+	// policy.Observer's Removed), not sit in a slice indexed by ID.
 	ID int
 	// Name is the endpoint's address (a base URL in the live router, "sim-3" in the simulator).
 	Name string
@@ -208,6 +211,11 @@ func (e *Endpoint) Healthy() bool { return !e.unhealthy.Load() }
 
 // SetDraining marks an endpoint that is being removed: it takes no new requests.
 func (e *Endpoint) SetDraining(d bool) { e.draining.Store(d) }
+
+// Draining reports whether the endpoint left the pool (SetDraining). Its requests in flight
+// go on, and end after the router has forgotten it (policy.Observer's Removed): what they
+// report must not bring its state back, or every endpoint that ever drained would leave some.
+func (e *Endpoint) Draining() bool { return e.draining.Load() }
 
 // Serves reports whether the endpoint serves model (an endpoint with no model list serves all).
 func (e *Endpoint) Serves(model string) bool {

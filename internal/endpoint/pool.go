@@ -70,8 +70,10 @@ type poolState struct {
 }
 
 // Pool is the current set of endpoints. Reads (Candidates, All, ByName) are lock-free and
-// allocation-free on a copy-on-write state; Update serialises writers. IDs are dense and never
-// reused, so policies may keep per-endpoint state in slices indexed by ID.
+// allocation-free on a copy-on-write state; Update serialises writers. IDs are handed out in
+// order and never reused: an ID is one Endpoint object for good, but the highest grows with
+// every endpoint the pool has ever had, so a slice indexed by ID grows with the churn, not
+// the fleet.
 type Pool struct {
 	mu     sync.Mutex // serialises Update
 	nextID int

@@ -81,8 +81,8 @@ func TestPool_UpdateDiffsByName(t *testing.T) {
 	if p.ByName("http://a") != a || a.InFlight() != 1 || a.PendingPrefill() != 100 {
 		t.Errorf("a lost its object or counters: in-flight %d pending %d", a.InFlight(), a.PendingPrefill())
 	}
-	if b.Available() {
-		t.Error("old b should be draining")
+	if b.Available() || !b.Draining() || a.Draining() {
+		t.Errorf("old b should be draining and a not: b available %v, draining %v; a draining %v", b.Available(), b.Draining(), a.Draining())
 	}
 	if diff := cmp.Diff([]int{1, 2, 3}, ids(p.All())); diff != "" {
 		t.Errorf("All (-want +got):\n%s", diff)

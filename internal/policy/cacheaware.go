@@ -27,6 +27,7 @@ type cacheAware struct {
 	relThr   float64
 	cacheThr float64
 	index    *prefix.Index
+	eps      *epTable[struct{}] // the endpoints' slots: their names in index
 }
 
 func newCacheAware(env Env, p Params) (Picker, error) {
@@ -49,6 +50,7 @@ func newCacheAware(env Env, p Params) (Picker, error) {
 		ca.clock = WallClock{}
 	}
 	ca.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: treeChars / prefix.BlockBytes(prefix.DefaultBlockTokens)})
+	ca.eps = indexTable(ca.clock, ca.index)
 	return ca, nil
 }
 
@@ -69,7 +71,9 @@ func (ca *cacheAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.En
 		}
 		return rankByScore(c, score, false, -1), nil
 	}
-	runs := matchRuns(ca.index, c, req.Blocks)
+	var buf [32]int // on the stack for a fleet of up to 32
+	slots := append(buf[:0], make([]int, n)...)
+	runs := matchRuns(ca.index, ca.eps, c, req.Blocks, slots)
 	best := 0
 	for i := range c {
 		score[i] = float64(runs[i])
@@ -84,15 +88,17 @@ func (ca *cacheAware) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.En
 	if ratio > ca.cacheThr {
 		return rankByScore(c, score, true, best), nil
 	}
-	for i, e := range c {
-		score[i] = float64(ca.index.Len(e.ID))
+	for i := range c {
+		score[i] = float64(ca.index.Len(slots[i]))
 	}
 	return rankByScore(c, score, false, -1), nil
 }
 
 // Routed records the prompt in ep's tree.
 func (ca *cacheAware) Routed(req *Request, ep *endpoint.Endpoint) {
-	ca.index.Insert(ep.ID, req.Blocks, ca.clock.Now().UnixNano())
+	if slot, _, ok := ca.eps.get(ep); ok { // (not one that left and is forgotten)
+		ca.index.Insert(slot, req.Blocks, ca.clock.Now().UnixNano())
+	}
 }
 
 // FirstToken does nothing: the policy does not learn from latency.
@@ -102,7 +108,11 @@ func (ca *cacheAware) FirstToken(*Request, *endpoint.Endpoint, time.Duration) {}
 func (ca *cacheAware) Done(*Request, *endpoint.Endpoint, Result) {}
 
 // Removed drops ep's tree.
-func (ca *cacheAware) Removed(ep *endpoint.Endpoint) { ca.index.Remove(ep.ID) }
+func (ca *cacheAware) Removed(ep *endpoint.Endpoint) {
+	if slot, _, ok := ca.eps.release(ep.ID); ok {
+		ca.index.Remove(slot)
+	}
+}
 
 // IndexSize returns the trees' entries and bytes.
 func (ca *cacheAware) IndexSize() (int, int64) { return ca.index.Size() }

@@ -17,7 +17,7 @@ type CapacityLearner interface {
 	LearnedKVTokens(id int) int
 }
 
-// capLearning learns the cache capacity of each endpoint whose capacity the router is not
+// capState learns the cache capacity of an endpoint whose capacity the router is not
 // told (ollama, an `engine: openai` endpoint without kv_tokens): its index would otherwise
 // assume the fallback (index_blocks), far more than such an engine keeps, and predict hits
 // that the engine has long evicted. Every request that the index predicted a hit for is
@@ -25,13 +25,10 @@ type CapacityLearner interface {
 // the engine had it, from its cached-token report where it is trusted, else from the TTFT
 // against the policy's own speed model (ttftEvidence). prefix.CapacityEstimate turns the
 // evidence into a capacity, and the index is sized by it (sizeIndex) until a configured or
-// scraped capacity replaces it.
-type capLearning struct {
-	mu  sync.Mutex
-	eps map[int]*capState
-}
-
+// scraped capacity replaces it. It is kept in the endpoint's state (paState.caps), and goes
+// with it.
 type capState struct {
+	mu      sync.Mutex // guards est and floor
 	est     prefix.CapacityEstimate
 	floor   int          // blocks of the longest prompt seen: the least an engine must keep
 	learned atomic.Int64 // router tokens, 0 while none
@@ -85,14 +82,14 @@ func (pa *prefixAware) probe(req *Request, ep *endpoint.Endpoint, s *paState, f 
 	if !ok {
 		return
 	}
-	f.probe.depth = pa.index.Depth(ep.ID, stamp, pa.fallbackCap)
+	f.probe.depth = pa.index.Depth(s.slot, stamp, pa.fallbackCap)
 	speed := pa.speedOf(s, pa.fleet.get(), now)
 	f.probe.warm = priorTTFT(f.work) * speed
 	f.probe.cold = priorTTFT(pa.work(req, 0)) * speed
 	// Prefill queued ahead of it makes its TTFT say little; so does one routed after it while
 	// it prefills (sawQueue). A concurrent decode slows it less than the margins allow for.
 	f.probe.busy.Store(f.ahead > f.work)
-	pa.caps.raiseFloor(ep.ID, len(req.Blocks))
+	s.capState().raiseFloor(len(req.Blocks))
 }
 
 // sawQueue marks the probe busy when requests wait on s after this one's first token: they
@@ -103,19 +100,19 @@ func (p *capProbe) sawQueue(s *paState) {
 	}
 }
 
-// kvTokens is the capacity the index of ep is sized by: the configured or scraped one, else the
-// learned one with its headroom (0 while there is none: the fallback stands).
-func (pa *prefixAware) kvTokens(ep *endpoint.Endpoint) int64 {
+// kvTokens is the capacity the index of ep (state s) is sized by: the configured or scraped
+// one, else the learned one with its headroom (0 while there is none: the fallback stands).
+func (pa *prefixAware) kvTokens(ep *endpoint.Endpoint, s *paState) int64 {
 	if kv := int64(ep.RouterKVTokens()); kv > 0 {
 		return kv
 	}
-	_, index := pa.caps.learned(ep.ID)
+	_, index := s.caps.Load().capacities()
 	return index
 }
 
 // learnCapacity judges f's evidence once the request is done (res: what the engine said).
 func (pa *prefixAware) learnCapacity(req *Request, ep *endpoint.Endpoint, f *paFlight, res Result) {
-	if f.probe.depth <= 0 || !res.OK || !unknownCapacity(ep) || pa.state(ep.ID).blind.Load() {
+	if f.probe.depth <= 0 || !res.OK || !unknownCapacity(ep) || f.s.blind.Load() {
 		return // a blind endpoint's reports are wrong wholesale: they say nothing of its capacity
 	}
 	hit := 0
@@ -130,86 +127,73 @@ func (pa *prefixAware) learnCapacity(req *Request, ep *endpoint.Endpoint, f *paF
 		hit = ttftEvidence(res.TTFT.Seconds(), f.probe.warm, f.probe.cold)
 	}
 	if hit != 0 {
-		pa.caps.observe(ep.ID, f.probe.depth, hit > 0, req.BlockTokens, pa.fallbackCap)
+		f.s.capState().observe(f.probe.depth, hit > 0, req.BlockTokens, pa.fallbackCap)
 	}
 }
 
-func (c *capLearning) state(id int) *capState {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.eps == nil {
-		c.eps = map[int]*capState{}
+// capState returns what s has learned of its capacity, starting it.
+func (s *paState) capState() *capState {
+	if c := s.caps.Load(); c != nil {
+		return c
 	}
-	s := c.eps[id]
-	if s == nil {
-		s = &capState{}
-		c.eps[id] = s
-	}
-	return s
+	s.caps.CompareAndSwap(nil, &capState{})
+	return s.caps.Load()
 }
 
-func (c *capLearning) raiseFloor(id, blocks int) {
-	s := c.state(id)
+func (c *capState) raiseFloor(blocks int) {
 	c.mu.Lock()
-	s.floor = max(s.floor, blocks)
+	c.floor = max(c.floor, blocks)
 	c.mu.Unlock()
 }
 
-// observe records one hit or miss at depth on endpoint id and updates its learned capacity,
-// kept between one prompt (the floor) and the fallback.
-func (c *capLearning) observe(id, depth int, hit bool, blockTokens, fallback int) {
+// observe records one hit or miss at depth and updates the learned capacity, kept between one
+// prompt (the floor) and the fallback.
+func (c *capState) observe(depth int, hit bool, blockTokens, fallback int) {
 	if blockTokens <= 0 {
 		return
 	}
-	s := c.state(id)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s.est.Observe(depth, hit)
-	blocks, ok := s.est.Estimate()
+	c.est.Observe(depth, hit)
+	blocks, ok := c.est.Estimate()
 	if !ok {
 		return
 	}
-	blocks = min(max(blocks, s.floor, 1), fallback)
-	s.learned.Store(int64(blocks * blockTokens))
-	s.index.Store(int64(min(int(float64(blocks)*prefix.CapacityHeadroom), fallback) * blockTokens))
+	blocks = min(max(blocks, c.floor, 1), fallback)
+	c.learned.Store(int64(blocks * blockTokens))
+	c.index.Store(int64(min(int(float64(blocks)*prefix.CapacityHeadroom), fallback) * blockTokens))
 }
 
-// learned returns endpoint id's learned capacity in router tokens, and the capacity its index
-// is sized by; 0 while none.
-func (c *capLearning) learned(id int) (capacity, index int64) {
-	c.mu.Lock()
-	s := c.eps[id]
-	c.mu.Unlock()
-	if s == nil {
+// capacities returns the learned capacity in router tokens, and the capacity the index is
+// sized by; 0 while none (c nil: nothing learned yet).
+func (c *capState) capacities() (capacity, index int64) {
+	if c == nil {
 		return 0, 0
 	}
-	return s.learned.Load(), s.index.Load()
+	return c.learned.Load(), c.index.Load()
 }
 
 // capacityBlind starts ep's learning afresh when it turns blind (policy.CacheBlind): its
 // engine's reports stayed far below the predictions, which the learning had taken for a small
 // cache (silent zero hits: prefix caching off, keys unlike the router's). Its index returns to
 // the fallback, so that predictions are made there again and the audit can see it recover.
-func (pa *prefixAware) capacityBlind(ep *endpoint.Endpoint, blind bool) {
+func (pa *prefixAware) capacityBlind(ep *endpoint.Endpoint, s *paState, blind bool) {
 	if !blind {
 		return
 	}
-	pa.caps.forget(ep.ID)
-	if unknownCapacity(ep) {
-		pa.state(ep.ID).kvTokens.Store(0)
-		pa.index.SetCapacity(ep.ID, 0)
+	s.caps.Store(nil)
+	if unknownCapacity(ep) && s.slot >= 0 {
+		s.kvTokens.Store(0)
+		pa.index.SetCapacity(s.slot, 0)
 	}
-}
-
-// forget drops what was learned of endpoint id (it left the pool, or turned blind).
-func (c *capLearning) forget(id int) {
-	c.mu.Lock()
-	delete(c.eps, id)
-	c.mu.Unlock()
 }
 
 // LearnedKVTokens returns endpoint id's learned KV capacity in router tokens (CapacityLearner).
 func (pa *prefixAware) LearnedKVTokens(id int) int {
-	capacity, _ := pa.caps.learned(id)
+	s := pa.find(id)
+	if s == nil {
+		return 0
+	}
+	capacity, _ := s.caps.Load().capacities()
 	return int(capacity)
 }

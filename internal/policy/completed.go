@@ -43,13 +43,17 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	if !res.OK || res.CachedTokens >= 0 || !pa.touchDone {
 		return false
 	}
-	s := pa.state(ep.ID)
+	s := pa.stateOf(ep)
+	if s == nil {
+		pa.replicas.held.Delete(req) // ep left and is forgotten: the calls would do only this
+		return true
+	}
 	pa.sizeIndex(ep, s, req.BlockTokens)
-	f := paFlight{ep: ep.ID}
+	f := paFlight{ep: ep.ID, s: s}
 	if unknownCapacity(ep) {
-		f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil) // the probe reads the stamps
+		f.predicted, f.runs = pa.index.MatchRuns(s.slot, req.Blocks, nil) // the probe reads the stamps
 	} else {
-		f.predicted = pa.index.Holds(ep.ID, req.Blocks)
+		f.predicted = pa.index.Holds(s.slot, req.Blocks)
 	}
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
@@ -72,6 +76,6 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	pa.learnTTFT(s, ep, f.ahead, ttft, now)
 	// Done.
 	pa.learnCapacity(req, ep, &f, res)
-	pa.index.InsertTwice(ep.ID, req.Blocks, now)
+	pa.index.InsertTwice(s.slot, req.Blocks, now)
 	return true
 }

@@ -33,7 +33,10 @@ type FlightObserver interface {
 // RoutedFlight is Routed, with the request's flight returned rather than stored
 // (FlightObserver).
 func (pa *prefixAware) RoutedFlight(req *Request, ep *endpoint.Endpoint) Flight {
-	return pa.routed(req, ep)
+	if f := pa.routed(req, ep); f != nil {
+		return f
+	}
+	return nil // (not a nil *paFlight: the later calls would take it for one)
 }
 
 // FirstTokenFlight is FirstToken of the request whose flight is fl (FlightObserver).

@@ -28,11 +28,22 @@ type overlapCost struct {
 	weight  float64
 	ttl     time.Duration
 	index   *prefix.Index
-	expired atomic.Int64 // last Expire, unix ns
+	expired atomic.Int64          // last Expire, unix ns
+	eps     *epTable[*ocEndpoint] // by slot: the endpoint's name in index
 
 	mu     sync.Mutex
-	active map[int]int64      // endpoint ID -> active blocks
-	flight map[*Request]int64 // request -> its blocks, while in flight
+	flight map[*Request]ocFlight // while in flight
+}
+
+// ocEndpoint is what overlap-cost keeps of an endpoint besides its index entries.
+type ocEndpoint struct {
+	active atomic.Int64 // blocks of its requests in flight
+}
+
+// ocFlight is a request in flight: its endpoint's state and its blocks.
+type ocFlight struct {
+	ep     *ocEndpoint
+	blocks int64
 }
 
 func newOverlapCost(env Env, p Params) (Picker, error) {
@@ -42,8 +53,7 @@ func newOverlapCost(env Env, p Params) (Picker, error) {
 		rnd:    newLockedRand(env),
 		weight: r.Float("overlap_score_weight", 1.0),
 		ttl:    r.Duration("ttl", 120*time.Second),
-		active: map[int]int64{},
-		flight: map[*Request]int64{},
+		flight: map[*Request]ocFlight{},
 	}
 	blocks := r.Int("index_blocks", 1<<20)
 	r.Require(oc.weight >= 0, "overlap_score_weight=%g must not be negative", oc.weight)
@@ -56,6 +66,12 @@ func newOverlapCost(env Env, p Params) (Picker, error) {
 		oc.clock = WallClock{}
 	}
 	oc.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: blocks})
+	oc.eps = newEPTable(oc.clock, func(slot int, reused bool) *ocEndpoint {
+		if reused {
+			oc.index.Remove(slot) // what a late call wrote there after the last one left
+		}
+		return &ocEndpoint{}
+	})
 	return oc, nil
 }
 
@@ -77,15 +93,22 @@ func (oc *overlapCost) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 	if last := oc.expired.Load(); now-last >= int64(time.Second) && oc.expired.CompareAndSwap(last, now) {
 		oc.index.Expire(now - int64(oc.ttl))
 	}
-	runs := matchRuns(oc.index, c, req.Blocks)
+	var buf [32]int // on the stack for a fleet of up to 32
+	slots := append(buf[:0], make([]int, n)...)
+	var states [32]*ocEndpoint
+	eps := append(states[:0], make([]*ocEndpoint, n)...)
+	oc.eps.gather(c, slots, eps)
+	runs := make([]int32, n)
+	oc.index.MatchAmong(runs, slots, req.Blocks)
 	total := requestBlocks(req)
 	cost := make([]float64, n)
-	oc.mu.Lock()
-	for i, e := range c {
+	for i := range c {
 		prefill := max(total-int64(runs[i]), 0)
-		cost[i] = oc.weight*float64(prefill) + float64(oc.active[e.ID])
+		cost[i] = oc.weight * float64(prefill)
+		if eps[i] != nil {
+			cost[i] += float64(eps[i].active.Load())
+		}
 	}
-	oc.mu.Unlock()
 	best, ties := 0, 0
 	for i := range cost {
 		switch {
@@ -111,12 +134,17 @@ func (oc *overlapCost) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoint.E
 }
 
 // Routed records the request's blocks on ep and adds them to its active blocks.
+// One routed to an endpoint that left and is forgotten is not counted.
 func (oc *overlapCost) Routed(req *Request, ep *endpoint.Endpoint) {
-	oc.index.Insert(ep.ID, req.Blocks, oc.clock.Now().UnixNano())
+	slot, st, ok := oc.eps.get(ep)
+	if !ok {
+		return
+	}
+	oc.index.Insert(slot, req.Blocks, oc.clock.Now().UnixNano())
 	b := requestBlocks(req)
+	st.active.Add(b)
 	oc.mu.Lock()
-	oc.flight[req] = b
-	oc.active[ep.ID] += b
+	oc.flight[req] = ocFlight{ep: st, blocks: b}
 	oc.mu.Unlock()
 }
 
@@ -124,21 +152,21 @@ func (oc *overlapCost) Routed(req *Request, ep *endpoint.Endpoint) {
 func (oc *overlapCost) FirstToken(*Request, *endpoint.Endpoint, time.Duration) {}
 
 // Done removes the request's blocks from ep's active blocks.
-func (oc *overlapCost) Done(req *Request, ep *endpoint.Endpoint, _ Result) {
+func (oc *overlapCost) Done(req *Request, _ *endpoint.Endpoint, _ Result) {
 	oc.mu.Lock()
-	defer oc.mu.Unlock()
-	if b, ok := oc.flight[req]; ok {
-		delete(oc.flight, req)
-		oc.active[ep.ID] -= b
+	f, ok := oc.flight[req]
+	delete(oc.flight, req)
+	oc.mu.Unlock()
+	if ok {
+		f.ep.active.Add(-f.blocks)
 	}
 }
 
 // Removed forgets ep.
 func (oc *overlapCost) Removed(ep *endpoint.Endpoint) {
-	oc.index.Remove(ep.ID)
-	oc.mu.Lock()
-	delete(oc.active, ep.ID)
-	oc.mu.Unlock()
+	if slot, _, ok := oc.eps.release(ep.ID); ok {
+		oc.index.Remove(slot)
+	}
 }
 
 // IndexSize returns the index's entries and bytes.

@@ -64,13 +64,12 @@ type prefixAware struct {
 	learn     bool // calibrate each endpoint's speed from observed TTFTs
 	correct   bool // forget what the engine reports it no longer holds
 
-	fleet    speedFit    // all endpoints together
-	pooled   ttftRatio   // every endpoint's scraped TTFTs and the router's predictions (scrapedttft.go)
-	caps     capLearning // capacities learned where none is configured or scraped (capacity.go)
-	replicas paReplicas  // the other router replicas placing alongside this one (replicas.go)
+	fleet    speedFit   // all endpoints together
+	pooled   ttftRatio  // every endpoint's scraped TTFTs and the router's predictions (scrapedttft.go)
+	replicas paReplicas // the other router replicas placing alongside this one (replicas.go)
 
-	mu       sync.RWMutex // guards eps (the slice, not the states)
-	eps      []*paState
+	// eps is each endpoint's state, by slot: the endpoint's name in the index too.
+	eps      *epTable[*paState]
 	inflight sync.Map  // *Request -> *paFlight
 	scratch  sync.Pool // *paScratch
 }
@@ -99,6 +98,8 @@ const (
 
 // paState is what the policy tracks per endpoint.
 type paState struct {
+	slot     int          // the endpoint's slot (epTable): its name in the index; -1: none
+	gone     atomic.Bool  // the endpoint was removed: its late calls leave the index alone
 	kvTokens atomic.Int64 // KV capacity last given to the index
 	pending  atomic.Int64 // uncached prefill work routed and not yet at first token
 	waiting  atomic.Int64 // requests routed and not yet at first token
@@ -143,6 +144,9 @@ type paState struct {
 	// busy is when the endpoint has had a request routed here and not done: its busy time
 	// as the router sees it (the load bound's rule for a conversation's home).
 	busy busyClock
+
+	// caps learns the endpoint's capacity while it is unknown (capacity.go); nil until then.
+	caps atomic.Pointer[capState]
 }
 
 // busyClock integrates the time an endpoint has at least one request in flight, each second
@@ -443,7 +447,8 @@ func (f *speedFit) add(predicted, observed, weight float64, now int64, horizon, 
 
 // paFlight is one routed request until it is done.
 type paFlight struct {
-	ep          int
+	ep          int               // the endpoint's ID
+	s           *paState          // its state when the request was routed
 	work        int64             // this request's uncached work
 	tokens      int64             // its uncached tokens
 	end         int64             // where its tokens end in ep's queue stream (paState.stepTail)
@@ -461,7 +466,7 @@ type paFlight struct {
 // paScratch is what one scoring needs, by candidate position: never by endpoint ID, which
 // grows with every endpoint the pool has ever had.
 type paScratch struct {
-	ids    []int // the candidates' endpoint IDs
+	ids    []int // the candidates' slots (epTable), -1 for one that left
 	runs   []int32
 	tails  []int64
 	fill   []float64
@@ -533,40 +538,47 @@ func newPrefixAwareFrom(env Env, r *paramReader) (Picker, error) {
 		pa.clock = WallClock{}
 	}
 	pa.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: pa.fallbackCap, MaxEntries: maxEntries})
+	pa.eps = newEPTable(pa.clock, func(slot int, reused bool) *paState {
+		if reused {
+			pa.index.Remove(slot) // what a late call wrote there after the last one left
+		}
+		return pa.newState(slot)
+	})
 	pa.fleet.init()
 	return pa, nil
 }
 
-// state returns endpoint id's state, creating it.
-func (pa *prefixAware) state(id int) *paState {
-	pa.mu.RLock()
-	if id < len(pa.eps) && pa.eps[id] != nil {
-		s := pa.eps[id]
-		pa.mu.RUnlock()
-		return s
+// newState is a new endpoint's state, in slot (-1: none, for an endpoint that left).
+func (pa *prefixAware) newState(slot int) *paState {
+	s := &paState{slot: slot, step: pa.stepTokens}
+	s.speed.init()
+	return s
+}
+
+// stateOf returns ep's state, creating it, or nil when ep left the pool and its state is gone:
+// a request that ends on an endpoint after it left brings nothing of it back.
+func (pa *prefixAware) stateOf(ep *endpoint.Endpoint) *paState {
+	_, s, ok := pa.eps.get(ep)
+	if !ok {
+		return nil
 	}
-	pa.mu.RUnlock()
-	pa.mu.Lock()
-	defer pa.mu.Unlock()
-	for id >= len(pa.eps) {
-		pa.eps = append(pa.eps, nil)
-	}
-	if pa.eps[id] == nil {
-		s := &paState{step: pa.stepTokens}
-		s.speed.init()
-		pa.eps[id] = s
-	}
-	return pa.eps[id]
+	return s
+}
+
+// find returns endpoint id's state, nil when the policy has none.
+func (pa *prefixAware) find(id int) *paState {
+	_, s, _ := pa.eps.find(id)
+	return s
 }
 
 // sizeIndex gives the index ep's KV capacity when it is known or learned and has changed.
 func (pa *prefixAware) sizeIndex(ep *endpoint.Endpoint, s *paState, blockTokens int) {
-	kv := pa.kvTokens(ep)
-	if kv <= 0 || blockTokens <= 0 || s.kvTokens.Load() == kv {
+	kv := pa.kvTokens(ep, s)
+	if kv <= 0 || blockTokens <= 0 || s.slot < 0 || s.kvTokens.Load() == kv {
 		return
 	}
 	s.kvTokens.Store(kv)
-	pa.index.SetCapacity(ep.ID, int(kv)/blockTokens)
+	pa.index.SetCapacity(s.slot, int(kv)/blockTokens)
 }
 
 // cachedTokens is how many prompt tokens a run of blocks saves, capped like the engine caps a
@@ -599,19 +611,23 @@ func (pa *prefixAware) prefill(cached, u int64) float64 {
 // uncached is how many of req's prompt tokens (at least one) are not among cached.
 func uncached(req *Request, cached int) int64 { return int64(max(req.PromptTokens, 1) - cached) }
 
-// getScratch returns scratch for the candidates c, their IDs filled in.
+// getScratch returns scratch for the candidates c, their slots and states filled in (a
+// candidate that left without a state gets a state of its own for this scoring, and slot -1).
 func (pa *prefixAware) getScratch(c []*endpoint.Endpoint) *paScratch {
 	n := len(c)
 	sc, _ := pa.scratch.Get().(*paScratch)
 	if sc == nil {
 		sc = &paScratch{}
 	}
-	sc.ids = sc.ids[:0]
-	for _, e := range c {
-		sc.ids = append(sc.ids, e.ID)
+	sc.ids, sc.states = sized(sc.ids, n), sized(sc.states, n)
+	pa.eps.gather(c, sc.ids, sc.states)
+	for i, s := range sc.states {
+		if s == nil {
+			sc.states[i] = pa.newState(-1)
+		}
 	}
 	sc.runs, sc.tails, sc.fill = sized(sc.runs, n), sized(sc.tails, n), sized(sc.fill, n)
-	sc.scored, sc.states = sized(sc.scored, n), sized(sc.states, n)
+	sc.scored = sized(sc.scored, n)
 	return sc
 }
 
@@ -667,19 +683,8 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 	n := len(c)
 	sc := pa.getScratch(c)
 	states := sc.states
-	pa.mu.RLock()
-	for i, e := range c {
-		states[i] = nil
-		if e.ID < len(pa.eps) {
-			states[i] = pa.eps[e.ID]
-		}
-	}
-	pa.mu.RUnlock()
 	now := pa.clock.Now().UnixNano()
 	for i, e := range c {
-		if states[i] == nil {
-			states[i] = pa.state(e.ID)
-		}
 		states[i].joined.CompareAndSwap(0, now)
 		pa.sizeIndex(e, states[i], req.BlockTokens)
 		pa.readScrape(states[i], e, now)
@@ -854,16 +859,25 @@ func (pa *prefixAware) commonRun(sc *paScratch, c []*endpoint.Endpoint, states [
 	return held[len(held)-k]
 }
 
-// Routed records the request on ep: its work is queued there, and ep is about to hold its blocks.
+// Routed records the request on ep: its work is queued there, and ep is about to hold its
+// blocks. A request routed to an endpoint that has left and been forgotten (the router tries
+// its first choice whatever became of it since the pick) is not tracked.
 func (pa *prefixAware) Routed(req *Request, ep *endpoint.Endpoint) {
-	pa.inflight.Store(req, pa.routed(req, ep))
+	if f := pa.routed(req, ep); f != nil {
+		pa.inflight.Store(req, f)
+	}
 }
 
+// routed is Routed; it returns the request's flight, nil when ep left the pool and is forgotten.
 func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
-	s := pa.state(ep.ID)
+	s := pa.stateOf(ep)
+	if s == nil {
+		pa.replicas.held.Delete(req)
+		return nil
+	}
 	pa.sizeIndex(ep, s, req.BlockTokens)
-	f := &paFlight{ep: ep.ID, prompt: req.PromptTokens, whole: req.Whole}
-	f.predicted, f.runs = pa.index.MatchRuns(ep.ID, req.Blocks, nil)
+	f := &paFlight{ep: ep.ID, s: s, prompt: req.PromptTokens, whole: req.Whole}
+	f.predicted, f.runs = pa.index.MatchRuns(s.slot, req.Blocks, nil)
 	f.work = pa.work(req, cachedTokens(req, f.predicted))
 	f.tokens = uncached(req, cachedTokens(req, f.predicted))
 	now := pa.clock.Now().UnixNano()
@@ -880,7 +894,7 @@ func (pa *prefixAware) routed(req *Request, ep *endpoint.Endpoint) *paFlight {
 	}
 	pa.replicas.routed(s, req, f.work, now)
 	pa.probe(req, ep, s, f, now)
-	f.mark = pa.index.InsertMark(ep.ID, req.Blocks, now)
+	f.mark = pa.index.InsertMark(s.slot, req.Blocks, now)
 	return f
 }
 
@@ -895,7 +909,7 @@ func (pa *prefixAware) firstToken(f *paFlight, ep *endpoint.Endpoint, ttft time.
 	if f.ep != ep.ID || !f.first.CompareAndSwap(false, true) {
 		return
 	}
-	s := pa.state(ep.ID)
+	s := f.s
 	s.pending.Add(-f.work)
 	s.waiting.Add(-1)
 	now := pa.clock.Now().UnixNano()
@@ -971,16 +985,10 @@ func (pa *prefixAware) stepHold(req *Request, c []*endpoint.Endpoint) time.Durat
 	// Most requests find no candidate with such a step or a held request: they are placed
 	// without ranking the candidates twice.
 	found := false
-	pa.mu.RLock()
-	for _, e := range c {
-		if e.ID < len(pa.eps) && pa.eps[e.ID] != nil {
-			if s := pa.eps[e.ID]; s.heldUntil.Load() > now || s.holdFor(now, pa.speedOf(s, fleet, now)) > 0 {
-				found = true
-				break
-			}
-		}
-	}
-	pa.mu.RUnlock()
+	pa.eps.each(c, func(_ int, s *paState) bool {
+		found = s.heldUntil.Load() > now || s.holdFor(now, pa.speedOf(s, fleet, now)) > 0
+		return !found
+	})
 	if !found {
 		return 0
 	}
@@ -1056,9 +1064,14 @@ func (pa *prefixAware) speedOf(s *paState, fleet float64, now int64) float64 {
 	return own
 }
 
-// PrefillRate is the calibrated prefill rate of endpoint id, in tokens per second.
+// PrefillRate is the calibrated prefill rate of endpoint id, in tokens per second: the
+// fleet's for an endpoint the policy has not seen (asking makes no state).
 func (pa *prefixAware) PrefillRate(id int) float64 {
-	return prefillRate / pa.speedOf(pa.state(id), pa.fleet.get(), pa.clock.Now().UnixNano())
+	fleet := pa.fleet.get()
+	if s := pa.find(id); s != nil {
+		return prefillRate / pa.speedOf(s, fleet, pa.clock.Now().UnixNano())
+	}
+	return prefillRate / fleet
 }
 
 // Done ends the request's bookkeeping and corrects the index when the engine had less cached
@@ -1073,7 +1086,7 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 	if f.ep != ep.ID {
 		return
 	}
-	s := pa.state(ep.ID)
+	s := f.s
 	s.busy.add(-1, pa.clock.Now().UnixNano(), pa.affTau)
 	s.mu.Lock()
 	if k := slices.Index(s.live, f); k >= 0 {
@@ -1090,41 +1103,49 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 			s.firstOf(f, f.whole) // its first token came before its end
 		}
 		s.mu.Unlock()
-		if !res.OK {
+		if !res.OK && !s.gone.Load() {
 			// It failed before its first token: the engine most likely never computed it, so
 			// the blocks Routed added are not there.
-			pa.index.Drop(ep.ID, req.Blocks[min(f.predicted, len(req.Blocks)):])
+			pa.index.Drop(s.slot, req.Blocks[min(f.predicted, len(req.Blocks)):])
+		}
+		if !res.OK {
 			return
 		}
+	}
+	if s.gone.Load() {
+		// ep was removed while the request ran: the index forgot it, and its slot may serve
+		// another endpoint before long.
+		return
 	}
 	pa.learnCapacity(req, ep, f, res)
 	if pa.correct && res.CachedTokens >= 0 && req.BlockTokens > 0 {
 		got := res.CachedTokens / req.BlockTokens
 		want := cachedTokens(req, f.predicted) / req.BlockTokens
 		if stamp, ok := prefix.StampAt(f.runs, got, f.predicted); got < want && ok {
-			pa.index.Forget(ep.ID, stamp)
+			pa.index.Forget(s.slot, stamp)
 		}
 	}
 	if pa.touchDone && res.OK {
 		// Nothing changed on ep since Routed's insert: the blocks are still its most recent.
-		pa.index.Reinsert(ep.ID, req.Blocks, pa.clock.Now().UnixNano(), f.mark)
+		pa.index.Reinsert(s.slot, req.Blocks, pa.clock.Now().UnixNano(), f.mark)
 	}
 }
 
-// Removed forgets everything about ep.
+// Removed forgets everything about ep. Its requests still in flight end without a trace.
 func (pa *prefixAware) Removed(ep *endpoint.Endpoint) {
-	pa.index.Remove(ep.ID)
-	pa.caps.forget(ep.ID)
-	pa.mu.Lock()
-	if ep.ID < len(pa.eps) {
-		pa.eps[ep.ID] = nil
+	if slot, s, ok := pa.eps.release(ep.ID); ok {
+		s.gone.Store(true)
+		pa.index.Remove(slot)
 	}
-	pa.mu.Unlock()
 }
 
 // PredictCached returns the prompt tokens of req that the index believes ep holds.
 func (pa *prefixAware) PredictCached(req *Request, ep *endpoint.Endpoint) int {
-	return cachedTokens(req, pa.index.Holds(ep.ID, req.Blocks))
+	s := pa.find(ep.ID)
+	if s == nil {
+		return 0 // never seen, or forgotten: the index holds nothing of it
+	}
+	return cachedTokens(req, pa.index.Holds(s.slot, req.Blocks))
 }
 
 // PredictTTFT is req's predicted wait for its first token on ep, where it was just routed:
@@ -1139,7 +1160,7 @@ func (pa *prefixAware) PredictTTFT(req *Request, ep *endpoint.Endpoint) time.Dur
 	if f.ep != ep.ID || !pa.fleet.learned.Load() {
 		return 0 // (uncalibrated, the prior may be far too fast for this fleet: no prediction)
 	}
-	speed := pa.speedOf(pa.state(ep.ID), pa.fleet.get(), pa.clock.Now().UnixNano())
+	speed := pa.speedOf(f.s, pa.fleet.get(), pa.clock.Now().UnixNano())
 	return time.Duration(priorTTFT(f.ahead) * speed * float64(time.Second))
 }
 
@@ -1148,8 +1169,12 @@ func (pa *prefixAware) PredictTTFT(req *Request, ep *endpoint.Endpoint) time.Dur
 // learning, and PredictCached keeps saying what it holds, so that the router notices when the
 // engine's reports agree again.
 func (pa *prefixAware) SetCacheBlind(ep *endpoint.Endpoint, blind bool) {
-	pa.state(ep.ID).blind.Store(blind)
-	pa.capacityBlind(ep, blind)
+	s := pa.stateOf(ep)
+	if s == nil {
+		return // the audit judged an endpoint that left
+	}
+	s.blind.Store(blind)
+	pa.capacityBlind(ep, s, blind)
 }
 
 // IndexSize returns the index's (block, endpoint) entries and bytes.
@@ -1157,16 +1182,33 @@ func (pa *prefixAware) IndexSize() (int, int64) { return pa.index.Size() }
 
 // WriteSnapshot writes the index's newest maxEntries entries (policy.Snapshotter).
 func (pa *prefixAware) WriteSnapshot(w io.Writer, name func(id int) string, maxEntries int) (int, error) {
-	return pa.index.WriteSnapshot(w, name, pa.clock.Now().UnixNano(), maxEntries)
+	ids := pa.eps.ids() // (the index calls back under its lock: not into the table)
+	return pa.index.WriteSnapshot(w, func(slot int) string {
+		if slot < len(ids) && ids[slot] >= 0 {
+			return name(ids[slot])
+		}
+		return ""
+	}, pa.clock.Now().UnixNano(), maxEntries)
 }
 
 // ReadSnapshot adds a snapshot's entries to the index (policy.Snapshotter).
 func (pa *prefixAware) ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error) {
-	return pa.index.ReadSnapshot(r, id, pa.clock.Now().UnixNano(), maxEntries)
+	return pa.index.ReadSnapshot(r, func(name string) int {
+		i := id(name)
+		if i < 0 {
+			return -1
+		}
+		slot, _ := pa.eps.add(i)
+		return slot
+	}, pa.clock.Now().UnixNano(), maxEntries)
 }
 
 // CacheValue is what ep alone holds by the index, weighted by recency (policy.CacheValuer).
 func (pa *prefixAware) CacheValue(ep *endpoint.Endpoint) float64 {
-	_, v := pa.index.Unique(ep.ID, pa.clock.Now().UnixNano(), CacheValueWindow)
+	s := pa.find(ep.ID)
+	if s == nil {
+		return 0
+	}
+	_, v := pa.index.Unique(s.slot, pa.clock.Now().UnixNano(), CacheValueWindow)
 	return v
 }

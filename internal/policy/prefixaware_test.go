@@ -19,6 +19,13 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) Now() time.Time { return c.t }
 
+// state returns endpoint id's state, adding it: tests name endpoints by ID, and those made in
+// order 0, 1, ... before any other get slots of the same numbers in the index.
+func (pa *prefixAware) state(id int) *paState {
+	_, s := pa.eps.add(id)
+	return s
+}
+
 func newEndpoints(n, kvTokens int) []*endpoint.Endpoint {
 	eps := make([]*endpoint.Endpoint, n)
 	for i := range eps {

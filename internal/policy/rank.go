@@ -39,14 +39,23 @@ func rankByScore(c []*endpoint.Endpoint, score []float64, high bool, first int) 
 }
 
 // matchRuns returns, for each candidate by position, how many leading blocks of blocks x says
-// it holds. By position, not by endpoint ID: IDs are never reused, and a slice as long as the
-// highest would cost each request every endpoint the pool has ever had.
-func matchRuns(x *prefix.Index, c []*endpoint.Endpoint, blocks []uint64) []int32 {
-	ids := make([]int, 0, 32) // on the stack for a fleet of up to 32
-	for _, e := range c {
-		ids = append(ids, e.ID)
-	}
+// it holds, x naming the candidates by their slots in t, which it writes into slots (as long
+// as c; epTable.gather). By position, not by endpoint ID: IDs are never reused, and a slice
+// as long as the highest would cost each request every endpoint the pool has ever had.
+func matchRuns[T any](x *prefix.Index, t *epTable[T], c []*endpoint.Endpoint, blocks []uint64, slots []int) []int32 {
+	t.gather(c, slots, nil)
 	runs := make([]int32, len(c))
-	x.MatchAmong(runs, ids, blocks)
+	x.MatchAmong(runs, slots, blocks)
 	return runs
+}
+
+// indexTable is the slot table of a policy whose only per-endpoint state is in x: a slot that
+// serves a new endpoint starts empty there.
+func indexTable(clock Clock, x *prefix.Index) *epTable[struct{}] {
+	return newEPTable(clock, func(slot int, reused bool) struct{} {
+		if reused {
+			x.Remove(slot) // what a late call wrote there after the last one left
+		}
+		return struct{}{}
+	})
 }

@@ -139,8 +139,8 @@ func (pa *prefixAware) Defer(req *Request, c []*endpoint.Endpoint) time.Duration
 	defer pa.scratch.Put(sc)
 	pa.index.MatchAmong(sc.runs, sc.ids, req.Blocks)
 	best := 0
-	for i, e := range c {
-		if !pa.state(e.ID).blind.Load() {
+	for i := range c {
+		if !sc.states[i].blind.Load() {
 			best = max(best, int(sc.runs[i]))
 		}
 	}

@@ -25,6 +25,7 @@ type scorerWeighted struct {
 	rnd                  *lockedRand
 	wPrefix, wQueue, wKV float64
 	index                *prefix.Index
+	eps                  *epTable[struct{}] // the endpoints' slots: their names in index
 }
 
 func newScorerWeighted(env Env, p Params) (Picker, error) {
@@ -46,6 +47,7 @@ func newScorerWeighted(env Env, p Params) (Picker, error) {
 		sw.clock = WallClock{}
 	}
 	sw.index = prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: lru})
+	sw.eps = indexTable(sw.clock, sw.index)
 	return sw, nil
 }
 
@@ -55,7 +57,8 @@ func (sw *scorerWeighted) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoin
 	if n == 0 {
 		return nil, ErrNoCandidate
 	}
-	runs := matchRuns(sw.index, c, req.Blocks)
+	var buf [32]int // on the stack for a fleet of up to 32
+	runs := matchRuns(sw.index, sw.eps, c, req.Blocks, append(buf[:0], make([]int, n)...))
 	waiting := make([]float64, n)
 	kv := make([]float64, n)
 	minQ, maxQ := 0.0, 0.0
@@ -109,7 +112,9 @@ func (sw *scorerWeighted) Pick(req *Request, c []*endpoint.Endpoint) ([]*endpoin
 
 // Routed records the request's blocks on ep.
 func (sw *scorerWeighted) Routed(req *Request, ep *endpoint.Endpoint) {
-	sw.index.Insert(ep.ID, req.Blocks, sw.clock.Now().UnixNano())
+	if slot, _, ok := sw.eps.get(ep); ok { // (not one that left and is forgotten)
+		sw.index.Insert(slot, req.Blocks, sw.clock.Now().UnixNano())
+	}
 }
 
 // FirstToken does nothing.
@@ -119,7 +124,11 @@ func (sw *scorerWeighted) FirstToken(*Request, *endpoint.Endpoint, time.Duration
 func (sw *scorerWeighted) Done(*Request, *endpoint.Endpoint, Result) {}
 
 // Removed drops ep's LRU.
-func (sw *scorerWeighted) Removed(ep *endpoint.Endpoint) { sw.index.Remove(ep.ID) }
+func (sw *scorerWeighted) Removed(ep *endpoint.Endpoint) {
+	if slot, _, ok := sw.eps.release(ep.ID); ok {
+		sw.index.Remove(slot)
+	}
+}
 
 // IndexSize returns the index's entries and bytes.
 func (sw *scorerWeighted) IndexSize() (int, int64) { return sw.index.Size() }

@@ -116,6 +116,11 @@ func (a *Audit) Observe(ep *endpoint.Endpoint, predicted, reported int, now time
 	a.mu.Lock()
 	s := a.st[ep]
 	if s == nil {
+		if ep.Draining() {
+			// It left the pool (Forget): a request that ended there since brings nothing back.
+			a.mu.Unlock()
+			return false, false
+		}
 		s = &auditState{}
 		a.st[ep] = s
 	}

@@ -106,9 +106,12 @@ func (o *Outlier) Configure(cfg OutlierConfig) {
 	o.mu.Unlock()
 }
 
+// state returns ep's state, creating it, or nil for an endpoint that left the pool
+// (endpoint.Draining) and has none: its requests that end after Forget must not bring it
+// back, each such state kept for good with the endpoint it names. The caller holds o.mu.
 func (o *Outlier) state(ep *endpoint.Endpoint) *outlierState {
 	s := o.st[ep]
-	if s == nil {
+	if s == nil && !ep.Draining() {
 		s = &outlierState{}
 		o.st[ep] = s
 	}
@@ -119,6 +122,10 @@ func (o *Outlier) state(ep *endpoint.Endpoint) *outlierState {
 func (o *Outlier) Failed(ep *endpoint.Endpoint, f Failure) bool {
 	o.mu.Lock()
 	s := o.state(ep)
+	if s == nil {
+		o.mu.Unlock()
+		return false
+	}
 	s.fails++
 	if sharedFailure(f) {
 		o.setFleet(s, s.fleet+1)
@@ -137,6 +144,10 @@ func (o *Outlier) PeerFailed(ep *endpoint.Endpoint, f Failure) bool {
 	}
 	o.mu.Lock()
 	s := o.state(ep)
+	if s == nil {
+		o.mu.Unlock()
+		return false
+	}
 	o.setFleet(s, s.fleet+1)
 	return o.judge(ep, s)
 }
@@ -187,7 +198,7 @@ func (o *Outlier) PeerEjected(ep *endpoint.Endpoint, rest time.Duration) bool {
 	o.mu.Lock()
 	s := o.state(ep)
 	rest = min(rest, o.cfg.MaxEjection)
-	if s.out && now.Before(s.until) || rest <= 0 || !o.canEject(now) {
+	if s == nil || s.out && now.Before(s.until) || rest <= 0 || !o.canEject(now) {
 		o.mu.Unlock()
 		return false
 	}
@@ -263,7 +274,7 @@ func (o *Outlier) Succeeded(ep *endpoint.Endpoint) {
 	defer o.mu.Unlock()
 	s := o.st[ep]
 	if s == nil {
-		if o.cfg.Fleet == nil {
+		if o.cfg.Fleet == nil && !ep.Draining() {
 			o.st[ep] = &outlierState{} // counted in the fleet
 		}
 		return
@@ -328,6 +339,9 @@ func (o *Outlier) Backoff(ep *endpoint.Endpoint, now time.Time, d time.Duration)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	s := o.state(ep)
+	if s == nil {
+		return
+	}
 	if until := now.Add(d); until.After(s.backoff) {
 		s.backoff = until
 		if u := until.UnixNano(); u > o.backoffEnd.Load() {
