@@ -131,9 +131,9 @@ fi
 	--pprof --log-format json >"$out/serve.log" 2>&1 &
 router=$!
 pids+=($router)
-wait_for "$out/serve.log" '^kvroute serve: api' 1
-api=$(sed -n 's/^kvroute serve: api \([^ ]*\) admin \([^ ]*\).*/\1/p' "$out/serve.log")
-admin=$(sed -n 's/^kvroute serve: api \([^ ]*\) admin \([^ ]*\).*/\2/p' "$out/serve.log")
+wait_for "$out/serve.log" 'kvroute serve: api' 1
+api=$(sed -n 's/.*kvroute serve: api \([^ ]*\) admin \([^ ]*\).*/\1/p' "$out/serve.log")
+admin=$(sed -n 's/.*kvroute serve: api \([^ ]*\) admin \([^ ]*\).*/\2/p' "$out/serve.log")
 deadline=$((SECONDS + 30))
 until curl -fsS "$admin/readyz" >/dev/null 2>&1; do
 	if [ $SECONDS -ge $deadline ]; then

@@ -14,15 +14,20 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/term"
+
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/discovery"
 	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/version"
 )
 
-// runServe runs the router until ctx ends (SIGINT, SIGTERM), then drains in-flight requests.
-// SIGHUP and changes to the config file, or to the secrets' files it names, reload it; a bad
-// new config is logged and the old one kept.
+// runServe runs the router until ctx ends (SIGINT, SIGTERM), then drains in-flight requests;
+// a second SIGINT or SIGTERM ends the process at once. SIGHUP and changes to the config file,
+// or to the secrets' files it names, reload it; a bad new config is logged and the old one
+// kept. With --check it only judges the config, as it would at start, and says so.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute serve")
 	var (
@@ -38,6 +43,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		httpSrv   = fs.String("http-server", "", "builtin or net/http: what serves the API listener, overrides server.http_server")
 		extListen = fs.String("extproc-listen", "", "Envoy ext_proc endpoint-picker address (gRPC), overrides extproc.listen")
 		extHealth = fs.String("extproc-health-listen", "", "gRPC health address of the endpoint picker, overrides extproc.health_listen")
+		check     = fs.Bool("check", false, "judge the config (the file, or --endpoint, with the other flags) as serve does at start, print its problems or \"config OK\" and a summary, and exit: 0 OK, 1 problems, 2 bad flags; binds and contacts nothing")
 	)
 	fs.Var(&endpoints, "endpoint", "engine base `URL` for a quick start without a config file (repeatable)")
 	fs.Var(&models, "model", "with --endpoint: a `NAME` the endpoints serve; repeatable and comma-separated for several (none: the ones each lists at GET /v1/models)")
@@ -45,8 +51,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		usage: []string{
 			"usage: kvroute serve --config FILE [flags]",
 			"       kvroute serve --endpoint URL [--endpoint URL ...] [--model NAME[,NAME...]] [--policy SPEC] [flags]",
+			"       kvroute serve --check [--config FILE | --endpoint URL ...] [flags]",
 			"\nThe router: an OpenAI-compatible, prefix-aware reverse proxy in front of engine instances.",
-			"SIGHUP or a change of the config file (or of a secret's file) reloads it; SIGINT/SIGTERM drain requests in flight.",
+			"SIGHUP or a change of the config file (or of a secret's file) reloads it; SIGINT/SIGTERM drain requests in flight,",
+			"and a second SIGINT/SIGTERM exits at once (status 130 or 143). --check judges the config and exits.",
 		},
 	}, stdout, stderr); exit {
 		return code
@@ -116,6 +124,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
+	if *check {
+		return checkConfig(cfg, *cfgPath, stdout, stderr)
+	}
 	// The secrets' files as they are before the router reads them, so that the watcher sees a
 	// change made since.
 	refs := config.ReadRefs(cfg.Refs())
@@ -125,6 +136,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	logOut := logbuf.New(stderr, 0, 0)
 	defer logOut.Close()
 	logger := newLogger(cfg.Log, logOut)
+	build := version.Get()
+	source := *cfgPath
+	if source == "" {
+		source = "--endpoint"
+	}
+	logger.Info("kvroute serve starting", "version", build.Version, "revision", build.Revision, "modified", build.Modified,
+		"go", build.GoVersion, "config", source)
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
 	}
@@ -151,6 +169,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
+
+	// A second SIGINT or SIGTERM (main's NotifyContext takes the first, which ends ctx) ends
+	// the process in the middle of the drain: what an operator who will not wait means. Each
+	// signal reaches this channel as well as main's, so the second one here is the second.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	served := make(chan struct{})
+	defer close(served)
+	go forceExit(sigs, served, logger, logOut)
 
 	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal); the
 	// watcher also reloads when the content of the file, or of a secret's file, changes.
@@ -184,12 +212,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if extHealthLn != nil {
 			health = "grpc://" + extHealthLn.Addr().String()
 		}
-		fmt.Fprintf(stdout, "kvroute serve: ext_proc grpc://%s health %s\n", extLn.Addr(), health)
+		announce(stdout, cfg.Log, fmt.Sprintf("kvroute serve: ext_proc grpc://%s health %s", extLn.Addr(), health),
+			"ext_proc", "grpc://"+extLn.Addr().String(), "health", health, "version", build.Version)
 	} else {
 		extDone <- nil
 	}
-	fmt.Fprintf(stdout, "kvroute serve: api %s://%s admin http://%s policy %s, %d endpoint(s)\n",
-		scheme, apiLn.Addr(), adminLn.Addr(), cfg.Policy.Name, r.Pool().Len())
+	api, adminURL := scheme+"://"+apiLn.Addr().String(), "http://"+adminLn.Addr().String()
+	announce(stdout, cfg.Log, fmt.Sprintf("kvroute serve: api %s admin %s policy %s, %d endpoint(s)", api, adminURL, cfg.Policy.Name, r.Pool().Len()),
+		"api", api, "admin", adminURL, "policy", cfg.Policy.Name, "endpoints", r.Pool().Len(), "version", build.Version)
 	err = r.Serve(ctx, apiLn, adminLn)
 	stopExt()
 	if extErr := <-extDone; err == nil && extErr != nil {
@@ -200,6 +230,96 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	return 0
+}
+
+// announce prints a line that says where serve listens (tests and scripts wait for it). On a
+// terminal it is the line alone; otherwise it is a log record in log.format (JSON unless
+// text), whatever log.level, so that stdout and stderr collected into one stream, as a
+// container's log is, parse line by line. The message keeps the words scripts look for.
+func announce(w io.Writer, l config.Log, msg string, attrs ...any) {
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		fmt.Fprintln(w, msg)
+		return
+	}
+	l.Level = "info"
+	newLogger(l, w).Info(msg, attrs...)
+}
+
+// forceExit waits for signals on sigs until served is closed: the first is the one that
+// starts the drain (main ends ctx on it), the second ends the process at once, with the status
+// a shell gives a process that signal killed (130 for SIGINT, 143 for SIGTERM).
+func forceExit(sigs <-chan os.Signal, served <-chan struct{}, logger *slog.Logger, logs *logbuf.Writer) {
+	for n := 1; ; n++ {
+		select {
+		case <-served:
+			return
+		case sig := <-sigs:
+			if n == 1 {
+				logger.Info("signal received: draining requests in flight; send it again to exit at once", "signal", sig.String())
+				continue
+			}
+			code := 1
+			if s, ok := sig.(syscall.Signal); ok {
+				code = 128 + int(s)
+			}
+			logger.Error("second signal: exiting at once, without waiting for the requests in flight", "signal", sig.String(), "status", code)
+			logs.Flush()
+			os.Exit(code)
+		}
+	}
+}
+
+// checkConfig is serve --check once the config loaded (defaulted and validated, with the
+// checks serve makes at start): it reads the discovery file as the router would at start,
+// prints the warnings to stderr and the summary to stdout, and returns the exit status. It
+// binds no address and contacts nothing: DNS names, Kubernetes and the engines are not asked.
+func checkConfig(cfg *config.Config, path string, stdout, stderr io.Writer) int {
+	discovered := -1
+	if src := discovery.FromConfig(cfg, nil); src != nil {
+		specs, err := src.Load()
+		if err != nil {
+			fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
+			return 1
+		}
+		discovered = len(specs)
+	}
+	for _, w := range cfg.Warnings {
+		fmt.Fprintf(stderr, "kvroute serve: warning: %s\n", w)
+	}
+	fmt.Fprintln(stdout, "config OK: "+configSummary(cfg, path, discovered))
+	return 0
+}
+
+// configSummary says in one line what a config that loaded serves: its source, endpoints,
+// discovery sources, policy and tenants. discovered is the discovery file's endpoints (-1:
+// no file).
+func configSummary(cfg *config.Config, path string, discovered int) string {
+	source := path
+	if source == "" {
+		source = "--endpoint"
+	}
+	var disc []string
+	if discovered >= 0 {
+		disc = append(disc, fmt.Sprintf("file %s (%d endpoint(s))", cfg.Discovery.File, discovered))
+	}
+	if n := len(cfg.Discovery.DNS); n > 0 {
+		disc = append(disc, fmt.Sprintf("%d DNS name(s)", n))
+	}
+	if n := len(cfg.Discovery.Kubernetes); n > 0 {
+		disc = append(disc, fmt.Sprintf("%d Kubernetes source(s)", n))
+	}
+	if cfg.Discovery.InferencePool != nil {
+		disc = append(disc, "an InferencePool")
+	}
+	if len(disc) == 0 {
+		disc = []string{"none"}
+	}
+	auth := "none"
+	if cfg.Auth != nil {
+		auth = string(cfg.Auth.Mode)
+	}
+	return fmt.Sprintf("%s: %d endpoint(s); discovery: %s; policy %s; %d tenant(s), auth %s",
+		source, len(cfg.Endpoints), strings.Join(disc, ", "), cfg.Policy.Name, len(cfg.Tenants), auth)
 }
 
 // listenExtProc opens the endpoint picker's listeners when the config serves it (nil, nil
@@ -283,10 +403,14 @@ func flagKeys(urls []string, engine, pol, listen, admin, logFormat, httpSrv, ext
 func blameFlags(err error, setBy map[string]string, file string) error {
 	var flagErrs, rest []error
 	seen := map[string]bool{}
-	for _, p := range config.Problems(err) {
-		by, ok := setBy[p.Key]
-		if !ok {
-			rest = append(rest, p)
+	for _, e := range problemsAndOthers(err) {
+		p, ok := e.(*config.Problem)
+		by, set := "", false
+		if ok {
+			by, set = setBy[p.Key]
+		}
+		if !set {
+			rest = append(rest, e)
 			continue
 		}
 		// --engine is every endpoint's: one line for all of them.
@@ -305,6 +429,35 @@ func blameFlags(err error, setBy map[string]string, file string) error {
 	default:
 		return errors.Join(append(flagErrs, rest...)...)
 	}
+}
+
+// problemsAndOthers returns the problems in err, a config's, in order: each *config.Problem,
+// and each other error joined in it (an unknown key, a mistyped value), so that blameFlags
+// keeps those with the file's. A wrapping with no Problem inside stays whole.
+func problemsAndOthers(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(err error) {
+		switch e := err.(type) {
+		case nil:
+		case *config.Problem:
+			out = append(out, e)
+		case interface{ Unwrap() []error }:
+			for _, e := range e.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			if inner := e.Unwrap(); len(config.Problems(inner)) > 0 {
+				walk(inner) // "config FILE: ..."
+			} else {
+				out = append(out, err)
+			}
+		default:
+			out = append(out, err)
+		}
+	}
+	walk(err)
+	return out
 }
 
 // newLogger builds the process logger: JSON (default) or text, at the configured level.

@@ -17,7 +17,8 @@ import (
 	"github.com/kvroute/kvroute/internal/extproc"
 )
 
-var extLine = regexp.MustCompile(`ext_proc grpc://(\S+) health grpc://(\S+)`)
+// The line is a JSON record's message here (stdout is no terminal): an address ends at a quote.
+var extLine = regexp.MustCompile(`ext_proc grpc://([^\s"]+) health grpc://([^\s"]+)`)
 
 // TestServeExtProc: with --extproc-listen, serve is also an Envoy endpoint picker over the same
 // endpoints, with gRPC health on its own address; both stop with the router.

@@ -112,7 +112,7 @@ config:
 	if diff := cmp.Diff(wantExt, c.ExtProc); diff != "" {
 		t.Errorf("extproc (-want +got):\n%s", diff)
 	}
-	wantPool := &config.InferencePoolDiscovery{Name: "llama3-8b", Namespace: "serving", Scheme: "http",
+	wantPool := &config.InferencePoolDiscovery{Name: "llama3-8b", Namespace: "serving", Scheme: "http", Grace: config.Duration(config.DefaultInferencePoolGrace),
 		Endpoint: config.Endpoint{Engine: "vllm", Models: []string{"meta-llama/Llama-3.1-8B-Instruct"}}}
 	if diff := cmp.Diff(wantPool, c.Discovery.InferencePool); diff != "" {
 		t.Errorf("discovery.inference_pool (-want +got):\n%s", diff)

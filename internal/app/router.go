@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
@@ -83,6 +84,7 @@ type Router struct {
 
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
+	secret     [sha256.Size]byte // digest of the tenants' salt secret in force (reload.go)
 	picker     policy.Picker
 	policyKey  string
 	discovered [][]endpoint.Spec // per source: [0] the discovery file, each discovery.dns name, each discovery.kubernetes entry, the inference pool
@@ -211,43 +213,61 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 // removed ones drain), the policy is rebuilt only when its name or parameters changed, and
 // normalisation, limits, health and scrape settings take effect for new requests. A config
 // that cannot be applied is rejected whole and the old one stays. listen, admin_listen,
-// discovery.file, discovery.dns, server.http_server, server.tls and the server timeouts change
-// only on restart; such changes are logged.
+// discovery, extproc, server.http_server, server.tls and the server timeouts change only on
+// restart; such changes are logged, and listen, admin_listen, discovery and extproc stay as
+// they are in the config in force (Config). Tenants added, removed or given other keys are
+// logged by name, and a new salt secret once it is in force.
 func (r *Router) Reload(cfg *config.Config) error {
 	old := r.Config()
+	file := cfg
+	if old != nil {
+		cfg = keepRestartOnly(old, file)
+	}
+	r.mu.Lock()
+	secret := r.secret
+	r.mu.Unlock()
 	err := r.apply(cfg)
 	if err != nil {
-		r.metrics.Reloads.WithLabelValues("error").Inc()
+		r.metrics.ConfigReload(false)
 		r.logger.Error("config rejected, keeping the old one", "err", err)
 		return err
 	}
-	r.metrics.Reloads.WithLabelValues("ok").Inc()
+	r.metrics.ConfigReload(true)
 	if old != nil {
-		if old.Listen != cfg.Listen || old.AdminListen != cfg.AdminListen {
-			r.logger.Warn("listen addresses change only on restart", "listen", old.Listen, "admin_listen", old.AdminListen)
+		if file.Listen != old.Listen || file.AdminListen != old.AdminListen {
+			r.logger.Warn("listen and admin_listen change only on restart: the listeners stay where they are",
+				"listen", file.Listen, "listen_in_force", old.Listen, "admin_listen", file.AdminListen, "admin_listen_in_force", old.AdminListen)
 		}
-		if old.Discovery.File != cfg.Discovery.File {
-			r.logger.Warn("discovery.file changes only on restart", "file", old.Discovery.File)
+		// The other restart-only settings: what the file says against what is in force.
+		if old.Discovery.File != file.Discovery.File || old.Discovery.PollInterval != file.Discovery.PollInterval {
+			r.logger.Warn("discovery.file and discovery.poll_interval change only on restart",
+				"file", file.Discovery.File, "file_in_force", old.Discovery.File)
 		}
-		if !reflect.DeepEqual(old.Discovery.DNS, cfg.Discovery.DNS) {
+		if !reflect.DeepEqual(old.Discovery.DNS, file.Discovery.DNS) {
 			r.logger.Warn("discovery.dns changes only on restart")
 		}
-		if !reflect.DeepEqual(old.Discovery.Kubernetes, cfg.Discovery.Kubernetes) {
+		if !reflect.DeepEqual(old.Discovery.Kubernetes, file.Discovery.Kubernetes) {
 			r.logger.Warn("discovery.kubernetes changes only on restart")
 		}
-		if !reflect.DeepEqual(old.Discovery.InferencePool, cfg.Discovery.InferencePool) {
+		if !reflect.DeepEqual(old.Discovery.InferencePool, file.Discovery.InferencePool) {
 			r.logger.Warn("discovery.inference_pool changes only on restart")
 		}
-		if old.ExtProc != cfg.ExtProc {
-			r.logger.Warn("extproc changes only on restart", "listen", old.ExtProc.Listen)
+		if old.ExtProc != file.ExtProc {
+			r.logger.Warn("extproc changes only on restart", "listen", file.ExtProc.Listen, "listen_in_force", old.ExtProc.Listen)
 		}
 		r.peers.reloaded(r, old, cfg)
-		o, n := old.Server, cfg.Server
+		o, n := old.Server, file.Server
 		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
 			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
-			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout {
-			r.logger.Warn("server.http_server, server.tls and the server timeouts change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
+			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout || o.BodyStallTimeout != n.BodyStallTimeout ||
+			o.MaxPendingBodyBytes != n.MaxPendingBodyBytes || o.MaxConnections != n.MaxConnections {
+			r.logger.Warn("server.http_server, server.tls, the server timeouts and limits change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
 		}
+		logTenantChanges(r.logger, old, cfg)
+		r.mu.Lock()
+		now := r.secret
+		r.mu.Unlock()
+		logSecretChange(r.logger, secret, now, cfg)
 	}
 	r.logger.Info("config applied", "endpoints", r.pool.Len(), "policy", cfg.Policy.Name)
 	return nil
@@ -280,6 +300,9 @@ func (r *Router) apply(cfg *config.Config) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	// Read here as well as by the gate: a file changed between the two reads is a change the
+	// next reload (the watcher's) tells.
+	secret := secretSum(cfg)
 	if r.cfg != nil { // NewRouter built the gate from this config already
 		if _, _, err := r.peers.readSecrets(cfg); err != nil {
 			return err
@@ -295,7 +318,7 @@ func (r *Router) apply(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	r.picker, r.policyKey, r.cfg = picker, key, cfg
+	r.picker, r.policyKey, r.cfg, r.secret = picker, key, cfg, secret
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
 	r.outlier.Configure(r.outlierConfig(cfg))
 	lc, err := route.New(route.Config{
@@ -767,21 +790,37 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	errorBody := func(status int, msg string) (string, []byte) {
 		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
 	}
+	lim := resolveLimits(cfg, openFileLimit(), goMemoryLimit())
+	// A request answered 401 closes its connection (CloseUnauthorized): a client without a key
+	// holds no idle connection for server.idle_timeout.
 	var apiSrv server = &h1.NetHTTP{Server: mk(r.Handler()), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
-		BodyMinRate: cfg.Server.BodyMinRate, WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), ErrorBody: errorBody}
+		BodyMinRate: cfg.Server.BodyMinRate, BodyStallTimeout: lim.bodyStall, MaxPendingBodyBytes: lim.pending,
+		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, CloseUnauthorized: true, ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
-			Handler:           r.Handler(),
-			ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
-			IdleTimeout:       cfg.Server.IdleTimeout.D(),
-			WriteTimeout:      cfg.Server.WriteTimeout.D(),
-			BodyReadTimeout:   cfg.Server.BodyReadTimeout.D(),
-			BodyMinRate:       cfg.Server.BodyMinRate,
-			WriteStallTimeout: cfg.Server.WriteStallTimeout.D(),
+			Handler:             r.Handler(),
+			ReadHeaderTimeout:   cfg.Server.ReadHeaderTimeout.D(),
+			IdleTimeout:         cfg.Server.IdleTimeout.D(),
+			WriteTimeout:        cfg.Server.WriteTimeout.D(),
+			BodyReadTimeout:     cfg.Server.BodyReadTimeout.D(),
+			BodyMinRate:         cfg.Server.BodyMinRate,
+			BodyStallTimeout:    lim.bodyStall,
+			MaxPendingBodyBytes: lim.pending,
+			WriteStallTimeout:   cfg.Server.WriteStallTimeout.D(),
+			MaxConns:            lim.maxConns,
+			CloseUnauthorized:   true,
 			// Only accept errors and handler panics come here: worth an error line.
 			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
 			ErrorBody: errorBody,
 		}
+	}
+	r.logger.Info("API server limits", "max_connections", lim.maxConns, "max_connections_from", lim.connsFrom,
+		"max_pending_body_bytes", lim.pending, "body_stall_timeout", lim.bodyStall.String())
+	stats := newServerCollector(apiSrv.Stats, lim)
+	if err := r.reg.Register(stats); err != nil {
+		r.logger.Warn("the API server's connection and body metrics are not exported", "err", err)
+	} else {
+		defer r.reg.Unregister(stats)
 	}
 	adminSrv := mk(r.AdminHandler())
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -828,11 +867,12 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	return first
 }
 
-// server is what serves a listener: net/http's Server or h1's.
+// server is what serves the API listener: h1's Server or NetHTTP.
 type server interface {
 	Serve(net.Listener) error
 	Shutdown(context.Context) error
 	Close() error
+	Stats() h1.Stats
 }
 
 func ignoreClosed(err error) error {

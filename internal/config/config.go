@@ -295,7 +295,7 @@ func (l Limits) Retries() int {
 	return *l.MaxRetries
 }
 
-// Server holds the HTTP servers' timeouts.
+// Server holds the HTTP servers' timeouts and limits.
 type Server struct {
 	ReadHeaderTimeout Duration `json:"read_header_timeout"` // default 10s
 	IdleTimeout       Duration `json:"idle_timeout"`        // default 120s
@@ -310,6 +310,27 @@ type Server struct {
 	// BodyMinRate is the body bytes per second that earn one more second of BodyReadTimeout.
 	// Default 65536 (64 KiB/s: a 16 MiB body may take 30 s + 256 s).
 	BodyMinRate int64 `json:"body_min_rate"`
+	// BodyStallTimeout cuts (408, connection closed) a body that brings less than
+	// BodyMinRate bytes (one second's worth) in this long, whatever time BodyReadTimeout and
+	// BodyMinRate have granted it: a client that sends most of a large body at once and then
+	// stops, or trickles the rest, holds it this long, not minutes. 0: the default,
+	// DefaultBodyStallTimeout (10s; BodyStall).
+	BodyStallTimeout Duration `json:"body_stall_timeout"`
+	// MaxPendingBodyBytes bounds the bytes of the request bodies the API server is receiving
+	// at once (read before authentication is settled for tenants' limits, and before any
+	// admission). A body beyond it waits up to a second for room, then gets 503 with
+	// Retry-After. At least limits.max_body_bytes. 0: the default, DefaultMaxPendingBodyBytes
+	// (256 MiB), or a quarter of GOMEMLIMIT when that is lower, never less than
+	// limits.max_body_bytes (resolved where the server starts).
+	MaxPendingBodyBytes int64 `json:"max_pending_body_bytes"`
+	// MaxConnections bounds the API listener's open client connections. At the bound, a new
+	// connection closes the longest-idle kept-alive ones (then those that have sent nothing
+	// yet) to make room, and is refused (503, closed) only when none waits for a request.
+	// 0: derived from the process's open-file limit (RLIMIT_NOFILE, resolved where the
+	// server starts): half of what is left once a quarter (at most 256) is kept for files, the
+	// admin listener and the listeners, since every proxied request holds a connection to an
+	// engine as well; at most 16384.
+	MaxConnections int `json:"max_connections"`
 	// WriteStallTimeout bounds one write to a client: a client that stops reading (a stream
 	// included) has its connection closed once a write has waited this long. A stream the
 	// client reads is never cut. Default 60s.
@@ -475,15 +496,18 @@ func parse(data []byte, dir string, adjust func(*Config), checks Checks) (*Confi
 		return nil, errors.New("the file is empty (or holds only comments): a config lists endpoints at least, like endpoints: [{url: http://127.0.0.1:8001}]; examples/kvroute.yaml has every key")
 	}
 	c := &Config{}
-	if err := decodeStrict(data, c); err != nil {
-		return nil, err
+	// Unknown keys and mistyped values leave the rest decoded: it is validated too, so that
+	// every problem in the file comes back at once.
+	derr := decodeStrict(data, c)
+	if derr != nil && !decodedRest(derr) {
+		return nil, derr
 	}
 	c.Dir = dir
 	if adjust != nil {
 		adjust(c)
 	}
 	c.SetDefaults()
-	if err := c.Validate(checks); err != nil {
+	if err := withValidation(derr, c.Validate(checks)); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -997,10 +1021,20 @@ func (s *Server) setDefaults(*Config) {
 
 // Defaults of the client timeouts under server:.
 const (
-	DefaultBodyReadTimeout   = 30 * time.Second
-	DefaultBodyMinRate       = 64 << 10
-	DefaultWriteStallTimeout = 60 * time.Second
+	DefaultBodyReadTimeout     = 30 * time.Second
+	DefaultBodyMinRate         = 64 << 10
+	DefaultBodyStallTimeout    = 10 * time.Second
+	DefaultMaxPendingBodyBytes = 256 << 20
+	DefaultWriteStallTimeout   = 60 * time.Second
 )
+
+// BodyStall returns server.body_stall_timeout (the default when unset).
+func (s Server) BodyStall() time.Duration {
+	if s.BodyStallTimeout == 0 {
+		return DefaultBodyStallTimeout
+	}
+	return s.BodyStallTimeout.D()
+}
 
 // The values of server.http_server.
 const (
@@ -1025,13 +1059,22 @@ func (s *Server) validate(c *Config, p *problems) {
 		key string
 		v   Duration
 	}{{"read_header_timeout", s.ReadHeaderTimeout}, {"idle_timeout", s.IdleTimeout}, {"write_timeout", s.WriteTimeout}, {"shutdown_timeout", s.ShutdownTimeout},
-		{"body_read_timeout", s.BodyReadTimeout}, {"write_stall_timeout", s.WriteStallTimeout}} {
+		{"body_read_timeout", s.BodyReadTimeout}, {"write_stall_timeout", s.WriteStallTimeout}, {"body_stall_timeout", s.BodyStallTimeout}} {
 		if f.v < 0 {
 			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
 		}
 	}
 	if s.BodyMinRate < 0 {
 		p.add("server.body_min_rate", "%d is negative: give bytes per second (default %d)", s.BodyMinRate, DefaultBodyMinRate)
+	}
+	switch m := s.MaxPendingBodyBytes; {
+	case m < 0:
+		p.add("server.max_pending_body_bytes", "%d is negative: give bytes, at least limits.max_body_bytes (0: the default, %d)", m, DefaultMaxPendingBodyBytes)
+	case m > 0 && m < c.Limits.MaxBodyBytes:
+		p.add("server.max_pending_body_bytes", "%d is less than limits.max_body_bytes (%d): a body of the largest size allowed could never be received; make it at least that", m, c.Limits.MaxBodyBytes)
+	}
+	if s.MaxConnections < 0 {
+		p.add("server.max_connections", "%d is negative: give a number of connections (0: derived from the open-file limit)", s.MaxConnections)
 	}
 	if s.HTTPServer != HTTPServerBuiltin && s.HTTPServer != HTTPServerNetHTTP {
 		p.add("server.http_server", "%q is not a server: use %s (the default) or %s", s.HTTPServer, HTTPServerBuiltin, HTTPServerNetHTTP)

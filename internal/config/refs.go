@@ -9,7 +9,8 @@ type Ref struct {
 	Key string
 	// Path is the file, resolved against the config file's directory.
 	Path string
-	// Effect, when set, is what a change of the file does beyond the obvious, for the log.
+	// Effect, when set, is what a change of the file does beyond the obvious, for the log of
+	// the reload that applies it.
 	Effect string
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,10 +19,17 @@ import (
 // reads the file: editors write a file in several steps.
 const DefaultDebounce = 200 * time.Millisecond
 
+// DefaultMaxDelay bounds how long a watcher waits after the first change notification of a
+// burst, however many follow: a file written over and over is still read about once a second.
+const DefaultMaxDelay = time.Second
+
 // WatchOptions tune WatchFile.
 type WatchOptions struct {
 	// Debounce: wait this long after the last notification (default DefaultDebounce).
 	Debounce time.Duration
+	// MaxDelay: read at most this long after the first notification of a burst, even while
+	// notifications keep coming (default DefaultMaxDelay; raised to Debounce when below it).
+	MaxDelay time.Duration
 	// Poll re-reads the file this often as well (0: only on notifications), for file systems
 	// that do not notify.
 	Poll time.Duration
@@ -37,12 +45,19 @@ type WatchOptions struct {
 // WatchFile calls changed with the file's content at start (unless opt.Initial matches it) and
 // whenever the content changes, until ctx ends. It watches the file's directory, not the file,
 // so that a file replaced by rename (what editors do) or a swapped symlink (Kubernetes
-// ConfigMaps) is seen. A read error is passed as err with nil data, once until the next
-// successful read. It returns an error only when the directory cannot be watched.
+// ConfigMaps) is seen. Only notifications about the file's own name, the names in the same
+// directory that its symlinks lead through, and Kubernetes' ..data count: a log written
+// beside the file every few milliseconds neither delays a read nor causes one. A read error is
+// passed as err with nil data, once until the next successful read. It returns an error only
+// when the directory cannot be watched.
 func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(data []byte, forced bool, err error)) error {
 	if opt.Debounce <= 0 {
 		opt.Debounce = DefaultDebounce
 	}
+	if opt.MaxDelay <= 0 {
+		opt.MaxDelay = DefaultMaxDelay
+	}
+	opt.MaxDelay = max(opt.MaxDelay, opt.Debounce)
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", path, err)
@@ -55,7 +70,11 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 
 	last := opt.Initial
 	var lastErr string
+	// The names that matter, found again at every read: a symlink swapped since may lead
+	// through other names.
+	var names map[string]bool
 	read := func(forced bool) {
+		names = watchNames(path)
 		data, err := os.ReadFile(path)
 		if err != nil {
 			if err.Error() != lastErr {
@@ -75,9 +94,13 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 	// w.Add would otherwise be seen only at the next notification (or never).
 	read(false)
 
+	// A read comes Debounce after the last notification, or MaxDelay after the first one of
+	// the burst, whichever is sooner: a file written without a pause for longer than that is
+	// read meanwhile (and again once the writes stop).
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	defer debounce.Stop()
+	var first time.Time // of the burst waiting to be read; zero: none waits
 	var poll <-chan time.Time
 	if opt.Poll > 0 {
 		t := time.NewTicker(opt.Poll)
@@ -92,14 +115,21 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 			if !ok {
 				return nil
 			}
-			_ = ev // any change in the directory may be ours (symlink swaps rename other names)
-			debounce.Reset(opt.Debounce)
+			if !names[filepath.Base(ev.Name)] {
+				continue
+			}
+			now := time.Now()
+			if first.IsZero() {
+				first = now
+			}
+			debounce.Reset(min(opt.Debounce, opt.MaxDelay-now.Sub(first)))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return nil
 			}
 			changed(nil, false, fmt.Errorf("watch %s: %w", dir, err))
 		case <-debounce.C:
+			first = time.Time{}
 			read(false)
 		case <-poll:
 			read(false)
@@ -291,10 +321,9 @@ func (w *Watcher) watchRef(ctx context.Context, ref Ref, read []byte, reload fun
 			return
 		}
 		quiet = false
+		// What the change does (ref.Effect) is said by whoever applies it, once it is in force:
+		// said here, it came for a file the reload then rejected.
 		log.Info("a file the config refers to changed: reloading the config", "key", ref.Key, "file", ref.Path)
-		if ref.Effect != "" {
-			log.Warn(ref.Key+" changed", "effect", ref.Effect)
-		}
 		reload()
 	})
 	if err != nil && ctx.Err() == nil {
@@ -307,4 +336,33 @@ func (w *Watcher) watched() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.watching)
+}
+
+// maxLinks bounds the symlinks watchNames follows (a loop ends there).
+const maxLinks = 8
+
+// watchNames returns the names in path's directory whose notifications may mean that path's
+// content changed: its own name, the first name of every symlink target on the way to the file
+// that lies in the same directory (a link swapped with ln -sfn, a ConfigMap's ..data), and
+// ..data itself, which Kubernetes swaps to update every file of a mounted ConfigMap or Secret.
+func watchNames(path string) map[string]bool {
+	dir := filepath.Dir(path)
+	names := map[string]bool{filepath.Base(path): true, "..data": true}
+	p := path
+	for range maxLinks {
+		target, err := os.Readlink(p)
+		if err != nil {
+			break // not a symlink (or gone): the file itself
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(p), target)
+		}
+		if rel, err := filepath.Rel(dir, target); err == nil && rel != "." && rel != ".." &&
+			!strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			first, _, _ := strings.Cut(rel, string(filepath.Separator))
+			names[first] = true
+		}
+		p = target
+	}
+	return names
 }

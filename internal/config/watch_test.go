@@ -3,12 +3,18 @@ package config
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // replace writes data to path the way editors do: a new file renamed over the old one.
@@ -202,5 +208,274 @@ func TestWatchFile_InitialStale(t *testing.T) {
 				t.Fatal("the change made before the watch started was never delivered")
 			}
 		})
+	}
+}
+
+// startWatchFile runs WatchFile on path until the test ends and delivers what it reads (an
+// error as "error: ...").
+func startWatchFile(t *testing.T, path string, opt WatchOptions) <-chan string {
+	t.Helper()
+	got := make(chan string, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchFile(ctx, path, opt, func(data []byte, _ bool, err error) {
+			if err != nil {
+				got <- "error: " + err.Error()
+				return
+			}
+			got <- string(data)
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("WatchFile: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("WatchFile did not return")
+		}
+	})
+	return got
+}
+
+// recvString waits up to d for a delivery.
+func recvString(t *testing.T, ch <-chan string, d time.Duration, what string) string {
+	t.Helper()
+	select {
+	case s := <-ch:
+		return s
+	case <-time.After(d):
+		t.Fatalf("%s: nothing delivered within %v", what, d)
+		return ""
+	}
+}
+
+// writeUntil calls write every few milliseconds until the test ends or limit passes, in a
+// goroutine it stops before the test ends; stopped is closed when it has stopped.
+func writeUntil(t *testing.T, limit time.Duration, write func(i int) error) (stopped <-chan struct{}) {
+	t.Helper()
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		end := time.After(limit)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			case <-end:
+				return
+			case <-tick.C:
+				if err := write(i); err != nil {
+					t.Errorf("write: %v", err)
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { close(quit); <-done })
+	return done
+}
+
+// TestWatchFile_BusyDirectory: a log appended to beside the watched file every 5 ms does not
+// hold off the file's change. Before, every notification in the directory restarted the
+// debounce, and the change waited for the writer to stop (QA: 15 s behind a 50 ms writer).
+func TestWatchFile_BusyDirectory(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvroute.yaml")
+	if err := os.WriteFile(path, []byte("old\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	busy, err := os.OpenFile(filepath.Join(dir, "router.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the writer stops (cleanups run last first)
+	got := startWatchFile(t, path, WatchOptions{Debounce: 100 * time.Millisecond, MaxDelay: 5 * time.Second, Initial: []byte("old\n")})
+	// A first change, delivered, says the watch is in place: the one under test cannot be
+	// read by the watch's first read instead of by a notification.
+	replace(t, path, "watching\n")
+	if s := recvString(t, got, 10*time.Second, "the first change"); s != "watching\n" {
+		t.Fatalf("delivered %q, want watching", s)
+	}
+	var lines atomic.Int64
+	writerDone := writeUntil(t, 8*time.Second, func(int) error {
+		lines.Add(1)
+		_, err := busy.WriteString("{\"msg\":\"request\"}\n")
+		return err
+	})
+	for deadline := time.Now().Add(5 * time.Second); lines.Load() < 10; {
+		if time.Now().After(deadline) {
+			t.Fatal("the log writer did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	replace(t, path, "new\n")
+	if s := recvString(t, got, 4*time.Second, "the change beside a busy log"); s != "new\n" {
+		t.Errorf("delivered %q, want the new content", s)
+	}
+	select {
+	case <-writerDone:
+		t.Fatal("the writer stopped before the change was delivered: the test proves nothing")
+	default:
+	}
+}
+
+// TestWatchFile_WrittenWithoutPause: a file written over and over without a pause as long as
+// the debounce is still read, MaxDelay after the first write, and again after the last.
+func TestWatchFile_WrittenWithoutPause(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte("0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := startWatchFile(t, path, WatchOptions{Debounce: 200 * time.Millisecond, MaxDelay: 300 * time.Millisecond, Initial: []byte("0\n")})
+	replace(t, path, "watching\n") // delivered: the watch is in place (see above)
+	if s := recvString(t, got, 10*time.Second, "the first change"); s != "watching\n" {
+		t.Fatalf("delivered %q, want watching", s)
+	}
+	var last atomic.Int64
+	writerDone := writeUntil(t, 8*time.Second, func(i int) error {
+		last.Store(int64(i + 1))
+		return os.WriteFile(path, []byte(strconv.Itoa(i+1)+"\n"), 0o600)
+	})
+	// A read may come between the truncation and the write (content ""): such a file is
+	// read again at the next notification.
+	deadline := time.After(4 * time.Second)
+	for {
+		var s string
+		select {
+		case s = <-got:
+		case <-deadline:
+			t.Fatal("nothing but empty reads delivered within 4s while the file was written every 5 ms")
+		}
+		select {
+		case <-writerDone:
+			t.Fatal("the writer stopped before the file was read: the test proves nothing")
+		default:
+		}
+		if s == "" {
+			continue
+		}
+		if n, err := strconv.Atoi(strings.TrimSpace(s)); err != nil || n < 1 || int64(n) > last.Load() {
+			t.Errorf("delivered %q, want one of the contents written (1 to %d)", s, last.Load())
+		}
+		return
+	}
+}
+
+// TestWatchFile_Links: the names that count follow the file's symlinks: a target in the same
+// directory written in place, a link swapped to another target (ln -sfn), and Kubernetes'
+// ..data swap (a ConfigMap's update) are all seen.
+func TestWatchFile_Links(t *testing.T) {
+	opt := func(initial string) WatchOptions {
+		return WatchOptions{Debounce: 10 * time.Millisecond, Initial: []byte(initial)}
+	}
+	t.Run("target written in place", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "kvroute.yaml")
+		mustWrite(t, filepath.Join(dir, "real.yaml"), "a\n")
+		mustSymlink(t, "real.yaml", path)
+		got := startWatchFile(t, path, opt("a\n"))
+		mustWrite(t, filepath.Join(dir, "real.yaml"), "b\n")
+		if s := recvString(t, got, 10*time.Second, "the target's write"); s != "b\n" {
+			t.Errorf("delivered %q, want b", s)
+		}
+	})
+	t.Run("link swapped, then the new target written", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "kvroute.yaml")
+		mustWrite(t, filepath.Join(dir, "one.yaml"), "one\n")
+		mustWrite(t, filepath.Join(dir, "two.yaml"), "two\n")
+		mustSymlink(t, "one.yaml", path)
+		got := startWatchFile(t, path, opt("one\n"))
+		mustSymlink(t, "two.yaml", path+".new")
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Fatal(err)
+		}
+		if s := recvString(t, got, 10*time.Second, "the swap"); s != "two\n" {
+			t.Errorf("delivered %q, want two", s)
+		}
+		mustWrite(t, filepath.Join(dir, "two.yaml"), "two again\n")
+		if s := recvString(t, got, 10*time.Second, "the new target's write"); s != "two again\n" {
+			t.Errorf("delivered %q, want two again", s)
+		}
+	})
+	t.Run("kubernetes ..data swap", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "kvroute.yaml")
+		if err := os.Mkdir(filepath.Join(dir, "..v1"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		mustWrite(t, filepath.Join(dir, "..v1", "kvroute.yaml"), "v1\n")
+		mustSymlink(t, "..v1", filepath.Join(dir, "..data"))
+		mustSymlink(t, filepath.Join("..data", "kvroute.yaml"), path)
+		got := startWatchFile(t, path, opt("v1\n"))
+		// What the kubelet does: a new timestamped directory, a ..data_tmp link to it renamed
+		// over ..data, the old directory removed.
+		if err := os.Mkdir(filepath.Join(dir, "..v2"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		mustWrite(t, filepath.Join(dir, "..v2", "kvroute.yaml"), "v2\n")
+		mustSymlink(t, "..v2", filepath.Join(dir, "..data_tmp"))
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(dir, "..v1")); err != nil {
+			t.Fatal(err)
+		}
+		if s := recvString(t, got, 10*time.Second, "the ..data swap"); s != "v2\n" {
+			t.Errorf("delivered %q, want v2", s)
+		}
+	})
+}
+
+// TestWatchNames: the names whose notifications count, for a plain file and for links.
+func TestWatchNames(t *testing.T) {
+	dir := t.TempDir()
+	other := t.TempDir()
+	mustWrite(t, filepath.Join(dir, "plain.yaml"), "x\n")
+	mustWrite(t, filepath.Join(dir, "real.yaml"), "x\n")
+	mustSymlink(t, "real.yaml", filepath.Join(dir, "rel.yaml"))
+	mustSymlink(t, filepath.Join(dir, "rel.yaml"), filepath.Join(dir, "chain.yaml"))
+	mustWrite(t, filepath.Join(other, "far.yaml"), "x\n")
+	mustSymlink(t, filepath.Join(other, "far.yaml"), filepath.Join(dir, "far.yaml"))
+	mustSymlink(t, filepath.Join("..data", "k.yaml"), filepath.Join(dir, "k.yaml"))
+	mustSymlink(t, "loop2.yaml", filepath.Join(dir, "loop1.yaml"))
+	mustSymlink(t, "loop1.yaml", filepath.Join(dir, "loop2.yaml"))
+	for _, tc := range []struct {
+		file string
+		want []string
+	}{
+		{"plain.yaml", []string{"..data", "plain.yaml"}},
+		{"missing.yaml", []string{"..data", "missing.yaml"}},
+		{"rel.yaml", []string{"..data", "real.yaml", "rel.yaml"}},
+		{"chain.yaml", []string{"..data", "chain.yaml", "real.yaml", "rel.yaml"}},
+		{"far.yaml", []string{"..data", "far.yaml"}}, // the target's directory is not watched
+		{"k.yaml", []string{"..data", "k.yaml"}},
+		{"loop1.yaml", []string{"..data", "loop1.yaml", "loop2.yaml"}},
+	} {
+		got := slices.Sorted(maps.Keys(watchNames(filepath.Join(dir, tc.file))))
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("watchNames(%s) (-want +got):\n%s", tc.file, diff)
+		}
+	}
+}
+
+func mustWrite(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustSymlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -23,10 +23,17 @@ import (
 //     connection's bytes as Go's server reads them, with the same head check as Server, and
 //     answers such a request 400 and closes the connection instead of serving it. (Whitespace
 //     before a field name's colon Go's server refuses itself: the name is not a token.)
-//   - BodyReadTimeout and BodyMinRate bound reading a request body, as with Server, through
-//     read deadlines set from the handler's first read of it.
+//   - BodyReadTimeout, BodyMinRate and BodyStallTimeout bound reading a request body, as with
+//     Server, through read deadlines set from the handler's first read of it (a stall is cut
+//     after seven eighths of BodyStallTimeout to all of it: deadlines move in steps).
+//   - MaxPendingBodyBytes bounds the bytes of the bodies being received, as with Server.
 //   - WriteStallTimeout bounds each write to the client, through write deadlines renewed as
 //     the handler writes.
+//   - MaxConns bounds the open connections, as with Server, following Go's server's
+//     connection states (a ConnState hook). A connection is closed to make room only while
+//     idle or new, with no byte waiting; Go's server may begin to read a request on it in the
+//     instant between the check and the close (as with its own Shutdown).
+//   - CloseUnauthorized, as with Server.
 //
 // What it cannot do: on TLS connections the bytes are Go's to decrypt (net/http needs the
 // *tls.Conn itself, for HTTP/2 and Request.TLS), so HTTP/1.1 over TLS is served as Go's server
@@ -38,25 +45,45 @@ import (
 // handler in order.
 type NetHTTP struct {
 	*http.Server
-	// BodyReadTimeout, BodyMinRate and WriteStallTimeout are as in Server; 0: none.
-	BodyReadTimeout   time.Duration
-	BodyMinRate       int64
-	WriteStallTimeout time.Duration
+	// BodyReadTimeout, BodyMinRate, BodyStallTimeout, MaxPendingBodyBytes, WriteStallTimeout,
+	// MaxConns and CloseUnauthorized are as in Server; 0 (false): none.
+	BodyReadTimeout     time.Duration
+	BodyMinRate         int64
+	BodyStallTimeout    time.Duration
+	MaxPendingBodyBytes int64
+	WriteStallTimeout   time.Duration
+	MaxConns            int
+	CloseUnauthorized   bool
 	// ErrorBody makes the bodies of the refusals, as in Server; nil: plain text.
 	ErrorBody func(status int, msg string) (contentType string, body []byte)
 
-	once sync.Once
+	once   sync.Once
+	budget *budget
+	table  connTable
 }
 
 // Serve serves ln with the Server, its plain connections checked as described above.
 func (s *NetHTTP) Serve(ln net.Listener) error {
 	s.once.Do(s.install)
-	return s.Server.Serve(framedListener{ln})
+	return s.Server.Serve(framedListener{ln, s})
+}
+
+// Stats returns the server's counts of connections and body bytes.
+func (s *NetHTTP) Stats() Stats {
+	s.once.Do(s.install)
+	st := s.table.stats()
+	st.BodyBytes = s.budget.held()
+	if s.budget != nil {
+		st.BodiesRefused = s.budget.refused.Load()
+	}
+	return st
 }
 
 type framedKey struct{}
 
 func (s *NetHTTP) install() {
+	s.budget = newBudget(s.MaxPendingBodyBytes)
+	s.table.conns = make(map[net.Conn]*tracked)
 	s.Server.Handler = s.guard(s.Server.Handler)
 	s.Server.DisableGeneralOptionsHandler = true
 	prev := s.Server.ConnContext
@@ -68,6 +95,13 @@ func (s *NetHTTP) install() {
 			ctx = context.WithValue(ctx, framedKey{}, fc)
 		}
 		return ctx
+	}
+	prevState := s.Server.ConnState
+	s.Server.ConnState = func(c net.Conn, st http.ConnState) {
+		s.table.changed(c, st)
+		if prevState != nil {
+			prevState(c, st)
+		}
 	}
 }
 
@@ -86,23 +120,26 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 			}
 		}
 		hasBody := r.Body != nil && r.Body != http.NoBody
-		if s.WriteStallTimeout <= 0 && (s.BodyReadTimeout <= 0 || !hasBody) {
+		guarded := hasBody && (s.BodyReadTimeout > 0 || s.BodyStallTimeout > 0 || s.budget != nil)
+		if s.WriteStallTimeout <= 0 && !guarded && !s.CloseUnauthorized {
 			next.ServeHTTP(w, r)
 			return
 		}
-		gw := &guardWriter{ResponseWriter: w, ctl: http.NewResponseController(w), stall: s.WriteStallTimeout}
+		gw := &guardWriter{ResponseWriter: w, ctl: http.NewResponseController(w), stall: s.WriteStallTimeout,
+			close401: s.CloseUnauthorized}
 		if wt := s.Server.WriteTimeout; wt > 0 {
 			gw.cap = time.Now().Add(wt)
 		}
 		gw.arm()
-		if s.BodyReadTimeout > 0 && hasBody {
-			gw.body = &timedBody{rc: r.Body, ctl: gw.ctl, timeout: s.BodyReadTimeout, rate: s.BodyMinRate}
+		if guarded {
+			gw.body = &timedBody{rc: r.Body, ctl: gw.ctl, w: w, timeout: s.BodyReadTimeout, rate: s.BodyMinRate,
+				stall: s.BodyStallTimeout, hold: bodyHold{b: s.budget, length: r.ContentLength}}
 			// A copy: Go's server must keep its own body, to decide what to do with the rest
 			// of it after the answer.
 			r2 := *r
 			r2.Body = gw.body
 			r = &r2
-			defer gw.body.bound()
+			defer gw.body.done()
 		}
 		next.ServeHTTP(gw, r)
 	})
@@ -128,48 +165,107 @@ func (s *NetHTTP) refuse(w http.ResponseWriter, msg string) {
 // refuseDrain bounds the read of a refused request's body before its connection closes.
 const refuseDrain = 500 * time.Millisecond
 
-// timedBody bounds the time a handler waits for the request body with read deadlines: the
-// body timeout from the first read, one more second for every rate bytes received.
+// timedBody bounds the time a handler waits for the request body with read deadlines (the
+// body timeout from the first read, one more second for every rate bytes received; the stall
+// bound from the body's last progress), and holds the body's share of the budget.
 type timedBody struct {
-	rc       io.ReadCloser
-	ctl      *http.ResponseController
-	timeout  time.Duration
-	rate     int64
-	start    time.Time
-	deadline time.Time // the read deadline set
-	read     int64
-	eof      bool
-	expired  bool
+	rc      io.ReadCloser
+	ctl     *http.ResponseController
+	w       http.ResponseWriter // to mark a refusal (ErrBodyMemory)
+	timeout time.Duration
+	rate    int64
+	stall   time.Duration
+	hold    bodyHold
+	// start is the first read; progress the body's last progress (moved on by the time the
+	// handler spent away from the body), when it had progressRead bytes; lastEnd the end of
+	// the last read.
+	start, progress, lastEnd time.Time
+	progressRead             int64
+	deadline                 time.Time // the read deadline set; zero: none
+	read                     int64
+	eof                      bool
+	expired                  bool
 }
 
+func (b *timedBody) timed() bool { return b.timeout > 0 || b.stall > 0 }
+
 func (b *timedBody) Read(p []byte) (int, error) {
-	if b.start.IsZero() {
-		b.start = time.Now()
-		b.deadline = b.start.Add(b.timeout)
-		_ = b.ctl.SetReadDeadline(b.deadline)
+	if b.eof {
+		return 0, io.EOF
+	}
+	if b.hold.b != nil && !b.hold.cover(b.read, len(p)) {
+		h := b.w.Header()
+		refuseBudget(h)
+		h.Set("Connection", "close") // the rest of the body is not read
+		return 0, ErrBodyMemory
+	}
+	timed := b.timed()
+	if timed {
+		now := time.Now()
+		if b.start.IsZero() {
+			b.start, b.progress = now, now
+		} else {
+			b.progress = b.progress.Add(now.Sub(b.lastEnd))
+		}
+		b.arm()
 	}
 	n, err := b.rc.Read(p)
 	b.read += int64(n)
+	if timed {
+		b.lastEnd = time.Now()
+		if b.read-b.progressRead >= max(b.rate, 1) {
+			b.progress, b.progressRead = b.lastEnd, b.read
+		}
+	}
 	switch {
 	case err == io.EOF:
 		b.eof = true
+		b.hold.drop()
 		// Go's server reads the connection in the background from now on: no deadline there.
-		_ = b.ctl.SetReadDeadline(time.Time{})
+		if !b.deadline.IsZero() {
+			_ = b.ctl.SetReadDeadline(time.Time{})
+		}
 	case err != nil:
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			b.expired = true
 			err = ErrBodyReadTimeout
 		}
-	case b.rate > 0:
-		// Renewed once an eighth of the timeout has been earned, not at every read: each is a
-		// timer's reset.
-		d := b.start.Add(b.timeout + time.Duration(float64(b.read)/float64(b.rate)*float64(time.Second)))
-		if d.Sub(b.deadline) >= b.timeout/8 {
-			b.deadline = d
-			_ = b.ctl.SetReadDeadline(d)
-		}
 	}
 	return n, err
+}
+
+// due is when the body's time runs out: the timeout from the first read plus a second for
+// every rate bytes, or the stall bound from its last progress, whichever comes first; zero:
+// none.
+func (b *timedBody) due() time.Time {
+	var d time.Time
+	if b.timeout > 0 {
+		d = b.start.Add(b.timeout)
+		if b.rate > 0 {
+			d = d.Add(time.Duration(float64(b.read) / float64(b.rate) * float64(time.Second)))
+		}
+	}
+	if b.stall > 0 {
+		if s := b.progress.Add(b.stall); d.IsZero() || s.Before(d) {
+			d = s
+		}
+	}
+	return d
+}
+
+// arm sets the read deadline to due, the first time and then once due has moved on by an eighth
+// of the shorter bound, not at every read: each is a timer's reset. (due never moves back.)
+func (b *timedBody) arm() {
+	d := b.due()
+	step := b.timeout
+	if b.stall > 0 && (step <= 0 || b.stall < step) {
+		step = b.stall
+	}
+	if d.IsZero() || !b.deadline.IsZero() && d.Sub(b.deadline) < step/8 {
+		return
+	}
+	b.deadline = d
+	_ = b.ctl.SetReadDeadline(d)
 }
 
 func (b *timedBody) Close() error { return b.rc.Close() }
@@ -177,11 +273,17 @@ func (b *timedBody) Close() error { return b.rc.Close() }
 // bound bounds what Go's server reads of a body the handler left unread: when the answer's
 // headers go out it drops up to 256 KB of it to keep the connection.
 func (b *timedBody) bound() {
-	if b.start.IsZero() && !b.eof {
+	if b.start.IsZero() && !b.eof && b.timed() {
 		b.start = time.Now()
-		b.deadline = b.start.Add(b.timeout)
-		_ = b.ctl.SetReadDeadline(b.deadline)
+		b.progress = b.start
+		b.arm()
 	}
+}
+
+// done ends the body's part in the request: its unread rest bounded, its hold given back.
+func (b *timedBody) done() {
+	b.bound()
+	b.hold.drop()
 }
 
 // guardWriter renews the connection's write deadline as the handler writes, so that each write
@@ -189,11 +291,20 @@ func (b *timedBody) bound() {
 // bounds the read of the body's rest that Go's server does when the answer starts.
 type guardWriter struct {
 	http.ResponseWriter
-	ctl   *http.ResponseController
-	body  *timedBody    // nil: not timed
-	stall time.Duration // 0: none
-	cap   time.Time     // the server's whole-response deadline; zero: none
-	armed time.Time
+	ctl      *http.ResponseController
+	body     *timedBody    // nil: not timed
+	stall    time.Duration // 0: none
+	cap      time.Time     // the server's whole-response deadline; zero: none
+	armed    time.Time
+	close401 bool // CloseUnauthorized
+}
+
+// WriteHeader ends the connection after a 401 (CloseUnauthorized).
+func (w *guardWriter) WriteHeader(code int) {
+	if code == http.StatusUnauthorized && w.close401 {
+		w.Header().Set("Connection", "close")
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // arm sets the write deadline again once a quarter of it has passed (not at every write: each
@@ -233,20 +344,29 @@ func (w *guardWriter) FlushError() error {
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *guardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// framedListener hands net/http its plain connections wrapped in a framedConn.
-type framedListener struct{ net.Listener }
+// framedListener hands net/http its plain connections wrapped in a framedConn, and refuses
+// those beyond MaxConns.
+type framedListener struct {
+	net.Listener
+	s *NetHTTP
+}
 
 func (l framedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := c.(*tls.Conn); !ok { // Go's server needs a *tls.Conn itself
+			fc := &framedConn{Conn: c}
+			fc.f.head.reset(false)
+			c = fc
+		}
+		if l.s.table.add(c, l.s.MaxConns) {
+			return c, nil
+		}
+		refuseConn(c, l.s.ErrorBody)
 	}
-	if _, ok := c.(*tls.Conn); ok {
-		return c, nil // Go's server needs the *tls.Conn itself
-	}
-	fc := &framedConn{Conn: c}
-	fc.f.head.reset(false)
-	return fc, nil
 }
 
 // framedConn follows the requests in the bytes Go's server reads from the connection.

@@ -78,6 +78,30 @@ type Server struct {
 	// BodyMinRate is the body bytes per second that earn one more second of BodyReadTimeout;
 	// 0: none (the timeout bounds the whole body).
 	BodyMinRate int64
+	// BodyStallTimeout bounds the wait for a body's progress, whatever BodyReadTimeout has
+	// earned: a body that brings less than BodyMinRate bytes (one second's worth; any byte when
+	// BodyMinRate is 0) in this long is cut as a late one is (ErrBodyReadTimeout, the
+	// connection closed after the response). A client that sends most of a large body at once
+	// and then stops earns no more than this. As with BodyReadTimeout, only the time the
+	// handler waits for the client counts. 0: no bound.
+	BodyStallTimeout time.Duration
+	// MaxPendingBodyBytes bounds the bytes of the request bodies being received at once: from
+	// a body's first read to its end (or its request's end). A body counts as the bytes read
+	// from it plus what it may take next: its announced length at its first read when that is
+	// at most 1 MiB (what a handler may allocate for it at once), else steps of 256 KiB ahead
+	// of its bytes. A read that finds no room waits up to a second for it, in turn; then it
+	// returns ErrBodyMemory. 0: no bound.
+	MaxPendingBodyBytes int64
+	// MaxConns bounds the open client connections. A connection accepted at the cap closes
+	// connections that wait for a request (a 64th of MaxConns at once, 1 to 16), the
+	// longest-idle kept-alive ones first, then the oldest of those that have sent nothing yet,
+	// but none with bytes on their way; when none waits, the new connection is answered 503
+	// (Retry-After: 1) and closed. 0: no bound.
+	MaxConns int
+	// CloseUnauthorized ends the connection of a request answered 401: a client without a
+	// valid credential holds no kept-alive connection, and tries one credential per
+	// connection.
+	CloseUnauthorized bool
 	// WriteStallTimeout bounds one write to the client: a client that stops reading (its
 	// window full) and so blocks a write for longer has its connection closed, and the
 	// handler's writes fail from then on. A stream the client keeps reading is never cut,
@@ -106,6 +130,14 @@ type Server struct {
 	done      bool
 	shutdown  atomic.Bool
 	wg        sync.WaitGroup // connection goroutines and the janitor
+	// evicting counts the connections closed to make room (MaxConns) that are still in conns;
+	// under mu.
+	evicting int
+	evicted  atomic.Uint64
+	refused  atomic.Uint64
+	// budget bounds the bodies being received (MaxPendingBodyBytes); nil: no bound.
+	budget    *budget
+	limitOnce sync.Once
 
 	janitorOn bool         // under mu
 	quiet     atomic.Bool  // the janitor sleeps long (its slow period)
@@ -138,6 +170,7 @@ var ErrBodyReadTimeout = fmt.Errorf("h1: request body not received in time: %w",
 
 // Serve accepts connections on ln until Shutdown or Close, and returns ErrServerClosed then.
 func (s *Server) Serve(ln net.Listener) error {
+	s.limitOnce.Do(s.initLimits)
 	if !s.track(ln) {
 		return ErrServerClosed
 	}
@@ -160,8 +193,12 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		delay = 0
 		rwc = wrapConn(rwc) // reads and writes without waking the runtime's sysmon (rawconn_linux.go)
-		c := s.newConn(rwc)
-		if c == nil {
+		c, full := s.newConn(rwc)
+		switch {
+		case full:
+			refuseConn(rwc, s.ErrorBody)
+			continue
+		case c == nil:
 			rwc.Close()
 			return ErrServerClosed
 		}
@@ -188,16 +225,45 @@ func (s *Server) untrack(ln net.Listener) {
 	s.mu.Unlock()
 }
 
-func (s *Server) newConn(rwc net.Conn) *srvConn {
+func (s *Server) initLimits() { s.budget = newBudget(s.MaxPendingBodyBytes) }
+
+// Stats returns the server's counts of connections and body bytes.
+func (s *Server) Stats() Stats {
+	s.limitOnce.Do(s.initLimits)
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	n := len(s.conns) - s.evicting
+	s.mu.Unlock()
+	st := Stats{Conns: n, ConnsEvicted: s.evicted.Load(), ConnsRefused: s.refused.Load(), BodyBytes: s.budget.held()}
+	if s.budget != nil {
+		st.BodiesRefused = s.budget.refused.Load()
+	}
+	return st
+}
+
+// newConn registers a connection; nil when the server is closed, or full when MaxConns is
+// reached and no connection waiting for a request could be closed to make room.
+func (s *Server) newConn(rwc net.Conn) (c *srvConn, full bool) {
+	s.mu.Lock()
+	var victims []*srvConn
+	defer func() {
+		s.mu.Unlock()
+		for _, v := range victims { // closed outside the lock: a TLS connection's close writes
+			_ = v.rwc.Close()
+		}
+	}()
 	if s.done {
-		return nil
+		return nil, false
 	}
 	if s.conns == nil {
 		s.conns = make(map[*srvConn]struct{})
 	}
-	c := &srvConn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
+	if s.MaxConns > 0 && len(s.conns)-s.evicting >= s.MaxConns {
+		if victims = s.evictWaiting(); len(victims) == 0 {
+			s.refused.Add(1)
+			return nil, true
+		}
+	}
+	c = &srvConn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
 	c.setState(stateNew)
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
@@ -209,7 +275,49 @@ func (s *Server) newConn(rwc net.Conn) *srvConn {
 		s.wg.Add(1)
 		go s.janitor()
 	}
-	return c
+	return c, false
+}
+
+// evictWaiting takes up to evictBatch(MaxConns) of the connections waiting for a request out
+// of their service, the longest-idle kept-alive ones first, then the oldest that have sent no
+// request yet, and returns them for the caller to close once it has let go of s.mu. A
+// connection with bytes on their way (a request arriving) is left, as the janitor leaves it
+// (closeIdle). The caller holds s.mu.
+func (s *Server) evictWaiting() []*srvConn {
+	o := oldest[*srvConn]{n: evictBatch(s.MaxConns)}
+	o.keep = make([]candidate[*srvConn], 0, o.n)
+	for c := range s.conns {
+		if c.evicted {
+			continue
+		}
+		switch c.state.Load() {
+		case stateIdle:
+			o.offer(c, false, c.since.Load())
+		case stateNew:
+			o.offer(c, true, c.since.Load())
+		}
+	}
+	var out []*srvConn
+	for _, x := range o.keep {
+		c := x.c
+		if pending(c.rwc) {
+			continue
+		}
+		from := stateIdle
+		if x.fresh {
+			from = stateNew
+		}
+		// The connection's goroutine leaves these states the same way (serve, activate):
+		// whichever comes first has it.
+		if !c.state.CompareAndSwap(from, stateClosed) {
+			continue
+		}
+		c.evicted = true
+		s.evicting++
+		out = append(out, c)
+	}
+	s.evicted.Add(uint64(len(out)))
+	return out
 }
 
 func (s *Server) watchAfter() time.Duration {
@@ -237,7 +345,7 @@ func (s *Server) janitor() {
 	fast := max(s.watchAfter()/2, time.Millisecond)
 	slow := time.Second
 	for _, d := range []time.Duration{s.ReadHeaderTimeout / 4, s.IdleTimeout / 4, s.BodyReadTimeout / 4,
-		s.WriteStallTimeout / 4} {
+		s.BodyStallTimeout / 4, s.WriteStallTimeout / 4} {
 		if d > 0 && d < slow {
 			slow = d
 		}
@@ -303,7 +411,7 @@ func (s *Server) janitor() {
 // starts due watches; it reports whether a request is in flight. The caller holds s.mu.
 func (s *Server) sweep(now int64) (busy bool) {
 	head, idle, watch := int64(s.ReadHeaderTimeout), int64(s.IdleTimeout), int64(s.watchAfter())
-	stall, body := int64(s.WriteStallTimeout), int64(s.BodyReadTimeout)
+	stall, body, bodyStall := int64(s.WriteStallTimeout), int64(s.BodyReadTimeout), int64(s.BodyStallTimeout)
 	if idle == 0 {
 		idle = head
 	}
@@ -325,7 +433,8 @@ func (s *Server) sweep(now int64) (busy bool) {
 			}
 		case stateActive:
 			busy = true
-			if body > 0 && c.bodyReading.Load() && now > c.bodyDeadline(body, s.BodyMinRate) {
+			if c.bodyReading.Load() && (body > 0 && now > c.bodyDeadline(body, s.BodyMinRate) ||
+				bodyStall > 0 && now-c.bodyProgress.Load() > bodyStall) {
 				c.expireBody()
 			}
 			if age >= watch && !c.watchAsked.Load() {
@@ -369,6 +478,9 @@ func (s *Server) requestEnded() {
 func (s *Server) forget(c *srvConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	if c.evicted {
+		s.evicting--
+	}
 	if s.done && len(s.conns) == 0 {
 		s.wakeJanitor() // to leave now
 	}
@@ -484,6 +596,11 @@ type srvConn struct {
 	bodyRead    atomic.Int64
 	bodyReading atomic.Bool
 	bodyExpired atomic.Bool
+	// bodyProgress is when the body last made progress (BodyStallTimeout), Unix ns, moved on by
+	// the time the handler spent away from the body.
+	bodyProgress atomic.Int64
+	// evicted: closed to make room for a new connection (MaxConns); under s.mu.
+	evicted bool
 	// scan checks the head being read while scanning is set (see headScan).
 	scan     headScan
 	scanning bool
@@ -750,21 +867,23 @@ func (c *srvConn) serveOne() bool {
 		c.scanHead(b)
 	}
 	req, err := http.ReadRequest(c.br)
+	atLimit := c.cr.remain <= 0
 	c.cr.remain = unbounded
 	c.scanning = false
 	if err != nil {
 		switch {
-		case c.expired.Load():
-			return false // the janitor closed it: too slow a head
+		case c.expired.Load() || c.state.Load() == stateClosed:
+			return false // the janitor closed it (too slow a head), or MaxConns did
 		case errors.Is(err, io.EOF):
 			return false
-		case errors.Is(err, errHeadTooLarge):
+		case atLimit || errors.Is(err, errHeadTooLarge):
+			// The parser may fail on the line the limit cut before it reads the limit's error.
 			c.protocolError(http.StatusRequestHeaderFieldsTooLarge, "request head too large")
 		case isTimeout(err):
 			return false
 		case c.plainToTLS(err):
 		default:
-			c.protocolError(http.StatusBadRequest, "malformed request: "+err.Error())
+			c.protocolError(http.StatusBadRequest, "malformed request: "+parseErrorReason(err))
 		}
 		return false
 	}
@@ -800,7 +919,15 @@ func (c *srvConn) serveOne() bool {
 	ctx, cancel := context.WithCancel(s.base())
 	req = req.WithContext(ctx)
 
-	body := &reqBody{c: c, rc: req.Body, length: req.ContentLength, cont: expectContinue}
+	if !c.activate() {
+		cancel()
+		return false // closed to make room (MaxConns) as its request arrived
+	}
+	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
+	w.closeAfter = req.Close
+	body := &reqBody{c: c, w: w, rc: req.Body, length: req.ContentLength, cont: expectContinue}
+	body.hold = bodyHold{b: s.budget, length: req.ContentLength}
+	defer body.hold.drop() // after a panic too (dropped below otherwise)
 	noBody := req.Body == http.NoBody
 	if !noBody {
 		req.Body = body
@@ -812,13 +939,12 @@ func (c *srvConn) serveOne() bool {
 	c.bodyRead.Store(0)
 	c.bodyExpired.Store(false)
 	c.watchAsked.Store(false)
-	c.setState(stateActive)
 	s.requestStarted()
 	defer s.requestEnded()
 
-	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
-	w.closeAfter = req.Close
 	s.Handler.ServeHTTP(w, req)
+	// Given back now: the rest of the body, dropped below to keep the connection, is not held.
+	body.hold.drop()
 	if c.detached { // hijacked: the handler has the connection
 		cancel()
 		return false
@@ -840,7 +966,7 @@ func (c *srvConn) serveOne() bool {
 		// The handler left some of the body: drop a little of it to keep the connection (timed
 		// as the body is), unless the client announced more than that, waits for a 100
 		// Continue that never came, or was too slow already.
-		if body.cont || c.bodyExpired.Load() || req.ContentLength-c.bodyRead.Load() > maxDiscard {
+		if body.cont || body.refused || c.bodyExpired.Load() || req.ContentLength-c.bodyRead.Load() > maxDiscard {
 			c.closeGracefully()
 			return false
 		}
@@ -851,6 +977,30 @@ func (c *srvConn) serveOne() bool {
 		}
 	}
 	return true
+}
+
+// activate moves the connection to stateActive once a request's head is read, unless it was
+// closed meanwhile to make room for another (evictWaiting), and reports whether it did.
+func (c *srvConn) activate() bool {
+	if !c.state.CompareAndSwap(stateNew, stateActive) && !c.state.CompareAndSwap(stateHead, stateActive) {
+		return false
+	}
+	c.since.Store(time.Now().UnixNano())
+	return true
+}
+
+// parseErrorReason is what a 400 says of a head that http.ReadRequest refused: the error's
+// words up to the first quote or colon, never what it quotes of the request (a header line,
+// which may be a credential, and up to the head's limit long).
+func parseErrorReason(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "http: ")
+	if i := strings.IndexAny(msg, ":\"`"); i >= 0 {
+		msg = msg[:i]
+	}
+	if msg = strings.TrimSpace(msg); msg == "" || len(msg) > 64 {
+		return "unreadable head"
+	}
+	return msg
 }
 
 // protocolError answers a request the server could not read, and the connection is closed.
@@ -1006,10 +1156,18 @@ func (c *srvConn) stopWatch() {
 // first read and tells the connection when the body has been read to its end.
 type reqBody struct {
 	c      *srvConn
+	w      *response
 	rc     io.ReadCloser
 	length int64 // announced; -1: unknown (chunked)
 	cont   bool  // 100 Continue still to send
 	eof    bool
+	// hold is the body's share of MaxPendingBodyBytes; refused: a read found no room in it.
+	hold    bodyHold
+	refused bool
+	// The body's progress (BodyStallTimeout), on the handler's goroutine: the bytes read when
+	// it last progressed, and when the handler's last read ended (Unix ns).
+	progressRead int64
+	lastEnd      int64
 	// lowat is the SO_RCVLOWAT the body's reads have set on the connection (0: none, the
 	// kernel's 1; -1: it cannot be set here).
 	lowat int64
@@ -1019,14 +1177,20 @@ type reqBody struct {
 // waking for each segment costs less than the system calls that set and reset the threshold.
 const minLowat = 64 << 10
 
-// maxLowat bounds the threshold: up to 1 MiB, and no more than half of what BodyReadTimeout
-// lets arrive at BodyMinRate. The bytes that wait under the threshold are not counted as
-// received until they are read, so a body sent at the minimum rate could otherwise run out of
-// time with those bytes in the socket: with at most half the timeout's worth hidden, it cannot.
+// maxLowat bounds the threshold: up to 1 MiB, and no more than half of what BodyReadTimeout,
+// or BodyStallTimeout, lets arrive at BodyMinRate. The bytes that wait under the threshold are
+// not counted as received until they are read, so a body sent at the minimum rate could
+// otherwise run out of time with those bytes in the socket: with at most half the timeout's
+// worth hidden, it cannot. With a stall bound and no rate (any byte is progress), none is set.
 func (s *Server) maxLowat() int64 {
 	m := int64(1 << 20)
-	if s.BodyReadTimeout > 0 && s.BodyMinRate > 0 {
-		m = min(m, int64(s.BodyReadTimeout.Seconds()*float64(s.BodyMinRate)/2))
+	for _, d := range []time.Duration{s.BodyReadTimeout, s.BodyStallTimeout} {
+		if d > 0 && s.BodyMinRate > 0 {
+			m = min(m, int64(d.Seconds()*float64(s.BodyMinRate)/2))
+		}
+	}
+	if s.BodyStallTimeout > 0 && s.BodyMinRate <= 0 {
+		m = 0
 	}
 	return m
 }
@@ -1073,6 +1237,11 @@ func (b *reqBody) Read(p []byte) (int, error) {
 	if c.bodyExpired.Load() {
 		return 0, ErrBodyReadTimeout
 	}
+	if b.hold.b != nil && !b.hold.cover(c.bodyRead.Load(), len(p)) {
+		b.refused = true
+		refuseBudget(b.w.header)
+		return 0, ErrBodyMemory
+	}
 	if b.cont {
 		b.cont = false
 		_, _ = c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
@@ -1080,10 +1249,16 @@ func (b *reqBody) Read(p []byte) (int, error) {
 			c.werr = err
 		}
 	}
-	timed := c.s.BodyReadTimeout > 0
+	stall := c.s.BodyStallTimeout > 0
+	timed := c.s.BodyReadTimeout > 0 || stall
 	if timed {
 		if c.bodyStart.Load() == 0 {
-			c.bodyStart.Store(time.Now().UnixNano())
+			now := time.Now().UnixNano()
+			c.bodyStart.Store(now)
+			c.bodyProgress.Store(now)
+		} else if stall {
+			// The time the handler spent away from the body is not the client's.
+			c.bodyProgress.Add(time.Now().UnixNano() - b.lastEnd)
 		}
 		c.bodyReading.Store(true)
 	}
@@ -1092,10 +1267,18 @@ func (b *reqBody) Read(p []byte) (int, error) {
 	if timed {
 		c.bodyReading.Store(false)
 	}
-	c.bodyRead.Add(int64(n))
+	read := c.bodyRead.Add(int64(n))
+	if stall {
+		b.lastEnd = time.Now().UnixNano()
+		if read-b.progressRead >= max(c.s.BodyMinRate, 1) {
+			b.progressRead = read
+			c.bodyProgress.Store(b.lastEnd)
+		}
+	}
 	b.adjustLowat(len(p)-n, err != nil, socket)
 	if err == io.EOF {
 		b.eof = true
+		b.hold.drop()
 		c.onBodyEOF()
 	} else if err != nil && c.bodyExpired.Load() {
 		err = ErrBodyReadTimeout
@@ -1263,7 +1446,7 @@ func (w *response) commit(final bool, sniff []byte) {
 	default:
 		w.closeAfter = true // HTTP/1.0: the body ends when the connection does
 	}
-	if hasToken(h.Get("Connection"), "close") {
+	if hasToken(h.Get("Connection"), "close") || w.status == http.StatusUnauthorized && w.c.s.CloseUnauthorized {
 		w.closeAfter = true
 	}
 	if w.c.s.shutdown.Load() {

@@ -49,7 +49,7 @@ func FuzzServer(f *testing.F) {
 	})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		server, client := net.Pipe()
-		c := s.newConn(server)
+		c, _ := s.newConn(server)
 		if c == nil {
 			t.Fatal("server closed")
 		}

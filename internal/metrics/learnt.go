@@ -151,25 +151,20 @@ const latest = ":latest"
 // MaxLearntModels), else OtherModel, so that the labels stay bounded whatever the engines list.
 // It takes no lock but after a change of the endpoints or their lists.
 func (m *Metrics) ModelLabel(model string) string {
-	labels := m.labels.Load()
-	if labels == nil {
-		m.mu.Lock()
-		all := map[string]bool{}
-		for _, ls := range m.served {
-			for _, l := range ls {
-				all[l] = true
-			}
-		}
-		labels = &all
-		m.labels.Store(labels)
-		m.mu.Unlock()
+	var labels map[string]bool
+	if l := m.labels.Load(); l != nil {
+		labels = *l
+	} else {
+		m.mu.RLock()
+		labels = m.labelsLocked()
+		m.mu.RUnlock()
 	}
 	switch {
-	case (*labels)[model]:
+	case labels[model]:
 		return model
-	case strings.HasSuffix(model, latest) && (*labels)[model[:len(model)-len(latest)]]:
+	case strings.HasSuffix(model, latest) && labels[model[:len(model)-len(latest)]]:
 		return model[:len(model)-len(latest)] // one model, one label (endpoint.SameModel)
-	case (*labels)[model+latest]:
+	case labels[model+latest]:
 		return model + latest
 	}
 	return OtherModel

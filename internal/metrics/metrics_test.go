@@ -156,8 +156,9 @@ func TestSeriesAtZero(t *testing.T) {
 		`kvroute_config_reloads_total{result=ok}`,
 		`kvroute_config_reloads_total{result=error}`,
 		`kvroute_discovery_errors_total{source=file}`,
-		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=200}`,
 		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=429}`,
+		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=500}`,
+		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=502}`,
 		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=503}`,
 		`kvroute_requests_total{endpoint=` + ep + `,model=m,status=504}`,
 		`kvroute_requests_total{endpoint=none,model=m,status=429}`,
@@ -216,7 +217,7 @@ func TestSeriesAtZero(t *testing.T) {
 	m.Reloads.WithLabelValues("ok").Inc()
 	m.Reloads.WithLabelValues("error").Inc()
 	m.DiscoveryErrors.WithLabelValues("file").Inc()
-	for _, s := range []struct{ ep, model, status string }{{ep, "m", "200"}, {ep, "m", "429"}, {ep, "m", "503"}, {ep, "m", "504"},
+	for _, s := range []struct{ ep, model, status string }{{ep, "m", "429"}, {ep, "m", "500"}, {ep, "m", "502"}, {ep, "m", "503"}, {ep, "m", "504"},
 		{NoEndpoint, "m", "429"}, {NoEndpoint, "m", "503"}, {NoEndpoint, UnknownModel, "401"}, {NoEndpoint, UnknownModel, "404"}} {
 		m.Requests.WithLabelValues(s.model, s.ep, s.status).Inc()
 	}
@@ -250,6 +251,37 @@ func TestSeriesAtZero(t *testing.T) {
 		t.Errorf("second scrape, after one event of each (-want +got):\n%s", diff)
 	}
 	lint(t, reg)
+}
+
+// TestEndpointStatusesAtZero: an endpoint's requests are made at 0 for the statuses whose
+// first occurrence must show (the server errors, a busy engine's 429), per model it serves,
+// and no others: 200, 400 and 499 come at their first occurrence, as an engine's 422 does.
+func TestEndpointStatusesAtZero(t *testing.T) {
+	m, reg, _ := newTestMetrics()
+	const ep = "http://127.0.0.1:1"
+	m.EndpointAdded(ep, []string{"m1", "m2"})
+	statuses := func() map[string][]string {
+		out := map[string][]string{}
+		for k := range metricstest.Values(t, reg, "kvroute_requests_total") {
+			if rest, ok := strings.CutPrefix(k, "kvroute_requests_total{endpoint="+ep+",model="); ok {
+				model, status, _ := strings.Cut(strings.TrimSuffix(rest, "}"), ",status=")
+				out[model] = append(out[model], status)
+			}
+		}
+		for _, s := range out {
+			slices.Sort(s)
+		}
+		return out
+	}
+	want := map[string][]string{"m1": {"429", "500", "502", "503", "504"}, "m2": {"429", "500", "502", "503", "504"}}
+	if diff := cmp.Diff(want, statuses()); diff != "" {
+		t.Errorf("statuses at 0 by model (-want +got):\n%s", diff)
+	}
+	m.Requests.WithLabelValues("m1", ep, "200").Inc()
+	want["m1"] = []string{"200", "429", "500", "502", "503", "504"}
+	if diff := cmp.Diff(want, statuses()); diff != "" {
+		t.Errorf("after a first 200 (-want +got):\n%s", diff)
+	}
 }
 
 func mustGather(t *testing.T, g prometheus.Gatherer) []*dto.MetricFamily {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // Error types used in error bodies.
@@ -102,7 +103,7 @@ func NormalizeUpstreamError(status int, body []byte) *Error {
 			e.Code = &c
 		}
 	} else if len(body) > 0 {
-		msg := string(body)
+		msg := strings.TrimSpace(string(body)) // a plain-text body's line end is no part of it
 		if len(msg) > 512 {
 			msg = msg[:512]
 		}

@@ -219,6 +219,7 @@ func TestNormalizeUpstreamError(t *testing.T) {
 		{503, `{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}`,
 			&Error{Status: 503, Message: "Loading model", Type: "unavailable_error", Code: str("503")}},
 		{502, `Bad Gateway`, &Error{Status: 502, Message: "Bad Gateway", Type: TypeUpstream}},
+		{500, "Internal trouble\n", &Error{Status: 500, Message: "Internal trouble", Type: TypeUpstream}},
 		{500, ``, &Error{Status: 500, Message: "upstream returned 500 Internal Server Error", Type: TypeUpstream}},
 	}
 	for _, tt := range tests {

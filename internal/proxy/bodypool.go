@@ -1,9 +1,14 @@
 package proxy
 
 import (
+	"errors"
+	"io"
 	"math/bits"
+	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/kvroute/kvroute/internal/h1"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -117,4 +122,28 @@ func (c *call) releaseMemory() {
 			scratches.Put(sc)
 		}
 	}
+}
+
+// bodyReadError is the answer to a request whose body could not be read (err is neither nil,
+// io.EOF nor the server's body timeout): 503 when the API server holds as many bytes of bodies
+// being received as server.max_pending_body_bytes allows (h1.ErrBodyMemory: the server adds
+// Retry-After and closes the connection); 499 client_gone when the client went away before
+// its body ended, which is no malformed request of the client's (logged, and counted for its
+// tenant, as 499, not 400); 400 otherwise (a malformed chunked body, say).
+func bodyReadError(err error) *openai.Error {
+	switch {
+	case errors.Is(err, h1.ErrBodyMemory):
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "overloaded",
+			"the router is receiving as many request bodies as it holds at once (server.max_pending_body_bytes): retry shortly")
+	case clientGone(err):
+		return openai.NewError(499, "client_gone", "", "client_gone", "the client went away before its request body ended")
+	}
+	return openai.BadRequest("", "reading request body: %v", err)
+}
+
+// clientGone reports whether a body read failed because its connection ended: closed before
+// the body's end (both API servers' body readers say io.ErrUnexpectedEOF), reset or aborted.
+func clientGone(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, net.ErrClosed)
 }

@@ -308,9 +308,12 @@ func TestChargeAbandonedAttempts(t *testing.T) {
 		if resp.StatusCode != http.StatusGatewayTimeout {
 			t.Fatalf("status %d %s, want 504", resp.StatusCode, body)
 		}
+		// No answer came: beside the prompts, what the engines may have generated meanwhile
+		// (call.generated): the 2 x 200 ms the attempts took at the default decode rate, at least.
 		est := f.pk.reqs[0].PromptTokens
-		if prompt, completion, spent := charged(t, f.h.Gate, f.h.Metrics.Tenant); prompt != 2*est || completion != 0 || spent != 2*est {
-			t.Errorf("charged prompt %d, completion %d, bucket spent %d; want two estimates of %d", prompt, completion, spent, est)
+		least := int(0.4 * defaultDecodeRate)
+		if prompt, completion, spent := charged(t, f.h.Gate, f.h.Metrics.Tenant); prompt != 2*est || completion < least || completion > 10*least || spent != prompt+completion {
+			t.Errorf("charged prompt %d, completion %d, bucket spent %d; want two estimates of %d and %d to %d completion tokens", prompt, completion, spent, est, least, 10*least)
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,64 @@ import (
 // authenticate finds the request's tenant from its headers (Gate.Authenticate); on a 401 it
 // sets WWW-Authenticate in out, the response's headers.
 func (c *call) authenticate(hdr, out http.Header) *openai.Error { return c.identify(hdr, out, true) }
+
+// maxRequestID bounds a client's x-request-id: a longer one is not taken (nor logged, nor
+// echoed).
+const maxRequestID = 128
+
+// requestID sets the request's ids from the client's x-request-id (client; "" when none).
+// Without tenants the client's id is the request's, as it came. With tenants (authentication
+// on) the router makes its own for every request: clients choose theirs freely, so two tenants
+// may send the same one, and neither the engines (vLLM derives its own request id from it)
+// nor the access log may take one tenant's request for another's. The client's then goes back
+// to it in the answer (echoedID) and to the access line as client_request_id.
+func (c *call) requestID(client string) {
+	if len(client) > maxRequestID {
+		client = ""
+	}
+	switch {
+	case c.h.Gate != nil && c.h.Gate.Tenants():
+		c.rid, c.clientRID = c.h.NewRequestID(), client
+	case client != "":
+		c.rid = client
+	default:
+		c.rid = c.h.NewRequestID()
+	}
+}
+
+// echoedID is the x-request-id the answer carries: the client's own where it sent one, else the
+// request's.
+func (c *call) echoedID() string {
+	if c.clientRID != "" {
+		return c.clientRID
+	}
+	return c.rid
+}
+
+// refused records the error the request is answered with, for the access line.
+func (c *call) refused(e *openai.Error) {
+	c.errType = e.Type
+	if e.Code != nil {
+		c.errCode = *e.Code
+	}
+}
+
+// contentEncoding refuses a request whose body has a content coding (RFC 9110, 8.4.1; 415 with
+// Accept-Encoding: identity, RFC 7694): the router reads the body as the JSON it must be, and
+// sends the engine a body of its own making, so a compressed body reads as bytes that are no
+// JSON (`invalid character '\x1f'`), and a plain one sent with the header would tell the
+// engine it is compressed. identity (no coding) is taken.
+func contentEncoding(hdr http.Header) *openai.Error {
+	for _, v := range hdr.Values("Content-Encoding") {
+		for coding := range strings.SplitSeq(v, ",") {
+			if cc := textproto.TrimString(coding); cc != "" && !strings.EqualFold(cc, "identity") {
+				return openai.NewError(http.StatusUnsupportedMediaType, openai.TypeInvalidRequest, "", "unsupported_content_encoding",
+					"Content-Encoding "+strconv.Quote(logCut1(cc, 32))+" is not supported: send the request body uncompressed (no Content-Encoding header)")
+			}
+		}
+	}
+	return nil
+}
 
 // identify is authenticate; count false looks the key up without counting or logging a refusal
 // (Gate.Lookup), for a request that is not an API call.
@@ -130,6 +189,10 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	c.req = req
 	c.stream = req.Stream
 	c.model = h.modelLabel(req.Model)
+	if req.N > maxChoices {
+		return openai.BadRequest("n", "n must be at most %d (the choices of one request, as OpenAI's API allows), got %d", maxChoices, req.N)
+	}
+	c.seqs = max(req.N, 1) * max(req.Prompts(), 1)
 	c.keys(req, hdr)
 	// The prompt is in its routing keys now: what the parser built of it (a prompt of token
 	// ids is 8 bytes an id) need not live as long as the request.
@@ -223,9 +286,15 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request")
 	}
 	c.rc = rc
+	c.routed = h.Lifecycle.Now()
 
 	return nil
 }
+
+// maxChoices bounds a request's n, as OpenAI's API does: each choice is a sequence the engine
+// generates, up to max_tokens, and the tenant's tokens per minute are settled only when the
+// request ends (vLLM takes any n: the simulator answered n 1000 with 1000 choices).
+const maxChoices = 128
 
 // parse parses an API request body, its errors in the OpenAI shape; sc (nil: none) is where
 // long message contents are decoded (openai.ParseScratch).
@@ -436,8 +505,19 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
-// takeBody reads a whole non-streamed answer: usage, llama.cpp's timings, the response id.
+// takeBody reads a whole non-streamed answer: usage, llama.cpp's timings, the response id. An
+// answer to a stream request that came under another Content-Type than text/event-stream
+// (text/plain, application/json: the relay passes it on as it comes) is read as the events it
+// holds, as a stream's are. A 2xx answer that is neither is a bad answer (jsonAnswer) when it is
+// not the JSON it must be.
 func (c *call) takeBody(body []byte) {
+	if c.stream && eventsIn(body) {
+		c.takeEvents(body)
+		return
+	}
+	if c.answerStatus < 300 && !jsonAnswer(body) {
+		c.badAnswer = true
+	}
 	if u, ok := openai.ScanUsage(body); ok {
 		c.setUsage(u)
 	}
@@ -447,6 +527,36 @@ func (c *call) takeBody(body []byte) {
 	if c.req != nil && c.req.Kind == openai.KindResponse {
 		c.respID = openai.ResponseID(body)
 	}
+}
+
+// eventsIn reports whether body, a whole answer, begins as an event stream does (a "data:" or
+// "event:" field, or a comment).
+func eventsIn(body []byte) bool {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	return bytes.HasPrefix(b, []byte("data:")) || bytes.HasPrefix(b, []byte("event:")) || bytes.HasPrefix(b, []byte(":"))
+}
+
+// takeEvents reads the events of a stream that came whole (takeBody) as they would have been
+// read passing (takeEvent): usage, content events, the terminator. A part of an event at the
+// end is not read, as in a stream.
+func (c *call) takeEvents(body []byte) {
+	r := openai.NewSSEReader(bytes.NewReader(body), maxEvent)
+	for {
+		ev, err := r.Next()
+		if err != nil || cutInside(ev) {
+			return
+		}
+		c.takeEvent(ev)
+	}
+}
+
+// jsonAnswer reports whether body can be the JSON object every API answer is: it starts and
+// ends as an object does, which an answer cut inside, an empty one or an HTML error page does
+// not. Not checked whole: json.Valid took 2.2 µs for a 1 KiB answer and 0.25 ms for 64 KiB (on
+// a 2-core test machine), where the handler's own work on a request is some 30 to 60 µs.
+func jsonAnswer(body []byte) bool {
+	b := bytes.TrimSpace(body)
+	return len(b) >= 2 && b[0] == '{' && b[len(b)-1] == '}'
 }
 
 // settle ends a request whose answer went out with status: the admission's release, the
@@ -468,12 +578,27 @@ func (c *call) settle(status int, method, path string) {
 		completion = c.usage.Completion()
 	}
 	ep := c.ep()
+	bad := c.badAnswer && status < 400 // relayed before it was known (ext_proc); serve answers 502 instead
+	if c.badAnswer {
+		if c.errCode == "" {
+			c.errType, c.errCode = openai.TypeUpstream, codeBadAnswer
+		}
+		name := ""
+		if ep != nil {
+			name = ep.Name
+		}
+		h.Logger.Warn("the engine's answer is not a JSON object: counted as a failure of the endpoint", "request_id", c.rid, "endpoint", name)
+	}
 	var ttft time.Duration
 	if c.rc != nil {
 		ttft = c.rc.TTFT()
+		f := c.failure(status)
+		if bad {
+			f = route.FailStatus
+		}
 		c.rc.Finish(route.Outcome{
-			OK: status < 400, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: completion,
-			ResponseID: c.respID, Failure: c.failure(status),
+			OK: status < 400 && !bad, CachedTokens: c.cached, PromptTokens: c.usage.Prompt(), OutputTokens: c.usage.Completion(),
+			ResponseID: c.respID, Failure: f,
 		})
 	}
 	end := time.Now()
@@ -481,6 +606,7 @@ func (c *call) settle(status int, method, path string) {
 		end = h.Lifecycle.Now()
 	}
 	dur := end.Sub(c.start)
+	c.learnRate(status, end)
 	epName := metrics.NoEndpoint
 	if ep != nil {
 		epName = ep.Name
@@ -503,7 +629,7 @@ func (c *call) settle(status int, method, path string) {
 	chargedPrompt, chargedCompletion := 0, 0
 	switch {
 	case c.ticket != nil:
-		chargedPrompt, chargedCompletion = c.charge(status)
+		chargedPrompt, chargedCompletion = c.charge(status, end)
 		c.ticket.End(status, chargedPrompt, chargedCompletion)
 	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
 		h.Gate.Count(c.id, status) // the gate counted its own refusals
@@ -514,17 +640,21 @@ func (c *call) settle(status int, method, path string) {
 	}
 	// A request that no endpoint answered, but whose last attempt reached one (its connection
 	// lost after the request, or no answer in time), is counted on that endpoint: an engine that fails every
-	// request it is sent shows on its own series, not under none.
+	// request it is sent shows on its own series, not under none. So is one whose client left
+	// while its attempt was at an engine (499): the engine it waited for is named.
 	tried := ep
-	if tried == nil && c.rc != nil && c.rc.Attempts() > 0 && status >= 500 && c.rc.LastFailure() != route.FailConnect {
-		tried = c.rc.Endpoint()
+	if tried == nil && c.rc != nil && c.rc.Attempts() > 0 {
+		switch {
+		case status >= 500 && c.rc.LastFailure() != route.FailConnect, status == 499 && c.reachedEngine(status):
+			tried = c.rc.Endpoint()
+		}
 	}
 	if tried != nil {
 		epName = tried.Name
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
-	var attrBuf [23]slog.Attr // every attribute below, on the stack
+	var attrBuf [26]slog.Attr // every attribute below, on the stack
 	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
 		slog.String("request_id", c.rid),
@@ -533,6 +663,13 @@ func (c *call) settle(status int, method, path string) {
 		slog.Int("status", status),
 		slog.Float64("duration_ms", float64(dur.Microseconds())/1000),
 	)
+	if c.remote != "" {
+		attrs = append(attrs, slog.String("remote_addr", c.remote))
+	}
+	if c.clientRID != "" {
+		// The client's own x-request-id, where the router made request_id (tenants on).
+		attrs = append(attrs, slog.String("client_request_id", c.clientRID))
+	}
 	if cut {
 		attrs = append(attrs, slog.Int("path_bytes", len(path)))
 	}
@@ -540,8 +677,10 @@ func (c *call) settle(status int, method, path string) {
 		attrs = append(attrs, slog.String("via", c.via))
 	}
 	if c.req != nil {
+		// completion_tokens: the engine's usage, else what was relayed (relayedCompletion, as
+		// the tenant is charged); kvroute_completion_tokens_total counts the usage alone.
 		attrs = append(attrs, slog.String("model", logCut1(c.req.Model, maxLogPath)), slog.Bool("stream", c.stream),
-			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", completion), slog.Int("cached_tokens", c.cached))
+			slog.Int("prompt_tokens", prompt), slog.Int("completion_tokens", c.relayedCompletion()), slog.Int("cached_tokens", c.cached))
 	}
 	if tried != nil {
 		attrs = append(attrs, slog.String("endpoint", tried.Name))
@@ -574,6 +713,9 @@ func (c *call) settle(status int, method, path string) {
 	if c.errType != "" {
 		attrs = append(attrs, slog.String("error_type", c.errType))
 	}
+	if c.errCode != "" {
+		attrs = append(attrs, slog.String("error_code", c.errCode))
+	}
 	if c.unterminated && !c.cut {
 		// The engine ended the stream without its terminator, on purpose (no error): said, as
 		// such an answer may be short of what was asked (sseBody.endedUnterminated).
@@ -582,17 +724,25 @@ func (c *call) settle(status int, method, path string) {
 	h.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
-// charge is what the request, answered with status, costs its tenant, in prompt and
+// charge is what the request, answered with status at end, costs its tenant, in prompt and
 // completion tokens. Nothing when no engine can have computed any of it: refused before the
 // pick, or every attempt a connection that failed or an engine's refusal (503, 429, 404).
 // Otherwise, whether the engine answered or not (the client left first, the attempt timed out,
 // the connection broke, the stream was cut), the usage the engine reported, else the router's
-// estimate of the prompt and, for a stream, one completion token per content event passed on
-// (contentEvent). An approximation: vLLM and SGLang send one token per event, so that the
-// count is theirs; where an event carries several (speculative decoding, an engine that
-// batches its writes) it is less. A stream that did not reach its terminator is charged at
-// least that count even where a usage came (the usage so far, in an engine's every chunk, may
-// lag what was relayed). A non-streamed answer that never came is charged its prompt alone.
+// estimate of the prompt and the completion relayedCompletion counts: for a stream, one
+// completion token per content event passed on (contentEvent). An approximation: vLLM and
+// SGLang send one token per event, so that the count is theirs; where an event carries several
+// (speculative decoding, an engine that batches its writes) it is less. A stream that did not
+// reach its terminator is charged at least that count even where a usage came (the usage so
+// far, in an engine's every chunk, may lag what was relayed).
+//
+// A non-streamed answer that never came (the client left, the response timeout, the answer
+// broke off) shows nothing of what its engine generated meanwhile, which may be n choices of
+// max_tokens each: it is charged the estimate of generated, from the time since it was routed
+// and the engine's decode rate as learnt from its complete answers (decodeRates). Without it a
+// tenant could ask for long answers and hang up before they came, its limit charged the
+// prompts alone (4 requests of n 50 and max_tokens 5000, given up after 15 s, had the engines
+// generate 275,050 tokens and were charged 4 prompt tokens each).
 //
 // Each attempt that reached an engine and was then given up for another (no answer's head, or
 // no first event, within its timeout: the only failure that is retried once the engine had the
@@ -600,7 +750,7 @@ func (c *call) settle(status int, method, path string) {
 // whose prompts make every attempt time out would otherwise have 1 + limits.max_retries
 // prefills a request for the price of one. Attempts Envoy makes (Exchange) are not seen here:
 // docs/security.md says what they may cost.
-func (c *call) charge(status int) (prompt, completion int) {
+func (c *call) charge(status int, end time.Time) (prompt, completion int) {
 	if c.req == nil || !c.reachedEngine(status) {
 		return 0, 0
 	}
@@ -609,13 +759,52 @@ func (c *call) charge(status int) (prompt, completion int) {
 		prompt = c.usage.Prompt()
 	}
 	prompt += max(c.reached-1, 0) * c.preq.PromptTokens // the one that reached an engine last is counted above
+	if !c.stream && !c.complete && !c.haveUsage {
+		return prompt, c.generated(end)
+	}
+	return prompt, c.relayedCompletion()
+}
+
+// relayedCompletion is the request's completion tokens as far as the router saw them: the
+// engine's usage for an answer read to its end; else, for a stream, at least one token per
+// content event relayed (the usage so far, where one came, may lag them).
+func (c *call) relayedCompletion() int {
 	if c.haveUsage && c.complete {
-		return prompt, c.usage.Completion()
+		return c.usage.Completion()
 	}
-	if c.haveUsage {
-		return prompt, max(c.usage.Completion(), c.contentEvents)
+	return max(c.usage.Completion(), c.contentEvents)
+}
+
+// generated estimates the tokens an engine generated for a non-streamed request whose answer
+// never came, at end: for each of its sequences (n choices of each prompt), the time since the
+// request was routed times the endpoint's decode rate (decodeRates.rate), at most max_tokens.
+// Nothing for embeddings (no generation), nor for a request never routed.
+func (c *call) generated(end time.Time) int {
+	if c.rc == nil || c.routed.IsZero() || c.req.Kind == openai.KindEmbedding {
+		return 0
 	}
-	return prompt, c.contentEvents
+	name := ""
+	if ep := c.rc.Endpoint(); ep != nil {
+		name = ep.Name
+	}
+	rate, _ := c.h.rates.rate(name)
+	per := end.Sub(c.routed).Seconds() * rate
+	if c.req.MaxTokens > 0 {
+		per = min(per, float64(c.req.MaxTokens))
+	}
+	return int(math.Round(max(per, 0) * float64(max(c.seqs, 1))))
+}
+
+// learnRate teaches the decode rates (generated) what a request answered at end shows: a
+// complete answer of the engine's usage, from a single attempt, generated its completion
+// tokens per sequence in the time since it was routed (queueing and prefill included, as in
+// the time an estimate is made from).
+func (c *call) learnRate(status int, end time.Time) {
+	if status >= 300 || !c.complete || !c.haveUsage || c.badAnswer || c.req == nil || c.routed.IsZero() ||
+		c.rc == nil || c.rc.Attempts() != 1 || c.ep() == nil {
+		return
+	}
+	c.h.rates.learn(c.ep().Name, float64(c.usage.Completion())/float64(max(c.seqs, 1)), end.Sub(c.routed))
 }
 
 // reachedEngine reports whether an attempt of the request reached an engine: as Handler.send
@@ -676,8 +865,11 @@ func (h *Handler) NewExchange(requestID, via string) *Exchange {
 	} else {
 		c.start = time.Now()
 	}
+	// The client's id, as it came, with tenants too: unlike serve (call.requestID), which
+	// makes its own then. ext_proc gives RequestID to the engines and back to the client
+	// alike; making it the router's there is ext_proc's change to make.
 	c.rid = requestID
-	if c.rid == "" || len(c.rid) > 128 {
+	if c.rid == "" || len(c.rid) > maxRequestID {
 		c.rid = h.NewRequestID()
 	}
 	return &Exchange{c: c}
@@ -719,11 +911,15 @@ type PrepareOptions struct {
 // hdr is the request's headers; headers for the answer (rate limits, Retry-After) are set in
 // out. An error is the answer to give.
 func (x *Exchange) Prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, out http.Header, opt PrepareOptions) *openai.Error {
+	if oe := contentEncoding(hdr); oe != nil {
+		out.Set("Accept-Encoding", "identity")
+		return oe
+	}
 	return x.c.prepare(ctx, kind, body, hdr, out, prepareOptions{candidates: opt.Candidates, addUsage: opt.AddUsage})
 }
 
-// Refused records that the request was answered with e (its type goes to the access line).
-func (x *Exchange) Refused(e *openai.Error) { x.c.errType = e.Type }
+// Refused records that the request was answered with e (its type and code go to the access line).
+func (x *Exchange) Refused(e *openai.Error) { x.c.refused(e) }
 
 // Request is the parsed request (nil before Prepare parsed it).
 func (x *Exchange) Request() *openai.Request { return x.c.req }

@@ -56,6 +56,11 @@ func (h *Handler) ServeExplain(w http.ResponseWriter, r *http.Request) {
 		fail(openai.BadRequest("path", "path=%s: explain takes the path of an API request: /v1/chat/completions (the default), /v1/completions or /v1/responses", path))
 		return
 	}
+	if oe := contentEncoding(r.Header); oe != nil {
+		w.Header().Set("Accept-Encoding", "identity")
+		fail(oe)
+		return
+	}
 	body, oe := readBody(r, h.MaxBodyBytes)
 	if oe != nil {
 		fail(oe)

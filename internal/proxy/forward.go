@@ -774,9 +774,15 @@ func (s *sseBody) cutShort(err error) {
 	}
 	s.c.cut = true
 	msg := "the engine ended the stream before its end"
-	if errors.Is(context.Cause(s.ctx), errIdleTimeout) {
+	switch {
+	case errors.Is(context.Cause(s.ctx), errIdleTimeout):
 		msg = "the engine sent no event (keep-alive comments aside) for " + s.idle.String() + " (the stream idle timeout)"
 		s.c.errType = "stream_idle_timeout"
+	case errors.Is(err, openai.ErrSSELineTooLong):
+		// The router cut it: an event it will not hold (a runaway line, an engine's bug).
+		msg = "the engine sent an event larger than the router's " + strconv.Itoa(maxEvent>>20) + " MiB limit: the stream was cut there"
+		s.c.errType = "stream_event_too_large"
+		s.c.h.Logger.Warn("stream cut: the engine sent an event over the limit", "request_id", s.c.rid, "endpoint", s.c.rc.Endpoint().Name, "limit_bytes", maxEvent)
 	}
 	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
 		s.c.h.Logger.Debug("upstream stream ended before its end", "request_id", s.c.rid, "err", errText(err), "why", msg)

@@ -94,6 +94,9 @@ type Handler struct {
 
 	once  sync.Once
 	setup error
+	// rates are the endpoints' decode rates, learnt from their answers, for the charge of a
+	// non-streamed request whose answer never came (call.generated).
+	rates decodeRates
 	// instanceHeader is Instance as a header value, shared by every answer (capped: an append
 	// copies it).
 	instanceHeader []string
@@ -232,7 +235,7 @@ const copyBufSize = 4 << 10
 // call is one request's state from arrival to the end.
 type call struct {
 	h      *Handler
-	rid    string
+	rid    string // the request's id: the access line's, the engines' x-request-id, error messages'
 	start  time.Time
 	id     *tenant.Identity // nil without tenants
 	ticket *tenant.Ticket   // the tenant's hold on its limits, nil without tenants
@@ -261,6 +264,18 @@ type call struct {
 	// removed are the members of the client's body left out of what is forwarded
 	// (dropEngineFields), for the access line.
 	removed []string
+	// clientRID is the client's own x-request-id where the router made rid instead (tenants
+	// are on: one tenant's id must not name another's request), "" otherwise; it goes back to
+	// the client and to the access line's client_request_id.
+	clientRID string
+	// remote is the client's address, for the access line ("" where the front end does not say).
+	remote string
+	// routed is when the lifecycle's Begin returned: the first attempt leaves then (zero
+	// before), the start of the time an engine may have generated for the request.
+	routed time.Time
+	// seqs is how many sequences an engine generates for the request: n (choices) for each of
+	// its prompts (a completions list); 0 until parsed.
+	seqs int
 
 	dropUsage bool
 	stream    bool
@@ -284,6 +299,7 @@ type call struct {
 	timingsCached int
 	respID        string
 	errType       string
+	errCode       string
 	answered      bool // an endpoint answered (a response head came back)
 	complete      bool // the engine's answer was read to its end (a stream to its [DONE])
 	cut           bool // the engine's stream ended before its end
@@ -292,6 +308,9 @@ type call struct {
 	unterminated  bool
 	streamErr     bool // the engine's stream carried an error event (it failed after its head)
 	contentEvents int  // events of the stream passed on that carry generated text (contentEvent)
+	// badAnswer: the engine's whole (not streamed) 2xx answer is not the JSON it must be (cut
+	// inside, or no JSON at all): a failure of the endpoint (takeBody, settle).
+	badAnswer bool
 }
 
 // ep is the endpoint that answered the request, or nil.
@@ -311,11 +330,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		c.start = time.Now()
 	}
-	c.rid = r.Header.Get("X-Request-Id")
-	if c.rid == "" || len(c.rid) > 128 {
-		c.rid = h.NewRequestID()
-	}
-	w.Header().Set("X-Request-Id", c.rid)
+	c.remote = r.RemoteAddr
+	c.requestID(r.Header.Get("X-Request-Id"))
+	w.Header().Set("X-Request-Id", c.echoedID())
 	if h.instanceHeader != nil {
 		w.Header()[InstanceHeader] = h.instanceHeader
 	}
@@ -372,6 +389,12 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 		return
 	}
 	c.hops = hops
+	if oe := contentEncoding(r.Header); oe != nil {
+		w.Header().Set("Connection", "close") // the body is not read
+		w.Header().Set("Accept-Encoding", "identity")
+		h.writeError(w, c, oe)
+		return
+	}
 	body, held, oe := readBodyHeld(r, h.MaxBodyBytes, true)
 	c.held = held
 	if oe != nil {
@@ -526,7 +549,7 @@ func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *h
 				"the request body was not received in time (server.body_read_timeout)")
 		}
 		if err != nil {
-			return nil, held, openai.BadRequest("", "reading request body: %v", err)
+			return nil, held, bodyReadError(err)
 		}
 	}
 }
@@ -619,7 +642,7 @@ func (c *call) modelList() []byte {
 }
 
 func (h *Handler) writeError(w *statusWriter, c *call, e *openai.Error) {
-	c.errType = e.Type
+	c.refused(e)
 	openai.WriteError(w, e)
 }
 
@@ -643,7 +666,7 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
 	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailLost:
 		code = "upstream_connection_lost"
-		msg = "the engine's connection broke after it received the request, before a valid answer (closed, or an answer that is not HTTP); the request was not sent to another engine (it may be what broke the engine)"
+		msg = "the engine's connection broke after it received the request, before a valid answer (closed, or an answer that is not HTTP), after " + strconv.Itoa(attempts) + " attempt(s); after such a failure a request is sent to another engine once at most (it may be what broke the engine)"
 	}
 	if c != nil {
 		msg += " (request id " + c.rid + ")"

@@ -795,6 +795,25 @@ func TestCutStream(t *testing.T) {
 	}
 }
 
+// TestStreamEventTooLarge: an event over maxEvent is cut by the router, and the client is told
+// so, not that the engine ended its stream.
+func TestStreamEventTooLarge(t *testing.T) {
+	const event = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, event)
+		w.(http.Flusher).Flush()
+		_, _ = w.Write([]byte("data: " + strings.Repeat("x", maxEvent+1024) + "\n\n"))
+	}))
+	defer eng.Close()
+	f := newFixture(t, spec(eng.URL, "m"))
+	resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(body), event) || !strings.Contains(string(body), "larger than the router's 4 MiB limit") {
+		t.Errorf("client got %d %.300q, want the chunk then an error event naming the limit", resp.StatusCode, body)
+	}
+}
+
 // TestBodyAnnouncedTooLarge: a Content-Length beyond the limit is refused with 413 before any
 // of the body is read, and the connection is closed.
 func TestBodyAnnouncedTooLarge(t *testing.T) {
@@ -888,7 +907,7 @@ func TestLlamaCppTimingsCached(t *testing.T) {
 func TestRetryReasonsMatchFailures(t *testing.T) {
 	var want []string
 	for f := route.FailNone; f <= route.FailNotServed; f++ {
-		if f.Retryable() {
+		if f.Retryable() || f.RetryableOnce() {
 			want = append(want, f.String())
 		}
 	}

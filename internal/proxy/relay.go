@@ -34,6 +34,9 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	out.Header.Del("X-Forwarded-For")
 	out.Header.Del("X-Forwarded-Host")
 	out.Header.Del("X-Forwarded-Proto")
+	// The body sent is the router's (route refuses any coding but identity): no header of the
+	// client's may describe it otherwise.
+	out.Header.Del("Content-Encoding")
 	if _, ok := out.Header["User-Agent"]; !ok {
 		out.Header.Set("User-Agent", "") // not Go's default
 	}
@@ -52,11 +55,18 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	}
 	// A whole answer (not a stream) is read before any of it goes out, up to maxCapture: one
 	// that breaks before its end is then answered with an error, not a 200 with a truncated
-	// body (or, through the server's buffer, an empty reply). Engines send such an answer when
-	// it is done, so the wait costs no time to its first byte.
+	// body (or, through the server's buffer, an empty reply), and one that is not a JSON
+	// object with a 502. Engines send such an answer when it is done, so the wait costs no time
+	// to its first byte. A 2xx answer to a stream request is a stream whatever its Content-Type
+	// says (an engine, or a proxy before it, that labels its events text/plain or
+	// application/json): it is passed on as it comes, its first bytes taken for the first token,
+	// its events read for the usage once it ends (takeBody), rather than held until its end.
+	c := callFrom(in.Context())
 	var whole *[]byte
 	ended := false
-	if !isEventStream(resp.Header.Get("Content-Type")) {
+	if c != nil && c.stream && resp.StatusCode < 300 && !isEventStream(resp.Header.Get("Content-Type")) {
+		resp.Body = &firstBytes{ReadCloser: resp.Body, c: c}
+	} else if !isEventStream(resp.Header.Get("Content-Type")) {
 		var err error
 		if cb, ok := resp.Body.(*captureBody); ok {
 			whole, ended, err = cb.readWhole(resp.ContentLength) // read once, not copied again for its usage
@@ -67,6 +77,11 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 		if err != nil {
 			resp.Body.Close()
 			h.answerBroke(w, out, err)
+			return
+		}
+		if c != nil && c.badAnswer {
+			resp.Body.Close()
+			h.badAnswer(w, out)
 			return
 		}
 	}
@@ -200,7 +215,10 @@ func (h *Handler) answerBroke(w *statusWriter, r *http.Request, err error) {
 		return // the client went away: nobody to answer
 	}
 	status, code, msg := http.StatusBadGateway, "upstream_answer_cut", "the engine's answer broke off before its end"
-	if errors.Is(err, errAttemptTimeout) {
+	switch {
+	case errors.Is(err, errBodyIdle):
+		status, code, msg = http.StatusGatewayTimeout, "upstream_timeout", "the engine's answer stopped coming for longer than the idle timeout"
+	case errors.Is(err, errAttemptTimeout):
 		status, code, msg = http.StatusGatewayTimeout, "upstream_timeout", "the engine's answer did not end within the response timeout"
 	}
 	ep := ""
@@ -210,6 +228,42 @@ func (h *Handler) answerBroke(w *statusWriter, r *http.Request, err error) {
 	h.Logger.Warn("the engine's answer broke off before its end", "request_id", c.rid, "endpoint", ep, "err", errText(err))
 	h.writeError(w, c, openai.NewError(status, openai.TypeUpstream, "", code,
 		msg+"; the request was not sent to another engine (it may have been computed) (request id "+c.rid+")"))
+}
+
+// codeBadAnswer is the error code of an engine's answer that is no API answer.
+const codeBadAnswer = "upstream_bad_answer"
+
+// badAnswer answers a request whose engine's whole 2xx answer, read before any of it went out,
+// is not the JSON object every API answer is (call.takeBody): a 502 the client's SDK can retry,
+// rather than a 200 no client can read; the endpoint is counted as failing (settle). It is not
+// sent to another engine: this one may have computed it.
+func (h *Handler) badAnswer(w *statusWriter, r *http.Request) {
+	c := callFrom(r.Context())
+	if c == nil || r.Context().Err() != nil {
+		return // the client went away: nobody to answer
+	}
+	h.writeError(w, c, openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", codeBadAnswer,
+		"the engine's answer is not a JSON object (cut short, empty, or another kind of body); the request was not sent to another engine (it may have been computed) (request id "+c.rid+")"))
+}
+
+// firstBytes passes on an answer to a stream request that came without the event stream's
+// Content-Type, taking its first bytes for the first token (the request's TTFT, the end of its
+// prefill for the policy), as sseBody takes its first event.
+type firstBytes struct {
+	io.ReadCloser
+	c    *call
+	seen bool
+}
+
+func (b *firstBytes) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 && !b.seen {
+		b.seen = true
+		if b.c.rc != nil {
+			b.c.rc.FirstToken()
+		}
+	}
+	return n, err
 }
 
 // copyBody copies the answer to the client: a stream write by write, each flushed at once (one

@@ -346,6 +346,9 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 			if self.Load() {
 				return p.itself(ep, o)
 			}
+			if ctx.Err() != nil {
+				return err // stopped by the caller, not failed
+			}
 			err = fmt.Errorf("detect the engine kind: %w", err)
 			p.record(ep, err, o)
 			return err
@@ -361,6 +364,9 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	cancel()
 	if self.Load() {
 		return p.itself(ep, o)
+	}
+	if err != nil && ctx.Err() != nil {
+		return err // stopped by the caller (shutdown, the endpoint left), not failed: not recorded
 	}
 	if err != nil && spec.HealthPath == "" && clientError(err) {
 		err = p.mismatch(ctx, ep, err)
@@ -602,6 +608,11 @@ func (p *Prober) Scrape(ctx context.Context, ep *endpoint.Endpoint) error {
 		return err
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			// The caller stopped it (the router shuts down, the endpoint left): no failure of
+			// the endpoint's, nothing to warn about or count in its streak.
+			return err
+		}
 		return p.scrapeFailed(ctx, ep, err, o) // its probes have their own timeouts, not what is left of the scrape's
 	}
 	p.mu.Lock()

@@ -242,6 +242,10 @@ func EngineWaiting(e *endpoint.Endpoint) int {
 	return max(s.Waiting, e.InFlight()-s.Running)
 }
 
+// Tenants reports whether authentication is on: every API request then has a tenant (or is
+// refused).
+func (g *Gate) Tenants() bool { return g.cur.Load().auth }
+
 // Authenticate finds the tenant of a request from its headers (the API key in Authorization or
 // api-key). With authentication off it returns nil, nil: there are no tenants. A missing or
 // unknown key is refused with 401 (counted under metrics.Unauthenticated); the caller answers

@@ -188,6 +188,13 @@ func TestAuthOff(t *testing.T) {
 	if w := do(middleware(g, e), nil, chat("hi")); w.Code != http.StatusOK || len(e.ids) != 1 || e.ids[0] != nil {
 		t.Errorf("auth off: status %d, identities %v; want 200 and no identity", w.Code, e.ids)
 	}
+	if g.Tenants() {
+		t.Error("Tenants() with auth off, want false")
+	}
+	on, _ := newTestGate(t, `tenants: [{name: a, api_keys: ["`+HashKey("k")+`"]}]`+"\n", nil)
+	if !on.Tenants() {
+		t.Error("Tenants() with tenants, want true")
+	}
 }
 
 func TestNewNeedsSecret(t *testing.T) {

@@ -1,0 +1,115 @@
+package app
+
+import (
+	"crypto/sha256"
+	"log/slog"
+	"slices"
+
+	"github.com/kvroute/kvroute/internal/config"
+)
+
+// keepRestartOnly returns a copy of file, a config read for a reload, with the settings that
+// change only on restart taken from old, the config in force: listen and admin_listen (the
+// listeners stay where they are), discovery (its sources run as they started) and extproc.
+// The config in force then says what the router does, and a reload that puts the file back
+// as it was changes nothing, and says nothing about them.
+func keepRestartOnly(old, file *config.Config) *config.Config {
+	c := *file
+	c.Listen, c.AdminListen = old.Listen, old.AdminListen
+	c.Discovery = old.Discovery
+	c.ExtProc = old.ExtProc
+	return &c
+}
+
+// secretSum is the digest of the tenants' salt secret cfg gives (auth.secret_file or
+// auth.secret_env), zero with authentication off or a secret that cannot be read (the gate
+// then rejects the config): a reload compares it to tell that every salt changed.
+func secretSum(cfg *config.Config) [sha256.Size]byte {
+	if cfg.AuthMode() != config.AuthAPIKey {
+		return [sha256.Size]byte{}
+	}
+	secret, err := cfg.Secret(nil)
+	if err != nil {
+		return [sha256.Size]byte{}
+	}
+	return sha256.Sum256(secret)
+}
+
+// logSecretChange says what a change of the tenants' salt secret did, once a reload applied it
+// (the config watcher sees the file change before the reload, which may reject it).
+func logSecretChange(logger *slog.Logger, old, cur [sha256.Size]byte, cfg *config.Config) {
+	var zero [sha256.Size]byte
+	if old == cur || old == zero || cur == zero {
+		return // unchanged, or no salts before or after: authentication was turned on or off
+	}
+	effect := "every tenant's cache salt changes"
+	for _, ref := range cfg.Refs() {
+		if ref.Key == "auth.secret_file" && ref.Effect != "" {
+			effect = ref.Effect
+		}
+	}
+	logger.Warn("the tenants' salt secret changed", "effect", effect)
+}
+
+// tenantChanges compares the tenants of two configs by name: those added, those removed, and
+// those kept whose API keys changed, each sorted, with the count of keys added and removed
+// (over all tenants: a key moved from one tenant to another counts in both). It never returns
+// a key.
+func tenantChanges(old, cur []config.Tenant) (added, removed, rekeyed []string, keysAdded, keysRemoved int) {
+	keys := func(ts []config.Tenant) map[string]map[string]bool {
+		out := make(map[string]map[string]bool, len(ts))
+		for _, t := range ts {
+			ks := make(map[string]bool, len(t.APIKeys))
+			for _, k := range t.APIKeys {
+				ks[k] = true
+			}
+			out[t.Name] = ks
+		}
+		return out
+	}
+	before, after := keys(old), keys(cur)
+	for name, ks := range after {
+		prev, ok := before[name]
+		if !ok {
+			added = append(added, name)
+			keysAdded += len(ks)
+			continue
+		}
+		in, out := 0, 0
+		for k := range ks {
+			if !prev[k] {
+				in++
+			}
+		}
+		for k := range prev {
+			if !ks[k] {
+				out++
+			}
+		}
+		if in+out > 0 {
+			rekeyed = append(rekeyed, name)
+			keysAdded, keysRemoved = keysAdded+in, keysRemoved+out
+		}
+	}
+	for name, ks := range before {
+		if _, ok := after[name]; !ok {
+			removed = append(removed, name)
+			keysRemoved += len(ks)
+		}
+	}
+	slices.Sort(added)
+	slices.Sort(removed)
+	slices.Sort(rekeyed)
+	return added, removed, rekeyed, keysAdded, keysRemoved
+}
+
+// logTenantChanges logs the tenants a reload added, removed or gave other keys, by name, as
+// the endpoints that changed are: names and counts, never a key.
+func logTenantChanges(logger *slog.Logger, old, cur *config.Config) {
+	added, removed, rekeyed, in, out := tenantChanges(old.Tenants, cur.Tenants)
+	if len(added)+len(removed)+len(rekeyed) == 0 {
+		return
+	}
+	logger.Info("tenants changed", "added", added, "removed", removed, "keys_changed", rekeyed,
+		"keys_added", in, "keys_removed", out, "tenants", len(cur.Tenants))
+}

@@ -1,0 +1,233 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/testlog"
+)
+
+// TestReloadRemovesEndpointWithStreamInFlight: an endpoint removed by a reload while a stream
+// runs on it loses its series at the reload, and the stream's end does not make them again
+// (they would stay for good: every pod replaced under load would leave some behind).
+func TestReloadRemovesEndpointWithStreamInFlight(t *testing.T) {
+	gone, next := newFakeEngine(t), newFakeEngine(t)
+	gone.hold, gone.held = make(chan struct{}), make(chan struct{})
+	r, err := NewRouter(routerConfig(t, "", gone.srv.URL), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	api := httptest.NewServer(r.Handler())
+	defer api.Close()
+	admin := r.AdminHandler()
+
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(api.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"long"}]}`))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	select {
+	case <-gone.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not reach the engine")
+	}
+	if err := r.Reload(routerConfig(t, "", next.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	series := func() []string {
+		_, body := get(t, admin, "/metrics")
+		var out []string
+		for l := range strings.SplitSeq(body, "\n") {
+			if strings.Contains(l, gone.srv.URL) && !strings.HasPrefix(l, "#") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if s := series(); len(s) != 0 {
+		t.Errorf("after the reload, the removed endpoint's series: %q", s)
+	}
+	close(gone.hold)
+	select {
+	case got := <-done:
+		if !strings.HasPrefix(got, "200 ") || !strings.Contains(got, "[DONE]") {
+			t.Fatalf("the stream: %.200s", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not end")
+	}
+	// The handler counts the request before it returns, and the body ends when it returns.
+	if s := series(); len(s) != 0 {
+		t.Errorf("after the stream on the removed endpoint ended: %q", s)
+	}
+}
+
+// jsonLogger is a JSON logger into a buffer the test reads.
+func jsonLogger() (*slog.Logger, *testlog.Buffer) {
+	var buf testlog.Buffer
+	return slog.New(slog.NewJSONHandler(&buf, nil)), &buf
+}
+
+// messages returns the log lines whose msg contains s, each as its attributes but time and level.
+func messages(t *testing.T, buf *testlog.Buffer, s string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range buf.JSONLines(t) {
+		if msg, _ := l["msg"].(string); strings.Contains(msg, s) {
+			delete(l, "time")
+			delete(l, "level")
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestReloadListenStaysInForce: a reload that changes listen (or admin_listen) cannot move the
+// listeners: the config in force keeps the addresses listened on, the warning names both,
+// and putting the file back as it was says nothing more.
+func TestReloadListenStaysInForce(t *testing.T) {
+	e := newFakeEngine(t)
+	logger, buf := jsonLogger()
+	const listen, admin = "listen: 127.0.0.1:28701\nadmin_listen: 127.0.0.1:28702\n", "listen: 127.0.0.1:28711\nadmin_listen: 127.0.0.1:28702\n"
+	r, err := NewRouter(routerConfig(t, listen, e.srv.URL), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.Reload(routerConfig(t, admin, e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Config().Listen; got != "127.0.0.1:28701" {
+		t.Errorf("listen in force after the reload: %s, want 127.0.0.1:28701 (the listener does not move)", got)
+	}
+	want := []map[string]any{{"msg": "listen and admin_listen change only on restart: the listeners stay where they are",
+		"listen": "127.0.0.1:28711", "listen_in_force": "127.0.0.1:28701", "admin_listen": "127.0.0.1:28702", "admin_listen_in_force": "127.0.0.1:28702"}}
+	if diff := cmp.Diff(want, messages(t, buf, "change only on restart")); diff != "" {
+		t.Errorf("the warning (-want +got):\n%s", diff)
+	}
+	if err := r.Reload(routerConfig(t, listen, e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, messages(t, buf, "change only on restart")); diff != "" {
+		t.Errorf("the file put back as it was: a warning more (-want +got):\n%s", diff)
+	}
+	if got := r.Config().Listen; got != "127.0.0.1:28701" {
+		t.Errorf("listen in force: %s, want 127.0.0.1:28701", got)
+	}
+}
+
+// TestReloadLogsTenants: tenants added, removed or given other keys are logged by name with
+// counts, never a key.
+func TestReloadLogsTenants(t *testing.T) {
+	e := newFakeEngine(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 40)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const k1, k2, k3 = "sha256:1111111111111111111111111111111111111111111111111111111111111111",
+		"sha256:2222222222222222222222222222222222222222222222222222222222222222",
+		"sha256:3333333333333333333333333333333333333333333333333333333333333333"
+	tenants := func(ts ...string) string {
+		return fmt.Sprintf("auth: {mode: api_key, secret_file: %q}\ntenants:\n%s", secret, strings.Join(ts, ""))
+	}
+	logger, buf := jsonLogger()
+	r, err := NewRouter(routerConfig(t, tenants("  - {name: acme, api_keys: ["+k1+"]}\n", "  - {name: beta, api_keys: ["+k2+"]}\n"), e.srv.URL), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// beta leaves, gamma comes, acme gets a second key.
+	if err := r.Reload(routerConfig(t, tenants("  - {name: acme, api_keys: ["+k1+", "+k3+"]}\n", "  - {name: gamma, api_keys: ["+k2+"]}\n"), e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing about tenants changes.
+	if err := r.Reload(routerConfig(t, tenants("  - {name: acme, api_keys: ["+k1+", "+k3+"]}\n", "  - {name: gamma, api_keys: ["+k2+"]}\n"), e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]any{{"msg": "tenants changed", "added": []any{"gamma"}, "removed": []any{"beta"}, "keys_changed": []any{"acme"},
+		"keys_added": 2.0, "keys_removed": 1.0, "tenants": 2.0}}
+	if diff := cmp.Diff(want, messages(t, buf, "tenants")); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if strings.Contains(buf.String(), "sha256:") {
+		t.Errorf("a key digest in the log:\n%s", buf)
+	}
+}
+
+// TestReloadSecretChangeLogged: a new salt secret is told once it is in force, never for a
+// secret the reload rejects; kvroute_config_last_reload_successful says which happened.
+func TestReloadSecretChangeLogged(t *testing.T) {
+	e := newFakeEngine(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(secret, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(strings.Repeat("s", 40))
+	cfg := func() string {
+		return fmt.Sprintf("auth: {mode: api_key, secret_file: %q}\ntenants:\n  - {name: acme, api_keys: [sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae]}\n", secret)
+	}
+	logger, buf := jsonLogger()
+	r, err := NewRouter(routerConfig(t, cfg(), e.srv.URL), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	admin := r.AdminHandler()
+	lastReload := func() string {
+		_, body := get(t, admin, "/metrics")
+		for l := range strings.SplitSeq(body, "\n") {
+			if v, ok := strings.CutPrefix(l, "kvroute_config_last_reload_successful "); ok {
+				return v
+			}
+		}
+		return "absent"
+	}
+	if got := lastReload(); got != "1" {
+		t.Errorf("at start: kvroute_config_last_reload_successful %s, want 1", got)
+	}
+	steps := []struct {
+		secret   string
+		rejected bool
+		told     int // salt changes told so far
+		last     string
+	}{
+		{strings.Repeat("s", 40), false, 0, "1"}, // the same secret
+		{"short", true, 0, "0"},                  // under config.MinSecretBytes: rejected
+		{strings.Repeat("t", 40), false, 1, "1"},
+		{strings.Repeat("t", 40), false, 1, "1"},
+	}
+	for i, s := range steps {
+		write(s.secret)
+		err := r.Reload(routerConfig(t, cfg(), e.srv.URL))
+		if (err != nil) != s.rejected {
+			t.Fatalf("step %d: reload error %v, want rejected %v", i, err, s.rejected)
+		}
+		if n := len(messages(t, buf, "salt secret changed")); n != s.told {
+			t.Errorf("step %d: the salt change told %d times, want %d", i, n, s.told)
+		}
+		if got := lastReload(); got != s.last {
+			t.Errorf("step %d: kvroute_config_last_reload_successful %s, want %s", i, got, s.last)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package app
+
+import (
+	"math"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/h1"
+)
+
+// apiLimits are the API server's bounds on its clients, with server:'s defaults resolved.
+type apiLimits struct {
+	maxConns int
+	// connsFrom says where maxConns came from, for the log: "config", or the open-file limit.
+	connsFrom   string
+	pending     int64
+	bodyStall   time.Duration
+	memoryLimit int64 // GOMEMLIMIT; math.MaxInt64: none
+}
+
+// maxConnsCeiling bounds the connection cap derived from the open-file limit: containers often
+// allow a million files, and 16384 idle connections already take some 330 MB (20 KB each).
+const maxConnsCeiling = 16384
+
+// resolveLimits resolves server:'s limits for a process allowed nofile open files (0: unknown)
+// whose Go memory limit is memLimit (math.MaxInt64: none).
+func resolveLimits(cfg *config.Config, nofile uint64, memLimit int64) apiLimits {
+	s := cfg.Server
+	l := apiLimits{maxConns: s.MaxConnections, connsFrom: "config", pending: s.MaxPendingBodyBytes,
+		bodyStall: s.BodyStall(), memoryLimit: memLimit}
+	if l.maxConns == 0 {
+		l.maxConns = maxConnsFor(nofile)
+		l.connsFrom = "RLIMIT_NOFILE " + strconv.FormatUint(nofile, 10)
+		if nofile == 0 {
+			l.connsFrom = "no open-file limit known"
+		}
+	}
+	if l.pending == 0 {
+		l.pending = config.DefaultMaxPendingBodyBytes
+		if memLimit < math.MaxInt64 {
+			l.pending = min(l.pending, memLimit/4)
+		}
+		l.pending = max(l.pending, cfg.Limits.MaxBodyBytes)
+	}
+	return l
+}
+
+// maxConnsFor is the default connection cap for nofile open files: a quarter of them (at most
+// 256) kept for the listeners, the admin server's connections, the config and secret files,
+// the engines' health checks and scrapes; half of the rest, because each client connection
+// whose request is proxied holds an engine connection too; 1 to maxConnsCeiling. Unknown (0):
+// the ceiling.
+func maxConnsFor(nofile uint64) int {
+	if nofile == 0 {
+		return maxConnsCeiling
+	}
+	keep := min(nofile/4, 256)
+	return int(min(max((nofile-keep)/2, 1), maxConnsCeiling))
+}
+
+// goMemoryLimit is the Go runtime's memory limit (GOMEMLIMIT), math.MaxInt64 when none is set.
+func goMemoryLimit() int64 { return debug.SetMemoryLimit(-1) }
+
+// serverCollector exports the API server's connection and body counts (h1.Stats) as metrics.
+type serverCollector struct {
+	stats                                                func() h1.Stats
+	lim                                                  apiLimits
+	conns, maxConns, dropped, body, maxBody, bodyRefused *prometheus.Desc
+}
+
+func newServerCollector(stats func() h1.Stats, lim apiLimits) *serverCollector {
+	return &serverCollector{
+		stats: stats, lim: lim,
+		conns:    prometheus.NewDesc("kvroute_server_connections", "Open client connections of the API listener.", nil, nil),
+		maxConns: prometheus.NewDesc("kvroute_server_max_connections", "The API listener's connection cap (server.max_connections, resolved).", nil, nil),
+		dropped: prometheus.NewDesc("kvroute_server_connections_dropped_total",
+			"Client connections dropped at the cap: reason idle_closed (a connection waiting for a request, closed to make room) or refused (a new one answered 503 because none waited).", []string{"reason"}, nil),
+		body:    prometheus.NewDesc("kvroute_server_pending_body_bytes", "Bytes of the request bodies being received, counted against server.max_pending_body_bytes.", nil, nil),
+		maxBody: prometheus.NewDesc("kvroute_server_max_pending_body_bytes", "server.max_pending_body_bytes, resolved.", nil, nil),
+		bodyRefused: prometheus.NewDesc("kvroute_server_body_refusals_total",
+			"Requests answered 503 because the request bodies being received held server.max_pending_body_bytes for a second.", nil, nil),
+	}
+}
+
+func (c *serverCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped, c.body, c.maxBody, c.bodyRefused} {
+		ch <- d
+	}
+}
+
+func (c *serverCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(st.Conns))
+	ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(c.lim.maxConns))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.ConnsEvicted), "idle_closed")
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.ConnsRefused), "refused")
+	ch <- prometheus.MustNewConstMetric(c.body, prometheus.GaugeValue, float64(st.BodyBytes))
+	ch <- prometheus.MustNewConstMetric(c.maxBody, prometheus.GaugeValue, float64(c.lim.pending))
+	ch <- prometheus.MustNewConstMetric(c.bodyRefused, prometheus.CounterValue, float64(st.BodiesRefused))
+}

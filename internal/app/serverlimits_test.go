@@ -1,0 +1,182 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/config"
+)
+
+// TestMaxConnsFor: the default connection cap keeps a quarter of the open files (at most 256)
+// and takes half of the rest, 1 to maxConnsCeiling; an unknown limit gives the ceiling.
+func TestMaxConnsFor(t *testing.T) {
+	for nofile, want := range map[uint64]int{300: 112, 1024: 384, 4096: 1920, 65536: 16384, 1 << 20: 16384, 0: 16384, 2: 1, 1: 1} {
+		if got := maxConnsFor(nofile); got != want {
+			t.Errorf("maxConnsFor(%d) = %d, want %d", nofile, got, want)
+		}
+	}
+}
+
+// TestResolveLimits: server:'s limits as the API server gets them: given values as they are;
+// unset, the connection cap from the open-file limit and the body bytes from GOMEMLIMIT (a
+// quarter, at most 256 MiB, never below limits.max_body_bytes).
+func TestResolveLimits(t *testing.T) {
+	for _, tc := range []struct {
+		server   string
+		nofile   uint64
+		memLimit int64
+		want     apiLimits
+	}{
+		{"{}", 1024, math.MaxInt64, apiLimits{maxConns: 384, connsFrom: "RLIMIT_NOFILE 1024", pending: 256 << 20, bodyStall: 10 * time.Second}},
+		{"{}", 0, 400 << 20, apiLimits{maxConns: 16384, connsFrom: "no open-file limit known", pending: 100 << 20, bodyStall: 10 * time.Second}},
+		{"{}", 300, 32 << 20, apiLimits{maxConns: 112, connsFrom: "RLIMIT_NOFILE 300", pending: 16 << 20, bodyStall: 10 * time.Second}},
+		{"{max_connections: 50, max_pending_body_bytes: 33554432, body_stall_timeout: 2s}", 300, 32 << 20,
+			apiLimits{maxConns: 50, connsFrom: "config", pending: 32 << 20, bodyStall: 2 * time.Second}},
+	} {
+		cfg, err := config.Parse([]byte("server: " + tc.server + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := resolveLimits(cfg, tc.nofile, tc.memLimit)
+		tc.want.memoryLimit = tc.memLimit
+		if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(apiLimits{})); diff != "" {
+			t.Errorf("server %s, nofile %d, GOMEMLIMIT %d (-want +got):\n%s", tc.server, tc.nofile, tc.memLimit, diff)
+		}
+	}
+}
+
+// TestServeLimits: the API server `kvroute serve` runs, either kind, closes the longest-idle
+// connection at server.max_connections for a new one, ends the connection of a request answered
+// 401, and exports its counts on the admin listener.
+func TestServeLimits(t *testing.T) {
+	for _, httpServer := range []string{config.HTTPServerBuiltin, config.HTTPServerNetHTTP} {
+		t.Run(httpServer, func(t *testing.T) { testServeLimits(t, httpServer) })
+	}
+}
+
+func testServeLimits(t *testing.T, httpServer string) {
+	e := newFakeEngine(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 40)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// "foo" is the key of acme.
+	extra := fmt.Sprintf(`auth: {mode: api_key, secret_file: %q}
+tenants:
+  - name: acme
+    api_keys: [sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae]
+`, secret)
+	cfg := routerConfig(t, extra, e.srv.URL)
+	cfg.Server.HTTPServer = httpServer
+	cfg.Server.MaxConnections = 2
+	cfg.Server.MaxPendingBodyBytes = 64 << 20
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(ctx, apiLn, adminLn) }()
+	defer func() {
+		cancel()
+		select {
+		case <-served:
+		case <-time.After(15 * time.Second):
+			t.Error("Serve did not return")
+		}
+	}()
+
+	type conn struct {
+		nc net.Conn
+		br *bufio.Reader
+	}
+	dial := func() conn {
+		nc, err := net.Dial("tcp", apiLn.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+		return conn{nc, bufio.NewReader(nc)}
+	}
+	models := func(c conn, key string) *http.Response {
+		t.Helper()
+		auth := ""
+		if key != "" {
+			auth = "Authorization: Bearer " + key + "\r\n"
+		}
+		if _, err := io.WriteString(c.nc, "GET /v1/models HTTP/1.1\r\nHost: x\r\n"+auth+"\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	closed := func(c conn) bool {
+		_, err := c.br.ReadByte()
+		return err == io.EOF || err != nil && strings.Contains(err.Error(), "reset")
+	}
+
+	// A 401 ends its connection.
+	c := dial()
+	if resp := models(c, ""); resp.StatusCode != http.StatusUnauthorized || !closed(c) {
+		t.Errorf("without a key: %d (Connection: close %v), the connection still open; want 401 and closed", resp.StatusCode, resp.Close)
+	}
+	// Two kept-alive connections, then a third: the first one, idle longest, is closed for it.
+	a, b := dial(), dial()
+	for _, c := range []conn{a, b} {
+		if resp := models(c, "foo"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		<-time.After(20 * time.Millisecond) // turned idle one after the other
+	}
+	if resp := models(dial(), "foo"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the third connection: status %d", resp.StatusCode)
+	}
+	if !closed(a) {
+		t.Error("the longest-idle connection is still open")
+	}
+	if resp := models(b, "foo"); resp.StatusCode != http.StatusOK {
+		t.Errorf("the other idle connection: status %d, want 200", resp.StatusCode)
+	}
+	resp, err := http.Get("http://" + adminLn.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		"kvroute_server_connections 2", "kvroute_server_max_connections 2",
+		`kvroute_server_connections_dropped_total{reason="idle_closed"} 1`, `kvroute_server_connections_dropped_total{reason="refused"} 0`,
+		"kvroute_server_pending_body_bytes 0", "kvroute_server_max_pending_body_bytes 6.7108864e+07", "kvroute_server_body_refusals_total 0",
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,352 @@
+package h1
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Stats are a server's counts of connections and of request body bytes, for metrics.
+type Stats struct {
+	// Conns is the number of open client connections (hijacked ones and those closed to make
+	// room excepted).
+	Conns int
+	// ConnsEvicted counts the connections closed, while they waited for a request, to make
+	// room for a new one at MaxConns; ConnsRefused the new connections refused at MaxConns
+	// because none waited.
+	ConnsEvicted, ConnsRefused uint64
+	// BodyBytes is the request body bytes counted against MaxPendingBodyBytes now;
+	// BodiesRefused counts the body reads refused because the cap stayed reached.
+	BodyBytes     int64
+	BodiesRefused uint64
+}
+
+// ErrBodyMemory is what reading a request body returns when the server holds as many bytes of
+// bodies still being received as MaxPendingBodyBytes allows, and no room came within a second.
+// The response then carries Retry-After (1 s, unless the handler set one) and its connection
+// is closed after it: the rest of the body is never read. A handler answers 503.
+var ErrBodyMemory = errors.New("h1: too many request body bytes being received: retry shortly")
+
+// Amounts of a body's hold on the budget (bodyHold).
+const (
+	// firstHold is the longest announced length held whole at a body's first read: what a
+	// handler may allocate at once for a body it knows the length of (the router's proxy
+	// reads a body up to 1 MiB into one buffer of its length, a longer one in pieces as it
+	// comes). A longer body is held in steps ahead of its bytes, so that announcing a large
+	// body and sending little of it takes little of the budget.
+	firstHold = 1 << 20
+	// holdStep is the least a hold grows by, so that a large body takes the budget's lock
+	// once per 256 KiB rather than per read.
+	holdStep = 256 << 10
+	// budgetWait is how long a body read waits for room in the budget before it is refused.
+	budgetWait = time.Second
+)
+
+// budget bounds the bytes of request bodies being received: the bodies that have started to be
+// read and have not ended (nor their requests). Reads wait for room in the order they asked.
+type budget struct {
+	limit   int64
+	mu      sync.Mutex
+	used    int64
+	waiters []*budgetWaiter // in order of arrival
+	refused atomic.Uint64
+}
+
+type budgetWaiter struct {
+	n     int64
+	ready chan struct{} // closed once n is granted
+}
+
+func newBudget(limit int64) *budget {
+	if limit <= 0 {
+		return nil
+	}
+	return &budget{limit: limit}
+}
+
+// held is the bytes granted now.
+func (b *budget) held() int64 {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+// acquire grants n bytes, waiting up to wait for them; it reports whether it did. A request
+// larger than the whole budget waits for the budget to be empty, so that one body larger than
+// the budget can still be read on its own (the caller bounds bodies, not this).
+func (b *budget) acquire(n int64, wait time.Duration) bool {
+	b.mu.Lock()
+	if len(b.waiters) == 0 && b.fits(n) {
+		b.used += n
+		b.mu.Unlock()
+		return true
+	}
+	w := &budgetWaiter{n: n, ready: make(chan struct{})}
+	b.waiters = append(b.waiters, w)
+	b.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-w.ready:
+		return true
+	case <-t.C:
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-w.ready: // granted as the wait ran out
+		return true
+	default:
+	}
+	for i, x := range b.waiters {
+		if x == w {
+			b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
+			break
+		}
+	}
+	b.grantLocked() // the next ones may fit now that this one leaves
+	b.refused.Add(1)
+	return false
+}
+
+func (b *budget) fits(n int64) bool { return b.used+n <= b.limit || b.used == 0 }
+
+// release gives n bytes back and grants the waiters that fit, in order.
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.grantLocked()
+	b.mu.Unlock()
+}
+
+func (b *budget) grantLocked() {
+	for len(b.waiters) > 0 && b.fits(b.waiters[0].n) {
+		w := b.waiters[0]
+		b.waiters = b.waiters[1:]
+		b.used += w.n
+		close(w.ready)
+	}
+}
+
+// bodyHold is one request body's share of a budget: what was granted to it, never less than
+// the bytes read from it. It grows ahead of the reads (a body announced at most firstHold long
+// is held whole at once, others by holdStep) and is given back when the body ends or its
+// request does.
+type bodyHold struct {
+	b      *budget // nil: no budget
+	length int64   // announced; -1: unknown
+	n      int64
+}
+
+// cover makes the hold cover read+next bytes of the body (at most its announced length),
+// waiting briefly for room; false: refused.
+func (h *bodyHold) cover(read int64, next int) bool {
+	want := read + int64(next)
+	if h.length >= 0 {
+		want = min(want, h.length)
+	}
+	if want <= h.n {
+		return true
+	}
+	grow := max(want-h.n, holdStep)
+	if h.n == 0 && h.length > 0 && h.length <= firstHold {
+		grow = max(grow, h.length)
+	}
+	if h.length >= 0 {
+		grow = min(grow, h.length-h.n)
+	}
+	if !h.b.acquire(grow, budgetWait) {
+		return false
+	}
+	h.n += grow
+	return true
+}
+
+// drop gives the hold back; the body counts no more (what the server reads of it after its
+// request, to keep the connection, is dropped as it comes).
+func (h *bodyHold) drop() {
+	if h.n > 0 {
+		h.b.release(h.n)
+		h.n = 0
+	}
+	h.b = nil
+}
+
+// Retry-After sent with a body refused for the budget.
+const budgetRetryAfter = "1"
+
+// refuseBudget marks a response whose body read was refused for the budget.
+func refuseBudget(h http.Header) {
+	if h.Get("Retry-After") == "" {
+		h.Set("Retry-After", budgetRetryAfter)
+	}
+}
+
+// evictBatch is how many waiting connections are closed at once when a new one finds limit
+// reached: one scan of the connections makes room for the next few as well (nginx closes up
+// to 32 of its reusable connections at once): a 64th of limit, 1 to 16.
+func evictBatch(limit int) int { return min(max(limit/64, 1), 16) }
+
+// oldest keeps the n oldest of the candidates offered to it, the waiting ones that are idle
+// kept-alive connections before those that have sent no request yet.
+type oldest[T any] struct {
+	n    int
+	keep []candidate[T]
+}
+
+type candidate[T any] struct {
+	c     T
+	fresh bool  // no request yet: after the idle ones
+	since int64 // Unix ns
+}
+
+func (o *oldest[T]) before(a, b candidate[T]) bool {
+	if a.fresh != b.fresh {
+		return !a.fresh
+	}
+	return a.since < b.since
+}
+
+// offer considers c; the kept ones stay sorted, oldest first (n is small).
+func (o *oldest[T]) offer(c T, fresh bool, since int64) {
+	x := candidate[T]{c, fresh, since}
+	if len(o.keep) == o.n {
+		if !o.before(x, o.keep[o.n-1]) {
+			return
+		}
+		o.keep = o.keep[:o.n-1]
+	}
+	i := len(o.keep)
+	for i > 0 && o.before(x, o.keep[i-1]) {
+		i--
+	}
+	o.keep = append(o.keep, x)
+	copy(o.keep[i+1:], o.keep[i:])
+	o.keep[i] = x
+}
+
+// refuseConn answers a connection refused at MaxConns with 503 and closes it. The answer goes
+// before the request is read (it may not have come yet); a fresh socket takes it at once. A
+// TLS connection is closed without a word: writing would first wait for the client's
+// handshake, on the goroutine that accepts.
+func refuseConn(nc net.Conn, errorBody func(int, string) (string, []byte)) {
+	if _, ok := nc.(*tls.Conn); ok {
+		_ = nc.Close()
+		return
+	}
+	const msg = "the server has as many connections open as it takes: retry shortly"
+	ctype, body := "text/plain; charset=utf-8", []byte(msg)
+	if errorBody != nil {
+		ctype, body = errorBody(http.StatusServiceUnavailable, msg)
+	}
+	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+	head := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + ctype + "\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
+	_, _ = nc.Write(append(append(strconv.AppendInt([]byte(head), int64(len(body)), 10), "\r\n\r\n"...), body...))
+	_ = nc.Close()
+}
+
+// connTable follows the connections Go's server serves (NetHTTP), for MaxConns and Stats:
+// Accept adds each, Go's server's ConnState hook moves it from state to state and removes it.
+type connTable struct {
+	mu      sync.Mutex
+	conns   map[net.Conn]*tracked
+	open    int // in conns, less those closed to make room
+	evicted atomic.Uint64
+	refused atomic.Uint64
+}
+
+type tracked struct {
+	state   http.ConnState
+	since   int64 // Unix ns
+	evicted bool
+}
+
+// add counts in a new connection, closing waiting ones to make room at limit (0: no bound); false:
+// the connection is refused.
+func (t *connTable) add(c net.Conn, limit int) bool {
+	t.mu.Lock()
+	var victims []net.Conn
+	if limit > 0 && t.open >= limit {
+		victims = t.evictLocked(limit)
+		if len(victims) == 0 {
+			t.mu.Unlock()
+			t.refused.Add(1)
+			return false
+		}
+	}
+	t.conns[c] = &tracked{state: http.StateNew, since: time.Now().UnixNano()}
+	t.open++
+	t.mu.Unlock()
+	for _, v := range victims {
+		_ = v.Close()
+	}
+	return true
+}
+
+// evictLocked picks up to evictBatch(limit) waiting connections to close, as Server.evictWaiting does,
+// and counts them out; the caller closes them once it has let go of t.mu.
+func (t *connTable) evictLocked(limit int) []net.Conn {
+	o := oldest[net.Conn]{n: evictBatch(limit)}
+	o.keep = make([]candidate[net.Conn], 0, o.n)
+	for c, x := range t.conns {
+		if !x.evicted && (x.state == http.StateIdle || x.state == http.StateNew) {
+			o.offer(c, x.state == http.StateNew, x.since)
+		}
+	}
+	var out []net.Conn
+	for _, k := range o.keep {
+		if pending(underConn(k.c)) {
+			continue // a request arriving
+		}
+		t.conns[k.c].evicted = true
+		t.open--
+		out = append(out, k.c)
+	}
+	t.evicted.Add(uint64(len(out)))
+	return out
+}
+
+// changed follows Go's server's ConnState.
+func (t *connTable) changed(c net.Conn, st http.ConnState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	x := t.conns[c]
+	if x == nil {
+		return
+	}
+	switch st {
+	case http.StateClosed, http.StateHijacked:
+		delete(t.conns, c)
+		if !x.evicted {
+			t.open--
+		}
+	default:
+		x.state, x.since = st, time.Now().UnixNano()
+	}
+}
+
+func (t *connTable) stats() Stats {
+	t.mu.Lock()
+	n := t.open
+	t.mu.Unlock()
+	return Stats{Conns: n, ConnsEvicted: t.evicted.Load(), ConnsRefused: t.refused.Load()}
+}
+
+// underConn is the connection under NetHTTP's wrapping (framedConn, TLS), to peek at.
+func underConn(c net.Conn) net.Conn {
+	switch x := c.(type) {
+	case *framedConn:
+		return x.Conn
+	case interface{ NetConn() net.Conn }:
+		return x.NetConn()
+	}
+	return c
+}
