@@ -264,9 +264,14 @@ func (p *Pool) HasModel(model string) bool {
 	return false
 }
 
-// Configured reports whether an endpoint's config names model (not only an engine's list).
-func (p *Pool) Configured(model string) bool {
-	return slices.ContainsFunc(p.st.Load().models, func(m string) bool { return SameModel(m, model) })
+// Configured reports whether an endpoint's config names model (not only an engine's list),
+// and its name as the config spells it (model may add or drop ":latest", as SameModel allows).
+func (p *Pool) Configured(model string) (name string, ok bool) {
+	models := p.st.Load().models
+	if i := slices.IndexFunc(models, func(m string) bool { return SameModel(m, model) }); i >= 0 {
+		return models[i], true
+	}
+	return "", false
 }
 
 // Changed returns a channel that is closed at the next Update: wait on it, then call Changed

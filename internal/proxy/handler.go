@@ -590,9 +590,10 @@ func hasLabels(e *endpoint.Endpoint, labels map[string]string) bool {
 // modelLabel bounds the model label to the models the config names, and those the engines
 // list within the metrics' bound.
 func (h *Handler) modelLabel(model string) string {
+	if name, ok := h.Pool.Configured(model); ok {
+		return name // as the config spells it ("tiny", asked as "tiny:latest"): its series go with it
+	}
 	switch {
-	case h.Pool.Configured(model):
-		return model
 	case !h.Pool.HasModel(model):
 		return "other"
 	case h.Metrics != nil:

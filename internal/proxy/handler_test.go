@@ -1192,3 +1192,30 @@ func TestEnginePathNotFound(t *testing.T) {
 		})
 	}
 }
+
+// TestModelLabelAsConfigured: a request naming a configured model with or without ":latest"
+// (ollama's spelling) is counted under the config's spelling, whose series the router deletes
+// when the model leaves the config; the other spelling would stay for good.
+func TestModelLabelAsConfigured(t *testing.T) {
+	eng := newFakeEngine(t)
+	f := newFixture(t, spec(eng.srv.URL, "tiny"))
+	if resp, body := f.post(t, "/v1/chat/completions", `{"model":"tiny:latest","messages":[{"role":"user","content":"x"}]}`); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("tiny", eng.srv.URL, "200")); n != 1 {
+		t.Errorf("requests_total{model=tiny} = %v, want 1", n)
+	}
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == "tiny:latest" {
+					t.Errorf("%s has a series of model %q", mf.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
+}
