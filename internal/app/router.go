@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"maps"
 	"math/rand/v2"
 	"net"
@@ -908,6 +909,11 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 				return
 			}
 			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
+		},
+		OnRefusals: func(ep *endpoint.Endpoint, d time.Duration, refused, fleetRefused float64) {
+			r.metrics.EndpointEjected(ep.Name, d)
+			r.logger.Warn("endpoint ejected: it refuses far more of its requests than the rest of the fleet (a 4xx: a missing chat template, a shorter max_model_len, another model mounted?)",
+				"endpoint", ep.Name, "for", d.String(), "refused", math.Round(refused*1000)/1000, "fleet_refused", math.Round(fleetRefused*1000)/1000)
 		},
 		OnReadmit: func(ep *endpoint.Endpoint) {
 			r.metrics.EndpointReadmitted(ep.Name)

@@ -55,6 +55,11 @@ type Observer interface {
 // Result is the outcome of a routed request as the router observed it.
 type Result struct {
 	OK bool
+	// Failed is true when the engine refused the attempt (a 4xx) or failed it in a way passive
+	// health does not count; a failure it counts (a 5xx, a lost connection, no answer in time,
+	// no connection) is health's to judge, and not told here. OK and Failed both false: the
+	// client left, or health judges the failure.
+	Failed bool
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens as the engine reported it, or -1
 	// when the engine did not report it.
 	CachedTokens int

@@ -20,10 +20,10 @@ import (
 // guard. Its eight parameters, what each means, how its default was chosen and what it does to
 // the scorecard are in docs/policy.md; everything else it derives from what it measures.
 //
-//	cost = speed x (overhead + (queued + new x (1 + cache_weight x (1/2 + pressure))
-//	                            + affinity x uncached x (queued + uncached/2) / rate
-//	                            + shared) / rate)
-//	       + decodes x decode_cost
+//	cost = (speed x (overhead + (queued + new x (1 + cache_weight x (1/2 + pressure))
+//	                             + affinity x uncached x (queued + uncached/2) / rate
+//	                             + shared) / rate)
+//	        + decodes x decode_cost) x attempts per answer
 //
 // queued is the work routed there and not yet at its first token, less what the head of the
 // queue has done since it started; uncached counts attention_weight token-equivalents per
@@ -34,7 +34,10 @@ import (
 // engine with chunked prefill computes in the last step of the request at the tail of the
 // queue, delaying that one's first token (step_tokens tokens a step; see stepTail); speed is
 // the ratio of observed to predicted TTFTs, the
-// fleet's unless an endpoint's own differs by more than learnTolerance. An endpoint takes a
+// fleet's unless an endpoint's own differs by more than learnTolerance; attempts per answer is
+// 1 + the attempts there that failed by the engine's doing / those that succeeded, fading over
+// affinity_window (attemptsPerAnswer): an engine that fails fast keeps no queue and no cache,
+// and would otherwise rank cheapest. An endpoint takes a
 // request only while it holds at most max_load_factor x its share of the requests in flight,
 // this one counted (shares in proportion to speed, of a fleet capacity in which an endpoint
 // that joined later counts by its time in the fleet over the oldest's, up to affinity_window,
@@ -147,6 +150,11 @@ type paState struct {
 
 	// caps learns the endpoint's capacity while it is unknown (capacity.go); nil until then.
 	caps atomic.Pointer[capState]
+
+	// fails and answers are this router's attempts here that failed by the engine's doing and
+	// those that succeeded, each fading over the affinity window (failTau): the attempts an
+	// answer takes here (attemptsPerAnswer) multiply the endpoint's cost.
+	fails, answers decayed
 }
 
 // busyClock integrates the time an endpoint has at least one request in flight, each second
@@ -780,7 +788,10 @@ func (pa *prefixAware) score(req *Request, c []*endpoint.Endpoint) *paScratch {
 		inFlight := int64(e.InFlight())
 		decoding := max(inFlight-s.waiting.Load(), 0)
 		ttft := (overhead+(q+own)/prefillRate)*speed + float64(decoding)*pa.decodeCost
-		cost := (overhead+w/prefillRate)*speed + float64(decoding)*pa.decodeCost
+		// Each failed attempt has to be made again: an endpoint whose engine fails requests
+		// costs the attempts an answer takes there. One that fails fast never builds the queue
+		// or the cache that make a working one look busier, and would otherwise rank cheapest.
+		cost := ((overhead+w/prefillRate)*speed + float64(decoding)*pa.decodeCost) * pa.attemptsPerAnswer(s, now)
 		// An endpoint within its bound takes one more: at the handful of requests in flight of
 		// a quiet fleet, the bound is not to send a conversation away from its cache.
 		eligible := float64(inFlight) <= limit
@@ -1087,6 +1098,7 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 		return
 	}
 	s := f.s
+	pa.countAttempt(s, req, res)
 	s.busy.add(-1, pa.clock.Now().UnixNano(), pa.affTau)
 	s.mu.Lock()
 	if k := slices.Index(s.live, f); k >= 0 {
@@ -1129,6 +1141,50 @@ func (pa *prefixAware) done(f *paFlight, req *Request, ep *endpoint.Endpoint, re
 		// Nothing changed on ep since Routed's insert: the blocks are still its most recent.
 		pa.index.Reinsert(s.slot, req.Blocks, pa.clock.Now().UnixNano(), f.mark)
 	}
+}
+
+// failTau is the time constant, in seconds, over which an endpoint's failed attempts fade:
+// the affinity window, the policy's horizon for rates, or its default where the window is 0
+// (which turns the affinity term off, not this).
+func (pa *prefixAware) failTau() float64 {
+	if pa.affTau > 0 {
+		return pa.affTau
+	}
+	return 60
+}
+
+// countAttempt counts how req's attempt on s ended: a success, a failure by the engine's doing,
+// or neither (the client left). Only this router's own attempts count: the other replicas'
+// (req.Remote) come with no failure but those that count towards ejection, and counting their
+// successes alone would hide this router's failures.
+func (pa *prefixAware) countAttempt(s *paState, req *Request, res Result) {
+	if req.Remote || s.gone.Load() {
+		return
+	}
+	now := pa.clock.Now().UnixNano()
+	switch {
+	case res.OK:
+		s.answers.add(1, now, pa.failTau())
+	case res.Failed:
+		s.fails.add(1, now, pa.failTau())
+	}
+}
+
+// attemptsPerAnswer is how many attempts an answer takes on s at now, as its recent attempts
+// say: 1 + failed attempts / answers, both fading over failTau, counting at least one answer.
+// An engine that failed every attempt of late costs as many times its cost as it failed
+// attempts (fewer as they fade: after failTau x ln(failures) it costs about as a working one,
+// and is tried again); one failure among many answers costs next to nothing; and where every
+// endpoint fails alike (one client's bad requests spread over the fleet) the ranking stays.
+// 1 exactly for an endpoint that never failed.
+func (pa *prefixAware) attemptsPerAnswer(s *paState, now int64) float64 {
+	if s.fails.at.Load() == 0 {
+		return 1
+	}
+	tau := pa.failTau()
+	failed := decay(math.Float64frombits(s.fails.sum.Load()), s.fails.at.Load(), now, tau)
+	answered := decay(math.Float64frombits(s.answers.sum.Load()), s.answers.at.Load(), now, tau)
+	return 1 + failed/max(answered, 1)
 }
 
 // Removed forgets everything about ep. Its requests still in flight end without a trace.

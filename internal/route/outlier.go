@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,14 @@ type OutlierConfig struct {
 	// MaxEjectedPercent bounds the share of the fleet ejected at once (at least one endpoint
 	// may be; never the last one standing). 0: DefaultMaxEjectedPercent.
 	MaxEjectedPercent int
+	// The refusal rule: an endpoint that refused (RefusalHealth) at least RefusalPercent % of
+	// the attempts it answered (its successes and refusals) over about the last RefusalWindow,
+	// at least RefusalVolume of them, while the rest of the fleet, answering at least
+	// RefusalVolume in that time, refused at most half as large a share, is ejected as after
+	// consecutive failures. 0: DefaultRefusalPercent, DefaultRefusalVolume,
+	// DefaultRefusalWindow; a negative RefusalPercent turns the rule off.
+	RefusalPercent, RefusalVolume int
+	RefusalWindow                 time.Duration
 	// Fleet returns how many endpoints the fleet has, for MaxEjectedPercent; nil: the number
 	// this Outlier has heard of.
 	Fleet func() int
@@ -29,6 +38,10 @@ type OutlierConfig struct {
 	// that finds its ejection over).
 	OnEject   func(ep *endpoint.Endpoint, d time.Duration, byFleet bool)
 	OnReadmit func(ep *endpoint.Endpoint)
+	// OnRefusals, when set, is told of each ejection by the refusal rule instead of OnEject,
+	// with the share of its answers the endpoint refused and the share the rest of the fleet
+	// refused; nil: OnEject is told (byFleet false).
+	OnRefusals func(ep *endpoint.Endpoint, d time.Duration, refused, fleetRefused float64)
 }
 
 // Defaults of OutlierConfig.
@@ -37,6 +50,15 @@ const (
 	DefaultBaseEjection      = 30 * time.Second
 	DefaultMaxEjection       = 5 * time.Minute
 	DefaultMaxEjectedPercent = 50
+	// The refusal rule's defaults. 85 % is Envoy's failure_percentage_threshold. 20 answers,
+	// where Envoy asks 50 or 100 requests, because a refusal is not retried: each one is a
+	// client's error; and the rest of the fleet refusing at most half as much is what tells an
+	// engine's refusals from one client's bad requests, which the whole fleet refuses alike.
+	// A minute, the policy's horizon for rates, so that an engine at a few requests a minute
+	// still shows.
+	DefaultRefusalPercent = 85
+	DefaultRefusalVolume  = 20
+	DefaultRefusalWindow  = time.Minute
 )
 
 // Outlier is passive health checking in the manner of Envoy's outlier detection: consecutive
@@ -44,8 +66,13 @@ const (
 // grows with each ejection in a row (and shrinks again while it behaves), while a bounded share
 // of the fleet may be ejected at once. An endpoint whose health check answers while its API
 // hangs or fails fast is ejected all the same; active health checks (unhealthy endpoints) are
-// a separate verdict. Readmission is lazy, on the clock the lifecycle runs on (the wall clock
-// live, the virtual clock in the simulator): no timer, no goroutine. Safe for concurrent use.
+// a separate verdict. Refusals (a 4xx) count against nothing by themselves, the request may
+// be at fault; an endpoint that refuses most of what it answers while the rest of the fleet
+// does not (OutlierConfig's refusal rule, Envoy's failure-percentage detection measured
+// against the fleet's) is ejected all the same: an engine without a chat template, or started
+// with a shorter context than the others. Readmission is lazy, on the clock the lifecycle
+// runs on (the wall clock live, the virtual clock in the simulator): no timer, no goroutine.
+// Safe for concurrent use.
 type Outlier struct {
 	cfg   OutlierConfig
 	clock policy.Clock
@@ -74,6 +101,29 @@ type outlierState struct {
 	// (sharedFailure), which a new replica is told of (Ejections); not for failures to connect,
 	// which may be this replica's path alone.
 	engine bool
+	// answered and refused count the attempts here that succeeded or were refused, fading over
+	// the refusal window, as of tallied (the refusal rule).
+	answered, refused float64
+	tallied           time.Time
+}
+
+// tally returns s's answers and refusals at now, fading with time constant w.
+func (s *outlierState) tally(now time.Time, w time.Duration) (answered, refused float64) {
+	if dt := now.Sub(s.tallied); dt > 0 && s.answered > 0 {
+		k := math.Exp(-float64(dt) / float64(w))
+		return s.answered * k, s.refused * k
+	}
+	return s.answered, s.refused
+}
+
+// count adds an answer at now to s's tally, refused or not.
+func (s *outlierState) count(now time.Time, w time.Duration, refused bool) {
+	s.answered, s.refused = s.tally(now, w)
+	s.tallied = now
+	s.answered++
+	if refused {
+		s.refused++
+	}
 }
 
 // NewOutlier returns an Outlier with cfg (zero fields take the defaults) on clock (nil: the
@@ -90,6 +140,15 @@ func NewOutlier(cfg OutlierConfig, clock policy.Clock) *Outlier {
 	}
 	if cfg.MaxEjectedPercent <= 0 {
 		cfg.MaxEjectedPercent = DefaultMaxEjectedPercent
+	}
+	if cfg.RefusalPercent == 0 {
+		cfg.RefusalPercent = DefaultRefusalPercent
+	}
+	if cfg.RefusalVolume <= 0 {
+		cfg.RefusalVolume = DefaultRefusalVolume
+	}
+	if cfg.RefusalWindow <= 0 {
+		cfg.RefusalWindow = DefaultRefusalWindow
 	}
 	if clock == nil {
 		clock = policy.WallClock{}
@@ -236,19 +295,87 @@ func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
 
 // eject ejects ep from now for d, for failures of its engine's own doing (engine) or not, the
 // fleet's count having reached the threshold rather than this replica's own (byFleet), and
-// tells OnEject. The caller holds o.mu; eject releases it, and reports true.
+// tells OnEject. Its tally of answers starts again: readmitted, it is judged on what it
+// answers then. The caller holds o.mu; eject releases it, and reports true.
 func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, byFleet bool) bool {
-	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
-		o.ejected.Add(1)
-	}
-	s.until, s.out, s.engine, s.fails = now.Add(d), true, engine, 0
-	o.setFleet(s, 0)
+	o.ejectLocked(s, now, d, engine)
 	onEject := o.cfg.OnEject
 	o.mu.Unlock()
 	if onEject != nil {
 		onEject(ep, d, byFleet)
 	}
 	return true
+}
+
+// ejectLocked marks s ejected from now for d. The caller holds o.mu.
+func (o *Outlier) ejectLocked(s *outlierState, now time.Time, d time.Duration, engine bool) {
+	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
+		o.ejected.Add(1)
+	}
+	s.until, s.out, s.engine, s.fails = now.Add(d), true, engine, 0
+	s.answered, s.refused = 0, 0
+	o.setFleet(s, 0)
+}
+
+// Refused counts an attempt that ep refused (RefusalHealth), and ejects ep by the refusal rule
+// (OutlierConfig) if the fleet can spare it. The rest of the fleet is every other endpoint not
+// ejected now, its answers pooled: one client's bad requests, spread over the fleet, are
+// refused everywhere alike, and a fleet whose every engine refuses ejects none of them.
+// Only this replica's own attempts count: each replica judges from its share of the traffic.
+func (o *Outlier) Refused(ep *endpoint.Endpoint) bool {
+	if o.cfg.RefusalPercent < 0 {
+		return false
+	}
+	now := o.clock.Now()
+	o.mu.Lock()
+	s := o.state(ep)
+	if s == nil {
+		o.mu.Unlock()
+		return false
+	}
+	w := o.cfg.RefusalWindow
+	s.count(now, w, true)
+	share, rest, ok := o.refusing(s, now)
+	if s.out || !ok || !o.canEject(now) {
+		o.mu.Unlock()
+		return false
+	}
+	s.times++
+	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
+	o.ejectLocked(s, now, d, true)
+	onRefusals, onEject := o.cfg.OnRefusals, o.cfg.OnEject
+	o.mu.Unlock()
+	switch {
+	case onRefusals != nil:
+		onRefusals(ep, d, share, rest)
+	case onEject != nil:
+		onEject(ep, d, false)
+	}
+	return true
+}
+
+// refusing reports whether s meets the refusal rule at now, with the share of its answers it
+// refused and the share the rest of the fleet refused. The caller holds o.mu.
+func (o *Outlier) refusing(s *outlierState, now time.Time) (share, rest float64, ok bool) {
+	w, volume := o.cfg.RefusalWindow, float64(o.cfg.RefusalVolume)
+	answered, refused := s.tally(now, w)
+	if answered < volume || refused*100 < answered*float64(o.cfg.RefusalPercent) {
+		return 0, 0, false
+	}
+	var others, othersRefused float64
+	for _, t := range o.st {
+		if t == s || t.out && now.Before(t.until) {
+			continue
+		}
+		a, r := t.tally(now, w)
+		others += a
+		othersRefused += r
+	}
+	if others < volume {
+		return 0, 0, false // no evidence that the fleet answers this traffic
+	}
+	share, rest = refused/answered, othersRefused/others
+	return share, rest, rest <= share/2
 }
 
 // canEject reports whether one more endpoint may be ejected. The caller holds o.mu.
@@ -274,10 +401,14 @@ func (o *Outlier) Succeeded(ep *endpoint.Endpoint) {
 	defer o.mu.Unlock()
 	s := o.st[ep]
 	if s == nil {
-		if o.cfg.Fleet == nil && !ep.Draining() {
-			o.st[ep] = &outlierState{} // counted in the fleet
+		if ep.Draining() || o.cfg.Fleet != nil && o.cfg.RefusalPercent < 0 {
+			return
 		}
-		return
+		s = &outlierState{} // counted in the fleet, and its answers in the refusal rule's
+		o.st[ep] = s
+	}
+	if o.cfg.RefusalPercent >= 0 {
+		s.count(o.clock.Now(), o.cfg.RefusalWindow, false)
 	}
 	s.fails = 0
 	o.setFleet(s, 0)

@@ -78,6 +78,15 @@ type Health interface {
 	Forget(ep *endpoint.Endpoint)
 }
 
+// RefusalHealth is a Health that also hears of the attempts an engine refused (Call.refused):
+// a 4xx other than 429 and other than a 404 naming a model the engine does not serve, which
+// passes nothing against the endpoint by itself (the request may be at fault), but an engine
+// that refuses far more than the rest of the fleet may be (Outlier implements it).
+type RefusalHealth interface {
+	// Refused is told of an attempt that ep refused, and reports whether ep was ejected by it.
+	Refused(ep *endpoint.Endpoint) (ejected bool)
+}
+
 // PeerHealth is a Health that also hears how the other router replicas' attempts went (their
 // Done events, Lifecycle.Apply). Outlier implements it.
 type PeerHealth interface {
@@ -128,13 +137,16 @@ const (
 	// silent for longer than the idle timeout), after bytes reached the client. Counts.
 	FailCut
 	// FailRejected: the engine refused the request itself (a 4xx: it can never fit there).
-	// Not retried; does not count.
+	// Not retried; does not count, but is a refusal (RefusalHealth): an engine that refuses
+	// far more often than the rest of the fleet is ejected (Outlier's refusal rule).
 	FailRejected
 	// FailCanceled: the client went away. Not retried; does not count.
 	FailCanceled
 	// FailNotServed: the engine answered 404 before any byte reached the client: it does not
 	// serve the request's model (an engine started with another model than the config says, a
 	// model being swapped) or its API path. Nothing was computed: retried; does not count.
+	// One that did not name the model (an API path the engine lacks) is a refusal, as
+	// FailRejected.
 	FailNotServed
 )
 
@@ -200,7 +212,8 @@ type Lifecycle struct {
 	clock     policy.Clock
 	attempts  int
 	health    Health
-	peers     PeerHealth // health as PeerHealth (nil if it is not): the other replicas' outcomes
+	peers     PeerHealth    // health as PeerHealth (nil if it is not): the other replicas' outcomes
+	refusals  RefusalHealth // health as RefusalHealth (nil if it is not): refused attempts
 	state     *State
 	warmup    time.Duration
 	audit     *Audit
@@ -251,6 +264,7 @@ func New(cfg Config) (*Lifecycle, error) {
 		lc.health = NewOutlier(OutlierConfig{}, lc.clock)
 	}
 	lc.peers, _ = lc.health.(PeerHealth)
+	lc.refusals, _ = lc.health.(RefusalHealth)
 	return lc, nil
 }
 
@@ -631,16 +645,23 @@ func (c *Call) Backoff(d time.Duration) {
 	}
 }
 
-// closeAttempt settles the endpoint's counters, tells the policy the attempt is done and tells
-// passive health checking how it went: a success (res.OK), or failure f, which counts against
-// the endpoint when counts says so (the other replicas hear it as it counts here).
+// closeAttempt settles the endpoint's counters, tells the policy the attempt is done (failed by
+// the engine's doing unless it succeeded or f is the client's leaving) and tells passive health
+// checking how it went: a success (res.OK), failure f, which counts against the endpoint when
+// counts says so (the other replicas hear it as it counts here), or a refusal (refused).
 func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 	c.open = false
 	first := !c.firstAt.IsZero()
 	c.ep.Finish(c.Req.PromptTokens, first)
+	// A failure that counts (a 5xx, a lost connection, a timeout) is passive health's to judge:
+	// three in a row eject the endpoint and the alert says so. Told to the policy too, it kept
+	// the endpoint away before the third, and a dead engine was ejected minutes later, one
+	// failure at a time. The policy is told of what health does not count: refusals.
+	res.Failed = !res.OK && f != FailNone && f != FailCanceled && !counts
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
 	}
+	refused := !counts && c.refused(f)
 	if !counts {
 		f = FailNone // for the Share: nothing to count (its events carry counting failures only)
 	}
@@ -650,7 +671,23 @@ func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 		c.lc.health.Failed(c.ep, f)
 	case res.OK:
 		c.lc.health.Succeeded(c.ep)
+	case refused && c.lc.refusals != nil:
+		c.lc.refusals.Refused(c.ep)
 	}
+}
+
+// refused reports whether an attempt that failed with f was refused by its engine: a 4xx other
+// than 429 (FailRejected), or a 404 that did not name the request's model (an API path the
+// engine lacks). A 404 that named it has left the endpoint out for that model already
+// (endpoint.Refuses), and says nothing of its other traffic.
+func (c *Call) refused(f Failure) bool {
+	switch f {
+	case FailRejected:
+		return true
+	case FailNotServed:
+		return !c.ep.Refuses(c.Req.Model, c.lc.clock.Now())
+	}
+	return false
 }
 
 // FirstToken records that the request's first token arrived now. Only the first call counts.
