@@ -94,14 +94,7 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 		if len(b) == 0 {
 			continue
 		}
-		err := l.parse(b)
-		if err == nil {
-			err = l.check(MooncakeBlockTokens)
-		}
-		if err == nil {
-			err = checkMillis(l.timestamp)
-		}
-		if err != nil {
+		if err := l.read(b); err != nil {
 			if rerr := sc.Err(); rerr != nil {
 				// A read that failed (a gzip stream cut short) left this line cut: say why.
 				return nil, fmt.Errorf("read trace after line %d: %w", line-1, rerr)
@@ -239,6 +232,18 @@ func (l *mooncakeRecord) parseJSON(b []byte) error {
 		return fmt.Errorf("field timestamp: %v out of range (want milliseconds >= 0)", l.timestamp)
 	}
 	return nil
+}
+
+// read parses line b into l and checks it: its blocks against its length, its timestamp as
+// milliseconds.
+func (l *mooncakeRecord) read(b []byte) error {
+	if err := l.parse(b); err != nil {
+		return err
+	}
+	if err := l.check(MooncakeBlockTokens); err != nil {
+		return err
+	}
+	return checkMillis(l.timestamp)
 }
 
 // parseUsual reads a line of the usual form, the four fields once each, in any order, without
@@ -495,14 +500,7 @@ func jsonWantPlural(t reflect.Type) string {
 // timestamp, and the timestamp in milliseconds.
 func parseMooncakeLine(b []byte) (Request, float64, error) {
 	var l mooncakeRecord
-	err := l.parse(b)
-	if err == nil {
-		err = l.check(MooncakeBlockTokens)
-	}
-	if err == nil {
-		err = checkMillis(l.timestamp)
-	}
-	if err != nil {
+	if err := l.read(b); err != nil {
 		return Request{}, 0, err
 	}
 	return Request{
