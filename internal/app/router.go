@@ -10,8 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -98,6 +98,10 @@ type Router struct {
 	// unready: /readyz said that every available endpoint is ejected, and says so until one can
 	// take a request again (ready).
 	unready atomic.Bool
+	// draining: Serve's ctx ended; /readyz answers 503 from then on. readyAsked: /readyz has
+	// been asked since the start (someone follows it: Serve's drain delay is for them).
+	draining   atomic.Bool
+	readyAsked atomic.Bool
 }
 
 // NewRouter builds a router from a loaded (defaulted and validated) config. It starts no
@@ -559,6 +563,13 @@ func (r *Router) AdminHandler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.readyAsked.Load() {
+			r.readyAsked.Store(true)
+		}
+		if r.draining.Load() {
+			http.Error(w, "draining: the router is shutting down", http.StatusServiceUnavailable)
+			return
+		}
 		if !r.peers.ready() {
 			http.Error(w, "warming up: taking a peer's snapshot", http.StatusServiceUnavailable)
 			return
@@ -636,7 +647,7 @@ func (r *Router) adminIndex() http.HandlerFunc {
 	lines := [][2]string{
 		{"GET  /metrics", "Prometheus metrics (docs/router.md lists them)"},
 		{"GET  /healthz", "200 while the process is up"},
-		{"GET  /readyz", "200 while some endpoint can take requests: healthy and not ejected (and, with peers, after the warm start)"},
+		{"GET  /readyz", "200 while some endpoint can take requests: healthy and not ejected (and, with peers, after the warm start); 503 once shutting down"},
 		{"GET  /debug/endpoints", "each endpoint's health, availability, load, scraped metrics and probe, as JSON"},
 		{"POST /debug/explain", "an API request's body (as to /v1/chat/completions): how the endpoints would be ranked for it, and why"},
 	}
@@ -766,9 +777,22 @@ func (r *Router) serveEndpoints(w http.ResponseWriter, _ *http.Request) {
 	}{r.Endpoints()})
 }
 
-// Serve runs the router on the given listeners until ctx ends, then stops accepting, drains
-// requests in flight (streams included) for up to server.shutdown_timeout, and closes what is
-// left. It returns nil after a clean drain.
+// Serve runs the router on the given listeners until ctx ends, then shuts down in the order a
+// load balancer can follow:
+//
+//  1. /readyz answers 503 ("draining") at once, and every answer from then on closes its
+//     connection (Connection: close), so that clients reconnect through their balancer;
+//  2. the API listener keeps taking new requests for server.drain_delay, while balancers that
+//     follow /readyz take the router out (only when /readyz has been asked since the start:
+//     otherwise nobody follows it, and this step is skipped);
+//  3. the listener closes and the requests in flight (streams included) get
+//     server.shutdown_timeout to end;
+//  4. those still in flight then are cut (proxy.ErrShuttingDown): one whose answer has not
+//     begun gets a 503 shutting_down, a stream an SSE error event of that code; they are
+//     logged as 503, and a warning says how many and which setting to raise. Connections still
+//     open a second later are closed.
+//
+// It returns nil after a clean drain (cut requests included).
 func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	cfg := r.Config()
 	mk := func(h http.Handler) *http.Server {
@@ -792,14 +816,16 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
 	}
 	lim := resolveLimits(cfg, openFileLimit(), goMemoryLimit())
+	drain := proxy.NewDrain()
+	handler := drain.Wrap(r.Handler())
 	// A request answered 401 closes its connection (CloseUnauthorized): a client without a key
 	// holds no idle connection for server.idle_timeout.
-	var apiSrv server = &h1.NetHTTP{Server: mk(r.Handler()), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
+	var apiSrv server = &h1.NetHTTP{Server: mk(handler), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
 		BodyMinRate: cfg.Server.BodyMinRate, BodyStallTimeout: lim.bodyStall, MaxPendingBodyBytes: lim.pending,
 		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, CloseUnauthorized: true, ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
-			Handler:             r.Handler(),
+			Handler:             handler,
 			ReadHeaderTimeout:   cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:         cfg.Server.IdleTimeout.D(),
 			WriteTimeout:        cfg.Server.WriteTimeout.D(),
@@ -847,14 +873,15 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	case <-ctx.Done():
 	case first = <-errc:
 	}
-	r.logger.Info("shutting down: draining requests in flight", "timeout", cfg.Server.ShutdownTimeout.D().String())
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.D())
-	defer cancel()
-	if err := apiSrv.Shutdown(sctx); err != nil {
-		r.logger.Warn("drain timed out, closing streams still open", "err", err)
-		_ = apiSrv.Close()
+	r.draining.Store(true)
+	drain.Closing()
+	if first == nil {
+		first = r.drainDelay(cfg.Server.Drain(), errc)
 	}
-	_ = adminSrv.Shutdown(sctx)
+	r.drainAPI(apiSrv, drain, cfg.Server.ShutdownTimeout.D())
+	actx, cancel := context.WithTimeout(context.Background(), time.Second) // admin answers are short
+	defer cancel()
+	_ = adminSrv.Shutdown(actx)
 	_ = adminSrv.Close()
 	stopRun()
 	<-runDone
@@ -866,6 +893,60 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	}
 	r.Close()
 	return first
+}
+
+// drainDelay is Serve's wait between the signal and the closing of the API listener (d,
+// server.drain_delay), while /readyz says 503 and new requests are still served: skipped when
+// /readyz was never asked. It ends early with the error of a server or of Run that stops
+// meanwhile (returned), which leaves nothing to wait for.
+func (r *Router) drainDelay(d time.Duration, errc <-chan error) error {
+	switch {
+	case d <= 0:
+		return nil
+	case !r.readyAsked.Load():
+		r.logger.Info("shutting down: no drain delay, as /readyz was never asked (nothing follows it)", "drain_delay", d.String())
+		return nil
+	}
+	r.logger.Info("shutting down: /readyz answers 503 (draining); new requests are still taken for server.drain_delay, while load balancers take the router out", "drain_delay", d.String())
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// cutGrace is how long the requests cut at the end of a drain get to send their last words
+// (a 503, a stream's error event) before their connections are closed.
+const cutGrace = time.Second
+
+// drainAPI closes the API listener and gives the requests in flight timeout to end; then it
+// cuts those still in flight (drain.Cut: each is told, and logged as 503 shutting_down), says
+// so, and closes the connections still open cutGrace later.
+func (r *Router) drainAPI(srv server, drain *proxy.Drain, timeout time.Duration) {
+	r.logger.Info("shutting down: draining requests in flight", "timeout", timeout.String(), "in_flight", drain.InFlight())
+	sctx, cancel := context.WithTimeout(context.Background(), timeout+cutGrace)
+	defer cancel()
+	drained := make(chan error, 1)
+	go func() { drained <- srv.Shutdown(sctx) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	var err error
+	select {
+	case err = <-drained:
+	case <-t.C:
+		if n := drain.Cut(); n > 0 {
+			r.logger.Warn("drain timed out: requests still in flight were cut, each answered 503 shutting_down (a stream with an SSE error event); raise server.shutdown_timeout (and the pod's terminationGracePeriodSeconds) to let them finish",
+				"cut", n, "shutdown_timeout", timeout.String())
+		}
+		err = <-drained
+	}
+	if err != nil {
+		r.logger.Warn("drain timed out: closing the connections still open", "err", err)
+		_ = srv.Close()
+	}
 }
 
 // server is what serves the API listener: h1's Server or NetHTTP.

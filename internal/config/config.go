@@ -303,6 +303,13 @@ type Server struct {
 	WriteTimeout Duration `json:"write_timeout"`
 	// ShutdownTimeout bounds the drain of in-flight requests. Default 30s.
 	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// DrainDelay is how long, after SIGINT or SIGTERM, the router keeps taking new requests
+	// while /readyz answers 503 ("draining"), before it closes the API listener and drains
+	// what is in flight (ShutdownTimeout): a load balancer that follows /readyz takes the
+	// router out of rotation before its port closes. It applies only once /readyz has been
+	// asked since the start (nobody follows it otherwise). Default DefaultDrainDelay (5s); 0:
+	// none, the listener closes at the signal.
+	DrainDelay *Duration `json:"drain_delay"`
 	// BodyReadTimeout bounds reading a request body, from its first read, plus one second for
 	// every BodyMinRate bytes received: a body trickled in slowly is cut (408), a large one
 	// sent at a fair pace is not. Default 30s.
@@ -1005,6 +1012,10 @@ func (s *Server) setDefaults(*Config) {
 	if s.ShutdownTimeout == 0 {
 		s.ShutdownTimeout = Duration(30 * time.Second)
 	}
+	if s.DrainDelay == nil {
+		d := Duration(DefaultDrainDelay)
+		s.DrainDelay = &d
+	}
 	if s.BodyReadTimeout == 0 {
 		s.BodyReadTimeout = Duration(DefaultBodyReadTimeout)
 	}
@@ -1026,7 +1037,16 @@ const (
 	DefaultBodyStallTimeout    = 10 * time.Second
 	DefaultMaxPendingBodyBytes = 256 << 20
 	DefaultWriteStallTimeout   = 60 * time.Second
+	DefaultDrainDelay          = 5 * time.Second
 )
+
+// Drain returns server.drain_delay (the default when unset).
+func (s Server) Drain() time.Duration {
+	if s.DrainDelay == nil {
+		return DefaultDrainDelay
+	}
+	return s.DrainDelay.D()
+}
 
 // BodyStall returns server.body_stall_timeout (the default when unset).
 func (s Server) BodyStall() time.Duration {
@@ -1063,6 +1083,9 @@ func (s *Server) validate(c *Config, p *problems) {
 		if f.v < 0 {
 			p.add("server."+f.key, "%v is negative: give a duration like 30s", f.v.D())
 		}
+	}
+	if d := s.DrainDelay; d != nil && *d < 0 {
+		p.add("server.drain_delay", "%v is negative: give a duration like 5s (0: none)", d.D())
 	}
 	if s.BodyMinRate < 0 {
 		p.add("server.body_min_rate", "%d is negative: give bytes per second (default %d)", s.BodyMinRate, DefaultBodyMinRate)

@@ -27,6 +27,7 @@ func TestParse_Defaults(t *testing.T) {
 	}
 	tru := true
 	two := 2
+	drain := Duration(DefaultDrainDelay)
 	want := &Config{
 		Listen:      "127.0.0.1:8080",
 		AdminListen: "127.0.0.1:9090",
@@ -44,7 +45,7 @@ func TestParse_Defaults(t *testing.T) {
 		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two, ConnectTimeout: Duration(5 * time.Second),
 			FirstTokenTimeout: Duration(2 * time.Minute), StallTimeout: Duration(10 * time.Second), ResponseTimeout: Duration(10 * time.Minute), StreamIdleTimeout: Duration(time.Minute)},
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
-			ShutdownTimeout: Duration(30 * time.Second), HTTPServer: HTTPServerBuiltin,
+			ShutdownTimeout: Duration(30 * time.Second), DrainDelay: &drain, HTTPServer: HTTPServerBuiltin,
 			BodyReadTimeout: Duration(30 * time.Second), BodyMinRate: 64 << 10, WriteStallTimeout: Duration(60 * time.Second)},
 		Log:       Log{Format: "json", Level: "info"},
 		Auth:      &Auth{Mode: AuthNone},
@@ -542,6 +543,27 @@ func TestParse_ClientTimeouts(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
+	}
+}
+
+// TestParse_DrainDelay: server.drain_delay is 5s when unset, 0 when set to 0 (none: not the
+// default again), and a negative one is an error naming the key.
+func TestParse_DrainDelay(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{{"", DefaultDrainDelay}, {"server: {drain_delay: 0s}\n", 0}, {"server: {drain_delay: 12s}\n", 12 * time.Second}} {
+		c, err := Parse([]byte(tc.yaml + "endpoints: [{url: http://127.0.0.1:1}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Server.Drain(); got != tc.want {
+			t.Errorf("%q: drain delay %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+	_, err := Parse([]byte("server: {drain_delay: -1s}\nendpoints: [{url: http://127.0.0.1:1}]\n"))
+	if want := "server.drain_delay: -1s is negative"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error %v lacks %q", err, want)
 	}
 }
 

@@ -416,7 +416,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 		rc.Backoff(proxy.RetryAfter(hdr))
 	}
 	st.sse = st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
-	set := []*corev3.HeaderValueOption{setHeader("x-request-id", st.x.RequestID())}
+	set := []*corev3.HeaderValueOption{setHeader("x-request-id", st.x.EchoedID())}
 	for k, vs := range st.out {
 		if k != "Retry-After" && k != "Retry-After-Ms" { // Retry-After is for refusals
 			set = append(set, setHeader(strings.ToLower(k), vs[0]))
@@ -728,7 +728,7 @@ func (st *stream) immediate(e *openai.Error) error {
 func (st *stream) immediateBody(code int, body []byte) error {
 	set := []*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
-		setHeader("x-request-id", st.x.RequestID()),
+		setHeader("x-request-id", st.x.EchoedID()),
 	}
 	for k, vs := range st.out {
 		set = append(set, setHeader(strings.ToLower(k), vs[0]))

@@ -17,11 +17,17 @@ import (
 
 const bufferedPartial = filterv3.ProcessingMode_BUFFERED_PARTIAL
 
-// cutEventRID1 is the error event `kvroute serve` ends a cut stream with (sseBody.cutShort),
-// for the request id the tests' requests carry.
-const cutEventRID1 = "event: error\n" +
-	`data: {"error":{"message":"the engine ended the stream before its end (request id rid-1)","type":"upstream_error","param":null,"code":"stream_cut"}}` +
-	"\n\n"
+// cutEventFor is the error event `kvroute serve` ends a cut stream with (sseBody.cutShort),
+// for a request of id rid.
+func cutEventFor(rid string) string {
+	return "event: error\n" +
+		`data: {"error":{"message":"the engine ended the stream before its end (request id ` + rid + `)","type":"upstream_error","param":null,"code":"stream_cut"}}` +
+		"\n\n"
+}
+
+// cutEventRID1 is cutEventFor the request id the tests' requests carry, the request's own
+// without tenants.
+var cutEventRID1 = cutEventFor("rid-1")
 
 // errEvent is an engine's error event after its head (vLLM's).
 const errEvent = `data: {"error":{"object":"error","message":"the engine ran out of KV cache","type":"InternalServerError","code":500}}` + "\n\n"
@@ -82,7 +88,8 @@ func TestPartialEventAtEnd(t *testing.T) {
 				got := e.answer(mode, []string{tc.whole, tc.last}, true)
 				want := tc.whole + tc.last
 				if tc.status != 200 && canRewrite(mode) {
-					want = tc.whole + cutEventRID1
+					// The error event quotes the request's id, the router's with tenants.
+					want = tc.whole + cutEventFor(routerID)
 				}
 				if got != want {
 					t.Errorf("client's stream = %q, want %q", got, want)

@@ -41,7 +41,8 @@ func withLog(logs *testlog.Buffer) fixtureOption {
 }
 
 // tenantFixture is a fixture whose gate knows one tenant, acme (key sk-acme), so that access
-// lines say what it was charged; they go to logs.
+// lines say what it was charged; they go to logs. With tenants the router makes each request's
+// id: here routerID.
 func tenantFixture(t *testing.T, logs *testlog.Buffer, names ...string) *fixture {
 	t.Helper()
 	cfg, err := config.Parse([]byte(`
@@ -58,8 +59,12 @@ tenants: [{name: acme, api_keys: ["` + tenant.HashKey("sk-acme") + `"]}]
 			t.Fatal(err)
 		}
 		h.Gate = gate
+		h.NewRequestID = func() string { return routerID }
 	})
 }
+
+// routerID is the id tenantFixture's router gives every request.
+const routerID = "kv-router-id"
 
 // accessLine is the one access line in logs.
 func accessLine(t *testing.T, logs *testlog.Buffer) map[string]any {

@@ -855,8 +855,10 @@ func logCut1(s string, n int) string {
 type Exchange struct{ c *call }
 
 // NewExchange starts a request that arrived now, carrying the client's x-request-id
-// (requestID; "" or longer than 128 bytes: a new one is made). via names the front end in the
-// access line ("ext_proc").
+// (requestID; "" when none). Its ids are the HTTP handler's (call.requestID): without tenants
+// the client's id, as it came (a new one where it sent none, or one longer than 128 bytes);
+// with tenants one of the router's making, the client's kept for the answer (EchoedID) and the
+// access line's client_request_id. via names the front end in the access line ("ext_proc").
 func (h *Handler) NewExchange(requestID, via string) *Exchange {
 	h.once.Do(h.init)
 	c := &call{h: h, cached: -1, timingsCached: -1, via: via, carried: true}
@@ -865,18 +867,17 @@ func (h *Handler) NewExchange(requestID, via string) *Exchange {
 	} else {
 		c.start = time.Now()
 	}
-	// The client's id, as it came, with tenants too: unlike serve (call.requestID), which
-	// makes its own then. ext_proc gives RequestID to the engines and back to the client
-	// alike; making it the router's there is ext_proc's change to make.
-	c.rid = requestID
-	if c.rid == "" || len(c.rid) > maxRequestID {
-		c.rid = h.NewRequestID()
-	}
+	c.requestID(requestID)
 	return &Exchange{c: c}
 }
 
-// RequestID is the request's x-request-id.
+// RequestID is the request's id: the engines' x-request-id, the access line's request_id, the
+// one error messages quote.
 func (x *Exchange) RequestID() string { return x.c.rid }
+
+// EchoedID is the x-request-id the client gets back in the answer: its own where it sent one
+// (with tenants, RequestID is the router's), else RequestID.
+func (x *Exchange) EchoedID() string { return x.c.echoedID() }
 
 // Handler is the handler whose settings the exchange follows.
 func (x *Exchange) Handler() *Handler { return x.c.h }

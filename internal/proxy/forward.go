@@ -772,6 +772,15 @@ func (s *sseBody) cutShort(err error) {
 	if s.ctx.Err() != nil && context.Cause(s.ctx) == context.Canceled {
 		return // the client went away (its request cancelled the engine's): nobody to tell
 	}
+	if shuttingDown(s.ctx) {
+		// The router's shutdown cut it, not the engine: the client is told so, and may send
+		// it again (to another replica).
+		s.c.shutdown = true
+		var b bytes.Buffer
+		_ = openai.WriteEvent(&b, "error", shutdownError(s.c.rid).Body())
+		s.queue(b.Bytes())
+		return
+	}
 	s.c.cut = true
 	msg := "the engine ended the stream before its end"
 	switch {
@@ -965,8 +974,8 @@ func (c *call) cachedTokens() int {
 // status is the request's final status for metrics, the access log and the tenant: what was
 // written, unless the answer did not go out whole. A response read to its end and written
 // without error is complete whatever the client does next; a stream the engine cut is a 502
-// (the client saw 200 and then an error event); an answer the client left before its end is a
-// 499 (nginx's code).
+// (the client saw 200 and then an error event); an answer the router's shutdown cut
+// (ErrShuttingDown) is a 503; an answer the client left before its end is a 499 (nginx's code).
 func (c *call) status(w *statusWriter, r *http.Request) int {
 	status := w.status
 	if status == 0 {
@@ -982,6 +991,12 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		return http.StatusBadGateway
 	case (c.complete || c.unterminated) && w.err == nil:
 		return status
+	case w.err == nil && (c.shutdown || shuttingDown(r.Context())):
+		// The router's shutdown cut the answer (ErrShuttingDown): the client got a 503, or
+		// its stream the error event that says so.
+		c.shutdown = true
+		c.errType, c.errCode = openai.TypeUnavailable, codeShuttingDown
+		return http.StatusServiceUnavailable
 	case w.err != nil || r.Context().Err() != nil:
 		return 499
 	case c.cut:
@@ -996,10 +1011,11 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 	return status
 }
 
-// failure is what the answer's status says of the endpoint that gave it.
+// failure is what the answer's status says of the endpoint that gave it (nothing when the
+// router's shutdown cut it).
 func (c *call) failure(status int) route.Failure {
 	switch {
-	case status < 400 || status == 499:
+	case status < 400 || status == 499 || c.shutdown:
 		return route.FailNone // fine, or the client's doing
 	case c.cut:
 		return route.FailCut

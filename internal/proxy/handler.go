@@ -311,6 +311,9 @@ type call struct {
 	// badAnswer: the engine's whole (not streamed) 2xx answer is not the JSON it must be (cut
 	// inside, or no JSON at all): a failure of the endpoint (takeBody, settle).
 	badAnswer bool
+	// shutdown: the router's shutdown cut the request (ErrShuttingDown): a 503 of its own, not
+	// the client's leaving nor a failure of the engine.
+	shutdown bool
 }
 
 // ep is the endpoint that answered the request, or nil.
@@ -406,6 +409,9 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	}
 	c.scratch = scratches.Get().(*openai.Scratch)
 	if oe := c.prepare(r.Context(), kind, body, r.Header, w.Header(), prepareOptions{addUsage: true}); oe != nil {
+		if shuttingDown(r.Context()) {
+			oe = shutdownError(c.rid) // cut while it waited (admission, a replica's hold)
+		}
 		h.writeError(w, c, oe)
 		return
 	}
@@ -413,7 +419,11 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
 	h.relay(w, out)
-	if w.status == 0 && r.Context().Err() != nil && r.Context().Value(http.ServerContextKey) != nil {
+	if w.status == 0 && shuttingDown(r.Context()) {
+		// The router's shutdown cut the request before any answer: it is told so (the relay
+		// answers nothing once the request's context has ended).
+		h.writeError(w, c, shutdownError(c.rid))
+	} else if w.status == 0 && r.Context().Err() != nil && r.Context().Value(http.ServerContextKey) != nil {
 		// The client went away before any answer (or half-closed its connection, which Go's
 		// servers take for the same, and the engine's request was cancelled): the connection
 		// ends without an answer, rather than with the empty 200 the server would send.

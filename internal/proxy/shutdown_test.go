@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestShutdownCut: a request still in flight when the router's drain runs out (Drain.Cut) is
+// answered for the router, not taken for a client that left (499) nor for a failure of the
+// engine: a stream ends with an SSE error event of code shutting_down, after the events it had,
+// and its body ends properly; a request whose answer has not begun gets a 503 of that code; one
+// that comes after the cut gets it at once. Each is logged and counted as a 503 with
+// error_type service_unavailable_error and error_code shutting_down, and passive health
+// checking hears nothing.
+func TestShutdownCut(t *testing.T) {
+	t.Run("stream", func(t *testing.T) {
+		const n = 3
+		eng := newOllamaLike(t, n, "hold")
+		f := newFixture(t, spec(eng.srv.URL, "m"))
+		hl := &healthLog{}
+		withLifecycle(t, f, nil, hl)
+		logs := jsonLogger(f)
+		d := NewDrain()
+		f.inner = d.Wrap(f.h)
+		resp, _ := postStream(t, f, "/v1/chat/completions", streamBodies["/v1/chat/completions"])
+		defer resp.Body.Close()
+		rd := bufio.NewReader(resp.Body)
+		for seen := 0; seen < n; {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatalf("after %d content events: %v", seen, err)
+			}
+			if strings.Contains(line, `" figur"`) {
+				seen++
+			}
+		}
+		if got := d.Cut(); got != 1 {
+			t.Errorf("Cut = %d, want 1 request in flight", got)
+		}
+		rest, err := io.ReadAll(rd)
+		if err != nil {
+			t.Errorf("the stream's body broke after the cut: %v (got %q)", err, rest)
+		}
+		if !strings.HasPrefix(string(rest), "\nevent: error\ndata: ") || !strings.Contains(string(rest), `"code":"shutting_down"`) ||
+			!strings.Contains(string(rest), `"type":"service_unavailable_error"`) {
+			t.Errorf("after its events the stream ended with %q, want an SSE error event of code shutting_down", rest)
+		}
+		waitClosed(t, eng.gone, "the engine's request was not cancelled by the cut")
+		f.wait(t)
+		checkShutdownSettled(t, f, hl, eng.srv.URL, lastAccess(t, logs), n)
+	})
+	t.Run("no answer yet", func(t *testing.T) {
+		arrived, gone := make(chan struct{}), make(chan struct{})
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			close(arrived)
+			<-r.Context().Done() // no answer until the router gives up
+			close(gone)
+		}))
+		defer eng.Close()
+		f := newFixture(t, spec(eng.URL, "m"))
+		hl := &healthLog{}
+		withLifecycle(t, f, nil, hl)
+		logs := jsonLogger(f)
+		d := NewDrain()
+		f.inner = d.Wrap(f.h)
+		type answer struct {
+			resp *http.Response
+			body []byte
+		}
+		answered := make(chan answer, 1)
+		go func() {
+			resp, err := f.srv.Client().Post(f.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				answered <- answer{}
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			answered <- answer{resp, b}
+		}()
+		waitClosed(t, arrived, "the engine did not get the request")
+		d.Cut()
+		var a answer
+		select {
+		case a = <-answered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer after the cut")
+		}
+		if a.resp == nil || a.resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(a.body), `"code":"shutting_down"`) {
+			t.Fatalf("answer after the cut: %v %q, want 503 shutting_down", a.resp, a.body)
+		}
+		waitClosed(t, gone, "the engine's request was not cancelled by the cut")
+		f.wait(t)
+		checkShutdownSettled(t, f, hl, eng.URL, lastAccess(t, logs), 0)
+	})
+	t.Run("after the cut", func(t *testing.T) {
+		e := newFakeEngine(t)
+		f := newFixture(t, spec(e.srv.URL, "m"))
+		d := NewDrain()
+		f.inner = d.Wrap(f.h)
+		d.Cut()
+		resp, body := f.post(t, "/v1/chat/completions", chatBody)
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"shutting_down"`) {
+			t.Errorf("a request after the cut: %d %q, want 503 shutting_down", resp.StatusCode, body)
+		}
+	})
+	t.Run("closing", func(t *testing.T) {
+		e := newFakeEngine(t)
+		f := newFixture(t, spec(e.srv.URL, "m"))
+		d := NewDrain()
+		f.inner = d.Wrap(f.h)
+		if resp, _ := f.post(t, "/v1/chat/completions", chatBody); resp.Close {
+			t.Error("before Closing: the answer closes its connection")
+		}
+		d.Closing()
+		resp, _ := f.post(t, "/v1/chat/completions", chatBody)
+		if resp.StatusCode != http.StatusOK || !resp.Close {
+			t.Errorf("after Closing: %d, connection close %v; want 200 with Connection: close", resp.StatusCode, resp.Close)
+		}
+		if got := d.InFlight(); got != 0 {
+			t.Errorf("InFlight = %d after every request ended, want 0", got)
+		}
+	})
+}
+
+// checkShutdownSettled checks how a request the shutdown cut on endpoint ep was settled: 503
+// shutting_down in the access line l (with the completion tokens relayed) and in
+// kvroute_requests_total, a failed result for the policy, nothing for passive health.
+func checkShutdownSettled(t *testing.T, f *fixture, hl *healthLog, ep string, l map[string]any, completion float64) {
+	t.Helper()
+	if l["status"] != 503.0 || l["error_type"] != "service_unavailable_error" || l["error_code"] != "shutting_down" || l["completion_tokens"] != completion {
+		t.Errorf("access line: status %v, error_type %v, error_code %v, completion_tokens %v; want 503, service_unavailable_error, shutting_down, %v",
+			l["status"], l["error_type"], l["error_code"], l["completion_tokens"], completion)
+	}
+	if got := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", ep, "503")); got != 1 {
+		t.Errorf("requests_total{status=503} = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", ep, "499")); got != 0 {
+		t.Errorf("requests_total{status=499} = %v, want 0", got)
+	}
+	if failed, ok := hl.told(); len(failed) != 0 || ok != 0 {
+		t.Errorf("passive health told failures %v and %d successes, want nothing: the router cut the request", failed, ok)
+	}
+	if len(f.pk.done) != 1 || f.pk.done[0].OK {
+		t.Errorf("policy told %+v, want one result, not OK", f.pk.done)
+	}
+}
