@@ -147,6 +147,23 @@ tenants:
 	if resp := models(c, ""); resp.StatusCode != http.StatusUnauthorized || !closed(c) {
 		t.Errorf("without a key: %d (Connection: close %v), the connection still open; want 401 and closed", resp.StatusCode, resp.Close)
 	}
+	// The server counts it until its goroutine has closed it, a moment after the client saw
+	// the close: counted still, it made the cap close one of the next two before its request.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		resp, err := http.Get("http://" + adminLn.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "kvroute_server_connections 0\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the closed connection is still counted after 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	// Two kept-alive connections, then a third: the first one, idle longest, is closed for it.
 	a, b := dial(), dial()
 	for _, c := range []conn{a, b} {
