@@ -600,7 +600,7 @@ func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	switch {
 	case st.x.Completed():
 		return !canRewrite(st.respMode), 0, 0
-	case ev.Cut && !ev.IsDone() && !isTerminal(ev.Name):
+	case ev.Cut && !ev.Ends():
 		st.partial = true
 		return !canRewrite(st.respMode), 0, 0
 	case !ev.Empty():
@@ -611,12 +611,6 @@ func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 		}
 	}
 	return st.x.Event(ev)
-}
-
-// isTerminal reports whether a Responses API event ends its stream (as internal/proxy reads
-// them).
-func isTerminal(name string) bool {
-	return name == "response.completed" || name == "response.incomplete" || name == "response.failed"
 }
 
 // cutEvent is the SSE error event that ends the client's stream where the engine cut it, as

@@ -27,6 +27,16 @@ type Event struct {
 // IsDone reports whether the event is the OpenAI stream terminator "data: [DONE]".
 func (e *Event) IsDone() bool { return bytes.Equal(e.Data, []byte("[DONE]")) }
 
+// Ends reports whether e ends its stream: the chat and completions APIs' [DONE], or a
+// Responses API terminal event.
+func (e *Event) Ends() bool {
+	switch e.Name {
+	case "response.completed", "response.incomplete", "response.failed":
+		return true
+	}
+	return e.IsDone()
+}
+
 // IsErrorData reports whether an event's data is an error object rather than a chunk: an
 // engine that fails a stream after its head sends one (vLLM: {"error": {...}}, or its older
 // {"object": "error", ...}), then usually [DONE].

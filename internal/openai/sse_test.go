@@ -56,8 +56,16 @@ func TestSSEReader(t *testing.T) {
 	if raw.String() != in {
 		t.Errorf("raw bytes do not reassemble the stream")
 	}
-	if !evs[3].IsDone() {
+	if !evs[3].IsDone() || !evs[3].Ends() {
 		t.Error("[DONE] not recognised")
+	}
+	for _, ev := range []Event{{Name: "response.completed"}, {Name: "response.incomplete"}, {Name: "response.failed"}} {
+		if !ev.Ends() {
+			t.Errorf("%s does not end its stream", ev.Name)
+		}
+	}
+	if evs[2].Ends() || evs[0].Ends() {
+		t.Error("an event mid-stream taken for the end")
 	}
 }
 

@@ -444,7 +444,7 @@ func (c *call) takeEvent(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	if c.req != nil && c.req.Kind == openai.KindResponse && c.respID == "" && len(ev.Data) > 0 {
 		c.respID = openai.ResponseID(ev.Data)
 	}
-	if ev.IsDone() || isTerminal(ev.Name) {
+	if ev.Ends() {
 		c.complete = true
 	}
 	if ev.Name == "error" || ev.Name == "response.failed" || openai.IsErrorData(ev.Data) {

@@ -687,7 +687,7 @@ func (s *sseBody) relayed() bool { return s.c.complete && len(s.pending) == 0 }
 // and the stream ends with an error event (a client would otherwise get a partial event with
 // the error event glued to it).
 func cutInside(ev openai.Event) bool {
-	return ev.Cut && !ev.IsDone() && !isTerminal(ev.Name)
+	return ev.Cut && !ev.Ends()
 }
 
 // take queues one event for the client, unless the call drops it (the usage chunk the client
@@ -738,11 +738,6 @@ func (s *sseBody) takeBuffered(limit int) {
 		}
 		s.take(ev)
 	}
-}
-
-// isTerminal reports whether a Responses API event ends its stream.
-func isTerminal(name string) bool {
-	return name == "response.completed" || name == "response.incomplete" || name == "response.failed"
 }
 
 // endedUnterminated ends a stream whose body the engine ended properly (its chunked end, or
