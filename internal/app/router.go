@@ -971,6 +971,9 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 		BaseEjection:      cfg.Health.EjectionTime.D(),
 		MaxEjection:       cfg.Health.MaxEjectionTime.D(),
 		MaxEjectedPercent: cfg.Health.MaxEjectedPercent,
+		RefusalPercent:    cfg.Health.RefusalPercent,
+		RefusalVolume:     cfg.Health.RefusalVolume,
+		RefusalWindow:     cfg.Health.RefusalWindow.D(),
 		// The fleet an ejection must leave standing is the endpoints that can take requests:
 		// counted over every endpoint, one failing its health checks made room for the last
 		// endpoint standing to be ejected, and every request then got a 503.

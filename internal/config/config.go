@@ -216,6 +216,14 @@ type Health struct {
 	// MaxEjectedPercent bounds the share of the endpoints passively ejected at once (at
 	// least one may be; never the last one). Default 50.
 	MaxEjectedPercent int `json:"max_ejected_percent"`
+	// The refusal rule: an endpoint that refused (a 4xx other than 429) at least
+	// RefusalPercent % of the requests it answered over about the last RefusalWindow, at least
+	// RefusalVolume of them, while the rest of the fleet refused at most half as large a share,
+	// is ejected as after consecutive failures. Defaults 85, 20 and 1m; a RefusalPercent of -1
+	// turns the rule off.
+	RefusalPercent int      `json:"refusal_percent"`
+	RefusalVolume  int      `json:"refusal_volume"`
+	RefusalWindow  Duration `json:"refusal_window"`
 	// WarmUp is how long an endpoint that joins a running router (discovery, a scale-up)
 	// takes to reach its full share of first choices, so that a new, empty engine does not take
 	// every cold prefix at once. Default 20s; "0s" or a negative value turns it off.
@@ -872,6 +880,15 @@ func (h *Health) setDefaults(*Config) {
 	if h.MaxEjectedPercent == 0 {
 		h.MaxEjectedPercent = 50
 	}
+	if h.RefusalPercent == 0 {
+		h.RefusalPercent = 85
+	}
+	if h.RefusalVolume == 0 {
+		h.RefusalVolume = 20
+	}
+	if h.RefusalWindow == 0 {
+		h.RefusalWindow = Duration(time.Minute)
+	}
 }
 
 func (h *Health) validate(_ *Config, p *problems) {
@@ -883,6 +900,15 @@ func (h *Health) validate(_ *Config, p *problems) {
 	}
 	if h.MaxEjectedPercent < 0 || h.MaxEjectedPercent > 100 {
 		p.add("health.max_ejected_percent", "%d: must be a percentage from 1 to 100", h.MaxEjectedPercent)
+	}
+	if h.RefusalPercent != -1 && (h.RefusalPercent < 1 || h.RefusalPercent > 100) {
+		p.add("health.refusal_percent", "%d: must be a percentage from 1 to 100, or -1 to turn the refusal rule off", h.RefusalPercent)
+	}
+	if h.RefusalVolume < 0 {
+		p.add("health.refusal_volume", "%d is negative: give the answers an endpoint must have given to be judged, like 20", h.RefusalVolume)
+	}
+	if h.RefusalWindow < 0 {
+		p.add("health.refusal_window", "must be positive, like 1m")
 	}
 	if h.Interval < 0 {
 		p.add("health.interval", "must be positive, like 5s")

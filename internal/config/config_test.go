@@ -39,7 +39,8 @@ func TestParse_Defaults(t *testing.T) {
 		Discovery: Discovery{PollInterval: Duration(30 * time.Second)},
 		Health: Health{Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second), UnhealthyInterval: Duration(time.Second),
 			HealthyThreshold: 1, UnhealthyThreshold: 2, PassiveFailures: 3,
-			EjectionTime: Duration(30 * time.Second), MaxEjectionTime: Duration(5 * time.Minute), MaxEjectedPercent: 50},
+			EjectionTime: Duration(30 * time.Second), MaxEjectionTime: Duration(5 * time.Minute), MaxEjectedPercent: 50,
+			RefusalPercent: 85, RefusalVolume: 20, RefusalWindow: Duration(time.Minute)},
 		Scrape: Scrape{Interval: Duration(time.Second), Timeout: Duration(time.Second)},
 		Prefix: Prefix{BlockTokens: 16},
 		Limits: Limits{MaxBodyBytes: 16 << 20, MaxRetries: &two, ConnectTimeout: Duration(5 * time.Second),
@@ -614,6 +615,9 @@ func TestParse_UnhealthyInterval(t *testing.T) {
 	for health, want := range map[string]string{
 		"{unhealthy_interval: 10s}": "health.unhealthy_interval: 10s is longer than health.interval 5s: make it at most that",
 		"{unhealthy_interval: -1s}": "health.unhealthy_interval: must be positive, like 1s",
+		"{refusal_percent: 101}":    "health.refusal_percent: 101: must be a percentage from 1 to 100, or -1 to turn the refusal rule off",
+		"{refusal_volume: -2}":      "health.refusal_volume: -2 is negative",
+		"{refusal_window: -1m}":     "health.refusal_window: must be positive, like 1m",
 	} {
 		_, err := Parse([]byte("health: " + health + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))
 		if err == nil || !strings.Contains(err.Error(), want) {
