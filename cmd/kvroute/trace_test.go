@@ -168,18 +168,7 @@ func TestEmptyTrace(t *testing.T) {
 		{"empty stdin", "-", "", "standard input: " + strings.Replace(want, "%s", "the trace is empty", 1)},
 		{"blank stdin", "-", "\n\n", "standard input: " + strings.Replace(want, "%s", "nothing but 2 blank line(s)", 1)},
 	}
-	verbs := []struct {
-		verb string
-		args []string
-	}{
-		{"analyze", nil},
-		{"simulate", []string{"--policies", "random"}},
-		{"simulate", []string{"--scorecard", "--scenarios", "mooncake", "--policies", "random"}},
-		{"plan", []string{"--slo-ttft-p90", "1s", "--policies", "random"}},
-		{"bench", []string{"--target", "http://127.0.0.1:1"}},
-		{"demo", []string{"--html", "", "--policies", "round-robin"}},
-	}
-	for _, v := range verbs {
+	for _, v := range traceVerbs {
 		for _, in := range inputs {
 			t.Run(strings.TrimSpace(v.verb+" "+strings.Join(v.args, " "))+"/"+in.name, func(t *testing.T) {
 				args := append([]string{"--trace", in.file}, v.args...)
