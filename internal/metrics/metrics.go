@@ -246,7 +246,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: pickBuckets,
 		})),
 		Retries: byEndpoint(prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error, unavailable: a 503, busy: a 429, timeout: no first token or answer in time).",
+			Name: "kvroute_retries_total", Help: "Requests sent to the next ranked endpoint after a failure of this one, by reason (connect_error; unavailable: a 503; busy: a 429; timeout: no first token or answer in time; lost: the connection lost before any byte reached the client; server_error: a 500, 502 or 504; not_served: a 404, the engine does not serve the model). lost and server_error are retried once per request.",
 		}, []string{"endpoint", "reason"})),
 		Moved: byEndpoint(prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_requests_moved_total", Help: "Requests whose first endpoint was not the policy's pick, by that endpoint and why (pin: previous_response_id; backoff: the pick answered 429 or stalled; warm_up: the pick joined recently; cache_probe: a probe of this cache-blind endpoint).",
