@@ -102,6 +102,26 @@ func (d delegate) NotifyConflict(existing, other *memberlist.Node) {
 	}
 }
 
+// NotifyMerge sees a peer's whole member list when this replica exchanges state with it on
+// joining or announcing (Node.announce). A peer that still places this replica's name at
+// another address, alive or suspected, is a claim as NotifyConflict's is. Without it the claim
+// was heard only while peers sent the previous run as alive: once they suspected it, nothing
+// renewed the claim, and the announcements could stop (nameClaimFresh) just before the peers
+// saw the previous run dead, leaving them without this run until their next periodic state
+// exchange, 30 s or more later (TestRestartAtNewAddress failed so about one run in six).
+func (d delegate) NotifyMerge(peers []*memberlist.Node) error {
+	self := d.n.GossipAddr()
+	for _, p := range peers {
+		if p.Name != d.n.cfg.Name || p.State != memberlist.StateAlive && p.State != memberlist.StateSuspect {
+			continue
+		}
+		if addr := net.JoinHostPort(p.Addr.String(), strconv.Itoa(int(p.Port))); addr != self && self != "" {
+			d.n.claim.Store(&nameClaim{addr: addr, at: time.Now()})
+		}
+	}
+	return nil
+}
+
 // changed wakes the manager.
 func (n *Node) changed() {
 	select {
@@ -147,6 +167,7 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
 	c.Conflict = delegate{n}
+	c.Merge = delegate{n}
 	c.Logger = nil
 	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping,
 		undecryptable: func() { n.m.Dropped.WithLabelValues("unauthenticated").Inc() }}
