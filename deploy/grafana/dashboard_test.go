@@ -1,10 +1,12 @@
 // Package grafana holds the router's Grafana dashboard (kvroute.json); its test checks that the
-// dashboard is valid JSON, queries only metrics the router exports, and puts one unit on each
-// panel's axis. test/e2e's TestDashboardQueriesAgainstPrometheus runs every query against a real
+// dashboard is valid JSON, queries only metrics the router exports (those internal/metrics
+// makes and those a router started on loopback serves), and puts one unit on each panel's
+// axis. test/e2e's TestDashboardQueriesAgainstPrometheus runs every query against a real
 // Prometheus scraping a router under load.
 package grafana
 
 import (
+	"context"
 	"encoding/json"
 	"maps"
 	"os"
@@ -13,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/deploy/internal/routermetrics"
 )
 
 type dashboard struct {
@@ -119,7 +121,7 @@ func TestDashboard(t *testing.T) {
 	if d.UID == "" || d.Title == "" {
 		t.Errorf("uid %q title %q: both must be set", d.UID, d.Title)
 	}
-	exported, err := metrics.Names()
+	exported, err := routermetrics.Names(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +132,7 @@ func TestDashboard(t *testing.T) {
 
 	ids := map[int]bool{}
 	var titles []string
+	queried := map[string][]string{} // panel title -> the metrics its queries read
 	for _, p := range d.Panels {
 		if ids[p.ID] {
 			t.Errorf("panel id %d used twice", p.ID)
@@ -158,6 +161,7 @@ func TestDashboard(t *testing.T) {
 			if len(names) == 0 {
 				t.Errorf("panel %q: query %q reads no kvroute metric", p.Title, tg.Expr)
 			}
+			queried[p.Title] = append(queried[p.Title], names...)
 			for _, n := range names {
 				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
 				if !slices.Contains(exported, base) {
@@ -190,6 +194,32 @@ func TestDashboard(t *testing.T) {
 		"Cached tokens/s per engine: found vs predicted", "Cache-blind endpoints", "Engine KV-cache usage", "Engine requests: waiting and running"} {
 		if !slices.Contains(titles, want) {
 			t.Errorf("no panel %q (panels: %q)", want, titles)
+		}
+	}
+	// The API server's connection and body limits, config reloads and builds: each has its
+	// panel, which reads these metrics.
+	for title, want := range map[string][]string{
+		"API connections: open and cap":                  {"kvroute_server_connections", "kvroute_server_max_connections"},
+		"Connections dropped at the cap, by reason":      {"kvroute_server_connections_dropped_total"},
+		"Request bodies being received: bytes and cap":   {"kvroute_server_pending_body_bytes", "kvroute_server_max_pending_body_bytes"},
+		"Requests refused for the bodies being received": {"kvroute_server_body_refusals_total"},
+		"Config reload status":                           {"kvroute_config_last_reload_successful"},
+		"Router version per pod":                         {"kvroute_build_info"},
+	} {
+		got, ok := queried[title]
+		if !ok {
+			t.Errorf("no panel %q", title)
+			continue
+		}
+		for _, m := range want {
+			if !slices.Contains(got, m) {
+				t.Errorf("panel %q reads %v, want %s among them", title, got, m)
+			}
+		}
+	}
+	for _, p := range d.Panels {
+		if p.Title == "Connections dropped at the cap, by reason" && (len(p.Targets) != 1 || !strings.Contains(p.Targets[0].Expr, "reason)")) {
+			t.Errorf("panel %q: %+v, want the drops by reason (idle_closed, refused)", p.Title, p.Targets)
 		}
 	}
 }

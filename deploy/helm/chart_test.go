@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/policy"
 )
 
 // helmBinary finds helm: $KVROUTE_HELM (CI sets it from scripts/helm.sh), then the cache that
@@ -105,6 +106,7 @@ type serviceMonitorSpec struct {
 	Endpoints []struct {
 		Port          string `json:"port"`
 		Path          string `json:"path"`
+		HonorLabels   bool   `json:"honorLabels"`
 		Interval      string `json:"interval"`
 		ScrapeTimeout string `json:"scrapeTimeout"`
 	} `json:"endpoints"`
@@ -196,16 +198,36 @@ func decodeAll(t *testing.T, out string) *manifests {
 	if m.deployment == nil || m.configMap == nil {
 		t.Fatalf("rendered kinds %v: want a Deployment and a ConfigMap", m.kinds)
 	}
+	// Whatever the values, the pod stops in the order its config's drain needs.
+	checkShutdown(t, m)
 	return m
 }
 
-// kvrouteConfig loads the rendered kvroute.yaml the way kvroute does (strictly).
+// serveChecks are the judgements kvroute serve (and serve --check) makes of its config at start
+// (cmd/kvroute's configChecks): the policy's name and parameters besides what config judges
+// alone. The secrets are not read: the files the rendered config names are the pod's mounts.
+func serveChecks() config.Checks {
+	return config.Checks{PolicyNames: policy.Names(), Policy: policy.Check}
+}
+
+// loadAsServe loads a kvroute.yaml the way kvroute serve --check does: from a file, strictly,
+// with serveChecks.
+func loadAsServe(t *testing.T, data string) (*config.Config, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return config.LoadWith(path, nil, serveChecks())
+}
+
+// kvrouteConfig loads the rendered kvroute.yaml the way kvroute serve --check does.
 func (m *manifests) kvrouteConfig(t *testing.T) *config.Config {
 	t.Helper()
 	data := m.configMap.Data["kvroute.yaml"]
-	c, err := config.Parse([]byte(data))
+	c, err := loadAsServe(t, data)
 	if err != nil {
-		t.Fatalf("kvroute rejects the rendered config: %v\n%s", err, data)
+		t.Fatalf("kvroute serve --check rejects the rendered config: %v\n%s", err, data)
 	}
 	return c
 }
@@ -337,8 +359,8 @@ func TestChartDefaults(t *testing.T) {
 	if m.hpa != nil || m.monitor != nil || len(m.secrets) != 0 {
 		t.Errorf("optional objects rendered by default: %v", m.kinds)
 	}
-	if h := m.deployment.Spec.Template.Spec.Containers[0].Lifecycle; h == nil || h.PreStop == nil || h.PreStop.Sleep == nil || h.PreStop.Sleep.Seconds != 5 {
-		t.Errorf("preStop %+v: want a 5 s sleep", h)
+	if h := m.deployment.Spec.Template.Spec.Containers[0].Lifecycle; h != nil {
+		t.Errorf("lifecycle %+v: want no preStop sleep (kvroute's drain delay keeps the API listener open while the endpoints follow)", h)
 	}
 	if env := m.deployment.Spec.Template.Spec.Containers[0].Env; len(env) != 1 || env[0].Name != "GOMEMLIMIT" || env[0].Value != "921MiB" {
 		t.Errorf("env %+v: want GOMEMLIMIT at 90 %% of the 1Gi limit, 921MiB", env)
@@ -401,6 +423,12 @@ image: {digest: "sha256:74a92ec4679174f9cd378bdb4a22838cba04eb7774215071e04f57b2
 	}
 	if m.monitor == nil || m.monitor.Metadata["labels"].(map[string]any)["release"] != "prometheus" || m.monitor.Spec.Endpoints[0].Port != "admin" {
 		t.Errorf("service monitor %+v", m.monitor)
+	}
+	// The Operator sets endpoint="admin" (the port's name) on every series it scrapes; without
+	// honorLabels kvroute's endpoint label, which the dashboard and alerts group by, is renamed
+	// exported_endpoint.
+	if m.monitor != nil && !m.monitor.Spec.Endpoints[0].HonorLabels {
+		t.Errorf("service monitor endpoint %+v: want honorLabels, so that kvroute's endpoint label stays endpoint", m.monitor.Spec.Endpoints[0])
 	}
 	if m.pdb != nil {
 		t.Error("a pod disruption budget though disabled")
@@ -516,5 +544,30 @@ func TestChartRefusesWhatItCannotRender(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("values %q: %v, want an error saying %q", tc.values, err, tc.want)
 		}
+	}
+}
+
+// TestChartConfigJudgedAsServeDoes: the rendered config is held to what kvroute serve --check
+// judges, not only to what the config package judges alone: a misspelt policy parameter
+// decodes (policy.params is free-form) and would stop every pod at start.
+func TestChartConfigJudgedAsServeDoes(t *testing.T) {
+	out, err := render(t, "config: {policy: {name: prefix-aware, params: {max_load_factr: 1.5}}}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := decodeAll(t, out).configMap.Data["kvroute.yaml"]
+	if _, err := config.Parse([]byte(data)); err != nil {
+		t.Fatalf("config.Parse: %v; the case needs a config that only serve's checks refuse", err)
+	}
+	if _, err := loadAsServe(t, data); err == nil || !strings.Contains(err.Error(), `policy.params: policy prefix-aware: unknown parameter "max_load_factr"`) {
+		t.Errorf("a misspelt policy parameter: %v, want serve's checks to name it", err)
+	}
+	// The defaults draw no warning from serve --check either.
+	out, err = render(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := decodeAll(t, out).kvrouteConfig(t).Warnings; len(w) != 0 {
+		t.Errorf("the default config draws warnings: %q", w)
 	}
 }

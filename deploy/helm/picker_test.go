@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -171,7 +172,7 @@ config:
 }
 
 func TestChartEndpointPickerOwnPool(t *testing.T) {
-	out, err := render(t, "mode: endpointPicker\nendpointPicker: {tls: {selfSigned: false}}\n")
+	out, err := render(t, "mode: endpointPicker\nendpointPicker: {tls: {selfSigned: false}, inferencePool: {grace: 90s}}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,6 +183,10 @@ func TestChartEndpointPickerOwnPool(t *testing.T) {
 	c := m.kvrouteConfig(t)
 	if c.ExtProc.TLS.Enabled() || c.Discovery.InferencePool == nil || c.Discovery.InferencePool.Name != "llm-kvroute" {
 		t.Errorf("extproc tls %+v, inference_pool %+v: want plain gRPC and the pool named after the release", c.ExtProc.TLS, c.Discovery.InferencePool)
+	}
+	// The grace of a vanished pool: the chart owns discovery.inference_pool, so it passes it on.
+	if ip := c.Discovery.InferencePool; ip == nil || ip.Grace.D() != 90*time.Second {
+		t.Errorf("inference_pool %+v: want grace 90s from endpointPicker.inferencePool.grace", ip)
 	}
 }
 

@@ -1,11 +1,13 @@
 // Package prometheus holds the router's alerting rules (alerts.yaml) and their promtool unit
 // tests (alerts_test.yaml). Its test checks that every alert queries metrics the router
-// exports, has a runbook section in docs/operations.md and a promtool case that fires and one
-// that does not, and runs promtool check rules and promtool test rules when promtool is
-// installed (CI installs it with Debian's prometheus package).
+// exports (those internal/metrics makes and those a router started on loopback serves), has a
+// runbook section in docs/operations.md and a promtool case that fires and one that does not,
+// and runs promtool check rules and promtool test rules when promtool is installed (CI
+// installs it with Debian's prometheus package).
 package prometheus
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"regexp"
@@ -15,7 +17,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/deploy/internal/routermetrics"
 )
 
 type ruleFile struct {
@@ -49,6 +51,11 @@ type testFile struct {
 // that will add it; docs/operations.md says so in the alert's runbook.
 var pending = map[string]string{}
 
+// runbookPending are the alerts whose runbook section docs/operations.md does not have yet,
+// each with where its text waits; the test fails once the section is there, so that the entry
+// goes.
+var runbookPending = map[string]string{}
+
 var metricName = regexp.MustCompile(`\bkvroute_[a-z_]+`)
 
 // readYAML decodes the parts of a YAML file that v names (strict: v must name every field).
@@ -72,7 +79,7 @@ func TestAlerts(t *testing.T) {
 	readYAML(t, "alerts.yaml", &rules, true)
 	var tests testFile
 	readYAML(t, "alerts_test.yaml", &tests, false)
-	exported, err := metrics.Names()
+	exported, err := routermetrics.Names(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,8 +112,14 @@ func TestAlerts(t *testing.T) {
 				}
 			}
 			_, anchor, _ := strings.Cut(r.Annotations["runbook_url"], "docs/operations.md#")
-			if anchor != strings.ToLower(r.Alert) || !anchors[anchor] {
+			waits := runbookPending[r.Alert]
+			switch {
+			case anchor != strings.ToLower(r.Alert) || !anchors[anchor] && waits == "":
 				t.Errorf("%s: runbook_url %q: want docs/operations.md#%s, a heading there", r.Alert, r.Annotations["runbook_url"], strings.ToLower(r.Alert))
+			case anchors[anchor] && waits != "":
+				t.Errorf("%s: docs/operations.md has its runbook section now: remove it from runbookPending", r.Alert)
+			case waits != "":
+				t.Logf("%s: no runbook section in docs/operations.md yet (its text: %s)", r.Alert, waits)
 			}
 			names := metricName.FindAllString(r.Expr, -1)
 			if len(names) == 0 {

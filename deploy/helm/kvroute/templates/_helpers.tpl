@@ -52,6 +52,7 @@ app.kubernetes.io/component: router
 {{- end -}}
 {{- include "kvroute.validatePicker" . -}}
 {{- include "kvroute.validatePeers" . -}}
+{{- include "kvroute.validateShutdown" . -}}
 {{- range $k := list "listen" "admin_listen" -}}
 {{- if hasKey $.Values.config $k -}}
 {{- fail (printf "config.%s: leave it out: the chart sets it from service.api.port and service.admin.port" $k) -}}

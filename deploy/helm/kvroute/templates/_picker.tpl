@@ -45,7 +45,11 @@
 {{- $_ := set $cfg "extproc" $ext -}}
 {{- $pool := $ep.inferencePool -}}
 {{- $d := deepCopy ($cfg.discovery | default dict) -}}
-{{- $_ := set $d "inference_pool" (dict "name" (include "kvroute.poolName" $) "namespace" $.Release.Namespace "scheme" $pool.scheme "endpoint" $pool.endpoint) -}}
+{{- $ip := dict "name" (include "kvroute.poolName" $) "namespace" $.Release.Namespace "scheme" $pool.scheme "endpoint" $pool.endpoint -}}
+{{- with $pool.grace -}}
+{{- $_ := set $ip "grace" . -}}
+{{- end -}}
+{{- $_ := set $d "inference_pool" $ip -}}
 {{- $_ := set $cfg "discovery" $d -}}
 {{- end -}}
 {{- end -}}
