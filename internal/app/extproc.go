@@ -24,7 +24,9 @@ import (
 // access log, reloads included), so a request picked through Envoy and one proxied by the
 // router are one fleet's traffic to the policy.
 func (r *Router) ExtProc() *extproc.Server {
-	return &extproc.Server{Handler: r.h.Load, Logger: r.logger, MaxEndpoints: r.Config().ExtProc.MaxEndpoints}
+	cfg := r.Config()
+	return &extproc.Server{Handler: r.h.Load, Logger: r.logger, MaxEndpoints: cfg.ExtProc.MaxEndpoints,
+		DrainDelay: cfg.Server.Drain(), ReadinessAsked: r.readyAsked.Load}
 }
 
 // extProcMessage is the least gRPC lets a message be (the default limits.max_body_bytes is 16

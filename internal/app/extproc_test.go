@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/extproc"
 )
 
@@ -60,7 +61,14 @@ func TestRouterServesExtProc(t *testing.T) {
 		{"files", "{cert_file: " + certFile + ", key_file: " + keyFile + "}", &tls.Config{RootCAs: roots}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := extProcRouter(t, "extproc: {listen: 127.0.0.1:0, health_listen: 127.0.0.1:0, tls: "+tc.tls+"}\n")
+			cfg := routerConfig(t, "extproc: {listen: 127.0.0.1:0, health_listen: 127.0.0.1:0, tls: "+tc.tls+"}\n", "http://10.1.2.3:8000")
+			var none config.Duration // no drain delay: the test asks readiness, then stops
+			cfg.Server.DrainDelay = &none
+			r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
 			ln, hln := loopback(t), loopback(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -29,6 +29,9 @@
 //
 // The endpoint subset hint (filter metadata envoy.lb.subset_hint /
 // x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the
-// request: a client that went away does not count against its endpoint. docs/kubernetes.md
-// ("Endpoint-picker mode") says how to configure Envoy.
+// request: a client that went away does not count against its endpoint (but for one that left
+// a stalled engine before its first token, as in `kvroute serve`). Serve shuts down as `kvroute
+// serve` does: health not serving at once, new streams taken for a drain delay, then a drain,
+// and the streams still open at its end answered 503 shutting_down and settled so.
+// docs/kubernetes.md ("Endpoint-picker mode") says how to configure Envoy.
 package extproc

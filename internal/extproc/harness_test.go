@@ -77,10 +77,25 @@ func (p *orderPicker) events() []string {
 	return append([]string(nil), p.log...)
 }
 
-// recHealth is passive health checking that never ejects and records the failures it hears.
+// recHealth is passive health checking that never ejects and records the failures and the
+// refusals (route.RefusalHealth) it hears.
 type recHealth struct {
-	mu     sync.Mutex
-	failed []string
+	mu      sync.Mutex
+	failed  []string
+	refused []string
+}
+
+func (h *recHealth) Refused(ep *endpoint.Endpoint) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refused = append(h.refused, ep.Name)
+	return false
+}
+
+func (h *recHealth) refusals() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.refused...)
 }
 
 func (h *recHealth) Failed(ep *endpoint.Endpoint, f route.Failure) bool {

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -99,12 +100,26 @@ type Server struct {
 	// IdleTimeout closes, in Serve, a connection that has had no stream open for this long; 0:
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// DrainDelay is how long Serve goes on taking new streams once ctx has ended, its health
+	// answering NOT_SERVING already, so that the gateways and Kubernetes stop sending streams
+	// before it stops taking them (server.drain_delay, as `kvroute serve` waits before it
+	// closes its API listener); 0: none. As there, it is skipped where nothing follows
+	// readiness: nothing asked this server's health for readiness (Readiness, ServiceName, or
+	// the server as a whole) since Serve began, and ReadinessAsked, where set, says nobody
+	// asked the router's own.
+	DrainDelay time.Duration
+	// ReadinessAsked reports whether the router's readiness was asked elsewhere (the admin
+	// listener's /readyz); nil: only this server's health service counts.
+	ReadinessAsked func() bool
 	// pingEvery and pingWait replace keepalivePing and keepaliveAckWait (tests); 0: those.
 	pingEvery, pingWait time.Duration
 
 	addrs  sync.Map // endpoint name -> its "ip:port" for Envoy, "" when its host is not an IP
 	nAddrs int      // entries in addrs, approximately: the map is cleared past maxAddrs
 	mu     sync.Mutex
+
+	drain       drainer     // the streams in flight, and their cut at the end of a drain
+	healthAsked atomic.Bool // this server's health was asked for readiness (DrainDelay)
 }
 
 // maxAddrs bounds the cache of endpoint addresses (endpoints come and go).
@@ -115,10 +130,27 @@ var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 // Process serves one ext_proc stream: one HTTP request. It returns when the request has ended
 // (nil), or with a gRPC status when the stream broke the protocol after the answer started.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	cut := s.drain.begin()
+	defer s.drain.end()
+	// The request's context ends with proxy.ErrShuttingDown when the drain runs out (a pick
+	// waiting for admission is let go at once), and the stream is then answered as cut.
+	ctx, cancel := context.WithCancelCause(srv.Context())
+	defer cancel(nil)
 	// Envoy names its body modes in its first message (protocol_config, since 1.34); without
 	// it, the modes the Inference Extension's gateways configure are assumed.
-	st := &stream{s: s, srv: srv, ctx: srv.Context(), log: s.logger(),
+	st := &stream{s: s, srv: srv, ctx: ctx, log: s.logger(),
 		reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	cutDone := make(chan struct{})
+	stop := context.AfterFunc(cut, func() {
+		defer close(cutDone)
+		cancel(proxy.ErrShuttingDown)
+		st.shutdown()
+	})
+	defer func() {
+		if !stop() {
+			<-cutDone // its answer is sent before the stream ends, or not at all
+		}
+	}()
 	return st.run()
 }
 
@@ -183,8 +215,35 @@ func hostPort(base string) string {
 func (s *Server) Register(g *grpc.Server, hs *health.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	if hs != nil {
-		healthpb.RegisterHealthServer(g, hs)
+		healthpb.RegisterHealthServer(g, askedHealth{Server: hs, asked: &s.healthAsked})
 	}
+}
+
+// askedHealth is a health service that notes whether it was asked for readiness (Readiness,
+// ServiceName, or the server as a whole: ""): something follows it, and a drain waits for it
+// (DrainDelay). Liveness asks do not count.
+type askedHealth struct {
+	*health.Server
+	asked *atomic.Bool
+}
+
+func (h askedHealth) note(service string) {
+	switch service {
+	case Readiness, ServiceName, "":
+		if !h.asked.Load() {
+			h.asked.Store(true)
+		}
+	}
+}
+
+func (h askedHealth) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	h.note(req.GetService())
+	return h.Server.Check(ctx, req)
+}
+
+func (h askedHealth) Watch(req *healthpb.HealthCheckRequest, srv healthpb.Health_WatchServer) error {
+	h.note(req.GetService())
+	return h.Server.Watch(req, srv)
 }
 
 // NewHealth returns a gRPC health server with Liveness serving and Readiness and ServiceName
@@ -249,10 +308,21 @@ func (s *Server) keepalive() []grpc.ServerOption {
 }
 
 // Serve serves the picker (and health) on ln and health alone on healthLn (nil: none) until
-// ctx ends, then stops taking new streams and waits up to drain for the ones in flight (each
-// is an HTTP request, streams included) before closing them. pool is watched for readiness.
-// On both listeners a connection without a stream is closed after IdleTimeout; opts, applied
-// to the picker's server after that policy, may replace it (grpc.KeepaliveParams).
+// ctx ends, then shuts down as `kvroute serve` does, in the order a gateway can follow:
+//
+//  1. health answers NOT_SERVING at once (every service: WatchHealth);
+//  2. new streams are still taken for DrainDelay, while gateways and Kubernetes that follow
+//     readiness take the picker out (skipped where nothing asked for it);
+//  3. no new stream is taken (gRPC GOAWAY), and the streams in flight (each an HTTP request,
+//     streams included) get drain to end;
+//  4. those still open then are cut: each is answered with an immediate response 503 of code
+//     shutting_down (a stream whose events pass through kvroute first gets that error event),
+//     settled, logged and counted as 503 shutting_down, nothing against its engine, and a
+//     warning says how many. The connections still open cutGrace later are closed.
+//
+// pool is watched for readiness. On both listeners a connection without a stream is closed
+// after IdleTimeout; opts, applied to the picker's server after that policy, may replace it
+// (grpc.KeepaliveParams). It returns nil after a clean drain (cut streams included).
 func (s *Server) Serve(ctx context.Context, ln, healthLn net.Listener, pool func() *endpoint.Pool, drain time.Duration, opts ...grpc.ServerOption) error {
 	hs := NewHealth()
 	ka := s.keepalive()
@@ -262,15 +332,16 @@ func (s *Server) Serve(ctx context.Context, ln, healthLn net.Listener, pool func
 	listeners := []net.Listener{ln}
 	if healthLn != nil {
 		hg := grpc.NewServer(ka...)
-		healthpb.RegisterHealthServer(hg, hs)
+		healthpb.RegisterHealthServer(hg, askedHealth{Server: hs, asked: &s.healthAsked})
 		servers = append(servers, hg)
 		listeners = append(listeners, healthLn)
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	var wg sync.WaitGroup
-	wg.Go(func() { WatchHealth(wctx, hs, pool, time.Second) })
+	watched := make(chan struct{})
+	go func() { defer close(watched); WatchHealth(wctx, hs, pool, time.Second) }()
 	errc := make(chan error, len(servers))
+	var wg sync.WaitGroup
 	for i, g := range servers {
 		wg.Go(func() { errc <- g.Serve(listeners[i]) })
 	}
@@ -279,19 +350,14 @@ func (s *Server) Serve(ctx context.Context, ln, healthLn net.Listener, pool func
 	case <-ctx.Done():
 	case first = <-errc:
 	}
-	stopWatch() // not serving: no new streams while the others drain
-	for _, g := range servers {
-		stopped := make(chan struct{})
-		go func() { g.GracefulStop(); close(stopped) }()
-		t := time.NewTimer(drain)
-		select {
-		case <-stopped:
-		case <-t.C:
-			s.logger().Warn("ext_proc drain timed out, closing the streams still open")
-			g.Stop()
-			<-stopped
-		}
-		t.Stop()
+	stopWatch()
+	<-watched // not serving: gateways stop sending new streams while the others drain
+	if first == nil {
+		first = s.drainDelay(errc)
+	}
+	s.drainStreams(main, drain)
+	for _, g := range servers[1:] {
+		g.Stop() // health answers are instant; a Watch lasts until its connection closes
 	}
 	wg.Wait()
 	close(errc)
@@ -301,4 +367,139 @@ func (s *Server) Serve(ctx context.Context, ln, healthLn net.Listener, pool func
 		}
 	}
 	return first
+}
+
+// drainDelay is Serve's wait, with health NOT_SERVING, before it stops taking streams
+// (DrainDelay): skipped where nothing asked for readiness. It ends early with the error of a
+// server that stops meanwhile (returned).
+func (s *Server) drainDelay(errc <-chan error) error {
+	d := s.DrainDelay
+	switch {
+	case d <= 0:
+		return nil
+	case !s.healthAsked.Load() && (s.ReadinessAsked == nil || !s.ReadinessAsked()):
+		s.logger().Info("ext_proc shutting down: no drain delay, as readiness was never asked (nothing follows it)", "drain_delay", d.String())
+		return nil
+	}
+	s.logger().Info("ext_proc shutting down: health answers NOT_SERVING; new streams are still taken for server.drain_delay, while gateways take the picker out",
+		"drain_delay", d.String(), "in_flight", s.drain.inFlight())
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// cutGrace is how long the streams cut at the end of a drain get to send their answers and
+// end before their connections are closed.
+const cutGrace = time.Second
+
+// drainStreams stops g taking streams and gives those in flight timeout to end; then it cuts
+// those still open (each answered and settled as shutting_down: stream.shutdown), and closes
+// the connections still open cutGrace later, and says how many were cut.
+func (s *Server) drainStreams(g *grpc.Server, timeout time.Duration) {
+	s.logger().Info("ext_proc shutting down: draining streams in flight", "timeout", timeout.String(), "in_flight", s.drain.inFlight())
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-s.drain.idle():
+	case <-t.C:
+		s.drain.cutAll()
+	}
+	// The connections close as their last streams end (their last answers sent). What holds
+	// one longer: a health Watch on this listener, a gateway that keeps open a stream it was
+	// answered on, an answer that cannot be sent.
+	grace := time.NewTimer(cutGrace)
+	defer grace.Stop()
+	select {
+	case <-stopped:
+	case <-grace.C:
+		g.Stop()
+		<-stopped
+	}
+	// Their handlers end at once now (every receive and send fails); settled before Serve
+	// returns, so that their access lines are written.
+	left := time.NewTimer(cutGrace)
+	defer left.Stop()
+	select {
+	case <-s.drain.idle():
+	case <-left.C:
+		s.logger().Warn("ext_proc streams still running after their connections were closed", "in_flight", s.drain.inFlight())
+	}
+	if n := s.drain.cuts.Load(); n > 0 {
+		s.logger().Warn("ext_proc drain timed out: requests still in flight were cut, each answered 503 shutting_down through the gateway (a stream with an SSE error event where its events pass through kvroute); raise server.shutdown_timeout (and the pod's terminationGracePeriodSeconds) to let them finish",
+			"cut", n, "shutdown_timeout", timeout.String())
+	}
+}
+
+// drainer counts a server's streams in flight and cuts them at the end of a drain. Its zero
+// value is ready.
+type drainer struct {
+	mu     sync.Mutex
+	open   int                     // streams in flight
+	idleCh chan struct{}           // closed when open falls to zero (made by idle)
+	ctx    context.Context         // ends with proxy.ErrShuttingDown at the cut
+	cut    context.CancelCauseFunc // ends ctx
+	cuts   atomic.Int64            // requests answered as cut (stream.shutdown)
+}
+
+// begin counts a stream in and returns the context whose end cuts it.
+func (d *drainer) begin() context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.init()
+	d.open++
+	return d.ctx
+}
+
+// end counts a stream out.
+func (d *drainer) end() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.open--
+	if d.open == 0 && d.idleCh != nil {
+		close(d.idleCh)
+		d.idleCh = nil
+	}
+}
+
+func (d *drainer) init() {
+	if d.ctx == nil {
+		d.ctx, d.cut = context.WithCancelCause(context.Background())
+	}
+}
+
+// idle returns a channel closed once no stream is in flight.
+func (d *drainer) idle() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.open == 0 {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	if d.idleCh == nil {
+		d.idleCh = make(chan struct{})
+	}
+	return d.idleCh
+}
+
+func (d *drainer) inFlight() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.open
+}
+
+// cutAll cuts every stream in flight, and any that begins later.
+func (d *drainer) cutAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.init()
+	d.cut(proxy.ErrShuttingDown)
 }

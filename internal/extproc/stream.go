@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -48,12 +49,14 @@ const maxEvent = 4 << 20
 var errOrder = errors.New("ext_proc message out of order")
 
 // stream is one ext_proc stream: one HTTP request, from its headers to the end of its answer.
-// One goroutine drives it.
+// One goroutine drives it, holding mu while it handles a message; the cut at the end of a
+// drain (shutdown) takes mu too.
 type stream struct {
 	s   *Server
 	srv extprocv3.ExternalProcessor_ProcessServer
-	ctx context.Context
+	ctx context.Context // the request's: it ends with the stream, or with proxy.ErrShuttingDown
 	log *slog.Logger
+	mu  sync.Mutex
 
 	phase    phase
 	reqMode  filterv3.ProcessingMode_BodySendMode
@@ -91,9 +94,12 @@ type stream struct {
 // run receives and answers messages until the request ends.
 func (st *stream) run() error {
 	defer func() {
+		st.mu.Lock()
+		defer st.mu.Unlock()
 		if !st.settled && st.x != nil {
 			st.end()
 		}
+		st.phase = done // nothing more is sent on the stream (shutdown)
 	}()
 	for {
 		req, err := st.srv.Recv()
@@ -105,23 +111,32 @@ func (st *stream) run() error {
 			}
 			return err
 		}
-		if req.GetObservabilityMode() {
-			return status.Error(codes.FailedPrecondition, "kvroute picks endpoints and must answer: turn observability_mode off in Envoy's ext_proc filter")
-		}
-		if pc := req.GetProtocolConfig(); pc != nil && st.phase == expectHeaders {
-			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
-		}
-		err = st.handle(req)
-		if errors.Is(err, errStop) {
-			return nil
-		}
-		if err != nil {
+		if end, err := st.take(req); end {
 			return err
 		}
-		if st.phase == done {
-			return nil
-		}
 	}
+}
+
+// take handles one message received, under mu, and reports whether the stream ends (with err).
+func (st *stream) take(req *extprocv3.ProcessingRequest) (end bool, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.phase == done {
+		// Answered already (shutdown): a message Envoy sent before it had the answer is
+		// ignored, as Envoy ignores what follows an immediate response.
+		return true, nil
+	}
+	if req.GetObservabilityMode() {
+		return true, status.Error(codes.FailedPrecondition, "kvroute picks endpoints and must answer: turn observability_mode off in Envoy's ext_proc filter")
+	}
+	if pc := req.GetProtocolConfig(); pc != nil && st.phase == expectHeaders {
+		st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+	}
+	err = st.handle(req)
+	if errors.Is(err, errStop) {
+		return true, nil
+	}
+	return err != nil || st.phase == done, err
 }
 
 // errStop ends the stream cleanly: the request was answered (an immediate response).
@@ -254,6 +269,9 @@ func (st *stream) requestHeaders(m *extprocv3.HttpHeaders) error {
 	}
 	st.exchange(st.hdr.Get("X-Request-Id"))
 	st.phase = expectBody
+	if shuttingDown(st.ctx) {
+		return st.cut() // it came after the drain's end (a stream the gateway had opened before)
+	}
 	if oe := st.x.Authenticate(st.hdr, st.out); oe != nil {
 		return st.immediate(oe)
 	}
@@ -305,6 +323,9 @@ func (st *stream) pick(trailers bool) error {
 	addUsage := canRewrite(st.respMode)
 	oe := st.x.Prepare(st.ctx, st.kind, st.body, st.hdr, st.out, proxy.PrepareOptions{Candidates: st.eligible, AddUsage: addUsage})
 	if oe != nil {
+		if shuttingDown(st.ctx) {
+			return st.cut() // cut while it waited (admission, a replica's hold), as serve says it
+		}
 		return st.immediate(oe)
 	}
 	rc := st.x.Call()
@@ -652,6 +673,7 @@ func (st *stream) finishAnswer() (cut bool) {
 			st.x.Whole(st.capture)
 		}
 		st.capture = nil
+		st.refusedUncomputed()
 		st.settle(st.status)
 		return false
 	}
@@ -678,14 +700,115 @@ func (st *stream) finishAnswer() (cut bool) {
 
 // end settles a request whose stream ended before its answer did: in response_body_mode NONE
 // the head was all kvroute could see; otherwise the client (or Envoy) went away, which does
-// not count against the endpoint.
+// not count against the endpoint. A stream that ended once the drain had cut it (its
+// connection closed before its answer could be sent) was cut.
 func (st *stream) end() {
+	if shuttingDown(st.ctx) {
+		st.s.drain.cuts.Add(1)
+		st.settleCut()
+		return
+	}
 	if st.phase == answering && st.respMode == filterv3.ProcessingMode_NONE {
 		st.x.Complete()
+		st.refusedUncomputed()
 		st.settle(st.status)
 		return
 	}
+	if rc := st.x.Call(); rc != nil && rc.FirstTokenAt().IsZero() && (st.phase == routed || st.phase == answering && st.sse) {
+		// Gone before the first token: the attempt is given up as `kvroute serve` gives up one
+		// whose client left (route.FailCanceled), so that an engine that had held it silent,
+		// to every request, for a stall watch's span counts a timeout and is marked stalled
+		// (an engine that hangs is not hidden by clients that leave first).
+		rc.Fail(route.FailCanceled)
+	}
 	st.settle(499)
+}
+
+// refusedUncomputed closes the attempt of an engine that answered 429 or 503 (it computed
+// nothing: it sheds load, or cannot serve now) as `kvroute serve` closes the attempt whose
+// answer it relays: busy, which neither counts against the endpoint nor is a refusal for the
+// refusal rule (taken for one, a busy engine was ejected as refusing its traffic), or
+// unavailable, which counts. Other statuses are the outcome's (proxy's failure), as there.
+func (st *stream) refusedUncomputed() {
+	rc := st.x.Call()
+	if rc == nil || st.bad {
+		return
+	}
+	switch st.status {
+	case http.StatusTooManyRequests:
+		rc.Fail(route.FailBusy)
+	case http.StatusServiceUnavailable:
+		rc.Fail(route.FailUnavailable)
+	}
+}
+
+// shuttingDown reports whether ctx ended because the router's drain ran out (proxy.ErrShuttingDown).
+func shuttingDown(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), proxy.ErrShuttingDown)
+}
+
+// shutdownError is the answer, or a stream's last event, of a request the drain cut: as
+// `kvroute serve` answers it (503, code shutting_down, which the OpenAI SDKs retry).
+func shutdownError(requestID string) *openai.Error {
+	return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "shutting_down",
+		"the router is shutting down: the request was still in flight when its drain (server.shutdown_timeout) ran out; send it again (request id "+requestID+")")
+}
+
+// shutdown cuts the stream at the end of the drain (the drainer's cut), unless its request has
+// ended: it is answered, and settled, as cut (cut). A stream that has not sent its request's
+// headers is no request yet: its connection's close ends it.
+func (st *stream) shutdown() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.phase == done || st.x == nil {
+		return
+	}
+	_ = st.cut() // a send that fails: the gateway is gone, and the request is settled all the same
+}
+
+// cut answers a request the drain cut, and settles it. Before its answer has begun (the pick
+// not made, or made and the engine's head not come), the gateway gets an immediate response
+// 503 shutting_down, which it sends the client in place of the engine's answer (Envoy resets
+// the engine's request). After, the client has a head already: a stream whose events pass
+// through kvroute in FULL_DUPLEX_STREAMED mode first gets serve's last event (an SSE error
+// event of code shutting_down); then the same immediate response, with which Envoy ends the
+// client's answer (it resets it, the head being sent). The request is logged and counted as
+// 503 shutting_down, and nothing counts against its engine.
+func (st *stream) cut() error {
+	st.s.drain.cuts.Add(1)
+	st.log.Debug("ext_proc stream cut at the end of the drain", "request_id", st.x.RequestID(), "phase", st.phase.String())
+	e := shutdownError(st.x.RequestID())
+	if st.phase == answering && st.sse && st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		var b bytes.Buffer
+		_ = openai.WriteEvent(&b, "error", e.Body()) // a bytes.Buffer takes any write
+		if err := st.sendChunks(b.Bytes(), false, responseBody); err != nil {
+			st.settleCut()
+			return err
+		}
+	}
+	st.settleCut() // here, not by immediateBody's settle: the attempt is closed as not the engine's doing
+	err := st.immediateBody(e.Status, e.Body())
+	if errors.Is(err, errStop) {
+		return nil
+	}
+	return err
+}
+
+// settleCut settles a request the drain cut as `kvroute serve` settles one: 503, error_type
+// service_unavailable_error and error_code shutting_down on the access line, and nothing
+// against its engine. The attempt is closed first as the client's leaving would close it
+// (the call's Finish keeps the first outcome it is given), so that the 503 is not taken for
+// the engine's.
+func (st *stream) settleCut() {
+	if st.settled {
+		return
+	}
+	st.phase = done
+	if rc := st.x.Call(); rc != nil {
+		rc.Finish(route.Outcome{OK: false, CachedTokens: -1, Failure: route.FailNone})
+	}
+	st.x.Refused(shutdownError(st.x.RequestID()))
+	st.settle(http.StatusServiceUnavailable)
 }
 
 func (st *stream) settle(status int) {
