@@ -439,7 +439,10 @@ func urlEscape(s string) string { return url.QueryEscape(s) }
 // logWriter forwards memberlist's log lines to slog: errors and warnings as warnings, the
 // rest at debug level. Once the node is stopping, everything is at debug level: leaving, its
 // probes and gossip in flight meet the sockets it is closing ("use of closed network
-// connection"), which at every rolling restart read as errors.
+// connection"), which at every rolling restart read as errors. A refuted dead message is
+// news, not trouble (info): the peers had this replica's name dead, as they have after every
+// restart under the same name (its previous run) and after a pause long enough to be declared
+// dead (SIGSTOP, a long GC, a starved CPU, which other lines show); it says it is alive.
 type logWriter struct {
 	log      *slog.Logger
 	stopping <-chan struct{}
@@ -467,6 +470,8 @@ func (w *logWriter) Write(p []byte) (int, error) {
 				w.undecryptable()
 			}
 			w.log.Warn(secretHint, "msg", line)
+		case !stopping && strings.Contains(line, "Refuting a dead message"):
+			w.log.Info("memberlist: peers had this replica dead (its previous run, or a pause); it says it is alive", "msg", line)
 		case !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")):
 			w.log.Warn("memberlist", "msg", line)
 		default:

@@ -187,6 +187,10 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.NewPeers(prometheus.NewRegistry())
 	}
+	// Every reason the lifecycle drops an event for has its series from the start, at 0.
+	for _, r := range route.DropReasons() {
+		cfg.Metrics.Dropped.WithLabelValues(r)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("peers.listen: %w", err)

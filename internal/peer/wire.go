@@ -219,9 +219,11 @@ func readFrameMAC(r io.Reader, mac hash.Hash, max int, buf []byte) (msg, grown [
 			// peer killed, its connection lost, as an HTTP/1 chunked body says): no tampering.
 			return nil, buf, io.EOF
 		case errors.Is(err, io.ErrUnexpectedEOF):
-			return nil, buf, fmt.Errorf("%w: frame length cut", errTruncated)
+			return nil, buf, fmt.Errorf("%w: frame length cut after %d of 4 bytes", errTruncated, k)
+		case k > 0:
+			return nil, buf, fmt.Errorf("frame length cut after %d of 4 bytes: %w", k, err)
 		}
-		return nil, buf, err // io.EOF: the stream ended between frames
+		return nil, buf, err // io.EOF: the stream ended between frames; or the read failed
 	}
 	n := int(binary.BigEndian.Uint32(pre[:]))
 	if n > max {
@@ -234,8 +236,15 @@ func readFrameMAC(r io.Reader, mac hash.Hash, max int, buf []byte) (msg, grown [
 		buf = make([]byte, n)
 	}
 	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return nil, buf, fmt.Errorf("%w: %d of %d bytes (%v)", errTruncated, len(buf), n, err)
+	if k, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			// The stream's body ended within the frame: the message was cut.
+			return nil, buf, fmt.Errorf("%w: %d of %d bytes (%v)", errTruncated, k, n, err)
+		}
+		// The read failed (this side cancelled the stream: its peer declared gone, its
+		// watchdog, the node stopping; or the connection failed): the stream ended, and
+		// nothing says the message was cut, let alone tampered with.
+		return nil, buf, fmt.Errorf("frame cut after %d of %d bytes: %w", k, n, err)
 	}
 	mac.Reset()
 	mac.Write(buf[macSize:])

@@ -2,9 +2,13 @@ package peer
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
+	"syscall"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -209,6 +213,30 @@ func TestWireRefuses(t *testing.T) {
 	// io.ErrUnexpectedEOF with nothing read) is the stream's end, not a truncated frame.
 	if _, _, err := readFrame(iotest.ErrReader(io.ErrUnexpectedEOF), testKey, 1<<20, nil); err != io.EOF || reason(err) != "" {
 		t.Errorf("cut between frames: %v (reason %q), want io.EOF and no reason", err, reason(err))
+	}
+	// A read that fails within a frame for a reason of this side or of the connection (the
+	// follower cancelled the stream: its peer declared gone, its watchdog, the node stopping;
+	// a reset) ends the stream; nothing says the message was cut.
+	for _, c := range []struct {
+		name string
+		at   int // bytes of the frame read before the failure
+		err  error
+		want string // in the error
+	}{
+		{"cancelled in the body", len(frame) - 3, context.Canceled, fmt.Sprintf("after %d of %d bytes", len(frame)-7, len(frame)-4)},
+		{"cancelled in the length", 2, context.Canceled, "after 2 of 4 bytes"},
+		{"reset in the body", 10, syscall.ECONNRESET, fmt.Sprintf("after 6 of %d bytes", len(frame)-4)},
+	} {
+		r := io.MultiReader(bytes.NewReader(frame[:c.at]), iotest.ErrReader(c.err))
+		_, _, err := readFrame(r, testKey, 1<<20, nil)
+		if !errors.Is(err, c.err) || reason(err) != "" || !strings.Contains(fmt.Sprint(err), c.want) {
+			t.Errorf("%s: %v (reason %q), want %v, no reason, %q", c.name, err, reason(err), c.err, c.want)
+		}
+	}
+	// A frame cut by the end of the stream's body says how much of it came.
+	if _, _, err := readFrame(bytes.NewReader(frame[:10]), testKey, 1<<20, nil); reason(err) != "truncated" ||
+		!strings.Contains(fmt.Sprint(err), fmt.Sprintf("6 of %d bytes", len(frame)-4)) {
+		t.Errorf("cut in the body: %v, want truncated after 6 of %d bytes", err, len(frame)-4)
 	}
 }
 

@@ -106,7 +106,7 @@ type ShareConfig struct {
 	// Out is told of every local event; nil: nothing is published.
 	Out Sync
 	// Endpoint finds the local endpoint of a remote event's name; nil, or nil returned: the
-	// event is dropped (DropUnknownEndpoint).
+	// event is dropped (DropUnknownEndpoint, or DropEndpointLeft for a removed event).
 	Endpoint func(name string) *endpoint.Endpoint
 	// MaxRemote bounds the remote attempts in flight; beyond it new ones are dropped
 	// (DropFull). 0: DefaultMaxRemote.
@@ -128,29 +128,60 @@ const (
 	DefaultRemoteTTL = 5 * time.Minute
 )
 
-// Drop says why Apply did not apply an event (DropNone: it did).
+// Drop says why Apply did not apply an event (DropNone: it did). Some drops are the ordinary
+// consequence of how replicas share events (a replica that starts, a stream that starts
+// afresh, a peer declared gone, an endpoint that leaves): late news of what this replica has
+// settled already, harmless (Drop.Expected). The others say that something was lost, that the
+// replicas' pools differ, or that a peer sent what no lifecycle makes.
 type Drop uint8
 
 const (
 	// DropNone: applied.
 	DropNone Drop = iota
-	// DropDuplicate: seen already (a duplicate, a replay, or an end that came first).
+	// DropDuplicate: applied already (the same event twice: a snapshot and a stream that
+	// overlap, a replay, an end that came before its start). Expected.
 	DropDuplicate
-	// DropUnknown: a first token or end of an attempt never heard of (its Routed was lost).
+	// DropUnknown: a first token or end of an attempt this replica has no trace of: never
+	// started here, never ended here, not listed by a hello of its origin's stream, its routed
+	// event not refused here. Its routed event was lost (or it ended in the instant between
+	// a stream's start and its hello's list of attempts): not expected.
 	DropUnknown
-	// DropUnknownEndpoint: the endpoint is not in this replica's pool.
+	// DropUnknownEndpoint: the event, or the routed event of its attempt, names an endpoint
+	// not in this replica's pool (the replicas' pools differ: a few at a change of the pool,
+	// while discovery reaches every replica; steadily, their configs or discovery differ).
 	DropUnknownEndpoint
-	// DropFull: MaxRemote attempts are in flight already.
+	// DropFull: MaxRemote attempts were in flight already when the attempt's routed event
+	// came (the event is that one, or a later one of the attempt).
 	DropFull
-	// DropInvalid: an event no lifecycle makes (no kind, no endpoint, negative counts).
+	// DropInvalid: an event no lifecycle makes (no kind, no endpoint, negative counts), or a
+	// later event of an attempt whose routed event was one.
 	DropInvalid
 	// DropSelf: an event of this replica's own, coming back.
 	DropSelf
+	// DropEndedHere: a first token, end or replayed routed event of an attempt that this
+	// replica ended itself, outcome unknown, before it heard its end: its origin was declared
+	// gone or restarted (ForgetOrigin), the hello of a stream that started afresh did not list
+	// it (Reconcile), or its TTL ran out (Expire). Nothing was lost: the attempt is settled
+	// here (counted in Expired). Expected.
+	DropEndedHere
+	// DropBeforeStream: a first token or end of an attempt that started at its origin before
+	// this replica's stream from it began, as the stream's hello said (Reconcile): this
+	// replica started, or the stream started afresh (its origin back after being declared
+	// gone, a gap longer than the origin's log). Its routed event went out before the stream
+	// existed; a warm start's snapshot brings it, or the attempt was not counted here.
+	// Expected.
+	DropBeforeStream
+	// DropEndpointLeft: a removed event for an endpoint this replica's pool does not hold: it
+	// left here as well (or never was here), and there is nothing to forget. Expected.
+	DropEndpointLeft
+
+	numDrops = iota
 )
 
-var dropNames = [...]string{
+var dropNames = [numDrops]string{
 	DropNone: "none", DropDuplicate: "duplicate", DropUnknown: "unknown_request",
 	DropUnknownEndpoint: "unknown_endpoint", DropFull: "full", DropInvalid: "invalid", DropSelf: "self",
+	DropEndedHere: "ended_here", DropBeforeStream: "before_stream", DropEndpointLeft: "endpoint_left",
 }
 
 // String returns the reason's name, as metrics label it.
@@ -160,6 +191,21 @@ func (d Drop) String() string {
 	}
 	return "drop"
 }
+
+// Expected reports whether d is the ordinary consequence of how replicas share events (a
+// duplicate, news of an attempt settled here already or begun before the stream, an
+// endpoint that left here too), which asks nothing of an operator, rather than a loss, pools
+// that differ, or an event no lifecycle makes.
+func (d Drop) Expected() bool {
+	switch d {
+	case DropDuplicate, DropEndedHere, DropBeforeStream, DropEndpointLeft:
+		return true
+	}
+	return false
+}
+
+// DropReasons returns the names of every Drop but DropNone, as metrics label them.
+func DropReasons() []string { return append([]string(nil), dropNames[DropNone+1:]...) }
 
 // Share is what the lifecycles of one router replica share with the other replicas: the
 // attempts in flight here (local ones, published through Out) and there (remote ones, applied
@@ -178,7 +224,12 @@ type Share struct {
 	flights map[flightKey]*flight // the remote attempts in flight
 	remote  int                   // len(flights)
 	expiry  []expiryEntry         // remote flights in the order they started (deadlines rise)
-	ended   endedSet              // recently ended remote attempts: their late events are duplicates
+	ended   endedSet              // recently ended remote attempts: their late events change nothing
+	// notes are recent remote attempts not in flight here for a reason other than their end
+	// applied here, with the Drop their late events get: DropEndedHere (ended here, outcome
+	// unknown; in ended too), DropBeforeStream (listed by a hello, never started here), or
+	// the reason their routed event was refused. Written off the request path only.
+	notes noteSet
 	// seen is each origin's highest attempt ID that the Share put in flights or ended; of an
 	// origin it lacks there is nothing in either (unless seenFull). A Routed above it is new
 	// without a look in ended, whose generations are large maps: two cache misses on the path
@@ -189,7 +240,7 @@ type Share struct {
 	applied, expired atomic.Int64
 	coalesced        atomic.Int64 // attempts ApplyBatch replayed whole (batch.go)
 	requests         sync.Pool    // *policy.Request for a policy.Completer
-	dropped          [DropSelf + 1]atomic.Int64
+	dropped          [numDrops]atomic.Int64
 
 	replicas atomic.Pointer[replicaSet] // the last SetReplicas; nil before one
 }
@@ -240,7 +291,8 @@ func NewShare(cfg ShareConfig) *Share {
 	if cfg.Clock == nil {
 		cfg.Clock = policy.WallClock{}
 	}
-	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote}, seen: map[uint64]uint64{}}
+	return &Share{cfg: cfg, flights: map[flightKey]*flight{}, ended: endedSet{max: cfg.MaxRemote},
+		notes: noteSet{max: cfg.MaxRemote}, seen: map[uint64]uint64{}}
 }
 
 // Self is the origin this replica's events carry.
@@ -285,7 +337,7 @@ type ShareStats struct {
 	// Applied remote events; Dropped ones by reason (index: Drop); Expired remote attempts
 	// ended by their TTL or their origin's departure.
 	Applied, Expired int64
-	Dropped          [DropSelf + 1]int64
+	Dropped          [numDrops]int64
 	// Coalesced counts the remote attempts whose three events (of Applied) were replayed as
 	// one (ApplyBatch).
 	Coalesced int64
@@ -496,7 +548,10 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 		return DropNone
 	case EventRemoved, EventBackoff, EventEjected, EventStalled:
 		ep := s.endpoint(ev.Endpoint)
-		if ep == nil {
+		switch {
+		case ep == nil && ev.Kind == EventRemoved:
+			return DropEndpointLeft
+		case ep == nil:
 			return DropUnknownEndpoint
 		}
 		s.applyEndpoint(lc, ep, ev, now)
@@ -569,17 +624,49 @@ func unplaceable(ev *Event) bool {
 	return ev.Endpoint == "" || ev.BlockTokens == 0 && len(ev.Blocks) > 0
 }
 
-// unknownLocked classifies an event of an attempt not in flight here: a duplicate when it has
-// ended, else unknown; remember records it as ended. The caller holds s.mu.
+// unknownLocked classifies an event of an attempt not in flight here (a first token or an
+// end): ended here without its end, a duplicate when its end was applied, else what its note
+// says (listed by a hello, its routed event refused), else unknown; remember records it as
+// ended. The caller holds s.mu.
 func (s *Share) unknownLocked(key flightKey, remember bool) Drop {
 	d := DropUnknown
-	if s.ended.has(key) {
+	note, noted := s.notes.get(key)
+	switch {
+	case noted && note == DropEndedHere:
+		d = DropEndedHere
+	case s.ended.has(key):
 		d = DropDuplicate
+	case noted:
+		d = note
 	}
 	if remember {
 		s.ended.add(key)
 		s.mark(key)
 	}
+	return d
+}
+
+// endedLocked says why a routed event of attempt key, neither new nor in flight, starts
+// nothing: DropEndedHere or DropDuplicate when it has ended, DropNone when it has not. The
+// caller holds s.mu.
+func (s *Share) endedLocked(key flightKey) Drop {
+	if !s.ended.has(key) {
+		return DropNone
+	}
+	if note, _ := s.notes.get(key); note == DropEndedHere {
+		return DropEndedHere
+	}
+	return DropDuplicate
+}
+
+// refuse notes that the routed event of attempt key was refused for d, so that its attempt's
+// later events are dropped for d too rather than as unknown; it returns d.
+func (s *Share) refuse(key flightKey, d Drop) Drop {
+	s.mu.Lock()
+	if s.flights[key] == nil && !s.ended.has(key) {
+		s.notes.put(key, d)
+	}
+	s.mu.Unlock()
 	return d
 }
 
@@ -593,11 +680,11 @@ func (s *Share) endpoint(name string) *endpoint.Endpoint {
 // start begins a remote attempt.
 func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Drop {
 	if unplaceable(ev) {
-		return DropInvalid
+		return s.refuse(key, DropInvalid)
 	}
 	ep := s.endpoint(ev.Endpoint)
 	if ep == nil {
-		return DropUnknownEndpoint
+		return s.refuse(key, DropUnknownEndpoint)
 	}
 	f := &flight{
 		rebuilt: rebuild(ev),
@@ -608,11 +695,20 @@ func (s *Share) start(lc *Lifecycle, key flightKey, ev *Event, now time.Time) Dr
 	}
 	f.req = &f.rebuilt
 	s.mu.Lock()
-	switch {
-	case !s.fresh(key) && (s.flights[key] != nil || s.ended.has(key)):
-		s.mu.Unlock()
-		return DropDuplicate
-	case s.remote >= s.cfg.MaxRemote:
+	if !s.fresh(key) {
+		d := s.endedLocked(key)
+		if s.flights[key] != nil {
+			d = DropDuplicate
+		}
+		if d != DropNone {
+			s.mu.Unlock()
+			return d
+		}
+	}
+	if s.remote >= s.cfg.MaxRemote {
+		if s.flights[key] == nil && !s.ended.has(key) {
+			s.notes.put(key, DropFull)
+		}
 		s.mu.Unlock()
 		return DropFull
 	}
@@ -685,6 +781,13 @@ func (s *Share) endLocked(key flightKey) {
 	s.ended.add(key)
 }
 
+// endHereLocked takes a remote flight whose end has not come out of the table, noting that
+// this replica ended it: its end, if it comes, is DropEndedHere. The caller holds s.mu.
+func (s *Share) endHereLocked(key flightKey) {
+	s.endLocked(key)
+	s.notes.put(key, DropEndedHere)
+}
+
 // finish settles a remote attempt that ended: the endpoint's counters and the policy's Done.
 func (s *Share) finish(f *flight, res policy.Result) {
 	f.ep.Finish(f.req.PromptTokens, f.first)
@@ -719,7 +822,7 @@ func (s *Share) expire(now time.Time) {
 	for ; n < len(s.expiry) && !s.expiry[n].deadline.After(now); n++ {
 		k := s.expiry[n].key
 		if f := s.flights[k]; f != nil && !f.deadline.After(now) {
-			s.endLocked(k)
+			s.endHereLocked(k)
 			out = append(out, f)
 		}
 	}
@@ -744,7 +847,7 @@ func (s *Share) ForgetOrigin(origin uint64) int {
 	s.mu.Lock()
 	for k, f := range s.flights {
 		if k.origin == origin {
-			s.endLocked(k)
+			s.endHereLocked(k)
 			out = append(out, f)
 		}
 	}
@@ -755,7 +858,9 @@ func (s *Share) ForgetOrigin(origin uint64) int {
 
 // Reconcile ends, as failed, the remote attempts of origin that are not among live (the IDs
 // that origin says are in flight there), for a replica whose events may have been lost (its
-// stream broke): what it says now is the truth.
+// stream broke): what it says now is the truth. Those of live it has never heard of started
+// before the stream that says so: their first tokens and ends are DropBeforeStream, and
+// their routed events (a warm start's snapshot) still start them.
 func (s *Share) Reconcile(origin uint64, live map[uint64]bool) int {
 	if origin == s.cfg.Self {
 		return 0
@@ -764,8 +869,17 @@ func (s *Share) Reconcile(origin uint64, live map[uint64]bool) int {
 	s.mu.Lock()
 	for k, f := range s.flights {
 		if k.origin == origin && !live[k.id] {
-			s.endLocked(k)
+			s.endHereLocked(k)
 			out = append(out, f)
+		}
+	}
+	for id := range live {
+		k := flightKey{origin, id}
+		if s.flights[k] != nil || s.ended.has(k) {
+			continue
+		}
+		if _, noted := s.notes.get(k); !noted {
+			s.notes.put(k, DropBeforeStream)
 		}
 	}
 	s.mu.Unlock()
@@ -855,4 +969,29 @@ func (e *endedSet) has(k flightKey) bool {
 	}
 	_, ok := e.old[k]
 	return ok
+}
+
+// noteSet remembers, of recent remote attempts, the Drop their late events get, in two
+// generations as endedSet.
+type noteSet struct {
+	max        int
+	young, old map[flightKey]Drop
+}
+
+func (e *noteSet) put(k flightKey, d Drop) {
+	if e.young == nil {
+		e.young = map[flightKey]Drop{}
+	}
+	if len(e.young) >= max(e.max, 1) {
+		e.old, e.young = e.young, map[flightKey]Drop{}
+	}
+	e.young[k] = d
+}
+
+func (e *noteSet) get(k flightKey) (Drop, bool) {
+	if d, ok := e.young[k]; ok {
+		return d, true
+	}
+	d, ok := e.old[k]
+	return d, ok
 }

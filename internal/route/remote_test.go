@@ -337,9 +337,105 @@ func TestShareBounded(t *testing.T) {
 	if st := b.share.Stats(); st.Expired != 3 || st.Remote != 0 || st.Dropped[DropFull] != 1 {
 		t.Errorf("stats %+v", st)
 	}
-	// A late end of an expired attempt changes nothing.
-	if d := b.lc.Apply(&Event{Kind: EventDone, Origin: 1, ID: 1}); d != DropDuplicate {
-		t.Errorf("late end: %v", d)
+	// Late ends of attempts ended here (expired, their origin gone) and of one refused for
+	// want of room change nothing, and say why.
+	for _, c := range []struct {
+		ev   *Event
+		want Drop
+	}{
+		{&Event{Kind: EventDone, Origin: 1, ID: 1}, DropEndedHere}, // expired
+		{&Event{Kind: EventDone, Origin: 2, ID: 1}, DropEndedHere}, // its origin forgotten
+		{&Event{Kind: EventDone, Origin: 1, ID: 3}, DropFull},
+	} {
+		if d := b.lc.Apply(c.ev); d != c.want {
+			t.Errorf("late end of %d/%d: %v, want %v", c.ev.Origin, c.ev.ID, d, c.want)
+		}
+	}
+	if got := b.eps[0].InFlight(); got != 0 {
+		t.Errorf("in flight after the late ends: %d", got)
+	}
+}
+
+// TestShareDropReasons: the events a replica drops in the ordinary course of sharing (a
+// peer declared gone and back, a stream started afresh, an endpoint that left) are told
+// apart from losses and from what no lifecycle makes, step by step as a QA pass on three
+// replicas met them.
+func TestShareDropReasons(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	s := &script{}
+	b := newReplica(t, 9, s, clk, ShareConfig{}, "x")
+	routed := func(id uint64, ep string) *Event {
+		return &Event{Kind: EventRouted, Origin: 1, ID: id, Endpoint: ep, PromptTokens: 10, BlockTokens: 16, Blocks: []uint64{1}}
+	}
+	first := func(id uint64) *Event {
+		return &Event{Kind: EventFirstToken, Origin: 1, ID: id, TTFT: time.Millisecond}
+	}
+	done := func(id uint64) *Event { return &Event{Kind: EventDone, Origin: 1, ID: id, OK: true, Predicted: -1} }
+	type step struct {
+		ev   *Event
+		want Drop
+	}
+	apply := func(what string, steps []step) {
+		t.Helper()
+		for i, st := range steps {
+			if got := b.lc.Apply(st.ev); got != st.want {
+				t.Errorf("%s, step %d (%s %d): %v, want %v", what, i, st.ev.Kind, st.ev.ID, got, st.want)
+			}
+		}
+	}
+	// Origin 1 routes attempt 1 and is declared gone (paused): this replica ends it. Back,
+	// its stream says what ended meanwhile; the attempt's late events are settled already.
+	apply("before the pause", []step{{routed(1, "x"), DropNone}})
+	if n := b.share.ForgetOrigin(1); n != 1 {
+		t.Fatalf("ForgetOrigin ended %d, want 1", n)
+	}
+	apply("the origin back", []step{
+		{first(1), DropEndedHere}, {done(1), DropEndedHere}, {routed(1, "x"), DropEndedHere}, {done(1), DropEndedHere},
+	})
+	// Its new stream's hello lists 1 (still running there) and 2 and 3, routed before the
+	// stream began: their routed events never reach this stream; a snapshot may bring one.
+	b.share.Reconcile(1, map[uint64]bool{1: true, 2: true, 3: true})
+	apply("a stream started afresh", []step{
+		{first(2), DropBeforeStream}, {done(2), DropBeforeStream},
+		{done(2), DropDuplicate},        // the same end twice
+		{routed(2, "x"), DropDuplicate}, // a snapshot's, after its end
+		{routed(3, "x"), DropNone},      // a snapshot's, before its end: started
+		{first(3), DropNone}, {done(3), DropNone},
+	})
+	// An endpoint leaves every pool: the others' removed events come after this replica's
+	// own; an attempt routed there just before this replica saw it go is dropped whole.
+	apply("an endpoint removed", []step{
+		{&Event{Kind: EventRemoved, Origin: 1, Endpoint: "gone"}, DropEndpointLeft},
+		{&Event{Kind: EventBackoff, Origin: 1, Endpoint: "gone", Rest: time.Second}, DropUnknownEndpoint},
+		{routed(4, "gone"), DropUnknownEndpoint}, {first(4), DropUnknownEndpoint}, {done(4), DropUnknownEndpoint},
+	})
+	// An attempt whose routed event is refused as invalid is dropped whole, as invalid; one
+	// heard of nowhere (its routed event lost) is unknown.
+	apply("the rest", []step{
+		{&Event{Kind: EventRouted, Origin: 1, ID: 5, Endpoint: "x", Blocks: []uint64{1}}, DropInvalid},
+		{done(5), DropInvalid},
+		{first(6), DropUnknown}, {done(6), DropUnknown},
+	})
+	if diff := cmp.Diff([][2]int{{0, 0}}, load(b.eps)); diff != "" {
+		t.Errorf("counters (-want +got):\n%s", diff)
+	}
+	var expected, other []string
+	for d := DropNone + 1; d < numDrops; d++ {
+		if d.Expected() {
+			expected = append(expected, d.String())
+		} else {
+			other = append(other, d.String())
+		}
+	}
+	if diff := cmp.Diff([]string{"duplicate", "ended_here", "before_stream", "endpoint_left"}, expected); diff != "" {
+		t.Errorf("expected reasons (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"unknown_request", "unknown_endpoint", "full", "invalid", "self"}, other); diff != "" {
+		t.Errorf("other reasons (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"duplicate", "unknown_request", "unknown_endpoint", "full", "invalid", "self", "ended_here", "before_stream", "endpoint_left"},
+		DropReasons()); diff != "" {
+		t.Errorf("DropReasons (-want +got):\n%s", diff)
 	}
 }
 
