@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -120,9 +119,15 @@ func lastAccess(t *testing.T, logs *testlog.Buffer) map[string]any {
 // and the handler finished.
 func postAndLeave(t *testing.T, f *fixture, body string, arrived, gone <-chan struct{}, hdr ...string) {
 	t.Helper()
+	postAndLeaveTo(t, f, "/v1/chat/completions", body, arrived, gone, hdr...)
+}
+
+// postAndLeaveTo is postAndLeave for the API path path.
+func postAndLeaveTo(t *testing.T, f *fixture, path, body string, arrived, gone <-chan struct{}, hdr ...string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.srv.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +174,7 @@ func TestChargeWholeAnswerNeverCame(t *testing.T) {
 	}{
 		{"rate learnt", true, 4, 1000, 4 * 5 * 100},
 		{"capped by max_tokens", true, 4, 200, 4 * 200},
-		{"nothing learnt yet", false, 2, 1000, 2 * 5 * defaultDecodeRate},
+		{"nothing learnt yet", false, 2, 1000, 2 * 5 * tenant.DefaultDecodeRate},
 		{"one choice, no max_tokens", true, 0, 0, 5 * 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -194,7 +199,7 @@ func TestChargeWholeAnswerNeverCame(t *testing.T) {
 			f.h.Gate = chargeGate(t, f.h.Metrics.Tenant)
 			logs := jsonLogger(f)
 			if tc.learn {
-				for range minDecodeSamples {
+				for range tenant.MinDecodeSamples {
 					resp, body := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"learn"}]}`, "Authorization", "Bearer sk-1")
 					if resp.StatusCode != http.StatusOK {
 						t.Fatalf("status %d %s", resp.StatusCode, body)
@@ -602,34 +607,5 @@ func TestClientGoneNamesEndpoint(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(f.h.Metrics.Requests.WithLabelValues("m", engine.URL, "499")); n != 1 {
 		t.Errorf("requests_total{endpoint=%s,status=499} = %v, want 1", engine.URL, n)
-	}
-}
-
-// The decode rates: the default until an endpoint (or the fleet) has minDecodeSamples answers
-// long enough to tell, then the endpoint's own, else the fleet's; recent answers weigh most.
-func TestDecodeRates(t *testing.T) {
-	var r decodeRates
-	check := func(ep string, want float64, from string) {
-		t.Helper()
-		got, src := r.rate(ep)
-		if math.Abs(got-want) > 1e-9 || src != from {
-			t.Errorf("rate(%s) = %v from %s, want %v from %s", ep, got, src, want, from)
-		}
-	}
-	check("a", defaultDecodeRate, "default")
-	r.learn("a", 1000, 10*time.Second)
-	r.learn("a", minDecodeTokens-1, time.Second) // too short to tell
-	r.learn("a", 500, 5*time.Second)
-	check("a", defaultDecodeRate, "default") // two answers
-	r.learn("a", 100, time.Second)
-	check("a", 100, "endpoint")
-	check("b", 100, "fleet")
-	r.learn("a", 2000, 10*time.Second) // 200 a second, weighed in at decodeWeight
-	w := decodeWeight
-	tok := ((1000*(1-w)+500*w)*(1-w)+100*w)*(1-w) + 2000*w
-	sec := ((10*(1-w)+5*w)*(1-w)+1*w)*(1-w) + 10*w
-	check("a", tok/sec, "endpoint") // 105.3: between 100 and 200, nearer the older answers' weight
-	if got, _ := r.rate("a"); got <= 100 || got >= 200 {
-		t.Errorf("rate(a) = %v after answers of 100 and one of 200 tokens a second", got)
 	}
 }

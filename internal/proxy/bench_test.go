@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/tenant"
 )
 
 // BenchmarkChat4K compares a 4 KB non-streamed chat request sent straight to an upstream with
@@ -282,4 +283,43 @@ func benchStream(b *testing.B, n int, flush, everyChunk bool) {
 	perToken := float64(b.N) * float64(n)
 	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/perToken, "B/token")
 	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/perToken, "allocs/token")
+}
+
+// BenchmarkHandlerTenant4K is BenchmarkHandlerOnly4K/least-request with a tenant gate (an API
+// key, requests, tokens per minute and concurrency limits, per-tenant metrics), for a chat
+// request and a completions request of 4 KB each: the router's work on a request that takes
+// and settles the tenant's limits.
+func BenchmarkHandlerTenant4K(b *testing.B) {
+	pool := endpoint.NewPool()
+	if _, err := pool.Update([]endpoint.Spec{{Name: "http://127.0.0.1:1", Models: []string{"m"}, Engine: "vllm"}}); err != nil {
+		b.Fatal(err)
+	}
+	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
+	for _, bc := range []struct{ name, path, body string }{
+		{"chat", "/v1/chat/completions", fmt.Sprintf(`{"model":"m","max_tokens":64,"messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, sys)},
+		{"completions", "/v1/completions", fmt.Sprintf(`{"model":"m","max_tokens":64,"n":2,"prompt":%q}`, sys)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			pk, err := policy.New("least-request", nil, policy.Env{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			m := metrics.New(prometheus.NewRegistry())
+			h := &Handler{Pool: pool, Picker: pk, Metrics: m,
+				Gate:      tenantGate(b, m.Tenant, `tenants: [{name: t1, api_keys: ["`+tenant.HashKey("sk-1")+`"], limits: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000, max_concurrent: 100}}]`),
+				Transport: cannedTransport{`{"id":"c","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":60,"prompt_tokens_details":{"cached_tokens":992}}}`},
+				Logger:    slog.New(slog.NewJSONHandler(io.Discard, nil)), Instance: NewInstanceID()}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.body)))
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, bc.path, strings.NewReader(bc.body))
+				req.Header.Set("Authorization", "Bearer sk-1")
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != 200 {
+					b.Fatalf("status %d: %s", rec.Code, rec.Body)
+				}
+			}
+		})
+	}
 }

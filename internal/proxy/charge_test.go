@@ -55,7 +55,7 @@ func charged(t *testing.T, g *tenant.Gate, m *metrics.TenantMetrics) (prompt, co
 		t.Fatal(oe)
 	}
 	h := http.Header{}
-	tk, oe := g.Take(id, 0, h)
+	tk, oe := g.Take(id, tenant.Demand{}, h)
 	if oe != nil {
 		t.Fatal(oe)
 	}
@@ -311,7 +311,7 @@ func TestChargeAbandonedAttempts(t *testing.T) {
 		// No answer came: beside the prompts, what the engines may have generated meanwhile
 		// (call.generated): the 2 x 200 ms the attempts took at the default decode rate, at least.
 		est := f.pk.reqs[0].PromptTokens
-		least := int(0.4 * defaultDecodeRate)
+		least := int(0.4 * tenant.DefaultDecodeRate)
 		if prompt, completion, spent := charged(t, f.h.Gate, f.h.Metrics.Tenant); prompt != 2*est || completion < least || completion > 10*least || spent != prompt+completion {
 			t.Errorf("charged prompt %d, completion %d, bucket spent %d; want two estimates of %d and %d to %d completion tokens", prompt, completion, spent, est, least, 10*least)
 		}

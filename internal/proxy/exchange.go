@@ -192,13 +192,24 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	if req.N > maxChoices {
 		return openai.BadRequest("n", "n must be at most %d (the choices of one request, as OpenAI's API allows), got %d", maxChoices, req.N)
 	}
-	c.seqs = max(req.N, 1) * max(req.Prompts(), 1)
+	best := 0
+	if kind == openai.KindCompletion {
+		if best, oe = bestOf(body); oe != nil {
+			return oe
+		}
+	}
+	c.choices = max(req.N, 1) * max(req.Prompts(), 1)
+	c.seqs = max(req.N, best, 1) * max(req.Prompts(), 1)
 	c.keys(req, hdr)
 	// The prompt is in its routing keys now: what the parser built of it (a prompt of token
 	// ids is 8 bytes an id) need not live as long as the request.
 	req.Messages, req.Prompt = nil, openai.Prompt{}
 	if h.Gate != nil {
-		t, oe := h.Gate.Take(c.id, c.preq.PromptTokens, out)
+		d := tenant.Demand{Prompt: c.preq.PromptTokens, Seqs: c.seqs, MaxTokens: req.MaxTokens}
+		if kind == openai.KindEmbedding {
+			d.Seqs = 0 // nothing generated
+		}
+		t, oe := h.Gate.Take(c.id, d, out)
 		if oe != nil {
 			return oe
 		}
@@ -291,9 +302,10 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	return nil
 }
 
-// maxChoices bounds a request's n, as OpenAI's API does: each choice is a sequence the engine
-// generates, up to max_tokens, and the tenant's tokens per minute are settled only when the
-// request ends (vLLM takes any n: the simulator answered n 1000 with 1000 choices).
+// maxChoices bounds a request's n, as OpenAI's API does, and a completions request's best_of:
+// each choice is a sequence the engine generates, up to max_tokens, and the tenant's tokens
+// per minute are settled only when the request ends (vLLM takes any n: the simulator answered
+// n 1000 with 1000 choices).
 const maxChoices = 128
 
 // parse parses an API request body, its errors in the OpenAI shape; sc (nil: none) is where
@@ -630,6 +642,10 @@ func (c *call) settle(status int, method, path string) {
 	switch {
 	case c.ticket != nil:
 		chargedPrompt, chargedCompletion = c.charge(status, end)
+		if c.learns(status) && c.req.Kind != openai.KindEmbedding {
+			// What the tenant's next requests reserve for their completions (tenant.Demand).
+			c.ticket.Learn(float64(c.usage.Completion()) / float64(max(c.choices, 1)))
+		}
 		c.ticket.End(status, chargedPrompt, chargedCompletion)
 	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
 		h.Gate.Count(c.id, status) // the gate counted its own refusals
@@ -734,15 +750,17 @@ func (c *call) settle(status int, method, path string) {
 // SGLang send one token per event, so that the count is theirs; where an event carries several
 // (speculative decoding, an engine that batches its writes) it is less. A stream that did not
 // reach its terminator is charged at least that count even where a usage came (the usage so
-// far, in an engine's every chunk, may lag what was relayed).
+// far, in an engine's every chunk, may lag what was relayed). A completions request whose
+// best_of is more than its n is charged that completion times best_of/n (unseen).
 //
 // A non-streamed answer that never came (the client left, the response timeout, the answer
-// broke off) shows nothing of what its engine generated meanwhile, which may be n choices of
-// max_tokens each: it is charged the estimate of generated, from the time since it was routed
-// and the engine's decode rate as learnt from its complete answers (decodeRates). Without it a
-// tenant could ask for long answers and hang up before they came, its limit charged the
-// prompts alone (4 requests of n 50 and max_tokens 5000, given up after 15 s, had the engines
-// generate 275,050 tokens and were charged 4 prompt tokens each).
+// broke off) shows nothing of what its engine generated meanwhile, which may be n choices (or
+// best_of sequences) of max_tokens each: it is charged the estimate of generated, from the
+// time since it was routed and the engine's decode rate as learnt from its complete answers
+// (tenant.DecodeRates). Without it a tenant could ask for long answers and hang up before
+// they came, its limit charged the prompts alone (4 requests of n 50 and max_tokens 5000,
+// given up after 15 s, had the engines generate 275,050 tokens and were charged 4 prompt
+// tokens each).
 //
 // Each attempt that reached an engine and was then given up for another (no answer's head, or
 // no first event, within its timeout: the only failure that is retried once the engine had the
@@ -762,7 +780,19 @@ func (c *call) charge(status int, end time.Time) (prompt, completion int) {
 	if !c.stream && !c.complete && !c.haveUsage {
 		return prompt, c.generated(end)
 	}
-	return prompt, c.relayedCompletion()
+	return prompt, c.unseen(c.relayedCompletion())
+}
+
+// unseen scales completion, the tokens of the sequences an answer returns, to the sequences
+// its engine generated: best_of k above n generates k sequences for each prompt and returns
+// the n best, and vLLM's usage counts the n it returns (it sums the outputs of its answer).
+// An engine that ignores best_of is charged for sequences it did not generate: best_of is
+// asked for by the client, and charged as n is.
+func (c *call) unseen(completion int) int {
+	if c.seqs <= c.choices || c.choices <= 0 {
+		return completion
+	}
+	return int(math.Ceil(float64(completion) * float64(c.seqs) / float64(c.choices)))
 }
 
 // relayedCompletion is the request's completion tokens as far as the router saw them: the
@@ -776,18 +806,19 @@ func (c *call) relayedCompletion() int {
 }
 
 // generated estimates the tokens an engine generated for a non-streamed request whose answer
-// never came, at end: for each of its sequences (n choices of each prompt), the time since the
-// request was routed times the endpoint's decode rate (decodeRates.rate), at most max_tokens.
-// Nothing for embeddings (no generation), nor for a request never routed.
+// never came, at end: for each of its sequences (n choices of each prompt, or best_of where
+// that is more), the time since the request was routed times the endpoint's decode rate
+// (tenant.DecodeRates), at most max_tokens. Nothing for embeddings (no generation), nor for a
+// request never routed, nor without a gate (nobody to charge).
 func (c *call) generated(end time.Time) int {
-	if c.rc == nil || c.routed.IsZero() || c.req.Kind == openai.KindEmbedding {
+	if c.rc == nil || c.routed.IsZero() || c.req.Kind == openai.KindEmbedding || c.h.Gate == nil {
 		return 0
 	}
 	name := ""
 	if ep := c.rc.Endpoint(); ep != nil {
 		name = ep.Name
 	}
-	rate, _ := c.h.rates.rate(name)
+	rate, _ := c.h.Gate.DecodeRates().Rate(name)
 	per := end.Sub(c.routed).Seconds() * rate
 	if c.req.MaxTokens > 0 {
 		per = min(per, float64(c.req.MaxTokens))
@@ -795,16 +826,22 @@ func (c *call) generated(end time.Time) int {
 	return int(math.Round(max(per, 0) * float64(max(c.seqs, 1))))
 }
 
-// learnRate teaches the decode rates (generated) what a request answered at end shows: a
-// complete answer of the engine's usage, from a single attempt, generated its completion
+// learns reports whether the request's answer, which went out with status, tells what it
+// generated: a complete answer with the engine's usage.
+func (c *call) learns(status int) bool {
+	return status < 300 && c.complete && c.haveUsage && !c.badAnswer && c.req != nil
+}
+
+// learnRate teaches the gate's decode rates (generated) what a request answered at end shows:
+// a complete answer of the engine's usage, from a single attempt, generated its completion
 // tokens per sequence in the time since it was routed (queueing and prefill included, as in
-// the time an estimate is made from).
+// the time an estimate is made from). The usage counts the sequences the answer returns
+// (unseen), each generated alongside the others. Without a gate there is nothing to charge.
 func (c *call) learnRate(status int, end time.Time) {
-	if status >= 300 || !c.complete || !c.haveUsage || c.badAnswer || c.req == nil || c.routed.IsZero() ||
-		c.rc == nil || c.rc.Attempts() != 1 || c.ep() == nil {
+	if c.h.Gate == nil || !c.learns(status) || c.routed.IsZero() || c.rc == nil || c.rc.Attempts() != 1 || c.ep() == nil {
 		return
 	}
-	c.h.rates.learn(c.ep().Name, float64(c.usage.Completion())/float64(max(c.seqs, 1)), end.Sub(c.routed))
+	c.h.Gate.DecodeRates().Learn(c.ep().Name, float64(c.usage.Completion())/float64(max(c.choices, 1)), end.Sub(c.routed))
 }
 
 // reachedEngine reports whether an attempt of the request reached an engine: as Handler.send

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/openai"
@@ -63,54 +64,127 @@ func (c *call) dropEngineFields() *openai.Error {
 
 // topLevelNames reports, a bit for each of names, which of them the JSON object body names at
 // its top level, by the names' decoded text (as a JSON reader finds them: escaped, repeated).
-// ok is false when body is not an object it can read. It reads the body once without copying:
-// strings are skipped with bytes.IndexByte, so a long prompt costs a memchr, not a decode
-// (openai.Patch, which would find them too, decodes and copies the whole body).
+// ok is false when body is not an object it can read.
 func topLevelNames(body []byte, names []string) (found uint, ok bool) {
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return 0, false
-	}
-	if i = skipSpace(body, i+1); i < len(body) && body[i] == '}' {
-		return 0, true
-	}
-	for {
-		if i >= len(body) || body[i] != '"' {
-			return 0, false
-		}
-		end, ok := stringEnd(body, i)
-		if !ok {
-			return 0, false
-		}
-		key := body[i+1 : end-1]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			var s string
-			if json.Unmarshal(body[i:end], &s) != nil {
-				return 0, false
-			}
-			key = []byte(s)
-		}
+	ok = topLevel(body, func(key, _ []byte) {
 		for j, n := range names {
 			if string(key) == n {
 				found |= 1 << j
 			}
 		}
+	})
+	if !ok {
+		return 0, false
+	}
+	return found, true
+}
+
+// topLevel calls visit with each member of the JSON object body at its top level, in order:
+// its name's decoded text (as a JSON reader finds it: escaped, repeated) and its value's bytes
+// as they are. It reports false when body is not an object it can read (visit may have been
+// called for the members before the fault). It reads the body once without copying: strings
+// are skipped with bytes.IndexByte, so a long prompt costs a memchr, not a decode
+// (openai.Patch, which would find the names too, decodes and copies the whole body).
+func topLevel(body []byte, visit func(key, value []byte)) bool {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return false
+	}
+	if i = skipSpace(body, i+1); i < len(body) && body[i] == '}' {
+		return true
+	}
+	for {
+		if i >= len(body) || body[i] != '"' {
+			return false
+		}
+		end, ok := stringEnd(body, i)
+		if !ok {
+			return false
+		}
+		key := body[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var s string
+			if json.Unmarshal(body[i:end], &s) != nil {
+				return false
+			}
+			key = []byte(s)
+		}
 		if i = skipSpace(body, end); i >= len(body) || body[i] != ':' {
-			return 0, false
+			return false
 		}
-		if i, ok = skipValue(body, skipSpace(body, i+1)); !ok {
-			return 0, false
+		start := skipSpace(body, i+1)
+		if i, ok = skipValue(body, start); !ok {
+			return false
 		}
+		visit(key, body[start:i])
 		if i = skipSpace(body, i); i >= len(body) {
-			return 0, false
+			return false
 		}
 		switch body[i] {
 		case ',':
 			i = skipSpace(body, i+1)
 		case '}':
-			return found, true
+			return true
 		default:
-			return 0, false
+			return false
+		}
+	}
+}
+
+// bestOf reads best_of from a completions request body: how many sequences the engine
+// generates for each prompt, of which it returns the n best (vLLM's completions API, and
+// OpenAI's legacy one). 0 when the body does not name it, or names it null. The member is
+// found as an engine reads the body (its name unescaped, the last one where it is repeated);
+// openai.Parse does not read it. Like n, it is at most maxChoices, and an integer: a value an
+// engine might still take for one (2.0, "2") is refused rather than left uncounted.
+func bestOf(body []byte) (int, *openai.Error) {
+	if bytes.IndexByte(body, '\\') < 0 && !quoted(body, "best_of") {
+		// No name decodes to best_of without an escape or these bytes: a prompt of token ids
+		// is spared the scan, which reads numbers a byte at a time (0.5 to 0.9 ms for 100,000
+		// ids, where the two searches take some 0.03 ms).
+		return 0, nil
+	}
+	var val []byte
+	if !topLevel(body, func(key, v []byte) {
+		if string(key) == "best_of" {
+			val = v
+		}
+	}) {
+		return 0, openai.BadRequest("", "the request body cannot be read for best_of; send one JSON object")
+	}
+	if val == nil || string(val) == "null" {
+		return 0, nil
+	}
+	digits := val
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 1 && digits[0] == '0' || bytes.ContainsFunc(digits, func(r rune) bool { return r < '0' || r > '9' }) {
+		return 0, openai.BadRequest("best_of", "best_of must be an integer, got %s", logCut1(string(val), 32))
+	}
+	n, err := strconv.Atoi(string(val))
+	switch {
+	case val[0] == '-' || n < 1 && err == nil:
+		return 0, openai.BadRequest("best_of", "best_of must be at least 1, got %s", logCut1(string(val), 32))
+	case err != nil || n > maxChoices:
+		// (err: more digits than an int holds)
+		return 0, openai.BadRequest("best_of", "best_of must be at most %d (the sequences generated for one prompt, as n), got %s", maxChoices, logCut1(string(val), 32))
+	}
+	return n, nil
+}
+
+// quoted reports whether b holds s between quotes, going from quote to quote with
+// bytes.IndexByte (bytes.Contains, led by the quote, gave up on that for a slower search after
+// the first few quotes it met: as slow as the scan it was to spare).
+func quoted(b []byte, s string) bool {
+	for i := 0; ; {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return false
+		}
+		i += j + 1
+		if rest := b[i:]; len(rest) > len(s) && string(rest[:len(s)]) == s && rest[len(s)] == '"' {
+			return true
 		}
 	}
 }

@@ -164,6 +164,67 @@ func FuzzTopLevelNames(f *testing.F) {
 	})
 }
 
+// FuzzBestOf: for any JSON object, bestOf reads best_of as encoding/json decodes the object's
+// top level (names unescaped, the last of a repeated one, as the engines' readers take them):
+// nothing where it is absent or null, its value where that is an integer from 1 to maxChoices,
+// else a 400 naming it; and it never panics.
+func FuzzBestOf(f *testing.F) {
+	for _, s := range []string{`{"best_of":3}`, `{"best\u005fof":129}`, `{"best_of":1,"best_of":-1}`, `{"best_of":null,"prompt":"best_of"}`,
+		`{"best_of":2.0}`, `{"best_of":"2"}`, `{"best_of":99999999999999999999}`, `{"a":{"best_of":300}}`, `{}`, `[1]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, oe := bestOf(body)
+		var m map[string]json.RawMessage
+		if json.Unmarshal(body, &m) != nil || m == nil {
+			return // not one JSON object: openai.Parse refuses it before
+		}
+		v, named := m["best_of"]
+		var want int
+		wantErr := false
+		if named && string(v) != "null" {
+			n, err := strconv.Atoi(string(v))
+			if err != nil || n < 1 || n > maxChoices || strings.ContainsAny(string(v), "+") {
+				wantErr = true
+			} else {
+				want = n
+			}
+		}
+		switch {
+		case wantErr && (oe == nil || oe.Param == nil || *oe.Param != "best_of"):
+			t.Errorf("bestOf(%q) = %d, %v; want a 400 naming best_of", body, got, oe)
+		case !wantErr && (oe != nil || got != want):
+			t.Errorf("bestOf(%q) = %d, %v; want %d", body, got, oe, want)
+		}
+	})
+}
+
+// BenchmarkBestOf is what reading best_of costs a completions request (the top-level scan
+// topLevelNames makes, with nothing to decode): a 4 KB text prompt, and a prompt of 100,000
+// token ids, the worst case (numbers are read a byte at a time).
+func BenchmarkBestOf(b *testing.B) {
+	sys := strings.Repeat("You are a helpful assistant who answers briefly. ", 80)[:3900]
+	p := make([]int, 100000)
+	for i := range p {
+		p[i] = 10000 + i%90000
+	}
+	ids, _ := json.Marshal(map[string]any{"model": "m", "prompt": p, "n": 2})
+	for _, bc := range []struct {
+		name string
+		body []byte
+	}{{"text=4KB", []byte(`{"model":"m","max_tokens":64,"n":2,"prompt":` + strconv.Quote(sys) + `}`)}, {"ids/tokens=100000", ids}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.body)))
+			for b.Loop() {
+				if n, oe := bestOf(bc.body); n != 0 || oe != nil {
+					b.Fatal(n, oe)
+				}
+			}
+		})
+	}
+}
+
 // The body a tenant's request is forwarded with is left alone when it names no engine field:
 // the check reads it without copying it.
 func TestDropEngineFieldsKeepsBody(t *testing.T) {

@@ -94,9 +94,6 @@ type Handler struct {
 
 	once  sync.Once
 	setup error
-	// rates are the endpoints' decode rates, learnt from their answers, for the charge of a
-	// non-streamed request whose answer never came (call.generated).
-	rates decodeRates
 	// instanceHeader is Instance as a header value, shared by every answer (capped: an append
 	// copies it).
 	instanceHeader []string
@@ -177,6 +174,17 @@ func (h *Handler) init() {
 	}
 	if h.Admit == nil && h.Gate != nil {
 		h.Admit = h.Gate.Admit
+	}
+	if h.Gate != nil && h.Pool != nil {
+		// The gate, and the decode rates it keeps, outlive the handlers a reload builds: the
+		// rates of the endpoints still in the pool go on, those of the endpoints gone are
+		// forgotten.
+		eps := h.Pool.All()
+		names := make([]string, len(eps))
+		for i, e := range eps {
+			names[i] = e.Name
+		}
+		h.Gate.DecodeRates().Keep(names)
 	}
 	if h.Pool == nil || h.Lifecycle == nil {
 		h.setup = errors.New("proxy handler needs a Pool and a Lifecycle (or a Picker)")
@@ -273,9 +281,10 @@ type call struct {
 	// routed is when the lifecycle's Begin returned: the first attempt leaves then (zero
 	// before), the start of the time an engine may have generated for the request.
 	routed time.Time
-	// seqs is how many sequences an engine generates for the request: n (choices) for each of
-	// its prompts (a completions list); 0 until parsed.
-	seqs int
+	// seqs is how many sequences an engine generates for the request: n (choices), or a
+	// completions request's best_of where that is more, for each of its prompts (a completions
+	// list); choices is how many of them its answer returns, n for each prompt. 0 until parsed.
+	seqs, choices int
 
 	dropUsage bool
 	stream    bool

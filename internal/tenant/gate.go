@@ -49,8 +49,9 @@ type Options struct {
 // endpoint labels, priority), and queues requests fairly while the fleet is saturated. The
 // proxy calls it in the order a request meets it: Authenticate (the headers), Take (the
 // limits, once the body is parsed and its tokens estimated), Admit (once the candidate
-// endpoints are known), and the Ticket's End when the request ends; Reload with each new
-// config. Safe for concurrent use.
+// endpoints are known), and the Ticket's Learn and End when the request ends; Reload with
+// each new config. What it learns to settle requests (DecodeRates, each tenant's expected
+// completion) lives as long as it does, across reloads. Safe for concurrent use.
 type Gate struct {
 	now    func() time.Time
 	getenv func(string) string
@@ -65,6 +66,8 @@ type Gate struct {
 	// requests in flight or had not refilled their buckets, by name (guarded by mu): a tenant
 	// added back goes on from there rather than from fresh limits. Pruned at each reload.
 	retired map[string]*limiter
+	// rates are the endpoints' decode rates, for the proxy's charges (DecodeRates).
+	rates DecodeRates
 }
 
 // table is one config's view: whether authentication is on, and keys to tenants.
@@ -86,12 +89,15 @@ type tenantState struct {
 	*limiter
 }
 
-// limiter is a tenant's use of its limits.
+// limiter is a tenant's use of its limits, and what its answers taught the reservation.
 type limiter struct {
 	mu       sync.Mutex
 	req, tok bucket
 	maxConc  int
 	inFlight int
+	// expected is the completion tokens per sequence its answers have had (learn), which its
+	// requests without max_tokens reserve (reserve); 0 before any.
+	expected float64
 }
 
 // New builds a gate from a loaded config: the server secret is read now (auth.secret_file or
@@ -281,35 +287,42 @@ func (g *Gate) identify(h http.Header, count bool) (*Identity, *openai.Error) {
 	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, AllowFields: s.allow, state: s}, nil
 }
 
+// DecodeRates are the endpoints' decode rates the gate keeps for the proxy (see DecodeRates).
+func (g *Gate) DecodeRates() *DecodeRates { return &g.rates }
+
 // Ticket is one admitted request's hold on its tenant's limits: a concurrency slot and a token
-// estimate, both settled by End. A nil Ticket (no tenants) does nothing.
+// reservation, both settled by End. A nil Ticket (no tenants) does nothing.
 type Ticket struct {
 	g     *Gate
 	s     *tenantState
-	est   int
+	est   int // the tokens reserved
 	ended atomic.Bool
 }
 
-// Take applies id's limits to one request of est prompt tokens (the router's estimate) and sets
-// OpenAI's x-ratelimit-* headers in h for the limits the tenant has. On success the request
-// holds a concurrency slot and its estimate until the Ticket's End. Over a limit it returns a
-// 429 error and sets Retry-After and retry-after-ms in h (or x-should-retry: false when the
-// request can never fit). id nil (authentication off) takes nothing.
-func (g *Gate) Take(id *Identity, est int, h http.Header) (*Ticket, *openai.Error) {
+// Take applies id's limits to one request that may cost d and sets OpenAI's x-ratelimit-*
+// headers in h for the limits the tenant has. With a tokens-per-minute limit the request
+// reserves its prompt's estimate and its completion's, max_tokens for each sequence (see
+// limiter.reserve), at most the limit; it is admitted only when the bucket holds the whole
+// reservation. On success the request holds a concurrency slot and its reservation until the
+// Ticket's End. Over a limit it returns a 429 error and sets Retry-After and retry-after-ms in
+// h (or x-should-retry: false when the request can never fit: a prompt over the limit). id
+// nil (authentication off) takes nothing.
+func (g *Gate) Take(id *Identity, d Demand, h http.Header) (*Ticket, *openai.Error) {
 	if id == nil || id.state == nil {
 		return nil, nil
 	}
-	if err := g.take(h, id.state, est); err != nil {
+	est, err := g.take(h, id.state, d)
+	if err != nil {
 		return nil, err
 	}
 	return &Ticket{g: g, s: id.state, est: est}, nil
 }
 
 // End releases the ticket's concurrency slot, counts the request under its final HTTP status,
-// and settles its token estimate against what the request is charged, prompt and completion
-// tokens (the caller's reckoning of what the engines computed: 0, 0 refunds the estimate, for
-// a request that reached no engine), which the tenant's token counters count too. Only the
-// first call counts.
+// and settles its token reservation against what the request is charged, prompt and completion
+// tokens (the caller's reckoning of what the engines computed: 0, 0 refunds the reservation,
+// for a request that reached no engine; more than it leaves a debt), which the tenant's token
+// counters count too. Only the first call counts.
 func (t *Ticket) End(status, prompt, completion int) {
 	if t == nil || !t.ended.CompareAndSwap(false, true) {
 		return
@@ -335,9 +348,11 @@ const (
 // overload ("overloaded"), which it is not.
 const ReasonClientGone = "client_gone"
 
-// take applies the tenant's limits to one request of est prompt tokens: on success it counts
-// the request in flight and returns nil; else the 429, with its headers set in h.
-func (g *Gate) take(h http.Header, s *tenantState, est int) *openai.Error {
+// take applies the tenant's limits to one request of demand d: on success it counts the
+// request in flight and returns the tokens it reserved; else the 429, with its headers set in
+// h.
+func (g *Gate) take(h http.Header, s *tenantState, d Demand) (int, *openai.Error) {
+	est := 0
 	now := g.now()
 	s.mu.Lock()
 	var refusal *openai.Error
@@ -357,17 +372,23 @@ func (g *Gate) take(h http.Header, s *tenantState, est int) *openai.Error {
 			fmt.Sprintf("rate limit reached on requests per minute: limit %d; retry in %s", int(s.req.limit), roundUp(wr)))
 		wait, reason = wr, ReasonRequestsPerMinute
 	default:
-		if !s.tok.unlimited() && float64(est) > s.tok.limit {
+		if s.tok.unlimited() {
+			break
+		}
+		if float64(d.Prompt) > s.tok.limit {
 			s.req.adjust(now, 1)
 			refusal = openai.NewError(http.StatusTooManyRequests, "tokens", "", "request_too_large",
-				fmt.Sprintf("the prompt is about %d tokens, more than the limit of %d tokens per minute: shorten it", est, int(s.tok.limit)))
+				fmt.Sprintf("the prompt is about %d tokens, more than the limit of %d tokens per minute: shorten it", d.Prompt, int(s.tok.limit)))
 			retry = false
 			break
 		}
+		var completion int
+		est, completion = s.reserve(d)
 		if ok, wt := s.tok.take(now, float64(est)); !ok {
 			s.req.adjust(now, 1)
 			refusal = openai.NewError(http.StatusTooManyRequests, "tokens", "", "rate_limit_exceeded",
-				fmt.Sprintf("rate limit reached on tokens per minute: limit %d, requested about %d; retry in %s", int(s.tok.limit), est, roundUp(wt)))
+				fmt.Sprintf("rate limit reached on tokens per minute: limit %d, requested about %d (the prompt's %d and %d reserved for the completion, settled when it ends); retry in %s",
+					int(s.tok.limit), est, d.Prompt, completion, roundUp(wt)))
 			wait, reason = wt, ReasonTokensPerMinute
 		}
 	}
@@ -377,7 +398,7 @@ func (g *Gate) take(h http.Header, s *tenantState, est int) *openai.Error {
 	rateHeaders(h, s, now)
 	s.mu.Unlock()
 	if refusal == nil {
-		return nil
+		return est, nil
 	}
 	if retry {
 		setRetryAfter(h, wait)
@@ -391,7 +412,7 @@ func (g *Gate) take(h http.Header, s *tenantState, est int) *openai.Error {
 		slog.String("code", *refusal.Code), slog.String("reason", reason))
 	g.m.Rejection(s.name, reason)
 	g.m.Request(s.name, refusal.Status)
-	return refusal
+	return 0, refusal
 }
 
 // rateHeaders sets OpenAI's x-ratelimit-* headers for the limits s has. The caller holds s.mu.

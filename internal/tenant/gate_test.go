@@ -487,7 +487,7 @@ func TestReloadRemovedAndBack(t *testing.T) {
 		if oe != nil {
 			t.Fatalf("a's key: %v", oe)
 		}
-		return g.Take(id, est, http.Header{})
+		return g.Take(id, Demand{Prompt: est}, http.Header{})
 	}
 	reload := func(tenants string) {
 		t.Helper()

@@ -13,7 +13,7 @@ import (
 
 // middleware runs a gate the way the proxy does, for tests of the gate's decisions over HTTP:
 // Authenticate (401 with WWW-Authenticate), Take with the router's token estimate of the
-// parsed body (429 with its headers), the handler, then the ticket's End with the final status
+// parsed body's prompt and no completion reserved (429 with its headers), the handler, then the ticket's End with the final status
 // and the tokens the handler reports in the X-Test-Prompt and X-Test-Completion response
 // headers (without them, the estimate stands: prompt = estimate, completion 0). The handler
 // finds the tenant with FromContext.
@@ -32,7 +32,7 @@ func middleware(g *Gate, next http.Handler) http.Handler {
 				est = prefix.EstimateTokensBytes(req.AppendCanonical(nil))
 			}
 		}
-		t, oe := g.Take(id, est, w.Header())
+		t, oe := g.Take(id, Demand{Prompt: est}, w.Header())
 		if oe != nil {
 			openai.WriteError(w, oe)
 			return
