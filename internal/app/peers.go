@@ -146,11 +146,12 @@ func (p *peers) admin(mux *http.ServeMux) {
 	}
 }
 
-// reloaded applies the peers secrets anew (a rotation: docs/replicas.md, "Rotating the
-// secret"), read again even when their files or variables keep their names; the rest of the
-// section changes only on restart, which it warns of.
-func (p *peers) reloaded(r *Router, old, cfg *config.Config) {
-	if !reflect.DeepEqual(withoutSecrets(old.Peers), withoutSecrets(cfg.Peers)) {
+// reloaded applies the peers secrets of cfg, the config a reload put in force, anew (a
+// rotation: docs/replicas.md, "Rotating the secret"), read again even when their files or
+// variables keep their names; the rest of the section changes only on restart (cfg keeps
+// old's, keepRestartOnly), which it warns of while file, the config read, differs from it.
+func (p *peers) reloaded(r *Router, old, file, cfg *config.Config) {
+	if !reflect.DeepEqual(withoutSecrets(old.Peers), withoutSecrets(file.Peers)) {
 		r.logger.Warn("the peers section changes only on restart (its secrets excepted)")
 	}
 	if p == nil || cfg.Peers == nil {

@@ -3,6 +3,7 @@ package app
 import (
 	"crypto/sha256"
 	"log/slog"
+	"reflect"
 	"slices"
 
 	"github.com/kvroute/kvroute/internal/config"
@@ -10,15 +11,85 @@ import (
 
 // keepRestartOnly returns a copy of file, a config read for a reload, with the settings that
 // change only on restart taken from old, the config in force: listen and admin_listen (the
-// listeners stay where they are), discovery (its sources run as they started) and extproc.
-// The config in force then says what the router does, and a reload that puts the file back
-// as it was changes nothing, and says nothing about them.
+// listeners stay where they are), discovery (its sources run as they started), extproc,
+// server's settings but endpoint_header (the servers run as they started; the drain at the
+// end follows their shutdown_timeout and drain_delay), peers' but its secrets (the node runs
+// as it started; a reload reads the secrets again), pprof (the admin handler is built at
+// start), log.format (the handler is built at start), autoscale.window and
+// autoscale.pod_deletion_cost (their collector and writers start with the router). The config
+// in force then says what the router does, at this reload and the later ones, and a reload
+// that puts the file back as it was changes nothing, and says nothing about them.
 func keepRestartOnly(old, file *config.Config) *config.Config {
 	c := *file
 	c.Listen, c.AdminListen = old.Listen, old.AdminListen
 	c.Discovery = old.Discovery
 	c.ExtProc = old.ExtProc
+	c.Server = old.Server
+	c.Server.EndpointHeader = file.Server.EndpointHeader
+	c.Peers = keepPeers(old.Peers, file.Peers)
+	c.Pprof = old.Pprof
+	c.Log.Format = old.Log.Format
+	c.Autoscale.Window, c.Autoscale.PodDeletionCost = old.Autoscale.Window, old.Autoscale.PodDeletionCost
 	return &c
+}
+
+// keepPeers is the peers section in force (old) with the secrets' sources of file's, which a
+// reload reads again; old as it is when either has none (a section added or removed takes a
+// restart).
+func keepPeers(old, file *config.Peers) *config.Peers {
+	if old == nil || file == nil {
+		return old
+	}
+	p := *old
+	p.SecretFile, p.SecretEnv, p.AcceptSecretFile, p.AcceptSecretEnv = file.SecretFile, file.SecretEnv, file.AcceptSecretFile, file.AcceptSecretEnv
+	return &p
+}
+
+// serverChanges names the server settings that change only on restart (all but
+// endpoint_header) whose value in file, a config read for a reload, is not the one in force
+// (old).
+func serverChanges(old, file config.Server) []string {
+	var keys []string
+	add := func(changed bool, key string) {
+		if changed {
+			keys = append(keys, "server."+key)
+		}
+	}
+	add(old.ReadHeaderTimeout != file.ReadHeaderTimeout, "read_header_timeout")
+	add(old.IdleTimeout != file.IdleTimeout, "idle_timeout")
+	add(old.WriteTimeout != file.WriteTimeout, "write_timeout")
+	add(old.ShutdownTimeout != file.ShutdownTimeout, "shutdown_timeout")
+	add(old.Drain() != file.Drain(), "drain_delay")
+	add(old.BodyReadTimeout != file.BodyReadTimeout, "body_read_timeout")
+	add(old.BodyMinRate != file.BodyMinRate, "body_min_rate")
+	add(old.BodyStallTimeout != file.BodyStallTimeout, "body_stall_timeout")
+	add(old.MaxPendingBodyBytes != file.MaxPendingBodyBytes, "max_pending_body_bytes")
+	add(old.MaxConnections != file.MaxConnections, "max_connections")
+	add(old.AdminMaxConnections != file.AdminMaxConnections, "admin_max_connections")
+	add(old.WriteStallTimeout != file.WriteStallTimeout, "write_stall_timeout")
+	add(old.HTTPServer != file.HTTPServer, "http_server")
+	add(old.TLS != file.TLS, "tls")
+	return keys
+}
+
+// otherRestartChanges names pprof, log.format, autoscale.window and
+// autoscale.pod_deletion_cost where file, a config read for a reload, differs from the config
+// in force (old).
+func otherRestartChanges(old, file *config.Config) []string {
+	var keys []string
+	if old.Pprof != file.Pprof {
+		keys = append(keys, "pprof")
+	}
+	if old.Log.Format != file.Log.Format {
+		keys = append(keys, "log.format")
+	}
+	if old.Autoscale.Window != file.Autoscale.Window {
+		keys = append(keys, "autoscale.window")
+	}
+	if !reflect.DeepEqual(old.Autoscale.PodDeletionCost, file.Autoscale.PodDeletionCost) {
+		keys = append(keys, "autoscale.pod_deletion_cost")
+	}
+	return keys
 }
 
 // secretSum is the digest of the tenants' salt secret cfg gives (auth.secret_file or

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
 
@@ -229,5 +230,105 @@ func TestReloadSecretChangeLogged(t *testing.T) {
 		if got := lastReload(); got != s.last {
 			t.Errorf("step %d: kvroute_config_last_reload_successful %s, want %s", i, got, s.last)
 		}
+	}
+}
+
+// TestReloadKeepsRestartOnly: a reload whose file changes settings that take effect only on
+// restart (server's but endpoint_header, pprof, log.format, autoscale.window) leaves the
+// config in force with the values the router runs with, applies the rest (endpoint_header, the
+// endpoints), and says which keys differ; a later reload that changes something else keeps
+// them in force and says so again; the file put back as it was says nothing more. Before, the
+// config in force took the file's values at the first reload (the servers kept theirs), and
+// the next reload compared with those and said nothing.
+func TestReloadKeepsRestartOnly(t *testing.T) {
+	e, f := newFakeEngine(t), newFakeEngine(t)
+	logger, buf := jsonLogger()
+	r, err := NewRouter(routerConfig(t, "", e.srv.URL), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	type settings struct {
+		MaxConns                           int
+		Shutdown, Window                   time.Duration
+		HTTPServer, Format, EndpointHeader string
+		Pprof                              bool
+	}
+	inForce := func() settings {
+		c := r.Config()
+		return settings{c.Server.MaxConnections, c.Server.ShutdownTimeout.D(), c.Autoscale.Window.D(),
+			c.Server.HTTPServer, c.Log.Format, c.Server.EndpointHeader, c.Pprof}
+	}
+	start := inForce()
+	file := func(urls ...string) *config.Config {
+		c := routerConfig(t, "", urls...)
+		c.Server.MaxConnections = 7
+		c.Server.ShutdownTimeout = config.Duration(20 * time.Second)
+		c.Server.HTTPServer = config.HTTPServerNetHTTP
+		c.Server.EndpointHeader = config.SuggestedEndpointHeader
+		c.Pprof = true
+		c.Log.Format = "text"
+		c.Autoscale.Window = config.Duration(2 * time.Minute)
+		return c
+	}
+	want := start
+	want.EndpointHeader = config.SuggestedEndpointHeader
+	warnings := func() []map[string]any {
+		return append(messages(t, buf, "server settings change only on restart"), messages(t, buf, "pprof, log.format")...)
+	}
+	serverKeys := []any{"server.shutdown_timeout", "server.max_connections", "server.http_server"}
+	otherKeys := []any{"pprof", "log.format", "autoscale.window"}
+
+	for i, urls := range [][]string{{e.srv.URL}, {e.srv.URL, f.srv.URL}} {
+		if err := r.Reload(file(urls...)); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, inForce()); diff != "" {
+			t.Errorf("reload %d: the config in force (-want +got):\n%s", i+1, diff)
+		}
+		if n := r.Pool().Len(); n != len(urls) {
+			t.Errorf("reload %d: %d endpoints, want %d", i+1, n, len(urls))
+		}
+		got := warnings() // the server's of each reload so far, then the others'
+		if len(got) != 2*(i+1) {
+			t.Fatalf("reload %d: %d warnings about restart-only settings, want %d: %v", i+1, len(got), 2*(i+1), got)
+		}
+		if diff := cmp.Diff(serverKeys, got[i]["keys"]); diff != "" {
+			t.Errorf("reload %d: the server keys named (-want +got):\n%s", i+1, diff)
+		}
+		if diff := cmp.Diff(otherKeys, got[len(got)/2+i]["keys"]); diff != "" {
+			t.Errorf("reload %d: the other keys named (-want +got):\n%s", i+1, diff)
+		}
+	}
+	// Built now, the admin handler follows the config in force: no pprof.
+	if code, _ := get(t, r.AdminHandler(), "/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ after reloads that turned pprof on in the file: %d, want 404 (pprof changes on restart)", code)
+	}
+	if err := r.Reload(routerConfig(t, "", e.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	if got := warnings(); len(got) != 4 {
+		t.Errorf("the file put back as it was: %d warnings in all, want still 4", len(got))
+	}
+	if diff := cmp.Diff(start, inForce()); diff != "" {
+		t.Errorf("the file put back: the config in force (-want +got):\n%s", diff)
+	}
+}
+
+// TestKeepRestartOnlyPeers: a reload keeps the peers section in force but for its secrets'
+// sources, which it takes from the file (a rotation); a section added or removed by the file
+// takes a restart.
+func TestKeepRestartOnlyPeers(t *testing.T) {
+	old := &config.Config{Peers: &config.Peers{Name: "a", Listen: "127.0.0.1:7001", SecretFile: "s1"}}
+	file := &config.Config{Peers: &config.Peers{Name: "b", Listen: "127.0.0.1:7002", SecretFile: "s2", AcceptSecretFile: "s1"}}
+	want := &config.Peers{Name: "a", Listen: "127.0.0.1:7001", SecretFile: "s2", AcceptSecretFile: "s1"}
+	if diff := cmp.Diff(want, keepRestartOnly(old, file).Peers); diff != "" {
+		t.Errorf("peers in force (-want +got):\n%s", diff)
+	}
+	if got := keepRestartOnly(old, &config.Config{}).Peers; !cmp.Equal(old.Peers, got) {
+		t.Errorf("the section removed from the file: %+v in force, want %+v", got, old.Peers)
+	}
+	if got := keepRestartOnly(&config.Config{}, file).Peers; got != nil {
+		t.Errorf("the section added by the file: %+v in force, want none", got)
 	}
 }

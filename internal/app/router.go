@@ -71,7 +71,10 @@ type Router struct {
 	// with (and KubeClient its pods); tests use fakes.
 	PoolClient dynamic.Interface
 
-	logger    *slog.Logger
+	logger    *slog.Logger // NewRouter's, its level the one in force (logs)
+	accessLog *slog.Logger // the API handler's: logger's, with the access line under log.access
+	logs      *logControl  // log level and access log, changed at reload and at /debug/loglevel
+	logInner  slog.Handler // what both write to (routerLoggers)
 	reg       *prometheus.Registry
 	metrics   *metrics.Metrics
 	pool      *endpoint.Pool
@@ -110,10 +113,15 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	// Every part of the router logs at the level in force (log.level, /debug/loglevel).
+	logger, accessLog, logs, inner := routerLoggers(logger, cfg)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r := &Router{
 		logger:    logger,
+		accessLog: accessLog,
+		logs:      logs,
+		logInner:  inner,
 		reg:       reg,
 		metrics:   metrics.New(reg),
 		pool:      endpoint.NewPool(),
@@ -216,12 +224,14 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 // Reload applies a new config to the running router without dropping requests in flight:
 // endpoints are diffed (kept ones keep their counters and their place in the policy's index,
 // removed ones drain), the policy is rebuilt only when its name or parameters changed, and
-// normalisation, limits, health and scrape settings take effect for new requests. A config
-// that cannot be applied is rejected whole and the old one stays. listen, admin_listen,
-// discovery, extproc, server.http_server, server.tls and the server timeouts change only on
-// restart; such changes are logged, and listen, admin_listen, discovery and extproc stay as
-// they are in the config in force (Config). Tenants added, removed or given other keys are
-// logged by name, and a new salt secret once it is in force.
+// normalisation, limits, health and scrape settings, log.level and log.access take effect for
+// new requests (log.level ends a level set at /debug/loglevel). A config that cannot be applied
+// is rejected whole and the old one stays. The settings that change only on restart
+// (keepRestartOnly: listen, admin_listen, discovery, extproc, server's but endpoint_header,
+// peers' but its secrets, pprof, log.format, autoscale.window and pod_deletion_cost) stay as
+// they are in the config in force (Config), at this reload and the next ones, and each reload
+// whose file differs from them says so. Tenants added, removed or
+// given other keys are logged by name, and a new salt secret once it is in force.
 func (r *Router) Reload(cfg *config.Config) error {
 	old := r.Config()
 	file := cfg
@@ -238,6 +248,7 @@ func (r *Router) Reload(cfg *config.Config) error {
 		return err
 	}
 	r.metrics.ConfigReload(true)
+	r.logs.reloaded(r.logger, cfg)
 	if old != nil {
 		if file.Listen != old.Listen || file.AdminListen != old.AdminListen {
 			r.logger.Warn("listen and admin_listen change only on restart: the listeners stay where they are",
@@ -260,13 +271,13 @@ func (r *Router) Reload(cfg *config.Config) error {
 		if old.ExtProc != file.ExtProc {
 			r.logger.Warn("extproc changes only on restart", "listen", file.ExtProc.Listen, "listen_in_force", old.ExtProc.Listen)
 		}
-		r.peers.reloaded(r, old, cfg)
-		o, n := old.Server, file.Server
-		if o.HTTPServer != n.HTTPServer || o.ReadHeaderTimeout != n.ReadHeaderTimeout || o.IdleTimeout != n.IdleTimeout ||
-			o.WriteTimeout != n.WriteTimeout || o.TLS != n.TLS || o.BodyReadTimeout != n.BodyReadTimeout ||
-			o.BodyMinRate != n.BodyMinRate || o.WriteStallTimeout != n.WriteStallTimeout || o.BodyStallTimeout != n.BodyStallTimeout ||
-			o.MaxPendingBodyBytes != n.MaxPendingBodyBytes || o.MaxConnections != n.MaxConnections {
-			r.logger.Warn("server.http_server, server.tls, the server timeouts and limits change only on restart (renewed certificate files are read without one)", "http_server", o.HTTPServer)
+		r.peers.reloaded(r, old, file, cfg)
+		if keys := serverChanges(old.Server, file.Server); len(keys) > 0 {
+			r.logger.Warn("server settings change only on restart, endpoint_header excepted (renewed certificate files are read without one): those in force stay",
+				"keys", keys)
+		}
+		if keys := otherRestartChanges(old, file); len(keys) > 0 {
+			r.logger.Warn("pprof, log.format, autoscale.window and autoscale.pod_deletion_cost change only on restart: those in force stay", "keys", keys)
 		}
 		logTenantChanges(r.logger, old, cfg)
 		r.mu.Lock()
@@ -352,7 +363,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Admit:          r.Admit,
 		Saturated:      r.Saturated,
 		Metrics:        r.metrics,
-		Logger:         r.logger,
+		Logger:         r.accessLog,
 		Transport:      r.transport,
 		MaxBodyBytes:   cfg.Limits.MaxBodyBytes,
 		Rewrite:        cfg.Normalize.Rewrite,
@@ -424,6 +435,10 @@ func (r *Router) prefillRate(ep *endpoint.Endpoint) float64 {
 	}
 	return 0
 }
+
+// Logger returns the router's logger: NewRouter's, at the level in force (log.level, or the
+// one set at /debug/loglevel), for whatever logs beside the router (the config watcher).
+func (r *Router) Logger() *slog.Logger { return r.logger }
 
 // Gate returns the tenant gate (authentication, limits, admission).
 func (r *Router) Gate() *tenant.Gate { return r.gate }
@@ -551,8 +566,9 @@ func (r *Router) sourceName(i int) string {
 // AdminHandler serves /metrics, /healthz (the process is up), /readyz (some endpoint can take
 // requests: Router.ready), /debug/endpoints (JSON: each endpoint's health, load, snapshot and age),
 // /debug/explain (POST an API request: how the endpoints would be ranked for it, and why),
-// /debug/peers with peers and, when the config says pprof: true at start, /debug/pprof/; / and
-// /debug/ list them (adminIndex).
+// /debug/loglevel (GET the log level in force, PUT another: serveLogLevel), /debug/peers with
+// peers and, when the config says pprof: true at start, /debug/pprof/; / and /debug/ list them
+// (adminIndex).
 func (r *Router) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	index := r.adminIndex()
@@ -581,6 +597,8 @@ func (r *Router) AdminHandler() http.Handler {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.HandleFunc("GET /debug/endpoints", r.serveEndpoints)
+	mux.HandleFunc("GET /debug/loglevel", r.serveLogLevel)
+	mux.HandleFunc("PUT /debug/loglevel", r.serveLogLevel)
 	mux.HandleFunc("POST /debug/explain", func(w http.ResponseWriter, req *http.Request) {
 		r.h.Load().ServeExplain(w, req)
 	})
@@ -650,6 +668,8 @@ func (r *Router) adminIndex() http.HandlerFunc {
 		{"GET  /readyz", "200 while some endpoint can take requests: healthy and not ejected (and, with peers, after the warm start); 503 once shutting down"},
 		{"GET  /debug/endpoints", "each endpoint's health, availability, load, scraped metrics and probe, as JSON"},
 		{"POST /debug/explain", "an API request's body (as to /v1/chat/completions): how the endpoints would be ranked for it, and why"},
+		{"GET  /debug/loglevel", "the log level in force"},
+		{"PUT  /debug/loglevel", "a body of debug, info, warn or error: the log level until the next config reload that applies, or a restart (log.level then)"},
 	}
 	if r.peers != nil {
 		lines = append(lines, [2]string{"GET  /debug/peers", "the peer replicas and what they share, as JSON"})
@@ -842,14 +862,23 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 	}
 	r.logger.Info("API server limits", "max_connections", lim.maxConns, "max_connections_from", lim.connsFrom,
-		"max_pending_body_bytes", lim.pending, "body_stall_timeout", lim.bodyStall.String())
+		"max_pending_body_bytes", lim.pending, "body_stall_timeout", lim.bodyStall.String(), "admin_max_connections", lim.adminConns)
 	stats := newServerCollector(apiSrv.Stats, lim)
 	if err := r.reg.Register(stats); err != nil {
 		r.logger.Warn("the API server's connection and body metrics are not exported", "err", err)
 	} else {
 		defer r.reg.Unregister(stats)
 	}
-	adminSrv := mk(r.AdminHandler())
+	// The admin listener has a cap of its own, as the API listener's (server.max_connections)
+	// does not count it: a flood of admin connections takes none of the API's, nor the open
+	// files kept aside for it, and a new scrape or probe closes an idle connection for room.
+	adminSrv := &h1.NetHTTP{Server: mk(r.AdminHandler()), MaxConns: lim.adminConns}
+	adminStats := newAdminCollector(adminSrv.Stats, lim.adminConns)
+	if err := r.reg.Register(adminStats); err != nil {
+		r.logger.Warn("the admin server's connection metrics are not exported", "err", err)
+	} else {
+		defer r.reg.Unregister(adminStats)
+	}
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
 	errc := make(chan error, 3) // the API server, the admin server, Run

@@ -12,7 +12,8 @@ import (
 	"github.com/kvroute/kvroute/internal/h1"
 )
 
-// apiLimits are the API server's bounds on its clients, with server:'s defaults resolved.
+// apiLimits are the API server's bounds on its clients, and the admin server's connection
+// cap, with server:'s defaults resolved.
 type apiLimits struct {
 	maxConns int
 	// connsFrom says where maxConns came from, for the log: "config", or the open-file limit.
@@ -20,6 +21,7 @@ type apiLimits struct {
 	pending     int64
 	bodyStall   time.Duration
 	memoryLimit int64 // GOMEMLIMIT; math.MaxInt64: none
+	adminConns  int   // server.admin_max_connections
 }
 
 // maxConnsCeiling bounds the connection cap derived from the open-file limit: containers often
@@ -31,7 +33,10 @@ const maxConnsCeiling = 16384
 func resolveLimits(cfg *config.Config, nofile uint64, memLimit int64) apiLimits {
 	s := cfg.Server
 	l := apiLimits{maxConns: s.MaxConnections, connsFrom: "config", pending: s.MaxPendingBodyBytes,
-		bodyStall: s.BodyStall(), memoryLimit: memLimit}
+		bodyStall: s.BodyStall(), memoryLimit: memLimit, adminConns: s.AdminMaxConnections}
+	if l.adminConns == 0 {
+		l.adminConns = adminConnsFor(nofile)
+	}
 	if l.maxConns == 0 {
 		l.maxConns = maxConnsFor(nofile)
 		l.connsFrom = "RLIMIT_NOFILE " + strconv.FormatUint(nofile, 10)
@@ -62,6 +67,20 @@ func maxConnsFor(nofile uint64) int {
 	return int(min(max((nofile-keep)/2, 1), maxConnsCeiling))
 }
 
+// adminConnsFor is the default admin connection cap for nofile open files: a quarter of what
+// maxConnsFor keeps aside from the API's connections, 4 to config.DefaultAdminMaxConnections
+// (unknown, 0: that), so that a flood of admin connections leaves files for the rest (the
+// API's accept, the engines' connections, the config and secret files). The admin listener
+// was not bounded before: under a limit of 128 open files, 200 idle admin connections made
+// the API listener's accept fail ("too many open files") until they closed.
+func adminConnsFor(nofile uint64) int {
+	if nofile == 0 {
+		return config.DefaultAdminMaxConnections
+	}
+	keep := min(nofile/4, 256)
+	return int(min(max(keep/4, 4), config.DefaultAdminMaxConnections))
+}
+
 // goMemoryLimit is the Go runtime's memory limit (GOMEMLIMIT), math.MaxInt64 when none is set.
 func goMemoryLimit() int64 { return debug.SetMemoryLimit(-1) }
 
@@ -90,6 +109,37 @@ func (c *serverCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped, c.body, c.maxBody, c.bodyRefused} {
 		ch <- d
 	}
+}
+
+// adminCollector exports the admin server's connection counts (h1.Stats) as metrics.
+type adminCollector struct {
+	stats                    func() h1.Stats
+	max                      int
+	conns, maxConns, dropped *prometheus.Desc
+}
+
+func newAdminCollector(stats func() h1.Stats, max int) *adminCollector {
+	return &adminCollector{
+		stats: stats, max: max,
+		conns:    prometheus.NewDesc("kvroute_admin_connections", "Open client connections of the admin listener.", nil, nil),
+		maxConns: prometheus.NewDesc("kvroute_admin_max_connections", "The admin listener's connection cap (server.admin_max_connections, resolved).", nil, nil),
+		dropped: prometheus.NewDesc("kvroute_admin_connections_dropped_total",
+			"Admin connections dropped at the cap: reason idle_closed (a connection waiting for a request, closed to make room) or refused (a new one answered 503 because none waited).", []string{"reason"}, nil),
+	}
+}
+
+func (c *adminCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped} {
+		ch <- d
+	}
+}
+
+func (c *adminCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(st.Conns))
+	ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(c.max))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.ConnsEvicted), "idle_closed")
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.ConnsRefused), "refused")
 }
 
 func (c *serverCollector) Collect(ch chan<- prometheus.Metric) {

@@ -3,14 +3,18 @@ package app
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,11 +44,11 @@ func TestResolveLimits(t *testing.T) {
 		memLimit int64
 		want     apiLimits
 	}{
-		{"{}", 1024, math.MaxInt64, apiLimits{maxConns: 384, connsFrom: "RLIMIT_NOFILE 1024", pending: 256 << 20, bodyStall: 10 * time.Second}},
-		{"{}", 0, 400 << 20, apiLimits{maxConns: 16384, connsFrom: "no open-file limit known", pending: 100 << 20, bodyStall: 10 * time.Second}},
-		{"{}", 300, 32 << 20, apiLimits{maxConns: 112, connsFrom: "RLIMIT_NOFILE 300", pending: 16 << 20, bodyStall: 10 * time.Second}},
-		{"{max_connections: 50, max_pending_body_bytes: 33554432, body_stall_timeout: 2s}", 300, 32 << 20,
-			apiLimits{maxConns: 50, connsFrom: "config", pending: 32 << 20, bodyStall: 2 * time.Second}},
+		{"{}", 1024, math.MaxInt64, apiLimits{maxConns: 384, connsFrom: "RLIMIT_NOFILE 1024", pending: 256 << 20, bodyStall: 10 * time.Second, adminConns: 64}},
+		{"{}", 0, 400 << 20, apiLimits{maxConns: 16384, connsFrom: "no open-file limit known", pending: 100 << 20, bodyStall: 10 * time.Second, adminConns: 64}},
+		{"{}", 300, 32 << 20, apiLimits{maxConns: 112, connsFrom: "RLIMIT_NOFILE 300", pending: 16 << 20, bodyStall: 10 * time.Second, adminConns: 18}},
+		{"{max_connections: 50, max_pending_body_bytes: 33554432, body_stall_timeout: 2s, admin_max_connections: 5}", 300, 32 << 20,
+			apiLimits{maxConns: 50, connsFrom: "config", pending: 32 << 20, bodyStall: 2 * time.Second, adminConns: 5}},
 	} {
 		cfg, err := config.Parse([]byte("server: " + tc.server + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))
 		if err != nil {
@@ -54,6 +58,16 @@ func TestResolveLimits(t *testing.T) {
 		tc.want.memoryLimit = tc.memLimit
 		if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(apiLimits{})); diff != "" {
 			t.Errorf("server %s, nofile %d, GOMEMLIMIT %d (-want +got):\n%s", tc.server, tc.nofile, tc.memLimit, diff)
+		}
+	}
+}
+
+// TestAdminConnsFor: the admin listener's default cap is a quarter of what maxConnsFor keeps
+// aside, 4 to config.DefaultAdminMaxConnections; an unknown limit gives the default.
+func TestAdminConnsFor(t *testing.T) {
+	for nofile, want := range map[uint64]int{0: 64, 16: 4, 128: 8, 300: 18, 1024: 64, 1 << 20: 64} {
+		if got := adminConnsFor(nofile); got != want {
+			t.Errorf("adminConnsFor(%d) = %d, want %d", nofile, got, want)
 		}
 	}
 }
@@ -195,5 +209,143 @@ tenants:
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestServeAdminConnectionCap: the admin listener has a connection cap of its own
+// (server.admin_max_connections), apart from the API listener's (server.max_connections),
+// both ways:
+//
+//  1. a flood of connections to the admin listener that send nothing leaves at most the cap
+//     open (the oldest closed for the newest), and the API and a new /metrics connection
+//     still answer;
+//  2. the API listener at its cap, every connection with a request in flight and a new one
+//     refused, leaves /metrics and /readyz answering.
+//
+// Before, the admin listener held every connection opened to it: under a low open-file limit
+// they took the files the API listener needed to accept.
+func TestServeAdminConnectionCap(t *testing.T) {
+	arrived, release := make(chan struct{}, 16), make(chan struct{})
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost {
+			return // health checks
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-req.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	t.Cleanup(eng.Close)
+	cfg := routerConfig(t, "", eng.URL)
+	cfg.Server.MaxConnections = 3
+	cfg.Server.AdminMaxConnections = 4
+	noDelay := config.Duration(0)
+	cfg.Server.DrainDelay = &noDelay // /readyz is asked: no wait at the end
+	// Connections that send nothing are closed by the cap, not by this timeout.
+	cfg.Server.ReadHeaderTimeout = config.Duration(time.Minute)
+	s := serve(t, cfg, nil)
+	t.Cleanup(func() { close(release) }) // before Serve's cleanup drains the requests held
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	fetch := func(url string) (int, string) {
+		t.Helper()
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	// 1. 20 admin connections that send nothing: 16 closed for the next ones.
+	var flood []net.Conn
+	for range 20 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(s.admin, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		flood = append(flood, c)
+	}
+	closedConns := make([]bool, len(flood))
+	countClosed := func() int {
+		n := 0
+		for i, c := range flood {
+			if !closedConns[i] {
+				_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+				var b [1]byte
+				_, err := c.Read(b[:])
+				closedConns[i] = err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+			}
+			if closedConns[i] {
+				n++
+			}
+		}
+		return n
+	}
+	waitUntil(t, "16 of 20 idle admin connections closed at admin_max_connections 4", func() bool { return countClosed() >= 16 })
+	if code, body := fetch(s.api + "/v1/models"); code != http.StatusOK {
+		t.Errorf("the API during the admin flood: %d %s", code, body)
+	}
+	code, body := fetch(s.admin + "/metrics")
+	if code != http.StatusOK || !strings.Contains(body, "kvroute_admin_max_connections 4\n") {
+		t.Errorf("/metrics during the admin flood: %d, want 200 with kvroute_admin_max_connections 4", code)
+	}
+	evicted := -1 // absent
+	if m := regexp.MustCompile(`kvroute_admin_connections_dropped_total\{reason="idle_closed"\} (\d+)\n`).FindStringSubmatch(body); m != nil {
+		evicted, _ = strconv.Atoi(m[1])
+	}
+	if evicted < 16 {
+		t.Errorf("/metrics: kvroute_admin_connections_dropped_total{reason=\"idle_closed\"} %d (-1: absent), want 16 at least", evicted)
+	}
+	for _, c := range flood {
+		c.Close()
+	}
+
+	// 2. The API at its cap with 3 requests in flight; a 4th connection is refused.
+	type result struct {
+		code int
+		err  error
+	}
+	results := make(chan result, 4)
+	for range 3 {
+		go func() {
+			resp, err := client.Post(s.api+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			results <- result{code: resp.StatusCode}
+		}()
+	}
+	for i := range 3 {
+		select {
+		case <-arrived:
+		case r := <-results:
+			t.Fatalf("request %d ended before the engine held it: %+v", i, r)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of 3 requests reached the engine within 10s", i)
+		}
+	}
+	// Refused: a 503, or a reset, which h1 may send instead when it closes the connection with
+	// the request unread; counted either way (below).
+	if resp, err := client.Get(s.api + "/v1/models"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("a 4th API connection with 3 requests in flight at max_connections 3: %d, want 503", resp.StatusCode)
+		}
+	}
+	if code, body := fetch(s.admin + "/metrics"); code != http.StatusOK || !strings.Contains(body, `kvroute_server_connections_dropped_total{reason="refused"} 1`) {
+		t.Errorf("/metrics with the API at its cap: %d, want 200 with one API connection refused", code)
+	}
+	if code, body := fetch(s.admin + "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz with the API at its cap: %d %s", code, body)
 	}
 }

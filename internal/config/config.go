@@ -346,6 +346,13 @@ type Server struct {
 	// admin listener and the listeners, since every proxied request holds a connection to an
 	// engine as well; at most 16384.
 	MaxConnections int `json:"max_connections"`
+	// AdminMaxConnections bounds the admin listener's open connections the same way (the
+	// longest-idle and those that have sent nothing yet are closed for a new one; 503 when
+	// none waits), so that a flood of connections to it cannot take the open files the API
+	// listener needs, and /metrics and /readyz still answer a new connection. 0: the default,
+	// DefaultAdminMaxConnections, or less under a low open-file limit (a quarter of what
+	// max_connections' default keeps aside, at least 4; resolved where the server starts).
+	AdminMaxConnections int `json:"admin_max_connections"`
 	// WriteStallTimeout bounds one write to a client: a client that stops reading (a stream
 	// included) has its connection closed once a write has waited this long. A stream the
 	// client reads is never cut. Default 60s.
@@ -379,9 +386,18 @@ const SuggestedEndpointHeader = "X-Kvroute-Endpoint"
 
 // Log configures logging.
 type Log struct {
-	Format string `json:"format"` // json (default) or text
-	Level  string `json:"level"`  // debug, info (default), warn, error
+	// Format is json (default) or text; it changes only on restart.
+	Format string `json:"format"`
+	// Level is debug, info (default), warn or error; a reload puts it in force (and ends a
+	// level set at the admin listener's /debug/loglevel).
+	Level string `json:"level"`
+	// Access turns the access log on or off: one line per request ("request"), nothing else.
+	// Default true; a reload puts it in force. Read it with AccessLog.
+	Access *bool `json:"access"`
 }
+
+// AccessLog returns log.access (the default, true, when unset).
+func (l Log) AccessLog() bool { return l.Access == nil || *l.Access }
 
 // Default values.
 const (
@@ -750,24 +766,26 @@ type endpointFile struct {
 }
 
 // ParseEndpoints decodes, defaults and validates a discovery file: a YAML list of endpoints
-// (the keys of endpoints[] in the config), or a mapping with an endpoints key.
+// (the keys of endpoints[] in the config), or a mapping with an endpoints key. As with the
+// config, the error joins every problem in the file: unknown keys and mistyped values, each
+// left out, and what validating the rest finds.
 func ParseEndpoints(data []byte) ([]Endpoint, error) {
+	// A list is decoded as the endpoints key of a mapping (its JSON form, which YAML reads), so
+	// that decoding and validation name a problem alike in both forms: endpoints[1].url.
+	if js, err := yaml.YAMLToJSONStrict(data); err == nil && documents(data) <= 1 && bytes.HasPrefix(bytes.TrimSpace(js), []byte("[")) {
+		data = slices.Concat([]byte(`{"endpoints": `), js, []byte("}"))
+	}
 	var f endpointFile
-	var err error
-	if js, jerr := yaml.YAMLToJSONStrict(data); jerr == nil && bytes.HasPrefix(bytes.TrimSpace(js), []byte("[")) {
-		err = decodeStrict(data, &f.Endpoints)
-	} else {
-		err = decodeStrict(data, &f)
+	derr := decodeStrict(data, &f)
+	if derr != nil && !decodedRest(derr) {
+		return nil, derr
 	}
-	if err != nil {
-		return nil, err
-	}
-	var p problems
 	for i := range f.Endpoints {
 		f.Endpoints[i].SetDefaults()
 	}
+	var p problems
 	validateEndpoints(f.Endpoints, "endpoints", &p)
-	if err := p.err(); err != nil {
+	if err := withValidation(derr, p.err()); err != nil {
 		return nil, err
 	}
 	return f.Endpoints, nil
@@ -1066,6 +1084,10 @@ const (
 	DefaultDrainDelay          = 5 * time.Second
 )
 
+// DefaultAdminMaxConnections is server.admin_max_connections' default: Prometheus, the
+// kubelet's probes and an operator's curl need a few connections, not more.
+const DefaultAdminMaxConnections = 64
+
 // Drain returns server.drain_delay (the default when unset).
 func (s Server) Drain() time.Duration {
 	if s.DrainDelay == nil {
@@ -1125,6 +1147,9 @@ func (s *Server) validate(c *Config, p *problems) {
 	if s.MaxConnections < 0 {
 		p.add("server.max_connections", "%d is negative: give a number of connections (0: derived from the open-file limit)", s.MaxConnections)
 	}
+	if s.AdminMaxConnections < 0 {
+		p.add("server.admin_max_connections", "%d is negative: give a number of connections, like %d (0: the default)", s.AdminMaxConnections, DefaultAdminMaxConnections)
+	}
 	if s.HTTPServer != HTTPServerBuiltin && s.HTTPServer != HTTPServerNetHTTP {
 		p.add("server.http_server", "%q is not a server: use %s (the default) or %s", s.HTTPServer, HTTPServerBuiltin, HTTPServerNetHTTP)
 	}
@@ -1139,6 +1164,10 @@ func (l *Log) setDefaults(*Config) {
 	}
 	if l.Level == "" {
 		l.Level = "info"
+	}
+	if l.Access == nil {
+		on := true
+		l.Access = &on
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -48,7 +49,7 @@ func TestParse_Defaults(t *testing.T) {
 		Server: Server{ReadHeaderTimeout: Duration(10 * time.Second), IdleTimeout: Duration(120 * time.Second),
 			ShutdownTimeout: Duration(30 * time.Second), DrainDelay: &drain, HTTPServer: HTTPServerBuiltin,
 			BodyReadTimeout: Duration(30 * time.Second), BodyMinRate: 64 << 10, WriteStallTimeout: Duration(60 * time.Second)},
-		Log:       Log{Format: "json", Level: "info"},
+		Log:       Log{Format: "json", Level: "info", Access: &tru},
 		Auth:      &Auth{Mode: AuthNone},
 		Overload:  Overload{QueueSize: 1024, MaxWait: Duration(30 * time.Second)},
 		Autoscale: Autoscale{Window: Duration(time.Minute), PodDeletionCost: PodDeletionCost{Interval: Duration(time.Minute), PatchesPerSecond: 1}},
@@ -59,6 +60,27 @@ func TestParse_Defaults(t *testing.T) {
 	}
 	if len(c.Warnings) != 1 || !strings.Contains(c.Warnings[0], "auth") {
 		t.Errorf("warnings = %q, want one about auth", c.Warnings)
+	}
+}
+
+// TestParse_LogAccess: log.access is on unless the config turns it off, and a value that is
+// not a boolean is refused with its key. Before, the key did not exist.
+func TestParse_LogAccess(t *testing.T) {
+	for in, want := range map[string]bool{"": true, "log: {access: true}\n": true, "log: {access: false}\n": false} {
+		c, err := Parse([]byte(in + minimal))
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		if got := c.Log.AccessLog(); got != want {
+			t.Errorf("%q: AccessLog() = %v, want %v", in, got, want)
+		}
+	}
+	if got := (Log{}).AccessLog(); !got {
+		t.Error("unset (before defaults): AccessLog() = false, want true")
+	}
+	_, err := Parse([]byte("log: {access: sometimes}\n" + minimal))
+	if err == nil || !strings.Contains(err.Error(), `log.access: got the text "sometimes", want true or false`) {
+		t.Errorf("err = %v, want the mistyped log.access named", err)
 	}
 }
 
@@ -377,13 +399,48 @@ func TestParseEndpoints(t *testing.T) {
 			t.Errorf("%q: got %+v", doc, eps)
 		}
 	}
-	_, err := ParseEndpoints([]byte("- url: http://10.0.0.1:8000\n  enigne: vllm\n- url: bad\n"))
-	if err == nil || !strings.Contains(err.Error(), `[0].enigne: unknown key`) {
-		t.Errorf("err = %v, want the unknown key named", err)
-	}
-	_, err = ParseEndpoints([]byte("- url: bad\n"))
+	_, err := ParseEndpoints([]byte("- url: bad\n"))
 	if err == nil || !strings.Contains(err.Error(), "endpoints[0].url") {
 		t.Errorf("err = %v, want the bad url named", err)
+	}
+}
+
+// TestParseEndpoints_EveryProblem: a discovery file's problems all come back at once, as the
+// config's do (serve --check lists them all): unknown keys and mistyped values beside what
+// validation finds in the rest, named alike in the list and the mapping form, a mistyped key
+// once (not also as missing). Before, the first unknown key or mistyped value was the only
+// problem reported.
+func TestParseEndpoints_EveryProblem(t *testing.T) {
+	const list = `- url: http://10.0.0.1:8000
+  enigne: vllm
+- url: bad
+- url: 8000
+- url: http://10.0.0.4:8000
+  kv_tokens: -1
+  step_tokens: lots
+`
+	want := []string{
+		`endpoints[0].enigne: unknown key "enigne" in endpoints[0] (did you mean "engine"?`,
+		`endpoints[2].url: got the number 8000, want text`,
+		`endpoints[3].step_tokens: got the text "lots", want a whole number`,
+		`endpoints[1].url: "bad" is not an http(s) base URL`,
+		`endpoints[3].kv_tokens: -1 is negative`,
+	}
+	mapping := "endpoints:\n" + regexp.MustCompile(`(?m)^`).ReplaceAllString(list, "  ")
+	for form, doc := range map[string]string{"list": list, "mapping": mapping} {
+		_, err := ParseEndpoints([]byte(doc))
+		if err == nil {
+			t.Fatalf("%s: no error", form)
+		}
+		lines := strings.Split(err.Error(), "\n")
+		if len(lines) != len(want) {
+			t.Errorf("%s: %d problems, want %d:\n%v", form, len(lines), len(want), err)
+		}
+		for i, w := range want {
+			if i >= len(lines) || !strings.HasPrefix(lines[i], w) {
+				t.Errorf("%s: problem %d does not begin %q:\n%v", form, i, w, err)
+			}
+		}
 	}
 }
 

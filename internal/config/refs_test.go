@@ -226,3 +226,64 @@ func TestWatcher_UnwatchableDir(t *testing.T) {
 		t.Fatal("Run did not return within 10s")
 	}
 }
+
+// TestWatcher_RefBackUnchanged: a referenced file that cannot be read for a while (deleted, a
+// directory in its place, its mode 000) is rejected with its key and nothing is applied; when it
+// comes back the config is reloaded, with the content in force as with a new one, so that a
+// reload that applies ends the rejection (kvroute_config_last_reload_successful back to 1).
+// Before, a file back with the content in force reloaded nothing, and the rejection stayed.
+func TestWatcher_RefBackUnchanged(t *testing.T) {
+	for _, how := range []string{"deleted", "a directory in its place", "mode 000"} {
+		t.Run(how, func(t *testing.T) {
+			if how == "mode 000" && os.Geteuid() == 0 {
+				t.Skip("root reads a file whatever its mode")
+			}
+			secret := filepath.Join(t.TempDir(), "salt")
+			writeFile(t, secret, oldSecret)
+			yaml := minimal + "tenants: [{name: a, api_keys: [" + keyDigest + "]}]\n" + fmt.Sprintf("auth: {secret_file: %q}\n", secret)
+			w, _, configs, errs := startRefWatcher(t, t.TempDir(), yaml)
+			waitWatched(t, w, secret)
+			hide := func() {
+				switch how {
+				case "deleted":
+					if err := os.Remove(secret); err != nil {
+						t.Fatal(err)
+					}
+				case "a directory in its place":
+					if err := os.Remove(secret); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Mkdir(secret, 0o700); err != nil {
+						t.Fatal(err)
+					}
+				default:
+					if err := os.Chmod(secret, 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for _, content := range []string{oldSecret, newSecret} {
+				hide()
+				if err := recvErr(t, errs); !strings.Contains(err.Error(), "auth.secret_file") {
+					t.Errorf("error = %v, want the key", err)
+				}
+				if len(configs) > 0 {
+					t.Fatalf("a config was applied without its secret: %+v", <-configs)
+				}
+				if how == "a directory in its place" {
+					if err := os.Remove(secret); err != nil {
+						t.Fatal(err)
+					}
+				}
+				replace(t, secret, content)
+				c := recvConfig(t, configs)
+				if s, err := c.Secret(nil); err != nil || string(s) != content {
+					t.Errorf("salt secret once back %q (%v), want %q", s, err, content)
+				}
+			}
+			if len(errs) > 0 {
+				t.Errorf("rejected once back: %v", <-errs)
+			}
+		})
+	}
+}

@@ -48,8 +48,10 @@ type WatchOptions struct {
 // ConfigMaps) is seen. Only notifications about the file's own name, the names in the same
 // directory that its symlinks lead through, and Kubernetes' ..data count: a log written
 // beside the file every few milliseconds neither delays a read nor causes one. A read error is
-// passed as err with nil data, once until the next successful read. It returns an error only
-// when the directory cannot be watched.
+// passed as err with nil data, once until the next successful read, and that read is passed
+// on even when the content is the one read before the error: whoever was told of the error
+// learns that the file is back (a secret restored as it was, after a chmod 000 or a delete).
+// It returns an error only when the directory cannot be watched.
 func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(data []byte, forced bool, err error)) error {
 	if opt.Debounce <= 0 {
 		opt.Debounce = DefaultDebounce
@@ -83,7 +85,10 @@ func WatchFile(ctx context.Context, path string, opt WatchOptions, changed func(
 			}
 			return
 		}
-		lastErr = ""
+		if lastErr != "" {
+			// Back after an error that was passed on: passed on, whatever its content.
+			lastErr, last = "", nil
+		}
 		if !forced && last != nil && bytes.Equal(data, last) {
 			return
 		}
@@ -294,14 +299,16 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 // watchRef watches the referenced file ref until ctx ends, from the content read (nil: it
-// could not be read) and calls reload when it changes. A
-// file that cannot be read is logged and passed to Rejected, and nothing is reloaded: the
-// config in force keeps what it read (a Kubernetes Secret's swap never leaves the file missing,
-// but a file written in place may be, for a moment).
+// could not be read) and calls reload when it changes. A file that cannot be read is logged
+// and passed to Rejected, and nothing is reloaded: the config in force keeps what it read (a
+// Kubernetes Secret's swap never leaves the file missing, but a file written in place may be,
+// for a moment). Once it can be read again it reloads, even with the content in force, so
+// that the reload's result replaces the rejection (kvroute_config_last_reload_successful).
 func (w *Watcher) watchRef(ctx context.Context, ref Ref, read []byte, reload func(), log *slog.Logger) {
 	// Unreadable at the load: Apply met that error already, so the same one at the start of
 	// the watch is not told again.
 	quiet := read == nil
+	unreadable := false
 	err := WatchFile(ctx, ref.Path, WatchOptions{Debounce: w.Debounce, Poll: w.Poll, Initial: read}, func(_ []byte, _ bool, err error) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -309,6 +316,7 @@ func (w *Watcher) watchRef(ctx context.Context, ref Ref, read []byte, reload fun
 			return // replaced by a later load's watch
 		}
 		if err != nil {
+			unreadable = true
 			if quiet {
 				quiet = false
 				return
@@ -317,13 +325,19 @@ func (w *Watcher) watchRef(ctx context.Context, ref Ref, read []byte, reload fun
 			if w.Rejected != nil {
 				w.Rejected(err)
 			}
-			log.Error("a file the config refers to cannot be read, keeping the config in force", "err", err)
+			log.Error("a file the config refers to cannot be read: the config in force stays, and the file is read again when it changes",
+				"key", ref.Key, "file", ref.Path, "err", err)
 			return
 		}
 		quiet = false
 		// What the change does (ref.Effect) is said by whoever applies it, once it is in force:
 		// said here, it came for a file the reload then rejected.
-		log.Info("a file the config refers to changed: reloading the config", "key", ref.Key, "file", ref.Path)
+		if unreadable {
+			unreadable = false
+			log.Info("a file the config refers to can be read again: reloading the config", "key", ref.Key, "file", ref.Path)
+		} else {
+			log.Info("a file the config refers to changed: reloading the config", "key", ref.Key, "file", ref.Path)
+		}
 		reload()
 	})
 	if err != nil && ctx.Err() == nil {

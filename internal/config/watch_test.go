@@ -479,3 +479,28 @@ func mustSymlink(t *testing.T, target, link string) {
 		t.Fatal(err)
 	}
 }
+
+// TestWatchFile_BackAfterError: a file that could not be read is delivered when it can be read
+// again, even with the content it had before: whoever was told of the error learns that the
+// file is back. An unchanged file that never failed is still not delivered.
+func TestWatchFile_BackAfterError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f.yaml")
+	if err := os.WriteFile(path, []byte("same\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := startWatchFile(t, path, WatchOptions{Debounce: 5 * time.Millisecond, Initial: []byte("same\n")})
+	replace(t, path, "new\n") // delivered: the watch is in place
+	if s := recvString(t, got, 10*time.Second, "the change"); s != "new\n" {
+		t.Fatalf("delivered %q, want the change", s)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if s := recvString(t, got, 10*time.Second, "the delete"); !strings.HasPrefix(s, "error: ") {
+		t.Fatalf("delivered %q after the delete, want an error", s)
+	}
+	replace(t, path, "new\n")
+	if s := recvString(t, got, 10*time.Second, "the file back as it was"); s != "new\n" {
+		t.Fatalf("delivered %q once back, want its content", s)
+	}
+}
