@@ -167,8 +167,10 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 		errs = append(errs, errors.New("give --trace or --workload, not both"))
 	case f.trace != "":
 		files = []string{f.trace}
-	case f.workload == "" && len(files) != 1:
-		errs = append(errs, fmt.Errorf("want one trace FILE (or - for standard input), got %d", len(files)))
+	case f.workload == "" && len(files) == 0:
+		errs = append(errs, errors.New("give a trace FILE (- for standard input) or --workload NAME"))
+	case f.workload == "" && len(files) > 1:
+		errs = append(errs, fmt.Errorf("want one trace FILE (- for standard input), got %d: %q", len(files), files))
 	case f.workload != "" && len(files) > 0:
 		errs = append(errs, errors.New("give a trace FILE or --workload, not both"))
 	}
@@ -202,7 +204,7 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 			return nil, usageError{fmt.Errorf("--workload: %w", err)}
 		}
 	case files[0] == stdinTrace:
-		rep.Source = "standard input"
+		rep.Source = stdinTraceName // as the other verbs' reports call it
 		if err := checkStdin(stdin, "kvroute analyze"); err != nil {
 			return nil, err
 		}

@@ -83,7 +83,7 @@ func TestAnalyzeJSONFromStdin(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, out)
 	}
-	if got.Source != "standard input" || got.Requests != 3 || got.Duration != 2 || got.KVTokens != 461376 ||
+	if got.Source != "stdin" || got.Requests != 3 || got.Duration != 2 || got.KVTokens != 461376 ||
 		got.Instances != 8 || got.Capacity != 8*461376 || got.Infinite < 0.49 || got.Infinite > 0.50 || got.Verdict == "" {
 		t.Errorf("JSON report: %+v", got)
 	}
@@ -312,8 +312,9 @@ func TestAnalyzeBadInput(t *testing.T) {
 		{"bad line", "", []string{bad}, 2, "line 4: field input_length: -5"},
 		{"bad json on stdin", "{", []string{"-"}, 2, "standard input: line 1: invalid JSON"},
 		{"missing file", "", []string{filepath.Join(t.TempDir(), "none.jsonl")}, 2, "open trace"},
-		{"no file", "", nil, 2, "want one trace FILE"},
-		{"two files", "", []string{"a", "b"}, 2, "got 2"},
+		// --workload is the other way: said too.
+		{"no file", "", nil, 2, "kvroute analyze: give a trace FILE (- for standard input) or --workload NAME\n"},
+		{"two files", "", []string{"a", "b"}, 2, `kvroute analyze: want one trace FILE (- for standard input), got 2: ["a" "b"]` + "\n"},
 		{"file and workload", "", []string{"a", "--workload", "multi-turn"}, 2, "not both"},
 		{"file and --trace", "", []string{"a", "--trace", "b"}, 2, "as FILE or as --trace FILE, not both"},
 		{"--trace and workload", "", []string{"--trace", "a", "--workload", "multi-turn"}, 2, "--trace or --workload, not both"},

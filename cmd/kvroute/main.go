@@ -28,7 +28,7 @@ func verbs() []verb {
 		{"simulate", "a fleet in virtual time: routing policies compared in seconds", runSimulate},
 		{"analyze", "prefix statistics of a trace: will prefix-aware routing pay off?", runAnalyze},
 		{"plan", "the fewest instances that meet a TTFT SLO, per policy, in virtual time", runPlan},
-		{"trace", "convert traces of other formats (OpenAI logs, ShareGPT, Azure, BurstGPT) for the verbs above", runTrace},
+		{"trace", "convert other trace formats (OpenAI request logs, ShareGPT, Azure, BurstGPT, Mooncake in seconds or 64-token blocks) into the Mooncake trace the verbs above read", runTrace},
 		{"hash-key", "print the sha256 form of an API key for the tenants config", runHashKey},
 		{"version", "print the version and VCS revision of this build (also --version)", runVersion},
 	}

@@ -58,7 +58,9 @@ func TestPlanBadInput(t *testing.T) {
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--policies", "nope"}, "--policies"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "0"}, "--max-instances 0"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--max-instances", "10001"}, "--max-instances 10001: want 1 to 10000"},
-		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "-1"}, "--speedup -1"},
+		// Worded as bench, demo and simulate word it (before: "want a positive factor").
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "-1"}, "kvroute plan: --speedup -1: want " + speedupRange + "\n"},
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "0"}, "kvroute plan: --speedup 0: want " + speedupRange + "\n"},
 		// Both ran: an infinite speedup put every arrival at 0, NaN passed "<= 0".
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "Inf"}, "--speedup +Inf: want a positive finite factor, such as 2 (leave it out for 1)"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "NaN"}, "--speedup NaN: want a positive finite factor"},
@@ -70,6 +72,23 @@ func TestPlanBadInput(t *testing.T) {
 		code := run(context.Background(), append([]string{"plan"}, tc.args...), &out, &errOut)
 		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
 			t.Errorf("%q: exit %d, %q; want 2 and %q", tc.args, code, errOut.String(), tc.want)
+		}
+	}
+}
+
+// TestSpeedupSaidAlike: the verbs that take --speedup refuse a value below 0 in the same words,
+// each on its own line with exit status 2 (plan's said "want a positive factor").
+func TestSpeedupSaidAlike(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "--target", "http://127.0.0.1:1"},
+		{"demo"},
+		{"simulate", "--workload", "multi-turn"},
+		{"plan", "--workload", "multi-turn", "--slo-ttft-p90", "1s"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), append(args, "--speedup", "-1"), &out, &errOut)
+		if want := "kvroute " + args[0] + ": --speedup -1: want " + speedupRange + "\n"; code != 2 || errOut.String() != want {
+			t.Errorf("%q: exit %d, %q; want 2 and %q", args, code, errOut.String(), want)
 		}
 	}
 }

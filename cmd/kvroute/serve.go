@@ -135,7 +135,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// 64 KB, and at most a second.
 	logOut := logbuf.New(stderr, 0, 0)
 	defer logOut.Close()
-	logger := newLogger(cfg.Log, logOut)
+	logger := app.NewLogger(cfg.Log, logOut) // its level follows the router: reloads, /debug/loglevel
 	build := version.Get()
 	source := *cfgPath
 	if source == "" {
@@ -146,28 +146,31 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	for _, w := range cfg.Warnings {
 		logger.Warn("config", "warning", w)
 	}
-	r, err := app.NewRouter(cfg, logger)
-	if err != nil {
+	// fatal says why serve stops, after the log lines still waiting in logOut: the reason is
+	// the last line, where a reader of a terminal or of a container's log looks for it.
+	fatal := func(err error) int {
+		logOut.Close()
 		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 		return 1
 	}
+	r, err := app.NewRouter(cfg, logger)
+	if err != nil {
+		return fatal(err)
+	}
 	apiLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute serve: listen: %v\n", err)
-		return 1
+		return fatal(listenError("listen", "--listen", err))
 	}
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		apiLn.Close()
-		fmt.Fprintf(stderr, "kvroute serve: admin listen: %v\n", err)
-		return 1
+		return fatal(listenError("admin listen", "--admin-listen", err))
 	}
 	extLn, extHealthLn, err := listenExtProc(cfg.ExtProc)
 	if err != nil {
 		apiLn.Close()
 		adminLn.Close()
-		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
-		return 1
+		return fatal(err)
 	}
 
 	// A second SIGINT or SIGTERM (main's NotifyContext takes the first, which ends ctx) ends
@@ -179,6 +182,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	served := make(chan struct{})
 	defer close(served)
 	go forceExit(sigs, served, logger, logOut)
+	// The drain starts on drainCtx, which ends after ctx, once the signal that ended ctx is
+	// logged: "signal received" comes before the shutdown's own lines, not after them, as it
+	// did when forceExit logged it from its own goroutine while the router was already
+	// shutting down.
+	drainCtx, startDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer startDrain()
+	go func() {
+		select {
+		case <-ctx.Done():
+			logSignal(ctx, logger)
+		case <-served:
+		}
+		startDrain()
+	}()
 
 	// SIGHUP forces a reload (and, without a config file, is logged rather than fatal); the
 	// watcher also reloads when the content of the file, or of a secret's file, changes.
@@ -190,7 +207,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Apply:    func(c *config.Config) { _ = r.Reload(c) }, // Reload logs and counts a rejection
 		Rejected: func(error) { r.Metrics().Reloads.WithLabelValues("error").Inc() },
 	}
-	wctx, stopWatch := context.WithCancel(ctx)
+	wctx, stopWatch := context.WithCancel(drainCtx)
 	watched := make(chan error, 1)
 	go func() { watched <- watcher.Run(wctx) }()
 	defer func() {
@@ -203,7 +220,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	// The endpoint picker drains beside the API: both see ctx end; it stops too if Serve
 	// returns early.
-	extCtx, stopExt := context.WithCancel(ctx)
+	extCtx, stopExt := context.WithCancel(drainCtx)
 	defer stopExt()
 	extDone := make(chan error, 1)
 	if extLn != nil {
@@ -220,16 +237,37 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	api, adminURL := scheme+"://"+apiLn.Addr().String(), "http://"+adminLn.Addr().String()
 	announce(stdout, cfg.Log, fmt.Sprintf("kvroute serve: api %s admin %s policy %s, %d endpoint(s)", api, adminURL, cfg.Policy.Name, r.Pool().Len()),
 		"api", api, "admin", adminURL, "policy", cfg.Policy.Name, "endpoints", r.Pool().Len(), "version", build.Version)
-	err = r.Serve(ctx, apiLn, adminLn)
+	err = r.Serve(drainCtx, apiLn, adminLn)
 	stopExt()
 	if extErr := <-extDone; err == nil && extErr != nil {
 		err = fmt.Errorf("ext_proc: %w", extErr)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
-		return 1
+		return fatal(err)
 	}
 	return 0
+}
+
+// listenError is err, from listening on the address that flag (or the config key it
+// overrides) gives, with the fix when another process holds the address.
+func listenError(what, flag string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s: %w (another process listens there: stop it or give %s another port)", what, err, flag)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// logSignal says, once ctx has ended, why the router drains, when a signal ended it: main's
+// signal.NotifyContext gives ctx a cause that names the signal ("terminated signal received"
+// for SIGTERM, whose os.Signal String is "terminated"). A caller that only cancels ctx (a
+// test) gives none, and is said nothing.
+func logSignal(ctx context.Context, logger *slog.Logger) {
+	cause := context.Cause(ctx)
+	if cause == nil || cause == ctx.Err() {
+		return
+	}
+	sig := strings.TrimSuffix(cause.Error(), " signal received")
+	logger.Info("signal received: draining requests in flight; send it again to exit at once", "signal", sig)
 }
 
 // announce prints a line that says where serve listens (tests and scripts wait for it). On a
@@ -246,8 +284,9 @@ func announce(w io.Writer, l config.Log, msg string, attrs ...any) {
 }
 
 // forceExit waits for signals on sigs until served is closed: the first is the one that
-// starts the drain (main ends ctx on it), the second ends the process at once, with the status
-// a shell gives a process that signal killed (130 for SIGINT, 143 for SIGTERM).
+// starts the drain (main ends ctx on it, and logSignal says so), the second ends the process
+// at once, with the status a shell gives a process that signal killed (130 for SIGINT, 143
+// for SIGTERM).
 func forceExit(sigs <-chan os.Signal, served <-chan struct{}, logger *slog.Logger, logs *logbuf.Writer) {
 	for n := 1; ; n++ {
 		select {
@@ -255,7 +294,6 @@ func forceExit(sigs <-chan os.Signal, served <-chan struct{}, logger *slog.Logge
 			return
 		case sig := <-sigs:
 			if n == 1 {
-				logger.Info("signal received: draining requests in flight; send it again to exit at once", "signal", sig.String())
 				continue
 			}
 			code := 1
@@ -329,12 +367,12 @@ func listenExtProc(c config.ExtProc) (ln, health net.Listener, err error) {
 		return nil, nil, nil
 	}
 	if ln, err = net.Listen("tcp", c.Listen); err != nil {
-		return nil, nil, fmt.Errorf("extproc listen: %w", err)
+		return nil, nil, listenError("extproc listen", "--extproc-listen", err)
 	}
 	if c.HealthListen != "" {
 		if health, err = net.Listen("tcp", c.HealthListen); err != nil {
 			ln.Close()
-			return nil, nil, fmt.Errorf("extproc health listen: %w", err)
+			return nil, nil, listenError("extproc health listen", "--extproc-health-listen", err)
 		}
 	}
 	return ln, health, nil

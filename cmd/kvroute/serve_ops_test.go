@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/testlog"
 )
 
 // TestMain lets a test run this binary as kvroute itself (asMain), for what only a process can
@@ -147,8 +148,8 @@ func TestServeLogsAsJSON(t *testing.T) {
 	}
 }
 
-// TestServeSecondSignalExits: a second SIGTERM during the drain ends the process at once,
-// logged, with status 143, while a request still holds the drain (it would wait for
+// TestServeSecondSignalExits: the first SIGTERM is logged before the drain's lines; a second
+// SIGTERM during the drain ends the process at once, logged, with status 143, while a request still holds the drain (it would wait for
 // server.shutdown_timeout, 30s by default).
 func TestServeSecondSignalExits(t *testing.T) {
 	if testing.Short() {
@@ -273,6 +274,8 @@ func TestServeSecondSignalExits(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	// The signal is said first, then the drain (waitLog reads the lines in order).
+	waitLog(`"msg":"signal received: draining requests in flight`)
 	waitLog("shutting down: draining requests in flight")
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -319,5 +322,94 @@ func TestBlameFlagsKeepsOtherErrors(t *testing.T) {
 		if got := errors.As(err, new(usageError)); got != tt.usage {
 			t.Errorf("%s: usage error %v, want %v", tt.name, got, tt.usage)
 		}
+	}
+}
+
+// TestServeListenInUse: an address another process holds stops serve with exit status 1 and
+// a last line that says so with the fix (the flag to change); the log lines written before it
+// (batched by logbuf) come first, not after it.
+func TestServeListenInUse(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	for _, tt := range []struct {
+		flag string
+		want string
+	}{
+		{"--listen", "kvroute serve: listen: listen tcp " + taken.Addr().String() + ": bind: address already in use (another process listens there: stop it or give --listen another port)"},
+		{"--admin-listen", "kvroute serve: admin listen: listen tcp " + taken.Addr().String() + ": bind: address already in use (another process listens there: stop it or give --admin-listen another port)"},
+	} {
+		t.Run(tt.flag, func(t *testing.T) {
+			args := []string{"--endpoint", "http://127.0.0.1:1", "--engine", "vllm", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", tt.flag, taken.Addr().String()}
+			var out, errb bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if rc := runServe(ctx, args, &out, &errb); rc != 1 {
+				t.Fatalf("rc %d, want 1; stderr:\n%s", rc, errb.String())
+			}
+			lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+			if len(lines) < 3 || !strings.Contains(lines[0], "kvroute serve starting") || lines[len(lines)-1] != tt.want {
+				t.Errorf("stderr:\n%s\nwant the log lines, then last:\n%s", errb.String(), tt.want)
+			}
+		})
+	}
+}
+
+// TestServeSignalLoggedFirst: when a signal ends serve's context (main's signal.NotifyContext
+// gives the signal as the cause), "signal received" is logged before the shutdown's own lines.
+// Before, forceExit logged it from its own goroutine, after the drain had started, and
+// sometimes after the shutdown's lines; a context merely cancelled (a test) logs no signal.
+func TestServeSignalLoggedFirst(t *testing.T) {
+	eng := fakeVLLM(t)
+	args := []string{"--endpoint", eng.URL, "--model", "m", "--engine", "vllm", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	for _, tt := range []struct {
+		name  string
+		cause error // nil: a plain cancel
+	}{
+		{"signal", errors.New("terminated signal received")}, // as signal.NotifyContext words it
+		{"cancel", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			var out testlog.Buffer
+			stderr := &testlog.Buffer{}
+			code := make(chan int, 1)
+			go func() { code <- runServe(ctx, args, &out, stderr) }()
+			if !waitFor(10*time.Second, func() bool { return addrLine.MatchString(out.String()) }) {
+				cancel(nil)
+				t.Fatalf("serve did not start: %s", stderr.String())
+			}
+			cancel(tt.cause)
+			select {
+			case rc := <-code:
+				if rc != 0 {
+					t.Fatalf("rc %d: %s", rc, stderr.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("serve did not stop")
+			}
+			var msgs []string
+			for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+				var rec struct{ Msg, Signal string }
+				if err := json.Unmarshal([]byte(l), &rec); err != nil {
+					t.Fatalf("not JSON: %q", l)
+				}
+				if strings.HasPrefix(rec.Msg, "signal received") || strings.HasPrefix(rec.Msg, "shutting down") {
+					msgs = append(msgs, rec.Msg+" "+rec.Signal)
+				}
+			}
+			first := "signal received: draining requests in flight; send it again to exit at once terminated"
+			if tt.cause == nil {
+				if len(msgs) == 0 || strings.HasPrefix(msgs[0], "signal received") {
+					t.Errorf("lines %q: want the shutdown's and no signal", msgs)
+				}
+				return
+			}
+			if len(msgs) < 2 || msgs[0] != first || strings.Count(strings.Join(msgs, "\n"), "signal received") != 1 {
+				t.Errorf("lines %q: want %q once, first", msgs, first)
+			}
+		})
 	}
 }

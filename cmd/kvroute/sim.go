@@ -8,11 +8,92 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
+
+// simError is StartFleet's err as kvroute sim says it. StartFleet checks all its options
+// before it listens, each bad one an OptionError: those are said with the flag that set the
+// field (--time-scale -1: ...), not the package's words, as a usage error. A failure to listen
+// says how to get another port; what remains is said as it is, but for the package's name.
+func simError(err error) error {
+	var flagErrs []error
+	if walkLeaves(err, func(leaf error) bool {
+		var oe *simserver.OptionError
+		if !errors.As(leaf, &oe) || simFlag(oe.Field) == "" {
+			return false
+		}
+		flagErrs = append(flagErrs, fmt.Errorf("--%s %s: %s", simFlag(oe.Field), oe.Value, oe.Msg))
+		return true
+	}) {
+		return usageError{errors.Join(flagErrs...)}
+	}
+	msg := strings.TrimPrefix(err.Error(), "simserver: ")
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		msg += " (another process listens there: stop it or give --port another port; 0 takes free ones)"
+	case !errors.As(err, new(*net.OpError)) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
+		// Not listening (a port in use, an address not ours) nor the end of ctx: a flag's value.
+		return usageError{renamedError{err, msg}}
+	}
+	return renamedError{err, msg}
+}
+
+// walkLeaves calls f on each error at the end of err's chains (errors.Join's, %w's), in order,
+// and reports whether f took every one.
+func walkLeaves(err error, f func(error) bool) bool {
+	switch e := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, inner := range e.Unwrap() {
+			if !walkLeaves(inner, f) {
+				return false
+			}
+		}
+		return true
+	case interface{ Unwrap() error }:
+		if inner := e.Unwrap(); inner != nil {
+			return walkLeaves(inner, f)
+		}
+	}
+	return f(err)
+}
+
+// simFlag is the flag of kvroute sim that sets the field of simserver.Options called field
+// (an OptionError's Field), or "" for none.
+func simFlag(field string) string {
+	switch field {
+	case "TimeScale":
+		return "time-scale"
+	case "Profile":
+		return "profile"
+	case "BlockSize":
+		return "block-size"
+	case "KVBlocks":
+		return "kv-blocks"
+	case "MaxModelLen":
+		return "max-model-len"
+	case "DefaultMaxTokens":
+		return "default-max-tokens"
+	case "KVEvents":
+		return "kv-events"
+	case "KVEventsReplay":
+		return "kv-events-replay"
+	case "Faults.FailRate":
+		return "fail-rate"
+	case "Faults.FailStatus":
+		return "fail-status"
+	case "Faults.Slow":
+		return "slow"
+	case "Faults.CutAfter":
+		return "cut-after"
+	case "Faults.DropOn":
+		return "drop-on"
+	}
+	return ""
+}
 
 // runSim serves simulated vLLM instances until ctx ends (SIGINT, SIGTERM), then drains them.
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -83,6 +164,24 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *drain < 0 {
 		errs = append(errs, fmt.Errorf("--drain %v: want a duration >= 0 (0: close open streams at once)", *drain))
 	}
+	// The fleet's own arguments, and what joins two flags, said with the flags' names (simserver
+	// refuses them too, in its own words).
+	if *n < 1 {
+		errs = append(errs, fmt.Errorf("--instances %d: want at least 1", *n))
+	} else if *port < 0 || *port+*n-1 > 65535 {
+		errs = append(errs, fmt.Errorf("--port %d: want a port from 1 to %d for %d instance(s) (0: free ports)", *port, 65536-*n, *n))
+	}
+	// The help lists 500 and 503, what an engine's own failures are; POST /admin/faults takes
+	// any 4xx or 5xx (a 429 of an engine behind a rate limiter).
+	if st := o.Faults.FailStatus; st != 500 && st != 503 {
+		errs = append(errs, fmt.Errorf("--fail-status %d: want 500 or 503", st))
+	}
+	if o.Faults.DropAll && o.Faults.DropOn == "" {
+		errs = append(errs, errors.New("--drop-all without --drop-on: give --drop-on TEXT, the text that makes the instance crash"))
+	}
+	if o.KVEventsReplay != "" && o.KVEvents == "" {
+		errs = append(errs, errors.New("--kv-events-replay without --kv-events: give both"))
+	}
 	if len(errs) > 0 {
 		return failed(stderr, fs.Name(), usageError{errors.Join(errs...)})
 	}
@@ -94,12 +193,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	fleet, err := simserver.StartFleet(ctx, o, *n, *host, *port)
 	if err != nil {
-		// StartFleet checks all its options before it listens: what fails other than listening
-		// (a port in use, an address not ours: *net.OpError) or the end of ctx is a flag's value.
-		if !errors.As(err, new(*net.OpError)) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-			err = usageError{err}
-		}
-		return failed(stderr, fs.Name(), err)
+		return failed(stderr, fs.Name(), simError(err))
 	}
 	for i, u := range fleet.URLs() {
 		in := fleet.Instances()[i]

@@ -97,10 +97,8 @@ func TestTraceFromStdin(t *testing.T) {
 					t.Fatalf("exit %d: %s", code, errOut)
 				}
 				name, requests := tt.workload(t, out)
+				// One name in every report (analyze said "standard input", the README "stdin").
 				want := "stdin"
-				if tt.verb == "analyze" {
-					want = "standard input"
-				}
 				if name != want || requests != 12 {
 					t.Errorf("report names the trace %q with %d requests; want %q and 12", name, requests, want)
 				}
@@ -414,6 +412,23 @@ func TestTraceConvert(t *testing.T) {
 		code, _, errOut := runTraceWithStdin("", io.Discard, tt.args...)
 		if code != 2 || errOut != tt.want {
 			t.Errorf("trace %q: exit %d, stderr %q; want 2 and %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
+
+// TestTraceSummaryNamesEveryFormat: kvroute help's line for trace names every format that trace
+// convert takes (--from), as the README's table does: it left Mooncake out (in seconds, or
+// with 64-token blocks), which the README lists.
+func TestTraceSummaryNamesEveryFormat(t *testing.T) {
+	var summary string
+	for _, v := range verbs() {
+		if v.name == "trace" {
+			summary = strings.ToLower(v.summary)
+		}
+	}
+	for _, f := range workload.TraceFormats() {
+		if !strings.Contains(summary, string(f)) {
+			t.Errorf("kvroute help says of trace %q: it lacks the format %s", summary, f)
 		}
 	}
 }

@@ -294,10 +294,10 @@ func (b *BenchReport) WriteHTML(path, target string) error {
 // schedule's own where it differs, with how far the sending was from the schedule (which is
 // the generator's doing; the schedule's distance from the rate asked is the draw's).
 func rateNote(e BenchExtra, requests int) string {
-	off := func(sched float64) string { return fmt.Sprintf("%+.2f%%", 100*(e.AchievedRate/sched-1)) }
+	off := func(sched float64) string { return "sent " + offSchedule(e.AchievedRate, sched) }
 	switch req, sched := e.RequestedRate, e.AskedRate; {
 	case req > 0 && sched > 0 && math.Abs(sched/req-1) > 0.005:
-		note := fmt.Sprintf(" (asked %.1f, scheduled %.1f, sent %s of the schedule", req, sched, off(sched))
+		note := fmt.Sprintf(" (asked %.1f, scheduled %.1f, %s", req, sched, off(sched))
 		if math.Abs(sched/req-1) > 0.05 {
 			note += fmt.Sprintf(": the random arrivals of %d requests come to a rate far from the one asked; more requests come closer", requests)
 		}
@@ -310,6 +310,19 @@ func rateNote(e BenchExtra, requests int) string {
 		return fmt.Sprintf(" (scheduled %.1f, %s)", sched, off(sched))
 	}
 	return ""
+}
+
+// offSchedule says how far the rate sent is from the schedule's, in words: "0.03% below the
+// schedule", "1.20% above the schedule", or "on the schedule" within 0.005 %.
+func offSchedule(sent, sched float64) string {
+	d := 100 * (sent/sched - 1)
+	switch {
+	case math.Abs(d) < 0.005:
+		return "on the schedule"
+	case d < 0:
+		return fmt.Sprintf("%.2f%% below the schedule", -d)
+	}
+	return fmt.Sprintf("%.2f%% above the schedule", d)
 }
 
 // writeExtras prints one line per run: send rate, send lag, ITL, errors by class.

@@ -65,7 +65,8 @@ func Plan(ctx context.Context, o PlanOptions) (*PlanSummary, error) {
 		errs = append(errs, err)
 	}
 	if o.Speedup <= 0 {
-		errs = append(errs, fmt.Errorf("--speedup %v: want a positive factor", o.Speedup))
+		// Worded as bench, demo and simulate word it (cmd/kvroute's speedupRange).
+		errs = append(errs, fmt.Errorf("--speedup %v: want a positive finite factor, such as 2 (leave it out for 1)", o.Speedup))
 	}
 	if len(errs) > 0 {
 		return nil, &UsageError{errors.Join(errs...)}

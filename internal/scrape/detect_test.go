@@ -2,7 +2,9 @@ package scrape
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -217,6 +219,83 @@ func TestProber_AutoUndecidedIsUnhealthy(t *testing.T) {
 	}
 }
 
+// The quick start with nothing listening (kvroute serve --endpoint URL, engine auto): the
+// endpoint starts out of rotation (its cache salt waits for the kind), so its failed checks
+// change no health, and before, nothing was logged at all: only /debug/endpoints said why.
+// Now the first failure of the streak is said once, as a warning naming the endpoint and the
+// error, and the detection that ends it says how many checks failed before it. An auto
+// endpoint that starts healthy (its cache salt given) is said once too, not twice.
+func TestProber_AutoUndetectedSaidOncePerStreak(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing listens at closed (connection refused); m answers 404 to everything (nothing
+	// tells the kind).
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	m := newMimic(t, map[string]answer{})
+	for _, tt := range []struct {
+		name     string
+		url      string
+		saltAuto bool
+		want     string // in the warning's error
+	}{
+		{"refused", closed, true, "connection refused"},
+		{"undecided", m.srv.URL, true, "no answer tells the engine kind"},
+		{"salt given", m.srv.URL, false, "no answer tells the engine kind"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m.set(map[string]answer{})
+			pool, ep := onePool(t, endpoint.Spec{Name: tt.url, Engine: Auto, CacheSaltAuto: tt.saltAuto, MetricsPath: "/metrics"})
+			var log testlog.Buffer
+			pr := New(pool, m.srv.Client(), Options{}, slog.New(slog.NewJSONHandler(&log, nil)))
+			ctx := context.Background()
+			for i := range 3 {
+				if err := pr.Check(ctx, ep); err == nil || !strings.Contains(err.Error(), "detect the engine kind") {
+					t.Fatalf("check %d: err = %v, want a detection error", i, err)
+				}
+			}
+			if ep.Healthy() || pr.Status(ep).ConsecutiveFailures != 3 {
+				t.Fatalf("healthy %v, %d failures: want out, 3", ep.Healthy(), pr.Status(ep).ConsecutiveFailures)
+			}
+			var said []map[string]any
+			for _, l := range log.JSONLines(t) {
+				if l["level"] == "WARN" {
+					said = append(said, l)
+				}
+			}
+			if len(said) != 1 || said[0]["msg"] != "endpoint unhealthy" || said[0]["endpoint"] != tt.url ||
+				said[0]["consecutive_failures"] != 1.0 || !strings.Contains(fmt.Sprint(said[0]["err"]), tt.want) {
+				t.Fatalf("warnings %v: want one endpoint unhealthy naming %s and an error with %q", said, tt.url, tt.want)
+			}
+			if tt.url == closed {
+				return
+			}
+			// The engine comes up: detected, and back, each said once.
+			m.set(llamacppAnswers(""))
+			if err := pr.Check(ctx, ep); err != nil || !ep.Healthy() {
+				t.Fatalf("err %v healthy %v: want the engine detected and healthy", err, ep.Healthy())
+			}
+			var detected []map[string]any
+			for _, l := range log.JSONLines(t) {
+				if l["msg"] == "engine kind detected" {
+					detected = append(detected, l)
+				}
+			}
+			if len(detected) != 1 || detected[0]["after_failed_checks"] != 3.0 || detected[0]["engine"] != "llamacpp" {
+				t.Errorf("detection lines %v: want one, of llamacpp, after 3 failed checks", detected)
+			}
+			if got := log.Count(`"msg":"endpoint healthy"`); got != 1 {
+				t.Errorf("endpoint healthy said %d times, want 1", got)
+			}
+			if got := len(warnings(t, &log)); got != 1 {
+				t.Errorf("%d warnings in all, want 1", got)
+			}
+		})
+	}
+}
+
 func TestProber_AutoFollowsAnEngineRestartedAsAnother(t *testing.T) {
 	m := newMimic(t, llamacppAnswers(""))
 	pool, ep := onePool(t, endpoint.Spec{Name: m.srv.URL, Engine: Auto})
@@ -357,7 +436,7 @@ func TestProber_ScrapeOfAnotherKindSaysWhatItLooksLike(t *testing.T) {
 	for i := range 3 {
 		err := pr.Scrape(ctx, ep)
 		if err == nil || !strings.Contains(err.Error(), "none of the families") ||
-			!strings.Contains(err.Error(), "looks like vllm, not sglang") || !strings.Contains(err.Error(), "set engine: vllm (or auto)") {
+			!strings.Contains(err.Error(), "looks like vllm, not sglang") || !strings.Contains(err.Error(), "set engine: vllm (--engine vllm), or auto") {
 			t.Fatalf("scrape %d: err = %v, want the refusal and the hint", i, err)
 		}
 	}
@@ -480,7 +559,7 @@ func TestProber_ConfiguredModelsComparedWithTheEngines(t *testing.T) {
 		t.Errorf("/v1/models asked %d times after %v, want 2", got, modelsEvery)
 	}
 	w := warnings(t, &log)
-	if len(w) != 1 || !strings.Contains(w[0], "does not list a model that endpoints[].models names") ||
+	if len(w) != 1 || !strings.Contains(w[0], "does not list a model that endpoints[].models (--model) names") ||
 		!strings.Contains(log.String(), `"missing":["qwen3-8b"]`) || !strings.Contains(log.String(), `"engine_lists":["Qwen/Qwen3-8B"]`) {
 		t.Errorf("warnings %q, log %s: want one naming the model and the engine's list", w, log.String())
 	}
@@ -500,7 +579,7 @@ func TestProber_ConfiguredModelsComparedWithTheEngines(t *testing.T) {
 	if err := pr.Check(ctx, ep); err != nil {
 		t.Fatal(err)
 	}
-	if got := log.Count("the engine lists every model that endpoints[].models names"); got != 1 {
+	if got := log.Count("the engine lists every model that endpoints[].models (--model) names"); got != 1 {
 		t.Errorf("the fix said %d times, want 1", got)
 	}
 	if got := len(warnings(t, &log)); got != 1 {

@@ -457,7 +457,7 @@ func (p *Prober) listModels(ctx context.Context, ep *endpoint.Endpoint, o Option
 
 // checkModels compares the models ep's config names with those its engine lists (listed), and
 // warns once for each change of the configured models it lacks: an engine started with
-// another model (or another name for it) than endpoints[].models says. An empty list says
+// another model (or another name for it) than endpoints[].models (serve's --model) says. An empty list says
 // nothing (an engine still loading, a server that lists none), and so does llama.cpp's.
 func (p *Prober) checkModels(ep *endpoint.Endpoint, listed []string) {
 	if len(listed) == 0 || ep.Kind() == "llamacpp" {
@@ -481,26 +481,36 @@ func (p *Prober) checkModels(ep *endpoint.Endpoint, listed []string) {
 		if len(listed) > 8 {
 			listed = append(listed[:8:8], fmt.Sprintf("... (%d in all)", len(listed)))
 		}
-		p.log.Warn("the engine does not list a model that endpoints[].models names: requests for it will get the engine's 404 there (check endpoints[].models, or the engine's served model name)",
+		p.log.Warn("the engine does not list a model that endpoints[].models (--model) names: requests for it will get the engine's 404 there; check endpoints[].models (--model) or the engine's served model name",
 			"endpoint", ep.Name, "missing", missing, "engine_lists", listed)
 	default:
-		p.log.Info("the engine lists every model that endpoints[].models names", "endpoint", ep.Name)
+		p.log.Info("the engine lists every model that endpoints[].models (--model) names", "endpoint", ep.Name)
 	}
 }
 
-// detect finds ep's engine kind and makes it the kind in force.
+// detect finds ep's engine kind and makes it the kind in force. After checks that failed (the
+// engine was down, or not yet up, when the router started: their streak was said as a
+// warning, record), the line says how many.
 func (p *Prober) detect(ctx context.Context, ep *endpoint.Endpoint) error {
 	d, err := p.Detect(ctx, ep.Name)
 	if err != nil {
 		return err
 	}
-	p.adopt(ep, d, "", slog.LevelInfo, "engine kind detected")
+	p.mu.Lock()
+	failed := p.st(ep).fail
+	p.mu.Unlock()
+	var after []any
+	if failed > 0 {
+		after = []any{"after_failed_checks", failed}
+	}
+	p.adopt(ep, d, "", slog.LevelInfo, "engine kind detected", after...)
 	return nil
 }
 
 // adopt records a detection in ep's status with a hint for its health-check errors (for an
-// auto endpoint, the hint is empty and the kind found becomes the kind in force), and logs it.
-func (p *Prober) adopt(ep *endpoint.Endpoint, d Detection, hint string, level slog.Level, msg string) {
+// auto endpoint, the hint is empty and the kind found becomes the kind in force), and logs it
+// with attrs added.
+func (p *Prober) adopt(ep *endpoint.Endpoint, d Detection, hint string, level slog.Level, msg string, attrs ...any) {
 	if ep.Engine == Auto {
 		ep.SetKind(d.Kind)
 	}
@@ -509,7 +519,7 @@ func (p *Prober) adopt(ep *endpoint.Endpoint, d Detection, hint string, level sl
 	s.hint = hint
 	s.status.Detected = &d
 	p.mu.Unlock()
-	p.log.Log(context.Background(), level, msg, "endpoint", ep.Name, "configured", ep.Engine, "engine", d.Kind, "evidence", d.Evidence)
+	p.log.Log(context.Background(), level, msg, append([]any{"endpoint", ep.Name, "configured", ep.Engine, "engine", d.Kind, "evidence", d.Evidence}, attrs...)...)
 }
 
 // mismatch handles a health check that answered 4xx: it probes the endpoint at the start of a
@@ -542,7 +552,7 @@ func (p *Prober) mismatch(ctx context.Context, ep *endpoint.Endpoint, checkErr e
 
 // kindHint says that an endpoint configured as kind configured looks like d's kind, and the fix.
 func kindHint(d Detection, configured string) string {
-	return fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (or auto) for it", d.Kind, configured, d.Evidence, d.Kind)
+	return fmt.Sprintf("the endpoint looks like %s, not %s: %s; set engine: %s (--engine %s), or auto, for it", d.Kind, configured, d.Evidence, d.Kind, d.Kind)
 }
 
 // record applies one check's outcome to ep's streaks and health.
@@ -551,8 +561,9 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 	defer p.mu.Unlock()
 	s := p.st(ep)
 	s.status.LastCheck = o.Now()
-	// A new endpoint starts healthy; its first check decides at once, so that one that is down
-	// at start leaves rotation without waiting for unhealthy_threshold checks.
+	// A new endpoint starts healthy (but one whose cache salt waits for its kind); its first
+	// check decides at once, so that one that is down at start leaves rotation without waiting
+	// for unhealthy_threshold checks.
 	first := !s.checked
 	s.checked = true
 	if err == nil {
@@ -570,8 +581,16 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		s.succ = 0
 		s.stepAsked = false // the engine may come back restarted with another budget
 		s.status.LastCheckError = err.Error()
-		if ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold) {
+		switch {
+		case ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold):
 			ep.SetHealthy(false)
+			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
+		case first && !errors.Is(err, errItself):
+			// An endpoint that starts out of rotation (engine auto whose cache salt waits for
+			// the kind: endpoint.Spec.CacheSaltAuto) has no change of health to say when its
+			// first check fails; without this line an engine that is down, or an address that
+			// is wrong, would show only in /debug/endpoints. The router itself says so in
+			// itself.
 			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
 		}
 	}

@@ -35,6 +35,36 @@ func status(t *testing.T, url, path string) int {
 	return resp.StatusCode
 }
 
+// TestFailStatusType: a failure answers with an error type that fits its status: a 4xx set
+// through POST /admin/faults (a 429 of a rate limiter, a 404) is not a server_error, as a 404
+// was.
+func TestFailStatusType(t *testing.T) {
+	f := startFleet(t, Options{Profile: "instant", Admin: true, Seed: 1}, 1)
+	url := f.URLs()[0]
+	comp := fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":2}`, DefaultModel)
+	for _, tt := range []struct {
+		status int
+		typ    string
+	}{
+		{500, openai.TypeServer},
+		{502, openai.TypeServer},
+		{503, openai.TypeUnavailable},
+		{404, openai.TypeNotFound},
+		{429, openai.TypeInvalidRequest},
+	} {
+		if code, body := setFaults(t, url, fmt.Sprintf(`{"fail_rate":1,"fail_status":%d}`, tt.status)); code != http.StatusOK {
+			t.Fatalf("POST /admin/faults fail_status %d = %d %s", tt.status, code, body)
+		}
+		resp, _ := post(t, url, "/v1/completions", comp)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct{ Error openai.Error }
+		if resp.StatusCode != tt.status || json.Unmarshal(b, &e) != nil || e.Error.Type != tt.typ {
+			t.Errorf("fail_status %d: %d %s, want %d %s", tt.status, resp.StatusCode, b, tt.status, tt.typ)
+		}
+	}
+}
+
 func TestAdminFaults(t *testing.T) {
 	f := startFleet(t, Options{Profile: "instant", Admin: true, Seed: 1}, 1)
 	url := f.URLs()[0]

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/h1"
 )
 
@@ -37,11 +36,20 @@ func StartFleet(ctx context.Context, opts Options, n int, host string, firstPort
 	}
 	// What every instance would refuse is said once, without an instance's number.
 	def := opts.withDefaults()
-	if err := def.validate(); err != nil {
-		return nil, fmt.Errorf("simserver: %w", err)
+	err := def.validate()
+	if n > 1 {
+		// Instance i publishes on the port after instance i-1's: a port is needed.
+		for _, ep := range []struct{ field, name, v string }{
+			{"KVEvents", "kv events endpoint", opts.KVEvents},
+			{"KVEventsReplay", "kv events replay endpoint", opts.KVEventsReplay},
+		} {
+			if _, serr := shiftPort(ep.v, 1); serr != nil && publisherScheme(ep.v) { // another scheme: validate said so
+				err = errors.Join(err, optionErr(ep.field, ep.name, strconv.Quote(ep.v), "want tcp://HOST:PORT for a fleet of more than one instance"))
+			}
+		}
 	}
-	if _, err := engine.LookupProfile(def.Profile); err != nil {
-		return nil, fmt.Errorf("simserver: profile: %w", err)
+	if err != nil {
+		return nil, fmt.Errorf("simserver: %w", err)
 	}
 	if host == "" {
 		host = "127.0.0.1"
@@ -73,7 +81,7 @@ func StartFleet(ctx context.Context, opts Options, n int, host string, firstPort
 			_ = f.Close()
 			return nil, fmt.Errorf("simserver: instance %d: %w", i, err)
 		}
-		in, err := New(o)
+		in, err := newInstance(o)
 		if err != nil {
 			_ = ln.Close()
 			_ = f.Close()

@@ -61,11 +61,7 @@ func (in *Instance) api(next http.Handler) http.Handler {
 		if f.FailRate > 0 && in.draw() < f.FailRate {
 			in.met.fault("fail_rate")
 			st := f.status()
-			typ := openai.TypeServer
-			if st == http.StatusServiceUnavailable {
-				typ = openai.TypeUnavailable
-			}
-			openai.WriteError(w, openai.NewError(st, typ, "", "", "simulated failure (fault injection)"))
+			openai.WriteError(w, openai.NewError(st, failType(st), "", "", "simulated failure (fault injection)"))
 			return
 		}
 		if !in.enter() {
@@ -78,6 +74,20 @@ func (in *Instance) api(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// failType is the OpenAI error type of a failure answered with status (fail_status): a 4xx
+// is the client's, not a server_error.
+func failType(status int) string {
+	switch {
+	case status == http.StatusServiceUnavailable:
+		return openai.TypeUnavailable
+	case status == http.StatusNotFound:
+		return openai.TypeNotFound
+	case status < 500:
+		return openai.TypeInvalidRequest
+	}
+	return openai.TypeServer
 }
 
 func (in *Instance) health(w http.ResponseWriter, _ *http.Request) {

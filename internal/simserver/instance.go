@@ -120,22 +120,33 @@ func (j *job) signal() {
 }
 
 // New builds an instance and starts its driver goroutine (and KV-event publisher when
-// Options.KVEvents is set). Close stops them.
+// Options.KVEvents is set). Close stops them. A bad option is an OptionError (in the error
+// returned), as errors.As finds it.
 func New(opts Options) (*Instance, error) {
+	in, err := newInstance(opts)
+	if err != nil {
+		return nil, fmt.Errorf("simserver: %w", err)
+	}
+	return in, nil
+}
+
+// newInstance is New with errors that do not name the package (StartFleet names it once, with
+// the instance's number).
+func newInstance(opts Options) (*Instance, error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
-		return nil, fmt.Errorf("simserver: %w", err)
+		return nil, err
 	}
 	prof, err := engine.LookupProfile(opts.Profile)
 	if err != nil {
-		return nil, fmt.Errorf("simserver: profile: %w", err)
+		return nil, profileError(opts.Profile)
 	}
 	eng, err := engine.New(engine.Config{
 		Profile: prof, BlockSize: opts.BlockSize, NumBlocks: opts.KVBlocks,
 		TokenEvents: true, KVEvents: opts.KVEvents != "",
 	})
 	if err != nil {
-		return nil, fmt.Errorf("simserver: %w", err)
+		return nil, err
 	}
 	in := &Instance{
 		opts:    opts,
@@ -170,7 +181,7 @@ func New(opts Options) (*Instance, error) {
 			Endpoint: opts.KVEvents, ReplayEndpoint: opts.KVEventsReplay, Topic: topic, Logger: in.log,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("simserver: %w", err)
+			return nil, err
 		}
 	}
 	in.handler = in.routes()

@@ -7,8 +7,12 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/engine"
+	"github.com/kvroute/kvroute/internal/suggest"
 )
 
 // DefaultProfile is the engine profile used when Options.Profile is empty.
@@ -110,23 +114,41 @@ func faultFields() string {
 // maxDropOn bounds DropOn (it is searched for in every request body).
 const maxDropOn = 1024
 
+// An OptionError is a bad value of one field of Options. Its message names the field as this
+// package's users know it (the words of Options' doc; a fault's JSON name, as POST
+// /admin/faults takes it); Field is the field as Go spells it ("TimeScale", "Faults.FailRate"
+// for a fault), so that a command can name the flag that set it instead (kvroute sim does).
+type OptionError struct {
+	Field string
+	Name  string // "time scale", "fail_rate"
+	Value string // the value refused, as the message shows it
+	Msg   string // what is wrong, and the fix: "want a positive factor (0.1 runs ten times faster)"
+}
+
+func (e *OptionError) Error() string { return e.Name + " " + e.Value + ": " + e.Msg }
+
+// optionErr is the OptionError of field, called name, for value (printed with %v).
+func optionErr(field, name string, value any, msg string) error {
+	return &OptionError{Field: field, Name: name, Value: fmt.Sprint(value), Msg: msg}
+}
+
 // Validate returns every problem of f at once.
 func (f Faults) Validate() error {
 	var errs []error
 	if f.FailRate < 0 || f.FailRate > 1 || math.IsNaN(f.FailRate) {
-		errs = append(errs, fmt.Errorf("fail_rate %v: want a fraction in [0, 1]", f.FailRate))
+		errs = append(errs, optionErr("Faults.FailRate", "fail_rate", f.FailRate, "want a fraction in [0, 1]"))
 	}
 	if f.FailStatus != 0 && (f.FailStatus < 400 || f.FailStatus > 599) {
-		errs = append(errs, fmt.Errorf("fail_status %d: want an HTTP error status, 500 or 503", f.FailStatus))
+		errs = append(errs, optionErr("Faults.FailStatus", "fail_status", f.FailStatus, "want an HTTP error status from 400 to 599, such as 500 or 503"))
 	}
 	if f.Slow < 0 || f.Slow > 0 && f.Slow < 1 || math.IsNaN(f.Slow) || math.IsInf(f.Slow, 0) {
-		errs = append(errs, fmt.Errorf("slow %v: want a factor >= 1 (0 for none)", f.Slow))
+		errs = append(errs, optionErr("Faults.Slow", "slow", f.Slow, "want a factor >= 1 (0 for none)"))
 	}
 	if f.CutAfter < 0 {
-		errs = append(errs, fmt.Errorf("cut_after %d: want a token count >= 0 (0 for none)", f.CutAfter))
+		errs = append(errs, optionErr("Faults.CutAfter", "cut_after", f.CutAfter, "want a token count >= 0 (0 for none)"))
 	}
 	if len(f.DropOn) > maxDropOn {
-		errs = append(errs, fmt.Errorf("drop_on: %d bytes, want at most %d", len(f.DropOn), maxDropOn))
+		errs = append(errs, optionErr("Faults.DropOn", "drop_on", fmt.Sprintf("(%d bytes)", len(f.DropOn)), fmt.Sprintf("want at most %d bytes", maxDropOn)))
 	}
 	if f.DropAll && f.DropOn == "" {
 		errs = append(errs, errors.New("drop_all without drop_on: set the text that makes the instance crash"))
@@ -179,22 +201,37 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// validate returns every problem of o (defaults applied) at once: each field's as an
+// OptionError.
 func (o Options) validate() error {
 	var errs []error
 	if o.TimeScale < 0 || math.IsNaN(o.TimeScale) || math.IsInf(o.TimeScale, 0) {
-		errs = append(errs, fmt.Errorf("time scale %v: want a positive factor (0.1 runs ten times faster)", o.TimeScale))
+		errs = append(errs, optionErr("TimeScale", "time scale", o.TimeScale, "want a positive factor (0.1 runs ten times faster)"))
+	}
+	if _, err := engine.LookupProfile(o.Profile); err != nil {
+		errs = append(errs, profileError(o.Profile))
 	}
 	if o.BlockSize < 0 {
-		errs = append(errs, fmt.Errorf("block size %d: want a positive token count (0: the profile's)", o.BlockSize))
+		errs = append(errs, optionErr("BlockSize", "block size", o.BlockSize, "want a positive token count (0: the profile's)"))
 	}
 	if o.KVBlocks < 0 {
-		errs = append(errs, fmt.Errorf("kv blocks %d: want a positive block count (0: the profile's)", o.KVBlocks))
+		errs = append(errs, optionErr("KVBlocks", "kv blocks", o.KVBlocks, "want a positive block count (0: the profile's)"))
 	}
 	if o.MaxModelLen < 0 {
-		errs = append(errs, fmt.Errorf("max model len %d: want a positive token count", o.MaxModelLen))
+		errs = append(errs, optionErr("MaxModelLen", "max model len", o.MaxModelLen, "want a positive token count"))
 	}
 	if o.DefaultMaxTokens < 0 {
-		errs = append(errs, fmt.Errorf("default max tokens %d: want a positive token count", o.DefaultMaxTokens))
+		errs = append(errs, optionErr("DefaultMaxTokens", "default max tokens", o.DefaultMaxTokens, "want a positive token count"))
+	}
+	// The publisher takes these schemes (kvevents); said here, before anything listens, rather
+	// than by each instance as it starts.
+	for _, ep := range []struct{ field, name, v string }{
+		{"KVEvents", "kv events endpoint", o.KVEvents},
+		{"KVEventsReplay", "kv events replay endpoint", o.KVEventsReplay},
+	} {
+		if ep.v != "" && !publisherScheme(ep.v) {
+			errs = append(errs, optionErr(ep.field, ep.name, strconv.Quote(ep.v), "want tcp://HOST:PORT (or ipc://, inproc://)"))
+		}
 	}
 	if o.KVEventsReplay != "" && o.KVEvents == "" {
 		errs = append(errs, errors.New("kv events replay endpoint without a kv events endpoint: set both"))
@@ -203,4 +240,28 @@ func (o Options) validate() error {
 		errs = append(errs, fmt.Errorf("faults: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// publisherScheme reports whether endpoint has a scheme the KV-event publisher binds.
+func publisherScheme(endpoint string) bool {
+	for _, scheme := range []string{"tcp://", "ipc://", "inproc://"} {
+		if strings.HasPrefix(endpoint, scheme) {
+			return true
+		}
+	}
+	return false
+}
+
+// profileError refuses an unknown profile name, with the nearest known one when a name is
+// near and the list of them.
+func profileError(name string) error {
+	var names []string
+	for _, p := range engine.Profiles() {
+		names = append(names, p.Name)
+	}
+	msg := "unknown profile"
+	if near := suggest.Nearest(name, names); near != "" {
+		msg += fmt.Sprintf(" (did you mean %s?)", near)
+	}
+	return optionErr("Profile", "profile", name, msg+": use one of "+strings.Join(names, ", "))
 }

@@ -440,24 +440,53 @@ func TestUnencryptedHTTP2(t *testing.T) {
 }
 
 // TestStartFleetBadOptions: options every instance would refuse are refused once, before any
-// port is taken, and the message names no instance.
+// port is taken, and the message names no instance (nor the package twice). Each field's
+// problem is an OptionError naming the field, for a command to name its flag.
 func TestStartFleetBadOptions(t *testing.T) {
 	for _, tt := range []struct {
-		opts Options
-		want string
+		opts   Options
+		n      int
+		want   string
+		fields []string // of the OptionErrors
 	}{
-		{Options{Profile: "nope"}, `simserver: profile: engine: unknown profile "nope"`},
-		{Options{Faults: Faults{FailRate: 2}}, "simserver: faults: fail_rate 2: want a fraction in [0, 1]"},
-		{Options{Faults: Faults{Slow: 0.5}}, "simserver: faults: slow 0.5: want a factor >= 1 (0 for none)"},
+		{Options{Profile: "nope"}, 3, `simserver: profile nope: unknown profile: use one of `, []string{"Profile"}},
+		{Options{Profile: "instnat"}, 3, `simserver: profile instnat: unknown profile (did you mean instant?): use one of `, []string{"Profile"}},
+		{Options{Faults: Faults{FailRate: 2}}, 3, "simserver: faults: fail_rate 2: want a fraction in [0, 1]", []string{"Faults.FailRate"}},
+		{Options{Faults: Faults{Slow: 0.5}}, 3, "simserver: faults: slow 0.5: want a factor >= 1 (0 for none)", []string{"Faults.Slow"}},
+		{Options{Faults: Faults{FailStatus: 302}}, 3, "simserver: faults: fail_status 302: want an HTTP error status from 400 to 599, such as 500 or 503", []string{"Faults.FailStatus"}},
+		{Options{TimeScale: -1, BlockSize: -1}, 3, "simserver: time scale -1: want a positive factor (0.1 runs ten times faster)\nblock size -1: ", []string{"TimeScale", "BlockSize"}},
+		// Said by each instance as it started, after "simserver: instance 0: simserver: ".
+		{Options{KVEvents: "bogus"}, 1, `simserver: kv events endpoint "bogus": want tcp://HOST:PORT (or ipc://, inproc://)`, []string{"KVEvents"}},
+		{Options{KVEvents: "tcp://127.0.0.1:0", KVEventsReplay: "udp://x"}, 1, `simserver: kv events replay endpoint "udp://x": want tcp://HOST:PORT`, []string{"KVEventsReplay"}},
+		// Said by instance 1 as it started.
+		{Options{KVEvents: "inproc://kv"}, 2, `simserver: kv events endpoint "inproc://kv": want tcp://HOST:PORT for a fleet of more than one instance`, []string{"KVEvents"}},
 	} {
-		f, err := StartFleet(context.Background(), tt.opts, 3, "127.0.0.1", 0)
+		f, err := StartFleet(context.Background(), tt.opts, tt.n, "127.0.0.1", 0)
 		if err == nil {
 			_ = f.Close()
 			t.Errorf("%+v: started, want %q", tt.opts, tt.want)
 			continue
 		}
-		if !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "instance") {
+		if !strings.HasPrefix(err.Error(), tt.want) || strings.Contains(err.Error(), "instance 0") || strings.Contains(err.Error(), "instance 1") || strings.Count(err.Error(), "simserver") != 1 {
 			t.Errorf("%+v: %v, want %q", tt.opts, err, tt.want)
+		}
+		var fields []string
+		var walk func(error)
+		walk = func(e error) {
+			switch w := e.(type) {
+			case *OptionError:
+				fields = append(fields, w.Field)
+			case interface{ Unwrap() []error }:
+				for _, inner := range w.Unwrap() {
+					walk(inner)
+				}
+			case interface{ Unwrap() error }:
+				walk(w.Unwrap())
+			}
+		}
+		walk(err)
+		if diff := cmp.Diff(tt.fields, fields); diff != "" {
+			t.Errorf("%+v: fields of the OptionErrors (-want +got):\n%s", tt.opts, diff)
 		}
 	}
 }

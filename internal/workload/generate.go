@@ -15,6 +15,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/kvroute/kvroute/internal/prefix"
+	"github.com/kvroute/kvroute/internal/suggest"
 )
 
 // GeneratedBlockTokens is the block size of generated workloads: small, so that aligning a
@@ -165,7 +166,7 @@ func Generate(spec string, seed uint64) ([]Request, error) {
 		}
 	}
 	if gen == nil {
-		return nil, fmt.Errorf("workload %q: unknown name, want one of %s", name, strings.Join(WorkloadNames(), ", "))
+		return nil, fmt.Errorf("workload %q: unknown name, %swant one of %s", name, didYouMean(name, WorkloadNames()), strings.Join(WorkloadNames(), ", "))
 	}
 	p, err := parseParams(gen, rest)
 	if err != nil {
@@ -206,7 +207,7 @@ func parseParams(gen *generator, s string) (*params, error) {
 		k, v, ok := strings.Cut(kv, "=")
 		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
 		if _, known := p.values[k]; !known {
-			return nil, fmt.Errorf("unknown key %q, want one of %s", k, strings.Join(valid, ", "))
+			return nil, fmt.Errorf("unknown key %q, %swant one of %s", k, didYouMean(k, valid), strings.Join(valid, ", "))
 		}
 		if !ok || v == "" {
 			return nil, fmt.Errorf("key %s: no value, write %s=VALUE", k, k)
@@ -218,6 +219,15 @@ func parseParams(gen *generator, s string) (*params, error) {
 		p.values[k] = v
 	}
 	return p, nil
+}
+
+// didYouMean is `did you mean "near"? ` for the one of names nearest to a misspelt name
+// (suggest.Nearest, as the config's unknown keys are said), or "".
+func didYouMean(name string, names []string) string {
+	if near := suggest.Nearest(name, names); near != "" {
+		return fmt.Sprintf("did you mean %q? ", near)
+	}
+	return ""
 }
 
 func (p *params) err() error { return errors.Join(p.errs...) }

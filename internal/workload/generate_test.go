@@ -193,7 +193,11 @@ func TestGenerateMultiTurn(t *testing.T) {
 func TestGenerateErrors(t *testing.T) {
 	tests := []struct{ spec, want string }{
 		{"nope", `workload "nope": unknown name, want one of multi-turn, prefix-repetition, shared-prefix, tool-agent, unique`},
-		{"shared-prefix:colour=red", `unknown key "colour", want one of groups, prompts, system, question, output, ordered, zipf, n, rate`},
+		{"shared-prefix:colour=red", `workload shared-prefix: unknown key "colour", want one of groups, prompts, system, question, output, ordered, zipf, n, rate`},
+		// Misspelt: the nearest is offered, as the config's unknown keys are.
+		{"shared-prefix:grups=3", `workload shared-prefix: unknown key "grups", did you mean "groups"? want one of groups, prompts, system, question, output, ordered, zipf, n, rate`},
+		{"multi-turn:max-turn=3", `unknown key "max-turn", did you mean "max-turns"? want one of`},
+		{"shared-prefx", `workload "shared-prefx": unknown name, did you mean "shared-prefix"? want one of multi-turn, prefix-repetition, shared-prefix, tool-agent, unique`},
 		{"shared-prefix:zipf=-1", `key zipf: "-1", want a number of at least 0`},
 		{"shared-prefix:zipf=1.1,ordered=true", "keys zipf, ordered: a Zipf draw has no group order"},
 		{"shared-prefix:zipf=1,n=100000000", "keys n, system, question: up to"},
