@@ -80,10 +80,11 @@ type Config struct {
 	WarmUp time.Duration
 	// Changes kill or add instances during the run, or make them fail (faults.go). An
 	// instance that some Change adds is absent until then; a killed one stops at once: the
-	// requests it holds fail (the router hears of it one network latency later and does not
-	// send them again: they reached the engine), and requests sent to it afterwards meet a
-	// refused connection and fall back to the next ranked endpoint until passive ejection
-	// takes it out of the candidates.
+	// router hears of it one network latency later: the streams whose first token it had
+	// relayed fail as cut, the other requests it held lost their connection before any byte
+	// (route.FailLost) and go on to the next ranked endpoint once per request, as live; and
+	// requests sent to it afterwards meet a refused connection and fall back to the next
+	// ranked endpoint until passive ejection takes it out of the candidates.
 	Changes []Change
 	// FirstTokenTimeout bounds each attempt's wait for its first token, from its sending, as
 	// limits.first_token_timeout does live: past it the attempt fails as a timeout (the engine
@@ -131,7 +132,8 @@ const (
 	Kill ChangeKind = iota
 	// Add makes the instance part of the fleet (it is absent before).
 	Add
-	// Fail makes the instance answer every request it is sent with a 500 at once (faults.go).
+	// Fail makes the instance answer every request it is sent with a 500 at once (faults.go):
+	// the request goes on to the next ranked endpoint, once per request, as live.
 	Fail
 	// Hang makes the instance accept requests and answer nothing, its metrics still scraped.
 	Hang
@@ -652,13 +654,15 @@ func (s *sim) loop(ctx context.Context) error {
 		case evRefused:
 			s.failAttempt(int(e.req), int(e.inst), route.FailConnect, "connection refused by "+s.name(int(e.inst)))
 		case evLost:
-			s.failAttempt(int(e.req), int(e.inst), route.FailLost, s.name(int(e.inst))+" died with the request")
+			s.lost(int(e.req), int(e.inst))
 		case evSync:
 			s.deliver(e.req)
 		case evFailed:
-			s.endAttempt(int(e.req), int(e.inst), route.FailStatus, s.name(int(e.inst))+" answered 500")
+			// A 500 before any byte reached the client: live, the lifecycle sends the request to
+			// the next ranked endpoint once (route.Failure.RetryableOnce), as here.
+			s.failAttempt(int(e.req), int(e.inst), route.FailStatus, s.name(int(e.inst))+" answered 500")
 		case evCut:
-			s.endAttempt(int(e.req), int(e.inst), route.FailCut, s.name(int(e.inst))+" cut the stream")
+			s.cut(int(e.req), int(e.inst))
 		case evTimeout:
 			s.timeout(e)
 		case evStall:
@@ -886,6 +890,13 @@ func (s *sim) failAttempt(i, inst int, f route.Failure, msg string) {
 	}
 	st.inst = -1
 	if st.call.Fail(f) {
+		// The lifecycle sends again only what showed the client nothing, but an answer that
+		// comes whole may have had its first token from the engine that failed it: the record
+		// and the cut counter take the next attempt's.
+		s.records[i].FirstToken = 0
+		if s.firstStep != nil {
+			s.firstStep[i] = noFirstToken
+		}
 		s.send(i)
 		return
 	}

@@ -11,10 +11,13 @@ import (
 )
 
 // Faults, as the live router meets them (issue #12), through the same lifecycle: an instance
-// that fails fast (answers 500 at once: a failure that counts, not retried), one that hangs
-// (accepts requests and answers nothing: the first-token timeout fails each attempt over to the
-// next ranked endpoint, and its streams in progress end at the stream idle timeout), one that
-// cuts every stream after K tokens (a failure after the first byte: not retried), one blind to
+// that fails fast (answers 500 at once, before any byte reached the client: a failure that
+// counts, and the request goes on to the next ranked endpoint once, route.FailStatus being
+// RetryableOnce, as live), one that hangs (accepts requests and answers nothing: the
+// first-token timeout fails each attempt over to the next ranked endpoint, and its streams in
+// progress end at the stream idle timeout), one that cuts every stream after K tokens (a
+// failure after the first byte: not retried; an answer that comes whole is cut before any
+// byte of it, a lost connection, retried once as a 500 is), one blind to
 // every cached prefix (it serves, and reports no cached tokens: the cache audit's silent zero
 // hit), and the way back. Passive ejection (route.Outlier, with the live defaults) decides how
 // long each of the failing ones keeps drawing requests; the cache audit (route.Audit), how
@@ -198,8 +201,34 @@ func (s *sim) drop(inst, i int) {
 	}
 }
 
+// cut is the router hearing that inst closed request i's connection after K tokens. A stream
+// has had its first token by then, which went to the client: the attempt ends cut, and the
+// request with it. An answer that comes whole had sent nothing (kvroute sim's cut_after
+// closes the connection before the answer's head): live, that is a connection lost before any
+// byte, which the lifecycle may send to the next ranked endpoint once.
+func (s *sim) cut(i, inst int) {
+	if s.w.preqs[i].Whole {
+		s.failAttempt(i, inst, route.FailLost, s.name(inst)+" closed the connection before its answer")
+		return
+	}
+	s.endAttempt(i, inst, route.FailCut, s.name(inst)+" cut the stream")
+}
+
+// lost is the router hearing that inst died holding request i. A stream whose first token it
+// had relayed is cut, as live (the client has bytes of it: a stream cut, which counts against
+// the instance, whatever failed before it); anything else lost its connection before any byte
+// (route.FailLost), which the lifecycle may send to the next ranked endpoint once.
+func (s *sim) lost(i, inst int) {
+	msg := s.name(inst) + " died with the request"
+	if st := &s.state[i]; !st.done && int(st.inst) == inst && !st.call.FirstTokenAt().IsZero() {
+		s.endAttempt(i, inst, route.FailCut, msg)
+		return
+	}
+	s.failAttempt(i, inst, route.FailLost, msg)
+}
+
 // endAttempt ends request i's attempt on inst with a failure after which it is not sent again
-// (a 500, a cut stream): the lifecycle tells passive health checking.
+// (a stream cut after bytes reached the client): the lifecycle tells passive health checking.
 func (s *sim) endAttempt(i, inst int, f route.Failure, msg string) {
 	st := &s.state[i]
 	if st.done || int(st.inst) != inst {

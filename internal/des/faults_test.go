@@ -31,23 +31,73 @@ func failures(t *testing.T, res *Result, want string) []report.Record {
 	return out
 }
 
-// TestFailFastEjected: an instance that answers 500 to everything from the start fails the
-// requests round-robin sends it (a 500 is not sent again) until passive_failures of them in a
-// row eject it: exactly that many fail. With ejection made ineffective it keeps failing its
-// share.
+// TestFailFastEjected: an instance that answers 500 to everything from the start. Live, a 500
+// before any byte reached the client is sent to the next ranked endpoint once per request
+// (route.FailStatus is RetryableOnce), so each request round-robin sends it first goes on to
+// the next instance and completes there: none fails. The 500s still count against the
+// instance, and passive_failures of them in a row eject it: exactly that many requests took
+// two attempts, and it is sent nothing more. (The simulator used to end each of those requests
+// at its 500, failing 3 here where the live router fails none.) With ejection made
+// ineffective it answers 500 to its whole share, each request of which completes on the next.
 func TestFailFastEjected(t *testing.T) {
 	reqs := killWorkload()
 	cfg := toyConfig(8)
 	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Fail}}
-	res := run(t, cfg, reqs, Named("round-robin", nil))
-	if got := len(failures(t, res, "answered 500")); got != DefaultPassiveFailures {
-		t.Errorf("%d requests failed, want %d (then the instance is ejected)", got, DefaultPassiveFailures)
+	for _, tc := range []struct {
+		name        string
+		consecutive int
+		retried     int
+	}{
+		{"ejected", 0, DefaultPassiveFailures},
+		{"never ejected", 1 << 30, len(reqs) / 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg.Outlier.Consecutive = tc.consecutive
+			res := run(t, cfg, reqs, Named("round-robin", nil))
+			retried := 0
+			for _, r := range res.Records {
+				switch {
+				case r.Err != "" || r.EndpointID == victim:
+					t.Errorf("request %s: %+v; want it served by another instance", r.ID, r)
+				case r.Attempts == 2 && r.EndpointID == victim+1:
+					retried++ // round-robin ranks the next instance second
+				case r.Attempts != 1:
+					t.Errorf("request %s: %+v; want one attempt, or two after sim-%d's 500", r.ID, r, victim)
+				}
+			}
+			if retried != tc.retried {
+				t.Errorf("%d requests retried after a 500, want %d", retried, tc.retried)
+			}
+		})
 	}
+}
 
+// TestFailRetriedOnce: a request may be sent on after a 500 once, as live: two failing
+// instances side by side (3 and 4, ejection made ineffective) fail every request round-robin
+// ranks 3 then 4, on its second attempt, though a third endpoint is allowed (Attempts 3): two
+// engines that fail one request point at the request. Those it ranks 4 first complete on 5.
+func TestFailRetriedOnce(t *testing.T) {
+	reqs := killWorkload()
+	cfg := toyConfig(8)
 	cfg.Outlier.Consecutive = 1 << 30
-	res = run(t, cfg, reqs, Named("round-robin", nil))
-	if got := len(failures(t, res, "answered 500")); got < len(reqs)/8-1 {
-		t.Errorf("without ejection %d requests failed, want about its share, %d", got, len(reqs)/8)
+	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Fail}, {At: 0, Instance: victim + 1, Kind: Fail}}
+	res := run(t, cfg, reqs, Named("round-robin", nil))
+	var failed, movedOn int
+	for _, r := range res.Records {
+		switch {
+		case r.Err != "":
+			failed++
+			if want := "sim-4 answered 500"; r.Attempts != 2 || r.EndpointID != victim+1 || r.Err != want {
+				t.Errorf("request %s failed: %+v; want it failed at its second attempt, on sim-4, %q", r.ID, r, want)
+			}
+		case r.Attempts == 2 && r.EndpointID == victim+2:
+			movedOn++
+		case r.Attempts != 1:
+			t.Errorf("request %s: %+v; want one attempt, or two after a 500", r.ID, r)
+		}
+	}
+	if want := len(reqs) / 8; failed != want || movedOn != want {
+		t.Errorf("%d requests failed (3 then 4), %d completed on sim-5 after sim-4's 500; want %d of each", failed, movedOn, want)
 	}
 }
 
@@ -116,6 +166,43 @@ func TestCutStreams(t *testing.T) {
 		// Each toy step after the first token gives one token and lasts at least 1 ms.
 		if r.FirstToken == 0 || r.Finish-r.FirstToken < 4*time.Millisecond || r.Attempts != 1 {
 			t.Errorf("cut request %s: %+v; want its first token, then the cut 4 steps later", r.ID, r)
+		}
+	}
+}
+
+// TestCutWholeAnswerRetried: an instance that cuts after 5 tokens closes the connection of an
+// answer that comes whole before any byte of it (kvroute sim's cut_after): live, a connection
+// lost before any byte, sent to the next ranked endpoint once (route.FailLost is
+// RetryableOnce). So none fails; passive_failures of them eject the instance. Each retried
+// record has the first token of its second attempt, not the one the cutting engine made.
+func TestCutWholeAnswerRetried(t *testing.T) {
+	reqs := killWorkload()
+	for i := range reqs {
+		reqs[i].Whole = true
+	}
+	cfg := toyConfig(8)
+	cfg.Changes = []Change{{At: 0, Instance: victim, Kind: Cut, Tokens: 5}}
+	res := run(t, cfg, reqs, Named("round-robin", nil))
+	var retried []report.Record
+	once := time.Duration(1 << 62) // the shortest TTFT of a request served at once
+	for _, r := range res.Records {
+		switch {
+		case r.Err != "" || r.EndpointID == victim:
+			t.Errorf("request %s: %+v; want it served by another instance", r.ID, r)
+		case r.Attempts == 2:
+			retried = append(retried, r)
+		default:
+			once = min(once, r.TTFT())
+		}
+	}
+	if len(retried) != DefaultPassiveFailures {
+		t.Errorf("%d requests retried after the cut, want %d (then the instance is ejected)", len(retried), DefaultPassiveFailures)
+	}
+	for _, r := range retried {
+		// The first attempt's first token, then 4 more steps of at least 1 ms before the cut,
+		// then the second attempt's prefill.
+		if r.TTFT() < once+4*time.Millisecond {
+			t.Errorf("retried request %s: TTFT %v; want its second attempt's, over %v", r.ID, r.TTFT(), once+4*time.Millisecond)
 		}
 	}
 }

@@ -72,18 +72,21 @@ func faultOptions(workload, policy string) SimulateOptions {
 		StallTimeout: des.DefaultStallTimeout}
 }
 
-// TestSimulate_Faults: an instance that fails fast from the start fails what round-robin sends
-// it until it is ejected (passive_failures of them); without ejection, its share. The table
-// says what failed and how the router met it.
+// TestSimulate_Faults: an instance that fails fast from the start costs no request (each is
+// retried once elsewhere); two such fail what round-robin sends the first and retries on the
+// second until the first is ejected (passive_failures of them); without ejection, its share.
+// The table says what failed and how the router met it.
 func TestSimulate_Faults(t *testing.T) {
+	// One instance answering 500 to everything: each request it gets is sent once more to
+	// another (a 500 is retried once per request, as live), so none fails.
 	o := faultOptions("prefix-repetition:n=80,prefixes=4", "round-robin")
 	o.Fail = []string{"1@0%"}
 	sim, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := sim.Results[0]; r.Failed != des.DefaultPassiveFailures || r.Completed != 80-des.DefaultPassiveFailures {
-		t.Errorf("completed %d failed %d, want %d failed (then ejected)", r.Completed, r.Failed, des.DefaultPassiveFailures)
+	if r := sim.Results[0]; r.Failed != 0 || r.Completed != 80 {
+		t.Errorf("completed %d failed %d, want 80 and 0 (a 500 is retried once)", r.Completed, r.Failed)
 	}
 	var b bytes.Buffer
 	if err := sim.WriteTable(&b); err != nil {
@@ -92,13 +95,24 @@ func TestSimulate_Faults(t *testing.T) {
 	if want := "faults: --fail 1@0%; first-token timeout 2m0s, stall timeout 10s, stream idle timeout 1m0s, passive_failures 3, ejection 30s"; !strings.Contains(b.String(), want) {
 		t.Errorf("table lacks %q:\n%s", want, b.String())
 	}
+	// Two: a request round-robin sends to the first and retries on the second fails there
+	// (its second 500 is final), until passive_failures of them eject the first; without
+	// ejection, every request sent to the first fails so.
+	o.Fail = []string{"1@0%", "2@0%"}
+	sim, err = Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sim.Results[0]; r.Failed != des.DefaultPassiveFailures || r.Completed != 80-des.DefaultPassiveFailures {
+		t.Errorf("two failing: completed %d failed %d, want %d failed (then ejected)", r.Completed, r.Failed, des.DefaultPassiveFailures)
+	}
 	o.PassiveFailures = 1 << 30
 	sim, err = Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r := sim.Results[0]; r.Failed != 20 {
-		t.Errorf("without ejection: failed %d, want round-robin's share, 20", r.Failed)
+		t.Errorf("two failing, without ejection: failed %d, want round-robin's share of the first, 20", r.Failed)
 	}
 }
 
