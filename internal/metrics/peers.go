@@ -25,8 +25,9 @@ type Peers struct {
 	Events   *prometheus.CounterVec // direction
 	// Dropped counts messages and events refused or not sent, by reason: forged,
 	// unauthenticated, replayed, truncated, oversized, malformed, version, queue_full, and
-	// what the lifecycle refused (duplicate, unknown_request, unknown_endpoint, full,
-	// invalid, self).
+	// what the lifecycle did not apply: late news it needs nothing from (duplicate, ended_here,
+	// before_stream, endpoint_left) and what it refused (unknown_request, unknown_endpoint,
+	// full, invalid, self); docs/replicas.md says what each means.
 	Dropped *prometheus.CounterVec // reason
 	// Lag is the time from an event at a peer to its replay here (the oldest event of each
 	// message; clocks of different hosts add their offset). kvroute_peer_sync_lag_seconds, by
@@ -81,7 +82,7 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 			Name: "kvroute_peer_events_total", Help: "Lifecycle events (routed, first token, done, removed) sent to each peer (out) and received (in).",
 		}, []string{"direction"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_peer_dropped_total", Help: "Peer messages and events refused or not sent, by reason.",
+			Name: "kvroute_peer_dropped_total", Help: "Peer messages and events refused, not sent or not applied, by reason (duplicate, ended_here, before_stream and endpoint_left are harmless late news; docs/replicas.md lists every reason).",
 		}, []string{"reason"}),
 		Lag: prometheus.NewHistogram(histogramOpts(prometheus.HistogramOpts{
 			Name: "kvroute_peer_event_lag_seconds", Help: "Time from an event at a peer to its replay here (the oldest event of each message).",
@@ -145,7 +146,7 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 // handshakes.
 func DropReasons() []string {
 	return []string{"forged", "unauthenticated", "replayed", "truncated", "oversized", "malformed", "version", "queue_full",
-		"duplicate", "unknown_request", "unknown_endpoint", "full", "invalid", "self",
+		"duplicate", "ended_here", "before_stream", "endpoint_left", "unknown_request", "unknown_endpoint", "full", "invalid", "self",
 		"tls_no_certificate", "tls_bad_certificate", "tls_handshake"}
 }
 
