@@ -30,10 +30,11 @@ type dashboard struct {
 }
 
 type panel struct {
-	ID      int    `json:"id"`
-	Type    string `json:"type"`
-	Title   string `json:"title"`
-	GridPos struct {
+	ID          int    `json:"id"`
+	Type        string `json:"type"`
+	Title       string `json:"title"`
+	Description string `json:"description"`
+	GridPos     struct {
 		X, Y, W, H int
 	} `json:"gridPos"`
 	FieldConfig struct {
@@ -196,15 +197,18 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("no panel %q (panels: %q)", want, titles)
 		}
 	}
-	// The API server's connection and body limits, config reloads and builds: each has its
-	// panel, which reads these metrics.
+	// The API and admin listeners' connection caps, the body limits, config reloads and
+	// builds: each has its panel, which reads these metrics.
 	for title, want := range map[string][]string{
-		"API connections: open and cap":                  {"kvroute_server_connections", "kvroute_server_max_connections"},
-		"Connections dropped at the cap, by reason":      {"kvroute_server_connections_dropped_total"},
-		"Request bodies being received: bytes and cap":   {"kvroute_server_pending_body_bytes", "kvroute_server_max_pending_body_bytes"},
-		"Requests refused for the bodies being received": {"kvroute_server_body_refusals_total"},
-		"Config reload status":                           {"kvroute_config_last_reload_successful"},
-		"Router version per pod":                         {"kvroute_build_info"},
+		"API connections: open and cap":                   {"kvroute_server_connections", "kvroute_server_max_connections"},
+		"Connections dropped at the cap, by reason":       {"kvroute_server_connections_dropped_total"},
+		"Request bodies being received: bytes and cap":    {"kvroute_server_pending_body_bytes", "kvroute_server_max_pending_body_bytes"},
+		"Requests refused for the bodies being received":  {"kvroute_server_body_refusals_total"},
+		"Config reload status":                            {"kvroute_config_last_reload_successful"},
+		"Router version per pod":                          {"kvroute_build_info"},
+		"Routers per version":                             {"kvroute_build_info"},
+		"Admin connections: open and cap":                 {"kvroute_admin_connections", "kvroute_admin_max_connections"},
+		"Admin connections dropped at the cap, by reason": {"kvroute_admin_connections_dropped_total"},
 	} {
 		got, ok := queried[title]
 		if !ok {
@@ -220,6 +224,95 @@ func TestDashboard(t *testing.T) {
 	for _, p := range d.Panels {
 		if p.Title == "Connections dropped at the cap, by reason" && (len(p.Targets) != 1 || !strings.Contains(p.Targets[0].Expr, "reason)")) {
 			t.Errorf("panel %q: %+v, want the drops by reason (idle_closed, refused)", p.Title, p.Targets)
+		}
+	}
+	checkRows(t, d.Panels, map[string][]string{
+		"Router": {"Config reload status", "Router version per pod", "Routers per version"},
+		"Client connections and request bodies": {"API connections: open and cap", "Connections dropped at the cap, by reason",
+			"Request bodies being received: bytes and cap", "Requests refused for the bodies being received",
+			"Admin connections: open and cap", "Admin connections dropped at the cap, by reason"},
+		"Replicas": {"Peer drops/s: late news (expected)", "Peer drops/s: losses, refusals and hostile input"},
+	})
+	checkPeerDrops(t, d.Panels)
+}
+
+// expectedDrops are the reasons of kvroute_peer_dropped_total that are late news of what a
+// replica settled already (docs/replicas.md; route.Drop.Expected in code).
+const expectedDrops = "duplicate|ended_here|before_stream|endpoint_left"
+
+// checkPeerDrops: the peer drops are plotted in two panels, the expected late news and the
+// rest, so that the rest is not buried under reasons that rise at every restart; every query
+// of kvroute_peer_dropped_total selects one side, and each panel says what its reasons mean.
+func checkPeerDrops(t *testing.T, panels []panel) {
+	t.Helper()
+	want := map[string]string{
+		"Peer drops/s: late news (expected)":               `sum by (reason) (rate(kvroute_peer_dropped_total{reason=~"` + expectedDrops + `"}[$__rate_interval]))`,
+		"Peer drops/s: losses, refusals and hostile input": `sum by (reason) (rate(kvroute_peer_dropped_total{reason!~"` + expectedDrops + `"}[$__rate_interval]))`,
+	}
+	// What each description must name: the reasons of its side (all of them for the
+	// expected ones, a sample of the others), and where they are explained.
+	mention := map[string][]string{
+		"Peer drops/s: late news (expected)":               {"duplicate", "ended_here", "before_stream", "endpoint_left", "docs/replicas.md"},
+		"Peer drops/s: losses, refusals and hostile input": {"unknown_request", "queue_full", "full", "forged", "unauthenticated", "tls_handshake", "docs/replicas.md"},
+	}
+	found := map[string]bool{}
+	for _, p := range panels {
+		for _, tg := range p.Targets {
+			if !strings.Contains(tg.Expr, "kvroute_peer_dropped_total") {
+				continue
+			}
+			w, ok := want[p.Title]
+			if !ok || len(p.Targets) != 1 || tg.Expr != w {
+				t.Errorf("panel %q queries %q: the peer drops belong in the two panels %q", p.Title, tg.Expr, slices.Sorted(maps.Keys(want)))
+				continue
+			}
+			found[p.Title] = true
+			for _, m := range mention[p.Title] {
+				if !strings.Contains(p.Description, m) {
+					t.Errorf("panel %q: description %q does not mention %s", p.Title, p.Description, m)
+				}
+			}
+		}
+	}
+	for title := range want {
+		if !found[title] {
+			t.Errorf("no panel %q", title)
+		}
+	}
+}
+
+// checkRows: each titled panel lies in the named row (below the row's header and above the
+// next row's), so that the panel is where docs/operations.md says it is.
+func checkRows(t *testing.T, panels []panel, want map[string][]string) {
+	t.Helper()
+	type row struct {
+		title  string
+		top    int
+		bottom int // the next row's y, or beyond every panel
+	}
+	var rows []row
+	for _, p := range panels {
+		if p.Type == "row" {
+			rows = append(rows, row{title: p.Title, top: p.GridPos.Y, bottom: 1 << 30})
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return a.top - b.top })
+	for i := range rows[:max(len(rows)-1, 0)] {
+		rows[i].bottom = rows[i+1].top
+	}
+	in := map[string]string{} // panel title -> row title
+	for _, p := range panels {
+		for _, r := range rows {
+			if p.Type != "row" && p.GridPos.Y > r.top && p.GridPos.Y < r.bottom {
+				in[p.Title] = r.title
+			}
+		}
+	}
+	for r, titles := range want {
+		for _, title := range titles {
+			if got, ok := in[title]; !ok || got != r {
+				t.Errorf("panel %q is in row %q, want row %q", title, got, r)
+			}
 		}
 	}
 }

@@ -30,7 +30,6 @@ type shutdown struct {
 	timeout  time.Duration // server.shutdown_timeout
 	grace    time.Duration // terminationGracePeriodSeconds
 	probeFor time.Duration // periodSeconds x failureThreshold: the longest the probe takes to see /readyz fail
-	extProc  bool          // the ext_proc listener, which closes at SIGTERM, is served
 }
 
 func shutdownOf(t *testing.T, m *manifests) shutdown {
@@ -44,7 +43,7 @@ func shutdownOf(t *testing.T, m *manifests) shutdown {
 	c.SetDefaults()
 	spec := m.deployment.Spec.Template.Spec
 	ctr := spec.Containers[0]
-	s := shutdown{drain: c.Server.Drain(), timeout: c.Server.ShutdownTimeout.D(), extProc: c.ExtProc.Enabled()}
+	s := shutdown{drain: c.Server.Drain(), timeout: c.Server.ShutdownTimeout.D()}
 	if h := ctr.Lifecycle; h != nil && h.PreStop != nil {
 		if h.PreStop.Sleep == nil {
 			t.Errorf("preStop %+v: want a sleep (the image has no shell)", h.PreStop)
@@ -83,9 +82,10 @@ func (s shutdown) need() time.Duration {
 // checkShutdown holds a rendered pod to the order of its shutdown (docs/operations.md,
 // "Starting and stopping"): Kubernetes kills it no sooner than the preStop sleep, the drain
 // delay and the drain take; the readiness probe sees /readyz fail, and the pod's endpoints
-// follow (a second), within the drain delay, while the API listener still takes requests; a
-// preStop sleep keeps the pod serving wherever a listener closes at SIGTERM (the ext_proc
-// listener; the API listener when kvroute skips the delay).
+// follow (a second), within the drain delay, while the listeners still take requests; a
+// preStop sleep keeps the pod serving wherever a listener closes at SIGTERM: where kvroute
+// skips the delay. The ext_proc listener waits the same delay as the API listener
+// (internal/extproc: server.drain_delay where readiness was asked, /readyz included).
 func checkShutdown(t *testing.T, m *manifests) {
 	t.Helper()
 	s := shutdownOf(t, m)
@@ -96,8 +96,8 @@ func checkShutdown(t *testing.T, m *manifests) {
 	if s.drains && s.probeFor+time.Second > s.drain {
 		t.Errorf("readiness probe: %v to see /readyz fail and a second for the endpoints, longer than the drain delay %v", s.probeFor, s.drain)
 	}
-	if (s.extProc || !s.drains) && s.sleep == 0 {
-		t.Errorf("no preStop sleep, though a listener closes at SIGTERM (ext_proc served %v, drain delay waited out %v)", s.extProc, s.drains)
+	if !s.drains && s.sleep == 0 {
+		t.Errorf("no preStop sleep, though the listeners close at SIGTERM (the drain delay is skipped)")
 	}
 }
 
@@ -112,8 +112,12 @@ func TestChartShutdown(t *testing.T) {
 	}{
 		// kvroute's drain delay keeps the API listener open: no sleep; 5 + 30 + 3 s.
 		{"defaults", "", 0, 38 * time.Second},
-		// The ext_proc listener closes at SIGTERM: a sleep first; 5 + 5 + 30 + 3 s.
-		{"endpoint picker", "mode: endpointPicker", 5 * time.Second, 43 * time.Second},
+		// The ext_proc listener takes new streams for the drain delay too, the probe asking
+		// /readyz: no sleep either; 5 + 30 + 3 s.
+		{"endpoint picker", "mode: endpointPicker", 0, 38 * time.Second},
+		// Without a delay to wait out, it closes at SIGTERM: a sleep first; 5 + 30 + 3 s.
+		{"endpoint picker without drain delay", "mode: endpointPicker\nconfig: {server: {drain_delay: 0s}}", 5 * time.Second, 38 * time.Second},
+		{"endpoint picker probed elsewhere", "mode: endpointPicker\nreadinessProbe: {httpGet: {path: /healthz, port: admin}}", 5 * time.Second, 38 * time.Second},
 		// No delay, the API listener closes at SIGTERM.
 		{"no drain delay", "config: {server: {drain_delay: 0s}}", 5 * time.Second, 38 * time.Second},
 		// A probe that does not ask /readyz: kvroute skips the delay.
@@ -142,7 +146,8 @@ func TestChartRefusesAShutdownThatDoesNotFit(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
 		{"config: {server: {shutdown_timeout: 60s}}", "terminationGracePeriodSeconds: 45 is shorter than a pod's shutdown: preStop sleep 0 s + config.server.drain_delay 5 s (waited out) + config.server.shutdown_timeout 60 s + 3 s (the cut requests' last second, the admin server's, the exit) = 68 s: raise it to 68"},
 		{"terminationGracePeriodSeconds: 37", "= 38 s: raise it to 38"},
-		{"mode: endpointPicker\nterminationGracePeriodSeconds: 42", "preStop sleep 5 s + config.server.drain_delay 5 s (waited out) + config.server.shutdown_timeout 30 s + 3 s (the cut requests' last second, the admin server's, the exit) = 43 s: raise it to 43"},
+		{"mode: endpointPicker\nterminationGracePeriodSeconds: 37", "preStop sleep 0 s + config.server.drain_delay 5 s (waited out) + config.server.shutdown_timeout 30 s + 3 s (the cut requests' last second, the admin server's, the exit) = 38 s: raise it to 38"},
+		{"mode: endpointPicker\npreStopSleepSeconds: 5\nterminationGracePeriodSeconds: 42", "preStop sleep 5 s + config.server.drain_delay 5 s (waited out) + config.server.shutdown_timeout 30 s + 3 s (the cut requests' last second, the admin server's, the exit) = 43 s: raise it to 43"},
 		{"preStopSleepSeconds: 10", "= 48 s: raise it to 48"},
 		{"config: {server: {drain_delay: 20s}}\nreadinessProbe: {httpGet: {path: /readyz, port: admin}, periodSeconds: 2, failureThreshold: 2}", "= 53 s: raise it to 53"},
 		{"config: {server: {shutdown_timeout: 1.5s}}\nterminationGracePeriodSeconds: 9", "= 9.5 s: raise it to 10"},

@@ -512,9 +512,15 @@ func LoadWith(path string, adjust func(*Config), checks Checks) (*Config, error)
 	return parseFile(data, path, adjust, checks)
 }
 
-// parseFile is parse for the content of the file at path.
+// parseFile is parse for the content of the file at path. Relative paths in it are resolved
+// against its directory made absolute, so that a message about one of them names the file
+// looked for, wherever the router was started.
 func parseFile(data []byte, path string, adjust func(*Config), checks Checks) (*Config, error) {
-	c, err := parse(data, filepath.Dir(path), adjust, checks)
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		dir = filepath.Dir(path)
+	}
+	c, err := parse(data, dir, adjust, checks)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -531,17 +537,63 @@ func parse(data []byte, dir string, adjust func(*Config), checks Checks) (*Confi
 	// every problem in the file comes back at once.
 	derr := decodeStrict(data, c)
 	if derr != nil && !decodedRest(derr) {
+		if listOfEndpoints(data) {
+			// Most likely the file that discovery.file names, given as the config.
+			return nil, fmt.Errorf("%w (a list of endpoints is a discovery.file, not a config)", derr)
+		}
 		return nil, derr
 	}
 	c.Dir = dir
 	if adjust != nil {
 		adjust(c)
 	}
+	unset := enginesUnset(c) // before the defaults fill them
 	c.SetDefaults()
+	if unset != "" {
+		c.Warnings = append(c.Warnings, unset)
+	}
 	if err := withValidation(derr, c.Validate(checks)); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// enginesUnset is the warning, "" for none, about the endpoints and discovery templates of a
+// decoded config that leave engine unset: they are taken for a generic OpenAI API (openai, the
+// default), whose metrics are not scraped, so a vLLM or SGLang fleet written that way runs
+// without its KV capacity and queue figures (prefix-aware's load signal) and without
+// cache_salt. The default stays: an unknown server is not scraped for metrics it lacks. A
+// Kubernetes watch that reads the pods' metadata may find the engine there, and is not named.
+func enginesUnset(c *Config) string {
+	var at []string
+	for i, e := range c.Endpoints {
+		if e.Engine == "" {
+			at = append(at, fmt.Sprintf("endpoints[%d] (%s)", i, strings.TrimRight(strings.TrimSpace(e.URL), "/")))
+		}
+	}
+	for i, n := range c.Discovery.DNS {
+		if n.Endpoint.Engine == "" {
+			at = append(at, fmt.Sprintf("discovery.dns[%d].endpoint (%s)", i, n.Name))
+		}
+	}
+	for i, k := range c.Discovery.Kubernetes {
+		if k.Endpoint.Engine == "" && !k.PodMetadata {
+			at = append(at, fmt.Sprintf("discovery.kubernetes[%d].endpoint", i))
+		}
+	}
+	if ip := c.Discovery.InferencePool; ip != nil && ip.Endpoint.Engine == "" {
+		at = append(at, "discovery.inference_pool.endpoint")
+	}
+	if len(at) == 0 {
+		return ""
+	}
+	const shown = 5 // a large fleet's list would bury the fix
+	if len(at) > shown {
+		at = append(at[:shown:shown], fmt.Sprintf("%d more", len(at)-shown))
+	}
+	kinds := Engines()
+	return fmt.Sprintf("%s: no engine, so %s (a generic OpenAI API, the default): no /metrics is read, so the router has no KV capacity or queue figures (what prefix-aware weighs), and no cache_salt is sent; set engine: %s or %s (detected on first contact)",
+		strings.Join(at, ", "), DefaultEngine, strings.Join(kinds[:len(kinds)-1], ", "), kinds[len(kinds)-1])
 }
 
 // Quick returns the config of a quick start from flags: the endpoints at urls, each serving
@@ -611,9 +663,23 @@ func (t *top) validate(_ *Config, p *problems) {
 	}
 }
 
+// checkAddr checks a listen address as net.Listen will read it: host:port, the port a number
+// from 0 (any free port) to 65535 or a service name the system knows (http).
 func checkAddr(p *problems, path, addr string) {
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
 		p.add(path, "%q is not host:port: write it like 127.0.0.1:8080 or :8080", addr)
+		return
+	}
+	if strings.Trim(port, "0123456789") == "" {
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			p.add(path, "%q: port %s is not 0 to 65535: write it like 127.0.0.1:8080", addr, port)
+		}
+		return
+	}
+	// A service name is looked up in the system's services database (/etc/services), no network.
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		p.add(path, "%q: port %q is neither a number from 0 to 65535 nor a known service name: write it like 127.0.0.1:8080", addr, port)
 	}
 }
 

@@ -102,8 +102,9 @@ endpoints:
 	if got[2].Engine != "openai" || got[2].MetricsPath != "-" {
 		t.Errorf("endpoint 3 = %+v, want engine openai, metrics path - (none)", got[2])
 	}
-	if len(c.Warnings) != 0 {
-		t.Errorf("warnings = %q, want none with auth said explicitly", c.Warnings)
+	// Auth said explicitly draws no warning; the endpoint left without an engine does.
+	if len(c.Warnings) != 1 || !strings.HasPrefix(c.Warnings[0], "endpoints[2] (http://127.0.0.1:3): no engine") {
+		t.Errorf("warnings = %q, want only the one about endpoints[2]'s engine", c.Warnings)
 	}
 	// A secret without tenants asks for authentication that nothing provides: said.
 	c, err = Parse([]byte(minimal + "auth: {secret_env: K}\n"))

@@ -152,6 +152,20 @@ func flatten(err error) []error {
 	return []error{err}
 }
 
+// listOfEndpoints reports whether data is a YAML document whose top level is a list of mappings
+// with a url key: what a discovery file holds.
+func listOfEndpoints(data []byte) bool {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil || !bytes.HasPrefix(bytes.TrimSpace(js), []byte("[")) {
+		return false
+	}
+	var l []map[string]any
+	if json.Unmarshal(js, &l) != nil {
+		return false
+	}
+	return slices.ContainsFunc(l, func(m map[string]any) bool { _, ok := m["url"]; return ok })
+}
+
 // empty reports whether data is a YAML document without content: nothing, blank lines,
 // comments, or a bare --- or null.
 func empty(data []byte) bool {

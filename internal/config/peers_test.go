@@ -10,7 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-const peersBase = "endpoints: [{url: http://127.0.0.1:8000}]\nauth: {mode: none}\n"
+const peersBase = "endpoints: [{url: http://127.0.0.1:8000, engine: vllm}]\nauth: {mode: none}\n"
 
 func TestPeersDefaults(t *testing.T) {
 	c, err := Parse([]byte(peersBase + "peers: {listen: '10.0.0.1:7947', dns: {name: kvroute-peers}, secret_env: KVROUTE_PEERS}\n"))

@@ -27,9 +27,11 @@ or 500ms), as a number; fails naming key when value is not one. */}}
 when unset), drains (whether kvroute waits it out: only with a delay, and a readiness probe
 that asks /readyz, since kvroute skips the delay when nobody asked), shutdown
 (config.server.shutdown_timeout, default 30s), preStop (the sleep: preStopSleepSeconds, or
-with auto 0 where the drain delay keeps the API listener open while the pod's endpoints
-update, else 5), and need (the seconds the whole takes at most: the sleep, the delay, the
-drain, and 3 s for the cut requests' last second, the admin server's and the exit). */}}
+with auto 0 where the drain delay keeps the listeners open while the pod's endpoints update:
+the API listener, and in endpointPicker mode the ext_proc listener, which takes new streams
+for the same delay once /readyz was asked; else 5), and need (the seconds the whole takes at
+most: the sleep, the delay, the drain, and 3 s for the cut requests' last second, the admin
+server's and the exit; the API and ext_proc listeners drain side by side). */}}
 {{- define "kvroute.shutdown" -}}
 {{- $server := dig "server" dict (.Values.config | default dict) | default dict -}}
 {{- $drain := 5.0 -}}
@@ -48,7 +50,7 @@ drain, and 3 s for the cut requests' last second, the admin server's and the exi
 {{- $preStop := .Values.preStopSleepSeconds -}}
 {{- if eq (toString $preStop) "auto" -}}
 {{- $preStop = 5 -}}
-{{- if and $drains (ne .Values.mode "endpointPicker") -}}
+{{- if $drains -}}
 {{- $preStop = 0 -}}
 {{- end -}}
 {{- else if not (regexMatch "^[0-9]+$" (toString $preStop)) -}}
