@@ -60,6 +60,12 @@ type Endpoint struct {
 	draining       atomic.Bool
 	snap           atomic.Pointer[Snapshot]
 	detected       atomic.Pointer[string] // the kind found on first contact, for Engine auto
+
+	// firstCheck, for an endpoint that starts out of rotation until its first health check
+	// (Pool's newEndpoint), is closed when that check is recorded (SetHealthy); nil for one
+	// that starts healthy. checked says it is closed.
+	firstCheck chan struct{}
+	checked    atomic.Bool
 }
 
 // Snapshot is the engine's own view of itself, scraped from its metrics endpoint (or, in the
@@ -203,8 +209,26 @@ func (e *Endpoint) MarkSeen(unixNano int64) { e.firstSeen.CompareAndSwap(0, unix
 // Available reports whether new requests may be sent to the endpoint.
 func (e *Endpoint) Available() bool { return !e.unhealthy.Load() && !e.draining.Load() }
 
-// SetHealthy records the outcome of health checking.
-func (e *Endpoint) SetHealthy(ok bool) { e.unhealthy.Store(!ok) }
+// SetHealthy records the outcome of health checking. The first call ends the wait for the
+// first check of an endpoint that started out of rotation (FirstCheck), whatever it says.
+func (e *Endpoint) SetHealthy(ok bool) {
+	e.unhealthy.Store(!ok)
+	if e.firstCheck != nil && e.checked.CompareAndSwap(false, true) {
+		close(e.firstCheck)
+	}
+}
+
+// FirstCheck returns a channel that is closed once the endpoint's first health check is
+// recorded (SetHealthy), for an endpoint that is out of rotation until then (an engine auto
+// endpoint whose cache salt waits for its kind: Spec.CacheSaltAuto); nil when there is none
+// to wait for: the endpoint started healthy, or its first check is done. A request that finds
+// no other endpoint may wait on it rather than be refused because the router just started.
+func (e *Endpoint) FirstCheck() <-chan struct{} {
+	if e.firstCheck == nil || e.checked.Load() {
+		return nil
+	}
+	return e.firstCheck
+}
 
 // Healthy reports the last health state.
 func (e *Endpoint) Healthy() bool { return !e.unhealthy.Load() }

@@ -160,7 +160,8 @@ func cloneSpec(s *Spec) Spec {
 // newEndpoint makes the endpoint of spec s. It starts healthy (its first health check decides
 // at once), except one whose cache salt waits for its kind (CacheSaltAuto): until the first
 // check has found out what it is, a tenant's request sent to it would go without its salt and
-// share the engine's prefix cache with every other tenant's.
+// share the engine's prefix cache with every other tenant's. Requests that find no other
+// endpoint can wait for that check (Endpoint.FirstCheck, Pool.FirstCheck).
 func newEndpoint(id int, s *Spec) *Endpoint {
 	e := &Endpoint{
 		ID:                id,
@@ -174,7 +175,8 @@ func newEndpoint(id int, s *Spec) *Endpoint {
 		ResponseTimeout:   s.ResponseTimeout,
 	}
 	if s.CacheSaltAuto {
-		e.SetHealthy(false)
+		e.unhealthy.Store(true)
+		e.firstCheck = make(chan struct{})
 	}
 	return e
 }
@@ -191,6 +193,19 @@ func (p *Pool) Candidates(dst []*Endpoint, model string, labels map[string]strin
 		dst = append(dst, e)
 	}
 	return dst
+}
+
+// FirstCheck returns the Endpoint.FirstCheck channel of an endpoint that serves model and
+// carries every label in labels, is not draining, and is out of rotation only until its first
+// health check: one that would be among the Candidates once that check passes. nil when there
+// is none.
+func (p *Pool) FirstCheck(model string, labels map[string]string) <-chan struct{} {
+	for _, e := range p.st.Load().eps {
+		if ch := e.FirstCheck(); ch != nil && !e.Draining() && e.Serves(model) && hasLabels(e.Labels, labels) {
+			return ch
+		}
+	}
+	return nil
 }
 
 func hasLabels(have, want map[string]string) bool {

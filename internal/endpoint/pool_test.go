@@ -212,3 +212,78 @@ func BenchmarkPool_Candidates(b *testing.B) {
 		dst = p.Candidates(dst, "m", nil)
 	}
 }
+
+// closed reports whether ch is closed (a nil channel is not).
+func closed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestPool_FirstCheck, step by step: an engine auto endpoint without cache_salt is out of
+// rotation until its first health check, and says so (FirstCheck); the pool finds it for the
+// models and labels it would serve. The first check recorded ends the wait, whether it passed
+// or not; an endpoint of a named kind, or one that left the pool, has nothing to wait for.
+func TestPool_FirstCheck(t *testing.T) {
+	p := NewPool()
+	if _, err := p.Update([]Spec{
+		{Name: "http://auto", Models: []string{"m"}, Labels: map[string]string{"pool": "a"}, Engine: "auto", CacheSaltAuto: true},
+		{Name: "http://vllm", Models: []string{"m"}, Engine: "vllm", CacheSalt: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	auto, named := p.ByName("http://auto"), p.ByName("http://vllm")
+	wait := auto.FirstCheck()
+	if wait == nil || closed(wait) || auto.Available() {
+		t.Fatalf("auto endpoint: waits %v, closed %v, available %v; want a first check awaited, out of rotation", wait != nil, closed(wait), auto.Available())
+	}
+	if named.FirstCheck() != nil || !named.Available() {
+		t.Errorf("vllm endpoint: waits %v, available %v; want nothing awaited, in rotation", named.FirstCheck() != nil, named.Available())
+	}
+	for _, tc := range []struct {
+		model  string
+		labels map[string]string
+		want   bool
+	}{
+		{"m", nil, true},
+		{"m", map[string]string{"pool": "a"}, true},
+		{"m", map[string]string{"pool": "b"}, false}, // not its labels
+		{"other", nil, false},                        // not its model
+	} {
+		if got := p.FirstCheck(tc.model, tc.labels) == wait; got != tc.want {
+			t.Errorf("Pool.FirstCheck(%q, %v) is the auto endpoint's: %v, want %v", tc.model, tc.labels, got, tc.want)
+		}
+	}
+
+	// Its first check fails: the wait ends, out of rotation still; a second check closes nothing twice.
+	auto.SetHealthy(false)
+	if !closed(wait) || auto.FirstCheck() != nil || p.FirstCheck("m", nil) != nil || auto.Available() {
+		t.Errorf("after a failed first check: closed %v, FirstCheck %v, Pool.FirstCheck %v, available %v; want true, nil, nil, false",
+			closed(wait), auto.FirstCheck(), p.FirstCheck("m", nil), auto.Available())
+	}
+	auto.SetHealthy(true)
+	if !auto.Available() {
+		t.Error("after a check that passed: out of rotation")
+	}
+
+	// A new auto endpoint that leaves the pool before its first check is not waited for.
+	if _, err := p.Update([]Spec{{Name: "http://auto2", Models: []string{"m"}, Engine: "auto", CacheSaltAuto: true}}); err != nil {
+		t.Fatal(err)
+	}
+	gone := p.ByName("http://auto2")
+	if p.FirstCheck("m", nil) == nil {
+		t.Fatal("the new auto endpoint is not awaited")
+	}
+	if _, err := p.Update(nil); err != nil {
+		t.Fatal(err)
+	}
+	if p.FirstCheck("m", nil) != nil || gone.FirstCheck() == nil {
+		t.Errorf("after it left: Pool.FirstCheck %v (want nil), its own FirstCheck %v (want still awaited)", p.FirstCheck("m", nil), gone.FirstCheck())
+	}
+}

@@ -2,12 +2,17 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/tenant"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
@@ -62,5 +67,49 @@ func TestLogCut(t *testing.T) {
 		if got != tc.want || cut != tc.cut || !utf8.ValidString(got) {
 			t.Errorf("logCut(%q, %d) = %q, %v; want %q, %v", tc.in, tc.n, got, cut, tc.want, tc.cut)
 		}
+	}
+}
+
+// With the access log off (log.access: false, under which the router's logger refuses info
+// records), none of the access line is built: settling a request whose line would carry 10 KB
+// of removed fields' names allocates next to nothing. With it on, the line is built (the names
+// joined) and written.
+func TestAccessLogOffBuildsNothing(t *testing.T) {
+	removed := make([]string, 100)
+	for i := range removed {
+		removed[i] = fmt.Sprintf("%0100d", i)
+	}
+	perSettle := func(logger *slog.Logger) uint64 {
+		f := newFixture(t, spec("http://127.0.0.1:1", "m"))
+		f.h.Logger = logger
+		f.h.once.Do(f.h.init)
+		req, oe := parse(openai.KindChat, []byte(chatBody), nil)
+		if oe != nil {
+			t.Fatal(oe)
+		}
+		c := &call{h: f.h, rid: "r1", start: time.Now(), req: req, model: "m", cached: -1, timingsCached: -1,
+			remote: "127.0.0.1:50000", removed: removed}
+		c.settle(http.StatusOK, http.MethodPost, "/v1/chat/completions") // the metrics' series made
+		const n = 50
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for range n {
+			c.settle(http.StatusOK, http.MethodPost, "/v1/chat/completions")
+		}
+		runtime.ReadMemStats(&m1)
+		return (m1.TotalAlloc - m0.TotalAlloc) / n
+	}
+	off := perSettle(slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	var logs testlog.Buffer
+	on := perSettle(slog.New(slog.NewJSONHandler(&logs, nil)))
+	t.Logf("bytes allocated a request settled: %d with the access log off, %d on", off, on)
+	if off >= 2<<10 {
+		t.Errorf("access log off: %d bytes allocated a request settled, want under 2 KiB (the removed fields' names joined are 10 KB)", off)
+	}
+	if on < 10_000 {
+		t.Errorf("access log on: %d bytes allocated a request settled, want the removed fields' names joined (10 KB) at least", on)
+	}
+	if n := logs.Count(`"removed_fields":"` + strings.Join(removed, ",") + `"`); n != 51 {
+		t.Errorf("access log on: %d lines name the removed fields, want 51", n)
 	}
 }

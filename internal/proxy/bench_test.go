@@ -168,7 +168,7 @@ func BenchmarkStream(b *testing.B) {
 
 // serveH1 serves h on a loopback port with h1.Server, the server `kvroute serve` runs (net/http's
 // allocates per chunk it writes), until the benchmark ends; it returns the base URL.
-func serveH1(b *testing.B, h http.Handler) string {
+func serveH1(b testing.TB, h http.Handler) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -256,9 +256,19 @@ func rawEngine(b *testing.B, evs []string, flush bool) string {
 }
 
 func benchStream(b *testing.B, n int, flush, everyChunk bool) {
+	benchStreamWrapped(b, n, flush, everyChunk, nil)
+}
+
+// benchStreamWrapped is benchStream with the handler wrapped by wrap (nil: none), as
+// `kvroute serve` wraps it in its Drain.
+func benchStreamWrapped(b *testing.B, n int, flush, everyChunk bool, wrap func(http.Handler) http.Handler) {
 	evs := streamAnswer(n, everyChunk)
 	up := rawEngine(b, evs, flush)
-	rt := serveH1(b, benchHandler(b, up))
+	var h http.Handler = benchHandler(b, up)
+	if wrap != nil {
+		h = wrap(h)
+	}
+	rt := serveH1(b, h)
 	body := fmt.Sprintf(`{"model":"m","max_tokens":%d,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, n)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()

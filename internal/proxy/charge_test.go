@@ -240,6 +240,40 @@ func TestChargeExchangeClientLeft(t *testing.T) {
 	}
 }
 
+// Through an Exchange, a stream that the router's shutdown cut after its engine's 200 is
+// settled 503 (shutting_down), and charged all the same: the prompt's estimate and a completion
+// token for each content event relayed. The engine's answer says whether it computed, not the
+// status the request ends with.
+func TestChargeExchangeShutdownCut(t *testing.T) {
+	f := newFixture(t, spec("http://127.0.0.1:1", "m"))
+	f.h.Gate = chargeGate(t, f.h.Metrics.Tenant)
+	x := f.h.NewExchange("", "test")
+	hdr, out := http.Header{"Authorization": {"Bearer sk-1"}}, http.Header{}
+	if oe := x.Authenticate(hdr, out); oe != nil {
+		t.Fatal(oe)
+	}
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`
+	if oe := x.Prepare(context.Background(), openai.KindChat, []byte(body), hdr, out, PrepareOptions{}); oe != nil {
+		t.Fatal(oe)
+	}
+	if x.Call().Next() == nil {
+		t.Fatal("no endpoint to send to")
+	}
+	x.Answered(http.StatusOK)
+	for range 2 {
+		if pass, _, _ := x.Event(openai.Event{Data: []byte(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`)}); !pass {
+			t.Fatal("a content event was not passed on")
+		}
+	}
+	x.Cut()
+	x.Refused(shutdownError(x.RequestID()))
+	x.Settle(http.StatusServiceUnavailable, http.MethodPost, "/v1/chat/completions")
+	est := f.pk.reqs[0].PromptTokens
+	if prompt, completion, spent := charged(t, f.h.Gate, f.h.Metrics.Tenant); prompt != est || completion != 2 || spent != est+2 {
+		t.Errorf("charged prompt %d, completion %d, bucket spent %d; want the estimate %d, 2, %d", prompt, completion, spent, est, est+2)
+	}
+}
+
 func TestContentEvent(t *testing.T) {
 	for _, tc := range []struct {
 		name, data string

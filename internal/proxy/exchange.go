@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -172,8 +173,53 @@ func hold(ctx context.Context, d time.Duration) *openai.Error {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return openai.NewError(499, openai.TypeInvalidRequest, "", "client_closed_request", "the request ended before it was routed: "+ctx.Err().Error())
+		return unrouted(ctx)
 	}
+}
+
+// unrouted is the error of a request whose ctx ended while it waited to be routed.
+func unrouted(ctx context.Context) *openai.Error {
+	return openai.NewError(499, openai.TypeInvalidRequest, "", "client_closed_request", "the request ended before it was routed: "+ctx.Err().Error())
+}
+
+// awaitFirstCheck is for a request that found no candidate for model (and its tenant's
+// labels) while an endpoint that would serve it has not had its first health check
+// (Pool.FirstCheck): an engine auto endpoint stays out of rotation until that check finds its
+// kind, and a request that came in the router's first moments would be refused because the
+// router had just started. It waits until that check is recorded (or the pool changes), at
+// most Handler.FirstCheckWait in all, and returns the candidates then (dst refilled; none when
+// the check failed or took too long: the caller answers as it would have). An error if ctx
+// ends first (the client left, or the shutdown cut the request).
+func (c *call) awaitFirstCheck(ctx context.Context, model string, dst []*endpoint.Endpoint) ([]*endpoint.Endpoint, *openai.Error) {
+	h, labels := c.h, c.labels()
+	if h.FirstCheckWait < 0 {
+		return dst, nil
+	}
+	changed := h.Pool.Changed() // taken before each look, so that no update falls between
+	checked := h.Pool.FirstCheck(model, labels)
+	if checked == nil {
+		return dst, nil
+	}
+	wait := cmp.Or(h.FirstCheckWait, DefaultFirstCheckWait)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	h.Logger.Debug("no endpoint is available for the request yet: it waits for the first health check of one that would serve it",
+		"request_id", c.rid, "model", logCut1(model, maxLogPath), "at_most", wait.String())
+	for checked != nil {
+		select {
+		case <-checked:
+		case <-changed:
+		case <-timer.C:
+			return dst, nil
+		case <-ctx.Done():
+			return dst, unrouted(ctx)
+		}
+		if dst = h.Pool.Candidates(dst, model, labels); len(dst) > 0 {
+			return dst, nil
+		}
+		changed, checked = h.Pool.Changed(), h.Pool.FirstCheck(model, labels)
+	}
+	return dst, nil
 }
 
 // prepare takes a request from its body to its pick: parse, routing keys, the tenant's limits
@@ -221,6 +267,11 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 		return modelNotFound(req.Model)
 	}
 	cands := h.Pool.Candidates(make([]*endpoint.Endpoint, 0, 8), req.Model, c.labels())
+	if len(cands) == 0 {
+		if cands, oe = c.awaitFirstCheck(ctx, req.Model, cands); oe != nil {
+			return oe
+		}
+	}
 	if opt.candidates != nil && len(cands) > 0 {
 		cands = opt.candidates(cands)
 	}
@@ -394,7 +445,7 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 		return unavailable("no healthy endpoint serves model " + q + "; retry shortly")
 	case unknownDown > 0:
 		msg := "no endpoint is known to serve model " + q + "; " + count(unknownDown, "endpoint") +
-			" whose models are unknown (no endpoints[].models, and not yet listed by the engine) " + isAre(unknownDown) +
+			" whose models are unknown (no endpoints[].models (--model), and not yet listed by the engine) " + isAre(unknownDown) +
 			" unavailable: retry shortly if one of them serves it, else check the model's name (GET /v1/models lists the models known)"
 		if refused > 0 {
 			msg += "; the engines of " + count(refused, "endpoint") + " answered that they do not serve it"
@@ -403,7 +454,7 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 	case refused > 0:
 		return openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model", "model_not_found",
 			"the model "+q+" is not served here: the engines of the "+count(refused, "endpoint")+
-				" that would serve it answered that they do not (a 404 naming it); check endpoints[].models against the names the engines serve (their GET /v1/models); they are tried again within "+
+				" that would serve it answered that they do not (a 404 naming it); check endpoints[].models (--model) against the names the engines serve (their GET /v1/models); they are tried again within "+
 				notServedFor.String())
 	}
 	return modelNotFound(model)
@@ -661,7 +712,7 @@ func (c *call) settle(status int, method, path string) {
 	tried := ep
 	if tried == nil && c.rc != nil && c.rc.Attempts() > 0 {
 		switch {
-		case status >= 500 && c.rc.LastFailure() != route.FailConnect, status == 499 && c.reachedEngine(status):
+		case status >= 500 && c.rc.LastFailure() != route.FailConnect, status == 499 && c.reachedEngine():
 			tried = c.rc.Endpoint()
 		}
 	}
@@ -670,6 +721,15 @@ func (c *call) settle(status int, method, path string) {
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
+	moved := ""
+	if c.rc != nil {
+		if moved = c.rc.Moved(); moved != "" {
+			h.Metrics.Moved.WithLabelValues(c.rc.Ranked()[0].Name, moved).Inc()
+		}
+	}
+	if !h.Logger.Enabled(context.Background(), slog.LevelInfo) {
+		return // the access log is off (log.access: false): none of its line is built
+	}
 	var attrBuf [26]slog.Attr // every attribute below, on the stack
 	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
@@ -707,10 +767,9 @@ func (c *call) settle(status int, method, path string) {
 			// Beside cached_tokens (the engine's report): a miss the index did not expect.
 			attrs = append(attrs, slog.Int("predicted_cached_tokens", p))
 		}
-		if m := c.rc.Moved(); m != "" {
+		if moved != "" {
 			// The first endpoint tried was not the policy's pick, and why.
-			attrs = append(attrs, slog.String("moved_by", m))
-			h.Metrics.Moved.WithLabelValues(c.rc.Ranked()[0].Name, m).Inc()
+			attrs = append(attrs, slog.String("moved_by", moved))
 		}
 	}
 	if ttft > 0 && c.stream {
@@ -769,7 +828,7 @@ func (c *call) settle(status int, method, path string) {
 // prefills a request for the price of one. Attempts Envoy makes (Exchange) are not seen here:
 // docs/security.md says what they may cost.
 func (c *call) charge(status int, end time.Time) (prompt, completion int) {
-	if c.req == nil || !c.reachedEngine(status) {
+	if c.req == nil || !c.reachedEngine() {
 		return 0, 0
 	}
 	prompt = c.preq.PromptTokens
@@ -846,13 +905,15 @@ func (c *call) learnRate(status int, end time.Time) {
 
 // reachedEngine reports whether an attempt of the request reached an engine: as Handler.send
 // saw it, or, where a front end carried the request (Exchange), whenever it was routed and the
-// answer was not a refusal (503, 429: the engine's, or the front end's own when it could not
-// connect).
-func (c *call) reachedEngine(status int) bool {
+// answer it was given (Exchange.Answered) was not a refusal (503, 429: the engine's, or the
+// front end's own when it could not connect; 404). That answer, not the status the request is
+// settled with: a stream the router's shutdown cut after the engine's 200 is settled 503
+// (shutting_down), and was computed all the same.
+func (c *call) reachedEngine() bool {
 	if !c.carried {
 		return c.reached > 0
 	}
-	refused := c.answered && (status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests || status == http.StatusNotFound)
+	refused := c.answered && (c.answerStatus == http.StatusServiceUnavailable || c.answerStatus == http.StatusTooManyRequests || c.answerStatus == http.StatusNotFound)
 	return c.rc != nil && c.rc.Attempts() > 0 && !refused
 }
 

@@ -292,7 +292,7 @@ func (c *call) notServed(ep *endpoint.Endpoint, body []byte) {
 		return
 	}
 	if ep.NotServing(c.req.Model, time.Now(), notServedFor) {
-		c.h.Logger.Warn("the engine says it does not serve the model: requests for it go to the other endpoints (check endpoints[].models)",
+		c.h.Logger.Warn("the engine says it does not serve the model: requests for it go to the other endpoints; check endpoints[].models (--model)",
 			"endpoint", ep.Name, "model", logCut1(c.req.Model, maxLogPath), "for", notServedFor.String(), "request_id", c.rid)
 	}
 }

@@ -84,6 +84,13 @@ type Handler struct {
 	// Timeouts bound each attempt; an endpoint's own FirstTokenTimeout and ResponseTimeout
 	// take precedence. Zero fields take the defaults.
 	Timeouts Timeouts
+	// FirstCheckWait bounds how long a request that finds no endpoint available waits for the
+	// first health check of one that would serve it and has not had it (endpoint.FirstCheck:
+	// an engine auto endpoint is out of rotation until its first check finds its kind), so
+	// that the requests of a router's first moments are routed once that check passes rather
+	// than refused with 503. The health timeout suits it. 0: DefaultFirstCheckWait; negative:
+	// no wait.
+	FirstCheckWait time.Duration
 	// Instance is the router process's random id (NewInstanceID; the same in the prober, which
 	// finds its own router among the endpoints by it). When set, every answer carries it in
 	// InstanceHeader, and the loop guard acts: each request sent to an engine carries, in
@@ -129,6 +136,10 @@ type Timeouts struct {
 	// StreamIdle bounds the silence between two events of a stream. 0: DefaultStreamIdleTimeout.
 	StreamIdle time.Duration
 }
+
+// DefaultFirstCheckWait is Handler.FirstCheckWait's default: the health checks' default
+// timeout (health.timeout).
+const DefaultFirstCheckWait = 2 * time.Second
 
 // Defaults of Timeouts.
 const (

@@ -1023,6 +1023,20 @@ func TestAccessLogMoved(t *testing.T) {
 	if n := testutil.ToFloat64(f.h.Metrics.Moved.WithLabelValues(ok.URL, "backoff")); n != 1 {
 		t.Errorf("kvroute_requests_moved_total{endpoint=ok, reason=backoff} = %v, want 1", n)
 	}
+
+	// With the access log off (log.access: false: the logger refuses info), the line goes and
+	// the count stays.
+	off := newFixture(t, spec(busy.URL, "m"), spec(ok.URL, "m"))
+	var offLogs testlog.Buffer
+	off.h.Logger = slog.New(slog.NewJSONHandler(&offLogs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	for i := range 2 {
+		if resp, body := off.post(t, "/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+			t.Fatalf("access log off, request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if n := testutil.ToFloat64(off.h.Metrics.Moved.WithLabelValues(ok.URL, "backoff")); n != 1 || offLogs.Count(`"msg":"request"`) != 0 {
+		t.Errorf("access log off: kvroute_requests_moved_total{endpoint=ok, reason=backoff} = %v, want 1; log %q, want no access line", n, offLogs.String())
+	}
 }
 
 // TestNotServedFailsOver: an engine that answers 404 naming the model (started with another
@@ -1035,6 +1049,8 @@ func TestNotServedFailsOver(t *testing.T) {
 	wrong.status, wrong.errBody = 404, `{"object":"error","message":"The model `+"`m`"+` does not exist.","type":"NotFoundError","param":null,"code":404}`
 	good := newFakeEngine(t)
 	f := newFixture(t, spec(wrong.srv.URL, "m"), spec(good.srv.URL, "m"))
+	var logs testlog.Buffer
+	f.h.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	for i := range 3 {
 		resp, body := f.post(t, "/v1/chat/completions", chatBody)
 		if resp.StatusCode != 200 {
@@ -1049,6 +1065,10 @@ func TestNotServedFailsOver(t *testing.T) {
 	}
 	if ep := f.h.Pool.ByName(wrong.srv.URL); ep.Serves("m") {
 		t.Error("the engine without the model is still a candidate for it")
+	}
+	// Said once, naming the flag beside the config key (a quick start has no config file).
+	if n := logs.Count(`the engine says it does not serve the model: requests for it go to the other endpoints; check endpoints[].models (--model)`); n != 1 {
+		t.Errorf("the warning naming endpoints[].models (--model) was logged %d times, want 1:\n%s", n, logs.String())
 	}
 
 	// A 404 of a path: failed over, the engine kept.
@@ -1088,7 +1108,7 @@ func TestNoCandidateSaysWhy(t *testing.T) {
 		{"the engine said it does not serve it",
 			[]endpoint.Spec{spec(e1.srv.URL, "m")},
 			func(p *endpoint.Pool) { p.ByName(e1.srv.URL).NotServing("m", now, time.Minute) },
-			"m", 404, "model_not_found", []string{`the model "m" is not served here`, "the engines of the 1 endpoint that would serve it answered that they do not", "check endpoints[].models"}},
+			"m", 404, "model_not_found", []string{`the model "m" is not served here`, "the engines of the 1 endpoint that would serve it answered that they do not", "check endpoints[].models (--model) against the names"}},
 		{"one said so, another naming it is down",
 			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL, "m")},
 			func(p *endpoint.Pool) {
@@ -1099,7 +1119,7 @@ func TestNoCandidateSaysWhy(t *testing.T) {
 		{"a typo while an endpoint of unknown models is down",
 			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL)},
 			func(p *endpoint.Pool) { p.ByName(e2.srv.URL).SetHealthy(false) },
-			"mm", 503, "no_healthy_endpoint", []string{`no endpoint is known to serve model "mm"; 1 endpoint whose models are unknown`, "is unavailable", "check the model's name"}},
+			"mm", 503, "no_healthy_endpoint", []string{`no endpoint is known to serve model "mm"; 1 endpoint whose models are unknown (no endpoints[].models (--model), and not yet listed by the engine)`, "is unavailable", "check the model's name"}},
 		{"and another's engine said it does not serve it",
 			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL), spec(e3.srv.URL), spec(deadURL(t))},
 			func(p *endpoint.Pool) {

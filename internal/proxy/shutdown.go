@@ -33,9 +33,10 @@ func shutdownError(rid string) *openai.Error {
 
 // Drain is the API handler's side of a graceful shutdown. Wrap gives each request a context
 // that Cut ends with ErrShuttingDown, and counts the requests in flight; after Closing, each
-// answer asks the client to close its connection (Connection: close), so that a client with
-// kept-alive connections opens new ones, which its load balancer sends elsewhere once it has
-// seen /readyz fail. The zero value is not usable: NewDrain.
+// answer whose head goes out asks the client to close its connection (Connection: close),
+// those of requests that were in flight at Closing included, so that a client with kept-alive
+// connections opens new ones, which its load balancer sends elsewhere once it has seen /readyz
+// fail. The zero value is not usable: NewDrain.
 type Drain struct {
 	ctx      context.Context
 	cut      context.CancelCauseFunc
@@ -54,18 +55,72 @@ func (d *Drain) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d.inFlight.Add(1)
 		defer d.inFlight.Add(-1)
-		if d.closing.Load() {
-			w.Header().Set("Connection", "close")
-		}
 		ctx, cancel := context.WithCancelCause(r.Context())
 		defer cancel(nil)
 		stop := context.AfterFunc(d.ctx, func() { cancel(ErrShuttingDown) })
 		defer stop()
-		next.ServeHTTP(w, r.WithContext(ctx))
+		cw := &closingWriter{ResponseWriter: w, d: d}
+		next.ServeHTTP(cw, r.WithContext(ctx))
+		if !cw.head {
+			cw.decide() // nothing written: the server writes the head after the handler returns
+		}
 	})
 }
 
-// Closing makes every answer from now on close its connection.
+// closingWriter asks for Connection: close when the answer's head goes out, not when the
+// request came: a request in flight at Closing (a long generation, a stream whose first token
+// has not come) answers after it, and its client would otherwise send its next request on a
+// connection that is about to close. A head that went out before Closing cannot be taken
+// back: the next answer on that connection carries it. Flush, FlushError and Unwrap keep the
+// relay's paths (http.ResponseController, h1.Server's EndBody found by unwrapping) as they
+// were without it.
+type closingWriter struct {
+	http.ResponseWriter
+	d    *Drain
+	head bool // decided: a final status, a write or a flush went to the writer
+}
+
+// decide adds Connection: close to the head about to go out, if the drain is closing.
+func (w *closingWriter) decide() {
+	w.head = true
+	if w.d.closing.Load() {
+		w.ResponseWriter.Header().Set("Connection", "close")
+	}
+}
+
+func (w *closingWriter) WriteHeader(code int) {
+	if !w.head && code >= 200 { // 1xx are interim answers: the final head is still to come
+		w.decide()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closingWriter) Write(p []byte) (int, error) {
+	if !w.head {
+		w.decide()
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush sends what is buffered, the head first when it has not gone out.
+func (w *closingWriter) Flush() { _ = w.FlushError() }
+
+// FlushError is Flush that reports the error (http.ResponseController asks for it first).
+func (w *closingWriter) FlushError() error {
+	if !w.head {
+		w.decide()
+	}
+	if f, ok := w.ResponseWriter.(interface{ FlushError() error }); ok {
+		return f.FlushError() // h1.Server's writer, and net/http's behind kvroute serve's guard
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController, and the relay looking for h1.Server's EndBody, reach
+// the server's writer.
+func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Closing makes every answer whose head goes out from now on close its connection.
 func (d *Drain) Closing() { d.closing.Store(true) }
 
 // InFlight is how many requests are being served now.

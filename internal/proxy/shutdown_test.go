@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -151,5 +152,90 @@ func checkShutdownSettled(t *testing.T, f *fixture, hl *healthLog, ep string, l 
 	}
 	if len(f.pk.done) != 1 || f.pk.done[0].OK {
 		t.Errorf("policy told %+v, want one result, not OK", f.pk.done)
+	}
+}
+
+// TestDrainClosingInFlight: a request in flight when the drain starts closing (the signal),
+// answered after, closes its connection too (Connection: close), streamed or not, on net/http's
+// server and on h1.Server (kvroute serve's): its client's next request must not go to a
+// connection that is about to close. The answer itself is whole.
+func TestDrainClosingInFlight(t *testing.T) {
+	for _, server := range []string{"net/http", "h1"} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", server, stream), func(t *testing.T) {
+				arrived, release := make(chan struct{}), make(chan struct{})
+				eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					close(arrived)
+					select {
+					case <-release:
+					case <-r.Context().Done():
+						return
+					}
+					if stream {
+						w.Header().Set("Content-Type", "text/event-stream")
+						_, _ = io.WriteString(w, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}`+"\n\n")
+						http.NewResponseController(w).Flush()
+						_, _ = io.WriteString(w, "data: [DONE]\n\n")
+						return
+					}
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+				}))
+				defer eng.Close()
+				f := newFixture(t, spec(eng.URL, "m"))
+				d := NewDrain()
+				var url string
+				if server == "h1" {
+					url = serveH1(t, d.Wrap(f.h))
+				} else {
+					srv := httptest.NewServer(d.Wrap(f.h))
+					defer srv.Close()
+					url = srv.URL
+				}
+				client := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+				defer client.CloseIdleConnections()
+				body := chatBody
+				if stream {
+					body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`
+				}
+				type answer struct {
+					status int
+					close  bool
+					body   string
+					err    error
+				}
+				answered := make(chan answer, 1)
+				go func() {
+					resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						answered <- answer{err: err}
+						return
+					}
+					b, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					answered <- answer{resp.StatusCode, resp.Close, string(b), err}
+				}()
+				waitClosed(t, arrived, "the engine did not get the request")
+				d.Closing()
+				close(release)
+				var a answer
+				select {
+				case a = <-answered:
+				case <-time.After(10 * time.Second):
+					t.Fatal("no answer")
+				}
+				want := `"content":"hi"`
+				if stream {
+					want = "data: [DONE]"
+				}
+				if a.err != nil || a.status != http.StatusOK || !strings.Contains(a.body, want) {
+					t.Fatalf("answer %d %q, %v; want 200 with %s", a.status, a.body, a.err, want)
+				}
+				if !a.close {
+					t.Error("the answer of a request in flight at Closing kept its connection (no Connection: close)")
+				}
+			})
+		}
 	}
 }

@@ -591,6 +591,7 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 			// first check fails; without this line an engine that is down, or an address that
 			// is wrong, would show only in /debug/endpoints. The router itself says so in
 			// itself.
+			ep.SetHealthy(false) // no change, but the first check is recorded: requests waiting for it get their 503 (endpoint.FirstCheck)
 			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
 		}
 	}
