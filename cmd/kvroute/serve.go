@@ -218,31 +218,27 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if cfg.Server.TLS.Enabled() {
 		scheme = "https"
 	}
-	// The endpoint picker drains beside the API: both see ctx end; it stops too if Serve
-	// returns early.
-	extCtx, stopExt := context.WithCancel(drainCtx)
-	defer stopExt()
-	extDone := make(chan error, 1)
+	// The endpoint picker runs beside the API (Router.Beside): the two drain side by side, and
+	// the endpoints stay followed (discovery, health checks, scrapes, peers) until both have
+	// drained, whichever ends last.
 	if extLn != nil {
-		go func() { extDone <- r.ServeExtProc(extCtx, extLn, extHealthLn) }()
+		r.Beside = func(ctx context.Context) error {
+			if err := r.ServeExtProc(ctx, extLn, extHealthLn); err != nil {
+				return fmt.Errorf("ext_proc: %w", err)
+			}
+			return nil
+		}
 		health := "on the ext_proc address"
 		if extHealthLn != nil {
 			health = "grpc://" + extHealthLn.Addr().String()
 		}
 		announce(stdout, cfg.Log, fmt.Sprintf("kvroute serve: ext_proc grpc://%s health %s", extLn.Addr(), health),
 			"ext_proc", "grpc://"+extLn.Addr().String(), "health", health, "version", build.Version)
-	} else {
-		extDone <- nil
 	}
 	api, adminURL := scheme+"://"+apiLn.Addr().String(), "http://"+adminLn.Addr().String()
 	announce(stdout, cfg.Log, fmt.Sprintf("kvroute serve: api %s admin %s policy %s, %d endpoint(s)", api, adminURL, cfg.Policy.Name, r.Pool().Len()),
 		"api", api, "admin", adminURL, "policy", cfg.Policy.Name, "endpoints", r.Pool().Len(), "version", build.Version)
-	err = r.Serve(drainCtx, apiLn, adminLn)
-	stopExt()
-	if extErr := <-extDone; err == nil && extErr != nil {
-		err = fmt.Errorf("ext_proc: %w", extErr)
-	}
-	if err != nil {
+	if err := r.Serve(drainCtx, apiLn, adminLn); err != nil {
 		return fatal(err)
 	}
 	return 0

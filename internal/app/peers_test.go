@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -308,5 +309,86 @@ func TestPeersSecretReload(t *testing.T) {
 			strings.Contains(got, "changes only on restart") {
 			t.Errorf("%s: logged %q, want %q", step.name, got, step.want)
 		}
+	}
+}
+
+// TestServeStopBounded: the last step of a shutdown, after the drain (discovery, health
+// checks and peers stopping, the admin listener closing), is said as it starts, and is bounded:
+// a replica leaving its peers waits up to a second for memberlist to send its leave, and here
+// the bound is shorter, so Serve says it does not wait, returns, and logs "stopped" with the
+// time the shutdown took; the peers' end is logged when it comes. Before, a second or more
+// went by after "draining requests in flight" with nothing in the log.
+func TestServeStopBounded(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	eng := newFakeEngine(t)
+	conf := func(name, seed string) string {
+		static := ""
+		if seed != "" {
+			static = fmt.Sprintf(", static: [%q]", seed)
+		}
+		return fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+			"peers: {name: %s, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, warm_start_timeout: 5s%s}\n",
+			eng.srv.URL, name, static)
+	}
+	cfg, err := config.Parse([]byte(conf("a", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger, logs := jsonLogger()
+	a, err := NewRouter(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stopWait = 200 * time.Millisecond
+	api := loopback(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- a.Serve(ctx, api, nil) }()
+	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
+	b := routerFromYAML(t, conf("b", a.peers.node.GossipAddr()))
+	runRouter(t, b)
+	followsWarm(t, b, "a")
+	waitUntil(t, "a following b", func() bool { return len(a.peers.node.Status().Following) == 1 })
+
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return within 10 s")
+	}
+	if took := time.Since(start); took > 800*time.Millisecond {
+		t.Errorf("Serve took %v to return, past its 200 ms bound on stopping (leaving the peers takes a second)", took)
+	}
+	waitUntil(t, "the peers' late end logged", func() bool { return len(messages(t, logs, "stopped, late")) == 1 })
+	var msgs []string
+	var stopped map[string]any
+	for _, l := range logs.JSONLines(t) {
+		msg := l["msg"].(string)
+		if strings.HasPrefix(msg, "shutting down") || strings.Contains(msg, "stopped") {
+			msgs = append(msgs, msg)
+		}
+		if msg == "stopped" {
+			stopped = l
+		}
+	}
+	want := []string{
+		"shutting down: no drain delay, as /readyz was never asked (nothing follows it)",
+		"shutting down: draining requests in flight",
+		"shutting down: stopping discovery, health checks, scrapes and peers",
+		"shutting down: discovery, health checks, scrapes or peers did not stop in time: not waiting for them",
+		"stopped",
+		"discovery, health checks, scrapes and peers stopped, late",
+	}
+	if diff := cmp.Diff(want, msgs); diff != "" {
+		t.Errorf("the shutdown's lines (-want +got):\n%s", diff)
+	}
+	if took, err := time.ParseDuration(fmt.Sprint(stopped["took"])); err != nil || took < 200*time.Millisecond || took > 800*time.Millisecond {
+		t.Errorf("\"stopped\" took=%v (%v): want the shutdown's time, over the 200 ms waited", stopped["took"], err)
 	}
 }

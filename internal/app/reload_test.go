@@ -1,6 +1,7 @@
 package app
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/policy"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
 
@@ -330,5 +332,105 @@ func TestKeepRestartOnlyPeers(t *testing.T) {
 	}
 	if got := keepRestartOnly(&config.Config{}, file).Peers; got != nil {
 		t.Errorf("the section added by the file: %+v in force, want none", got)
+	}
+}
+
+// TestReloadKeepsPolicyState: a reload that changes a parameter of prefix-aware keeps what it
+// learned: a prompt placed before is predicted cached on its holder and goes there again, the
+// prefill rates calibrated before stand, and the log says so. A change of policy starts
+// empty, and the log says what was dropped.
+func TestReloadKeepsPolicyState(t *testing.T) {
+	a, b := newFakeEngine(t), newFakeEngine(t)
+	logger, logs := jsonLogger()
+	conf := func(policy string) *config.Config { return routerConfig(t, policy, a.srv.URL, b.srv.URL) }
+	r, err := NewRouter(conf("policy: {name: prefix-aware}\n"), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	api, admin := r.Handler(), r.AdminHandler()
+	chat := func(text string, stream bool) {
+		t.Helper()
+		body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, text)
+		rec := httptest.NewRecorder()
+		api.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("chat: %d %s", rec.Code, rec.Body)
+		}
+	}
+	// Streamed answers, whose first tokens calibrate the prefill rates (far above the prior's
+	// 10,000 tokens/s on loopback).
+	for i := range 12 {
+		chat(fmt.Sprintf("conversation %d: %s", i, strings.Repeat("some words of its own, ", 20)), true)
+	}
+	doc := strings.Repeat("the same long document, ", 60)
+	chat(doc, false)
+	holder := a.srv.URL
+	if len(b.received()) > len(a.received()) {
+		holder = b.srv.URL
+	}
+	type candidate struct {
+		Endpoint     string `json:"endpoint"`
+		CachedTokens int    `json:"cached_tokens"`
+	}
+	explain := func() []candidate {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		admin.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/explain",
+			strings.NewReader(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, doc))))
+		var ex struct{ Candidates []candidate }
+		if err := json.Unmarshal(rec.Body.Bytes(), &ex); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("/debug/explain: %d %s (%v)", rec.Code, rec.Body, err)
+		}
+		return ex.Candidates
+	}
+	before := explain()
+	if before[0].Endpoint != holder || before[0].CachedTokens < 256 {
+		t.Fatalf("before the reload: %+v, want %s first, holding the document", before, holder)
+	}
+	rates := map[string]float64{}
+	for _, ep := range r.pool.All() {
+		rates[ep.Name] = r.prefillRate(ep)
+		if rates[ep.Name] <= 10000 {
+			t.Fatalf("%s: prefill rate %v before the reload, want one calibrated above the prior", ep.Name, rates[ep.Name])
+		}
+	}
+	picker := r.currentPicker()
+
+	if err := r.Reload(conf("policy: {name: prefix-aware, params: {cache_weight: 4}}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if r.currentPicker() == picker {
+		t.Fatal("the policy was not rebuilt with its new parameter")
+	}
+	if diff := cmp.Diff(before, explain()); diff != "" {
+		t.Errorf("what the index predicts, after the reload (-before +after):\n%s", diff)
+	}
+	for _, ep := range r.pool.All() {
+		if got := r.prefillRate(ep); got != rates[ep.Name] {
+			t.Errorf("%s: prefill rate %v after the reload, %v before", ep.Name, got, rates[ep.Name])
+		}
+	}
+	held := map[string]*fakeEngine{a.srv.URL: a, b.srv.URL: b}[holder]
+	n := len(held.received())
+	chat(doc, false)
+	if len(held.received()) != n+1 {
+		t.Errorf("the document after the reload did not go to its holder %s", holder)
+	}
+	kept := messages(t, logs, "policy parameters changed")
+	if len(kept) != 1 || kept[0]["msg"] != "policy parameters changed: what the policy learned is kept" ||
+		!cmp.Equal(kept[0]["changed"], []any{"cache_weight"}) || kept[0]["index_entries"].(float64) < 16 ||
+		kept[0]["endpoints"] != 2.0 || kept[0]["fleet_calibrated"] != true {
+		t.Errorf("the reload's log: %v; want the state kept, cache_weight changed, the index's entries and 2 endpoints", kept)
+	}
+
+	entries, _ := r.currentPicker().(policy.IndexSizer).IndexSize()
+	if err := r.Reload(conf("policy: {name: cache-aware}\n")); err != nil {
+		t.Fatal(err)
+	}
+	dropped := messages(t, logs, "policy rebuilt")
+	if len(dropped) != 1 || dropped[0]["policy_before"] != "prefix-aware" || dropped[0]["policy"] != "cache-aware" ||
+		dropped[0]["index_entries_dropped"] != float64(entries) {
+		t.Errorf("a change of policy's log: %v; want it to say that %d index entries were dropped", dropped, entries)
 	}
 }

@@ -70,6 +70,14 @@ type Router struct {
 	// PoolClient, when set, is what the discovery.inference_pool source reads InferencePools
 	// with (and KubeClient its pods); tests use fakes.
 	PoolClient dynamic.Interface
+	// Beside, when set, is what else Serve serves the router's traffic with (serve: the Envoy
+	// ext_proc endpoint picker, ServeExtProc), run until the context it is given ends, which
+	// Serve ends as its own shutdown starts: both drain side by side, and discovery, health
+	// checks, scraping and peers stop only once both have drained (each drain has its own
+	// delay: ext_proc waits out server.drain_delay when its gRPC readiness was asked, the API
+	// when /readyz was). An error it returns before then shuts Serve down, as a server's does;
+	// Serve returns its error when it has none of its own.
+	Beside func(ctx context.Context) error
 
 	logger    *slog.Logger // NewRouter's, its level the one in force (logs)
 	accessLog *slog.Logger // the API handler's: logger's, with the access line under log.access
@@ -105,6 +113,8 @@ type Router struct {
 	// been asked since the start (someone follows it: Serve's drain delay is for them).
 	draining   atomic.Bool
 	readyAsked atomic.Bool
+	// stopWait, when set, replaces the const stopWait (tests).
+	stopWait time.Duration
 }
 
 // NewRouter builds a router from a loaded (defaulted and validated) config. It starts no
@@ -223,7 +233,8 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 
 // Reload applies a new config to the running router without dropping requests in flight:
 // endpoints are diffed (kept ones keep their counters and their place in the policy's index,
-// removed ones drain), the policy is rebuilt only when its name or parameters changed, and
+// removed ones drain), the policy is rebuilt only when its name or parameters changed (given
+// other parameters, a policy that can keeps what it learned: policy.Inheritor), and
 // normalisation, limits, health and scrape settings, log.level and log.access take effect for
 // new requests (log.level ends a level set at /debug/loglevel). A config that cannot be applied
 // is rejected whole and the old one stays. The settings that change only on restart
@@ -327,12 +338,14 @@ func (r *Router) apply(cfg *config.Config) error {
 			return fmt.Errorf("tenants: %w", err)
 		}
 	}
-	if picker != r.picker && r.picker != nil {
-		r.logger.Info("policy rebuilt", "policy", cfg.Policy.Name)
-	}
 	removed, err := r.updatePoolLocked(discovery.Specs(cfg.Endpoints))
 	if err != nil {
 		return err
+	}
+	if picker != r.picker && r.picker != nil {
+		// Before the new picker hears of anything (the endpoints removed, below): it takes
+		// over what the old one learned, where it can.
+		r.policyChangedLocked(r.picker, picker, r.cfg, cfg, params)
 	}
 	r.picker, r.policyKey, r.cfg, r.secret = picker, key, cfg, secret
 	r.prober.SetOptions(scrape.OptionsFrom(cfg))
@@ -810,7 +823,10 @@ func (r *Router) serveEndpoints(w http.ResponseWriter, _ *http.Request) {
 //  4. those still in flight then are cut (proxy.ErrShuttingDown): one whose answer has not
 //     begun gets a 503 shutting_down, a stream an SSE error event of that code; they are
 //     logged as 503, and a warning says how many and which setting to raise. Connections still
-//     open a second later are closed.
+//     open a second later are closed;
+//  5. once Beside has drained as well, discovery, health checks, scraping and peers stop
+//     (leaving the peers takes up to a second) while the admin listener closes, both within
+//     stopWait; "stopped" then says how long the whole shutdown took.
 //
 // It returns nil after a clean drain (cut requests included).
 func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
@@ -881,7 +897,11 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	}
 	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
-	errc := make(chan error, 3) // the API server, the admin server, Run
+	besideCtx, stopBeside := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBeside()
+	// Each sender sends at most once, into room kept for it: a late one never blocks, and the
+	// channel is never closed (Run may end after Serve, past stopWait).
+	errc := make(chan error, 4) // the API server, the admin server, Run, Beside
 	var wg sync.WaitGroup
 	runDone := make(chan struct{})
 	go func() {
@@ -893,6 +913,20 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			r.logger.Error("endpoint discovery, probing or peers stopped", "err", err)
 		}
 	}()
+	besideDone := make(chan struct{})
+	var besideErr error // Beside's error once the shutdown began; read after besideDone
+	if r.Beside != nil {
+		go func() {
+			defer close(besideDone)
+			if err := r.Beside(besideCtx); err != nil && besideCtx.Err() == nil {
+				errc <- err
+			} else {
+				besideErr = err
+			}
+		}()
+	} else {
+		close(besideDone)
+	}
 	wg.Go(func() { errc <- ignoreClosed(apiSrv.Serve(api)) })
 	if admin != nil {
 		wg.Go(func() { errc <- ignoreClosed(adminSrv.Serve(admin)) })
@@ -902,26 +936,83 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	case <-ctx.Done():
 	case first = <-errc:
 	}
+	start := time.Now()
 	r.draining.Store(true)
 	drain.Closing()
+	stopBeside()
 	if first == nil {
 		first = r.drainDelay(cfg.Server.Drain(), errc)
 	}
 	r.drainAPI(apiSrv, drain, cfg.Server.ShutdownTimeout.D())
-	actx, cancel := context.WithTimeout(context.Background(), time.Second) // admin answers are short
-	defer cancel()
-	_ = adminSrv.Shutdown(actx)
-	_ = adminSrv.Close()
-	stopRun()
-	<-runDone
-	go func() { wg.Wait(); close(errc) }()
-	for err := range errc {
-		if first == nil && err != nil && !errors.Is(err, context.Canceled) {
-			first = err
+	select {
+	case <-besideDone:
+	default:
+		// Its drain delay may run longer than the API's (which had none: /readyz unasked), or
+		// its streams: the endpoints stay followed until it ends.
+		r.logger.Info("shutting down: requests drained; waiting for the ext_proc endpoint picker's drain")
+		<-besideDone
+	}
+	r.stop(start, stopRun, runDone, adminSrv)
+	wg.Wait()
+	for pending := true; pending; {
+		select {
+		case err := <-errc:
+			if first == nil && err != nil && !errors.Is(err, context.Canceled) {
+				first = err
+			}
+		default:
+			pending = false
 		}
 	}
+	if first == nil && besideErr != nil && !errors.Is(besideErr, context.Canceled) {
+		first = besideErr
+	}
 	r.Close()
+	r.logger.Info("stopped", "took", time.Since(start).Round(time.Millisecond).String())
 	return first
+}
+
+// stopWait bounds the last step of Serve's shutdown, after the drains: discovery, health
+// checks, scraping and peers stopping (the peers' leave alone takes up to a second:
+// memberlist waits that long for its leave message to go out, with gossip once a second), and
+// the admin listener closing (up to a second for answers in progress), side by side. With the
+// second the cut requests get (cutGrace), that is the 3 s the Helm chart adds to a pod's
+// shutdown beyond drain_delay and shutdown_timeout.
+const stopWait = 2 * time.Second
+
+// stop is Serve's last step, from start (when the shutdown began): it stops Run (stopRun; done
+// closes when it has returned) and closes the admin listener, and waits at most
+// r.stopWaitOr() for Run: a part that takes longer goes on stopping unwaited for, said in a
+// warning, and its end is logged if the process lives to see it.
+func (r *Router) stop(start time.Time, stopRun context.CancelFunc, done <-chan struct{}, admin *h1.NetHTTP) {
+	r.logger.Info("shutting down: stopping discovery, health checks, scrapes and peers", "elapsed", time.Since(start).Round(time.Millisecond).String())
+	began := time.Now()
+	bound := r.stopWaitOr()
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	stopRun()
+	actx, cancel := context.WithTimeout(context.Background(), min(time.Second, bound)) // admin answers are short
+	defer cancel()
+	_ = admin.Shutdown(actx)
+	_ = admin.Close()
+	select {
+	case <-done:
+	case <-deadline.C:
+		r.logger.Warn("shutting down: discovery, health checks, scrapes or peers did not stop in time: not waiting for them",
+			"waited", bound.String())
+		go func() {
+			<-done
+			r.logger.Info("discovery, health checks, scrapes and peers stopped, late", "after", time.Since(began).Round(time.Millisecond).String())
+		}()
+	}
+}
+
+// stopWaitOr is stopWait, or the one a test set.
+func (r *Router) stopWaitOr() time.Duration {
+	if r.stopWait > 0 {
+		return r.stopWait
+	}
+	return stopWait
 }
 
 // drainDelay is Serve's wait between the signal and the closing of the API listener (d,
