@@ -382,6 +382,9 @@ func (r *Router) apply(cfg *config.Config) error {
 		Rewrite:        cfg.Normalize.Rewrite,
 		EndpointHeader: cfg.Server.EndpointHeader,
 		Instance:       r.prober.Instance,
+		// A request in the router's first moments waits for an endpoint's first check at
+		// most as long as one check may take.
+		FirstCheckWait: cfg.Health.Timeout.D(),
 		Timeouts: proxy.Timeouts{
 			FirstToken: cfg.Limits.FirstTokenTimeout.D(),
 			Response:   cfg.Limits.ResponseTimeout.D(),

@@ -586,3 +586,16 @@ func TestRouterForgetsRemovedEndpoints(t *testing.T) {
 		t.Error("the new endpoint was not ejected: the removed one's ejection still counts against max_ejected_percent")
 	}
 }
+
+// TestFirstCheckWaitFromHealthTimeout: a request in the router's first moments waits for an
+// endpoint's first health check at most health.timeout, the longest one check may take.
+func TestFirstCheckWaitFromHealthTimeout(t *testing.T) {
+	r, err := NewRouter(routerConfig(t, "", "http://127.0.0.1:9"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got, want := r.h.Load().FirstCheckWait, r.Config().Health.Timeout.D(); got != want || want <= 0 {
+		t.Errorf("FirstCheckWait %v, want health.timeout %v", got, want)
+	}
+}
