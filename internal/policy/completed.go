@@ -73,7 +73,7 @@ func (pa *prefixAware) Completed(req *Request, ep *endpoint.Endpoint, ttft time.
 	s.firstOf(&f, req.Whole)
 	s.mu.Unlock()
 	f.probe.sawQueue(s)
-	pa.learnTTFT(s, ep, f.ahead, ttft, now)
+	pa.learnTTFT(s, ep, f.ahead, f.work, ttft, now)
 	// Done.
 	pa.learnCapacity(req, ep, &f, res)
 	pa.index.InsertTwice(s.slot, req.Blocks, now)

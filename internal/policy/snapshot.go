@@ -162,7 +162,7 @@ func (pa *prefixAware) copyIndex(o *prefixAware, ids []int) {
 func (f *speedFit) copyFrom(o *speedFit) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	f.n, f.observed, f.prior = o.n, o.observed, o.prior
+	f.n, f.observed, f.prior, f.last = o.n, o.observed, o.prior, o.last
 	f.factor.Store(o.factor.Load())
 	f.learned.Store(o.learned.Load())
 	f.staleAt.Store(o.staleAt.Load())

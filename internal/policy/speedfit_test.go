@@ -195,3 +195,48 @@ func TestStallFoundByWatchTeachesNothing(t *testing.T) {
 		t.Errorf("a 10-s TTFT with no stall found: fleet factor %.3f, want above %.3f", got, fleet)
 	}
 }
+
+// TestSpeedFitAgesWithTime: with a horizon, a calibration says what the endpoint did over
+// about the last horizon, however few samples came since. A burst of 50 TTFTs four times
+// slower than predicted, then one TTFT at the predicted speed every 10 s (an endpoint chosen
+// only now and then): after four minutes of those, the burst has faded to 1.17 (within
+// learnTolerance of 1), where counted by samples alone, 24 of them at 2 % each, it still said
+// 2.51. Samples that come often age mostly by their number, as before (one every 100 ms: 0.17 %
+// a sample by time against 2 % by number). Without a horizon (the fleet's), time changes
+// nothing.
+func TestSpeedFitAgesWithTime(t *testing.T) {
+	const horizon = 60.0 // seconds
+	sec := func(s float64) int64 { return int64(s * 1e9) }
+	burst := func(h float64) (*speedFit, int64) {
+		var f speedFit
+		f.init()
+		now := sec(1000)
+		for range 50 {
+			now += sec(0.1)
+			f.add(0.2, 0.8, learnWeight, now, h, 1)
+		}
+		return &f, now
+	}
+	f, now := burst(horizon)
+	if got := f.get(); math.Abs(got-4) > 1e-9 {
+		t.Fatalf("after the burst: %v, want 4", got)
+	}
+	for range 24 {
+		now += sec(10)
+		f.add(0.2, 0.2, learnWeight, now, horizon, 1)
+	}
+	if got, w, ok := f.own(now); !ok || w != 1 || got > 1+learnTolerance {
+		t.Errorf("24 samples at speed, one every 10 s after the burst: own %.3f at weight %v, %v; want at most %v at 1, true", got, w, ok, 1+learnTolerance)
+	}
+
+	g, now := burst(0)
+	for range 24 {
+		now += sec(10)
+		g.add(0.2, 0.2, learnWeight, now, 0, 0)
+	}
+	want := (4*(1-math.Pow(1-learnWeight, 50))*math.Pow(1-learnWeight, 24) + 1 - math.Pow(1-learnWeight, 24)) /
+		(1 - math.Pow(1-learnWeight, 74))
+	if got := g.get(); math.Abs(got-want) > 1e-9 || got < 2.5 {
+		t.Errorf("without a horizon, the same samples: %.4f, want %.4f (by number alone)", got, want)
+	}
+}
