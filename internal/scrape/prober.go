@@ -109,10 +109,10 @@ const Auto = "auto"
 // Status is what the prober knows of one endpoint, for /debug/endpoints.
 type Status struct {
 	Healthy             bool      `json:"healthy"`
-	LastCheck           time.Time `json:"last_check"`
+	LastCheck           time.Time `json:"last_check,omitzero"` // absent until the first check
 	LastCheckError      string    `json:"last_check_error,omitempty"`
 	ConsecutiveFailures int       `json:"consecutive_failures"`
-	LastScrape          time.Time `json:"last_scrape"`
+	LastScrape          time.Time `json:"last_scrape,omitzero"` // absent until the first scrape
 	LastScrapeError     string    `json:"last_scrape_error,omitempty"`
 	// Detected is what probing the endpoint found its engine to be: for an endpoint configured
 	// as auto, the kind in force; for one of a named kind whose health check answered 4xx, the
