@@ -20,8 +20,10 @@
 //   - to the response headers and body by passing them on (streams event by event, the
 //     usage the router asked for left out: the usage-only chunk, and the usage member of
 //     other chunks), learning the first token time (the first event other than a comment),
-//     the usage and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served,
-//     which endpoint of the list answered. A stream is read as `kvroute serve` reads it
+//     the usage and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served
+//     and Envoy's attempt count, which endpoint answered and which of the list Envoy tried
+//     before it (stream.follow); an engine's Retry-After is written again as `kvroute serve`
+//     writes it. A stream is read as `kvroute serve` reads it
 //     (stream.event): an event the stream ended inside, and what follows the terminator,
 //     are neither read nor passed on, and a cut stream ends with serve's stream_cut error
 //     event. A stream that the engine ended without its terminator, cut, or failed with an

@@ -92,8 +92,12 @@ func messages(data []byte) []*extprocv3.ProcessingRequest {
 			served := ""
 			if flags&8 != 0 {
 				served = "10.0.0.2:8000"
+				if len(payload) > 0 && payload[0]&1 != 0 {
+					served = "10.9.9.9:8000" // not on the list: Envoy's fallback
+				}
 			}
-			m = respHeaders(200+int(flags>>4)*25, served, eos, "content-type", ct)
+			// The payload is Envoy's attempt count, as it came.
+			m = respHeaders(200+int(flags>>4)*25, served, eos, "content-type", ct, "x-envoy-attempt-count", payload)
 		case 4:
 			m = respBody(payload, eos)
 		case 5:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -88,6 +89,9 @@ type stream struct {
 	// progress: an event other than a comment went by since the endpoint was last told that
 	// its engine is working (responseBody).
 	progress bool
+	// credited: the answer is the call's endpoint's (follow); false when it came from an
+	// endpoint kvroute did not pick, or from Envoy itself.
+	credited bool
 	settled  bool
 }
 
@@ -415,7 +419,6 @@ func canRewrite(m filterv3.ProcessingMode_BodySendMode) bool {
 // whether it streams; the client's headers (rate limits, request id) are added.
 func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3.HttpHeaders) error {
 	rc := st.x.Call()
-	st.follow(rc, served(req))
 	hdr := http.Header{}
 	status, hasStatus := "", false
 	for _, hv := range m.GetHeaders().GetHeaders() {
@@ -428,13 +431,28 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 			hdr.Add(k, v)
 		}
 	}
+	report := readReport(req, hdr)
+	st.credited = st.follow(rc, report)
 	st.status = http.StatusOK // Envoy always sends :status; a test harness may not
 	if hasStatus {
 		st.status = st.answerStatus(rc, status)
 	}
-	st.x.Answered(st.status) // a 404's body is read for the model it names (Exchange.Whole)
+	switch {
+	case st.credited:
+		st.x.Answered(st.status) // a 404's body is read for the model it names (Exchange.Whole)
+	case st.status == http.StatusServiceUnavailable || st.status == http.StatusTooManyRequests || st.status == http.StatusNotFound:
+		// A refusal, which costs the tenant nothing (call.charge), whoever gave it. The Exchange
+		// then counts it on the call's last endpoint: it has no way to say "no endpoint" for an
+		// answer it was given.
+		st.x.Answered(st.status)
+		fallthrough
+	default:
+		st.x.Handler().Logger.Debug("the answer is no picked endpoint's: Envoy sent the request elsewhere, or answered it itself",
+			"request_id", st.x.RequestID(), "served", report.served, "list", strings.Join(st.ranked, ","),
+			"attempts", report.attempts, "unreachable", report.unreachable, "status", st.status)
+	}
 	if st.status == http.StatusTooManyRequests {
-		rc.Backoff(proxy.RetryAfter(hdr))
+		rc.Backoff(proxy.RetryAfter(hdr)) // nothing where the answer is no endpoint's: no attempt is open
 	}
 	st.sse = st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
 	set := []*corev3.HeaderValueOption{setHeader("x-request-id", st.x.EchoedID())}
@@ -443,7 +461,10 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 			set = append(set, setHeader(strings.ToLower(k), vs[0]))
 		}
 	}
-	if name := st.x.Handler().EndpointHeader; name != "" && rc.Endpoint() != nil {
+	if !st.bad {
+		set = cleanRetryAfter(st.status, hdr, set)
+	}
+	if name := st.x.Handler().EndpointHeader; name != "" && st.credited && rc.Endpoint() != nil {
 		set = append(set, setHeader(strings.ToLower(name), rc.Endpoint().Name))
 	}
 	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
@@ -518,42 +539,171 @@ func truncate(s string, n int) string {
 	return strings.ToValidUTF8(s[:n], "?") + "..."
 }
 
-// served is the endpoint Envoy says answered: ServedKey in the LBNamespace metadata (the
-// Inference Extension's gateways), else the upstream.address attribute (a plain Envoy whose
-// filter lists it in response_attributes); "" when it says neither.
-func served(req *extprocv3.ProcessingRequest) string {
-	ns := req.GetMetadataContext().GetFilterMetadata()[LBNamespace]
-	if a := ns.GetFields()[ServedKey].GetStringValue(); a != "" {
-		return a
-	}
-	for _, attrs := range req.GetAttributes() {
-		if a := attrs.GetFields()["upstream.address"].GetStringValue(); a != "" {
-			return a
-		}
-	}
-	return ""
+// envoyReport is what Envoy tells kvroute, with the response headers, of how it came by the
+// answer. It tells which endpoint answered, and how many attempts it made, but not why an
+// attempt before the last failed: a connection refused, a reset, and a status its retry policy
+// retries (a 503, a 429) all look alike. Only the last attempt's failure is told, in the
+// attributes of Envoy's own answer when it gave up (response.flags, response.code_details,
+// upstream.transport_failure_reason: Envoy sets them once no retry follows).
+type envoyReport struct {
+	// served is the endpoint that answered, "ip:port": ServedKey in the LBNamespace metadata
+	// (override_host's selected_host_key), else the upstream.address attribute; "" when
+	// neither is told.
+	served string
+	// attempts is how many upstream attempts Envoy made (x-envoy-attempt-count, which Envoy adds
+	// to the answer with the route's include_attempt_count_in_response, else the
+	// upstream.request_attempt_count attribute); 0 when neither is told.
+	attempts int
+	// unreachable: the answer is Envoy's own, given because its last attempt could not connect
+	// (response.flags UF, a connection_failure in response.code_details, or a transport failure
+	// reason), not an engine's.
+	unreachable bool
 }
 
-// follow moves the call's attempt to the endpoint that answered, when Envoy went down the list:
-// each endpoint it passed failed before anything reached the client (Envoy retries on
-// connection failures, resets and the statuses its retry policy names).
-func (st *stream) follow(rc *route.Call, addr string) {
-	if addr == "" || rc.Endpoint() == nil || st.s.Addr(rc.Endpoint()) == addr {
-		return
+// maxAttemptCount bounds the attempt count read from Envoy: more is not a count kvroute believes.
+const maxAttemptCount = 1000
+
+// upstreamConnectionFailure is Envoy's response flag UF in the response.flags bit vector: the
+// connection pool failed to connect for the last attempt.
+const upstreamConnectionFailure = 0x20
+
+// readReport reads what Envoy says of the answer from the response headers message and the
+// answer's headers.
+func readReport(req *extprocv3.ProcessingRequest, hdr http.Header) envoyReport {
+	var r envoyReport
+	ns := req.GetMetadataContext().GetFilterMetadata()[LBNamespace]
+	r.served = ns.GetFields()[ServedKey].GetStringValue()
+	if r.served == "" {
+		r.served = attribute(req, "upstream.address").GetStringValue()
 	}
-	i := slices.Index(st.ranked, addr)
-	if i <= 0 {
-		return // not one of ours: keep the first choice
-	}
-	for range len(st.ranked) {
-		if !rc.Fail(route.FailConnect) {
-			return
+	if n, err := strconv.Atoi(hdr.Get("X-Envoy-Attempt-Count")); err == nil && n > 0 && n <= maxAttemptCount {
+		r.attempts = n
+	} else if v := attribute(req, "upstream.request_attempt_count"); v != nil {
+		// A CEL integer comes as a number; a string is taken too.
+		n := v.GetNumberValue()
+		if s := v.GetStringValue(); s != "" {
+			n, _ = strconv.ParseFloat(s, 64)
 		}
-		ep := rc.Next()
-		if ep == nil || st.s.Addr(ep) == addr {
-			return
+		if n >= 1 && n <= maxAttemptCount && n == float64(int(n)) {
+			r.attempts = int(n)
 		}
 	}
+	details := attribute(req, "response.code_details").GetStringValue()
+	flags := uint64(max(attribute(req, "response.flags").GetNumberValue(), 0))
+	// Envoy's own answer: details other than via_upstream, or a flag it sets only when it gives up.
+	local := details != "" && details != "via_upstream" || flags&upstreamConnectionFailure != 0
+	r.unreachable = local && (flags&upstreamConnectionFailure != 0 || strings.Contains(details, "connection_failure") ||
+		attribute(req, "upstream.transport_failure_reason").GetStringValue() != "")
+	return r
+}
+
+// attribute is the value of one of the attributes Envoy sends (response_attributes), nil when
+// it sends none of that name.
+func attribute(req *extprocv3.ProcessingRequest, name string) *structpb.Value {
+	for _, attrs := range req.GetAttributes() {
+		if v, ok := attrs.GetFields()[name]; ok {
+			return v
+		}
+	}
+	return nil
+}
+
+// follow moves the call's attempt to the endpoint that answered, as Envoy reports it, and
+// reports whether the answer is that endpoint's (credited to it: Exchange.Answered) or no
+// endpoint's of the call.
+//
+// Each endpoint of the list Envoy went past (all of the list when the answer came from
+// elsewhere: override_host's fallback policy) failed an attempt or was skipped without one
+// (override_host skips an address its cluster does not have). Envoy does not say why an
+// attempt failed, so the ones it tried are charged a connect_error, as before, though some
+// were a 503 or a 429 its retry policy retried: where the attempt count says it tried every one
+// it passed, or, with no count, where the answering endpoint is on the list. Where the count
+// says it tried fewer, which ones nothing says, and none is charged; nor is the list before an
+// answer from elsewhere without a count (Envoy may never have tried it). An endpoint of the
+// ranking that Envoy never had (past extproc.max_endpoints) is passed uncharged. An answer
+// from an endpoint the call did not rank is no endpoint's: taken for the first choice's, it
+// credited that endpoint with an answer it never gave. Envoy's own answer after a connection
+// that failed (envoyReport.unreachable) charges the endpoint it tried last (the served one,
+// else the first choice) a connect_error, and is no endpoint's either.
+//
+// An attempt passed is closed by Call.Fail: with FailConnect, or with FailNone where nobody
+// failed (nothing told to health, the policy told of neither an answer nor a failure).
+func (st *stream) follow(rc *route.Call, r envoyReport) (credited bool) {
+	if rc.Endpoint() == nil {
+		return true
+	}
+	if r.served == "" || r.served == st.s.Addr(rc.Endpoint()) {
+		if r.unreachable {
+			rc.Fail(route.FailConnect)
+			return false
+		}
+		return true
+	}
+	ranked := rc.Ranked()
+	target := slices.IndexFunc(ranked, func(e *endpoint.Endpoint) bool { return st.s.Addr(e) == r.served })
+	passed := slices.Index(st.ranked, r.served)
+	listed := passed >= 0
+	if !listed {
+		passed = len(st.ranked)
+	}
+	tried := listed
+	if r.attempts > 0 {
+		tried = r.attempts-1 >= passed
+	}
+	charged := func(e *endpoint.Endpoint) bool {
+		return tried && slices.Contains(st.ranked[:passed], st.s.Addr(e))
+	}
+	for range len(ranked) + 1 {
+		ep := rc.Endpoint()
+		i := slices.Index(ranked, ep)
+		if i == target {
+			if r.unreachable {
+				rc.Fail(route.FailConnect)
+				return false
+			}
+			return true
+		}
+		if target >= 0 && i > target { // it was no longer usable: Next went past it
+			rc.Fail(route.FailNone)
+			return false
+		}
+		f := route.FailNone // skipped by Envoy, or never on its list: nobody's failure
+		if charged(ep) {
+			f = route.FailConnect
+		}
+		rc.Fail(f)
+		if target < 0 && !slices.ContainsFunc(ranked[i+1:], charged) {
+			return false // nothing further to charge, nowhere to follow
+		}
+		if rc.Next() == nil {
+			return false
+		}
+	}
+	return false
+}
+
+// cleanRetryAfter writes the engine's Retry-After (and retry-after-ms) again as kvroute reads
+// them (proxy.RetryAfter: 1 ms to a minute), into set, for the statuses whose Retry-After
+// `kvroute serve` writes again (internal/proxy's cleanRetryAfter, on the refusals and errors it
+// reads whole): a client told to wait is told a sane number, never the engine's garbage ("-5",
+// "NaN", a year), whichever front end it came through.
+func cleanRetryAfter(status int, hdr http.Header, set []*corev3.HeaderValueOption) []*corev3.HeaderValueOption {
+	switch status {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound, http.StatusLoopDetected,
+		http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+	default:
+		return set
+	}
+	ms := hdr.Get("Retry-After-Ms") != ""
+	if !ms && hdr.Get("Retry-After") == "" {
+		return set
+	}
+	d := proxy.RetryAfter(hdr)
+	set = append(set, setHeader("retry-after", strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10)))
+	if ms {
+		set = append(set, setHeader("retry-after-ms", strconv.FormatInt(max(d.Milliseconds(), 1), 10)))
+	}
+	return set
 }
 
 // responseBody passes a chunk of the answer on, reading its events (or, not streamed, keeping
@@ -567,7 +717,7 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 			// As `kvroute serve` does for each read that brought an event: the stall watch of
 			// every request on this endpoint reads it (keep-alive comments are no progress).
 			st.progress = false
-			if ep := st.x.Call().Endpoint(); ep != nil {
+			if ep := st.x.Call().Endpoint(); ep != nil && st.credited {
 				ep.Progressed(time.Now().UnixNano())
 			}
 		}
@@ -667,7 +817,9 @@ func cutEvent(requestID string) []byte {
 // (stream_cut where it was cut, as serve counts it).
 func (st *stream) finishAnswer() (cut bool) {
 	if !st.sse {
-		if st.overflow || st.bad {
+		// An error from an endpoint kvroute did not pick is not read: a 404's body would leave
+		// the call's endpoint out for the model it names (Exchange.Whole).
+		if st.overflow || st.bad || !st.credited && st.status >= 300 {
 			st.x.Complete()
 		} else {
 			st.x.Whole(st.capture)
