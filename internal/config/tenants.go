@@ -66,6 +66,13 @@ type TenantLimits struct {
 	RequestsPerMinute int `json:"requests_per_minute"`
 	TokensPerMinute   int `json:"tokens_per_minute"`
 	MaxConcurrent     int `json:"max_concurrent"`
+	// MaxOutputTokens caps the completion tokens of each sequence of the tenant's requests: one
+	// that sets no max_tokens (max_completion_tokens, max_output_tokens) reaches the engine with
+	// max_tokens set to it, and is reserved it against tokens_per_minute; one that asks for more
+	// is refused with 400. Without it, a request without max_tokens may generate what its
+	// engine allows (vLLM: the rest of the context), which tokens_per_minute only learns when it
+	// ends.
+	MaxOutputTokens int `json:"max_output_tokens"`
 }
 
 // Overload configures admission when the fleet is saturated.
@@ -183,6 +190,9 @@ func (tenantList) setDefaults(c *Config) {
 		}
 	}
 	for i, t := range c.Tenants {
+		if l := t.Limits; l.TokensPerMinute > 0 && l.MaxOutputTokens > l.TokensPerMinute {
+			c.Warnings = append(c.Warnings, fmt.Sprintf("tenants[%d].limits.max_output_tokens: %d is more than tokens_per_minute (%d): one answer of tenant %q may take more than a minute's tokens, which it then owes (its next requests wait); lower it to at most %d to keep each minute within the limit", i, l.MaxOutputTokens, l.TokensPerMinute, t.Name, l.TokensPerMinute))
+		}
 		for j, m := range t.Models {
 			if allListed && strings.TrimSpace(m) != "" && !served[m] {
 				c.Warnings = append(c.Warnings, fmt.Sprintf("tenants[%d].models[%d]: no configured endpoint serves %q: tenant %q cannot use it (a typo?)", i, j, m, t.Name))
@@ -246,7 +256,7 @@ func (tenantList) validate(c *Config, p *problems) {
 		for _, f := range []struct {
 			key string
 			v   int
-		}{{"requests_per_minute", t.Limits.RequestsPerMinute}, {"tokens_per_minute", t.Limits.TokensPerMinute}, {"max_concurrent", t.Limits.MaxConcurrent}} {
+		}{{"requests_per_minute", t.Limits.RequestsPerMinute}, {"tokens_per_minute", t.Limits.TokensPerMinute}, {"max_concurrent", t.Limits.MaxConcurrent}, {"max_output_tokens", t.Limits.MaxOutputTokens}} {
 			if f.v < 0 {
 				p.add(at+".limits."+f.key, "%d is negative: use 0 for unlimited", f.v)
 			}

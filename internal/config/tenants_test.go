@@ -206,3 +206,45 @@ func TestKeyDigest(t *testing.T) {
 		t.Errorf("digest = %q, want it lowercased to %q", got, KeyDigest("k"))
 	}
 }
+
+// limits.max_output_tokens: decoded, 0 for no cap; negative is an error that says the fix; a
+// cap above tokens_per_minute is taken with a warning (the tenant may mean a long answer now
+// and then, which its limit then settles as a debt), one at or under it, or with no
+// tokens_per_minute, without one.
+func TestTenantMaxOutputTokens(t *testing.T) {
+	tenant := func(limits string) string {
+		return minimal + "auth: {secret_env: K}\ntenants: [{name: acme, api_keys: [" + keyA + "], limits: {" + limits + "}}]\n"
+	}
+	for _, tc := range []struct {
+		limits  string
+		want    int
+		warning string
+	}{
+		{"tokens_per_minute: 10000, max_output_tokens: 500", 500, ""},
+		{"tokens_per_minute: 10000, max_output_tokens: 10000", 10000, ""},
+		{"max_output_tokens: 50000", 50000, ""},
+		{"tokens_per_minute: 10000", 0, ""},
+		{"tokens_per_minute: 10000, max_output_tokens: 20000", 20000,
+			`tenants[0].limits.max_output_tokens: 20000 is more than tokens_per_minute (10000): one answer of tenant "acme" may take more than a minute's tokens, which it then owes (its next requests wait); lower it to at most 10000 to keep each minute within the limit`},
+	} {
+		c, err := Parse([]byte(tenant(tc.limits)))
+		if err != nil {
+			t.Errorf("%s: %v", tc.limits, err)
+			continue
+		}
+		if got := c.Tenants[0].Limits.MaxOutputTokens; got != tc.want {
+			t.Errorf("%s: max_output_tokens %d, want %d", tc.limits, got, tc.want)
+		}
+		var want []string
+		if tc.warning != "" {
+			want = []string{tc.warning}
+		}
+		if diff := cmp.Diff(want, c.Warnings); diff != "" {
+			t.Errorf("%s: warnings (-want +got):\n%s", tc.limits, diff)
+		}
+	}
+	_, err := Parse([]byte(tenant("tokens_per_minute: 10000, max_output_tokens: -1")))
+	if err == nil || !strings.Contains(err.Error(), "tenants[0].limits.max_output_tokens: -1 is negative: use 0 for unlimited") {
+		t.Errorf("max_output_tokens -1: err = %v, want the field and the fix", err)
+	}
+}

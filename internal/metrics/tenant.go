@@ -22,7 +22,7 @@ var queueWaitBuckets = []float64{0, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.00
 // with, and the reasons the gate may refuse them for (the error code, or which rate limit).
 var (
 	tenantStatuses = []string{"200", "400", "404", "413", "429", "499", "500", "502", "503", "504"}
-	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded", "client_gone"}
+	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded", "client_gone", "max_output_tokens"}
 )
 
 // Series made at 0 for Unauthenticated while authentication is on: 401 for a missing or wrong
@@ -43,6 +43,7 @@ type TenantMetrics struct {
 	QueueWait        *prometheus.HistogramVec // tenant
 	PromptTokens     *prometheus.CounterVec   // tenant
 	CompletionTokens *prometheus.CounterVec   // tenant
+	load             tenantLoad               // in flight, queued (tenantload.go)
 
 	// mu orders counting (read side) against SetTenants' deletions (write side), so that a
 	// count of a tenant being removed lands before its series are deleted or not at all.
@@ -75,16 +76,18 @@ func NewTenantMetrics(reg prometheus.Registerer) *TenantMetrics {
 			Name: "kvroute_tenant_completion_tokens_total",
 			Help: "Completion tokens settled per tenant (engine-reported, else one per content event a stream relayed before it was cut).",
 		}, []string{"tenant"}),
+		load: newTenantLoad(),
 		live: map[string]bool{Unauthenticated: true},
 	}
 	reg.MustRegister(m.Requests, m.Rejections, m.QueueWait, m.PromptTokens, m.CompletionTokens)
+	reg.MustRegister(m.load.collectors()...)
 	return m
 }
 
 // SetTenants sets the configured tenant names (none: authentication is off), deletes every
 // series of a tenant not among them, and makes the series of the others at 0: requests by
-// status, refusals by reason, queue wait and tokens, and, while there are tenants, the
-// refusals of unauthenticated requests.
+// status, refusals by reason, queue wait, tokens, requests in flight and queued, and, while
+// there are tenants, the refusals of unauthenticated requests.
 func (m *TenantMetrics) SetTenants(names []string) {
 	if m == nil {
 		return
@@ -104,6 +107,7 @@ func (m *TenantMetrics) SetTenants(names []string) {
 			m.QueueWait.DeletePartialMatch(l)
 			m.PromptTokens.DeletePartialMatch(l)
 			m.CompletionTokens.DeletePartialMatch(l)
+			m.load.deleteTenant(n)
 		}
 	}
 	m.live = live
@@ -126,6 +130,7 @@ func (m *TenantMetrics) SetTenants(names []string) {
 		m.QueueWait.WithLabelValues(n)
 		m.PromptTokens.WithLabelValues(n)
 		m.CompletionTokens.WithLabelValues(n)
+		m.load.makeTenant(n)
 	}
 }
 

@@ -250,16 +250,30 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	// The prompt is in its routing keys now: what the parser built of it (a prompt of token
 	// ids is 8 bytes an id) need not live as long as the request.
 	req.Messages, req.Prompt = nil, openai.Prompt{}
+	var bound outputBound // the tenant's max_output_tokens: what the body asks, and what to write
+	capped := c.id != nil && c.id.MaxOutputTokens > 0 && kind != openai.KindEmbedding
 	if h.Gate != nil {
 		d := tenant.Demand{Prompt: c.preq.PromptTokens, Seqs: c.seqs, MaxTokens: req.MaxTokens}
 		if kind == openai.KindEmbedding {
 			d.Seqs = 0 // nothing generated
+		}
+		if capped {
+			// As the engine reads the body, not as the parser does (which takes names in any
+			// case, and one of max_tokens and max_completion_tokens).
+			if bound, oe = readOutputBound(kind, body); oe != nil {
+				return oe
+			}
+			d.MaxTokens, d.MaxTokensField = bound.value, bound.field
 		}
 		t, oe := h.Gate.Take(c.id, d, out)
 		if oe != nil {
 			return oe
 		}
 		c.ticket = t
+		if capped {
+			// What the engine may generate for each sequence (generated's bound).
+			req.MaxTokens = cmp.Or(bound.value, c.id.MaxOutputTokens)
+		}
 	}
 
 	if c.id != nil && len(c.id.Models) > 0 && !slices.Contains(c.id.Models, req.Model) {
@@ -324,6 +338,9 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 			c.body = nb
 			c.dropUsage = true
 		}
+	}
+	if capped && !c.writeOutputBound(bound, req.MaxTokens) {
+		return openai.BadRequest(bound.write, "the request body cannot be given the tenant's %s; send one JSON object", bound.write)
 	}
 	if c.id != nil && c.id.Salt != "" {
 		// Built now, not when the first endpoint that honours the salt is tried: a body that

@@ -1,6 +1,7 @@
 package tenant
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,6 +87,7 @@ type tenantState struct {
 	models []string
 	labels map[string]string
 	allow  []string
+	maxOut int // limits.max_output_tokens (0: no cap)
 	*limiter
 }
 
@@ -115,6 +117,9 @@ func New(cfg *config.Config, opt Options) (*Gate, error) {
 		poll = 10 * time.Millisecond
 	}
 	g.q = newQueue(cfg.Overload.QueueSize, cfg.Overload.MaxWait.D(), poll, saturation(cfg.Overload, g.rate))
+	if g.m != nil {
+		g.q.counted = g.m.SetQueued // "" (no tenants) is not counted
+	}
 	if err := g.Reload(cfg); err != nil {
 		return nil, err
 	}
@@ -143,7 +148,7 @@ func (g *Gate) Reload(cfg *config.Config) error {
 			ct := &cfg.Tenants[i]
 			s := &tenantState{name: ct.Name, salt: Salt(secret, ct.Name), prio: ct.Priority,
 				models: slices.Clone(ct.Models), labels: maps.Clone(ct.EndpointLabels),
-				allow: slices.Clone(ct.AllowFields)}
+				allow: slices.Clone(ct.AllowFields), maxOut: ct.Limits.MaxOutputTokens}
 			prev := g.retired[ct.Name]
 			if p := old.byName[ct.Name]; p != nil {
 				prev = p.limiter
@@ -171,6 +176,14 @@ func (g *Gate) Reload(cfg *config.Config) error {
 	// request, and removed ones lose their series (what they still have in flight is not
 	// counted).
 	g.m.SetTenants(slices.Collect(maps.Keys(t.byName)))
+	// A tenant added back while its requests were in flight or queued is made at 0 above:
+	// its gauges read its counts again.
+	for name, s := range t.byName {
+		s.mu.Lock()
+		g.m.SetInFlight(name, s.inFlight)
+		s.mu.Unlock()
+	}
+	g.q.recount()
 	g.cur.Store(t)
 	return nil
 }
@@ -284,7 +297,7 @@ func (g *Gate) identify(h http.Header, count bool) (*Identity, *openai.Error) {
 	if s == nil {
 		return nil, g.unauthorized("invalid_api_key", "incorrect API key provided", count)
 	}
-	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, AllowFields: s.allow, state: s}, nil
+	return &Identity{Name: s.name, Salt: s.salt, Priority: s.prio, Models: s.models, EndpointLabels: s.labels, AllowFields: s.allow, MaxOutputTokens: s.maxOut, state: s}, nil
 }
 
 // DecodeRates are the endpoints' decode rates the gate keeps for the proxy (see DecodeRates).
@@ -306,10 +319,24 @@ type Ticket struct {
 // reservation. On success the request holds a concurrency slot and its reservation until the
 // Ticket's End. Over a limit it returns a 429 error and sets Retry-After and retry-after-ms in
 // h (or x-should-retry: false when the request can never fit: a prompt over the limit). id
-// nil (authentication off) takes nothing.
+// nil (authentication off) takes nothing. With the tenant's max_output_tokens, a request that
+// generates is held to it first: one that asks for more (or for less than 1) is refused with
+// 400 (counted among the refusals; the caller counts its status with Count), and one that asks
+// for none reserves the cap for each sequence, which the caller writes into its body.
 func (g *Gate) Take(id *Identity, d Demand, h http.Header) (*Ticket, *openai.Error) {
 	if id == nil || id.state == nil {
 		return nil, nil
+	}
+	if s := id.state; s.maxOut > 0 && d.Seqs > 0 {
+		if oe := outputCap(s.maxOut, d); oe != nil {
+			g.logger.LogAttrs(context.Background(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
+				slog.String("code", *oe.Code), slog.String("reason", ReasonMaxOutputTokens))
+			g.m.Rejection(s.name, ReasonMaxOutputTokens)
+			return nil, oe // counted under its status by Count, as the other 400s
+		}
+		if d.MaxTokens <= 0 {
+			d.MaxTokens = s.maxOut // what the caller writes into the body
+		}
 	}
 	est, err := g.take(h, id.state, d)
 	if err != nil {
@@ -330,6 +357,7 @@ func (t *Ticket) End(status, prompt, completion int) {
 	s := t.s
 	s.mu.Lock()
 	s.inFlight--
+	t.g.m.SetInFlight(s.name, s.inFlight)
 	s.tok.adjust(t.g.now(), float64(t.est-prompt-completion))
 	s.mu.Unlock()
 	t.g.m.Tokens(s.name, prompt, completion)
@@ -342,6 +370,29 @@ const (
 	ReasonRequestsPerMinute = "requests_per_minute"
 	ReasonTokensPerMinute   = "tokens_per_minute"
 )
+
+// ReasonMaxOutputTokens is the reason of kvroute_tenant_rejections_total for a request refused
+// with 400 because it asks for more completion tokens than the tenant's max_output_tokens (or
+// fewer than 1, which some engines read as no bound).
+const ReasonMaxOutputTokens = "max_output_tokens"
+
+// outputCap checks a request of demand d against the tenant's cap of maxOut completion tokens
+// per sequence: nil when it asks for none or for 1 to maxOut, else the 400 to answer, naming
+// the field, the value and the cap.
+func outputCap(maxOut int, d Demand) *openai.Error {
+	field := cmp.Or(d.MaxTokensField, "max_tokens")
+	switch {
+	case d.MaxTokens > maxOut:
+		return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, field, "integer_above_max_value",
+			fmt.Sprintf("%s is %d, more than this API key may ask for: at most %d tokens per answer (limits.max_output_tokens); ask for %d or fewer, or leave %s out to be cut at %d",
+				field, d.MaxTokens, maxOut, maxOut, field, maxOut))
+	case d.MaxTokensField != "" && d.MaxTokens < 1:
+		return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, field, "integer_below_min_value",
+			fmt.Sprintf("%s is %d: ask for 1 to %d tokens per answer (this API key's limits.max_output_tokens), or leave %s out to be cut at %d",
+				field, d.MaxTokens, maxOut, field, maxOut))
+	}
+	return nil
+}
 
 // ReasonClientGone is the reason of kvroute_tenant_rejections_total for a request whose client
 // went away while it waited for admission: counted apart from the queue's refusals for
@@ -394,6 +445,7 @@ func (g *Gate) take(h http.Header, s *tenantState, d Demand) (int, *openai.Error
 	}
 	if refusal == nil {
 		s.inFlight++
+		g.m.SetInFlight(s.name, s.inFlight) // under s.mu: the gauge's sets in the counts' order
 	}
 	rateHeaders(h, s, now)
 	s.mu.Unlock()

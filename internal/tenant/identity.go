@@ -18,5 +18,9 @@ type Identity struct {
 	EndpointLabels map[string]string
 	// AllowFields are the config.EngineFields the tenant may send to the engine.
 	AllowFields []string
-	state       *tenantState // its limits (nil in an Identity built elsewhere)
+	// MaxOutputTokens caps each sequence's completion tokens (limits.max_output_tokens; 0: no
+	// cap): the caller writes it into the body of a request that sets no max_tokens, whose
+	// Demand then has none, and Gate.Take refuses one that asks for more.
+	MaxOutputTokens int
+	state           *tenantState // its limits (nil in an Identity built elsewhere)
 }

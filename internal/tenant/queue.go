@@ -37,6 +37,10 @@ type queue struct {
 	seq        uint64
 	running    bool // the dispatcher goroutine is alive
 	kick       chan struct{}
+	// waiting counts each tenant's waiters, told to counted (nil: nobody) at each change,
+	// under mu so that the counts arrive in order.
+	waiting map[string]int
+	counted func(tenant string, n int)
 }
 
 type waiter struct {
@@ -52,7 +56,7 @@ type waiter struct {
 
 func newQueue(size int, maxWait, poll time.Duration, saturated func([]*endpoint.Endpoint) bool) *queue {
 	return &queue{saturated: saturated, size: size, maxWait: maxWait, poll: poll,
-		lastFinish: map[string]float64{}, kick: make(chan struct{}, 1)}
+		lastFinish: map[string]float64{}, kick: make(chan struct{}, 1), waiting: map[string]int{}}
 }
 
 // configure changes the queue's settings for requests that arrive from now on.
@@ -85,6 +89,7 @@ func (q *queue) wait(ctx context.Context, tenant string, prio int, cost float64,
 	w := &waiter{tenant: tenant, prio: prio, cost: cost, vstart: q.vtime, finish: start + cost, seq: q.seq, cands: cands, ready: make(chan struct{})}
 	q.lastFinish[tenant] = w.finish
 	q.waiters = append(q.waiters, w)
+	q.countLocked(tenant, 1)
 	if q.poll > 0 && !q.running {
 		q.running = true
 		go q.dispatch()
@@ -122,6 +127,7 @@ func (q *queue) remove(w *waiter) bool {
 		return false
 	}
 	q.waiters = slices.Delete(q.waiters, i, i+1)
+	q.countLocked(w.tenant, -1)
 	last := q.lastFinish[w.tenant] - w.cost
 	for _, x := range q.waiters {
 		if x.tenant == w.tenant && x.seq > w.seq {
@@ -199,12 +205,40 @@ func (q *queue) passLocked() *waiter {
 			continue
 		}
 		q.waiters = slices.DeleteFunc(q.waiters, func(x *waiter) bool { return x == w })
+		q.countLocked(w.tenant, -1)
 		q.vtime = max(q.vtime, w.finish)
 		close(w.ready)
 		q.emptiedLocked()
 		return w
 	}
 	return nil
+}
+
+// countLocked adds delta to tenant's waiters and tells counted. The caller holds q.mu.
+func (q *queue) countLocked(tenant string, delta int) {
+	n := q.waiting[tenant] + delta
+	if n <= 0 {
+		delete(q.waiting, tenant) // the map does not grow with tenants that waited once
+		n = 0
+	} else {
+		q.waiting[tenant] = n
+	}
+	if q.counted != nil {
+		q.counted(tenant, n)
+	}
+}
+
+// recount tells counted the waiters of every tenant that has some again: a reload makes the
+// series of a tenant added back anew, at 0.
+func (q *queue) recount() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.counted == nil {
+		return
+	}
+	for tenant, n := range q.waiting {
+		q.counted(tenant, n)
+	}
 }
 
 // len returns how many requests wait.

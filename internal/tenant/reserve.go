@@ -13,6 +13,12 @@ type Demand struct {
 	// MaxTokens bounds each sequence's completion tokens (max_tokens, max_completion_tokens,
 	// max_output_tokens); 0: the request sets no bound.
 	MaxTokens int
+	// MaxTokensField is the body member MaxTokens was read from, for the tenant's
+	// max_output_tokens: a request that names one is held to the cap, at least 1 and at most
+	// the cap (a value below 1 is an engine's "no bound" for some: llama.cpp and ollama read
+	// -1 as generate until the context is full). "": the request names none; MaxTokens 0 then
+	// reserves the cap, which the caller writes into the body.
+	MaxTokensField string
 }
 
 // What the token bucket reserves for a request's completion (limiter.reserve): the completion
