@@ -392,6 +392,8 @@ func (r *Router) apply(cfg *config.Config) error {
 		},
 	}
 	r.h.Store(h)
+	// The peers compare it with theirs (docs/replicas.md, "One policy on every replica").
+	r.peers.advertisePolicy(cfg, params)
 	return nil
 }
 

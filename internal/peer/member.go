@@ -20,11 +20,18 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// meta is what a replica tells the others about itself through memberlist.
+// meta is what a replica tells the others about itself through memberlist. A replica reads
+// the fields it knows and skips the others (msgpack's default), so fields can be added: an
+// older build reads a newer one's metadata as before, and a newer one reads an older one's
+// without a policy (policy.go).
 type meta struct {
 	Major int    `msgpack:"v"`
 	Feed  int    `msgpack:"feed"` // the event stream server's port, at the member's address
 	Inc   uint64 `msgpack:"inc"`
+	// Policy and PolicyFP are the routing policy's name and the fingerprint of its effective
+	// parameters (Node.SetPolicy); left out before SetPolicy, as in older builds' metadata.
+	Policy   string `msgpack:"pol,omitempty"`
+	PolicyFP string `msgpack:"pfp,omitempty"`
 }
 
 // delegate is memberlist's view of the node: its metadata, and membership changes (which only
@@ -32,7 +39,16 @@ type meta struct {
 type delegate struct{ n *Node }
 
 func (d delegate) NodeMeta(limit int) []byte {
-	b, _ := msgpack.Marshal(meta{Major: Major, Feed: d.n.ln.Addr().(*net.TCPAddr).Port, Inc: d.n.cfg.Incarnation})
+	mt := meta{Major: Major, Feed: d.n.ln.Addr().(*net.TCPAddr).Port, Inc: d.n.cfg.Incarnation}
+	pol := d.n.ownPolicy()
+	mt.Policy, mt.PolicyFP = pol.name, pol.fp
+	b, _ := msgpack.Marshal(mt)
+	if len(b) > limit {
+		// Never the case with SetPolicy's bounds; without its policy the replica is still a
+		// peer, where without metadata it would not be.
+		mt.Policy, mt.PolicyFP = "", ""
+		b, _ = msgpack.Marshal(mt)
+	}
 	if len(b) > limit {
 		return nil
 	}
@@ -225,11 +241,13 @@ func (n *Node) alive() []peerInfo {
 }
 
 // manage keeps one follower per peer alive: a new peer is followed, one that left (or
-// restarted) is let go and its attempts in flight here are ended. It checks at each change
-// of the members and at each tick of the node's clock (in case a change was missed).
+// restarted) is let go and its attempts in flight here are ended; and it compares the peers'
+// policies with this replica's (checkPolicies). It checks at each change of the members or
+// of this replica's policy, and at each tick of the node's clock (in case a change was missed).
 func (n *Node) manage(ctx context.Context) {
 	for {
 		n.reconcileFollows(ctx)
+		n.checkPolicies()
 		select {
 		case <-ctx.Done():
 			n.mu.Lock()

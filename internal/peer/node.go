@@ -81,6 +81,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics; nil: collectors nobody scrapes.
 	Metrics *metrics.Peers
+	// Registerer, when set, registers the node's collectors that Metrics does not hold:
+	// kvroute_peers_policy_mismatch (SetPolicy).
+	Registerer prometheus.Registerer
 
 	// beat and silence replace heartbeat and streamSilence (tests); 0: those.
 	beat, silence time.Duration
@@ -150,6 +153,14 @@ type Node struct {
 	mu      sync.Mutex
 	follows map[string]*following // by peer name
 
+	// policy is the routing policy this replica advertises (SetPolicy); readvertise asks Run
+	// to gossip it; policies are the peers' as last compared with it (the manager's), and
+	// policyGauge counts those that differ.
+	policy      atomic.Pointer[policyID]
+	readvertise chan struct{}
+	policies    policyWatch
+	policyGauge prometheus.Gauge
+
 	// beat and silence are heartbeat and streamSilence (tests shorten them).
 	beat, silence time.Duration
 	clock         *clock
@@ -191,6 +202,10 @@ func New(cfg Config) (*Node, error) {
 	for _, r := range route.DropReasons() {
 		cfg.Metrics.Dropped.WithLabelValues(r)
 	}
+	policyGauge, err := newPolicyGauge(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("peers: %w", err)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("peers.listen: %w", err)
@@ -206,7 +221,8 @@ func New(cfg Config) (*Node, error) {
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence),
-		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources))}
+		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources)),
+		readvertise: make(chan struct{}, 1), policyGauge: policyGauge}
 	n.clock = newClock(n.beat, n.silence)
 	n.keys.Store(newKeySet(cfg.Secret, cfg.Accept))
 	rekeyed := make(chan struct{})
@@ -388,6 +404,7 @@ func (n *Node) Run(ctx context.Context) error {
 	wg.Go(func() { n.rejoin(ctx) })
 	wg.Go(func() { n.tick(ctx) })
 	wg.Go(func() { n.warmStart(ctx) })
+	wg.Go(func() { n.advertise(ctx, ml) })
 	<-ctx.Done()
 	close(n.stopping)
 	if err := ml.Leave(time.Second); err != nil {
@@ -647,6 +664,10 @@ type Status struct {
 	// (for peers that resume), and the streams that resumed, the batches resent to them and
 	// the resumes refused (the log no longer held the point, or it was of another run).
 	Feed FeedStatus `json:"feed"`
+	// Policy is the routing policy this replica advertises (SetPolicy) and how many peers
+	// advertise another; PeerPolicies, each member's, and whether it matches this one's.
+	Policy       PolicyStatus `json:"policy"`
+	PeerPolicies []PeerPolicy `json:"peer_policies"`
 }
 
 // Status describes the node now.
@@ -674,5 +695,8 @@ func (n *Node) Status() Status {
 		st.Remote, st.Local, st.Applied, st.Coalesced = s.Remote, s.Local, s.Applied, s.Coalesced
 	}
 	st.Feed = n.hub.stats()
+	own := n.ownPolicy()
+	st.Policy.Name, st.Policy.Fingerprint = own.name, own.fp
+	st.PeerPolicies, st.Policy.Mismatches = n.policies.status()
 	return st
 }
