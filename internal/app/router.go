@@ -861,12 +861,15 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	handler := drain.Wrap(r.Handler())
 	// A request answered 401 closes its connection (CloseUnauthorized): a client without a key
 	// holds no idle connection for server.idle_timeout.
-	var apiSrv server = &h1.NetHTTP{Server: mk(handler), BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
+	netSrv := mk(handler)
+	netSrv.BaseContext = drain.BaseContext // Cut ends the requests: no context of their own
+	var apiSrv server = &h1.NetHTTP{Server: netSrv, BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
 		BodyMinRate: cfg.Server.BodyMinRate, BodyStallTimeout: lim.bodyStall, MaxPendingBodyBytes: lim.pending,
 		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, CloseUnauthorized: true, ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:             handler,
+			BaseContext:         drain.BaseContext,
 			ReadHeaderTimeout:   cfg.Server.ReadHeaderTimeout.D(),
 			IdleTimeout:         cfg.Server.IdleTimeout.D(),
 			WriteTimeout:        cfg.Server.WriteTimeout.D(),
@@ -943,7 +946,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	}
 	start := time.Now()
 	r.draining.Store(true)
-	drain.Closing()
+	apiSrv.SetKeepAlivesEnabled(false) // every answer from now on closes its connection
 	stopBeside()
 	if first == nil {
 		first = r.drainDelay(cfg.Server.Drain(), errc)
@@ -1079,6 +1082,7 @@ type server interface {
 	Serve(net.Listener) error
 	Shutdown(context.Context) error
 	Close() error
+	SetKeepAlivesEnabled(bool)
 	Stats() h1.Stats
 }
 
@@ -1112,15 +1116,16 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 			return n
 		},
 		OnEject: func(ep *endpoint.Endpoint, d time.Duration, byFleet bool) {
-			r.metrics.EndpointEjected(ep.Name, d)
 			if byFleet {
+				r.metrics.EndpointEjected(ep.Name, metrics.EjectPeerFailures, d)
 				r.logger.Warn("endpoint ejected after consecutive failures, here and at peer replicas", "endpoint", ep.Name, "for", d.String())
 				return
 			}
+			r.metrics.EndpointEjected(ep.Name, metrics.EjectFailures, d)
 			r.logger.Warn("endpoint ejected after consecutive failures", "endpoint", ep.Name, "for", d.String())
 		},
 		OnRefusals: func(ep *endpoint.Endpoint, d time.Duration, refused, fleetRefused float64) {
-			r.metrics.EndpointEjected(ep.Name, d)
+			r.metrics.EndpointEjected(ep.Name, metrics.EjectRefusals, d)
 			r.logger.Warn("endpoint ejected: it refuses far more of its requests than the rest of the fleet (a 4xx: a missing chat template, a shorter max_model_len, another model mounted?)",
 				"endpoint", ep.Name, "for", d.String(), "refused", math.Round(refused*1000)/1000, "fleet_refused", math.Round(fleetRefused*1000)/1000)
 		},

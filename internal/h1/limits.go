@@ -3,6 +3,7 @@ package h1
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -233,15 +234,60 @@ func (o *oldest[T]) offer(c T, fresh bool, since int64) {
 	o.keep[i] = x
 }
 
-// refuseConn answers a connection refused at MaxConns with 503 and closes it. The answer goes
-// before the request is read (it may not have come yet); a fresh socket takes it at once. A
-// TLS connection is closed without a word: writing would first wait for the client's
-// handshake, on the goroutine that accepts.
-func refuseConn(nc net.Conn, errorBody func(int, string) (string, []byte)) {
+// Refusals at MaxConns (refuser).
+const (
+	// refuseWait bounds the wait for a refused connection's request to begin before the 503
+	// goes: an answer that comes before the client has sent anything, some clients (Go's)
+	// take for a broken connection.
+	refuseWait = 500 * time.Millisecond
+	// lingerTime and lingerBytes bound what is read and dropped of a connection the server
+	// is done with, once it has sent its FIN (closeWriteAndDrain).
+	lingerTime  = 500 * time.Millisecond
+	lingerBytes = 1 << 20
+)
+
+// maxLingering is how many refused connections may linger at once (refuser) for a server of
+// maxConns: a 64th of them, 4 to 64. Each holds an open file, on top of MaxConns, for up to
+// two seconds (refuseWait, the answer's write, lingerTime): a few of the files kept aside for
+// the rest (the admin listener, the engines).
+func maxLingering(maxConns int) int32 { return int32(min(max(maxConns/64, 4), 64)) }
+
+// refuser answers the connections a server refuses at MaxConns with 503, each on a goroutine
+// of its own, so that the accept loop goes on at once: it waits for the request to begin
+// (refuseWait), answers, and closes the connection as closeWriteAndDrain does. Closed at
+// once with the request unread, the connection would be reset by the kernel: the client's
+// write of its request fails (connection reset, broken pipe) and it may never read the 503.
+// Beyond maxLingering at once, a connection is answered at once and closed (a fresh socket
+// takes the answer without waiting), as all were before. A TLS connection is closed without
+// a word: its answer would first wait for the client's handshake.
+type refuser struct {
+	lingering atomic.Int32
+}
+
+func (r *refuser) refuse(nc net.Conn, maxConns int, errorBody func(int, string) (string, []byte)) {
 	if _, ok := nc.(*tls.Conn); ok {
 		_ = nc.Close()
 		return
 	}
+	if r.lingering.Add(1) > maxLingering(maxConns) {
+		r.lingering.Add(-1)
+		writeRefusal(nc, errorBody)
+		_ = nc.Close()
+		return
+	}
+	go func() {
+		defer r.lingering.Add(-1)
+		var b [512]byte
+		_ = nc.SetReadDeadline(time.Now().Add(refuseWait))
+		_, _ = nc.Read(b[:])
+		writeRefusal(nc, errorBody)
+		closeWriteAndDrain(nc)
+		_ = nc.Close()
+	}()
+}
+
+// writeRefusal writes the 503 of a connection refused at MaxConns.
+func writeRefusal(nc net.Conn, errorBody func(int, string) (string, []byte)) {
 	const msg = "the server has as many connections open as it takes: retry shortly"
 	ctype, body := "text/plain; charset=utf-8", []byte(msg)
 	if errorBody != nil {
@@ -250,7 +296,20 @@ func refuseConn(nc net.Conn, errorBody func(int, string) (string, []byte)) {
 	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
 	head := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + ctype + "\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
 	_, _ = nc.Write(append(append(strconv.AppendInt([]byte(head), int64(len(body)), 10), "\r\n\r\n"...), body...))
-	_ = nc.Close()
+}
+
+// closeWriteAndDrain ends the sending side of a connection whose client may still be sending
+// (the rest of a head or body the server will not read): closing it with unread input would
+// reset it, and a reset can make the client drop the answer it has not read yet. So it sends
+// the server's FIN, then reads and drops what still comes for up to lingerTime (and
+// lingerBytes), or until the client closes its side; the caller then closes the connection.
+func closeWriteAndDrain(nc net.Conn) {
+	cw, ok := nc.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(lingerTime))
+	_, _ = io.CopyN(io.Discard, nc, lingerBytes)
 }
 
 // connTable follows the connections Go's server serves (NetHTTP), for MaxConns and Stats:

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -590,6 +591,137 @@ func TestBodyHoldAfterPanic(t *testing.T) {
 				t.Fatal("the handler did not read the body")
 			}
 			eventually(t, "the body's bytes given back", func() bool { return srv.stats().BodyBytes == 0 })
+		})
+	}
+}
+
+// TestRefusalNotReset: clients that connect to a server at MaxConns (every connection busy)
+// get the 503, every time, whether they send their request's head and its body apart (a raw
+// client: the server must not close the connection with the head unread, which makes the
+// kernel reset it, and the body's write fails) or are Go's client (which takes an answer that
+// comes before its request is on its way for a broken connection).
+func TestRefusalNotReset(t *testing.T) {
+	const tries = 30
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	body := strings.Repeat("x", 2048)
+	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2048\r\n\r\n"
+	// raw sends the head, then the body a moment later, then reads the answer.
+	raw := func(addr string) (string, error) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, head); err != nil {
+			return "", err
+		}
+		time.Sleep(5 * time.Millisecond)
+		if _, err := io.WriteString(c, body); err != nil {
+			return "", err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		return resp.Status, nil
+	}
+	goClient := func(addr string) (string, error) {
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		return resp.Status, nil
+	}
+	for _, srv := range limitedServers(t, limits{maxConns: 1}, h) {
+		t.Run(srv.name, func(t *testing.T) {
+			busy := dialClient(t, srv.addr)
+			busy.send("GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
+			select {
+			case <-entered:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the busy request did not start")
+			}
+			for _, cl := range []struct {
+				name string
+				do   func(string) (string, error)
+			}{{"raw", raw}, {"go", goClient}} {
+				got := map[string]int{}
+				for range tries {
+					switch status, err := cl.do(srv.addr); {
+					case err == nil && status == "503 Service Unavailable":
+						got["503"]++
+					case isReset(err):
+						got["reset"]++
+					case errors.Is(err, syscall.EPIPE):
+						got["broken pipe"]++
+					case err != nil && strings.Contains(err.Error(), "readLoopPeekFailLocked"):
+						got["answer before the request"]++ // Go's client: "Unsolicited response"
+					case err != nil:
+						got[err.Error()]++
+					default:
+						got[status]++
+					}
+				}
+				if got["503"] != tries {
+					t.Errorf("%s client, %d tries: %v; want a 503 every time", cl.name, tries, got)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusalsLingerApart: a refused connection lingers on a goroutine of its own, not on the
+// accept loop: with connections that send nothing lingering (refuseWait each), a client that
+// sends its request is answered at once, not after them.
+func TestRefusalsLingerApart(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	const silent = 3 // under maxLingering's least
+	for _, srv := range limitedServers(t, limits{maxConns: 1}, h) {
+		t.Run(srv.name, func(t *testing.T) {
+			busy := dialClient(t, srv.addr)
+			busy.send("GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
+			select {
+			case <-entered:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the busy request did not start")
+			}
+			start := time.Now()
+			for range silent {
+				dialClient(t, srv.addr) // sends nothing: its refusal waits refuseWait for it
+			}
+			c := dialClient(t, srv.addr)
+			c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			status, _, _ := c.answer()
+			// On the accept loop, each silent refusal would have held it refuseWait and more.
+			if took := time.Since(start); status != http.StatusServiceUnavailable || took >= refuseWait {
+				t.Errorf("a request behind %d silent refused connections: %d after %v; want 503 before %v", silent, status, took, refuseWait)
+			}
+			if got := srv.stats().ConnsRefused; got != silent+1 {
+				t.Errorf("%d connections refused, want %d", got, silent+1)
+			}
 		})
 	}
 }

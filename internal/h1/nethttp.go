@@ -57,10 +57,23 @@ type NetHTTP struct {
 	// ErrorBody makes the bodies of the refusals, as in Server; nil: plain text.
 	ErrorBody func(status int, msg string) (contentType string, body []byte)
 
-	once   sync.Once
-	budget *budget
-	table  connTable
+	once     sync.Once
+	budget   *budget
+	table    connTable
+	refusals refuser
+	// noKeepAlive is set by SetKeepAlivesEnabled(false).
+	noKeepAlive atomic.Bool
 }
+
+// SetKeepAlivesEnabled(false) makes every answer whose head goes out from then on close its
+// connection (Connection: close; on HTTP/2, a graceful GOAWAY), as Server's method does; true
+// undoes it. Unlike the method of net/http's Server, which it stands in for, it leaves the idle
+// connections open until Shutdown closes them: net/http closes them at once, and a client that
+// sends its next request on one in that instant gets an error (a POST is not sent again),
+// while during a shutdown's drain delay clients still send. The answer of a request in flight
+// whose handler runs without the guard's writer (no CloseUnauthorized, timeout or body bound
+// set) keeps its connection; the next request on it is answered with Connection: close.
+func (s *NetHTTP) SetKeepAlivesEnabled(v bool) { s.noKeepAlive.Store(!v) }
 
 // Serve serves ln with the Server, its plain connections checked as described above.
 func (s *NetHTTP) Serve(ln net.Listener) error {
@@ -121,12 +134,12 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		}
 		hasBody := r.Body != nil && r.Body != http.NoBody
 		guarded := hasBody && (s.BodyReadTimeout > 0 || s.BodyStallTimeout > 0 || s.budget != nil)
-		if s.WriteStallTimeout <= 0 && !guarded && !s.CloseUnauthorized {
+		if s.WriteStallTimeout <= 0 && !guarded && !s.CloseUnauthorized && !s.noKeepAlive.Load() {
 			next.ServeHTTP(w, r)
 			return
 		}
 		gw := &guardWriter{ResponseWriter: w, ctl: http.NewResponseController(w), stall: s.WriteStallTimeout,
-			close401: s.CloseUnauthorized}
+			close401: s.CloseUnauthorized, noKeepAlive: &s.noKeepAlive}
 		if wt := s.Server.WriteTimeout; wt > 0 {
 			gw.cap = time.Now().Add(wt)
 		}
@@ -142,6 +155,7 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 			defer gw.body.done()
 		}
 		next.ServeHTTP(gw, r)
+		gw.decide() // nothing written: Go's server writes the head after the handler returns
 	})
 }
 
@@ -297,14 +311,33 @@ type guardWriter struct {
 	cap      time.Time     // the server's whole-response deadline; zero: none
 	armed    time.Time
 	close401 bool // CloseUnauthorized
+	// noKeepAlive is the server's SetKeepAlivesEnabled(false), read when the head goes out
+	// (head: it has), not when the request came: a request in flight when the shutdown began
+	// answers after it.
+	noKeepAlive *atomic.Bool
+	head        bool
 }
 
-// WriteHeader ends the connection after a 401 (CloseUnauthorized).
+// WriteHeader ends the connection after a 401 (CloseUnauthorized), or after any answer once
+// keep-alives are off.
 func (w *guardWriter) WriteHeader(code int) {
 	if code == http.StatusUnauthorized && w.close401 {
 		w.Header().Set("Connection", "close")
 	}
+	if code >= 200 { // 1xx are interim answers: the final head is still to come
+		w.decide()
+	}
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// decide asks for Connection: close on the head about to go out if keep-alives are off.
+func (w *guardWriter) decide() {
+	if !w.head {
+		w.head = true
+		if w.noKeepAlive.Load() {
+			w.Header().Set("Connection", "close")
+		}
+	}
 }
 
 // arm sets the write deadline again once a quarter of it has passed (not at every write: each
@@ -328,6 +361,7 @@ func (w *guardWriter) arm() {
 }
 
 func (w *guardWriter) Write(p []byte) (int, error) {
+	w.decide()
 	w.arm()
 	return w.ResponseWriter.Write(p)
 }
@@ -337,6 +371,7 @@ func (w *guardWriter) Flush() { _ = w.FlushError() }
 
 // FlushError is Flush that reports a write error (http.ResponseController uses it).
 func (w *guardWriter) FlushError() error {
+	w.decide()
 	w.arm()
 	return w.ctl.Flush()
 }
@@ -365,7 +400,7 @@ func (l framedListener) Accept() (net.Conn, error) {
 		if l.s.table.add(c, l.s.MaxConns) {
 			return c, nil
 		}
-		refuseConn(c, l.s.ErrorBody)
+		l.s.refusals.refuse(c, l.s.MaxConns, l.s.ErrorBody)
 	}
 }
 

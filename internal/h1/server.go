@@ -121,9 +121,15 @@ type Server struct {
 	// with prior knowledge): the server hands each over, the preface included, and serves it no
 	// more. Without it such a connection gets 505.
 	HTTP2 func(net.Conn)
+	// BaseContext, as net/http's, returns the context the requests that come through ln
+	// derive theirs from, so that ending it ends them, those in flight and those to come;
+	// called once per Serve. nil: context.Background().
+	BaseContext func(ln net.Listener) context.Context
 
-	baseOnce  sync.Once
-	baseCtx   context.Context
+	// noKeepAlive is set by SetKeepAlivesEnabled(false): every answer whose head goes out
+	// from then on closes its connection.
+	noKeepAlive atomic.Bool
+
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*srvConn]struct{}
@@ -135,6 +141,7 @@ type Server struct {
 	evicting int
 	evicted  atomic.Uint64
 	refused  atomic.Uint64
+	refusals refuser
 	// budget bounds the bodies being received (MaxPendingBodyBytes); nil: no bound.
 	budget    *budget
 	limitOnce sync.Once
@@ -152,13 +159,28 @@ type Server struct {
 	idleHook func()
 }
 
-// base is every request's parent context. It carries http.ServerContextKey (with this
-// *Server, not an *http.Server) because httputil.ReverseProxy reads that key to abort a
-// handler, rather than log, when copying a response fails: the client went away.
-func (s *Server) base() context.Context {
-	s.baseOnce.Do(func() { s.baseCtx = context.WithValue(context.Background(), http.ServerContextKey, s) })
-	return s.baseCtx
+// base is the parent context of every request that comes through ln: BaseContext's, with
+// http.ServerContextKey (this *Server, not an *http.Server) because httputil.ReverseProxy
+// reads that key to abort a handler, rather than log, when copying a response fails: the
+// client went away.
+func (s *Server) base(ln net.Listener) context.Context {
+	ctx := context.Background()
+	if s.BaseContext != nil {
+		if ctx = s.BaseContext(ln); ctx == nil {
+			panic("h1: BaseContext returned a nil context")
+		}
+	}
+	return context.WithValue(ctx, http.ServerContextKey, s)
 }
+
+// SetKeepAlivesEnabled(false) makes every answer whose head goes out from then on close its
+// connection (Connection: close), for a graceful shutdown: clients open new connections, which
+// their load balancer sends elsewhere, rather than send their next request here. An answer
+// whose head went out before cannot be taken back: its connection stays open for the next
+// request, answered with Connection: close, or until Shutdown closes it while it waits (where
+// net/http's method of that name closes the idle connections at once, under a client that
+// may be sending on one just then). true undoes it.
+func (s *Server) SetKeepAlivesEnabled(v bool) { s.noKeepAlive.Store(!v) }
 
 // ErrServerClosed is http.ErrServerClosed: Serve returns it after Shutdown or Close.
 var ErrServerClosed = http.ErrServerClosed
@@ -175,6 +197,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return ErrServerClosed
 	}
 	defer s.untrack(ln)
+	base := s.base(ln)
 	var delay time.Duration
 	for {
 		rwc, err := ln.Accept()
@@ -193,10 +216,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		delay = 0
 		rwc = wrapConn(rwc) // reads and writes without waking the runtime's sysmon (rawconn_linux.go)
-		c, full := s.newConn(rwc)
+		c, full := s.newConn(rwc, base)
 		switch {
 		case full:
-			refuseConn(rwc, s.ErrorBody)
+			s.refusals.refuse(rwc, s.MaxConns, s.ErrorBody)
 			continue
 		case c == nil:
 			rwc.Close()
@@ -240,9 +263,10 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-// newConn registers a connection; nil when the server is closed, or full when MaxConns is
-// reached and no connection waiting for a request could be closed to make room.
-func (s *Server) newConn(rwc net.Conn) (c *srvConn, full bool) {
+// newConn registers a connection, whose requests' contexts derive from base; nil when the
+// server is closed, or full when MaxConns is reached and no connection waiting for a request
+// could be closed to make room.
+func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full bool) {
 	s.mu.Lock()
 	var victims []*srvConn
 	defer func() {
@@ -263,7 +287,7 @@ func (s *Server) newConn(rwc net.Conn) (c *srvConn, full bool) {
 			return nil, true
 		}
 	}
-	c = &srvConn{s: s, rwc: rwc, remote: rwc.RemoteAddr().String()}
+	c = &srvConn{s: s, base: base, rwc: rwc, remote: rwc.RemoteAddr().String()}
 	c.setState(stateNew)
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
@@ -582,6 +606,7 @@ const (
 // srvConn is one client connection.
 type srvConn struct {
 	s      *Server
+	base   context.Context // its requests' parent (Server.base)
 	rwc    net.Conn
 	remote string
 	state  atomic.Int32
@@ -916,7 +941,7 @@ func (c *srvConn) serveOne() bool {
 		_ = c.rwc.SetWriteDeadline(time.Now().Add(s.WriteTimeout))
 	}
 	req.RemoteAddr = c.remote
-	ctx, cancel := context.WithCancel(s.base())
+	ctx, cancel := context.WithCancel(c.base)
 	req = req.WithContext(ctx)
 
 	if !c.activate() {
@@ -1047,18 +1072,9 @@ func looksLikeHTTP(h []byte) bool {
 	return false
 }
 
-// closeGracefully ends a connection whose client may still be sending (the rest of a head or
-// body the server will not read): closing it with unread input would reset it, and a reset
-// can make the client drop the answer it has not read yet. So the server sends its FIN, reads
-// and drops what still comes for up to half a second (and 1 MB), and only then closes.
-func (c *srvConn) closeGracefully() {
-	cw, ok := c.rwc.(interface{ CloseWrite() error })
-	if !ok || cw.CloseWrite() != nil {
-		return
-	}
-	_ = c.rwc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-	_, _ = io.CopyN(io.Discard, c.rwc, 1<<20)
-}
+// closeGracefully ends a connection whose client may still be sending (closeWriteAndDrain);
+// its goroutine closes it then.
+func (c *srvConn) closeGracefully() { closeWriteAndDrain(c.rwc) }
 
 // validHost reports whether h has only the bytes a Host header may hold (RFC 3986's host and
 // port characters, IPv6 brackets and zone separators included).
@@ -1449,7 +1465,7 @@ func (w *response) commit(final bool, sniff []byte) {
 	if hasToken(h.Get("Connection"), "close") || w.status == http.StatusUnauthorized && w.c.s.CloseUnauthorized {
 		w.closeAfter = true
 	}
-	if w.c.s.shutdown.Load() {
+	if w.c.s.shutdown.Load() || w.c.s.noKeepAlive.Load() {
 		w.closeAfter = true
 	}
 	h.Del("Connection")

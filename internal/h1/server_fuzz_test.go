@@ -49,7 +49,7 @@ func FuzzServer(f *testing.F) {
 	})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		server, client := net.Pipe()
-		c, _ := s.newConn(server)
+		c, _ := s.newConn(server, s.base(nil))
 		if c == nil {
 			t.Fatal("server closed")
 		}

@@ -27,7 +27,7 @@ func lateEvents(m *Metrics, model, ep string) {
 	m.Duration.WithLabelValues(model).Observe(7)
 	m.Retries.WithLabelValues(ep, RetryTimeout).Inc()
 	m.Moved.WithLabelValues(ep, "backoff").Inc()
-	m.EndpointEjected(ep, time.Minute)
+	m.EndpointEjected(ep, EjectFailures, time.Minute)
 	m.EndpointCacheBlind(ep, true)
 }
 
@@ -72,7 +72,7 @@ func TestLateEventsOfARemovedEndpoint(t *testing.T) {
 		`kvroute_requests_total{endpoint=` + gone + `,model=m,status=422}`,
 		`kvroute_retries_total{endpoint=` + gone + `,reason=timeout}`,
 		`kvroute_requests_moved_total{endpoint=` + gone + `,reason=backoff}`,
-		`kvroute_endpoint_ejections_total{endpoint=` + gone + `}`,
+		`kvroute_endpoint_ejections_total{endpoint=` + gone + `,reason=failures}`,
 		`kvroute_endpoint_ejected{endpoint=` + gone + `}`,
 		`kvroute_endpoint_cache_blind{endpoint=` + gone + `}`,
 		`kvroute_endpoint_cache_blind_total{endpoint=` + gone + `}`,
@@ -125,7 +125,7 @@ func TestLateEventsRace(t *testing.T) {
 				m.Requests.WithLabelValues("m", ep, "200").Inc()
 				m.Retries.WithLabelValues(ep, RetryTimeout).Inc()
 				m.PredictedCachedTokens("m", ep, 1)
-				m.EndpointEjected(ep, time.Second)
+				m.EndpointEjected(ep, EjectPeerFailures, time.Second)
 			}
 		})
 	}
@@ -150,11 +150,11 @@ func TestUntrackedCountsEverything(t *testing.T) {
 	m.Requests.WithLabelValues("m", "http://127.0.0.1:1", "200").Inc()
 	m.Retries.WithLabelValues("http://127.0.0.1:1", RetryConnectError).Inc()
 	m.TTFT.WithLabelValues("m").Observe(0.1)
-	m.EndpointEjected("http://127.0.0.1:1", 0)
+	m.EndpointEjected("http://127.0.0.1:1", EjectRefusals, 0)
 	got := metricstest.Values(t, reg, "kvroute_")
 	for _, k := range []string{`kvroute_requests_total{endpoint=http://127.0.0.1:1,model=m,status=200}`,
 		`kvroute_retries_total{endpoint=http://127.0.0.1:1,reason=connect_error}`, `kvroute_ttft_seconds_count{model=m}`,
-		`kvroute_endpoint_ejections_total{endpoint=http://127.0.0.1:1}`} {
+		`kvroute_endpoint_ejections_total{endpoint=http://127.0.0.1:1,reason=refusals}`} {
 		if got[k] != 1 {
 			t.Errorf("%s = %v, want 1", k, got[k])
 		}

@@ -52,6 +52,25 @@ const (
 	RetryNotServed    = "not_served"
 )
 
+// Ejection reasons of kvroute_endpoint_ejections_total: what decided passive health checking
+// (route.Outlier) to take the endpoint out.
+const (
+	// EjectFailures: this router's own consecutive failures there (connection errors, 5xx,
+	// timeouts, lost requests, cut streams) reached health.passive_failures.
+	EjectFailures = "failures"
+	// EjectPeerFailures: the engine's failures counted with those the other router replicas
+	// saw (their events; failures to connect left out, which may be one replica's path alone)
+	// reached health.passive_failures where this router's own had not; or a replica that
+	// starts was told of a peer's ejection in progress for such failures.
+	EjectPeerFailures = "peer_failures"
+	// EjectRefusals: the refusal rule: the endpoint answered 4xx to far more of its requests
+	// than the rest of the fleet did (health.refusal_percent).
+	EjectRefusals = "refusals"
+)
+
+// EjectReasons lists them.
+var EjectReasons = []string{EjectFailures, EjectPeerFailures, EjectRefusals}
+
 // RetryReasons lists them: the failures that are always retried and those retried once per
 // request (route.Failure.RetryableOnce).
 var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, RetryTimeout, RetryLost, RetryServerError, RetryNotServed}
@@ -144,7 +163,7 @@ type Metrics struct {
 	PickDuration            prometheus.Histogram
 	Retries                 *CounterVec // endpoint, reason
 	Moved                   *CounterVec // endpoint, reason
-	Ejections               *CounterVec // endpoint: count them with EndpointEjected
+	Ejections               *CounterVec // endpoint, reason: count them with EndpointEjected
 	// CacheBlind is 1 while an endpoint's engine reports far fewer cached tokens than the
 	// router predicted (a silent zero hit: the router then routes there on load alone), and
 	// CacheBlindEvents counts such verdicts. Set them with EndpointCacheBlind.
@@ -192,7 +211,7 @@ type Metrics struct {
 	labels atomic.Pointer[map[string]bool]
 }
 
-// ejection is an endpoint's time out of rotation after connection errors.
+// ejection is an endpoint's time out of rotation by passive health checking, whatever the reason.
 type ejection struct {
 	since time.Time     // start of the ejection in progress; zero when none
 	until time.Time     // its planned end; zero: until EndpointReadmitted
@@ -252,8 +271,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "kvroute_requests_moved_total", Help: "Requests whose first endpoint was not the policy's pick, by that endpoint and why (pin: previous_response_id; backoff: the pick answered 429 or stalled; warm_up: the pick joined recently; cache_probe: a probe of this cache-blind endpoint).",
 		}, []string{"endpoint", "reason"})),
 		Ejections: byEndpoint(prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint after consecutive failures (connection errors, 5xx, timeouts, lost requests, cut streams).",
-		}, []string{"endpoint"})),
+			Name: "kvroute_endpoint_ejections_total", Help: "Passive ejections of an endpoint, by reason (failures: this router's own consecutive failures there, connection errors, 5xx, timeouts, lost requests, cut streams; peer_failures: the engine's consecutive failures counted with those the other router replicas saw, or a peer's ejection told to a replica that starts; refusals: it answered 4xx to far more of its requests than the rest of the fleet).",
+		}, []string{"endpoint", "reason"})),
 		CacheBlind: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kvroute_endpoint_cache_blind",
 			Help: "1 while the engine reports far fewer cached tokens than the router predicted (a silent zero hit: wrong salt, tokenizer or block size, caching off); the router then routes there on load alone.",
@@ -352,8 +371,8 @@ func (m *Metrics) WatchPrefillRate(f func(*endpoint.Endpoint) float64) { m.prefi
 func Status(code int) string { return strconv.Itoa(code) }
 
 // EndpointAdded makes the series of an endpoint that joined the pool at 0: its requests by
-// status for each model it serves (and the router's refusals of those models), its retries by
-// reason, ejections and predicted cached tokens, and the per-model series of its models.
+// status for each model it serves (and the router's refusals of those models), its retries,
+// moves and ejections by reason, its ejected time and predicted cached tokens, and the per-model series of its models.
 // models are the endpoint's model list; empty means it serves every model, and its series are
 // made for OtherModel and every model another endpoint lists, now or when one is added later.
 // Calling it again for an endpoint re-added with a new spec ends an ejection in progress: the
@@ -399,7 +418,9 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 	for _, r := range MovedReasons {
 		m.Moved.CounterVec.WithLabelValues(name, r)
 	}
-	m.Ejections.CounterVec.WithLabelValues(name)
+	for _, r := range EjectReasons {
+		m.Ejections.CounterVec.WithLabelValues(name, r)
+	}
 	m.CacheBlind.WithLabelValues(name)
 	m.CacheBlindEvents.CounterVec.WithLabelValues(name)
 	m.EndpointPredictedCached.CounterVec.WithLabelValues(name)
@@ -555,17 +576,19 @@ func (m *Metrics) DiscoverySource(source string) {
 	m.DiscoveredEndpoints.WithLabelValues(source)
 }
 
-// EndpointEjected counts a passive ejection of the endpoint (after consecutive failures) and
-// starts its ejected time, which runs for d (0: until EndpointReadmitted), or until
+// EndpointEjected counts a passive ejection of the endpoint for reason (one of EjectReasons)
+// and starts its ejected time, which runs for d (0: until EndpointReadmitted), or until
 // EndpointReadmitted if that comes first. It is the only way kvroute_endpoint_ejections_total
 // should be counted. An ejection of an endpoint that has left the fleet (it came late) is not.
-func (m *Metrics) EndpointEjected(name string, d time.Duration) {
+// The ejected time and kvroute_endpoint_ejected are the endpoint's, whatever the reason: an
+// ejection that continues another (a longer one, for another reason) is one time out.
+func (m *Metrics) EndpointEjected(name, reason string, d time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.endpointLiveLocked(name) {
 		return
 	}
-	m.Ejections.CounterVec.WithLabelValues(name).Inc()
+	m.Ejections.CounterVec.WithLabelValues(name, reason).Inc()
 	e := m.ejected[name]
 	if e == nil {
 		e = &ejection{}

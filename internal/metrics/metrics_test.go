@@ -168,7 +168,9 @@ func TestSeriesAtZero(t *testing.T) {
 		`kvroute_retries_total{endpoint=` + ep + `,reason=connect_error}`,
 		`kvroute_retries_total{endpoint=` + ep + `,reason=unavailable}`,
 		`kvroute_requests_moved_total{endpoint=` + ep + `,reason=cache_probe}`,
-		`kvroute_endpoint_ejections_total{endpoint=` + ep + `}`,
+		`kvroute_endpoint_ejections_total{endpoint=` + ep + `,reason=failures}`,
+		`kvroute_endpoint_ejections_total{endpoint=` + ep + `,reason=peer_failures}`,
+		`kvroute_endpoint_ejections_total{endpoint=` + ep + `,reason=refusals}`,
 		`kvroute_endpoint_ejected_seconds_total{endpoint=` + ep + `}`,
 		`kvroute_endpoint_ejected{endpoint=` + ep + `}`,
 		`kvroute_endpoint_predicted_cached_tokens_total{endpoint=` + ep + `}`,
@@ -224,7 +226,9 @@ func TestSeriesAtZero(t *testing.T) {
 	m.Retries.WithLabelValues(ep, RetryConnectError).Inc()
 	m.Retries.WithLabelValues(ep, RetryUnavailable).Inc()
 	m.Moved.WithLabelValues(ep, "cache_probe").Inc()
-	m.EndpointEjected(ep, 0)
+	for _, r := range EjectReasons {
+		m.EndpointEjected(ep, r, 0) // one ejection, continued: one second ejected
+	}
 	clk.add(time.Second)
 	m.PredictedCachedTokens("m", ep, 1)
 	m.PredictedCachedTokens("m", ep, -1) // no prediction: not counted
@@ -301,7 +305,7 @@ func TestEjectedTime(t *testing.T) {
 	m.EndpointAdded(ep, nil)
 	read := func() [3]float64 {
 		s := seriesOf(t, reg)
-		return [3]float64{s[`kvroute_endpoint_ejections_total{endpoint=`+ep+`}`],
+		return [3]float64{s[`kvroute_endpoint_ejections_total{endpoint=`+ep+`,reason=failures}`],
 			s[`kvroute_endpoint_ejected{endpoint=`+ep+`}`], s[`kvroute_endpoint_ejected_seconds_total{endpoint=`+ep+`}`]}
 	}
 	steps := []struct {
@@ -310,10 +314,10 @@ func TestEjectedTime(t *testing.T) {
 	}{
 		{func() {}, [3]float64{0, 0, 0}},
 		{func() { m.EndpointReadmitted(ep) }, [3]float64{0, 0, 0}}, // healthy already: nothing to end
-		{func() { m.EndpointEjected(ep, 0); clk.add(2 * time.Second) }, [3]float64{1, 1, 2}},
-		{func() { m.EndpointEjected(ep, 0); clk.add(time.Second) }, [3]float64{2, 1, 3}}, // counted, same ejection
+		{func() { m.EndpointEjected(ep, EjectFailures, 0); clk.add(2 * time.Second) }, [3]float64{1, 1, 2}},
+		{func() { m.EndpointEjected(ep, EjectFailures, 0); clk.add(time.Second) }, [3]float64{2, 1, 3}}, // counted, same ejection
 		{func() { m.EndpointReadmitted(ep); clk.add(10 * time.Second) }, [3]float64{2, 0, 3}},
-		{func() { m.EndpointEjected(ep, 0); clk.add(500 * time.Millisecond) }, [3]float64{3, 1, 3.5}},
+		{func() { m.EndpointEjected(ep, EjectFailures, 0); clk.add(500 * time.Millisecond) }, [3]float64{3, 1, 3.5}},
 		{func() { m.EndpointAdded(ep, nil); clk.add(time.Second) }, [3]float64{3, 0, 3.5}}, // re-added: starts healthy
 	}
 	for i, s := range steps {
@@ -462,6 +466,43 @@ func TestBuckets(t *testing.T) {
 	}
 }
 
+// TestEjectionReasons: kvroute_endpoint_ejections_total tells the three reasons apart, each
+// series there at 0 from when the endpoint joins, each counting its own ejections, while the
+// ejected gauge and time stay one per endpoint; all of them go when the endpoint leaves.
+func TestEjectionReasons(t *testing.T) {
+	m, reg, clk := newTestMetrics()
+	const ep = "http://127.0.0.1:1"
+	m.EndpointAdded(ep, []string{"m"})
+	ejections := func() map[string]float64 { return metricstest.Values(t, reg, "kvroute_endpoint_ejec") }
+	want := map[string]float64{
+		`kvroute_endpoint_ejections_total{endpoint=` + ep + `,reason=failures}`:      0,
+		`kvroute_endpoint_ejections_total{endpoint=` + ep + `,reason=peer_failures}`: 0,
+		`kvroute_endpoint_ejections_total{endpoint=` + ep + `,reason=refusals}`:      0,
+		`kvroute_endpoint_ejected{endpoint=` + ep + `}`:                              0,
+		`kvroute_endpoint_ejected_seconds_total{endpoint=` + ep + `}`:                0,
+	}
+	if diff := cmp.Diff(want, ejections()); diff != "" {
+		t.Errorf("joined (-want +got):\n%s", diff)
+	}
+	m.EndpointEjected(ep, EjectRefusals, 10*time.Second)
+	clk.add(20 * time.Second)
+	m.EndpointEjected(ep, EjectPeerFailures, 10*time.Second)
+	clk.add(20 * time.Second)
+	m.EndpointEjected(ep, EjectPeerFailures, 0)
+	clk.add(5 * time.Second)
+	want[`kvroute_endpoint_ejections_total{endpoint=`+ep+`,reason=refusals}`] = 1
+	want[`kvroute_endpoint_ejections_total{endpoint=`+ep+`,reason=peer_failures}`] = 2
+	want[`kvroute_endpoint_ejected{endpoint=`+ep+`}`] = 1
+	want[`kvroute_endpoint_ejected_seconds_total{endpoint=`+ep+`}`] = 25
+	if diff := cmp.Diff(want, ejections()); diff != "" {
+		t.Errorf("after one ejection for refusals and two for peers' failures (-want +got):\n%s", diff)
+	}
+	m.ForgetEndpoint(ep)
+	if got := ejections(); len(got) != 0 {
+		t.Errorf("after ForgetEndpoint: %v", got)
+	}
+}
+
 // TestPromtool runs `promtool check metrics` on the exposition when promtool is installed
 // (CI installs it with the Debian package prometheus).
 func TestPromtool(t *testing.T) {
@@ -475,7 +516,7 @@ func TestPromtool(t *testing.T) {
 	m.Requests.WithLabelValues("m", ep, "200").Inc()
 	m.TTFT.WithLabelValues("m").Observe(0.1)
 	m.Retries.WithLabelValues(ep, RetryConnectError).Inc()
-	m.EndpointEjected(ep, 0)
+	m.EndpointEjected(ep, EjectFailures, 0)
 	rec := httptest.NewRecorder()
 	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	cmd := exec.Command(path, "check", "metrics")

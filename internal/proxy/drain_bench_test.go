@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -37,11 +38,15 @@ func handler4K(b *testing.B, logger *slog.Logger) (*Handler, string) {
 }
 
 // serve4K sends body to h until the benchmark ends.
-func serve4K(b *testing.B, h http.Handler, body string) {
+func serve4K(b *testing.B, h http.Handler, body string) { serve4KIn(b, context.Background(), h, body) }
+
+// serve4KIn is serve4K with each request's context derived from ctx, as a server's BaseContext
+// makes it.
+func serve4KIn(b *testing.B, ctx context.Context, h http.Handler, body string) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		if rec.Code != 200 {
@@ -51,21 +56,25 @@ func serve4K(b *testing.B, h http.Handler, body string) {
 }
 
 // BenchmarkHandlerDrain4K is BenchmarkHandlerOnly4K/least-request as `kvroute serve` runs the
-// handler, in its Drain ("drain"; "closing": after the signal, every answer closing its
-// connection), beside the handler alone ("bare"): what the drain adds to a request.
+// handler, in its Drain, each request's context derived from the drain's BaseContext as the
+// server makes it ("drain"), or under a server that does not ("own-context": Wrap gives each
+// request a context of its own), beside the handler alone ("bare"): what the drain adds to a
+// request. (After the signal, the server itself closes each connection after its answer: the
+// handler does nothing more.)
 func BenchmarkHandlerDrain4K(b *testing.B) {
-	for _, mode := range []string{"bare", "drain", "closing"} {
+	for _, mode := range []string{"bare", "drain", "own-context"} {
 		b.Run(mode, func(b *testing.B) {
 			h, body := handler4K(b, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+			ctx := context.Background()
 			var hh http.Handler = h
 			if mode != "bare" {
 				d := NewDrain()
-				if mode == "closing" {
-					d.Closing()
-				}
 				hh = d.Wrap(h)
+				if mode == "drain" {
+					ctx = d.BaseContext(nil)
+				}
 			}
-			serve4K(b, hh, body)
+			serve4KIn(b, ctx, hh, body)
 		})
 	}
 }

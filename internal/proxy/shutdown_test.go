@@ -4,13 +4,17 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvroute/kvroute/internal/h1"
 )
 
 // TestShutdownCut: a request still in flight when the router's drain runs out (Drain.Cut) is
@@ -113,23 +117,168 @@ func TestShutdownCut(t *testing.T) {
 			t.Errorf("a request after the cut: %d %q, want 503 shutting_down", resp.StatusCode, body)
 		}
 	})
-	t.Run("closing", func(t *testing.T) {
-		e := newFakeEngine(t)
-		f := newFixture(t, spec(e.srv.URL, "m"))
-		d := NewDrain()
-		f.inner = d.Wrap(f.h)
-		if resp, _ := f.post(t, "/v1/chat/completions", chatBody); resp.Close {
-			t.Error("before Closing: the answer closes its connection")
-		}
-		d.Closing()
-		resp, _ := f.post(t, "/v1/chat/completions", chatBody)
-		if resp.StatusCode != http.StatusOK || !resp.Close {
-			t.Errorf("after Closing: %d, connection close %v; want 200 with Connection: close", resp.StatusCode, resp.Close)
-		}
-		if got := d.InFlight(); got != 0 {
-			t.Errorf("InFlight = %d after every request ended, want 0", got)
+}
+
+// drainServers are the servers `kvroute serve` may run the API on: h1.Server (builtin) and
+// net/http's (http_server: net/http).
+var drainServers = []string{"h1", "net/http"}
+
+// serveDrained serves h, wrapped in d, on a loopback port with the server named (drainServers)
+// built on d's BaseContext, as Serve builds it (net/http's in h1.NetHTTP, with
+// CloseUnauthorized), until the test ends. It returns the base URL and the server's
+// SetKeepAlivesEnabled, which Serve calls as the shutdown begins.
+func serveDrained(t *testing.T, server string, d *Drain, h http.Handler) (string, func(bool)) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var srv interface {
+		Serve(net.Listener) error
+		Close() error
+		SetKeepAlivesEnabled(bool)
+	}
+	if server == "net/http" {
+		srv = &h1.NetHTTP{Server: &http.Server{Handler: d.Wrap(h), BaseContext: d.BaseContext}, CloseUnauthorized: true}
+	} else {
+		srv = &h1.Server{Handler: d.Wrap(h), BaseContext: d.BaseContext, CloseUnauthorized: true}
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Errorf("the %s server did not stop", server)
 		}
 	})
+	return "http://" + ln.Addr().String(), srv.SetKeepAlivesEnabled
+}
+
+// TestDrainClosing: once the shutdown begins (the server's keep-alives off), every answer closes
+// its connection, that of a request sent on a connection kept alive before included: the
+// connection stays open for it rather than close under the client, which may be sending on it
+// just then (a POST is not sent again). The requests in flight are counted until they end.
+func TestDrainClosing(t *testing.T) {
+	for _, server := range drainServers {
+		t.Run(server, func(t *testing.T) {
+			e := newFakeEngine(t)
+			f := newFixture(t, spec(e.srv.URL, "m"))
+			d := NewDrain()
+			url, keepAlives := serveDrained(t, server, d, f.h)
+			tr := &http.Transport{MaxConnsPerHost: 1}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+			post := func(what string) *http.Response {
+				t.Helper()
+				resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp
+			}
+			if resp := post("before the shutdown"); resp.StatusCode != http.StatusOK || resp.Close {
+				t.Errorf("before the shutdown: %d, connection close %v; want 200, kept alive", resp.StatusCode, resp.Close)
+			}
+			keepAlives(false)  // what Serve does as the shutdown begins
+			for i := range 2 { // on the connection kept alive, then on a new one
+				if resp := post("after the shutdown began"); resp.StatusCode != http.StatusOK || !resp.Close {
+					t.Errorf("request %d after the shutdown began: %d, connection close %v; want 200 with Connection: close", i, resp.StatusCode, resp.Close)
+				}
+			}
+			// The client may read the whole answer before the handler has returned: wait.
+			for deadline := time.Now().Add(5 * time.Second); d.InFlight() != 0; {
+				if time.Now().After(deadline) {
+					t.Fatalf("InFlight = %d 5 s after every answer was read, want 0", d.InFlight())
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestDrainCutThroughBaseContext: under a server whose requests' contexts derive from the
+// drain's BaseContext (h1.Server, net/http's, as Serve builds them), Cut ends a request in flight
+// with ErrShuttingDown, answered 503 shutting_down, and one that comes after at once; Wrap
+// gives them no context of their own.
+func TestDrainCutThroughBaseContext(t *testing.T) {
+	for _, server := range drainServers {
+		t.Run(server, func(t *testing.T) {
+			arrived, gone := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				first := false
+				once.Do(func() { first = true })
+				if !first {
+					http.Error(w, "only one request expected", http.StatusTeapot)
+					return
+				}
+				close(arrived)
+				<-r.Context().Done() // no answer until the router gives up
+				close(gone)
+			}))
+			defer eng.Close()
+			f := newFixture(t, spec(eng.URL, "m"))
+			d := NewDrain()
+			url, _ := serveDrained(t, server, d, f.h)
+			client := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+			defer client.CloseIdleConnections()
+			type answer struct {
+				status int
+				body   string
+				err    error
+			}
+			post := func() answer {
+				resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+				if err != nil {
+					return answer{err: err}
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				return answer{resp.StatusCode, string(b), err}
+			}
+			answered := make(chan answer, 1)
+			go func() { answered <- post() }()
+			waitClosed(t, arrived, "the engine did not get the request")
+			if n := d.Cut(); n != 1 {
+				t.Errorf("Cut = %d, want 1 request in flight", n)
+			}
+			var a answer
+			select {
+			case a = <-answered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer after the cut")
+			}
+			if a.err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, `"code":"shutting_down"`) {
+				t.Errorf("the request in flight at the cut: %d %q, %v; want 503 shutting_down", a.status, a.body, a.err)
+			}
+			waitClosed(t, gone, "the engine's request was not cancelled by the cut")
+			if a := post(); a.err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, `"code":"shutting_down"`) {
+				t.Errorf("a request after the cut: %d %q, %v; want 503 shutting_down", a.status, a.body, a.err)
+			}
+		})
+	}
+}
+
+// TestDrainWrapAllocs: a request whose context derives from the drain's BaseContext costs Wrap
+// no allocation; under a server that does not build on it, Wrap makes the request a context
+// of its own for Cut to end.
+func TestDrainWrapAllocs(t *testing.T) {
+	d := NewDrain()
+	h := d.Wrap(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	w := httptest.NewRecorder()
+	based := httptest.NewRequestWithContext(d.BaseContext(nil), http.MethodGet, "/", nil)
+	if n := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, based) }); n != 0 {
+		t.Errorf("a request on BaseContext: %v allocations in Wrap, want 0", n)
+	}
+	other := httptest.NewRequest(http.MethodGet, "/", nil)
+	if n := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, other) }); n == 0 {
+		t.Error("a request on another context: no allocation: it has no context for Cut to end")
+	}
 }
 
 // checkShutdownSettled checks how a request the shutdown cut on endpoint ep was settled: 503
@@ -155,12 +304,13 @@ func checkShutdownSettled(t *testing.T, f *fixture, hl *healthLog, ep string, l 
 	}
 }
 
-// TestDrainClosingInFlight: a request in flight when the drain starts closing (the signal),
-// answered after, closes its connection too (Connection: close), streamed or not, on net/http's
-// server and on h1.Server (kvroute serve's): its client's next request must not go to a
-// connection that is about to close. The answer itself is whole.
+// TestDrainClosingInFlight: a request in flight when the shutdown begins (the signal: Serve
+// turns the server's keep-alives off), answered after, closes its connection too (Connection:
+// close), streamed or not, on net/http's server and on h1.Server (kvroute serve's): its
+// client's next request must not go to a connection that is about to close. The answer itself
+// is whole.
 func TestDrainClosingInFlight(t *testing.T) {
-	for _, server := range []string{"net/http", "h1"} {
+	for _, server := range drainServers {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/stream=%v", server, stream), func(t *testing.T) {
 				arrived, release := make(chan struct{}), make(chan struct{})
@@ -184,15 +334,7 @@ func TestDrainClosingInFlight(t *testing.T) {
 				}))
 				defer eng.Close()
 				f := newFixture(t, spec(eng.URL, "m"))
-				d := NewDrain()
-				var url string
-				if server == "h1" {
-					url = serveH1(t, d.Wrap(f.h))
-				} else {
-					srv := httptest.NewServer(d.Wrap(f.h))
-					defer srv.Close()
-					url = srv.URL
-				}
+				url, keepAlives := serveDrained(t, server, NewDrain(), f.h)
 				client := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
 				defer client.CloseIdleConnections()
 				body := chatBody
@@ -217,7 +359,7 @@ func TestDrainClosingInFlight(t *testing.T) {
 					answered <- answer{resp.StatusCode, resp.Close, string(b), err}
 				}()
 				waitClosed(t, arrived, "the engine did not get the request")
-				d.Closing()
+				keepAlives(false)
 				close(release)
 				var a answer
 				select {

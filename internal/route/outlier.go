@@ -32,10 +32,12 @@ type OutlierConfig struct {
 	// Fleet returns how many endpoints the fleet has, for MaxEjectedPercent; nil: the number
 	// this Outlier has heard of.
 	Fleet func() int
-	// OnEject, when set, is told of each ejection, its length, and whether it was the fleet's
-	// count that reached the threshold, with failures at other router replicas (PeerFailed),
-	// rather than this replica's own; OnReadmit of each endpoint taken back (the first request
-	// that finds its ejection over).
+	// OnEject, when set, is told of each ejection, its length, and whether the other router
+	// replicas decided it (byFleet): the fleet's count reached the threshold with failures
+	// they saw (PeerFailed) where this replica's own count had not, or a peer told this
+	// replica, as it started, of its ejection in progress (PeerEjected); byFleet false: this
+	// replica's own consecutive failures. OnReadmit is told of each endpoint taken back (the
+	// first request that finds its ejection over).
 	OnEject   func(ep *endpoint.Endpoint, d time.Duration, byFleet bool)
 	OnReadmit func(ep *endpoint.Endpoint)
 	// OnRefusals, when set, is told of each ejection by the refusal rule instead of OnEject,

@@ -357,6 +357,10 @@ func TestOutlierEjections(t *testing.T) {
 	if len(got) != 1 || got[0].Endpoint != eps[1] || got[0].Rest != 6*time.Second {
 		t.Fatalf("ejections %+v, want b's alone with 6s left", got)
 	}
+	var told []string // what the starting replica tells its OnEject (the reason metrics count)
+	cfg.OnEject = func(ep *endpoint.Endpoint, d time.Duration, byFleet bool) {
+		told = append(told, fmt.Sprintf("%s %v by fleet %v", ep.Name, d, byFleet))
+	}
 	n := NewOutlier(cfg, clk)
 	if !n.PeerEjected(eps[1], got[0].Rest) || !n.Ejected(eps[1], clk.t) {
 		t.Fatal("b not ejected from the peer's ejection")
@@ -378,6 +382,10 @@ func TestOutlierEjections(t *testing.T) {
 	n.Failed(eps[1], FailStatus)
 	if until := n.EjectedUntil(eps[1]); until != clk.t.Add(20*time.Second) {
 		t.Errorf("b's next ejection until %v, want 20 s on", until)
+	}
+	// The peers' ejections are told as the fleet's; b's own failures as its own.
+	if diff := cmp.Diff([]string{"b 6s by fleet true", "c 1m0s by fleet true", "b 20s by fleet false"}, told); diff != "" {
+		t.Errorf("OnEject told (-want +got):\n%s", diff)
 	}
 }
 

@@ -123,7 +123,7 @@ func firstSeries(ep string) []series {
 		{"kvroute_requests_total", map[string]string{"model": "unknown", "endpoint": "none", "status": "401"}},
 		{"kvroute_requests_total", map[string]string{"model": model, "endpoint": "none", "status": "429"}},
 		{"kvroute_retries_total", map[string]string{"endpoint": ep, "reason": "unavailable"}},
-		{"kvroute_endpoint_ejections_total", map[string]string{"endpoint": ep}},
+		{"kvroute_endpoint_ejections_total", map[string]string{"endpoint": ep, "reason": "failures"}},
 	}
 }
 
