@@ -10,12 +10,16 @@ import (
 	"encoding/json"
 	"maps"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/deploy/internal/routermetrics"
+	"github.com/kvroute/kvroute/internal/route"
 )
 
 type dashboard struct {
@@ -60,10 +64,17 @@ const (
 	unitTokensPerSec = "suffix: tok/s"
 )
 
+// unsuffixed are the metrics whose names carry no base-unit suffix but whose values have a
+// unit: kvroute_model_saturation is a share (0 to 1) of the fleet in use.
+var unsuffixed = map[string]string{"kvroute_model_saturation": "ratio"}
+
 // family is what a metric counts, from its name's base-unit suffix.
 func family(name string) string {
 	name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
 	name = strings.TrimSuffix(name, "_total")
+	if f, ok := unsuffixed[name]; ok {
+		return f
+	}
 	for _, f := range []string{"tokens_per_second", "seconds", "bytes", "tokens", "ratio"} {
 		if strings.HasSuffix(name, "_"+f) {
 			return f
@@ -72,13 +83,17 @@ func family(name string) string {
 	return "count" // requests, retries, ejections, reloads, entries, endpoints, a 0/1 state
 }
 
-// kind is what a query computes: a quantile, a ratio of two rates, a rate, a count per
-// window (increase) or a gauge's value.
+// kind is what a query computes: a quantile, a mean duration (a rate of seconds over a rate
+// of events), a ratio of two rates, a rate, a count per window (increase) or a gauge's value.
 func kind(expr string) string {
 	switch {
 	case strings.Contains(expr, "histogram_quantile("):
 		return "quantile"
 	case strings.Contains(expr, ") / "):
+		num, den, _ := strings.Cut(expr, ") / ")
+		if slices.Equal(families(num), []string{"seconds"}) && slices.Equal(families(den), []string{"count"}) {
+			return "mean"
+		}
 		return "ratio"
 	case strings.Contains(expr, "increase("):
 		return "count"
@@ -88,10 +103,29 @@ func kind(expr string) string {
 	return "gauge"
 }
 
+// families are the families of the metrics expr reads, sorted, each once.
+func families(expr string) []string {
+	var fs []string
+	for _, n := range metricName.FindAllString(expr, -1) {
+		fs = append(fs, family(n))
+	}
+	slices.Sort(fs)
+	return slices.Compact(fs)
+}
+
+// valueFamilies are the families a query's value is in: those of the metrics it reads, but for
+// a mean duration, whose value is in seconds (its numerator's) though it reads a count too.
+func valueFamilies(kind, expr string) []string {
+	if kind == "mean" {
+		return []string{"seconds"}
+	}
+	return families(expr)
+}
+
 // unitFor is the unit a panel of this kind over metrics of this family must have.
 func unitFor(kind, family string) string {
 	switch {
-	case kind == "quantile", kind == "gauge" && family == "seconds":
+	case kind == "quantile", kind == "mean", kind == "gauge" && family == "seconds":
 		return "s"
 	case kind == "ratio", kind == "rate" && family == "seconds", family == "ratio":
 		return "percentunit" // a share of tokens, of requests, of time
@@ -134,6 +168,7 @@ func TestDashboard(t *testing.T) {
 	ids := map[int]bool{}
 	var titles []string
 	queried := map[string][]string{} // panel title -> the metrics its queries read
+	shown := map[string]bool{}       // the families some panel reads
 	for _, p := range d.Panels {
 		if ids[p.ID] {
 			t.Errorf("panel id %d used twice", p.ID)
@@ -168,9 +203,13 @@ func TestDashboard(t *testing.T) {
 				if !slices.Contains(exported, base) {
 					t.Errorf("panel %q queries %s, which the router does not export", p.Title, n)
 				}
-				families[family(n)] = true
+				shown[base] = true
 			}
-			kinds[kind(tg.Expr)] = true
+			k := kind(tg.Expr)
+			kinds[k] = true
+			for _, f := range valueFamilies(k, tg.Expr) {
+				families[f] = true
+			}
 			if strings.Count(tg.Expr, "(") != strings.Count(tg.Expr, ")") {
 				t.Errorf("panel %q: unbalanced parentheses in %q", p.Title, tg.Expr)
 			}
@@ -227,18 +266,86 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	checkRows(t, d.Panels, map[string][]string{
-		"Router": {"Config reload status", "Router version per pod", "Routers per version"},
+		"Traffic and latency": {"Requests held before picking/s", "Mean hold before picking"},
+		"Prefix cache":        {"Cache value per endpoint", "Cache-blind verdicts per endpoint", "Prompts rewritten by normalisation/s"},
+		"Engines": {"KV capacity per endpoint", "Load per model (engines' worth of work)", "Saturation per model",
+			"Prefill demand per model"},
+		"Endpoints": {"Ejections per endpoint"},
+		"Router": {"Config reload status", "Time since the config in force was applied", "Router version per pod",
+			"Routers per version"},
+		"Tenants": {"Requests in flight and queued per tenant"},
 		"Client connections and request bodies": {"API connections: open and cap", "Connections dropped at the cap, by reason",
 			"Request bodies being received: bytes and cap", "Requests refused for the bodies being received",
 			"Admin connections: open and cap", "Admin connections dropped at the cap, by reason"},
-		"Replicas": {"Peer drops/s: late news (expected)", "Peer drops/s: losses, refusals and hostile input"},
+		"Replicas": {"Peer drops/s: late news (expected)", "Peer drops/s: losses, refusals and hostile input",
+			"Peer messages and events/s", "Other replicas' requests ended here without their end", "Warm starts by result",
+			"Stream resumes by result, and batches resent", "Peer source errors"},
 	})
 	checkPeerDrops(t, d.Panels)
+	checkEveryMetricShown(t, exported, shown)
+}
+
+// leftOffPrefixes are the exported families that no panel shows, by prefix, and why:
+// client_golang's standard collectors, the same in every Go service, which a Go runtime or
+// process dashboard shows better than this one can.
+var leftOffPrefixes = map[string]string{
+	"go_":       "the Go runtime's collector (goroutines, GC, heap): any Go service dashboard",
+	"process_":  "the process collector (CPU, resident memory, open files): any process or pod dashboard; the index's own memory has its panel",
+	"promhttp_": "the /metrics handler's own errors: Prometheus's up and scrape errors say more",
+}
+
+// leftOff are the kvroute families deliberately left off the dashboard, each with why. There
+// are none now: every kvroute family the router exports has a panel.
+var leftOff = map[string]string{}
+
+// checkEveryMetricShown: every family the router exports (shown: those the panels read) is on
+// the dashboard or left off on purpose, in leftOff or leftOffPrefixes, so that a new metric
+// does not go unseen because nobody drew it; and leftOff names only families that are exported
+// and still not shown.
+func checkEveryMetricShown(t *testing.T, exported []string, shown map[string]bool) {
+	t.Helper()
+	for _, n := range exported {
+		if shown[n] {
+			continue
+		}
+		prefix, _, _ := strings.Cut(n, "_")
+		if leftOff[n] != "" || leftOffPrefixes[prefix+"_"] != "" {
+			continue
+		}
+		t.Errorf("%s: the router exports it and no panel shows it: add a panel, or put it in leftOff with why", n)
+	}
+	for n := range leftOff {
+		if !slices.Contains(exported, n) || shown[n] {
+			t.Errorf("leftOff names %s, which is not exported or has a panel: remove it", n)
+		}
+	}
 }
 
 // expectedDrops are the reasons of kvroute_peer_dropped_total that are late news of what a
-// replica settled already (docs/replicas.md; route.Drop.Expected in code).
+// replica settled already (docs/replicas.md; route.Drop.Expected in code, which
+// TestExpectedDrops compares it with).
 const expectedDrops = "duplicate|ended_here|before_stream|endpoint_left"
+
+// TestExpectedDrops: expectedDrops are exactly the drops internal/route calls expected, so
+// that a reason added there lands in the right one of the two peer drop panels.
+func TestExpectedDrops(t *testing.T) {
+	var want []string
+	for i, name := range route.DropReasons() {
+		d := route.Drop(i + 1) // DropReasons leaves out DropNone, the first
+		if d.String() != name {
+			t.Fatalf("route.DropReasons()[%d] is %q, route.Drop(%d) is %q", i, name, i+1, d)
+		}
+		if d.Expected() {
+			want = append(want, name)
+		}
+	}
+	got := strings.Split(expectedDrops, "|")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("expectedDrops %v, want route's expected drops %v", got, want)
+	}
+}
 
 // checkPeerDrops: the peer drops are plotted in two panels, the expected late news and the
 // rest, so that the rest is not buried under reasons that rise at every restart; every query
@@ -319,25 +426,138 @@ func checkRows(t *testing.T, panels []panel, want map[string][]string) {
 
 func keys(m map[string]bool) []string { return slices.Sorted(maps.Keys(m)) }
 
-// TestUnitRules: the old dashboard's two mixed panels are caught.
+// TestUnitRules: the old dashboard's two mixed panels are caught, a mean duration reads in
+// seconds though it reads a count too, and a share named without _ratio is a share.
 func TestUnitRules(t *testing.T) {
 	for _, c := range []struct {
 		exprs []string
 		mixed bool
+		unit  string // when not mixed
 	}{
-		{[]string{"sum(rate(kvroute_retries_total[5m]))", "sum(increase(kvroute_endpoint_ejections_total[5m]))"}, true},
-		{[]string{"kvroute_index_entries", "kvroute_index_bytes"}, true},
-		{[]string{"kvroute_endpoint_engine_waiting_requests", "kvroute_endpoint_engine_running_requests"}, false},
+		{[]string{"sum(rate(kvroute_retries_total[5m]))", "sum(increase(kvroute_endpoint_ejections_total[5m]))"}, true, ""},
+		{[]string{"kvroute_index_entries", "kvroute_index_bytes"}, true, ""},
+		{[]string{"kvroute_endpoint_engine_waiting_requests", "kvroute_endpoint_engine_running_requests"}, false, "short"},
+		{[]string{"sum(rate(kvroute_replica_held_seconds_total[5m])) / clamp_min(sum(rate(kvroute_replica_held_total[5m])), 1e-9)"}, false, "s"},
+		{[]string{"sum(rate(kvroute_replica_held_total[5m])) / sum(rate(kvroute_requests_total[5m]))"}, false, "percentunit"},
+		{[]string{"sum(rate(kvroute_endpoint_ejected_seconds_total[5m])) / sum(rate(kvroute_requests_total[5m]))", "sum(rate(kvroute_replica_held_total[5m]))"}, true, ""},
+		{[]string{"max(kvroute_model_saturation)"}, false, "percentunit"},
+		{[]string{"max(kvroute_model_load)"}, false, "short"},
+		{[]string{"time() - max(kvroute_config_last_reload_success_timestamp_seconds)"}, false, "s"},
 	} {
-		kinds, families := map[string]bool{}, map[string]bool{}
+		kinds, fams := map[string]bool{}, map[string]bool{}
 		for _, e := range c.exprs {
-			kinds[kind(e)] = true
-			for _, n := range metricName.FindAllString(e, -1) {
-				families[family(n)] = true
+			k := kind(e)
+			kinds[k] = true
+			for _, f := range valueFamilies(k, e) {
+				fams[f] = true
 			}
 		}
-		if mixed := len(kinds) > 1 || len(families) > 1; mixed != c.mixed {
-			t.Errorf("%q: mixed %v, want %v", c.exprs, mixed, c.mixed)
+		mixed := len(kinds) > 1 || len(fams) > 1
+		if mixed != c.mixed {
+			t.Errorf("%q: mixed %v (%v over %v), want %v", c.exprs, mixed, keys(kinds), keys(fams), c.mixed)
+			continue
 		}
+		if !mixed {
+			if got := unitFor(keys(kinds)[0], keys(fams)[0]); got != c.unit {
+				t.Errorf("%q: unit %q, want %q", c.exprs, got, c.unit)
+			}
+		}
+	}
+}
+
+// ejectionCases are the promtool cases of TestEjectionsByReason: kvroute_endpoint_ejections_total
+// as two router replicas export it, with and without its reason label, and what the panel
+// "Ejections per endpoint" must plot over the last 10 minutes (its rate interval). With the
+// label, one line per endpoint and reason, each the most any replica counted; without it, one
+// line per endpoint, as before the label.
+const ejectionCases = `
+  - name: ejections without a reason label
+    interval: 1m
+    input_series:
+      - series: 'kvroute_endpoint_ejections_total{instance="r1:9090",endpoint="http://10.0.0.1:8000"}'
+        values: '0 0 0 1 1 1 1 2 2 2 2'
+      - series: 'kvroute_endpoint_ejections_total{instance="r2:9090",endpoint="http://10.0.0.1:8000"}'
+        values: '0 0 0 0 0 0 1 1 1 1 1'
+      - series: 'kvroute_endpoint_ejections_total{instance="r1:9090",endpoint="http://10.0.0.2:8000"}'
+        values: '0x10'
+    promql_expr_test:
+      - expr: EXPR
+        eval_time: 10m
+        exp_samples:
+          - labels: '{endpoint="http://10.0.0.1:8000"}'
+            value: 2
+          - labels: '{endpoint="http://10.0.0.2:8000"}'
+            value: 0
+  - name: ejections by reason
+    interval: 1m
+    input_series:
+      - series: 'kvroute_endpoint_ejections_total{instance="r1:9090",endpoint="http://10.0.0.1:8000",reason="failures"}'
+        values: '0 0 0 1 1 1 1 2 2 2 2'
+      - series: 'kvroute_endpoint_ejections_total{instance="r1:9090",endpoint="http://10.0.0.1:8000",reason="refusals"}'
+        values: '0x5 1x5'
+      - series: 'kvroute_endpoint_ejections_total{instance="r2:9090",endpoint="http://10.0.0.1:8000",reason="peer_failures"}'
+        values: '0 0 0 1x8'
+      - series: 'kvroute_endpoint_ejections_total{instance="r2:9090",endpoint="http://10.0.0.1:8000",reason="failures"}'
+        values: '0x10'
+    promql_expr_test:
+      - expr: EXPR
+        eval_time: 10m
+        exp_samples:
+          - labels: '{endpoint="http://10.0.0.1:8000",reason="failures"}'
+            value: 2
+          - labels: '{endpoint="http://10.0.0.1:8000",reason="refusals"}'
+            value: 1
+          - labels: '{endpoint="http://10.0.0.1:8000",reason="peer_failures"}'
+            value: 1
+`
+
+// TestEjectionsByReason runs the query of "Ejections per endpoint", the only panel that reads
+// kvroute_endpoint_ejections_total, in promtool against the counter with and without its
+// reason label (ejectionCases), with the dashboard's variables as Grafana sends them for
+// "All" and a 10-minute rate interval. It skips when promtool is not installed (Debian
+// package prometheus; CI installs it).
+func TestEjectionsByReason(t *testing.T) {
+	data, err := os.ReadFile("kvroute.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatal(err)
+	}
+	var expr string
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			if !strings.Contains(tg.Expr, "kvroute_endpoint_ejections_total") {
+				continue
+			}
+			if p.Title != "Ejections per endpoint" || len(p.Targets) != 1 {
+				t.Errorf("panel %q reads kvroute_endpoint_ejections_total: check it with and without the reason label here", p.Title)
+				continue
+			}
+			expr = tg.Expr
+		}
+	}
+	if expr == "" {
+		t.Fatal(`no panel "Ejections per endpoint" reading kvroute_endpoint_ejections_total`)
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (Debian package prometheus)")
+	}
+	q := strings.NewReplacer("$__rate_interval", "10m", "$endpoint", ".*").Replace(expr)
+	quoted, err := json.Marshal(q) // a JSON string is a YAML double-quoted scalar
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "ejections_test.yaml")
+	tests := "rule_files: []\nevaluation_interval: 1m\ntests:" + strings.ReplaceAll(ejectionCases, "EXPR", string(quoted))
+	if err := os.WriteFile(file, []byte(tests), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, promtool, "test", "rules", file).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules, query %s: %v\n%s", q, err, out)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvroute/kvroute/deploy/internal/routermetrics"
+	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/route"
 )
 
 type ruleFile struct {
@@ -179,5 +181,48 @@ func TestPromtool(t *testing.T) {
 		if err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
+	}
+}
+
+// TestPeerDropsAlertSkipsLateNews: KVRoutePeerMessagesRejected leaves out exactly the reasons
+// of kvroute_peer_dropped_total that internal/route calls expected (route.Drop.Expected),
+// so that a reason added there, or one that stops being late news, cannot fall on the wrong
+// side of the alert unnoticed.
+func TestPeerDropsAlertSkipsLateNews(t *testing.T) {
+	var rules ruleFile
+	readYAML(t, "alerts.yaml", &rules, true)
+	var expr string
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "KVRoutePeerMessagesRejected" {
+				expr = r.Expr
+			}
+		}
+	}
+	m := regexp.MustCompile(`kvroute_peer_dropped_total\{reason!~"([a-z_|]+)"\}`).FindStringSubmatch(expr)
+	if m == nil {
+		t.Fatalf("KVRoutePeerMessagesRejected: %q, want kvroute_peer_dropped_total{reason!~\"...\"}", expr)
+	}
+	var want []string
+	for i, name := range route.DropReasons() {
+		d := route.Drop(i + 1) // DropReasons leaves out DropNone, the first
+		if d.String() != name {
+			t.Fatalf("route.DropReasons()[%d] is %q, route.Drop(%d) is %q", i, name, i+1, d)
+		}
+		if d.Expected() {
+			want = append(want, name)
+		}
+	}
+	exported := metrics.DropReasons()
+	for _, r := range want {
+		if !slices.Contains(exported, r) {
+			t.Errorf("reason %q: internal/metrics does not make its series (%v)", r, exported)
+		}
+	}
+	got := strings.Split(m[1], "|")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("KVRoutePeerMessagesRejected leaves out %v, want the expected drops %v", got, want)
 	}
 }
