@@ -36,6 +36,12 @@ func startNetHTTP(t *testing.T, s *NetHTTP, h http.Handler) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveNetHTTPOn(t, s, h, ln)
+}
+
+// serveNetHTTPOn serves h with a NetHTTP on ln, closed at the end of the test.
+func serveNetHTTPOn(t *testing.T, s *NetHTTP, h http.Handler, ln net.Listener) string {
+	t.Helper()
 	s.Server = &http.Server{Handler: h, ErrorLog: newTestLogger(new(strings.Builder), new(sync.Mutex))}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()

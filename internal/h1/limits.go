@@ -344,10 +344,23 @@ func (t *connTable) add(c net.Conn, limit int) bool {
 	t.conns[c] = &tracked{state: http.StateNew, since: time.Now().UnixNano()}
 	t.open++
 	t.mu.Unlock()
-	for _, v := range victims {
-		_ = v.Close()
-	}
+	closeEvicted(victims)
 	return true
+}
+
+// closeEvicted closes the connections taken out of service to make room, on a goroutine of
+// their own (one for the batch: evictBatch of them at most), so that the accept loop goes on
+// at once. A TLS connection's Close sends close_notify first, with a write deadline of 5 s
+// (crypto/tls): a client that does not read could hold the loop that long per victim.
+func closeEvicted(victims []net.Conn) {
+	if len(victims) == 0 {
+		return
+	}
+	go func() {
+		for _, v := range victims {
+			_ = v.Close()
+		}
+	}()
 }
 
 // evictLocked picks up to evictBatch(limit) waiting connections to close, as Server.evictWaiting does,

@@ -725,3 +725,95 @@ func TestRefusalsLingerApart(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionClosesApart: the connections closed to make room at MaxConns are closed off the
+// accept loop: with the waiting connection's Close held (as a TLS connection's close_notify
+// may be, by a client that does not read), the new connection is served at once, not after
+// it.
+func TestEvictionClosesApart(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
+	servers := []struct {
+		name  string
+		start func(t *testing.T, ln net.Listener) (addr string, stats func() Stats)
+	}{
+		{"h1", func(t *testing.T, ln net.Listener) (string, func() Stats) {
+			s := &Server{MaxConns: 1}
+			return serveOn(t, s, h, ln), s.Stats
+		}},
+		{"net/http", func(t *testing.T, ln net.Listener) (string, func() Stats) {
+			s := &NetHTTP{MaxConns: 1}
+			return serveNetHTTPOn(t, s, h, ln), s.Stats
+		}},
+	}
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			release, closing := make(chan struct{}), make(chan struct{}, 1)
+			addr, stats := srv.start(t, slowCloseListener{Listener: ln, release: release, closing: closing})
+			free := sync.OnceFunc(func() { close(release) })
+			defer free() // before the server's cleanup closes what is left
+
+			waiting := dialClient(t, addr) // sends nothing
+			eventually(t, "the first connection counted", func() bool { return stats().Conns == 1 })
+			c := dialClient(t, addr)
+			_ = c.nc.SetDeadline(time.Now().Add(2 * time.Second))
+			start := time.Now()
+			status := c.get("/")
+			took := time.Since(start)
+			select {
+			case <-closing:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiting connection was not closed to make room")
+			}
+			if status != http.StatusOK {
+				t.Errorf("the new connection, while the one closed for it is still closing: status %d after %v; want 200", status, took)
+			}
+			free()
+			if !waiting.closed() {
+				t.Error("the connection closed to make room is still open")
+			}
+			if got := stats().ConnsEvicted; got != 1 {
+				t.Errorf("%d connections evicted, want 1", got)
+			}
+		})
+	}
+}
+
+// slowCloseListener hands out connections whose first Close waits for release (10 s at most)
+// before closing, and says on closing (if it has room) that one began.
+type slowCloseListener struct {
+	net.Listener
+	release <-chan struct{}
+	closing chan<- struct{}
+}
+
+func (l slowCloseListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &slowCloseConn{Conn: c, l: l}, nil
+}
+
+type slowCloseConn struct {
+	net.Conn
+	l    slowCloseListener
+	once sync.Once
+}
+
+func (c *slowCloseConn) Close() error {
+	c.once.Do(func() {
+		select {
+		case c.l.closing <- struct{}{}:
+		default:
+		}
+		select {
+		case <-c.l.release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	return c.Conn.Close()
+}

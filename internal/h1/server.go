@@ -119,7 +119,11 @@ type Server struct {
 	ErrorLog *log.Logger
 	// HTTP2, when set, receives the connections that open with HTTP/2's client preface (h2c
 	// with prior knowledge): the server hands each over, the preface included, and serves it no
-	// more. Without it such a connection gets 505.
+	// more. Without it such a connection gets 505. It is called on the connection's goroutine
+	// and must not block: it should pass the connection on (to a listener whose Accept is
+	// waiting) and return. Until it returns, the connection is still this server's, waiting
+	// for its first request: MaxConns may close it to make room for another, and Shutdown
+	// closes it as idle once it has waited 5 s.
 	HTTP2 func(net.Conn)
 	// BaseContext, as net/http's, returns the context the requests that come through ln
 	// derive theirs from, so that ending it ends them, those in flight and those to come;
@@ -271,8 +275,13 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 	var victims []*srvConn
 	defer func() {
 		s.mu.Unlock()
-		for _, v := range victims { // closed outside the lock: a TLS connection's close writes
-			_ = v.rwc.Close()
+		if len(victims) > 0 {
+			// Outside the lock, and off the accept loop (see closeEvicted).
+			go func() {
+				for _, v := range victims {
+					_ = v.rwc.Close()
+				}
+			}()
 		}
 	}()
 	if s.done {

@@ -27,6 +27,12 @@ func startServer(t *testing.T, s *Server, h http.Handler) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveOn(t, s, h, ln)
+}
+
+// serveOn serves h on ln with s's settings; the server is closed at the end of the test.
+func serveOn(t *testing.T, s *Server, h http.Handler, ln net.Listener) string {
+	t.Helper()
 	s.Handler = h
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()

@@ -499,10 +499,15 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 	if ev.Origin == s.cfg.Self {
 		return DropSelf
 	}
+	key := flightKey{ev.Origin, ev.ID}
 	if malformed(ev) {
+		if ev.Kind == EventRouted && ev.Origin != 0 {
+			// Noted, as start notes a routed event it cannot place: the attempt's first token
+			// and end are then invalid too, not unknown_request (a lost event).
+			return s.refuse(key, DropInvalid)
+		}
 		return DropInvalid
 	}
-	key := flightKey{ev.Origin, ev.ID}
 	switch ev.Kind {
 	case EventRouted:
 		return s.start(lc, key, ev, now)
@@ -549,6 +554,8 @@ func (s *Share) apply(lc *Lifecycle, ev *Event, now time.Time) Drop {
 	case EventRemoved, EventBackoff, EventEjected, EventStalled:
 		ep := s.endpoint(ev.Endpoint)
 		switch {
+		case ev.Endpoint == "":
+			return DropInvalid // not endpoint_left, which asks nothing of an operator
 		case ep == nil && ev.Kind == EventRemoved:
 			return DropEndpointLeft
 		case ep == nil:

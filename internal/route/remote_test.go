@@ -409,12 +409,19 @@ func TestShareDropReasons(t *testing.T) {
 		{&Event{Kind: EventBackoff, Origin: 1, Endpoint: "gone", Rest: time.Second}, DropUnknownEndpoint},
 		{routed(4, "gone"), DropUnknownEndpoint}, {first(4), DropUnknownEndpoint}, {done(4), DropUnknownEndpoint},
 	})
-	// An attempt whose routed event is refused as invalid is dropped whole, as invalid; one
-	// heard of nowhere (its routed event lost) is unknown.
+	// An attempt whose routed event is refused as invalid (blocks of no size; a negative
+	// count: a client's max_tokens -1 an older replica let through) is dropped whole, as
+	// invalid; one heard of nowhere (its routed event lost) is unknown. An endpoint's event
+	// that names none is invalid, not endpoint_left.
+	negative := routed(7, "x")
+	negative.MaxTokens = -1
 	apply("the rest", []step{
 		{&Event{Kind: EventRouted, Origin: 1, ID: 5, Endpoint: "x", Blocks: []uint64{1}}, DropInvalid},
 		{done(5), DropInvalid},
 		{first(6), DropUnknown}, {done(6), DropUnknown},
+		{negative, DropInvalid}, {first(7), DropInvalid}, {done(7), DropInvalid},
+		{&Event{Kind: EventRemoved, Origin: 1}, DropInvalid},
+		{&Event{Kind: EventBackoff, Origin: 1, Rest: time.Second}, DropInvalid},
 	})
 	if diff := cmp.Diff([][2]int{{0, 0}}, load(b.eps)); diff != "" {
 		t.Errorf("counters (-want +got):\n%s", diff)
