@@ -22,7 +22,10 @@
 //     other chunks), learning the first token time (the first event other than a comment),
 //     the usage and the cached tokens, and, from envoy.lb/x-gateway-destination-endpoint-served
 //     and Envoy's attempt count, which endpoint answered and which of the list Envoy tried
-//     before it (stream.follow); an engine's Retry-After is written again as `kvroute serve`
+//     before it, and, from response.code_details and response.flags, whether the answer is
+//     Envoy's own, and what it says of the attempt (stream.follow: an answer from an address
+//     kvroute did not pick, or Envoy's own, is no endpoint's, Exchange.AnsweredElsewhere);
+//     an engine's Retry-After is written again as `kvroute serve`
 //     writes it. A stream is read as `kvroute serve` reads it
 //     (stream.event): an event the stream ended inside, and what follows the terminator,
 //     are neither read nor passed on, and a cut stream ends with serve's stream_cut error
@@ -33,7 +36,8 @@
 // x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the
 // request: a client that went away does not count against its endpoint (but for one that left
 // a stalled engine before its first token, as in `kvroute serve`). Serve shuts down as `kvroute
-// serve` does: health not serving at once, new streams taken for a drain delay, then a drain,
-// and the streams still open at its end answered 503 shutting_down and settled so.
+// serve` does: health not serving at once (liveness excepted), new streams taken for a drain
+// delay, then a drain, and the streams still open at its end answered 503 shutting_down and
+// settled so.
 // docs/kubernetes.md ("Endpoint-picker mode") says how to configure Envoy.
 package extproc

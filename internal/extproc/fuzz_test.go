@@ -13,6 +13,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics"
@@ -96,8 +97,12 @@ func messages(data []byte) []*extprocv3.ProcessingRequest {
 					served = "10.9.9.9:8000" // not on the list: Envoy's fallback
 				}
 			}
-			// The payload is Envoy's attempt count, as it came.
+			// The payload is Envoy's attempt count, as it came; its second byte, Envoy's response
+			// flags (its own answer: UH, UT, UR, UF, UC, UO...).
 			m = respHeaders(200+int(flags>>4)*25, served, eos, "content-type", ct, "x-envoy-attempt-count", payload)
+			if len(payload) > 1 {
+				withAttributes(m, map[string]*structpb.Value{"response.flags": structpb.NewNumberValue(float64(payload[1]))})
+			}
 		case 4:
 			m = respBody(payload, eos)
 		case 5:

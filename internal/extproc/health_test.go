@@ -48,7 +48,11 @@ func waitStatus(t *testing.T, hc healthpb.HealthClient, service string, want hea
 
 // TestServeHealthAndDrain: Serve answers ext_proc and health on its listener and health on the
 // health listener; readiness follows the endpoints' availability; at the end of ctx a stream
-// in flight is given its drain time and Serve returns nil.
+// in flight is given its drain time and Serve returns nil. During the drain readiness, the
+// ext_proc service and the server as a whole are not serving, and liveness still is, as
+// /healthz stays up while `kvroute serve` drains: a liveness probe that failed then would have
+// Kubernetes kill the picker and its streams in flight. Before, the drain set every service
+// NOT_SERVING, liveness too.
 func TestServeHealthAndDrain(t *testing.T) {
 	f := newFixture(t, []string{ep1})
 	ln, hln := loopback(t), loopback(t)
@@ -88,6 +92,14 @@ func TestServeHealthAndDrain(t *testing.T) {
 	e.streamedBody(false)
 	cancel()
 	waitStatus(t, hc, Readiness, healthpb.HealthCheckResponse_NOT_SERVING)
+	for service, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{
+		Liveness: healthpb.HealthCheckResponse_SERVING, Readiness: healthpb.HealthCheckResponse_NOT_SERVING,
+		ServiceName: healthpb.HealthCheckResponse_NOT_SERVING, "": healthpb.HealthCheckResponse_NOT_SERVING,
+	} {
+		if r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: service}); err != nil || r.GetStatus() != want {
+			t.Errorf("health of %q during the drain = %v, %v: want %v", service, r.GetStatus(), err, want)
+		}
+	}
 	e.send(respHeaders(200, "", false, "content-type", "application/json"))
 	e.recv()
 	e.send(respBody(jsonAnswer, true))

@@ -13,8 +13,12 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/internal/metrics/metricstest"
+	"github.com/kvroute/kvroute/internal/tenant"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
+
+// errorAnswer is an engine's error body, as OpenAI's API shapes it.
+const errorAnswer = `{"error":{"message":"no","type":"x","param":null,"code":null}}`
 
 // withAttributes adds response attributes to a message, as Envoy's ext_proc filter sends those
 // its response_attributes lists.
@@ -45,63 +49,119 @@ func (f *fixture) answer(t *testing.T, e *envoy, head *extprocv3.ProcessingReque
 // endpoint header naming the first choice. The endpoints of the list are charged a
 // connect_error only where Envoy's attempt count says it tried each. An answer from an endpoint
 // kvroute ranked but did not give Envoy (extproc.max_endpoints cut it off) is that endpoint's.
-// Before, every such answer was the first choice's.
+// Before, every such answer was the first choice's. An error from elsewhere (a 500, a 502, or a
+// refusal: 503, 429, 404) is no endpoint's either: counted under none, on the access line
+// without an endpoint, whether or not an attempt count came, nothing told to health (no refusal
+// either); a refusal costs the tenant nothing. Before, the Exchange counted it on the call's
+// last endpoint (the first choice), which had never seen the request.
 func TestAnswerFromElsewhere(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		served   string
+		status   int      // 0: 200
 		kv       []string // response headers
 		events   []string
 		failures []string
 		endpoint string // kvroute_requests_total's endpoint label
+		attempts float64
 	}{
 		{
 			name: "fallback, no count", served: "10.9.9.9:8000",
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"},
-			endpoint: "none",
+			endpoint: "none", attempts: 1,
 		},
 		{
 			name: "fallback, one attempt", served: "10.9.9.9:8000", kv: []string{"x-envoy-attempt-count", "1"},
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"},
-			endpoint: "none",
+			endpoint: "none", attempts: 1,
 		},
 		{
 			// Envoy tried both of the list and went on: both failed, why Envoy does not say.
 			name: "fallback after the list", served: "10.9.9.9:8000", kv: []string{"x-envoy-attempt-count", "3"},
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
 			failures: []string{ep1 + " connect_error", ep2 + " connect_error"},
-			endpoint: "none",
+			endpoint: "none", attempts: 3,
 		},
 		{
 			name: "ranked but not listed", served: "10.0.0.3:8000",
 			events: []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false",
 				"routed " + ep3, "done " + ep3 + " ok=true cached=true"},
-			endpoint: ep3,
+			endpoint: ep3, attempts: 3,
+		},
+		{
+			name: "fallback's 500, no count", served: "10.9.9.9:8000", status: http.StatusInternalServerError,
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"},
+			endpoint: "none", attempts: 1,
+		},
+		{
+			name: "fallback's 500 after the list", served: "10.9.9.9:8000", status: http.StatusInternalServerError, kv: []string{"x-envoy-attempt-count", "3"},
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
+			failures: []string{ep1 + " connect_error", ep2 + " connect_error"},
+			endpoint: "none", attempts: 3,
+		},
+		{
+			name: "fallback's 502", served: "10.9.9.9:8000", status: http.StatusBadGateway, kv: []string{"x-envoy-attempt-count", "1"},
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"},
+			endpoint: "none", attempts: 1,
+		},
+		{
+			name: "fallback's 503", served: "10.9.9.9:8000", status: http.StatusServiceUnavailable,
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"},
+			endpoint: "none", attempts: 1,
+		},
+		{
+			name: "fallback's 429 after the list", served: "10.9.9.9:8000", status: http.StatusTooManyRequests, kv: []string{"x-envoy-attempt-count", "3"},
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
+			failures: []string{ep1 + " connect_error", ep2 + " connect_error"},
+			endpoint: "none", attempts: 3,
+		},
+		{
+			name: "fallback's 404", served: "10.9.9.9:8000", status: http.StatusNotFound,
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"},
+			endpoint: "none", attempts: 1,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, []string{ep1, ep2, ep3})
+			var logs testlog.Buffer
+			f := tenantFixture(t, &logs, ep1, ep2, ep3) // its access lines say what the tenant was charged
 			f.srv.MaxEndpoints = 2
 			f.h.EndpointHeader = "x-kvroute-endpoint"
-			var logs testlog.Buffer
 			f.h.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-			e, r := f.routed(t, plainChat)
+			e, r := f.routed(t, plainChat, "authorization", "Bearer sk-acme")
 			if got := destination(r); got != "10.0.0.1:8000,10.0.0.2:8000" {
 				t.Fatalf("destination = %q", got)
 			}
+			status, body := http.StatusOK, jsonAnswer
+			if tc.status != 0 {
+				status, body = tc.status, errorAnswer
+			}
 			kv := append([]string{"content-type", "application/json"}, tc.kv...)
-			head := mutation(f.answer(t, e, respHeaders(200, tc.served, false, kv...), jsonAnswer).GetResponseHeaders().GetResponse().GetHeaderMutation())
+			head := mutation(f.answer(t, e, respHeaders(status, tc.served, false, kv...), body).GetResponseHeaders().GetResponse().GetHeaderMutation())
 			if diff := cmp.Diff(tc.events, f.pk.events()); diff != "" {
 				t.Errorf("policy events (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
 				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
 			}
+			if got := f.health.refusals(); len(got) != 0 {
+				t.Errorf("refusals told to health checking: %v, want none", got)
+			}
 			v := metricstest.Values(t, f.reg, "kvroute_requests_total")
 			maps.DeleteFunc(v, func(_ string, n float64) bool { return n == 0 }) // the series made ahead
-			want := map[string]float64{"kvroute_requests_total{endpoint=" + tc.endpoint + ",model=m,status=200}": 1}
+			want := map[string]float64{"kvroute_requests_total{endpoint=" + tc.endpoint + ",model=m,status=" + itoa(status) + "}": 1}
 			if diff := cmp.Diff(want, v); diff != "" {
 				t.Errorf("kvroute_requests_total (-want +got):\n%s", diff)
+			}
+			line := accessLine(t, &logs)
+			if ep, ok := line["endpoint"]; ok != (tc.endpoint != "none") || ok && ep != tc.endpoint {
+				t.Errorf("access line's endpoint %v, want %s (none: no endpoint field)", ep, tc.endpoint)
+			}
+			if line["attempts"] != tc.attempts {
+				t.Errorf("access line's attempts %v, want %v", line["attempts"], tc.attempts)
+			}
+			refusal := status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests || status == http.StatusNotFound
+			if got := line["charged_prompt_tokens"]; (got == 0.0) != refusal {
+				t.Errorf("tenant charged %v prompt tokens for a %d: want nothing only for a refusal", got, status)
 			}
 			named := slices.ContainsFunc(head, func(h string) bool { return strings.HasPrefix(h, "x-kvroute-endpoint: ") })
 			if named != (tc.endpoint != "none") || tc.endpoint != "none" && !slices.Contains(head, "x-kvroute-endpoint: "+tc.endpoint) {
@@ -256,5 +316,172 @@ func TestRetryAfterThroughEnvoy(t *testing.T) {
 			t.Errorf("%d with Retry-After %q, retry-after-ms %q: set %q and %q, want %q and %q (\"\": left as it came)",
 				tc.status, tc.sent, tc.ms, got, gotMS, tc.want, tc.wantMS)
 		}
+	}
+}
+
+// TestEnvoyOwnAnswer: Envoy's own answers other than one after a failed connection. One given
+// for reasons of Envoy's own (no healthy upstream, a circuit breaker's overflow, no route, its
+// own rate limit), told by response.code_details or, without them, response.flags, is no
+// endpoint's: nothing told to health (no failure, no refusal), the attempt closed as nobody's,
+// counted under none. Before, each was charged to the first choice as the engine's own answer:
+// a 503 counted unavailable (three in a row eject the endpoint), a 404 a refusal. One given
+// because the endpoint Envoy tried failed the attempt (a timeout, a reset) charges that endpoint
+// as `kvroute serve` charges the attempt: a timeout (it was a server_error, the 504 taken for
+// the engine's), a lost connection; the request is counted on it, the access line says
+// upstream_timeout or upstream_connection_lost, as serve's would.
+func TestEnvoyOwnAnswer(t *testing.T) {
+	num := structpb.NewNumberValue
+	str := structpb.NewStringValue
+	none := []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"}
+	for _, tc := range []struct {
+		name     string
+		status   int
+		served   string
+		kv       []string
+		attrs    map[string]*structpb.Value
+		events   []string
+		failures []string
+		endpoint string // kvroute_requests_total's label
+		code     string // the access line's error_code
+	}{
+		{name: "no healthy upstream, flags", status: 503, attrs: map[string]*structpb.Value{"response.flags": num(0x2)},
+			events: none, endpoint: "none"},
+		{name: "no healthy upstream, details", status: 503, attrs: map[string]*structpb.Value{"response.code_details": str("no_healthy_upstream")},
+			events: none, endpoint: "none"},
+		{name: "circuit breaker", status: 503, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{
+			"response.flags": num(0x80), "response.code_details": str("upstream_reset_before_response_started{overflow}")},
+			events: none, endpoint: "none"},
+		{name: "no route", status: 404, attrs: map[string]*structpb.Value{"response.flags": num(0x100), "response.code_details": str("route_not_found")},
+			events: none, endpoint: "none"},
+		{name: "Envoy's rate limit", status: 429, attrs: map[string]*structpb.Value{"response.flags": num(0x800), "response.code_details": str("local_rate_limited")},
+			events: none, endpoint: "none"},
+		{name: "timeout, flags", status: 504, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{"response.flags": num(0x4)},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		{name: "per-try timeout", status: 504, attrs: map[string]*structpb.Value{"response.code_details": str("upstream_per_try_timeout")},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		{name: "response timeout", status: 504, attrs: map[string]*structpb.Value{"response.code_details": str("response_timeout")},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		{name: "reset", status: 503, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{
+			"response.flags": num(0x10), "response.code_details": str("upstream_reset_before_response_started{remote_reset}")},
+			events: none, failures: []string{ep1 + " lost"}, endpoint: ep1, code: "upstream_connection_lost"},
+		{name: "timeout at the second", status: 504, served: "10.0.0.2:8000", kv: []string{"x-envoy-attempt-count", "2"},
+			attrs:    map[string]*structpb.Value{"response.flags": num(0x4), "response.code_details": str("upstream_per_try_timeout")},
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
+			failures: []string{ep1 + " connect_error", ep2 + " timeout"}, endpoint: ep2, code: "upstream_timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testlog.Buffer
+			f := newFixture(t, []string{ep1, ep2}, withLog(&logs))
+			e, _ := f.routed(t, plainChat)
+			kv := append([]string{"content-type", "text/plain"}, tc.kv...)
+			f.answer(t, e, withAttributes(respHeaders(tc.status, tc.served, false, kv...), tc.attrs), "upstream request timeout")
+			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
+				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			}
+			if got := f.health.refusals(); len(got) != 0 {
+				t.Errorf("refusals told to health checking: %v, want none", got)
+			}
+			if diff := cmp.Diff(tc.events, f.pk.events()); diff != "" {
+				t.Errorf("policy events (-want +got):\n%s", diff)
+			}
+			v := metricstest.Values(t, f.reg, "kvroute_requests_total")
+			maps.DeleteFunc(v, func(_ string, n float64) bool { return n == 0 })
+			want := map[string]float64{"kvroute_requests_total{endpoint=" + tc.endpoint + ",model=m,status=" + itoa(tc.status) + "}": 1}
+			if diff := cmp.Diff(want, v); diff != "" {
+				t.Errorf("kvroute_requests_total (-want +got):\n%s", diff)
+			}
+			if got, _ := accessLine(t, &logs)["error_code"].(string); got != tc.code {
+				t.Errorf("access line's error_code %q, want %q", got, tc.code)
+			}
+			for _, n := range []string{ep1, ep2} {
+				if in := f.pool.ByName(n).InFlight(); in != 0 {
+					t.Errorf("%s in flight = %d", n, in)
+				}
+			}
+		})
+	}
+}
+
+// TestServedNoLongerUsable: Envoy answered from an endpoint of the list that is no longer
+// usable (unavailable since the pick). The call cannot be moved to it (route.Call.Next passes
+// over it), so the answer is no endpoint's; and no attempt is opened on an endpoint Envoy never
+// used. Before, Next went past the served endpoint to the next one, which was told it was
+// routed and done (prefix-aware's index touched for a request it never had). Likewise where the
+// answer came from elsewhere and an endpoint Envoy tried is no longer usable: the walk stops
+// rather than open one beyond the list.
+func TestServedNoLongerUsable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		served string
+		max    int // extproc.max_endpoints
+		events []string
+	}{
+		{name: "served", served: "10.0.0.2:8000",
+			events: []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"}},
+		{name: "elsewhere after the list", served: "10.9.9.9:8000", max: 2,
+			events: []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, []string{ep1, ep2, ep3})
+			f.srv.MaxEndpoints = tc.max
+			e, _ := f.routed(t, plainChat)
+			f.pool.ByName(ep2).SetHealthy(false)
+			f.answer(t, e, respHeaders(200, tc.served, false, "content-type", "application/json", "x-envoy-attempt-count", "3"), jsonAnswer)
+			if diff := cmp.Diff(tc.events, f.pk.events()); diff != "" {
+				t.Errorf("policy events (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff([]string{ep1 + " connect_error"}, f.health.failures()); diff != "" {
+				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			}
+			v := metricstest.Values(t, f.reg, "kvroute_requests_total")
+			if got := v["kvroute_requests_total{endpoint=none,model=m,status=200}"]; got != 1 {
+				t.Errorf("requests_total under none = %v, want 1 (%v)", got, v)
+			}
+			for _, n := range []string{ep1, ep2, ep3} {
+				if in := f.pool.ByName(n).InFlight(); in != 0 {
+					t.Errorf("%s in flight = %d", n, in)
+				}
+			}
+		})
+	}
+}
+
+// TestEnvoyAttemptCount: the access line's attempts are the attempts Envoy made where its count
+// says (x-envoy-attempt-count, upstream.request_attempt_count), not the endpoints kvroute moved
+// the call past; without a count, the call's. An answer from one attempt teaches the tenant
+// gate the endpoint's decode rate, which needs one attempt (its time is the engine's alone).
+// Before, an answer from the third of the list that Envoy reached in one attempt (the first two
+// skipped untried) was logged with 3 attempts, and taught nothing.
+func TestEnvoyAttemptCount(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kv   []string
+		want float64
+	}{
+		{name: "one attempt", kv: []string{"x-envoy-attempt-count", "1"}, want: 1},
+		{name: "each tried", kv: []string{"x-envoy-attempt-count", "3"}, want: 3},
+		{name: "no count", want: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs testlog.Buffer
+			f := newFixture(t, []string{ep1, ep2, ep3}, withLog(&logs))
+			e, _ := f.routed(t, plainChat)
+			f.answer(t, e, respHeaders(200, "10.0.0.3:8000", false, append([]string{"content-type", "application/json"}, tc.kv...)...), jsonAnswer)
+			if got := accessLine(t, &logs)["attempts"]; got != tc.want {
+				t.Errorf("access line's attempts %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	var logs testlog.Buffer
+	f := tenantFixture(t, &logs, ep1, ep2)
+	long := `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],` +
+		`"usage":{"prompt_tokens":10,"completion_tokens":64,"total_tokens":74}}`
+	for range tenant.MinDecodeSamples {
+		e, _ := f.routed(t, plainChat, "authorization", "Bearer sk-acme")
+		f.answer(t, e, respHeaders(200, "10.0.0.2:8000", false, "content-type", "application/json", "x-envoy-attempt-count", "1"), long)
+	}
+	if _, from := f.h.Gate.DecodeRates().Rate(ep2); from != "endpoint" {
+		t.Errorf("%s's decode rate is the %s's after %d answers from one attempt each, want its own", ep2, from, tenant.MinDecodeSamples)
 	}
 }

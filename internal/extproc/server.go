@@ -259,8 +259,11 @@ func NewHealth() *health.Server {
 // WatchHealth keeps hs's Readiness and ServiceName serving while some endpoint of the pool
 // is available (healthy, not draining), checking at every change of the pool and every
 // interval (health checks change availability without changing the pool), until ctx ends;
-// then every service is set not serving (Shutdown), so that Envoy and Kubernetes stop sending
-// new streams while the ones in flight drain.
+// then Readiness, ServiceName and the server as a whole ("") are set not serving, so that
+// Envoy and Kubernetes stop sending new streams while the ones in flight drain. Liveness stays
+// serving while the process runs, as the admin listener's /healthz does: a liveness probe
+// that failed during the drain would have Kubernetes kill the picker, and the streams it is
+// draining with it (it was NOT_SERVING there too until December 2026).
 func WatchHealth(ctx context.Context, hs *health.Server, pool func() *endpoint.Pool, interval time.Duration) {
 	if interval <= 0 {
 		interval = time.Second
@@ -284,7 +287,9 @@ func WatchHealth(ctx context.Context, hs *health.Server, pool func() *endpoint.P
 		}
 		select {
 		case <-ctx.Done():
-			hs.Shutdown()
+			for _, name := range []string{ServiceName, "", Readiness} { // readiness last: the rest is set when it is
+				hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+			}
 			return
 		case <-p.Changed():
 		case <-t.C:
@@ -310,7 +315,7 @@ func (s *Server) keepalive() []grpc.ServerOption {
 // Serve serves the picker (and health) on ln and health alone on healthLn (nil: none) until
 // ctx ends, then shuts down as `kvroute serve` does, in the order a gateway can follow:
 //
-//  1. health answers NOT_SERVING at once (every service: WatchHealth);
+//  1. health answers NOT_SERVING at once (every service but Liveness: WatchHealth);
 //  2. new streams are still taken for DrainDelay, while gateways and Kubernetes that follow
 //     readiness take the picker out (skipped where nothing asked for it);
 //  3. no new stream is taken (gRPC GOAWAY), and the streams in flight (each an HTTP request,

@@ -89,10 +89,11 @@ type stream struct {
 	// progress: an event other than a comment went by since the endpoint was last told that
 	// its engine is working (responseBody).
 	progress bool
-	// credited: the answer is the call's endpoint's (follow); false when it came from an
-	// endpoint kvroute did not pick, or from Envoy itself.
-	credited bool
-	settled  bool
+	// by says whose the answer is (follow): the call's endpoint's, no endpoint's of the call
+	// (an address kvroute did not pick, or Envoy's own), or Envoy's own after the endpoint
+	// failed the attempt.
+	by      answeredBy
+	settled bool
 }
 
 // run receives and answers messages until the request ends.
@@ -432,24 +433,30 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 		}
 	}
 	report := readReport(req, hdr)
-	st.credited = st.follow(rc, report)
-	st.status = http.StatusOK // Envoy always sends :status; a test harness may not
+	st.by = st.follow(rc, report)
+	st.x.Attempted(report.attempts) // what the access line says, where Envoy told it
+	st.status = http.StatusOK       // Envoy always sends :status; a test harness may not
 	if hasStatus {
 		st.status = st.answerStatus(rc, status)
 	}
-	switch {
-	case st.credited:
+	switch st.by {
+	case byEndpoint:
 		st.x.Answered(st.status) // a 404's body is read for the model it names (Exchange.Whole)
-	case st.status == http.StatusServiceUnavailable || st.status == http.StatusTooManyRequests || st.status == http.StatusNotFound:
-		// A refusal, which costs the tenant nothing (call.charge), whoever gave it. The Exchange
-		// then counts it on the call's last endpoint: it has no way to say "no endpoint" for an
-		// answer it was given.
-		st.x.Answered(st.status)
-		fallthrough
-	default:
+	case byNone:
+		// Credited and charged to no endpoint, counted under none; a 503, 429 or 404 is a
+		// refusal, which costs the tenant nothing (call.charge), whoever gave it.
+		st.x.AnsweredElsewhere(st.status)
 		st.x.Handler().Logger.Debug("the answer is no picked endpoint's: Envoy sent the request elsewhere, or answered it itself",
 			"request_id", st.x.RequestID(), "served", report.served, "list", strings.Join(st.ranked, ","),
-			"attempts", report.attempts, "unreachable", report.unreachable, "status", st.status)
+			"attempts", report.attempts, "failure", report.failed.String(), "status", st.status)
+	case byFailure:
+		// No answer came from the engine: settled as `kvroute serve` settles an attempt that
+		// failed so (counted on the endpoint, the tenant charged for what it may have computed).
+		e := failedAttempt(report.failed, st.status)
+		st.x.Refused(e)
+		st.x.Handler().Logger.Debug("Envoy answered itself: the endpoint failed the attempt",
+			"request_id", st.x.RequestID(), "endpoint", rc.Endpoint().Name, "failure", report.failed.String(),
+			"attempts", report.attempts, "status", st.status, "error_code", *e.Code)
 	}
 	if st.status == http.StatusTooManyRequests {
 		rc.Backoff(proxy.RetryAfter(hdr)) // nothing where the answer is no endpoint's: no attempt is open
@@ -464,7 +471,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 	if !st.bad {
 		set = cleanRetryAfter(st.status, hdr, set)
 	}
-	if name := st.x.Handler().EndpointHeader; name != "" && st.credited && rc.Endpoint() != nil {
+	if name := st.x.Handler().EndpointHeader; name != "" && st.by == byEndpoint && rc.Endpoint() != nil {
 		set = append(set, setHeader(strings.ToLower(name), rc.Endpoint().Name))
 	}
 	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
@@ -474,7 +481,9 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 	}
 	st.phase = answering
 	if m.GetEndOfStream() { // no body: the answer is its head
-		st.x.Complete()
+		if st.by != byFailure {
+			st.x.Complete()
+		}
 		st.finishAnswer()
 		st.phase = done
 	}
@@ -554,18 +563,45 @@ type envoyReport struct {
 	// to the answer with the route's include_attempt_count_in_response, else the
 	// upstream.request_attempt_count attribute); 0 when neither is told.
 	attempts int
-	// unreachable: the answer is Envoy's own, given because its last attempt could not connect
-	// (response.flags UF, a connection_failure in response.code_details, or a transport failure
-	// reason), not an engine's.
-	unreachable bool
+	// own: the answer is Envoy's own, not an engine's: response.code_details other than
+	// via_upstream, or, without details, one of the response flags Envoy sets only on an
+	// answer of its own (ownAnswerFlags).
+	own bool
+	// failed is how the last attempt failed, where Envoy's own answer says it did: FailConnect
+	// (no connection: UF, a connection_failure or connection_timeout in the details, a
+	// transport failure reason), FailTimeout (no answer in time: UT, a response_timeout or
+	// upstream_per_try_timeout), FailLost (the engine reset the stream or closed its connection
+	// before its head, or answered no HTTP: UR, UC, UPE, remote_reset, connection_termination,
+	// protocol_error). FailNone where no attempt failed: Envoy answered for reasons of its own
+	// (UH no healthy upstream, UO a circuit breaker's overflow, NR no route, RL its own rate
+	// limit, ...), or the answer is an engine's.
+	failed route.Failure
 }
 
 // maxAttemptCount bounds the attempt count read from Envoy: more is not a count kvroute believes.
 const maxAttemptCount = 1000
 
-// upstreamConnectionFailure is Envoy's response flag UF in the response.flags bit vector: the
-// connection pool failed to connect for the last attempt.
-const upstreamConnectionFailure = 0x20
+// Envoy's response flags, bits of the response.flags attribute (its access log's short names).
+const (
+	flagUH  = 0x2       // no healthy upstream host
+	flagUT  = 0x4       // upstream request timeout
+	flagLR  = 0x8       // local reset
+	flagUR  = 0x10      // upstream remote reset
+	flagUF  = 0x20      // upstream connection failure
+	flagUC  = 0x40      // upstream connection termination
+	flagUO  = 0x80      // upstream overflow (circuit breaker)
+	flagNR  = 0x100     // no route
+	flagFI  = 0x400     // fault injected (an abort)
+	flagRL  = 0x800     // rate limited by Envoy
+	flagUPE = 0x800000  // upstream protocol error
+	flagNC  = 0x1000000 // no cluster
+	flagOM  = 0x2000000 // overload manager
+)
+
+// ownAnswerFlags are the response flags that mean Envoy answered itself, read where no
+// response.code_details is sent. Others (URX: the retries ran out; DI: a delay injected) may
+// come with an engine's answer.
+const ownAnswerFlags = flagUH | flagUT | flagLR | flagUR | flagUF | flagUC | flagUO | flagNR | flagFI | flagRL | flagUPE | flagNC | flagOM
 
 // readReport reads what Envoy says of the answer from the response headers message and the
 // answer's headers.
@@ -589,11 +625,32 @@ func readReport(req *extprocv3.ProcessingRequest, hdr http.Header) envoyReport {
 		}
 	}
 	details := attribute(req, "response.code_details").GetStringValue()
-	flags := uint64(max(attribute(req, "response.flags").GetNumberValue(), 0))
-	// Envoy's own answer: details other than via_upstream, or a flag it sets only when it gives up.
-	local := details != "" && details != "via_upstream" || flags&upstreamConnectionFailure != 0
-	r.unreachable = local && (flags&upstreamConnectionFailure != 0 || strings.Contains(details, "connection_failure") ||
-		attribute(req, "upstream.transport_failure_reason").GetStringValue() != "")
+	flags := uint64(0)
+	if f := attribute(req, "response.flags").GetNumberValue(); f > 0 && f < 1<<53 {
+		flags = uint64(f)
+	}
+	if details != "" {
+		r.own = details != "via_upstream"
+	} else {
+		r.own = flags&ownAnswerFlags != 0
+	}
+	if !r.own {
+		return r
+	}
+	// The details name the reset's reason in braces: upstream_reset_before_response_started{
+	// remote_connection_failure,delayed_connect_error:_Connection_refused}, {overflow}, ...
+	has := func(s ...string) bool {
+		return slices.ContainsFunc(s, func(s string) bool { return strings.Contains(details, s) })
+	}
+	switch {
+	case flags&flagUF != 0 || has("connection_failure", "connection_timeout") ||
+		attribute(req, "upstream.transport_failure_reason").GetStringValue() != "":
+		r.failed = route.FailConnect
+	case flags&flagUT != 0 || has("response_timeout", "upstream_per_try_timeout", "upstream_per_try_idle_timeout"):
+		r.failed = route.FailTimeout
+	case flags&(flagUR|flagUC|flagUPE) != 0 || has("remote_reset", "connection_termination", "protocol_error"):
+		r.failed = route.FailLost
+	}
 	return r
 }
 
@@ -608,9 +665,26 @@ func attribute(req *extprocv3.ProcessingRequest, name string) *structpb.Value {
 	return nil
 }
 
+// answeredBy says whose an answer is (stream.follow).
+type answeredBy uint8
+
+const (
+	// byEndpoint: the call's endpoint answered (Exchange.Answered), credited to it.
+	byEndpoint answeredBy = iota
+	// byNone: no endpoint of the call answered (Exchange.AnsweredElsewhere): an address kvroute
+	// did not rank (override_host's fallback), Envoy for reasons of its own (no healthy
+	// upstream, a circuit breaker, no route), or Envoy after its last attempt could not
+	// connect (the endpoint charged a connect_error, as `kvroute serve` charges one; the
+	// answer, as there, no endpoint's).
+	byNone
+	// byFailure: Envoy's own answer after the endpoint failed the attempt it had (a timeout, a
+	// reset): no answer came from the engine, and the request is settled as `kvroute serve`
+	// settles one whose last attempt failed so (failedAttempt).
+	byFailure
+)
+
 // follow moves the call's attempt to the endpoint that answered, as Envoy reports it, and
-// reports whether the answer is that endpoint's (credited to it: Exchange.Answered) or no
-// endpoint's of the call.
+// says whose the answer is.
 //
 // Each endpoint of the list Envoy went past (all of the list when the answer came from
 // elsewhere: override_host's fallback policy) failed an attempt or was skipped without one
@@ -622,22 +696,26 @@ func attribute(req *extprocv3.ProcessingRequest, name string) *structpb.Value {
 // answer from elsewhere without a count (Envoy may never have tried it). An endpoint of the
 // ranking that Envoy never had (past extproc.max_endpoints) is passed uncharged. An answer
 // from an endpoint the call did not rank is no endpoint's: taken for the first choice's, it
-// credited that endpoint with an answer it never gave. Envoy's own answer after a connection
-// that failed (envoyReport.unreachable) charges the endpoint it tried last (the served one,
-// else the first choice) a connect_error, and is no endpoint's either.
+// credited that endpoint with an answer it never gave.
+//
+// Envoy's own answer (envoyReport.own) is no endpoint's either. The endpoint it tried last (the
+// served one, else the first choice) is charged the failure the answer tells (a connect_error,
+// a timeout, a connection lost), as `kvroute serve` charges its own attempt, and nothing where
+// none failed: no healthy upstream, a circuit breaker's overflow, no route are Envoy's
+// answers, and counted against the first choice (unavailable, three of which eject it; a
+// refusal for a 404) they ejected engines that had never been asked.
 //
 // An attempt passed is closed by Call.Fail: with FailConnect, or with FailNone where nobody
-// failed (nothing told to health, the policy told of neither an answer nor a failure).
-func (st *stream) follow(rc *route.Call, r envoyReport) (credited bool) {
+// failed (nothing told to health, the policy told of neither an answer nor a failure). Only an
+// endpoint Envoy had on its list before the served one, or the served one itself, is given an
+// attempt (moveOn): where the served one can no longer be (ejected, or unavailable, since the
+// pick), the answer is no endpoint's rather than an attempt opened on one Envoy never used.
+func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 	if rc.Endpoint() == nil {
-		return true
+		return byEndpoint
 	}
 	if r.served == "" || r.served == st.s.Addr(rc.Endpoint()) {
-		if r.unreachable {
-			rc.Fail(route.FailConnect)
-			return false
-		}
-		return true
+		return envoyAnswered(rc, r)
 	}
 	ranked := rc.Ranked()
 	target := slices.IndexFunc(ranked, func(e *endpoint.Endpoint) bool { return st.s.Addr(e) == r.served })
@@ -654,32 +732,77 @@ func (st *stream) follow(rc *route.Call, r envoyReport) (credited bool) {
 		return tried && slices.Contains(st.ranked[:passed], st.s.Addr(e))
 	}
 	for range len(ranked) + 1 {
-		ep := rc.Endpoint()
-		i := slices.Index(ranked, ep)
-		if i == target {
-			if r.unreachable {
-				rc.Fail(route.FailConnect)
-				return false
-			}
-			return true
-		}
-		if target >= 0 && i > target { // it was no longer usable: Next went past it
+		i := slices.Index(ranked, rc.Endpoint())
+		switch {
+		case i < 0: // cannot happen: the call's endpoints are its ranking's
 			rc.Fail(route.FailNone)
-			return false
+			return byNone
+		case i == target:
+			return envoyAnswered(rc, r)
 		}
 		f := route.FailNone // skipped by Envoy, or never on its list: nobody's failure
-		if charged(ep) {
+		if charged(ranked[i]) {
 			f = route.FailConnect
 		}
 		rc.Fail(f)
-		if target < 0 && !slices.ContainsFunc(ranked[i+1:], charged) {
-			return false // nothing further to charge, nowhere to follow
+		next := st.nextUsable(ranked, i)
+		switch {
+		case next < 0:
+			return byNone
+		case target >= 0 && next > target:
+			return byNone // the served endpoint is no longer usable: Next would go past it
+		case target < 0 && !slices.ContainsFunc(ranked[next:], charged):
+			return byNone // nothing further to charge, nowhere to follow
 		}
 		if rc.Next() == nil {
-			return false
+			return byNone
 		}
 	}
-	return false
+	rc.Fail(route.FailNone) // cannot happen: each turn moves one endpoint down the ranking
+	return byNone
+}
+
+// envoyAnswered settles the call's attempt in progress, at the endpoint Envoy says answered,
+// by what Envoy says of the answer (follow).
+func envoyAnswered(rc *route.Call, r envoyReport) answeredBy {
+	switch {
+	case !r.own:
+		return byEndpoint
+	case r.failed == route.FailConnect:
+		rc.Fail(route.FailConnect)
+		return byNone // as in `kvroute serve`: a connection never made leaves no engine's answer
+	case r.failed != route.FailNone:
+		rc.Fail(r.failed)
+		return byFailure
+	}
+	rc.Fail(route.FailNone)
+	return byNone
+}
+
+// nextUsable is the index in ranked of the endpoint the call's Next would take after ranked[i],
+// -1 when none: route.Call.Next passes over the endpoints that are no longer usable (ejected,
+// or unavailable, since the pick), which it asks as this does. route.Call has no way to move a
+// call to an endpoint of its choosing.
+func (st *stream) nextUsable(ranked []*endpoint.Endpoint, i int) int {
+	lc := st.x.Handler().Lifecycle
+	now := lc.Now()
+	for j := i + 1; j < len(ranked); j++ {
+		if ranked[j].Available() && !lc.Health().Ejected(ranked[j], now) {
+			return j
+		}
+	}
+	return -1
+}
+
+// failedAttempt is the error of a request whose last attempt failed with f (a timeout, a
+// connection lost) and Envoy answered status itself, for the access line: the code `kvroute
+// serve` answers such a request with (Handler.proxyError).
+func failedAttempt(f route.Failure, status int) *openai.Error {
+	if f == route.FailTimeout {
+		return openai.NewError(status, openai.TypeUpstream, "", "upstream_timeout", "no answer from the engine in time: Envoy gave up")
+	}
+	return openai.NewError(status, openai.TypeUpstream, "", "upstream_connection_lost",
+		"the engine's connection broke after it received the request, before its answer's head")
 }
 
 // cleanRetryAfter writes the engine's Retry-After (and retry-after-ms) again as kvroute reads
@@ -717,7 +840,7 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 			// As `kvroute serve` does for each read that brought an event: the stall watch of
 			// every request on this endpoint reads it (keep-alive comments are no progress).
 			st.progress = false
-			if ep := st.x.Call().Endpoint(); ep != nil && st.credited {
+			if ep := st.x.Call().Endpoint(); ep != nil && st.by == byEndpoint {
 				ep.Progressed(time.Now().UnixNano())
 			}
 		}
@@ -817,11 +940,15 @@ func cutEvent(requestID string) []byte {
 // (stream_cut where it was cut, as serve counts it).
 func (st *stream) finishAnswer() (cut bool) {
 	if !st.sse {
-		// An error from an endpoint kvroute did not pick is not read: a 404's body would leave
-		// the call's endpoint out for the model it names (Exchange.Whole).
-		if st.overflow || st.bad || !st.credited && st.status >= 300 {
+		switch {
+		case st.by == byFailure:
+			// Envoy's own answer: the engine's never came, and is not complete (call.charge
+			// estimates what it generated, as for `kvroute serve`'s attempt that timed out).
+		case st.overflow || st.bad || st.by == byNone && st.status >= 300:
+			// An error from no endpoint of the call is not read: a 404's body would leave the
+			// call's endpoint out for the model it names (Exchange.Whole).
 			st.x.Complete()
-		} else {
+		default:
 			st.x.Whole(st.capture)
 		}
 		st.capture = nil

@@ -725,9 +725,10 @@ func (c *call) settle(status int, method, path string) {
 	// A request that no endpoint answered, but whose last attempt reached one (its connection
 	// lost after the request, or no answer in time), is counted on that endpoint: an engine that fails every
 	// request it is sent shows on its own series, not under none. So is one whose client left
-	// while its attempt was at an engine (499): the engine it waited for is named.
+	// while its attempt was at an engine (499): the engine it waited for is named. An answer
+	// that is no endpoint's (Exchange.AnsweredElsewhere) names none.
 	tried := ep
-	if tried == nil && c.rc != nil && c.rc.Attempts() > 0 {
+	if tried == nil && c.rc != nil && c.rc.Attempts() > 0 && !c.elsewhere {
 		switch {
 		case status >= 500 && c.rc.LastFailure() != route.FailConnect, status == 499 && c.reachedEngine():
 			tried = c.rc.Endpoint()
@@ -779,7 +780,7 @@ func (c *call) settle(status int, method, path string) {
 		attrs = append(attrs, slog.String("endpoint", tried.Name))
 	}
 	if c.rc != nil {
-		attrs = append(attrs, slog.Int("attempts", c.rc.Attempts()))
+		attrs = append(attrs, slog.Int("attempts", c.attempts()))
 		if p := c.rc.Predicted(); p >= 0 {
 			// Beside cached_tokens (the engine's report): a miss the index did not expect.
 			attrs = append(attrs, slog.Int("predicted_cached_tokens", p))
@@ -914,7 +915,7 @@ func (c *call) learns(status int) bool {
 // the time an estimate is made from). The usage counts the sequences the answer returns
 // (unseen), each generated alongside the others. Without a gate there is nothing to charge.
 func (c *call) learnRate(status int, end time.Time) {
-	if c.h.Gate == nil || !c.learns(status) || c.routed.IsZero() || c.rc == nil || c.rc.Attempts() != 1 || c.ep() == nil {
+	if c.h.Gate == nil || !c.learns(status) || c.routed.IsZero() || c.rc == nil || c.attempts() != 1 || c.ep() == nil {
 		return
 	}
 	c.h.Gate.DecodeRates().Learn(c.ep().Name, float64(c.usage.Completion())/float64(max(c.choices, 1)), end.Sub(c.routed))
@@ -1052,6 +1053,27 @@ func (x *Exchange) Body(ep *endpoint.Endpoint) []byte { return x.c.bodyFor(x.c.h
 
 // Answered records that an endpoint answered with status (a response head came back).
 func (x *Exchange) Answered(status int) { x.c.answered, x.c.answerStatus = true, status }
+
+// AnsweredElsewhere records that the request was answered with status by no endpoint of its
+// call: an address the router did not pick (the front end's own balancing sent it there), or
+// the front end itself (Envoy's own answer: no healthy upstream, no route). The answer is
+// nobody's that the router judges: no endpoint is credited or charged with it (the attempt
+// still open, if any, is closed as nobody's failure), and kvroute_requests_total and the
+// access line name no endpoint. As with Answered, a 503, 429 or 404 is a refusal, which costs
+// the tenant nothing (call.charge).
+func (x *Exchange) AnsweredElsewhere(status int) {
+	c := x.c
+	c.answered, c.answerStatus, c.elsewhere = true, status, true
+	if c.rc != nil {
+		c.rc.Fail(route.FailNone) // nothing where no attempt is open
+	}
+}
+
+// Attempted records how many upstream attempts the front end made for the request (Envoy's
+// attempt count), where it says: the access line's attempts, and the one attempt from which a
+// decode rate is learnt, are counted so, rather than by the lifecycle, which counts every
+// endpoint the call was moved past. n <= 0 leaves the lifecycle's count.
+func (x *Exchange) Attempted(n int) { x.c.frontAttempts = max(n, 0) }
 
 // Event reads one event of a streamed answer and reports whether to pass it on. Where the
 // router asked for the usage (PrepareOptions.AddUsage) and the engine put it in a chunk that

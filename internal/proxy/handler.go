@@ -310,6 +310,13 @@ type call struct {
 	// answerStatus is the status of the answer a front end that carries the request was given
 	// (Exchange.Answered); 0 before it came.
 	answerStatus int
+	// elsewhere: that answer is no endpoint's of the call (Exchange.AnsweredElsewhere): an
+	// address the router did not pick gave it, or the front end itself. ep is nil, and settle
+	// names no endpoint for it.
+	elsewhere bool
+	// frontAttempts is how many upstream attempts the front end says it made
+	// (Exchange.Attempted); 0 where it did not say, and the lifecycle's count stands.
+	frontAttempts int
 
 	// Filled while the response is read (one goroutine: the proxy's copy loop).
 	usage     openai.Usage
@@ -338,10 +345,22 @@ type call struct {
 
 // ep is the endpoint that answered the request, or nil.
 func (c *call) ep() *endpoint.Endpoint {
-	if c.rc == nil || !c.answered {
+	if c.rc == nil || !c.answered || c.elsewhere {
 		return nil
 	}
 	return c.rc.Endpoint()
+}
+
+// attempts is how many attempts the request took: the front end's count where it gave one
+// (Exchange.Attempted), else the lifecycle's.
+func (c *call) attempts() int {
+	if c.frontAttempts > 0 {
+		return c.frontAttempts
+	}
+	if c.rc == nil {
+		return 0
+	}
+	return c.rc.Attempts()
 }
 
 // ServeHTTP routes one request.
