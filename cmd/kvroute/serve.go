@@ -352,8 +352,19 @@ func configSummary(cfg *config.Config, path string, discovered int) string {
 	if cfg.Auth != nil {
 		auth = string(cfg.Auth.Mode)
 	}
-	return fmt.Sprintf("%s: %d endpoint(s); discovery: %s; policy %s; %d tenant(s), auth %s",
-		source, len(cfg.Endpoints), strings.Join(disc, ", "), cfg.Policy.Name, len(cfg.Tenants), auth)
+	tenants := fmt.Sprintf("%d tenant(s)", len(cfg.Tenants))
+	capped := 0
+	for _, t := range cfg.Tenants {
+		if t.Limits.MaxOutputTokens > 0 {
+			capped++
+		}
+	}
+	if capped > 0 {
+		// A cap rewrites the bodies of the tenant's requests: worth seeing before serving.
+		tenants += fmt.Sprintf(", %d with max_output_tokens", capped)
+	}
+	return fmt.Sprintf("%s: %d endpoint(s); discovery: %s; policy %s; %s, auth %s",
+		source, len(cfg.Endpoints), strings.Join(disc, ", "), cfg.Policy.Name, tenants, auth)
 }
 
 // listenExtProc opens the endpoint picker's listeners when the config serves it (nil, nil

@@ -64,6 +64,11 @@ tenants:
   - {name: a, api_keys: [sha256:39247eee4cd68d9e0e601a1a7c2f5ab7025261abd30be4cce7a4b7bdd146fe3d]}
   - {name: b, api_keys: [sha256:709cbcce181048c19e11dae761a11a212b2b5dcf67745104b7512486a5b588d4]}
 `)
+	capped := write("capped.yaml", base+`auth: {mode: api_key, secret_file: secret}
+tenants:
+  - {name: a, api_keys: [sha256:39247eee4cd68d9e0e601a1a7c2f5ab7025261abd30be4cce7a4b7bdd146fe3d], limits: {max_output_tokens: 4096}}
+  - {name: b, api_keys: [sha256:709cbcce181048c19e11dae761a11a212b2b5dcf67745104b7512486a5b588d4]}
+`)
 	noAuth := write("noauth.yaml", base)
 	badPolicy := write("badpolicy.yaml", base+"auth: {mode: none}\npolicy: {name: round-robin, params: {alpha: 1}}\n")
 	noSecret := write("nosecret.yaml", base+"auth: {mode: api_key, secret_file: missing}\ntenants: [{name: a, api_keys: [sha256:39247eee4cd68d9e0e601a1a7c2f5ab7025261abd30be4cce7a4b7bdd146fe3d]}]\n")
@@ -77,6 +82,8 @@ tenants:
 	}{
 		{"full", []string{"--config", full}, 0,
 			[]string{"config OK: " + full + ": 2 endpoint(s); discovery: file eps.yaml (3 endpoint(s)), 1 DNS name(s); policy round-robin; 2 tenant(s), auth api_key\n"}, nil},
+		{"max_output_tokens", []string{"--config", capped}, 0,
+			[]string{"config OK: " + capped + ": 2 endpoint(s); discovery: none; policy prefix-aware; 2 tenant(s), 1 with max_output_tokens, auth api_key\n"}, nil},
 		{"warning", []string{"--config", noAuth}, 0,
 			[]string{"config OK: " + noAuth + ": 2 endpoint(s); discovery: none; policy prefix-aware; 0 tenant(s), auth none"},
 			[]string{"kvroute serve: warning: auth: no tenants and no auth section"}},

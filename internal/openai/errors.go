@@ -49,6 +49,13 @@ func BadRequest(param, format string, args ...any) *Error {
 	return NewError(http.StatusBadRequest, TypeInvalidRequest, param, "", fmt.Sprintf(format, args...))
 }
 
+// belowMin is the 400 for a count field whose value is below 1, as OpenAI answers it:
+// param the field, code integer_below_min_value; hint says what to do instead.
+func belowMin(field string, v int, hint string) *Error {
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, "integer_below_min_value",
+		fmt.Sprintf("%s must be at least 1, got %d: %s", field, v, hint))
+}
+
 // Body returns the JSON error body.
 func (e *Error) Body() []byte {
 	b, err := json.Marshal(struct {

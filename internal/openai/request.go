@@ -78,7 +78,7 @@ type Request struct {
 	IncludeUsage       bool // stream_options.include_usage
 	HasStreamOptions   bool // the body has a stream_options object
 	StreamOptionsField bool // the body names stream_options, even as null (as encoding/json matches names)
-	MaxTokens          int  // max_tokens, max_completion_tokens or max_output_tokens, 0 when absent
+	MaxTokens          int  // the completion's bound per sequence, as the kind's engines read it (outputBound), 0 when absent
 	N                  int  // n, the choices to generate for each prompt, 0 when absent (one)
 	User               string
 	CacheSalt          string
@@ -330,14 +330,22 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 		r.HasStreamOptions = true
 		r.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
 	}
-	for _, p := range []*int{w.MaxOutputTokens, w.MaxTokens, w.MaxCompletionTokens} {
-		if p != nil {
-			r.MaxTokens = *p
+	bounds := [...]struct {
+		name string
+		v    *int
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletionTokens}, {"max_output_tokens", w.MaxOutputTokens}}
+	for _, b := range bounds {
+		if b.v != nil && *b.v < 1 {
+			// OpenAI refuses below 1 too (integer_below_min_value); engines do not all:
+			// llama.cpp and ollama read -1 as "until the context is full", and the peers
+			// drop a routed event whose max_tokens is negative as malformed.
+			return nil, belowMin(b.name, *b.v, "leave it out to set no bound")
 		}
 	}
+	r.MaxTokens = outputBound(kind, w)
 	if w.N != nil {
 		if *w.N < 1 {
-			return nil, BadRequest("n", "n must be at least 1, got %d", *w.N)
+			return nil, belowMin("n", *w.N, "leave it out for one choice")
 		}
 		r.N = *w.N
 	}
@@ -352,6 +360,32 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 		r.Tools = compact(w.Tools)
 	}
 	return r, nil
+}
+
+// outputBound is the most completion tokens a request of kind lets each sequence have, as its
+// engines read the body (Request.MaxTokens): a chat request's max_tokens or
+// max_completion_tokens, the larger where both are set (vLLM and SGLang take
+// max_completion_tokens then, llama.cpp and ollama have read max_tokens alone); a
+// completion's max_tokens; a Responses request's max_output_tokens. A member its kind's
+// engines do not read bounds nothing: a chat request's max_output_tokens of 1 would otherwise
+// have reserved 1 token per sequence of a tenant's limit for an answer its engine did not cut.
+// 0: none.
+func outputBound(kind Kind, w *wire) int {
+	v := func(p *int) int {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	switch kind {
+	case KindChat:
+		return max(v(w.MaxTokens), v(w.MaxCompletionTokens))
+	case KindCompletion:
+		return v(w.MaxTokens)
+	case KindResponse:
+		return v(w.MaxOutputTokens)
+	}
+	return 0
 }
 
 // compact returns raw, valid JSON (the scanner or encoding/json read it), with the spaces

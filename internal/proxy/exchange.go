@@ -853,7 +853,9 @@ func (c *call) charge(status int, end time.Time) (prompt, completion int) {
 	if c.haveUsage && c.usage.Prompt() > 0 {
 		prompt = c.usage.Prompt()
 	}
-	prompt += max(c.reached-1, 0) * c.preq.PromptTokens // the one that reached an engine last is counted above
+	// The one that reached an engine last is counted above. Each count is within [0,
+	// math.MaxInt32] (the usage is bounded as it is read: boundUsage), and so are the sums.
+	prompt = clampTokens(float64(prompt) + float64(max(c.reached-1, 0))*float64(c.preq.PromptTokens))
 	if !c.stream && !c.complete && !c.haveUsage {
 		return prompt, c.generated(end)
 	}
@@ -867,9 +869,9 @@ func (c *call) charge(status int, end time.Time) (prompt, completion int) {
 // asked for by the client, and charged as n is.
 func (c *call) unseen(completion int) int {
 	if c.seqs <= c.choices || c.choices <= 0 {
-		return completion
+		return clampTokens(float64(completion))
 	}
-	return int(math.Ceil(float64(completion) * float64(c.seqs) / float64(c.choices)))
+	return clampTokens(math.Ceil(float64(completion) * float64(c.seqs) / float64(c.choices)))
 }
 
 // relayedCompletion is the request's completion tokens as far as the router saw them: the
@@ -885,7 +887,9 @@ func (c *call) relayedCompletion() int {
 // generated estimates the tokens an engine generated for a non-streamed request whose answer
 // never came, at end: for each of its sequences (n choices of each prompt, or best_of where
 // that is more), the time since the request was routed times the endpoint's decode rate
-// (tenant.DecodeRates), at most max_tokens. Nothing for embeddings (no generation), nor for a
+// (tenant.DecodeRates, at most tenant.MaxDecodeRate), at most max_tokens; the whole at most
+// math.MaxInt32 (a learnt rate of 3e18 a second, for 5 s and 4 choices, overflowed the int
+// it was converted to: a charge of -9.2e18). Nothing for embeddings (no generation), nor for a
 // request never routed, nor without a gate (nobody to charge).
 func (c *call) generated(end time.Time) int {
 	if c.rc == nil || c.routed.IsZero() || c.req.Kind == openai.KindEmbedding || c.h.Gate == nil {
@@ -896,11 +900,11 @@ func (c *call) generated(end time.Time) int {
 		name = ep.Name
 	}
 	rate, _ := c.h.Gate.DecodeRates().Rate(name)
-	per := end.Sub(c.routed).Seconds() * rate
+	per := end.Sub(c.routed).Seconds() * min(rate, tenant.MaxDecodeRate)
 	if c.req.MaxTokens > 0 {
 		per = min(per, float64(c.req.MaxTokens))
 	}
-	return int(math.Round(max(per, 0) * float64(max(c.seqs, 1))))
+	return clampTokens(math.Round(max(per, 0) * float64(max(c.seqs, 1))))
 }
 
 // learns reports whether the request's answer, which went out with status, tells what it

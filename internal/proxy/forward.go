@@ -949,8 +949,8 @@ func (b *captureBody) Close() error {
 }
 
 func (c *call) setUsage(u openai.Usage) {
-	c.usage, c.haveUsage = u, true
-	c.cached = u.Cached()
+	c.usage, c.haveUsage = c.boundUsage(u), true
+	c.cached = c.usage.Cached()
 }
 
 // cachedTokens is what the engine said it took from its prefix cache: usage's

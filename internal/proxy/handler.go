@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,6 +102,8 @@ type Handler struct {
 
 	once  sync.Once
 	setup error
+	// usageWarned: an engine's usage was out of range once (boundUsage logs that at WARN once).
+	usageWarned atomic.Bool
 	// instanceHeader is Instance as a header value, shared by every answer (capped: an append
 	// copies it).
 	instanceHeader []string
@@ -335,6 +338,8 @@ type call struct {
 	unterminated  bool
 	streamErr     bool // the engine's stream carried an error event (it failed after its head)
 	contentEvents int  // events of the stream passed on that carry generated text (contentEvent)
+	// usageClamped: boundUsage clamped the usage (logged once per request).
+	usageClamped bool
 	// badAnswer: the engine's whole (not streamed) 2xx answer is not the JSON it must be (cut
 	// inside, or no JSON at all): a failure of the endpoint (takeBody, settle).
 	badAnswer bool

@@ -118,7 +118,11 @@ func TestOutputCap(t *testing.T) {
 		{name: "max_completion_tokens above the cap, max_tokens under", path: "/v1/chat/completions",
 			body:  `{"model":"m","max_tokens":100,"max_completion_tokens":4000,` + msgs + `}`,
 			param: "max_completion_tokens", code: "integer_above_max_value", words: "max_completion_tokens is 4000"},
+		// Refused by the parser, for every tenant, before the cap is looked at.
 		{name: "max_tokens -1 (llama.cpp, ollama: no bound)", path: "/v1/completions", body: `{"model":"m","max_tokens":-1,"prompt":"x"}`,
+			param: "max_tokens", code: "integer_below_min_value", words: "max_tokens must be at least 1, got -1"},
+		// Past the parser (it takes the last), but the cap holds each one an engine may read.
+		{name: "max_tokens twice, the first -1", path: "/v1/completions", body: `{"model":"m","max_tokens":-1,"max_tokens":5,"prompt":"x"}`,
 			param: "max_tokens", code: "integer_below_min_value", words: "max_tokens is -1: ask for 1 to 500"},
 		{name: "max_output_tokens above the cap", path: "/v1/responses", body: `{"model":"m","max_output_tokens":9000,"input":"x"}`,
 			param: "max_output_tokens", code: "integer_above_max_value", words: "max_output_tokens is 9000"},
@@ -163,8 +167,8 @@ func TestOutputCap(t *testing.T) {
 	if got := testutil.ToFloat64(m.Rejections.WithLabelValues("t1", tenant.ReasonMaxOutputTokens)); got != 4 {
 		t.Errorf("rejections for max_output_tokens: %v, want 4", got)
 	}
-	if got := testutil.ToFloat64(m.Requests.WithLabelValues("t1", "400")); got != 4 {
-		t.Errorf("requests answered 400: %v, want 4 (each counted once)", got)
+	if got := testutil.ToFloat64(m.Requests.WithLabelValues("t1", "400")); got != 5 {
+		t.Errorf("requests answered 400: %v, want 5 (each counted once: the 4 above and the parser's)", got)
 	}
 }
 

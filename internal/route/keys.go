@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"sync"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -65,7 +66,11 @@ func (k Keys) FromOpenAI(dst *policy.Request, req *openai.Request, salt string) 
 	dst.Model = req.Model
 	dst.BlockTokens = bt
 	dst.PromptTokens = prefix.EstimateTokensBytes(*tb)
-	dst.MaxTokens = req.MaxTokens
+	// Within [0, math.MaxInt32], and so is its product by the prompts below: a client's
+	// value is the client's (the parser refuses one below 1; an int's worth times several
+	// prompts wrapped), and the peers refuse a routed event whose count is negative or above
+	// 2^40 as malformed.
+	dst.MaxTokens = min(max(req.MaxTokens, 0), math.MaxInt32)
 	dst.Whole = !req.Stream
 	if s := req.SessionKey(); s != "" {
 		dst.SessionKey = s
@@ -84,7 +89,7 @@ func (k Keys) FromOpenAI(dst *policy.Request, req *openai.Request, salt string) 
 			dst.Blocks = prefix.NormalizedBlocks(dst.Blocks, seed, *pb, bt, norm)
 		}
 		putText(pb)
-		dst.MaxTokens *= n
+		dst.MaxTokens = int(min(float64(dst.MaxTokens)*float64(n), math.MaxInt32))
 	} else {
 		dst.Blocks = k.Chains.Blocks(dst.Blocks, seed, *tb, bt, norm)
 	}

@@ -17,6 +17,16 @@ type bucket struct {
 	last   time.Time
 }
 
+// maxDebtMinutes bounds a bucket's debt: at most this many minutes of its refill, so that no
+// settlement makes a tenant wait more than an hour and a minute. An hour is far beyond what an
+// honest request leaves owing where reservations hold it back (the debts measured were 2 to 3
+// minutes of refill: docs/security.md), and a debt larger than that says more of an engine's
+// miscount than of the tenant's use: unbounded, one usage of 9e18 tokens, settled, wrapped the
+// wait past time.Duration's range and locked the tenant out for good. Not a minute of refill:
+// a tenant that asks for long answers without max_tokens (n 128, say, which one reservation of
+// the whole limit admits) would then pay for one minute whatever its answers had.
+const maxDebtMinutes = 60
+
 func newBucket(perMinute int, now time.Time) bucket {
 	return bucket{limit: float64(perMinute), tokens: float64(perMinute), last: now}
 }
@@ -58,16 +68,24 @@ func (b *bucket) until(n float64) time.Duration {
 		return 0
 	}
 	// Up to the next nanosecond, forgiving float rounding (20s must not become 20.000000001s).
-	return time.Duration(math.Ceil(missing/b.perSecond()*float64(time.Second) - 1e-3))
+	ns := math.Ceil(missing/b.perSecond()*float64(time.Second) - 1e-3)
+	if !(ns < float64(maxWait)) {
+		return maxWait // n more than the bucket holds (callers ask at most its limit), or NaN
+	}
+	return time.Duration(ns)
 }
 
-// adjust adds delta units (negative: a charge that may leave a debt), never above the limit.
+// maxWait is the longest until says: the time from the deepest debt to a full bucket.
+const maxWait = (maxDebtMinutes + 1) * time.Minute
+
+// adjust adds delta units (negative: a charge that may leave a debt), never above the limit
+// nor below a debt of maxDebtMinutes of refill.
 func (b *bucket) adjust(now time.Time, delta float64) {
-	if b.unlimited() {
+	if b.unlimited() || math.IsNaN(delta) {
 		return
 	}
 	b.refill(now)
-	b.tokens = math.Min(b.limit, b.tokens+delta)
+	b.tokens = min(b.limit, max(b.tokens+delta, -maxDebtMinutes*b.limit))
 }
 
 // remaining is the whole units left now (0 while in debt) and how long until the bucket is

@@ -1,6 +1,7 @@
 package tenant
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -44,17 +45,30 @@ const (
 	// a second for a 70B model, over a hundred for an 8B one), so that an estimate made cold
 	// charges less rather than more than was generated.
 	DefaultDecodeRate = 20.0
+	// MaxDecodeRate bounds what a rate may be, tokens per second and sequence: about three
+	// times the fastest any server sells a sequence today (2,000 to 3,000 tokens a second on
+	// wafer-scale chips; a GPU's batch gives each of its sequences tens to hundreds). An
+	// answer said to be faster is an engine's miscount (a usage of 9e18 completion tokens in
+	// 3 s taught 3e18 a second, and the charge of the next request cut short overflowed):
+	// learnt as this, it charges less rather than more than an engine could have generated.
+	MaxDecodeRate = 1e4
+	// MinDecodeRate is the least a rate may be: an answer slower than a token a second spent
+	// its time queued or stalled, or was timed across a jump of the clock; taken as it is, it
+	// would charge a request cut short next to nothing for the time an engine had it.
+	MinDecodeRate = 1.0
 	// maxDecodeEndpoints bounds the endpoints known: past it (endpoints discovered and gone by
 	// the thousand) the table starts again.
 	maxDecodeEndpoints = 4096
 )
 
 // Learn folds one answer into ep's rate and the fleet's: tokens generated per sequence in d.
+// An answer faster than MaxDecodeRate counts as that fast.
 func (r *DecodeRates) Learn(ep string, tokens float64, d time.Duration) {
-	if tokens < minDecodeTokens || d <= 0 {
+	if !(tokens >= minDecodeTokens) || d <= 0 || math.IsInf(tokens, 0) {
 		return
 	}
 	secs := d.Seconds()
+	tokens = min(tokens, secs*MaxDecodeRate)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.byEP[ep]
@@ -80,17 +94,26 @@ func (s *decodeSum) add(tokens, secs float64) {
 }
 
 // Rate returns the decode rate of ep, in tokens per second and sequence, and where it comes
-// from: "endpoint", "fleet" or "default".
+// from: "endpoint", "fleet" or "default". It is within [MinDecodeRate, MaxDecodeRate].
 func (r *DecodeRates) Rate(ep string) (float64, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.byEP[ep]; s != nil && s.n >= MinDecodeSamples {
-		return s.tokens / s.seconds, "endpoint"
+		return s.rate(), "endpoint"
 	}
 	if r.fleet.n >= MinDecodeSamples {
-		return r.fleet.tokens / r.fleet.seconds, "fleet"
+		return r.fleet.rate(), "fleet"
 	}
 	return DefaultDecodeRate, "default"
+}
+
+// rate is the sum's tokens per second, within [MinDecodeRate, MaxDecodeRate].
+func (s *decodeSum) rate() float64 {
+	v := s.tokens / s.seconds
+	if math.IsNaN(v) {
+		return MinDecodeRate
+	}
+	return min(max(v, MinDecodeRate), MaxDecodeRate)
 }
 
 // Keep forgets the rates of the endpoints that names does not list (those a reload or a

@@ -354,15 +354,22 @@ func (t *Ticket) End(status, prompt, completion int) {
 	if t == nil || !t.ended.CompareAndSwap(false, true) {
 		return
 	}
+	// The caller's figures come from engines' answers: whatever they say, a request costs
+	// 0 to MaxInt32 tokens of each (t.est-prompt-completion in ints wrapped for a usage of
+	// 9e18 tokens).
+	prompt, completion = clampTokens(prompt), clampTokens(completion)
 	s := t.s
 	s.mu.Lock()
 	s.inFlight--
 	t.g.m.SetInFlight(s.name, s.inFlight)
-	s.tok.adjust(t.g.now(), float64(t.est-prompt-completion))
+	s.tok.adjust(t.g.now(), float64(t.est)-float64(prompt)-float64(completion))
 	s.mu.Unlock()
 	t.g.m.Tokens(s.name, prompt, completion)
 	t.g.m.Request(s.name, status)
 }
+
+// clampTokens bounds a count of tokens to [0, math.MaxInt32].
+func clampTokens(n int) int { return min(max(n, 0), math.MaxInt32) }
 
 // Reasons of kvroute_tenant_rejections_total for the two rate limits, which answer the same
 // error code (rate_limit_exceeded, as OpenAI does); other refusals count under their code.

@@ -66,8 +66,14 @@ func (l *limiter) reserve(d Demand) (total, completion int) {
 // one brings it down by expectDecay of the difference. A peak that decays rather than a mean:
 // the reservation errs on the side of the answers the tenant can have. The caller holds l.mu.
 func (l *limiter) learn(perSeq float64) {
-	if perSeq < 0 || math.IsNaN(perSeq) {
-		return
+	if !(perSeq >= 0) {
+		return // NaN too
+	}
+	if !l.tok.unlimited() {
+		// More than a minute's tokens reserves the whole limit all the same (reserve), and
+		// would only take longer to come down from: one answer whose engine said 9e18 made
+		// every later request without max_tokens reserve the whole limit for some 700 answers.
+		perSeq = min(perSeq, l.tok.limit)
 	}
 	if perSeq >= l.expected {
 		l.expected = perSeq
