@@ -1,19 +1,11 @@
 package app
 
 import (
-	"bufio"
-	"fmt"
 	"log/slog"
-	"maps"
-	"os"
-	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/internal/config"
-	"github.com/kvroute/kvroute/internal/policy"
 )
 
 // fingerprintOf is the fingerprint of a config's policy section as the router applies it.
@@ -65,64 +57,6 @@ func TestPolicyFingerprint(t *testing.T) {
 	if a, b := fingerprintOf(t, "policy: {name: overlap-cost, params: {ttl: 2m}}\n"), fingerprintOf(t, "policy: {name: overlap-cost, params: {ttl: 120s}}\n"); a != b ||
 		a != fingerprintOf(t, "policy: {name: overlap-cost}\n") {
 		t.Errorf("ttl 2m, 120s and the default fingerprint %s, %s and %s", a, b, fingerprintOf(t, "policy: {name: overlap-cost}\n"))
-	}
-}
-
-// knownParams are the parameters the named policy takes, as its error for an unknown one lists
-// them.
-func knownParams(t *testing.T, name string) []string {
-	t.Helper()
-	err := policy.Check(name, map[string]string{"zz_not_a_parameter": "1"})
-	if err == nil {
-		t.Fatalf("%s took an unknown parameter", name)
-	}
-	if strings.Contains(err.Error(), "takes no parameters") {
-		return nil
-	}
-	m := regexp.MustCompile(`known: ([a-z_, ]+)\)`).FindStringSubmatch(err.Error())
-	if m == nil {
-		t.Fatalf("%s: no list of parameters in %q", name, err)
-	}
-	return strings.Split(m[1], ", ")
-}
-
-// TestPolicyDefaultsKnown: policyDefaults lists every built-in policy's parameters, no other,
-// with defaults the policy takes; prefix-aware's are docs/policy.md's (which the policy's own
-// TestParamDefaultsDocumented checks against its code).
-func TestPolicyDefaultsKnown(t *testing.T) {
-	for _, name := range policy.Names() {
-		defs := policyDefaults(name)
-		if got, want := slices.Sorted(maps.Keys(defs)), knownParams(t, name); !slices.Equal(got, want) {
-			t.Errorf("%s: policyDefaults has %v, the policy takes %v", name, got, want)
-		}
-		text := map[string]string{}
-		for k, v := range defs {
-			text[k] = fmt.Sprint(v)
-		}
-		if err := policy.Check(name, text); err != nil {
-			t.Errorf("%s: the defaults written out: %v", name, err)
-		}
-	}
-	f, err := os.Open("../../docs/policy.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	row := regexp.MustCompile("^\\| `([a-z_]+)` \\| ([0-9.,]+)( s)? \\|")
-	defs, checked := policyDefaults("prefix-aware"), 0
-	for sc := bufio.NewScanner(f); sc.Scan(); {
-		m := row.FindStringSubmatch(sc.Text())
-		if m == nil || defs[m[1]] == nil {
-			continue
-		}
-		doc, err := strconv.ParseFloat(strings.ReplaceAll(m[2], ",", ""), 64)
-		if got := canonParam(fmt.Sprint(defs[m[1]]), defs[m[1]]); err != nil || got != strconv.FormatFloat(doc, 'g', -1, 64) {
-			t.Errorf("prefix-aware's %s: default %s here, %s in docs/policy.md", m[1], got, m[2])
-		}
-		checked++
-	}
-	if checked != len(defs) {
-		t.Errorf("checked %d of prefix-aware's %d defaults against docs/policy.md", checked, len(defs))
 	}
 }
 

@@ -426,8 +426,14 @@ func (s *Server) janitor() {
 		}
 		// A connection still active after its request ended (requestEnded comes first) is
 		// not a request in flight: inFlight says.
-		busy := s.sweep(now) && s.inFlight.Load() > 0
+		busy, expired := s.sweep(now)
+		busy = busy && s.inFlight.Load() > 0
 		s.mu.Unlock()
+		if len(expired) > 0 {
+			// Off the lock, which the accept loop needs, and off this goroutine, whose other
+			// timeouts should not wait: one goroutine for the round's batch (closeConns).
+			go closeConns(expired)
+		}
 		wait := fast
 		if busy {
 			quiet = 0
@@ -440,29 +446,38 @@ func (s *Server) janitor() {
 	}
 }
 
-// sweep closes the connections past their timeouts, interrupts body reads past theirs and
-// starts due watches; it reports whether a request is in flight. The caller holds s.mu.
-func (s *Server) sweep(now int64) (busy bool) {
+// sweep takes the connections past their timeouts out of service and returns them, for the
+// caller to close once it has let go of s.mu; it interrupts body reads past their timeouts,
+// starts due watches, and reports whether a request is in flight. The caller holds s.mu.
+func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 	head, idle, watch := int64(s.ReadHeaderTimeout), int64(s.IdleTimeout), int64(s.watchAfter())
 	stall, body, bodyStall := int64(s.WriteStallTimeout), int64(s.BodyReadTimeout), int64(s.BodyStallTimeout)
 	if idle == 0 {
 		idle = head
 	}
 	for c := range s.conns {
+		if c.expired.Load() {
+			continue // expired at an earlier round, maybe still closing
+		}
 		st := c.state.Load()
 		if w := c.writeSince.Load(); stall > 0 && w != 0 && now-w > stall && st != stateDetached {
-			c.expire() // the client stopped reading
+			// The client stopped reading. The write under way fails once the connection is
+			// closed; should it end first, serve sees expired and takes no other request.
+			c.expired.Store(true)
+			expired = append(expired, c.rwc)
 			continue
 		}
 		age := now - c.since.Load()
 		switch st {
 		case stateNew, stateHead:
-			if head > 0 && age > head {
-				c.expire()
+			if head > 0 && age > head && c.takeWaiting(st) {
+				c.expired.Store(true)
+				expired = append(expired, c.rwc)
 			}
 		case stateIdle:
-			if idle > 0 && age > idle {
-				c.expireIdle()
+			if idle > 0 && age > idle && c.takeIdle() {
+				c.expired.Store(true)
+				expired = append(expired, c.rwc)
 			}
 		case stateActive:
 			busy = true
@@ -476,7 +491,16 @@ func (s *Server) sweep(now int64) (busy bool) {
 			}
 		}
 	}
-	return busy
+	return busy, expired
+}
+
+// closeConns closes cs in turn. The servers' locks are not held: a TLS connection's Close
+// sends close_notify first, with a write deadline of 5 s (crypto/tls), and a client that does
+// not read holds it that long.
+func closeConns(cs []net.Conn) {
+	for _, c := range cs {
+		_ = c.Close()
+	}
 }
 
 // janitorClock is the running janitor's timer, and the long sleep of a quiet janitor.
@@ -563,34 +587,44 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // closeIdle closes the connections waiting for a request (new ones after 5 s without one) and
-// reports whether none is left.
+// reports whether none is left. It takes them out of service under s.mu and closes them once
+// it has let go of it (closeConns).
 func (s *Server) closeIdle() bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	now := time.Now().UnixNano()
+	var idle []net.Conn
 	for c := range s.conns {
-		st := c.state.Load()
-		switch {
-		case st == stateIdle:
-			c.closeIdle()
-		case st == stateNew && now-c.since.Load() > int64(5*time.Second):
-			_ = c.rwc.Close()
+		var take bool
+		switch c.state.Load() {
+		case stateIdle:
+			take = c.takeIdle()
+		case stateNew:
+			take = now-c.since.Load() > int64(5*time.Second) && c.takeWaiting(stateNew)
+		}
+		if take {
+			idle = append(idle, c.rwc)
 		}
 	}
-	return len(s.conns) == 0
+	none := len(s.conns) == 0
+	s.mu.Unlock()
+	closeConns(idle)
+	return none
 }
 
 // Close stops accepting and closes every connection at once, requests in flight included
-// (hijacked ones excepted: they are their handlers').
+// (hijacked ones excepted: they are their handlers'). The connections are taken out of
+// service under s.mu and closed once it has let go of it (closeConns).
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closeListeners()
+	all := make([]net.Conn, 0, len(s.conns))
 	for c := range s.conns {
-		if c.state.Load() != stateDetached {
-			_ = c.rwc.Close()
+		if c.takeAll() {
+			all = append(all, c.rwc)
 		}
 	}
 	s.mu.Unlock()
+	closeConns(all)
 	return nil
 }
 
@@ -609,7 +643,7 @@ const (
 	stateActive                // serving a request
 	stateIdle                  // waiting for the next request
 	stateDetached              // hijacked by its handler: not the server's to time or close
-	stateClosed                // closed while idle, by the janitor or Shutdown
+	stateClosed                // taken out of service (closed, or about to be) by the server
 )
 
 // srvConn is one client connection.
@@ -620,7 +654,8 @@ type srvConn struct {
 	remote string
 	state  atomic.Int32
 	since  atomic.Int64 // when the state last changed, Unix ns
-	// expired is set when the janitor closes the connection for a timeout.
+	// expired is set when the janitor closes the connection for a timeout (it may close it a
+	// little later, off its lock: see sweep).
 	expired atomic.Bool
 	// writeSince is when the write to the client under way began, Unix ns; 0: none.
 	writeSince atomic.Int64
@@ -662,37 +697,43 @@ type srvConn struct {
 	watchDone chan struct{}
 }
 
-// expire closes the connection for a timeout.
-func (c *srvConn) expire() {
-	c.expired.Store(true)
-	_ = c.rwc.Close()
+// The connections a server closes (for a timeout, at Shutdown or Close) are taken out of
+// service first, under s.mu, and closed once the lock is let go: a Close may block (see
+// closeConns). Taken out, a connection stays out: its goroutine moves it on from the state
+// it was taken in with a compare-and-swap too (serve, activate, Hijack), so whichever comes
+// first has it, and a request that arrives before the close is not served.
+
+// takeIdle takes the connection out of service if it is still idle and no byte of a request
+// is waiting to be read, and reports whether it did. A request that arrived as the
+// connection's time ran out is served: its client, which took the connection for open, could
+// not tell a close now from one its request caused, and would have to fail it (the request's
+// bytes wait in the socket until the connection's goroutine, woken by them, is scheduled:
+// under load, milliseconds). Only the few microseconds between the check and the
+// compare-and-swap are left to such a race.
+func (c *srvConn) takeIdle() bool {
+	return !pending(c.rwc) && c.state.CompareAndSwap(stateIdle, stateClosed)
 }
 
-// expireIdle closes an idle connection past its idle timeout, unless a request is arriving on it
-// (see closeIdle).
-func (c *srvConn) expireIdle() {
-	if c.closeIdle() {
-		c.expired.Store(true)
-	}
-}
+// takeWaiting takes the connection out of service if it is still in st, waiting for a
+// request's head (stateNew or stateHead), and reports whether it did: one whose head was
+// read meanwhile is served.
+func (c *srvConn) takeWaiting(st int32) bool { return c.state.CompareAndSwap(st, stateClosed) }
 
-// closeIdle closes the connection if it is still idle and no byte of a request is waiting to be
-// read, and reports whether it did. A request that arrived as the connection's time ran out is
-// served: its client, which took the connection for open, could not tell a close now from one
-// its request caused, and would have to fail it (the request's bytes wait in the socket until
-// the connection's goroutine, woken by them, is scheduled: under load, milliseconds). Only the
-// few microseconds between the check and the close are left to such a race.
-func (c *srvConn) closeIdle() bool {
-	if pending(c.rwc) {
-		return false
+// takeAll takes the connection out of service whatever it is doing, for Close, and reports
+// whether it is to be closed: not if its handler hijacked it.
+func (c *srvConn) takeAll() bool {
+	for {
+		switch st := c.state.Load(); st {
+		case stateDetached:
+			return false
+		case stateClosed:
+			return true // closed already, or being closed: once more does no harm
+		default:
+			if c.state.CompareAndSwap(st, stateClosed) {
+				return true
+			}
+		}
 	}
-	// The connection's goroutine moves it out of stateIdle the same way once it has read a
-	// byte: whichever comes first has it.
-	if !c.state.CompareAndSwap(stateIdle, stateClosed) {
-		return false
-	}
-	_ = c.rwc.Close()
-	return true
 }
 
 // bodyDeadline is when the request body's read time runs out, Unix ns.
@@ -827,7 +868,12 @@ func (c *srvConn) serve() {
 	}
 	for n := 0; ; n++ {
 		if n > 0 {
-			c.setState(stateIdle)
+			// Taken out of service while its request was served (Close, a write stall),
+			// the connection takes no other.
+			if c.expired.Load() || !c.state.CompareAndSwap(stateActive, stateIdle) {
+				return
+			}
+			c.since.Store(time.Now().UnixNano())
 			if s.shutdown.Load() {
 				return
 			}
@@ -955,7 +1001,7 @@ func (c *srvConn) serveOne() bool {
 
 	if !c.activate() {
 		cancel()
-		return false // closed to make room (MaxConns) as its request arrived
+		return false // taken out of service (MaxConns, a timeout, Close) as its request arrived
 	}
 	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
 	w.closeAfter = req.Close
@@ -1014,7 +1060,8 @@ func (c *srvConn) serveOne() bool {
 }
 
 // activate moves the connection to stateActive once a request's head is read, unless it was
-// closed meanwhile to make room for another (evictWaiting), and reports whether it did.
+// taken out of service meanwhile (to make room for another, evictWaiting; for its header
+// timeout, sweep; by Close), and reports whether it did.
 func (c *srvConn) activate() bool {
 	if !c.state.CompareAndSwap(stateNew, stateActive) && !c.state.CompareAndSwap(stateHead, stateActive) {
 		return false
@@ -1593,8 +1640,12 @@ func (w *response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c.active = false // no watch may start: the connection is the handler's
 	c.mu.Unlock()
 	c.stopWatch()
+	// Server.Close may have taken the connection out of service; closing it is its to do then.
+	if !c.state.CompareAndSwap(stateActive, stateDetached) {
+		return nil, nil, ErrServerClosed
+	}
+	c.since.Store(time.Now().UnixNano())
 	c.detached = true
-	c.setState(stateDetached)
 	return c.rwc, bufio.NewReadWriter(c.br, c.bw), nil
 }
 

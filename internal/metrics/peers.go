@@ -55,6 +55,10 @@ type Peers struct {
 	// Remote is the requests other replicas routed that are in flight now, as this one
 	// counts them.
 	Remote prometheus.GaugeFunc
+	// PolicyMismatch is the peers whose routing policy or parameters differ from this
+	// replica's, by the fingerprint each advertises (kvroute_peers_policy_mismatch); peers of
+	// older builds advertise none and are not counted.
+	PolicyMismatch prometheus.Gauge
 
 	snapshotAt atomic.Int64 // unix nanoseconds when the warm-start snapshot was taken; 0: none
 	now        func() int64
@@ -99,6 +103,10 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		Resent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvroute_peer_resent_batches_total", Help: "Batches of events resent to peers that resumed their stream.",
 		}),
+		PolicyMismatch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_peers_policy_mismatch",
+			Help: "Peer replicas whose routing policy or parameters differ from this replica's (by the fingerprint each advertises; replicas of older builds advertise none and are not counted).",
+		}),
 		SourceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_peer_source_errors_total", Help: "Times a peer source failed to give addresses (a DNS name that does not resolve, EndpointSlices not listed), by source kind; the members known stay.",
 		}, []string{"source"}),
@@ -120,7 +128,7 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		return float64(p.now()-at) / 1e9
 	})
 	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Resumes, p.Resent,
-		p.SourceErrors, p.Expired, p.Remote, age, (*peerLag)(p))
+		p.SourceErrors, p.Expired, p.Remote, p.PolicyMismatch, age, (*peerLag)(p))
 	for _, d := range []string{"in", "out"} {
 		p.Messages.WithLabelValues(d)
 		p.Bytes.WithLabelValues(d)

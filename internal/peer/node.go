@@ -81,10 +81,6 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics; nil: collectors nobody scrapes.
 	Metrics *metrics.Peers
-	// Registerer, when set, registers the node's collectors that Metrics does not hold:
-	// kvroute_peers_policy_mismatch (SetPolicy).
-	Registerer prometheus.Registerer
-
 	// beat and silence replace heartbeat and streamSilence (tests); 0: those.
 	beat, silence time.Duration
 	// idle replaces streamServerIdle (tests); 0: that.
@@ -155,11 +151,10 @@ type Node struct {
 
 	// policy is the routing policy this replica advertises (SetPolicy); readvertise asks Run
 	// to gossip it; policies are the peers' as last compared with it (the manager's), and
-	// policyGauge counts those that differ.
+	// Metrics' PolicyMismatch counts those that differ.
 	policy      atomic.Pointer[policyID]
 	readvertise chan struct{}
 	policies    policyWatch
-	policyGauge prometheus.Gauge
 
 	// beat and silence are heartbeat and streamSilence (tests shorten them).
 	beat, silence time.Duration
@@ -202,10 +197,6 @@ func New(cfg Config) (*Node, error) {
 	for _, r := range route.DropReasons() {
 		cfg.Metrics.Dropped.WithLabelValues(r)
 	}
-	policyGauge, err := newPolicyGauge(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("peers: %w", err)
-	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("peers.listen: %w", err)
@@ -222,7 +213,7 @@ func New(cfg Config) (*Node, error) {
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence),
 		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources)),
-		readvertise: make(chan struct{}, 1), policyGauge: policyGauge}
+		readvertise: make(chan struct{}, 1)}
 	n.clock = newClock(n.beat, n.silence)
 	n.keys.Store(newKeySet(cfg.Secret, cfg.Accept))
 	rekeyed := make(chan struct{})
@@ -487,22 +478,19 @@ func (n *Node) writeIndex(w io.Writer) (int, error) {
 	return sn.WriteSnapshot(w, func(id int) string { return names[id] }, n.maxSnapshotEntries())
 }
 
-// readIndex takes a policy snapshot into the policy in force.
+// readIndex takes a policy snapshot into the policy in force. The endpoints are those of the
+// pool as the read starts; one that leaves while it runs is marked so (endpoint.Draining)
+// before the policy forgets it, and the policy takes nothing more of it.
 func (n *Node) readIndex(r io.Reader) (int, error) {
 	sn, ok := n.lifecycle().Picker().(policy.Snapshotter)
 	if !ok {
 		return 0, nil
 	}
-	ids := map[string]int{}
+	byName := map[string]*endpoint.Endpoint{}
 	for _, e := range n.endpoints() {
-		ids[e.Name] = e.ID
+		byName[e.Name] = e
 	}
-	return sn.ReadSnapshot(r, func(name string) int {
-		if id, ok := ids[name]; ok {
-			return id
-		}
-		return -1
-	}, n.maxSnapshotEntries())
+	return sn.ReadSnapshot(r, func(name string) *endpoint.Endpoint { return byName[name] }, n.maxSnapshotEntries())
 }
 
 func (n *Node) maxSnapshotEntries() int {

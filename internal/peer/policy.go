@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -124,7 +122,7 @@ func (n *Node) peerPolicies() map[string]policyID {
 // each change of the members or of this replica's policy).
 func (n *Node) checkPolicies() {
 	k := n.policies.check(n.ownPolicy(), n.peerPolicies(), n.log)
-	n.policyGauge.Set(float64(k))
+	n.m.PolicyMismatch.Set(float64(k))
 }
 
 // policyWatch remembers, for each member, the policy it advertised when last compared, whether
@@ -258,18 +256,4 @@ func (w *policyWatch) status() ([]PeerPolicy, int) {
 		out = append(out, pp)
 	}
 	return out, differ
-}
-
-// newPolicyGauge is kvroute_peers_policy_mismatch, registered with reg when it is not nil.
-func newPolicyGauge(reg prometheus.Registerer) (prometheus.Gauge, error) {
-	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "kvroute_peers_policy_mismatch",
-		Help: "Peer replicas whose routing policy or parameters differ from this replica's (by the fingerprint each advertises; replicas of older builds advertise none and are not counted).",
-	})
-	if reg != nil {
-		if err := reg.Register(g); err != nil {
-			return nil, fmt.Errorf("kvroute_peers_policy_mismatch: %w", err)
-		}
-	}
-	return g, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
 
@@ -123,20 +124,20 @@ func TestMetaCompatible(t *testing.T) {
 func TestPolicyMismatch(t *testing.T) {
 	var logsA, logsB testlog.Buffer
 	reg := prometheus.NewRegistry()
-	a := startReplica(t, "a", nil, func(c *Config) { logTo(&logsA)(c); c.Registerer = reg })
+	a := startReplica(t, "a", nil, func(c *Config) { logTo(&logsA)(c); c.Metrics = metrics.NewPeers(reg) })
 	a.node.SetPolicy(polA.name, polA.fp) // after Run: gossiped as an update
 	b := startReplica(t, "b", []string{a.node.GossipAddr()}, logTo(&logsB))
 	b.node.SetPolicy(polB.name, polB.fp)
 	c := startReplica(t, "c", []string{a.node.GossipAddr()}, nil)
 	c.node.SetPolicy(polA.name, polA.fp)
-	mismatches := func(r *replica) int { return int(testutil.ToFloat64(r.node.policyGauge)) }
+	mismatches := func(r *replica) int { return int(testutil.ToFloat64(r.node.m.PolicyMismatch)) }
 	start := time.Now()
 	waitFor(t, 10*time.Second, "each replica seeing b's other parameters", func() bool {
 		return mismatches(a) == 1 && mismatches(b) == 2 && mismatches(c) == 1
 	})
 	t.Logf("seen within %v", time.Since(start).Round(time.Millisecond))
 	if got, err := testutil.GatherAndCount(reg, "kvroute_peers_policy_mismatch"); err != nil || got != 1 ||
-		testutil.ToFloat64(a.node.policyGauge) != 1 {
+		testutil.ToFloat64(a.node.m.PolicyMismatch) != 1 {
 		t.Errorf("a's registry: %d series (%v)", got, err)
 	}
 	no, yes := false, true
@@ -187,7 +188,7 @@ func TestPolicyOlderPeer(t *testing.T) {
 	if got := a.node.Status().PeerPolicies; got[0] != (PeerPolicy{Name: "old"}) {
 		t.Errorf("the older build's policy in /debug/peers: %+v, want unknown", got[0])
 	}
-	if g := testutil.ToFloat64(a.node.policyGauge); g != 0 {
+	if g := testutil.ToFloat64(a.node.m.PolicyMismatch); g != 0 {
 		t.Errorf("kvroute_peers_policy_mismatch %v, want 0", g)
 	}
 	if strings.Contains(logs.String(), "routes by") {

@@ -31,7 +31,7 @@ type cacheAware struct {
 }
 
 func newCacheAware(env Env, p Params) (Picker, error) {
-	r := readParams(p)
+	r := env.params(p)
 	ca := &cacheAware{
 		clock:    env.Clock,
 		absThr:   r.Int("balance_abs_threshold", 64),

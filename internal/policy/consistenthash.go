@@ -39,8 +39,8 @@ type ringPoint struct {
 	idx int // index into the candidate slice the ring was built for
 }
 
-func newConsistentHash(_ Env, p Params) (Picker, error) {
-	r := readParams(p)
+func newConsistentHash(env Env, p Params) (Picker, error) {
+	r := env.params(p)
 	ch := &consistentHash{
 		vnodes:     r.Int("virtual_nodes", 256),
 		loadFactor: r.Float("load_factor", 1.25),

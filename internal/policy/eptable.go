@@ -81,34 +81,22 @@ func (t *epTable[T]) get(ep *endpoint.Endpoint) (slot int, v T, ok bool) {
 	}
 	var slots [1]int
 	var vals [1]T
-	t.insert([]int{ep.ID}, []*endpoint.Endpoint{ep}, slots[:], vals[:])
+	t.insert([]*endpoint.Endpoint{ep}, slots[:], vals[:])
 	return slots[0], vals[0], slots[0] >= 0
 }
 
-// add returns endpoint id's slot and value, adding it when the table does not know it. An
-// endpoint known by its ID alone (a snapshot names it) is added whether it left or not.
-func (t *epTable[T]) add(id int) (slot int, v T) {
-	if slot, v, ok := t.find(id); ok {
-		return slot, v
-	}
-	var slots [1]int
-	var vals [1]T
-	t.insert([]int{id}, nil, slots[:], vals[:])
-	return slots[0], vals[0]
-}
-
-// insert adds the endpoints ids (eps: their endpoints, or nil for ones known by ID alone) that
-// the table does not know, in one new view, and writes each one's slot and value into slots
-// and vals. An endpoint that left the pool (Draining, read under the lock: the pool marks an
-// endpoint before the router releases it, so it is refused here or added before release finds
-// it) gets slot -1 and the zero value.
-func (t *epTable[T]) insert(ids []int, eps []*endpoint.Endpoint, slots []int, vals []T) {
+// insert adds the endpoints eps that the table does not know, in one new view, and writes each
+// one's slot and value into slots and vals. An endpoint that left the pool (Draining, read
+// under the lock: the pool marks an endpoint before the router releases it, so it is refused
+// here or added before release finds it) gets slot -1 and the zero value.
+func (t *epTable[T]) insert(eps []*endpoint.Endpoint, slots []int, vals []T) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := t.view.Load()
 	var w *epView[T]
 	now := t.clock.Now().UnixNano()
-	for i, id := range ids {
+	for i, e := range eps {
+		id := e.ID
 		cur := old
 		if w != nil {
 			cur = w
@@ -117,7 +105,7 @@ func (t *epTable[T]) insert(ids []int, eps []*endpoint.Endpoint, slots []int, va
 			slots[i], vals[i] = slot, cur.slots[slot].v
 			continue
 		}
-		if eps != nil && eps[i].Draining() {
+		if e.Draining() {
 			var zero T
 			slots[i], vals[i] = -1, zero
 			continue
@@ -164,16 +152,15 @@ func (t *epTable[T]) gather(c []*endpoint.Endpoint, slots []int, vals []T) {
 		return
 	}
 	// The candidates first seen: added together, in one new view.
-	ids := make([]int, 0, missing)
 	eps := make([]*endpoint.Endpoint, 0, missing)
 	for i, e := range c {
 		if slots[i] < 0 {
-			ids, eps = append(ids, e.ID), append(eps, e)
+			eps = append(eps, e)
 		}
 	}
 	got := make([]int, missing)
 	gotV := make([]T, missing)
-	t.insert(ids, eps, got, gotV)
+	t.insert(eps, got, gotV)
 	k := 0
 	for i := range c {
 		if slots[i] >= 0 {

@@ -47,7 +47,7 @@ type ocFlight struct {
 }
 
 func newOverlapCost(env Env, p Params) (Picker, error) {
-	r := readParams(p)
+	r := env.params(p)
 	oc := &overlapCost{
 		clock:  env.Clock,
 		rnd:    newLockedRand(env),

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -17,12 +18,11 @@ var paramRow = regexp.MustCompile("^\\| `([a-z_]+)` \\| ([^|]+) \\|")
 // and the default the table gives (thousands separators and a unit " s" allowed) is the one
 // the code takes when the parameter is absent.
 func TestParamDefaultsDocumented(t *testing.T) {
-	r := readParams(nil)
-	r.defaults = map[string]string{}
-	if _, err := newPrefixAwareFrom(Env{}, r); err != nil {
+	defaults, err := Defaults("prefix-aware")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.defaults) == 0 {
+	if len(defaults) == 0 {
 		t.Fatal("no parameter read")
 	}
 	f, err := os.Open("../../docs/policy.md")
@@ -39,11 +39,12 @@ func TestParamDefaultsDocumented(t *testing.T) {
 			continue
 		}
 		name, doc := m[1], strings.TrimSpace(m[2])
-		def, ok := r.defaults[name]
+		d, ok := defaults[name]
 		if !ok {
 			continue // a table of removed parameters, or another policy's
 		}
 		documented[name] = true
+		def := fmt.Sprint(d)
 		num := strings.TrimSuffix(strings.ReplaceAll(doc, ",", ""), " s")
 		want, err1 := strconv.ParseFloat(def, 64)
 		got, err2 := strconv.ParseFloat(num, 64)
@@ -54,7 +55,7 @@ func TestParamDefaultsDocumented(t *testing.T) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for name, def := range r.defaults {
+	for name, def := range defaults {
 		if !documented[name] {
 			t.Errorf("docs/policy.md: prefix-aware's parameter %s (default %s) has no row in the parameter table", name, def)
 		}

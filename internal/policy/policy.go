@@ -57,8 +57,10 @@ type Result struct {
 	OK bool
 	// Failed is true when the engine refused the attempt (a 4xx) or failed it in a way passive
 	// health does not count; a failure it counts (a 5xx, a lost connection, no answer in time,
-	// no connection) is health's to judge, and not told here. OK and Failed both false: the
-	// client left, or health judges the failure.
+	// no connection) is health's to judge, and not told here, nor is a refusal that health
+	// holds against the request rather than the engine (the same requests refused there of
+	// late, and served nowhere else: one client's bad requests, route.Outlier.RefusedRequest).
+	// OK and Failed both false: the client left, or health judges the failure.
 	Failed bool
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens as the engine reported it, or -1
 	// when the engine did not report it.
@@ -83,6 +85,16 @@ func (WallClock) Now() time.Time { return time.Now() }
 type Env struct {
 	Rand  *rand.Rand
 	Clock Clock
+	// defaults, when not nil, collects the default of each parameter the policy reads and
+	// finds absent (Defaults).
+	defaults map[string]any
+}
+
+// params returns a reader of p for a policy built in env.
+func (env Env) params(p Params) *paramReader {
+	r := readParams(p)
+	r.defaults = env.defaults
+	return r
 }
 
 // ErrNoCandidate is returned by Pick when no candidate can take the request.

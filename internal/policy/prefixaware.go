@@ -528,7 +528,7 @@ var removedPrefixAware = map[string]string{
 	"snapshot_load":    "replicas share their routing state instead (peers:)",
 }
 
-func newPrefixAware(env Env, p Params) (Picker, error) { return newPrefixAwareFrom(env, readParams(p)) }
+func newPrefixAware(env Env, p Params) (Picker, error) { return newPrefixAwareFrom(env, env.params(p)) }
 
 func newPrefixAwareFrom(env Env, r *paramReader) (Picker, error) {
 	pa := &prefixAware{
@@ -1208,6 +1208,8 @@ func (pa *prefixAware) countAttempt(s *paState, req *Request, res Result) {
 // attempts (fewer as they fade: after failTau x ln(failures) it costs about as a working one,
 // and is tried again); one failure among many answers costs next to nothing; and where every
 // endpoint fails alike (one client's bad requests spread over the fleet) the ranking stays.
+// One client's bad requests that all come here (their prefix is cached here) fail once: the
+// router tells the rest as neither answers nor failures (Result.Failed).
 // 1 exactly for an endpoint that never failed.
 func (pa *prefixAware) attemptsPerAnswer(s *paState, now int64) float64 {
 	if s.fails.at.Load() == 0 {
@@ -1280,13 +1282,19 @@ func (pa *prefixAware) WriteSnapshot(w io.Writer, name func(id int) string, maxE
 }
 
 // ReadSnapshot adds a snapshot's entries to the index (policy.Snapshotter).
-func (pa *prefixAware) ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error) {
+// Each name's endpoint is looked up as its entries come, and added to the table as a pick would
+// add it (epTable.get), which refuses, under the table's lock, one that has left the pool: one
+// that leaves while the snapshot is read is released by its Removed, or never added.
+func (pa *prefixAware) ReadSnapshot(r io.Reader, ep func(name string) *endpoint.Endpoint, maxEntries int) (int, error) {
 	return pa.index.ReadSnapshot(r, func(name string) int {
-		i := id(name)
-		if i < 0 {
+		e := ep(name)
+		if e == nil {
 			return -1
 		}
-		slot, _ := pa.eps.add(i)
+		slot, _, ok := pa.eps.get(e)
+		if !ok {
+			return -1
+		}
 		return slot
 	}, pa.clock.Now().UnixNano(), maxEntries)
 }

@@ -22,7 +22,7 @@ func (c *fakeClock) Now() time.Time { return c.t }
 // state returns endpoint id's state, adding it: tests name endpoints by ID, and those made in
 // order 0, 1, ... before any other get slots of the same numbers in the index.
 func (pa *prefixAware) state(id int) *paState {
-	_, s := pa.eps.add(id)
+	_, s, _ := pa.eps.get(&endpoint.Endpoint{ID: id})
 	return s
 }
 

@@ -25,8 +25,8 @@ type prefixSpill struct {
 	threshold    int
 }
 
-func newPrefixSpill(_ Env, p Params) (Picker, error) {
-	r := readParams(p)
+func newPrefixSpill(env Env, p Params) (Picker, error) {
+	r := env.params(p)
 	ps := &prefixSpill{
 		prefixLength: r.Int("prefix_length", 1024),
 		threshold:    r.Int("concurrency_threshold", 16),

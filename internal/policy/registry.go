@@ -62,6 +62,19 @@ func New(name string, p Params, env Env) (Picker, error) {
 	return pk, nil
 }
 
+// Defaults returns the parameters the named policy takes, each with the default it takes when
+// the parameter is absent, as its getter reads it: an int, a float64, a time.Duration or a
+// bool. They are read from the policy's constructor, built with no parameters, so they are the
+// ones the policy uses. A policy without parameters has none (an empty map); an unknown name
+// is an error listing the valid ones.
+func Defaults(name string) (map[string]any, error) {
+	defaults := map[string]any{}
+	if _, err := New(name, nil, Env{defaults: defaults}); err != nil {
+		return nil, err
+	}
+	return defaults, nil
+}
+
 // Check reports what New would say of the named policy with p: nil when it builds. It is what
 // config validation asks of a policy (config.Checks.Policy), so that a bad parameter is named
 // with every other problem of the config.
@@ -98,15 +111,15 @@ type paramReader struct {
 	seen map[string]bool
 	gone map[string]bool // the keys of removed parameters: read, but not known
 	errs []string
-	// defaults, when not nil, collects the default of each parameter read that was absent
-	// (fmt.Sprint of it): what a policy's documentation must say (TestParamDefaultsDocumented).
-	defaults map[string]string
+	// defaults, when not nil, collects the default of each parameter read that was absent, as
+	// the getter took it (int, float64, time.Duration, bool): Defaults.
+	defaults map[string]any
 }
 
 // absent notes that key took its default def.
 func (r *paramReader) absent(key string, def any) {
 	if r.defaults != nil {
-		r.defaults[key] = fmt.Sprint(def)
+		r.defaults[key] = def
 	}
 }
 

@@ -29,7 +29,7 @@ type scorerWeighted struct {
 }
 
 func newScorerWeighted(env Env, p Params) (Picker, error) {
-	r := readParams(p)
+	r := env.params(p)
 	sw := &scorerWeighted{
 		clock:   env.Clock,
 		rnd:     newLockedRand(env),

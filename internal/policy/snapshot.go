@@ -3,6 +3,8 @@ package policy
 import (
 	"io"
 	"strconv"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
 // Snapshotter is implemented by policies whose learned picture of the fleet a new router
@@ -14,11 +16,13 @@ type Snapshotter interface {
 	// endpoint out), at most maxEntries entries (0: all), the newest first to stay; it
 	// returns the entries written.
 	WriteSnapshot(w io.Writer, name func(id int) string, maxEntries int) (int, error)
-	// ReadSnapshot adds a snapshot's state to the policy's, the endpoints found by id (-1
+	// ReadSnapshot adds a snapshot's state to the policy's, the endpoints found by ep (nil
 	// for a name this replica does not have), reading at most maxEntries entries (0: no
-	// limit); it returns the entries taken. A bad snapshot is an error; what was taken before
-	// the fault stays.
-	ReadSnapshot(r io.Reader, id func(name string) int, maxEntries int) (int, error)
+	// limit); it returns the entries taken. An endpoint that has left the pool
+	// (endpoint.Draining), also while the snapshot is read, takes nothing: the policy forgot it
+	// (Observer.Removed) or will, and must not learn it again. A bad snapshot is an error;
+	// what was taken before the fault stays.
+	ReadSnapshot(r io.Reader, ep func(name string) *endpoint.Endpoint, maxEntries int) (int, error)
 }
 
 // Inheritor is implemented by policies that can take over what a picker of their own kind,

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
 )
 
 // TestPrefixAwareSnapshot: a replica that takes another's snapshot predicts the same hits for
@@ -34,7 +36,7 @@ func TestPrefixAwareSnapshot(t *testing.T) {
 	for _, e := range epsB {
 		byName[e.Name] = e.ID
 	}
-	if got, err := b.ReadSnapshot(&buf, func(name string) int { return byName[name] }, 0); err != nil || got != n {
+	if got, err := b.ReadSnapshot(&buf, func(name string) *endpoint.Endpoint { return epsB[byName[name]] }, 0); err != nil || got != n {
 		t.Fatalf("read %d entries (%v), want %d", got, err, n)
 	}
 	for i := range uint64(30) {
@@ -216,5 +218,75 @@ func TestPrefixAwareInheritIndexSizes(t *testing.T) {
 	}
 	if got := a.(*prefixAware).PredictCached(y, eps[1]); got != 20*16 {
 		t.Errorf("the old picker's index changed: y %d cached tokens, want %d", got, 20*16)
+	}
+}
+
+// TestSnapshotEndpointLeaves: an endpoint that leaves the pool while a peer's snapshot is read
+// (the pool marks it draining, then the router tells the policy it was Removed) is not added
+// back by the entries that name it after that: it keeps no slot, no state and no entries. Its
+// entries read before it left went with its Removed. Before, the table added it back by ID
+// and it kept a slot and its entries for good.
+func TestSnapshotEndpointLeaves(t *testing.T) {
+	a, _ := newPA(t, nil)
+	epsA := newEndpoints(3, 1<<20)
+	for i := range uint64(30) {
+		r := req("r", 5, seq(100*i, 20)...)
+		ep := route(t, a, r, epsA)
+		a.FirstToken(r, ep, 0)
+		a.Done(r, ep, Result{OK: true, CachedTokens: -1})
+		ep.Finish(r.PromptTokens, true)
+	}
+	var buf bytes.Buffer
+	if _, err := a.WriteSnapshot(&buf, func(id int) string { return epsA[id].Name }, 0); err != nil {
+		t.Fatal(err)
+	}
+	b, clk := newPA(t, nil)
+	epsB := newEndpoints(3, 1<<20)
+	byName := map[string]*endpoint.Endpoint{}
+	for _, e := range epsB {
+		byName[e.Name] = e
+	}
+	if _, err := b.Pick(req("x", 5, seq(9000, 3)...), epsB); err != nil { // b knows all three
+		t.Fatal(err)
+	}
+	left := epsB[2]
+	lookups := 0
+	n, err := b.ReadSnapshot(&buf, func(name string) *endpoint.Endpoint {
+		if lookups++; lookups == 1 { // ep-2 leaves as the read starts: marked, then Removed
+			left.SetDraining(true)
+			b.Removed(left)
+		}
+		return byName[name] // the pool as it was when the read started
+	}, 0)
+	if err != nil || n == 0 {
+		t.Fatalf("read %d entries (%v)", n, err)
+	}
+	clk.t = clk.t.Add(time.Hour)
+	if known, slots := b.eps.len(); known != 2 || slots != 3 {
+		t.Errorf("the table knows %d endpoints in %d slots, want 2 in 3", known, slots)
+	}
+	if _, _, ok := b.eps.find(left.ID); ok {
+		t.Errorf("%s left the pool during the read and has a slot again", left.Name)
+	}
+	held := 0
+	for i := range uint64(30) {
+		if b.PredictCached(req("r", 5, seq(100*i, 20)...), left) > 0 {
+			held++
+		}
+	}
+	if held != 0 {
+		t.Errorf("%s is predicted to hold %d of 30 conversations after it left", left.Name, held)
+	}
+	// The two that stay took their entries.
+	for _, e := range epsB[:2] {
+		got := 0
+		for i := range uint64(30) {
+			if b.PredictCached(req("r", 5, seq(100*i, 20)...), e) > 0 {
+				got++
+			}
+		}
+		if got == 0 {
+			t.Errorf("%s took none of its entries", e.Name)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,7 +87,44 @@ type Outlier struct {
 	counting atomic.Int32
 	// backoffEnd is the latest end of any backoff (unix nanoseconds): a fast path for none.
 	backoffEnd atomic.Int64
+	// keys are the request keys (RefusalKey) refused of late, with what each endpoint answered
+	// and refused of each since (the refusal rule's judge of one client's bad requests); at
+	// most maxRefusalKeys, the stalest going first. tracked is len(keys): Served's fast path.
+	keys    map[uint64]*refusedKey
+	tracked atomic.Int32
 }
+
+// refusedKey is what the endpoints answered and refused of one request key since it was first
+// refused, each tally fading over the refusal window.
+type refusedKey struct {
+	touched time.Time
+	eps     []keyTally
+}
+
+type keyTally struct {
+	ep                *endpoint.Endpoint
+	answered, refused float64
+	at                time.Time
+}
+
+// fade returns t's tallies at now, fading with time constant w.
+func (t *keyTally) fade(now time.Time, w time.Duration) (answered, refused float64) {
+	if dt := now.Sub(t.at); dt > 0 {
+		k := math.Exp(-float64(dt) / float64(w))
+		return t.answered * k, t.refused * k
+	}
+	return t.answered, t.refused
+}
+
+// maxRefusalKeys bounds the request keys an Outlier follows. One client's bad requests are one
+// key; an engine that refuses everything makes many, each refused once or answered elsewhere,
+// whose loss (the stalest go first) costs the rule nothing.
+const maxRefusalKeys = 256
+
+// answeredElsewhere is how many answers of a key (fading) other endpoints must have given
+// for its refusals to count in full against one that refuses it: about one in the last
+// RefusalWindow x ln 2.
+const answeredElsewhere = 0.5
 
 type outlierState struct {
 	fails int // consecutive failures here
@@ -155,7 +193,7 @@ func NewOutlier(cfg OutlierConfig, clock policy.Clock) *Outlier {
 	if clock == nil {
 		clock = policy.WallClock{}
 	}
-	return &Outlier{cfg: cfg, clock: clock, st: map[*endpoint.Endpoint]*outlierState{}}
+	return &Outlier{cfg: cfg, clock: clock, st: map[*endpoint.Endpoint]*outlierState{}, keys: map[uint64]*refusedKey{}}
 }
 
 // Configure replaces the configuration (on a config reload); ejections under way keep their
@@ -300,7 +338,7 @@ func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
 // tells OnEject. Its tally of answers starts again: readmitted, it is judged on what it
 // answers then. The caller holds o.mu; eject releases it, and reports true.
 func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, byFleet bool) bool {
-	o.ejectLocked(s, now, d, engine)
+	o.ejectLocked(ep, s, now, d, engine)
 	onEject := o.cfg.OnEject
 	o.mu.Unlock()
 	if onEject != nil {
@@ -309,42 +347,74 @@ func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d
 	return true
 }
 
-// ejectLocked marks s ejected from now for d. The caller holds o.mu.
-func (o *Outlier) ejectLocked(s *outlierState, now time.Time, d time.Duration, engine bool) {
+// ejectLocked marks ep (its state s) ejected from now for d. The caller holds o.mu.
+func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine bool) {
 	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
 		o.ejected.Add(1)
 	}
 	s.until, s.out, s.engine, s.fails = now.Add(d), true, engine, 0
 	s.answered, s.refused = 0, 0
+	for _, k := range o.keys { // its answers by key start again too
+		if t := k.tally(ep); t != nil {
+			t.answered, t.refused = 0, 0
+		}
+	}
 	o.setFleet(s, 0)
 }
 
-// Refused counts an attempt that ep refused (RefusalHealth), and ejects ep by the refusal rule
-// (OutlierConfig) if the fleet can spare it. The rest of the fleet is every other endpoint not
-// ejected now, its answers pooled: one client's bad requests, spread over the fleet, are
-// refused everywhere alike, and a fleet whose every engine refuses ejects none of them.
-// Only this replica's own attempts count: each replica judges from its share of the traffic.
+// Refused counts an attempt that ep refused (RefusalHealth), of a request without a key: as
+// RefusedRequest, the refusal counting alone.
 func (o *Outlier) Refused(ep *endpoint.Endpoint) bool {
-	if o.cfg.RefusalPercent < 0 {
-		return false
-	}
+	ejected, _ := o.refused(ep, 0)
+	return ejected
+}
+
+// RefusedRequest counts an attempt that ep refused, of req (KeyedRefusalHealth), and ejects ep
+// by the refusal rule (OutlierConfig) if the fleet can spare it. The rest of the fleet is
+// every other endpoint not ejected now, its answers pooled: one client's bad requests, spread
+// over the fleet, are refused everywhere alike, and a fleet whose every engine refuses ejects
+// none of them. Only this replica's own attempts count: each replica judges from its share of
+// the traffic.
+//
+// The same requests refused again are no more evidence against the engine than once: one
+// client's bad requests that share a prefix all go where it is cached (prefix-aware), and the
+// rest of the fleet never sees them to refuse them. So the refusals of one request key
+// (RefusalKey) count once at an endpoint, the others counting neither as refusals nor as
+// answers, unless other endpoints answered that key of late: then the engine refuses what the
+// others serve, and each counts. blamed reports whether this refusal counts against ep: it
+// does unless ep refused its key of late, and no other endpoint answers it.
+func (o *Outlier) RefusedRequest(ep *endpoint.Endpoint, req *policy.Request) (ejected, blamed bool) {
+	return o.refused(ep, RefusalKey(req))
+}
+
+// refused is RefusedRequest for a request of key (0: none, the refusal counts alone).
+// With the rule off, the keys are still followed: whether a refusal is blamed on the engine is
+// the policy's news too.
+func (o *Outlier) refused(ep *endpoint.Endpoint, key uint64) (ejected, blamed bool) {
 	now := o.clock.Now()
 	o.mu.Lock()
 	s := o.state(ep)
 	if s == nil {
 		o.mu.Unlock()
-		return false
+		return false, true
 	}
-	w := o.cfg.RefusalWindow
-	s.count(now, w, true)
-	share, rest, ok := o.refusing(s, now)
+	blamed = true
+	if key != 0 {
+		blamed = o.countKey(ep, key, now, true)
+	}
+	if o.cfg.RefusalPercent < 0 {
+		o.mu.Unlock()
+		return false, blamed
+	}
+	s.count(now, o.cfg.RefusalWindow, true)
+	share, rest, ok := o.refusing(ep, s, now)
 	if s.out || !ok || !o.canEject(now) {
 		o.mu.Unlock()
-		return false
+		return false, blamed
 	}
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
-	o.ejectLocked(s, now, d, true)
+	o.ejectLocked(ep, s, now, d, true)
 	onRefusals, onEject := o.cfg.OnRefusals, o.cfg.OnEject
 	o.mu.Unlock()
 	switch {
@@ -353,25 +423,160 @@ func (o *Outlier) Refused(ep *endpoint.Endpoint) bool {
 	case onEject != nil:
 		onEject(ep, d, false)
 	}
-	return true
+	return true, blamed
 }
 
-// refusing reports whether s meets the refusal rule at now, with the share of its answers it
-// refused and the share the rest of the fleet refused. The caller holds o.mu.
-func (o *Outlier) refusing(s *outlierState, now time.Time) (share, rest float64, ok bool) {
+// Served counts an answer of ep to req (KeyedRefusalHealth), beside Succeeded: where req's key
+// was refused of late, an answer to it tells that the fleet serves it.
+func (o *Outlier) Served(ep *endpoint.Endpoint, req *policy.Request) {
+	if o.tracked.Load() == 0 {
+		return
+	}
+	key := RefusalKey(req)
+	if key == 0 {
+		return
+	}
+	now := o.clock.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.keys[key] != nil && !ep.Draining() {
+		o.countKey(ep, key, now, false)
+	}
+}
+
+// RefusalKey is what names the requests that are "the same" for the refusal rule: the
+// request's first prompt block (seeded with its model and its tenant's salt) and its tenant,
+// which one client's requests that share a prefix share; 0, which counts each refusal alone,
+// for a prompt shorter than a block (nothing keeps such requests together).
+func RefusalKey(req *policy.Request) uint64 {
+	if req == nil || len(req.Blocks) == 0 {
+		return 0
+	}
+	// FNV-1a over the tenant, folded into the block's hash.
+	h := uint64(14695981039346656037)
+	for i := range len(req.Tenant) {
+		h = (h ^ uint64(req.Tenant[i])) * 1099511628211
+	}
+	k := req.Blocks[0] ^ h
+	if k == 0 {
+		k = 1
+	}
+	return k
+}
+
+// tally returns ep's tally of k, nil when it has none.
+func (k *refusedKey) tally(ep *endpoint.Endpoint) *keyTally {
+	for i := range k.eps {
+		if k.eps[i].ep == ep {
+			return &k.eps[i]
+		}
+	}
+	return nil
+}
+
+// countKey adds an answer of ep to key at now, refused or not, following key from its first
+// refusal; it reports whether a refusal counts against ep (refusing's rule): its key answered
+// elsewhere of late, or not refused here of late. The caller holds o.mu.
+func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, refused bool) (blamed bool) {
+	w := o.cfg.RefusalWindow
+	k := o.keys[key]
+	if k == nil {
+		if len(o.keys) >= maxRefusalKeys {
+			o.dropStalestKey()
+		}
+		k = &refusedKey{}
+		o.keys[key] = k
+		o.tracked.Store(int32(len(o.keys)))
+	}
+	k.touched = now
+	t := k.tally(ep)
+	if t == nil {
+		k.eps = append(k.eps, keyTally{ep: ep, at: now})
+		t = &k.eps[len(k.eps)-1]
+	}
+	t.answered, t.refused = t.fade(now, w)
+	t.at = now
+	blamed = !refused || t.refused < 0.5 || k.elsewhere(ep, now, w) >= answeredElsewhere
+	t.answered++
+	if refused {
+		t.refused++
+	}
+	return blamed
+}
+
+// elsewhere returns the answers (fading) that endpoints other than ep gave to k at now.
+func (k *refusedKey) elsewhere(ep *endpoint.Endpoint, now time.Time, w time.Duration) float64 {
+	var n float64
+	for i := range k.eps {
+		if k.eps[i].ep != ep {
+			a, r := k.eps[i].fade(now, w)
+			n += a - r
+		}
+	}
+	return n
+}
+
+// dropStalestKey forgets the key touched longest ago. The caller holds o.mu.
+func (o *Outlier) dropStalestKey() {
+	var stalest uint64
+	var at time.Time
+	first := true
+	for key, k := range o.keys {
+		if first || k.touched.Before(at) {
+			stalest, at, first = key, k.touched, false
+		}
+	}
+	delete(o.keys, stalest)
+	o.tracked.Store(int32(len(o.keys)))
+}
+
+// excess returns, for each endpoint that refused a key more than once of late while no other
+// endpoint answered it, the refusals past the first (fading): one client's bad requests that
+// count neither as refusals nor as answers. The caller holds o.mu.
+func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
+	w := o.cfg.RefusalWindow
+	var out map[*endpoint.Endpoint]float64
+	for _, k := range o.keys {
+		for i := range k.eps {
+			t := &k.eps[i]
+			_, r := t.fade(now, w)
+			if r <= 1 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
+				continue
+			}
+			if out == nil {
+				out = map[*endpoint.Endpoint]float64{}
+			}
+			out[t.ep] += r - 1
+		}
+	}
+	return out
+}
+
+// refusing reports whether ep (its state s) meets the refusal rule at now, with the share of
+// its answers it refused and the share the rest of the fleet refused, each endpoint's tally
+// less its excess (one client's requests refused again). The caller holds o.mu.
+func (o *Outlier) refusing(ep *endpoint.Endpoint, s *outlierState, now time.Time) (share, rest float64, ok bool) {
 	w, volume := o.cfg.RefusalWindow, float64(o.cfg.RefusalVolume)
 	answered, refused := s.tally(now, w)
 	if answered < volume || refused*100 < answered*float64(o.cfg.RefusalPercent) {
 		return 0, 0, false
 	}
+	ex := o.excess(now)
+	if x := min(ex[ep], refused); x > 0 {
+		answered, refused = answered-x, refused-x
+		if answered < volume || refused*100 < answered*float64(o.cfg.RefusalPercent) {
+			return 0, 0, false
+		}
+	}
 	var others, othersRefused float64
-	for _, t := range o.st {
+	for e, t := range o.st {
 		if t == s || t.out && now.Before(t.until) {
 			continue
 		}
 		a, r := t.tally(now, w)
-		others += a
-		othersRefused += r
+		x := min(ex[e], r)
+		others += a - x
+		othersRefused += r - x
 	}
 	if others < volume {
 		return 0, 0, false // no evidence that the fleet answers this traffic
@@ -505,4 +710,11 @@ func (o *Outlier) Forget(ep *endpoint.Endpoint) {
 		o.setFleet(s, 0)
 	}
 	delete(o.st, ep)
+	for key, k := range o.keys {
+		k.eps = slices.DeleteFunc(k.eps, func(t keyTally) bool { return t.ep == ep })
+		if len(k.eps) == 0 {
+			delete(o.keys, key)
+		}
+	}
+	o.tracked.Store(int32(len(o.keys)))
 }

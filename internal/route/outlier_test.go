@@ -2,6 +2,8 @@ package route
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -209,5 +211,185 @@ func TestRefusalsReachHealth(t *testing.T) {
 		"b ok=false failed=false")
 	if diff := cmp.Diff(want, pol.done); diff != "" {
 		t.Errorf("Done (-want +got):\n%s", diff)
+	}
+}
+
+// keyed is a request whose first prompt block is key (RefusalKey), from tenant.
+func keyed(key uint64, tenant string) *policy.Request {
+	return &policy.Request{Model: "m", Tenant: tenant, Blocks: []uint64{key, key + 1}, BlockTokens: 16, PromptTokens: 40}
+}
+
+// TestOutlierOneClientsRefusals: one client's bad requests that all go to one endpoint (the same
+// prefix, which prefix-aware keeps together), refused there and seen nowhere else, count once:
+// the endpoint is not ejected, and only the first refusal is blamed on it. Once another
+// endpoint serves that key, the refusals count (an engine refusing what the others serve), as
+// do those of an engine that refuses many keys.
+func TestOutlierOneClientsRefusals(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c")
+	a, b, c := eps[0], eps[1], eps[2]
+	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
+	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
+		o.Succeeded(ep)
+		o.Served(ep, req)
+	}
+	for i := range 20 { // the good traffic: each request its own prefix
+		serve(b, keyed(uint64(1000+i), ""))
+		serve(c, keyed(uint64(2000+i), ""))
+	}
+	bad := keyed(7, "t1")
+	var blamed int
+	for i := range 200 {
+		clk.t = clk.t.Add(100 * time.Millisecond)
+		ejected, blame := o.RefusedRequest(a, bad)
+		if ejected {
+			t.Fatalf("a ejected at the bad client's %dth refusal", i+1)
+		}
+		if blame {
+			blamed++
+		}
+		if i%10 == 0 {
+			serve(b, keyed(uint64(3000+i), ""))
+			serve(c, keyed(uint64(4000+i), ""))
+		}
+	}
+	if blamed != 1 {
+		t.Errorf("%d of the bad client's 200 refusals blamed on a, want the first alone", blamed)
+	}
+	// Another tenant's request with the same first block is another key.
+	if _, blame := o.RefusedRequest(a, keyed(7, "t2")); !blame {
+		t.Error("another tenant's refusal not blamed on a")
+	}
+	// b serves the key: a refuses what the others serve, and every refusal counts.
+	serve(b, keyed(7, "t1"))
+	if _, blame := o.RefusedRequest(a, bad); !blame {
+		t.Error("a's refusal of a key b serves not blamed on a")
+	}
+	for range 40 {
+		if ejected, _ := o.RefusedRequest(a, bad); ejected {
+			break
+		}
+	}
+	if !o.Ejected(a, clk.t) {
+		t.Error("a not ejected for refusing, 40 times, a key b serves")
+	}
+
+	// An engine that refuses every request, each its own prefix, is ejected at its 20th
+	// refusal (DefaultRefusalVolume), blamed for each.
+	clk.t = clk.t.Add(time.Hour)
+	o = NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
+	for i := range 20 {
+		serve(b, keyed(uint64(1000+i), ""))
+		serve(c, keyed(uint64(2000+i), ""))
+	}
+	for i := range 20 {
+		ejected, blame := o.RefusedRequest(a, keyed(uint64(5000+i), ""))
+		if !blame {
+			t.Errorf("refusal %d of a fresh key not blamed", i+1)
+		}
+		if ejected != (i == 19) {
+			t.Errorf("refusal %d: ejected %v", i+1, ejected)
+		}
+	}
+	// Forgotten, a leaves no key behind.
+	o.Forget(a)
+	o.mu.Lock()
+	for key, k := range o.keys {
+		if k.tally(a) != nil {
+			t.Errorf("key %d keeps a's tally after Forget", key)
+		}
+	}
+	o.mu.Unlock()
+}
+
+// TestOneClientsRefusalsStay: the reviewer's case, in process: prefix-aware, three endpoints,
+// good traffic of unique prompts, and one client whose requests share a prefix cached on one
+// endpoint and are refused (400: max_tokens past the model's length) wherever they go. The
+// bad client's requests stay on that endpoint, which is not ejected, and the good traffic is
+// shared as if the bad client were not there. Before, the endpoint cost twice its cost or more
+// for each refusal (the policy heard each one as a failed attempt), the good traffic left it,
+// and the refusal rule then ejected it (its answers all refusals, the others' none), sending
+// the bad client to the other endpoints; with the rule off, the good traffic left it all the
+// same.
+func TestOneClientsRefusalsStay(t *testing.T) {
+	run := func(withBad bool, refusalPercent int) (good, bad map[string]int, ejections int) {
+		clk := &stepClock{t: time.Unix(100, 0)}
+		p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps := pool(t, "a", "b", "c")
+		o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }, RefusalPercent: refusalPercent,
+			OnRefusals: func(*endpoint.Endpoint, time.Duration, float64, float64) { ejections++ }}, clk)
+		lc, err := New(Config{Picker: p, Clock: clk, Health: o})
+		if err != nil {
+			t.Fatal(err)
+		}
+		good, bad = map[string]int{}, map[string]int{}
+		prefix := make([]uint64, 300) // a long shared prefix (4,800 tokens)
+		for i := range prefix {
+			prefix[i] = uint64(1e6 + i)
+		}
+		send := func(blocks []uint64, refuse bool) string {
+			t.Helper()
+			req := &policy.Request{Model: "m", Blocks: blocks, BlockTokens: 16, PromptTokens: 16*len(blocks) + 5}
+			c, err := lc.Begin(req, eps, "", clk.t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ep := c.Next()
+			if ep == nil {
+				t.Fatal("no endpoint")
+			}
+			clk.t = clk.t.Add(5 * time.Millisecond)
+			if refuse {
+				c.Finish(Outcome{Failure: FailRejected, CachedTokens: -1})
+			} else {
+				c.FirstToken()
+				clk.t = clk.t.Add(20 * time.Millisecond)
+				c.Finish(Outcome{OK: true, CachedTokens: -1, OutputTokens: 8})
+			}
+			return ep.Name
+		}
+		warm := send(append(slices.Clone(prefix), 1), false) // the prefix cached on one endpoint
+		for range 2 {
+			send(append(slices.Clone(prefix), 2), false)
+		}
+		// 40 s: a good request every 75 ms (two workers, one each 150 ms), a bad one every 100 ms.
+		for i := range 400 {
+			clk.t = clk.t.Add(100 * time.Millisecond)
+			for w := range 2 {
+				blocks := []uint64{uint64(1e7 + 100*i + 10*w), uint64(1e7 + 100*i + 10*w + 1)}
+				if i%3 != 2 { // about 2 of 3 turns (150 ms a request, each worker)
+					good[send(blocks, false)]++
+				}
+			}
+			if withBad {
+				bad[send(append(slices.Clone(prefix), uint64(1e8+i)), true)]++
+			}
+		}
+		// The bad client's endpoint is the warm one.
+		if bad[warm] == 0 && withBad {
+			t.Errorf("the bad client's requests never went to %s, where their prefix is cached", warm)
+		}
+		return good, bad, ejections
+	}
+	goodAlone, _, _ := run(false, 0)
+	// The refusal rule on, and off (the policy's charge alone).
+	for _, percent := range []int{0, -1} {
+		good, bad, ejections := run(true, percent)
+		t.Logf("refusal_percent %d: good traffic alone %v; with the bad client: good %v, bad %v, %d ejections",
+			percent, goodAlone, good, bad, ejections)
+		if ejections != 0 {
+			t.Errorf("%d ejections for the bad client's refusals", ejections)
+		}
+		if len(bad) != 1 {
+			t.Errorf("the bad client's requests went to %v: want one endpoint, where their prefix is cached", bad)
+		}
+		for _, name := range []string{"a", "b", "c"} {
+			if lo := goodAlone[name] * 3 / 4; good[name] < lo {
+				t.Errorf("%s served %d good requests with the bad client, %d without it", name, good[name], goodAlone[name])
+			}
+		}
 	}
 }

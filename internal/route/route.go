@@ -87,6 +87,18 @@ type RefusalHealth interface {
 	Refused(ep *endpoint.Endpoint) (ejected bool)
 }
 
+// KeyedRefusalHealth is a RefusalHealth that judges refusals by the requests refused: one
+// client's bad requests, which every engine would refuse, are not held against the one engine
+// they all went to (Outlier.RefusedRequest). The lifecycle tells it instead of Refused.
+type KeyedRefusalHealth interface {
+	// RefusedRequest is told of an attempt of req that ep refused. It reports whether ep was
+	// ejected by it, and whether the refusal counts against ep (blamed): the policy hears
+	// of the refusals that do as failed attempts (policy.Result.Failed).
+	RefusedRequest(ep *endpoint.Endpoint, req *policy.Request) (ejected, blamed bool)
+	// Served is told of an attempt of req that ep answered well, beside Health.Succeeded.
+	Served(ep *endpoint.Endpoint, req *policy.Request)
+}
+
 // PeerHealth is a Health that also hears how the other router replicas' attempts went (their
 // Done events, Lifecycle.Apply). Outlier implements it.
 type PeerHealth interface {
@@ -212,8 +224,9 @@ type Lifecycle struct {
 	clock     policy.Clock
 	attempts  int
 	health    Health
-	peers     PeerHealth    // health as PeerHealth (nil if it is not): the other replicas' outcomes
-	refusals  RefusalHealth // health as RefusalHealth (nil if it is not): refused attempts
+	peers     PeerHealth         // health as PeerHealth (nil if it is not): the other replicas' outcomes
+	refusals  RefusalHealth      // health as RefusalHealth (nil if it is not): refused attempts
+	keyed     KeyedRefusalHealth // health as KeyedRefusalHealth (nil if it is not): refused attempts by request
 	state     *State
 	warmup    time.Duration
 	audit     *Audit
@@ -265,6 +278,7 @@ func New(cfg Config) (*Lifecycle, error) {
 	}
 	lc.peers, _ = lc.health.(PeerHealth)
 	lc.refusals, _ = lc.health.(RefusalHealth)
+	lc.keyed, _ = lc.health.(KeyedRefusalHealth)
 	return lc, nil
 }
 
@@ -646,22 +660,36 @@ func (c *Call) Backoff(d time.Duration) {
 }
 
 // closeAttempt settles the endpoint's counters, tells the policy the attempt is done (failed by
-// the engine's doing unless it succeeded or f is the client's leaving) and tells passive health
-// checking how it went: a success (res.OK), failure f, which counts against the endpoint when
-// counts says so (the other replicas hear it as it counts here), or a refusal (refused).
+// the engine's doing unless it succeeded, f is the client's leaving, or f is a refusal that
+// health checking does not hold against the engine) and tells passive health checking how it
+// went: a success (res.OK), failure f, which counts against the endpoint when counts says so
+// (the other replicas hear it as it counts here), or a refusal (refused).
 func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 	c.open = false
 	first := !c.firstAt.IsZero()
 	c.ep.Finish(c.Req.PromptTokens, first)
+	refused := !counts && c.refused(f)
+	// A refusal is heard first: whether it counts against the engine is the policy's news too.
+	// One client's bad requests all sent where their prefix is cached, which any engine would
+	// refuse, once made that engine cost twice its cost or more (prefix-aware), and the good
+	// traffic left it for the engines that never saw those requests.
+	blamed := true
+	switch {
+	case !refused:
+	case c.lc.keyed != nil:
+		_, blamed = c.lc.keyed.RefusedRequest(c.ep, c.Req)
+	case c.lc.refusals != nil:
+		c.lc.refusals.Refused(c.ep)
+	}
 	// A failure that counts (a 5xx, a lost connection, a timeout) is passive health's to judge:
 	// three in a row eject the endpoint and the alert says so. Told to the policy too, it kept
 	// the endpoint away before the third, and a dead engine was ejected minutes later, one
-	// failure at a time. The policy is told of what health does not count: refusals.
-	res.Failed = !res.OK && f != FailNone && f != FailCanceled && !counts
+	// failure at a time. The policy is told of what health does not count: refusals (those
+	// held against the engine), a 429.
+	res.Failed = !res.OK && f != FailNone && f != FailCanceled && !counts && blamed
 	if o := c.lc.observer; o != nil {
 		o.Done(c.Req, c.ep, res)
 	}
-	refused := !counts && c.refused(f)
 	if !counts {
 		f = FailNone // for the Share: nothing to count (its events carry counting failures only)
 	}
@@ -671,8 +699,9 @@ func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 		c.lc.health.Failed(c.ep, f)
 	case res.OK:
 		c.lc.health.Succeeded(c.ep)
-	case refused && c.lc.refusals != nil:
-		c.lc.refusals.Refused(c.ep)
+		if c.lc.keyed != nil {
+			c.lc.keyed.Served(c.ep, c.Req)
+		}
 	}
 }
 
