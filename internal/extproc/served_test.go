@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/metrics/metricstest"
 	"github.com/kvroute/kvroute/internal/tenant"
 	"github.com/kvroute/kvroute/internal/testlog"
@@ -48,7 +49,8 @@ func (f *fixture) answer(t *testing.T, e *envoy, head *extprocv3.ProcessingReque
 // and passive health counted a success it never had), counted under endpoint "none", no
 // endpoint header naming the first choice. The endpoints of the list are charged a
 // connect_error only where Envoy's attempt count says it tried each. An answer from an endpoint
-// kvroute ranked but did not give Envoy (extproc.max_endpoints cut it off) is that endpoint's.
+// kvroute ranked but did not give Envoy (extproc.max_endpoints cut it off) is that endpoint's,
+// and the endpoints passed that nothing says Envoy tried have no attempt opened on them.
 // Before, every such answer was the first choice's. An error from elsewhere (a 500, a 502, or a
 // refusal: 503, 429, 404) is no endpoint's either: counted under none, on the access line
 // without an endpoint, whether or not an attempt count came, nothing told to health (no refusal
@@ -83,10 +85,10 @@ func TestAnswerFromElsewhere(t *testing.T) {
 			endpoint: "none", attempts: 3,
 		},
 		{
+			// Whether Envoy tried ep2 nothing says: no attempt is opened on it.
 			name: "ranked but not listed", served: "10.0.0.3:8000",
-			events: []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false",
-				"routed " + ep3, "done " + ep3 + " ok=true cached=true"},
-			endpoint: ep3, attempts: 3,
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep3, "done " + ep3 + " ok=true cached=true"},
+			endpoint: ep3, attempts: 2,
 		},
 		{
 			name: "fallback's 500, no count", served: "10.9.9.9:8000", status: http.StatusInternalServerError,
@@ -222,6 +224,51 @@ func TestEnvoyPassedOver(t *testing.T) {
 			v := metricstest.Values(t, f.reg, "kvroute_requests_total")
 			if got := v["kvroute_requests_total{endpoint="+ep3+",model=m,status=200}"]; got != 1 {
 				t.Errorf("requests_total for %s = %v, want 1 (%v)", ep3, got, v)
+			}
+		})
+	}
+
+	// ep2 is ranked between the two but left off Envoy's list: it does not honour the tenant's
+	// cache_salt, so its body differs. Envoy never had it: no attempt is opened on it, with a
+	// count or without. Before, the walk opened one on it and closed it at once (the policy
+	// told it was routed and done).
+	for _, tc := range []struct {
+		name string
+		kv   []string
+	}{
+		{name: "no count"},
+		{name: "each tried", kv: []string{"x-envoy-attempt-count", "2"}},
+	} {
+		t.Run("ranked, not listed, "+tc.name, func(t *testing.T) {
+			var logs testlog.Buffer
+			f := tenantFixture(t, &logs, ep1, ep2, ep3)
+			specs := make([]endpoint.Spec, 0, 3)
+			for _, n := range []string{ep1, ep2, ep3} {
+				specs = append(specs, endpoint.Spec{Name: n, Models: []string{"m"}, Engine: "vllm", CacheSalt: n != ep2})
+			}
+			if _, err := f.pool.Update(specs); err != nil {
+				t.Fatal(err)
+			}
+			e, r := f.routed(t, plainChat, "authorization", "Bearer sk-acme")
+			if got := destination(r); got != "10.0.0.1:8000,10.0.0.3:8000" {
+				t.Fatalf("destination = %q, want ep2 left off", got)
+			}
+			head := respHeaders(200, "10.0.0.3:8000", false, append([]string{"content-type", "application/json"}, tc.kv...)...)
+			f.answer(t, e, head, jsonAnswer)
+			want := []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep3, "done " + ep3 + " ok=true cached=true"}
+			if diff := cmp.Diff(want, f.pk.events()); diff != "" {
+				t.Errorf("policy events (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff([]string{ep1 + " connect_error"}, f.health.failures()); diff != "" {
+				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			}
+			if got := accessLine(t, &logs)["attempts"]; got != 2.0 {
+				t.Errorf("access line's attempts %v, want 2", got)
+			}
+			for _, n := range []string{ep1, ep2, ep3} {
+				if in := f.pool.ByName(n).InFlight(); in != 0 {
+					t.Errorf("%s in flight = %d", n, in)
+				}
 			}
 		})
 	}
@@ -403,23 +450,27 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 }
 
 // TestServedNoLongerUsable: Envoy answered from an endpoint of the list that is no longer
-// usable (unavailable since the pick). The call cannot be moved to it (route.Call.Next passes
-// over it), so the answer is no endpoint's; and no attempt is opened on an endpoint Envoy never
-// used. Before, Next went past the served endpoint to the next one, which was told it was
-// routed and done (prefix-aware's index touched for a request it never had). Likewise where the
-// answer came from elsewhere and an endpoint Envoy tried is no longer usable: the walk stops
-// rather than open one beyond the list.
+// usable (unavailable since the pick): the answer is that endpoint's all the same (Envoy went
+// there), credited to it, and the endpoint Envoy tried before it charged. Likewise where the
+// answer came from elsewhere after Envoy tried the whole list, one of which is no longer usable:
+// it is charged its connect_error as the others are. Before, route.Call.Next would have passed
+// over the endpoint, so extproc guessed where Next would go and stopped short: an answer from
+// the served endpoint was no endpoint's, and the unusable one's failure was told to nobody.
 func TestServedNoLongerUsable(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		served string
-		max    int // extproc.max_endpoints
-		events []string
+		name     string
+		served   string
+		max      int // extproc.max_endpoints
+		events   []string
+		failures []string
+		endpoint string // kvroute_requests_total's endpoint label
 	}{
 		{name: "served", served: "10.0.0.2:8000",
-			events: []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"}},
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=true cached=true"},
+			failures: []string{ep1 + " connect_error"}, endpoint: ep2},
 		{name: "elsewhere after the list", served: "10.9.9.9:8000", max: 2,
-			events: []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false"}},
+			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
+			failures: []string{ep1 + " connect_error", ep2 + " connect_error"}, endpoint: "none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, []string{ep1, ep2, ep3})
@@ -430,12 +481,12 @@ func TestServedNoLongerUsable(t *testing.T) {
 			if diff := cmp.Diff(tc.events, f.pk.events()); diff != "" {
 				t.Errorf("policy events (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff([]string{ep1 + " connect_error"}, f.health.failures()); diff != "" {
+			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
 				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
 			}
 			v := metricstest.Values(t, f.reg, "kvroute_requests_total")
-			if got := v["kvroute_requests_total{endpoint=none,model=m,status=200}"]; got != 1 {
-				t.Errorf("requests_total under none = %v, want 1 (%v)", got, v)
+			if got := v["kvroute_requests_total{endpoint="+tc.endpoint+",model=m,status=200}"]; got != 1 {
+				t.Errorf("requests_total under %s = %v, want 1 (%v)", tc.endpoint, got, v)
 			}
 			for _, n := range []string{ep1, ep2, ep3} {
 				if in := f.pool.ByName(n).InFlight(); in != 0 {

@@ -705,11 +705,14 @@ const (
 // answers, and counted against the first choice (unavailable, three of which eject it; a
 // refusal for a 404) they ejected engines that had never been asked.
 //
-// An attempt passed is closed by Call.Fail: with FailConnect, or with FailNone where nobody
-// failed (nothing told to health, the policy told of neither an answer nor a failure). Only an
-// endpoint Envoy had on its list before the served one, or the served one itself, is given an
-// attempt (moveOn): where the served one can no longer be (ejected, or unavailable, since the
-// pick), the answer is no endpoint's rather than an attempt opened on one Envoy never used.
+// The call is moved down its ranking by route.Call.MoveTo, which follows Envoy rather than
+// guess where Next would go: the first choice's attempt is closed with FailConnect where
+// Envoy tried it, else with FailNone (nothing told to health, the policy told of neither an
+// answer nor a failure); an endpoint passed that Envoy tried is an attempt that failed with
+// FailConnect, one it skipped or never had no attempt at all (a ranked endpoint left off its
+// list, because its body differs, say: another cache_salt); and the served endpoint gets the
+// attempt and the answer even where it became unusable (ejected, or unavailable) since the
+// pick: Envoy went there, and the answer is its.
 func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 	if rc.Endpoint() == nil {
 		return byEndpoint
@@ -731,34 +734,32 @@ func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 	charged := func(e *endpoint.Endpoint) bool {
 		return tried && slices.Contains(st.ranked[:passed], st.s.Addr(e))
 	}
-	for range len(ranked) + 1 {
-		i := slices.Index(ranked, rc.Endpoint())
-		switch {
-		case i < 0: // cannot happen: the call's endpoints are its ranking's
+	pass := func(e *endpoint.Endpoint) route.Failure {
+		if charged(e) {
+			return route.FailConnect
+		}
+		return route.FailNone // skipped by Envoy, or never on its list: nobody's failure, no attempt
+	}
+	if target >= 0 {
+		if !rc.MoveTo(ranked[target], pass) { // cannot happen: the served one is ranked after the first choice
 			rc.Fail(route.FailNone)
 			return byNone
-		case i == target:
-			return envoyAnswered(rc, r)
 		}
-		f := route.FailNone // skipped by Envoy, or never on its list: nobody's failure
-		if charged(ranked[i]) {
-			f = route.FailConnect
-		}
-		rc.Fail(f)
-		next := st.nextUsable(ranked, i)
-		switch {
-		case next < 0:
-			return byNone
-		case target >= 0 && next > target:
-			return byNone // the served endpoint is no longer usable: Next would go past it
-		case target < 0 && !slices.ContainsFunc(ranked[next:], charged):
-			return byNone // nothing further to charge, nowhere to follow
-		}
-		if rc.Next() == nil {
-			return byNone
+		return envoyAnswered(rc, r)
+	}
+	// The answer came from elsewhere: the call is moved to the last endpoint Envoy tried, if it
+	// tried any past the first choice, which is then failed as the ones before it were.
+	last := -1
+	for j, e := range ranked {
+		if charged(e) {
+			last = j
 		}
 	}
-	rc.Fail(route.FailNone) // cannot happen: each turn moves one endpoint down the ranking
+	if last < 0 || !rc.MoveTo(ranked[last], pass) { // none tried, or the first choice alone
+		rc.Fail(pass(rc.Endpoint()))
+		return byNone
+	}
+	rc.Fail(route.FailConnect)
 	return byNone
 }
 
@@ -777,21 +778,6 @@ func envoyAnswered(rc *route.Call, r envoyReport) answeredBy {
 	}
 	rc.Fail(route.FailNone)
 	return byNone
-}
-
-// nextUsable is the index in ranked of the endpoint the call's Next would take after ranked[i],
-// -1 when none: route.Call.Next passes over the endpoints that are no longer usable (ejected,
-// or unavailable, since the pick), which it asks as this does. route.Call has no way to move a
-// call to an endpoint of its choosing.
-func (st *stream) nextUsable(ranked []*endpoint.Endpoint, i int) int {
-	lc := st.x.Handler().Lifecycle
-	now := lc.Now()
-	for j := i + 1; j < len(ranked); j++ {
-		if ranked[j].Available() && !lc.Health().Ejected(ranked[j], now) {
-			return j
-		}
-	}
-	return -1
 }
 
 // failedAttempt is the error of a request whose last attempt failed with f (a timeout, a

@@ -561,26 +561,80 @@ func (c *Call) Next() *endpoint.Endpoint {
 		if c.attempts > 0 && !c.lc.usable(ep, c.lc.clock.Now()) {
 			continue // ejected or removed since the pick; the first choice is tried regardless
 		}
-		c.ep, c.open = ep, true
-		c.attempts++
-		c.sentAt = c.lc.clock.Now().UnixNano()
-		c.predicted, c.rawPredicted = -1, -1
-		if p := c.lc.predictor; p != nil {
-			c.rawPredicted = p.PredictCached(c.Req, ep)
-			c.predicted = c.rawPredicted
-			if c.lc.audit.Blind(ep) {
-				c.predicted = 0 // what the router expects there now: nothing
-			}
-		}
-		ep.Start(c.Req.PromptTokens)
-		if o := c.lc.observer; o != nil {
-			o.Routed(c.Req, ep)
-		}
-		c.watchStall(ep)
-		c.lc.share.routed(c)
+		c.start(ep)
 		return ep
 	}
 	return nil
+}
+
+// start opens an attempt on ep, the call's ranked[next-1]: the request counted on the endpoint,
+// the policy's prediction there and its Routed, the stall watch, the other replicas' routed
+// event.
+func (c *Call) start(ep *endpoint.Endpoint) {
+	c.ep, c.open = ep, true
+	c.attempts++
+	c.sentAt = c.lc.clock.Now().UnixNano()
+	c.predicted, c.rawPredicted = -1, -1
+	if p := c.lc.predictor; p != nil {
+		c.rawPredicted = p.PredictCached(c.Req, ep)
+		c.predicted = c.rawPredicted
+		if c.lc.audit.Blind(ep) {
+			c.predicted = 0 // what the router expects there now: nothing
+		}
+	}
+	ep.Start(c.Req.PromptTokens)
+	if o := c.lc.observer; o != nil {
+		o.Routed(c.Req, ep)
+	}
+	c.watchStall(ep)
+	c.lc.share.routed(c)
+}
+
+// MoveTo moves the call to ep, an endpoint of its ranking after the one of the attempt in
+// progress (or of the last attempt), for a front end that went down the ranking by itself
+// (Envoy, given the list, retried on its own) and got its answer from ep. passed says how each
+// endpoint the call goes past fared, the attempt in progress's included: that attempt is closed
+// as Fail closes it with passed's failure; for each endpoint after it, a failure other than
+// FailNone is an attempt made and failed (the request counted there and settled at once, the
+// policy told it was routed and done, health and the other replicas told as for an attempt
+// that Fail closed), and FailNone no attempt at all (nothing told to anyone, nothing counted
+// there: the front end skipped it untried). A nil passed passes every endpoint with FailNone.
+// Then an attempt is opened on ep, as Next opens one, whatever ep's state now: ejected or
+// unavailable since the pick, Next would pass it over, but the request went there and the
+// answer is ep's. No retry budget is asked (Fail's): the front end made the attempts.
+//
+// MoveTo reports false, and changes nothing, when the call has finished, its attempt in
+// progress had its first token (the answer has begun: no front end goes elsewhere then), or
+// ep is not ranked after the call's position.
+func (c *Call) MoveTo(ep *endpoint.Endpoint, passed func(*endpoint.Endpoint) Failure) bool {
+	if c.finished || !c.firstAt.IsZero() {
+		return false
+	}
+	to := slices.Index(c.ranked[c.next:], ep)
+	if to < 0 {
+		return false
+	}
+	to += c.next
+	fate := func(e *endpoint.Endpoint) Failure {
+		if passed == nil {
+			return FailNone
+		}
+		return passed(e)
+	}
+	if c.open {
+		c.Fail(fate(c.ep))
+	}
+	for c.next < to {
+		e := c.ranked[c.next]
+		c.next++ // as Next leaves it: past the endpoint of the attempt it opens
+		if f := fate(e); f != FailNone {
+			c.start(e)
+			c.Fail(f)
+		}
+	}
+	c.next++
+	c.start(ep)
+	return true
 }
 
 // Fail ends the attempt in progress, which failed with f before anything reached the client,
