@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -152,5 +153,32 @@ func TestDemoCompareSimulate(t *testing.T) {
 	want := p.HitRateDelta <= experiment.FidelityHitAbs && p.HitRateDelta >= -experiment.FidelityHitAbs && p.TTFTP50Ratio <= 1+experiment.FidelityTTFTRel && p.TTFTP50Ratio >= 1-experiment.FidelityTTFTRel
 	if p.Agree != want || doc.Fidelity.Agree != want {
 		t.Errorf("agree %v (overall %v), want %v for %+v", p.Agree, doc.Fidelity.Agree, want, p)
+	}
+}
+
+// TestDemoStopsRoutersAtOnce: a policy's router stops as soon as its run is over. Nothing
+// balances over it, so server.drain_delay, which a router waits out at its stop once /readyz
+// was asked (as the demo asks it, to know it is ready), is not for it: 5 s a policy before,
+// a third of demo --quick's time.
+func TestDemoStopsRoutersAtOnce(t *testing.T) {
+	checkLeaks(t)
+	args := append([]string{"--policies", "round-robin,least-request", "--json", "--quiet", "--html", ""}, tinyDemo...)
+	start := time.Now()
+	code, out, errOut := runVerb("demo", args...)
+	took := time.Since(start).Seconds()
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct{ Results []report.Result }
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bad JSON: %v\n%s", err, out)
+	}
+	runs := 0.0
+	for _, r := range doc.Results {
+		runs += r.WallSeconds
+	}
+	if len(doc.Results) != 2 || took-runs > 4 {
+		t.Errorf("the demo took %.1f s for %d policies whose runs took %.1f s: want the routers stopped at once (under 4 s more in all; a drain_delay is 5 s each)",
+			took, len(doc.Results), runs)
 	}
 }

@@ -565,12 +565,7 @@ func parse(data []byte, dir string, adjust func(*Config), checks Checks) (*Confi
 // cache_salt. The default stays: an unknown server is not scraped for metrics it lacks. A
 // Kubernetes watch that reads the pods' metadata may find the engine there, and is not named.
 func enginesUnset(c *Config) string {
-	var at []string
-	for i, e := range c.Endpoints {
-		if e.Engine == "" {
-			at = append(at, fmt.Sprintf("endpoints[%d] (%s)", i, strings.TrimRight(strings.TrimSpace(e.URL), "/")))
-		}
-	}
+	at := endpointsUnset(c.Endpoints)
 	for i, n := range c.Discovery.DNS {
 		if n.Endpoint.Engine == "" {
 			at = append(at, fmt.Sprintf("discovery.dns[%d].endpoint (%s)", i, n.Name))
@@ -584,6 +579,24 @@ func enginesUnset(c *Config) string {
 	if ip := c.Discovery.InferencePool; ip != nil && ip.Endpoint.Engine == "" {
 		at = append(at, "discovery.inference_pool.endpoint")
 	}
+	return noEngineWarning(at)
+}
+
+// endpointsUnset names the endpoints, decoded and not yet defaulted, that leave engine unset:
+// endpoints[i] (url).
+func endpointsUnset(eps []Endpoint) []string {
+	var at []string
+	for i, e := range eps {
+		if e.Engine == "" {
+			at = append(at, fmt.Sprintf("endpoints[%d] (%s)", i, strings.TrimRight(strings.TrimSpace(e.URL), "/")))
+		}
+	}
+	return at
+}
+
+// noEngineWarning is the warning about the endpoints and templates at that leave engine unset
+// (see enginesUnset); "" when there are none.
+func noEngineWarning(at []string) string {
 	if len(at) == 0 {
 		return ""
 	}
@@ -836,6 +849,15 @@ type endpointFile struct {
 // config, the error joins every problem in the file: unknown keys and mistyped values, each
 // left out, and what validating the rest finds.
 func ParseEndpoints(data []byte) ([]Endpoint, error) {
+	eps, _, err := ParseEndpointsWarn(data)
+	return eps, err
+}
+
+// ParseEndpointsWarn is ParseEndpoints that also returns the file's warnings, as Load puts the
+// config's in Config.Warnings, for its reader to log: the endpoints that leave engine unset,
+// taken for a generic OpenAI API and so never scraped, in the words of the config's warning.
+// There are none when the file is rejected.
+func ParseEndpointsWarn(data []byte) (eps []Endpoint, warnings []string, err error) {
 	// A list is decoded as the endpoints key of a mapping (its JSON form, which YAML reads), so
 	// that decoding and validation name a problem alike in both forms: endpoints[1].url.
 	if js, err := yaml.YAMLToJSONStrict(data); err == nil && documents(data) <= 1 && bytes.HasPrefix(bytes.TrimSpace(js), []byte("[")) {
@@ -844,17 +866,21 @@ func ParseEndpoints(data []byte) ([]Endpoint, error) {
 	var f endpointFile
 	derr := decodeStrict(data, &f)
 	if derr != nil && !decodedRest(derr) {
-		return nil, derr
+		return nil, nil, derr
 	}
+	unset := noEngineWarning(endpointsUnset(f.Endpoints)) // before the defaults fill them
 	for i := range f.Endpoints {
 		f.Endpoints[i].SetDefaults()
 	}
 	var p problems
 	validateEndpoints(f.Endpoints, "endpoints", &p)
 	if err := withValidation(derr, p.err()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return f.Endpoints, nil
+	if unset != "" {
+		warnings = append(warnings, unset)
+	}
+	return f.Endpoints, warnings, nil
 }
 
 func (d *Discovery) setDefaults(*Config) {

@@ -406,6 +406,38 @@ func TestParseEndpoints(t *testing.T) {
 	}
 }
 
+// TestParseEndpointsWarn: a discovery file's endpoints without an engine draw the warning the
+// config's own draw (the same words, the same names), in both forms of the file; a file that
+// sets every engine draws none, nor does one rejected.
+func TestParseEndpointsWarn(t *testing.T) {
+	c, err := Parse([]byte("auth: {mode: none}\nendpoints:\n  - url: http://10.0.0.1:8000\n    engine: sglang\n  - url: http://10.0.0.2:8000/\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		doc  string
+		want []string
+	}{
+		{"- url: http://10.0.0.1:8000\n  engine: sglang\n- url: http://10.0.0.2:8000/\n", c.Warnings},
+		{"endpoints:\n  - url: http://10.0.0.1:8000\n    engine: sglang\n  - url: http://10.0.0.2:8000/\n", c.Warnings},
+		{"- url: http://10.0.0.1:8000\n  engine: sglang\n- url: http://10.0.0.2:8000\n  engine: auto\n", nil},
+	} {
+		eps, warnings, err := ParseEndpointsWarn([]byte(tc.doc))
+		if err != nil || len(eps) != 2 {
+			t.Fatalf("%q: %d endpoints, %v", tc.doc, len(eps), err)
+		}
+		if diff := cmp.Diff(tc.want, warnings); diff != "" {
+			t.Errorf("%q: warnings (-want +got):\n%s", tc.doc, diff)
+		}
+	}
+	if len(c.Warnings) != 1 || !strings.HasPrefix(c.Warnings[0], "endpoints[1] (http://10.0.0.2:8000): no engine, so openai") {
+		t.Errorf("the config's warnings %q: want one naming endpoints[1]", c.Warnings)
+	}
+	if _, warnings, err := ParseEndpointsWarn([]byte("- url: bad\n")); err == nil || warnings != nil {
+		t.Errorf("a rejected file: warnings %q, error %v; want none and an error", warnings, err)
+	}
+}
+
 // TestParseEndpoints_EveryProblem: a discovery file's problems all come back at once, as the
 // config's do (serve --check lists them all): unknown keys and mistyped values beside what
 // validation finds in the rest, named alike in the list and the mapping form, a mistyped key

@@ -74,33 +74,39 @@ type FileSource struct {
 	Poll time.Duration
 	// Debounce waits this long after the last notification (0: config.DefaultDebounce).
 	Debounce time.Duration
-	// Log receives the reason a new file is rejected (discarded when nil).
+	// Log receives the reason a new file is rejected, and the warnings about one taken in
+	// (endpoints without an engine: see config.ParseEndpointsWarn), once per change (discarded
+	// when nil).
 	Log *slog.Logger
 	// OnError, when set, also receives that reason (for a metric or a test).
 	OnError func(error)
 }
 
-// Load reads and parses the file once (at start, where a missing or bad file is fatal).
+// Load reads and parses the file once (at start, where a missing or bad file is fatal). It
+// logs no warning: Run, which follows, reads the file again at its start and logs them then.
 func (f *FileSource) Load() ([]endpoint.Spec, error) {
 	data, err := os.ReadFile(f.Path)
 	if err != nil {
 		return nil, fmt.Errorf("discovery.file: %w", err)
 	}
-	return f.parse(data)
+	specs, _, err := f.parse(data)
+	return specs, err
 }
 
-func (f *FileSource) parse(data []byte) ([]endpoint.Spec, error) {
-	eps, err := config.ParseEndpoints(data)
+func (f *FileSource) parse(data []byte) ([]endpoint.Spec, []string, error) {
+	eps, warnings, err := config.ParseEndpointsWarn(data)
 	if err != nil {
-		return nil, fmt.Errorf("discovery.file %s: %w", f.Path, err)
+		return nil, nil, fmt.Errorf("discovery.file %s: %w", f.Path, err)
 	}
-	return Specs(eps), nil
+	return Specs(eps), warnings, nil
 }
 
 // Run calls emit with the file's endpoints at start and after every change that parses; a file
 // that does not parse (or cannot be read) is logged and the last good set stays in force, so
 // nothing is emitted. It blocks until ctx ends and fails only when the file's directory cannot be
-// watched. emit returning an error (the pool rejected the set) is logged the same way.
+// watched. emit returning an error (the pool rejected the set) is logged the same way. The
+// warnings about a set taken in (endpoints without an engine) are logged with it: at start and
+// at each change that still has them.
 func (f *FileSource) Run(ctx context.Context, emit func([]endpoint.Spec) error) error {
 	log := f.Log
 	if log == nil {
@@ -118,13 +124,16 @@ func (f *FileSource) Run(ctx context.Context, emit func([]endpoint.Spec) error) 
 				fail(fmt.Errorf("discovery.file %s: %w", f.Path, err))
 				return
 			}
-			specs, err := f.parse(data)
+			specs, warnings, err := f.parse(data)
 			if err == nil {
 				err = emit(specs)
 			}
 			if err != nil {
 				fail(err)
 				return
+			}
+			for _, w := range warnings {
+				log.Warn("discovery file", "file", f.Path, "warning", w)
 			}
 			log.Debug("discovery file loaded", "file", f.Path, "endpoints", len(specs))
 		})

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -205,4 +206,122 @@ func TestFromConfig(t *testing.T) {
 	if FromConfig(c, nil) != nil {
 		t.Error("no discovery.file: want nil")
 	}
+}
+
+// TestFileSource_WarnsEngineUnset: endpoints in the file that leave engine unset (taken for a
+// generic OpenAI API, so never scraped) draw the config's warning, naming them and the fix,
+// once per change that has them: at start, not at the polls that find the file unchanged,
+// not for a file that sets every engine, and again for a change that leaves one unset.
+func TestFileSource_WarnsEngineUnset(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints.yaml")
+	const unset = "- url: http://10.0.0.1:8000\n  engine: vllm\n- url: http://10.0.0.2:8000/\n"
+	write(t, path, unset)
+	sets := make(chan []endpoint.Spec, 10)
+	warned := make(chan warnRecord, 10)
+	f := &FileSource{Path: path, Debounce: 5 * time.Millisecond, Poll: 20 * time.Millisecond,
+		Log: slog.New(warnHandler{warned}), OnError: func(err error) { t.Errorf("file rejected: %v", err) }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- f.Run(ctx, func(s []endpoint.Spec) error {
+			sets <- s
+			return nil
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	next := func() []endpoint.Spec {
+		t.Helper()
+		select {
+		case s := <-sets:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("no endpoint set within 10s")
+			return nil
+		}
+	}
+	nextWarning := func() warnRecord {
+		t.Helper()
+		select {
+		case w := <-warned:
+			return w
+		case <-time.After(10 * time.Second):
+			t.Fatal("no warning within 10s")
+			return warnRecord{}
+		}
+	}
+	// The config's own warning for the same endpoints: the file's says the same.
+	c, err := config.Parse([]byte("auth: {mode: none}\nendpoints:\n" + indent(unset)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Warnings) != 1 {
+		t.Fatalf("the config's warnings: %q, want one", c.Warnings)
+	}
+	want := warnRecord{msg: "discovery file", file: path, warning: c.Warnings[0]}
+	if !strings.HasPrefix(want.warning, "endpoints[1] (http://10.0.0.2:8000): no engine, so openai") ||
+		!strings.Contains(want.warning, "set engine: ") {
+		t.Fatalf("the config's warning %q does not name the endpoint and the fix", want.warning)
+	}
+
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}, names(next())); diff != "" {
+		t.Errorf("first set (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, nextWarning(), cmp.AllowUnexported(warnRecord{})); diff != "" {
+		t.Errorf("warning at start (-want +got):\n%s", diff)
+	}
+
+	write(t, path, "- url: http://10.0.0.1:8000\n  engine: vllm\n- url: http://10.0.0.2:8000\n  engine: sglang\n")
+	next()
+	write(t, path, "- url: http://10.0.0.3:8000\n")
+	next()
+	// Run handles one content at a time: a warning for the polls of the first file, or for
+	// the second, would have come before this one.
+	want.warning = strings.Replace(want.warning, "endpoints[1] (http://10.0.0.2:8000)", "endpoints[0] (http://10.0.0.3:8000)", 1)
+	if diff := cmp.Diff(want, nextWarning(), cmp.AllowUnexported(warnRecord{})); diff != "" {
+		t.Errorf("warning after the change that leaves an engine unset (-want +got):\n%s", diff)
+	}
+	if len(warned) != 0 {
+		t.Errorf("more warnings: %+v", <-warned)
+	}
+}
+
+// indent puts a YAML list under a mapping's key.
+func indent(list string) string {
+	return "  " + strings.ReplaceAll(strings.TrimSuffix(list, "\n"), "\n", "\n  ") + "\n"
+}
+
+// warnRecord is a warning logged: its message and its file and warning attributes.
+type warnRecord struct{ msg, file, warning string }
+
+// warnHandler sends the warnings logged (and nothing else) to c.
+type warnHandler struct{ c chan<- warnRecord }
+
+func (h warnHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h warnHandler) WithAttrs([]slog.Attr) slog.Handler           { return h }
+func (h warnHandler) WithGroup(string) slog.Handler                { return h }
+
+func (h warnHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level != slog.LevelWarn {
+		return nil
+	}
+	w := warnRecord{msg: r.Message}
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "file":
+			w.file = a.Value.String()
+		case "warning":
+			w.warning = a.Value.String()
+		}
+		return true
+	})
+	select {
+	case h.c <- w:
+	default: // more than the test waits for: it fails on the count, never hangs here
+	}
+	return nil
 }

@@ -376,6 +376,10 @@ func startRouter(ctx context.Context, urls []string, sp Policy, log *slog.Logger
 	// The same scrape interval as kvroute simulate, so that both see equally fresh metrics.
 	cfg.Scrape.Interval = config.Duration(des.DefaultScrapeInterval)
 	cfg.Scrape.Timeout = config.Duration(des.DefaultScrapeInterval)
+	// Nothing balances over this router: its stop need not wait for one to take it out
+	// (server.drain_delay, 5 s once /readyz was asked, as waitReady does).
+	noDrain := config.Duration(0)
+	cfg.Server.DrainDelay = &noDrain
 	cfg.SetDefaults()
 	if err := cfg.Validate(config.Checks{PolicyNames: policy.Names(), Policy: policy.Check}); err != nil {
 		return "", nil, fmt.Errorf("router config: %w", err)

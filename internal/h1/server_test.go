@@ -810,8 +810,9 @@ func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
 				s.closeIdle()
 			} else {
 				s.mu.Lock()
-				s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
+				_, expired := s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
 				s.mu.Unlock()
+				closeConns(expired)
 			}
 			close(release)
 			if !tc.arrive {
