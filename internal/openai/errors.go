@@ -1,8 +1,10 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -49,11 +51,79 @@ func BadRequest(param, format string, args ...any) *Error {
 	return NewError(http.StatusBadRequest, TypeInvalidRequest, param, "", fmt.Sprintf(format, args...))
 }
 
-// belowMin is the 400 for a count field whose value is below 1, as OpenAI answers it:
+// Codes of the 400s about a field's value, as OpenAI's API names them.
+const (
+	CodeInvalidType = "invalid_type"            // a value of the wrong JSON type, or a number that is no integer
+	CodeBelowMin    = "integer_below_min_value" // an integer below the field's least value
+	CodeAboveMax    = "integer_above_max_value" // an integer above the field's greatest value
+)
+
+// BelowMin is the 400 for a count field whose value, got (as the client wrote it), is below 1:
 // param the field, code integer_below_min_value; hint says what to do instead.
-func belowMin(field string, v int, hint string) *Error {
-	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, "integer_below_min_value",
-		fmt.Sprintf("%s must be at least 1, got %d: %s", field, v, hint))
+func BelowMin(field, got, hint string) *Error {
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, CodeBelowMin,
+		fmt.Sprintf("%s must be at least 1, got %s: %s", field, cutValue(got), hint))
+}
+
+// AboveMax is the 400 for an integer field whose value, got (as the client wrote it), is above
+// most: param the field, code integer_above_max_value; hint (optional) says why the bound.
+func AboveMax(field string, most int, got, hint string) *Error {
+	msg := fmt.Sprintf("%s must be at most %d, got %s", field, most, cutValue(got))
+	if hint != "" {
+		msg += ": " + hint
+	}
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, CodeAboveMax, msg)
+}
+
+// NotInteger is the 400 for a count field (max_tokens, n, best_of...) whose JSON value v cannot
+// be read as an int: a value of another type, or a number with a fraction or an exponent (40.5,
+// 4e1, 1e400), is code invalid_type, as OpenAI's API answers "a decimal number" there (an
+// engine in Python may take 4e1 for 40, or round 40.5, or refuse it: the router does not
+// guess); an integer with more digits than an int holds is integer_above_max_value, or
+// integer_below_min_value where it is negative.
+func NotInteger(field string, v []byte) *Error {
+	t := bytes.TrimSpace(v)
+	if kind := jsonValueKind(t); kind != "number" {
+		return notIntegerKind(field, kind)
+	}
+	return notIntegerNumber(field, string(t))
+}
+
+// notIntegerKind is NotInteger for a value of JSON kind kind ("string", "bool"...), not a number.
+func notIntegerKind(field, kind string) *Error {
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, CodeInvalidType,
+		fmt.Sprintf("%s must be an integer, not a JSON %s", field, kind))
+}
+
+// notIntegerNumber is NotInteger for a JSON number num that strconv.Atoi did not take.
+func notIntegerNumber(field, num string) *Error {
+	if jsonInteger(num) { // too many digits for an int
+		if num[0] == '-' {
+			return BelowMin(field, num, "leave it out for the default")
+		}
+		return AboveMax(field, math.MaxInt, num, "")
+	}
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, CodeInvalidType,
+		fmt.Sprintf("%s must be an integer, got %s: write it in digits, without a fraction or an exponent", field, cutValue(num)))
+}
+
+// jsonInteger reports whether s is an integer as JSON writes one: an optional minus, then 0
+// or digits that do not begin with 0.
+func jsonInteger(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return false
+	}
+	return strings.Trim(s, "0123456789") == ""
+}
+
+// cutValue cuts a value a client wrote to at most 32 bytes for a message (a number can be a
+// megabyte of digits).
+func cutValue(s string) string {
+	if len(s) <= 32 {
+		return s
+	}
+	return s[:32] + "..."
 }
 
 // Body returns the JSON error body.

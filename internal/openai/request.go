@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
@@ -261,7 +263,7 @@ func parseDecoded(kind Kind, body []byte) (*Request, error) {
 	if err := json.Unmarshal(body, &w); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return nil, BadRequest(te.Field, "field %s must be %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+			return nil, typeError(te)
 		}
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -339,13 +341,13 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 			// OpenAI refuses below 1 too (integer_below_min_value); engines do not all:
 			// llama.cpp and ollama read -1 as "until the context is full", and the peers
 			// drop a routed event whose max_tokens is negative as malformed.
-			return nil, belowMin(b.name, *b.v, "leave it out to set no bound")
+			return nil, BelowMin(b.name, strconv.Itoa(*b.v), "leave it out to set no bound")
 		}
 	}
 	r.MaxTokens = outputBound(kind, w)
 	if w.N != nil {
 		if *w.N < 1 {
-			return nil, belowMin("n", *w.N, "leave it out for one choice")
+			return nil, BelowMin("n", strconv.Itoa(*w.N), "leave it out for one choice")
 		}
 		r.N = *w.N
 	}
@@ -366,10 +368,11 @@ func fromWire(kind Kind, body []byte, w *wire) (*Request, error) {
 // engines read the body (Request.MaxTokens): a chat request's max_tokens or
 // max_completion_tokens, the larger where both are set (vLLM and SGLang take
 // max_completion_tokens then, llama.cpp and ollama have read max_tokens alone); a
-// completion's max_tokens; a Responses request's max_output_tokens. A member its kind's
-// engines do not read bounds nothing: a chat request's max_output_tokens of 1 would otherwise
-// have reserved 1 token per sequence of a tenant's limit for an answer its engine did not cut.
-// 0: none.
+// completion's max_tokens alone (vLLM's and SGLang's completion requests declare no
+// max_completion_tokens and ignore one sent); a Responses request's max_output_tokens. A
+// member its kind's engines do not read bounds nothing: a chat request's max_output_tokens of
+// 1 would otherwise have reserved 1 token per sequence of a tenant's limit for an answer its
+// engine did not cut. 0: none.
 func outputBound(kind Kind, w *wire) int {
 	v := func(p *int) int {
 		if p == nil {
@@ -442,6 +445,23 @@ func deref(p *string) string {
 func isPresent(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)
 	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
+}
+
+// typeError is the 400 for a field whose JSON value encoding/json could not store (te names
+// the field): code invalid_type, as OpenAI's API answers a value of the wrong type. An integer
+// field's is NotInteger's answer: te.Value is "number " and the number's text, or the value's
+// JSON kind.
+func typeError(te *json.UnmarshalTypeError) *Error {
+	switch te.Type.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if kind, num, _ := strings.Cut(te.Value, " "); kind == "number" && num != "" {
+			return notIntegerNumber(te.Field, num)
+		}
+		return notIntegerKind(te.Field, te.Value)
+	}
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, te.Field, CodeInvalidType,
+		fmt.Sprintf("field %s must be %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value))
 }
 
 func jsonKind(goKind string) string {

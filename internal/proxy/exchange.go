@@ -236,7 +236,7 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	c.stream = req.Stream
 	c.model = h.modelLabel(req.Model)
 	if req.N > maxChoices {
-		return openai.BadRequest("n", "n must be at most %d (the choices of one request, as OpenAI's API allows), got %d", maxChoices, req.N)
+		return openai.AboveMax("n", maxChoices, strconv.Itoa(req.N), "the choices of one request, as OpenAI's API allows")
 	}
 	best := 0
 	if kind == openai.KindCompletion {

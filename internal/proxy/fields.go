@@ -160,15 +160,15 @@ func bestOf(body []byte) (int, *openai.Error) {
 		digits = digits[1:]
 	}
 	if len(digits) == 0 || len(digits) > 1 && digits[0] == '0' || bytes.ContainsFunc(digits, func(r rune) bool { return r < '0' || r > '9' }) {
-		return 0, openai.BadRequest("best_of", "best_of must be an integer, got %s", logCut1(string(val), 32))
+		return 0, openai.NotInteger("best_of", val)
 	}
 	n, err := strconv.Atoi(string(val))
 	switch {
 	case val[0] == '-' || n < 1 && err == nil:
-		return 0, openai.BadRequest("best_of", "best_of must be at least 1, got %s", logCut1(string(val), 32))
+		return 0, openai.BelowMin("best_of", string(val), "leave it out to generate n sequences")
 	case err != nil || n > maxChoices:
 		// (err: more digits than an int holds)
-		return 0, openai.BadRequest("best_of", "best_of must be at most %d (the sequences generated for one prompt, as n), got %s", maxChoices, logCut1(string(val), 32))
+		return 0, openai.AboveMax("best_of", maxChoices, string(val), "the sequences generated for one prompt, as n")
 	}
 	return n, nil
 }

@@ -18,8 +18,13 @@ import (
 // outputFields are the body members that bound a request's completion, by kind, as the
 // engines read them (by their exact, decoded names): chat completions take max_tokens and the
 // newer max_completion_tokens (vLLM and SGLang use max_completion_tokens where both are set;
-// llama.cpp and ollama have read max_tokens alone), completions max_tokens, Responses
-// max_output_tokens. The first is the one written where the client sets none.
+// llama.cpp and ollama have read max_tokens alone), completions max_tokens alone, Responses
+// max_output_tokens. A completion's max_completion_tokens bounds nothing, so it is neither
+// held to the cap nor written: vLLM's CompletionRequest (completion/protocol.py) and SGLang's
+// (entrypoints/openai/protocol.py) declare max_tokens only, vLLM logging any other member as
+// ignored and SGLang dropping it, and OpenAI's completions API has none either (kvroute sim
+// ignores it there too, through openai.Parse). The first is the one written where the client
+// sets none.
 func outputFields(kind openai.Kind) []string {
 	switch kind {
 	case openai.KindChat:
@@ -70,7 +75,7 @@ func readOutputBound(kind openai.Kind, body []byte) (outputBound, *openai.Error)
 		}
 		n, err := strconv.Atoi(string(v))
 		if err != nil {
-			oe = openai.BadRequest(fields[i], "%s must be an integer, got %s", fields[i], logCut1(string(v), 32))
+			oe = openai.NotInteger(fields[i], v)
 			return
 		}
 		valued = valued || i == 0

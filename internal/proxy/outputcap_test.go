@@ -109,6 +109,16 @@ func TestOutputCap(t *testing.T) {
 			want: map[string]string{"max_tokens": "100"}},
 		{name: "completions", path: "/v1/completions", body: `{"model":"m","prompt":"once upon a time"}`,
 			want: map[string]string{"max_tokens": "500"}},
+		// No engine reads a completion's max_completion_tokens (vLLM's and SGLang's
+		// CompletionRequest declare max_tokens only): it is left as it came, and max_tokens
+		// bounds the answer. The QA's body, which kvroute sim before b24e302 answered with 60
+		// tokens past a cap of 50.
+		{name: "completions max_completion_tokens above the cap: read by none, max_tokens written", path: "/v1/completions",
+			body: `{"model":"m","prompt":"hello","max_completion_tokens":4000}`,
+			want: map[string]string{"max_tokens": "500", "max_completion_tokens": "4000"}},
+		{name: "completions max_completion_tokens and max_tokens under the cap", path: "/v1/completions",
+			body: `{"model":"m","prompt":"hello","max_completion_tokens":4000,"max_tokens":20}`,
+			want: map[string]string{"max_tokens": "20", "max_completion_tokens": "4000"}},
 		{name: "responses", path: "/v1/responses", body: `{"model":"m","input":"once upon a time"}`,
 			want: map[string]string{"max_output_tokens": "500"}},
 		{name: "embeddings: nothing generated, nothing written", path: "/v1/embeddings", body: `{"model":"m","input":"x"}`,

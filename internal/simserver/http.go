@@ -23,6 +23,7 @@ func (in *Instance) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/chat/completions", in.api(in.completion(openai.KindChat)))
 	mux.Handle("POST /v1/completions", in.api(in.completion(openai.KindCompletion)))
+	mux.Handle("POST /v1/responses", in.api(in.completion(openai.KindResponse)))
 	mux.Handle("GET /v1/models", in.api(http.HandlerFunc(in.models)))
 	mux.HandleFunc("GET /health", in.health)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(in.reg, promhttp.HandlerOpts{}))
@@ -172,10 +173,11 @@ const maxPrompts = 1024
 // share the response id, the timestamp and the job's notify channel.
 type call struct {
 	kind         openai.Kind
-	index        int    // choices[].index: the choice's place in the answer
-	choice       int    // which of its prompt's n choices it is: only the first counts the prompt's tokens in usage
-	id           string // chatcmpl-... or cmpl-...
-	rid          string // x-request-id
+	resp         *respInfo // a Responses call's (KindResponse), else nil
+	index        int       // choices[].index: the choice's place in the answer
+	choice       int       // which of its prompt's n choices it is: only the first counts the prompt's tokens in usage
+	id           string    // chatcmpl-..., cmpl-... or resp_...
+	rid          string    // x-request-id
 	created      int64
 	model        []byte // JSON string
 	promptTokens int
@@ -247,6 +249,9 @@ func (in *Instance) newCalls(kind openai.Kind, req *openai.Request, recv time.Ti
 	if kind != openai.KindCompletion || prompts <= 1 {
 		prompts = 1
 	}
+	if kind == openai.KindResponse {
+		samples = 1 // the Responses API has no n
+	}
 	if samples > maxPrompts || prompts*samples > maxPrompts {
 		if samples == 1 {
 			return nil, openai.BadRequest("prompt", "a list of %d prompts: send at most %d in one request", prompts, maxPrompts)
@@ -286,21 +291,25 @@ func (in *Instance) newCalls(kind openai.Kind, req *openai.Request, recv time.Ti
 func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, recv time.Time) (*call, *openai.Error) {
 	promptTokens := max(1, prefix.EstimateTokens(string(text)))
 	maxTokens, finish := req.MaxTokens, "length"
+	bound := "max_tokens" // the member that bounds the answer, for errors
+	if kind == openai.KindResponse {
+		bound = "max_output_tokens"
+	}
 	if maxTokens < 0 {
-		return nil, openai.BadRequest("max_tokens", "max_tokens must be at least 1, got %d", maxTokens)
+		return nil, openai.BadRequest(bound, "%s must be at least 1, got %d", bound, maxTokens)
 	}
 	if maxTokens == 0 {
 		maxTokens, finish = in.opts.DefaultMaxTokens, "stop"
 	}
 	// Compare each part first: the sum of two huge values could overflow.
 	if promptTokens > in.opts.MaxModelLen || maxTokens > in.opts.MaxModelLen || promptTokens+maxTokens > in.opts.MaxModelLen {
-		return nil, openai.BadRequest("max_tokens",
+		return nil, openai.BadRequest(bound,
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 			in.opts.MaxModelLen, promptTokens+maxTokens, promptTokens, maxTokens)
 	}
 	bs := in.cfg.BlockSize
 	if need, room := (promptTokens+maxTokens-1+bs-1)/bs, in.eng.SeqBlocks(); need > room {
-		return nil, openai.BadRequest("max_tokens",
+		return nil, openai.BadRequest(bound,
 			"the request needs %d KV blocks (%d prompt + %d output tokens) but one request can have at most %d: reduce the length of the messages or completion",
 			need, promptTokens, maxTokens, room)
 	}
@@ -312,8 +321,11 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 	}
 	base := textSeed(in.opts.Seed, text)
 	idPrefix := "chatcmpl-"
-	if kind == openai.KindCompletion {
+	switch kind {
+	case openai.KindCompletion:
 		idPrefix = "cmpl-"
+	case openai.KindResponse:
+		idPrefix = "resp_"
 	}
 	model, _ := json.Marshal(in.opts.Model)
 	j := &job{
@@ -333,8 +345,13 @@ func (in *Instance) newCall(kind openai.Kind, req *openai.Request, text []byte, 
 		j.text = text
 		j.hashes = prefix.Chain(make([]uint64, 0, len(keys)), prefix.Seed("", salt), keys)
 	}
+	var resp *respInfo
+	if kind == openai.KindResponse {
+		resp = newRespInfo(req)
+	}
 	return &call{
 		kind:         kind,
+		resp:         resp,
 		id:           fmt.Sprintf("%s%016x%016x", idPrefix, prefix.Next(in.opts.Seed, n), base),
 		created:      in.opts.Now().Unix(),
 		model:        model,
@@ -420,6 +437,10 @@ func (in *Instance) respond(w http.ResponseWriter, r *http.Request, calls []*cal
 			continue
 		}
 		c0 := calls[0]
+		if c0.kind == openai.KindResponse { // one call: the API has no n
+			writeJSON(w, http.StatusOK, c0.responseObject(true, ps[0].produced, ps[0].cached))
+			return
+		}
 		usage := openai.Usage{PromptTokensDetails: &openai.TokenDetails{}}
 		choices := make([]any, len(calls))
 		for i, c := range calls {
@@ -462,6 +483,13 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call
 	_ = rc.Flush()
 	buf := in.getBuf()
 	defer func() { in.putBuf(buf) }()
+	if c0 := calls[0]; c0.kind == openai.KindResponse {
+		if _, err := w.Write(c0.appendResponseStart(buf)); err != nil {
+			in.abort(calls)
+			return
+		}
+		_ = rc.Flush()
+	}
 	for {
 		// The driver wakes the handler at each prompt's first token, at its end and, in between,
 		// at most once per StreamInterval: each wake-up writes every token produced so far.
@@ -505,8 +533,11 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call
 				}
 				if c.sent == 0 {
 					c.started, started = true, true
-					if c.kind == openai.KindChat {
+					switch c.kind {
+					case openai.KindChat:
 						buf = c.appendChunk(buf, c.sent, true, "")
+					case openai.KindResponse:
+						buf = c.appendItemOpened(buf)
 					}
 				}
 				finish := ""
@@ -517,7 +548,10 @@ func (in *Instance) stream(w http.ResponseWriter, r *http.Request, calls []*call
 				c.sent++
 			}
 		}
-		if done {
+		switch {
+		case done && calls[0].kind == openai.KindResponse:
+			buf = calls[0].appendResponseEnd(buf, sum) // usage in its terminal event; no [DONE]
+		case done:
 			if calls[0].includeUsage {
 				prompt := 0
 				for _, c := range calls {
@@ -583,6 +617,9 @@ func (in *Instance) putBuf(b []byte) {
 // appendChunk appends one SSE chunk carrying output token i (or, with role, the assistant role
 // chunk that opens a chat stream), with finish_reason when finish is set.
 func (c *call) appendChunk(dst []byte, i int, role bool, finish string) []byte {
+	if c.kind == openai.KindResponse {
+		return c.appendDelta(dst, i) // the end is said by the events after the last token
+	}
 	dst = c.appendHead(dst)
 	if c.kind == openai.KindChat {
 		dst = append(dst, `"choices":[{"index":`...)

@@ -67,6 +67,9 @@ func TestMetricsGolden(t *testing.T) {
 	f := startFleet(t, Options{Profile: "instant"}, 1)
 	url := f.URLs()[0]
 	streamCall(t, url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hello","stream":true,"max_tokens":3}`, DefaultModel))
+	// The driver counts a request's end after the handler may have seen it (and written
+	// [DONE]): under load the scrape came first (request_success_total 0, want 1).
+	waitFinished(t, f.Instances()[0], 1)
 	fams := scrape(t, url)
 	got := describe(fams)
 	golden := filepath.Join("testdata", "metrics.golden")
