@@ -189,18 +189,19 @@ func logTenantChanges(logger *slog.Logger, old, cur *config.Config) {
 
 // policyChangedLocked hands what old, the picker in force (built from was's policy section),
 // learned to picker, the one built for cfg (params: its parameters), where the policy can take
-// it (policy.Inheritor: prefix-aware given other parameters), and says what was kept, or what
-// is lost: a reload that changed a parameter used to start the policy empty, its index and
-// calibration gone (a soak test's index went from 47,258 entries to 314, and every endpoint's
-// prefill rate back to the 10,000 tokens/s prior), and said only "policy rebuilt". The caller
-// holds r.mu; picker has not been used yet.
+// it (policy.Inheritor: prefix-aware, cache-aware, overlap-cost and scorer-weighted given other
+// parameters; an index whose sizes changed is resized where it is, in steps, while old routes
+// on), and says what was kept, or what is lost: a reload that changed a parameter used to
+// start the policy empty, its index and calibration gone (a soak test's index went from 47,258
+// entries to 314, and every endpoint's prefill rate back to the 10,000 tokens/s prior), and
+// said only "policy rebuilt". The caller holds r.mu; picker has not been used yet.
 func (r *Router) policyChangedLocked(old, picker policy.Picker, was, cfg *config.Config, params policy.Params) {
 	oldParams, _ := was.Policy.PolicyParams() // in force: it read when it applied
 	same := was.Policy.Name == cfg.Policy.Name
 	if inh, ok := picker.(policy.Inheritor); ok && same {
 		if in, ok := inh.Inherit(old, oldParams, params); ok {
 			r.logger.Info("policy parameters changed: what the policy learned is kept", "policy", cfg.Policy.Name,
-				"changed", paramChanges(oldParams, params), "index_entries", in.IndexEntries, "index_copied", in.IndexCopied,
+				"changed", paramChanges(oldParams, params), "index_entries", in.IndexEntries, "index_resized", in.IndexResized, "index_evicted", in.IndexEvicted,
 				"endpoints", in.Endpoints, "endpoints_calibrated", in.Calibrated, "fleet_calibrated", in.FleetCalibrated)
 			return
 		}

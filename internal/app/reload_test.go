@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/config"
 	"github.com/kvroute/kvroute/internal/policy"
+	"github.com/kvroute/kvroute/internal/prefix"
 	"github.com/kvroute/kvroute/internal/testlog"
 )
 
@@ -432,5 +434,110 @@ func TestReloadKeepsPolicyState(t *testing.T) {
 	if len(dropped) != 1 || dropped[0]["policy_before"] != "prefix-aware" || dropped[0]["policy"] != "cache-aware" ||
 		dropped[0]["index_entries_dropped"] != float64(entries) {
 		t.Errorf("a change of policy's log: %v; want it to say that %d index entries were dropped", dropped, entries)
+	}
+}
+
+// TestReloadIndexSizeRoutesOn: a reload that changes max_index_entries keeps the index,
+// resized where it is, and every request the router routes meanwhile is in it afterwards:
+// each prompt is predicted cached where it went. The log says the index was resized and how
+// many entries did not fit. Before, the index was copied into the new picker's while the old
+// one routed on into its own, and what it routed during the copy was lost.
+func TestReloadIndexSizeRoutesOn(t *testing.T) {
+	a, b := newFakeEngine(t), newFakeEngine(t)
+	logger, logs := jsonLogger()
+	conf := func(params string) *config.Config {
+		return routerConfig(t, "policy: {name: prefix-aware, params: {"+params+"}}\n", a.srv.URL, b.srv.URL)
+	}
+	r, err := NewRouter(conf(""), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// 100,000 entries, through a snapshot as a peer's would come.
+	const fill = 100_000
+	x := prefix.NewIndex(prefix.IndexConfig{DefaultCapacity: fill})
+	eps := r.pool.All()
+	for i := range fill / 10 {
+		keys := make([]uint64, 10)
+		for k := range keys {
+			keys[k] = uint64(10*i + k)
+		}
+		x.Insert(i%len(eps), prefix.Chain(nil, prefix.Seed("filler", ""), keys), int64(i+1))
+	}
+	var snap bytes.Buffer
+	if _, err := x.WriteSnapshot(&snap, func(ep int) string { return eps[ep].Name }, fill+1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.currentPicker().(policy.Snapshotter).ReadSnapshot(&snap, r.pool.ByName, 0); err != nil || n != fill {
+		t.Fatalf("fixture: %d entries read (%v), want %d", n, err, fill)
+	}
+
+	api, admin := r.Handler(), r.AdminHandler()
+	body := func(i int) string {
+		return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`,
+			fmt.Sprintf("conversation %d: %s", i, strings.Repeat("words of its own, ", 30)))
+	}
+	var sent []int
+	first, reloaded, stopped := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for i := 0; i < 100_000; i++ {
+			select {
+			case <-reloaded:
+				return
+			default:
+			}
+			rec := httptest.NewRecorder()
+			api.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body(i))))
+			if rec.Code != http.StatusOK {
+				t.Errorf("request %d: %d %s", i, rec.Code, rec.Body)
+				return
+			}
+			sent = append(sent, i)
+			if i == 0 {
+				close(first)
+			}
+		}
+	}()
+	select {
+	case <-first:
+	case <-stopped:
+		t.Fatal("the client stopped before its first answer")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer in 10 s")
+	}
+	err = r.Reload(conf("max_index_entries: 90000"))
+	close(reloaded)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not stop in 10 s")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	for _, i := range sent {
+		rec := httptest.NewRecorder()
+		admin.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/explain", strings.NewReader(body(i))))
+		var ex struct {
+			Candidates []struct {
+				CachedTokens int `json:"cached_tokens"`
+			}
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &ex); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("/debug/explain: %d %s (%v)", rec.Code, rec.Body, err)
+		}
+		if len(ex.Candidates) == 0 || ex.Candidates[0].CachedTokens == 0 {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of the %d prompts sent before and during the reload are not predicted cached after it", lost, len(sent))
+	}
+	kept := messages(t, logs, "policy parameters changed")
+	if len(kept) != 1 || kept[0]["index_resized"] != true || kept[0]["index_evicted"].(float64) < fill-90000 ||
+		!cmp.Equal(kept[0]["changed"], []any{"max_index_entries"}) {
+		t.Errorf("the reload's log: %v; want max_index_entries changed, the index resized, %d entries or more evicted", kept, fill-90000)
 	}
 }

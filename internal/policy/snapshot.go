@@ -2,9 +2,9 @@ package policy
 
 import (
 	"io"
-	"strconv"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
+	"github.com/kvroute/kvroute/internal/prefix"
 )
 
 // Snapshotter is implemented by policies whose learned picture of the fleet a new router
@@ -29,14 +29,17 @@ type Snapshotter interface {
 // built with other parameters, has learned: a config reload that changes a parameter then
 // keeps the policy's picture of the fleet instead of starting it empty (prefix-aware: its
 // index, each endpoint's calibration, queue, rates, failures and learned capacity, and the
-// fleet's calibration). A snapshot (Snapshotter) carries the index alone, and a new picker's
-// calibration would start again from the prior.
+// fleet's calibration; cache-aware, overlap-cost and scorer-weighted: their index and each
+// endpoint's requests in flight). A snapshot (Snapshotter) carries the index alone, and a new
+// picker's calibration would start again from the prior.
 type Inheritor interface {
 	// Inherit takes over old's learned state. old is the picker in force, built by New for the
 	// same name with oldParams; the receiver is a new one built with params, not used yet. old
 	// may still end the requests it routed (their ends count in the state both then share),
-	// but must pick no more. ok is false when old is not of the receiver's kind: nothing was
-	// taken.
+	// and may pick while Inherit runs and until the receiver takes its place: what it learns
+	// then is kept where the two share it (the index, the endpoints' states), and is old's
+	// alone elsewhere (prefix-aware's fleet calibration, copied as Inherit found it). ok is
+	// false when old is not of the receiver's kind: nothing was taken.
 	Inherit(old Picker, oldParams, params Params) (in Inherited, ok bool)
 }
 
@@ -44,10 +47,11 @@ type Inheritor interface {
 type Inherited struct {
 	// IndexEntries is the index's (block, endpoint) entries.
 	IndexEntries int
-	// IndexCopied: the index was copied into one of the new sizes (index_blocks or
-	// max_index_entries changed), not shared; what old's requests in flight add to the old
-	// one at their end is lost.
-	IndexCopied bool
+	// IndexResized: the index, shared, was given the receiver's sizes (index_blocks,
+	// max_index_entries, max_tree_size or lru_blocks changed); IndexEvicted is the entries that
+	// did not fit them.
+	IndexResized bool
+	IndexEvicted int
 	// Endpoints is the endpoints whose state was kept; Calibrated, those of them with a speed
 	// calibration of their own.
 	Endpoints, Calibrated int
@@ -55,45 +59,49 @@ type Inherited struct {
 	FleetCalibrated bool
 }
 
-// indexParams are prefix-aware's parameters that size its index: a picker built with others
-// cannot share its predecessor's index, which keeps the sizes it was built with.
-var indexParams = []string{"index_blocks", "max_index_entries"}
+// resizeShared gives old, the index of the picker in force, which a picker of its kind built
+// with other parameters shares from now on, that one's sizes (want) where they differ: in
+// place (prefix.Index.Resize, reset as there), never copied. A copy took 2.5 s for a million
+// entries, and what old learned while it ran (the requests it routed meanwhile, and the ends of
+// those it routed before) went to the index left behind: with one index, nothing is lost, and
+// a request routed meanwhile waits for one step of the resize at most. It returns whether the
+// sizes differed and the entries evicted to fit.
+func resizeShared(old *prefix.Index, want prefix.IndexConfig, reset func(slot int) bool) (resized bool, evicted int) {
+	if old.Sizes() == want {
+		return false, 0
+	}
+	return true, old.Resize(want, reset)
+}
 
 // Inherit takes over old's index, endpoint states and calibrations (policy.Inheritor). The
 // endpoint table is shared, slots and states alike, so that old's requests in flight, which
 // hold their endpoint's state, release its queue and teach its calibration when they end, as
 // they would have; an endpoint seen first from now on gets the receiver's state. The index is
-// shared too, unless its sizes changed: it is then copied, oldest entry first, into the
-// receiver's. The fleet's calibration, the pooled engine TTFTs and the replicas' placement
-// rates are copied as they are now.
-func (pa *prefixAware) Inherit(old Picker, oldParams, params Params) (Inherited, bool) {
+// shared too, given the receiver's sizes where they changed (resizeShared): each endpoint keeps
+// the capacity the policy gave it (sizeIndex, which will not give it again while it is
+// unchanged), and one never given a capacity takes the receiver's default (index_blocks), also
+// one whose capacity came with a peer's snapshot. The fleet's calibration, the pooled engine
+// TTFTs and the replicas' placement rates are copied as they are now.
+func (pa *prefixAware) Inherit(old Picker, _, _ Params) (Inherited, bool) {
 	o, ok := old.(*prefixAware)
 	if !ok || o == pa {
 		return Inherited{}, false
 	}
 	var in Inherited
-	same := true
-	for _, k := range indexParams {
-		same = same && oldParams[k] == params[k]
-	}
-	// The index pa's states clear a reused slot in (the table's fresh) is set before the
-	// table makes pa's states; a copy takes the slots in use before then, so that one reused
-	// meanwhile, which pa clears in its own index only, brings none of its last endpoint's
-	// entries from o's.
-	var ids []int
-	if same {
-		pa.index = o.index
-	} else {
-		ids = o.eps.ids()
-	}
+	// The index pa's states clear a reused slot in (the table's fresh) is old's before the
+	// table makes pa's states.
+	want := pa.index.Sizes() // (pa's own index, never used, says its sizes)
+	pa.index = o.index
 	o.eps.mu.Lock()
-	o.eps.fresh = pa.eps.fresh // makes pa's state, in pa.index, whichever of the two asks
+	o.eps.fresh = pa.eps.fresh // makes pa's state, in the shared index, whichever of the two asks
 	o.eps.mu.Unlock()
 	pa.eps = o.eps
-	if !same {
-		in.IndexCopied = true
-		pa.copyIndex(o, ids)
-	}
+	// Read under the index's lock: a capacity the policy gives meanwhile (kvTokens set, then
+	// the index's) is either seen here or set after.
+	slots := pa.eps.view.Load().slots
+	in.IndexResized, in.IndexEvicted = resizeShared(pa.index, want, func(slot int) bool {
+		return slot < len(slots) && slots[slot].id >= 0 && slots[slot].v.kvTokens.Load() == 0
+	})
 	in.IndexEntries, _ = pa.index.Size()
 	for _, slot := range pa.eps.view.Load().slots {
 		if slot.id < 0 {
@@ -122,44 +130,47 @@ func (pa *prefixAware) Inherit(old Picker, oldParams, params Params) (Inherited,
 	return in, true
 }
 
-// copyIndex copies o's index into pa's (built with other sizes) through a snapshot of every
-// entry of the slots in use in ids (the endpoint of each slot, -1 for a free one), slots named
-// by their number: pa shares o's endpoint table. Each endpoint keeps the
-// capacity the policy gave the old index (sizeIndex, which will not give it again while it is
-// unchanged), also one that holds nothing yet and so is not in the snapshot; one never given a
-// capacity takes pa's default (index_blocks), not the old default the snapshot carries.
-func (pa *prefixAware) copyIndex(o *prefixAware, ids []int) {
-	now := pa.clock.Now().UnixNano()
-	pr, pw := io.Pipe()
-	go func() {
-		_, err := o.index.WriteSnapshot(pw, func(slot int) string {
-			if slot < len(ids) && ids[slot] >= 0 {
-				return strconv.Itoa(slot)
-			}
-			return ""
-		}, now, 0)
-		pw.CloseWithError(err)
-	}()
-	_, err := pa.index.ReadSnapshot(pr, func(name string) int {
-		slot, err := strconv.Atoi(name)
-		if err != nil {
-			return -1
-		}
-		return slot
-	}, now, 0)
-	// Our own snapshot, read as written: an error leaves what was copied before it. The
-	// writer ends either way once the reader is closed.
-	_ = pr.CloseWithError(err)
-	for slot, s := range pa.eps.view.Load().slots {
-		if s.id < 0 {
-			continue
-		}
-		blocks := 0 // the default
-		if s.v.kvTokens.Load() > 0 {
-			blocks = o.index.Capacity(slot)
-		}
-		pa.index.SetCapacity(slot, blocks)
+// inheritShared is Inherit for the policies whose whole state is an index and an endpoint
+// table whose values any picker of the kind can use (cache-aware, overlap-cost,
+// scorer-weighted): the receiver, not used yet, shares old's table and index, given its own
+// sizes where they differ (resizeShared; an endpoint's capacity is always the default).
+func inheritShared[T any](index **prefix.Index, eps **epTable[T], oldIndex *prefix.Index, oldEPs *epTable[T]) Inherited {
+	var in Inherited
+	want := (*index).Sizes()
+	*index, *eps = oldIndex, oldEPs
+	in.IndexResized, in.IndexEvicted = resizeShared(oldIndex, want, nil)
+	in.IndexEntries, _ = oldIndex.Size()
+	in.Endpoints, _ = oldEPs.len()
+	return in
+}
+
+// Inherit shares old's trees (policy.Inheritor).
+func (ca *cacheAware) Inherit(old Picker, _, _ Params) (Inherited, bool) {
+	o, ok := old.(*cacheAware)
+	if !ok || o == ca {
+		return Inherited{}, false
 	}
+	return inheritShared(&ca.index, &ca.eps, o.index, o.eps), true
+}
+
+// Inherit shares old's index and each endpoint's active blocks (policy.Inheritor): old's
+// requests in flight take theirs off when they end.
+func (oc *overlapCost) Inherit(old Picker, _, _ Params) (Inherited, bool) {
+	o, ok := old.(*overlapCost)
+	if !ok || o == oc {
+		return Inherited{}, false
+	}
+	oc.expired.Store(o.expired.Load())
+	return inheritShared(&oc.index, &oc.eps, o.index, o.eps), true
+}
+
+// Inherit shares old's index (policy.Inheritor).
+func (sw *scorerWeighted) Inherit(old Picker, _, _ Params) (Inherited, bool) {
+	o, ok := old.(*scorerWeighted)
+	if !ok || o == sw {
+		return Inherited{}, false
+	}
+	return inheritShared(&sw.index, &sw.eps, o.index, o.eps), true
 }
 
 // copyFrom sets f to o's calibration as it is now. f is not in use yet.

@@ -171,10 +171,14 @@ func TestPrefixAwareInherit(t *testing.T) {
 	}
 }
 
-// TestPrefixAwareInheritIndexSizes: given other index sizes, the new picker copies the index
-// into one of its own: an endpoint whose capacity is known keeps all it held and its capacity
+// TestPrefixAwareInheritIndexSizes: given other index sizes, the new picker shares the index,
+// resized to its sizes: an endpoint whose capacity is known keeps all it held and its capacity
 // (also one that holds nothing yet), one whose capacity is unknown is held to the new
-// index_blocks (its most recent blocks), and the old picker's index is left as it was.
+// index_blocks (its most recent blocks). What the old picker learns after, from a request it
+// routed before (a failure before the first token: the blocks it added are dropped), is in
+// the index the new one reads. Before, the index was copied into the new picker's, and that
+// drop went to the old one's: the new picker went on predicting blocks the engine never
+// computed.
 func TestPrefixAwareInheritIndexSizes(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1000, 0)}
 	a, err := New("prefix-aware", nil, Env{Clock: clk})
@@ -194,14 +198,19 @@ func TestPrefixAwareInheritIndexSizes(t *testing.T) {
 		clk.t = clk.t.Add(time.Millisecond)
 		finish(a.(*prefixAware), r, eps[i], 30*time.Millisecond, -1)
 	}
+	// Routed before the reload, it fails after it, before its first token.
+	z := req("z", 5, seq(300, 6)...)
+	eps[0].Start(z.PromptTokens)
+	a.(*prefixAware).Routed(z, eps[0])
 	p := Params{"index_blocks": "8"}
 	b, err := New("prefix-aware", p, Env{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	in, ok := b.(Inheritor).Inherit(a, nil, p)
-	if !ok || !in.IndexCopied || in.IndexEntries != 20+8 || in.Endpoints != 3 {
-		t.Fatalf("Inherit: %+v, %v; want the index copied, 20 + 8 entries, 3 endpoints", in, ok)
+	want := Inherited{IndexEntries: 20 + 6 + 8, IndexResized: true, IndexEvicted: 12, Endpoints: 3, Calibrated: 0, FleetCalibrated: false}
+	if diff := cmp.Diff(want, in); !ok || diff != "" {
+		t.Fatalf("Inherit: ok %v (-want +got):\n%s", ok, diff)
 	}
 	pb := b.(*prefixAware)
 	for i, want := range []int{1 << 16, 8, 1 << 14} {
@@ -216,8 +225,161 @@ func TestPrefixAwareInheritIndexSizes(t *testing.T) {
 	if got := pb.PredictCached(y, eps[1]); got != 8*16 {
 		t.Errorf("y on the endpoint of unknown capacity: %d cached tokens predicted, want %d (index_blocks 8)", got, 8*16)
 	}
-	if got := a.(*prefixAware).PredictCached(y, eps[1]); got != 20*16 {
-		t.Errorf("the old picker's index changed: y %d cached tokens, want %d", got, 20*16)
+	if got := pb.PredictCached(z, eps[0]); got != 6*16 {
+		t.Fatalf("z, in flight: %d cached tokens predicted, want %d", got, 6*16)
+	}
+	eps[0].Finish(z.PromptTokens, false)
+	a.(*prefixAware).Done(z, eps[0], Result{Failed: true, CachedTokens: -1})
+	if got := pb.PredictCached(z, eps[0]); got != 0 {
+		t.Errorf("z failed before its first token, after the reload: the new picker predicts %d cached tokens, want 0", got)
+	}
+}
+
+// TestPrefixAwareInheritRoutesOn: while a reload that changes the index's sizes is taken over
+// (Inherit), the picker in force routes on, and every request it routed, before, meanwhile
+// and until the new picker takes its place, is in the index the new one reads. Before, the
+// index was copied while the old picker routed on into its own: what it routed during the
+// copy was lost (2,589 of 2,590 requests at a million entries).
+func TestPrefixAwareInheritRoutesOn(t *testing.T) {
+	const neps, chains, blocks = 4, 2500, 10 // 100,000 entries
+	a, _ := newPA(t, nil)
+	a.clock = WallClock{}
+	eps := newEndpoints(neps, 1<<20)
+	for i := range chains * neps {
+		r := req("fill", 5, seq(uint64(1_000_000+blocks*i), blocks)...)
+		ep := eps[i%neps]
+		a.Routed(r, ep)
+		a.Done(r, ep, Result{OK: true, CachedTokens: -1})
+	}
+	if n, _ := a.IndexSize(); n != chains*neps*blocks {
+		t.Fatalf("fixture: %d entries, want %d", n, chains*neps*blocks)
+	}
+	type routed struct {
+		r  *Request
+		ep *endpoint.Endpoint
+	}
+	var done []routed
+	first, inherited, stopped := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for i := 0; i < 1_000_000; i++ {
+			select {
+			case <-inherited:
+				return
+			default:
+			}
+			r := req("new", 5, seq(uint64(100_000_000+8*i), 8)...)
+			ranked, err := a.Pick(r, eps)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ep := ranked[0]
+			ep.Start(r.PromptTokens)
+			a.Routed(r, ep)
+			ep.FirstToken(r.PromptTokens)
+			a.FirstToken(r, ep, time.Millisecond)
+			ep.Finish(r.PromptTokens, true)
+			a.Done(r, ep, Result{OK: true, CachedTokens: -1})
+			done = append(done, routed{r, ep})
+			if i == 0 {
+				close(first)
+			}
+		}
+	}()
+	select {
+	case <-first:
+	case <-stopped:
+		t.Fatal("the router stopped before its first request")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no request routed in 10 s")
+	}
+	// A cap of 3/4 of what is held: the endpoints' oldest entries go, none of the new ones.
+	p := Params{"max_index_entries": "75000"}
+	b, _ := newPA(t, p)
+	b.clock = WallClock{}
+	in, ok := b.Inherit(a, nil, p)
+	close(inherited)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the router did not stop in 10 s")
+	}
+	if !ok || !in.IndexResized || in.IndexEvicted < 25_000 {
+		t.Fatalf("Inherit: %+v, %v; want the index resized and 25,000 entries or more evicted", in, ok)
+	}
+	lost := 0
+	for _, d := range done {
+		if b.PredictCached(d.r, d.ep) != 8*16 {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of the %d requests routed by the picker in force are not in the new picker's index", lost, len(done))
+	}
+	t.Logf("%d requests routed by the picker in force while the test ran", len(done))
+	if n, _ := b.IndexSize(); n != 75_000 {
+		t.Errorf("%d entries after, want the cap, 75,000", n)
+	}
+}
+
+// TestBaselinesInherit: cache-aware, overlap-cost and scorer-weighted given other parameters
+// keep their index (shared, resized where its size changed) instead of starting empty: a
+// conversation goes on to its holder, and overlap-cost's request in flight, routed before,
+// takes its active blocks off when it ends.
+func TestBaselinesInherit(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		other, size Params // a parameter of another kind, and the index's size (one block each)
+		blockBytes  int    // what a block is in the size parameter
+	}{
+		{"cache-aware", Params{"cache_threshold": "0.2"}, Params{"max_tree_size": "64"}, 64},
+		{"overlap-cost", Params{"overlap_score_weight": "2"}, Params{"index_blocks": "1"}, 1},
+		{"scorer-weighted", Params{"queue_weight": "1"}, Params{"lru_blocks": "1"}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1000, 0)}
+			a := mustNew(t, c.name, nil, Env{Clock: clk})
+			eps := newEndpoints(3, 1<<20)
+			convs := []*Request{req("c0", 5, seq(100, 20)...), req("c1", 5, seq(200, 20)...), req("c2", 5, seq(300, 20)...)}
+			for i, r := range convs {
+				a.(Observer).Routed(r, eps[i])
+				a.(Observer).Done(r, eps[i], Result{OK: true, CachedTokens: -1})
+			}
+			inFlight := req("in-flight", 5, seq(900, 4)...)
+			a.(Observer).Routed(inFlight, eps[0])
+			entries, _ := a.(IndexSizer).IndexSize()
+
+			b := mustNew(t, c.name, c.other, Env{Clock: clk})
+			inh, ok := b.(Inheritor)
+			if !ok {
+				t.Fatalf("%s is no Inheritor: a reload that changes a parameter starts it empty", c.name)
+			}
+			in, ok := inh.Inherit(a, nil, c.other)
+			if diff := cmp.Diff(Inherited{IndexEntries: entries, Endpoints: 3}, in); !ok || diff != "" {
+				t.Fatalf("Inherit: ok %v (-want +got):\n%s", ok, diff)
+			}
+			for i := range convs {
+				if got := pick(t, b, req("next", 5, seq(100*uint64(i+1), 24)...), eps)[0]; got != i {
+					t.Errorf("conversation %d goes to %d after, want its holder", i, got)
+				}
+			}
+			if oc, ok := b.(*overlapCost); ok {
+				a.(Observer).Done(inFlight, eps[0], Result{OK: true, CachedTokens: -1})
+				if _, st, _ := oc.eps.find(eps[0].ID); st.active.Load() != 0 {
+					t.Errorf("ep-0's active blocks %d after the request routed before ended, want 0", st.active.Load())
+				}
+			}
+
+			small := mustNew(t, c.name, c.size, Env{Clock: clk})
+			in, ok = small.(Inheritor).Inherit(b, nil, c.size)
+			if want := (Inherited{IndexEntries: 3, IndexResized: true, IndexEvicted: entries - 3, Endpoints: 3}); !ok || !cmp.Equal(want, in) {
+				t.Errorf("Inherit into one block an endpoint: %+v, %v; want %+v", in, ok, want)
+			}
+			if _, ok := small.(Inheritor).Inherit(&roundRobin{}, nil, nil); ok {
+				t.Error("Inherit took a round-robin's state")
+			}
+		})
 	}
 }
 

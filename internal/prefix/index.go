@@ -50,6 +50,9 @@ type Index struct {
 	removed uint64    // nodes ever removed (evicted, dropped, forgotten)
 	found   []uint32  // Insert's scratch: each block's entry before the touches
 	tables  sync.Pool // *[]uint64: MatchAmong's positions tables for over 32 candidates
+
+	// resized, when set (tests), is called between two steps of Resize, the lock released.
+	resized func()
 }
 
 type ixEntry struct {
@@ -82,13 +85,18 @@ type ixEndpoint struct {
 
 // NewIndex builds an empty index. A non-positive DefaultCapacity means 4,096 blocks.
 func NewIndex(cfg IndexConfig) *Index {
+	return &Index{cfg: cfg.orDefaults(), table: make([]uint64, 1024)}
+}
+
+// orDefaults is cfg with its defaults in place of what is out of range.
+func (cfg IndexConfig) orDefaults() IndexConfig {
 	if cfg.DefaultCapacity <= 0 {
 		cfg.DefaultCapacity = 4096
 	}
 	if cfg.MaxEntries < 0 {
 		cfg.MaxEntries = 0
 	}
-	return &Index{cfg: cfg, table: make([]uint64, 1024)}
+	return cfg
 }
 
 // SetCapacity sets endpoint ep's LRU size in blocks (its KV capacity / block tokens); entries
@@ -105,6 +113,84 @@ func (x *Index) SetCapacity(ep, blocks int) {
 	}
 	e.cap = blocks
 	x.trim(ep)
+}
+
+// Resize gives the index the sizes of cfg, as NewIndex would have, keeping what it holds where
+// they allow, and returns the entries it evicted to fit them: a policy given other sizes keeps
+// its index, and what is learned while it resizes, instead of copying it into a new one (2.5 s
+// for a million entries, and what the old one learned meanwhile lost). Each endpoint that reset
+// names (asked under the lock; nil: none) takes the default capacity again.
+//
+// A shrink evicts in steps of at most about resizeBatch entries, the lock released between
+// them: lookups and inserts meanwhile wait for one step at most. The sizes in force step down
+// from what the index holds to cfg's, so that an insert between two steps evicts no more than
+// one entry for one it adds. Calls must not overlap.
+func (x *Index) Resize(cfg IndexConfig, reset func(ep int) bool) (evicted int) {
+	cfg = cfg.orDefaults()
+	for first := true; ; first = false {
+		x.mu.Lock()
+		if first && reset != nil {
+			for ep := range x.eps {
+				if x.eps[ep].cap != 0 && reset(ep) {
+					x.eps[ep].cap = 0
+				}
+			}
+		}
+		removed := x.removed
+		done := x.resizeStep(cfg)
+		evicted += int(x.removed - removed)
+		x.mu.Unlock()
+		if done {
+			return evicted
+		}
+		if x.resized != nil {
+			x.resized()
+		}
+	}
+}
+
+// resizeBatch is how many entries one lock hold of Resize evicts, at most about: some 1 ms on a
+// fleet of ten endpoints.
+const resizeBatch = 4096
+
+// resizeStep moves the sizes in force one step towards cfg's, evicting what they no longer
+// hold, and reports whether they are cfg's. The caller holds the lock.
+func (x *Index) resizeStep(cfg IndexConfig) bool {
+	// The default steps down to what the fullest endpoint of the default capacity holds, less
+	// a share of a step for each of those over cfg's default.
+	most, over := 0, 0
+	for i := range x.eps {
+		if e := &x.eps[i]; e.cap == 0 && e.n > cfg.DefaultCapacity {
+			most, over = max(most, e.n), over+1
+		}
+	}
+	x.cfg.DefaultCapacity = cfg.DefaultCapacity
+	if over > 0 {
+		x.cfg.DefaultCapacity = max(cfg.DefaultCapacity, most-max(resizeBatch/over, 1))
+	}
+	removed := x.removed
+	for i := range x.eps {
+		for e := &x.eps[i]; e.cap == 0 && e.n > x.cfg.DefaultCapacity; {
+			x.removeNode(e.tail)
+		}
+	}
+	if x.removed != removed || x.cfg.DefaultCapacity != cfg.DefaultCapacity {
+		return false // the global cap's turn comes once the default is cfg's
+	}
+	x.cfg.MaxEntries = cfg.MaxEntries
+	if cfg.MaxEntries > 0 && x.nNode > cfg.MaxEntries {
+		x.cfg.MaxEntries = max(cfg.MaxEntries, x.nNode-resizeBatch)
+	}
+	x.trimTotal()
+	return x.cfg == cfg
+}
+
+// Sizes returns the sizes in force: NewIndex's, or the last Resize's (while one runs, its
+// step's).
+func (x *Index) Sizes() IndexConfig {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.cfg
 }
 
 // Capacity returns endpoint ep's LRU size in blocks.
@@ -380,6 +466,11 @@ func (x *Index) trim(ep int) {
 	for x.eps[ep].n > x.capOf(ep) {
 		x.removeNode(x.eps[ep].tail)
 	}
+	x.trimTotal()
+}
+
+// trimTotal evicts from the fullest endpoint until the global cap holds.
+func (x *Index) trimTotal() {
 	for x.cfg.MaxEntries > 0 && x.nNode > x.cfg.MaxEntries {
 		victim := 0
 		for i := range x.eps {
