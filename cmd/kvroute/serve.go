@@ -305,23 +305,42 @@ func forceExit(sigs <-chan os.Signal, served <-chan struct{}, logger *slog.Logge
 
 // checkConfig is serve --check once the config loaded (defaulted and validated, with the
 // checks serve makes at start): it reads the discovery file as the router would at start,
-// prints the warnings to stderr and the summary to stdout, and returns the exit status. It
-// binds no address and contacts nothing: DNS names, Kubernetes and the engines are not asked.
+// prints the warnings to stderr (the config's, then the file's, as serve logs them at start)
+// and the summary to stdout, and returns the exit status: a discovery file that cannot be
+// read or parsed is a problem, as it stops serve at start. It binds no address and contacts
+// nothing: DNS names, Kubernetes and the engines are not asked.
 func checkConfig(cfg *config.Config, path string, stdout, stderr io.Writer) int {
+	for _, w := range cfg.Warnings {
+		fmt.Fprintf(stderr, "kvroute serve: warning: %s\n", w)
+	}
 	discovered := -1
 	if src := discovery.FromConfig(cfg, nil); src != nil {
-		specs, err := src.Load()
+		specs, err := src.Load() // its errors are those serve stops with at start
 		if err != nil {
 			fmt.Fprintf(stderr, "kvroute serve: %v\n", err)
 			return 1
 		}
 		discovered = len(specs)
-	}
-	for _, w := range cfg.Warnings {
-		fmt.Fprintf(stderr, "kvroute serve: warning: %s\n", w)
+		// Load leaves the file's warnings to the source's Run, which a check never starts:
+		// before, endpoints of the file without engine: passed the check unsaid.
+		for _, w := range fileWarnings(src.Path) {
+			fmt.Fprintf(stderr, "kvroute serve: warning: discovery.file %s: %s\n", src.Path, w)
+		}
 	}
 	fmt.Fprintln(stdout, "config OK: "+configSummary(cfg, path, discovered))
 	return 0
+}
+
+// fileWarnings are the warnings of the discovery file at path (config.ParseEndpointsWarn),
+// which the router logs when its discovery starts; none where the file cannot be read or
+// parsed (checkConfig has just read it whole).
+func fileWarnings(path string) []string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	_, warnings, _ := config.ParseEndpointsWarn(data)
+	return warnings
 }
 
 // configSummary says in one line what a config that loaded serves: its source, endpoints,

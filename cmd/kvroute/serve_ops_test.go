@@ -74,6 +74,9 @@ tenants:
 	noSecret := write("nosecret.yaml", base+"auth: {mode: api_key, secret_file: missing}\ntenants: [{name: a, api_keys: [sha256:39247eee4cd68d9e0e601a1a7c2f5ab7025261abd30be4cce7a4b7bdd146fe3d]}]\n")
 	badDisc := write("baddisc.yaml", base+"auth: {mode: none}\ndiscovery: {file: bad-eps.yaml}\n")
 	badHealth := write("badhealth.yaml", base+"auth: {mode: none}\nhealth: {interval: -5s}\n")
+	unsetEps := write("unset-eps.yaml", "- {url: http://127.0.0.1:3, engine: vllm}\n- {url: http://127.0.0.1:4/}\n")
+	unsetDisc := write("unsetdisc.yaml", base+"discovery: {file: unset-eps.yaml}\n")
+	missingDisc := write("missingdisc.yaml", base+"auth: {mode: none}\ndiscovery: {file: missing-eps.yaml}\n")
 	for _, tt := range []struct {
 		name     string
 		args     []string
@@ -93,6 +96,13 @@ tenants:
 		{"secret", []string{"--config", noSecret}, 1, nil, []string{"auth.secret_file: " + filepath.Join(dir, "missing"), "no such file"}},
 		{"discovery file", []string{"--config", badDisc}, 1, nil, []string{"discovery.file", "bad-eps.yaml", "is not an http(s) base URL"}},
 		{"validation", []string{"--config", badHealth}, 1, nil, []string{"health.interval: must be positive"}},
+		// The discovery file's warnings, after the config's, as serve logs them at start.
+		{"discovery file warning", []string{"--config", unsetDisc}, 0,
+			[]string{"config OK: " + unsetDisc + ": 2 endpoint(s); discovery: file unset-eps.yaml (2 endpoint(s)); policy prefix-aware; 0 tenant(s), auth none\n"},
+			[]string{"kvroute serve: warning: auth: no tenants and no auth section",
+				"\nkvroute serve: warning: discovery.file " + unsetEps + ": endpoints[1] (http://127.0.0.1:4): no engine, so openai", "set engine: "}},
+		{"discovery file missing", []string{"--config", missingDisc}, 1, nil,
+			[]string{"kvroute serve: discovery.file: open " + filepath.Join(dir, "missing-eps.yaml") + ": no such file"}},
 		{"flag", []string{"--config", noAuth, "--log-format", "yaml"}, 2, nil, []string{`--log-format yaml: "yaml": use json or text`}},
 		{"no file", []string{"--config", filepath.Join(dir, "none.yaml")}, 1, nil, []string{"none.yaml", "no such file"}},
 	} {

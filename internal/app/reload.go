@@ -2,6 +2,7 @@ package app
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"log/slog"
 	"maps"
 	"reflect"
@@ -124,67 +125,149 @@ func logSecretChange(logger *slog.Logger, old, cur [sha256.Size]byte, cfg *confi
 	logger.Warn("the tenants' salt secret changed", "effect", effect)
 }
 
-// tenantChanges compares the tenants of two configs by name: those added, those removed, and
-// those kept whose API keys changed, each sorted, with the count of keys added and removed
-// (over all tenants: a key moved from one tenant to another counts in both). It never returns
-// a key.
-func tenantChanges(old, cur []config.Tenant) (added, removed, rekeyed []string, keysAdded, keysRemoved int) {
-	keys := func(ts []config.Tenant) map[string]map[string]bool {
-		out := make(map[string]map[string]bool, len(ts))
-		for _, t := range ts {
-			ks := make(map[string]bool, len(t.APIKeys))
-			for _, k := range t.APIKeys {
-				ks[k] = true
-			}
-			out[t.Name] = ks
+// tenantDiff is what a reload changed in the tenants, by name (each list sorted); it never
+// holds a key.
+type tenantDiff struct {
+	added, removed []string
+	// rekeyed are the tenants kept whose API keys changed, keysAdded and keysRemoved the keys
+	// added and removed over all tenants (a key moved from one tenant to another counts in
+	// both).
+	rekeyed                []string
+	keysAdded, keysRemoved int
+	// limited are the tenants kept whose limits changed, limits the limits that changed
+	// (tenants[].limits' keys) over all of them.
+	limited, limits []string
+	// other are the tenants kept whose other settings changed (priority, models,
+	// endpoint_labels, allow_fields).
+	other []string
+}
+
+func (d tenantDiff) empty() bool {
+	return len(d.added)+len(d.removed)+len(d.rekeyed)+len(d.limited)+len(d.other) == 0
+}
+
+// tenantChanges compares the tenants of two configs by name.
+func tenantChanges(old, cur []config.Tenant) tenantDiff {
+	var d tenantDiff
+	keys := func(t config.Tenant) map[string]bool {
+		ks := make(map[string]bool, len(t.APIKeys))
+		for _, k := range t.APIKeys {
+			ks[k] = true
 		}
-		return out
+		return ks
 	}
-	before, after := keys(old), keys(cur)
-	for name, ks := range after {
-		prev, ok := before[name]
+	before := make(map[string]config.Tenant, len(old))
+	for _, t := range old {
+		before[t.Name] = t
+	}
+	after := make(map[string]bool, len(cur))
+	limits := map[string]bool{}
+	for _, t := range cur {
+		after[t.Name] = true
+		prev, ok := before[t.Name]
 		if !ok {
-			added = append(added, name)
-			keysAdded += len(ks)
+			d.added = append(d.added, t.Name)
+			d.keysAdded += len(keys(t))
 			continue
 		}
+		ks, pks := keys(t), keys(prev)
 		in, out := 0, 0
 		for k := range ks {
-			if !prev[k] {
+			if !pks[k] {
 				in++
 			}
 		}
-		for k := range prev {
+		for k := range pks {
 			if !ks[k] {
 				out++
 			}
 		}
 		if in+out > 0 {
-			rekeyed = append(rekeyed, name)
-			keysAdded, keysRemoved = keysAdded+in, keysRemoved+out
+			d.rekeyed = append(d.rekeyed, t.Name)
+			d.keysAdded, d.keysRemoved = d.keysAdded+in, d.keysRemoved+out
+		}
+		if ch := limitChanges(prev.Limits, t.Limits); len(ch) > 0 {
+			d.limited = append(d.limited, t.Name)
+			for _, k := range ch {
+				limits[k] = true
+			}
+		}
+		if prev.Priority != t.Priority || !slices.Equal(prev.Models, t.Models) ||
+			!maps.Equal(prev.EndpointLabels, t.EndpointLabels) || !slices.Equal(prev.AllowFields, t.AllowFields) {
+			d.other = append(d.other, t.Name)
 		}
 	}
-	for name, ks := range before {
-		if _, ok := after[name]; !ok {
-			removed = append(removed, name)
-			keysRemoved += len(ks)
+	for _, t := range old {
+		if !after[t.Name] {
+			d.removed = append(d.removed, t.Name)
+			d.keysRemoved += len(keys(t))
 		}
 	}
-	slices.Sort(added)
-	slices.Sort(removed)
-	slices.Sort(rekeyed)
-	return added, removed, rekeyed, keysAdded, keysRemoved
+	d.limits = slices.Sorted(maps.Keys(limits))
+	for _, l := range []*[]string{&d.added, &d.removed, &d.rekeyed, &d.limited, &d.other} {
+		slices.Sort(*l)
+		*l = slices.Compact(*l) // names are unique in a config that validated
+	}
+	return d
 }
 
-// logTenantChanges logs the tenants a reload added, removed or gave other keys, by name, as
-// the endpoints that changed are: names and counts, never a key.
+// limitChanges names the limits (tenants[].limits' keys) that old and cur set differently.
+func limitChanges(old, cur config.TenantLimits) []string {
+	var keys []string
+	add := func(changed bool, key string) {
+		if changed {
+			keys = append(keys, key)
+		}
+	}
+	add(old.RequestsPerMinute != cur.RequestsPerMinute, "requests_per_minute")
+	add(old.TokensPerMinute != cur.TokensPerMinute, "tokens_per_minute")
+	add(old.MaxConcurrent != cur.MaxConcurrent, "max_concurrent")
+	add(old.MaxOutputTokens != cur.MaxOutputTokens, "max_output_tokens")
+	return keys
+}
+
+// maxTenantNames bounds the names of each list a tenants changed line shows: a reload that
+// adds a thousand tenants says how many, not every name.
+const maxTenantNames = 10
+
+// shownNames is names as a tenants changed line shows them: the first maxTenantNames, and
+// "+N more" for the rest (a name is letters, digits, '.', '_' and '-': never that).
+func shownNames(names []string) []string {
+	if len(names) <= maxTenantNames {
+		return names
+	}
+	return append(slices.Clip(names[:maxTenantNames]), fmt.Sprintf("+%d more", len(names)-maxTenantNames))
+}
+
+// logTenantChanges logs what a reload changed in the tenants, by name, as the endpoints that
+// changed are: those added, removed, given other keys (with the count of keys added and
+// removed), other limits (with the limits that changed) or other settings; each list only
+// where it has a name, and at most maxTenantNames names of it. Names and counts, never a key.
+// Before, a reload that changed only a tenant's limits said nothing of it.
 func logTenantChanges(logger *slog.Logger, old, cur *config.Config) {
-	added, removed, rekeyed, in, out := tenantChanges(old.Tenants, cur.Tenants)
-	if len(added)+len(removed)+len(rekeyed) == 0 {
+	d := tenantChanges(old.Tenants, cur.Tenants)
+	if d.empty() {
 		return
 	}
-	logger.Info("tenants changed", "added", added, "removed", removed, "keys_changed", rekeyed,
-		"keys_added", in, "keys_removed", out, "tenants", len(cur.Tenants))
+	var attrs []any
+	names := func(key string, names []string) {
+		if len(names) > 0 {
+			attrs = append(attrs, key, shownNames(names))
+		}
+	}
+	names("added", d.added)
+	names("removed", d.removed)
+	names("keys_changed", d.rekeyed)
+	if d.keysAdded+d.keysRemoved > 0 {
+		attrs = append(attrs, "keys_added", d.keysAdded, "keys_removed", d.keysRemoved)
+	}
+	names("limits_changed", d.limited)
+	if len(d.limits) > 0 {
+		attrs = append(attrs, "limits", d.limits)
+	}
+	names("settings_changed", d.other)
+	attrs = append(attrs, "tenants", len(cur.Tenants))
+	logger.Info("tenants changed", attrs...)
 }
 
 // policyChangedLocked hands what old, the picker in force (built from was's policy section),

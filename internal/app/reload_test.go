@@ -177,6 +177,63 @@ func TestReloadLogsTenants(t *testing.T) {
 	}
 }
 
+// TestReloadLogsTenantLimits: a reload that changes a tenant's limits, or its other settings,
+// says which tenants and which limits (it said nothing before: only "config applied"); the
+// lists name at most maxTenantNames tenants and count the rest, and only the lists that have a
+// name are written; no key appears.
+func TestReloadLogsTenantLimits(t *testing.T) {
+	e := newFakeEngine(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 40)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := func(i int) string { return fmt.Sprintf("sha256:%064x", i) }
+	tenants := func(ts ...string) string {
+		return fmt.Sprintf("auth: {mode: api_key, secret_file: %q}\ntenants:\n%s", secret, strings.Join(ts, ""))
+	}
+	acme := func(limits string) string {
+		return "  - {name: acme, api_keys: [" + key(1) + "], limits: {" + limits + "}}\n"
+	}
+	beta := func(priority int) string {
+		return fmt.Sprintf("  - {name: beta, api_keys: [%s], priority: %d}\n", key(2), priority)
+	}
+	logger, buf := jsonLogger()
+	r, err := NewRouter(routerConfig(t, tenants(acme("max_output_tokens: 50"), beta(0)), e.srv.URL), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	reload := func(doc string) {
+		t.Helper()
+		if err := r.Reload(routerConfig(t, doc, e.srv.URL)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reload(tenants(acme("max_output_tokens: 20, tokens_per_minute: 1000"), beta(0)))
+	reload(tenants(acme("max_output_tokens: 20, tokens_per_minute: 1000"), beta(5)))
+	reload(tenants(acme("max_output_tokens: 20, tokens_per_minute: 1000"), beta(5))) // nothing changes
+	many := []string{acme("max_output_tokens: 20, tokens_per_minute: 1000"), beta(5)}
+	for i := range 25 {
+		many = append(many, fmt.Sprintf("  - {name: t%02d, api_keys: [%s]}\n", i, key(10+i)))
+	}
+	reload(tenants(many...))
+	added := []any{"t00", "t01", "t02", "t03", "t04", "t05", "t06", "t07", "t08", "t09", "+15 more"}
+	want := []map[string]any{
+		{"msg": "tenants changed", "limits_changed": []any{"acme"}, "limits": []any{"max_output_tokens", "tokens_per_minute"}, "tenants": 2.0},
+		{"msg": "tenants changed", "settings_changed": []any{"beta"}, "tenants": 2.0},
+		{"msg": "tenants changed", "added": added, "keys_added": 25.0, "keys_removed": 0.0, "tenants": 27.0},
+	}
+	if diff := cmp.Diff(want, messages(t, buf, "tenants")); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if got := r.Config().Tenants[0].Limits.MaxOutputTokens; got != 20 {
+		t.Errorf("acme's max_output_tokens in force: %d, want 20", got)
+	}
+	if strings.Contains(buf.String(), "sha256:") {
+		t.Errorf("a key digest in the log:\n%s", buf)
+	}
+}
+
 // TestReloadSecretChangeLogged: a new salt secret is told once it is in force, never for a
 // secret the reload rejects; kvroute_config_last_reload_successful says which happened.
 func TestReloadSecretChangeLogged(t *testing.T) {

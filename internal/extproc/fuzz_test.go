@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
@@ -48,9 +50,11 @@ func (m *memStream) Send(r *extprocv3.ProcessingResponse) error {
 	return nil
 }
 
-// messages decodes fuzz input into what a gateway could send: the filter's body modes, then
-// messages, each an opcode, flags and a payload (a body chunk, a path or a status).
-func messages(data []byte) []*extprocv3.ProcessingRequest {
+// messages decodes fuzz input into what a gateway could send: the filter's body modes (the
+// first byte's quotient by the modes' count, modulo 4, also bounds the list Envoy is given:
+// maxEndpoints, 0 for no bound), then messages, each an opcode, flags and a payload (a body
+// chunk, a path, a status, what Envoy says of its answer: report).
+func messages(data []byte) (msgs []*extprocv3.ProcessingRequest, maxEndpoints int) {
 	next := func() byte {
 		if len(data) == 0 {
 			return 0
@@ -60,7 +64,9 @@ func messages(data []byte) []*extprocv3.ProcessingRequest {
 		return b
 	}
 	modes := []filterv3.ProcessingMode_BodySendMode{fullDuplex, buffered, streamed, noBody, filterv3.ProcessingMode_BUFFERED_PARTIAL}
-	cfg := &extprocv3.ProtocolConfiguration{RequestBodyMode: modes[int(next())%len(modes)], ResponseBodyMode: modes[int(next())%len(modes)]}
+	req := int(next())
+	maxEndpoints = req / len(modes) % 4
+	cfg := &extprocv3.ProtocolConfiguration{RequestBodyMode: modes[req%len(modes)], ResponseBodyMode: modes[int(next())%len(modes)]}
 	var out []*extprocv3.ProcessingRequest
 	for len(data) > 0 && len(out) < 32 {
 		op, flags := next(), next()
@@ -93,16 +99,9 @@ func messages(data []byte) []*extprocv3.ProcessingRequest {
 			served := ""
 			if flags&8 != 0 {
 				served = "10.0.0.2:8000"
-				if len(payload) > 0 && payload[0]&1 != 0 {
-					served = "10.9.9.9:8000" // not on the list: Envoy's fallback
-				}
 			}
-			// The payload is Envoy's attempt count, as it came; its second byte, Envoy's response
-			// flags (its own answer: UH, UT, UR, UF, UC, UO...).
-			m = respHeaders(200+int(flags>>4)*25, served, eos, "content-type", ct, "x-envoy-attempt-count", payload)
-			if len(payload) > 1 {
-				withAttributes(m, map[string]*structpb.Value{"response.flags": structpb.NewNumberValue(float64(payload[1]))})
-			}
+			m = respHeaders(200+int(flags>>4)*25, "", eos, "content-type", ct)
+			report(m, served, payload)
 		case 4:
 			m = respBody(payload, eos)
 		case 5:
@@ -121,7 +120,86 @@ func messages(data []byte) []*extprocv3.ProcessingRequest {
 	if len(out) > 0 {
 		out[0].ProtocolConfig = cfg
 	}
-	return out
+	return out, maxEndpoints
+}
+
+// fuzzServed are the addresses a report may name as the one that answered: the ranked
+// endpoints' (the first choice, the fallbacks), one kvroute never ranked (override_host's
+// fallback), one it cannot rank (the named endpoint has no address), and none.
+var fuzzServed = []string{"", "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.9.9.9:8000", "engine.local:8000"}
+
+// fuzzFlags are the response flags readReport reads, and three it does not (LH 0x1, DI 0x200,
+// URX 0x8000: they may come with an engine's answer), one per bit of a 16-bit mask.
+var fuzzFlags = []uint64{flagUH, flagUT, flagLR, flagUR, flagUF, flagUC, flagUO, flagNR, flagFI, flagRL, flagUPE, flagNC, flagOM, 0x1, 0x200, 0x8000}
+
+// fuzzDetails are response.code_details values, "" for none.
+var fuzzDetails = []string{"", "via_upstream", "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}",
+	"upstream_per_try_timeout", "response_timeout", "upstream_reset_before_response_started{remote_reset}",
+	"upstream_reset_before_response_started{connection_termination}", "no_healthy_upstream", "upstream_reset_before_response_started{overflow}",
+	"route_not_found", "local_rate_limited", "upstream_reset_before_response_started{protocol_error}"}
+
+// report adds to a response headers message what Envoy says of how it came by the answer, as
+// payload encodes it (readReport reads it): empty, the address served alone (the metadata's);
+// else payload[0] picks the address that answered among fuzzServed (its bit 3: as the
+// upstream.address attribute rather than the metadata), payload[1] the attempt count, 0..4
+// (0: none; bits 3-4: as x-envoy-attempt-count, the upstream.request_attempt_count attribute
+// as a number or as a string, or the header set to the rest of the payload as it came),
+// payload[2:4] the response flags (a mask over fuzzFlags), payload[4] the code details
+// (fuzzDetails; its bit 4: with a transport failure reason).
+func report(m *extprocv3.ProcessingRequest, served, payload string) {
+	at := func(i int) byte {
+		if i < len(payload) {
+			return payload[i]
+		}
+		return 0
+	}
+	attrs := map[string]*structpb.Value{}
+	if payload != "" {
+		served = fuzzServed[int(at(0))%len(fuzzServed)]
+		if at(0)&8 != 0 && served != "" {
+			attrs["upstream.address"] = structpb.NewStringValue(served)
+			served = ""
+		}
+		hdrs := m.GetResponseHeaders().GetHeaders()
+		header := func(v string) {
+			hdrs.Headers = append(hdrs.Headers, &corev3.HeaderValue{Key: "x-envoy-attempt-count", RawValue: []byte(v)})
+		}
+		switch n := int(at(1)) % 5; (at(1) >> 3) % 4 {
+		case 0:
+			if n > 0 {
+				header(strconv.Itoa(n))
+			}
+		case 1:
+			attrs["upstream.request_attempt_count"] = structpb.NewNumberValue(float64(n))
+		case 2:
+			attrs["upstream.request_attempt_count"] = structpb.NewStringValue(strconv.Itoa(n))
+		case 3:
+			header(payload[min(len(payload), 5):])
+		}
+		var flags uint64
+		for i, f := range fuzzFlags {
+			if (uint16(at(2))|uint16(at(3))<<8)&(1<<i) != 0 {
+				flags |= f
+			}
+		}
+		if flags != 0 {
+			attrs["response.flags"] = structpb.NewNumberValue(float64(flags))
+		}
+		if d := fuzzDetails[int(at(4)&0xf)%len(fuzzDetails)]; d != "" {
+			attrs["response.code_details"] = structpb.NewStringValue(d)
+		}
+		if at(4)&0x10 != 0 {
+			attrs["upstream.transport_failure_reason"] = structpb.NewStringValue("delayed connect error: Connection refused")
+		}
+	}
+	if served != "" {
+		m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			LBNamespace: {Fields: map[string]*structpb.Value{ServedKey: structpb.NewStringValue(served)}},
+		}}
+	}
+	if len(attrs) > 0 {
+		withAttributes(m, attrs)
+	}
 }
 
 // encode is the inverse of messages for the seeds: modes, then (op, flags, payload) triples.
@@ -148,13 +226,21 @@ func FuzzProcess(f *testing.F) {
 	f.Add(encode(0, 0, 1, 1, "x", 6, 0, "", 0, 0x21, "/v1/models"))
 	f.Add(encode(0, 0, 0, 0, "", 1, 1, `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 		3, 4|8, "", 4, 0, "data: {\"choices\":[]}\r", 4, 0, "\rdata: [DONE]\r", 4, 1, "\r"))
+	// What Envoy reports (report): the third endpoint served after two attempts, or after one
+	// (the second skipped), with a connect failure's flags; an address never ranked after three
+	// attempts, on a list of two; the first choice's own timeout, Envoy answering.
+	chat := `{"model":"m","messages":[{"role":"user","content":"x"}]}`
+	f.Add(encode(0, 0, 0, 0, "", 1, 1, chat, 3, 0, "\x03\x02\x00\x00\x00", 4, 1, jsonAnswer))
+	f.Add(encode(0, 0, 0, 0, "", 1, 1, chat, 3, 0, "\x0b\x09\x10\x00\x12", 4, 1, jsonAnswer))
+	f.Add(encode(5, 1, 0, 0, "", 1, 1, chat, 3, 0x80, "\x04\x03\x00\x00\x00", 4, 1, errorAnswer))
+	f.Add(encode(0, 2, 0, 0, "", 1, 1, chat, 3, 0xb0, "\x01\x11\x02\x00\x03", 4, 1, "upstream request timeout"))
 	pool := endpoint.NewPool()
 	if _, err := pool.Update([]endpoint.Spec{
-		{Name: ep1, Models: []string{"m"}}, {Name: ep2, Models: []string{"m"}}, {Name: epName, Models: []string{"m"}},
+		{Name: ep1, Models: []string{"m"}}, {Name: ep2, Models: []string{"m"}}, {Name: ep3, Models: []string{"m"}}, {Name: epName, Models: []string{"m"}},
 	}); err != nil {
 		f.Fatal(err)
 	}
-	pk := &orderPicker{order: []string{ep1, ep2, epName}}
+	pk := &orderPicker{order: []string{ep1, ep2, ep3, epName}}
 	lc, err := route.New(route.Config{Picker: pk, Attempts: 3, Health: &recHealth{}})
 	if err != nil {
 		f.Fatal(err)
@@ -163,7 +249,9 @@ func FuzzProcess(f *testing.F) {
 		Logger: slog.New(slog.DiscardHandler), MaxBodyBytes: 4 << 10}
 	s := &Server{Handler: func() *proxy.Handler { return h }, Logger: slog.New(slog.DiscardHandler), ChunkBytes: 64}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ms := &memStream{ctx: context.Background(), in: messages(data)}
+		in, maxEndpoints := messages(data)
+		s.MaxEndpoints = maxEndpoints // one input at a time: Process returns when its stream ends
+		ms := &memStream{ctx: context.Background(), in: in}
 		_ = s.Process(ms) // an error status is a clean end too
 		for i, r := range ms.out {
 			if r.GetImmediateResponse() != nil && i != len(ms.out)-1 {
