@@ -824,7 +824,9 @@ func (r *Router) serveEndpoints(w http.ResponseWriter, _ *http.Request) {
 //     follow /readyz take the router out (only when /readyz has been asked since the start:
 //     otherwise nobody follows it, and this step is skipped);
 //  3. the listener closes and the requests in flight (streams included) get
-//     server.shutdown_timeout to end;
+//     server.shutdown_timeout to end; a request that arrives on a connection still open is
+//     answered (Connection: close), the next one on the connection of an answer begun before
+//     the signal too, within half a second of that answer's end (the servers' Shutdown);
 //  4. those still in flight then are cut (proxy.ErrShuttingDown): one whose answer has not
 //     begun gets a 503 shutting_down, a stream an SSE error event of that code; they are
 //     logged as 503, and a warning says how many and which setting to raise. Connections still
@@ -1052,7 +1054,11 @@ const cutGrace = time.Second
 
 // drainAPI closes the API listener and gives the requests in flight timeout to end; then it
 // cuts those still in flight (drain.Cut: each is told, and logged as 503 shutting_down), says
-// so, and closes the connections still open cutGrace later.
+// so, and closes the connections still open cutGrace later. The servers' Shutdown (h1's
+// Server and NetHTTP, never net/http's own, which drops a request it reads once it has
+// begun) answers a request arriving on an open connection meanwhile, and keeps the
+// connection of an answer begun before the signal open for half a second after it, for a
+// next request sent at once: within timeout + cutGrace, as the context bounds it.
 func (r *Router) drainAPI(srv server, drain *proxy.Drain, timeout time.Duration) {
 	r.logger.Info("shutting down: draining requests in flight", "timeout", timeout.String(), "in_flight", drain.InFlight())
 	sctx, cancel := context.WithTimeout(context.Background(), timeout+cutGrace)

@@ -217,8 +217,9 @@ tenants:
 // both ways:
 //
 //  1. a flood of connections to the admin listener that send nothing leaves at most the cap
-//     open (the oldest closed for the newest), and the API and a new /metrics connection
-//     still answer;
+//     open (those over it refused; the ones held give way to a new connection once they have
+//     waited a second, h1's grace for a request on its way), and the API and a new /metrics
+//     connection still answer;
 //  2. the API listener at its cap, every connection with a request in flight and a new one
 //     refused, leaves /metrics and /readyz answering.
 //
@@ -262,7 +263,8 @@ func TestServeAdminConnectionCap(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 
-	// 1. 20 admin connections that send nothing: 16 closed for the next ones.
+	// 1. 20 admin connections that send nothing: 16 refused, 4 held.
+	floodStart := time.Now()
 	var flood []net.Conn
 	for range 20 {
 		c, err := net.Dial("tcp", strings.TrimPrefix(s.admin, "http://"))
@@ -278,7 +280,7 @@ func TestServeAdminConnectionCap(t *testing.T) {
 		for i, c := range flood {
 			if !closedConns[i] {
 				_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-				var b [1]byte
+				var b [512]byte // a refusal's 503, then its end
 				_, err := c.Read(b[:])
 				closedConns[i] = err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
 			}
@@ -289,6 +291,9 @@ func TestServeAdminConnectionCap(t *testing.T) {
 		return n
 	}
 	waitUntil(t, "16 of 20 idle admin connections closed at admin_max_connections 4", func() bool { return countClosed() >= 16 })
+	// The 4 held give way once they have waited a second (a younger one's request may be on
+	// its way): a new /metrics connection then closes one.
+	waitUntil(t, "the held connections past their grace", func() bool { return time.Since(floodStart) > 1100*time.Millisecond })
 	if code, body := fetch(s.api + "/v1/models"); code != http.StatusOK {
 		t.Errorf("the API during the admin flood: %d %s", code, body)
 	}
@@ -300,8 +305,12 @@ func TestServeAdminConnectionCap(t *testing.T) {
 	if m := regexp.MustCompile(`kvroute_admin_connections_dropped_total\{reason="idle_closed"\} (\d+)\n`).FindStringSubmatch(body); m != nil {
 		evicted, _ = strconv.Atoi(m[1])
 	}
-	if evicted < 16 {
-		t.Errorf("/metrics: kvroute_admin_connections_dropped_total{reason=\"idle_closed\"} %d (-1: absent), want 16 at least", evicted)
+	refused := -1
+	if m := regexp.MustCompile(`kvroute_admin_connections_dropped_total\{reason="refused"\} (\d+)\n`).FindStringSubmatch(body); m != nil {
+		refused, _ = strconv.Atoi(m[1])
+	}
+	if evicted < 1 || refused < 16 {
+		t.Errorf("/metrics: kvroute_admin_connections_dropped_total idle_closed %d, refused %d (-1: absent); want 1 and 16 at least", evicted, refused)
 	}
 	for _, c := range flood {
 		c.Close()

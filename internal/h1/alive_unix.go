@@ -32,8 +32,14 @@ func alive(nc net.Conn) bool {
 
 // pending reports whether bytes wait to be read on a connection, without reading them and
 // without waiting. It asks through Control, not Read: the connection's own goroutine may be
-// blocked in a read, which holds the read lock.
+// blocked in a read, which holds the read lock. A TLS connection (not a syscall.Conn) is
+// asked through the connection under it (NetConn), whose socket holds a request's records
+// until they are read. (Only the rest of a record that crypto/tls has read in part is
+// missed: a request split across reads as it arrives.)
 func pending(nc net.Conn) bool {
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = u.NetConn()
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return false

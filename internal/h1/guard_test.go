@@ -42,7 +42,11 @@ func startNetHTTP(t *testing.T, s *NetHTTP, h http.Handler) string {
 // serveNetHTTPOn serves h with a NetHTTP on ln, closed at the end of the test.
 func serveNetHTTPOn(t *testing.T, s *NetHTTP, h http.Handler, ln net.Listener) string {
 	t.Helper()
-	s.Server = &http.Server{Handler: h, ErrorLog: newTestLogger(new(strings.Builder), new(sync.Mutex))}
+	if s.Server == nil {
+		s.Server = &http.Server{}
+	}
+	s.Server.Handler = h
+	s.Server.ErrorLog = newTestLogger(new(strings.Builder), new(sync.Mutex))
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
 	t.Cleanup(func() {

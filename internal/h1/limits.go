@@ -247,10 +247,42 @@ const (
 )
 
 // maxLingering is how many refused connections may linger at once (refuser) for a server of
-// maxConns: a 64th of them, 4 to 64. Each holds an open file, on top of MaxConns, for up to
-// two seconds (refuseWait, the answer's write, lingerTime): a few of the files kept aside for
-// the rest (the admin listener, the engines).
-func maxLingering(maxConns int) int32 { return int32(min(max(maxConns/64, 4), 64)) }
+// maxConns: a 32nd of them, 64 to 128. Beyond it a refusal is written before the client's
+// request, which Go's client fails ("Unsolicited response received on idle HTTP channel")
+// rather than read: under a flood, each client over the cap has about one refusal lingering
+// at a time (it sends again once it has read the last), so the least is what a flood of 64
+// clients over a small cap needs (50 clients without backoff at a cap of 8, 3 s: 28 such
+// failures with the old least of 4, none with 64). Each holds a goroutine and an open file, on top of MaxConns, for up
+// to two seconds (refuseWait, the answer's write, lingerTime), less when the client sends
+// at once and closes after the answer: at most 128 stays within half of the 256 files the
+// router keeps aside from its connection cap (app's maxConnsFor), the admin listener's 64
+// included.
+func maxLingering(maxConns int) int32 { return int32(min(max(maxConns/32, 64), 128)) }
+
+// freshGrace is how long a new connection that has sent nothing yet is left alone at the
+// connection cap (evictWaiting, connTable.evictLocked), for a server whose request heads may
+// take readHeader (0: no bound): a second, or a quarter of readHeader if less. A client that
+// dialled sends its request within a round trip, or three with a TLS handshake: far less
+// than a second on the paths a router serves. Closed before it could, the connection fails
+// a request that Go's client, among others, does not send again (a POST). A connection
+// silent for longer is one opened ahead of need, or a slow client: one that can give way.
+// The quarter keeps a server with a short header timeout from holding its waiting
+// connections for most of their time, as the janitor times that timeout in quarters.
+func freshGrace(readHeader time.Duration) time.Duration {
+	if readHeader > 0 {
+		return min(time.Second, readHeader/4)
+	}
+	return time.Second
+}
+
+// idleGrace is how long, once a shutdown has begun, a kept-alive connection stays open after
+// an answer whose head went out before it (and so could not carry Connection: close): a
+// client that sends its next request at once (a round trip after the answer's end, 300 ms
+// at most between continents) has it answered, with Connection: close, rather than met by
+// the close (a reset or an EOF, which a POST does not survive). It delays a shutdown's end
+// by at most this after the last such answer, within the second a cut request has
+// (app's cutGrace); a connection idle for longer when the shutdown began is closed then.
+const idleGrace = 500 * time.Millisecond
 
 // refuser answers the connections a server refuses at MaxConns with 503, each on a goroutine
 // of its own, so that the accept loop goes on at once: it waits for the request to begin
@@ -326,15 +358,18 @@ type tracked struct {
 	state   http.ConnState
 	since   int64 // Unix ns
 	evicted bool
+	// h2: the connection speaks HTTP/2 (over TLS), known from its first StateActive (seen);
+	// closed: the shutdown closed it while it waited (drainStep).
+	seen, h2, closed bool
 }
 
-// add counts in a new connection, closing waiting ones to make room at limit (0: no bound); false:
-// the connection is refused.
-func (t *connTable) add(c net.Conn, limit int) bool {
+// add counts in a new connection, closing waiting ones to make room at limit (0: no bound),
+// new ones only once they have waited grace; false: the connection is refused.
+func (t *connTable) add(c net.Conn, limit int, grace time.Duration) bool {
 	t.mu.Lock()
 	var victims []net.Conn
 	if limit > 0 && t.open >= limit {
-		victims = t.evictLocked(limit)
+		victims = t.evictLocked(limit, grace)
 		if len(victims) == 0 {
 			t.mu.Unlock()
 			t.refused.Add(1)
@@ -363,14 +398,22 @@ func closeEvicted(victims []net.Conn) {
 	}()
 }
 
-// evictLocked picks up to evictBatch(limit) waiting connections to close, as Server.evictWaiting does,
-// and counts them out; the caller closes them once it has let go of t.mu.
-func (t *connTable) evictLocked(limit int) []net.Conn {
+// evictLocked picks up to evictBatch(limit) waiting connections to close, as Server.evictWaiting does
+// (new ones once they have waited grace), and counts them out; the caller closes them once it
+// has let go of t.mu.
+func (t *connTable) evictLocked(limit int, grace time.Duration) []net.Conn {
 	o := oldest[net.Conn]{n: evictBatch(limit)}
 	o.keep = make([]candidate[net.Conn], 0, o.n)
+	young := time.Now().UnixNano() - int64(grace)
 	for c, x := range t.conns {
-		if !x.evicted && (x.state == http.StateIdle || x.state == http.StateNew) {
-			o.offer(c, x.state == http.StateNew, x.since)
+		if x.evicted || x.closed {
+			continue
+		}
+		switch {
+		case x.state == http.StateIdle:
+			o.offer(c, false, x.since)
+		case x.state == http.StateNew && x.since <= young:
+			o.offer(c, true, x.since)
 		}
 	}
 	var out []net.Conn
@@ -402,7 +445,41 @@ func (t *connTable) changed(c net.Conn, st http.ConnState) {
 		}
 	default:
 		x.state, x.since = st, time.Now().UnixNano()
+		if st == http.StateActive && !x.seen {
+			// Go's server calls this once the handshake is done: ConnectionState does not wait.
+			x.seen = true
+			if tc, ok := c.(*tls.Conn); ok {
+				x.h2 = tc.ConnectionState().NegotiatedProtocol == "h2"
+			}
+		}
 	}
+}
+
+// drainStep is a round of NetHTTP's Shutdown: it closes the HTTP/1 connections that wait for
+// a request, the idle ones idleGrace after their last answer (and with no byte of a request
+// waiting), the new ones after 5 s (as Go's server does), and reports whether none other
+// is left. HTTP/2 connections are left to Go's server.
+func (t *connTable) drainStep(now int64) bool {
+	t.mu.Lock()
+	var idle []net.Conn
+	left := false
+	for c, x := range t.conns {
+		if x.h2 || x.closed || x.evicted {
+			continue
+		}
+		switch {
+		case x.state == http.StateIdle && now-x.since >= int64(idleGrace) && !pending(underConn(c)):
+		case x.state == http.StateNew && now-x.since > int64(5*time.Second):
+		default:
+			left = true
+			continue
+		}
+		x.closed = true
+		idle = append(idle, c)
+	}
+	t.mu.Unlock()
+	closeConns(idle)
+	return !left
 }
 
 func (t *connTable) stats() Stats {

@@ -734,15 +734,27 @@ func TestEvictionClosesApart(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
 	servers := []struct {
 		name  string
-		start func(t *testing.T, ln net.Listener) (addr string, stats func() Stats)
+		start func(t *testing.T, ln net.Listener) (addr string, stats func() Stats, idle func(remote string) bool)
 	}{
-		{"h1", func(t *testing.T, ln net.Listener) (string, func() Stats) {
+		{"h1", func(t *testing.T, ln net.Listener) (string, func() Stats, func(string) bool) {
 			s := &Server{MaxConns: 1}
-			return serveOn(t, s, h, ln), s.Stats
+			return serveOn(t, s, h, ln), s.Stats, func(remote string) bool {
+				c := s.connOf(remote)
+				return c != nil && c.state.Load() == stateIdle
+			}
 		}},
-		{"net/http", func(t *testing.T, ln net.Listener) (string, func() Stats) {
+		{"net/http", func(t *testing.T, ln net.Listener) (string, func() Stats, func(string) bool) {
 			s := &NetHTTP{MaxConns: 1}
-			return serveNetHTTPOn(t, s, h, ln), s.Stats
+			return serveNetHTTPOn(t, s, h, ln), s.Stats, func(remote string) bool {
+				s.table.mu.Lock()
+				defer s.table.mu.Unlock()
+				for c, x := range s.table.conns {
+					if c.RemoteAddr().String() == remote {
+						return x.state == http.StateIdle
+					}
+				}
+				return false
+			}
 		}},
 	}
 	for _, srv := range servers {
@@ -752,12 +764,15 @@ func TestEvictionClosesApart(t *testing.T) {
 				t.Fatal(err)
 			}
 			release, closing := make(chan struct{}), make(chan struct{}, 1)
-			addr, stats := srv.start(t, slowCloseListener{Listener: ln, release: release, closing: closing})
+			addr, stats, idle := srv.start(t, slowCloseListener{Listener: ln, release: release, closing: closing})
 			free := sync.OnceFunc(func() { close(release) })
 			defer free() // before the server's cleanup closes what is left
 
-			waiting := dialClient(t, addr) // sends nothing
-			eventually(t, "the first connection counted", func() bool { return stats().Conns == 1 })
+			waiting := dialClient(t, addr) // kept alive, idle (a new one is left alone for a while)
+			if st := waiting.get("/"); st != http.StatusOK {
+				t.Fatalf("status %d", st)
+			}
+			eventually(t, "the first connection idle", func() bool { return idle(waiting.remote()) })
 			c := dialClient(t, addr)
 			_ = c.nc.SetDeadline(time.Now().Add(2 * time.Second))
 			start := time.Now()

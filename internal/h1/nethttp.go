@@ -31,8 +31,10 @@ import (
 //     the handler writes.
 //   - MaxConns bounds the open connections, as with Server, following Go's server's
 //     connection states (a ConnState hook). A connection is closed to make room only while
-//     idle or new, with no byte waiting; Go's server may begin to read a request on it in the
-//     instant between the check and the close (as with its own Shutdown).
+//     idle, or new for freshGrace (of ReadHeaderTimeout, else ReadTimeout), with no byte
+//     waiting; Go's server may begin to read a request on it in the instant between the
+//     check and the close (as with its own Shutdown).
+//   - Shutdown answers every request that reaches it (see the method).
 //   - CloseUnauthorized, as with Server.
 //
 // What it cannot do: on TLS connections the bytes are Go's to decrypt (net/http needs the
@@ -61,8 +63,12 @@ type NetHTTP struct {
 	budget   *budget
 	table    connTable
 	refusals refuser
-	// noKeepAlive is set by SetKeepAlivesEnabled(false).
+	// noKeepAlive is set by SetKeepAlivesEnabled(false), and by Shutdown.
 	noKeepAlive atomic.Bool
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	closing   bool // Shutdown began; under mu
 }
 
 // SetKeepAlivesEnabled(false) makes every answer whose head goes out from then on close its
@@ -75,10 +81,65 @@ type NetHTTP struct {
 // set) keeps its connection; the next request on it is answered with Connection: close.
 func (s *NetHTTP) SetKeepAlivesEnabled(v bool) { s.noKeepAlive.Store(!v) }
 
-// Serve serves ln with the Server, its plain connections checked as described above.
+// Serve serves ln with the Server, its plain connections checked as described above. It
+// returns http.ErrServerClosed after Shutdown or Close.
 func (s *NetHTTP) Serve(ln net.Listener) error {
 	s.once.Do(s.install)
-	return s.Server.Serve(framedListener{ln, s})
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return http.ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	err := s.Server.Serve(framedListener{ln, s})
+	s.mu.Lock()
+	delete(s.listeners, ln)
+	if s.closing {
+		err = http.ErrServerClosed // Shutdown closed ln under Go's server
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// Shutdown stops accepting and waits for the connections to finish, as net/http's Shutdown
+// does, or for ctx to end (then it returns ctx's error: call Close). Unlike it, it never
+// drops a request: Go's server, once its own Shutdown has begun, closes a connection after
+// its answer and leaves a request it reads then unanswered (no answer, no error: the client
+// sees the connection close under it). So the listeners close first, and Go's Shutdown is
+// called only once no HTTP/1 connection is left: until then a request that arrives on an
+// open connection is served, with Connection: close. A connection whose last answer's head
+// went out before the shutdown (a stream under way at the signal) could not be told to
+// close: it stays open for idleGrace after that answer, for a next request sent at once.
+// Idle connections are closed idleGrace after their last answer, new ones after 5 s
+// without a request. HTTP/2 connections are left to Go's Shutdown (a graceful GOAWAY).
+func (s *NetHTTP) Shutdown(ctx context.Context) error {
+	s.once.Do(s.install)
+	s.noKeepAlive.Store(true) // the answers from now on close their connections
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	s.mu.Unlock()
+	wait := time.Millisecond
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for !s.table.drainStep(time.Now().UnixNano()) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+		timer.Reset(wait)
+	}
+	// It closes the listeners again, those whose Serve has not returned yet: that they are
+	// closed already is no error.
+	if err := s.Server.Shutdown(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // Stats returns the server's counts of connections and body bytes.
@@ -97,6 +158,7 @@ type framedKey struct{}
 func (s *NetHTTP) install() {
 	s.budget = newBudget(s.MaxPendingBodyBytes)
 	s.table.conns = make(map[net.Conn]*tracked)
+	s.listeners = make(map[net.Listener]struct{})
 	s.Server.Handler = s.guard(s.Server.Handler)
 	s.Server.DisableGeneralOptionsHandler = true
 	prev := s.Server.ConnContext
@@ -379,6 +441,15 @@ func (w *guardWriter) FlushError() error {
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *guardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// freshGrace is freshGrace for Go's server's timeouts: the header's, or the whole request's.
+func (s *NetHTTP) freshGrace() time.Duration {
+	d := s.Server.ReadHeaderTimeout
+	if d <= 0 {
+		d = s.Server.ReadTimeout
+	}
+	return freshGrace(d)
+}
+
 // framedListener hands net/http its plain connections wrapped in a framedConn, and refuses
 // those beyond MaxConns.
 type framedListener struct {
@@ -397,7 +468,7 @@ func (l framedListener) Accept() (net.Conn, error) {
 			fc.f.head.reset(false)
 			c = fc
 		}
-		if l.s.table.add(c, l.s.MaxConns) {
+		if l.s.table.add(c, l.s.MaxConns, l.s.freshGrace()) {
 			return c, nil
 		}
 		l.s.refusals.refuse(c, l.s.MaxConns, l.s.ErrorBody)

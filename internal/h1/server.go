@@ -94,9 +94,10 @@ type Server struct {
 	MaxPendingBodyBytes int64
 	// MaxConns bounds the open client connections. A connection accepted at the cap closes
 	// connections that wait for a request (a 64th of MaxConns at once, 1 to 16), the
-	// longest-idle kept-alive ones first, then the oldest of those that have sent nothing yet,
-	// but none with bytes on their way; when none waits, the new connection is answered 503
-	// (Retry-After: 1) and closed. 0: no bound.
+	// longest-idle kept-alive ones first, then the oldest of those that have sent nothing for
+	// a second (or a quarter of ReadHeaderTimeout if less: a younger one's request is likely
+	// on its way), but none with bytes on their way; when none waits, the new connection is
+	// answered 503 (Retry-After: 1) and closed. 0: no bound.
 	MaxConns int
 	// CloseUnauthorized ends the connection of a request answered 401: a client without a
 	// valid credential holds no kept-alive connection, and tries one credential per
@@ -122,8 +123,8 @@ type Server struct {
 	// more. Without it such a connection gets 505. It is called on the connection's goroutine
 	// and must not block: it should pass the connection on (to a listener whose Accept is
 	// waiting) and return. Until it returns, the connection is still this server's, waiting
-	// for its first request: MaxConns may close it to make room for another, and Shutdown
-	// closes it as idle once it has waited 5 s.
+	// for its first request: MaxConns may close it to make room for another (once it has
+	// waited as a new connection does), and Shutdown closes it as idle once it has waited 5 s.
 	HTTP2 func(net.Conn)
 	// BaseContext, as net/http's, returns the context the requests that come through ln
 	// derive theirs from, so that ending it ends them, those in flight and those to come;
@@ -312,13 +313,16 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 }
 
 // evictWaiting takes up to evictBatch(MaxConns) of the connections waiting for a request out
-// of their service, the longest-idle kept-alive ones first, then the oldest that have sent no
-// request yet, and returns them for the caller to close once it has let go of s.mu. A
-// connection with bytes on their way (a request arriving) is left, as the janitor leaves it
-// (closeIdle). The caller holds s.mu.
+// of their service, the longest-idle kept-alive ones first, then the oldest of those that
+// have sent no request for freshGrace, and returns them for the caller to close once it has
+// let go of s.mu. A connection with bytes on their way (a request arriving) is left, as the
+// janitor leaves it (closeIdle); so is a younger new one, whose request is likely on its
+// way: the newcomer is refused instead (a 503 it can retry, where a POST's client that saw
+// its connection close could not). The caller holds s.mu.
 func (s *Server) evictWaiting() []*srvConn {
 	o := oldest[*srvConn]{n: evictBatch(s.MaxConns)}
 	o.keep = make([]candidate[*srvConn], 0, o.n)
+	young := time.Now().UnixNano() - int64(freshGrace(s.ReadHeaderTimeout))
 	for c := range s.conns {
 		if c.evicted {
 			continue
@@ -327,7 +331,9 @@ func (s *Server) evictWaiting() []*srvConn {
 		case stateIdle:
 			o.offer(c, false, c.since.Load())
 		case stateNew:
-			o.offer(c, true, c.since.Load())
+			if since := c.since.Load(); since <= young {
+				o.offer(c, true, since)
+			}
 		}
 	}
 	var out []*srvConn
@@ -564,7 +570,10 @@ func (s *Server) closeListeners() {
 
 // Shutdown stops accepting, closes idle connections, and waits for the others to finish their
 // request and close, or for ctx to end (then it returns ctx's error and leaves them be: call
-// Close).
+// Close). Every answer whose head goes out from then on closes its connection. A connection
+// whose last answer's head went out before (a stream under way when the shutdown began) could
+// not be told so: it stays open for idleGrace after that answer, and a request that arrives
+// on it meanwhile is answered, with Connection: close, rather than met by the close.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closeListeners()
@@ -586,9 +595,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// closeIdle closes the connections waiting for a request (new ones after 5 s without one) and
-// reports whether none is left. It takes them out of service under s.mu and closes them once
-// it has let go of it (closeConns).
+// closeIdle closes the connections waiting for a request (idle ones idleGrace after their last
+// answer, new ones after 5 s without a request) and reports whether none is left. It takes
+// them out of service under s.mu and closes them once it has let go of it (closeConns).
 func (s *Server) closeIdle() bool {
 	s.mu.Lock()
 	now := time.Now().UnixNano()
@@ -597,7 +606,7 @@ func (s *Server) closeIdle() bool {
 		var take bool
 		switch c.state.Load() {
 		case stateIdle:
-			take = c.takeIdle()
+			take = now-c.since.Load() >= int64(idleGrace) && c.takeIdle()
 		case stateNew:
 			take = now-c.since.Load() > int64(5*time.Second) && c.takeWaiting(stateNew)
 		}
@@ -873,10 +882,10 @@ func (c *srvConn) serve() {
 			if c.expired.Load() || !c.state.CompareAndSwap(stateActive, stateIdle) {
 				return
 			}
+			// During a shutdown too: the answer just sent kept the connection (its head went
+			// out before the shutdown), and its client may be sending the next request now;
+			// Shutdown closes the connection idleGrace later (closeIdle).
 			c.since.Store(time.Now().UnixNano())
-			if s.shutdown.Load() {
-				return
-			}
 			if c.s.idleHook != nil {
 				c.s.idleHook()
 			}
@@ -1039,8 +1048,8 @@ func (c *srvConn) serveOne() bool {
 	c.mu.Lock()
 	gone := c.gone
 	c.mu.Unlock()
-	if gone || c.werr != nil || w.closeAfter || s.shutdown.Load() {
-		return false
+	if gone || c.werr != nil || w.closeAfter {
+		return false // (an answer whose head went out during a shutdown has closeAfter)
 	}
 	if !noBody && !body.eof {
 		// The handler left some of the body: drop a little of it to keep the connection (timed
