@@ -867,7 +867,8 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	netSrv.BaseContext = drain.BaseContext // Cut ends the requests: no context of their own
 	var apiSrv server = &h1.NetHTTP{Server: netSrv, BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
 		BodyMinRate: cfg.Server.BodyMinRate, BodyStallTimeout: lim.bodyStall, MaxPendingBodyBytes: lim.pending,
-		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, CloseUnauthorized: true, ErrorBody: errorBody}
+		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, MaxLingering: lim.lingering,
+		CloseUnauthorized: true, ErrorBody: errorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:             handler,
@@ -881,6 +882,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			MaxPendingBodyBytes: lim.pending,
 			WriteStallTimeout:   cfg.Server.WriteStallTimeout.D(),
 			MaxConns:            lim.maxConns,
+			MaxLingering:        lim.lingering,
 			CloseUnauthorized:   true,
 			// Only accept errors and handler panics come here: worth an error line.
 			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
@@ -888,7 +890,9 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 	}
 	r.logger.Info("API server limits", "max_connections", lim.maxConns, "max_connections_from", lim.connsFrom,
-		"max_pending_body_bytes", lim.pending, "body_stall_timeout", lim.bodyStall.String(), "admin_max_connections", lim.adminConns)
+		"max_pending_body_bytes", lim.pending, "body_stall_timeout", lim.bodyStall.String(), "admin_max_connections", lim.adminConns,
+		"max_lingering_refusals", h1.MaxLingering(lim.maxConns, lim.lingering),
+		"admin_max_lingering_refusals", h1.MaxLingering(lim.adminConns, lim.adminLingering))
 	stats := newServerCollector(apiSrv.Stats, lim)
 	if err := r.reg.Register(stats); err != nil {
 		r.logger.Warn("the API server's connection and body metrics are not exported", "err", err)
@@ -898,7 +902,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	// The admin listener has a cap of its own, as the API listener's (server.max_connections)
 	// does not count it: a flood of admin connections takes none of the API's, nor the open
 	// files kept aside for it, and a new scrape or probe closes an idle connection for room.
-	adminSrv := &h1.NetHTTP{Server: mk(r.AdminHandler()), MaxConns: lim.adminConns}
+	adminSrv := &h1.NetHTTP{Server: mk(r.AdminHandler()), MaxConns: lim.adminConns, MaxLingering: lim.adminLingering}
 	adminStats := newAdminCollector(adminSrv.Stats, lim.adminConns)
 	if err := r.reg.Register(adminStats); err != nil {
 		r.logger.Warn("the admin server's connection metrics are not exported", "err", err)

@@ -22,6 +22,9 @@ type apiLimits struct {
 	bodyStall   time.Duration
 	memoryLimit int64 // GOMEMLIMIT; math.MaxInt64: none
 	adminConns  int   // server.admin_max_connections
+	// lingering and adminLingering bound the refused connections that linger at once at the
+	// API and admin listeners (h1's MaxLingering): what the open files leave (lingerBudgets).
+	lingering, adminLingering int
 }
 
 // maxConnsCeiling bounds the connection cap derived from the open-file limit: containers often
@@ -44,6 +47,7 @@ func resolveLimits(cfg *config.Config, nofile uint64, memLimit int64) apiLimits 
 			l.connsFrom = "no open-file limit known"
 		}
 	}
+	l.lingering, l.adminLingering = lingerBudgets(nofile, l.maxConns, l.adminConns)
 	if l.pending == 0 {
 		l.pending = config.DefaultMaxPendingBodyBytes
 		if memLimit < math.MaxInt64 {
@@ -79,6 +83,33 @@ func adminConnsFor(nofile uint64) int {
 	}
 	keep := min(nofile/4, 256)
 	return int(min(max(keep/4, 4), config.DefaultAdminMaxConnections))
+}
+
+// lingerBudgets are the refused connections that may linger at once (h1's MaxLingering, each
+// an open file for up to two seconds) at the API listener and at the admin listener, for
+// nofile open files and those caps: the files left once each of the API's connections has
+// its engine connection, the admin's are counted and half of what maxConnsFor keeps aside
+// stays for the rest (the listeners, the config and secret files, the engines' health checks
+// and scrapes, the peers), three quarters of them to the API; -1: none (nothing left); 0: h1's
+// own bound alone (the open-file limit unknown). Under a limit of 128 files, h1's 64 at each
+// listener would have taken 128 files where 32 are kept aside (48 clients, 48 engine
+// connections), and the engine dials and accepts would have failed (EMFILE); at the open-file
+// limits of most hosts (Go raises the soft limit to the hard one, 2^19 or 2^20) the files
+// left are many more than h1's 64 to 128.
+func lingerBudgets(nofile uint64, maxConns, adminConns int) (api, admin int) {
+	if nofile == 0 {
+		return 0, 0
+	}
+	n := int64(min(nofile, 1<<40)) // unlimited is the largest value
+	keep := min(n/4, 256)
+	spare := min(n-keep/2-2*int64(maxConns)-int64(adminConns), 1<<20)
+	noneIfZero := func(x int64) int {
+		if x <= 0 {
+			return -1
+		}
+		return int(x)
+	}
+	return noneIfZero(spare * 3 / 4), noneIfZero(spare - spare*3/4)
 }
 
 // goMemoryLimit is the Go runtime's memory limit (GOMEMLIMIT), math.MaxInt64 when none is set.

@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/h1"
 )
 
 // TestMaxConnsFor: the default connection cap keeps a quarter of the open files (at most 256)
@@ -44,11 +45,14 @@ func TestResolveLimits(t *testing.T) {
 		memLimit int64
 		want     apiLimits
 	}{
-		{"{}", 1024, math.MaxInt64, apiLimits{maxConns: 384, connsFrom: "RLIMIT_NOFILE 1024", pending: 256 << 20, bodyStall: 10 * time.Second, adminConns: 64}},
+		{"{}", 1024, math.MaxInt64, apiLimits{maxConns: 384, connsFrom: "RLIMIT_NOFILE 1024", pending: 256 << 20, bodyStall: 10 * time.Second, adminConns: 64,
+			lingering: 48, adminLingering: 16}},
 		{"{}", 0, 400 << 20, apiLimits{maxConns: 16384, connsFrom: "no open-file limit known", pending: 100 << 20, bodyStall: 10 * time.Second, adminConns: 64}},
-		{"{}", 300, 32 << 20, apiLimits{maxConns: 112, connsFrom: "RLIMIT_NOFILE 300", pending: 16 << 20, bodyStall: 10 * time.Second, adminConns: 18}},
+		{"{}", 300, 32 << 20, apiLimits{maxConns: 112, connsFrom: "RLIMIT_NOFILE 300", pending: 16 << 20, bodyStall: 10 * time.Second, adminConns: 18,
+			lingering: 15, adminLingering: 6}},
 		{"{max_connections: 50, max_pending_body_bytes: 33554432, body_stall_timeout: 2s, admin_max_connections: 5}", 300, 32 << 20,
-			apiLimits{maxConns: 50, connsFrom: "config", pending: 32 << 20, bodyStall: 2 * time.Second, adminConns: 5}},
+			apiLimits{maxConns: 50, connsFrom: "config", pending: 32 << 20, bodyStall: 2 * time.Second, adminConns: 5,
+				lingering: 118, adminLingering: 40}},
 	} {
 		cfg, err := config.Parse([]byte("server: " + tc.server + "\nendpoints: [{url: http://127.0.0.1:1}]\n"))
 		if err != nil {
@@ -68,6 +72,51 @@ func TestAdminConnsFor(t *testing.T) {
 	for nofile, want := range map[uint64]int{0: 64, 16: 4, 128: 8, 300: 18, 1024: 64, 1 << 20: 64} {
 		if got := adminConnsFor(nofile); got != want {
 			t.Errorf("adminConnsFor(%d) = %d, want %d", nofile, got, want)
+		}
+	}
+}
+
+// TestLingerBudgets: the refusals that may linger at the two listeners (each an open file)
+// take no more than the files the caps leave, half of what maxConnsFor keeps aside staying for
+// the rest: at a limit of 128 files, 6 and 2 of the 8 left (48 clients, 48 engine
+// connections, 8 admin connections, 16 kept), where h1's own bound let 64 linger at each and
+// took 128 files; at the limits of most hosts, h1's own bound (64 to 128, and 64).
+func TestLingerBudgets(t *testing.T) {
+	for _, tc := range []struct {
+		nofile                 uint64
+		maxConns, adminConns   int
+		wantAPI, wantAdmin     int
+		lingerAPI, lingerAdmin int // h1.MaxLingering of each
+	}{
+		{nofile: 128, wantAPI: 6, wantAdmin: 2, lingerAPI: 6, lingerAdmin: 2},
+		{nofile: 300, wantAPI: 15, wantAdmin: 6, lingerAPI: 15, lingerAdmin: 6},
+		{nofile: 1024, wantAPI: 48, wantAdmin: 16, lingerAPI: 48, lingerAdmin: 16},
+		{nofile: 16, wantAPI: -1, wantAdmin: -1, lingerAPI: 0, lingerAdmin: 0},
+		{nofile: 1 << 20, wantAPI: 761712, wantAdmin: 253904, lingerAPI: 128, lingerAdmin: 64},
+		{nofile: math.MaxUint64, wantAPI: 786432, wantAdmin: 262144, lingerAPI: 128, lingerAdmin: 64},
+		{nofile: 0, wantAPI: 0, wantAdmin: 0, lingerAPI: 128, lingerAdmin: 64},
+		{nofile: 300, maxConns: 50, adminConns: 5, wantAPI: 118, wantAdmin: 40, lingerAPI: 64, lingerAdmin: 40},
+		{nofile: 128, maxConns: 100, adminConns: 8, wantAPI: -1, wantAdmin: -1, lingerAPI: 0, lingerAdmin: 0},
+	} {
+		maxConns, adminConns := tc.maxConns, tc.adminConns
+		if maxConns == 0 {
+			maxConns, adminConns = maxConnsFor(tc.nofile), adminConnsFor(tc.nofile)
+		}
+		api, admin := lingerBudgets(tc.nofile, maxConns, adminConns)
+		if api != tc.wantAPI || admin != tc.wantAdmin {
+			t.Errorf("lingerBudgets(%d, %d, %d) = %d, %d; want %d, %d", tc.nofile, maxConns, adminConns, api, admin, tc.wantAPI, tc.wantAdmin)
+		}
+		la, lb := h1.MaxLingering(maxConns, api), h1.MaxLingering(adminConns, admin)
+		if la != tc.lingerAPI || lb != tc.lingerAdmin {
+			t.Errorf("nofile %d: %d and %d refusals linger; want %d and %d", tc.nofile, la, lb, tc.lingerAPI, tc.lingerAdmin)
+		}
+		if tc.nofile == 0 {
+			continue
+		}
+		n := int(min(tc.nofile, 1<<40))
+		left := max(n-min(n/4, 256)/2-2*maxConns-adminConns, 0)
+		if la+lb > left {
+			t.Errorf("nofile %d (caps %d and %d): %d + %d refusals may linger, beyond the %d files left", tc.nofile, maxConns, adminConns, la, lb, left)
 		}
 	}
 }

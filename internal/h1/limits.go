@@ -247,17 +247,28 @@ const (
 )
 
 // maxLingering is how many refused connections may linger at once (refuser) for a server of
-// maxConns: a 32nd of them, 64 to 128. Beyond it a refusal is written before the client's
-// request, which Go's client fails ("Unsolicited response received on idle HTTP channel")
-// rather than read: under a flood, each client over the cap has about one refusal lingering
-// at a time (it sends again once it has read the last), so the least is what a flood of 64
-// clients over a small cap needs (50 clients without backoff at a cap of 8, 3 s: 28 such
-// failures with the old least of 4, none with 64). Each holds a goroutine and an open file, on top of MaxConns, for up
-// to two seconds (refuseWait, the answer's write, lingerTime), less when the client sends
-// at once and closes after the answer: at most 128 stays within half of the 256 files the
-// router keeps aside from its connection cap (app's maxConnsFor), the admin listener's 64
-// included.
-func maxLingering(maxConns int) int32 { return int32(min(max(maxConns/32, 64), 128)) }
+// maxConns whose MaxLingering is budget: a 32nd of maxConns, 64 to 128, and at most budget when
+// set (negative: none). Beyond it a refusal is written before the client's request, which Go's
+// client fails ("Unsolicited response received on idle HTTP channel") rather than read: under
+// a flood, each client over the cap has about one refusal lingering at a time (it sends again
+// once it has read the last), so the least is what a flood of 64 clients over a small cap
+// needs (50 clients without backoff at a cap of 8, 3 s: 28 such failures with the old least
+// of 4, none with 64). Each holds a goroutine and an open file, on top of MaxConns, for up to
+// two seconds (refuseWait, the answer's write, lingerTime), less when the client sends at once
+// and closes after the answer. The 64 to 128 fit a process with files to spare; one short of
+// them bounds them by what it keeps aside (app gives each server a share of the open files
+// its caps leave), lest the files they hold fail its accepts and its engine dials (EMFILE).
+func maxLingering(maxConns, budget int) int32 {
+	n := min(max(maxConns/32, 64), 128)
+	if budget != 0 {
+		n = min(n, max(budget, 0))
+	}
+	return int32(n)
+}
+
+// MaxLingering is the most connections refused at a cap of maxConns that a server whose
+// MaxLingering is budget lets linger at once (0: the default bound alone), for logs and tests.
+func MaxLingering(maxConns, budget int) int { return int(maxLingering(maxConns, budget)) }
 
 // freshGrace is how long a new connection that has sent nothing yet is left alone at the
 // connection cap (evictWaiting, connTable.evictLocked), for a server whose request heads may
@@ -296,12 +307,12 @@ type refuser struct {
 	lingering atomic.Int32
 }
 
-func (r *refuser) refuse(nc net.Conn, maxConns int, errorBody func(int, string) (string, []byte)) {
+func (r *refuser) refuse(nc net.Conn, limit int32, errorBody func(int, string) (string, []byte)) {
 	if _, ok := nc.(*tls.Conn); ok {
 		_ = nc.Close()
 		return
 	}
-	if r.lingering.Add(1) > maxLingering(maxConns) {
+	if r.lingering.Add(1) > limit {
 		r.lingering.Add(-1)
 		writeRefusal(nc, errorBody)
 		_ = nc.Close()

@@ -20,7 +20,7 @@ import (
 type limits struct {
 	bodyTimeout, bodyStall time.Duration
 	rate, pending          int64
-	maxConns               int
+	maxConns, maxLingering int
 	close401               bool
 }
 
@@ -40,9 +40,11 @@ type limitedServer struct {
 func limitedServers(t *testing.T, lim limits, h http.Handler) []limitedServer {
 	t.Helper()
 	s := &Server{BodyReadTimeout: lim.bodyTimeout, BodyMinRate: lim.rate, BodyStallTimeout: lim.bodyStall,
-		MaxPendingBodyBytes: lim.pending, MaxConns: lim.maxConns, CloseUnauthorized: lim.close401, ErrorBody: jsonError}
+		MaxPendingBodyBytes: lim.pending, MaxConns: lim.maxConns, MaxLingering: lim.maxLingering, CloseUnauthorized: lim.close401,
+		ErrorBody: jsonError}
 	n := &NetHTTP{BodyReadTimeout: lim.bodyTimeout, BodyMinRate: lim.rate, BodyStallTimeout: lim.bodyStall,
-		MaxPendingBodyBytes: lim.pending, MaxConns: lim.maxConns, CloseUnauthorized: lim.close401, ErrorBody: jsonError}
+		MaxPendingBodyBytes: lim.pending, MaxConns: lim.maxConns, MaxLingering: lim.maxLingering, CloseUnauthorized: lim.close401,
+		ErrorBody: jsonError}
 	waiting := func(b *budget) func() int {
 		return func() int {
 			if b == nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -273,6 +274,78 @@ func TestRefusalsLingerUnderFlood(t *testing.T) {
 				t.Errorf("%d of %d refused connections answered before their request; want none", early, flood)
 			}
 		})
+	}
+}
+
+// TestRefusalsLingerWithinBudget: MaxLingering bounds the refusals that wait for their
+// request, what a process short of open files can spare (app): of 12 connections refused at a
+// cap of 8, 4 linger (MaxLingering 4) and 8 are answered at once, or all 12 (MaxLingering -1);
+// each is answered in the end. Before, 64 lingered whatever the files left (maxLingering).
+func TestRefusalsLingerWithinBudget(t *testing.T) {
+	const flood = 12
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	for _, budget := range []int{4, -1} {
+		wantEarly := flood - max(budget, 0)
+		for _, srv := range limitedServers(t, limits{maxConns: 8, maxLingering: budget}, h) {
+			t.Run(fmt.Sprintf("%s/budget=%d", srv.name, budget), func(t *testing.T) {
+				for range 8 {
+					busy := dialClient(t, srv.addr)
+					busy.send(get("/block"))
+					select {
+					case <-entered:
+					case <-time.After(5 * time.Second):
+						t.Fatal("a busy request did not start")
+					}
+				}
+				cs := make([]*client, flood)
+				for i := range cs {
+					cs[i] = dialClient(t, srv.addr)
+				}
+				answered := func() int {
+					n := 0
+					for _, c := range cs {
+						if pending(c.nc) {
+							n++
+						}
+					}
+					return n
+				}
+				eventually(t, "the flood refused", func() bool { return srv.stats().ConnsRefused == flood })
+				// Within 200 ms, well before refuseWait: the refusals written at once, and no
+				// lingering one.
+				early := 0
+				for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+					early = max(early, answered())
+					<-time.After(5 * time.Millisecond)
+				}
+				if early != wantEarly {
+					t.Errorf("%d of %d refused connections answered before their request; want %d", early, flood, wantEarly)
+				}
+				eventually(t, "every refusal answered", func() bool { return answered() == flood })
+			})
+		}
+	}
+}
+
+// TestMaxLingering: the refusals that may linger: a 32nd of the cap, 64 to 128, within the
+// budget a process gives (MaxLingering) when it gives one.
+func TestMaxLingering(t *testing.T) {
+	for _, tc := range []struct{ maxConns, budget, want int }{
+		{8, 0, 64}, {2048, 0, 64}, {3200, 0, 100}, {16384, 0, 128},
+		{48, 6, 6}, {8, 2, 2}, {16384, 200, 128}, {16384, 48, 48}, {8, -1, 0},
+	} {
+		if got := MaxLingering(tc.maxConns, tc.budget); got != tc.want {
+			t.Errorf("MaxLingering(%d, %d) = %d, want %d", tc.maxConns, tc.budget, got, tc.want)
+		}
 	}
 }
 

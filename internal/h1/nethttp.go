@@ -48,13 +48,15 @@ import (
 type NetHTTP struct {
 	*http.Server
 	// BodyReadTimeout, BodyMinRate, BodyStallTimeout, MaxPendingBodyBytes, WriteStallTimeout,
-	// MaxConns and CloseUnauthorized are as in Server; 0 (false): none.
+	// MaxConns, MaxLingering and CloseUnauthorized are as in Server; 0 (false): none, or
+	// MaxLingering's default.
 	BodyReadTimeout     time.Duration
 	BodyMinRate         int64
 	BodyStallTimeout    time.Duration
 	MaxPendingBodyBytes int64
 	WriteStallTimeout   time.Duration
 	MaxConns            int
+	MaxLingering        int
 	CloseUnauthorized   bool
 	// ErrorBody makes the bodies of the refusals, as in Server; nil: plain text.
 	ErrorBody func(status int, msg string) (contentType string, body []byte)
@@ -471,7 +473,7 @@ func (l framedListener) Accept() (net.Conn, error) {
 		if l.s.table.add(c, l.s.MaxConns, l.s.freshGrace()) {
 			return c, nil
 		}
-		l.s.refusals.refuse(c, l.s.MaxConns, l.s.ErrorBody)
+		l.s.refusals.refuse(c, maxLingering(l.s.MaxConns, l.s.MaxLingering), l.s.ErrorBody)
 	}
 }
 

@@ -99,6 +99,12 @@ type Server struct {
 	// on its way), but none with bytes on their way; when none waits, the new connection is
 	// answered 503 (Retry-After: 1) and closed. 0: no bound.
 	MaxConns int
+	// MaxLingering bounds the connections refused at MaxConns that wait at once for their
+	// request before their 503, each holding an open file and a goroutine for up to two
+	// seconds (beyond it a refusal is written at once, which some clients take for a broken
+	// connection): a process short of open files gives what its caps leave it. The bound is
+	// a 32nd of MaxConns, 64 to 128, and at most MaxLingering when set; negative: none wait.
+	MaxLingering int
 	// CloseUnauthorized ends the connection of a request answered 401: a client without a
 	// valid credential holds no kept-alive connection, and tries one credential per
 	// connection.
@@ -224,7 +230,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		c, full := s.newConn(rwc, base)
 		switch {
 		case full:
-			s.refusals.refuse(rwc, s.MaxConns, s.ErrorBody)
+			s.refusals.refuse(rwc, maxLingering(s.MaxConns, s.MaxLingering), s.ErrorBody)
 			continue
 		case c == nil:
 			rwc.Close()

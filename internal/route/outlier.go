@@ -117,8 +117,12 @@ func (t *keyTally) fade(now time.Time, w time.Duration) (answered, refused float
 }
 
 // maxRefusalKeys bounds the request keys an Outlier follows. One client's bad requests are one
-// key; an engine that refuses everything makes many, each refused once or answered elsewhere,
-// whose loss (the stalest go first) costs the rule nothing.
+// key; an engine that refuses everything makes many, each refused once or answered elsewhere.
+// Past the bound the stalest key that no endpoint refused more than once goes first: its loss
+// costs the rule nothing (its next refusal is blamed, as a first one is). Only when every key
+// followed holds repeated refusals does one go that may hold a client's flood (the stalest),
+// and then each endpoint keeps its excess as forgiven (outlierState), so that the rule still
+// discounts it: however many keys come and go, one client's refusals never count in full.
 const maxRefusalKeys = 256
 
 // answeredElsewhere is how many answers of a key (fading) other endpoints must have given
@@ -145,6 +149,11 @@ type outlierState struct {
 	// the refusal window, as of tallied (the refusal rule).
 	answered, refused float64
 	tallied           time.Time
+	// forgiven is the excess (Outlier.excess) of the keys dropped to make room for others
+	// (dropKey), fading over the refusal window as of forgivenAt: one client's refusals again,
+	// which still count neither as refusals nor as answers.
+	forgiven   float64
+	forgivenAt time.Time
 }
 
 // tally returns s's answers and refusals at now, fading with time constant w.
@@ -482,7 +491,7 @@ func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, ref
 	k := o.keys[key]
 	if k == nil {
 		if len(o.keys) >= maxRefusalKeys {
-			o.dropStalestKey()
+			o.dropKey(now)
 		}
 		k = &refusedKey{}
 		o.keys[key] = k
@@ -516,26 +525,81 @@ func (k *refusedKey) elsewhere(ep *endpoint.Endpoint, now time.Time, w time.Dura
 	return n
 }
 
-// dropStalestKey forgets the key touched longest ago. The caller holds o.mu.
-func (o *Outlier) dropStalestKey() {
-	var stalest uint64
-	var at time.Time
-	first := true
+// dropKey forgets a key to make room for another (maxRefusalKeys): the stalest that no
+// endpoint refused more than once, or, where every key has such refusals, the stalest of all,
+// its excess moving to the forgiven tally of each endpoint it counted for. The caller holds o.mu.
+func (o *Outlier) dropKey(now time.Time) {
+	var stalest, single uint64
+	var stalestAt, singleAt time.Time
+	anyKey, anySingle := false, false
 	for key, k := range o.keys {
-		if first || k.touched.Before(at) {
-			stalest, at, first = key, k.touched, false
+		if !anyKey || k.touched.Before(stalestAt) {
+			stalest, stalestAt, anyKey = key, k.touched, true
+		}
+		if !k.repeated() && (!anySingle || k.touched.Before(singleAt)) {
+			single, singleAt, anySingle = key, k.touched, true
 		}
 	}
-	delete(o.keys, stalest)
+	drop := single
+	if !anySingle {
+		drop = stalest
+		o.forgive(o.keys[drop], now)
+	}
+	delete(o.keys, drop)
 	o.tracked.Store(int32(len(o.keys)))
 }
 
+// repeated reports whether an endpoint refused k more than once, its tallies unfaded: false
+// means k has no excess (excess counts refusals past the first, and tallies only fade).
+func (k *refusedKey) repeated() bool {
+	for i := range k.eps {
+		if k.eps[i].refused > 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// forgive adds k's excess at now (as excess counts it) to the forgiven tally of each endpoint
+// it counts for, before k is dropped. The caller holds o.mu.
+func (o *Outlier) forgive(k *refusedKey, now time.Time) {
+	w := o.cfg.RefusalWindow
+	for i := range k.eps {
+		t := &k.eps[i]
+		_, r := t.fade(now, w)
+		if r <= 1 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
+			continue
+		}
+		if s := o.st[t.ep]; s != nil {
+			s.forgiven = s.forgivenNow(now, w) + r - 1
+			s.forgivenAt = now
+		}
+	}
+}
+
+// forgivenNow returns s's forgiven tally at now, fading with time constant w.
+func (s *outlierState) forgivenNow(now time.Time, w time.Duration) float64 {
+	if dt := now.Sub(s.forgivenAt); dt > 0 && s.forgiven > 0 {
+		return s.forgiven * math.Exp(-float64(dt)/float64(w))
+	}
+	return s.forgiven
+}
+
 // excess returns, for each endpoint that refused a key more than once of late while no other
-// endpoint answered it, the refusals past the first (fading): one client's bad requests that
-// count neither as refusals nor as answers. The caller holds o.mu.
+// endpoint answered it, the refusals past the first (fading), with those of the keys dropped
+// since (forgiven): one client's bad requests that count neither as refusals nor as answers.
+// The caller holds o.mu.
 func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
 	w := o.cfg.RefusalWindow
 	var out map[*endpoint.Endpoint]float64
+	for ep, s := range o.st {
+		if f := s.forgivenNow(now, w); f > 0 {
+			if out == nil {
+				out = map[*endpoint.Endpoint]float64{}
+			}
+			out[ep] = f
+		}
+	}
 	for _, k := range o.keys {
 		for i := range k.eps {
 			t := &k.eps[i]

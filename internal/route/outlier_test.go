@@ -393,3 +393,120 @@ func TestOneClientsRefusalsStay(t *testing.T) {
 		}
 	}
 }
+
+// TestOneClientsRefusalsOutlastOtherKeys: the reviewer's case. One client's flood of one key
+// at a is not held against a (TestOutlierOneClientsRefusals) however many other keys are
+// refused once elsewhere in the meantime: 260 other clients' odd bad requests, each refused
+// once at b or c among plenty of good traffic, while the flooding client pauses. Before, they
+// pushed the flood's key out of the 256 followed (the stalest went first), and its refusals,
+// still in a's own tally, counted in full at its next refusal: a was ejected, and blamed.
+func TestOneClientsRefusalsOutlastOtherKeys(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c")
+	a, b, c := eps[0], eps[1], eps[2]
+	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
+	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
+		o.Succeeded(ep)
+		o.Served(ep, req)
+	}
+	for i := range 20 {
+		serve(b, keyed(uint64(1000+i), ""))
+		serve(c, keyed(uint64(2000+i), ""))
+	}
+	bad := keyed(7, "t1")
+	for i := range 100 { // a burst of 100 over 10 s
+		clk.t = clk.t.Add(100 * time.Millisecond)
+		if ejected, _ := o.RefusedRequest(a, bad); ejected {
+			t.Fatalf("a ejected at the flood's %dth refusal (before other keys)", i+1)
+		}
+	}
+	for i := range 260 { // the client pauses 20 s; meanwhile 13 other refusals a second
+		clk.t = clk.t.Add(20 * time.Second / 260)
+		ep := b
+		if i%2 == 1 {
+			ep = c
+		}
+		for j := range 10 {
+			serve(ep, keyed(uint64(100000+10*i+j), ""))
+		}
+		if ejected, _ := o.RefusedRequest(ep, keyed(uint64(900000+i), "other")); ejected {
+			t.Fatalf("%s ejected for other clients' bad requests, refused once each", ep.Name)
+		}
+	}
+	o.mu.Lock()
+	_, followed := o.keys[RefusalKey(bad)]
+	n := len(o.keys)
+	o.mu.Unlock()
+	if !followed || n != maxRefusalKeys {
+		t.Errorf("flood's key followed %v among %d keys, want true among %d", followed, n, maxRefusalKeys)
+	}
+	ejected, blamed := o.RefusedRequest(a, bad)
+	if ejected || blamed {
+		t.Errorf("the flood's 101st refusal at a: ejected %v, blamed %v; want neither", ejected, blamed)
+	}
+}
+
+// TestForgivenRefusalsOutlastKeys: where every key followed holds repeated refusals (many
+// clients each refused again), the flood's key goes like any other once the stalest, but its
+// excess stays with a (forgiven, fading): a is not ejected for it, nor b and c for the other
+// clients' repeated refusals; and the forgiven refusals fade with the window, so that an
+// engine that then refuses everything is ejected as it would be without them.
+func TestForgivenRefusalsOutlastKeys(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	eps := pool(t, "a", "b", "c")
+	a, b, c := eps[0], eps[1], eps[2]
+	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
+	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
+		o.Succeeded(ep)
+		o.Served(ep, req)
+	}
+	for i := range 20 {
+		serve(b, keyed(uint64(1000+i), ""))
+		serve(c, keyed(uint64(2000+i), ""))
+	}
+	bad := keyed(7, "t1")
+	for i := range 100 {
+		clk.t = clk.t.Add(100 * time.Millisecond)
+		if ejected, _ := o.RefusedRequest(a, bad); ejected {
+			t.Fatalf("a ejected at the flood's %dth refusal (before other keys)", i+1)
+		}
+	}
+	for i := range 260 { // 260 other clients, each refused twice
+		clk.t = clk.t.Add(20 * time.Second / 260)
+		ep := b
+		if i%2 == 1 {
+			ep = c
+		}
+		for j := range 10 {
+			serve(ep, keyed(uint64(100000+10*i+j), ""))
+		}
+		for range 2 {
+			if ejected, _ := o.RefusedRequest(ep, keyed(uint64(900000+i), "other")); ejected {
+				t.Fatalf("%s ejected for other clients' bad requests, refused twice each", ep.Name)
+			}
+		}
+	}
+	o.mu.Lock()
+	_, followed := o.keys[RefusalKey(bad)]
+	o.mu.Unlock()
+	if followed {
+		t.Fatal("flood's key still followed: the case needs it dropped")
+	}
+	for i := range 20 {
+		if ejected, _ := o.RefusedRequest(a, bad); ejected {
+			t.Fatalf("a ejected at the flood's refusal %d, after its key was dropped", 101+i)
+		}
+	}
+	// Ten windows on, what was forgiven has faded: an engine refusing every request, each its
+	// own prefix, is ejected at its 20th refusal.
+	clk.t = clk.t.Add(10 * DefaultRefusalWindow)
+	for i := range 20 {
+		serve(b, keyed(uint64(3000+i), ""))
+		serve(c, keyed(uint64(4000+i), ""))
+	}
+	for i := range 20 {
+		if ejected, _ := o.RefusedRequest(a, keyed(uint64(5000+i), "")); ejected != (i == 19) {
+			t.Fatalf("refusal %d of a fresh key, the flood forgiven 10 windows ago: ejected %v", i+1, ejected)
+		}
+	}
+}
