@@ -314,22 +314,27 @@ func TestPeersSecretReload(t *testing.T) {
 
 // TestServeStopBounded: the last step of a shutdown, after the drain (discovery, health
 // checks and peers stopping, the admin listener closing), is said as it starts, and is bounded:
-// a replica leaving its peers waits up to a second for memberlist to send its leave, and here
-// the bound is shorter, so Serve says it does not wait, returns, and logs "stopped" with the
-// time the shutdown took; the peers' end is logged when it comes. Before, a second or more
-// went by after "draining requests in flight" with nothing in the log.
+// a replica leaving its peers waits up to a second for a peer that does not answer (frozen: its
+// kernel takes the connection, nothing reads it), and here the bound is shorter, so Serve says
+// it does not wait, returns, and logs "stopped" with the time the shutdown took; the peers' end
+// is logged when it comes. Before, a second or more went by after "draining requests in
+// flight" with nothing in the log.
+//
+// The frozen peer is b stopped unannounced (cut off first, so that its leave never reaches a)
+// with a listener that never answers taken over on its gossip port: a takes b for alive
+// until failure detection declares it dead, seconds later, so a's leave is handed to it.
 func TestServeStopBounded(t *testing.T) {
 	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
 	eng := newFakeEngine(t)
 	conf := func(name, seed string) string {
-		static := ""
-		if seed != "" {
-			static = fmt.Sprintf(", static: [%q]", seed)
+		more := ""
+		if seed != "" { // b: it joins a, and can be cut off (Isolate)
+			more = fmt.Sprintf(", static: [%q], fault_injection: true", seed)
 		}
 		return fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
 			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
 			"peers: {name: %s, listen: '127.0.0.1:0', gossip_listen: '127.0.0.1:0', secret_env: KVROUTE_TEST_PEERS, warm_start_timeout: 5s%s}\n",
-			eng.srv.URL, name, static)
+			eng.srv.URL, name, more)
 	}
 	cfg, err := config.Parse([]byte(conf("a", "")))
 	if err != nil {
@@ -348,9 +353,33 @@ func TestServeStopBounded(t *testing.T) {
 	go func() { served <- a.Serve(ctx, api, nil) }()
 	waitUntil(t, "a's gossip address", func() bool { return a.peers.node.GossipAddr() != "" })
 	b := routerFromYAML(t, conf("b", a.peers.node.GossipAddr()))
-	runRouter(t, b)
+	bctx, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	bRan := make(chan error, 1)
+	go func() { bRan <- b.Run(bctx) }()
 	followsWarm(t, b, "a")
 	waitUntil(t, "a following b", func() bool { return len(a.peers.node.Status().Following) == 1 })
+
+	// b freezes: cut off, stopped, its gossip port taken by a listener that never answers.
+	bGossip := b.peers.node.GossipAddr()
+	b.peers.node.Isolate(true)
+	stopB()
+	select {
+	case err := <-bRan:
+		if err != nil {
+			t.Fatalf("b's Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b's Run did not return within 10 s")
+	}
+	frozen, err := net.Listen("tcp", bGossip)
+	if err != nil {
+		t.Fatalf("taking b's gossip port over: %v", err)
+	}
+	defer frozen.Close()
+	if m := a.peers.node.Status().Members; len(m) != 1 || m[0] != "b" {
+		t.Fatalf("a's members %v before it stops, want b, still taken for alive", m)
+	}
 
 	start := time.Now()
 	cancel()
@@ -363,18 +392,21 @@ func TestServeStopBounded(t *testing.T) {
 		t.Fatal("Serve did not return within 10 s")
 	}
 	if took := time.Since(start); took > 800*time.Millisecond {
-		t.Errorf("Serve took %v to return, past its 200 ms bound on stopping (leaving the peers takes a second)", took)
+		t.Errorf("Serve took %v to return, past its 200 ms bound on stopping (leaving a frozen peer takes a second)", took)
 	}
 	waitUntil(t, "the peers' late end logged", func() bool { return len(messages(t, logs, "stopped, late")) == 1 })
 	var msgs []string
-	var stopped map[string]any
+	var stopped, late map[string]any
 	for _, l := range logs.JSONLines(t) {
 		msg := l["msg"].(string)
 		if strings.HasPrefix(msg, "shutting down") || strings.Contains(msg, "stopped") {
 			msgs = append(msgs, msg)
 		}
-		if msg == "stopped" {
+		switch msg {
+		case "stopped":
 			stopped = l
+		case "left the peers":
+			late = l
 		}
 	}
 	want := []string{
@@ -390,5 +422,9 @@ func TestServeStopBounded(t *testing.T) {
 	}
 	if took, err := time.ParseDuration(fmt.Sprint(stopped["took"])); err != nil || took < 200*time.Millisecond || took > 800*time.Millisecond {
 		t.Errorf("\"stopped\" took=%v (%v): want the shutdown's time, over the 200 ms waited", stopped["took"], err)
+	}
+	// What ran late: the leave, waiting for b.
+	if late == nil || late["peers"] != 1.0 || late["told"] != 0.0 {
+		t.Errorf("a's leave: %v, want 1 peer, none told", late)
 	}
 }

@@ -832,7 +832,8 @@ func (r *Router) serveEndpoints(w http.ResponseWriter, _ *http.Request) {
 //     logged as 503, and a warning says how many and which setting to raise. Connections still
 //     open a second later are closed;
 //  5. once Beside has drained as well, discovery, health checks, scraping and peers stop
-//     (leaving the peers takes up to a second) while the admin listener closes, both within
+//     (leaving the peers takes milliseconds, a second at most for a peer that does not
+//     answer) while the admin listener closes, both within
 //     stopWait; "stopped" then says how long the whole shutdown took.
 //
 // It returns nil after a clean drain (cut requests included).
@@ -987,8 +988,8 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 }
 
 // stopWait bounds the last step of Serve's shutdown, after the drains: discovery, health
-// checks, scraping and peers stopping (the peers' leave alone takes up to a second:
-// memberlist waits that long for its leave message to go out, with gossip once a second), and
+// checks, scraping and peers stopping (the peers' leave hands this replica's state, marked
+// left, to each live peer: milliseconds, at most a second for one that does not answer), and
 // the admin listener closing (up to a second for answers in progress), side by side. With the
 // second the cut requests get (cutGrace), that is the 3 s the Helm chart adds to a pod's
 // shutdown beyond drain_delay and shutdown_timeout.

@@ -46,6 +46,68 @@ type following struct {
 	dec  *decoder
 }
 
+// keptResume is where the stream of a peer let go left off: the peer declared dead (paused, cut
+// off for seconds) or this replica cut off (fault injection). A peer that comes back with the
+// same incarnation (the same run: a pause, a network blip) is followed again from there, and its
+// log (logAge) replays what it published meanwhile; before, its new stream started afresh and
+// the requests routed in the gap were never counted here, their first tokens and ends dropped
+// as before_stream. Its requests in flight are ended here all the same when it is let go
+// (ForgetOrigin): their late events are ended_here.
+type keptResume struct {
+	inc   uint64
+	next  uint64
+	dec   *decoder
+	heard time.Time // when the peer's stream last carried a message
+}
+
+// maxKeptResumes bounds the resume points kept: beyond, the oldest goes. Each holds a decoder
+// (its last 16 block lists, which the lifecycle holds anyway, and up to 1,024 short strings).
+// A point is kept logAge after its peer was last heard at most: the peer's log holds no longer,
+// and its next stream would start afresh all the same.
+const maxKeptResumes = 64
+
+// keepResume keeps where f, let go, left off (n.mu held; f's goroutine has ended).
+func (n *Node) keepResume(f *following) {
+	if f.next == 0 || f.dec == nil {
+		return
+	}
+	n.kept[f.p.name] = keptResume{inc: f.p.inc, next: f.next, dec: f.dec, heard: time.Unix(0, f.heard.Load())}
+}
+
+// pruneKept lets go of the resume points older than logAge, then of the oldest beyond
+// maxKeptResumes (n.mu held).
+func (n *Node) pruneKept(now time.Time) {
+	for name, k := range n.kept {
+		if now.Sub(k.heard) >= logAge {
+			delete(n.kept, name)
+		}
+	}
+	for len(n.kept) > maxKeptResumes {
+		oldest := ""
+		for name, k := range n.kept {
+			if oldest == "" || k.heard.Before(n.kept[oldest].heard) {
+				oldest = name
+			}
+		}
+		delete(n.kept, oldest)
+	}
+}
+
+// takeResume gives f, a new follower, the point its peer's run left off at, if one is kept,
+// and says whether it did (n.mu held). A point of another run is dropped.
+func (n *Node) takeResume(f *following) bool {
+	k, ok := n.kept[f.p.name]
+	if !ok {
+		return false
+	}
+	delete(n.kept, f.p.name)
+	if k.inc != f.p.inc {
+		return false
+	}
+	f.next, f.dec = k.next, k.dec
+	return true
+}
+
 // follow reads p's event stream until ctx ends, reconnecting after a pause that grows while
 // it keeps failing.
 func (n *Node) follow(ctx context.Context, f *following) {

@@ -154,9 +154,15 @@ func (n *Node) joinRound(ctx context.Context, addrs []string) (int, []error) {
 		j.begin(a)
 		started++
 		go func() {
+			adv := n.advertised.Load()
 			k, err := ml.Join([]string{a})
 			if err == nil && k == 0 {
 				err = errors.New("no address to join")
+			}
+			if err == nil && n.advertised.Load() != adv {
+				// This replica's policy changed while the join was in flight: the state it
+				// sent may predate it, and the update's gossip may be lost (advertise).
+				n.advertiseAgain()
 			}
 			j.end(a, err, time.Now())
 			<-j.slots

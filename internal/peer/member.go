@@ -177,8 +177,9 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	// Gossip once a second, not every 200 ms (the LAN default): failure detection rests on the
 	// probes (ProbeInterval 1 s, unchanged), and news (a suspicion, a death, a join) also rides
 	// on every probe and ack, so that among a few replicas it spreads at least once a second
-	// either way. An idle replica wakes four times a second less; a graceful leave reaches
-	// the peers with the next gossip or probe, up to a second after (docs/sync-cost.md, "At `049e509`").
+	// either way. An idle replica wakes four times a second less (docs/sync-cost.md, "At
+	// `049e509`"). A graceful leave would reach the peers with the next gossip or probe, up
+	// to a second after, and memberlist's Leave waits for more: Node.leave hands it to them.
 	c.GossipInterval = time.Second
 	c.Delegate = delegate{n}
 	c.Events = delegate{n}
@@ -200,6 +201,9 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 			c.Transport = newFaultTransport(nt, &n.isolated)
 		} else {
 			c.Transport = nt
+		}
+		if n.cfg.transport != nil {
+			c.Transport = n.cfg.transport(c.Transport)
 		}
 	}
 	ml, err := memberlist.Create(c)
@@ -285,6 +289,7 @@ func (n *Node) reconcileFollows(ctx context.Context) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := time.Now()
 	for name, f := range n.follows {
 		if p, ok := want[name]; ok && p == f.p {
 			continue
@@ -292,23 +297,26 @@ func (n *Node) reconcileFollows(ctx context.Context) {
 		f.cancel()
 		<-f.done
 		delete(n.follows, name)
+		n.keepResume(f)
 		if k := n.share.Load().ForgetOrigin(f.p.origin()); k > 0 {
 			n.log.Info("peer gone: its requests in flight are ended here", "peer", name, "requests", k)
 		}
 	}
+	n.pruneKept(now)
 	for name, p := range want {
 		if _, ok := n.follows[name]; ok {
 			continue
 		}
 		fctx, cancel := context.WithCancel(ctx)
 		f := &following{p: p, cancel: cancel, done: make(chan struct{})}
-		f.heard.Store(time.Now().UnixNano())
+		f.heard.Store(now.UnixNano())
+		resumes := n.takeResume(f)
 		n.follows[name] = f
 		go func() {
 			defer close(f.done)
 			n.follow(fctx, f)
 		}()
-		n.log.Info("following a peer", "peer", name, "at", p.feed)
+		n.log.Info("following a peer", "peer", name, "at", p.feed, "resumes", resumes)
 	}
 }
 
@@ -573,9 +581,15 @@ func (t *faultTransport) DialTimeout(addr string, timeout time.Duration) (net.Co
 
 func (t *faultTransport) StreamCh() <-chan net.Conn { return t.streams }
 
+// Shutdown shuts the inner transport down, then the forwarders. The inner listeners hand each
+// packet and connection over without a timeout, and wait for nothing else: stopped first, the
+// forwarders left one read in that instant (peers that take this replica for alive send a few
+// a second) holding a listener, and the inner Shutdown waiting for it, for good. memberlist
+// reads this transport's channels until Shutdown has returned.
 func (t *faultTransport) Shutdown() error {
+	err := t.inner.Shutdown()
 	close(t.done)
-	return t.inner.Shutdown()
+	return err
 }
 
 var errIsolated = errors.New("cut off from peers (fault injection)")

@@ -85,6 +85,8 @@ type Config struct {
 	beat, silence time.Duration
 	// idle replaces streamServerIdle (tests); 0: that.
 	idle time.Duration
+	// transport, when set, wraps memberlist's transport (tests: hold a state exchange).
+	transport func(memberlist.Transport) memberlist.Transport
 	// duplicate replaces duplicateNameAfter (tests); 0: that.
 	duplicate time.Duration
 }
@@ -148,6 +150,9 @@ type Node struct {
 
 	mu      sync.Mutex
 	follows map[string]*following // by peer name
+	// kept are the points at which the streams of peers let go left off, by peer name, for
+	// when they come back (follow.go, keptResume).
+	kept map[string]keptResume
 
 	// policy is the routing policy this replica advertises (SetPolicy); readvertise asks Run
 	// to gossip it; policies are the peers' as last compared with it (the manager's), and
@@ -155,6 +160,9 @@ type Node struct {
 	policy      atomic.Pointer[policyID]
 	readvertise chan struct{}
 	policies    policyWatch
+	// advertised counts the advertisements begun (advertise); a join that saw it change
+	// advertises again (joinRound).
+	advertised atomic.Uint64
 
 	// beat and silence are heartbeat and streamSilence (tests shorten them).
 	beat, silence time.Duration
@@ -211,6 +219,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("replica", cfg.Name), m: cfg.Metrics, ln: ln,
 		origin: origin(cfg.Name, cfg.Incarnation), readyCh: make(chan struct{}),
 		notify: make(chan struct{}, 1), stopping: make(chan struct{}), follows: map[string]*following{},
+		kept: map[string]keptResume{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence),
 		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources)),
 		readvertise: make(chan struct{}, 1)}
@@ -398,13 +407,104 @@ func (n *Node) Run(ctx context.Context) error {
 	wg.Go(func() { n.advertise(ctx, ml) })
 	<-ctx.Done()
 	close(n.stopping)
-	if err := ml.Leave(time.Second); err != nil {
-		n.log.Debug("leaving the peers", "err", err)
-	}
-	_ = ml.Shutdown()
+	// Every step of the stop is bounded: the leave by leaveWait, memberlist's shutdown by
+	// shutdownWait, and the goroutines each by its own (a stream's or snapshot's request and a
+	// join round end with ctx, a policy's advertisement waits updateWait at most).
+	begin := time.Now()
+	told, peers := n.leave(ml)
+	leaveTook := time.Since(begin)
+	n.shutdownMembers(ml)
 	_ = srv.Close()
 	wg.Wait()
+	n.log.Info("left the peers", "peers", peers, "told", told, "leave", leaveTook.Round(time.Millisecond).String(),
+		"took", time.Since(begin).Round(time.Millisecond).String())
 	return nil
+}
+
+const (
+	// leaveWait bounds the wait for the live peers to take this replica's leave at stop: a
+	// peer frozen, or cut off, is told by memberlist's gossip meanwhile, or sees this replica
+	// fail. It is half of serve's stop budget for discovery, checks, scrapes and peers (2 s).
+	leaveWait = time.Second
+	// shutdownWait bounds the wait for memberlist to close its sockets and stop its
+	// listeners.
+	shutdownWait = time.Second
+)
+
+// leave tells the live peers that this replica leaves, and returns how many took it, of how
+// many, once each has or leaveWait has passed. memberlist's Leave marks this replica left and
+// queues the news for gossip, then waits until the queue has sent it its retransmit limit: 4
+// sends among up to 9 members, on gossip rounds (a second apart here, at most one send to
+// each peer a round), pings and acks. With one peer that is never within a second, and Leave
+// ran to its timeout at every stop (1.0 s); with two, half of the time. Here Leave only marks
+// and queues (its wait is cut to nothing), and each live peer is handed the news at once
+// (handState), which it takes as the leave it is, as from gossip.
+func (n *Node) leave(ml *memberlist.Memberlist) (told, peers int) {
+	addrs := n.peerAddrs()
+	// With peers alive, Leave says its wait timed out: the news is queued all the same.
+	_ = ml.Leave(time.Nanosecond)
+	return n.handState(context.Background(), ml, addrs, leaveWait, "telling the peers this replica leaves")
+}
+
+// peerAddrs returns the gossip addresses of the live peers.
+func (n *Node) peerAddrs() []string {
+	var addrs []string
+	n.members.each(n.cfg.Name, func(_ string, m member) { addrs = append(addrs, m.gossip) })
+	return addrs
+}
+
+// handState hands this replica's state (its own entry: alive or left, its incarnation and
+// metadata) to each of addrs by a state exchange, memberlist's push-pull, which Join makes,
+// all at once; each peer takes it as it would from gossip. It returns how many took it, of how
+// many, once each has, wait has passed or ctx has ended; what says what is handed in the debug
+// lines.
+func (n *Node) handState(ctx context.Context, ml *memberlist.Memberlist, addrs []string, wait time.Duration, what string) (told, peers int) {
+	if len(addrs) == 0 {
+		return 0, 0
+	}
+	// Room for every answer: a state exchange that ends after the wait never blocks. One
+	// still in flight then ends within memberlist's TCP timeout (2 s) and changes nothing
+	// anyone reads.
+	results := make(chan error, len(addrs))
+	for _, a := range addrs {
+		go func() {
+			_, err := ml.Join([]string{a})
+			results <- err
+		}()
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for range addrs {
+		select {
+		case err := <-results:
+			if err != nil {
+				n.log.Debug(what, "err", err)
+				continue
+			}
+			told++
+		case <-timer.C:
+			n.log.Debug(what+": not all answered", "told", told, "peers", len(addrs), "waited", wait.String())
+			return told, len(addrs)
+		case <-ctx.Done():
+			return told, len(addrs)
+		}
+	}
+	return told, len(addrs)
+}
+
+// shutdownMembers shuts memberlist down, waiting shutdownWait at most: a transport that never
+// stops (the fault-injection one once did: TestFaultTransportShutdown) must not hold the stop.
+func (n *Node) shutdownMembers(ml *memberlist.Memberlist) {
+	done := make(chan struct{})
+	go func() {
+		_ = ml.Shutdown()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(shutdownWait):
+		n.log.Warn("memberlist did not shut down: stopping without it", "waited", shutdownWait.String())
+	}
 }
 
 // streamServerIdle closes a connection to the stream server that carries no request (HTTP/1)

@@ -27,9 +27,9 @@ const (
 	maxPolicyFingerprint = 64
 )
 
-// updateWait bounds memberlist's wait for a metadata update to go out. The update is queued at
-// once and goes with the next gossip or probe (a second at most) whatever the wait: the bound
-// only keeps a stop from waiting on it.
+// updateWait bounds the wait for the live peers to take a policy update handed to them
+// (advertise): one that does not answer in time has it from gossip, or from the state
+// exchange every 30 s.
 const updateWait = 500 * time.Millisecond
 
 // policyID is a replica's routing policy as it advertises it: the policy's name and the
@@ -55,11 +55,16 @@ func (n *Node) SetPolicy(name, fingerprint string) {
 	if old := n.policy.Swap(&id); old != nil && *old == id {
 		return
 	}
+	n.advertiseAgain()
+	n.changed() // compare the peers' with this one's
+}
+
+// advertiseAgain asks Run to advertise this replica's metadata anew (advertise).
+func (n *Node) advertiseAgain() {
 	select {
 	case n.readvertise <- struct{}{}:
 	default:
 	}
-	n.changed() // compare the peers' with this one's
 }
 
 // Policy returns the policy name and fingerprint this replica advertises ("" before SetPolicy).
@@ -84,7 +89,17 @@ func clip(s string, n int) string {
 	return s
 }
 
-// advertise gossips this replica's metadata again at each change of its policy, until ctx ends.
+// advertise gossips this replica's metadata again at each change of its policy, until ctx
+// ends, and hands it to each live peer at once (handState): memberlist's gossip of an update
+// alone can lose it for good. Its queue of news (memberlist v0.7.0's TransmitLimitedQueue,
+// hashicorp/memberlist#263, open) numbers its items afresh from 0 when it empties, also when
+// an item is replaced by a newer one (this replica's state by the update), and a later item
+// that happens to take the same number, tier and length (another replica's state of the same
+// size, merged from a join) replaces the update in the queue: it is never sent, and the peers
+// kept the old policy until the state exchange every 30 s (TestPolicyMismatch waited 10 s in
+// vain about one run in 70). That is what happened to an update made while this replica's join
+// was in flight: the join had sent the state before the update, and nobody was alive to hand
+// it to yet, so the join, once done, asks for another advertisement (joinRound, n.advertised).
 func (n *Node) advertise(ctx context.Context, ml *memberlist.Memberlist) {
 	for {
 		select {
@@ -92,10 +107,12 @@ func (n *Node) advertise(ctx context.Context, ml *memberlist.Memberlist) {
 			return
 		case <-n.readvertise:
 		}
-		if err := ml.UpdateNode(updateWait); err != nil {
-			// Queued all the same (a timeout), or stopping: the peers' state exchange, every
-			// 30 s, carries the metadata too.
-			n.log.Debug("advertising this replica's policy to its peers", "err", err)
+		n.advertised.Add(1)
+		// It only waits for the gossip to be sent; queued at once, the update goes with it all
+		// the same.
+		_ = ml.UpdateNode(time.Nanosecond)
+		if told, peers := n.handState(ctx, ml, n.peerAddrs(), updateWait, "handing this replica's policy to the peers"); told < peers {
+			n.log.Debug("a policy update not taken by every peer: gossip and the state exchange every 30 s carry it", "told", told, "peers", peers)
 		}
 	}
 }
