@@ -166,8 +166,9 @@ const (
 	DropEndedHere
 	// DropBeforeStream: a first token or end of an attempt that started at its origin before
 	// this replica's stream from it began, as the stream's hello said (Reconcile): this
-	// replica started, or the stream started afresh (its origin back after being declared
-	// gone, a gap longer than the origin's log). Its routed event went out before the stream
+	// replica started, or the stream started afresh (its origin back from a gap longer than
+	// its log keeps, or in another incarnation: a follower keeps a peer's resume point for
+	// 30 s after letting it go). Its routed event went out before the stream
 	// existed; a warm start's snapshot brings it, or the attempt was not counted here.
 	// Expected.
 	DropBeforeStream
