@@ -168,6 +168,9 @@ type Server struct {
 	// idleHook, when set (tests), runs on a connection's goroutine each time the connection
 	// turns idle, before it waits for the next request.
 	idleHook func()
+	// turnHook, when set (tests), runs on a connection's goroutine right after serve has moved
+	// the connection to st (stateIdle, or stateHead as the next request arrives).
+	turnHook func(st int32)
 }
 
 // base is the parent context of every request that comes through ln: BaseContext's, with
@@ -884,14 +887,24 @@ func (c *srvConn) serve() {
 	for n := 0; ; n++ {
 		if n > 0 {
 			// Taken out of service while its request was served (Close, a write stall),
-			// the connection takes no other.
+			// the connection takes no other. During a shutdown too: the answer just sent kept
+			// the connection (its head went out before the shutdown), and its client may be
+			// sending the next request now; Shutdown closes the connection idleGrace later
+			// (closeIdle).
+			//
+			// since is stored before the state that it times is published: closeIdle, sweep
+			// and evictWaiting load the state first, then since, so one that sees the new
+			// state sees its since, never the request's start (which would close at once a
+			// connection whose request lasted longer than idleGrace or the idle timeout). The
+			// early store is harmless while the connection is still active: its request is
+			// over, and since only times the watch then (sweep).
+			c.since.Store(time.Now().UnixNano())
 			if c.expired.Load() || !c.state.CompareAndSwap(stateActive, stateIdle) {
 				return
 			}
-			// During a shutdown too: the answer just sent kept the connection (its head went
-			// out before the shutdown), and its client may be sending the next request now;
-			// Shutdown closes the connection idleGrace later (closeIdle).
-			c.since.Store(time.Now().UnixNano())
+			if c.s.turnHook != nil {
+				c.s.turnHook(stateIdle)
+			}
 			if c.s.idleHook != nil {
 				c.s.idleHook()
 			}
@@ -900,10 +913,17 @@ func (c *srvConn) serve() {
 					return // closed, timed out or reset while idle
 				}
 			}
+			// Here too, since first: a sweep that saw stateHead with the idle time's since
+			// would take a connection idle for longer than ReadHeaderTimeout for one too slow
+			// with its head, and close it as its request arrives. While the connection is still
+			// idle, the fresh since only spares it the idle timeout: its request has begun.
+			c.since.Store(time.Now().UnixNano())
 			if !c.state.CompareAndSwap(stateIdle, stateHead) {
 				return // closed as idle just before the request's first byte was read
 			}
-			c.since.Store(time.Now().UnixNano())
+			if c.s.turnHook != nil {
+				c.s.turnHook(stateHead)
+			}
 		}
 		if !c.serveOne() {
 			return

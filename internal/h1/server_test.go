@@ -835,6 +835,138 @@ func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
 	}
 }
 
+// TestTurnPublishesItsSince: a reader that sees a connection in the state serve has just moved
+// it to sees that state's since too, never the one before. The test's hook holds the
+// connection's goroutine right after the move and runs, there, the round that would close the
+// connection with the stale since: Shutdown's (closeIdle) after a stream longer than
+// idleGrace, the janitor's (sweep) at the idle timeout counted from the request's end, and the
+// janitor's at the header timeout counted from the arrival of the next request (which, counted
+// from when the connection turned idle, is past). In each the connection serves its next
+// request.
+func TestTurnPublishesItsSince(t *testing.T) {
+	const timeout = time.Hour // the janitor's own sweeps expire nothing
+	for _, tc := range []struct {
+		name   string
+		at     int32         // the state the hook holds the connection in
+		stream time.Duration // how long the first answer lasts
+		round  func(s *Server, ended, sent time.Time)
+	}{
+		{"idle at Shutdown", stateIdle, idleGrace + 100*time.Millisecond, func(s *Server, _, _ time.Time) {
+			s.closeIdle()
+		}},
+		{"idle at the idle timeout", stateIdle, 5 * time.Millisecond, func(s *Server, ended, _ time.Time) {
+			s.mu.Lock()
+			_, expired := s.sweep(ended.Add(timeout).UnixNano())
+			s.mu.Unlock()
+			closeConns(expired)
+		}},
+		{"head at the header timeout", stateHead, 0, func(s *Server, _, sent time.Time) {
+			s.mu.Lock()
+			_, expired := s.sweep(sent.Add(timeout).UnixNano())
+			s.mu.Unlock()
+			closeConns(expired)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			held, release := make(chan struct{}), make(chan struct{})
+			idle := make(chan struct{}, 1)
+			var holds atomic.Int32
+			s := &Server{ReadHeaderTimeout: timeout, IdleTimeout: timeout}
+			s.turnHook = func(st int32) {
+				if st == stateIdle {
+					select {
+					case idle <- struct{}{}:
+					default:
+					}
+				}
+				if st == tc.at && holds.Add(1) == 1 { // the first time only
+					held <- struct{}{}
+					<-release
+				}
+			}
+			var ended atomic.Int64 // when the first answer's last byte was written, Unix ns
+			addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.WriteString(w, "o")
+				if r.URL.Path == "/1" {
+					_ = http.NewResponseController(w).Flush()
+					time.Sleep(tc.stream) // a stream that lasts
+				}
+				_, _ = io.WriteString(w, "k")
+				ended.Store(time.Now().UnixNano())
+			}))
+			c, br := dialBuffered(t, addr)
+			exchange := func(i int) error {
+				if _, err := fmt.Fprintf(c, "GET /%d HTTP/1.1\r\nHost: x\r\n\r\n", i); err != nil {
+					return err
+				}
+				return answerOK(br)
+			}
+			wait := func(ch chan struct{}, what string) {
+				t.Helper()
+				select {
+				case <-ch:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("the connection did not turn %s in 5 s", what)
+				}
+			}
+			var sent time.Time
+			switch tc.at {
+			case stateIdle:
+				if _, err := io.WriteString(c, "GET /1 HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				wait(held, "idle")
+				tc.round(s, time.Unix(0, ended.Load()), sent)
+				close(release)
+				if err := answerOK(br); err != nil {
+					t.Fatal(err)
+				}
+			case stateHead:
+				if err := exchange(1); err != nil {
+					t.Fatal(err)
+				}
+				wait(idle, "idle")
+				sc := s.connOf(c.LocalAddr().String())
+				if sc == nil {
+					t.Fatal("the server does not know the connection")
+				}
+				// The request is sent strictly after the connection turned idle.
+				for end := time.Now().Add(time.Second); time.Now().UnixNano() <= sc.since.Load(); {
+					if time.Now().After(end) {
+						t.Fatal("the clock did not move past the idle connection's since in 1 s")
+					}
+				}
+				sent = time.Now()
+				if _, err := io.WriteString(c, "GET /2 HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				wait(held, "to read a head")
+				tc.round(s, time.Time{}, sent)
+				close(release)
+				if err := answerOK(br); err != nil {
+					t.Fatalf("the request that arrived: %v", err)
+				}
+			}
+			if err := exchange(3); err != nil {
+				t.Errorf("the connection after: %v", err)
+			}
+		})
+	}
+}
+
+// answerOK reads an answer from br and checks that it says "ok".
+func answerOK(br *bufio.Reader) error {
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && string(b) != "ok" {
+		err = fmt.Errorf("body %q, want ok", b)
+	}
+	return err
+}
+
 // getter returns a function that GETs a path from addr with c and reads the answer to its end.
 func getter(t *testing.T, c *http.Client, addr string) func(path string) {
 	return func(p string) {
