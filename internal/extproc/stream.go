@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -791,11 +790,11 @@ func failedAttempt(f route.Failure, status int) *openai.Error {
 		"the engine's connection broke after it received the request, before its answer's head")
 }
 
-// cleanRetryAfter writes the engine's Retry-After (and retry-after-ms) again as kvroute reads
-// them (proxy.RetryAfter: 1 ms to a minute), into set, for the statuses whose Retry-After
-// `kvroute serve` writes again (internal/proxy's cleanRetryAfter, on the refusals and errors it
-// reads whole): a client told to wait is told a sane number, never the engine's garbage ("-5",
-// "NaN", a year), whichever front end it came through.
+// cleanRetryAfter adds to set the engine's Retry-After (and retry-after-ms) written again as
+// `kvroute serve` writes them (proxy.CleanRetryAfter: 1 ms to a minute), for the statuses whose
+// answers serve reads whole and cleans (the refusals and errors): a client told to wait is
+// told a sane number, never the engine's garbage ("-5", "NaN", a year), whichever front end
+// it came through.
 func cleanRetryAfter(status int, hdr http.Header, set []*corev3.HeaderValueOption) []*corev3.HeaderValueOption {
 	switch status {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound, http.StatusLoopDetected,
@@ -803,14 +802,17 @@ func cleanRetryAfter(status int, hdr http.Header, set []*corev3.HeaderValueOptio
 	default:
 		return set
 	}
-	ms := hdr.Get("Retry-After-Ms") != ""
-	if !ms && hdr.Get("Retry-After") == "" {
-		return set
+	h := http.Header{}
+	for _, k := range []string{"Retry-After", "Retry-After-Ms"} {
+		if v := hdr.Values(k); len(v) > 0 {
+			h[k] = v
+		}
 	}
-	d := proxy.RetryAfter(hdr)
-	set = append(set, setHeader("retry-after", strconv.FormatInt(int64(math.Ceil(d.Seconds())), 10)))
-	if ms {
-		set = append(set, setHeader("retry-after-ms", strconv.FormatInt(max(d.Milliseconds(), 1), 10)))
+	proxy.CleanRetryAfter(h)
+	for _, k := range []string{"Retry-After", "Retry-After-Ms"} {
+		if v := h.Get(k); v != "" {
+			set = append(set, setHeader(strings.ToLower(k), v))
+		}
 	}
 	return set
 }

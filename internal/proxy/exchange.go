@@ -1135,3 +1135,8 @@ func (x *Exchange) Settle(status int, method, path string) { x.c.settle(status, 
 // RetryAfter reads how long an engine that answered 429 asks to be left alone (retry-after-ms,
 // else Retry-After; 1 s when it does not say, at most a minute), for route.Call.Backoff.
 func RetryAfter(h http.Header) time.Duration { return retryAfter(h) }
+
+// CleanRetryAfter writes an engine's Retry-After (and retry-after-ms) in h again as RetryAfter
+// reads them (1 ms to a minute), as serve does for the refusals and errors it reads whole: a
+// front end that relays the answer itself (ext_proc) tells its client the same sane number.
+func CleanRetryAfter(h http.Header) { cleanRetryAfter(h) }
