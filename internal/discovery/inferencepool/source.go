@@ -54,11 +54,18 @@ const DefaultGrace = 5 * time.Minute
 // per target port, with the Endpoint template's keys. A pod that stops being ready leaves the
 // set, so the pool drains it: no new requests, those in flight go on.
 //
+// A pool whose spec is invalid (Parse fails: no matchLabels, no target port, ...) is refused,
+// as Envoy refuses (NACKs) a bad update: its last valid selector and ports stay in force, their
+// pods still followed, and the problem is reported once; a valid spec is followed as soon as
+// it comes, with an INFO line. A pool never seen valid has no endpoints. A selector that
+// picked pods and now picks none is still followed (a scale to zero), with a warning said once.
+//
 // A pool that disappears (deleted, or missing from the API's answer after a relist) does not
-// take every engine with it at once: its last selector and ports stay in force for Grace, the
-// pods still followed by them, with a warning said once; if it is not back by then, its
-// endpoints are dropped with an error. A pool that comes back, within the grace or later, is
-// followed as it is then. Envoy likewise keeps a cluster's last EDS endpoints while no new
+// take every engine with it at once: its last valid selector and ports stay in force for
+// Grace, the pods still followed by them, with a warning said once; if it is not back by then,
+// its endpoints are dropped with an error, and the spec kept is forgotten. A pool that comes
+// back, within the grace or later, is followed as it is then (refused, if invalid, in favour of
+// the spec still kept). Envoy likewise keeps a cluster's last EDS endpoints while no new
 // assignment comes (bounded by endpoint_stale_after where set).
 type Source struct {
 	// Namespace and Name name the InferencePool.
@@ -92,8 +99,9 @@ func (s *Source) Key() string { return "inferencepool:" + s.Namespace + "/" + s.
 
 // Run watches the pool and the namespace's pods and calls emit with the endpoints every time
 // the set changes, the first time once both have been listed (an empty set while the pool does
-// not exist or selects nothing ready). A pool that disappears is followed by its last selector
-// and ports for Grace, then its endpoints are dropped (Source). It blocks until ctx ends and
+// not exist, has never been valid or selects nothing ready). An invalid spec leaves the last
+// valid one in force; a pool that disappears is followed by its last valid selector and ports
+// for Grace, then its endpoints are dropped (Source). It blocks until ctx ends and
 // returns ctx's error; the informers retry failed watches with back-off, and the last set
 // stays in force meanwhile. Each list and watch request is bounded (kube.MaxRequestTimeout),
 // and while the first list has not completed that is said every 10 s.
@@ -178,9 +186,14 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 	var last []endpoint.Spec
 	first := true
 	lastProblem, lastLeft := "", ""
-	// While the pool is absent, kept is what it last said and expire ends the grace; kept is
-	// nil when there is nothing to keep (never seen, not valid when last seen, grace over).
-	var kept *Pool
+	// good is the pool's last valid spec, the one in force: while the pool is there and valid,
+	// while it says something invalid (refused), and while it is absent, until expire ends the
+	// grace. It is nil when there is none: never seen valid, or the grace is over.
+	var good *Pool
+	refused := false // the pool is there and its spec was refused
+	// matched is how many pods the selector in force (sel) picked at the last event, ready or
+	// not: a drop to none is said once (noPods).
+	matched, sel := 0, ""
 	var graceTimer *time.Timer
 	var expire <-chan time.Time
 	defer func() {
@@ -192,37 +205,62 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 		obj, ok, err := poolInf.GetStore().GetByKey(s.Namespace + "/" + s.Name)
 		var specs []endpoint.Spec
 		var left []error
-		var pool Pool
-		use := false
+		var inForce *Pool
 		switch {
 		case err != nil:
 		case ok:
 			if expire != nil {
 				graceTimer.Stop()
 				expire = nil
-				log.Info("the InferencePool is back, followed as it is now", "source", s.Key())
+				log.Info("the InferencePool is back", "source", s.Key())
 			}
-			if pool, err = Parse(obj.(*unstructured.Unstructured)); err == nil {
-				use, kept = true, &pool
-			} else {
-				kept = nil // what the pool says now is what counts, even when it selects nothing
+			pool, perr := Parse(obj.(*unstructured.Unstructured))
+			switch {
+			case perr == nil:
+				if refused {
+					log.Info("the InferencePool's spec is valid again and followed from now on", "source", s.Key(),
+						"selector", pool.Selector.String(), "target_ports", pool.Ports)
+				}
+				good, refused = &pool, false
+			case good != nil:
+				// Like a NACKed update: one bad apply of the pool must not take every engine
+				// out of the router; the spec that last worked goes on working.
+				refused = true
+				err = fmt.Errorf("the InferencePool's spec is refused: %w; its last valid spec (selector %s, target ports %v) stays in force, the pods it selects still followed; fix the pool (kubectl -n %s edit inferencepool %s) and it is followed at once",
+					perr, good.Selector, good.Ports, s.Namespace, s.Name)
+			default:
+				refused = true
+				err = fmt.Errorf("the InferencePool's spec is invalid: %w; there is no earlier valid spec to keep in force, so the pool has no endpoints; fix the pool (kubectl -n %s edit inferencepool %s) and it is followed at once",
+					perr, s.Namespace, s.Name)
 			}
-		case kept != nil:
+			inForce = good
+		case good != nil:
+			refused = false
 			if expire == nil {
 				graceTimer = time.NewTimer(grace)
 				expire = graceTimer.C
-				warn := fmt.Errorf("%s: the InferencePool is not found (deleted, or missing from the API's answer): its last selector and ports stay in force for %v, their %d endpoints with them, and it is followed again as soon as it is back",
+				warn := fmt.Errorf("%s: the InferencePool is not found (deleted, or missing from the API's answer): its last valid selector and ports stay in force for %v, their %d endpoints with them, and it is followed again as soon as it is back",
 					s.Key(), grace, len(last))
 				log.Warn("InferencePool gone, keeping its endpoints for a while (said once)", "source", s.Key(), "err", warn)
 				if s.OnError != nil {
 					s.OnError(warn)
 				}
 			}
-			pool, use = *kept, true
+			inForce = good
+		default:
+			refused = false
 		}
-		if use {
-			specs, left = s.Specs(pool, podInf.GetStore().List())
+		n := 0
+		if inForce != nil {
+			all := podInf.GetStore().List()
+			specs, left = s.Specs(*inForce, all)
+			n = selected(inForce.Selector, all)
+			if n == 0 && matched > 0 {
+				s.noPods(log, inForce.Selector.String(), sel, matched)
+			}
+			sel = inForce.Selector.String()
 		}
+		matched = n
 		// Addresses left out are said when what is left out changes.
 		if l := errors.Join(left...); fmt.Sprint(l) != lastLeft {
 			if lastLeft = fmt.Sprint(l); l != nil {
@@ -249,7 +287,7 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 			return ctx.Err()
 		case <-kick:
 		case <-expire:
-			expire, kept = nil, nil
+			expire, good = nil, nil
 			gone := fmt.Errorf("%s: the InferencePool has been gone for %v: its %d endpoints are dropped; it is followed again when it is created",
 				s.Key(), grace, len(last))
 			log.Error("InferencePool gone for good, its endpoints dropped", "source", s.Key(), "err", gone)
@@ -258,6 +296,33 @@ func (s *Source) Run(ctx context.Context, emit func([]endpoint.Spec) error) erro
 			}
 		}
 	}
+}
+
+// noPods says that the selector in force, now, picks no pod, where at the last event the
+// selector was, before, and picked n. The pool is still followed: scaling the model servers to
+// zero is legitimate. But a router with no endpoints fails every request, and the likeliest
+// other cause, a typo in the pool's matchLabels or in the pods' labels, shows nowhere else; so
+// it is a warning, said once per drop (matched must rise again first), and not a discovery
+// error: a scale to zero must not count as one.
+func (s *Source) noPods(log *slog.Logger, now, before string, n int) {
+	if now != before {
+		log.Warn("the InferencePool's new selector matches no pod: if its labels are a typo, fix the pool's spec.selector.matchLabels",
+			"source", s.Key(), "selector", now, "selector_before", before, "pods_before", n)
+		return
+	}
+	log.Warn("the InferencePool's selector no longer matches any pod: expected after a scale to zero; if not, compare the pods' labels with the pool's spec.selector.matchLabels",
+		"source", s.Key(), "selector", now, "pods_before", n)
+}
+
+// selected counts the pods sel picks, ready or not.
+func selected(sel labels.Selector, pods []any) int {
+	n := 0
+	for _, o := range pods {
+		if p, ok := o.(*corev1.Pod); ok && sel.Matches(labels.Set(p.Labels)) {
+			n++
+		}
+	}
+	return n
 }
 
 // Pool is what kvroute reads of an InferencePool: the pods it selects and their ports.
@@ -273,7 +338,7 @@ func Parse(u *unstructured.Unstructured) (Pool, error) {
 		return Pool{}, fmt.Errorf("spec.selector.matchLabels: %w", err)
 	}
 	if !found || len(ml) == 0 {
-		return Pool{}, errors.New("spec.selector.matchLabels is empty: the pool selects no pods")
+		return Pool{}, errors.New("spec.selector.matchLabels is empty: the pool selects no pods; give the model servers' pod labels, like {app: vllm}")
 	}
 	sel, err := labels.ValidatedSelectorFromSet(ml)
 	if err != nil {
@@ -287,15 +352,18 @@ func Parse(u *unstructured.Unstructured) (Pool, error) {
 	for i, tp := range tps {
 		m, _ := tp.(map[string]any)
 		n, ok, _ := unstructured.NestedInt64(m, "number")
-		if !ok || n < 1 || n > 65535 {
-			return Pool{}, fmt.Errorf("spec.targetPorts[%d].number: want a port in 1..65535", i)
+		switch {
+		case !ok:
+			return Pool{}, fmt.Errorf("spec.targetPorts[%d].number is missing or not a number: give the model servers' port, like {number: 8000}", i)
+		case n < 1 || n > 65535:
+			return Pool{}, fmt.Errorf("spec.targetPorts[%d].number is %d: want a port in 1..65535", i, n)
 		}
 		if !slices.Contains(ports, int(n)) {
 			ports = append(ports, int(n))
 		}
 	}
 	if len(ports) == 0 {
-		return Pool{}, errors.New("spec.targetPorts is empty: the pool names no port")
+		return Pool{}, errors.New("spec.targetPorts is empty: the pool names no port; give the model servers' port, like [{number: 8000}]")
 	}
 	return Pool{Selector: sel, Ports: ports}, nil
 }

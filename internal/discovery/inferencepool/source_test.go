@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"sync"
@@ -193,22 +194,17 @@ func TestSourceFollowsPoolAndPods(t *testing.T) {
 	}
 	step("the selector changes", "http://10.0.0.3:8000")
 
+	// A spec without a port is refused (TestSourceRefusesInvalidSpec); the fix is followed.
 	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "other"}), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	step("no target port: nothing to route to", []string{}...)
-	select {
-	case err := <-w.errs:
-		if !strings.Contains(err.Error(), "spec.targetPorts is empty") {
-			t.Errorf("error %v, want it to name spec.targetPorts", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("an InferencePool without ports was not reported")
+	if err := w.nextErr(t); !strings.Contains(err.Error(), "spec.targetPorts is empty") {
+		t.Errorf("error %v, want it to name spec.targetPorts", err)
 	}
-	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "other"}, 8000), metav1.UpdateOptions{}); err != nil {
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "other"}, 8000, 8002), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	step("fixed", "http://10.0.0.3:8000")
+	step("fixed, with a second port", "http://10.0.0.3:8000", "http://10.0.0.3:8002")
 	w.stop()
 }
 
@@ -376,5 +372,271 @@ func TestSourceNegativeGrace(t *testing.T) {
 	err := s.Run(context.Background(), func([]endpoint.Spec) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "grace -1s: give how long") {
 		t.Errorf("Run with a negative grace: %v, want it refused", err)
+	}
+}
+
+// logged keeps what a Source logs, for a test to read.
+type logged struct {
+	mu   sync.Mutex
+	recs []record
+}
+
+type record struct {
+	level slog.Level
+	msg   string
+	attrs map[string]string
+}
+
+func (l *logged) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logged) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logged) WithGroup(string) slog.Handler            { return l }
+
+func (l *logged) Handle(_ context.Context, r slog.Record) error {
+	rec := record{level: r.Level, msg: r.Message, attrs: map[string]string{}}
+	r.Attrs(func(a slog.Attr) bool {
+		rec.attrs[a.Key] = a.Value.String()
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, rec)
+	return nil
+}
+
+// find returns the records at level whose message holds part.
+func (l *logged) find(level slog.Level, part string) []record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []record
+	for _, r := range l.recs {
+		if r.level == level && strings.Contains(r.msg, part) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// noErr checks that nothing more was reported. The Source reports a problem before it emits
+// the set of the same event, so after next returns, that event's problems are in w.errs.
+func (w *world) noErr(t *testing.T, when string) {
+	t.Helper()
+	select {
+	case err := <-w.errs:
+		t.Errorf("%s: reported %v, want nothing", when, err)
+	default:
+	}
+}
+
+// wantErr checks that err holds each of parts.
+func wantErr(t *testing.T, what string, err error, parts ...string) {
+	t.Helper()
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("%s: reported %q, want it to hold %q", what, err, p)
+		}
+	}
+}
+
+// TestSourceRefusesInvalidSpec: a pool updated with an invalid spec keeps its last valid
+// selector and ports in force, the pods still followed by them, each distinct problem said
+// once; the fix is followed at once, with an INFO line. An invalid spec used to drop every
+// endpoint at once.
+func TestSourceRefusesInvalidSpec(t *testing.T) {
+	ctx := context.Background()
+	logs := &logged{}
+	w := newWorldWith(t, func(s *Source) { s.Log = slog.New(logs) }, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true), pod("b", "10.0.0.2", "vllm", false))
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("start (-want +got):\n%s", diff)
+	}
+	pools := w.dyn.Resource(Resource).Namespace(ns)
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "no matchLabels", w.nextErr(t), "inferencepool:inference/llama: the InferencePool's spec is refused",
+		"spec.selector.matchLabels is empty", "its last valid spec (selector app=vllm, target ports [8000]) stays in force",
+		"fix the pool (kubectl -n inference edit inferencepool llama)")
+	// b turns ready and joins by the last valid selector: that is the next set, no empty one
+	// came before it, and the problem is not said again at this event.
+	if _, err := w.kube.CoreV1().Pods(ns).UpdateStatus(ctx, pod("b", "10.0.0.2", "vllm", true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}, w.next(t)); diff != "" {
+		t.Errorf("b ready while the spec is refused (-want +got):\n%s", diff)
+	}
+	w.noErr(t, "a pod event while the spec is refused")
+
+	// Another problem is said too, the same spec still in force.
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vllm"}, 70000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "a bad port", w.nextErr(t), "spec.targetPorts[0].number is 70000: want a port in 1..65535",
+		"its last valid spec (selector app=vllm, target ports [8000]) stays in force")
+
+	if got := logs.find(slog.LevelInfo, "valid again"); len(got) != 0 {
+		t.Errorf("said valid again before it was: %v", got)
+	}
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000, 8001), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"http://10.0.0.1:8000", "http://10.0.0.1:8001", "http://10.0.0.2:8000", "http://10.0.0.2:8001"}
+	if diff := cmp.Diff(want, w.next(t)); diff != "" {
+		t.Errorf("fixed with a second port (-want +got):\n%s", diff)
+	}
+	got := logs.find(slog.LevelInfo, "the InferencePool's spec is valid again")
+	if len(got) != 1 || got[0].attrs["selector"] != "app=vllm" || got[0].attrs["target_ports"] != "[8000 8001]" {
+		t.Errorf("the fix logged as %+v, want one INFO line with the new selector and ports", got)
+	}
+	w.noErr(t, "fixed")
+}
+
+// TestSourceNeverValid: a router started against an invalid pool has no endpoints, with an
+// error that says why and how to fix it; the fix is followed at once.
+func TestSourceNeverValid(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, inferencePool(map[string]any{"app": "vllm"}), pod("a", "10.0.0.1", "vllm", true))
+	if got := w.next(t); len(got) != 0 {
+		t.Errorf("start: %v, want no endpoint", got)
+	}
+	wantErr(t, "no target port", w.nextErr(t), "inferencepool:inference/llama: the InferencePool's spec is invalid",
+		"spec.targetPorts is empty: the pool names no port; give the model servers' port, like [{number: 8000}]",
+		"no earlier valid spec to keep in force, so the pool has no endpoints",
+		"fix the pool (kubectl -n inference edit inferencepool llama) and it is followed at once")
+	if _, err := w.dyn.Resource(Resource).Namespace(ns).Update(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("fixed (-want +got):\n%s", diff)
+	}
+	w.noErr(t, "fixed")
+}
+
+// TestSourceInvalidThenDeleted: a pool deleted while its spec is refused keeps the last valid
+// spec in force for the grace, like a valid pool deleted, then its endpoints go; the spec kept
+// is forgotten then, so the pool created again still invalid has none.
+func TestSourceInvalidThenDeleted(t *testing.T) {
+	ctx := context.Background()
+	const grace = 300 * time.Millisecond
+	w := newWorldWith(t, func(s *Source) { s.Grace = grace }, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true))
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("start (-want +got):\n%s", diff)
+	}
+	pools := w.dyn.Resource(Resource).Namespace(ns)
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vllm"}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "no target port", w.nextErr(t), "spec is refused", "spec.targetPorts is empty", "stays in force")
+	deleted := time.Now()
+	if err := pools.Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "the refused pool's deletion", w.nextErr(t), "the InferencePool is not found",
+		"its last valid selector and ports stay in force for 300ms, their 1 endpoints with them")
+	if got := w.next(t); len(got) != 0 {
+		t.Errorf("after the grace: %v, want no endpoint", got)
+	}
+	if el := time.Since(deleted); el < grace {
+		t.Errorf("endpoints dropped %v after the pool's deletion, before the grace of %v", el, grace)
+	}
+	wantErr(t, "the end of the grace", w.nextErr(t), "has been gone for 300ms: its 1 endpoints are dropped")
+	if _, err := pools.Create(ctx, inferencePool(map[string]any{"app": "vllm"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "created again, invalid", w.nextErr(t), "spec is invalid", "no earlier valid spec to keep")
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("fixed (-want +got):\n%s", diff)
+	}
+}
+
+// TestSourceBackInvalid: a pool deleted and created again with an invalid spec (a helm upgrade
+// with a broken value) ends the grace and is refused: its last valid spec stays in force, not
+// only for the grace, its pods still followed.
+func TestSourceBackInvalid(t *testing.T) {
+	ctx := context.Background()
+	const grace = 200 * time.Millisecond
+	w := newWorldWith(t, func(s *Source) { s.Grace = grace }, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true), pod("b", "10.0.0.2", "vllm", false))
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("start (-want +got):\n%s", diff)
+	}
+	pools := w.dyn.Resource(Resource).Namespace(ns)
+	if err := pools.Delete(ctx, "llama", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "the deletion", w.nextErr(t), "the InferencePool is not found")
+	if _, err := pools.Create(ctx, inferencePool(map[string]any{}, 8000), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "back without matchLabels", w.nextErr(t), "spec is refused", "spec.selector.matchLabels is empty",
+		"its last valid spec (selector app=vllm, target ports [8000]) stays in force")
+	if _, err := w.kube.CoreV1().Pods(ns).UpdateStatus(ctx, pod("b", "10.0.0.2", "vllm", true), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}, w.next(t)); diff != "" {
+		t.Errorf("b ready while the spec is refused (-want +got):\n%s", diff)
+	}
+	// Nothing to wait on: that the grace no longer runs shows as nothing happening past it.
+	select {
+	case got := <-w.sets:
+		t.Errorf("%v past the grace, want the endpoints kept", got)
+	case err := <-w.errs:
+		t.Errorf("reported %v past the grace, want nothing", err)
+	case <-time.After(3 * grace):
+	}
+}
+
+// TestSourceWarnsWhenNoPodMatches: a valid selector that matched pods and now matches none
+// is followed (no endpoint), with one warning per drop, not counted as an error; a typo in a
+// new selector and a scale to zero are told apart.
+func TestSourceWarnsWhenNoPodMatches(t *testing.T) {
+	ctx := context.Background()
+	logs := &logged{}
+	w := newWorldWith(t, func(s *Source) { s.Log = slog.New(logs) }, inferencePool(map[string]any{"app": "vllm"}, 8000),
+		pod("a", "10.0.0.1", "vllm", true), pod("c", "10.0.0.3", "other", true))
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("start (-want +got):\n%s", diff)
+	}
+	pools := w.dyn.Resource(Resource).Namespace(ns)
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vlm"}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.next(t); len(got) != 0 {
+		t.Errorf("a selector matching no pod: %v, want it followed, no endpoint", got)
+	}
+	w.noErr(t, "a selector matching no pod")
+	got := logs.find(slog.LevelWarn, "new selector matches no pod")
+	if len(got) != 1 || got[0].attrs["selector"] != "app=vlm" || got[0].attrs["selector_before"] != "app=vllm" || got[0].attrs["pods_before"] != "1" {
+		t.Errorf("the typo logged as %+v, want one WARN line naming both selectors", got)
+	}
+	// While it still matches none, no second warning: an invalid update is the event to wait
+	// on (its refusal is reported), the typo staying in force.
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vlm"}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "no target port", w.nextErr(t), "its last valid spec (selector app=vlm, target ports [8000]) stays in force")
+	if got := logs.find(slog.LevelWarn, "matches no pod"); len(got) != 1 {
+		t.Errorf("%d warnings, want the first one only", len(got))
+	}
+
+	if _, err := pools.Update(ctx, inferencePool(map[string]any{"app": "vllm"}, 8000), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"http://10.0.0.1:8000"}, w.next(t)); diff != "" {
+		t.Errorf("fixed (-want +got):\n%s", diff)
+	}
+	if err := w.kube.CoreV1().Pods(ns).Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.next(t); len(got) != 0 {
+		t.Errorf("scaled to zero: %v, want no endpoint", got)
+	}
+	w.noErr(t, "scaled to zero")
+	got = logs.find(slog.LevelWarn, "no longer matches any pod")
+	if len(got) != 1 || got[0].attrs["selector"] != "app=vllm" || got[0].attrs["pods_before"] != "1" {
+		t.Errorf("the scale to zero logged as %+v, want one WARN line", got)
 	}
 }
