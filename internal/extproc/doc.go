@@ -24,7 +24,11 @@
 //     and Envoy's attempt count, which endpoint answered and which of the list Envoy tried
 //     before it, and, from response.code_details and response.flags, whether the answer is
 //     Envoy's own, and what it says of the attempt (stream.follow: an answer from an address
-//     kvroute did not pick, or Envoy's own, is no endpoint's, Exchange.AnsweredElsewhere);
+//     kvroute did not pick, or Envoy's own, is no endpoint's, Exchange.AnsweredElsewhere; an
+//     attempt Envoy made before its last failed for a reason it does not tell, failUnknown);
+//     an answer whose head comes before the pick (Envoy's own while the body was coming: a
+//     408, a 413) is passed on unread and settled as a refusal before the pick
+//     (stream.unroutedHead);
 //     an engine's Retry-After is written again as `kvroute serve`
 //     writes it. A stream is read as `kvroute serve` reads it
 //     (stream.event): an event the stream ended inside, and what follows the terminator,

@@ -128,15 +128,17 @@ func messages(data []byte) (msgs []*extprocv3.ProcessingRequest, maxEndpoints in
 // fallback), one it cannot rank (the named endpoint has no address), and none.
 var fuzzServed = []string{"", "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.9.9.9:8000", "engine.local:8000"}
 
-// fuzzFlags are the response flags readReport reads, and three it does not (LH 0x1, DI 0x200,
-// URX 0x8000: they may come with an engine's answer), one per bit of a 16-bit mask.
-var fuzzFlags = []uint64{flagUH, flagUT, flagLR, flagUR, flagUF, flagUC, flagUO, flagNR, flagFI, flagRL, flagUPE, flagNC, flagOM, 0x1, 0x200, 0x8000}
+// fuzzFlags are response flags, one per bit of a 16-bit mask: those of Envoy's own answers that
+// tell the endpoint's failure, some that tell nobody's (UH, LR, UO, NR, IH, LH: the others of
+// their kind read alike), and two that may come with an engine's answer (DI, URX).
+var fuzzFlags = []uint64{flagUH, flagUT, flagLR, flagUR, flagUF, flagUC, flagUO, flagNR, flagUPE, flagUMSDR, flagSI, flagDT, flagIH, flagLH, flagDI, flagURX}
 
 // fuzzDetails are response.code_details values, "" for none.
 var fuzzDetails = []string{"", "via_upstream", "upstream_reset_before_response_started{remote_connection_failure,delayed_connect_error:_Connection_refused}",
 	"upstream_per_try_timeout", "response_timeout", "upstream_reset_before_response_started{remote_reset}",
 	"upstream_reset_before_response_started{connection_termination}", "no_healthy_upstream", "upstream_reset_before_response_started{overflow}",
-	"route_not_found", "local_rate_limited", "upstream_reset_before_response_started{protocol_error}"}
+	"route_not_found", "local_rate_limited", "upstream_reset_before_response_started{protocol_error}",
+	"stream_idle_timeout", "max_duration_timeout", "upstream_max_stream_duration_reached", "request_overall_timeout"}
 
 // report adds to a response headers message what Envoy says of how it came by the answer, as
 // payload encodes it (readReport reads it): empty, the address served alone (the metadata's);
@@ -234,6 +236,11 @@ func FuzzProcess(f *testing.F) {
 	f.Add(encode(0, 0, 0, 0, "", 1, 1, chat, 3, 0, "\x0b\x09\x10\x00\x12", 4, 1, jsonAnswer))
 	f.Add(encode(5, 1, 0, 0, "", 1, 1, chat, 3, 0x80, "\x04\x03\x00\x00\x00", 4, 1, errorAnswer))
 	f.Add(encode(0, 2, 0, 0, "", 1, 1, chat, 3, 0xb0, "\x01\x11\x02\x00\x03", 4, 1, "upstream request timeout"))
+	// Envoy's own answer before the pick (its request timeout while the body was coming), and
+	// one to a request kvroute never saw; the stream idle timeout at the first choice.
+	f.Add(encode(0, 0, 0, 0, "", 1, 0, chat[:9], 3, 0xb0, "\x00\x00\x00\x00\x0f", 4, 1, "request timeout"))
+	f.Add(encode(1, 1, 3, 0xa0, "", 4, 1, "forbidden"))
+	f.Add(encode(0, 0, 0, 0, "", 1, 1, chat, 3, 0xc0, "\x01\x00\x00\x04\x0c", 4, 1, "stream timeout"))
 	pool := endpoint.NewPool()
 	if _, err := pool.Update([]endpoint.Spec{
 		{Name: ep1, Models: []string{"m"}}, {Name: ep2, Models: []string{"m"}}, {Name: ep3, Models: []string{"m"}}, {Name: epName, Models: []string{"m"}},

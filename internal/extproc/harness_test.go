@@ -31,10 +31,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // orderPicker ranks candidates in the order of names and records what the lifecycle tells it.
 type orderPicker struct {
-	order []string
-	mu    sync.Mutex
-	log   []string
-	done  []policy.Result
+	order  []string
+	mu     sync.Mutex
+	log    []string
+	done   []policy.Result
+	failed []string // the endpoints of the attempts told failed (policy.Result.Failed), in order
 }
 
 func (p *orderPicker) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
@@ -63,6 +64,9 @@ func (p *orderPicker) FirstToken(_ *policy.Request, ep *endpoint.Endpoint, _ tim
 func (p *orderPicker) Done(_ *policy.Request, ep *endpoint.Endpoint, res policy.Result) {
 	p.mu.Lock()
 	p.done = append(p.done, res)
+	if res.Failed {
+		p.failed = append(p.failed, ep.Name)
+	}
 	p.mu.Unlock()
 	// The policy hears cached tokens in the router's units (scaled by what the engine counts):
 	// whether it heard any is what the protocol decides.
@@ -75,6 +79,14 @@ func (p *orderPicker) events() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]string(nil), p.log...)
+}
+
+// failures are the endpoints of the attempts the policy was told failed (policy.Result.Failed):
+// the failures health checking does not judge.
+func (p *orderPicker) failures() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.failed...)
 }
 
 // recHealth is passive health checking that never ejects and records the failures and the

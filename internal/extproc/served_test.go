@@ -47,8 +47,9 @@ func (f *fixture) answer(t *testing.T, e *envoy, head *extprocv3.ProcessingReque
 // override_host fell back to its own policy) is credited to no endpoint: not the first
 // choice's success (the policy learnt its TTFT and cached tokens from another engine's answer,
 // and passive health counted a success it never had), counted under endpoint "none", no
-// endpoint header naming the first choice. The endpoints of the list are charged a
-// connect_error only where Envoy's attempt count says it tried each. An answer from an endpoint
+// endpoint header naming the first choice. The endpoints of the list are charged a failed
+// attempt (why, Envoy does not say: failUnknown, told to the policy, not counted towards
+// ejection) only where Envoy's attempt count says it tried each. An answer from an endpoint
 // kvroute ranked but did not give Envoy (extproc.max_endpoints cut it off) is that endpoint's,
 // and the endpoints passed that nothing says Envoy tried have no attempt opened on them.
 // Before, every such answer was the first choice's. An error from elsewhere (a 500, a 502, or a
@@ -63,8 +64,8 @@ func TestAnswerFromElsewhere(t *testing.T) {
 		status   int      // 0: 200
 		kv       []string // response headers
 		events   []string
-		failures []string
-		endpoint string // kvroute_requests_total's endpoint label
+		unknown  []string // the endpoints charged a failure Envoy does not tell (failUnknown)
+		endpoint string   // kvroute_requests_total's endpoint label
 		attempts float64
 	}{
 		{
@@ -81,7 +82,7 @@ func TestAnswerFromElsewhere(t *testing.T) {
 			// Envoy tried both of the list and went on: both failed, why Envoy does not say.
 			name: "fallback after the list", served: "10.9.9.9:8000", kv: []string{"x-envoy-attempt-count", "3"},
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
-			failures: []string{ep1 + " connect_error", ep2 + " connect_error"},
+			unknown:  []string{ep1, ep2},
 			endpoint: "none", attempts: 3,
 		},
 		{
@@ -98,7 +99,7 @@ func TestAnswerFromElsewhere(t *testing.T) {
 		{
 			name: "fallback's 500 after the list", served: "10.9.9.9:8000", status: http.StatusInternalServerError, kv: []string{"x-envoy-attempt-count", "3"},
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
-			failures: []string{ep1 + " connect_error", ep2 + " connect_error"},
+			unknown:  []string{ep1, ep2},
 			endpoint: "none", attempts: 3,
 		},
 		{
@@ -114,7 +115,7 @@ func TestAnswerFromElsewhere(t *testing.T) {
 		{
 			name: "fallback's 429 after the list", served: "10.9.9.9:8000", status: http.StatusTooManyRequests, kv: []string{"x-envoy-attempt-count", "3"},
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
-			failures: []string{ep1 + " connect_error", ep2 + " connect_error"},
+			unknown:  []string{ep1, ep2},
 			endpoint: "none", attempts: 3,
 		},
 		{
@@ -142,8 +143,11 @@ func TestAnswerFromElsewhere(t *testing.T) {
 			if diff := cmp.Diff(tc.events, f.pk.events()); diff != "" {
 				t.Errorf("policy events (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
-				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			if got := f.health.failures(); len(got) != 0 {
+				t.Errorf("failures told to health checking: %v, want none", got)
+			}
+			if diff := cmp.Diff(tc.unknown, f.pk.failures()); diff != "" {
+				t.Errorf("attempts the policy heard failed (-want +got):\n%s", diff)
 			}
 			if got := f.health.refusals(); len(got) != 0 {
 				t.Errorf("refusals told to health checking: %v, want none", got)
@@ -185,24 +189,27 @@ func TestAnswerFromElsewhere(t *testing.T) {
 // failed (a connection refused and a 429 or 503 its retry policy retried look alike), but its
 // attempt count (x-envoy-attempt-count, or the upstream.request_attempt_count attribute) says
 // whether it tried the endpoints it passed or skipped them untried (override_host skips an
-// address its cluster does not have). Only endpoints it tried are charged a connect_error; without
-// a count, every one passed is, as before. Before, every endpoint passed was charged, the ones
-// Envoy skipped too.
+// address its cluster does not have). Only endpoints it tried are charged a failed attempt;
+// without a count, every one passed is, as before. Before, every endpoint passed was charged,
+// the ones Envoy skipped too. The failure charged is one whose reason is unknown
+// (failUnknown): the policy hears it, health checking does not count it towards ejection
+// (before, a connect_error, which it counted: three 429s Envoy retried past a busy engine
+// ejected it).
 func TestEnvoyPassedOver(t *testing.T) {
 	count := func(n float64) map[string]*structpb.Value {
 		return map[string]*structpb.Value{"upstream.request_attempt_count": structpb.NewNumberValue(n)}
 	}
 	for _, tc := range []struct {
-		name     string
-		kv       []string
-		attrs    map[string]*structpb.Value
-		failures []string
+		name    string
+		kv      []string
+		attrs   map[string]*structpb.Value
+		unknown []string // the endpoints whose attempt the policy heard failed
 	}{
-		{name: "no count", failures: []string{ep1 + " connect_error", ep2 + " connect_error"}},
-		{name: "header, each tried", kv: []string{"x-envoy-attempt-count", "3"}, failures: []string{ep1 + " connect_error", ep2 + " connect_error"}},
+		{name: "no count", unknown: []string{ep1, ep2}},
+		{name: "header, each tried", kv: []string{"x-envoy-attempt-count", "3"}, unknown: []string{ep1, ep2}},
 		{name: "header, none tried", kv: []string{"x-envoy-attempt-count", "1"}},
 		{name: "attribute, none tried", attrs: count(1)},
-		{name: "attribute, each tried", attrs: count(3), failures: []string{ep1 + " connect_error", ep2 + " connect_error"}},
+		{name: "attribute, each tried", attrs: count(3), unknown: []string{ep1, ep2}},
 		// Two passed, one tried: which one, nothing says.
 		{name: "attribute, one of two tried", attrs: count(2)},
 	} {
@@ -214,8 +221,11 @@ func TestEnvoyPassedOver(t *testing.T) {
 				withAttributes(head, tc.attrs)
 			}
 			f.answer(t, e, head, jsonAnswer)
-			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
-				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			if got := f.health.failures(); len(got) != 0 {
+				t.Errorf("failures told to health checking: %v, want none", got)
+			}
+			if diff := cmp.Diff(tc.unknown, f.pk.failures()); diff != "" {
+				t.Errorf("attempts the policy heard failed (-want +got):\n%s", diff)
 			}
 			events := f.pk.events()
 			if len(events) == 0 || events[len(events)-1] != "done "+ep3+" ok=true cached=true" {
@@ -259,8 +269,11 @@ func TestEnvoyPassedOver(t *testing.T) {
 			if diff := cmp.Diff(want, f.pk.events()); diff != "" {
 				t.Errorf("policy events (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff([]string{ep1 + " connect_error"}, f.health.failures()); diff != "" {
-				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			if got := f.health.failures(); len(got) != 0 {
+				t.Errorf("failures told to health checking: %v, want none", got)
+			}
+			if diff := cmp.Diff([]string{ep1}, f.pk.failures()); diff != "" {
+				t.Errorf("attempts the policy heard failed (-want +got):\n%s", diff)
 			}
 			if got := accessLine(t, &logs)["attempts"]; got != 2.0 {
 				t.Errorf("access line's attempts %v, want 2", got)
@@ -388,8 +401,9 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 		attrs    map[string]*structpb.Value
 		events   []string
 		failures []string
-		endpoint string // kvroute_requests_total's label
-		code     string // the access line's error_code
+		unknown  []string // the endpoints whose failure the policy heard (failUnknown)
+		endpoint string   // kvroute_requests_total's label
+		code     string   // the access line's error_code
 	}{
 		{name: "no healthy upstream, flags", status: 503, attrs: map[string]*structpb.Value{"response.flags": num(0x2)},
 			events: none, endpoint: "none"},
@@ -414,7 +428,51 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 		{name: "timeout at the second", status: 504, served: "10.0.0.2:8000", kv: []string{"x-envoy-attempt-count", "2"},
 			attrs:    map[string]*structpb.Value{"response.flags": num(0x4), "response.code_details": str("upstream_per_try_timeout")},
 			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
-			failures: []string{ep1 + " connect_error", ep2 + " timeout"}, endpoint: ep2, code: "upstream_timeout"},
+			failures: []string{ep2 + " timeout"}, unknown: []string{ep1}, endpoint: ep2, code: "upstream_timeout"},
+		// The cluster's max_stream_duration ran out at the endpoint: a timeout, as UT. Before,
+		// without details the flag was not read as Envoy's own (the 504 counted as the
+		// engine's server_error), and with them the answer was nobody's.
+		{name: "upstream max stream duration, flags", status: 504, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{"response.flags": num(0x80000)},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		{name: "upstream max stream duration, details", status: 504, attrs: map[string]*structpb.Value{
+			"response.flags": num(0x80000), "response.code_details": str("upstream_max_stream_duration_reached")},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		// The stream idle timeout while the endpoint had the request (Envoy says it made an
+		// attempt): the engine's silence, a timeout. Without a sign of an attempt it may have
+		// run out before any (while kvroute held the pick): nobody's.
+		{name: "stream idle timeout at the endpoint", status: 504, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{
+			"response.flags": num(0x10000), "response.code_details": str("stream_idle_timeout")},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		{name: "stream idle timeout, counted attempt", status: 504, attrs: map[string]*structpb.Value{
+			"response.flags": num(0x10000), "upstream.request_attempt_count": num(1)},
+			events: none, failures: []string{ep1 + " timeout"}, endpoint: ep1, code: "upstream_timeout"},
+		{name: "stream idle timeout, no attempt", status: 408, attrs: map[string]*structpb.Value{
+			"response.flags": num(0x10000), "upstream.request_attempt_count": num(0)},
+			events: none, endpoint: "none"},
+		// The stream's max duration: its own deadline, as a client's leaving (counted only
+		// against an engine found stalled); the request is counted on the endpoint that had it.
+		// Before, nobody's: the access line said nothing of it.
+		{name: "max stream duration", status: 504, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{
+			"response.flags": num(0x400000), "response.code_details": str("max_duration_timeout")},
+			events: none, endpoint: ep1, code: "max_stream_duration"},
+		{name: "max stream duration, no attempt", status: 504, attrs: map[string]*structpb.Value{"response.flags": num(0x400000)},
+			events: none, endpoint: "none"},
+		// Envoy reset the upstream stream itself: nobody's.
+		{name: "local reset", status: 503, served: "10.0.0.1:8000", attrs: map[string]*structpb.Value{
+			"response.flags": num(0x8), "response.code_details": str("upstream_reset_before_response_started{local_reset}")},
+			events: none, endpoint: "none"},
+		// Envoy refused the request for the client's doing, or an authorization filter did:
+		// nobody's. Before, without details, the first choice was told a refusal it never made.
+		{name: "invalid x-envoy headers, flags", status: 400, attrs: map[string]*structpb.Value{"response.flags": num(0x20000)},
+			events: none, endpoint: "none"},
+		{name: "downstream protocol error, flags", status: 400, attrs: map[string]*structpb.Value{"response.flags": num(0x40000)},
+			events: none, endpoint: "none"},
+		{name: "external authorization, flags", status: 403, attrs: map[string]*structpb.Value{"response.flags": num(0x1000)},
+			events: none, endpoint: "none"},
+		{name: "body over Envoy's buffer", status: 413, attrs: map[string]*structpb.Value{"response.code_details": str("request_payload_too_large")},
+			events: none, endpoint: "none"},
+		{name: "request timeout", status: 408, attrs: map[string]*structpb.Value{"response.code_details": str("request_overall_timeout")},
+			events: none, endpoint: "none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs testlog.Buffer
@@ -424,6 +482,9 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 			f.answer(t, e, withAttributes(respHeaders(tc.status, tc.served, false, kv...), tc.attrs), "upstream request timeout")
 			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
 				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.unknown, f.pk.failures()); diff != "" {
+				t.Errorf("attempts the policy heard failed (-want +got):\n%s", diff)
 			}
 			if got := f.health.refusals(); len(got) != 0 {
 				t.Errorf("refusals told to health checking: %v, want none", got)
@@ -453,7 +514,7 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 // usable (unavailable since the pick): the answer is that endpoint's all the same (Envoy went
 // there), credited to it, and the endpoint Envoy tried before it charged. Likewise where the
 // answer came from elsewhere after Envoy tried the whole list, one of which is no longer usable:
-// it is charged its connect_error as the others are. Before, route.Call.Next would have passed
+// it is charged its failed attempt (failUnknown) as the others are. Before, route.Call.Next would have passed
 // over the endpoint, so extproc guessed where Next would go and stopped short: an answer from
 // the served endpoint was no endpoint's, and the unusable one's failure was told to nobody.
 func TestServedNoLongerUsable(t *testing.T) {
@@ -462,15 +523,15 @@ func TestServedNoLongerUsable(t *testing.T) {
 		served   string
 		max      int // extproc.max_endpoints
 		events   []string
-		failures []string
-		endpoint string // kvroute_requests_total's endpoint label
+		unknown  []string // the endpoints whose failure the policy heard (failUnknown)
+		endpoint string   // kvroute_requests_total's endpoint label
 	}{
 		{name: "served", served: "10.0.0.2:8000",
-			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=true cached=true"},
-			failures: []string{ep1 + " connect_error"}, endpoint: ep2},
+			events:  []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=true cached=true"},
+			unknown: []string{ep1}, endpoint: ep2},
 		{name: "elsewhere after the list", served: "10.9.9.9:8000", max: 2,
-			events:   []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
-			failures: []string{ep1 + " connect_error", ep2 + " connect_error"}, endpoint: "none"},
+			events:  []string{"routed " + ep1, "done " + ep1 + " ok=false cached=false", "routed " + ep2, "done " + ep2 + " ok=false cached=false"},
+			unknown: []string{ep1, ep2}, endpoint: "none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, []string{ep1, ep2, ep3})
@@ -481,8 +542,11 @@ func TestServedNoLongerUsable(t *testing.T) {
 			if diff := cmp.Diff(tc.events, f.pk.events()); diff != "" {
 				t.Errorf("policy events (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tc.failures, f.health.failures()); diff != "" {
-				t.Errorf("failures told to health checking (-want +got):\n%s", diff)
+			if got := f.health.failures(); len(got) != 0 {
+				t.Errorf("failures told to health checking: %v, want none", got)
+			}
+			if diff := cmp.Diff(tc.unknown, f.pk.failures()); diff != "" {
+				t.Errorf("attempts the policy heard failed (-want +got):\n%s", diff)
 			}
 			v := metricstest.Values(t, f.reg, "kvroute_requests_total")
 			if got := v["kvroute_requests_total{endpoint="+tc.endpoint+",model=m,status=200}"]; got != 1 {

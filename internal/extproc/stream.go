@@ -173,10 +173,10 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 		}
 		return st.outOfOrder("request trailers")
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		if st.phase != routed {
+		if st.phase > routed {
 			return st.outOfOrder("response headers")
 		}
-		return st.responseHeaders(req, m.ResponseHeaders)
+		return st.responseHeaders(req, m.ResponseHeaders) // before the pick: an unrouted answer
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		if st.phase != answering {
 			return st.outOfOrder("response body")
@@ -186,7 +186,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 		if st.phase != answering {
 			return st.outOfOrder("response trailers")
 		}
-		if !st.settled {
+		if !st.settled && st.x != nil {
 			st.finishAnswer()
 		}
 		st.phase = done
@@ -416,9 +416,9 @@ func canRewrite(m filterv3.ProcessingMode_BodySendMode) bool {
 }
 
 // responseHeaders takes the answer's head: which endpoint of the list answered, its status,
-// whether it streams; the client's headers (rate limits, request id) are added.
+// whether it streams; the client's headers (rate limits, request id) are added. A head that
+// comes before the pick is unrouted's (unroutedHead).
 func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3.HttpHeaders) error {
-	rc := st.x.Call()
 	hdr := http.Header{}
 	status, hasStatus := "", false
 	for _, hv := range m.GetHeaders().GetHeaders() {
@@ -431,10 +431,57 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 			hdr.Add(k, v)
 		}
 	}
+	st.status = http.StatusOK // Envoy always sends :status; a test harness may not
+	if st.phase != routed {
+		st.unroutedHead(req, status, hasStatus)
+	} else {
+		st.routedHead(req, hdr, status, hasStatus)
+	}
+	var set []*corev3.HeaderValueOption
+	if st.x != nil {
+		set = append(set, setHeader("x-request-id", st.x.EchoedID()))
+		for k, vs := range st.out {
+			if k != "Retry-After" && k != "Retry-After-Ms" { // Retry-After is for refusals
+				set = append(set, setHeader(strings.ToLower(k), vs[0]))
+			}
+		}
+	}
+	if !st.bad && st.by != unrouted {
+		set = cleanRetryAfter(st.status, hdr, set)
+	}
+	if st.by == byEndpoint {
+		if name, ep := st.x.Handler().EndpointHeader, st.x.Call().Endpoint(); name != "" && ep != nil {
+			set = append(set, setHeader(strings.ToLower(name), ep.Name))
+		}
+	}
+	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
+	var remove []string
+	if st.sse && canRewrite(st.respMode) && hdr.Get("Content-Length") != "" {
+		remove = []string{"content-length"} // the usage chunk may be dropped
+	}
+	st.phase = answering
+	if m.GetEndOfStream() { // no body: the answer is its head
+		if st.x != nil {
+			if st.by != byFailure {
+				st.x.Complete()
+			}
+			st.finishAnswer()
+		}
+		st.phase = done
+	}
+	// In response_body_mode NONE no body comes either: the stream's end settles the request.
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
+}
+
+// routedHead reads the head of the answer to a request kvroute routed: whose it is (follow), its
+// status, whether it streams.
+func (st *stream) routedHead(req *extprocv3.ProcessingRequest, hdr http.Header, status string, hasStatus bool) {
+	rc := st.x.Call()
 	report := readReport(req, hdr)
 	st.by = st.follow(rc, report)
 	st.x.Attempted(report.attempts) // what the access line says, where Envoy told it
-	st.status = http.StatusOK       // Envoy always sends :status; a test harness may not
 	if hasStatus {
 		st.status = st.answerStatus(rc, status)
 	}
@@ -443,8 +490,13 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 		st.x.Answered(st.status) // a 404's body is read for the model it names (Exchange.Whole)
 	case byNone:
 		// Credited and charged to no endpoint, counted under none; a 503, 429 or 404 is a
-		// refusal, which costs the tenant nothing (call.charge), whoever gave it.
-		st.x.AnsweredElsewhere(st.status)
+		// refusal, which costs the tenant nothing (call.charge), whoever gave it, and so is
+		// Envoy's own answer that no engine had (a 408, a 413, a 403 of its filters).
+		if report.unreached {
+			st.x.AnsweredLocally(st.status)
+		} else {
+			st.x.AnsweredElsewhere(st.status)
+		}
 		st.x.Handler().Logger.Debug("the answer is no picked endpoint's: Envoy sent the request elsewhere, or answered it itself",
 			"request_id", st.x.RequestID(), "served", report.served, "list", strings.Join(st.ranked, ","),
 			"attempts", report.attempts, "failure", report.failed.String(), "status", st.status)
@@ -461,35 +513,34 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 		rc.Backoff(proxy.RetryAfter(hdr)) // nothing where the answer is no endpoint's: no attempt is open
 	}
 	st.sse = st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
-	set := []*corev3.HeaderValueOption{setHeader("x-request-id", st.x.EchoedID())}
-	for k, vs := range st.out {
-		if k != "Retry-After" && k != "Retry-After-Ms" { // Retry-After is for refusals
-			set = append(set, setHeader(strings.ToLower(k), vs[0]))
+}
+
+// unroutedHead reads the head of an answer that came before the pick: Envoy's own (its
+// request_timeout while the client's body was coming: 408; a body over its buffer: 413), or
+// another filter's, which Envoy sends kvroute as it sends any answer. It is not a message out
+// of order: answered so (a 500 of kvroute's own), it broke Envoy's answer to the client and was
+// counted as the router's error. The answer passes on unread; the request, where its headers
+// had come, is settled with its status as a refusal before the pick: no endpoint, nothing
+// charged to the tenant's tokens, counted in the tenant's requests as the router's own
+// refusals are. A stream whose first message is the answer is no request kvroute saw: the
+// answer passes on, and nothing is counted.
+func (st *stream) unroutedHead(req *extprocv3.ProcessingRequest, status string, hasStatus bool) {
+	st.by, st.sse = unrouted, false
+	if hasStatus {
+		if n, ok := statusCode(status); ok {
+			st.status = n
+		} else {
+			st.status = http.StatusBadGateway // no status at all: not an answer Envoy writes
 		}
 	}
-	if !st.bad {
-		set = cleanRetryAfter(st.status, hdr, set)
+	if st.x == nil {
+		st.log.Debug("an answer came before the request: passed on", "status", st.status)
+		return
 	}
-	if name := st.x.Handler().EndpointHeader; name != "" && st.by == byEndpoint && rc.Endpoint() != nil {
-		set = append(set, setHeader(strings.ToLower(name), rc.Endpoint().Name))
-	}
-	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
-	var remove []string
-	if st.sse && canRewrite(st.respMode) && hdr.Get("Content-Length") != "" {
-		remove = []string{"content-length"} // the usage chunk may be dropped
-	}
-	st.phase = answering
-	if m.GetEndOfStream() { // no body: the answer is its head
-		if st.by != byFailure {
-			st.x.Complete()
-		}
-		st.finishAnswer()
-		st.phase = done
-	}
-	// In response_body_mode NONE no body comes either: the stream's end settles the request.
-	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
-			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}}}}})
+	st.x.AnsweredElsewhere(st.status)
+	st.x.Handler().Logger.Debug("Envoy answered the request before kvroute picked",
+		"request_id", st.x.RequestID(), "status", st.status,
+		"code_details", truncate(attribute(req, "response.code_details").GetStringValue(), maxDetailsLog))
 }
 
 // answerStatus reads the answer's :status. One that is not three digits from 100 to 599, or that
@@ -539,6 +590,10 @@ func statusCode(v string) (int, bool) {
 // maxStatusLog bounds the invalid status logged: it is whatever the engine sent.
 const maxStatusLog = 32
 
+// maxDetailsLog bounds Envoy's response.code_details logged (a filter of the gateway's may
+// write its own).
+const maxDetailsLog = 256
+
 // truncate cuts s to at most n bytes, and to valid UTF-8, marking a cut with "...".
 func truncate(s string, n int) string {
 	if len(s) <= n {
@@ -560,47 +615,110 @@ type envoyReport struct {
 	served string
 	// attempts is how many upstream attempts Envoy made (x-envoy-attempt-count, which Envoy adds
 	// to the answer with the route's include_attempt_count_in_response, else the
-	// upstream.request_attempt_count attribute); 0 when neither is told.
+	// upstream.request_attempt_count attribute); 0 when neither is told, or when Envoy says it
+	// made none.
 	attempts int
 	// own: the answer is Envoy's own, not an engine's: response.code_details other than
 	// via_upstream, or, without details, one of the response flags Envoy sets only on an
 	// answer of its own (ownAnswerFlags).
 	own bool
-	// failed is how the last attempt failed, where Envoy's own answer says it did: FailConnect
-	// (no connection: UF, a connection_failure or connection_timeout in the details, a
-	// transport failure reason), FailTimeout (no answer in time: UT, a response_timeout or
-	// upstream_per_try_timeout), FailLost (the engine reset the stream or closed its connection
-	// before its head, or answered no HTTP: UR, UC, UPE, remote_reset, connection_termination,
-	// protocol_error). FailNone where no attempt failed: Envoy answered for reasons of its own
-	// (UH no healthy upstream, UO a circuit breaker's overflow, NR no route, RL its own rate
-	// limit, ...), or the answer is an engine's.
+	// failed is how the last attempt failed, where Envoy's own answer says it did
+	// (envoyFailures): FailConnect, FailTimeout, FailLost, the endpoint's failures, or
+	// FailCanceled, the stream's own deadline while the endpoint had the request. FailNone
+	// where no attempt failed: Envoy answered for reasons of its own (no healthy upstream, a
+	// circuit breaker, no route, its rate limit, a local reset) or of the client's (a request
+	// header it refused), or the answer is an engine's.
 	failed route.Failure
+	// unreached: Envoy's own answer, and no engine had the request: no attempt failed, and
+	// none can have reached an engine (all but a local reset, LR, which Envoy may make once it
+	// sent the request).
+	unreached bool
 }
 
 // maxAttemptCount bounds the attempt count read from Envoy: more is not a count kvroute believes.
 const maxAttemptCount = 1000
 
-// Envoy's response flags, bits of the response.flags attribute (its access log's short names).
+// Envoy's response flags: the bits of the response.flags attribute, one for each of Envoy's
+// response flags in the order Envoy declares them (CoreResponseFlag, envoy/stream_info/
+// stream_info.h), named as its access log names them.
 const (
-	flagUH  = 0x2       // no healthy upstream host
-	flagUT  = 0x4       // upstream request timeout
-	flagLR  = 0x8       // local reset
-	flagUR  = 0x10      // upstream remote reset
-	flagUF  = 0x20      // upstream connection failure
-	flagUC  = 0x40      // upstream connection termination
-	flagUO  = 0x80      // upstream overflow (circuit breaker)
-	flagNR  = 0x100     // no route
-	flagFI  = 0x400     // fault injected (an abort)
-	flagRL  = 0x800     // rate limited by Envoy
-	flagUPE = 0x800000  // upstream protocol error
-	flagNC  = 0x1000000 // no cluster
-	flagOM  = 0x2000000 // overload manager
+	flagLH    = 1 << iota // failed local health check: Envoy's health check filter answered
+	flagUH                // no healthy upstream host
+	flagUT                // upstream request timeout: the route's timeout, or its per-try timeout
+	flagLR                // local reset: Envoy reset the upstream stream itself
+	flagUR                // upstream remote reset
+	flagUF                // upstream connection failure
+	flagUC                // upstream connection termination
+	flagUO                // upstream overflow: a circuit breaker
+	flagNR                // no route
+	flagDI                // delay injected: the request went on after it
+	flagFI                // fault injected: an abort
+	flagRL                // rate limited by Envoy
+	flagUAEX              // refused by the external authorization service
+	flagRLSE              // the rate limit service failed, and the filter denied the request
+	flagDC                // downstream connection termination: the client went away
+	flagURX               // upstream retry limit exceeded: comes with the last attempt's answer
+	flagSI                // stream idle timeout: nothing came either way for stream_idle_timeout
+	flagIH                // the client's x-envoy-* request headers failed Envoy's strict check
+	flagDPE               // downstream protocol error: the client's
+	flagUMSDR             // upstream max stream duration reached: the cluster's max_stream_duration
+	flagRFCF              // response from a cache filter
+	flagNFCF              // no filter config found
+	flagDT                // duration timeout: the route's or the listener's max_stream_duration
+	flagUPE               // upstream protocol error
+	flagNC                // no cluster
+	flagOM                // the overload manager
+	flagDF                // DNS resolution failed
+	flagDO                // dropped by the cluster's drop_overload
+	flagDR                // downstream remote reset: the client reset its stream
+	flagUDO               // dropped unconditionally (drop_overload at 100%)
 )
 
 // ownAnswerFlags are the response flags that mean Envoy answered itself, read where no
-// response.code_details is sent. Others (URX: the retries ran out; DI: a delay injected) may
-// come with an engine's answer.
-const ownAnswerFlags = flagUH | flagUT | flagLR | flagUR | flagUF | flagUC | flagUO | flagNR | flagFI | flagRL | flagUPE | flagNC | flagOM
+// response.code_details is sent: each is set only with a local reply of Envoy's (RLSE too: the
+// rate limit filter sets it only where it denies the request). The others may come with an
+// engine's answer, DI (a delay, then the request went on) and URX (the retries ran out: the
+// last attempt's answer is relayed), or mean that the client went away (DC, DR).
+const ownAnswerFlags = flagLH | flagUH | flagUT | flagLR | flagUR | flagUF | flagUC | flagUO | flagNR | flagFI | flagRL |
+	flagUAEX | flagRLSE | flagSI | flagIH | flagDPE | flagUMSDR | flagRFCF | flagNFCF | flagDT | flagUPE | flagNC | flagOM |
+	flagDF | flagDO | flagUDO
+
+// envoyFailures says whose failure Envoy's own answer tells, from its response flags, else its
+// response.code_details (Envoy's reset details name the reason in braces:
+// upstream_reset_before_response_started{remote_connection_failure,...}, {overflow}, ...): the
+// first row that matches. An answer that matches none is nobody's failure: no healthy upstream
+// (UH), a circuit breaker (UO), no route or cluster (NR, NC), Envoy's rate limit (RL), a fault
+// injected (FI), the overload manager or a drop (OM, DO, UDO), a local reset (LR: Envoy's
+// codec reset the upstream stream itself), a DNS failure (DF), a local health check (LH), an
+// external authorization's refusal (UAEX), the rate limit service's failure (RLSE), a filter's
+// config not found (NFCF), an answer from Envoy's cache (RFCF), and the client's own doing: x-envoy-* headers that
+// fail the strict check (IH), a protocol error (DPE), a body over Envoy's buffer
+// (request_payload_too_large, 413), a request not received in time (request_overall_timeout,
+// request_header_timeout, 408).
+//
+// A row marked tried is Envoy's stream-wide timeout, which can run out before any attempt
+// (while the client's body was coming, or while kvroute held the pick in its admission
+// queue): it charges the endpoint only where Envoy says it made an attempt (an address served,
+// an attempt count). The stream idle timeout (SI) is the engine's silence once it had the
+// request: a timeout, as the route's (UT) is. The stream's max duration (DT: the route's
+// max_stream_duration, or the client's grpc-timeout under grpc_timeout_header_max) spans the
+// whole request, kvroute's admission wait and the client's upload included: the stream's own
+// deadline, not the engine's, so it closes the attempt as a client's leaving does
+// (FailCanceled: a timeout only where the engine had answered nothing for a stall watch's
+// span). The cluster's max stream duration (UMSDR) is the attempt's own: a timeout.
+var envoyFailures = [...]struct {
+	flags   uint64
+	details []string
+	fail    route.Failure
+	tried   bool
+}{
+	{flagUF, []string{"connection_failure", "connection_timeout"}, route.FailConnect, false},
+	{flagUT | flagUMSDR, []string{"response_timeout", "upstream_per_try_timeout", "upstream_per_try_idle_timeout",
+		"upstream_max_stream_duration_reached"}, route.FailTimeout, false},
+	{flagUR | flagUC | flagUPE, []string{"remote_reset", "connection_termination", "protocol_error"}, route.FailLost, false},
+	{flagSI, []string{"stream_idle_timeout"}, route.FailTimeout, true},
+	{flagDT, []string{"max_duration_timeout"}, route.FailCanceled, true},
+}
 
 // readReport reads what Envoy says of the answer from the response headers message and the
 // answer's headers.
@@ -636,20 +754,18 @@ func readReport(req *extprocv3.ProcessingRequest, hdr http.Header) envoyReport {
 	if !r.own {
 		return r
 	}
-	// The details name the reset's reason in braces: upstream_reset_before_response_started{
-	// remote_connection_failure,delayed_connect_error:_Connection_refused}, {overflow}, ...
-	has := func(s ...string) bool {
-		return slices.ContainsFunc(s, func(s string) bool { return strings.Contains(details, s) })
+	tried := r.served != "" || r.attempts > 0
+	for i, row := range envoyFailures {
+		told := flags&row.flags != 0 || slices.ContainsFunc(row.details, func(s string) bool { return strings.Contains(details, s) })
+		if i == 0 && attribute(req, "upstream.transport_failure_reason").GetStringValue() != "" {
+			told = true // a connection that failed (TLS, refused)
+		}
+		if told && (tried || !row.tried) {
+			r.failed = row.fail
+			break
+		}
 	}
-	switch {
-	case flags&flagUF != 0 || has("connection_failure", "connection_timeout") ||
-		attribute(req, "upstream.transport_failure_reason").GetStringValue() != "":
-		r.failed = route.FailConnect
-	case flags&flagUT != 0 || has("response_timeout", "upstream_per_try_timeout", "upstream_per_try_idle_timeout"):
-		r.failed = route.FailTimeout
-	case flags&(flagUR|flagUC|flagUPE) != 0 || has("remote_reset", "connection_termination", "protocol_error"):
-		r.failed = route.FailLost
-	}
+	r.unreached = r.failed == route.FailNone && flags&flagLR == 0 && !strings.Contains(details, "local_reset")
 	return r
 }
 
@@ -671,16 +787,35 @@ const (
 	// byEndpoint: the call's endpoint answered (Exchange.Answered), credited to it.
 	byEndpoint answeredBy = iota
 	// byNone: no endpoint of the call answered (Exchange.AnsweredElsewhere): an address kvroute
-	// did not rank (override_host's fallback), Envoy for reasons of its own (no healthy
-	// upstream, a circuit breaker, no route), or Envoy after its last attempt could not
-	// connect (the endpoint charged a connect_error, as `kvroute serve` charges one; the
-	// answer, as there, no endpoint's).
+	// did not rank (override_host's fallback), Envoy for reasons of its own or the client's (no
+	// healthy upstream, a circuit breaker, no route, a request it refused), or Envoy after its
+	// last attempt could not connect (the endpoint charged a connect_error, as `kvroute serve`
+	// charges one; the answer, as there, no endpoint's).
 	byNone
 	// byFailure: Envoy's own answer after the endpoint failed the attempt it had (a timeout, a
-	// reset): no answer came from the engine, and the request is settled as `kvroute serve`
-	// settles one whose last attempt failed so (failedAttempt).
+	// reset), or after the stream's own deadline ran out while the endpoint had it: no answer
+	// came from the engine, and the request is settled as `kvroute serve` settles one whose
+	// last attempt failed so (failedAttempt).
 	byFailure
+	// unrouted: the answer came before kvroute's pick: Envoy answered the request itself while
+	// kvroute waited for its body (a 408 when the client's body did not come in time, a 413
+	// when it outgrew Envoy's buffer), or another filter did before the request reached
+	// kvroute. No call was made: nothing is charged to any endpoint or to the tenant's tokens,
+	// and the request is counted as a refusal of the router's own before its pick is.
+	unrouted
 )
+
+// failUnknown is how an attempt Envoy made before its last is closed: Envoy does not say why
+// it failed, and its retry policy (docs/kubernetes.md) retries failures that `kvroute serve`
+// counts against the endpoint (a connection refused, a 503) and one it does not (a 429: the
+// engine shedding load). Closed as serve closes a 429 (route.FailBusy), the failure neither
+// counts towards ejecting the endpoint nor is told to the other replicas, and the policy
+// hears it (an endpoint whose attempts keep failing costs more to pick there). Counted as a
+// connect_error, as it was, three 429s that Envoy retried past a busy engine ejected it under
+// load, when the fleet needed it most. An engine that is down is still taken out by health
+// checking (its probes fail), and by Envoy's own answer when its last attempt could not
+// connect (a connect_error, which counts).
+const failUnknown = route.FailBusy
 
 // follow moves the call's attempt to the endpoint that answered, as Envoy reports it, and
 // says whose the answer is.
@@ -688,14 +823,14 @@ const (
 // Each endpoint of the list Envoy went past (all of the list when the answer came from
 // elsewhere: override_host's fallback policy) failed an attempt or was skipped without one
 // (override_host skips an address its cluster does not have). Envoy does not say why an
-// attempt failed, so the ones it tried are charged a connect_error, as before, though some
-// were a 503 or a 429 its retry policy retried: where the attempt count says it tried every one
-// it passed, or, with no count, where the answering endpoint is on the list. Where the count
-// says it tried fewer, which ones nothing says, and none is charged; nor is the list before an
-// answer from elsewhere without a count (Envoy may never have tried it). An endpoint of the
-// ranking that Envoy never had (past extproc.max_endpoints) is passed uncharged. An answer
-// from an endpoint the call did not rank is no endpoint's: taken for the first choice's, it
-// credited that endpoint with an answer it never gave.
+// attempt failed, so the ones it tried are closed as failed for a reason unknown
+// (failUnknown): where the attempt count says it tried every one it passed, or, with no count,
+// where the answering endpoint is on the list. Where the count says it tried fewer, which ones
+// nothing says, and none is charged; nor is the list before an answer from elsewhere without a
+// count (Envoy may never have tried it). An endpoint of the ranking that Envoy never had (past
+// extproc.max_endpoints) is passed uncharged. An answer from an endpoint the call did not rank
+// is no endpoint's: taken for the first choice's, it credited that endpoint with an answer it
+// never gave.
 //
 // Envoy's own answer (envoyReport.own) is no endpoint's either. The endpoint it tried last (the
 // served one, else the first choice) is charged the failure the answer tells (a connect_error,
@@ -705,10 +840,10 @@ const (
 // refusal for a 404) they ejected engines that had never been asked.
 //
 // The call is moved down its ranking by route.Call.MoveTo, which follows Envoy rather than
-// guess where Next would go: the first choice's attempt is closed with FailConnect where
-// Envoy tried it, else with FailNone (nothing told to health, the policy told of neither an
-// answer nor a failure); an endpoint passed that Envoy tried is an attempt that failed with
-// FailConnect, one it skipped or never had no attempt at all (a ranked endpoint left off its
+// guess where Next would go: the first choice's attempt is closed with failUnknown where Envoy
+// tried it, else with FailNone (nothing told to health, the policy told of neither an answer
+// nor a failure); an endpoint passed that Envoy tried is an attempt that failed with
+// failUnknown, one it skipped or never had no attempt at all (a ranked endpoint left off its
 // list, because its body differs, say: another cache_salt); and the served endpoint gets the
 // attempt and the answer even where it became unusable (ejected, or unavailable) since the
 // pick: Envoy went there, and the answer is its.
@@ -735,7 +870,7 @@ func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 	}
 	pass := func(e *endpoint.Endpoint) route.Failure {
 		if charged(e) {
-			return route.FailConnect
+			return failUnknown
 		}
 		return route.FailNone // skipped by Envoy, or never on its list: nobody's failure, no attempt
 	}
@@ -758,7 +893,7 @@ func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 		rc.Fail(pass(rc.Endpoint()))
 		return byNone
 	}
-	rc.Fail(route.FailConnect)
+	rc.Fail(failUnknown)
 	return byNone
 }
 
@@ -780,11 +915,15 @@ func envoyAnswered(rc *route.Call, r envoyReport) answeredBy {
 }
 
 // failedAttempt is the error of a request whose last attempt failed with f (a timeout, a
-// connection lost) and Envoy answered status itself, for the access line: the code `kvroute
-// serve` answers such a request with (Handler.proxyError).
+// connection lost, the stream's deadline) and Envoy answered status itself, for the access
+// line: the code `kvroute serve` answers such a request with (Handler.proxyError).
 func failedAttempt(f route.Failure, status int) *openai.Error {
-	if f == route.FailTimeout {
+	switch f {
+	case route.FailTimeout:
 		return openai.NewError(status, openai.TypeUpstream, "", "upstream_timeout", "no answer from the engine in time: Envoy gave up")
+	case route.FailCanceled:
+		return openai.NewError(status, openai.TypeServer, "", "max_stream_duration",
+			"the request's max_stream_duration in Envoy ran out before the engine's answer")
 	}
 	return openai.NewError(status, openai.TypeUpstream, "", "upstream_connection_lost",
 		"the engine's connection broke after it received the request, before its answer's head")
@@ -832,17 +971,19 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 				ep.Progressed(time.Now().UnixNano())
 			}
 		}
-	} else if !st.overflow && !st.bad {
+	} else if !st.overflow && !st.bad && st.by != unrouted {
 		if len(st.capture)+len(chunk) > maxCapture {
 			st.overflow, st.capture = true, nil
 		} else {
 			st.capture = append(st.capture, chunk...)
 		}
 	}
-	if eos {
+	if eos && st.x != nil {
 		if st.finishAnswer() && canRewrite(st.respMode) {
 			out = append(out, cutEvent(st.x.RequestID())...) // out is feed's, not chunk
 		}
+	}
+	if eos {
 		st.phase = done
 	}
 	switch st.respMode {
@@ -932,9 +1073,10 @@ func (st *stream) finishAnswer() (cut bool) {
 		case st.by == byFailure:
 			// Envoy's own answer: the engine's never came, and is not complete (call.charge
 			// estimates what it generated, as for `kvroute serve`'s attempt that timed out).
-		case st.overflow || st.bad || st.by == byNone && st.status >= 300:
+		case st.overflow || st.bad || st.by == byNone && st.status >= 300 || st.by == unrouted:
 			// An error from no endpoint of the call is not read: a 404's body would leave the
-			// call's endpoint out for the model it names (Exchange.Whole).
+			// call's endpoint out for the model it names (Exchange.Whole); nor is an answer
+			// that came before the pick, which no engine gave.
 			st.x.Complete()
 		default:
 			st.x.Whole(st.capture)

@@ -935,6 +935,9 @@ func (c *call) reachedEngine() bool {
 	if !c.carried {
 		return c.reached > 0
 	}
+	if c.local {
+		return false
+	}
 	refused := c.answered && (c.answerStatus == http.StatusServiceUnavailable || c.answerStatus == http.StatusTooManyRequests || c.answerStatus == http.StatusNotFound)
 	return c.rc != nil && c.rc.Attempts() > 0 && !refused
 }
@@ -1071,6 +1074,15 @@ func (x *Exchange) AnsweredElsewhere(status int) {
 	if c.rc != nil {
 		c.rc.Fail(route.FailNone) // nothing where no attempt is open
 	}
+}
+
+// AnsweredLocally is AnsweredElsewhere for an answer the front end gave itself where no
+// engine had the request (Envoy's no healthy upstream, its circuit breaker, a request it
+// refused for the client's doing: a 408, a 413): whatever its status, it costs the tenant
+// nothing, as a refusal does (call.charge), and the whole reservation is released.
+func (x *Exchange) AnsweredLocally(status int) {
+	x.AnsweredElsewhere(status)
+	x.c.local = true
 }
 
 // Attempted records how many upstream attempts the front end made for the request (Envoy's

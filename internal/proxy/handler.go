@@ -317,6 +317,9 @@ type call struct {
 	// address the router did not pick gave it, or the front end itself. ep is nil, and settle
 	// names no endpoint for it.
 	elsewhere bool
+	// local: that answer is the front end's own, and no engine had the request
+	// (Exchange.AnsweredLocally): nothing is charged to the tenant (call.charge).
+	local bool
 	// frontAttempts is how many upstream attempts the front end says it made
 	// (Exchange.Attempted); 0 where it did not say, and the lifecycle's count stands.
 	frontAttempts int
