@@ -59,6 +59,11 @@ type Peers struct {
 	// replica's, by the fingerprint each advertises (kvroute_peers_policy_mismatch); peers of
 	// older builds advertise none and are not counted.
 	PolicyMismatch prometheus.Gauge
+	// HashingMismatch is the peers that hash prompts into blocks otherwise than this replica
+	// (block size, normalisation, where cache salts come from), by the fingerprint each
+	// advertises (kvroute_peers_hashing_mismatch): the index entries one makes can miss the
+	// other's requests. Peers of older builds advertise none and are not counted.
+	HashingMismatch prometheus.Gauge
 
 	snapshotAt atomic.Int64 // unix nanoseconds when the warm-start snapshot was taken; 0: none
 	now        func() int64
@@ -107,6 +112,10 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 			Name: "kvroute_peers_policy_mismatch",
 			Help: "Peer replicas whose routing policy or parameters differ from this replica's (by the fingerprint each advertises; replicas of older builds advertise none and are not counted).",
 		}),
+		HashingMismatch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_peers_hashing_mismatch",
+			Help: "Peer replicas that hash prompts into blocks otherwise than this replica (prefix.block_tokens, normalize, the tenants' salt secret), by the fingerprint each advertises: the index entries one makes can miss the other's requests. Replicas of older builds advertise none and are not counted.",
+		}),
 		SourceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_peer_source_errors_total", Help: "Times a peer source failed to give addresses (a DNS name that does not resolve, EndpointSlices not listed), by source kind; the members known stay.",
 		}, []string{"source"}),
@@ -128,7 +137,7 @@ func NewPeers(reg prometheus.Registerer) *Peers {
 		return float64(p.now()-at) / 1e9
 	})
 	reg.MustRegister(p.Members, p.Streams, p.Messages, p.Bytes, p.Events, p.Dropped, p.Lag, p.WarmStarts, p.Resumes, p.Resent,
-		p.SourceErrors, p.Expired, p.Remote, p.PolicyMismatch, age, (*peerLag)(p))
+		p.SourceErrors, p.Expired, p.Remote, p.PolicyMismatch, p.HashingMismatch, age, (*peerLag)(p))
 	for _, d := range []string{"in", "out"} {
 		p.Messages.WithLabelValues(d)
 		p.Bytes.WithLabelValues(d)

@@ -23,7 +23,7 @@ import (
 // meta is what a replica tells the others about itself through memberlist. A replica reads
 // the fields it knows and skips the others (msgpack's default), so fields can be added: an
 // older build reads a newer one's metadata as before, and a newer one reads an older one's
-// without a policy (policy.go).
+// without a policy or hashing (policy.go).
 type meta struct {
 	Major int    `msgpack:"v"`
 	Feed  int    `msgpack:"feed"` // the event stream server's port, at the member's address
@@ -32,6 +32,9 @@ type meta struct {
 	// parameters (Node.SetPolicy); left out before SetPolicy, as in older builds' metadata.
 	Policy   string `msgpack:"pol,omitempty"`
 	PolicyFP string `msgpack:"pfp,omitempty"`
+	// HashingFP is the fingerprint of its hashing of prompts into blocks (Node.SetHashing);
+	// left out before SetHashing, as in older builds' metadata.
+	HashingFP string `msgpack:"hfp,omitempty"`
 }
 
 // delegate is memberlist's view of the node: its metadata, and membership changes (which only
@@ -42,11 +45,12 @@ func (d delegate) NodeMeta(limit int) []byte {
 	mt := meta{Major: Major, Feed: d.n.ln.Addr().(*net.TCPAddr).Port, Inc: d.n.cfg.Incarnation}
 	pol := d.n.ownPolicy()
 	mt.Policy, mt.PolicyFP = pol.name, pol.fp
+	mt.HashingFP = d.n.ownHashing().fp
 	b, _ := msgpack.Marshal(mt)
 	if len(b) > limit {
-		// Never the case with SetPolicy's bounds; without its policy the replica is still a
-		// peer, where without metadata it would not be.
-		mt.Policy, mt.PolicyFP = "", ""
+		// Never the case with SetPolicy's and SetHashing's bounds; without its policy and
+		// hashing the replica is still a peer, where without metadata it would not be.
+		mt.Policy, mt.PolicyFP, mt.HashingFP = "", "", ""
 		b, _ = msgpack.Marshal(mt)
 	}
 	if len(b) > limit {

@@ -154,12 +154,15 @@ type Node struct {
 	// when they come back (follow.go, keptResume).
 	kept map[string]keptResume
 
-	// policy is the routing policy this replica advertises (SetPolicy); readvertise asks Run
-	// to gossip it; policies are the peers' as last compared with it (the manager's), and
-	// Metrics' PolicyMismatch counts those that differ.
+	// policy is the routing policy this replica advertises (SetPolicy), hashing its hashing
+	// of prompts (SetHashing); readvertise asks Run to gossip them; policies and hashings are
+	// the peers' as last compared with them (the manager's), and Metrics' PolicyMismatch and
+	// HashingMismatch count those that differ.
 	policy      atomic.Pointer[policyID]
+	hashing     atomic.Pointer[policyID]
 	readvertise chan struct{}
 	policies    policyWatch
+	hashings    policyWatch
 	// advertised counts the advertisements begun (advertise); a join that saw it change
 	// advertises again (joinRound).
 	advertised atomic.Uint64
@@ -222,7 +225,8 @@ func New(cfg Config) (*Node, error) {
 		kept: map[string]keptResume{},
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence),
 		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources)),
-		readvertise: make(chan struct{}, 1)}
+		readvertise: make(chan struct{}, 1),
+		policies:    policyWatch{about: policySubject}, hashings: policyWatch{about: hashingSubject}}
 	n.clock = newClock(n.beat, n.silence)
 	n.keys.Store(newKeySet(cfg.Secret, cfg.Accept))
 	rekeyed := make(chan struct{})
@@ -753,9 +757,11 @@ type Status struct {
 	// the resumes refused (the log no longer held the point, or it was of another run).
 	Feed FeedStatus `json:"feed"`
 	// Policy is the routing policy this replica advertises (SetPolicy) and how many peers
-	// advertise another; PeerPolicies, each member's, and whether it matches this one's.
-	Policy       PolicyStatus `json:"policy"`
-	PeerPolicies []PeerPolicy `json:"peer_policies"`
+	// advertise another; Hashing, the same of its hashing of prompts (SetHashing);
+	// PeerPolicies, each member's policy and hashing, and whether each matches this one's.
+	Policy       PolicyStatus  `json:"policy"`
+	Hashing      HashingStatus `json:"hashing"`
+	PeerPolicies []PeerPolicy  `json:"peer_policies"`
 }
 
 // Status describes the node now.
@@ -785,6 +791,10 @@ func (n *Node) Status() Status {
 	st.Feed = n.hub.stats()
 	own := n.ownPolicy()
 	st.Policy.Name, st.Policy.Fingerprint = own.name, own.fp
-	st.PeerPolicies, st.Policy.Mismatches = n.policies.status()
+	st.Hashing.Fingerprint = n.ownHashing().fp
+	byName := map[string]*PeerPolicy{}
+	st.Policy.Mismatches = n.policies.status(byName)
+	st.Hashing.Mismatches = n.hashings.status(byName)
+	st.PeerPolicies = peerPolicies(byName)
 	return st
 }

@@ -26,63 +26,135 @@ var (
 	polC = policyID{name: "cache-aware", fp: "cccc"}
 )
 
-// TestPolicyWatch: step by step, a difference is logged once per peer and per change of
-// either side, its end once; a peer or a replica that advertises no policy differs from none.
-func TestPolicyWatch(t *testing.T) {
-	var logs testlog.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	var w policyWatch
-	differs, agrees := "routes by another policy", "routes by the same policy"
-	step := func(what string, own policyID, peers map[string]policyID, wantDiffer, wantDiffersLogged, wantAgreesLogged int) {
+// watchSteps drives a policyWatch of about step by step: each step compares own with peers
+// and checks how many differ and the lines logged: differences, agreements and departures.
+func watchSteps(t *testing.T, about *subject) (w *policyWatch, logs *testlog.Buffer,
+	step func(what string, own policyID, peers map[string]policyID, wantDiffer, wantDiffers, wantAgrees, wantGone int)) {
+	logs = new(testlog.Buffer)
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	w = &policyWatch{about: about}
+	step = func(what string, own policyID, peers map[string]policyID, wantDiffer, wantDiffers, wantAgrees, wantGone int) {
 		t.Helper()
 		before := logs.String()
 		got := w.check(own, peers, log)
 		added := strings.TrimPrefix(logs.String(), before)
-		if got != wantDiffer || strings.Count(added, differs) != wantDiffersLogged || strings.Count(added, agrees) != wantAgreesLogged {
-			t.Errorf("%s: %d differ (want %d), logged:\n%s\nwant %d differences and %d agreements logged",
-				what, got, wantDiffer, added, wantDiffersLogged, wantAgreesLogged)
+		differs, agrees, gone := strings.Count(added, about.differs), strings.Count(added, about.agrees), strings.Count(added, about.gone)
+		if got != wantDiffer || differs != wantDiffers || agrees != wantAgrees || gone != wantGone {
+			t.Errorf("%s: %d differ (want %d), logged:\n%s\n%d differences, %d agreements and %d departures logged; want %d, %d and %d",
+				what, got, wantDiffer, added, differs, agrees, gone, wantDiffers, wantAgrees, wantGone)
 		}
 	}
-	step("b differs", polA, map[string]policyID{"b": polB, "c": polA}, 1, 1, 0)
+	return w, logs, step
+}
+
+// statusOf is w's part of /debug/peers.
+func statusOf(w *policyWatch) ([]PeerPolicy, int) {
+	byName := map[string]*PeerPolicy{}
+	k := w.status(byName)
+	return peerPolicies(byName), k
+}
+
+// TestPolicyWatch: step by step, a difference is logged once per peer and per change of
+// either side, its end once, a differing peer's departure once; a peer or a replica that
+// advertises no policy differs from none.
+func TestPolicyWatch(t *testing.T) {
+	w, logs, step := watchSteps(t, policySubject)
+	step("b differs", polA, map[string]policyID{"b": polB, "c": polA}, 1, 1, 0, 0)
 	if got := logs.String(); !strings.Contains(got, "peer=b") || !strings.Contains(got, "peer_fingerprint=bbbb") ||
 		!strings.Contains(got, "fix=\"the peer:") || !strings.Contains(got, "compare their configs' `policy:`") {
 		t.Errorf("the line does not name the peer, its fingerprint, the side to fix and the hint:\n%s", got)
 	}
-	step("nothing changed", polA, map[string]policyID{"b": polB, "c": polA}, 1, 0, 0)
-	step("b changes again, still differing", polA, map[string]policyID{"b": polC, "c": polA}, 1, 1, 0)
-	step("an older build joins", polA, map[string]policyID{"b": polC, "c": polA, "old": {}}, 1, 0, 0)
+	step("nothing changed", polA, map[string]policyID{"b": polB, "c": polA}, 1, 0, 0, 0)
+	step("b changes again, still differing", polA, map[string]policyID{"b": polC, "c": polA}, 1, 1, 0, 0)
+	step("an older build joins", polA, map[string]policyID{"b": polC, "c": polA, "old": {}}, 1, 0, 0, 0)
 	// d joins with b's policy: it is news, and so is b's, whose side to fix is now unclear.
 	before := logs.String()
-	step("d joins, as b", polA, map[string]policyID{"b": polC, "c": polA, "d": polC, "old": {}}, 2, 2, 0)
+	step("d joins, as b", polA, map[string]policyID{"b": polC, "c": polA, "d": polC, "old": {}}, 2, 2, 0, 0)
 	if added := strings.TrimPrefix(logs.String(), before); strings.Count(added, "fix=\"either:") != 2 {
 		t.Errorf("want no side to fix with two replicas on each side:\n%s", added)
 	}
-	step("b agrees", polA, map[string]policyID{"b": polA, "c": polA, "d": polC, "old": {}}, 1, 1, 1) // d's side to fix is clear again
-	step("d leaves", polA, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0)
-	step("still agreeing", polA, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0)
+	step("b agrees", polA, map[string]policyID{"b": polA, "c": polA, "d": polC, "old": {}}, 1, 1, 1, 0) // d's side to fix is clear again
+	before = logs.String()
+	step("d leaves", polA, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0, 1)
+	if added := strings.TrimPrefix(logs.String(), before); !strings.Contains(added, "level=INFO") ||
+		!strings.Contains(added, "peer=d policy=prefix-aware fingerprint=aaaa peer_policy=cache-aware peer_fingerprint=cccc mismatches=0") {
+		t.Errorf("d's departure: want an INFO line naming d, its policy and the mismatches left:\n%s", added)
+	}
+	step("still agreeing", polA, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0, 0)
+	step("c, agreeing, leaves and comes back", polA, map[string]policyID{"b": polA, "old": {}}, 0, 0, 0, 0)
+	step("c is back", polA, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0, 0)
 	// This replica reloads to another policy: both peers differ, and it is the one to fix.
 	before = logs.String()
-	step("this replica changes", polB, map[string]policyID{"b": polA, "c": polA, "old": {}}, 2, 2, 0)
+	step("this replica changes", polB, map[string]policyID{"b": polA, "c": polA, "old": {}}, 2, 2, 0, 0)
 	if added := strings.TrimPrefix(logs.String(), before); strings.Count(added, "fix=\"this replica:") != 2 {
 		t.Errorf("want this replica named the side to fix:\n%s", added)
 	}
-	step("b leaves", polB, map[string]policyID{"c": polA, "old": {}}, 1, 1, 0) // c's side to fix: unclear
-	step("b is back, differing", polB, map[string]policyID{"b": polA, "c": polA, "old": {}}, 2, 2, 0)
-	step("this replica stops advertising", policyID{}, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0)
+	step("b leaves", polB, map[string]policyID{"c": polA, "old": {}}, 1, 1, 0, 1) // c's side to fix: unclear
+	step("the older build leaves", polB, map[string]policyID{"c": polA}, 1, 0, 0, 0)
+	step("b is back, differing", polB, map[string]policyID{"b": polA, "c": polA, "old": {}}, 2, 2, 0, 0)
+	step("this replica stops advertising", policyID{}, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0, 0)
+	step("b leaves, unknown", policyID{}, map[string]policyID{"c": polA, "old": {}}, 0, 0, 0, 0)
+	step("b is back", policyID{}, map[string]policyID{"b": polA, "c": polA, "old": {}}, 0, 0, 0, 0)
 
-	got, k := w.status()
+	got, k := statusOf(w)
 	yes := true
 	want := []PeerPolicy{{Name: "b", Policy: "prefix-aware", Fingerprint: "aaaa"}, {Name: "c", Policy: "prefix-aware", Fingerprint: "aaaa"}, {Name: "old"}}
 	if diff := cmp.Diff(want, got); diff != "" || k != 0 {
 		t.Errorf("status (-want +got):\n%s\n%d differ", diff, k)
 	}
-	w.check(polA, map[string]policyID{"b": polA, "c": polB, "old": {}}, log)
-	got, k = w.status()
+	step("c differs", polA, map[string]policyID{"b": polA, "c": polB, "old": {}}, 1, 1, 0, 0)
+	got, k = statusOf(w)
 	no := false
 	want = []PeerPolicy{{Name: "b", Policy: "prefix-aware", Fingerprint: "aaaa", Matches: &yes},
 		{Name: "c", Policy: "prefix-aware", Fingerprint: "bbbb", Matches: &no}, {Name: "old"}}
 	if diff := cmp.Diff(want, got); diff != "" || k != 1 {
 		t.Errorf("status (-want +got):\n%s\n%d differ, want 1", diff, k)
+	}
+	if strings.Contains(logs.String(), "hashes prompts") {
+		t.Errorf("the policy's lines speak of hashing:\n%s", logs.String())
+	}
+}
+
+// Hashing fingerprints of the tests.
+var (
+	hashA = policyID{fp: "a1a1"}
+	hashB = policyID{fp: "b2b2"}
+)
+
+// TestHashingWatch: the hashing's comparison, step by step, as the policy's: its own lines,
+// with no policy name, once per peer and change, its end and a differing peer's departure
+// once; a peer that advertises no hashing (an older build) differs from none.
+func TestHashingWatch(t *testing.T) {
+	w, logs, step := watchSteps(t, hashingSubject)
+	step("b hashes otherwise", hashA, map[string]policyID{"b": hashB, "c": hashA, "old": {}}, 1, 1, 0, 0)
+	if got := logs.String(); !strings.Contains(got, "level=WARN msg=\"a peer replica hashes prompts into blocks otherwise") ||
+		!strings.Contains(got, "peer=b fingerprint=a1a1 peer_fingerprint=b2b2 fix=\"the peer: more replicas hash prompts as this one\" replicas_like_this=2 replicas_like_peer=1 replicas=3") ||
+		strings.Contains(got, "policy=") || !strings.Contains(got, "`prefix.block_tokens`") {
+		t.Errorf("the line does not name the peer, both fingerprints, the side to fix and the hint, or names a policy:\n%s", got)
+	}
+	step("nothing changed", hashA, map[string]policyID{"b": hashB, "c": hashA, "old": {}}, 1, 0, 0, 0)
+	step("b reloads to this one's", hashA, map[string]policyID{"b": hashA, "c": hashA, "old": {}}, 0, 0, 1, 0)
+	if got := logs.String(); !strings.Contains(got, "level=INFO msg=\"a peer replica hashes prompts as this one again\" peer=b fingerprint=a1a1\n") {
+		t.Errorf("the agreement's line:\n%s", got)
+	}
+	step("this replica reloads to another", hashB, map[string]policyID{"b": hashA, "c": hashA, "old": {}}, 2, 2, 0, 0)
+	if k := logs.Count("fix=\"this replica: more replicas hash prompts as the peer\""); k != 2 {
+		t.Errorf("want this replica named the side to fix twice, got %d:\n%s", k, logs.String())
+	}
+	before := logs.String()
+	step("b leaves", hashB, map[string]policyID{"c": hashA, "old": {}}, 1, 1, 0, 1) // c's side to fix: unclear
+	if added := strings.TrimPrefix(logs.String(), before); !strings.Contains(added, "level=INFO msg=\"a peer replica that hashed prompts otherwise is gone (it left or was declared dead)\" peer=b fingerprint=b2b2 peer_fingerprint=a1a1 mismatches=1") ||
+		!strings.Contains(added, "fix=\"either: as many replicas hash prompts each way;") {
+		t.Errorf("b's departure and c's side to fix:\n%s", added)
+	}
+	got, k := statusOf(w)
+	no := false
+	want := []PeerPolicy{{Name: "c", Hashing: "a1a1", HashingMatches: &no}, {Name: "old"}}
+	if diff := cmp.Diff(want, got); diff != "" || k != 1 {
+		t.Errorf("status (-want +got):\n%s\n%d differ, want 1", diff, k)
+	}
+	if strings.Contains(logs.String(), "routes by") {
+		t.Errorf("the hashing's lines speak of the policy:\n%s", logs.String())
 	}
 }
 
@@ -93,9 +165,10 @@ type oldMeta struct {
 	Inc   uint64 `msgpack:"inc"`
 }
 
-// TestMetaCompatible: a replica that advertises no policy sends the metadata of the older
-// builds byte for byte, an older build reads a newer one's as before, and the largest policy
-// SetPolicy advertises fits memberlist's limit with room to spare.
+// TestMetaCompatible: a replica that advertises no policy and no hashing sends the metadata of
+// the older builds byte for byte, an older build reads a newer one's as before, and the largest
+// policy and hashing SetPolicy and SetHashing advertise fit memberlist's limit with room to
+// spare, as do the router's (a policy name, two fingerprints of 16 hex digits).
 func TestMetaCompatible(t *testing.T) {
 	old, err := msgpack.Marshal(oldMeta{Major: Major, Feed: 7947, Inc: 1 << 62})
 	if err != nil {
@@ -105,17 +178,21 @@ func TestMetaCompatible(t *testing.T) {
 	if string(none) != string(old) {
 		t.Errorf("metadata without a policy %x, the older builds' %x", none, old)
 	}
-	full, _ := msgpack.Marshal(meta{Major: Major, Feed: 7947, Inc: 1 << 62,
-		Policy: strings.Repeat("p", maxPolicyName), PolicyFP: strings.Repeat("f", maxPolicyFingerprint)})
+	full, _ := msgpack.Marshal(meta{Major: Major, Feed: 65535, Inc: 1<<64 - 1,
+		Policy: strings.Repeat("p", maxPolicyName), PolicyFP: strings.Repeat("f", maxPolicyFingerprint),
+		HashingFP: strings.Repeat("h", maxPolicyFingerprint)})
+	router, _ := msgpack.Marshal(meta{Major: Major, Feed: 65535, Inc: 1<<64 - 1,
+		Policy: "prefix-aware", PolicyFP: "0123456789abcdef", HashingFP: "0123456789abcdef"})
+	t.Logf("metadata: %d bytes at most, %d bytes as the router advertises (memberlist.MetaMaxSize %d)", len(full), len(router), memberlist.MetaMaxSize)
 	var got oldMeta
-	if err := msgpack.Unmarshal(full, &got); err != nil || got != (oldMeta{Major: Major, Feed: 7947, Inc: 1 << 62}) {
+	if err := msgpack.Unmarshal(full, &got); err != nil || got != (oldMeta{Major: Major, Feed: 65535, Inc: 1<<64 - 1}) {
 		t.Errorf("an older build reads %+v (%v)", got, err)
 	}
-	if len(full) > 256 {
-		t.Errorf("metadata of %d bytes with the largest policy; memberlist takes 512 at most", len(full))
+	if len(full) > 256 || len(full) > memberlist.MetaMaxSize/2 {
+		t.Errorf("metadata of %d bytes with the largest policy and hashing; memberlist takes %d at most", len(full), memberlist.MetaMaxSize)
 	}
 	var back meta
-	if err := msgpack.Unmarshal(old, &back); err != nil || back.Policy != "" || back.PolicyFP != "" || back.Feed != 7947 {
+	if err := msgpack.Unmarshal(old, &back); err != nil || back.Policy != "" || back.PolicyFP != "" || back.HashingFP != "" || back.Feed != 7947 {
 		t.Errorf("an older build's metadata read as %+v (%v)", back, err)
 	}
 }
@@ -298,5 +375,51 @@ func TestPolicyOlderPeer(t *testing.T) {
 	}
 	if st := old.node.Status(); len(st.PeerPolicies) > 0 && st.PeerPolicies[0].Matches != nil || st.Policy.Mismatches != 0 {
 		t.Errorf("the replica without a policy compares: %+v", st.PeerPolicies)
+	}
+}
+
+// TestMismatchedPeerLeaves: three replicas on loopback, b with another policy and another
+// hashing. Each sees both differences; once b stops, a and c log its departure once for each
+// (INFO), their gauges drop to 0 and /debug/peers lists c alone.
+func TestMismatchedPeerLeaves(t *testing.T) {
+	var logsA testlog.Buffer
+	a := startReplica(t, "a", nil, logTo(&logsA))
+	a.node.SetPolicy(polA.name, polA.fp)
+	a.node.SetHashing(hashA.fp)
+	b := startReplica(t, "b", []string{a.node.GossipAddr()}, nil)
+	b.node.SetPolicy(polB.name, polB.fp)
+	b.node.SetHashing(hashB.fp)
+	c := startReplica(t, "c", []string{a.node.GossipAddr()}, nil)
+	c.node.SetHashing(hashA.fp) // hashing first, then the policy: two updates
+	c.node.SetPolicy(polA.name, polA.fp)
+	gauges := func(r *replica) [2]int {
+		return [2]int{int(testutil.ToFloat64(r.node.m.PolicyMismatch)), int(testutil.ToFloat64(r.node.m.HashingMismatch))}
+	}
+	no, yes := false, true
+	want := []PeerPolicy{
+		{Name: "b", Policy: polB.name, Fingerprint: polB.fp, Matches: &no, Hashing: hashB.fp, HashingMatches: &no},
+		{Name: "c", Policy: polA.name, Fingerprint: polA.fp, Matches: &yes, Hashing: hashA.fp, HashingMatches: &yes},
+	}
+	waitFor(t, 10*time.Second, "a knowing b's and c's policies and hashings", func() bool {
+		return cmp.Equal(want, a.node.Status().PeerPolicies) && gauges(a) == [2]int{1, 1} && gauges(c) == [2]int{1, 1}
+	})
+	if st := a.node.Status(); st.Hashing != (HashingStatus{Fingerprint: hashA.fp, Mismatches: 1}) || st.Policy.Mismatches != 1 {
+		t.Errorf("a's /debug/peers: policy %+v, hashing %+v", st.Policy, st.Hashing)
+	}
+	if k := logsA.Count("peer=b fingerprint=a1a1 peer_fingerprint=b2b2 fix=\"the peer:"); k != 1 {
+		t.Errorf("a logged b's hashing %d times naming b the side to fix, want once:\n%s", k, logsA.String())
+	}
+	b.stop()
+	waitFor(t, 10*time.Second, "a and c dropping b", func() bool {
+		p := a.node.Status().PeerPolicies
+		return len(p) == 1 && p[0].Name == "c" && gauges(a) == [2]int{0, 0} && gauges(c) == [2]int{0, 0}
+	})
+	for _, msg := range []string{policyGoneMsg, hashingGoneMsg} {
+		if k := logsA.Count(msg); k != 1 {
+			t.Errorf("a logged %q %d times, want once:\n%s", msg, k, logsA.String())
+		}
+	}
+	if k := logsA.Count("level=INFO msg=\"" + hashingGoneMsg + "\" replica=a peer=b fingerprint=a1a1 peer_fingerprint=b2b2 mismatches=0"); k != 1 {
+		t.Errorf("a's line of b's departure, with its hashing:\n%s", logsA.String())
 	}
 }
