@@ -77,7 +77,7 @@ var RetryReasons = []string{RetryConnectError, RetryUnavailable, RetryBusy, Retr
 
 // MovedReasons are the reasons of kvroute_requests_moved_total: why a request's first
 // endpoint was not the policy's pick (route.Call.Moved).
-var MovedReasons = []string{route.MovedPin, route.MovedBackoff, route.MovedWarmUp, route.MovedCacheProbe}
+var MovedReasons = []string{route.MovedPin, route.MovedBackoff, route.MovedWarmUp, route.MovedCacheProbe, route.MovedRefused}
 
 // Statuses made at 0 for every endpoint and model it serves: those whose first occurrence on
 // an endpoint must show in rate() and increase(), the server errors and the 429 of a busy

@@ -59,9 +59,14 @@ type Result struct {
 	// health does not count; a failure it counts (a 5xx, a lost connection, no answer in time,
 	// no connection) is health's to judge, and not told here, nor is a refusal that health
 	// holds against the request rather than the engine (the same requests refused there of
-	// late, and served nowhere else: one client's bad requests, route.Outlier.RefusedRequest).
+	// late, and served nowhere else: one client's bad requests, route.Outlier.Refuse).
 	// OK and Failed both false: the client left, or health judges the failure.
 	Failed bool
+	// TakeBack, when not zero, is when an earlier attempt at this endpoint was told failed
+	// (Failed) that the requests since have shown to be the client's doing (the same requests
+	// refused by another engine too, and served by none, route.Refusal): a policy that counts
+	// failed attempts takes that one back.
+	TakeBack time.Time
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens as the engine reported it, or -1
 	// when the engine did not report it.
 	CachedTokens int

@@ -1200,6 +1200,27 @@ func (pa *prefixAware) countAttempt(s *paState, req *Request, res Result) {
 	case res.Failed:
 		s.fails.add(1, now, pa.failTau())
 	}
+	if !res.TakeBack.IsZero() {
+		takeBack(&s.fails, res.TakeBack.UnixNano(), now, pa.failTau())
+	}
+}
+
+// takeBack removes from d, at now, a 1 that was added to it at time at, as much as that weighs
+// now, never taking d below 0: a failed attempt that was the client's doing after all
+// (Result.TakeBack). One client's bad requests that share a prefix are refused where it is
+// cached, and the first was told failed (nothing else was known yet): kept, it made the
+// endpoint cost more for a minute or two, twice its cost where it had few answers, and the
+// good traffic kept away from it.
+func takeBack(d *decayed, at, now int64, tau float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	last := d.at.Load()
+	if last == 0 {
+		return
+	}
+	sum := decay(math.Float64frombits(d.sum.Load()), last, now, tau) - decay(1, at, now, tau)
+	d.sum.Store(math.Float64bits(max(sum, 0)))
+	d.at.Store(max(last, now))
 }
 
 // attemptsPerAnswer is how many attempts an answer takes on s at now, as its recent attempts
@@ -1209,7 +1230,8 @@ func (pa *prefixAware) countAttempt(s *paState, req *Request, res Result) {
 // and is tried again); one failure among many answers costs next to nothing; and where every
 // endpoint fails alike (one client's bad requests spread over the fleet) the ranking stays.
 // One client's bad requests that all come here (their prefix is cached here) fail once: the
-// router tells the rest as neither answers nor failures (Result.Failed).
+// router tells the rest as neither answers nor failures (Result.Failed), and takes the first
+// back once another engine refused them too (Result.TakeBack).
 // 1 exactly for an endpoint that never failed.
 func (pa *prefixAware) attemptsPerAnswer(s *paState, now int64) float64 {
 	if s.fails.at.Load() == 0 {

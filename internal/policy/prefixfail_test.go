@@ -124,3 +124,40 @@ func TestPrefixAware_FailuresAlikeKeepTheRanking(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixAware_TakeBack: a failed attempt taken back (Result.TakeBack: one client's bad
+// requests, the router found since) no longer costs the endpoint anything, however long ago
+// it failed, while the others stay; taking back more than was told leaves nothing below 0.
+func TestPrefixAware_TakeBack(t *testing.T) {
+	pa, clk := newPA(t, nil)
+	s := pa.state(0)
+	r := req("r", 0, 1)
+	now := func() int64 { return clk.t.UnixNano() }
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: %v attempts per answer, want %v", what, got, want)
+		}
+	}
+	for range 4 {
+		pa.countAttempt(s, r, Result{OK: true})
+	}
+	first := clk.t
+	pa.countAttempt(s, r, Result{Failed: true})
+	near("one failure, four answers", pa.attemptsPerAnswer(s, now()), 1+1.0/4)
+	clk.t = clk.t.Add(300 * time.Millisecond)
+	pa.countAttempt(s, r, Result{TakeBack: first}) // a refusal not blamed, taking the first back
+	near("the failure taken back", pa.attemptsPerAnswer(s, now()), 1)
+	// Another failure, then the first taken back a second time (it never is: the router takes
+	// each back once), 20 s on: the other failure stays, never less than nothing.
+	pa.countAttempt(s, r, Result{Failed: true})
+	second := clk.t
+	clk.t = clk.t.Add(20 * time.Second)
+	near("a second failure, 20 s on", pa.attemptsPerAnswer(s, now()), 1+math.Exp(-20.0/60)/(4*math.Exp(-20.3/60)))
+	pa.countAttempt(s, r, Result{TakeBack: second})
+	near("the second taken back", pa.attemptsPerAnswer(s, now()), 1)
+	pa.countAttempt(s, r, Result{TakeBack: second})
+	if m := pa.attemptsPerAnswer(s, now()); m != 1 {
+		t.Errorf("taken back twice: %v attempts per answer, want 1 (nothing below 0)", m)
+	}
+}

@@ -89,22 +89,65 @@ type Outlier struct {
 	backoffEnd atomic.Int64
 	// keys are the request keys (RefusalKey) refused of late, with what each endpoint answered
 	// and refused of each since (the refusal rule's judge of one client's bad requests); at
-	// most maxRefusalKeys, the stalest going first. tracked is len(keys): Served's fast path.
+	// most maxRefusalKeys, the stalest going first, and none untouched for keyExpiry refusal
+	// windows (expire, due at sweepAt). tracked is len(keys), and filter has bit
+	// key%filterBits set for each of them (and perhaps for keys gone since, until it is
+	// rebuilt): Served's and Avoid's fast paths, read without o.mu.
 	keys    map[uint64]*refusedKey
 	tracked atomic.Int32
+	filter  [filterBits / 64]atomic.Uint64
+	sweepAt time.Time
 }
+
+// filterBits is the size of Outlier.filter: with maxRefusalKeys followed, a request whose key
+// is not followed finds its bit set about once in 16.
+const filterBits = 4096
+
+// keyExpiry is how many refusal windows a key may go untouched (neither refused nor served)
+// before it is forgotten: its tallies have faded to e^-2 (13.5 %) of what they were, and what
+// they still discount moves to the endpoints' forgiven tallies (forgive), which fade as the
+// endpoints' own do. A key then no longer outranks fresh ones at the bound (dropKey), nor
+// keeps Served and Avoid off their fast paths.
+const keyExpiry = 2
+
+// probeAfter is how many refusals of one key (fading) an endpoint that served none of it must
+// have made before the key's next request tries another endpoint first (Avoid).
+const probeAfter = 2
 
 // refusedKey is what the endpoints answered and refused of one request key since it was first
 // refused, each tally fading over the refusal window.
 type refusedKey struct {
 	touched time.Time
 	eps     []keyTally
+	// probed is when a request of the key was last sent first to another endpoint than one
+	// that refused it, to learn whether the rest of the fleet serves it (Avoid); zero: never.
+	probed time.Time
 }
 
 type keyTally struct {
 	ep                *endpoint.Endpoint
 	answered, refused float64
 	at                time.Time
+	// spared: none of the endpoint's refusals of the key counts against it, not even its
+	// first (excessAt): it came when another endpoint had refused the key and none served it
+	// (a probe's, or a key that moved), or it was taken back since (blamedAt).
+	spared bool
+	// blamedAt is when the endpoint's first refusal of the key was blamed on it (and told to
+	// the policy as a failed attempt) while no endpoint served the key; zero when none was, or
+	// it was taken back: once another endpoint refuses the key too, and none serves it, the
+	// key is the client's, and the endpoint's next refusal of it takes that one back.
+	blamedAt time.Time
+}
+
+// excessAt returns the refusals of t's key at its endpoint at now that count neither as
+// refusals nor as answers while no other endpoint serves the key: those past the first, or
+// all of them when t is spared.
+func (t *keyTally) excessAt(now time.Time, w time.Duration) float64 {
+	_, r := t.fade(now, w)
+	if !t.spared {
+		r--
+	}
+	return max(r, 0)
 }
 
 // fade returns t's tallies at now, fading with time constant w.
@@ -362,10 +405,10 @@ func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.T
 		o.ejected.Add(1)
 	}
 	s.until, s.out, s.engine, s.fails = now.Add(d), true, engine, 0
-	s.answered, s.refused = 0, 0
+	s.answered, s.refused, s.forgiven = 0, 0, 0
 	for _, k := range o.keys { // its answers by key start again too
 		if t := k.tally(ep); t != nil {
-			t.answered, t.refused = 0, 0
+			t.answered, t.refused, t.spared = 0, 0, false
 		}
 	}
 	o.setFleet(s, 0)
@@ -374,52 +417,62 @@ func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.T
 // Refused counts an attempt that ep refused (RefusalHealth), of a request without a key: as
 // RefusedRequest, the refusal counting alone.
 func (o *Outlier) Refused(ep *endpoint.Endpoint) bool {
-	ejected, _ := o.refused(ep, 0)
-	return ejected
+	return o.refused(ep, 0).Ejected
 }
 
-// RefusedRequest counts an attempt that ep refused, of req (KeyedRefusalHealth), and ejects ep
-// by the refusal rule (OutlierConfig) if the fleet can spare it. The rest of the fleet is
-// every other endpoint not ejected now, its answers pooled: one client's bad requests, spread
-// over the fleet, are refused everywhere alike, and a fleet whose every engine refuses ejects
-// none of them. Only this replica's own attempts count: each replica judges from its share of
-// the traffic.
+// RefusedRequest is Refuse's verdict on ep's refusal of req as two of its fields: whether ep
+// was ejected by it, and whether it counts against ep.
+func (o *Outlier) RefusedRequest(ep *endpoint.Endpoint, req *policy.Request) (ejected, blamed bool) {
+	v := o.Refuse(ep, req)
+	return v.Ejected, v.Blamed
+}
+
+// Refuse counts an attempt that ep refused, of req (KeyedRefusalHealth), and ejects ep by the
+// refusal rule (OutlierConfig) if the fleet can spare it. The rest of the fleet is every other
+// endpoint not ejected now, its answers pooled: one client's bad requests, spread over the
+// fleet, are refused everywhere alike, and a fleet whose every engine refuses ejects none of
+// them. Only this replica's own attempts count: each replica judges from its share of the
+// traffic.
 //
 // The same requests refused again are no more evidence against the engine than once: one
 // client's bad requests that share a prefix all go where it is cached (prefix-aware), and the
 // rest of the fleet never sees them to refuse them. So the refusals of one request key
 // (RefusalKey) count once at an endpoint, the others counting neither as refusals nor as
 // answers, unless other endpoints answered that key of late: then the engine refuses what the
-// others serve, and each counts. blamed reports whether this refusal counts against ep: it
-// does unless ep refused its key of late, and no other endpoint answers it.
-func (o *Outlier) RefusedRequest(ep *endpoint.Endpoint, req *policy.Request) (ejected, blamed bool) {
+// others serve, and each counts. Whether they do is found out: a key refused twice at an
+// endpoint that served none of it has its next request sent first to another endpoint, once
+// a refusal window (Avoid). Served there, every refusal of the key at the first counts, and
+// the key keeps away from it; refused there too, the key is the client's: that refusal counts
+// against neither endpoint, nor from then on the first one's first (Refusal.TakeBack).
+func (o *Outlier) Refuse(ep *endpoint.Endpoint, req *policy.Request) Refusal {
 	return o.refused(ep, RefusalKey(req))
 }
 
-// refused is RefusedRequest for a request of key (0: none, the refusal counts alone).
+// refused is Refuse for a request of key (0: none, the refusal counts alone).
 // With the rule off, the keys are still followed: whether a refusal is blamed on the engine is
 // the policy's news too.
-func (o *Outlier) refused(ep *endpoint.Endpoint, key uint64) (ejected, blamed bool) {
+func (o *Outlier) refused(ep *endpoint.Endpoint, key uint64) Refusal {
 	now := o.clock.Now()
 	o.mu.Lock()
 	s := o.state(ep)
 	if s == nil {
 		o.mu.Unlock()
-		return false, true
+		return Refusal{Blamed: true}
 	}
-	blamed = true
+	o.expire(now)
+	v := Refusal{Blamed: true}
 	if key != 0 {
-		blamed = o.countKey(ep, key, now, true)
+		v = o.countKey(ep, key, now, true)
 	}
 	if o.cfg.RefusalPercent < 0 {
 		o.mu.Unlock()
-		return false, blamed
+		return v
 	}
 	s.count(now, o.cfg.RefusalWindow, true)
 	share, rest, ok := o.refusing(ep, s, now)
 	if s.out || !ok || !o.canEject(now) {
 		o.mu.Unlock()
-		return false, blamed
+		return v
 	}
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
@@ -432,25 +485,78 @@ func (o *Outlier) refused(ep *endpoint.Endpoint, key uint64) (ejected, blamed bo
 	case onEject != nil:
 		onEject(ep, d, false)
 	}
-	return true, blamed
+	v.Ejected = true
+	return v
 }
 
 // Served counts an answer of ep to req (KeyedRefusalHealth), beside Succeeded: where req's key
 // was refused of late, an answer to it tells that the fleet serves it.
 func (o *Outlier) Served(ep *endpoint.Endpoint, req *policy.Request) {
-	if o.tracked.Load() == 0 {
-		return
-	}
-	key := RefusalKey(req)
-	if key == 0 {
+	key, ok := o.followed(req)
+	if !ok {
 		return
 	}
 	now := o.clock.Now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.expire(now)
 	if o.keys[key] != nil && !ep.Draining() {
 		o.countKey(ep, key, now, false)
 	}
+}
+
+// Avoid reports whether req should be sent first to another endpoint than ep, its pick
+// (KeyedRefusalHealth): ep refused req's key at least probeAfter times of late (fading) and
+// served it not, and either another endpoint serves the key (ep refuses what the others
+// serve: the key keeps away from it while ep's refusals last), or no other endpoint answered
+// the key of late and none was tried for it in the last refusal window (a probe: whether the
+// rest of the fleet serves it decides whether ep's refusals of it count, Refuse). The caller
+// has another endpoint to send req to; a probe is counted as made.
+func (o *Outlier) Avoid(ep *endpoint.Endpoint, req *policy.Request, now time.Time) bool {
+	key, ok := o.followed(req)
+	if !ok {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.expire(now)
+	k := o.keys[key]
+	if k == nil {
+		return false
+	}
+	t := k.tally(ep)
+	if t == nil {
+		return false
+	}
+	w := o.cfg.RefusalWindow
+	a, r := t.fade(now, w)
+	if r < probeAfter-0.5 || a-r >= 0.5 {
+		return false
+	}
+	served, refused := k.others(ep, now, w)
+	switch {
+	case served >= answeredElsewhere:
+		return true
+	case refused >= 0.5:
+		return false // another endpoint refused it too, and none served it: the client's
+	case !k.probed.IsZero() && now.Sub(k.probed) < w:
+		return false
+	}
+	k.probed = now
+	return true
+}
+
+// followed returns req's key, and whether it may be followed (a key, its filter bit set):
+// Served's and Avoid's fast path, without o.mu.
+func (o *Outlier) followed(req *policy.Request) (uint64, bool) {
+	if o.tracked.Load() == 0 {
+		return 0, false
+	}
+	key := RefusalKey(req)
+	if key == 0 || o.filter[key/64%(filterBits/64)].Load()&(1<<(key%64)) == 0 {
+		return 0, false
+	}
+	return key, true
 }
 
 // RefusalKey is what names the requests that are "the same" for the refusal rule: the
@@ -484,9 +590,11 @@ func (k *refusedKey) tally(ep *endpoint.Endpoint) *keyTally {
 }
 
 // countKey adds an answer of ep to key at now, refused or not, following key from its first
-// refusal; it reports whether a refusal counts against ep (refusing's rule): its key answered
-// elsewhere of late, or not refused here of late. The caller holds o.mu.
-func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, refused bool) (blamed bool) {
+// refusal, and for a refusal returns whether it counts against ep (refusing's rule): its key
+// answered elsewhere of late, or not refused here of late while no other endpoint refused it
+// and none served it; and the earlier refusal to take back, if any (Refusal.TakeBack). The
+// caller holds o.mu.
+func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, refused bool) Refusal {
 	w := o.cfg.RefusalWindow
 	k := o.keys[key]
 	if k == nil {
@@ -496,6 +604,7 @@ func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, ref
 		k = &refusedKey{}
 		o.keys[key] = k
 		o.tracked.Store(int32(len(o.keys)))
+		o.filter[key/64%(filterBits/64)].Or(1 << (key % 64))
 	}
 	k.touched = now
 	t := k.tally(ep)
@@ -505,29 +614,54 @@ func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, ref
 	}
 	t.answered, t.refused = t.fade(now, w)
 	t.at = now
-	blamed = !refused || t.refused < 0.5 || k.elsewhere(ep, now, w) >= answeredElsewhere
+	var v Refusal
+	if refused {
+		served, refusedElsewhere := k.others(ep, now, w)
+		first := t.refused < 0.5
+		switch {
+		case served >= answeredElsewhere:
+			// The engine refuses what the others serve: every refusal counts.
+			v.Blamed, t.spared, t.blamedAt = true, false, time.Time{}
+		case refusedElsewhere >= 0.5:
+			// Refused elsewhere too, and served nowhere: the client's.
+			if first {
+				t.spared = true
+			} else if !t.blamedAt.IsZero() {
+				v.TakeBack, t.blamedAt, t.spared = t.blamedAt, time.Time{}, true
+			}
+		case first:
+			v.Blamed, t.spared, t.blamedAt = true, false, now
+		}
+	}
 	t.answered++
 	if refused {
 		t.refused++
 	}
-	return blamed
+	return v
+}
+
+// others returns the answers (fading) that endpoints other than ep gave to k at now, and their
+// refusals of it.
+func (k *refusedKey) others(ep *endpoint.Endpoint, now time.Time, w time.Duration) (served, refused float64) {
+	for i := range k.eps {
+		if k.eps[i].ep != ep {
+			a, r := k.eps[i].fade(now, w)
+			served += a - r
+			refused += r
+		}
+	}
+	return served, refused
 }
 
 // elsewhere returns the answers (fading) that endpoints other than ep gave to k at now.
 func (k *refusedKey) elsewhere(ep *endpoint.Endpoint, now time.Time, w time.Duration) float64 {
-	var n float64
-	for i := range k.eps {
-		if k.eps[i].ep != ep {
-			a, r := k.eps[i].fade(now, w)
-			n += a - r
-		}
-	}
-	return n
+	served, _ := k.others(ep, now, w)
+	return served
 }
 
-// dropKey forgets a key to make room for another (maxRefusalKeys): the stalest that no
-// endpoint refused more than once, or, where every key has such refusals, the stalest of all,
-// its excess moving to the forgiven tally of each endpoint it counted for. The caller holds o.mu.
+// dropKey forgets a key to make room for another (maxRefusalKeys): the stalest with no excess
+// at any endpoint (repeated), or, where every key has some, the stalest of all, its excess
+// moving to the forgiven tally of each endpoint it counted for. The caller holds o.mu.
 func (o *Outlier) dropKey(now time.Time) {
 	var stalest, single uint64
 	var stalestAt, singleAt time.Time
@@ -547,13 +681,50 @@ func (o *Outlier) dropKey(now time.Time) {
 	}
 	delete(o.keys, drop)
 	o.tracked.Store(int32(len(o.keys)))
+	o.rebuildFilter()
 }
 
-// repeated reports whether an endpoint refused k more than once, its tallies unfaded: false
-// means k has no excess (excess counts refusals past the first, and tallies only fade).
+// expire forgets the keys untouched for keyExpiry refusal windows, their excess moving to the
+// forgiven tally of each endpoint it counted for (as dropKey's), when a sweep is due: at most
+// once a quarter window, so that the keys' bound (maxRefusalKeys) is the cost of a sweep and
+// the request path's share of it is constant. The caller holds o.mu.
+func (o *Outlier) expire(now time.Time) {
+	if now.Before(o.sweepAt) || len(o.keys) == 0 {
+		return
+	}
+	w := o.cfg.RefusalWindow
+	o.sweepAt = now.Add(w / 4)
+	n := len(o.keys)
+	for key, k := range o.keys {
+		if now.Sub(k.touched) > keyExpiry*w {
+			o.forgive(k, now)
+			delete(o.keys, key)
+		}
+	}
+	if len(o.keys) != n {
+		o.tracked.Store(int32(len(o.keys)))
+		o.rebuildFilter()
+	}
+}
+
+// rebuildFilter sets o.filter to the bits of the keys followed now. Each word is stored whole,
+// and holds every followed key's bit before and after: a reader without o.mu never misses a
+// key followed throughout. The caller holds o.mu.
+func (o *Outlier) rebuildFilter() {
+	var f [filterBits / 64]uint64
+	for key := range o.keys {
+		f[key/64%(filterBits/64)] |= 1 << (key % 64)
+	}
+	for i := range f {
+		o.filter[i].Store(f[i])
+	}
+}
+
+// repeated reports whether k has excess at some endpoint (excessAt), its tallies unfaded:
+// false means it has none (tallies only fade).
 func (k *refusedKey) repeated() bool {
 	for i := range k.eps {
-		if k.eps[i].refused > 1 {
+		if t := &k.eps[i]; t.refused > 1 || t.spared && t.refused > 0 {
 			return true
 		}
 	}
@@ -566,12 +737,12 @@ func (o *Outlier) forgive(k *refusedKey, now time.Time) {
 	w := o.cfg.RefusalWindow
 	for i := range k.eps {
 		t := &k.eps[i]
-		_, r := t.fade(now, w)
-		if r <= 1 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
+		x := t.excessAt(now, w)
+		if x <= 0 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
 			continue
 		}
 		if s := o.st[t.ep]; s != nil {
-			s.forgiven = s.forgivenNow(now, w) + r - 1
+			s.forgiven = s.forgivenNow(now, w) + x
 			s.forgivenAt = now
 		}
 	}
@@ -585,9 +756,10 @@ func (s *outlierState) forgivenNow(now time.Time, w time.Duration) float64 {
 	return s.forgiven
 }
 
-// excess returns, for each endpoint that refused a key more than once of late while no other
-// endpoint answered it, the refusals past the first (fading), with those of the keys dropped
-// since (forgiven): one client's bad requests that count neither as refusals nor as answers.
+// excess returns, for each endpoint that refused a key of late while no other endpoint
+// answered it, the refusals past the first, or all of them where another endpoint refused the
+// key too (excessAt, fading), with those of the keys dropped since (forgiven): one client's bad
+// requests that count neither as refusals nor as answers.
 // The caller holds o.mu.
 func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
 	w := o.cfg.RefusalWindow
@@ -603,14 +775,14 @@ func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
 	for _, k := range o.keys {
 		for i := range k.eps {
 			t := &k.eps[i]
-			_, r := t.fade(now, w)
-			if r <= 1 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
+			x := t.excessAt(now, w)
+			if x <= 0 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
 				continue
 			}
 			if out == nil {
 				out = map[*endpoint.Endpoint]float64{}
 			}
-			out[t.ep] += r - 1
+			out[t.ep] += x
 		}
 	}
 	return out
@@ -781,4 +953,5 @@ func (o *Outlier) Forget(ep *endpoint.Endpoint) {
 		}
 	}
 	o.tracked.Store(int32(len(o.keys)))
+	o.rebuildFilter()
 }

@@ -305,8 +305,9 @@ func TestOutlierOneClientsRefusals(t *testing.T) {
 // TestOneClientsRefusalsStay: the reviewer's case, in process: prefix-aware, three endpoints,
 // good traffic of unique prompts, and one client whose requests share a prefix cached on one
 // endpoint and are refused (400: max_tokens past the model's length) wherever they go. The
-// bad client's requests stay on that endpoint, which is not ejected, and the good traffic is
-// shared as if the bad client were not there. Before, the endpoint cost twice its cost or more
+// bad client's requests stay on that endpoint (but for one probe of another, which refuses it
+// too), which is not ejected, and the good traffic is shared as if the bad client were not
+// there. Before, the endpoint cost twice its cost or more
 // for each refusal (the policy heard each one as a failed attempt), the good traffic left it,
 // and the refusal rule then ejected it (its answers all refusals, the others' none), sending
 // the bad client to the other endpoints; with the rule off, the good traffic left it all the
@@ -369,8 +370,10 @@ func TestOneClientsRefusalsStay(t *testing.T) {
 			}
 		}
 		// The bad client's endpoint is the warm one.
-		if bad[warm] == 0 && withBad {
-			t.Errorf("the bad client's requests never went to %s, where their prefix is cached", warm)
+		// One request of the bad client probes another endpoint (Outlier.Avoid: once a refusal
+		// window, longer than the run), which refuses it too: the rest stay where the prefix is.
+		if bad[warm] < 400-1 && withBad {
+			t.Errorf("the bad client's requests went to %v: want %s, where their prefix is cached, but for one probe", bad, warm)
 		}
 		return good, bad, ejections
 	}
@@ -383,9 +386,7 @@ func TestOneClientsRefusalsStay(t *testing.T) {
 		if ejections != 0 {
 			t.Errorf("%d ejections for the bad client's refusals", ejections)
 		}
-		if len(bad) != 1 {
-			t.Errorf("the bad client's requests went to %v: want one endpoint, where their prefix is cached", bad)
-		}
+
 		for _, name := range []string{"a", "b", "c"} {
 			if lo := goodAlone[name] * 3 / 4; good[name] < lo {
 				t.Errorf("%s served %d good requests with the bad client, %d without it", name, good[name], goodAlone[name])

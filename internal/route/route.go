@@ -89,14 +89,31 @@ type RefusalHealth interface {
 
 // KeyedRefusalHealth is a RefusalHealth that judges refusals by the requests refused: one
 // client's bad requests, which every engine would refuse, are not held against the one engine
-// they all went to (Outlier.RefusedRequest). The lifecycle tells it instead of Refused.
+// they all went to (Outlier.Refuse). The lifecycle tells it instead of Refused.
 type KeyedRefusalHealth interface {
-	// RefusedRequest is told of an attempt of req that ep refused. It reports whether ep was
-	// ejected by it, and whether the refusal counts against ep (blamed): the policy hears
-	// of the refusals that do as failed attempts (policy.Result.Failed).
-	RefusedRequest(ep *endpoint.Endpoint, req *policy.Request) (ejected, blamed bool)
+	// Refuse is told of an attempt of req that ep refused, and returns what it made of it.
+	Refuse(ep *endpoint.Endpoint, req *policy.Request) Refusal
 	// Served is told of an attempt of req that ep answered well, beside Health.Succeeded.
 	Served(ep *endpoint.Endpoint, req *policy.Request)
+	// Avoid reports whether req, ranked first for ep, should be sent first to another
+	// endpoint (the next ranked) instead: ep refused requests like it of late, and whether
+	// the rest of the fleet serves them is to be found out, or is known (Outlier.Avoid). It is
+	// asked only where another endpoint is ranked, and req is not pinned to ep.
+	Avoid(ep *endpoint.Endpoint, req *policy.Request, now time.Time) bool
+}
+
+// Refusal is what passive health checking made of a refused attempt (KeyedRefusalHealth).
+type Refusal struct {
+	// Ejected: the endpoint was ejected by it.
+	Ejected bool
+	// Blamed: the refusal counts against the endpoint; the policy hears of it as a failed
+	// attempt (policy.Result.Failed).
+	Blamed bool
+	// TakeBack, when not zero, is when an earlier refusal at the endpoint was blamed on it,
+	// which the requests since have shown to be the client's doing (the same requests
+	// refused by another endpoint too, and served by none): the policy takes that failed
+	// attempt back (policy.Result.TakeBack).
+	TakeBack time.Time
 }
 
 // PeerHealth is a Health that also hears how the other router replicas' attempts went (their
@@ -338,8 +355,10 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 		return c, err
 	}
 	pick, first := ranked[0], ranked[0]
+	pinned := ""
 	if pin != "" {
-		ranked = pinFirst(ranked, candidates, lc.state.pins.get(pin))
+		pinned = lc.state.pins.get(pin)
+		ranked = pinFirst(ranked, candidates, pinned)
 		first = c.movedBy(ranked, first, MovedPin)
 	}
 	ranked = lc.backoffLast(ranked, now)
@@ -347,11 +366,26 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	ranked = lc.warmUp(req, ranked, candidates, now)
 	first = c.movedBy(ranked, first, MovedWarmUp)
 	ranked = lc.probeBlind(req, ranked, now)
-	if c.movedBy(ranked, first, MovedCacheProbe) == pick {
+	first = c.movedBy(ranked, first, MovedCacheProbe)
+	ranked = lc.avoidRefusing(req, ranked, pinned, now)
+	if c.movedBy(ranked, first, MovedRefused) == pick {
 		c.moved = "" // moved away and back
 	}
 	c.ranked = ranked[:min(len(ranked), lc.attempts)]
 	return c, nil
+}
+
+// avoidRefusing swaps the first two endpoints of ranked where the first is to be avoided for
+// req (KeyedRefusalHealth.Avoid): it refused requests like it, and whether the rest of the
+// fleet serves them is to be found out, or is known. Not an endpoint the request is pinned to
+// (pinned: its name), which alone holds the previous response the request names.
+func (lc *Lifecycle) avoidRefusing(req *policy.Request, ranked []*endpoint.Endpoint, pinned string, now time.Time) []*endpoint.Endpoint {
+	if lc.keyed == nil || len(ranked) < 2 || pinned != "" && ranked[0].Name == pinned || !lc.keyed.Avoid(ranked[0], req, now) {
+		return ranked
+	}
+	out := slices.Clone(ranked)
+	out[0], out[1] = out[1], out[0]
+	return out
 }
 
 // warmUp moves a warming-up endpoint from first place to second for the share of requests it
@@ -529,6 +563,11 @@ const (
 	// MovedCacheProbe: the request probes an endpoint whose cache reports disagree with the
 	// index (route.Audit), to learn whether it finds its prefixes again.
 	MovedCacheProbe = "cache_probe"
+	// MovedRefused: the pick refused requests of this one's key (its prompt's first block and
+	// its tenant) of late and served none: the request tries the next ranked endpoint, to learn
+	// whether the rest of the fleet serves them (once a refusal window), or because it does
+	// (KeyedRefusalHealth.Avoid).
+	MovedRefused = "refused"
 )
 
 // movedBy records why when ranked no longer starts with first, and returns its first.
@@ -540,8 +579,8 @@ func (c *Call) movedBy(ranked []*endpoint.Endpoint, first *endpoint.Endpoint, wh
 }
 
 // Moved says why the request's first endpoint is not the one its policy ranked first
-// (MovedPin, MovedBackoff, MovedWarmUp, MovedCacheProbe: the last step that changed the first),
-// "" when it is.
+// (MovedPin, MovedBackoff, MovedWarmUp, MovedCacheProbe, MovedRefused: the last step that
+// changed the first), "" when it is.
 func (c *Call) Moved() string { return c.moved }
 
 // Ranked returns the endpoints the request may be sent to, in order.
@@ -731,7 +770,8 @@ func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 	switch {
 	case !refused:
 	case c.lc.keyed != nil:
-		_, blamed = c.lc.keyed.RefusedRequest(c.ep, c.Req)
+		v := c.lc.keyed.Refuse(c.ep, c.Req)
+		blamed, res.TakeBack = v.Blamed, v.TakeBack
 	case c.lc.refusals != nil:
 		c.lc.refusals.Refused(c.ep)
 	}
