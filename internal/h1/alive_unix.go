@@ -8,7 +8,11 @@ import (
 )
 
 // alive peeks, without waiting, at an idle connection: false when the server closed it or sent
-// something unasked.
+// something unasked. Only the plain TCP connections the Transport dials come here: https goes
+// to Fallback, net/http's Transport, whose reader goroutine notices a close itself, so no TLS
+// connection is pooled here (TestHTTPSGoesToFallback). A *tls.Conn, not a syscall.Conn,
+// would be taken for alive, and the bytes under it would need reading as records: a
+// close_notify alert is a close, a TLS 1.3 session ticket is not.
 func alive(nc net.Conn) bool {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {

@@ -14,12 +14,12 @@ import (
 
 // Stats are a server's counts of connections and of request body bytes, for metrics.
 type Stats struct {
-	// Conns is the number of open client connections (hijacked ones and those closed to make
-	// room excepted).
+	// Conns is the number of open client connections (hijacked ones and those closed, or
+	// parted from, to make room excepted).
 	Conns int
-	// ConnsEvicted counts the connections closed, while they waited for a request, to make
-	// room for a new one at MaxConns; ConnsRefused the new connections refused at MaxConns
-	// because none waited.
+	// ConnsEvicted counts the connections closed (or parted from), while they waited for a
+	// request, to make room for a new one at MaxConns; ConnsRefused the new connections
+	// refused at MaxConns because none waited.
 	ConnsEvicted, ConnsRefused uint64
 	// BodyBytes is the request body bytes counted against MaxPendingBodyBytes now;
 	// BodiesRefused counts the body reads refused because the cap stayed reached.
@@ -246,18 +246,21 @@ const (
 	lingerBytes = 1 << 20
 )
 
-// maxLingering is how many refused connections may linger at once (refuser) for a server of
-// maxConns whose MaxLingering is budget: a 32nd of maxConns, 64 to 128, and at most budget when
-// set (negative: none). Beyond it a refusal is written before the client's request, which Go's
-// client fails ("Unsolicited response received on idle HTTP channel") rather than read: under
-// a flood, each client over the cap has about one refusal lingering at a time (it sends again
-// once it has read the last), so the least is what a flood of 64 clients over a small cap
-// needs (50 clients without backoff at a cap of 8, 3 s: 28 such failures with the old least
-// of 4, none with 64). Each holds a goroutine and an open file, on top of MaxConns, for up to
-// two seconds (refuseWait, the answer's write, lingerTime), less when the client sends at once
-// and closes after the answer. The 64 to 128 fit a process with files to spare; one short of
-// them bounds them by what it keeps aside (app gives each server a share of the open files
-// its caps leave), lest the files they hold fail its accepts and its engine dials (EMFILE).
+// maxLingering is how many refused connections may linger at once (refuser), together with the
+// kept-alive connections parted from to make room (Server.evictWaiting, connTable.evictLocked),
+// for a server of maxConns whose MaxLingering is budget: a 32nd of maxConns, 64 to 128, and at
+// most budget when set (negative: none). Beyond it a refusal is written before the client's
+// request, which Go's client fails ("Unsolicited response received on idle HTTP channel")
+// rather than read: under a flood, each client over the cap has about one refusal lingering
+// at a time (it sends again once it has read the last), so the least is what a flood of 64
+// clients over a small cap needs (50 clients without backoff at a cap of 8, 3 s: 28 such
+// failures with the old least of 4, none with 64). Each holds a goroutine and an open file,
+// on top of MaxConns, for up to two seconds (refuseWait, the answer's write, lingerTime), less
+// when the client sends at once and closes after the answer; a parted connection holds its
+// file for idleGrace, or until the answer to the request that arrived on it. The 64 to 128
+// fit a process with files to spare; one short of them bounds them by what it keeps aside
+// (app gives each server a share of the open files its caps leave), lest the files they hold
+// fail its accepts and its engine dials (EMFILE).
 func maxLingering(maxConns, budget int) int32 {
 	n := min(max(maxConns/32, 64), 128)
 	if budget != 0 {
@@ -293,6 +296,9 @@ func freshGrace(readHeader time.Duration) time.Duration {
 // the close (a reset or an EOF, which a POST does not survive). It delays a shutdown's end
 // by at most this after the last such answer, within the second a cut request has
 // (app's cutGrace); a connection idle for longer when the shutdown began is closed then.
+// For the same reason a kept-alive connection closed to make room at MaxConns stays open
+// this long after it was taken (parted from): its client may be sending on it as it is
+// taken, and cannot know before the close reaches it, a round trip later.
 const idleGrace = 500 * time.Millisecond
 
 // refuser answers the connections a server refuses at MaxConns with 503, each on a goroutine
@@ -301,32 +307,83 @@ const idleGrace = 500 * time.Millisecond
 // once with the request unread, the connection would be reset by the kernel: the client's
 // write of its request fails (connection reset, broken pipe) and it may never read the 503.
 // Beyond maxLingering at once, a connection is answered at once and closed (a fresh socket
-// takes the answer without waiting), as all were before. A TLS connection is closed without
-// a word: its answer would first wait for the client's handshake.
+// takes the answer without waiting), as all were before.
+//
+// A TLS connection's answer needs its handshake first, which costs the server a signature
+// and a key exchange: BenchmarkRefusal, on a 2-vCPU VM, gives 0.3 ms of CPU per refusal with
+// an ECDSA P-256 certificate and 1.2 ms with RSA 2048, against 0.05 ms for a plain one (up to
+// half as much again on a loaded machine). Those within maxLingering get it, within
+// refuseWait of the accept for the handshake and the request's start together, and their
+// 503 then (or, on HTTP/2, a GOAWAY that refuses the client's streams); beyond it a TLS
+// connection is closed without a word (its client sees the handshake fail, EOF or a reset,
+// and should retry after a pause as after a 503): the bound that keeps the open files in
+// check also bounds the handshakes spent on refusals to maxLingering at once. At the cap the
+// server is short of connections, not necessarily of CPU (a cap full of long streams leaves
+// the CPU idle), and a client that reads a 503 with Retry-After comes back later, where one
+// whose handshake failed may come back at once.
 type refuser struct {
 	lingering atomic.Int32
 }
 
 func (r *refuser) refuse(nc net.Conn, limit int32, errorBody func(int, string) (string, []byte)) {
-	if _, ok := nc.(*tls.Conn); ok {
-		_ = nc.Close()
-		return
-	}
-	if r.lingering.Add(1) > limit {
-		r.lingering.Add(-1)
-		writeRefusal(nc, errorBody)
+	if !r.take(limit) {
+		if _, ok := nc.(*tls.Conn); !ok {
+			writeRefusal(nc, errorBody)
+		}
 		_ = nc.Close()
 		return
 	}
 	go func() {
 		defer r.lingering.Add(-1)
-		var b [512]byte
-		_ = nc.SetReadDeadline(time.Now().Add(refuseWait))
-		_, _ = nc.Read(b[:])
-		writeRefusal(nc, errorBody)
-		closeWriteAndDrain(nc)
-		_ = nc.Close()
+		lingerRefusal(nc, errorBody)
 	}()
+}
+
+// lingerRefusal answers a refused connection once its request begins (or refuseWait after
+// the call, its TLS handshake included) and closes it as closeWriteAndDrain does.
+func lingerRefusal(nc net.Conn, errorBody func(int, string) (string, []byte)) {
+	defer nc.Close()
+	_ = nc.SetReadDeadline(time.Now().Add(refuseWait))
+	if tc, ok := nc.(*tls.Conn); ok {
+		_ = nc.SetWriteDeadline(time.Now().Add(refuseWait))
+		if tc.Handshake() != nil {
+			return
+		}
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			writeGoAway(nc)
+			closeWriteAndDrain(nc)
+			return
+		}
+	}
+	var b [512]byte
+	_, _ = nc.Read(b[:])
+	writeRefusal(nc, errorBody)
+	closeWriteAndDrain(nc)
+}
+
+// writeGoAway refuses an HTTP/2 connection (RFC 9113): it sends the server's preface (an
+// empty SETTINGS frame), then a GOAWAY frame whose last stream is 0, so that the client knows
+// that none of its streams was processed and may send them again, with the error
+// REFUSED_STREAM and, as debug data, what a 503 would have said.
+func writeGoAway(nc net.Conn) {
+	const debug = "the server has as many connections open as it takes: retry shortly"
+	b := make([]byte, 0, 9+9+8+len(debug))
+	b = append(b, 0, 0, 0, 0x4, 0, 0, 0, 0, 0) // SETTINGS, empty, on stream 0
+	n := 8 + len(debug)
+	b = append(b, byte(n>>16), byte(n>>8), byte(n), 0x7, 0, 0, 0, 0, 0) // GOAWAY, on stream 0
+	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0x7)                             // last stream 0; REFUSED_STREAM
+	b = append(b, debug...)
+	_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = nc.Write(b)
+}
+
+// take takes a lingering slot, if fewer than limit are taken, and reports whether it did.
+func (r *refuser) take(limit int32) bool {
+	if r.lingering.Add(1) <= limit {
+		return true
+	}
+	r.lingering.Add(-1)
+	return false
 }
 
 // writeRefusal writes the 503 of a connection refused at MaxConns.
@@ -363,6 +420,10 @@ type connTable struct {
 	open    int // in conns, less those closed to make room
 	evicted atomic.Uint64
 	refused atomic.Uint64
+	// linger holds the lingering slots (the server's refuser) that the connections parted
+	// from take, lingerLimit of them at most (maxLingering).
+	linger      *refuser
+	lingerLimit int32
 }
 
 type tracked struct {
@@ -370,8 +431,12 @@ type tracked struct {
 	since   int64 // Unix ns
 	evicted bool
 	// h2: the connection speaks HTTP/2 (over TLS), known from its first StateActive (seen);
-	// closed: the shutdown closed it while it waited (drainStep).
+	// closed: the shutdown, or the end of its parting, closed it while it waited.
 	seen, h2, closed bool
+	// parting: closed to make room while idle, but left open for idleGrace for a request its
+	// client sent as it was taken, which is answered with Connection: close (evictLocked). It
+	// holds a lingering slot until it closes. Read by NetHTTP's guard, off the lock.
+	parting atomic.Bool
 }
 
 // add counts in a new connection, closing waiting ones to make room at limit (0: no bound),
@@ -380,8 +445,8 @@ func (t *connTable) add(c net.Conn, limit int, grace time.Duration) bool {
 	t.mu.Lock()
 	var victims []net.Conn
 	if limit > 0 && t.open >= limit {
-		victims = t.evictLocked(limit, grace)
-		if len(victims) == 0 {
+		var made int
+		if victims, made = t.evictLocked(limit, grace); made == 0 {
 			t.mu.Unlock()
 			t.refused.Add(1)
 			return false
@@ -409,10 +474,13 @@ func closeEvicted(victims []net.Conn) {
 	}()
 }
 
-// evictLocked picks up to evictBatch(limit) waiting connections to close, as Server.evictWaiting does
-// (new ones once they have waited grace), and counts them out; the caller closes them once it
-// has let go of t.mu.
-func (t *connTable) evictLocked(limit int, grace time.Duration) []net.Conn {
+// evictLocked picks up to evictBatch(limit) waiting connections to take out, as
+// Server.evictWaiting does (new ones once they have waited grace), counts them out, and
+// reports how many it took. It returns those to close at once, for the caller to close once
+// it has let go of t.mu; an idle HTTP/1 connection it parts from instead while a lingering
+// slot is free: left open for idleGrace, a request that its client sent as it was taken is
+// answered (with Connection: close), and it is closed then if none came (partEnd).
+func (t *connTable) evictLocked(limit int, grace time.Duration) (closeNow []net.Conn, made int) {
 	o := oldest[net.Conn]{n: evictBatch(limit)}
 	o.keep = make([]candidate[net.Conn], 0, o.n)
 	young := time.Now().UnixNano() - int64(grace)
@@ -427,17 +495,38 @@ func (t *connTable) evictLocked(limit int, grace time.Duration) []net.Conn {
 			o.offer(c, true, x.since)
 		}
 	}
-	var out []net.Conn
 	for _, k := range o.keep {
 		if pending(underConn(k.c)) {
 			continue // a request arriving
 		}
-		t.conns[k.c].evicted = true
+		x := t.conns[k.c]
+		x.evicted = true
 		t.open--
-		out = append(out, k.c)
+		made++
+		if !k.fresh && !x.h2 && t.linger != nil && t.linger.take(t.lingerLimit) {
+			x.parting.Store(true)
+			c := k.c
+			time.AfterFunc(idleGrace, func() { t.partEnd(c, x) })
+			continue
+		}
+		closeNow = append(closeNow, k.c)
 	}
-	t.evicted.Add(uint64(len(out)))
-	return out
+	t.evicted.Add(uint64(made))
+	return closeNow, made
+}
+
+// partEnd closes c, parted from idleGrace ago, unless a request arrived on it meanwhile (its
+// answer closes it) or it closed already. Only the instant between Go's server reading the
+// request's first bytes and its move to StateActive is left to a race with the client.
+func (t *connTable) partEnd(c net.Conn, x *tracked) {
+	t.mu.Lock()
+	if t.conns[c] != x || x.state != http.StateIdle || x.closed || pending(underConn(c)) {
+		t.mu.Unlock()
+		return
+	}
+	x.closed = true
+	t.mu.Unlock()
+	_ = c.Close() // on the timer's goroutine: a TLS close may wait for the client (closeEvicted)
 }
 
 // changed follows Go's server's ConnState.
@@ -454,8 +543,16 @@ func (t *connTable) changed(c net.Conn, st http.ConnState) {
 		if !x.evicted {
 			t.open--
 		}
+		if x.parting.Load() {
+			t.linger.lingering.Add(-1)
+		}
 	default:
 		x.state, x.since = st, time.Now().UnixNano()
+		if st == http.StateIdle && x.parting.Load() {
+			// Parted from, it answered without closing (Go's server answered a request that
+			// never reached the guard): it waits another idleGrace, then closes.
+			time.AfterFunc(idleGrace, func() { t.partEnd(c, x) })
+		}
 		if st == http.StateActive && !x.seen {
 			// Go's server calls this once the handshake is done: ConnectionState does not wait.
 			x.seen = true
@@ -491,6 +588,13 @@ func (t *connTable) drainStep(now int64) bool {
 	t.mu.Unlock()
 	closeConns(idle)
 	return !left
+}
+
+// lookup returns c's entry; nil: not followed.
+func (t *connTable) lookup(c net.Conn) *tracked {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conns[c]
 }
 
 func (t *connTable) stats() Stats {

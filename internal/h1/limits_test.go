@@ -2,6 +2,8 @@ package h1
 
 import (
 	"bufio"
+	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/testcert"
 )
 
 // limits are the settings of this file's tests, given to both servers.
@@ -731,7 +735,8 @@ func TestRefusalsLingerApart(t *testing.T) {
 // TestEvictionClosesApart: the connections closed to make room at MaxConns are closed off the
 // accept loop: with the waiting connection's Close held (as a TLS connection's close_notify
 // may be, by a client that does not read), the new connection is served at once, not after
-// it.
+// it. (With no lingering slot, MaxLingering -1, the kept-alive connection is closed at once,
+// not parted from: TestPartedServesRequestOnItsWay.)
 func TestEvictionClosesApart(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
 	servers := []struct {
@@ -739,14 +744,14 @@ func TestEvictionClosesApart(t *testing.T) {
 		start func(t *testing.T, ln net.Listener) (addr string, stats func() Stats, idle func(remote string) bool)
 	}{
 		{"h1", func(t *testing.T, ln net.Listener) (string, func() Stats, func(string) bool) {
-			s := &Server{MaxConns: 1}
+			s := &Server{MaxConns: 1, MaxLingering: -1}
 			return serveOn(t, s, h, ln), s.Stats, func(remote string) bool {
 				c := s.connOf(remote)
 				return c != nil && c.state.Load() == stateIdle
 			}
 		}},
 		{"net/http", func(t *testing.T, ln net.Listener) (string, func() Stats, func(string) bool) {
-			s := &NetHTTP{MaxConns: 1}
+			s := &NetHTTP{MaxConns: 1, MaxLingering: -1}
 			return serveNetHTTPOn(t, s, h, ln), s.Stats, func(remote string) bool {
 				s.table.mu.Lock()
 				defer s.table.mu.Unlock()
@@ -833,4 +838,128 @@ func (c *slowCloseConn) Close() error {
 		}
 	})
 	return c.Conn.Close()
+}
+
+// TestRefusalTLS: a TLS connection refused at MaxConns gets its handshake and then its 503
+// (Retry-After: 1), as a plain one does, where before it was closed before its handshake
+// (the client saw EOF); on HTTP/2 (NetHTTP offers it), a GOAWAY that refuses its streams
+// (last stream 0, REFUSED_STREAM). Beyond the lingering bound (none here: MaxLingering -1),
+// a TLS connection is still closed without a word: its client's handshake fails.
+func TestRefusalTLS(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	certFile, keyFile := testcert.NewCA(t, "refusal").Issue("server")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := func(protos ...string) net.Listener {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: protos})
+	}
+	dial := func(addr string, protos ...string) (*tls.Conn, error) {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
+			&tls.Config{InsecureSkipVerify: true, NextProtos: protos})
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		return c, nil
+	}
+	for _, lingering := range []int{0, -1} {
+		servers := []struct {
+			name string
+			addr string
+			h2   bool
+		}{
+			{"h1", serveOn(t, &Server{MaxConns: 1, MaxLingering: lingering}, h, listen("http/1.1")), false},
+			{"net/http", serveNetHTTPOn(t, &NetHTTP{MaxConns: 1, MaxLingering: lingering}, h, listen("h2", "http/1.1")), true},
+		}
+		for _, srv := range servers {
+			t.Run(fmt.Sprintf("%s/lingering=%d", srv.name, lingering), func(t *testing.T) {
+				busy, err := dial(srv.addr, "http/1.1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.WriteString(busy, get("/block")); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-entered:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the busy request did not start")
+				}
+				c, err := dial(srv.addr, "http/1.1")
+				if lingering < 0 {
+					if err == nil {
+						t.Errorf("with no lingering slot, the refused TLS connection's handshake succeeded")
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("the refused connection's handshake: %v", err)
+				}
+				if _, err := io.WriteString(c, "POST /v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("the refused connection's answer: %v", err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || !resp.Close {
+					t.Errorf("the refused TLS connection: %s, Retry-After %q, close %v; want 503, 1, true",
+						resp.Status, resp.Header.Get("Retry-After"), resp.Close)
+				}
+				if !srv.h2 {
+					return
+				}
+				c2, err := dial(srv.addr, "h2")
+				if err != nil {
+					t.Fatalf("the refused HTTP/2 connection's handshake: %v", err)
+				}
+				if p := c2.ConnectionState().NegotiatedProtocol; p != "h2" {
+					t.Fatalf("negotiated %q, want h2", p)
+				}
+				if _, err := io.WriteString(c2, h2Preface); err != nil {
+					t.Fatal(err)
+				}
+				var frames []string
+				for range 2 {
+					var head [9]byte
+					if _, err := io.ReadFull(c2, head[:]); err != nil {
+						t.Fatalf("after %v: %v", frames, err)
+					}
+					payload := make([]byte, int(head[0])<<16|int(head[1])<<8|int(head[2]))
+					if _, err := io.ReadFull(c2, payload); err != nil {
+						t.Fatal(err)
+					}
+					switch head[3] {
+					case 0x4:
+						frames = append(frames, fmt.Sprintf("SETTINGS len %d", len(payload)))
+					case 0x7:
+						frames = append(frames, fmt.Sprintf("GOAWAY last %d code %d", binary.BigEndian.Uint32(payload)&(1<<31-1),
+							binary.BigEndian.Uint32(payload[4:])))
+					default:
+						frames = append(frames, fmt.Sprintf("type %d", head[3]))
+					}
+				}
+				if diff := cmp.Diff([]string{"SETTINGS len 0", "GOAWAY last 0 code 7"}, frames); diff != "" {
+					t.Errorf("the refused HTTP/2 connection's frames (-want +got):\n%s", diff)
+				}
+			})
+		}
+	}
 }

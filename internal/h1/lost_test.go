@@ -4,12 +4,18 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -393,4 +399,147 @@ func TestPendingTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the request's record seen waiting", func() bool { return pending(sc) })
+}
+
+// TestPartedServesRequestOnItsWay: at MaxConns, an idle kept-alive connection taken to make
+// room for a new one stays open for idleGrace: the request its client sends just then (it
+// cannot know) is answered, with Connection: close, where before it met the close (EOF or a
+// reset: a POST that Go's client does not send again). One whose client sends nothing is
+// closed after idleGrace. With no lingering slot to spare (MaxLingering < 0) it is closed at
+// once, as before. In each case the newcomer is served.
+func TestPartedServesRequestOnItsWay(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	})
+	const post = "POST /v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+	for _, tc := range []struct {
+		name      string
+		lingering int
+		send      bool
+	}{
+		{"request on its way", 0, true},
+		{"nothing sent", 0, false},
+		{"no lingering slot", -1, true},
+	} {
+		for _, srv := range limitedServers(t, limits{maxConns: 1, maxLingering: tc.lingering}, h) {
+			t.Run(tc.name+"/"+srv.name, func(t *testing.T) {
+				old := dialClient(t, srv.addr)
+				if st := old.get("/"); st != http.StatusOK {
+					t.Fatalf("status %d", st)
+				}
+				eventually(t, "the first connection idle", func() bool { return srv.idle(old.remote()) })
+				taken := time.Now()
+				newcomer := dialClient(t, srv.addr)
+				eventually(t, "the idle connection taken", func() bool { return srv.stats().ConnsEvicted == 1 })
+				switch {
+				case !tc.send:
+					if !old.closed() {
+						t.Error("the connection taken, silent, is still open")
+					}
+					if took := time.Since(taken); took < idleGrace {
+						t.Errorf("the connection taken, silent, closed %v after, want %v at least", took, idleGrace)
+					}
+				case tc.lingering < 0:
+					old.send(post)
+					if status, _, _, err := readResponse(old.br); err == nil {
+						t.Errorf("with no lingering slot, the request on the connection taken: %d, want it met by the close", status)
+					}
+				default:
+					old.send(post)
+					status, closing, body, err := readResponse(old.br)
+					if err != nil || status != http.StatusOK || body != "ok" || !closing {
+						t.Errorf("the request on the connection taken: %d %q closing %v, %v; want 200 ok, Connection: close", status, body, closing, err)
+					}
+					if !old.closed() {
+						t.Error("the connection taken is still open after its last answer")
+					}
+				}
+				if st := newcomer.get("/"); st != http.StatusOK {
+					t.Errorf("the newcomer: status %d, want 200", st)
+				}
+				if st := srv.stats(); st.Conns != 1 || st.ConnsRefused != 0 {
+					t.Errorf("%d open, %d refused; want 1 and 0", st.Conns, st.ConnsRefused)
+				}
+			})
+		}
+	}
+}
+
+// TestFloodAtTheCap measures the requests lost at MaxConns: 50 of Go's clients, each with a
+// connection of its own kept alive, send POSTs to a server capped at 8 connections for 3 s,
+// back to back or with pauses of up to 200 ms, and a 503 is sent again at once. A request
+// lost is one whose kept-alive connection the server closed as its client sent it (EOF or a
+// reset; Go's client does not send a POST again). It takes 13 s, so it runs only with
+// KVROUTE_H1_FLOOD=1:
+//
+//	KVROUTE_H1_FLOOD=1 go test -run TestFloodAtTheCap -v ./internal/h1/
+//
+// Before kept-alive connections were parted from rather than closed at once (3 runs on a
+// 2-core VM), 0.9 to 2.0% of the back-to-back requests were lost with h1 (66 of 7180, 179 of
+// 12879, 273 of 13525), 1.6 to 2.2% with net/http, and up to 0.7% of those with pauses; none
+// since in the same runs. The race is not gone: it is left to the close of a parted
+// connection whose client sends nothing for half a second and then just as it closes. The
+// bound asserted, 0.25%, leaves room for it on a loaded machine.
+func TestFloodAtTheCap(t *testing.T) {
+	if os.Getenv("KVROUTE_H1_FLOOD") == "" {
+		t.Skip("a 13 s measurement: set KVROUTE_H1_FLOOD=1 to run it")
+	}
+	const clients, capConns, span = 50, 8, 3 * time.Second
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "ok")
+	})
+	for _, pause := range []time.Duration{0, 200 * time.Millisecond} {
+		for _, srv := range limitedServers(t, limits{maxConns: capConns}, h) {
+			t.Run(fmt.Sprintf("%s/pause=%v", srv.name, pause), func(t *testing.T) {
+				var mu sync.Mutex
+				counts := map[string]int{}
+				var wg sync.WaitGroup
+				end := time.Now().Add(span)
+				for i := range clients {
+					wg.Go(func() {
+						tr := &http.Transport{}
+						defer tr.CloseIdleConnections()
+						c := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+						rng := rand.New(rand.NewPCG(uint64(i), 1))
+						for time.Now().Before(end) {
+							if pause > 0 {
+								<-time.After(time.Duration(rng.Int64N(int64(pause)))) // the client's own pace
+							}
+							var reused bool
+							ctx := httptrace.WithClientTrace(context.Background(),
+								&httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }})
+							req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+srv.addr+"/v1", strings.NewReader(`{}`))
+							resp, err := c.Do(req)
+							k := ""
+							switch {
+							case err != nil && reused && (errors.Is(err, io.EOF) || isReset(err)):
+								k = "lost"
+							case err != nil:
+								k = err.Error()
+							default:
+								_, _ = io.Copy(io.Discard, resp.Body)
+								resp.Body.Close()
+								k = strconv.Itoa(resp.StatusCode)
+							}
+							mu.Lock()
+							counts[k]++
+							mu.Unlock()
+						}
+					})
+				}
+				wg.Wait()
+				st := srv.stats()
+				n := 0
+				for _, v := range counts {
+					n += v
+				}
+				t.Logf("%d requests: %v; %d connections closed to make room, %d refused", n, counts, st.ConnsEvicted, st.ConnsRefused)
+				if lost := counts["lost"]; lost*400 > n {
+					t.Errorf("%d of %d requests lost, over 0.25%%", lost, n)
+				}
+			})
+		}
+	}
 }

@@ -33,7 +33,9 @@ import (
 //     connection states (a ConnState hook). A connection is closed to make room only while
 //     idle, or new for freshGrace (of ReadHeaderTimeout, else ReadTimeout), with no byte
 //     waiting; Go's server may begin to read a request on it in the instant between the
-//     check and the close (as with its own Shutdown).
+//     check and the close (as with its own Shutdown). An idle HTTP/1 connection is parted
+//     from as with Server: left open for idleGrace within MaxLingering, its next request
+//     answered with Connection: close.
 //   - Shutdown answers every request that reaches it (see the method).
 //   - CloseUnauthorized, as with Server.
 //
@@ -157,9 +159,13 @@ func (s *NetHTTP) Stats() Stats {
 
 type framedKey struct{}
 
+// trackedKey is the key of a connection's *tracked in its requests' contexts.
+type trackedKey struct{}
+
 func (s *NetHTTP) install() {
 	s.budget = newBudget(s.MaxPendingBodyBytes)
 	s.table.conns = make(map[net.Conn]*tracked)
+	s.table.linger, s.table.lingerLimit = &s.refusals, maxLingering(s.MaxConns, s.MaxLingering)
 	s.listeners = make(map[net.Listener]struct{})
 	s.Server.Handler = s.guard(s.Server.Handler)
 	s.Server.DisableGeneralOptionsHandler = true
@@ -170,6 +176,9 @@ func (s *NetHTTP) install() {
 		}
 		if fc, ok := c.(*framedConn); ok {
 			ctx = context.WithValue(ctx, framedKey{}, fc)
+		}
+		if x := s.table.lookup(c); x != nil {
+			ctx = context.WithValue(ctx, trackedKey{}, x)
 		}
 		return ctx
 	}
@@ -188,6 +197,10 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		next = http.DefaultServeMux
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if x, ok := r.Context().Value(trackedKey{}).(*tracked); ok && x.parting.Load() {
+			// The connection was parted from to make room as this request came: its last.
+			w.Header().Set("Connection", "close")
+		}
 		if fc, ok := r.Context().Value(framedKey{}).(*framedConn); ok {
 			i := fc.served
 			fc.served++ // requests on one connection are served one after the other

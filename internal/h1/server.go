@@ -58,8 +58,9 @@ const (
 // at most 1 s after a quiet stretch: see janitor).
 //
 // Requests are parsed by http.ReadRequest. Handlers may Flush and Hijack. What it does not
-// serve: TLS, HTTP/2 (HTTP2 hands h2c connections to another server), CloseNotify, and watching a
-// connection whose client has already sent its next request (pipelining).
+// serve: TLS of its own (serve a tls.NewListener for it), HTTP/2 (HTTP2 hands h2c connections
+// to another server), CloseNotify, and watching a connection whose client has already sent
+// its next request (pipelining).
 type Server struct {
 	Handler http.Handler
 	// ReadHeaderTimeout bounds reading a request's head; IdleTimeout how long a kept-alive
@@ -97,13 +98,20 @@ type Server struct {
 	// longest-idle kept-alive ones first, then the oldest of those that have sent nothing for
 	// a second (or a quarter of ReadHeaderTimeout if less: a younger one's request is likely
 	// on its way), but none with bytes on their way; when none waits, the new connection is
-	// answered 503 (Retry-After: 1) and closed. 0: no bound.
+	// answered 503 (Retry-After: 1) and closed. A kept-alive connection is parted from rather
+	// than closed at once while a lingering slot is free (MaxLingering): counted out, it stays
+	// open for half a second (up to a janitor's round more), so that a request its client
+	// sent as it was taken, not knowing, is answered, with Connection: close, rather than met
+	// by the close (EOF or a reset, which Go's client does not retry for a POST); one that
+	// sends nothing is closed then. 0: no bound.
 	MaxConns int
 	// MaxLingering bounds the connections refused at MaxConns that wait at once for their
 	// request before their 503, each holding an open file and a goroutine for up to two
 	// seconds (beyond it a refusal is written at once, which some clients take for a broken
-	// connection): a process short of open files gives what its caps leave it. The bound is
-	// a 32nd of MaxConns, 64 to 128, and at most MaxLingering when set; negative: none wait.
+	// connection), together with the kept-alive connections closed to make room that stay
+	// open meanwhile (MaxConns; beyond it they are closed at once): a process short of open
+	// files gives what its caps leave it. The bound is a 32nd of MaxConns, 64 to 128, and at
+	// most MaxLingering when set; negative: none wait.
 	MaxLingering int
 	// CloseUnauthorized ends the connection of a request answered 401: a client without a
 	// valid credential holds no kept-alive connection, and tries one credential per
@@ -171,6 +179,9 @@ type Server struct {
 	// turnHook, when set (tests), runs on a connection's goroutine right after serve has moved
 	// the connection to st (stateIdle, or stateHead as the next request arrives).
 	turnHook func(st int32)
+	// headHook, when set (tests), runs on a connection's goroutine once a request's head has
+	// been read, before the connection turns active.
+	headHook func()
 }
 
 // base is the parent context of every request that comes through ln: BaseContext's, with
@@ -301,7 +312,8 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 		s.conns = make(map[*srvConn]struct{})
 	}
 	if s.MaxConns > 0 && len(s.conns)-s.evicting >= s.MaxConns {
-		if victims = s.evictWaiting(); len(victims) == 0 {
+		var made int
+		if victims, made = s.evictWaiting(); made == 0 {
 			s.refused.Add(1)
 			return nil, true
 		}
@@ -323,12 +335,15 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 
 // evictWaiting takes up to evictBatch(MaxConns) of the connections waiting for a request out
 // of their service, the longest-idle kept-alive ones first, then the oldest of those that
-// have sent no request for freshGrace, and returns them for the caller to close once it has
-// let go of s.mu. A connection with bytes on their way (a request arriving) is left, as the
-// janitor leaves it (closeIdle); so is a younger new one, whose request is likely on its
-// way: the newcomer is refused instead (a 503 it can retry, where a POST's client that saw
-// its connection close could not). The caller holds s.mu.
-func (s *Server) evictWaiting() []*srvConn {
+// have sent no request for freshGrace, and reports how many it took. It returns those to
+// close at once, for the caller to close once it has let go of s.mu; a kept-alive one it
+// parts from instead while a lingering slot is free (see stateParting): left open for
+// idleGrace, it serves a request its client sent as it was taken, with Connection: close,
+// and the janitor closes it otherwise. A connection with bytes on their way (a request
+// arriving) is left, as the janitor leaves it (closeIdle); so is a younger new one, whose
+// request is likely on its way: the newcomer is refused instead (a 503 it can retry, where
+// a POST's client that saw its connection close could not). The caller holds s.mu.
+func (s *Server) evictWaiting() (closeNow []*srvConn, made int) {
 	o := oldest[*srvConn]{n: evictBatch(s.MaxConns)}
 	o.keep = make([]candidate[*srvConn], 0, o.n)
 	young := time.Now().UnixNano() - int64(freshGrace(s.ReadHeaderTimeout))
@@ -345,27 +360,40 @@ func (s *Server) evictWaiting() []*srvConn {
 			}
 		}
 	}
-	var out []*srvConn
+	limit := maxLingering(s.MaxConns, s.MaxLingering)
 	for _, x := range o.keep {
 		c := x.c
 		if pending(c.rwc) {
 			continue
 		}
-		from := stateIdle
-		if x.fresh {
-			from = stateNew
-		}
-		// The connection's goroutine leaves these states the same way (serve, activate):
-		// whichever comes first has it.
-		if !c.state.CompareAndSwap(from, stateClosed) {
-			continue
+		if !x.fresh && s.refusals.take(limit) {
+			// since first, as serve stores it: a sweep that sees stateParting times it from
+			// now. Should the swap fail (the request arrived), the connection's own since,
+			// stored an instant before, is replaced by one an instant later: no harm.
+			c.since.Store(time.Now().UnixNano())
+			if !c.state.CompareAndSwap(stateIdle, stateParting) {
+				s.refusals.lingering.Add(-1)
+				continue
+			}
+			c.parting = true
+		} else {
+			from := stateIdle
+			if x.fresh {
+				from = stateNew
+			}
+			// The connection's goroutine leaves these states the same way (serve, activate):
+			// whichever comes first has it.
+			if !c.state.CompareAndSwap(from, stateClosed) {
+				continue
+			}
+			closeNow = append(closeNow, c)
 		}
 		c.evicted = true
 		s.evicting++
-		out = append(out, c)
+		made++
 	}
-	s.evicted.Add(uint64(len(out)))
-	return out
+	s.evicted.Add(uint64(made))
+	return closeNow, made
 }
 
 func (s *Server) watchAfter() time.Duration {
@@ -490,7 +518,12 @@ func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 				expired = append(expired, c.rwc)
 			}
 		case stateIdle:
-			if idle > 0 && age > idle && c.takeIdle() {
+			if idle > 0 && age > idle && c.takeIdle(stateIdle) {
+				c.expired.Store(true)
+				expired = append(expired, c.rwc)
+			}
+		case stateParting:
+			if age >= int64(idleGrace) && c.takeIdle(stateParting) {
 				c.expired.Store(true)
 				expired = append(expired, c.rwc)
 			}
@@ -553,6 +586,9 @@ func (s *Server) forget(c *srvConn) {
 	if c.evicted {
 		s.evicting--
 	}
+	if c.parting {
+		s.refusals.lingering.Add(-1)
+	}
 	if s.done && len(s.conns) == 0 {
 		s.wakeJanitor() // to leave now
 	}
@@ -605,17 +641,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // closeIdle closes the connections waiting for a request (idle ones idleGrace after their last
-// answer, new ones after 5 s without a request) and reports whether none is left. It takes
-// them out of service under s.mu and closes them once it has let go of it (closeConns).
+// answer, or after they were parted from, new ones after 5 s without a request) and reports
+// whether none is left. It takes them out of service under s.mu and closes them once it has
+// let go of it (closeConns).
 func (s *Server) closeIdle() bool {
 	s.mu.Lock()
 	now := time.Now().UnixNano()
 	var idle []net.Conn
 	for c := range s.conns {
 		var take bool
-		switch c.state.Load() {
-		case stateIdle:
-			take = now-c.since.Load() >= int64(idleGrace) && c.takeIdle()
+		switch st := c.state.Load(); st {
+		case stateIdle, stateParting:
+			take = now-c.since.Load() >= int64(idleGrace) && c.takeIdle(st)
 		case stateNew:
 			take = now-c.since.Load() > int64(5*time.Second) && c.takeWaiting(stateNew)
 		}
@@ -660,6 +697,7 @@ const (
 	stateHead                  // reading a request's head (after the first)
 	stateActive                // serving a request
 	stateIdle                  // waiting for the next request
+	stateParting               // idle, counted out at MaxConns, open for a request on its way
 	stateDetached              // hijacked by its handler: not the server's to time or close
 	stateClosed                // taken out of service (closed, or about to be) by the server
 )
@@ -686,8 +724,12 @@ type srvConn struct {
 	// bodyProgress is when the body last made progress (BodyStallTimeout), Unix ns, moved on by
 	// the time the handler spent away from the body.
 	bodyProgress atomic.Int64
-	// evicted: closed to make room for a new connection (MaxConns); under s.mu.
-	evicted bool
+	// evicted: closed to make room for a new connection (MaxConns); parting: left open
+	// meanwhile, holding a lingering slot (stateParting). Under s.mu.
+	evicted, parting bool
+	// lastRequest: the request being read is the connection's last (it arrived as the
+	// connection was parted from); the connection's goroutine's.
+	lastRequest bool
 	// scan checks the head being read while scanning is set (see headScan).
 	scan     headScan
 	scanning bool
@@ -721,15 +763,15 @@ type srvConn struct {
 // it was taken in with a compare-and-swap too (serve, activate, Hijack), so whichever comes
 // first has it, and a request that arrives before the close is not served.
 
-// takeIdle takes the connection out of service if it is still idle and no byte of a request
-// is waiting to be read, and reports whether it did. A request that arrived as the
-// connection's time ran out is served: its client, which took the connection for open, could
-// not tell a close now from one its request caused, and would have to fail it (the request's
-// bytes wait in the socket until the connection's goroutine, woken by them, is scheduled:
-// under load, milliseconds). Only the few microseconds between the check and the
-// compare-and-swap are left to such a race.
-func (c *srvConn) takeIdle() bool {
-	return !pending(c.rwc) && c.state.CompareAndSwap(stateIdle, stateClosed)
+// takeIdle takes the connection out of service if it is still idle (st: stateIdle, or
+// stateParting) and no byte of a request is waiting to be read, and reports whether it did.
+// A request that arrived as the connection's time ran out is served: its client, which took
+// the connection for open, could not tell a close now from one its request caused, and would
+// have to fail it (the request's bytes wait in the socket until the connection's goroutine,
+// woken by them, is scheduled: under load, milliseconds). Only the few microseconds between
+// the check and the compare-and-swap are left to such a race.
+func (c *srvConn) takeIdle(st int32) bool {
+	return !pending(c.rwc) && c.state.CompareAndSwap(st, stateClosed)
 }
 
 // takeWaiting takes the connection out of service if it is still in st, waiting for a
@@ -919,7 +961,12 @@ func (c *srvConn) serve() {
 			// idle, the fresh since only spares it the idle timeout: its request has begun.
 			c.since.Store(time.Now().UnixNano())
 			if !c.state.CompareAndSwap(stateIdle, stateHead) {
-				return // closed as idle just before the request's first byte was read
+				// Parted from to make room as its client sent this request: the request is
+				// served, and closes the connection (evictWaiting).
+				if !c.state.CompareAndSwap(stateParting, stateHead) {
+					return // closed as idle just before the request's first byte was read
+				}
+				c.lastRequest = true
 			}
 			if c.s.turnHook != nil {
 				c.s.turnHook(stateHead)
@@ -1002,6 +1049,16 @@ func (c *srvConn) serveOne() bool {
 		}
 		return false
 	}
+	// The head is read: since times the request from here on (its watch, sweep), and is
+	// stored before activate publishes the state it times, as serve stores the idle and head
+	// states'. A sweep, an eviction or a shutdown's round that sees the connection still
+	// waiting for its head then sees it fresh and leaves it, where the head's older since
+	// (the accept, for a new connection) could have closed it for its header timeout, or as
+	// silent for freshGrace at MaxConns, with its request read and about to be served.
+	c.since.Store(time.Now().UnixNano())
+	if s.headHook != nil {
+		s.headHook()
+	}
 	if req.ProtoMajor != 1 {
 		c.protocolError(http.StatusHTTPVersionNotSupported, "HTTP/1.0 and HTTP/1.1 only")
 		return false
@@ -1039,7 +1096,7 @@ func (c *srvConn) serveOne() bool {
 		return false // taken out of service (MaxConns, a timeout, Close) as its request arrived
 	}
 	w := &response{c: c, req: req, header: make(http.Header), contentLength: -1}
-	w.closeAfter = req.Close
+	w.closeAfter = req.Close || c.lastRequest
 	body := &reqBody{c: c, w: w, rc: req.Body, length: req.ContentLength, cont: expectContinue}
 	body.hold = bodyHold{b: s.budget, length: req.ContentLength}
 	defer body.hold.drop() // after a panic too (dropped below otherwise)
@@ -1094,15 +1151,12 @@ func (c *srvConn) serveOne() bool {
 	return true
 }
 
-// activate moves the connection to stateActive once a request's head is read, unless it was
-// taken out of service meanwhile (to make room for another, evictWaiting; for its header
-// timeout, sweep; by Close), and reports whether it did.
+// activate moves the connection to stateActive once a request's head is read (its since was
+// stored then: serveOne), unless it was taken out of service meanwhile (to make room for
+// another, evictWaiting; for its header timeout, sweep; by Close), and reports whether it
+// did.
 func (c *srvConn) activate() bool {
-	if !c.state.CompareAndSwap(stateNew, stateActive) && !c.state.CompareAndSwap(stateHead, stateActive) {
-		return false
-	}
-	c.since.Store(time.Now().UnixNano())
-	return true
+	return c.state.CompareAndSwap(stateNew, stateActive) || c.state.CompareAndSwap(stateHead, stateActive)
 }
 
 // parseErrorReason is what a 400 says of a head that http.ReadRequest refused: the error's

@@ -979,3 +979,68 @@ func getter(t *testing.T, c *http.Client, addr string) func(path string) {
 		resp.Body.Close()
 	}
 }
+
+// TestHeadReadNotTaken: a new connection whose request's head has been read is not taken out
+// of service as if it still waited for it, by the janitor at its header timeout counted from
+// the accept, nor to make room at MaxConns as a connection silent for freshGrace: its since
+// is the head's end by the time a round could see it waiting. The test's hook holds the
+// connection's goroutine right after the head was read, before the connection turns active,
+// and runs the round there. Before, since moved only once the connection was active: both
+// rounds closed the connection, and the request's client saw EOF.
+func TestHeadReadNotTaken(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		s      *Server
+		settle time.Duration // how long the new connection waits before its request
+		round  func(s *Server, sent time.Time)
+	}{
+		{"header timeout", &Server{ReadHeaderTimeout: time.Hour, IdleTimeout: time.Hour}, 0, func(s *Server, sent time.Time) {
+			s.mu.Lock()
+			_, expired := s.sweep(sent.Add(time.Hour).UnixNano())
+			s.mu.Unlock()
+			closeConns(expired)
+		}},
+		// freshGrace: 100 ms; the janitor's header timeout, 400 ms, is far from the hold.
+		{"MaxConns", &Server{MaxConns: 1, ReadHeaderTimeout: 400 * time.Millisecond}, 110 * time.Millisecond, func(s *Server, _ time.Time) {
+			s.mu.Lock()
+			victims, _ := s.evictWaiting()
+			s.mu.Unlock()
+			for _, v := range victims {
+				v.rwc.Close()
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			held, release := make(chan struct{}), make(chan struct{})
+			var holds atomic.Int32
+			s := tc.s
+			s.headHook = func() {
+				if holds.Add(1) == 1 {
+					held <- struct{}{}
+					<-release
+				}
+			}
+			addr := startServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+			c, br := dialBuffered(t, addr)
+			var sc *srvConn
+			eventually(t, "the connection accepted", func() bool { sc = s.connOf(c.LocalAddr().String()); return sc != nil })
+			// The request is sent strictly after the accept's since, and after settle.
+			accepted := time.Unix(0, sc.since.Load())
+			eventually(t, "the connection settled", func() bool { return time.Since(accepted) > tc.settle })
+			sent := time.Now()
+			if _, err := io.WriteString(c, get("/1")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-held:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the head was not read in 5 s")
+			}
+			tc.round(s, sent)
+			close(release)
+			if err := answerOK(br); err != nil {
+				t.Fatalf("the request whose head was read: %v", err)
+			}
+		})
+	}
+}

@@ -454,6 +454,10 @@ func TestHTTPSGoesToFallback(t *testing.T) {
 	if resp.TLS == nil || readAll(t, resp) != "tls" {
 		t.Error("https was not served by the fallback transport")
 	}
+	// alive peeks at plain sockets only: no TLS connection may wait in this pool.
+	if n := tr.idleCount(); n != 0 {
+		t.Errorf("%d connections pooled by the h1 transport after an https request, want 0", n)
+	}
 }
 
 func TestDialError(t *testing.T) {
