@@ -194,6 +194,8 @@ func TestMakeImage(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "make", "-s", "-C", root, "image", "IMAGE_DIR="+dir, "VERSION="+version,
 		"REVISION="+revision, "IMAGE=kvroute-test/kvroute", "ARCH="+runtime.GOARCH)
+	ownGroup(cmd)
+	cmd.WaitDelay = 10 * time.Second // the pipes closed this long after a kill, whatever still holds them
 	start := time.Now()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make image: %v\n%s", err, out)

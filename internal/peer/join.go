@@ -14,7 +14,8 @@ import (
 // waited for all of them (15 such addresses before a live one: joined after 30 s, and Run
 // returned 29.5 s after its context ended). Here each address is joined on its own, a bounded
 // number at a time; a round waits for its joins a bounded time, and not at all once the node
-// stops; an address that failed is tried again only after a back-off.
+// stops (memberlist's shutdown then ends the joins in flight, and Run waits for them); an
+// address that failed is tried again only after a back-off.
 
 const (
 	// joinConcurrency bounds the joins in flight, all rounds together: a live address listed
@@ -128,9 +129,10 @@ func (j *joiner) reset() {
 // earlier rounds still in flight, and returns how many it joined and the errors of those that
 // failed. It returns once every join it started has ended, joinRoundWait after its start or
 // when ctx ends, whichever comes first. A join still in flight then goes on, bounded by
-// memberlist's TCP timeouts, and records its result; nothing waits for it. Once the node has
-// stopped it touches only memberlist (shut down: a late join changes nothing anyone reads), the
-// copy of the members and the joiner, which are safe to use at any time.
+// memberlist's TCP timeouts, and records its result; only the node's stop waits for it, once
+// memberlist's shutdown has ended it (Node.exchanges). After ctx has ended it touches only
+// memberlist (shutting down: a late join changes nothing anyone reads), the copy of the members
+// and the joiner, which are safe to use at any time.
 func (n *Node) joinRound(ctx context.Context, addrs []string) (int, []error) {
 	ml := n.ml.Load()
 	j := n.joins
@@ -153,7 +155,7 @@ func (n *Node) joinRound(ctx context.Context, addrs []string) (int, []error) {
 		}
 		j.begin(a)
 		started++
-		go func() {
+		n.exchanges.Go(func() {
 			adv := n.advertised.Load()
 			k, err := ml.Join([]string{a})
 			if err == nil && k == 0 {
@@ -170,7 +172,7 @@ func (n *Node) joinRound(ctx context.Context, addrs []string) (int, []error) {
 				n.log.Debug("joining a peer", "addr", a, "err", err)
 			}
 			results <- err
-		}()
+		})
 	}
 	joined := 0
 	var errs []error

@@ -192,26 +192,25 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	c.Logger = nil
 	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping,
 		undecryptable: func() { n.m.Dropped.WithLabelValues("unauthenticated").Inc() }}
-	if n.cfg.FaultInjection || p == 0 {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{c.BindAddr}, BindPort: p,
-			Logger: log.New(c.LogOutput, "", 0)})
-		if err != nil {
-			return nil, err
-		}
-		// With port 0 the transport picked one: memberlist advertises it.
-		c.BindPort = nt.GetAutoBindPort()
-		c.AdvertisePort = c.BindPort
-		if n.cfg.FaultInjection {
-			c.Transport = newFaultTransport(nt, &n.isolated)
-		} else {
-			c.Transport = nt
-		}
-		if n.cfg.transport != nil {
-			c.Transport = n.cfg.transport(c.Transport)
-		}
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{c.BindAddr}, BindPort: p,
+		Logger: log.New(c.LogOutput, "", 0)})
+	if err != nil {
+		return nil, err
+	}
+	// With port 0 the transport picked one: memberlist advertises it.
+	c.BindPort = nt.GetAutoBindPort()
+	c.AdvertisePort = c.BindPort
+	st := newStreamTransport(nt)
+	c.Transport = st
+	if n.cfg.FaultInjection {
+		c.Transport = newFaultTransport(st, &n.isolated)
+	}
+	if n.cfg.transport != nil {
+		c.Transport = n.cfg.transport(c.Transport)
 	}
 	ml, err := memberlist.Create(c)
 	if err != nil {
+		_ = st.Shutdown() // memberlist leaves it bound (an advertise address it cannot parse)
 		return nil, err
 	}
 	self := ml.LocalNode()
@@ -472,7 +471,8 @@ func urlEscape(s string) string { return url.QueryEscape(s) }
 // connection"), which at every rolling restart read as errors. A refuted dead message is
 // news, not trouble (info): the peers had this replica's name dead, as they have after every
 // restart under the same name (its previous run) and after a pause long enough to be declared
-// dead (SIGSTOP, a long GC, a starved CPU, which other lines show); it says it is alive.
+// dead (SIGSTOP, a long GC, a starved CPU, which other lines show); it says it is alive. So is
+// a refuted alive message (refutedAliveMsg): the peers still had the previous run alive.
 type logWriter struct {
 	log      *slog.Logger
 	stopping <-chan struct{}
@@ -502,6 +502,8 @@ func (w *logWriter) Write(p []byte) (int, error) {
 			w.log.Warn(secretHint, "msg", line)
 		case !stopping && strings.Contains(line, "Refuting a dead message"):
 			w.log.Info("memberlist: peers had this replica dead (its previous run, or a pause); it says it is alive", "msg", line)
+		case !stopping && strings.Contains(line, "Refuting an alive message"):
+			w.log.Info(refutedAliveMsg, refutedAlive(line)...)
 		case !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")):
 			w.log.Warn("memberlist", "msg", line)
 		default:
@@ -511,17 +513,158 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// streamTransport is memberlist's network transport whose outgoing streams end when it shuts
+// down: the state exchanges (a join's, the leave's and a policy's handed to each peer, the
+// periodic ones) and the TCP pings. memberlist's own leaves a stream to its TCP timeout (2 s
+// here), and its Shutdown closes only the listeners: a peer that takes the connection and
+// never answers (frozen: its kernel accepts for it) or never takes it (cut off) held the
+// stream, and the goroutine that waits on it, for up to 2 s after the node had stopped. Once
+// Shutdown has begun, a dial in progress ends and none begins.
+type streamTransport struct {
+	*memberlist.NetTransport
+	ctx    context.Context // ends at Shutdown
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	open   map[*streamConn]struct{} // the outgoing streams not closed; nil once shut down
+}
+
+func newStreamTransport(nt *memberlist.NetTransport) *streamTransport {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &streamTransport{NetTransport: nt, ctx: ctx, cancel: cancel, open: map[*streamConn]struct{}{}}
+}
+
+// errTransportShutDown is a dial's error once the transport has shut down.
+var errTransportShutDown = errors.New("memberlist transport shut down")
+
+// DialTimeout dials as memberlist's transport does, but ends at Shutdown.
+func (t *streamTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
+}
+
+// DialAddressTimeout dials as memberlist's transport does (TCP, within timeout), but ends at
+// Shutdown, and keeps the stream to close it then.
+func (t *streamTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.DialContext(t.ctx, "tcp", a.Addr)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.open == nil {
+		_ = c.Close()
+		return nil, errTransportShutDown
+	}
+	sc := &streamConn{Conn: c, t: t}
+	t.open[sc] = struct{}{}
+	return sc, nil
+}
+
+// Shutdown ends the dials in progress and closes the outgoing streams (their reads and writes
+// fail at once), then shuts memberlist's transport down.
+func (t *streamTransport) Shutdown() error {
+	t.cancel()
+	t.mu.Lock()
+	open := t.open
+	t.open = nil
+	t.mu.Unlock()
+	for c := range open {
+		_ = c.Conn.Close()
+	}
+	return t.NetTransport.Shutdown()
+}
+
+// streamConn is an outgoing stream of a streamTransport.
+type streamConn struct {
+	net.Conn
+	t *streamTransport
+}
+
+func (c *streamConn) Close() error {
+	c.t.mu.Lock()
+	delete(c.t.open, c)
+	c.t.mu.Unlock()
+	return c.Conn.Close()
+}
+
+var _ memberlist.NodeAwareTransport = (*streamTransport)(nil)
+
+// refutedAliveMsg says what memberlist's "Refuting an alive message" means here. The peers
+// hold a state of this replica's name, at its address, that is not this run's: the previous
+// run's, after a restart (kill -9, a crash, an OOM kill) quicker than the peers' failure
+// detection, with its incarnation number and metadata (another run's incarnation, perhaps
+// another policy). memberlist answers with this run's state at a higher number, which the peers
+// take in its place, and follow this run. memberlist logs it as a warning with both metadata as
+// byte lists.
+const refutedAliveMsg = "memberlist: peers still had this replica's previous run (a quick restart) or other metadata of it: it announces this run's state at a higher incarnation, which replaces it"
+
+// refutedAlive returns the attributes of a "Refuting an alive message" line: the address
+// the peers held, and the incarnations of the runs in the two metadata (held_incarnation, the
+// peers'; incarnation, this run's), each where the line gives it.
+//
+//	[WARN] memberlist: Refuting an alive message for 'r2' (10.0.0.12:7946) meta:([133 161 118 ...] VS [133 ...]), vsn:([1 5 2 0 0 0] VS [1 5 2 0 0 0])
+func refutedAlive(line string) []any {
+	var attrs []any
+	if i := strings.LastIndex(line, "' ("); i >= 0 {
+		if addr, _, ok := strings.Cut(line[i+len("' ("):], ") meta:("); ok {
+			attrs = append(attrs, "at", addr)
+		}
+	}
+	i := strings.LastIndex(line, "meta:(")
+	if i < 0 {
+		return attrs
+	}
+	metas, _, ok := strings.Cut(line[i+len("meta:("):], ")")
+	if !ok {
+		return attrs
+	}
+	held, own, ok := strings.Cut(metas, " VS ")
+	if !ok {
+		return attrs
+	}
+	for _, m := range []struct{ key, list string }{{"held_incarnation", held}, {"incarnation", own}} {
+		if mt, ok := metaOfList(m.list); ok {
+			attrs = append(attrs, m.key, mt.Inc)
+		}
+	}
+	return attrs
+}
+
+// metaOfList decodes a replica's metadata written as fmt writes a byte slice: "[133 161 ...]".
+func metaOfList(list string) (meta, bool) {
+	list, ok := strings.CutPrefix(list, "[")
+	if !ok {
+		return meta{}, false
+	}
+	if list, ok = strings.CutSuffix(list, "]"); !ok || list == "" {
+		return meta{}, false
+	}
+	var b []byte
+	for f := range strings.FieldsSeq(list) {
+		v, err := strconv.ParseUint(f, 10, 8)
+		if err != nil {
+			return meta{}, false
+		}
+		b = append(b, byte(v))
+	}
+	var mt meta
+	if err := msgpack.Unmarshal(b, &mt); err != nil || mt.Inc == 0 {
+		return meta{}, false
+	}
+	return mt, true
+}
+
 // faultTransport is memberlist's transport with a switch that drops everything, both ways:
 // how a test cuts a replica off from its peers while it keeps serving.
 type faultTransport struct {
-	inner   *memberlist.NetTransport
+	inner   *streamTransport
 	off     *atomic.Bool
 	packets chan *memberlist.Packet
 	streams chan net.Conn
 	done    chan struct{}
 }
 
-func newFaultTransport(inner *memberlist.NetTransport, off *atomic.Bool) *faultTransport {
+func newFaultTransport(inner *streamTransport, off *atomic.Bool) *faultTransport {
 	t := &faultTransport{inner: inner, off: off, packets: make(chan *memberlist.Packet), streams: make(chan net.Conn),
 		done: make(chan struct{})}
 	go func() {

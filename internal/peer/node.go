@@ -134,6 +134,9 @@ type Node struct {
 	// says, per source, whether its last answer was a failure (only the rejoin loop touches it).
 	joins         *joiner
 	sourceFailing []bool
+	// exchanges are the state exchanges in flight that handState and joinRound started and
+	// stopped waiting for; Run waits for them once memberlist's shutdown has ended them.
+	exchanges sync.WaitGroup
 
 	share     atomic.Pointer[route.Share]
 	lifecycle func() *route.Lifecycle
@@ -413,13 +416,17 @@ func (n *Node) Run(ctx context.Context) error {
 	close(n.stopping)
 	// Every step of the stop is bounded: the leave by leaveWait, memberlist's shutdown by
 	// shutdownWait, and the goroutines each by its own (a stream's or snapshot's request and a
-	// join round end with ctx, a policy's advertisement waits updateWait at most).
+	// join round end with ctx, a policy's advertisement waits updateWait at most). The state
+	// exchanges still in flight (with a peer frozen or cut off) end with memberlist's
+	// shutdown, which closes their connections (streamTransport); they are waited for last,
+	// when nothing can start another.
 	begin := time.Now()
 	told, peers := n.leave(ml)
 	leaveTook := time.Since(begin)
 	n.shutdownMembers(ml)
 	_ = srv.Close()
 	wg.Wait()
+	n.waitExchanges()
 	n.log.Info("left the peers", "peers", peers, "told", told, "leave", leaveTook.Round(time.Millisecond).String(),
 		"took", time.Since(begin).Round(time.Millisecond).String())
 	return nil
@@ -431,7 +438,7 @@ const (
 	// fail. It is half of serve's stop budget for discovery, checks, scrapes and peers (2 s).
 	leaveWait = time.Second
 	// shutdownWait bounds the wait for memberlist to close its sockets and stop its
-	// listeners.
+	// listeners, and then the wait for the state exchanges it ended.
 	shutdownWait = time.Second
 )
 
@@ -467,14 +474,14 @@ func (n *Node) handState(ctx context.Context, ml *memberlist.Memberlist, addrs [
 		return 0, 0
 	}
 	// Room for every answer: a state exchange that ends after the wait never blocks. One
-	// still in flight then ends within memberlist's TCP timeout (2 s) and changes nothing
-	// anyone reads.
+	// still in flight then ends within memberlist's TCP timeout (2 s), or at its shutdown if
+	// the node stops first (Run waits for it: n.exchanges), and changes nothing anyone reads.
 	results := make(chan error, len(addrs))
 	for _, a := range addrs {
-		go func() {
+		n.exchanges.Go(func() {
 			_, err := ml.Join([]string{a})
 			results <- err
-		}()
+		})
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -508,6 +515,22 @@ func (n *Node) shutdownMembers(ml *memberlist.Memberlist) {
 	case <-done:
 	case <-time.After(shutdownWait):
 		n.log.Warn("memberlist did not shut down: stopping without it", "waited", shutdownWait.String())
+	}
+}
+
+// waitExchanges waits for the state exchanges still in flight at stop, shutdownWait at most.
+// memberlist's shutdown has closed their connections and ends their dials: each has failed,
+// or is about to (a transport that did not shut down is the exception, logged).
+func (n *Node) waitExchanges() {
+	done := make(chan struct{})
+	go func() {
+		n.exchanges.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(shutdownWait):
+		n.log.Warn("state exchanges with peers still in flight: stopping without them", "waited", shutdownWait.String())
 	}
 }
 

@@ -788,6 +788,80 @@ func TestLogWriter(t *testing.T) {
 	}
 }
 
+// TestLogWriterRefutations: memberlist's refutations, in the formats it has written. A refuted
+// alive message (the peers still had this replica's previous run alive, after a quick restart)
+// is news, at info, with the address and the two runs' incarnations where the line gives them,
+// and without memberlist's byte lists; a refuted dead message is news too; a refuted suspicion
+// stays a warning.
+func TestLogWriterRefutations(t *testing.T) {
+	// memberlist's format since v0.1.4 (2019); its versions before wrote the first words alone.
+	const alive = "[WARN] memberlist: Refuting an alive message for '%s' (%v:%d) meta:(%v VS %v), vsn:(%v VS %v)"
+	metaOf := func(inc uint64) []byte {
+		b, err := msgpack.Marshal(meta{Major: Major, Feed: 7001, Inc: inc, Policy: "prefix-aware", PolicyFP: "a1a1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	vsn := []uint8{1, 5, 2, 0, 0, 0}
+	refute := func(name string, ip net.IP, held, own []byte, heldVsn []uint8) string {
+		return fmt.Sprintf(alive, name, ip, 7946, held, own, heldVsn, vsn)
+	}
+	v4, v6 := net.ParseIP("10.0.0.12").To4(), net.ParseIP("fd00::12")
+	const info = "level=INFO msg=\"" + refutedAliveMsg + "\""
+	for _, tc := range []struct {
+		name, line, want string
+	}{
+		{"previous run", refute("r2", v4, metaOf(111), metaOf(222), vsn),
+			info + " at=10.0.0.12:7946 held_incarnation=111 incarnation=222\n"},
+		{"log.LstdFlags prefix", "2025/03/04 05:06:07 " + refute("r2", v4, metaOf(111), metaOf(222), vsn),
+			info + " at=10.0.0.12:7946 held_incarnation=111 incarnation=222\n"},
+		{"IPv6", refute("r2", v6, metaOf(111), metaOf(222), vsn),
+			info + " at=fd00::12:7946 held_incarnation=111 incarnation=222\n"},
+		{"same metadata, other versions", refute("r2", v4, metaOf(222), metaOf(222), []uint8{1, 5, 3, 0, 0, 0}),
+			info + " at=10.0.0.12:7946 held_incarnation=222 incarnation=222\n"},
+		{"no metadata held", refute("r2", v4, nil, metaOf(222), vsn),
+			info + " at=10.0.0.12:7946 incarnation=222\n"},
+		{"metadata not a replica's", refute("r2", v4, []byte{1, 2, 3}, []byte("x"), vsn),
+			info + " at=10.0.0.12:7946\n"},
+		{"name with quotes and parentheses", refute("r2' (x) meta:(", v4, metaOf(111), metaOf(222), vsn),
+			info + " at=10.0.0.12:7946 held_incarnation=111 incarnation=222\n"},
+		{"memberlist before v0.1.4", "[WARN] memberlist: Refuting an alive message", info + "\n"},
+		{"dead", "[WARN] memberlist: Refuting a dead message (from: r1)", "level=INFO msg=\"memberlist: peers had this replica dead"},
+		{"suspect", "[WARN] memberlist: Refuting a suspect message (from: r1)", "level=WARN msg=memberlist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			w := &logWriter{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug,
+				ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+					if a.Key == slog.TimeKey {
+						return slog.Attr{}
+					}
+					return a
+				}})), stopping: make(chan struct{})}
+			if _, err := w.Write([]byte(tc.line + "\n")); err != nil {
+				t.Fatal(err)
+			}
+			got := buf.String()
+			if !strings.HasPrefix(got, tc.want) {
+				t.Errorf("%s\nlogged as\n%s\nwant\n%s", tc.line, got, tc.want)
+			}
+			if strings.Contains(tc.line, "alive") && (strings.Contains(got, "[") || strings.Contains(got, "VS")) {
+				t.Errorf("bytes in %s", got)
+			}
+		})
+	}
+	// Stopping, it is debug, as all of memberlist's lines.
+	var buf bytes.Buffer
+	stopping := make(chan struct{})
+	close(stopping)
+	w := &logWriter{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), stopping: stopping}
+	_, _ = w.Write([]byte(refute("r2", v4, metaOf(111), metaOf(222), vsn) + "\n"))
+	if !strings.Contains(buf.String(), "level=DEBUG") {
+		t.Errorf("stopping: logged as %q, want level=DEBUG", buf.String())
+	}
+}
+
 // TestSnapshotFromSilentPeer: a peer that accepts the connection and never answers (frozen, or
 // not a kvroute) is given up after a quarter of the warm start, not the whole of it, so that
 // the peers after it are still asked in time.

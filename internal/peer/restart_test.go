@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -83,4 +84,40 @@ func TestDuplicateName(t *testing.T) {
 	if k := strings.Count(logs.String(), "another replica answers to this replica's name"); k > 2 {
 		t.Errorf("logged %d times, want once per replica", k)
 	}
+}
+
+// TestRestartAtSameAddress: a replica killed (no leave) and restarted at once at its address
+// finds the peers still holding its previous run alive; memberlist's refutation of that is
+// one INFO line saying so, with the two runs' incarnations, and no byte lists (it was
+// memberlist's raw WARN, its metadata dumped as bytes). The peers follow the new run.
+func TestRestartAtSameAddress(t *testing.T) {
+	fault := func(c *Config) { c.FaultInjection = true }
+	// The peers may have suspected the killed run before the new one joins (a probe in flight
+	// as it was cut off): the refutation is then of a suspicion, another line. Three tries.
+	for try := range 3 {
+		a := startReplica(t, "a", nil, fault)
+		b := startReplica(t, "b", []string{a.node.GossipAddr()}, fault)
+		waitFor(t, 10*time.Second, "following each other", func() bool { return isFollowing(a, "b")() && isFollowing(b, "a")() })
+		gossip := b.node.GossipAddr()
+		b.node.Isolate(true) // its leave never reaches the peers: kill -9
+		b.stop()
+		var logs testlog.Buffer
+		b2 := startReplica(t, "b", []string{a.node.GossipAddr()}, func(c *Config) { fault(c); logTo(&logs)(c); c.Gossip = gossip })
+		inc := b2.node.cfg.Incarnation
+		waitFor(t, 10*time.Second, "a following b's new run", func() bool { return followsRun(a.node, "b") == inc })
+		got := logs.String()
+		if strings.Contains(got, "Refuting a suspect message") && !strings.Contains(got, refutedAliveMsg) {
+			t.Logf("try %d: a had suspected b's killed run", try)
+			a.stop()
+			b2.stop()
+			continue
+		}
+		want := fmt.Sprintf("level=INFO msg=%q replica=b at=%s held_incarnation=%d incarnation=%d\n",
+			refutedAliveMsg, gossip, b.node.cfg.Incarnation, inc)
+		if !strings.Contains(got, want) || strings.Contains(got, "Refuting an alive message") || strings.Contains(got, "meta:") {
+			t.Errorf("logs of the new run:\n%s\nwant %s", got, want)
+		}
+		return
+	}
+	t.Error("a suspected b's killed run at all three tries")
 }

@@ -1,9 +1,12 @@
 package peer
 
 import (
+	"fmt"
 	"io"
 	"log"
 	"net"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -32,7 +35,7 @@ func TestFaultTransportShutdown(t *testing.T) {
 			}
 			var isolated atomic.Bool
 			isolated.Store(off)
-			ft := newFaultTransport(nt, &isolated)
+			ft := newFaultTransport(newStreamTransport(nt), &isolated)
 			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(nt.GetAutoBindPort()))
 			// memberlist's side: it reads until the transport has shut down.
 			shut := make(chan struct{})
@@ -185,4 +188,170 @@ func TestKeptResumesBounded(t *testing.T) {
 	if ok, _ := take("p3", 7); ok {
 		t.Error("p3's point given twice")
 	}
+}
+
+// exchangesInFlight counts the goroutines in an outgoing memberlist state exchange (a join's,
+// a leave's, a periodic one), and those of them that handState started.
+func exchangesInFlight() (all, handState int) {
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) {
+			buf = buf[:k]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "memberlist.(*Memberlist).sendAndReceiveState") {
+			all++
+			if strings.Contains(g, "peer.(*Node).handState") {
+				handState++
+			}
+		}
+	}
+	return all, handState
+}
+
+// TestStopEndsExchangesToFrozenPeer: a replica stops while a peer it takes for alive is
+// frozen (its kernel takes the connection, nothing reads it). The leave's state exchange with
+// it is given up after leaveWait, and Run returns with no exchange still running. Before, the
+// exchange went on after Run had returned, until memberlist's TCP timeout (2 s), after
+// memberlist's shutdown.
+func TestStopEndsExchangesToFrozenPeer(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault_injection=%v", fault), func(t *testing.T) {
+			a := startReplica(t, "a", nil, func(c *Config) { c.FaultInjection = fault })
+			b := startReplica(t, "b", []string{a.node.GossipAddr()}, func(c *Config) { c.FaultInjection = true })
+			waitFor(t, 10*time.Second, "following each other", func() bool { return isFollowing(a, "b")() && isFollowing(b, "a")() })
+			// b stops unheard (cut off), and its gossip port is taken by a listener that
+			// accepts nothing: a still takes b for alive, and its connections to b's port open
+			// and are never read.
+			bGossip := b.node.GossipAddr()
+			b.node.Isolate(true)
+			b.stop()
+			frozen, err := net.Listen("tcp", bGossip)
+			if err != nil {
+				t.Fatalf("taking b's gossip port: %v", err)
+			}
+			defer frozen.Close()
+			if !slices.Equal(a.node.Status().Members, []string{"b"}) {
+				t.Fatalf("a's members %v, want b still", a.node.Status().Members)
+			}
+			start := time.Now()
+			a.stop()
+			took := time.Since(start)
+			all, hs := exchangesInFlight()
+			t.Logf("a's Run returned after %v; state exchanges still in flight: %d (handState's: %d)", took.Round(time.Millisecond), all, hs)
+			if all > 0 {
+				t.Errorf("%d state exchanges (%d of them handState's) outlived Run", all, hs)
+			}
+			if took > leaveWait+500*time.Millisecond {
+				t.Errorf("a's Run returned %v after its context ended, want within leaveWait (%v) and 0.5 s", took, leaveWait)
+			}
+		})
+	}
+}
+
+// TestStopEndsJoinsInFlight: a replica stops while its join of an address that takes the
+// connection and never answers is in flight; Run returns with the join ended. Before, the join
+// went on after Run had returned, until memberlist's TCP timeout.
+func TestStopEndsJoinsInFlight(t *testing.T) {
+	frozen, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer frozen.Close()
+	a := startReplica(t, "a", []string{frozen.Addr().String()}, nil)
+	waitFor(t, 5*time.Second, "a's join of the frozen address in flight", func() bool {
+		all, _ := exchangesInFlight()
+		return all > 0
+	})
+	start := time.Now()
+	a.stop()
+	took := time.Since(start)
+	if all, _ := exchangesInFlight(); all > 0 {
+		t.Errorf("%d state exchanges outlived Run", all)
+	}
+	if took > 500*time.Millisecond {
+		t.Errorf("a's Run returned %v after its context ended, want within 0.5 s", took)
+	}
+}
+
+// TestStreamTransportShutdown: the transport's Shutdown closes its outgoing streams (a read
+// waiting on one ends at once) and refuses dials after it.
+func TestStreamTransportShutdown(t *testing.T) {
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{"127.0.0.1"},
+		Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newStreamTransport(nt)
+	frozen, err := net.Listen("tcp", "127.0.0.1:0") // takes connections, never reads them
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer frozen.Close()
+	var conns []net.Conn
+	for range 2 {
+		c, err := st.DialAddressTimeout(memberlist.Address{Addr: frozen.Addr().String()}, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	_ = conns[1].Close() // closed before the shutdown: forgotten, not closed twice
+	read := make(chan error, 1)
+	go func() {
+		_, err := conns[0].Read(make([]byte, 1))
+		read <- err
+	}()
+	if err := st.Shutdown(); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	select {
+	case err := <-read:
+		if err == nil {
+			t.Error("the read of a stream closed by Shutdown returned no error")
+		}
+	case <-time.After(time.Second):
+		t.Fatal("a read of an outgoing stream went on after Shutdown")
+	}
+	if c, err := st.DialTimeout(frozen.Addr().String(), 2*time.Second); err == nil {
+		_ = c.Close()
+		t.Error("a dial after Shutdown succeeded")
+	}
+	if len(st.open) != 0 {
+		t.Errorf("%d streams still kept after Shutdown", len(st.open))
+	}
+}
+
+// TestAdvertisedGossipPort: a replica given an advertise address and a gossip port of its own
+// advertises that port. memberlist advertises its AdvertisePort (7946 by default) with an
+// address given: a replica at another gossip port was placed at 7946 by its peers.
+func TestAdvertisedGossipPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	if port == 7946 {
+		t.Skip("the free port found is memberlist's default")
+	}
+	gossip := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	a := startReplica(t, "a", nil, func(c *Config) { c.Gossip, c.Advertise = gossip, "127.0.0.1" })
+	if got := a.node.GossipAddr(); got != gossip {
+		t.Fatalf("a advertises %s, want %s", got, gossip)
+	}
+	b := startReplica(t, "b", []string{gossip}, nil)
+	waitFor(t, 10*time.Second, "b placing a at its gossip address", func() bool {
+		addr := ""
+		b.node.members.each("b", func(name string, m member) {
+			if name == "a" {
+				addr = m.gossip
+			}
+		})
+		return addr == gossip
+	})
 }
