@@ -164,6 +164,10 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 			r.metrics.EndpointServes(ep.Name, models)
 		}
 	}
+	// A health check that passes ends a passive ejection begun before it was sent
+	// (route.Outlier.HealthPassed): an engine that restarted is back within a health interval,
+	// not after health.ejection_time. Both stamp times with the wall clock.
+	r.prober.OnPassed = func(ep *endpoint.Endpoint, sent time.Time) { r.outlier.HealthPassed(ep, sent) }
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)
@@ -856,9 +860,6 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		}
 		api = tls.NewListener(api, tlsConfig(certs, !builtin))
 	}
-	errorBody := func(status int, msg string) (string, []byte) {
-		return "application/json", openai.NewError(status, openai.TypeInvalidRequest, "", "", msg).Body()
-	}
 	lim := resolveLimits(cfg, openFileLimit(), goMemoryLimit())
 	drain := proxy.NewDrain()
 	handler := drain.Wrap(r.Handler())
@@ -869,7 +870,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	var apiSrv server = &h1.NetHTTP{Server: netSrv, BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
 		BodyMinRate: cfg.Server.BodyMinRate, BodyStallTimeout: lim.bodyStall, MaxPendingBodyBytes: lim.pending,
 		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, MaxLingering: lim.lingering,
-		CloseUnauthorized: true, ErrorBody: errorBody}
+		CloseUnauthorized: true, ErrorBody: apiErrorBody}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:             handler,
@@ -887,7 +888,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			CloseUnauthorized:   true,
 			// Only accept errors and handler panics come here: worth an error line.
 			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
-			ErrorBody: errorBody,
+			ErrorBody: apiErrorBody,
 		}
 	}
 	r.logger.Info("API server limits", "max_connections", lim.maxConns, "max_connections_from", lim.connsFrom,
@@ -1104,6 +1105,27 @@ func ignoreClosed(err error) error {
 	return err
 }
 
+// apiErrorBody is the body of an answer the API server makes itself, before any handler (a
+// connection refused at server.max_connections, a head it cannot read): an OpenAI error with
+// the type and code that the proxy gives its own answers of that status, so that a client
+// tells an overload it may retry from a request of its own at fault.
+func apiErrorBody(status int, msg string) (contentType string, body []byte) {
+	typ, code := openai.TypeInvalidRequest, ""
+	switch {
+	case status == http.StatusServiceUnavailable:
+		typ, code = openai.TypeUnavailable, "overloaded" // as the proxy's admission and body pool
+	case status == http.StatusTooManyRequests:
+		typ, code = "rate_limit_error", "rate_limited" // as the proxy's admission
+	case status == http.StatusRequestEntityTooLarge, status == http.StatusRequestHeaderFieldsTooLarge:
+		code = "request_too_large"
+	case status == http.StatusRequestTimeout:
+		code = "request_timeout"
+	case status >= 500:
+		typ = openai.TypeServer
+	}
+	return "application/json", openai.NewError(status, typ, "", code, msg).Body()
+}
+
 // outlierConfig is passive ejection as the config sets it, reporting to the metrics and the log.
 func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 	return route.OutlierConfig{
@@ -1140,8 +1162,12 @@ func (r *Router) outlierConfig(cfg *config.Config) route.OutlierConfig {
 			r.logger.Warn("endpoint ejected: it refuses far more of its requests than the rest of the fleet (a 4xx: a missing chat template, a shorter max_model_len, another model mounted?)",
 				"endpoint", ep.Name, "for", d.String(), "refused", math.Round(refused*1000)/1000, "fleet_refused", math.Round(fleetRefused*1000)/1000)
 		},
-		OnReadmit: func(ep *endpoint.Endpoint) {
+		OnReadmit: func(ep *endpoint.Endpoint, byCheck bool) {
 			r.metrics.EndpointReadmitted(ep.Name)
+			if byCheck {
+				r.logger.Info("endpoint back from ejection: its health check passed", "endpoint", ep.Name)
+				return
+			}
 			r.logger.Info("endpoint back from ejection", "endpoint", ep.Name)
 		},
 	}

@@ -395,9 +395,14 @@ func TestServeAdminConnectionCap(t *testing.T) {
 	// Refused: a 503, or a reset, which h1 may send instead when it closes the connection with
 	// the request unread; counted either way (below).
 	if resp, err := client.Get(s.api + "/v1/models"); err == nil {
+		b, rerr := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			t.Errorf("a 4th API connection with 3 requests in flight at max_connections 3: %d, want 503", resp.StatusCode)
+		}
+		// An overload to retry, as the proxy's own 503s say it (it said invalid_request_error).
+		if rerr == nil && (!strings.Contains(string(b), `"type":"service_unavailable_error"`) || !strings.Contains(string(b), `"code":"overloaded"`)) {
+			t.Errorf("the 503 at max_connections: body %s, want type service_unavailable_error, code overloaded", b)
 		}
 	}
 	if code, body := fetch(s.admin + "/metrics"); code != http.StatusOK || !strings.Contains(body, `kvroute_server_connections_dropped_total{reason="refused"} 1`) {

@@ -37,10 +37,11 @@ type OutlierConfig struct {
 	// replicas decided it (byFleet): the fleet's count reached the threshold with failures
 	// they saw (PeerFailed) where this replica's own count had not, or a peer told this
 	// replica, as it started, of its ejection in progress (PeerEjected); byFleet false: this
-	// replica's own consecutive failures. OnReadmit is told of each endpoint taken back (the
-	// first request that finds its ejection over).
+	// replica's own consecutive failures. OnReadmit is told of each endpoint taken back: by
+	// the first request that finds its ejection over (byCheck false), or by an active health
+	// check that passed before then (byCheck true, HealthPassed).
 	OnEject   func(ep *endpoint.Endpoint, d time.Duration, byFleet bool)
-	OnReadmit func(ep *endpoint.Endpoint)
+	OnReadmit func(ep *endpoint.Endpoint, byCheck bool)
 	// OnRefusals, when set, is told of each ejection by the refusal rule instead of OnEject,
 	// with the share of its answers the endpoint refused and the share the rest of the fleet
 	// refused; nil: OnEject is told (byFleet false).
@@ -74,8 +75,8 @@ const (
 // does not (OutlierConfig's refusal rule, Envoy's failure-percentage detection measured
 // against the fleet's) is ejected all the same: an engine without a chat template, or started
 // with a shorter context than the others. Readmission is lazy, on the clock the lifecycle
-// runs on (the wall clock live, the virtual clock in the simulator): no timer, no goroutine.
-// Safe for concurrent use.
+// runs on (the wall clock live, the virtual clock in the simulator): no timer, no goroutine;
+// or earlier, when an active health check passes (HealthPassed). Safe for concurrent use.
 type Outlier struct {
 	cfg   OutlierConfig
 	clock policy.Clock
@@ -188,6 +189,18 @@ type outlierState struct {
 	// (sharedFailure), which a new replica is told of (Ejections); not for failures to connect,
 	// which may be this replica's path alone.
 	engine bool
+	// ejectedAt is when the ejection under way began; checkEnds: an active health check sent
+	// after then that passes ends it (HealthPassed). Not an ejection by the refusal rule (an
+	// engine that refuses requests answers its health check all the same), nor one that came
+	// while checkBack held.
+	ejectedAt time.Time
+	checkEnds bool
+	// checkBack: a health check ended the endpoint's last ejection, and no attempt here has
+	// succeeded since. Ejected again so, the engine fails where its health check passes (a 5xx
+	// API or a hang behind a live /health, an engine that dies at each request and restarts):
+	// the check is no judge of it, and that ejection runs its time, as do the next ones until
+	// an attempt succeeds.
+	checkBack bool
 	// answered and refused count the attempts here that succeeded or were refused, fading over
 	// the refusal window, as of tallied (the refusal rule).
 	answered, refused float64
@@ -390,7 +403,7 @@ func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
 // tells OnEject. Its tally of answers starts again: readmitted, it is judged on what it
 // answers then. The caller holds o.mu; eject releases it, and reports true.
 func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, byFleet bool) bool {
-	o.ejectLocked(ep, s, now, d, engine)
+	o.ejectLocked(ep, s, now, d, engine, false)
 	onEject := o.cfg.OnEject
 	o.mu.Unlock()
 	if onEject != nil {
@@ -399,12 +412,14 @@ func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d
 	return true
 }
 
-// ejectLocked marks ep (its state s) ejected from now for d. The caller holds o.mu.
-func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine bool) {
+// ejectLocked marks ep (its state s) ejected from now for d, by the refusal rule (refusals)
+// or for failures. The caller holds o.mu.
+func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, refusals bool) {
 	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
 		o.ejected.Add(1)
 	}
 	s.until, s.out, s.engine, s.fails = now.Add(d), true, engine, 0
+	s.ejectedAt, s.checkEnds = now, !refusals && !s.checkBack
 	s.answered, s.refused, s.forgiven = 0, 0, 0
 	for _, k := range o.keys { // its answers by key start again too
 		if t := k.tally(ep); t != nil {
@@ -476,7 +491,7 @@ func (o *Outlier) refused(ep *endpoint.Endpoint, key uint64) Refusal {
 	}
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
-	o.ejectLocked(ep, s, now, d, true)
+	o.ejectLocked(ep, s, now, d, true, true)
 	onRefusals, onEject := o.cfg.OnRefusals, o.cfg.OnEject
 	o.mu.Unlock()
 	switch {
@@ -853,7 +868,7 @@ func (o *Outlier) Succeeded(ep *endpoint.Endpoint) {
 	if o.cfg.RefusalPercent >= 0 {
 		s.count(o.clock.Now(), o.cfg.RefusalWindow, false)
 	}
-	s.fails = 0
+	s.fails, s.checkBack = 0, false
 	o.setFleet(s, 0)
 	if s.times > 0 && !s.out && o.clock.Now().Sub(s.since) >= o.cfg.BaseEjection {
 		s.times--
@@ -881,9 +896,43 @@ func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
 	onReadmit := o.cfg.OnReadmit
 	o.mu.Unlock()
 	if onReadmit != nil {
-		onReadmit(ep)
+		onReadmit(ep, false)
 	}
 	return false
+}
+
+// HealthPassed ends ep's ejection for failures when an active health check of it that was
+// sent at sent (on o's clock), after the ejection began, passed, as Envoy's outlier detection
+// does by default (successful_active_health_check_uneject_host): an engine that restarted, its
+// connections refused for a moment, is back within a health interval of answering, not after
+// the whole ejection time. It reports whether it ended one, and tells OnReadmit (byCheck).
+//
+// A check sent before the ejection began tells nothing of what ejected it. Nor is an ejection
+// by the refusal rule ended so: an engine that refuses requests answers its health check all
+// the same. Nor one that came after a health check ended the last one with no success here
+// since (outlierState.checkBack): its engine fails where its health check passes, and a check
+// that readmitted it at each health interval would send it passive_failures requests to fail
+// each time. The ejections in a row still count for the next one's length.
+func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
+	if o.ejected.Load() == 0 {
+		return false
+	}
+	now := o.clock.Now()
+	o.mu.Lock()
+	s := o.st[ep]
+	// An ejection over already is Ejected's to end, as it would have ended without the check.
+	if s == nil || !s.out || !s.checkEnds || !sent.After(s.ejectedAt) || !now.Before(s.until) {
+		o.mu.Unlock()
+		return false
+	}
+	s.out, s.since, s.checkBack = false, now, true
+	o.ejected.Add(-1)
+	onReadmit := o.cfg.OnReadmit
+	o.mu.Unlock()
+	if onReadmit != nil {
+		onReadmit(ep, true)
+	}
+	return true
 }
 
 // Failures returns ep's consecutive failures that count: here since this replica's last

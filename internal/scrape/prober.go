@@ -163,6 +163,10 @@ type Prober struct {
 	// it). It is a field, not an option, so that SetOptions on reload keeps it; set it before
 	// Run.
 	OnModels func(ep *endpoint.Endpoint, models []string)
+	// OnPassed, when set, is called after each health check of an endpoint that passed (its
+	// outcome recorded first), with when its request was sent (Options.Now): a passive
+	// ejection begun before then may end (route.Outlier.HealthPassed). Set it before Run.
+	OnPassed func(ep *endpoint.Endpoint, sent time.Time)
 	// Instance is the id of the router this prober serves (proxy.Handler.Instance), set before
 	// Run: an endpoint whose health check or model listing answers with it in InstanceHeader
 	// is the router itself (its discovery lists its own address), and fails its checks at once
@@ -328,9 +332,9 @@ func untilTick(elapsed, interval time.Duration) time.Duration {
 // streak: an auto endpoint takes the kind found (an engine restarted as another), one of a
 // named kind keeps failing, with an error and a warning that say which kind it looks like.
 //
-// After a check that passed (its outcome recorded first), an endpoint whose config names no
-// model is asked which it serves (listModels), and an engine that reports its step budget is
-// asked for it on first contact and after a failed check (learnStep).
+// After a check that passed (its outcome recorded first), OnPassed is told, an endpoint whose
+// config names no model is asked which it serves (listModels), and an engine that reports its
+// step budget is asked for it on first contact and after a failed check (learnStep).
 //
 // An endpoint that answers any of these requests as the prober's own router (its Instance in
 // InstanceHeader) is the router itself: the check fails, and the endpoint leaves rotation at
@@ -359,6 +363,7 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	if path == "" {
 		path = HealthPath(ep.Kind())
 	}
+	sent := o.Now()
 	hctx, cancel := context.WithTimeout(ctx, o.HealthTimeout)
 	err := p.get(hctx, ep.Name+path, 64<<10, nil)
 	cancel()
@@ -373,6 +378,9 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	}
 	p.record(ep, err, o)
 	if err == nil {
+		if p.OnPassed != nil {
+			p.OnPassed(ep, sent)
+		}
 		p.listModels(ctx, ep, o)
 		p.learnStep(ctx, ep, o)
 	}
@@ -581,10 +589,16 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 		s.succ = 0
 		s.stepAsked = false // the engine may come back restarted with another budget
 		s.status.LastCheckError = err.Error()
+		// The first check decides alone, whatever unhealthy_threshold says: its line says so
+		// (first_check), or its consecutive_failures 1 would read as a threshold ignored.
+		var firstCheck []any
+		if first {
+			firstCheck = []any{"first_check", true}
+		}
 		switch {
 		case ep.Healthy() && (first || s.fail >= o.UnhealthyThreshold):
 			ep.SetHealthy(false)
-			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
+			p.log.Warn("endpoint unhealthy", append([]any{"endpoint", ep.Name, "consecutive_failures", s.fail, "err", err}, firstCheck...)...)
 		case first && !errors.Is(err, errItself):
 			// An endpoint that starts out of rotation (engine auto whose cache salt waits for
 			// the kind: endpoint.Spec.CacheSaltAuto) has no change of health to say when its
@@ -592,7 +606,12 @@ func (p *Prober) record(ep *endpoint.Endpoint, err error, o Options) {
 			// is wrong, would show only in /debug/endpoints. The router itself says so in
 			// itself.
 			ep.SetHealthy(false) // no change, but the first check is recorded: requests waiting for it get their 503 (endpoint.FirstCheck)
-			p.log.Warn("endpoint unhealthy", "endpoint", ep.Name, "consecutive_failures", s.fail, "err", err)
+			p.log.Warn("endpoint unhealthy", append([]any{"endpoint", ep.Name, "consecutive_failures", s.fail, "err", err}, firstCheck...)...)
+		case ep.Healthy():
+			// Below unhealthy_threshold the endpoint stays in rotation: a failed check (an
+			// engine restarting, an answer late) is no warning until the streak takes it out.
+			p.log.Info("endpoint health check failed: still in rotation below unhealthy_threshold", "endpoint", ep.Name,
+				"consecutive_failures", s.fail, "unhealthy_threshold", o.UnhealthyThreshold, "err", err)
 		}
 	}
 	s.status.Healthy = ep.Healthy()
