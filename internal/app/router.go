@@ -373,6 +373,9 @@ func (r *Router) apply(cfg *config.Config) error {
 		lc.Removed(ep)
 	}
 	h := &proxy.Handler{
+		// The API server's connection cap, which bounds a tenant's bodies being received (the
+		// built-in server's own is also found through the request; net/http's only so).
+		MaxConnections: resolveLimits(cfg, openFileLimit(), goMemoryLimit()).maxConns,
 		Pool:           r.pool,
 		Lifecycle:      lc,
 		Keys:           route.Keys{BlockTokens: cfg.Prefix.BlockTokens, Normalizer: norm, Chains: prefix.NewChains(chainBlocks)},

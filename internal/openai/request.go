@@ -265,6 +265,11 @@ func parseDecoded(kind Kind, body []byte) (*Request, error) {
 		if errors.As(err, &te) && te.Field != "" {
 			return nil, typeError(te)
 		}
+		if te != nil {
+			// The body itself is of another JSON kind (an array, a string): said so, without
+			// encoding/json's words for it, which name a Go type.
+			return nil, BadRequest("", "the request body must be a JSON object, not a JSON %s", te.Value)
+		}
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			return nil, BadRequest("", "request body is not valid JSON: %v (at byte %d)", se, se.Offset)

@@ -748,6 +748,9 @@ func (c *call) settle(status int, method, path string) {
 	if !h.Logger.Enabled(context.Background(), slog.LevelInfo) {
 		return // the access log is off (log.access: false): none of its line is built
 	}
+	if status == http.StatusUnauthorized && !h.unauth.allow(c.remote, c.errCode) {
+		return // one of many from its client: counted, and the count written (unauthLog)
+	}
 	var attrBuf [26]slog.Attr // every attribute below, on the stack
 	logPath, cut := logCut(path, maxLogPath)
 	attrs := append(attrBuf[:0],
@@ -839,6 +842,9 @@ func (c *call) settle(status int, method, path string) {
 // given up after 15 s, had the engines generate 275,050 tokens and were charged 4 prompt
 // tokens each).
 //
+// The completion charged is at most what the request allowed (completionAllowed: max_tokens, or
+// the tenant's max_output_tokens, for each sequence), where it says.
+//
 // Each attempt that reached an engine and was then given up for another (no answer's head, or
 // no first event, within its timeout: the only failure that is retried once the engine had the
 // request) adds its prompt's estimate: its engine may have computed the prefill, and a client
@@ -857,9 +863,18 @@ func (c *call) charge(status int, end time.Time) (prompt, completion int) {
 	// math.MaxInt32] (the usage is bounded as it is read: boundUsage), and so are the sums.
 	prompt = clampTokens(float64(prompt) + float64(max(c.reached-1, 0))*float64(c.preq.PromptTokens))
 	if !c.stream && !c.complete && !c.haveUsage {
-		return prompt, c.generated(end)
+		completion = c.generated(end)
+	} else {
+		completion = c.unseen(c.relayedCompletion())
 	}
-	return prompt, c.unseen(c.relayedCompletion())
+	if allowed := c.completionAllowed(); allowed > 0 {
+		// Never more than the request allowed, whatever the engine said or the router
+		// counted: an engine that ignores max_tokens is the endpoint's fault, not the
+		// tenant's (its content events, one token each, charged 3.6 million tokens for a
+		// max_tokens of 5).
+		completion = min(completion, allowed)
+	}
+	return prompt, completion
 }
 
 // unseen scales completion, the tokens of the sequences an answer returns, to the sequences

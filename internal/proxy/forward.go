@@ -252,7 +252,7 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		st := sseStates.Get().(*sseState)
 		st.r.Reset(resp.Body)
 		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall,
-			framed: resp.ProtoMajor >= 2 || len(resp.TransferEncoding) > 0 || resp.ContentLength >= 0}
+			framed: resp.ProtoMajor >= 2 || len(resp.TransferEncoding) > 0 || resp.ContentLength >= 0, maxEvents: c.maxEvents()}
 		if err := sb.first(); err != nil {
 			sb.release()
 			resp.Body.Close()
@@ -608,6 +608,9 @@ type sseBody struct {
 	// framed: the body's end is marked (chunked, a Content-Length, HTTP/2), so that a clean
 	// io.EOF is the engine's own end and not a connection that closed under it.
 	framed bool
+	// maxEvents is the most content events the stream may carry (call.maxEvents; 0: no
+	// bound): past it the engine ignores max_tokens, and the stream is cut (overrun).
+	maxEvents int
 }
 
 // first reads the stream's first event, the first token: the caller's timer bounds the wait.
@@ -698,6 +701,10 @@ func (s *sseBody) take(ev openai.Event) {
 		s.progress = true
 	}
 	pass, from, to := s.c.takeEvent(ev)
+	if s.maxEvents > 0 && s.c.contentEvents > s.maxEvents {
+		s.overrun() // the event past the bound is not passed on
+		return
+	}
 	switch {
 	case !pass:
 	case from < to && bytes.IndexByte(ev.Data, '\n') < 0:
@@ -730,7 +737,7 @@ func (s *sseBody) queue(b []byte) {
 // that they go out in the same write (each write to the client is a system call, and wakes
 // it): one write per chunk the engine sent, whether it carried one token or several.
 func (s *sseBody) takeBuffered(limit int) {
-	for !s.c.complete && len(s.pending) < limit && s.r.HasEvent() {
+	for !s.c.complete && s.err == nil && len(s.pending) < limit && s.r.HasEvent() {
 		ev, err := s.r.Next()
 		if err != nil {
 			s.cutShort(err) // not expected: the event was buffered whole
@@ -797,6 +804,24 @@ func (s *sseBody) cutShort(err error) {
 	s.queue(b.Bytes()) // after the events that came before the cut
 }
 
+// overrun ends a stream whose engine sent more content events than the request's max_tokens
+// allows (maxEvents): the engine ignores max_tokens (an endless stream was relayed 558 MB for
+// a max_tokens of 5). The client gets an SSE error event after the events that came within
+// the bound, the attempt is cancelled (the engine's connection closed, so that it stops
+// generating), and the call is settled as the engine's bad answer (call.overrun).
+func (s *sseBody) overrun() {
+	s.c.contentEvents-- // the event past the bound, not passed on
+	e := s.c.overrun("more than " + strconv.Itoa(s.maxEvents) + " stream events with text")
+	var b bytes.Buffer
+	_ = openai.WriteEvent(&b, "error", e.Body())
+	s.queue(b.Bytes())
+	s.err = io.EOF
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.cancel(errOverrun)
+}
+
 // sseState is what a stream needs that is worth recycling: its event reader (a 4 KB buffer) and
 // the buffer of what is pending for the client (a write's worth, ~5 KB). Allocated per request,
 // the two were most of what a streamed request allocated once its per-token allocations were
@@ -860,6 +885,9 @@ type captureBody struct {
 	full bool
 	tail []byte // once full: the body's last bytes, at most maxTail
 	read bool   // EOF was seen and the usage read
+	// limit, when positive, bounds the answer's bytes (call.maxAnswerBytes): a read past it
+	// fails (errOverrun), and the relay cuts the answer there; n counts the bytes read.
+	limit, n int64
 }
 
 // maxTail is how much of the end of an answer longer than maxCapture is kept to read its usage.
@@ -872,6 +900,13 @@ const maxPooledCapture = 64 << 10
 
 func (b *captureBody) Read(p []byte) (int, error) {
 	n, err := b.up.Read(p)
+	if b.limit > 0 {
+		if b.n += int64(n); b.n > b.limit {
+			// The bytes past the bound are not passed on; the relay cuts the answer.
+			b.c.overrun("an answer of more than " + strconv.FormatInt(b.limit, 10) + " bytes")
+			return 0, errOverrun
+		}
+	}
 	if n > 0 && !b.full && !b.read {
 		if b.buf == nil {
 			b.buf = captureBufs.Get().(*[]byte)
@@ -922,6 +957,7 @@ func (b *captureBody) Read(p []byte) (int, error) {
 // goes back with putCapture.
 func (b *captureBody) readWhole(size int64) (bp *[]byte, ended bool, err error) {
 	bp, ended, err = readWhole(b.up, size)
+	b.n = int64(len(*bp))
 	switch {
 	case err != nil:
 		b.c.cut = true
@@ -969,7 +1005,8 @@ func (c *call) cachedTokens() int {
 // status is the request's final status for metrics, the access log and the tenant: what was
 // written, unless the answer did not go out whole. A response read to its end and written
 // without error is complete whatever the client does next; a stream the engine cut is a 502
-// (the client saw 200 and then an error event); an answer the router's shutdown cut
+// (the client saw 200 and then an error event), and so is an answer cut because the engine
+// ignored max_tokens (call.overrun); an answer the router's shutdown cut
 // (ErrShuttingDown) is a 503; an answer the client left before its end is a 499 (nginx's code).
 func (c *call) status(w *statusWriter, r *http.Request) int {
 	status := w.status
@@ -977,6 +1014,10 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		status = http.StatusOK
 	}
 	switch {
+	case c.overran && w.err == nil && r.Context().Err() == nil:
+		// The engine ignored max_tokens and its answer was cut (call.overrun): its fault, as a
+		// bad answer is.
+		return http.StatusBadGateway
 	case c.streamErr && w.err == nil && r.Context().Err() == nil:
 		// The client has the engine's error event (after a 200 head): a failure of the engine,
 		// as a cut stream is.

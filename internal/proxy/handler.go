@@ -73,6 +73,12 @@ type Handler struct {
 	// MaxBodyBytes bounds a request body; 0: 16 MiB. A body announced larger is refused with
 	// 413 before any of it is read.
 	MaxBodyBytes int64
+	// MaxConnections is the API server's connection cap (server.max_connections as resolved),
+	// which bounds how many of a tenant's request bodies may be received at once
+	// (tenant.Gate.TakeBody: a quarter of it at most). 0: the cap of the h1.Server serving the
+	// request (it puts itself in the request's context), where it is one; under another
+	// server, none is known and only the tenant's max_concurrent bounds them.
+	MaxConnections int
 	// Rewrite forwards the normalised prompt texts to the engine (normalize.rewrite), so that
 	// prompts differing only in whitespace also share the engine's cache. Off by default: the
 	// engine then no longer sees the client's exact text.
@@ -104,6 +110,8 @@ type Handler struct {
 	setup error
 	// usageWarned: an engine's usage was out of range once (boundUsage logs that at WARN once).
 	usageWarned atomic.Bool
+	// unauth bounds the access lines of 401 answers (settle).
+	unauth *unauthLog
 	// instanceHeader is Instance as a header value, shared by every answer (capped: an append
 	// copies it).
 	instanceHeader []string
@@ -171,6 +179,7 @@ func (h *Handler) init() {
 	if h.Logger == nil {
 		h.Logger = slog.Default()
 	}
+	h.unauth = &unauthLog{log: h.Logger}
 	if h.Transport == nil {
 		h.Transport = h1.New(DefaultTransport())
 	}
@@ -349,6 +358,10 @@ type call struct {
 	// shutdown: the router's shutdown cut the request (ErrShuttingDown): a 503 of its own, not
 	// the client's leaving nor a failure of the engine.
 	shutdown bool
+	// overran: the engine sent more than the request's max_tokens allows (a stream's content
+	// events past maxEvents, a whole answer past maxAnswerBytes), and the answer was cut there:
+	// a 502 upstream_bad_answer, a failure of the endpoint (call.overrun).
+	overran bool
 }
 
 // ep is the endpoint that answered the request, or nil.
@@ -445,10 +458,15 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 		h.writeError(w, c, oe)
 		return
 	}
-	body, held, oe := readBodyHeld(r, h.MaxBodyBytes, true)
+	if oe := forwardedHead(r.Header, c.id != nil); oe != nil {
+		w.Header().Set("Connection", "close") // the body is not read
+		h.writeError(w, c, oe)
+		return
+	}
+	body, held, oe := h.receive(w, r, c)
 	c.held = held
 	if oe != nil {
-		if oe.Status == http.StatusRequestEntityTooLarge {
+		if oe.Status == http.StatusRequestEntityTooLarge || oe.Status == http.StatusTooManyRequests {
 			w.Header().Set("Connection", "close") // the rest of the body is not read
 		}
 		h.writeError(w, c, oe)
@@ -480,6 +498,33 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 	// policy's Done, metrics, the access line): a server flushes a short body only then, and
 	// sends a stream's end (which a client reads to keep its connection) only then.
 	w.endBody()
+}
+
+// receive reads the request's body (readBodyHeld). With tenants, a body being received holds
+// one of its tenant's places for that (tenant.Gate.TakeBody) until it is read, or the read
+// fails: each holds a connection before any of the tenant's limits apply, and one tenant's
+// slow bodies took every connection of the API server. A tenant with no place left is
+// refused (429, Retry-After set in w) before any of the body is read.
+func (h *Handler) receive(w *statusWriter, r *http.Request, c *call) ([]byte, *heldBody, *openai.Error) {
+	if c.id != nil {
+		if oe := h.Gate.TakeBody(c.id, h.maxConnections(r), w.Header()); oe != nil {
+			return nil, nil, oe
+		}
+		defer h.Gate.BodyDone(c.id)
+	}
+	return readBodyHeld(r, h.MaxBodyBytes, true)
+}
+
+// maxConnections is the API server's connection cap: Handler.MaxConnections, else that of the
+// h1.Server serving r; 0 when none is known.
+func (h *Handler) maxConnections(r *http.Request) int {
+	if h.MaxConnections > 0 {
+		return h.MaxConnections
+	}
+	if s, ok := r.Context().Value(http.ServerContextKey).(*h1.Server); ok {
+		return s.MaxConns
+	}
+	return 0
 }
 
 // hops returns what to send the engines in ViaHeader: the routers the request passed (hdr's
@@ -578,14 +623,31 @@ func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *h
 		}
 	}()
 	total := int64(0)
+	// The body's time as the API server counts it, to tell which of its bounds cut it
+	// (bodyTimeoutSetting): its first read, and its last progress (progressRead bytes then), a
+	// progress being server.body_min_rate bytes (one where the rate is 0).
+	srv, _ := r.Context().Value(http.ServerContextKey).(*h1.Server)
+	step := int64(1)
+	if srv != nil && srv.BodyMinRate > 0 {
+		step = srv.BodyMinRate
+	}
+	var start, progress time.Time
+	progressRead := int64(0)
 	for {
 		if len(buf) == cap(buf) {
 			full = append(full, buf)
 			buf = (*bodyChunks.Get().(*[]byte))[:0]
 		}
+		if start.IsZero() {
+			start = time.Now()
+			progress = start
+		}
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		if total += int64(n); total > limit {
+		if total += int64(n); total-progressRead >= step && n > 0 {
+			progress, progressRead = time.Now(), total
+		}
+		if total > limit {
 			return nil, held, tooLarge()
 		}
 		if err == io.EOF {
@@ -603,12 +665,37 @@ func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *h
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
 			return nil, held, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
-				"the request body was not received in time (server.body_read_timeout)")
+				"the request body was not received in time: "+bodyTimeoutSetting(srv, start, progress, total))
 		}
 		if err != nil {
 			return nil, held, bodyReadError(err)
 		}
 	}
+}
+
+// bodyTimeoutSetting says which of the API server's bounds on a body cut it, for the 408: the
+// body was read from start, made its last progress (server.body_min_rate bytes) at progress,
+// and brought read bytes in all. s (nil: another server than h1's) answers both with the same
+// error: the one that fired is the one due first, server.body_read_timeout from the first
+// read (later by a second for every server.body_min_rate bytes), or
+// server.body_stall_timeout from the last progress. Under another server (net/http's, through
+// h1.NetHTTP) it cannot be told, and both are named.
+func bodyTimeoutSetting(s *h1.Server, start, progress time.Time, read int64) string {
+	if s == nil || s.BodyReadTimeout <= 0 && s.BodyStallTimeout <= 0 {
+		return "it took longer than server.body_read_timeout, or stopped coming for server.body_stall_timeout"
+	}
+	stalled := s.BodyStallTimeout > 0
+	if s.BodyReadTimeout > 0 && stalled {
+		due := start.Add(s.BodyReadTimeout)
+		if s.BodyMinRate > 0 {
+			due = due.Add(time.Duration(float64(read) / float64(s.BodyMinRate) * float64(time.Second)))
+		}
+		stalled = progress.Add(s.BodyStallTimeout).Before(due)
+	}
+	if stalled {
+		return "it made no progress for " + s.BodyStallTimeout.String() + " (server.body_stall_timeout)"
+	}
+	return "it took longer than " + s.BodyReadTimeout.String() + " (server.body_read_timeout)"
 }
 
 // bodyStart is the size of the chunks a body of unknown length, or one longer than exactBody,

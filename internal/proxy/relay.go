@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -67,8 +68,20 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	if c != nil && c.stream && resp.StatusCode < 300 && !isEventStream(resp.Header.Get("Content-Type")) {
 		resp.Body = &firstBytes{ReadCloser: resp.Body, c: c}
 	} else if !isEventStream(resp.Header.Get("Content-Type")) {
+		cb, _ := resp.Body.(*captureBody) // a 2xx answer's (modifyResponse)
+		if cb != nil {
+			// An answer far longer than max_tokens can produce is an engine that ignores it:
+			// refused before any of it goes out where that can be seen so soon, else cut
+			// where it passes the bound (captureBody.Read).
+			cb.limit = cb.c.maxAnswerBytes()
+			if cb.limit > 0 && resp.ContentLength > cb.limit {
+				resp.Body.Close()
+				h.overrunAnswer(w, out, "an answer of "+strconv.FormatInt(resp.ContentLength, 10)+" bytes (its Content-Length)")
+				return
+			}
+		}
 		var err error
-		if cb, ok := resp.Body.(*captureBody); ok {
+		if cb != nil {
 			whole, ended, err = cb.readWhole(resp.ContentLength) // read once, not copied again for its usage
 		} else {
 			whole, ended, err = readWhole(resp.Body, resp.ContentLength)
@@ -77,6 +90,11 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 		if err != nil {
 			resp.Body.Close()
 			h.answerBroke(w, out, err)
+			return
+		}
+		if cb != nil && cb.limit > 0 && int64(len(*whole)) > cb.limit {
+			resp.Body.Close()
+			h.overrunAnswer(w, out, "an answer of more than "+strconv.FormatInt(cb.limit, 10)+" bytes")
 			return
 		}
 		if c != nil && c.badAnswer {
@@ -244,6 +262,18 @@ func (h *Handler) badAnswer(w *statusWriter, r *http.Request) {
 	}
 	h.writeError(w, c, openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", codeBadAnswer,
 		"the engine's answer is not a JSON object (cut short, empty, or another kind of body); the request was not sent to another engine (it may have been computed) (request id "+c.rid+")"))
+}
+
+// overrunAnswer answers a request whose engine's whole answer, before any of it went out, is
+// far longer than the request's max_tokens can produce (what says how long): a 502
+// upstream_bad_answer, the endpoint counted as failing (call.overrun). It is not sent to
+// another engine: this one computed it.
+func (h *Handler) overrunAnswer(w *statusWriter, r *http.Request, what string) {
+	c := callFrom(r.Context())
+	if c == nil || r.Context().Err() != nil {
+		return // the client went away: nobody to answer
+	}
+	h.writeError(w, c, c.overrun(what))
 }
 
 // firstBytes passes on an answer to a stream request that came without the event stream's

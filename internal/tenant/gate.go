@@ -97,6 +97,8 @@ type limiter struct {
 	req, tok bucket
 	maxConc  int
 	inFlight int
+	// bodies counts the tenant's request bodies being received (TakeBody, BodyDone).
+	bodies int
 	// expected is the completion tokens per sequence its answers have had (learn), which its
 	// requests without max_tokens reserve (reserve); 0 before any.
 	expected float64
@@ -207,12 +209,12 @@ func (g *Gate) retire(old, t *table, now time.Time) {
 	}
 }
 
-// idle reports whether the limiter holds nothing a fresh one would not: no request in flight,
-// and both buckets full.
+// idle reports whether the limiter holds nothing a fresh one would not: no request in flight
+// nor body being received, and both buckets full.
 func (l *limiter) idle(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.inFlight == 0 && l.req.full(now) && l.tok.full(now)
+	return l.inFlight == 0 && l.bodies == 0 && l.req.full(now) && l.tok.full(now)
 }
 
 // saturation returns the overload predicate of the config: every candidate is saturated, an
