@@ -102,8 +102,8 @@ func TestJoinPastStalledAddrs(t *testing.T) {
 }
 
 // TestJoinerBackoff: an address whose join failed waits for a back-off that doubles with each
-// failure in a row, up to a minute; one in flight is not tried again; one joined, or no longer
-// listed, is forgotten; new secrets forget every failure.
+// failure in a row, up to 10 s (joinBackoffMax); one in flight is not tried again; one joined,
+// or no longer listed, is forgotten; new secrets forget every failure.
 func TestJoinerBackoff(t *testing.T) {
 	j := newJoiner()
 	t0 := time.Unix(1000, 0)

@@ -152,7 +152,7 @@ func (n *Node) changed() {
 
 // startMembers creates the memberlist: SWIM failure detection with LAN timings, gossip
 // encrypted and authenticated (AES-GCM) under a key derived from the shared secret.
-func (n *Node) startMembers() (*memberlist.Memberlist, error) {
+func (n *Node) startMembers(ctx context.Context) (*memberlist.Memberlist, error) {
 	host, port, err := net.SplitHostPort(n.cfg.Gossip)
 	if err != nil {
 		return nil, err
@@ -167,7 +167,23 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	if host == "" {
 		c.BindAddr = "0.0.0.0"
 	}
-	c.AdvertiseAddr = n.cfg.Advertise
+	wait := or(n.cfg.resolveWait, advertiseWait)
+	lookup := n.cfg.lookup
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupNetIP
+	}
+	adv, resolved, err := resolveAdvertise(ctx, lookup, n.cfg.Advertise, c.BindAddr, wait, advertiseRetry,
+		func(err error) {
+			n.log.Info("peers.advertise does not resolve yet: asking again each second", "host", n.cfg.Advertise,
+				"for", wait.String(), "err", err)
+		})
+	if err != nil {
+		return nil, err
+	}
+	if resolved {
+		n.log.Info("peers.advertise resolved: this replica advertises its address", "host", n.cfg.Advertise, "ip", adv)
+	}
+	c.AdvertiseAddr = adv
 	c.Keyring = n.keyring
 	// Gossip messages are pings, acks and a few members' states: too small for compression to
 	// save anything, and memberlist allocates an LZW writer (tens of kB) for every message
@@ -190,7 +206,7 @@ func (n *Node) startMembers() (*memberlist.Memberlist, error) {
 	c.Conflict = delegate{n}
 	c.Merge = delegate{n}
 	c.Logger = nil
-	c.LogOutput = &logWriter{log: n.log, stopping: n.stopping,
+	c.LogOutput = &logWriter{log: n.log, self: n.cfg.Name, stopping: n.stopping,
 		undecryptable: func() { n.m.Dropped.WithLabelValues("unauthenticated").Inc() }}
 	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{c.BindAddr}, BindPort: p,
 		Logger: log.New(c.LogOutput, "", 0)})
@@ -472,9 +488,16 @@ func urlEscape(s string) string { return url.QueryEscape(s) }
 // news, not trouble (info): the peers had this replica's name dead, as they have after every
 // restart under the same name (its previous run) and after a pause long enough to be declared
 // dead (SIGSTOP, a long GC, a starved CPU, which other lines show); it says it is alive. So is
-// a refuted alive message (refutedAliveMsg): the peers still had the previous run alive.
+// a refuted alive message (refutedAliveMsg): the peers still had the previous run alive. And
+// so is a refuted suspicion that memberlist says came from this replica itself
+// (refutedSuspectMsg): it read the suspicion in a peer's state on joining or exchanging state
+// with it, which is where a restarted replica finds its previous run suspected. A suspicion
+// from a peer (its probes of this replica failed: lost packets, a pause) stays a warning.
 type logWriter struct {
-	log      *slog.Logger
+	log *slog.Logger
+	// self is this replica's name (Config.Name): memberlist's "from" in a suspicion it read in
+	// a peer's state.
+	self     string
 	stopping <-chan struct{}
 	// undecryptable, when set, is told of each gossip message that no key could decrypt: one
 	// sealed with another secret (counted as unauthenticated).
@@ -504,6 +527,8 @@ func (w *logWriter) Write(p []byte) (int, error) {
 			w.log.Info("memberlist: peers had this replica dead (its previous run, or a pause); it says it is alive", "msg", line)
 		case !stopping && strings.Contains(line, "Refuting an alive message"):
 			w.log.Info(refutedAliveMsg, refutedAlive(line)...)
+		case !stopping && w.self != "" && strings.HasSuffix(strings.TrimRight(line, " \r"), "Refuting a suspect message (from: "+w.self+")"):
+			w.log.Info(refutedSuspectMsg, "msg", line)
 		case !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")):
 			w.log.Warn("memberlist", "msg", line)
 		default:
@@ -597,6 +622,12 @@ var _ memberlist.NodeAwareTransport = (*streamTransport)(nil)
 // take in its place, and follow this run. memberlist logs it as a warning with both metadata as
 // byte lists.
 const refutedAliveMsg = "memberlist: peers still had this replica's previous run (a quick restart) or other metadata of it: it announces this run's state at a higher incarnation, which replaces it"
+
+// refutedSuspectMsg says what memberlist's "Refuting a suspect message (from: <this replica>)"
+// means: memberlist names this replica as the suspicion's sender when it takes the suspicion
+// from a peer's state (a join, a state exchange), as a restarted replica does of its previous
+// run, which the peers suspect until they declare it dead.
+const refutedSuspectMsg = "memberlist: peers suspected this replica (its previous run, after a restart under its name; or a pause), as a state exchange with them told: it says it is alive"
 
 // refutedAlive returns the attributes of a "Refuting an alive message" line: the address
 // the peers held, and the incarnations of the runs in the two metadata (held_incarnation, the

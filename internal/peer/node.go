@@ -46,7 +46,8 @@ type Config struct {
 	// Gossip is memberlist's address (TCP and UDP), host:port.
 	Gossip string
 	// Advertise is the host or IP peers reach this replica at; "": memberlist's choice (the
-	// gossip address, or a private address when that is unspecified).
+	// gossip address, or a private address when that is unspecified). A host name is resolved
+	// once, when Run starts, to an address of the gossip listener's family (advertise.go).
 	Advertise string
 	// Sources find the peers to join.
 	Sources []Source
@@ -89,6 +90,11 @@ type Config struct {
 	transport func(memberlist.Transport) memberlist.Transport
 	// duplicate replaces duplicateNameAfter (tests); 0: that.
 	duplicate time.Duration
+	// resolveWait replaces advertiseWait (tests); 0: that.
+	resolveWait time.Duration
+	// lookup replaces the system resolver for peers.advertise (tests, which ask no DNS server);
+	// nil: net.DefaultResolver.
+	lookup lookupFunc
 }
 
 // Defaults of Config.
@@ -399,7 +405,7 @@ func (n *Node) Run(ctx context.Context) error {
 			n.log.Error("peer stream server stopped", "err", err)
 		}
 	})
-	ml, err := n.startMembers()
+	ml, err := n.startMembers(ctx)
 	if err != nil {
 		close(n.stopping)
 		_ = srv.Close()

@@ -50,6 +50,15 @@ type replica struct {
 
 func startReplica(t *testing.T, name string, seeds []string, tweak func(*Config)) *replica {
 	t.Helper()
+	r := runReplica(t, name, seeds, tweak)
+	waitFor(t, 5*time.Second, "gossip address of "+name, func() bool { return r.node.GossipAddr() != "" })
+	return r
+}
+
+// runReplica is startReplica without the wait for its gossip address: Run's error, if it
+// fails to start, comes on r.done (r.stop then has nothing to wait for).
+func runReplica(t *testing.T, name string, seeds []string, tweak func(*Config)) *replica {
+	t.Helper()
 	pool := endpoint.NewPool()
 	if _, err := pool.Update([]endpoint.Spec{{Name: "http://e0"}, {Name: "http://e1"}, {Name: "http://e2"}}); err != nil {
 		t.Fatal(err)
@@ -85,7 +94,6 @@ func startReplica(t *testing.T, name string, seeds []string, tweak func(*Config)
 	r.cancel = cancel
 	go func() { r.done <- n.Run(ctx) }()
 	t.Cleanup(r.stop)
-	waitFor(t, 5*time.Second, "gossip address of "+name, func() bool { return n.GossipAddr() != "" })
 	return r
 }
 
@@ -791,8 +799,9 @@ func TestLogWriter(t *testing.T) {
 // TestLogWriterRefutations: memberlist's refutations, in the formats it has written. A refuted
 // alive message (the peers still had this replica's previous run alive, after a quick restart)
 // is news, at info, with the address and the two runs' incarnations where the line gives them,
-// and without memberlist's byte lists; a refuted dead message is news too; a refuted suspicion
-// stays a warning.
+// and without memberlist's byte lists; a refuted dead message is news too, and so is a refuted
+// suspicion that memberlist says came from this replica's own name (read in a peer's state: the
+// previous run suspected); a refuted suspicion from a peer stays a warning.
 func TestLogWriterRefutations(t *testing.T) {
 	// memberlist's format since v0.1.4 (2019); its versions before wrote the first words alone.
 	const alive = "[WARN] memberlist: Refuting an alive message for '%s' (%v:%d) meta:(%v VS %v), vsn:(%v VS %v)"
@@ -828,7 +837,16 @@ func TestLogWriterRefutations(t *testing.T) {
 			info + " at=10.0.0.12:7946 held_incarnation=111 incarnation=222\n"},
 		{"memberlist before v0.1.4", "[WARN] memberlist: Refuting an alive message", info + "\n"},
 		{"dead", "[WARN] memberlist: Refuting a dead message (from: r1)", "level=INFO msg=\"memberlist: peers had this replica dead"},
-		{"suspect", "[WARN] memberlist: Refuting a suspect message (from: r1)", "level=WARN msg=memberlist"},
+		{"suspect from a peer", "[WARN] memberlist: Refuting a suspect message (from: r1)", "level=WARN msg=memberlist"},
+		// memberlist names this replica (r2) as the sender of a suspicion it read in a peer's
+		// state: a restarted replica's previous run, suspected.
+		{"suspect from its own name", "[WARN] memberlist: Refuting a suspect message (from: r2)",
+			"level=INFO msg=\"" + refutedSuspectMsg + "\" msg=\"[WARN] memberlist: Refuting a suspect message (from: r2)\"\n"},
+		{"suspect from its own name, log.LstdFlags prefix", "2025/03/04 05:06:07 [WARN] memberlist: Refuting a suspect message (from: r2)",
+			"level=INFO msg=\"" + refutedSuspectMsg + "\""},
+		{"suspect from a name ending in its own", "[WARN] memberlist: Refuting a suspect message (from: xr2)", "level=WARN msg=memberlist"},
+		{"suspect from a name beginning with its own", "[WARN] memberlist: Refuting a suspect message (from: r2x)", "level=WARN msg=memberlist"},
+		{"suspect from a peer named as its own name and more", "[WARN] memberlist: Refuting a suspect message (from: r2 (a))", "level=WARN msg=memberlist"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
@@ -838,7 +856,7 @@ func TestLogWriterRefutations(t *testing.T) {
 						return slog.Attr{}
 					}
 					return a
-				}})), stopping: make(chan struct{})}
+				}})), self: "r2", stopping: make(chan struct{})}
 			if _, err := w.Write([]byte(tc.line + "\n")); err != nil {
 				t.Fatal(err)
 			}
@@ -851,11 +869,18 @@ func TestLogWriterRefutations(t *testing.T) {
 			}
 		})
 	}
+	// This replica's name with parentheses in it.
+	var own bytes.Buffer
+	w := &logWriter{log: slog.New(slog.NewTextHandler(&own, nil)), self: "r2 (a)", stopping: make(chan struct{})}
+	_, _ = w.Write([]byte("[WARN] memberlist: Refuting a suspect message (from: r2 (a))\n"))
+	if !strings.Contains(own.String(), "level=INFO msg=\""+refutedSuspectMsg) {
+		t.Errorf("suspect from its own name %q: logged as %q, want level=INFO", w.self, own.String())
+	}
 	// Stopping, it is debug, as all of memberlist's lines.
 	var buf bytes.Buffer
 	stopping := make(chan struct{})
 	close(stopping)
-	w := &logWriter{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), stopping: stopping}
+	w = &logWriter{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), stopping: stopping}
 	_, _ = w.Write([]byte(refute("r2", v4, metaOf(111), metaOf(222), vsn) + "\n"))
 	if !strings.Contains(buf.String(), "level=DEBUG") {
 		t.Errorf("stopping: logged as %q, want level=DEBUG", buf.String())

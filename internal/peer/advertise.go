@@ -1,0 +1,125 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// A host name in peers.advertise (a StatefulSet pod's name under its headless Service, a
+// Compose service's name) is resolved here, once, when Run starts: memberlist takes an IP
+// only, and a replica given a name failed to start ("failed to parse advertise address").
+// It is not resolved again while the replica runs: memberlist advertises one address for its
+// whole life, and the addresses that such names stand for change only with a restart (a pod
+// gets its IP when it starts, and keeps it until it stops).
+
+const (
+	// advertiseWait bounds the resolution of peers.advertise. A pod's own name under its
+	// headless Service may not be in DNS yet when the pod starts (the record follows the
+	// EndpointSlice): it is asked again each advertiseRetry meanwhile, rather than the replica
+	// failing and waiting for its restart back-off.
+	advertiseWait  = 10 * time.Second
+	advertiseRetry = time.Second
+)
+
+// lookupFunc resolves a host name, as net.Resolver.LookupNetIP.
+type lookupFunc func(ctx context.Context, network, host string) ([]netip.Addr, error)
+
+// ipFamilies says which address families a gossip listener bound to bindHost (memberlist's
+// BindAddr: an IP, or a host name, which memberlist binds as the unspecified address) takes:
+// IPv4 only for an IPv4 address (0.0.0.0 included), IPv6 only for an IPv6 one, both for "::"
+// (a dual-stack socket) and for a name.
+func ipFamilies(bindHost string) (v4, v6 bool) {
+	ip, err := netip.ParseAddr(bindHost)
+	if err != nil {
+		return true, true
+	}
+	ip = ip.Unmap()
+	switch {
+	case ip.Is4():
+		return true, false
+	case ip.IsUnspecified():
+		return true, true
+	}
+	return false, true
+}
+
+// pickAddr returns the first of addrs of the families given, IPv4 first when both are.
+func pickAddr(addrs []netip.Addr, v4, v6 bool) (netip.Addr, bool) {
+	for _, fam := range []struct {
+		ok  bool
+		is4 bool
+	}{{v4, true}, {v6, false}} {
+		if !fam.ok {
+			continue
+		}
+		for _, a := range addrs {
+			if a = a.Unmap(); a.Is4() == fam.is4 {
+				return a, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// familyName names the families a listener takes, for errors.
+func familyName(v4, v6 bool) string {
+	switch {
+	case v4 && v6:
+		return "IPv4 or IPv6"
+	case v4:
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// resolveAdvertise returns the IP to advertise for host (peers.advertise) with a gossip
+// listener bound to bindHost: host itself when it is an IP or empty (memberlist's choice), else
+// the first address host resolves to of the listener's family (ipFamilies), IPv4 first where
+// both are; resolved says whether host was a name. A lookup that fails is made again every
+// retry while one more fits before wait has passed since the first (each ends by then);
+// retrying, when set, is told of the first failure when another try follows. The errors name
+// peers.advertise, the host and the resolver's error.
+func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost string, wait, retry time.Duration,
+	retrying func(err error)) (ip string, resolved bool, err error) {
+	if host == "" || net.ParseIP(host) != nil {
+		return host, false, nil
+	}
+	v4, v6 := ipFamilies(bindHost)
+	start := time.Now()
+	deadline := start.Add(wait)
+	lctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	for tries := 1; ; tries++ {
+		addrs, err := lookup(lctx, "ip", host)
+		switch {
+		case err == nil:
+			a, ok := pickAddr(addrs, v4, v6)
+			if !ok {
+				return "", true, fmt.Errorf("peers.advertise: host name %q resolves to %v, no %s address (the family of the gossip listener, %q): give a name or an address of that family",
+					host, addrs, familyName(v4, v6), bindHost)
+			}
+			return a.String(), true, nil
+		case ctx.Err() != nil:
+			return "", true, fmt.Errorf("peers.advertise: resolving host name %q: %w", host, ctx.Err())
+		case time.Until(deadline) < retry:
+			lookups := "1 lookup"
+			if tries > 1 {
+				lookups = fmt.Sprintf("%d lookups", tries)
+			}
+			return "", true, fmt.Errorf("peers.advertise: host name %q does not resolve (%s in %v): %w; give an IP address, or a name this host resolves",
+				host, lookups, time.Since(start).Round(time.Millisecond), err)
+		case tries == 1 && retrying != nil:
+			retrying(err)
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", true, fmt.Errorf("peers.advertise: resolving host name %q: %w", host, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
