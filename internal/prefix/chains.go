@@ -5,7 +5,6 @@ import (
 	"sync"
 	"unicode"
 	"unicode/utf8"
-	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/text/unicode/norm"
@@ -234,19 +233,17 @@ func (c *Chains) fork(head, seed uint64, size int, text []byte, d *xxhash.Digest
 
 // extend appends to dst the blocks of text, whose default normalisation only collapses
 // whitespace: those of base up to its mark j (base nil: none), then those of the rest,
-// collapsed into a recycled buffer mark by mark; d is the digest of text up to where it starts.
-// The text is then remembered, with its marks, unless it adds fewer than minChainBlocks blocks
-// to base's.
+// collapsed and hashed mark by mark as it is read (no normalised copy of the text is made: a
+// 15 MiB prompt collapsed into a growing buffer cost about 90 MB); d is the digest of text up
+// to where it starts. The text is then remembered, with its marks, unless it adds fewer than
+// minChainBlocks blocks to base's.
 func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, base *remembered, j int, d *xxhash.Digest) []uint64 {
-	dst = growUint64(dst, len(text)/size) // the normalised text is no longer than text
-	start := len(dst)
+	w := newBlockWriter(growUint64(dst, len(text)/size), seed, size) // the normalised text is no longer than text
+	start := len(w.dst)
 	spacing := markBlocks * size
 	var marks []mark
 	var tails []byte
-	bp := normBufs.Get().(*[]byte)
-	buf := (*bp)[:0]
-	normAt, pos, t := 0, 0, spacing // normAt: the normalised offset of buf[0]
-	h := seed
+	pos, t := 0, spacing
 	// A prompt that adds little to what it takes from base (its own question after a shared
 	// document) is not remembered: a text that extends it takes the shared part from base all
 	// the same, and hashes at most minChainBlocks blocks and its own turn again. Remembering
@@ -256,21 +253,17 @@ func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, 
 	if base != nil {
 		m := base.marks[j]
 		k := m.norm / size
-		dst = append(dst, base.blocks[:k]...)
-		if k > 0 {
-			h = base.blocks[k-1]
-		}
-		normAt = k * size
-		buf = append(buf, base.tails[m.tail:m.tail+m.norm%size]...)
+		w.take(base.blocks[:k], base.tails[m.tail:m.tail+m.norm%size])
 		pos, t = m.raw, markAfter(m.raw, spacing)
 		// The blocks past k are at most those of the tail and the rest uncollapsed.
-		if remember = (len(buf)+len(text)-pos)/size >= minChainBlocks; remember {
+		if remember = (m.norm%size+len(text)-pos)/size >= minChainBlocks; remember {
 			marks = append(make([]mark, 0, j+1+(len(text)-pos)/spacing+1), base.marks[:j+1]...)
 			tails = append(make([]byte, 0, len(base.tails)), base.tails[:m.tail+m.norm%size]...)
 		}
 	} else {
 		marks = make([]mark, 0, len(text)/spacing+1)
 	}
+	taken := len(w.dst) - start
 	for remember {
 		r := nextMark(text, t)
 		if r < 0 {
@@ -278,23 +271,20 @@ func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, 
 		}
 		t = markAfter(r, spacing)
 		piece := text[pos:r]
-		buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(piece), len(piece)))
+		w.writeCollapsed(piece)
 		_, _ = d.Write(piece)
 		pos = r
-		nm := normAt + len(buf)
-		cut := len(buf) - nm%size
-		marks = append(marks, mark{raw: r, norm: nm, hash: d.Sum64(), tail: len(tails)})
-		tails = append(tails, buf[cut:]...)
+		marks = append(marks, mark{raw: r, norm: w.n, hash: d.Sum64(), tail: len(tails)})
+		tails = append(tails, w.partial()...)
 	}
-	rest := text[pos:]
-	buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
-	normText := bytes.TrimRightFunc(buf, unicode.IsSpace)
-	taken := len(dst) - start
-	dst = chainBytes(dst, h, normText, size)
+	// The normalisation trims the text's trailing whitespace; no mark lies in it (a mark ends a
+	// character other than whitespace), so it is all in the rest.
+	w.writeCollapsed(bytes.TrimRightFunc(text[pos:], unicode.IsSpace))
+	dst = w.blocks()
+	w.release()
 	if len(marks) > 0 && (base == nil || len(dst)-start-taken >= minChainBlocks) {
 		c.store(head, seed, size, dst[start:], marks, tails)
 	}
-	putNorm(bp, buf)
 	return dst
 }
 
@@ -302,18 +292,52 @@ func (c *Chains) extend(dst []uint64, head, seed uint64, size int, text []byte, 
 func printableASCII(b byte) bool { return b > ' ' && b < utf8.RuneSelf }
 
 // NormalizedBlocks appends to dst what BlocksBytes(dst, seed, n.NormalizeBytes(text),
-// blockTokens) appends. Text whose whitespace must be collapsed (prose with paragraph breaks)
-// is collapsed into a recycled buffer: a 400 KB prompt then allocates nothing.
+// blockTokens) appends. Under the default normalisation the text is collapsed and hashed as it
+// is read: text that is not in NFC is put in NFC into a buffer (recycled up to maxPooledNorm),
+// and nothing else is copied, so a prompt allocates only its block hashes (a 15 MiB one
+// collapsed into a growing buffer cost about 90 MB). Other normalisations (rules, options) go
+// through NormalizeBytes.
 func NormalizedBlocks(dst []uint64, seed uint64, text []byte, blockTokens int, n *Normalizer) []uint64 {
-	bp := normBufs.Get().(*[]byte)
-	norm, grown, _ := n.appendNormalized(*bp, text)
-	dst = BlocksBytes(dst, seed, norm, blockTokens)
-	putNorm(bp, grown)
+	if blockTokens <= 0 {
+		blockTokens = DefaultBlockTokens
+	}
+	if !n.isDefault() {
+		return BlocksBytes(dst, seed, n.NormalizeBytes(text), blockTokens)
+	}
+	var bp *[]byte
+	var nfc []byte
+	if !isASCII(text) && !norm.NFC.IsNormal(text) {
+		// Carriage returns are left to the collapse: they and line feeds are starters that
+		// compose with nothing, so NFC keeps them where they are.
+		bp = normBufs.Get().(*[]byte)
+		nfc = *bp
+		if cap(nfc) < len(text) {
+			nfc = make([]byte, 0, len(text)) // NFC seldom makes text longer
+		}
+		nfc = norm.NFC.Append(nfc[:0], text...)
+		text = nfc
+	}
+	// Trimming the edges first leaves no run at either to collapse: the same text as
+	// collapsing first and trimming the one whitespace byte left at each.
+	text = bytes.TrimSpace(text)
+	if !needsCollapse(text) {
+		dst = BlocksBytes(dst, seed, text, blockTokens)
+	} else {
+		size := BlockBytes(blockTokens)
+		w := newBlockWriter(growUint64(dst, len(text)/size), seed, size)
+		w.writeCollapsed(text)
+		dst = w.blocks()
+		w.release()
+	}
+	if bp != nil {
+		putNorm(bp, nfc)
+	}
 	return dst
 }
 
-// normBufs recycles the buffers normalised text is written into; buffers grown past
-// maxPooledNorm are left to the garbage collector, so that one huge prompt is not kept.
+// normBufs recycles the buffers text is put in NFC into and blockWriter's windows; buffers
+// grown past maxPooledNorm are left to the garbage collector, so that one huge prompt is not
+// kept.
 var normBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
 const maxPooledNorm = 4 << 20

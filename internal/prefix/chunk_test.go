@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,5 +120,34 @@ func TestContentKeys_ChainMatchesBlocks(t *testing.T) {
 		if diff := cmp.Diff(BlocksBytes(nil, seed, text, bt), Chain(nil, seed, keys)); diff != "" {
 			t.Errorf("block tokens %d: BlocksBytes differs from Chain of ContentKeys (-fused +chained):\n%s", bt, diff)
 		}
+	}
+}
+
+// TestBlockWriter: text written in pieces of every length, short ones gathered and long ones
+// hashed where they lie, at block sizes below and above the piece it hashes in place, gives
+// the hashes of the text written whole, and partial is always what is past the last full block.
+func TestBlockWriter(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	text := []byte(randText(r, 200<<10))
+	for _, size := range []int{1, 4, 64, 68, writerDirect + 100, writerWindow + 3} {
+		seed := uint64(size)
+		want := chainBytes([]uint64{9}, seed, text, size)
+		w := newBlockWriter([]uint64{9}, seed, size)
+		for pos := 0; pos < len(text); {
+			n := min(len(text)-pos, []int{0, 1, 7, size - 1, size, writerDirect - 1, writerDirect, 3 * size, writerWindow}[r.IntN(9)]+r.IntN(3))
+			if n == 1 && r.IntN(2) == 0 {
+				w.writeByte(text[pos])
+			} else {
+				w.write(text[pos : pos+n])
+			}
+			pos += n
+			if got := string(w.partial()); got != string(text[pos-pos%size:pos]) {
+				t.Fatalf("size %d, %d bytes written: partial %q, want %q", size, pos, got, text[pos-pos%size:pos])
+			}
+		}
+		if got := w.blocks(); !slices.Equal(got, want) {
+			t.Errorf("size %d: %d hashes, want %d; first difference at %d", size, len(got), len(want), firstDiff(got, want))
+		}
+		w.release()
 	}
 }

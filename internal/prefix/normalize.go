@@ -124,22 +124,6 @@ func (n *Normalizer) NormalizeBytes(b []byte) []byte {
 	return stringBytes(n.Normalize(unsafe.String(unsafe.SliceData(b), len(b))))
 }
 
-// appendNormalized appends to buf what n.NormalizeBytes(b) returns when it would build new
-// bytes, and returns the normalised text: a sub-slice of b when nothing but the edges changes,
-// else of the returned buffer. Text that only needs its whitespace collapsed, the common case
-// for prose, is collapsed straight into buf (collapsed is then true), so a caller that recycles
-// buf allocates nothing.
-func (n *Normalizer) appendNormalized(buf, b []byte) (text, grown []byte, collapsed bool) {
-	if !n.isDefault() || bytes.IndexByte(b, '\r') >= 0 || !isASCII(b) && !norm.NFC.IsNormal(b) {
-		return n.NormalizeBytes(b), buf, false
-	}
-	if !needsCollapse(b) {
-		return bytes.TrimSpace(b), buf, false
-	}
-	buf = appendCollapsed(buf[:0], unsafe.String(unsafe.SliceData(b), len(b)))
-	return bytes.TrimSpace(buf), buf, true
-}
-
 // isASCII reports whether b holds only ASCII bytes.
 func isASCII(b []byte) bool {
 	i := 0

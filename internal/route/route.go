@@ -371,7 +371,11 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	if c.movedBy(ranked, first, MovedRefused) == pick {
 		c.moved = "" // moved away and back
 	}
-	c.ranked = ranked[:min(len(ranked), lc.attempts)]
+	// The whole ranking is kept: an endpoint ejected or gone since the pick is passed over
+	// without using up an attempt, and the next one takes its place (cut at the pick to the
+	// attempts, a request with max_retries: 1 whose second endpoint was ejected meanwhile gave
+	// up with 504 while healthy endpoints were left). Attempts bound the endpoints tried.
+	c.ranked = ranked
 	return c, nil
 }
 
@@ -583,15 +587,23 @@ func (c *Call) movedBy(ranked []*endpoint.Endpoint, first *endpoint.Endpoint, wh
 // changed the first), "" when it is.
 func (c *Call) Moved() string { return c.moved }
 
-// Ranked returns the endpoints the request may be sent to, in order.
-func (c *Call) Ranked() []*endpoint.Endpoint { return c.ranked }
+// Ranked returns the first Attempts endpoints of the ranking as it was at the pick, in order:
+// the list a front end that retries by itself (Envoy, through ext_proc) is given, and MoveTo's
+// scope. Next goes on past them to the rest of the ranking (Ranking) where some of them are
+// passed over as unusable.
+func (c *Call) Ranked() []*endpoint.Endpoint { return c.ranked[:min(len(c.ranked), c.lc.attempts)] }
 
-// Next starts the next attempt and returns its endpoint, or nil when no endpoint is left (or
-// the call has finished). Endpoints that became unavailable since the pick are skipped. The
-// request is counted on the endpoint (in flight, pending prefill), the policy predicts its
-// cached tokens there and is told it was routed.
+// Ranking returns every candidate as the pick ranked them, in order: the endpoints Next may
+// go to, at most Attempts of them.
+func (c *Call) Ranking() []*endpoint.Endpoint { return c.ranked }
+
+// Next starts the next attempt and returns its endpoint, or nil when no endpoint is left, the
+// attempts (Lifecycle.Attempts) are used up, or the call has finished. Endpoints that became
+// unusable since the pick (ejected, unavailable) are passed over without using up an attempt:
+// the next ranked one takes the place. The request is counted on the endpoint (in flight,
+// pending prefill), the policy predicts its cached tokens there and is told it was routed.
 func (c *Call) Next() *endpoint.Endpoint {
-	if c.finished || c.open {
+	if c.finished || c.open || c.attempts >= c.lc.attempts {
 		return nil
 	}
 	for c.next < len(c.ranked) {
@@ -604,6 +616,13 @@ func (c *Call) Next() *endpoint.Endpoint {
 		return ep
 	}
 	return nil
+}
+
+// left reports whether Next may start another attempt at now: an attempt is left, and a
+// usable endpoint after the call's position.
+func (c *Call) left(now time.Time) bool {
+	return c.attempts < c.lc.attempts &&
+		slices.ContainsFunc(c.ranked[c.next:], func(o *endpoint.Endpoint) bool { return c.lc.usable(o, now) })
 }
 
 // start opens an attempt on ep, the call's ranked[next-1]: the request counted on the endpoint,
@@ -629,9 +648,9 @@ func (c *Call) start(ep *endpoint.Endpoint) {
 	c.lc.share.routed(c)
 }
 
-// MoveTo moves the call to ep, an endpoint of its ranking after the one of the attempt in
-// progress (or of the last attempt), for a front end that went down the ranking by itself
-// (Envoy, given the list, retried on its own) and got its answer from ep. passed says how each
+// MoveTo moves the call to ep, an endpoint of Ranked after the one of the attempt in progress
+// (or of the last attempt), for a front end that went down the ranking by itself (Envoy, given
+// the list, retried on its own) and got its answer from ep. passed says how each
 // endpoint the call goes past fared, the attempt in progress's included: that attempt is closed
 // as Fail closes it with passed's failure; for each endpoint after it, a failure other than
 // FailNone is an attempt made and failed (the request counted there and settled at once, the
@@ -644,12 +663,15 @@ func (c *Call) start(ep *endpoint.Endpoint) {
 //
 // MoveTo reports false, and changes nothing, when the call has finished, its attempt in
 // progress had its first token (the answer has begun: no front end goes elsewhere then), or
-// ep is not ranked after the call's position.
+// ep is not in Ranked after the call's position.
 func (c *Call) MoveTo(ep *endpoint.Endpoint, passed func(*endpoint.Endpoint) Failure) bool {
 	if c.finished || !c.firstAt.IsZero() {
 		return false
 	}
-	to := slices.Index(c.ranked[c.next:], ep)
+	to := -1
+	if r := c.Ranked(); c.next < len(r) {
+		to = slices.Index(r[c.next:], ep)
+	}
 	if to < 0 {
 		return false
 	}
@@ -678,8 +700,9 @@ func (c *Call) MoveTo(ep *endpoint.Endpoint, passed func(*endpoint.Endpoint) Fai
 
 // Fail ends the attempt in progress, which failed with f before anything reached the client,
 // and reports whether the request may be sent to the next endpoint (call Next): always after a
-// Retryable failure, once per request after a RetryableOnce one. When it may not, or no
-// endpoint is left, finish the call with Finish. The failure is told to passive health
+// Retryable failure, once per request after a RetryableOnce one, and only while an attempt and
+// a usable endpoint are left (Next passes over the others). When it may not, finish the call
+// with Finish. The failure is told to passive health
 // checking when it counts against the endpoint: not a request's second RetryableOnce failure
 // (the request is then the likelier cause), and a client that left (FailCanceled) only when
 // the engine had been stalled for as long as a stall watch waits (stalledWhenLeft), which
@@ -709,7 +732,7 @@ func (c *Call) Fail(f Failure) (retry bool) {
 		Duration: c.failAt.Sub(c.Arrival)}, told, counts)
 	// A request whose first token came may have reached the client (the simulator fails a
 	// stream its instance died under here): it is never sent again.
-	return retry && c.firstAt.IsZero() && c.next < len(c.ranked)
+	return retry && c.firstAt.IsZero() && c.left(c.failAt)
 }
 
 // stalledWhenLeft reports whether the attempt in progress, whose client left at now before its
@@ -988,7 +1011,7 @@ func (c *Call) watchStall(ep *endpoint.Endpoint) {
 		return
 	}
 	now := time.Unix(0, c.sentAt)
-	if !slices.ContainsFunc(c.ranked[c.next:], func(o *endpoint.Endpoint) bool { return c.lc.usable(o, now) }) {
+	if !c.left(now) {
 		return
 	}
 	c.stall = StallWatch{ep: ep, share: c.lc.share, sent: c.sentAt, after: c.stallSpan(ep)}
