@@ -128,11 +128,12 @@ type refusedKey struct {
 type keyTally struct {
 	ep                *endpoint.Endpoint
 	answered, refused float64
-	at                time.Time
-	// spared: none of the endpoint's refusals of the key counts against it, not even its
-	// first (excessAt): it came when another endpoint had refused the key and none served it
-	// (a probe's, or a key that moved), or it was taken back since (blamedAt).
-	spared bool
+	// excused is how many of refused count against the endpoint neither as refusals nor as
+	// answers (excessAt): each refusal is judged once, as it comes (countKey), and excused or
+	// not for good, but for the first one taken back (blamedAt). The rest (counted) is what
+	// the key adds to the refusal rule at the endpoint.
+	excused float64
+	at      time.Time
 	// blamedAt is when the endpoint's first refusal of the key was blamed on it (and told to
 	// the policy as a failed attempt) while no endpoint served the key; zero when none was, or
 	// it was taken back: once another endpoint refuses the key too, and none serves it, the
@@ -140,38 +141,47 @@ type keyTally struct {
 	blamedAt time.Time
 }
 
-// excessAt returns the refusals of t's key at its endpoint at now that count neither as
-// refusals nor as answers while no other endpoint serves the key: those past the first, or
-// all of them when t is spared.
-func (t *keyTally) excessAt(now time.Time, w time.Duration) float64 {
-	_, r := t.fade(now, w)
-	if !t.spared {
-		r--
+// decay returns the factor t's tallies have faded by at now, with time constant w.
+func (t *keyTally) decay(now time.Time, w time.Duration) float64 {
+	if dt := now.Sub(t.at); dt > 0 {
+		return math.Exp(-float64(dt) / float64(w))
 	}
-	return max(r, 0)
+	return 1
+}
+
+// excessAt returns the refusals of t's key at its endpoint at now that count neither as
+// refusals nor as answers (excused, fading).
+func (t *keyTally) excessAt(now time.Time, w time.Duration) float64 {
+	if t.excused == 0 {
+		return 0
+	}
+	return t.excused * t.decay(now, w)
+}
+
+// countedAt returns the refusals of t's key at its endpoint at now that count against it
+// (fading).
+func (t *keyTally) countedAt(now time.Time, w time.Duration) float64 {
+	return max(t.refused-t.excused, 0) * t.decay(now, w)
 }
 
 // fade returns t's tallies at now, fading with time constant w.
 func (t *keyTally) fade(now time.Time, w time.Duration) (answered, refused float64) {
-	if dt := now.Sub(t.at); dt > 0 {
-		k := math.Exp(-float64(dt) / float64(w))
-		return t.answered * k, t.refused * k
-	}
-	return t.answered, t.refused
+	k := t.decay(now, w)
+	return t.answered * k, t.refused * k
 }
 
 // maxRefusalKeys bounds the request keys an Outlier follows. One client's bad requests are one
 // key; an engine that refuses everything makes many, each refused once or answered elsewhere.
-// Past the bound the stalest key that no endpoint refused more than once goes first: its loss
+// Past the bound the stalest key with no excused refusal (repeated) goes first: its loss
 // costs the rule nothing (its next refusal is blamed, as a first one is). Only when every key
-// followed holds repeated refusals does one go that may hold a client's flood (the stalest),
+// followed holds excused refusals does one go that may hold a client's flood (the stalest),
 // and then each endpoint keeps its excess as forgiven (outlierState), so that the rule still
 // discounts it: however many keys come and go, one client's refusals never count in full.
 const maxRefusalKeys = 256
 
 // answeredElsewhere is how many answers of a key (fading) other endpoints must have given
-// for its refusals to count in full against one that refuses it: about one in the last
-// RefusalWindow x ln 2.
+// for its refusals at one that refuses it to count again, from then on and up to one more than
+// those answers (countKey): about one in the last RefusalWindow x ln 2.
 const answeredElsewhere = 0.5
 
 type outlierState struct {
@@ -423,7 +433,7 @@ func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.T
 	s.answered, s.refused, s.forgiven = 0, 0, 0
 	for _, k := range o.keys { // its answers by key start again too
 		if t := k.tally(ep); t != nil {
-			t.answered, t.refused, t.spared = 0, 0, false
+			t.answered, t.refused, t.excused = 0, 0, 0
 		}
 	}
 	o.setFleet(s, 0)
@@ -454,11 +464,20 @@ func (o *Outlier) RefusedRequest(ep *endpoint.Endpoint, req *policy.Request) (ej
 // rest of the fleet never sees them to refuse them. So the refusals of one request key
 // (RefusalKey) count once at an endpoint, the others counting neither as refusals nor as
 // answers, unless other endpoints answered that key of late: then the engine refuses what the
-// others serve, and each counts. Whether they do is found out: a key refused twice at an
-// endpoint that served none of it has its next request sent first to another endpoint, once
-// a refusal window (Avoid). Served there, every refusal of the key at the first counts, and
-// the key keeps away from it; refused there too, the key is the client's: that refusal counts
-// against neither endpoint, nor from then on the first one's first (Refusal.TakeBack).
+// others serve, and its refusals count from then on (not those before), at most one more than
+// the answers elsewhere. Whether they do is found out: a key refused twice at an endpoint
+// that served none of it has its next request sent first to another endpoint, once a refusal
+// window (Avoid). Served there, the key keeps away from the first while its refusals there
+// last; refused there too, the key is the client's: that refusal counts against neither
+// endpoint, nor from then on the first one's first (Refusal.TakeBack). And the refusals that
+// count must come from two keys at least (refusing): a broken engine refuses everyone's.
+//
+// So one client's refusals of a key count at most 1 + (the times the key was served
+// elsewhere) at an endpoint, in about a refusal window: to move the rule (RefusalVolume
+// refusals that count, 20 by default) at a healthy engine, a client needs about as many
+// prefixes cached there, each refused there once, or a valid request of a key served by
+// another engine for each refusal of it past the first that still reaches the engine
+// (docs/router.md, "Refusals", measures it).
 func (o *Outlier) Refuse(ep *endpoint.Endpoint, req *policy.Request) Refusal {
 	return o.refused(ep, RefusalKey(req))
 }
@@ -525,8 +544,8 @@ func (o *Outlier) Served(ep *endpoint.Endpoint, req *policy.Request) {
 // served it not, and either another endpoint serves the key (ep refuses what the others
 // serve: the key keeps away from it while ep's refusals last), or no other endpoint answered
 // the key of late and none was tried for it in the last refusal window (a probe: whether the
-// rest of the fleet serves it decides whether ep's refusals of it count, Refuse). The caller
-// has another endpoint to send req to; a probe is counted as made.
+// rest of the fleet serves it decides whether ep's refusals of it count from then on, Refuse).
+// The caller has another endpoint to send req to; a probe is counted as made.
 func (o *Outlier) Avoid(ep *endpoint.Endpoint, req *policy.Request, now time.Time) bool {
 	key, ok := o.followed(req)
 	if !ok {
@@ -605,10 +624,15 @@ func (k *refusedKey) tally(ep *endpoint.Endpoint) *keyTally {
 }
 
 // countKey adds an answer of ep to key at now, refused or not, following key from its first
-// refusal, and for a refusal returns whether it counts against ep (refusing's rule): its key
-// answered elsewhere of late, or not refused here of late while no other endpoint refused it
-// and none served it; and the earlier refusal to take back, if any (Refusal.TakeBack). The
-// caller holds o.mu.
+// refusal, and for a refusal returns whether it counts against ep (refusing's rule) and the
+// earlier refusal to take back, if any (Refusal.TakeBack). A refusal counts when its key was
+// answered elsewhere of late, as long as the key's refusals counted at ep stay within one more
+// than those answers (fading); or when it is the first here of late while no other endpoint
+// refused the key and none served it. Each refusal is judged once, as it comes: those excused
+// stay excused when the key is served elsewhere later (before, they then all counted, and one
+// client could have a healthy engine ejected by bursts of bad requests on prefixes cached
+// there, each followed by one good request that a probe sent elsewhere). The caller holds
+// o.mu.
 func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, refused bool) Refusal {
 	w := o.cfg.RefusalWindow
 	k := o.keys[key]
@@ -627,30 +651,34 @@ func (o *Outlier) countKey(ep *endpoint.Endpoint, key uint64, now time.Time, ref
 		k.eps = append(k.eps, keyTally{ep: ep, at: now})
 		t = &k.eps[len(k.eps)-1]
 	}
-	t.answered, t.refused = t.fade(now, w)
-	t.at = now
-	var v Refusal
-	if refused {
-		served, refusedElsewhere := k.others(ep, now, w)
-		first := t.refused < 0.5
-		switch {
-		case served >= answeredElsewhere:
-			// The engine refuses what the others serve: every refusal counts.
-			v.Blamed, t.spared, t.blamedAt = true, false, time.Time{}
-		case refusedElsewhere >= 0.5:
-			// Refused elsewhere too, and served nowhere: the client's.
-			if first {
-				t.spared = true
-			} else if !t.blamedAt.IsZero() {
-				v.TakeBack, t.blamedAt, t.spared = t.blamedAt, time.Time{}, true
-			}
-		case first:
-			v.Blamed, t.spared, t.blamedAt = true, false, now
-		}
-	}
+	d := t.decay(now, w)
+	t.answered, t.refused, t.excused, t.at = t.answered*d, t.refused*d, t.excused*d, now
 	t.answered++
-	if refused {
-		t.refused++
+	if !refused {
+		return Refusal{}
+	}
+	var v Refusal
+	served, refusedElsewhere := k.others(ep, now, w)
+	first := t.refused < 0.5
+	switch {
+	case served >= answeredElsewhere:
+		// The engine refuses what the others serve: its refusals count from now on, as many
+		// as one more than the answers elsewhere.
+		v.Blamed, t.blamedAt = t.refused-t.excused < served+0.5, time.Time{}
+	case refusedElsewhere >= 0.5:
+		// Refused elsewhere too, and served nowhere: the client's. Its first refusal here
+		// (or the one blamed before, taken back) no longer counts either.
+		if first {
+			t.excused = t.refused
+		} else if !t.blamedAt.IsZero() {
+			v.TakeBack, t.blamedAt, t.excused = t.blamedAt, time.Time{}, t.refused
+		}
+	case first:
+		v.Blamed, t.blamedAt = true, now
+	}
+	t.refused++
+	if !v.Blamed {
+		t.excused++
 	}
 	return v
 }
@@ -668,20 +696,22 @@ func (k *refusedKey) others(ep *endpoint.Endpoint, now time.Time, w time.Duratio
 	return served, refused
 }
 
-// elsewhere returns the answers (fading) that endpoints other than ep gave to k at now.
-func (k *refusedKey) elsewhere(ep *endpoint.Endpoint, now time.Time, w time.Duration) float64 {
-	served, _ := k.others(ep, now, w)
-	return served
-}
-
-// dropKey forgets a key to make room for another (maxRefusalKeys): the stalest with no excess
-// at any endpoint (repeated), or, where every key has some, the stalest of all, its excess
-// moving to the forgiven tally of each endpoint it counted for. The caller holds o.mu.
+// dropKey forgets a key to make room for another (maxRefusalKeys): the stalest with no excused
+// refusal (repeated), or, where every key has some, the stalest of all, its excess moving to
+// the forgiven tally of each endpoint it counted for. The filter is rebuilt in the same pass
+// over the keys: at the bound each new key refused comes here, under o.mu. The caller holds
+// o.mu.
 func (o *Outlier) dropKey(now time.Time) {
 	var stalest, single uint64
 	var stalestAt, singleAt time.Time
 	anyKey, anySingle := false, false
+	// f has the bit of every key, shared those bits set by two keys or more: the dropped key's
+	// bit goes unless another key has it too.
+	var f, shared [filterBits / 64]uint64
 	for key, k := range o.keys {
+		i, bit := key/64%(filterBits/64), uint64(1)<<(key%64)
+		shared[i] |= f[i] & bit
+		f[i] |= bit
 		if !anyKey || k.touched.Before(stalestAt) {
 			stalest, stalestAt, anyKey = key, k.touched, true
 		}
@@ -696,7 +726,9 @@ func (o *Outlier) dropKey(now time.Time) {
 	}
 	delete(o.keys, drop)
 	o.tracked.Store(int32(len(o.keys)))
-	o.rebuildFilter()
+	i, bit := drop/64%(filterBits/64), uint64(1)<<(drop%64)
+	f[i] &^= bit &^ shared[i]
+	o.storeFilter(&f)
 }
 
 // expire forgets the keys untouched for keyExpiry refusal windows, their excess moving to the
@@ -730,6 +762,11 @@ func (o *Outlier) rebuildFilter() {
 	for key := range o.keys {
 		f[key/64%(filterBits/64)] |= 1 << (key % 64)
 	}
+	o.storeFilter(&f)
+}
+
+// storeFilter sets o.filter to f, each word whole. The caller holds o.mu.
+func (o *Outlier) storeFilter(f *[filterBits / 64]uint64) {
 	for i := range f {
 		o.filter[i].Store(f[i])
 	}
@@ -739,7 +776,7 @@ func (o *Outlier) rebuildFilter() {
 // false means it has none (tallies only fade).
 func (k *refusedKey) repeated() bool {
 	for i := range k.eps {
-		if t := &k.eps[i]; t.refused > 1 || t.spared && t.refused > 0 {
+		if k.eps[i].excused > 0 {
 			return true
 		}
 	}
@@ -753,7 +790,7 @@ func (o *Outlier) forgive(k *refusedKey, now time.Time) {
 	for i := range k.eps {
 		t := &k.eps[i]
 		x := t.excessAt(now, w)
-		if x <= 0 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
+		if x <= 0 {
 			continue
 		}
 		if s := o.st[t.ep]; s != nil {
@@ -771,11 +808,9 @@ func (s *outlierState) forgivenNow(now time.Time, w time.Duration) float64 {
 	return s.forgiven
 }
 
-// excess returns, for each endpoint that refused a key of late while no other endpoint
-// answered it, the refusals past the first, or all of them where another endpoint refused the
-// key too (excessAt, fading), with those of the keys dropped since (forgiven): one client's bad
-// requests that count neither as refusals nor as answers.
-// The caller holds o.mu.
+// excess returns, for each endpoint, the refusals of the keys followed that were excused there
+// (excessAt, fading: countKey), with those of the keys dropped since (forgiven): one client's
+// bad requests that count neither as refusals nor as answers. The caller holds o.mu.
 func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
 	w := o.cfg.RefusalWindow
 	var out map[*endpoint.Endpoint]float64
@@ -791,7 +826,7 @@ func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
 		for i := range k.eps {
 			t := &k.eps[i]
 			x := t.excessAt(now, w)
-			if x <= 0 || k.elsewhere(t.ep, now, w) >= answeredElsewhere {
+			if x <= 0 {
 				continue
 			}
 			if out == nil {
@@ -805,7 +840,10 @@ func (o *Outlier) excess(now time.Time) map[*endpoint.Endpoint]float64 {
 
 // refusing reports whether ep (its state s) meets the refusal rule at now, with the share of
 // its answers it refused and the share the rest of the fleet refused, each endpoint's tally
-// less its excess (one client's requests refused again). The caller holds o.mu.
+// less its excess (one client's requests refused again). The refusals that count must not all
+// be one key's (oneKey): an engine that refuses requests refuses everyone's, and one key's
+// refusals that count, though bounded (countKey), are still one client's doing. The caller
+// holds o.mu.
 func (o *Outlier) refusing(ep *endpoint.Endpoint, s *outlierState, now time.Time) (share, rest float64, ok bool) {
 	w, volume := o.cfg.RefusalWindow, float64(o.cfg.RefusalVolume)
 	answered, refused := s.tally(now, w)
@@ -833,7 +871,23 @@ func (o *Outlier) refusing(ep *endpoint.Endpoint, s *outlierState, now time.Time
 		return 0, 0, false // no evidence that the fleet answers this traffic
 	}
 	share, rest = refused/answered, othersRefused/others
-	return share, rest, rest <= share/2
+	if rest > share/2 || refused-o.oneKey(ep, now) < 0.5 {
+		return 0, 0, false
+	}
+	return share, rest, true
+}
+
+// oneKey returns the most refusals of one key followed that count against ep at now (fading).
+// The caller holds o.mu.
+func (o *Outlier) oneKey(ep *endpoint.Endpoint, now time.Time) float64 {
+	w := o.cfg.RefusalWindow
+	most := 0.0
+	for _, k := range o.keys {
+		if t := k.tally(ep); t != nil {
+			most = max(most, t.countedAt(now, w))
+		}
+	}
+	return most
 }
 
 // canEject reports whether one more endpoint may be ejected. The caller holds o.mu.

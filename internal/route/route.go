@@ -379,16 +379,26 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 	return c, nil
 }
 
-// avoidRefusing swaps the first two endpoints of ranked where the first is to be avoided for
-// req (KeyedRefusalHealth.Avoid): it refused requests like it, and whether the rest of the
-// fleet serves them is to be found out, or is known. Not an endpoint the request is pinned to
-// (pinned: its name), which alone holds the previous response the request names.
+// avoidRefusing moves the first endpoint of ranked after it that is neither backed off (429)
+// nor stalling to first place where the first is to be avoided for req
+// (KeyedRefusalHealth.Avoid): it refused requests like it, and whether the rest of the fleet
+// serves them is to be found out, or is known. The avoided one goes second. Not an endpoint the
+// request is pinned to (pinned: its name), which alone holds the previous response the request
+// names; and not where no other endpoint may take the request now (Avoid is not asked: a probe
+// it counts as made would tell nothing). Stalling is read without claiming the stall probe
+// that endpoint.Stalling grants (backoffLast has given it to this request, or it is not due).
 func (lc *Lifecycle) avoidRefusing(req *policy.Request, ranked []*endpoint.Endpoint, pinned string, now time.Time) []*endpoint.Endpoint {
-	if lc.keyed == nil || len(ranked) < 2 || pinned != "" && ranked[0].Name == pinned || !lc.keyed.Avoid(ranked[0], req, now) {
+	if lc.keyed == nil || len(ranked) < 2 || pinned != "" && ranked[0].Name == pinned {
 		return ranked
 	}
-	out := slices.Clone(ranked)
-	out[0], out[1] = out[1], out[0]
+	i := 1 + slices.IndexFunc(ranked[1:], func(e *endpoint.Endpoint) bool {
+		return e.StalledSince() == 0 && !lc.health.BackedOff(e, now)
+	})
+	if i == 0 || !lc.keyed.Avoid(ranked[0], req, now) {
+		return ranked
+	}
+	out := make([]*endpoint.Endpoint, 0, len(ranked))
+	out = append(append(append(out, ranked[i]), ranked[:i]...), ranked[i+1:]...)
 	return out
 }
 
