@@ -218,7 +218,7 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("analysis interrupted: %w", err)
 	}
 	rep.Stats = workload.Analyze(reqs, workload.AnalyzeOptions{
 		BlockSize: prof.BlockSize, CapacityTokens: f.instances * prof.KVTokens(), Instances: f.instances, Seed: f.seed,

@@ -89,6 +89,11 @@ func benchMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	if err != nil {
 		return failed(stderr, fs.Name(), spool.explain(err))
 	}
+	stop := rep.Stopped
+	if stop != nil && stop.Interrupted && rep.Scenario.Requests == 0 {
+		fmt.Fprintf(stderr, "kvroute bench: interrupted before any request finished (%d sent, cancelled in flight)\n", stop.Sent)
+		return interruptedStatus(ctx)
+	}
 	if asJSON {
 		err = writeJSON(stdout, rep)
 	} else {
@@ -103,13 +108,57 @@ func benchMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 		}
 		fmt.Fprintf(stderr, "kvroute bench: report written to %s\n", html)
 	}
+	if stop != nil && stop.Interrupted {
+		fmt.Fprintf(stderr, "kvroute bench: interrupted after sending %d of %d requests: the report covers the %d that finished (%d cancelled in flight)\n",
+			stop.Sent, stop.Planned, stop.Sent-stop.Canceled, stop.Canceled)
+		return interruptedStatus(ctx)
+	}
 	// A run in which nothing succeeded (a wrong URL, model or key) is a failure for scripts too;
 	// the report above says why.
 	if r := rep.Results; len(r) > 0 && r[0].Completed == 0 && r[0].Failed > 0 {
-		fmt.Fprintf(stderr, "kvroute bench: none of %d requests succeeded\n", r[0].Failed)
+		what := fmt.Sprintf("none of %d requests succeeded", r[0].Failed)
+		if stop != nil && stop.Refused != "" {
+			what = fmt.Sprintf("stopped early, %d of %d requests sent: the first %d all failed (%s)", stop.Sent, stop.Planned, stop.RefusedAfter, stop.Refused)
+		}
+		fmt.Fprintf(stderr, "kvroute bench: %s: %s\n", what, failureFix(rep, o))
 		return 1
 	}
 	return 0
+}
+
+// failureFix is what to do about a run in which nothing succeeded, from its most frequent
+// error class: the target's own message is in the report above.
+func failureFix(rep *experiment.BenchReport, o experiment.BenchOptions) string {
+	var class string
+	if len(rep.Bench) > 0 {
+		for k, n := range rep.Bench[0].Errors {
+			if class == "" || n > rep.Bench[0].Errors[class] || n == rep.Bench[0].Errors[class] && k < class {
+				class = k
+			}
+		}
+	}
+	switch class {
+	case "connection":
+		return fmt.Sprintf("is a server listening at --target %s? (start it, or fix the URL)", o.Target)
+	case "http_401", "http_403":
+		return "the target refused the API key: give the right one with --api-key or $OPENAI_API_KEY"
+	case "http_404":
+		return fmt.Sprintf("the target has no such model or path: check --model %q (GET /v1/models lists the models) and --target's path", o.Model)
+	case "http_429":
+		return "the target refused them for load or quota: lower --rate or --concurrency, or raise the target's limits"
+	case "timeout":
+		return fmt.Sprintf("no answer within --timeout %v: raise it, or lower the load", o.Timeout)
+	}
+	return "see the errors in the report above"
+}
+
+// interruptedStatus is the exit status of a verb that ctx's signal stopped: 143 for SIGTERM,
+// else 130, as a shell gives a process that the signal killed.
+func interruptedStatus(ctx context.Context) int {
+	if c := context.Cause(ctx); c != nil && strings.Contains(c.Error(), "terminated") {
+		return 143
+	}
+	return 130
 }
 
 // rateRange is what --rate takes.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -147,6 +148,15 @@ func TestBenchTableAndProgressLines(t *testing.T) {
 	// stderr is not a terminal: plain lines, ending with the final count.
 	if !strings.Contains(errOut, "bench: 6/6 requests, 1 errors") {
 		t.Errorf("progress lines %q lack the final line", errOut)
+	}
+	// No answer named its backend (the target's header is X-Backend, not the default): the
+	// imbalance is unknown, "-", not an even 1.00.
+	if row := regexp.MustCompile(`(?m)^  bench .*$`).FindString(out); len(strings.Fields(row)) != 11 || strings.Fields(row)[8] != "-" {
+		t.Errorf("row %q: want - in the imbalance column", row)
+	}
+	code, out, errOut = runVerb("bench", "--target", srv.URL, "--workload", "prefix-repetition:n=6", "--concurrency", "2", "--quiet", "--endpoint-header", "X-Backend")
+	if row := regexp.MustCompile(`(?m)^  bench .*$`).FindString(out); code != 0 || len(strings.Fields(row)) != 11 || strings.Fields(row)[8] == "-" {
+		t.Errorf("--endpoint-header X-Backend: exit %d (%s), row %q: want an imbalance", code, errOut, row)
 	}
 }
 
@@ -322,9 +332,10 @@ func TestBenchConnectionErrorsAreCounted(t *testing.T) {
 	url := srv.URL
 	srv.Close()
 	code, out, errOut := runVerb("bench", "--target", url, "--workload", "prefix-repetition:n=3", "--concurrency", "1", "--quiet")
-	// The report is written, and the run fails: nothing succeeded.
-	if code != 1 || errOut != "kvroute bench: none of 3 requests succeeded\n" {
-		t.Errorf("exit %d, stderr %q; want 1 and that none of 3 succeeded", code, errOut)
+	// The report is written, and the run fails: nothing succeeded, with what to do about it.
+	want := "kvroute bench: none of 3 requests succeeded: is a server listening at --target " + url + "? (start it, or fix the URL)\n"
+	if code != 1 || errOut != want {
+		t.Errorf("exit %d, stderr %q; want 1 and %q", code, errOut, want)
 	}
 	if !strings.Contains(out, "errors: connection 3") || !strings.Contains(out, "unknown") {
 		t.Errorf("table does not count 3 connection errors, or gives a hit rate:\n%s", out)
@@ -396,4 +407,139 @@ func readInputLengths(t *testing.T, path string, n int) []int {
 		out = append(out, l.InputLength)
 	}
 	return out
+}
+
+// Ctrl-C during a run: bench prints the report of the requests that finished, leaves out the
+// one cancelled in flight, says so on one line, and exits 130. Before, it printed only
+// "loadgen: run cancelled: context canceled" and exited 1, the minutes measured lost.
+func TestBenchInterruptReportsWhatFinished(t *testing.T) {
+	checkLeaks(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if n.Add(1) == 4 {
+			// The fourth request is in flight when the user presses Ctrl-C.
+			cancel()
+			<-r.Context().Done()
+			return
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":50}}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	for _, asJSON := range []bool{false, true} {
+		n.Store(0)
+		ctx, cancel = context.WithCancel(context.Background())
+		args := []string{"--target", srv.URL, "--workload", "prefix-repetition:n=6", "--concurrency", "1", "--quiet"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		var out, errOut strings.Builder
+		code := benchMain(ctx, args, strings.NewReader(""), &out, &errOut)
+		cancel()
+		wantErr := "kvroute bench: interrupted after sending 4 of 6 requests: the report covers the 3 that finished (1 cancelled in flight)\n"
+		if code != 130 || errOut.String() != wantErr {
+			t.Errorf("json %v: exit %d, stderr %q; want 130 and %q", asJSON, code, errOut.String(), wantErr)
+		}
+		if !asJSON {
+			if !regexp.MustCompile(`(?m)^\s+bench\s+0\.500\s.*\s3\s+0\s*$`).MatchString(out.String()) {
+				t.Errorf("table does not show 3 completed, 0 failed:\n%s", out.String())
+			}
+			continue
+		}
+		var doc struct {
+			Results []report.Result
+			Stopped *experiment.BenchStopped
+		}
+		if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
+			t.Fatalf("bad JSON: %v\n%s", err, out.String())
+		}
+		want := &experiment.BenchStopped{Interrupted: true, Planned: 6, Sent: 4, Canceled: 1}
+		if diff := cmp.Diff(want, doc.Stopped); diff != "" {
+			t.Errorf("stopped (-want +got):\n%s", diff)
+		}
+		if len(doc.Results) != 1 || doc.Results[0].Completed != 3 || doc.Results[0].Failed != 0 {
+			t.Errorf("results %+v: want 3 completed, none failed", doc.Results)
+		}
+	}
+}
+
+// Interrupted before any request finished: one line, exit 130, no table of zeros.
+func TestBenchInterruptBeforeAnyFinished(t *testing.T) {
+	checkLeaks(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		cancel()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	var out, errOut strings.Builder
+	code := benchMain(ctx, []string{"--target", srv.URL, "--workload", "prefix-repetition:n=3", "--concurrency", "1", "--quiet"}, strings.NewReader(""), &out, &errOut)
+	if want := "kvroute bench: interrupted before any request finished (1 sent, cancelled in flight)\n"; code != 130 || out.String() != "" || errOut.String() != want {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 130, nothing and %q", code, out.String(), errOut.String(), want)
+	}
+}
+
+// A target that refuses every request alike (nothing listening, a wrong key, no such model)
+// stops the run after its first requests, with what to do; before, a default run (1,024
+// requests at 10/s) failed for 100 s and ended with "none of 1024 requests succeeded". A
+// target shedding load (429) is measured to the end.
+func TestBenchStopsWhenEveryRequestIsRefused(t *testing.T) {
+	checkLeaks(t)
+	const n = 200
+	type tc struct {
+		name, target string
+		seen         *atomic.Int64 // requests the target got; nil: none can
+		stderr       string        // a regular expression
+	}
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	tests := []tc{{name: "nothing listening", target: closed.URL,
+		stderr: `^kvroute bench: stopped early, [0-9]+ of 200 requests sent: the first 10 all failed \(connection\): is a server listening at --target http://127\.0\.0\.1:[0-9]+\? \(start it, or fix the URL\)\n$`}}
+	for status, want := range map[int]string{
+		401: `stopped early, [0-9]+ of 200 requests sent: the first 10 all failed \(http_401\): the target refused the API key: give the right one with --api-key or \$OPENAI_API_KEY`,
+		404: `stopped early, [0-9]+ of 200 requests sent: the first 10 all failed \(http_404\): the target has no such model or path: check --model "m" \(GET /v1/models lists the models\) and --target's path`,
+		429: `none of 200 requests succeeded: the target refused them for load or quota: lower --rate or --concurrency, or raise the target's limits`,
+	} {
+		var seen atomic.Int64
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			seen.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			fmt.Fprintf(w, `{"error":{"message":"no (%d)"}}`, status)
+		}))
+		t.Cleanup(srv.Close)
+		tests = append(tests, tc{fmt.Sprint(status), srv.URL, &seen, "^kvroute bench: " + want + "\n$"})
+	}
+	// Exactly 10 requests, the 10th the one that tells: a run that ended, not one stopped.
+	code, _, errOut := runVerb("bench", "--target", closed.URL, "--workload", "prefix-repetition:n=10", "--concurrency", "1", "--quiet")
+	if want := "kvroute bench: none of 10 requests succeeded: is a server listening at --target " + closed.URL + "? (start it, or fix the URL)\n"; code != 1 || errOut != want {
+		t.Errorf("10 requests: exit %d, stderr %q; want 1 and %q", code, errOut, want)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runVerb("bench", "--target", tt.target, "--model", "m", "--workload", fmt.Sprintf("prefix-repetition:n=%d", n), "--concurrency", "2", "--quiet")
+			if code != 1 || !regexp.MustCompile(tt.stderr).MatchString(errOut) {
+				t.Errorf("exit %d, stderr %q; want 1 and to match %s", code, errOut, tt.stderr)
+			}
+			// Nothing completed: nothing was timed, and the table says so rather than 0.00.
+			if !strings.Contains(out, "ITL ms - (no request completed)") || !regexp.MustCompile(`(?m)^\s+bench\s+unknown\s+-\s+-\s+-\s+-\s+-\s+0\s+-\s+0\s+[0-9]+\s*$`).MatchString(out) {
+				t.Errorf("table does not say that nothing was timed:\n%s", out)
+			}
+			if tt.seen == nil {
+				return
+			}
+			// Refused: the run stopped after the first 10 (and those sent while their records
+			// were counted); shed (429): it ran to its end.
+			if got := tt.seen.Load(); tt.name == "429" && got != n || tt.name != "429" && (got < 10 || got >= n) {
+				t.Errorf("the target got %d of %d requests", got, n)
+			}
+		})
+	}
 }

@@ -80,6 +80,10 @@ func demoMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if err != nil {
 		return failed(stderr, fs.Name(), spool.explain(err))
 	}
+	if d.InterruptedDuring != "" && len(d.Results) == 0 {
+		fmt.Fprintf(stderr, "kvroute demo: interrupted during the first policy, %s: no policy ran to the end\n", d.InterruptedDuring)
+		return interruptedStatus(ctx)
+	}
 	if asJSON {
 		err = writeJSON(stdout, d)
 	} else {
@@ -95,6 +99,10 @@ func demoMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		if !quiet {
 			fmt.Fprintf(stderr, "kvroute demo: report written to %s\n", html)
 		}
+	}
+	if d.InterruptedDuring != "" {
+		fmt.Fprintf(stderr, "kvroute demo: interrupted during policy %s: the report holds the %d before it\n", d.InterruptedDuring, len(d.Results))
+		return interruptedStatus(ctx)
 	}
 	return 0
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,6 +105,10 @@ func TestDemoErrors(t *testing.T) {
 		{"NaN time scale", []string{"--time-scale", "NaN"}, []string{"--time-scale NaN: want a factor above 0 up to 100"}},
 		{"infinite speedup", []string{"--speedup", "Inf"}, []string{"--speedup +Inf: want a positive finite factor"}},
 		{"trace and workload", []string{"--trace", "x.jsonl", "--workload", "shared-prefix"}, []string{"not both"}},
+		// Said as "--speedup and --requests must not be negative", and "want a factor above 0"
+		// without the bound that refused it.
+		{"negative requests", []string{"--requests", "-1"}, []string{"kvroute demo: --requests -1: want 0 (all) or more\n"}},
+		{"time scale too large", []string{"--time-scale", "1000"}, []string{"kvroute demo: --time-scale 1000: want a factor above 0 up to 100 (1: real time, 0.5: twice as fast)\n"}},
 		{"bad workload", []string{"--workload", "zipf"}, []string{"--workload"}},
 		// Checked before the run (which, if it started, is one short policy).
 		{"unwritable html", []string{"--quick", "--requests", "2", "--policies", "round-robin", "--quiet", "--html", filepath.Join(t.TempDir(), "no", "report.html")}, []string{"--html: ", "no such file"}},
@@ -180,5 +187,64 @@ func TestDemoStopsRoutersAtOnce(t *testing.T) {
 	if len(doc.Results) != 2 || took-runs > 4 {
 		t.Errorf("the demo took %.1f s for %d policies whose runs took %.1f s: want the routers stopped at once (under 4 s more in all; a drain_delay is 5 s each)",
 			took, len(doc.Results), runs)
+	}
+}
+
+// cancelOnWrite is a standard error that cancels the run when a line with text is written
+// to it, as Ctrl-C at that moment would.
+type cancelOnWrite struct {
+	mu     sync.Mutex
+	buf    strings.Builder
+	text   string
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(string(p), w.text) {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// Ctrl-C during the second policy: the table and the JSON hold the first, which ran to the
+// end, one line says where it stopped, and the exit status is 130. Before, the demo printed
+// "policy least-request: loadgen: run cancelled: context canceled" and exited 1, the policies
+// already run lost.
+func TestDemoInterruptKeepsFinishedPolicies(t *testing.T) {
+	checkLeaks(t)
+	for _, asJSON := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		// round-robin's last progress line: its run is over.
+		errOut := &cancelOnWrite{text: "round-robin: 12/12 requests", cancel: cancel}
+		args := append([]string{"--policies", "round-robin,least-request,prefix-aware", "--html", ""}, tinyDemo...)
+		if asJSON {
+			args = append(args, "--json")
+		}
+		var out strings.Builder
+		code := demoMain(ctx, args, strings.NewReader(""), &out, errOut)
+		cancel()
+		stderr := errOut.buf.String()
+		if want := "kvroute demo: interrupted during policy least-request: the report holds the 1 before it\n"; code != 130 || !strings.HasSuffix(stderr, want) {
+			t.Errorf("json %v: exit %d, stderr %q; want 130 and to end with %q", asJSON, code, stderr, want)
+		}
+		if !asJSON {
+			if !regexp.MustCompile(`(?m)^\s+round-robin\s`).MatchString(out.String()) || strings.Contains(out.String(), "least-request") {
+				t.Errorf("table does not hold round-robin alone:\n%s", out.String())
+			}
+			continue
+		}
+		var doc struct {
+			Results           []report.Result
+			InterruptedDuring string `json:"interrupted_during"`
+		}
+		if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
+			t.Fatalf("bad JSON: %v\n%s", err, out.String())
+		}
+		if len(doc.Results) != 1 || doc.Results[0].Policy != "round-robin" || doc.Results[0].Completed != 12 || doc.InterruptedDuring != "least-request" {
+			t.Errorf("results %+v, interrupted during %q: want round-robin's 12 requests, and least-request", doc.Results, doc.InterruptedDuring)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -225,11 +226,16 @@ func usageErr(format string, args ...any) error {
 
 // failed prints err for the verb on one line and returns the exit status: 2 for a
 // usageError, or a trace that cannot be used (workload.ErrBadTrace: --trace named a path that
-// does not open, or a file that is not a trace or has no request, and nothing ran), 1 otherwise.
+// does not open, or a file that is not a trace or has no request, and nothing ran); 130 for
+// a run interrupted (Ctrl-C: context.Canceled), as a shell gives a process SIGINT stopped; 1
+// otherwise.
 func failed(stderr io.Writer, name string, err error) int {
 	fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
-	if errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) || errors.Is(err, workload.ErrBadTrace) {
+	switch {
+	case errors.As(err, new(usageError)) || errors.As(err, new(*experiment.UsageError)) || errors.Is(err, workload.ErrBadTrace):
 		return 2
+	case errors.Is(err, context.Canceled):
+		return 130
 	}
 	return 1
 }

@@ -245,3 +245,22 @@ func TestCheckOutputs(t *testing.T) {
 		}
 	}
 }
+
+// A run that Ctrl-C stops exits 130, as a shell gives a process that SIGINT killed, with one
+// line saying it was interrupted: 1 before, the status of a run that failed.
+func TestInterruptedExits130(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{
+		{"simulate", "--workload", "multi-turn", "--policies", "round-robin"},
+		{"plan", "--workload", "multi-turn", "--slo-ttft-p90", "1s", "--policies", "round-robin", "--quiet"},
+		{"analyze", "--workload", "multi-turn", "--instances", "2"},
+		{"simulate", "--scorecard", "--scenarios", "no sharing", "--policies", "round-robin", "--quiet"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(ctx, args, &out, &errOut)
+		if code != 130 || out.Len() > 0 || strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), "interrupted: context canceled") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 130, nothing and one line saying it was interrupted", args, code, out.String(), errOut.String())
+		}
+	}
+}

@@ -46,7 +46,11 @@ func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stde
 		var b [32]byte
 		_, _ = rand.Read(b[:])
 		k = "sk-kvr-" + base64.RawURLEncoding.EncodeToString(b[:])
-		fmt.Fprintf(stdout, "key:    %s\ndigest: %s\n", k, tenant.HashKey(k))
+		// The key exists nowhere else: output that cannot be written must fail the command.
+		if _, err := fmt.Fprintf(stdout, "key:    %s\ndigest: %s\n", k, tenant.HashKey(k)); err != nil {
+			fmt.Fprintf(stderr, "kvroute hash-key: write the new key: %v (nothing was kept: run it again)\n", err)
+			return 1
+		}
 		return 0
 	case k == "":
 		var err error
@@ -66,7 +70,10 @@ func hashKeyMain(_ context.Context, args []string, stdin io.Reader, stdout, stde
 		fmt.Fprintln(stderr, `kvroute hash-key: the key is empty: pipe it on stdin (echo "$KEY" | kvroute hash-key) or give --key`)
 		return 2
 	}
-	fmt.Fprintln(stdout, tenant.HashKey(k))
+	if _, err := fmt.Fprintln(stdout, tenant.HashKey(k)); err != nil {
+		fmt.Fprintf(stderr, "kvroute hash-key: write the digest: %v\n", err)
+		return 1
+	}
 	return 0
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -68,5 +69,27 @@ func TestHashKeyNew(t *testing.T) {
 	}
 	if len(key) < 40 || digest != config.KeyDigest(key) {
 		t.Errorf("--new printed key %q digest %q; want a long key and its digest", key, digest)
+	}
+}
+
+// failingWriter fails every write, as standard output on a full disk or a closed pipe does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// Output that cannot be written fails the command: the digest (or a new key, which exists
+// nowhere else) lost, with exit 0, before.
+func TestHashKeyUnwritableOutput(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--key", "sk-test"}, "kvroute hash-key: write the digest: no space left on device\n"},
+		{[]string{"--new"}, "kvroute hash-key: write the new key: no space left on device (nothing was kept: run it again)\n"},
+	} {
+		var errOut bytes.Buffer
+		if code := hashKeyMain(context.Background(), tt.args, strings.NewReader(""), failingWriter{}, &errOut); code != 1 || errOut.String() != tt.want {
+			t.Errorf("%q: exit %d, stderr %q; want 1 and %q", tt.args, code, errOut.String(), tt.want)
+		}
 	}
 }

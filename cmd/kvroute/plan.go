@@ -16,7 +16,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func planMain(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute plan")
 	var o experiment.PlanOptions
-	var asJSON bool
+	var asJSON, quiet bool
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay"+stdinTraceHelp)
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
 	fs.StringVar(&o.Profile, "profile", "llama3-70b-h200-tp8", "engine profile (model and hardware)")
@@ -28,6 +28,7 @@ func planMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	fs.IntVar(&o.Limit, "limit", 0, "use only the first N requests (0: all)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of the policies' randomness and of synthetic workloads")
 	fs.BoolVar(&asJSON, "json", false, "print the plan as JSON")
+	fs.BoolVar(&quiet, "quiet", false, "no progress on standard error (a line per simulation as it ends)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
 			"usage: kvroute plan (--trace FILE | --workload NAME[:k=v,...]) --slo-ttft-p90 D [flags]   (FILE \"-\" reads standard input)",
@@ -46,6 +47,9 @@ func planMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	defer spool.remove()
 	defer experiment.TuneGC()()
+	if !quiet {
+		o.Progress = stderr
+	}
 	sum, err := experiment.Plan(ctx, o)
 	if err != nil {
 		return failed(stderr, fs.Name(), spool.explain(err))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -66,6 +67,8 @@ func TestPlanBadInput(t *testing.T) {
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "NaN"}, "--speedup NaN: want a positive finite factor"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "1s", "--speedup", "fast"}, `--speedup "fast": want a positive finite factor`},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "2"}, `--slo-ttft-p90 "2": give a duration with its unit, like 2s or 500ms`},
+		// Said as missing, before.
+		{[]string{"--workload", "multi-turn", "--slo-ttft-p90", "-2s"}, "kvroute plan: --slo-ttft-p90 -2s: want a positive duration, like 2s\n"},
 		{[]string{"--workload", "multi-turn", "--slo-ttft-p90=1s", "--slo-ttft-p50=fast"}, `--slo-ttft-p50 "fast": give a duration with its unit`},
 	} {
 		var out, errOut bytes.Buffer
@@ -90,5 +93,31 @@ func TestSpeedupSaidAlike(t *testing.T) {
 		if want := "kvroute " + args[0] + ": --speedup -1: want " + speedupRange + "\n"; code != 2 || errOut.String() != want {
 			t.Errorf("%q: exit %d, %q; want 2 and %q", args, code, errOut.String(), want)
 		}
+	}
+}
+
+// TestPlanProgress: plan says on stderr what each simulation found as it ends, and each
+// policy's answer; --quiet, nothing. Before, a plan of the Mooncake trace printed nothing for
+// a minute and a half.
+func TestPlanProgress(t *testing.T) {
+	args := []string{"plan", "--workload", "shared-prefix:groups=4,prompts=4,system=2000,question=200,output=16,rate=20",
+		"--slo-ttft-p90", "10s", "--max-instances", "4", "--policies", "round-robin"}
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	// 10 s is met by every size: 4, then 2, then 1 (the bisection), and round-robin needs 1.
+	want := regexp.MustCompile(`^plan: round-robin on 4 instances: TTFT p90 [0-9.]+ ms, 0 failed: meets the SLO \([0-9]+s elapsed\)
+plan: round-robin on 2 instances: TTFT p90 [0-9.]+ ms, 0 failed: meets the SLO \([0-9]+s elapsed\)
+plan: round-robin on 1 instance: TTFT p90 [0-9.]+ ms, 0 failed: meets the SLO \([0-9]+s elapsed\)
+plan: round-robin: 1 instance \(3 simulations\) \([0-9]+s elapsed\)
+$`)
+	if !want.MatchString(errOut.String()) {
+		t.Errorf("progress:\n%s\nwant it to match:\n%s", errOut.String(), want)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run(context.Background(), append(args, "--quiet"), &out, &errOut); code != 0 || errOut.Len() > 0 || !regexp.MustCompile(`(?m)^\s+round-robin\s+1\s`).MatchString(out.String()) {
+		t.Errorf("--quiet: exit %d, stderr %q, stdout:\n%s\nwant 0, nothing on stderr, the plan", code, errOut.String(), out.String())
 	}
 }

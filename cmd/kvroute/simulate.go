@@ -98,6 +98,10 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 		if err := checkSimulate(fs, o, seeds, scenarios); err != nil {
 			return failed(stderr, fs.Name(), err)
 		}
+		if o.Load > 1 {
+			// Above 1 is an overload test, or a percentage meant as a fraction: say which it is.
+			fmt.Fprintf(stderr, "kvroute simulate: note: --load %g offers %g times the fleet's prefill capacity, which only cache hits can serve (a fraction is written 0.8, not 80)\n", o.Load, o.Load)
+		}
 	}
 	spool, err := spoolIfStdin(&o.Trace, stdin, fs.Name())
 	if err != nil {

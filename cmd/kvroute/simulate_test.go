@@ -234,6 +234,23 @@ func TestSimulateGeneratedWorkload(t *testing.T) {
 	}
 }
 
+// A --load above 1 runs (an overload test is one), with a note on stderr that says what it
+// offers and how a fraction is written: --load 80, meant as 80 %, ran 80 times over in silence.
+func TestSimulateLoadAboveOne(t *testing.T) {
+	args := []string{"--workload", "prefix-repetition:n=20,prefixes=2", "--instances", "2", "--policies", "round-robin", "--json"}
+	for load, note := range map[string]string{
+		"0.8": "",
+		"1":   "",
+		"80":  "kvroute simulate: note: --load 80 offers 80 times the fleet's prefill capacity, which only cache hits can serve (a fraction is written 0.8, not 80)\n",
+	} {
+		code, stdout, stderr := runVerb("simulate", append(args, "--load", load)...)
+		var s report.Summary
+		if code != 0 || stderr != note || json.Unmarshal([]byte(stdout), &s) != nil || s.Results[0].Completed != 20 {
+			t.Errorf("--load %s: exit %d, stderr %q; want 0, %q and 20 requests completed", load, code, stderr, note)
+		}
+	}
+}
+
 // TestSimulateKillAndAdd: an instance killed at half time loses only what it held; an added
 // one takes requests once it is there.
 func TestSimulateKillAndAdd(t *testing.T) {

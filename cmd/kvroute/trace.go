@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,6 +168,10 @@ func traceMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 			return failed(stderr, fs.Name(), usageErr("%v", err))
 		}
 		defer f.Close()
+		// A directory opens, and then reads as no format known: say what it is.
+		if fi, err := f.Stat(); err == nil && fi.IsDir() {
+			return failed(stderr, fs.Name(), usageErr("%s is a directory: give the path of the trace file in it", in))
+		}
 		r = f
 	}
 	stats, err := convertTo(ctx, output, stdout, r, o)
@@ -242,11 +247,38 @@ func convertArgs(fs *flag.FlagSet, files []string, from, unit, output string, o 
 	}
 	if output != "" && in != "" && in != stdinTrace && sameFile(in, output) {
 		errs = append(errs, fmt.Errorf("-o %s: the input itself", output))
+	} else if err := checkConvertOutput(output); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return "", usageError{errors.Join(errs...)}
 	}
 	return in, nil
+}
+
+// checkConvertOutput tries, before the conversion reads anything, whether -o's file can be
+// written as convertTo writes it: a temporary file beside it, renamed over it. A directory, a
+// directory that does not exist or one without the right to write were found only at the end
+// (a rename's "file exists"), or named the temporary file.
+func checkConvertOutput(output string) error {
+	if output == "" {
+		return nil
+	}
+	if fi, err := os.Stat(output); err == nil && fi.IsDir() {
+		return fmt.Errorf("-o %s: is a directory: give the path of the file to write", output)
+	}
+	dir := filepath.Dir(output)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(output)+".*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("-o %s: cannot write in %s: %w", output, dir, err)
+	}
+	_ = tmp.Close()
+	_ = os.Remove(tmp.Name())
+	return nil
 }
 
 // sameFile reports whether paths a and b name one existing file.

@@ -179,6 +179,22 @@ func TestEmptyTrace(t *testing.T) {
 	}
 }
 
+// TestTraceIsADirectory: a --trace that names a directory fails every verb that takes one as a
+// path that names no trace does: exit 2, one line saying what it is (before, exit 1 and "read
+// trace after line 0: read DIR: is a directory").
+func TestTraceIsADirectory(t *testing.T) {
+	dir := t.TempDir()
+	want := "open trace: " + dir + " is a directory: give the path of the trace file in it"
+	for _, v := range traceVerbs {
+		t.Run(strings.TrimSpace(v.verb+" "+strings.Join(v.args, " ")), func(t *testing.T) {
+			code, out, errOut := runVerb(v.verb, append([]string{"--trace", dir}, v.args...)...)
+			if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, "kvroute "+v.verb+": ") || !strings.Contains(errOut, want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, and one line with %q", code, out, errOut, want)
+			}
+		})
+	}
+}
+
 // TestFloatFlagsFinite: no float flag of any verb takes a value that is not a finite number,
 // and each refusal says the flag, the value and what the flag takes (not merely "a finite
 // number": every float flag has its range in its verb's verbHelp.floats).
@@ -354,6 +370,8 @@ func TestTraceConvert(t *testing.T) {
 			strings.Repeat("You are a careful assistant. ", 100), i)
 	}
 	gateway := writeTempFile(t, "gateway.jsonl", lines.String())
+	empty := writeTempFile(t, "empty.jsonl", "")
+	dirOut := t.TempDir()
 
 	var out bytes.Buffer
 	code, _, errOut := runTraceWithStdin("", &out, "convert", gateway, "--rate", "4")
@@ -405,9 +423,16 @@ func TestTraceConvert(t *testing.T) {
 		{[]string{"convert", "--time-unit", "min", gateway}, `kvroute trace: --time-unit "min": want s, ms, us or ns` + "\n"},
 		{[]string{"convert", "--rate", "0", gateway}, "kvroute trace: --rate 0: want a positive number of requests a second, such as 3.4\n"},
 		{[]string{"convert", "--rate", "NaN", gateway}, "kvroute trace: --rate NaN: want a positive number of requests a second, such as 3.4 (run 'kvroute trace -h')\n"},
-		{[]string{"convert", "--block-tokens", "64", gateway}, "kvroute trace: " + gateway + ": the time unit and the block size are settings of a Mooncake trace, not of a openai one\n"},
+		{[]string{"convert", "--block-tokens", "64", gateway}, "kvroute trace: " + gateway + ": the time unit and the block size are settings of a Mooncake trace, not of an openai one\n"},
 		{[]string{"convert", "-o", gateway, gateway}, "kvroute trace: -o " + gateway + ": the input itself\n"},
 		{[]string{"convert", gateway + ".nope"}, "kvroute trace: open " + gateway + ".nope: no such file or directory\n"},
+		// A directory, an empty file: said as such (they read as "in no format known here").
+		{[]string{"convert", filepath.Dir(gateway)}, "kvroute trace: " + filepath.Dir(gateway) + " is a directory: give the path of the trace file in it\n"},
+		{[]string{"convert", empty}, "kvroute trace: " + empty + ": no requests: the input is empty\n"},
+		// An -o that cannot be written fails before the input is read, naming -o and not the
+		// temporary file (a directory failed only at the end, on a rename's "file exists").
+		{[]string{"convert", "-o", dirOut, gateway}, "kvroute trace: -o " + dirOut + ": is a directory: give the path of the file to write\n"},
+		{[]string{"convert", "-o", filepath.Join(dirOut, "no", "t.jsonl"), gateway}, "kvroute trace: -o " + filepath.Join(dirOut, "no", "t.jsonl") + ": cannot write in " + filepath.Join(dirOut, "no") + ": no such file or directory\n"},
 	} {
 		code, _, errOut := runTraceWithStdin("", io.Discard, tt.args...)
 		if code != 2 || errOut != tt.want {

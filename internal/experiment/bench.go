@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/loadgen"
@@ -74,6 +75,9 @@ type BenchExtra struct {
 type BenchReport struct {
 	*report.Summary
 	Bench []BenchExtra `json:"bench"`
+	// Stopped is set when the run ended before its workload: interrupted, or every request
+	// refused (refusal).
+	Stopped *BenchStopped `json:"stopped,omitempty"`
 	// records are every run's requests, for the HTML report.
 	records [][]report.Record
 }
@@ -139,19 +143,57 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		}
 	}
 	prog := loadgen.NewProgress(o.Log, o.Progress, "bench", total, o.ProgressEvery, nil)
+	// The run stops early on Ctrl-C (ctx) or when its first requests show that none will
+	// succeed (refusal): a closed port or a wrong key failed every request of a default run,
+	// one a tenth of a second, for over a minute.
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	refused := refusal{stop: stop}
 	cfg := loadgen.Config{
 		Target: o.Target, Model: o.Model, APIKey: o.APIKey, API: o.API,
 		Concurrency: o.Concurrency, MaxInFlight: o.MaxInFlight, Duration: o.Duration, RequestTimeout: o.Timeout,
-		IgnoreEOS: o.IgnoreEOS, NoUsage: o.NoUsage, EndpointHeader: o.EndpointHeader, OnRecord: prog.Record,
+		IgnoreEOS: o.IgnoreEOS, NoUsage: o.NoUsage, EndpointHeader: o.EndpointHeader,
+		OnRecord: func(r loadgen.Record) {
+			if r.Class != loadgen.ClassCanceled {
+				prog.Record(r)
+			}
+			refused.observe(r)
+		},
 	}
-	res, err := loadgen.Run(ctx, cfg, items)
+	res, err := loadgen.Run(runCtx, cfg, items)
 	prog.Finish()
+	var stopped *BenchStopped
 	if err != nil {
-		return nil, err
+		if runCtx.Err() == nil {
+			return nil, err
+		}
+		// Interrupted or refused: the report covers the requests that finished; those
+		// cancelled in flight measured nothing and are left out.
+		stopped = &BenchStopped{Planned: total, Sent: len(res.Records), Interrupted: ctx.Err() != nil}
+		res.Records = slices.DeleteFunc(res.Records, func(r loadgen.Record) bool {
+			if r.Class == loadgen.ClassCanceled {
+				stopped.Canceled++
+				return true
+			}
+			return false
+		})
+		switch {
+		case stopped.Interrupted:
+		case stopped.Sent-stopped.Canceled >= total:
+			// The last request was the one that told: nothing was left to spare.
+			stopped = nil
+		default:
+			stopped.Refused, stopped.RefusedAfter = refused.label, refusalAfter
+		}
 	}
 
 	recs, endpoints := reportRecords(o.Label, res.Records, 1)
 	r := report.Summarize(o.Label, recs, nil)
+	if endpoints == 0 {
+		// No answer named its backend (--endpoint-header): one target, whose spread over its
+		// backends is unknown, not even.
+		r.LoadImbalance = 0
+	}
 	r.WallSeconds = res.Elapsed.Seconds()
 	extra := benchStats(&res, 1)
 	if o.Concurrency == 0 {
@@ -171,7 +213,73 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
 		Results: []report.Result{r},
 	}
-	return &BenchReport{Summary: sum, Bench: []BenchExtra{extra}, records: [][]report.Record{recs}}, nil
+	return &BenchReport{Summary: sum, Bench: []BenchExtra{extra}, Stopped: stopped, records: [][]report.Record{recs}}, nil
+}
+
+// BenchStopped says why and where a run ended before its workload did.
+type BenchStopped struct {
+	// Interrupted: the run was cancelled (Ctrl-C, SIGTERM).
+	Interrupted bool `json:"interrupted"`
+	// Refused is the error class ("connection", "http_401") of the first requests, every one
+	// of which failed so that none would succeed (refusal), when that stopped the run.
+	Refused string `json:"refused,omitempty"`
+	// RefusedAfter is the number of those first requests.
+	RefusedAfter int `json:"refused_after,omitempty"`
+	// Planned is the number of requests the run was to send, Sent the number it sent, and
+	// Canceled those of them in flight when it stopped: left out of every figure.
+	Planned  int `json:"planned"`
+	Sent     int `json:"sent"`
+	Canceled int `json:"canceled"`
+}
+
+// refusalAfter is how many requests, all failed for one reason that retrying does not cure,
+// stop a run before any succeeded.
+const refusalAfter = 10
+
+// refusal watches a run's first requests: when the first refusalAfter of them finish and
+// every one failed with one class that the target will give every request alike (nothing
+// listens, an API key or a model it refuses, a path it has not), it stops the run. A 429 or
+// a 503 does not count: a target shedding load is what a run measures.
+type refusal struct {
+	stop  context.CancelCauseFunc
+	mu    sync.Mutex
+	seen  int
+	label string // the class of the first failures; "" once one differs
+	done  bool
+}
+
+// errRefused is the cause of a run stopped by refusal.
+var errRefused = errors.New("every request refused")
+
+func (f *refusal) observe(r loadgen.Record) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.done || r.Class == loadgen.ClassCanceled {
+		return
+	}
+	label := r.ErrorLabel()
+	if !refusedForGood(r) || f.seen > 0 && label != f.label {
+		f.done, f.label = true, ""
+		return
+	}
+	f.label = label
+	f.seen++
+	if f.seen == refusalAfter {
+		f.done = true
+		f.stop(errRefused)
+	}
+}
+
+// refusedForGood reports whether r failed in a way the target repeats for every request: no
+// server listening (or no such host), or an HTTP 401, 403 or 404.
+func refusedForGood(r loadgen.Record) bool {
+	switch r.Class {
+	case loadgen.ClassConnection:
+		return strings.Contains(r.Err, "connection refused") || strings.Contains(r.Err, "no such host")
+	case loadgen.ClassHTTP:
+		return r.Status == 401 || r.Status == 403 || r.Status == 404
+	}
+	return false
 }
 
 // constantRate returns a copy of reqs, in order, arriving every 1/rate seconds.
@@ -332,8 +440,12 @@ func (b *BenchReport) writeExtras(w io.Writer) error {
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "%s: sent %.1f req/s", label, e.AchievedRate)
 		sb.WriteString(rateNote(e, b.Scenario.Requests))
-		fmt.Fprintf(&sb, "; send lag ms p50 %.2f p99 %.2f; ITL ms p50 %.1f p90 %.1f p99 %.1f",
-			e.SendLagMS.P50, e.SendLagMS.P99, e.ITLMS.P50, e.ITLMS.P90, e.ITLMS.P99)
+		fmt.Fprintf(&sb, "; send lag ms p50 %.2f p99 %.2f", e.SendLagMS.P50, e.SendLagMS.P99)
+		if b.Results[i].Completed > 0 {
+			fmt.Fprintf(&sb, "; ITL ms p50 %.1f p90 %.1f p99 %.1f", e.ITLMS.P50, e.ITLMS.P90, e.ITLMS.P99)
+		} else {
+			sb.WriteString("; ITL ms - (no request completed)")
+		}
 		if !e.CachedTokensReported {
 			sb.WriteString("; the target reported no cached_tokens (hit rate unknown)")
 		}

@@ -66,6 +66,9 @@ type DemoOptions struct {
 type DemoReport struct {
 	BenchReport
 	Fidelity *Fidelity `json:"fidelity,omitempty"`
+	// InterruptedDuring is the policy whose run was interrupted (Ctrl-C), when one was: the
+	// report holds the policies before it.
+	InterruptedDuring string `json:"interrupted_during,omitempty"`
 	// timeScale is the one the engines ran at, for the HTML report's notes.
 	timeScale float64
 }
@@ -113,10 +116,13 @@ func Demo(ctx context.Context, o DemoOptions) (*DemoReport, error) {
 		errs = append(errs, fmt.Errorf("--instances %d: want 1 to 64", o.Instances))
 	}
 	if o.TimeScale <= 0 || o.TimeScale > 100 {
-		errs = append(errs, fmt.Errorf("--time-scale %g: want a factor above 0 (1: real time, 0.5: twice as fast)", o.TimeScale))
+		errs = append(errs, fmt.Errorf("--time-scale %g: want a factor above 0 up to 100 (1: real time, 0.5: twice as fast)", o.TimeScale))
 	}
-	if o.Speedup < 0 || o.Requests < 0 {
-		errs = append(errs, errors.New("--speedup and --requests must not be negative"))
+	if o.Speedup < 0 {
+		errs = append(errs, fmt.Errorf("--speedup %g: want a positive finite factor, such as 2 (leave it out for 1)", o.Speedup))
+	}
+	if o.Requests < 0 {
+		errs = append(errs, fmt.Errorf("--requests %d: want 0 (all) or more", o.Requests))
 	}
 	if o.Trace != "" && o.Workload != "" {
 		errs = append(errs, errors.New("give --trace FILE or --workload NAME, not both"))
@@ -153,6 +159,12 @@ func Demo(ctx context.Context, o DemoOptions) (*DemoReport, error) {
 	}}}
 	for _, sp := range specs {
 		r, recs, extra, err := demoPolicy(ctx, &o, prof.Name, sp, reqs)
+		if err != nil && ctx.Err() != nil {
+			// Interrupted (Ctrl-C): the policies that ran to the end are the report; the
+			// one cut short compares with nothing.
+			d.InterruptedDuring = sp.Label
+			return d, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("policy %s: %w", sp.Label, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -27,6 +28,9 @@ type PlanOptions struct {
 	Seed    uint64
 	// P90 is the TTFT 90th percentile to meet (required); P50 a median too (0: none).
 	P90, P50 time.Duration
+	// Progress, when not nil, gets a line per simulation as it ends and one per policy when
+	// its answer is known: a plan of a long trace runs for minutes.
+	Progress io.Writer
 }
 
 // PlanResult is one policy's answer: the fewest instances that meet the SLO (0 when even
@@ -55,8 +59,11 @@ type PlanSummary struct {
 // the SLO with no failed request, by bisection over simulated fleet sizes.
 func Plan(ctx context.Context, o PlanOptions) (*PlanSummary, error) {
 	prof, specs, errs := checkSimulation(o.Trace, o.Workload, o.Limit, o.Profile, o.Policies)
-	if o.P90 <= 0 {
+	switch {
+	case o.P90 == 0:
 		errs = append(errs, errors.New("--slo-ttft-p90: give the TTFT p90 to meet, like 2s"))
+	case o.P90 < 0:
+		errs = append(errs, fmt.Errorf("--slo-ttft-p90 %v: want a positive duration, like 2s", o.P90))
 	}
 	if o.P50 < 0 {
 		errs = append(errs, fmt.Errorf("--slo-ttft-p50 %v: want 0 (none) or a duration", o.P50))
@@ -88,6 +95,7 @@ func Plan(ctx context.Context, o PlanOptions) (*PlanSummary, error) {
 		return r.Failed == 0 && r.TTFT.P90 <= ms(o.P90) && (o.P50 == 0 || r.TTFT.P50 <= ms(o.P50))
 	}
 	slots := newSlots()
+	prog := planProgress{w: o.Progress, start: time.Now()}
 	err = forEach(ctx, len(specs), "planning", func(ctx context.Context, i int) error {
 		sp := specs[i]
 		at := func(n int) (*report.Result, error) {
@@ -98,6 +106,11 @@ func Plan(ctx context.Context, o PlanOptions) (*PlanSummary, error) {
 				return nil, fmt.Errorf("policy %s, %d instances: %w", sp.Label, n, err)
 			}
 			r := report.Summarize(sp.Label, res.Records, res.Busy)
+			verdict := "meets the SLO"
+			if !meets(&r) {
+				verdict = "misses the SLO"
+			}
+			prog.printf("%s on %s: TTFT p90 %s ms, %d failed: %s", sp.Label, instances(n), report.Millis(r.TTFT.P90), r.Failed, verdict)
 			return &r, nil
 		}
 		res, err := search(o.MaxInstances, at, meets)
@@ -106,12 +119,41 @@ func Plan(ctx context.Context, o PlanOptions) (*PlanSummary, error) {
 		}
 		res.Policy = sp.Label
 		sum.Results[i] = res
+		if res.Instances == 0 {
+			prog.printf("%s: more than %d instances (%d simulations)", sp.Label, o.MaxInstances, res.Runs)
+		} else {
+			prog.printf("%s: %s (%d simulations)", sp.Label, instances(res.Instances), res.Runs)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return sum, nil
+}
+
+// instances is "1 instance", "4 instances".
+func instances(n int) string {
+	if n == 1 {
+		return "1 instance"
+	}
+	return fmt.Sprintf("%d instances", n)
+}
+
+// planProgress writes Plan's progress lines, one at a time from its parallel searches.
+type planProgress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start time.Time
+}
+
+func (p *planProgress) printf(format string, args ...any) {
+	if p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, "plan: "+format+" (%s elapsed)\n", append(args, time.Since(p.start).Round(time.Second))...)
 }
 
 // search finds the fewest instances in [1, most] whose result meets the SLO, by bisection: more

@@ -109,8 +109,9 @@ func scenarioLine(s *Summary) string {
 }
 
 var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
-	"rate": rate,
-	"ms":   Millis,
+	"rate":      rate,
+	"ms":        Millis,
+	"imbalance": imbalance,
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -143,7 +144,7 @@ svg .axis { stroke: #999; }
 {{end}}<table id="summary">
 <thead><tr><th>policy</th><th>hit rate</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>TPOT p50 ms</th><th>tok/s</th><th>imbalance</th><th>completed</th><th>failed</th></tr></thead>
 <tbody>
-{{range .Runs}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Result.Policy}}</td>{{with .Result}}<td>{{rate .HitRate .HitRateUnknown}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P90}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{printf "%.0f" .ThroughputTokensPerS}}</td><td>{{printf "%.2f" .LoadImbalance}}</td><td>{{.Completed}}</td><td>{{.Failed}}</td>{{end}}</tr>
+{{range .Runs}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Result.Policy}}</td>{{with .Result}}<td>{{rate .HitRate .HitRateUnknown}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P90}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{printf "%.0f" .ThroughputTokensPerS}}</td><td>{{imbalance .LoadImbalance}}</td><td>{{.Completed}}</td><td>{{.Failed}}</td>{{end}}</tr>
 {{end}}</tbody>
 </table>
 <div class="charts">

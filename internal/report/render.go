@@ -25,8 +25,13 @@ func WriteTable(w io.Writer, s *Summary) error {
 	if sc.NonStreamed > 0 {
 		whole = fmt.Sprintf(", %g of them not streamed", sc.NonStreamed)
 	}
-	if _, err := fmt.Fprintf(w, "workload %s: %d requests%s, %d x %s, speed-up %.3g (load %.2f), seed %d\n",
-		sc.Workload, sc.Requests, whole, sc.Instances, sc.Profile, sc.Speedup, sc.Load, sc.Seed); err != nil {
+	// Load 0 is unknown: a live target's capacity (bench), or arrivals that span no time.
+	load := ""
+	if sc.Load > 0 {
+		load = fmt.Sprintf(" (load %.2f)", sc.Load)
+	}
+	if _, err := fmt.Fprintf(w, "workload %s: %d requests%s, %d x %s, speed-up %.3g%s, seed %d\n",
+		sc.Workload, sc.Requests, whole, sc.Instances, sc.Profile, sc.Speedup, load, sc.Seed); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	if _, err := fmt.Fprintf(w, "hit-rate bounds: infinite cache %.3f, pooled LRU %s\n\n",
@@ -43,9 +48,15 @@ func WriteTable(w io.Writer, s *Summary) error {
 	fmt.Fprintf(tw, "%-*s\thit rate\tTTFT mean ms\tp50\tp90\tp99\tTPOT p50 ms\ttok/s\timbalance\tcompleted\tfailed\t\n", width, "policy")
 	for i := range s.Results {
 		r := &s.Results[i]
-		fmt.Fprintf(tw, "%-*s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%.2f\t%d\t%d\t\n",
-			width, r.Policy, rate(r.HitRate, r.HitRateUnknown), Millis(r.TTFT.Mean), Millis(r.TTFT.P50), Millis(r.TTFT.P90), Millis(r.TTFT.P99),
-			Millis(r.TPOT.P50), r.ThroughputTokensPerS, r.LoadImbalance, r.Completed, r.Failed)
+		// Without a completed request nothing was timed, nor spread: "-", not a 0 that
+		// reads as instant.
+		mean, p50, p90, p99, tpot, imb := "-", "-", "-", "-", "-", "-"
+		if r.Completed > 0 {
+			mean, p50, p90, p99 = Millis(r.TTFT.Mean), Millis(r.TTFT.P50), Millis(r.TTFT.P90), Millis(r.TTFT.P99)
+			tpot, imb = Millis(r.TPOT.P50), imbalance(r.LoadImbalance)
+		}
+		fmt.Fprintf(tw, "%-*s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%d\t%d\t\n",
+			width, r.Policy, rate(r.HitRate, r.HitRateUnknown), mean, p50, p90, p99, tpot, r.ThroughputTokensPerS, imb, r.Completed, r.Failed)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write table: %w", err)
@@ -63,6 +74,15 @@ func WriteTable(w io.Writer, s *Summary) error {
 		}
 	}
 	return nil
+}
+
+// imbalance formats a load imbalance with two decimals, or "-" for 0: no instance was busy,
+// or (a live target that does not name its backends) nothing tells the instances apart.
+func imbalance(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
 }
 
 // rate formats a hit rate with three decimals, or "unknown".

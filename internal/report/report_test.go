@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -272,5 +273,26 @@ func TestSummarize_CachedTokensUnknown(t *testing.T) {
 	}
 	if got := strings.Count(buf.String(), `"cached_tokens":null`); got != 1 {
 		t.Errorf("records: %d null cached_tokens, want 1:\n%s", got, buf.String())
+	}
+}
+
+// A run in which no request completed timed nothing: its latencies and imbalance read "-",
+// not 0.00 (instant) and 1.00 (perfectly even); a load that is not known (a live target's)
+// is left out of the header rather than given as 0.00.
+func TestWriteTableNothingCompleted(t *testing.T) {
+	s := &Summary{
+		Scenario: Scenario{Workload: "w", Requests: 3, Instances: 1, Profile: "http://127.0.0.1:1", Speedup: 1, Seed: 1},
+		Results:  []Result{{Policy: "bench", HitRateUnknown: true, LoadImbalance: 1, Failed: 3}},
+	}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
+	if want := "workload w: 3 requests, 1 x http://127.0.0.1:1, speed-up 1, seed 1"; lines[0] != want {
+		t.Errorf("header %q, want %q", lines[0], want)
+	}
+	if got := strings.Fields(lines[4]); !slices.Equal(got, []string{"bench", "unknown", "-", "-", "-", "-", "-", "0", "-", "0", "3"}) {
+		t.Errorf("row %q: want every timed figure and the imbalance as -", lines[4])
 	}
 }

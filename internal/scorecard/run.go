@@ -194,6 +194,7 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 
 	// Jobs are (cell, policy) in matrix order; a cell is prepared by its first job and freed
 	// by its last, so that only about Parallel cells are held in memory at once.
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	jobs := make(chan [2]int)
@@ -232,6 +233,11 @@ feed:
 	}
 	close(jobs)
 	wg.Wait()
+	// Interrupted (Ctrl-C): the simulations it stopped failed too, each saying so in its own
+	// words; the run's end is the interruption, not the first of them.
+	if err := parent.Err(); err != nil {
+		return nil, fmt.Errorf("scorecard interrupted: %w", err)
+	}
 	if firstErr != nil {
 		return nil, firstErr
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -400,5 +401,30 @@ func TestMatrixIsValid(t *testing.T) {
 	}
 	if len(names) != 10 {
 		t.Errorf("%d scenarios, want the 10 of issue #16", len(names))
+	}
+}
+
+// cancelWriter cancels a run at its first progress line, as Ctrl-C after the first cell would.
+type cancelWriter struct{ cancel context.CancelFunc }
+
+func (w cancelWriter) Write(p []byte) (int, error) {
+	w.cancel()
+	return len(p), nil
+}
+
+// Ctrl-C mid-run ends it as "scorecard interrupted", whatever the simulations it stopped say:
+// before, the first of them to fail gave the message ("small shared, load 0.9, seed 1, policy
+// round-robin: simulation stopped at 1.2s of virtual time: context canceled").
+func TestRunInterrupted(t *testing.T) {
+	for range 10 {
+		ctx, cancel := context.WithCancel(context.Background())
+		_, err := Run(ctx, Options{
+			Matrix: small(t)[:2], Seeds: []uint64{1, 2}, Policies: "prefix-aware,round-robin,least-request",
+			Loads: []float64{0.5, 0.9}, Parallel: 2, Progress: cancelWriter{cancel},
+		})
+		cancel()
+		if err == nil || err.Error() != "scorecard interrupted: context canceled" || !errors.Is(err, context.Canceled) {
+			t.Fatalf("error %v, want scorecard interrupted: context canceled", err)
+		}
 	}
 }

@@ -53,6 +53,14 @@ func ConvertTrace(w io.Writer, r io.Reader, o ConvertOptions) (ConvertStats, err
 	}
 	head, _ := in.Peek(sniffBytes)
 	from := o.From
+	if from == "" && len(bytes.TrimSpace(head)) == 0 {
+		// Nothing to tell a format from: say so, rather than that the format is unknown.
+		what := "empty"
+		if len(head) > 0 {
+			what = "blank (white space only)"
+		}
+		return ConvertStats{}, badTrace{fmt.Errorf("%w: the input is %s", ErrNoRequests, what)}
+	}
 	if from == "" {
 		f, what := detectTraceFormat(head)
 		if f == "" {
@@ -64,7 +72,7 @@ func ConvertTrace(w io.Writer, r io.Reader, o ConvertOptions) (ConvertStats, err
 		from = f
 	}
 	if from != FormatMooncake && (o.TimeUnit != 0 || o.BlockTokens != 0) {
-		return ConvertStats{Format: from}, badOption{fmt.Errorf("the time unit and the block size are settings of a Mooncake trace, not of a %s one", from)}
+		return ConvertStats{Format: from}, badOption{fmt.Errorf("the time unit and the block size are settings of a Mooncake trace, not of %s one", withArticle(from))}
 	}
 	c := converter{o: o, out: newTraceWriter(w), stats: ConvertStats{Format: from}}
 	switch from {
@@ -87,6 +95,14 @@ func ConvertTrace(w io.Writer, r io.Reader, o ConvertOptions) (ConvertStats, err
 	}
 	c.finish()
 	return c.stats, err
+}
+
+// withArticle is "an azure", "an openai", "a sharegpt": the format's name after its article.
+func withArticle(f TraceFormat) string {
+	if strings.ContainsRune("aeiou", rune(f[0])) {
+		return "an " + string(f)
+	}
+	return "a " + string(f)
 }
 
 // DefaultConvertRate is the requests a second that ConvertTrace spaces a format without times at.
@@ -605,7 +621,7 @@ func (c *converter) csv(in io.Reader, f TraceFormat) error {
 	for i, name := range names {
 		j, ok := cols[name]
 		if !ok {
-			return badTrace{fmt.Errorf("line 1: no column %q in the header %q (want a %s trace's)", name, strings.Join(header, ","), f)}
+			return badTrace{fmt.Errorf("line 1: no column %q in the header %q (want %s trace's)", name, strings.Join(header, ","), withArticle(f))}
 		}
 		at[i] = j
 	}

@@ -363,10 +363,13 @@ func TestConvertErrors(t *testing.T) {
 		{"[{\"conversations\": 5}]", ConvertOptions{From: FormatShareGPT}, ErrBadTrace, "conversation 1 (byte "},
 		{"[{\"conversations\": []}", ConvertOptions{From: FormatShareGPT}, ErrBadTrace, "the array does not end"},
 		{"", ConvertOptions{From: FormatOpenAI}, ErrNoRequests, "no requests: the input has no request to convert"},
+		// Nothing to tell a format from: not "in no format known here".
+		{"", ConvertOptions{}, ErrNoRequests, "no requests: the input is empty"},
+		{" \n\r\n\t\n", ConvertOptions{}, ErrNoRequests, "no requests: the input is blank (white space only)"},
 		{"TIMESTAMP,ContextTokens,GeneratedTokens\n", ConvertOptions{}, ErrNoRequests, "no requests"},
 		{"x", ConvertOptions{Rate: -1}, ErrBadConvertOption, "rate -1: want a positive number"},
 		{"x", ConvertOptions{TimeUnit: time.Minute}, ErrBadConvertOption, "time unit 1m0s: want s, ms, us or ns"},
-		{"TIMESTAMP,ContextTokens,GeneratedTokens\n", ConvertOptions{BlockTokens: 64}, ErrBadConvertOption, "the time unit and the block size are settings of a Mooncake trace, not of a azure one"},
+		{"TIMESTAMP,ContextTokens,GeneratedTokens\n", ConvertOptions{BlockTokens: 64}, ErrBadConvertOption, "the time unit and the block size are settings of a Mooncake trace, not of an azure one"},
 	} {
 		err := convertErr(tt.in, tt.o)
 		if !errors.Is(err, tt.is) || !strings.Contains(err.Error(), tt.want) {

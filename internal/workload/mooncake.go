@@ -146,6 +146,10 @@ func LoadMooncake(path string) ([]Request, error) {
 		return nil, badTrace{fmt.Errorf("open trace: %w", err)}
 	}
 	defer f.Close()
+	// A directory opens, and fails the first read as "read trace after line 0": say what it is.
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		return nil, badTrace{fmt.Errorf("open trace: %s is a directory: give the path of the trace file in it", path)}
+	}
 	reqs, err := ReadMooncake(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

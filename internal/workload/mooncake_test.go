@@ -122,6 +122,17 @@ func TestLoadMooncakeMissingFile(t *testing.T) {
 	}
 }
 
+// A directory opens as a file does, and failed the first read as "read trace after line 0:
+// ... is a directory", which is not ErrBadTrace (exit 1, as a disk failing): it is a path that
+// names no trace.
+func TestLoadMooncakeDirectory(t *testing.T) {
+	dir := t.TempDir()
+	_, err := LoadMooncake(dir)
+	if want := "open trace: " + dir + " is a directory: give the path of the trace file in it"; !errors.Is(err, ErrBadTrace) || err == nil || err.Error() != want {
+		t.Errorf("error = %v, want ErrBadTrace %q", err, want)
+	}
+}
+
 // TestTrace loads the real trace once and checks what is measured on it.
 func TestTrace(t *testing.T) {
 	reqs := loadTrace(t)
