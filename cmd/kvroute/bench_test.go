@@ -414,8 +414,7 @@ func readInputLengths(t *testing.T, path string, n int) []int {
 // "loadgen: run cancelled: context canceled" and exited 1, the minutes measured lost.
 func TestBenchInterruptReportsWhatFinished(t *testing.T) {
 	checkLeaks(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	var cancel context.CancelFunc // the current run's: the handler presses Ctrl-C through it
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -432,6 +431,7 @@ func TestBenchInterruptReportsWhatFinished(t *testing.T) {
 	t.Cleanup(srv.Close)
 	for _, asJSON := range []bool{false, true} {
 		n.Store(0)
+		var ctx context.Context
 		ctx, cancel = context.WithCancel(context.Background())
 		args := []string{"--target", srv.URL, "--workload", "prefix-repetition:n=6", "--concurrency", "1", "--quiet"}
 		if asJSON {
