@@ -289,6 +289,17 @@ func freshGrace(readHeader time.Duration) time.Duration {
 	return time.Second
 }
 
+// heard reports whether the client of nc, a connection that has sent no request yet, has sent
+// it anything: bytes read or waiting, over TLS its handshake's too (crypto/tls reads those,
+// below what either server sees). Where the kernel does not count them (received), it is
+// whether bytes wait (pending).
+func heard(nc net.Conn) bool {
+	if n, ok := received(nc); ok {
+		return n > 0
+	}
+	return pending(nc)
+}
+
 // idleGrace is how long, once a shutdown has begun, a kept-alive connection stays open after
 // an answer whose head went out before it (and so could not carry Connection: close): a
 // client that sends its next request at once (a round trip after the answer's end, 300 ms
@@ -424,6 +435,10 @@ type connTable struct {
 	// from take, lingerLimit of them at most (maxLingering).
 	linger      *refuser
 	lingerLimit int32
+	// headBound is how long a request's head may take (Go's server's ReadHeaderTimeout, else
+	// its ReadTimeout; 0: no bound): a head arriving for longer no longer keeps its connection
+	// from being closed while it waits (reading).
+	headBound time.Duration
 }
 
 type tracked struct {
@@ -431,8 +446,12 @@ type tracked struct {
 	since   int64 // Unix ns
 	evicted bool
 	// h2: the connection speaks HTTP/2 (over TLS), known from its first StateActive (seen);
-	// closed: the shutdown, or the end of its parting, closed it while it waited.
-	seen, h2, closed bool
+	// closed: the shutdown, or the end of its parting, closed it while it waited; heard: new
+	// over TLS, its client has sent something (arriving).
+	seen, h2, closed, heard bool
+	// headN is the framer's count of heads begun (framedConn.heads) when the table first
+	// found a head arriving on the connection, headSince when (Unix ns): reading.
+	headN, headSince int64
 	// parting: closed to make room while idle, but left open for idleGrace for a request its
 	// client sent as it was taken, which is answered with Connection: close (evictLocked). It
 	// holds a lingering slot until it closes. Read by NetHTTP's guard, off the lock.
@@ -475,31 +494,34 @@ func closeEvicted(victims []net.Conn) {
 }
 
 // evictLocked picks up to evictBatch(limit) waiting connections to take out, as
-// Server.evictWaiting does (new ones once they have waited grace), counts them out, and
-// reports how many it took. It returns those to close at once, for the caller to close once
-// it has let go of t.mu; an idle HTTP/1 connection it parts from instead while a lingering
-// slot is free: left open for idleGrace, a request that its client sent as it was taken is
-// answered (with Connection: close), and it is closed then if none came (partEnd).
+// Server.evictWaiting does (new ones once they have waited grace; none whose request is
+// arriving), counts them out, and reports how many it took. Those known to be arriving
+// without a system call (reading) are no candidates, so that a few of them, the oldest,
+// cannot hide the others from it. It returns those to close at once, for the caller to close
+// once it has let go of t.mu; an idle HTTP/1 connection it parts from instead while a
+// lingering slot is free: left open for idleGrace, a request that its client sent as it was
+// taken is answered (with Connection: close), and it is closed then if none came (partEnd).
 func (t *connTable) evictLocked(limit int, grace time.Duration) (closeNow []net.Conn, made int) {
 	o := oldest[net.Conn]{n: evictBatch(limit)}
 	o.keep = make([]candidate[net.Conn], 0, o.n)
-	young := time.Now().UnixNano() - int64(grace)
+	now := time.Now().UnixNano()
+	young := now - int64(grace)
 	for c, x := range t.conns {
 		if x.evicted || x.closed {
 			continue
 		}
 		switch {
-		case x.state == http.StateIdle:
+		case x.state == http.StateIdle && !t.reading(c, x, now):
 			o.offer(c, false, x.since)
-		case x.state == http.StateNew && x.since <= young:
+		case x.state == http.StateNew && x.since <= young && !t.reading(c, x, now):
 			o.offer(c, true, x.since)
 		}
 	}
 	for _, k := range o.keep {
-		if pending(underConn(k.c)) {
-			continue // a request arriving
-		}
 		x := t.conns[k.c]
+		if t.arriving(k.c, x, now) {
+			continue
+		}
 		x.evicted = true
 		t.open--
 		made++
@@ -515,13 +537,20 @@ func (t *connTable) evictLocked(limit int, grace time.Duration) (closeNow []net.
 	return closeNow, made
 }
 
-// partEnd closes c, parted from idleGrace ago, unless a request arrived on it meanwhile (its
-// answer closes it) or it closed already. Only the instant between Go's server reading the
-// request's first bytes and its move to StateActive is left to a race with the client.
+// partEnd closes c, parted from idleGrace ago, unless a request came on it meanwhile (its
+// answer closes it) or it closed already. One whose request is still arriving it looks at
+// again idleGrace later: its head may yet end (and its answer close it), or stall, and a head
+// known to be arriving for headBound no longer counts (reading). Only the instant between the
+// check and the close is left to a race with the client.
 func (t *connTable) partEnd(c net.Conn, x *tracked) {
 	t.mu.Lock()
-	if t.conns[c] != x || x.state != http.StateIdle || x.closed || pending(underConn(c)) {
+	if t.conns[c] != x || x.state != http.StateIdle || x.closed {
 		t.mu.Unlock()
+		return
+	}
+	if t.arriving(c, x, time.Now().UnixNano()) {
+		t.mu.Unlock()
+		time.AfterFunc(idleGrace, func() { t.partEnd(c, x) })
 		return
 	}
 	x.closed = true
@@ -564,9 +593,10 @@ func (t *connTable) changed(c net.Conn, st http.ConnState) {
 }
 
 // drainStep is a round of NetHTTP's Shutdown: it closes the HTTP/1 connections that wait for
-// a request, the idle ones idleGrace after their last answer (and with no byte of a request
-// waiting), the new ones after 5 s (as Go's server does), and reports whether none other
-// is left. HTTP/2 connections are left to Go's server.
+// a request, the idle ones idleGrace after their last answer, the new ones after 5 s (as Go's
+// server does), none whose request is arriving (arriving: Go's server closes those whose head
+// stalls), and reports whether none other is left. HTTP/2 connections are left to Go's
+// server.
 func (t *connTable) drainStep(now int64) bool {
 	t.mu.Lock()
 	var idle []net.Conn
@@ -576,8 +606,8 @@ func (t *connTable) drainStep(now int64) bool {
 			continue
 		}
 		switch {
-		case x.state == http.StateIdle && now-x.since >= int64(idleGrace) && !pending(underConn(c)):
-		case x.state == http.StateNew && now-x.since > int64(5*time.Second):
+		case x.state == http.StateIdle && now-x.since >= int64(idleGrace) && !t.arriving(c, x, now):
+		case x.state == http.StateNew && now-x.since > int64(5*time.Second) && !t.arriving(c, x, now):
 		default:
 			left = true
 			continue
@@ -588,6 +618,60 @@ func (t *connTable) drainStep(now int64) bool {
 	t.mu.Unlock()
 	closeConns(idle)
 	return !left
+}
+
+// arriving reports whether a request is arriving on c, a connection that waits for one (new
+// or idle, x its entry), at now: closing it would lose the request. Go's server keeps a
+// connection in StateNew or StateIdle until it has read a whole head, and reads what comes
+// as it comes, so bytes waiting in the socket (pending) are only the start of it: reading
+// tells the rest. Over TLS, where the bytes are Go's to decrypt, a new connection whose
+// client has sent anything, its handshake included, counts (heard, remembered: the answer
+// stays yes), for headBound from its accept (Go's server times its handshake and head from
+// then); an idle one only with bytes waiting. The caller holds t.mu.
+func (t *connTable) arriving(c net.Conn, x *tracked, now int64) bool {
+	if t.reading(c, x, now) {
+		return true
+	}
+	if _, ok := c.(*tls.Conn); ok && x.state == http.StateNew && !x.heard && t.within(x.since, now) {
+		if x.heard = heard(c); x.heard {
+			return true
+		}
+	}
+	return pending(underConn(c))
+}
+
+// reading reports, without a system call, whether a request is known to be arriving on c
+// (x its entry) at now. On a plain connection the framer sees what Go's server read: a head
+// begun and not yet handed to the handler (framedConn.heads against served; the handler's
+// turn comes after the head's end, and after StateActive, which a request read along with
+// the one before does not get). A head counts for headBound from when the table first found
+// it arriving (at an eviction's scan of the connections, a shutdown's round, a parting's
+// end), not from its first byte, which would cost a clock reading per request: so a client
+// that trickles a head, even one short of the four bytes from which Go's server times a head
+// on a kept-alive connection (the idle timeout applies before), holds its connection against
+// newcomers and a shutdown for headBound at most. Over TLS, a new connection already heard
+// (arriving). The caller holds t.mu.
+func (t *connTable) reading(c net.Conn, x *tracked, now int64) bool {
+	switch fc := c.(type) {
+	case *framedConn:
+		n := fc.heads.Load()
+		if n <= fc.served.Load() {
+			return false
+		}
+		if x.headN != n {
+			x.headN, x.headSince = n, now
+		}
+		return t.within(x.headSince, now)
+	case *tls.Conn:
+		return x.heard && x.state == http.StateNew && t.within(x.since, now)
+	}
+	return false
+}
+
+// within reports whether from, Unix ns, is less than headBound before now (always, with no
+// bound).
+func (t *connTable) within(from, now int64) bool {
+	return t.headBound <= 0 || now-from < int64(t.headBound)
 }
 
 // lookup returns c's entry; nil: not followed.

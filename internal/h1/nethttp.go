@@ -31,11 +31,18 @@ import (
 //     the handler writes.
 //   - MaxConns bounds the open connections, as with Server, following Go's server's
 //     connection states (a ConnState hook). A connection is closed to make room only while
-//     idle, or new for freshGrace (of ReadHeaderTimeout, else ReadTimeout), with no byte
-//     waiting; Go's server may begin to read a request on it in the instant between the
-//     check and the close (as with its own Shutdown). An idle HTTP/1 connection is parted
-//     from as with Server: left open for idleGrace within MaxLingering, its next request
-//     answered with Connection: close.
+//     idle, or new for freshGrace (of ReadHeaderTimeout, else ReadTimeout), and no request
+//     is arriving on it: no byte waits, and no head has been read in part or whole and not
+//     yet served (Go's server keeps a connection idle, or new, until it has read a whole
+//     head); over TLS, where the bytes are Go's to decrypt, a new connection whose client
+//     has sent anything (its handshake included) is left too, an idle one only when bytes
+//     wait. A head known to be arriving for ReadHeaderTimeout (else ReadTimeout), or a new
+//     TLS connection that old, no longer counts: Go's server applies its header timeout on
+//     a kept-alive connection only from a head's fourth byte, and a client that sends fewer
+//     would hold its connection for the idle timeout. Go's server may begin to read a
+//     request in the instant between the check and the close (as with its own Shutdown). An
+//     idle HTTP/1 connection is parted from as with Server: left open for idleGrace within
+//     MaxLingering, its next request answered with Connection: close.
 //   - Shutdown answers every request that reaches it (see the method).
 //   - CloseUnauthorized, as with Server.
 //
@@ -116,7 +123,9 @@ func (s *NetHTTP) Serve(ln net.Listener) error {
 // went out before the shutdown (a stream under way at the signal) could not be told to
 // close: it stays open for idleGrace after that answer, for a next request sent at once.
 // Idle connections are closed idleGrace after their last answer, new ones after 5 s
-// without a request. HTTP/2 connections are left to Go's Shutdown (a graceful GOAWAY).
+// without a request, none whose request is arriving (as MaxConns leaves it: Go's header
+// timeout ends one that stalls). HTTP/2 connections are left to Go's Shutdown (a graceful
+// GOAWAY).
 func (s *NetHTTP) Shutdown(ctx context.Context) error {
 	s.once.Do(s.install)
 	s.noKeepAlive.Store(true) // the answers from now on close their connections
@@ -166,6 +175,10 @@ func (s *NetHTTP) install() {
 	s.budget = newBudget(s.MaxPendingBodyBytes)
 	s.table.conns = make(map[net.Conn]*tracked)
 	s.table.linger, s.table.lingerLimit = &s.refusals, maxLingering(s.MaxConns, s.MaxLingering)
+	s.table.headBound = s.Server.ReadHeaderTimeout
+	if s.table.headBound <= 0 {
+		s.table.headBound = s.Server.ReadTimeout
+	}
 	s.listeners = make(map[net.Listener]struct{})
 	s.Server.Handler = s.guard(s.Server.Handler)
 	s.Server.DisableGeneralOptionsHandler = true
@@ -202,8 +215,7 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 			w.Header().Set("Connection", "close")
 		}
 		if fc, ok := r.Context().Value(framedKey{}).(*framedConn); ok {
-			i := fc.served
-			fc.served++ // requests on one connection are served one after the other
+			i := fc.served.Add(1) - 1 // requests on one connection are served one after the other
 			if b := fc.f.bad.Load(); b != nil && i >= b.index {
 				s.refuse(w, "malformed request: "+b.why)
 				return
@@ -493,14 +505,23 @@ func (l framedListener) Accept() (net.Conn, error) {
 // framedConn follows the requests in the bytes Go's server reads from the connection.
 type framedConn struct {
 	net.Conn
-	f      framer
-	served int64 // requests handed to the handler; only the handler's goroutine touches it
+	f framer
+	// served counts the requests handed to the handler (the guard), heads the request heads
+	// whose first byte Go's server has read: more heads than served, a request is arriving,
+	// or read and about to be served (connTable.reading). The reading goroutine keeps shown,
+	// the heads published.
+	served, heads atomic.Int64
+	shown         int64
 }
 
 func (c *framedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.f.feed(p[:n])
+		if c.f.begun != c.shown {
+			c.shown = c.f.begun
+			c.heads.Store(c.shown)
+		}
 	}
 	return n, err
 }
@@ -526,6 +547,9 @@ type framer struct {
 	digits int    // hex digits of the chunk size read so far
 	crlf   int    // bytes of the CRLF after a chunk's data read so far
 	heads  int64  // heads read to their end
+	// begun counts the heads whose first byte was read; inHead: the scan is in such a head.
+	begun  int64
+	inHead bool
 	bad    atomic.Pointer[badHead]
 }
 
@@ -551,6 +575,10 @@ func (f *framer) feed(p []byte) {
 	for len(p) > 0 {
 		switch f.st {
 		case frHead:
+			if !f.inHead {
+				f.inHead = true
+				f.begun++
+			}
 			p = p[f.head.scan(p):]
 			if f.head.done() {
 				f.endHead()
@@ -617,6 +645,7 @@ func (f *framer) feed(p []byte) {
 func (f *framer) endHead() {
 	i := f.heads
 	f.heads++
+	f.inHead = false
 	h := &f.head
 	if why := h.smuggling(); why != "" {
 		f.bad.Store(&badHead{index: i, why: why})
@@ -648,6 +677,7 @@ func (f *framer) lose(index int64) {
 func (f *framer) nextHead() {
 	f.head.reset(false)
 	f.st = frHead
+	f.inHead = false
 }
 
 func unhex(b byte) int {

@@ -98,7 +98,12 @@ type Server struct {
 	// longest-idle kept-alive ones first, then the oldest of those that have sent nothing for
 	// a second (or a quarter of ReadHeaderTimeout if less: a younger one's request is likely
 	// on its way), but none with bytes on their way; when none waits, the new connection is
-	// answered 503 (Retry-After: 1) and closed. A kept-alive connection is parted from rather
+	// answered 503 (Retry-After: 1) and closed. A connection whose client has sent anything
+	// of a request, read or not (over TLS, its handshake too), is not one that waits: its
+	// head is on its way, and closing it would lose the request. ReadHeaderTimeout bounds it
+	// instead, from the accept for a new connection (a client that trickles a head holds its
+	// connection that long, as it could on a kept-alive one; set ReadHeaderTimeout with
+	// MaxConns: with none, nothing bounds it). A kept-alive connection is parted from rather
 	// than closed at once while a lingering slot is free (MaxLingering): counted out, it stays
 	// open for half a second (up to a janitor's round more), so that a request its client
 	// sent as it was taken, not knowing, is answered, with Connection: close, rather than met
@@ -136,9 +141,9 @@ type Server struct {
 	// with prior knowledge): the server hands each over, the preface included, and serves it no
 	// more. Without it such a connection gets 505. It is called on the connection's goroutine
 	// and must not block: it should pass the connection on (to a listener whose Accept is
-	// waiting) and return. Until it returns, the connection is still this server's, waiting
-	// for its first request: MaxConns may close it to make room for another (once it has
-	// waited as a new connection does), and Shutdown closes it as idle once it has waited 5 s.
+	// waiting) and return. Until it returns, the connection is still this server's, reading
+	// its first request's head (the preface): ReadHeaderTimeout, from the accept, may close
+	// it; MaxConns and Shutdown leave it, as it has sent something.
 	HTTP2 func(net.Conn)
 	// BaseContext, as net/http's, returns the context the requests that come through ln
 	// derive theirs from, so that ending it ends them, those in flight and those to come;
@@ -335,14 +340,18 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 
 // evictWaiting takes up to evictBatch(MaxConns) of the connections waiting for a request out
 // of their service, the longest-idle kept-alive ones first, then the oldest of those that
-// have sent no request for freshGrace, and reports how many it took. It returns those to
+// have sent nothing for freshGrace, and reports how many it took. It returns those to
 // close at once, for the caller to close once it has let go of s.mu; a kept-alive one it
 // parts from instead while a lingering slot is free (see stateParting): left open for
 // idleGrace, it serves a request its client sent as it was taken, with Connection: close,
 // and the janitor closes it otherwise. A connection with bytes on their way (a request
 // arriving) is left, as the janitor leaves it (closeIdle); so is a younger new one, whose
 // request is likely on its way: the newcomer is refused instead (a 503 it can retry, where
-// a POST's client that saw its connection close could not). The caller holds s.mu.
+// a POST's client that saw its connection close could not). A new connection whose client
+// has sent anything is left too: its first bytes read, it is reading a head (stateHead,
+// connReader.Read), which no eviction takes; sent but not read yet, or read by crypto/tls (a
+// handshake), heard tells, once: such a connection is no candidate from then on, so that a
+// few of them cannot hide the others (only the oldest are looked at). The caller holds s.mu.
 func (s *Server) evictWaiting() (closeNow []*srvConn, made int) {
 	o := oldest[*srvConn]{n: evictBatch(s.MaxConns)}
 	o.keep = make([]candidate[*srvConn], 0, o.n)
@@ -355,7 +364,7 @@ func (s *Server) evictWaiting() (closeNow []*srvConn, made int) {
 		case stateIdle:
 			o.offer(c, false, c.since.Load())
 		case stateNew:
-			if since := c.since.Load(); since <= young {
+			if since := c.since.Load(); since <= young && !c.heard {
 				o.offer(c, true, since)
 			}
 		}
@@ -363,7 +372,7 @@ func (s *Server) evictWaiting() (closeNow []*srvConn, made int) {
 	limit := maxLingering(s.MaxConns, s.MaxLingering)
 	for _, x := range o.keep {
 		c := x.c
-		if pending(c.rwc) {
+		if x.fresh && c.hasSent() || !x.fresh && pending(c.rwc) {
 			continue
 		}
 		if !x.fresh && s.refusals.take(limit) {
@@ -641,9 +650,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // closeIdle closes the connections waiting for a request (idle ones idleGrace after their last
-// answer, or after they were parted from, new ones after 5 s without a request) and reports
-// whether none is left. It takes them out of service under s.mu and closes them once it has
-// let go of it (closeConns).
+// answer, or after they were parted from, new ones that have sent nothing for 5 s) and
+// reports whether none is left. A new connection whose client has sent anything is left to
+// its header timeout (see evictWaiting), as one reading its next request's head is. It takes
+// them out of service under s.mu and closes them once it has let go of it (closeConns).
 func (s *Server) closeIdle() bool {
 	s.mu.Lock()
 	now := time.Now().UnixNano()
@@ -654,7 +664,7 @@ func (s *Server) closeIdle() bool {
 		case stateIdle, stateParting:
 			take = now-c.since.Load() >= int64(idleGrace) && c.takeIdle(st)
 		case stateNew:
-			take = now-c.since.Load() > int64(5*time.Second) && c.takeWaiting(stateNew)
+			take = now-c.since.Load() > int64(5*time.Second) && !c.hasSent() && c.takeWaiting(stateNew)
 		}
 		if take {
 			idle = append(idle, c.rwc)
@@ -693,8 +703,8 @@ func (s *Server) logf(format string, args ...any) {
 
 // Connection states.
 const (
-	stateNew      int32 = iota // waiting for its first request's head
-	stateHead                  // reading a request's head (after the first)
+	stateNew      int32 = iota // waiting for its first request: nothing of it read yet
+	stateHead                  // reading a request's head (since: the accept, for the first)
 	stateActive                // serving a request
 	stateIdle                  // waiting for the next request
 	stateParting               // idle, counted out at MaxConns, open for a request on its way
@@ -725,8 +735,9 @@ type srvConn struct {
 	// the time the handler spent away from the body.
 	bodyProgress atomic.Int64
 	// evicted: closed to make room for a new connection (MaxConns); parting: left open
-	// meanwhile, holding a lingering slot (stateParting). Under s.mu.
-	evicted, parting bool
+	// meanwhile, holding a lingering slot (stateParting); heard: new, its client has sent
+	// something (hasSent). Under s.mu.
+	evicted, parting, heard bool
 	// lastRequest: the request being read is the connection's last (it arrived as the
 	// connection was parted from); the connection's goroutine's.
 	lastRequest bool
@@ -778,6 +789,15 @@ func (c *srvConn) takeIdle(st int32) bool {
 // request's head (stateNew or stateHead), and reports whether it did: one whose head was
 // read meanwhile is served.
 func (c *srvConn) takeWaiting(st int32) bool { return c.state.CompareAndSwap(st, stateClosed) }
+
+// hasSent reports whether the client of a new connection has sent it anything (heard), and
+// remembers a yes, which stays true. The caller holds s.mu.
+func (c *srvConn) hasSent() bool {
+	if !c.heard {
+		c.heard = heard(c.rwc)
+	}
+	return c.heard
+}
 
 // takeAll takes the connection out of service whatever it is doing, for Close, and reports
 // whether it is to be closed: not if its handler hijacked it.
@@ -833,13 +853,15 @@ func (w connWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// connReader is what the connection's bufio.Reader reads: it bounds a request's head and
-// hands back the byte the watch may have read.
+// connReader is what the connection's bufio.Reader reads: it bounds a request's head, hands
+// back the byte the watch may have read, and moves a new connection on at its first bytes.
 type connReader struct {
 	c       *srvConn
 	remain  int64 // bytes the head may still take; math.MaxInt64 while a body is read
 	hasByte bool
 	byteBuf [1]byte
+	// first: nothing read from the connection yet (begun does the rest).
+	first bool
 }
 
 func (r *connReader) Read(p []byte) (int, error) {
@@ -862,10 +884,23 @@ func (r *connReader) Read(p []byte) (int, error) {
 	n, err := r.c.rwc.Read(p)
 	r.remain -= int64(n)
 	if n > 0 {
+		if r.first {
+			r.first = false
+			r.c.begun()
+		}
 		r.c.scanHead(p[:n])
 	}
 	return n, err
 }
+
+// begun moves a new connection to stateHead once its client's first bytes are read: its
+// request is arriving, and it is no longer one that MaxConns or Shutdown may close as waiting
+// (evictWaiting, closeIdle). since is left as it is, so that the header timeout still counts
+// from the accept (sweep): a client that trickles its head gains no time by it. A connection
+// taken out of service meanwhile stays out: its client's bytes came in the instant between an
+// eviction's check (heard, which counts bytes read as well as waiting where the kernel tells)
+// and its swap, a race with the client that takeIdle has too.
+func (c *srvConn) begun() { c.state.CompareAndSwap(stateNew, stateHead) }
 
 // scanHead passes the bytes just read to the head's check while the head is being read.
 func (c *srvConn) scanHead(p []byte) {
@@ -896,6 +931,7 @@ func (c *srvConn) serve() {
 	s := c.s
 	c.cr.c = c
 	c.cr.remain = unbounded
+	c.cr.first = true
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.br.Reset(&c.cr)
 	c.bw = writerPool.Get().(*bufio.Writer)
