@@ -1167,8 +1167,17 @@ func (c *srvConn) serveOne() bool {
 	c.mu.Lock()
 	gone := c.gone
 	c.mu.Unlock()
-	if gone || c.werr != nil || w.closeAfter {
-		return false // (an answer whose head went out during a shutdown has closeAfter)
+	if gone || c.werr != nil {
+		return false
+	}
+	if w.closeAfter { // (an answer whose head went out during a shutdown has it too)
+		if !noBody && !body.eof {
+			// The client may still be sending the body the handler left (a 401 before it was
+			// read): closed with it unread, the connection is reset, and a client that writes
+			// its whole request before it reads gets the reset, not the answer.
+			c.closeGracefully()
+		}
+		return false
 	}
 	if !noBody && !body.eof {
 		// The handler left some of the body: drop a little of it to keep the connection (timed
