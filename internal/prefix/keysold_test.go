@@ -2,12 +2,12 @@ package prefix
 
 // The keying of prompts as it was before it hashed the collapsed text as it read it
 // (commit cfcc03e): the reference FuzzKeysAsBefore checks the new code against, byte for byte.
-// Only the names differ; the code is as it was.
+// Only the names differ; the code is as it was, but for appendCollapsed, which is unchanged
+// and called where it stands.
 
 import (
 	"bytes"
 	"unicode"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -83,7 +83,7 @@ func (c *Chains) extendOld(dst []uint64, head, seed uint64, size int, text []byt
 		}
 		t = markAfter(r, spacing)
 		piece := text[pos:r]
-		buf = appendCollapsedOld(buf, unsafe.String(unsafe.SliceData(piece), len(piece)))
+		buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(piece), len(piece)))
 		_, _ = d.Write(piece)
 		pos = r
 		nm := normAt + len(buf)
@@ -92,7 +92,7 @@ func (c *Chains) extendOld(dst []uint64, head, seed uint64, size int, text []byt
 		tails = append(tails, buf[cut:]...)
 	}
 	rest := text[pos:]
-	buf = appendCollapsedOld(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
+	buf = appendCollapsed(buf, unsafe.String(unsafe.SliceData(rest), len(rest)))
 	normText := bytes.TrimRightFunc(buf, unicode.IsSpace)
 	taken := len(dst) - start
 	dst = chainBytes(dst, h, normText, size)
@@ -118,68 +118,6 @@ func (n *Normalizer) appendNormalizedOld(buf, b []byte) (text, grown []byte, col
 	if !needsCollapse(b) {
 		return bytes.TrimSpace(b), buf, false
 	}
-	buf = appendCollapsedOld(buf[:0], unsafe.String(unsafe.SliceData(b), len(b)))
+	buf = appendCollapsed(buf[:0], unsafe.String(unsafe.SliceData(b), len(b)))
 	return bytes.TrimSpace(buf), buf, true
-}
-
-func appendCollapsedOld(out []byte, s string) []byte {
-	b := stringBytes(s)
-	start := 0 // start of the pending segment, copied as it is
-	for i := 0; i < len(s); {
-		// Eight ASCII bytes at a time, as long as they change nothing: no tab, carriage return,
-		// vertical tab or form feed, and no two spaces or newlines side by side (within the
-		// word or across its edge). Then one character or one run at a time.
-		prevSpace := false // the byte before i is a space or a newline
-		for ; i+8 <= len(b); i += 8 {
-			x := word(b, i)
-			// low marks the bytes up to ' ' (whitespace is among them), and may mark a byte
-			// right after a marked one that is not (a borrow): a false mark only sends the
-			// word to the slow path below. One mark next to another, or after a space that
-			// ended the word before, may be a run to collapse.
-			low := (x - 0x21*ones) &^ x & highs
-			if x&highs != 0 || low&(low<<8) != 0 || prevSpace && low&0x80 != 0 {
-				break
-			}
-			// A byte below ' ' (most often a newline) must be a newline to stay.
-			if (x-0x20*ones)&^x&highs != 0 && low&^(eqBytes(x, ' ')|eqBytes(x, '\n')) != 0 {
-				break
-			}
-			prevSpace = low>>63 != 0
-		}
-		if prevSpace {
-			i-- // a run may start with the last byte taken
-		}
-		if i == len(s) {
-			break
-		}
-		if c := s[i]; c > ' ' && c < utf8.RuneSelf {
-			i++ // printable ASCII (all ASCII whitespace is <= ' ')
-			continue
-		}
-		size, space := spaceAt(s, i)
-		if !space {
-			i += size
-			continue
-		}
-		run, newline := i, false
-		for i < len(s) {
-			size, space = spaceAt(s, i)
-			if !space {
-				break
-			}
-			newline = newline || s[i] == '\n'
-			i += size
-		}
-		if i-run == 1 && (s[run] == ' ' || s[run] == '\n') {
-			continue // one space or one newline: unchanged
-		}
-		out = append(out, s[start:run]...)
-		if newline {
-			out = append(out, '\n')
-		} else {
-			out = append(out, ' ')
-		}
-		start = i
-	}
-	return append(out, s[start:]...)
 }
