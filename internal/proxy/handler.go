@@ -507,7 +507,7 @@ func (h *Handler) route(w *statusWriter, r *http.Request, c *call, kind openai.K
 // refused (429, Retry-After set in w) before any of the body is read.
 func (h *Handler) receive(w *statusWriter, r *http.Request, c *call) ([]byte, *heldBody, *openai.Error) {
 	if c.id != nil {
-		if oe := h.Gate.TakeBody(c.id, h.maxConnections(r), w.Header()); oe != nil {
+		if oe := h.Gate.TakeBody(r.Context(), c.id, h.maxConnections(r), w.Header()); oe != nil {
 			return nil, nil, oe
 		}
 		defer h.Gate.BodyDone(c.id)

@@ -45,33 +45,61 @@ func bodyLimit(maxConc, conns int) (limit int, why string) {
 	return limit, why
 }
 
+// bodyWait is how long a request body waits for one of its tenant's places (TakeBody) before
+// it is refused: as long as a body beyond server.max_pending_body_bytes waits for room. A
+// client's burst of requests whose bodies arrive slowly (a slow network, a large prompt) waits
+// for the ones before it rather than being refused; each waiter holds only the connection it
+// already had, for this long at most.
+const bodyWait = time.Second
+
 // TakeBody holds one of id's places for a request body being received, before its body is
 // read; BodyDone gives it back once the body is read (or the request ends without it). conns
 // is the API server's connection cap (0: unknown). A tenant that has as many bodies being
-// received as bodyLimit allows is refused: 429 concurrency_limit_exceeded with Retry-After
-// (set in h), counted under ReasonBodies. id nil (authentication off) takes nothing.
-func (g *Gate) TakeBody(id *Identity, conns int, h http.Header) *openai.Error {
+// received as bodyLimit allows waits for a place up to bodyWait, then is refused: 429
+// concurrency_limit_exceeded with Retry-After (set in h), counted under ReasonBodies. A client
+// that goes away while it waits (ctx ends) gets 499 client_gone. id nil (authentication off)
+// takes nothing.
+func (g *Gate) TakeBody(ctx context.Context, id *Identity, conns int, h http.Header) *openai.Error {
 	if id == nil || id.state == nil {
 		return nil
 	}
 	s := id.state
-	s.mu.Lock()
-	limit, why := bodyLimit(s.maxConc, conns)
-	ok := limit <= 0 || s.bodies < limit
-	if ok {
-		s.bodies++
+	var timer *time.Timer
+	for {
+		s.mu.Lock()
+		limit, why := bodyLimit(s.maxConc, conns)
+		if limit <= 0 || s.bodies < limit {
+			s.bodies++
+			s.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return nil
+		}
+		if s.bodyFreed == nil {
+			s.bodyFreed = make(chan struct{})
+		}
+		freed := s.bodyFreed
+		s.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(bodyWait)
+		}
+		select {
+		case <-freed:
+			continue
+		case <-ctx.Done():
+			timer.Stop()
+			return openai.NewError(499, "client_gone", "", "client_gone", "the client went away while its request body waited for a place")
+		case <-timer.C:
+		}
+		setRetryAfter(h, time.Second)
+		g.logger.LogAttrs(context.Background(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
+			slog.String("code", "concurrency_limit_exceeded"), slog.String("reason", ReasonBodies))
+		g.m.Rejection(s.name, ReasonBodies)
+		g.m.Request(s.name, http.StatusTooManyRequests)
+		return openai.NewError(http.StatusTooManyRequests, "requests", "", "concurrency_limit_exceeded",
+			fmt.Sprintf("too many request bodies being received at once for this API key: at most %d at a time (%s), and none ended within %v; send each request's body at once, or retry when one has arrived", limit, why, bodyWait))
 	}
-	s.mu.Unlock()
-	if ok {
-		return nil
-	}
-	setRetryAfter(h, time.Second)
-	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
-		slog.String("code", "concurrency_limit_exceeded"), slog.String("reason", ReasonBodies))
-	g.m.Rejection(s.name, ReasonBodies)
-	g.m.Request(s.name, http.StatusTooManyRequests)
-	return openai.NewError(http.StatusTooManyRequests, "requests", "", "concurrency_limit_exceeded",
-		fmt.Sprintf("too many request bodies being received at once for this API key: at most %d at a time (%s); send each request's body at once, or retry when one has arrived", limit, why))
 }
 
 // BodyDone gives back the place TakeBody held for a request body. id nil does nothing.
@@ -82,5 +110,9 @@ func (g *Gate) BodyDone(id *Identity) {
 	s := id.state
 	s.mu.Lock()
 	s.bodies--
+	if s.bodyFreed != nil { // wake the bodies waiting for a place (TakeBody)
+		close(s.bodyFreed)
+		s.bodyFreed = nil
+	}
 	s.mu.Unlock()
 }

@@ -1,13 +1,16 @@
 package tenant
 
 import (
+	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute/internal/metrics"
+	"github.com/kvroute/kvroute/internal/openai"
 )
 
 func TestBodyLimit(t *testing.T) {
@@ -29,10 +32,11 @@ func TestBodyLimit(t *testing.T) {
 	}
 }
 
-// TestTakeBody: a tenant holds at most bodyLimit bodies being received; the next is refused 429
-// concurrency_limit_exceeded with Retry-After, counted under ReasonBodies, until one is done.
-// Another tenant is not held back, nor one without a bound.
+// TestTakeBody: a tenant holds at most bodyLimit bodies being received; the next waits
+// bodyWait, then is refused 429 concurrency_limit_exceeded with Retry-After, counted under
+// ReasonBodies, until one is done. Another tenant is not held back, nor one without a bound.
 func TestTakeBody(t *testing.T) {
+	ctx := context.Background()
 	g, _ := newTestGate(t, `tenants:
   - {name: tight, api_keys: ["`+HashKey("sk-tight")+`"], limits: {max_concurrent: 2}}
   - {name: open, api_keys: ["`+HashKey("sk-open")+`"]}
@@ -49,12 +53,16 @@ func TestTakeBody(t *testing.T) {
 	}
 	tight, open := id("sk-tight"), id("sk-open")
 	for i := range 4 {
-		if oe := g.TakeBody(tight, 0, http.Header{}); oe != nil {
+		if oe := g.TakeBody(ctx, tight, 0, http.Header{}); oe != nil {
 			t.Fatalf("body %d: %v; want it taken (4 for max_concurrent 2)", i+1, oe)
 		}
 	}
 	h := http.Header{}
-	oe := g.TakeBody(tight, 0, h)
+	start := time.Now()
+	oe := g.TakeBody(ctx, tight, 0, h)
+	if waited := time.Since(start); waited < bodyWait {
+		t.Errorf("the 5th body was refused after %v; want it to wait %v for a place first", waited, bodyWait)
+	}
 	if oe == nil || oe.Status != http.StatusTooManyRequests || *oe.Code != "concurrency_limit_exceeded" || h.Get("Retry-After") != "1" {
 		t.Fatalf("the 5th body: %v, Retry-After %q; want 429 concurrency_limit_exceeded, Retry-After 1", oe, h.Get("Retry-After"))
 	}
@@ -62,19 +70,63 @@ func TestTakeBody(t *testing.T) {
 		t.Errorf("%v rejections counted under %s, want 1", n, ReasonBodies)
 	}
 	for i := range 100 {
-		if oe := g.TakeBody(open, 0, http.Header{}); oe != nil {
+		if oe := g.TakeBody(ctx, open, 0, http.Header{}); oe != nil {
 			t.Fatalf("open's body %d: %v; want no bound without max_concurrent nor a connection cap", i+1, oe)
 		}
 	}
-	if oe := g.TakeBody(open, 400, http.Header{}); oe == nil {
-		t.Errorf("open's 101st body under a cap of 400 connections was taken; want it refused (a quarter: 100)")
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if oe := g.TakeBody(short, open, 400, http.Header{}); oe == nil || oe.Status != 499 {
+		t.Errorf("open's 101st body under a cap of 400 connections, its client gone while it waited: %v; want 499 client_gone (a quarter: 100)", oe)
 	}
 	g.BodyDone(tight)
-	if oe := g.TakeBody(tight, 0, http.Header{}); oe != nil {
+	if oe := g.TakeBody(ctx, tight, 0, http.Header{}); oe != nil {
 		t.Errorf("a body after one was done: %v; want it taken", oe)
 	}
-	if g.TakeBody(nil, 0, http.Header{}) != nil {
+	if g.TakeBody(ctx, nil, 0, http.Header{}) != nil {
 		t.Error("no tenant (authentication off): refused; want nothing taken")
 	}
 	g.BodyDone(nil)
+}
+
+// TestTakeBodyWaits: a body beyond its tenant's bound takes the place another body gives back
+// while it waits, rather than being refused (a burst of slow bodies of one client); each place
+// given back goes to one waiter.
+func TestTakeBodyWaits(t *testing.T) {
+	g, _ := newTestGate(t, `tenants:
+  - {name: tight, api_keys: ["`+HashKey("sk-tight")+`"], limits: {max_concurrent: 1}}
+`, nil)
+	id, oe := g.Authenticate(http.Header{"Authorization": {"Bearer sk-tight"}})
+	if oe != nil {
+		t.Fatal(oe)
+	}
+	ctx := context.Background()
+	for i := range minBodies {
+		if oe := g.TakeBody(ctx, id, 0, http.Header{}); oe != nil {
+			t.Fatalf("body %d: %v", i+1, oe)
+		}
+	}
+	got := make(chan *openai.Error, 2)
+	for range 2 {
+		go func() { got <- g.TakeBody(ctx, id, 0, http.Header{}) }()
+	}
+	time.Sleep(20 * time.Millisecond) // both waiting (or about to: either way one place is theirs)
+	g.BodyDone(id)
+	select {
+	case oe := <-got:
+		if oe != nil {
+			t.Fatalf("a waiting body after a place was given back: %v; want the place taken", oe)
+		}
+	case <-time.After(bodyWait / 2):
+		t.Fatal("no waiting body took the place given back")
+	}
+	if oe := <-got; oe == nil || oe.Status != http.StatusTooManyRequests {
+		t.Fatalf("the second waiter, no place given back: %v; want 429 after %v", oe, bodyWait)
+	}
+	id.state.mu.Lock()
+	n := id.state.bodies
+	id.state.mu.Unlock()
+	if n != minBodies {
+		t.Errorf("%d bodies held, want %d", n, minBodies)
+	}
 }

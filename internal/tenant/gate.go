@@ -99,6 +99,8 @@ type limiter struct {
 	inFlight int
 	// bodies counts the tenant's request bodies being received (TakeBody, BodyDone).
 	bodies int
+	// bodyFreed, made by a body waiting for a place, is closed when one is given back.
+	bodyFreed chan struct{}
 	// expected is the completion tokens per sequence its answers have had (learn), which its
 	// requests without max_tokens reserve (reserve); 0 before any.
 	expected float64
