@@ -21,7 +21,7 @@ var queueWaitBuckets = []float64{0, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.00
 // Series made at 0 for every configured tenant: the statuses its requests may be answered
 // with, and the reasons the gate may refuse them for (the error code, or which rate limit).
 var (
-	tenantStatuses = []string{"200", "400", "404", "413", "429", "499", "500", "502", "503", "504"}
+	tenantStatuses = []string{"200", "400", "404", "408", "413", "429", "431", "499", "500", "502", "503", "504"}
 	tenantReasons  = []string{"requests_per_minute", "tokens_per_minute", "request_too_large", "concurrency_limit_exceeded", "overloaded", "client_gone", "max_output_tokens", "request_bodies"}
 )
 
