@@ -25,7 +25,7 @@
 //     before it, and, from response.code_details and response.flags, whether the answer is
 //     Envoy's own, and what it says of the attempt (stream.follow: an answer from an address
 //     kvroute did not pick, or Envoy's own, is no endpoint's, Exchange.AnsweredElsewhere; an
-//     attempt Envoy made before its last failed for a reason it does not tell, failUnknown);
+//     attempt Envoy made before its last failed for a reason it does not tell, route.FailUnknown);
 //     an answer whose head comes before the pick (Envoy's own while the body was coming: a
 //     408, a 413) is passed on unread and settled as a refusal before the pick
 //     (stream.unroutedHead);

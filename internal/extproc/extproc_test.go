@@ -382,7 +382,7 @@ func TestServedFallback(t *testing.T) {
 		t.Errorf("policy events (-want +got):\n%s", diff)
 	}
 	// Why Envoy's attempt at ep1 failed it does not say: not counted towards ejecting ep1
-	// (failUnknown), the policy told it failed.
+	// (route.FailUnknown), the policy told it failed.
 	if got := f.health.failures(); len(got) != 0 {
 		t.Errorf("failures told to health checking: %v, want none", got)
 	}

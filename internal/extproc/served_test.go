@@ -48,7 +48,7 @@ func (f *fixture) answer(t *testing.T, e *envoy, head *extprocv3.ProcessingReque
 // choice's success (the policy learnt its TTFT and cached tokens from another engine's answer,
 // and passive health counted a success it never had), counted under endpoint "none", no
 // endpoint header naming the first choice. The endpoints of the list are charged a failed
-// attempt (why, Envoy does not say: failUnknown, told to the policy, not counted towards
+// attempt (why, Envoy does not say: route.FailUnknown, told to the policy, not counted towards
 // ejection) only where Envoy's attempt count says it tried each. An answer from an endpoint
 // kvroute ranked but did not give Envoy (extproc.max_endpoints cut it off) is that endpoint's,
 // and the endpoints passed that nothing says Envoy tried have no attempt opened on them.
@@ -64,7 +64,7 @@ func TestAnswerFromElsewhere(t *testing.T) {
 		status   int      // 0: 200
 		kv       []string // response headers
 		events   []string
-		unknown  []string // the endpoints charged a failure Envoy does not tell (failUnknown)
+		unknown  []string // the endpoints charged a failure Envoy does not tell (route.FailUnknown)
 		endpoint string   // kvroute_requests_total's endpoint label
 		attempts float64
 	}{
@@ -192,7 +192,7 @@ func TestAnswerFromElsewhere(t *testing.T) {
 // address its cluster does not have). Only endpoints it tried are charged a failed attempt;
 // without a count, every one passed is, as before. Before, every endpoint passed was charged,
 // the ones Envoy skipped too. The failure charged is one whose reason is unknown
-// (failUnknown): the policy hears it, health checking does not count it towards ejection
+// (route.FailUnknown): the policy hears it, health checking does not count it towards ejection
 // (before, a connect_error, which it counted: three 429s Envoy retried past a busy engine
 // ejected it).
 func TestEnvoyPassedOver(t *testing.T) {
@@ -401,7 +401,7 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 		attrs    map[string]*structpb.Value
 		events   []string
 		failures []string
-		unknown  []string // the endpoints whose failure the policy heard (failUnknown)
+		unknown  []string // the endpoints whose failure the policy heard (route.FailUnknown)
 		endpoint string   // kvroute_requests_total's label
 		code     string   // the access line's error_code
 	}{
@@ -514,7 +514,7 @@ func TestEnvoyOwnAnswer(t *testing.T) {
 // usable (unavailable since the pick): the answer is that endpoint's all the same (Envoy went
 // there), credited to it, and the endpoint Envoy tried before it charged. Likewise where the
 // answer came from elsewhere after Envoy tried the whole list, one of which is no longer usable:
-// it is charged its failed attempt (failUnknown) as the others are. Before, route.Call.Next would have passed
+// it is charged its failed attempt (route.FailUnknown) as the others are. Before, route.Call.Next would have passed
 // over the endpoint, so extproc guessed where Next would go and stopped short: an answer from
 // the served endpoint was no endpoint's, and the unusable one's failure was told to nobody.
 func TestServedNoLongerUsable(t *testing.T) {
@@ -523,7 +523,7 @@ func TestServedNoLongerUsable(t *testing.T) {
 		served   string
 		max      int // extproc.max_endpoints
 		events   []string
-		unknown  []string // the endpoints whose failure the policy heard (failUnknown)
+		unknown  []string // the endpoints whose failure the policy heard (route.FailUnknown)
 		endpoint string   // kvroute_requests_total's endpoint label
 	}{
 		{name: "served", served: "10.0.0.2:8000",

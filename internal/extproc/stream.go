@@ -483,7 +483,7 @@ func (st *stream) routedHead(req *extprocv3.ProcessingRequest, hdr http.Header, 
 	st.by = st.follow(rc, report)
 	st.x.Attempted(report.attempts) // what the access line says, where Envoy told it
 	if hasStatus {
-		st.status = st.answerStatus(rc, status)
+		st.status = st.answerStatus(rc, status, hdr)
 	}
 	switch st.by {
 	case byEndpoint:
@@ -512,7 +512,7 @@ func (st *stream) routedHead(req *extprocv3.ProcessingRequest, hdr http.Header, 
 	if st.status == http.StatusTooManyRequests {
 		rc.Backoff(proxy.RetryAfter(hdr)) // nothing where the answer is no endpoint's: no attempt is open
 	}
-	st.sse = st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
+	st.sse = !st.bad && st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
 }
 
 // unroutedHead reads the head of an answer that came before the pick: Envoy's own (its
@@ -543,27 +543,47 @@ func (st *stream) unroutedHead(req *extprocv3.ProcessingRequest, status string, 
 		"code_details", truncate(attribute(req, "response.code_details").GetStringValue(), maxDetailsLog))
 }
 
-// answerStatus reads the answer's :status. One that is not three digits from 100 to 599, or that
-// no API request can get (a redirect, a protocol switch), is the engine's bad answer, as
-// `kvroute serve` counts the latter (502 upstream_bad_answer): the request is settled as a 502 from
-// that endpoint, an upstream error on the access line, and logged once here; its body, passed
-// on as it is, is not read (no usage or cached tokens are taken from it). What Envoy tells the
-// client of it is Envoy's.
-func (st *stream) answerStatus(rc *route.Call, v string) int {
+// answerStatus reads the answer's :status. One that is not three digits from 100 to 599, or a
+// protocol switch (1xx), which no API request gets, is the engine's bad answer, as `kvroute
+// serve` counts it (502 upstream_bad_answer): the request is settled as a 502 from that
+// endpoint, an upstream error on the access line, and logged once here; its body, passed on as
+// it is, is not read (no usage or cached tokens are taken from it). What Envoy tells the client
+// of it is Envoy's.
+//
+// A redirect (3xx) is a status, and Envoy passes it on to the client: the request is settled
+// with it (the access line and kvroute_requests_total say what the client got, not a 502 it
+// never saw). Where it is the engine's (byEndpoint), it is judged as `kvroute serve` judges
+// it: the endpoint's URL is not the API's address, and nothing was computed. So its attempt
+// fails as unavailable, which counts against the endpoint (serve fails it over so, as for a
+// 503), the policy hears no answer, its body is not read, and one warning names the endpoint
+// and the Location. Envoy's own redirect (a route's redirect action) is no endpoint's, and
+// settled with its status alone. Until December 2026 every redirect was settled as a 502
+// upstream_bad_answer, which the client never got.
+func (st *stream) answerStatus(rc *route.Call, v string, hdr http.Header) int {
 	n, ok := statusCode(v)
-	if ok && n >= 200 && (n < 300 || n >= 400) {
+	if ok && (n >= 200 && n < 300 || n >= 400) {
 		return n
 	}
-	what := "has no valid status"
-	if ok {
-		what = "is a redirect or a protocol switch (the endpoint's URL is not the API's address)"
-	}
-	st.bad = true
 	ep := ""
 	if e := rc.Endpoint(); e != nil {
 		ep = e.Name
 	}
 	h := st.x.Handler()
+	if ok && n >= 300 {
+		if st.by != byEndpoint {
+			return n
+		}
+		st.bad = true // its body is not read
+		h.Logger.Warn("the engine answered an API request with a redirect: check the endpoint's URL; counted as unavailable",
+			"request_id", st.x.RequestID(), "endpoint", ep, "status", n, "location", truncate(hdr.Get("Location"), maxDetailsLog))
+		rc.Fail(route.FailUnavailable)
+		return n
+	}
+	what := "has no valid status"
+	if ok {
+		what = "is a protocol switch (1xx)"
+	}
+	st.bad = true
 	h.Logger.Warn("the engine's answer "+what+": counted as a bad answer (502)",
 		"request_id", st.x.RequestID(), "endpoint", ep, "status", truncate(v, maxStatusLog))
 	st.x.Refused(openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", "upstream_bad_answer",
@@ -805,18 +825,6 @@ const (
 	unrouted
 )
 
-// failUnknown is how an attempt Envoy made before its last is closed: Envoy does not say why
-// it failed, and its retry policy (docs/kubernetes.md) retries failures that `kvroute serve`
-// counts against the endpoint (a connection refused, a 503) and one it does not (a 429: the
-// engine shedding load). Closed as serve closes a 429 (route.FailBusy), the failure neither
-// counts towards ejecting the endpoint nor is told to the other replicas, and the policy
-// hears it (an endpoint whose attempts keep failing costs more to pick there). Counted as a
-// connect_error, as it was, three 429s that Envoy retried past a busy engine ejected it under
-// load, when the fleet needed it most. An engine that is down is still taken out by health
-// checking (its probes fail), and by Envoy's own answer when its last attempt could not
-// connect (a connect_error, which counts).
-const failUnknown = route.FailBusy
-
 // follow moves the call's attempt to the endpoint that answered, as Envoy reports it, and
 // says whose the answer is.
 //
@@ -824,7 +832,7 @@ const failUnknown = route.FailBusy
 // elsewhere: override_host's fallback policy) failed an attempt or was skipped without one
 // (override_host skips an address its cluster does not have). Envoy does not say why an
 // attempt failed, so the ones it tried are closed as failed for a reason unknown
-// (failUnknown): where the attempt count says it tried every one it passed, or, with no count,
+// (route.FailUnknown): where the attempt count says it tried every one it passed, or, with no count,
 // where the answering endpoint is on the list. Where the count says it tried fewer, which ones
 // nothing says, and none is charged; nor is the list before an answer from elsewhere without a
 // count (Envoy may never have tried it). An endpoint of the ranking that Envoy never had (past
@@ -840,10 +848,10 @@ const failUnknown = route.FailBusy
 // refusal for a 404) they ejected engines that had never been asked.
 //
 // The call is moved down its ranking by route.Call.MoveTo, which follows Envoy rather than
-// guess where Next would go: the first choice's attempt is closed with failUnknown where Envoy
+// guess where Next would go: the first choice's attempt is closed with route.FailUnknown where Envoy
 // tried it, else with FailNone (nothing told to health, the policy told of neither an answer
 // nor a failure); an endpoint passed that Envoy tried is an attempt that failed with
-// failUnknown, one it skipped or never had no attempt at all (a ranked endpoint left off its
+// route.FailUnknown, one it skipped or never had no attempt at all (a ranked endpoint left off its
 // list, because its body differs, say: another cache_salt); and the served endpoint gets the
 // attempt and the answer even where it became unusable (ejected, or unavailable) since the
 // pick: Envoy went there, and the answer is its.
@@ -870,7 +878,7 @@ func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 	}
 	pass := func(e *endpoint.Endpoint) route.Failure {
 		if charged(e) {
-			return failUnknown
+			return route.FailUnknown
 		}
 		return route.FailNone // skipped by Envoy, or never on its list: nobody's failure, no attempt
 	}
@@ -893,7 +901,7 @@ func (st *stream) follow(rc *route.Call, r envoyReport) answeredBy {
 		rc.Fail(pass(rc.Endpoint()))
 		return byNone
 	}
-	rc.Fail(failUnknown)
+	rc.Fail(route.FailUnknown)
 	return byNone
 }
 
@@ -1019,6 +1027,12 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 //
 // Where the body mode lets kvroute change the body (canRewrite), what is not read is not
 // passed on either, as serve relays it; elsewhere it passes as it came.
+//
+// A stream whose engine ignores max_tokens is not cut here, where serve cuts it (more content
+// events than twice what the request allows): the protocol has no clean end for a body the
+// engine is still sending (kvroute may end the body only after Envoy has; an immediate response
+// after the head resets the client's stream), so it passes to its end, and the tenant's charge
+// stays bounded by what the request allowed (the Exchange's charge). docs/kubernetes.md says so.
 func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	switch {
 	case st.x.Completed():

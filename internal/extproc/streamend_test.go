@@ -321,3 +321,29 @@ func TestStreamError(t *testing.T) {
 		})
 	}
 }
+
+// TestOverrunCharge: through ext_proc an engine that ignores max_tokens is not cut (Envoy's
+// protocol has no clean end for a body the upstream is still sending: docs/kubernetes.md,
+// "Endpoint-picker mode"), but the tenant's charge is bounded all the same: at most max_tokens
+// for each sequence, whatever the stream carried (here 40 content events, each taken for a
+// token, for a max_tokens of 2).
+func TestOverrunCharge(t *testing.T) {
+	const n = 40
+	answer := strings.Repeat(event1, n) + "data: [DONE]\n\n"
+	var logs testlog.Buffer
+	f := tenantFixture(t, &logs, ep1)
+	e, _ := f.routed(t, `{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hello there"}]}`,
+		"authorization", "Bearer sk-acme")
+	e.head("text/event-stream")
+	e.send(respBody(answer, true))
+	if got, _ := e.streamedBody(true); got != answer {
+		t.Errorf("client's stream = %q, want the engine's events as they came", got)
+	}
+	e.close()
+	f.streamEnded(t)
+	l := accessLine(t, &logs)
+	if l["status"] != 200.0 || l["completion_tokens"] != float64(n) || l["charged_completion_tokens"] != 2.0 {
+		t.Errorf("access line: status %v, completion_tokens %v, charged_completion_tokens %v; want 200, %d, 2 (max_tokens)",
+			l["status"], l["completion_tokens"], l["charged_completion_tokens"], n)
+	}
+}

@@ -580,6 +580,14 @@ func (o *Outlier) Avoid(ep *endpoint.Endpoint, req *policy.Request, now time.Tim
 	return true
 }
 
+// Avoidable reports whether Avoid could move req away from ep (KeyedRefusalHealth): whether
+// req's key is followed at all (its filter bit is set), read without o.mu. ep does not narrow
+// it: the filter holds the keys refused at any endpoint.
+func (o *Outlier) Avoidable(_ *endpoint.Endpoint, req *policy.Request) bool {
+	_, ok := o.followed(req)
+	return ok
+}
+
 // followed returns req's key, and whether it may be followed (a key, its filter bit set):
 // Served's and Avoid's fast path, without o.mu.
 func (o *Outlier) followed(req *policy.Request) (uint64, bool) {

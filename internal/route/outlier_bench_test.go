@@ -76,3 +76,36 @@ func BenchmarkOutlierRequest(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAvoidRefusing is the refusal rule's share of Begin for a request whose key no
+// endpoint refused (nearly every request): with no key followed, and with maxRefusalKeys
+// followed, over a ranking of 4.
+func BenchmarkAvoidRefusing(b *testing.B) {
+	p := endpoint.NewPool()
+	if _, err := p.Update([]endpoint.Spec{{Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "d"}}); err != nil {
+		b.Fatal(err)
+	}
+	eps := p.All()
+	req := keyed(3, "")
+	for _, keys := range []int{0, maxRefusalKeys} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			clk := &stepClock{t: time.Unix(100, 0)}
+			o := NewOutlier(OutlierConfig{}, clk)
+			for i := range keys {
+				for range 2 {
+					o.RefusedRequest(eps[i%4], keyed(uint64(1e6+i), "flood"))
+				}
+			}
+			lc, err := New(Config{Picker: inOrder{}, Clock: clk, Health: o})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if got := lc.avoidRefusing(req, eps, "", clk.t); got[0] != eps[0] {
+					b.Fatal("moved")
+				}
+			}
+		})
+	}
+}

@@ -219,6 +219,21 @@ func keyed(key uint64, tenant string) *policy.Request {
 	return &policy.Request{Model: "m", Tenant: tenant, Blocks: []uint64{key, key + 1}, BlockTokens: 16, PromptTokens: 40}
 }
 
+// refusalFleet is the refusal rule's tests' set-up: endpoints a, b and c, a clock at 100 s, and
+// passive health checking over them with its defaults (its Fleet the three); serve tells it
+// that ep served req, as the lifecycle does (Succeeded, then Served).
+func refusalFleet(t *testing.T) (clk *stepClock, eps []*endpoint.Endpoint, o *Outlier, serve func(ep *endpoint.Endpoint, req *policy.Request)) {
+	t.Helper()
+	clk = &stepClock{t: time.Unix(100, 0)}
+	eps = pool(t, "a", "b", "c")
+	o = NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
+	serve = func(ep *endpoint.Endpoint, req *policy.Request) {
+		o.Succeeded(ep)
+		o.Served(ep, req)
+	}
+	return clk, eps, o, serve
+}
+
 // TestOutlierOneClientsRefusals: one client's bad requests that all go to one endpoint (the same
 // prefix, which prefix-aware keeps together), refused there and seen nowhere else, count once:
 // the endpoint is not ejected, and only the first refusal is blamed on it. Once another
@@ -403,14 +418,8 @@ func TestOneClientsRefusalsStay(t *testing.T) {
 // pushed the flood's key out of the 256 followed (the stalest went first), and its refusals,
 // still in a's own tally, counted in full at its next refusal: a was ejected, and blamed.
 func TestOneClientsRefusalsOutlastOtherKeys(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	eps := pool(t, "a", "b", "c")
+	clk, eps, o, serve := refusalFleet(t)
 	a, b, c := eps[0], eps[1], eps[2]
-	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
-	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
-		o.Succeeded(ep)
-		o.Served(ep, req)
-	}
 	for i := range 20 {
 		serve(b, keyed(uint64(1000+i), ""))
 		serve(c, keyed(uint64(2000+i), ""))
@@ -454,14 +463,8 @@ func TestOneClientsRefusalsOutlastOtherKeys(t *testing.T) {
 // clients' repeated refusals; and the forgiven refusals fade with the window, so that an
 // engine that then refuses everything is ejected as it would be without them.
 func TestForgivenRefusalsOutlastKeys(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	eps := pool(t, "a", "b", "c")
+	clk, eps, o, serve := refusalFleet(t)
 	a, b, c := eps[0], eps[1], eps[2]
-	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
-	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
-		o.Succeeded(ep)
-		o.Served(ep, req)
-	}
 	for i := range 20 {
 		serve(b, keyed(uint64(1000+i), ""))
 		serve(c, keyed(uint64(2000+i), ""))

@@ -118,14 +118,8 @@ func TestProbeServedCountsFromThen(t *testing.T) {
 // when b served it, not before, and at most 1 + b's answers of it (fading): b serving it once
 // lets one more refusal count, three more answers three more.
 func TestRefusalsCountWithinServedElsewhere(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	eps := pool(t, "a", "b", "c")
+	clk, eps, o, serve := refusalFleet(t)
 	a, b, c := eps[0], eps[1], eps[2]
-	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
-	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
-		o.Succeeded(ep)
-		o.Served(ep, req)
-	}
 	for i := range 20 {
 		serve(b, keyed(uint64(1000+i), ""))
 		serve(c, keyed(uint64(2000+i), ""))
@@ -176,14 +170,8 @@ func TestRefusalsCountWithinServedElsewhere(t *testing.T) {
 // ejected for it alone, however many of its refusals count: a broken engine refuses everyone's
 // requests, and one key is one client's. A refusal of a second key that counts ejects it.
 func TestRefusalEjectionNeedsTwoKeys(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	eps := pool(t, "a", "b", "c")
+	clk, eps, o, serve := refusalFleet(t)
 	a, b, c := eps[0], eps[1], eps[2]
-	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
-	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
-		o.Succeeded(ep)
-		o.Served(ep, req)
-	}
 	for i := range 20 {
 		serve(c, keyed(uint64(2000+i), ""))
 	}

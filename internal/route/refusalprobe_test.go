@@ -346,14 +346,8 @@ func TestAvoidInBegin(t *testing.T) {
 // starts that tally again as it starts the endpoint's own: readmitted, an endpoint is judged
 // on what it answers then.
 func TestRefusalKeysExpire(t *testing.T) {
-	clk := &stepClock{t: time.Unix(100, 0)}
-	eps := pool(t, "a", "b", "c")
+	clk, eps, o, serve := refusalFleet(t)
 	a, b, c := eps[0], eps[1], eps[2]
-	o := NewOutlier(OutlierConfig{Fleet: func() int { return len(eps) }}, clk)
-	serve := func(ep *endpoint.Endpoint, req *policy.Request) {
-		o.Succeeded(ep)
-		o.Served(ep, req)
-	}
 	fleet := func(base int) {
 		for i := range 20 {
 			serve(b, keyed(uint64(base+i), ""))

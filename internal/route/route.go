@@ -98,8 +98,14 @@ type KeyedRefusalHealth interface {
 	// Avoid reports whether req, ranked first for ep, should be sent first to another
 	// endpoint (the next ranked) instead: ep refused requests like it of late, and whether
 	// the rest of the fleet serves them is to be found out, or is known (Outlier.Avoid). It is
-	// asked only where another endpoint is ranked, and req is not pinned to ep.
+	// asked only where another endpoint is ranked, and req is not pinned to ep, and after
+	// Avoidable said it could.
 	Avoid(ep *endpoint.Endpoint, req *policy.Request, now time.Time) bool
+	// Avoidable reports whether Avoid could say that req, ranked first for ep, is to be sent
+	// elsewhere: false means it would not. It is asked for every request, before anything
+	// else is looked at, and must be cheap (no lock, no allocation) and change nothing; nearly
+	// every request is none that an endpoint refused of late.
+	Avoidable(ep *endpoint.Endpoint, req *policy.Request) bool
 }
 
 // Refusal is what passive health checking made of a refused attempt (KeyedRefusalHealth).
@@ -177,6 +183,14 @@ const (
 	// One that did not name the model (an API path the engine lacks) is a refusal, as
 	// FailRejected.
 	FailNotServed
+	// FailUnknown: the attempt failed before anything reached the client, and nothing says
+	// why: a front end that retries by itself (Envoy, through ext_proc) went on to the next
+	// endpoint of its list without telling why it left this one (a connection refused, a 503
+	// and a 429 look alike). Not Retryable: the front end that saw it retried, not the
+	// lifecycle (no kvroute_retries_total reason). Does not count, and is not told to the
+	// other replicas: it may be a busy engine's 429, which counted, under load, ejected
+	// engines the fleet needed. The policy hears it, as it hears a 429.
+	FailUnknown
 )
 
 var failureNames = [...]string{
@@ -191,6 +205,7 @@ var failureNames = [...]string{
 	FailRejected:    "rejected",
 	FailCanceled:    "canceled",
 	FailNotServed:   "not_served",
+	FailUnknown:     "unknown",
 }
 
 // String returns the failure's name, as metrics label it.
@@ -387,8 +402,11 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 // names; and not where no other endpoint may take the request now (Avoid is not asked: a probe
 // it counts as made would tell nothing). Stalling is read without claiming the stall probe
 // that endpoint.Stalling grants (backoffLast has given it to this request, or it is not due).
+//
+// Avoidable is asked first: it rules out nearly every request at the cost of a few atomic
+// loads, before the ranking is scanned for a stand-in and Avoid takes the refusals' lock.
 func (lc *Lifecycle) avoidRefusing(req *policy.Request, ranked []*endpoint.Endpoint, pinned string, now time.Time) []*endpoint.Endpoint {
-	if lc.keyed == nil || len(ranked) < 2 || pinned != "" && ranked[0].Name == pinned {
+	if lc.keyed == nil || len(ranked) < 2 || pinned != "" && ranked[0].Name == pinned || !lc.keyed.Avoidable(ranked[0], req) {
 		return ranked
 	}
 	i := 1 + slices.IndexFunc(ranked[1:], func(e *endpoint.Endpoint) bool {
@@ -547,9 +565,8 @@ type Call struct {
 	ep        *endpoint.Endpoint // the attempt in progress, or the last one
 	open      bool               // an attempt is in progress
 	attempts  int
-	failures  int   // attempts that failed before anything reached the client
-	timeouts  int   // of which timed out
-	once      int   // of which failed so that they are retried once per request (Failure.RetryableOnce)
+	timeouts  int   // attempts that failed by timing out
+	once      int   // attempts that failed so that they are retried once per request (Failure.RetryableOnce)
 	sentAt    int64 // unix nanoseconds (the lifecycle's clock) the attempt in progress was sent
 	lastFail  Failure
 	predicted int // the policy's predicted cached tokens on ep, -1 unknown (0 when ep is blind)
@@ -721,7 +738,6 @@ func (c *Call) Fail(f Failure) (retry bool) {
 	if !c.open {
 		return false
 	}
-	c.failures++
 	c.lastFail = f
 	if f == FailTimeout {
 		c.timeouts++

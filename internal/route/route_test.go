@@ -394,10 +394,73 @@ func TestFailureClasses(t *testing.T) {
 	retry := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailBusy: true, FailTimeout: true, FailNotServed: true}
 	once := map[Failure]bool{FailLost: true, FailStatus: true}
 	counts := map[Failure]bool{FailConnect: true, FailUnavailable: true, FailTimeout: true, FailLost: true, FailStatus: true, FailCut: true}
-	for f := FailNone; f <= FailNotServed; f++ {
+	named := map[string]Failure{}
+	for f := FailNone; f <= FailUnknown; f++ {
 		if f.Retryable() != retry[f] || f.RetryableOnce() != once[f] || f.Counts() != counts[f] {
 			t.Errorf("%s: retryable %v once %v counts %v; want %v %v %v", f, f.Retryable(), f.RetryableOnce(), f.Counts(), retry[f], once[f], counts[f])
 		}
+		if g, ok := named[f.String()]; ok || f.String() == "failure" {
+			t.Errorf("failures %d and %d are both named %q", g, f, f)
+		}
+		named[f.String()] = f
+	}
+	if FailUnknown.String() != "unknown" {
+		t.Errorf("FailUnknown is named %q, want unknown", FailUnknown)
+	}
+}
+
+// failRecorder is a policy that ranks candidates as given and records which attempts it was
+// told failed (policy.Result.Failed).
+type failRecorder struct{ failed []string }
+
+func (*failRecorder) Pick(_ *policy.Request, c []*endpoint.Endpoint) ([]*endpoint.Endpoint, error) {
+	return c, nil
+}
+func (*failRecorder) Routed(*policy.Request, *endpoint.Endpoint)                    {}
+func (*failRecorder) FirstToken(*policy.Request, *endpoint.Endpoint, time.Duration) {}
+func (*failRecorder) Removed(*endpoint.Endpoint)                                    {}
+func (p *failRecorder) Done(_ *policy.Request, ep *endpoint.Endpoint, r policy.Result) {
+	if r.Failed {
+		p.failed = append(p.failed, ep.Name)
+	}
+}
+
+// TestFailUnknown: an attempt whose failure nothing tells (a front end that retried past it:
+// Envoy, through ext_proc) is not retried by the lifecycle, is told to the policy as a failure, and neither counted
+// towards ejection (one failure ejects here) nor told to the other replicas: the done event
+// carries no failure.
+func TestFailUnknown(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	pk := &failRecorder{}
+	o := NewOutlier(OutlierConfig{Consecutive: 1, MaxEjectedPercent: 100}, clk)
+	r := newReplicaOf(t, 1, Config{Picker: pk, Clock: clk, Attempts: 2, Health: o}, clk, ShareConfig{}, "a", "b")
+	c, err := r.lc.Begin(&policy.Request{ID: "r", PromptTokens: 10}, r.eps, "", clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep := c.Next(); ep.Name != "a" {
+		t.Fatalf("first attempt on %s, want a", ep.Name)
+	}
+	if c.Fail(FailUnknown) {
+		t.Error("Fail(FailUnknown) = true: the front end that met it retried, not the lifecycle")
+	}
+	if c.LastFailure() != FailUnknown {
+		t.Errorf("LastFailure %s, want unknown", c.LastFailure())
+	}
+	if o.Ejected(r.eps[0], clk.t) {
+		t.Error("a was ejected by a failure nothing tells")
+	}
+	if diff := cmp.Diff([]string{"a"}, pk.failed); diff != "" {
+		t.Errorf("failures told to the policy (-want +got):\n%s", diff)
+	}
+	var done []Event
+	for _, ev := range r.out.evs {
+		if ev.Kind == EventDone {
+			done = append(done, ev)
+		}
+	}
+	if len(done) != 1 || done[0].Failure != FailNone || done[0].OK {
+		t.Errorf("done events %+v, want one, not OK, carrying no failure", done)
 	}
 }
 
