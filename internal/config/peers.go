@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -224,7 +225,21 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 			pr.add(a.path, "%q is also %s: give each its own port", a.addr, other)
 		}
 	}
-	if strings.ContainsAny(p.Advertise, ":/ ") && net.ParseIP(p.Advertise) == nil {
+	if host, _, err := net.SplitHostPort(p.GossipListen); err == nil {
+		if ip, err := netip.ParseAddr(host); err == nil {
+			if err := AdvertisableIP(ip); err != nil {
+				pr.add("peers.gossip_listen", "%q: %v; or bind every address, like :%d, and set peers.advertise", p.GossipListen, err, DefaultGossipPort)
+			}
+		}
+		if p.Advertise == "" && AdvertisesUnspecified(host) {
+			pr.add("peers.advertise", "missing, with peers.gossip_listen %q: the gossip would advertise the unspecified address (::), which each peer dials as its own host; give this replica's address or host name, or bind gossip_listen to one (or to 0.0.0.0:%d, for which this host's private IPv4 address is advertised)", p.GossipListen, DefaultGossipPort)
+		}
+	}
+	if ip, err := netip.ParseAddr(p.Advertise); err == nil {
+		if err := AdvertisableIP(ip); err != nil {
+			pr.add("peers.advertise", "%q: %v", p.Advertise, err)
+		}
+	} else if strings.ContainsAny(p.Advertise, ":/ %") {
 		pr.add("peers.advertise", "%q: give a host name or an IP address, without a port", p.Advertise)
 	}
 	for i, a := range p.Static {
@@ -283,6 +298,35 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 	if p.MaxRemoteRequests < 1 {
 		pr.add("peers.max_remote_requests", "%d: at least 1", p.MaxRemoteRequests)
 	}
+}
+
+// AdvertisableIP says why the other replicas cannot be given ip to reach this one at (in
+// peers.advertise, or as the address peers.gossip_listen binds); nil when they can. memberlist
+// carries a member's address as bare bytes, without an IPv6 zone (net.IP has none), and a zone
+// names an interface of the host that dials anyway: this host's would mean nothing to a peer.
+// A link-local IPv6 address (fe80::/10) cannot be dialled without one (connect: invalid
+// argument). An IPv4 link-local address (169.254.0.0/16) needs no zone and is let through.
+func AdvertisableIP(ip netip.Addr) error {
+	ip = ip.Unmap()
+	switch {
+	case ip.Is6() && ip.IsLinkLocalUnicast():
+		return fmt.Errorf("a link-local IPv6 address: the other replicas could dial it only with a zone naming their own interface, which the gossip cannot carry; give this replica's global or unique local (fd00::/8) IPv6 address, its IPv4 address, or a host name that resolves to one")
+	case ip.Zone() != "":
+		return fmt.Errorf("an IPv6 zone (%%%s) names an interface of this host, which the gossip cannot carry: give the address without it, %s", ip.Zone(), ip.WithZone(""))
+	}
+	return nil
+}
+
+// AdvertisesUnspecified says whether memberlist, its gossip listener bound to host (the host of
+// peers.gossip_listen) and no peers.advertise given, advertises the unspecified address "::":
+// for "::" (memberlist finds this host's private address for 0.0.0.0 alone, and "" is bound
+// as 0.0.0.0) and for a host name (bound as every address, not as the name's).
+func AdvertisesUnspecified(host string) bool {
+	if host == "" {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || ip.IsUnspecified() && !ip.Unmap().Is4()
 }
 
 // PeerSecret reads the replicas' shared secret from peers.secret_file or the variable

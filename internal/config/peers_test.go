@@ -219,3 +219,52 @@ func TestPeersTLSErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPeersLinkLocal: a link-local IPv6 address, or any with a zone, in peers.advertise or
+// peers.gossip_listen is refused at load with the field and the fix: the gossip carries no
+// zone, and the peers cannot dial fe80::/10 without one. Before, "fe80::1%eth0" was told to
+// be "an IP address, without a port", and fe80::1 was taken. So is a gossip_listen on [::] or
+// at a name without peers.advertise: memberlist advertised "::" for it.
+func TestPeersLinkLocal(t *testing.T) {
+	for _, tc := range []struct {
+		name, peers string
+		errHas      []string // nil: loads
+	}{
+		{"advertise with a zone", "advertise: 'fe80::1%eth0'",
+			[]string{`peers.advertise: "fe80::1%eth0": a link-local IPv6 address`, "global or unique local"}},
+		{"advertise link-local", "advertise: 'fe80::1'", []string{`peers.advertise: "fe80::1": a link-local IPv6 address`}},
+		{"advertise, a zone on another address", "advertise: 'fd00::1%eth0'",
+			[]string{`peers.advertise: "fd00::1%eth0": an IPv6 zone (%eth0)`, "without it, fd00::1"}},
+		{"gossip_listen link-local", "gossip_listen: '[fe80::1%eth0]:7946'",
+			[]string{`peers.gossip_listen: "[fe80::1%eth0]:7946": a link-local IPv6 address`, "like :7946, and set peers.advertise"}},
+		{"advertise a unique local address", "advertise: 'fd00::1'", nil},
+		{"advertise an IPv4 link-local address", "advertise: '169.254.1.2'", nil},
+		{"advertise a host name", "advertise: 'kvroute-0.kvroute-peers.inference.svc.cluster.local'", nil},
+		{"gossip_listen at a unique local address", "gossip_listen: '[fd00::1]:7946'", nil},
+		// memberlist advertises "::" for a listener on every IPv6 address or at a name, without
+		// an address to advertise given; 0.0.0.0 it replaces with this host's private address.
+		{"gossip_listen on every IPv6 address", "gossip_listen: '[::]:7946'",
+			[]string{`peers.advertise: missing, with peers.gossip_listen "[::]:7946": the gossip would advertise the unspecified address (::)`}},
+		{"gossip_listen at a name", "gossip_listen: 'localhost:7946'", []string{"peers.advertise: missing, with peers.gossip_listen \"localhost:7946\""}},
+		{"gossip_listen on every IPv6 address, advertise given", "gossip_listen: '[::]:7946', advertise: 'fd00::1'", nil},
+		{"gossip_listen on every IPv4 address", "gossip_listen: '0.0.0.0:7946'", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(peersBase + "peers: {listen: ':7947', static: ['a:7946'], secret_env: X, " + tc.peers + "}\n"))
+			if tc.errHas == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("loaded")
+			}
+			for _, s := range tc.errHas {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error lacks %q:\n%v", s, err)
+				}
+			}
+		})
+	}
+}

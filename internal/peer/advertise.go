@@ -3,9 +3,10 @@ package peer
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/config"
 )
 
 // A host name in peers.advertise (a StatefulSet pod's name under its headless Service, a
@@ -23,6 +24,14 @@ const (
 	advertiseWait  = 10 * time.Second
 	advertiseRetry = time.Second
 )
+
+// unspecifiedError is Run's error for a gossip listener at gossip (peers.gossip_listen) on
+// every IPv6 address or at a host name with no address to advertise: memberlist would advertise
+// "::", which each peer dials as its own host (config.AdvertisesUnspecified; the config's check
+// refuses it already).
+func unspecifiedError(gossip string) error {
+	return fmt.Errorf("peers.advertise: missing, with peers.gossip_listen %q: the gossip would advertise the unspecified address (::); give this replica's address or host name", gossip)
+}
 
 // lookupFunc resolves a host name, as net.Resolver.LookupNetIP.
 type lookupFunc func(ctx context.Context, network, host string) ([]netip.Addr, error)
@@ -46,7 +55,8 @@ func ipFamilies(bindHost string) (v4, v6 bool) {
 	return false, true
 }
 
-// pickAddr returns the first of addrs of the families given, IPv4 first when both are.
+// pickAddr returns the first of addrs of the families given, IPv4 first when both are, that
+// the peers can be given (config.AdvertisableIP: not a link-local IPv6 one).
 func pickAddr(addrs []netip.Addr, v4, v6 bool) (netip.Addr, bool) {
 	for _, fam := range []struct {
 		ok  bool
@@ -56,7 +66,7 @@ func pickAddr(addrs []netip.Addr, v4, v6 bool) (netip.Addr, bool) {
 			continue
 		}
 		for _, a := range addrs {
-			if a = a.Unmap(); a.Is4() == fam.is4 {
+			if a = a.Unmap(); a.Is4() == fam.is4 && config.AdvertisableIP(a) == nil {
 				return a, true
 			}
 		}
@@ -78,13 +88,24 @@ func familyName(v4, v6 bool) string {
 // resolveAdvertise returns the IP to advertise for host (peers.advertise) with a gossip
 // listener bound to bindHost: host itself when it is an IP or empty (memberlist's choice), else
 // the first address host resolves to of the listener's family (ipFamilies), IPv4 first where
-// both are; resolved says whether host was a name. A lookup that fails is made again every
-// retry while one more fits before wait has passed since the first (each ends by then);
-// retrying, when set, is told of the first failure when another try follows. The errors name
-// peers.advertise, the host and the resolver's error.
+// both are; resolved says whether host was a name. A link-local IPv6 address, or one with a
+// zone (fe80::1%eth0), is refused, and passed over among a name's (config.AdvertisableIP): the
+// peers could not dial it (the config's check refuses the former already; a name's addresses
+// are known only here). A lookup that fails is made again every retry while one more fits
+// before wait has passed since the first (each ends by then); retrying, when set, is told of
+// the first failure when another try follows. The errors name peers.advertise, the host and
+// the resolver's error.
 func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost string, wait, retry time.Duration,
 	retrying func(err error)) (ip string, resolved bool, err error) {
-	if host == "" || net.ParseIP(host) != nil {
+	if host == "" {
+		return host, false, nil
+	}
+	// netip takes a zone, where net.ParseIP does not: "fe80::1%eth0" was looked up as a name,
+	// and the system resolver answered the address without its zone.
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if err := config.AdvertisableIP(ip); err != nil {
+			return "", false, fmt.Errorf("peers.advertise %q: %w", host, err)
+		}
 		return host, false, nil
 	}
 	v4, v6 := ipFamilies(bindHost)
@@ -98,8 +119,15 @@ func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost str
 		case err == nil:
 			a, ok := pickAddr(addrs, v4, v6)
 			if !ok {
-				return "", true, fmt.Errorf("peers.advertise: host name %q resolves to %v, no %s address (the family of the gossip listener, %q): give a name or an address of that family",
-					host, addrs, familyName(v4, v6), bindHost)
+				linkLocal := ""
+				for _, a := range addrs {
+					if config.AdvertisableIP(a) != nil {
+						linkLocal = " but link-local IPv6 ones, which the peers cannot dial"
+						break
+					}
+				}
+				return "", true, fmt.Errorf("peers.advertise: host name %q resolves to %v, no %s address (the family of the gossip listener, %q)%s: give a name or an address of that family",
+					host, addrs, familyName(v4, v6), bindHost, linkLocal)
 			}
 			return a.String(), true, nil
 		case ctx.Err() != nil:

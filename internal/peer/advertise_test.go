@@ -48,6 +48,15 @@ func TestResolveAdvertise(t *testing.T) {
 		{"no IPv6 address", "r0.peers", "::1", answer(v4a), "", true,
 			[]string{"peers.advertise", `"r0.peers"`, "no IPv6 address", "10.0.0.1"}},
 		{"no address", "r0.peers", "::", answer(), "", true, []string{"peers.advertise", "no IPv4 or IPv6 address"}},
+		// A link-local IPv6 address is reached through a zone, the interface of the host that
+		// dials; memberlist carries none. A zone given is this host's, not the peers'.
+		{"link-local IPv6 address with a zone", "fe80::1%eth0", "::", nil, "", false,
+			[]string{"peers.advertise", `"fe80::1%eth0"`, "link-local", "global or unique local"}},
+		{"link-local IPv6 address", "fe80::1", "::", nil, "", false, []string{"peers.advertise", `"fe80::1"`, "link-local"}},
+		{"zone on another address", "fd00::1%eth0", "::", nil, "", false, []string{"peers.advertise", "zone", "fd00::1"}},
+		{"name of a link-local address", "r0.peers", "::", answer(netip.MustParseAddr("fe80::1")), "", true,
+			[]string{"peers.advertise", `"r0.peers"`, "fe80::1", "link-local"}},
+		{"name of a link-local and another address", "r0.peers", "::", answer(netip.MustParseAddr("fe80::1"), v6b), "fd00::2", true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup := tc.lookup
@@ -176,4 +185,40 @@ func TestAdvertiseUnresolvable(t *testing.T) {
 	if r.node.GossipAddr() != "" {
 		t.Errorf("gossip address %q after a failed start", r.node.GossipAddr())
 	}
+}
+
+// TestAdvertiseLinkLocal: a replica given a link-local IPv6 address with a zone in
+// peers.advertise does not start: Run's error names peers.advertise, the address and the fix.
+// Before, the zone was taken for a host name, the system resolver answered the address without
+// it, and the replica advertised fe80::1, which no peer can dial (connect: invalid argument).
+func TestAdvertiseLinkLocal(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	_ = ln.Close()
+	r := runReplica(t, "a", nil, func(c *Config) { c.Gossip, c.Advertise = "[::1]:0", "fe80::1%lo" })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err = <-r.done:
+			r.cancel()
+			r.cancel = nil // Run has returned: nothing for r.stop to wait for
+		default:
+			if a := r.node.GossipAddr(); a != "" {
+				t.Fatalf("a started, advertising %s", a)
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("Run neither started nor failed within 10 s")
+			}
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	if err == nil || !strings.HasPrefix(err.Error(), `peers.advertise "fe80::1%lo": a link-local IPv6 address`) ||
+		!strings.Contains(err.Error(), "global or unique local") {
+		t.Fatalf("Run: %v; want peers.advertise's error naming the address and the fix", err)
+	}
+	t.Logf("Run: %v", err)
 }

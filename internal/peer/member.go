@@ -18,6 +18,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvroute/kvroute/internal/config"
 )
 
 // meta is what a replica tells the others about itself through memberlist. A replica reads
@@ -180,6 +182,9 @@ func (n *Node) startMembers(ctx context.Context) (*memberlist.Memberlist, error)
 	if err != nil {
 		return nil, err
 	}
+	if adv == "" && config.AdvertisesUnspecified(host) {
+		return nil, unspecifiedError(n.cfg.Gossip)
+	}
 	if resolved {
 		n.log.Info("peers.advertise resolved: this replica advertises its address", "host", n.cfg.Advertise, "ip", adv)
 	}
@@ -217,6 +222,7 @@ func (n *Node) startMembers(ctx context.Context) (*memberlist.Memberlist, error)
 	c.BindPort = nt.GetAutoBindPort()
 	c.AdvertisePort = c.BindPort
 	st := newStreamTransport(nt)
+	n.transport = st
 	c.Transport = st
 	if n.cfg.FaultInjection {
 		c.Transport = newFaultTransport(st, &n.isolated)
@@ -538,25 +544,71 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// streamTransport is memberlist's network transport whose outgoing streams end when it shuts
-// down: the state exchanges (a join's, the leave's and a policy's handed to each peer, the
-// periodic ones) and the TCP pings. memberlist's own leaves a stream to its TCP timeout (2 s
-// here), and its Shutdown closes only the listeners: a peer that takes the connection and
-// never answers (frozen: its kernel accepts for it) or never takes it (cut off) held the
-// stream, and the goroutine that waits on it, for up to 2 s after the node had stopped. Once
-// Shutdown has begun, a dial in progress ends and none begins.
+// streamTransport is memberlist's network transport whose streams end when it shuts down,
+// both ways. Outgoing: the state exchanges (a join's, the leave's and a policy's handed to
+// each peer, the periodic ones) and the TCP pings. Inbound: the peers' state exchanges and TCP
+// pings, each of which memberlist handles in a goroutine of its own. memberlist's transport
+// leaves a stream to its TCP timeout (2 s here), and its Shutdown closes only the listeners:
+// a peer that takes the connection and never answers (frozen: its kernel accepts for it) or
+// never takes it (cut off) held an outgoing stream, and one that sent part of a message and
+// stalled held an inbound one, with the goroutine that waits on it, for up to 2 s after the
+// node had stopped. Once Shutdown has begun, a dial in progress ends and none begins, and an
+// inbound stream accepted is closed at once; waitHandlers then waits for memberlist's handlers
+// of the inbound streams to have ended.
 type streamTransport struct {
 	*memberlist.NetTransport
 	ctx    context.Context // ends at Shutdown
 	cancel context.CancelFunc
 	mu     sync.Mutex
-	open   map[*streamConn]struct{} // the outgoing streams not closed; nil once shut down
+	open   map[*streamConn]struct{} // the streams not closed, both ways; nil once shut down
+	// streams hands memberlist the inbound streams, kept in open; handlers counts those whose
+	// handler has not closed them (every handler does as it ends).
+	streams  chan net.Conn
+	handlers sync.WaitGroup
+	done     chan struct{} // closed once Shutdown has shut memberlist's transport down
 }
 
 func newStreamTransport(nt *memberlist.NetTransport) *streamTransport {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &streamTransport{NetTransport: nt, ctx: ctx, cancel: cancel, open: map[*streamConn]struct{}{}}
+	t := &streamTransport{NetTransport: nt, ctx: ctx, cancel: cancel, open: map[*streamConn]struct{}{},
+		streams: make(chan net.Conn), done: make(chan struct{})}
+	go t.forward()
+	return t
 }
+
+// forward hands memberlist the inbound streams, each kept to be closed at Shutdown. It reads
+// until memberlist's transport has shut down: its listeners hand each connection over without
+// a timeout, and its Shutdown waits for them.
+func (t *streamTransport) forward() {
+	for {
+		var c net.Conn
+		select {
+		case c = <-t.NetTransport.StreamCh():
+		case <-t.done:
+			return
+		}
+		t.mu.Lock()
+		if t.open == nil {
+			t.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		sc := &streamConn{Conn: c, t: t, inbound: true}
+		t.open[sc] = struct{}{}
+		t.handlers.Add(1)
+		t.mu.Unlock()
+		select {
+		case t.streams <- sc:
+		case <-t.done:
+			_ = sc.Close()
+			return
+		}
+	}
+}
+
+// StreamCh is memberlist's transport's channel of inbound streams, each kept to be closed at
+// Shutdown.
+func (t *streamTransport) StreamCh() <-chan net.Conn { return t.streams }
 
 // errTransportShutDown is a dial's error once the transport has shut down.
 var errTransportShutDown = errors.New("memberlist transport shut down")
@@ -585,8 +637,8 @@ func (t *streamTransport) DialAddressTimeout(a memberlist.Address, timeout time.
 	return sc, nil
 }
 
-// Shutdown ends the dials in progress and closes the outgoing streams (their reads and writes
-// fail at once), then shuts memberlist's transport down.
+// Shutdown ends the dials in progress and closes the streams both ways (their reads and
+// writes fail at once), then shuts memberlist's transport down.
 func (t *streamTransport) Shutdown() error {
 	t.cancel()
 	t.mu.Lock()
@@ -596,19 +648,47 @@ func (t *streamTransport) Shutdown() error {
 	for c := range open {
 		_ = c.Conn.Close()
 	}
-	return t.NetTransport.Shutdown()
+	err := t.NetTransport.Shutdown()
+	close(t.done)
+	return err
 }
 
-// streamConn is an outgoing stream of a streamTransport.
+// waitHandlers waits until memberlist's handler of each inbound stream has ended (closed it),
+// wait at most, and says whether they all have. Call it once Shutdown has returned: their
+// streams are closed, and none is handed over after it.
+func (t *streamTransport) waitHandlers(wait time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		t.handlers.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+// streamConn is a stream of a streamTransport, outgoing or inbound.
 type streamConn struct {
 	net.Conn
-	t *streamTransport
+	t       *streamTransport
+	inbound bool
+	closed  sync.Once
 }
 
+// Close closes the stream. An inbound stream's handler closes it as it ends (memberlist's
+// handleConn, on every path): its first Close counts the handler done.
 func (c *streamConn) Close() error {
 	c.t.mu.Lock()
 	delete(c.t.open, c)
 	c.t.mu.Unlock()
+	if c.inbound {
+		c.closed.Do(c.t.handlers.Done)
+	}
 	return c.Conn.Close()
 }
 

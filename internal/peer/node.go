@@ -143,6 +143,10 @@ type Node struct {
 	// exchanges are the state exchanges in flight that handState and joinRound started and
 	// stopped waiting for; Run waits for them once memberlist's shutdown has ended them.
 	exchanges sync.WaitGroup
+	// transport is memberlist's, whose shutdown ends the streams both ways; Run waits for
+	// memberlist's handlers of the inbound ones (streamTransport.waitHandlers). Set by
+	// startMembers, read by Run only.
+	transport *streamTransport
 
 	share     atomic.Pointer[route.Share]
 	lifecycle func() *route.Lifecycle
@@ -423,16 +427,16 @@ func (n *Node) Run(ctx context.Context) error {
 	// Every step of the stop is bounded: the leave by leaveWait, memberlist's shutdown by
 	// shutdownWait, and the goroutines each by its own (a stream's or snapshot's request and a
 	// join round end with ctx, a policy's advertisement waits updateWait at most). The state
-	// exchanges still in flight (with a peer frozen or cut off) end with memberlist's
-	// shutdown, which closes their connections (streamTransport); they are waited for last,
-	// when nothing can start another.
+	// exchanges still in flight, both ways (with a peer frozen or cut off, or one that stalled
+	// sending), end with memberlist's shutdown, which closes their connections
+	// (streamTransport); they are waited for last, when nothing can start another.
 	begin := time.Now()
 	told, peers := n.leave(ml)
 	leaveTook := time.Since(begin)
-	n.shutdownMembers(ml)
+	shut := n.shutdownMembers(ml)
 	_ = srv.Close()
 	wg.Wait()
-	n.waitExchanges()
+	n.waitExchanges(shut)
 	n.log.Info("left the peers", "peers", peers, "told", told, "leave", leaveTook.Round(time.Millisecond).String(),
 		"took", time.Since(begin).Round(time.Millisecond).String())
 	return nil
@@ -509,9 +513,10 @@ func (n *Node) handState(ctx context.Context, ml *memberlist.Memberlist, addrs [
 	return told, len(addrs)
 }
 
-// shutdownMembers shuts memberlist down, waiting shutdownWait at most: a transport that never
-// stops (the fault-injection one once did: TestFaultTransportShutdown) must not hold the stop.
-func (n *Node) shutdownMembers(ml *memberlist.Memberlist) {
+// shutdownMembers shuts memberlist down, waiting shutdownWait at most, and says whether it
+// did: a transport that never stops (the fault-injection one once did:
+// TestFaultTransportShutdown) must not hold the stop.
+func (n *Node) shutdownMembers(ml *memberlist.Memberlist) bool {
 	done := make(chan struct{})
 	go func() {
 		_ = ml.Shutdown()
@@ -519,15 +524,20 @@ func (n *Node) shutdownMembers(ml *memberlist.Memberlist) {
 	}()
 	select {
 	case <-done:
+		return true
 	case <-time.After(shutdownWait):
 		n.log.Warn("memberlist did not shut down: stopping without it", "waited", shutdownWait.String())
+		return false
 	}
 }
 
-// waitExchanges waits for the state exchanges still in flight at stop, shutdownWait at most.
-// memberlist's shutdown has closed their connections and ends their dials: each has failed,
-// or is about to (a transport that did not shut down is the exception, logged).
-func (n *Node) waitExchanges() {
+// waitExchanges waits for the state exchanges still in flight at stop, shutdownWait at most
+// in all: those this replica started and, once memberlist has shut down (shut), memberlist's
+// handlers of the peers'. memberlist's shutdown has closed their connections and ends their
+// dials: each has failed, or is about to (a transport that did not shut down is the
+// exception, logged).
+func (n *Node) waitExchanges(shut bool) {
+	deadline := time.Now().Add(shutdownWait)
 	done := make(chan struct{})
 	go func() {
 		n.exchanges.Wait()
@@ -537,6 +547,10 @@ func (n *Node) waitExchanges() {
 	case <-done:
 	case <-time.After(shutdownWait):
 		n.log.Warn("state exchanges with peers still in flight: stopping without them", "waited", shutdownWait.String())
+		return
+	}
+	if shut && n.transport != nil && !n.transport.waitHandlers(time.Until(deadline)) {
+		n.log.Warn("peers' state exchanges with this replica still in flight: stopping without them", "waited", shutdownWait.String())
 	}
 }
 

@@ -38,6 +38,13 @@ const (
 // exchange every 30 s.
 const updateWait = 500 * time.Millisecond
 
+// advertiseSettle is how long an advertisement waits after the change that asked for it, so
+// that the changes of one reload go out together: the router sets the hashing, then the
+// policy (app.advertisePolicy), microseconds apart, and each advertisement is a gossip round
+// and a state exchange with every peer. Far longer than the gap, far shorter than anything
+// that waits for the peers to know.
+const advertiseSettle = 20 * time.Millisecond
+
 // policyID is a replica's routing policy as it advertises it: the policy's name and the
 // fingerprint of its effective parameters; or its hashing of prompts: a fingerprint, no name.
 // The zero value is a replica that advertises none.
@@ -121,8 +128,9 @@ func clip(s string, n int) string {
 	return s
 }
 
-// advertise gossips this replica's metadata again at each change of its policy or hashing,
-// until ctx ends, and hands it to each live peer at once (handState): memberlist's gossip of an
+// advertise gossips this replica's metadata again at each change of its policy or hashing
+// (the changes made within advertiseSettle of one another at once), until ctx ends, and hands
+// it to each live peer at once (handState): memberlist's gossip of an
 // update alone can lose it for good. Its queue of news (memberlist v0.7.0's TransmitLimitedQueue,
 // hashicorp/memberlist#263, open) numbers its items afresh from 0 when it empties, also when
 // an item is replaced by a newer one (this replica's state by the update), and a later item
@@ -138,6 +146,19 @@ func (n *Node) advertise(ctx context.Context, ml *memberlist.Memberlist) {
 		case <-ctx.Done():
 			return
 		case <-n.readvertise:
+		}
+		// The metadata is read when the update is made (delegate.NodeMeta): every change made
+		// while this waits goes out with it, and their requests are taken back.
+		t := time.NewTimer(advertiseSettle)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		select {
+		case <-n.readvertise:
+		default:
 		}
 		n.advertised.Add(1)
 		// It only waits for the gossip to be sent; queued at once, the update goes with it all

@@ -423,3 +423,39 @@ func TestMismatchedPeerLeaves(t *testing.T) {
 		t.Errorf("a's line of b's departure, with its hashing:\n%s", logsA.String())
 	}
 }
+
+// TestReloadAdvertisesOnce: a reload that changes both the hashing and the policy (the router
+// sets one, then the other: app.advertisePolicy) advertises them in one metadata update, one
+// gossip round and one state exchange with each peer, not one for each. Before, the second
+// call found the first's advertisement begun and asked for another.
+func TestReloadAdvertisesOnce(t *testing.T) {
+	a := startReplica(t, "a", nil, nil)
+	b := startReplica(t, "b", []string{a.node.GossipAddr()}, nil)
+	a.node.SetHashing(hashA.fp)
+	a.node.SetPolicy(polA.name, polA.fp)
+	knows := func(pol, hash policyID) func() bool {
+		return func() bool {
+			for _, p := range b.node.Status().PeerPolicies {
+				if p.Name == "a" {
+					return p.Policy == pol.name && p.Fingerprint == pol.fp && p.Hashing == hash.fp
+				}
+			}
+			return false
+		}
+	}
+	waitFor(t, 10*time.Second, "b knowing a's policy and hashing", knows(polA, hashA))
+	for i, step := range []struct{ pol, hash policyID }{{polB, hashB}, {polC, hashA}, {polA, hashB}} {
+		before := a.node.advertised.Load()
+		a.node.SetHashing(step.hash.fp) // as a reload does
+		a.node.SetPolicy(step.pol.name, step.pol.fp)
+		waitFor(t, 5*time.Second, "b knowing a's new policy and hashing", knows(step.pol, step.hash))
+		// A second advertisement follows the first at once, if it comes.
+		deadline := time.Now().Add(300 * time.Millisecond)
+		for a.node.advertised.Load()-before < 2 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if k := a.node.advertised.Load() - before; k != 1 {
+			t.Errorf("reload %d: %d advertisements (metadata updates), want 1", i, k)
+		}
+	}
+}

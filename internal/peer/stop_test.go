@@ -355,3 +355,61 @@ func TestAdvertisedGossipPort(t *testing.T) {
 		return addr == gossip
 	})
 }
+
+// inboundHandlers counts the goroutines in memberlist's handler of an inbound stream.
+func inboundHandlers() int {
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) {
+			buf = buf[:k]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	return strings.Count(string(buf), "memberlist.(*Memberlist).handleConn(")
+}
+
+// TestStopEndsInboundExchanges: a replica stops while a peer's state exchange with it is in
+// flight and stalled (the peer sent the start of an encrypted push/pull and nothing more). Run
+// returns promptly with memberlist's handler of it ended. Before, the handler went on after
+// Run had returned, until memberlist's TCP timeout (2 s).
+func TestStopEndsInboundExchanges(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault_injection=%v", fault), func(t *testing.T) {
+			// Another test's, if any, end within memberlist's TCP timeout (2 s).
+			waitFor(t, 3*time.Second, "no inbound stream handled before the test", func() bool { return inboundHandlers() == 0 })
+			a := startReplica(t, "a", nil, func(c *Config) { c.FaultInjection = fault })
+			stalled, err := net.DialTimeout("tcp", a.node.GossipAddr(), 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stalled.Close()
+			// An encrypted message (type 10, memberlist's encryptMsg) of 256 bytes, 3 of them sent.
+			if _, err := stalled.Write([]byte{10, 0, 0, 1, 0, 1, 2, 3}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 5*time.Second, "a handling the stalled stream", func() bool { return inboundHandlers() == 1 })
+			start := time.Now()
+			a.stop()
+			took := time.Since(start)
+			// The handler's last step, its connection closed, may still be returning.
+			deadline := time.Now().Add(100 * time.Millisecond)
+			for inboundHandlers() > 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			left := inboundHandlers()
+			t.Logf("a's Run returned after %v; inbound handlers left: %d", took.Round(time.Millisecond), left)
+			if left > 0 {
+				t.Errorf("%d inbound stream handlers outlived Run", left)
+			}
+			if took > 500*time.Millisecond {
+				t.Errorf("a's Run returned %v after its context ended, want within 0.5 s", took)
+			}
+			_ = stalled.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := io.ReadAll(stalled); err != nil {
+				t.Errorf("the stalled peer's connection was not closed: %v", err)
+			}
+		})
+	}
+}
