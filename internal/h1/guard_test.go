@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,8 +280,14 @@ func TestBodyTimeout(t *testing.T) {
 func TestWriteStall(t *testing.T) {
 	const stall = 300 * time.Millisecond
 	handlerErr := make(chan error, 1)
+	const sized = 4 << 20
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
+		if r.URL.Path == "/sized" {
+			w.Header().Set("Content-Length", strconv.Itoa(sized))
+			_, _ = w.Write(make([]byte, sized))
+			return
+		}
 		if r.URL.Path == "/stream" {
 			for i := range 30 {
 				<-time.After(stall / 6)
@@ -328,8 +335,29 @@ func TestWriteStall(t *testing.T) {
 				}
 				_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 				_, err = io.Copy(io.Discard, c)
-				if errors.Is(err, os.ErrDeadlineExceeded) {
+				switch {
+				case errors.Is(err, os.ErrDeadlineExceeded):
 					t.Error("the connection was not closed")
+				case !isReset(err):
+					// Closed gracefully, the answer's unsent rest would wait in the server's
+					// kernel for a client that does not read (FIN-WAIT-1).
+					t.Errorf("reading after the stall: %v; want a reset (an abortive close)", err)
+				}
+			})
+			t.Run("close after the answer", func(t *testing.T) {
+				// A close that follows a whole answer stays graceful: all of the body, then EOF.
+				c, br := dialBuffered(t, srv.addr)
+				_, _ = io.WriteString(c, "GET /sized HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n, err := io.Copy(io.Discard, resp.Body)
+				if err != nil || n != sized {
+					t.Errorf("body: %d bytes, %v; want %d", n, err, sized)
+				}
+				if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+					t.Errorf("after the answer: %q, %v; want EOF (a graceful close)", rest, err)
 				}
 			})
 			t.Run("reader keeps up", func(t *testing.T) {

@@ -456,6 +456,9 @@ type tracked struct {
 	// client sent as it was taken, which is answered with Connection: close (evictLocked). It
 	// holds a lingering slot until it closes. Read by NetHTTP's guard, off the lock.
 	parting atomic.Bool
+	// tc is the connection when it is a TLS one (NetHTTP's guard makes its close abortive after
+	// a write stall: guardWriter.failed).
+	tc *tls.Conn
 }
 
 // add counts in a new connection, closing waiting ones to make room at limit (0: no bound),
@@ -471,7 +474,9 @@ func (t *connTable) add(c net.Conn, limit int, grace time.Duration) bool {
 			return false
 		}
 	}
-	t.conns[c] = &tracked{state: http.StateNew, since: time.Now().UnixNano()}
+	x := &tracked{state: http.StateNew, since: time.Now().UnixNano()}
+	x.tc, _ = c.(*tls.Conn)
+	t.conns[c] = x
 	t.open++
 	t.mu.Unlock()
 	closeEvicted(victims)

@@ -38,6 +38,11 @@ type limitedServer struct {
 	idle func(remote string) bool
 	// waiting is the number of body reads waiting for room in the budget.
 	waiting func() int
+	// open reports whether the server still has the connection from the client address
+	// remote: it forgets one after closing it.
+	open func(remote string) bool
+	// lingering is the number of lingering slots taken (refusals, connections parted from).
+	lingering func() int32
 }
 
 // limitedServers serves h with Server and with NetHTTP, both set to lim.
@@ -66,6 +71,8 @@ func limitedServers(t *testing.T, lim limits, h http.Handler) []limitedServer {
 		},
 	}
 	hs.waiting = func() int { return waiting(s.budget)() }
+	hs.open = func(remote string) bool { return s.connOf(remote) != nil }
+	hs.lingering = s.refusals.lingering.Load
 	ns := limitedServer{name: "net/http", addr: startNetHTTP(t, n, h), stats: n.Stats,
 		idle: func(remote string) bool {
 			n.table.mu.Lock()
@@ -79,6 +86,8 @@ func limitedServers(t *testing.T, lim limits, h http.Handler) []limitedServer {
 		},
 	}
 	ns.waiting = func() int { return waiting(n.budget)() }
+	ns.open = func(remote string) bool { return n.connOf(remote) != nil }
+	ns.lingering = n.refusals.lingering.Load
 	return []limitedServer{hs, ns}
 }
 

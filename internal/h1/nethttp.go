@@ -210,7 +210,12 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		next = http.DefaultServeMux
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if x, ok := r.Context().Value(trackedKey{}).(*tracked); ok && x.parting.Load() {
+		if isH2Preface(r) {
+			hijackRefuseHTTP2(w)
+			return
+		}
+		x, _ := r.Context().Value(trackedKey{}).(*tracked)
+		if x != nil && x.parting.Load() {
 			// The connection was parted from to make room as this request came: its last.
 			w.Header().Set("Connection", "close")
 		}
@@ -229,6 +234,9 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		}
 		gw := &guardWriter{ResponseWriter: w, ctl: http.NewResponseController(w), stall: s.WriteStallTimeout,
 			close401: s.CloseUnauthorized, noKeepAlive: &s.noKeepAlive}
+		if x != nil {
+			gw.tc = x.tc
+		}
 		if wt := s.Server.WriteTimeout; wt > 0 {
 			gw.cap = time.Now().Add(wt)
 		}
@@ -246,6 +254,19 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		next.ServeHTTP(gw, r)
 		gw.decide() // nothing written: Go's server writes the head after the handler returns
 	})
+}
+
+// hijackRefuseHTTP2 answers HTTP/2's preface as Server does (h2Refusal). Go's server hands the
+// preface to the handler as a request (for a handler's own h2c upgrade) unless its Protocols
+// serve unencrypted HTTP/2, and would otherwise close the connection after whatever the
+// handler answers in HTTP/1.1, which an HTTP/2 client cannot read.
+func hijackRefuseHTTP2(w http.ResponseWriter) {
+	nc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return // Go's server closes the connection after this request (Request.Close)
+	}
+	defer nc.Close()
+	refuseHTTP2(nc, brw.Reader)
 }
 
 // refuse answers a request that must not be served, and closes its connection.
@@ -400,11 +421,14 @@ type guardWriter struct {
 	cap      time.Time     // the server's whole-response deadline; zero: none
 	armed    time.Time
 	close401 bool // CloseUnauthorized
+	head     bool // see noKeepAlive (next to close401: the struct stays within 112 bytes)
 	// noKeepAlive is the server's SetKeepAlivesEnabled(false), read when the head goes out
 	// (head: it has), not when the request came: a request in flight when the shutdown began
 	// answers after it.
 	noKeepAlive *atomic.Bool
-	head        bool
+	// tc is the request's TLS connection (nil: a plain one, whose framedConn sees its write
+	// timeouts itself), made abortive by a write past its deadline.
+	tc *tls.Conn
 }
 
 // WriteHeader ends the connection after a 401 (CloseUnauthorized), or after any answer once
@@ -452,7 +476,22 @@ func (w *guardWriter) arm() {
 func (w *guardWriter) Write(p []byte) (int, error) {
 	w.decide()
 	w.arm()
-	return w.ResponseWriter.Write(p)
+	n, err := w.ResponseWriter.Write(p)
+	if err != nil {
+		w.failed(err)
+	}
+	return n, err
+}
+
+// failed makes a TLS connection's close abortive (setAbortive) when a write ran past its
+// deadline, as framedConn.Write does a plain one's. It sees the stalls in the handler's flushes
+// (a stream's events), not those in its writes, where Go's server closes the connection before
+// it returns the error, nor one in the last flush after the handler returned: those TLS
+// connections still close gracefully.
+func (w *guardWriter) failed(err error) {
+	if w.tc != nil && isTimeout(err) {
+		setAbortive(w.tc)
+	}
 }
 
 // Flush sends what is buffered (SSE events go out at once).
@@ -462,7 +501,11 @@ func (w *guardWriter) Flush() { _ = w.FlushError() }
 func (w *guardWriter) FlushError() error {
 	w.decide()
 	w.arm()
-	return w.ctl.Flush()
+	err := w.ctl.Flush()
+	if err != nil {
+		w.failed(err)
+	}
+	return err
 }
 
 // Unwrap lets http.ResponseController reach the server's writer.
@@ -515,16 +558,37 @@ type framedConn struct {
 }
 
 func (c *framedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.f.feed(p[:n])
-		if c.f.begun != c.shown {
-			c.shown = c.f.begun
-			c.heads.Store(c.shown)
+	for {
+		n, err := c.Conn.Read(p)
+		if n > 0 {
+			n = c.f.feed(p[:n])
+			if c.f.begun != c.shown {
+				c.shown = c.f.begun
+				c.heads.Store(c.shown)
+			}
 		}
+		// A read whose bytes were all dropped (empty lines before a request) reads on: one
+		// that returns nothing would end a background read of Go's server's, unwatched.
+		if n > 0 || err != nil || len(p) == 0 {
+			return n, err
+		}
+	}
+}
+
+// Write is the connection's: one that ran past its deadline (the stall bound, WriteTimeout)
+// makes the connection's close abortive (setAbortive), whichever of Go's server's writes it was
+// (the handler's, or the final flush after it returned). Go's server takes no other request on
+// a connection whose write failed.
+func (c *framedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil && isTimeout(err) {
+		setAbortive(c.Conn)
 	}
 	return n, err
 }
+
+// NetConn returns the connection under the framing (setAbortive).
+func (c *framedConn) NetConn() net.Conn { return c.Conn }
 
 // CloseWrite lets Go's server half-close the connection, as it does before closing one whose
 // client may still be sending.
@@ -550,7 +614,11 @@ type framer struct {
 	// begun counts the heads whose first byte was read; inHead: the scan is in such a head.
 	begun  int64
 	inHead bool
-	bad    atomic.Pointer[badHead]
+	// empty counts the empty lines dropped before the next head (skipEmpty); emptyCR: the
+	// last byte dropped was a CR, whose LF is to come.
+	empty   uint8
+	emptyCR bool
+	bad     atomic.Pointer[badHead]
 }
 
 // badHead is a request to refuse: the index-th on its connection, from 0.
@@ -571,21 +639,35 @@ const (
 	frLost             // no longer following
 )
 
-func (f *framer) feed(p []byte) {
-	for len(p) > 0 {
+// feed reads p, the next bytes Go's server reads from the connection, and returns how many of
+// them it keeps, moved to p's start: all but the empty lines before a request line, which it
+// drops (skipEmpty), so that Go's server, which tolerates a few bytes of them only after a
+// POST, never sees them.
+func (f *framer) feed(p []byte) int {
+	w, i := 0, 0 // p[:w] is kept, p[i:] still to read
+	for i < len(p) {
+		q := p[i:]
+		k := len(q) // the bytes this step reads, kept: all of them unless it says less
 		switch f.st {
 		case frHead:
 			if !f.inHead {
+				if f.skipEmpty(q[0]) {
+					i++
+					continue
+				}
+				if f.st != frHead {
+					continue // lost: the rest is kept as it comes
+				}
 				f.inHead = true
 				f.begun++
 			}
-			p = p[f.head.scan(p):]
+			k = f.head.scan(q)
 			if f.head.done() {
 				f.endHead()
 			}
 		case frBody, frChunkData:
-			k := min(uint64(len(p)), f.left)
-			p, f.left = p[k:], f.left-k
+			n := min(uint64(len(q)), f.left)
+			k, f.left = int(n), f.left-n
 			switch {
 			case f.left > 0:
 			case f.st == frBody:
@@ -594,27 +676,27 @@ func (f *framer) feed(p []byte) {
 				f.st, f.crlf = frChunkEnd, 0
 			}
 		case frChunkSize:
-			v := unhex(p[0])
+			v := unhex(q[0])
 			if v < 0 {
 				if f.digits == 0 {
 					f.lose(f.heads) // Go refuses an empty chunk size
-					return
+					break
 				}
-				f.st = frChunkLine
-				continue
+				f.st, k = frChunkLine, 0
+				break
 			}
 			if f.digits++; f.digits > 16 {
 				f.lose(f.heads) // too large: Go refuses it
-				return
+				break
 			}
 			f.left = f.left<<4 | uint64(v)
-			p = p[1:]
+			k = 1
 		case frChunkLine:
-			j := bytes.IndexByte(p, '\n')
+			j := bytes.IndexByte(q, '\n')
 			if j < 0 {
-				return
+				break
 			}
-			p = p[j+1:]
+			k = j + 1
 			if f.left == 0 {
 				f.head.reset(true)
 				f.st = frTrailer
@@ -622,24 +704,65 @@ func (f *framer) feed(p []byte) {
 				f.st = frChunkData
 			}
 		case frChunkEnd:
-			if p[0] != "\r\n"[f.crlf] {
+			if q[0] != "\r\n"[f.crlf] {
 				f.lose(f.heads) // Go refuses the chunk
-				return
+				break
 			}
-			p = p[1:]
+			k = 1
 			if f.crlf++; f.crlf == 2 {
 				f.st, f.left, f.digits = frChunkSize, 0, 0
 			}
 		case frTrailer:
-			p = p[f.head.scan(p):]
+			k = f.head.scan(q)
 			if f.head.done() {
 				f.nextHead()
 			}
-		default:
-			return
 		}
+		if w != i {
+			copy(p[w:], q[:k])
+		}
+		w, i = w+k, i+k
 	}
+	return w
 }
+
+// maxEmptyLines is how many empty lines before a request line are ignored. RFC 9112 section
+// 2.2: a server SHOULD ignore at least one (some clients send a CRLF after a POST's body); a
+// few more cost nothing, and more than a few are no client's.
+const maxEmptyLines = 4
+
+// skipEmpty reads b, a byte before a request line's first, and reports whether it is to be
+// dropped: part of one of the first maxEmptyLines empty lines (CRLF, or a bare LF), as Server
+// drops them (skipEmptyLines). Past them, or after a CR that no LF follows (the CR dropped
+// already), it stops following: the request that comes is refused, as Server refuses it.
+func (f *framer) skipEmpty(b byte) bool {
+	if f.emptyCR {
+		f.emptyCR = false
+		if b == '\n' {
+			f.empty++
+			return true
+		}
+		f.lose(f.heads)
+		return false
+	}
+	if b != '\r' && b != '\n' {
+		return false
+	}
+	if f.empty >= maxEmptyLines {
+		f.st = frLost
+		f.bad.CompareAndSwap(nil, &badHead{index: f.heads, why: tooManyEmptyLines})
+		return false
+	}
+	if b == '\r' {
+		f.emptyCR = true
+	} else {
+		f.empty++
+	}
+	return true
+}
+
+// tooManyEmptyLines says why a request after more than maxEmptyLines empty lines is refused.
+const tooManyEmptyLines = "more than 4 empty lines before the request line"
 
 // endHead checks the head just read and moves on to its body.
 func (f *framer) endHead() {
@@ -678,6 +801,7 @@ func (f *framer) nextHead() {
 	f.head.reset(false)
 	f.st = frHead
 	f.inHead = false
+	f.empty, f.emptyCR = 0, false
 }
 
 func unhex(b byte) int {

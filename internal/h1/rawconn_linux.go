@@ -264,6 +264,7 @@ func (c *rawConn) RemoteAddr() net.Addr               { return c.tc.RemoteAddr()
 func (c *rawConn) SetDeadline(t time.Time) error      { return c.tc.SetDeadline(t) }
 func (c *rawConn) SetReadDeadline(t time.Time) error  { return c.tc.SetReadDeadline(t) }
 func (c *rawConn) SetWriteDeadline(t time.Time) error { return c.tc.SetWriteDeadline(t) }
+func (c *rawConn) SetLinger(sec int) error            { return c.tc.SetLinger(sec) }
 func (c *rawConn) SyscallConn() (syscall.RawConn, error) {
 	return c.rc, nil
 }

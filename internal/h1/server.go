@@ -139,7 +139,8 @@ type Server struct {
 	ErrorLog *log.Logger
 	// HTTP2, when set, receives the connections that open with HTTP/2's client preface (h2c
 	// with prior knowledge): the server hands each over, the preface included, and serves it no
-	// more. Without it such a connection gets 505. It is called on the connection's goroutine
+	// more. Without it such a connection gets HTTP/2's refusal, a GOAWAY with HTTP_1_1_REQUIRED
+	// (then its close), which HTTP/2 clients report. It is called on the connection's goroutine
 	// and must not block: it should pass the connection on (to a listener whose Accept is
 	// waiting) and return. Until it returns, the connection is still this server's, reading
 	// its first request's head (the preface): ReadHeaderTimeout, from the accept, may close
@@ -514,9 +515,10 @@ func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 		st := c.state.Load()
 		if w := c.writeSince.Load(); stall > 0 && w != 0 && now-w > stall && st != stateDetached {
 			// The client stopped reading. The write under way fails once the connection is
-			// closed; should it end first, serve sees expired and takes no other request.
+			// closed; should it end first, serve sees expired and takes no other request. The
+			// close is abortive: what the kernel holds for a client that does not read goes.
 			c.expired.Store(true)
-			expired = append(expired, c.rwc)
+			expired = append(expired, abortive{c.rwc})
 			continue
 		}
 		age := now - c.since.Load()
@@ -558,6 +560,44 @@ func closeConns(cs []net.Conn) {
 	for _, c := range cs {
 		_ = c.Close()
 	}
+}
+
+// setAbortive makes the close of nc, whoever closes it, abortive: SO_LINGER 0 on the TCP
+// connection under nc (through this package's wrappers and TLS), so that the close sends a
+// reset and drops what the kernel still holds to send, rather than a FIN queued behind it. It is
+// for a connection closed because its client stopped reading (a write stalled past its bound):
+// closed gracefully, its unsent bytes stay in the kernel, the socket orphaned in FIN-WAIT-1,
+// until the client reads them or goes away (20 never-read streams held 81 MB), and what they
+// are is the truncated answer to a request that failed. It returns the connection under nc
+// whose linger it set, nil when it found none (then the close stays graceful).
+func setAbortive(nc net.Conn) net.Conn {
+	for range 4 { // the wrappers: framedConn, TLS, rawConn
+		switch c := nc.(type) {
+		case interface{ SetLinger(sec int) error }:
+			if c.SetLinger(0) != nil {
+				return nil
+			}
+			return nc
+		case interface{ NetConn() net.Conn }:
+			nc = c.NetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// abortive is a connection that the janitor closes because a write to it stalled: its Close
+// is abortive (setAbortive). Over TLS it closes the TCP connection under it without the
+// close_notify that crypto/tls would send first: a client that does not read would hold it
+// for the 5 s of that write's deadline, for nothing.
+type abortive struct{ net.Conn }
+
+func (a abortive) Close() error {
+	if tc := setAbortive(a.Conn); tc != nil {
+		return tc.Close()
+	}
+	return a.Conn.Close()
 }
 
 // janitorClock is the running janitor's timer, and the long sleep of a quiet janitor.
@@ -951,6 +991,11 @@ func (c *srvConn) serve() {
 			cancel()
 		}
 		if !c.detached {
+			if isTimeout(c.werr) {
+				// A write ran past WriteTimeout: the client stopped reading, or reads too
+				// slowly for the answer to end in time (abortive).
+				_ = abortive{c.rwc}.Close()
+			}
 			_ = c.rwc.Close()
 			c.br.Reset(nil)
 			readerPool.Put(c.br)
@@ -1032,6 +1077,82 @@ func (c *srvConn) handOffHTTP2() bool {
 	return true
 }
 
+// isH2Preface reports whether req is the start of HTTP/2's client preface ("PRI * HTTP/2.0"
+// and an empty head, as http.ReadRequest reads it): a client that speaks HTTP/2 with prior
+// knowledge (curl --http2-prior-knowledge, a gRPC client sent to this port).
+func isH2Preface(req *http.Request) bool {
+	return req.ProtoMajor == 2 && req.ProtoMinor == 0 && req.Method == "PRI" && req.RequestURI == "*"
+}
+
+// h2Refusal is what a client that opened with HTTP/2's preface gets when no HTTP/2 server takes
+// its connection: the server's preface (a SETTINGS frame, empty: the defaults) and a GOAWAY
+// that refuses every stream (last stream 0) with HTTP_1_1_REQUIRED and says why. An HTTP/2
+// client reports that error, where an HTTP/1.1 answer is bytes it cannot parse (curl: "Empty
+// reply from server"). They are two fixed frames, 9-byte headers (RFC 9113 section 4.1) and
+// GOAWAY's 8-byte payload before its text, written out here rather than through
+// golang.org/x/net/http2's Framer: go.mod has x/net only as another module's dependency, and
+// the whole of its http2 package would serve two constant byte strings.
+var h2Refusal = h2GoAway(0xd, "HTTP/1.1 required: HTTP/2 with prior knowledge is not served here")
+
+// h2GoAway returns an empty SETTINGS frame followed by a GOAWAY frame with code and debug.
+func h2GoAway(code uint32, debug string) []byte {
+	const (
+		frameSettings = 0x4
+		frameGoAway   = 0x7
+	)
+	b := []byte{0, 0, 0, frameSettings, 0, 0, 0, 0, 0}
+	n := 8 + len(debug)
+	b = append(b, byte(n>>16), byte(n>>8), byte(n), frameGoAway, 0, 0, 0, 0, 0)
+	b = append(b, 0, 0, 0, 0) // the last stream processed: none
+	b = append(b, byte(code>>24), byte(code>>16), byte(code>>8), byte(code))
+	return append(b, debug...)
+}
+
+// refuseHTTP2 answers HTTP/2's preface on nc with h2Refusal once the client's first request
+// is in (awaitH2Request), and ends the connection gracefully (closeWriteAndDrain): the client
+// reads the GOAWAY rather than a reset. r holds what was read past the preface's first line.
+// The caller closes nc then.
+func refuseHTTP2(nc net.Conn, r *bufio.Reader) {
+	awaitH2Request(nc, r)
+	_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := nc.Write(h2Refusal); err == nil {
+		closeWriteAndDrain(nc)
+	}
+}
+
+// h2RequestWait bounds awaitH2Request's wait.
+const h2RequestWait = 200 * time.Millisecond
+
+// awaitH2Request reads what follows the preface's first line (its "SM" end, then frames) until
+// the client's first HEADERS frame, its first request, for up to h2RequestWait, 16 frames or
+// 64 KiB of frame payload. A GOAWAY that comes before the client has opened a stream does not
+// fail the request: Go's client, for one, then reports a connection "could not be
+// established", or takes the connection for one to retry elsewhere (up to 6 times, over a
+// minute of backoff); with the stream open, it fails the request with the GOAWAY's code. A
+// client sends its request with its preface or right after it, so the wait is short.
+func awaitH2Request(nc net.Conn, r *bufio.Reader) {
+	_ = nc.SetReadDeadline(time.Now().Add(h2RequestWait))
+	const end = "SM\r\n\r\n" // the preface's after its first line and empty head
+	if b, err := r.Peek(len(end)); err != nil || string(b) != end {
+		return
+	}
+	_, _ = r.Discard(len(end))
+	budget := 64 << 10
+	for range 16 {
+		h, err := r.Peek(9)
+		if err != nil || h[3] == 0x1 { // HEADERS
+			return
+		}
+		n := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+		if budget -= n; budget < 0 {
+			return
+		}
+		if _, err := r.Discard(9 + n); err != nil {
+			return
+		}
+	}
+}
+
 // replayConn is a connection whose first bytes were read already: Read returns them first.
 type replayConn struct {
 	net.Conn
@@ -1056,15 +1177,23 @@ func (c *srvConn) serveOne() bool {
 		limit = http.DefaultMaxHeaderBytes
 	}
 	c.cr.remain = int64(limit) + 4096 // what bufio may read past the head, as net/http allows
-	// The head's check sees what is buffered already (the start of this request), then what
-	// is read until the head ends.
-	c.scan.reset(false)
-	c.scanning = true
-	if n := c.br.Buffered(); n > 0 {
-		b, _ := c.br.Peek(n)
-		c.scanHead(b)
+	empty, err := skipEmptyLines(c.br)
+	var req *http.Request
+	if err == nil {
+		if empty > maxEmptyLines {
+			c.protocolError(http.StatusBadRequest, "malformed request: "+tooManyEmptyLines)
+			return false
+		}
+		// The head's check sees what is buffered already (the start of this request), then
+		// what is read until the head ends.
+		c.scan.reset(false)
+		c.scanning = true
+		if n := c.br.Buffered(); n > 0 {
+			b, _ := c.br.Peek(n)
+			c.scanHead(b)
+		}
+		req, err = http.ReadRequest(c.br)
 	}
-	req, err := http.ReadRequest(c.br)
 	atLimit := c.cr.remain <= 0
 	c.cr.remain = unbounded
 	c.scanning = false
@@ -1096,6 +1225,10 @@ func (c *srvConn) serveOne() bool {
 		s.headHook()
 	}
 	if req.ProtoMajor != 1 {
+		if isH2Preface(req) {
+			refuseHTTP2(c.rwc, c.br) // nothing is buffered to write: the last answer was flushed
+			return false
+		}
 		c.protocolError(http.StatusHTTPVersionNotSupported, "HTTP/1.0 and HTTP/1.1 only")
 		return false
 	}
@@ -1194,6 +1327,29 @@ func (c *srvConn) serveOne() bool {
 		}
 	}
 	return true
+}
+
+// skipEmptyLines drops the empty lines (CRLF, or a bare LF) before a request line, as many as
+// maxEmptyLines, and returns how many it found: maxEmptyLines+1 when there are more (it drops
+// no more of them then). A CR that no LF follows is left to the parser, which refuses it.
+func skipEmptyLines(br *bufio.Reader) (int, error) {
+	for n := 0; ; n++ {
+		b, err := br.Peek(1)
+		if err != nil || b[0] != '\r' && b[0] != '\n' {
+			return n, err
+		}
+		k := 1
+		if b[0] == '\r' {
+			if b, err = br.Peek(2); err != nil || b[1] != '\n' {
+				return n, err
+			}
+			k = 2
+		}
+		if n == maxEmptyLines {
+			return n + 1, nil
+		}
+		_, _ = br.Discard(k)
+	}
 }
 
 // activate moves the connection to stateActive once a request's head is read (its since was

@@ -224,7 +224,7 @@ func TestProtocolErrors(t *testing.T) {
 		{"no host", "GET / HTTP/1.1\r\n\r\n", 400, "missing required Host header"},
 		{"bad host", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "malformed Host header"},
 		{"head too large", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431, "request head too large"},
-		{"HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, "HTTP/1.0 and HTTP/1.1 only"},
+		{"HTTP/2 request line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/1.0 and HTTP/1.1 only"}, // HTTP/2's preface: h2c_test.go
 		{"two lengths", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n12", 400, "malformed request"},
 		{"odd expectation", "POST / HTTP/1.1\r\nHost: x\r\nExpect: coffee\r\nContent-Length: 1\r\n\r\n1", 417, "unsupported Expect header"},
 	} {
