@@ -35,11 +35,14 @@ type heldBody struct {
 const pooledBody = bodyStart
 
 // bodyClasses are the pools of body buffers: class k holds buffers of 1 << (k + minClass)
-// bytes, from 128 KiB to 4 MiB: request bodies take the classes up to the smallest that holds
-// exactBody + 1 (TestBodyClasses), whole answers (answerBuf) all of them, up to maxCapture.
+// bytes, from 128 KiB to 16 MiB: request bodies take the classes up to the smallest that holds
+// exactBody + 1 as they are read (TestBodyClasses), and longer ones, up to 16 MiB (the default
+// limits.max_body_bytes), once read (readBodyHeld); whole answers (answerBuf) take those up to
+// maxCapture. A 15 MiB prompt's body, allocated anew for each request, was a third of what
+// the request allocated (BenchmarkHandlerHugePrompt).
 const (
 	minClass   = 17
-	numClasses = 6
+	numClasses = 8
 )
 
 var bodyClasses [numClasses]sync.Pool

@@ -618,12 +618,19 @@ func eventsIn(body []byte) bool {
 
 // takeEvents reads the events of a stream that came whole (takeBody) as they would have been
 // read passing (takeEvent): usage, content events, the terminator. A part of an event at the
-// end is not read, as in a stream.
+// end is not read, as in a stream. An event that is no event of the API (Malformed) makes the
+// answer a bad one (badAnswer, error_type stream_bad_event): it was relayed before it could be
+// seen, but it is not counted as served.
 func (c *call) takeEvents(body []byte) {
 	r := openai.NewSSEReader(bytes.NewReader(body), maxEvent)
 	for {
 		ev, err := r.Next()
 		if err != nil || cutInside(ev) {
+			return
+		}
+		if ev.Malformed() {
+			c.badAnswer = true
+			c.errType, c.errCode = "stream_bad_event", codeBadAnswer
 			return
 		}
 		c.takeEvent(ev)

@@ -12,11 +12,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/internal/endpoint"
 	"github.com/kvroute/kvroute/internal/h1"
@@ -185,6 +187,8 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 				errStalled, stall.w.After())
 		case isDialError(err):
 			return nil, route.FailConnect, err
+		case errors.Is(err, errBadStream):
+			return nil, route.FailStatus, err // the engine failed the request, as with a 502
 		}
 		return nil, route.FailLost, err
 	}
@@ -247,6 +251,16 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 			ProtoMajor: resp.ProtoMajor, ProtoMinor: resp.ProtoMinor, Request: resp.Request,
 			Header: http.Header{"Content-Type": {"application/json"}}, ContentLength: int64(len(b)),
 			Body: io.NopCloser(bytes.NewReader(b))}, route.FailUnavailable, nil
+	}
+	if resp.StatusCode < 400 && isEventStream(resp.Header.Get("Content-Type")) && !c.stream {
+		// A stream to a request that asked for one JSON object: no client of that request can
+		// read it (the OpenAI SDKs parse the body as JSON). The engine failed the request, as
+		// with a 502: the next endpoint is tried once (route.Failure.RetryableOnce), else the
+		// client gets a 502 upstream_bad_answer (proxyError). Its connection is closed, so
+		// that it stops generating.
+		resp.Body.Close()
+		return failed(fmt.Errorf("%w: it answered a request not streamed with a stream (Content-Type %s)",
+			errBadStream, logCut1(resp.Header.Get("Content-Type"), 64)))
 	}
 	if resp.StatusCode < 400 && isEventStream(resp.Header.Get("Content-Type")) {
 		st := sseStates.Get().(*sseState)
@@ -618,11 +632,15 @@ type sseBody struct {
 // client has had nothing yet, not even the head, so they would keep nothing alive).
 func (s *sseBody) first() error {
 	ev, err := s.r.Next()
-	for err == nil && ev.Empty() && !ev.Cut {
+	for err == nil && ev.Empty() && !ev.Cut && !ev.Malformed() {
 		ev, err = s.r.Next()
 	}
 	if err == nil && cutInside(ev) {
 		err = io.ErrUnexpectedEOF
+	}
+	if err == nil && ev.Malformed() {
+		// Nothing went out yet: the attempt fails, as an answer that is no HTTP does.
+		err = fmt.Errorf("%w: its first event is %s", errBadStream, malformedWhat(ev))
 	}
 	if err != nil {
 		return err
@@ -697,6 +715,10 @@ func cutInside(ev openai.Event) bool {
 // did not ask for) or the usage member the router asked for on its behalf (takeEvent), and
 // notes whether it is progress (anything but a comment).
 func (s *sseBody) take(ev openai.Event) {
+	if ev.Malformed() {
+		s.badEvent(ev) // not passed on
+		return
+	}
 	if !ev.Empty() {
 		s.progress = true
 	}
@@ -802,6 +824,52 @@ func (s *sseBody) cutShort(err error) {
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
 	s.queue(b.Bytes()) // after the events that came before the cut
+}
+
+// errBadStream ends an attempt whose engine's answer is no API stream: an event that is not
+// one (openai.Event.Malformed), or a stream sent to a request that asked for none.
+var errBadStream = errors.New("the engine's answer is not one of the API")
+
+// malformedWhat says what is wrong with a malformed event, for the logs and the client.
+func malformedWhat(ev openai.Event) string {
+	switch {
+	case ev.Foreign:
+		return "a line that is no event-stream field"
+	case bytes.IndexByte(ev.Raw, 0) >= 0:
+		return "bytes with a NUL"
+	case !utf8.Valid(ev.Raw):
+		return "bytes that are not UTF-8"
+	}
+	return "data that is not a JSON object"
+}
+
+// badEvent ends a stream whose engine sent an event that is no event of the API (Malformed:
+// "data: {not json", bytes that are no event stream, NULs, invalid UTF-8) after the client had
+// the head: the event is not passed on, the client gets an SSE error event after the events
+// before it (the stream can only be ended), the attempt is cancelled (the engine's connection
+// closed), and the call is settled as a stream the engine cut (502, error_type
+// stream_bad_event, error_code upstream_bad_answer; a failure of the endpoint). What comes
+// after it, a [DONE] included, is not read: the answer is not whole.
+func (s *sseBody) badEvent(ev openai.Event) {
+	what := malformedWhat(ev)
+	s.c.cut = true
+	s.c.errType, s.c.errCode = "stream_bad_event", codeBadAnswer
+	name := ""
+	if ep := s.c.rc.Endpoint(); ep != nil {
+		name = ep.Name
+	}
+	s.c.h.Logger.Warn("stream cut: the engine sent an event that is no event of the API, counted as a failure of the endpoint",
+		"request_id", s.c.rid, "endpoint", name, "event", what)
+	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", codeBadAnswer,
+		"the engine sent "+what+" in its stream, which is no event of the API: the stream was cut there (request id "+s.c.rid+")")
+	var b bytes.Buffer
+	_ = openai.WriteEvent(&b, "error", e.Body())
+	s.queue(b.Bytes())
+	s.err = io.EOF
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.cancel(errBadStream)
 }
 
 // overrun ends a stream whose engine sent more content events than the request's max_tokens
@@ -1018,6 +1086,13 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		// The engine ignored max_tokens and its answer was cut (call.overrun): its fault, as a
 		// bad answer is.
 		return http.StatusBadGateway
+	case c.badAnswer && c.stream && w.err == nil && r.Context().Err() == nil:
+		// A stream under another Content-Type, relayed as it came, whose bytes were no API
+		// stream (takeBody): the engine's fault, as a bad event in a stream is (badEvent).
+		if c.errType == "" {
+			c.errType, c.errCode = openai.TypeUpstream, codeBadAnswer
+		}
+		return http.StatusBadGateway
 	case c.streamErr && w.err == nil && r.Context().Err() == nil:
 		// The client has the engine's error event (after a 200 head): a failure of the engine,
 		// as a cut stream is.
@@ -1034,6 +1109,12 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		c.errType, c.errCode = openai.TypeUnavailable, codeShuttingDown
 		return http.StatusServiceUnavailable
 	case w.err != nil || r.Context().Err() != nil:
+		if writeStalled(w.err) && !shuttingDown(r.Context()) {
+			// Not the client's hanging up: it stopped reading, and the server cut it after
+			// server.write_stall_timeout (or server.write_timeout ran out in a write). Said,
+			// so that a client that stalls its streams is told from one that leaves.
+			c.errType = errWriteStall
+		}
 		return 499
 	case c.cut:
 		if c.errType == "" {
@@ -1045,6 +1126,21 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		return http.StatusBadGateway
 	}
 	return status
+}
+
+// errWriteStall is the access line's error_type of a request whose client stopped reading its
+// answer, cut by the API server's write stall bound, or whose write_timeout ran out in a write
+// (a 499).
+const errWriteStall = "client_write_stall"
+
+// writeStalled reports whether err, the first error writing the answer to the client, is the
+// API server's cut of a client that stopped reading: a write deadline that fired (net/http's
+// WriteTimeout, h1.NetHTTP's WriteStallTimeout: os.ErrDeadlineExceeded), or the connection
+// closed under the write by h1.Server, whose WriteStallTimeout closes it (net.ErrClosed: the
+// only close of a connection with a request in flight but the server's own Close, at
+// shutdown). A client that hangs up resets the connection (ECONNRESET, EPIPE) instead.
+func writeStalled(err error) bool {
+	return err != nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, net.ErrClosed))
 }
 
 // failure is what the answer's status says of the endpoint that gave it (nothing when the

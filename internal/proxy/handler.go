@@ -589,8 +589,9 @@ func readBody(r *http.Request, limit int64) ([]byte, *openai.Error) {
 }
 
 // readBodyHeld is readBody; with pool, a body announced at least pooledBody long (and at most
-// exactBody) is read into a pooled buffer, which held (not nil then) returns to the pool once
-// its holders are done with it (see heldBody).
+// exactBody) is read into a pooled buffer, and a longer one (or one of unknown length) of at
+// least pooledBody and at most maxClassBuf bytes is joined into one; held (not nil then)
+// returns it to the pool once its holders are done with it (see heldBody).
 func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *heldBody, oe *openai.Error) {
 	tooLarge := func() *openai.Error {
 		return openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "", "request_too_large",
@@ -654,14 +655,23 @@ func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *h
 			if full == nil && (cap(buf) != bodyStart || held != nil) {
 				return buf, held, nil
 			}
-			// One allocation of the exact size; bytes.Join does not clear what it will copy over.
-			body := bytes.Join(append(full, buf), nil)
 			full = append(full, buf)
 			if held != nil { // a body longer than announced (the server stops it first)
 				held.release()
 				held = nil
 			}
-			return body, nil, nil
+			if pool && total >= pooledBody && total <= maxClassBuf {
+				// Joined into a pooled buffer of its size's class, taken now that the size is
+				// known: a huge prompt's body (15 MiB) is not allocated anew for each request.
+				held = newHeldBody(int(total))
+				body := (*held.buf)[:0]
+				for _, c := range full {
+					body = append(body, c...)
+				}
+				return body, held, nil
+			}
+			// One allocation of the exact size; bytes.Join does not clear what it will copy over.
+			return bytes.Join(full, nil), nil, nil
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) { // the API server's body timeout
 			return nil, held, openai.NewError(http.StatusRequestTimeout, openai.TypeInvalidRequest, "", "request_timeout",
@@ -809,6 +819,12 @@ func (h *Handler) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	case c != nil && c.rc != nil && c.rc.TimedOut():
 		status, code = http.StatusGatewayTimeout, "upstream_timeout"
 		msg = "no endpoint answered in time after " + strconv.Itoa(attempts) + " attempt(s)"
+	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailStatus && errors.Is(err, errBadStream):
+		// The engine answered with something no client of the request can read (a stream that
+		// is no API stream, or a stream to a request not streamed: Handler.attempt), before
+		// any of it went out.
+		code = codeBadAnswer
+		msg = err.Error() + ", after " + strconv.Itoa(attempts) + " attempt(s); after such a failure a request is sent to another engine once at most"
 	case c != nil && c.rc != nil && c.rc.LastFailure() == route.FailLost:
 		code = "upstream_connection_lost"
 		msg = "the engine's connection broke after it received the request, before a valid answer (closed, or an answer that is not HTTP), after " + strconv.Itoa(attempts) + " attempt(s); after such a failure a request is sent to another engine once at most (it may be what broke the engine)"

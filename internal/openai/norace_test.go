@@ -1,0 +1,6 @@
+//go:build !race
+
+package openai
+
+// raceEnabled: built with the race detector (see race_test.go).
+const raceEnabled = false
