@@ -543,3 +543,35 @@ func TestBenchStopsWhenEveryRequestIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// The header says what set the arrivals: a speed-up only where one applied. Before, a run
+// paced by --rate or --concurrency said "speed-up 1", which nothing had applied.
+func TestBenchHeaderSaysPacing(t *testing.T) {
+	checkLeaks(t)
+	srv, _ := fakeStream(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--speedup", "4"}, ", speed-up 4, seed 1"},
+		{nil, ", speed-up 1, seed 1"},
+		{[]string{"--rate", "500"}, ", rate 500 req/s, Poisson arrivals, seed 1"},
+		{[]string{"--rate", "500", "--arrival", "constant"}, ", rate 500 req/s, evenly spaced, seed 1"},
+		{[]string{"--concurrency", "2"}, ", closed loop, 2 in flight, seed 1"},
+	}
+	for _, tt := range tests {
+		args := append([]string{"--target", srv.URL, "--workload", "prefix-repetition:n=4,rate=200", "--quiet"}, tt.args...)
+		code, out, errOut := runVerb("bench", args...)
+		header, _, _ := strings.Cut(out, "\n")
+		if code != 0 || !strings.HasPrefix(header, "workload prefix-repetition:n=4,rate=200: 4 requests, 1 x "+srv.URL+tt.want) {
+			t.Errorf("%v: exit %d (%s), header %q; want it to end with %q", tt.args, code, errOut, header, tt.want)
+		}
+	}
+	code, out, errOut := runVerb("bench", "--target", srv.URL, "--workload", "prefix-repetition:n=4", "--quiet", "--json", "--concurrency", "3")
+	var doc struct {
+		Scenario report.Scenario `json:"scenario"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); code != 0 || err != nil || doc.Scenario.Pacing != "closed loop, 3 in flight" {
+		t.Errorf("--json: exit %d (%s), pacing %q (%v); want closed loop, 3 in flight", code, errOut, doc.Scenario.Pacing, err)
+	}
+}

@@ -100,7 +100,12 @@ func demoMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			fmt.Fprintf(stderr, "kvroute demo: report written to %s\n", html)
 		}
 	}
-	if d.InterruptedDuring != "" {
+	switch d.InterruptedDuring {
+	case "":
+	case experiment.DemoComparison:
+		fmt.Fprintf(stderr, "kvroute demo: interrupted during --compare-simulate: the report holds the live runs of all %d policies, not compared\n", len(d.Results))
+		return interruptedStatus(ctx)
+	default:
 		fmt.Fprintf(stderr, "kvroute demo: interrupted during policy %s: the report holds the %d before it\n", d.InterruptedDuring, len(d.Results))
 		return interruptedStatus(ctx)
 	}

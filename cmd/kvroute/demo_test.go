@@ -248,3 +248,43 @@ func TestDemoInterruptKeepsFinishedPolicies(t *testing.T) {
 		}
 	}
 }
+
+// Ctrl-C during --compare-simulate, once every policy has run live: the report holds the live
+// runs, uncompared, and says so; exit 130. Before, the demo printed "simulate round-robin:
+// ...: context canceled" and nothing else, the live runs it had measured lost.
+func TestDemoInterruptDuringComparisonKeepsLiveRuns(t *testing.T) {
+	checkLeaks(t)
+	for _, asJSON := range []bool{false, true} {
+		ctx, cancel := context.WithCancel(context.Background())
+		// The last policy's last progress line: its live run is over, the comparison next.
+		errOut := &cancelOnWrite{text: "round-robin: 12/12 requests", cancel: cancel}
+		args := append([]string{"--policies", "round-robin", "--html", "", "--compare-simulate"}, tinyDemo...)
+		if asJSON {
+			args = append(args, "--json")
+		}
+		var out strings.Builder
+		code := demoMain(ctx, args, strings.NewReader(""), &out, errOut)
+		cancel()
+		stderr := errOut.buf.String()
+		if want := "kvroute demo: interrupted during --compare-simulate: the report holds the live runs of all 1 policies, not compared\n"; code != 130 || !strings.HasSuffix(stderr, want) {
+			t.Errorf("json %v: exit %d, stderr %q; want 130 and to end with %q", asJSON, code, stderr, want)
+		}
+		if !asJSON {
+			if !regexp.MustCompile(`(?m)^\s+round-robin\s`).MatchString(out.String()) || strings.Contains(out.String(), "live (HTTP, model time) vs kvroute simulate") {
+				t.Errorf("table does not hold round-robin's live run alone:\n%s", out.String())
+			}
+			continue
+		}
+		var doc struct {
+			Results           []report.Result
+			Fidelity          any    `json:"fidelity"`
+			InterruptedDuring string `json:"interrupted_during"`
+		}
+		if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
+			t.Fatalf("bad JSON: %v\n%s", err, out.String())
+		}
+		if len(doc.Results) != 1 || doc.Results[0].Completed != 12 || doc.Fidelity != nil || doc.InterruptedDuring != "compare-simulate" {
+			t.Errorf("results %+v, fidelity %v, interrupted during %q: want round-robin's 12 requests, no fidelity, and compare-simulate", doc.Results, doc.Fidelity, doc.InterruptedDuring)
+		}
+	}
+}

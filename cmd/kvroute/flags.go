@@ -227,8 +227,8 @@ func usageErr(format string, args ...any) error {
 // failed prints err for the verb on one line and returns the exit status: 2 for a
 // usageError, or a trace that cannot be used (workload.ErrBadTrace: --trace named a path that
 // does not open, or a file that is not a trace or has no request, and nothing ran); 130 for
-// a run interrupted (Ctrl-C: context.Canceled), as a shell gives a process SIGINT stopped; 1
-// otherwise.
+// a run interrupted (Ctrl-C: context.Canceled), as a shell gives a process SIGINT stopped
+// (run makes it 143 where the signal was SIGTERM); 1 otherwise.
 func failed(stderr io.Writer, name string, err error) int {
 	fmt.Fprintf(stderr, "%s: %s\n", name, oneLine(err))
 	switch {

@@ -264,3 +264,51 @@ func TestInterruptedExits130(t *testing.T) {
 		}
 	}
 }
+
+// Output that cannot be written fails the command, with a line on stderr: help, version,
+// every -h and the reports. Before, kvroute help > /dev/full exited 0, having said nothing.
+func TestOutputWriteErrorFails(t *testing.T) {
+	for _, args := range [][]string{
+		{"help"},
+		{"--help"},
+		{"version"},
+		{"--version"},
+		{"version", "--json"},
+		{"help", "simulate"},
+		{"bench", "-h"},
+		{"serve", "--help"},
+		{"trace", "-h"},
+		{"simulate", "--workload", "prefix-repetition:n=6", "--instances", "2", "--policies", "round-robin"},
+		{"simulate", "--workload", "prefix-repetition:n=6", "--instances", "2", "--policies", "round-robin", "--json"},
+		{"analyze", "--workload", "prefix-repetition:n=6", "--instances", "2"},
+		{"plan", "--workload", "prefix-repetition:n=6", "--slo-ttft-p90", "10s", "--max-instances", "2", "--policies", "round-robin", "--quiet"},
+	} {
+		var errOut bytes.Buffer
+		code := run(context.Background(), args, failingWriter{}, &errOut)
+		// The reports say it in their own words ("write table: ..."); the rest through run.
+		if code != 1 || strings.Count(errOut.String(), "\n") != 1 || !strings.HasSuffix(errOut.String(), ": no space left on device\n") {
+			t.Errorf("%q: exit %d, stderr %q; want 1 and a line saying the output was lost", args, code, errOut.String())
+		}
+	}
+	// A command that failed keeps its status and its own message.
+	var errOut bytes.Buffer
+	if code := run(context.Background(), []string{"simulate", "--nope"}, failingWriter{}, &errOut); code != 2 || strings.Contains(errOut.String(), "could not be written") {
+		t.Errorf("bad flag: exit %d, stderr %q; want 2 and the flag's error alone", code, errOut.String())
+	}
+}
+
+// SIGTERM gives 143 whichever verb it stopped, as bench and demo already gave: simulate,
+// plan, analyze and the scorecard gave 130, the status of SIGINT.
+func TestTerminatedExits143(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("terminated signal received")) // what signal.NotifyContext's cause says
+	for _, args := range [][]string{
+		{"simulate", "--workload", "multi-turn", "--policies", "round-robin"},
+		{"analyze", "--workload", "multi-turn", "--instances", "2"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(ctx, args, &out, &errOut); code != 143 {
+			t.Errorf("%q: exit %d (%s), want 143", args, code, errOut.String())
+		}
+	}
+}

@@ -9,7 +9,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
+
+	"golang.org/x/term"
 
 	"github.com/kvroute/kvroute/internal/suggest"
 )
@@ -41,7 +45,66 @@ func main() {
 	os.Exit(code)
 }
 
+// run runs the command args names and returns its exit status. Output that could not be
+// written (a full disk, a closed descriptor: kvroute help > /dev/full) fails a command that
+// would otherwise exit 0, with a line on stderr, whichever of its writes failed; a command
+// that Ctrl-C or SIGTERM stopped exits 130 or 143, as a shell reports a process the signal
+// killed.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if f, ok := stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		// Left as it is: a verb tells a terminal by its *os.File (serve's announcement).
+		return interrupted(ctx, dispatch(ctx, args, stdout, stderr))
+	}
+	out := &checkedWriter{w: stdout}
+	code := dispatch(ctx, args, out, stderr)
+	if err := out.failed(); err != nil && code == 0 {
+		name := "kvroute"
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			name += " " + args[0]
+		}
+		fmt.Fprintf(stderr, "%s: the output could not be written: %v\n", name, err)
+		code = 1
+	}
+	return interrupted(ctx, code)
+}
+
+// interrupted is code, but for an interrupted run's 130, which failed gives for any
+// cancellation: 143 where SIGTERM was the signal.
+func interrupted(ctx context.Context, code int) int {
+	if code == 130 && ctx.Err() != nil {
+		return interruptedStatus(ctx)
+	}
+	return code
+}
+
+// checkedWriter passes writes through to w and keeps the first error, so that run sees a
+// write that failed whichever verb made it and whether or not that verb looked.
+type checkedWriter struct {
+	w   io.Writer
+	mu  sync.Mutex
+	err error
+}
+
+func (c *checkedWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.mu.Lock()
+		if c.err == nil {
+			c.err = err
+		}
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+// failed is the first write error, nil when every write succeeded.
+func (c *checkedWriter) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 2 && args[0] == "help" {
 		fmt.Fprintf(stderr, "kvroute: help takes one command, not %q (run 'kvroute help')\n", args[1:])
 		return 2

@@ -12,13 +12,13 @@ import (
 
 // runScorecard is `kvroute simulate --scorecard`: of simulate's flags it takes --trace (the
 // Mooncake conversation trace; spool holds it when it came on standard input), --policies,
-// --seed or --seeds, --json, --html and --quiet. Unless quiet it tells its progress on stderr,
-// as bench does: a full scorecard runs for many minutes.
-func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, spool *spooledTrace, seeds, scenarios string, asJSON, quiet bool, stdout, stderr io.Writer) int {
+// --seed or --seeds, --scenarios, --non-streamed, --json, --html, --quick and --quiet. Unless
+// quiet it tells its progress on stderr, as bench does: a full scorecard runs for many minutes.
+func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOptions, spool *spooledTrace, seeds, scenarios string, asJSON, quiet, quick bool, stdout, stderr io.Writer) int {
 	var stray []string
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html", "non-streamed", "quiet":
+		case "scorecard", "trace", "policies", "seed", "seeds", "scenarios", "json", "html", "non-streamed", "quiet", "quick":
 		default:
 			stray = append(stray, "--"+f.Name)
 		}
@@ -26,7 +26,7 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 	if len(stray) > 0 {
 		return failed(stderr, fs.Name(), usageErr("%s: not with --scorecard, which sets its own fleets, loads and workloads", strings.Join(stray, ", ")))
 	}
-	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}, NonStreamed: o.NonStreamed}
+	opt := scorecard.Options{Trace: o.Trace, Policies: o.Policies, Seeds: []uint64{o.Seed}, NonStreamed: o.NonStreamed, Quick: quick}
 	if !quiet {
 		opt.Progress = stderr
 	}
@@ -37,6 +37,9 @@ func runScorecard(ctx context.Context, fs *flag.FlagSet, o experiment.SimulateOp
 		s, err := scorecard.ParseSeeds(seeds)
 		if err != nil {
 			return failed(stderr, fs.Name(), usageError{err})
+		}
+		if quick && len(s) > 1 {
+			return failed(stderr, fs.Name(), usageErr("--seeds %s: --quick runs one seed: give it with --seed (or leave --quick out)", seeds))
 		}
 		opt.Seeds = s
 	}

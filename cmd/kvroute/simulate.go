@@ -30,7 +30,7 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	fs := newFlagSet("kvroute simulate")
 	var o experiment.SimulateOptions
 	var cpuprofile string
-	var asJSON, card, quiet bool
+	var asJSON, card, quiet, quick bool
 	var seeds, scenarios string
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace `FILE` to replay"+stdinTraceHelp)
 	fs.StringVar(&o.Workload, "workload", "", "synthetic workload NAME[:key=value,...] instead of --trace")
@@ -72,9 +72,11 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	fs.StringVar(&cpuprofile, "cpuprofile", "", "write a Go CPU profile of the run to this file")
 	fs.StringVar(&o.HTML, "html", "", "also write an HTML report with charts to this file")
 	fs.StringVar(&o.Records, "records", "", "also write every request's record, policy after policy, to this JSON Lines file")
-	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"; - reads standard input), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html, --quiet; a full one takes many minutes")
+	fs.BoolVar(&card, "scorecard", false, "score every policy over a fixed matrix of workloads, fleets and loads (docs/results.md); takes --trace (default "+scorecard.DefaultTrace+"; - reads standard input), --policies, --seed or --seeds, --scenarios, --non-streamed, --json, --html, --quick, --quiet; a full one takes 9-10 minutes a seed on 2 cores (--quick: about "+scorecard.QuickDuration.String()+")")
 	fs.StringVar(&seeds, "seeds", "", "with --scorecard: the seeds to run, such as 1-5 (default: --seed)")
 	fs.StringVar(&scenarios, "scenarios", "", "with --scorecard: run only the scenarios whose names contain one of these, comma-separated")
+	fs.BoolVar(&quick, "quick", false, fmt.Sprintf("with --scorecard: a first look in about %v on 2 cores: one seed (--seed), load %g only, each cell cut to its first %d requests; its verdicts are indicative only (the full matrix decides)",
+		scorecard.QuickDuration, scorecard.QuickLoad, scorecard.QuickRequests))
 	fs.BoolVar(&quiet, "quiet", false, "with --scorecard: no progress on standard error (a line per cell finished, with the time left)")
 	if _, code, exit := parseOrExit(fs, args, verbHelp{
 		usage: []string{
@@ -110,7 +112,7 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	defer spool.remove()
 	defer experiment.TuneGC()()
 	if card {
-		return runScorecard(ctx, fs, o, spool, seeds, scenarios, asJSON, quiet, stdout, stderr)
+		return runScorecard(ctx, fs, o, spool, seeds, scenarios, asJSON, quiet, quick, stdout, stderr)
 	}
 	if cpuprofile != "" {
 		stop, err := startCPUProfile(cpuprofile)
@@ -139,7 +141,7 @@ const loadRange = "a positive fraction of the fleet's prefill capacity, such as 
 
 // checkSimulate refuses what experiment.Simulate would take in silence or fail on late: a
 // --load or --speedup given as 0 or less (it reads 0 as "not set", which only a flag left out
-// may mean), --seeds, --scenarios or --quiet without --scorecard (nothing reads them), more --routers
+// may mean), --seeds, --scenarios, --quick or --quiet without --scorecard (nothing reads them), more --routers
 // than maxRouters, and a --block-size above the profile's KV cache (no block would fit).
 func checkSimulate(fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenarios string) error {
 	want := map[string]string{"load": loadRange, "speedup": speedupRange}
@@ -158,8 +160,11 @@ func checkSimulate(fs *flag.FlagSet, o experiment.SimulateOptions, seeds, scenar
 		errs = append(errs, fmt.Errorf("--scenarios %q: only with --scorecard, which runs scenarios", scenarios))
 	}
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "quiet" {
+		switch f.Name {
+		case "quiet":
 			errs = append(errs, errors.New("--quiet: only with --scorecard (a simulation prints no progress)"))
+		case "quick":
+			errs = append(errs, errors.New("--quick: only with --scorecard (a simulation is as quick as its --limit)"))
 		}
 	})
 	if o.Routers > maxRouters {

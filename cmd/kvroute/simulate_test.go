@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvroute/kvroute/internal/report"
+	"github.com/kvroute/kvroute/internal/scorecard"
 )
 
 // writeSimulateTrace writes n Mooncake lines: every request starts with block 0, and requests
@@ -69,6 +70,8 @@ func TestSimulateErrors(t *testing.T) {
 		{"seeds without scorecard", []string{"--trace", good, "--seeds", "1-3"}, 2, []string{`--seeds "1-3": only with --scorecard`}},
 		{"scenarios without scorecard", []string{"--trace", good, "--scenarios", "tool"}, 2, []string{`--scenarios "tool": only with --scorecard`}},
 		{"quiet without scorecard", []string{"--trace", good, "--quiet"}, 2, []string{"--quiet: only with --scorecard"}},
+		{"quick without scorecard", []string{"--trace", good, "--quick"}, 2, []string{"--quick: only with --scorecard"}},
+		{"quick scorecard with seeds", []string{"--scorecard", "--quick", "--seeds", "1-3"}, 2, []string{"--seeds 1-3: --quick runs one seed: give it with --seed"}},
 		// 10^11 replicas ran the process out of memory.
 		{"too many routers", []string{"--trace", good, "--routers", "99999999999"}, 2, []string{"--routers 99999999999: want 1 to 1000"}},
 		// No block fits the instance's KV cache: an engine config error, exit 1, before.
@@ -118,6 +121,22 @@ func TestScorecardProgress(t *testing.T) {
 	cut := func(s string) string { return s[:strings.LastIndex(strings.TrimSuffix(s, "\n"), "\n")+1] }
 	if diff := cmp.Diff(cut(quiet), cut(told)); diff != "" || !strings.Contains(told, "skipped") {
 		t.Errorf("report with progress told (-quiet +told):\n%s", diff)
+	}
+}
+
+// --quick reaches the scorecard: one cell per scenario, at load 0.7, on --seed, said quick.
+func TestScorecardQuick(t *testing.T) {
+	code, out, stderr := runVerb("simulate", "--scorecard", "--quick", "--scenarios", "no sharing", "--seed", "4",
+		"--policies", "prefix-aware,least-request", "--json", "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var sc scorecard.Scorecard
+	if err := json.Unmarshal([]byte(out), &sc); err != nil {
+		t.Fatal(err)
+	}
+	if !sc.Quick || len(sc.Cells) != 1 || sc.Cells[0].Load != scorecard.QuickLoad || sc.Cells[0].Seed != 4 || sc.Cells[0].Verdict == nil || !sc.Cells[0].Verdict.Quick {
+		t.Errorf("quick %v, cells %+v; want one quick cell at load %g, seed 4, its verdict marked quick", sc.Quick, sc.Cells, scorecard.QuickLoad)
 	}
 }
 

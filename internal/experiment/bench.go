@@ -154,9 +154,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		Concurrency: o.Concurrency, MaxInFlight: o.MaxInFlight, Duration: o.Duration, RequestTimeout: o.Timeout,
 		IgnoreEOS: o.IgnoreEOS, NoUsage: o.NoUsage, EndpointHeader: o.EndpointHeader,
 		OnRecord: func(r loadgen.Record) {
-			if r.Class != loadgen.ClassCanceled {
-				prog.Record(r)
-			}
+			prog.Record(r) // counts a request cancelled in flight apart from the errors
 			refused.observe(r)
 		},
 	}
@@ -208,12 +206,26 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	}
 	sum := &report.Summary{
 		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: o.Target, Speedup: speedup, Seed: int64(o.Seed),
-			NonStreamed: o.NonStreamed},
+			NonStreamed: o.NonStreamed, Pacing: benchPacing(o)},
 		// The target's KV capacity is unknown here, and so is the pooled LRU bound.
 		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
 		Results: []report.Result{r},
 	}
 	return &BenchReport{Summary: sum, Bench: []BenchExtra{extra}, Stopped: stopped, records: [][]report.Record{recs}}, nil
+}
+
+// benchPacing says what set a run's arrivals when a speed-up did not: --rate replaces the
+// workload's times and --concurrency ignores them. "" for a speed-up (or none).
+func benchPacing(o BenchOptions) string {
+	switch {
+	case o.Concurrency > 0:
+		return fmt.Sprintf("closed loop, %d in flight", o.Concurrency)
+	case o.Rate > 0 && o.Arrival == "constant":
+		return fmt.Sprintf("rate %g req/s, evenly spaced", o.Rate)
+	case o.Rate > 0:
+		return fmt.Sprintf("rate %g req/s, Poisson arrivals", o.Rate)
+	}
+	return ""
 }
 
 // BenchStopped says why and where a run ended before its workload did.

@@ -67,7 +67,9 @@ type DemoReport struct {
 	BenchReport
 	Fidelity *Fidelity `json:"fidelity,omitempty"`
 	// InterruptedDuring is the policy whose run was interrupted (Ctrl-C), when one was: the
-	// report holds the policies before it.
+	// report holds the policies before it. It is DemoComparison when every policy ran and the
+	// comparison with the simulator (CompareSimulate) was cut short: the report holds them
+	// all, without Fidelity.
 	InterruptedDuring string `json:"interrupted_during,omitempty"`
 	// timeScale is the one the engines ran at, for the HTML report's notes.
 	timeScale float64
@@ -173,12 +175,23 @@ func Demo(ctx context.Context, o DemoOptions) (*DemoReport, error) {
 		d.records = append(d.records, recs)
 	}
 	if o.CompareSimulate {
-		if d.Fidelity, err = compareSimulate(ctx, &o, prof, specs, reqs, d.Summary); err != nil {
+		fid, err := compareSimulate(ctx, &o, prof, specs, reqs, d.Summary)
+		if err != nil && ctx.Err() != nil {
+			// Interrupted after the live runs, which are measured whole: keep them.
+			d.InterruptedDuring = DemoComparison
+			return d, nil
+		}
+		if err != nil {
 			return nil, err
 		}
+		d.Fidelity = fid
 	}
 	return d, nil
 }
+
+// DemoComparison is DemoReport.InterruptedDuring when Ctrl-C came during the comparison with
+// the simulator, after every policy's live run.
+const DemoComparison = "compare-simulate"
 
 // WriteTable prints the side-by-side table and, after a comparison, the live-versus-simulated
 // one.

@@ -468,6 +468,30 @@ func TestProgress_Modes(t *testing.T) {
 	}
 }
 
+// At Ctrl-C the requests in flight come back cancelled: they are counted as such, not as
+// errors (the demo's last line said "12/12 requests, 5 errors" for a run with none), and the
+// run has no time left to estimate.
+func TestProgress_Canceled(t *testing.T) {
+	clock := time.Unix(0, 0)
+	now := func() time.Time { return clock }
+	var lines, bar strings.Builder
+	pl := NewProgress(&lines, ProgressLines, "demo", 6, time.Hour, now)
+	pb := NewProgress(&bar, ProgressBar, "demo", 6, time.Hour, now)
+	for _, r := range []Record{{}, {Class: ClassHTTP, Status: 500}, {}, {Class: ClassCanceled}, {Class: ClassCanceled}} {
+		clock = clock.Add(time.Second)
+		pl.Record(r)
+		pb.Record(r)
+	}
+	pl.Finish()
+	pb.Finish()
+	if diff := cmp.Diff("demo: 3/6 requests, 1 errors, 2 cancelled, 0.6 req/s, elapsed 5s, eta -\n", lines.String()); diff != "" {
+		t.Errorf("line progress (-want +got):\n%s", diff)
+	}
+	if s := bar.String(); !strings.HasSuffix(s, "\ndemo: 3/6 requests, 1 errors, 2 cancelled, 0.6 req/s, elapsed 5s, eta -\n") {
+		t.Errorf("bar output %q does not end with the line of the 3 of 6 done, 2 cancelled", s)
+	}
+}
+
 func TestStreamReader(t *testing.T) {
 	in := ": comment\n\nevent: x\ndata: {\"choices\":[{\"delta\":{\"content\":\"He\"}}]}\n\n" +
 		"data:{\"choices\":[{\"delta\":{\"content\":\"llo\"}}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\r\n\r\n" +

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +36,7 @@ type Progress struct {
 	lastLine time.Time
 	done     int
 	errs     int
+	canceled int // in flight when the run was cancelled: neither done nor failed
 	bar      *progressbar.ProgressBar
 }
 
@@ -65,10 +67,18 @@ func NewProgress(w io.Writer, mode ProgressMode, label string, total int, interv
 	return p
 }
 
-// Record counts one finished request.
+// Record counts one finished request. A request the run's cancellation cut short
+// (ClassCanceled, at Ctrl-C) is counted apart: it did not fail, and it did not finish.
 func (p *Progress) Record(r Record) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if r.Class == ClassCanceled {
+		p.canceled++
+		if p.mode == ProgressBar {
+			p.bar.Describe(p.barLabel())
+		}
+		return
+	}
 	p.done++
 	if !r.OK() {
 		p.errs++
@@ -76,7 +86,7 @@ func (p *Progress) Record(r Record) {
 	switch p.mode {
 	case ProgressBar:
 		if !r.OK() {
-			p.bar.Describe(fmt.Sprintf("%s (%d errors)", p.label, p.errs))
+			p.bar.Describe(p.barLabel())
 		}
 		_ = p.bar.Add(1)
 	case ProgressLines:
@@ -93,6 +103,13 @@ func (p *Progress) Finish() {
 	defer p.mu.Unlock()
 	switch p.mode {
 	case ProgressBar:
+		if p.canceled > 0 {
+			// Interrupted: a bar filled to the end would say every request was sent; the
+			// line says how far the run got.
+			fmt.Fprintln(p.w)
+			p.line(p.now())
+			return
+		}
 		_ = p.bar.Finish()
 		fmt.Fprintln(p.w)
 	case ProgressLines:
@@ -100,7 +117,23 @@ func (p *Progress) Finish() {
 	}
 }
 
-// line prints "label: done/total requests, errors, rate, eta".
+// barLabel is the bar's description: the label, with the errors and the cancelled requests
+// when there are any.
+func (p *Progress) barLabel() string {
+	var notes []string
+	if p.errs > 0 {
+		notes = append(notes, fmt.Sprintf("%d errors", p.errs))
+	}
+	if p.canceled > 0 {
+		notes = append(notes, fmt.Sprintf("%d cancelled", p.canceled))
+	}
+	if len(notes) == 0 {
+		return p.label
+	}
+	return fmt.Sprintf("%s (%s)", p.label, strings.Join(notes, ", "))
+}
+
+// line prints "label: done/total requests, errors[, cancelled], rate, eta".
 func (p *Progress) line(t time.Time) {
 	el := t.Sub(p.start)
 	rate := 0.0
@@ -111,6 +144,11 @@ func (p *Progress) line(t time.Time) {
 	if rate > 0 && p.total >= p.done {
 		eta = time.Duration(float64(p.total-p.done) / rate * float64(time.Second)).Round(time.Second).String()
 	}
-	fmt.Fprintf(p.w, "%s: %d/%d requests, %d errors, %.1f req/s, elapsed %s, eta %s\n",
-		p.label, p.done, p.total, p.errs, rate, el.Round(time.Second), eta)
+	canceled := ""
+	if p.canceled > 0 {
+		canceled = fmt.Sprintf(", %d cancelled", p.canceled)
+		eta = "-" // the run is over: the rest will not be sent
+	}
+	fmt.Fprintf(p.w, "%s: %d/%d requests, %d errors%s, %.1f req/s, elapsed %s, eta %s\n",
+		p.label, p.done, p.total, p.errs, canceled, rate, el.Round(time.Second), eta)
 }

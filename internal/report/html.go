@@ -102,8 +102,8 @@ func scenarioLine(s *Summary) string {
 	if sc.Profile != "" {
 		line += " of " + sc.Profile
 	}
-	if sc.Speedup > 0 {
-		line += fmt.Sprintf(", speed-up %.3g", sc.Speedup)
+	if sc.Speedup > 0 || sc.Pacing != "" {
+		line += ", " + pacing(&sc)
 	}
 	return line + fmt.Sprintf(", seed %d", sc.Seed)
 }

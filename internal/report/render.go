@@ -30,8 +30,8 @@ func WriteTable(w io.Writer, s *Summary) error {
 	if sc.Load > 0 {
 		load = fmt.Sprintf(" (load %.2f)", sc.Load)
 	}
-	if _, err := fmt.Fprintf(w, "workload %s: %d requests%s, %d x %s, speed-up %.3g%s, seed %d\n",
-		sc.Workload, sc.Requests, whole, sc.Instances, sc.Profile, sc.Speedup, load, sc.Seed); err != nil {
+	if _, err := fmt.Fprintf(w, "workload %s: %d requests%s, %d x %s, %s%s, seed %d\n",
+		sc.Workload, sc.Requests, whole, sc.Instances, sc.Profile, pacing(&sc), load, sc.Seed); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
 	if _, err := fmt.Fprintf(w, "hit-rate bounds: infinite cache %.3f, pooled LRU %s\n\n",
@@ -74,6 +74,15 @@ func WriteTable(w io.Writer, s *Summary) error {
 		}
 	}
 	return nil
+}
+
+// pacing is what set the arrivals: "speed-up 2", or the Pacing that replaced the workload's
+// times (bench --rate, --concurrency), where a speed-up did not apply.
+func pacing(sc *Scenario) string {
+	if sc.Pacing != "" {
+		return sc.Pacing
+	}
+	return fmt.Sprintf("speed-up %.3g", sc.Speedup)
 }
 
 // imbalance formats a load imbalance with two decimals, or "-" for 0: no instance was busy,

@@ -126,7 +126,11 @@ type Scenario struct {
 	Instances int     `json:"instances"`
 	Profile   string  `json:"profile"`
 	Speedup   float64 `json:"speedup"`
-	Seed      int64   `json:"seed"`
+	// Pacing, when set, is what set the arrivals instead of Speedup, as the header says it:
+	// "rate 10 req/s, Poisson arrivals" or "closed loop, 8 in flight" (kvroute bench --rate,
+	// --concurrency). Speedup is then 1, the workload's own times being replaced, not scaled.
+	Pacing string `json:"pacing,omitempty"`
+	Seed   int64  `json:"seed"`
 	// Load is the offered prefill work (no cache hits) over the fleet's prefill capacity.
 	Load float64 `json:"load"`
 	// BlockSize is the engines' KV block size in tokens (0: unknown).

@@ -296,3 +296,20 @@ func TestWriteTableNothingCompleted(t *testing.T) {
 		t.Errorf("row %q: want every timed figure and the imbalance as -", lines[4])
 	}
 }
+
+// Pacing replaces the speed-up in the header and on the page: a bench paced by --rate or
+// --concurrency said "speed-up 1", which nothing had applied.
+func TestPacingReplacesSpeedup(t *testing.T) {
+	s := &Summary{Scenario: Scenario{Workload: "w", Requests: 3, Instances: 1, Profile: "http://127.0.0.1:1", Speedup: 1, Pacing: "rate 5 req/s, Poisson arrivals", Seed: 1}}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	header, _, _ := strings.Cut(buf.String(), "\n")
+	if want := "workload w: 3 requests, 1 x http://127.0.0.1:1, rate 5 req/s, Poisson arrivals, seed 1"; header != want {
+		t.Errorf("header %q, want %q", header, want)
+	}
+	if got, want := scenarioLine(s), "workload w: 3 requests, 1 instances of http://127.0.0.1:1, rate 5 req/s, Poisson arrivals, seed 1"; got != want {
+		t.Errorf("page's scenario line %q, want %q", got, want)
+	}
+}

@@ -34,6 +34,9 @@ func (sc *Scorecard) targetsLine() string {
 // under it, and then the verdicts of every cell and seed side by side.
 func (sc *Scorecard) WriteTable(w io.Writer) error {
 	ew := &errWriter{w: w}
+	if sc.Quick {
+		ew.printf("%s\n\n", sc.quickLine())
+	}
 	if sc.NonStreamed > 0 {
 		ew.printf("(%g of every cell's requests not streamed: the router sees their end only)\n\n", sc.NonStreamed)
 	}
@@ -46,14 +49,18 @@ func (sc *Scorecard) WriteTable(w io.Writer) error {
 			ew.printf("load %.1f, seed %d: skipped: %s\n\n", c.Load, c.Seed, c.Skipped)
 			continue
 		}
-		ew.printf("load %.1f, seed %d: %d requests, speed-up %.3g (offered load %.2f), hit-rate bounds: infinite cache %.3f, pooled LRU %.3f\n",
-			c.Load, c.Seed, c.Requests, c.Speedup, c.OfferedLoad, c.Bounds.InfiniteCacheHitRate, c.Bounds.PooledLRUHitRate)
+		ew.printf("load %.1f, seed %d: %s, speed-up %.3g (offered load %.2f), hit-rate bounds: infinite cache %.3f, pooled LRU %.3f\n",
+			c.Load, c.Seed, requestsText(c), c.Speedup, c.OfferedLoad, c.Bounds.InfiniteCacheHitRate, c.Bounds.PooledLRUHitRate)
 		writeCell(ew, c)
 		if v := c.Verdict; v != nil {
+			quick := ""
+			if v.Quick {
+				quick = " (quick run: indicative only)"
+			}
 			if v.Met {
-				ew.printf("%s: met\n", sc.Subject)
+				ew.printf("%s: met%s\n", sc.Subject, quick)
 			} else {
-				ew.printf("%s: MISSED: %s\n", sc.Subject, strings.Join(v.Misses, "; "))
+				ew.printf("%s: MISSED%s: %s\n", sc.Subject, quick, strings.Join(v.Misses, "; "))
 			}
 		}
 		ew.printf("\n")
@@ -61,6 +68,25 @@ func (sc *Scorecard) WriteTable(w io.Writer) error {
 	sc.writeVerdicts(ew)
 	ew.printf("%d cells x %d policies in %.0f s wall (simulations %.0f s in all)\n", len(sc.Cells), policies(sc), sc.WallSeconds, sc.RunSeconds)
 	return ew.err
+}
+
+// quickLine says what a quick run left out, and what its verdicts are worth.
+func (sc *Scorecard) quickLine() string {
+	cut := ""
+	if sc.MaxRequests > 0 {
+		cut = fmt.Sprintf(", each cell cut to its first %d requests", sc.MaxRequests)
+	}
+	return fmt.Sprintf("QUICK RUN (--quick): seed %d only, one load%s: the verdicts are indicative only; "+
+		"the full scorecard (without --quick: three loads, whole workloads, about 9-10 minutes a seed on 2 cores) decides",
+		sc.Seeds[0], cut)
+}
+
+// requestsText is "750 requests", or "2000 of the workload's 12031 requests (the first)".
+func requestsText(c *Cell) string {
+	if c.WorkloadRequests > 0 {
+		return fmt.Sprintf("%d of the workload's %d requests (the first)", c.Requests, c.WorkloadRequests)
+	}
+	return fmt.Sprintf("%d requests", c.Requests)
 }
 
 // policies is the number of policies per cell.
@@ -144,7 +170,11 @@ func (sc *Scorecard) writeVerdicts(ew *errWriter) {
 	if err := tw.Flush(); err != nil && ew.err == nil {
 		ew.err = err
 	}
-	ew.printf("%s met its targets in %d of %d cells\n", sc.Subject, met, judged)
+	quick := ""
+	if sc.Quick {
+		quick = " of a quick run (indicative only: run without --quick to decide)"
+	}
+	ew.printf("%s met its targets in %d of %d cells%s\n", sc.Subject, met, judged, quick)
 }
 
 // errWriter keeps the first write error, so that a table can be written without checking
@@ -202,13 +232,15 @@ func shadeHit(x float64) template.CSS {
 }
 
 var htmlPage = template.Must(template.New("scorecard").Funcs(template.FuncMap{
-	"ms":       report.Millis,
-	"f2":       func(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) },
-	"f3":       func(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) },
-	"ofBound":  ofBound,
-	"shade":    shade,
-	"shadeHit": shadeHit,
-	"join":     strings.Join,
+	"ms":        report.Millis,
+	"f2":        func(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) },
+	"f3":        func(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) },
+	"ofBound":   ofBound,
+	"shade":     shade,
+	"shadeHit":  shadeHit,
+	"join":      strings.Join,
+	"requests":  func(c Cell) string { return requestsText(&c) },
+	"quickLine": (*Scorecard).quickLine,
 }).Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -231,18 +263,19 @@ th:first-child, td:first-child { text-align: left; }
 <body>
 <h1>kvroute scorecard</h1>
 <p class="meta">subject {{.Subject}}; seeds {{range $i, $s := .Seeds}}{{if $i}}, {{end}}{{$s}}{{end}}; {{len .Cells}} cells in {{printf "%.0f" .WallSeconds}} s</p>
+{{if .Quick}}<p class="missed">{{quickLine .}}</p>{{end}}
 {{range .Cells}}
 <h2>{{.Scenario}}, load {{printf "%.1f" .Load}}, seed {{.Seed}}</h2>
 <p class="meta">{{.Workload}} on {{.Fleet}}</p>
 {{if .Skipped}}<p class="meta">skipped: {{.Skipped}}</p>{{else}}
-<p class="meta">{{.Requests}} requests, speed-up {{printf "%.3g" .Speedup}}, pooled-LRU bound {{f3 .Bounds.PooledLRUHitRate}}</p>
+<p class="meta">{{requests .}}, speed-up {{printf "%.3g" .Speedup}}, pooled-LRU bound {{f3 .Bounds.PooledLRUHitRate}}</p>
 <table>
 <thead><tr><th>policy</th><th>hit rate</th><th>of bound</th><th>TTFT mean ms</th><th>p50</th><th>p99</th><th>mean/best</th><th>p50/best</th><th>p99/best</th><th>imbalance</th><th>failed</th></tr></thead>
 <tbody>
 {{range .Scores}}<tr><td>{{.Policy}}</td><td>{{f3 .HitRate}}</td><td style="{{shadeHit .HitOfBound}}">{{ofBound .HitOfBound}}</td><td>{{ms .TTFT.Mean}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P99}}</td><td style="{{shade .MeanRatio}}">{{f2 .MeanRatio}}</td><td style="{{shade .P50Ratio}}">{{f2 .P50Ratio}}</td><td style="{{shade .P99Ratio}}">{{f2 .P99Ratio}}</td><td>{{f2 .Imbalance}}</td><td>{{.Failed}}</td></tr>
 {{end}}</tbody>
 </table>
-{{with .Verdict}}{{if .Met}}<p class="met">{{$.Subject}}: met</p>{{else}}<p class="missed">{{$.Subject}}: missed: {{join .Misses "; "}}</p>{{end}}{{end}}
+{{with .Verdict}}{{if .Met}}<p class="met">{{$.Subject}}: met{{if .Quick}} (quick run: indicative only){{end}}</p>{{else}}<p class="missed">{{$.Subject}}: missed{{if .Quick}} (quick run: indicative only){{end}}: {{join .Misses "; "}}</p>{{end}}{{end}}
 {{end}}{{end}}
 </body>
 </html>

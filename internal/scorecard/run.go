@@ -1,6 +1,7 @@
 package scorecard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,14 @@ type Options struct {
 	// NonStreamed is the fraction of every cell's requests whose answer comes whole
 	// (workload.Whole, drawn from the cell's seed): 0, the matrix's own, streams them all.
 	NonStreamed float64
+	// MaxRequests, when above 0, cuts every cell's workload to its earliest MaxRequests
+	// arrivals (the load is then set on what is left): a quicker, rougher cell.
+	MaxRequests int
+	// Quick runs a reduced matrix for a first look: the first seed only, at QuickLoad (unless
+	// Loads is set), each cell cut to QuickRequests requests (unless MaxRequests is set). It
+	// takes about QuickDuration where the full matrix of one seed takes 9 to 10 minutes (2
+	// cores); its verdicts are indicative only, and the Scorecard and every verdict say so.
+	Quick bool
 	// Progress, when set, is told how the run goes, for a person waiting on it (a full
 	// scorecard takes many minutes): at the start, the scenarios skipped for a trace that is
 	// not there; then a line per cell finished, with the time spent and an estimate of the time
@@ -61,8 +70,12 @@ type Scorecard struct {
 	Seeds   []uint64 `json:"seeds"`
 	// NonStreamed is Options.NonStreamed.
 	NonStreamed float64 `json:"non_streamed,omitempty"`
-	Trace       string  `json:"trace"`
-	Cells       []Cell  `json:"cells"`
+	// Quick says the run was a quick one (Options.Quick): its verdicts are indicative only.
+	Quick bool `json:"quick,omitempty"`
+	// MaxRequests is the most requests a cell kept (Options.MaxRequests; 0: all).
+	MaxRequests int    `json:"max_requests,omitempty"`
+	Trace       string `json:"trace"`
+	Cells       []Cell `json:"cells"`
 	// WallSeconds is how long the whole run took; RunSeconds adds up the simulations' own
 	// times (CPU-bound, one goroutine each).
 	WallSeconds float64 `json:"wall_seconds"`
@@ -80,6 +93,9 @@ type Cell struct {
 	// Skipped says why the cell did not run ("" when it ran).
 	Skipped  string `json:"skipped,omitempty"`
 	Requests int    `json:"requests,omitempty"`
+	// WorkloadRequests is the workload's own count when Options.MaxRequests cut it to
+	// Requests (0: not cut).
+	WorkloadRequests int `json:"workload_requests,omitempty"`
 	// Speedup divided the workload's arrivals to reach Load; OfferedLoad is the load it gave.
 	Speedup     float64       `json:"speedup,omitempty"`
 	OfferedLoad float64       `json:"offered_load,omitempty"`
@@ -130,10 +146,22 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 	if o.Subject == "" {
 		o.Subject = DefaultSubject
 	}
+	if o.Quick {
+		o.Seeds = o.Seeds[:1]
+		if len(o.Loads) == 0 {
+			o.Loads = []float64{QuickLoad}
+		}
+		if o.MaxRequests == 0 {
+			o.MaxRequests = QuickRequests
+		}
+	}
 	if len(o.Loads) == 0 {
 		o.Loads = Loads
 	}
 	var errs []error
+	if o.MaxRequests < 0 {
+		errs = append(errs, fmt.Errorf("max requests %d: want 0 (all) or more", o.MaxRequests))
+	}
 	for _, l := range o.Loads {
 		if !(l > 0) {
 			errs = append(errs, fmt.Errorf("load %g: want a load above 0, such as 0.7", l))
@@ -155,7 +183,7 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 	if o.Parallel == 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
-	sc := &Scorecard{Subject: o.Subject, Seeds: o.Seeds, Trace: o.Trace, NonStreamed: o.NonStreamed}
+	sc := &Scorecard{Subject: o.Subject, Seeds: o.Seeds, Trace: o.Trace, NonStreamed: o.NonStreamed, Quick: o.Quick, MaxRequests: o.MaxRequests}
 	subject := slices.IndexFunc(pols, func(p experiment.Policy) bool { return p.Label == o.Subject })
 
 	src := &sources{trace: o.Trace}
@@ -164,7 +192,7 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 		_, err := os.Stat(o.Trace)
 		noTrace = errors.Is(err, os.ErrNotExist)
 	}
-	prog := &progress{w: o.Progress, start: start}
+	prog := &progress{w: o.Progress, start: start, now: time.Now, parallel: o.Parallel}
 	if noTrace {
 		for _, s := range scenarios {
 			if s.Trace() {
@@ -179,16 +207,35 @@ func Run(ctx context.Context, o Options) (*Scorecard, error) {
 				c := &cellRun{Cell: Cell{
 					Scenario: scenarios[i].Name, Workload: scenarios[i].Workload, Fleet: scenarios[i].FleetName(),
 					Load: load, Seed: seed, NoSharing: scenarios[i].NoSharing,
-				}, scenario: &scenarios[i], pending: len(pols), whole: o.NonStreamed, prog: prog}
-				if !(noTrace && scenarios[i].Trace()) {
-					prog.total++
-				}
+				}, scenario: &scenarios[i], pending: len(pols), whole: o.NonStreamed, most: o.MaxRequests, prog: prog}
 				if c.Workload == "" {
 					c.Workload = o.Trace
 				}
 				c.Scores = make([]Score, len(pols))
 				cells = append(cells, c)
 			}
+		}
+	}
+
+	// Every workload is loaded before the first simulation, so that the estimate of the time
+	// left can weigh each cell by its prompt tokens: the cells of one seed range from 2.2
+	// million tokens (249 to 1,024 requests) to 203 million (tool-agent's 23,608), and a
+	// simulation's time goes with them.
+	for _, c := range cells {
+		if noTrace && c.scenario.Trace() {
+			continue
+		}
+		reqs, err := c.workload(src)
+		if err != nil {
+			return nil, fmt.Errorf("%s, seed %d: %w", c.Scenario, c.Seed, err)
+		}
+		for i := range reqs {
+			c.weight += float64(reqs[i].PromptTokens)
+		}
+		prog.total++
+		prog.weight += c.weight
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("scorecard interrupted: %w", err)
 		}
 	}
 
@@ -251,6 +298,7 @@ feed:
 			score(&c.Cell)
 			if subject >= 0 {
 				c.Verdict = judge(&c.Cell, subject)
+				c.Verdict.Quick = o.Quick
 			}
 			for k := range c.Scores {
 				sc.RunSeconds += c.Scores[k].WallSeconds
@@ -332,12 +380,17 @@ func (s *sources) load(sc *Scenario, seed uint64) ([]workload.Request, error) {
 
 // progress tells Options.Progress of the cells finished.
 type progress struct {
-	w     io.Writer // nil: nothing is told
-	start time.Time
-	total int // the cells to run: all but those skipped
+	w        io.Writer // nil: nothing is told
+	start    time.Time
+	now      func() time.Time
+	parallel int     // simulations at once
+	total    int     // the cells to run: all but those skipped
+	weight   float64 // the prompt tokens of those cells, all together
 
-	mu   sync.Mutex
-	done int
+	mu         sync.Mutex
+	done       int
+	doneWeight float64       // the prompt tokens of the cells done
+	took       time.Duration // the time their simulations took, added up
 }
 
 func (p *progress) printf(format string, args ...any) {
@@ -346,18 +399,27 @@ func (p *progress) printf(format string, args ...any) {
 	}
 }
 
-// cellDone tells of c finished, its simulations having taken took together.
-func (p *progress) cellDone(c *Cell, took time.Duration) {
+// cellDone tells of c finished, its simulations having taken took together and its prompts
+// weighing weight tokens.
+func (p *progress) cellDone(c *Cell, weight float64, took time.Duration) {
 	if p.w == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done++
-	elapsed := time.Since(p.start)
-	// The cells are alike enough, and run Parallel at a time throughout, for the mean so far
-	// to foretell the rest.
-	left := time.Duration(float64(elapsed) / float64(p.done) * float64(p.total-p.done))
+	p.doneWeight += weight
+	p.took += took
+	elapsed := p.now().Sub(p.start)
+	// The cells differ a hundredfold in cost, and the cheap ones come first: the mean time of
+	// a cell so far foretold a small part of the rest (3 s where 64 s were left, four cells
+	// into a quick run). A simulation's time goes with its prompt
+	// tokens (within a factor of about 3 over the matrix): the time per token measured so far,
+	// over the tokens left, Parallel simulations at a time.
+	var left time.Duration
+	if p.doneWeight > 0 {
+		left = time.Duration(float64(p.took) / p.doneWeight * (p.weight - p.doneWeight) / float64(max(1, p.parallel)))
+	}
 	rest := fmt.Sprintf("about %s left", left.Round(time.Second))
 	if p.done == p.total {
 		rest = "all done"
@@ -371,7 +433,9 @@ type cellRun struct {
 	Cell
 	scenario *Scenario
 	whole    float64 // Options.NonStreamed
+	most     int     // Options.MaxRequests
 	prog     *progress
+	weight   float64 // the prompt tokens of its workload (after most), for the progress
 
 	once    sync.Once
 	err     error
@@ -382,9 +446,25 @@ type cellRun struct {
 	took    time.Duration
 }
 
+// workload is the cell's workload, cut to its earliest c.most requests when it has more. The
+// slice is src's, shared by the cells of a scenario and seed: read only.
+func (c *cellRun) workload(src *sources) ([]workload.Request, error) {
+	reqs, err := src.load(c.scenario, c.Seed)
+	if err != nil || c.most == 0 || len(reqs) <= c.most {
+		return reqs, err
+	}
+	if !slices.IsSortedFunc(reqs, byArrival) {
+		reqs = slices.Clone(reqs)
+		slices.SortStableFunc(reqs, byArrival)
+	}
+	return reqs[:c.most:c.most], nil
+}
+
+func byArrival(a, b workload.Request) int { return cmp.Compare(a.Arrival, b.Arrival) }
+
 // prepare loads the cell's workload, scales it to the load and computes the bounds.
 func (c *cellRun) prepare(src *sources) error {
-	reqs, err := src.load(c.scenario, c.Seed)
+	reqs, err := c.workload(src)
 	if errors.Is(err, errNoTrace) {
 		c.Skipped = err.Error()
 		return nil
@@ -398,6 +478,9 @@ func (c *cellRun) prepare(src *sources) error {
 	}
 	c.fleet = f
 	c.Requests, c.Speedup, c.OfferedLoad = len(scaled), f.speedup, f.load
+	if all, _ := src.load(c.scenario, c.Seed); len(all) > len(reqs) {
+		c.WorkloadRequests = len(all)
+	}
 	c.Bounds = report.Bounds{
 		InfiniteCacheHitRate: workload.InfiniteCacheHitRate(scaled, f.config.BlockSize),
 		PooledLRUHitRate:     workload.LRUHitRate(scaled, f.config.BlockSize, f.kv),
@@ -422,7 +505,7 @@ func (c *cellRun) run(ctx context.Context, src *sources, k int, p experiment.Pol
 		if c.pending--; c.pending == 0 {
 			c.w = nil // the last job frees the prepared workload
 			if c.err == nil && c.Skipped == "" {
-				c.prog.cellDone(&c.Cell, c.took)
+				c.prog.cellDone(&c.Cell, c.weight, c.took)
 			}
 		}
 	}()

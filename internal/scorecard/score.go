@@ -24,6 +24,9 @@ const (
 type Verdict struct {
 	Met    bool     `json:"met"`
 	Misses []string `json:"misses,omitempty"`
+	// Quick: the cell is a quick run's (Options.Quick), one seed and load, its workload
+	// perhaps cut short: the verdict is indicative only, the full scorecard's decides.
+	Quick bool `json:"quick,omitempty"`
 }
 
 // score fills in each policy's hit rate over the bound and its TTFT ratios to the best other.

@@ -428,3 +428,128 @@ func TestRunInterrupted(t *testing.T) {
 		}
 	}
 }
+
+// A quick run is one seed (the first), one load (QuickLoad), every cell cut to MaxRequests
+// (QuickRequests unless set), and it says so: in the Scorecard, every verdict, the table and
+// the page.
+func TestRunQuick(t *testing.T) {
+	sc, err := Run(context.Background(), Options{
+		Matrix: small(t), Trace: filepath.Join("absent", "trace.jsonl"), Seeds: []uint64{3, 4},
+		Policies: "prefix-aware,least-request", Parallel: 2, Quick: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type cell struct {
+		Scenario string
+		Load     float64
+		Seed     uint64
+		Skipped  bool
+	}
+	var got []cell
+	for _, c := range sc.Cells {
+		got = append(got, cell{c.Scenario, c.Load, c.Seed, c.Skipped != ""})
+		if c.Skipped == "" && (c.Verdict == nil || !c.Verdict.Quick) {
+			t.Errorf("%s: verdict %+v, want one marked quick", c.Scenario, c.Verdict)
+		}
+	}
+	want := []cell{{"small shared", QuickLoad, 3, false}, {"small scale-up", QuickLoad, 3, false}, {"small trace", QuickLoad, 3, true}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("quick cells (-want +got):\n%s", diff)
+	}
+	if !sc.Quick || sc.MaxRequests != QuickRequests || !slices.Equal(sc.Seeds, []uint64{3}) {
+		t.Errorf("quick %v, max requests %d, seeds %v; want true, %d, [3]", sc.Quick, sc.MaxRequests, sc.Seeds, QuickRequests)
+	}
+	var table, page, js bytes.Buffer
+	if err := sc.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"QUICK RUN (--quick): seed 3 only, one load, each cell cut to its first 4000 requests: the verdicts are indicative only",
+		"prefix-aware: met (quick run: indicative only)", "cells of a quick run (indicative only: run without --quick to decide)"} {
+		if !strings.Contains(table.String(), s) {
+			t.Errorf("table lacks %q:\n%s", s, table.String())
+		}
+	}
+	if !strings.Contains(page.String(), "QUICK RUN (--quick)") || !strings.Contains(page.String(), "met (quick run: indicative only)") {
+		t.Errorf("page does not say the run was quick:\n%s", page.String())
+	}
+	var doc struct {
+		Quick       bool `json:"quick"`
+		MaxRequests int  `json:"max_requests"`
+		Cells       []struct {
+			Verdict *struct {
+				Quick bool `json:"quick"`
+			} `json:"verdict"`
+		} `json:"cells"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if !doc.Quick || doc.MaxRequests != QuickRequests || doc.Cells[0].Verdict == nil || !doc.Cells[0].Verdict.Quick {
+		t.Errorf("JSON does not say quick at the top and in the verdict:\n%s", js.String())
+	}
+}
+
+// MaxRequests keeps each cell's earliest arrivals, sets the load on them, and says how many
+// the workload had.
+func TestRunMaxRequests(t *testing.T) {
+	o := Options{
+		Matrix: small(t)[:1], Seeds: []uint64{1}, Policies: "prefix-aware,least-request", Loads: []float64{0.7}, Parallel: 2,
+	}
+	whole, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.MaxRequests = 10
+	cut, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, c := whole.Cells[0], cut.Cells[0]
+	if w.Requests != 24 || w.WorkloadRequests != 0 || c.Requests != 10 || c.WorkloadRequests != 24 {
+		t.Errorf("requests %d (of %d) whole, %d (of %d) cut; want 24 (of 0) and 10 (of 24)", w.Requests, w.WorkloadRequests, c.Requests, c.WorkloadRequests)
+	}
+	if math.Abs(c.OfferedLoad-0.7) > 1e-6 || c.Scores[0].Completed != 10 {
+		t.Errorf("cut cell: offered load %v, %d completed; want 0.7 and 10", c.OfferedLoad, c.Scores[0].Completed)
+	}
+	var table bytes.Buffer
+	if err := cut.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "seed 1: 10 of the workload's 24 requests (the first), speed-up") {
+		t.Errorf("table does not say the cell was cut:\n%s", table.String())
+	}
+	o.MaxRequests = -1
+	if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "max requests -1") {
+		t.Errorf("MaxRequests -1: error %v", err)
+	}
+}
+
+// The time left weighs the cells by their prompt tokens: a first cell of 1 token-unit that took
+// 2 s of simulation, 9 units to go, one simulation at a time, is 18 s left. Before, the mean
+// time per cell so far times the cells left said 4 s: the cheap cells came first, and the
+// estimate was a fifth of the truth until the trace's cells ran.
+func TestProgressWeighsCells(t *testing.T) {
+	var log bytes.Buffer
+	clock := time.Unix(0, 0)
+	p := &progress{w: &log, start: clock, now: func() time.Time { return clock }, parallel: 1, total: 3, weight: 10}
+	clock = clock.Add(2 * time.Second)
+	p.cellDone(&Cell{Scenario: "cheap", Load: 0.5, Seed: 1}, 1, 2*time.Second)
+	clock = clock.Add(2 * time.Second)
+	p.parallel = 2 // two at a time: half the time
+	p.cellDone(&Cell{Scenario: "cheap", Load: 0.9, Seed: 1}, 1, 2*time.Second)
+	clock = clock.Add(16 * time.Second)
+	p.cellDone(&Cell{Scenario: "dear", Load: 0.5, Seed: 1}, 8, 16*time.Second)
+	want := "scorecard: 1/3 cells: cheap, load 0.5, seed 1 (2s of simulations); 2s elapsed, about 18s left\n" +
+		"scorecard: 2/3 cells: cheap, load 0.9, seed 1 (2s of simulations); 4s elapsed, about 8s left\n" +
+		"scorecard: 3/3 cells: dear, load 0.5, seed 1 (16s of simulations); 20s elapsed, all done\n"
+	if diff := cmp.Diff(want, log.String()); diff != "" {
+		t.Errorf("progress (-want +got):\n%s", diff)
+	}
+}
