@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"time"
 
@@ -55,9 +56,16 @@ func ipFamilies(bindHost string) (v4, v6 bool) {
 	return false, true
 }
 
-// pickAddr returns the first of addrs of the families given, IPv4 first when both are, that
-// the peers can be given (config.AdvertisableIP: not a link-local IPv6 one).
-func pickAddr(addrs []netip.Addr, v4, v6 bool) (netip.Addr, bool) {
+// candidates returns those of addrs (a name's) that may be advertised with a gossip listener
+// bound to bindHost, IPv4 ones first where the listener takes both families: of the listener's
+// families (ipFamilies), advertisable (config.AdvertisableIP: not link-local IPv6), and loopback
+// only with the listener on loopback, as no peer on another host can reach a loopback address
+// (a Debian host's name is 127.0.1.1 in its /etc/hosts). loopback says whether an address of
+// the listener's family was passed over for being loopback.
+func candidates(addrs []netip.Addr, bindHost string) (out []netip.Addr, loopback bool) {
+	v4, v6 := ipFamilies(bindHost)
+	bind, _ := netip.ParseAddr(bindHost) // a name: the zero Addr, not loopback
+	onLoopback := bind.Unmap().IsLoopback()
 	for _, fam := range []struct {
 		ok  bool
 		is4 bool
@@ -66,12 +74,56 @@ func pickAddr(addrs []netip.Addr, v4, v6 bool) (netip.Addr, bool) {
 			continue
 		}
 		for _, a := range addrs {
-			if a = a.Unmap(); a.Is4() == fam.is4 && config.AdvertisableIP(a) == nil {
-				return a, true
+			if a = a.Unmap(); a.Is4() != fam.is4 || config.AdvertisableIP(a) != nil {
+				continue
 			}
+			if a.IsLoopback() && !onLoopback {
+				loopback = true
+				continue
+			}
+			out = append(out, a)
 		}
 	}
-	return netip.Addr{}, false
+	return out, loopback
+}
+
+// localAddr returns the first of cands that a gossip listener bound to bindHost receives on:
+// its own address where it is bound to one; where it is bound to every address (0.0.0.0, ::, a
+// host name), one of this host's, as ifaddrs (net.InterfaceAddrs) lists them. ok is false where
+// none is, or where ifaddrs failed (err).
+func localAddr(cands []netip.Addr, bindHost string, ifaddrs func() ([]net.Addr, error)) (a netip.Addr, ok bool, err error) {
+	if bind, err := netip.ParseAddr(bindHost); err == nil && !bind.Unmap().IsUnspecified() {
+		bind = bind.Unmap()
+		for _, a := range cands {
+			if a == bind {
+				return a, true, nil
+			}
+		}
+		return netip.Addr{}, false, nil
+	}
+	ifs, err := ifaddrs()
+	if err != nil {
+		return netip.Addr{}, false, fmt.Errorf("listing this host's addresses: %w", err)
+	}
+	own := make(map[netip.Addr]bool, len(ifs))
+	for _, ia := range ifs {
+		var ip net.IP
+		switch v := ia.(type) {
+		case *net.IPNet:
+			ip = v.IP
+		case *net.IPAddr:
+			ip = v.IP
+		}
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			own[a.Unmap()] = true
+		}
+	}
+	for _, a := range cands {
+		if own[a] {
+			return a, true, nil
+		}
+	}
+	return netip.Addr{}, false, nil
 }
 
 // familyName names the families a listener takes, for errors.
@@ -87,16 +139,24 @@ func familyName(v4, v6 bool) string {
 
 // resolveAdvertise returns the IP to advertise for host (peers.advertise) with a gossip
 // listener bound to bindHost: host itself when it is an IP or empty (memberlist's choice), else
-// the first address host resolves to of the listener's family (ipFamilies), IPv4 first where
-// both are; resolved says whether host was a name. A link-local IPv6 address, or one with a
-// zone (fe80::1%eth0), is refused, and passed over among a name's (config.AdvertisableIP): the
-// peers could not dial it (the config's check refuses the former already; a name's addresses
-// are known only here). A lookup that fails is made again every retry while one more fits
-// before wait has passed since the first (each ends by then); retrying, when set, is told of
-// the first failure when another try follows. The errors name peers.advertise, the host and
-// the resolver's error.
-func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost string, wait, retry time.Duration,
-	retrying func(err error)) (ip string, resolved bool, err error) {
+// one of the addresses host resolves to; resolved says whether host was a name. A link-local
+// IPv6 address, or one with a zone (fe80::1%eth0), is refused, and passed over among a name's
+// (config.AdvertisableIP): the peers could not dial it (the config's check refuses the former
+// already; a name's addresses are known only here).
+//
+// Of a name's addresses of the listener's family (candidates: IPv4 first where it takes both;
+// loopback ones only with the listener on loopback, a name of loopback addresses alone being an
+// error), the first that the listener receives on (localAddr, with ifaddrs listing this host's
+// addresses) is picked: a name may stand for several hosts (a headless Service's, every pod's),
+// and the first it gives may be another replica's. Where none is, the first is picked, as it
+// may lead here through address translation, and warn (as slog.Logger.Warn) is told, naming
+// the addresses and the pick.
+//
+// A lookup that fails is made again every retry while one more fits before wait has passed
+// since the first (each ends by then); retrying, when set, is told of the first failure when
+// another try follows. The errors name peers.advertise, the host and the resolver's error.
+func resolveAdvertise(ctx context.Context, lookup lookupFunc, ifaddrs func() ([]net.Addr, error), host, bindHost string,
+	wait, retry time.Duration, retrying func(err error), warn func(msg string, args ...any)) (ip string, resolved bool, err error) {
 	if host == "" {
 		return host, false, nil
 	}
@@ -108,7 +168,6 @@ func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost str
 		}
 		return host, false, nil
 	}
-	v4, v6 := ipFamilies(bindHost)
 	start := time.Now()
 	deadline := start.Add(wait)
 	lctx, cancel := context.WithDeadline(ctx, deadline)
@@ -117,19 +176,7 @@ func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost str
 		addrs, err := lookup(lctx, "ip", host)
 		switch {
 		case err == nil:
-			a, ok := pickAddr(addrs, v4, v6)
-			if !ok {
-				linkLocal := ""
-				for _, a := range addrs {
-					if config.AdvertisableIP(a) != nil {
-						linkLocal = " but link-local IPv6 ones, which the peers cannot dial"
-						break
-					}
-				}
-				return "", true, fmt.Errorf("peers.advertise: host name %q resolves to %v, no %s address (the family of the gossip listener, %q)%s: give a name or an address of that family",
-					host, addrs, familyName(v4, v6), bindHost, linkLocal)
-			}
-			return a.String(), true, nil
+			return pickAdvertised(addrs, ifaddrs, host, bindHost, warn)
 		case ctx.Err() != nil:
 			return "", true, fmt.Errorf("peers.advertise: resolving host name %q: %w", host, ctx.Err())
 		case time.Until(deadline) < retry:
@@ -150,4 +197,41 @@ func resolveAdvertise(ctx context.Context, lookup lookupFunc, host, bindHost str
 		case <-t.C:
 		}
 	}
+}
+
+// pickAdvertised returns the address to advertise among addrs, those host (peers.advertise)
+// resolved to, with a gossip listener bound to bindHost (resolveAdvertise says which).
+func pickAdvertised(addrs []netip.Addr, ifaddrs func() ([]net.Addr, error), host, bindHost string,
+	warn func(msg string, args ...any)) (ip string, resolved bool, err error) {
+	cands, loopback := candidates(addrs, bindHost)
+	if len(cands) == 0 {
+		v4, v6 := ipFamilies(bindHost)
+		if loopback {
+			return "", true, fmt.Errorf("peers.advertise: host name %q resolves to %v: loopback, which no peer on another host can reach (the gossip listens on %q); set peers.advertise to this replica's own address (on Kubernetes, its pod IP), or map the name to that address in /etc/hosts",
+				host, addrs, bindHost)
+		}
+		linkLocal := ""
+		for _, a := range addrs {
+			if config.AdvertisableIP(a) != nil {
+				linkLocal = " but link-local IPv6 ones, which the peers cannot dial"
+				break
+			}
+		}
+		return "", true, fmt.Errorf("peers.advertise: host name %q resolves to %v, no %s address (the family of the gossip listener, %q)%s: give a name or an address of that family",
+			host, addrs, familyName(v4, v6), bindHost, linkLocal)
+	}
+	a, local, lerr := localAddr(cands, bindHost, ifaddrs)
+	if local {
+		return a.String(), true, nil
+	}
+	a = cands[0]
+	if warn != nil {
+		args := []any{"host", host, "addrs", addrs, "ip", a}
+		if lerr != nil {
+			args = append(args, "err", lerr)
+		}
+		warn("peers.advertise resolves to no address this replica's gossip listens on: advertising the first, which reaches this replica only through address translation; if it is another host's, set peers.advertise to this replica's own address",
+			args...)
+	}
+	return a.String(), true, nil
 }

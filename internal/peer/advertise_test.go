@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -16,7 +17,8 @@ import (
 )
 
 // TestResolveAdvertise: an IP or nothing is advertised as given; a host name is resolved to the
-// first address of the gossip listener's family, IPv4 first where the listener takes both; a
+// first address of the gossip listener's family, IPv4 first where the listener takes both (none
+// of the addresses here being this host's: TestResolveAdvertiseLocal); a
 // name of no address of that family, or that does not resolve within the wait, is an error
 // naming peers.advertise, the host and the resolver's error.
 func TestResolveAdvertise(t *testing.T) {
@@ -39,7 +41,7 @@ func TestResolveAdvertise(t *testing.T) {
 		{"IPv4 listener", "r0.peers", "0.0.0.0", answer(v6a, v4a, v4b), "10.0.0.1", true, nil},
 		{"IPv4 listener at an address", "r0.peers", "10.0.0.1", answer(v6a, v4b), "10.0.0.2", true, nil},
 		{"IPv4-mapped answer", "r0.peers", "0.0.0.0", answer(v6a, mapped), "10.0.0.3", true, nil},
-		{"IPv6 listener", "r0.peers", "fd00::1", answer(v4a, v6b, v6a), "fd00::2", true, nil},
+		{"IPv6 listener", "r0.peers", "fd00::9", answer(v4a, v6b, v6a), "fd00::2", true, nil},
 		{"dual-stack listener, IPv4 preferred", "r0.peers", "::", answer(v6a, v4b, v4a), "10.0.0.2", true, nil},
 		{"dual-stack listener, IPv6 only", "r0.peers", "::", answer(v6b), "fd00::2", true, nil},
 		{"listener at a name", "r0.peers", "gossip.local", answer(v6a, v4a), "10.0.0.1", true, nil},
@@ -66,13 +68,110 @@ func TestResolveAdvertise(t *testing.T) {
 					return nil, errors.New("looked up")
 				}
 			}
-			ip, resolved, err := resolveAdvertise(context.Background(), lookup, tc.host, tc.bind, time.Second, time.Millisecond, nil)
+			ip, resolved, err := resolveAdvertise(context.Background(), lookup, noInterfaces, tc.host, tc.bind, time.Second, time.Millisecond, nil, nil)
 			if ip != tc.want || resolved != tc.resolved || (err != nil) != (tc.want == "" && tc.host != "") {
 				t.Fatalf("got %q, resolved %v, err %v; want %q, resolved %v", ip, resolved, err, tc.want, tc.resolved)
 			}
 			for _, s := range tc.errHas {
 				if !strings.Contains(err.Error(), s) {
 					t.Errorf("error %q does not say %q", err, s)
+				}
+			}
+		})
+	}
+}
+
+// noInterfaces stands for a host none of whose addresses a stand-in resolver gives.
+func noInterfaces() ([]net.Addr, error) { return nil, nil }
+
+// interfaces stands in for net.InterfaceAddrs: a host with the addresses given (CIDR notation).
+func interfaces(t *testing.T, cidrs ...string) func() ([]net.Addr, error) {
+	var out []net.Addr
+	for _, c := range cidrs {
+		ip, n, err := net.ParseCIDR(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, &net.IPNet{IP: ip, Mask: n.Mask})
+	}
+	return func() ([]net.Addr, error) { return out, nil }
+}
+
+// TestResolveAdvertiseLocal: of the addresses a name resolves to, the first that the gossip
+// listener receives on is advertised (one of this host's, for a listener on every address;
+// the listener's own, for one bound to an address); a loopback address only with the listener
+// on loopback, a name of loopback addresses alone being an error naming peers.advertise, the
+// address and the fix; where none is this host's, the first, with a warning naming the
+// addresses and the pick. Before, the first was advertised: another pod's IP for a headless
+// Service's name, 127.0.1.1 for a Debian host's name, with no word.
+func TestResolveAdvertiseLocal(t *testing.T) {
+	pod := interfaces(t, "127.0.0.1/8", "::1/128", "10.0.0.5/24", "fd00::5/64")
+	for _, tc := range []struct {
+		name, bind string
+		ifaddrs    func() ([]net.Addr, error)
+		addrs      []string
+		want       string   // the IP; "": an error
+		errHas     []string // in the error
+		warnHas    []string // in the one warning; nil: none
+	}{
+		{name: "a headless Service's name: this pod's address", bind: "0.0.0.0", ifaddrs: pod,
+			addrs: []string{"10.0.0.9", "10.0.0.5", "10.0.0.7"}, want: "10.0.0.5"},
+		{name: "several of this host's: the first of them", bind: "0.0.0.0",
+			ifaddrs: interfaces(t, "10.0.0.7/24", "10.0.0.5/24"),
+			addrs:   []string{"10.0.0.9", "10.0.0.5", "10.0.0.7"}, want: "10.0.0.5"},
+		{name: "none of this host's: the first, warned", bind: "0.0.0.0", ifaddrs: pod,
+			addrs: []string{"10.0.0.9", "10.0.0.7"}, want: "10.0.0.9",
+			warnHas: []string{"host=r0.peers", `addrs="[10.0.0.9 10.0.0.7]"`, "ip=10.0.0.9", "own address"}},
+		{name: "a Debian host's name: loopback refused", bind: "0.0.0.0", ifaddrs: pod,
+			addrs:  []string{"127.0.1.1"},
+			errHas: []string{"peers.advertise", `"r0.peers"`, "127.0.1.1", "loopback", `"0.0.0.0"`, "pod IP", "/etc/hosts"}},
+		{name: "IPv6 loopback refused", bind: "::", ifaddrs: pod,
+			addrs: []string{"::1"}, errHas: []string{"peers.advertise", "::1", "loopback"}},
+		{name: "loopback passed over for this host's address", bind: "0.0.0.0", ifaddrs: pod,
+			addrs: []string{"127.0.1.1", "10.0.0.5"}, want: "10.0.0.5"},
+		{name: "loopback passed over for another address, warned", bind: "0.0.0.0", ifaddrs: pod,
+			addrs: []string{"127.0.1.1", "203.0.113.5"}, want: "203.0.113.5",
+			warnHas: []string{`addrs="[127.0.1.1 203.0.113.5]"`, "ip=203.0.113.5"}},
+		{name: "dual stack: this host's IPv6 address before another's IPv4 one", bind: "::", ifaddrs: pod,
+			addrs: []string{"10.0.0.9", "fd00::5"}, want: "fd00::5"},
+		{name: "dual stack: IPv4 first among this host's", bind: "::", ifaddrs: pod,
+			addrs: []string{"fd00::5", "10.0.0.5"}, want: "10.0.0.5"},
+		{name: "listener at an address: that one", bind: "10.0.0.5", ifaddrs: pod,
+			addrs: []string{"10.0.0.7", "10.0.0.5"}, want: "10.0.0.5"},
+		{name: "listener on loopback: loopback taken", bind: "127.0.0.1", ifaddrs: pod,
+			addrs: []string{"127.0.0.1"}, want: "127.0.0.1"},
+		{name: "listener on loopback: its address before another interface's", bind: "127.0.0.1", ifaddrs: pod,
+			addrs: []string{"10.0.0.5", "127.0.0.1"}, want: "127.0.0.1"},
+		{name: "interfaces not listed: the first, warned with the error", bind: "0.0.0.0",
+			ifaddrs: func() ([]net.Addr, error) { return nil, errors.New("route ip+net: netlinkrib: permission denied") },
+			addrs:   []string{"10.0.0.9", "10.0.0.5"}, want: "10.0.0.9",
+			warnHas: []string{"ip=10.0.0.9", "listing this host's addresses: route ip+net: netlinkrib: permission denied"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var addrs []netip.Addr
+			for _, a := range tc.addrs {
+				addrs = append(addrs, netip.MustParseAddr(a))
+			}
+			lookup := func(context.Context, string, string) ([]netip.Addr, error) { return addrs, nil }
+			var logs testlog.Buffer
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			ip, resolved, err := resolveAdvertise(context.Background(), lookup, tc.ifaddrs, "r0.peers", tc.bind,
+				time.Second, time.Millisecond, nil, log.Warn)
+			if ip != tc.want || !resolved || (err != nil) != (tc.want == "") {
+				t.Fatalf("got %q, resolved %v, err %v; want %q", ip, resolved, err, tc.want)
+			}
+			for _, s := range tc.errHas {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not say %q", err, s)
+				}
+			}
+			warned := logs.Count("level=WARN msg=\"peers.advertise resolves to no address this replica's gossip listens on")
+			if want := min(len(tc.warnHas), 1); warned != want || logs.Count("\n") != want {
+				t.Errorf("%d warnings, %d lines; want %d:\n%s", warned, logs.Count("\n"), want, logs.String())
+			}
+			for _, s := range tc.warnHas {
+				if !strings.Contains(logs.String(), s) {
+					t.Errorf("the warning does not say %q:\n%s", s, logs.String())
 				}
 			}
 		})
@@ -101,8 +200,8 @@ func TestResolveAdvertiseRetries(t *testing.T) {
 
 	var calls atomic.Int32
 	var told []error
-	ip, _, err := resolveAdvertise(context.Background(), failing(2, &calls), "r0.peers", "0.0.0.0", 5*time.Second, 5*time.Millisecond,
-		func(err error) { told = append(told, err) })
+	ip, _, err := resolveAdvertise(context.Background(), failing(2, &calls), noInterfaces, "r0.peers", "0.0.0.0", 5*time.Second, 5*time.Millisecond,
+		func(err error) { told = append(told, err) }, nil)
 	if ip != "10.0.0.1" || err != nil || calls.Load() != 3 {
 		t.Errorf("resolved after two failures: %q, %v, in %d lookups; want 10.0.0.1 in 3", ip, err, calls.Load())
 	}
@@ -112,7 +211,7 @@ func TestResolveAdvertiseRetries(t *testing.T) {
 
 	calls.Store(0)
 	start := time.Now()
-	_, _, err = resolveAdvertise(context.Background(), failing(1000, &calls), "r0.peers", "0.0.0.0", 100*time.Millisecond, 20*time.Millisecond, nil)
+	_, _, err = resolveAdvertise(context.Background(), failing(1000, &calls), noInterfaces, "r0.peers", "0.0.0.0", 100*time.Millisecond, 20*time.Millisecond, nil, nil)
 	took := time.Since(start)
 	if !errors.Is(err, notFound) || !strings.Contains(err.Error(), `peers.advertise: host name "r0.peers" does not resolve`) {
 		t.Errorf("never resolved: err %v, want peers.advertise's error wrapping the resolver's", err)
@@ -125,8 +224,8 @@ func TestResolveAdvertiseRetries(t *testing.T) {
 	calls.Store(0)
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := resolveAdvertise(ctx, failing(1000, &calls), "r0.peers", "0.0.0.0", 2*time.Minute, time.Minute,
-			func(error) { cancel() })
+		_, _, err := resolveAdvertise(ctx, failing(1000, &calls), noInterfaces, "r0.peers", "0.0.0.0", 2*time.Minute, time.Minute,
+			func(error) { cancel() }, nil)
 		done <- err
 	}()
 	select {
@@ -151,6 +250,9 @@ func TestAdvertiseHostName(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `level=INFO msg="peers.advertise resolved: this replica advertises its address" replica=a host=localhost ip=127.0.0.1`) {
 		t.Errorf("the address resolved is not logged at info:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("a warning for localhost on a loopback listener:\n%s", logs.String())
 	}
 	b := startReplica(t, "b", []string{a.node.GossipAddr()}, nil)
 	waitFor(t, 10*time.Second, "a and b following each other", func() bool { return isFollowing(a, "b")() && isFollowing(b, "a")() })

@@ -174,11 +174,11 @@ func (n *Node) startMembers(ctx context.Context) (*memberlist.Memberlist, error)
 	if lookup == nil {
 		lookup = net.DefaultResolver.LookupNetIP
 	}
-	adv, resolved, err := resolveAdvertise(ctx, lookup, n.cfg.Advertise, c.BindAddr, wait, advertiseRetry,
+	adv, resolved, err := resolveAdvertise(ctx, lookup, net.InterfaceAddrs, n.cfg.Advertise, c.BindAddr, wait, advertiseRetry,
 		func(err error) {
 			n.log.Info("peers.advertise does not resolve yet: asking again each second", "host", n.cfg.Advertise,
 				"for", wait.String(), "err", err)
-		})
+		}, n.log.Warn)
 	if err != nil {
 		return nil, err
 	}
