@@ -25,8 +25,14 @@ type fleetRun struct {
 
 func newFleetRun(t *testing.T, cfg OutlierConfig) *fleetRun {
 	t.Helper()
+	return newFleetRunWith(t, cfg, "prefix-aware")
+}
+
+// newFleetRunWith is newFleetRun with the policy named.
+func newFleetRunWith(t *testing.T, cfg OutlierConfig, policyName string) *fleetRun {
+	t.Helper()
 	r := &fleetRun{t: t, clk: &stepClock{t: time.Unix(100, 0)}, eps: pool(t, "a", "b", "c"), ejections: map[string]int{}}
-	p, err := policy.New("prefix-aware", nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: r.clk})
+	p, err := policy.New(policyName, nil, policy.Env{Rand: rand.New(rand.NewPCG(1, 2)), Clock: r.clk})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,141 @@
+package route
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// flapRun runs an engine a that fails a share p of its attempts with f (the rest served)
+// while its /health passes, beside b and c: ten minutes on a step clock, a third of 10
+// requests a second to a while it is in rotation, a health check every 5 s that passes (sent
+// and answered at once; told to the Outlier when checks), passive failures 3. It returns a's
+// failed attempts and the ejections a passing check ended.
+func flapRun(t *testing.T, p float64, f Failure, checks bool) (failed, byCheck int) {
+	t.Helper()
+	clk := &stepClock{t: time.Unix(1000, 0)}
+	a := pool(t, "a", "b", "c")[0]
+	o := NewOutlier(OutlierConfig{Consecutive: 3, Fleet: func() int { return 3 }}, clk)
+	rng := rand.New(rand.NewPCG(7, uint64(p*100)))
+	const step = 300 * time.Millisecond
+	nextCheck := clk.t.Add(5 * time.Second)
+	for tick := time.Duration(0); tick < 10*time.Minute; tick += step {
+		clk.t = clk.t.Add(step)
+		if !clk.t.Before(nextCheck) {
+			if checks && o.HealthPassed(a, nextCheck) {
+				byCheck++
+			}
+			nextCheck = nextCheck.Add(5 * time.Second)
+		}
+		if o.Ejected(a, clk.t) {
+			continue
+		}
+		if rng.Float64() < p {
+			failed++
+			o.Failed(a, f)
+		} else {
+			o.Succeeded(a)
+		}
+	}
+	return failed, byCheck
+}
+
+// TestCheckDoesNotJudgeAnswers: an engine that answers its health check while it fails some of
+// its requests (a 5xx, a 503, a timeout) is not taken back by the check: each
+// readmission cost passive_failures failed attempts more (at half its requests failing, 136
+// failed attempts in ten minutes instead of 27, 19 of 21 ejections ended by a check). With the
+// checks told, it fails as often as without them. A restart's failures (connections refused
+// or lost, streams cut) are what a check ends (TestOutlierHealthPassed, TestCheckBackNeedsARun).
+func TestCheckDoesNotJudgeAnswers(t *testing.T) {
+	for _, f := range []Failure{FailStatus, FailUnavailable, FailTimeout} {
+		for _, p := range []float64{1, 0.9, 0.8, 0.7, 0.5} {
+			without, _ := flapRun(t, p, f, false)
+			with, byCheck := flapRun(t, p, f, true)
+			t.Logf("%v p=%.1f: failed attempts a minute %.1f without checks, %.1f with (%d ejections ended by a check)",
+				f, p, float64(without)/10, float64(with)/10, byCheck)
+			if with != without || byCheck != 0 {
+				t.Errorf("%v, %.0f %% failing: %d failed attempts with passing checks told (%d ejections ended by them), want %d as without",
+					f, 100*p, with, byCheck, without)
+			}
+		}
+	}
+}
+
+// TestCheckEndsUnreachableOnly: which ejections a passing health check ends. Only one whose
+// failures (each count that reached passive failures: this replica's, the fleet's) all say
+// the engine could not be reached or died (refused, lost, cut): a restart. Not one where the
+// engine answered (a 5xx, a 503) or hung (a timeout), even beside refused connections; nor one a
+// peer told of as a new replica starts (PeerEjected: peers tell only of ejections for failures
+// of the engine's own doing, which its check passes through; a new replica's first check
+// ended a 4 minute ejection).
+func TestCheckEndsUnreachableOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		own, peers []Failure
+		told       bool // PeerEjected
+		ends       bool
+	}{
+		{name: "refused", own: []Failure{FailConnect, FailConnect, FailConnect}, ends: true},
+		{name: "lost", own: []Failure{FailLost, FailLost, FailLost}, ends: true},
+		{name: "refused and lost", own: []Failure{FailLost, FailConnect, FailConnect}, ends: true},
+		{name: "peers lost", peers: []Failure{FailLost, FailLost, FailLost}, ends: true},
+		{name: "5xx", own: []Failure{FailStatus, FailStatus, FailStatus}},
+		{name: "503", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable}},
+		{name: "timeouts", own: []Failure{FailTimeout, FailTimeout, FailTimeout}},
+		{name: "cut streams", own: []Failure{FailCut, FailCut, FailCut}, ends: true},
+		{name: "peers cut", peers: []Failure{FailCut, FailLost, FailCut}, ends: true},
+		{name: "refused then 5xx", own: []Failure{FailConnect, FailConnect, FailStatus}},
+		{name: "cut then timeout", own: []Failure{FailCut, FailCut, FailTimeout}},
+		{name: "peers 5xx", peers: []Failure{FailStatus, FailStatus, FailStatus}},
+		{name: "lost here, 5xx at peers", own: []Failure{FailLost}, peers: []Failure{FailStatus, FailStatus}},
+		{name: "told by a peer", told: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &stepClock{t: time.Unix(100, 0)}
+			a := pool(t, "a", "b", "c")[0]
+			o := NewOutlier(OutlierConfig{Consecutive: 3, Fleet: func() int { return 3 }}, clk)
+			for _, f := range tc.own {
+				o.Failed(a, f)
+			}
+			for _, f := range tc.peers {
+				o.PeerFailed(a, f)
+			}
+			if tc.told && !o.PeerEjected(a, 4*time.Minute) {
+				t.Fatal("a not ejected when a peer told of its ejection")
+			}
+			if !o.Ejected(a, clk.t) {
+				t.Fatal("a not ejected")
+			}
+			clk.t = clk.t.Add(time.Second)
+			if got := o.HealthPassed(a, clk.t); got != tc.ends {
+				t.Errorf("a passing check ended the ejection: %v, want %v", got, tc.ends)
+			}
+			if got := o.Ejected(a, clk.t); got == tc.ends {
+				t.Errorf("a ejected after the check: %v, want %v", got, !tc.ends)
+			}
+		})
+	}
+}
+
+// TestCheckBackNeedsARun: an engine that loses the connections of a share of its requests, or
+// cuts their streams, behind a live /health (the failures a check ends, as a restart's) is
+// taken back by a check once, and then not until it has served passive_failures attempts in a
+// row: one success between its ejections was enough, and at half its requests failing it
+// failed 136 attempts in ten minutes, against 27 without the checks.
+func TestCheckBackNeedsARun(t *testing.T) {
+	for _, f := range []Failure{FailLost, FailCut} {
+		for _, tc := range []struct {
+			p    float64
+			most int // failed attempts with the checks told, at most
+		}{{1, 18}, {0.9, 20}, {0.8, 27}, {0.7, 25}, {0.5, 45}} {
+			without, _ := flapRun(t, tc.p, f, false)
+			with, byCheck := flapRun(t, tc.p, f, true)
+			t.Logf("%v p=%.1f: failed attempts a minute %.1f without checks, %.1f with (%d ejections ended by a check)",
+				f, tc.p, float64(without)/10, float64(with)/10, byCheck)
+			if with > tc.most {
+				t.Errorf("%v, %.0f %% failing: %d failed attempts with passing checks told (%d ejections ended by them), want at most %d (%d without)",
+					f, 100*tc.p, with, byCheck, tc.most, without)
+			}
+		}
+	}
+}
