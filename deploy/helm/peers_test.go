@@ -141,3 +141,56 @@ func TestChartPeersTLS(t *testing.T) {
 		t.Errorf("config.peers.tls: %v, want it refused", err)
 	}
 }
+
+// TestChartPeersAdvertisePodIP: with peers enabled each replica advertises its pod IP: the
+// container gets a variable from the downward API's status.podIP and the config's
+// peers.advertise_env names it, so that the config the pods share gives each its own address
+// (kvroute reads the variable at load and at start). peers.advertisePodIP: false leaves both
+// out, for memberlist's pick or config.peers.advertise; with it, config.peers.advertise and
+// advertise_env are refused at render, as kvroute would refuse both set at start.
+func TestChartPeersAdvertisePodIP(t *testing.T) {
+	out, err := render(t, "peers: {enabled: true}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := decodeAll(t, out)
+	c := m.kvrouteConfig(t)
+	fromPod := map[string]string{} // the variables the kubelet sets from the pod's status
+	for _, e := range m.deployment.Spec.Template.Spec.Containers[0].Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			fromPod[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if diff := cmp.Diff(map[string]string{"KVROUTE_POD_IP": "status.podIP"}, fromPod); diff != "" || c.Peers.AdvertiseEnv != "KVROUTE_POD_IP" || c.Peers.Advertise != "" {
+		t.Fatalf("env from the pod (-want +got):\n%s\npeers.advertise_env %q, advertise %q: want the pod IP's variable",
+			diff, c.Peers.AdvertiseEnv, c.Peers.Advertise)
+	}
+	// As kvroute starts in the pod: the kubelet's value is advertised, IPv4 or IPv6.
+	for _, podIP := range []string{"10.42.0.7", "fd00:10:42::7"} {
+		getenv := func(name string) string {
+			if fromPod[name] == "status.podIP" {
+				return podIP
+			}
+			return ""
+		}
+		if got, err := c.PeerAdvertise(getenv); got != podIP || err != nil {
+			t.Errorf("pod IP %s: advertised %q, %v", podIP, got, err)
+		}
+	}
+
+	out, err = render(t, "peers: {enabled: true, advertisePodIP: false}\nconfig: {peers: {advertise: kvroute.example}}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = decodeAll(t, out)
+	if c := m.kvrouteConfig(t); c.Peers.AdvertiseEnv != "" || c.Peers.Advertise != "kvroute.example" || strings.Contains(out, "status.podIP") {
+		t.Errorf("advertisePodIP false: advertise_env %q, advertise %q, env %+v", c.Peers.AdvertiseEnv, c.Peers.Advertise,
+			m.deployment.Spec.Template.Spec.Containers[0].Env)
+	}
+	for _, key := range []string{"advertise: 10.0.0.1", "advertise_env: MY_IP"} {
+		want := "config.peers." + strings.Split(key, ":")[0] + ": leave it out: the chart sets advertise_env to the pod IP (peers.advertisePodIP); set peers.advertisePodIP: false"
+		if _, err := render(t, "peers: {enabled: true}\nconfig: {peers: {"+key+"}}\n"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config.peers {%s}: %v, want an error saying %q", key, err, want)
+		}
+	}
+}

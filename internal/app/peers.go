@@ -52,6 +52,12 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 	if err != nil {
 		return nil, err
 	}
+	// peers.advertise, or the variable advertise_env names, read again here: a config loaded
+	// without reading this machine's variables (Checks.ReadSecrets) is checked now.
+	advertise, err := cfg.PeerAdvertise(nil)
+	if err != nil {
+		return nil, err
+	}
 	var sources []peer.Source
 	if len(pc.Static) > 0 {
 		sources = append(sources, peer.Static(pc.Static))
@@ -80,7 +86,7 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 		serverTLS, clientTLS = peer.MutualTLS(func() (*tls.Certificate, error) { return certs.get(nil) }, roots, t.ServerName)
 	}
 	node, err := peer.New(peer.Config{
-		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: pc.Advertise, Sources: sources, Secret: secret, Accept: accept,
+		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: advertise, Sources: sources, Secret: secret, Accept: accept,
 		BatchInterval: pc.BatchInterval.D(), MaxMessageBytes: pc.MaxMessageBytes, Queue: pc.Queue,
 		WarmStartTimeout: pc.WarmStartTimeout.D(), SnapshotMaxBytes: pc.SnapshotMaxBytes, RejoinInterval: pc.RejoinInterval.D(),
 		FaultInjection: pc.FaultInjection, Logger: r.logger, Metrics: metrics.NewPeers(r.reg),

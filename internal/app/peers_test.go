@@ -428,3 +428,51 @@ func TestServeStopBounded(t *testing.T) {
 		t.Errorf("a's leave: %v, want 1 peer, none told", late)
 	}
 }
+
+// TestRouterPeersAdvertiseEnv: with peers.advertise_env a replica advertises the value of the
+// variable it names (a pod's IP, from the downward API), read when the router is built, so
+// that a config loaded without reading this machine's variables is checked then: the variable
+// unset, or holding a loopback address while the gossip is not on loopback, is an error naming
+// it and the fix, and nothing starts.
+func TestRouterPeersAdvertiseEnv(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_PEERS", peerSecret)
+	eng := newFakeEngine(t)
+	conf := func(gossip string) *config.Config {
+		cfg, err := config.Parse([]byte(fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: 1h}\nauth: {mode: none}\n"+
+			"endpoints: [{url: %q, models: [m], engine: vllm}]\n"+
+			"peers: {name: a, listen: '127.0.0.1:0', gossip_listen: %q, secret_env: KVROUTE_TEST_PEERS, advertise_env: KVROUTE_TEST_POD_IP}\n",
+			eng.srv.URL, gossip)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	// Another loopback address than the gossip's, so that the advertised one tells where it
+	// came from (no peer dials it: this replica is alone).
+	t.Setenv("KVROUTE_TEST_POD_IP", "127.0.0.2")
+	r, err := NewRouter(conf("127.0.0.1:0"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	runRouter(t, r)
+	waitUntil(t, "the gossip address", func() bool { return r.peers.node.GossipAddr() != "" })
+	if host, _, _ := net.SplitHostPort(r.peers.node.GossipAddr()); host != "127.0.0.2" {
+		t.Errorf("advertised %s, want the variable's 127.0.0.2", r.peers.node.GossipAddr())
+	}
+
+	for _, tc := range []struct{ value, gossip, want string }{
+		{"", "127.0.0.1:0", "peers.advertise_env KVROUTE_TEST_POD_IP: the variable is not set, or empty: set it to this replica's own address or host name (on Kubernetes, its pod IP: env: [{name: KVROUTE_TEST_POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}])"},
+		// The gossip never binds: the router is refused before it runs.
+		{"127.0.0.1", "0.0.0.0:0", `peers.advertise_env KVROUTE_TEST_POD_IP="127.0.0.1": loopback, which no peer on another host can reach (the gossip listens on "0.0.0.0:0")`},
+	} {
+		t.Setenv("KVROUTE_TEST_POD_IP", tc.value)
+		r, err := NewRouter(conf(tc.gossip), slog.New(slog.DiscardHandler))
+		if err == nil {
+			r.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("variable %q: NewRouter: %v, want an error saying %q", tc.value, err, tc.want)
+		}
+	}
+}

@@ -425,8 +425,9 @@ type Checks struct {
 	// Policy.PolicyParams (building the policy is one way to find out). Nil: not checked.
 	Policy func(name string, params map[string]string) error
 	// ReadSecrets reads the secrets the router will read (auth's with authentication on, the
-	// peers' and the one they accept besides; files and environment variables) and
-	// extproc.tls's certificate and key, so that one that does not read or is too short is
+	// peers' and the one they accept besides; files and environment variables), the variable
+	// peers.advertise_env names, and extproc.tls's certificate and key, so that one that does
+	// not read, is too short or is not an address to advertise is
 	// reported with the other problems rather than after them, when the router starts. False:
 	// not read (a config checked away from the machine it runs on, whose files are elsewhere).
 	ReadSecrets bool

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -28,6 +29,11 @@ type Peers struct {
 	// Advertise is the host or IP the other replicas reach this one at. Default: the gossip
 	// address, or this host's private address when that is 0.0.0.0.
 	Advertise string `json:"advertise"`
+	// AdvertiseEnv names an environment variable holding advertise's value instead, one per
+	// replica under a config they share (on Kubernetes, the pod IP from the downward API:
+	// valueFrom.fieldRef.fieldPath status.podIP). Read when the config is loaded and when the
+	// replica starts (PeerAdvertise).
+	AdvertiseEnv string `json:"advertise_env"`
 	// Name is this replica's name among its peers, unique. Default: the host name and the
 	// gossip port.
 	Name string `json:"name"`
@@ -231,16 +237,21 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 				pr.add("peers.gossip_listen", "%q: %v; or bind every address, like :%d, and set peers.advertise", p.GossipListen, err, DefaultGossipPort)
 			}
 		}
-		if p.Advertise == "" && AdvertisesUnspecified(host) {
+		if p.Advertise == "" && p.AdvertiseEnv == "" && AdvertisesUnspecified(host) {
 			pr.add("peers.advertise", "missing, with peers.gossip_listen %q: the gossip would advertise the unspecified address (::), which each peer dials as its own host; give this replica's address or host name, or bind gossip_listen to one (or to 0.0.0.0:%d, for which this host's private IPv4 address is advertised)", p.GossipListen, DefaultGossipPort)
 		}
 	}
-	if ip, err := netip.ParseAddr(p.Advertise); err == nil {
-		if err := AdvertisableIP(ip); err != nil {
+	if p.Advertise != "" {
+		if err := checkAdvertise(p.Advertise, p.GossipListen); err != nil {
 			pr.add("peers.advertise", "%q: %v", p.Advertise, err)
 		}
-	} else if strings.ContainsAny(p.Advertise, ":/ %") {
-		pr.add("peers.advertise", "%q: give a host name or an IP address, without a port", p.Advertise)
+	}
+	switch {
+	case p.AdvertiseEnv == "":
+	case p.Advertise != "":
+		pr.add("peers", "both advertise and advertise_env are set: keep one")
+	case !envName.MatchString(p.AdvertiseEnv):
+		pr.add("peers.advertise_env", "%q is not a variable's name: give the name alone, like POD_IP (the router reads the variable; the config expands none)", p.AdvertiseEnv)
 	}
 	for i, a := range p.Static {
 		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
@@ -300,6 +311,38 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 	}
 }
 
+// envName is what advertise_env may name: a portable environment variable name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// checkAdvertise says why host (peers.advertise, or advertise_env's value) cannot be advertised
+// with the gossip listener at gossip (peers.gossip_listen, defaulted); nil when it can, as far
+// as the config tells: a host name is resolved, and its addresses checked, at start
+// (internal/peer). The unspecified address (0.0.0.0, ::) is refused: memberlist would
+// advertise it as it is. A loopback address is refused unless the listener is on loopback
+// too, as a name resolving to loopback is at start: no peer on another host can reach it.
+func checkAdvertise(host, gossip string) error {
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		if strings.ContainsAny(host, ":/ %") {
+			return fmt.Errorf("give a host name or an IP address, without a port")
+		}
+		return nil
+	}
+	if err := AdvertisableIP(ip); err != nil {
+		return err
+	}
+	if ip.IsUnspecified() {
+		return fmt.Errorf("the unspecified address, which each peer dials as its own host: give this replica's own address or host name")
+	}
+	if ip.Unmap().IsLoopback() {
+		bindHost, _, _ := net.SplitHostPort(gossip)
+		if bind, err := netip.ParseAddr(bindHost); err != nil || !bind.Unmap().IsLoopback() {
+			return fmt.Errorf("loopback, which no peer on another host can reach (the gossip listens on %q): give this replica's own address (on Kubernetes, its pod IP: peers.advertise_env, set from status.podIP), or bind peers.gossip_listen to loopback too for replicas of this host alone", gossip)
+		}
+	}
+	return nil
+}
+
 // AdvertisableIP says why the other replicas cannot be given ip to reach this one at (in
 // peers.advertise, or as the address peers.gossip_listen binds); nil when they can. memberlist
 // carries a member's address as bare bytes, without an IPv6 zone (net.IP has none), and a zone
@@ -327,6 +370,31 @@ func AdvertisesUnspecified(host string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err != nil || ip.IsUnspecified() && !ip.Unmap().Is4()
+}
+
+// PeerAdvertise returns the host or IP this replica advertises to its peers: peers.advertise,
+// or the value of the variable peers.advertise_env (via getenv, os.Getenv when nil, its
+// surrounding white space trimmed), checked as advertise is at load; "" for neither
+// (memberlist's pick). The variable unset or empty is an error naming it and the fix.
+func (c *Config) PeerAdvertise(getenv func(string) string) (string, error) {
+	p := c.Peers
+	switch {
+	case p == nil:
+		return "", nil
+	case p.AdvertiseEnv == "":
+		return p.Advertise, nil
+	}
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	v := strings.TrimSpace(getenv(p.AdvertiseEnv))
+	if v == "" {
+		return "", fmt.Errorf("peers.advertise_env %s: the variable is not set, or empty: set it to this replica's own address or host name (on Kubernetes, its pod IP: env: [{name: %s, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]), or give peers.advertise instead", p.AdvertiseEnv, p.AdvertiseEnv)
+	}
+	if err := checkAdvertise(v, p.GossipListen); err != nil {
+		return "", fmt.Errorf("peers.advertise_env %s=%q: %w", p.AdvertiseEnv, v, err)
+	}
+	return v, nil
 }
 
 // PeerSecret reads the replicas' shared secret from peers.secret_file or the variable
@@ -385,9 +453,10 @@ func readSecret(c *Config, at, file, env string, getenv func(string) string) ([]
 	return s, nil
 }
 
-// secretsSection reads the secrets, and the picker's certificate and key, when
-// Checks.ReadSecrets asks it to (see there). It only judges: the router reads them again when
-// it starts or reloads.
+// secretsSection reads the secrets, the picker's certificate and key, and the variable
+// peers.advertise_env names, when Checks.ReadSecrets asks it to (see there): what only the
+// machine the router runs on holds. It only judges: the router reads them again when it starts
+// or reloads.
 type secretsSection struct {
 	c    *Config
 	read bool
@@ -428,6 +497,12 @@ func (s secretsSection) validate(c *Config, p *problems) {
 			}
 			// readSecret names the key and its file or variable; the key goes first here.
 			p.add(key, "%s", strings.TrimPrefix(err.Error(), key+" "))
+		}
+	}
+	// Set with advertise, or not a name, it is reported by the section.
+	if pe := c.Peers; pe != nil && pe.AdvertiseEnv != "" && pe.Advertise == "" && envName.MatchString(pe.AdvertiseEnv) {
+		if _, err := c.PeerAdvertise(nil); err != nil {
+			p.add("peers.advertise_env", "%s", strings.TrimPrefix(err.Error(), "peers.advertise_env "))
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -248,6 +249,18 @@ func TestPeersLinkLocal(t *testing.T) {
 		{"gossip_listen at a name", "gossip_listen: 'localhost:7946'", []string{"peers.advertise: missing, with peers.gossip_listen \"localhost:7946\""}},
 		{"gossip_listen on every IPv6 address, advertise given", "gossip_listen: '[::]:7946', advertise: 'fd00::1'", nil},
 		{"gossip_listen on every IPv4 address", "gossip_listen: '0.0.0.0:7946'", nil},
+		// A loopback address reaches no peer on another host: taken only with the gossip on
+		// loopback too (a name resolving to loopback is refused at start, internal/peer).
+		{"advertise loopback, gossip on every address", "advertise: '127.0.0.1'",
+			[]string{`peers.advertise: "127.0.0.1": loopback, which no peer on another host can reach (the gossip listens on ":7946")`, "status.podIP"}},
+		{"advertise loopback, gossip at a private address", "advertise: '::1', gossip_listen: '10.0.0.1:7946'",
+			[]string{`peers.advertise: "::1": loopback`}},
+		{"advertise loopback, gossip on loopback", "advertise: '127.0.0.2', gossip_listen: '127.0.0.1:7946'", nil},
+		{"advertise IPv6 loopback, gossip on loopback", "advertise: '::1', gossip_listen: '[::1]:7946'", nil},
+		{"advertise the unspecified address", "advertise: '0.0.0.0'", []string{`peers.advertise: "0.0.0.0": the unspecified address, which each peer dials as its own host`}},
+		{"advertise ::, gossip on every IPv6 address", "advertise: '::', gossip_listen: '[::]:7946'", []string{`peers.advertise: "::": the unspecified address`}},
+		// advertise_env stands for advertise: no "missing" (its value is judged where it is read).
+		{"gossip_listen on every IPv6 address, advertise_env given", "gossip_listen: '[::]:7946', advertise_env: POD_IP", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(peersBase + "peers: {listen: ':7947', static: ['a:7946'], secret_env: X, " + tc.peers + "}\n"))
@@ -266,5 +279,112 @@ func TestPeersLinkLocal(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPeersAdvertiseEnv: peers.advertise_env names a variable holding the address to advertise,
+// one per replica under a shared config (a pod's IP from the downward API). Its value is read
+// at load (with Checks.ReadSecrets, as the router loads and reloads: what only its machine
+// holds) and by PeerAdvertise at start, and checked as advertise is; unset or empty is an error
+// naming the variable and the fix. Set with advertise, or not a name, it is refused at load.
+func TestPeersAdvertiseEnv(t *testing.T) {
+	const section = "peers: {listen: ':7947', static: ['a:7946'], secret_env: KVROUTE_TEST_PEERS_SECRET, %s}\n"
+	t.Setenv("KVROUTE_TEST_PEERS_SECRET", strings.Repeat("s", 32))
+	load := func(peers string, read bool) (*Config, error) {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "kvroute.yaml")
+		if err := os.WriteFile(path, []byte(peersBase+fmt.Sprintf(section, peers)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return LoadWith(path, nil, Checks{ReadSecrets: read})
+	}
+
+	// Set: read at load and at start, trimmed.
+	t.Setenv("KVROUTE_TEST_POD_IP", " 10.1.2.3\n")
+	c, err := load("advertise_env: KVROUTE_TEST_POD_IP", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.PeerAdvertise(nil); got != "10.1.2.3" || err != nil {
+		t.Errorf("PeerAdvertise: %q, %v; want 10.1.2.3", got, err)
+	}
+	// Without it, advertise as it is, or "" (memberlist's pick).
+	for _, tc := range []struct{ peers, want string }{{"advertise: kvroute-0.kvroute-peers", "kvroute-0.kvroute-peers"}, {"name: a", ""}} {
+		c, err := load(tc.peers, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.PeerAdvertise(func(string) string { t.Error("a variable read without advertise_env"); return "" }); got != tc.want || err != nil {
+			t.Errorf("%s: PeerAdvertise %q, %v; want %q", tc.peers, got, err, tc.want)
+		}
+	}
+
+	// Unset or empty: refused at a load that reads this machine's variables, naming the variable
+	// and the fix; a load that does not (a config checked elsewhere) takes it, and the start
+	// (PeerAdvertise) refuses it then.
+	t.Setenv("KVROUTE_TEST_POD_IP", "")
+	_, err = load("advertise_env: KVROUTE_TEST_POD_IP", true)
+	var keys []string
+	for _, p := range Problems(err) {
+		keys = append(keys, p.Key)
+	}
+	const unset = "KVROUTE_TEST_POD_IP: the variable is not set, or empty: set it to this replica's own address or host name (on Kubernetes, its pod IP: env: [{name: KVROUTE_TEST_POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}])"
+	if diff := cmp.Diff([]string{"peers.advertise_env"}, keys); diff != "" || !strings.Contains(err.Error(), "peers.advertise_env: "+unset) {
+		t.Errorf("variable empty: problems (-want +got):\n%s\n%v", diff, err)
+	}
+	c, err = load("advertise_env: KVROUTE_TEST_POD_IP", false)
+	if err != nil {
+		t.Fatalf("without ReadSecrets: %v", err)
+	}
+	if _, err := c.PeerAdvertise(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "peers.advertise_env "+unset) {
+		t.Errorf("PeerAdvertise with the variable unset: %v", err)
+	}
+
+	// Its value is checked as advertise is.
+	for _, tc := range []struct{ value, gossip, want string }{
+		{"fe80::1%eth0", "", "a link-local IPv6 address"},
+		{"fd00::1%eth0", "", "an IPv6 zone (%eth0)"},
+		{"10.1.2.3:7946", "", "give a host name or an IP address, without a port"},
+		{"::", "gossip_listen: '[::]:7946'", "the unspecified address"},
+		{"127.0.0.1", "", `loopback, which no peer on another host can reach (the gossip listens on ":7946")`},
+		{"127.0.0.1", "gossip_listen: '127.0.0.1:7946'", ""},
+		{"fd00::7", "gossip_listen: '[::]:7946'", ""},
+		{"kvroute-0.kvroute-peers", "", ""}, // resolved at start (internal/peer)
+	} {
+		t.Setenv("KVROUTE_TEST_POD_IP", tc.value)
+		peers := "advertise_env: KVROUTE_TEST_POD_IP"
+		if tc.gossip != "" {
+			peers += ", " + tc.gossip
+		}
+		_, err := load(peers, true)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%q with %s: refused: %v", tc.value, peers, err)
+			}
+			continue
+		}
+		if at := fmt.Sprintf("peers.advertise_env: KVROUTE_TEST_POD_IP=%q: ", tc.value); err == nil || !strings.Contains(err.Error(), at+tc.want) {
+			t.Errorf("%q with %s: %v, want an error saying %q", tc.value, peers, err, at+tc.want)
+		}
+		c, lerr := load(peers, false)
+		if lerr != nil {
+			t.Fatalf("%q without ReadSecrets: %v", tc.value, lerr)
+		}
+		want := fmt.Sprintf("peers.advertise_env KVROUTE_TEST_POD_IP=%q: %s", tc.value, tc.want)
+		if _, err := c.PeerAdvertise(nil); err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%q: PeerAdvertise %v, want an error saying %q", tc.value, err, want)
+		}
+	}
+
+	// Refused whatever the machine: both keys, and a name that is not one.
+	for _, tc := range []struct{ peers, want string }{
+		{"advertise: 10.0.0.1, advertise_env: KVROUTE_TEST_POD_IP", "peers: both advertise and advertise_env are set: keep one"},
+		{"advertise_env: $POD_IP", `peers.advertise_env: "$POD_IP" is not a variable's name: give the name alone, like POD_IP`},
+		{"advertise_env: '${POD_IP}'", `peers.advertise_env: "${POD_IP}" is not a variable's name`},
+	} {
+		_, err := load(tc.peers, false)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || len(Problems(err)) != 1 {
+			t.Errorf("%s: %v, want one problem, %q", tc.peers, err, tc.want)
+		}
 	}
 }

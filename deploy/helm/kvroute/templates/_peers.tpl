@@ -20,6 +20,13 @@
 {{- if not .Values.peers.enabled -}}
 {{- fail "config.peers: set peers.enabled: true as well (the chart renders the peers' Service, ports and secret)" -}}
 {{- end -}}
+{{- if .Values.peers.advertisePodIP -}}
+{{- range $k := list "advertise" "advertise_env" -}}
+{{- if hasKey ($.Values.config.peers | default dict) $k -}}
+{{- fail (printf "config.peers.%s: leave it out: the chart sets advertise_env to the pod IP (peers.advertisePodIP); set peers.advertisePodIP: false to give your own" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if .Values.peers.enabled -}}
 {{- $s := .Values.peers.secret -}}
@@ -52,6 +59,12 @@
 {{- if and .Values.peers.enabled (eq .Values.peers.discovery "kubernetes") -}}true{{- end -}}
 {{- end -}}
 
+{{/* The environment variable holding the pod IP that each replica advertises (the config's
+peers.advertise_env), set from the downward API; empty when the chart sets none. */}}
+{{- define "kvroute.peersPodIPEnv" -}}
+{{- if and .Values.peers.enabled .Values.peers.advertisePodIP -}}KVROUTE_POD_IP{{- end -}}
+{{- end -}}
+
 {{/* Sets peers in the config (list . $cfg) when peers.enabled. */}}
 {{- define "kvroute.peersConfig" -}}
 {{- $ := index . 0 -}}
@@ -65,6 +78,9 @@
 {{- else -}}
 {{- $name := printf "%s.%s.svc.%s" (include "kvroute.peersService" $) $.Release.Namespace $.Values.peers.clusterDomain -}}
 {{- $_ := set $p "dns" (dict "name" $name "port" (int $.Values.peers.gossipPort)) -}}
+{{- end -}}
+{{- with include "kvroute.peersPodIPEnv" $ -}}
+{{- $_ := set $p "advertise_env" . -}}
 {{- end -}}
 {{- $_ := set $p "secret_file" (printf "/etc/kvroute-peers/%s" $.Values.peers.secret.key) -}}
 {{- if $.Values.peers.secret.acceptKey -}}
