@@ -33,3 +33,33 @@ func TestEnvoyOwnAnswerCharge(t *testing.T) {
 		}
 	}
 }
+
+// TestRedirectCharge: a redirect, the engine's (its URL is not the API's address) or Envoy's
+// own (a route's redirect action), costs the tenant nothing, as `kvroute serve` charges an
+// engine's redirect nothing (nothing was computed). The prompt's estimate was charged (6
+// tokens on a 307).
+func TestRedirectCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		attrs map[string]*structpb.Value
+	}{
+		{"engine", nil},
+		{"envoy", map[string]*structpb.Value{"response.code_details": structpb.NewStringValue("direct_response")}},
+	} {
+		for _, status := range []int{301, 307, 308} {
+			var logs testlog.Buffer
+			f := tenantFixture(t, &logs, ep1)
+			e, _ := f.routed(t, plainChat, "authorization", "Bearer sk-acme")
+			head := respHeaders(status, "", false, "content-type", "application/json", "location", "http://10.0.0.1:8000/api/v1/chat/completions")
+			if tc.attrs != nil {
+				head = withAttributes(head, tc.attrs)
+			}
+			f.answer(t, e, head, jsonAnswer)
+			l := accessLine(t, &logs)
+			if l["status"] != float64(status) || l["charged_prompt_tokens"] != 0.0 || l["charged_completion_tokens"] != 0.0 {
+				t.Errorf("%s's %d: access line status %v, charged %v prompt and %v completion tokens; want %d and nothing charged",
+					tc.name, status, l["status"], l["charged_prompt_tokens"], l["charged_completion_tokens"], status)
+			}
+		}
+	}
+}

@@ -987,8 +987,8 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 		}
 	}
 	if eos && st.x != nil {
-		if st.finishAnswer() && canRewrite(st.respMode) {
-			out = append(out, cutEvent(st.x.RequestID())...) // out is feed's, not chunk
+		if last := st.finishAnswer(); last != nil && canRewrite(st.respMode) {
+			out = append(out, last...) // out is feed's, not chunk
 		}
 	}
 	if eos {
@@ -1023,7 +1023,14 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 //     read, so that neither its usage, its content nor its error counts: the stream was cut
 //     (finishAnswer). A terminator so cut ("data: [DONE]" and its line end) is the stream's
 //     end, read as a whole one;
-//   - what comes after the terminator is not read: serve reads no more once it has it.
+//   - what comes after the terminator is not read: serve reads no more once it has it;
+//   - an event that is no event of the API (openai.Event.Malformed: "data: {not json", a line
+//     that is no field, a NUL, bytes not UTF-8) makes the stream the engine's bad answer
+//     (proxy.Exchange.Event): it and what follows are not read, and the request is settled as
+//     serve settles it, 502 stream_bad_event counted against the endpoint (finishAnswer).
+//     Where kvroute writes the body, the client's stream ends with serve's error event at the
+//     body's end; it cannot end sooner (see below), so the engine's bytes after the event come
+//     to nothing but are waited for. Until December 2026 such a stream passed as a clean 200.
 //
 // Where the body mode lets kvroute change the body (canRewrite), what is not read is not
 // passed on either, as serve relays it; elsewhere it passes as it came.
@@ -1035,10 +1042,13 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 // stays bounded by what the request allowed (the Exchange's charge). docs/kubernetes.md says so.
 func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	switch {
-	case st.x.Completed():
+	case st.x.Completed(), st.x.BadStream() != nil:
 		return !canRewrite(st.respMode), 0, 0
 	case ev.Cut && !ev.Ends():
 		st.partial = true
+		return !canRewrite(st.respMode), 0, 0
+	case ev.Malformed():
+		st.x.Event(ev) // the stream's bad answer: no first token
 		return !canRewrite(st.respMode), 0, 0
 	case !ev.Empty():
 		st.evented, st.progress = true, true
@@ -1080,8 +1090,12 @@ func cutEvent(requestID string) []byte {
 // that the client's stream can end with serve's error event where the body's end is still
 // kvroute's to write (end_of_stream; the trailers come after it). A stream that carried the
 // engine's error event is a 502 stream_error, a failure of the endpoint too, however it ended
-// (stream_cut where it was cut, as serve counts it).
-func (st *stream) finishAnswer() (cut bool) {
+// (stream_cut where it was cut, as serve counts it); one that carried an event that is no
+// event of the API a 502 stream_bad_event (its first such event, however it ended).
+//
+// It returns the SSE error event to end the client's stream with, as serve ends it, where the
+// stream was cut or carried a bad event; nil otherwise.
+func (st *stream) finishAnswer() (last []byte) {
 	if !st.sse {
 		switch {
 		case st.by == byFailure:
@@ -1098,9 +1112,15 @@ func (st *stream) finishAnswer() (cut bool) {
 		st.capture = nil
 		st.refusedUncomputed()
 		st.settle(st.status)
-		return false
+		return nil
 	}
-	cut = !st.x.Completed() && (!st.evented || st.partial || len(st.events.pending) > 0)
+	if e := st.x.BadStream(); e != nil {
+		st.settle(http.StatusBadGateway)
+		var b bytes.Buffer
+		_ = openai.WriteEvent(&b, "error", e.Body()) // a bytes.Buffer takes any write
+		return b.Bytes()
+	}
+	cut := !st.x.Completed() && (!st.evented || st.partial || len(st.events.pending) > 0)
 	if cut {
 		st.x.Cut()
 	}
@@ -1118,7 +1138,10 @@ func (st *stream) finishAnswer() (cut bool) {
 	default:
 		st.settle(st.status)
 	}
-	return cut
+	if cut {
+		return cutEvent(st.x.RequestID())
+	}
+	return nil
 }
 
 // end settles a request whose stream ended before its answer did: in response_body_mode NONE

@@ -15,7 +15,7 @@ func TestBodyNotAnObject(t *testing.T) {
 		{`[{"model":"m","messages":[{"role":"user","content":"x"}]}]`, "array"},
 		{` "a prompt" `, "string"},
 		{`42`, "number"},
-		{`true`, "bool"},
+		{`true`, "boolean"},
 	} {
 		for _, kind := range []Kind{KindChat, KindCompletion, KindEmbedding, KindResponse} {
 			_, err := Parse(kind, []byte(tc.body))

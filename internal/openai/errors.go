@@ -92,7 +92,7 @@ func NotInteger(field string, v []byte) *Error {
 // notIntegerKind is NotInteger for a value of JSON kind kind ("string", "bool"...), not a number.
 func notIntegerKind(field, kind string) *Error {
 	return NewError(http.StatusBadRequest, TypeInvalidRequest, field, CodeInvalidType,
-		fmt.Sprintf("%s must be an integer, not a JSON %s", field, kind))
+		fmt.Sprintf("%s must be an integer, not a JSON %s", field, jsonKindName(kind)))
 }
 
 // notIntegerNumber is NotInteger for a JSON number num that strconv.Atoi did not take.

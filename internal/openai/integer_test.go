@@ -31,7 +31,7 @@ func TestParseIntegerFields(t *testing.T) {
 			{"1e400", res{field, CodeInvalidType, field + " must be an integer, got 1e400"}},
 			{"-2.5", res{field, CodeInvalidType, field + " must be an integer, got -2.5"}},
 			{`"40"`, res{field, CodeInvalidType, field + " must be an integer, not a JSON string"}},
-			{"true", res{field, CodeInvalidType, field + " must be an integer, not a JSON bool"}},
+			{"true", res{field, CodeInvalidType, field + " must be an integer, not a JSON boolean"}},
 			{"[1]", res{field, CodeInvalidType, field + " must be an integer, not a JSON array"}},
 			{"99999999999999999999", res{field, CodeAboveMax, field + " must be at most 9223372036854775807, got 99999999999999999999"}},
 			{"-99999999999999999999", res{field, CodeBelowMin, field + " must be at least 1, got -99999999999999999999"}},

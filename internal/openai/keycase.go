@@ -51,8 +51,11 @@ func foldedKey(body []byte) error { return foldedIn(body, levelBody) }
 
 // foldedIn is foldedKey for a value at lv.
 func foldedIn(raw []byte, lv keyLevel) error {
-	if !bytes.ContainsAny(raw, "ABCDEFGHIJKLMNOPQRSTUVWXYZ\\") {
-		return nil // no upper-case letter (nor an escape that could make one): no folded key
+	// encoding/json folds by Unicode's simple folding, where U+017F (long s) matches s and
+	// U+212A (Kelvin sign) matches k: "max_tokenſ" is read as max_tokens. Without an upper-case
+	// letter, either of those, or an escape that could make one, no key can be folded.
+	if !bytes.ContainsAny(raw, "ABCDEFGHIJKLMNOPQRSTUVWXYZ\\\u017f\u212a") {
+		return nil
 	}
 	key, want, found, _ := walkKeys(json.NewDecoder(bytes.NewReader(raw)), lv, 0)
 	if !found {

@@ -31,6 +31,17 @@ func TestFoldedKeysRefused(t *testing.T) {
 		{KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"Function":{"name":"f"}}]}]}`, "Function"},
 		{KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"NAME":"f","arguments":"{}"}}]}]}`, "NAME"},
 		{KindChat, `{"model":"m","messag\u0045s":[],` + msgs + `}`, "messagEs"},
+		// encoding/json folds U+017F (long s) to s and U+212A (Kelvin sign) to k, in bodies
+		// with no ASCII upper-case letter at all.
+		{KindChat, `{"model":"m",` + msgs + `,"max_tokenſ":5}`, "max_tokenſ"},
+		{KindChat, `{"model":"m",` + msgs + `,"max_tokenſ":5,"X":1}`, "max_tokenſ"},
+		{KindChat, `{"model":"m","meſſages":[{"role":"user","content":"hi"}]}`, "meſſages"},
+		{KindChat, `{"model":"m",` + msgs + `,"ſtream":true}`, "ſtream"},
+		{KindChat, `{"model":"m",` + msgs + `,"max_toKens":5}`, "max_toKens"},
+		{KindChat, `{"model":"m","stream":true,"stream_options":{"include_uſage":true},` + msgs + `}`, "include_uſage"},
+		{KindChat, `{"model":"m","messages":[{"role":"assistant","tool_callſ":[{"function":{"name":"f"}}]}]}`, "tool_callſ"},
+		{KindChat, `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","argumentſ":"{}"}}]}]}`, "argumentſ"},
+		{KindCompletion, `{"model":"m","prompt":"hi","max_tokenſ":5}`, "max_tokenſ"},
 		{KindCompletion, `{"model":"m","prompt":"hi","Prompt":"x"}`, "Prompt"},
 		{KindResponse, `{"model":"m","input":"hi","Input":"x"}`, "Input"},
 		{KindEmbedding, `{"model":"m","input":"hi","INPUT":["x"]}`, "INPUT"},
@@ -39,6 +50,7 @@ func TestFoldedKeysRefused(t *testing.T) {
 		{KindChat, `{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"properties":{"Model":{"type":"string"},"Content":{}}}}}],` + msgs + `}`, ""},
 		{KindChat, `{"model":"m","messages":[{"role":"user","content":"hi","Extra":{"Model":"x"}}]}`, ""},
 		{KindChat, `{"model":"m","response_format":{"Type":"json_object"},` + msgs + `}`, ""},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"ſ and K in a prompt"}],"vendor_ſ":1}`, ""},
 	} {
 		_, err := Parse(tt.kind, []byte(tt.body))
 		var oe *Error

@@ -167,6 +167,15 @@ func (n *namedString) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// jsonKindName is a JSON kind as encoding/json's errors name it ("bool", "number"...) in the
+// words of JSON itself, for the client: "boolean" rather than Go's "bool".
+func jsonKindName(kind string) string {
+	if kind == "bool" {
+		return "boolean"
+	}
+	return kind
+}
+
 // jsonValueKind names the kind of the JSON value b as encoding/json's errors do.
 func jsonValueKind(b []byte) string {
 	switch t := bytes.TrimSpace(b); {
@@ -246,6 +255,11 @@ func parseDecoded(kind Kind, body []byte) (*Request, error) {
 	if err := foldedKey(body); err != nil {
 		return nil, err
 	}
+	if string(bytes.TrimSpace(body)) == "null" {
+		// encoding/json decodes null into a struct as nothing at all: said as for the other
+		// kinds, not as a body without its model.
+		return nil, BadRequest("", "the request body must be a JSON object, not JSON null")
+	}
 	if kind == KindChat {
 		var f wireFast
 		if json.Unmarshal(body, &f) == nil && f.Model != nil && *f.Model != "" && f.Messages != nil {
@@ -268,7 +282,7 @@ func parseDecoded(kind Kind, body []byte) (*Request, error) {
 		if te != nil {
 			// The body itself is of another JSON kind (an array, a string): said so, without
 			// encoding/json's words for it, which name a Go type.
-			return nil, BadRequest("", "the request body must be a JSON object, not a JSON %s", te.Value)
+			return nil, BadRequest("", "the request body must be a JSON object, not a JSON %s", jsonKindName(te.Value))
 		}
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -466,7 +480,7 @@ func typeError(te *json.UnmarshalTypeError) *Error {
 		return notIntegerKind(te.Field, te.Value)
 	}
 	return NewError(http.StatusBadRequest, TypeInvalidRequest, te.Field, CodeInvalidType,
-		fmt.Sprintf("field %s must be %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value))
+		fmt.Sprintf("field %s must be %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), jsonKindName(te.Value)))
 }
 
 func jsonKind(goKind string) string {
@@ -524,7 +538,14 @@ func parseMessages(raw json.RawMessage, field string) ([]Message, error) {
 	for i, one := range wms {
 		p := field + "[" + strconv.Itoa(i) + "]"
 		if err := json.Unmarshal(one, &typed[i]); err != nil {
-			return nil, BadRequest(p, "%s must be a message object with string role and content: %v", p, err)
+			// Said without encoding/json's words, which name Go types (openai.wireMessage).
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) && te.Field != "" {
+				in := *te
+				in.Field = p + "." + te.Field
+				return nil, typeError(&in)
+			}
+			return nil, BadRequest(p, "%s must be a message object with string role and content, not a JSON %s", p, jsonKindName(jsonValueKind(one)))
 		}
 	}
 	return convertMessages(typed, field)

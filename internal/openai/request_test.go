@@ -901,3 +901,38 @@ func BenchmarkIsUsageOnlyChunk(b *testing.B) {
 		})
 	}
 }
+
+// TestErrorsSayNoGoTypes: a 400 words the client's JSON in JSON's terms: not encoding/json's
+// Go types ("cannot unmarshal number into Go value of type openai.wireMessage"), not Go's
+// "bool", and a null body is said to be one rather than a body without its model (R1 review).
+func TestErrorsSayNoGoTypes(t *testing.T) {
+	for _, tc := range []struct {
+		kind  Kind
+		body  string
+		param string
+		want  string
+	}{
+		{KindChat, `{"model":"m","messages":[1]}`, "messages[0]", "messages[0] must be a message object with string role and content, not a JSON number"},
+		{KindResponse, `{"model":"m","input":["x"]}`, "input[0]", "input[0] must be a message object with string role and content, not a JSON string"},
+		{KindChat, `{"model":"m","messages":[{"role":1,"content":"x"}]}`, "messages[0].role", "field messages[0].role must be a string, not a JSON number"},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"y","name":true}]}`, "messages[1].name", "field messages[1].name must be a string, not a JSON boolean"},
+		{KindChat, `true`, "", "the request body must be a JSON object, not a JSON boolean"},
+		{KindChat, `null`, "", "the request body must be a JSON object, not JSON null"},
+		{KindCompletion, " null\n", "", "the request body must be a JSON object, not JSON null"},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":false}`, "max_tokens", "max_tokens must be an integer, not a JSON boolean"},
+	} {
+		_, err := Parse(tc.kind, []byte(tc.body))
+		var e *Error
+		if !errors.As(err, &e) || e.Status != 400 {
+			t.Errorf("%s: %v, want a 400", tc.body, err)
+			continue
+		}
+		param := ""
+		if e.Param != nil {
+			param = *e.Param
+		}
+		if param != tc.param || e.Message != tc.want {
+			t.Errorf("%s: param %q, %q;\nwant %q, %q", tc.body, param, e.Message, tc.param, tc.want)
+		}
+	}
+}

@@ -950,8 +950,10 @@ func (c *call) learnRate(status int, end time.Time) {
 // reachedEngine reports whether an attempt of the request reached an engine: as Handler.send
 // saw it, or, where a front end carried the request (Exchange), whenever it was routed and the
 // answer it was given (Exchange.Answered) was not a refusal (503, 429: the engine's, or the
-// front end's own when it could not connect; 404). That answer, not the status the request is
-// settled with: a stream the router's shutdown cut after the engine's 200 is settled 503
+// front end's own when it could not connect; 404) nor a redirect (3xx: an endpoint whose URL is
+// not the API's address computes nothing, and Handler.send does not count one as reached
+// either; nor does a front end's own). That answer, not the status the request is settled
+// with: a stream the router's shutdown cut after the engine's 200 is settled 503
 // (shutting_down), and was computed all the same.
 func (c *call) reachedEngine() bool {
 	if !c.carried {
@@ -960,7 +962,8 @@ func (c *call) reachedEngine() bool {
 	if c.local {
 		return false
 	}
-	refused := c.answered && (c.answerStatus == http.StatusServiceUnavailable || c.answerStatus == http.StatusTooManyRequests || c.answerStatus == http.StatusNotFound)
+	refused := c.answered && (c.answerStatus == http.StatusServiceUnavailable || c.answerStatus == http.StatusTooManyRequests ||
+		c.answerStatus == http.StatusNotFound || c.answerStatus >= 300 && c.answerStatus < 400)
 	return c.rc != nil && c.rc.Attempts() > 0 && !refused
 }
 
@@ -1118,9 +1121,28 @@ func (x *Exchange) Attempted(n int) { x.c.frontAttempts = max(n, 0) }
 // carries more (ollama's completions: zeros in every token's chunk), [omitFrom, omitTo) is the
 // usage member's place in ev.Data, to leave out of what the client gets, as `kvroute serve`
 // does (openai.UsageMember); it is [0, 0) otherwise.
+//
+// An event that is no event of the API (openai.Event.Malformed: a line that is no field, a NUL,
+// bytes not UTF-8, data not a JSON object) is not passed on: the stream is the engine's bad
+// answer, settled as `kvroute serve` settles it (a 502 stream_bad_event counted against the
+// endpoint, once the front end settles it with that status: BadStream), and no event after
+// it is read. Until December 2026 it passed here as a clean 200.
 func (x *Exchange) Event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
+	if x.c.badStream != nil {
+		return false, 0, 0
+	}
+	if ev.Malformed() {
+		x.c.badEvent(ev)
+		return false, 0, 0
+	}
 	return x.c.takeEvent(ev)
 }
+
+// BadStream is the error that ends a stream whose engine sent an event that is no event of the
+// API (Event), to write as the client's last event (openai.WriteEvent "error") where the front
+// end still can, as `kvroute serve` writes it; nil when none came. Such a request is settled
+// with 502.
+func (x *Exchange) BadStream() *openai.Error { return x.c.badStream }
 
 // Whole reads a whole non-streamed answer body (usage, response id) and marks it complete. An
 // engine's 404 whose body names the request's model leaves its endpoint out for that model, as

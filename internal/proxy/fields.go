@@ -173,18 +173,21 @@ func bestOf(body []byte) (int, *openai.Error) {
 	return n, nil
 }
 
-// quoted reports whether b holds s between quotes, going from quote to quote with
+// quoted reports whether b holds one of names between quotes, going from quote to quote with
 // bytes.IndexByte (bytes.Contains, led by the quote, gave up on that for a slower search after
-// the first few quotes it met: as slow as the scan it was to spare).
-func quoted(b []byte, s string) bool {
+// the first few quotes it met: as slow as the scan it was to spare), once for all of them.
+func quoted(b []byte, names ...string) bool {
 	for i := 0; ; {
 		j := bytes.IndexByte(b[i:], '"')
 		if j < 0 {
 			return false
 		}
 		i += j + 1
-		if rest := b[i:]; len(rest) > len(s) && string(rest[:len(s)]) == s && rest[len(s)] == '"' {
-			return true
+		rest := b[i:]
+		for _, s := range names {
+			if len(rest) > len(s) && string(rest[:len(s)]) == s && rest[len(s)] == '"' {
+				return true
+			}
 		}
 	}
 }

@@ -851,17 +851,7 @@ func malformedWhat(ev openai.Event) string {
 // stream_bad_event, error_code upstream_bad_answer; a failure of the endpoint). What comes
 // after it, a [DONE] included, is not read: the answer is not whole.
 func (s *sseBody) badEvent(ev openai.Event) {
-	what := malformedWhat(ev)
-	s.c.cut = true
-	s.c.errType, s.c.errCode = "stream_bad_event", codeBadAnswer
-	name := ""
-	if ep := s.c.rc.Endpoint(); ep != nil {
-		name = ep.Name
-	}
-	s.c.h.Logger.Warn("stream cut: the engine sent an event that is no event of the API, counted as a failure of the endpoint",
-		"request_id", s.c.rid, "endpoint", name, "event", what)
-	e := openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", codeBadAnswer,
-		"the engine sent "+what+" in its stream, which is no event of the API: the stream was cut there (request id "+s.c.rid+")")
+	e := s.c.badEvent(ev)
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
 	s.queue(b.Bytes())
@@ -870,6 +860,28 @@ func (s *sseBody) badEvent(ev openai.Event) {
 		s.timer.Stop()
 	}
 	s.cancel(errBadStream)
+}
+
+// badEvent records that the engine's stream carried an event that is no event of the API, after
+// the client had the head, whichever front end relays it (sseBody.badEvent, Exchange.Event): the
+// call is settled as a stream the engine cut (502, error_type stream_bad_event, error_code
+// upstream_bad_answer; a failure of the endpoint), and logged once at WARN. It returns the error
+// that ends the client's stream (its SSE error event).
+func (c *call) badEvent(ev openai.Event) *openai.Error {
+	what := malformedWhat(ev)
+	c.cut = true
+	c.errType, c.errCode = "stream_bad_event", codeBadAnswer
+	name := ""
+	if c.rc != nil {
+		if ep := c.rc.Endpoint(); ep != nil {
+			name = ep.Name
+		}
+	}
+	c.h.Logger.Warn("stream cut: the engine sent an event that is no event of the API, counted as a failure of the endpoint",
+		"request_id", c.rid, "endpoint", name, "event", what)
+	c.badStream = openai.NewError(http.StatusBadGateway, openai.TypeUpstream, "", codeBadAnswer,
+		"the engine sent "+what+" in its stream, which is no event of the API: the stream was cut there (request id "+c.rid+")")
+	return c.badStream
 }
 
 // overrun ends a stream whose engine sent more content events than the request's max_tokens
@@ -956,6 +968,17 @@ type captureBody struct {
 	// limit, when positive, bounds the answer's bytes (call.maxAnswerBytes): a read past it
 	// fails (errOverrun), and the relay cuts the answer there; n counts the bytes read.
 	limit, n int64
+	// passing: the answer is a stream whose events are read as they pass (otherStream): none
+	// of it is kept, nor read at its end.
+	passing bool
+}
+
+// passOn makes b keep nothing of what it passes on from now, and read nothing at the end: the
+// answer is a stream whose events otherStream reads as they pass.
+func (b *captureBody) passOn() {
+	b.passing = true
+	b.release()
+	b.tail = nil
 }
 
 // maxTail is how much of the end of an answer longer than maxCapture is kept to read its usage.
@@ -975,7 +998,7 @@ func (b *captureBody) Read(p []byte) (int, error) {
 			return 0, errOverrun
 		}
 	}
-	if n > 0 && !b.full && !b.read {
+	if n > 0 && !b.full && !b.read && !b.passing {
 		if b.buf == nil {
 			b.buf = captureBufs.Get().(*[]byte)
 		}
@@ -987,7 +1010,7 @@ func (b *captureBody) Read(p []byte) (int, error) {
 			b.release()
 		}
 	}
-	if n > 0 && b.full && !b.read {
+	if n > 0 && b.full && !b.read && !b.passing {
 		b.tail = append(b.tail, p[:n]...)
 		if len(b.tail) > 2*maxTail { // trimmed now and then, not at every read
 			b.tail = append(b.tail[:0], b.tail[len(b.tail)-maxTail:]...)
@@ -997,6 +1020,8 @@ func (b *captureBody) Read(p []byte) (int, error) {
 		b.c.complete = true
 		switch {
 		case b.read:
+		case b.passing:
+			b.read = true
 		case !b.full:
 			b.read = true
 			var body []byte

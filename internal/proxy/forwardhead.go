@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
 
 	"github.com/kvroute/kvroute/internal/openai"
 )
@@ -24,11 +26,25 @@ const (
 // are more than maxForwardedFields, or more than maxForwardedBytes as written on the wire
 // ("Name: value\r\n"): 431, as the engine would answer (RFC 6585, 5), rather than an engine's
 // refusal counted against its endpoint. The fields the router removes or replaces are not
-// counted (hop-by-hop ones, forwarding ones, the body's, the request id; the API key where
-// tenants are on: tenants).
+// counted (hop-by-hop ones and those the Connection field names, forwarding ones, the body's,
+// the request id; the API key where tenants are on: tenants).
 func forwardedHead(hdr http.Header, tenants bool) *openai.Error {
+	var hop map[string]bool // the fields the Connection field names, removed (removeHopByHop)
+	for _, f := range hdr["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				if hop == nil {
+					hop = map[string]bool{}
+				}
+				hop[textproto.CanonicalMIMEHeaderKey(sf)] = true
+			}
+		}
+	}
 	fields, size := 0, 0
 	for k, vv := range hdr {
+		if hop[k] {
+			continue
+		}
 		switch k {
 		case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer",
 			"Transfer-Encoding", "Upgrade", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",

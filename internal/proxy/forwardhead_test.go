@@ -31,6 +31,11 @@ func TestForwardedHeadBounded(t *testing.T) {
 		{"a field of 16 KiB", []string{"X-Big", strings.Repeat("a", maxForwardedBytes)}, http.StatusRequestHeaderFieldsTooLarge},
 		{"a field of 15 KiB", []string{"X-Big", strings.Repeat("a", 15<<10)}, http.StatusOK},
 		{"forwarding fields, dropped", []string{"X-Forwarded-For", strings.Repeat("1.2.3.4, ", 2000)}, http.StatusOK},
+		// Fields the Connection field names are removed before the engine (removeHopByHop):
+		// not counted either.
+		{"fields named in Connection, dropped", append(many(100), "Connection", connectionNaming(100)), http.StatusOK},
+		{"a field of 16 KiB named in Connection", []string{"X-Big", strings.Repeat("a", maxForwardedBytes), "Connection", "keep-alive, x-big"}, http.StatusOK},
+		{"fields beyond those named in Connection", append(many(maxForwardedFields+10), "Connection", connectionNaming(5)), http.StatusRequestHeaderFieldsTooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newFakeEngine(t)
@@ -50,4 +55,14 @@ func TestForwardedHeadBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// connectionNaming is a Connection field naming the first n fields of many (lower-case, as a
+// client may write them).
+func connectionNaming(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "x-custom-" + strconv.Itoa(i)
+	}
+	return strings.Join(names, ", ")
 }

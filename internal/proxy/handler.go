@@ -352,6 +352,9 @@ type call struct {
 	contentEvents int  // events of the stream passed on that carry generated text (contentEvent)
 	// usageClamped: boundUsage clamped the usage (logged once per request).
 	usageClamped bool
+	// badStream: the engine's stream carried an event that is no event of the API, after the
+	// head (call.badEvent): the error that ended the client's stream; nil when none.
+	badStream *openai.Error
 	// badAnswer: the engine's whole (not streamed) 2xx answer is not the JSON it must be (cut
 	// inside, or no JSON at all): a failure of the endpoint (takeBody, settle).
 	badAnswer bool

@@ -60,13 +60,35 @@ const (
 // that ignores max_tokens; 0: no bound. answerBaseBytes, the request's own body (a Responses
 // API answer repeats the request's instructions and tools) and answerTokenBytes for each token
 // allowed (completionAllowed). Not for a request that asks for its prompt back (echo) or its
-// prompt's logprobs (vLLM's prompt_logprobs), whose answer grows with the prompt.
+// prompt's logprobs (vLLM's prompt_logprobs), whose answer grows with the prompt (asksPrompt).
 func (c *call) maxAnswerBytes() int64 {
 	allowed := c.completionAllowed()
-	if allowed <= 0 || bytes.Contains(c.body, []byte(`"echo"`)) || bytes.Contains(c.body, []byte(`"prompt_logprobs"`)) {
+	if allowed <= 0 || asksPrompt(c.body) {
 		return 0
 	}
 	return int64(min(answerBaseBytes+float64(len(c.body))+answerTokenBytes*float64(allowed), math.MaxInt64/2))
+}
+
+// asksPrompt reports whether a request body asks for its prompt in the answer: a top-level
+// echo that is not false, or a prompt_logprobs that is not null (vLLM's), found as an engine
+// reads the body (names unescaped; each member where one is repeated). The names elsewhere (a
+// property "echo" of a tool's schema, a prompt's text) ask nothing: they turned the bound off
+// while any "echo" in the body did. A body without an escape is searched once, quote to quote,
+// for either name (quoted), and read member by member only where one is.
+func asksPrompt(body []byte) bool {
+	if bytes.IndexByte(body, '\\') < 0 && !quoted(body, "echo", "prompt_logprobs") {
+		return false
+	}
+	asks := false
+	topLevel(body, func(key, v []byte) {
+		switch string(key) {
+		case "echo":
+			asks = asks || string(v) != "false" && string(v) != "null"
+		case "prompt_logprobs":
+			asks = asks || string(v) != "null"
+		}
+	})
+	return asks // a body topLevel cannot read the parser refused before
 }
 
 // errOverrun ends an attempt whose engine sent more than the request allows (an overrun).

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/config"
+	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/route"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
@@ -290,5 +291,33 @@ func TestWholeAnswerIgnoresMaxTokens(t *testing.T) {
 				t.Errorf("the endpoint was told %v; want one %v (a bad answer)", failed, route.FailStatus)
 			}
 		})
+	}
+}
+
+// TestMaxAnswerBytesAsksPrompt: the bound of a whole answer is off only where the request asks
+// for its prompt back, at its top level as an engine reads it (echo not false, prompt_logprobs
+// not null; a name escaped counts); a tool schema's property "echo", or the word in a prompt,
+// left the answer unbounded (R1 review).
+func TestMaxAnswerBytesAsksPrompt(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct {
+		body    string
+		bounded bool
+	}{
+		{`{"model":"m",` + msgs + `}`, true},
+		{`{"model":"m","prompt":"x","echo":true}`, false},
+		{`{"model":"m","prompt":"x","echo":1}`, false},
+		{`{"model":"m","prompt":"x","\u0065cho":true}`, false},
+		{`{"model":"m","prompt":"x","prompt_logprobs":0}`, false},
+		{`{"model":"m","prompt":"x","echo":false}`, true},
+		{`{"model":"m","prompt":"x","echo":null,"prompt_logprobs":null}`, true},
+		{`{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"echo":{"type":"boolean"}}}}}],` + msgs + `}`, true},
+		{`{"model":"m","messages":[{"role":"user","content":"say \"echo\" and \"prompt_logprobs\""}]}`, true},
+		{`{"model":"m","extra":{"echo":true},` + msgs + `}`, true},
+	} {
+		c := &call{req: &openai.Request{MaxTokens: 8}, body: []byte(tc.body)}
+		if got := c.maxAnswerBytes() > 0; got != tc.bounded {
+			t.Errorf("%s: bounded %v (%d), want %v", tc.body, got, c.maxAnswerBytes(), tc.bounded)
+		}
 	}
 }

@@ -61,12 +61,13 @@ func (h *Handler) relay(w *statusWriter, in *http.Request) {
 	// to its first byte. A 2xx answer to a stream request is a stream whatever its Content-Type
 	// says (an engine, or a proxy before it, that labels its events text/plain or
 	// application/json): it is passed on as it comes, its first bytes taken for the first token,
-	// its events read for the usage once it ends (takeBody), rather than held until its end.
+	// its events read as they pass for the usage and the bound (otherStream), rather than held
+	// until its end.
 	c := callFrom(in.Context())
 	var whole *[]byte
 	ended := false
 	if c != nil && c.stream && resp.StatusCode < 300 && !isEventStream(resp.Header.Get("Content-Type")) {
-		resp.Body = &firstBytes{ReadCloser: resp.Body, c: c}
+		resp.Body = newOtherStream(resp.Body, c)
 	} else if !isEventStream(resp.Header.Get("Content-Type")) {
 		cb, _ := resp.Body.(*captureBody) // a 2xx answer's (modifyResponse)
 		if cb != nil {
@@ -274,26 +275,6 @@ func (h *Handler) overrunAnswer(w *statusWriter, r *http.Request, what string) {
 		return // the client went away: nobody to answer
 	}
 	h.writeError(w, c, c.overrun(what))
-}
-
-// firstBytes passes on an answer to a stream request that came without the event stream's
-// Content-Type, taking its first bytes for the first token (the request's TTFT, the end of its
-// prefill for the policy), as sseBody takes its first event.
-type firstBytes struct {
-	io.ReadCloser
-	c    *call
-	seen bool
-}
-
-func (b *firstBytes) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if n > 0 && !b.seen {
-		b.seen = true
-		if b.c.rc != nil {
-			b.c.rc.FirstToken()
-		}
-	}
-	return n, err
 }
 
 // copyBody copies the answer to the client: a stream write by write, each flushed at once (one

@@ -39,7 +39,7 @@ const (
 	unauthPerKey    = 5
 	unauthPerWindow = 100
 	// unauthMaxKeys bounds the keys whose dropped lines are counted apart until a flush:
-	// beyond them (clients at many addresses) they are counted under unauthOther.
+	// beyond them (clients at many addresses) they are counted under unauthOther, by code.
 	unauthMaxKeys = 64
 )
 
@@ -75,7 +75,7 @@ func (l *unauthLog) allow(addr, code string) bool {
 		l.dropped = map[logKey]int{}
 	}
 	if _, ok := l.dropped[k]; !ok && len(l.dropped) >= unauthMaxKeys {
-		k = logKey{addr: unauthOther}
+		k = logKey{addr: unauthOther, code: code} // the codes are the router's own: a few
 	}
 	l.dropped[k]++
 	if !l.armed {

@@ -71,7 +71,8 @@ func TestUnauthorizedLinesBounded(t *testing.T) {
 }
 
 // TestUnauthLogBounds: the lines of one window are at most unauthPerWindow whatever the
-// addresses, and the keys counted apart at most unauthMaxKeys (the rest under unauthOther).
+// addresses, and the keys counted apart at most unauthMaxKeys (the rest under unauthOther,
+// each error code apart: they were counted under one key without their code).
 func TestUnauthLogBounds(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	l := &unauthLog{now: func() time.Time { return now }, after: func(time.Duration, func()) {}}
@@ -81,8 +82,14 @@ func TestUnauthLogBounds(t *testing.T) {
 			written++
 		}
 	}
-	if written != unauthPerWindow || len(l.dropped) != unauthMaxKeys+1 || l.dropped[logKey{addr: unauthOther}] != 1000-unauthPerWindow-unauthMaxKeys {
-		t.Errorf("%d written, %d keys counted, %d under %q; want %d, %d, %d", written, len(l.dropped), l.dropped[logKey{addr: unauthOther}], unauthOther,
-			unauthPerWindow, unauthMaxKeys+1, 1000-unauthPerWindow-unauthMaxKeys)
+	for i := range 50 {
+		if l.allow("10.1.0."+strconv.Itoa(i)+":1234", "missing_api_key") {
+			written++
+		}
+	}
+	other := func(code string) int { return l.dropped[logKey{addr: unauthOther, code: code}] }
+	if written != unauthPerWindow || len(l.dropped) != unauthMaxKeys+2 || other("invalid_api_key") != 1000-unauthPerWindow-unauthMaxKeys || other("missing_api_key") != 50 {
+		t.Errorf("%d written, %d keys counted, %d and %d under %q; want %d, %d, %d and 50", written, len(l.dropped),
+			other("invalid_api_key"), other("missing_api_key"), unauthOther, unauthPerWindow, unauthMaxKeys+2, 1000-unauthPerWindow-unauthMaxKeys)
 	}
 }
