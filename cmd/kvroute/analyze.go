@@ -110,12 +110,12 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	var f analyzeFlags
 	fs.StringVar(&f.format, "format", "mooncake", "trace format (mooncake: JSONL with timestamp, input_length, output_length, hash_ids)")
 	fs.IntVar(&f.instances, "instances", 8, "instances in the fleet whose pooled KV cache bounds the hit rate; given, the fleet is known and analyze simulates prefix-aware against least-request and round-robin on it (left out: 8 for the bounds, no simulation)")
-	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile: KV capacity per instance and block size")
+	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile, for its KV capacity per instance and block size: "+profileNames())
 	fs.StringVar(&f.trace, "trace", "", "the trace `FILE`, as simulate, bench and plan take it (or give FILE alone)"+stdinTraceHelp)
 	fs.StringVar(&f.workload, "workload", "", "analyze a synthetic workload NAME[:key=value,...] instead of a trace")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the synthetic workload, of random placement and of the simulated policies")
 	fs.BoolVar(&f.noSimulate, "no-simulate", false, "do not simulate the fleet given by --instances: statistics only")
-	fs.IntVar(&f.simLimit, "sim-limit", defaultSimLimit, "simulate only the first `N` requests (0: all; the 12,031 of the Mooncake conversation trace take 10 to 40 s)")
+	fs.IntVar(&f.simLimit, "sim-limit", defaultSimLimit, "with --instances: simulate only the first `N` requests (0: all; the 12,031 of the Mooncake conversation trace take 10 to 40 s)")
 	fs.BoolVar(&f.json, "json", false, "print the report as JSON: the statistics, and the simulation's setting and figures when one ran")
 	// Flags may come before or after FILE.
 	files, code, exit := parseOrExit(fs, args, verbHelp{
@@ -175,7 +175,12 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 		errs = append(errs, errors.New("give a trace FILE or --workload, not both"))
 	}
 	if f.format != "mooncake" {
-		errs = append(errs, fmt.Errorf("--format %q: unknown, want mooncake", f.format))
+		if _, err := workload.ParseTraceFormat(f.format); err == nil {
+			// A format the verbs do not read but kvroute trace convert does: say how.
+			errs = append(errs, fmt.Errorf("--format %s: analyze reads Mooncake traces only: convert it first with kvroute trace convert --from %s FILE > trace.jsonl", f.format, f.format))
+		} else {
+			errs = append(errs, fmt.Errorf("--format %q: unknown, want mooncake", f.format))
+		}
 	}
 	if err := experiment.CheckInstances("--instances", f.instances); err != nil {
 		errs = append(errs, err)

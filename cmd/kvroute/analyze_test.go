@@ -324,6 +324,7 @@ func TestAnalyzeBadInput(t *testing.T) {
 		{"too many instances", "", []string{"--instances", "9223372036854775807", "x"}, 2, "--instances 9223372036854775807: want 1 to 10000"},
 		{"bad profile", "", []string{"--profile", "nope", "x"}, 2, `--profile: engine: unknown profile "nope"`},
 		{"bad format", "", []string{"--format", "csv", "x"}, 2, `--format "csv": unknown, want mooncake`},
+		{"format to convert", "", []string{"--format", "sharegpt", "x"}, 2, "--format sharegpt: analyze reads Mooncake traces only: convert it first with kvroute trace convert --from sharegpt FILE > trace.jsonl"},
 		{"bad workload", "", []string{"--workload", "nope"}, 2, `--workload: workload "nope": unknown name`},
 		{"negative sim limit", "", []string{"--instances", "2", "--sim-limit", "-1", "x"}, 2, "--sim-limit -1: want 0 (all requests) or more"},
 		{"sim limit without a fleet", "", []string{"--sim-limit", "10", "x"}, 2, "--sim-limit: only with --instances N"},

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/experiment"
 	"github.com/kvroute/kvroute/internal/loadgen"
 	"github.com/kvroute/kvroute/internal/policy"
@@ -50,16 +51,41 @@ type verbHelp struct {
 	floats map[string]string
 }
 
-// nearFlag is "did you mean -x? " when err is the flag package's unknown flag and one of
-// fs's flags is within two edits of it, else "".
+// profileNames lists the engine profiles, for the help of --profile.
+func profileNames() string {
+	var names []string
+	for _, p := range engine.Profiles() {
+		names = append(names, p.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// sameFlags are flags that do one thing under different names in different verbs: how many
+// of the workload's requests to use is --requests to bench and demo, --limit to simulate and
+// plan, --sim-limit to analyze.
+var sameFlags = [][]string{{"requests", "limit", "sim-limit"}}
+
+// nearFlag is "did you mean -x? " when err is the flag package's unknown flag and fs has a
+// flag that another verb calls by that name (sameFlags), or one within two edits of it, else "".
 func nearFlag(fs *flag.FlagSet, err error) string {
 	bad, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -")
 	if !ok {
 		return ""
 	}
+	name := strings.TrimPrefix(bad, "-")
+	for _, same := range sameFlags {
+		if !slices.Contains(same, name) {
+			continue
+		}
+		for _, s := range same {
+			if fs.Lookup(s) != nil {
+				return "did you mean -" + s + "? "
+			}
+		}
+	}
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-	if near := suggest.Nearest(strings.TrimPrefix(bad, "-"), names); near != "" {
+	if near := suggest.Nearest(name, names); near != "" {
 		return "did you mean -" + near + "? "
 	}
 	return ""

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/engine"
 )
 
 // runVerb runs `kvroute verb args...` and returns its exit status, stdout and stderr.
@@ -56,6 +58,11 @@ func TestUnknownFlagSuggested(t *testing.T) {
 		{[]string{"serve", "--policies", "x"}, "kvroute serve: flag provided but not defined: -policies (did you mean -policy? run 'kvroute serve -h')"},
 		{[]string{"simulate", "--inst", "4"}, "kvroute simulate: flag provided but not defined: -inst (did you mean -instances? run 'kvroute simulate -h')"},
 		{[]string{"plan", "--slo-ttft", "1s"}, "kvroute plan: flag provided but not defined: -slo-ttft (run 'kvroute plan -h')"}, // -slo-ttft-p50 or -p90: no guess
+		// One thing, a name per verb: the verb's own name for it.
+		{[]string{"simulate", "--requests", "10"}, "kvroute simulate: flag provided but not defined: -requests (did you mean -limit? run 'kvroute simulate -h')"},
+		{[]string{"demo", "--limit", "10"}, "kvroute demo: flag provided but not defined: -limit (did you mean -requests? run 'kvroute demo -h')"},
+		{[]string{"analyze", "--requests", "10", "x"}, "kvroute analyze: flag provided but not defined: -requests (did you mean -sim-limit? run 'kvroute analyze -h')"},
+		{[]string{"bench", "--sim-limit", "10"}, "kvroute bench: flag provided but not defined: -sim-limit (did you mean -requests? run 'kvroute bench -h')"},
 		{[]string{"version", "--jsn"}, "kvroute version: flag provided but not defined: -jsn (did you mean -json? run 'kvroute version -h')"},
 	} {
 		code, stdout, stderr := runVerb(tt.args[0], tt.args[1:]...)
@@ -309,6 +316,45 @@ func TestTerminatedExits143(t *testing.T) {
 		var out, errOut bytes.Buffer
 		if code := run(ctx, args, &out, &errOut); code != 143 {
 			t.Errorf("%q: exit %d (%s), want 143", args, code, errOut.String())
+		}
+	}
+}
+
+// The verbs' help says one thing one way: the count of requests to use is N and the speed-up
+// replays arrivals faster in every verb, and --profile lists the profiles, as the error for an
+// unknown one does, so that a first run need not fail to learn them.
+func TestHelpSharedFlags(t *testing.T) {
+	const profiles = "llama3-70b-h200-tp8"
+	const speedup = "-speedup float\n    \treplay arrivals this many times faster than the workload's time"
+	for _, tt := range []struct {
+		verb string
+		want []string
+	}{
+		{"bench", []string{"-requests N\n", speedup}},
+		{"demo", []string{"-requests N\n", speedup, profiles}},
+		{"simulate", []string{"-limit N\n", speedup, profiles}},
+		{"plan", []string{"-limit N\n", speedup, profiles}},
+		{"analyze", []string{"-sim-limit N\n", "with --instances: simulate only", profiles}},
+	} {
+		code, stdout, _ := runVerb(tt.verb, "-h")
+		if code != 0 {
+			t.Fatalf("%s -h: exit %d", tt.verb, code)
+		}
+		for _, w := range tt.want {
+			if w == profiles {
+				// Every profile, on the line of --profile.
+				_, help, _ := strings.Cut(stdout, "-profile string\n")
+				line, _, _ := strings.Cut(help, "\n")
+				for _, p := range engine.Profiles() {
+					if !strings.Contains(line, p.Name) {
+						t.Errorf("%s -h: --profile's help %q does not name %s", tt.verb, line, p.Name)
+					}
+				}
+				continue
+			}
+			if !strings.Contains(stdout, w) {
+				t.Errorf("%s -h: no %q in\n%s", tt.verb, w, stdout)
+			}
 		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/engine"
 	"github.com/kvroute/kvroute/internal/simserver"
 )
 
@@ -99,18 +98,14 @@ func simFlag(field string) string {
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("kvroute sim")
 	var (
-		o         simserver.Options
-		n         = fs.Int("instances", 1, "`N` instances, served on ports --port to --port+N-1")
-		port      = fs.Int("port", 8000, "first instance's port (0: free ports)")
-		host      = fs.String("host", "127.0.0.1", "address to listen on")
-		drain     = fs.Duration("drain", 10*time.Second, "on shutdown, how long in-flight streams may finish")
-		verbose   = fs.Bool("v", false, "log every request (never its text)")
-		profNames []string
+		o       simserver.Options
+		n       = fs.Int("instances", 1, "`N` instances, served on ports --port to --port+N-1")
+		port    = fs.Int("port", 8000, "first instance's port (0: free ports)")
+		host    = fs.String("host", "127.0.0.1", "address to listen on")
+		drain   = fs.Duration("drain", 10*time.Second, "on shutdown, how long in-flight streams may finish")
+		verbose = fs.Bool("v", false, "log every request (never its text)")
 	)
-	for _, p := range engine.Profiles() {
-		profNames = append(profNames, p.Name)
-	}
-	fs.StringVar(&o.Profile, "profile", simserver.DefaultProfile, "engine profile: "+strings.Join(profNames, ", "))
+	fs.StringVar(&o.Profile, "profile", simserver.DefaultProfile, "engine profile: "+profileNames())
 	fs.StringVar(&o.Model, "model", simserver.DefaultModel, "served model name")
 	fs.Float64Var(&o.TimeScale, "time-scale", 1, "wall seconds per model second (0.1: ten times faster); reported durations stay in model time")
 	fs.Uint64Var(&o.Seed, "seed", 0, "seed of the generated text and fault draws")

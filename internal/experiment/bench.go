@@ -46,6 +46,10 @@ type BenchOptions struct {
 	Progress      loadgen.ProgressMode
 	ProgressEvery time.Duration
 	Log           io.Writer
+
+	// run sends the items: loadgen.Run when nil; a test's stand-in decides which requests
+	// finish, and in what order.
+	run func(context.Context, loadgen.Config, []loadgen.Item) (loadgen.Result, error)
 }
 
 // BenchExtra is what a live run measures beyond report.Result: the generator's own schedule
@@ -158,7 +162,11 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 			refused.observe(r)
 		},
 	}
-	res, err := loadgen.Run(runCtx, cfg, items)
+	run := o.run
+	if run == nil {
+		run = loadgen.Run
+	}
+	res, err := run(runCtx, cfg, items)
 	prog.Finish()
 	var stopped *BenchStopped
 	if err != nil {
@@ -194,10 +202,18 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 	}
 	r.WallSeconds = res.Elapsed.Seconds()
 	extra := benchStats(&res, 1)
+	// The requests the report covers: those sent and not cancelled in flight. They are not
+	// always the first ones: a long request cancelled at an interrupt left later ones
+	// finished. Records are in workload order.
+	doneItems, doneReqs := make([]loadgen.Item, len(res.Records)), make([]workload.Request, len(res.Records))
+	for i := range res.Records {
+		k := res.Records[i].Index
+		doneItems[i], doneReqs[i] = items[k], reqs[k]
+	}
 	if o.Concurrency == 0 {
 		// The schedule's own rate: a Poisson draw of a few thousand arrivals differs from
 		// --rate by a few per cent, which is not the generator's doing.
-		extra.AskedRate = scheduledRate(items[:len(res.Records)])
+		extra.AskedRate = scheduledRate(doneItems)
 		extra.RequestedRate = o.Rate
 	}
 	speedup := o.Speedup
@@ -208,7 +224,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 		Scenario: report.Scenario{Workload: name, Requests: len(res.Records), Instances: max(1, endpoints), Profile: o.Target, Speedup: speedup, Seed: int64(o.Seed),
 			NonStreamed: o.NonStreamed, Pacing: benchPacing(o)},
 		// The target's KV capacity is unknown here, and so is the pooled LRU bound.
-		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(reqs[:len(res.Records)], 16), PooledLRUUnknown: true},
+		Bounds:  report.Bounds{InfiniteCacheHitRate: workload.InfiniteCacheHitRate(doneReqs, 16), PooledLRUUnknown: true},
 		Results: []report.Result{r},
 	}
 	return &BenchReport{Summary: sum, Bench: []BenchExtra{extra}, Stopped: stopped, records: [][]report.Record{recs}}, nil

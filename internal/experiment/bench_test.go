@@ -1,6 +1,12 @@
 package experiment
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -83,5 +89,58 @@ func TestReportRecords(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("records (-want +got):\n%s", diff)
+	}
+}
+
+// An interrupted run's figures are of the requests that finished, whichever they are: here
+// the second request, long, is cancelled in flight at the interrupt while the third and fourth
+// had finished. The schedule's rate and the infinite-cache bound are those of requests 1, 3
+// and 4 (2 gaps over 1 s; no prompt repeated), not of the first three (2 over 0.3 s, and the
+// second repeating the first: a bound of 1/3).
+func TestBenchInterruptedOutOfOrder(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "trace.jsonl")
+	lines := `{"timestamp":0,"input_length":1024,"output_length":1,"hash_ids":[1,2]}
+{"timestamp":100,"input_length":1024,"output_length":1,"hash_ids":[1,2]}
+{"timestamp":300,"input_length":1024,"output_length":1,"hash_ids":[3,4]}
+{"timestamp":1000,"input_length":1024,"output_length":1,"hash_ids":[5,6]}
+`
+	if err := os.WriteFile(trace, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, interrupt := context.WithCancel(t.Context())
+	defer interrupt()
+	// The stand-in for loadgen.Run: requests 0, 2 and 3 finish, then Ctrl-C cancels request 1.
+	run := func(ctx context.Context, cfg loadgen.Config, items []loadgen.Item) (loadgen.Result, error) {
+		recs := make([]loadgen.Record, len(items))
+		for _, i := range []int{0, 2, 3} {
+			recs[i] = loadgen.Record{Index: i, Class: loadgen.ClassOK, Scheduled: items[i].At, Sent: items[i].At,
+				TTFT: 10 * time.Millisecond, E2E: 20 * time.Millisecond, PromptTokens: 1024, OutputTokens: 1}
+			cfg.OnRecord(recs[i])
+		}
+		interrupt()
+		<-ctx.Done()
+		recs[1] = loadgen.Record{Index: 1, Class: loadgen.ClassCanceled, Scheduled: items[1].At, Sent: items[1].At,
+			E2E: time.Second, PromptTokens: 1024, CachedTokens: -1, Err: "context canceled"}
+		cfg.OnRecord(recs[1])
+		return loadgen.Result{Records: recs, Elapsed: 1100 * time.Millisecond}, fmt.Errorf("loadgen: run cancelled: %w", ctx.Err())
+	}
+	rep, err := Bench(ctx, BenchOptions{
+		Target: "http://127.0.0.1:1", Model: "m", Trace: trace, Arrival: "poisson",
+		MaxInFlight: 8, Timeout: time.Minute, Log: io.Discard, run: run,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&BenchStopped{Interrupted: true, Planned: 4, Sent: 4, Canceled: 1}, rep.Stopped); diff != "" {
+		t.Errorf("stopped (-want +got):\n%s", diff)
+	}
+	if got := rep.Scenario.Requests; got != 3 {
+		t.Errorf("%d requests in the report, want the 3 that finished", got)
+	}
+	if got := rep.Bench[0].AskedRate; math.Abs(got-2) > 1e-9 {
+		t.Errorf("scheduled rate %v, want 2 (requests 1, 3 and 4: 2 gaps in 1 s)", got)
+	}
+	if got := rep.Bounds.InfiniteCacheHitRate; got != 0 {
+		t.Errorf("infinite-cache bound %v, want 0 (requests 1, 3 and 4 share nothing)", got)
 	}
 }

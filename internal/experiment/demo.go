@@ -144,6 +144,11 @@ func Demo(ctx context.Context, o DemoOptions) (*DemoReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	if note := demoLengthNote(reqs, o.TimeScale, len(specs)); note != "" && o.Log != nil {
+		// Said before it starts: a trace replayed whole (the Mooncake conversation trace's
+		// hour takes two a policy) showed only an ETA of hours, after the first policy began.
+		fmt.Fprintln(o.Log, note)
+	}
 	speedup := o.Speedup
 	if speedup == 0 {
 		speedup = 1
@@ -187,6 +192,27 @@ func Demo(ctx context.Context, o DemoOptions) (*DemoReport, error) {
 		d.Fidelity = fid
 	}
 	return d, nil
+}
+
+// demoLongRun is the wall time of a demo's live runs, all policies together, above which Demo
+// says how long they will take before it starts them.
+const demoLongRun = 10 * time.Minute
+
+// demoLengthNote says how long the live runs of policies policies over reqs (sorted by
+// arrival, in model time) take at timeScale, and how to shorten them, when that is more than
+// demoLongRun; else "".
+func demoLengthNote(reqs []workload.Request, timeScale float64, policies int) string {
+	if len(reqs) < 2 {
+		return ""
+	}
+	span := reqs[len(reqs)-1].Arrival - reqs[0].Arrival
+	each := time.Duration(float64(span) * timeScale)
+	if each*time.Duration(policies) < demoLongRun {
+		return ""
+	}
+	return fmt.Sprintf("demo: the workload's %d arrivals span %v of model time: at --time-scale %g each of the %d policies takes at least %v (%v in all); "+
+		"--requests N or --speedup K shortens it, and Ctrl-C keeps the policies that finished",
+		len(reqs), span.Round(time.Second), timeScale, policies, each.Round(time.Second), (each * time.Duration(policies)).Round(time.Second))
 }
 
 // DemoComparison is DemoReport.InterruptedDuring when Ctrl-C came during the comparison with

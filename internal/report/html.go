@@ -108,6 +108,9 @@ func scenarioLine(s *Summary) string {
 	return line + fmt.Sprintf(", seed %d", sc.Seed)
 }
 
+// pageTemplate is the page. Its summary table reads as WriteTable's: a run that completed no
+// request timed nothing, and its latencies and imbalance are "-", not a 0.00 that reads as
+// instant.
 var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 	"rate":      rate,
 	"ms":        Millis,
@@ -144,7 +147,7 @@ svg .axis { stroke: #999; }
 {{end}}<table id="summary">
 <thead><tr><th>policy</th><th>hit rate</th><th>TTFT p50 ms</th><th>p90</th><th>p99</th><th>TPOT p50 ms</th><th>tok/s</th><th>imbalance</th><th>completed</th><th>failed</th></tr></thead>
 <tbody>
-{{range .Runs}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Result.Policy}}</td>{{with .Result}}<td>{{rate .HitRate .HitRateUnknown}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P90}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{printf "%.0f" .ThroughputTokensPerS}}</td><td>{{imbalance .LoadImbalance}}</td><td>{{.Completed}}</td><td>{{.Failed}}</td>{{end}}</tr>
+{{range .Runs}}<tr><td><span class="swatch" style="background:{{.Color}}"></span>{{.Result.Policy}}</td>{{with .Result}}<td>{{rate .HitRate .HitRateUnknown}}</td>{{if .Completed}}<td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P90}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .TPOT.P50}}</td>{{else}}<td>-</td><td>-</td><td>-</td><td>-</td>{{end}}<td>{{printf "%.0f" .ThroughputTokensPerS}}</td><td>{{if .Completed}}{{imbalance .LoadImbalance}}{{else}}-{{end}}</td><td>{{.Completed}}</td><td>{{.Failed}}</td>{{end}}</tr>
 {{end}}</tbody>
 </table>
 <div class="charts">

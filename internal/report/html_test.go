@@ -209,3 +209,28 @@ func TestWriteHTML_UnknownHitRate(t *testing.T) {
 		t.Errorf("hit-rate chart: want the unknown run marked and no pooled LRU bound:\n%s", hit)
 	}
 }
+
+// The page's summary row of a run that completed nothing says what the table says: "-" for
+// every latency and the imbalance, not 0.00 (instant) and 1.00 (even).
+func TestWriteHTML_NothingCompleted(t *testing.T) {
+	s := &Summary{
+		Scenario: Scenario{Workload: "w", Requests: 3, Instances: 1, Profile: "http://127.0.0.1:1", Speedup: 1, Seed: 1},
+		Results:  []Result{{Policy: "bench", HitRateUnknown: true, LoadImbalance: 1, Failed: 3}},
+	}
+	var buf bytes.Buffer
+	if err := WriteHTML(&buf, s, nil, HTMLOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(`(?s)<tbody>\s*<tr>(.*?)</tr>`).FindStringSubmatch(buf.String())
+	if row == nil {
+		t.Fatalf("no summary row:\n%s", buf.String())
+	}
+	var cells []string
+	for _, m := range regexp.MustCompile(`<td>(?:<span[^>]*></span>)?([^<]*)</td>`).FindAllStringSubmatch(row[1], -1) {
+		cells = append(cells, m[1])
+	}
+	want := []string{"bench", "unknown", "-", "-", "-", "-", "0", "-", "0", "3"}
+	if diff := cmp.Diff(want, cells); diff != "" {
+		t.Errorf("summary row (-want +got):\n%s", diff)
+	}
+}

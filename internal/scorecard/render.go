@@ -108,12 +108,39 @@ func writeCell(ew *errWriter, c *Cell) {
 	fmt.Fprintf(tw, "  %-*s\thit rate\tof bound\tTTFT mean ms\tp50\tp99\tmean/best\tp50/best\tp99/best\timbalance\tfailed\t\n", width, "policy")
 	for i := range c.Scores {
 		s := &c.Scores[i]
-		fmt.Fprintf(tw, "  %-*s\t%.3f\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t\n", width, s.Policy, s.HitRate, ofBound(s.HitOfBound),
-			report.Millis(s.TTFT.Mean), report.Millis(s.TTFT.P50), report.Millis(s.TTFT.P99), s.MeanRatio, s.P50Ratio, s.P99Ratio, s.Imbalance, s.Failed)
+		f := s.figures()
+		fmt.Fprintf(tw, "  %-*s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", width, s.Policy, s.HitRate, ofBound(s.HitOfBound),
+			f.Mean, f.P50, f.P99, f.MeanRatio, f.P50Ratio, f.P99Ratio, f.Imbalance, s.Failed)
 	}
 	if err := tw.Flush(); err != nil && ew.err == nil {
 		ew.err = err
 	}
+}
+
+// figures are a score's TTFT mean, p50 and p99 in milliseconds, their ratios to the best other
+// policy's, and its imbalance, as the table and the page show them.
+type figures struct{ Mean, P50, P99, MeanRatio, P50Ratio, P99Ratio, Imbalance string }
+
+// figures formats s's timed figures. A policy that completed no request timed nothing, nor
+// spread any work: each is "-", as in kvroute simulate's table, not a 0.00 that reads as
+// instant. A ratio of 0 is none (no other policy completed a request): "-" too.
+func (s *Score) figures() figures {
+	if s.Completed == 0 {
+		return figures{"-", "-", "-", "-", "-", "-", "-"}
+	}
+	return figures{
+		Mean: report.Millis(s.TTFT.Mean), P50: report.Millis(s.TTFT.P50), P99: report.Millis(s.TTFT.P99),
+		MeanRatio: ratioText(s.MeanRatio), P50Ratio: ratioText(s.P50Ratio), P99Ratio: ratioText(s.P99Ratio),
+		Imbalance: strconv.FormatFloat(s.Imbalance, 'f', 2, 64),
+	}
+}
+
+// ratioText is a ratio with two decimals, or "-" for 0 (no ratio).
+func ratioText(x float64) string {
+	if x == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(x, 'f', 2, 64)
 }
 
 func ofBound(x float64) string {
@@ -232,8 +259,7 @@ func shadeHit(x float64) template.CSS {
 }
 
 var htmlPage = template.Must(template.New("scorecard").Funcs(template.FuncMap{
-	"ms":        report.Millis,
-	"f2":        func(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) },
+	"figures":   func(s Score) figures { return s.figures() },
 	"f3":        func(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) },
 	"ofBound":   ofBound,
 	"shade":     shade,
@@ -272,7 +298,7 @@ th:first-child, td:first-child { text-align: left; }
 <table>
 <thead><tr><th>policy</th><th>hit rate</th><th>of bound</th><th>TTFT mean ms</th><th>p50</th><th>p99</th><th>mean/best</th><th>p50/best</th><th>p99/best</th><th>imbalance</th><th>failed</th></tr></thead>
 <tbody>
-{{range .Scores}}<tr><td>{{.Policy}}</td><td>{{f3 .HitRate}}</td><td style="{{shadeHit .HitOfBound}}">{{ofBound .HitOfBound}}</td><td>{{ms .TTFT.Mean}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P99}}</td><td style="{{shade .MeanRatio}}">{{f2 .MeanRatio}}</td><td style="{{shade .P50Ratio}}">{{f2 .P50Ratio}}</td><td style="{{shade .P99Ratio}}">{{f2 .P99Ratio}}</td><td>{{f2 .Imbalance}}</td><td>{{.Failed}}</td></tr>
+{{range .Scores}}{{$f := figures .}}<tr><td>{{.Policy}}</td><td>{{f3 .HitRate}}</td><td style="{{shadeHit .HitOfBound}}">{{ofBound .HitOfBound}}</td><td>{{$f.Mean}}</td><td>{{$f.P50}}</td><td>{{$f.P99}}</td><td style="{{shade .MeanRatio}}">{{$f.MeanRatio}}</td><td style="{{shade .P50Ratio}}">{{$f.P50Ratio}}</td><td style="{{shade .P99Ratio}}">{{$f.P99Ratio}}</td><td>{{$f.Imbalance}}</td><td>{{.Failed}}</td></tr>
 {{end}}</tbody>
 </table>
 {{with .Verdict}}{{if .Met}}<p class="met">{{$.Subject}}: met{{if .Quick}} (quick run: indicative only){{end}}</p>{{else}}<p class="missed">{{$.Subject}}: missed{{if .Quick}} (quick run: indicative only){{end}}: {{join .Misses "; "}}</p>{{end}}{{end}}

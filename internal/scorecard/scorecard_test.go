@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -551,5 +552,57 @@ func TestProgressWeighsCells(t *testing.T) {
 		"scorecard: 3/3 cells: dear, load 0.5, seed 1 (16s of simulations); 20s elapsed, all done\n"
 	if diff := cmp.Diff(want, log.String()); diff != "" {
 		t.Errorf("progress (-want +got):\n%s", diff)
+	}
+}
+
+// A policy that completed no request timed nothing: the table and the page show its TTFT,
+// its ratios and its imbalance as "-", as kvroute simulate's table does, not as 0.00 (instant,
+// and infinitely better than the best). The other policy's figures stay.
+func TestNothingCompletedShowsDash(t *testing.T) {
+	c := cell(0.5, false, row("prefix-aware", 0.4, 100, 200, 1.1), row("cache-aware", 0, 0, 0, 0))
+	c.Scenario, c.Workload, c.Fleet, c.Load, c.Seed, c.Requests = "s", "w", "f", 0.5, 1, 10
+	c.Scores[1].Completed, c.Scores[1].Failed = 0, 10
+	score(&c)
+	sc := &Scorecard{Subject: "prefix-aware", Seeds: []uint64{1}, Cells: []Cell{c}}
+	want := map[string][]string{
+		"prefix-aware": {"prefix-aware", "0.400", "0.800", "100", "100", "200", "-", "-", "-", "1.10", "0"},
+		"cache-aware":  {"cache-aware", "0.000", "-", "-", "-", "-", "-", "-", "-", "-", "10"},
+	}
+
+	var table bytes.Buffer
+	if err := sc.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for line := range strings.Lines(table.String()) {
+		f := strings.Fields(line)
+		if !strings.HasPrefix(line, "  ") || len(f) == 0 || want[f[0]] == nil {
+			continue // not a policy's row
+		}
+		rows++
+		if diff := cmp.Diff(want[f[0]], f); diff != "" {
+			t.Errorf("table row (-want +got):\n%s", diff)
+		}
+	}
+	if rows != 2 {
+		t.Errorf("%d policy rows in the table, want 2:\n%s", rows, table.String())
+	}
+
+	var page bytes.Buffer
+	if err := sc.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	trs := regexp.MustCompile(`<tr><td>(.*?)</tr>`).FindAllStringSubmatch(page.String(), -1)
+	if len(trs) != 2 {
+		t.Fatalf("%d policy rows on the page, want 2:\n%s", len(trs), page.String())
+	}
+	for _, tr := range trs {
+		var cells []string
+		for _, m := range regexp.MustCompile(`>([^<>]*)</td>`).FindAllStringSubmatch("<td>"+tr[1], -1) {
+			cells = append(cells, m[1])
+		}
+		if diff := cmp.Diff(want[cells[0]], cells); diff != "" {
+			t.Errorf("page row (-want +got):\n%s", diff)
+		}
 	}
 }

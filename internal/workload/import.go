@@ -51,12 +51,18 @@ func ConvertTrace(w io.Writer, r io.Reader, o ConvertOptions) (ConvertStats, err
 	if err != nil {
 		return ConvertStats{}, err
 	}
+	// The format is told from the first bytes after the white space, however long it runs:
+	// a file that starts with more blank lines than the sniff window holds is not blank.
+	skip, err := skipSpace(in)
+	if err != nil {
+		return ConvertStats{}, err
+	}
 	head, _ := in.Peek(sniffBytes)
 	from := o.From
 	if from == "" && len(bytes.TrimSpace(head)) == 0 {
 		// Nothing to tell a format from: say so, rather than that the format is unknown.
 		what := "empty"
-		if len(head) > 0 {
+		if len(head) > 0 || skip.bytes > 0 {
 			what = "blank (white space only)"
 		}
 		return ConvertStats{}, badTrace{fmt.Errorf("%w: the input is %s", ErrNoRequests, what)}
@@ -74,7 +80,7 @@ func ConvertTrace(w io.Writer, r io.Reader, o ConvertOptions) (ConvertStats, err
 	if from != FormatMooncake && (o.TimeUnit != 0 || o.BlockTokens != 0) {
 		return ConvertStats{Format: from}, badOption{fmt.Errorf("the time unit and the block size are settings of a Mooncake trace, not of %s one", withArticle(from))}
 	}
-	c := converter{o: o, out: newTraceWriter(w), stats: ConvertStats{Format: from}}
+	c := converter{o: o, out: newTraceWriter(w), stats: ConvertStats{Format: from}, skipped: skip}
 	switch from {
 	case FormatMooncake:
 		err = c.mooncake(in)
@@ -187,6 +193,9 @@ type converter struct {
 	o     ConvertOptions
 	out   *traceWriter
 	stats ConvertStats
+	// skipped is the white space read before the input the formats' readers see: its lines
+	// and bytes are added to the positions they name.
+	skipped skipped
 	// ids numbers block hashes 0, 1, 2, ... in order of first appearance.
 	ids map[uint64]uint64
 	// next is the next id of a request that gets ids of its own (no prompt text).
@@ -299,12 +308,44 @@ func textBlocks(dst []uint64, seed uint64, text []byte) []uint64 {
 	return dst
 }
 
-// lines calls f with each non-blank line of in and its number; an error from f is a bad trace
-// error naming the line.
-func lines(in io.Reader, f func(n int, b []byte) error) error {
+// skipped is the white space at the start of an input, read before its format is told.
+type skipped struct {
+	bytes int64
+	lines int // the line ends among them
+}
+
+// skipSpace reads the white space at the start of in, however long, and leaves in at its first
+// other byte (or its end).
+func skipSpace(in *bufio.Reader) (skipped, error) {
+	var s skipped
+	for {
+		b, err := in.ReadByte()
+		if err == io.EOF {
+			return s, nil
+		}
+		if err != nil {
+			if errors.Is(err, ErrBadTrace) {
+				return s, err
+			}
+			return s, fmt.Errorf("read trace: %w", err)
+		}
+		switch b {
+		case '\n':
+			s.lines++
+		case ' ', '\t', '\r', '\v', '\f':
+		default:
+			return s, in.UnreadByte()
+		}
+		s.bytes++
+	}
+}
+
+// lines calls f with each non-blank line of in and its number, counted from the first line
+// after the skip lines; an error from f is a bad trace error naming the line.
+func lines(in io.Reader, skip int, f func(n int, b []byte) error) error {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
-	n := 0
+	n := skip
 	for sc.Scan() {
 		n++
 		b := bytes.TrimSpace(sc.Bytes())
@@ -349,7 +390,7 @@ func (c *converter) mooncake(in io.Reader) error {
 		first   float64
 		grouped []uint64
 	)
-	err := lines(in, func(n int, b []byte) error {
+	err := lines(in, c.skipped.lines, func(n int, b []byte) error {
 		if err := l.parse(b); err != nil {
 			return err
 		}
@@ -407,7 +448,7 @@ func (c *converter) openAI(in io.Reader) error {
 		buf    []byte
 		hashes []uint64
 	)
-	return lines(in, func(n int, b []byte) error {
+	return lines(in, c.skipped.lines, func(n int, b []byte) error {
 		var err error
 		buf, hashes, err = c.openAILine(b, buf, hashes)
 		return err
@@ -562,7 +603,7 @@ func (c *converter) shareGPT(in *bufio.Reader) error {
 			if errors.Is(err, ErrBadTrace) {
 				return err
 			}
-			return badTrace{fmt.Errorf("conversation %d (byte %d): %v", i+1, dec.InputOffset(), jsonError(err))}
+			return badTrace{fmt.Errorf("conversation %d (byte %d): %v", i+1, c.skipped.bytes+dec.InputOffset(), jsonError(err))}
 		}
 		turns := conv.Conversations
 		if turns == nil {
@@ -604,9 +645,11 @@ func (c *converter) shareGPT(in *bufio.Reader) error {
 func (c *converter) csv(in io.Reader, f TraceFormat) error {
 	r := csv.NewReader(in)
 	r.ReuseRecord = true
+	// Lines as the reader counts them (blank lines too), after those skipped before it.
+	skip := c.skipped.lines
 	header, err := r.Read()
 	if err != nil {
-		return badTrace{fmt.Errorf("line 1: no CSV header: %v", err)}
+		return badTrace{fmt.Errorf("line %d: no CSV header: %v", skip+1, err)}
 	}
 	header = slices.Clone(header) // the reader reuses its record
 	cols := map[string]int{}
@@ -621,7 +664,8 @@ func (c *converter) csv(in io.Reader, f TraceFormat) error {
 	for i, name := range names {
 		j, ok := cols[name]
 		if !ok {
-			return badTrace{fmt.Errorf("line 1: no column %q in the header %q (want %s trace's)", name, strings.Join(header, ","), withArticle(f))}
+			line, _ := r.FieldPos(0)
+			return badTrace{fmt.Errorf("line %d: no column %q in the header %q (want %s trace's)", skip+line, name, strings.Join(header, ","), withArticle(f))}
 		}
 		at[i] = j
 	}
@@ -638,11 +682,12 @@ func (c *converter) csv(in io.Reader, f TraceFormat) error {
 		if err != nil {
 			var pe *csv.ParseError
 			if errors.As(err, &pe) {
-				return badTrace{fmt.Errorf("line %d: %v", pe.Line, pe.Err)}
+				return badTrace{fmt.Errorf("line %d: %v", skip+pe.Line, pe.Err)}
 			}
 			return fmt.Errorf("read: %w", err)
 		}
 		line, _ := r.FieldPos(0)
+		line += skip
 		ms, err := csvMillis(f, rec[at[0]])
 		if err != nil {
 			return badTrace{fmt.Errorf("line %d: column %s: %w", line, header[at[0]], err)}

@@ -378,6 +378,50 @@ func TestConvertErrors(t *testing.T) {
 	}
 }
 
+// TestConvertLongBlankStart: an input that starts with more white space than the format is
+// told from (sniffBytes) and then has records is converted, not called blank; its errors
+// name the line or byte of the whole input, the white space counted.
+func TestConvertLongBlankStart(t *testing.T) {
+	blank := strings.Repeat(" \t\r\n", sniffBytes/4+10) // sniffBytes/4+10 lines
+	lines := sniffBytes/4 + 10
+	for _, tt := range []struct {
+		name, in string
+		format   TraceFormat
+	}{
+		{"openai", `{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}` + "\n", FormatOpenAI},
+		{"sharegpt array", `[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]`, FormatShareGPT},
+		{"azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n", FormatAzure},
+		{"mooncake", `{"timestamp": 1000, "input_length": 100, "output_length": 3, "hash_ids": [1]}` + "\n", FormatMooncake},
+	} {
+		reqs, stats := convert(t, blank+tt.in, ConvertOptions{})
+		if stats.Format != tt.format || len(reqs) != 1 {
+			t.Errorf("%s: format %q, %d requests; want %s and 1", tt.name, stats.Format, len(reqs), tt.format)
+		}
+	}
+	for _, tt := range []struct {
+		name, in, want string
+	}{
+		{"openai", `{"model": "m", "messages": [{"role": "user", "content": "hi"}]}` + "\n" + `{"model": "m"}` + "\n",
+			fmt.Sprintf("line %d: no messages, prompt or input", lines+2)},
+		{"azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,44\n",
+			fmt.Sprintf("line %d: column ContextTokens: \"x\"", lines+2)},
+		{"azure header", "TIMESTAMP,Tokens,GeneratedTokens\n", ""},
+		{"sharegpt", `[{"conversations": 5}]`, fmt.Sprintf("conversation 1 (byte %d)", len(blank)+21)},
+	} {
+		o := ConvertOptions{}
+		if tt.name == "azure header" {
+			o.From, tt.want = FormatAzure, fmt.Sprintf("line %d: no column \"contexttokens\"", lines+1)
+		}
+		if err := convertErr(blank+tt.in, o); !errors.Is(err, ErrBadTrace) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v; want a bad trace error with %q", tt.name, err, tt.want)
+		}
+	}
+	// White space only, however long, is blank.
+	if err := convertErr(blank+blank, ConvertOptions{}); !errors.Is(err, ErrNoRequests) || !strings.Contains(err.Error(), "the input is blank (white space only)") {
+		t.Errorf("long blank input: error %v", err)
+	}
+}
+
 // TestConvertGzip: ConvertTrace reads gzip as ReadMooncake does.
 func TestConvertGzip(t *testing.T) {
 	in := string(gzipped(t, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"))

@@ -100,6 +100,11 @@ func ReadMooncake(r io.Reader) ([]Request, error) {
 				return nil, fmt.Errorf("read trace after line %d: %w", line-1, rerr)
 			}
 			if len(reqs) == 0 {
+				if len(bytes.TrimSpace(head)) == 0 {
+					// The input starts with more white space than head holds: this line,
+					// the first that is not blank, is what tells another format.
+					head = b
+				}
 				if ferr := otherFormat(head); ferr != nil {
 					return nil, badTrace{ferr}
 				}

@@ -130,6 +130,14 @@ func TestReadMooncakeOtherFormats(t *testing.T) {
 			}
 		})
 	}
+	// After more blank lines than the sniffed head holds, the first line that is not blank
+	// still tells the format.
+	for _, tt := range tests[:2] {
+		_, err := ReadMooncake(strings.NewReader(strings.Repeat("\n", sniffBytes+10) + tt.in))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s after a long blank start: error %v\nwant one with %q", tt.name, err, tt.want)
+		}
+	}
 	// A later bad line is the line's own error, even if it looks like another format.
 	_, err := ReadMooncake(strings.NewReader(twoLines + `{"model": "m", "messages": []}` + "\n"))
 	if err == nil || !strings.HasPrefix(err.Error(), "line 3: field timestamp: missing") {
