@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/openai"
@@ -48,15 +49,26 @@ func bodyLimit(maxConc, conns int) (limit int, why string) {
 // bodyWait is how long a request body waits for one of its tenant's places (TakeBody) before
 // it is refused: as long as a body beyond server.max_pending_body_bytes waits for room. A
 // client's burst of requests whose bodies arrive slowly (a slow network, a large prompt) waits
-// for the ones before it rather than being refused; each waiter holds only the connection it
-// already had, for this long at most.
+// for the ones before it rather than being refused. Each waiter holds the connection it came
+// on, for this long at most, and no more bodies wait than the tenant has places (bodyLimit):
+// the rest are refused at once, so that a tenant's waiting bodies hold at most as many
+// connections again as its places do (a client that reconnected at each refusal held one
+// waiting connection per attempt).
 const bodyWait = time.Second
+
+// bodyWaiter is a body waiting for one of its tenant's places, in the order it came: a place
+// given back (BodyDone) is handed to the first, which then holds it (granted), closing ready.
+type bodyWaiter struct {
+	ready   chan struct{}
+	granted bool
+}
 
 // TakeBody holds one of id's places for a request body being received, before its body is
 // read; BodyDone gives it back once the body is read (or the request ends without it). conns
 // is the API server's connection cap (0: unknown). A tenant that has as many bodies being
-// received as bodyLimit allows waits for a place up to bodyWait, then is refused: 429
-// concurrency_limit_exceeded with Retry-After (set in h), counted under ReasonBodies. A client
+// received as bodyLimit allows waits for a place up to bodyWait, first come first served,
+// then is refused: 429 concurrency_limit_exceeded with Retry-After (set in h), counted under
+// ReasonBodies; so is one that finds as many bodies waiting as the tenant has places. A client
 // that goes away while it waits (ctx ends) gets 499 client_gone. id nil (authentication off)
 // takes nothing.
 func (g *Gate) TakeBody(ctx context.Context, id *Identity, conns int, h http.Header) *openai.Error {
@@ -64,45 +76,64 @@ func (g *Gate) TakeBody(ctx context.Context, id *Identity, conns int, h http.Hea
 		return nil
 	}
 	s := id.state
-	var timer *time.Timer
-	for {
-		s.mu.Lock()
-		limit, why := bodyLimit(s.maxConc, conns)
-		if limit <= 0 || s.bodies < limit {
-			s.bodies++
-			s.mu.Unlock()
-			if timer != nil {
-				timer.Stop()
-			}
-			return nil
-		}
-		if s.bodyFreed == nil {
-			s.bodyFreed = make(chan struct{})
-		}
-		freed := s.bodyFreed
+	s.mu.Lock()
+	limit, why := bodyLimit(s.maxConc, conns)
+	s.bodyLimit = limit
+	if limit <= 0 || s.bodies < limit && len(s.bodyWaiters) == 0 {
+		s.bodies++
 		s.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(bodyWait)
-		}
-		select {
-		case <-freed:
-			continue
-		case <-ctx.Done():
-			timer.Stop()
-			return openai.NewError(499, "client_gone", "", "client_gone", "the client went away while its request body waited for a place")
-		case <-timer.C:
-		}
-		setRetryAfter(h, time.Second)
-		g.logger.LogAttrs(context.Background(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
-			slog.String("code", "concurrency_limit_exceeded"), slog.String("reason", ReasonBodies))
-		g.m.Rejection(s.name, ReasonBodies)
-		g.m.Request(s.name, http.StatusTooManyRequests)
-		return openai.NewError(http.StatusTooManyRequests, "requests", "", "concurrency_limit_exceeded",
-			fmt.Sprintf("too many request bodies being received at once for this API key: at most %d at a time (%s), and none ended within %v; send each request's body at once, or retry when one has arrived", limit, why, bodyWait))
+		return nil
 	}
+	if len(s.bodyWaiters) >= limit {
+		s.mu.Unlock()
+		return g.refuseBody(s, limit, why, h, "and as many wait for one")
+	}
+	w := &bodyWaiter{ready: make(chan struct{})}
+	s.bodyWaiters = append(s.bodyWaiters, w)
+	s.mu.Unlock()
+	timer := time.NewTimer(bodyWait)
+	defer timer.Stop()
+	var gone bool
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		gone = true
+	case <-timer.C:
+	}
+	s.mu.Lock()
+	if w.granted { // handed a place as the wait ended: it is this body's
+		s.mu.Unlock()
+		if gone {
+			g.BodyDone(id)
+			return openai.NewError(499, "client_gone", "", "client_gone", "the client went away while its request body waited for a place")
+		}
+		return nil
+	}
+	if i := slices.Index(s.bodyWaiters, w); i >= 0 {
+		s.bodyWaiters = slices.Delete(s.bodyWaiters, i, i+1)
+	}
+	s.mu.Unlock()
+	if gone {
+		return openai.NewError(499, "client_gone", "", "client_gone", "the client went away while its request body waited for a place")
+	}
+	return g.refuseBody(s, limit, why, h, fmt.Sprintf("and none ended within %v", bodyWait))
 }
 
-// BodyDone gives back the place TakeBody held for a request body. id nil does nothing.
+// refuseBody is TakeBody's refusal of a body of s, whose tenant may have limit bodies being
+// received (why: the bound's reason), and what it found (had).
+func (g *Gate) refuseBody(s *tenantState, limit int, why string, h http.Header, had string) *openai.Error {
+	setRetryAfter(h, time.Second)
+	g.logger.LogAttrs(context.Background(), slog.LevelDebug, "tenant limit", slog.String("tenant", s.name),
+		slog.String("code", "concurrency_limit_exceeded"), slog.String("reason", ReasonBodies))
+	g.m.Rejection(s.name, ReasonBodies)
+	g.m.Request(s.name, http.StatusTooManyRequests)
+	return openai.NewError(http.StatusTooManyRequests, "requests", "", "concurrency_limit_exceeded",
+		fmt.Sprintf("too many request bodies being received at once for this API key: at most %d at a time (%s), %s; send each request's body at once, or retry when one has arrived", limit, why, had))
+}
+
+// BodyDone gives back the place TakeBody held for a request body: to the first body waiting
+// for one, if any (and to as many more as a raised bound lets in). id nil does nothing.
 func (g *Gate) BodyDone(id *Identity) {
 	if id == nil || id.state == nil {
 		return
@@ -110,9 +141,13 @@ func (g *Gate) BodyDone(id *Identity) {
 	s := id.state
 	s.mu.Lock()
 	s.bodies--
-	if s.bodyFreed != nil { // wake the bodies waiting for a place (TakeBody)
-		close(s.bodyFreed)
-		s.bodyFreed = nil
+	for len(s.bodyWaiters) > 0 && (s.bodyLimit <= 0 || s.bodies < s.bodyLimit) {
+		w := s.bodyWaiters[0]
+		s.bodyWaiters[0] = nil
+		s.bodyWaiters = s.bodyWaiters[1:]
+		s.bodies++
+		w.granted = true
+		close(w.ready)
 	}
 	s.mu.Unlock()
 }

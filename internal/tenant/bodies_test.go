@@ -130,3 +130,61 @@ func TestTakeBodyWaits(t *testing.T) {
 		t.Errorf("%d bodies held, want %d", n, minBodies)
 	}
 }
+
+// TestTakeBodyWaitersBounded: no more bodies wait than the tenant has places; the next is
+// refused at once (each waiter holds a connection), and places given back go to the waiters in
+// the order they came, not to a newcomer.
+func TestTakeBodyWaitersBounded(t *testing.T) {
+	g, _ := newTestGate(t, `tenants:
+  - {name: tight, api_keys: ["`+HashKey("sk-tight")+`"], limits: {max_concurrent: 1}}
+`, nil)
+	id, oe := g.Authenticate(http.Header{"Authorization": {"Bearer sk-tight"}})
+	if oe != nil {
+		t.Fatal(oe)
+	}
+	ctx := context.Background()
+	for i := range minBodies {
+		if oe := g.TakeBody(ctx, id, 0, http.Header{}); oe != nil {
+			t.Fatalf("body %d: %v", i+1, oe)
+		}
+	}
+	waiting := func() int {
+		id.state.mu.Lock()
+		defer id.state.mu.Unlock()
+		return len(id.state.bodyWaiters)
+	}
+	got := make([]chan *openai.Error, minBodies)
+	for i := range got {
+		got[i] = make(chan *openai.Error, 1)
+		go func() { got[i] <- g.TakeBody(ctx, id, 0, http.Header{}) }()
+		for deadline := time.Now().Add(bodyWait / 2); waiting() != i+1; {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d not waiting: %d wait", i+1, waiting())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	start := time.Now()
+	if oe := g.TakeBody(ctx, id, 0, http.Header{}); oe == nil || oe.Status != http.StatusTooManyRequests {
+		t.Fatalf("a body beyond %d waiting: %v; want 429 at once", minBodies, oe)
+	} else if d := time.Since(start); d > bodyWait/2 {
+		t.Errorf("a body beyond the waiters was refused after %v; want at once", d)
+	}
+	for i := range got {
+		g.BodyDone(id)
+		select {
+		case oe := <-got[i]:
+			if oe != nil {
+				t.Fatalf("waiter %d after a place was given back: %v", i+1, oe)
+			}
+		case <-time.After(bodyWait / 2):
+			t.Fatalf("waiter %d (first in line) did not take the place given back", i+1)
+		}
+	}
+	id.state.mu.Lock()
+	n := id.state.bodies
+	id.state.mu.Unlock()
+	if n != minBodies || waiting() != 0 {
+		t.Errorf("%d bodies held and %d waiting, want %d and 0", n, waiting(), minBodies)
+	}
+}

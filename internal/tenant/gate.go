@@ -99,8 +99,10 @@ type limiter struct {
 	inFlight int
 	// bodies counts the tenant's request bodies being received (TakeBody, BodyDone).
 	bodies int
-	// bodyFreed, made by a body waiting for a place, is closed when one is given back.
-	bodyFreed chan struct{}
+	// bodyWaiters are the bodies waiting for a place, first come first; bodyLimit is the bound
+	// on bodies the last TakeBody found (bodyLimit), by which BodyDone lets waiters in.
+	bodyWaiters []*bodyWaiter
+	bodyLimit   int
 	// expected is the completion tokens per sequence its answers have had (learn), which its
 	// requests without max_tokens reserve (reserve); 0 before any.
 	expected float64
