@@ -168,6 +168,9 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	// (route.Outlier.HealthPassed): an engine that restarted is back within a health interval,
 	// not after health.ejection_time. Both stamp times with the wall clock.
 	r.prober.OnPassed = func(ep *endpoint.Endpoint, sent time.Time) { r.outlier.HealthPassed(ep, sent) }
+	// A failed one lets a later pass end an ejection whose failures mix a restart's (refused
+	// connections, cut streams) with 503s or timeouts (a model loading): the check saw it.
+	r.prober.OnFailed = func(ep *endpoint.Endpoint, sent time.Time) { r.outlier.HealthFailed(ep, sent) }
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)

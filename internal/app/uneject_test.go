@@ -112,3 +112,78 @@ func TestEjectionEndsAtPassingHealthCheck(t *testing.T) {
 		t.Errorf("%q said %d times, want once (a alone)", back, n)
 	}
 }
+
+// TestRestartLoadingEndsAtPassingHealthCheck: an engine restarted under load whose ejection
+// mixes its cut streams and refused connections with 503s (llama.cpp's "Loading model", which
+// its /health answers too while it loads) is back at the first check that passes after one
+// failed, both since the ejection: the prober tells the outlier of failed checks (OnFailed).
+// Its checks passing all along (an engine failing requests behind a live /health), the same
+// ejection runs its time.
+func TestRestartLoadingEndsAtPassingHealthCheck(t *testing.T) {
+	var loading atomic.Bool
+	var checks, failed atomic.Int32
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			http.NotFound(w, r)
+			return
+		}
+		checks.Add(1)
+		if loading.Load() {
+			failed.Add(1)
+			http.Error(w, `{"error":{"code":503,"message":"Loading model"}}`, http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(eng.Close)
+	b := newProbedEngine(t)
+	const interval = 500 * time.Millisecond
+	yaml := fmt.Sprintf("scrape: {disabled: true}\nhealth: {interval: %v, timeout: 400ms, unhealthy_threshold: 100}\nserver: {shutdown_timeout: 10s}\nendpoints:\n"+
+		"  - {url: %q, models: [m], engine: vllm}\n  - {url: %q, models: [m], engine: vllm}\n", interval, eng.URL, b.srv.URL)
+	cfg, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	runRouter(t, r)
+	waitUntil(t, "the first health checks", func() bool { return checks.Load() > 0 && b.checks.Load() > 0 })
+	ep := r.pool.ByName(eng.URL)
+	restart := func() {
+		t.Helper()
+		r.outlier.Failed(ep, route.FailCut)
+		r.outlier.Failed(ep, route.FailConnect)
+		for range cfg.Health.PassiveFailures - 2 {
+			r.outlier.Failed(ep, route.FailUnavailable)
+		}
+		if r.outlier.EjectedUntil(ep).IsZero() {
+			t.Fatal("not ejected after a cut stream, a refused connection and 503s")
+		}
+	}
+
+	// Its checks pass all along: three checks since the ejection end nothing.
+	restart()
+	until, from := r.outlier.EjectedUntil(ep), checks.Load()
+	waitUntil(t, "three health checks since the ejection", func() bool { return checks.Load() >= from+3 })
+	if got := r.outlier.EjectedUntil(ep); !got.Equal(until) {
+		t.Fatalf("ejected until %v after checks that passed all along, want %v", got, until)
+	}
+	r.outlier.Forget(ep)
+
+	// Loading: its checks fail, then pass once it is loaded.
+	loading.Store(true)
+	restart()
+	from = failed.Load()
+	waitUntil(t, "two failed checks since the ejection", func() bool { return failed.Load() >= from+2 })
+	if r.outlier.EjectedUntil(ep).IsZero() {
+		t.Fatal("back while its checks failed")
+	}
+	loading.Store(false)
+	ready := time.Now()
+	waitUntil(t, "back from ejection", func() bool { return r.outlier.EjectedUntil(ep).IsZero() })
+	t.Logf("back %v after it was ready (health.interval %v)", time.Since(ready).Round(time.Millisecond), interval)
+	if d := time.Since(ready); d > 3*interval {
+		t.Errorf("back %v after it was ready, want within about a health interval (%v)", d, interval)
+	}
+}

@@ -199,13 +199,18 @@ type outlierState struct {
 	// (sharedFailure), which a new replica is told of (Ejections); not for failures to connect,
 	// which may be this replica's path alone.
 	engine bool
-	// ejectedAt is when the ejection under way began; checkEnds: an active health check sent
-	// after then that passes ends it (HealthPassed). Only an ejection for failures that say
-	// the engine could not be reached or died (checkable): not one for its answers (a 5xx, a
-	// 503, a timeout, refusals), which an engine gives while its health check passes; nor one
-	// a peer told of (PeerEjected); nor one that came while checkBack held.
+	// ejectedAt is when the ejection under way began; checkEnds: which active health checks
+	// sent after then end it (HealthPassed). Any that passes, for failures that all say the
+	// engine could not be reached or died (endsBy); one that passes after one that failed
+	// (checkFailed), for such failures mixed with answers (a 5xx, a 503, a timeout): a restart
+	// the checks saw. None for answers alone or refusals, which an engine gives while its
+	// health check passes; nor for an ejection a peer told of (PeerEjected); nor one that came
+	// while checkBack held.
 	ejectedAt time.Time
-	checkEnds bool
+	checkEnds checkEnd
+	// checkFailed is when the latest active health check that failed, of those sent since the
+	// ejection under way began, was sent (HealthFailed); zero: none.
+	checkFailed time.Time
 	// checkBack: a health check ended the endpoint's last ejection, and the attempts here have
 	// not succeeded Consecutive times in a row since (okRun counts them). Ejected again so, the
 	// engine fails where its health check passes (one that loses the connections of some of
@@ -227,8 +232,8 @@ type outlierState struct {
 	forgiven   float64
 	forgivenAt time.Time
 	// kinds and fleetKinds are the kinds of the failures counted in fails and in fleet (bit
-	// 1<<Failure each), since each count began: whether a passing health check can judge the
-	// ejection they make (checkable).
+	// 1<<Failure each), since each count began: which passing health checks can judge the
+	// ejection they make (endsBy).
 	kinds, fleetKinds uint16
 }
 
@@ -392,7 +397,7 @@ func (o *Outlier) PeerEjected(ep *endpoint.Endpoint, rest time.Duration) bool {
 		return false
 	}
 	s.times = max(s.times, 1)
-	return o.eject(ep, s, now, rest, true, true, false)
+	return o.eject(ep, s, now, rest, true, true, endsByNone)
 }
 
 // sharedFailure reports whether f is of the engine's own doing, whoever saw it: it counts
@@ -400,22 +405,52 @@ func (o *Outlier) PeerEjected(ep *endpoint.Endpoint, rest time.Duration) bool {
 func sharedFailure(f Failure) bool { return f.Counts() && f != FailConnect }
 
 // unreachable are the failures that say the engine could not be reached or died (a bit
-// 1<<Failure each): no connection, the connection lost with the request, a stream cut. Only an
-// ejection for these alone may a passing health check end (checkable): it shows the engine
+// 1<<Failure each): no connection, the connection lost with the request, a stream cut. Any
+// passing health check ends an ejection for these alone (endsByAny): it shows the engine
 // reachable again, as after a restart, which cuts every stream in flight (streamed at 20
 // requests a second, a restart of 0.57 s ejected an engine on its cut streams alone). A 5xx, a
 // 503 or a timeout is an answer, or a hang, of an engine that may pass its health check all the
-// while. A cut is taken as a death, though it may be a stream the engine left silent for
-// stream_idle_timeout or ended with an event that is no API event (Failure does not tell them
-// apart): checkBack bounds what an engine that cuts streams behind a live /health costs.
+// while: mixed with these, only a check that passes after one failed ends the ejection
+// (endsByRecovery); alone, none does. A cut is taken as a death, though it may be a stream the
+// engine left silent for stream_idle_timeout or ended with an event that is no API event
+// (Failure does not tell them apart): checkBack bounds what an engine that cuts streams behind
+// a live /health costs.
 const unreachable = 1<<FailConnect | 1<<FailLost | 1<<FailCut
 
 // The kinds of failures fit outlierState's uint16 sets of them: a build error otherwise.
 var _ [16 - len(failureNames)]struct{}
 
-// checkable reports whether a passing health check may end an ejection for failures of kinds
-// (unreachable).
-func checkable(kinds uint16) bool { return kinds != 0 && kinds&^unreachable == 0 }
+// checkEnd is which passing health checks end an ejection (HealthPassed), from none to any;
+// a larger value ends it at least as soon.
+type checkEnd uint8
+
+const (
+	// endsByNone: no check ends it, it runs its time. Answers alone (a 5xx, a 503, a
+	// timeout), refusals, an ejection a peer told of.
+	endsByNone checkEnd = iota
+	// endsByRecovery: a check that passes after one that failed, both sent since the ejection
+	// began: the checks saw the engine down (or loading) and then up, a restart or a recovery.
+	// Failures that say the engine was unreachable or died, mixed with answers: a restarted
+	// engine cuts its streams, has its connections refused, then answers 503 while it loads
+	// its model (llama.cpp's "Loading model") or lets requests time out. An engine that fails
+	// requests behind a live /health never fails its check, and is not taken back by one.
+	endsByRecovery
+	// endsByAny: any check that passes, for failures that all say the engine could not be
+	// reached or died (unreachable): it is reachable again.
+	endsByAny
+)
+
+// endsBy returns which checks end an ejection for failures of kinds (bits 1<<Failure): any
+// for unreachable ones alone, a recovery's where some are unreachable, none otherwise.
+func endsBy(kinds uint16) checkEnd {
+	switch {
+	case kinds == 0 || kinds&unreachable == 0:
+		return endsByNone
+	case kinds&^unreachable == 0:
+		return endsByAny
+	}
+	return endsByRecovery
+}
 
 // setFleet sets s's fleet count, keeping o.counting (and clearing the count's kinds with it).
 // The caller holds o.mu.
@@ -443,17 +478,23 @@ func (o *Outlier) judge(ep *endpoint.Endpoint, s *outlierState) bool {
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
 	own, fleet := s.fails >= o.cfg.Consecutive, s.fleet >= o.cfg.Consecutive
-	// A health check may end it only if each count that ejected holds unreachable failures alone.
-	check := (!own || checkable(s.kinds)) && (!fleet || checkable(s.fleetKinds))
+	// Each count that ejected says which checks may end it; the stricter one holds.
+	check := endsByAny
+	if own {
+		check = min(check, endsBy(s.kinds))
+	}
+	if fleet {
+		check = min(check, endsBy(s.fleetKinds))
+	}
 	return o.eject(ep, s, now, d, fleet, !own, check)
 }
 
 // eject ejects ep from now for d, for failures of its engine's own doing (engine) or not, the
-// fleet's count having reached the threshold rather than this replica's own (byFleet), a
-// passing health check ending it or not (check: ejectLocked), and tells OnEject. Its tally of
-// answers starts again: readmitted, it is judged on what it answers then. The caller holds
-// o.mu; eject releases it, and reports true.
-func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, byFleet, check bool) bool {
+// fleet's count having reached the threshold rather than this replica's own (byFleet), which
+// passing health checks end it (check: ejectLocked), and tells OnEject. Its tally of answers
+// starts again: readmitted, it is judged on what it answers then. The caller holds o.mu;
+// eject releases it, and reports true.
+func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, byFleet bool, check checkEnd) bool {
 	o.ejectLocked(ep, s, now, d, engine, check)
 	onEject := o.cfg.OnEject
 	o.mu.Unlock()
@@ -463,15 +504,17 @@ func (o *Outlier) eject(ep *endpoint.Endpoint, s *outlierState, now time.Time, d
 	return true
 }
 
-// ejectLocked marks ep (its state s) ejected from now for d; a passing health check may end
-// it if check says so (for failures that say the engine was unreachable, checkable) and
-// checkBack does not hold. The caller holds o.mu.
-func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine, check bool) {
+// ejectLocked marks ep (its state s) ejected from now for d; the passing health checks that
+// check says (endsBy) may end it, unless checkBack holds. The caller holds o.mu.
+func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.Time, d time.Duration, engine bool, check checkEnd) {
 	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
 		o.ejected.Add(1)
 	}
 	s.until, s.out, s.engine, s.fails, s.kinds = now.Add(d), true, engine, 0, 0
-	s.ejectedAt, s.checkEnds = now, check && !s.checkBack
+	if s.checkBack {
+		check = endsByNone
+	}
+	s.ejectedAt, s.checkEnds, s.checkFailed = now, check, time.Time{}
 	s.answered, s.refused, s.forgiven = 0, 0, 0
 	for _, k := range o.keys { // its answers by key start again too
 		if t := k.tally(ep); t != nil {
@@ -552,7 +595,7 @@ func (o *Outlier) refused(ep *endpoint.Endpoint, key uint64) Refusal {
 	}
 	s.times++
 	d := min(time.Duration(s.times)*o.cfg.BaseEjection, o.cfg.MaxEjection)
-	o.ejectLocked(ep, s, now, d, true, false)
+	o.ejectLocked(ep, s, now, d, true, endsByNone)
 	onRefusals, onEject := o.cfg.OnRefusals, o.cfg.OnEject
 	o.mu.Unlock()
 	switch {
@@ -1013,15 +1056,20 @@ func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
 // does by default (successful_active_health_check_uneject_host), where the failures that
 // ejected it say that the engine could not be reached or died (connections refused, lost
 // with their requests, streams cut: unreachable): an engine that restarted is back within a
-// health interval of answering, not after the whole ejection time. It reports whether it ended
-// one, and tells OnReadmit (byCheck).
+// health interval of answering, not after the whole ejection time. Where such failures were
+// mixed with answers (a 5xx, a 503, a timeout), it ends the ejection only if a check sent
+// since it began failed (HealthFailed) and this one was sent after that one: the checks saw
+// the engine down or loading, then up (a restarted llama.cpp answers 503 "Loading model" to
+// requests and to its health check alike until its model is loaded). It reports whether it
+// ended one, and tells OnReadmit (byCheck).
 //
 // A check sent before the ejection began tells nothing of what ejected it. Nor does a check
 // judge an engine that answered: one that fails some or all of its requests with a 5xx, a 503
 // or a timeout passes its health check all the while, and a check that readmitted it at each
 // health interval would send it passive_failures requests to fail each time (with half its
 // requests failing, 2.7 failed attempts a minute became 13.6). So an ejection for such
-// failures, by the refusal rule, or told by a peer (PeerEjected) runs its time. Nor is one
+// failures alone, by the refusal rule, or told by a peer (PeerEjected) runs its time, and one
+// where they are mixed with unreachable ones waits for a check that failed. Nor is one
 // ended that came after a health check ended the last one, the engine not having served
 // Consecutive attempts in a row here since (outlierState.checkBack): one that loses the
 // connections of some of its requests or cuts their streams behind a live /health, or dies at
@@ -1034,7 +1082,18 @@ func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
 	o.mu.Lock()
 	s := o.st[ep]
 	// An ejection over already is Ejected's to end, as it would have ended without the check.
-	if s == nil || !s.out || !s.checkEnds || !sent.After(s.ejectedAt) || !now.Before(s.until) {
+	if s == nil || !s.out || !sent.After(s.ejectedAt) || !now.Before(s.until) {
+		o.mu.Unlock()
+		return false
+	}
+	switch s.checkEnds {
+	case endsByAny:
+	case endsByRecovery:
+		if s.checkFailed.IsZero() || !sent.After(s.checkFailed) {
+			o.mu.Unlock()
+			return false
+		}
+	default:
 		o.mu.Unlock()
 		return false
 	}
@@ -1046,6 +1105,22 @@ func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
 		onReadmit(ep, true)
 	}
 	return true
+}
+
+// HealthFailed is told of an active health check of ep, sent at sent (on o's clock), that
+// failed: an engine down, or answering it 503 while it loads. Sent after ep's ejection began,
+// it lets a check that passes after it end an ejection for unreachable failures mixed with
+// answers (HealthPassed). It changes nothing else: whether ep is healthy is the checker's own
+// verdict (its thresholds), apart from passive health.
+func (o *Outlier) HealthFailed(ep *endpoint.Endpoint, sent time.Time) {
+	if o.ejected.Load() == 0 {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s := o.st[ep]; s != nil && s.out && s.checkEnds == endsByRecovery && sent.After(s.ejectedAt) && sent.After(s.checkFailed) {
+		s.checkFailed = sent
+	}
 }
 
 // Failures returns ep's consecutive failures that count: here since this replica's last

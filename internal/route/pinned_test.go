@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -162,4 +163,35 @@ func TestBrokenEnginePinnedTraffic(t *testing.T) {
 			t.Error("a not ejected after 3 of its pinned requests failed with a 500")
 		}
 	})
+}
+
+// TestPinnedRefusalsExcusedOnlyThere: a request's refusal is excused at the endpoint it is
+// pinned to, not at another one. Pinned to a (its previous response made there) but sent to b
+// (a ejected or left out of the candidates), its refusals at b count as an unpinned request's
+// would: before, every refusal of a request naming a pin was excused wherever it came (each of
+// ten bad requests, a new prompt each, counted 0 at b, against 10 at c unpinned).
+func TestPinnedRefusalsExcusedOnlyThere(t *testing.T) {
+	r := newFleetRun(t, OutlierConfig{})
+	a, b, c := r.eps[0], r.eps[1], r.eps[2]
+	r.sendPinned([]uint64{1, 2}, "app", "", []*endpoint.Endpoint{a}, FailNone, "resp-a")
+	for i := range 30 { // the others' answers, for the rule to compare with
+		r.sendPinned([]uint64{uint64(5e8 + 2*i), uint64(5e8 + 2*i + 1)}, "good", "", []*endpoint.Endpoint{r.eps[i%3]}, FailNone, "")
+	}
+	for i := range 10 {
+		if ep := r.sendPinned([]uint64{uint64(7e8 + 2*i), uint64(7e8 + 2*i + 1)}, "app", "resp-a", []*endpoint.Endpoint{b}, FailRejected, ""); ep != b {
+			t.Fatalf("a request sent to b alone went to %s", ep.Name)
+		}
+		r.sendPinned([]uint64{uint64(8e8 + 2*i), uint64(8e8 + 2*i + 1)}, "app", "", []*endpoint.Endpoint{c}, FailRejected, "")
+		if ep := r.sendPinned([]uint64{uint64(9e8 + 2*i), uint64(9e8 + 2*i + 1)}, "app", "resp-a", nil, FailRejected, ""); ep != a {
+			t.Fatalf("a request pinned to a went to %s", ep.Name)
+		}
+	}
+	gotA, gotB, gotC := r.o.counted(a, r.clk.t), r.o.counted(b, r.clk.t), r.o.counted(c, r.clk.t)
+	t.Logf("counted refusals: a %.1f (pinned there), b %.1f (pinned to a), c %.1f (unpinned)", gotA, gotB, gotC)
+	if gotA > 0 {
+		t.Errorf("a's refusals of requests pinned to it count %.1f, want none", gotA)
+	}
+	if gotC == 0 || math.Abs(gotB-gotC) > 0.01 {
+		t.Errorf("b's refusals of requests pinned to a count %.1f, want as many as c's of unpinned ones (%.1f)", gotB, gotC)
+	}
 }

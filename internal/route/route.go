@@ -92,8 +92,8 @@ type RefusalHealth interface {
 // they all went to (Outlier.Refuse). The lifecycle tells it instead of Refused.
 type KeyedRefusalHealth interface {
 	// Refuse is told of an attempt of req that ep refused, and returns what it made of it;
-	// not of a request pinned to an endpoint by its previous response, whose refusals the
-	// lifecycle excuses (nor is RefusalHealth.Refused told of those).
+	// not of one refused by the endpoint the request is pinned to by its previous response,
+	// which the lifecycle excuses (nor is RefusalHealth.Refused told of those).
 	Refuse(ep *endpoint.Endpoint, req *policy.Request) Refusal
 	// Served is told of an attempt of req that ep answered well, beside Health.Succeeded.
 	Served(ep *endpoint.Endpoint, req *policy.Request)
@@ -377,7 +377,7 @@ func (lc *Lifecycle) Begin(req *policy.Request, candidates []*endpoint.Endpoint,
 		pinned = lc.state.pins.get(pin)
 		ranked = pinFirst(ranked, candidates, pinned)
 		first = c.movedBy(ranked, first, MovedPin)
-		c.pinned = pinned != ""
+		c.pinned = pinned
 	}
 	ranked = lc.backoffLast(ranked, now)
 	first = c.movedBy(ranked, first, MovedBackoff)
@@ -584,9 +584,10 @@ type Call struct {
 	shared uint64      // the attempt's ID in the Share (remote.go), 0 when none
 	local  localFlight // the attempt in the Share's list of local ones (remote.go)
 	moved  string      // why the first endpoint is not the policy's pick ("" when it is)
-	// pinned: the request names a previous response that an endpoint of the pool holds (its
-	// pin): its refusals are excused (closeAttempt).
-	pinned bool
+	// pinned is the name of the endpoint that made the previous response the request names
+	// (its pin), "" when none is known: a refusal there is excused (closeAttempt), not one at
+	// another endpoint.
+	pinned string
 }
 
 // Why a request's first endpoint is not the one the policy ranked first (Call.Moved).
@@ -822,19 +823,22 @@ func (c *Call) closeAttempt(res policy.Result, f Failure, counts bool) {
 	// refuse, once made that engine cost twice its cost or more (prefix-aware), and the good
 	// traffic left it for the engines that never saw those requests.
 	//
-	// A refusal of a pinned request is excused: neither the refusal rule nor the policy hears
-	// of it. Such a request goes first to the one endpoint that holds its previous response,
-	// which the keep-away never moves it from (avoidRefusing), and another lacks that response:
-	// the rule's comparison with the fleet (the same requests refused there too, or served)
-	// is never made for it. One client that pinned its bad requests to a healthy engine,
-	// with valid requests of the same prefixes served elsewhere letting more of them count,
-	// had it ejected with one response id and two prefixes, and each counted refusal, told to
-	// the policy as a failure, sent other tenants' new prompts elsewhere (78 of 90 at that
-	// engine without it, 0 with). A broken engine is found by its other traffic.
+	// A refusal of a pinned request at the endpoint it is pinned to is excused: neither the
+	// refusal rule nor the policy hears of it. Such a request goes first to the one endpoint
+	// that holds its previous response, which the keep-away never moves it from
+	// (avoidRefusing), and another lacks that response: the rule's comparison with the fleet
+	// (the same requests refused there too, or served) is never made for it. One client that
+	// pinned its bad requests to a healthy engine, with valid requests of the same prefixes
+	// served elsewhere letting more of them count, had it ejected with one response id and
+	// two prefixes, and each counted refusal, told to the policy as a failure, sent other
+	// tenants' new prompts elsewhere (78 of 90 at that engine without it, 0 with). A broken
+	// engine is found by its other traffic. At another endpoint (the pinned one ejected or
+	// left out), the request is judged as an unpinned one: the keyed rule compares it with
+	// the fleet, which refuses it alike when the previous response is what is missing.
 	blamed := true
 	switch {
 	case !refused:
-	case c.pinned:
+	case c.pinned != "" && c.ep.Name == c.pinned:
 		blamed = false
 	case c.lc.keyed != nil:
 		v := c.lc.keyed.Refuse(c.ep, c.Req)

@@ -15,7 +15,7 @@ import (
 
 // TestProber_OnPassed: each check that passes tells OnPassed, with when its request was sent:
 // before the engine had it, so that an ejection begun while a check was in flight is not
-// taken as judged by it. A check that fails tells nothing.
+// taken as judged by it. A check that fails tells OnFailed instead, as sent.
 func TestProber_OnPassed(t *testing.T) {
 	var mu sync.Mutex
 	var arrived time.Time
@@ -34,7 +34,8 @@ func TestProber_OnPassed(t *testing.T) {
 	defer eng.Close()
 	pool, ep := onePool(t, endpoint.Spec{Name: eng.URL, Engine: "vllm", Models: []string{"m"}})
 	pr := New(pool, eng.Client(), Options{}, nil)
-	var told []time.Time
+	var told, failed []time.Time
+	pr.OnFailed = func(e *endpoint.Endpoint, sent time.Time) { failed = append(failed, sent) }
 	pr.OnPassed = func(e *endpoint.Endpoint, sent time.Time) {
 		if e != ep {
 			t.Errorf("OnPassed told of %s, want %s", e.Name, ep.Name)
@@ -49,17 +50,24 @@ func TestProber_OnPassed(t *testing.T) {
 	mu.Lock()
 	got := arrived
 	mu.Unlock()
-	if len(told) != 1 || told[0].Before(start) || told[0].After(got) {
+	if len(told) != 1 || told[0].Before(start) || told[0].After(got) || len(failed) != 0 {
 		t.Fatalf("OnPassed told %v: want once, sent between %v (Check called) and %v (the engine had it)", told, start, got)
 	}
 	mu.Lock()
 	status = http.StatusServiceUnavailable
 	mu.Unlock()
+	before := time.Now()
 	if err := pr.Check(ctx, ep); err == nil {
 		t.Fatal("a 503 check passed")
 	}
+	mu.Lock()
+	got = arrived
+	mu.Unlock()
 	if len(told) != 1 {
 		t.Errorf("OnPassed told %d times after a check that failed, want still 1", len(told))
+	}
+	if len(failed) != 1 || failed[0].Before(before) || failed[0].After(got) {
+		t.Errorf("OnFailed told %v: want once, sent between %v (Check called) and %v (the engine had it)", failed, before, got)
 	}
 }
 

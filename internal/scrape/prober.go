@@ -167,6 +167,11 @@ type Prober struct {
 	// outcome recorded first), with when its request was sent (Options.Now): a passive
 	// ejection begun before then may end (route.Outlier.HealthPassed). Set it before Run.
 	OnPassed func(ep *endpoint.Endpoint, sent time.Time)
+	// OnFailed, when set, is called after each health check of an endpoint that failed (its
+	// outcome recorded first; not one stopped by the caller, nor one that found the router
+	// itself), with when it was sent: a check that passes after one that failed shows an
+	// engine that restarted or recovered (route.Outlier.HealthFailed). Set it before Run.
+	OnFailed func(ep *endpoint.Endpoint, sent time.Time)
 	// Instance is the id of the router this prober serves (proxy.Handler.Instance), set before
 	// Run: an endpoint whose health check or model listing answers with it in InstanceHeader
 	// is the router itself (its discovery lists its own address), and fails its checks at once
@@ -346,6 +351,7 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 		ctx = context.WithValue(ctx, selfKey{}, &self)
 	}
 	if ep.Kind() == Auto {
+		sent := o.Now()
 		if err := p.detect(ctx, ep); err != nil {
 			if self.Load() {
 				return p.itself(ep, o)
@@ -355,6 +361,9 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 			}
 			err = fmt.Errorf("detect the engine kind: %w", err)
 			p.record(ep, err, o)
+			if p.OnFailed != nil {
+				p.OnFailed(ep, sent)
+			}
 			return err
 		}
 	}
@@ -377,6 +386,9 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 		err = p.mismatch(ctx, ep, err)
 	}
 	p.record(ep, err, o)
+	if err != nil && p.OnFailed != nil {
+		p.OnFailed(ep, sent)
+	}
 	if err == nil {
 		if p.OnPassed != nil {
 			p.OnPassed(ep, sent)

@@ -1,0 +1,242 @@
+package route
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/endpoint"
+)
+
+// TestCheckEndsARestart, step by step: an ejection whose failures mix ones that say the engine
+// was unreachable or died (refused, lost, cut) with answers (a 503, a 5xx, a timeout), as a
+// restarted engine gives (its streams cut, its connections refused, then llama.cpp's 503
+// "Loading model" while it loads), is ended by a passing check only where a check sent since
+// the ejection began failed first: the checks saw the engine down, then up. A passing check
+// alone ends it not (an engine failing requests behind a live /health), nor one sent before
+// the failed one, nor a failed check sent before the ejection. Answers alone run their time
+// whatever the checks say; unreachable failures alone end at any passing check, as before.
+func TestCheckEndsARestart(t *testing.T) {
+	type check struct {
+		at     time.Duration // sent, after the ejection began (negative: before)
+		passed bool
+	}
+	fail := func(at time.Duration) check { return check{at, false} }
+	pass := func(at time.Duration) check { return check{at, true} }
+	for _, tc := range []struct {
+		name       string
+		own, peers []Failure
+		checks     []check
+		ends       bool // ended by the last check
+	}{
+		{name: "cut, refused, 503: passed", own: []Failure{FailCut, FailConnect, FailUnavailable},
+			checks: []check{pass(time.Second)}},
+		{name: "cut, refused, 503: failed, passed", own: []Failure{FailCut, FailConnect, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+		{name: "refused, refused, timeout: failed, passed", own: []Failure{FailConnect, FailConnect, FailTimeout},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+		{name: "lost, 5xx, lost: failed twice, passed", own: []Failure{FailLost, FailStatus, FailLost},
+			checks: []check{fail(time.Second), fail(6 * time.Second), pass(11 * time.Second)}, ends: true},
+		{name: "peers cut and 503: failed, passed", peers: []Failure{FailCut, FailUnavailable, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+		{name: "cut here, 503 at peers: failed, passed", own: []Failure{FailCut}, peers: []Failure{FailUnavailable, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+		// The checks heard out of order: the one that passed was sent before the one that failed.
+		{name: "cut, refused, 503: passed, then failed", own: []Failure{FailCut, FailConnect, FailUnavailable},
+			checks: []check{fail(6 * time.Second), pass(time.Second)}},
+		{name: "cut, refused, 503: failed before the ejection, passed", own: []Failure{FailCut, FailConnect, FailUnavailable},
+			checks: []check{fail(-time.Second), fail(0), pass(time.Second)}},
+		{name: "503s: failed, passed", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "5xx and timeouts: failed, passed", own: []Failure{FailStatus, FailTimeout, FailStatus},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "peers 5xx: failed, passed", peers: []Failure{FailStatus, FailStatus, FailStatus},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "refused: passed", own: []Failure{FailConnect, FailConnect, FailConnect},
+			checks: []check{pass(time.Second)}, ends: true},
+		{name: "refused: failed, passed", own: []Failure{FailConnect, FailConnect, FailConnect},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &stepClock{t: time.Unix(100, 0)}
+			a := pool(t, "a", "b", "c")[0]
+			o := NewOutlier(OutlierConfig{Consecutive: 3, Fleet: func() int { return 3 }}, clk)
+			for _, f := range tc.own {
+				o.Failed(a, f)
+			}
+			for _, f := range tc.peers {
+				o.PeerFailed(a, f)
+			}
+			began := clk.t
+			if !o.Ejected(a, began) {
+				t.Fatal("a not ejected")
+			}
+			for i, c := range tc.checks {
+				clk.t = began.Add(max(c.at, 0) + 500*time.Millisecond) // heard as answered
+				if !c.passed {
+					o.HealthFailed(a, began.Add(c.at))
+					continue
+				}
+				ended := o.HealthPassed(a, began.Add(c.at))
+				if last := i == len(tc.checks)-1; ended != (last && tc.ends) {
+					t.Fatalf("check %d (passed, sent %v after the ejection began) ended it: %v, want %v", i, c.at, ended, last && tc.ends)
+				}
+			}
+			if got := o.Ejected(a, clk.t); got == tc.ends {
+				t.Errorf("a ejected after the checks: %v, want %v", got, !tc.ends)
+			}
+		})
+	}
+}
+
+// TestCheckBackAfterARestart: a restart the checks saw (failed, then passed) takes the engine
+// back; if it then fails again before it has served passive_failures attempts in a row (it
+// dies at each request), its next ejection runs its time whatever the checks say, as after any
+// ejection a check ended. Once it has served so, a restart is again ended by the checks.
+func TestCheckBackAfterARestart(t *testing.T) {
+	clk := &stepClock{t: time.Unix(100, 0)}
+	a := pool(t, "a", "b", "c")[0]
+	var told []string
+	o := NewOutlier(OutlierConfig{Consecutive: 3, Fleet: func() int { return 3 },
+		OnReadmit: func(ep *endpoint.Endpoint, byCheck bool) { told = append(told, fmt.Sprintf("by check %v", byCheck)) }}, clk)
+	restart := func() (ended bool) {
+		t.Helper()
+		for _, f := range []Failure{FailCut, FailConnect, FailUnavailable} {
+			o.Failed(a, f)
+		}
+		began := clk.t
+		if !o.Ejected(a, began) {
+			t.Fatal("a not ejected")
+		}
+		o.HealthFailed(a, began.Add(time.Second))
+		clk.t = began.Add(6 * time.Second)
+		return o.HealthPassed(a, clk.t)
+	}
+	if !restart() {
+		t.Fatal("a restart the checks saw not ended by the passing check")
+	}
+	o.Succeeded(a)
+	if restart() {
+		t.Fatal("a check ended an ejection that came one success after a check readmitted a")
+	}
+	clk.t = clk.t.Add(2 * DefaultBaseEjection)
+	if o.Ejected(a, clk.t) {
+		t.Fatal("a still ejected after its second ejection's time")
+	}
+	for range 3 {
+		o.Succeeded(a)
+	}
+	if !restart() {
+		t.Fatal("a restart after a had served 3 in a row not ended by the checks")
+	}
+	want := []string{"by check true", "by check false", "by check true"}
+	if fmt.Sprint(told) != fmt.Sprint(want) {
+		t.Errorf("OnReadmit: %v, want %v", told, want)
+	}
+}
+
+// restartRun runs engine a restarting three times, a minute apart, beside b and c, on a step
+// clock of 100 ms: at each restart the attempt in flight is cut, its connections are refused
+// for 500 ms, then it answers down (FailUnavailable: llama.cpp's 503 "Loading model"; or
+// FailTimeout, hanging) for load, and serves from then on. A third of 10 requests a second go
+// to a while it is in rotation (one each 300 ms); its health check, every 5 s (2.5 s after
+// each restart, sent and answered at once), fails while it is down or loading, and passes
+// otherwise. failedTold says whether the Outlier hears of failed checks (HealthFailed; a4f56b6
+// heard only of passing ones). It returns, for each restart, how long a stayed ejected after
+// its engine was ready (up to the next restart, or the end of the run, 5 minutes), and a's
+// failed attempts.
+func restartRun(t *testing.T, down Failure, load time.Duration, failedTold bool) (outAfterReady []time.Duration, failed int) {
+	t.Helper()
+	start := time.Unix(1000, 0)
+	clk := &stepClock{t: start}
+	a := pool(t, "a", "b", "c")[0]
+	o := NewOutlier(OutlierConfig{Consecutive: 3, Fleet: func() int { return 3 }}, clk)
+	const (
+		step     = 100 * time.Millisecond
+		every    = 300 * time.Millisecond
+		interval = 5 * time.Second
+		refused  = 500 * time.Millisecond
+		run      = 5 * time.Minute
+	)
+	restarts := []time.Duration{30 * time.Second, 90 * time.Second, 150 * time.Second}
+	outAfterReady = make([]time.Duration, len(restarts))
+	served := make([]bool, len(restarts)) // a served again after restart i
+	nextReq, nextCheck := start.Add(every), start.Add(2500*time.Millisecond)
+	cut := -1 // the last restart whose stream in flight was cut
+	for tick := time.Duration(0); tick < run; tick += step {
+		clk.t = clk.t.Add(step)
+		// The engine's last restart so far (-1: none), and where it is: refused, loading or
+		// serving.
+		r, phase := -1, "serving"
+		for i, at := range restarts {
+			if since := clk.t.Sub(start.Add(at)); since >= 0 {
+				r, phase = i, "serving"
+				switch {
+				case since < refused:
+					phase = "refused"
+				case since < refused+load:
+					phase = "loading"
+				}
+			}
+		}
+		if !clk.t.Before(nextCheck) {
+			if phase == "serving" {
+				o.HealthPassed(a, nextCheck)
+			} else if failedTold {
+				o.HealthFailed(a, nextCheck)
+			}
+			nextCheck = nextCheck.Add(interval)
+		}
+		if r >= 0 && phase == "serving" && !served[r] {
+			outAfterReady[r] = clk.t.Sub(start.Add(restarts[r] + refused + load))
+		}
+		if clk.t.Before(nextReq) {
+			continue
+		}
+		nextReq = nextReq.Add(every)
+		if o.Ejected(a, clk.t) {
+			continue
+		}
+		switch {
+		case phase == "serving":
+			if r >= 0 {
+				served[r] = true
+			}
+			o.Succeeded(a)
+		case cut != r:
+			cut = r
+			failed++
+			o.Failed(a, FailCut)
+		case phase == "refused":
+			failed++
+			o.Failed(a, FailConnect)
+		default:
+			failed++
+			o.Failed(a, down)
+		}
+	}
+	return outAfterReady, failed
+}
+
+// TestRestartReadmitted: the reviewer's case, an engine restarted under load that answers 503
+// while it loads its model (llama.cpp) or lets requests hang, is ejected on [cut, refused, 503]
+// (or a timeout). Before, its passing check ended nothing, and it stayed out for the whole
+// ejection after it was ready, longer at each restart (three restarts a minute apart, loading
+// 8 s: 22.1 s, 51.4 s, 1 m 22.7 s). Its failed checks told, it is back within a health interval
+// of being ready (4.1 s each time), at no more failed attempts (9).
+func TestRestartReadmitted(t *testing.T) {
+	for _, down := range []Failure{FailUnavailable, FailTimeout} {
+		before, failedBefore := restartRun(t, down, 8*time.Second, false)
+		now, failedNow := restartRun(t, down, 8*time.Second, true)
+		t.Logf("%v while loading: out after ready %v, %d failed attempts (failed checks not told, a4f56b6); %v, %d told",
+			down, before, failedBefore, now, failedNow)
+		for i, d := range now {
+			if d > 5*time.Second {
+				t.Errorf("%v: restart %d: out %v after the engine was ready, want within a health interval (5 s)", down, i+1, d)
+			}
+		}
+		if failedNow > failedBefore {
+			t.Errorf("%v: %d failed attempts with failed checks told, %d without", down, failedNow, failedBefore)
+		}
+	}
+}
