@@ -864,7 +864,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 		if err != nil {
 			return err
 		}
-		api = tls.NewListener(api, tlsConfig(certs, !builtin))
+		api = tls.NewListener(h1.AbortStalled(api), tlsConfig(certs, !builtin))
 	}
 	lim := resolveLimits(cfg, openFileLimit(), goMemoryLimit())
 	drain := proxy.NewDrain()

@@ -16,7 +16,8 @@ import (
 // TestStalledCloseAbortive: a connection closed because its client stopped reading is closed
 // abortively (a reset), its unsent bytes dropped rather than held in the kernel for a client
 // that does not read, whichever bound ran out (WriteStallTimeout, WriteTimeout), with either
-// server, over plain TCP and TLS. (TestWriteStall has WriteStallTimeout on plain TCP, and a
+// server, over plain TCP and TLS (with NetHTTP, a stall in a write rather than a flush only
+// through AbortStalled under TLS). (TestWriteStall has WriteStallTimeout on plain TCP, and a
 // close after a whole answer, which stays graceful.)
 func TestStalledCloseAbortive(t *testing.T) {
 	const bound = 300 * time.Millisecond
@@ -47,6 +48,7 @@ func TestStalledCloseAbortive(t *testing.T) {
 		name  string
 		path  string
 		tls   bool
+		below bool // AbortStalled under TLS
 		stall bool // WriteStallTimeout, else WriteTimeout
 		serve func(t *testing.T, h http.Handler, ln net.Listener, stall, whole time.Duration) string
 	}{
@@ -57,11 +59,18 @@ func TestStalledCloseAbortive(t *testing.T) {
 		// Over TLS, net/http closes the connection in a write that fails before the handler
 		// sees the error: only a flush's stall is seen in time (guardWriter.failed).
 		{name: "net/http/TLS/write stall/events", path: "/events", tls: true, stall: true, serve: serveNet},
+		// Those writes, with AbortStalled's connection under TLS, which sees the stall first.
+		{name: "net/http/TLS/AbortStalled/write stall", path: "/big", tls: true, below: true, stall: true, serve: serveNet},
+		{name: "net/http/TLS/AbortStalled/write timeout", path: "/big", tls: true, below: true, serve: serveNet},
+		{name: "h1/TLS/AbortStalled/write timeout", path: "/big", tls: true, below: true, serve: serveH1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.below {
+				ln = AbortStalled(ln)
 			}
 			if tc.tls {
 				ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}})

@@ -3,6 +3,7 @@ package h1
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/testcert"
 )
 
 // BenchmarkServerPost4K is one kept-alive POST of a 4 KB body, read whole by the handler and
@@ -35,15 +38,24 @@ func BenchmarkServerPost4K(b *testing.B) {
 	timeouts := settings{bodyTimeout: 30 * time.Second, rate: 64 << 10, writeStall: time.Minute}
 	caps := timeouts
 	caps.bodyStall, caps.pending, caps.maxConns, caps.close401 = 10*time.Second, 256<<20, 16384, true
+	certFile, keyFile := testcert.NewCA(b, "bench").Issue("server")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, kind := range []string{"h1", "net/http"} {
 		for _, set := range []struct {
 			name string
 			s    settings
-		}{{"none", settings{}}, {"timeouts", timeouts}, {"caps", caps}} {
+			tls  bool
+		}{{"none", settings{}, false}, {"timeouts", timeouts, false}, {"caps", caps, false}, {"caps/tls", caps, true}} {
 			b.Run("server="+strings.ReplaceAll(kind, "/", "")+"/limits="+set.name, func(b *testing.B) {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
 					b.Fatal(err)
+				}
+				if set.tls {
+					ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}})
 				}
 				s := set.s
 				var srv interface {
@@ -66,6 +78,9 @@ func BenchmarkServerPost4K(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer c.Close()
+				if set.tls {
+					c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+				}
 				br := bufio.NewReader(c)
 				b.ReportAllocs()
 				b.SetBytes(int64(len(body)))
@@ -79,6 +94,56 @@ func BenchmarkServerPost4K(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkServerTLSConn is a new TLS connection (an ECDSA P-256 certificate, TLS 1.3), one GET
+// on it answered "ok", and its close, on each server with the caps kvroute serve sets
+// (max_connections): a connection's cost, its handshake first.
+func BenchmarkServerTLSConn(b *testing.B) {
+	certFile, keyFile := testcert.NewCA(b, "bench").Issue("server")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
+	for _, kind := range []string{"h1", "net/http"} {
+		b.Run("server="+strings.ReplaceAll(kind, "/", ""), func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}})
+			var srv interface {
+				Serve(net.Listener) error
+				Close() error
+			}
+			if kind == "h1" {
+				srv = &Server{Handler: h, MaxConns: 16384, CloseUnauthorized: true}
+			} else {
+				srv = &NetHTTP{Server: &http.Server{Handler: h}, MaxConns: 16384, CloseUnauthorized: true}
+			}
+			done := make(chan struct{})
+			go func() { defer close(done); _ = srv.Serve(ln) }()
+			defer func() { _ = srv.Close(); <-done }()
+			cfg := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}
+			const get = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+			b.ReportAllocs()
+			for b.Loop() {
+				nc, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				c := tls.Client(nc, cfg)
+				if _, err := io.WriteString(c, get); err != nil {
+					b.Fatal(err)
+				}
+				if err := readOK(bufio.NewReader(c)); err != nil {
+					b.Fatal(err)
+				}
+				_ = c.Close()
+			}
+		})
 	}
 }
 

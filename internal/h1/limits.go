@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -289,15 +291,30 @@ func freshGrace(readHeader time.Duration) time.Duration {
 	return time.Second
 }
 
-// heard reports whether the client of nc, a connection that has sent no request yet, has sent
-// it anything: bytes read or waiting, over TLS its handshake's too (crypto/tls reads those,
-// below what either server sees). Where the kernel does not count them (received), it is
-// whether bytes wait (pending).
-func heard(nc net.Conn) bool {
+// heard reports whether the client of nc, a connection waiting for a request, has sent it
+// more than from bytes: from is 0 on a plain connection; over TLS, what crypto/tls had read
+// when the handshake ended, or when the last request was served (a kept-alive connection),
+// so that neither the handshake's bytes nor an earlier request's count (crypto/tls reads them,
+// below what either server sees); negative: the handshake has not ended, and nothing beyond it
+// can have been read. Where the kernel does not count the bytes received, it is whether bytes
+// wait (pending).
+func heard(nc net.Conn, from int64) bool {
+	if from < 0 {
+		return false
+	}
 	if n, ok := received(nc); ok {
-		return n > 0
+		return n > uint64(from)
 	}
 	return pending(nc)
+}
+
+// takenSoFar is what the reader of nc has taken of its client's bytes so far (taken): a TLS
+// connection's from for heard, as it begins to wait for a request, so that what is still
+// waiting in the socket then counts as heard. 0 where the kernel does not tell (heard asks
+// pending then).
+func takenSoFar(nc net.Conn) int64 {
+	n, _ := taken(nc)
+	return int64(n)
 }
 
 // idleGrace is how long, once a shutdown has begun, a kept-alive connection stays open after
@@ -446,19 +463,31 @@ type tracked struct {
 	since   int64 // Unix ns
 	evicted bool
 	// h2: the connection speaks HTTP/2 (over TLS), known from its first StateActive (seen);
-	// closed: the shutdown, or the end of its parting, closed it while it waited; heard: new
-	// over TLS, its client has sent something (arriving).
+	// closed: the shutdown, or the end of its parting, closed it while it waited; heard: over
+	// TLS, waiting for a request (new or idle), its client has sent something since it began
+	// to wait (arriving; reset at each change of state).
 	seen, h2, closed, heard bool
 	// headN is the framer's count of heads begun (framedConn.heads) when the table first
-	// found a head arriving on the connection, headSince when (Unix ns): reading.
+	// found a head arriving on the connection, headSince when (Unix ns): reading. Over TLS,
+	// headSince is when the table found the connection heard (a new one's accept).
 	headN, headSince int64
+	// from is, over TLS, what crypto/tls had read (takenSoFar) when the connection began to
+	// wait for a request: when its handshake ended (-1 until then: handshake), when its last
+	// request was served (changed). heard counts what came beyond.
+	from atomic.Int64
+	// served is, over TLS, what crypto/tls had read when the handler of the request being
+	// served returned, that request's body read whole (noteServed); -1: not noted.
+	// changed takes it as from when the connection goes idle.
+	served atomic.Int64
 	// parting: closed to make room while idle, but left open for idleGrace for a request its
 	// client sent as it was taken, which is answered with Connection: close (evictLocked). It
 	// holds a lingering slot until it closes. Read by NetHTTP's guard, off the lock.
 	parting atomic.Bool
 	// tc is the connection when it is a TLS one (NetHTTP's guard makes its close abortive after
-	// a write stall: guardWriter.failed).
+	// a write stall: guardWriter.failed), rc its socket's SyscallConn (noteServed), nil where
+	// it has none.
 	tc *tls.Conn
+	rc syscall.RawConn
 }
 
 // add counts in a new connection, closing waiting ones to make room at limit (0: no bound),
@@ -475,7 +504,13 @@ func (t *connTable) add(c net.Conn, limit int, grace time.Duration) bool {
 		}
 	}
 	x := &tracked{state: http.StateNew, since: time.Now().UnixNano()}
-	x.tc, _ = c.(*tls.Conn)
+	if x.tc, _ = c.(*tls.Conn); x.tc != nil {
+		x.from.Store(-1) // until handshake notes the handshake's end
+		x.served.Store(-1)
+		if sc, ok := x.tc.NetConn().(syscall.Conn); ok {
+			x.rc, _ = sc.SyscallConn()
+		}
+	}
 	t.conns[c] = x
 	t.open++
 	t.mu.Unlock()
@@ -563,6 +598,24 @@ func (t *connTable) partEnd(c net.Conn, x *tracked) {
 	_ = c.Close() // on the timer's goroutine: a TLS close may wait for the client (closeEvicted)
 }
 
+// handshake runs the TLS handshake of tc (x its entry) ahead of Go's server, on a goroutine of
+// its own started as the connection is handed to Go's server (ConnContext), and notes what
+// crypto/tls had read at its end (from): Go's server tells nothing between an HTTP/1 connection's
+// handshake and its first request's head, and counting from the accept, the handshake's
+// bytes would count as a request on its way (a connection opened ahead of need would hold its
+// place at MaxConns, and at a shutdown, for the header timeout). Go's server calls
+// HandshakeContext as it would: crypto/tls runs a connection's handshake once, the second
+// caller waiting for the first and getting its result (its error too), and the deadlines
+// Go's server sets for the handshake apply to the reads under way. ctx is the connection's
+// (ConnContext's), as Go's server's is: its end closes the connection either way.
+func (t *connTable) handshake(ctx context.Context, tc *tls.Conn, x *tracked) {
+	if tc.HandshakeContext(ctx) == nil {
+		// Should Go's server have served a request and kept the connection meanwhile (this
+		// goroutine late), the idle connection's from stays.
+		x.from.CompareAndSwap(-1, takenSoFar(tc))
+	}
+}
+
 // changed follows Go's server's ConnState.
 func (t *connTable) changed(c net.Conn, st http.ConnState) {
 	t.mu.Lock()
@@ -582,6 +635,19 @@ func (t *connTable) changed(c net.Conn, st http.ConnState) {
 		}
 	default:
 		x.state, x.since = st, time.Now().UnixNano()
+		x.heard = false
+		if st == http.StateIdle && x.tc != nil && !x.h2 {
+			// What the client sends beyond is its next request. Noted as its handler returned
+			// (noteServed), before Go's server sent the answer's end, from which the client
+			// may send its next request at once, and Go's server read its start before this
+			// (a read of its own under way); else now (two system calls, under t.mu: rare),
+			// with the bytes still waiting in the socket left out.
+			from := x.served.Swap(-1)
+			if from < 0 {
+				from = takenSoFar(x.tc)
+			}
+			x.from.Store(from)
+		}
 		if st == http.StateIdle && x.parting.Load() {
 			// Parted from, it answered without closing (Go's server answered a request that
 			// never reached the guard): it waits another idleGrace, then closes.
@@ -629,16 +695,21 @@ func (t *connTable) drainStep(now int64) bool {
 // or idle, x its entry), at now: closing it would lose the request. Go's server keeps a
 // connection in StateNew or StateIdle until it has read a whole head, and reads what comes
 // as it comes, so bytes waiting in the socket (pending) are only the start of it: reading
-// tells the rest. Over TLS, where the bytes are Go's to decrypt, a new connection whose
-// client has sent anything, its handshake included, counts (heard, remembered: the answer
-// stays yes), for headBound from its accept (Go's server times its handshake and head from
-// then); an idle one only with bytes waiting. The caller holds t.mu.
+// tells the rest. Over TLS, where the bytes are Go's to decrypt, an HTTP/1 connection whose
+// client has sent anything since it began to wait (from: its handshake's end, its last
+// request's) counts (heard, remembered: the answer stays yes while it waits), a new one only for
+// headBound from its accept (Go's server times its handshake and head from then). The caller
+// holds t.mu.
 func (t *connTable) arriving(c net.Conn, x *tracked, now int64) bool {
 	if t.reading(c, x, now) {
 		return true
 	}
-	if _, ok := c.(*tls.Conn); ok && x.state == http.StateNew && !x.heard && t.within(x.since, now) {
-		if x.heard = heard(c); x.heard {
+	if x.tc != nil && !x.h2 && !x.heard && (x.state == http.StateIdle || t.within(x.since, now)) {
+		if x.heard = heard(x.tc, x.from.Load()); x.heard {
+			x.headSince = now
+			if x.state == http.StateNew {
+				x.headSince = x.since
+			}
 			return true
 		}
 	}
@@ -654,8 +725,8 @@ func (t *connTable) arriving(c net.Conn, x *tracked, now int64) bool {
 // end), not from its first byte, which would cost a clock reading per request: so a client
 // that trickles a head, even one short of the four bytes from which Go's server times a head
 // on a kept-alive connection (the idle timeout applies before), holds its connection against
-// newcomers and a shutdown for headBound at most. Over TLS, a new connection already heard
-// (arriving). The caller holds t.mu.
+// newcomers and a shutdown for headBound at most. Over TLS, a connection already heard
+// (arriving), as long from then (a new one's, from its accept). The caller holds t.mu.
 func (t *connTable) reading(c net.Conn, x *tracked, now int64) bool {
 	switch fc := c.(type) {
 	case *framedConn:
@@ -668,7 +739,7 @@ func (t *connTable) reading(c net.Conn, x *tracked, now int64) bool {
 		}
 		return t.within(x.headSince, now)
 	case *tls.Conn:
-		return x.heard && x.state == http.StateNew && t.within(x.since, now)
+		return x.heard && t.within(x.headSince, now)
 	}
 	return false
 }

@@ -41,11 +41,22 @@ type midHeadServer struct {
 	begun func(remote string) bool
 	// idle reports whether the connection from remote is kept alive, waiting for a request.
 	idle func(remote string) bool
+	// handshook reports whether the server has noted the end of the TLS handshake of the
+	// connection from remote (what its client sends beyond counts as a request on its way).
+	handshook func(remote string) bool
 }
 
 // midHeadServers serves "ok" with Server and with NetHTTP on loopback (over TLS with cfg, if
 // set), both with maxConns and the header timeout header.
 func midHeadServers(t *testing.T, maxConns int, header time.Duration, cfg *tls.Config) []midHeadServer {
+	t.Helper()
+	return midHeadServersUnder(t, maxConns, header, cfg, nil)
+}
+
+// midHeadServersUnder is midHeadServers with the TCP listeners wrapped by under (nil: none),
+// below TLS.
+func midHeadServersUnder(t *testing.T, maxConns int, header time.Duration, cfg *tls.Config,
+	under func(net.Listener) net.Listener) []midHeadServer {
 	t.Helper()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -55,6 +66,9 @@ func midHeadServers(t *testing.T, maxConns int, header time.Duration, cfg *tls.C
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
+		}
+		if under != nil {
+			ln = under(ln)
 		}
 		if cfg != nil {
 			ln = tls.NewListener(ln, cfg)
@@ -79,6 +93,10 @@ func midHeadServers(t *testing.T, maxConns int, header time.Duration, cfg *tls.C
 			idle: func(remote string) bool {
 				c := s.connOf(remote)
 				return c != nil && c.state.Load() == stateIdle
+			},
+			handshook: func(remote string) bool {
+				c := s.connOf(remote)
+				return c != nil && c.heardFrom.Load() >= 0
 			}},
 		{name: "net/http", addr: serveNetHTTPOn(t, n, h, listen()), stats: n.Stats, shutdown: n.Shutdown,
 			sock: func(remote string) net.Conn {
@@ -96,7 +114,11 @@ func midHeadServers(t *testing.T, maxConns int, header time.Duration, cfg *tls.C
 				}
 				return true // TLS: the kernel's count tells (heard)
 			},
-			idle: func(remote string) bool { return n.stateOf(remote) == http.StateIdle }},
+			idle: func(remote string) bool { return n.stateOf(remote) == http.StateIdle },
+			handshook: func(remote string) bool {
+				x := n.table.lookup(n.connOf(remote))
+				return x != nil && x.from.Load() >= 0
+			}},
 	}
 }
 
@@ -163,6 +185,14 @@ func dialMidHead(t *testing.T, addr string, tlsOn bool) *midHeadClient {
 	return &midHeadClient{client: &client{t: t, nc: c, br: bufio.NewReader(c)}, raw: raw}
 }
 
+// handshookBy waits until srv has noted the end of c's TLS handshake. A client's first bytes
+// read along with its handshake's last are taken for the handshake's (heard): the tests that
+// need a head known to be arriving send it after this.
+func (c *midHeadClient) handshookBy(srv midHeadServer) {
+	c.t.Helper()
+	eventually(c.t, "the handshake's end noted by the server", func() bool { return srv.handshook(c.remote()) })
+}
+
 // readBy waits until srv has read every byte c has sent (the kernel counts them received, and
 // none waits in the socket), the start of a head, and has taken it in.
 func (c *midHeadClient) readBy(srv midHeadServer) {
@@ -198,7 +228,7 @@ func TestMidHeadNotEvicted(t *testing.T) {
 		name  string
 		tls   bool
 		first bool // the head is the connection's first request's
-	}{{"new", false, true}, {"idle", false, false}, {"new-tls", true, true}} {
+	}{{"new", false, true}, {"idle", false, false}, {"new-tls", true, true}, {"idle-tls", true, false}} {
 		var cfg *tls.Config
 		if tc.tls {
 			cfg = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
@@ -212,6 +242,8 @@ func TestMidHeadNotEvicted(t *testing.T) {
 					if st := c.get("/"); st != http.StatusOK {
 						t.Fatalf("the first request: status %d", st)
 					}
+				} else if tc.tls {
+					c.handshookBy(srv)
 				}
 				c.send(headStart)
 				c.readBy(srv)
@@ -241,17 +273,28 @@ func TestMidHeadNotEvicted(t *testing.T) {
 // silent for 5 s, a kept-alive one idleGrace after its answer) but not one whose request's head
 // is arriving, read in part: its request, completed after the others' close, is answered
 // (Connection: close). Both servers closed a new one with the silent ones, and NetHTTP a
-// kept-alive one (Go's server stays idle until it has read a whole head): EOF.
+// kept-alive one (Go's server stays idle until it has read a whole head): EOF; over TLS NetHTTP
+// still did (the head's bytes decrypted, none waited in the socket).
 func TestShutdownLeavesMidHead(t *testing.T) {
 	const header = 10 * time.Second
+	certFile, keyFile := testcert.NewCA(t, "midhead").Issue("server")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name  string
+		tls   bool
 		first bool
-	}{{"new", true}, {"idle", false}} {
-		for _, srv := range midHeadServers(t, 0, header, nil) {
+	}{{"new", false, true}, {"idle", false, false}, {"new-tls", true, true}, {"idle-tls", true, false}} {
+		var cfg *tls.Config
+		if tc.tls {
+			cfg = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+		}
+		for _, srv := range midHeadServers(t, 0, header, cfg) {
 			t.Run(tc.name+"/"+srv.name, func(t *testing.T) {
 				t.Parallel()
-				arriving, silent := dialMidHead(t, srv.addr, false), dialMidHead(t, srv.addr, false)
+				arriving, silent := dialMidHead(t, srv.addr, tc.tls), dialMidHead(t, srv.addr, tc.tls)
 				dialled := time.Now()
 				if !tc.first {
 					for _, c := range []*midHeadClient{arriving, silent} {
@@ -259,6 +302,8 @@ func TestShutdownLeavesMidHead(t *testing.T) {
 							t.Fatalf("the first request: status %d", st)
 						}
 					}
+				} else if tc.tls {
+					arriving.handshookBy(srv)
 				}
 				arriving.send(headStart)
 				arriving.readBy(srv)
@@ -429,8 +474,8 @@ func TestReceived(t *testing.T) {
 	if !ok {
 		t.Skip("the kernel does not count a socket's bytes received (TCP_INFO): Linux only")
 	}
-	if n != 0 || heard(sc) {
-		t.Fatalf("before the client sent anything: %d received, heard %v; want 0, false", n, heard(sc))
+	if n != 0 || heard(sc, 0) {
+		t.Fatalf("before the client sent anything: %d received, heard %v; want 0, false", n, heard(sc, 0))
 	}
 	if _, err := io.WriteString(cc, "hello"); err != nil {
 		t.Fatal(err)
@@ -442,16 +487,17 @@ func TestReceived(t *testing.T) {
 	if _, err := io.ReadFull(sc, make([]byte, 5)); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ = received(sc); n != 5 || pending(sc) || !heard(sc) {
-		t.Errorf("once read: %d received, pending %v, heard %v; want 5, false, true", n, pending(sc), heard(sc))
+	if n, _ = received(sc); n != 5 || pending(sc) || !heard(sc, 0) {
+		t.Errorf("once read: %d received, pending %v, heard %v; want 5, false, true", n, pending(sc), heard(sc, 0))
 	}
 }
 
 // TestArrivingHidesNoOther: at MaxConns, a connection whose request is arriving does not keep
 // a newcomer from the room another one can give, though it is the oldest and only the oldest
 // are looked at (evictBatch: one at a cap of 2). A kept-alive one whose head is arriving is
-// no candidate; a new TLS one whose client has sent its handshake and nothing more (a system
-// call tells) is found so once, then left out: a newcomer may be refused that once.
+// no candidate; a new TLS one whose head is arriving, read by the server (with NetHTTP, a
+// system call tells: the bytes are Go's to decrypt), is found so once, then left out: a
+// newcomer may be refused that once.
 func TestArrivingHidesNoOther(t *testing.T) {
 	const header = 4 * time.Second // freshGrace: 1 s
 	certFile, keyFile := testcert.NewCA(t, "midhead").Issue("server")
@@ -475,13 +521,16 @@ func TestArrivingHidesNoOther(t *testing.T) {
 					if st := arriving.get("/"); st != http.StatusOK {
 						t.Fatalf("the first request: status %d", st)
 					}
-					arriving.send(headStart)
-					arriving.readBy(srv)
+				} else {
+					arriving.handshookBy(srv)
 				}
+				arriving.send(headStart)
+				arriving.readBy(srv)
 				eventually(t, "the first connection counted", func() bool { return srv.stats().Conns == 1 })
 				var other *client
 				if tlsOn {
 					other = dialClient(t, srv.addr) // no handshake: it has sent nothing
+					dialled = time.Now()
 				} else {
 					other = dialMidHead(t, srv.addr, false).client
 					if st := other.get("/"); st != http.StatusOK {
@@ -506,9 +555,6 @@ func TestArrivingHidesNoOther(t *testing.T) {
 				}
 				if !other.closed() {
 					t.Error("the connection that waited is still open")
-				}
-				if tlsOn {
-					arriving.send(headStart)
 				}
 				arriving.send(headRest)
 				if st, _, body := arriving.answer(); st != http.StatusOK || body != "ok" {

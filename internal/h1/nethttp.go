@@ -34,22 +34,26 @@ import (
 //     idle, or new for freshGrace (of ReadHeaderTimeout, else ReadTimeout), and no request
 //     is arriving on it: no byte waits, and no head has been read in part or whole and not
 //     yet served (Go's server keeps a connection idle, or new, until it has read a whole
-//     head); over TLS, where the bytes are Go's to decrypt, a new connection whose client
-//     has sent anything (its handshake included) is left too, an idle one only when bytes
-//     wait. A head known to be arriving for ReadHeaderTimeout (else ReadTimeout), or a new
-//     TLS connection that old, no longer counts: Go's server applies its header timeout on
-//     a kept-alive connection only from a head's fourth byte, and a client that sends fewer
-//     would hold its connection for the idle timeout. Go's server may begin to read a
-//     request in the instant between the check and the close (as with its own Shutdown). An
-//     idle HTTP/1 connection is parted from as with Server: left open for idleGrace within
-//     MaxLingering, its next request answered with Connection: close.
+//     head); over TLS, where the bytes are Go's to decrypt, an HTTP/1 connection whose
+//     client has sent anything since it began to wait (since its handshake ended, or its last
+//     request's handler returned: the kernel's count of the bytes received, against what
+//     crypto/tls had read then) is left too; the server runs each TLS handshake on a
+//     goroutine of its own, ahead of Go's, to know when it ends. A head known to be arriving for ReadHeaderTimeout (else
+//     ReadTimeout), or a new TLS connection that old, no longer counts: Go's server applies
+//     its header timeout on a kept-alive connection only from a head's fourth byte, and a
+//     client that sends fewer would hold its connection for the idle timeout. Go's server
+//     may begin to read a request in the instant between the check and the close (as with
+//     its own Shutdown). An idle HTTP/1 connection is parted from as with Server: left open
+//     for idleGrace within MaxLingering, its next request answered with Connection: close.
 //   - Shutdown answers every request that reaches it (see the method).
 //   - CloseUnauthorized, as with Server.
 //
 // What it cannot do: on TLS connections the bytes are Go's to decrypt (net/http needs the
 // *tls.Conn itself, for HTTP/2 and Request.TLS), so HTTP/1.1 over TLS is served as Go's server
 // serves it; HTTP/2 frames its messages itself and is not exposed to these attacks. Timing counts wall
-// time from the first body read, not only the time the handler waits.
+// time from the first body read, not only the time the handler waits. A TLS connection whose
+// write stalled in a handler's write, or in Go's last flush, is closed by Go's server, gracefully
+// unless the listener under crypto/tls's is AbortStalled's (guardWriter.failed sees a flush's).
 //
 // Set the fields before Serve. Serve installs the handler wrapper and a ConnContext (chained
 // to one already set) and sets DisableGeneralOptionsHandler, so that every request reaches the
@@ -192,6 +196,9 @@ func (s *NetHTTP) install() {
 		}
 		if x := s.table.lookup(c); x != nil {
 			ctx = context.WithValue(ctx, trackedKey{}, x)
+			if x.tc != nil {
+				go s.table.handshake(ctx, x.tc, x)
+			}
 		}
 		return ctx
 	}
@@ -230,6 +237,7 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		guarded := hasBody && (s.BodyReadTimeout > 0 || s.BodyStallTimeout > 0 || s.budget != nil)
 		if s.WriteStallTimeout <= 0 && !guarded && !s.CloseUnauthorized && !s.noKeepAlive.Load() {
 			next.ServeHTTP(w, r)
+			noteServed(x, r, !hasBody)
 			return
 		}
 		gw := &guardWriter{ResponseWriter: w, ctl: http.NewResponseController(w), stall: s.WriteStallTimeout,
@@ -253,7 +261,28 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(gw, r)
 		gw.decide() // nothing written: Go's server writes the head after the handler returns
+		noteServed(x, r, !hasBody || gw.body != nil && gw.body.eof)
 	})
+}
+
+// noteServed notes, on an HTTP/1 TLS connection (x its entry), what crypto/tls has read once
+// r's handler has returned with r's body read whole (bodyRead): all of r, none of the next
+// request, which its client sends only once it has the whole answer, and Go's server sends
+// the answer's end (the last of its buffer, a chunked body's last chunk) after this. Taken
+// when the connection goes idle instead (changed), as Go's server would have it, the start of
+// a next request sent at once could be read already (Go's server reads the connection while a
+// handler runs) and counted with this one: a head sent in parts, then, whose first arrived
+// that soon, would not be known to be arriving. No byte beyond this request can have come yet
+// (but for a client that pipelines), so that what crypto/tls has read is what the kernel
+// counts received: one system call a request, not the two of taken. A body left unread (Go's
+// server reads the rest after this) is not noted: changed takes it then. What remains: an
+// answer that the handler flushed whole itself may have reached its client before this, and
+// the start of the next request been read already, as at the idle change.
+func noteServed(x *tracked, r *http.Request, bodyRead bool) {
+	if x != nil && x.rc != nil && bodyRead && r.ProtoMajor == 1 {
+		n, _ := receivedOf(x.rc) // 0 where the kernel does not tell (heard asks pending then)
+		x.served.Store(int64(n))
+	}
 }
 
 // hijackRefuseHTTP2 answers HTTP/2's preface as Server does (h2Refusal). Go's server hands the
@@ -487,7 +516,7 @@ func (w *guardWriter) Write(p []byte) (int, error) {
 // deadline, as framedConn.Write does a plain one's. It sees the stalls in the handler's flushes
 // (a stream's events), not those in its writes, where Go's server closes the connection before
 // it returns the error, nor one in the last flush after the handler returned: those TLS
-// connections still close gracefully.
+// connections close gracefully, unless AbortStalled's connection is under TLS (it sees them).
 func (w *guardWriter) failed(err error) {
 	if w.tc != nil && isTimeout(err) {
 		setAbortive(w.tc)

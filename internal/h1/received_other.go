@@ -2,8 +2,17 @@
 
 package h1
 
-import "net"
+import (
+	"net"
+	"syscall"
+)
 
 // received cannot tell here: see received_linux.go (Linux on amd64 and arm64, where the
 // system call is made directly). heard falls back to pending.
 func received(net.Conn) (n uint64, ok bool) { return 0, false }
+
+// taken cannot tell either.
+func taken(net.Conn) (n uint64, ok bool) { return 0, false }
+
+// receivedOf cannot tell either.
+func receivedOf(syscall.RawConn) (n uint64, ok bool) { return 0, false }

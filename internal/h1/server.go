@@ -325,6 +325,9 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 		}
 	}
 	c = &srvConn{s: s, base: base, rwc: rwc, remote: rwc.RemoteAddr().String()}
+	if _, ok := rwc.(*tls.Conn); ok {
+		c.heardFrom.Store(-1) // until serve's handshake ends
+	}
 	c.setState(stateNew)
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
@@ -350,9 +353,12 @@ func (s *Server) newConn(rwc net.Conn, base context.Context) (c *srvConn, full b
 // request is likely on its way: the newcomer is refused instead (a 503 it can retry, where
 // a POST's client that saw its connection close could not). A new connection whose client
 // has sent anything is left too: its first bytes read, it is reading a head (stateHead,
-// connReader.Read), which no eviction takes; sent but not read yet, or read by crypto/tls (a
-// handshake), heard tells, once: such a connection is no candidate from then on, so that a
-// few of them cannot hide the others (only the oldest are looked at). The caller holds s.mu.
+// connReader.Read), which no eviction takes; sent but not read yet, or read by crypto/tls in
+// a record not yet whole, heard tells, once: such a connection is no candidate from then on,
+// so that a few of them cannot hide the others (only the oldest are looked at). A TLS
+// handshake is not a request on its way: a connection that has sent nothing beyond it (one
+// opened ahead of need) gives way as a plain one that sent nothing does. The caller holds
+// s.mu.
 func (s *Server) evictWaiting() (closeNow []*srvConn, made int) {
 	o := oldest[*srvConn]{n: evictBatch(s.MaxConns)}
 	o.keep = make([]candidate[*srvConn], 0, o.n)
@@ -571,7 +577,7 @@ func closeConns(cs []net.Conn) {
 // are is the truncated answer to a request that failed. It returns the connection under nc
 // whose linger it set, nil when it found none (then the close stays graceful).
 func setAbortive(nc net.Conn) net.Conn {
-	for range 4 { // the wrappers: framedConn, TLS, rawConn
+	for range 5 { // the wrappers: framedConn, TLS, stallConn, rawConn
 		switch c := nc.(type) {
 		case interface{ SetLinger(sec int) error }:
 			if c.SetLinger(0) != nil {
@@ -778,6 +784,9 @@ type srvConn struct {
 	// meanwhile, holding a lingering slot (stateParting); heard: new, its client has sent
 	// something (hasSent). Under s.mu.
 	evicted, parting, heard bool
+	// heardFrom is what crypto/tls had read (takenSoFar) when the TLS handshake ended: what
+	// heard counts beyond (hasSent); -1 until then; 0 on a plain connection.
+	heardFrom atomic.Int64
 	// lastRequest: the request being read is the connection's last (it arrived as the
 	// connection was parted from); the connection's goroutine's.
 	lastRequest bool
@@ -834,7 +843,7 @@ func (c *srvConn) takeWaiting(st int32) bool { return c.state.CompareAndSwap(st,
 // remembers a yes, which stays true. The caller holds s.mu.
 func (c *srvConn) hasSent() bool {
 	if !c.heard {
-		c.heard = heard(c.rwc)
+		c.heard = heard(c.rwc, c.heardFrom.Load())
 	}
 	return c.heard
 }
@@ -1004,6 +1013,16 @@ func (c *srvConn) serve() {
 		}
 		s.forget(c)
 	}()
+	if tc, ok := c.rwc.(*tls.Conn); ok {
+		// The handshake first, on its own, to note what crypto/tls had read at its end: what
+		// comes beyond is a request on its way (hasSent), the handshake's bytes are not (a
+		// connection opened ahead of need, that sent nothing more, gives way at MaxConns and is
+		// closed by Shutdown, as a plain one is). The first read would have run it: one that
+		// failed fails that read with the same error (crypto/tls keeps it).
+		if tc.Handshake() == nil {
+			c.heardFrom.Store(takenSoFar(tc))
+		}
+	}
 	if s.HTTP2 != nil && c.handOffHTTP2() {
 		return
 	}
