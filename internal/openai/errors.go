@@ -221,3 +221,23 @@ func scalarText(raw json.RawMessage) string {
 	}
 	return ""
 }
+
+// ErrorStatus returns the HTTP status that an engine's error object, sent in its stream, names:
+// its "code" (or its "error" member's), a number or a string of digits from 400 to 599, as
+// llama.cpp and vLLM write the status there; 0 where it names none.
+func ErrorStatus(obj []byte) int {
+	var outer map[string]json.RawMessage
+	if json.Unmarshal(obj, &outer) != nil {
+		return 0
+	}
+	fields := outer
+	var inner map[string]json.RawMessage
+	if json.Unmarshal(outer["error"], &inner) == nil && inner != nil {
+		fields = inner
+	}
+	n, err := strconv.Atoi(scalarText(fields["code"]))
+	if err != nil || n < 400 || n > 599 {
+		return 0
+	}
+	return n
+}

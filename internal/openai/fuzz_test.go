@@ -70,14 +70,16 @@ func FuzzSSEReader(f *testing.F) {
 	f.Add([]byte("data: a\r\revent: x\rdata: b\rid: 1\r\rdata: [DONE]\r\r"))
 	f.Add([]byte("data: a\r\n\rdata: b\r\r\n\r\ndata: c\n\r\n: d\r"))
 	f.Add([]byte("\r\r\n\rdata: a\rb\r\r\n"))
+	f.Add([]byte("\xef\xbb\xbfdata: a\n\nerror: {\"code\":400}\n\n{\"error\":\"x\"}\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		s := NewSSEReader(bytes.NewReader(in), 4096)
+		stream := bytes.TrimPrefix(in, []byte(bom)) // a byte order mark is taken off, in no event's Raw
 		var raw []byte
 		var whole []string
 		for range len(in) + 2 {
 			ev, err := s.Next()
 			if err != nil {
-				if err == io.EOF && len(in) < 4096 && !bytes.HasPrefix(in, raw) {
+				if err == io.EOF && len(in) < 4096 && !bytes.HasPrefix(stream, raw) {
 					t.Fatalf("raw bytes %q are not a prefix of the input", raw)
 				}
 				if err == io.EOF && len(in) < 4096 {
@@ -89,7 +91,7 @@ func FuzzSSEReader(f *testing.F) {
 				return
 			}
 			raw = append(raw, ev.Raw...)
-			whole = append(whole, fmt.Sprintf("%q %q %q %v", ev.Name, ev.Data, ev.ID, ev.Cut))
+			whole = append(whole, fmt.Sprintf("%q %q %q %v %v %q", ev.Name, ev.Data, ev.ID, ev.Cut, ev.Foreign, ev.ErrorLine))
 		}
 		t.Fatal("more events than bytes")
 	})
@@ -107,7 +109,7 @@ func sseFields(t *testing.T, r io.Reader) []string {
 			}
 			return out
 		}
-		out = append(out, fmt.Sprintf("%q %q %q %v", ev.Name, ev.Data, ev.ID, ev.Cut))
+		out = append(out, fmt.Sprintf("%q %q %q %v %v %q", ev.Name, ev.Data, ev.ID, ev.Cut, ev.Foreign, ev.ErrorLine))
 	}
 	t.Fatal("too many events")
 	return nil

@@ -26,11 +26,33 @@ type Event struct {
 	// Foreign: a line of the event is neither a field of the event-stream format (data, event,
 	// id, retry) nor a comment: bytes that are no event stream (an HTML page, a log line,
 	// NULs). The format has a client ignore such a line; no engine that speaks it sends one.
+	// The last line of a stream that ended without a line end after it is a fragment, which
+	// may be a field cut short ("dat"): not Foreign.
 	Foreign bool
+	// ErrorLine is the value of an "error:" line that holds a JSON object: llama.cpp's server
+	// sent a stream's error so, `error: {"code":400,"message":...,"type":...}`, then [DONE]
+	// (later releases answer a first error with its status, and send a later one as data). No
+	// field of the format, but the engine's own error, not bytes that are no event stream; an
+	// "error:" line with another value is Foreign.
+	ErrorLine []byte
 }
 
-// IsDone reports whether the event is the OpenAI stream terminator "data: [DONE]".
-func (e *Event) IsDone() bool { return bytes.Equal(e.Data, []byte("[DONE]")) }
+// IsDone reports whether the event is the OpenAI stream terminator "data: [DONE]" (white
+// space around [DONE] aside, as Malformed trims a chunk's).
+func (e *Event) IsDone() bool { return bytes.Equal(bytes.TrimSpace(e.Data), []byte("[DONE]")) }
+
+// EngineError returns the error object an engine sent as an event of its stream, nil when it
+// sent none: an "error:" line's (ErrorLine), or data that IsErrorData says is an error
+// (vLLM's, and newer llama.cpp's, `data: {"error": {...}}`).
+func (e *Event) EngineError() []byte {
+	if len(e.ErrorLine) > 0 {
+		return e.ErrorLine
+	}
+	if IsErrorData(e.Data) {
+		return e.Data
+	}
+	return nil
+}
 
 // Ends reports whether e ends its stream: the chat and completions APIs' [DONE], or a
 // Responses API terminal event.
@@ -84,7 +106,7 @@ func (e *Event) Malformed() bool {
 
 // Empty reports whether the event carries neither data nor a name: comment lines only (a
 // keep-alive such as ": ping"), or only id or retry fields. It is no token and no progress.
-func (e *Event) Empty() bool { return len(e.Data) == 0 && e.Name == "" }
+func (e *Event) Empty() bool { return len(e.Data) == 0 && e.Name == "" && len(e.ErrorLine) == 0 }
 
 // SSEReader reads server-sent events incrementally. Lines end in "\n", "\r\n" or a lone "\r",
 // as the event-stream format allows (WHATWG HTML, "Parsing an event stream"). It buffers at
@@ -113,6 +135,8 @@ type SSEReader struct {
 	noLF, noCR int
 	// loneCR: the last line read ended in a lone "\r".
 	loneCR bool
+	// begun: the stream's first bytes were read, and a byte order mark before them taken off.
+	begun bool
 }
 
 // NewSSEReader returns a reader of events from r, each at most maxEvent bytes (4 KiB when
@@ -187,7 +211,7 @@ func lineEnd(b []byte, noLF, noCR int, loneCR bool) (n, lf, cr int) {
 func (s *SSEReader) Reset(r io.Reader) {
 	s.src, s.rd, s.wr, s.err = r, 0, 0, nil
 	s.raw, s.data = s.raw[:0], s.data[:0]
-	s.noLF, s.noCR, s.loneCR = 0, 0, false
+	s.noLF, s.noCR, s.loneCR, s.begun = 0, 0, false, false
 }
 
 // Next returns the next event. At the end of the stream it returns io.EOF; a stream that ends
@@ -257,8 +281,16 @@ func (s *SSEReader) Next() (Event, error) {
 			}
 			ev.ID = s.id
 		case "", "retry": // a comment (the line begins with ':'), a reconnection delay
+		case "error":
+			if v := bytes.TrimSpace(value); len(v) >= 2 && v[0] == '{' && v[len(v)-1] == '}' {
+				ev.ErrorLine = v[:len(v):len(v)]
+			} else if err != io.EOF { // (a line that ended: see Foreign)
+				ev.Foreign = true
+			}
 		default:
-			ev.Foreign = true
+			if err != io.EOF {
+				ev.Foreign = true
+			}
 		}
 		if err == io.EOF {
 			return finish(true), nil
@@ -335,12 +367,41 @@ func (s *SSEReader) fill() error {
 		switch {
 		case s.wr > 0:
 			s.err = err
+			if !s.begun {
+				return s.skipBOM()
+			}
 			return nil
 		case err != nil:
 			return err
 		}
 	}
 	return io.ErrNoProgress
+}
+
+// bom is the UTF-8 byte order mark, which the event-stream format has a decoder take off the
+// start of a stream: an engine (or a proxy before it) that sends one sends events all the same.
+const bom = "\xef\xbb\xbf"
+
+// skipBOM takes a byte order mark off the stream's first bytes (the first fill's), reading on
+// while they are only the start of one.
+func (s *SSEReader) skipBOM() error {
+	for range 100 {
+		if s.wr >= len(bom) || s.err != nil || !bytes.HasPrefix([]byte(bom), s.buf[:s.wr]) {
+			break
+		}
+		n, err := s.src.Read(s.buf[s.wr:])
+		s.wr += max(min(n, len(s.buf)-s.wr), 0)
+		s.err = err
+	}
+	s.begun = true
+	if !bytes.HasPrefix(s.buf[:s.wr], []byte(bom)) {
+		return nil
+	}
+	s.rd = len(bom)
+	if s.rd == s.wr {
+		return s.fill() // the mark was all that came
+	}
+	return nil
 }
 
 // WriteEvent writes one event ("event: name" when name is set, then data split on "\n" into

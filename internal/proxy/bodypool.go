@@ -35,14 +35,16 @@ type heldBody struct {
 const pooledBody = bodyStart
 
 // bodyClasses are the pools of body buffers: class k holds buffers of 1 << (k + minClass)
-// bytes, from 128 KiB to 16 MiB: request bodies take the classes up to the smallest that holds
-// exactBody + 1 as they are read (TestBodyClasses), and longer ones, up to 16 MiB (the default
-// limits.max_body_bytes), once read (readBodyHeld); whole answers (answerBuf) take those up to
-// maxCapture. A 15 MiB prompt's body, allocated anew for each request, was a third of what
-// the request allocated (BenchmarkHandlerHugePrompt).
+// bytes, from 128 KiB to 4 MiB: request bodies take the classes up to the smallest that holds
+// exactBody + 1 as they are read (TestBodyClasses), and longer ones, up to 4 MiB, once read
+// (readBodyHeld); whole answers (answerBuf) take those up to maxCapture. A longer body is
+// allocated at its size: in classes up to 16 MiB, a 9 MiB body took 16 MiB, and a burst of 32
+// of them left 513 MiB in the pools after a collection (288 MiB for the bodies themselves;
+// sync.Pool lets go of what it holds only at the second), where a 15 MiB prompt's body saved
+// a third of what its request allocated (BenchmarkHandlerHugePrompt: 37.9 against 53.6 MB).
 const (
 	minClass   = 17
-	numClasses = 8
+	numClasses = 6
 )
 
 var bodyClasses [numClasses]sync.Pool
@@ -50,9 +52,14 @@ var bodyClasses [numClasses]sync.Pool
 // maxClassBuf is the largest class's size.
 const maxClassBuf = 1 << (minClass + numClasses - 1)
 
-// classBuf returns a buffer of bodyClasses of at least n bytes (at most maxClassBuf), its
-// length its class's size. Whole answers are read into them too (readWhole).
+// classBuf returns a buffer of bodyClasses of at least n bytes, its length its class's size;
+// past maxClassBuf, a buffer of n bytes, of no class. Whole answers are read into them too
+// (readWhole).
 func classBuf(n int) *[]byte {
+	if n > maxClassBuf {
+		s := make([]byte, n)
+		return &s
+	}
 	k := max(bits.Len(uint(n-1)), minClass) - minClass
 	if p, _ := bodyClasses[k].Get().(*[]byte); p != nil {
 		return p
@@ -66,8 +73,12 @@ func isClass(c int) bool {
 	return c >= 1<<minClass && c <= maxClassBuf && c&(c-1) == 0
 }
 
-// putClass gives a buffer back to its class (isClass), its length the class's size again.
+// putClass gives a buffer back to its class, its length the class's size again; one of no
+// class (isClass) is left to the garbage collector.
 func putClass(p *[]byte) {
+	if !isClass(cap(*p)) {
+		return
+	}
 	*p = (*p)[:cap(*p)]
 	bodyClasses[bits.Len(uint(cap(*p)-1))-minClass].Put(p)
 }

@@ -170,3 +170,31 @@ func TestHugeBodyPooled(t *testing.T) {
 		}
 	}
 }
+
+// TestHugeBodyExact: a body longer than the largest pooled class (maxClassBuf, 4 MiB) is read
+// into a buffer of its size, held by no pool: in classes up to 16 MiB a 9 MiB body took a
+// 16 MiB buffer, and the pools held 513 MiB after a burst of 32 such bodies and a collection.
+func TestHugeBodyExact(t *testing.T) {
+	if maxClassBuf > 4<<20 {
+		t.Errorf("the largest pooled body buffer is %d bytes, want at most 4 MiB", maxClassBuf)
+	}
+	want := bytes.Repeat([]byte("0123456789abcdef"), (9<<20)/16)
+	for _, length := range []int64{int64(len(want)), -1} {
+		r, _ := http.NewRequest(http.MethodPost, "/v1/completions", struct{ io.Reader }{bytes.NewReader(want)})
+		r.ContentLength = length
+		body, held, oe := readBodyHeld(r, 16<<20, true)
+		if oe != nil {
+			t.Fatalf("length %d: %v", length, oe)
+		}
+		if !bytes.Equal(body, want) {
+			t.Fatalf("length %d: read %d bytes, not the body of %d", length, len(body), len(want))
+		}
+		if held != nil || cap(body) != len(body) {
+			t.Errorf("length %d: a body of %d bytes read into a buffer of %d (pooled %v), want one of its size, not pooled",
+				length, len(body), cap(body), held != nil)
+			if held != nil {
+				held.release()
+			}
+		}
+	}
+}

@@ -527,7 +527,10 @@ func (c *call) takeEvent(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 	if ev.Ends() {
 		c.complete = true
 	}
-	if ev.Name == "error" || ev.Name == "response.failed" || openai.IsErrorData(ev.Data) {
+	if obj := ev.EngineError(); obj != nil || ev.Name == "error" || ev.Name == "response.failed" {
+		if !c.streamErr && obj != nil {
+			c.streamStatus = openai.ErrorStatus(obj)
+		}
 		c.streamErr = true
 	} else if contentEvent(ev) {
 		c.contentEvents++
@@ -612,7 +615,7 @@ func (c *call) takeBody(body []byte) {
 // eventsIn reports whether body, a whole answer, begins as an event stream does (a "data:" or
 // "event:" field, or a comment).
 func eventsIn(body []byte) bool {
-	b := bytes.TrimLeft(body, " \t\r\n")
+	b := bytes.TrimLeft(body[skipBOM(body, 0):], " \t\r\n")
 	return bytes.HasPrefix(b, []byte("data:")) || bytes.HasPrefix(b, []byte("event:")) || bytes.HasPrefix(b, []byte(":"))
 }
 
@@ -625,15 +628,25 @@ func (c *call) takeEvents(body []byte) {
 	r := openai.NewSSEReader(bytes.NewReader(body), maxEvent)
 	for {
 		ev, err := r.Next()
-		if err != nil || cutInside(ev) {
+		if err != nil || cutInside(ev) && !foreignCut(ev) {
 			return
 		}
 		if ev.Malformed() {
-			c.badAnswer = true
-			c.errType, c.errCode = "stream_bad_event", codeBadAnswer
+			c.badEventPassed(ev)
 			return
 		}
 		c.takeEvent(ev)
+	}
+}
+
+// badEventPassed records that an event that is no event of the API went out in a stream
+// relayed as it came (under another Content-Type than text/event-stream): the answer is a bad
+// one (badAnswer, error_type stream_bad_event), settled as such and said once (settle).
+func (c *call) badEventPassed(ev openai.Event) {
+	if !c.badAnswer {
+		c.badAnswer = true
+		c.errType, c.errCode = "stream_bad_event", codeBadAnswer
+		c.badWhat = malformedWhat(ev)
 	}
 }
 
@@ -674,7 +687,14 @@ func (c *call) settle(status int, method, path string) {
 		if ep != nil {
 			name = ep.Name
 		}
-		h.Logger.Warn("the engine's answer is not a JSON object: counted as a failure of the endpoint", "request_id", c.rid, "endpoint", name)
+		if c.badWhat != "" {
+			// A stream relayed as it came (otherStream, takeEvents), not cut: said as
+			// sseBody's cut of such a stream is (call.badEvent).
+			h.Logger.Warn("the engine sent an event that is no event of the API in a stream relayed as it came (its Content-Type is not text/event-stream), counted as a failure of the endpoint",
+				"request_id", c.rid, "endpoint", name, "event", c.badWhat)
+		} else {
+			h.Logger.Warn("the engine's answer is not a JSON object: counted as a failure of the endpoint", "request_id", c.rid, "endpoint", name)
+		}
 	}
 	var ttft time.Duration
 	if c.rc != nil {

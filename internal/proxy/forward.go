@@ -157,7 +157,9 @@ func (st *stallTimer) stop() (ok bool) {
 // relay (f FailNone), or how the attempt failed: with the response for a 503, 429, 404, 500,
 // 502 or 504 (relayed if the request goes to no other endpoint), without one otherwise. A
 // stream's response comes back only once its first event has arrived, so that an engine that
-// accepts a request and never starts it is failed over before anything reaches the client. A
+// accepts a request and never starts it is failed over before anything reaches the client; a
+// stream whose first event is the engine's own error is handled as the engine's answer of the
+// status that error names (engineStreamError). A
 // whole answer's body is bounded by the response timeout and, from its head on, by the idle
 // timeout between its bytes (cancelBody).
 func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*http.Response, route.Failure, error) {
@@ -195,6 +197,31 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 	resp, err := h.send(out.WithContext(ctx), c, ep)
 	if err != nil {
 		return failed(err)
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 && isEventStream(resp.Header.Get("Content-Type")) && c.stream {
+		st := sseStates.Get().(*sseState)
+		st.r.Reset(resp.Body)
+		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall,
+			framed: resp.ProtoMajor >= 2 || len(resp.TransferEncoding) > 0 || resp.ContentLength >= 0, maxEvents: c.maxEvents()}
+		err := sb.first()
+		if err == nil {
+			timer.Stop()
+			resp.Body = sb
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
+			return resp, route.FailNone, nil
+		}
+		sb.release()
+		resp.Body.Close()
+		var ee *engineStreamError
+		if !errors.As(err, &ee) {
+			return failed(err)
+		}
+		// The engine's stream began with its error (llama.cpp's for a prompt longer than its
+		// context): nothing went out yet, so the client gets it as the engine's answer of the
+		// status it names, handled below as one: a 4xx refuses the request (relayed, not
+		// counted against the endpoint), a 5xx is the engine's failure.
+		resp = ee.response(resp)
 	}
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound, http.StatusLoopDetected,
@@ -261,22 +288,6 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		resp.Body.Close()
 		return failed(fmt.Errorf("%w: it answered a request not streamed with a stream (Content-Type %s)",
 			errBadStream, logCut1(resp.Header.Get("Content-Type"), 64)))
-	}
-	if resp.StatusCode < 400 && isEventStream(resp.Header.Get("Content-Type")) {
-		st := sseStates.Get().(*sseState)
-		st.r.Reset(resp.Body)
-		sb := &sseBody{c: c, up: resp.Body, r: st.r, st: st, buf: st.buf[:0], pending: st.buf[:0], ctx: ctx, cancel: cancel, idle: to.StreamIdle, stall: stall,
-			framed: resp.ProtoMajor >= 2 || len(resp.TransferEncoding) > 0 || resp.ContentLength >= 0, maxEvents: c.maxEvents()}
-		if err := sb.first(); err != nil {
-			sb.release()
-			resp.Body.Close()
-			return failed(err)
-		}
-		timer.Stop()
-		resp.Body = sb
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-		return resp, route.FailNone, nil
 	}
 	// A non-streamed answer: the response timeout keeps running until its last byte.
 	if !stall.stop() { // (or a stream's response that is not one: an error, say)
@@ -625,6 +636,8 @@ type sseBody struct {
 	// maxEvents is the most content events the stream may carry (call.maxEvents; 0: no
 	// bound): past it the engine ignores max_tokens, and the stream is cut (overrun).
 	maxEvents int
+	// errorChunk: the last event with data was ollama's trace of an error (errorChunk).
+	errorChunk bool
 }
 
 // first reads the stream's first event, the first token: the caller's timer bounds the wait.
@@ -635,7 +648,10 @@ func (s *sseBody) first() error {
 	for err == nil && ev.Empty() && !ev.Cut && !ev.Malformed() {
 		ev, err = s.r.Next()
 	}
-	if err == nil && cutInside(ev) {
+	if obj := ev.EngineError(); err == nil && obj != nil && !ev.Malformed() {
+		return newEngineStreamError(obj, s.c.rid)
+	}
+	if err == nil && cutInside(ev) && !foreignCut(ev) {
 		err = io.ErrUnexpectedEOF
 	}
 	if err == nil && ev.Malformed() {
@@ -669,7 +685,7 @@ func (s *sseBody) Read(p []byte) (int, error) {
 			continue
 		}
 		ev, err := s.r.Next()
-		if err == nil && cutInside(ev) {
+		if err == nil && cutInside(ev) && !foreignCut(ev) {
 			err = io.ErrUnexpectedEOF // the part of the event that came is not passed on
 		}
 		if err != nil {
@@ -711,6 +727,61 @@ func cutInside(ev openai.Event) bool {
 	return ev.Cut && !ev.Ends()
 }
 
+// foreignCut reports whether ev, cut by its stream's end, says already that the stream is no
+// API stream: a whole line in it is no event-stream field (openai.Event.Foreign: ollama's error
+// line, `{"error":"..."}`, with no blank line after it), or it holds a NUL. Such an event is a
+// bad one (a 502 stream_bad_event, as it would be with a blank line after it), not a stream cut
+// short.
+func foreignCut(ev openai.Event) bool {
+	return ev.Cut && (ev.Foreign || bytes.IndexByte(ev.Raw, 0) >= 0)
+}
+
+// engineStreamError is the error an engine sent as its stream's first event, before any of
+// the stream went out (openai.Event.EngineError): llama.cpp's `error: {"code":400,...}` for a
+// prompt longer than its context, vLLM's `data: {"error": {...}}`. Handler.attempt answers it
+// as the engine's answer of the status it names (response).
+type engineStreamError struct{ e *openai.Error }
+
+// newEngineStreamError reads obj, the engine's error object, with the status its code names;
+// 502 where it names none (the engine failed the request, and did not say how).
+func newEngineStreamError(obj []byte, rid string) *engineStreamError {
+	status := openai.ErrorStatus(obj)
+	if status == 0 {
+		status = http.StatusBadGateway
+	}
+	e := openai.NormalizeUpstreamError(status, obj)
+	if e.Message == "" || strings.HasPrefix(e.Message, "upstream returned ") {
+		e.Message = "the engine's stream began with an error event that says nothing more (request id " + rid + ")"
+	}
+	return &engineStreamError{e: e}
+}
+
+func (e *engineStreamError) Error() string {
+	return "the engine's stream began with its error " + strconv.Itoa(e.e.Status) + ": " + logCut1(e.e.Message, 200)
+}
+
+// response is the engine's answer that the error stands for: its status, and the error as
+// the body of an error answer (JSON), for the attempt to handle as such.
+func (e *engineStreamError) response(from *http.Response) *http.Response {
+	b := e.e.Body()
+	return &http.Response{StatusCode: e.e.Status, Status: strconv.Itoa(e.e.Status) + " " + http.StatusText(e.e.Status),
+		Proto: from.Proto, ProtoMajor: from.ProtoMajor, ProtoMinor: from.ProtoMinor, Request: from.Request,
+		Header: http.Header{"Content-Type": {"application/json"}}, ContentLength: int64(len(b)),
+		Body: io.NopCloser(bytes.NewReader(b))}
+}
+
+// engineErrorEvent is the SSE error event that passes on an engine's "error:" line (llama.cpp's
+// error after the head, obj its JSON object): no client reads that field, and the OpenAI SDKs
+// read this one, as they read the router's own.
+func engineErrorEvent(obj []byte, status int) []byte {
+	if status == 0 {
+		status = http.StatusBadGateway
+	}
+	var b bytes.Buffer
+	_ = openai.WriteEvent(&b, "error", openai.NormalizeUpstreamError(status, obj).Body())
+	return b.Bytes()
+}
+
 // take queues one event for the client, unless the call drops it (the usage chunk the client
 // did not ask for) or the usage member the router asked for on its behalf (takeEvent), and
 // notes whether it is progress (anything but a comment).
@@ -722,13 +793,22 @@ func (s *sseBody) take(ev openai.Event) {
 	if !ev.Empty() {
 		s.progress = true
 	}
+	content := s.c.contentEvents
 	pass, from, to := s.c.takeEvent(ev)
+	if len(ev.Data) > 0 {
+		// Only an event without text pays for the search (a stream's first and last few).
+		s.errorChunk = s.c.contentEvents == content && errorChunk(ev.Data)
+	}
 	if s.maxEvents > 0 && s.c.contentEvents > s.maxEvents {
 		s.overrun() // the event past the bound is not passed on
 		return
 	}
 	switch {
 	case !pass:
+	case len(ev.ErrorLine) > 0:
+		// llama.cpp's "error:" line after the head: relayed as an error event the client
+		// reads; the call is settled with its status (takeEvent, call.status).
+		s.queue(engineErrorEvent(ev.ErrorLine, s.c.streamStatus))
 	case from < to && bytes.IndexByte(ev.Data, '\n') < 0:
 		// The usage member goes: the event's data is one line, a part of Raw (only such chunks,
 		// those that carry a "usage", pay for the search).
@@ -781,6 +861,10 @@ func (s *sseBody) takeBuffered(limit int) {
 // its end, a reset, a timeout, or a connection closed under a body whose end is not marked)
 // is a cut (cutShort).
 func (s *sseBody) endedUnterminated() {
+	if s.errorChunk {
+		s.cutShort(errErrorChunk)
+		return
+	}
 	s.err = io.EOF
 	s.c.unterminated = true
 	if s.c.h.Logger.Enabled(context.Background(), slog.LevelDebug) {
@@ -811,6 +895,8 @@ func (s *sseBody) cutShort(err error) {
 	case errors.Is(context.Cause(s.ctx), errIdleTimeout):
 		msg = "the engine sent no event (keep-alive comments aside) for " + s.idle.String() + " (the stream idle timeout)"
 		s.c.errType = "stream_idle_timeout"
+	case errors.Is(err, errErrorChunk):
+		msg = "the engine failed the stream: it ended it with an empty chunk that names no model, without its terminator, as ollama does in place of an error (its runner failed)"
 	case errors.Is(err, openai.ErrSSELineTooLong):
 		// The router cut it: an event it will not hold (a runaway line, an engine's bug).
 		msg = "the engine sent an event larger than the router's " + strconv.Itoa(maxEvent>>20) + " MiB limit: the stream was cut there"
@@ -824,6 +910,32 @@ func (s *sseBody) cutShort(err error) {
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
 	s.queue(b.Bytes()) // after the events that came before the cut
+}
+
+// errErrorChunk ends a stream whose engine ended it, without its terminator, after an
+// errorChunk.
+var errErrorChunk = errors.New("the stream ended after an empty chunk of no model")
+
+// errorChunk reports whether data, an event's without text, is a chunk whose "model" is "": what
+// ollama's OpenAI layer makes of an error in a stream it began (a runner killed, out of memory),
+// decoding the error ({"error":"..."}) as a chunk, whose members are then empty, and ending the
+// stream after it with no finish_reason and no [DONE]. A stream that ends so is cut by the
+// engine's failure, where one that ends after a chunk with its model and text, no terminator
+// either, is ollama at its token-repeat limit, on purpose (endedUnterminated). No engine names
+// no model in a chunk of its own.
+func errorChunk(data []byte) bool {
+	for rest := data; ; {
+		i := bytes.Index(rest, []byte(`"model"`))
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(`"model"`):]
+		j := skipSpace(rest, 0)
+		if j < len(rest) && rest[j] == ':' {
+			j = skipSpace(rest, j+1)
+			return j+1 < len(rest) && rest[j] == '"' && rest[j+1] == '"'
+		}
+	}
 }
 
 // errBadStream ends an attempt whose engine's answer is no API stream: an event that is not
@@ -1120,7 +1232,10 @@ func (c *call) status(w *statusWriter, r *http.Request) int {
 		return http.StatusBadGateway
 	case c.streamErr && w.err == nil && r.Context().Err() == nil:
 		// The client has the engine's error event (after a 200 head): a failure of the engine,
-		// as a cut stream is.
+		// as a cut stream is, whatever status the error names: an engine refuses a request
+		// (llama.cpp's 400 for a prompt past its context) with its first event, answered before
+		// the head with that status, and older vLLM releases name 400 for any failure in a
+		// stream, a crash included.
 		if c.errType == "" {
 			c.errType = "stream_error"
 		}

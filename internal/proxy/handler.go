@@ -347,9 +347,11 @@ type call struct {
 	cut           bool // the engine's stream ended before its end
 	// unterminated: the engine ended its stream's body properly without a terminator
 	// (sseBody.endedUnterminated): an end, not a cut, but not a complete answer either.
-	unterminated  bool
-	streamErr     bool // the engine's stream carried an error event (it failed after its head)
-	contentEvents int  // events of the stream passed on that carry generated text (contentEvent)
+	unterminated bool
+	streamErr    bool // the engine's stream carried an error event (it failed after its head)
+	// streamStatus is the status the first such event names (openai.ErrorStatus), 0 if none.
+	streamStatus  int
+	contentEvents int // events of the stream passed on that carry generated text (contentEvent)
 	// usageClamped: boundUsage clamped the usage (logged once per request).
 	usageClamped bool
 	// badStream: the engine's stream carried an event that is no event of the API, after the
@@ -358,6 +360,9 @@ type call struct {
 	// badAnswer: the engine's whole (not streamed) 2xx answer is not the JSON it must be (cut
 	// inside, or no JSON at all): a failure of the endpoint (takeBody, settle).
 	badAnswer bool
+	// badWhat says what was wrong with the event that made a stream relayed as it came a bad
+	// answer (malformedWhat); "" for a whole answer.
+	badWhat string
 	// shutdown: the router's shutdown cut the request (ErrShuttingDown): a 503 of its own, not
 	// the client's leaving nor a failure of the engine.
 	shutdown bool
@@ -665,7 +670,8 @@ func readBodyHeld(r *http.Request, limit int64, pool bool) (body []byte, held *h
 			}
 			if pool && total >= pooledBody && total <= maxClassBuf {
 				// Joined into a pooled buffer of its size's class, taken now that the size is
-				// known: a huge prompt's body (15 MiB) is not allocated anew for each request.
+				// known: a long prompt's body is not allocated anew for each request. A longer
+				// one is allocated at its size (bodyClasses).
 				held = newHeldBody(int(total))
 				body := (*held.buf)[:0]
 				for _, c := range full {

@@ -88,7 +88,7 @@ func (s *otherStream) tap(b []byte) int {
 	n := len(b)
 	if !s.decided {
 		if len(s.acc) == 0 {
-			i := skipSpace(b, 0)
+			i := skipSpace(b, skipBOM(b, s.passed))
 			s.accAt = s.passed + int64(i)
 			b = b[i:]
 		}
@@ -121,6 +121,16 @@ func (s *otherStream) tap(b []byte) int {
 		return n
 	}
 	return s.readEvents(false, n)
+}
+
+// skipBOM returns where the stream's bytes b, which begin at offset at, begin past a byte order
+// mark at the stream's start (the event-stream format takes one off): 3 where b begins with
+// one, else 0.
+func skipBOM(b []byte, at int64) int {
+	if at == 0 && bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
+		return 3
+	}
+	return 0
 }
 
 // blankLineIn reports whether b holds a line end just after another ("\n\n", "\n\r", "\r\r";
@@ -185,17 +195,14 @@ func (s *otherStream) readEvents(last bool, n int) int {
 // event takes one event of the stream (takeEvent), as takeEvents does at an answer's end, and
 // reports whether it takes the stream past its bound.
 func (s *otherStream) event(ev openai.Event) (over bool) {
-	if cutInside(ev) {
+	if cutInside(ev) && !foreignCut(ev) {
 		return false
 	}
 	if ev.Malformed() {
 		// Relayed as it came: settled as a bad answer (call.status), not cut. It counts
 		// towards the bound (not the charge): an engine's endless stream of such events is
 		// cut as one of content events is.
-		if !s.c.badAnswer {
-			s.c.badAnswer = true
-			s.c.errType, s.c.errCode = "stream_bad_event", codeBadAnswer
-		}
+		s.c.badEventPassed(ev)
 		if s.malformed++; s.maxEvents > 0 && s.c.contentEvents+s.malformed > s.maxEvents {
 			s.malformed-- // the event past the bound, not passed on
 			return true
