@@ -32,8 +32,12 @@ func TestDemoJSONAndReport(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if errOut != "" {
-		t.Errorf("--quiet demo wrote to stderr: %q", errOut)
+	// --quiet takes the progress away; the routers' warnings stay (a scrape of the simulated
+	// engines' metrics that timed out on a loaded machine is one), each a line of its own.
+	for line := range strings.Lines(errOut) {
+		if !strings.Contains(line, "level=WARN") {
+			t.Errorf("--quiet demo wrote to stderr: %q", line)
+		}
 	}
 	var doc struct {
 		Scenario report.Scenario
