@@ -963,7 +963,13 @@ func malformedWhat(ev openai.Event) string {
 // stream_bad_event, error_code upstream_bad_answer; a failure of the endpoint). What comes
 // after it, a [DONE] included, is not read: the answer is not whole.
 func (s *sseBody) badEvent(ev openai.Event) {
-	e := s.c.badEvent(ev)
+	s.endWith(s.c.badEvent(ev), errBadStream)
+}
+
+// endWith ends the client's stream with e as an SSE error event, after the events before it,
+// and cancels the attempt for cause (the engine's connection closed): what the engine sends
+// after it is not read.
+func (s *sseBody) endWith(e *openai.Error, cause error) {
 	var b bytes.Buffer
 	_ = openai.WriteEvent(&b, "error", e.Body())
 	s.queue(b.Bytes())
@@ -971,7 +977,7 @@ func (s *sseBody) badEvent(ev openai.Event) {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	s.cancel(errBadStream)
+	s.cancel(cause)
 }
 
 // badEvent records that the engine's stream carried an event that is no event of the API, after
@@ -1003,15 +1009,7 @@ func (c *call) badEvent(ev openai.Event) *openai.Error {
 // generating), and the call is settled as the engine's bad answer (call.overrun).
 func (s *sseBody) overrun() {
 	s.c.contentEvents-- // the event past the bound, not passed on
-	e := s.c.overrun("more than " + strconv.Itoa(s.maxEvents) + " stream events with text")
-	var b bytes.Buffer
-	_ = openai.WriteEvent(&b, "error", e.Body())
-	s.queue(b.Bytes())
-	s.err = io.EOF
-	if s.timer != nil {
-		s.timer.Stop()
-	}
-	s.cancel(errOverrun)
+	s.endWith(s.c.overrun("more than "+strconv.Itoa(s.maxEvents)+" stream events with text"), errOverrun)
 }
 
 // sseState is what a stream needs that is worth recycling: its event reader (a 4 KB buffer) and
