@@ -279,7 +279,7 @@ func TestHashingMismatch(t *testing.T) {
 			st.PeerPolicies[0].PolicyMatches == nil || !*st.PeerPolicies[0].PolicyMatches {
 			t.Errorf("/debug/peers of the peer of %s: %+v", c.peer, st)
 		}
-		line := "level=WARN msg=\"a peer replica hashes prompts into blocks otherwise"
+		line := "level=INFO msg=\"a peer replica hashes prompts into blocks otherwise"
 		if k := c.logs.Count(line); k != 1 || c.logs.Count("peer="+c.peer+" fingerprint="+c.own+" peer_fingerprint="+c.other+" fix=\"either:") != 1 {
 			t.Errorf("the difference with %s logged %d times, want once, with both fingerprints:\n%s", c.peer, k, c.logs.String())
 		}

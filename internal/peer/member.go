@@ -487,18 +487,25 @@ func (n *Node) announce(ctx context.Context) {
 
 func urlEscape(s string) string { return url.QueryEscape(s) }
 
-// logWriter forwards memberlist's log lines to slog: errors and warnings as warnings, the
-// rest at debug level. Once the node is stopping, everything is at debug level: leaving, its
-// probes and gossip in flight meet the sockets it is closing ("use of closed network
-// connection"), which at every rolling restart read as errors. A refuted dead message is
-// news, not trouble (info): the peers had this replica's name dead, as they have after every
-// restart under the same name (its previous run) and after a pause long enough to be declared
-// dead (SIGSTOP, a long GC, a starved CPU, which other lines show); it says it is alive. So is
-// a refuted alive message (refutedAliveMsg): the peers still had the previous run alive. And
-// so is a refuted suspicion that memberlist says came from this replica itself
-// (refutedSuspectMsg): it read the suspicion in a peer's state on joining or exchanging state
-// with it, which is where a restarted replica finds its previous run suspected. A suspicion
-// from a peer (its probes of this replica failed: lost packets, a pause) stays a warning.
+// logWriter forwards memberlist's log lines to slog, memberlist's text under "line" (slog's
+// own message key is the router's explanation; a second "msg" would hide it from the JSON
+// readers that keep the last of a duplicated key, jq and Python's json among them): errors and
+// warnings as warnings, the rest at debug level. Once the node is stopping, everything is at
+// debug level: leaving, its probes and gossip in flight meet the sockets it is closing ("use
+// of closed network connection"), which at every rolling restart read as errors. A refuted
+// dead message is news, not trouble (info): the peers had this replica's name dead, as they
+// have after every restart under the same name (its previous run) and after a pause long
+// enough to be declared dead (SIGSTOP, a long GC, a starved CPU, which other lines show); it
+// says it is alive. So is a refuted alive message (refutedAliveMsg): the peers still had the
+// previous run alive. And so is a refuted suspicion that memberlist says came from this
+// replica itself (refutedSuspectMsg): it read the suspicion in a peer's state on joining or
+// exchanging state with it, which is where a restarted replica finds its previous run
+// suspected. A suspicion from a peer (its probes of this replica failed: lost packets, a
+// pause) stays a warning. An error or warning about gossip that no key here decrypts (a
+// replica given another secret) is said as such (secretHint), at most once a minute per remote
+// host (secretLimit) with the count of those not logged since; memberlist's debug lines about
+// it (each failed join) stay at debug level, the rejoin loop's "joining peers" warning saying
+// what to fix once a minute.
 type logWriter struct {
 	log *slog.Logger
 	// self is this replica's name (Config.Name): memberlist's "from" in a suspicion it read in
@@ -508,6 +515,10 @@ type logWriter struct {
 	// undecryptable, when set, is told of each gossip message that no key could decrypt: one
 	// sealed with another secret (counted as unauthenticated).
 	undecryptable func()
+	// secretLimit bounds the warnings of undecryptable gossip to one per remote host per
+	// minute: a replica given another secret retries its joins, probes and state exchanges
+	// about once a second, and each failure was a WARN.
+	secretLimit hostLimiter
 }
 
 // secretHint is said with gossip that could not be decrypted: the usual cause.
@@ -528,20 +539,44 @@ func (w *logWriter) Write(p []byte) (int, error) {
 			if w.undecryptable != nil {
 				w.undecryptable()
 			}
-			w.log.Warn(secretHint, "msg", line)
+			if !strings.Contains(line, "[ERR]") && !strings.Contains(line, "[WARN]") {
+				w.log.Debug("memberlist: "+secretHint, "line", line)
+				break
+			}
+			remote := remoteOf(line)
+			host, _, err := net.SplitHostPort(remote)
+			if err != nil {
+				host = remote
+			}
+			if skipped, ok := w.secretLimit.due(host); ok {
+				w.log.Warn(secretHint, "remote", remote, "undecryptable_unlogged", skipped, "line", line)
+			} else {
+				w.log.Debug("memberlist: "+secretHint, "line", line)
+			}
 		case !stopping && strings.Contains(line, "Refuting a dead message"):
-			w.log.Info("memberlist: peers had this replica dead (its previous run, or a pause); it says it is alive", "msg", line)
+			w.log.Info("memberlist: peers had this replica dead (its previous run, or a pause); it says it is alive", "line", line)
 		case !stopping && strings.Contains(line, "Refuting an alive message"):
 			w.log.Info(refutedAliveMsg, refutedAlive(line)...)
 		case !stopping && w.self != "" && strings.HasSuffix(strings.TrimRight(line, " \r"), "Refuting a suspect message (from: "+w.self+")"):
-			w.log.Info(refutedSuspectMsg, "msg", line)
+			w.log.Info(refutedSuspectMsg, "line", line)
 		case !stopping && (strings.Contains(line, "[ERR]") || strings.Contains(line, "[WARN]")):
-			w.log.Warn("memberlist", "msg", line)
+			w.log.Warn("memberlist", "line", line)
 		default:
-			w.log.Debug("memberlist", "msg", line)
+			w.log.Debug("memberlist", "line", line)
 		}
 	}
 	return len(p), nil
+}
+
+// remoteOf returns the remote address a memberlist line names ("from=ADDR", its last word
+// of that form), "" where it names none.
+func remoteOf(line string) string {
+	i := strings.LastIndex(line, "from=")
+	if i < 0 {
+		return ""
+	}
+	addr, _, _ := strings.Cut(line[i+len("from="):], " ")
+	return addr
 }
 
 // streamTransport is memberlist's network transport whose streams end when it shuts down,

@@ -90,6 +90,8 @@ type Config struct {
 	transport func(memberlist.Transport) memberlist.Transport
 	// duplicate replaces duplicateNameAfter (tests); 0: that.
 	duplicate time.Duration
+	// mismatchGrace replaces mismatchGrace (tests); 0: that.
+	mismatchGrace time.Duration
 	// resolveWait replaces advertiseWait (tests); 0: that.
 	resolveWait time.Duration
 	// lookup replaces the system resolver for peers.advertise (tests, which ask no DNS server);
@@ -239,7 +241,8 @@ func New(cfg Config) (*Node, error) {
 		beat: or(cfg.beat, heartbeat), silence: or(cfg.silence, streamSilence),
 		joins: newJoiner(), sourceFailing: make([]bool, len(cfg.Sources)),
 		readvertise: make(chan struct{}, 1),
-		policies:    policyWatch{about: policySubject}, hashings: policyWatch{about: hashingSubject}}
+		policies:    policyWatch{about: policySubject, grace: or(cfg.mismatchGrace, mismatchGrace)},
+		hashings:    policyWatch{about: hashingSubject, grace: or(cfg.mismatchGrace, mismatchGrace)}}
 	n.clock = newClock(n.beat, n.silence)
 	n.keys.Store(newKeySet(cfg.Secret, cfg.Accept))
 	rekeyed := make(chan struct{})

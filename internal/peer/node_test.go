@@ -841,7 +841,7 @@ func TestLogWriterRefutations(t *testing.T) {
 		// memberlist names this replica (r2) as the sender of a suspicion it read in a peer's
 		// state: a restarted replica's previous run, suspected.
 		{"suspect from its own name", "[WARN] memberlist: Refuting a suspect message (from: r2)",
-			"level=INFO msg=\"" + refutedSuspectMsg + "\" msg=\"[WARN] memberlist: Refuting a suspect message (from: r2)\"\n"},
+			"level=INFO msg=\"" + refutedSuspectMsg + "\" line=\"[WARN] memberlist: Refuting a suspect message (from: r2)\"\n"},
 		{"suspect from its own name, log.LstdFlags prefix", "2025/03/04 05:06:07 [WARN] memberlist: Refuting a suspect message (from: r2)",
 			"level=INFO msg=\"" + refutedSuspectMsg + "\""},
 		{"suspect from a name ending in its own", "[WARN] memberlist: Refuting a suspect message (from: xr2)", "level=WARN msg=memberlist"},

@@ -189,12 +189,26 @@ func (n *Node) peerAdvertised() (policies, hashings map[string]policyID) {
 	return policies, hashings
 }
 
+// mismatchGrace is how long a peer's policy or hashing may differ from this replica's before
+// the difference is logged at WARN (INFO until then). A rolling reload of a fleet makes the
+// replicas differ for as long as it takes to reach them all: in a soak, a policy parameter
+// reloaded on three replicas one after another made 8 warnings in 1.7 s, each followed by the
+// agreement at once. Reloads driven one replica at a time (SIGHUP over a list of hosts, a
+// file pushed to each) reach a small fleet within a few seconds; 10 s leaves room for that, and
+// a mismatch that lasts is still warned of within seconds. A Kubernetes ConfigMap volume
+// reaches the pods up to a minute or more apart (the kubelet's sync period): such a rollout may
+// still warn, once per peer, and its agreement follows. The gauges count a difference at
+// once, whatever its age: they say what is, and an alert on them takes its own `for:`.
+const mismatchGrace = 10 * time.Second
+
 // checkPolicies compares the peers' policies and hashings with this replica's (the manager
-// calls it at each change of the members or of what this replica advertises).
+// calls it at each change of the members or of what this replica advertises, and at each tick
+// of the node's clock, which is when a difference that outlasts mismatchGrace is warned of).
 func (n *Node) checkPolicies() {
 	policies, hashings := n.peerAdvertised()
-	n.m.PolicyMismatch.Set(float64(n.policies.check(n.ownPolicy(), policies, n.log)))
-	n.m.HashingMismatch.Set(float64(n.hashings.check(n.ownHashing(), hashings, n.log)))
+	now := time.Now()
+	n.m.PolicyMismatch.Set(float64(n.policies.check(n.ownPolicy(), policies, n.log, now)))
+	n.m.HashingMismatch.Set(float64(n.hashings.check(n.ownHashing(), hashings, n.log, now)))
 }
 
 // subject is what a policyWatch compares, the routing policy or the hashing of prompts, and
@@ -231,6 +245,9 @@ var (
 // differing peer's departure once.
 type policyWatch struct {
 	about *subject
+	// grace is how long a difference is logged at INFO before it is at WARN (mismatchGrace;
+	// 0: at WARN at once).
+	grace time.Duration
 	mu    sync.Mutex
 	peers map[string]peerPolicy
 }
@@ -238,18 +255,22 @@ type policyWatch struct {
 // peerPolicy is a member's policy (or hashing) as policyWatch last compared it.
 type peerPolicy struct {
 	id     policyID
-	differ bool     // it differed from own
-	own    policyID // this replica's then
-	fix    string   // which side to fix, where it differed (whichSide)
+	differ bool      // it differed from own
+	own    policyID  // this replica's then
+	fix    string    // which side to fix, where it differed (whichSide)
+	since  time.Time // when it began to differ, where it differs
+	warned bool      // its difference, as it is, was logged at WARN
 }
 
-// check compares peers (what each member advertises, by name) with own, this replica's, logs
-// what changed and returns how many peers differ. A peer or a replica that advertises nothing
-// differs from none. A difference is logged again when either side changes, and when the side
-// to fix does (the members changed: the first lines of a fleet that starts are written before
-// every replica has joined). A peer that differed and is no longer a member (it left, or was
-// declared dead) is logged at INFO, once: it is no longer counted.
-func (w *policyWatch) check(own policyID, peers map[string]policyID, log *slog.Logger) int {
+// check compares peers (what each member advertises, by name) with own, this replica's, at
+// now, logs what changed and returns how many peers differ. A peer or a replica that
+// advertises nothing differs from none. A difference is logged again when either side
+// changes, and when the side to fix does (the members changed: the first lines of a fleet that
+// starts are written before every replica has joined): at INFO while the peer has differed for
+// less than w.grace, at WARN after (logged once more at WARN when the grace ends, with how long
+// it has lasted). A peer that differed and is no longer a member (it left, or was declared
+// dead) is logged at INFO, once: it is no longer counted.
+func (w *policyWatch) check(own policyID, peers map[string]policyID, log *slog.Logger, now time.Time) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.peers == nil {
@@ -275,17 +296,31 @@ func (w *policyWatch) check(own policyID, peers map[string]policyID, log *slog.L
 		if d {
 			fix, same, other, total = w.about.whichSide(own, id, peers)
 		}
+		since, warned := now, false
+		if d && seen && prev.differ {
+			since, warned = prev.since, prev.warned
+		}
+		changed := d && (!seen || !prev.differ || prev.id != id || prev.own != own || prev.fix != fix)
+		lasted := now.Sub(since)
 		switch {
-		case d && (!seen || !prev.differ || prev.id != id || prev.own != own || prev.fix != fix):
+		case d && lasted >= w.grace && (changed || !warned):
 			log.Warn(w.about.differs, w.about.attrs(name, own, id,
-				"fix", fix, "replicas_like_this", same, "replicas_like_peer", other, "replicas", total)...)
+				"fix", fix, "replicas_like_this", same, "replicas_like_peer", other, "replicas", total,
+				"for", lasted.Round(time.Second).String())...)
+			warned = true
+		case changed:
+			// Perhaps a rolling reload under way: a warning if it outlasts the grace.
+			log.Info(w.about.differs, w.about.attrs(name, own, id,
+				"fix", fix, "replicas_like_this", same, "replicas_like_peer", other, "replicas", total,
+				"warn_after", w.grace.String())...)
+			warned = false
 		case !d && seen && prev.differ && own.known() && id.known():
 			log.Info(w.about.agrees, w.about.attrs(name, own, policyID{})...)
 		}
 		if d {
 			differ++
 		}
-		w.peers[name] = peerPolicy{id: id, differ: d, own: own, fix: fix}
+		w.peers[name] = peerPolicy{id: id, differ: d, own: own, fix: fix, since: since, warned: warned}
 	}
 	slices.Sort(gone)
 	for _, name := range gone {

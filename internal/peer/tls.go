@@ -67,7 +67,15 @@ const maxHandshakeHosts = 4096
 type serverLog struct {
 	log     *slog.Logger
 	dropped *prometheus.CounterVec
-	now     func() time.Time
+	limit   hostLimiter
+}
+
+// hostLimiter says when a line about one remote host is due: at most once per
+// handshakeLogEvery per host, counting the lines not logged since. It keeps at most
+// maxHandshakeHosts hosts (a stranger can send from many); a new host beyond them is not
+// logged until old entries expire. The zero value is ready, on time.Now.
+type hostLimiter struct {
+	now func() time.Time // nil: time.Now
 
 	mu     sync.Mutex
 	hosts  map[string]*hostRefusals
@@ -75,12 +83,12 @@ type serverLog struct {
 }
 
 type hostRefusals struct {
-	logged  time.Time // when a refusal from the host was last logged
-	skipped int       // refusals not logged since
+	logged  time.Time // when a line about the host was last logged
+	skipped int       // lines not logged since
 }
 
 func newServerLog(l *slog.Logger, dropped *prometheus.CounterVec, now func() time.Time) *serverLog {
-	return &serverLog{log: l, dropped: dropped, now: now, hosts: map[string]*hostRefusals{}}
+	return &serverLog{log: l, dropped: dropped, limit: hostLimiter{now: now}}
 }
 
 // errorLog returns the *log.Logger that http.Server.ErrorLog takes.
@@ -102,7 +110,7 @@ func (w *serverLog) Write(p []byte) (int, error) {
 	if err != nil {
 		host = addr
 	}
-	if skipped, ok := w.due(host); ok {
+	if skipped, ok := w.limit.due(host); ok {
 		w.log.Warn("refused a peer connection's TLS handshake", "remote", addr, "reason", reason, "err", why,
 			"refused_unlogged", skipped)
 	}
@@ -121,12 +129,18 @@ func handshakeReason(err string) string {
 	return dropTLSOther
 }
 
-// due reports whether a refusal from host is to be logged now, and how many from it were not
+// due reports whether a line about host is to be logged now, and how many about it were not
 // logged since the last that was.
-func (w *serverLog) due(host string) (skipped int, ok bool) {
-	now := w.now()
+func (w *hostLimiter) due(host string) (skipped int, ok bool) {
+	now := time.Now()
+	if w.now != nil {
+		now = w.now()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.hosts == nil {
+		w.hosts = map[string]*hostRefusals{}
+	}
 	if h := w.hosts[host]; h != nil {
 		if now.Sub(h.logged) < handshakeLogEvery {
 			h.skipped++
