@@ -18,7 +18,9 @@ import (
 // that does not read, whichever bound ran out (WriteStallTimeout, WriteTimeout), with either
 // server, over plain TCP and TLS (with NetHTTP, a stall in a write rather than a flush only
 // through AbortStalled under TLS). (TestWriteStall has WriteStallTimeout on plain TCP, and a
-// close after a whole answer, which stays graceful.)
+// close after a whole answer, which stays graceful.) The handler hears of the stall soon after
+// the bound (counted from the client's last progress: its kernel takes a few bytes more that
+// the client will not read), not after the 5 s that crypto/tls's close_notify may wait.
 func TestStalledCloseAbortive(t *testing.T) {
 	const bound = 300 * time.Millisecond
 	certFile, keyFile := testcert.NewCA(t, "abortive").Issue("server")
@@ -90,6 +92,7 @@ func TestStalledCloseAbortive(t *testing.T) {
 			if tc.tls {
 				c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
 			}
+			t0 := time.Now()
 			if _, err := io.WriteString(c, "GET "+tc.path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 				t.Fatal(err)
 			}
@@ -97,6 +100,10 @@ func TestStalledCloseAbortive(t *testing.T) {
 			case err := <-handlerErr:
 				if err == nil || err.Error() == "every write succeeded" {
 					t.Fatalf("handler: %v; want a write error", err)
+				}
+				// Not after a close_notify that waits its 5 s for the client (stallBound.write).
+				if d := time.Since(t0); d > bound+3*time.Second {
+					t.Errorf("the handler's write failed after %v; want within %v of the bound", d, bound)
 				}
 			case <-time.After(10 * time.Second):
 				t.Fatal("the handler still writes to a client that stopped reading 10 s ago")

@@ -28,7 +28,9 @@ import (
 //     after seven eighths of BodyStallTimeout to all of it: deadlines move in steps).
 //   - MaxPendingBodyBytes bounds the bytes of the bodies being received, as with Server.
 //   - WriteStallTimeout bounds each write to the client, through write deadlines renewed as
-//     the handler writes.
+//     the handler writes; a write past its deadline goes on while the client still takes the
+//     answer, slowly (stallBound), on a plain connection and, over TLS, on AbortStalled's
+//     connection under crypto/tls's (under another, it fails at the deadline).
 //   - MaxConns bounds the open connections, as with Server, following Go's server's
 //     connection states (a ConnState hook). A connection is closed to make room only while
 //     idle, or new for freshGrace (of ReadHeaderTimeout, else ReadTimeout), and no request
@@ -226,7 +228,8 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 			// The connection was parted from to make room as this request came: its last.
 			w.Header().Set("Connection", "close")
 		}
-		if fc, ok := r.Context().Value(framedKey{}).(*framedConn); ok {
+		fc, _ := r.Context().Value(framedKey{}).(*framedConn)
+		if fc != nil {
 			i := fc.served.Add(1) - 1 // requests on one connection are served one after the other
 			if b := fc.f.bad.Load(); b != nil && i >= b.index {
 				s.refuse(w, "malformed request: "+b.why)
@@ -247,6 +250,15 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		}
 		if wt := s.Server.WriteTimeout; wt > 0 {
 			gw.cap = time.Now().Add(wt)
+		}
+		if s.WriteStallTimeout > 0 && r.ProtoMajor == 1 {
+			// The connection beneath lets a write past the stall bound's deadline go on while
+			// the client takes the answer: a framedConn, or over TLS AbortStalled's.
+			if fc != nil {
+				fc.bound.set(s.WriteStallTimeout, gw.cap)
+			} else if sc, ok := underTLS(gw.tc); ok {
+				sc.bound.set(s.WriteStallTimeout, gw.cap)
+			}
 		}
 		gw.arm()
 		if guarded {
@@ -523,6 +535,15 @@ func (w *guardWriter) failed(err error) {
 	}
 }
 
+// underTLS returns AbortStalled's connection under tc, if that is what is there.
+func underTLS(tc *tls.Conn) (*stallConn, bool) {
+	if tc == nil {
+		return nil, false
+	}
+	sc, ok := tc.NetConn().(*stallConn)
+	return sc, ok
+}
+
 // Flush sends what is buffered (SSE events go out at once).
 func (w *guardWriter) Flush() { _ = w.FlushError() }
 
@@ -584,6 +605,7 @@ type framedConn struct {
 	// the heads published.
 	served, heads atomic.Int64
 	shown         int64
+	bound         stallBound // set by the guard
 }
 
 func (c *framedConn) Read(p []byte) (int, error) {
@@ -604,17 +626,12 @@ func (c *framedConn) Read(p []byte) (int, error) {
 	}
 }
 
-// Write is the connection's: one that ran past its deadline (the stall bound, WriteTimeout)
+// Write is the connection's, gone on past the stall bound's deadline while the client takes
+// the answer (stallBound): one that ran past its deadline (the stall bound, WriteTimeout)
 // makes the connection's close abortive (setAbortive), whichever of Go's server's writes it was
 // (the handler's, or the final flush after it returned). Go's server takes no other request on
 // a connection whose write failed.
-func (c *framedConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	if err != nil && isTimeout(err) {
-		setAbortive(c.Conn)
-	}
-	return n, err
-}
+func (c *framedConn) Write(p []byte) (int, error) { return c.bound.write(c.Conn, p) }
 
 // NetConn returns the connection under the framing (setAbortive).
 func (c *framedConn) NetConn() net.Conn { return c.Conn }

@@ -5,6 +5,7 @@ package h1
 import (
 	"net"
 	"syscall"
+	"time"
 )
 
 // received cannot tell here: see received_linux.go (Linux on amd64 and arm64, where the
@@ -16,3 +17,7 @@ func taken(net.Conn) (n uint64, ok bool) { return 0, false }
 
 // receivedOf cannot tell either.
 func receivedOf(syscall.RawConn) (n uint64, ok bool) { return 0, false }
+
+// sendIdle cannot tell either: a write that waits past its stall bound is cut (see
+// received_linux.go).
+func sendIdle(net.Conn) (d time.Duration, ok bool) { return 0, false }

@@ -122,10 +122,13 @@ type Server struct {
 	// valid credential holds no kept-alive connection, and tries one credential per
 	// connection.
 	CloseUnauthorized bool
-	// WriteStallTimeout bounds one write to the client: a client that stops reading (its
-	// window full) and so blocks a write for longer has its connection closed, and the
-	// handler's writes fail from then on. A stream the client keeps reading is never cut,
-	// however long it runs. 0: no bound.
+	// WriteStallTimeout bounds how long a write to the client waits while the client takes
+	// none of the answer: a client that stops reading (its window closed), and so holds a
+	// write for longer, has its connection closed (abortively), and the handler's writes fail
+	// from then on. On Linux the client's progress is the kernel's (sendIdle): a client that
+	// reads, however slowly (at least a segment per bound), is not cut, though a write to it
+	// waits far longer; elsewhere a write that waits this long is cut. A stream the client
+	// keeps reading is never cut, however long it runs. 0: no bound.
 	WriteStallTimeout time.Duration
 	// WatchAfter is how long a request runs before its connection is watched for the client
 	// going away (give or take half of it while requests are in flight; a request that starts
@@ -520,12 +523,21 @@ func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 		}
 		st := c.state.Load()
 		if w := c.writeSince.Load(); stall > 0 && w != 0 && now-w > stall && st != stateDetached {
-			// The client stopped reading. The write under way fails once the connection is
-			// closed; should it end first, serve sees expired and takes no other request. The
-			// close is abortive: what the kernel holds for a client that does not read goes.
-			c.expired.Store(true)
-			expired = append(expired, abortive{c.rwc})
-			continue
+			if idle, ok := sendIdle(c.rwc); ok && int64(idle) < stall {
+				// The client still takes the answer, only slower than it is written (the
+				// write waits for a third of the send buffer to drain), or has taken all the
+				// kernel held and the writer's goroutine is late (sendIdle). The write is
+				// timed again from the client's last progress (unless it ended meanwhile).
+				c.writeSince.CompareAndSwap(w, now-int64(idle))
+			} else {
+				// The client stopped reading. The write under way fails once the connection
+				// is closed; should it end first, serve sees expired and takes no other
+				// request. The close is abortive: what the kernel holds for a client that
+				// does not read goes.
+				c.expired.Store(true)
+				expired = append(expired, abortive{c.rwc})
+				continue
+			}
 		}
 		age := now - c.since.Load()
 		switch st {
@@ -769,7 +781,8 @@ type srvConn struct {
 	// expired is set when the janitor closes the connection for a timeout (it may close it a
 	// little later, off its lock: see sweep).
 	expired atomic.Bool
-	// writeSince is when the write to the client under way began, Unix ns; 0: none.
+	// writeSince is when the write to the client under way began, or when its client last
+	// took bytes of it as the janitor found (sweep), Unix ns; 0: none.
 	writeSince atomic.Int64
 	// The request body's timing: when the handler first read it (Unix ns; 0: not yet), the
 	// bytes read, whether a read waits on the client now, and whether the janitor ended it.
