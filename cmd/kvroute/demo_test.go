@@ -220,17 +220,8 @@ func (w *cancelOnWrite) Write(p []byte) (int, error) {
 func TestDemoInterruptKeepsFinishedPolicies(t *testing.T) {
 	checkLeaks(t)
 	for _, asJSON := range []bool{false, true} {
-		ctx, cancel := context.WithCancel(context.Background())
 		// round-robin's last progress line: its run is over.
-		errOut := &cancelOnWrite{text: "round-robin: 12/12 requests", cancel: cancel}
-		args := append([]string{"--policies", "round-robin,least-request,prefix-aware", "--html", ""}, tinyDemo...)
-		if asJSON {
-			args = append(args, "--json")
-		}
-		var out strings.Builder
-		code := demoMain(ctx, args, strings.NewReader(""), &out, errOut)
-		cancel()
-		stderr := errOut.buf.String()
+		code, out, stderr := interruptedDemo(asJSON, "round-robin: 12/12 requests", "--policies", "round-robin,least-request,prefix-aware")
 		if want := "kvroute demo: interrupted during policy least-request: the report holds the 1 before it\n"; code != 130 || !strings.HasSuffix(stderr, want) {
 			t.Errorf("json %v: exit %d, stderr %q; want 130 and to end with %q", asJSON, code, stderr, want)
 		}
@@ -253,23 +244,29 @@ func TestDemoInterruptKeepsFinishedPolicies(t *testing.T) {
 	}
 }
 
+// interruptedDemo runs the tiny demo with args (and --json where asJSON, no page) and cancels
+// it as the progress writes at: its exit status, standard output and standard error.
+func interruptedDemo(asJSON bool, at string, args ...string) (int, *strings.Builder, string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errOut := &cancelOnWrite{text: at, cancel: cancel}
+	args = append(append(args, "--html", ""), tinyDemo...)
+	if asJSON {
+		args = append(args, "--json")
+	}
+	out := new(strings.Builder)
+	code := demoMain(ctx, args, strings.NewReader(""), out, errOut)
+	return code, out, errOut.buf.String()
+}
+
 // Ctrl-C during --compare-simulate, once every policy has run live: the report holds the live
 // runs, uncompared, and says so; exit 130. Before, the demo printed "simulate round-robin:
 // ...: context canceled" and nothing else, the live runs it had measured lost.
 func TestDemoInterruptDuringComparisonKeepsLiveRuns(t *testing.T) {
 	checkLeaks(t)
 	for _, asJSON := range []bool{false, true} {
-		ctx, cancel := context.WithCancel(context.Background())
 		// The last policy's last progress line: its live run is over, the comparison next.
-		errOut := &cancelOnWrite{text: "round-robin: 12/12 requests", cancel: cancel}
-		args := append([]string{"--policies", "round-robin", "--html", "", "--compare-simulate"}, tinyDemo...)
-		if asJSON {
-			args = append(args, "--json")
-		}
-		var out strings.Builder
-		code := demoMain(ctx, args, strings.NewReader(""), &out, errOut)
-		cancel()
-		stderr := errOut.buf.String()
+		code, out, stderr := interruptedDemo(asJSON, "round-robin: 12/12 requests", "--policies", "round-robin", "--compare-simulate")
 		if want := "kvroute demo: interrupted during --compare-simulate: the report holds the live runs of all 1 policies, not compared\n"; code != 130 || !strings.HasSuffix(stderr, want) {
 			t.Errorf("json %v: exit %d, stderr %q; want 130 and to end with %q", asJSON, code, stderr, want)
 		}

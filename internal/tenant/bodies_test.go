@@ -93,19 +93,8 @@ func TestTakeBody(t *testing.T) {
 // while it waits, rather than being refused (a burst of slow bodies of one client); each place
 // given back goes to one waiter.
 func TestTakeBodyWaits(t *testing.T) {
-	g, _ := newTestGate(t, `tenants:
-  - {name: tight, api_keys: ["`+HashKey("sk-tight")+`"], limits: {max_concurrent: 1}}
-`, nil)
-	id, oe := g.Authenticate(http.Header{"Authorization": {"Bearer sk-tight"}})
-	if oe != nil {
-		t.Fatal(oe)
-	}
+	g, id := fullOfBodies(t)
 	ctx := context.Background()
-	for i := range minBodies {
-		if oe := g.TakeBody(ctx, id, 0, http.Header{}); oe != nil {
-			t.Fatalf("body %d: %v", i+1, oe)
-		}
-	}
 	got := make(chan *openai.Error, 2)
 	for range 2 {
 		go func() { got <- g.TakeBody(ctx, id, 0, http.Header{}) }()
@@ -135,19 +124,8 @@ func TestTakeBodyWaits(t *testing.T) {
 // refused at once (each waiter holds a connection), and places given back go to the waiters in
 // the order they came, not to a newcomer.
 func TestTakeBodyWaitersBounded(t *testing.T) {
-	g, _ := newTestGate(t, `tenants:
-  - {name: tight, api_keys: ["`+HashKey("sk-tight")+`"], limits: {max_concurrent: 1}}
-`, nil)
-	id, oe := g.Authenticate(http.Header{"Authorization": {"Bearer sk-tight"}})
-	if oe != nil {
-		t.Fatal(oe)
-	}
+	g, id := fullOfBodies(t)
 	ctx := context.Background()
-	for i := range minBodies {
-		if oe := g.TakeBody(ctx, id, 0, http.Header{}); oe != nil {
-			t.Fatalf("body %d: %v", i+1, oe)
-		}
-	}
 	waiting := func() int {
 		id.state.mu.Lock()
 		defer id.state.mu.Unlock()
@@ -187,4 +165,23 @@ func TestTakeBodyWaitersBounded(t *testing.T) {
 	if n != minBodies || waiting() != 0 {
 		t.Errorf("%d bodies held and %d waiting, want %d and 0", n, waiting(), minBodies)
 	}
+}
+
+// fullOfBodies returns a gate whose one tenant (max_concurrent 1) holds as many bodies being
+// received as it may (minBodies), and that tenant's identity.
+func fullOfBodies(t *testing.T) (*Gate, *Identity) {
+	t.Helper()
+	g, _ := newTestGate(t, `tenants:
+  - {name: tight, api_keys: ["`+HashKey("sk-tight")+`"], limits: {max_concurrent: 1}}
+`, nil)
+	id, oe := g.Authenticate(http.Header{"Authorization": {"Bearer sk-tight"}})
+	if oe != nil {
+		t.Fatal(oe)
+	}
+	for i := range minBodies {
+		if oe := g.TakeBody(context.Background(), id, 0, http.Header{}); oe != nil {
+			t.Fatalf("body %d: %v", i+1, oe)
+		}
+	}
+	return g, id
 }
