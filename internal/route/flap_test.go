@@ -22,11 +22,18 @@ func flapRun(t *testing.T, p float64, f Failure, checks bool) (failed, byCheck i
 // is as in flapRun.
 func flapRunWith(t *testing.T, p float64, fs []Failure, checks bool, checkFails float64, failedTold bool) (failed, byCheck int) {
 	t.Helper()
+	return flapRunSeed(t, 0, p, fs, checks, checkFails, failedTold)
+}
+
+// flapRunSeed is flapRunWith with which attempts and checks fail drawn from seed (0: as
+// flapRunWith).
+func flapRunSeed(t *testing.T, seed uint64, p float64, fs []Failure, checks bool, checkFails float64, failedTold bool) (failed, byCheck int) {
+	t.Helper()
 	clk := &stepClock{t: time.Unix(1000, 0)}
 	a := pool(t, "a", "b", "c")[0]
 	o := NewOutlier(OutlierConfig{Consecutive: 3, Fleet: func() int { return 3 }}, clk)
-	rng := rand.New(rand.NewPCG(7, uint64(p*100)))
-	kinds, health := rand.New(rand.NewPCG(8, 1)), rand.New(rand.NewPCG(9, 1))
+	rng := rand.New(rand.NewPCG(7+seed, uint64(p*100)))
+	kinds, health := rand.New(rand.NewPCG(8, 1+seed)), rand.New(rand.NewPCG(9, 1+seed))
 	const step = 300 * time.Millisecond
 	nextCheck := clk.t.Add(5 * time.Second)
 	for tick := time.Duration(0); tick < 10*time.Minute; tick += step {
@@ -182,6 +189,37 @@ func TestCheckRecoveryFlap(t *testing.T) {
 				t.Errorf("%v, %.0f %% failing: %d failed attempts with failed checks told (%d ejections ended by a check), want at most %d (%d without checks)",
 					fs, 100*tc.p, now, byNow, tc.most, without)
 			}
+		}
+	}
+}
+
+// TestCheckLoadingFlap: an engine that answers 503 to a share of its requests behind a /health
+// that fails one check in four (an overloaded engine whose checks time out now and then) is
+// ejected for 503s alone, which a check ends only where the first check sent since the
+// ejection began failed (endsByReady: a llama.cpp still loading its model when it was
+// ejected), not at any check that passes after one that failed (endsByRecovery, as for a
+// restart's failures mixed with answers). With the latter, at 30 % of its requests failing, it
+// failed 18.0 attempts a minute where 9.4 with the checks ignored (as before, when no check
+// ended an ejection for 503s alone); now 10.5 (300 runs of 10 minutes; 20 here, where the
+// latter rule fails the bounds at 50, 30 and 20 % failing: 1.33, 1.76, 1.37 times the failed
+// attempts without checks). Behind a live /health nothing changes (TestCheckDoesNotJudgeAnswers).
+func TestCheckLoadingFlap(t *testing.T) {
+	const runs = 20
+	for _, tc := range []struct {
+		p    float64
+		most float64 // failed attempts with failed checks told, at most, over those without checks
+	}{{1, 1.15}, {0.9, 1.15}, {0.8, 1.15}, {0.7, 1.2}, {0.5, 1.25}, {0.3, 1.25}, {0.2, 1.25}} {
+		var without, with, byCheck int
+		for seed := range uint64(runs) {
+			n, _ := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, false, 0, false)
+			m, b := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, true, 0.25, true)
+			without, with, byCheck = without+n, with+m, byCheck+b
+		}
+		t.Logf("503s, p=%.1f: failed attempts a minute %.2f without checks, %.2f with a check in four failing (%.2f ejections a run ended by a check)",
+			tc.p, float64(without)/runs/10, float64(with)/runs/10, float64(byCheck)/runs)
+		if float64(with) > tc.most*float64(without) {
+			t.Errorf("503s, %.0f %% failing: %d failed attempts in %d runs with a check in four failing, want at most %.2f times the %d without checks",
+				100*tc.p, with, runs, tc.most, without)
 		}
 	}
 }

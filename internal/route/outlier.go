@@ -203,14 +203,21 @@ type outlierState struct {
 	// sent after then end it (HealthPassed). Any that passes, for failures that all say the
 	// engine could not be reached or died (endsBy); one that passes after one that failed
 	// (checkFailed), for such failures mixed with answers (a 5xx, a 503, a timeout): a restart
-	// the checks saw. None for answers alone or refusals, which an engine gives while its
-	// health check passes; nor for an ejection a peer told of (PeerEjected); nor one that came
-	// while checkBack held.
+	// the checks saw; for 503s alone, one that passes after the first check sent since the
+	// ejection began failed: an engine still loading when it was ejected, then loaded. None for
+	// other answers alone (a 5xx, a timeout, with or without 503s) or refusals, which an engine
+	// gives while its health check passes; nor for an ejection a peer told of (PeerEjected);
+	// nor one that came while checkBack held.
 	ejectedAt time.Time
 	checkEnds checkEnd
 	// checkFailed is when the latest active health check that failed, of those sent since the
-	// ejection under way began, was sent (HealthFailed); zero: none.
+	// ejection under way began, was sent (HealthFailed); zero: none. For endsByReady, only a
+	// check sent before checkPassed is taken.
 	checkFailed time.Time
+	// checkPassed is when the earliest active health check that passed without ending the
+	// ejection under way, of those sent since it began, was sent; zero: none. Kept for
+	// endsByReady only.
+	checkPassed time.Time
 	// checkBack: a health check ended the endpoint's last ejection, and the attempts here have
 	// not succeeded Consecutive times in a row since (okRun counts them). Ejected again so, the
 	// engine fails where its health check passes (one that loses the connections of some of
@@ -411,10 +418,10 @@ func sharedFailure(f Failure) bool { return f.Counts() && f != FailConnect }
 // requests a second, a restart of 0.57 s ejected an engine on its cut streams alone). A 5xx, a
 // 503 or a timeout is an answer, or a hang, of an engine that may pass its health check all the
 // while: mixed with these, only a check that passes after one failed ends the ejection
-// (endsByRecovery); alone, none does. A cut is taken as a death, though it may be a stream the
-// engine left silent for stream_idle_timeout or ended with an event that is no API event
-// (Failure does not tell them apart): checkBack bounds what an engine that cuts streams behind
-// a live /health costs.
+// (endsByRecovery); alone, none does, but for 503s alone (notReady, endsByReady). A cut is
+// taken as a death, though it may be a stream the engine left silent for stream_idle_timeout
+// or ended with an event that is no API event (Failure does not tell them apart): checkBack
+// bounds what an engine that cuts streams behind a live /health costs.
 const unreachable = 1<<FailConnect | 1<<FailLost | 1<<FailCut
 
 // The kinds of failures fit outlierState's uint16 sets of them: a build error otherwise.
@@ -425,9 +432,21 @@ var _ [16 - len(failureNames)]struct{}
 type checkEnd uint8
 
 const (
-	// endsByNone: no check ends it, it runs its time. Answers alone (a 5xx, a 503, a
-	// timeout), refusals, an ejection a peer told of.
+	// endsByNone: no check ends it, it runs its time. Answers alone (a 5xx or a timeout, with
+	// or without 503s), refusals, an ejection a peer told of.
 	endsByNone checkEnd = iota
+	// endsByReady: a check that passes after the first check sent since the ejection began
+	// failed: the engine was still not ready when it was ejected, and became ready. 503s alone
+	// (notReady): a llama.cpp restarted between two requests, or reloading its model, answers
+	// 503 "Loading model" to requests and to its health check alike, and the router sees no
+	// refused connection nor cut stream. Stricter than endsByRecovery because an engine that
+	// answers 503 to some requests behind a /health that fails now and then (overloaded, its
+	// checks timing out) fails a check sooner or later in most ejections, and a readmission
+	// costs Consecutive failed attempts: taken back by any check that passed after one that
+	// failed, at 30 % of its requests failing it failed 18.0 attempts a minute, against 9.4
+	// with the checks ignored; with the first check having to fail, 10.5
+	// (TestCheckLoadingFlap's engine, one check in four failing, 300 runs of 10 minutes).
+	endsByReady
 	// endsByRecovery: a check that passes after one that failed, both sent since the ejection
 	// began: the checks saw the engine down (or loading) and then up, a restart or a recovery.
 	// Failures that say the engine was unreachable or died, mixed with answers: a restarted
@@ -441,16 +460,31 @@ const (
 )
 
 // endsBy returns which checks end an ejection for failures of kinds (bits 1<<Failure): any
-// for unreachable ones alone, a recovery's where some are unreachable, none otherwise.
+// for unreachable ones alone (endsByAny); one after a failed one where some are unreachable
+// (endsByRecovery); one after a failed first one for 503s alone (notReady, endsByReady); none
+// otherwise.
 func endsBy(kinds uint16) checkEnd {
 	switch {
-	case kinds == 0 || kinds&unreachable == 0:
+	case kinds == 0:
 		return endsByNone
 	case kinds&^unreachable == 0:
 		return endsByAny
+	case kinds&unreachable != 0:
+		return endsByRecovery
+	case kinds&^notReady == 0:
+		return endsByReady
 	}
-	return endsByRecovery
+	return endsByNone
 }
+
+// notReady is the one answer that says the engine is not ready rather than broken (a bit
+// 1<<Failure): a 503 (FailUnavailable; a 429, FailBusy, does not count at all). An ejection for
+// 503s alone is ended by a check that passes after the first one since it began failed
+// (endsByReady); mixed with a 5xx or a timeout, by none. FailUnavailable also holds a router's
+// 508 (its loop guard) and a redirect answered to an API request: an ejection for those is
+// ended as a loading engine's is, by its checks alone (a first one that failed, then one that
+// passed).
+const notReady = 1 << FailUnavailable
 
 // setFleet sets s's fleet count, keeping o.counting (and clearing the count's kinds with it).
 // The caller holds o.mu.
@@ -514,7 +548,7 @@ func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.T
 	if s.checkBack {
 		check = endsByNone
 	}
-	s.ejectedAt, s.checkEnds, s.checkFailed = now, check, time.Time{}
+	s.ejectedAt, s.checkEnds, s.checkFailed, s.checkPassed = now, check, time.Time{}, time.Time{}
 	s.answered, s.refused, s.forgiven = 0, 0, 0
 	for _, k := range o.keys { // its answers by key start again too
 		if t := k.tally(ep); t != nil {
@@ -1060,16 +1094,21 @@ func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
 // mixed with answers (a 5xx, a 503, a timeout), it ends the ejection only if a check sent
 // since it began failed (HealthFailed) and this one was sent after that one: the checks saw
 // the engine down or loading, then up (a restarted llama.cpp answers 503 "Loading model" to
-// requests and to its health check alike until its model is loaded). It reports whether it
-// ended one, and tells OnReadmit (byCheck).
+// requests and to its health check alike until its model is loaded). Where the failures were
+// 503s alone (notReady: a llama.cpp restarted between two requests, or reloading its model,
+// the router seeing no refused connection nor cut stream), it ends the ejection only if the
+// first check sent since it began failed, and this one was sent after a failed one: the
+// engine was still loading when it was ejected, then loaded (endsByReady). It reports whether
+// it ended one, and tells OnReadmit (byCheck).
 //
 // A check sent before the ejection began tells nothing of what ejected it. Nor does a check
 // judge an engine that answered: one that fails some or all of its requests with a 5xx, a 503
 // or a timeout passes its health check all the while, and a check that readmitted it at each
 // health interval would send it passive_failures requests to fail each time (with half its
-// requests failing, 2.7 failed attempts a minute became 13.6). So an ejection for such
-// failures alone, by the refusal rule, or told by a peer (PeerEjected) runs its time, and one
-// where they are mixed with unreachable ones waits for a check that failed. Nor is one
+// requests failing, 2.7 failed attempts a minute became 13.6). So an ejection for a 5xx or a
+// timeout alone (503s among them or not), by the refusal rule, or told by a peer
+// (PeerEjected) runs its time; one for such failures mixed with unreachable ones waits for a
+// check that failed; and one for 503s alone, for a failed check that came first. Nor is one
 // ended that came after a health check ended the last one, the engine not having served
 // Consecutive attempts in a row here since (outlierState.checkBack): one that loses the
 // connections of some of its requests or cuts their streams behind a live /health, or dies at
@@ -1088,8 +1127,14 @@ func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
 	}
 	switch s.checkEnds {
 	case endsByAny:
-	case endsByRecovery:
+	case endsByRecovery, endsByReady:
 		if s.checkFailed.IsZero() || !sent.After(s.checkFailed) {
+			if s.checkEnds == endsByReady && (s.checkPassed.IsZero() || sent.Before(s.checkPassed)) {
+				// The earliest check that passed: a failed one counts only if sent before it
+				// (HealthFailed). Sent before the failed one kept (heard out of order), it
+				// shows that one was not the first, and it goes (earlier ones were not kept).
+				s.checkPassed, s.checkFailed = sent, time.Time{}
+			}
 			o.mu.Unlock()
 			return false
 		}
@@ -1110,16 +1155,26 @@ func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
 // HealthFailed is told of an active health check of ep, sent at sent (on o's clock), that
 // failed: an engine down, or answering it 503 while it loads. Sent after ep's ejection began,
 // it lets a check that passes after it end an ejection for unreachable failures mixed with
-// answers (HealthPassed). It changes nothing else: whether ep is healthy is the checker's own
-// verdict (its thresholds), apart from passive health.
+// answers, or, sent before any check that passed since the ejection began, one for 503s alone
+// (HealthPassed). It changes nothing else: whether ep is healthy is the checker's own verdict
+// (its thresholds), apart from passive health.
 func (o *Outlier) HealthFailed(ep *endpoint.Endpoint, sent time.Time) {
 	if o.ejected.Load() == 0 {
 		return
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if s := o.st[ep]; s != nil && s.out && s.checkEnds == endsByRecovery && sent.After(s.ejectedAt) && sent.After(s.checkFailed) {
+	s := o.st[ep]
+	if s == nil || !s.out || !sent.After(s.ejectedAt) || !sent.After(s.checkFailed) {
+		return
+	}
+	switch s.checkEnds {
+	case endsByRecovery:
 		s.checkFailed = sent
+	case endsByReady:
+		if s.checkPassed.IsZero() || sent.Before(s.checkPassed) {
+			s.checkFailed = sent
+		}
 	}
 }
 

@@ -14,8 +14,11 @@ import (
 // "Loading model" while it loads), is ended by a passing check only where a check sent since
 // the ejection began failed first: the checks saw the engine down, then up. A passing check
 // alone ends it not (an engine failing requests behind a live /health), nor one sent before
-// the failed one, nor a failed check sent before the ejection. Answers alone run their time
-// whatever the checks say; unreachable failures alone end at any passing check, as before.
+// the failed one, nor a failed check sent before the ejection. 503s alone (a llama.cpp
+// restarted between requests: no cut, no refusal) end at a passing check only where the
+// first check sent since the ejection began failed (it was still loading when ejected);
+// other answers alone (a 5xx, a timeout, 503s among them or not) run their time whatever the
+// checks say; unreachable failures alone end at any passing check, as before.
 func TestCheckEndsARestart(t *testing.T) {
 	type check struct {
 		at     time.Duration // sent, after the ejection began (negative: before)
@@ -47,6 +50,28 @@ func TestCheckEndsARestart(t *testing.T) {
 		{name: "cut, refused, 503: failed before the ejection, passed", own: []Failure{FailCut, FailConnect, FailUnavailable},
 			checks: []check{fail(-time.Second), fail(0), pass(time.Second)}},
 		{name: "503s: failed, passed", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+		{name: "503s: failed twice, passed", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{fail(time.Second), fail(6 * time.Second), pass(11 * time.Second)}, ends: true},
+		{name: "peers 503s: failed, passed", peers: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}, ends: true},
+		// The first check passed: the engine was ready, and answers 503 behind a /health that
+		// fails now and then.
+		{name: "503s: passed, failed, passed", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{pass(time.Second), fail(6 * time.Second), pass(11 * time.Second)}},
+		{name: "503s: failed, passed, heard before the failed one", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{fail(6 * time.Second), pass(time.Second), pass(11 * time.Second)}},
+		{name: "503s: failed before the ejection, passed", own: []Failure{FailUnavailable, FailUnavailable, FailUnavailable},
+			checks: []check{fail(-time.Second), fail(0), pass(time.Second)}},
+		{name: "503s and a 5xx: failed, passed", own: []Failure{FailUnavailable, FailStatus, FailUnavailable},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "503s and a timeout: failed, passed", own: []Failure{FailUnavailable, FailUnavailable, FailTimeout},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "503 here, 5xx at peers: failed, passed", own: []Failure{FailUnavailable}, peers: []Failure{FailStatus, FailStatus},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "5xx: failed, passed", own: []Failure{FailStatus, FailStatus, FailStatus},
+			checks: []check{fail(time.Second), pass(6 * time.Second)}},
+		{name: "timeouts: failed, passed", own: []Failure{FailTimeout, FailTimeout, FailTimeout},
 			checks: []check{fail(time.Second), pass(6 * time.Second)}},
 		{name: "5xx and timeouts: failed, passed", own: []Failure{FailStatus, FailTimeout, FailStatus},
 			checks: []check{fail(time.Second), pass(6 * time.Second)}},
@@ -147,6 +172,15 @@ func TestCheckBackAfterARestart(t *testing.T) {
 // failed attempts.
 func restartRun(t *testing.T, down Failure, load time.Duration, failedTold bool) (outAfterReady []time.Duration, failed int) {
 	t.Helper()
+	return restartRunWith(t, down, 500*time.Millisecond, load, failedTold)
+}
+
+// restartRunWith is restartRun with connections refused for refused after each restart; with
+// refused 0, the restart happened between two of a's requests: none is cut, none refused, and
+// the router sees only the engine's answers while it loads (a quick restart, or a model
+// reloaded in place).
+func restartRunWith(t *testing.T, down Failure, refused, load time.Duration, failedTold bool) (outAfterReady []time.Duration, failed int) {
+	t.Helper()
 	start := time.Unix(1000, 0)
 	clk := &stepClock{t: start}
 	a := pool(t, "a", "b", "c")[0]
@@ -155,7 +189,6 @@ func restartRun(t *testing.T, down Failure, load time.Duration, failedTold bool)
 		step     = 100 * time.Millisecond
 		every    = 300 * time.Millisecond
 		interval = 5 * time.Second
-		refused  = 500 * time.Millisecond
 		run      = 5 * time.Minute
 	)
 	restarts := []time.Duration{30 * time.Second, 90 * time.Second, 150 * time.Second}
@@ -203,7 +236,7 @@ func restartRun(t *testing.T, down Failure, load time.Duration, failedTold bool)
 				served[r] = true
 			}
 			o.Succeeded(a)
-		case cut != r:
+		case cut != r && refused > 0:
 			cut = r
 			failed++
 			o.Failed(a, FailCut)
@@ -237,6 +270,41 @@ func TestRestartReadmitted(t *testing.T) {
 		}
 		if failedNow > failedBefore {
 			t.Errorf("%v: %d failed attempts with failed checks told, %d without", down, failedNow, failedBefore)
+		}
+	}
+}
+
+// TestQuickRestartReadmitted: a llama.cpp restarted between two of the router's requests (or
+// reloading its model) cuts no stream and refuses no connection: the router sees only its 503
+// "Loading model" answers, and ejects it on 503s alone, while its health check fails too
+// until the model is loaded. Before, such an ejection ran its time as answers alone do
+// (three restarts a minute apart, loading 8 s: out 22.6 s, 51.9 s, 1 m 23.2 s after it was
+// ready); now a passing check after the failed ones ends it, within a health interval (5 s) of
+// the engine being ready (4.6 s each time), at the same 9 failed attempts.
+// An engine that lets requests hang as it loads (timeouts alone), or answers 500, is no
+// "not ready" answer: its ejection runs its time as before.
+func TestQuickRestartReadmitted(t *testing.T) {
+	for _, load := range []time.Duration{3 * time.Second, 8 * time.Second, 20 * time.Second} {
+		before, failedBefore := restartRunWith(t, FailUnavailable, 0, load, false)
+		now, failedNow := restartRunWith(t, FailUnavailable, 0, load, true)
+		t.Logf("503s alone, loading %v: out after ready %v, %d failed attempts (failed checks not told); %v, %d told",
+			load, before, failedBefore, now, failedNow)
+		for i, d := range now {
+			if d > 5*time.Second {
+				t.Errorf("loading %v: restart %d: out %v after the engine was ready, want within a health interval (5 s)", load, i+1, d)
+			}
+		}
+		if failedNow > failedBefore {
+			t.Errorf("loading %v: %d failed attempts with failed checks told, %d without", load, failedNow, failedBefore)
+		}
+	}
+	for _, down := range []Failure{FailTimeout, FailStatus} {
+		out, _ := restartRunWith(t, down, 0, 8*time.Second, true)
+		t.Logf("%v alone, loading 8s: out after ready %v", down, out)
+		// The first ejection lasts DefaultBaseEjection from about the restart: the engine,
+		// ready 8 s after it, stays out about 22 s more.
+		if out[0] < DefaultBaseEjection-10*time.Second {
+			t.Errorf("%v alone: out %v after the engine was ready, want the ejection's time run (about %v)", down, out[0], DefaultBaseEjection-8*time.Second)
 		}
 	}
 }
