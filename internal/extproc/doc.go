@@ -29,12 +29,15 @@
 //     an answer whose head comes before the pick (Envoy's own while the body was coming: a
 //     408, a 413) is passed on unread and settled as a refusal before the pick
 //     (stream.unroutedHead);
-//     an engine's Retry-After is written again as `kvroute serve`
-//     writes it. A stream is read as `kvroute serve` reads it
-//     (stream.event): an event the stream ended inside, and what follows the terminator,
-//     are neither read nor passed on, and a cut stream ends with serve's stream_cut error
-//     event. A stream that the engine ended without its terminator, cut, or failed with an
-//     error event is settled as `kvroute serve` settles it (stream.finishAnswer).
+//     an engine's Retry-After is written again as `kvroute serve` writes it. A stream is read
+//     as `kvroute serve` reads it (stream.event): an event the stream ended inside, and what
+//     follows the terminator, are neither read nor passed on, and a cut stream ends with
+//     serve's stream_cut error event. A stream that the engine ended without its terminator,
+//     cut, or failed with an error event is settled as `kvroute serve` settles it
+//     (stream.finishAnswer). So is a 2xx to a stream request under another Content-Type
+//     (text/plain, application/json) whose first bytes are events (stream.decide): read as
+//     it passes, passed on as it came, and settled as serve settles such a stream
+//     (stream.otherEvents).
 //
 // The endpoint subset hint (filter metadata envoy.lb.subset_hint /
 // x-gateway-destination-endpoint-subset) narrows the candidates. The end of the stream ends the

@@ -228,6 +228,10 @@ func FuzzProcess(f *testing.F) {
 	f.Add(encode(0, 0, 1, 1, "x", 6, 0, "", 0, 0x21, "/v1/models"))
 	f.Add(encode(0, 0, 0, 0, "", 1, 1, `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 		3, 4|8, "", 4, 0, "data: {\"choices\":[]}\r", 4, 0, "\rdata: [DONE]\r", 4, 1, "\r"))
+	// A stream request's answer under application/json: its first bytes, a byte order mark, a
+	// blank line and the start of a field, held until they say it is events; then a bad event.
+	f.Add(encode(0, 0, 0, 0, "", 1, 1, `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`,
+		3, 0, "", 4, 0, "\xef\xbb\xbf\nda", 4, 0, "ta: {\"choices\":[]}\n\ndata: {not", 4, 1, " json\n\n"+doneEvent))
 	// What Envoy reports (report): the third endpoint served after two attempts, or after one
 	// (the second skipped), with a connect failure's flags; an address never ranked after three
 	// attempts, on a list of two; the first choice's own timeout, Envoy answering.

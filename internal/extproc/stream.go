@@ -73,8 +73,17 @@ type stream struct {
 	ranked   []string    // the "ip:port" list Envoy was told
 	bodyless bool        // the request has no body (end_of_stream on its headers)
 
-	status   int  // the answer's status
-	sse      bool // the answer is a stream of events
+	status int  // the answer's status
+	sse    bool // the answer is a stream of events
+	// other: the answer is a 2xx to a stream request, under another Content-Type than
+	// text/event-stream (text/plain, application/json: an engine, or a proxy before it, that
+	// labels its events so). Its first bytes are held until they say what it is (decided):
+	// events (sse set), read as they pass and settled as `kvroute serve` settles such a stream
+	// (otherEvents), or a whole answer (an engine that ignored "stream").
+	other    bool
+	decided  bool
+	spaced   int  // how many bytes held, from the first, are known to be a byte order mark or white space
+	badEvent bool // an event that is no event of the API came in an other stream (passedBad)
 	events   eventSplitter
 	capture  []byte // a non-streamed answer, up to maxCapture
 	overflow bool   // the answer was larger than maxCapture
@@ -456,7 +465,7 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 	}
 	slices.SortFunc(set, func(a, b *corev3.HeaderValueOption) int { return strings.Compare(a.Header.Key, b.Header.Key) })
 	var remove []string
-	if st.sse && canRewrite(st.respMode) && hdr.Get("Content-Length") != "" {
+	if (st.sse || st.other) && canRewrite(st.respMode) && hdr.Get("Content-Length") != "" {
 		remove = []string{"content-length"} // the usage chunk may be dropped
 	}
 	st.phase = answering
@@ -476,7 +485,10 @@ func (st *stream) responseHeaders(req *extprocv3.ProcessingRequest, m *extprocv3
 }
 
 // routedHead reads the head of the answer to a request kvroute routed: whose it is (follow), its
-// status, whether it streams.
+// status, whether it streams: under text/event-stream, or, as `kvroute serve` takes it, a 2xx
+// to a stream request under another Content-Type whose first bytes are events (other, decide).
+// Until December 2026 the latter was read as a whole answer: past maxCapture its events were
+// neither counted nor charged, and a bad event or the engine's error was settled as a 200.
 func (st *stream) routedHead(req *extprocv3.ProcessingRequest, hdr http.Header, status string, hasStatus bool) {
 	rc := st.x.Call()
 	report := readReport(req, hdr)
@@ -512,7 +524,16 @@ func (st *stream) routedHead(req *extprocv3.ProcessingRequest, hdr http.Header, 
 	if st.status == http.StatusTooManyRequests {
 		rc.Backoff(proxy.RetryAfter(hdr)) // nothing where the answer is no endpoint's: no attempt is open
 	}
-	st.sse = !st.bad && st.status < 400 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream")
+	es := eventStream(hdr.Get("Content-Type"))
+	st.sse = !st.bad && st.status < 400 && es
+	st.other = !st.bad && !es && st.status >= 200 && st.status < 300 && st.x.Request() != nil && st.x.Request().Stream
+}
+
+// eventStream reports whether a Content-Type is the event stream's, its parameters aside, as
+// `kvroute serve` tells it (the media type is case-insensitive).
+func eventStream(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // unroutedHead reads the head of an answer that came before the pick: Envoy's own (its
@@ -968,9 +989,16 @@ func cleanRetryAfter(status int, hdr http.Header, set []*corev3.HeaderValueOptio
 // it to read its usage at the end).
 func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 	chunk, eos := m.GetBody(), m.GetEndOfStream()
-	out := chunk
-	if st.sse {
-		out = st.events.feed(nil, chunk, eos, st.event)
+	body := chunk // what is read: the chunk, with what was held before it (decide)
+	held := false
+	if st.other && !st.decided {
+		body, held = st.decide(chunk, eos)
+	}
+	out := body
+	if held {
+		out = nil
+	} else if st.sse {
+		out = st.events.feed(nil, body, eos, st.event)
 		if st.progress {
 			// As `kvroute serve` does for each read that brought an event: the stall watch of
 			// every request on this endpoint reads it (keep-alive comments are no progress).
@@ -980,10 +1008,10 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 			}
 		}
 	} else if !st.overflow && !st.bad && st.by != unrouted {
-		if len(st.capture)+len(chunk) > maxCapture {
+		if len(st.capture)+len(body) > maxCapture {
 			st.overflow, st.capture = true, nil
 		} else {
-			st.capture = append(st.capture, chunk...)
+			st.capture = append(st.capture, body...)
 		}
 	}
 	if eos && st.x != nil {
@@ -1011,6 +1039,71 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 	return st.outOfOrder("response body (response_body_mode NONE)")
 }
 
+// decide takes a chunk of an other answer (a stream request's 2xx under another Content-Type)
+// whose first bytes have not yet said what it is, and holds it until they do: held is true
+// while they have not; else body is what was held with the chunk, to read as what they said,
+// events (sse set) or a whole answer. They say it past a byte order mark and white space, as
+// `kvroute serve` tells such an answer (internal/proxy's otherStream, whose test is
+// unexported): a "data:" or "event:" field, or a comment, begins events; anything else a whole
+// answer. At the body's end, or past maxCapture of white space, what came decides; where the
+// response trailers end the body, what was held is read as a whole answer but cannot be passed
+// on (a byte order mark, white space, the start of a field: less than a field's name).
+//
+// The answer's first bytes are its first token, as serve takes them (otherStream): the client
+// has the head, and an engine that ignored "stream" sends its answer when it is done.
+func (st *stream) decide(chunk []byte, eos bool) (body []byte, held bool) {
+	if len(chunk) > 0 && !st.first {
+		st.first = true
+		if rc := st.x.Call(); rc != nil {
+			rc.FirstToken()
+		}
+	}
+	st.capture = append(st.capture, chunk...)
+	events, sure, spaced := beginsAsEvents(st.capture, st.spaced)
+	st.spaced = spaced
+	if !sure && !eos && len(st.capture) <= maxCapture {
+		return nil, true
+	}
+	body, st.capture = st.capture, nil
+	st.decided, st.sse = true, events
+	return body, false
+}
+
+// bom is the UTF-8 byte order mark, which the event-stream format takes off a stream's start.
+const bom = "\xef\xbb\xbf"
+
+// beginsAsEvents reports whether b, an answer's first bytes, begin as an event stream does past
+// a byte order mark and white space: a "data:" or "event:" field, or a comment. sure is false
+// while b is too short to say. The first from bytes of b are known to be the mark or white
+// space (a call's spaced, given to the next, so that white space that keeps coming is looked
+// at once).
+func beginsAsEvents(b []byte, from int) (events, sure bool, spaced int) {
+	if from == 0 {
+		if len(b) < len(bom) && strings.HasPrefix(bom, string(b)) {
+			return false, false, 0 // the mark, or the start of one
+		}
+		if bytes.HasPrefix(b, []byte(bom)) {
+			from = len(bom)
+		}
+	}
+	spaced = from
+	for spaced < len(b) && (b[spaced] == ' ' || b[spaced] == '\t' || b[spaced] == '\r' || b[spaced] == '\n') {
+		spaced++
+	}
+	b = b[spaced:]
+	sure = true
+	for _, f := range [...]string{"data:", "event:", ":"} {
+		n := min(len(b), len(f))
+		if string(b[:n]) == f[:n] {
+			if n == len(f) {
+				return true, true, spaced
+			}
+			sure = false // b is the start of f
+		}
+	}
+	return false, sure, spaced
+}
+
 // event reads one event of a streamed answer and says what of it to pass on (takeFunc), as
 // `kvroute serve` reads its stream (internal/proxy's sseBody):
 //
@@ -1022,7 +1115,9 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 //   - the part of an event that came before the stream's end (no blank line after it) is not
 //     read, so that neither its usage, its content nor its error counts: the stream was cut
 //     (finishAnswer). A terminator so cut ("data: [DONE]" and its line end) is the stream's
-//     end, read as a whole one;
+//     end, read as a whole one; and so is a part that says already that it is no event of the
+//     API (a whole line in it that is no field, ollama's `{"error":"..."}`, or a NUL), read as
+//     a bad event (below), as serve reads it (its foreignCut); until December 2026 it was a cut;
 //   - what comes after the terminator is not read: serve reads no more once it has it;
 //   - an event that is no event of the API (openai.Event.Malformed: "data: {not json", a line
 //     that is no field, a NUL, bytes not UTF-8) makes the stream the engine's bad answer
@@ -1035,21 +1130,33 @@ func (st *stream) responseBody(m *extprocv3.HttpBody) error {
 // Where the body mode lets kvroute change the body (canRewrite), what is not read is not
 // passed on either, as serve relays it; elsewhere it passes as it came.
 //
+// An other stream (a stream request's answer under text/plain or application/json that began
+// as events: decide) is read as serve reads one (internal/proxy's otherStream), and passes as it
+// came but for the usage the router asked for: a part of an event at its end is not read but is
+// no cut, and an event that is no event of the API passes, makes the request the engine's bad
+// answer (passedBad), and the events after it are read on (otherEvents settles it).
+//
 // A stream whose engine ignores max_tokens is not cut here, where serve cuts it (more content
 // events than twice what the request allows): the protocol has no clean end for a body the
 // engine is still sending (kvroute may end the body only after Envoy has; an immediate response
 // after the head resets the client's stream), so it passes to its end, and the tenant's charge
 // stays bounded by what the request allowed (the Exchange's charge). docs/kubernetes.md says so.
 func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
+	// What is not read passes on as it came where kvroute may not change the body, and in an
+	// other stream, which serve relays as it came (otherEvents).
+	unread := !canRewrite(st.respMode) || st.other
 	switch {
 	case st.x.Completed(), st.x.BadStream() != nil:
-		return !canRewrite(st.respMode), 0, 0
-	case ev.Cut && !ev.Ends():
-		st.partial = true
-		return !canRewrite(st.respMode), 0, 0
+		return unread, 0, 0
+	case ev.Cut && !ev.Ends() && !ev.Foreign && bytes.IndexByte(ev.Raw, 0) < 0:
+		st.partial = !st.other
+		return unread, 0, 0
+	case ev.Malformed() && st.other:
+		st.passedBad()
+		return true, 0, 0
 	case ev.Malformed():
 		st.x.Event(ev) // the stream's bad answer: no first token
-		return !canRewrite(st.respMode), 0, 0
+		return unread, 0, 0
 	case !ev.Empty():
 		st.evented, st.progress = true, true
 		if !st.first {
@@ -1058,6 +1165,22 @@ func (st *stream) event(ev openai.Event) (pass bool, omitFrom, omitTo int) {
 		}
 	}
 	return st.x.Event(ev)
+}
+
+// passedBad records that an other stream carried an event that is no event of the API; it
+// passes on as it came, as `kvroute serve` relays it (otherEvents), and the request is settled
+// as the engine's bad answer (finishAnswer). Said once.
+func (st *stream) passedBad() {
+	if st.badEvent {
+		return
+	}
+	st.badEvent = true
+	name := ""
+	if ep := st.x.Call().Endpoint(); ep != nil {
+		name = ep.Name
+	}
+	st.x.Handler().Logger.Warn("the engine sent an event that is no event of the API in a stream relayed as it came (its Content-Type is not text/event-stream), counted as a failure of the endpoint",
+		"request_id", st.x.RequestID(), "endpoint", name)
 }
 
 // cutEvent is the SSE error event that ends the client's stream where the engine cut it, as
@@ -1071,7 +1194,8 @@ func cutEvent(requestID string) []byte {
 }
 
 // finishAnswer settles the request at the end of its answer: complete; ended by the engine
-// without its terminator; or cut short.
+// without its terminator; or cut short. An other stream is settled as serve settles one
+// (otherEvents); what follows is of streams under text/event-stream.
 //
 // It is called at the answer's end as Envoy tells it (end_of_stream on the last body message,
 // or the response trailers), which Envoy sends only when the upstream's response ended: its
@@ -1114,6 +1238,10 @@ func (st *stream) finishAnswer() (last []byte) {
 		st.settle(st.status)
 		return nil
 	}
+	if st.other {
+		st.otherEvents()
+		return nil
+	}
 	if e := st.x.BadStream(); e != nil {
 		st.settle(http.StatusBadGateway)
 		var b bytes.Buffer
@@ -1144,6 +1272,32 @@ func (st *stream) finishAnswer() (last []byte) {
 	return nil
 }
 
+// otherEvents settles an other stream read as events (a stream request's 2xx under text/plain or
+// application/json) at its end, as `kvroute serve` settles one it relays as it came
+// (internal/proxy's otherStream and call.status): one that carried an event that is no event of
+// the API is a 502 stream_bad_event (error_code upstream_bad_answer), one that carried the
+// engine's error (an error event, llama.cpp's "error:" line) a 502 stream_error, both failures
+// of the endpoint (server_error: the stream was not cut); else it ended as the engine ended it,
+// with or without its terminator, a last event without its blank line included: a 200, its
+// whole content events charged. Nothing is added to what the client has.
+//
+// What differs from serve: an engine that ignores max_tokens is not cut (see event), nor is an
+// event over maxEvent (passed on unread: serve cuts the stream, stream_event_too_large); the
+// usage the router asked for is left out where the body mode lets kvroute change the body
+// (serve relays it as it came).
+func (st *stream) otherEvents() {
+	switch {
+	case st.badEvent:
+		st.x.Refused(openai.NewError(0, "stream_bad_event", "", "upstream_bad_answer", ""))
+		st.settle(http.StatusBadGateway)
+	case st.x.StreamFailed():
+		st.x.Refused(openai.NewError(0, "stream_error", "", "", ""))
+		st.settle(http.StatusBadGateway)
+	default:
+		st.settle(st.status)
+	}
+}
+
 // end settles a request whose stream ended before its answer did: in response_body_mode NONE
 // the head was all kvroute could see; otherwise the client (or Envoy) went away, which does
 // not count against the endpoint. A stream that ended once the drain had cut it (its
@@ -1160,7 +1314,7 @@ func (st *stream) end() {
 		st.settle(st.status)
 		return
 	}
-	if rc := st.x.Call(); rc != nil && rc.FirstTokenAt().IsZero() && (st.phase == routed || st.phase == answering && st.sse) {
+	if rc := st.x.Call(); rc != nil && rc.FirstTokenAt().IsZero() && (st.phase == routed || st.phase == answering && (st.sse || st.other)) {
 		// Gone before the first token: the attempt is given up as `kvroute serve` gives up one
 		// whose client left (route.FailCanceled), so that an engine that had held it silent,
 		// to every request, for a stall watch's span counts a timeout and is marked stalled
