@@ -85,12 +85,18 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 		}
 		serverTLS, clientTLS = peer.MutualTLS(func() (*tls.Certificate, error) { return certs.get(nil) }, roots, t.ServerName)
 	}
+	// peers.tenant_limits fleet: the gate enforces each tenant's limits divided among the
+	// replicas alive, told as membership changes.
+	var replicas func(int)
+	if pc.TenantLimits != config.TenantLimitsReplica && r.gate != nil {
+		replicas = r.gate.SetReplicas
+	}
 	node, err := peer.New(peer.Config{
 		Name: pc.Name, Listen: pc.Listen, Gossip: pc.GossipListen, Advertise: advertise, Sources: sources, Secret: secret, Accept: accept,
 		BatchInterval: pc.BatchInterval.D(), MaxMessageBytes: pc.MaxMessageBytes, Queue: pc.Queue,
 		WarmStartTimeout: pc.WarmStartTimeout.D(), SnapshotMaxBytes: pc.SnapshotMaxBytes, RejoinInterval: pc.RejoinInterval.D(),
 		FaultInjection: pc.FaultInjection, Logger: r.logger, Metrics: metrics.NewPeers(r.reg),
-		ServerTLS: serverTLS, ClientTLS: clientTLS,
+		ServerTLS: serverTLS, ClientTLS: clientTLS, Replicas: replicas,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
@@ -106,7 +112,7 @@ func (r *Router) newPeers(cfg *config.Config) (*peers, error) {
 	})
 	node.Attach(p.share, func() *route.Lifecycle { return r.h.Load().Lifecycle }, r.pool.All)
 	r.logger.Info("router replica: sharing with peers", "name", node.Name(), "listen", node.Addr().String(), "gossip", pc.GossipListen,
-		"tls", pc.TLS != nil)
+		"tls", pc.TLS != nil, "tenant_limits", pc.TenantLimits)
 	return p, nil
 }
 

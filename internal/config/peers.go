@@ -83,7 +83,20 @@ type Peers struct {
 	// FaultInjection serves POST /debug/peers/isolate on the admin listener, which cuts this
 	// replica off from its peers and back. For tests only.
 	FaultInjection bool `json:"fault_injection"`
+	// TenantLimits says whose tenants[].limits are: TenantLimitsFleet (the default), the
+	// whole fleet's, each replica enforcing an equal share of them among the replicas alive
+	// (limit / replicas, rounded up, at least 1; recomputed as replicas come and go), so that
+	// behind a balancer spreading a tenant evenly the fleet admits about its limits;
+	// TenantLimitsReplica, each replica's, every one enforcing the whole limits (a tenant
+	// spread over n replicas gets up to n times them).
+	TenantLimits string `json:"tenant_limits"`
 }
+
+// Values of peers.tenant_limits.
+const (
+	TenantLimitsFleet   = "fleet"
+	TenantLimitsReplica = "replica"
+)
 
 // PeersDNS is a name whose addresses are replicas.
 type PeersDNS struct {
@@ -188,6 +201,9 @@ func (s peersSection) setDefaults(*Config) {
 	}
 	if p.MaxRemoteRequests == 0 {
 		p.MaxRemoteRequests = 100_000
+	}
+	if p.TenantLimits == "" {
+		p.TenantLimits = TenantLimitsFleet
 	}
 	if len(p.Static) == 0 && p.DNS == nil && p.Kubernetes == nil {
 		s.c.Warnings = append(s.c.Warnings, "peers: no static list, dns name or kubernetes watch: this replica only joins the replicas that list it")
@@ -308,6 +324,10 @@ func (s peersSection) validate(_ *Config, pr *problems) {
 	}
 	if p.MaxRemoteRequests < 1 {
 		pr.add("peers.max_remote_requests", "%d: at least 1", p.MaxRemoteRequests)
+	}
+	if p.TenantLimits != TenantLimitsFleet && p.TenantLimits != TenantLimitsReplica {
+		pr.add("peers.tenant_limits", "%q: want %s (each replica enforces an equal share of every tenant's limits among the replicas alive) or %s (each enforces the whole limits)",
+			p.TenantLimits, TenantLimitsFleet, TenantLimitsReplica)
 	}
 }
 

@@ -22,7 +22,7 @@ func TestPeersDefaults(t *testing.T) {
 		Listen: "10.0.0.1:7947", GossipListen: "10.0.0.1:7946", DNS: &PeersDNS{Name: "kvroute-peers", Port: 7946},
 		SecretEnv: "KVROUTE_PEERS", BatchInterval: Duration(10 * time.Millisecond), WarmStartTimeout: Duration(10 * time.Second),
 		SnapshotMaxBytes: 64 << 20, MaxMessageBytes: 4 << 20, Queue: 1024, RequestTTL: Duration(5 * time.Minute),
-		MaxRemoteRequests: 100_000, RejoinInterval: Duration(10 * time.Second),
+		MaxRemoteRequests: 100_000, RejoinInterval: Duration(10 * time.Second), TenantLimits: TenantLimitsFleet,
 	}
 	if diff := cmp.Diff(want, c.Peers); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -35,6 +35,37 @@ func TestPeersDefaults(t *testing.T) {
 	c, err = Parse([]byte(peersBase + "peers: {listen: ':7947', secret_env: X}\n"))
 	if err != nil || !strings.Contains(strings.Join(c.Warnings, "\n"), "no static list, dns name or kubernetes watch") {
 		t.Errorf("no static list and no dns: warnings %q, err %v", c.Warnings, err)
+	}
+}
+
+// TestPeersTenantLimits: peers.tenant_limits is fleet by default, replica on request, and any
+// other value is refused with an error that names the field, the value and both choices.
+func TestPeersTenantLimits(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"", TenantLimitsFleet},
+		{", tenant_limits: fleet", TenantLimitsFleet},
+		{", tenant_limits: replica", TenantLimitsReplica},
+	} {
+		c, err := Parse([]byte(peersBase + "peers: {listen: ':7947', static: ['10.0.0.2:7946'], secret_env: X" + tc.line + "}\n"))
+		if err != nil {
+			t.Errorf("%q: %v", tc.line, err)
+			continue
+		}
+		if c.Peers.TenantLimits != tc.want {
+			t.Errorf("%q: tenant_limits %q, want %q", tc.line, c.Peers.TenantLimits, tc.want)
+		}
+	}
+	for _, bad := range []string{"Fleet", "per_replica", "shared"} {
+		_, err := Parse([]byte(peersBase + "peers: {listen: ':7947', static: ['10.0.0.2:7946'], secret_env: X, tenant_limits: " + bad + "}\n"))
+		if err == nil {
+			t.Errorf("tenant_limits %q: no error", bad)
+			continue
+		}
+		for _, want := range []string{"peers.tenant_limits", fmt.Sprintf("%q", bad), "fleet", "replica"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("tenant_limits %q: error %q does not say %s", bad, err, want)
+			}
+		}
 	}
 }
 

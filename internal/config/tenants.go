@@ -61,7 +61,10 @@ type Tenant struct {
 var EngineFields = []string{"priority", "kv_transfer_params", "ec_transfer_params",
 	"bootstrap_host", "bootstrap_port", "bootstrap_room"}
 
-// TenantLimits bound one tenant; 0 means unlimited.
+// TenantLimits bound one tenant; 0 means unlimited. Requests and tokens per minute and
+// max_concurrent are the fleet's with replicas that sync (peers, tenant_limits fleet, the
+// default): each replica enforces limit / replicas alive, rounded up, at least 1. Without
+// peers, or with peers.tenant_limits replica, each replica enforces them whole.
 type TenantLimits struct {
 	RequestsPerMinute int `json:"requests_per_minute"`
 	TokensPerMinute   int `json:"tokens_per_minute"`

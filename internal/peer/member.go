@@ -294,6 +294,9 @@ func (n *Node) manage(ctx context.Context) {
 func (n *Node) reconcileFollows(ctx context.Context) {
 	peers := n.alive()
 	n.m.Members.Set(float64(len(peers)))
+	if n.cfg.Replicas != nil {
+		n.cfg.Replicas(len(peers) + 1)
+	}
 	// The policy places its share of a burst by its rank among the replicas (names sorted), and
 	// expects its peers' placements up to a batch interval late (policy.Replicated). A replica cut
 	// off from its peers still has them routing beside it, so they are counted while alive.

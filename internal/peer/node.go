@@ -82,6 +82,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics; nil: collectors nobody scrapes.
 	Metrics *metrics.Peers
+	// Replicas, when set, is told how many replicas are alive, this one included (kvroute_peers
+	// plus one), at each membership check: each change of the members and each tick of the
+	// node's clock, so it hears the same count again. It runs on the manager's goroutine:
+	// it must return quickly. Nil: nobody is told.
+	Replicas func(n int)
 	// beat and silence replace heartbeat and streamSilence (tests); 0: those.
 	beat, silence time.Duration
 	// idle replaces streamServerIdle (tests); 0: that.

@@ -69,6 +69,10 @@ type Gate struct {
 	retired map[string]*limiter
 	// rates are the endpoints' decode rates, for the proxy's charges (DecodeRates).
 	rates DecodeRates
+	// replicas is how many router replicas share each tenant's limits (SetReplicas; written
+	// under mu, read without it where told the same count again): each limit in force here is
+	// the configured one divided by it (share).
+	replicas atomic.Int32
 }
 
 // table is one config's view: whether authentication is on, and keys to tenants.
@@ -88,6 +92,9 @@ type tenantState struct {
 	labels map[string]string
 	allow  []string
 	maxOut int // limits.max_output_tokens (0: no cap)
+	// limits are the tenant's configured limits, for the whole fleet; its limiter enforces
+	// this replica's share of them.
+	limits config.TenantLimits
 	*limiter
 }
 
@@ -96,6 +103,8 @@ type limiter struct {
 	mu       sync.Mutex
 	req, tok bucket
 	maxConc  int
+	// replicas is the divisor of the limits in force (setLimits): 1 for the whole limits.
+	replicas int
 	inFlight int
 	// bodies counts the tenant's request bodies being received (TakeBody, BodyDone).
 	bodies int
@@ -112,6 +121,7 @@ type limiter struct {
 // auth.secret_env) when authentication is on.
 func New(cfg *config.Config, opt Options) (*Gate, error) {
 	g := &Gate{now: opt.Now, getenv: opt.Getenv, logger: opt.Logger, rate: opt.PrefillRate, m: opt.Metrics}
+	g.replicas.Store(1)
 	if g.now == nil {
 		g.now = time.Now
 	}
@@ -154,7 +164,7 @@ func (g *Gate) Reload(cfg *config.Config) error {
 			ct := &cfg.Tenants[i]
 			s := &tenantState{name: ct.Name, salt: Salt(secret, ct.Name), prio: ct.Priority,
 				models: slices.Clone(ct.Models), labels: maps.Clone(ct.EndpointLabels),
-				allow: slices.Clone(ct.AllowFields), maxOut: ct.Limits.MaxOutputTokens}
+				allow: slices.Clone(ct.AllowFields), maxOut: ct.Limits.MaxOutputTokens, limits: ct.Limits}
 			prev := g.retired[ct.Name]
 			if p := old.byName[ct.Name]; p != nil {
 				prev = p.limiter
@@ -162,13 +172,10 @@ func (g *Gate) Reload(cfg *config.Config) error {
 			if prev != nil {
 				s.limiter = prev
 				s.mu.Lock()
-				s.req.setLimit(now, ct.Limits.RequestsPerMinute)
-				s.tok.setLimit(now, ct.Limits.TokensPerMinute)
-				s.maxConc = ct.Limits.MaxConcurrent
+				s.setLimits(now, ct.Limits, int(g.replicas.Load()))
 				s.mu.Unlock()
 			} else {
-				s.limiter = &limiter{req: newBucket(ct.Limits.RequestsPerMinute, now),
-					tok: newBucket(ct.Limits.TokensPerMinute, now), maxConc: ct.Limits.MaxConcurrent}
+				s.limiter = newLimiter(ct.Limits, int(g.replicas.Load()), now)
 			}
 			t.byName[ct.Name] = s
 			for _, k := range ct.APIKeys {
@@ -192,6 +199,81 @@ func (g *Gate) Reload(cfg *config.Config) error {
 	g.q.recount()
 	g.cur.Store(t)
 	return nil
+}
+
+// SetReplicas makes this gate enforce, of each tenant's limits (requests and tokens per
+// minute, requests in flight), an equal share among n router replicas (share: rounded up, at
+// least 1), from now on and across reloads: behind a balancer that spreads a tenant's
+// requests evenly, the replicas together admit about the tenant's limits rather than n times
+// them. n below 1 counts as 1 (the whole limits). Each bucket keeps the fraction of it in use
+// (bucket.setLimit), so a change of n neither refills a tenant nor empties it. The replica
+// sync calls it as its membership changes (peers.tenant_limits: fleet); a change is logged
+// once, at INFO. The request path takes no lock for it beyond the tenant's own, and the same
+// count told again takes none (the replica sync tells it at each membership check).
+func (g *Gate) SetReplicas(n int) {
+	n = min(max(n, 1), math.MaxInt32)
+	if int(g.replicas.Load()) == n {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	was := int(g.replicas.Load())
+	if n == was {
+		return
+	}
+	g.replicas.Store(int32(n))
+	now := g.now()
+	t := g.cur.Load()
+	for _, s := range t.byName {
+		s.mu.Lock()
+		s.setLimits(now, s.limits, n)
+		s.mu.Unlock()
+	}
+	// The limiters kept for tenants a reload removed get the share when they come back
+	// (Reload), and count as idle against their own limits meanwhile.
+	g.logger.Info("tenant limits: this replica enforces its share of each tenant's limits among the live replicas",
+		"replicas", n, "was", was, "share", fmt.Sprintf("1/%d", n), "tenants", len(t.byName))
+}
+
+// Replicas is the number of replicas each tenant's limits are shared among (SetReplicas): 1
+// while this gate enforces them whole.
+func (g *Gate) Replicas() int { return int(g.replicas.Load()) }
+
+// share is this replica's share of limit among n replicas: limit / n rounded up, at least 1;
+// 0 (unlimited) stays 0.
+func share(limit, n int) int {
+	if limit <= 0 || n <= 1 {
+		return limit
+	}
+	return max(1, (limit+n-1)/n)
+}
+
+// newLimiter is a fresh limiter for limits shared among n replicas: full buckets, nothing in
+// flight.
+func newLimiter(limits config.TenantLimits, n int, now time.Time) *limiter {
+	n = max(n, 1)
+	return &limiter{req: newBucket(share(limits.RequestsPerMinute, n), now), tok: newBucket(share(limits.TokensPerMinute, n), now),
+		maxConc: share(limits.MaxConcurrent, n), replicas: n}
+}
+
+// setLimits puts this replica's share among n replicas of limits in force, each bucket keeping
+// the fraction of it in use; the bound on request bodies follows max_concurrent's share at the
+// next body (bodyLimit). The caller holds l.mu.
+func (l *limiter) setLimits(now time.Time, limits config.TenantLimits, n int) {
+	n = max(n, 1)
+	l.req.setLimit(now, share(limits.RequestsPerMinute, n))
+	l.tok.setLimit(now, share(limits.TokensPerMinute, n))
+	l.maxConc = share(limits.MaxConcurrent, n)
+	l.replicas = n
+}
+
+// shared is what a refusal adds to a limit it names while the limits are shared among
+// replicas: the configured limit and the replica count. The caller holds l.mu.
+func (l *limiter) shared(configured int) string {
+	if l.replicas <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (this replica's share of the tenant's %d among %d router replicas)", configured, l.replicas)
 }
 
 // retire keeps the limiters of the tenants that old has and t does not, and forgets those
@@ -429,20 +511,22 @@ func (g *Gate) take(h http.Header, s *tenantState, d Demand) (int, *openai.Error
 			s.req.adjust(now, 1)
 		}
 		refusal = openai.NewError(http.StatusTooManyRequests, "requests", "", "concurrency_limit_exceeded",
-			fmt.Sprintf("too many requests in flight: the limit is %d at a time; retry when one ends", s.maxConc))
+			fmt.Sprintf("too many requests in flight: the limit is %d at a time%s; retry when one ends", s.maxConc, s.shared(s.limits.MaxConcurrent)))
 		wait = time.Second
 	case !ok:
 		refusal = openai.NewError(http.StatusTooManyRequests, "requests", "", "rate_limit_exceeded",
-			fmt.Sprintf("rate limit reached on requests per minute: limit %d; retry in %s", int(s.req.limit), roundUp(wr)))
+			fmt.Sprintf("rate limit reached on requests per minute: limit %d%s; retry in %s", int(s.req.limit), s.shared(s.limits.RequestsPerMinute), roundUp(wr)))
 		wait, reason = wr, ReasonRequestsPerMinute
 	default:
 		if s.tok.unlimited() {
 			break
 		}
-		if float64(d.Prompt) > s.tok.limit {
+		// Against the tenant's whole limit, not this replica's share: a prompt within the
+		// limit may run, reserving the share (reserve) and settling the rest as a debt.
+		if tpm := max(s.limits.TokensPerMinute, int(s.tok.limit)); float64(d.Prompt) > float64(tpm) {
 			s.req.adjust(now, 1)
 			refusal = openai.NewError(http.StatusTooManyRequests, "tokens", "", "request_too_large",
-				fmt.Sprintf("the prompt is about %d tokens, more than the limit of %d tokens per minute: shorten it", d.Prompt, int(s.tok.limit)))
+				fmt.Sprintf("the prompt is about %d tokens, more than the limit of %d tokens per minute: shorten it", d.Prompt, tpm))
 			retry = false
 			break
 		}
@@ -451,8 +535,8 @@ func (g *Gate) take(h http.Header, s *tenantState, d Demand) (int, *openai.Error
 		if ok, wt := s.tok.take(now, float64(est)); !ok {
 			s.req.adjust(now, 1)
 			refusal = openai.NewError(http.StatusTooManyRequests, "tokens", "", "rate_limit_exceeded",
-				fmt.Sprintf("rate limit reached on tokens per minute: limit %d, requested about %d (the prompt's %d and %d reserved for the completion, settled when it ends); retry in %s",
-					int(s.tok.limit), est, d.Prompt, completion, roundUp(wt)))
+				fmt.Sprintf("rate limit reached on tokens per minute: limit %d%s, requested about %d (the prompt's %d and %d reserved for the completion, settled when it ends); retry in %s",
+					int(s.tok.limit), s.shared(s.limits.TokensPerMinute), est, d.Prompt, completion, roundUp(wt)))
 			wait, reason = wt, ReasonTokensPerMinute
 		}
 	}
