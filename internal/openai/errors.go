@@ -222,22 +222,127 @@ func scalarText(raw json.RawMessage) string {
 	return ""
 }
 
-// ErrorStatus returns the HTTP status that an engine's error object, sent in its stream, names:
-// its "code" (or its "error" member's), a number or a string of digits from 400 to 599, as
-// llama.cpp and vLLM write the status there; 0 where it names none.
+// ErrorStatus returns the HTTP status that an engine's error object, sent in its stream,
+// stands for: what the engine would have answered the request with had the error come before
+// its head; 0 where the object names none. It reads the object's fields, or its "error"
+// member's:
+//   - "code", a number or a string of digits from 400 to 599: llama.cpp, vLLM and SGLang write
+//     the status there (vLLM's older releases at the top level, beside "object": "error");
+//   - else "http_status_code" (TGI's streams), with TGI's message: TGI names 422 for every error
+//     in a stream, and its own failures are told by their fixed messages (tgiStatus);
+//   - else "type", where it names a request's error: invalid_request_error (OpenAI's API,
+//     ollama) or BadRequestError is a 400, not_found_error or NotFoundError a 404; a code that
+//     is no status (OpenAI's "context_length_exceeded") leaves the status to the type.
+//
+// A 4xx whose message says that the engine itself is dead (engineDead) is a 500: vLLM's
+// releases before its error classes wrote 400 for any failure in a stream, a dead engine
+// included.
 func ErrorStatus(obj []byte) int {
+	status, _ := errorStatus(obj)
+	return status
+}
+
+// errorStatus is ErrorStatus, and whether the status is the engine's failure where the
+// object's fields named a request's error (a dead engine's 400).
+func errorStatus(obj []byte) (status int, died bool) {
 	var outer map[string]json.RawMessage
 	if json.Unmarshal(obj, &outer) != nil {
-		return 0
+		return 0, false
 	}
 	fields := outer
 	var inner map[string]json.RawMessage
 	if json.Unmarshal(outer["error"], &inner) == nil && inner != nil {
 		fields = inner
 	}
-	n, err := strconv.Atoi(scalarText(fields["code"]))
+	msg := strings.TrimSpace(scalarText(fields["message"]))
+	status = statusText(scalarText(fields["code"]))
+	if status == 0 {
+		if status = statusText(scalarText(fields["http_status_code"])); status != 0 {
+			status = tgiStatus(status, msg)
+		}
+	}
+	if status == 0 {
+		switch scalarText(fields["type"]) {
+		case TypeInvalidRequest, "BadRequestError":
+			status = http.StatusBadRequest
+		case TypeNotFound, "NotFoundError":
+			status = http.StatusNotFound
+		}
+	}
+	if status >= 400 && status < 500 && engineDead(msg) {
+		return http.StatusInternalServerError, true
+	}
+	return status, false
+}
+
+// statusText reads s as an HTTP error status, 400 to 599; 0 where it is none.
+func statusText(s string) int {
+	n, err := strconv.Atoi(s)
 	if err != nil || n < 400 || n > 599 {
 		return 0
 	}
 	return n
+}
+
+// tgiStatus is the status of TGI's error in a stream, named status, with message msg: TGI
+// names 422 there for every error (into_openai_event), and answers the same errors outside a
+// stream with their own statuses, each error with its fixed message: an overloaded engine 429,
+// a failure in the generation 424, an incomplete generation (or stream) and an event it could
+// not write 500. Any other message (an input validation, template or tool error) is the 422
+// it names.
+func tgiStatus(status int, msg string) int {
+	if status != http.StatusUnprocessableEntity {
+		return status
+	}
+	switch {
+	case msg == "Model is overloaded":
+		return http.StatusTooManyRequests
+	case strings.HasPrefix(msg, "Request failed during generation"):
+		return http.StatusFailedDependency
+	case strings.HasPrefix(msg, "Incomplete generation"), msg == "Stream event serialization error":
+		return http.StatusInternalServerError
+	}
+	return status
+}
+
+// deadEngine are the beginnings of the messages with which engines say they are dead, each
+// the message of the engine's own exception: vLLM V1's EngineDeadError, V0's
+// AsyncEngineDeadError (an errored or stopped background loop) and MQEngineDeadError; and a
+// message that begins with the name of such an exception. Only the beginning is read: an
+// engine's message about a request may quote the request's text further on.
+var deadEngine = []string{
+	"EngineCore encountered an issue",
+	"Background loop has errored",
+	"Background loop is not running",
+	"Engine loop is not running",
+	"EngineDeadError",
+	"AsyncEngineDeadError",
+	"MQEngineDeadError",
+}
+
+// engineDead reports whether msg, an engine's error message, says that the engine is dead.
+func engineDead(msg string) bool {
+	for _, p := range deadEngine {
+		if len(msg) >= len(p) && strings.EqualFold(msg[:len(p)], p) {
+			return true
+		}
+	}
+	return false
+}
+
+// StreamError is the error answer that an engine's error object, sent as its stream's first
+// event, stands for: the status ErrorStatus reads (orElse where it names none), and the
+// object's message, type, param and code (NormalizeUpstreamError). A dead engine's error that
+// named a request's (vLLM's 400) is a 500 of type upstream_error without the engine's code, so
+// that no client takes it for its request's fault.
+func StreamError(obj []byte, orElse int) *Error {
+	status, died := errorStatus(obj)
+	if status == 0 {
+		status = orElse
+	}
+	e := NormalizeUpstreamError(status, obj)
+	if died {
+		e.Type, e.Code = TypeUpstream, nil
+	}
+	return e
 }

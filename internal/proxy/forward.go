@@ -217,10 +217,11 @@ func (h *Handler) attempt(out *http.Request, c *call, ep *endpoint.Endpoint) (*h
 		if !errors.As(err, &ee) {
 			return failed(err)
 		}
-		// The engine's stream began with its error (llama.cpp's for a prompt longer than its
-		// context): nothing went out yet, so the client gets it as the engine's answer of the
-		// status it names, handled below as one: a 4xx refuses the request (relayed, not
-		// counted against the endpoint), a 5xx is the engine's failure.
+		// The engine's stream began with its error (llama.cpp's, vLLM's or TGI's for a prompt
+		// longer than its context): nothing went out yet, so the client gets it as the engine's
+		// answer of the status it stands for (newEngineStreamError), handled below as one: a 4xx
+		// refuses the request (relayed, not counted against the endpoint), a 5xx is the
+		// engine's failure.
 		resp = ee.response(resp)
 	}
 	switch resp.StatusCode {
@@ -742,14 +743,14 @@ func foreignCut(ev openai.Event) bool {
 // as the engine's answer of the status it names (response).
 type engineStreamError struct{ e *openai.Error }
 
-// newEngineStreamError reads obj, the engine's error object, with the status its code names;
-// 502 where it names none (the engine failed the request, and did not say how).
+// newEngineStreamError reads obj, the engine's error object, with the status it stands for
+// (openai.StreamError: its code, TGI's http_status_code, a type of a request's error, a dead
+// engine's 400 a 500); 502 where it names none: the engine failed the request and did not say
+// how, so the next endpoint is tried once, as after its 502, and a request that every engine
+// refuses so is counted against the first alone (the lifecycle's rule for a request that fails
+// two). A 200 with the error event relayed would give the client no status to act on.
 func newEngineStreamError(obj []byte, rid string) *engineStreamError {
-	status := openai.ErrorStatus(obj)
-	if status == 0 {
-		status = http.StatusBadGateway
-	}
-	e := openai.NormalizeUpstreamError(status, obj)
+	e := openai.StreamError(obj, http.StatusBadGateway)
 	if e.Message == "" || strings.HasPrefix(e.Message, "upstream returned ") {
 		e.Message = "the engine's stream began with an error event that says nothing more (request id " + rid + ")"
 	}
