@@ -162,6 +162,7 @@ func Bench(ctx context.Context, o BenchOptions) (*BenchReport, error) {
 			refused.observe(r)
 		},
 	}
+	prog.SetPacing(loadgen.PacingOf(cfg, items))
 	run := o.run
 	if run == nil {
 		run = loadgen.Run

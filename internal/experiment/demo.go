@@ -365,10 +365,12 @@ func demoPolicy(ctx context.Context, o *DemoOptions, profile string, sp Policy, 
 		items[i].At = scaleDur(items[i].At, 1/o.TimeScale)
 	}
 	prog := loadgen.NewProgress(o.Log, o.Progress, sp.Label, len(items), 5*time.Second, nil)
-	res, err := loadgen.Run(ctx, loadgen.Config{
+	cfg := loadgen.Config{
 		Target: api, Model: simserver.DefaultModel, MaxInFlight: 1024, RequestTimeout: 5 * time.Minute,
 		OnRecord: prog.Record,
-	}, items)
+	}
+	prog.SetPacing(loadgen.PacingOf(cfg, items))
+	res, err := loadgen.Run(ctx, cfg, items)
 	prog.Finish()
 	if err != nil {
 		return report.Result{}, nil, none, err

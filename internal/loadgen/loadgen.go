@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -59,14 +60,18 @@ type Record struct {
 	Sent      time.Duration // when the request was actually handed to the HTTP client
 	// TTFT is from Sent to the first chunk with non-empty content; 0 when none arrived.
 	TTFT time.Duration
-	// ITL holds the gaps between consecutive content chunks.
+	// ITL holds one gap per chunk of content after the first: from the arrival of one chunk to
+	// the next. A chunk is what reached the client at once: one event, or several events that
+	// came in one read of the connection (a server that flushes several tokens' events
+	// together), which count as one. Zero gaps between events that arrived together would say
+	// nothing of the server and pull the percentiles to 0.
 	ITL []time.Duration
 	E2E time.Duration // from Sent to the end of the stream (or the failure)
 	// PromptTokens from usage, else the item's estimate.
 	PromptTokens int
 	// CachedTokens is usage.prompt_tokens_details.cached_tokens, or -1 when not reported.
 	CachedTokens int
-	// OutputTokens from usage, else the number of content chunks.
+	// OutputTokens from usage, else the number of events with content.
 	OutputTokens int
 	Status       int // HTTP status, 0 when none
 	Class        Class
@@ -266,6 +271,7 @@ type runner struct {
 	now     func() time.Time
 	start   time.Time
 	results chan Record
+	bufs    sync.Pool // of *bufio.Reader, streamBuffer bytes: the requests in flight read through them
 }
 
 // Run sends items to cfg.Target and returns a record per request sent. It returns an error
@@ -525,9 +531,23 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 		return finish(ClassOK, "")
 	}
 
-	sr := NewStreamReader(resp.Body)
-	var last time.Time
-	chunks := 0
+	// Events that came in one read of the body are one chunk of content (Record.ITL): reads
+	// counts those reads, through a buffer that takes at once what a burst of events brings
+	// (the SSE reader's own holds a dozen events).
+	reads := &readCounter{r: resp.Body}
+	br, _ := r.bufs.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(nil, streamBuffer)
+	}
+	br.Reset(reads)
+	defer func() {
+		br.Reset(nil)
+		r.bufs.Put(br)
+	}()
+	sr := NewStreamReader(br)
+	var last time.Time // when the last chunk of content arrived
+	lastRead := 0      // the reads done then
+	chunks := 0        // events with content
 	var usage *Usage
 	for {
 		c, err := sr.Next()
@@ -549,14 +569,17 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 		if c.Content == "" {
 			continue
 		}
+		chunks++
+		if reads.n == lastRead {
+			continue // no read since the content before it: it came with that
+		}
 		t := r.now()
-		if chunks == 0 {
+		if lastRead == 0 {
 			rec.TTFT = t.Sub(t0)
 		} else {
 			rec.ITL = append(rec.ITL, t.Sub(last))
 		}
-		last = t
-		chunks++
+		last, lastRead = t, reads.n
 	}
 	rec.OutputTokens = chunks
 	if usage != nil {
@@ -572,6 +595,24 @@ func (r *runner) send(ctx context.Context, idx int, it *Item, scheduled time.Dur
 		return finish(ClassMidStream, "stream carried no content")
 	}
 	return finish(ClassOK, "")
+}
+
+// streamBuffer is the size of the buffer through which a streamed answer is read: kvroute
+// sim's largest write (some 60 events), so that one read of the body takes a burst whole.
+const streamBuffer = 16 << 10
+
+// readCounter counts the reads of r that brought bytes.
+type readCounter struct {
+	r io.Reader
+	n int
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.n++
+	}
+	return n, err
 }
 
 // closeBody reads what is left of an answer, up to a few kB, before closing it: after [DONE]

@@ -79,8 +79,10 @@ func TestRun_MeasuresStream(t *testing.T) {
 	if diff := cmp.Diff(want, gotRec); diff != "" {
 		t.Errorf("record (-want +got):\n%s", diff)
 	}
-	if len(rec.ITL) != 3 {
-		t.Errorf("got %d inter-token gaps, want 3", len(rec.ITL))
+	// One gap per chunk after the first: 3 when each event came on its own, fewer when the
+	// client read two flushes at once (TestRun_ITLPerChunkReceived).
+	if len(rec.ITL) > 3 {
+		t.Errorf("got %d inter-token gaps, want at most 3", len(rec.ITL))
 	}
 	wantBody := requestBody{Model: "m", Messages: []chatMessage{{Role: "user", Content: "hello"}}, MaxTokens: 3, Stream: true,
 		StreamOptions: map[string]any{"include_usage": true}, IgnoreEOS: true}
@@ -454,7 +456,8 @@ func TestProgress_Modes(t *testing.T) {
 	for _, p := range []*Progress{pl, pn, pb} {
 		p.Finish()
 	}
-	want := "bench: 2/4 requests, 1 errors, 1.7 req/s, elapsed 1s, eta 1s\n" +
+	// No pacing and fewer than minRateSamples finished: the ETA is not known yet.
+	want := "bench: 2/4 requests, 1 errors, 1.7 req/s, elapsed 1s, eta ?\n" +
 		"bench: 4/4 requests, 1 errors, 1.7 req/s, elapsed 2s, eta 0s\n" +
 		"bench: 4/4 requests, 1 errors, 1.7 req/s, elapsed 2s, eta 0s\n"
 	if diff := cmp.Diff(want, lines.String()); diff != "" {
