@@ -876,7 +876,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	var apiSrv server = &h1.NetHTTP{Server: netSrv, BodyReadTimeout: cfg.Server.BodyReadTimeout.D(),
 		BodyMinRate: cfg.Server.BodyMinRate, BodyStallTimeout: lim.bodyStall, MaxPendingBodyBytes: lim.pending,
 		WriteStallTimeout: cfg.Server.WriteStallTimeout.D(), MaxConns: lim.maxConns, MaxLingering: lim.lingering,
-		CloseUnauthorized: true, ErrorBody: apiErrorBody}
+		CloseUnauthorized: true, ErrorBody: apiErrorBody, Logger: r.logger}
 	if builtin {
 		apiSrv = &h1.Server{
 			Handler:             handler,
@@ -895,6 +895,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 			// Only accept errors and handler panics come here: worth an error line.
 			ErrorLog:  slog.NewLogLogger(r.logger.Handler(), slog.LevelError),
 			ErrorBody: apiErrorBody,
+			Logger:    r.logger,
 		}
 	}
 	r.logger.Info("API server limits", "max_connections", lim.maxConns, "max_connections_from", lim.connsFrom,
@@ -910,7 +911,7 @@ func (r *Router) Serve(ctx context.Context, api, admin net.Listener) error {
 	// The admin listener has a cap of its own, as the API listener's (server.max_connections)
 	// does not count it: a flood of admin connections takes none of the API's, nor the open
 	// files kept aside for it, and a new scrape or probe closes an idle connection for room.
-	adminSrv := &h1.NetHTTP{Server: mk(r.AdminHandler()), MaxConns: lim.adminConns, MaxLingering: lim.adminLingering}
+	adminSrv := &h1.NetHTTP{Server: mk(r.AdminHandler()), MaxConns: lim.adminConns, MaxLingering: lim.adminLingering, Logger: r.logger}
 	adminStats := newAdminCollector(adminSrv.Stats, lim.adminConns)
 	if err := r.reg.Register(adminStats); err != nil {
 		r.logger.Warn("the admin server's connection metrics are not exported", "err", err)

@@ -115,11 +115,30 @@ func lingerBudgets(nofile uint64, maxConns, adminConns int) (api, admin int) {
 // goMemoryLimit is the Go runtime's memory limit (GOMEMLIMIT), math.MaxInt64 when none is set.
 func goMemoryLimit() int64 { return debug.SetMemoryLimit(-1) }
 
-// serverCollector exports the API server's connection and body counts (h1.Stats) as metrics.
+// serverCollector exports the API server's connection, body and refusal counts (h1.Stats) as
+// metrics.
 type serverCollector struct {
-	stats                                                func() h1.Stats
-	lim                                                  apiLimits
-	conns, maxConns, dropped, body, maxBody, bodyRefused *prometheus.Desc
+	stats                                                          func() h1.Stats
+	lim                                                            apiLimits
+	conns, maxConns, dropped, body, maxBody, bodyRefused, refusals *prometheus.Desc
+}
+
+// refusalsHelp describes kvroute_server_request_refusals_total and its admin twin.
+const refusalsHelp = " refused by the HTTP/1 server before the router saw them, so absent from kvroute_requests_total and the access log, by reason: " +
+	"http2_preface (HTTP/2 with prior knowledge, answered with GOAWAY HTTP_1_1_REQUIRED), malformed (400: a request line or head that does not parse, more than 4 empty lines before it, a bad Host, framing that could smuggle a request; 501: an unknown transfer coding), " +
+	"head_too_large (431), head_timeout (a head begun and not ended within server.read_header_timeout: closed), http_version (505), expectation (417, built-in server only), plain_http_on_tls (400, built-in server only). " +
+	"Under the net/http server (the default), those net/http answers itself are counted on plain connections only."
+
+// refusalsDesc is the description of the refusal counter named name.
+func refusalsDesc(name, what string) *prometheus.Desc {
+	return prometheus.NewDesc(name, what+refusalsHelp, []string{"reason"}, nil)
+}
+
+// collectRefusals sends the refusal counts of st, every reason's (at 0 before its first).
+func collectRefusals(ch chan<- prometheus.Metric, d *prometheus.Desc, st h1.Stats) {
+	for _, r := range h1.Refusals {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(st.Refused[r]), r.String())
+	}
 }
 
 func newServerCollector(stats func() h1.Stats, lim apiLimits) *serverCollector {
@@ -133,20 +152,21 @@ func newServerCollector(stats func() h1.Stats, lim apiLimits) *serverCollector {
 		maxBody: prometheus.NewDesc("kvroute_server_max_pending_body_bytes", "server.max_pending_body_bytes, resolved.", nil, nil),
 		bodyRefused: prometheus.NewDesc("kvroute_server_body_refusals_total",
 			"Requests answered 503 because the request bodies being received held server.max_pending_body_bytes for a second.", nil, nil),
+		refusals: refusalsDesc("kvroute_server_request_refusals_total", "Requests of the API listener"),
 	}
 }
 
 func (c *serverCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped, c.body, c.maxBody, c.bodyRefused} {
+	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped, c.body, c.maxBody, c.bodyRefused, c.refusals} {
 		ch <- d
 	}
 }
 
 // adminCollector exports the admin server's connection counts (h1.Stats) as metrics.
 type adminCollector struct {
-	stats                    func() h1.Stats
-	max                      int
-	conns, maxConns, dropped *prometheus.Desc
+	stats                              func() h1.Stats
+	max                                int
+	conns, maxConns, dropped, refusals *prometheus.Desc
 }
 
 func newAdminCollector(stats func() h1.Stats, max int) *adminCollector {
@@ -156,11 +176,12 @@ func newAdminCollector(stats func() h1.Stats, max int) *adminCollector {
 		maxConns: prometheus.NewDesc("kvroute_admin_max_connections", "The admin listener's connection cap (server.admin_max_connections, resolved).", nil, nil),
 		dropped: prometheus.NewDesc("kvroute_admin_connections_dropped_total",
 			"Admin connections dropped at the cap: reason idle_closed (a connection waiting for a request, closed to make room) or refused (a new one answered 503 because none waited).", []string{"reason"}, nil),
+		refusals: refusalsDesc("kvroute_admin_request_refusals_total", "Requests of the admin listener"),
 	}
 }
 
 func (c *adminCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped} {
+	for _, d := range []*prometheus.Desc{c.conns, c.maxConns, c.dropped, c.refusals} {
 		ch <- d
 	}
 }
@@ -171,6 +192,7 @@ func (c *adminCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.maxConns, prometheus.GaugeValue, float64(c.max))
 	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.ConnsEvicted), "idle_closed")
 	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.ConnsRefused), "refused")
+	collectRefusals(ch, c.refusals, st)
 }
 
 func (c *serverCollector) Collect(ch chan<- prometheus.Metric) {
@@ -182,4 +204,5 @@ func (c *serverCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.body, prometheus.GaugeValue, float64(st.BodyBytes))
 	ch <- prometheus.MustNewConstMetric(c.maxBody, prometheus.GaugeValue, float64(c.lim.pending))
 	ch <- prometheus.MustNewConstMetric(c.bodyRefused, prometheus.CounterValue, float64(st.BodiesRefused))
+	collectRefusals(ch, c.refusals, st)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -410,5 +411,123 @@ func TestServeAdminConnectionCap(t *testing.T) {
 	}
 	if code, body := fetch(s.admin + "/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz with the API at its cap: %d %s", code, body)
+	}
+}
+
+// TestServeRefusalsCounted: what the API server, either kind, refuses before the router sees
+// it is exported by reason in kvroute_server_request_refusals_total, every reason at 0 from
+// the start (and the admin listener's in kvroute_admin_request_refusals_total): HTTP/2's
+// preface, a request line that does not parse, a head too large, a head too slow. Before,
+// none of them showed in /metrics, nor in the access log.
+func TestServeRefusalsCounted(t *testing.T) {
+	for _, httpServer := range []string{config.HTTPServerBuiltin, config.HTTPServerNetHTTP} {
+		t.Run(httpServer, func(t *testing.T) { testServeRefusals(t, httpServer) })
+	}
+}
+
+func testServeRefusals(t *testing.T, httpServer string) {
+	e := newFakeEngine(t)
+	cfg := routerConfig(t, "", e.srv.URL)
+	cfg.Server.HTTPServer = httpServer
+	// Long enough for the 1 MiB head below to arrive under the race detector on a loaded machine.
+	cfg.Server.ReadHeaderTimeout = config.Duration(2 * time.Second)
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(ctx, apiLn, adminLn) }()
+	defer func() {
+		cancel()
+		select {
+		case <-served:
+		case <-time.After(15 * time.Second):
+			t.Error("Serve did not return")
+		}
+	}()
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + adminLn.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	refusals := func(body, name string) map[string]string {
+		out := map[string]string{}
+		for _, l := range strings.Split(body, "\n") {
+			if rest, ok := strings.CutPrefix(l, name+`{reason="`); ok {
+				reason, v, _ := strings.Cut(rest, `"} `)
+				out[reason] = v
+			}
+		}
+		return out
+	}
+	zero := map[string]string{}
+	for _, r := range h1.Refusals {
+		zero[r.String()] = "0"
+	}
+	body := scrape()
+	if diff := cmp.Diff(zero, refusals(body, "kvroute_server_request_refusals_total")); diff != "" {
+		t.Errorf("API refusals at start (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(zero, refusals(body, "kvroute_admin_request_refusals_total")); diff != "" {
+		t.Errorf("admin refusals at start (-want +got):\n%s", diff)
+	}
+
+	sent := []string{
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		"NOT A REQUEST LINE\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("b", 1<<20+8192) + "\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ", // and nothing more
+	}
+	done := make(chan struct{}, len(sent))
+	for _, req := range sent { // at once: the slow head waits for the timeout
+		go func() {
+			defer func() { done <- struct{}{} }()
+			nc, err := net.Dial("tcp", apiLn.Addr().String())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer nc.Close()
+			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			wrote := make(chan struct{})
+			go func() { defer close(wrote); _, _ = io.WriteString(nc, req) }() // a large head is not read whole
+			if _, err := io.Copy(io.Discard, nc); err != nil && !strings.Contains(err.Error(), "reset") {
+				t.Errorf("%.20q: the server did not close the connection: %v", req, err)
+			}
+			nc.Close()
+			<-wrote
+		}()
+	}
+	for range sent {
+		<-done
+	}
+	want := maps.Clone(zero)
+	for _, r := range []string{"http2_preface", "malformed", "head_too_large", "head_timeout"} {
+		want[r] = "1"
+	}
+	// The last is counted on the server's goroutine, maybe after the client saw the close.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		got := refusals(scrape(), "kvroute_server_request_refusals_total")
+		if cmp.Equal(want, got) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("API refusals (-want +got):\n%s", cmp.Diff(want, got))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -27,6 +27,9 @@ type Stats struct {
 	// BodiesRefused counts the body reads refused because the cap stayed reached.
 	BodyBytes     int64
 	BodiesRefused uint64
+	// Refused counts the requests refused before any handler saw them, by reason (Refusal):
+	// what the router's metrics and access log never hear of.
+	Refused [NumRefusals]uint64
 }
 
 // ErrBodyMemory is what reading a request body returns when the server holds as many bytes of

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -75,11 +76,19 @@ type NetHTTP struct {
 	CloseUnauthorized   bool
 	// ErrorBody makes the bodies of the refusals, as in Server; nil: plain text.
 	ErrorBody func(status int, msg string) (contentType string, body []byte)
+	// Logger receives a DEBUG line for each request refused before its handler, as Server's;
+	// nil: none.
+	Logger *slog.Logger
 
 	once     sync.Once
 	budget   *budget
 	table    connTable
 	refusals refuser
+	// refusedBy counts the requests refused before their handler, by reason: HTTP/2's
+	// preface and the smuggling checks (guard); on plain connections, net/http's own 400,
+	// 431, 501 and 505 and the heads it closed for ReadHeaderTimeout (framedConn). Over TLS
+	// the bytes are Go's: those of net/http's own are not seen.
+	refusedBy refusalCount
 	// noKeepAlive is set by SetKeepAlivesEnabled(false), and by Shutdown.
 	noKeepAlive atomic.Bool
 
@@ -166,6 +175,7 @@ func (s *NetHTTP) Stats() Stats {
 	s.once.Do(s.install)
 	st := s.table.stats()
 	st.BodyBytes = s.budget.held()
+	st.Refused = s.refusedBy.load()
 	if s.budget != nil {
 		st.BodiesRefused = s.budget.refused.Load()
 	}
@@ -207,6 +217,10 @@ func (s *NetHTTP) install() {
 	prevState := s.Server.ConnState
 	s.Server.ConnState = func(c net.Conn, st http.ConnState) {
 		s.table.changed(c, st)
+		if fc, ok := c.(*framedConn); ok && st == http.StateClosed && fc.headTimedOut.Load() {
+			s.refusedBy.add(s.Logger, RefusedHeadTimeout, fc.Conn.RemoteAddr().String(),
+				"the request head did not arrive within the read header timeout: connection closed")
+		}
 		if prevState != nil {
 			prevState(c, st)
 		}
@@ -220,6 +234,7 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if isH2Preface(r) {
+			s.refusedBy.add(s.Logger, RefusedHTTP2, r.RemoteAddr, "HTTP/2 with prior knowledge: answered with GOAWAY HTTP_1_1_REQUIRED")
 			hijackRefuseHTTP2(w)
 			return
 		}
@@ -232,6 +247,7 @@ func (s *NetHTTP) guard(next http.Handler) http.Handler {
 		if fc != nil {
 			i := fc.served.Add(1) - 1 // requests on one connection are served one after the other
 			if b := fc.f.bad.Load(); b != nil && i >= b.index {
+				s.refusedBy.add(s.Logger, RefusedMalformed, r.RemoteAddr, "400 malformed request: "+b.why)
 				s.refuse(w, "malformed request: "+b.why)
 				return
 			}
@@ -584,7 +600,7 @@ func (l framedListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if _, ok := c.(*tls.Conn); !ok { // Go's server needs a *tls.Conn itself
-			fc := &framedConn{Conn: c}
+			fc := &framedConn{Conn: c, s: l.s}
 			fc.f.head.reset(false)
 			c = fc
 		}
@@ -598,7 +614,11 @@ func (l framedListener) Accept() (net.Conn, error) {
 // framedConn follows the requests in the bytes Go's server reads from the connection.
 type framedConn struct {
 	net.Conn
+	s *NetHTTP // whose refusals it counts
 	f framer
+	// headTimedOut: a read of Go's server's timed out in a head begun (Read); counted as a
+	// refusal when Go's server closes the connection then (install's ConnState hook).
+	headTimedOut atomic.Bool
 	// served counts the requests handed to the handler (the guard), heads the request heads
 	// whose first byte Go's server has read: more heads than served, a request is arriving,
 	// or read and about to be served (connTable.reading). The reading goroutine keeps shown,
@@ -618,6 +638,14 @@ func (c *framedConn) Read(p []byte) (int, error) {
 				c.heads.Store(c.shown)
 			}
 		}
+		if err != nil && c.f.inHead && isTimeout(err) {
+			// Go's server closes the connection of a head past ReadHeaderTimeout (or
+			// ReadTimeout) without an answer. A timeout in no head begun is the idle
+			// timeout, or the end of Go's background read while a handler runs; one that
+			// ends a read on a connection hijacked (HTTP/2's preface, refused) is not Go's
+			// server's: such a connection is never closed by it (StateClosed).
+			c.headTimedOut.Store(true)
+		}
 		// A read whose bytes were all dropped (empty lines before a request) reads on: one
 		// that returns nothing would end a background read of Go's server's, unwatched.
 		if n > 0 || err != nil || len(p) == 0 {
@@ -631,7 +659,16 @@ func (c *framedConn) Read(p []byte) (int, error) {
 // makes the connection's close abortive (setAbortive), whichever of Go's server's writes it was
 // (the handler's, or the final flush after it returned). Go's server takes no other request on
 // a connection whose write failed.
-func (c *framedConn) Write(p []byte) (int, error) { return c.bound.write(c.Conn, p) }
+// An answer net/http's server writes itself, to a request it could not read, is counted as a
+// refusal (netHTTPRefusal): the check costs a comparison of the first bytes of each write.
+func (c *framedConn) Write(p []byte) (int, error) {
+	if len(p) > 0 && p[0] == 'H' {
+		if why, line, ok := netHTTPRefusal(p); ok {
+			c.s.refusedBy.add(c.s.Logger, why, c.Conn.RemoteAddr().String(), line)
+		}
+	}
+	return c.bound.write(c.Conn, p)
+}
 
 // NetConn returns the connection under the framing (setAbortive).
 func (c *framedConn) NetConn() net.Conn { return c.Conn }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -140,6 +141,10 @@ type Server struct {
 	ErrorBody func(status int, msg string) (contentType string, body []byte)
 	// ErrorLog receives accept errors and handler panics; nil: the log package's logger.
 	ErrorLog *log.Logger
+	// Logger receives a DEBUG line for each request refused before its handler (Refusal: a
+	// malformed or oversized head, one too slow, HTTP/2's preface), which Stats counts; nil:
+	// none.
+	Logger *slog.Logger
 	// HTTP2, when set, receives the connections that open with HTTP/2's client preface (h2c
 	// with prior knowledge): the server hands each over, the preface included, and serves it no
 	// more. Without it such a connection gets HTTP/2's refusal, a GOAWAY with HTTP_1_1_REQUIRED
@@ -170,6 +175,8 @@ type Server struct {
 	evicted  atomic.Uint64
 	refused  atomic.Uint64
 	refusals refuser
+	// refusedBy counts the requests refused before their handler, by reason.
+	refusedBy refusalCount
 	// budget bounds the bodies being received (MaxPendingBodyBytes); nil: no bound.
 	budget    *budget
 	limitOnce sync.Once
@@ -290,7 +297,8 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	n := len(s.conns) - s.evicting
 	s.mu.Unlock()
-	st := Stats{Conns: n, ConnsEvicted: s.evicted.Load(), ConnsRefused: s.refused.Load(), BodyBytes: s.budget.held()}
+	st := Stats{Conns: n, ConnsEvicted: s.evicted.Load(), ConnsRefused: s.refused.Load(), BodyBytes: s.budget.held(),
+		Refused: s.refusedBy.load()}
 	if s.budget != nil {
 		st.BodiesRefused = s.budget.refused.Load()
 	}
@@ -543,6 +551,7 @@ func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 		switch st {
 		case stateNew, stateHead:
 			if head > 0 && age > head && c.takeWaiting(st) {
+				c.headExpired.Store(st == stateHead)
 				c.expired.Store(true)
 				expired = append(expired, c.rwc)
 			}
@@ -779,8 +788,10 @@ type srvConn struct {
 	state  atomic.Int32
 	since  atomic.Int64 // when the state last changed, Unix ns
 	// expired is set when the janitor closes the connection for a timeout (it may close it a
-	// little later, off its lock: see sweep).
-	expired atomic.Bool
+	// little later, off its lock: see sweep); headExpired with it when that timeout is
+	// ReadHeaderTimeout's, a head begun and not ended (serveOne counts it).
+	expired     atomic.Bool
+	headExpired atomic.Bool
 	// writeSince is when the write to the client under way began, or when its client last
 	// took bytes of it as the janitor found (sweep), Unix ns; 0: none.
 	writeSince atomic.Int64
@@ -1232,7 +1243,11 @@ func (c *srvConn) serveOne() bool {
 	if err != nil {
 		switch {
 		case c.expired.Load() || c.state.Load() == stateClosed:
-			return false // the janitor closed it (too slow a head), or MaxConns did
+			// The janitor closed it (too slow a head), or MaxConns did.
+			if c.headExpired.Load() {
+				s.refusedBy.add(s.Logger, RefusedHeadTimeout, c.remote, "the request head did not arrive within the read header timeout: connection closed")
+			}
+			return false
 		case errors.Is(err, io.EOF):
 			return false
 		case atLimit || errors.Is(err, errHeadTooLarge):
@@ -1241,6 +1256,7 @@ func (c *srvConn) serveOne() bool {
 		case isTimeout(err):
 			return false
 		case c.plainToTLS(err):
+			s.refusedBy.add(s.Logger, RefusedPlainHTTP, c.remote, "plain HTTP sent to the TLS listener")
 		default:
 			c.protocolError(http.StatusBadRequest, "malformed request: "+parseErrorReason(err))
 		}
@@ -1258,6 +1274,7 @@ func (c *srvConn) serveOne() bool {
 	}
 	if req.ProtoMajor != 1 {
 		if isH2Preface(req) {
+			s.refusedBy.add(s.Logger, RefusedHTTP2, c.remote, "HTTP/2 with prior knowledge: answered with GOAWAY HTTP_1_1_REQUIRED")
 			refuseHTTP2(c.rwc, c.br) // nothing is buffered to write: the last answer was flushed
 			return false
 		}
@@ -1406,8 +1423,19 @@ func parseErrorReason(err error) string {
 	return msg
 }
 
-// protocolError answers a request the server could not read, and the connection is closed.
+// protocolError answers a request the server could not read, and the connection is closed. The
+// refusal is counted by its reason, which status says (Stats.Refused), and logged at DEBUG.
 func (c *srvConn) protocolError(status int, msg string) {
+	why := RefusedMalformed
+	switch status {
+	case http.StatusRequestHeaderFieldsTooLarge:
+		why = RefusedHeadTooLarge
+	case http.StatusHTTPVersionNotSupported:
+		why = RefusedVersion
+	case http.StatusExpectationFailed:
+		why = RefusedExpectation
+	}
+	c.s.refusedBy.add(c.s.Logger, why, c.remote, strconv.Itoa(status)+" "+msg)
 	ctype, body := "text/plain; charset=utf-8", []byte(msg)
 	if c.s.ErrorBody != nil {
 		ctype, body = c.s.ErrorBody(status, msg)

@@ -147,7 +147,13 @@ func histogramOpts(opts prometheus.HistogramOpts) prometheus.HistogramOpts {
 // an endpoint that has left the fleet, or of a model no endpoint serves any more, is not
 // counted (live.go), so that their series, once deleted, stay deleted.
 type Metrics struct {
-	Requests         *CounterVec   // model, endpoint, status
+	Requests *CounterVec // model, endpoint, status
+	// RequestErrors counts the requests settled with an error_type on their access line, by
+	// that type and error_code (bounded: RequestError), on the endpoint and model that
+	// kvroute_requests_total names: what its status alone cannot tell apart (a 502's bad
+	// event, cut stream, error event or lost connection; a 499's client gone or stalled).
+	// Count it with RequestError.
+	RequestErrors    *CounterVec   // model, endpoint, error_type, error_code
 	TTFT             *HistogramVec // model
 	Duration         *HistogramVec // model
 	PromptTokens     *CounterVec   // model
@@ -234,6 +240,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Requests: byModelEndpoint(prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_requests_total", Help: "Requests answered, by model, endpoint (none when no endpoint was reached) and HTTP status.",
 		}, []string{"model", "endpoint", "status"})),
+		RequestErrors: byModelEndpoint(prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_request_errors_total", Help: "Requests answered with an error, by model, endpoint (as kvroute_requests_total names them), and the access line's error_type and error_code (stream_bad_event, stream_cut, stream_error, upstream_error with upstream_bad_answer or upstream_connection_lost, client_write_stall, service_unavailable_error with no_healthy_endpoint, overloaded or shutting_down...; other: an engine's own type or code).",
+		}, []string{"model", "endpoint", "error_type", "error_code"})),
 		TTFT: byModelH(prometheus.NewHistogramVec(histogramOpts(prometheus.HistogramOpts{
 			Name: "kvroute_ttft_seconds", Help: "Time to first token of streamed requests, measured at the router from request arrival to the first event.",
 			Buckets: ttftBuckets,
@@ -313,7 +322,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		ejected:   map[string]*ejection{},
 		lists:     map[string][]string{},
 	}
-	for _, v := range []*CounterVec{m.Requests, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached,
+	for _, v := range []*CounterVec{m.Requests, m.RequestErrors, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached,
 		m.CachedReported, m.EndpointPredictedCached, m.Retries, m.Moved, m.Ejections, m.CacheBlindEvents} {
 		v.m = m
 	}
@@ -321,7 +330,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvroute_build_info", Help: "Always 1: the build of kvroute running, by version, VCS revision and Go toolchain (as kvroute version prints them).",
 	}, []string{"version", "revision", "goversion"})
-	reg.MustRegister(m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
+	reg.MustRegister(m.Requests, m.RequestErrors, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens,
 		m.PredictedCached, m.EngineCached, m.CachedReported, m.EndpointPredictedCached, m.PickDuration,
 		m.Retries, m.Moved, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.Rewrites, m.Held, m.HeldSeconds, m.Reloads,
 		m.lastReloadOK, m.lastReloadAt, build, m.DiscoveryErrors, m.DiscoveredEndpoints, (*stateCollector)(m))
@@ -409,6 +418,7 @@ func (m *Metrics) EndpointAdded(name string, models []string) {
 	old = slices.DeleteFunc(old, func(model string) bool { return slices.Contains(m.served[name], model) })
 	for _, model := range old {
 		m.Requests.DeletePartialMatch(prometheus.Labels{"model": model, "endpoint": name})
+		m.RequestErrors.DeletePartialMatch(prometheus.Labels{"model": model, "endpoint": name})
 	}
 	m.dropModelsLocked(old)
 	// m.mu is held: the vectors' own WithLabelValues, which take it, would wait for good.
@@ -442,6 +452,9 @@ func (m *Metrics) serveLocked(endpoint string, models []string) {
 		for _, s := range endpointStatuses {
 			m.Requests.CounterVec.WithLabelValues(model, endpoint, s)
 		}
+		for _, e := range endpointErrors {
+			m.RequestErrors.CounterVec.WithLabelValues(model, endpoint, e.Type, e.Code)
+		}
 	}
 }
 
@@ -451,6 +464,9 @@ func (m *Metrics) serveLocked(endpoint string, models []string) {
 func (m *Metrics) modelSeries(model string) {
 	for _, s := range refusalStatuses {
 		m.Requests.CounterVec.WithLabelValues(model, NoEndpoint, s)
+	}
+	for _, e := range refusalErrors {
+		m.RequestErrors.CounterVec.WithLabelValues(model, NoEndpoint, e.Type, e.Code)
 	}
 	m.Duration.HistogramVec.WithLabelValues(model)
 	if model == UnknownModel {
@@ -493,7 +509,7 @@ func (m *Metrics) ForgetEndpoints(names []string) {
 		delete(m.ejected, name)
 		delete(m.lists, name)
 	}
-	for _, v := range []deleter{m.Requests, m.Retries, m.Moved, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.EndpointPredictedCached} {
+	for _, v := range []deleter{m.Requests, m.RequestErrors, m.Retries, m.Moved, m.Ejections, m.CacheBlind, m.CacheBlindEvents, m.EndpointPredictedCached} {
 		deleteWhere(v, "endpoint", set)
 	}
 	m.dropModelsLocked(gone)
@@ -525,7 +541,7 @@ func (m *Metrics) dropModelsLocked(models []string) {
 	if len(drop) == 0 {
 		return
 	}
-	for _, v := range []deleter{m.Requests, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached, m.CachedReported} {
+	for _, v := range []deleter{m.Requests, m.RequestErrors, m.TTFT, m.Duration, m.PromptTokens, m.CompletionTokens, m.PredictedCached, m.EngineCached, m.CachedReported} {
 		deleteWhere(v, "model", drop)
 	}
 }

@@ -765,6 +765,8 @@ func (c *call) settle(status int, method, path string) {
 		epName = tried.Name
 	}
 	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
+	// The access line's error_type and error_code, which the status alone does not tell apart.
+	h.Metrics.RequestError(model, epName, c.errType, c.errCode)
 	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
 	moved := ""
 	if c.rc != nil {
