@@ -169,8 +169,12 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	// not after health.ejection_time. Both stamp times with the wall clock.
 	r.prober.OnPassed = func(ep *endpoint.Endpoint, sent time.Time) { r.outlier.HealthPassed(ep, sent) }
 	// A failed one lets a later pass end an ejection whose failures mix a restart's (refused
-	// connections, cut streams) with 503s or timeouts (a model loading): the check saw it.
-	r.prober.OnFailed = func(ep *endpoint.Endpoint, sent time.Time) { r.outlier.HealthFailed(ep, sent) }
+	// connections, cut streams) with 503s or timeouts (a model loading): the check saw it. How
+	// it failed goes with it: one for 503s alone takes a 5xx or a refused connection, not a
+	// timeout (an overloaded engine's /health).
+	r.prober.OnFailed = func(ep *endpoint.Endpoint, sent time.Time, why scrape.CheckFailure) {
+		r.outlier.HealthFailed(ep, sent, route.CheckFailure(why))
+	}
 	r.metrics.WatchEndpoints(r.pool.All)
 	r.metrics.WatchPrefillRate(r.prefillRate)
 	r.metrics.WatchLearnedCapacity(r.learnedKVTokens)

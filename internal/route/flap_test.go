@@ -13,21 +13,32 @@ import (
 // failed attempts and the ejections a passing check ended.
 func flapRun(t *testing.T, p float64, f Failure, checks bool) (failed, byCheck int) {
 	t.Helper()
-	return flapRunWith(t, p, []Failure{f}, checks, 0, false)
+	return flapRunSeed(t, 0, p, []Failure{f}, checks, 0, nil)
 }
 
 // flapRunWith is flapRun with each failure one of fs (chosen at random), and a share
 // checkFails of the health checks failing (a /health that fails now and then), told to the
-// Outlier (HealthFailed) when checks and failedTold, the others passing. Which attempts fail
-// is as in flapRun.
+// Outlier (HealthFailed, as answered 503) when checks and failedTold, the others passing.
+// Which attempts fail is as in flapRun.
 func flapRunWith(t *testing.T, p float64, fs []Failure, checks bool, checkFails float64, failedTold bool) (failed, byCheck int) {
 	t.Helper()
-	return flapRunSeed(t, 0, p, fs, checks, checkFails, failedTold)
+	var as *CheckFailure
+	if failedTold {
+		as = &check503
+	}
+	return flapRunSeed(t, 0, p, fs, checks, checkFails, as)
 }
 
+// Failed health checks, as the prober tells them (HealthFailed).
+var (
+	check503     = CheckFailure{Status: 503}
+	checkTimeout = CheckFailure{Timeout: true}
+	checkRefused = CheckFailure{Refused: true}
+)
+
 // flapRunSeed is flapRunWith with which attempts and checks fail drawn from seed (0: as
-// flapRunWith).
-func flapRunSeed(t *testing.T, seed uint64, p float64, fs []Failure, checks bool, checkFails float64, failedTold bool) (failed, byCheck int) {
+// flapRunWith), and the failed checks told as failedAs (nil: not told).
+func flapRunSeed(t *testing.T, seed uint64, p float64, fs []Failure, checks bool, checkFails float64, failedAs *CheckFailure) (failed, byCheck int) {
 	t.Helper()
 	clk := &stepClock{t: time.Unix(1000, 0)}
 	a := pool(t, "a", "b", "c")[0]
@@ -42,8 +53,8 @@ func flapRunSeed(t *testing.T, seed uint64, p float64, fs []Failure, checks bool
 			switch {
 			case !checks:
 			case health.Float64() < checkFails:
-				if failedTold {
-					o.HealthFailed(a, nextCheck)
+				if failedAs != nil {
+					o.HealthFailed(a, nextCheck, *failedAs)
 				}
 			case o.HealthPassed(a, nextCheck):
 				byCheck++
@@ -194,32 +205,43 @@ func TestCheckRecoveryFlap(t *testing.T) {
 }
 
 // TestCheckLoadingFlap: an engine that answers 503 to a share of its requests behind a /health
-// that fails one check in four (an overloaded engine whose checks time out now and then) is
-// ejected for 503s alone, which a check ends only where the first check sent since the
-// ejection began failed (endsByReady: a llama.cpp still loading its model when it was
-// ejected), not at any check that passes after one that failed (endsByRecovery, as for a
-// restart's failures mixed with answers). With the latter, at 30 % of its requests failing, it
-// failed 18.0 attempts a minute where 9.4 with the checks ignored (as before, when no check
-// ended an ejection for 503s alone); now 10.5 (300 runs of 10 minutes; 20 here, where the
-// latter rule fails the bounds at 50, 30 and 20 % failing: 1.33, 1.76, 1.37 times the failed
-// attempts without checks). Behind a live /health nothing changes (TestCheckDoesNotJudgeAnswers).
+// that fails one check in four (an overloaded engine) is ejected for 503s alone, which a check
+// ends only where the first check that told anything since the run of failures that led to
+// the ejection began failed not ready (endsByReady: a llama.cpp still loading its model when
+// it was ejected), not at any check that passes after one that failed (endsByRecovery, as for
+// a restart's failures mixed with answers). With the latter, at 30 % of its requests failing,
+// it failed 18.0 attempts a minute where 9.4 with the checks ignored (as before, when no check
+// ended an ejection for 503s alone); with the former, its checks failing by a 503, 10.6 (300
+// runs of 10 minutes; 20 here, where the latter rule fails the bounds at 50, 30 and 20 %
+// failing: 1.33, 1.76, 1.37 times the failed attempts without checks). Its checks failing by a
+// timeout, the way an overloaded engine's /health fails, tell nothing: it fails as often as
+// with the checks ignored, and no check ends an ejection (before, when the checks did not say
+// why they failed, 1.97, 3.01, 4.79, 10.50, 20.42 failed attempts a minute at 100, 70, 50, 30
+// and 20 %, against 1.80, 2.68, 4.15, 9.38, 18.39). Behind a live /health nothing changes
+// (TestCheckDoesNotJudgeAnswers).
 func TestCheckLoadingFlap(t *testing.T) {
 	const runs = 20
 	for _, tc := range []struct {
 		p    float64
 		most float64 // failed attempts with failed checks told, at most, over those without checks
 	}{{1, 1.15}, {0.9, 1.15}, {0.8, 1.15}, {0.7, 1.2}, {0.5, 1.25}, {0.3, 1.25}, {0.2, 1.25}} {
-		var without, with, byCheck int
+		var without, with, byCheck, timedOut, byTimedOut int
 		for seed := range uint64(runs) {
-			n, _ := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, false, 0, false)
-			m, b := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, true, 0.25, true)
+			n, _ := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, false, 0, nil)
+			m, b := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, true, 0.25, &check503)
+			k, c := flapRunSeed(t, seed, tc.p, []Failure{FailUnavailable}, true, 0.25, &checkTimeout)
 			without, with, byCheck = without+n, with+m, byCheck+b
+			timedOut, byTimedOut = timedOut+k, byTimedOut+c
 		}
-		t.Logf("503s, p=%.1f: failed attempts a minute %.2f without checks, %.2f with a check in four failing (%.2f ejections a run ended by a check)",
-			tc.p, float64(without)/runs/10, float64(with)/runs/10, float64(byCheck)/runs)
+		t.Logf("503s, p=%.1f: failed attempts a minute %.2f without checks, %.2f with a check in four failing by a 503 (%.2f ejections a run ended by a check), %.2f by a timeout (%.2f)",
+			tc.p, float64(without)/runs/10, float64(with)/runs/10, float64(byCheck)/runs, float64(timedOut)/runs/10, float64(byTimedOut)/runs)
 		if float64(with) > tc.most*float64(without) {
-			t.Errorf("503s, %.0f %% failing: %d failed attempts in %d runs with a check in four failing, want at most %.2f times the %d without checks",
+			t.Errorf("503s, %.0f %% failing: %d failed attempts in %d runs with a check in four failing by a 503, want at most %.2f times the %d without checks",
 				100*tc.p, with, runs, tc.most, without)
+		}
+		if timedOut != without || byTimedOut != 0 {
+			t.Errorf("503s, %.0f %% failing: %d failed attempts in %d runs with a check in four timing out (%d ejections ended by a check), want the %d without checks, none ended",
+				100*tc.p, timedOut, runs, byTimedOut, without)
 		}
 	}
 }

@@ -203,21 +203,30 @@ type outlierState struct {
 	// sent after then end it (HealthPassed). Any that passes, for failures that all say the
 	// engine could not be reached or died (endsBy); one that passes after one that failed
 	// (checkFailed), for such failures mixed with answers (a 5xx, a 503, a timeout): a restart
-	// the checks saw; for 503s alone, one that passes after the first check sent since the
-	// ejection began failed: an engine still loading when it was ejected, then loaded. None for
-	// other answers alone (a 5xx, a timeout, with or without 503s) or refusals, which an engine
-	// gives while its health check passes; nor for an ejection a peer told of (PeerEjected);
-	// nor one that came while checkBack held.
+	// the checks saw; for 503s alone, one that passes where the first check that told anything
+	// since the run of failures that led to the ejection began failed saying the engine was not
+	// ready or down (checkNotReady before checkPassed): an engine still loading when it was
+	// ejected, then loaded. None for other answers alone (a 5xx, a timeout, with or without
+	// 503s) or refusals, which an engine gives while its health check passes; nor for an
+	// ejection a peer told of (PeerEjected); nor one that came while checkBack held.
 	ejectedAt time.Time
 	checkEnds checkEnd
-	// checkFailed is when the latest active health check that failed, of those sent since the
-	// ejection under way began, was sent (HealthFailed); zero: none. For endsByReady, only a
-	// check sent before checkPassed is taken.
-	checkFailed time.Time
-	// checkPassed is when the earliest active health check that passed without ending the
-	// ejection under way, of those sent since it began, was sent; zero: none. Kept for
-	// endsByReady only.
-	checkPassed time.Time
+	// runAt is when the failures counted here or by the fleet (fails, fleet) began, one of the
+	// counts going from 0 to 1 while both were 0; zero while both are 0.
+	runAt time.Time
+	// checksFrom is when the run of failures that the active health checks are judged against
+	// began: for the ejection under way, the run that led to it (runAt as it was; its own
+	// start where no failure was counted: a peer's word, the refusal rule); with none, the run
+	// under way (runAt), which may lead to one; zero: neither. A check that failed, sent during
+	// that run, saw the engine down or loading in the same episode, though it was sent before
+	// the ejection began (the run's last failures came after it): an engine restarting fails
+	// its checks from its first failure on (HealthFailed).
+	checksFrom time.Time
+	// checkFailed, checkNotReady and checkPassed are when the earliest active health checks
+	// sent since checksFrom were sent that failed (for any reason), that failed saying the
+	// engine was not ready or down (CheckFailure.saysNotReady), and that passed; zero: none.
+	// Heard in any order, each keeps the earliest.
+	checkFailed, checkNotReady, checkPassed time.Time
 	// checkBack: a health check ended the endpoint's last ejection, and the attempts here have
 	// not succeeded Consecutive times in a row since (okRun counts them). Ejected again so, the
 	// engine fails where its health check passes (one that loses the connections of some of
@@ -322,6 +331,7 @@ func (o *Outlier) Failed(ep *endpoint.Endpoint, f Failure) bool {
 		o.mu.Unlock()
 		return false
 	}
+	s.failing(o.clock.Now())
 	s.fails, s.okRun = s.fails+1, 0
 	s.kinds |= 1 << f
 	if sharedFailure(f) {
@@ -346,6 +356,7 @@ func (o *Outlier) PeerFailed(ep *endpoint.Endpoint, f Failure) bool {
 		o.mu.Unlock()
 		return false
 	}
+	s.failing(o.clock.Now())
 	o.setFleet(s, s.fleet+1)
 	s.fleetKinds |= 1 << f
 	return o.judge(ep, s)
@@ -360,6 +371,7 @@ func (o *Outlier) PeerSucceeded(ep *endpoint.Endpoint) {
 	o.mu.Lock()
 	if s := o.st[ep]; s != nil {
 		o.setFleet(s, 0)
+		s.settled()
 	}
 	o.mu.Unlock()
 }
@@ -435,20 +447,25 @@ const (
 	// endsByNone: no check ends it, it runs its time. Answers alone (a 5xx or a timeout, with
 	// or without 503s), refusals, an ejection a peer told of.
 	endsByNone checkEnd = iota
-	// endsByReady: a check that passes after the first check sent since the ejection began
-	// failed: the engine was still not ready when it was ejected, and became ready. 503s alone
-	// (notReady): a llama.cpp restarted between two requests, or reloading its model, answers
-	// 503 "Loading model" to requests and to its health check alike, and the router sees no
-	// refused connection nor cut stream. Stricter than endsByRecovery because an engine that
-	// answers 503 to some requests behind a /health that fails now and then (overloaded, its
-	// checks timing out) fails a check sooner or later in most ejections, and a readmission
-	// costs Consecutive failed attempts: taken back by any check that passed after one that
-	// failed, at 30 % of its requests failing it failed 18.0 attempts a minute, against 9.4
-	// with the checks ignored; with the first check having to fail, 10.5
-	// (TestCheckLoadingFlap's engine, one check in four failing, 300 runs of 10 minutes).
+	// endsByReady: a check that passes where, of the checks sent since the run of failures
+	// that led to the ejection began, the first that passed or failed not ready
+	// (CheckFailure.saysNotReady: a 5xx, a refused connection) failed so, and after that one:
+	// the engine was still not ready when it was ejected, and became ready. A check that timed
+	// out counts for nothing here. 503s alone (notReady): a llama.cpp restarted between two
+	// requests, or reloading its model, answers 503 "Loading model" to requests and to its
+	// health check alike, and the router sees no refused connection nor cut stream. Stricter
+	// than endsByRecovery because an engine that answers 503 to some requests behind a /health
+	// that fails now and then (overloaded) fails a check sooner or later in most ejections,
+	// and a readmission costs Consecutive failed attempts: taken back by any check that passed
+	// after one that failed, at 30 % of its requests failing it failed 18.0 attempts a minute,
+	// against 9.4 with the checks ignored; with the first check having to fail, 10.6 where its
+	// checks fail by a 503, and 9.4 where they time out (as an overloaded engine's /health
+	// does), which says nothing (TestCheckLoadingFlap's engine, one check in four failing, 300
+	// runs of 10 minutes; 10.5 when the checks did not say why they failed).
 	endsByReady
-	// endsByRecovery: a check that passes after one that failed, both sent since the ejection
-	// began: the checks saw the engine down (or loading) and then up, a restart or a recovery.
+	// endsByRecovery: a check that passes, sent since the ejection began, after one that
+	// failed (for any reason), sent since the run of failures that led to it began: the checks
+	// saw the engine down (or loading) and then up, a restart or a recovery.
 	// Failures that say the engine was unreachable or died, mixed with answers: a restarted
 	// engine cuts its streams, has its connections refused, then answers 503 while it loads
 	// its model (llama.cpp's "Loading model") or lets requests time out. An engine that fails
@@ -461,8 +478,8 @@ const (
 
 // endsBy returns which checks end an ejection for failures of kinds (bits 1<<Failure): any
 // for unreachable ones alone (endsByAny); one after a failed one where some are unreachable
-// (endsByRecovery); one after a failed first one for 503s alone (notReady, endsByReady); none
-// otherwise.
+// (endsByRecovery); one after a first one that failed not ready for 503s alone (notReady,
+// endsByReady); none otherwise.
 func endsBy(kinds uint16) checkEnd {
 	switch {
 	case kinds == 0:
@@ -479,11 +496,11 @@ func endsBy(kinds uint16) checkEnd {
 
 // notReady is the one answer that says the engine is not ready rather than broken (a bit
 // 1<<Failure): a 503 (FailUnavailable; a 429, FailBusy, does not count at all). An ejection for
-// 503s alone is ended by a check that passes after the first one since it began failed
-// (endsByReady); mixed with a 5xx or a timeout, by none. FailUnavailable also holds a router's
-// 508 (its loop guard) and a redirect answered to an API request: an ejection for those is
-// ended as a loading engine's is, by its checks alone (a first one that failed, then one that
-// passed).
+// 503s alone is ended by a check that passes after the first one since their run began failed
+// not ready (endsByReady); mixed with a 5xx or a timeout, by none. FailUnavailable also holds a
+// router's 508 (its loop guard) and a redirect answered to an API request: an ejection for
+// those is ended as a loading engine's is, by its checks alone (a first one that failed not
+// ready, then one that passed).
 const notReady = 1 << FailUnavailable
 
 // setFleet sets s's fleet count, keeping o.counting (and clearing the count's kinds with it).
@@ -499,6 +516,45 @@ func (o *Outlier) setFleet(s *outlierState, n int) {
 	if n == 0 {
 		s.fleetKinds = 0
 	}
+}
+
+// failing notes a failure counted against s at now, before its counts grow: where neither
+// counted one (here, the fleet), a run of failures begins (runAt), and the health checks sent
+// since are judged against it, unless an ejection is under way, whose own run they are
+// judged against (checksFrom).
+func (s *outlierState) failing(now time.Time) {
+	if s.fails == 0 && s.fleet == 0 {
+		s.runAt = now
+		if !s.out {
+			s.judgeChecksFrom(now)
+		}
+	}
+}
+
+// settled notes that s's counts may both be 0 again (a success here or at a peer): the run
+// of failures is over, and the checks judged against it are forgotten, unless an ejection is
+// under way.
+func (s *outlierState) settled() {
+	if s.fails == 0 && s.fleet == 0 {
+		s.runAt = time.Time{}
+		if !s.out {
+			s.judgeChecksFrom(time.Time{})
+		}
+	}
+}
+
+// judgeChecksFrom has the health checks sent after t (zero: none) judged from then on,
+// forgetting those heard before.
+func (s *outlierState) judgeChecksFrom(t time.Time) {
+	s.checksFrom, s.checkFailed, s.checkNotReady, s.checkPassed = t, time.Time{}, time.Time{}, time.Time{}
+}
+
+// readmitted marks s's ejection over at now. The checks are judged against the run of
+// failures under way again (failures of attempts that ended during the ejection; none:
+// nothing), those heard during the ejection forgotten.
+func (s *outlierState) readmitted(now time.Time) {
+	s.out, s.since = false, now
+	s.judgeChecksFrom(s.runAt)
 }
 
 // judge ejects ep when either count of s has reached the threshold and the fleet can spare
@@ -544,11 +600,17 @@ func (o *Outlier) ejectLocked(ep *endpoint.Endpoint, s *outlierState, now time.T
 	if !s.out { // else an ejection over but not yet found so (Ejected): counted already
 		o.ejected.Add(1)
 	}
-	s.until, s.out, s.engine, s.fails, s.kinds = now.Add(d), true, engine, 0, 0
 	if s.checkBack {
 		check = endsByNone
 	}
-	s.ejectedAt, s.checkEnds, s.checkFailed, s.checkPassed = now, check, time.Time{}, time.Time{}
+	// The checks heard since the run of failures that led here began are this ejection's. An
+	// ejection with no failure counted (a peer's word, the refusal rule), or that comes as an
+	// ejection over was not yet found so (whose checks they are), has its own from now.
+	if s.out || s.runAt.IsZero() {
+		s.judgeChecksFrom(now)
+	}
+	s.until, s.out, s.engine, s.fails, s.kinds = now.Add(d), true, engine, 0, 0
+	s.ejectedAt, s.checkEnds, s.runAt = now, check, time.Time{}
 	s.answered, s.refused, s.forgiven = 0, 0, 0
 	for _, k := range o.keys { // its answers by key start again too
 		if t := k.tally(ep); t != nil {
@@ -1054,6 +1116,7 @@ func (o *Outlier) Succeeded(ep *endpoint.Endpoint) {
 		s.checkBack = false
 	}
 	o.setFleet(s, 0)
+	s.settled()
 	if s.times > 0 && !s.out && o.clock.Now().Sub(s.since) >= o.cfg.BaseEjection {
 		s.times--
 		s.since = o.clock.Now()
@@ -1075,7 +1138,7 @@ func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
 		o.mu.Unlock()
 		return true
 	}
-	s.out, s.since = false, now
+	s.readmitted(now)
 	o.ejected.Add(-1)
 	onReadmit := o.cfg.OnReadmit
 	o.mu.Unlock()
@@ -1091,50 +1154,61 @@ func (o *Outlier) Ejected(ep *endpoint.Endpoint, now time.Time) bool {
 // ejected it say that the engine could not be reached or died (connections refused, lost
 // with their requests, streams cut: unreachable): an engine that restarted is back within a
 // health interval of answering, not after the whole ejection time. Where such failures were
-// mixed with answers (a 5xx, a 503, a timeout), it ends the ejection only if a check sent
-// since it began failed (HealthFailed) and this one was sent after that one: the checks saw
-// the engine down or loading, then up (a restarted llama.cpp answers 503 "Loading model" to
-// requests and to its health check alike until its model is loaded). Where the failures were
-// 503s alone (notReady: a llama.cpp restarted between two requests, or reloading its model,
-// the router seeing no refused connection nor cut stream), it ends the ejection only if the
-// first check sent since it began failed, and this one was sent after a failed one: the
+// mixed with answers (a 5xx, a 503, a timeout), it ends the ejection only if a check that
+// failed (HealthFailed) was sent before this one and since the run of failures that led to
+// the ejection began (its first failure): the checks saw the engine down or loading, then up
+// (a restarted llama.cpp answers 503 "Loading model" to requests and to its health check
+// alike until its model is loaded). Where the failures were 503s alone (notReady: a llama.cpp
+// restarted between two requests, or reloading its model, the router seeing no refused
+// connection nor cut stream), it ends the ejection only if, of the checks sent since that run
+// began, the first that passed or failed saying the engine was not ready or down
+// (CheckFailure.saysNotReady: not a timeout) failed so, and this one was sent after it: the
 // engine was still loading when it was ejected, then loaded (endsByReady). It reports whether
 // it ended one, and tells OnReadmit (byCheck).
 //
-// A check sent before the ejection began tells nothing of what ejected it. Nor does a check
-// judge an engine that answered: one that fails some or all of its requests with a 5xx, a 503
-// or a timeout passes its health check all the while, and a check that readmitted it at each
-// health interval would send it passive_failures requests to fail each time (with half its
-// requests failing, 2.7 failed attempts a minute became 13.6). So an ejection for a 5xx or a
-// timeout alone (503s among them or not), by the refusal rule, or told by a peer
-// (PeerEjected) runs its time; one for such failures mixed with unreachable ones waits for a
-// check that failed; and one for 503s alone, for a failed check that came first. Nor is one
-// ended that came after a health check ended the last one, the engine not having served
-// Consecutive attempts in a row here since (outlierState.checkBack): one that loses the
-// connections of some of its requests or cuts their streams behind a live /health, or dies at
-// each request and is restarted. The ejections in a row still count for the next one's length.
+// A passing check sent before the ejection began does not end it: the run's last failures
+// came after it. For an ejection for 503s alone it is the run's first check all the same, if
+// sent since the run began: the engine answered its check while it failed requests. A failed
+// check sent during the run counts though it was sent before the ejection (HealthFailed). Nor
+// does a check judge an engine that answered: one that fails some or all of its requests with
+// a 5xx, a 503 or a timeout passes its health check all the while, and a check that
+// readmitted it at each health interval would send it passive_failures requests to fail each
+// time (with half its requests failing, 2.7 failed attempts a minute became 13.6). So an
+// ejection for a 5xx or a timeout alone (503s among them or not), by the refusal rule, or told
+// by a peer (PeerEjected) runs its time; one for such failures mixed with unreachable ones
+// waits for a check that failed; and one for 503s alone, for a check that failed not ready
+// first. Nor is one ended that came after a health check ended the last one, the engine not
+// having served Consecutive attempts in a row here since (outlierState.checkBack): one that
+// loses the connections of some of its requests or cuts their streams behind a live /health,
+// or dies at each request and is restarted. The ejections in a row still count for the next
+// one's length.
 func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
-	if o.ejected.Load() == 0 {
-		return false
-	}
 	now := o.clock.Now()
 	o.mu.Lock()
 	s := o.st[ep]
+	if s == nil || s.checksFrom.IsZero() || !sent.After(s.checksFrom) {
+		o.mu.Unlock()
+		return false // no run of failures nor ejection under way, or a check from before it
+	}
+	if s.checkPassed.IsZero() || sent.Before(s.checkPassed) {
+		s.checkPassed = sent
+	}
 	// An ejection over already is Ejected's to end, as it would have ended without the check.
-	if s == nil || !s.out || !sent.After(s.ejectedAt) || !now.Before(s.until) {
+	if !s.out || !sent.After(s.ejectedAt) || !now.Before(s.until) {
 		o.mu.Unlock()
 		return false
 	}
 	switch s.checkEnds {
 	case endsByAny:
-	case endsByRecovery, endsByReady:
+	case endsByRecovery:
 		if s.checkFailed.IsZero() || !sent.After(s.checkFailed) {
-			if s.checkEnds == endsByReady && (s.checkPassed.IsZero() || sent.Before(s.checkPassed)) {
-				// The earliest check that passed: a failed one counts only if sent before it
-				// (HealthFailed). Sent before the failed one kept (heard out of order), it
-				// shows that one was not the first, and it goes (earlier ones were not kept).
-				s.checkPassed, s.checkFailed = sent, time.Time{}
-			}
+			o.mu.Unlock()
+			return false
+		}
+	case endsByReady:
+		// checkPassed is at most sent: the first check that told anything failed not ready,
+		// and this one came after it.
+		if s.checkNotReady.IsZero() || !s.checkPassed.After(s.checkNotReady) {
 			o.mu.Unlock()
 			return false
 		}
@@ -1142,7 +1216,8 @@ func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
 		o.mu.Unlock()
 		return false
 	}
-	s.out, s.since, s.checkBack, s.okRun = false, now, true, 0
+	s.readmitted(now)
+	s.checkBack, s.okRun = true, 0
 	o.ejected.Add(-1)
 	onReadmit := o.cfg.OnReadmit
 	o.mu.Unlock()
@@ -1152,29 +1227,48 @@ func (o *Outlier) HealthPassed(ep *endpoint.Endpoint, sent time.Time) bool {
 	return true
 }
 
+// CheckFailure is how an active health check failed (HealthFailed), as the prober saw it
+// (scrape.CheckFailure has the same fields).
+type CheckFailure struct {
+	// Status is the HTTP status the check was answered with; 0: none.
+	Status int
+	// Timeout: no answer came within the check's timeout (the connection made or not).
+	Timeout bool
+	// Refused: no connection could be made, and not for want of time: nothing listens at the
+	// address (connection refused), or it does not resolve.
+	Refused bool
+}
+
+// saysNotReady reports whether f says that the engine is not ready or down: an answer 5xx
+// (llama.cpp's 503 "Loading model"; vLLM and SGLang answer their /health 503 or 500 while
+// they start or once their engine died) other than a gateway's timeout (504), or a connection
+// refused. A timeout does not: an engine overloaded past the check's timeout (its /health
+// queued behind its requests) gives it as much as one that is loading. Nor does a 4xx: the
+// engine answered, and has no such path.
+func (f CheckFailure) saysNotReady() bool {
+	return !f.Timeout && (f.Refused || f.Status >= 500 && f.Status != 504)
+}
+
 // HealthFailed is told of an active health check of ep, sent at sent (on o's clock), that
-// failed: an engine down, or answering it 503 while it loads. Sent after ep's ejection began,
-// it lets a check that passes after it end an ejection for unreachable failures mixed with
-// answers, or, sent before any check that passed since the ejection began, one for 503s alone
-// (HealthPassed). It changes nothing else: whether ep is healthy is the checker's own verdict
-// (its thresholds), apart from passive health.
-func (o *Outlier) HealthFailed(ep *endpoint.Endpoint, sent time.Time) {
-	if o.ejected.Load() == 0 {
-		return
-	}
+// failed, and how (why): an engine down, or answering it 503 while it loads, or one overloaded
+// past the check's timeout. Sent since the run of failures began that led to ep's ejection
+// (or that is under way, and may lead to one), it lets a check that passes after it end an
+// ejection for unreachable failures mixed with answers; and, failed not ready (why.saysNotReady)
+// and sent before any check that passed since then, one for 503s alone (HealthPassed). It
+// changes nothing else: whether ep is healthy is the checker's own verdict (its thresholds),
+// apart from passive health.
+func (o *Outlier) HealthFailed(ep *endpoint.Endpoint, sent time.Time, why CheckFailure) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	s := o.st[ep]
-	if s == nil || !s.out || !sent.After(s.ejectedAt) || !sent.After(s.checkFailed) {
+	if s == nil || s.checksFrom.IsZero() || !sent.After(s.checksFrom) {
 		return
 	}
-	switch s.checkEnds {
-	case endsByRecovery:
+	if s.checkFailed.IsZero() || sent.Before(s.checkFailed) {
 		s.checkFailed = sent
-	case endsByReady:
-		if s.checkPassed.IsZero() || sent.Before(s.checkPassed) {
-			s.checkFailed = sent
-		}
+	}
+	if why.saysNotReady() && (s.checkNotReady.IsZero() || sent.Before(s.checkNotReady)) {
+		s.checkNotReady = sent
 	}
 }
 

@@ -35,7 +35,7 @@ func TestProber_OnPassed(t *testing.T) {
 	pool, ep := onePool(t, endpoint.Spec{Name: eng.URL, Engine: "vllm", Models: []string{"m"}})
 	pr := New(pool, eng.Client(), Options{}, nil)
 	var told, failed []time.Time
-	pr.OnFailed = func(e *endpoint.Endpoint, sent time.Time) { failed = append(failed, sent) }
+	pr.OnFailed = func(e *endpoint.Endpoint, sent time.Time, _ CheckFailure) { failed = append(failed, sent) }
 	pr.OnPassed = func(e *endpoint.Endpoint, sent time.Time) {
 		if e != ep {
 			t.Errorf("OnPassed told of %s, want %s", e.Name, ep.Name)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -169,9 +170,11 @@ type Prober struct {
 	OnPassed func(ep *endpoint.Endpoint, sent time.Time)
 	// OnFailed, when set, is called after each health check of an endpoint that failed (its
 	// outcome recorded first; not one stopped by the caller, nor one that found the router
-	// itself), with when it was sent: a check that passes after one that failed shows an
-	// engine that restarted or recovered (route.Outlier.HealthFailed). Set it before Run.
-	OnFailed func(ep *endpoint.Endpoint, sent time.Time)
+	// itself), with when it was sent and how it failed (why): a check that passes after one
+	// that failed shows an engine that restarted or recovered, and one that failed by a 503
+	// or a refused connection, not by a timeout, an engine not ready rather than overloaded
+	// (route.Outlier.HealthFailed). Set it before Run.
+	OnFailed func(ep *endpoint.Endpoint, sent time.Time, why CheckFailure)
 	// Instance is the id of the router this prober serves (proxy.Handler.Instance), set before
 	// Run: an endpoint whose health check or model listing answers with it in InstanceHeader
 	// is the router itself (its discovery lists its own address), and fails its checks at once
@@ -362,7 +365,7 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 			err = fmt.Errorf("detect the engine kind: %w", err)
 			p.record(ep, err, o)
 			if p.OnFailed != nil {
-				p.OnFailed(ep, sent)
+				p.OnFailed(ep, sent, checkFailure(err))
 			}
 			return err
 		}
@@ -387,7 +390,7 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 	}
 	p.record(ep, err, o)
 	if err != nil && p.OnFailed != nil {
-		p.OnFailed(ep, sent)
+		p.OnFailed(ep, sent, checkFailure(err))
 	}
 	if err == nil {
 		if p.OnPassed != nil {
@@ -397,6 +400,33 @@ func (p *Prober) Check(ctx context.Context, ep *endpoint.Endpoint) error {
 		p.learnStep(ctx, ep, o)
 	}
 	return err
+}
+
+// CheckFailure is how a health check failed (Prober.OnFailed). route.CheckFailure has the same
+// fields, for route.Outlier.HealthFailed.
+type CheckFailure struct {
+	// Status is the HTTP status the check was answered with; 0: none.
+	Status int
+	// Timeout: no answer came within health.timeout (the connection made or not).
+	Timeout bool
+	// Refused: no connection could be made, and not for want of time: nothing listens at the
+	// address (connection refused), or it does not resolve.
+	Refused bool
+}
+
+// checkFailure says how a check failed with err. A failed detection of an auto endpoint's
+// kind tells neither status nor cause (its error names what each probe got).
+func checkFailure(err error) CheckFailure {
+	var f CheckFailure
+	var se *statusError
+	if errors.As(err, &se) {
+		f.Status = se.code
+	}
+	var ne net.Error
+	f.Timeout = errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	var op *net.OpError
+	f.Refused = !f.Timeout && errors.As(err, &op) && op.Op == "dial"
+	return f
 }
 
 // selfKey carries Check's flag, in its context, to do: an answer came from the prober's own
