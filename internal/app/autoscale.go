@@ -21,6 +21,7 @@ const deletionCostBurst = 5
 func (r *Router) watchAutoscale(a *metrics.Autoscale) {
 	a.Watch(r.pool.All, r.engineRate)
 	a.WatchCacheValue(r.cacheValue)
+	a.WatchLabels(r.metrics.ModelLabel)
 }
 
 // currentPicker is the policy in force (nil before the first apply).

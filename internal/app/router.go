@@ -726,10 +726,17 @@ func (r *Router) adminIndex() http.HandlerFunc {
 
 // EndpointInfo is one entry of /debug/endpoints.
 type EndpointInfo struct {
-	ID             int                `json:"id"`
-	Name           string             `json:"name"`
-	Engine         string             `json:"engine"`
+	ID   int    `json:"id"`
+	Name string `json:"name"`
+	// Engine is the configured engine kind (endpoints[].engine), EngineKind the kind in force:
+	// for auto, the one detected on first contact ("auto" until then).
+	Engine     string `json:"engine"`
+	EngineKind string `json:"engine_kind"`
+	// Models is the configured models (endpoints[].models). ServedModels is, for an endpoint
+	// without them, the models its engine lists (GET /v1/models): those it is routed and its
+	// load is exported for (kvroute_model_load); absent until its engine has listed some.
 	Models         []string           `json:"models"`
+	ServedModels   []string           `json:"served_models,omitempty"`
 	Labels         map[string]string  `json:"labels,omitempty"`
 	Healthy        bool               `json:"healthy"`
 	Available      bool               `json:"available"`
@@ -781,13 +788,16 @@ func (r *Router) Endpoints() []EndpointInfo {
 	var out []EndpointInfo
 	for _, e := range r.pool.All() {
 		info := EndpointInfo{
-			ID: e.ID, Name: e.Name, Engine: e.Engine, Models: e.Models, Labels: maps.Clone(e.Labels),
+			ID: e.ID, Name: e.Name, Engine: e.Engine, EngineKind: e.Kind(), Models: e.Models, Labels: maps.Clone(e.Labels),
 			Healthy: e.Healthy(), Available: e.Available(), InFlight: e.InFlight(),
 			PendingPrefill: e.PendingPrefill(), KVTokens: e.KVTokens(), Snapshot: e.Snapshot(),
 			Probe: r.prober.Status(e),
 		}
 		if info.Models == nil {
 			info.Models = []string{}
+		}
+		if len(e.Models) == 0 {
+			info.ServedModels = e.ServedModels()
 		}
 		info.CacheAudit = r.audit.Status(e)
 		info.TokenScale = e.TokenScale()

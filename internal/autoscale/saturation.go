@@ -104,7 +104,8 @@ func (s *Saturation) Sample(now time.Time, eps []*endpoint.Endpoint) {
 
 // Figures is the load on one model's engines.
 type Figures struct {
-	// Model is the model, "" for the endpoints that list no models (they serve any).
+	// Model is the model (FiguresBy: the label), "" for the endpoints whose models are not
+	// known: no endpoints[].models, and no list from their engine yet (they may take any).
 	Model string `json:"model"`
 	// Engines is the model's endpoints available for new requests: the capacity.
 	Engines int `json:"engines"`
@@ -138,13 +139,32 @@ type Figures struct {
 // Known reports whether the load and the capacity are both known.
 func (f *Figures) Known() bool { return f.Reporting > 0 && f.Engines > 0 }
 
+// Models returns the models an endpoint's load and capacity count for, as the proxy routes: its
+// configured models (endpoints[].models), else those its engine lists (GET /v1/models, learnt
+// by probing), else nil: not known yet, and it may take any model.
+func Models(e *endpoint.Endpoint) []string {
+	if len(e.Models) > 0 {
+		return e.Models
+	}
+	return e.ServedModels()
+}
+
 // Figures returns each model's figures, sorted by model, for the endpoints eps (those of the
-// last Sample that are still in eps count). rate gives an endpoint's prefill rate in the
+// last Sample that are still in eps count). An endpoint's models are Models': an endpoint
+// whose models are not known yet counts under "". rate gives an endpoint's prefill rate in the
 // engine's tokens per second (0: unknown; an endpoint without one is taken at the mean of the
 // others'); only available endpoints make the capacity, while every endpoint's load counts
 // (one that drains still works). An endpoint serving several models counts its load and its
 // capacity for each.
 func (s *Saturation) Figures(eps []*endpoint.Endpoint, rate func(*endpoint.Endpoint) float64) []Figures {
+	return s.FiguresBy(eps, rate, nil)
+}
+
+// FiguresBy is Figures with the models grouped by label (label(""): the endpoints whose models
+// are not known), each Figures being one label's: the models of a metric's bounded label set
+// that share a label make one, and an endpoint counts once for each of its models' labels. A
+// nil label keeps each model apart. label is called without the Saturation's lock held.
+func (s *Saturation) FiguresBy(eps []*endpoint.Endpoint, rate func(*endpoint.Endpoint) float64, label func(model string) string) []Figures {
 	type one struct {
 		models        []string
 		avail         bool
@@ -153,15 +173,27 @@ func (s *Saturation) Figures(eps []*endpoint.Endpoint, rate func(*endpoint.Endpo
 		hasDem, hasKV bool
 	}
 	ones := make([]one, len(eps))
-	s.mu.Lock()
 	for i, e := range eps {
-		o := one{models: e.Models, avail: e.Available()}
+		o := one{models: Models(e), avail: e.Available()}
 		if len(o.models) == 0 {
 			o.models = []string{""}
+		}
+		if label != nil {
+			ls := make([]string, len(o.models))
+			for j, m := range o.models {
+				ls[j] = label(m)
+			}
+			slices.Sort(ls)
+			o.models = slices.Compact(ls)
 		}
 		if rate != nil {
 			o.rate = rate(e)
 		}
+		ones[i] = o
+	}
+	s.mu.Lock()
+	for i, e := range eps {
+		o := &ones[i]
 		if d := s.eps[e]; d != nil && !d.stale {
 			if d.reported && d.weight > 0 {
 				o.demand, o.hasDem = d.mean/d.weight, true
@@ -170,7 +202,6 @@ func (s *Saturation) Figures(eps []*endpoint.Endpoint, rate func(*endpoint.Endpo
 				o.kv, o.hasKV = d.kv/d.kvWeight, true
 			}
 		}
-		ones[i] = o
 	}
 	s.mu.Unlock()
 

@@ -35,6 +35,7 @@ type Autoscale struct {
 	endpoints atomic.Pointer[func() []*endpoint.Endpoint]
 	rate      atomic.Pointer[func(*endpoint.Endpoint) float64]
 	value     atomic.Pointer[func(*endpoint.Endpoint) (tokens float64, ok bool)]
+	label     atomic.Pointer[func(model string) string]
 	now       func() time.Time
 }
 
@@ -60,7 +61,17 @@ func (a *Autoscale) WatchCacheValue(f func(*endpoint.Endpoint) (tokens float64, 
 	a.value.Store(&f)
 }
 
-// Figures samples the endpoints' snapshots and returns each model's figures (nil before Watch).
+// WatchLabels sets the function that gives a model's label (Metrics.ModelLabel), so that the
+// figures carry kvroute_requests_total's model labels, bounded as those are: the models the
+// engines list past those given labels (MaxLearntModels, MaxLearntPerEngine) count as
+// OtherModel, with the endpoints whose models are not known yet. Unset, each model is its own
+// label (as many as the engines list), and those endpoints count as OtherModel.
+func (a *Autoscale) WatchLabels(f func(model string) string) { a.label.Store(&f) }
+
+// Figures samples the endpoints' snapshots and returns each model label's figures (nil before
+// Watch). An endpoint without endpoints[].models counts for the models its engine lists
+// (autoscale.Models), as the proxy routes them, and under OtherModel until its engine has
+// listed them.
 func (a *Autoscale) Figures() []autoscale.Figures {
 	f := a.endpoints.Load()
 	if f == nil {
@@ -68,7 +79,22 @@ func (a *Autoscale) Figures() []autoscale.Figures {
 	}
 	eps := (*f)()
 	a.sat.Sample(a.now(), eps)
-	return a.sat.Figures(eps, *a.rate.Load())
+	return a.sat.FiguresBy(eps, *a.rate.Load(), a.modelLabel)
+}
+
+// modelLabel is model's label in the autoscaling series ("" is the endpoints whose models are
+// not known).
+func (a *Autoscale) modelLabel(model string) string {
+	if f := a.label.Load(); f != nil {
+		if l := (*f)(model); l != "" {
+			return l
+		}
+		return OtherModel
+	}
+	if model == "" {
+		return OtherModel
+	}
+	return model
 }
 
 // autoscaleCollector reads the figures at scrape time.
@@ -83,10 +109,7 @@ func (c *autoscaleCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *autoscaleCollector) Collect(ch chan<- prometheus.Metric) {
 	a := (*Autoscale)(c)
 	for _, f := range a.Figures() {
-		model := f.Model
-		if model == "" {
-			model = OtherModel // the endpoints that list no models
-		}
+		model := f.Model // a label already: never "", and one Figures for each
 		if f.Counted > 0 {
 			ch <- prometheus.MustNewConstMetric(descModelDemand, prometheus.GaugeValue, f.Demand, model)
 		}

@@ -1,10 +1,13 @@
 package metrics
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -70,5 +73,104 @@ kvroute_model_saturation{model="other"} 0.3
 	scrape(30 * time.Second)
 	if got := seriesOf(t, reg)["kvroute_model_saturation{model=m}"]; got < 0.89 || got > 0.91 {
 		t.Errorf("w draining: saturation %g, want 0.9", got)
+	}
+}
+
+// TestAutoscaleServedModels: endpoints without configured models (`kvroute serve --endpoint
+// URL`) export their load under the models their engines list, the labels of
+// kvroute_requests_total, so that a KEDA query on kvroute_model_load{model="llama3-70b"} finds
+// it; under "other" only until the engines have listed them, and not after. An engine listing
+// more models than the labels allow counts the rest under "other", as its requests do.
+func TestAutoscaleServedModels(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg)
+	a := NewAutoscale(reg, time.Minute)
+	a.WatchLabels(m.ModelLabel)
+	v := &endpoint.Endpoint{ID: 0, Name: "http://127.0.0.1:1"}
+	w := &endpoint.Endpoint{ID: 1, Name: "http://127.0.0.1:2"}
+	eps := []*endpoint.Endpoint{v, w}
+	for _, e := range eps {
+		m.EndpointAdded(e.Name, nil)
+	}
+	a.Watch(func() []*endpoint.Endpoint { return eps }, func(*endpoint.Endpoint) float64 { return 10000 })
+	t0 := time.Unix(1000, 0)
+	var clock time.Duration
+	a.now = func() time.Time { return t0.Add(clock) }
+	// Each engine computes 2,000 prompt tokens/s: a prefill utilisation of 0.2.
+	scrape := func() map[string]float64 {
+		t.Helper()
+		clock += 15 * time.Second
+		for _, e := range eps {
+			e.SetSnapshot(&endpoint.Snapshot{At: t0.Add(clock), PrefixQueries: 2000 * clock.Seconds()})
+		}
+		out := map[string]float64{}
+		for k, x := range seriesOf(t, reg) {
+			if strings.HasPrefix(k, "kvroute_model_") {
+				out[k] = x
+			}
+		}
+		return out
+	}
+	scrape()
+	want := map[string]float64{
+		"kvroute_model_load{model=other}":                             0.4,
+		"kvroute_model_saturation{model=other}":                       0.2,
+		"kvroute_model_prefill_demand_tokens_per_second{model=other}": 4000,
+	}
+	if diff := cmp.Diff(want, scrape(), cmpopts.EquateApprox(1e-9, 1e-9)); diff != "" {
+		t.Errorf("models not listed yet (-want +got):\n%s", diff)
+	}
+	for _, e := range eps {
+		e.SetServedModels([]string{"llama3-70b"})
+		m.EndpointServes(e.Name, e.ServedModels())
+	}
+	want = map[string]float64{
+		"kvroute_model_load{model=llama3-70b}":                             0.4,
+		"kvroute_model_saturation{model=llama3-70b}":                       0.2,
+		"kvroute_model_prefill_demand_tokens_per_second{model=llama3-70b}": 4000,
+	}
+	if diff := cmp.Diff(want, scrape(), cmpopts.EquateApprox(1e-9, 1e-9)); diff != "" {
+		t.Errorf("engines list llama3-70b (-want +got):\n%s", diff)
+	}
+	// w restarts serving many models: the first MaxLearntPerEngine have labels, the rest
+	// count under "other", once (w is one engine).
+	var many []string
+	for i := range MaxLearntPerEngine + 4 {
+		many = append(many, fmt.Sprintf("z%02d", i))
+	}
+	w.SetServedModels(many)
+	m.EndpointServes(w.Name, w.ServedModels())
+	want = map[string]float64{
+		"kvroute_model_load{model=llama3-70b}":                             0.2,
+		"kvroute_model_saturation{model=llama3-70b}":                       0.2,
+		"kvroute_model_prefill_demand_tokens_per_second{model=llama3-70b}": 2000,
+		"kvroute_model_load{model=other}":                                  0.2,
+		"kvroute_model_saturation{model=other}":                            0.2,
+		"kvroute_model_prefill_demand_tokens_per_second{model=other}":      2000,
+	}
+	for _, model := range many[:MaxLearntPerEngine] {
+		want["kvroute_model_load{model="+model+"}"] = 0.2
+		want["kvroute_model_saturation{model="+model+"}"] = 0.2
+		want["kvroute_model_prefill_demand_tokens_per_second{model="+model+"}"] = 2000
+	}
+	if diff := cmp.Diff(want, scrape(), cmpopts.EquateApprox(1e-9, 1e-9)); diff != "" {
+		t.Errorf("w lists %d models (-want +got):\n%s", len(many), diff)
+	}
+	// Every model label of the load is one of the requests' (a KEDA query can take its model
+	// from kvroute_requests_total).
+	requests := map[string]bool{}
+	for k := range seriesOf(t, reg) {
+		if rest, ok := strings.CutPrefix(k, "kvroute_requests_total{"); ok {
+			for _, l := range strings.Split(strings.TrimSuffix(rest, "}"), ",") {
+				if model, ok := strings.CutPrefix(l, "model="); ok {
+					requests[model] = true
+				}
+			}
+		}
+	}
+	for k := range want {
+		if model, ok := strings.CutPrefix(k, "kvroute_model_load{model="); ok && !requests[strings.TrimSuffix(model, "}")] {
+			t.Errorf("%s: no kvroute_requests_total series with that model", k)
+		}
 	}
 }
