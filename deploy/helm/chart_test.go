@@ -515,7 +515,6 @@ func TestChartSetOnAWatch(t *testing.T) {
 
 func TestChartRefusesWhatItCannotRender(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
-		{"mode: proxy", `mode: "proxy" is not a mode: use standalone or endpointPicker`},
 		{"config: {listen: 0.0.0.0:80}", "config.listen: leave it out"},
 		{"config: {discovery: {kubernetes: []}}", "config.discovery.kubernetes: leave it out"},
 		{"saltSecret: {value: short}", "saltSecret.value: at least 32 bytes"},
@@ -526,7 +525,6 @@ func TestChartRefusesWhatItCannotRender(t *testing.T) {
 		{"kubernetesDiscovery: {watches: [{service: vllm, port_name: http}]}", "kubernetesDiscovery.watches[0].endpoint.engine: give the engines' kind"},
 		{"kubernetesDiscovery: {watches: [{service: vllm, endpoint: {engine: vllm}}, {service: b, endpoint: {models: [m]}}]}", "kubernetesDiscovery.watches[1].endpoint.engine: give the engines' kind"},
 		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true}}", "endpointPicker.inferencePool.selector: give the model server pods' labels"},
-		{"mode: endpointPicker\nendpointPicker: {inferencePool: {create: true, selector: {a: b}, failureMode: Open}}", `failureMode: "Open": use FailClose or FailOpen`},
 		{"mode: endpointPicker\nconfig: {extproc: {listen: ':9002'}}", "config.extproc.listen: leave it out"},
 		{"mode: endpointPicker\nconfig: {extproc: {tls: {self_signed: true}}}", "config.extproc.tls: leave it out"},
 		{"config: {discovery: {inference_pool: {name: x}}}", "config.discovery.inference_pool: leave it out"},

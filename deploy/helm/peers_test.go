@@ -80,7 +80,6 @@ func TestChartPeersKubernetes(t *testing.T) {
 	}
 
 	for _, tc := range []struct{ values, want string }{
-		{"peers: {enabled: true, discovery: api}", `peers.discovery: "api": use dns (the headless Service's name) or kubernetes`},
 		{"peers: {enabled: true}\nconfig: {peers: {kubernetes: {service: x}}}", "config.peers.kubernetes: leave it out"},
 	} {
 		if _, err := render(t, tc.values); err == nil || !strings.Contains(err.Error(), tc.want) {
