@@ -10,6 +10,7 @@ package endpoint
 import (
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -44,6 +45,9 @@ type Endpoint struct {
 
 	tokenScale   atomic.Uint64            // float64 bits: engine tokens per router-estimated token; 0: 1
 	reportedStep atomic.Int64             // the step budget the engine reports, its tokens; 0: none
+	prefillRate  atomic.Uint64            // float64 bits: PrefillRate, router tokens per second; 0: not learned
+	prefillMu    sync.Mutex               // held by LearnPrefill: prefillRate's writes, prefillAt
+	prefillAt    int64                    // unix nanoseconds prefillRate was last learned
 	firstSeen    atomic.Int64             // unix nanoseconds the router's lifecycle first saw it; 0: not yet
 	served       atomic.Pointer[[]string] // models the engine lists, sorted; nil: not asked
 	// notServed maps the models the engine said it does not serve (a 404 naming the model) to
@@ -145,6 +149,38 @@ func (e *Endpoint) LearnTokenScale(engineTokens, estimate int, weight float64) {
 		}
 	}
 }
+
+// PrefillRate is the fastest prefill the engine has shown of late, in the router's tokens per
+// second (LearnPrefill), 0 before it has shown one. It is what a router whose policy predicts no
+// TTFT knows of how long a long prompt takes there (route.Call.Stall).
+func (e *Endpoint) PrefillRate() float64 { return math.Float64frombits(e.prefillRate.Load()) }
+
+// LearnPrefill folds into PrefillRate one request that reached its first token ttft after it
+// was sent, at now (unix nanoseconds), with tokens of its prompt (the router's) to compute: the
+// prompt less what the engine reported cached. What tokens over ttft gives is at most the
+// engine's own rate, for its TTFT also holds its wait in the queue, the network's time and the
+// steps shared with other requests, so the fastest seen is the closest: PrefillRate keeps the
+// larger of the request's rate and the rate before, faded by half for every prefillFade since
+// it was learned, so that one request whose cached tokens were reported short does not speak
+// for the engine for good (the fading is counted when the next request is learned: an engine
+// that serves nothing keeps its rate meanwhile).
+func (e *Endpoint) LearnPrefill(tokens int, ttft time.Duration, now int64) {
+	if tokens <= 0 || ttft <= 0 {
+		return
+	}
+	rate := float64(tokens) / ttft.Seconds()
+	e.prefillMu.Lock()
+	defer e.prefillMu.Unlock()
+	faded := e.PrefillRate()
+	if since := now - e.prefillAt; since > 0 {
+		faded *= math.Exp2(-float64(since) / float64(prefillFade))
+	}
+	e.prefillRate.Store(math.Float64bits(max(rate, faded)))
+	e.prefillAt = max(e.prefillAt, now)
+}
+
+// prefillFade is how long a prefill rate takes to count half (LearnPrefill).
+const prefillFade = int64(time.Hour)
 
 // Where an endpoint's step budget comes from (StepBudget; a policy's own value is the fourth).
 const (

@@ -50,9 +50,12 @@ type Config struct {
 	// StallTimeout, when positive, has each attempt watched for a stall (Call.Stall): waiting
 	// for its first token for StallTimeout, or policy.MaxSlowdown times its predicted TTFT where
 	// the policy predicts one (policy.TTFTPredictor) and that is longer, while its engine
-	// answered nothing at all. A policy that predicts nothing, or has no prediction yet (a
-	// router that has just started), is watched for StallTimeout alone: a prediction only ever
-	// lengthens the wait. 0: not watched (the first-token timeout alone bounds the wait).
+	// answered nothing at all. Where the policy predicts nothing, or has no prediction yet (a
+	// router that has just started), MaxSlowdown times the prompt's own prefill there stands
+	// in for the prediction: its tokens not predicted cached over the endpoint's prefill rate
+	// (endpoint.PrefillRate, learned from its answers here; 10,000 tokens a second before one).
+	// Either only ever lengthens the wait. 0: not watched (the first-token timeout alone bounds
+	// the wait).
 	StallTimeout time.Duration
 }
 
@@ -946,6 +949,11 @@ func (c *Call) Finish(o Outcome) {
 	now := c.lc.clock.Now()
 	if o.OK {
 		c.ep.Progressed(now.UnixNano())
+		// The engine's prefill rate, for the stall watch of policies that predict no TTFT: only
+		// where it said what it had cached, else a prompt it mostly had would pass for a fast one.
+		if !c.firstAt.IsZero() && o.CachedTokens >= 0 {
+			c.ep.LearnPrefill(prompt-max(cached, 0), time.Duration(c.firstAt.UnixNano()-c.sentAt), now.UnixNano())
+		}
 	}
 	f := o.Failure
 	if !o.OK && f == FailNone {
@@ -970,10 +978,11 @@ func (c *Call) Finish(o Outcome) {
 
 // StallWatch watches one attempt for a stall: its engine holds it, has answered nothing at
 // all (no first token, stream event or complete answer, for any request: endpoint.Progressed)
-// for as long as would make the attempt's own wait MaxSlowdown times its predicted TTFT, and
-// at least the lifecycle's StallTimeout. An engine that works answers something; one that
-// queues the attempt behind others answers them, so a long queue is not a stall. Its methods
-// are safe to call from any goroutine (a timer's).
+// for as long as would make the attempt's own wait MaxSlowdown times its predicted TTFT (or its
+// prompt's prefill, without a prediction), and at least the lifecycle's StallTimeout. An
+// engine that works answers something; one that queues the attempt behind others answers
+// them, so a long queue is not a stall. Its methods are safe to call from any goroutine (a
+// timer's).
 type StallWatch struct {
 	ep    *endpoint.Endpoint
 	share *Share        // told of a stall found (nil: none)
@@ -1066,20 +1075,47 @@ func (c *Call) watchStall(ep *endpoint.Endpoint) {
 }
 
 // stallSpan is how long the attempt on ep may wait for its first token while its engine
-// answers nothing before it is stalled: StallTimeout, or MaxSlowdown times the policy's
-// predicted TTFT where that is longer. Until December 2026 an attempt without a prediction
-// was not watched at all: on a router that had just started (prefix-aware predicts nothing
-// before its first five TTFTs), and always with the other policies, a hung engine held each
-// request for the first-token timeout (two minutes).
+// answers nothing before it is stalled: StallTimeout, or where longer MaxSlowdown times the
+// policy's predicted TTFT, or, where the policy predicts none, MaxSlowdown times the prompt's
+// own prefill there (prefillSpan). Until December 2026 an attempt without a prediction was not
+// watched at all: on a router that had just started (prefix-aware predicts nothing before its
+// first five TTFTs), and always with the other policies, a hung engine held each request for
+// the first-token timeout (two minutes). Then, until the prefill was allowed for, it was
+// watched for StallTimeout alone: an engine computing one prompt of 102,869 tokens, ~11 s, and
+// nothing else had it given up at 10 s and started again elsewhere (round-robin, simulated).
 func (c *Call) stallSpan(ep *endpoint.Endpoint) time.Duration {
 	span := c.lc.stall
 	if c.lc.ttfts != nil {
 		if p := c.lc.ttfts.PredictTTFT(c.Req, ep); p > 0 {
-			span = max(span, time.Duration(policy.MaxSlowdown*float64(p)))
+			return max(span, time.Duration(policy.MaxSlowdown*float64(p)))
 		}
 	}
-	return span
+	uncached := c.Req.PromptTokens - max(c.predicted, 0)
+	return max(span, prefillSpan(uncached, ep.PrefillRate()))
 }
+
+// prefillSpan is MaxSlowdown times the prefill of tokens at rate (tokens per second; 0: not
+// known, fallbackPrefillRate stands in), at most maxPrefillSpan.
+func prefillSpan(tokens int, rate float64) time.Duration {
+	if tokens <= 0 {
+		return 0
+	}
+	if rate <= 0 {
+		rate = fallbackPrefillRate
+	}
+	return time.Duration(min(policy.MaxSlowdown*float64(tokens)/rate, maxPrefillSpan.Seconds()) * float64(time.Second))
+}
+
+// fallbackPrefillRate is the prefill rate, in the router's tokens per second, that an endpoint
+// is granted before it has shown its own (endpoint.LearnPrefill): prefix-aware's prior, 10,000
+// tokens a second, one GPU's prefill of a mid-sized model. With MaxSlowdown's margin a prompt
+// of up to 5,000 tokens keeps StallTimeout's 10 s, and an engine as slow as 500 tokens a
+// second is not given up.
+const fallbackPrefillRate = 10000.0
+
+// maxPrefillSpan bounds prefillSpan: beyond any first-token timeout (the attempt is then
+// watched by that timeout alone), within time.Duration.
+const maxPrefillSpan = 24 * time.Hour
 
 // Endpoint returns the endpoint of the attempt in progress or of the last one, or nil when no
 // attempt was made.
