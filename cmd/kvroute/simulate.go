@@ -56,7 +56,7 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 	fs.BoolVar(&o.NoAudit, "no-cache-audit", false, "run the routers without the cache audit (on in kvroute serve, always): to measure what it is worth against a --blind instance")
 	fs.IntVar(&o.CutAfter, "cut-after", 5, "tokens a stream gets from a --cut instance before the cut")
 	fs.DurationVar(&o.FirstTokenTimeout, "first-token-timeout", des.DefaultFirstTokenTimeout, "limits.first_token_timeout: an attempt without its first token by then fails over to the next ranked instance (0: none)")
-	fs.DurationVar(&o.StallTimeout, "stall-timeout", des.DefaultStallTimeout, "limits.stall_timeout: an attempt whose instance answers nothing for this long (or 20 x its predicted TTFT, where longer) fails over before the first-token timeout; every policy (0: none)")
+	fs.DurationVar(&o.StallTimeout, "stall-timeout", des.DefaultStallTimeout, "limits.stall_timeout: an attempt whose instance answers nothing for this long (or 20 x its predicted TTFT, or 20 x its prompt's prefill where no TTFT is predicted, where longer) fails over before the first-token timeout; every policy (0: none)")
 	fs.DurationVar(&o.StreamIdleTimeout, "stream-idle-timeout", des.DefaultStreamIdleTimeout, "limits.stream_idle_timeout: a stream silent this long fails (0: none)")
 	fs.IntVar(&o.PassiveFailures, "passive-failures", des.DefaultPassiveFailures, "health.passive_failures: consecutive failures (5xx, timeouts, cut streams, connection errors) that eject an instance")
 	fs.DurationVar(&o.EjectionTime, "ejection-time", route.DefaultBaseEjection, "health.ejection_time: a first ejection's length (n times that for the n-th in a row)")

@@ -283,9 +283,10 @@ type Limits struct {
 	// is given up as stalled, and the request goes to the next ranked endpoint, when its
 	// engine has answered nothing at all meanwhile (no token of any stream, no complete
 	// answer, seen by this router or its peers): a hung engine that still passes health
-	// checks. The wait is 20 times the attempt's predicted TTFT where that is longer (only
-	// policies that predict one, prefix-aware). The last attempt a request may make is not
-	// watched. Default 10s; as long as first_token_timeout or longer turns it off.
+	// checks. The wait is 20 times the attempt's predicted TTFT where that is longer (policies
+	// that predict one, prefix-aware), else 20 times its prompt's prefill at the endpoint's
+	// learned rate where that is longer (route.Call.Stall). The last attempt a request may
+	// make is not watched. Default 10s; as long as first_token_timeout or longer turns it off.
 	StallTimeout Duration `json:"stall_timeout"`
 	// ResponseTimeout bounds a non-streamed answer, from sending the request to its last byte.
 	// Default 10m. endpoints[].response_timeout overrides it.
