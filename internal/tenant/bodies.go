@@ -78,7 +78,8 @@ func (g *Gate) TakeBody(ctx context.Context, id *Identity, conns int, h http.Hea
 	s := id.state
 	s.mu.Lock()
 	limit, why := bodyLimit(s.maxConc, conns)
-	s.bodyLimit = limit
+	s.bodyLimit, s.bodyConns = limit, conns
+	s.admitBodies() // those waiting first, should the bound have risen since they came
 	if limit <= 0 || s.bodies < limit && len(s.bodyWaiters) == 0 {
 		s.bodies++
 		s.mu.Unlock()
@@ -141,13 +142,21 @@ func (g *Gate) BodyDone(id *Identity) {
 	s := id.state
 	s.mu.Lock()
 	s.bodies--
-	for len(s.bodyWaiters) > 0 && (s.bodyLimit <= 0 || s.bodies < s.bodyLimit) {
-		w := s.bodyWaiters[0]
-		s.bodyWaiters[0] = nil
-		s.bodyWaiters = s.bodyWaiters[1:]
-		s.bodies++
+	s.admitBodies()
+	s.mu.Unlock()
+}
+
+// admitBodies hands the places free under the bound (bodyLimit; none: every place) to the
+// bodies waiting, first come first: at a body's end, at a new body (the bound it finds may
+// have risen), and when max_concurrent changes (a reload, the replica count: setLimits). The
+// caller holds l.mu.
+func (l *limiter) admitBodies() {
+	for len(l.bodyWaiters) > 0 && (l.bodyLimit <= 0 || l.bodies < l.bodyLimit) {
+		w := l.bodyWaiters[0]
+		l.bodyWaiters[0] = nil
+		l.bodyWaiters = l.bodyWaiters[1:]
+		l.bodies++
 		w.granted = true
 		close(w.ready)
 	}
-	s.mu.Unlock()
 }

@@ -109,9 +109,12 @@ type limiter struct {
 	// bodies counts the tenant's request bodies being received (TakeBody, BodyDone).
 	bodies int
 	// bodyWaiters are the bodies waiting for a place, first come first; bodyLimit is the bound
-	// on bodies the last TakeBody found (bodyLimit), by which BodyDone lets waiters in.
+	// on bodies the last TakeBody found (bodyLimit), by which BodyDone lets waiters in;
+	// bodyConns the connection cap it was given, for a bound that a change of max_concurrent
+	// moves (setLimits).
 	bodyWaiters []*bodyWaiter
 	bodyLimit   int
+	bodyConns   int
 	// expected is the completion tokens per sequence its answers have had (learn), which its
 	// requests without max_tokens reserve (reserve); 0 before any.
 	expected float64
@@ -265,6 +268,12 @@ func (l *limiter) setLimits(now time.Time, limits config.TenantLimits, n int) {
 	l.tok.setLimit(now, share(limits.TokensPerMinute, n))
 	l.maxConc = share(limits.MaxConcurrent, n)
 	l.replicas = n
+	if len(l.bodyWaiters) > 0 {
+		// A bound raised (or lifted) lets the waiting bodies in now, not at the next body's
+		// end or their wait's.
+		l.bodyLimit, _ = bodyLimit(l.maxConc, l.bodyConns)
+		l.admitBodies()
+	}
 }
 
 // shared is what a refusal adds to a limit it names while the limits are shared among
