@@ -239,7 +239,8 @@ func ParseScratch(kind Kind, body []byte, sc *Scratch) (*Request, error) {
 	// One hand-written pass over the body: it reads only the fields we route on and validates
 	// the rest, and gives up (ok false) on anything unusual, which then takes the encoding/json
 	// paths below with their precise errors.
-	if sb, ok := scanBody(kind, body, sc); ok {
+	// An empty messages array too, so that its refusal is worded in one place.
+	if sb, ok := scanBody(kind, body, sc); ok && (kind != KindChat || len(sb.msgs) > 0) {
 		r, err := fromWire(kind, body, &sb.w)
 		if err != nil {
 			return nil, err
@@ -262,7 +263,7 @@ func parseDecoded(kind Kind, body []byte) (*Request, error) {
 	}
 	if kind == KindChat {
 		var f wireFast
-		if json.Unmarshal(body, &f) == nil && f.Model != nil && *f.Model != "" && f.Messages != nil {
+		if json.Unmarshal(body, &f) == nil && f.Model != nil && *f.Model != "" && len(f.Messages) > 0 {
 			if msgs, err := convertMessages(f.Messages, "messages"); err == nil {
 				r, err := fromWire(kind, body, &f.wire)
 				if err != nil {
@@ -300,6 +301,10 @@ func parseDecoded(kind Kind, body []byte) (*Request, error) {
 			return nil, BadRequest("messages", "missing required field messages")
 		}
 		r.Messages, err = parseMessages(w.Messages, "messages")
+		if err == nil && len(r.Messages) == 0 {
+			// OpenAI's API refuses it too; an engine would answer a prompt of nothing.
+			return nil, BadRequest("messages", "messages is an empty array: give at least one message")
+		}
 	case KindCompletion:
 		if !isPresent(w.Prompt) {
 			return nil, BadRequest("prompt", "missing required field prompt")

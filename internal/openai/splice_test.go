@@ -94,7 +94,7 @@ func FuzzIncludeUsageSplice(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","stream":true,"stream_options":null,"prompt":"x"}`,
-		`{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[]}`,
+		`{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[{"role":"user","content":"x"}]}`,
 		"{\"model\":\"m\" , \"prompt\":[1,2]\t}",
 	} {
 		f.Add(uint8(0), []byte(s))
@@ -270,7 +270,7 @@ func FuzzCacheSaltSplice(f *testing.F) {
 		`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","cache_salt":"c","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","cache_salt":null,"prompt":"x"}`,
-		`{"model":"m","Cache_salt":"c","cache_salt":"d","messages":[]}`,
+		`{"model":"m","Cache_salt":"c","cache_salt":"d","messages":[{"role":"user","content":"x"}]}`,
 		"{\"model\":\"m\" , \"prompt\":[1,2]\t}",
 	} {
 		f.Add(uint8(0), []byte(s))

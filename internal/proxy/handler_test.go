@@ -345,7 +345,7 @@ func TestErrorClasses(t *testing.T) {
 	}{
 		{"bad json", "/v1/chat/completions", `{"model":`, 400, ""},
 		{"missing messages", "/v1/chat/completions", `{"model":"m"}`, 400, ""},
-		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[]}`, 404, "model_not_found"},
+		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, "model_not_found"},
 		{"unknown path", "/v1/nothing", `{}`, 404, "unknown_url"},
 		{"too large", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "request_too_large"},
 	}
