@@ -358,3 +358,16 @@ func TestHelpSharedFlags(t *testing.T) {
 		}
 	}
 }
+
+// serve with both a config file and endpoints says which to drop, and where the endpoints go;
+// with neither, what to give.
+func TestServeConfigOrEndpoints(t *testing.T) {
+	code, _, stderr := runVerb("serve", "--config", "x.yaml", "--endpoint", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(stderr, "not both") {
+		t.Errorf("both: exit %d, %q; want 2 and 'not both'", code, stderr)
+	}
+	code, _, stderr = runVerb("serve")
+	if code != 2 || !strings.Contains(stderr, "give either --config FILE or one or more --endpoint URL") || strings.Contains(stderr, "not both") {
+		t.Errorf("neither: exit %d, %q", code, stderr)
+	}
+}

@@ -60,7 +60,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return code
 	}
 	if (*cfgPath == "") == (len(endpoints) == 0) {
-		fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL")
+		if *cfgPath != "" {
+			fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL, not both (list the endpoints under endpoints: in the config)")
+		} else {
+			fmt.Fprintln(stderr, "kvroute serve: give either --config FILE or one or more --endpoint URL")
+		}
 		return 2
 	}
 	if *cfgPath != "" {

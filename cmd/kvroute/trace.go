@@ -189,7 +189,11 @@ func traceMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 	if output != "" {
 		to = output
 	}
-	fmt.Fprintf(stderr, "kvroute trace: %d requests (%s) written to %s\n", stats.Requests, stats.Format, to)
+	noun := "requests"
+	if stats.Requests == 1 {
+		noun = "request"
+	}
+	fmt.Fprintf(stderr, "kvroute trace: %d %s (%s) written to %s\n", stats.Requests, noun, stats.Format, to)
 	for _, n := range stats.Notes {
 		fmt.Fprintf(stderr, "  note: %s\n", n)
 	}
