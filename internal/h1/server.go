@@ -127,9 +127,11 @@ type Server struct {
 	// none of the answer: a client that stops reading (its window closed), and so holds a
 	// write for longer, has its connection closed (abortively), and the handler's writes fail
 	// from then on. On Linux the client's progress is the kernel's (sendIdle): a client that
-	// reads, however slowly (at least a segment per bound), is not cut, though a write to it
-	// waits far longer; elsewhere a write that waits this long is cut. A stream the client
-	// keeps reading is never cut, however long it runs. 0: no bound.
+	// reads, however slowly (enough per bound to reopen its window: Linux reopens a closed
+	// window once the client frees about a sixteenth of its receive buffer, at least a
+	// segment), is not cut, though a write to it waits far longer; elsewhere a write that
+	// waits this long is cut. A stream the client keeps reading is never cut, however long it
+	// runs. 0: no bound.
 	WriteStallTimeout time.Duration
 	// WatchAfter is how long a request runs before its connection is watched for the client
 	// going away (give or take half of it while requests are in flight; a request that starts
