@@ -427,7 +427,7 @@ func (c *call) labels() map[string]string {
 //   - else none serves it: 404.
 func (h *Handler) noCandidate(model string, labels map[string]string, out http.Header) *openai.Error {
 	now := time.Now()
-	var down, unknownDown, refused, up int
+	var down, draining, unknownDown, refused, up int
 	for _, e := range h.Pool.All() {
 		if !hasLabels(e, labels) {
 			continue
@@ -448,8 +448,10 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 		case !slices.ContainsFunc(list, func(m string) bool { return endpoint.SameModel(m, model) }):
 		case e.Available():
 			up++ // a candidate that the front end's narrowing left out (Exchange)
+		case e.Draining():
+			draining++
 		default:
-			down++
+			down++ // its health checks fail
 		}
 	}
 	unavailable := func(msg string) *openai.Error {
@@ -458,8 +460,20 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 	}
 	q := strconv.Quote(model)
 	switch {
-	case down > 0 || up > 0:
+	case up > 0:
 		return unavailable("no healthy endpoint serves model " + q + "; retry shortly")
+	case down > 0 || draining > 0:
+		// Why, in counts (as the unknown models' message gives them): a client or an operator
+		// told only "retry" cannot tell a fleet down from a model misnamed or drained.
+		var why []string
+		if down > 0 {
+			why = append(why, strconv.Itoa(down)+" failing "+pluralHealth(down))
+		}
+		if draining > 0 {
+			why = append(why, strconv.Itoa(draining)+" draining (being removed)")
+		}
+		return unavailable("no healthy endpoint serves model " + q + ": " + count(down+draining, "endpoint") + " serve" + sIfOne(down+draining) +
+			" it, none available now (" + strings.Join(why, ", ") + "); retry shortly (the admin listener's /debug/endpoints says why each is out)")
 	case unknownDown > 0:
 		msg := "no endpoint is known to serve model " + q + "; " + count(unknownDown, "endpoint") +
 			" whose models are unknown (no endpoints[].models (--model), and not yet listed by the engine) " + isAre(unknownDown) +
@@ -483,6 +497,22 @@ func count(n int, noun string) string {
 		return "1 " + noun
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+// pluralHealth is "its health check" or "their health checks".
+func pluralHealth(n int) string {
+	if n == 1 {
+		return "its health check"
+	}
+	return "their health checks"
+}
+
+// sIfOne is the verb's s for a subject of n: "serves" for 1.
+func sIfOne(n int) string {
+	if n == 1 {
+		return "s"
+	}
+	return ""
 }
 
 func isAre(n int) string {

@@ -130,7 +130,7 @@ func TestFirstCheckWait(t *testing.T) {
 		waitWaiting(t, logs, ch)
 		f.pool.ByName(e.srv.URL).SetHealthy(false) // as the prober records a first check that failed
 		a := answer(t, ch)
-		if a.err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, `no healthy endpoint serves model \"m\"; retry shortly`) {
+		if a.err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, `no healthy endpoint serves model \"m\": 1 endpoint serves it, none available now (1 failing its health check); retry shortly`) {
 			t.Fatalf("after the check failed: %d %s %v, want 503 no healthy endpoint", a.status, a.body, a.err)
 		}
 		if n := len(e.received()); n != 0 {

@@ -1115,7 +1115,19 @@ func TestNoCandidateSaysWhy(t *testing.T) {
 				p.ByName(e1.srv.URL).NotServing("m", now, time.Minute)
 				p.ByName(e2.srv.URL).SetHealthy(false)
 			},
-			"m", 503, "no_healthy_endpoint", []string{`no healthy endpoint serves model "m"; retry shortly`}},
+			"m", 503, "no_healthy_endpoint", []string{`no healthy endpoint serves model "m": 1 endpoint serves it, none available now (1 failing its health check); retry shortly`, "/debug/endpoints"}},
+		{"three down, one draining",
+			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL, "m"), spec(e3.srv.URL, "m"), spec(deadURL(t), "m")},
+			func(p *endpoint.Pool) {
+				for i, e := range p.All() {
+					if i == 0 {
+						e.SetDraining(true)
+					} else {
+						e.SetHealthy(false)
+					}
+				}
+			},
+			"m", 503, "no_healthy_endpoint", []string{`no healthy endpoint serves model "m": 4 endpoints serve it, none available now (3 failing their health checks, 1 draining (being removed)); retry shortly`}},
 		{"a typo while an endpoint of unknown models is down",
 			[]endpoint.Spec{spec(e1.srv.URL, "m"), spec(e2.srv.URL)},
 			func(p *endpoint.Pool) { p.ByName(e2.srv.URL).SetHealthy(false) },
