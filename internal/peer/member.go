@@ -551,8 +551,8 @@ func (w *logWriter) Write(p []byte) (int, error) {
 			if err != nil {
 				host = remote
 			}
-			if skipped, ok := w.secretLimit.due(host); ok {
-				w.log.Warn(secretHint, "remote", remote, "undecryptable_unlogged", skipped, "line", line)
+			if skipped, others, ok := w.secretLimit.due(host); ok {
+				w.log.Warn(secretHint, withOthers([]any{"remote", remote, "undecryptable_unlogged", skipped, "line", line}, others)...)
 			} else {
 				w.log.Debug("memberlist: "+secretHint, "line", line)
 			}

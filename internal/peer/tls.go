@@ -58,6 +58,17 @@ const handshakeLogEvery = time.Minute
 // hosts are counted but not logged until old entries expire.
 const maxHandshakeHosts = 4096
 
+// maxNewHosts bounds the hosts logged for the first time per handshakeLogEvery: a sender
+// that forges its address (UDP gossip) shows as a new host at every packet, and 100 a second
+// made 3,797 lines a minute with the per-host limit alone. Beyond it, lines are counted and
+// said as a number on the next line logged (hostLimiter.due's others).
+const maxNewHosts = 10
+
+// hostForget is how long a host's entry is kept since it was last seen: a host that keeps
+// failing (a replica with another secret, retrying every second) keeps its entry, and so its
+// line once a minute, whatever number of strangers come and go.
+const hostForget = 10 * handshakeLogEvery
+
 // serverLog is the stream server's error log. net/http reports a failed TLS handshake only
 // there ("http: TLS handshake error from ADDR: REASON"; the stream handler never sees the
 // connection), so its lines are read back: each such line is counted in
@@ -71,19 +82,27 @@ type serverLog struct {
 }
 
 // hostLimiter says when a line about one remote host is due: at most once per
-// handshakeLogEvery per host, counting the lines not logged since. It keeps at most
-// maxHandshakeHosts hosts (a stranger can send from many); a new host beyond them is not
-// logged until old entries expire. The zero value is ready, on time.Now.
+// handshakeLogEvery per host, counting the lines not logged since, and for at most
+// maxNewHosts hosts not seen before per handshakeLogEvery. It keeps at most maxHandshakeHosts
+// hosts (a stranger can send from many), each for hostForget since it was last seen; a new host
+// beyond the bounds is not logged, only counted. The zero value is ready, on time.Now.
 type hostLimiter struct {
 	now func() time.Time // nil: time.Now
 
 	mu     sync.Mutex
 	hosts  map[string]*hostRefusals
 	lastGC time.Time
+	// newSince is when the current window of new hosts began, newHosts how many were logged
+	// in it; others counts the lines about hosts not logged for the bounds since the last line
+	// logged.
+	newSince time.Time
+	newHosts int
+	others   int
 }
 
 type hostRefusals struct {
 	logged  time.Time // when a line about the host was last logged
+	seen    time.Time // when the host was last seen
 	skipped int       // lines not logged since
 }
 
@@ -110,9 +129,9 @@ func (w *serverLog) Write(p []byte) (int, error) {
 	if err != nil {
 		host = addr
 	}
-	if skipped, ok := w.limit.due(host); ok {
-		w.log.Warn("refused a peer connection's TLS handshake", "remote", addr, "reason", reason, "err", why,
-			"refused_unlogged", skipped)
+	if skipped, others, ok := w.limit.due(host); ok {
+		w.log.Warn("refused a peer connection's TLS handshake", withOthers([]any{"remote", addr, "reason", reason, "err", why,
+			"refused_unlogged", skipped}, others)...)
 	}
 	return len(p), nil
 }
@@ -129,9 +148,19 @@ func handshakeReason(err string) string {
 	return dropTLSOther
 }
 
-// due reports whether a line about host is to be logged now, and how many about it were not
-// logged since the last that was.
-func (w *hostLimiter) due(host string) (skipped int, ok bool) {
+// withOthers adds to a line's attributes the count of lines about other hosts left unlogged
+// (hostLimiter.due's others), where there were any.
+func withOthers(args []any, others int) []any {
+	if others > 0 {
+		args = append(args, "other_hosts_unlogged", others)
+	}
+	return args
+}
+
+// due reports whether a line about host is to be logged now, how many about it were not
+// logged since the last that was (skipped), and how many about other hosts were not logged,
+// for the bounds on hosts, since the last line logged (others).
+func (w *hostLimiter) due(host string) (skipped, others int, ok bool) {
 	now := time.Now()
 	if w.now != nil {
 		now = w.now()
@@ -142,25 +171,32 @@ func (w *hostLimiter) due(host string) (skipped int, ok bool) {
 		w.hosts = map[string]*hostRefusals{}
 	}
 	if h := w.hosts[host]; h != nil {
+		h.seen = now
 		if now.Sub(h.logged) < handshakeLogEvery {
 			h.skipped++
-			return 0, false
+			return 0, 0, false
 		}
-		skipped = h.skipped
-		h.logged, h.skipped = now, 0
-		return skipped, true
+		skipped, others = h.skipped, w.others
+		h.logged, h.skipped, w.others = now, 0, 0
+		return skipped, others, true
 	}
-	if len(w.hosts) >= maxHandshakeHosts && now.Sub(w.lastGC) >= handshakeLogEvery/4 {
+	if len(w.hosts) >= maxHandshakeHosts/2 && now.Sub(w.lastGC) >= handshakeLogEvery/4 {
 		w.lastGC = now
 		for k, h := range w.hosts {
-			if now.Sub(h.logged) >= handshakeLogEvery {
+			if now.Sub(h.seen) >= hostForget {
 				delete(w.hosts, k)
 			}
 		}
 	}
-	if len(w.hosts) >= maxHandshakeHosts {
-		return 0, false
+	if now.Sub(w.newSince) >= handshakeLogEvery {
+		w.newSince, w.newHosts = now, 0
 	}
-	w.hosts[host] = &hostRefusals{logged: now}
-	return 0, true
+	if len(w.hosts) >= maxHandshakeHosts || w.newHosts >= maxNewHosts {
+		w.others++
+		return 0, 0, false
+	}
+	w.newHosts++
+	w.hosts[host] = &hostRefusals{logged: now, seen: now}
+	others, w.others = w.others, 0
+	return 0, others, true
 }
