@@ -614,8 +614,16 @@ func (t *connTable) partEnd(c net.Conn, x *tracked) {
 func (t *connTable) handshake(ctx context.Context, tc *tls.Conn, x *tracked) {
 	if tc.HandshakeContext(ctx) == nil {
 		// Should Go's server have served a request and kept the connection meanwhile (this
-		// goroutine late), the idle connection's from stays.
-		x.from.CompareAndSwap(-1, takenSoFar(tc))
+		// goroutine late), the idle connection's from stays. Where the records tell where
+		// the handshake ended (AbortStalled's connection under tc: tlsFlight), that. Else
+		// what crypto/tls had read when it returned, which may hold the start of a request
+		// sent with the handshake's last flight (crypto/tls reads ahead): a listener served
+		// over TLS should be built on AbortStalled, as the router's is.
+		from, ok := handshakeEnd(tc)
+		if !ok {
+			from = takenSoFar(tc)
+		}
+		x.from.CompareAndSwap(-1, from)
 	}
 }
 

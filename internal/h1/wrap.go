@@ -63,7 +63,8 @@ func (l stallListener) Accept() (net.Conn, error) {
 // stallConn is a connection of AbortStalled's.
 type stallConn struct {
 	net.Conn
-	bound stallBound // NetHTTP's, set by its guard
+	bound  stallBound // NetHTTP's, set by its guard
+	flight tlsFlight  // where a TLS handshake over it ends (heard)
 }
 
 func (c *stallConn) Write(p []byte) (int, error) { return c.bound.write(c.Conn, p) }
