@@ -147,29 +147,7 @@ tenants:
 	cfg.Server.HTTPServer = httpServer
 	cfg.Server.MaxConnections = 2
 	cfg.Server.MaxPendingBodyBytes = 64 << 20
-	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- r.Serve(ctx, apiLn, adminLn) }()
-	defer func() {
-		cancel()
-		select {
-		case <-served:
-		case <-time.After(15 * time.Second):
-			t.Error("Serve did not return")
-		}
-	}()
+	apiLn, adminLn := serveLoopback(t, cfg)
 
 	type conn struct {
 		nc net.Conn
@@ -431,29 +409,7 @@ func testServeRefusals(t *testing.T, httpServer string) {
 	cfg.Server.HTTPServer = httpServer
 	// Long enough for the 1 MiB head below to arrive under the race detector on a loaded machine.
 	cfg.Server.ReadHeaderTimeout = config.Duration(2 * time.Second)
-	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- r.Serve(ctx, apiLn, adminLn) }()
-	defer func() {
-		cancel()
-		select {
-		case <-served:
-		case <-time.After(15 * time.Second):
-			t.Error("Serve did not return")
-		}
-	}()
+	apiLn, adminLn := serveLoopback(t, cfg)
 	scrape := func() string {
 		t.Helper()
 		resp, err := http.Get("http://" + adminLn.Addr().String() + "/metrics")
@@ -530,4 +486,35 @@ func testServeRefusals(t *testing.T, httpServer string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// serveLoopback builds a router of cfg and serves it on loopback listeners of its own until
+// the test ends (then it waits for Serve to return, 15 s at most).
+func serveLoopback(t *testing.T, cfg *config.Config) (api, admin net.Listener) {
+	t.Helper()
+	r, err := NewRouter(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		api.Close()
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(ctx, api, admin) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-served:
+		case <-time.After(15 * time.Second):
+			t.Error("Serve did not return")
+		}
+	})
+	return api, admin
 }
