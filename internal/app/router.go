@@ -94,6 +94,11 @@ type Router struct {
 	gate      *tenant.Gate   // authentication, per-tenant limits and salts, admission
 	peers     *peers         // replica sync (peers.go); nil for a lone router
 
+	// checkFailed is how each endpoint's last health check failed (*endpoint.Endpoint ->
+	// scrape.CheckFailure), while it is the last: for the 503 that says why a model's
+	// endpoints are all out (proxy.Handler.CheckFailure).
+	checkFailed sync.Map
+
 	mu         sync.Mutex // serialises Reload and discovery updates
 	cfg        *config.Config
 	secret     [sha256.Size]byte // digest of the tenants' salt secret in force (reload.go)
@@ -167,12 +172,16 @@ func NewRouter(cfg *config.Config, logger *slog.Logger) (*Router, error) {
 	// A health check that passes ends a passive ejection begun before it was sent
 	// (route.Outlier.HealthPassed): an engine that restarted is back within a health interval,
 	// not after health.ejection_time. Both stamp times with the wall clock.
-	r.prober.OnPassed = func(ep *endpoint.Endpoint, sent time.Time) { r.outlier.HealthPassed(ep, sent) }
+	r.prober.OnPassed = func(ep *endpoint.Endpoint, sent time.Time) {
+		r.checkFailed.Delete(ep)
+		r.outlier.HealthPassed(ep, sent)
+	}
 	// A failed one lets a later pass end an ejection whose failures mix a restart's (refused
 	// connections, cut streams) with 503s or timeouts (a model loading): the check saw it. How
 	// it failed goes with it: one for 503s alone takes a 5xx or a refused connection, not a
 	// timeout (an overloaded engine's /health).
 	r.prober.OnFailed = func(ep *endpoint.Endpoint, sent time.Time, why scrape.CheckFailure) {
+		r.checkFailed.Store(ep, why)
 		r.outlier.HealthFailed(ep, sent, route.CheckFailure(why))
 	}
 	r.metrics.WatchEndpoints(r.pool.All)
@@ -396,6 +405,7 @@ func (r *Router) apply(cfg *config.Config) error {
 		Rewrite:        cfg.Normalize.Rewrite,
 		EndpointHeader: cfg.Server.EndpointHeader,
 		Instance:       r.prober.Instance,
+		CheckFailure:   r.checkFailure,
 		// A request in the router's first moments waits for an endpoint's first check at
 		// most as long as one check may take.
 		FirstCheckWait: cfg.Health.Timeout.D(),
@@ -427,6 +437,7 @@ func (r *Router) updatePoolLocked(static []endpoint.Spec) ([]*endpoint.Endpoint,
 	}
 	var forget []string
 	for _, ep := range diff.Removed {
+		r.checkFailed.Delete(ep)
 		if r.pool.ByName(ep.Name) == nil {
 			forget = append(forget, ep.Name)
 		}
@@ -722,6 +733,16 @@ func (r *Router) adminIndex() http.HandlerFunc {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write(page)
 	}
+}
+
+// checkFailure is how ep's last health check failed (proxy.Handler.CheckFailure); failed
+// false when it passed or none was made.
+func (r *Router) checkFailure(ep *endpoint.Endpoint) (scrape.CheckFailure, bool) {
+	v, ok := r.checkFailed.Load(ep)
+	if !ok {
+		return scrape.CheckFailure{}, false
+	}
+	return v.(scrape.CheckFailure), true
 }
 
 // EndpointInfo is one entry of /debug/endpoints.

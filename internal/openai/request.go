@@ -206,6 +206,26 @@ type wireFast struct {
 // Request is in use.
 func Parse(kind Kind, body []byte) (*Request, error) { return ParseScratch(kind, body, nil) }
 
+// NamedModel returns the model that body, a request body, names in its top-level "model"
+// member: the first one, read as Parse's fast path reads objects, up to the first thing in the
+// body that is not JSON; "" when none is found before it, or it is not a string. It is for
+// counting a request that Parse refused under its model, never for routing one: Parse alone
+// judges a body.
+func NamedModel(body []byte) string {
+	s := scanner{b: body}
+	var model string
+	s.object(func(key []byte) bool {
+		if string(key) != "model" {
+			return s.skip()
+		}
+		if v, isNull, ok := s.stringOrNull(); ok && !isNull {
+			model = v
+		}
+		return false // found, or not a string: the rest is not read
+	})
+	return model
+}
+
 // Scratch is memory that ParseScratch decodes long message contents with escapes into (a
 // 100k-token prompt with line breaks is a 400 KB copy), reused from one request to the next
 // instead of allocated for each: the router pools them. Its zero value is ready to use.

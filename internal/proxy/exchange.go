@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/internal/metrics"
 	"github.com/kvroute/kvroute/internal/openai"
 	"github.com/kvroute/kvroute/internal/route"
+	"github.com/kvroute/kvroute/internal/scrape"
 	"github.com/kvroute/kvroute/internal/tenant"
 )
 
@@ -230,6 +231,7 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	h := c.h
 	req, oe := parse(kind, body, c.scratch)
 	if oe != nil {
+		c.model = h.refusedModelLabel(openai.NamedModel(body), c.id)
 		return oe
 	}
 	c.req = req
@@ -361,6 +363,15 @@ func (c *call) prepare(ctx context.Context, kind openai.Kind, body []byte, hdr, 
 	rc, err := h.Lifecycle.Begin(&c.preq, cands, req.PreviousResponseID, c.start)
 	h.Metrics.PickDuration.Observe(time.Since(pickStart).Seconds())
 	if err != nil {
+		if h.allEjected(cands) {
+			// Passive health checking took every candidate out (their engines refused or
+			// failed requests): said in counts, as when their health checks fail.
+			oe := h.noCandidate(req.Model, c.labels(), out)
+			if oe.Status == http.StatusNotFound {
+				c.model = metrics.UnknownModel
+			}
+			return oe
+		}
 		out.Set("Retry-After", "1")
 		return openai.NewError(http.StatusServiceUnavailable, openai.TypeUnavailable, "", "no_healthy_endpoint", "no endpoint can take the request")
 	}
@@ -418,7 +429,8 @@ func (c *call) labels() map[string]string {
 // known of the endpoints that carry the tenant's labels:
 //
 //   - one whose config (or its engine's list) names the model is unavailable (unhealthy,
-//     draining): 503 with Retry-After (set in out), as the model is served, just not now;
+//     draining, ejected by passive health checking): 503 with Retry-After (set in out), as the
+//     model is served, just not now, saying how many are out for each cause;
 //   - else one whose models are unknown (no endpoints[].models, and no list from its engine
 //     yet) is unavailable: it may serve any model, so 503 still, but the message says that no
 //     endpoint is known to serve it, for a client whose model name is wrong;
@@ -427,7 +439,9 @@ func (c *call) labels() map[string]string {
 //   - else none serves it: 404.
 func (h *Handler) noCandidate(model string, labels map[string]string, out http.Header) *openai.Error {
 	now := time.Now()
-	var down, draining, unknownDown, refused, up int
+	health, at := h.Lifecycle.Health(), h.Lifecycle.Now()
+	var down, draining, ejected, unknownDown, refused, up int
+	var causes checkCauses // of down's health checks
 	for _, e := range h.Pool.All() {
 		if !hasLabels(e, labels) {
 			continue
@@ -440,18 +454,23 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 		case e.Refuses(model, now):
 			refused++
 		case list == nil: // any model, as far as the router knows
-			if e.Available() {
+			if e.Available() && !health.Ejected(e, at) {
 				up++
 			} else {
 				unknownDown++
 			}
 		case !slices.ContainsFunc(list, func(m string) bool { return endpoint.SameModel(m, model) }):
+		case e.Available() && health.Ejected(e, at):
+			ejected++ // passive health checking took it out: its requests failed
 		case e.Available():
 			up++ // a candidate that the front end's narrowing left out (Exchange)
 		case e.Draining():
 			draining++
 		default:
 			down++ // its health checks fail
+			if h.CheckFailure != nil {
+				causes.add(h.CheckFailure(e))
+			}
 		}
 	}
 	unavailable := func(msg string) *openai.Error {
@@ -462,17 +481,23 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 	switch {
 	case up > 0:
 		return unavailable("no healthy endpoint serves model " + q + "; retry shortly")
-	case down > 0 || draining > 0:
+	case down > 0 || draining > 0 || ejected > 0:
 		// Why, in counts (as the unknown models' message gives them): a client or an operator
-		// told only "retry" cannot tell a fleet down from a model misnamed or drained.
+		// told only "retry" cannot tell a fleet down from a model misnamed or drained. Counts
+		// and causes only, never an endpoint's name or address: with tenants on, the client is
+		// not the operator.
 		var why []string
+		if ejected > 0 {
+			why = append(why, strconv.Itoa(ejected)+" ejected after failed requests")
+		}
 		if down > 0 {
-			why = append(why, strconv.Itoa(down)+" failing "+pluralHealth(down))
+			why = append(why, strconv.Itoa(down)+" failing "+pluralHealth(down)+causes.say(down))
 		}
 		if draining > 0 {
 			why = append(why, strconv.Itoa(draining)+" draining (being removed)")
 		}
-		return unavailable("no healthy endpoint serves model " + q + ": " + count(down+draining, "endpoint") + " serve" + sIfOne(down+draining) +
+		n := down + draining + ejected
+		return unavailable("no healthy endpoint serves model " + q + ": " + count(n, "endpoint") + " serve" + sIfOne(n) +
 			" it, none available now (" + strings.Join(why, ", ") + "); retry shortly (the admin listener's /debug/endpoints says why each is out)")
 	case unknownDown > 0:
 		msg := "no endpoint is known to serve model " + q + "; " + count(unknownDown, "endpoint") +
@@ -489,6 +514,67 @@ func (h *Handler) noCandidate(model string, labels map[string]string, out http.H
 				notServedFor.String())
 	}
 	return modelNotFound(model)
+}
+
+// checkCauses counts how the health checks of endpoints failed, by cause (scrape.CheckFailure
+// worded): causes in the order first met, n[i] the endpoints of causes[i]. Neither names nor
+// addresses: a tenant may read it.
+type checkCauses struct {
+	causes []string
+	n      []int
+}
+
+// add counts one endpoint's last check: "connection refused", "timed out", "answered 503";
+// one that failed otherwise (an engine kind not detected) is "other"; one not known to have
+// failed is not counted.
+func (c *checkCauses) add(why scrape.CheckFailure, failed bool) {
+	if !failed {
+		return
+	}
+	cause := "other"
+	switch {
+	case why.Refused:
+		cause = "connection refused"
+	case why.Timeout:
+		cause = "timed out"
+	case why.Status != 0:
+		cause = "answered " + strconv.Itoa(why.Status)
+	}
+	if i := slices.Index(c.causes, cause); i >= 0 {
+		c.n[i]++
+		return
+	}
+	c.causes = append(c.causes, cause)
+	c.n = append(c.n, 1)
+}
+
+// say is what follows "N failing their health checks" of down endpoints: ": connection
+// refused" where every one of them failed so, " (2 connection refused, 1 answered 503)" where
+// they differ or the causes of some are not known; "" where none is.
+func (c *checkCauses) say(down int) string {
+	switch {
+	case len(c.causes) == 0:
+		return ""
+	case len(c.causes) == 1 && c.n[0] == down:
+		return ": " + c.causes[0]
+	}
+	parts := make([]string, len(c.causes))
+	for i, cause := range c.causes {
+		parts[i] = strconv.Itoa(c.n[i]) + " " + cause
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// allEjected reports whether passive health checking has taken every one of cands out now
+// (what Lifecycle.Begin found, unless one came back since). Asked only once Begin has failed.
+func (h *Handler) allEjected(cands []*endpoint.Endpoint) bool {
+	health, now := h.Lifecycle.Health(), h.Lifecycle.Now()
+	for _, e := range cands {
+		if !health.Ejected(e, now) {
+			return false
+		}
+	}
+	return len(cands) > 0
 }
 
 // count is n and noun, plural when n is not 1.
@@ -772,7 +858,7 @@ func (c *call) settle(status int, method, path string) {
 			c.ticket.Learn(float64(c.usage.Completion()) / float64(max(c.choices, 1)))
 		}
 		c.ticket.End(status, chargedPrompt, chargedCompletion)
-	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests:
+	case h.Gate != nil && status != http.StatusUnauthorized && status != http.StatusTooManyRequests && !c.listing:
 		h.Gate.Count(c.id, status) // the gate counted its own refusals
 	}
 	model := c.model
@@ -794,10 +880,12 @@ func (c *call) settle(status int, method, path string) {
 	if tried != nil {
 		epName = tried.Name
 	}
-	h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
-	// The access line's error_type and error_code, which the status alone does not tell apart.
-	h.Metrics.RequestError(model, epName, c.errType, c.errCode)
-	h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
+	if !c.listing {
+		h.Metrics.Requests.WithLabelValues(model, epName, metrics.Status(status)).Inc()
+		// The access line's error_type and error_code, which the status alone does not tell apart.
+		h.Metrics.RequestError(model, epName, c.errType, c.errCode)
+		h.Metrics.Duration.WithLabelValues(model).Observe(dur.Seconds())
+	}
 	moved := ""
 	if c.rc != nil {
 		if moved = c.rc.Moved(); moved != "" {

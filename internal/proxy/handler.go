@@ -63,6 +63,12 @@ type Handler struct {
 	// Saturated, when set, reports that every candidate is overloaded: the request is refused
 	// with 503 and Retry-After.
 	Saturated func(candidates []*endpoint.Endpoint) bool
+	// CheckFailure, when set, tells how the last health check of an endpoint failed (failed
+	// false: it passed, or none has been made), for the 503 of a model whose endpoints are all
+	// out, which says in counts why ("2 failing their health checks: connection refused").
+	// Called only on that refusal's path. Nil: the checks' failures are counted without a
+	// cause.
+	CheckFailure func(ep *endpoint.Endpoint) (why scrape.CheckFailure, failed bool)
 	// Metrics records what the router does; nil: a private registry nobody scrapes.
 	Metrics *metrics.Metrics
 	// Logger gets one access line per request (never the prompt); nil: slog.Default().
@@ -273,6 +279,10 @@ type call struct {
 	req    *openai.Request  // nil until parsed
 	preq   policy.Request
 	rc     *route.Call // nil until picked
+	// listing: the request is GET /v1/models, answered from the pool. No inference request, it
+	// is not counted in the request metrics (settle): a client polling the list would add to
+	// the request rate and to the denominator of the error ratio the alerts divide by.
+	listing bool
 	// release ends the admission's hold (nil: none); settle calls it.
 	release func()
 	via     string   // the front end, for the access line: "" for the HTTP handler
@@ -429,6 +439,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		h.writeError(sw, c, oe)
 	case models:
+		c.listing = true
 		h.serveModels(sw, c)
 	default:
 		h.route(sw, r, c, kind)
@@ -766,6 +777,21 @@ func (h *Handler) modelLabel(model string) string {
 		return h.Metrics.ModelLabel(model)
 	}
 	return model
+}
+
+// refusedModelLabel is the model label of a request whose body was refused (a 400) but names
+// model: the model's own, as modelLabel gives it, where an endpoint serves it that the
+// request's tenant (id, nil without tenants) may use, so that the refusal is counted in the
+// series made for it; else "" (counted as unknown), as a request for a model not served is,
+// which keeps the labels to the models served.
+func (h *Handler) refusedModelLabel(model string, id *tenant.Identity) string {
+	switch {
+	case model == "" || !h.Pool.HasModel(model):
+		return ""
+	case id != nil && (len(id.Models) > 0 && !slices.Contains(id.Models, model) || !h.served(model, id.EndpointLabels)):
+		return ""
+	}
+	return h.modelLabel(model)
 }
 
 func modelNotFound(model string) *openai.Error {
