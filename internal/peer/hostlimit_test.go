@@ -44,3 +44,46 @@ func TestHostLimiterForgedSenders(t *testing.T) {
 		t.Errorf("%d hosts kept, bound %d", len(w.hosts), maxHandshakeHosts)
 	}
 }
+
+// A host that keeps failing keeps its entry, and so its line, whatever the strangers: one
+// failing before a flood of forged senders fills the map, then again every 90 s (each failure
+// due its line), is logged at each failure. Before (20bfb34: every host kept, up to 4096, and
+// a full map forgetting the entries logged a minute before), it was logged 5 times of 7. The
+// count of the strangers' lines not logged, said on the lines logged or pending for the next,
+// is exact.
+func TestHostLimiterKeepsFailingHost(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	w := hostLimiter{now: func() time.Time { return now }}
+	real, strangers, strangersLogged, others := 0, 0, 0, 0
+	for s := 0; s < 600; s++ { // 10 minutes, a tick a second
+		if s%90 == 0 {
+			skipped, o, ok := w.due("10.0.0.1")
+			if ok {
+				real++
+				others += o
+			} else {
+				t.Errorf("at %d s, the failing host (last seen %d s before) was not logged", s, min(s, 90))
+			}
+			if skipped != 0 {
+				t.Errorf("at %d s, the failing host's line says %d of its lines unlogged, want 0", s, skipped)
+			}
+		}
+		for range 100 {
+			strangers++
+			if _, o, ok := w.due(fmt.Sprintf("192.%d.%d.%d", strangers>>16, strangers>>8&255, strangers&255)); ok {
+				strangersLogged++
+				others += o
+			}
+		}
+		now = now.Add(time.Second)
+	}
+	if real != 7 {
+		t.Errorf("the failing host was logged %d times, want 7 (every 90 s for 10 minutes)", real)
+	}
+	if unlogged := strangers - strangersLogged; others+w.others != unlogged {
+		t.Errorf("the lines said %d strangers' lines unlogged, %d pending: %d, want %d", others, w.others, others+w.others, unlogged)
+	}
+	if len(w.hosts) > maxHandshakeHosts {
+		t.Errorf("%d hosts kept, bound %d", len(w.hosts), maxHandshakeHosts)
+	}
+}

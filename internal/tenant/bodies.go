@@ -114,6 +114,9 @@ func (g *Gate) TakeBody(ctx context.Context, id *Identity, conns int, h http.Hea
 	if i := slices.Index(s.bodyWaiters, w); i >= 0 {
 		s.bodyWaiters = slices.Delete(s.bodyWaiters, i, i+1)
 	}
+	// The refusal names the bound in force now: a reload or a replica count may have moved
+	// it while the body waited (one that raised it would have let the body in).
+	limit, why = bodyLimit(s.maxConc, conns)
 	s.mu.Unlock()
 	if gone {
 		return openai.NewError(499, "client_gone", "", "client_gone", "the client went away while its request body waited for a place")

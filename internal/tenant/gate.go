@@ -260,8 +260,9 @@ func newLimiter(limits config.TenantLimits, n int, now time.Time) *limiter {
 }
 
 // setLimits puts this replica's share among n replicas of limits in force, each bucket keeping
-// the fraction of it in use; the bound on request bodies follows max_concurrent's share at the
-// next body (bodyLimit). The caller holds l.mu.
+// the fraction of it in use; the bound on request bodies follows max_concurrent's share
+// (bodyLimit): at once for the bodies waiting for a place, at the next body otherwise. The
+// caller holds l.mu.
 func (l *limiter) setLimits(now time.Time, limits config.TenantLimits, n int) {
 	n = max(n, 1)
 	l.req.setLimit(now, share(limits.RequestsPerMinute, n))
