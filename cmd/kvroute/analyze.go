@@ -36,6 +36,10 @@ type analyzeFlags struct {
 	simLimit                    int
 }
 
+// boundsInstances is the fleet the hit-rate bounds assume when --instances is left out (no
+// simulation then).
+const boundsInstances = 8
+
 // analyzePolicies are the policies analyze simulates: prefix-aware first, then the two
 // prefix-blind ones a fleet would run without it.
 const analyzePolicies = "prefix-aware,least-request,round-robin"
@@ -109,7 +113,9 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	fs := newFlagSet("kvroute analyze")
 	var f analyzeFlags
 	fs.StringVar(&f.format, "format", "mooncake", "trace format (mooncake: JSONL with timestamp, input_length, output_length, hash_ids)")
-	fs.IntVar(&f.instances, "instances", 8, "instances in the fleet whose pooled KV cache bounds the hit rate; given, the fleet is known and analyze simulates prefix-aware against least-request and round-robin on it (left out: 8 for the bounds, no simulation)")
+	// Registered with 0, so that -h shows no "(default 8)": left out, --instances runs no
+	// simulation, which a default shown would hide; the bounds then assume boundsInstances.
+	fs.IntVar(&f.instances, "instances", 0, "simulate on a fleet of `N` instances (off unless given): prefix-aware against least-request and round-robin; their pooled KV cache also bounds the hit rate (left out: no simulation, and the bounds assume "+fmt.Sprint(boundsInstances)+" instances)")
 	fs.StringVar(&f.profile, "profile", "llama3-70b-h200-tp8", "engine profile, for its KV capacity per instance and block size: "+profileNames())
 	fs.StringVar(&f.trace, "trace", "", "the trace `FILE`, as simulate, bench and plan take it (or give FILE alone)"+stdinTraceHelp)
 	fs.StringVar(&f.workload, "workload", "", "analyze a synthetic workload NAME[:key=value,...] instead of a trace")
@@ -141,6 +147,9 @@ func analyzeMain(ctx context.Context, args []string, stdin io.Reader, stdout, st
 			f.setLimit = true
 		}
 	})
+	if !f.fleet {
+		f.instances = boundsInstances
+	}
 	rep, err := analyze(ctx, &f, files, stdin)
 	if err != nil {
 		return failed(stderr, fs.Name(), err)
@@ -191,7 +200,7 @@ func analyze(ctx context.Context, f *analyzeFlags, files []string, stdin io.Read
 	case f.setLimit && f.noSimulate:
 		errs = append(errs, errors.New("--sim-limit: nothing is simulated with --no-simulate"))
 	case f.setLimit && !f.fleet:
-		errs = append(errs, errors.New("--sim-limit: only with --instances N, the fleet to simulate"))
+		errs = append(errs, fmt.Errorf("--sim-limit: only with --instances N, the fleet to simulate (without it analyze simulates nothing; add --instances %d for the fleet the bounds assume)", boundsInstances))
 	}
 	prof, err := engine.LookupProfile(f.profile)
 	if err != nil {

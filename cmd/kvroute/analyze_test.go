@@ -350,6 +350,34 @@ func TestAnalyzeHelp(t *testing.T) {
 	}
 }
 
+// TestAnalyzeInstancesHelp: -h says that --instances left out runs no simulation. It showed
+// "(default 8)", yet analyze without --instances simulated nothing and with --instances 8 did;
+// and --sim-limit without --instances says how to have a simulation.
+func TestAnalyzeInstancesHelp(t *testing.T) {
+	_, out, _ := runAnalyzeForTest(t, "", "-h")
+	_, entry, _ := strings.Cut(out, "\n  -instances")
+	entry, _, _ = strings.Cut(entry, "\n  -")
+	if !strings.HasPrefix(entry, " N\n") || strings.Contains(entry, "(default") || !strings.Contains(entry, "simulate on a fleet of N instances (off unless given)") ||
+		!strings.Contains(entry, "left out: no simulation, and the bounds assume 8 instances") {
+		t.Errorf("-h on --instances:%s", entry)
+	}
+
+	file := writeTempFile(t, "trace.jsonl", analyzeTrace)
+	// Left out: the bounds over 8 instances, no simulation; given as 8: the same bounds, simulated.
+	code, out, errOut := runAnalyzeForTest(t, "", file)
+	if code != 0 || !strings.Contains(out, "random over 8 instances") || !strings.Contains(out, "simulated       nothing: no fleet given (--instances N)") {
+		t.Errorf("no --instances: exit %d, stderr %q, output:\n%s", code, errOut, out)
+	}
+	code, out, errOut = runAnalyzeForTest(t, "", file, "--instances", "8")
+	if code != 0 || !strings.Contains(out, "random over 8 instances") || !strings.Contains(out, "on 8 x llama3-70b-h200-tp8") {
+		t.Errorf("--instances 8: exit %d, stderr %q, output:\n%s", code, errOut, out)
+	}
+	code, out, errOut = runAnalyzeForTest(t, "", file, "--sim-limit", "0")
+	if want := "kvroute analyze: --sim-limit: only with --instances N, the fleet to simulate (without it analyze simulates nothing; add --instances 8 for the fleet the bounds assume)\n"; code != 2 || out != "" || errOut != want {
+		t.Errorf("--sim-limit 0 alone: exit %d, stderr %q; want 2 and %q", code, errOut, want)
+	}
+}
+
 func TestAnalyzeRealTrace(t *testing.T) {
 	path := "../../../shared/traces/mooncake/conversation_trace.jsonl"
 	if _, err := os.Stat(path); err != nil {

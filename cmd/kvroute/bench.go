@@ -61,7 +61,7 @@ func benchMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 			"       (FILE \"-\" reads standard input)",
 			"\nSends a workload to any OpenAI-compatible endpoint, streaming, and measures TTFT, ITL, end-to-end latency, cached tokens and errors.",
 		},
-		more: workloadHelp,
+		more: columnsHelp(workloadHelp, summaryColumns, benchColumns),
 		floats: map[string]string{
 			"speedup":      speedupRange,
 			"rate":         rateRange,

@@ -45,7 +45,7 @@ func demoMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			"\nStarts simulated vLLM instances and, for each policy in turn, a kvroute router in front of them",
 			"(all in this process, on loopback), replays a workload through it and prints the policies side by side.",
 		},
-		more: policyHelp,
+		more: columnsHelp(policyHelp, summaryColumns, demoColumns),
 		floats: map[string]string{
 			"speedup":    speedupRange,
 			"time-scale": demoTimeScaleRange,

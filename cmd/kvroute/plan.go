@@ -36,7 +36,7 @@ func planMain(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			"rate (times --speedup) with a TTFT p90 (and p50) within the SLO and no failed request,",
 			"by simulating it in virtual time (kvroute simulate) at candidate fleet sizes.",
 		},
-		more:   func(w io.Writer) { workloadHelp(w); policyHelp(w) },
+		more:   columnsHelp(func(w io.Writer) { workloadHelp(w); policyHelp(w) }, planColumns),
 		floats: map[string]string{"speedup": speedupRange},
 	}, stdout, stderr); exit {
 		return code

@@ -83,7 +83,7 @@ func simulateMain(ctx context.Context, args []string, stdin io.Reader, stdout, s
 			"usage: kvroute simulate (--trace FILE | --workload NAME[:k=v,...]) [flags]   (FILE \"-\" reads standard input)",
 			"\nReplays a workload on a fleet of modelled engines in virtual time, once per policy.",
 		},
-		more: func(w io.Writer) { workloadHelp(w); policyHelp(w) },
+		more: columnsHelp(func(w io.Writer) { workloadHelp(w); policyHelp(w) }, summaryColumns, simulateColumns),
 		floats: map[string]string{
 			"load":              loadRange,
 			"speedup":           speedupRange,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -174,11 +175,13 @@ func traceMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 		}
 		r = f
 	}
-	stats, err := convertTo(ctx, output, stdout, r, o)
+	head := &headBuffer{max: headBytes}
+	stats, err := convertTo(ctx, output, stdout, io.TeeReader(r, head), o)
 	if err != nil {
 		if errors.Is(err, workload.ErrBadConvertOption) {
 			err = usageError{err}
 		}
+		err = otherFormatHint(err, o.From, head.b)
 		name := in
 		if in == stdinTrace {
 			name = "standard input"
@@ -198,6 +201,40 @@ func traceMain(ctx context.Context, args []string, stdin io.Reader, stdout, stde
 		fmt.Fprintf(stderr, "  note: %s\n", n)
 	}
 	return 0
+}
+
+// headBytes is how much of the input trace convert keeps to tell its format by when --from
+// turns out wrong: the 16 KiB that workload.ConvertTrace sniffs, with room for gzip.
+const headBytes = 64 << 10
+
+// headBuffer keeps the first max bytes written to it and takes the rest without keeping it.
+type headBuffer struct {
+	b   []byte
+	max int
+}
+
+func (h *headBuffer) Write(p []byte) (int, error) {
+	if n := min(len(p), h.max-len(h.b)); n > 0 {
+		h.b = append(h.b, p[:n]...)
+	}
+	return len(p), nil
+}
+
+// otherFormatHint adds to err, the failure of a conversion --from said was from, which format
+// the input's first bytes show when that is another one, as analyze names the format of a
+// trace that is not Mooncake: --from sharegpt on OpenAI request bodies found no conversation
+// and said only that there was no request. Other errors come back as they are.
+func otherFormatHint(err error, from workload.TraceFormat, head []byte) error {
+	if from == "" || !errors.Is(err, workload.ErrBadTrace) {
+		return err
+	}
+	// The format is told as ConvertTrace tells it without --from; the conversion of the head
+	// itself, cut where the head ends, does not matter.
+	st, _ := workload.ConvertTrace(io.Discard, bytes.NewReader(head), workload.ConvertOptions{})
+	if st.Format == "" || st.Format == from {
+		return err
+	}
+	return fmt.Errorf("%w (its first bytes look like the %s format, not %s: give --from %s, or leave --from out to detect the format)", err, st.Format, from, st.Format)
 }
 
 // convertArgs checks the command line of trace convert, fills o from the flags and returns the

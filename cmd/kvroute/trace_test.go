@@ -457,3 +457,38 @@ func TestTraceSummaryNamesEveryFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceConvertWrongFrom: a --from that does not fit the input says which format its first
+// bytes show, as analyze does for a trace that is not Mooncake: --from sharegpt on OpenAI
+// request bodies found no conversation and said only "no requests". One request is "1 request".
+func TestTraceConvertWrongFrom(t *testing.T) {
+	emptyTempDir(t)
+	body := `{"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 10}` + "\n"
+	oai := writeTempFile(t, "oai.jsonl", body)
+	sg := writeTempFile(t, "sg.jsonl", `{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}`+"\n")
+	hint := func(is, not string) string {
+		return " (its first bytes look like the " + is + " format, not " + not + ": give --from " + is + ", or leave --from out to detect the format)\n"
+	}
+	for _, tt := range []struct {
+		stdin string
+		args  []string
+		want  string
+	}{
+		{"", []string{"convert", "--from", "sharegpt", oai}, "kvroute trace: " + oai + ": no requests: the input has no request to convert" + hint("openai", "sharegpt")},
+		{gzipText(t, body), []string{"convert", "--from", "sharegpt", "-"}, "kvroute trace: standard input: no requests: the input has no request to convert" + hint("openai", "sharegpt")},
+		{"", []string{"convert", "--from", "openai", sg}, "kvroute trace: " + sg + ": line 1: no messages, prompt or input: not a chat, completion or Responses request body" + hint("sharegpt", "openai")},
+		{"", []string{"convert", "--from", "mooncake", oai}, "kvroute trace: " + oai + ": line 1: field timestamp: missing (milliseconds; arrivals are measured from the earliest)" + hint("openai", "mooncake")},
+		// The format given is the input's: its own error, nothing added.
+		{"", []string{"convert", "--from", "openai", writeTempFile(t, "bad.jsonl", body+`{"model": "m"}`+"\n")}, "line 2: no messages, prompt or input: not a chat, completion or Responses request body\n"},
+	} {
+		code, _, errOut := runTraceWithStdin(tt.stdin, io.Discard, tt.args...)
+		if code != 2 || !strings.HasSuffix(errOut, tt.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("trace %q: exit %d, stderr %q; want 2 and %q", tt.args, code, errOut, tt.want)
+		}
+	}
+
+	code, _, errOut := runTraceWithStdin("", io.Discard, "convert", "--from", "openai", oai)
+	if want := "kvroute trace: 1 request (openai) written to standard output\n"; code != 0 || !strings.HasPrefix(errOut, want) {
+		t.Errorf("one request: exit %d, stderr %q; want 0 and %q", code, errOut, want)
+	}
+}

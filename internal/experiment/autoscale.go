@@ -246,15 +246,12 @@ func writeScaling(w io.Writer, s ScaleSpec, runs []scaling) error {
 		return fmt.Errorf("write autoscale: %w", err)
 	}
 	for _, r := range runs {
-		var added []string
-		for _, a := range r.Added {
-			added = append(added, fmt.Sprintf("%d at %s", a.Instance, clock(a.Joined)))
+		added := "none"
+		if len(r.Added) > 0 {
+			added = joinedText(r.Added)
 		}
-		if len(added) == 0 {
-			added = []string{"none"}
-		}
-		fmt.Fprintf(w, "\n%s: mean saturation %.3f, load %.2f engines (prefill %.2f, KV usage %.3f), over the looks after the first window; engines added (joined): %s; engine time %.0f %% of the largest fleet's\n",
-			r.Policy, r.MeanSaturation, r.MeanLoad, r.MeanPrefill, r.MeanKVUsage, strings.Join(added, ", "), 100*r.EngineShare)
+		fmt.Fprintf(w, "\n%s: mean saturation %.3f, load %.2f engines (prefill %.2f, KV usage %.3f), over the looks after the first window; engines added: %s; engine time %.0f %% of the largest fleet's\n",
+			r.Policy, r.MeanSaturation, r.MeanLoad, r.MeanPrefill, r.MeanKVUsage, added, 100*r.EngineShare)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintf(tw, "time\tengines\tasked\tdemand tok/s\trate tok/s\tprefill\tKV usage\tload\tsaturation\twanted\trequests\tfailed\tTTFT p50 ms\tp90\t\n")
 		for _, row := range r.rows {
@@ -268,8 +265,66 @@ func writeScaling(w io.Writer, s ScaleSpec, runs []scaling) error {
 		if err := tw.Flush(); err != nil {
 			return fmt.Errorf("write autoscale: %w", err)
 		}
+		if late := joinedAfter(r); len(late) > 0 {
+			// The autoscaler looks until the first look after the last arrival (des.Autoscale):
+			// an engine asked for at one of the last looks joins after the table's last row.
+			fmt.Fprintf(w, "  %s, after the last row (%s): the timeline ends at the first look after the last arrival, so every request had arrived before %s\n",
+				joinedText(late), clock(r.rows[len(r.rows)-1].At), pronoun(len(late)))
+		}
 	}
 	return nil
+}
+
+// joinedText says which engines joined when, and when they were asked for: "engine 4 joined
+// at 3:30 (asked for at 1:30), engines 5 and 6 joined at 6:00 (asked for at 4:00)". Engines
+// are numbered from 0 (as --kill and --add number them), so that "4" is not read as a count.
+func joinedText(added []des.Scaled) string {
+	var parts []string
+	for i := 0; i < len(added); {
+		j := i + 1
+		for j < len(added) && added[j].Asked == added[i].Asked && added[j].Joined == added[i].Joined {
+			j++
+		}
+		parts = append(parts, fmt.Sprintf("%s joined at %s (asked for at %s)", engineList(added[i:j]), clock(added[i].Joined), clock(added[i].Asked)))
+		i = j
+	}
+	return strings.Join(parts, ", ")
+}
+
+// engineList names the engines of added, which one look asked for together: "engine 4",
+// "engines 4 and 5", "engines 4, 5 and 6".
+func engineList(added []des.Scaled) string {
+	if len(added) == 1 {
+		return fmt.Sprintf("engine %d", added[0].Instance)
+	}
+	ids := make([]string, len(added))
+	for i, a := range added {
+		ids[i] = strconv.Itoa(a.Instance)
+	}
+	return "engines " + strings.Join(ids[:len(ids)-1], ", ") + " and " + ids[len(ids)-1]
+}
+
+// joinedAfter is the engines of r that joined after the time of its timeline's last row.
+func joinedAfter(r scaling) []des.Scaled {
+	if len(r.rows) == 0 {
+		return nil
+	}
+	last := r.rows[len(r.rows)-1].At
+	var late []des.Scaled
+	for _, a := range r.Added {
+		if a.Joined > last {
+			late = append(late, a)
+		}
+	}
+	return late
+}
+
+// pronoun is "it joined" or "they joined", for n engines.
+func pronoun(n int) string {
+	if n == 1 {
+		return "it joined"
+	}
+	return "they joined"
 }
 
 // clock formats a virtual time as m:ss.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvroute/kvroute/internal/des"
 )
 
 func TestParseScale(t *testing.T) {
@@ -108,5 +110,55 @@ func TestSimulate_Autoscale(t *testing.T) {
 	o.Autoscale, o.Ramp = "start=9", "flat"
 	if _, err := Simulate(context.Background(), o); !errors.As(err, new(*UsageError)) || !strings.Contains(err.Error(), "start=9") || !strings.Contains(err.Error(), `--ramp "flat"`) {
 		t.Errorf("bad --autoscale and --ramp: %v, want a usage error naming both", err)
+	}
+}
+
+// TestWriteScaling_Joins: the summary names the engines added by their number, not as a count
+// ("4 at 3:30" read as four engines), with when each was asked for; engines that join after the
+// timeline's last look are said to, and why the timeline stops there.
+func TestWriteScaling_Joins(t *testing.T) {
+	m := func(mm, ss int) time.Duration { return time.Duration(mm)*time.Minute + time.Duration(ss)*time.Second }
+	run := scaling{
+		Policy: "prefix-aware",
+		Added: []des.Scaled{
+			{Instance: 4, Asked: m(1, 30), Joined: m(3, 30)},
+			{Instance: 5, Asked: m(4, 0), Joined: m(6, 0)},
+			{Instance: 6, Asked: m(4, 30), Joined: m(6, 30)},
+			{Instance: 7, Asked: m(4, 30), Joined: m(6, 30)},
+		},
+	}
+	for _, at := range []time.Duration{m(4, 30), m(5, 0)} {
+		run.rows = append(run.rows, scaleRow{look: look{At: at, Engines: 5, Asked: 8, Wanted: 8}})
+	}
+	var b bytes.Buffer
+	if err := writeScaling(&b, ScaleSpec{Interval: 30 * time.Second, Delay: 2 * time.Minute, Window: time.Minute}, []scaling{run}); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"engines added: engine 4 joined at 3:30 (asked for at 1:30), engine 5 joined at 6:00 (asked for at 4:00), engines 6 and 7 joined at 6:30 (asked for at 4:30);",
+		"\n  engine 5 joined at 6:00 (asked for at 4:00), engines 6 and 7 joined at 6:30 (asked for at 4:30), after the last row (5:00): the timeline ends at the first look after the last arrival, so every request had arrived before they joined\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("autoscale report lacks %q:\n%s", want, out)
+		}
+	}
+
+	// Every join within the timeline: no such line; none added: "none".
+	run.Added = run.Added[:1]
+	b.Reset()
+	if err := writeScaling(&b, ScaleSpec{Interval: 30 * time.Second}, []scaling{run}); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); strings.Contains(out, "after the last row") || !strings.Contains(out, "engines added: engine 4 joined at 3:30 (asked for at 1:30);") {
+		t.Errorf("one engine joined within the timeline:\n%s", out)
+	}
+	run.Added = nil
+	b.Reset()
+	if err := writeScaling(&b, ScaleSpec{Interval: 30 * time.Second}, []scaling{run}); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "engines added: none;") || strings.Contains(out, "after the last row") {
+		t.Errorf("none added:\n%s", out)
 	}
 }
