@@ -151,7 +151,7 @@ func TestTakenOutNotServed(t *testing.T) {
 	t.Run("header timeout", func(t *testing.T) {
 		c := dialClient(t, addr)
 		closing := take(t, c, func(sc *srvConn) []net.Conn {
-			_, expired := s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
+			_, expired, _ := s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
 			return expired
 		})
 		if len(closing) != 1 {

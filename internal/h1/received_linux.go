@@ -1,4 +1,4 @@
-//go:build linux && (amd64 || arm64)
+//go:build linux && !386
 
 package h1
 
@@ -11,10 +11,12 @@ import (
 	"unsafe"
 )
 
-// tcpInfoBytesReceived is where tcpi_bytes_received lies in Linux's struct tcp_info (since
-// Linux 4.1; the struct's layout is the same on every architecture), and tcpInfoLen how much
-// of the struct is read: up to and including it.
+// tcpInfoBytesAcked and tcpInfoBytesReceived are where tcpi_bytes_acked and
+// tcpi_bytes_received lie in Linux's struct tcp_info (since Linux 4.1; the struct's layout is
+// the same on every architecture), and tcpInfoLen how much of the struct is read: up to and
+// including the latter.
 const (
+	tcpInfoBytesAcked    = 120
 	tcpInfoBytesReceived = 128
 	tcpInfoLen           = tcpInfoBytesReceived + 8
 )
@@ -28,27 +30,44 @@ const (
 
 // sendIdle returns how long the client of nc has taken none of the bytes written to it, as
 // the kernel tells: 0 when the kernel holds none of them (SIOCOUTQ: none unsent or
-// unacknowledged, whatever the writer's goroutine is still about), else the time since the
-// kernel last sent data on the connection, or since it last received an acknowledgement,
-// whichever is longer (TCP_INFO). The kernel sends only what the client's receive window
-// takes, and the window of a client that stopped reading stays closed (the probes that ask
-// whether it opened carry no data), while one that reads, however slowly, opens it again as
-// it reads and is sent more; a client gone acknowledges nothing, sent or sent again. (A write
-// blocked on a full send buffer is woken only once about a third of the buffer has drained:
-// its own progress says little of a slow client's.) ok is false where the kernel cannot tell
-// (not a TCP connection). A TLS connection is asked through the connection under it. It costs
-// two system calls, and an allocation for a connection whose SyscallConn makes one (net's).
-func sendIdle(nc net.Conn) (d time.Duration, ok bool) {
+// unacknowledged, whatever the writer's goroutine is still about). Else it is the longer of
+// two measures (TCP_INFO). One is the time since the kernel last sent data on the connection,
+// or since it last received an acknowledgement, whichever is longer: the kernel sends only
+// what the client's receive window takes, and the window of a client that stopped reading
+// stays closed (the probes that ask whether it opened carry no data), while one that reads,
+// however slowly, opens it again as it reads and is sent more; a client gone acknowledges
+// nothing, sent or sent again. The other is the time since the client's acknowledged bytes
+// (tcpi_bytes_acked) were last seen to grow, as pr keeps them from one call to the next: a
+// kernel that leaves the time fields 0 (gVisor's netstack) would otherwise make every client
+// look busy, and one that reports neither is judged idle from its second call on, as where
+// the kernel cannot tell. (A write blocked on a full send buffer is woken only once about a
+// third of the buffer has drained: its own progress says little of a slow client's.) ok is
+// false where the kernel cannot tell (not a TCP connection). A TLS connection is asked
+// through the connection under it. It costs two system calls, and an allocation for a
+// connection whose SyscallConn makes one (net's).
+func sendIdle(nc net.Conn, pr *sendProgress) (d time.Duration, ok bool) {
+	st, ok := readSendState(nc)
+	if !ok {
+		return 0, false
+	}
+	return pr.judge(st, time.Now().UnixNano()), true
+}
+
+// readSendState is kernelSendState; tests put a kernel that fills fewer fields in its place.
+var readSendState = kernelSendState
+
+// kernelSendState asks the kernel what it holds for the client of nc (sendIdle).
+func kernelSendState(nc net.Conn) (st sendState, ok bool) {
 	if u, isTLS := nc.(interface{ NetConn() net.Conn }); isTLS {
 		nc = u.NetConn()
 	}
 	sc, isSys := nc.(syscall.Conn)
 	if !isSys {
-		return 0, false
+		return st, false
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return 0, false
+		return st, false
 	}
 	p := probes.Get().(*tcpProbe)
 	defer probes.Put(p)
@@ -56,15 +75,16 @@ func sendIdle(nc net.Conn) (d time.Duration, ok bool) {
 	p.outq, p.askQueued, p.outqErrno = 0, true, 0
 	err = rc.Control(p.fn)
 	p.askQueued = false
-	if err != nil || p.errno != 0 || p.outqErrno != 0 || p.size < tcpInfoLastAckRecv+4 {
-		return 0, false
+	if err != nil || p.errno != 0 || p.outqErrno != 0 || p.size < tcpInfoLastAckRecv+4 || p.outq < 0 {
+		return st, false
 	}
-	if p.outq == 0 {
-		return 0, true
+	st.queued = uint32(p.outq)
+	st.sentMs = binary.NativeEndian.Uint32(p.info[tcpInfoLastDataSent:])
+	st.ackMs = binary.NativeEndian.Uint32(p.info[tcpInfoLastAckRecv:])
+	if p.size >= tcpInfoBytesAcked+8 {
+		st.acked = binary.NativeEndian.Uint64(p.info[tcpInfoBytesAcked:])
 	}
-	sent := binary.NativeEndian.Uint32(p.info[tcpInfoLastDataSent:])
-	acked := binary.NativeEndian.Uint32(p.info[tcpInfoLastAckRecv:])
-	return time.Duration(max(sent, acked)) * time.Millisecond, true
+	return st, true
 }
 
 // received returns how many bytes the client of nc has sent it, as the kernel counts them
@@ -140,7 +160,9 @@ var probes = sync.Pool{New: func() any {
 }}
 
 func (p *tcpProbe) run(fd uintptr) {
-	// getsockopt(2) and ioctl(2) do not block: raw calls, as the raw connection's reads.
+	// getsockopt(2) and ioctl(2) do not block: raw calls, as the raw connection's reads. (On
+	// s390x a kernel before 4.3 has no getsockopt of its own: ENOSYS, and the callers take it
+	// as a kernel that cannot tell.)
 	_, _, p.errno = syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO,
 		uintptr(unsafe.Pointer(&p.info[0])), uintptr(unsafe.Pointer(&p.size)), 0)
 	if p.askWaiting && p.errno == 0 {

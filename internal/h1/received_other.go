@@ -1,4 +1,4 @@
-//go:build !linux || !(amd64 || arm64)
+//go:build !linux || 386
 
 package h1
 
@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// received cannot tell here: see received_linux.go (Linux on amd64 and arm64, where the
-// system call is made directly). heard falls back to pending.
+// received cannot tell here: see received_linux.go (Linux, but on 386, where getsockopt is
+// reached only through socketcall). heard falls back to pending.
 func received(net.Conn) (n uint64, ok bool) { return 0, false }
 
 // taken cannot tell either.
@@ -20,4 +20,4 @@ func receivedOf(syscall.RawConn) (n uint64, ok bool) { return 0, false }
 
 // sendIdle cannot tell either: a write that waits past its stall bound is cut (see
 // received_linux.go).
-func sendIdle(net.Conn) (d time.Duration, ok bool) { return 0, false }
+func sendIdle(net.Conn, *sendProgress) (d time.Duration, ok bool) { return 0, false }

@@ -498,9 +498,11 @@ func (s *Server) janitor() {
 		}
 		// A connection still active after its request ended (requestEnded comes first) is
 		// not a request in flight: inFlight says.
-		busy, expired := s.sweep(now)
+		busy, expired, stalled := s.sweep(now)
 		busy = busy && s.inFlight.Load() > 0
 		s.mu.Unlock()
+		// The kernel is asked about stalled writes off the lock: two system calls each.
+		expired = append(expired, s.judgeStalls(stalled, now)...)
 		if len(expired) > 0 {
 			// Off the lock, which the accept loop needs, and off this goroutine, whose other
 			// timeouts should not wait: one goroutine for the round's batch (closeConns).
@@ -520,8 +522,11 @@ func (s *Server) janitor() {
 
 // sweep takes the connections past their timeouts out of service and returns them, for the
 // caller to close once it has let go of s.mu; it interrupts body reads past their timeouts,
-// starts due watches, and reports whether a request is in flight. The caller holds s.mu.
-func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
+// starts due watches, and reports whether a request is in flight. The writes under way past
+// WriteStallTimeout it returns in stalled, for the caller to judge (judgeStalls) off s.mu:
+// asking the kernel costs two system calls a connection, and the accept loop needs the lock.
+// The caller holds s.mu.
+func (s *Server) sweep(now int64) (busy bool, expired []net.Conn, stalled []stalledWrite) {
 	head, idle, watch := int64(s.ReadHeaderTimeout), int64(s.IdleTimeout), int64(s.watchAfter())
 	stall, body, bodyStall := int64(s.WriteStallTimeout), int64(s.BodyReadTimeout), int64(s.BodyStallTimeout)
 	if idle == 0 {
@@ -533,21 +538,7 @@ func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 		}
 		st := c.state.Load()
 		if w := c.writeSince.Load(); stall > 0 && w != 0 && now-w > stall && st != stateDetached {
-			if idle, ok := sendIdle(c.rwc); ok && int64(idle) < stall {
-				// The client still takes the answer, only slower than it is written (the
-				// write waits for a third of the send buffer to drain), or has taken all the
-				// kernel held and the writer's goroutine is late (sendIdle). The write is
-				// timed again from the client's last progress (unless it ended meanwhile).
-				c.writeSince.CompareAndSwap(w, now-int64(idle))
-			} else {
-				// The client stopped reading. The write under way fails once the connection
-				// is closed; should it end first, serve sees expired and takes no other
-				// request. The close is abortive: what the kernel holds for a client that
-				// does not read goes.
-				c.expired.Store(true)
-				expired = append(expired, abortive{c.rwc})
-				continue
-			}
+			stalled = append(stalled, stalledWrite{c, w})
 		}
 		age := now - c.since.Load()
 		switch st {
@@ -579,7 +570,41 @@ func (s *Server) sweep(now int64) (busy bool, expired []net.Conn) {
 			}
 		}
 	}
-	return busy, expired
+	return busy, expired, stalled
+}
+
+// stalledWrite is a connection whose write under way began, or last saw its client take
+// bytes, at since, longer ago than WriteStallTimeout (sweep).
+type stalledWrite struct {
+	c     *srvConn
+	since int64
+}
+
+// judgeStalls asks the kernel whether the clients of ws took bytes within WriteStallTimeout
+// of now, and returns the connections of those that did not, taken out of service, for the
+// caller to close (abortively). It runs without s.mu, on the janitor's goroutine only (each
+// connection's sendProgress is the janitor's).
+func (s *Server) judgeStalls(ws []stalledWrite, now int64) (expired []net.Conn) {
+	stall := int64(s.WriteStallTimeout)
+	for _, x := range ws {
+		c := x.c
+		if idle, ok := sendIdle(c.rwc, &c.sent); ok && int64(idle) < stall {
+			// The client still takes the answer, only slower than it is written (the write
+			// waits for a third of the send buffer to drain), or has taken all the kernel
+			// held and the writer's goroutine is late (sendIdle). The write is timed again
+			// from the client's last progress (unless it ended meanwhile).
+			c.writeSince.CompareAndSwap(x.since, now-int64(idle))
+			continue
+		}
+		if c.writeSince.Load() != x.since || !c.expired.CompareAndSwap(false, true) {
+			continue // the write ended meanwhile, or the connection expired otherwise
+		}
+		// The client stopped reading. The write under way fails once the connection is
+		// closed; should it end first, serve sees expired and takes no other request. The
+		// close is abortive: what the kernel holds for a client that does not read goes.
+		expired = append(expired, abortive{c.rwc})
+	}
+	return expired
 }
 
 // closeConns closes cs in turn. The servers' locks are not held: a TLS connection's Close
@@ -797,6 +822,8 @@ type srvConn struct {
 	// writeSince is when the write to the client under way began, or when its client last
 	// took bytes of it as the janitor found (sweep), Unix ns; 0: none.
 	writeSince atomic.Int64
+	// sent is the client's progress on the writes, as the janitor last asked (judgeStalls).
+	sent sendProgress
 	// The request body's timing: when the handler first read it (Unix ns; 0: not yet), the
 	// bytes read, whether a read waits on the client now, and whether the janitor ended it.
 	bodyStart   atomic.Int64

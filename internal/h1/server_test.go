@@ -810,7 +810,7 @@ func TestIdleExpiryLeavesArrivingRequest(t *testing.T) {
 				s.closeIdle()
 			} else {
 				s.mu.Lock()
-				_, expired := s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
+				_, expired, _ := s.sweep(time.Now().Add(2 * time.Hour).UnixNano())
 				s.mu.Unlock()
 				closeConns(expired)
 			}
@@ -856,13 +856,13 @@ func TestTurnPublishesItsSince(t *testing.T) {
 		}},
 		{"idle at the idle timeout", stateIdle, 5 * time.Millisecond, func(s *Server, ended, _ time.Time) {
 			s.mu.Lock()
-			_, expired := s.sweep(ended.Add(timeout).UnixNano())
+			_, expired, _ := s.sweep(ended.Add(timeout).UnixNano())
 			s.mu.Unlock()
 			closeConns(expired)
 		}},
 		{"head at the header timeout", stateHead, 0, func(s *Server, _, sent time.Time) {
 			s.mu.Lock()
-			_, expired := s.sweep(sent.Add(timeout).UnixNano())
+			_, expired, _ := s.sweep(sent.Add(timeout).UnixNano())
 			s.mu.Unlock()
 			closeConns(expired)
 		}},
@@ -996,7 +996,7 @@ func TestHeadReadNotTaken(t *testing.T) {
 	}{
 		{"header timeout", &Server{ReadHeaderTimeout: time.Hour, IdleTimeout: time.Hour}, 0, func(s *Server, sent time.Time) {
 			s.mu.Lock()
-			_, expired := s.sweep(sent.Add(time.Hour).UnixNano())
+			_, expired, _ := s.sweep(sent.Add(time.Hour).UnixNano())
 			s.mu.Unlock()
 			closeConns(expired)
 		}},

@@ -1,4 +1,4 @@
-//go:build linux && (amd64 || arm64)
+//go:build linux && !386
 
 package h1
 
@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -124,7 +125,7 @@ func TestSendIdle(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if _, ok := sendIdle(a); ok {
+	if _, ok := sendIdle(a, new(sendProgress)); ok {
 		t.Error("sendIdle of a pipe: ok; want false")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -156,10 +157,11 @@ func TestSendIdle(t *testing.T) {
 		name string
 		nc   net.Conn
 	}{{"net", sc}, {"raw", wrapConn(sc)}} {
-		if d, ok := sendIdle(c.nc); !ok || d != 0 {
+		if d, ok := sendIdle(c.nc, new(sendProgress)); !ok || d != 0 {
 			t.Fatalf("%s: all written taken: idle %v, %v; want 0, true", c.name, d, ok)
 		}
 	}
+	var pr sendProgress // the connection's from here on
 	// Fill the buffers: the client reads nothing.
 	chunk := make([]byte, 256<<10)
 	for i := 0; ; i++ {
@@ -175,14 +177,14 @@ func TestSendIdle(t *testing.T) {
 		}
 	}
 	eventually(t, "idle for 200 ms", func() bool {
-		d, ok := sendIdle(sc)
+		d, ok := sendIdle(sc, &pr)
 		return ok && d >= 200*time.Millisecond
 	})
 	// The client reads: its window opens, and the kernel sends it more of what it holds.
 	if _, err := io.ReadFull(client, make([]byte, 512<<10)); err != nil {
 		t.Fatal(err)
 	}
-	if d, ok := sendIdle(sc); !ok || d >= 200*time.Millisecond {
+	if d, ok := sendIdle(sc, &pr); !ok || d >= 200*time.Millisecond {
 		t.Errorf("after the client read 512 KiB: idle %v, %v; want less than 200 ms", d, ok)
 	}
 }
@@ -207,4 +209,144 @@ func dialSmallWindow(t *testing.T, addr string, rcvbuf int) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// TestWriteStallKernelWithoutTimes: where the kernel leaves TCP_INFO's time fields 0 (gVisor's
+// netstack fills few of them), a client that stops reading is still cut, by either server,
+// over plain TCP and TLS: its acknowledged bytes stop growing. It was never cut: the idle time
+// came from the time fields alone, and 0 read as a client taking bytes this instant.
+func TestWriteStallKernelWithoutTimes(t *testing.T) {
+	const stall = 300 * time.Millisecond
+	prev := readSendState
+	readSendState = func(nc net.Conn) (sendState, bool) {
+		st, ok := kernelSendState(nc)
+		st.sentMs, st.ackMs = 0, 0
+		return st, ok
+	}
+	t.Cleanup(func() { readSendState = prev })
+	certFile, keyFile := testcert.NewCA(t, "notimes").Issue("server")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		tls   bool
+		serve func(t *testing.T, h http.Handler, ln net.Listener, stall, whole time.Duration) string
+	}{
+		{name: "h1", serve: serveH1},
+		{name: "h1/TLS", tls: true, serve: serveH1},
+		{name: "net/http", serve: serveNet},
+		{name: "net/http/TLS", tls: true, serve: serveNet},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.tls {
+				ln = tls.NewListener(AbortStalled(ln), &tls.Config{Certificates: []tls.Certificate{cert},
+					NextProtos: []string{"http/1.1"}})
+			}
+			written := make(chan error, 1)
+			stop := make(chan struct{})
+			defer close(stop)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				chunk := make([]byte, 1<<20)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						written <- nil
+						return
+					default:
+					}
+					if i == 256 {
+						written <- nil // 256 MiB taken by a client that reads nothing
+						return
+					}
+					if _, err := w.Write(chunk); err != nil {
+						written <- err
+						return
+					}
+				}
+			})
+			addr := tc.serve(t, h, ln, stall, 0)
+			c := dialSmallWindow(t, addr, 64<<10)
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			if tc.tls {
+				c = tls.Client(c, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
+			}
+			if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			// The client reads nothing from here on. The bound, twice (the first look has
+			// no acknowledged bytes to compare with), and the janitor's rounds.
+			select {
+			case err := <-written:
+				if err == nil {
+					t.Fatal("the handler wrote 256 MiB to a client that reads nothing")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a client that stopped reading was not cut within 5 s of a 300 ms stall bound")
+			}
+		})
+	}
+}
+
+// TestStallJudgedOffLock: the janitor asks the kernel about a stalled write (two system calls)
+// without the server's lock, which the accept loop needs. It asked under it.
+func TestStallJudgedOffLock(t *testing.T) {
+	s := &Server{WriteStallTimeout: 200 * time.Millisecond}
+	var asked, underLock atomic.Int32
+	prev := readSendState
+	readSendState = func(nc net.Conn) (sendState, bool) {
+		asked.Add(1)
+		// A caller holding the lock holds it throughout this call; another goroutine (the
+		// accept loop, a request ending) lets go of it within moments.
+		free := false
+		for range 100 {
+			if free = s.mu.TryLock(); free {
+				s.mu.Unlock()
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if !free {
+			underLock.Add(1)
+		}
+		return kernelSendState(nc)
+	}
+	t.Cleanup(func() { readSendState = prev })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		chunk := make([]byte, 1<<20)
+		for range 256 {
+			if _, err := w.Write(chunk); err != nil {
+				written <- err
+				return
+			}
+		}
+		written <- nil
+	})
+	addr := serveOn(t, s, h, ln)
+	c := dialSmallWindow(t, addr, 64<<10)
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-written:
+		if err == nil {
+			t.Fatal("the handler wrote 256 MiB to a client that reads nothing")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a client that stopped reading was not cut within 5 s of a 200 ms stall bound")
+	}
+	if asked.Load() == 0 || underLock.Load() != 0 {
+		t.Errorf("the kernel was asked %d times, %d of them under the server's lock; want some, none under it",
+			asked.Load(), underLock.Load())
+	}
 }

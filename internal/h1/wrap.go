@@ -82,6 +82,8 @@ type stallBound struct {
 	end atomic.Int64
 	// cut: a write ran past its deadline, and the connection's close is abortive.
 	cut atomic.Bool
+	// sent is the client's progress on the writes, as resume last asked.
+	sent sendProgress
 }
 
 // set bounds the writes from now on: by stall, and by end (zero: none).
@@ -128,7 +130,7 @@ func (b *stallBound) resume(nc net.Conn) bool {
 	if stall <= 0 {
 		return false
 	}
-	idle, ok := sendIdle(nc)
+	idle, ok := sendIdle(nc, &b.sent)
 	if !ok || idle >= stall {
 		return false
 	}
