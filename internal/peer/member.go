@@ -506,9 +506,9 @@ func urlEscape(s string) string { return url.QueryEscape(s) }
 // suspected. A suspicion from a peer (its probes of this replica failed: lost packets, a
 // pause) stays a warning. An error or warning about gossip that no key here decrypts (a
 // replica given another secret) is said as such (secretHint), at most once a minute per remote
-// host (secretLimit) with the count of those not logged since; memberlist's debug lines about
-// it (each failed join) stay at debug level, the rejoin loop's "joining peers" warning saying
-// what to fix once a minute.
+// host and within the bounds on all hosts (secretLimit: hostLimiter) with the count of those
+// not logged since; memberlist's debug lines about it (each failed join) stay at debug level,
+// the rejoin loop's "joining peers" warning saying what to fix once a minute.
 type logWriter struct {
 	log *slog.Logger
 	// self is this replica's name (Config.Name): memberlist's "from" in a suspicion it read in

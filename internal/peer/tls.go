@@ -64,6 +64,16 @@ const maxHandshakeHosts = 4096
 // said as a number on the next line logged (hostLimiter.due's others).
 const maxNewHosts = 10
 
+// maxHostLines bounds the lines logged per handshakeLogEvery about all hosts together, so
+// that the bound holds whatever addresses a sender forges: one cycling over 1,000 had each host
+// logged kept, and logged again every minute, 10 more of them each minute (555 lines a minute
+// in the sixth 10 minutes). Within it, beyond maxNewHosts, a host seen again after being left
+// unlogged is logged: a forged address is seldom seen twice, a replica failing every second
+// is, and one that began failing during a flood of forged senders was never logged, the new
+// hosts' places taken in the first second of each minute. A known host whose line is due
+// beyond the bound is logged in a later window, with its count.
+const maxHostLines = 2 * maxNewHosts
+
 // hostForget is how long a host's entry is kept since it was last seen: a host that keeps
 // failing (a replica with another secret, retrying every second) keeps its entry, and so its
 // line once a minute, whatever number of strangers come and go.
@@ -73,8 +83,8 @@ const hostForget = 10 * handshakeLogEvery
 // there ("http: TLS handshake error from ADDR: REASON"; the stream handler never sees the
 // connection), so its lines are read back: each such line is counted in
 // kvroute_peer_dropped_total by reason and logged at warn level at most once per remote host per
-// handshakeLogEvery, with the refusals from that host left unlogged since. Other lines are
-// logged at debug level, as before.
+// handshakeLogEvery, within the bounds on all hosts (hostLimiter), with the refusals from that
+// host left unlogged since. Other lines are logged at debug level, as before.
 type serverLog struct {
 	log     *slog.Logger
 	dropped *prometheus.CounterVec
@@ -82,22 +92,28 @@ type serverLog struct {
 }
 
 // hostLimiter says when a line about one remote host is due: at most once per
-// handshakeLogEvery per host, counting the lines not logged since, and for at most
-// maxNewHosts hosts not seen before per handshakeLogEvery. It keeps at most maxHandshakeHosts
-// hosts (a stranger can send from many), each for hostForget since it was last seen; a new host
-// beyond the bounds is not logged, only counted. The zero value is ready, on time.Now.
+// handshakeLogEvery per host, counting the lines not logged since, and at most maxHostLines
+// per handshakeLogEvery in all, of which at most maxNewHosts about hosts not seen before. It
+// keeps at most maxHandshakeHosts hosts logged (a stranger can send from many), each for
+// hostForget since it was last seen, and as many more left unlogged (two generations, the
+// older dropped when the newer fills); a host beyond the bounds is not logged, only counted.
+// The zero value is ready, on time.Now.
 type hostLimiter struct {
 	now func() time.Time // nil: time.Now
 
 	mu     sync.Mutex
 	hosts  map[string]*hostRefusals
 	lastGC time.Time
-	// newSince is when the current window of new hosts began, newHosts how many were logged
-	// in it; others counts the lines about hosts not logged for the bounds since the last line
-	// logged.
-	newSince time.Time
+	// window is when the current handshakeLogEvery began, lines how many lines were logged in
+	// it and newHosts how many of them were about hosts not seen before; others counts the
+	// lines about hosts not in hosts, left unlogged for the bounds since the last line logged.
+	window   time.Time
+	lines    int
 	newHosts int
 	others   int
+	// unlogged and unloggedOld are the hosts left unlogged lately for the bounds, each
+	// generation at most maxHandshakeHosts/2: one found there is seen again.
+	unlogged, unloggedOld map[string]struct{}
 }
 
 type hostRefusals struct {
@@ -170,12 +186,16 @@ func (w *hostLimiter) due(host string) (skipped, others int, ok bool) {
 	if w.hosts == nil {
 		w.hosts = map[string]*hostRefusals{}
 	}
+	if now.Sub(w.window) >= handshakeLogEvery {
+		w.window, w.lines, w.newHosts = now, 0, 0
+	}
 	if h := w.hosts[host]; h != nil {
 		h.seen = now
-		if now.Sub(h.logged) < handshakeLogEvery {
+		if now.Sub(h.logged) < handshakeLogEvery || w.lines >= maxHostLines {
 			h.skipped++
 			return 0, 0, false
 		}
+		w.lines++
 		skipped, others = h.skipped, w.others
 		h.logged, h.skipped, w.others = now, 0, 0
 		return skipped, others, true
@@ -188,15 +208,26 @@ func (w *hostLimiter) due(host string) (skipped, others int, ok bool) {
 			}
 		}
 	}
-	if now.Sub(w.newSince) >= handshakeLogEvery {
-		w.newSince, w.newHosts = now, 0
+	_, again := w.unlogged[host]
+	if _, ok := w.unloggedOld[host]; ok {
+		again = true
 	}
-	if len(w.hosts) >= maxHandshakeHosts || w.newHosts >= maxNewHosts {
-		w.others++
-		return 0, 0, false
+	if len(w.hosts) < maxHandshakeHosts && w.lines < maxHostLines && (again || w.newHosts < maxNewHosts) {
+		if again {
+			delete(w.unlogged, host)
+			delete(w.unloggedOld, host)
+		} else {
+			w.newHosts++
+		}
+		w.lines++
+		w.hosts[host] = &hostRefusals{logged: now, seen: now}
+		others, w.others = w.others, 0
+		return 0, others, true
 	}
-	w.newHosts++
-	w.hosts[host] = &hostRefusals{logged: now, seen: now}
-	others, w.others = w.others, 0
-	return 0, others, true
+	if w.unlogged == nil || len(w.unlogged) >= maxHandshakeHosts/2 {
+		w.unloggedOld, w.unlogged = w.unlogged, map[string]struct{}{}
+	}
+	w.unlogged[host] = struct{}{}
+	w.others++
+	return 0, 0, false
 }
