@@ -50,27 +50,10 @@ func TestSlowReaderServed(t *testing.T) {
 			written <- nil
 		})
 	}
-	for _, tc := range []struct {
-		name  string
-		tls   bool
-		serve func(t *testing.T, h http.Handler, ln net.Listener, stall, whole time.Duration) string
-	}{
-		{name: "h1", serve: serveH1},
-		{name: "h1/TLS", tls: true, serve: serveH1},
-		{name: "net/http", serve: serveNet},
-		// Under TLS, net/http's stalls are seen below crypto/tls's connection: AbortStalled's.
-		{name: "net/http/TLS", tls: true, serve: serveNet},
-	} {
+	for _, tc := range stallServers {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.tls {
-				ln = tls.NewListener(AbortStalled(ln), &tls.Config{Certificates: []tls.Certificate{cert},
-					NextProtos: []string{"http/1.1"}})
-			}
+			ln := tc.listen(t, cert)
 			written := make(chan error, 1)
 			addr := tc.serve(t, h(written), ln, stall, 0)
 			c := dialSmallWindow(t, addr, step)
@@ -229,25 +212,9 @@ func TestWriteStallKernelWithoutTimes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name  string
-		tls   bool
-		serve func(t *testing.T, h http.Handler, ln net.Listener, stall, whole time.Duration) string
-	}{
-		{name: "h1", serve: serveH1},
-		{name: "h1/TLS", tls: true, serve: serveH1},
-		{name: "net/http", serve: serveNet},
-		{name: "net/http/TLS", tls: true, serve: serveNet},
-	} {
+	for _, tc := range stallServers {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.tls {
-				ln = tls.NewListener(AbortStalled(ln), &tls.Config{Certificates: []tls.Certificate{cert},
-					NextProtos: []string{"http/1.1"}})
-			}
+			ln := tc.listen(t, cert)
 			written := make(chan error, 1)
 			stop := make(chan struct{})
 			defer close(stop)
@@ -349,4 +316,35 @@ func TestStallJudgedOffLock(t *testing.T) {
 		t.Errorf("the kernel was asked %d times, %d of them under the server's lock; want some, none under it",
 			asked.Load(), underLock.Load())
 	}
+}
+
+// stallServer is a server the write-stall tests run against: either of this package's, over
+// plain TCP or TLS.
+type stallServer struct {
+	name  string
+	tls   bool
+	serve func(t *testing.T, h http.Handler, ln net.Listener, stall, whole time.Duration) string
+}
+
+var stallServers = []stallServer{
+	{name: "h1", serve: serveH1},
+	{name: "h1/TLS", tls: true, serve: serveH1},
+	{name: "net/http", serve: serveNet},
+	// Under TLS, net/http's stalls are seen below crypto/tls's connection: AbortStalled's.
+	{name: "net/http/TLS", tls: true, serve: serveNet},
+}
+
+// listen returns a loopback listener for the server, under TLS on AbortStalled with cert
+// where it is a TLS one.
+func (s stallServer) listen(t *testing.T, cert tls.Certificate) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.tls {
+		ln = tls.NewListener(AbortStalled(ln), &tls.Config{Certificates: []tls.Certificate{cert},
+			NextProtos: []string{"http/1.1"}})
+	}
+	return ln
 }
